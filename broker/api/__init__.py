@@ -1,0 +1,1 @@
+"""Kafka API handlers, one module per family, registered in one table."""

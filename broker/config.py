@@ -1,0 +1,120 @@
+"""Broker configuration: one frozen pydantic-settings model, parsed once at start-up.
+
+Nothing else in the broker reads ``os.environ``. Every field can be set from the environment
+with the ``KAFSCALE_`` prefix and ``__`` between nested names, for example
+``KAFSCALE_ETCD__ENDPOINTS='["http://etcd:2379"]'`` or ``KAFSCALE_STORAGE__BUCKET=kafscale``.
+The configuration reference in the README is generated from this model
+(``kafscale config-reference``).
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class ListenerSettings(_Section):
+    """Where the Kafka listener binds and what it tells clients to connect to."""
+
+    host: str = Field("0.0.0.0", description="Address the Kafka listener binds to.")
+    port: int = Field(9092, ge=0, le=65535, description="Kafka listener port (0 picks a free one).")
+    advertised_host: str | None = Field(
+        None, description="Host given to clients in Metadata; defaults to the bind host."
+    )
+    advertised_port: int | None = Field(
+        None, ge=1, le=65535, description="Port given to clients; defaults to the bound port."
+    )
+    admin_port: int = Field(
+        8080, ge=0, le=65535, description="HTTP port for /healthz, /readyz and POST /drain."
+    )
+    rack: str | None = Field(None, description="Rack id reported in Metadata.")
+
+
+class EtcdSettings(_Section):
+    endpoints: tuple[str, ...] = Field(
+        ("http://127.0.0.1:2379",), description="etcd client URLs (the first reachable one is used)."
+    )
+    timeout_s: float = Field(5.0, gt=0, description="Deadline for every etcd call.")
+    session_ttl_s: int = Field(
+        10, ge=2, description="TTL of the broker's session lease; keepalive every TTL/3."
+    )
+
+
+class StorageKind(StrEnum):
+    S3 = "s3"
+    LOCAL = "local"
+
+
+class StorageSettings(_Section):
+    kind: StorageKind = Field(StorageKind.S3, description="`s3` or `local` (a directory).")
+    bucket: str = Field("kafscale", description="S3 bucket holding segments and indexes.")
+    prefix: str = Field("", description="Key prefix inside the bucket (or directory).")
+    endpoint: str | None = Field(None, description="S3 endpoint URL (path-style); None for AWS.")
+    region: str = Field("us-east-1", description="S3 region.")
+    access_key_id: SecretStr | None = Field(None, description="S3 access key id.")
+    secret_access_key: SecretStr | None = Field(None, description="S3 secret access key.")
+    local_dir: Path = Field(Path("data/objects"), description="Directory for kind=local.")
+    timeout_s: float = Field(30.0, gt=0, description="Deadline for every object-store call.")
+    max_concurrency: int = Field(16, ge=1, description="Object-store calls in flight at once.")
+
+
+class LogSettings(_Section):
+    segment_bytes: int = Field(
+        4 * 1024 * 1024, ge=1024, description="Buffered bytes per partition that force a flush."
+    )
+    flush_interval_ms: int = Field(
+        100, ge=1, description="Longest a produced batch waits before it is flushed."
+    )
+    cache_bytes: int = Field(
+        256 * 1024 * 1024, ge=0, description="In-memory cache of recent segments, in bytes."
+    )
+    index_interval_bytes: int = Field(
+        4096, ge=1, description="Bytes between index entries inside a segment."
+    )
+    retention_check_interval_s: float = Field(
+        30.0, gt=0, description="How often retention by time and size is applied."
+    )
+
+
+class LimitSettings(_Section):
+    max_frame_bytes: int = Field(
+        100 * 1024 * 1024, ge=1024, description="Largest request frame accepted."
+    )
+    max_in_flight_per_connection: int = Field(
+        64, ge=1, description="Requests processed at once on one connection."
+    )
+    max_connections: int = Field(4096, ge=1, description="Open client connections per listener.")
+    shutdown_grace_s: float = Field(
+        20.0, gt=0, description="Deadline for finishing in-flight work on shutdown."
+    )
+
+
+class TopicDefaults(_Section):
+    num_partitions: int = Field(3, ge=1, description="Partitions of auto-created topics.")
+    auto_create_topics: bool = Field(True, description="Create unknown topics on Metadata/Produce.")
+    retention_ms: int = Field(7 * 24 * 3600 * 1000, description="Default retention.ms (-1: none).")
+    retention_bytes: int = Field(-1, description="Default retention.bytes (-1: none).")
+
+
+class BrokerSettings(BaseSettings):
+    """Everything one broker process needs to know."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="KAFSCALE_", env_nested_delimiter="__", frozen=True, extra="forbid"
+    )
+
+    cluster: str = Field("default", description="Cluster name: the etcd and object key prefix.")
+    listener: ListenerSettings = ListenerSettings()
+    etcd: EtcdSettings = EtcdSettings()
+    storage: StorageSettings = StorageSettings()
+    log: LogSettings = LogSettings()
+    limits: LimitSettings = LimitSettings()
+    topics: TopicDefaults = TopicDefaults()
+    log_level: str = Field("INFO", description="Python logging level.")

@@ -1,0 +1,1 @@
+"""The classic consumer group coordinator."""

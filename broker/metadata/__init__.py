@@ -1,0 +1,1 @@
+"""etcd access, key layout, leases, broker registry and partition assignment."""

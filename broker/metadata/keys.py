@@ -1,0 +1,160 @@
+"""Every etcd key and object-store key comes from a function here.
+
+One builder per key means a key is spelt once: the writer and the reader of a key, the lease
+taker and the lease releaser, can never disagree about its shape.
+
+etcd (all under ``/kafscale/<cluster>/``)::
+
+    brokers/<id>                     lease-bound registration (JSON)
+    broker-ids/next                  node-id allocator
+    topics/<name>                    topic id, partitions, configs (JSON)
+    partitions/<topic>/<p>           high watermark, log start, leader epoch + history (JSON)
+    leases/partitions/<topic>/<p>    owner broker id, bound to its session lease
+    leases/groups/<group>            coordinator broker id, bound to its session lease
+    assignment                       desired owner per partition, with a generation (JSON)
+    draining/<id>                    broker asked to hand over its partitions
+    groups/<group>/metadata          group state (JSON)
+    groups/<group>/offsets/<topic>/<p>  committed offset (JSON)
+    producers/<producer id>          idempotent producer epoch (JSON)
+
+Object store (under the configured prefix)::
+
+    <cluster>/topics/<topic>/<topic id>/<p>/<base offset 20 digits>-e<epoch>.kfs   segment
+    <cluster>/topics/<topic>/<topic id>/<p>/<base offset 20 digits>-e<epoch>.idx   index
+"""
+
+from __future__ import annotations
+
+import re
+
+ROOT = "/kafscale"
+
+
+def cluster_prefix(cluster: str) -> str:
+    return f"{ROOT}/{cluster}/"
+
+
+def broker_key(cluster: str, broker_id: int) -> str:
+    return f"{cluster_prefix(cluster)}brokers/{broker_id}"
+
+
+def brokers_prefix(cluster: str) -> str:
+    return f"{cluster_prefix(cluster)}brokers/"
+
+
+def broker_id_counter_key(cluster: str) -> str:
+    return f"{cluster_prefix(cluster)}broker-ids/next"
+
+
+def topic_key(cluster: str, topic: str) -> str:
+    return f"{cluster_prefix(cluster)}topics/{topic}"
+
+
+def topics_prefix(cluster: str) -> str:
+    return f"{cluster_prefix(cluster)}topics/"
+
+
+def partition_state_key(cluster: str, topic: str, partition: int) -> str:
+    return f"{cluster_prefix(cluster)}partitions/{topic}/{partition}"
+
+
+def partition_states_prefix(cluster: str, topic: str | None = None) -> str:
+    base = f"{cluster_prefix(cluster)}partitions/"
+    return base if topic is None else f"{base}{topic}/"
+
+
+def partition_lease_key(cluster: str, topic: str, partition: int) -> str:
+    return f"{cluster_prefix(cluster)}leases/partitions/{topic}/{partition}"
+
+
+def partition_leases_prefix(cluster: str, topic: str | None = None) -> str:
+    base = f"{cluster_prefix(cluster)}leases/partitions/"
+    return base if topic is None else f"{base}{topic}/"
+
+
+def group_lease_key(cluster: str, group: str) -> str:
+    return f"{cluster_prefix(cluster)}leases/groups/{group}"
+
+
+def group_leases_prefix(cluster: str) -> str:
+    return f"{cluster_prefix(cluster)}leases/groups/"
+
+
+def assignment_key(cluster: str) -> str:
+    return f"{cluster_prefix(cluster)}assignment"
+
+
+def draining_key(cluster: str, broker_id: int) -> str:
+    return f"{cluster_prefix(cluster)}draining/{broker_id}"
+
+
+def draining_prefix(cluster: str) -> str:
+    return f"{cluster_prefix(cluster)}draining/"
+
+
+def group_prefix(cluster: str, group: str) -> str:
+    return f"{cluster_prefix(cluster)}groups/{group}/"
+
+
+def groups_prefix(cluster: str) -> str:
+    return f"{cluster_prefix(cluster)}groups/"
+
+
+def group_metadata_key(cluster: str, group: str) -> str:
+    return f"{group_prefix(cluster, group)}metadata"
+
+
+def group_offset_key(cluster: str, group: str, topic: str, partition: int) -> str:
+    return f"{group_prefix(cluster, group)}offsets/{topic}/{partition}"
+
+
+def group_offsets_prefix(cluster: str, group: str) -> str:
+    return f"{group_prefix(cluster, group)}offsets/"
+
+
+def producer_key(cluster: str, producer_id: int) -> str:
+    return f"{cluster_prefix(cluster)}producers/{producer_id}"
+
+
+def producer_id_counter_key(cluster: str) -> str:
+    return f"{cluster_prefix(cluster)}producer-ids/next"
+
+
+# --- object store -----------------------------------------------------------------------------
+
+OFFSET_DIGITS = 20
+_SEGMENT_NAME = re.compile(r"^(\d{20})-e(\d+)\.(kfs|idx)$")
+
+
+def partition_object_prefix(cluster: str, topic: str, topic_id: str, partition: int) -> str:
+    return f"{cluster}/topics/{topic}/{topic_id}/{partition}/"
+
+
+def topic_object_prefix(cluster: str, topic: str, topic_id: str) -> str:
+    return f"{cluster}/topics/{topic}/{topic_id}/"
+
+
+def cluster_object_prefix(cluster: str) -> str:
+    return f"{cluster}/"
+
+
+def segment_object_key(
+    cluster: str, topic: str, topic_id: str, partition: int, base_offset: int, epoch: int
+) -> str:
+    prefix = partition_object_prefix(cluster, topic, topic_id, partition)
+    return f"{prefix}{base_offset:0{OFFSET_DIGITS}d}-e{epoch}.kfs"
+
+
+def index_object_key(
+    cluster: str, topic: str, topic_id: str, partition: int, base_offset: int, epoch: int
+) -> str:
+    prefix = partition_object_prefix(cluster, topic, topic_id, partition)
+    return f"{prefix}{base_offset:0{OFFSET_DIGITS}d}-e{epoch}.idx"
+
+
+def parse_object_name(name: str) -> tuple[int, int, str] | None:
+    """(base offset, epoch, "kfs"|"idx") of an object's last path part, or None."""
+    match = _SEGMENT_NAME.match(name.rsplit("/", 1)[-1])
+    if match is None:
+        return None
+    return int(match.group(1)), int(match.group(2)), match.group(3)

@@ -1,0 +1,1 @@
+"""The lease-aware proxy (a later issue)."""

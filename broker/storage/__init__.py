@@ -1,0 +1,1 @@
+"""Object stores, the segment and index codec, the partition log and its cache."""

@@ -1,0 +1,1 @@
+"""The control plane: kopf handlers, resource models, manifest builders, rebalancer."""

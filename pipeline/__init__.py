@@ -1,0 +1,1 @@
+"""The PySpark data source and pipeline jobs (a later issue)."""

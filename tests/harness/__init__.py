@@ -1,0 +1,1 @@
+"""Test harness: fixtures that start real etcd, S3 servers and broker processes on loopback."""
