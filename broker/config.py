@@ -39,7 +39,8 @@ class ListenerSettings(_Section):
 
 class EtcdSettings(_Section):
     endpoints: tuple[str, ...] = Field(
-        ("http://127.0.0.1:2379",), description="etcd client URLs (the first reachable one is used)."
+        ("http://127.0.0.1:2379",),
+        description="etcd client URLs (the first reachable one is used).",
     )
     timeout_s: float = Field(5.0, gt=0, description="Deadline for every etcd call.")
     session_ttl_s: int = Field(

@@ -1,0 +1,95 @@
+"""The broker's small HTTP endpoint for Kubernetes: probes and the preStop drain hook.
+
+``GET /healthz`` (liveness: the event loop answers), ``GET /readyz`` (readiness: registered and
+serving), ``POST /drain`` (hand every partition over, then answer; the pod may then stop),
+``GET /status`` (JSON: node id, owned partitions). Plain asyncio, no web framework: four routes
+do not justify a dependency.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class AdminRoutes:
+    is_ready: Callable[[], bool]
+    drain: Callable[[], Awaitable[None]]
+    status: Callable[[], dict[str, object]]
+
+
+class AdminServer:
+    def __init__(self, routes: AdminRoutes, host: str, port: int) -> None:
+        self._routes = routes
+        self._host = host
+        self._port = port
+        self._server: asyncio.Server | None = None
+
+    @property
+    def port(self) -> int:
+        assert self._server is not None
+        return int(self._server.sockets[0].getsockname()[1])
+
+    async def start(self) -> None:
+        self._server = await asyncio.start_server(
+            self._handle, self._host, self._port, reuse_address=True
+        )
+
+    async def close(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            await self._server.wait_closed()
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            async with asyncio.timeout(60):
+                request_line = await reader.readline()
+                while (await reader.readline()) not in (b"\r\n", b"\n", b""):
+                    pass
+                method, path = _parse_request_line(request_line)
+                status, body = await self._route(method, path)
+            _respond(writer, status, body)
+            await writer.drain()
+        except (TimeoutError, ConnectionError, ValueError):
+            pass
+        finally:
+            writer.close()
+            with contextlib.suppress(Exception):
+                await writer.wait_closed()
+
+    async def _route(self, method: str, path: str) -> tuple[int, dict[str, object]]:
+        if method == "GET" and path == "/healthz":
+            return 200, {"status": "ok"}
+        if method == "GET" and path == "/readyz":
+            ready = self._routes.is_ready()
+            return (200 if ready else 503), {"ready": ready}
+        if method == "POST" and path == "/drain":
+            await self._routes.drain()
+            return 200, {"drained": True}
+        if method == "GET" and path == "/status":
+            return 200, self._routes.status()
+        return 404, {"error": f"no route {method} {path}"}
+
+
+def _parse_request_line(line: bytes) -> tuple[str, str]:
+    parts = line.decode("latin-1").split()
+    if len(parts) < 2:
+        raise ValueError("bad request line")
+    return parts[0].upper(), parts[1].split("?", 1)[0]
+
+
+def _respond(writer: asyncio.StreamWriter, status: int, body: dict[str, object]) -> None:
+    payload = json.dumps(body).encode()
+    reason = {200: "OK", 404: "Not Found", 503: "Service Unavailable"}.get(status, "OK")
+    head = (
+        f"HTTP/1.1 {status} {reason}\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(payload)}\r\nConnection: close\r\n\r\n"
+    )
+    writer.write(head.encode() + payload)

@@ -1,0 +1,124 @@
+"""From a request frame to a response frame: version checks, decoding, the handler, errors.
+
+A request whose header parses but whose body does not gets an error response carrying its
+correlation id; a frame without a readable header closes the connection. An unexpected error
+inside a handler is logged with its traceback and answered with UNKNOWN_SERVER_ERROR: the
+connection and the broker live on.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from kafscale.broker.protocol import codec
+from kafscale.broker.protocol.errors import ErrorCode, KafkaError, code_for
+from kafscale.broker.server import CloseConnection, Connection
+
+if TYPE_CHECKING:
+    from kafscale.broker.app import Broker
+
+log = logging.getLogger(__name__)
+
+API_VERSIONS_KEY = 18
+
+
+@dataclass(frozen=True, slots=True)
+class RequestContext:
+    header: codec.RequestHeader
+    broker: Broker
+    connection: Connection
+
+    @property
+    def api_version(self) -> int:
+        return self.header.api_version
+
+
+Body = dict[str, Any]
+Handler = Callable[[Any, RequestContext], Awaitable[Body | None]]
+ErrorBody = Callable[[Any, ErrorCode], Body]
+
+
+def top_level_error(_request: Any, code: ErrorCode) -> Body:
+    return {"error_code": code}
+
+
+@dataclass(frozen=True, slots=True)
+class ApiSpec:
+    key: int
+    name: str
+    min_version: int
+    max_version: int
+    handler: Handler
+    error_body: ErrorBody = top_level_error
+
+    def supports(self, version: int) -> bool:
+        return self.min_version <= version <= self.max_version
+
+
+class Dispatcher:
+    def __init__(self, table: Mapping[int, ApiSpec], broker: Broker) -> None:
+        self._table = table
+        self._broker = broker
+
+    async def __call__(self, frame: bytes, connection: Connection) -> bytes | None:
+        peer = connection.peer
+        try:
+            api_key, api_version, correlation_id = codec.peek_header(frame)
+        except codec.DecodeError as exc:
+            raise CloseConnection(str(exc)) from exc
+        spec = self._table.get(api_key)
+        if spec is None or not spec.supports(api_version):
+            return self._unsupported(api_key, api_version, correlation_id)
+        schema = codec.request_schema(api_key, api_version)
+        try:
+            request = codec.decode_request(frame, schema)
+        except codec.DecodeError as exc:
+            log.warning("bad %s v%d from %s: %s", spec.name, api_version, peer, exc)
+            return self._error(spec, None, api_version, correlation_id, ErrorCode.INVALID_REQUEST)
+        context = RequestContext(request.header, self._broker, connection)
+        try:
+            body = await spec.handler(request.body, context)
+        except KafkaError as exc:
+            return self._error(spec, request.body, api_version, correlation_id, exc.code)
+        except Exception as exc:
+            log.exception("%s v%d from %s failed", spec.name, api_version, peer)
+            return self._error(spec, request.body, api_version, correlation_id, code_for(exc))
+        if body is None:
+            return None
+        return codec.encode_response(api_key, api_version, correlation_id, body)
+
+    def _unsupported(self, api_key: int, api_version: int, correlation_id: int) -> bytes:
+        if api_key == API_VERSIONS_KEY:
+            # KIP-511: answer with v0 so that any client can read the supported range.
+            body = api_versions_body(self._table, ErrorCode.UNSUPPORTED_VERSION)
+            return codec.encode_response(API_VERSIONS_KEY, 0, correlation_id, body)
+        log.warning("unsupported api %d v%d; closing connection", api_key, api_version)
+        try:
+            codec.response_schema(api_key, api_version)
+        except Exception as exc:
+            raise CloseConnection(f"api {api_key} v{api_version} is unknown") from exc
+        return codec.encode_response(
+            api_key, api_version, correlation_id, {"error_code": ErrorCode.UNSUPPORTED_VERSION}
+        )
+
+    def _error(
+        self,
+        spec: ApiSpec,
+        request: Any,
+        api_version: int,
+        correlation_id: int,
+        code: ErrorCode,
+    ) -> bytes:
+        body = spec.error_body(request, code) if request is not None else {"error_code": code}
+        return codec.encode_response(spec.key, api_version, correlation_id, body)
+
+
+def api_versions_body(table: Mapping[int, ApiSpec], code: ErrorCode = ErrorCode.NONE) -> Body:
+    keys = [
+        {"api_key": spec.key, "min_version": spec.min_version, "max_version": spec.max_version}
+        for spec in sorted(table.values(), key=lambda s: s.key)
+    ]
+    return {"error_code": code, "api_keys": keys, "throttle_time": 0}

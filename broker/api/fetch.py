@@ -1,0 +1,187 @@
+"""Fetch: committed data from any broker, long-polling on high-watermark changes."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from kafscale.broker.api.dispatch import Body, RequestContext
+from kafscale.broker.metadata.cluster import TopicInfo
+from kafscale.broker.protocol.codec import millis
+from kafscale.broker.protocol.errors import ErrorCode, KafkaError, MetadataTimeout
+
+TopicPartition = tuple[str, int]
+
+
+@dataclass(slots=True)
+class _Wanted:
+    key: Any  # the topic name (v4-v12) or topic id (v13+) as the client sent it
+    info: TopicInfo | None
+    partition: int
+    fetch_offset: int
+    max_bytes: int
+    current_leader_epoch: int
+
+
+async def handle_fetch(request: Any, ctx: RequestContext) -> Body:
+    wanted = _resolve(request, ctx)
+    max_wait_s = millis(request.max_wait) / 1000
+    deadline = time.monotonic() + max_wait_s
+    min_bytes = int(request.min_bytes)
+    total_max = int(getattr(request, "max_bytes", 0x7FFFFFFF))
+    refreshed = False
+    while True:
+        events = [
+            ctx.broker.view.watermarks.event((w.info.name, w.partition))
+            for w in wanted
+            if w.info is not None
+        ]
+        results = await _read_all(wanted, ctx, total_max, refresh=not refreshed)
+        refreshed = True
+        size = sum(len(r.get("records") or b"") for r in results)
+        errors = any(r["error_code"] != ErrorCode.NONE for r in results)
+        remaining = deadline - time.monotonic()
+        if size >= min_bytes or errors or remaining <= 0 or not events:
+            return _body(wanted, results)
+        await _wait_any(events, remaining)
+
+
+def _resolve(request: Any, ctx: RequestContext) -> list[_Wanted]:
+    view = ctx.broker.view
+    by_id = view.topics_by_id
+    wanted = []
+    for topic in request.topics:
+        topic_id = getattr(topic, "topic_id", None)
+        if topic_id is not None:
+            info = by_id.get(topic_id.hex)
+            key: Any = topic_id
+        else:
+            info = view.topics.get(topic.topic)
+            key = topic.topic
+        for p in topic.partitions:
+            wanted.append(
+                _Wanted(
+                    key,
+                    info,
+                    int(p.partition),
+                    int(p.fetch_offset),
+                    int(p.partition_max_bytes),
+                    int(getattr(p, "current_leader_epoch", -1)),
+                )
+            )
+    return wanted
+
+
+async def _read_all(
+    wanted: list[_Wanted], ctx: RequestContext, total_max: int, refresh: bool
+) -> list[Body]:
+    results = []
+    budget = total_max
+    for item in wanted:
+        result = await _read_one(item, ctx, budget, refresh, first=not results)
+        budget -= len(result.get("records") or b"")
+        results.append(result)
+    return results
+
+
+async def _read_one(
+    item: _Wanted, ctx: RequestContext, budget: int, refresh: bool, first: bool
+) -> Body:
+    broker = ctx.broker
+    if item.info is None or not 0 <= item.partition < item.info.partitions:
+        code = (
+            ErrorCode.UNKNOWN_TOPIC_ID
+            if isinstance(item.key, uuid.UUID)
+            else (ErrorCode.UNKNOWN_TOPIC_OR_PARTITION)
+        )
+        return _partition_body(item.partition, code, -1, -1)
+    tp = (item.info.name, item.partition)
+    try:
+        state = broker.committed_state(tp)
+        if refresh and item.fetch_offset >= state.high_watermark:
+            state = await broker.fresh_state(tp)
+    except (MetadataTimeout, KafkaError) as exc:
+        return _partition_body(item.partition, exc.code, -1, -1)
+    epoch_error = _check_epoch(item.current_leader_epoch, state.leader_epoch)
+    if epoch_error is not None:
+        return _partition_body(
+            item.partition, epoch_error, state.high_watermark, state.log_start_offset
+        )
+    max_bytes = min(item.max_bytes, budget) if not first else item.max_bytes
+    if max_bytes <= 0 or item.fetch_offset == state.high_watermark:
+        return _partition_body(
+            item.partition, ErrorCode.NONE, state.high_watermark, state.log_start_offset
+        )
+    try:
+        records = await broker.reader.read(
+            item.info.name, item.info.topic_id, item.partition, state, item.fetch_offset, max_bytes
+        )
+    except KafkaError as exc:
+        return _partition_body(
+            item.partition, exc.code, state.high_watermark, state.log_start_offset
+        )
+    body = _partition_body(
+        item.partition, ErrorCode.NONE, state.high_watermark, state.log_start_offset
+    )
+    body["records"] = records
+    return body
+
+
+def _check_epoch(client_epoch: int, known_epoch: int) -> ErrorCode | None:
+    if client_epoch < 0 or known_epoch < 0:
+        return None
+    if client_epoch > known_epoch:
+        return ErrorCode.UNKNOWN_LEADER_EPOCH
+    if client_epoch < known_epoch:
+        return ErrorCode.FENCED_LEADER_EPOCH
+    return None
+
+
+def _partition_body(partition: int, code: ErrorCode, high_watermark: int, log_start: int) -> Body:
+    return {
+        "partition_index": partition,
+        "error_code": code,
+        "high_watermark": high_watermark,
+        "last_stable_offset": high_watermark,
+        "log_start_offset": log_start,
+        "aborted_transactions": [],
+        "preferred_read_replica": -1,
+        "records": b"",
+    }
+
+
+def _body(wanted: list[_Wanted], results: list[Body]) -> Body:
+    topics: dict[Any, list[Body]] = {}
+    for item, result in zip(wanted, results, strict=True):
+        topics.setdefault(item.key, []).append(result)
+    responses = []
+    for key, partitions in topics.items():
+        entry: Body = {"partitions": partitions}
+        if isinstance(key, uuid.UUID):
+            entry["topic_id"] = key
+        else:
+            entry["topic"] = key
+        responses.append(entry)
+    return {
+        "throttle_time": 0,
+        "error_code": ErrorCode.NONE,
+        "session_id": 0,
+        "responses": responses,
+    }
+
+
+async def _wait_any(events: list[asyncio.Event], timeout_s: float) -> None:
+    waiters = [asyncio.ensure_future(e.wait()) for e in events]
+    try:
+        await asyncio.wait(waiters, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for waiter in waiters:
+            waiter.cancel()
+        await asyncio.gather(*waiters, return_exceptions=True)
+
+
+def fetch_error_body(request: Any, code: ErrorCode) -> Body:
+    return {"throttle_time": 0, "error_code": code, "session_id": 0, "responses": []}

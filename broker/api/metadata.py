@@ -1,0 +1,103 @@
+"""ApiVersions, Metadata and DescribeCluster: what the cluster looks like to a client."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from kafscale.broker.api.dispatch import Body, RequestContext
+from kafscale.broker.metadata.cluster import TopicInfo
+from kafscale.broker.protocol.errors import ErrorCode, KafkaError
+
+CLUSTER_ID_PREFIX = "kafscale-"
+
+
+def topic_uuid(info: TopicInfo) -> uuid.UUID:
+    return uuid.UUID(hex=info.topic_id)
+
+
+def broker_entries(ctx: RequestContext) -> list[Body]:
+    return [
+        {"node_id": b.node_id, "host": b.host, "port": b.port, "rack": b.rack}
+        for b in sorted(ctx.broker.view.brokers.values(), key=lambda b: b.node_id)
+    ]
+
+
+def controller_id(ctx: RequestContext) -> int:
+    live = ctx.broker.view.live_broker_ids()
+    return live[0] if live else -1
+
+
+async def handle_metadata(request: Any, ctx: RequestContext) -> Body:
+    broker = ctx.broker
+    requested = request.topics
+    allow_auto = getattr(request, "allow_auto_topic_creation", True)
+    if requested is None:
+        names = sorted(broker.view.topics)
+    else:
+        names = [t.name for t in requested if t.name]
+        by_id = broker.view.topics_by_id
+        for t in requested:
+            topic_id = getattr(t, "topic_id", None)
+            if not t.name and topic_id is not None and topic_id.hex in by_id:
+                names.append(by_id[topic_id.hex].name)
+    topics = [await _topic_entry(name, allow_auto and requested is not None, ctx) for name in names]
+    return {
+        "throttle_time": 0,
+        "brokers": broker_entries(ctx),
+        "cluster_id": CLUSTER_ID_PREFIX + broker.cluster,
+        "controller_id": controller_id(ctx),
+        "topics": topics,
+        "cluster_authorized_operations": -2147483648,
+    }
+
+
+async def _topic_entry(name: str, allow_auto: bool, ctx: RequestContext) -> Body:
+    broker = ctx.broker
+    info = broker.view.topics.get(name)
+    if info is None and allow_auto:
+        try:
+            info = await broker.auto_create(name)
+        except KafkaError as exc:
+            return {"error_code": exc.code, "name": name, "partitions": []}
+    if info is None:
+        return {"error_code": ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, "name": name, "partitions": []}
+    partitions = []
+    for p in range(info.partitions):
+        leader = broker.leader_for((name, p))
+        state = broker.committed_state((name, p))
+        partitions.append(
+            {
+                "error_code": ErrorCode.NONE if leader >= 0 else ErrorCode.LEADER_NOT_AVAILABLE,
+                "partition_index": p,
+                "leader_id": leader,
+                "leader_epoch": max(state.leader_epoch, 0),
+                "replica_nodes": [leader] if leader >= 0 else [],
+                "isr_nodes": [leader] if leader >= 0 else [],
+                "offline_replicas": [],
+            }
+        )
+    return {
+        "error_code": ErrorCode.NONE,
+        "name": name,
+        "topic_id": topic_uuid(info),
+        "is_internal": False,
+        "partitions": partitions,
+        "topic_authorized_operations": -2147483648,
+    }
+
+
+async def handle_describe_cluster(request: Any, ctx: RequestContext) -> Body:
+    return {
+        "throttle_time": 0,
+        "error_code": ErrorCode.NONE,
+        "error_message": None,
+        "endpoint_type": 1,
+        "cluster_id": CLUSTER_ID_PREFIX + ctx.broker.cluster,
+        "controller_id": controller_id(ctx),
+        "brokers": [
+            {"broker_id": b["node_id"], "host": b["host"], "port": b["port"], "rack": b["rack"]}
+            for b in broker_entries(ctx)
+        ],
+        "cluster_authorized_operations": -2147483648,
+    }

@@ -1,0 +1,157 @@
+"""ListOffsets, OffsetForLeaderEpoch, DeleteRecords and InitProducerId."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kafscale.broker.api.dispatch import Body, RequestContext
+from kafscale.broker.metadata import keys
+from kafscale.broker.metadata.etcd import MetadataUnavailable
+from kafscale.broker.metadata.partition_state import end_offset_for_epoch
+from kafscale.broker.protocol.errors import ErrorCode, KafkaError, MetadataTimeout
+
+LATEST = -1
+EARLIEST = -2
+MAX_TIMESTAMP = -3
+
+
+async def handle_list_offsets(request: Any, ctx: RequestContext) -> Body:
+    topics = []
+    for topic in request.topics:
+        partitions = [await _list_one(topic.name, p, ctx) for p in topic.partitions]
+        topics.append({"name": topic.name, "partitions": partitions})
+    return {"throttle_time": 0, "topics": topics}
+
+
+async def _list_one(topic: str, partition: Any, ctx: RequestContext) -> Body:
+    broker = ctx.broker
+    index = int(partition.partition_index)
+    base: Body = {"partition_index": index, "timestamp": -1, "offset": -1, "leader_epoch": -1}
+    info = broker.view.topics.get(topic)
+    if info is None or not 0 <= index < info.partitions:
+        return {**base, "error_code": ErrorCode.UNKNOWN_TOPIC_OR_PARTITION}
+    try:
+        state = await broker.fresh_state((topic, index))
+        timestamp = int(partition.timestamp)
+        epoch = max(state.leader_epoch, 0)
+        if timestamp == EARLIEST:
+            return {
+                **base,
+                "error_code": ErrorCode.NONE,
+                "offset": state.log_start_offset,
+                "leader_epoch": epoch,
+            }
+        if timestamp in (LATEST, MAX_TIMESTAMP) or timestamp < 0:
+            return {
+                **base,
+                "error_code": ErrorCode.NONE,
+                "offset": state.high_watermark,
+                "leader_epoch": epoch,
+            }
+        found = await broker.reader.offset_for_timestamp(
+            topic, info.topic_id, index, state, timestamp
+        )
+    except MetadataUnavailable as exc:
+        return {**base, "error_code": MetadataTimeout(str(exc)).code}
+    except KafkaError as exc:
+        return {**base, "error_code": exc.code}
+    if found is None:
+        return {**base, "error_code": ErrorCode.NONE}
+    offset, found_timestamp = found
+    return {
+        **base,
+        "error_code": ErrorCode.NONE,
+        "offset": offset,
+        "timestamp": found_timestamp,
+        "leader_epoch": epoch,
+    }
+
+
+async def handle_offset_for_leader_epoch(request: Any, ctx: RequestContext) -> Body:
+    broker = ctx.broker
+    topics = []
+    for topic in request.topics:
+        results = []
+        for p in topic.partitions:
+            index = int(p.partition)
+            info = broker.view.topics.get(topic.topic)
+            if info is None or not 0 <= index < info.partitions:
+                results.append(
+                    {
+                        "partition": index,
+                        "leader_epoch": -1,
+                        "end_offset": -1,
+                        "error_code": ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
+                    }
+                )
+                continue
+            state = await broker.fresh_state((topic.topic, index))
+            epoch, end_offset = end_offset_for_epoch(state, int(p.leader_epoch))
+            results.append(
+                {
+                    "partition": index,
+                    "leader_epoch": epoch,
+                    "end_offset": end_offset,
+                    "error_code": ErrorCode.NONE,
+                }
+            )
+        topics.append({"topic": topic.topic, "partitions": results})
+    return {"throttle_time": 0, "topics": topics}
+
+
+async def handle_delete_records(request: Any, ctx: RequestContext) -> Body:
+    manager = ctx.broker.log_manager
+    topics = []
+    for topic in request.topics:
+        results = []
+        for p in topic.partitions:
+            index = int(p.partition_index)
+            try:
+                low = await manager.delete_records((topic.name, index), int(p.offset))
+                results.append(
+                    {"partition_index": index, "low_watermark": low, "error_code": ErrorCode.NONE}
+                )
+            except KafkaError as exc:
+                results.append(
+                    {"partition_index": index, "low_watermark": -1, "error_code": exc.code}
+                )
+        topics.append({"name": topic.name, "partitions": results})
+    return {"throttle_time": 0, "topics": topics}
+
+
+async def handle_init_producer_id(request: Any, ctx: RequestContext) -> Body:
+    broker = ctx.broker
+    if request.transactional_id:
+        return {
+            "throttle_time": 0,
+            "error_code": ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
+            "producer_id": -1,
+            "producer_epoch": -1,
+        }
+    existing = int(getattr(request, "producer_id", -1))
+    existing_epoch = int(getattr(request, "producer_epoch", -1))
+    try:
+        if existing >= 0 and existing_epoch >= 0:
+            # KIP-360: an idempotent producer bumps its own epoch to reset sequences.
+            return {
+                "throttle_time": 0,
+                "error_code": ErrorCode.NONE,
+                "producer_id": existing,
+                "producer_epoch": existing_epoch + 1,
+            }
+        producer_id = await broker.etcd.increment(keys.producer_id_counter_key(broker.cluster))
+    except MetadataUnavailable as exc:
+        raise MetadataTimeout(str(exc)) from exc
+    return {
+        "throttle_time": 0,
+        "error_code": ErrorCode.NONE,
+        "producer_id": producer_id,
+        "producer_epoch": 0,
+    }
+
+
+def every_partition_error(field: str) -> Any:
+    def build(request: Any, code: ErrorCode) -> Body:
+        return {"throttle_time": 0, field: []}
+
+    return build

@@ -1,0 +1,139 @@
+"""Produce: validate batches, append them in arrival order, answer once they are durable."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from kafscale.broker.api.dispatch import Body, RequestContext
+from kafscale.broker.protocol.codec import millis
+from kafscale.broker.protocol.errors import ErrorCode, KafkaError, code_for
+from kafscale.broker.protocol.record_batch import InvalidBatch, read_header, split_batches
+
+_NO_TIMESTAMP = -1
+
+
+async def handle_produce(request: Any, ctx: RequestContext) -> Body | None:
+    acks = int(request.acks)
+    if acks not in (0, 1, -1):
+        return _every_partition(request, ErrorCode.INVALID_REQUIRED_ACKS)
+    if request.transactional_id:
+        return _every_partition(request, ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED)
+    async with ctx.connection.append_lock:
+        acked = await _append_all(request, ctx)
+    if acks == 0:
+        for future in acked.values():
+            if isinstance(future, asyncio.Future):
+                future.add_done_callback(_consume_outcome)
+        return None
+    return await _response(request, ctx, acked, millis(request.timeout))
+
+
+async def _append_all(
+    request: Any, ctx: RequestContext
+) -> dict[tuple[str, int], asyncio.Future[int] | ErrorCode]:
+    """Append every partition's batches; each outcome is a future (acked) or an error code."""
+    manager = ctx.broker.log_manager
+    outcomes: dict[tuple[str, int], asyncio.Future[int] | ErrorCode] = {}
+    for topic in request.topic_data:
+        for partition in topic.partition_data:
+            tp = (topic.name, int(partition.index))
+            try:
+                batches = split_batches(bytes(partition.records or b""))
+                owned = await manager.owned_partition(tp)
+                futures = [owned.append(batch, read_header(batch)) for batch in batches]
+                manager.request_flush_if_full(owned)
+                outcomes[tp] = futures[0] if len(futures) == 1 else _first_offset(futures)
+            except InvalidBatch:
+                outcomes[tp] = ErrorCode.CORRUPT_MESSAGE
+            except KafkaError as exc:
+                outcomes[tp] = exc.code
+    return outcomes
+
+
+def _first_offset(futures: list[asyncio.Future[int]]) -> asyncio.Future[int]:
+    """A future for the base offset of the first batch, done when all batches are durable."""
+
+    async def wait_all() -> int:
+        offsets = await asyncio.gather(*futures)
+        return offsets[0]
+
+    return asyncio.ensure_future(wait_all())
+
+
+async def _response(
+    request: Any,
+    ctx: RequestContext,
+    acked: dict[tuple[str, int], asyncio.Future[int] | ErrorCode],
+    timeout_ms: int,
+) -> Body:
+    futures = [f for f in acked.values() if isinstance(f, asyncio.Future)]
+    if futures:
+        await asyncio.wait(futures, timeout=max(timeout_ms, 1) / 1000)
+    responses = []
+    for topic in request.topic_data:
+        partitions = []
+        for partition in topic.partition_data:
+            tp = (topic.name, int(partition.index))
+            partitions.append(_partition_result(ctx, tp, acked[tp]))
+        responses.append({"name": topic.name, "partition_responses": partitions})
+    return {"responses": responses, "throttle_time": 0}
+
+
+def _partition_result(
+    ctx: RequestContext, tp: tuple[str, int], outcome: asyncio.Future[int] | ErrorCode
+) -> Body:
+    base_offset = -1
+    if isinstance(outcome, ErrorCode):
+        code = outcome
+    elif not outcome.done():
+        outcome.add_done_callback(_consume_outcome)
+        code = ErrorCode.REQUEST_TIMED_OUT
+    elif outcome.exception() is not None:
+        code = code_for(outcome.exception())  # type: ignore[arg-type]
+    else:
+        code = ErrorCode.NONE
+        base_offset = outcome.result()
+    result: Body = {
+        "index": tp[1],
+        "error_code": code,
+        "base_offset": base_offset,
+        "log_append_time": _NO_TIMESTAMP,
+        "log_start_offset": ctx.broker.committed_state(tp).log_start_offset,
+    }
+    if code == ErrorCode.NOT_LEADER_OR_FOLLOWER:
+        leader = ctx.broker.leader_for(tp)
+        epoch = ctx.broker.committed_state(tp).leader_epoch
+        result["current_leader"] = {"leader_id": leader, "leader_epoch": epoch}
+    return result
+
+
+def _every_partition(request: Any, code: ErrorCode) -> Body:
+    return {
+        "responses": [
+            {
+                "name": topic.name,
+                "partition_responses": [
+                    {
+                        "index": p.index,
+                        "error_code": code,
+                        "base_offset": -1,
+                        "log_append_time": _NO_TIMESTAMP,
+                    }
+                    for p in topic.partition_data
+                ],
+            }
+            for topic in request.topic_data
+        ],
+        "throttle_time": 0,
+    }
+
+
+def produce_error_body(request: Any, code: ErrorCode) -> Body:
+    return _every_partition(request, code)
+
+
+def _consume_outcome(future: asyncio.Future[int]) -> None:
+    """Nobody awaits acks=0 or timed-out outcomes; mark their errors as seen."""
+    if not future.cancelled():
+        future.exception()

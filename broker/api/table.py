@@ -1,0 +1,83 @@
+"""The one table of implemented APIs: key, version range, handler, error shape.
+
+Ranges are those a Kafka 3.x broker offers, cut to what kio has schemas for (kio follows
+Kafka 4, which dropped the oldest versions). ApiVersions advertises exactly this table; anything
+else is answered with UNSUPPORTED_VERSION.
+"""
+
+from __future__ import annotations
+
+from kafscale.broker.api import admin, fetch, metadata, offsets, produce, versions
+from kafscale.broker.api.dispatch import ApiSpec
+
+_SPECS = [
+    ApiSpec(0, "Produce", 3, 11, produce.handle_produce, produce.produce_error_body),
+    ApiSpec(1, "Fetch", 4, 16, fetch.handle_fetch, fetch.fetch_error_body),
+    ApiSpec(
+        2, "ListOffsets", 1, 8, offsets.handle_list_offsets, offsets.every_partition_error("topics")
+    ),
+    ApiSpec(
+        3, "Metadata", 0, 12, metadata.handle_metadata, lambda _r, _c: {"brokers": [], "topics": []}
+    ),
+    ApiSpec(18, "ApiVersions", 0, 3, versions.handle_api_versions),
+    ApiSpec(
+        19,
+        "CreateTopics",
+        2,
+        7,
+        admin.handle_create_topics,
+        offsets.every_partition_error("topics"),
+    ),
+    ApiSpec(
+        20,
+        "DeleteTopics",
+        1,
+        6,
+        admin.handle_delete_topics,
+        offsets.every_partition_error("responses"),
+    ),
+    ApiSpec(
+        21,
+        "DeleteRecords",
+        0,
+        2,
+        offsets.handle_delete_records,
+        offsets.every_partition_error("topics"),
+    ),
+    ApiSpec(22, "InitProducerId", 0, 5, offsets.handle_init_producer_id),
+    ApiSpec(
+        23,
+        "OffsetForLeaderEpoch",
+        2,
+        4,
+        offsets.handle_offset_for_leader_epoch,
+        offsets.every_partition_error("topics"),
+    ),
+    ApiSpec(
+        32,
+        "DescribeConfigs",
+        1,
+        4,
+        admin.handle_describe_configs,
+        offsets.every_partition_error("results"),
+    ),
+    ApiSpec(
+        37,
+        "CreatePartitions",
+        0,
+        3,
+        admin.handle_create_partitions,
+        offsets.every_partition_error("results"),
+    ),
+    ApiSpec(
+        44,
+        "IncrementalAlterConfigs",
+        0,
+        1,
+        admin.handle_incremental_alter_configs,
+        offsets.every_partition_error("responses"),
+    ),
+    ApiSpec(60, "DescribeCluster", 0, 1, metadata.handle_describe_cluster),
+]
+
+API_TABLE: dict[int, ApiSpec] = {spec.key: spec for spec in _SPECS}

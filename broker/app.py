@@ -1,0 +1,272 @@
+"""One broker process: wiring of the parts, start-up checks and the shutdown order.
+
+Start-up fails closed: an object store or etcd that cannot be reached is a clear error and a
+non-zero exit, never an in-memory fallback. Shutdown follows the handoff order: stop accepting
+connections, report not-ready, stop writes, flush, release leases, deregister (revoke the
+session), finish in-flight requests under a deadline, close clients.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from dataclasses import dataclass, field
+
+from kafscale.broker.admin_http import AdminRoutes, AdminServer
+from kafscale.broker.api.dispatch import Dispatcher
+from kafscale.broker.api.table import API_TABLE
+from kafscale.broker.config import BrokerSettings
+from kafscale.broker.metadata import keys
+from kafscale.broker.metadata.cluster import BrokerInfo, ClusterView, TopicInfo, TopicPartition
+from kafscale.broker.metadata.etcd import Etcd, MetadataUnavailable, SessionLease
+from kafscale.broker.metadata.leaders import leader_for
+from kafscale.broker.metadata.partition_state import PartitionState
+from kafscale.broker.metadata.topics import create_topic
+from kafscale.broker.protocol.errors import ErrorCode, KafkaError, NotLeader
+from kafscale.broker.server import KafkaServer
+from kafscale.broker.storage.cache import SegmentCache
+from kafscale.broker.storage.factory import open_object_store
+from kafscale.broker.storage.log_manager import LogManager
+from kafscale.broker.storage.object_store import ObjectStore, ObjectStoreError
+from kafscale.broker.storage.reader import LogReader
+
+log = logging.getLogger(__name__)
+
+
+class StartupError(Exception):
+    """A dependency is missing or unreachable; the process must exit non-zero."""
+
+
+@dataclass
+class Broker:
+    settings: BrokerSettings
+    etcd: Etcd
+    store: ObjectStore
+    session: SessionLease
+    view: ClusterView
+    cache: SegmentCache
+    reader: LogReader
+    info: BrokerInfo | None = None
+    manager: LogManager | None = None
+    server: KafkaServer | None = None
+    admin: AdminServer | None = None
+    ready: bool = False
+    draining: bool = False
+    pod_name: str | None = None
+    _tasks: list[asyncio.Task[None]] = field(default_factory=list)
+
+    @property
+    def node_id(self) -> int:
+        assert self.info is not None
+        return self.info.node_id
+
+    @property
+    def cluster(self) -> str:
+        return self.settings.cluster
+
+    @property
+    def log_manager(self) -> LogManager:
+        assert self.manager is not None
+        return self.manager
+
+    # --- start-up ----------------------------------------------------------------------------
+
+    @classmethod
+    async def start(cls, settings: BrokerSettings, pod_name: str | None = None) -> Broker:
+        store = open_object_store(settings.storage)
+        try:
+            await store.check()
+        except ObjectStoreError as exc:
+            await store.close()
+            raise StartupError(f"object storage is not usable: {exc}") from exc
+        try:
+            etcd = await Etcd.connect(settings.etcd.endpoints, settings.etcd.timeout_s)
+        except MetadataUnavailable as exc:
+            await store.close()
+            raise StartupError(f"etcd is not reachable: {exc}") from exc
+        session = await SessionLease.start(etcd, settings.etcd.session_ttl_s)
+        view = ClusterView(etcd, settings.cluster)
+        await view.start()
+        cache = SegmentCache(settings.log.cache_bytes)
+        broker = cls(
+            settings=settings,
+            etcd=etcd,
+            store=store,
+            session=session,
+            view=view,
+            cache=cache,
+            reader=LogReader(settings.cluster, store, cache),
+            pod_name=pod_name,
+        )
+        await broker._start_serving()
+        return broker
+
+    async def _start_serving(self) -> None:
+        listener = self.settings.listener
+        self.server = KafkaServer(
+            Dispatcher(API_TABLE, self), self.settings.limits, listener.host, listener.port
+        )
+        await self.server.start()
+        self.info = await self._register()
+        self.manager = LogManager(
+            self.settings, self.etcd, self.view, self.store, self.cache, self.node_id, self.session
+        )
+        await self.manager.start()
+        self.admin = AdminServer(
+            AdminRoutes(lambda: self.ready, self.drain, self.status),
+            listener.host,
+            listener.admin_port,
+        )
+        await self.admin.start()
+        self._tasks.append(asyncio.create_task(self._watch_session(), name="session-watch"))
+        self._tasks.append(asyncio.create_task(self._follow_cluster(), name="cluster-follow"))
+        self.ready = True
+        log.info("broker %d serving on %s:%d", self.node_id, self.info.host, self.info.port)
+
+    async def _register(self) -> BrokerInfo:
+        listener = self.settings.listener
+        assert self.server is not None
+        node_id = await self.etcd.increment(keys.broker_id_counter_key(self.cluster))
+        host = listener.advertised_host or (
+            "127.0.0.1" if listener.host in ("0.0.0.0", "") else listener.host
+        )
+        info = BrokerInfo(
+            node_id=node_id,
+            host=host,
+            port=listener.advertised_port or self.server.port,
+            rack=listener.rack,
+            pod=self.pod_name,
+        )
+        await self.etcd.put(
+            keys.broker_key(self.cluster, node_id), info.to_json(), lease=self.session.id
+        )
+        self.view.brokers[node_id] = info
+        return info
+
+    # --- running -----------------------------------------------------------------------------
+
+    async def _watch_session(self) -> None:
+        """If our session expired (paused, partitioned), stop owning and come back fresh."""
+        while True:
+            await self.session.lost.wait()
+            log.error("etcd session lost; giving up every partition and re-registering")
+            self.log_manager.abandon_all(NotLeader("this broker's etcd session expired"))
+            while True:
+                try:
+                    self.session = await SessionLease.start(
+                        self.etcd, self.settings.etcd.session_ttl_s
+                    )
+                    break
+                except MetadataUnavailable:
+                    await asyncio.sleep(1)
+            self.log_manager.replace_session(self.session)
+            assert self.info is not None
+            await self.etcd.put(
+                keys.broker_key(self.cluster, self.node_id),
+                self.info.to_json(),
+                lease=self.session.id,
+            )
+
+    async def _follow_cluster(self) -> None:
+        """React to cluster changes: deleted topics, draining marks, the desired assignment."""
+        while True:
+            changed = self.view.changed
+            await changed.wait()
+            for topic in {o.topic for o in self.log_manager.owned.values()}:
+                if topic not in self.view.topics:
+                    self.log_manager.abandon_topic(topic)
+                    self.reader.forget(topic)
+            if self.node_id in self.view.draining and not self.draining:
+                await self.drain()
+
+    def leader_for(self, tp: TopicPartition) -> int:
+        return leader_for(
+            tp,
+            self.view.owners,
+            self.view.assignment.owners,
+            self.view.brokers.keys(),
+            self.view.draining,
+        )
+
+    def committed_state(self, tp: TopicPartition) -> PartitionState:
+        owned = self.log_manager.owned.get(tp)
+        if owned is not None:
+            return owned.state
+        return self.view.states.get(tp, PartitionState())
+
+    async def fresh_state(self, tp: TopicPartition) -> PartitionState:
+        """The committed state read from etcd now (non-owners: never answer from a stale view)."""
+        owned = self.log_manager.owned.get(tp)
+        if owned is not None:
+            return owned.state
+        kv = await self.etcd.get(keys.partition_state_key(self.cluster, *tp))
+        state = PartitionState.from_json(kv.value) if kv else PartitionState()
+        self.view.update_state(tp, state)
+        return state
+
+    async def auto_create(self, topic: str) -> TopicInfo | None:
+        """Create ``topic`` with the defaults if auto-creation is on (as Kafka does)."""
+        defaults = self.settings.topics
+        if not defaults.auto_create_topics:
+            return None
+        try:
+            info = await create_topic(self.etcd, self.cluster, topic, defaults.num_partitions, {})
+        except KafkaError as exc:
+            if exc.code != ErrorCode.TOPIC_ALREADY_EXISTS:
+                raise
+            kv = await self.etcd.get(keys.topic_key(self.cluster, topic))
+            return TopicInfo.from_json(topic, kv.value) if kv else None
+        self.view.topics[topic] = info
+        return info
+
+    def spawn(self, coroutine: object, name: str) -> None:
+        """Background work the broker owns (awaited or cancelled on shutdown)."""
+        task = asyncio.ensure_future(coroutine)  # type: ignore[call-overload]
+        task.set_name(name)
+        self._tasks.append(task)
+        self._tasks = [t for t in self._tasks if not t.done() or t is task]
+
+    def status(self) -> dict[str, object]:
+        return {
+            "node_id": self.node_id,
+            "ready": self.ready,
+            "draining": self.draining,
+            "owned": sorted(f"{t}-{p}" for t, p in self.log_manager.owned),
+        }
+
+    # --- handoff and shutdown ----------------------------------------------------------------
+
+    async def drain(self) -> None:
+        """Hand every partition over without exiting (preStop hook, draining mark)."""
+        self.draining = True
+        await self.etcd.put(
+            keys.draining_key(self.cluster, self.node_id),
+            b'{"reason":"drain"}',
+            lease=self.session.id,
+        )
+        await self.log_manager.release_all()
+
+    async def shutdown(self) -> None:
+        self.ready = False
+        grace_s = self.settings.limits.shutdown_grace_s
+        if self.server is not None:
+            await self.server.stop_accepting()
+        if self.manager is not None:
+            with contextlib.suppress(Exception):
+                async with asyncio.timeout(grace_s):
+                    await self.manager.close()
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        with contextlib.suppress(Exception):
+            await self.session.revoke()
+        if self.server is not None:
+            await self.server.close(grace_s)
+        if self.admin is not None:
+            await self.admin.close()
+        await self.view.close()
+        await self.session.close()
+        await self.etcd.close()
+        await self.store.close()
+        log.info("broker stopped")

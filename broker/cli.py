@@ -1,0 +1,160 @@
+"""The ``kafscale`` command: ``broker``, ``local``, ``operator``, ``drain``, ``config-reference``.
+
+One image runs every component; the subcommand picks which.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import signal
+import sys
+import urllib.request
+from pathlib import Path
+
+from pydantic import ValidationError
+
+from kafscale.broker.app import Broker, StartupError
+from kafscale.broker.config import BrokerSettings
+from kafscale.broker.local import LocalOptions, run_local
+from kafscale.broker.settings_cli import (
+    add_settings_flags,
+    build_settings,
+    config_reference_markdown,
+    overrides_from_args,
+)
+
+log = logging.getLogger("kafscale")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return 2
+    handler = {
+        "broker": _cmd_broker,
+        "local": _cmd_local,
+        "operator": _cmd_operator,
+        "drain": _cmd_drain,
+        "config-reference": _cmd_config_reference,
+    }[args.command]
+    return int(handler(args))
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="kafscale", description=__doc__)
+    commands = parser.add_subparsers(dest="command")
+    broker = commands.add_parser("broker", help="run one broker (configured by env and flags)")
+    add_settings_flags(broker)
+    local = commands.add_parser("local", help="run a whole cluster on this machine")
+    local.add_argument("--data-dir", type=Path, default=Path("data"), help="where data lives")
+    local.add_argument("--brokers", type=int, default=1, help="number of brokers")
+    local.add_argument("--port", type=int, default=9092, help="first broker's Kafka port")
+    local.add_argument("--host", default="127.0.0.1", help="address the brokers bind to")
+    local.add_argument("--s3-endpoint", default=None, help="use this S3 endpoint, not a dir")
+    local.add_argument("--bucket", default=None, help="S3 bucket (with --s3-endpoint)")
+    add_settings_flags(local)
+    commands.add_parser("operator", help="run the Kubernetes operator")
+    drain = commands.add_parser("drain", help="ask a broker to hand its partitions over")
+    drain.add_argument("--admin-url", default="http://127.0.0.1:8080")
+    drain.add_argument("--timeout-s", type=float, default=60.0)
+    commands.add_parser("config-reference", help="print the configuration reference (Markdown)")
+    return parser
+
+
+def _setup_logging(settings: BrokerSettings) -> None:
+    logging.basicConfig(
+        level=settings.log_level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+
+
+def _load_settings(args: argparse.Namespace) -> BrokerSettings | None:
+    overrides = overrides_from_args(args)
+    if getattr(args, "s3_endpoint", None):
+        storage = overrides.setdefault("storage", {})
+        storage.update(kind="s3", endpoint=args.s3_endpoint)
+        if args.bucket:
+            storage["bucket"] = args.bucket
+    try:
+        return build_settings(overrides)
+    except ValidationError as exc:
+        print(f"kafscale: invalid configuration:\n{exc}", file=sys.stderr)
+        return None
+
+
+def _cmd_broker(args: argparse.Namespace) -> int:
+    settings = _load_settings(args)
+    if settings is None:
+        return 2
+    _setup_logging(settings)
+    return _run(_serve_broker(settings))
+
+
+async def _serve_broker(settings: BrokerSettings) -> None:
+    broker = await Broker.start(settings, pod_name=os.environ.get("KAFSCALE_POD_NAME"))
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, stop.set)
+    try:
+        await stop.wait()
+    finally:
+        await broker.shutdown()
+
+
+def _cmd_local(args: argparse.Namespace) -> int:
+    settings = _load_settings(args)
+    if settings is None:
+        return 2
+    _setup_logging(settings)
+    options = LocalOptions(args.data_dir, args.brokers, args.port, args.host)
+    return _run(run_local(settings, options))
+
+
+def _run(coroutine: object) -> int:
+    try:
+        import uvloop
+
+        runner = uvloop.run
+    except ImportError:  # pragma: no cover - uvloop is a dependency; keep asyncio as fallback
+        runner = asyncio.run
+    try:
+        runner(coroutine)  # type: ignore[arg-type]
+    except StartupError as exc:
+        print(f"kafscale: cannot start: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+    return 0
+
+
+def _cmd_operator(args: argparse.Namespace) -> int:
+    from kafscale.operator.main import run_operator
+
+    return int(run_operator() or 0)
+
+
+def _cmd_drain(args: argparse.Namespace) -> int:
+    request = urllib.request.Request(args.admin_url.rstrip("/") + "/drain", method="POST")
+    try:
+        with urllib.request.urlopen(request, timeout=args.timeout_s) as response:
+            print(json.loads(response.read()))
+    except OSError as exc:
+        print(f"kafscale drain: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _cmd_config_reference(args: argparse.Namespace) -> int:
+    print(config_reference_markdown())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

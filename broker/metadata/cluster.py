@@ -1,0 +1,211 @@
+"""Each broker's live view of the cluster, kept current by one watch on the cluster prefix.
+
+Topics, registered brokers, partition states (high watermarks), lease owners, the desired
+assignment and draining marks all live under ``/kafscale/<cluster>/``. The view loads them once
+and then follows a single prefix watch, so answering Metadata or waking a long-poll never costs
+an etcd round trip. High-watermark changes wake fetches through per-partition events.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from kafscale.broker.metadata import keys
+from kafscale.broker.metadata.assignment import Assignment
+from kafscale.broker.metadata.etcd import Etcd, KeyValue, WatchEvent, WatchEventKind
+from kafscale.broker.metadata.partition_state import PartitionState
+
+log = logging.getLogger(__name__)
+
+TopicPartition = tuple[str, int]
+
+
+@dataclass(frozen=True, slots=True)
+class TopicInfo:
+    name: str
+    topic_id: str
+    partitions: int
+    configs: dict[str, str] = field(default_factory=dict)
+
+    def to_json(self) -> bytes:
+        return json.dumps(
+            {"topic_id": self.topic_id, "partitions": self.partitions, "configs": self.configs}
+        ).encode()
+
+    @classmethod
+    def from_json(cls, name: str, data: bytes) -> TopicInfo:
+        document = json.loads(data)
+        configs = {str(k): str(v) for k, v in document.get("configs", {}).items()}
+        return cls(name, str(document["topic_id"]), int(document["partitions"]), configs)
+
+
+@dataclass(frozen=True, slots=True)
+class BrokerInfo:
+    node_id: int
+    host: str
+    port: int
+    rack: str | None = None
+    pod: str | None = None
+
+    def to_json(self) -> bytes:
+        return json.dumps(
+            {
+                "node_id": self.node_id,
+                "host": self.host,
+                "port": self.port,
+                "rack": self.rack,
+                "pod": self.pod,
+            }
+        ).encode()
+
+    @classmethod
+    def from_json(cls, data: bytes) -> BrokerInfo:
+        d = json.loads(data)
+        return cls(int(d["node_id"]), str(d["host"]), int(d["port"]), d.get("rack"), d.get("pod"))
+
+
+class Watermarks:
+    """Per-partition events that fire when a partition's committed state changes."""
+
+    def __init__(self) -> None:
+        self._events: dict[TopicPartition, asyncio.Event] = {}
+
+    def event(self, tp: TopicPartition) -> asyncio.Event:
+        event = self._events.get(tp)
+        if event is None:
+            event = self._events[tp] = asyncio.Event()
+        return event
+
+    def notify(self, tp: TopicPartition) -> None:
+        event = self._events.pop(tp, None)
+        if event is not None:
+            event.set()
+
+
+class ClusterView:
+    def __init__(self, etcd: Etcd, cluster: str) -> None:
+        self._etcd = etcd
+        self._cluster = cluster
+        self._prefix = keys.cluster_prefix(cluster)
+        self.topics: dict[str, TopicInfo] = {}
+        self.brokers: dict[int, BrokerInfo] = {}
+        self.states: dict[TopicPartition, PartitionState] = {}
+        self.owners: dict[TopicPartition, int] = {}
+        self.assignment = Assignment(generation=0, owners={})
+        self.draining: set[int] = set()
+        self.watermarks = Watermarks()
+        self.changed = asyncio.Event()  # any change: brokers follow assignment/draining on it
+        self._watch_task: asyncio.Task[None] | None = None
+
+    @property
+    def topics_by_id(self) -> dict[str, TopicInfo]:
+        return {t.topic_id: t for t in self.topics.values()}
+
+    async def start(self) -> None:
+        entries, revision = await self._etcd.get_prefix_with_revision(self._prefix)
+        for entry in entries:
+            self._apply_put(entry.key, entry.value)
+        self._watch_task = asyncio.create_task(self._follow(revision + 1), name="cluster-watch")
+
+    async def close(self) -> None:
+        if self._watch_task is not None:
+            self._watch_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._watch_task
+
+    def live_broker_ids(self) -> list[int]:
+        return sorted(self.brokers)
+
+    def partitions(self) -> Iterable[TopicPartition]:
+        for topic in self.topics.values():
+            for p in range(topic.partitions):
+                yield topic.name, p
+
+    def update_state(self, tp: TopicPartition, state: PartitionState) -> None:
+        """A local commit: apply it now rather than waiting for our own watch event."""
+        previous = self.states.get(tp)
+        if (
+            previous is None
+            or state.high_watermark >= previous.high_watermark
+            or (state.leader_epoch > previous.leader_epoch)
+        ):
+            self.states[tp] = state
+        self.watermarks.notify(tp)
+
+    async def _follow(self, start_revision: int) -> None:
+        async for event in self._etcd.watch_prefix(self._prefix, start_revision):
+            try:
+                if event.kind is WatchEventKind.RESYNC:
+                    await self._reload()
+                else:
+                    self._apply(event)
+            except Exception:
+                log.exception("cannot apply watch event for %s", event.key)
+
+    async def _reload(self) -> None:
+        """The watch lost history (compaction): rebuild the view from a fresh read."""
+        log.warning("cluster watch lost history; reloading the view")
+        entries = await self._etcd.get_prefix(self._prefix)
+        self.topics.clear()
+        self.brokers.clear()
+        self.owners.clear()
+        self.draining.clear()
+        for entry in entries:
+            self._apply_put(entry.key, entry.value)
+        for tp in list(self.states):
+            self.watermarks.notify(tp)
+        self.changed.set()
+        self.changed = asyncio.Event()
+
+    def _apply(self, event: WatchEvent) -> None:
+        if event.kind is WatchEventKind.PUT:
+            self._apply_put(event.key, event.value)
+        else:
+            self._apply_delete(event.key)
+        self.changed.set()
+        self.changed = asyncio.Event()
+
+    def _relative(self, key: str) -> list[str]:
+        return key[len(self._prefix) :].split("/")
+
+    def _apply_put(self, key: str, value: bytes) -> None:
+        parts = self._relative(key)
+        kind = parts[0]
+        if kind == "topics" and len(parts) == 2:
+            self.topics[parts[1]] = TopicInfo.from_json(parts[1], value)
+        elif kind == "brokers" and len(parts) == 2:
+            self.brokers[int(parts[1])] = BrokerInfo.from_json(value)
+        elif kind == "partitions" and len(parts) == 3:
+            tp = (parts[1], int(parts[2]))
+            self.update_state(tp, PartitionState.from_json(value))
+        elif kind == "leases" and len(parts) == 4 and parts[1] == "partitions":
+            self.owners[(parts[2], int(parts[3]))] = int(value)
+        elif kind == "assignment" and len(parts) == 1:
+            self.assignment = Assignment.from_json(value)
+        elif kind == "draining" and len(parts) == 2:
+            self.draining.add(int(parts[1]))
+
+    def _apply_delete(self, key: str) -> None:
+        parts = self._relative(key)
+        kind = parts[0]
+        if kind == "topics" and len(parts) == 2:
+            self.topics.pop(parts[1], None)
+        elif kind == "brokers" and len(parts) == 2:
+            self.brokers.pop(int(parts[1]), None)
+        elif kind == "partitions" and len(parts) == 3:
+            tp = (parts[1], int(parts[2]))
+            self.states.pop(tp, None)
+            self.watermarks.notify(tp)
+        elif kind == "leases" and len(parts) == 4 and parts[1] == "partitions":
+            self.owners.pop((parts[2], int(parts[3])), None)
+        elif kind == "draining" and len(parts) == 2:
+            self.draining.discard(int(parts[1]))
+
+
+def entries_by_key(entries: Iterable[KeyValue]) -> dict[str, KeyValue]:
+    return {entry.key: entry for entry in entries}

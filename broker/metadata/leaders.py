@@ -1,0 +1,35 @@
+"""Which broker Metadata names as a partition's leader: a pure decision.
+
+The lease holder if it is alive; else the desired owner from the assignment if it is alive and
+not draining; else a stable pick among the live, non-draining brokers, the same on every
+broker, so that clients of every broker send a leaderless partition's produce to one place,
+which then claims the lease on demand.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Collection, Mapping
+
+TopicPartition = tuple[str, int]
+
+
+def leader_for(
+    tp: TopicPartition,
+    owners: Mapping[TopicPartition, int],
+    desired: Mapping[TopicPartition, int],
+    live: Collection[int],
+    draining: Collection[int],
+) -> int:
+    """The leader id, or -1 when no broker is alive."""
+    owner = owners.get(tp)
+    if owner is not None and owner in live:
+        return owner
+    candidates = sorted(b for b in live if b not in draining) or sorted(live)
+    if not candidates:
+        return -1
+    wanted = desired.get(tp)
+    if wanted is not None and wanted in candidates:
+        return wanted
+    spread = zlib.crc32(tp[0].encode()) + tp[1]
+    return candidates[spread % len(candidates)]

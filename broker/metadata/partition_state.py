@@ -1,0 +1,167 @@
+"""A partition's committed state in etcd, and the pure decisions made on it.
+
+The document at ``partitions/<topic>/<p>`` (JSON)::
+
+    {"high_watermark": 120, "log_start_offset": 0, "leader_epoch": 3,
+     "epochs": [[0, 0], [2, 57], [3, 100]],          # (leader epoch, start offset) history
+     "segments": [{"base": 100, "last": 119, "epoch": 3, "size": 2048,
+                   "max_timestamp": 1700000000000}],  # the most recent committed segments
+     "producers": {"4001": {"epoch": 0, "first_seq": 10, "last_seq": 19, "offset": 110}}}
+
+Segments are found in object storage by listing; ``segments`` only keeps the newest few so that
+readers of recent data need no listing. A listed segment object is *committed* when its base
+offset lies inside the offset range its epoch led (see :func:`is_committed_segment`): an upload
+from a fenced writer starts at or after the next epoch's start offset, so it is ignored.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field, replace
+
+RECENT_SEGMENTS = 32
+MAX_PRODUCERS = 256
+
+
+@dataclass(frozen=True, slots=True)
+class SegmentRef:
+    base: int
+    last: int
+    epoch: int
+    size: int
+    max_timestamp: int
+
+
+@dataclass(frozen=True, slots=True)
+class ProducerState:
+    """The last batch appended by an idempotent producer to this partition."""
+
+    epoch: int
+    first_seq: int
+    last_seq: int
+    offset: int
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionState:
+    high_watermark: int = 0
+    log_start_offset: int = 0
+    leader_epoch: int = -1
+    epochs: tuple[tuple[int, int], ...] = ()
+    segments: tuple[SegmentRef, ...] = ()
+    producers: dict[int, ProducerState] = field(default_factory=dict)
+
+    def to_json(self) -> bytes:
+        document = {
+            "high_watermark": self.high_watermark,
+            "log_start_offset": self.log_start_offset,
+            "leader_epoch": self.leader_epoch,
+            "epochs": [list(entry) for entry in self.epochs],
+            "segments": [_segment_to_dict(s) for s in self.segments],
+            "producers": {str(pid): _producer_to_dict(p) for pid, p in self.producers.items()},
+        }
+        return json.dumps(document, separators=(",", ":")).encode()
+
+    @classmethod
+    def from_json(cls, data: bytes) -> PartitionState:
+        document = json.loads(data)
+        return cls(
+            high_watermark=int(document["high_watermark"]),
+            log_start_offset=int(document.get("log_start_offset", 0)),
+            leader_epoch=int(document.get("leader_epoch", -1)),
+            epochs=tuple((int(e), int(s)) for e, s in document.get("epochs", [])),
+            segments=tuple(SegmentRef(**s) for s in document.get("segments", [])),
+            producers={
+                int(pid): ProducerState(**p) for pid, p in document.get("producers", {}).items()
+            },
+        )
+
+
+def _segment_to_dict(segment: SegmentRef) -> dict[str, int]:
+    return {
+        "base": segment.base,
+        "last": segment.last,
+        "epoch": segment.epoch,
+        "size": segment.size,
+        "max_timestamp": segment.max_timestamp,
+    }
+
+
+def _producer_to_dict(producer: ProducerState) -> dict[str, int]:
+    return {
+        "epoch": producer.epoch,
+        "first_seq": producer.first_seq,
+        "last_seq": producer.last_seq,
+        "offset": producer.offset,
+    }
+
+
+def start_epoch(state: PartitionState) -> PartitionState:
+    """The state after a new owner takes the partition: next epoch, starting at the HW."""
+    epoch = state.leader_epoch + 1
+    history = state.epochs
+    if history and history[-1][1] == state.high_watermark:
+        # The previous epoch wrote nothing committed; keep the history short.
+        history = history[:-1]
+    return replace(
+        state, leader_epoch=epoch, epochs=(*history, (epoch, state.high_watermark))[-64:]
+    )
+
+
+def commit_segment(
+    state: PartitionState, segment: SegmentRef, producers: dict[int, ProducerState]
+) -> PartitionState:
+    """The state after ``segment`` (the next offsets of this epoch) is committed."""
+    if segment.base != state.high_watermark:
+        raise ValueError(f"segment base {segment.base} is not the HW {state.high_watermark}")
+    merged = {**state.producers, **producers}
+    if len(merged) > MAX_PRODUCERS:
+        newest = sorted(merged.items(), key=lambda item: item[1].offset)[-MAX_PRODUCERS:]
+        merged = dict(newest)
+    return replace(
+        state,
+        high_watermark=segment.last + 1,
+        segments=(*state.segments, segment)[-RECENT_SEGMENTS:],
+        producers=merged,
+    )
+
+
+def is_committed_segment(state: PartitionState, base: int, epoch: int) -> bool:
+    """Whether the object written at ``base`` by the owner of ``epoch`` holds committed data."""
+    if base >= state.high_watermark:
+        return False
+    start, end = epoch_range(state, epoch)
+    return start <= base < end
+
+
+def epoch_range(state: PartitionState, epoch: int) -> tuple[int, int]:
+    """[start, end) offsets led by ``epoch``; an epoch missing from history owns nothing."""
+    for index, (known_epoch, start) in enumerate(state.epochs):
+        if known_epoch == epoch:
+            if index + 1 < len(state.epochs):
+                return start, state.epochs[index + 1][1]
+            return start, state.high_watermark
+    if state.epochs and epoch < state.epochs[0][0]:
+        # History is trimmed from the front; older epochs end where the oldest known starts.
+        return 0, state.epochs[0][1]
+    return 0, 0
+
+
+def end_offset_for_epoch(state: PartitionState, requested_epoch: int) -> tuple[int, int]:
+    """OffsetForLeaderEpoch: (largest epoch <= requested, the end offset of that epoch)."""
+    chosen = None
+    for index, (epoch, _start) in enumerate(state.epochs):
+        if epoch <= requested_epoch:
+            chosen = index
+    if chosen is None:
+        return -1, -1
+    epoch = state.epochs[chosen][0]
+    if chosen + 1 < len(state.epochs):
+        return epoch, state.epochs[chosen + 1][1]
+    return epoch, state.high_watermark
+
+
+def advance_log_start(state: PartitionState, offset: int) -> PartitionState:
+    """DeleteRecords / retention: records below ``offset`` are no longer served."""
+    offset = min(max(offset, state.log_start_offset), state.high_watermark)
+    return replace(state, log_start_offset=offset)

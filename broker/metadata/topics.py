@@ -1,0 +1,153 @@
+"""Topic records in etcd: create, delete, add partitions, change configs.
+
+Every change is a compare-and-swap on the topic key, so two brokers handling admin requests at
+once cannot lose each other's updates. Partition states and leases of a deleted topic go with
+it; its objects are removed by the broker that deleted it (a re-created topic gets a new topic
+id, and with it a new object prefix, so old records can never reappear).
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+from collections.abc import Mapping
+
+from kafscale.broker.metadata import keys
+from kafscale.broker.metadata.cluster import TopicInfo
+from kafscale.broker.metadata.etcd import (
+    Etcd,
+    MetadataUnavailable,
+    create_revision_is,
+    delete_op,
+    mod_revision_is,
+    put_op,
+)
+from kafscale.broker.protocol.errors import ErrorCode, KafkaError, MetadataTimeout
+
+_TOPIC_NAME = re.compile(r"^[a-zA-Z0-9._-]{1,249}$")
+MAX_PARTITIONS = 10_000
+
+# Topic configs we understand, with Kafka's defaults; others are stored and echoed back.
+DEFAULT_CONFIGS: dict[str, str] = {
+    "cleanup.policy": "delete",
+    "retention.ms": "604800000",
+    "retention.bytes": "-1",
+    "segment.bytes": "4194304",
+    "max.message.bytes": "1048588",
+    "message.timestamp.type": "CreateTime",
+    "compression.type": "producer",
+    "min.insync.replicas": "1",
+}
+READ_ONLY_CONFIGS = frozenset({"compression.type", "min.insync.replicas"})
+
+
+def validate_topic_name(name: str) -> None:
+    if not _TOPIC_NAME.match(name) or name in (".", ".."):
+        raise KafkaError(f"invalid topic name {name!r}", ErrorCode.INVALID_TOPIC_EXCEPTION)
+
+
+def validate_configs(configs: Mapping[str, str | None]) -> None:
+    for name in ("retention.ms", "retention.bytes", "segment.bytes", "max.message.bytes"):
+        value = configs.get(name)
+        if value is None:
+            continue
+        try:
+            int(value)
+        except ValueError as exc:
+            raise KafkaError(f"{name} must be an integer", ErrorCode.INVALID_CONFIG) from exc
+    policy = configs.get("cleanup.policy")
+    if policy is not None and policy not in ("delete", "compact", "compact,delete"):
+        raise KafkaError(f"invalid cleanup.policy {policy}", ErrorCode.INVALID_CONFIG)
+
+
+async def create_topic(
+    etcd: Etcd, cluster: str, name: str, partitions: int, configs: Mapping[str, str]
+) -> TopicInfo:
+    validate_topic_name(name)
+    if not 1 <= partitions <= MAX_PARTITIONS:
+        raise KafkaError(f"partitions must be 1..{MAX_PARTITIONS}", ErrorCode.INVALID_PARTITIONS)
+    validate_configs(configs)
+    info = TopicInfo(name, uuid.uuid4().hex, partitions, dict(configs))
+    key = keys.topic_key(cluster, name)
+    try:
+        created = await etcd.create_if_absent(key, info.to_json())
+    except MetadataUnavailable as exc:
+        raise MetadataTimeout(str(exc)) from exc
+    if not created:
+        raise KafkaError(f"topic {name} already exists", ErrorCode.TOPIC_ALREADY_EXISTS)
+    return info
+
+
+async def delete_topic(etcd: Etcd, cluster: str, name: str) -> TopicInfo:
+    key = keys.topic_key(cluster, name)
+    try:
+        current = await etcd.get(key)
+        if current is None:
+            raise KafkaError(f"unknown topic {name}", ErrorCode.UNKNOWN_TOPIC_OR_PARTITION)
+        result = await etcd.txn([mod_revision_is(key, current.mod_revision)], [delete_op(key)])
+        if not result.succeeded:
+            raise KafkaError(f"topic {name} changed meanwhile", ErrorCode.REQUEST_TIMED_OUT)
+        await etcd.delete_prefix(keys.partition_states_prefix(cluster, name))
+        await etcd.delete_prefix(keys.partition_leases_prefix(cluster, name))
+    except MetadataUnavailable as exc:
+        raise MetadataTimeout(str(exc)) from exc
+    return TopicInfo.from_json(name, current.value)
+
+
+async def add_partitions(etcd: Etcd, cluster: str, name: str, count: int) -> TopicInfo:
+    def grow(info: TopicInfo) -> TopicInfo:
+        if count <= info.partitions:
+            raise KafkaError(
+                f"topic {name} has {info.partitions} partitions; cannot set {count}",
+                ErrorCode.INVALID_PARTITIONS,
+            )
+        if count > MAX_PARTITIONS:
+            raise KafkaError(f"at most {MAX_PARTITIONS} partitions", ErrorCode.INVALID_PARTITIONS)
+        return TopicInfo(info.name, info.topic_id, count, info.configs)
+
+    return await _update(etcd, cluster, name, grow)
+
+
+async def alter_configs(
+    etcd: Etcd, cluster: str, name: str, changes: Mapping[str, str | None]
+) -> TopicInfo:
+    """Set (value) or remove (None) topic configs."""
+    validate_configs(changes)
+
+    def apply(info: TopicInfo) -> TopicInfo:
+        configs = dict(info.configs)
+        for config_name, value in changes.items():
+            if value is None:
+                configs.pop(config_name, None)
+            else:
+                configs[config_name] = value
+        return TopicInfo(info.name, info.topic_id, info.partitions, configs)
+
+    return await _update(etcd, cluster, name, apply)
+
+
+async def _update(etcd: Etcd, cluster: str, name: str, change: object) -> TopicInfo:
+    key = keys.topic_key(cluster, name)
+    assert callable(change)
+    try:
+        for _ in range(5):
+            current = await etcd.get(key)
+            if current is None:
+                raise KafkaError(f"unknown topic {name}", ErrorCode.UNKNOWN_TOPIC_OR_PARTITION)
+            updated: TopicInfo = change(TopicInfo.from_json(name, current.value))
+            result = await etcd.txn(
+                [
+                    mod_revision_is(key, current.mod_revision),
+                    create_revision_is(key, current.create_revision),
+                ],
+                [put_op(key, updated.to_json())],
+            )
+            if result.succeeded:
+                return updated
+    except MetadataUnavailable as exc:
+        raise MetadataTimeout(str(exc)) from exc
+    raise KafkaError(f"topic {name} kept changing", ErrorCode.REQUEST_TIMED_OUT)
+
+
+def effective_configs(info: TopicInfo) -> dict[str, str]:
+    return {**DEFAULT_CONFIGS, **info.configs}

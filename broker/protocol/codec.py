@@ -1,0 +1,272 @@
+"""The one module that talks to kio (the Kafka wire-format library).
+
+kio generates one frozen dataclass per API, version and nested structure. Handlers would
+otherwise have to know which fields exist in which version; instead they return plain
+dictionaries shaped like the newest version, and :func:`build_entity` turns them into the
+entity of the version the client asked for: fields the version lacks are dropped, fields the
+handler left out get their default (or the type's zero value), and milliseconds, error codes
+and UUIDs are converted to kio's types. Requests stay kio entities: handlers read them with
+``getattr(request, name, default)`` where a field is version-dependent.
+
+kio's API has moved between releases, so it is pinned and nothing else imports it.
+"""
+
+from __future__ import annotations
+
+import datetime
+import functools
+import io
+import struct
+import uuid
+from collections.abc import Callable, Mapping
+from dataclasses import MISSING, dataclass, fields, is_dataclass
+from types import NoneType, UnionType
+from typing import Any, get_args, get_origin, get_type_hints
+
+from kio.index import load_request_schema, load_response_schema
+from kio.schema.errors import ErrorCode
+from kio.serial import entity_reader, entity_writer
+
+_HEADER_PREFIX = struct.Struct(">hhi")
+_EPOCH = datetime.datetime(1970, 1, 1, tzinfo=datetime.UTC)
+
+
+class DecodeError(Exception):
+    """The frame's body could not be parsed as the request its header names."""
+
+
+class UnknownApi(Exception):
+    """kio has no schema for this API key and version."""
+
+
+@dataclass(frozen=True, slots=True)
+class RequestHeader:
+    api_key: int
+    api_version: int
+    correlation_id: int
+    client_id: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class DecodedRequest:
+    header: RequestHeader
+    body: Any
+
+
+def peek_header(frame: bytes) -> tuple[int, int, int]:
+    """(api key, api version, correlation id) from the fixed start every header shares."""
+    if len(frame) < _HEADER_PREFIX.size:
+        raise DecodeError("frame shorter than a request header")
+    api_key, api_version, correlation_id = _HEADER_PREFIX.unpack_from(frame, 0)
+    return api_key, api_version, correlation_id
+
+
+def request_schema(api_key: int, api_version: int) -> type[Any]:
+    try:
+        return load_request_schema(api_key, api_version)
+    except Exception as exc:  # kio raises its own index errors
+        raise UnknownApi(f"no schema for api {api_key} v{api_version}") from exc
+
+
+def decode_request(frame: bytes, schema: type[Any]) -> DecodedRequest:
+    """Parse header and body of ``frame`` (without its length prefix)."""
+    header_schema = schema.__header_schema__
+    try:
+        header, header_size = entity_reader(header_schema)(frame, 0)
+        body, _ = entity_reader(schema)(frame, header_size)
+    except Exception as exc:
+        raise DecodeError(f"cannot parse {schema.__name__}: {exc}") from exc
+    decoded_header = RequestHeader(
+        api_key=int(header.request_api_key),
+        api_version=int(header.request_api_version),
+        correlation_id=int(header.correlation_id),
+        client_id=header.client_id,
+    )
+    return DecodedRequest(decoded_header, body)
+
+
+def response_schema(api_key: int, api_version: int) -> type[Any]:
+    return load_response_schema(api_key, api_version)
+
+
+def encode_response(
+    api_key: int, api_version: int, correlation_id: int, body: Mapping[str, Any]
+) -> bytes:
+    """A whole response frame (length prefix, header, body) for ``body`` at this version."""
+    schema = response_schema(api_key, api_version)
+    entity = build_entity(schema, body)
+    header_schema = schema.__header_schema__
+    buffer = io.BytesIO()
+    buffer.write(b"\x00\x00\x00\x00")
+    entity_writer(header_schema)(buffer, header_schema(correlation_id=correlation_id))
+    entity_writer(schema)(buffer, entity)
+    frame = buffer.getbuffer()
+    struct.pack_into(">i", frame, 0, len(frame) - 4)
+    return bytes(frame)
+
+
+def encode_request(api_key: int, api_version: int, correlation_id: int, body: Any) -> bytes:
+    """A request frame; used by tests and tools that speak to a broker directly."""
+    schema = request_schema(api_key, api_version)
+    entity = body if isinstance(body, schema) else build_entity(schema, body)
+    header_schema = schema.__header_schema__
+    buffer = io.BytesIO()
+    buffer.write(b"\x00\x00\x00\x00")
+    header = header_schema(
+        request_api_key=api_key,
+        request_api_version=api_version,
+        correlation_id=correlation_id,
+        client_id="kafscale",
+    )
+    entity_writer(header_schema)(buffer, header)
+    entity_writer(schema)(buffer, entity)
+    frame = buffer.getbuffer()
+    struct.pack_into(">i", frame, 0, len(frame) - 4)
+    return bytes(frame)
+
+
+def decode_response(frame: bytes, api_key: int, api_version: int) -> Any:
+    """Parse a response frame body (without length prefix); for tests and tools."""
+    schema = response_schema(api_key, api_version)
+    _, header_size = entity_reader(schema.__header_schema__)(frame, 0)
+    body, _ = entity_reader(schema)(frame, header_size)
+    return body
+
+
+# --- dict -> entity ---------------------------------------------------------------------------
+
+
+def build_entity(entity_type: type[Any], data: Mapping[str, Any]) -> Any:
+    """The ``entity_type`` instance holding ``data``; see the module docstring."""
+    kwargs = {}
+    for name, convert in _field_plan(entity_type):
+        kwargs[name] = convert(data.get(name, MISSING))
+    return entity_type(**kwargs)
+
+
+@functools.cache
+def _field_plan(entity_type: type[Any]) -> tuple[tuple[str, Callable[[Any], Any]], ...]:
+    hints = get_type_hints(entity_type)
+    plan = []
+    for field in fields(entity_type):
+        default: Any = field.default
+        if default is MISSING and field.default_factory is not MISSING:
+            default = field.default_factory()
+        kafka_type = field.metadata.get("kafka_type", "")
+        plan.append((field.name, _converter(hints[field.name], kafka_type, default)))
+    return tuple(plan)
+
+
+def _converter(annotation: Any, kafka_type: str, default: Any) -> Callable[[Any], Any]:
+    nullable = _is_nullable(annotation)
+    inner = _strip_none(annotation)
+    if get_origin(inner) is tuple:
+        item_type = get_args(inner)[0]
+        item = _value_converter(item_type, kafka_type)
+
+        def convert_tuple(value: Any) -> Any:
+            if value is MISSING:
+                return default if default is not MISSING else (None if nullable else ())
+            if value is None:
+                return None if nullable else ()
+            return tuple(item(v) for v in value)
+
+        return convert_tuple
+
+    scalar = _value_converter(inner, kafka_type)
+    zero = _zero_value(inner, kafka_type)
+
+    def convert_scalar(value: Any) -> Any:
+        if value is MISSING:
+            if default is not MISSING:
+                return default
+            return None if nullable else scalar(zero)
+        if value is None:
+            return None if nullable else scalar(zero)
+        return scalar(value)
+
+    return convert_scalar
+
+
+def _value_converter(value_type: Any, kafka_type: str) -> Callable[[Any], Any]:
+    if is_dataclass(value_type):
+        return lambda v: v if isinstance(v, value_type) else build_entity(value_type, v)
+    if kafka_type in ("timedelta_i32", "timedelta_i64"):
+        return _to_timedelta
+    if kafka_type == "datetime_i64":
+        return _to_datetime
+    if kafka_type == "error_code":
+        return lambda v: ErrorCode(int(v))
+    if kafka_type == "uuid":
+        return _to_uuid
+    if kafka_type in ("bytes", "records"):
+        return lambda v: bytes(v)
+    if isinstance(value_type, type) and issubclass(value_type, int) and value_type is not bool:
+        return lambda v: value_type(int(v))
+    return lambda v: v
+
+
+def _zero_value(value_type: Any, kafka_type: str) -> Any:
+    if kafka_type in ("string",):
+        return ""
+    if kafka_type in ("bytes", "records"):
+        return b""
+    if kafka_type == "bool":
+        return False
+    if kafka_type == "uuid":
+        return uuid.UUID(int=0)
+    if kafka_type == "float64":
+        return 0.0
+    if is_dataclass(value_type):
+        return {}
+    return 0
+
+
+def _to_timedelta(value: Any) -> datetime.timedelta:
+    if isinstance(value, datetime.timedelta):
+        return value
+    return datetime.timedelta(milliseconds=int(value))
+
+
+def _to_datetime(value: Any) -> datetime.datetime:
+    if isinstance(value, datetime.datetime):
+        return value
+    return _EPOCH + datetime.timedelta(milliseconds=int(value))
+
+
+def _to_uuid(value: Any) -> uuid.UUID:
+    if isinstance(value, uuid.UUID):
+        return value
+    if isinstance(value, bytes):
+        return uuid.UUID(bytes=value)
+    return uuid.UUID(str(value))
+
+
+def _is_nullable(annotation: Any) -> bool:
+    return get_origin(annotation) is UnionType and NoneType in get_args(annotation)
+
+
+def _strip_none(annotation: Any) -> Any:
+    if get_origin(annotation) is UnionType:
+        args = [a for a in get_args(annotation) if a is not NoneType]
+        return args[0]
+    return annotation
+
+
+# --- request-side helpers ---------------------------------------------------------------------
+
+
+def millis(value: Any) -> int:
+    """A kio duration or timestamp field as integer milliseconds."""
+    if isinstance(value, datetime.timedelta):
+        return int(value / datetime.timedelta(milliseconds=1))
+    if isinstance(value, datetime.datetime):
+        return int((value - _EPOCH) / datetime.timedelta(milliseconds=1))
+    return int(value)
+
+
+def uuid_to_str(value: uuid.UUID | None) -> str:
+    return "" if value is None else value.hex
+
+
+ZERO_UUID = uuid.UUID(int=0)

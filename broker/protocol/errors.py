@@ -1,0 +1,120 @@
+"""Kafka error codes the broker answers with, and the domain exceptions that map onto them.
+
+Domain code raises these exceptions (or returns the codes per partition); the one mapping from
+exception to code is ``code_for``. The numbers are Kafka's own (see the protocol guide).
+"""
+
+from __future__ import annotations
+
+from enum import IntEnum
+
+
+class ErrorCode(IntEnum):
+    UNKNOWN_SERVER_ERROR = -1
+    NONE = 0
+    OFFSET_OUT_OF_RANGE = 1
+    CORRUPT_MESSAGE = 2
+    UNKNOWN_TOPIC_OR_PARTITION = 3
+    INVALID_FETCH_SIZE = 4
+    LEADER_NOT_AVAILABLE = 5
+    NOT_LEADER_OR_FOLLOWER = 6
+    REQUEST_TIMED_OUT = 7
+    MESSAGE_TOO_LARGE = 10
+    COORDINATOR_LOAD_IN_PROGRESS = 14
+    COORDINATOR_NOT_AVAILABLE = 15
+    NOT_COORDINATOR = 16
+    INVALID_TOPIC_EXCEPTION = 17
+    RECORD_LIST_TOO_LARGE = 18
+    INVALID_REQUIRED_ACKS = 21
+    ILLEGAL_GENERATION = 22
+    INCONSISTENT_GROUP_PROTOCOL = 23
+    INVALID_GROUP_ID = 24
+    UNKNOWN_MEMBER_ID = 25
+    INVALID_SESSION_TIMEOUT = 26
+    REBALANCE_IN_PROGRESS = 27
+    INVALID_COMMIT_OFFSET_SIZE = 28
+    TOPIC_AUTHORIZATION_FAILED = 29
+    GROUP_AUTHORIZATION_FAILED = 30
+    UNSUPPORTED_FOR_MESSAGE_FORMAT = 43
+    UNSUPPORTED_VERSION = 35
+    TOPIC_ALREADY_EXISTS = 36
+    INVALID_PARTITIONS = 37
+    INVALID_REPLICATION_FACTOR = 38
+    INVALID_REPLICA_ASSIGNMENT = 39
+    INVALID_CONFIG = 40
+    NOT_CONTROLLER = 41
+    INVALID_REQUEST = 42
+    POLICY_VIOLATION = 44
+    OUT_OF_ORDER_SEQUENCE_NUMBER = 45
+    DUPLICATE_SEQUENCE_NUMBER = 46
+    INVALID_PRODUCER_EPOCH = 47
+    INVALID_TXN_STATE = 48
+    TRANSACTIONAL_ID_AUTHORIZATION_FAILED = 53
+    BROKER_NOT_AVAILABLE = 8
+    UNKNOWN_PRODUCER_ID = 59
+    KAFKA_STORAGE_ERROR = 56
+    NON_EMPTY_GROUP = 68
+    GROUP_ID_NOT_FOUND = 69
+    FENCED_LEADER_EPOCH = 74
+    UNKNOWN_LEADER_EPOCH = 75
+    MEMBER_ID_REQUIRED = 79
+    GROUP_MAX_SIZE_REACHED = 81
+    FENCED_INSTANCE_ID = 82
+    INVALID_RECORD = 87
+    UNKNOWN_TOPIC_ID = 100
+    INCONSISTENT_TOPIC_ID = 103
+
+
+class KafkaError(Exception):
+    """A failure with a Kafka error code; ``message`` goes into error_message fields."""
+
+    code: ErrorCode = ErrorCode.UNKNOWN_SERVER_ERROR
+
+    def __init__(self, message: str = "", code: ErrorCode | None = None) -> None:
+        super().__init__(message or self.__class__.__name__)
+        if code is not None:
+            self.code = code
+
+
+class UnknownTopicOrPartition(KafkaError):
+    code = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+
+
+class NotLeader(KafkaError):
+    """This broker does not hold the partition's lease (or is handing it over)."""
+
+    code = ErrorCode.NOT_LEADER_OR_FOLLOWER
+
+
+class NotCoordinator(KafkaError):
+    code = ErrorCode.NOT_COORDINATOR
+
+
+class MetadataTimeout(KafkaError):
+    """etcd could not be reached in time: never proceed as if it had answered."""
+
+    code = ErrorCode.REQUEST_TIMED_OUT
+
+
+class StorageFailure(KafkaError):
+    code = ErrorCode.KAFKA_STORAGE_ERROR
+
+
+class CorruptMessage(KafkaError):
+    code = ErrorCode.CORRUPT_MESSAGE
+
+
+class OffsetOutOfRange(KafkaError):
+    code = ErrorCode.OFFSET_OUT_OF_RANGE
+
+
+class InvalidRequest(KafkaError):
+    code = ErrorCode.INVALID_REQUEST
+
+
+def code_for(exc: BaseException) -> ErrorCode:
+    if isinstance(exc, KafkaError):
+        return exc.code
+    if isinstance(exc, TimeoutError):
+        return ErrorCode.REQUEST_TIMED_OUT
+    return ErrorCode.UNKNOWN_SERVER_ERROR

@@ -1,0 +1,155 @@
+"""The Kafka listener and the per-connection pipeline.
+
+Clients pipeline requests and match responses strictly in order (aiokafka drops the connection
+on the first out-of-order reply), while a produce waits for an object-store upload. So each
+connection has a reader that starts every request as its own task and a writer that awaits those
+tasks in arrival order: requests run concurrently, responses leave in order. acks=0 produces
+resolve to ``None`` and send nothing. The queue between them bounds requests in flight.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+from kafscale.broker.config import LimitSettings
+from kafscale.broker.protocol.framing import FrameTooLarge, read_frame
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class Connection:
+    """Per-connection state handlers may need.
+
+    ``append_lock`` keeps produce appends in arrival order even when one request waits for a
+    lease: idempotent producers pipeline up to five batches per partition and expect them to be
+    appended in the order sent.
+    """
+
+    peer: str
+    append_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+
+Dispatch = Callable[[bytes, Connection], Awaitable[bytes | None]]
+
+
+class CloseConnection(Exception):
+    """The frame cannot be answered (no readable header): drop the connection."""
+
+
+class KafkaServer:
+    def __init__(self, dispatch: Dispatch, limits: LimitSettings, host: str, port: int) -> None:
+        self._dispatch = dispatch
+        self._limits = limits
+        self._host = host
+        self._port = port
+        self._server: asyncio.Server | None = None
+        self._connections: set[asyncio.Task[None]] = set()
+        self._slots = asyncio.Semaphore(limits.max_connections)
+
+    @property
+    def port(self) -> int:
+        assert self._server is not None, "server not started"
+        return int(self._server.sockets[0].getsockname()[1])
+
+    async def start(self) -> None:
+        self._server = await asyncio.start_server(
+            self._on_connect, self._host, self._port, reuse_address=True, limit=1 << 20
+        )
+
+    async def stop_accepting(self) -> None:
+        if self._server is not None:
+            self._server.close()
+
+    async def close(self, grace_s: float) -> None:
+        """Stop accepting, let connections finish what they started, then cut them."""
+        await self.stop_accepting()
+        if self._connections:
+            _, still_open = await asyncio.wait(self._connections, timeout=grace_s)
+            for task in still_open:
+                task.cancel()
+            await asyncio.gather(*still_open, return_exceptions=True)
+        if self._server is not None:
+            await self._server.wait_closed()
+
+    async def _on_connect(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        if self._slots.locked():
+            log.warning("connection limit %d reached; refusing", self._limits.max_connections)
+            writer.close()
+            return
+        self._connections.add(task)
+        peer = _peer_name(writer)
+        try:
+            async with self._slots:
+                await self._serve(reader, writer, Connection(peer))
+        except* (ConnectionError, asyncio.IncompleteReadError):
+            pass
+        except* (FrameTooLarge, CloseConnection) as group:
+            log.warning("closing %s: %s", peer, group.exceptions[0])
+        finally:
+            self._connections.discard(task)
+            writer.close()
+            with contextlib.suppress(Exception):
+                await writer.wait_closed()
+
+    async def _serve(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, connection: Connection
+    ) -> None:
+        in_order: asyncio.Queue[asyncio.Task[bytes | None] | None] = asyncio.Queue(
+            maxsize=self._limits.max_in_flight_per_connection
+        )
+        try:
+            async with asyncio.TaskGroup() as group:
+                group.create_task(_write_in_order(in_order, writer))
+                group.create_task(self._read_requests(reader, in_order, connection))
+        finally:
+            await _cancel_queued(in_order)
+
+    async def _read_requests(
+        self,
+        reader: asyncio.StreamReader,
+        in_order: asyncio.Queue[asyncio.Task[bytes | None] | None],
+        connection: Connection,
+    ) -> None:
+        while True:
+            frame = await read_frame(reader, self._limits.max_frame_bytes)
+            if frame is None:
+                await in_order.put(None)
+                return
+            await in_order.put(asyncio.create_task(self._dispatch(frame, connection)))
+
+
+async def _write_in_order(
+    in_order: asyncio.Queue[asyncio.Task[bytes | None] | None], writer: asyncio.StreamWriter
+) -> None:
+    while True:
+        task = await in_order.get()
+        if task is None:
+            return
+        response = await task  # CloseConnection propagates and ends the connection
+        if response:
+            writer.write(response)
+            await writer.drain()
+
+
+async def _cancel_queued(in_order: asyncio.Queue[asyncio.Task[bytes | None] | None]) -> None:
+    pending = []
+    while not in_order.empty():
+        task = in_order.get_nowait()
+        if task is not None:
+            task.cancel()
+            pending.append(task)
+    await asyncio.gather(*pending, return_exceptions=True)
+
+
+def _peer_name(writer: asyncio.StreamWriter) -> str:
+    peer = writer.get_extra_info("peername")
+    if isinstance(peer, tuple) and len(peer) >= 2:
+        return f"{peer[0]}:{peer[1]}"
+    return str(peer)

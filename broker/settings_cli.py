@@ -1,0 +1,102 @@
+"""Command-line flags and the configuration reference, both derived from ``BrokerSettings``.
+
+Every field of the settings model becomes a flag (``listener.port`` → ``--listener-port``) and
+an environment variable (``KAFSCALE_LISTENER__PORT``), so the two can never drift apart.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Iterator
+from typing import Any
+
+from pydantic import BaseModel
+from pydantic.fields import FieldInfo
+
+from kafscale.broker.config import BrokerSettings
+
+ENV_PREFIX = "KAFSCALE_"
+
+
+def iter_fields(
+    model: type[BaseModel], path: tuple[str, ...] = ()
+) -> Iterator[tuple[tuple[str, ...], FieldInfo]]:
+    for name, info in model.model_fields.items():
+        annotation = info.annotation
+        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+            yield from iter_fields(annotation, (*path, name))
+        else:
+            yield (*path, name), info
+
+
+def flag_name(path: tuple[str, ...]) -> str:
+    return "--" + "-".join(part.replace("_", "-") for part in path)
+
+
+def env_name(path: tuple[str, ...]) -> str:
+    return ENV_PREFIX + "__".join(part.upper() for part in path)
+
+
+def add_settings_flags(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("broker settings (also KAFSCALE_* environment variables)")
+    for path, info in iter_fields(BrokerSettings):
+        group.add_argument(
+            flag_name(path),
+            dest="setting:" + ".".join(path),
+            default=None,
+            metavar="VALUE",
+            help=f"{info.description or ''} [env {env_name(path)}]",
+        )
+
+
+def overrides_from_args(args: argparse.Namespace) -> dict[str, Any]:
+    """Nested keyword arguments for BrokerSettings from the flags that were given."""
+    overrides: dict[str, Any] = {}
+    for dest, value in vars(args).items():
+        if not dest.startswith("setting:") or value is None:
+            continue
+        path = dest.removeprefix("setting:").split(".")
+        target = overrides
+        for part in path[:-1]:
+            target = target.setdefault(part, {})
+        target[path[-1]] = _parse_value(value)
+    return overrides
+
+
+def _parse_value(raw: str) -> Any:
+    if raw.startswith(("[", "{")):
+        return json.loads(raw)
+    return raw
+
+
+def build_settings(overrides: dict[str, Any]) -> BrokerSettings:
+    """Flags win over the environment, which wins over defaults (sections merge)."""
+    from_env = BrokerSettings()
+    merged = from_env.model_dump()
+    _deep_merge(merged, overrides)
+    return BrokerSettings.model_validate(merged)
+
+
+def _deep_merge(base: dict[str, Any], extra: dict[str, Any]) -> None:
+    for key, value in extra.items():
+        if isinstance(value, dict) and isinstance(base.get(key), dict):
+            _deep_merge(base[key], value)
+        else:
+            base[key] = value
+
+
+def config_reference_markdown() -> str:
+    lines = [
+        "| environment variable | flag | default | meaning |",
+        "|---|---|---|---|",
+    ]
+    for path, info in iter_fields(BrokerSettings):
+        default = info.default
+        shown = getattr(default, "value", default)
+        if isinstance(shown, tuple):
+            shown = json.dumps(list(shown))
+        lines.append(
+            f"| `{env_name(path)}` | `{flag_name(path)}` | `{shown}` | {info.description or ''} |"
+        )
+    return "\n".join(lines)

@@ -1,0 +1,194 @@
+"""The local-directory adapter of the object-store port (``storage.kind=local``).
+
+The embedded default for ``kafscale local`` and single-machine use: each object is one file
+under ``local_dir/<prefix>/<key>``. It keeps the same guarantees as the S3 adapter:
+
+* writes are atomic: data goes to a temporary file (fsynced) that is then published under its
+  key, so a reader never sees half an object;
+* ``if_absent`` publishes with ``os.link``, which fails if the name exists, so an existing
+  object is never replaced, even by a concurrent writer in another process;
+* the directory entry is fsynced too, so an acknowledged write survives a crash.
+
+Temporary files live in ``.tmp/`` under the root, on the same file system (``link`` and
+``replace`` need that), and are never listed. File I/O runs through ``asyncio.to_thread``,
+bounded by a semaphore and a deadline like every other store call.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import builtins
+import os
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+from kafscale.broker.config import StorageSettings
+from kafscale.broker.storage.object_store import (
+    ObjectAlreadyExists,
+    ObjectInfo,
+    ObjectNotFound,
+    ObjectStoreError,
+)
+
+T = TypeVar("T")
+
+TMP_DIR = ".tmp"
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class LocalDirObjectStore:
+    """ObjectStore over a directory tree."""
+
+    def __init__(
+        self, root: Path, *, timeout_s: float = 30.0, max_concurrency: int = 16
+    ) -> None:
+        self._root = root
+        self._tmp = root / TMP_DIR
+        self._timeout_s = timeout_s
+        self._semaphore = asyncio.Semaphore(max_concurrency)
+
+    @classmethod
+    def from_settings(cls, settings: StorageSettings) -> LocalDirObjectStore:
+        prefix = settings.prefix.strip("/")
+        root = settings.local_dir / prefix if prefix else settings.local_dir
+        return cls(root, timeout_s=settings.timeout_s, max_concurrency=settings.max_concurrency)
+
+    @property
+    def root(self) -> Path:
+        return self._root
+
+    async def _run(self, fn: Callable[..., T], *args: Any) -> T:
+        try:
+            async with asyncio.timeout(self._timeout_s), self._semaphore:
+                return await asyncio.to_thread(fn, *args)
+        except TimeoutError as exc:
+            raise ObjectStoreError(f"{self._root} did not answer in {self._timeout_s}s") from exc
+
+    def _path(self, key: str) -> Path:
+        """The file of ``key``; keys that would escape the root or hit the temp dir are bugs."""
+        parts = key.split("/")
+        if not key or key.startswith("/") or any(p in ("", ".", "..") for p in parts):
+            raise ValueError(f"invalid object key {key!r}")
+        if parts[0] == TMP_DIR:
+            raise ValueError(f"object keys may not start with {TMP_DIR}/: {key!r}")
+        return self._root.joinpath(*parts)
+
+    # --- the port -----------------------------------------------------------------------------
+
+    async def check(self) -> None:
+        """Create the directory and prove it is writable (a probe file, then removed)."""
+        await self._run(self._check_sync)
+
+    def _check_sync(self) -> None:
+        probe = self._tmp / f"probe-{uuid.uuid4().hex}"
+        try:
+            self._tmp.mkdir(parents=True, exist_ok=True)
+            probe.write_bytes(b"ok")
+            probe.unlink()
+        except OSError as exc:
+            raise ObjectStoreError(
+                f"object directory {self._root} is not writable: {exc.strerror or exc}"
+            ) from exc
+
+    async def put(self, key: str, data: bytes, *, if_absent: bool = True) -> None:
+        await self._run(self._put_sync, self._path(key), key, data, if_absent)
+
+    def _put_sync(self, path: Path, key: str, data: bytes, if_absent: bool) -> None:
+        tmp = self._write_temp(data)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            if if_absent:
+                os.link(tmp, path)  # fails if the name exists: never replaces
+            else:
+                os.replace(tmp, path)
+            _fsync_dir(path.parent)
+        except FileExistsError as exc:
+            raise ObjectAlreadyExists(f"{key!r} already exists in {self._root}") from exc
+        except OSError as exc:
+            raise ObjectStoreError(f"cannot write {key!r} in {self._root}: {exc}") from exc
+        finally:
+            tmp.unlink(missing_ok=True)
+
+    def _write_temp(self, data: bytes) -> Path:
+        """A new, fsynced file with ``data`` in the temp dir."""
+        try:
+            self._tmp.mkdir(parents=True, exist_ok=True)
+            tmp = self._tmp / uuid.uuid4().hex
+            with open(tmp, "xb") as file:
+                file.write(data)
+                file.flush()
+                os.fsync(file.fileno())
+        except OSError as exc:
+            raise ObjectStoreError(f"cannot write to {self._tmp}: {exc}") from exc
+        return tmp
+
+    async def get(self, key: str, *, start: int = 0, end: int | None = None) -> bytes:
+        if start < 0 or (end is not None and end < 0):
+            raise ValueError("byte range bounds must not be negative")
+        return await self._run(self._get_sync, self._path(key), key, start, end)
+
+    def _get_sync(self, path: Path, key: str, start: int, end: int | None) -> bytes:
+        try:
+            with open(path, "rb") as file:
+                file.seek(start)
+                return file.read() if end is None else file.read(max(0, end - start))
+        except (FileNotFoundError, IsADirectoryError, NotADirectoryError) as exc:
+            raise ObjectNotFound(f"no object {key!r} in {self._root}") from exc
+        except OSError as exc:
+            raise ObjectStoreError(f"cannot read {key!r} in {self._root}: {exc}") from exc
+
+    async def list(self, prefix: str) -> list[ObjectInfo]:
+        return await self._run(self._list_sync, prefix)
+
+    def _list_sync(self, prefix: str) -> builtins.list[ObjectInfo]:
+        """Walk only the deepest directory that can hold keys starting with ``prefix``."""
+        folder = prefix.rsplit("/", 1)[0] if "/" in prefix else ""
+        start = self._root.joinpath(*folder.split("/")) if folder else self._root
+        found: builtins.list[ObjectInfo] = []
+        for directory, subdirs, files in os.walk(start):
+            here = Path(directory)
+            if here == self._root:
+                subdirs[:] = [d for d in subdirs if d != TMP_DIR]
+            base = here.relative_to(self._root).as_posix()
+            for name in files:
+                key = name if base == "." else f"{base}/{name}"
+                size = self._size(here / name) if key.startswith(prefix) else None
+                if size is not None:
+                    found.append(ObjectInfo(key=key, size=size))
+        found.sort(key=lambda info: info.key)
+        return found
+
+    @staticmethod
+    def _size(path: Path) -> int | None:
+        try:
+            return path.stat().st_size
+        except FileNotFoundError:
+            return None  # deleted while listing
+
+    async def delete_many(self, keys: builtins.list[str]) -> None:
+        paths = [self._path(key) for key in keys]
+        await self._run(self._delete_sync, paths)
+
+    def _delete_sync(self, paths: builtins.list[Path]) -> None:
+        touched: set[Path] = set()
+        try:
+            for path in paths:
+                path.unlink(missing_ok=True)
+                touched.add(path.parent)
+            for directory in touched:
+                if directory.exists():
+                    _fsync_dir(directory)
+        except OSError as exc:
+            raise ObjectStoreError(f"cannot delete in {self._root}: {exc}") from exc
+
+    async def close(self) -> None:
+        """Nothing to release: files are opened and closed per call."""

@@ -1,0 +1,409 @@
+"""The partitions this broker owns: acquiring leases, flushing, fenced commits, handing over.
+
+One flush loop serves every owned partition. Each round uploads the due partitions' segments in
+parallel, then commits all their new states in as few etcd transactions as fencing allows: each
+partition contributes three compares (its lease key's value and create revision, and the state
+key's mod revision), so a broker that lost a lease, or a partition whose topic was deleted,
+fails its commit and never acks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Iterable
+
+from kafscale.broker.config import BrokerSettings
+from kafscale.broker.metadata import keys
+from kafscale.broker.metadata.cluster import ClusterView, TopicPartition
+from kafscale.broker.metadata.etcd import (
+    Etcd,
+    MetadataUnavailable,
+    SessionLease,
+    create_revision_is,
+    delete_op,
+    mod_revision_is,
+    put_op,
+    value_is,
+)
+from kafscale.broker.metadata.partition_state import (
+    PartitionState,
+    SegmentRef,
+    advance_log_start,
+    commit_segment,
+    start_epoch,
+)
+from kafscale.broker.protocol.errors import (
+    KafkaError,
+    MetadataTimeout,
+    NotLeader,
+    OffsetOutOfRange,
+    StorageFailure,
+    UnknownTopicOrPartition,
+)
+from kafscale.broker.storage.cache import SegmentCache
+from kafscale.broker.storage.object_store import ObjectStore
+from kafscale.broker.storage.partition_log import FlushWork, OwnedPartition
+from kafscale.broker.storage.segments import SEGMENT_HEADER_SIZE, encode_segment
+
+log = logging.getLogger(__name__)
+
+PARTITIONS_PER_TXN = 40  # 3 compares each stays under etcd's default --max-txn-ops (128)
+
+
+class LogManager:
+    def __init__(
+        self,
+        settings: BrokerSettings,
+        etcd: Etcd,
+        view: ClusterView,
+        store: ObjectStore,
+        cache: SegmentCache,
+        broker_id: int,
+        session: SessionLease,
+    ) -> None:
+        self._settings = settings
+        self._cluster = settings.cluster
+        self._etcd = etcd
+        self._view = view
+        self._store = store
+        self._cache = cache
+        self.broker_id = broker_id
+        self._session = session
+        self.owned: dict[TopicPartition, OwnedPartition] = {}
+        self._acquire_locks: dict[TopicPartition, asyncio.Lock] = {}
+        self._flush_now = asyncio.Event()
+        self._round_done = asyncio.Event()
+        self._flush_task: asyncio.Task[None] | None = None
+        self.commits = 0  # etcd commit transactions issued (bench and tests read it)
+
+    # --- lifecycle ---------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        self._flush_task = asyncio.create_task(self._flush_loop(), name="flush-loop")
+
+    async def close(self) -> None:
+        """Stop writes, flush what is buffered, release every lease we hold."""
+        await self.release_all()
+        if self._flush_task is not None:
+            self._flush_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._flush_task
+
+    def replace_session(self, session: SessionLease) -> None:
+        self._session = session
+
+    # --- ownership ---------------------------------------------------------------------------
+
+    async def owned_partition(self, tp: TopicPartition) -> OwnedPartition:
+        """The partition if we own it; claimed on demand if nobody holds its lease."""
+        owned = self.owned.get(tp)
+        if owned is not None and owned.accepting:
+            return owned
+        holder = self._view.owners.get(tp)
+        if holder is not None and holder != self.broker_id and holder in self._view.brokers:
+            raise NotLeader(f"{tp[0]}-{tp[1]} is owned by broker {holder}")
+        lock = self._acquire_locks.setdefault(tp, asyncio.Lock())
+        async with lock:
+            owned = self.owned.get(tp)
+            if owned is not None and owned.accepting:
+                return owned
+            return await self._acquire(tp)
+
+    async def _acquire(self, tp: TopicPartition) -> OwnedPartition:
+        topic, partition = tp
+        info = self._view.topics.get(topic)
+        if info is None or not 0 <= partition < info.partitions:
+            raise UnknownTopicOrPartition(f"{topic}-{partition}")
+        if self._session.lost.is_set():
+            raise NotLeader("this broker's etcd session expired")
+        lease_key = keys.partition_lease_key(self._cluster, topic, partition)
+        state_key = keys.partition_state_key(self._cluster, topic, partition)
+        topic_key = keys.topic_key(self._cluster, topic)
+        try:
+            lease, state_kv, topic_kv = await asyncio.gather(
+                self._etcd.get(lease_key), self._etcd.get(state_key), self._etcd.get(topic_key)
+            )
+        except MetadataUnavailable as exc:
+            raise MetadataTimeout(str(exc)) from exc
+        if topic_kv is None:
+            raise UnknownTopicOrPartition(f"{topic}-{partition}")
+        if lease is not None and lease.value.decode() != str(self.broker_id):
+            raise NotLeader(f"{topic}-{partition} is owned by broker {lease.value.decode()}")
+        state = PartitionState.from_json(state_kv.value) if state_kv else PartitionState()
+        new_state = start_epoch(state)
+        me = str(self.broker_id).encode()
+        compares = [
+            create_revision_is(topic_key, topic_kv.create_revision),
+            mod_revision_is(state_key, state_kv.mod_revision)
+            if state_kv
+            else create_revision_is(state_key, 0),
+        ]
+        success = [put_op(state_key, new_state.to_json())]
+        if lease is None:
+            compares.append(create_revision_is(lease_key, 0))
+            success.append(put_op(lease_key, me, lease=self._session.id))
+        else:
+            compares += [
+                value_is(lease_key, me),
+                create_revision_is(lease_key, lease.create_revision),
+            ]
+        try:
+            result = await self._etcd.txn(compares, success)
+        except MetadataUnavailable as exc:
+            raise MetadataTimeout(str(exc)) from exc
+        if not result.succeeded:
+            raise NotLeader(f"lost the race for {topic}-{partition}")
+        lease_revision = result.revision if lease is None else lease.create_revision
+        owned = OwnedPartition(
+            topic=topic,
+            partition=partition,
+            topic_id=info.topic_id,
+            state=new_state,
+            state_revision=result.revision,
+            lease_revision=lease_revision,
+        )
+        self.owned[tp] = owned
+        self._view.owners[tp] = self.broker_id
+        self._view.update_state(tp, new_state)
+        log.info(
+            "acquired %s-%d at epoch %d, HW %d",
+            topic,
+            partition,
+            new_state.leader_epoch,
+            new_state.high_watermark,
+        )
+        return owned
+
+    async def release(self, tp: TopicPartition) -> None:
+        """Hand a partition over: stop appends, flush what is buffered, delete the lease."""
+        owned = self.owned.get(tp)
+        if owned is None:
+            return
+        owned.accepting = False
+        while owned.pending or owned.flushing:
+            self._flush_now.set()
+            await self._wait_round()
+            if self.owned.get(tp) is not owned:
+                return  # the flush failed and abandoned it
+        self.owned.pop(tp, None)
+        await self._delete_lease(owned)
+
+    async def release_all(self) -> None:
+        for owned in list(self.owned.values()):
+            owned.accepting = False
+        await asyncio.gather(*(self.release(tp) for tp in list(self.owned)), return_exceptions=True)
+
+    def abandon_all(self, error: KafkaError) -> None:
+        """The session is gone: nothing we buffered can be committed any more."""
+        for owned in list(self.owned.values()):
+            self._abandon(owned, error, [])
+
+    def abandon_topic(self, topic: str) -> None:
+        for owned in [o for o in self.owned.values() if o.topic == topic]:
+            self._abandon(owned, UnknownTopicOrPartition(f"topic {topic} was deleted"), [])
+
+    async def _delete_lease(self, owned: OwnedPartition) -> None:
+        lease_key = keys.partition_lease_key(self._cluster, owned.topic, owned.partition)
+        compares = [
+            value_is(lease_key, str(self.broker_id).encode()),
+            create_revision_is(lease_key, owned.lease_revision),
+        ]
+        try:
+            await self._etcd.txn(compares, [delete_op(lease_key)])
+        except MetadataUnavailable:
+            log.warning("could not release %s-%d; it expires with the session", *owned.tp)
+        if self._view.owners.get(owned.tp) == self.broker_id:
+            self._view.owners.pop(owned.tp, None)
+
+    def _abandon(
+        self, owned: OwnedPartition, error: BaseException, flushing: Iterable[FlushWork]
+    ) -> None:
+        for work in flushing:
+            for batch in work.batches:
+                if not batch.acked.done():
+                    batch.acked.set_exception(error)
+        owned.fail_everything(error)
+        owned.flushing = False
+        if self.owned.get(owned.tp) is owned:
+            del self.owned[owned.tp]
+        log.warning("gave up %s-%d: %s", owned.topic, owned.partition, error)
+
+    async def delete_records(self, tp: TopicPartition, offset: int) -> int:
+        """Advance the log start offset (DeleteRecords, retention); returns the new one.
+
+        The partition's ``flushing`` flag doubles as the single-writer token for its state, so
+        this commit never races a flush of the same partition.
+        """
+        owned = await self.owned_partition(tp)
+        if offset == -1:
+            offset = owned.state.high_watermark
+        if offset > owned.state.high_watermark or offset < 0:
+            raise OffsetOutOfRange(f"offset {offset} is beyond the high watermark")
+        while owned.flushing:
+            await self._wait_round()
+        if offset <= owned.state.log_start_offset:
+            return owned.state.log_start_offset
+        owned.flushing = True
+        try:
+            state = advance_log_start(owned.state, offset)
+            me = str(self.broker_id).encode()
+            lease_key = keys.partition_lease_key(self._cluster, owned.topic, owned.partition)
+            state_key = keys.partition_state_key(self._cluster, owned.topic, owned.partition)
+            compares = [
+                value_is(lease_key, me),
+                create_revision_is(lease_key, owned.lease_revision),
+                mod_revision_is(state_key, owned.state_revision),
+            ]
+            try:
+                result = await self._etcd.txn(compares, [put_op(state_key, state.to_json())])
+            except MetadataUnavailable as exc:
+                raise MetadataTimeout(str(exc)) from exc
+            if not result.succeeded:
+                self._abandon(owned, NotLeader("lease lost"), [])
+                raise NotLeader(f"{tp[0]}-{tp[1]}: lease lost")
+            owned.state = state
+            owned.state_revision = result.revision
+            self._view.update_state(tp, state)
+            return state.log_start_offset
+        finally:
+            owned.flushing = False
+
+    # --- flushing ----------------------------------------------------------------------------
+
+    def request_flush_if_full(self, owned: OwnedPartition) -> None:
+        if owned.pending_bytes >= self._settings.log.segment_bytes:
+            self._flush_now.set()
+
+    async def flush_all(self) -> None:
+        """Flush everything buffered now (handoff, shutdown, tests)."""
+        while any(o.pending or o.flushing for o in self.owned.values()):
+            self._flush_now.set()
+            await self._wait_round()
+
+    async def _wait_round(self) -> None:
+        event = self._round_done
+        await event.wait()
+
+    async def _flush_loop(self) -> None:
+        interval_s = self._settings.log.flush_interval_ms / 1000
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._flush_now.wait(), interval_s)
+            self._flush_now.clear()
+            try:
+                await self._flush_round()
+            except Exception:
+                log.exception("flush round failed")
+            finally:
+                done, self._round_done = self._round_done, asyncio.Event()
+                done.set()
+
+    async def _flush_round(self) -> None:
+        works = [w for o in list(self.owned.values()) if (w := o.take_flush_work()) is not None]
+        if not works:
+            return
+        results = await asyncio.gather(*(self._upload(w) for w in works), return_exceptions=True)
+        uploaded: list[tuple[FlushWork, SegmentRef, bytes, str]] = []
+        for work, result in zip(works, results, strict=True):
+            if isinstance(result, BaseException):
+                error = StorageFailure(f"segment upload failed: {result}")
+                self._abandon(work.partition, error, [work])
+            else:
+                uploaded.append((work, *result))
+        for start in range(0, len(uploaded), PARTITIONS_PER_TXN):
+            await self._commit(uploaded[start : start + PARTITIONS_PER_TXN])
+
+    async def _upload(self, work: FlushWork) -> tuple[SegmentRef, bytes, str]:
+        owned = work.partition
+        encoded = encode_segment(
+            [b.data for b in work.batches],
+            int(time.time() * 1000),
+            self._settings.log.index_interval_bytes,
+        )
+        segment_key = keys.segment_object_key(
+            self._cluster,
+            owned.topic,
+            owned.topic_id,
+            owned.partition,
+            work.base_offset,
+            owned.epoch,
+        )
+        index_key = keys.index_object_key(
+            self._cluster,
+            owned.topic,
+            owned.topic_id,
+            owned.partition,
+            work.base_offset,
+            owned.epoch,
+        )
+        await asyncio.gather(
+            self._store.put(segment_key, encoded.segment),
+            self._store.put(index_key, encoded.index),
+        )
+        ref = SegmentRef(
+            base=work.base_offset,
+            last=work.last_offset,
+            epoch=owned.epoch,
+            size=len(encoded.segment),
+            max_timestamp=max(b.max_timestamp for b in work.batches),
+        )
+        body = encoded.segment[SEGMENT_HEADER_SIZE : len(encoded.segment) - 16]
+        return ref, body, segment_key
+
+    async def _commit(self, uploaded: list[tuple[FlushWork, SegmentRef, bytes, str]]) -> None:
+        if not uploaded:
+            return
+        compares = []
+        success = []
+        new_states = []
+        me = str(self.broker_id).encode()
+        for work, ref, _, _ in uploaded:
+            owned = work.partition
+            state = commit_segment(owned.state, ref, work.producers)
+            new_states.append(state)
+            lease_key = keys.partition_lease_key(self._cluster, owned.topic, owned.partition)
+            state_key = keys.partition_state_key(self._cluster, owned.topic, owned.partition)
+            compares += [
+                value_is(lease_key, me),
+                create_revision_is(lease_key, owned.lease_revision),
+                mod_revision_is(state_key, owned.state_revision),
+            ]
+            success.append(put_op(state_key, state.to_json()))
+        try:
+            self.commits += 1
+            result = await self._etcd.txn(compares, success)
+        except MetadataUnavailable as exc:
+            for work, *_ in uploaded:
+                self._abandon(work.partition, MetadataTimeout(str(exc)), [work])
+            return
+        if not result.succeeded:
+            if len(uploaded) > 1:
+                for item in uploaded:  # find the fenced one(s); commit the rest
+                    await self._commit([item])
+                return
+            work = uploaded[0][0]
+            self._abandon(work.partition, NotLeader("lease lost; commit fenced"), [work])
+            return
+        for (work, ref, body, segment_key), state in zip(uploaded, new_states, strict=True):
+            self._on_committed(work, ref, body, segment_key, state, result.revision)
+
+    def _on_committed(
+        self,
+        work: FlushWork,
+        ref: SegmentRef,
+        body: bytes,
+        segment_key: str,
+        state: PartitionState,
+        revision: int,
+    ) -> None:
+        owned = work.partition
+        owned.committed(state, revision)
+        self._cache.put(segment_key, body)
+        self._view.update_state(owned.tp, state)
+        for batch in work.batches:
+            if not batch.acked.done():
+                batch.acked.set_result(batch.base_offset)
+        del ref

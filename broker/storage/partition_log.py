@@ -1,0 +1,150 @@
+"""A partition this broker owns: offsets assigned at append, batches buffered until a flush.
+
+Appends run without awaiting, so offsets are dense and assigned once, in arrival order. Each
+append gets a future that resolves to its base offset only after the flush that carries it has
+uploaded the segment and committed the new high watermark in etcd (acked means durable). If a
+flush fails, every batch appended after the last commit is failed as well: their offsets
+depended on it. The owner then gives the partition up; a new acquisition starts a new epoch
+from the committed state.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from dataclasses import dataclass, field
+
+from kafscale.broker.metadata.partition_state import PartitionState, ProducerState
+from kafscale.broker.protocol.errors import KafkaError, NotLeader
+from kafscale.broker.protocol.record_batch import NO_PRODUCER_ID, BatchHeader, stamp_batch
+from kafscale.broker.storage import sequences
+
+TopicPartition = tuple[str, int]
+
+
+@dataclass(slots=True)
+class PendingBatch:
+    data: bytes
+    base_offset: int
+    last_offset: int
+    max_timestamp: int
+    acked: asyncio.Future[int]
+
+
+@dataclass(slots=True)
+class FlushWork:
+    """What one flush of one partition carries: batches, their offsets, producer updates."""
+
+    partition: OwnedPartition
+    batches: list[PendingBatch]
+    producers: dict[int, ProducerState]
+
+    @property
+    def base_offset(self) -> int:
+        return self.batches[0].base_offset
+
+    @property
+    def last_offset(self) -> int:
+        return self.batches[-1].last_offset
+
+
+@dataclass(slots=True)
+class OwnedPartition:
+    topic: str
+    partition: int
+    topic_id: str
+    state: PartitionState
+    state_revision: int
+    lease_revision: int
+    next_offset: int = 0
+    pending: list[PendingBatch] = field(default_factory=list)
+    pending_bytes: int = 0
+    flushing: bool = False
+    accepting: bool = True
+    recent: dict[int, deque[ProducerState]] = field(default_factory=dict)
+    unflushed_producers: dict[int, ProducerState] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.next_offset = self.state.high_watermark
+        for producer_id, producer in self.state.producers.items():
+            self.recent[producer_id] = deque([producer], maxlen=sequences.RECENT_BATCHES)
+
+    @property
+    def tp(self) -> TopicPartition:
+        return self.topic, self.partition
+
+    @property
+    def epoch(self) -> int:
+        return self.state.leader_epoch
+
+    def append(self, batch: bytes, header: BatchHeader) -> asyncio.Future[int]:
+        """Assign offsets to ``batch`` and buffer it; the future resolves when it is durable."""
+        if not self.accepting:
+            raise NotLeader(f"{self.topic}-{self.partition} is being handed over")
+        loop = asyncio.get_running_loop()
+        acked: asyncio.Future[int] = loop.create_future()
+        producer = self._check_producer(header)
+        if isinstance(producer, sequences.Duplicate):
+            acked.set_result(producer.offset)
+            return acked
+        base_offset = self.next_offset
+        stamped = stamp_batch(batch, base_offset, self.epoch)
+        last_offset = base_offset + header.last_offset_delta
+        self.next_offset = last_offset + 1
+        self.pending.append(
+            PendingBatch(stamped, base_offset, last_offset, header.max_timestamp, acked)
+        )
+        self.pending_bytes += len(stamped)
+        if header.producer_id != NO_PRODUCER_ID:
+            self._remember_producer(header, base_offset)
+        return acked
+
+    def _check_producer(self, header: BatchHeader) -> sequences.SequenceDecision | None:
+        if header.producer_id == NO_PRODUCER_ID:
+            return None
+        recent = self.recent.get(header.producer_id, ())
+        decision = sequences.check_sequence(
+            list(recent), header.producer_epoch, header.base_sequence, header.last_sequence
+        )
+        if isinstance(decision, sequences.Reject):
+            raise KafkaError(f"sequence check failed: {decision.code.name}", decision.code)
+        return decision
+
+    def _remember_producer(self, header: BatchHeader, base_offset: int) -> None:
+        producer = ProducerState(
+            epoch=header.producer_epoch,
+            first_seq=header.base_sequence,
+            last_seq=header.last_sequence,
+            offset=base_offset,
+        )
+        history = self.recent.setdefault(header.producer_id, deque(maxlen=sequences.RECENT_BATCHES))
+        if history and history[-1].epoch != header.producer_epoch:
+            history.clear()
+        history.append(producer)
+        self.unflushed_producers[header.producer_id] = producer
+
+    def take_flush_work(self) -> FlushWork | None:
+        if self.flushing or not self.pending:
+            return None
+        work = FlushWork(self, self.pending, self.unflushed_producers)
+        self.pending = []
+        self.pending_bytes = 0
+        self.unflushed_producers = {}
+        self.flushing = True
+        return work
+
+    def committed(self, state: PartitionState, revision: int) -> None:
+        self.state = state
+        self.state_revision = revision
+        self.flushing = False
+
+    def fail_everything(self, error: BaseException) -> list[PendingBatch]:
+        """Stop owning: fail what is buffered (the caller fails what was flushing)."""
+        self.accepting = False
+        failed = self.pending
+        self.pending = []
+        self.pending_bytes = 0
+        for batch in failed:
+            if not batch.acked.done():
+                batch.acked.set_exception(error)
+        return failed

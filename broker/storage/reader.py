@@ -1,0 +1,250 @@
+"""Reading committed data: any broker serves any acknowledged offset.
+
+A read finds the committed segment holding the offset: first among the newest segments named in
+the partition state, else in a (cached) listing of the partition's objects, where uploads that
+were never committed are recognised by their epoch and ignored. Recent segments are read whole
+and kept in the cache; older ones by a ranged GET that starts at the index entry for the offset.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from kafscale.broker.metadata import keys
+from kafscale.broker.metadata.partition_state import PartitionState, is_committed_segment
+from kafscale.broker.protocol.errors import OffsetOutOfRange, StorageFailure
+from kafscale.broker.protocol.record_batch import (
+    iter_batch_headers,
+    read_header,
+    record_timestamps,
+)
+from kafscale.broker.storage.cache import SegmentCache
+from kafscale.broker.storage.object_store import ObjectNotFound, ObjectStore, ObjectStoreError
+from kafscale.broker.storage.segments import (
+    SEGMENT_FOOTER_SIZE,
+    decode_index,
+    decode_segment,
+    position_for_offset,
+)
+
+log = logging.getLogger(__name__)
+
+MAX_SEGMENTS_PER_READ = 8
+
+
+@dataclass(frozen=True, slots=True)
+class SegmentLocation:
+    base: int
+    epoch: int
+    size: int
+    recent: bool
+
+
+@dataclass(slots=True)
+class _Listing:
+    segments: list[SegmentLocation]
+
+
+class LogReader:
+    def __init__(self, cluster: str, store: ObjectStore, cache: SegmentCache) -> None:
+        self._cluster = cluster
+        self._store = store
+        self._cache = cache
+        self._listings: dict[tuple[str, str, int], _Listing] = {}
+
+    async def read(
+        self,
+        topic: str,
+        topic_id: str,
+        partition: int,
+        state: PartitionState,
+        offset: int,
+        max_bytes: int,
+    ) -> bytes:
+        """Whole batches from the one holding ``offset``, about ``max_bytes`` (at least one)."""
+        if offset < state.log_start_offset or offset > state.high_watermark:
+            raise OffsetOutOfRange(
+                f"offset {offset} outside [{state.log_start_offset}, {state.high_watermark}]"
+            )
+        chunks: list[bytes] = []
+        total = 0
+        for _ in range(MAX_SEGMENTS_PER_READ):
+            if offset >= state.high_watermark or total >= max_bytes:
+                break
+            location = await self._locate(topic, topic_id, partition, state, offset)
+            data = await self._read_segment(
+                topic, topic_id, partition, location, offset, max_bytes - total, first=not chunks
+            )
+            if not data:
+                break
+            chunks.append(data)
+            total += len(data)
+            offset = _next_offset(data)
+        return b"".join(chunks)
+
+    async def _locate(
+        self, topic: str, topic_id: str, partition: int, state: PartitionState, offset: int
+    ) -> SegmentLocation:
+        for ref in reversed(state.segments):
+            if ref.base <= offset <= ref.last:
+                return SegmentLocation(ref.base, ref.epoch, ref.size, recent=True)
+        listing_key = (topic, topic_id, partition)
+        listing = self._listings.get(listing_key)
+        for attempt in range(2):
+            if listing is None or attempt == 1:
+                listing = await self._list(topic, topic_id, partition, state)
+                self._listings[listing_key] = listing
+            found = _covering(listing.segments, state, offset)
+            if found is not None:
+                return found
+        raise OffsetOutOfRange(f"no committed segment holds offset {offset} of {topic}-{partition}")
+
+    async def _list(
+        self, topic: str, topic_id: str, partition: int, state: PartitionState
+    ) -> _Listing:
+        prefix = keys.partition_object_prefix(self._cluster, topic, topic_id, partition)
+        try:
+            objects = await self._store.list(prefix)
+        except ObjectStoreError as exc:
+            raise StorageFailure(str(exc)) from exc
+        segments = []
+        for info in objects:
+            parsed = keys.parse_object_name(info.key)
+            if parsed is None or parsed[2] != "kfs":
+                continue
+            base, epoch, _ = parsed
+            if is_committed_segment(state, base, epoch):
+                segments.append(SegmentLocation(base, epoch, info.size, recent=False))
+        segments.sort(key=lambda s: s.base)
+        return _Listing(segments)
+
+    async def _read_segment(
+        self,
+        topic: str,
+        topic_id: str,
+        partition: int,
+        location: SegmentLocation,
+        offset: int,
+        max_bytes: int,
+        first: bool,
+    ) -> bytes:
+        segment_key = keys.segment_object_key(
+            self._cluster, topic, topic_id, partition, location.base, location.epoch
+        )
+        body = self._cache.get(segment_key)
+        if body is None and location.recent:
+            body = await self._get_whole(segment_key)
+        if body is not None:
+            return _slice_batches(body, 0, offset, max_bytes, first)
+        return await self._get_ranged(
+            topic, topic_id, partition, location, segment_key, offset, max_bytes, first
+        )
+
+    async def _get_whole(self, segment_key: str) -> bytes:
+        try:
+            data = await self._store.get(segment_key)
+        except ObjectStoreError as exc:
+            raise StorageFailure(str(exc)) from exc
+        body = bytes(decode_segment(data).body)
+        self._cache.put(segment_key, body)
+        return body
+
+    async def _get_ranged(
+        self,
+        topic: str,
+        topic_id: str,
+        partition: int,
+        location: SegmentLocation,
+        segment_key: str,
+        offset: int,
+        max_bytes: int,
+        first: bool,
+    ) -> bytes:
+        index_key = keys.index_object_key(
+            self._cluster, topic, topic_id, partition, location.base, location.epoch
+        )
+        try:
+            index_data = self._cache.get(index_key) or await self._store.get(index_key)
+            self._cache.put(index_key, index_data)
+            position = position_for_offset(decode_index(index_data), offset)
+            body_end = location.size - SEGMENT_FOOTER_SIZE
+            end = min(body_end, position + max(max_bytes, 1) + 64 * 1024)
+            data = await self._store.get(segment_key, start=position, end=end)
+            if first and len(data) >= 12:
+                needed = read_header(data).size if len(data) >= 61 else 0
+                if needed > len(data):
+                    data = await self._store.get(
+                        segment_key, start=position, end=min(body_end, position + needed)
+                    )
+        except ObjectNotFound:
+            return b""  # deleted by retention meanwhile
+        except ObjectStoreError as exc:
+            raise StorageFailure(str(exc)) from exc
+        return _slice_batches(data, 0, offset, max_bytes, first)
+
+    async def offset_for_timestamp(
+        self, topic: str, topic_id: str, partition: int, state: PartitionState, timestamp: int
+    ) -> tuple[int, int] | None:
+        """(offset, timestamp) of the first record at or after ``timestamp``, or None."""
+        offset = state.log_start_offset
+        while offset < state.high_watermark:
+            data = await self.read(topic, topic_id, partition, state, offset, 1 << 20)
+            if not data:
+                return None
+            for position, header in iter_batch_headers(data):
+                if header.max_timestamp < timestamp or header.last_offset < offset:
+                    continue
+                batch = data[position : position + header.size]
+                for record_offset, record_timestamp in record_timestamps(batch):
+                    if record_offset >= offset and record_timestamp >= timestamp:
+                        return record_offset, record_timestamp
+            offset = _next_offset(data)
+        return None
+
+    def forget(self, topic: str) -> None:
+        for key in [k for k in self._listings if k[0] == topic]:
+            del self._listings[key]
+
+
+def _covering(
+    segments: list[SegmentLocation], state: PartitionState, offset: int
+) -> SegmentLocation | None:
+    candidates = [s for s in segments if s.base <= offset]
+    if not candidates:
+        return None
+    chosen = candidates[-1]
+    later = [s for s in segments if s.base > chosen.base]
+    recent_bases = [r.base for r in state.segments if r.base > chosen.base]
+    if not later and not recent_bases and offset >= state.high_watermark:
+        return None
+    if not later and recent_bases and offset >= min(recent_bases):
+        return None  # a newer segment we have not listed yet holds it
+    return chosen
+
+
+def _slice_batches(body: bytes, start: int, offset: int, max_bytes: int, first: bool) -> bytes:
+    """Batches from the one containing ``offset``: whole ones, within ``max_bytes``."""
+    begin = None
+    end = start
+    for position, header in iter_batch_headers(body, start):
+        if header.last_offset < offset:
+            continue
+        if begin is None:
+            begin = position
+        elif position + header.size - begin > max_bytes:
+            break
+        end = position + header.size
+        if not first and end - begin > max_bytes:
+            end = position
+            break
+    if begin is None or end <= begin:
+        return b""
+    return body[begin:end]
+
+
+def _next_offset(data: bytes) -> int:
+    last = -1
+    for _, header in iter_batch_headers(data):
+        last = header.last_offset
+    return last + 1

@@ -1,1 +1,0 @@
-"""The control plane: kopf handlers, resource models, manifest builders, rebalancer."""
