@@ -3,4 +3,5 @@
 pytest_plugins = [
     "harness.etcd",
     "harness.s3",
+    "harness.brokers",
 ]
