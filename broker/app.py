@@ -22,7 +22,9 @@ from kafscale.broker.metadata.cluster import BrokerInfo, ClusterView, TopicInfo,
 from kafscale.broker.metadata.etcd import Etcd, MetadataUnavailable, SessionLease
 from kafscale.broker.metadata.leaders import leader_for
 from kafscale.broker.metadata.partition_state import PartitionState
+from kafscale.broker.metadata.rebalancer import Rebalancer
 from kafscale.broker.metadata.topics import create_topic
+from kafscale.broker.ownership import follow_once, plan_ownership
 from kafscale.broker.protocol.errors import ErrorCode, KafkaError, NotLeader
 from kafscale.broker.server import KafkaServer
 from kafscale.broker.storage.cache import SegmentCache
@@ -121,6 +123,11 @@ class Broker:
         await self.admin.start()
         self._tasks.append(asyncio.create_task(self._watch_session(), name="session-watch"))
         self._tasks.append(asyncio.create_task(self._follow_cluster(), name="cluster-follow"))
+        if self.settings.assignment.self_assign:
+            rebalancer = Rebalancer(self.etcd, self.view, self.cluster, self.node_id)
+            self._tasks.append(
+                asyncio.create_task(rebalancer.run(lambda: self.session), name="rebalancer")
+            )
         self.ready = True
         log.info("broker %d serving on %s:%d", self.node_id, self.info.host, self.info.port)
 
@@ -172,13 +179,28 @@ class Broker:
         """React to cluster changes: deleted topics, draining marks, the desired assignment."""
         while True:
             changed = self.view.changed
+            try:
+                await self._reconcile()
+            except (KafkaError, MetadataUnavailable) as exc:
+                log.warning("ownership reconcile: %s", exc)
             await changed.wait()
-            for topic in {o.topic for o in self.log_manager.owned.values()}:
-                if topic not in self.view.topics:
-                    self.log_manager.abandon_topic(topic)
-                    self.reader.forget(topic)
-            if self.node_id in self.view.draining and not self.draining:
-                await self.drain()
+
+    async def _reconcile(self) -> None:
+        for topic in {o.topic for o in self.log_manager.owned.values()}:
+            if topic not in self.view.topics:
+                self.log_manager.abandon_topic(topic)
+                self.reader.forget(topic)
+        if self.node_id in self.view.draining and not self.draining:
+            await self.drain()
+        plan = plan_ownership(
+            self.node_id,
+            list(self.log_manager.owned),
+            self.view.assignment.owners,
+            self.view.owners,
+            self.view.brokers.keys(),
+            self.draining,
+        )
+        await follow_once(self.log_manager, plan)
 
     def leader_for(self, tp: TopicPartition) -> int:
         return leader_for(
@@ -238,13 +260,18 @@ class Broker:
     # --- handoff and shutdown ----------------------------------------------------------------
 
     async def drain(self) -> None:
-        """Hand every partition over without exiting (preStop hook, draining mark)."""
+        """Hand every partition over without exiting (preStop hook, draining mark).
+
+        The draining mark goes first so that the assignment moves our partitions elsewhere
+        while we flush; each release then deletes a lease the new owner is waiting for.
+        """
         self.draining = True
-        await self.etcd.put(
-            keys.draining_key(self.cluster, self.node_id),
-            b'{"reason":"drain"}',
-            lease=self.session.id,
-        )
+        if self.node_id not in self.view.draining:
+            await self.etcd.put(
+                keys.draining_key(self.cluster, self.node_id),
+                b'{"reason":"drain"}',
+                lease=self.session.id,
+            )
         await self.log_manager.release_all()
 
     async def shutdown(self) -> None:
@@ -253,9 +280,12 @@ class Broker:
         if self.server is not None:
             await self.server.stop_accepting()
         if self.manager is not None:
-            with contextlib.suppress(Exception):
+            try:
                 async with asyncio.timeout(grace_s):
+                    await self.drain()
                     await self.manager.close()
+            except Exception:
+                log.exception("handoff at shutdown did not complete; leases expire with the TTL")
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)

@@ -104,6 +104,14 @@ class TopicDefaults(_Section):
     retention_bytes: int = Field(-1, description="Default retention.bytes (-1: none).")
 
 
+class AssignmentSettings(_Section):
+    self_assign: bool = Field(
+        True,
+        description="Brokers elect one of themselves to write the partition assignment "
+        "(needed outside Kubernetes; harmless beside the operator, which writes the same).",
+    )
+
+
 class BrokerSettings(BaseSettings):
     """Everything one broker process needs to know."""
 
@@ -118,4 +126,5 @@ class BrokerSettings(BaseSettings):
     log: LogSettings = LogSettings()
     limits: LimitSettings = LimitSettings()
     topics: TopicDefaults = TopicDefaults()
+    assignment: AssignmentSettings = AssignmentSettings()
     log_level: str = Field("INFO", description="Python logging level.")

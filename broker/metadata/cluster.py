@@ -167,6 +167,8 @@ class ClusterView:
             self._apply_put(event.key, event.value)
         else:
             self._apply_delete(event.key)
+        if self._relative(event.key)[0] in ("partitions", "groups", "producers"):
+            return  # data-path churn: followers of ownership need not wake for it
         self.changed.set()
         self.changed = asyncio.Event()
 

@@ -406,7 +406,7 @@ class Etcd:
         await self._call("compact", lambda: self._client.compact(revision, physical=True))
 
     async def txn(
-        self, compares: list[Compare], success: list[Op], failure: Sequence[Op] = ()
+        self, compares: Sequence[Compare], success: Sequence[Op], failure: Sequence[Op] = ()
     ) -> TxnResult:
         """All compares hold → run ``success``, else ``failure``; atomically."""
         request = rpc.TxnRequest(
@@ -480,7 +480,11 @@ class Etcd:
         compacted meanwhile, yields one ``RESYNC`` event whose ``mod_revision`` is the revision
         the watch continues after: reload with ``get_prefix`` (events that follow may already be
         reflected in the reload; their ``mod_revision`` tells). Ends when the client is closed.
-        Use it under ``contextlib.aclosing`` so the server-side watch is cancelled promptly.
+
+        Like any async generator it starts on the first ``__anext__``, so "from now" means from
+        then: to miss nothing, list with ``get_prefix_with_revision`` and watch from its
+        revision + 1. Use it under ``contextlib.aclosing`` so the server-side watch is
+        cancelled promptly when the caller stops early.
         """
         next_revision = start_revision
         resync = False

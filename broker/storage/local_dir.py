@@ -48,9 +48,7 @@ def _fsync_dir(path: Path) -> None:
 class LocalDirObjectStore:
     """ObjectStore over a directory tree."""
 
-    def __init__(
-        self, root: Path, *, timeout_s: float = 30.0, max_concurrency: int = 16
-    ) -> None:
+    def __init__(self, root: Path, *, timeout_s: float = 30.0, max_concurrency: int = 16) -> None:
         self._root = root
         self._tmp = root / TMP_DIR
         self._timeout_s = timeout_s

@@ -6,6 +6,7 @@ plain strings built by ``kafscale.broker.metadata.keys``; adapters add the confi
 
 from __future__ import annotations
 
+import builtins
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -41,7 +42,7 @@ class ObjectStore(Protocol):
     async def list(self, prefix: str) -> list[ObjectInfo]:
         """Every object whose key starts with ``prefix``, in key order."""
 
-    async def delete_many(self, keys: list[str]) -> None:
+    async def delete_many(self, keys: builtins.list[str]) -> None:
         """Delete the keys; missing keys are not an error."""
 
     async def close(self) -> None:

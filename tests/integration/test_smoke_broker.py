@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
-
 from harness.brokers import BrokerProcess
 
 pytestmark = pytest.mark.integration

@@ -1,0 +1,54 @@
+# KafScale — one-command set-up for people and CI.
+#
+#   make local   set everything up and run a cluster on localhost:9092
+#   make test    set everything up and run the whole test suite (what .ci/run calls)
+#
+# Python packages come from uv.lock (uv sync --frozen: no resolver run, seconds when warm).
+# System packages (kcat, Ceph radosgw for the real-S3 tests) come from Debian via apt-get.
+
+PYTHON ?= python3
+VENV   := .venv
+UV     := $(VENV)/bin/uv
+UV_VERSION := 0.13.9
+SYSTEM_PACKAGES := kcat $(shell grep -v '^\#' .ci/system-packages.txt)
+
+.PHONY: setup local test test-fast lint system-deps crds clean
+
+$(UV):
+	$(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/python -m pip install --quiet --disable-pip-version-check "uv==$(UV_VERSION)"
+
+$(VENV)/.synced: pyproject.toml uv.lock | $(UV)
+	$(UV) sync --frozen --quiet
+	touch $@
+
+setup: $(VENV)/.synced
+
+local: setup
+	$(VENV)/bin/kafscale local
+
+system-deps:
+	@missing=""; for p in $(SYSTEM_PACKAGES); do \
+	  dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then \
+	  echo "installing system packages:$$missing"; \
+	  if [ "$$(id -u)" = 0 ]; then SUDO=""; else SUDO="sudo"; fi; \
+	  $$SUDO apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends $$missing >/dev/null; \
+	fi
+
+test: setup system-deps
+	$(VENV)/bin/pytest
+
+test-fast: setup
+	$(VENV)/bin/pytest -m "unit"
+
+lint: setup
+	$(VENV)/bin/ruff check broker operator pipeline tests bench
+	$(VENV)/bin/mypy
+
+crds: setup
+	$(VENV)/bin/python -m kafscale.operator.crd_gen
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

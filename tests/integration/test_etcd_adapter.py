@@ -1,0 +1,344 @@
+"""The etcd adapter against a real etcd: key-value, transactions, leases, watches, outages."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from contextlib import aclosing, asynccontextmanager
+
+import pytest
+
+from kafscale.broker.metadata import keys
+from kafscale.broker.metadata.embedded_etcd import EmbeddedEtcd, free_port
+from kafscale.broker.metadata.etcd import (
+    Etcd,
+    LeaseLost,
+    MetadataUnavailable,
+    SessionLease,
+    WatchEvent,
+    WatchEventKind,
+    create_revision_is,
+    delete_op,
+    get_op,
+    mod_revision_is,
+    put_op,
+    value_is,
+)
+
+pytestmark = pytest.mark.integration
+
+TIMEOUT_S = 5.0
+
+
+@asynccontextmanager
+async def connected(url: str, timeout_s: float = TIMEOUT_S) -> AsyncIterator[Etcd]:
+    client = await Etcd.connect([url], timeout_s=timeout_s)
+    try:
+        yield client
+    finally:
+        await client.close()
+
+
+async def put_until_accepted(etcd: Etcd, key: str, value: bytes) -> int:
+    """A write right after an etcd restart: retry while the channel reconnects."""
+    deadline = time.monotonic() + TIMEOUT_S
+    while True:
+        try:
+            return await etcd.put(key, value)
+        except MetadataUnavailable:
+            if time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(0.02)
+
+
+def scratch(cluster: str, name: str) -> str:
+    """A key for adapter tests, under the test's own cluster prefix."""
+    return f"{keys.cluster_prefix(cluster)}adapter-test/{name}"
+
+
+# --- key-value ----------------------------------------------------------------------------------
+
+
+async def test_put_get_prefix_delete(etcd: Etcd, cluster_name: str) -> None:
+    prefix = keys.topics_prefix(cluster_name)
+    first = await etcd.put(keys.topic_key(cluster_name, "b"), b'{"p":1}')
+    second = await etcd.put(keys.topic_key(cluster_name, "a"), b'{"p":2}')
+    assert second > first
+
+    kv = await etcd.get(keys.topic_key(cluster_name, "b"))
+    assert kv is not None
+    assert (kv.value, kv.create_revision, kv.mod_revision, kv.version, kv.lease) == (
+        b'{"p":1}',
+        first,
+        first,
+        1,
+        0,
+    )
+    assert await etcd.get(keys.topic_key(cluster_name, "missing")) is None
+
+    listed = await etcd.get_prefix(prefix)
+    assert [item.key for item in listed] == [
+        keys.topic_key(cluster_name, "a"),
+        keys.topic_key(cluster_name, "b"),
+    ]
+    kvs, revision = await etcd.get_prefix_with_revision(prefix)
+    assert kvs == listed and revision >= second
+
+    assert await etcd.delete(keys.topic_key(cluster_name, "a")) is True
+    assert await etcd.delete(keys.topic_key(cluster_name, "a")) is False
+    await etcd.put(keys.topic_key(cluster_name, "c"), b"{}")
+    assert await etcd.delete_prefix(prefix) == 2
+    assert await etcd.get_prefix(prefix) == []
+
+
+async def test_create_if_absent_race_has_exactly_one_winner(
+    etcd_server: EmbeddedEtcd, cluster_name: str
+) -> None:
+    key = keys.partition_lease_key(cluster_name, "orders", 0)
+    async with connected(etcd_server.client_url) as a, connected(etcd_server.client_url) as b:
+        clients = [a, b]
+        results = await asyncio.gather(
+            *(clients[i % 2].create_if_absent(key, str(i).encode()) for i in range(10))
+        )
+        assert sum(results) == 1
+        winner = results.index(True)
+        stored = await a.get(key)
+        assert stored is not None and stored.value == str(winner).encode()
+
+
+async def test_txn_fences_on_value_and_create_revision(etcd: Etcd, cluster_name: str) -> None:
+    """DESIGN §3.4: a commit compares the lease key's value and create revision."""
+    lease_key = keys.partition_lease_key(cluster_name, "orders", 3)
+    state_key = keys.partition_state_key(cluster_name, "orders", 3)
+    taken = await etcd.txn([create_revision_is(lease_key, 0)], [put_op(lease_key, b"1")])
+    assert taken.succeeded and taken.responses == [taken.revision]
+    held_since = taken.revision
+
+    fenced = [value_is(lease_key, b"1"), create_revision_is(lease_key, held_since)]
+    commit = await etcd.txn(fenced, [put_op(state_key, b'{"hw":10}')], [get_op(lease_key)])
+    assert commit.succeeded and commit.revision > held_since
+
+    # The lease is lost and re-taken with the same owner value: the old fence must fail.
+    await etcd.delete(lease_key)
+    await etcd.put(lease_key, b"1")
+    stale = await etcd.txn(fenced, [put_op(state_key, b'{"hw":99}')], [get_op(lease_key)])
+    assert not stale.succeeded
+    current = stale.kv(0)
+    assert current is not None and current.create_revision > held_since
+    state = await etcd.get(state_key)
+    assert state is not None and state.value == b'{"hw":10}'
+
+
+async def test_txn_results_follow_the_branch_that_ran(etcd: Etcd, cluster_name: str) -> None:
+    key, other = scratch(cluster_name, "k"), scratch(cluster_name, "other")
+    revision = await etcd.put(key, b"v1")
+    result = await etcd.txn(
+        [mod_revision_is(key, revision)],
+        [put_op(other, b"x"), get_op(key), delete_op(key), get_op(key)],
+    )
+    assert result.succeeded
+    written, _, deleted, after = result.responses
+    before = result.kv(1)
+    assert written == result.revision
+    assert before is not None and before.value == b"v1"
+    assert deleted == 1 and after is None
+    failed = await etcd.txn([mod_revision_is(key, revision)], [put_op(key, b"no")], [get_op(other)])
+    assert not failed.succeeded
+    assert failed.kv(0) is not None and failed.revision == result.revision
+
+
+async def test_increment_is_unique_under_concurrency(
+    etcd_server: EmbeddedEtcd, cluster_name: str
+) -> None:
+    key = keys.broker_id_counter_key(cluster_name)
+    async with connected(etcd_server.client_url) as a, connected(etcd_server.client_url) as b:
+        clients = [a, b]
+        values = await asyncio.gather(*(clients[i % 2].increment(key) for i in range(20)))
+        assert sorted(values) == list(range(1, 21))
+        assert await a.increment(key) == 21
+
+
+# --- leases -------------------------------------------------------------------------------------
+
+
+async def test_session_keepalive_keeps_keys_past_the_ttl(etcd: Etcd, cluster_name: str) -> None:
+    session = await SessionLease.start(etcd, ttl_s=2)
+    try:
+        key = keys.broker_key(cluster_name, 1)
+        await etcd.put(key, b'{"host":"127.0.0.1"}', lease=session.id)
+        await asyncio.sleep(3.0)
+        kv = await etcd.get(key)
+        assert kv is not None and kv.lease == session.id
+        assert not session.lost.is_set()
+    finally:
+        await session.revoke()
+
+
+async def test_revoke_deletes_bound_keys_and_fires_delete_event(
+    etcd: Etcd, cluster_name: str
+) -> None:
+    session = await SessionLease.start(etcd, ttl_s=10)
+    key = keys.partition_lease_key(cluster_name, "orders", 0)
+    assert await etcd.create_if_absent(key, b"1", lease=session.id)
+    start = await etcd.revision() + 1
+    async with aclosing(etcd.watch_prefix(keys.partition_leases_prefix(cluster_name), start)) as w:
+        await session.revoke()
+        event = await asyncio.wait_for(anext(w), TIMEOUT_S)
+    assert (event.kind, event.key) == (WatchEventKind.DELETE, key)
+    assert await etcd.get(key) is None
+    assert not session.lost.is_set()
+    with pytest.raises(LeaseLost):
+        await etcd.put(key, b"1", lease=session.id)
+
+
+async def test_lease_revoked_elsewhere_sets_lost(etcd: Etcd) -> None:
+    session = await SessionLease.start(etcd, ttl_s=2)
+    try:
+        await etcd.revoke_lease(session.id)
+        await asyncio.wait_for(session.lost.wait(), 2.0)
+        with pytest.raises(LeaseLost):
+            await etcd.refresh_lease(session.id)
+    finally:
+        await session.close()
+
+
+async def test_etcd_outage_longer_than_ttl_sets_lost(etcd_server_private: EmbeddedEtcd) -> None:
+    async with connected(etcd_server_private.client_url, timeout_s=1.0) as etcd:
+        session = await SessionLease.start(etcd, ttl_s=2)
+        try:
+            etcd_server_private.kill()
+            killed_at = time.monotonic()
+            with pytest.raises(MetadataUnavailable):
+                await etcd.get("/kafscale/anything")
+            await asyncio.wait_for(session.lost.wait(), 4.0)
+            # Not before the last good keepalive's TTL ran out (it was at most TTL/3 ago).
+            assert time.monotonic() - killed_at >= 2.0 - 2.0 / 3 - 0.1
+        finally:
+            await session.close()
+
+
+# --- watches ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("graceful", [True, False], ids=["sigterm", "sigkill"])
+async def test_watch_resumes_after_restart_without_loss(
+    etcd_server_private: EmbeddedEtcd, graceful: bool
+) -> None:
+    prefix = keys.brokers_prefix("restart")
+    url = etcd_server_private.client_url
+    async with connected(url) as watcher_client, connected(url) as writer:
+        seen: list[WatchEvent] = []
+        got_all = asyncio.Event()
+        expected = [keys.broker_key("restart", i) for i in range(10)]
+
+        async def consume(start: int) -> None:
+            async with aclosing(watcher_client.watch_prefix(prefix, start)) as events:
+                async for event in events:
+                    seen.append(event)
+                    if len(seen) == len(expected):
+                        got_all.set()
+
+        start = await writer.revision() + 1
+        async with asyncio.TaskGroup() as group:
+            consumer = group.create_task(consume(start))
+            for i in range(5):
+                await writer.put(expected[i], b"before")
+            await etcd_server_private.restart_async(graceful=graceful)
+            # Written while the watcher is still reconnecting: it must replay them.
+            for i in range(5, 10):
+                await put_until_accepted(writer, expected[i], b"after")
+            await asyncio.wait_for(got_all.wait(), TIMEOUT_S)
+            consumer.cancel()
+
+    assert [e.key for e in seen] == expected
+    assert [e.value for e in seen] == [b"before"] * 5 + [b"after"] * 5
+    revisions = [e.mod_revision for e in seen]
+    assert revisions == sorted(set(revisions))
+
+
+async def test_suspended_watch_replays_writes_made_during_restart(
+    etcd_server_private: EmbeddedEtcd,
+) -> None:
+    """The consumer is not iterating while etcd restarts and the writes land, so the watch is
+    necessarily re-created afterwards and must replay them from the last seen revision + 1."""
+    prefix = keys.brokers_prefix("replay")
+    url = etcd_server_private.client_url
+    async with connected(url) as watcher_client, connected(url) as writer:
+        start = await writer.revision() + 1
+        async with aclosing(watcher_client.watch_prefix(prefix, start)) as events:
+            await writer.put(keys.broker_key("replay", 1), b"before")
+            first = await asyncio.wait_for(anext(events), TIMEOUT_S)
+            await etcd_server_private.restart_async(graceful=False)
+            after = [
+                await put_until_accepted(writer, keys.broker_key("replay", i), b"after")
+                for i in (2, 3)
+            ]
+            replayed = [await asyncio.wait_for(anext(events), TIMEOUT_S) for _ in after]
+    assert first.value == b"before"
+    assert [(e.key, e.mod_revision) for e in replayed] == [
+        (keys.broker_key("replay", 2), after[0]),
+        (keys.broker_key("replay", 3), after[1]),
+    ]
+
+
+async def test_watch_from_compacted_revision_resyncs(etcd: Etcd, cluster_name: str) -> None:
+    key = scratch(cluster_name, "compacted")
+    first = await etcd.put(key, b"1")
+    last = await etcd.put(key, b"2")
+    await etcd.compact(last)
+    async with aclosing(etcd.watch_prefix(scratch(cluster_name, ""), first)) as events:
+        resync = await asyncio.wait_for(anext(events), TIMEOUT_S)
+        assert resync.kind is WatchEventKind.RESYNC and resync.mod_revision >= last
+        written = await etcd.put(key, b"3")
+        event = await asyncio.wait_for(anext(events), TIMEOUT_S)
+    assert (event.kind, event.value, event.mod_revision) == (WatchEventKind.PUT, b"3", written)
+
+
+async def test_watch_ends_when_the_client_closes(etcd_server: EmbeddedEtcd) -> None:
+    etcd = await Etcd.connect([etcd_server.client_url], timeout_s=TIMEOUT_S)
+    events = etcd.watch_prefix("/kafscale/closing/")
+
+    async def drain() -> list[WatchEvent]:
+        return [event async for event in events]
+
+    async with asyncio.TaskGroup() as group:
+        drained = group.create_task(drain())
+        await asyncio.sleep(0.1)
+        await etcd.close()
+    assert drained.result() == []
+
+
+# --- connecting and outages ---------------------------------------------------------------------
+
+
+async def test_connect_to_a_closed_port_fails_fast() -> None:
+    endpoint = f"http://127.0.0.1:{free_port()}"
+    started = time.monotonic()
+    with pytest.raises(MetadataUnavailable, match=endpoint):
+        await Etcd.connect([endpoint], timeout_s=TIMEOUT_S)
+    assert time.monotonic() - started < 2.0
+
+
+async def test_connect_uses_the_first_endpoint_that_answers(etcd_server: EmbeddedEtcd) -> None:
+    dead = f"http://127.0.0.1:{free_port()}"
+    async with asyncio.timeout(TIMEOUT_S):
+        etcd = await Etcd.connect([dead, etcd_server.client_url], timeout_s=TIMEOUT_S)
+    try:
+        assert etcd.endpoint == etcd_server.client_url
+        assert await etcd.revision() > 0
+    finally:
+        await etcd.close()
+
+
+async def test_calls_fail_with_metadata_unavailable_while_etcd_is_down(
+    etcd_server_private: EmbeddedEtcd,
+) -> None:
+    async with connected(etcd_server_private.client_url, timeout_s=1.0) as etcd:
+        await etcd.put("/kafscale/down/k", b"v")
+        etcd_server_private.kill()
+        for call in (etcd.get("/kafscale/down/k"), etcd.put("/kafscale/down/k", b"w")):
+            with pytest.raises(MetadataUnavailable):
+                await call
+        await etcd_server_private.start_async()
+        assert await put_until_accepted(etcd, "/kafscale/down/k", b"x") > 0

@@ -1,0 +1,210 @@
+"""Properties of the partition assignment (DESIGN §3.10): balanced, sticky, minimal, stable."""
+
+from __future__ import annotations
+
+import itertools
+import random
+from collections import Counter
+from collections.abc import Mapping, Sequence
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kafscale.broker.metadata.assignment import (
+    Assignment,
+    TopicPartition,
+    count_moves,
+    decide_assignment,
+)
+
+pytestmark = pytest.mark.unit
+
+topic_names = st.sampled_from(["orders", "audit", "clicks", "a.b-c_d"])
+partition_lists = st.lists(st.tuples(topic_names, st.integers(0, 11)), max_size=40)
+broker_lists = st.lists(st.integers(0, 9), min_size=1, max_size=7)
+
+
+@st.composite
+def situations(
+    draw: st.DrawFn,
+) -> tuple[list[TopicPartition], list[int], dict[TopicPartition, int]]:
+    """Partitions, live brokers, and an arbitrary previous owner map (dead owners included)."""
+    partitions = draw(partition_lists)
+    brokers = draw(broker_lists)
+    owners = st.integers(0, 12)
+    previous = draw(
+        st.dictionaries(st.sampled_from(partitions), owners) if partitions else st.just({})
+    )
+    return partitions, brokers, previous
+
+
+def assert_balanced(result: Mapping[TopicPartition, int], brokers: Sequence[int]) -> None:
+    counts = Counter(result.values())
+    per_broker = [counts.get(b, 0) for b in set(brokers)]
+    assert max(per_broker) - min(per_broker) <= 1
+
+
+def minimal_moves_by_brute_force(
+    partitions: Sequence[TopicPartition],
+    brokers: Sequence[int],
+    previous: Mapping[TopicPartition, int],
+) -> int:
+    """Fewest moves over every balanced assignment (small inputs only)."""
+    wanted, live = sorted(set(partitions)), sorted(set(brokers))
+    best = len(wanted)
+    for owners in itertools.product(live, repeat=len(wanted)):
+        counts = [owners.count(b) for b in live]
+        if max(counts) - min(counts) <= 1:
+            best = min(best, count_moves(previous, dict(zip(wanted, owners, strict=True))))
+    return best
+
+
+@given(situations())
+def test_every_partition_goes_once_to_a_live_broker_and_counts_balance(
+    situation: tuple[list[TopicPartition], list[int], dict[TopicPartition, int]],
+) -> None:
+    partitions, brokers, previous = situation
+    result = decide_assignment(partitions, brokers, previous)
+    assert set(result) == set(partitions)
+    assert set(result.values()) <= set(brokers)
+    assert_balanced(result, brokers)
+
+
+@given(situations(), st.randoms(use_true_random=False))
+def test_same_input_in_any_order_gives_the_same_result(
+    situation: tuple[list[TopicPartition], list[int], dict[TopicPartition, int]],
+    rng: random.Random,
+) -> None:
+    partitions, brokers, previous = situation
+    shuffled_partitions, shuffled_brokers = partitions[:], brokers[:]
+    rng.shuffle(shuffled_partitions)
+    rng.shuffle(shuffled_brokers)
+    items = list(previous.items())
+    rng.shuffle(items)
+    expected = decide_assignment(partitions, brokers, previous)
+    actual = decide_assignment(shuffled_partitions, shuffled_brokers, dict(items))
+    assert actual == expected
+
+
+@given(situations())
+def test_no_moves_when_nothing_changed(
+    situation: tuple[list[TopicPartition], list[int], dict[TopicPartition, int]],
+) -> None:
+    partitions, brokers, previous = situation
+    settled = decide_assignment(partitions, brokers, previous)
+    assert decide_assignment(partitions, brokers, settled) == settled
+
+
+@given(situations(), st.integers(10, 20))
+def test_adding_a_broker_moves_only_what_it_must_take(
+    situation: tuple[list[TopicPartition], list[int], dict[TopicPartition, int]],
+    newcomer: int,
+) -> None:
+    partitions, brokers, previous = situation
+    before = decide_assignment(partitions, brokers, previous)
+    after = decide_assignment(partitions, [*brokers, newcomer], before)
+    moved = [tp for tp in before if before[tp] != after[tp]]
+    assert all(after[tp] == newcomer for tp in moved)
+    # Balance forces the newcomer to take at least n // (m + 1); it takes no more than needed.
+    floor = len(set(partitions)) // (len(set(brokers)) + 1)
+    assert floor <= len(moved) <= floor + 1
+    assert_balanced(after, [*brokers, newcomer])
+
+
+@given(situations(), st.data())
+def test_removing_a_broker_moves_only_its_partitions(
+    situation: tuple[list[TopicPartition], list[int], dict[TopicPartition, int]],
+    data: st.DataObject,
+) -> None:
+    partitions, brokers, previous = situation
+    live = sorted(set(brokers))
+    before = decide_assignment(partitions, live, previous)
+    leaving = data.draw(st.sampled_from(live))
+    remaining = [b for b in live if b != leaving]
+    after = decide_assignment(partitions, remaining, before)
+    moved = {tp for tp in before if before[tp] != after.get(tp)}
+    assert moved == {tp for tp, owner in before.items() if owner == leaving}
+
+
+@settings(max_examples=150)
+@given(
+    st.lists(st.tuples(st.just("t"), st.integers(0, 6)), max_size=7),
+    st.lists(st.integers(0, 3), min_size=1, max_size=3),
+    st.data(),
+)
+def test_moves_are_the_fewest_any_balanced_assignment_needs(
+    partitions: list[TopicPartition], brokers: list[int], data: st.DataObject
+) -> None:
+    owners = st.dictionaries(st.sampled_from(partitions), st.integers(0, 4))
+    previous = data.draw(owners) if partitions else {}
+    result = decide_assignment(partitions, brokers, previous)
+    assert count_moves(previous, result) == minimal_moves_by_brute_force(
+        partitions, brokers, previous
+    )
+
+
+@given(situations(), st.integers(0, 2**40))
+def test_json_round_trip(
+    situation: tuple[list[TopicPartition], list[int], dict[TopicPartition, int]], generation: int
+) -> None:
+    partitions, brokers, previous = situation
+    assignment = Assignment(generation, decide_assignment(partitions, brokers, previous))
+    assert Assignment.from_json(assignment.to_json()) == assignment
+
+
+# --- examples -----------------------------------------------------------------------------------
+
+
+def test_fresh_assignment_spreads_each_topic_round_robin() -> None:
+    partitions = [("orders", p) for p in range(6)]
+    assert decide_assignment(partitions, [3, 1, 2], {}) == {
+        ("orders", 0): 1,
+        ("orders", 1): 2,
+        ("orders", 2): 3,
+        ("orders", 3): 1,
+        ("orders", 4): 2,
+        ("orders", 5): 3,
+    }
+
+
+def test_no_brokers_means_no_owners() -> None:
+    assert decide_assignment([("orders", 0)], [], {("orders", 0): 1}) == {}
+
+
+def test_departed_brokers_partitions_move_and_nothing_else() -> None:
+    previous = {("t", 0): 1, ("t", 1): 1, ("t", 2): 2, ("t", 3): 3, ("t", 4): 3}
+    result = decide_assignment(list(previous), [1, 2], previous)
+    assert result == {("t", 0): 1, ("t", 1): 1, ("t", 2): 2, ("t", 3): 1, ("t", 4): 2}
+    assert count_moves(previous, result) == 2
+
+
+def test_overloaded_broker_sheds_just_enough() -> None:
+    previous = {("t", p): 1 for p in range(4)}
+    result = decide_assignment(list(previous), [1, 2], previous)
+    assert Counter(result.values()) == {1: 2, 2: 2}
+    assert count_moves(previous, result) == 2
+
+
+def test_json_format_is_documented_shape() -> None:
+    assignment = Assignment(7, {("orders", 10): 2, ("orders", 2): 1, ("audit", 0): 1})
+    assert assignment.to_json() == (
+        b'{"version":1,"generation":7,"owners":{"audit/0":1,"orders/2":1,"orders/10":2}}'
+    )
+
+
+@pytest.mark.parametrize(
+    "document",
+    [
+        b"[]",
+        b'{"generation":"1","owners":{}}',
+        b'{"generation":1,"owners":[]}',
+        b'{"generation":1,"owners":{"orders":1}}',
+        b'{"generation":1,"owners":{"orders/x":1}}',
+        b'{"generation":1,"owners":{"orders/0":"1"}}',
+        b'{"generation":true,"owners":{}}',
+    ],
+)
+def test_malformed_json_is_rejected(document: bytes) -> None:
+    with pytest.raises(ValueError, match="assignment"):
+        Assignment.from_json(document)
