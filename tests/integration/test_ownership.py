@@ -42,3 +42,217 @@ def test_ownership_balances_across_three_brokers(broker_cluster: BrokerCluster) 
         return counts if sorted(counts.values()) == [3, 3, 3] else None
 
     wait_for(balanced)
+
+
+def read_all(bootstrap: str, topic: str, partition: int, expected: int) -> list[tuple[int, bytes]]:
+    """(offset, value) of every record, reading from offset 0 until ``expected`` are seen."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "reader",
+                         "enable.auto.commit": False})
+    consumer.assign([TopicPartition(topic, partition, 0)])
+    records: list[tuple[int, bytes]] = []
+    deadline = time.monotonic() + 30
+    while len(records) < expected and time.monotonic() < deadline:
+        message = consumer.poll(0.5)
+        if message is not None and message.error() is None:
+            records.append((message.offset(), message.value()))
+    # Keep polling briefly: nothing beyond what was acked may show up.
+    end = time.monotonic() + 1.0
+    while time.monotonic() < end:
+        message = consumer.poll(0.2)
+        if message is not None and message.error() is None:
+            records.append((message.offset(), message.value()))
+    consumer.close()
+    return records
+
+
+def test_two_brokers_never_assign_the_same_offset(broker_cluster: BrokerCluster) -> None:
+    """Produces for one partition sent to both brokers at once: only the owner acks."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from harness.batches import make_batch
+    from harness.raw_kafka import RawKafka, produce_result
+
+    brokers = [broker_cluster.start() for _ in range(2)]
+    create_topic(brokers[0].bootstrap, "contended", 1)
+    connections = [RawKafka(b.bootstrap) for b in brokers]
+
+    def send_all(which: int) -> list[tuple[int, int, bytes]]:
+        results = []
+        for i in range(100):
+            value = b"broker%d-record%d" % (which, i)
+            response = connections[which].produce("contended", 0, make_batch(0, [value]))
+            results.append((*produce_result(response), value))
+        return results
+
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        outcomes = [o for result in pool.map(send_all, range(2)) for o in result]
+    for connection in connections:
+        connection.close()
+    acked = {offset: value for code, offset, value in outcomes if code == 0}
+    assert len(acked) == sum(1 for code, _, _ in outcomes if code == 0), "an offset acked twice"
+    assert acked, "nothing was acked"
+    assert {code for code, _, _ in outcomes} <= {0, 6}  # NONE or NOT_LEADER_OR_FOLLOWER
+    stored = dict(read_all(brokers[0].bootstrap, "contended", 0, len(acked)))
+    assert sorted(stored) == list(range(len(stored))), "offsets are not dense"
+    mismatched = {o: (v, stored.get(o)) for o, v in acked.items() if stored.get(o) != v}
+    assert not mismatched, f"acked {sorted(acked.items())[:12]} stored {sorted(stored.items())[:12]}"
+
+
+def test_frozen_owner_acks_nothing_after_its_lease_expires(broker_cluster: BrokerCluster) -> None:
+    """SIGSTOP the owner past its TTL with a produce buffered; after SIGCONT it must not ack."""
+    import signal
+
+    from harness.batches import make_batch
+    from harness.raw_kafka import RawKafka, produce_result
+
+    slow_flush = {"KAFSCALE_LOG__FLUSH_INTERVAL_MS": "8000"}
+    first = broker_cluster.start(**slow_flush)
+    create_topic(first.bootstrap, "fenced", 1)
+    owner_connection = RawKafka(first.bootstrap)
+    code, _ = produce_result(owner_connection.produce("fenced", 0, make_batch(0, [b"before"])))
+    assert code == 0
+    second = broker_cluster.start()
+
+    # A produce the owner buffers (the next flush is ~8 s away), then the owner freezes.
+    owner_connection.send_produce("fenced", 0, make_batch(0, [b"frozen"]))
+    time.sleep(0.2)
+    first.signal(signal.SIGSTOP)
+    try:
+        new_owner = RawKafka(second.bootstrap)
+
+        def taken_over() -> bool:
+            code, _ = produce_result(new_owner.produce("fenced", 0, make_batch(0, [b"after"])))
+            if code != 0:
+                time.sleep(0.3)
+            return code == 0
+
+        wait_for(taken_over, timeout_s=30)
+        for i in range(5):
+            code, _ = produce_result(new_owner.produce("fenced", 0, make_batch(0, [b"more%d" % i])))
+            assert code == 0
+    finally:
+        first.signal(signal.SIGCONT)
+    code, _ = produce_result(owner_connection.receive(0, 9))
+    assert code != 0, f"a fenced broker acknowledged a write:\n{first.tail()}"
+    owner_connection.close()
+    new_owner.close()
+    values = [v for _, v in read_all(second.bootstrap, "fenced", 0, 7)]
+    assert values == [b"before", b"after", b"more0", b"more1", b"more2", b"more3", b"more4"]
+
+
+class BackgroundProducer:
+    """An idempotent confluent-kafka producer sending numbered values until stopped."""
+
+    def __init__(self, bootstrap: str, topic: str) -> None:
+        import threading
+
+        from confluent_kafka import Producer
+
+        self.topic = topic
+        self.acked: list[bytes] = []
+        self.errors: list[str] = []
+        self._producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True,
+                                   "linger.ms": 5, "message.timeout.ms": 60000})
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _on_delivery(self, err, msg) -> None:  # type: ignore[no-untyped-def]
+        if err is None:
+            self.acked.append(msg.value())
+        else:
+            self.errors.append(str(err))
+
+    def _run(self) -> None:
+        sequence = 0
+        while not self._stop.is_set():
+            self._producer.produce(self.topic, value=b"%08d" % sequence,
+                                   on_delivery=self._on_delivery)
+            sequence += 1
+            self._producer.poll(0.002)
+        self._producer.flush(60)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(90)
+
+
+def consume_values(bootstrap: str, topic: str, partitions: int, expected: int) -> list[bytes]:
+    from confluent_kafka import Consumer, TopicPartition
+
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "check",
+                         "enable.auto.commit": False})
+    consumer.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
+    values: list[bytes] = []
+    deadline = time.monotonic() + 60
+    quiet_until = None
+    while time.monotonic() < deadline:
+        message = consumer.poll(0.3)
+        if message is not None and message.error() is None:
+            values.append(message.value())
+            quiet_until = None
+        elif len(values) >= expected:
+            quiet_until = quiet_until or time.monotonic() + 1.5
+            if time.monotonic() > quiet_until:
+                break
+    consumer.close()
+    return values
+
+
+def test_scale_out_and_in_under_load_loses_nothing(broker_cluster: BrokerCluster) -> None:
+    first = broker_cluster.start()
+    create_topic(first.bootstrap, "load", 6)
+    producer = BackgroundProducer(first.bootstrap, "load")
+    time.sleep(1.0)
+    brokers = [first, broker_cluster.start(), broker_cluster.start()]
+
+    def balanced() -> dict[int, int] | None:
+        counts = owned_counts(brokers)
+        return counts if sorted(counts.values()) == [2, 2, 2] else None
+
+    wait_for(balanced)
+    time.sleep(1.0)
+    brokers[1].stop()  # SIGTERM: graceful handoff
+    brokers[2].stop()
+    wait_for(lambda: len(first.status()["owned"]) == 6)
+    time.sleep(1.0)
+    producer.stop()
+    assert producer.acked, producer.errors[:5]
+    assert not producer.errors, producer.errors[:5]
+    values = consume_values(first.bootstrap, "load", 6, len(producer.acked))
+    assert len(values) == len(set(values)), "an acked record was stored twice"
+    assert set(producer.acked) <= set(values), "an acked record was lost"
+
+
+def test_sigterm_hands_partitions_over_and_sigkill_within_ttl(
+    broker_cluster: BrokerCluster,
+) -> None:
+    from harness.batches import make_batch
+    from harness.raw_kafka import RawKafka, produce_result
+
+    brokers = [broker_cluster.start() for _ in range(2)]
+    create_topic(brokers[0].bootstrap, "handoff", 4)
+    wait_for(lambda: sorted(owned_counts(brokers).values()) == [2, 2])
+    survivor, leaving = brokers
+    moved = leaving.status()["owned"]
+    leaving.stop()
+    connection = RawKafka(survivor.bootstrap)
+
+    def all_accept() -> bool:
+        for name in moved:
+            topic, partition = name.rsplit("-", 1)
+            code, _ = produce_result(connection.produce(topic, int(partition),
+                                                        make_batch(0, [b"x"])))
+            if code != 0:
+                return False
+        return True
+
+    wait_for(all_accept, timeout_s=10)
+    third = broker_cluster.start()
+    wait_for(lambda: sorted(owned_counts([survivor, third]).values()) == [2, 2])
+    moved = third.status()["owned"]
+    third.kill()
+    wait_for(all_accept, timeout_s=15)  # crash: within the session TTL (4 s here) and slack
+    connection.close()
