@@ -29,6 +29,7 @@ from kafscale.broker.protocol.errors import ErrorCode, KafkaError, NotLeader
 from kafscale.broker.server import KafkaServer
 from kafscale.broker.storage.cache import SegmentCache
 from kafscale.broker.storage.factory import open_object_store
+from kafscale.broker.storage.janitor import Janitor
 from kafscale.broker.storage.log_manager import LogManager
 from kafscale.broker.storage.object_store import ObjectStore, ObjectStoreError
 from kafscale.broker.storage.reader import LogReader
@@ -123,6 +124,12 @@ class Broker:
         await self.admin.start()
         self._tasks.append(asyncio.create_task(self._watch_session(), name="session-watch"))
         self._tasks.append(asyncio.create_task(self._follow_cluster(), name="cluster-follow"))
+        janitor = Janitor(self.cluster, self.manager, self.view, self.store)
+        self._tasks.append(
+            asyncio.create_task(
+                janitor.run(self.settings.log.retention_check_interval_s), name="janitor"
+            )
+        )
         if self.settings.assignment.self_assign:
             rebalancer = Rebalancer(self.etcd, self.view, self.cluster, self.node_id)
             self._tasks.append(

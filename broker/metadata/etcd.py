@@ -319,7 +319,7 @@ class Etcd:
             try:
                 await etcd.revision()
             except MetadataError as error:
-                failures.append(f"{endpoint}: {error}")
+                failures.append(str(error))
                 await etcd.close()
                 continue
             except BaseException:
@@ -327,7 +327,7 @@ class Etcd:
                 raise
             return etcd
         tried = "; ".join(failures)
-        raise MetadataUnavailable(f"no etcd endpoint answered within {timeout_s:g} s ({tried})")
+        raise MetadataUnavailable(f"no etcd endpoint answered within {timeout_s:g} s: {tried}")
 
     @property
     def closed(self) -> bool:

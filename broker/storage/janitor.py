@@ -1,0 +1,113 @@
+"""Retention and garbage collection for the partitions this broker owns.
+
+Every ``retention_check_interval_s`` the owner of a partition lists its objects, decides the new
+log start offset from ``retention.ms`` and ``retention.bytes`` (a pure decision in
+``retention``), commits it with the same fencing as a flush, and then deletes whole segments
+below it. Uploads left by fenced writers of older epochs can never become committed; they are
+deleted too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+from kafscale.broker.metadata import keys
+from kafscale.broker.metadata.cluster import ClusterView
+from kafscale.broker.metadata.partition_state import is_committed_segment
+from kafscale.broker.metadata.topics import effective_configs
+from kafscale.broker.protocol.errors import KafkaError
+from kafscale.broker.storage.log_manager import LogManager
+from kafscale.broker.storage.object_store import ObjectInfo, ObjectStore, ObjectStoreError
+from kafscale.broker.storage.partition_log import OwnedPartition
+from kafscale.broker.storage.retention import SegmentFacts, decide_log_start, deletable_bases
+from kafscale.broker.storage.segments import SEGMENT_HEADER_SIZE, decode_segment_header
+
+log = logging.getLogger(__name__)
+
+
+class Janitor:
+    def __init__(
+        self, cluster: str, manager: LogManager, view: ClusterView, store: ObjectStore
+    ) -> None:
+        self._cluster = cluster
+        self._manager = manager
+        self._view = view
+        self._store = store
+        self._created_at: dict[str, int] = {}
+
+    async def run(self, interval_s: float) -> None:
+        while True:
+            await asyncio.sleep(interval_s)
+            await self.sweep(int(time.time() * 1000))
+
+    async def sweep(self, now_ms: int) -> None:
+        for owned in list(self._manager.owned.values()):
+            try:
+                await self._sweep_partition(owned, now_ms)
+            except (KafkaError, ObjectStoreError) as exc:
+                log.warning("retention of %s-%d skipped: %s", owned.topic, owned.partition, exc)
+
+    async def _sweep_partition(self, owned: OwnedPartition, now_ms: int) -> None:
+        info = self._view.topics.get(owned.topic)
+        if info is None:
+            return
+        configs = effective_configs(info)
+        prefix = keys.partition_object_prefix(
+            self._cluster, owned.topic, owned.topic_id, owned.partition
+        )
+        objects = await self._store.list(prefix)
+        committed = await self._committed_facts(owned, objects)
+        new_start = decide_log_start(
+            committed,
+            owned.state.high_watermark,
+            owned.state.log_start_offset,
+            now_ms,
+            int(configs["retention.ms"]),
+            int(configs["retention.bytes"]),
+        )
+        if new_start > owned.state.log_start_offset:
+            await self._manager.delete_records(owned.tp, new_start)
+            log.info("retention moved %s-%d start to %d", owned.topic, owned.partition, new_start)
+        await self._delete_garbage(owned, objects, [s.base for s in committed])
+
+    async def _committed_facts(
+        self, owned: OwnedPartition, objects: list[ObjectInfo]
+    ) -> list[SegmentFacts]:
+        facts = []
+        for info in objects:
+            parsed = keys.parse_object_name(info.key)
+            if parsed is None or parsed[2] != "kfs":
+                continue
+            base, epoch, _ = parsed
+            if is_committed_segment(owned.state, base, epoch):
+                facts.append(SegmentFacts(base, info.size, await self._created_at_ms(info.key)))
+        return facts
+
+    async def _created_at_ms(self, key: str) -> int:
+        cached = self._created_at.get(key)
+        if cached is None:
+            header = await self._store.get(key, start=0, end=SEGMENT_HEADER_SIZE)
+            cached = self._created_at[key] = decode_segment_header(header).created_at_ms
+        return cached
+
+    async def _delete_garbage(
+        self, owned: OwnedPartition, objects: list[ObjectInfo], committed_bases: list[int]
+    ) -> None:
+        below = set(deletable_bases(committed_bases, owned.state.log_start_offset))
+        doomed = []
+        for info in objects:
+            parsed = keys.parse_object_name(info.key)
+            if parsed is None:
+                continue
+            base, epoch, _ = parsed
+            fenced_orphan = epoch < owned.epoch and not is_committed_segment(
+                owned.state, base, epoch
+            )
+            if (base in below and is_committed_segment(owned.state, base, epoch)) or fenced_orphan:
+                doomed.append(info.key)
+        if doomed:
+            await self._store.delete_many(doomed)
+            for key in doomed:
+                self._created_at.pop(key, None)

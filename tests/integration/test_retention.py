@@ -1,0 +1,72 @@
+"""Retention by time and size, and DeleteRecords, delete whole objects and move the log start."""
+
+from __future__ import annotations
+
+import time
+
+import boto3
+import pytest
+from confluent_kafka import Producer
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from harness.brokers import BrokerCluster
+
+pytestmark = pytest.mark.integration
+
+
+def segment_keys(cluster: BrokerCluster, topic: str) -> list[str]:
+    s3 = boto3.client("s3", endpoint_url=cluster.s3.url, region_name=cluster.s3.region,
+                      aws_access_key_id=cluster.s3.access_key_id,
+                      aws_secret_access_key=cluster.s3.secret_access_key)
+    listed = s3.list_objects_v2(Bucket=cluster.bucket, Prefix=f"{cluster.cluster}/topics/{topic}/")
+    return [o["Key"] for o in listed.get("Contents", []) if o["Key"].endswith(".kfs")]
+
+
+def produce_in_rounds(bootstrap: str, topic: str, rounds: int) -> None:
+    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 0})
+    for i in range(rounds):
+        producer.produce(topic, value=b"x" * 1000, partition=0)
+        assert producer.flush(10) == 0  # one flush (one segment) per round
+        del i
+
+
+def earliest_offset(bootstrap: str, topic: str) -> int:
+    from confluent_kafka import Consumer, TopicPartition
+
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "r"})
+    low, _ = consumer.get_watermark_offsets(TopicPartition(topic, 0), timeout=10)
+    consumer.close()
+    return int(low)
+
+
+def test_retention_by_bytes_deletes_old_segments(broker_cluster: BrokerCluster) -> None:
+    broker = broker_cluster.start(KAFSCALE_LOG__RETENTION_CHECK_INTERVAL_S="0.5")
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+    admin.create_topics([NewTopic("sized", 1, 1, config={"retention.bytes": "5000"})])[
+        "sized"
+    ].result(10)
+    produce_in_rounds(broker.bootstrap, "sized", 12)
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline and earliest_offset(broker.bootstrap, "sized") < 7:
+        time.sleep(0.3)
+    low = earliest_offset(broker.bootstrap, "sized")
+    # ~1.1 KB segments: 5000 bytes keep four of them.
+    assert low >= 7, f"log start {low} after 12 KB with retention.bytes=5000"
+    assert len(segment_keys(broker_cluster, "sized")) <= 12 - low + 1
+
+
+def test_retention_by_time_expires_everything_old(broker_cluster: BrokerCluster) -> None:
+    broker = broker_cluster.start(KAFSCALE_LOG__RETENTION_CHECK_INTERVAL_S="0.5")
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+    admin.create_topics([NewTopic("timed", 1, 1, config={"retention.ms": "1000"})])[
+        "timed"
+    ].result(10)
+    produce_in_rounds(broker.bootstrap, "timed", 3)
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline and earliest_offset(broker.bootstrap, "timed") < 3:
+        time.sleep(0.3)
+    assert earliest_offset(broker.bootstrap, "timed") == 3
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and len(segment_keys(broker_cluster, "timed")) > 1:
+        time.sleep(0.3)
+    assert len(segment_keys(broker_cluster, "timed")) <= 1
