@@ -124,7 +124,13 @@ class Broker:
         await self.admin.start()
         self._tasks.append(asyncio.create_task(self._watch_session(), name="session-watch"))
         self._tasks.append(asyncio.create_task(self._follow_cluster(), name="cluster-follow"))
-        janitor = Janitor(self.cluster, self.manager, self.view, self.store)
+        janitor = Janitor(
+            self.cluster,
+            self.manager,
+            self.view,
+            self.store,
+            self.settings.topics.as_topic_configs(),
+        )
         self._tasks.append(
             asyncio.create_task(
                 janitor.run(self.settings.log.retention_check_interval_s), name="janitor"

@@ -103,6 +103,12 @@ class TopicDefaults(_Section):
     retention_ms: int = Field(7 * 24 * 3600 * 1000, description="Default retention.ms (-1: none).")
     retention_bytes: int = Field(-1, description="Default retention.bytes (-1: none).")
 
+    def as_topic_configs(self) -> dict[str, str]:
+        return {
+            "retention.ms": str(self.retention_ms),
+            "retention.bytes": str(self.retention_bytes),
+        }
+
 
 class AssignmentSettings(_Section):
     self_assign: bool = Field(

@@ -59,7 +59,11 @@ async def _create_one(topic: Any, validate_only: bool, ctx: RequestContext) -> B
         result.update(
             error_code=ErrorCode.NONE,
             topic_id=topic_uuid(info),
-            configs=_config_entries(topics.effective_configs(info), info.configs, None),
+            configs=_config_entries(
+                topics.effective_configs(info, broker.settings.topics.as_topic_configs()),
+                info.configs,
+                None,
+            ),
         )
     except KafkaError as exc:
         result.update(
@@ -151,7 +155,8 @@ def _describe_one(resource: Any, ctx: RequestContext) -> Body:
     info = ctx.broker.view.topics.get(resource.resource_name)
     if info is None:
         return {**base, "error_code": ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, "configs": []}
-    entries = _config_entries(topics.effective_configs(info), info.configs, wanted)
+    defaults = ctx.broker.settings.topics.as_topic_configs()
+    entries = _config_entries(topics.effective_configs(info, defaults), info.configs, wanted)
     return {**base, "error_code": ErrorCode.NONE, "configs": entries}
 
 

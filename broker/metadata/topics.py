@@ -149,5 +149,8 @@ async def _update(etcd: Etcd, cluster: str, name: str, change: object) -> TopicI
     raise KafkaError(f"topic {name} kept changing", ErrorCode.REQUEST_TIMED_OUT)
 
 
-def effective_configs(info: TopicInfo) -> dict[str, str]:
-    return {**DEFAULT_CONFIGS, **info.configs}
+def effective_configs(
+    info: TopicInfo, broker_defaults: Mapping[str, str] | None = None
+) -> dict[str, str]:
+    """Kafka's defaults, overridden by the broker's, overridden by the topic's own configs."""
+    return {**DEFAULT_CONFIGS, **(broker_defaults or {}), **info.configs}

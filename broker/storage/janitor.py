@@ -29,9 +29,15 @@ log = logging.getLogger(__name__)
 
 class Janitor:
     def __init__(
-        self, cluster: str, manager: LogManager, view: ClusterView, store: ObjectStore
+        self,
+        cluster: str,
+        manager: LogManager,
+        view: ClusterView,
+        store: ObjectStore,
+        broker_defaults: dict[str, str],
     ) -> None:
         self._cluster = cluster
+        self._broker_defaults = broker_defaults
         self._manager = manager
         self._view = view
         self._store = store
@@ -53,7 +59,7 @@ class Janitor:
         info = self._view.topics.get(owned.topic)
         if info is None:
             return
-        configs = effective_configs(info)
+        configs = effective_configs(info, self._broker_defaults)
         prefix = keys.partition_object_prefix(
             self._cluster, owned.topic, owned.topic_id, owned.partition
         )

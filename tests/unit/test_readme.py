@@ -1,0 +1,22 @@
+"""The README's configuration reference is the one generated from the settings model."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from kafscale.broker.settings_cli import config_reference_markdown
+
+pytestmark = pytest.mark.unit
+
+README = Path(__file__).resolve().parents[2] / "README.md"
+
+
+def test_readme_configuration_reference_is_current() -> None:
+    text = README.read_text()
+    start = text.index("<!-- config-reference:start -->") + len("<!-- config-reference:start -->")
+    end = text.index("<!-- config-reference:end -->")
+    assert text[start:end].strip() == config_reference_markdown().strip(), (
+        "README is stale: regenerate with `kafscale config-reference`"
+    )
