@@ -205,6 +205,10 @@ class Broker:
                 self.reader.forget(topic)
         if self.node_id in self.view.draining and not self.draining:
             await self.drain()
+        elif self.draining and self.node_id not in self.view.draining and self.ready:
+            log.info("draining mark removed; taking partitions again")
+            self.draining = False
+            self.log_manager.acquiring = True
         plan = plan_ownership(
             self.node_id,
             list(self.log_manager.owned),
@@ -279,16 +283,18 @@ class Broker:
         while we flush; each release then deletes a lease the new owner is waiting for.
         """
         self.draining = True
+        self.log_manager.acquiring = False
         if self.node_id not in self.view.draining:
             await self.etcd.put(
                 keys.draining_key(self.cluster, self.node_id),
                 b'{"reason":"drain"}',
                 lease=self.session.id,
             )
+            self.view.draining.add(self.node_id)
         await self.log_manager.release_all()
 
     async def shutdown(self) -> None:
-        self.ready = False
+        self.ready = False  # also keeps a removed draining mark from undraining us
         grace_s = self.settings.limits.shutdown_grace_s
         if self.server is not None:
             await self.server.stop_accepting()

@@ -78,6 +78,7 @@ class LogManager:
         self._round_done = asyncio.Event()
         self._flush_task: asyncio.Task[None] | None = None
         self.commits = 0  # etcd commit transactions issued (bench and tests read it)
+        self.acquiring = True  # False while draining: hand partitions over, take none
 
     # --- lifecycle ---------------------------------------------------------------------------
 
@@ -119,6 +120,8 @@ class LogManager:
             raise UnknownTopicOrPartition(f"{topic}-{partition}")
         if self._session.lost.is_set():
             raise NotLeader("this broker's etcd session expired")
+        if not self.acquiring:
+            raise NotLeader("this broker is draining")
         lease_key = keys.partition_lease_key(self._cluster, topic, partition)
         state_key = keys.partition_state_key(self._cluster, topic, partition)
         topic_key = keys.topic_key(self._cluster, topic)

@@ -256,3 +256,36 @@ def test_sigterm_hands_partitions_over_and_sigkill_within_ttl(
     third.kill()
     wait_for(all_accept, timeout_s=15)  # crash: within the session TTL (4 s here) and slack
     connection.close()
+
+
+def test_draining_mark_and_drain_endpoint_hand_partitions_over(
+    broker_cluster: BrokerCluster, etcd_server: object
+) -> None:
+    import asyncio
+
+    from kafscale.broker.metadata import keys
+    from kafscale.broker.metadata.etcd import Etcd
+
+    brokers = [broker_cluster.start() for _ in range(2)]
+    create_topic(brokers[0].bootstrap, "drained", 4)
+    wait_for(lambda: sorted(owned_counts(brokers).values()) == [2, 2])
+    marked, other = brokers
+
+    async def set_mark(present: bool) -> None:
+        etcd = await Etcd.connect([broker_cluster.etcd_url], 5)
+        key = keys.draining_key(broker_cluster.cluster, marked.node_id)
+        if present:
+            await etcd.put(key, b'{"reason":"test"}')
+        else:
+            await etcd.delete(key)
+        await etcd.close()
+
+    asyncio.run(set_mark(True))
+    wait_for(lambda: owned_counts(brokers) == {marked.node_id: 0, other.node_id: 4})
+    assert marked.process is not None and marked.process.poll() is None  # still running
+    asyncio.run(set_mark(False))
+    wait_for(lambda: sorted(owned_counts(brokers).values()) == [2, 2])
+    status, body = other.http("POST", "/drain", timeout_s=30)
+    assert status == 200 and body == {"drained": True}
+    assert other.status()["owned"] == []
+    wait_for(lambda: len(marked.status()["owned"]) == 4)
