@@ -118,14 +118,10 @@ def _cmd_local(args: argparse.Namespace) -> int:
 
 
 def _run(coroutine: object) -> int:
-    try:
-        import uvloop
+    import uvloop
 
-        runner = uvloop.run
-    except ImportError:  # pragma: no cover - uvloop is a dependency; keep asyncio as fallback
-        runner = asyncio.run
     try:
-        runner(coroutine)  # type: ignore[arg-type]
+        uvloop.run(coroutine)  # type: ignore[arg-type]
     except StartupError as exc:
         print(f"kafscale: cannot start: {exc}", file=sys.stderr)
         return 1
@@ -137,7 +133,8 @@ def _run(coroutine: object) -> int:
 def _cmd_operator(args: argparse.Namespace) -> int:
     from kafscale.operator.main import run_operator
 
-    return int(run_operator() or 0)
+    run_operator()
+    return 0
 
 
 def _cmd_drain(args: argparse.Namespace) -> int:

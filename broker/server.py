@@ -12,8 +12,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
+from typing import Any
 
 from kafscale.broker.config import LimitSettings
 from kafscale.broker.protocol.framing import FrameTooLarge, read_frame
@@ -34,7 +35,7 @@ class Connection:
     append_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
 
-Dispatch = Callable[[bytes, Connection], Awaitable[bytes | None]]
+Dispatch = Callable[[bytes, Connection], Coroutine[Any, Any, bytes | None]]
 
 
 class CloseConnection(Exception):

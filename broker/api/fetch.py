@@ -78,7 +78,7 @@ def _resolve(request: Any, ctx: RequestContext) -> list[_Wanted]:
 async def _read_all(
     wanted: list[_Wanted], ctx: RequestContext, total_max: int, refresh: bool
 ) -> list[Body]:
-    results = []
+    results: list[Body] = []
     budget = total_max
     for item in wanted:
         result = await _read_one(item, ctx, budget, refresh, first=not results)

@@ -14,7 +14,6 @@ kio's API has moved between releases, so it is pinned and nothing else imports i
 from __future__ import annotations
 
 import datetime
-import functools
 import io
 import struct
 import uuid
@@ -144,14 +143,24 @@ def build_entity(entity_type: type[Any], data: Mapping[str, Any]) -> Any:
     return entity_type(**kwargs)
 
 
-@functools.cache
+_PLANS: dict[type[Any], tuple[tuple[str, Callable[[Any], Any]], ...]] = {}
+
+
 def _field_plan(entity_type: type[Any]) -> tuple[tuple[str, Callable[[Any], Any]], ...]:
+    plan = _PLANS.get(entity_type)
+    if plan is None:
+        plan = _PLANS[entity_type] = _make_plan(entity_type)
+    return plan
+
+
+def _make_plan(entity_type: type[Any]) -> tuple[tuple[str, Callable[[Any], Any]], ...]:
     hints = get_type_hints(entity_type)
     plan = []
     for field in fields(entity_type):
         default: Any = field.default
-        if default is MISSING and field.default_factory is not MISSING:
-            default = field.default_factory()
+        factory: Any = field.default_factory
+        if default is MISSING and factory is not MISSING:
+            default = factory()
         kafka_type = field.metadata.get("kafka_type", "")
         plan.append((field.name, _converter(hints[field.name], kafka_type, default)))
     return tuple(plan)
@@ -189,8 +198,9 @@ def _converter(annotation: Any, kafka_type: str, default: Any) -> Callable[[Any]
 
 
 def _value_converter(value_type: Any, kafka_type: str) -> Callable[[Any], Any]:
-    if is_dataclass(value_type):
-        return lambda v: v if isinstance(v, value_type) else build_entity(value_type, v)
+    if isinstance(value_type, type) and is_dataclass(value_type):
+        entity_type: type[Any] = value_type
+        return lambda v: v if isinstance(v, entity_type) else build_entity(entity_type, v)
     if kafka_type in ("timedelta_i32", "timedelta_i64"):
         return _to_timedelta
     if kafka_type == "datetime_i64":

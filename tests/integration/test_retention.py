@@ -15,9 +15,13 @@ pytestmark = pytest.mark.integration
 
 
 def segment_keys(cluster: BrokerCluster, topic: str) -> list[str]:
-    s3 = boto3.client("s3", endpoint_url=cluster.s3.url, region_name=cluster.s3.region,
-                      aws_access_key_id=cluster.s3.access_key_id,
-                      aws_secret_access_key=cluster.s3.secret_access_key)
+    s3 = boto3.client(
+        "s3",
+        endpoint_url=cluster.s3.url,
+        region_name=cluster.s3.region,
+        aws_access_key_id=cluster.s3.access_key_id,
+        aws_secret_access_key=cluster.s3.secret_access_key,
+    )
     listed = s3.list_objects_v2(Bucket=cluster.bucket, Prefix=f"{cluster.cluster}/topics/{topic}/")
     return [o["Key"] for o in listed.get("Contents", []) if o["Key"].endswith(".kfs")]
 
@@ -58,9 +62,9 @@ def test_retention_by_bytes_deletes_old_segments(broker_cluster: BrokerCluster) 
 def test_retention_by_time_expires_everything_old(broker_cluster: BrokerCluster) -> None:
     broker = broker_cluster.start(KAFSCALE_LOG__RETENTION_CHECK_INTERVAL_S="0.5")
     admin = AdminClient({"bootstrap.servers": broker.bootstrap})
-    admin.create_topics([NewTopic("timed", 1, 1, config={"retention.ms": "1000"})])[
-        "timed"
-    ].result(10)
+    admin.create_topics([NewTopic("timed", 1, 1, config={"retention.ms": "1000"})])["timed"].result(
+        10
+    )
     produce_in_rounds(broker.bootstrap, "timed", 3)
     deadline = time.monotonic() + 15
     while time.monotonic() < deadline and earliest_offset(broker.bootstrap, "timed") < 3:
