@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
+import threading
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any, TypeVar
+from collections.abc import AsyncIterator, Callable
+from typing import Any
 
 import pytest
 import pytest_asyncio
@@ -16,15 +16,13 @@ from kafscale.operator.main import operate
 from kafscale.operator.models import API_VERSION, CLUSTER_KIND, TOPIC_KIND
 from kafscale.operator.settings import OperatorSettings
 
-T = TypeVar("T")
-
 CLUSTERS = "/apis/kafscale.io/v1alpha1/namespaces/{ns}/kafscaleclusters"
 TOPICS = "/apis/kafscale.io/v1alpha1/namespaces/{ns}/kafscaletopics"
 
 
 async def eventually(
-    probe: Callable[[], T | Awaitable[T]], *, timeout_s: float = 10.0, what: str = "condition"
-) -> T:
+    probe: Callable[[], Any], *, timeout_s: float = 10.0, what: str = "condition"
+) -> Any:
     """Poll ``probe`` until it returns something truthy; fail with the last value."""
     deadline = asyncio.get_running_loop().time() + timeout_s
     last: Any = None
@@ -32,7 +30,7 @@ async def eventually(
         result = probe()
         last = await result if asyncio.iscoroutine(result) else result
         if last:
-            return last  # type: ignore[no-any-return]
+            return last
         if asyncio.get_running_loop().time() > deadline:
             pytest.fail(f"timed out after {timeout_s} s waiting for {what}; last: {last!r}")
         await asyncio.sleep(0.05)
@@ -45,7 +43,11 @@ def namespace() -> str:
 
 @pytest_asyncio.fixture
 async def running_operator(kube_api: KubeEmulator) -> AsyncIterator[OperatorSettings]:
-    """The operator, in-process, against the emulator (short intervals for tests)."""
+    """The operator against the emulator, in a thread with its own event loop.
+
+    Its own loop because kopf, when it stops, cancels every task of its loop that it did not
+    start before it, pytest-asyncio's fixture finalizers included.
+    """
     settings = OperatorSettings(
         api_server=str(kube_api.url).rstrip("/"),
         status_interval_s=0.3,
@@ -56,15 +58,25 @@ async def running_operator(kube_api: KubeEmulator) -> AsyncIterator[OperatorSett
         s3_timeout_s=10.0,
         liveness_endpoint=None,
     )
-    stop, ready = asyncio.Event(), asyncio.Event()
-    task = asyncio.create_task(operate(settings, stop_flag=stop, ready_flag=ready))
+    stop, ready = threading.Event(), threading.Event()
+    failure: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            asyncio.run(operate(settings, stop_flag=stop, ready_flag=ready))
+        except BaseException as exc:  # reported by the fixture
+            failure.append(exc)
+
+    thread = threading.Thread(target=run, name="kafscale-operator", daemon=True)
+    thread.start()
     try:
-        await asyncio.wait_for(ready.wait(), timeout=15)
+        started = await asyncio.to_thread(ready.wait, 15)
+        assert started and not failure, f"the operator did not start: {failure}"
         yield settings
     finally:
         stop.set()
-        with contextlib.suppress(asyncio.CancelledError):
-            await asyncio.wait_for(task, timeout=15)
+        await asyncio.to_thread(thread.join, 20)
+        assert not thread.is_alive(), "the operator did not stop within 20 s"
 
 
 def cluster_body(name: str, namespace: str, spec: dict[str, Any]) -> dict[str, Any]:

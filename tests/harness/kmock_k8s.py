@@ -13,8 +13,9 @@ against it. Version 0.8 lacks what kopf and our operator rely on; this subclass 
 * owner-reference garbage collection (background cascade), and core discovery that says
   ``groupVersion: v1``.
 
-Fixtures: ``kube_api`` (the emulator on a free port, our resources declared) and helpers to
-read objects from it. Requests made by the operator stay recorded in ``kube_api.requests``.
+Fixtures: ``kube_api`` (the emulator on a free port, our resources declared); read stored
+objects with ``kube_api.read(resource, namespace, name)``. Every request made by the
+operator stays recorded in ``kube_api.requests``.
 """
 
 from __future__ import annotations
@@ -70,6 +71,10 @@ def _now() -> str:
 class KubeEmulator(k8s.KubernetesEmulator):
     scales: dict[kmock.resource, ScalePaths] = attrs.field(factory=dict)
     _versions: Any = attrs.field(factory=lambda: itertools.count(1), init=False)
+    _last_version: int = attrs.field(default=0, init=False)
+    _history: list[tuple[int, kmock.resource, dict[str, Any]]] = attrs.field(
+        factory=list, init=False
+    )
 
     # --- helpers ------------------------------------------------------------------------
 
@@ -83,7 +88,13 @@ class KubeEmulator(k8s.KubernetesEmulator):
             meta["generation"] = int(meta.get("generation") or 0) + 1
 
     async def _publish(self, resource: kmock.resource, kind: str, raw: dict[str, Any]) -> None:
-        await self._buses[resource].put({"type": kind, "object": copy.deepcopy(raw)})
+        event: dict[str, Any] = {"type": kind, "object": copy.deepcopy(raw)}
+        if kind == "DELETED":  # a deletion is a change with a version of its own
+            event["object"]["metadata"]["resourceVersion"] = str(next(self._versions))
+        version = int(event["object"]["metadata"]["resourceVersion"])
+        self._last_version = max(self._last_version, version)
+        self._history.append((version, resource, event))
+        await self._buses[resource].put(event)
 
     def _new_object(self, resource: kmock.resource, request: rendering.Request) -> dict[str, Any]:
         data = copy.deepcopy(request.data)
@@ -209,7 +220,7 @@ class KubeEmulator(k8s.KubernetesEmulator):
         if resource is None:
             return await kmock.KubernetesScaffold._handle(self, request)
         async with self._lock:
-            key = (resource, request.namespace, request.name)
+            key: Any = (resource, request.namespace, request.name)
             exists = key in self._objects and not self._objects[key].deleted
             if request.subresource == "scale" and resource in self.scales:
                 if not exists:
@@ -250,39 +261,74 @@ class KubeEmulator(k8s.KubernetesEmulator):
                 return aiohttp.web.json_response(raw)
         return await kmock.KubernetesScaffold._handle(self, request)
 
+    async def _serve_list(self, request: rendering.Request) -> rendering.Payload:
+        async with self._lock:
+            items = [copy.deepcopy(obj.raw) for obj in self._matching(request)]
+        return {"metadata": {"resourceVersion": str(self._last_version)}, "items": items}
+
+    def _matching(self, request: rendering.Request) -> list[Any]:
+        return [
+            obj
+            for (res, ns, _), obj in self._objects.items()
+            if res == request.resource
+            and not obj.deleted
+            and (request.namespace is None or ns == request.namespace)
+        ]
+
     async def _serve_watch(self, request: rendering.Request) -> AsyncIterator[rendering.Payload]:
-        """Like kmock's, but subscribed to changes before the initial listing (no lost events)."""
+        """A watch from ``resourceVersion`` (replayed from history), else from a full listing.
+
+        kmock's own watch re-sends every object as ADDED and subscribes only afterwards, which
+        loses changes and repeats stale states that kopf then patches against (422 forever).
+        """
         yield b""
         resource = request.resource
         assert resource is not None
+        since = request.params.get("resourceVersion", "")
         bus = self._buses[resource]
         async with self._lock:
             marker = await bus.mark()
-            events = [
-                {"type": "ADDED", "object": copy.deepcopy(obj.raw)}
-                for (res, ns, _), obj in self._objects.items()
-                if res == resource and not obj.deleted
-                and (request.namespace is None or ns == request.namespace)
-            ]
+            if since.isdigit() and int(since) > 0:
+                events = [
+                    copy.deepcopy(event)
+                    for version, res, event in self._history
+                    if res == resource and version > int(since)
+                ]
+            else:
+                events = [
+                    {"type": "ADDED", "object": copy.deepcopy(obj.raw)}
+                    for obj in self._matching(request)
+                ]
         try:
             for event in events:
-                yield event
+                if self._in_namespace(request, event):
+                    yield event
             async for event in bus.stream(since=marker):
-                namespace = event.get("object", {}).get("metadata", {}).get("namespace")
-                if request.namespace is None or namespace == request.namespace:
+                if self._in_namespace(request, event):
                     yield event
         finally:
             await bus.unmark(marker)
+
+    @staticmethod
+    def _in_namespace(request: rendering.Request, event: dict[str, Any]) -> bool:
+        namespace = event.get("object", {}).get("metadata", {}).get("namespace")
+        return request.namespace is None or namespace == request.namespace
 
     async def _serve_version(self, request: rendering.Request) -> rendering.Payload:
         payload: Any = await super()._serve_version(request)
         if isinstance(payload, dict) and payload.get("groupVersion", "").startswith("/"):
             payload["groupVersion"] = payload["groupVersion"][1:]
-        return payload
+        result: rendering.Payload = payload
+        return result
 
     # --- test helpers -------------------------------------------------------------------
 
-    def get(self, resource: str, namespace: str, name: str) -> dict[str, Any] | None:
+    @property
+    def requests(self) -> list[rendering.Request]:
+        """Every request served so far, in order."""
+        return list(self._requests)
+
+    def read(self, resource: str, namespace: str, name: str) -> dict[str, Any] | None:
         key = (kmock.resource(resource), namespace, name)
         if key not in self._objects or self._objects[key].deleted:
             return None
@@ -366,7 +412,11 @@ async def kube_api() -> AsyncIterator[KubeEmulator]:
 
 
 async def api_request(
-    emulator: KubeEmulator, method: str, path: str, body: Any = None, content_type: str | None = None
+    emulator: KubeEmulator,
+    method: str,
+    path: str,
+    body: Any = None,
+    content_type: str | None = None,
 ) -> tuple[int, Any]:
     """An HTTP call to the emulator, as kubectl would make it: (status, JSON body)."""
     headers = {"Content-Type": content_type or "application/json"}

@@ -1,0 +1,305 @@
+"""The kopf handlers: thin. Filter in the decorators, build with the pure builders, apply, report.
+
+:func:`register` puts every handler into a kopf registry (intervals come from the settings),
+so tests and ``run_operator`` each build their own registry and nothing registers at import.
+
+KafScaleCluster
+    create/update(spec)/resume → apply objects, write status · timer → observe status and lease
+    distribution · daemon → lease balancer (etcd watch on broker registrations) · timer → drift
+    repair (re-apply) · delete (finalizer) → honour ``deletionPolicy``.
+Broker pods
+    event with a deletionTimestamp → mark the broker draining and reassign its partitions.
+KafScaleTopic
+    create/update/resume → topic record in etcd · delete (finalizer) → remove it and its keys.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import kopf
+from pydantic import ValidationError
+
+from kafscale.broker.metadata.etcd import MetadataError
+from kafscale.operator import manifests, naming, reconcile
+from kafscale.operator.brokerconfig import InvalidBrokerConfig
+from kafscale.operator.kube import Kube, KubeError, load_configuration
+from kafscale.operator.models import (
+    CLUSTER_PLURAL,
+    GROUP,
+    TOPIC_PLURAL,
+    VERSION,
+    ClusterRef,
+    KafScaleClusterSpec,
+    parse_cluster_spec,
+    parse_topic_spec,
+)
+from kafscale.operator.rebalance import delete_topic_keys, rebalance
+from kafscale.operator.runtime import EtcdPool, Runtime
+from kafscale.operator.settings import OperatorSettings
+from kafscale.operator.status import (
+    compute_cluster_status,
+    compute_topic_status,
+    invalid_spec_status,
+    parse_conditions,
+)
+from kafscale.operator.topics import reconcile_topic, topic_name
+
+log = logging.getLogger(__name__)
+
+CLUSTERS = (GROUP, VERSION, CLUSTER_PLURAL)
+TOPICS = (GROUP, VERSION, TOPIC_PLURAL)
+BROKER_POD_LABELS = {
+    naming.LABEL_NAME: naming.APP,
+    naming.LABEL_COMPONENT: naming.BROKER,
+    naming.LABEL_MANAGED_BY: naming.MANAGER,
+}
+
+
+def _runtime(memo: Any) -> Runtime:
+    runtime: Runtime = memo.runtime
+    return runtime
+
+
+def _status_body(status: Any) -> dict[str, Any]:
+    body: dict[str, Any] = status.to_api()
+    return body
+
+
+def _parse(body: Any) -> tuple[ClusterRef, KafScaleClusterSpec]:
+    ref = ClusterRef.from_body(body)
+    spec = parse_cluster_spec(body.get("spec") or {})
+    manifests.build_cluster_objects(ref, spec)  # raises on what the schema cannot check
+    return ref, spec
+
+
+def _spec_problem(exc: Exception) -> str:
+    if isinstance(exc, ValidationError):
+        return "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+    return str(exc)
+
+
+def _changed(current: Any, new: dict[str, Any]) -> bool:
+    """Whether writing ``new`` would change status (ignoring kopf's own fields)."""
+    return any(current.get(key) != value for key, value in new.items())
+
+
+def register(registry: kopf.OperatorRegistry, config: OperatorSettings) -> None:
+    """Register every handler of the operator into ``registry``."""
+
+    @kopf.on.startup(registry=registry)
+    async def startup(memo: Any, settings: kopf.OperatorSettings, **_: Any) -> None:
+        settings.persistence.finalizer = f"{GROUP}/finalizer"
+        settings.persistence.progress_storage = kopf.StatusProgressStorage(field="status.kopf")
+        settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+            prefix=GROUP, key="last-handled-configuration"
+        )
+        settings.posting.level = logging.WARNING
+        settings.watching.server_timeout = 300
+        memo.runtime = Runtime(
+            settings=config,
+            kube=Kube(load_configuration(config), config.api_timeout_s),
+            etcd=EtcdPool(config.etcd_timeout_s),
+        )
+
+    @kopf.on.login(registry=registry)
+    async def login(memo: Any, **_: Any) -> kopf.ConnectionInfo:
+        conn = _runtime(memo).kube.connection
+        return kopf.ConnectionInfo(
+            server=conn.server,
+            token=conn.token,
+            ca_path=conn.ca_path,
+            insecure=conn.insecure,
+            certificate_path=conn.certificate_path,
+            private_key_path=conn.private_key_path,
+        )
+
+    @kopf.on.cleanup(registry=registry)
+    async def cleanup(memo: Any, **_: Any) -> None:
+        runtime = getattr(memo, "runtime", None)
+        if runtime is not None:
+            await runtime.close()
+
+    # --- KafScaleCluster ------------------------------------------------------------------
+
+    @kopf.on.resume(*CLUSTERS, registry=registry)
+    @kopf.on.create(*CLUSTERS, registry=registry)
+    @kopf.on.update(*CLUSTERS, field="spec", registry=registry)
+    async def reconcile_cluster(
+        body: Any, status: Any, patch: kopf.Patch, memo: Any, logger: Any, **_: Any
+    ) -> None:
+        runtime = _runtime(memo)
+        previous = parse_conditions(status.get("conditions"))
+        try:
+            ref, spec = _parse(body)
+        except (ValidationError, InvalidBrokerConfig) as exc:
+            ref = ClusterRef.from_body(body)
+            problem = _spec_problem(exc)
+            new = invalid_spec_status(ref, previous, problem, now=reconcile.utc_now())
+            patch.status.update(_status_body(new))
+            raise kopf.PermanentError(f"invalid spec: {problem}") from exc
+        try:
+            await reconcile.apply_cluster(runtime, ref, spec)
+        except KubeError as exc:
+            observation = await reconcile.observe_cluster(runtime, ref, spec)
+            new = compute_cluster_status(ref, spec, observation, previous, now=reconcile.utc_now())
+            patch.status.update(_status_body(new))
+            raise kopf.TemporaryError(f"applying objects: {exc}", delay=5) from exc
+        observation = await reconcile.observe_cluster(runtime, ref, spec)
+        new = compute_cluster_status(ref, spec, observation, previous, now=reconcile.utc_now())
+        patch.status.update(_status_body(new))
+        logger.info("applied the objects of generation %s", ref.generation)
+
+    @kopf.timer(*CLUSTERS, interval=config.status_interval_s, registry=registry)
+    async def refresh_cluster_status(
+        body: Any, meta: Any, status: Any, patch: kopf.Patch, memo: Any, **_: Any
+    ) -> None:
+        if meta.get("deletionTimestamp"):
+            return
+        runtime = _runtime(memo)
+        try:
+            ref, spec = _parse(body)
+        except (ValidationError, InvalidBrokerConfig):
+            return  # reported by reconcile_cluster
+        # Report the generation that was actually applied, not the latest one.
+        applied = status.get("observedGeneration")
+        if applied is None:
+            return  # not reconciled yet
+        ref = ref.model_copy(update={"generation": int(applied)})
+        observation = await reconcile.observe_cluster(runtime, ref, spec)
+        previous = parse_conditions(status.get("conditions"))
+        new = _status_body(
+            compute_cluster_status(ref, spec, observation, previous, now=reconcile.utc_now())
+        )
+        if _changed(status, new):
+            patch.status.update(new)
+
+    @kopf.timer(
+        *CLUSTERS,
+        interval=config.resync_interval_s,
+        initial_delay=config.resync_interval_s,
+        registry=registry,
+    )
+    async def repair_cluster_objects(
+        body: Any, meta: Any, status: Any, memo: Any, **_: Any
+    ) -> None:
+        if meta.get("deletionTimestamp"):
+            return
+        try:
+            ref, spec = _parse(body)
+        except (ValidationError, InvalidBrokerConfig):
+            return
+        if status.get("observedGeneration") == ref.generation:  # only what was reconciled
+            await reconcile.apply_cluster(_runtime(memo), ref, spec)
+
+    @kopf.daemon(*CLUSTERS, cancellation_timeout=2.0, registry=registry)
+    async def lease_balancer(body: Any, stopped: Any, memo: Any, **_: Any) -> None:
+        def current() -> tuple[ClusterRef, KafScaleClusterSpec] | None:
+            try:
+                return _parse(body)
+            except (ValidationError, InvalidBrokerConfig):
+                return None
+
+        await reconcile.balance_leases(_runtime(memo), stopped, current)
+
+    @kopf.on.delete(*CLUSTERS, registry=registry, retries=20, backoff=3)
+    async def delete_cluster(body: Any, memo: Any, logger: Any, **_: Any) -> None:
+        try:
+            ref, spec = _parse(body)
+        except (ValidationError, InvalidBrokerConfig):
+            logger.warning("invalid spec: nothing is deleted beyond the owned objects")
+            return
+        try:
+            deleted_keys, deleted_objects = await reconcile.delete_cluster_data(
+                _runtime(memo), ref, spec
+            )
+        except (MetadataError, KubeError, RuntimeError) as exc:
+            raise kopf.TemporaryError(f"deleting cluster data: {exc}", delay=3) from exc
+        logger.info(
+            "deletionPolicy %s: removed %d etcd keys and %d objects",
+            spec.deletion_policy,
+            deleted_keys,
+            deleted_objects,
+        )
+
+    # --- broker pods ----------------------------------------------------------------------
+
+    @kopf.on.event(
+        "",
+        "v1",
+        "pods",
+        labels=BROKER_POD_LABELS,
+        when=lambda meta, **_: bool(meta.get("deletionTimestamp")),
+        registry=registry,
+    )
+    async def drain_terminating_broker(body: Any, memo: Any, logger: Any, **_: Any) -> None:
+        try:
+            drained = await reconcile.drain_broker_pod(_runtime(memo), dict(body))
+        except (MetadataError, KubeError, ValidationError) as exc:
+            logger.warning("could not drain terminating broker pod: %s", exc)
+            return
+        if drained:
+            logger.info("brokers %s draining; partitions reassigned", drained)
+
+    # --- KafScaleTopic --------------------------------------------------------------------
+
+    @kopf.on.resume(*TOPICS, registry=registry)
+    @kopf.on.create(*TOPICS, registry=registry)
+    @kopf.on.update(*TOPICS, field="spec", registry=registry)
+    async def reconcile_topic_resource(
+        body: Any, meta: Any, status: Any, patch: kopf.Patch, memo: Any, logger: Any, **_: Any
+    ) -> None:
+        runtime = _runtime(memo)
+        spec = parse_topic_spec(body.get("spec") or {})
+        generation = int(meta.get("generation") or 1)
+        previous = parse_conditions(status.get("conditions"))
+        name = topic_name(spec, meta["name"])
+
+        def report(**kwargs: Any) -> None:
+            new = compute_topic_status(generation, previous, now=reconcile.utc_now(), **kwargs)
+            patch.status.update(_status_body(new))
+
+        found = await reconcile.find_cluster(runtime, meta["namespace"], spec.cluster_ref)
+        if found is None:
+            message = f"KafScaleCluster {spec.cluster_ref} not found"
+            report(
+                topic_id=None, partitions=None, problem=None, waiting=("ClusterNotFound", message)
+            )
+            raise kopf.TemporaryError(message, delay=10)
+        ref, cluster_spec = found
+        cluster = naming.kafscale_cluster_name(ref, cluster_spec)
+        try:
+            async with runtime.etcd.session(naming.etcd_endpoints(ref, cluster_spec)) as etcd:
+                decision = await reconcile_topic(etcd, cluster, name, spec)
+                await rebalance(etcd, cluster)
+        except MetadataError as exc:
+            report(
+                topic_id=None, partitions=None, problem=None, waiting=("EtcdUnavailable", str(exc))
+            )
+            raise kopf.TemporaryError(f"etcd: {exc}", delay=5) from exc
+        problem = (decision.problem.reason, decision.problem.message) if decision.problem else None
+        report(
+            topic_id=decision.record.topic_id,
+            partitions=decision.record.partitions,
+            problem=problem,
+        )
+        if decision.problem:
+            logger.warning("%s", decision.problem.message)
+
+    @kopf.on.delete(*TOPICS, registry=registry, retries=10, backoff=3)
+    async def delete_topic_resource(body: Any, meta: Any, memo: Any, logger: Any, **_: Any) -> None:
+        runtime = _runtime(memo)
+        spec = parse_topic_spec(body.get("spec") or {})
+        found = await reconcile.find_cluster(runtime, meta["namespace"], spec.cluster_ref)
+        if found is None:
+            logger.info("cluster %s is gone: nothing to delete in etcd", spec.cluster_ref)
+            return
+        ref, cluster_spec = found
+        name = topic_name(spec, meta["name"])
+        try:
+            async with runtime.etcd.session(naming.etcd_endpoints(ref, cluster_spec)) as etcd:
+                await delete_topic_keys(etcd, naming.kafscale_cluster_name(ref, cluster_spec), name)
+        except MetadataError as exc:
+            raise kopf.TemporaryError(f"etcd: {exc}", delay=3) from exc
+        logger.info("topic %s deleted from etcd", name)

@@ -1,0 +1,200 @@
+"""Our one adapter over the official Kubernetes client: apply, get, list, delete, patch status.
+
+Objects are plain dicts. ``apply`` is server-side apply with the operator's stable field
+manager (``kafscale-operator``, forced), so fields other managers own — an HPA's ``replicas``,
+a user's annotations — are left alone. The client is synchronous; every call runs in a worker
+thread under the configured deadline. The same connection settings feed kopf's login, so both
+talk to one API server with one identity.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import kubernetes.client
+import kubernetes.config
+from kubernetes.client.exceptions import ApiException
+
+from kafscale.operator.naming import FIELD_MANAGER
+from kafscale.operator.settings import OperatorSettings
+
+log = logging.getLogger(__name__)
+
+# (apiVersion, kind) → plural, for every kind the operator touches.
+PLURALS: dict[tuple[str, str], str] = {
+    ("v1", "ConfigMap"): "configmaps",
+    ("v1", "Service"): "services",
+    ("v1", "Secret"): "secrets",
+    ("v1", "Pod"): "pods",
+    ("apps/v1", "Deployment"): "deployments",
+    ("apps/v1", "StatefulSet"): "statefulsets",
+    ("policy/v1", "PodDisruptionBudget"): "poddisruptionbudgets",
+    ("autoscaling/v2", "HorizontalPodAutoscaler"): "horizontalpodautoscalers",
+    ("kafscale.io/v1alpha1", "KafScaleCluster"): "kafscaleclusters",
+    ("kafscale.io/v1alpha1", "KafScaleTopic"): "kafscaletopics",
+}
+
+
+class KubeError(Exception):
+    """The API server refused a request or could not be reached."""
+
+    def __init__(self, message: str, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+def resource_path(api_version: str, kind: str, namespace: str, name: str | None = None) -> str:
+    plural = PLURALS[(api_version, kind)]
+    base = f"/api/{api_version}" if "/" not in api_version else f"/apis/{api_version}"
+    path = f"{base}/namespaces/{namespace}/{plural}"
+    return path if name is None else f"{path}/{name}"
+
+
+@dataclass(frozen=True)
+class Connection:
+    """Where the API server is and how to authenticate (shared with kopf's login)."""
+
+    server: str
+    token: str | None = None
+    ca_path: str | None = None
+    insecure: bool = False
+    certificate_path: str | None = None
+    private_key_path: str | None = None
+
+
+def load_configuration(settings: OperatorSettings) -> kubernetes.client.Configuration:
+    """Explicit server, explicit kubeconfig, in-cluster service account, or ~/.kube/config."""
+    config = kubernetes.client.Configuration()
+    if settings.api_server:
+        config.host = settings.api_server.rstrip("/")
+        config.verify_ssl = False
+        return config
+    if settings.kubeconfig is not None:
+        kubernetes.config.load_kube_config(
+            config_file=str(settings.kubeconfig), client_configuration=config
+        )
+        return config
+    try:
+        kubernetes.config.load_incluster_config(client_configuration=config)
+    except kubernetes.config.ConfigException:
+        default = Path.home() / ".kube" / "config"
+        kubernetes.config.load_kube_config(config_file=str(default), client_configuration=config)
+    return config
+
+
+def connection_of(config: kubernetes.client.Configuration) -> Connection:
+    token = None
+    auth = config.api_key.get("authorization") or config.api_key.get("BearerToken")
+    if auth:
+        token = auth.split(" ", 1)[1] if auth.lower().startswith("bearer ") else auth
+    return Connection(
+        server=config.host,
+        token=token,
+        ca_path=config.ssl_ca_cert,
+        insecure=not config.verify_ssl,
+        certificate_path=config.cert_file,
+        private_key_path=config.key_file,
+    )
+
+
+class Kube:
+    def __init__(self, config: kubernetes.client.Configuration, timeout_s: float) -> None:
+        self._client = kubernetes.client.ApiClient(config)
+        self._timeout_s = timeout_s
+        self.connection = connection_of(config)
+
+    def close(self) -> None:
+        self._client.close()
+
+    def _call(
+        self,
+        method: str,
+        path: str,
+        *,
+        body: Any = None,
+        query: list[tuple[str, str]] | None = None,
+        content_type: str = "application/json",
+    ) -> Any:
+        response = self._client.call_api(
+            path,
+            method,
+            query_params=query or [],
+            header_params={"Content-Type": content_type, "Accept": "application/json"},
+            body=body,
+            auth_settings=["BearerToken"],
+            _return_http_data_only=True,
+            _preload_content=False,
+            _request_timeout=self._timeout_s,
+        )
+        data = response.data
+        return json.loads(data) if data else None
+
+    async def _run(self, what: str, method: str, path: str, **kwargs: Any) -> Any:
+        try:
+            async with asyncio.timeout(self._timeout_s + 1):
+                return await asyncio.to_thread(self._call, method, path, **kwargs)
+        except ApiException as exc:
+            raise KubeError(f"{what} {path}: {exc.status} {exc.reason}", exc.status) from exc
+        except TimeoutError as exc:
+            raise KubeError(f"{what} {path}: no answer within {self._timeout_s:g} s") from exc
+        except OSError as exc:  # connection refused, DNS, TLS
+            raise KubeError(f"{what} {path}: {exc}") from exc
+
+    async def apply(self, manifest: dict[str, Any]) -> dict[str, Any]:
+        """Server-side apply ``manifest`` as the operator's field manager; returns the object."""
+        meta = manifest["metadata"]
+        path = resource_path(
+            manifest["apiVersion"], manifest["kind"], meta["namespace"], meta["name"]
+        )
+        result: dict[str, Any] = await self._run(
+            "apply",
+            "PATCH",
+            path,
+            body=manifest,
+            query=[("fieldManager", FIELD_MANAGER), ("force", "true")],
+            content_type="application/apply-patch+yaml",
+        )
+        return result
+
+    async def get(
+        self, api_version: str, kind: str, namespace: str, name: str
+    ) -> dict[str, Any] | None:
+        try:
+            result: dict[str, Any] = await self._run(
+                "get", "GET", resource_path(api_version, kind, namespace, name)
+            )
+        except KubeError as exc:
+            if exc.status == 404:
+                return None
+            raise
+        return result
+
+    async def list(
+        self, api_version: str, kind: str, namespace: str, label_selector: str | None = None
+    ) -> list[dict[str, Any]]:
+        query = [("labelSelector", label_selector)] if label_selector else []
+        result = await self._run(
+            "list", "GET", resource_path(api_version, kind, namespace), query=query
+        )
+        items: list[dict[str, Any]] = (result or {}).get("items") or []
+        return items
+
+    async def delete(self, api_version: str, kind: str, namespace: str, name: str) -> bool:
+        """Delete with background propagation; False if it did not exist."""
+        try:
+            await self._run(
+                "delete",
+                "DELETE",
+                resource_path(api_version, kind, namespace, name),
+                body={"propagationPolicy": "Background"},
+            )
+        except KubeError as exc:
+            if exc.status == 404:
+                return False
+            raise
+        return True

@@ -1,0 +1,59 @@
+"""Entry point of the operator process: ``kafscale operator`` calls :func:`run_operator`.
+
+:func:`operate` is the asyncio form (tests run it in-process with their own stop flag).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from typing import Any
+
+import kopf
+
+from kafscale.operator.handlers import register
+from kafscale.operator.settings import OperatorSettings
+
+
+def build_registry(settings: OperatorSettings) -> kopf.OperatorRegistry:
+    registry = kopf.OperatorRegistry()
+    register(registry, settings)
+    return registry
+
+
+async def operate(
+    settings: OperatorSettings,
+    *,
+    stop_flag: asyncio.Event | threading.Event | None = None,
+    ready_flag: asyncio.Event | threading.Event | None = None,
+) -> None:
+    """Run the operator until ``stop_flag`` is set (or a signal arrives)."""
+    namespaces: dict[str, Any] = (
+        {"namespaces": list(settings.namespaces)} if settings.namespaces else {"clusterwide": True}
+    )
+    await kopf.operator(
+        registry=build_registry(settings),
+        standalone=True,  # one active replica per Deployment; no peering resources needed
+        liveness_endpoint=settings.liveness_endpoint,
+        memo=kopf.Memo(),
+        stop_flag=stop_flag,
+        ready_flag=ready_flag,
+        **namespaces,
+    )
+
+
+def run_operator(settings: OperatorSettings | None = None) -> None:
+    """Parse the settings from the environment (unless given) and run until signalled."""
+    settings = settings or OperatorSettings()
+    logging.basicConfig(
+        level=settings.log_level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    try:
+        import uvloop
+
+        runner: Any = uvloop.run
+    except ImportError:  # pragma: no cover - uvloop is a dependency, but optional here
+        runner = asyncio.run
+    runner(operate(settings))

@@ -1,0 +1,210 @@
+"""The I/O steps behind the handlers: apply objects, observe, clean up, reconcile topics.
+
+Each function takes the process's :class:`Runtime` and a resource's identity and spec, does its
+calls (Kubernetes API, etcd, object storage) and returns what the status builders need.
+Decisions are delegated to the pure modules (manifests, status, snapshot, topics).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import datetime
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from kafscale.broker.metadata import keys
+from kafscale.broker.metadata.etcd import MetadataError
+from kafscale.broker.storage.object_store import ObjectStoreError
+from kafscale.operator import manifests, naming
+from kafscale.operator.kube import KubeError
+from kafscale.operator.models import (
+    API_VERSION,
+    CLUSTER_KIND,
+    ClusterRef,
+    DeletionPolicy,
+    EtcdMode,
+    KafScaleClusterSpec,
+    LeaseStatus,
+    parse_cluster_spec,
+)
+from kafscale.operator.rebalance import (
+    delete_cluster_keys,
+    drain_pod,
+    read_snapshot,
+    rebalance,
+)
+from kafscale.operator.runtime import Runtime, delete_objects, storage_settings
+from kafscale.operator.snapshot import lease_status
+from kafscale.operator.status import ClusterObservation
+
+log = logging.getLogger(__name__)
+
+
+def utc_now() -> str:
+    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+async def apply_cluster(runtime: Runtime, ref: ClusterRef, spec: KafScaleClusterSpec) -> None:
+    """Apply every desired object, then delete the ones this spec no longer wants."""
+    kube = runtime.kube
+    try:
+        for manifest in manifests.build_cluster_objects(ref, spec):
+            await kube.apply(manifest)
+        for api_version, kind, name in manifests.obsolete_object_ids(ref, spec):
+            if await kube.delete(api_version, kind, ref.namespace, name):
+                log.info("deleted %s %s/%s (no longer wanted)", kind, ref.namespace, name)
+    except KubeError as exc:
+        runtime.apply_errors[(ref.namespace, ref.name)] = str(exc)
+        raise
+    runtime.apply_errors.pop((ref.namespace, ref.name), None)
+
+
+async def observe_cluster(
+    runtime: Runtime, ref: ClusterRef, spec: KafScaleClusterSpec, *, deleting: bool = False
+) -> ClusterObservation:
+    kube = runtime.kube
+    deployment = await kube.get(
+        "apps/v1", "Deployment", ref.namespace, naming.broker_deployment_name(ref.name)
+    )
+    statefulset = None
+    if spec.etcd.mode == EtcdMode.MANAGED:
+        statefulset = await kube.get(
+            "apps/v1", "StatefulSet", ref.namespace, naming.etcd_name(ref.name)
+        )
+    registered: int | None = None
+    leases: LeaseStatus | None = None
+    etcd_error: str | None = None
+    try:
+        async with runtime.etcd.session(naming.etcd_endpoints(ref, spec)) as etcd:
+            snapshot = await read_snapshot(etcd, naming.kafscale_cluster_name(ref, spec))
+        registered = len(snapshot.brokers)
+        leases = lease_status(snapshot)
+    except MetadataError as exc:
+        etcd_error = str(exc)
+    return ClusterObservation(
+        broker_deployment=deployment,
+        etcd_statefulset=statefulset,
+        apply_error=runtime.apply_errors.get((ref.namespace, ref.name)),
+        etcd_error=etcd_error,
+        registered_brokers=registered,
+        leases=leases,
+        deleting=deleting,
+    )
+
+
+async def rebalance_cluster(runtime: Runtime, ref: ClusterRef, spec: KafScaleClusterSpec) -> None:
+    async with runtime.etcd.session(naming.etcd_endpoints(ref, spec)) as etcd:
+        await rebalance(etcd, naming.kafscale_cluster_name(ref, spec))
+
+
+async def balance_leases(
+    runtime: Runtime,
+    stopped: Any,
+    get_spec: Callable[[], tuple[ClusterRef, KafScaleClusterSpec] | None],
+) -> None:
+    """A cluster's lease balancer: rebalance whenever the set of registered brokers changes.
+
+    Follows one etcd watch on ``brokers/`` (registrations come and go with broker sessions:
+    scale-ups, scale-downs, crashes) and re-checks at least every ``rebalance_interval_s``.
+    Runs until ``stopped`` (kopf's daemon flag) is set.
+    """
+    interval = runtime.settings.rebalance_interval_s
+    while not stopped:
+        current = get_spec()
+        if current is None:  # invalid spec: nothing to balance until it is fixed
+            await stopped.wait(interval)
+            continue
+        ref, spec = current
+        endpoints = naming.etcd_endpoints(ref, spec)
+        cluster = naming.kafscale_cluster_name(ref, spec)
+        changed = asyncio.Event()
+        watcher: asyncio.Task[None] | None = None
+        try:
+            async with runtime.etcd.session(endpoints) as etcd:
+                watcher = asyncio.create_task(_watch_brokers(etcd, cluster, changed))
+                while not stopped and get_spec() == current and not watcher.done():
+                    await rebalance(etcd, cluster)
+                    with contextlib.suppress(TimeoutError):
+                        async with asyncio.timeout(interval):
+                            await changed.wait()
+                    changed.clear()
+                    await asyncio.sleep(0.05)  # let a burst of registrations settle
+        except MetadataError as exc:
+            log.info("cluster %s: lease balancer waiting for etcd: %s", cluster, exc)
+            await stopped.wait(min(interval, 2.0))
+        finally:
+            if watcher is not None:
+                watcher.cancel()
+                with contextlib.suppress(asyncio.CancelledError, MetadataError):
+                    await watcher
+
+
+async def _watch_brokers(etcd: Any, cluster: str, changed: asyncio.Event) -> None:
+    async with contextlib.aclosing(etcd.watch_prefix(keys.brokers_prefix(cluster))) as events:
+        async for _ in events:
+            changed.set()
+
+
+async def find_cluster(
+    runtime: Runtime, namespace: str, name: str
+) -> tuple[ClusterRef, KafScaleClusterSpec] | None:
+    body = await runtime.kube.get(API_VERSION, CLUSTER_KIND, namespace, name)
+    if body is None:
+        return None
+    return ClusterRef.from_body(body), parse_cluster_spec(body.get("spec") or {})
+
+
+async def drain_broker_pod(runtime: Runtime, pod: dict[str, Any]) -> list[int]:
+    """A broker pod is terminating: mark its broker draining and move its partitions."""
+    meta = pod["metadata"]
+    instance = (meta.get("labels") or {}).get(naming.LABEL_INSTANCE)
+    if not instance:
+        return []
+    found = await find_cluster(runtime, meta["namespace"], instance)
+    if found is None:
+        return []
+    ref, spec = found
+    async with runtime.etcd.session(naming.etcd_endpoints(ref, spec)) as etcd:
+        return await drain_pod(
+            etcd,
+            naming.kafscale_cluster_name(ref, spec),
+            meta["name"],
+            f"pod {meta['namespace']}/{meta['name']} is terminating",
+        )
+
+
+async def _s3_credentials(
+    runtime: Runtime, ref: ClusterRef, spec: KafScaleClusterSpec
+) -> tuple[str | None, str | None]:
+    secret_ref = spec.storage.credentials_secret
+    if secret_ref is None:
+        return None, None
+    secret = await runtime.kube.get("v1", "Secret", ref.namespace, secret_ref.name)
+    data = (secret or {}).get("data") or {}
+
+    def decode(key: str) -> str | None:
+        value = data.get(key)
+        return base64.b64decode(value).decode() if value else None
+
+    return decode(secret_ref.access_key_id_key), decode(secret_ref.secret_access_key_key)
+
+
+async def delete_cluster_data(
+    runtime: Runtime, ref: ClusterRef, spec: KafScaleClusterSpec
+) -> tuple[int, int]:
+    """deletionPolicy Delete: the cluster's etcd prefix and object prefix. (keys, objects)."""
+    if spec.deletion_policy != DeletionPolicy.DELETE:
+        return 0, 0
+    cluster = naming.kafscale_cluster_name(ref, spec)
+    async with runtime.etcd.session(naming.etcd_endpoints(ref, spec)) as etcd:
+        deleted_keys = await delete_cluster_keys(etcd, cluster)
+    access_key, secret_key = await _s3_credentials(runtime, ref, spec)
+    settings = storage_settings(spec, access_key, secret_key, runtime.settings.s3_timeout_s)
+    try:
+        deleted_objects = await delete_objects(settings, keys.cluster_object_prefix(cluster))
+    except ObjectStoreError as exc:
+        raise RuntimeError(f"deleting the objects of cluster {cluster}: {exc}") from exc
+    return deleted_keys, deleted_objects

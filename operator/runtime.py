@@ -1,0 +1,102 @@
+"""Shared state of one operator process (kept in kopf's memo): API client, etcd clients.
+
+The operator talks to each cluster's etcd (managed or external). Connections are pooled per
+endpoint list and dropped when etcd stops answering, so the next call reconnects.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+
+from kafscale.broker.config import StorageKind, StorageSettings
+from kafscale.broker.metadata.etcd import Etcd, MetadataUnavailable
+from kafscale.broker.storage.s3 import S3ObjectStore
+from kafscale.operator.kube import Kube
+from kafscale.operator.models import KafScaleClusterSpec
+from kafscale.operator.settings import OperatorSettings
+
+
+class EtcdPool:
+    def __init__(self, timeout_s: float) -> None:
+        self._timeout_s = timeout_s
+        self._clients: dict[tuple[str, ...], Etcd] = {}
+        self._lock = asyncio.Lock()
+
+    async def get(self, endpoints: Sequence[str]) -> Etcd:
+        key = tuple(endpoints)
+        async with self._lock:
+            client = self._clients.get(key)
+            if client is None or client.closed:
+                client = await Etcd.connect(list(endpoints), self._timeout_s)
+                self._clients[key] = client
+            return client
+
+    async def discard(self, endpoints: Sequence[str]) -> None:
+        async with self._lock:
+            client = self._clients.pop(tuple(endpoints), None)
+        if client is not None:
+            await client.close()
+
+    @contextlib.asynccontextmanager
+    async def session(self, endpoints: Sequence[str]) -> AsyncIterator[Etcd]:
+        """A pooled client; an outage drops it from the pool (and propagates)."""
+        client = await self.get(endpoints)
+        try:
+            yield client
+        except MetadataUnavailable:
+            await self.discard(endpoints)
+            raise
+
+    async def close(self) -> None:
+        async with self._lock:
+            clients, self._clients = list(self._clients.values()), {}
+        for client in clients:
+            await client.close()
+
+
+@dataclass
+class Runtime:
+    settings: OperatorSettings
+    kube: Kube
+    etcd: EtcdPool
+    # (namespace, name) → the last error applying a cluster's objects (cleared on success).
+    apply_errors: dict[tuple[str, str], str] = field(default_factory=dict)
+
+    async def close(self) -> None:
+        await self.etcd.close()
+        self.kube.close()
+
+
+def storage_settings(
+    spec: KafScaleClusterSpec,
+    access_key_id: str | None,
+    secret_access_key: str | None,
+    timeout_s: float,
+) -> StorageSettings:
+    """The broker's storage settings for a cluster (the operator deletes with the same code)."""
+    values: dict[str, object] = {
+        "kind": StorageKind.S3,
+        "bucket": spec.storage.bucket,
+        "prefix": spec.storage.prefix,
+        "endpoint": spec.storage.endpoint,
+        "region": spec.storage.region,
+        "timeout_s": timeout_s,
+    }
+    if access_key_id is not None and secret_access_key is not None:
+        values["access_key_id"] = access_key_id
+        values["secret_access_key"] = secret_access_key
+    return StorageSettings.model_validate(values)
+
+
+async def delete_objects(settings: StorageSettings, prefix: str) -> int:
+    """Delete every object under ``prefix`` (inside the configured bucket prefix)."""
+    store = S3ObjectStore.from_settings(settings)
+    try:
+        infos = await store.list(prefix)
+        await store.delete_many([info.key for info in infos])
+        return len(infos)
+    finally:
+        await store.close()

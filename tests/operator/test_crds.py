@@ -1,0 +1,171 @@
+"""The CRDs: generated from the models without drift, valid, and enforcing the schema."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import kubernetes_validate
+import pytest
+import yaml
+
+from kafscale.operator import crd_gen
+from kafscale.operator.models import parse_cluster_spec, parse_topic_spec
+
+pytestmark = pytest.mark.operator
+
+K8S_VERSION = "1.32.0"
+REPO = Path(__file__).resolve().parents[2]
+
+
+def load_all(path: Path) -> list[dict[str, Any]]:
+    return [doc for doc in yaml.safe_load_all(path.read_text()) if doc]
+
+
+def validator(crd: dict[str, Any]) -> jsonschema.Draft4Validator:
+    return jsonschema.Draft4Validator(crd_gen.crd_schema(crd))
+
+
+def test_generated_crds_match_the_committed_files() -> None:
+    stale = crd_gen.drifted()
+    assert not stale, f"run `python -m kafscale.operator.crd_gen`; out of date: {stale}"
+
+
+def test_chart_crds_are_the_generated_ones() -> None:
+    for name, text in crd_gen.render_all().items():
+        assert (REPO / "charts" / "kafscale" / "crds" / name).read_text() == text
+
+
+@pytest.mark.parametrize("crd", [crd_gen.cluster_crd(), crd_gen.topic_crd()])
+def test_crds_validate_strictly(crd: dict[str, Any]) -> None:
+    kubernetes_validate.validate(crd, K8S_VERSION, strict=True)
+
+
+def test_cluster_crd_scale_subresource_and_columns() -> None:
+    version = crd_gen.cluster_crd()["spec"]["versions"][0]
+    assert version["subresources"]["scale"] == {
+        "specReplicasPath": ".spec.brokers.replicas",
+        "statusReplicasPath": ".status.brokers.replicas",
+        "labelSelectorPath": ".status.brokers.selector",
+    }
+    assert "status" in version["subresources"]
+    columns = {c["name"]: c["jsonPath"] for c in version["additionalPrinterColumns"]}
+    assert columns["Phase"] == ".status.phase"
+    assert columns["Ready"] == ".status.brokers.readyReplicas"
+    assert columns["Desired"] == ".spec.brokers.replicas"
+    assert columns["Bootstrap"] == ".status.bootstrap"
+    assert columns["Age"] == ".metadata.creationTimestamp"
+
+
+def _no_forbidden_keywords(node: Any, path: str = "") -> list[str]:
+    """Structural-schema rules: no $ref, no null types, no additionalProperties: false."""
+    found: list[str] = []
+    if isinstance(node, dict):
+        for key, value in node.items():
+            if key in ("$ref", "$defs", "title", "const", "propertyNames"):
+                found.append(f"{path}/{key}")
+            if key == "type" and value == "null":
+                found.append(f"{path}/type=null")
+            if key == "additionalProperties" and value is False:
+                found.append(f"{path}/additionalProperties=false")
+            if key == "anyOf" and not node.get("x-kubernetes-int-or-string"):
+                found.append(f"{path}/anyOf")
+            found += _no_forbidden_keywords(value, f"{path}/{key}")
+    elif isinstance(node, list):
+        for i, item in enumerate(node):
+            found += _no_forbidden_keywords(item, f"{path}/{i}")
+    return found
+
+
+@pytest.mark.parametrize("crd", [crd_gen.cluster_crd(), crd_gen.topic_crd()])
+def test_schemas_are_structural(crd: dict[str, Any]) -> None:
+    schema = crd_gen.crd_schema(crd)
+    assert _no_forbidden_keywords(schema) == []
+    assert schema["properties"]["status"]["x-kubernetes-preserve-unknown-fields"] is True
+
+
+def test_sample_resources_validate_against_the_schema() -> None:
+    cluster_v = validator(crd_gen.cluster_crd())
+    topic_v = validator(crd_gen.topic_crd())
+    seen = 0
+    for path in (REPO / "deploy").glob("*.yaml"):
+        for doc in load_all(path):
+            if doc.get("kind") == "KafScaleCluster":
+                cluster_v.validate(doc)
+                parse_cluster_spec(doc["spec"])
+                seen += 1
+            elif doc.get("kind") == "KafScaleTopic":
+                topic_v.validate(doc)
+                parse_topic_spec(doc["spec"])
+                seen += 1
+    assert seen >= 2
+
+
+GOOD_CLUSTER: dict[str, Any] = {
+    "apiVersion": "kafscale.io/v1alpha1",
+    "kind": "KafScaleCluster",
+    "metadata": {"name": "x"},
+    "spec": {"storage": {"bucket": "bucket-1"}},
+}
+
+
+@pytest.mark.parametrize(
+    ("path", "value"),
+    [
+        (("spec", "brokers", "replicas"), -1),
+        (("spec", "brokers", "replicas"), "three"),
+        (("spec", "deletionPolicy"), "Forget"),
+        (("spec", "etcd", "mode"), "Embedded"),
+        (("spec", "etcd", "replicas"), 9),
+        (("spec", "storage", "bucket"), "b"),
+        (("spec", "storage", "endpoint"), "s3.example.com"),
+        (("spec", "proxy", "serviceType"), "Ingress"),
+        (("spec", "clusterName"), "Upper_Case"),
+        (("spec", "brokers", "unknownField"), 1),
+    ],
+)
+def test_schema_rejects_bad_clusters(path: tuple[str, ...], value: Any) -> None:
+    doc = copy.deepcopy(GOOD_CLUSTER)
+    node = doc
+    for part in path[:-1]:
+        node = node.setdefault(part, {})
+    node[path[-1]] = value
+    schema = crd_gen.crd_schema(crd_gen.cluster_crd())
+    # The API server prunes unknown fields; jsonschema needs additionalProperties for that check.
+    if path[-1] == "unknownField":
+        assert path[-1] not in schema["properties"]["spec"]["properties"]["brokers"]["properties"]
+        return
+    with pytest.raises(jsonschema.ValidationError):
+        validator(crd_gen.cluster_crd()).validate(doc)
+
+
+def test_schema_requires_storage_and_topic_cluster_ref() -> None:
+    with pytest.raises(jsonschema.ValidationError):
+        validator(crd_gen.cluster_crd()).validate({**GOOD_CLUSTER, "spec": {}})
+    with pytest.raises(jsonschema.ValidationError):
+        validator(crd_gen.topic_crd()).validate({"spec": {"partitions": 3}})
+    with pytest.raises(jsonschema.ValidationError):
+        validator(crd_gen.topic_crd()).validate({"spec": {"clusterRef": "x", "partitions": 0}})
+
+
+def test_cel_rules_are_declared() -> None:
+    spec = crd_gen.crd_schema(crd_gen.cluster_crd())["properties"]["spec"]["properties"]
+    etcd_rules = [r["rule"] for r in spec["etcd"]["x-kubernetes-validations"]]
+    assert any("External" in rule for rule in etcd_rules)
+    auto_rules = [r["rule"] for r in spec["autoscaling"]["x-kubernetes-validations"]]
+    assert auto_rules == ["self.minReplicas <= self.maxReplicas"]
+
+
+def test_models_apply_the_same_rules() -> None:
+    with pytest.raises(ValueError, match="External"):
+        parse_cluster_spec({"storage": {"bucket": "abc"}, "etcd": {"mode": "External"}})
+    with pytest.raises(ValueError, match="minReplicas"):
+        parse_cluster_spec(
+            {"storage": {"bucket": "abc"}, "autoscaling": {"minReplicas": 5, "maxReplicas": 2}}
+        )
+    spec = parse_cluster_spec({"storage": {"bucket": "abc"}})
+    assert spec.brokers.replicas == 3
+    assert spec.deletion_policy == "Retain"
+    assert spec.etcd.mode == "Managed"

@@ -1,0 +1,290 @@
+"""The pure builders: every object valid (kubernetes-validate --strict), owned, labelled, safe."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import kubernetes_validate
+import pytest
+
+from kafscale.operator import manifests, naming
+from kafscale.operator.brokerconfig import InvalidBrokerConfig, broker_config_env
+from kafscale.operator.models import ClusterRef, KafScaleClusterSpec, parse_cluster_spec
+
+pytestmark = pytest.mark.operator
+
+K8S_VERSION = "1.32.0"
+REF = ClusterRef(name="demo", namespace="kafka", uid="0b7f3c1e-0000-4000-8000-000000000001")
+
+BASE: dict[str, Any] = {"storage": {"bucket": "bucket-1"}}
+SPECS: dict[str, dict[str, Any]] = {
+    "defaults": BASE,
+    "external-etcd": {**BASE, "etcd": {"mode": "External", "endpoints": ["http://etcd:2379"]}},
+    "everything": {
+        "image": "registry.example.com/kafscale:dev",
+        "imagePullPolicy": "Always",
+        "imagePullSecrets": ["regcred"],
+        "clusterName": "prod-eu",
+        "brokers": {
+            "replicas": 5,
+            "resources": {"requests": {"cpu": 1, "memory": "2Gi"}, "limits": {"memory": "4Gi"}},
+            "config": {"log.flush_interval_ms": "50", "limits.max_connections": "100"},
+            "rack": "eu-west-1a",
+            "sessionTtlSeconds": 6,
+            "terminationGracePeriodSeconds": 45,
+            "nodeSelector": {"kubernetes.io/arch": "amd64"},
+            "priorityClassName": "high",
+        },
+        "proxy": {"enabled": True, "replicas": 3, "serviceType": "LoadBalancer"},
+        "etcd": {"replicas": 5, "storageSize": "10Gi", "storageClassName": "fast"},
+        "storage": {
+            "bucket": "bucket-1",
+            "prefix": "p/q",
+            "endpoint": "http://minio:9000",
+            "region": "eu-west-1",
+            "credentialsSecret": {"name": "s3", "accessKeyIdKey": "id", "secretAccessKeyKey": "k"},
+        },
+        "autoscaling": {"enabled": True, "minReplicas": 2, "maxReplicas": 8},
+        "deletionPolicy": "Delete",
+    },
+    "single-etcd": {**BASE, "etcd": {"replicas": 1}},
+    "zero-brokers": {**BASE, "brokers": {"replicas": 0}},
+}
+
+
+def spec_of(name: str) -> KafScaleClusterSpec:
+    return parse_cluster_spec(SPECS[name])
+
+
+def by_kind(objects: list[dict[str, Any]], kind: str, name: str | None = None) -> dict[str, Any]:
+    found = [
+        o for o in objects if o["kind"] == kind and (name is None or o["metadata"]["name"] == name)
+    ]
+    assert len(found) == 1, f"{kind} {name}: {[o['metadata']['name'] for o in found]}"
+    return found[0]
+
+
+def pod_specs(objects: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [
+        o["spec"]["template"]["spec"] for o in objects if o["kind"] in ("Deployment", "StatefulSet")
+    ]
+
+
+@pytest.mark.parametrize("name", sorted(SPECS))
+def test_every_object_validates_strictly(name: str) -> None:
+    for obj in manifests.build_cluster_objects(REF, spec_of(name)):
+        kubernetes_validate.validate(obj, K8S_VERSION, strict=True)
+
+
+def test_validation_is_strict() -> None:
+    deployment = manifests.build_broker_deployment(REF, spec_of("defaults"))
+    deployment["spec"]["replicaz"] = 3
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(deployment, K8S_VERSION, strict=True)
+
+
+@pytest.mark.parametrize("name", sorted(SPECS))
+def test_every_object_is_owned_and_labelled(name: str) -> None:
+    for obj in manifests.build_cluster_objects(REF, spec_of(name)):
+        meta = obj["metadata"]
+        assert meta["namespace"] == "kafka"
+        assert meta["ownerReferences"] == [
+            {
+                "apiVersion": "kafscale.io/v1alpha1",
+                "kind": "KafScaleCluster",
+                "name": "demo",
+                "uid": REF.uid,
+                "controller": True,
+                "blockOwnerDeletion": True,
+            }
+        ]
+        labels = meta["labels"]
+        assert labels[naming.LABEL_NAME] == "kafscale"
+        assert labels[naming.LABEL_INSTANCE] == "demo"
+        assert labels[naming.LABEL_MANAGED_BY] == "kafscale-operator"
+        assert labels[naming.LABEL_PART_OF] == "kafscale"
+        selector = (obj.get("spec") or {}).get("selector")
+        if isinstance(selector, dict) and "matchLabels" in selector:
+            assert naming.LABEL_VERSION not in selector["matchLabels"]
+            template = obj["spec"].get("template")
+            if template:
+                assert selector["matchLabels"].items() <= template["metadata"]["labels"].items()
+
+
+@pytest.mark.parametrize("name", sorted(SPECS))
+def test_pods_meet_pod_security_restricted(name: str) -> None:
+    for pod in pod_specs(manifests.build_cluster_objects(REF, spec_of(name))):
+        assert pod["securityContext"]["runAsNonRoot"] is True
+        assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+        assert "hostNetwork" not in pod and "hostPID" not in pod
+        for container in pod["containers"]:
+            ctx = container["securityContext"]
+            assert ctx["allowPrivilegeEscalation"] is False
+            assert ctx["capabilities"] == {"drop": ["ALL"]}
+            assert ctx["runAsNonRoot"] is True
+            assert ctx["readOnlyRootFilesystem"] is True
+            assert "privileged" not in ctx
+        for volume in pod.get("volumes", []):
+            assert set(volume) - {"name"} <= {"emptyDir", "configMap", "secret", "projected"}
+
+
+def test_broker_deployment_probes_drain_and_grace() -> None:
+    deployment = manifests.build_broker_deployment(REF, spec_of("defaults"))
+    pod = deployment["spec"]["template"]["spec"]
+    container = pod["containers"][0]
+    assert container["args"] == ["broker"]
+    assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "admin"}
+    assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "admin"}
+    assert container["lifecycle"]["preStop"]["exec"]["command"] == [
+        "kafscale",
+        "drain",
+        "--admin-url",
+        "http://127.0.0.1:8080",
+    ]
+    assert pod["terminationGracePeriodSeconds"] == 30
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert ports == {"kafka": 9092, "admin": 8080}
+    assert deployment["spec"]["replicas"] == 3
+    assert deployment["spec"]["strategy"]["rollingUpdate"] == {"maxSurge": 1, "maxUnavailable": 0}
+    anti = pod["affinity"]["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
+    assert anti[0]["podAffinityTerm"]["topologyKey"] == "kubernetes.io/hostname"
+
+
+def test_broker_environment() -> None:
+    objects = manifests.build_cluster_objects(REF, spec_of("everything"))
+    config = by_kind(objects, "ConfigMap")["data"]
+    assert config["KAFSCALE_CLUSTER"] == "prod-eu"
+    assert config["KAFSCALE_STORAGE__BUCKET"] == "bucket-1"
+    assert config["KAFSCALE_STORAGE__PREFIX"] == "p/q"
+    assert config["KAFSCALE_STORAGE__ENDPOINT"] == "http://minio:9000"
+    assert config["KAFSCALE_STORAGE__REGION"] == "eu-west-1"
+    assert config["KAFSCALE_STORAGE__KIND"] == "s3"
+    assert config["KAFSCALE_ETCD__SESSION_TTL_S"] == "6"
+    assert config["KAFSCALE_LISTENER__RACK"] == "eu-west-1a"
+    assert config["KAFSCALE_LOG__FLUSH_INTERVAL_MS"] == "50"
+    assert config["KAFSCALE_LIMITS__MAX_CONNECTIONS"] == "100"
+    endpoints = json.loads(config["KAFSCALE_ETCD__ENDPOINTS"])
+    assert endpoints == ["http://demo-etcd-client.kafka.svc:2379"]
+    assert all(isinstance(v, str) for v in config.values())
+
+    container = by_kind(objects, "Deployment", "demo-broker")["spec"]["template"]["spec"][
+        "containers"
+    ][0]
+    assert container["envFrom"] == [{"configMapRef": {"name": "demo-config"}}]
+    env = {e["name"]: e["valueFrom"] for e in container["env"]}
+    assert env["KAFSCALE_POD_NAME"] == {"fieldRef": {"fieldPath": "metadata.name"}}
+    assert env["KAFSCALE_LISTENER__ADVERTISED_HOST"] == {"fieldRef": {"fieldPath": "status.podIP"}}
+    assert env["KAFSCALE_STORAGE__ACCESS_KEY_ID"] == {"secretKeyRef": {"name": "s3", "key": "id"}}
+    assert env["KAFSCALE_STORAGE__SECRET_ACCESS_KEY"] == {
+        "secretKeyRef": {"name": "s3", "key": "k"}
+    }
+    assert not any("SECRET" in key for key in config)
+
+
+def test_default_cluster_name_and_external_endpoints() -> None:
+    config = manifests.build_config_map(REF, spec_of("external-etcd"))["data"]
+    assert config["KAFSCALE_CLUSTER"] == "kafka.demo"
+    assert json.loads(config["KAFSCALE_ETCD__ENDPOINTS"]) == ["http://etcd:2379"]
+    objects = manifests.build_cluster_objects(REF, spec_of("external-etcd"))
+    assert not [o for o in objects if o["kind"] == "StatefulSet"]
+
+
+def test_config_changes_roll_the_pods() -> None:
+    def template_hash(config: dict[str, str]) -> str:
+        spec = parse_cluster_spec({**BASE, "brokers": {"config": config}})
+        deployment = manifests.build_broker_deployment(REF, spec)
+        annotations = deployment["spec"]["template"]["metadata"]["annotations"]
+        return str(annotations[naming.ANNOTATION_CONFIG_HASH])
+
+    assert template_hash({}) == template_hash({})
+    assert template_hash({}) != template_hash({"log.flush_interval_ms": "10"})
+
+
+def test_hpa_owns_replicas() -> None:
+    objects = manifests.build_cluster_objects(REF, spec_of("everything"))
+    deployment = by_kind(objects, "Deployment", "demo-broker")
+    assert "replicas" not in deployment["spec"]
+    hpa = by_kind(objects, "HorizontalPodAutoscaler")
+    assert hpa["spec"]["scaleTargetRef"] == {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "name": "demo-broker",
+    }
+    assert (hpa["spec"]["minReplicas"], hpa["spec"]["maxReplicas"]) == (2, 8)
+    defaults = manifests.build_cluster_objects(REF, spec_of("defaults"))
+    assert not [o for o in defaults if o["kind"] == "HorizontalPodAutoscaler"]
+
+
+def test_proxy_objects() -> None:
+    objects = manifests.build_cluster_objects(REF, spec_of("everything"))
+    proxy = by_kind(objects, "Deployment", "demo-proxy")
+    assert proxy["spec"]["replicas"] == 3
+    assert proxy["spec"]["template"]["spec"]["containers"][0]["args"] == ["proxy"]
+    assert by_kind(objects, "Service", "demo-proxy")["spec"]["type"] == "LoadBalancer"
+    assert naming.bootstrap_address(REF, spec_of("everything")) == "demo-proxy.kafka.svc:9092"
+    assert naming.bootstrap_address(REF, spec_of("defaults")) == "demo-brokers.kafka.svc:9092"
+    defaults = manifests.build_cluster_objects(REF, spec_of("defaults"))
+    assert not [o for o in defaults if o["metadata"]["name"] == "demo-proxy"]
+
+
+def test_managed_etcd() -> None:
+    objects = manifests.build_cluster_objects(REF, spec_of("defaults"))
+    statefulset = by_kind(objects, "StatefulSet")
+    assert statefulset["spec"]["replicas"] == 3
+    assert statefulset["spec"]["serviceName"] == "demo-etcd"
+    assert statefulset["spec"]["podManagementPolicy"] == "Parallel"
+    args = statefulset["spec"]["template"]["spec"]["containers"][0]["args"]
+    initial = next(a for a in args if a.startswith("--initial-cluster="))
+    assert initial == (
+        "--initial-cluster="
+        "demo-etcd-0=http://demo-etcd-0.demo-etcd.kafka.svc:2380,"
+        "demo-etcd-1=http://demo-etcd-1.demo-etcd.kafka.svc:2380,"
+        "demo-etcd-2=http://demo-etcd-2.demo-etcd.kafka.svc:2380"
+    )
+    assert statefulset["spec"]["persistentVolumeClaimRetentionPolicy"]["whenDeleted"] == "Retain"
+    headless = by_kind(objects, "Service", "demo-etcd")
+    assert headless["spec"]["clusterIP"] == "None"
+    assert headless["spec"]["publishNotReadyAddresses"] is True
+    assert by_kind(objects, "PodDisruptionBudget", "demo-etcd")["spec"]["minAvailable"] == 2
+    assert by_kind(objects, "PodDisruptionBudget", "demo-broker")["spec"]["maxUnavailable"] == 1
+    single = manifests.build_etcd_pdb(REF, spec_of("single-etcd"))
+    assert single["spec"] == {
+        "maxUnavailable": 1,
+        "selector": {"matchLabels": naming.selector_labels("demo", naming.ETCD)},
+    }
+    delete = manifests.build_etcd_statefulset(REF, spec_of("everything"))
+    assert delete["spec"]["persistentVolumeClaimRetentionPolicy"]["whenDeleted"] == "Delete"
+    assert delete["spec"]["volumeClaimTemplates"][0]["spec"]["storageClassName"] == "fast"
+
+
+def test_obsolete_objects_follow_the_spec() -> None:
+    obsolete = manifests.obsolete_object_ids(REF, spec_of("defaults"))
+    assert ("apps/v1", "Deployment", "demo-proxy") in obsolete
+    assert ("autoscaling/v2", "HorizontalPodAutoscaler", "demo-broker") in obsolete
+    assert ("apps/v1", "StatefulSet", "demo-etcd") not in obsolete
+    external = manifests.obsolete_object_ids(REF, spec_of("external-etcd"))
+    assert ("apps/v1", "StatefulSet", "demo-etcd") in external
+    everything = manifests.obsolete_object_ids(REF, spec_of("everything"))
+    assert everything == []
+
+
+@pytest.mark.parametrize(
+    "key",
+    ["cluster", "etcd.endpoints", "storage.bucket", "listener.port", "storage.secret_access_key"],
+)
+def test_managed_config_keys_are_rejected(key: str) -> None:
+    with pytest.raises(InvalidBrokerConfig, match="set by the operator"):
+        broker_config_env({key: "x"})
+
+
+@pytest.mark.parametrize("key", ["log.nope", "nope", "log", "log.flush_interval_ms.x"])
+def test_unknown_config_keys_are_rejected(key: str) -> None:
+    with pytest.raises(InvalidBrokerConfig):
+        broker_config_env({key: "1"})
+
+
+def test_unknown_config_key_fails_the_build() -> None:
+    spec = parse_cluster_spec({**BASE, "brokers": {"config": {"log.typo": "1"}}})
+    with pytest.raises(InvalidBrokerConfig):
+        manifests.build_cluster_objects(REF, spec)
