@@ -25,6 +25,7 @@ from kafscale.broker.settings_cli import (
     build_settings,
     config_reference_markdown,
     overrides_from_args,
+    update_readme,
 )
 
 log = logging.getLogger("kafscale")
@@ -63,7 +64,12 @@ def _parser() -> argparse.ArgumentParser:
     drain = commands.add_parser("drain", help="ask a broker to hand its partitions over")
     drain.add_argument("--admin-url", default="http://127.0.0.1:8080")
     drain.add_argument("--timeout-s", type=float, default=60.0)
-    commands.add_parser("config-reference", help="print the configuration reference (Markdown)")
+    reference = commands.add_parser(
+        "config-reference", help="print the configuration reference (Markdown)"
+    )
+    reference.add_argument(
+        "--update", type=Path, default=None, help="rewrite this README's reference section"
+    )
     return parser
 
 
@@ -149,7 +155,10 @@ def _cmd_drain(args: argparse.Namespace) -> int:
 
 
 def _cmd_config_reference(args: argparse.Namespace) -> int:
-    print(config_reference_markdown())
+    if args.update is None:
+        print(config_reference_markdown())
+    else:
+        args.update.write_text(update_readme(args.update.read_text()))
     return 0
 
 

@@ -102,13 +102,12 @@ class KafkaServer:
     async def _serve(
         self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, connection: Connection
     ) -> None:
-        in_order: asyncio.Queue[asyncio.Task[bytes | None] | None] = asyncio.Queue(
-            maxsize=self._limits.max_in_flight_per_connection
-        )
+        in_order: asyncio.Queue[asyncio.Task[bytes | None] | None] = asyncio.Queue()
+        slots = asyncio.Semaphore(self._limits.max_in_flight_per_connection)
         try:
             async with asyncio.TaskGroup() as group:
-                group.create_task(_write_in_order(in_order, writer))
-                group.create_task(self._read_requests(reader, in_order, connection))
+                group.create_task(_write_in_order(in_order, writer, slots))
+                group.create_task(self._read_requests(reader, in_order, slots, connection))
         finally:
             await _cancel_queued(in_order)
 
@@ -116,24 +115,32 @@ class KafkaServer:
         self,
         reader: asyncio.StreamReader,
         in_order: asyncio.Queue[asyncio.Task[bytes | None] | None],
+        slots: asyncio.Semaphore,
         connection: Connection,
     ) -> None:
         while True:
             frame = await read_frame(reader, self._limits.max_frame_bytes)
             if frame is None:
-                await in_order.put(None)
+                in_order.put_nowait(None)
                 return
-            await in_order.put(asyncio.create_task(self._dispatch(frame, connection)))
+            await slots.acquire()
+            # No await between creating the task and queueing it: every task has an owner.
+            in_order.put_nowait(asyncio.create_task(self._dispatch(frame, connection)))
 
 
 async def _write_in_order(
-    in_order: asyncio.Queue[asyncio.Task[bytes | None] | None], writer: asyncio.StreamWriter
+    in_order: asyncio.Queue[asyncio.Task[bytes | None] | None],
+    writer: asyncio.StreamWriter,
+    slots: asyncio.Semaphore,
 ) -> None:
     while True:
         task = await in_order.get()
         if task is None:
             return
-        response = await task  # CloseConnection propagates and ends the connection
+        try:
+            response = await task  # CloseConnection propagates and ends the connection
+        finally:
+            slots.release()
         if response:
             writer.write(response)
             await writer.drain()

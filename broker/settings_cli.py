@@ -100,3 +100,14 @@ def config_reference_markdown() -> str:
             f"| `{env_name(path)}` | `{flag_name(path)}` | `{shown}` | {info.description or ''} |"
         )
     return "\n".join(lines)
+
+
+README_START = "<!-- config-reference:start -->"
+README_END = "<!-- config-reference:end -->"
+
+
+def update_readme(text: str) -> str:
+    """``text`` with the part between the config-reference markers regenerated."""
+    start = text.index(README_START) + len(README_START)
+    end = text.index(README_END)
+    return f"{text[:start]}\n{config_reference_markdown()}\n{text[end:]}"

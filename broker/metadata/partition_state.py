@@ -21,6 +21,7 @@ from dataclasses import dataclass, field, replace
 
 RECENT_SEGMENTS = 32
 MAX_PRODUCERS = 256
+MAX_EPOCHS = 64
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,9 +104,12 @@ def start_epoch(state: PartitionState) -> PartitionState:
     if history and history[-1][1] == state.high_watermark:
         # The previous epoch wrote nothing committed; keep the history short.
         history = history[:-1]
-    return replace(
-        state, leader_epoch=epoch, epochs=(*history, (epoch, state.high_watermark))[-64:]
-    )
+    history = (*history, (epoch, state.high_watermark))
+    # Forget an epoch only once everything it led lies below the log start: until then its
+    # range is what tells its committed segments from a fenced writer's orphans.
+    while len(history) > MAX_EPOCHS and history[1][1] <= state.log_start_offset:
+        history = history[1:]
+    return replace(state, leader_epoch=epoch, epochs=history)
 
 
 def commit_segment(

@@ -63,12 +63,15 @@ class Janitor:
         prefix = keys.partition_object_prefix(
             self._cluster, owned.topic, owned.topic_id, owned.partition
         )
+        # Decide on the state as it was when we listed: a flush committing meanwhile adds a
+        # segment the listing does not show, and must not be expired unseen.
+        state = owned.state
         objects = await self._store.list(prefix)
         committed = await self._committed_facts(owned, objects)
         new_start = decide_log_start(
             committed,
-            owned.state.high_watermark,
-            owned.state.log_start_offset,
+            state.high_watermark,
+            state.log_start_offset,
             now_ms,
             int(configs["retention.ms"]),
             int(configs["retention.bytes"]),

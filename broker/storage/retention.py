@@ -30,6 +30,8 @@ def decide_log_start(
 
     ``segments``: the committed segments, oldest first. ``-1`` disables a limit.
     """
+    if not segments:
+        return log_start_offset  # nothing listed (yet): never expire what we cannot see
     ordered = sorted(segments, key=lambda s: s.base)
     keep_from = 0
     if retention_ms >= 0:

@@ -18,5 +18,5 @@ def test_readme_configuration_reference_is_current() -> None:
     start = text.index("<!-- config-reference:start -->") + len("<!-- config-reference:start -->")
     end = text.index("<!-- config-reference:end -->")
     assert text[start:end].strip() == config_reference_markdown().strip(), (
-        "README is stale: regenerate with `kafscale config-reference`"
+        "README is stale: run `kafscale config-reference --update README.md`"
     )

@@ -1,0 +1,90 @@
+"""Pure parts around the state machine: coordinator choice, record codecs, etcd key parsing."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from kafscale.broker.groups.leases import choose_coordinator
+from kafscale.broker.groups.model import GroupRecord, MemberRecord
+from kafscale.broker.groups.store import (
+    CommittedOffset,
+    decode_group,
+    decode_offset,
+    encode_group,
+    encode_offset,
+    parse_group_key,
+)
+from kafscale.broker.metadata import keys
+
+pytestmark = pytest.mark.unit
+
+
+def test_live_holder_wins() -> None:
+    assert choose_coordinator("g", 3, [1, 2, 3]) == 3
+    assert choose_coordinator("g", 3, [3], draining=[3]) == 3  # it still holds the lease
+
+
+def test_without_a_live_holder_every_broker_picks_the_same_one() -> None:
+    picks = {choose_coordinator("orders", None, order) for order in ([1, 2, 3], [3, 1, 2])}
+    assert len(picks) == 1
+    assert choose_coordinator("orders", 9, [1, 2, 3]) in picks  # a dead holder is ignored
+    assert choose_coordinator("g", None, []) is None
+
+
+@given(st.text(max_size=30), st.sets(st.integers(1, 50), min_size=2, max_size=8))
+def test_draining_brokers_are_not_picked(group: str, live: set[int]) -> None:
+    draining = {min(live)}
+    chosen = choose_coordinator(group, None, live, draining)
+    assert chosen in live and chosen not in draining
+    assert choose_coordinator(group, None, live, live) in live  # all draining: still someone
+
+
+members = st.builds(
+    MemberRecord,
+    member_id=st.text(min_size=1, max_size=20),
+    group_instance_id=st.none() | st.text(max_size=10),
+    client_id=st.text(max_size=10),
+    client_host=st.text(max_size=10),
+    rebalance_timeout_ms=st.integers(0, 10**7),
+    session_timeout_ms=st.integers(0, 10**7),
+    subscription=st.binary(max_size=40),
+    assignment=st.binary(max_size=40),
+)
+
+
+@given(
+    st.builds(
+        GroupRecord,
+        protocol_type=st.none() | st.text(max_size=10),
+        generation=st.integers(0, 2**31 - 1),
+        protocol_name=st.none() | st.text(max_size=10),
+        leader=st.none() | st.text(max_size=10),
+        members=st.lists(members, max_size=4).map(tuple),
+    )
+)
+def test_group_record_round_trip(record: GroupRecord) -> None:
+    assert decode_group(encode_group(record)) == record
+
+
+@given(
+    st.builds(
+        CommittedOffset,
+        offset=st.integers(-1, 2**63 - 1),
+        leader_epoch=st.integers(-1, 2**31 - 1),
+        metadata=st.text(max_size=50),
+        commit_timestamp_ms=st.integers(-1, 2**50),
+    )
+)
+def test_offset_round_trip(committed: CommittedOffset) -> None:
+    assert decode_offset(encode_offset(committed)) == committed
+
+
+def test_group_keys_parse_back() -> None:
+    cluster = "c1"
+    assert parse_group_key(cluster, keys.group_metadata_key(cluster, "g/x")) == ("g/x", None)
+    offset_key = keys.group_offset_key(cluster, "g/x", "orders", 12)
+    assert parse_group_key(cluster, offset_key) == ("g/x", ("orders", 12))
+    assert parse_group_key(cluster, keys.group_offset_key(cluster, "", "t", 0)) == ("", ("t", 0))
+    assert parse_group_key(cluster, keys.groups_prefix(cluster) + "g/junk") is None

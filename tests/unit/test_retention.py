@@ -1,0 +1,154 @@
+"""Retention (``broker/storage/retention.py``): the new log start offset by time and size, and
+which whole segment objects may then be deleted (DESIGN §5)."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from kafscale.broker.storage.retention import SegmentFacts, decide_log_start, deletable_bases
+
+pytestmark = pytest.mark.unit
+
+NOW = 1_700_000_000_000
+
+
+@st.composite
+def logs(draw: st.DrawFn) -> tuple[list[SegmentFacts], int, int]:
+    """Contiguous committed segments (oldest first, creation times non-decreasing), the high
+    watermark at the end of the last one, and a log start inside the first one or later."""
+    base = draw(st.integers(0, 10_000))
+    created = NOW - draw(st.integers(0, 10_000))
+    segments = []
+    for _ in range(draw(st.integers(0, 12))):
+        segments.append(SegmentFacts(base, draw(st.integers(1, 5000)), created))
+        base += draw(st.integers(1, 100))
+        created += draw(st.integers(0, 1000))
+    high_watermark = base
+    first = segments[0].base if segments else base
+    log_start = draw(st.integers(first, high_watermark))
+    return segments, high_watermark, log_start
+
+
+limits = st.integers(-1, 12_000)
+
+
+def ends(segments: list[SegmentFacts], high_watermark: int) -> list[int]:
+    """Where each segment ends: the next one's base, or the high watermark for the last."""
+    return [s.base for s in segments[1:]] + [high_watermark] if segments else []
+
+
+@given(logs(), limits, limits, st.randoms(use_true_random=False))
+def test_new_start_is_a_segment_boundary_between_start_and_high_watermark(
+    log: tuple[list[SegmentFacts], int, int],
+    retention_ms: int,
+    retention_bytes: int,
+    rng: random.Random,
+) -> None:
+    segments, high_watermark, log_start = log
+    shuffled = list(segments)
+    rng.shuffle(shuffled)  # order of the listing does not matter
+    start = decide_log_start(
+        shuffled, high_watermark, log_start, NOW, retention_ms, retention_bytes
+    )
+    assert log_start <= start <= high_watermark
+    assert start in {log_start, high_watermark} | {s.base for s in segments}  # whole segments
+    assert start == decide_log_start(
+        segments, high_watermark, log_start, NOW, retention_ms, retention_bytes
+    )
+
+
+@given(logs(), st.integers(0, 12_000))
+def test_time_retention_drops_only_expired_segments_and_all_leading_ones(
+    log: tuple[list[SegmentFacts], int, int], retention_ms: int
+) -> None:
+    segments, high_watermark, log_start = log
+    start = decide_log_start(segments, high_watermark, log_start, NOW, retention_ms, -1)
+    expired = [s.created_at_ms < NOW - retention_ms for s in segments]
+    for end, is_expired in zip(ends(segments, high_watermark), expired, strict=True):
+        if end <= start and end > log_start:  # newly dropped
+            assert is_expired
+    kept = [s for s in segments if s.base >= start]
+    if kept and start > log_start:
+        assert not expired[segments.index(kept[0])]  # stopped at the first fresh segment
+    if all(expired) and segments:
+        assert start == high_watermark
+
+
+@given(logs(), st.integers(0, 12_000))
+def test_size_retention_keeps_the_newest_segments_within_the_limit(
+    log: tuple[list[SegmentFacts], int, int], retention_bytes: int
+) -> None:
+    segments, high_watermark, log_start = log
+    start = decide_log_start(segments, high_watermark, log_start, NOW, -1, retention_bytes)
+    kept = [s for s in segments if s.base >= start]
+    if start > log_start:
+        assert sum(s.size for s in kept) <= retention_bytes
+        dropped_last = max((s for s in segments if s.base < start), key=lambda s: s.base)
+        # one segment fewer dropped would exceed the limit: nothing deleted needlessly
+        assert sum(s.size for s in kept) + dropped_last.size > retention_bytes
+
+
+@given(logs())
+def test_no_limits_never_move_the_log_start(log: tuple[list[SegmentFacts], int, int]) -> None:
+    segments, high_watermark, log_start = log
+    assert decide_log_start(segments, high_watermark, log_start, NOW, -1, -1) == log_start
+
+
+@pytest.mark.parametrize(("retention_ms", "retention_bytes"), [(-1, -1), (0, -1), (-1, 0), (0, 0)])
+def test_an_empty_listing_expires_nothing(retention_ms: int, retention_bytes: int) -> None:
+    """No listed segment is no evidence that anything expired: the listing may predate the
+    first commit (the janitor lists, a flush commits, then the high watermark is read), and
+    moving the start to the high watermark would hide freshly acknowledged records."""
+    assert decide_log_start([], 500, 100, NOW, retention_ms, retention_bytes) == 100
+
+
+@given(logs(), st.integers(0, 12_000), st.integers(0, 20_000))
+def test_later_clock_never_moves_the_start_back(
+    log: tuple[list[SegmentFacts], int, int], retention_ms: int, later_ms: int
+) -> None:
+    segments, high_watermark, log_start = log
+    now = decide_log_start(segments, high_watermark, log_start, NOW, retention_ms, -1)
+    later = decide_log_start(segments, high_watermark, log_start, NOW + later_ms, retention_ms, -1)
+    assert later >= now
+
+
+def test_examples() -> None:
+    segments = [SegmentFacts(0, 100, NOW - 5000), SegmentFacts(10, 100, NOW - 3000)]
+    segments.append(SegmentFacts(20, 100, NOW - 1000))
+    assert decide_log_start(segments, 30, 0, NOW, 4000, -1) == 10
+    assert decide_log_start(segments, 30, 0, NOW, 500, -1) == 30
+    assert decide_log_start(segments, 30, 0, NOW, -1, 200) == 10
+    assert decide_log_start(segments, 30, 0, NOW, -1, 199) == 20
+    assert decide_log_start(segments, 30, 15, NOW, 4000, -1) == 15  # never backwards
+    assert decide_log_start(segments, 30, 0, NOW, 10_000, 10_000) == 0
+
+
+# --- deletable_bases --------------------------------------------------------------------------
+
+
+@given(st.lists(st.integers(0, 1000), max_size=20), st.integers(-1, 1100))
+def test_deletable_bases_are_whole_segments_below_the_log_start(
+    bases: list[int], log_start: int
+) -> None:
+    doomed = deletable_bases(bases, log_start)
+    ordered = sorted(set(bases))
+    assert doomed == sorted(set(doomed))
+    assert set(doomed) <= set(ordered)
+    if ordered:
+        assert ordered[-1] not in doomed  # the newest segment always stays
+    for base in ordered:
+        successors = [b for b in ordered if b > base]
+        wholly_below = bool(successors) and successors[0] <= log_start
+        assert (base in doomed) == wholly_below
+
+
+def test_the_segment_holding_the_log_start_stays() -> None:
+    assert deletable_bases([0, 10, 20], 15) == [0]
+    assert deletable_bases([20, 0, 10, 10], 20) == [0, 10]
+    assert deletable_bases([0, 10, 20], 1000) == [0, 10]
+    assert deletable_bases([0, 10, 20], 0) == []
+    assert deletable_bases([], 50) == []
