@@ -33,6 +33,7 @@ class Connection:
 
     peer: str
     append_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    stopping: asyncio.Event = field(default_factory=asyncio.Event)
 
 
 Dispatch = Callable[[bytes, Connection], Coroutine[Any, Any, bytes | None]]
@@ -49,7 +50,7 @@ class KafkaServer:
         self._host = host
         self._port = port
         self._server: asyncio.Server | None = None
-        self._connections: set[asyncio.Task[None]] = set()
+        self._connections: dict[asyncio.Task[None], Connection] = {}
         self._slots = asyncio.Semaphore(limits.max_connections)
 
     @property
@@ -67,10 +68,16 @@ class KafkaServer:
             self._server.close()
 
     async def close(self, grace_s: float) -> None:
-        """Stop accepting, let connections finish what they started, then cut them."""
+        """Stop accepting, let connections finish what they started, then cut them.
+
+        Connections stop reading new requests at once (an idle client must not hold shutdown
+        for the whole grace period); requests already read are answered first.
+        """
         await self.stop_accepting()
+        for connection in self._connections.values():
+            connection.stopping.set()
         if self._connections:
-            _, still_open = await asyncio.wait(self._connections, timeout=grace_s)
+            _, still_open = await asyncio.wait(list(self._connections), timeout=grace_s)
             for task in still_open:
                 task.cancel()
             await asyncio.gather(*still_open, return_exceptions=True)
@@ -84,17 +91,18 @@ class KafkaServer:
             log.warning("connection limit %d reached; refusing", self._limits.max_connections)
             writer.close()
             return
-        self._connections.add(task)
-        peer = _peer_name(writer)
+        connection = Connection(_peer_name(writer))
+        peer = connection.peer
+        self._connections[task] = connection
         try:
             async with self._slots:
-                await self._serve(reader, writer, Connection(peer))
+                await self._serve(reader, writer, connection)
         except* (ConnectionError, asyncio.IncompleteReadError):
             pass
         except* (FrameTooLarge, CloseConnection) as group:
             log.warning("closing %s: %s", peer, group.exceptions[0])
         finally:
-            self._connections.discard(task)
+            self._connections.pop(task, None)
             writer.close()
             with contextlib.suppress(Exception):
                 await writer.wait_closed()
@@ -119,13 +127,33 @@ class KafkaServer:
         connection: Connection,
     ) -> None:
         while True:
-            frame = await read_frame(reader, self._limits.max_frame_bytes)
+            frame = await self._next_frame(reader, connection)
             if frame is None:
                 in_order.put_nowait(None)
                 return
             await slots.acquire()
             # No await between creating the task and queueing it: every task has an owner.
             in_order.put_nowait(asyncio.create_task(self._dispatch(frame, connection)))
+
+
+    async def _next_frame(
+        self, reader: asyncio.StreamReader, connection: Connection
+    ) -> bytes | None:
+        """The next frame, or None at end of stream or once the server is stopping."""
+        if connection.stopping.is_set():
+            return None
+        read = asyncio.ensure_future(read_frame(reader, self._limits.max_frame_bytes))
+        stop = asyncio.ensure_future(connection.stopping.wait())
+        try:
+            await asyncio.wait({read, stop}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stop.cancel()
+            if not read.done():
+                read.cancel()
+            await asyncio.gather(stop, read, return_exceptions=True)
+        if read.cancelled():
+            return None
+        return read.result()
 
 
 async def _write_in_order(

@@ -41,6 +41,17 @@ async def _list_one(topic: str, partition: Any, ctx: RequestContext) -> Body:
                 "offset": state.log_start_offset,
                 "leader_epoch": epoch,
             }
+        if timestamp == MAX_TIMESTAMP and ctx.api_version >= 7:
+            found = await broker.reader.offset_for_max_timestamp(topic, info.topic_id, index, state)
+            if found is not None:
+                return {
+                    **base,
+                    "error_code": ErrorCode.NONE,
+                    "offset": found[0],
+                    "timestamp": found[1],
+                    "leader_epoch": epoch,
+                }
+            return {**base, "error_code": ErrorCode.NONE}
         if timestamp in (LATEST, MAX_TIMESTAMP) or timestamp < 0:
             return {
                 **base,

@@ -6,7 +6,7 @@ The document at ``partitions/<topic>/<p>`` (JSON)::
      "epochs": [[0, 0], [2, 57], [3, 100]],          # (leader epoch, start offset) history
      "segments": [{"base": 100, "last": 119, "epoch": 3, "size": 2048,
                    "max_timestamp": 1700000000000}],  # the most recent committed segments
-     "producers": {"4001": {"epoch": 0, "first_seq": 10, "last_seq": 19, "offset": 110}}}
+     "producers": {"4001": [{"epoch": 0, "first_seq": 10, "last_seq": 19, "offset": 110}]}}
 
 Segments are found in object storage by listing; ``segments`` only keeps the newest few so that
 readers of recent data need no listing. A listed segment object is *committed* when its base
@@ -50,7 +50,8 @@ class PartitionState:
     leader_epoch: int = -1
     epochs: tuple[tuple[int, int], ...] = ()
     segments: tuple[SegmentRef, ...] = ()
-    producers: dict[int, ProducerState] = field(default_factory=dict)
+    producers: dict[int, tuple[ProducerState, ...]] = field(default_factory=dict)
+    """Per idempotent producer, its last batches here (oldest first, at most five)."""
 
     def to_json(self) -> bytes:
         document = {
@@ -59,7 +60,10 @@ class PartitionState:
             "leader_epoch": self.leader_epoch,
             "epochs": [list(entry) for entry in self.epochs],
             "segments": [_segment_to_dict(s) for s in self.segments],
-            "producers": {str(pid): _producer_to_dict(p) for pid, p in self.producers.items()},
+            "producers": {
+                str(pid): [_producer_to_dict(p) for p in batches]
+                for pid, batches in self.producers.items()
+            },
         }
         return json.dumps(document, separators=(",", ":")).encode()
 
@@ -73,7 +77,8 @@ class PartitionState:
             epochs=tuple((int(e), int(s)) for e, s in document.get("epochs", [])),
             segments=tuple(SegmentRef(**s) for s in document.get("segments", [])),
             producers={
-                int(pid): ProducerState(**p) for pid, p in document.get("producers", {}).items()
+                int(pid): _producer_batches(batches)
+                for pid, batches in document.get("producers", {}).items()
             },
         )
 
@@ -86,6 +91,11 @@ def _segment_to_dict(segment: SegmentRef) -> dict[str, int]:
         "size": segment.size,
         "max_timestamp": segment.max_timestamp,
     }
+
+
+def _producer_batches(value: list[dict[str, int]] | dict[str, int]) -> tuple[ProducerState, ...]:
+    entries = value if isinstance(value, list) else [value]  # older documents kept one batch
+    return tuple(ProducerState(**entry) for entry in entries)
 
 
 def _producer_to_dict(producer: ProducerState) -> dict[str, int]:
@@ -113,14 +123,16 @@ def start_epoch(state: PartitionState) -> PartitionState:
 
 
 def commit_segment(
-    state: PartitionState, segment: SegmentRef, producers: dict[int, ProducerState]
+    state: PartitionState,
+    segment: SegmentRef,
+    producers: dict[int, tuple[ProducerState, ...]],
 ) -> PartitionState:
     """The state after ``segment`` (the next offsets of this epoch) is committed."""
     if segment.base != state.high_watermark:
         raise ValueError(f"segment base {segment.base} is not the HW {state.high_watermark}")
     merged = {**state.producers, **producers}
     if len(merged) > MAX_PRODUCERS:
-        newest = sorted(merged.items(), key=lambda item: item[1].offset)[-MAX_PRODUCERS:]
+        newest = sorted(merged.items(), key=lambda item: item[1][-1].offset)[-MAX_PRODUCERS:]
         merged = dict(newest)
     return replace(
         state,

@@ -101,16 +101,22 @@ class LogManager:
     async def owned_partition(self, tp: TopicPartition) -> OwnedPartition:
         """The partition if we own it; claimed on demand if nobody holds its lease."""
         owned = self.owned.get(tp)
-        if owned is not None and owned.accepting:
-            return owned
+        if owned is not None:
+            if owned.accepting:
+                return owned
+            # Being released: re-acquiring our own lease here would bump the epoch under the
+            # release's flush (fencing it) and keep a partition the assignment moved away.
+            raise NotLeader(f"{tp[0]}-{tp[1]} is being handed over")
         holder = self._view.owners.get(tp)
         if holder is not None and holder != self.broker_id and holder in self._view.brokers:
             raise NotLeader(f"{tp[0]}-{tp[1]} is owned by broker {holder}")
         lock = self._acquire_locks.setdefault(tp, asyncio.Lock())
         async with lock:
             owned = self.owned.get(tp)
-            if owned is not None and owned.accepting:
-                return owned
+            if owned is not None:
+                if owned.accepting:
+                    return owned
+                raise NotLeader(f"{tp[0]}-{tp[1]} is being handed over")
             return await self._acquire(tp)
 
     async def _acquire(self, tp: TopicPartition) -> OwnedPartition:
@@ -191,8 +197,9 @@ class LogManager:
             await self._wait_round()
             if self.owned.get(tp) is not owned:
                 return  # the flush failed and abandoned it
-        self.owned.pop(tp, None)
-        await self._delete_lease(owned)
+        await self._delete_lease(owned)  # still listed (not accepting) until the lease is gone
+        if self.owned.get(tp) is owned:
+            del self.owned[tp]
 
     async def release_all(self) -> None:
         for owned in list(self.owned.values()):

@@ -37,7 +37,7 @@ class FlushWork:
 
     partition: OwnedPartition
     batches: list[PendingBatch]
-    producers: dict[int, ProducerState]
+    producers: dict[int, tuple[ProducerState, ...]]
 
     @property
     def base_offset(self) -> int:
@@ -62,12 +62,12 @@ class OwnedPartition:
     flushing: bool = False
     accepting: bool = True
     recent: dict[int, deque[ProducerState]] = field(default_factory=dict)
-    unflushed_producers: dict[int, ProducerState] = field(default_factory=dict)
+    touched_producers: set[int] = field(default_factory=set)
 
     def __post_init__(self) -> None:
         self.next_offset = self.state.high_watermark
-        for producer_id, producer in self.state.producers.items():
-            self.recent[producer_id] = deque([producer], maxlen=sequences.RECENT_BATCHES)
+        for producer_id, batches in self.state.producers.items():
+            self.recent[producer_id] = deque(batches, maxlen=sequences.RECENT_BATCHES)
 
     @property
     def tp(self) -> TopicPartition:
@@ -121,15 +121,16 @@ class OwnedPartition:
         if history and history[-1].epoch != header.producer_epoch:
             history.clear()
         history.append(producer)
-        self.unflushed_producers[header.producer_id] = producer
+        self.touched_producers.add(header.producer_id)
 
     def take_flush_work(self) -> FlushWork | None:
         if self.flushing or not self.pending:
             return None
-        work = FlushWork(self, self.pending, self.unflushed_producers)
+        producers = {pid: tuple(self.recent[pid]) for pid in self.touched_producers}
+        work = FlushWork(self, self.pending, producers)
         self.pending = []
         self.pending_bytes = 0
-        self.unflushed_producers = {}
+        self.touched_producers = set()
         self.flushing = True
         return work
 

@@ -11,6 +11,8 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
+import crc32c
+
 from kafscale.broker.metadata import keys
 from kafscale.broker.metadata.partition_state import PartitionState, is_committed_segment
 from kafscale.broker.protocol.errors import OffsetOutOfRange, StorageFailure
@@ -23,6 +25,7 @@ from kafscale.broker.storage.cache import SegmentCache
 from kafscale.broker.storage.object_store import ObjectNotFound, ObjectStore, ObjectStoreError
 from kafscale.broker.storage.segments import (
     SEGMENT_FOOTER_SIZE,
+    SegmentCorrupt,
     decode_index,
     decode_segment,
     position_for_offset,
@@ -146,7 +149,11 @@ class LogReader:
             data = await self._store.get(segment_key)
         except ObjectStoreError as exc:
             raise StorageFailure(str(exc)) from exc
-        body = bytes(decode_segment(data).body)
+        try:
+            body = bytes(decode_segment(data).body)
+        except SegmentCorrupt as exc:
+            log.error("segment %s is corrupt: %s", segment_key, exc)
+            raise StorageFailure(f"segment {segment_key} is corrupt: {exc}") from exc
         self._cache.put(segment_key, body)
         return body
 
@@ -181,7 +188,13 @@ class LogReader:
             return b""  # deleted by retention meanwhile
         except ObjectStoreError as exc:
             raise StorageFailure(str(exc)) from exc
-        return _slice_batches(data, 0, offset, max_bytes, first)
+        except SegmentCorrupt as exc:
+            log.error("index %s is corrupt: %s", index_key, exc)
+            raise StorageFailure(f"index {index_key} is corrupt: {exc}") from exc
+        sliced = _slice_batches(data, 0, offset, max_bytes, first)
+        # A ranged read cannot check the segment's CRC; check each batch's own instead.
+        _check_batch_crcs(sliced, segment_key)
+        return sliced
 
     async def offset_for_timestamp(
         self, topic: str, topic_id: str, partition: int, state: PartitionState, timestamp: int
@@ -201,6 +214,39 @@ class LogReader:
                         return record_offset, record_timestamp
             offset = _next_offset(data)
         return None
+
+    async def offset_for_max_timestamp(
+        self, topic: str, topic_id: str, partition: int, state: PartitionState
+    ) -> tuple[int, int] | None:
+        """(offset, timestamp) of the first record with the largest timestamp, or None if empty.
+
+        ListOffsets v7+ asks for it (KIP-734). Like the look-up by time, a scan of batch
+        headers; only the winning batch's records are decoded.
+        """
+        best_timestamp, best_batch = -1, b""
+        offset = state.log_start_offset
+        while offset < state.high_watermark:
+            data = await self.read(topic, topic_id, partition, state, offset, 1 << 20)
+            if not data:
+                break
+            for position, header in iter_batch_headers(data):
+                if header.last_offset < state.log_start_offset:
+                    continue
+                if header.max_timestamp > best_timestamp or not best_batch:
+                    best_timestamp = header.max_timestamp
+                    best_batch = bytes(data[position : position + header.size])
+            offset = _next_offset(data)
+        if not best_batch:
+            return None
+        live = [
+            (record_offset, record_timestamp)
+            for record_offset, record_timestamp in record_timestamps(best_batch)
+            if record_offset >= state.log_start_offset
+        ]
+        if not live:
+            return None
+        top = max(record_timestamp for _, record_timestamp in live)
+        return next((o, t) for o, t in live if t == top)
 
     def forget(self, topic: str) -> None:
         for key in [k for k in self._listings if k[0] == topic]:
@@ -241,6 +287,17 @@ def _slice_batches(body: bytes, start: int, offset: int, max_bytes: int, first: 
     if begin is None or end <= begin:
         return b""
     return body[begin:end]
+
+
+_BATCH_CRC_START = 21  # the CRC32C covers attributes .. end of the batch
+
+
+def _check_batch_crcs(data: bytes, segment_key: str) -> None:
+    for position, header in iter_batch_headers(data):
+        end = position + header.size
+        if crc32c.crc32c(data[position + _BATCH_CRC_START : end]) != header.crc:
+            log.error("segment %s: batch at offset %d is corrupt", segment_key, header.base_offset)
+            raise StorageFailure(f"segment {segment_key}: batch {header.base_offset} is corrupt")
 
 
 def _next_offset(data: bytes) -> int:

@@ -87,9 +87,7 @@ class KafkaWire:
         self._next_correlation += 1
         return self._next_correlation
 
-    def send(
-        self, api_key: int, version: int, body: Any, correlation_id: int | None = None
-    ) -> int:
+    def send(self, api_key: int, version: int, body: Any, correlation_id: int | None = None) -> int:
         """Encode and send a request; returns its correlation id."""
         correlation_id = self.next_correlation_id() if correlation_id is None else correlation_id
         self.sock.sendall(codec.encode_request(api_key, version, correlation_id, body))
@@ -125,7 +123,9 @@ def produce_body(topic: str, partition: int, records: bytes, acks: int = -1) -> 
     return {
         "acks": acks,
         "timeout": 30_000,
-        "topic_data": [{"name": topic, "partition_data": [{"index": partition, "records": records}]}],
+        "topic_data": [
+            {"name": topic, "partition_data": [{"index": partition, "records": records}]}
+        ],
     }
 
 
@@ -209,7 +209,11 @@ def batches_in(records: bytes | None) -> list[BatchSummary]:
         if position + 12 + batch_length > len(data):
             break
         attributes, producer_id, producer_epoch, base_sequence, count = (
-            fields[5], fields[9], fields[10], fields[11], fields[12]
+            fields[5],
+            fields[9],
+            fields[10],
+            fields[11],
+            fields[12],
         )
         result.append(
             BatchSummary(base_offset, count, attributes, producer_id, producer_epoch, base_sequence)

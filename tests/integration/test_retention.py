@@ -8,7 +8,6 @@ import boto3
 import pytest
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
-
 from harness.brokers import BrokerCluster
 
 pytestmark = pytest.mark.integration

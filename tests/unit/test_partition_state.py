@@ -51,7 +51,11 @@ states = st.builds(
     leader_epoch=st.integers(-1, 2**31 - 1),
     epochs=st.lists(st.tuples(st.integers(0, 2**31 - 1), i64), max_size=10).map(tuple),
     segments=st.lists(segments, max_size=5).map(tuple),
-    producers=st.dictionaries(st.integers(0, 2**62), producer_states, max_size=5),
+    producers=st.dictionaries(
+        st.integers(0, 2**62),
+        st.lists(producer_states, min_size=1, max_size=5).map(tuple),
+        max_size=5,
+    ),
 )
 
 
@@ -85,11 +89,20 @@ def test_json_document_shape() -> None:
         leader_epoch=3,
         epochs=((0, 0), (3, 100)),
         segments=(SegmentRef(100, 119, 3, 2048, 1_700_000_000_000),),
-        producers={4001: ProducerState(0, 10, 19, 110)},
+        producers={4001: (ProducerState(0, 10, 19, 110),)},
     )
     document = state.to_json()
     assert b'"epochs":[[0,0],[3,100]]' in document
-    assert b'"producers":{"4001":{"epoch":0,"first_seq":10,"last_seq":19,"offset":110}}' in document
+    assert (
+        b'"producers":{"4001":[{"epoch":0,"first_seq":10,"last_seq":19,"offset":110}]}' in document
+    )
+
+
+def test_documents_with_one_batch_per_producer_still_load() -> None:
+    old = (
+        b'{"high_watermark":5,"producers":{"7":{"epoch":1,"first_seq":0,"last_seq":4,"offset":0}}}'
+    )
+    assert PartitionState.from_json(old).producers == {7: (ProducerState(1, 0, 4, 0),)}
 
 
 # --- start_epoch ------------------------------------------------------------------------------
@@ -166,15 +179,16 @@ def test_commit_advances_the_high_watermark_and_keeps_recent_segments() -> None:
 
 def test_commit_merges_producers_and_keeps_the_newest() -> None:
     state = start_epoch(PartitionState())
-    state = commit_segment(state, segment(0, 1, 0), {1: ProducerState(0, 0, 0, 0)})
-    state = commit_segment(
-        state, segment(1, 1, 0), {1: ProducerState(0, 1, 1, 1), 2: ProducerState(0, 0, 0, 1)}
-    )
-    assert state.producers == {1: ProducerState(0, 1, 1, 1), 2: ProducerState(0, 0, 0, 1)}
-    many = {pid: ProducerState(0, 0, 0, pid) for pid in range(10, 10 + MAX_PRODUCERS + 20)}
+    first = ProducerState(0, 0, 0, 0)
+    state = commit_segment(state, segment(0, 1, 0), {1: (first,)})
+    second = ProducerState(0, 1, 1, 1)
+    other = ProducerState(0, 0, 0, 1)
+    state = commit_segment(state, segment(1, 1, 0), {1: (first, second), 2: (other,)})
+    assert state.producers == {1: (first, second), 2: (other,)}
+    many = {pid: (ProducerState(0, 0, 0, pid),) for pid in range(10, 10 + MAX_PRODUCERS + 20)}
     state = commit_segment(state, segment(2, 1, 0), many)
     assert len(state.producers) == MAX_PRODUCERS
-    assert min(p.offset for p in state.producers.values()) == 10 + 20
+    assert min(p[-1].offset for p in state.producers.values()) == 10 + 20
 
 
 # --- committed objects and fencing ------------------------------------------------------------

@@ -1,0 +1,562 @@
+"""Bad input on raw sockets: the broker answers with the protocol's error code, or closes that
+one connection when a frame cannot be answered; it never crashes and keeps serving everyone else.
+
+One broker serves the module, with a small maximum frame (64 KiB) and topic auto-creation off.
+Every test ends by checking that the process is alive, answers ApiVersions on a new
+connection and still stores and serves a record.
+"""
+
+from __future__ import annotations
+
+import socket
+import struct
+import uuid
+from collections.abc import Iterator
+
+import pytest
+from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
+from harness.batches import make_batch
+from harness.brokers import BrokerCluster, BrokerProcess, _create_bucket
+from harness.kafka_wire import (
+    API_VERSIONS,
+    FETCH,
+    LIST_OFFSETS,
+    METADATA,
+    PRODUCE,
+    KafkaWire,
+    batches_in,
+    correlation_id_of,
+    fetch_body,
+    fetch_partition,
+    metadata_body,
+    produce_body,
+    produce_partition,
+    request_header,
+)
+from harness.s3 import S3Endpoint, unique_bucket
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from kafscale.broker.metadata.embedded_etcd import EmbeddedEtcd
+from kafscale.broker.protocol import codec
+
+pytestmark = pytest.mark.integration
+
+MAX_FRAME_BYTES = 65536
+NONE, OFFSET_OUT_OF_RANGE, CORRUPT_MESSAGE, UNKNOWN_TOPIC_OR_PARTITION = 0, 1, 2, 3
+UNSUPPORTED_VERSION, INVALID_REQUEST, UNKNOWN_TOPIC_ID = 35, 42, 100
+
+
+@pytest.fixture(scope="module")
+def kafka(
+    etcd_server: EmbeddedEtcd, s3_server: S3Endpoint, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[BrokerProcess]:
+    bucket = unique_bucket("badinput")
+    _create_bucket(s3_server, bucket)
+    cluster = BrokerCluster(
+        etcd_server.client_url,
+        s3_server,
+        bucket,
+        f"bad-input-{uuid.uuid4().hex[:8]}",
+        tmp_path_factory.mktemp("bad-input"),
+        extra_env={
+            "KAFSCALE_LIMITS__MAX_FRAME_BYTES": str(MAX_FRAME_BYTES),
+            "KAFSCALE_TOPICS__AUTO_CREATE_TOPICS": "false",
+        },
+    )
+    try:
+        broker = cluster.start()
+        create_topics(broker.bootstrap, ["healthy", "target"], partitions=2)
+        yield broker
+    finally:
+        cluster.stop_all()
+
+
+@pytest.fixture(autouse=True)
+def broker_still_serves(kafka: BrokerProcess) -> Iterator[None]:
+    """After every test: alive, answers ApiVersions, stores and serves a new record."""
+    yield
+    assert kafka.process is not None and kafka.process.poll() is None, kafka.tail()
+    with KafkaWire(kafka.bootstrap) as wire:
+        versions = wire.request(API_VERSIONS, 3, {})
+        assert int(versions.error_code) == NONE
+        code, offset = produce_partition(
+            wire.request(PRODUCE, 9, produce_body("healthy", 0, make_batch(0, [b"ok"])))
+        )
+        assert code == NONE and offset >= 0
+        partition = fetch_partition(wire.request(FETCH, 12, fetch_body("healthy", 0, offset)))
+        assert int(partition.error_code) == NONE
+        assert batches_in(partition.records)[0].base_offset == offset
+
+
+def create_topics(bootstrap: str, names: list[str], partitions: int) -> None:
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    for future in admin.create_topics([NewTopic(n, partitions, 1) for n in names]).values():
+        future.result(30)
+
+
+def high_watermark(wire: KafkaWire, topic: str, partition: int) -> int:
+    body = {
+        "replica_id": -1,
+        "topics": [
+            {"name": topic, "partitions": [{"partition_index": partition, "timestamp": -1}]}
+        ],
+    }
+    result = wire.request(LIST_OFFSETS, 7, body).topics[0].partitions[0]
+    assert int(result.error_code) == NONE
+    return int(result.offset)
+
+
+# --- frames that cannot be answered: that connection closes, the others live on -------------
+
+
+GARBAGE = {
+    "http request": b"GET / HTTP/1.1\r\nHost: broker\r\n\r\n",
+    "tls client hello": bytes.fromhex("16030100a5010000a10303") + bytes(32),
+    "frame shorter than a header": struct.pack(">i", 3) + b"\x00\x01\x02",
+    "unknown api key": struct.pack(">i", 10) + struct.pack(">hhi", 999, 0, 7) + b"\x00\x00",
+    "negative length": struct.pack(">i", -5) + b"\x00" * 8,
+    "zeros": bytes(64),
+}
+
+
+@pytest.mark.parametrize("garbage", list(GARBAGE.values()), ids=list(GARBAGE))
+def test_garbage_closes_that_connection_only(kafka: BrokerProcess, garbage: bytes) -> None:
+    with KafkaWire(kafka.bootstrap) as bystander, KafkaWire(kafka.bootstrap) as attacker:
+        assert int(bystander.request(API_VERSIONS, 3, {}).error_code) == NONE
+        attacker.send_raw(garbage)  # "zeros": a zero-length frame, no readable header
+        assert attacker.is_closed_by_peer(), "the broker kept a connection it cannot parse"
+        assert int(bystander.request(API_VERSIONS, 3, {}).error_code) == NONE
+
+
+def test_frame_above_the_maximum_is_refused_before_its_body(kafka: BrokerProcess) -> None:
+    """The length prefix alone (over 64 KiB) closes the connection; no body is awaited."""
+    with KafkaWire(kafka.bootstrap) as wire:
+        wire.send_raw(struct.pack(">i", MAX_FRAME_BYTES + 1))
+        assert wire.is_closed_by_peer()
+    with KafkaWire(kafka.bootstrap) as wire:
+        wire.send_raw(struct.pack(">i", 2**31 - 1) + b"\x00" * 100)
+        assert wire.is_closed_by_peer()
+
+
+def test_frame_just_under_the_maximum_is_served(kafka: BrokerProcess) -> None:
+    """A produce of a batch close to the limit is an ordinary request."""
+    value = b"x" * (MAX_FRAME_BYTES - 1024)
+    with KafkaWire(kafka.bootstrap) as wire:
+        code, _ = produce_partition(
+            wire.request(PRODUCE, 9, produce_body("target", 1, make_batch(0, [value])))
+        )
+        assert code == NONE
+    with KafkaWire(kafka.bootstrap) as wire:
+        big = make_batch(0, [b"x" * MAX_FRAME_BYTES])
+        wire.send(PRODUCE, 9, produce_body("target", 1, big))
+        assert wire.is_closed_by_peer()
+
+
+# --- requests that parse but are wrong: error codes, per partition ----------------------------
+
+
+def _corrupt(batch: bytes) -> bytes:
+    broken = bytearray(batch)
+    broken[-1] ^= 0xFF  # inside the records: covered by the CRC
+    return bytes(broken)
+
+
+def test_corrupt_batch_crc_is_corrupt_message_and_stores_nothing(kafka: BrokerProcess) -> None:
+    with KafkaWire(kafka.bootstrap) as wire:
+        before = high_watermark(wire, "target", 0)
+        good = make_batch(0, [b"good"])
+        body = {
+            "acks": -1,
+            "timeout": 30_000,
+            "topic_data": [
+                {
+                    "name": "target",
+                    "partition_data": [
+                        {"index": 0, "records": _corrupt(make_batch(0, [b"a", b"b"]))},
+                        {"index": 1, "records": good},
+                    ],
+                }
+            ],
+        }
+        response = wire.request(PRODUCE, 9, body)
+        codes = {int(p.index): int(p.error_code) for p in response.responses[0].partition_responses}
+        assert codes == {0: CORRUPT_MESSAGE, 1: NONE}
+        assert high_watermark(wire, "target", 0) == before
+
+        # a good batch followed by a corrupt one in the same records field: all or nothing
+        both = make_batch(0, [b"fine"]) + _corrupt(make_batch(0, [b"bad"]))
+        code, _ = produce_partition(wire.request(PRODUCE, 9, produce_body("target", 0, both)))
+        assert code == CORRUPT_MESSAGE
+        assert high_watermark(wire, "target", 0) == before
+
+
+@pytest.mark.parametrize(
+    "records",
+    [
+        pytest.param(b"\x00" * 10, id="shorter than a batch header"),
+        pytest.param(make_batch(0, [b"v"])[:-3], id="truncated batch"),
+        pytest.param(
+            make_batch(0, [b"v"])[:16] + b"\x01" + make_batch(0, [b"v"])[17:], id="magic 1"
+        ),
+        pytest.param(b"", id="empty records"),
+    ],
+)
+def test_malformed_records_are_corrupt_message(kafka: BrokerProcess, records: bytes) -> None:
+    with KafkaWire(kafka.bootstrap) as wire:
+        code, offset = produce_partition(
+            wire.request(PRODUCE, 9, produce_body("target", 1, records))
+        )
+    assert (code, offset) == (CORRUPT_MESSAGE, -1)
+
+
+def test_unknown_topic_with_auto_create_off(kafka: BrokerProcess) -> None:
+    ghost = f"ghost-{uuid.uuid4().hex[:6]}"
+    with KafkaWire(kafka.bootstrap) as wire:
+        code, _ = produce_partition(
+            wire.request(PRODUCE, 9, produce_body(ghost, 0, make_batch(0, [b"v"])))
+        )
+        assert code == UNKNOWN_TOPIC_OR_PARTITION
+        partition = fetch_partition(wire.request(FETCH, 12, fetch_body(ghost, 0, 0)))
+        assert int(partition.error_code) == UNKNOWN_TOPIC_OR_PARTITION
+        metadata = wire.request(METADATA, 9, metadata_body([ghost], allow_auto_topic_creation=True))
+        assert int(metadata.topics[0].error_code) == UNKNOWN_TOPIC_OR_PARTITION
+        listed = wire.request(METADATA, 9, metadata_body(None))
+        assert ghost not in {t.name for t in listed.topics}, "auto-created although disabled"
+
+        # a partition beyond the topic's count is just as unknown
+        code, _ = produce_partition(
+            wire.request(PRODUCE, 9, produce_body("target", 7, make_batch(0, [b"v"])))
+        )
+        assert code == UNKNOWN_TOPIC_OR_PARTITION
+        partition = fetch_partition(wire.request(FETCH, 12, fetch_body("target", 7, 0)))
+        assert int(partition.error_code) == UNKNOWN_TOPIC_OR_PARTITION
+
+        # Fetch v13+ names topics by id
+        body = fetch_body("", 0, 0)
+        body["topics"][0]["topic_id"] = uuid.uuid4()
+        partition = fetch_partition(wire.request(FETCH, 13, body))
+        assert int(partition.error_code) == UNKNOWN_TOPIC_ID
+
+
+def test_fetch_outside_the_log_is_offset_out_of_range(kafka: BrokerProcess) -> None:
+    with KafkaWire(kafka.bootstrap) as wire:
+        end = high_watermark(wire, "target", 1)
+        partition = fetch_partition(wire.request(FETCH, 12, fetch_body("target", 1, end + 100)))
+        assert int(partition.error_code) == OFFSET_OUT_OF_RANGE
+        partition = fetch_partition(wire.request(FETCH, 12, fetch_body("target", 1, -5)))
+        assert int(partition.error_code) == OFFSET_OUT_OF_RANGE
+
+
+def test_invalid_acks_is_refused(kafka: BrokerProcess) -> None:
+    with KafkaWire(kafka.bootstrap) as wire:
+        code, _ = produce_partition(
+            wire.request(PRODUCE, 9, produce_body("target", 0, make_batch(0, [b"v"]), acks=5))
+        )
+    assert code == 21  # INVALID_REQUIRED_ACKS
+
+
+# --- versions --------------------------------------------------------------------------------
+
+
+def test_api_versions_above_the_range_answers_v0_with_the_list(kafka: BrokerProcess) -> None:
+    with KafkaWire(kafka.bootstrap) as wire:
+        correlation_id = 4711
+        wire.send_frame(request_header(API_VERSIONS, 99, correlation_id) + b"\x00\x00\x00")
+        frame = wire.recv_frame()
+        assert correlation_id_of(frame) == correlation_id
+        response = codec.decode_response(frame, API_VERSIONS, 0)
+        assert int(response.error_code) == UNSUPPORTED_VERSION
+        ranges = {
+            int(k.api_key): (int(k.min_version), int(k.max_version)) for k in response.api_keys
+        }
+        for api in (PRODUCE, FETCH, LIST_OFFSETS, METADATA, API_VERSIONS):
+            assert api in ranges
+        assert ranges[API_VERSIONS][1] < 99
+        # the connection stays usable: the client retries with a version from the list
+        assert int(wire.request(API_VERSIONS, ranges[API_VERSIONS][1], {}).error_code) == NONE
+
+
+def test_unadvertised_version_is_unsupported_version(kafka: BrokerProcess) -> None:
+    """Fetch v17 is not advertised (v4-v16): the answer carries error 35 and the same
+    correlation id, and the connection goes on serving."""
+    with KafkaWire(kafka.bootstrap) as wire:
+        advertised = wire.request(API_VERSIONS, 3, {})
+        ranges = {
+            int(k.api_key): (int(k.min_version), int(k.max_version)) for k in advertised.api_keys
+        }
+        version = ranges[FETCH][1] + 1
+        try:
+            codec.request_schema(FETCH, version)
+        except codec.UnknownApi:
+            pytest.skip(f"kio has no Fetch v{version} to encode")
+        sent = wire.send(FETCH, version, fetch_body("target", 0, 0) | {"topics": []})
+        received, response = wire.recv(FETCH, version)
+        assert received == sent
+        assert int(response.error_code) == UNSUPPORTED_VERSION
+        assert int(wire.request(API_VERSIONS, 3, {}).error_code) == NONE
+
+
+def test_version_unknown_to_the_protocol_closes_the_connection(kafka: BrokerProcess) -> None:
+    """Produce v1 (long gone) has no response layout the broker could answer in."""
+    with KafkaWire(kafka.bootstrap) as wire:
+        wire.send_frame(request_header(PRODUCE, 1, 9) + b"\x00" * 20)
+        assert wire.is_closed_by_peer()
+
+
+# --- bodies that do not parse: an error response with the same correlation id ---------------
+
+
+@pytest.mark.parametrize(
+    ("api_key", "version"),
+    [(PRODUCE, 9), (FETCH, 11), (METADATA, 8), (LIST_OFFSETS, 5)],
+)
+def test_unparsable_body_gets_an_error_response(
+    kafka: BrokerProcess, api_key: int, version: int
+) -> None:
+    with KafkaWire(kafka.bootstrap) as wire:
+        wire.send_frame(request_header(api_key, version, 777) + b"\xff\xff\xff\x7f\x01")
+        frame = wire.recv_frame()
+        assert correlation_id_of(frame) == 777
+        response = codec.decode_response(frame, api_key, version)
+        if hasattr(response, "error_code"):
+            assert int(response.error_code) == INVALID_REQUEST
+        assert int(wire.request(API_VERSIONS, 3, {}).error_code) == NONE
+
+
+# --- pipelining --------------------------------------------------------------------------------
+
+
+def test_pipelined_requests_are_answered_in_order(kafka: BrokerProcess) -> None:
+    """20 requests sent back to back (produces waiting for their upload among fast metadata
+    requests, an acks=0 produce that gets no answer): the responses come back in request
+    order, each with its own correlation id."""
+    plan: list[tuple[int, int, object]] = []
+    for i in range(20):
+        kind = i % 5
+        if kind == 0:
+            plan.append((PRODUCE, 9, produce_body("target", i % 2, make_batch(0, [b"p%d" % i]))))
+        elif kind == 1:
+            plan.append((API_VERSIONS, 3, {}))
+        elif kind == 2:
+            plan.append((METADATA, 9, metadata_body(["target"])))
+        elif kind == 3:
+            plan.append((FETCH, 12, fetch_body("target", 0, 0, max_wait_ms=50)))
+        else:
+            body = {
+                "replica_id": -1,
+                "topics": [
+                    {"name": "target", "partitions": [{"partition_index": 1, "timestamp": -1}]}
+                ],
+            }
+            plan.append((LIST_OFFSETS, 7, body))
+    plan.insert(7, (PRODUCE, 9, produce_body("target", 0, make_batch(0, [b"fire"]), acks=0)))
+    with KafkaWire(kafka.bootstrap) as wire:
+        payload = b"".join(
+            codec.encode_request(api, version, 100 + n, body)
+            for n, (api, version, body) in enumerate(plan)
+        )
+        wire.send_raw(payload)  # all 21 frames in one write
+        expected = [(100 + n, api, v) for n, (api, v, _) in enumerate(plan) if n != 7]
+        for correlation_id, api, version in expected:
+            frame = wire.recv_frame()
+            assert correlation_id_of(frame) == correlation_id
+            response = codec.decode_response(frame, api, version)
+            if api == PRODUCE:
+                assert produce_partition(response)[0] == NONE
+
+
+# --- fuzzing ---------------------------------------------------------------------------------
+
+_ADVERTISED = [
+    (PRODUCE, 3, 11),
+    (FETCH, 4, 16),
+    (LIST_OFFSETS, 1, 8),
+    (METADATA, 0, 12),
+    (API_VERSIONS, 0, 3),
+    (19, 2, 7),
+    (20, 1, 6),
+    (21, 0, 2),
+    (22, 0, 5),
+    (23, 2, 4),
+    (32, 1, 4),
+    (37, 0, 3),
+    (44, 0, 1),
+    (60, 0, 1),
+]
+
+
+@st.composite
+def fuzz_frames(draw: st.DrawFn) -> bytes:
+    """Whole frames: random bytes, or a plausible header (any API, any version) + random body."""
+    kind = draw(st.sampled_from(["random", "header", "valid-prefix"]))
+    if kind == "random":
+        payload = draw(st.binary(max_size=300))
+    elif kind == "header":
+        api_key, low, high = draw(st.sampled_from(_ADVERTISED))
+        version = draw(st.integers(min_value=low - 2, max_value=high + 2))
+        client = draw(st.text(max_size=10))
+        payload = request_header(api_key, version, 1, client) + draw(st.binary(max_size=300))
+    else:
+        # a real request cut short or with bytes flipped
+        frame = codec.encode_request(
+            PRODUCE, 9, 1, produce_body("target", 0, make_batch(0, [b"fuzz"]), acks=1)
+        )[4:]
+        cut = draw(st.integers(min_value=0, max_value=len(frame)))
+        flips = draw(st.lists(st.integers(min_value=0, max_value=max(cut - 1, 0)), max_size=4))
+        broken = bytearray(frame[:cut])
+        for position in flips:
+            if position < len(broken):
+                broken[position] ^= 0xFF
+        payload = bytes(broken)
+    return struct.pack(">i", len(payload)) + payload
+
+
+def _answered_or_closed(bootstrap: str, frame: bytes) -> None:
+    """Send ``frame`` then an ApiVersions request; wait for that answer or a close."""
+    sentinel = codec.encode_request(API_VERSIONS, 0, 2_000_000_000, {})
+    with socket.create_connection(tuple_address(bootstrap), timeout=10) as sock:
+        sock.sendall(frame + sentinel)
+        received = b""
+        while True:
+            try:
+                chunk = sock.recv(65536)
+            except (ConnectionResetError, BrokenPipeError):
+                return
+            except TimeoutError:
+                return  # a request that parsed into a long poll; the broker is checked below
+            if not chunk:
+                return
+            received += chunk
+            if struct.pack(">i", 2_000_000_000) in received:
+                return
+
+
+def tuple_address(bootstrap: str) -> tuple[str, int]:
+    host, port = bootstrap.rsplit(":", 1)
+    return host, int(port)
+
+
+def test_fuzzed_frames_never_take_the_broker_down(kafka: BrokerProcess) -> None:
+    seen = 0
+
+    @settings(
+        max_examples=200,
+        deadline=None,
+        database=None,
+        derandomize=True,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+    )
+    @given(frame=fuzz_frames())
+    def check(frame: bytes) -> None:
+        nonlocal seen
+        seen += 1
+        _answered_or_closed(kafka.bootstrap, frame)
+        assert kafka.process is not None and kafka.process.poll() is None, kafka.tail()
+
+    check()
+    assert seen >= 100
+
+
+_TOPICS = st.sampled_from(["target", "healthy", "ghost", ""]) | st.text(max_size=20)
+_PARTITIONS = st.integers(min_value=-2, max_value=4) | st.sampled_from([2**31 - 1, -(2**31)])
+_OFFSETS = st.integers(min_value=-3, max_value=100) | st.sampled_from([2**63 - 1, -(2**63)])
+_EPOCHS = st.integers(min_value=-2, max_value=3) | st.sampled_from([2**31 - 1, -(2**31)])
+
+
+@st.composite
+def odd_requests(draw: st.DrawFn) -> tuple[int, int, dict[str, object]]:
+    """Well-formed requests with odd values: they must parse and get a proper answer."""
+    kind = draw(st.sampled_from(["fetch", "list_offsets", "metadata", "epochs", "configs"]))
+    if kind == "fetch":
+        body = fetch_body(
+            draw(_TOPICS),
+            draw(_PARTITIONS),
+            draw(_OFFSETS),
+            max_wait_ms=draw(st.integers(min_value=0, max_value=50)),
+            max_bytes=draw(st.integers(min_value=-1, max_value=1 << 20)),
+        )
+        body["min_bytes"] = draw(st.integers(min_value=-1, max_value=1 << 20))
+        body["topics"][0]["partitions"][0]["current_leader_epoch"] = draw(_EPOCHS)
+        return FETCH, draw(st.integers(min_value=4, max_value=12)), body
+    if kind == "list_offsets":
+        partition = {
+            "partition_index": draw(_PARTITIONS),
+            "current_leader_epoch": draw(_EPOCHS),
+            "timestamp": draw(_OFFSETS | st.sampled_from([-1, -2, -3, 1_700_000_000_000])),
+        }
+        body = {"replica_id": -1, "topics": [{"name": draw(_TOPICS), "partitions": [partition]}]}
+        return LIST_OFFSETS, draw(st.integers(min_value=1, max_value=8)), body
+    if kind == "metadata":
+        names = draw(st.lists(_TOPICS, max_size=3))
+        return METADATA, draw(st.integers(min_value=4, max_value=12)), metadata_body(names, False)
+    if kind == "epochs":
+        partition = {
+            "partition": draw(_PARTITIONS),
+            "current_leader_epoch": draw(_EPOCHS),
+            "leader_epoch": draw(_EPOCHS),
+        }
+        body = {"replica_id": -1, "topics": [{"topic": draw(_TOPICS), "partitions": [partition]}]}
+        return 23, draw(st.integers(min_value=2, max_value=4)), body
+    resource = {
+        "resource_type": draw(st.sampled_from([0, 2, 4, 99, -1])),
+        "resource_name": draw(_TOPICS),
+        "configuration_keys": draw(st.none() | st.lists(st.text(max_size=12), max_size=2)),
+    }
+    return 32, draw(st.integers(min_value=1, max_value=4)), {"resources": [resource]}
+
+
+def _error_codes(entity: object) -> list[int]:
+    """Every error_code anywhere in a decoded response."""
+    codes = []
+    if hasattr(entity, "__dataclass_fields__"):
+        for name in entity.__dataclass_fields__:
+            value = getattr(entity, name)
+            if name == "error_code":
+                codes.append(int(value))
+            else:
+                codes += _error_codes(value)
+    elif isinstance(entity, tuple):
+        for item in entity:
+            codes += _error_codes(item)
+    return codes
+
+
+def test_odd_but_well_formed_requests_get_proper_answers(kafka: BrokerProcess) -> None:
+    """Negative partitions, offsets at the ends of i64, unknown names, zero budgets: each gets
+    a response with its correlation id, and never UNKNOWN_SERVER_ERROR (a handler crash)."""
+
+    @settings(max_examples=150, deadline=None, database=None, derandomize=True)
+    @given(request=odd_requests())
+    def check(request: tuple[int, int, dict[str, object]]) -> None:
+        api_key, version, body = request
+        with KafkaWire(kafka.bootstrap) as wire:
+            sent = wire.send(api_key, version, body)
+            received, response = wire.recv(api_key, version)
+        assert received == sent
+        assert -1 not in _error_codes(response), (api_key, version, body, response)
+
+    check()
+
+
+def test_normal_clients_still_work_after_all_of_it(kafka: BrokerProcess) -> None:
+    producer = Producer({"bootstrap.servers": kafka.bootstrap, "enable.idempotence": True})
+    for i in range(10):
+        producer.produce("healthy", value=b"after-%d" % i, partition=1)
+    assert producer.flush(30) == 0
+    consumer = Consumer(
+        {"bootstrap.servers": kafka.bootstrap, "group.id": "unused", "enable.auto.commit": False}
+    )
+    try:
+        consumer.assign([TopicPartition("healthy", 1, 0)])
+        values = []
+        for _ in range(120):
+            message = consumer.poll(0.5)
+            if message is not None and message.error() is None:
+                values.append(message.value())
+            if b"after-9" in values:
+                break
+    finally:
+        consumer.close()
+    assert [v for v in values if v.startswith(b"after-")] == [b"after-%d" % i for i in range(10)]

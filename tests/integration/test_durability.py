@@ -1,0 +1,461 @@
+"""Acked means durable: every acknowledged record survives the broker's death.
+
+A broker is killed with SIGKILL (no flush, no handoff) or stopped with SIGTERM, and a new
+broker process is started on the same cluster, bucket and port. Every record that was acked
+(acks=all) must be readable at the offset it was acked with; producing continues at the next
+offset with no gap; an idempotent producer that retries across the restart stores each record
+exactly once.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
+from harness.batches import make_batch
+from harness.brokers import KAFSCALE, BrokerCluster, BrokerProcess
+from harness.kafka_wire import (
+    API_VERSIONS,
+    FETCH,
+    LIST_OFFSETS,
+    PRODUCE,
+    KafkaWire,
+    batches_in,
+    fetch_body,
+    fetch_partition,
+    produce_body,
+    produce_partition,
+)
+from harness.s3 import unique_bucket
+from kafka import KafkaConsumer
+from kafka import TopicPartition as KpTopicPartition
+
+from kafscale.broker.metadata.embedded_etcd import free_port
+
+pytestmark = pytest.mark.integration
+
+Acked = dict[tuple[int, int], bytes]  # (partition, offset) -> value
+
+
+def create_topic(bootstrap: str, topic: str, partitions: int) -> None:
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    for future in admin.create_topics([NewTopic(topic, partitions, 1)]).values():
+        future.result(30)
+
+
+class AckingProducer:
+    """A confluent-kafka producer that records what was acked, and where."""
+
+    def __init__(self, bootstrap: str, **config: Any) -> None:
+        self.producer = Producer(
+            {
+                "bootstrap.servers": bootstrap,
+                "acks": "all",
+                "linger.ms": 5,
+                "message.timeout.ms": 120_000,
+                "retry.backoff.ms": 200,
+                "topic.metadata.refresh.interval.ms": 1000,
+                **config,
+            }
+        )
+        self.acked: Acked = {}
+        self.failed: list[tuple[bytes, str]] = []
+        self._lock = threading.Lock()
+
+    def _report(self, err: Any, msg: Any) -> None:
+        with self._lock:
+            if err is None:
+                key = (msg.partition(), msg.offset())
+                assert key not in self.acked, f"offset {key} acked twice"
+                self.acked[key] = msg.value()
+            else:
+                self.failed.append((msg.value(), str(err)))
+
+    def send(self, topic: str, value: bytes, partition: int) -> None:
+        while True:
+            try:
+                self.producer.produce(
+                    topic, value=value, partition=partition, on_delivery=self._report
+                )
+                return
+            except BufferError:
+                self.producer.poll(0.1)
+
+    def flush(self, timeout_s: float = 120) -> None:
+        assert self.producer.flush(timeout_s) == 0, "records still undelivered"
+
+
+def read_everything(bootstrap: str, topic: str, partitions: int) -> Acked:
+    """Every record of the topic from offset 0 up to each partition's high watermark."""
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": "unused",
+            "enable.auto.commit": False,
+            "fetch.wait.max.ms": 100,
+        }
+    )
+    try:
+        ends = {
+            p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=20)[1]
+            for p in range(partitions)
+        }
+        consumer.assign([TopicPartition(topic, p, 0) for p in range(partitions) if ends[p] > 0])
+        records: Acked = {}
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and any(
+            (p, ends[p] - 1) not in records for p in range(partitions) if ends[p] > 0
+        ):
+            message = consumer.poll(0.5)
+            if message is None:
+                continue
+            assert message.error() is None, message.error()
+            records[(message.partition(), message.offset())] = message.value()
+    finally:
+        consumer.close()
+    for p in range(partitions):
+        offsets = sorted(o for q, o in records if q == p)
+        assert offsets == list(range(ends[p])), f"partition {p}: offsets not dense from 0"
+    return records
+
+
+def produce_batch(
+    producer: AckingProducer, topic: str, prefix: str, count: int, partitions: int
+) -> list[bytes]:
+    values = [f"{prefix}-{i}".encode() for i in range(count)]
+    for i, value in enumerate(values):
+        producer.send(topic, value, i % partitions)
+    producer.flush()
+    assert not producer.failed, producer.failed[:5]
+    return values
+
+
+def restart(
+    broker_cluster: BrokerCluster, old: BrokerProcess, how: Callable[[], Any]
+) -> BrokerProcess:
+    how()
+    assert old.process is not None and old.process.poll() is not None
+    return broker_cluster.start(port=old.port)
+
+
+def test_sigkill_restart_keeps_every_acked_record(broker_cluster: BrokerCluster) -> None:
+    broker = broker_cluster.start()
+    topic, partitions = "durable", 3
+    create_topic(broker.bootstrap, topic, partitions)
+    producer = AckingProducer(broker.bootstrap, **{"enable.idempotence": False})
+    produce_batch(producer, topic, "before", 300, partitions)
+    acked_before = dict(producer.acked)
+    assert len(acked_before) == 300
+
+    new = restart(broker_cluster, broker, broker.kill)
+    assert read_everything(new.bootstrap, topic, partitions) == acked_before
+
+    # offsets continue densely after the restart (read_everything checks density)
+    produce_batch(producer, topic, "after", 60, partitions)
+    everything = read_everything(new.bootstrap, topic, partitions)
+    assert everything == producer.acked
+    for p in range(partitions):
+        in_order = [everything[(p, o)] for o in range(len([k for k in everything if k[0] == p]))]
+        assert [v for v in in_order if v.startswith(b"before")] == [
+            acked_before[(p, o)] for o in range(100)
+        ]
+        assert all(v.startswith(b"after") for v in in_order[100:])
+        assert len(in_order) == 120
+
+
+def test_sigterm_restart_keeps_every_acked_record(broker_cluster: BrokerCluster) -> None:
+    broker = broker_cluster.start()
+    topic, partitions = "graceful", 2
+    create_topic(broker.bootstrap, topic, partitions)
+    producer = AckingProducer(broker.bootstrap)
+    produce_batch(producer, topic, "before", 100, partitions)
+
+    returncodes = []
+    new = restart(broker_cluster, broker, lambda: returncodes.append(broker.stop()))
+    assert returncodes == [0], broker.tail()
+    assert read_everything(new.bootstrap, topic, partitions) == producer.acked
+
+    produce_batch(producer, topic, "after", 40, partitions)
+    assert read_everything(new.bootstrap, topic, partitions) == producer.acked
+    assert len(producer.acked) == 140
+
+
+def test_sigterm_with_an_idle_client_connected_does_not_wait_for_the_grace_period(
+    broker_cluster: BrokerCluster,
+) -> None:
+    """An idle connection has nothing in flight: the handoff should not sit out the grace
+    period for it (generous bound: half of it), and shutdown leaves no traceback."""
+    broker = broker_cluster.start(KAFSCALE_LIMITS__SHUTDOWN_GRACE_S="12")
+    with KafkaWire(broker.bootstrap) as idle:
+        assert int(idle.request(API_VERSIONS, 3, {}).error_code) == 0
+        began = time.monotonic()
+        assert broker.stop(timeout_s=60) == 0
+        took_s = time.monotonic() - began
+    assert "Traceback" not in broker.tail(200), broker.tail(40)
+    assert took_s < 6, f"SIGTERM took {took_s:.1f}s with one idle client connected"
+
+
+def test_sigkill_while_producing_loses_no_acked_record(broker_cluster: BrokerCluster) -> None:
+    """Records acked up to the kill, and those the producer retried after it, are all there,
+    at the offsets they were acked with; the idempotent producer stores none twice."""
+    broker = broker_cluster.start()
+    topic, partitions, total = "busy", 2, 2000
+    create_topic(broker.bootstrap, topic, partitions)
+    producer = AckingProducer(broker.bootstrap, **{"enable.idempotence": True})
+
+    def produce_steadily() -> None:
+        for i in range(total):
+            producer.send(topic, f"r-{i}".encode(), i % partitions)
+            producer.producer.poll(0)
+            time.sleep(0.001)
+        producer.flush(180)
+
+    thread = threading.Thread(target=produce_steadily)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 60
+        while len(producer.acked) < 200 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        acked_at_kill = len(producer.acked)
+        new = restart(broker_cluster, broker, broker.kill)
+    finally:
+        thread.join(240)
+    assert not thread.is_alive()
+    assert 200 <= acked_at_kill < total, "the kill did not happen while producing"
+    assert not producer.failed, producer.failed[:5]
+    assert len(producer.acked) == total
+    stored = read_everything(new.bootstrap, topic, partitions)
+    assert stored == producer.acked
+    assert sorted(stored.values()) == sorted(f"r-{i}".encode() for i in range(total))
+    for p in range(partitions):  # one producer, one partition: order is the send order
+        values = [stored[(p, o)] for o in range(total // partitions)]
+        assert values == [f"r-{i}".encode() for i in range(p, total, partitions)]
+
+
+# --- idempotence state survives the restart (raw wire, exact sequences) ----------------------
+
+PRODUCER_ID, PRODUCER_EPOCH = 4242, 0
+
+
+def _idempotent_batch(sequence: int, records: int = 2) -> bytes:
+    return make_batch(
+        0,
+        [f"seq-{sequence + i}".encode() for i in range(records)],
+        producer_id=PRODUCER_ID,
+        producer_epoch=PRODUCER_EPOCH,
+        base_sequence=sequence,
+    )
+
+
+def _high_watermark(wire: KafkaWire, topic: str) -> int:
+    body = {
+        "replica_id": -1,
+        "isolation_level": 0,
+        "topics": [{"name": topic, "partitions": [{"partition_index": 0, "timestamp": -1}]}],
+    }
+    response = wire.request(LIST_OFFSETS, 7, body)
+    partition = response.topics[0].partitions[0]
+    assert int(partition.error_code) == 0
+    return int(partition.offset)
+
+
+def _produce_until_leader(wire: KafkaWire, topic: str, batch: bytes) -> tuple[int, int]:
+    """Retry like a client while the killed broker's lease expires (NOT_LEADER, timeouts)."""
+    deadline = time.monotonic() + 60
+    while True:
+        code, offset = produce_partition(wire.request(PRODUCE, 9, produce_body(topic, 0, batch)))
+        if code not in (6, 7, 5) or time.monotonic() > deadline:
+            return code, offset
+        time.sleep(0.2)
+
+
+def test_retried_batch_after_restart_is_acked_once_and_stored_once(
+    broker_cluster: BrokerCluster,
+) -> None:
+    """Five in-flight batches of one idempotent producer are committed, the broker dies
+    before the producer hears back; the producer retries all five against the new broker.
+    Each must be answered with its original offset (Kafka remembers the last five batches per
+    producer), and nothing may be stored twice."""
+    broker = broker_cluster.start()
+    topic = "idempotent"
+    create_topic(broker.bootstrap, topic, 1)
+    batches = [_idempotent_batch(2 * i) for i in range(5)]
+    with KafkaWire(broker.bootstrap) as wire:
+        first = [
+            produce_partition(wire.request(PRODUCE, 9, produce_body(topic, 0, b))) for b in batches
+        ]
+    assert first == [(0, 2 * i) for i in range(5)]
+
+    new = restart(broker_cluster, broker, broker.kill)
+    with KafkaWire(new.bootstrap) as wire:
+        retried = [_produce_until_leader(wire, topic, b) for b in batches]
+        assert _high_watermark(wire, topic) == 10
+        # the next sequence continues the log
+        assert _produce_until_leader(wire, topic, _idempotent_batch(10)) == (0, 10)
+        response = wire.request(FETCH, 12, fetch_body(topic, 0, 0))
+    assert retried == first
+    stored = batches_in(fetch_partition(response).records)
+    assert [(b.base_offset, b.base_sequence) for b in stored] == [(2 * i, 2 * i) for i in range(6)]
+
+
+def test_last_batch_retried_after_restart_is_a_duplicate(broker_cluster: BrokerCluster) -> None:
+    """The newest batch of a producer, retried against the restarted broker, is acked with its
+    original offset and not appended again; an out-of-order sequence is refused (45)."""
+    broker = broker_cluster.start()
+    topic = "idempotent-last"
+    create_topic(broker.bootstrap, topic, 1)
+    with KafkaWire(broker.bootstrap) as wire:
+        assert produce_partition(
+            wire.request(PRODUCE, 9, produce_body(topic, 0, _idempotent_batch(0)))
+        ) == (0, 0)
+        assert produce_partition(
+            wire.request(PRODUCE, 9, produce_body(topic, 0, _idempotent_batch(2)))
+        ) == (0, 2)
+
+    new = restart(broker_cluster, broker, broker.kill)
+    with KafkaWire(new.bootstrap) as wire:
+        assert _produce_until_leader(wire, topic, _idempotent_batch(2)) == (0, 2)
+        assert _high_watermark(wire, topic) == 4
+        code, _ = _produce_until_leader(wire, topic, _idempotent_batch(7))
+        assert code == 45  # OUT_OF_ORDER_SEQUENCE_NUMBER
+        assert _produce_until_leader(wire, topic, _idempotent_batch(4)) == (0, 4)
+        assert _high_watermark(wire, topic) == 6
+
+
+def _padded(offset: int) -> bytes:
+    return f"offset-{offset}|".encode() + bytes((offset + n) % 251 for n in range(200))
+
+
+def test_old_segments_are_read_through_the_index_after_restart(
+    broker_cluster: BrokerCluster,
+) -> None:
+    """More segments than the partition state lists as recent, each with several batches and
+    index entries; after a SIGKILL the new broker runs without a cache, so every read is a
+    listing plus a ranged GET located through an index. Any offset reads back correctly."""
+    broker = broker_cluster.start(KAFSCALE_LOG__INDEX_INTERVAL_BYTES="1024")
+    topic, rounds, batches_per_round, records_per_batch = "old-segments", 40, 5, 2
+    create_topic(broker.bootstrap, topic, 1)
+    offset = 0
+    with KafkaWire(broker.bootstrap) as wire:
+        for _ in range(rounds):
+            sent = []
+            for _ in range(batches_per_round):  # pipelined: one flush, one multi-batch segment
+                values = [_padded(offset + i) for i in range(records_per_batch)]
+                sent.append(wire.send(PRODUCE, 9, produce_body(topic, 0, make_batch(0, values))))
+                offset += records_per_batch
+            for correlation_id in sent:
+                received, response = wire.recv(PRODUCE, 9)
+                assert received == correlation_id
+                assert produce_partition(response)[0] == 0
+    total = offset
+
+    broker.kill()
+    new = broker_cluster.start(port=broker.port, KAFSCALE_LOG__CACHE_BYTES="0")
+    consumer = KafkaConsumer(bootstrap_servers=new.bootstrap, group_id=None, max_poll_records=50)
+    tp = KpTopicPartition(topic, 0)
+    try:
+        consumer.assign([tp])
+        for start in (0, 1, 7, 133, 250, total - 3):  # batch starts and middles, old and new
+            consumer.seek(tp, start)
+            got: list[tuple[int, bytes]] = []
+            deadline = time.monotonic() + 30
+            while len(got) < min(25, total - start) and time.monotonic() < deadline:
+                for records in consumer.poll(timeout_ms=500).values():
+                    got += [(r.offset, r.value) for r in records]
+            expected = [(o, _padded(o)) for o in range(start, min(start + 25, total))]
+            assert got[: len(expected)] == expected, f"reading from {start}"
+    finally:
+        consumer.close()
+    with KafkaWire(new.bootstrap) as wire:  # small fetches walk segment by segment
+        position, seen = 0, 0
+        while position < total:
+            response = wire.request(FETCH, 12, fetch_body(topic, 0, position, max_bytes=700))
+            batches = batches_in(fetch_partition(response).records)
+            assert batches and batches[0].base_offset <= position, position
+            for batch in batches:
+                assert batch.base_offset == seen
+                seen += batch.record_count
+            position = seen
+        assert seen == total
+        # one large fetch spans segments (each holds 10 records here)
+        response = wire.request(FETCH, 12, fetch_body(topic, 0, 0, max_bytes=1 << 20))
+        batches = batches_in(fetch_partition(response).records)
+        assert sum(b.record_count for b in batches) > records_per_batch * batches_per_round
+        assert [b.base_offset for b in batches] == list(range(0, 2 * len(batches), 2))
+
+
+def test_fetch_beyond_the_high_watermark_after_restart_is_out_of_range(
+    broker_cluster: BrokerCluster,
+) -> None:
+    """After a restart, a fetch past the high watermark answers OFFSET_OUT_OF_RANGE (1)."""
+    broker = broker_cluster.start()
+    topic = "range"
+    create_topic(broker.bootstrap, topic, 1)
+    producer = AckingProducer(broker.bootstrap)
+    produce_batch(producer, topic, "x", 5, 1)
+    new = restart(broker_cluster, broker, broker.kill)
+    with KafkaWire(new.bootstrap) as wire:
+        partition = fetch_partition(wire.request(FETCH, 12, fetch_body(topic, 0, 50)))
+        assert int(partition.error_code) == 1
+        assert int(partition.high_watermark) in (-1, 5)
+        partition = fetch_partition(wire.request(FETCH, 12, fetch_body(topic, 0, 3)))
+        assert int(partition.error_code) == 0
+        assert next(b.base_offset for b in batches_in(partition.records)) <= 3
+
+
+# --- fail closed: no etcd or no bucket is an error, never an in-memory fallback ---------------
+
+
+def _run_broker(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [KAFSCALE, "broker"], env=env, capture_output=True, text=True, timeout=120
+    )
+
+
+@pytest.mark.parametrize(
+    ("what", "overrides", "words"),
+    [
+        (
+            "unreachable etcd",
+            {"KAFSCALE_ETCD__ENDPOINTS": "UNREACHABLE_ETCD", "KAFSCALE_ETCD__TIMEOUT_S": "2"},
+            ("etcd",),
+        ),
+        ("missing bucket", {"KAFSCALE_STORAGE__BUCKET": "MISSING_BUCKET"}, ("MISSING_BUCKET",)),
+        (
+            "unreachable object store",
+            {"KAFSCALE_STORAGE__ENDPOINT": "UNREACHABLE_S3", "KAFSCALE_STORAGE__TIMEOUT_S": "3"},
+            ("object storage",),
+        ),
+    ],
+    ids=["unreachable-etcd", "missing-bucket", "unreachable-s3"],
+)
+def test_broker_refuses_to_start_without_its_dependencies(
+    broker_cluster: BrokerCluster, what: str, overrides: dict[str, str], words: tuple[str, ...]
+) -> None:
+    missing_bucket = unique_bucket("missing")
+    dead_port = free_port()
+    substitutions = {
+        "UNREACHABLE_ETCD": json.dumps([f"http://127.0.0.1:{dead_port}"]),
+        "MISSING_BUCKET": missing_bucket,
+        "UNREACHABLE_S3": f"http://127.0.0.1:{dead_port}",
+    }
+    resolved = {k: substitutions.get(v, v) for k, v in overrides.items()}
+    words = tuple(substitutions.get(w, w) for w in words)
+    port = free_port()
+    result = _run_broker(broker_cluster.env(port, free_port(), **resolved))
+    assert result.returncode != 0, f"{what}: the broker started anyway"
+    message = result.stderr
+    assert "cannot start" in message, message[-2000:]
+    for word in words:
+        assert word in message, f"{what}: {word!r} not in:\n{message[-2000:]}"
+    assert "Traceback" not in message, f"{what}: a traceback instead of a message"
+    with socket.socket() as sock:  # and it never listened
+        assert sock.connect_ex(("127.0.0.1", port)) != 0
