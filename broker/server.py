@@ -36,6 +36,26 @@ class Connection:
     stopping: asyncio.Event = field(default_factory=asyncio.Event)
 
 
+class ByteBudget:
+    """Bytes of requests in flight on one connection; a request larger than the whole budget
+    still runs, alone."""
+
+    def __init__(self, limit: int) -> None:
+        self._limit = limit
+        self._used = 0
+        self._freed = asyncio.Event()
+
+    async def take(self, size: int) -> None:
+        while self._used and self._used + size > self._limit:
+            await self._freed.wait()
+        self._used += size
+
+    def give(self, size: int) -> None:
+        self._used -= size
+        freed, self._freed = self._freed, asyncio.Event()
+        freed.set()
+
+
 Dispatch = Callable[[bytes, Connection], Coroutine[Any, Any, bytes | None]]
 
 
@@ -110,20 +130,22 @@ class KafkaServer:
     async def _serve(
         self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, connection: Connection
     ) -> None:
-        in_order: asyncio.Queue[asyncio.Task[bytes | None] | None] = asyncio.Queue()
+        in_order: asyncio.Queue[tuple[asyncio.Task[bytes | None], int] | None] = asyncio.Queue()
         slots = asyncio.Semaphore(self._limits.max_in_flight_per_connection)
+        budget = ByteBudget(self._limits.max_in_flight_bytes_per_connection)
         try:
             async with asyncio.TaskGroup() as group:
-                group.create_task(_write_in_order(in_order, writer, slots))
-                group.create_task(self._read_requests(reader, in_order, slots, connection))
+                group.create_task(_write_in_order(in_order, writer, slots, budget))
+                group.create_task(self._read_requests(reader, in_order, slots, budget, connection))
         finally:
             await _cancel_queued(in_order)
 
     async def _read_requests(
         self,
         reader: asyncio.StreamReader,
-        in_order: asyncio.Queue[asyncio.Task[bytes | None] | None],
+        in_order: asyncio.Queue[tuple[asyncio.Task[bytes | None], int] | None],
         slots: asyncio.Semaphore,
+        budget: ByteBudget,
         connection: Connection,
     ) -> None:
         while True:
@@ -132,9 +154,10 @@ class KafkaServer:
                 in_order.put_nowait(None)
                 return
             await slots.acquire()
+            await budget.take(len(frame))
             # No await between creating the task and queueing it: every task has an owner.
-            in_order.put_nowait(asyncio.create_task(self._dispatch(frame, connection)))
-
+            task = asyncio.create_task(self._dispatch(frame, connection))
+            in_order.put_nowait((task, len(frame)))
 
     async def _next_frame(
         self, reader: asyncio.StreamReader, connection: Connection
@@ -157,28 +180,34 @@ class KafkaServer:
 
 
 async def _write_in_order(
-    in_order: asyncio.Queue[asyncio.Task[bytes | None] | None],
+    in_order: asyncio.Queue[tuple[asyncio.Task[bytes | None], int] | None],
     writer: asyncio.StreamWriter,
     slots: asyncio.Semaphore,
+    budget: ByteBudget,
 ) -> None:
     while True:
-        task = await in_order.get()
-        if task is None:
+        queued = await in_order.get()
+        if queued is None:
             return
+        task, size = queued
         try:
             response = await task  # CloseConnection propagates and ends the connection
         finally:
             slots.release()
+            budget.give(size)
         if response:
             writer.write(response)
             await writer.drain()
 
 
-async def _cancel_queued(in_order: asyncio.Queue[asyncio.Task[bytes | None] | None]) -> None:
+async def _cancel_queued(
+    in_order: asyncio.Queue[tuple[asyncio.Task[bytes | None], int] | None],
+) -> None:
     pending = []
     while not in_order.empty():
-        task = in_order.get_nowait()
-        if task is not None:
+        queued = in_order.get_nowait()
+        if queued is not None:
+            task = queued[0]
             task.cancel()
             pending.append(task)
     await asyncio.gather(*pending, return_exceptions=True)

@@ -103,12 +103,15 @@ def split_batches(records: bytes) -> list[bytes]:
     return batches
 
 
-def stamp_batch(batch: bytes, base_offset: int, leader_epoch: int) -> bytes:
-    """The batch with its base offset and leader epoch set (neither is covered by the CRC)."""
+def stamp_batch(batch: bytes, base_offset: int, leader_epoch: int) -> bytearray:
+    """The batch with its base offset and leader epoch set (neither is covered by the CRC).
+
+    One copy, kept mutable: segments are built by joining these, so no second copy is needed.
+    """
     stamped = bytearray(batch)
     struct.pack_into(">q", stamped, 0, base_offset)
     struct.pack_into(">i", stamped, 12, leader_epoch)
-    return bytes(stamped)
+    return stamped
 
 
 def iter_batch_headers(

@@ -9,19 +9,19 @@ class SegmentCache:
     def __init__(self, max_bytes: int) -> None:
         self._max_bytes = max_bytes
         self._bytes = 0
-        self._entries: OrderedDict[str, bytes] = OrderedDict()
+        self._entries: OrderedDict[str, bytes | memoryview] = OrderedDict()
 
     @property
     def size_bytes(self) -> int:
         return self._bytes
 
-    def get(self, key: str) -> bytes | None:
+    def get(self, key: str) -> bytes | memoryview | None:
         body = self._entries.get(key)
         if body is not None:
             self._entries.move_to_end(key)
         return body
 
-    def put(self, key: str, body: bytes) -> None:
+    def put(self, key: str, body: bytes | memoryview) -> None:
         if len(body) > self._max_bytes:
             return
         previous = self._entries.pop(key, None)

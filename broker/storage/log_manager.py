@@ -1,10 +1,8 @@
-"""The partitions this broker owns: acquiring leases, flushing, fenced commits, handing over.
+"""The partitions this broker owns: acquiring leases, handing over, giving up.
 
-One flush loop serves every owned partition. Each round uploads the due partitions' segments in
-parallel, then commits all their new states in as few etcd transactions as fencing allows: each
-partition contributes three compares (its lease key's value and create revision, and the state
-key's mod revision), so a broker that lost a lease, or a partition whose topic was deleted,
-fails its commit and never acks.
+Acquisition is a create-if-absent transaction on the lease key (bound to the broker's session)
+that also bumps the leader epoch and records where it starts. Flushing and the fenced commits
+live in ``flusher``; this module decides who owns what and what happens when ownership ends.
 """
 
 from __future__ import annotations
@@ -12,8 +10,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
-from collections.abc import Iterable
 
 from kafscale.broker.config import BrokerSettings
 from kafscale.broker.metadata import keys
@@ -30,9 +26,7 @@ from kafscale.broker.metadata.etcd import (
 )
 from kafscale.broker.metadata.partition_state import (
     PartitionState,
-    SegmentRef,
     advance_log_start,
-    commit_segment,
     start_epoch,
 )
 from kafscale.broker.protocol.errors import (
@@ -40,13 +34,12 @@ from kafscale.broker.protocol.errors import (
     MetadataTimeout,
     NotLeader,
     OffsetOutOfRange,
-    StorageFailure,
     UnknownTopicOrPartition,
 )
 from kafscale.broker.storage.cache import SegmentCache
+from kafscale.broker.storage.flusher import Flusher
 from kafscale.broker.storage.object_store import ObjectStore
 from kafscale.broker.storage.partition_log import FlushWork, OwnedPartition
-from kafscale.broker.storage.segments import SEGMENT_HEADER_SIZE, encode_segment
 
 log = logging.getLogger(__name__)
 
@@ -74,16 +67,24 @@ class LogManager:
         self._session = session
         self.owned: dict[TopicPartition, OwnedPartition] = {}
         self._acquire_locks: dict[TopicPartition, asyncio.Lock] = {}
-        self._flush_now = asyncio.Event()
-        self._round_done = asyncio.Event()
+        self._flusher = Flusher(
+            settings.log,
+            settings.cluster,
+            broker_id,
+            etcd,
+            view,
+            store,
+            cache,
+            self.owned,
+            self._abandon,
+        )
         self._flush_task: asyncio.Task[None] | None = None
-        self.commits = 0  # etcd commit transactions issued (bench and tests read it)
         self.acquiring = True  # False while draining: hand partitions over, take none
 
     # --- lifecycle ---------------------------------------------------------------------------
 
     async def start(self) -> None:
-        self._flush_task = asyncio.create_task(self._flush_loop(), name="flush-loop")
+        self._flush_task = asyncio.create_task(self._flusher.run(), name="flush-loop")
 
     async def close(self) -> None:
         """Stop writes, flush what is buffered, release every lease we hold."""
@@ -192,9 +193,9 @@ class LogManager:
         if owned is None:
             return
         owned.accepting = False
-        while owned.pending or owned.flushing:
-            self._flush_now.set()
-            await self._wait_round()
+        while owned.busy:
+            self._flusher.flush_soon()
+            await self._flusher.wait_progress()
             if self.owned.get(tp) is not owned:
                 return  # the flush failed and abandoned it
         await self._delete_lease(owned)  # still listed (not accepting) until the lease is gone
@@ -229,14 +230,13 @@ class LogManager:
             self._view.owners.pop(owned.tp, None)
 
     def _abandon(
-        self, owned: OwnedPartition, error: BaseException, flushing: Iterable[FlushWork]
+        self, owned: OwnedPartition, error: BaseException, flushing: list[FlushWork]
     ) -> None:
         for work in flushing:
             for batch in work.batches:
                 if not batch.acked.done():
                     batch.acked.set_exception(error)
         owned.fail_everything(error)
-        owned.flushing = False
         if self.owned.get(owned.tp) is owned:
             del self.owned[owned.tp]
         log.warning("gave up %s-%d: %s", owned.topic, owned.partition, error)
@@ -244,26 +244,24 @@ class LogManager:
     async def delete_records(self, tp: TopicPartition, offset: int) -> int:
         """Advance the log start offset (DeleteRecords, retention); returns the new one.
 
-        The partition's ``flushing`` flag doubles as the single-writer token for its state, so
-        this commit never races a flush of the same partition.
+        It commits under the flusher's commit lock, so it is ordered with flush commits: each
+        one starts from the state the other left.
         """
         owned = await self.owned_partition(tp)
-        if offset == -1:
-            offset = owned.state.high_watermark
-        if offset > owned.state.high_watermark or offset < 0:
-            raise OffsetOutOfRange(f"offset {offset} is beyond the high watermark")
-        while owned.flushing:
-            await self._wait_round()
-        if offset <= owned.state.log_start_offset:
-            return owned.state.log_start_offset
-        owned.flushing = True
-        try:
+        async with self._flusher.commit_lock:
+            if offset == -1:
+                offset = owned.state.high_watermark
+            if offset > owned.state.high_watermark or offset < 0:
+                raise OffsetOutOfRange(f"offset {offset} is beyond the high watermark")
+            if offset <= owned.state.log_start_offset:
+                return owned.state.log_start_offset
+            if self.owned.get(tp) is not owned:
+                raise NotLeader(f"{tp[0]}-{tp[1]} was given up")
             state = advance_log_start(owned.state, offset)
-            me = str(self.broker_id).encode()
             lease_key = keys.partition_lease_key(self._cluster, owned.topic, owned.partition)
             state_key = keys.partition_state_key(self._cluster, owned.topic, owned.partition)
             compares = [
-                value_is(lease_key, me),
+                value_is(lease_key, str(self.broker_id).encode()),
                 create_revision_is(lease_key, owned.lease_revision),
                 mod_revision_is(state_key, owned.state_revision),
             ]
@@ -278,142 +276,15 @@ class LogManager:
             owned.state_revision = result.revision
             self._view.update_state(tp, state)
             return state.log_start_offset
-        finally:
-            owned.flushing = False
 
     # --- flushing ----------------------------------------------------------------------------
 
     def request_flush_if_full(self, owned: OwnedPartition) -> None:
         if owned.pending_bytes >= self._settings.log.segment_bytes:
-            self._flush_now.set()
+            self._flusher.flush_soon()
 
     async def flush_all(self) -> None:
         """Flush everything buffered now (handoff, shutdown, tests)."""
-        while any(o.pending or o.flushing for o in self.owned.values()):
-            self._flush_now.set()
-            await self._wait_round()
-
-    async def _wait_round(self) -> None:
-        event = self._round_done
-        await event.wait()
-
-    async def _flush_loop(self) -> None:
-        interval_s = self._settings.log.flush_interval_ms / 1000
-        while True:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._flush_now.wait(), interval_s)
-            self._flush_now.clear()
-            try:
-                await self._flush_round()
-            except Exception:
-                log.exception("flush round failed")
-            finally:
-                done, self._round_done = self._round_done, asyncio.Event()
-                done.set()
-
-    async def _flush_round(self) -> None:
-        works = [w for o in list(self.owned.values()) if (w := o.take_flush_work()) is not None]
-        if not works:
-            return
-        results = await asyncio.gather(*(self._upload(w) for w in works), return_exceptions=True)
-        uploaded: list[tuple[FlushWork, SegmentRef, bytes, str]] = []
-        for work, result in zip(works, results, strict=True):
-            if isinstance(result, BaseException):
-                error = StorageFailure(f"segment upload failed: {result}")
-                self._abandon(work.partition, error, [work])
-            else:
-                uploaded.append((work, *result))
-        for start in range(0, len(uploaded), PARTITIONS_PER_TXN):
-            await self._commit(uploaded[start : start + PARTITIONS_PER_TXN])
-
-    async def _upload(self, work: FlushWork) -> tuple[SegmentRef, bytes, str]:
-        owned = work.partition
-        encoded = encode_segment(
-            [b.data for b in work.batches],
-            int(time.time() * 1000),
-            self._settings.log.index_interval_bytes,
-        )
-        segment_key = keys.segment_object_key(
-            self._cluster,
-            owned.topic,
-            owned.topic_id,
-            owned.partition,
-            work.base_offset,
-            owned.epoch,
-        )
-        index_key = keys.index_object_key(
-            self._cluster,
-            owned.topic,
-            owned.topic_id,
-            owned.partition,
-            work.base_offset,
-            owned.epoch,
-        )
-        await asyncio.gather(
-            self._store.put(segment_key, encoded.segment),
-            self._store.put(index_key, encoded.index),
-        )
-        ref = SegmentRef(
-            base=work.base_offset,
-            last=work.last_offset,
-            epoch=owned.epoch,
-            size=len(encoded.segment),
-            max_timestamp=max(b.max_timestamp for b in work.batches),
-        )
-        body = encoded.segment[SEGMENT_HEADER_SIZE : len(encoded.segment) - 16]
-        return ref, body, segment_key
-
-    async def _commit(self, uploaded: list[tuple[FlushWork, SegmentRef, bytes, str]]) -> None:
-        if not uploaded:
-            return
-        compares = []
-        success = []
-        new_states = []
-        me = str(self.broker_id).encode()
-        for work, ref, _, _ in uploaded:
-            owned = work.partition
-            state = commit_segment(owned.state, ref, work.producers)
-            new_states.append(state)
-            lease_key = keys.partition_lease_key(self._cluster, owned.topic, owned.partition)
-            state_key = keys.partition_state_key(self._cluster, owned.topic, owned.partition)
-            compares += [
-                value_is(lease_key, me),
-                create_revision_is(lease_key, owned.lease_revision),
-                mod_revision_is(state_key, owned.state_revision),
-            ]
-            success.append(put_op(state_key, state.to_json()))
-        try:
-            self.commits += 1
-            result = await self._etcd.txn(compares, success)
-        except MetadataUnavailable as exc:
-            for work, *_ in uploaded:
-                self._abandon(work.partition, MetadataTimeout(str(exc)), [work])
-            return
-        if not result.succeeded:
-            if len(uploaded) > 1:
-                for item in uploaded:  # find the fenced one(s); commit the rest
-                    await self._commit([item])
-                return
-            work = uploaded[0][0]
-            self._abandon(work.partition, NotLeader("lease lost; commit fenced"), [work])
-            return
-        for (work, ref, body, segment_key), state in zip(uploaded, new_states, strict=True):
-            self._on_committed(work, ref, body, segment_key, state, result.revision)
-
-    def _on_committed(
-        self,
-        work: FlushWork,
-        ref: SegmentRef,
-        body: bytes,
-        segment_key: str,
-        state: PartitionState,
-        revision: int,
-    ) -> None:
-        owned = work.partition
-        owned.committed(state, revision)
-        self._cache.put(segment_key, body)
-        self._view.update_state(owned.tp, state)
-        for batch in work.batches:
-            if not batch.acked.done():
-                batch.acked.set_result(batch.base_offset)
-        del ref
+        while any(o.busy for o in self.owned.values()):
+            self._flusher.flush_soon()
+            await self._flusher.wait_progress()

@@ -24,7 +24,7 @@ TopicPartition = tuple[str, int]
 
 @dataclass(slots=True)
 class PendingBatch:
-    data: bytes
+    data: bytes | bytearray
     base_offset: int
     last_offset: int
     max_timestamp: int
@@ -33,19 +33,29 @@ class PendingBatch:
 
 @dataclass(slots=True)
 class FlushWork:
-    """What one flush of one partition carries: batches, their offsets, producer updates."""
+    """One flush round's data of one partition, cut into segments, and its producer updates."""
 
     partition: OwnedPartition
-    batches: list[PendingBatch]
+    chunks: list[list[PendingBatch]]
     producers: dict[int, tuple[ProducerState, ...]]
 
     @property
-    def base_offset(self) -> int:
-        return self.batches[0].base_offset
+    def batches(self) -> list[PendingBatch]:
+        return [batch for chunk in self.chunks for batch in chunk]
 
-    @property
-    def last_offset(self) -> int:
-        return self.batches[-1].last_offset
+
+def cut_segments(batches: list[PendingBatch], segment_bytes: int) -> list[list[PendingBatch]]:
+    """Consecutive runs of at most ``segment_bytes`` (a larger batch gets a segment alone)."""
+    chunks: list[list[PendingBatch]] = []
+    size = 0
+    for batch in batches:
+        if chunks and size + len(batch.data) <= segment_bytes:
+            chunks[-1].append(batch)
+            size += len(batch.data)
+        else:
+            chunks.append([batch])
+            size = len(batch.data)
+    return chunks
 
 
 @dataclass(slots=True)
@@ -59,8 +69,9 @@ class OwnedPartition:
     next_offset: int = 0
     pending: list[PendingBatch] = field(default_factory=list)
     pending_bytes: int = 0
-    flushing: bool = False
+    in_flight: int = 0  # flush rounds carrying our data, not yet committed or failed
     accepting: bool = True
+    failed: bool = False
     recent: dict[int, deque[ProducerState]] = field(default_factory=dict)
     touched_producers: set[int] = field(default_factory=set)
 
@@ -123,25 +134,32 @@ class OwnedPartition:
         history.append(producer)
         self.touched_producers.add(header.producer_id)
 
-    def take_flush_work(self) -> FlushWork | None:
-        if self.flushing or not self.pending:
+    @property
+    def busy(self) -> bool:
+        """Data buffered or on its way: a handoff must wait for this to clear."""
+        return bool(self.pending) or self.in_flight > 0
+
+    def take_flush_work(self, segment_bytes: int) -> FlushWork | None:
+        if not self.pending or self.failed:
             return None
         producers = {pid: tuple(self.recent[pid]) for pid in self.touched_producers}
-        work = FlushWork(self, self.pending, producers)
+        work = FlushWork(self, cut_segments(self.pending, segment_bytes), producers)
         self.pending = []
         self.pending_bytes = 0
         self.touched_producers = set()
-        self.flushing = True
+        self.in_flight += 1
         return work
 
     def committed(self, state: PartitionState, revision: int) -> None:
         self.state = state
         self.state_revision = revision
-        self.flushing = False
+        self.in_flight -= 1
 
     def fail_everything(self, error: BaseException) -> list[PendingBatch]:
         """Stop owning: fail what is buffered (the caller fails what was flushing)."""
         self.accepting = False
+        self.failed = True
+        self.in_flight = 0
         failed = self.pending
         self.pending = []
         self.pending_bytes = 0

@@ -70,7 +70,7 @@ class LogReader:
             raise OffsetOutOfRange(
                 f"offset {offset} outside [{state.log_start_offset}, {state.high_watermark}]"
             )
-        chunks: list[bytes] = []
+        chunks: list[bytes | memoryview] = []
         total = 0
         for _ in range(MAX_SEGMENTS_PER_READ):
             if offset >= state.high_watermark or total >= max_bytes:
@@ -131,7 +131,7 @@ class LogReader:
         offset: int,
         max_bytes: int,
         first: bool,
-    ) -> bytes:
+    ) -> bytes | memoryview:
         segment_key = keys.segment_object_key(
             self._cluster, topic, topic_id, partition, location.base, location.epoch
         )
@@ -167,7 +167,7 @@ class LogReader:
         offset: int,
         max_bytes: int,
         first: bool,
-    ) -> bytes:
+    ) -> bytes | memoryview:
         index_key = keys.index_object_key(
             self._cluster, topic, topic_id, partition, location.base, location.epoch
         )
@@ -269,7 +269,9 @@ def _covering(
     return chosen
 
 
-def _slice_batches(body: bytes, start: int, offset: int, max_bytes: int, first: bool) -> bytes:
+def _slice_batches(
+    body: bytes | memoryview, start: int, offset: int, max_bytes: int, first: bool
+) -> bytes | memoryview:
     """Batches from the one containing ``offset``: whole ones, within ``max_bytes``."""
     begin = None
     end = start
@@ -292,7 +294,7 @@ def _slice_batches(body: bytes, start: int, offset: int, max_bytes: int, first: 
 _BATCH_CRC_START = 21  # the CRC32C covers attributes .. end of the batch
 
 
-def _check_batch_crcs(data: bytes, segment_key: str) -> None:
+def _check_batch_crcs(data: bytes | memoryview, segment_key: str) -> None:
     for position, header in iter_batch_headers(data):
         end = position + header.size
         if crc32c.crc32c(data[position + _BATCH_CRC_START : end]) != header.crc:
@@ -300,7 +302,7 @@ def _check_batch_crcs(data: bytes, segment_key: str) -> None:
             raise StorageFailure(f"segment {segment_key}: batch {header.base_offset} is corrupt")
 
 
-def _next_offset(data: bytes) -> int:
+def _next_offset(data: bytes | memoryview) -> int:
     last = -1
     for _, header in iter_batch_headers(data):
         last = header.last_offset

@@ -167,7 +167,7 @@ def iter_batches(body: Buffer, start: int = 0) -> Iterator[tuple[int, int, memor
 
 
 def encode_segment(
-    batches: Sequence[bytes], created_at_ms: int, index_interval_bytes: int
+    batches: Sequence[bytes | bytearray], created_at_ms: int, index_interval_bytes: int
 ) -> EncodedSegment:
     """Build the segment and index objects for ``batches`` (offsets already assigned).
 
@@ -204,7 +204,7 @@ def encode_index(entries: Sequence[tuple[int, int]], interval: int) -> bytes:
     return head + b"".join(_INDEX_ENTRY.pack(offset, pos) for offset, pos in entries)
 
 
-def _checked_info(batch: bytes) -> BatchInfo:
+def _checked_info(batch: Buffer) -> BatchInfo:
     info = read_batch_info(batch)
     if info.size != len(batch):
         raise ValueError(f"batch length field says {info.size} bytes, got {len(batch)}")
@@ -231,7 +231,7 @@ def _index_entries(infos: Sequence[BatchInfo], interval: int) -> list[tuple[int,
     return entries
 
 
-def _crc_of(batches: Sequence[bytes]) -> int:
+def _crc_of(batches: Sequence[Buffer]) -> int:
     """CRC32C over the concatenation, without building it."""
     crc = 0
     for batch in batches:

@@ -1,0 +1,273 @@
+"""The flush pipeline: segments cut at ``segment.bytes``, uploads overlapped, commits in order.
+
+Every ``flush_interval_ms`` (on a fixed schedule) or as soon as a partition has a segment's
+worth buffered, a *round* takes what every owned partition has buffered, cuts it into segments
+of at most ``segment_bytes``, and uploads them all in parallel. Up to ``MAX_ROUNDS_IN_FLIGHT``
+rounds upload at once, so a slow PUT does not stall the next round; commits still happen one
+round after another, in order, under one lock: a round commits only after the previous round
+committed, and each partition's new state follows from the state the previous commit left.
+
+A commit is one etcd transaction for up to ``PARTITIONS_PER_TXN`` partitions, each contributing
+three compares (lease value, lease create revision, state mod revision) and one put. A failed
+compare fences only the partitions whose lease is gone: the rest are committed on their own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from kafscale.broker.config import LogSettings
+from kafscale.broker.metadata import keys
+from kafscale.broker.metadata.cluster import ClusterView, TopicPartition
+from kafscale.broker.metadata.etcd import (
+    Etcd,
+    MetadataUnavailable,
+    create_revision_is,
+    mod_revision_is,
+    put_op,
+    value_is,
+)
+from kafscale.broker.metadata.partition_state import PartitionState, SegmentRef, commit_segment
+from kafscale.broker.protocol.errors import MetadataTimeout, NotLeader, StorageFailure
+from kafscale.broker.storage.cache import SegmentCache
+from kafscale.broker.storage.object_store import ObjectStore
+from kafscale.broker.storage.partition_log import FlushWork, OwnedPartition, PendingBatch
+from kafscale.broker.storage.segments import (
+    SEGMENT_FOOTER_SIZE,
+    SEGMENT_HEADER_SIZE,
+    encode_segment,
+)
+
+log = logging.getLogger(__name__)
+
+PARTITIONS_PER_TXN = 40  # 3 compares each stays under etcd's default --max-txn-ops (128)
+MAX_ROUNDS_IN_FLIGHT = 4
+
+GiveUp = Callable[[OwnedPartition, BaseException, list[FlushWork]], None]
+
+
+@dataclass(frozen=True, slots=True)
+class UploadedSegment:
+    ref: SegmentRef
+    key: str
+    body: memoryview  # the batches, a view into the uploaded object (no copy for the cache)
+    batches: list[PendingBatch]
+
+
+@dataclass(frozen=True, slots=True)
+class Uploaded:
+    work: FlushWork
+    segments: list[UploadedSegment]
+
+
+class Flusher:
+    def __init__(
+        self,
+        settings: LogSettings,
+        cluster: str,
+        broker_id: int,
+        etcd: Etcd,
+        view: ClusterView,
+        store: ObjectStore,
+        cache: SegmentCache,
+        owned: dict[TopicPartition, OwnedPartition],
+        give_up: GiveUp,
+    ) -> None:
+        self._settings = settings
+        self._cluster = cluster
+        self._me = str(broker_id).encode()
+        self._etcd = etcd
+        self._view = view
+        self._store = store
+        self._cache = cache
+        self._owned = owned
+        self._give_up = give_up
+        self.commit_lock = asyncio.Lock()  # one writer of partition states at a time
+        self.commits = 0  # etcd commit transactions issued (bench and tests read it)
+        self._flush_now = asyncio.Event()
+        self._progress = asyncio.Event()
+        self._rounds: set[asyncio.Task[None]] = set()
+
+    # --- triggers and waiting ----------------------------------------------------------------
+
+    def flush_soon(self) -> None:
+        self._flush_now.set()
+
+    async def wait_progress(self) -> None:
+        """Until the next round commits (or a tick finds nothing to do)."""
+        await self._progress.wait()
+
+    def _notify_progress(self) -> None:
+        done, self._progress = self._progress, asyncio.Event()
+        done.set()
+
+    # --- the loop ----------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        loop = asyncio.get_running_loop()
+        interval_s = self._settings.flush_interval_ms / 1000
+        previous: asyncio.Future[None] | None = None
+        next_tick = loop.time() + interval_s
+        try:
+            while True:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._flush_now.wait(), max(0, next_tick - loop.time()))
+                self._flush_now.clear()
+                now = loop.time()
+                if now >= next_tick:
+                    next_tick = max(next_tick + interval_s, now)
+                while len(self._rounds) >= MAX_ROUNDS_IN_FLIGHT:
+                    await asyncio.wait(self._rounds, return_when=asyncio.FIRST_COMPLETED)
+                previous = self._start_round(previous)
+        finally:
+            for task in self._rounds:
+                task.cancel()
+            await asyncio.gather(*self._rounds, return_exceptions=True)
+
+    def _start_round(self, previous: asyncio.Future[None] | None) -> asyncio.Future[None] | None:
+        segment_bytes = self._settings.segment_bytes
+        works = [
+            work
+            for owned in list(self._owned.values())
+            if (work := owned.take_flush_work(segment_bytes)) is not None
+        ]
+        if not works:
+            if previous is None or previous.done():
+                self._notify_progress()
+            return previous
+        committed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        task = asyncio.create_task(self._round(works, previous, committed), name="flush-round")
+        self._rounds.add(task)
+        task.add_done_callback(self._rounds.discard)
+        return committed
+
+    async def _round(
+        self,
+        works: list[FlushWork],
+        previous: asyncio.Future[None] | None,
+        committed: asyncio.Future[None],
+    ) -> None:
+        try:
+            results = await asyncio.gather(
+                *(self._upload(w) for w in works), return_exceptions=True
+            )
+            if previous is not None:
+                await previous
+            async with self.commit_lock:
+                await self._commit_round(works, results)
+        except asyncio.CancelledError:
+            for work in works:
+                self._fail(work, NotLeader("broker shutting down"))
+            raise
+        except Exception:
+            log.exception("flush round failed")
+            for work in works:
+                self._fail(work, StorageFailure("flush round failed"))
+        finally:
+            if not committed.done():
+                committed.set_result(None)
+            self._notify_progress()
+
+    async def _commit_round(
+        self, works: list[FlushWork], results: list[Uploaded | BaseException]
+    ) -> None:
+        ready: list[Uploaded] = []
+        for work, result in zip(works, results, strict=True):
+            owned = work.partition
+            if isinstance(result, BaseException):
+                self._fail(work, StorageFailure(f"segment upload failed: {result}"))
+            elif owned.failed or self._owned.get(owned.tp) is not owned:
+                self._fail(work, NotLeader(f"{owned.topic}-{owned.partition} was given up"))
+            else:
+                ready.append(result)
+        for start in range(0, len(ready), PARTITIONS_PER_TXN):
+            await self._commit(ready[start : start + PARTITIONS_PER_TXN])
+
+    # --- upload ------------------------------------------------------------------------------
+
+    async def _upload(self, work: FlushWork) -> Uploaded:
+        segments = await asyncio.gather(
+            *(self._upload_segment(work.partition, chunk) for chunk in work.chunks)
+        )
+        return Uploaded(work, list(segments))
+
+    async def _upload_segment(
+        self, owned: OwnedPartition, batches: list[PendingBatch]
+    ) -> UploadedSegment:
+        base = batches[0].base_offset
+        encoded = encode_segment(
+            [b.data for b in batches], int(time.time() * 1000), self._settings.index_interval_bytes
+        )
+        names = (self._cluster, owned.topic, owned.topic_id, owned.partition, base, owned.epoch)
+        segment_key = keys.segment_object_key(*names)
+        await asyncio.gather(
+            self._store.put(segment_key, encoded.segment),
+            self._store.put(keys.index_object_key(*names), encoded.index),
+        )
+        ref = SegmentRef(
+            base=base,
+            last=batches[-1].last_offset,
+            epoch=owned.epoch,
+            size=len(encoded.segment),
+            max_timestamp=max(b.max_timestamp for b in batches),
+        )
+        body = memoryview(encoded.segment)[SEGMENT_HEADER_SIZE:-SEGMENT_FOOTER_SIZE]
+        return UploadedSegment(ref, segment_key, body, batches)
+
+    # --- commit ------------------------------------------------------------------------------
+
+    async def _commit(self, ready: list[Uploaded]) -> None:
+        if not ready:
+            return
+        compares = []
+        success = []
+        new_states = []
+        for item in ready:
+            owned = item.work.partition
+            state = owned.state
+            for index, segment in enumerate(item.segments):
+                last = index == len(item.segments) - 1
+                state = commit_segment(state, segment.ref, item.work.producers if last else {})
+            new_states.append(state)
+            lease_key = keys.partition_lease_key(self._cluster, owned.topic, owned.partition)
+            state_key = keys.partition_state_key(self._cluster, owned.topic, owned.partition)
+            compares += [
+                value_is(lease_key, self._me),
+                create_revision_is(lease_key, owned.lease_revision),
+                mod_revision_is(state_key, owned.state_revision),
+            ]
+            success.append(put_op(state_key, state.to_json()))
+        try:
+            self.commits += 1
+            result = await self._etcd.txn(compares, success)
+        except MetadataUnavailable as exc:
+            for item in ready:
+                self._fail(item.work, MetadataTimeout(str(exc)))
+            return
+        if not result.succeeded:
+            if len(ready) > 1:
+                for item in ready:  # find the fenced one(s); commit the rest
+                    await self._commit([item])
+                return
+            self._fail(ready[0].work, NotLeader("lease lost; commit fenced"))
+            return
+        for item, state in zip(ready, new_states, strict=True):
+            self._on_committed(item, state, result.revision)
+
+    def _on_committed(self, item: Uploaded, state: PartitionState, revision: int) -> None:
+        owned = item.work.partition
+        owned.committed(state, revision)
+        self._view.update_state(owned.tp, state)
+        for segment in item.segments:
+            self._cache.put(segment.key, segment.body)
+            for batch in segment.batches:
+                if not batch.acked.done():
+                    batch.acked.set_result(batch.base_offset)
+
+    def _fail(self, work: FlushWork, error: BaseException) -> None:
+        self._give_up(work.partition, error, [work])
