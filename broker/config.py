@@ -89,7 +89,13 @@ class LimitSettings(_Section):
         100 * 1024 * 1024, ge=1024, description="Largest request frame accepted."
     )
     max_in_flight_per_connection: int = Field(
-        64, ge=1, description="Requests processed at once on one connection."
+        1024, ge=1, description="Requests processed at once on one connection."
+    )
+    max_in_flight_bytes_per_connection: int = Field(
+        64 * 1024 * 1024,
+        ge=1024,
+        description="Request bytes processed at once on one connection (one larger request "
+        "may still run alone).",
     )
     max_connections: int = Field(4096, ge=1, description="Open client connections per listener.")
     shutdown_grace_s: float = Field(
@@ -118,6 +124,20 @@ class AssignmentSettings(_Section):
     )
 
 
+class GroupSettings(_Section):
+    """Consumer group coordination (Kafka's ``group.*`` broker configs)."""
+
+    initial_rebalance_delay_ms: int = Field(
+        3000, ge=0, description="group.initial.rebalance.delay.ms: wait for more members first."
+    )
+    min_session_timeout_ms: int = Field(
+        6000, ge=1, description="group.min.session.timeout.ms: shortest session a member may ask."
+    )
+    max_session_timeout_ms: int = Field(
+        1_800_000, ge=1, description="group.max.session.timeout.ms: longest session allowed."
+    )
+
+
 class BrokerSettings(BaseSettings):
     """Everything one broker process needs to know."""
 
@@ -133,4 +153,5 @@ class BrokerSettings(BaseSettings):
     limits: LimitSettings = LimitSettings()
     topics: TopicDefaults = TopicDefaults()
     assignment: AssignmentSettings = AssignmentSettings()
+    groups: GroupSettings = GroupSettings()
     log_level: str = Field("INFO", description="Python logging level.")
