@@ -74,7 +74,7 @@ class LogSettings(_Section):
         100, ge=1, description="Longest a produced batch waits before it is flushed."
     )
     cache_bytes: int = Field(
-        256 * 1024 * 1024, ge=0, description="In-memory cache of recent segments, in bytes."
+        128 * 1024 * 1024, ge=0, description="In-memory cache of recent segments, in bytes."
     )
     index_interval_bytes: int = Field(
         4096, ge=1, description="Bytes between index entries inside a segment."
@@ -92,7 +92,7 @@ class LimitSettings(_Section):
         1024, ge=1, description="Requests processed at once on one connection."
     )
     max_in_flight_bytes_per_connection: int = Field(
-        64 * 1024 * 1024,
+        32 * 1024 * 1024,
         ge=1024,
         description="Request bytes processed at once on one connection (one larger request "
         "may still run alone).",

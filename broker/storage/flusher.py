@@ -2,7 +2,8 @@
 
 Every ``flush_interval_ms`` (on a fixed schedule) or as soon as a partition has a segment's
 worth buffered, a *round* takes what every owned partition has buffered, cuts it into segments
-of at most ``segment_bytes``, and uploads them all in parallel. Up to ``MAX_ROUNDS_IN_FLIGHT``
+of at most ``segment_bytes``, and uploads them all in parallel. Index objects follow after the
+commit, off the ack path. Up to ``MAX_ROUNDS_IN_FLIGHT``
 rounds upload at once, so a slow PUT does not stall the next round; commits still happen one
 round after another, in order, under one lock: a round commits only after the previous round
 committed, and each partition's new state follows from the state the previous commit left.
@@ -57,6 +58,8 @@ class UploadedSegment:
     key: str
     body: memoryview  # the batches, a view into the uploaded object (no copy for the cache)
     batches: list[PendingBatch]
+    index_key: str
+    index: bytes
 
 
 @dataclass(frozen=True, slots=True)
@@ -160,6 +163,9 @@ class Flusher:
                 await previous
             async with self.commit_lock:
                 await self._commit_round(works, results)
+            committed.set_result(None)
+            self._notify_progress()
+            await self._upload_indexes(results)
         except asyncio.CancelledError:
             for work in works:
                 self._fail(work, NotLeader("broker shutting down"))
@@ -190,6 +196,19 @@ class Flusher:
 
     # --- upload ------------------------------------------------------------------------------
 
+    async def _upload_indexes(self, results: list[Uploaded | BaseException]) -> None:
+        """Indexes go up after the ack: they only speed up reads of older data and are derived
+        from the segment, so readers that find none read the whole segment instead."""
+        uploads = [
+            self._store.put(segment.index_key, segment.index)
+            for result in results
+            if isinstance(result, Uploaded)
+            for segment in result.segments
+        ]
+        for outcome in await asyncio.gather(*uploads, return_exceptions=True):
+            if isinstance(outcome, Exception):
+                log.warning("index upload failed (reads fall back to whole segments): %s", outcome)
+
     async def _upload(self, work: FlushWork) -> Uploaded:
         segments = await asyncio.gather(
             *(self._upload_segment(work.partition, chunk) for chunk in work.chunks)
@@ -205,10 +224,7 @@ class Flusher:
         )
         names = (self._cluster, owned.topic, owned.topic_id, owned.partition, base, owned.epoch)
         segment_key = keys.segment_object_key(*names)
-        await asyncio.gather(
-            self._store.put(segment_key, encoded.segment),
-            self._store.put(keys.index_object_key(*names), encoded.index),
-        )
+        await self._store.put(segment_key, encoded.segment)
         ref = SegmentRef(
             base=base,
             last=batches[-1].last_offset,
@@ -217,7 +233,8 @@ class Flusher:
             max_timestamp=max(b.max_timestamp for b in batches),
         )
         body = memoryview(encoded.segment)[SEGMENT_HEADER_SIZE:-SEGMENT_FOOTER_SIZE]
-        return UploadedSegment(ref, segment_key, body, batches)
+        index_key = keys.index_object_key(*names)
+        return UploadedSegment(ref, segment_key, body, batches, index_key, encoded.index)
 
     # --- commit ------------------------------------------------------------------------------
 

@@ -144,13 +144,13 @@ class LogReader:
             topic, topic_id, partition, location, segment_key, offset, max_bytes, first
         )
 
-    async def _get_whole(self, segment_key: str) -> bytes:
+    async def _get_whole(self, segment_key: str) -> memoryview:
         try:
             data = await self._store.get(segment_key)
         except ObjectStoreError as exc:
             raise StorageFailure(str(exc)) from exc
         try:
-            body = bytes(decode_segment(data).body)
+            body = decode_segment(data).body  # a view: the cache keeps the object, no copy
         except SegmentCorrupt as exc:
             log.error("segment %s is corrupt: %s", segment_key, exc)
             raise StorageFailure(f"segment {segment_key} is corrupt: {exc}") from exc
@@ -173,6 +173,16 @@ class LogReader:
         )
         try:
             index_data = self._cache.get(index_key) or await self._store.get(index_key)
+        except ObjectNotFound:
+            # Indexes are uploaded after the ack; without one, read the segment whole.
+            try:
+                body = await self._get_whole(segment_key)
+            except StorageFailure:
+                return b""  # deleted by retention meanwhile
+            return _slice_batches(body, 0, offset, max_bytes, first)
+        except ObjectStoreError as exc:
+            raise StorageFailure(str(exc)) from exc
+        try:
             self._cache.put(index_key, index_data)
             position = position_for_offset(decode_index(index_data), offset)
             body_end = location.size - SEGMENT_FOOTER_SIZE
