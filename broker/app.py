@@ -17,6 +17,7 @@ from kafscale.broker.admin_http import AdminRoutes, AdminServer
 from kafscale.broker.api.dispatch import Dispatcher
 from kafscale.broker.api.table import API_TABLE
 from kafscale.broker.config import BrokerSettings
+from kafscale.broker.groups.coordinator import GroupCoordinator, group_config
 from kafscale.broker.metadata import keys
 from kafscale.broker.metadata.cluster import BrokerInfo, ClusterView, TopicInfo, TopicPartition
 from kafscale.broker.metadata.etcd import Etcd, MetadataUnavailable, SessionLease
@@ -54,6 +55,7 @@ class Broker:
     manager: LogManager | None = None
     server: KafkaServer | None = None
     admin: AdminServer | None = None
+    groups: GroupCoordinator | None = None
     ready: bool = False
     draining: bool = False
     pod_name: str | None = None
@@ -112,6 +114,8 @@ class Broker:
         )
         await self.server.start()
         self.info = await self._register()
+        self.groups = GroupCoordinator(self, group_config(self.settings.groups))
+        await self.groups.start()
         self.manager = LogManager(
             self.settings, self.etcd, self.view, self.store, self.cache, self.node_id, self.session
         )
@@ -298,6 +302,8 @@ class Broker:
         grace_s = self.settings.limits.shutdown_grace_s
         if self.server is not None:
             await self.server.stop_accepting()
+        if self.groups is not None:
+            await self.groups.close()  # releases the group leases: they move on at once
         if self.manager is not None:
             try:
                 async with asyncio.timeout(grace_s):

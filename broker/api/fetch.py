@@ -78,18 +78,22 @@ def _resolve(request: Any, ctx: RequestContext) -> list[_Wanted]:
 async def _read_all(
     wanted: list[_Wanted], ctx: RequestContext, total_max: int, refresh: bool
 ) -> list[Body]:
-    results: list[Body] = []
+    """Read every partition at once, then keep to the response's ``max_bytes``: whole
+    partitions in request order, the first one always (as Kafka does)."""
+    results = list(
+        await asyncio.gather(*(_read_one(item, ctx, item.max_bytes, refresh) for item in wanted))
+    )
     budget = total_max
-    for item in wanted:
-        result = await _read_one(item, ctx, budget, refresh, first=not results)
-        budget -= len(result.get("records") or b"")
-        results.append(result)
+    for index, result in enumerate(results):
+        size = len(result.get("records") or b"")
+        if index > 0 and size > budget:
+            result["records"] = b""
+            size = 0
+        budget -= size
     return results
 
 
-async def _read_one(
-    item: _Wanted, ctx: RequestContext, budget: int, refresh: bool, first: bool
-) -> Body:
+async def _read_one(item: _Wanted, ctx: RequestContext, budget: int, refresh: bool) -> Body:
     broker = ctx.broker
     if item.info is None or not 0 <= item.partition < item.info.partitions:
         code = (
@@ -110,7 +114,7 @@ async def _read_one(
         return _partition_body(
             item.partition, epoch_error, state.high_watermark, state.log_start_offset
         )
-    max_bytes = min(item.max_bytes, budget) if not first else item.max_bytes
+    max_bytes = min(item.max_bytes, budget)
     if max_bytes <= 0 or item.fetch_offset == state.high_watermark:
         return _partition_body(
             item.partition, ErrorCode.NONE, state.high_watermark, state.log_start_offset

@@ -7,7 +7,7 @@ else is answered with UNSUPPORTED_VERSION.
 
 from __future__ import annotations
 
-from kafscale.broker.api import admin, fetch, metadata, offsets, produce, versions
+from kafscale.broker.api import admin, fetch, groups, metadata, offsets, produce, versions
 from kafscale.broker.api.dispatch import ApiSpec
 
 _SPECS = [
@@ -19,6 +19,29 @@ _SPECS = [
     ApiSpec(
         3, "Metadata", 0, 12, metadata.handle_metadata, lambda _r, _c: {"brokers": [], "topics": []}
     ),
+    ApiSpec(8, "OffsetCommit", 2, 8, groups.handle_offset_commit, groups.offset_commit_error_body),
+    ApiSpec(9, "OffsetFetch", 1, 8, groups.handle_offset_fetch, groups.offset_fetch_error_body),
+    ApiSpec(
+        10,
+        "FindCoordinator",
+        0,
+        4,
+        groups.handle_find_coordinator,
+        groups.find_coordinator_error_body,
+    ),
+    ApiSpec(11, "JoinGroup", 0, 9, groups.handle_join_group, groups.join_group_error_body),
+    ApiSpec(12, "Heartbeat", 0, 4, groups.handle_heartbeat),
+    ApiSpec(13, "LeaveGroup", 0, 5, groups.handle_leave_group),
+    ApiSpec(14, "SyncGroup", 0, 5, groups.handle_sync_group, groups.sync_group_error_body),
+    ApiSpec(
+        15,
+        "DescribeGroups",
+        0,
+        5,
+        groups.handle_describe_groups,
+        groups.describe_groups_error_body,
+    ),
+    ApiSpec(16, "ListGroups", 0, 4, groups.handle_list_groups),
     ApiSpec(18, "ApiVersions", 0, 3, versions.handle_api_versions),
     ApiSpec(
         19,
@@ -77,6 +100,7 @@ _SPECS = [
         admin.handle_incremental_alter_configs,
         offsets.every_partition_error("responses"),
     ),
+    ApiSpec(42, "DeleteGroups", 0, 2, groups.handle_delete_groups, groups.delete_groups_error_body),
     ApiSpec(60, "DescribeCluster", 0, 1, metadata.handle_describe_cluster),
 ]
 

@@ -3,7 +3,9 @@
 A read finds the committed segment holding the offset: first among the newest segments named in
 the partition state, else in a (cached) listing of the partition's objects, where uploads that
 were never committed are recognised by their epoch and ignored. Recent segments are read whole
-and kept in the cache; older ones by a ranged GET that starts at the index entry for the offset.
+and kept in the cache, as are older segments up to 8 MiB (a consumer reading on hits the cache
+for the rest of the segment); larger ones are read by a ranged GET that starts at the index
+entry for the offset.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from kafscale.broker.storage.segments import (
 log = logging.getLogger(__name__)
 
 MAX_SEGMENTS_PER_READ = 8
+WHOLE_READ_MAX_BYTES = 8 * 1024 * 1024  # larger (older, foreign) segments: ranged GETs
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,7 +139,8 @@ class LogReader:
             self._cluster, topic, topic_id, partition, location.base, location.epoch
         )
         body = self._cache.get(segment_key)
-        if body is None and location.recent:
+        if body is None and (location.recent or location.size <= WHOLE_READ_MAX_BYTES):
+            # Consumers read on: one GET of the segment serves the fetches that follow.
             body = await self._get_whole(segment_key)
         if body is not None:
             return _slice_batches(body, 0, offset, max_bytes, first)

@@ -1,0 +1,505 @@
+"""Shared pieces of the benches: etcd, moto's S3 server and broker processes on loopback.
+
+A small copy of what ``tests/harness`` does (benches never import from ``tests/``):
+
+* :class:`Stack` starts a single-node etcd (``EmbeddedEtcd``, fast and without fsync) and moto's
+  S3 server in a child process (``ThreadedMotoServer``; a process of its own so that its request
+  threads and the bench's client threads do not share one GIL), creates a bucket, and starts
+  ``kafscale broker`` processes configured through environment variables exactly as the test
+  harness and the Kubernetes manifests do. Everything is stopped when the ``with`` block ends,
+  also on errors and Ctrl-C.
+* :class:`RawKafka` and :func:`make_batch`: a blocking Kafka connection and a v2 record-batch
+  builder, for measurements that must bypass a client's routing and retry back-off.
+* :class:`Sampler`: a thread that samples a process's RSS (``/proc/<pid>/status``, VmRSS).
+* :func:`percentile`, :func:`cpu_seconds`: small statistics helpers.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import json
+import os
+import shutil
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import crc32c
+from pydantic import SecretStr
+
+from kafscale.broker.config import StorageKind, StorageSettings
+from kafscale.broker.metadata.embedded_etcd import EmbeddedEtcd, free_port
+from kafscale.broker.protocol import codec
+
+KAFSCALE = str(Path(sys.executable).with_name("kafscale"))
+ACCESS_KEY = "bench"
+SECRET_KEY = "bench"
+REGION = "us-east-1"
+
+_MOTO_SCRIPT = """
+import sys, time
+from moto.server import ThreadedMotoServer
+server = ThreadedMotoServer(ip_address="127.0.0.1", port=int(sys.argv[1]), verbose=False)
+server.start()
+print("ready", flush=True)
+try:
+    sys.stdin.read()  # runs until the parent closes our stdin (or kills us)
+finally:
+    server.stop()
+"""
+
+
+# --- the S3 server ------------------------------------------------------------------------------
+
+
+class MotoProcess:
+    """moto's ThreadedMotoServer in a child process on a free loopback port."""
+
+    def __init__(self) -> None:
+        self.port = free_port()
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def pid(self) -> int:
+        assert self.process is not None
+        return self.process.pid
+
+    def start(self, timeout_s: float = 30.0) -> MotoProcess:
+        self.process = subprocess.Popen(
+            [sys.executable, "-c", _MOTO_SCRIPT, str(self.port)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+        )
+        assert self.process.stdout is not None
+        line = self.process.stdout.readline()
+        if line.strip() != b"ready":
+            raise RuntimeError("moto's S3 server did not start")
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", self.port)):
+                return self
+            time.sleep(0.05)
+        raise TimeoutError("moto's S3 server is not listening")
+
+    def stop(self) -> None:
+        if self.process is None or self.process.poll() is not None:
+            return
+        with contextlib.suppress(OSError):
+            assert self.process.stdin is not None
+            self.process.stdin.close()
+        try:
+            self.process.wait(5)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait(5)
+
+
+def storage_settings(endpoint: str, bucket: str, max_concurrency: int = 16) -> StorageSettings:
+    """The broker's own storage settings for ``bucket`` (for the raw PUT comparison)."""
+    return StorageSettings(
+        kind=StorageKind.S3,
+        bucket=bucket,
+        endpoint=endpoint,
+        region=REGION,
+        access_key_id=SecretStr(ACCESS_KEY),
+        secret_access_key=SecretStr(SECRET_KEY),
+        max_concurrency=max_concurrency,
+    )
+
+
+# --- broker processes ---------------------------------------------------------------------------
+
+
+@dataclass
+class BrokerProcess:
+    env: dict[str, str]
+    log_path: Path
+    port: int
+    admin_port: int
+    command: list[str] = field(default_factory=lambda: [KAFSCALE, "broker"])
+    process: subprocess.Popen[bytes] | None = None
+    node_id: int = -1
+    stopping: bool = False  # sent SIGTERM or SIGKILL: no longer counted as a cluster member
+
+    @property
+    def bootstrap(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    @property
+    def admin_url(self) -> str:
+        return f"http://127.0.0.1:{self.admin_port}"
+
+    @property
+    def pid(self) -> int:
+        assert self.process is not None
+        return self.process.pid
+
+    @property
+    def alive(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def start(self, timeout_s: float = 30.0) -> BrokerProcess:
+        with self.log_path.open("ab") as log:
+            self.process = subprocess.Popen(
+                self.command, env=self.env, stdout=log, stderr=subprocess.STDOUT
+            )
+        self.wait_ready(timeout_s)
+        self.node_id = int(self.status()["node_id"])
+        return self
+
+    def wait_ready(self, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            assert self.process is not None
+            if self.process.poll() is not None:
+                raise RuntimeError(f"broker exited with {self.process.returncode}:\n{self.tail()}")
+            try:
+                if self.http("GET", "/readyz", timeout_s=1)[0] == 200:
+                    return
+            except OSError:
+                pass
+            time.sleep(0.05)
+        raise TimeoutError(f"broker not ready in {timeout_s}s:\n{self.tail()}")
+
+    def http(self, method: str, path: str, timeout_s: float = 10) -> tuple[int, Any]:
+        request = urllib.request.Request(self.admin_url + path, method=method)
+        try:
+            with urllib.request.urlopen(request, timeout=timeout_s) as response:
+                return response.status, json.loads(response.read())
+        except urllib.error.HTTPError as exc:
+            return exc.code, json.loads(exc.read() or b"{}")
+
+    def status(self) -> dict[str, Any]:
+        return dict(self.http("GET", "/status")[1])
+
+    def owned(self) -> list[str]:
+        return list(self.status()["owned"])
+
+    def signal(self, signum: int) -> None:
+        assert self.process is not None
+        if signum in (signal.SIGTERM, signal.SIGKILL, signal.SIGINT):
+            self.stopping = True
+        self.process.send_signal(signum)
+
+    def wait(self, timeout_s: float = 30.0) -> int:
+        assert self.process is not None
+        return self.process.wait(timeout_s)
+
+    def kill(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(signal.SIGCONT)
+            self.process.kill()
+            self.process.wait(10)
+
+    def tail(self, lines: int = 40) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+
+@dataclass
+class Stack:
+    """etcd + moto S3 + a bucket, and the broker processes started on them."""
+
+    cluster: str = "bench"
+    broker_env: dict[str, str] = field(default_factory=dict)
+    keep_workdir: bool = False
+    workdir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="kafscale-bench-")))
+    bucket: str = "kafscale-bench"
+    etcd: EmbeddedEtcd | None = None
+    s3: MotoProcess | None = None
+    brokers: list[BrokerProcess] = field(default_factory=list)
+
+    def __enter__(self) -> Stack:
+        atexit.register(self.close)
+        try:
+            self.etcd = EmbeddedEtcd(self.workdir / "etcd", fast=True, no_fsync=True).start()
+            self.s3 = MotoProcess().start()
+            self.s3_client().create_bucket(Bucket=self.bucket)
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if exc is not None and not isinstance(exc, KeyboardInterrupt):
+            for broker in self.brokers:
+                print(f"--- {broker.log_path.name} (tail)\n{broker.tail(20)}", file=sys.stderr)
+        self.close()
+
+    def close(self) -> None:
+        for broker in self.brokers:
+            broker.kill()
+        if self.s3 is not None:
+            self.s3.stop()
+        if self.etcd is not None and self.etcd.running:
+            self.etcd.stop()
+        if not self.keep_workdir:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+
+    @property
+    def etcd_url(self) -> str:
+        assert self.etcd is not None
+        return self.etcd.client_url
+
+    @property
+    def s3_url(self) -> str:
+        assert self.s3 is not None
+        return self.s3.url
+
+    def s3_client(self, max_concurrency: int = 16) -> Any:
+        """A boto3 client built exactly as the broker builds its own."""
+        from kafscale.broker.storage.s3 import build_client
+
+        return build_client(storage_settings(self.s3_url, self.bucket, max_concurrency))
+
+    def env(self, port: int, admin_port: int, cluster: str | None = None) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("KAFSCALE_")}
+        env.update(
+            {
+                "KAFSCALE_CLUSTER": cluster or self.cluster,
+                "KAFSCALE_ETCD__ENDPOINTS": json.dumps([self.etcd_url]),
+                "KAFSCALE_STORAGE__KIND": "s3",
+                "KAFSCALE_STORAGE__BUCKET": self.bucket,
+                "KAFSCALE_STORAGE__ENDPOINT": self.s3_url,
+                "KAFSCALE_STORAGE__REGION": REGION,
+                "KAFSCALE_STORAGE__ACCESS_KEY_ID": ACCESS_KEY,
+                "KAFSCALE_STORAGE__SECRET_ACCESS_KEY": SECRET_KEY,
+                "KAFSCALE_LISTENER__HOST": "127.0.0.1",
+                "KAFSCALE_LISTENER__PORT": str(port),
+                "KAFSCALE_LISTENER__ADMIN_PORT": str(admin_port),
+                "KAFSCALE_LOG_LEVEL": "WARNING",
+            }
+        )
+        env.update(self.broker_env)
+        return env
+
+    def start_broker(
+        self, cluster: str | None = None, command: list[str] | None = None
+    ) -> BrokerProcess:
+        port, admin_port = free_port(), free_port()
+        broker = BrokerProcess(
+            env=self.env(port, admin_port, cluster),
+            log_path=self.workdir / f"broker-{len(self.brokers)}.log",
+            port=port,
+            admin_port=admin_port,
+        )
+        if command is not None:
+            broker.command = command
+        self.brokers.append(broker)
+        return broker.start()
+
+    @property
+    def live_brokers(self) -> list[BrokerProcess]:
+        """Running brokers that were not asked to stop."""
+        return [b for b in self.brokers if b.alive and not b.stopping]
+
+    def etcd_metrics(self) -> dict[str, float]:
+        """etcd's Prometheus counters, summed over labels we do not care about."""
+        text = urllib.request.urlopen(self.etcd_url + "/metrics", timeout=5).read().decode()
+        return parse_metrics(text)
+
+
+def parse_metrics(text: str) -> dict[str, float]:
+    """``name{labels} value`` lines into {``name{labels}``: value}."""
+    metrics: dict[str, float] = {}
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        name, _, value = line.rpartition(" ")
+        with contextlib.suppress(ValueError):
+            metrics[name] = float(value)
+    return metrics
+
+
+def create_topic(bootstrap: str, topic: str, partitions: int) -> None:
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    for future in admin.create_topics([NewTopic(topic, partitions, 1)]).values():
+        future.result(30)
+
+
+def wait_for(predicate: Any, timeout_s: float = 30.0, what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        with contextlib.suppress(OSError):
+            if predicate():
+                return
+        time.sleep(0.05)
+    raise TimeoutError(f"timed out after {timeout_s}s waiting for {what}")
+
+
+# --- a raw Kafka connection ---------------------------------------------------------------------
+
+PRODUCE, METADATA = 0, 3
+PRODUCE_VERSION, METADATA_VERSION = 9, 9
+
+
+class RawKafka:
+    """A blocking Kafka connection speaking through the broker's own codec."""
+
+    def __init__(self, bootstrap: str, timeout_s: float = 30.0) -> None:
+        host, port = bootstrap.rsplit(":", 1)
+        self._sock = socket.create_connection((host, int(port)), timeout=timeout_s)
+        self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self._correlation = 0
+
+    def close(self) -> None:
+        self._sock.close()
+
+    def request(self, api_key: int, version: int, body: dict[str, Any]) -> Any:
+        self._correlation += 1
+        self._sock.sendall(codec.encode_request(api_key, version, self._correlation, body))
+        (length,) = struct.unpack(">i", self._recv_exactly(4))
+        return codec.decode_response(self._recv_exactly(length), api_key, version)
+
+    def _recv_exactly(self, size: int) -> bytes:
+        chunks = []
+        while size:
+            chunk = self._sock.recv(size)
+            if not chunk:
+                raise ConnectionError("connection closed")
+            chunks.append(chunk)
+            size -= len(chunk)
+        return b"".join(chunks)
+
+    def produce(self, topic: str, partition: int, batch: bytes) -> tuple[int, int]:
+        """(error code, base offset) of an acks=all produce of ``batch``."""
+        body = {
+            "acks": -1,
+            "timeout": 30_000,
+            "topic_data": [
+                {"name": topic, "partition_data": [{"index": partition, "records": batch}]}
+            ],
+        }
+        response = self.request(PRODUCE, PRODUCE_VERSION, body)
+        result = response.responses[0].partition_responses[0]
+        return int(result.error_code), int(result.base_offset)
+
+    def leader(self, topic: str, partition: int) -> int:
+        """The leader id Metadata names for the partition (-1: none)."""
+        body = {"topics": [{"name": topic}], "allow_auto_topic_creation": False}
+        response = self.request(METADATA, METADATA_VERSION, body)
+        for entry in response.topics:
+            if entry.name == topic:
+                for p in entry.partitions:
+                    if int(p.partition_index) == partition:
+                        return int(p.leader_id)
+        return -1
+
+
+def _varint(value: int) -> bytes:
+    zigzag = (value << 1) ^ (value >> 63)
+    out = bytearray()
+    while zigzag & ~0x7F:
+        out.append((zigzag & 0x7F) | 0x80)
+        zigzag >>= 7
+    out.append(zigzag)
+    return bytes(out)
+
+
+def make_batch(values: Sequence[bytes], timestamp_ms: int | None = None) -> bytes:
+    """An uncompressed v2 record batch (no key, no headers) with a correct CRC32C."""
+    ts = int(time.time() * 1000) if timestamp_ms is None else timestamp_ms
+    records = b""
+    for i, value in enumerate(values):
+        body = b"\x00" + _varint(0) + _varint(i) + _varint(-1) + _varint(len(value)) + value
+        body += _varint(0)
+        records += _varint(len(body)) + body
+    after_crc = (
+        struct.pack(">hiqqqhii", 0, len(values) - 1, ts, ts, -1, -1, -1, len(values)) + records
+    )
+    head = struct.pack(">qiibI", 0, 4 + 1 + 4 + len(after_crc), 0, 2, crc32c.crc32c(after_crc))
+    return head + after_crc
+
+
+# --- measuring ----------------------------------------------------------------------------------
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """The q-th percentile (0-100) by nearest rank; NaN for no values."""
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    rank = max(0, min(len(ordered) - 1, round(q / 100 * len(ordered) + 0.5) - 1))
+    return ordered[rank]
+
+
+def rss_bytes(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/status") as status:
+            for line in status:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of a process (and its reaped children: none here)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            fields = stat.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return 0.0
+
+
+class Sampler(threading.Thread):
+    """Samples a process's RSS every ``interval_s`` until stopped; keeps the maximum."""
+
+    def __init__(self, pid: int, interval_s: float = 0.1) -> None:
+        super().__init__(daemon=True, name=f"rss-{pid}")
+        self.pid = pid
+        self.interval_s = interval_s
+        self.max_rss = 0
+        self.samples = 0
+        self.series: list[tuple[float, int]] = []  # (time.monotonic(), RSS bytes)
+        self._stop_event = threading.Event()
+
+    def run(self) -> None:
+        while not self._stop_event.is_set():
+            rss = rss_bytes(self.pid)
+            self.series.append((time.monotonic(), rss))
+            self.max_rss = max(self.max_rss, rss)
+            self.samples += 1
+            self._stop_event.wait(self.interval_s)
+
+    def max_between(self, t0: float, t1: float) -> int:
+        return max((rss for t, rss in self.series if t0 <= t <= t1), default=0)
+
+    def stop(self) -> int:
+        self._stop_event.set()
+        self.join(2)
+        self.max_rss = max(self.max_rss, rss_bytes(self.pid))
+        return self.max_rss
+
+
+def verdict(ok: bool) -> str:
+    return "PASS" if ok else "MISS"

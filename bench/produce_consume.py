@@ -1,0 +1,778 @@
+"""Produce and consume throughput and produce latency through one broker on moto's S3 server.
+
+Starts etcd, moto's S3 server and one ``kafscale broker`` process, then measures:
+
+a. the S3 server's raw PUT throughput for 4 MiB objects with boto3, built and driven the way the
+   broker drives it (one client, a thread pool: single stream and N parallel PUTs), and the PUT
+   latency of small objects (p50/p99; sequential, and 2 x partitions at once as a flush does);
+b. produce throughput with confluent-kafka (1 KiB records, acks=all, linger.ms=5, 3 partitions)
+   as fast as the client can push, bounded by ``--records`` and ``--duration``;
+c. right after it, consume throughput of those records (assign from offset 0, still in the
+   broker's cache);
+b'. produce latency per message (produce() to delivery callback) at fixed rates below
+   saturation (1000/s and half the measured maximum), where the client's queue does not dominate;
+d. the broker's RSS, sampled every 100 ms throughout (maximum overall and per phase).
+
+It prints a table and the targets of issue 2 with PASS/MISS. Everything it starts is stopped at
+the end. ``--timings`` shows where the time goes inside the broker, ``--profile DIR`` records it
+with py-spy. Run from the repository root::
+
+    .venv/bin/python bench/produce_consume.py                 # ~45 s on 2 cores
+    .venv/bin/python bench/produce_consume.py --timings --flush-interval-ms 50
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import itertools
+import json
+import os
+import shutil
+import signal
+import struct
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from _cluster import (
+    Sampler,
+    Stack,
+    cpu_seconds,
+    create_topic,
+    percentile,
+    rss_bytes,
+    verdict,
+)
+
+MiB = 1024 * 1024
+TOPIC = "bench"
+LATENCY_TOPIC = "bench-latency"
+
+
+@dataclass
+class PutResult:
+    label: str
+    objects: int
+    seconds: float
+    nbytes: int
+
+    @property
+    def mib_s(self) -> float:
+        return self.nbytes / MiB / self.seconds
+
+
+@dataclass
+class ProduceResult:
+    label: str
+    topic: str
+    sent: int = 0
+    acked: int = 0
+    errors: int = 0
+    nbytes: int = 0
+    seconds: float = 0.0
+    latencies_s: list[float] = field(default_factory=list)
+    first_error: str = ""
+    # Sustained: acks delivered between the first ack and the last produce() call (the client
+    # queue is still full then, so this is the broker's rate without start-up or final drain).
+    sustained_bytes: int = 0
+    sustained_records: int = 0
+    sustained_s: float = 0.0
+    txns: int = 0
+
+    @property
+    def mib_s(self) -> float:
+        return self.nbytes / MiB / self.seconds if self.seconds else 0.0
+
+    @property
+    def records_s(self) -> float:
+        return self.acked / self.seconds if self.seconds else 0.0
+
+    @property
+    def sustained_mib_s(self) -> float:
+        return self.sustained_bytes / MiB / self.sustained_s if self.sustained_s >= 0.5 else 0.0
+
+    @property
+    def sustained_records_s(self) -> float:
+        return self.sustained_records / self.sustained_s if self.sustained_s >= 0.5 else 0.0
+
+
+@dataclass
+class ConsumeResult:
+    label: str = "consume"
+    records: int = 0
+    nbytes: int = 0
+    seconds: float = 0.0
+    first_s: float = 0.0  # assign() -> first record
+    complete: bool = False
+
+    @property
+    def mib_s(self) -> float:
+        return self.nbytes / MiB / self.seconds if self.seconds else 0.0
+
+    @property
+    def records_s(self) -> float:
+        return self.records / self.seconds if self.seconds else 0.0
+
+
+# --- a: raw PUTs --------------------------------------------------------------------------------
+
+
+def measure_puts(stack: Stack, size: int, count: int, parallel: int, prefix: str) -> PutResult:
+    client = stack.s3_client(max_concurrency=max(parallel, 1))
+    body = os.urandom(size)
+    keys = [f"rawput/{prefix}/{i:05d}" for i in range(count)]
+    client.put_object(Bucket=stack.bucket, Key=f"rawput/{prefix}/warmup", Body=body)
+    began = time.perf_counter()
+    if parallel <= 1:
+        for key in keys:
+            client.put_object(Bucket=stack.bucket, Key=key, Body=body)
+    else:
+        with ThreadPoolExecutor(parallel) as pool:
+            list(pool.map(lambda k: client.put_object(Bucket=stack.bucket, Key=k, Body=body), keys))
+    seconds = time.perf_counter() - began
+    label = "single stream" if parallel <= 1 else f"{parallel} parallel"
+    return PutResult(label, count, seconds, size * count)
+
+
+def measure_small_put_latency(
+    stack: Stack, size: int, count: int, parallel: int = 1
+) -> list[float]:
+    """Latency of each of ``count`` small PUTs, issued ``parallel`` at a time."""
+    client = stack.s3_client()
+    body = os.urandom(size)
+    latencies: list[float] = []
+
+    def put(key: str) -> float:
+        began = time.perf_counter()
+        client.put_object(Bucket=stack.bucket, Key=key, Body=body)
+        return time.perf_counter() - began
+
+    with ThreadPoolExecutor(parallel) as pool:
+        for i in range(count // parallel + 2):
+            keys = [f"rawput/small-{parallel}/{i:05d}-{j}" for j in range(parallel)]
+            results = list(pool.map(put, keys))
+            if i >= 2:  # the first requests open connections
+                latencies += results
+    return latencies
+
+
+class CpuMeter:
+    """CPU seconds of named processes and of the whole machine over a phase."""
+
+    def __init__(self, pids: dict[str, int]) -> None:
+        self.pids = pids
+        self.wall = 0.0
+        self.used: dict[str, float] = {}
+
+    def __enter__(self) -> CpuMeter:
+        self._cpu0 = {name: cpu_seconds(pid) for name, pid in self.pids.items()}
+        self._busy0 = machine_busy()
+        self._wall0 = time.perf_counter()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.wall = time.perf_counter() - self._wall0
+        busy1 = machine_busy()
+        self.used = {n: cpu_seconds(pid) - self._cpu0[n] for n, pid in self.pids.items()}
+        share = (busy1[0] - self._busy0[0]) / max(busy1[1] - self._busy0[1], 1)
+        self.used["machine"] = share * self.wall * (os.cpu_count() or 1)
+
+    def line(self, label: str) -> str:
+        return (
+            f"   CPU seconds during {label} ({self.wall:.1f} s wall, {os.cpu_count()} cores): "
+            + ", ".join(f"{n} {s:.1f} ({s / self.wall:.0%})" for n, s in self.used.items())
+        )
+
+
+def delete_raw_objects(stack: Stack) -> None:
+    """Free moto's memory: the raw-PUT objects are not needed any more."""
+    client = stack.s3_client()
+    paginator = client.get_paginator("list_objects_v2")
+    for page in paginator.paginate(Bucket=stack.bucket, Prefix="rawput/"):
+        objects = [{"Key": o["Key"]} for o in page.get("Contents", [])]
+        if objects:
+            client.delete_objects(Bucket=stack.bucket, Delete={"Objects": objects})
+
+
+# --- b: produce ---------------------------------------------------------------------------------
+
+
+def producer_config(args: argparse.Namespace, bootstrap: str) -> dict[str, Any]:
+    return {
+        "bootstrap.servers": bootstrap,
+        "acks": "all",
+        "linger.ms": args.linger_ms,
+        "compression.type": "none",
+        "message.timeout.ms": 120_000,
+    }
+
+
+def warm_up(args: argparse.Namespace, bootstrap: str, topic: str, partitions: int) -> None:
+    """Connect, fetch metadata and have the broker take every partition before timing."""
+    from confluent_kafka import Producer
+
+    producer = Producer(producer_config(args, bootstrap))
+    for p in range(partitions):
+        producer.produce(topic, value=b"warm-up", partition=p)
+    if producer.flush(30):
+        raise RuntimeError("warm-up records were not acknowledged")
+
+
+def produce(
+    args: argparse.Namespace,
+    bootstrap: str,
+    label: str,
+    topic: str,
+    records: int,
+    duration_s: float,
+    rate: float | None,
+) -> ProduceResult:
+    """Produce up to ``records`` within ``duration_s`` (at ``rate``/s if given), then flush.
+
+    Each record's key carries its produce() time (8 bytes, perf_counter_ns); the delivery
+    callback turns it into that record's latency. Throughput counts acked value bytes from the
+    first produce() to the last delivery.
+    """
+    from confluent_kafka import KafkaException, Producer
+
+    producer = Producer(producer_config(args, bootstrap))
+    value = os.urandom(args.record_bytes)
+    result = ProduceResult(label, topic)
+    first_ack = [0.0]
+    last_ack = [0.0]
+    producing = [True]
+    pack = struct.Struct(">q").pack
+    unpack = struct.Struct(">q").unpack
+
+    def delivered(err: Any, msg: Any) -> None:
+        now = time.perf_counter_ns()
+        if err is not None:
+            result.errors += 1
+            if not result.first_error:
+                result.first_error = str(err)
+            return
+        result.acked += 1
+        size = len(msg.value())
+        result.nbytes += size
+        result.latencies_s.append((now - unpack(msg.key())[0]) / 1e9)
+        last_ack[0] = now / 1e9
+        if not first_ack[0]:
+            first_ack[0] = now / 1e9
+        elif producing[0]:
+            result.sustained_bytes += size
+            result.sustained_records += 1
+
+    began = time.perf_counter()
+    deadline = began + duration_s
+    interval = 1.0 / rate if rate else 0.0
+    next_at = began
+    while result.sent < records:
+        now = time.perf_counter()
+        if now >= deadline:
+            break
+        if rate:
+            if now < next_at:
+                producer.poll(min(next_at - now, 0.005))
+                continue
+            next_at += interval
+        try:
+            producer.produce(
+                topic, value=value, key=pack(time.perf_counter_ns()), on_delivery=delivered
+            )
+            result.sent += 1
+        except BufferError:
+            producer.poll(0.01)
+            continue
+        except KafkaException as exc:  # reported, not raised
+            result.first_error = result.first_error or str(exc)
+            break
+        if result.sent % 256 == 0:
+            producer.poll(0)
+    producer.poll(0)
+    producing[0] = False
+    if first_ack[0]:
+        result.sustained_s = time.perf_counter() - first_ack[0]
+    remaining = producer.flush(args.flush_timeout)
+    end = last_ack[0] or time.perf_counter()
+    result.seconds = end - began
+    if remaining:
+        result.first_error = result.first_error or f"{remaining} records undelivered at the end"
+    return result
+
+
+# --- c: consume ---------------------------------------------------------------------------------
+
+
+# librdkafka >= 2.4 stops fetching a partition for fetch.queue.backoff.ms (1 s) whenever its
+# local queue holds more than queued.min.messages (100k) records: in a 200k-record run that is a
+# one-second pause of the client, not of the broker. The target is measured without it.
+NO_BACKOFF = {"fetch.queue.backoff.ms": 0}
+
+
+def consume(
+    bootstrap: str,
+    topic: str,
+    partitions: int,
+    expected: int,
+    timeout_s: float,
+    batch: int,
+    extra: dict[str, Any] | None = None,
+) -> ConsumeResult:
+    from confluent_kafka import Consumer, TopicPartition
+
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": "bench-consume",
+            "enable.auto.commit": False,
+            "enable.partition.eof": False,
+            **(extra or {}),
+        }
+    )
+    result = ConsumeResult(label="consume, no backoff" if extra else "consume, defaults")
+    began = time.perf_counter()
+    consumer.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
+    deadline = began + timeout_s
+    last = began
+    try:
+        while result.records < expected and time.perf_counter() < deadline:
+            for msg in consumer.consume(batch, timeout=1.0):
+                if msg.error() is not None:
+                    continue
+                result.records += 1
+                result.nbytes += len(msg.value())
+                last = time.perf_counter()
+                if not result.first_s:
+                    result.first_s = last - began
+    finally:
+        consumer.close()
+    result.seconds = last - began
+    result.complete = result.records >= expected
+    return result
+
+
+# --- main ---------------------------------------------------------------------------------------
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--records", type=int, default=200_000, help="records in the throughput run")
+    p.add_argument("--duration", type=float, default=20.0, help="time limit of the throughput run")
+    p.add_argument("--record-bytes", type=int, default=1024)
+    p.add_argument("--partitions", type=int, default=3)
+    p.add_argument("--linger-ms", type=int, default=5)
+    p.add_argument("--flush-interval-ms", type=int, default=100, help="broker flush timer")
+    p.add_argument("--segment-bytes", type=int, default=4 * MiB, help="broker size-flush bytes")
+    p.add_argument("--cache-bytes", type=int, default=None, help="broker segment cache bytes")
+    p.add_argument(
+        "--latency-rates",
+        type=float,
+        nargs="+",
+        default=[1000.0, 0.0],
+        help="paced latency runs, records/s (0: 50%% of the max rate measured)",
+    )
+    p.add_argument("--latency-duration", type=float, default=8.0, help="seconds per paced run")
+    p.add_argument("--put-count", type=int, default=32, help="4 MiB objects per PUT mode")
+    p.add_argument("--put-parallel", type=int, nargs="+", default=[4, 8])
+    p.add_argument("--small-put-bytes", type=int, default=1024)
+    p.add_argument("--small-puts", type=int, default=200)
+    p.add_argument("--consume-batch", type=int, default=10_000)
+    p.add_argument("--flush-timeout", type=float, default=60.0)
+    p.add_argument("--profile", type=Path, default=None, help="py-spy the broker into this dir")
+    p.add_argument(
+        "--timings",
+        action="store_true",
+        help="run the broker with timing probes (bench/_timed_broker.py): flush rounds, uploads, "
+        "etcd commits, S3 calls, event-loop lag, per phase",
+    )
+    p.add_argument(
+        "--broker-env",
+        action="append",
+        default=[],
+        metavar="KAFSCALE_X=V",
+        help="extra broker environment variable (repeatable)",
+    )
+    p.add_argument("--keep", action="store_true", help="keep the work dir (logs) at the end")
+    return p.parse_args(argv)
+
+
+class Profiler:
+    """py-spy recordings of the broker, one file per phase, if ``--profile DIR`` was given.
+
+    ``--gil``: only samples of the thread holding the GIL, i.e. where the broker's Python CPU
+    time goes (one interpreter lock: the event loop and boto3's threads share it).
+    """
+
+    def __init__(self, directory: Path | None, pid: int) -> None:
+        self.directory = directory
+        self.pid = pid
+        found = Path(sys.executable).with_name("py-spy")
+        self.py_spy = found if found.exists() else Path(shutil.which("py-spy") or found)
+        self._process: subprocess.Popen[bytes] | None = None
+        self.files: list[Path] = []
+        if directory is not None:
+            directory.mkdir(parents=True, exist_ok=True)
+            if not self.py_spy.exists():
+                print(f"(no {self.py_spy}: `uv pip install -p .venv/bin/python py-spy`)")
+                self.directory = None
+
+    def start(self, phase: str) -> None:
+        if self.directory is None:
+            return
+        out = self.directory / f"broker-{phase}.txt"
+        command = [str(self.py_spy), "record", "--pid", str(self.pid), "--format", "raw"]
+        command += ["--rate", "100", "--gil", "--output", str(out), "--duration", "600"]
+        self._process = subprocess.Popen(
+            command, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT
+        )
+        self.files.append(out)
+        time.sleep(0.5)  # py-spy attaches
+
+    def stop(self) -> None:
+        if self._process is not None:
+            self._process.send_signal(signal.SIGINT)  # py-spy writes its output on SIGINT
+            self._process.wait(30)
+            self._process = None
+
+
+def txn_count(stack: Stack) -> int:
+    """etcd Txn RPCs so far (every client; here: the broker's commits and acquisitions)."""
+    metrics = stack.etcd_metrics()
+    return int(
+        sum(
+            v
+            for k, v in metrics.items()
+            if k.startswith("grpc_server_started_total{") and 'grpc_method="Txn"' in k
+        )
+    )
+
+
+def timing_report(path: Path, phases: list[tuple[str, float, float]]) -> list[str]:
+    """Where a phase's time went inside the broker (see ``_timed_broker.py``)."""
+    events = []
+    with contextlib.suppress(OSError), path.open() as lines:
+        for line in lines:
+            with contextlib.suppress(ValueError):
+                events.append(json.loads(line))
+    ms = 1000.0
+
+    def stats(values: list[float], scale: float = ms, unit: str = "ms") -> str:
+        if not values:
+            return "-"
+        p50, p99 = percentile(values, 50) * scale, percentile(values, 99) * scale
+        return f"p50 {p50:.1f} p99 {p99:.1f} max {max(values) * scale:.1f} {unit} (n={len(values)})"
+
+    def line(label: str, text: str) -> str:
+        return f"      {label:<38}{text}"
+
+    out = []
+    for name, t0, t1 in phases:
+        inside = [e for e in events if t0 <= e.get("start", e.get("queued", 0)) <= t1]
+        of = {k: [e for e in inside if e["kind"] == k] for k in ("round", "upload", "commit", "s3")}
+        lag = [e["lag"] for e in inside if e["kind"] == "lag"]
+        rounds = sorted(of["round"], key=lambda e: e["start"])
+        periods = [b["start"] - a["start"] for a, b in itertools.pairwise(rounds)]
+        uploads, commits = of["upload"], of["commit"]
+        per_commit = sum(e["partitions"] for e in commits) / max(len(commits), 1)
+        out.append(f"   {name}:")
+        out.append(line("flush round period (start to start)", stats(periods)))
+        out.append(line("flush round duration", stats([e["end"] - e["start"] for e in rounds])))
+        out.append(
+            line(
+                "segment upload (encode + 2 PUTs)", stats([e["end"] - e["start"] for e in uploads])
+            )
+        )
+        out.append(line("segment size", stats([e["bytes"] for e in uploads], 1 / MiB, "MiB")))
+        out.append(
+            line("etcd commit txn", stats([e["end"] - e["start"] for e in commits]))
+            + f", {per_commit:.1f} partitions each"
+        )
+        puts = [e for e in of["s3"] if e["op"] == "put_object"]
+        for label, calls in (
+            ("S3 PUT segment", [e for e in puts if e["bytes"] > 4096]),
+            ("S3 PUT index", [e for e in puts if e["bytes"] <= 4096]),
+            ("S3 GET", [e for e in of["s3"] if e["op"] == "get_object"]),
+        ):
+            if calls:
+                out.append(
+                    line(f"{label}: in boto3", stats([e["end"] - e["start"] for e in calls]))
+                )
+                out.append(
+                    line(
+                        f"{label}: wait for a thread",
+                        stats([e["start"] - e["queued"] for e in calls]),
+                    )
+                )
+                out.append(
+                    line(
+                        f"{label}: loop resumes caller",
+                        stats([e["resumed"] - e["end"] for e in calls]),
+                    )
+                )
+        out.append(line("event-loop lag (10 ms sleep)", stats(lag)))
+    return out
+
+
+def machine_busy() -> tuple[float, float]:
+    """(busy, total) jiffies of all CPUs, from /proc/stat."""
+    with open("/proc/stat") as stat:
+        values = [float(v) for v in stat.readline().split()[1:]]
+    idle = values[3] + values[4]
+    return sum(values) - idle, sum(values)
+
+
+@dataclass
+class Run:
+    """Everything one bench run measured."""
+
+    puts: list[PutResult] = field(default_factory=list)
+    small: list[float] = field(default_factory=list)
+    small_parallel: list[float] = field(default_factory=list)
+    burst: ProduceResult | None = None
+    paced: list[ProduceResult] = field(default_factory=list)
+    consumed: ConsumeResult | None = None
+    consumed_defaults: ConsumeResult | None = None
+    idle_rss: int = 0
+    produce_cpu: CpuMeter | None = None
+    consume_cpu: CpuMeter | None = None
+    max_rss: int = 0
+    rss_samples: int = 0
+    phases: list[tuple[str, float, float]] = field(default_factory=list)
+    phase_rss: list[tuple[str, int]] = field(default_factory=list)
+    timings: list[str] = field(default_factory=list)
+    load: tuple[float, float] = (0.0, 0.0)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    env = {
+        "KAFSCALE_LOG__FLUSH_INTERVAL_MS": str(args.flush_interval_ms),
+        "KAFSCALE_LOG__SEGMENT_BYTES": str(args.segment_bytes),
+        "KAFSCALE_TOPICS__NUM_PARTITIONS": str(args.partitions),
+    }
+    if args.cache_bytes is not None:
+        env["KAFSCALE_LOG__CACHE_BYTES"] = str(args.cache_bytes)
+    for item in args.broker_env:
+        name, _, value = item.partition("=")
+        env[name] = value
+    run = Run()
+    with Stack(broker_env=env, keep_workdir=args.keep) as stack:
+        command = None
+        timings_path = stack.workdir / "timings.jsonl"
+        if args.timings:
+            stack.broker_env["KAFSCALE_BENCH_TIMINGS"] = str(timings_path)
+            command = [sys.executable, str(Path(__file__).with_name("_timed_broker.py")), "broker"]
+        broker = stack.start_broker(command=command)
+        sampler = Sampler(broker.pid)
+        sampler.start()
+        run.idle_rss = rss_bytes(broker.pid)
+        assert stack.s3 is not None and stack.etcd is not None
+        pids = {"broker": broker.pid, "moto": stack.s3.pid, "etcd": stack.etcd.pid or 0}
+        pids["bench"] = os.getpid()
+        profiler = Profiler(args.profile, broker.pid)
+        load0 = os.getloadavg()[0]
+        print(f"work dir {stack.workdir}; broker pid {broker.pid}; load average {load0:.2f}")
+
+        print("a. raw PUTs ...", flush=True)
+        for n in [1, *args.put_parallel]:
+            run.puts.append(measure_puts(stack, 4 * MiB, args.put_count, n, f"p{n}"))
+            delete_raw_objects(stack)
+        run.small = measure_small_put_latency(stack, args.small_put_bytes, args.small_puts)
+        run.small_parallel = measure_small_put_latency(
+            stack, args.small_put_bytes, args.small_puts, 2 * args.partitions
+        )
+        delete_raw_objects(stack)
+
+        topics = [TOPIC] + [f"{LATENCY_TOPIC}-{i}" for i in range(len(args.latency_rates))]
+        for topic in topics:
+            create_topic(broker.bootstrap, topic, args.partitions)
+            warm_up(args, broker.bootstrap, topic, args.partitions)
+
+        print("b. produce at the highest rate ...", flush=True)
+        txn0 = txn_count(stack)
+        profiler.start("produce")
+        mono0 = time.monotonic()
+        with CpuMeter(pids) as run.produce_cpu:
+            burst = produce(
+                args, broker.bootstrap, "max rate", TOPIC, args.records, args.duration, None
+            )
+        run.phases.append(("produce max rate", mono0, time.monotonic()))
+        profiler.stop()
+        burst.txns = txn_count(stack) - txn0
+        run.burst = burst
+
+        print("c. consume (recent data: before the paced runs fill the cache) ...", flush=True)
+        profiler.start("consume")
+        expected = burst.acked + args.partitions  # + the warm-up records
+        mono0 = time.monotonic()
+        with CpuMeter(pids) as run.consume_cpu:
+            run.consumed = consume(
+                broker.bootstrap,
+                TOPIC,
+                args.partitions,
+                expected,
+                120.0,
+                args.consume_batch,
+                NO_BACKOFF,
+            )
+        run.phases.append(("consume", mono0, time.monotonic()))
+        profiler.stop()
+        mono0 = time.monotonic()
+        run.consumed_defaults = consume(
+            broker.bootstrap, TOPIC, args.partitions, expected, 120.0, args.consume_batch
+        )
+        run.phases.append(("consume (client defaults)", mono0, time.monotonic()))
+        for i, wanted in enumerate(args.latency_rates):
+            rate = wanted or max(100.0, (burst.sustained_records_s or burst.records_s) / 2)
+            print(f"b. produce at {rate:.0f} records/s (latency) ...", flush=True)
+            txn0 = txn_count(stack)
+            profiler.start(f"paced-{rate:.0f}")
+            mono0 = time.monotonic()
+            label = f"{rate:.0f}/s"
+            result = produce(
+                args, broker.bootstrap, label, topics[i + 1], 10**9, args.latency_duration, rate
+            )
+            profiler.stop()
+            run.phases.append((f"produce {label}", mono0, time.monotonic()))
+            result.txns = txn_count(stack) - txn0
+            run.paced.append(result)
+
+        if args.timings:
+            run.timings = timing_report(timings_path, run.phases)
+        run.max_rss = sampler.stop()
+        run.rss_samples = sampler.samples
+        run.phase_rss = [(n, sampler.max_between(t0, t1)) for n, t0, t1 in run.phases]
+        run.load = (load0, os.getloadavg()[0])
+
+    report(args, run)
+    for path in profiler.files:
+        print(f"broker profile (py-spy --gil, collapsed stacks): {path}")
+    return 0
+
+
+def report(args: argparse.Namespace, run: Run) -> None:
+    assert run.burst is not None and run.consumed is not None
+    burst, consumed = run.burst, run.consumed
+    ms = 1000.0
+    print()
+    print(
+        f"kafscale produce/consume bench: 1 broker, {args.partitions} partitions, "
+        f"{args.record_bytes} B records, acks=all, linger.ms={args.linger_ms}, "
+        f"flush interval {args.flush_interval_ms} ms, segment.bytes {args.segment_bytes}, "
+        f"{os.cpu_count()} CPUs, load average {run.load[0]:.2f} -> {run.load[1]:.2f}"
+    )
+    for item in args.broker_env:
+        print(f"   broker env {item}")
+    print()
+    print("a. S3 server (moto) raw PUT, boto3 client built as the broker builds it")
+    for put in run.puts:
+        print(
+            f"   4 MiB x {put.objects:<3} {put.label:<14} {put.mib_s:8.1f} MiB/s"
+            f"   ({put.seconds:.2f} s)"
+        )
+    for label, values in (
+        ("sequential", run.small),
+        (f"{2 * args.partitions} at once", run.small_parallel),
+    ):
+        print(
+            f"   {args.small_put_bytes} B PUT latency, {label:<11} (n={len(values)}): "
+            f"p50 {percentile(values, 50) * ms:.1f} ms  p99 {percentile(values, 99) * ms:.1f} ms"
+        )
+    best_put = max(run.puts, key=lambda p: p.mib_s)
+    print()
+    print("b/c. Kafka clients (confluent-kafka)")
+    header = f"   {'phase':<24}{'records':>9}{'MiB/s':>8}{'records/s':>11}{'p50 ms':>9}"
+    print(header + f"{'p99 ms':>9}{'max ms':>9}{'seconds':>9}{'errors':>8}")
+    for r in (burst, *run.paced):
+        p50, p99 = percentile(r.latencies_s, 50) * ms, percentile(r.latencies_s, 99) * ms
+        top = max(r.latencies_s, default=float("nan")) * ms
+        print(
+            f"   {'produce ' + r.label:<24}{r.acked:>9}{r.mib_s:>8.1f}{r.records_s:>11.0f}"
+            f"{p50:>9.1f}{p99:>9.1f}{top:>9.1f}{r.seconds:>9.2f}{r.errors:>8}"
+        )
+        if r.first_error:
+            print(f"      first error: {r.first_error}")
+        if r is burst:
+            print(
+                f"   {'  sustained (queue full)':<24}{burst.sustained_records:>9}"
+                f"{burst.sustained_mib_s:>8.1f}{burst.sustained_records_s:>11.0f}{'':>27}"
+                f"{burst.sustained_s:>9.2f}"
+            )
+    for c in (consumed, run.consumed_defaults):
+        if c is not None:
+            print(
+                f"   {c.label:<24}{c.records:>9}{c.mib_s:>8.1f}"
+                f"{c.records_s:>11.0f}{'':>27}{c.seconds:>9.2f}"
+                + f"   (first record after {c.first_s * 1000:.0f} ms)"
+                + ("" if c.complete else "   INCOMPLETE")
+            )
+    print(
+        "   (consume: client defaults but fetch.queue.backoff.ms=0, used for the target; "
+        "'defaults': librdkafka pauses 1 s when its queue passes 100k records)"
+    )
+    print("   (max-rate latencies are mostly time spent in the client's full queue)")
+    for r in (burst, *run.paced):
+        if r.txns:
+            print(
+                f"   {r.label}: {r.txns} etcd txns (flush commits) in {r.seconds:.1f} s: one per "
+                f"{r.seconds / r.txns * ms:.0f} ms, {r.nbytes / r.txns / MiB:.2f} MiB per commit"
+            )
+    cache = args.cache_bytes or 256 * MiB
+    if burst.nbytes > cache:
+        print(
+            f"   note: {burst.nbytes / MiB:.0f} MiB produced > {cache / MiB:.0f} MiB broker cache:"
+        )
+        print("   the consume run reads the older part from S3, not from recent data")
+    for label, meter in (("the max-rate produce", run.produce_cpu), ("consume", run.consume_cpu)):
+        if meter is not None:
+            print(meter.line(label))
+    print()
+    print(
+        f"d. broker RSS max {run.max_rss / MiB:.0f} MiB ({run.max_rss / 1e6:.0f} MB, "
+        f"{run.rss_samples} samples every 100 ms); idle after start {run.idle_rss / 1e6:.0f} MB; "
+        "max per phase: " + ", ".join(f"{name} {rss / 1e6:.0f} MB" for name, rss in run.phase_rss)
+    )
+    print()
+    produced = burst.sustained_mib_s or burst.mib_s
+    put_p99 = percentile(run.small, 99) * ms
+    budget = args.flush_interval_ms + 2 * put_p99
+    targets = [
+        (
+            "produce >= 60% of raw PUT MiB/s (4 MiB, best mode)",
+            f"{produced:.1f} vs {0.6 * best_put.mib_s:.1f} MiB/s "
+            f"({produced / best_put.mib_s:.0%} of {best_put.mib_s:.1f}, {best_put.label})",
+            produced >= 0.6 * best_put.mib_s,
+        ),
+        (
+            "consume >= 2x produce",
+            f"{consumed.mib_s:.1f} vs {2 * produced:.1f} MiB/s "
+            f"({consumed.mib_s / produced if produced else 0:.1f}x)",
+            consumed.complete and consumed.mib_s >= 2 * produced,
+        ),
+    ]
+    for r in run.paced:
+        p99 = percentile(r.latencies_s, 99) * ms
+        targets.append(
+            (
+                f"produce p99 <= flush interval + 2 x PUT p99 @{r.label}",
+                f"{p99:.1f} vs {budget:.1f} ms (acked {r.records_s:.0f} records/s)",
+                p99 <= budget and not r.errors,
+            )
+        )
+    targets.append(("broker RSS <= 500 MB", f"{run.max_rss / 1e6:.0f} MB", run.max_rss <= 500e6))
+    print("targets (issue 2; produce = the sustained max-rate figure; PUT p99 = sequential)")
+    for name, figures, ok in targets:
+        print(f"   {verdict(ok)}  {name:<56} {figures}")
+    if run.timings:
+        print()
+        print("inside the broker (timing probes, bench/_timed_broker.py)")
+        print("\n".join(run.timings))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

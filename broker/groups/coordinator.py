@@ -1,0 +1,228 @@
+"""The group coordinator of one broker: which groups it coordinates, and taking them on.
+
+A group is coordinated here only while this broker holds the group's lease in etcd. The first
+request for a group takes the lease (create-if-absent, bound to the broker's session) and loads
+the group's metadata and offsets; concurrent requests for the same group share that one load.
+A broker that cannot take the lease answers NOT_COORDINATOR; one that cannot reach etcd never
+guesses (the caller maps ``MetadataUnavailable`` to REQUEST_TIMED_OUT or
+COORDINATOR_NOT_AVAILABLE).
+
+A group is dropped, its waiting members told NOT_COORDINATOR, when a fenced write fails, when the
+lease watch shows another holder (or the lease gone), when the broker's session is lost, and at
+shutdown, before the session is revoked so that the leases pass on at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import logging
+from dataclasses import dataclass
+from typing import Protocol
+
+from kafscale.broker.config import GroupSettings
+from kafscale.broker.groups.leases import GroupLeases, choose_coordinator
+from kafscale.broker.groups.model import GroupConfig, GroupState
+from kafscale.broker.groups.runtime import GroupRuntime
+from kafscale.broker.groups.store import GroupStore
+from kafscale.broker.metadata.cluster import BrokerInfo, ClusterView
+from kafscale.broker.metadata.etcd import Etcd, SessionLease
+from kafscale.broker.protocol.errors import NotCoordinator
+
+log = logging.getLogger(__name__)
+
+_SESSION_POLL_S = 0.1
+
+
+class CoordinatorHost(Protocol):
+    """What the coordinator needs from its broker (``kafscale.broker.app.Broker``)."""
+
+    @property
+    def etcd(self) -> Etcd: ...
+
+    @property
+    def session(self) -> SessionLease: ...
+
+    @property
+    def view(self) -> ClusterView: ...
+
+    @property
+    def node_id(self) -> int: ...
+
+    @property
+    def cluster(self) -> str: ...
+
+    @property
+    def draining(self) -> bool: ...
+
+
+def group_config(settings: GroupSettings) -> GroupConfig:
+    return GroupConfig(
+        initial_rebalance_delay_ms=settings.initial_rebalance_delay_ms,
+        min_session_timeout_ms=settings.min_session_timeout_ms,
+        max_session_timeout_ms=settings.max_session_timeout_ms,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class ListedGroup:
+    group_id: str
+    protocol_type: str
+    state: str
+
+
+class GroupCoordinator:
+    def __init__(self, host: CoordinatorHost, config: GroupConfig) -> None:
+        self._host = host
+        self.config = config
+        self._store = GroupStore(host.etcd, host.cluster)
+        self._leases = GroupLeases(host.etcd, host.cluster, self._on_lease_change)
+        self._runtimes: dict[str, GroupRuntime] = {}
+        self._loading: dict[str, asyncio.Task[GroupRuntime]] = {}
+        self._retired: list[asyncio.Task[None]] = []
+        self._tasks: list[asyncio.Task[None]] = []
+        self._closed = False
+
+    async def start(self) -> None:
+        await self._leases.start()
+        self._tasks.append(
+            asyncio.create_task(self._follow_session(), name="group-coordinator-session")
+        )
+
+    async def close(self) -> None:
+        """Stop coordinating and release every group lease (waiters get NOT_COORDINATOR)."""
+        self._closed = True
+        loading = list(self._loading.values())
+        for loader in loading:
+            loader.cancel()
+        fences = [runtime.fence for runtime in self._runtimes.values()]
+        self._drop_all("the broker is shutting down")
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, *self._retired, *loading, return_exceptions=True)
+        self._retired.clear()
+        with contextlib.suppress(Exception):
+            async with asyncio.timeout(self._host.etcd.timeout_s):
+                await asyncio.gather(*(self._leases.release(f) for f in fences))
+        await self._leases.close()
+
+    # --- finding and taking groups ------------------------------------------------------------
+
+    def coordinator_for(self, group_id: str) -> BrokerInfo | None:
+        """FindCoordinator's answer: the live lease holder, else the broker that will take it."""
+        view = self._host.view
+        chosen = choose_coordinator(
+            group_id, self._leases.holder(group_id), view.brokers.keys(), view.draining
+        )
+        return None if chosen is None else view.brokers.get(chosen)
+
+    def local(self, group_id: str) -> GroupRuntime | None:
+        runtime = self._runtimes.get(group_id)
+        return runtime if runtime is not None and not runtime.closed else None
+
+    async def runtime(self, group_id: str) -> GroupRuntime:
+        """The group, coordinated here; raises NotCoordinator or MetadataUnavailable."""
+        runtime = self.local(group_id)
+        if runtime is not None:
+            return runtime
+        if self._closed:
+            raise NotCoordinator("this broker is shutting down")
+        task = self._loading.get(group_id)
+        if task is None:
+            task = asyncio.create_task(self._acquire(group_id), name=f"group-acquire-{group_id}")
+            self._loading[group_id] = task
+            task.add_done_callback(functools.partial(self._acquired, group_id))
+        return await asyncio.shield(task)
+
+    def _acquired(self, group_id: str, task: asyncio.Task[GroupRuntime]) -> None:
+        if self._loading.get(group_id) is task:
+            del self._loading[group_id]
+        if not task.cancelled():
+            task.exception()  # retrieved here: every caller may have gone away
+
+    async def _acquire(self, group_id: str) -> GroupRuntime:
+        host = self._host
+        session = host.session
+        if session.lost.is_set():
+            raise NotCoordinator("this broker's etcd session expired")
+        if host.draining:
+            raise NotCoordinator("this broker is draining")
+        fence = await self._leases.acquire(group_id, host.node_id, session.id)
+        if fence is None:
+            holder = self._leases.holder(group_id)
+            raise NotCoordinator(f"group {group_id!r} is coordinated by broker {holder}")
+        loaded = await self._store.load(group_id)
+        if self._closed or host.session is not session or session.lost.is_set():
+            raise NotCoordinator("this broker lost its etcd session")
+        runtime = GroupRuntime(group_id, fence, self._store, self.config, loaded, self._drop)
+        self._runtimes[group_id] = runtime
+        log.info(
+            "coordinating group %s (generation %d, %d committed partitions)",
+            group_id,
+            runtime.group.generation if runtime.group is not None else 0,
+            len(runtime.offsets),
+        )
+        return runtime
+
+    # --- listing ------------------------------------------------------------------------------
+
+    async def list_groups(self) -> list[ListedGroup]:
+        """Groups this broker coordinates, or would (no live holder, and it is the pick).
+
+        Raises MetadataUnavailable when etcd cannot be read.
+        """
+        listed: dict[str, ListedGroup] = {}
+        for group_id, runtime in self._runtimes.items():
+            group = runtime.group
+            if group is None or group.state is GroupState.DEAD or runtime.closed:
+                continue
+            listed[group_id] = ListedGroup(group_id, group.protocol_type or "", group.state.value)
+        node_id = self._host.node_id
+        for persisted in await self._store.list_persisted():
+            if persisted.group_id in listed:
+                continue
+            chosen = self.coordinator_for(persisted.group_id)
+            if chosen is None or chosen.node_id != node_id:
+                continue
+            state = GroupState.STABLE if persisted.has_members else GroupState.EMPTY
+            listed[persisted.group_id] = ListedGroup(
+                persisted.group_id, persisted.protocol_type, state.value
+            )
+        return sorted(listed.values(), key=lambda g: g.group_id)
+
+    # --- losing groups ------------------------------------------------------------------------
+
+    def _on_lease_change(self, group_id: str, owner: int | None, revision: int) -> None:
+        runtime = self._runtimes.get(group_id)
+        if runtime is None or owner == self._host.node_id:
+            return
+        if revision < runtime.fence.create_revision:
+            return  # an event from before we took the lease
+        if owner is None:
+            self._drop(runtime, "its lease was released")
+        else:
+            self._drop(runtime, f"broker {owner} holds its lease now")
+
+    def _drop(self, runtime: GroupRuntime, reason: str) -> None:
+        if self._runtimes.get(runtime.group_id) is runtime:
+            del self._runtimes[runtime.group_id]
+        if runtime.closed:
+            return
+        log.info("no longer coordinating group %s: %s", runtime.group_id, reason)
+        self._retired = [t for t in self._retired if not t.done()]
+        self._retired.extend(runtime.unload())
+
+    def _drop_all(self, reason: str) -> None:
+        for runtime in list(self._runtimes.values()):
+            self._drop(runtime, reason)
+
+    async def _follow_session(self) -> None:
+        """When the session is lost every group lease went with it: drop every group."""
+        while True:
+            session = self._host.session
+            await session.lost.wait()
+            self._drop_all("this broker's etcd session was lost")
+            # The broker starts a new session without an event to wait on: poll for it.
+            while self._host.session is session:  # noqa: ASYNC110
+                await asyncio.sleep(_SESSION_POLL_S)

@@ -1,0 +1,165 @@
+"""Group leases: which broker coordinates which group.
+
+``leases/groups/<group>`` holds the coordinator's broker id and is bound to that broker's
+session lease, so it vanishes when the broker stops or its session expires. A broker takes it
+with a create-if-absent transaction on the first group request it gets; only the holder
+coordinates (DESIGN §3.7). Every broker follows all group leases through one prefix watch: that
+answers FindCoordinator without an etcd round trip and tells a broker at once when a group it
+coordinated is held by someone else.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import zlib
+from collections.abc import Callable, Iterable
+
+from kafscale.broker.groups.store import Fence
+from kafscale.broker.metadata import keys
+from kafscale.broker.metadata.etcd import (
+    Etcd,
+    KeyValue,
+    WatchEventKind,
+    create_revision_is,
+    delete_op,
+    get_op,
+    put_op,
+    value_is,
+)
+
+log = logging.getLogger(__name__)
+
+LeaseChange = Callable[[str, int | None, int], None]
+"""(group, new owner or None when released, etcd revision of the change)."""
+
+
+def choose_coordinator(
+    group_id: str, holder: int | None, live: Iterable[int], draining: Iterable[int] = ()
+) -> int | None:
+    """The broker FindCoordinator names: the live lease holder, else a stable pick.
+
+    Without a live holder every broker computes the same candidate (crc32 of the group id over
+    the sorted live, non-draining brokers), so clients of one group converge on one broker,
+    which takes the lease on their first request.
+    """
+    alive = sorted(set(live))
+    if holder is not None and holder in alive:
+        return holder
+    skip = set(draining)
+    candidates = [b for b in alive if b not in skip] or alive
+    if not candidates:
+        return None
+    return candidates[zlib.crc32(group_id.encode()) % len(candidates)]
+
+
+def owner_value(node_id: int) -> bytes:
+    return str(node_id).encode()
+
+
+def _parse_owner(value: bytes) -> int | None:
+    try:
+        return int(value)
+    except ValueError:
+        return None
+
+
+class GroupLeases:
+    """The cluster's group lease holders, followed by a watch; takes leases for this broker."""
+
+    def __init__(self, etcd: Etcd, cluster: str, on_change: LeaseChange) -> None:
+        self._etcd = etcd
+        self._cluster = cluster
+        self._prefix = keys.group_leases_prefix(cluster)
+        self._on_change = on_change
+        self.owners: dict[str, int] = {}
+        self._task: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        entries, revision = await self._etcd.get_prefix_with_revision(self._prefix)
+        self._reset(entries)
+        self._task = asyncio.create_task(self._follow(revision + 1), name="group-leases-watch")
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+
+    def holder(self, group_id: str) -> int | None:
+        return self.owners.get(group_id)
+
+    async def acquire(self, group_id: str, node_id: int, session_id: int) -> Fence | None:
+        """Take (or confirm) the lease; None if another broker holds it.
+
+        Raises ``MetadataUnavailable`` when etcd cannot answer: never coordinate without it.
+        """
+        key = keys.group_lease_key(self._cluster, group_id)
+        owner = owner_value(node_id)
+        for _ in range(3):
+            result = await self._etcd.txn(
+                [create_revision_is(key, 0)], [put_op(key, owner, lease=session_id)], [get_op(key)]
+            )
+            if result.succeeded:
+                self.owners[group_id] = node_id
+                return Fence(key, owner, result.revision)
+            current = result.kv(0)
+            if current is None:
+                continue  # released between compare and read: try again
+            if current.value == owner and current.lease == session_id:
+                return Fence(key, owner, current.create_revision)
+            if current.value == owner:
+                # Ours, from a session this broker already gave up: clear it, then take it anew
+                # (a fresh create revision, so nothing fenced by the old one can write).
+                stale = [value_is(key, owner), create_revision_is(key, current.create_revision)]
+                await self._etcd.txn(stale, [delete_op(key)])
+                continue
+            holder = _parse_owner(current.value)
+            if holder is not None:
+                self.owners[group_id] = holder
+            return None
+        return None
+
+    async def release(self, fence: Fence) -> None:
+        """Give the lease up (only if it is still the one ``fence`` proves)."""
+        await self._etcd.txn(fence.compares(), [delete_op(fence.key)])
+
+    def _group_of(self, key: str) -> str:
+        return key[len(self._prefix) :]
+
+    def _reset(self, entries: list[KeyValue]) -> None:
+        self.owners = {}
+        for entry in entries:
+            owner = _parse_owner(entry.value)
+            if owner is not None:
+                self.owners[self._group_of(entry.key)] = owner
+
+    async def _follow(self, start_revision: int) -> None:
+        watch = self._etcd.watch_prefix(self._prefix, start_revision)
+        async with contextlib.aclosing(watch) as events:
+            async for event in events:
+                try:
+                    if event.kind is WatchEventKind.RESYNC:
+                        await self._resync(event.mod_revision)
+                        continue
+                    group_id = self._group_of(event.key)
+                    if event.kind is WatchEventKind.PUT:
+                        owner = _parse_owner(event.value)
+                        if owner is None:
+                            continue
+                        self.owners[group_id] = owner
+                    else:
+                        owner = None
+                        self.owners.pop(group_id, None)
+                    self._on_change(group_id, owner, event.mod_revision)
+                except Exception:
+                    log.exception("cannot apply group lease event for %s", event.key)
+
+    async def _resync(self, revision: int) -> None:
+        """History was compacted: reload, and report every holder as changed."""
+        before = dict(self.owners)
+        self._reset(await self._etcd.get_prefix(self._prefix))
+        for group_id in set(before) | set(self.owners):
+            self._on_change(group_id, self.owners.get(group_id), revision)

@@ -1,0 +1,322 @@
+"""The async shell around one coordinated group: waiting requests, timers, etcd writes.
+
+The state machine (``group.Group``) decides; this class turns its answers into awaited
+responses (one future per waiting JoinGroup/SyncGroup, keyed by ticket), runs its deadlines
+(session expiry, rebalance and initial-delay timeouts) from one timer task, and performs its
+``Store`` effects in order from one writer task. Offsets are cached here after each fenced
+commit, so OffsetFetch never reads etcd.
+
+A failed fence (the lease is no longer ours) calls ``on_lost``: the coordinator then unloads
+the group and every waiting member is told NOT_COORDINATOR.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable, Mapping
+
+from kafscale.broker.groups.group import Group
+from kafscale.broker.groups.model import (
+    UNKNOWN_MEMBER_ID,
+    AssignmentStore,
+    Effect,
+    EmptyStore,
+    GroupConfig,
+    GroupDescription,
+    GroupState,
+    JoinRequest,
+    JoinResult,
+    Pending,
+    Reply,
+    Store,
+    SyncRequest,
+    SyncResult,
+)
+from kafscale.broker.groups.store import (
+    CommittedOffset,
+    Fence,
+    GroupStore,
+    LoadedGroup,
+    TopicPartition,
+)
+from kafscale.broker.metadata.etcd import MetadataUnavailable
+from kafscale.broker.protocol.errors import ErrorCode, NotCoordinator
+
+log = logging.getLogger(__name__)
+
+Clock = Callable[[], int]
+
+
+def loop_clock_ms() -> int:
+    return int(asyncio.get_running_loop().time() * 1000)
+
+
+class GroupRuntime:
+    def __init__(
+        self,
+        group_id: str,
+        fence: Fence,
+        store: GroupStore,
+        config: GroupConfig,
+        loaded: LoadedGroup,
+        on_lost: Callable[[GroupRuntime, str], None],
+        clock: Clock = loop_clock_ms,
+    ) -> None:
+        self.group_id = group_id
+        self.fence = fence
+        self._store = store
+        self._config = config
+        self._on_lost = on_lost
+        self._clock = clock
+        now = clock()
+        self.group: Group | None = None
+        if loaded.record is not None:
+            self.group = Group.from_record(group_id, config, loaded.record, now)
+        elif loaded.offsets:
+            self.group = Group(group_id, config, now)
+        self.offsets: dict[TopicPartition, CommittedOffset] = dict(loaded.offsets)
+        self.closed = False
+        self._waiters: dict[int, asyncio.Future[JoinResult | SyncResult]] = {}
+        self._wake = asyncio.Event()
+        self._stores: asyncio.Queue[Store] = asyncio.Queue()
+        self._commit_lock = asyncio.Lock()
+        self._tasks = [
+            asyncio.create_task(self._run_timers(), name=f"group-timers-{group_id}"),
+            asyncio.create_task(self._run_stores(), name=f"group-stores-{group_id}"),
+        ]
+
+    @property
+    def state(self) -> GroupState | None:
+        """None: the group does not exist (nothing in etcd, nobody joined)."""
+        return None if self.group is None else self.group.state
+
+    # --- membership ---------------------------------------------------------------------------
+
+    def _check_open(self) -> None:
+        """A runtime dropped after it was handed out must not take new work."""
+        if self.closed:
+            raise NotCoordinator(f"this broker no longer coordinates group {self.group_id!r}")
+
+    async def join(self, request: JoinRequest) -> JoinResult:
+        self._check_open()
+        group = self.group
+        if group is None:
+            if request.member_id != UNKNOWN_MEMBER_ID:
+                return JoinResult(ErrorCode.UNKNOWN_MEMBER_ID, request.member_id)
+            if not self._config.session_timeout_ok(request.session_timeout_ms):
+                return JoinResult(ErrorCode.INVALID_SESSION_TIMEOUT, request.member_id)
+            group = self.group = Group(self.group_id, self._config, self._clock())
+        result = await self._settle(group, group.join(self._clock(), request))
+        assert isinstance(result, JoinResult)
+        return result
+
+    async def sync(self, request: SyncRequest) -> SyncResult:
+        self._check_open()
+        if self.group is None:
+            return SyncResult(ErrorCode.UNKNOWN_MEMBER_ID)
+        result = await self._settle(self.group, self.group.sync(self._clock(), request))
+        assert isinstance(result, SyncResult)
+        return result
+
+    def heartbeat(
+        self, member_id: str, group_instance_id: str | None, generation: int
+    ) -> ErrorCode:
+        self._check_open()
+        if self.group is None:
+            return ErrorCode.UNKNOWN_MEMBER_ID
+        error = self.group.heartbeat(self._clock(), member_id, group_instance_id, generation)
+        self._apply(self.group.take_effects())
+        return error
+
+    def leave(self, members: list[tuple[str, str | None]]) -> tuple[ErrorCode, list[ErrorCode]]:
+        """(group error, per-member errors)."""
+        self._check_open()
+        if self.group is None:
+            return ErrorCode.NONE, [ErrorCode.UNKNOWN_MEMBER_ID] * len(members)
+        if self.group.state is GroupState.DEAD:
+            return ErrorCode.COORDINATOR_NOT_AVAILABLE, []
+        errors = self.group.leave(self._clock(), members)
+        self._apply(self.group.take_effects())
+        return ErrorCode.NONE, errors
+
+    def describe(self) -> GroupDescription:
+        self._check_open()
+        if self.group is None:
+            return GroupDescription(GroupState.DEAD, "", "", ())
+        return self.group.describe()
+
+    # --- offsets ------------------------------------------------------------------------------
+
+    async def commit(
+        self,
+        member_id: str,
+        group_instance_id: str | None,
+        generation: int,
+        offsets: Mapping[TopicPartition, CommittedOffset],
+    ) -> ErrorCode:
+        if self.closed:
+            return ErrorCode.NOT_COORDINATOR
+        group = self.group
+        if group is None:
+            if generation >= 0:
+                return ErrorCode.ILLEGAL_GENERATION  # not a group we know: an old generation
+            group = self.group = Group(self.group_id, self._config, self._clock())
+        error = group.validate_commit(self._clock(), member_id, group_instance_id, generation)
+        self._apply(group.take_effects())
+        if error is not ErrorCode.NONE or not offsets:
+            return error
+        async with self._commit_lock:
+            if self.closed:
+                return ErrorCode.NOT_COORDINATOR
+            try:
+                stored = await self._store.save_offsets(self.group_id, offsets, self.fence)
+            except MetadataUnavailable as exc:
+                log.warning("offset commit for group %s: %s", self.group_id, exc)
+                return ErrorCode.REQUEST_TIMED_OUT
+            if not stored:
+                self._lose("offset commit fenced: the group lease is no longer ours")
+                return ErrorCode.NOT_COORDINATOR
+            self.offsets.update(offsets)
+        return ErrorCode.NONE
+
+    def committed(
+        self, partitions: list[TopicPartition] | None
+    ) -> dict[TopicPartition, CommittedOffset | None]:
+        """Committed offsets of ``partitions`` (None when nothing is committed), or all."""
+        self._check_open()
+        if partitions is None:
+            return dict(sorted(self.offsets.items()))
+        return {tp: self.offsets.get(tp) for tp in partitions}
+
+    async def delete(self) -> ErrorCode:
+        """DeleteGroups: an Empty group's metadata, offsets and lease go."""
+        self._check_open()
+        if self.group is None:
+            return ErrorCode.GROUP_ID_NOT_FOUND
+        error = self.group.delete()
+        if error is not ErrorCode.NONE:
+            return error
+        async with self._commit_lock:
+            try:
+                deleted = await self._store.delete_group(self.group_id, self.fence)
+            except MetadataUnavailable as exc:
+                log.warning("deleting group %s: %s", self.group_id, exc)
+                deleted = False
+                error = ErrorCode.COORDINATOR_NOT_AVAILABLE
+            if not deleted and error is ErrorCode.NONE:
+                error = ErrorCode.NOT_COORDINATOR
+        self.offsets.clear()
+        self._lose("group deleted" if error is ErrorCode.NONE else "group deletion failed")
+        return error
+
+    # --- lifecycle ----------------------------------------------------------------------------
+
+    def unload(self) -> list[asyncio.Task[None]]:
+        """Stop coordinating: waiters get NOT_COORDINATOR; returns the tasks to await."""
+        if self.closed:
+            return []
+        self.closed = True
+        if self.group is not None:
+            self.group.unload()
+            self._apply(self.group.take_effects())
+        for future in self._waiters.values():
+            if not future.done():
+                future.set_exception(NotCoordinator(f"group {self.group_id} moved"))
+        tasks = self._tasks
+        current = asyncio.current_task()
+        for task in tasks:
+            if task is not current:
+                task.cancel()
+        return [t for t in tasks if t is not current]
+
+    def _lose(self, reason: str) -> None:
+        if not self.closed:
+            self._on_lost(self, reason)
+
+    # --- plumbing -----------------------------------------------------------------------------
+
+    async def _settle(
+        self, group: Group, outcome: JoinResult | SyncResult | Pending
+    ) -> JoinResult | SyncResult:
+        """Register the waiter (if any) before applying effects: they may already answer it."""
+        future: asyncio.Future[JoinResult | SyncResult] | None = None
+        if isinstance(outcome, Pending):
+            future = asyncio.get_running_loop().create_future()
+            self._waiters[outcome.ticket] = future
+        self._apply(group.take_effects())
+        if future is None:
+            assert not isinstance(outcome, Pending)
+            return outcome
+        assert isinstance(outcome, Pending)
+        try:
+            return await future
+        finally:
+            self._waiters.pop(outcome.ticket, None)
+
+    def _apply(self, effects: list[Effect]) -> None:
+        for effect in effects:
+            if isinstance(effect, Reply):
+                future = self._waiters.get(effect.ticket)
+                if future is not None and not future.done():
+                    future.set_result(effect.result)
+            elif not self.closed:
+                self._stores.put_nowait(effect)
+        self._wake.set()
+
+    async def _run_timers(self) -> None:
+        while True:
+            group = self.group
+            deadline = None if group is None else group.next_deadline_ms()
+            self._wake.clear()
+            if deadline is None:
+                await self._wake.wait()
+            else:
+                delay_s = max(deadline - self._clock(), 0) / 1000
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(delay_s):
+                        await self._wake.wait()
+            if self.group is not None and not self.closed:
+                try:
+                    self.group.tick(self._clock())
+                    self._apply(self.group.take_effects())
+                except Exception:
+                    log.exception("group %s: timer failed", self.group_id)
+                    await asyncio.sleep(0.1)
+
+    async def _run_stores(self) -> None:
+        while True:
+            store = await self._stores.get()
+            error = ErrorCode.NONE
+            try:
+                stored = await self._store.save_group(self.group_id, store.record, self.fence)
+            except MetadataUnavailable as exc:
+                log.warning("storing group %s: %s", self.group_id, exc)
+                error = ErrorCode.COORDINATOR_NOT_AVAILABLE
+            else:
+                if not stored:
+                    self._lose("group metadata write fenced: the group lease is no longer ours")
+                    return
+            if self.group is not None and not self.closed:
+                self.group.stored(self._clock(), store.token, error)
+                self._apply(self.group.take_effects())
+                self._log_stored(store, error)
+
+    def _log_stored(self, store: Store, error: ErrorCode) -> None:
+        record = store.record
+        if error is not ErrorCode.NONE:
+            log.warning("group %s: generation %d not stored", self.group_id, record.generation)
+        elif isinstance(store.token, AssignmentStore):
+            log.info(
+                "group %s: generation %d stable, %d members, protocol %s, leader %s",
+                self.group_id,
+                record.generation,
+                len(record.members),
+                record.protocol_name,
+                record.leader,
+            )
+        elif isinstance(store.token, EmptyStore):
+            log.info("group %s: generation %d empty", self.group_id, record.generation)
+        else:
+            log.info("group %s: static member rejoined without a rebalance", self.group_id)

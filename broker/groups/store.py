@@ -1,0 +1,255 @@
+"""Group state in etcd: committed offsets and group metadata, written under the group lease.
+
+Layout (keys from ``keys``; values JSON)::
+
+    groups/<group>/metadata            protocol type, generation, protocol, leader, members
+    groups/<group>/offsets/<topic>/<p> offset, leader epoch, metadata, commit timestamp
+
+Every write is one etcd transaction that first compares the group's lease key (owner value and
+create revision), so a coordinator that lost its lease cannot write: the transaction fails and
+the caller drops the group (DESIGN §3.7). Offsets of many partitions go in as few transactions
+as etcd's per-transaction op limit allows. Metadata is written per completed rebalance, never
+per heartbeat.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from kafscale.broker.groups.model import GroupRecord, MemberRecord
+from kafscale.broker.metadata import keys
+from kafscale.broker.metadata.etcd import (
+    Compare,
+    Etcd,
+    KeyValue,
+    Op,
+    create_revision_is,
+    delete_op,
+    put_op,
+    value_is,
+)
+
+TopicPartition = tuple[str, int]
+
+MAX_OPS_PER_TXN = 100
+"""etcd refuses transactions with more than 128 operations (``--max-txn-ops``)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Fence:
+    """Proof of holding a group lease: its key, our owner value and the create revision."""
+
+    key: str
+    owner: bytes
+    create_revision: int
+
+    def compares(self) -> list[Compare]:
+        return [value_is(self.key, self.owner), create_revision_is(self.key, self.create_revision)]
+
+
+@dataclass(frozen=True, slots=True)
+class CommittedOffset:
+    offset: int
+    leader_epoch: int = -1
+    metadata: str = ""
+    commit_timestamp_ms: int = -1
+
+
+@dataclass(frozen=True, slots=True)
+class LoadedGroup:
+    record: GroupRecord | None
+    offsets: dict[TopicPartition, CommittedOffset]
+
+    @property
+    def exists(self) -> bool:
+        return self.record is not None or bool(self.offsets)
+
+
+@dataclass(frozen=True, slots=True)
+class PersistedGroup:
+    """A group as ListGroups sees it in etcd (without loading it)."""
+
+    group_id: str
+    protocol_type: str
+    has_members: bool
+
+
+# --- JSON codecs ------------------------------------------------------------------------------
+
+
+def _b64(data: bytes) -> str:
+    return base64.b64encode(data).decode()
+
+
+def _unb64(text: Any) -> bytes:
+    return base64.b64decode(str(text or ""))
+
+
+def encode_group(record: GroupRecord) -> bytes:
+    document = {
+        "protocol_type": record.protocol_type,
+        "generation": record.generation,
+        "protocol": record.protocol_name,
+        "leader": record.leader,
+        "members": [
+            {
+                "member_id": m.member_id,
+                "group_instance_id": m.group_instance_id,
+                "client_id": m.client_id,
+                "client_host": m.client_host,
+                "rebalance_timeout_ms": m.rebalance_timeout_ms,
+                "session_timeout_ms": m.session_timeout_ms,
+                "subscription": _b64(m.subscription),
+                "assignment": _b64(m.assignment),
+            }
+            for m in record.members
+        ],
+    }
+    return json.dumps(document, separators=(",", ":")).encode()
+
+
+def decode_group(data: bytes) -> GroupRecord:
+    document = json.loads(data)
+    members = tuple(
+        MemberRecord(
+            member_id=str(m["member_id"]),
+            group_instance_id=m.get("group_instance_id"),
+            client_id=str(m.get("client_id", "")),
+            client_host=str(m.get("client_host", "")),
+            rebalance_timeout_ms=int(m.get("rebalance_timeout_ms", 0)),
+            session_timeout_ms=int(m.get("session_timeout_ms", 0)),
+            subscription=_unb64(m.get("subscription")),
+            assignment=_unb64(m.get("assignment")),
+        )
+        for m in document.get("members", [])
+    )
+    return GroupRecord(
+        protocol_type=document.get("protocol_type"),
+        generation=int(document.get("generation", 0)),
+        protocol_name=document.get("protocol"),
+        leader=document.get("leader"),
+        members=members,
+    )
+
+
+def encode_offset(committed: CommittedOffset) -> bytes:
+    document = {
+        "offset": committed.offset,
+        "leader_epoch": committed.leader_epoch,
+        "metadata": committed.metadata,
+        "commit_timestamp_ms": committed.commit_timestamp_ms,
+    }
+    return json.dumps(document, separators=(",", ":")).encode()
+
+
+def decode_offset(data: bytes) -> CommittedOffset:
+    document = json.loads(data)
+    return CommittedOffset(
+        offset=int(document["offset"]),
+        leader_epoch=int(document.get("leader_epoch", -1)),
+        metadata=str(document.get("metadata") or ""),
+        commit_timestamp_ms=int(document.get("commit_timestamp_ms", -1)),
+    )
+
+
+def parse_group_key(cluster: str, key: str) -> tuple[str, TopicPartition | None] | None:
+    """(group, None) for a metadata key, (group, (topic, p)) for an offset key, else None."""
+    relative = key[len(keys.groups_prefix(cluster)) :]
+    if relative.endswith("/metadata"):
+        return relative[: -len("/metadata")], None
+    head, sep, partition = relative.rpartition("/")
+    group_and_offsets, sep2, topic = head.rpartition("/")
+    group, sep3, marker = group_and_offsets.rpartition("/")
+    if not (sep and sep2 and sep3) or marker != "offsets" or not partition.isdigit():
+        return None
+    return group, (topic, int(partition))
+
+
+def _chunks(ops: list[Op], size: int) -> Iterable[list[Op]]:
+    for start in range(0, len(ops), size):
+        yield ops[start : start + size]
+
+
+# --- the store --------------------------------------------------------------------------------
+
+
+class GroupStore:
+    """Reads and fenced writes of one cluster's group state."""
+
+    def __init__(self, etcd: Etcd, cluster: str) -> None:
+        self._etcd = etcd
+        self._cluster = cluster
+
+    async def load(self, group_id: str) -> LoadedGroup:
+        """Metadata and committed offsets of ``group_id`` in one prefix read."""
+        entries = await self._etcd.get_prefix(keys.group_prefix(self._cluster, group_id))
+        record: GroupRecord | None = None
+        offsets: dict[TopicPartition, CommittedOffset] = {}
+        metadata_key = keys.group_metadata_key(self._cluster, group_id)
+        for entry in entries:
+            if entry.key == metadata_key:
+                record = decode_group(entry.value)
+                continue
+            parsed = parse_group_key(self._cluster, entry.key)
+            if parsed is None or parsed[0] != group_id or parsed[1] is None:
+                continue  # another group whose id extends this one's prefix
+            offsets[parsed[1]] = decode_offset(entry.value)
+        return LoadedGroup(record, offsets)
+
+    async def save_group(self, group_id: str, record: GroupRecord, fence: Fence) -> bool:
+        """Write the group metadata; False if the lease is no longer ours."""
+        key = keys.group_metadata_key(self._cluster, group_id)
+        result = await self._etcd.txn(fence.compares(), [put_op(key, encode_group(record))])
+        return result.succeeded
+
+    async def save_offsets(
+        self, group_id: str, offsets: Mapping[TopicPartition, CommittedOffset], fence: Fence
+    ) -> bool:
+        """Commit offsets, ``MAX_OPS_PER_TXN`` partitions per transaction; False if fenced."""
+        ops: list[Op] = [
+            put_op(keys.group_offset_key(self._cluster, group_id, topic, p), encode_offset(c))
+            for (topic, p), c in offsets.items()
+        ]
+        for chunk in _chunks(ops, MAX_OPS_PER_TXN):
+            result = await self._etcd.txn(fence.compares(), chunk)
+            if not result.succeeded:
+                return False
+        return True
+
+    async def delete_group(self, group_id: str, fence: Fence) -> bool:
+        """Delete metadata, offsets and finally the lease itself; False if fenced."""
+        entries = await self._etcd.get_prefix(keys.group_prefix(self._cluster, group_id))
+        ops: list[Op] = [delete_op(entry.key) for entry in entries if self._owned(group_id, entry)]
+        chunks = list(_chunks(ops, MAX_OPS_PER_TXN)) or [[]]
+        chunks[-1].append(delete_op(fence.key))
+        for chunk in chunks:
+            result = await self._etcd.txn(fence.compares(), chunk)
+            if not result.succeeded:
+                return False
+        return True
+
+    async def list_persisted(self) -> list[PersistedGroup]:
+        """Every group with metadata or committed offsets in etcd."""
+        entries = await self._etcd.get_prefix(keys.groups_prefix(self._cluster))
+        found: dict[str, PersistedGroup] = {}
+        for entry in entries:
+            parsed = parse_group_key(self._cluster, entry.key)
+            if parsed is None:
+                continue
+            group_id, tp = parsed
+            if tp is None:
+                record = decode_group(entry.value)
+                found[group_id] = PersistedGroup(
+                    group_id, record.protocol_type or "", bool(record.members)
+                )
+            else:
+                found.setdefault(group_id, PersistedGroup(group_id, "", False))
+        return sorted(found.values(), key=lambda g: g.group_id)
+
+    def _owned(self, group_id: str, entry: KeyValue) -> bool:
+        parsed = parse_group_key(self._cluster, entry.key)
+        return parsed is not None and parsed[0] == group_id

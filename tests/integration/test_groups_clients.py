@@ -1,0 +1,600 @@
+"""Consumer groups with the real clients (kafka-python, aiokafka, confluent-kafka) against
+several broker processes.
+
+* members connected to different brokers, with different client libraries and one shared
+  client.id, form one group with disjoint assignments covering every partition;
+* members join, leave gracefully and are killed while records flow: no committed record is
+  consumed again by a live member, and nothing is lost;
+* cooperative-sticky rebalances are incremental (a member keeps what it is not asked to give);
+* static members (group.instance.id) restart without a rebalance;
+* the coordinator's broker is killed mid-consumption: the group carries on at another broker
+  from its committed offsets.
+
+Brokers run with a short initial rebalance delay and members with short sessions, so the
+whole module stays well under two minutes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aiokafka import AIOKafkaConsumer
+from aiokafka.errors import CommitFailedError, KafkaError
+from confluent_kafka import Consumer, KafkaException, Producer
+from confluent_kafka import TopicPartition as CkTopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
+from harness.brokers import BrokerCluster, BrokerProcess
+from harness.kafka_wire import KafkaWire
+from kafka import ConsumerRebalanceListener, KafkaConsumer
+from kafka.errors import KafkaError as KpKafkaError
+
+from kafscale.broker.groups.store import decode_group
+from kafscale.broker.metadata import keys
+from kafscale.broker.metadata.etcd import Etcd
+
+pytestmark = pytest.mark.integration
+
+PARTITIONS = 6
+GROUP_ENV = {
+    "KAFSCALE_GROUPS__INITIAL_REBALANCE_DELAY_MS": "200",
+    "KAFSCALE_GROUPS__MIN_SESSION_TIMEOUT_MS": "1000",
+}
+SESSION_MS = 6000
+SHARED_CLIENT_ID = "shared-client"
+QUIET = 2
+"""librdkafka log level: critical only (brokers are killed on purpose here)."""
+
+
+def start_brokers(cluster: BrokerCluster, count: int) -> list[BrokerProcess]:
+    return [cluster.start(**GROUP_ENV) for _ in range(count)]
+
+
+def create_topic(bootstrap: str, topic: str, partitions: int = PARTITIONS) -> None:
+    admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": QUIET})
+    for future in admin.create_topics([NewTopic(topic, partitions, 1)]).values():
+        future.result(30)
+
+
+def wait_for(check: Callable[[], bool], timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        crashed = [t for t in threading.enumerate() if getattr(t, "crashed", None) is not None]
+        assert not crashed, f"{crashed[0].name} crashed: {crashed[0].crashed!r}"
+        if time.monotonic() > deadline:
+            members = [t for t in threading.enumerate() if isinstance(t, Member)]
+            state = {m.name_: (sorted(m.assignment), len(m.consumed)) for m in members}
+            raise AssertionError(f"timed out waiting for {what}; members {state}")
+        time.sleep(0.05)
+
+
+# --- records --------------------------------------------------------------------------------------
+
+
+class Feed(threading.Thread):
+    """Produces numbered records (value = sequence number) until stopped."""
+
+    def __init__(self, bootstrap: str, topic: str, rate_per_s: float = 200) -> None:
+        super().__init__(daemon=True)
+        self.producer = Producer(
+            {"bootstrap.servers": bootstrap, "linger.ms": 5, "acks": "all", "log_level": QUIET}
+        )
+        self.topic = topic
+        self.interval_s = 1 / rate_per_s
+        self.sent = 0
+        self.failed: list[str] = []
+        self._halt = threading.Event()
+
+    def run(self) -> None:
+        while not self._halt.is_set():
+            self.producer.produce(
+                self.topic, value=str(self.sent).encode(), on_delivery=self._delivered
+            )
+            self.sent += 1
+            self.producer.poll(0)
+            time.sleep(self.interval_s)
+        assert self.producer.flush(30) == 0
+
+    def _delivered(self, error: Any, _message: Any) -> None:
+        if error is not None:
+            self.failed.append(str(error))
+
+    def produce(self, count: int) -> None:
+        for _ in range(count):
+            self.producer.produce(self.topic, value=str(self.sent).encode())
+            self.sent += 1
+        assert self.producer.flush(30) == 0
+
+    def stop(self) -> None:
+        self._halt.set()
+        self.join(40)
+
+
+@dataclass
+class Consumed:
+    partition: int
+    offset: int
+    value: int
+    committed: bool = False
+
+
+@dataclass
+class Member(threading.Thread):
+    """One group member on its own thread; subclasses wrap a client library."""
+
+    name_: str
+    bootstrap: str
+    group: str
+    topic: str
+    config: dict[str, Any] = field(default_factory=dict)
+    consumed: list[Consumed] = field(default_factory=list)
+    assignment: frozenset[int] = frozenset()
+    assigned: list[list[int]] = field(default_factory=list)
+    revoked: list[list[int]] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+    stopping: threading.Event = field(default_factory=threading.Event)
+    crashed: BaseException | None = None
+
+    def __post_init__(self) -> None:
+        threading.Thread.__init__(self, name=self.name_, daemon=True)
+
+    def __hash__(self) -> int:
+        return id(self)
+
+    def run(self) -> None:
+        try:
+            self.consume()
+        except BaseException as exc:
+            self.crashed = exc
+            raise
+
+    def consume(self) -> None:
+        raise NotImplementedError
+
+    def stop(self) -> None:
+        self.stopping.set()
+        self.join(30)
+        assert not self.is_alive(), f"{self.name_} did not stop"
+
+    def values(self) -> list[int]:
+        return [c.value for c in self.consumed]
+
+
+class ConfluentMember(Member):
+    def consume(self) -> None:
+        config = {
+            "bootstrap.servers": self.bootstrap,
+            "group.id": self.group,
+            "client.id": SHARED_CLIENT_ID,
+            "enable.auto.commit": False,
+            "auto.offset.reset": "earliest",
+            "session.timeout.ms": SESSION_MS,
+            "heartbeat.interval.ms": 500,
+            "log_level": QUIET,
+            **self.config,
+        }
+        consumer = Consumer(config)
+        consumer.subscribe([self.topic], on_assign=self._on_assign, on_revoke=self._on_revoke)
+        try:
+            while not self.stopping.is_set():
+                message = consumer.poll(0.1)
+                if message is None or message.error() is not None:
+                    continue
+                record = Consumed(message.partition(), message.offset(), int(message.value()))
+                self.consumed.append(record)
+                try:
+                    consumer.commit(message=message, asynchronous=False)
+                    record.committed = True
+                except KafkaException as exc:
+                    self.errors.append(str(exc))
+                self.assignment = frozenset(tp.partition for tp in consumer.assignment())
+        finally:
+            consumer.close()
+
+    def _on_assign(self, consumer: Consumer, partitions: list[CkTopicPartition]) -> None:
+        self.assigned.append(sorted(tp.partition for tp in partitions))
+        self.assignment = self.assignment | {tp.partition for tp in partitions}
+
+    def _on_revoke(self, consumer: Consumer, partitions: list[CkTopicPartition]) -> None:
+        self.revoked.append(sorted(tp.partition for tp in partitions))
+        self.assignment = self.assignment - {tp.partition for tp in partitions}
+
+
+class KafkaPythonMember(Member):
+    def consume(self) -> None:
+        config = {
+            "bootstrap_servers": self.bootstrap,
+            "group_id": self.group,
+            "client_id": SHARED_CLIENT_ID,
+            "enable_auto_commit": False,
+            "auto_offset_reset": "earliest",
+            "session_timeout_ms": SESSION_MS,
+            "heartbeat_interval_ms": 500,
+            **self.config,
+        }
+        consumer = KafkaConsumer(**config)
+        consumer.subscribe([self.topic], listener=_Listener(self))
+        try:
+            while not self.stopping.is_set():
+                batches = consumer.poll(timeout_ms=100)
+                records = [
+                    Consumed(tp.partition, m.offset, int(m.value))
+                    for tp, messages in batches.items()
+                    for m in messages
+                ]
+                self.consumed.extend(records)
+                if records:
+                    try:
+                        consumer.commit()
+                        for record in records:
+                            record.committed = True
+                    except KpKafkaError as exc:
+                        self.errors.append(repr(exc))
+                self.assignment = frozenset(tp.partition for tp in consumer.assignment())
+        finally:
+            consumer.close()
+
+
+class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]
+    def __init__(self, member: Member) -> None:
+        self.member = member
+
+    def on_partitions_assigned(self, assigned: list[Any]) -> None:
+        self.member.assigned.append(sorted(tp.partition for tp in assigned))
+
+    def on_partitions_revoked(self, revoked: list[Any]) -> None:
+        self.member.revoked.append(sorted(tp.partition for tp in revoked))
+
+
+class AioKafkaMember(Member):
+    def consume(self) -> None:
+        asyncio.run(self._main())
+
+    async def _main(self) -> None:
+        config = {
+            "bootstrap_servers": self.bootstrap,
+            "group_id": self.group,
+            "client_id": SHARED_CLIENT_ID,
+            "enable_auto_commit": False,
+            "auto_offset_reset": "earliest",
+            "session_timeout_ms": SESSION_MS,
+            "heartbeat_interval_ms": 500,
+            **self.config,
+        }
+        consumer = AIOKafkaConsumer(self.topic, **config)
+        await consumer.start()
+        try:
+            while not self.stopping.is_set():
+                batches = await consumer.getmany(timeout_ms=100)
+                records = [
+                    Consumed(tp.partition, m.offset, int(m.value))
+                    for tp, messages in batches.items()
+                    for m in messages
+                ]
+                self.consumed.extend(records)
+                if records:
+                    try:
+                        await consumer.commit()
+                        for record in records:
+                            record.committed = True
+                    except (CommitFailedError, KafkaError) as exc:
+                        self.errors.append(repr(exc))
+                self.assignment = frozenset(tp.partition for tp in consumer.assignment())
+        finally:
+            await consumer.stop()
+
+
+@contextlib.contextmanager
+def running(*members: Member) -> Iterator[None]:
+    for member in members:
+        member.start()
+    try:
+        yield
+    finally:
+        for member in members:
+            if member.is_alive():
+                member.stop()
+    for member in members:
+        assert member.crashed is None, f"{member.name_} crashed: {member.crashed!r}"
+
+
+def split_evenly(members: list[Member]) -> bool:
+    """Disjoint assignments covering every partition, every member holding some."""
+    assignments = [m.assignment for m in members]
+    union = frozenset().union(*assignments)
+    disjoint = sum(len(a) for a in assignments) == len(union)
+    return disjoint and union == frozenset(range(PARTITIONS)) and all(assignments)
+
+
+def assert_no_committed_record_seen_twice(live: list[Member]) -> None:
+    """A record consumed and committed is never consumed again by a live member."""
+    by_position: dict[tuple[int, int], list[Consumed]] = {}
+    for member in live:
+        for record in member.consumed:
+            by_position.setdefault((record.partition, record.offset), []).append(record)
+    repeated = {pos: seen for pos, seen in by_position.items() if len(seen) > 1}
+    bad = {pos: seen for pos, seen in repeated.items() if seen[0].committed}
+    assert not bad, f"committed records consumed again: {sorted(bad)[:10]}"
+
+
+def report(members: list[Member], extra: set[int] = frozenset()) -> None:  # type: ignore[assignment]
+    """What happened, for the test log (shown with -s or on failure)."""
+    seen = Counter((r.partition, r.offset) for m in members for r in m.consumed)
+    failed = sum(1 for m in members for r in m.consumed if not r.committed)
+    print(
+        f"consumed {sum(seen.values())} ({len(seen)} distinct, {len(extra)} by killed members), "
+        f"repeated {sum(1 for n in seen.values() if n > 1)}, uncommitted {failed}, "
+        f"rebalances {[(m.name_, len(m.assigned), len(m.revoked)) for m in members]}"
+    )
+
+
+def describe(bootstrap: str, group: str) -> Any:
+    with KafkaWire(bootstrap.split(",")[0]) as wire:
+        response = wire.request(10, 3, {"key": group, "key_type": 0})
+        coordinator = f"{response.host}:{response.port}"
+    with KafkaWire(coordinator) as wire:
+        return wire.request(15, 5, {"groups": [group]}).groups[0]
+
+
+def coordinator_of(bootstrap: str, group: str) -> int:
+    with KafkaWire(bootstrap.split(",")[0]) as wire:
+        return int(wire.request(10, 3, {"key": group, "key_type": 0}).node_id)
+
+
+# --- tests ----------------------------------------------------------------------------------------
+
+
+def test_members_of_three_clients_on_three_brokers_share_one_group(
+    broker_cluster: BrokerCluster,
+) -> None:
+    brokers = start_brokers(broker_cluster, 3)
+    topic, group = "mixed", "mixed-group"
+    create_topic(broker_cluster.bootstrap, topic)
+    feed = Feed(broker_cluster.bootstrap, topic)
+    feed.produce(300)
+    members: list[Member] = [
+        KafkaPythonMember("kafka-python", brokers[0].bootstrap, group, topic),
+        AioKafkaMember("aiokafka", brokers[1].bootstrap, group, topic),
+        ConfluentMember("confluent", brokers[2].bootstrap, group, topic),
+    ]
+    with running(*members):
+        wait_for(lambda: split_evenly(members), 45, "one group over all partitions")
+        wait_for(lambda: sum(len(m.consumed) for m in members) >= 300, 30, "all records")
+        summary = describe(brokers[0].bootstrap, group)
+        assert summary.group_state == "Stable"
+        # aiokafka only speaks roundrobin: the protocol everyone supports wins the vote.
+        assert summary.protocol_data == "roundrobin"
+        assert len({m.member_id for m in summary.members}) == 3
+        assert {m.client_id for m in summary.members} == {SHARED_CLIENT_ID}
+    consumed = Counter(v for m in members for v in m.values())
+    assert set(consumed) == set(range(300))
+    assert_no_committed_record_seen_twice(members)
+    report(members)
+
+
+KILLABLE_MEMBER = """
+import sys
+from confluent_kafka import Consumer
+bootstrap, group, topic, out = sys.argv[1:5]
+consumer = Consumer({
+    "bootstrap.servers": bootstrap, "group.id": group, "client.id": "shared-client",
+    "enable.auto.commit": False, "auto.offset.reset": "earliest",
+    "session.timeout.ms": 6000, "heartbeat.interval.ms": 500, "log_level": 2,
+})
+consumer.subscribe([topic])
+with open(out, "a", buffering=1) as log:
+    while True:
+        message = consumer.poll(0.1)
+        if message is None or message.error() is not None:
+            continue
+        # Noted before the commit: a record committed is always in the log.
+        log.write(f"{message.partition()} {message.offset()} {int(message.value())}\\n")
+        consumer.commit(message=message, asynchronous=False)
+"""
+
+
+def test_join_leave_and_kill_while_records_flow(
+    broker_cluster: BrokerCluster, tmp_path: Path
+) -> None:
+    brokers = start_brokers(broker_cluster, 2)
+    topic, group = "churn", "churn-group"
+    create_topic(broker_cluster.bootstrap, topic)
+    feed = Feed(broker_cluster.bootstrap, topic)
+    first = ConfluentMember("first", brokers[0].bootstrap, group, topic)
+    second = ConfluentMember("second", brokers[1].bootstrap, group, topic)
+    joiner = ConfluentMember("joiner", brokers[0].bootstrap, group, topic)
+    log = tmp_path / "killed-member.log"
+    killable = subprocess.Popen(
+        [sys.executable, "-c", KILLABLE_MEMBER, brokers[1].bootstrap, group, topic, str(log)],
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    try:
+        feed.start()
+        with running(first, second):
+            members: list[Member] = [first, second]
+            wait_for(lambda: len(first.consumed) + len(second.consumed) > 100, 30, "consuming")
+            joiner.start()  # a member joins
+            wait_for(lambda: len(joiner.consumed) > 20, 30, "the new member consuming")
+            second.stop()  # a member leaves gracefully
+            members = [first, joiner]
+            wait_for(lambda: log.exists() and log.stat().st_size > 0, 30, "killable consuming")
+            killable.send_signal(signal.SIGKILL)  # a member dies
+            killable.wait(10)
+            before = sum(len(m.consumed) for m in members)
+            wait_for(lambda: sum(len(m.consumed) for m in members) > before + 200, 40, "carry on")
+            feed.stop()
+            assert not feed.failed
+            killed = {int(line.split()[2]) for line in log.read_text().splitlines()}
+
+            def missing() -> list[int]:
+                seen = {v for m in (first, second, joiner) for v in m.values()}
+                return sorted(set(range(feed.sent)) - seen - killed)
+
+            try:
+                wait_for(lambda: not missing(), 40, "every record consumed")
+            except AssertionError as exc:
+                raise AssertionError(f"{exc}; missing {missing()[:20]}") from exc
+            joiner.stop()
+    finally:
+        killable.kill()
+        killable.wait(10)
+    assert_no_committed_record_seen_twice([first, second, joiner])
+    report([first, second, joiner], killed)
+    # The member that left handed its work over: nothing it committed came back.
+    assert second.consumed and all(r.committed for r in second.consumed[-5:])
+
+
+def test_cooperative_sticky_rebalances_are_incremental(broker_cluster: BrokerCluster) -> None:
+    brokers = start_brokers(broker_cluster, 2)
+    topic, group = "coop", "coop-group"
+    create_topic(broker_cluster.bootstrap, topic)
+    feed = Feed(broker_cluster.bootstrap, topic)
+    feed.produce(600)
+    cooperative = {"partition.assignment.strategy": "cooperative-sticky"}
+    a = ConfluentMember("a", brokers[0].bootstrap, group, topic, cooperative)
+    b = ConfluentMember("b", brokers[1].bootstrap, group, topic, cooperative)
+    c = ConfluentMember("c", brokers[0].bootstrap, group, topic, cooperative)
+    with running(a):
+        wait_for(lambda: len(a.assignment) == PARTITIONS, 30, "a owning everything")
+        with running(b):
+            wait_for(lambda: split_evenly([a, b]), 30, "a and b sharing")
+            with running(c):
+                wait_for(lambda: split_evenly([a, b, c]), 30, "a, b and c sharing")
+                feed.produce(300)
+                wait_for(lambda: sum(len(m.consumed) for m in (a, b, c)) >= 900, 30, "all")
+                assert summary_protocol(brokers[0].bootstrap, group) == "cooperative-sticky"
+    # Incremental: a only ever gave up some partitions, never all at once while others joined.
+    assert a.assigned[0] == list(range(PARTITIONS))
+    handed_over = a.revoked[: len(a.revoked) - 1]  # the last one is a's own leave
+    assert handed_over and all(0 < len(r) < PARTITIONS for r in handed_over)
+    assert set(v for m in (a, b, c) for v in m.values()) == set(range(900))
+    assert_no_committed_record_seen_twice([a, b, c])
+    report([a, b, c])
+
+
+def summary_protocol(bootstrap: str, group: str) -> str:
+    return str(describe(bootstrap, group).protocol_data)
+
+
+def test_static_members_restart_without_a_rebalance(broker_cluster: BrokerCluster) -> None:
+    brokers = start_brokers(broker_cluster, 2)
+    topic, group = "static", "static-group"
+    create_topic(broker_cluster.bootstrap, topic)
+    static = {"session.timeout.ms": 10_000}
+    a = ConfluentMember(
+        "a", brokers[0].bootstrap, group, topic, {**static, "group.instance.id": "a"}
+    )
+    b = ConfluentMember(
+        "b", brokers[1].bootstrap, group, topic, {**static, "group.instance.id": "b"}
+    )
+    with running(a, b):
+        wait_for(lambda: split_evenly([a, b]), 30, "a and b sharing")
+        time.sleep(1)
+        before = describe(brokers[0].bootstrap, group)
+        a_calls, b_partitions = (len(a.assigned), len(a.revoked)), b.assignment
+        b.stop()  # a static member does not leave the group when it closes
+        b2 = ConfluentMember(
+            "b2", brokers[0].bootstrap, group, topic, {**static, "group.instance.id": "b"}
+        )
+        with running(b2):
+            wait_for(lambda: b2.assignment == b_partitions, 30, "b's partitions back")
+            time.sleep(2)  # a rebalance, if any, would reach a within a heartbeat
+            after = describe(brokers[0].bootstrap, group)
+            assert (len(a.assigned), len(a.revoked)) == a_calls, "a saw no rebalance"
+    old_ids = {m.group_instance_id: m.member_id for m in before.members}
+    new_ids = {m.group_instance_id: m.member_id for m in after.members}
+    assert set(new_ids) == {"a", "b"}
+    assert new_ids["a"] == old_ids["a"] and new_ids["b"] != old_ids["b"]
+
+
+@pytest.mark.parametrize("how", ["SIGKILL", "SIGTERM"])
+def test_coordinator_lost_mid_consumption(broker_cluster: BrokerCluster, how: str) -> None:
+    """SIGKILL: the lease expires after the session TTL; SIGTERM: it is handed over at once.
+
+    Either way the new coordinator loads the group Stable at its generation: the members
+    carry on without a rebalance, committing to the new coordinator.
+    """
+    brokers = start_brokers(broker_cluster, 3)
+    topic, group = "failover", "failover-group"
+    create_topic(broker_cluster.bootstrap, topic)
+    bootstrap = broker_cluster.bootstrap
+    feed = Feed(bootstrap, topic)
+    feed.start()
+    members: list[Member] = [
+        KafkaPythonMember("kp-1", bootstrap, group, topic, {"session_timeout_ms": 15_000}),
+        KafkaPythonMember("kp-2", bootstrap, group, topic, {"session_timeout_ms": 15_000}),
+    ]
+    with running(*members):
+        wait_for(lambda: split_evenly(members), 45, "the group formed")
+        wait_for(lambda: sum(len(m.consumed) for m in members) >= 200, 30, "consuming")
+        victim_id = coordinator_of(bootstrap, group)
+        victim = next(b for b in brokers if b.node_id == victim_id)
+        survivors = [b for b in brokers if b is not victim]
+        survivor_bootstrap = ",".join(b.bootstrap for b in survivors)
+        committed_at_kill = committed_offsets(survivor_bootstrap, group, topic)
+        generation_at_kill = stored_generation(broker_cluster, group)
+        if how == "SIGKILL":
+            victim.kill()
+        else:
+            victim.stop()
+        at_kill = sum(len(m.consumed) for m in members)
+        wait_for(lambda: coordinator_of(survivor_bootstrap, group) != victim_id, 30, "a new one")
+        wait_for(lambda: sum(len(m.consumed) for m in members) > at_kill + 400, 60, "carry on")
+        feed.stop()
+        assert not feed.failed
+        wait_for(
+            lambda: {v for m in members for v in m.values()} >= set(range(feed.sent)),
+            60,
+            "every record consumed",
+        )
+        # No rebalance: the generation (stored at each completed rebalance) is the same.
+        assert stored_generation(broker_cluster, group) == generation_at_kill
+    report(members)
+    # Anything consumed twice was consumed again from a committed offset, never from before.
+    seen = Counter((r.partition, r.offset) for m in members for r in m.consumed)
+    for (partition, offset), times in seen.items():
+        if times > 1:
+            assert offset >= committed_at_kill.get(partition, 0), (partition, offset)
+    # The new coordinator has every commit: a fresh member of the group finds nothing to do.
+    fresh = KafkaPythonMember("fresh", survivor_bootstrap, group, topic)
+    with running(fresh):
+        wait_for(lambda: bool(fresh.assignment), 30, "fresh member assigned")
+        time.sleep(2)
+    assert fresh.consumed == []
+
+
+def stored_generation(cluster: BrokerCluster, group: str) -> int:
+    """The generation of the group's last completed rebalance, as stored in etcd."""
+
+    async def read() -> int:
+        etcd = await Etcd.connect([cluster.etcd_url], timeout_s=5)
+        try:
+            kv = await etcd.get(keys.group_metadata_key(cluster.cluster, group))
+        finally:
+            await etcd.close()
+        assert kv is not None
+        return decode_group(kv.value).generation
+
+    return asyncio.run(read())
+
+
+def committed_offsets(bootstrap: str, group: str, topic: str) -> dict[int, int]:
+    with KafkaWire(bootstrap.split(",")[0]) as wire:
+        response = wire.request(10, 3, {"key": group, "key_type": 0})
+        coordinator = f"{response.host}:{response.port}"
+    with KafkaWire(coordinator) as wire:
+        body = {"group_id": group, "topics": [{"name": topic, "partition_indexes": list(range(6))}]}
+        fetched = wire.request(9, 7, {**body, "require_stable": False})
+    return {p.partition_index: p.committed_offset for t in fetched.topics for p in t.partitions}

@@ -1,0 +1,254 @@
+"""Group leases and fencing against a real etcd, with the coordinator in this process.
+
+One coordinator per group: the lease is taken create-if-absent; a second broker cannot take it;
+every write compares the lease (owner and create revision) so a coordinator whose lease moved
+cannot write; a lease appearing for another broker, or a lost session, drops the local group
+and tells waiting members NOT_COORDINATOR; etcd unreachable is never "proceed anyway".
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+import pytest
+
+from kafscale.broker.groups.coordinator import GroupCoordinator
+from kafscale.broker.groups.leases import GroupLeases
+from kafscale.broker.groups.model import (
+    GroupConfig,
+    GroupRecord,
+    GroupState,
+    JoinRequest,
+    SyncRequest,
+)
+from kafscale.broker.groups.runtime import GroupRuntime
+from kafscale.broker.groups.store import (
+    CommittedOffset,
+    Fence,
+    GroupStore,
+    LoadedGroup,
+    decode_offset,
+)
+from kafscale.broker.metadata import keys
+from kafscale.broker.metadata.cluster import BrokerInfo
+from kafscale.broker.metadata.embedded_etcd import EmbeddedEtcd
+from kafscale.broker.metadata.etcd import Etcd, MetadataUnavailable, SessionLease
+from kafscale.broker.protocol.errors import ErrorCode, NotCoordinator
+
+pytestmark = pytest.mark.integration
+
+CONFIG = GroupConfig(initial_rebalance_delay_ms=0, min_session_timeout_ms=1000)
+
+
+@dataclass
+class FakeView:
+    brokers: dict[int, BrokerInfo] = field(default_factory=dict)
+    draining: set[int] = field(default_factory=set)
+
+
+@dataclass
+class Host:
+    """What a broker gives its coordinator."""
+
+    etcd: Etcd
+    session: SessionLease
+    node_id: int
+    cluster: str
+    view: FakeView
+    draining: bool = False
+
+
+@pytest.fixture
+async def hosts(
+    etcd: Etcd, cluster_name: str
+) -> AsyncIterator[list[tuple[Host, GroupCoordinator]]]:
+    view = FakeView({n: BrokerInfo(n, "127.0.0.1", 9000 + n) for n in (1, 2)})
+    made = []
+    for node_id in (1, 2):
+        session = await SessionLease.start(etcd, 10)
+        host = Host(etcd, session, node_id, cluster_name, view)
+        coordinator = GroupCoordinator(host, CONFIG)  # type: ignore[arg-type]
+        await coordinator.start()
+        made.append((host, coordinator))
+    try:
+        yield made
+    finally:
+        for host, coordinator in made:
+            await coordinator.close()
+            await host.session.revoke()
+
+
+def join_request(member_id: str = "") -> JoinRequest:
+    return JoinRequest(
+        member_id=member_id,
+        group_instance_id=None,
+        client_id="c",
+        client_host="/h",
+        session_timeout_ms=10_000,
+        rebalance_timeout_ms=10_000,
+        protocol_type="consumer",
+        protocols=(("range", b""),),
+        require_known_member_id=False,
+        supports_skip_assignment=False,
+        fresh_id=uuid.uuid4().hex,
+    )
+
+
+async def eventually(check: object, timeout_s: float = 5.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while not check():  # type: ignore[operator]
+        assert asyncio.get_running_loop().time() < deadline, "condition not reached"
+        await asyncio.sleep(0.01)
+
+
+async def test_one_coordinator_per_group(hosts: list[tuple[Host, GroupCoordinator]]) -> None:
+    (host1, c1), (_, c2) = hosts
+    runtime = await c1.runtime("orders")
+    assert await c1.runtime("orders") is runtime
+    with pytest.raises(NotCoordinator):
+        await c2.runtime("orders")
+    lease = await host1.etcd.get(keys.group_lease_key(host1.cluster, "orders"))
+    assert lease is not None and lease.value == b"1" and lease.lease == host1.session.id
+    await eventually(lambda: c2.coordinator_for("orders") == host1.view.brokers[1])
+    # Concurrent first requests share one acquisition.
+    many = await asyncio.gather(*(c2.runtime("payments") for _ in range(10)))
+    assert len({id(r) for r in many}) == 1
+
+
+async def test_offsets_survive_the_coordinator(hosts: list[tuple[Host, GroupCoordinator]]) -> None:
+    (host1, c1), (_, c2) = hosts
+    runtime = await c1.runtime("g")
+    offsets = {("t", p): CommittedOffset(p * 10, 3, "m", 1) for p in range(250)}
+    assert await runtime.commit("", None, -1, offsets) is ErrorCode.NONE  # several txns
+    joined = await runtime.join(join_request())
+    assert joined.error is ErrorCode.NONE and joined.generation_id == 1
+    sync = SyncRequest(joined.member_id, 1, None, None, None, {joined.member_id: b"t-0..249"})
+    assert (await runtime.sync(sync)).assignment == b"t-0..249"
+    await host1.session.revoke()  # the coordinator goes away: its group lease with it
+    host1.session.lost.set()
+    await eventually(lambda: c1.local("g") is None)
+    moved = await c2.runtime("g")
+    assert moved.committed([("t", 7), ("t", 999)]) == {
+        ("t", 7): offsets[("t", 7)],
+        ("t", 999): None,
+    }
+    assert len(moved.committed(None)) == 250
+    assert moved.group is not None and moved.group.state is GroupState.STABLE
+    assert moved.group.generation == 1
+    # The member carries on at the new coordinator without rejoining.
+    assert moved.heartbeat(joined.member_id, None, 1) is ErrorCode.NONE
+    again = await moved.sync(SyncRequest(joined.member_id, 1, None, None, None, {}))
+    assert again.assignment == b"t-0..249"
+
+
+async def test_write_fenced_after_the_lease_moved(etcd: Etcd, cluster_name: str) -> None:
+    session = await SessionLease.start(etcd, 10)
+    leases = GroupLeases(etcd, cluster_name, lambda *_: None)
+    fence = await leases.acquire("g", 1, session.id)
+    assert fence is not None
+    assert await leases.acquire("g", 2, session.id + 1) is None
+    store = GroupStore(etcd, cluster_name)
+    lost: list[str] = []
+    runtime = GroupRuntime(
+        "g", fence, store, CONFIG, LoadedGroup(None, {}), lambda _, why: lost.append(why)
+    )
+    try:
+        assert await runtime.commit("", None, -1, {("t", 0): CommittedOffset(5)}) is ErrorCode.NONE
+        # The lease expired and broker 2 took it before this broker heard of it.
+        await etcd.delete(fence.key)
+        await etcd.put(fence.key, b"2")
+        error = await runtime.commit("", None, -1, {("t", 0): CommittedOffset(99)})
+        assert error is ErrorCode.NOT_COORDINATOR
+        assert lost, "the runtime reports the lost lease"
+        stored = await etcd.get(keys.group_offset_key(cluster_name, "g", "t", 0))
+        assert stored is not None and decode_offset(stored.value).offset == 5
+        # Same owner value, but a newer lease (create revision): still not ours.
+        await etcd.delete(fence.key)
+        await etcd.put(fence.key, b"1")
+        assert not await store.save_offsets("g", {("t", 0): CommittedOffset(7)}, fence)
+    finally:
+        for task in runtime.unload():
+            await asyncio.gather(task, return_exceptions=True)
+        await session.revoke()
+
+
+async def test_lease_taken_elsewhere_drops_the_group_and_its_waiters(
+    hosts: list[tuple[Host, GroupCoordinator]],
+) -> None:
+    (host1, c1), _ = hosts
+    runtime = await c1.runtime("g")
+    first = await runtime.join(join_request())
+    waiting = asyncio.create_task(runtime.join(join_request()))  # a rebalance, waits
+    await asyncio.sleep(0.05)
+    assert not waiting.done()
+    lease_key = keys.group_lease_key(host1.cluster, "g")
+    await host1.etcd.delete(lease_key)
+    await host1.etcd.put(lease_key, b"2")
+    result = await asyncio.wait_for(waiting, 5)
+    assert result.error is ErrorCode.NOT_COORDINATOR
+    assert c1.local("g") is None
+    with pytest.raises(NotCoordinator):  # a dropped runtime takes no more work
+        runtime.heartbeat(first.member_id, None, first.generation_id)
+
+
+async def test_own_lease_from_a_lost_session_is_retaken(etcd: Etcd, cluster_name: str) -> None:
+    old_session = await SessionLease.start(etcd, 30)
+    new_session = await SessionLease.start(etcd, 30)
+    leases = GroupLeases(etcd, cluster_name, lambda *_: None)
+    try:
+        old = await leases.acquire("g", 1, old_session.id)
+        assert old is not None
+        assert await leases.acquire("g", 2, new_session.id) is None  # someone else: no
+        new = await leases.acquire("g", 1, new_session.id)  # this broker, new session: yes
+        assert new is not None and new.create_revision > old.create_revision
+        current = await etcd.get(old.key)
+        assert current is not None and current.lease == new_session.id
+    finally:
+        await old_session.revoke()
+        await new_session.revoke()
+
+
+async def test_session_lost_drops_every_group(hosts: list[tuple[Host, GroupCoordinator]]) -> None:
+    (host1, c1), _ = hosts
+    for name in ("a", "b"):
+        await c1.runtime(name)
+    host1.session.lost.set()
+    await eventually(lambda: c1.local("a") is None and c1.local("b") is None)
+    with pytest.raises(NotCoordinator):
+        await c1.runtime("a")
+    host1.session = await SessionLease.start(host1.etcd, 10)  # the broker's new session
+    await eventually(lambda: True)
+    await c1.runtime("c")
+
+
+async def test_etcd_unreachable_never_proceeds(
+    etcd_server_private: EmbeddedEtcd, cluster_name: str
+) -> None:
+    etcd = await Etcd.connect([etcd_server_private.client_url], timeout_s=0.5)
+    session = await SessionLease.start(etcd, 30)
+    host = Host(etcd, session, 1, cluster_name, FakeView({1: BrokerInfo(1, "h", 1)}))
+    coordinator = GroupCoordinator(host, CONFIG)  # type: ignore[arg-type]
+    await coordinator.start()
+    try:
+        runtime = await coordinator.runtime("held")
+        await etcd_server_private.stop_async()
+        with pytest.raises(MetadataUnavailable):
+            await coordinator.runtime("new")
+        error = await runtime.commit("", None, -1, {("t", 0): CommittedOffset(1)})
+        assert error is ErrorCode.REQUEST_TIMED_OUT
+        assert runtime.committed([("t", 0)]) == {("t", 0): None}
+    finally:
+        await coordinator.close()
+        await session.close()
+        await etcd.close()
+
+
+async def test_store_writes_nothing_without_the_lease(etcd: Etcd, cluster_name: str) -> None:
+    store = GroupStore(etcd, cluster_name)
+    fence = Fence(keys.group_lease_key(cluster_name, "g"), b"1", 12345)
+    assert not await store.save_group("g", GroupRecord("consumer", 1, "range", None), fence)
+    assert not await store.save_offsets("g", {("t", 0): CommittedOffset(1)}, fence)
+    assert (await store.load("g")).exists is False
