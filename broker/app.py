@@ -320,6 +320,7 @@ class Broker:
             await self.server.close(grace_s)
         if self.admin is not None:
             await self.admin.close()
+        await self.reader.close()
         await self.view.close()
         await self.session.close()
         await self.etcd.close()

@@ -10,6 +10,7 @@ entry for the offset.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from dataclasses import dataclass
 
@@ -36,7 +37,8 @@ from kafscale.broker.storage.segments import (
 log = logging.getLogger(__name__)
 
 MAX_SEGMENTS_PER_READ = 8
-WHOLE_READ_MAX_BYTES = 8 * 1024 * 1024  # larger (older, foreign) segments: ranged GETs
+WHOLE_READ_MAX_BYTES = 8 * 1024 * 1024
+MAX_PREFETCHES = 8  # larger (older, foreign) segments: ranged GETs
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +60,12 @@ class LogReader:
         self._store = store
         self._cache = cache
         self._listings: dict[tuple[str, str, int], _Listing] = {}
+        self._prefetching: dict[str, asyncio.Task[None]] = {}
+
+    async def close(self) -> None:
+        for task in self._prefetching.values():
+            task.cancel()
+        await asyncio.gather(*self._prefetching.values(), return_exceptions=True)
 
     async def read(
         self,
@@ -87,7 +95,45 @@ class LogReader:
             chunks.append(data)
             total += len(data)
             offset = _next_offset(data)
+        self._prefetch_from(topic, topic_id, partition, state, offset)
         return b"".join(chunks)
+
+    def _prefetch_from(
+        self, topic: str, topic_id: str, partition: int, state: PartitionState, offset: int
+    ) -> None:
+        """Start reading the segment a consumer needs next, so its next fetch hits the cache.
+
+        Only segments already known (from the state or an existing listing) are prefetched;
+        the tasks are owned here and cancelled by ``close``.
+        """
+        if offset >= state.high_watermark or len(self._prefetching) >= MAX_PREFETCHES:
+            return
+        location = self._known_location(topic, topic_id, partition, state, offset)
+        if location is None or location.size > WHOLE_READ_MAX_BYTES:
+            return
+        key = keys.segment_object_key(
+            self._cluster, topic, topic_id, partition, location.base, location.epoch
+        )
+        if key in self._prefetching or self._cache.get(key) is not None:
+            return
+        task = asyncio.create_task(self._prefetch(key), name=f"prefetch {key}")
+        self._prefetching[key] = task
+        task.add_done_callback(lambda _: self._prefetching.pop(key, None))
+
+    async def _prefetch(self, key: str) -> None:
+        try:
+            await self._get_whole(key)
+        except StorageFailure as exc:
+            log.debug("prefetch of %s failed: %s", key, exc)
+
+    def _known_location(
+        self, topic: str, topic_id: str, partition: int, state: PartitionState, offset: int
+    ) -> SegmentLocation | None:
+        for ref in reversed(state.segments):
+            if ref.base <= offset <= ref.last:
+                return SegmentLocation(ref.base, ref.epoch, ref.size, recent=True)
+        listing = self._listings.get((topic, topic_id, partition))
+        return None if listing is None else _covering(listing.segments, state, offset)
 
     async def _locate(
         self, topic: str, topic_id: str, partition: int, state: PartitionState, offset: int
@@ -138,6 +184,9 @@ class LogReader:
         segment_key = keys.segment_object_key(
             self._cluster, topic, topic_id, partition, location.base, location.epoch
         )
+        prefetch = self._prefetching.get(segment_key)
+        if prefetch is not None:
+            await asyncio.shield(prefetch)
         body = self._cache.get(segment_key)
         if body is None and (location.recent or location.size <= WHOLE_READ_MAX_BYTES):
             # Consumers read on: one GET of the segment serves the fetches that follow.
