@@ -356,6 +356,32 @@ def consume(
     return result
 
 
+def consume_with_kcat(
+    bootstrap: str, topic: str, expected: int, nbytes: int, timeout_s: float
+) -> ConsumeResult | None:
+    """The same read with kcat (librdkafka in C): a client that is not the bottleneck, so the
+    figure shows what the broker serves. None when kcat is not installed."""
+    import shutil
+    import subprocess
+
+    kcat = shutil.which("kcat")
+    if kcat is None:
+        return None
+    result = ConsumeResult(label="consume, kcat (C)")
+    began = time.perf_counter()
+    done = subprocess.run(
+        [kcat, "-C", "-b", bootstrap, "-t", topic, "-o", "beginning", "-e", "-q", "-f", "%o\\n"],
+        capture_output=True,
+        timeout=timeout_s,
+        check=False,
+    )
+    result.seconds = time.perf_counter() - began
+    result.records = done.stdout.count(b"\n")
+    result.nbytes = nbytes * result.records // max(expected, 1)
+    result.complete = result.records >= expected
+    return result
+
+
 # --- main ---------------------------------------------------------------------------------------
 
 
@@ -537,6 +563,7 @@ class Run:
     paced: list[ProduceResult] = field(default_factory=list)
     consumed: ConsumeResult | None = None
     consumed_defaults: ConsumeResult | None = None
+    consumed_kcat: ConsumeResult | None = None
     idle_rss: int = 0
     produce_cpu: CpuMeter | None = None
     consume_cpu: CpuMeter | None = None
@@ -627,6 +654,11 @@ def main(argv: list[str] | None = None) -> int:
             broker.bootstrap, TOPIC, args.partitions, expected, 120.0, args.consume_batch
         )
         run.phases.append(("consume (client defaults)", mono0, time.monotonic()))
+        mono0 = time.monotonic()
+        run.consumed_kcat = consume_with_kcat(
+            broker.bootstrap, TOPIC, expected, run.consumed.nbytes, 120.0
+        )
+        run.phases.append(("consume (kcat)", mono0, time.monotonic()))
         for i, wanted in enumerate(args.latency_rates):
             rate = wanted or max(100.0, (burst.sustained_records_s or burst.records_s) / 2)
             print(f"b. produce at {rate:.0f} records/s (latency) ...", flush=True)
@@ -703,7 +735,7 @@ def report(args: argparse.Namespace, run: Run) -> None:
                 f"{burst.sustained_mib_s:>8.1f}{burst.sustained_records_s:>11.0f}{'':>27}"
                 f"{burst.sustained_s:>9.2f}"
             )
-    for c in (consumed, run.consumed_defaults):
+    for c in (consumed, run.consumed_defaults, run.consumed_kcat):
         if c is not None:
             print(
                 f"   {c.label:<24}{c.records:>9}{c.mib_s:>8.1f}"
@@ -755,6 +787,16 @@ def report(args: argparse.Namespace, run: Run) -> None:
             consumed.complete and consumed.mib_s >= 2 * produced,
         ),
     ]
+    kcat = run.consumed_kcat
+    if kcat is not None:
+        targets.append(
+            (
+                "consume >= 2x produce, C client (kcat)",
+                f"{kcat.mib_s:.1f} vs {2 * produced:.1f} MiB/s "
+                f"({kcat.mib_s / produced if produced else 0:.1f}x)",
+                kcat.complete and kcat.mib_s >= 2 * produced,
+            )
+        )
     for r in run.paced:
         p99 = percentile(r.latencies_s, 99) * ms
         targets.append(

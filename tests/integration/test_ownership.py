@@ -7,6 +7,15 @@ import time
 import pytest
 from confluent_kafka.admin import AdminClient, NewTopic
 from harness.brokers import BrokerCluster, BrokerProcess
+from harness.kafka_wire import KafkaWire, produce_body, produce_partition
+
+PRODUCE = 0
+
+
+def produce_to(wire: KafkaWire, topic: str, partition: int, batch: bytes) -> tuple[int, int]:
+    """(error code, base offset) of an acks=all produce sent straight to this broker."""
+    return produce_partition(wire.request(PRODUCE, 9, produce_body(topic, partition, batch)))
+
 
 pytestmark = pytest.mark.integration
 
@@ -72,18 +81,17 @@ def test_two_brokers_never_assign_the_same_offset(broker_cluster: BrokerCluster)
     from concurrent.futures import ThreadPoolExecutor
 
     from harness.batches import make_batch
-    from harness.raw_kafka import RawKafka, produce_result
 
     brokers = [broker_cluster.start() for _ in range(2)]
     create_topic(brokers[0].bootstrap, "contended", 1)
-    connections = [RawKafka(b.bootstrap) for b in brokers]
+    connections = [KafkaWire(b.bootstrap) for b in brokers]
 
     def send_all(which: int) -> list[tuple[int, int, bytes]]:
         results = []
         for i in range(100):
             value = b"broker%d-record%d" % (which, i)
-            response = connections[which].produce("contended", 0, make_batch(0, [value]))
-            results.append((*produce_result(response), value))
+            outcome = produce_to(connections[which], "contended", 0, make_batch(0, [value]))
+            results.append((*outcome, value))
         return results
 
     with ThreadPoolExecutor(max_workers=2) as pool:
@@ -105,36 +113,35 @@ def test_frozen_owner_acks_nothing_after_its_lease_expires(broker_cluster: Broke
     import signal
 
     from harness.batches import make_batch
-    from harness.raw_kafka import RawKafka, produce_result
 
     slow_flush = {"KAFSCALE_LOG__FLUSH_INTERVAL_MS": "8000"}
     first = broker_cluster.start(**slow_flush)
     create_topic(first.bootstrap, "fenced", 1)
-    owner_connection = RawKafka(first.bootstrap)
-    code, _ = produce_result(owner_connection.produce("fenced", 0, make_batch(0, [b"before"])))
+    owner_connection = KafkaWire(first.bootstrap, timeout_s=60)
+    code, _ = produce_to(owner_connection, "fenced", 0, make_batch(0, [b"before"]))
     assert code == 0
     second = broker_cluster.start()
 
     # A produce the owner buffers (the next flush is ~8 s away), then the owner freezes.
-    owner_connection.send_produce("fenced", 0, make_batch(0, [b"frozen"]))
+    owner_connection.send(PRODUCE, 9, produce_body("fenced", 0, make_batch(0, [b"frozen"])))
     time.sleep(0.2)
     first.signal(signal.SIGSTOP)
     try:
-        new_owner = RawKafka(second.bootstrap)
+        new_owner = KafkaWire(second.bootstrap)
 
         def taken_over() -> bool:
-            code, _ = produce_result(new_owner.produce("fenced", 0, make_batch(0, [b"after"])))
+            code, _ = produce_to(new_owner, "fenced", 0, make_batch(0, [b"after"]))
             if code != 0:
                 time.sleep(0.3)
             return code == 0
 
         wait_for(taken_over, timeout_s=30)
         for i in range(5):
-            code, _ = produce_result(new_owner.produce("fenced", 0, make_batch(0, [b"more%d" % i])))
+            code, _ = produce_to(new_owner, "fenced", 0, make_batch(0, [b"more%d" % i]))
             assert code == 0
     finally:
         first.signal(signal.SIGCONT)
-    code, _ = produce_result(owner_connection.receive(0, 9))
+    code, _ = produce_partition(owner_connection.recv(PRODUCE, 9)[1])
     assert code != 0, f"a fenced broker acknowledged a write:\n{first.tail()}"
     owner_connection.close()
     new_owner.close()
@@ -238,7 +245,6 @@ def test_sigterm_hands_partitions_over_and_sigkill_within_ttl(
     broker_cluster: BrokerCluster,
 ) -> None:
     from harness.batches import make_batch
-    from harness.raw_kafka import RawKafka, produce_result
 
     brokers = [broker_cluster.start() for _ in range(2)]
     create_topic(brokers[0].bootstrap, "handoff", 4)
@@ -246,14 +252,12 @@ def test_sigterm_hands_partitions_over_and_sigkill_within_ttl(
     survivor, leaving = brokers
     moved = leaving.status()["owned"]
     leaving.stop()
-    connection = RawKafka(survivor.bootstrap)
+    connection = KafkaWire(survivor.bootstrap)
 
     def all_accept() -> bool:
         for name in moved:
             topic, partition = name.rsplit("-", 1)
-            code, _ = produce_result(
-                connection.produce(topic, int(partition), make_batch(0, [b"x"]))
-            )
+            code, _ = produce_to(connection, topic, int(partition), make_batch(0, [b"x"]))
             if code != 0:
                 return False
         return True
