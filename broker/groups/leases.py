@@ -127,7 +127,7 @@ class GroupLeases:
         await self._etcd.txn(fence.compares(), [delete_op(fence.key)])
 
     def _group_of(self, key: str) -> str:
-        return key[len(self._prefix) :]
+        return keys.group_from_key_part(key[len(self._prefix) :])
 
     def _reset(self, entries: list[KeyValue]) -> None:
         self.owners = {}

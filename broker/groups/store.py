@@ -160,13 +160,13 @@ def parse_group_key(cluster: str, key: str) -> tuple[str, TopicPartition | None]
     """(group, None) for a metadata key, (group, (topic, p)) for an offset key, else None."""
     relative = key[len(keys.groups_prefix(cluster)) :]
     if relative.endswith("/metadata"):
-        return relative[: -len("/metadata")], None
+        return keys.group_from_key_part(relative[: -len("/metadata")]), None
     head, sep, partition = relative.rpartition("/")
     group_and_offsets, sep2, topic = head.rpartition("/")
     group, sep3, marker = group_and_offsets.rpartition("/")
     if not (sep and sep2 and sep3) or marker != "offsets" or not partition.isdigit():
         return None
-    return group, (topic, int(partition))
+    return keys.group_from_key_part(group), (topic, int(partition))
 
 
 def _chunks(ops: list[Op], size: int) -> Iterable[list[Op]]:

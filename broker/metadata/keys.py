@@ -11,6 +11,7 @@ etcd (all under ``/kafscale/<cluster>/``)::
     partitions/<topic>/<p>           high watermark, log start, leader epoch + history (JSON)
     leases/partitions/<topic>/<p>    owner broker id, bound to its session lease
     leases/groups/<group>            coordinator broker id, bound to its session lease
+                                     (group ids percent-encoded: ``/`` becomes ``%2F``)
     assignment                       desired owner per partition, with a generation (JSON)
     draining/<id>                    broker asked to hand over its partitions
     groups/<group>/metadata          group state (JSON)
@@ -26,6 +27,7 @@ Object store (under the configured prefix)::
 from __future__ import annotations
 
 import re
+from urllib.parse import quote, unquote
 
 ROOT = "/kafscale"
 
@@ -72,8 +74,17 @@ def partition_leases_prefix(cluster: str, topic: str | None = None) -> str:
     return base if topic is None else f"{base}{topic}/"
 
 
+def group_key_part(group: str) -> str:
+    """A group id as one key segment: ids may contain ``/``, keys must not split on it."""
+    return quote(group, safe="")
+
+
+def group_from_key_part(part: str) -> str:
+    return unquote(part)
+
+
 def group_lease_key(cluster: str, group: str) -> str:
-    return f"{cluster_prefix(cluster)}leases/groups/{group}"
+    return f"{cluster_prefix(cluster)}leases/groups/{group_key_part(group)}"
 
 
 def group_leases_prefix(cluster: str) -> str:
@@ -93,7 +104,7 @@ def draining_prefix(cluster: str) -> str:
 
 
 def group_prefix(cluster: str, group: str) -> str:
-    return f"{cluster_prefix(cluster)}groups/{group}/"
+    return f"{cluster_prefix(cluster)}groups/{group_key_part(group)}/"
 
 
 def groups_prefix(cluster: str) -> str:

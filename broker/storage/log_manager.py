@@ -111,6 +111,17 @@ class LogManager:
         holder = self._view.owners.get(tp)
         if holder is not None and holder != self.broker_id and holder in self._view.brokers:
             raise NotLeader(f"{tp[0]}-{tp[1]} is owned by broker {holder}")
+        wanted = self._view.assignment.owners.get(tp)
+        if (
+            holder is None
+            and wanted is not None
+            and wanted != self.broker_id
+            and wanted in self._view.brokers
+            and wanted not in self._view.draining
+        ):
+            # Claim on demand only what nobody live is assigned: a client with stale metadata
+            # must not pull a partition here that the assignment then moves straight back.
+            raise NotLeader(f"{tp[0]}-{tp[1]} is assigned to broker {wanted}")
         lock = self._acquire_locks.setdefault(tp, asyncio.Lock())
         async with lock:
             owned = self.owned.get(tp)
