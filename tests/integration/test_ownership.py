@@ -302,3 +302,44 @@ def test_draining_mark_and_drain_endpoint_hand_partitions_over(
     assert status == 200 and body == {"drained": True}
     assert other.status()["owned"] == []
     wait_for(lambda: len(marked.status()["owned"]) == 4)
+
+
+def test_offset_for_leader_epoch_answers_from_the_epoch_history(
+    broker_cluster: BrokerCluster,
+) -> None:
+    """After a handoff the old epoch ends where the new one starts, as truncation checks expect."""
+    from harness.batches import make_batch
+
+    first, second = broker_cluster.start(), broker_cluster.start()
+    create_topic(first.bootstrap, "epochs", 1)
+    wait_for(lambda: (first.status()["owned"] or second.status()["owned"]) == ["epochs-0"])
+    owner = first if first.status()["owned"] == ["epochs-0"] else second
+    other = second if owner is first else first
+    with KafkaWire(owner.bootstrap) as wire:
+        for i in range(5):
+            assert produce_to(wire, "epochs", 0, make_batch(0, [b"a%d" % i]))[0] == 0
+    assert owner.http("POST", "/drain", timeout_s=30)[0] == 200
+    wait_for(lambda: other.status()["owned"] == ["epochs-0"])
+    with KafkaWire(other.bootstrap) as wire:
+        for i in range(3):
+            assert produce_to(wire, "epochs", 0, make_batch(0, [b"b%d" % i]))[0] == 0
+
+        def end_of(epoch: int) -> tuple[int, int]:
+            body = {
+                "replica_id": -1,
+                "topics": [
+                    {
+                        "topic": "epochs",
+                        "partitions": [
+                            {"partition": 0, "current_leader_epoch": -1, "leader_epoch": epoch}
+                        ],
+                    }
+                ],
+            }
+            result = wire.request(23, 4, body).topics[0].partitions[0]
+            assert int(result.error_code) == 0
+            return int(result.leader_epoch), int(result.end_offset)
+
+        assert end_of(0) == (0, 5)  # the first owner's epoch ended where the second began
+        assert end_of(1) == (1, 8)  # the current epoch ends at the high watermark
+        assert end_of(7) == (1, 8)  # a future epoch: the largest known one
