@@ -39,7 +39,7 @@ async def _append_all(
         for partition in topic.partition_data:
             tp = (topic.name, int(partition.index))
             try:
-                batches = split_batches(bytes(partition.records or b""))
+                batches = split_batches(memoryview(partition.records or b""))
                 owned = await manager.owned_partition(tp)
                 futures = [owned.append(batch, read_header(batch)) for batch in batches]
                 manager.request_flush_if_full(owned)

@@ -80,8 +80,12 @@ def read_header(data: bytes | memoryview, position: int = 0) -> BatchHeader:
     return BatchHeader(*_HEADER.unpack_from(data, position))
 
 
-def split_batches(records: bytes) -> list[bytes]:
-    """The batches of a produce request's records field, each validated (magic, size, CRC)."""
+def split_batches(records: bytes | memoryview) -> list[memoryview]:
+    """The batches of a produce request's records field, each validated (magic, size, CRC).
+
+    Views into ``records``, not copies: the one copy of a batch is made when it is stamped.
+    """
+    records = memoryview(records)
     batches = []
     position = 0
     while position < len(records):
@@ -103,7 +107,7 @@ def split_batches(records: bytes) -> list[bytes]:
     return batches
 
 
-def stamp_batch(batch: bytes, base_offset: int, leader_epoch: int) -> bytearray:
+def stamp_batch(batch: bytes | memoryview, base_offset: int, leader_epoch: int) -> bytearray:
     """The batch with its base offset and leader epoch set (neither is covered by the CRC).
 
     One copy, kept mutable: segments are built by joining these, so no second copy is needed.

@@ -88,7 +88,7 @@ class OwnedPartition:
     def epoch(self) -> int:
         return self.state.leader_epoch
 
-    def append(self, batch: bytes, header: BatchHeader) -> asyncio.Future[int]:
+    def append(self, batch: bytes | memoryview, header: BatchHeader) -> asyncio.Future[int]:
         """Assign offsets to ``batch`` and buffer it; the future resolves when it is durable."""
         if not self.accepting:
             raise NotLeader(f"{self.topic}-{self.partition} is being handed over")
