@@ -141,8 +141,14 @@ class EmbeddedEtcd:
         with self.log_path.open("ab") as log_file:
             log_file.write(f"--- {time.strftime('%F %T')} starting etcd\n".encode())
             log_file.flush()
+            # Its own session: a Ctrl-C in the terminal reaches the whole foreground process
+            # group, and etcd must outlive the brokers' handoff; its owner stops it afterwards.
             self._process = subprocess.Popen(
-                self.command(), stdout=log_file, stderr=subprocess.STDOUT, env=env
+                self.command(),
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
+                env=env,
+                start_new_session=True,
             )
         atexit.register(self._kill_at_exit)
 

@@ -6,6 +6,7 @@ store under the data dir; Ctrl-C (SIGINT) shuts down cleanly and the data surviv
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -38,6 +39,7 @@ def start_local(data_dir: Path, port: int, brokers: int, log: Path) -> subproces
         ],
         stdout=log.open("ab"),
         stderr=subprocess.STDOUT,
+        start_new_session=True,  # its own process group, as a terminal gives it
     )
     deadline = time.monotonic() + 60
     while "KafScale is running" not in log.read_text(errors="replace"):
@@ -48,7 +50,8 @@ def start_local(data_dir: Path, port: int, brokers: int, log: Path) -> subproces
 
 
 def stop_with_ctrl_c(process: subprocess.Popen[bytes]) -> int:
-    process.send_signal(signal.SIGINT)
+    """Ctrl-C in a terminal: SIGINT to the whole foreground process group, children included."""
+    os.killpg(process.pid, signal.SIGINT)
     return process.wait(60)
 
 
@@ -83,6 +86,7 @@ def test_local_cluster_serves_clients_and_keeps_data_across_restarts(tmp_path: P
     finally:
         exit_code = stop_with_ctrl_c(process)
     assert exit_code == 0, log.read_text()
+    assert "Traceback" not in log.read_text(), log.read_text()
     assert (data_dir / "etcd").is_dir() and (data_dir / "objects").is_dir()
 
     process = start_local(data_dir, port, brokers=1, log=log)
