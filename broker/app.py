@@ -112,7 +112,11 @@ class Broker:
         self.server = KafkaServer(
             Dispatcher(API_TABLE, self), self.settings.limits, listener.host, listener.port
         )
-        await self.server.start()
+        try:
+            await self.server.start()
+        except OSError as exc:
+            await self._close_clients()
+            raise StartupError(f"cannot listen on {listener.host}:{listener.port}: {exc}") from exc
         self.info = await self._register()
         self.groups = GroupCoordinator(self, group_config(self.settings.groups))
         await self.groups.start()
@@ -320,9 +324,14 @@ class Broker:
             await self.server.close(grace_s)
         if self.admin is not None:
             await self.admin.close()
+        await self._close_clients()
+        log.info("broker stopped")
+
+    async def _close_clients(self) -> None:
         await self.reader.close()
         await self.view.close()
+        with contextlib.suppress(Exception):
+            await self.session.revoke()
         await self.session.close()
         await self.etcd.close()
         await self.store.close()
-        log.info("broker stopped")

@@ -23,6 +23,21 @@ pytestmark = pytest.mark.integration
 KAFSCALE = str(Path(sys.executable).with_name("kafscale"))
 
 
+def free_port_pair() -> int:
+    """A port p with p + 1 free too (local brokers listen on consecutive ports)."""
+    import socket
+
+    for _ in range(50):
+        port = free_port()
+        try:
+            with socket.socket() as probe:
+                probe.bind(("127.0.0.1", port + 1))
+        except OSError:
+            continue
+        return port
+    raise RuntimeError("no two consecutive free ports")
+
+
 def start_local(data_dir: Path, port: int, brokers: int, log: Path) -> subprocess.Popen[bytes]:
     process = subprocess.Popen(
         [
@@ -72,7 +87,7 @@ def consume(bootstrap: str, topic: str, partitions: int, expected: int) -> list[
 
 def test_local_cluster_serves_clients_and_keeps_data_across_restarts(tmp_path: Path) -> None:
     data_dir, log = tmp_path / "data", tmp_path / "local.log"
-    port = free_port()
+    port = free_port_pair()
     process = start_local(data_dir, port, brokers=2, log=log)
     try:
         banner = log.read_text()
