@@ -29,7 +29,6 @@ import sys
 import tempfile
 import threading
 import time
-import urllib.error
 import urllib.request
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -40,6 +39,7 @@ from typing import Any
 import crc32c
 from pydantic import SecretStr
 
+from kafscale.broker.admin_http import admin_request
 from kafscale.broker.config import StorageKind, StorageSettings
 from kafscale.broker.metadata.embedded_etcd import EmbeddedEtcd, free_port
 from kafscale.broker.protocol import codec
@@ -180,12 +180,7 @@ class BrokerProcess:
         raise TimeoutError(f"broker not ready in {timeout_s}s:\n{self.tail()}")
 
     def http(self, method: str, path: str, timeout_s: float = 10) -> tuple[int, Any]:
-        request = urllib.request.Request(self.admin_url + path, method=method)
-        try:
-            with urllib.request.urlopen(request, timeout=timeout_s) as response:
-                return response.status, json.loads(response.read())
-        except urllib.error.HTTPError as exc:
-            return exc.code, json.loads(exc.read() or b"{}")
+        return admin_request(self.admin_url, method, path, timeout_s)
 
     def status(self) -> dict[str, Any]:
         return dict(self.http("GET", "/status")[1])

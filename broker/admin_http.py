@@ -12,8 +12,11 @@ import asyncio
 import contextlib
 import json
 import logging
+import urllib.error
+import urllib.request
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import Any
 
 log = logging.getLogger(__name__)
 
@@ -93,3 +96,15 @@ def _respond(writer: asyncio.StreamWriter, status: int, body: dict[str, object])
         f"Content-Length: {len(payload)}\r\nConnection: close\r\n\r\n"
     )
     writer.write(head.encode() + payload)
+
+
+def admin_request(base_url: str, method: str, path: str, timeout_s: float = 10) -> tuple[int, Any]:
+    """(status, JSON body) of a call to a broker's admin endpoint: ``kafscale drain``, the test
+    harness and the benches all talk to it through this one client. Raises OSError when the
+    broker cannot be reached."""
+    request = urllib.request.Request(base_url.rstrip("/") + path, method=method)
+    try:
+        with urllib.request.urlopen(request, timeout=timeout_s) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read() or b"{}")

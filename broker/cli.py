@@ -7,16 +7,15 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import logging
 import os
 import signal
 import sys
-import urllib.request
 from pathlib import Path
 
 from pydantic import ValidationError
 
+from kafscale.broker.admin_http import admin_request
 from kafscale.broker.app import Broker, StartupError
 from kafscale.broker.config import BrokerSettings
 from kafscale.broker.local import LocalOptions, run_local
@@ -144,14 +143,13 @@ def _cmd_operator(args: argparse.Namespace) -> int:
 
 
 def _cmd_drain(args: argparse.Namespace) -> int:
-    request = urllib.request.Request(args.admin_url.rstrip("/") + "/drain", method="POST")
     try:
-        with urllib.request.urlopen(request, timeout=args.timeout_s) as response:
-            print(json.loads(response.read()))
+        status, body = admin_request(args.admin_url, "POST", "/drain", args.timeout_s)
     except OSError as exc:
         print(f"kafscale drain: {exc}", file=sys.stderr)
         return 1
-    return 0
+    print(body)
+    return 0 if status == 200 else 1
 
 
 def _cmd_config_reference(args: argparse.Namespace) -> int:

@@ -14,8 +14,6 @@ import signal
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,6 +22,7 @@ from typing import Any
 import pytest
 
 from harness.s3 import S3Endpoint, unique_bucket
+from kafscale.broker.admin_http import admin_request
 from kafscale.broker.metadata.embedded_etcd import EmbeddedEtcd, free_port
 
 KAFSCALE = str(Path(sys.executable).with_name("kafscale"))
@@ -71,12 +70,7 @@ class BrokerProcess:
         raise TimeoutError(f"broker not ready in {timeout_s}s:\n{self.tail()}")
 
     def http(self, method: str, path: str, timeout_s: float = 10) -> tuple[int, Any]:
-        request = urllib.request.Request(self.admin_url + path, method=method)
-        try:
-            with urllib.request.urlopen(request, timeout=timeout_s) as response:
-                return response.status, json.loads(response.read())
-        except urllib.error.HTTPError as exc:
-            return exc.code, json.loads(exc.read() or b"{}")
+        return admin_request(self.admin_url, method, path, timeout_s)
 
     def status(self) -> dict[str, Any]:
         return dict(self.http("GET", "/status")[1])

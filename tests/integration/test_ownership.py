@@ -298,8 +298,20 @@ def test_draining_mark_and_drain_endpoint_hand_partitions_over(
     assert marked.process is not None and marked.process.poll() is None  # still running
     asyncio.run(set_mark(False))
     wait_for(lambda: sorted(owned_counts(brokers).values()) == [2, 2])
-    status, body = other.http("POST", "/drain", timeout_s=30)
-    assert status == 200 and body == {"drained": True}
+    # The preStop hook's own command: returns once the broker has handed everything over.
+    import subprocess
+
+    from harness.brokers import KAFSCALE
+
+    drained = subprocess.run(
+        [KAFSCALE, "drain", "--admin-url", other.admin_url],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert drained.returncode == 0, drained.stderr
+    assert "drained" in drained.stdout
     assert other.status()["owned"] == []
     wait_for(lambda: len(marked.status()["owned"]) == 4)
 
