@@ -11,7 +11,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Coroutine
 from dataclasses import dataclass, field
+from typing import Any
 
 from kafscale.broker.admin_http import AdminRoutes, AdminServer
 from kafscale.broker.api.dispatch import Dispatcher
@@ -267,12 +269,10 @@ class Broker:
         self.view.topics[topic] = info
         return info
 
-    def spawn(self, coroutine: object, name: str) -> None:
-        """Background work the broker owns (awaited or cancelled on shutdown)."""
-        task = asyncio.ensure_future(coroutine)  # type: ignore[call-overload]
-        task.set_name(name)
-        self._tasks.append(task)
-        self._tasks = [t for t in self._tasks if not t.done() or t is task]
+    def spawn(self, coroutine: Coroutine[Any, Any, None], name: str) -> None:
+        """Background work the broker owns (cancelled and awaited on shutdown)."""
+        self._tasks = [t for t in self._tasks if not t.done()]
+        self._tasks.append(asyncio.create_task(coroutine, name=name))
 
     def status(self) -> dict[str, object]:
         return {

@@ -45,6 +45,16 @@ def top_level_error(_request: Any, code: ErrorCode) -> Body:
     return {"error_code": code}
 
 
+def no_results(field: str) -> ErrorBody:
+    """The error body of an API whose response has no top-level error code: an empty result
+    list, which clients treat as every item failed (the error itself is logged)."""
+
+    def build(_request: Any, _code: ErrorCode) -> Body:
+        return {"throttle_time": 0, field: []}
+
+    return build
+
+
 @dataclass(frozen=True, slots=True)
 class ApiSpec:
     key: int

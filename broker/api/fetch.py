@@ -51,11 +51,12 @@ async def handle_fetch(request: Any, ctx: RequestContext) -> Body:
 
 def _resolve(request: Any, ctx: RequestContext) -> list[_Wanted]:
     view = ctx.broker.view
-    by_id = view.topics_by_id
+    by_id: dict[str, TopicInfo] | None = None  # built only for v13+, which names topics by id
     wanted = []
     for topic in request.topics:
         topic_id = getattr(topic, "topic_id", None)
         if topic_id is not None:
+            by_id = view.topics_by_id if by_id is None else by_id
             info = by_id.get(topic_id.hex)
             key: Any = topic_id
         else:

@@ -159,10 +159,3 @@ async def handle_init_producer_id(request: Any, ctx: RequestContext) -> Body:
         "producer_id": producer_id,
         "producer_epoch": 0,
     }
-
-
-def every_partition_error(field: str) -> Any:
-    def build(request: Any, code: ErrorCode) -> Body:
-        return {"throttle_time": 0, field: []}
-
-    return build

@@ -8,14 +8,12 @@ else is answered with UNSUPPORTED_VERSION.
 from __future__ import annotations
 
 from kafscale.broker.api import admin, fetch, groups, metadata, offsets, produce, versions
-from kafscale.broker.api.dispatch import ApiSpec
+from kafscale.broker.api.dispatch import ApiSpec, no_results
 
 _SPECS = [
     ApiSpec(0, "Produce", 3, 11, produce.handle_produce, produce.produce_error_body),
     ApiSpec(1, "Fetch", 4, 16, fetch.handle_fetch, fetch.fetch_error_body),
-    ApiSpec(
-        2, "ListOffsets", 1, 8, offsets.handle_list_offsets, offsets.every_partition_error("topics")
-    ),
+    ApiSpec(2, "ListOffsets", 1, 8, offsets.handle_list_offsets, no_results("topics")),
     ApiSpec(
         3, "Metadata", 0, 12, metadata.handle_metadata, lambda _r, _c: {"brokers": [], "topics": []}
     ),
@@ -49,7 +47,7 @@ _SPECS = [
         2,
         7,
         admin.handle_create_topics,
-        offsets.every_partition_error("topics"),
+        no_results("topics"),
     ),
     ApiSpec(
         20,
@@ -57,7 +55,7 @@ _SPECS = [
         1,
         6,
         admin.handle_delete_topics,
-        offsets.every_partition_error("responses"),
+        no_results("responses"),
     ),
     ApiSpec(
         21,
@@ -65,7 +63,7 @@ _SPECS = [
         0,
         2,
         offsets.handle_delete_records,
-        offsets.every_partition_error("topics"),
+        no_results("topics"),
     ),
     ApiSpec(22, "InitProducerId", 0, 5, offsets.handle_init_producer_id),
     ApiSpec(
@@ -74,7 +72,7 @@ _SPECS = [
         2,
         4,
         offsets.handle_offset_for_leader_epoch,
-        offsets.every_partition_error("topics"),
+        no_results("topics"),
     ),
     ApiSpec(
         32,
@@ -82,7 +80,7 @@ _SPECS = [
         1,
         4,
         admin.handle_describe_configs,
-        offsets.every_partition_error("results"),
+        no_results("results"),
     ),
     ApiSpec(
         37,
@@ -90,7 +88,7 @@ _SPECS = [
         0,
         3,
         admin.handle_create_partitions,
-        offsets.every_partition_error("results"),
+        no_results("results"),
     ),
     ApiSpec(
         44,
@@ -98,7 +96,7 @@ _SPECS = [
         0,
         1,
         admin.handle_incremental_alter_configs,
-        offsets.every_partition_error("responses"),
+        no_results("responses"),
     ),
     ApiSpec(42, "DeleteGroups", 0, 2, groups.handle_delete_groups, groups.delete_groups_error_body),
     ApiSpec(60, "DescribeCluster", 0, 1, metadata.handle_describe_cluster),
