@@ -91,7 +91,6 @@ class Flusher:
         self._owned = owned
         self._give_up = give_up
         self.commit_lock = asyncio.Lock()  # one writer of partition states at a time
-        self.commits = 0  # etcd commit transactions issued (bench and tests read it)
         self._flush_now = asyncio.Event()
         self._progress = asyncio.Event()
         self._rounds: set[asyncio.Task[None]] = set()
@@ -260,7 +259,6 @@ class Flusher:
             ]
             success.append(put_op(state_key, state.to_json()))
         try:
-            self.commits += 1
             result = await self._etcd.txn(compares, success)
         except MetadataUnavailable as exc:
             for item in ready:
