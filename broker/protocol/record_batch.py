@@ -107,17 +107,6 @@ def split_batches(records: bytes | memoryview) -> list[memoryview]:
     return batches
 
 
-def stamp_batch(batch: bytes | memoryview, base_offset: int, leader_epoch: int) -> bytearray:
-    """The batch with its base offset and leader epoch set (neither is covered by the CRC).
-
-    One copy, kept mutable: segments are built by joining these, so no second copy is needed.
-    """
-    stamped = bytearray(batch)
-    struct.pack_into(">q", stamped, 0, base_offset)
-    struct.pack_into(">i", stamped, 12, leader_epoch)
-    return stamped
-
-
 def iter_batch_headers(
     data: bytes | memoryview, start: int = 0
 ) -> Iterator[tuple[int, BatchHeader]]:

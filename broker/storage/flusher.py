@@ -219,7 +219,11 @@ class Flusher:
     ) -> UploadedSegment:
         base = batches[0].base_offset
         encoded = encode_segment(
-            [b.data for b in batches], int(time.time() * 1000), self._settings.index_interval_bytes
+            [b.data for b in batches],
+            int(time.time() * 1000),
+            self._settings.index_interval_bytes,
+            base_offsets=[b.base_offset for b in batches],
+            leader_epoch=owned.epoch,
         )
         names = (self._cluster, owned.topic, owned.topic_id, owned.partition, base, owned.epoch)
         segment_key = keys.segment_object_key(*names)

@@ -97,7 +97,7 @@ class LocalDirObjectStore:
                 f"object directory {self._root} is not writable: {exc.strerror or exc}"
             ) from exc
 
-    async def put(self, key: str, data: bytes, *, if_absent: bool = True) -> None:
+    async def put(self, key: str, data: bytes | bytearray, *, if_absent: bool = True) -> None:
         await self._run(self._put_sync, self._path(key), key, data, if_absent)
 
     def _put_sync(self, path: Path, key: str, data: bytes, if_absent: bool) -> None:

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 from kafscale.broker.metadata.partition_state import PartitionState, ProducerState
 from kafscale.broker.protocol.errors import KafkaError, NotLeader
-from kafscale.broker.protocol.record_batch import NO_PRODUCER_ID, BatchHeader, stamp_batch
+from kafscale.broker.protocol.record_batch import NO_PRODUCER_ID, BatchHeader
 from kafscale.broker.storage import sequences
 
 TopicPartition = tuple[str, int]
@@ -24,7 +24,10 @@ TopicPartition = tuple[str, int]
 
 @dataclass(slots=True)
 class PendingBatch:
-    data: bytes | bytearray
+    """A batch as the producer sent it (a view into the request); the flush stamps its offsets
+    while copying it into the segment."""
+
+    data: bytes | memoryview
     base_offset: int
     last_offset: int
     max_timestamp: int
@@ -99,13 +102,12 @@ class OwnedPartition:
             acked.set_result(producer.offset)
             return acked
         base_offset = self.next_offset
-        stamped = stamp_batch(batch, base_offset, self.epoch)
         last_offset = base_offset + header.last_offset_delta
         self.next_offset = last_offset + 1
         self.pending.append(
-            PendingBatch(stamped, base_offset, last_offset, header.max_timestamp, acked)
+            PendingBatch(batch, base_offset, last_offset, header.max_timestamp, acked)
         )
-        self.pending_bytes += len(stamped)
+        self.pending_bytes += len(batch)
         if header.producer_id != NO_PRODUCER_ID:
             self._remember_producer(header, base_offset)
         return acked

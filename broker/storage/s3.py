@@ -172,7 +172,7 @@ class S3ObjectStore:
                 raise ObjectStoreError(f"access to {self._where()} denied (403)") from exc
             raise ObjectStoreError(f"{self._where()} is not usable: {exc}") from exc
 
-    async def put(self, key: str, data: bytes, *, if_absent: bool = True) -> None:
+    async def put(self, key: str, data: bytes | bytearray, *, if_absent: bool = True) -> None:
         extra: dict[str, str] = {"IfNoneMatch": "*"} if if_absent else {}
         try:
             await self._call(

@@ -50,6 +50,7 @@ INDEX_ENTRY_SIZE = _INDEX_ENTRY.size  # 12
 BATCH_LOG_OVERHEAD = 12  # baseOffset (8) + batchLength (4): bytes not counted by batchLength
 BATCH_HEADER_SIZE = 61  # everything up to and including recordCount
 _BATCH_BASE_OFFSET = struct.Struct(">q")  # at 0
+_BATCH_LEADER_EPOCH = struct.Struct(">i")  # at 12
 _BATCH_LENGTH = struct.Struct(">i")  # at 8
 _BATCH_MAGIC_POS = 16
 _BATCH_LAST_OFFSET_DELTA = struct.Struct(">i")  # at 23
@@ -76,7 +77,7 @@ class BatchInfo:
 
 @dataclass(frozen=True, slots=True)
 class EncodedSegment:
-    segment: bytes
+    segment: bytearray
     index: bytes
     base_offset: int
     last_offset: int
@@ -167,17 +168,28 @@ def iter_batches(body: Buffer, start: int = 0) -> Iterator[tuple[int, int, memor
 
 
 def encode_segment(
-    batches: Sequence[bytes | bytearray], created_at_ms: int, index_interval_bytes: int
+    batches: Sequence[Buffer],
+    created_at_ms: int,
+    index_interval_bytes: int,
+    *,
+    base_offsets: Sequence[int] | None = None,
+    leader_epoch: int | None = None,
 ) -> EncodedSegment:
-    """Build the segment and index objects for ``batches`` (offsets already assigned).
+    """Build the segment and index objects for ``batches``.
 
-    Each element must be exactly one v2 batch; offsets must increase from batch to batch.
+    Each element must be exactly one v2 batch; offsets must increase from batch to batch. With
+    ``base_offsets`` (one per batch) the batches are the producer's bytes as received, and each
+    is stamped with its assigned base offset and ``leader_epoch`` as it is copied into the
+    segment: neither field is covered by the batch CRC, and stamping here saves a copy of
+    every produced byte. Without them the batches already carry their offsets.
     """
     if not batches:
         raise ValueError("a segment needs at least one record batch")
     if index_interval_bytes < 1:
         raise ValueError("index_interval_bytes must be positive")
     infos = [_checked_info(batch) for batch in batches]
+    if base_offsets is not None:
+        infos = [_assigned(info, base) for info, base in zip(infos, base_offsets, strict=True)]
     _check_increasing(infos)
     index_entries = _index_entries(infos, index_interval_bytes)
     body_size = sum(info.size for info in infos)
@@ -185,16 +197,33 @@ def encode_segment(
         raise ValueError("segment too large for i32 index positions")
     record_count = sum(info.record_count for info in infos)
     base_offset, last_offset = infos[0].base_offset, infos[-1].last_offset
-    header = _HEADER.pack(
-        SEGMENT_MAGIC, SEGMENT_VERSION, 0, base_offset, record_count, created_at_ms, 0
+    segment = bytearray(SEGMENT_HEADER_SIZE + body_size + SEGMENT_FOOTER_SIZE)
+    _HEADER.pack_into(
+        segment, 0, SEGMENT_MAGIC, SEGMENT_VERSION, 0, base_offset, record_count, created_at_ms, 0
     )
-    footer = _FOOTER.pack(_crc_of(batches), last_offset, FOOTER_MAGIC)
+    position = SEGMENT_HEADER_SIZE
+    for batch, info in zip(batches, infos, strict=True):
+        segment[position : position + info.size] = batch
+        if base_offsets is not None:
+            _BATCH_BASE_OFFSET.pack_into(segment, position, info.base_offset)
+        if leader_epoch is not None:
+            _BATCH_LEADER_EPOCH.pack_into(segment, position + 12, leader_epoch)
+        position += info.size
+    with memoryview(segment) as view:
+        crc = crc32c.crc32c(view[SEGMENT_HEADER_SIZE:position])
+    _FOOTER.pack_into(segment, position, crc, last_offset, FOOTER_MAGIC)
     return EncodedSegment(
-        segment=b"".join([header, *batches, footer]),
+        segment=segment,
         index=encode_index(index_entries, index_interval_bytes),
         base_offset=base_offset,
         last_offset=last_offset,
         record_count=record_count,
+    )
+
+
+def _assigned(info: BatchInfo, base_offset: int) -> BatchInfo:
+    return BatchInfo(
+        base_offset, base_offset + info.last_offset - info.base_offset, info.record_count, info.size
     )
 
 
@@ -229,14 +258,6 @@ def _index_entries(infos: Sequence[BatchInfo], interval: int) -> list[tuple[int,
             entries.append((info.base_offset, position))
         position += info.size
     return entries
-
-
-def _crc_of(batches: Sequence[Buffer]) -> int:
-    """CRC32C over the concatenation, without building it."""
-    crc = 0
-    for batch in batches:
-        crc = crc32c.crc32c(batch, value=crc)
-    return crc
 
 
 # --- decoding ---------------------------------------------------------------------------------

@@ -19,7 +19,7 @@ import lz4.frame
 import pytest
 import snappy
 import zstandard
-from harness.batches import make_batch
+from harness.batches import make_batch, with_base_offset
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -31,7 +31,6 @@ from kafscale.broker.protocol.record_batch import (
     read_header,
     record_timestamps,
     split_batches,
-    stamp_batch,
 )
 
 pytestmark = pytest.mark.unit
@@ -259,21 +258,6 @@ def test_iter_batch_headers_stops_before_a_partial_batch(
     assert [h.size for _, h in found] == [len(b) for b in batches]
 
 
-@FAST
-@given(batch_runs(), st.integers(0, 2**62), st.integers(0, 2**31 - 1))
-def test_stamp_sets_base_offset_and_epoch_and_keeps_the_crc(
-    batches: list[bytes], base_offset: int, leader_epoch: int
-) -> None:
-    stamped = [stamp_batch(b, base_offset, leader_epoch) for b in batches]
-    assert split_batches(b"".join(stamped)) == stamped  # CRCs still hold
-    for original, batch in zip(batches, stamped, strict=True):
-        header = read_header(batch)
-        assert header.base_offset == base_offset
-        assert header.partition_leader_epoch == leader_epoch
-        assert batch[8:12] == original[8:12]
-        assert batch[16:] == original[16:]
-
-
 # --- record timestamps ------------------------------------------------------------------------
 
 
@@ -282,7 +266,7 @@ def test_stamp_sets_base_offset_and_epoch_and_keeps_the_crc(
 def test_record_timestamps_uncompressed(base: int, values: list[bytes], timestamp: int) -> None:
     batch = make_batch(base, values, timestamp_ms=timestamp)
     assert record_timestamps(batch) == [(base + i, timestamp + i) for i in range(len(values))]
-    moved = stamp_batch(batch, base + 1000, 3)
+    moved = with_base_offset(batch, base + 1000)
     assert record_timestamps(memoryview(moved)) == [
         (base + 1000 + i, timestamp + i) for i in range(len(values))
     ]
@@ -356,6 +340,6 @@ def test_batches_built_by_kafka_python(compression: int) -> None:
     assert split_batches(batch) == [batch]
     header = read_header(batch)
     assert (header.compression, header.record_count, header.last_sequence) == (compression, 40, 56)
-    stamped = stamp_batch(batch, 500, 2)
+    stamped = with_base_offset(batch, 500)
     assert split_batches(stamped) == [stamped]
     assert record_timestamps(stamped) == [(500 + i, 1_700_000_000_000 + 3 * i) for i in range(40)]

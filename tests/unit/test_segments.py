@@ -77,6 +77,35 @@ def test_encode_decode_round_trip(batches: list[bytes], interval: int) -> None:
     assert [bytes(view) for _, _, view in iter_batches(decoded.body)] == batches
 
 
+@given(batches=batch_lists(), epoch=st.integers(0, 2**31 - 1))
+@settings(max_examples=100, deadline=None)
+def test_stamping_while_encoding_assigns_offsets_and_epoch(
+    batches: list[bytes], epoch: int
+) -> None:
+    """The broker hands over the producer's batches (base offset 0) with the offsets it
+    assigned; the segment must hold them exactly as if each batch had been stamped first."""
+    assigned = [read_batch_info(b).base_offset for b in batches]
+    as_sent = [with_base_offset(b, 0) for b in batches]
+    encoded = encode_segment(as_sent, CREATED_MS, 64, base_offsets=assigned, leader_epoch=epoch)
+    decoded = decode_segment(encoded.segment)  # checks the body CRC over the stamped bytes
+    stamped = []
+    for batch in batches:
+        copy = bytearray(batch)
+        struct.pack_into(">i", copy, 12, epoch)
+        stamped.append(bytes(copy))
+    assert bytes(decoded.body) == b"".join(stamped)
+    assert (decoded.base_offset, decoded.last_offset) == (
+        assigned[0],
+        read_batch_info(batches[-1]).last_offset,
+    )
+    index = decode_index(encoded.index)
+    assert set(index.base_offsets) <= set(assigned)
+    for view, batch in zip(iter_batches(decoded.body), stamped, strict=True):
+        parsed, _ = read_batch(bytes(view[2]), 0)  # kio checks the untouched batch CRC
+        assert parsed.base_offset == read_batch_info(batch).base_offset
+    assert as_sent == [with_base_offset(b, 0) for b in batches]  # inputs left alone
+
+
 @given(batches=batch_lists(), interval=st.integers(1, 2000))
 @settings(max_examples=150, deadline=None)
 def test_index_entries_are_batch_starts_spaced_by_interval(
