@@ -11,6 +11,7 @@ seconds, which on Linux is one clock for every process, so the bench can cut the
 from __future__ import annotations
 
 import asyncio
+import inspect
 import json
 import os
 import sys
@@ -21,37 +22,47 @@ from typing import Any
 
 from kafscale.broker import cli
 from kafscale.broker.metadata.etcd import Etcd
+from kafscale.broker.storage.flusher import Flusher
 from kafscale.broker.storage.log_manager import LogManager
 from kafscale.broker.storage.s3 import S3ObjectStore
 
-_out = open(os.environ["KAFSCALE_BENCH_TIMINGS"], "a", buffering=1)  # noqa: SIM115
 _lock = threading.Lock()
+_out: list[Any] = []
 now = time.monotonic
 
 
 def emit(kind: str, **fields: Any) -> None:
     line = json.dumps({"kind": kind, **fields})
     with _lock:
-        _out.write(line + "\n")
+        _out[0].write(line + "\n")
+
+
+def expect(method: Callable[..., Any], parameters: list[str]) -> None:
+    """Fail at start-up, not with a wrong figure, when the broker code changed shape."""
+    found = list(inspect.signature(method).parameters)
+    if found != parameters:
+        raise RuntimeError(f"{method.__qualname__} takes {found}, the probe expects {parameters}")
 
 
 def wrap_flush_round() -> None:
-    original = LogManager._flush_round
+    original = Flusher._round
+    expect(original, ["self", "works", "previous", "committed"])
 
-    async def _flush_round(self: LogManager) -> None:
+    async def _round(self: Flusher, works: list[Any], *args: Any) -> None:
         began = now()
         try:
-            await original(self)
+            await original(self, works, *args)
         finally:
             emit("round", start=began, end=now())
 
-    LogManager._flush_round = _flush_round  # type: ignore[method-assign]
+    Flusher._round = _round  # type: ignore[method-assign]
 
 
 def wrap_upload() -> None:
-    original = LogManager._upload
+    original = Flusher._upload
+    expect(original, ["self", "work"])
 
-    async def _upload(self: LogManager, work: Any) -> Any:
+    async def _upload(self: Flusher, work: Any) -> Any:
         began = now()
         size = sum(len(b.data) for b in work.batches)
         try:
@@ -59,20 +70,21 @@ def wrap_upload() -> None:
         finally:
             emit("upload", start=began, end=now(), bytes=size, batches=len(work.batches))
 
-    LogManager._upload = _upload  # type: ignore[method-assign]
+    Flusher._upload = _upload  # type: ignore[method-assign]
 
 
 def wrap_commit() -> None:
-    original = LogManager._commit
+    original = Flusher._commit
+    expect(original, ["self", "ready"])
 
-    async def _commit(self: LogManager, uploaded: list[Any]) -> None:
+    async def _commit(self: Flusher, ready: list[Any]) -> None:
         began = now()
         try:
-            await original(self, uploaded)
+            await original(self, ready)
         finally:
-            emit("commit", start=began, end=now(), partitions=len(uploaded))
+            emit("commit", start=began, end=now(), partitions=len(ready))
 
-    LogManager._commit = _commit  # type: ignore[method-assign]
+    Flusher._commit = _commit  # type: ignore[method-assign]
 
 
 def wrap_txn() -> None:
@@ -90,6 +102,7 @@ def wrap_txn() -> None:
 
 def wrap_s3() -> None:
     original = S3ObjectStore._call
+    expect(original, ["self", "fn", "args", "kwargs"])
 
     async def _call(self: S3ObjectStore, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         name = getattr(fn, "__name__", "call")
@@ -124,6 +137,7 @@ def wrap_s3() -> None:
 def wrap_start() -> None:
     """Start a loop-lag probe with the flush loop."""
     original = LogManager.start
+    expect(original, ["self"])
 
     async def start(self: LogManager) -> None:
         await original(self)
@@ -139,13 +153,18 @@ async def _lag_probe() -> None:
         emit("lag", start=began, lag=now() - began - 0.01)
 
 
-def main() -> int:
+def install(path: str) -> None:
+    _out.append(open(path, "a", buffering=1))  # noqa: SIM115 (open for the process's life)
     wrap_flush_round()
     wrap_upload()
     wrap_commit()
     wrap_txn()
     wrap_s3()
     wrap_start()
+
+
+def main() -> int:
+    install(os.environ["KAFSCALE_BENCH_TIMINGS"])
     return cli.main(sys.argv[1:] or ["broker"])
 
 
