@@ -5,19 +5,20 @@ on the first out-of-order reply), while a produce waits for an object-store uplo
 connection has a reader that starts every request as its own task and a writer that awaits those
 tasks in arrival order: requests run concurrently, responses leave in order. acks=0 produces
 resolve to ``None`` and send nothing. The queue between them bounds requests in flight.
+Frames come from :class:`~kafscale.broker.protocol.framing.FrameProtocol`, which stops reading
+the socket while the reader is held up by those bounds.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
 from kafscale.broker.config import LimitSettings
-from kafscale.broker.protocol.framing import FrameTooLarge, read_frame
+from kafscale.broker.protocol.framing import Frame, FrameProtocol, FrameTooLarge
 
 log = logging.getLogger(__name__)
 
@@ -33,7 +34,6 @@ class Connection:
 
     peer: str
     append_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
-    stopping: asyncio.Event = field(default_factory=asyncio.Event)
 
 
 class ByteBudget:
@@ -56,7 +56,7 @@ class ByteBudget:
         freed.set()
 
 
-Dispatch = Callable[[bytes, Connection], Coroutine[Any, Any, bytes | None]]
+Dispatch = Callable[[Frame, Connection], Coroutine[Any, Any, bytes | None]]
 
 
 class CloseConnection(Exception):
@@ -70,7 +70,7 @@ class KafkaServer:
         self._host = host
         self._port = port
         self._server: asyncio.Server | None = None
-        self._connections: dict[asyncio.Task[None], Connection] = {}
+        self._connections: dict[asyncio.Task[None], tuple[Connection, FrameProtocol]] = {}
         self._slots = asyncio.Semaphore(limits.max_connections)
 
     @property
@@ -79,8 +79,12 @@ class KafkaServer:
         return int(self._server.sockets[0].getsockname()[1])
 
     async def start(self) -> None:
-        self._server = await asyncio.start_server(
-            self._on_connect, self._host, self._port, reuse_address=True, limit=1 << 20
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_server(
+            lambda: FrameProtocol(self._limits.max_frame_bytes, self._on_connect),
+            self._host,
+            self._port,
+            reuse_address=True,
         )
 
     async def stop_accepting(self) -> None:
@@ -94,8 +98,8 @@ class KafkaServer:
         for the whole grace period); requests already read are answered first.
         """
         await self.stop_accepting()
-        for connection in self._connections.values():
-            connection.stopping.set()
+        for _, protocol in self._connections.values():
+            protocol.stop()
         if self._connections:
             _, still_open = await asyncio.wait(list(self._connections), timeout=grace_s)
             for task in still_open:
@@ -104,84 +108,63 @@ class KafkaServer:
         if self._server is not None:
             await self._server.wait_closed()
 
-    async def _on_connect(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    def _on_connect(self, protocol: FrameProtocol) -> None:
+        connection = Connection(_peer_name(protocol.transport))
+        task = asyncio.create_task(self._serve(protocol, connection))
+        self._connections[task] = (connection, protocol)
+
+    async def _serve(self, protocol: FrameProtocol, connection: Connection) -> None:
         task = asyncio.current_task()
         assert task is not None
-        if self._slots.locked():
-            log.warning("connection limit %d reached; refusing", self._limits.max_connections)
-            writer.close()
-            return
-        connection = Connection(_peer_name(writer))
-        peer = connection.peer
-        self._connections[task] = connection
         try:
+            if self._slots.locked():
+                log.warning("connection limit %d reached; refusing", self._limits.max_connections)
+                return
             async with self._slots:
-                await self._serve(reader, writer, connection)
-        except* (ConnectionError, asyncio.IncompleteReadError):
+                await self._pipeline(protocol, connection)
+        except* ConnectionError:
             pass
         except* (FrameTooLarge, CloseConnection) as group:
-            log.warning("closing %s: %s", peer, group.exceptions[0])
+            log.warning("closing %s: %s", connection.peer, group.exceptions[0])
         finally:
             self._connections.pop(task, None)
-            writer.close()
-            with contextlib.suppress(Exception):
-                await writer.wait_closed()
+            protocol.transport.close()
+            await protocol.wait_closed()
 
-    async def _serve(
-        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, connection: Connection
-    ) -> None:
+    async def _pipeline(self, protocol: FrameProtocol, connection: Connection) -> None:
         in_order: asyncio.Queue[tuple[asyncio.Task[bytes | None], int] | None] = asyncio.Queue()
         slots = asyncio.Semaphore(self._limits.max_in_flight_per_connection)
         budget = ByteBudget(self._limits.max_in_flight_bytes_per_connection)
         try:
             async with asyncio.TaskGroup() as group:
-                group.create_task(_write_in_order(in_order, writer, slots, budget))
-                group.create_task(self._read_requests(reader, in_order, slots, budget, connection))
+                group.create_task(_write_in_order(in_order, protocol, slots, budget))
+                group.create_task(
+                    self._read_requests(protocol, in_order, slots, budget, connection)
+                )
         finally:
             await _cancel_queued(in_order)
 
     async def _read_requests(
         self,
-        reader: asyncio.StreamReader,
+        protocol: FrameProtocol,
         in_order: asyncio.Queue[tuple[asyncio.Task[bytes | None], int] | None],
         slots: asyncio.Semaphore,
         budget: ByteBudget,
         connection: Connection,
     ) -> None:
-        while True:
-            frame = await self._next_frame(reader, connection)
-            if frame is None:
-                in_order.put_nowait(None)
-                return
+        # read_frame returns None at the end of the stream and once the server is stopping.
+        while (frame := await protocol.read_frame()) is not None:
             await slots.acquire()
             await budget.take(len(frame))
             # No await between creating the task and queueing it: every task has an owner.
             task = asyncio.create_task(self._dispatch(frame, connection))
             in_order.put_nowait((task, len(frame)))
-
-    async def _next_frame(
-        self, reader: asyncio.StreamReader, connection: Connection
-    ) -> bytes | None:
-        """The next frame, or None at end of stream or once the server is stopping."""
-        if connection.stopping.is_set():
-            return None
-        read = asyncio.ensure_future(read_frame(reader, self._limits.max_frame_bytes))
-        stop = asyncio.ensure_future(connection.stopping.wait())
-        try:
-            await asyncio.wait({read, stop}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            stop.cancel()
-            if not read.done():
-                read.cancel()
-            await asyncio.gather(stop, read, return_exceptions=True)
-        if read.cancelled():
-            return None
-        return read.result()
+        in_order.put_nowait(None)
 
 
 async def _write_in_order(
     in_order: asyncio.Queue[tuple[asyncio.Task[bytes | None], int] | None],
-    writer: asyncio.StreamWriter,
+    protocol: FrameProtocol,
     slots: asyncio.Semaphore,
     budget: ByteBudget,
 ) -> None:
@@ -196,8 +179,8 @@ async def _write_in_order(
             slots.release()
             budget.give(size)
         if response:
-            writer.write(response)
-            await writer.drain()
+            protocol.write(response)
+            await protocol.drain()
 
 
 async def _cancel_queued(
@@ -213,8 +196,8 @@ async def _cancel_queued(
     await asyncio.gather(*pending, return_exceptions=True)
 
 
-def _peer_name(writer: asyncio.StreamWriter) -> str:
-    peer = writer.get_extra_info("peername")
+def _peer_name(transport: asyncio.BaseTransport) -> str:
+    peer = transport.get_extra_info("peername")
     if isinstance(peer, tuple) and len(peer) >= 2:
         return f"{peer[0]}:{peer[1]}"
     return str(peer)

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from kafscale.broker.protocol import codec
 from kafscale.broker.protocol.errors import ErrorCode, KafkaError, code_for
+from kafscale.broker.protocol.framing import Frame
 from kafscale.broker.server import CloseConnection, Connection
 
 if TYPE_CHECKING:
@@ -73,7 +74,7 @@ class Dispatcher:
         self._table = table
         self._broker = broker
 
-    async def __call__(self, frame: bytes, connection: Connection) -> bytes | None:
+    async def __call__(self, frame: Frame, connection: Connection) -> bytes | None:
         peer = connection.peer
         try:
             api_key, api_version, correlation_id = codec.peek_header(frame)

@@ -52,7 +52,7 @@ class DecodedRequest:
     body: Any
 
 
-def peek_header(frame: bytes) -> tuple[int, int, int]:
+def peek_header(frame: bytes | memoryview) -> tuple[int, int, int]:
     """(api key, api version, correlation id) from the fixed start every header shares."""
     if len(frame) < _HEADER_PREFIX.size:
         raise DecodeError("frame shorter than a request header")
@@ -67,8 +67,9 @@ def request_schema(api_key: int, api_version: int) -> type[Any]:
         raise UnknownApi(f"no schema for api {api_key} v{api_version}") from exc
 
 
-def decode_request(frame: bytes, schema: type[Any]) -> DecodedRequest:
-    """Parse header and body of ``frame`` (without its length prefix)."""
+def decode_request(frame: bytes | memoryview, schema: type[Any]) -> DecodedRequest:
+    """Parse header and body of ``frame`` (without its length prefix); kio refuses a writable
+    buffer, so a memoryview must be read-only."""
     header_schema = schema.__header_schema__
     try:
         header, header_size = entity_reader(header_schema)(frame, 0)
