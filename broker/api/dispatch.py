@@ -89,6 +89,9 @@ class Dispatcher:
         except codec.DecodeError as exc:
             log.warning("bad %s v%d from %s: %s", spec.name, api_version, peer, exc)
             return self._error(spec, None, api_version, correlation_id, ErrorCode.INVALID_REQUEST)
+        # The decoded request holds its own copy of the records; without this the frame (up to
+        # a MiB per produce) would stay alive until the ack.
+        del frame
         context = RequestContext(request.header, self._broker, connection)
         try:
             body = await spec.handler(request.body, context)
