@@ -820,6 +820,15 @@ def report(args: argparse.Namespace, run: Run) -> None:
     print("targets (issue 2; produce = the sustained max-rate figure; PUT p99 = sequential)")
     for name, figures, ok in targets:
         print(f"   {verdict(ok)}  {name:<56} {figures}")
+    # A flush round PUTs one segment per partition at once, and moto serves them one after
+    # another: the same budget with that pattern's PUT p99, for comparison (not the target).
+    parallel_budget = args.flush_interval_ms + 2 * percentile(run.small_parallel, 99) * ms
+    for r in run.paced:
+        p99 = percentile(r.latencies_s, 99) * ms
+        print(
+            f"   (for comparison @{r.label}: p99 {p99:.1f} vs {parallel_budget:.1f} ms with the "
+            f"PUT p99 of {2 * args.partitions} at once, the pattern of a flush round)"
+        )
     if run.timings:
         print()
         print("inside the broker (timing probes, bench/_timed_broker.py)")
