@@ -19,6 +19,7 @@ from kafscale.broker.admin_http import admin_request
 from kafscale.broker.app import Broker, StartupError
 from kafscale.broker.config import BrokerSettings
 from kafscale.broker.local import LocalOptions, run_local
+from kafscale.broker.memory import tune_allocator
 from kafscale.broker.settings_cli import (
     add_settings_flags,
     build_settings,
@@ -98,6 +99,7 @@ def _cmd_broker(args: argparse.Namespace) -> int:
     if settings is None:
         return 2
     _setup_logging(settings)
+    tune_allocator()
     return _run(_serve_broker(settings))
 
 
@@ -118,6 +120,7 @@ def _cmd_local(args: argparse.Namespace) -> int:
     if settings is None:
         return 2
     _setup_logging(settings)
+    tune_allocator()
     options = LocalOptions(args.data_dir, args.brokers, args.port, args.host)
     return _run(run_local(settings, options))
 
