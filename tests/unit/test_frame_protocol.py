@@ -19,6 +19,7 @@ from collections.abc import AsyncIterator, Iterable, Sequence
 from typing import Any
 
 import pytest
+from harness.kafka_server import serving
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -450,12 +451,8 @@ async def blocked_server(release: asyncio.Event) -> AsyncIterator[KafkaServer]:
         return struct.pack(">ii", 4, correlation_id)
 
     limits = LimitSettings(max_frame_bytes=1 << 20, max_in_flight_per_connection=1)
-    server = KafkaServer(dispatch, limits, "127.0.0.1", 0)
-    await server.start()
-    try:
+    async with serving(dispatch, limits) as server:
         yield server
-    finally:
-        await server.close(grace_s=1.0)
 
 
 async def test_a_server_stops_reading_a_client_it_cannot_keep_up_with() -> None:

@@ -8,10 +8,11 @@ import asyncio
 import contextlib
 import random
 import struct
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 import pytest
+from harness.kafka_server import serving as harness_serving
 
 from kafscale.broker.config import LimitSettings
 from kafscale.broker.server import CloseConnection, Connection, KafkaServer
@@ -61,15 +62,11 @@ class FakeDispatch:
         return struct.pack(">ii", 4, correlation_id)
 
 
-@contextlib.asynccontextmanager
-async def serving(dispatch: FakeDispatch, max_in_flight: int = 64) -> AsyncIterator[KafkaServer]:
+def serving(
+    dispatch: FakeDispatch, max_in_flight: int = 64
+) -> contextlib.AbstractAsyncContextManager[KafkaServer]:
     limits = LimitSettings(max_frame_bytes=MAX_FRAME, max_in_flight_per_connection=max_in_flight)
-    server = KafkaServer(dispatch, limits, "127.0.0.1", 0)
-    await server.start()
-    try:
-        yield server
-    finally:
-        await server.close(grace_s=1.0)
+    return harness_serving(dispatch, limits)
 
 
 async def connect(server: KafkaServer) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
