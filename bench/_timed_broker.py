@@ -75,14 +75,14 @@ def wrap_upload() -> None:
 
 def wrap_commit() -> None:
     original = Flusher._commit
-    expect(original, ["self", "ready"])
+    expect(original, ["self", "commits"])
 
-    async def _commit(self: Flusher, ready: list[Any]) -> None:
+    async def _commit(self: Flusher, commits: list[Any]) -> None:
         began = now()
         try:
-            await original(self, ready)
+            await original(self, commits)
         finally:
-            emit("commit", start=began, end=now(), partitions=len(ready))
+            emit("commit", start=began, end=now(), partitions=len(commits))
 
     Flusher._commit = _commit  # type: ignore[method-assign]
 

@@ -8,9 +8,11 @@ rounds upload at once, so a slow PUT does not stall the next round; commits stil
 round after another, in order, under one lock: a round commits only after the previous round
 committed, and each partition's new state follows from the state the previous commit left.
 
-A commit is one etcd transaction for up to ``PARTITIONS_PER_TXN`` partitions, each contributing
-three compares (lease value, lease create revision, state mod revision) and one put. A failed
-compare fences only the partitions whose lease is gone: the rest are committed on their own.
+A commit is one etcd transaction for up to ``PARTITIONS_PER_TXN`` partitions and
+``MAX_TXN_BYTES`` of partition states (etcd refuses larger requests; a state remembering many
+idempotent producers is tens of KB), each partition contributing three compares (lease value,
+lease create revision, state mod revision) and one put. A failed compare fences only the
+partitions whose lease is gone: the rest are committed on their own.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from kafscale.broker.config import LogSettings
@@ -47,6 +49,8 @@ from kafscale.broker.storage.segments import (
 log = logging.getLogger(__name__)
 
 PARTITIONS_PER_TXN = 40  # 3 compares each stays under etcd's default --max-txn-ops (128)
+MAX_TXN_BYTES = 1024 * 1024  # etcd's default --max-request-bytes is 1.5 MiB
+TXN_BYTES_PER_PARTITION = 1024  # keys, compares and framing beside the state document
 MAX_ROUNDS_IN_FLIGHT = 4
 
 GiveUp = Callable[[OwnedPartition, BaseException, list[FlushWork]], None]
@@ -66,6 +70,30 @@ class UploadedSegment:
 class Uploaded:
     work: FlushWork
     segments: list[UploadedSegment]
+
+
+@dataclass(frozen=True, slots=True)
+class _Commit:
+    """A partition's part of a commit transaction: its new state, and that state as stored."""
+
+    item: Uploaded
+    state: PartitionState
+    document: bytes
+
+
+def txn_groups(sizes: Sequence[int], max_count: int, max_bytes: int) -> list[range]:
+    """Consecutive runs of entries, each at most ``max_count`` entries and ``max_bytes`` in
+    total; an entry larger than ``max_bytes`` is a run of its own."""
+    groups: list[range] = []
+    start, total = 0, 0
+    for index, size in enumerate(sizes):
+        if index > start and (index - start >= max_count or total + size > max_bytes):
+            groups.append(range(start, index))
+            start, total = index, 0
+        total += size
+    if start < len(sizes):
+        groups.append(range(start, len(sizes)))
+    return groups
 
 
 class Flusher:
@@ -190,8 +218,10 @@ class Flusher:
                 self._fail(work, NotLeader(f"{owned.topic}-{owned.partition} was given up"))
             else:
                 ready.append(result)
-        for start in range(0, len(ready), PARTITIONS_PER_TXN):
-            await self._commit(ready[start : start + PARTITIONS_PER_TXN])
+        commits = [self._prepare(item) for item in ready]
+        sizes = [len(c.document) + TXN_BYTES_PER_PARTITION for c in commits]
+        for group in txn_groups(sizes, PARTITIONS_PER_TXN, MAX_TXN_BYTES):
+            await self._commit([commits[i] for i in group])
 
     # --- upload ------------------------------------------------------------------------------
 
@@ -241,19 +271,20 @@ class Flusher:
 
     # --- commit ------------------------------------------------------------------------------
 
-    async def _commit(self, ready: list[Uploaded]) -> None:
-        if not ready:
+    def _prepare(self, item: Uploaded) -> _Commit:
+        state = item.work.partition.state
+        for index, segment in enumerate(item.segments):
+            last = index == len(item.segments) - 1
+            state = commit_segment(state, segment.ref, item.work.producers if last else {})
+        return _Commit(item, state, state.to_json())
+
+    async def _commit(self, commits: list[_Commit]) -> None:
+        if not commits:
             return
         compares = []
         success = []
-        new_states = []
-        for item in ready:
-            owned = item.work.partition
-            state = owned.state
-            for index, segment in enumerate(item.segments):
-                last = index == len(item.segments) - 1
-                state = commit_segment(state, segment.ref, item.work.producers if last else {})
-            new_states.append(state)
+        for commit in commits:
+            owned = commit.item.work.partition
             lease_key = keys.partition_lease_key(self._cluster, owned.topic, owned.partition)
             state_key = keys.partition_state_key(self._cluster, owned.topic, owned.partition)
             compares += [
@@ -261,22 +292,22 @@ class Flusher:
                 create_revision_is(lease_key, owned.lease_revision),
                 mod_revision_is(state_key, owned.state_revision),
             ]
-            success.append(put_op(state_key, state.to_json()))
+            success.append(put_op(state_key, commit.document))
         try:
             result = await self._etcd.txn(compares, success)
         except MetadataUnavailable as exc:
-            for item in ready:
-                self._fail(item.work, MetadataTimeout(str(exc)))
+            for commit in commits:
+                self._fail(commit.item.work, MetadataTimeout(str(exc)))
             return
         if not result.succeeded:
-            if len(ready) > 1:
-                for item in ready:  # find the fenced one(s); commit the rest
-                    await self._commit([item])
+            if len(commits) > 1:
+                for commit in commits:  # find the fenced one(s); commit the rest
+                    await self._commit([commit])
                 return
-            self._fail(ready[0].work, NotLeader("lease lost; commit fenced"))
+            self._fail(commits[0].item.work, NotLeader("lease lost; commit fenced"))
             return
-        for item, state in zip(ready, new_states, strict=True):
-            self._on_committed(item, state, result.revision)
+        for commit in commits:
+            self._on_committed(commit.item, commit.state, result.revision)
 
     def _on_committed(self, item: Uploaded, state: PartitionState, revision: int) -> None:
         owned = item.work.partition
