@@ -168,11 +168,36 @@ class Broker:
             rack=listener.rack,
             pod=self.pod_name,
         )
+        await self._retire_predecessors(info)
         await self.etcd.put(
             keys.broker_key(self.cluster, node_id), info.to_json(), lease=self.session.id
         )
         self.view.brokers[node_id] = info
         return info
+
+    async def _retire_predecessors(self, info: BrokerInfo) -> None:
+        """End the session of a registration that advertises our own address.
+
+        That is a broker that died without deregistering (we listen on its address now; a
+        restart keeps its port, a new pod may get a dead pod's IP). Until its session expired
+        it would keep its partitions, and clients would keep reaching us under its node id:
+        a produce we answered there may be retried once the client drops that node, and stored
+        twice (non-idempotent producers). Revoking the session frees its partition and group
+        leases at once, as its expiry would a TTL later.
+        """
+        for kv in await self.etcd.get_prefix(keys.brokers_prefix(self.cluster)):
+            try:
+                other = BrokerInfo.from_json(kv.value)
+            except (ValueError, KeyError, TypeError):
+                continue
+            if (other.host, other.port) == (info.host, info.port) and kv.lease:
+                log.warning(
+                    "broker %d was registered at our address %s:%d and is gone; ending its session",
+                    other.node_id,
+                    info.host,
+                    info.port,
+                )
+                await self.etcd.revoke_lease(kv.lease)
 
     # --- running -----------------------------------------------------------------------------
 

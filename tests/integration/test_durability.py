@@ -171,6 +171,31 @@ def test_sigkill_restart_keeps_every_acked_record(broker_cluster: BrokerCluster)
         assert len(in_order) == 120
 
 
+def test_restart_on_the_same_address_ends_the_dead_brokers_session_at_once(
+    broker_cluster: BrokerCluster,
+) -> None:
+    """A broker restarted after SIGKILL takes over at once, not a session TTL later, and clients
+    no longer see the dead broker's node id at its (now our) address."""
+    long_ttl = {"KAFSCALE_ETCD__SESSION_TTL_S": "60"}  # its expiry would take a minute
+    broker = broker_cluster.start(**long_ttl)
+    topic, partitions = "restarted", 3
+    create_topic(broker.bootstrap, topic, partitions)
+    producer = AckingProducer(broker.bootstrap, **{"message.timeout.ms": 20_000})
+    produce_batch(producer, topic, "before", 30, partitions)
+
+    broker.kill()
+    new = broker_cluster.start(port=broker.port, **long_ttl)
+    assert new.node_id != broker.node_id
+    admin = AdminClient({"bootstrap.servers": new.bootstrap})
+    deadline = time.monotonic() + 15
+    while set(admin.list_topics(timeout=10).brokers) != {new.node_id}:
+        assert time.monotonic() < deadline, "the dead broker is still listed"
+        time.sleep(0.2)
+    produce_batch(producer, topic, "after", 30, partitions)  # within 20 s, not 60
+    assert read_everything(new.bootstrap, topic, partitions) == producer.acked
+    assert "gone; ending its session" in new.tail(200)
+
+
 def test_sigterm_restart_keeps_every_acked_record(broker_cluster: BrokerCluster) -> None:
     broker = broker_cluster.start()
     topic, partitions = "graceful", 2
