@@ -15,7 +15,6 @@ from collections.abc import Iterator
 
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
-from confluent_kafka.admin import AdminClient, NewTopic
 from harness.batches import make_batch
 from harness.brokers import BrokerCluster, BrokerProcess, _create_bucket
 from harness.kafka_wire import (
@@ -35,6 +34,7 @@ from harness.kafka_wire import (
     request_header,
 )
 from harness.s3 import S3Endpoint, unique_bucket
+from harness.topics import create_topics
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -88,12 +88,6 @@ def broker_still_serves(kafka: BrokerProcess) -> Iterator[None]:
         partition = fetch_partition(wire.request(FETCH, 12, fetch_body("healthy", 0, offset)))
         assert int(partition.error_code) == NONE
         assert batches_in(partition.records)[0].base_offset == offset
-
-
-def create_topics(bootstrap: str, names: list[str], partitions: int) -> None:
-    admin = AdminClient({"bootstrap.servers": bootstrap})
-    for future in admin.create_topics([NewTopic(n, partitions, 1) for n in names]).values():
-        future.result(30)
 
 
 def high_watermark(wire: KafkaWire, topic: str, partition: int) -> int:

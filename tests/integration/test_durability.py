@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.admin import AdminClient
 from harness.batches import make_batch
 from harness.brokers import KAFSCALE, BrokerCluster, BrokerProcess
 from harness.kafka_wire import (
@@ -35,6 +35,7 @@ from harness.kafka_wire import (
     produce_partition,
 )
 from harness.s3 import unique_bucket
+from harness.topics import create_topic
 from kafka import KafkaConsumer
 from kafka import TopicPartition as KpTopicPartition
 
@@ -43,12 +44,6 @@ from kafscale.broker.metadata.embedded_etcd import free_port
 pytestmark = pytest.mark.integration
 
 Acked = dict[tuple[int, int], bytes]  # (partition, offset) -> value
-
-
-def create_topic(bootstrap: str, topic: str, partitions: int) -> None:
-    admin = AdminClient({"bootstrap.servers": bootstrap})
-    for future in admin.create_topics([NewTopic(topic, partitions, 1)]).values():
-        future.result(30)
 
 
 class AckingProducer:

@@ -35,7 +35,7 @@ from aiokafka import AIOKafkaConsumer
 from aiokafka.errors import CommitFailedError, KafkaError
 from confluent_kafka import Consumer, KafkaException, Producer
 from confluent_kafka import TopicPartition as CkTopicPartition
-from confluent_kafka.admin import AdminClient, NewTopic
+from harness import topics
 from harness.brokers import BrokerCluster, BrokerProcess
 from harness.kafka_wire import KafkaWire
 from kafka import ConsumerRebalanceListener, KafkaConsumer
@@ -63,9 +63,7 @@ def start_brokers(cluster: BrokerCluster, count: int) -> list[BrokerProcess]:
 
 
 def create_topic(bootstrap: str, topic: str, partitions: int = PARTITIONS) -> None:
-    admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": QUIET})
-    for future in admin.create_topics([NewTopic(topic, partitions, 1)]).values():
-        future.result(30)
+    topics.create_topic(bootstrap, topic, partitions, log_level=QUIET)
 
 
 def wait_for(check: Callable[[], bool], timeout_s: float, what: str) -> None:

@@ -11,10 +11,10 @@ from __future__ import annotations
 import time
 
 import pytest
-from confluent_kafka.admin import AdminClient, NewTopic
 from harness.batches import make_batch
 from harness.brokers import BrokerProcess
 from harness.kafka_wire import PRODUCE, KafkaWire
+from harness.topics import create_topic
 
 pytestmark = pytest.mark.integration
 
@@ -22,12 +22,6 @@ PARTITIONS = 32
 PRODUCERS = 256  # the most producers a partition's state remembers
 BATCHES_EACH = 5  # the batches per producer it remembers
 PRODUCE_VERSION = 9
-
-
-def _create_topic(bootstrap: str, topic: str) -> None:
-    admin = AdminClient({"bootstrap.servers": bootstrap})
-    for future in admin.create_topics([NewTopic(topic, PARTITIONS, 1)]).values():
-        future.result(30)
 
 
 def _request(topic: str, producer_id: int, sequence: int) -> dict[str, object]:
@@ -57,7 +51,7 @@ def _request(topic: str, producer_id: int, sequence: int) -> dict[str, object]:
 
 def test_commits_of_large_partition_states_fit_etcd_requests(broker: BrokerProcess) -> None:
     topic = "many-producers"
-    _create_topic(broker.bootstrap, topic)
+    create_topic(broker.bootstrap, topic, PARTITIONS)
     offsets: dict[int, list[int]] = {p: [] for p in range(PARTITIONS)}
     began = time.monotonic()
     with KafkaWire(broker.bootstrap, timeout_s=60) as wire:

@@ -5,9 +5,9 @@ from __future__ import annotations
 import time
 
 import pytest
-from confluent_kafka.admin import AdminClient, NewTopic
 from harness.brokers import BrokerCluster, BrokerProcess
 from harness.kafka_wire import KafkaWire, produce_body, produce_partition
+from harness.topics import create_topic
 
 PRODUCE = 0
 
@@ -33,12 +33,6 @@ def wait_for(condition, timeout_s: float = 20.0):  # type: ignore[no-untyped-def
             return last
         time.sleep(0.1)
     raise AssertionError(f"condition not met in {timeout_s}s (last: {last})")
-
-
-def create_topic(bootstrap: str, name: str, partitions: int) -> None:
-    admin = AdminClient({"bootstrap.servers": bootstrap})
-    futures = admin.create_topics([NewTopic(name, partitions, 1)])
-    futures[name].result(15)
 
 
 def test_ownership_balances_across_three_brokers(broker_cluster: BrokerCluster) -> None:

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
-from confluent_kafka.admin import AdminClient, NewTopic
 from harness.brokers import BrokerCluster, _create_bucket
 from harness.s3 import S3Endpoint, unique_bucket
+from harness.topics import create_topic
 from kafka import KafkaConsumer, KafkaProducer
 from kafka import TopicPartition as KpTopicPartition
 
@@ -33,12 +33,6 @@ def rgw_cluster(
         yield cluster
     finally:
         cluster.stop_all()
-
-
-def _create_topic(bootstrap: str, topic: str, partitions: int) -> None:
-    admin = AdminClient({"bootstrap.servers": bootstrap})
-    for future in admin.create_topics([NewTopic(topic, partitions, 1)]).values():
-        future.result(30)
 
 
 def _produce(
@@ -103,7 +97,7 @@ def _read(bootstrap: str, topic: str, partitions: int) -> dict[tuple[int, int], 
 def test_round_trip_on_radosgw(rgw_cluster: BrokerCluster) -> None:
     broker = rgw_cluster.start()
     topic = "rgw-round-trip"
-    _create_topic(broker.bootstrap, topic, 2)
+    create_topic(broker.bootstrap, topic, 2)
     acked = _produce(broker.bootstrap, topic, [b"value-%d" % i for i in range(50)], 2)
     assert sorted(acked) == [(p, o) for p in range(2) for o in range(25)]
     assert _read(broker.bootstrap, topic, 2) == acked
@@ -149,7 +143,7 @@ def test_round_trip_on_radosgw(rgw_cluster: BrokerCluster) -> None:
 def test_sigkill_restart_keeps_every_acked_record_on_radosgw(rgw_cluster: BrokerCluster) -> None:
     broker = rgw_cluster.start()
     topic = f"rgw-durable-{uuid.uuid4().hex[:6]}"
-    _create_topic(broker.bootstrap, topic, 3)
+    create_topic(broker.bootstrap, topic, 3)
     acked = _produce(broker.bootstrap, topic, [b"before-%d" % i for i in range(150)], 3)
     assert len(acked) == 150
 
