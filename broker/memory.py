@@ -17,10 +17,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
-import logging
 import os
-
-log = logging.getLogger(__name__)
 
 M_MMAP_THRESHOLD = -3  # from glibc's malloc.h
 M_ARENA_MAX = -8
@@ -42,11 +39,9 @@ def tune_allocator() -> bool:
     mallopt = libc.mallopt
     mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
     mallopt.restype = ctypes.c_int
-    applied = True
-    if "MALLOC_MMAP_THRESHOLD_" not in os.environ:
-        applied = mallopt(M_MMAP_THRESHOLD, LARGE_BUFFER_BYTES) == 1 and applied
-    if "MALLOC_ARENA_MAX" not in os.environ:
-        applied = mallopt(M_ARENA_MAX, ARENAS) == 1 and applied
-    if not applied:
-        log.debug("glibc refused a malloc setting")
-    return applied
+    settings = (
+        ("MALLOC_MMAP_THRESHOLD_", M_MMAP_THRESHOLD, LARGE_BUFFER_BYTES),
+        ("MALLOC_ARENA_MAX", M_ARENA_MAX, ARENAS),
+    )
+    results = [mallopt(option, value) for env, option, value in settings if env not in os.environ]
+    return all(result == 1 for result in results)
