@@ -124,6 +124,7 @@ def wrap_s3() -> None:
             emit(
                 "s3",
                 op=name,
+                key=str(kwargs.get("Key", "")),
                 bytes=size,
                 queued=queued,
                 start=box.get("start", queued),

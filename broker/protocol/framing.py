@@ -211,8 +211,8 @@ class FrameProtocol(asyncio.BufferedProtocol):
                 start = body_end
             elif _LENGTH.size + length > len(view):
                 body = bytearray(length)
-                body[: end - body_start] = view[body_start:end]
                 self._body, self._body_view = body, memoryview(body)
+                self._body_view[: end - body_start] = view[body_start:end]
                 self._body_filled = end - body_start
                 start = end
             else:

@@ -3,7 +3,7 @@
 Every ``flush_interval_ms`` (on a fixed schedule) or as soon as a partition has a segment's
 worth buffered, a *round* takes what every owned partition has buffered, cuts it into segments
 of at most ``segment_bytes``, and uploads them all in parallel. Index objects follow after the
-commit, off the ack path. Up to ``MAX_ROUNDS_IN_FLIGHT``
+commit, off the ack path, in tasks that do not hold a round's slot. Up to ``MAX_ROUNDS_IN_FLIGHT``
 rounds upload at once, so a slow PUT does not stall the next round; commits still happen one
 round after another, in order, under one lock: a round commits only after the previous round
 committed, and each partition's new state follows from the state the previous commit left.
@@ -52,6 +52,7 @@ PARTITIONS_PER_TXN = 40  # 3 compares each stays under etcd's default --max-txn-
 MAX_TXN_BYTES = 1024 * 1024  # etcd's default --max-request-bytes is 1.5 MiB
 TXN_BYTES_PER_PARTITION = 1024  # keys, compares and framing beside the state document
 MAX_ROUNDS_IN_FLIGHT = 4
+INDEX_GRACE_S = 2.0  # how long shutdown waits for index uploads still in flight
 
 GiveUp = Callable[[OwnedPartition, BaseException, list[FlushWork]], None]
 
@@ -122,6 +123,7 @@ class Flusher:
         self._flush_now = asyncio.Event()
         self._progress = asyncio.Event()
         self._rounds: set[asyncio.Task[None]] = set()
+        self._index_uploads: set[asyncio.Task[None]] = set()
 
     # --- triggers and waiting ----------------------------------------------------------------
 
@@ -158,6 +160,15 @@ class Flusher:
             for task in self._rounds:
                 task.cancel()
             await asyncio.gather(*self._rounds, return_exceptions=True)
+            await self._finish_index_uploads()
+
+    async def _finish_index_uploads(self) -> None:
+        """On the way out, give the last rounds' indexes a moment to land (they are optional)."""
+        if self._index_uploads:
+            await asyncio.wait(self._index_uploads, timeout=INDEX_GRACE_S)
+        for task in self._index_uploads:
+            task.cancel()
+        await asyncio.gather(*self._index_uploads, return_exceptions=True)
 
     def _start_round(self, previous: asyncio.Future[None] | None) -> asyncio.Future[None] | None:
         segment_bytes = self._settings.segment_bytes
@@ -192,7 +203,7 @@ class Flusher:
                 await self._commit_round(works, results)
             committed.set_result(None)
             self._notify_progress()
-            await self._upload_indexes(results)
+            self._start_index_uploads(results)
         except asyncio.CancelledError:
             for work in works:
                 self._fail(work, NotLeader("broker shutting down"))
@@ -225,9 +236,17 @@ class Flusher:
 
     # --- upload ------------------------------------------------------------------------------
 
+    def _start_index_uploads(self, results: list[Uploaded | BaseException]) -> None:
+        """Indexes go up after the ack, in a task of their own: a round's slot (one of
+        ``MAX_ROUNDS_IN_FLIGHT``) is for acks, and waiting for index PUTs there held back the
+        next round's segments."""
+        task = asyncio.create_task(self._upload_indexes(results), name="index-uploads")
+        self._index_uploads.add(task)
+        task.add_done_callback(self._index_uploads.discard)
+
     async def _upload_indexes(self, results: list[Uploaded | BaseException]) -> None:
-        """Indexes go up after the ack: they only speed up reads of older data and are derived
-        from the segment, so readers that find none read the whole segment instead."""
+        """Indexes only speed up reads of older data and are derived from the segment, so
+        readers that find none read the whole segment instead."""
         uploads = [
             self._store.put(segment.index_key, segment.index)
             for result in results

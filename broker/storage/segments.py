@@ -202,14 +202,16 @@ def encode_segment(
         segment, 0, SEGMENT_MAGIC, SEGMENT_VERSION, 0, base_offset, record_count, created_at_ms, 0
     )
     position = SEGMENT_HEADER_SIZE
-    for batch, info in zip(batches, infos, strict=True):
-        segment[position : position + info.size] = batch
-        if base_offsets is not None:
-            _BATCH_BASE_OFFSET.pack_into(segment, position, info.base_offset)
-        if leader_epoch is not None:
-            _BATCH_LEADER_EPOCH.pack_into(segment, position + 12, leader_epoch)
-        position += info.size
+    # Copy through a memoryview: assigning bytes or a view to a bytearray slice first copies
+    # them into a temporary bytearray (CPython's bytearray_ass_subscript), a second full copy.
     with memoryview(segment) as view:
+        for batch, info in zip(batches, infos, strict=True):
+            view[position : position + info.size] = batch
+            if base_offsets is not None:
+                _BATCH_BASE_OFFSET.pack_into(view, position, info.base_offset)
+            if leader_epoch is not None:
+                _BATCH_LEADER_EPOCH.pack_into(view, position + 12, leader_epoch)
+            position += info.size
         crc = crc32c.crc32c(view[SEGMENT_HEADER_SIZE:position])
     _FOOTER.pack_into(segment, position, crc, last_offset, FOOTER_MAGIC)
     return EncodedSegment(

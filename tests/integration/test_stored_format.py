@@ -42,6 +42,7 @@ from harness.kafka_wire import (
     produce_body,
     produce_partition,
 )
+from harness.topics import create_topic
 from kafka import KafkaProducer
 from kafka.admin import KafkaAdminClient, NewTopic
 
@@ -384,3 +385,35 @@ def test_a_corrupted_segment_is_an_error_never_data(
             assert int(later.error_code) == 0
             assert batches_in(later.records)[0].base_offset == 10
     assert new.process is not None and new.process.poll() is None
+
+
+def test_a_graceful_stop_leaves_an_index_beside_every_segment(
+    broker_cluster: BrokerCluster,
+) -> None:
+    """Indexes go up after the ack, in tasks of their own; SIGTERM must not cut off the ones
+    of the last flush (the handoff flush), or older data loses its ranged reads."""
+    broker = broker_cluster.start(KAFSCALE_LOG__FLUSH_INTERVAL_MS="60000")  # only the stop flushes
+    topic, partitions = "stopped", 3
+    create_topic(broker.bootstrap, topic, partitions)
+    producer = Producer({"bootstrap.servers": broker.bootstrap, "linger.ms": 0, "acks": "all"})
+    acked: list[int] = []
+    for i in range(30):
+        producer.produce(
+            topic,
+            value=b"v%d" % i,
+            partition=i % partitions,
+            on_delivery=lambda err, msg: acked.append(msg.offset()) if err is None else None,
+        )
+    producer.poll(1.0)  # sent; the broker buffers them until it stops
+    assert acked == []
+
+    assert broker.stop() == 0, broker.tail()
+    assert producer.flush(10) == 0
+    assert len(acked) == 30
+
+    client = _s3_client(broker_cluster)
+    objects = _list(client, broker_cluster.bucket, f"{broker_cluster.cluster}/topics/{topic}/")
+    segments = sorted(k[:-4] for k in objects if k.endswith(".kfs"))
+    indexes = sorted(k[:-4] for k in objects if k.endswith(".idx"))
+    assert len(segments) == partitions
+    assert indexes == segments
