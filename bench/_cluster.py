@@ -457,11 +457,13 @@ def rss_bytes(pid: int) -> int:
 
 
 def cpu_seconds(pid: int) -> float:
-    """User + system CPU seconds of a process (and its reaped children: none here)."""
+    """User + system CPU seconds of a process and of its children it has waited for (the
+    bench's consumer processes and kcat)."""
     try:
         with open(f"/proc/{pid}/stat") as stat:
             fields = stat.read().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        ticks = sum(int(field) for field in fields[11:15])  # utime stime cutime cstime
+        return ticks / os.sysconf("SC_CLK_TCK")
     except (OSError, IndexError, ValueError):
         return 0.0
 

@@ -392,14 +392,17 @@ def consume(
             # Ask for no more than what is left: a batch that cannot fill waits out the
             # whole timeout, which would count a second of waiting as consume time.
             wanted = min(batch, expected - result.records)
-            for msg in consumer.consume(wanted, timeout=1.0):
-                if msg.error() is not None:
-                    continue
-                result.records += 1
-                result.nbytes += len(msg.value())
-                last = time.perf_counter()
-                if not result.first_s:
-                    result.first_s = last - began
+            messages = consumer.consume(wanted, timeout=1.0)
+            if not messages:
+                continue
+            last = time.perf_counter()
+            # Counted without a Python statement per record: the loop itself is a bottleneck
+            # of a Python client reading several hundred thousand records a second.
+            errors = sum(1 for msg in messages if msg.error() is not None)
+            result.records += len(messages) - errors
+            result.nbytes += sum(map(len, messages))  # len(message) = its value's length
+            if not result.first_s:
+                result.first_s = last - began
     finally:
         consumer.close()
     result.seconds = last - began
@@ -796,7 +799,7 @@ def report(args: argparse.Namespace, run: Run) -> None:
             print(
                 f"   {c.label:<24}{c.records:>9}{c.mib_s:>8.1f}"
                 f"{c.records_s:>11.0f}{'':>27}{c.seconds:>9.2f}"
-                + f"   (first record after {c.first_s * 1000:.0f} ms)"
+                + (f"   (first record after {c.first_s * 1000:.0f} ms)" if c.first_s else "")
                 + ("" if c.complete else "   INCOMPLETE")
             )
     print(

@@ -7,7 +7,9 @@ its own malloc arena, and after the first large buffer is freed the mmap thresho
 later ones come from the arenas' heaps, where freed holes between live buffers are never given
 back. A 256 MiB cache then showed as 750 MB of RSS while consumers read older data. With large
 buffers always mapped on their own (returned to the system when freed) and two arenas, the same
-run peaks at 470 MB, at no measurable CPU cost (bench/README.md).
+run peaks at 470 MB. The price is page faults: a fresh 4 MiB mapping costs about 2 ms to fill
+on the 2-core VM; over a 586 MiB produce the broker used 3.2-3.4 CPU seconds with these
+settings and 2.9-3.2 with buffers from the heap (which peaked at 618 MB). See bench/README.md.
 
 Settings made through glibc's own environment variables (``MALLOC_ARENA_MAX``,
 ``MALLOC_MMAP_THRESHOLD_``) win; elsewhere than glibc this does nothing.
