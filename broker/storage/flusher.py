@@ -246,12 +246,16 @@ class Flusher:
 
     async def _upload_indexes(self, results: list[Uploaded | BaseException]) -> None:
         """Indexes only speed up reads of older data and are derived from the segment, so
-        readers that find none read the whole segment instead."""
+        readers that find none read the whole segment instead. Small segments get none: a
+        reader GETs them whole anyway, and a partition flushed every tick with a trickle of
+        data would otherwise pay two PUT requests per tick instead of one."""
+        smallest = self._settings.index_min_segment_bytes
         uploads = [
             self._store.put(segment.index_key, segment.index)
             for result in results
             if isinstance(result, Uploaded)
             for segment in result.segments
+            if segment.ref.size >= smallest
         ]
         for outcome in await asyncio.gather(*uploads, return_exceptions=True):
             if isinstance(outcome, Exception):

@@ -360,7 +360,9 @@ def test_old_segments_are_read_through_the_index_after_restart(
     """More segments than the partition state lists as recent, each with several batches and
     index entries; after a SIGKILL the new broker runs without a cache, so every read is a
     listing plus a ranged GET located through an index. Any offset reads back correctly."""
-    broker = broker_cluster.start(KAFSCALE_LOG__INDEX_INTERVAL_BYTES="1024")
+    broker = broker_cluster.start(
+        KAFSCALE_LOG__INDEX_INTERVAL_BYTES="1024", KAFSCALE_LOG__INDEX_MIN_SEGMENT_BYTES="0"
+    )
     topic, rounds, batches_per_round, records_per_batch = "old-segments", 40, 5, 2
     create_topic(broker.bootstrap, topic, 1)
     offset = 0

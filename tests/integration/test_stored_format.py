@@ -224,6 +224,7 @@ def test_segments_and_indexes_in_the_bucket_follow_the_design(
 ) -> None:
     broker = broker_cluster.start(
         KAFSCALE_LOG__INDEX_INTERVAL_BYTES=str(INDEX_INTERVAL_BYTES),
+        KAFSCALE_LOG__INDEX_MIN_SEGMENT_BYTES="0",  # an index beside every segment, small too
         KAFSCALE_LOG__FLUSH_INTERVAL_MS="200",  # several produce requests per flush
     )
     topic, partitions = "stored", 2
@@ -392,7 +393,10 @@ def test_a_graceful_stop_leaves_an_index_beside_every_segment(
 ) -> None:
     """Indexes go up after the ack, in tasks of their own; SIGTERM must not cut off the ones
     of the last flush (the handoff flush), or older data loses its ranged reads."""
-    broker = broker_cluster.start(KAFSCALE_LOG__FLUSH_INTERVAL_MS="60000")  # only the stop flushes
+    broker = broker_cluster.start(
+        KAFSCALE_LOG__FLUSH_INTERVAL_MS="60000",  # only the stop flushes
+        KAFSCALE_LOG__INDEX_MIN_SEGMENT_BYTES="0",
+    )
     topic, partitions = "stopped", 3
     create_topic(broker.bootstrap, topic, partitions)
     producer = Producer({"bootstrap.servers": broker.bootstrap, "linger.ms": 0, "acks": "all"})
@@ -417,3 +421,32 @@ def test_a_graceful_stop_leaves_an_index_beside_every_segment(
     indexes = sorted(k[:-4] for k in objects if k.endswith(".idx"))
     assert len(segments) == partitions
     assert indexes == segments
+
+
+def test_small_segments_get_no_index_and_read_back_whole(broker_cluster: BrokerCluster) -> None:
+    """By default only segments of at least ``log.index_min_segment_bytes`` (1 MiB) get an
+    index: a trickle flushed every tick costs one PUT per tick, not two. A broker without a
+    cache reads such segments whole."""
+    broker = broker_cluster.start(KAFSCALE_LOG__SEGMENT_BYTES=str(2 * 1024 * 1024))
+    topic = "sparse-indexes"
+    create_topic(broker.bootstrap, topic, 1)
+    with KafkaWire(broker.bootstrap) as wire:
+        small = make_batch(0, [b"small-%d" % i for i in range(10)])
+        assert produce_partition(wire.request(PRODUCE, 9, produce_body(topic, 0, small)))[0] == 0
+        big_values = [bytes([i % 251]) * 1000 + b"%d" % i for i in range(1500)]  # ~1.5 MB
+        big = make_batch(0, big_values)
+        assert produce_partition(wire.request(PRODUCE, 9, produce_body(topic, 0, big)))[0] == 0
+
+    client = _s3_client(broker_cluster)
+    objects = _list(client, broker_cluster.bucket, f"{broker_cluster.cluster}/topics/{topic}/")
+    sizes = {k[:-4]: len(v) for k, v in objects.items() if k.endswith(".kfs")}
+    indexes = {k[:-4] for k in objects if k.endswith(".idx")}
+    assert sorted(sizes.values())[0] < 1024 * 1024 <= sorted(sizes.values())[-1], sizes
+    assert indexes == {name for name, size in sizes.items() if size >= 1024 * 1024}
+
+    broker.kill()
+    new = broker_cluster.start(port=broker.port, KAFSCALE_LOG__CACHE_BYTES="0")
+    with KafkaWire(new.bootstrap) as wire:
+        response = wire.request(FETCH, 12, fetch_body(topic, 0, 0, max_bytes=4 << 20))
+        batches = batches_in(fetch_partition(response).records)
+    assert [(b.base_offset, b.record_count) for b in batches] == [(0, 10), (10, 1500)]
