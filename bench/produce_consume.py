@@ -108,6 +108,8 @@ class ConsumeResult:
     nbytes: int = 0
     seconds: float = 0.0
     first_s: float = 0.0  # assign() -> first record
+    longest_wait_s: float = 0.0  # between two batches returned by consume()
+    longest_wait_at: int = 0  # records read before it
     complete: bool = False
 
     @property
@@ -359,7 +361,10 @@ def produce_max_rate(
 # librdkafka >= 2.4 stops fetching a partition for fetch.queue.backoff.ms (1 s) whenever its
 # local queue holds more than queued.min.messages (100k) records: in a 200k-record run that is a
 # one-second pause of the client, not of the broker. The target is measured without it.
-NO_BACKOFF = {"fetch.queue.backoff.ms": 0}
+# librdkafka also has one fetch in flight per broker: once some partitions are read to the end
+# and another's local queue is full, the next fetch carries only the caught-up ones and waits
+# out fetch.wait.max.ms (500 ms) on the broker, holding back the partition that still has data.
+NO_BACKOFF = {"fetch.queue.backoff.ms": 0, "fetch.wait.max.ms": 50}
 
 
 def consume(
@@ -395,7 +400,10 @@ def consume(
             messages = consumer.consume(wanted, timeout=1.0)
             if not messages:
                 continue
-            last = time.perf_counter()
+            now = time.perf_counter()
+            if now - last > result.longest_wait_s:
+                result.longest_wait_s, result.longest_wait_at = now - last, result.records
+            last = now
             # Counted without a Python statement per record: the loop itself is a bottleneck
             # of a Python client reading several hundred thousand records a second.
             errors = sum(1 for msg in messages if msg.error() is not None)
@@ -800,6 +808,11 @@ def report(args: argparse.Namespace, run: Run) -> None:
                 f"   {c.label:<24}{c.records:>9}{c.mib_s:>8.1f}"
                 f"{c.records_s:>11.0f}{'':>27}{c.seconds:>9.2f}"
                 + (f"   (first record after {c.first_s * 1000:.0f} ms)" if c.first_s else "")
+                + (
+                    f" (longest wait {c.longest_wait_s * 1000:.0f} ms, after {c.longest_wait_at})"
+                    if c.longest_wait_s
+                    else ""
+                )
                 + ("" if c.complete else "   INCOMPLETE")
             )
     print(

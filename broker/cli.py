@@ -19,7 +19,7 @@ from kafscale.broker.admin_http import admin_request
 from kafscale.broker.app import Broker, StartupError
 from kafscale.broker.config import BrokerSettings
 from kafscale.broker.local import LocalOptions, run_local
-from kafscale.broker.memory import tune_allocator
+from kafscale.broker.memory import freeze_startup_objects, tune_allocator
 from kafscale.broker.settings_cli import (
     add_settings_flags,
     build_settings,
@@ -105,6 +105,7 @@ def _cmd_broker(args: argparse.Namespace) -> int:
 
 async def _serve_broker(settings: BrokerSettings) -> None:
     broker = await Broker.start(settings, pod_name=os.environ.get("KAFSCALE_POD_NAME"))
+    freeze_startup_objects()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGINT, signal.SIGTERM):

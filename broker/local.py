@@ -15,6 +15,7 @@ from pathlib import Path
 
 from kafscale.broker.app import Broker
 from kafscale.broker.config import BrokerSettings, StorageKind
+from kafscale.broker.memory import freeze_startup_objects
 from kafscale.broker.metadata.embedded_etcd import EmbeddedEtcd
 
 log = logging.getLogger(__name__)
@@ -70,6 +71,7 @@ async def run_local(base: BrokerSettings, options: LocalOptions) -> None:
                 await store.create_bucket_if_missing()
                 await store.close()
             brokers.append(await Broker.start(settings))
+        freeze_startup_objects()
         _print_banner(options, brokers, etcd.client_url)
         await stop.wait()
         print("\nshutting down: flushing and handing over partitions...", flush=True)
