@@ -468,7 +468,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="paced latency runs, records/s (0: 50%% of the max rate measured)",
     )
     p.add_argument("--latency-duration", type=float, default=8.0, help="seconds per paced run")
-    p.add_argument("--put-count", type=int, default=32, help="4 MiB objects per PUT mode")
+    p.add_argument("--put-count", type=int, default=64, help="4 MiB objects per PUT mode")
     p.add_argument("--put-parallel", type=int, nargs="+", default=[4, 8])
     p.add_argument("--small-put-bytes", type=int, default=1024)
     p.add_argument("--small-puts", type=int, default=200)
