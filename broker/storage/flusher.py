@@ -2,11 +2,12 @@
 
 Every ``flush_interval_ms`` (on a fixed schedule) or as soon as a partition has a segment's
 worth buffered, a *round* takes what every owned partition has buffered, cuts it into segments
-of at most ``segment_bytes``, and uploads them all in parallel. Index objects follow after the
-commit, off the ack path, in tasks that do not hold a round's slot. Up to ``MAX_ROUNDS_IN_FLIGHT``
-rounds upload at once, so a slow PUT does not stall the next round; commits still happen one
-round after another, in order, under one lock: a round commits only after the previous round
-committed, and each partition's new state follows from the state the previous commit left.
+of at most ``segment_bytes``, and uploads them all in parallel. Index objects (of segments from
+``index_min_segment_bytes`` up) follow after the commit, off the ack path, in tasks that do not
+hold a round's slot. Up to ``MAX_ROUNDS_IN_FLIGHT`` rounds upload at once, so a slow PUT does
+not stall the next round; commits still happen one round after another, in order, under one
+lock: a round commits only after the previous round committed, and each partition's new state
+follows from the state the previous commit left.
 
 A commit is one etcd transaction for up to ``PARTITIONS_PER_TXN`` partitions and
 ``MAX_TXN_BYTES`` of partition states (etcd refuses larger requests; a state remembering many
@@ -239,24 +240,28 @@ class Flusher:
     def _start_index_uploads(self, results: list[Uploaded | BaseException]) -> None:
         """Indexes go up after the ack, in a task of their own: a round's slot (one of
         ``MAX_ROUNDS_IN_FLIGHT``) is for acks, and waiting for index PUTs there held back the
-        next round's segments."""
-        task = asyncio.create_task(self._upload_indexes(results), name="index-uploads")
-        self._index_uploads.add(task)
-        task.add_done_callback(self._index_uploads.discard)
+        next round's segments.
 
-    async def _upload_indexes(self, results: list[Uploaded | BaseException]) -> None:
-        """Indexes only speed up reads of older data and are derived from the segment, so
-        readers that find none read the whole segment instead. Small segments get none: a
-        reader GETs them whole anyway, and a partition flushed every tick with a trickle of
-        data would otherwise pay two PUT requests per tick instead of one."""
+        Indexes only speed up reads of older data and are derived from the segment, so readers
+        that find none read the whole segment instead. Small segments get none: a reader GETs
+        them whole anyway, and a partition flushed every tick with a trickle of data would
+        otherwise pay two PUT requests per tick instead of one."""
         smallest = self._settings.index_min_segment_bytes
-        uploads = [
-            self._store.put(segment.index_key, segment.index)
+        indexes = [
+            (segment.index_key, segment.index)
             for result in results
             if isinstance(result, Uploaded)
             for segment in result.segments
             if segment.ref.size >= smallest
         ]
+        if not indexes:
+            return
+        task = asyncio.create_task(self._upload_indexes(indexes), name="index-uploads")
+        self._index_uploads.add(task)
+        task.add_done_callback(self._index_uploads.discard)
+
+    async def _upload_indexes(self, indexes: list[tuple[str, bytes]]) -> None:
+        uploads = [self._store.put(key, index) for key, index in indexes]
         for outcome in await asyncio.gather(*uploads, return_exceptions=True):
             if isinstance(outcome, Exception):
                 log.warning("index upload failed (reads fall back to whole segments): %s", outcome)
