@@ -454,6 +454,10 @@ class Group(GroupCore):
                 protocol_name=self.protocol_name,
                 leader_id=token.leader_before or "",
             )
+        # The session deadline set at the rejoin may have passed while the store was pending
+        # (a member awaiting its join owes no heartbeat, so it was dropped): restart it now, or
+        # a member that never heartbeats again would be kept for ever.
+        self._schedule_heartbeat(member, now_ms)
         self._invoke_join(member, result)
 
     # --- timers -------------------------------------------------------------------------------
