@@ -80,10 +80,10 @@ class LogSettings(_Section):
         4096, ge=1, description="Bytes between index entries inside a segment."
     )
     index_min_segment_bytes: int = Field(
-        1024 * 1024,
+        8 * 1024 * 1024,
         ge=0,
-        description="Segments smaller than this get no index object (readers GET them whole); "
-        "0 indexes every segment.",
+        description="Segments smaller than this get no index object: readers GET segments up "
+        "to 8 MiB whole, so only larger ones are read by ranges. 0 indexes every segment.",
     )
     retention_check_interval_s: float = Field(
         30.0, gt=0, description="How often retention by time and size is applied."

@@ -424,18 +424,18 @@ def test_a_graceful_stop_leaves_an_index_beside_every_segment(
     assert indexes == segments
 
 
-def test_small_segments_get_no_index_and_read_back_whole(broker_cluster: BrokerCluster) -> None:
-    """By default only segments of at least ``log.index_min_segment_bytes`` (1 MiB) get an
-    index: a trickle flushed every tick costs one PUT per tick, not two. A broker without a
-    cache reads such segments whole."""
-    broker = broker_cluster.start(KAFSCALE_LOG__SEGMENT_BYTES=str(2 * 1024 * 1024))
+def test_only_segments_read_by_ranges_get_an_index(broker_cluster: BrokerCluster) -> None:
+    """By default only segments of at least ``log.index_min_segment_bytes`` (8 MiB, the size up
+    to which readers GET a segment whole) get an index: no PUT for an index nobody reads. A
+    broker without a cache reads the small segment whole and the large one through its index."""
+    broker = broker_cluster.start()
     topic = "sparse-indexes"
     create_topic(broker.bootstrap, topic, 1)
     with KafkaWire(broker.bootstrap) as wire:
         small = make_batch(0, [b"small-%d" % i for i in range(10)])
         assert produce_partition(wire.request(PRODUCE, 9, produce_body(topic, 0, small)))[0] == 0
-        big_values = [bytes([i % 251]) * 1000 + b"%d" % i for i in range(1500)]  # ~1.5 MB
-        big = make_batch(0, big_values)
+        big_values = [bytes([i % 251]) * 1000 + b"%d" % i for i in range(9000)]  # ~9 MB
+        big = make_batch(0, big_values)  # one batch: a segment of its own, over 8 MiB
         assert produce_partition(wire.request(PRODUCE, 9, produce_body(topic, 0, big)))[0] == 0
     assert broker.stop() == 0, broker.tail()  # indexes go up after the ack: let them land
 
@@ -443,11 +443,15 @@ def test_small_segments_get_no_index_and_read_back_whole(broker_cluster: BrokerC
     objects = _list(client, broker_cluster.bucket, f"{broker_cluster.cluster}/topics/{topic}/")
     sizes = {k[:-4]: len(v) for k, v in objects.items() if k.endswith(".kfs")}
     indexes = {k[:-4] for k in objects if k.endswith(".idx")}
-    assert sorted(sizes.values())[0] < 1024 * 1024 <= sorted(sizes.values())[-1], sizes
-    assert indexes == {name for name, size in sizes.items() if size >= 1024 * 1024}
+    assert sorted(sizes.values())[0] < 8 * 1024 * 1024 <= sorted(sizes.values())[-1], sizes
+    assert indexes == {name for name, size in sizes.items() if size >= 8 * 1024 * 1024}
+    assert len(indexes) == 1
 
     new = broker_cluster.start(port=broker.port, KAFSCALE_LOG__CACHE_BYTES="0")
     with KafkaWire(new.bootstrap) as wire:
-        response = wire.request(FETCH, 12, fetch_body(topic, 0, 0, max_bytes=4 << 20))
+        response = wire.request(FETCH, 12, fetch_body(topic, 0, 0, max_bytes=16 << 20))
         batches = batches_in(fetch_partition(response).records)
-    assert [(b.base_offset, b.record_count) for b in batches] == [(0, 10), (10, 1500)]
+        assert [(b.base_offset, b.record_count) for b in batches] == [(0, 10), (10, 9000)]
+        response = wire.request(FETCH, 12, fetch_body(topic, 0, 10, max_bytes=1 << 20))
+        batches = batches_in(fetch_partition(response).records)
+        assert [(b.base_offset, b.record_count) for b in batches] == [(10, 9000)]

@@ -11,6 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from kio.records.readers import read_batch
 
+from kafscale.broker.config import LogSettings
+from kafscale.broker.storage.reader import WHOLE_READ_MAX_BYTES
 from kafscale.broker.storage.segments import (
     SEGMENT_FOOTER_SIZE,
     SEGMENT_HEADER_SIZE,
@@ -264,3 +266,9 @@ def test_unordered_index_detected() -> None:
 def test_encode_rejects_bad_input(batches: list[bytes]) -> None:
     with pytest.raises(ValueError):
         encode_segment(batches, CREATED_MS, 4096)
+
+
+def test_by_default_only_segments_read_by_ranges_get_an_index() -> None:
+    """An index object is a PUT per segment; readers GET segments up to WHOLE_READ_MAX_BYTES
+    whole and never read their index, so by default only larger segments get one."""
+    assert LogSettings().index_min_segment_bytes == WHOLE_READ_MAX_BYTES
