@@ -60,6 +60,7 @@ class PutResult:
     objects: int
     seconds: float
     nbytes: int
+    moto_cpu_s: float = 0.0  # moto's CPU seconds over the timed PUTs
 
     @property
     def mib_s(self) -> float:
@@ -129,6 +130,8 @@ def measure_puts(stack: Stack, size: int, count: int, parallel: int, prefix: str
     body = os.urandom(size)
     keys = [f"rawput/{prefix}/{i:05d}" for i in range(count)]
     client.put_object(Bucket=stack.bucket, Key=f"rawput/{prefix}/warmup", Body=body)
+    assert stack.s3 is not None
+    moto_cpu0 = cpu_seconds(stack.s3.pid)
     began = time.perf_counter()
     if parallel <= 1:
         for key in keys:
@@ -137,8 +140,9 @@ def measure_puts(stack: Stack, size: int, count: int, parallel: int, prefix: str
         with ThreadPoolExecutor(parallel) as pool:
             list(pool.map(lambda k: client.put_object(Bucket=stack.bucket, Key=k, Body=body), keys))
     seconds = time.perf_counter() - began
+    moto_cpu_s = cpu_seconds(stack.s3.pid) - moto_cpu0
     label = "single stream" if parallel <= 1 else f"{parallel} parallel"
-    return PutResult(label, count, seconds, size * count)
+    return PutResult(label, count, seconds, size * count, moto_cpu_s)
 
 
 def measure_small_put_latency(
@@ -772,7 +776,8 @@ def report(args: argparse.Namespace, run: Run) -> None:
     for put in run.puts:
         print(
             f"   4 MiB x {put.objects:<3} {put.label:<14} {put.mib_s:8.1f} MiB/s"
-            f"   ({put.seconds:.2f} s)"
+            f"   ({put.seconds:.2f} s; moto CPU {put.moto_cpu_s * 1000 / (put.nbytes / MiB):.1f} "
+            "ms per MiB)"
         )
     for label, values in (
         ("sequential", run.small),
@@ -837,6 +842,13 @@ def report(args: argparse.Namespace, run: Run) -> None:
     for label, meter in (("the max-rate produce", run.produce_cpu), ("consume", run.consume_cpu)):
         if meter is not None:
             print(meter.line(label))
+    if run.produce_cpu is not None and burst.nbytes:
+        per_mib = {n: s * 1000 / (burst.nbytes / MiB) for n, s in run.produce_cpu.used.items()}
+        print(
+            "   CPU ms per MiB acked during the max-rate produce: "
+            + ", ".join(f"{n} {ms:.1f}" for n, ms in per_mib.items())
+            + " (moto's raw PUTs: see a.)"
+        )
     print()
     print(
         f"d. broker RSS max {run.max_rss / MiB:.0f} MiB ({run.max_rss / 1e6:.0f} MB, "
