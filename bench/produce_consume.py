@@ -131,18 +131,19 @@ def measure_puts(stack: Stack, size: int, count: int, parallel: int, prefix: str
     keys = [f"rawput/{prefix}/{i:05d}" for i in range(count)]
     client.put_object(Bucket=stack.bucket, Key=f"rawput/{prefix}/warmup", Body=body)
     assert stack.s3 is not None
-    moto_cpu0 = cpu_seconds(stack.s3.pid)
-    began = time.perf_counter()
-    if parallel <= 1:
-        for key in keys:
-            client.put_object(Bucket=stack.bucket, Key=key, Body=body)
-    else:
-        with ThreadPoolExecutor(parallel) as pool:
-            list(pool.map(lambda k: client.put_object(Bucket=stack.bucket, Key=k, Body=body), keys))
-    seconds = time.perf_counter() - began
-    moto_cpu_s = cpu_seconds(stack.s3.pid) - moto_cpu0
+    with CpuMeter({"moto": stack.s3.pid}) as moto:
+        if parallel <= 1:
+            for key in keys:
+                client.put_object(Bucket=stack.bucket, Key=key, Body=body)
+        else:
+            with ThreadPoolExecutor(parallel) as pool:
+                list(
+                    pool.map(
+                        lambda k: client.put_object(Bucket=stack.bucket, Key=k, Body=body), keys
+                    )
+                )
     label = "single stream" if parallel <= 1 else f"{parallel} parallel"
-    return PutResult(label, count, seconds, size * count, moto_cpu_s)
+    return PutResult(label, count, moto.wall, size * count, moto.used["moto"])
 
 
 def measure_small_put_latency(
