@@ -3,8 +3,9 @@
 A small copy of what ``tests/harness`` does (benches never import from ``tests/``):
 
 * :class:`Stack` starts a single-node etcd (``EmbeddedEtcd``, fast and without fsync) and moto's
-  S3 server in a child process (``ThreadedMotoServer``; a process of its own so that its request
-  threads and the bench's client threads do not share one GIL), creates a bucket, and starts
+  S3 app in a child process (served alone, as ``tests/harness/s3.py`` does; a process of its own
+  so that its request threads and the bench's client threads do not share one GIL), creates a
+  bucket, and starts
   ``kafscale broker`` processes configured through environment variables exactly as the test
   harness and the Kubernetes manifests do. Everything is stopped when the ``with`` block ends,
   also on errors and Ctrl-C.
@@ -50,15 +51,19 @@ SECRET_KEY = "bench"
 REGION = "us-east-1"
 
 _MOTO_SCRIPT = """
-import sys, time
-from moto.server import ThreadedMotoServer
-server = ThreadedMotoServer(ip_address="127.0.0.1", port=int(sys.argv[1]), verbose=False)
-server.start()
+import sys, threading
+from werkzeug.serving import make_server
+from moto.moto_server.werkzeug_app import MotoRequestHandler, create_backend_app
+server = make_server(
+    "127.0.0.1", int(sys.argv[1]), create_backend_app("s3"), threaded=True,
+    request_handler=MotoRequestHandler,
+)
+threading.Thread(target=server.serve_forever, daemon=True).start()
 print("ready", flush=True)
 try:
     sys.stdin.read()  # runs until the parent closes our stdin (or kills us)
 finally:
-    server.stop()
+    server.shutdown()
 """
 
 
@@ -66,7 +71,11 @@ finally:
 
 
 class MotoProcess:
-    """moto's ThreadedMotoServer in a child process on a free loopback port."""
+    """moto's S3 app in a child process on a free loopback port.
+
+    Served alone rather than through ``ThreadedMotoServer``, whose dispatcher finds the service
+    of every request by listing moto's package directory and matching hundreds of URL patterns:
+    half of moto's CPU for a 1 KiB PUT (3.0 against 1.4 ms), and a sixth for a 4 MiB one."""
 
     def __init__(self) -> None:
         self.port = free_port()

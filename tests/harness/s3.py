@@ -2,7 +2,7 @@
 
 Fixtures (loaded as a pytest plugin from ``tests/conftest.py``):
 
-* ``s3_server`` (session): moto's ThreadedMotoServer on a free loopback port.
+* ``s3_server`` (session): moto's S3 app on a free loopback port (see ``start_moto_s3``).
 * ``s3_store``: an ``S3ObjectStore`` on a fresh bucket of ``s3_server``, closed afterwards.
 * ``radosgw_server`` (session): a single-node Ceph with radosgw (see ``harness.radosgw``).
   Fails, never skips, when Ceph is not installed: run ``make system-deps``.
@@ -14,6 +14,7 @@ Both servers yield an ``S3Endpoint``; ``endpoint.settings(bucket)`` gives the
 
 from __future__ import annotations
 
+import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -22,8 +23,9 @@ from typing import Any
 
 import pytest
 import pytest_asyncio
-from moto.server import ThreadedMotoServer
+from moto.moto_server.werkzeug_app import MotoRequestHandler, create_backend_app
 from pydantic import SecretStr
+from werkzeug.serving import BaseWSGIServer, make_server
 
 from harness.radosgw import SYSTEM_DEPS_HINT, RadosGW, missing_binaries
 from kafscale.broker.config import StorageKind, StorageSettings
@@ -65,12 +67,25 @@ def unique_bucket(label: str = "t") -> str:
     return f"kafscale-{label}-{uuid.uuid4().hex[:16]}"
 
 
+def start_moto_s3() -> tuple[BaseWSGIServer, threading.Thread]:
+    """moto's S3 app alone, served by werkzeug's threaded server on a free loopback port.
+
+    ``ThreadedMotoServer`` serves every moto service and finds the one a request is for from
+    its Host and Authorization headers: a directory listing and hundreds of URL patterns per
+    request, under a lock, half of moto's CPU for a small PUT. S3 is all we need."""
+    server = make_server(
+        "127.0.0.1", 0, create_backend_app("s3"), threaded=True, request_handler=MotoRequestHandler
+    )
+    thread = threading.Thread(target=server.serve_forever, name="moto-s3", daemon=True)
+    thread.start()
+    return server, thread
+
+
 @pytest.fixture(scope="session")
 def s3_server() -> Iterator[S3Endpoint]:
     began = time.monotonic()
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
+    server, thread = start_moto_s3()
+    host, port = server.server_address[:2]
     try:
         yield S3Endpoint(
             "moto",
@@ -80,7 +95,8 @@ def s3_server() -> Iterator[S3Endpoint]:
             startup_s=time.monotonic() - began,
         )
     finally:
-        server.stop()
+        server.shutdown()
+        thread.join()
 
 
 @pytest_asyncio.fixture
