@@ -1,8 +1,10 @@
 """The flush pipeline: segments cut at ``segment.bytes``, uploads overlapped, commits in order.
 
-Every ``flush_interval_ms`` (on a fixed schedule) or as soon as a partition has a segment's
-worth buffered, a *round* takes what every owned partition has buffered, cuts it into segments
-of at most ``segment_bytes``, and uploads them all in parallel. Index objects (of segments from
+Every ``flush_interval_ms`` (on a fixed schedule), a *round* takes what every owned partition has
+buffered, cuts it into segments of at most ``segment_bytes``, and uploads them all in parallel.
+As soon as a partition has a segment's worth buffered, a round takes the whole segments of every
+partition and leaves the rest for the timer (see ``partition_log``); handoff and shutdown take
+everything at once. Index objects (of segments from
 ``index_min_segment_bytes`` up) follow after the commit, off the ack path, in tasks that do not
 hold a round's slot. Up to ``MAX_ROUNDS_IN_FLIGHT`` rounds upload at once, so a slow PUT does
 not stall the next round; commits still happen one round after another, in order, under one
@@ -122,6 +124,7 @@ class Flusher:
         self._give_up = give_up
         self.commit_lock = asyncio.Lock()  # one writer of partition states at a time
         self._flush_now = asyncio.Event()
+        self._take_everything = False  # the next round is not only for whole segments
         self._progress = asyncio.Event()
         self._rounds: set[asyncio.Task[None]] = set()
         self._index_uploads: set[asyncio.Task[None]] = set()
@@ -129,6 +132,12 @@ class Flusher:
     # --- triggers and waiting ----------------------------------------------------------------
 
     def flush_soon(self) -> None:
+        """A round now, of everything buffered (handoff, shutdown)."""
+        self._take_everything = True
+        self._flush_now.set()
+
+    def segment_filled(self) -> None:
+        """A round now, of the whole segments buffered: a partition has filled one."""
         self._flush_now.set()
 
     async def wait_progress(self) -> None:
@@ -152,11 +161,13 @@ class Flusher:
                     await asyncio.wait_for(self._flush_now.wait(), max(0, next_tick - loop.time()))
                 self._flush_now.clear()
                 now = loop.time()
+                everything = now >= next_tick or self._take_everything
+                self._take_everything = False
                 if now >= next_tick:
                     next_tick = max(next_tick + interval_s, now)
                 while len(self._rounds) >= MAX_ROUNDS_IN_FLIGHT:
                     await asyncio.wait(self._rounds, return_when=asyncio.FIRST_COMPLETED)
-                previous = self._start_round(previous)
+                previous = self._start_round(previous, whole_segments_only=not everything)
         finally:
             for task in self._rounds:
                 task.cancel()
@@ -171,12 +182,19 @@ class Flusher:
             task.cancel()
         await asyncio.gather(*self._index_uploads, return_exceptions=True)
 
-    def _start_round(self, previous: asyncio.Future[None] | None) -> asyncio.Future[None] | None:
+    def _start_round(
+        self, previous: asyncio.Future[None] | None, *, whole_segments_only: bool
+    ) -> asyncio.Future[None] | None:
         segment_bytes = self._settings.segment_bytes
         works = [
             work
             for owned in list(self._owned.values())
-            if (work := owned.take_flush_work(segment_bytes)) is not None
+            if (
+                work := owned.take_flush_work(
+                    segment_bytes, whole_segments_only=whole_segments_only
+                )
+            )
+            is not None
         ]
         if not works:
             if previous is None or previous.done():

@@ -292,7 +292,7 @@ class LogManager:
 
     def request_flush_if_full(self, owned: OwnedPartition) -> None:
         if owned.pending_bytes >= self._settings.log.segment_bytes:
-            self._flusher.flush_soon()
+            self._flusher.segment_filled()
 
     async def flush_all(self) -> None:
         """Flush everything buffered now (handoff, shutdown, tests)."""

@@ -109,8 +109,10 @@ async def test_create_applies_objects_and_reports_status(
         ("v1/services", "demo-brokers"),
         ("policy/v1/poddisruptionbudgets", "demo-broker"),
     ]:
-        obj = kube_api.read(res, namespace, name)
-        assert obj is not None, (res, name)
+        # Applied one after another: the Deployment being there does not mean the rest is yet.
+        obj = await eventually(
+            lambda res=res, name=name: kube_api.read(res, namespace, name), what=f"{res} {name}"
+        )
         assert obj["metadata"]["ownerReferences"][0]["uid"] == uid
     assert deployment["spec"]["replicas"] == 3
     assert kube_api.names("apps/v1/statefulsets", namespace) == set()  # external etcd
