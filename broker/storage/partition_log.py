@@ -9,9 +9,10 @@ from the committed state.
 
 A flush round takes either everything buffered (timer, handoff, shutdown) or only whole
 segments (a round started because some partition filled one): the rest of each buffer waits for
-the timer. Cutting every partition's buffer whenever one partition filled a segment made two or
-three small segments per full one at high rates, and every segment is a PUT with a fixed cost on
-both ends (a third less throughput on the bench's two cores).
+the timer. Cutting every partition's buffer whenever one partition filled a segment made many
+small segments at high rates, and every segment is a PUT, billed per request on S3: the bench
+stores 200 MiB in 65 objects instead of 77, for 30 etcd commits instead of 21 (partitions fill
+at different moments) and the same throughput.
 """
 
 from __future__ import annotations
