@@ -64,9 +64,19 @@ class ApiSpec:
     max_version: int
     handler: Handler
     error_body: ErrorBody = top_level_error
+    # The lowest version ApiVersions names, when that is below the lowest one served. Only for
+    # clients that decide a feature from the advertised floor (see Produce in the table).
+    advertised_min_version: int | None = None
 
     def supports(self, version: int) -> bool:
         return self.min_version <= version <= self.max_version
+
+    @property
+    def advertised_range(self) -> tuple[int, int]:
+        floor = (
+            self.min_version if self.advertised_min_version is None else self.advertised_min_version
+        )
+        return floor, self.max_version
 
 
 class Dispatcher:
@@ -109,7 +119,16 @@ class Dispatcher:
             # KIP-511: answer with v0 so that any client can read the supported range.
             body = api_versions_body(self._table, ErrorCode.UNSUPPORTED_VERSION)
             return codec.encode_response(API_VERSIONS_KEY, 0, correlation_id, body)
-        log.warning("unsupported api %d v%d; closing connection", api_key, api_version)
+        spec = self._table.get(api_key)
+        if spec is not None and spec.advertised_range[0] <= api_version < spec.min_version:
+            log.warning(
+                "%s v%d is advertised but not served (only v%d+); closing connection",
+                spec.name,
+                api_version,
+                spec.min_version,
+            )
+        else:
+            log.warning("unsupported api %d v%d; closing connection", api_key, api_version)
         try:
             codec.response_schema(api_key, api_version)
         except Exception as exc:
@@ -132,7 +151,11 @@ class Dispatcher:
 
 def api_versions_body(table: Mapping[int, ApiSpec], code: ErrorCode = ErrorCode.NONE) -> Body:
     keys = [
-        {"api_key": spec.key, "min_version": spec.min_version, "max_version": spec.max_version}
+        {
+            "api_key": spec.key,
+            "min_version": spec.advertised_range[0],
+            "max_version": spec.advertised_range[1],
+        }
         for spec in sorted(table.values(), key=lambda s: s.key)
     ]
     return {"error_code": code, "api_keys": keys, "throttle_time": 0}

@@ -2,7 +2,14 @@
 
 Ranges are those a Kafka 3.x broker offers, cut to what kio has schemas for (kio follows
 Kafka 4, which dropped the oldest versions). ApiVersions advertises exactly this table; anything
-else is answered with UNSUPPORTED_VERSION.
+else is answered with UNSUPPORTED_VERSION, or, where no response layout exists for the version,
+by closing the connection.
+
+One exception, as in Kafka 4.0 (KAFKA-18659): Produce is advertised from v0 but served from v3.
+librdkafka before the fix of its issue 4956 (Debian's kcat links 2.0) compresses with gzip,
+snappy or lz4 only if the broker's Produce range includes v0, and otherwise sends uncompressed
+batches. Clients pick the highest common version, so none of them sends v0-v2; one that does
+(message format v0/v1) has its connection closed.
 """
 
 from __future__ import annotations
@@ -11,7 +18,15 @@ from kafscale.broker.api import admin, fetch, groups, metadata, offsets, produce
 from kafscale.broker.api.dispatch import ApiSpec, no_results
 
 _SPECS = [
-    ApiSpec(0, "Produce", 3, 11, produce.handle_produce, produce.produce_error_body),
+    ApiSpec(
+        0,
+        "Produce",
+        3,
+        11,
+        produce.handle_produce,
+        produce.produce_error_body,
+        advertised_min_version=0,
+    ),
     ApiSpec(1, "Fetch", 4, 16, fetch.handle_fetch, fetch.fetch_error_body),
     ApiSpec(2, "ListOffsets", 1, 8, offsets.handle_list_offsets, no_results("topics")),
     ApiSpec(

@@ -292,6 +292,24 @@ def test_unadvertised_version_is_unsupported_version(kafka: BrokerProcess) -> No
         assert int(wire.request(API_VERSIONS, 3, {}).error_code) == NONE
 
 
+def test_produce_is_advertised_from_v0_and_v0_closes_the_connection(
+    kafka: BrokerProcess,
+) -> None:
+    """Produce v0 is in the advertised range (librdkafka 2.0 compresses only then) but not
+    served: message format v0/v1 is gone. As in Kafka 4.0, such a request closes the connection,
+    and the broker serves the next one."""
+    with KafkaWire(kafka.bootstrap) as wire:
+        advertised = wire.request(API_VERSIONS, 3, {})
+        ranges = {
+            int(k.api_key): (int(k.min_version), int(k.max_version)) for k in advertised.api_keys
+        }
+        assert ranges[PRODUCE][0] == 0
+        wire.send_frame(request_header(PRODUCE, 0, 8) + b"\x00\x01\x00\x00\x03\xe8\x00\x00\x00\x00")
+        assert wire.is_closed_by_peer()
+    with KafkaWire(kafka.bootstrap) as wire:
+        assert int(wire.request(API_VERSIONS, 3, {}).error_code) == NONE
+
+
 def test_version_unknown_to_the_protocol_closes_the_connection(kafka: BrokerProcess) -> None:
     """Produce v1 (long gone) has no response layout the broker could answer in."""
     with KafkaWire(kafka.bootstrap) as wire:

@@ -37,7 +37,6 @@ from kafka import TopicPartition as KpTopicPartition
 from kafka.admin import KafkaAdminClient
 from kafka.admin import NewTopic as KpNewTopic
 
-from kafscale.broker.api.table import API_TABLE
 from kafscale.broker.metadata.embedded_etcd import EmbeddedEtcd
 
 pytestmark = pytest.mark.integration
@@ -159,25 +158,11 @@ class CodecNotUsed(AssertionError):
 
 
 # librdkafka decides per broker whether it may compress, from the advertised ApiVersions:
-# LZ4 needs FindCoordinator (any version) advertised (it arrives with consumer groups);
-# librdkafka 2.0 (Debian's kcat) also needs Produce v0 in the advertised range for
-# gzip/snappy/lz4, and the broker starts Produce at v3 (kio has no v0-v2 schemas). Without
-# that the client logs "Broker does not support compression type" and sends uncompressed.
-# The conditions read the broker's own API table, so these marks lift themselves.
-FIND_COORDINATOR, PRODUCE_KEY = 10, 0
-LZ4_NEEDS_FIND_COORDINATOR = pytest.mark.xfail(
-    FIND_COORDINATOR not in API_TABLE,
-    strict=True,
-    raises=CodecNotUsed,
-    reason="librdkafka enables LZ4 only if the broker advertises FindCoordinator",
-)
-KCAT_NEEDS_PRODUCE_V0 = pytest.mark.xfail(
-    API_TABLE[PRODUCE_KEY].min_version > 0,
-    strict=True,
-    raises=CodecNotUsed,
-    reason="librdkafka 2.0 compresses gzip/snappy/lz4 only if Produce v0 is advertised; "
-    f"the broker advertises Produce v{API_TABLE[PRODUCE_KEY].min_version}+",
-)
+# LZ4 needs FindCoordinator (any version) advertised; librdkafka 2.0 (Debian's kcat) also needs
+# Produce v0 in the advertised range for gzip/snappy/lz4, which is why the broker advertises
+# Produce from v0 though it serves v3+ (as Kafka 4.0 does). Without either, the client logs
+# "Broker does not support compression type" and sends uncompressed batches, which
+# check_stored_batches catches (CodecNotUsed).
 
 
 def check_stored_batches(bootstrap: str, topic: str, codec: str, idempotent: bool = True) -> None:
@@ -489,14 +474,7 @@ CLIENTS = {
 
 
 @pytest.mark.parametrize(
-    ("client", "codec"),
-    [
-        pytest.param(client, codec, marks=[LZ4_NEEDS_FIND_COORDINATOR])
-        if (client, codec) == ("confluent", "lz4")
-        else (client, codec)
-        for client in CLIENTS
-        for codec in CODECS
-    ],
+    ("client", "codec"), [(client, codec) for client in CLIENTS for codec in CODECS]
 )
 def test_client_round_trip(kafka: BrokerProcess, topic: str, client: str, codec: str) -> None:
     create, produce, consume = CLIENTS[client]
@@ -508,15 +486,7 @@ def test_client_round_trip(kafka: BrokerProcess, topic: str, client: str, codec:
     check_stored_batches(kafka.bootstrap, topic, codec)
 
 
-@pytest.mark.parametrize(
-    "codec",
-    [
-        pytest.param(codec, marks=[KCAT_NEEDS_PRODUCE_V0])
-        if codec in ("gzip", "snappy", "lz4")
-        else codec
-        for codec in CODECS
-    ],
-)
+@pytest.mark.parametrize("codec", CODECS)
 def test_kcat_round_trip(kafka: BrokerProcess, topic: str, codec: str) -> None:
     """kcat auto-creates the topic (3 partitions by default) and reads it back as JSON."""
     records = kcat_records(f"kcat-{codec}")
