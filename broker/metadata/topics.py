@@ -78,6 +78,13 @@ async def create_topic(
     return info
 
 
+async def topic_exists(etcd: Etcd, cluster: str, name: str, topic_id: str) -> bool:
+    """Whether the topic ``name`` still is the one with ``topic_id`` (not deleted, or deleted
+    and created anew). Raises MetadataUnavailable when etcd does not answer."""
+    current = await etcd.get(keys.topic_key(cluster, name))
+    return current is not None and TopicInfo.from_json(name, current.value).topic_id == topic_id
+
+
 async def delete_topic(etcd: Etcd, cluster: str, name: str) -> TopicInfo:
     key = keys.topic_key(cluster, name)
     try:

@@ -4,12 +4,17 @@ Every ``flush_interval_ms`` (on a fixed schedule), a *round* takes what every ow
 buffered, cuts it into segments of at most ``segment_bytes``, and uploads them all in parallel.
 As soon as a partition has a segment's worth buffered, a round takes the whole segments of every
 partition and leaves the rest for the timer (see ``partition_log``); handoff and shutdown take
-everything at once. Index objects (of segments from
-``index_min_segment_bytes`` up) follow after the commit, off the ack path, in tasks that do not
-hold a round's slot. Up to ``MAX_ROUNDS_IN_FLIGHT`` rounds upload at once, so a slow PUT does
-not stall the next round; commits still happen one round after another, in order, under one
-lock: a round commits only after the previous round committed, and each partition's new state
-follows from the state the previous commit left.
+everything at once. Index objects (of segments from ``index_min_segment_bytes`` up) follow
+after the commit, off the ack path, in tasks that do not hold a round's slot. Up to
+``MAX_ROUNDS_IN_FLIGHT`` rounds upload at once, so a slow PUT does not stall the next round;
+commits still happen one round after another, in order, under one lock: a round commits only
+after the previous round committed, and each partition's new state follows from the state the
+previous commit left.
+
+Uploads that can no longer be committed (the partition was given up or its topic deleted while
+they were in flight, or the commit was fenced) are deleted again, and so are indexes that land
+after their topic was deleted: the broker deleting a topic lists its objects once, and an
+upload landing after that list would otherwise stay forever.
 
 A commit is one etcd transaction for up to ``PARTITIONS_PER_TXN`` partitions and
 ``MAX_TXN_BYTES`` of partition states (etcd refuses larger requests; a state remembering many
@@ -24,8 +29,9 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from kafscale.broker.config import LogSettings
 from kafscale.broker.metadata import keys
@@ -39,9 +45,10 @@ from kafscale.broker.metadata.etcd import (
     value_is,
 )
 from kafscale.broker.metadata.partition_state import PartitionState, SegmentRef, commit_segment
+from kafscale.broker.metadata.topics import topic_exists
 from kafscale.broker.protocol.errors import MetadataTimeout, NotLeader, StorageFailure
 from kafscale.broker.storage.cache import SegmentCache
-from kafscale.broker.storage.object_store import ObjectStore
+from kafscale.broker.storage.object_store import ObjectStore, ObjectStoreError
 from kafscale.broker.storage.partition_log import FlushWork, OwnedPartition, PendingBatch
 from kafscale.broker.storage.segments import (
     SEGMENT_FOOTER_SIZE,
@@ -55,7 +62,7 @@ PARTITIONS_PER_TXN = 40  # 3 compares each stays under etcd's default --max-txn-
 MAX_TXN_BYTES = 1024 * 1024  # etcd's default --max-request-bytes is 1.5 MiB
 TXN_BYTES_PER_PARTITION = 1024  # keys, compares and framing beside the state document
 MAX_ROUNDS_IN_FLIGHT = 4
-INDEX_GRACE_S = 2.0  # how long shutdown waits for index uploads still in flight
+SIDE_TASKS_GRACE_S = 2.0  # how long shutdown waits for index uploads and clean-ups in flight
 
 GiveUp = Callable[[OwnedPartition, BaseException, list[FlushWork]], None]
 
@@ -68,6 +75,14 @@ class UploadedSegment:
     batches: list[PendingBatch]
     index_key: str
     index: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class IndexUpload:
+    key: str
+    index: bytes
+    topic: str
+    topic_id: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,7 +142,9 @@ class Flusher:
         self._take_everything = False  # the next round is not only for whole segments
         self._progress = asyncio.Event()
         self._rounds: set[asyncio.Task[None]] = set()
-        self._index_uploads: set[asyncio.Task[None]] = set()
+        # Index uploads and deletions of uncommitted uploads: off the ack path, awaited briefly
+        # on shutdown.
+        self._side_tasks: set[asyncio.Task[None]] = set()
 
     # --- triggers and waiting ----------------------------------------------------------------
 
@@ -172,15 +189,22 @@ class Flusher:
             for task in self._rounds:
                 task.cancel()
             await asyncio.gather(*self._rounds, return_exceptions=True)
-            await self._finish_index_uploads()
+            await self._finish_side_tasks()
 
-    async def _finish_index_uploads(self) -> None:
-        """On the way out, give the last rounds' indexes a moment to land (they are optional)."""
-        if self._index_uploads:
-            await asyncio.wait(self._index_uploads, timeout=INDEX_GRACE_S)
-        for task in self._index_uploads:
+    async def _finish_side_tasks(self) -> None:
+        """On the way out, give the last indexes and clean-ups a moment (both are optional: a
+        reader without an index reads whole segments; the janitor of the next owner deletes
+        uploads of an older epoch that never got committed)."""
+        if self._side_tasks:
+            await asyncio.wait(self._side_tasks, timeout=SIDE_TASKS_GRACE_S)
+        for task in self._side_tasks:
             task.cancel()
-        await asyncio.gather(*self._index_uploads, return_exceptions=True)
+        await asyncio.gather(*self._side_tasks, return_exceptions=True)
+
+    def _spawn_side_task(self, coroutine: Coroutine[Any, Any, None], name: str) -> None:
+        task = asyncio.create_task(coroutine, name=name)
+        self._side_tasks.add(task)
+        task.add_done_callback(self._side_tasks.discard)
 
     def _start_round(
         self, previous: asyncio.Future[None] | None, *, whole_segments_only: bool
@@ -219,10 +243,10 @@ class Flusher:
             if previous is not None:
                 await previous
             async with self.commit_lock:
-                await self._commit_round(works, results)
+                landed = await self._commit_round(works, results)
             committed.set_result(None)
             self._notify_progress()
-            self._start_index_uploads(results)
+            self._start_index_uploads(landed)
         except asyncio.CancelledError:
             for work in works:
                 self._fail(work, NotLeader("broker shutting down"))
@@ -238,7 +262,8 @@ class Flusher:
 
     async def _commit_round(
         self, works: list[FlushWork], results: list[Uploaded | BaseException]
-    ) -> None:
+    ) -> list[Uploaded]:
+        """Commit what was uploaded; returns what got committed."""
         ready: list[Uploaded] = []
         for work, result in zip(works, results, strict=True):
             owned = work.partition
@@ -246,16 +271,19 @@ class Flusher:
                 self._fail(work, StorageFailure(f"segment upload failed: {result}"))
             elif owned.failed or self._owned.get(owned.tp) is not owned:
                 self._fail(work, NotLeader(f"{owned.topic}-{owned.partition} was given up"))
+                self._discard(result)
             else:
                 ready.append(result)
         commits = [self._prepare(item) for item in ready]
         sizes = [len(c.document) + TXN_BYTES_PER_PARTITION for c in commits]
+        landed: list[Uploaded] = []
         for group in txn_groups(sizes, PARTITIONS_PER_TXN, MAX_TXN_BYTES):
-            await self._commit([commits[i] for i in group])
+            landed += await self._commit([commits[i] for i in group])
+        return landed
 
     # --- upload ------------------------------------------------------------------------------
 
-    def _start_index_uploads(self, results: list[Uploaded | BaseException]) -> None:
+    def _start_index_uploads(self, committed: list[Uploaded]) -> None:
         """Indexes go up after the ack, in a task of their own: a round's slot (one of
         ``MAX_ROUNDS_IN_FLIGHT``) is for acks, and waiting for index PUTs there held back the
         next round's segments.
@@ -266,23 +294,52 @@ class Flusher:
         otherwise pay two PUT requests per tick instead of one."""
         smallest = self._settings.index_min_segment_bytes
         indexes = [
-            (segment.index_key, segment.index)
-            for result in results
-            if isinstance(result, Uploaded)
+            IndexUpload(
+                segment.index_key,
+                segment.index,
+                result.work.partition.topic,
+                result.work.partition.topic_id,
+            )
+            for result in committed
             for segment in result.segments
             if segment.ref.size >= smallest
         ]
-        if not indexes:
-            return
-        task = asyncio.create_task(self._upload_indexes(indexes), name="index-uploads")
-        self._index_uploads.add(task)
-        task.add_done_callback(self._index_uploads.discard)
+        if indexes:
+            self._spawn_side_task(self._upload_indexes(indexes), "index-uploads")
 
-    async def _upload_indexes(self, indexes: list[tuple[str, bytes]]) -> None:
-        uploads = [self._store.put(key, index) for key, index in indexes]
-        for outcome in await asyncio.gather(*uploads, return_exceptions=True):
+    async def _upload_indexes(self, indexes: list[IndexUpload]) -> None:
+        uploads = [self._store.put(upload.key, upload.index) for upload in indexes]
+        landed = []
+        for upload, outcome in zip(
+            indexes, await asyncio.gather(*uploads, return_exceptions=True), strict=True
+        ):
             if isinstance(outcome, Exception):
                 log.warning("index upload failed (reads fall back to whole segments): %s", outcome)
+            else:
+                landed.append(upload)
+        # Checked after the PUTs landed: a topic deleted later is listed with them by its
+        # deleter; one deleted earlier was listed without them.
+        for topic, topic_id in sorted({(u.topic, u.topic_id) for u in landed}):
+            try:
+                exists = await topic_exists(self._etcd, self._cluster, topic, topic_id)
+            except MetadataUnavailable:
+                continue  # keep them: an index of a live topic must not go
+            if not exists:
+                await self._delete_quietly(
+                    [u.key for u in landed if (u.topic, u.topic_id) == (topic, topic_id)]
+                )
+
+    def _discard(self, item: Uploaded) -> None:
+        """Delete the segments of an upload that will never be committed."""
+        self._spawn_side_task(
+            self._delete_quietly([segment.key for segment in item.segments]), "discard-uploads"
+        )
+
+    async def _delete_quietly(self, keys_: list[str]) -> None:
+        try:
+            await self._store.delete_many(keys_)
+        except ObjectStoreError as exc:
+            log.warning("could not delete %d uncommitted object(s): %s", len(keys_), exc)
 
     async def _upload(self, work: FlushWork) -> Uploaded:
         segments = await asyncio.gather(
@@ -324,9 +381,10 @@ class Flusher:
             state = commit_segment(state, segment.ref, item.work.producers if last else {})
         return _Commit(item, state, state.to_json())
 
-    async def _commit(self, commits: list[_Commit]) -> None:
+    async def _commit(self, commits: list[_Commit]) -> list[Uploaded]:
+        """One transaction; returns what it committed (all, or the unfenced ones one by one)."""
         if not commits:
-            return
+            return []
         compares = []
         success = []
         for commit in commits:
@@ -342,18 +400,22 @@ class Flusher:
         try:
             result = await self._etcd.txn(compares, success)
         except MetadataUnavailable as exc:
+            # The outcome is unknown (it may have been applied): the uploads stay.
             for commit in commits:
                 self._fail(commit.item.work, MetadataTimeout(str(exc)))
-            return
+            return []
         if not result.succeeded:
             if len(commits) > 1:
+                landed: list[Uploaded] = []
                 for commit in commits:  # find the fenced one(s); commit the rest
-                    await self._commit([commit])
-                return
+                    landed += await self._commit([commit])
+                return landed
             self._fail(commits[0].item.work, NotLeader("lease lost; commit fenced"))
-            return
+            self._discard(commits[0].item)
+            return []
         for commit in commits:
             self._on_committed(commit.item, commit.state, result.revision)
+        return [commit.item for commit in commits]
 
     def _on_committed(self, item: Uploaded, state: PartitionState, revision: int) -> None:
         owned = item.work.partition

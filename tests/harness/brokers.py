@@ -149,6 +149,11 @@ class BrokerCluster:
         self.brokers.append(broker)
         return broker.start()
 
+    def object_keys(self, prefix: str) -> list[str]:
+        """The keys in the cluster's bucket under ``prefix`` (up to 1000)."""
+        listed = self.s3.client().list_objects_v2(Bucket=self.bucket, Prefix=prefix)
+        return [o["Key"] for o in listed.get("Contents", [])]
+
     @property
     def bootstrap(self) -> str:
         return ",".join(b.bootstrap for b in self.brokers if b.process and b.process.poll() is None)
@@ -174,16 +179,7 @@ def broker_cluster(
 
 
 def _create_bucket(s3: S3Endpoint, bucket: str) -> None:
-    import boto3
-
-    client = boto3.client(
-        "s3",
-        endpoint_url=s3.url,
-        region_name=s3.region,
-        aws_access_key_id=s3.access_key_id,
-        aws_secret_access_key=s3.secret_access_key,
-    )
-    client.create_bucket(Bucket=bucket)
+    s3.client().create_bucket(Bucket=bucket)
 
 
 @pytest.fixture

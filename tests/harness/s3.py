@@ -55,6 +55,18 @@ class S3Endpoint:
         }
         return StorageSettings(**(fields | overrides))
 
+    def client(self) -> Any:
+        """A plain boto3 S3 client of this server, for tests that look at buckets directly."""
+        import boto3
+
+        return boto3.client(
+            "s3",
+            endpoint_url=self.url,
+            region_name=self.region,
+            aws_access_key_id=self.access_key_id,
+            aws_secret_access_key=self.secret_access_key,
+        )
+
     async def open_store(self, bucket: str | None = None, **overrides: Any) -> S3ObjectStore:
         """A store on ``bucket`` (default: a new unique one), created if missing."""
         store = S3ObjectStore.from_settings(self.settings(bucket or unique_bucket(), **overrides))

@@ -15,7 +15,6 @@ import uuid
 from collections.abc import Iterator
 from typing import Any, Protocol
 
-import boto3
 import pytest
 from confluent_kafka import Consumer, KafkaException, Producer
 from confluent_kafka import TopicPartition as CkTopicPartition
@@ -356,18 +355,10 @@ def test_deleted_topic_recreated_shows_no_old_records(
     assert consume(kafka.bootstrap, topic, 0, 0, 1) == [(0, b"fresh")]
 
     # the old topic's objects leave the bucket (asynchronously)
-    s3 = boto3.client(
-        "s3",
-        endpoint_url=cluster.s3.url,
-        region_name=cluster.s3.region,
-        aws_access_key_id=cluster.s3.access_key_id,
-        aws_secret_access_key=cluster.s3.secret_access_key,
-    )
     prefix = f"{cluster.cluster}/topics/{topic}/"
     deadline = time.monotonic() + 20
     while True:
-        listed = s3.list_objects_v2(Bucket=cluster.bucket, Prefix=prefix).get("Contents", [])
-        topic_ids = {o["Key"][len(prefix) :].split("/")[0] for o in listed}
+        topic_ids = {key[len(prefix) :].split("/")[0] for key in cluster.object_keys(prefix)}
         if len(topic_ids) <= 1 or time.monotonic() > deadline:
             break
         time.sleep(0.2)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import time
 
-import boto3
 import pytest
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
@@ -14,15 +13,8 @@ pytestmark = pytest.mark.integration
 
 
 def segment_keys(cluster: BrokerCluster, topic: str) -> list[str]:
-    s3 = boto3.client(
-        "s3",
-        endpoint_url=cluster.s3.url,
-        region_name=cluster.s3.region,
-        aws_access_key_id=cluster.s3.access_key_id,
-        aws_secret_access_key=cluster.s3.secret_access_key,
-    )
-    listed = s3.list_objects_v2(Bucket=cluster.bucket, Prefix=f"{cluster.cluster}/topics/{topic}/")
-    return [o["Key"] for o in listed.get("Contents", []) if o["Key"].endswith(".kfs")]
+    keys = cluster.object_keys(f"{cluster.cluster}/topics/{topic}/")
+    return [k for k in keys if k.endswith(".kfs")]
 
 
 def produce_in_rounds(bootstrap: str, topic: str, rounds: int) -> None:

@@ -23,7 +23,6 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-import boto3
 import crc32c
 import lz4.frame
 import pytest
@@ -200,17 +199,6 @@ def parse_index(key: str, data: bytes) -> tuple[int, list[tuple[int, int]]]:
 # --- the test ----------------------------------------------------------------------------------
 
 
-def _s3_client(broker_cluster: BrokerCluster) -> Any:
-    s3 = broker_cluster.s3
-    return boto3.client(
-        "s3",
-        endpoint_url=s3.url,
-        region_name=s3.region,
-        aws_access_key_id=s3.access_key_id,
-        aws_secret_access_key=s3.secret_access_key,
-    )
-
-
 def _list(client: Any, bucket: str, prefix: str) -> dict[str, bytes]:
     objects = {}
     for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
@@ -276,7 +264,7 @@ def test_segments_and_indexes_in_the_bucket_follow_the_design(
     ended_ms = int(time.time() * 1000)
     assert broker.stop() == 0, broker.tail()  # indexes go up after the ack: let them land
 
-    client = _s3_client(broker_cluster)
+    client = broker_cluster.s3.client()
     objects = _list(client, broker_cluster.bucket, f"{broker_cluster.cluster}/topics/{topic}/")
     assert objects, "nothing in the bucket"
     for partition in range(partitions):
@@ -361,7 +349,7 @@ def test_a_corrupted_segment_is_an_error_never_data(
                 response = wire.request(PRODUCE, 9, produce_body(topic, partition, batch))
                 assert produce_partition(response) == (0, 10 * n)
 
-    client = _s3_client(broker_cluster)
+    client = broker_cluster.s3.client()
     prefix = f"{broker_cluster.cluster}/topics/{topic}/"
     first_segment_key = min(
         k
@@ -416,7 +404,7 @@ def test_a_graceful_stop_leaves_an_index_beside_every_segment(
     assert producer.flush(10) == 0
     assert len(acked) == 30
 
-    client = _s3_client(broker_cluster)
+    client = broker_cluster.s3.client()
     objects = _list(client, broker_cluster.bucket, f"{broker_cluster.cluster}/topics/{topic}/")
     segments = sorted(k[:-4] for k in objects if k.endswith(".kfs"))
     indexes = sorted(k[:-4] for k in objects if k.endswith(".idx"))
@@ -439,7 +427,7 @@ def test_only_segments_read_by_ranges_get_an_index(broker_cluster: BrokerCluster
         assert produce_partition(wire.request(PRODUCE, 9, produce_body(topic, 0, big)))[0] == 0
     assert broker.stop() == 0, broker.tail()  # indexes go up after the ack: let them land
 
-    client = _s3_client(broker_cluster)
+    client = broker_cluster.s3.client()
     objects = _list(client, broker_cluster.bucket, f"{broker_cluster.cluster}/topics/{topic}/")
     sizes = {k[:-4]: len(v) for k, v in objects.items() if k.endswith(".kfs")}
     indexes = {k[:-4] for k in objects if k.endswith(".idx")}

@@ -1,0 +1,96 @@
+"""Deleting a topic deletes its data, even what was still being uploaded when it was deleted.
+
+The broker that handles DeleteTopics lists the topic's objects once. An upload in flight at that
+moment lands after the listing: a segment whose commit can no longer happen, or an index that
+follows a committed segment. A proxy in front of moto holds such a PUT back for two seconds, so
+the race is hit every time.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+import uuid
+from collections.abc import Callable
+
+import pytest
+from confluent_kafka import Producer
+from confluent_kafka.admin import AdminClient, NewTopic
+from harness.brokers import BrokerCluster, BrokerProcess
+from harness.slow_puts import SlowPuts, slow_puts
+
+pytestmark = pytest.mark.integration
+
+HOLD_S = 2.0
+
+
+def wait_for(condition: Callable[[], bool], timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.1)
+    return True
+
+
+def start_topic(broker: BrokerProcess) -> str:
+    topic = f"gone-{uuid.uuid4().hex[:8]}"
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+    admin.create_topics([NewTopic(topic, 1, 1)])[topic].result(10)
+    return topic
+
+
+def delete_topic(broker: BrokerProcess, topic: str) -> None:
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+    admin.delete_topics([topic])[topic].result(10)
+
+
+def held_topic_prefix(proxy: SlowPuts, cluster: BrokerCluster, topic: str) -> str:
+    """``cluster/topics/<topic>/<topic id>/`` of the held PUT (the id changes if the producer's
+    retries auto-create the topic again)."""
+    match = re.search(rf"/({re.escape(cluster.cluster)}/topics/{topic}/[0-9a-f]+/)", proxy.held[0])
+    assert match is not None, proxy.held
+    return match.group(1)
+
+
+def test_segment_upload_in_flight_when_its_topic_is_deleted_leaves_nothing(
+    broker_cluster: BrokerCluster,
+) -> None:
+    with slow_puts(broker_cluster.s3.url, HOLD_S) as proxy:
+        broker = broker_cluster.start(KAFSCALE_STORAGE__ENDPOINT=proxy.url)
+        topic = start_topic(broker)
+        proxy.hold = re.compile(rf"/topics/{topic}/.*\.kfs")
+        producer = Producer({"bootstrap.servers": broker.bootstrap, "message.timeout.ms": 3000})
+        producer.produce(topic, b"never committed")
+        producer.poll(0)
+        assert wait_for(lambda: bool(proxy.held), 10), "the segment upload never started"
+        delete_topic(broker, topic)  # lists the topic's objects while the PUT is held
+        prefix = held_topic_prefix(proxy, broker_cluster, topic)
+        time.sleep(HOLD_S + 0.5)  # the held segment has landed by now
+        producer.purge()
+        producer.flush(5)
+        assert wait_for(lambda: not broker_cluster.object_keys(prefix), 10), (
+            f"left behind: {broker_cluster.object_keys(prefix)}"
+        )
+
+
+def test_index_upload_in_flight_when_its_topic_is_deleted_leaves_nothing(
+    broker_cluster: BrokerCluster,
+) -> None:
+    with slow_puts(broker_cluster.s3.url, HOLD_S) as proxy:
+        broker = broker_cluster.start(
+            KAFSCALE_STORAGE__ENDPOINT=proxy.url, KAFSCALE_LOG__INDEX_MIN_SEGMENT_BYTES="0"
+        )
+        topic = start_topic(broker)
+        proxy.hold = re.compile(rf"/topics/{topic}/.*\.idx")
+        producer = Producer({"bootstrap.servers": broker.bootstrap, "acks": "all"})
+        producer.produce(topic, b"committed, then deleted")
+        assert producer.flush(10) == 0  # acked: the segment is committed, its index follows
+        assert wait_for(lambda: bool(proxy.held), 10), "the index upload never started"
+        prefix = held_topic_prefix(proxy, broker_cluster, topic)
+        assert any(k.endswith(".kfs") for k in broker_cluster.object_keys(prefix))
+        delete_topic(broker, topic)
+        time.sleep(HOLD_S + 0.5)  # the held index has landed by now
+        assert wait_for(lambda: not broker_cluster.object_keys(prefix), 10), (
+            f"left behind: {broker_cluster.object_keys(prefix)}"
+        )
