@@ -17,7 +17,7 @@ It prints a table and the targets of issue 2 with PASS/MISS. Everything it start
 the end. ``--timings`` shows where the time goes inside the broker, ``--profile DIR`` records it
 with py-spy. Run from the repository root::
 
-    .venv/bin/python bench/produce_consume.py                 # ~45 s on 2 cores
+    .venv/bin/python bench/produce_consume.py                 # ~95 s on 2 cores
     .venv/bin/python bench/produce_consume.py --timings --flush-interval-ms 50
 """
 
