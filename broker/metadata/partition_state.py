@@ -6,20 +6,32 @@ The document at ``partitions/<topic>/<p>`` (JSON)::
      "epochs": [[0, 0], [2, 57], [3, 100]],          # (leader epoch, start offset) history
      "segments": [{"base": 100, "last": 119, "epoch": 3, "size": 2048,
                    "max_timestamp": 1700000000000}],  # the most recent committed segments
-     "producers": {"4001": [{"epoch": 0, "first_seq": 10, "last_seq": 19, "offset": 110}]}}
+     "producers": {"4001": [{"epoch": 0, "first_seq": 10, "last_seq": 19, "offset": 110}]},
+     "max_timestamp": 1700000000000,                  # the largest record timestamp so far
+     "time_marks": [[57, 1699999000000], [100, 1699999990000]]}  # (offset, max timestamp below)
 
 Segments are found in object storage by listing; ``segments`` only keeps the newest few so that
 readers of recent data need no listing. A listed segment object is *committed* when its base
 offset lies inside the offset range its epoch led (see :func:`is_committed_segment`): an upload
 from a fenced writer starts at or after the next epoch's start offset, so it is ignored.
+
+``time_marks`` let ListOffsets by timestamp start reading near its answer instead of at the log
+start: a mark ``(offset, t)`` says that no record below ``offset`` has a timestamp above ``t``
+(``t`` is the running maximum when the segment at ``offset`` was committed; timestamps need not
+grow, so the maximum is what bounds them). At most ``MAX_TIME_MARKS`` are kept, thinned so that
+they are dense near the head and sparse far back (see :func:`thin_time_marks`). A document from
+before marks existed has no ``max_timestamp``: the maximum below its offsets is unknown, so that
+partition never gets marks and its look-ups start at the log start.
 """
 
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 RECENT_SEGMENTS = 32
+MAX_TIME_MARKS = 16
 MAX_PRODUCERS = 256
 MAX_EPOCHS = 64
 
@@ -52,6 +64,9 @@ class PartitionState:
     segments: tuple[SegmentRef, ...] = ()
     producers: dict[int, tuple[ProducerState, ...]] = field(default_factory=dict)
     """Per idempotent producer, its last batches here (oldest first, at most five)."""
+    max_timestamp: int | None = -1
+    """The largest timestamp of any committed record (-1: none yet; None: unknown)."""
+    time_marks: tuple[tuple[int, int], ...] = ()
 
     def to_json(self) -> bytes:
         document = {
@@ -65,6 +80,10 @@ class PartitionState:
                 for pid, batches in self.producers.items()
             },
         }
+        if self.max_timestamp is not None:
+            document["max_timestamp"] = self.max_timestamp
+        if self.time_marks:
+            document["time_marks"] = [list(mark) for mark in self.time_marks]
         return json.dumps(document, separators=(",", ":")).encode()
 
     @classmethod
@@ -80,6 +99,8 @@ class PartitionState:
                 int(pid): _producer_batches(batches)
                 for pid, batches in document.get("producers", {}).items()
             },
+            max_timestamp=int(document["max_timestamp"]) if "max_timestamp" in document else None,
+            time_marks=tuple((int(o), int(t)) for o, t in document.get("time_marks", [])),
         )
 
 
@@ -139,7 +160,51 @@ def commit_segment(
         high_watermark=segment.last + 1,
         segments=(*state.segments, segment)[-RECENT_SEGMENTS:],
         producers=merged,
+        **_time_bounds_after(state, segment),
     )
+
+
+def _time_bounds_after(state: PartitionState, segment: SegmentRef) -> dict[str, Any]:
+    if state.max_timestamp is None:
+        return {}  # unknown below: no mark can be true
+    marks = state.time_marks
+    if segment.base > state.log_start_offset:
+        marks = thin_time_marks(
+            (*marks, (segment.base, state.max_timestamp)),
+            state.log_start_offset,
+            segment.last + 1,
+            MAX_TIME_MARKS,
+        )
+    return {
+        "max_timestamp": max(state.max_timestamp, segment.max_timestamp),
+        "time_marks": marks,
+    }
+
+
+def thin_time_marks(
+    marks: tuple[tuple[int, int], ...], log_start: int, head: int, limit: int
+) -> tuple[tuple[int, int], ...]:
+    """At most ``limit`` marks above ``log_start``; while there are too many, drop the inner mark
+    whose loss widens a gap the least relative to its distance from ``head``. Look-ups near the
+    head (the common case) keep reading little; far back, a look-up may read more."""
+    kept = [mark for mark in marks if mark[0] > log_start]
+    while len(kept) > max(limit, 2):
+        drop = min(
+            range(1, len(kept) - 1),
+            key=lambda i: (kept[i + 1][0] - kept[i - 1][0]) / (head - kept[i][0]),
+        )
+        del kept[drop]
+    return tuple(kept)
+
+
+def time_scan_start(state: PartitionState, timestamp: int) -> int:
+    """The offset to start looking for the first record at or after ``timestamp``: every record
+    below it is older (the highest mark whose bound is below ``timestamp``)."""
+    start = state.log_start_offset
+    for offset, bound in state.time_marks:
+        if bound < timestamp and offset > start:
+            start = offset
+    return min(start, state.high_watermark)
 
 
 def is_committed_segment(state: PartitionState, base: int, epoch: int) -> bool:

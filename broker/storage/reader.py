@@ -17,7 +17,11 @@ from dataclasses import dataclass
 import crc32c
 
 from kafscale.broker.metadata import keys
-from kafscale.broker.metadata.partition_state import PartitionState, is_committed_segment
+from kafscale.broker.metadata.partition_state import (
+    PartitionState,
+    is_committed_segment,
+    time_scan_start,
+)
 from kafscale.broker.protocol.errors import OffsetOutOfRange, StorageFailure
 from kafscale.broker.protocol.record_batch import (
     iter_batch_headers,
@@ -262,8 +266,11 @@ class LogReader:
     async def offset_for_timestamp(
         self, topic: str, topic_id: str, partition: int, state: PartitionState, timestamp: int
     ) -> tuple[int, int] | None:
-        """(offset, timestamp) of the first record at or after ``timestamp``, or None."""
-        offset = state.log_start_offset
+        """(offset, timestamp) of the first record at or after ``timestamp``, or None.
+
+        A scan of batch headers (only batches that may hold the answer are decoded), from the
+        partition's time mark below ``timestamp`` rather than from the log start."""
+        offset = time_scan_start(state, timestamp)
         while offset < state.high_watermark:
             data = await self.read(topic, topic_id, partition, state, offset, 1 << 20)
             if not data:
@@ -283,9 +290,17 @@ class LogReader:
     ) -> tuple[int, int] | None:
         """(offset, timestamp) of the first record with the largest timestamp, or None if empty.
 
-        ListOffsets v7+ asks for it (KIP-734). Like the look-up by time, a scan of batch
-        headers; only the winning batch's records are decoded.
+        ListOffsets v7+ asks for it (KIP-734). The partition state knows the largest timestamp
+        ever committed: while that record is above the log start, it is the first one at or
+        after that timestamp. Otherwise (deleted, or a state from before the maximum was kept)
+        a scan of all batch headers; only the winning batch's records are decoded.
         """
+        if state.max_timestamp is not None and state.max_timestamp >= 0:
+            found = await self.offset_for_timestamp(
+                topic, topic_id, partition, state, state.max_timestamp
+            )
+            if found is not None and found[1] == state.max_timestamp:
+                return found
         best_timestamp, best_batch = -1, b""
         offset = state.log_start_offset
         while offset < state.high_watermark:

@@ -1,9 +1,11 @@
 """A partition's committed state (``broker/metadata/partition_state.py``): its JSON document and
 the pure decisions made on it — epoch history, commits, which listed objects are committed
-(fencing, DESIGN §3.4-5), OffsetForLeaderEpoch and the log start offset."""
+(fencing, DESIGN §3.4-5), OffsetForLeaderEpoch, the log start offset, and the time marks that
+let ListOffsets by timestamp skip what is older."""
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field, replace
 
 import pytest
@@ -12,6 +14,7 @@ from hypothesis import strategies as st
 
 from kafscale.broker.metadata.partition_state import (
     MAX_PRODUCERS,
+    MAX_TIME_MARKS,
     RECENT_SEGMENTS,
     PartitionState,
     ProducerState,
@@ -22,6 +25,8 @@ from kafscale.broker.metadata.partition_state import (
     epoch_range,
     is_committed_segment,
     start_epoch,
+    thin_time_marks,
+    time_scan_start,
 )
 
 pytestmark = pytest.mark.unit
@@ -56,6 +61,8 @@ states = st.builds(
         st.lists(producer_states, min_size=1, max_size=5).map(tuple),
         max_size=5,
     ),
+    max_timestamp=st.none() | st.integers(-1, 2**42),
+    time_marks=st.lists(st.tuples(i64, st.integers(-1, 2**42)), max_size=5).map(tuple),
 )
 
 
@@ -78,9 +85,11 @@ def test_json_round_trip(state: PartitionState) -> None:
 
 def test_json_of_a_minimal_document_takes_defaults() -> None:
     state = PartitionState.from_json(b'{"high_watermark": 12}')
-    assert state == PartitionState(high_watermark=12)
+    assert state == PartitionState(high_watermark=12, max_timestamp=None)
     assert state.leader_epoch == -1
     assert state.epochs == () and state.segments == () and state.producers == {}
+    # written before time marks existed: the largest timestamp below 12 is unknown
+    assert state.max_timestamp is None and state.time_marks == ()
 
 
 def test_json_document_shape() -> None:
@@ -337,3 +346,79 @@ def test_log_start_never_moves_back() -> None:
     assert advance_log_start(state, 10).log_start_offset == 40
     assert advance_log_start(state, 1000).log_start_offset == 100
     assert advance_log_start(state, 60).log_start_offset == 60
+
+
+# --- time marks (ListOffsets by timestamp) ----------------------------------------------------
+
+
+def commit_timestamps(state: PartitionState, timestamps: list[int]) -> PartitionState:
+    """Commit one segment holding records with these timestamps."""
+    base = state.high_watermark
+    ref = SegmentRef(base, base + len(timestamps) - 1, 0, 100, max(timestamps))
+    return commit_segment(state, ref, {})
+
+
+@FAST
+@given(
+    st.lists(
+        st.tuples(
+            st.lists(st.integers(-1, 10_000), min_size=1, max_size=4),  # one segment's records
+            st.integers(0, 3),  # records to delete from the log start after it
+        ),
+        min_size=1,
+        max_size=60,
+    ),
+    st.integers(-1, 10_001),
+)
+def test_everything_below_the_scan_start_is_older_than_the_target(
+    rounds: list[tuple[list[int], int]], target: int
+) -> None:
+    """The start a look-up by time gets skips only records older than its target, whatever the
+    order of timestamps, deletions from the log start and thinning; marks stay bounded."""
+    state = PartitionState()
+    timestamps: list[int] = []
+    for records, deleted in rounds:
+        state = commit_timestamps(state, records)
+        timestamps += records
+        state = advance_log_start(state, state.log_start_offset + deleted)
+        assert len(state.time_marks) <= MAX_TIME_MARKS
+        assert state.max_timestamp == max(timestamps)
+    start = time_scan_start(state, target)
+    assert state.log_start_offset <= start <= state.high_watermark
+    assert all(t < target for t in timestamps[state.log_start_offset : start])
+
+
+def test_a_look_up_near_the_head_starts_near_its_answer() -> None:
+    """1000 one-record segments with growing timestamps: sixteen marks, dense at the head."""
+    state = PartitionState()
+    for offset in range(1000):
+        state = commit_timestamps(state, [1_000 + offset])
+    assert len(state.time_marks) == MAX_TIME_MARKS
+    assert 990 <= time_scan_start(state, 1_000 + 995) <= 995
+    assert time_scan_start(state, 1_000 + 500) <= 500  # far back: further, but never past it
+    assert time_scan_start(state, 0) == 0
+
+
+def test_a_state_of_unknown_maximum_gets_no_marks() -> None:
+    legacy = PartitionState.from_json(b'{"high_watermark": 5}')
+    state = commit_timestamps(legacy, [7, 8])
+    assert state.max_timestamp is None and state.time_marks == ()
+    assert time_scan_start(state, 100) == 0
+    assert PartitionState.from_json(state.to_json()).max_timestamp is None
+
+
+def test_marks_survive_the_json_document() -> None:
+    state = commit_timestamps(commit_timestamps(PartitionState(), [5, 3]), [9])
+    assert state.time_marks == ((2, 5),)
+    assert state.max_timestamp == 9
+    assert b'"max_timestamp":9,"time_marks":[[2,5]]' in state.to_json()
+    assert PartitionState.from_json(state.to_json()) == state
+
+
+def test_thinning_keeps_the_newest_and_drops_marks_below_the_log_start() -> None:
+    marks = tuple((offset, offset) for offset in range(1, 41))
+    thinned = thin_time_marks(marks, log_start=10, head=41, limit=8)
+    assert len(thinned) == 8
+    assert thinned[-1] == (40, 40) and all(offset > 10 for offset, _ in thinned)
+    gaps = [b[0] - a[0] for a, b in itertools.pairwise(thinned)]
+    assert gaps[-1] <= gaps[0]  # denser near the head
