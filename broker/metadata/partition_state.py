@@ -21,7 +21,8 @@ start: a mark ``(offset, t)`` says that no record below ``offset`` has a timesta
 grow, so the maximum is what bounds them). At most ``MAX_TIME_MARKS`` are kept, thinned so that
 they are dense near the head and sparse far back (see :func:`thin_time_marks`). A document from
 before marks existed has no ``max_timestamp``: the maximum below its offsets is unknown, so that
-partition never gets marks and its look-ups start at the log start.
+partition gets marks only once nothing below its log start is left (retention or DeleteRecords
+up to the high watermark); until then its look-ups start at the log start.
 """
 
 from __future__ import annotations
@@ -165,20 +166,20 @@ def commit_segment(
 
 
 def _time_bounds_after(state: PartitionState, segment: SegmentRef) -> dict[str, Any]:
-    if state.max_timestamp is None:
+    below = state.max_timestamp
+    if below is None and state.log_start_offset == state.high_watermark:
+        below = -1  # nothing readable below this segment: what was there no longer matters
+    if below is None:
         return {}  # unknown below: no mark can be true
     marks = state.time_marks
     if segment.base > state.log_start_offset:
         marks = thin_time_marks(
-            (*marks, (segment.base, state.max_timestamp)),
+            (*marks, (segment.base, below)),
             state.log_start_offset,
             segment.last + 1,
             MAX_TIME_MARKS,
         )
-    return {
-        "max_timestamp": max(state.max_timestamp, segment.max_timestamp),
-        "time_marks": marks,
-    }
+    return {"max_timestamp": max(below, segment.max_timestamp), "time_marks": marks}
 
 
 def thin_time_marks(

@@ -407,6 +407,15 @@ def test_a_state_of_unknown_maximum_gets_no_marks() -> None:
     assert PartitionState.from_json(state.to_json()).max_timestamp is None
 
 
+def test_an_unknown_maximum_is_forgotten_once_nothing_below_is_readable() -> None:
+    legacy = PartitionState.from_json(b'{"high_watermark": 5}')
+    emptied = advance_log_start(legacy, 5)  # retention took everything written before
+    state = commit_timestamps(commit_timestamps(emptied, [7, 8]), [9])
+    assert state.max_timestamp == 9
+    assert state.time_marks == ((7, 8),)
+    assert time_scan_start(state, 9) == 7
+
+
 def test_marks_survive_the_json_document() -> None:
     state = commit_timestamps(commit_timestamps(PartitionState(), [5, 3]), [9])
     assert state.time_marks == ((2, 5),)
