@@ -7,6 +7,7 @@ only; durability comes from object storage, not from replicas.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from typing import Any
 
@@ -96,16 +97,31 @@ async def handle_delete_topics(request: Any, ctx: RequestContext) -> Body:
     return {"throttle_time": 0, "responses": responses}
 
 
+# A deleted topic's objects are deleted in the background; an object store that is briefly
+# unreachable gets these retries (about a minute) before the objects are left behind.
+DELETE_OBJECTS_RETRY_DELAYS_S = (1.0, 2.0, 4.0, 8.0, 16.0, 30.0)
+
+
 async def _delete_objects(ctx: RequestContext, topic: str, topic_id: str) -> None:
     broker = ctx.broker
     prefix = keys.topic_object_prefix(broker.cluster, topic, topic_id)
     broker.cache.discard_prefix(prefix)
     broker.reader.forget(topic)
-    try:
-        objects = await broker.store.list(prefix)
-        await broker.store.delete_many([o.key for o in objects])
-    except ObjectStoreError:
-        log.exception("could not delete the objects of topic %s", topic)
+    for delay_s in (*DELETE_OBJECTS_RETRY_DELAYS_S, None):
+        try:
+            objects = await broker.store.list(prefix)
+            await broker.store.delete_many([o.key for o in objects])
+            return
+        except ObjectStoreError as exc:
+            if delay_s is None:
+                log.error(
+                    "gave up deleting the objects of topic %s under %s: %s", topic, prefix, exc
+                )
+                return
+            log.warning(
+                "deleting the objects of topic %s failed (again in %.0f s): %s", topic, delay_s, exc
+            )
+            await asyncio.sleep(delay_s)
 
 
 async def handle_create_partitions(request: Any, ctx: RequestContext) -> Body:

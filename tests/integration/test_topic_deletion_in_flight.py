@@ -1,9 +1,10 @@
-"""Deleting a topic deletes its data, even what was still being uploaded when it was deleted.
+"""Deleting a topic deletes its data, even what was still being uploaded when it was deleted,
+and even when the object store is unreachable for a while right then.
 
 The broker that handles DeleteTopics lists the topic's objects once. An upload in flight at that
 moment lands after the listing: a segment whose commit can no longer happen, or an index that
 follows a committed segment. A proxy in front of moto holds such a PUT back for two seconds, so
-the race is hit every time.
+the race is hit every time; the same proxy refuses connections to play an outage.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import pytest
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 from harness.brokers import BrokerCluster, BrokerProcess
-from harness.slow_puts import SlowPuts, slow_puts
+from harness.s3_proxy import S3Proxy, s3_proxy
 
 pytestmark = pytest.mark.integration
 
@@ -45,7 +46,7 @@ def delete_topic(broker: BrokerProcess, topic: str) -> None:
     admin.delete_topics([topic])[topic].result(10)
 
 
-def held_topic_prefix(proxy: SlowPuts, cluster: BrokerCluster, topic: str) -> str:
+def held_topic_prefix(proxy: S3Proxy, cluster: BrokerCluster, topic: str) -> str:
     """``cluster/topics/<topic>/<topic id>/`` of the held PUT (the id changes if the producer's
     retries auto-create the topic again)."""
     match = re.search(rf"/({re.escape(cluster.cluster)}/topics/{topic}/[0-9a-f]+/)", proxy.held[0])
@@ -56,7 +57,7 @@ def held_topic_prefix(proxy: SlowPuts, cluster: BrokerCluster, topic: str) -> st
 def test_segment_upload_in_flight_when_its_topic_is_deleted_leaves_nothing(
     broker_cluster: BrokerCluster,
 ) -> None:
-    with slow_puts(broker_cluster.s3.url, HOLD_S) as proxy:
+    with s3_proxy(broker_cluster.s3.url, HOLD_S) as proxy:
         broker = broker_cluster.start(KAFSCALE_STORAGE__ENDPOINT=proxy.url)
         topic = start_topic(broker)
         proxy.hold = re.compile(rf"/topics/{topic}/.*\.kfs")
@@ -77,7 +78,7 @@ def test_segment_upload_in_flight_when_its_topic_is_deleted_leaves_nothing(
 def test_index_upload_in_flight_when_its_topic_is_deleted_leaves_nothing(
     broker_cluster: BrokerCluster,
 ) -> None:
-    with slow_puts(broker_cluster.s3.url, HOLD_S) as proxy:
+    with s3_proxy(broker_cluster.s3.url, HOLD_S) as proxy:
         broker = broker_cluster.start(
             KAFSCALE_STORAGE__ENDPOINT=proxy.url, KAFSCALE_LOG__INDEX_MIN_SEGMENT_BYTES="0"
         )
@@ -92,5 +93,26 @@ def test_index_upload_in_flight_when_its_topic_is_deleted_leaves_nothing(
         delete_topic(broker, topic)
         time.sleep(HOLD_S + 0.5)  # the held index has landed by now
         assert wait_for(lambda: not broker_cluster.object_keys(prefix), 10), (
+            f"left behind: {broker_cluster.object_keys(prefix)}"
+        )
+
+
+def test_objects_of_a_topic_deleted_during_a_storage_outage_go_once_it_is_back(
+    broker_cluster: BrokerCluster,
+) -> None:
+    with s3_proxy(broker_cluster.s3.url) as proxy:
+        broker = broker_cluster.start(KAFSCALE_STORAGE__ENDPOINT=proxy.url)
+        topic = start_topic(broker)
+        producer = Producer({"bootstrap.servers": broker.bootstrap, "acks": "all"})
+        producer.produce(topic, b"stored before the outage")
+        assert producer.flush(10) == 0
+        prefix = f"{broker_cluster.cluster}/topics/{topic}/"
+        assert broker_cluster.object_keys(prefix)
+        proxy.refuse = True
+        delete_topic(broker, topic)  # etcd only: the objects cannot be listed now
+        time.sleep(4)  # the first attempts fail (each after botocore's own retries)
+        assert broker_cluster.object_keys(prefix), "deleted although S3 was unreachable?"
+        proxy.refuse = False
+        assert wait_for(lambda: not broker_cluster.object_keys(prefix), 40), (
             f"left behind: {broker_cluster.object_keys(prefix)}"
         )

@@ -1,10 +1,15 @@
-"""A loopback TCP proxy in front of an S3 server that holds back chosen PUT requests.
+"""A loopback TCP proxy in front of an S3 server, with two faults a test can switch on.
 
-For races a test has to hit every time rather than by luck: an upload still in flight when a
-topic is deleted, say. Each connection is piped through unchanged, except that a connection
-whose request is a PUT of a key matching ``hold`` (a regular expression on the request target)
-is forwarded only after ``delay_s``. moto answers every request with ``Connection: close``, so
-each connection carries one request.
+For races and outages a test has to hit every time rather than by luck. Each connection is
+piped through unchanged, except that
+
+* a connection whose request is a PUT of a key matching ``hold`` (a regular expression on the
+  request target) is forwarded only after ``delay_s``: an upload still in flight when a topic
+  is deleted, say;
+* while ``refuse`` is set, connections are closed as soon as they are accepted: the object
+  store is unreachable.
+
+moto answers every request with ``Connection: close``, so each connection carries one request.
 """
 
 from __future__ import annotations
@@ -19,16 +24,17 @@ from contextlib import contextmanager, suppress
 _HEAD_LIMIT = 64 * 1024
 
 
-class SlowPuts:
+class S3Proxy:
     def __init__(self, upstream_host: str, upstream_port: int, delay_s: float) -> None:
         self._upstream = (upstream_host, upstream_port)
         self.delay_s = delay_s
         self.hold: re.Pattern[str] | None = None
+        self.refuse = False
         self.held: list[str] = []  # request targets held back so far
         self._listener = socket.create_server(("127.0.0.1", 0))
         self.port = self._listener.getsockname()[1]
         self._closed = threading.Event()
-        threading.Thread(target=self._accept, name="slow-puts", daemon=True).start()
+        threading.Thread(target=self._accept, name="s3-proxy", daemon=True).start()
 
     @property
     def url(self) -> str:
@@ -44,6 +50,9 @@ class SlowPuts:
                 client, _ = self._listener.accept()
             except OSError:
                 return
+            if self.refuse:
+                client.close()
+                continue
             threading.Thread(target=self._serve, args=(client,), daemon=True).start()
 
     def _serve(self, client: socket.socket) -> None:
@@ -82,10 +91,10 @@ def _pipe(source: socket.socket, sink: socket.socket) -> None:
 
 
 @contextmanager
-def slow_puts(url: str, delay_s: float) -> Iterator[SlowPuts]:
-    """A ``SlowPuts`` in front of the S3 server at ``url`` (http://host:port)."""
+def s3_proxy(url: str, delay_s: float = 2.0) -> Iterator[S3Proxy]:
+    """An ``S3Proxy`` in front of the S3 server at ``url`` (http://host:port)."""
     host, _, port = url.removeprefix("http://").rstrip("/").partition(":")
-    proxy = SlowPuts(host, int(port), delay_s)
+    proxy = S3Proxy(host, int(port), delay_s)
     try:
         yield proxy
     finally:
