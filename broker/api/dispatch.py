@@ -73,10 +73,9 @@ class ApiSpec:
 
     @property
     def advertised_range(self) -> tuple[int, int]:
-        floor = (
-            self.min_version if self.advertised_min_version is None else self.advertised_min_version
-        )
-        return floor, self.max_version
+        if self.advertised_min_version is None:
+            return self.min_version, self.max_version
+        return self.advertised_min_version, self.max_version
 
 
 class Dispatcher:
@@ -92,7 +91,7 @@ class Dispatcher:
             raise CloseConnection(str(exc)) from exc
         spec = self._table.get(api_key)
         if spec is None or not spec.supports(api_version):
-            return self._unsupported(api_key, api_version, correlation_id)
+            return self._unsupported(spec, api_key, api_version, correlation_id)
         schema = codec.request_schema(api_key, api_version)
         try:
             request = codec.decode_request(frame, schema)
@@ -114,12 +113,13 @@ class Dispatcher:
             return None
         return codec.encode_response(api_key, api_version, correlation_id, body)
 
-    def _unsupported(self, api_key: int, api_version: int, correlation_id: int) -> bytes:
+    def _unsupported(
+        self, spec: ApiSpec | None, api_key: int, api_version: int, correlation_id: int
+    ) -> bytes:
         if api_key == API_VERSIONS_KEY:
             # KIP-511: answer with v0 so that any client can read the supported range.
             body = api_versions_body(self._table, ErrorCode.UNSUPPORTED_VERSION)
             return codec.encode_response(API_VERSIONS_KEY, 0, correlation_id, body)
-        spec = self._table.get(api_key)
         if spec is not None and spec.advertised_range[0] <= api_version < spec.min_version:
             log.warning(
                 "%s v%d is advertised but not served (only v%d+); closing connection",

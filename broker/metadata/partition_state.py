@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field, replace
-from typing import Any
 
 RECENT_SEGMENTS = 32
 MAX_TIME_MARKS = 16
@@ -156,21 +155,26 @@ def commit_segment(
     if len(merged) > MAX_PRODUCERS:
         newest = sorted(merged.items(), key=lambda item: item[1][-1].offset)[-MAX_PRODUCERS:]
         merged = dict(newest)
+    max_timestamp, time_marks = _time_bounds_after(state, segment)
     return replace(
         state,
         high_watermark=segment.last + 1,
         segments=(*state.segments, segment)[-RECENT_SEGMENTS:],
         producers=merged,
-        **_time_bounds_after(state, segment),
+        max_timestamp=max_timestamp,
+        time_marks=time_marks,
     )
 
 
-def _time_bounds_after(state: PartitionState, segment: SegmentRef) -> dict[str, Any]:
+def _time_bounds_after(
+    state: PartitionState, segment: SegmentRef
+) -> tuple[int | None, tuple[tuple[int, int], ...]]:
+    """``max_timestamp`` and ``time_marks`` once ``segment`` is committed."""
     below = state.max_timestamp
     if below is None and state.log_start_offset == state.high_watermark:
         below = -1  # nothing readable below this segment: what was there no longer matters
     if below is None:
-        return {}  # unknown below: no mark can be true
+        return None, state.time_marks  # unknown below: no mark can be true
     marks = state.time_marks
     if segment.base > state.log_start_offset:
         marks = thin_time_marks(
@@ -179,7 +183,7 @@ def _time_bounds_after(state: PartitionState, segment: SegmentRef) -> dict[str, 
             segment.last + 1,
             MAX_TIME_MARKS,
         )
-    return {"max_timestamp": max(below, segment.max_timestamp), "time_marks": marks}
+    return max(below, segment.max_timestamp), marks
 
 
 def thin_time_marks(
