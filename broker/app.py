@@ -36,6 +36,7 @@ from kafscale.broker.storage.janitor import Janitor
 from kafscale.broker.storage.log_manager import LogManager
 from kafscale.broker.storage.object_store import ObjectStore, ObjectStoreError
 from kafscale.broker.storage.reader import LogReader
+from kafscale.broker.storage.topic_purge import TopicPurger
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +72,10 @@ class Broker:
     @property
     def cluster(self) -> str:
         return self.settings.cluster
+
+    @property
+    def purger(self) -> TopicPurger:
+        return TopicPurger(self.cluster, self.etcd, self.store, self.cache)
 
     @property
     def log_manager(self) -> LogManager:
@@ -144,6 +149,12 @@ class Broker:
         self._tasks.append(
             asyncio.create_task(
                 janitor.run(self.settings.log.retention_check_interval_s), name="janitor"
+            )
+        )
+        self._tasks.append(
+            asyncio.create_task(
+                self.purger.run(self.node_id, self.view, self.settings.log.purge_interval_s),
+                name="topic-purge",
             )
         )
         if self.settings.assignment.self_assign:

@@ -88,6 +88,12 @@ class LogSettings(_Section):
     retention_check_interval_s: float = Field(
         30.0, gt=0, description="How often retention by time and size is applied."
     )
+    purge_interval_s: float = Field(
+        60.0,
+        gt=0,
+        description="How often the lowest-numbered broker deletes the objects of deleted topics "
+        "that are still there (the store was unreachable, or the deleting broker stopped).",
+    )
 
 
 class LimitSettings(_Section):

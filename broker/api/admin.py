@@ -7,15 +7,13 @@ only; durability comes from object storage, not from replicas.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from typing import Any
 
 from kafscale.broker.api.dispatch import Body, RequestContext
 from kafscale.broker.api.metadata import topic_uuid
-from kafscale.broker.metadata import keys, topics
+from kafscale.broker.metadata import topics
 from kafscale.broker.protocol.errors import ErrorCode, KafkaError
-from kafscale.broker.storage.object_store import ObjectStoreError
 
 log = logging.getLogger(__name__)
 
@@ -88,40 +86,14 @@ async def handle_delete_topics(request: Any, ctx: RequestContext) -> Body:
             info = await topics.delete_topic(broker.etcd, broker.cluster, name)
             broker.view.topics.pop(name, None)
             broker.log_manager.abandon_topic(name)
-            broker.spawn(_delete_objects(ctx, name, info.topic_id), f"delete-{name}")
+            broker.reader.forget(name)
+            broker.spawn(broker.purger.purge_with_retries(name, info.topic_id), f"delete-{name}")
             responses.append(
                 {"name": name, "topic_id": topic_uuid(info), "error_code": ErrorCode.NONE}
             )
         except KafkaError as exc:
             responses.append({"name": name, "error_code": exc.code, "error_message": str(exc)})
     return {"throttle_time": 0, "responses": responses}
-
-
-# A deleted topic's objects are deleted in the background; an object store that is briefly
-# unreachable gets these retries (about a minute) before the objects are left behind.
-DELETE_OBJECTS_RETRY_DELAYS_S = (1.0, 2.0, 4.0, 8.0, 16.0, 30.0)
-
-
-async def _delete_objects(ctx: RequestContext, topic: str, topic_id: str) -> None:
-    broker = ctx.broker
-    prefix = keys.topic_object_prefix(broker.cluster, topic, topic_id)
-    broker.cache.discard_prefix(prefix)
-    broker.reader.forget(topic)
-    for delay_s in (*DELETE_OBJECTS_RETRY_DELAYS_S, None):
-        try:
-            objects = await broker.store.list(prefix)
-            await broker.store.delete_many([o.key for o in objects])
-            return
-        except ObjectStoreError as exc:
-            if delay_s is None:
-                log.error(
-                    "gave up deleting the objects of topic %s under %s: %s", topic, prefix, exc
-                )
-                return
-            log.warning(
-                "deleting the objects of topic %s failed (again in %.0f s): %s", topic, delay_s, exc
-            )
-            await asyncio.sleep(delay_s)
 
 
 async def handle_create_partitions(request: Any, ctx: RequestContext) -> Body:

@@ -56,6 +56,15 @@ def topics_prefix(cluster: str) -> str:
     return f"{cluster_prefix(cluster)}topics/"
 
 
+def deleted_topic_key(cluster: str, topic: str, topic_id: str) -> str:
+    """A deleted topic's tombstone: present until its objects are deleted."""
+    return f"{cluster_prefix(cluster)}deleted-topics/{topic}/{topic_id}"
+
+
+def deleted_topics_prefix(cluster: str) -> str:
+    return f"{cluster_prefix(cluster)}deleted-topics/"
+
+
 def partition_state_key(cluster: str, topic: str, partition: int) -> str:
     return f"{cluster_prefix(cluster)}partitions/{topic}/{partition}"
 

@@ -2,8 +2,9 @@
 
 Every change is a compare-and-swap on the topic key, so two brokers handling admin requests at
 once cannot lose each other's updates. Partition states and leases of a deleted topic go with
-it; its objects are removed by the broker that deleted it (a re-created topic gets a new topic
-id, and with it a new object prefix, so old records can never reappear).
+it; its record stays behind as a tombstone (``deleted-topics/<name>/<id>``) until its objects are
+deleted (see ``storage.topic_purge``). A re-created topic gets a new topic id, and with it a new
+object prefix, so old records can never reappear.
 """
 
 from __future__ import annotations
@@ -91,14 +92,18 @@ async def delete_topic(etcd: Etcd, cluster: str, name: str) -> TopicInfo:
         current = await etcd.get(key)
         if current is None:
             raise KafkaError(f"unknown topic {name}", ErrorCode.UNKNOWN_TOPIC_OR_PARTITION)
-        result = await etcd.txn([mod_revision_is(key, current.mod_revision)], [delete_op(key)])
+        info = TopicInfo.from_json(name, current.value)
+        tombstone = put_op(keys.deleted_topic_key(cluster, name, info.topic_id), current.value)
+        result = await etcd.txn(
+            [mod_revision_is(key, current.mod_revision)], [delete_op(key), tombstone]
+        )
         if not result.succeeded:
             raise KafkaError(f"topic {name} changed meanwhile", ErrorCode.REQUEST_TIMED_OUT)
         await etcd.delete_prefix(keys.partition_states_prefix(cluster, name))
         await etcd.delete_prefix(keys.partition_leases_prefix(cluster, name))
     except MetadataUnavailable as exc:
         raise MetadataTimeout(str(exc)) from exc
-    return TopicInfo.from_json(name, current.value)
+    return info
 
 
 async def add_partitions(etcd: Etcd, cluster: str, name: str, count: int) -> TopicInfo:

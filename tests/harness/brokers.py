@@ -8,6 +8,7 @@ teardown if a test left them running, so a failing test never leaks a broker.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -23,7 +24,9 @@ import pytest
 
 from harness.s3 import S3Endpoint, unique_bucket
 from kafscale.broker.admin_http import admin_request
+from kafscale.broker.metadata import keys
 from kafscale.broker.metadata.embedded_etcd import EmbeddedEtcd, free_port
+from kafscale.broker.metadata.etcd import Etcd
 
 KAFSCALE = str(Path(sys.executable).with_name("kafscale"))
 
@@ -153,6 +156,19 @@ class BrokerCluster:
         """The keys in the cluster's bucket under ``prefix`` (up to 1000)."""
         listed = self.s3.client().list_objects_v2(Bucket=self.bucket, Prefix=prefix)
         return [o["Key"] for o in listed.get("Contents", [])]
+
+    def etcd_keys(self, under: str) -> list[str]:
+        """The etcd keys under ``/kafscale/<cluster>/<under>``."""
+
+        async def read() -> list[str]:
+            etcd = await Etcd.connect([self.etcd_url], timeout_s=5)
+            try:
+                entries = await etcd.get_prefix(keys.cluster_prefix(self.cluster) + under)
+                return [entry.key for entry in entries]
+            finally:
+                await etcd.close()
+
+        return asyncio.run(read())
 
     @property
     def bootstrap(self) -> str:

@@ -1,10 +1,12 @@
 """Deleting a topic deletes its data, even what was still being uploaded when it was deleted,
-and even when the object store is unreachable for a while right then.
+even when the object store is unreachable for a while right then, and even when the broker that
+deleted it stops before it could delete the objects.
 
 The broker that handles DeleteTopics lists the topic's objects once. An upload in flight at that
 moment lands after the listing: a segment whose commit can no longer happen, or an index that
 follows a committed segment. A proxy in front of moto holds such a PUT back for two seconds, so
-the race is hit every time; the same proxy refuses connections to play an outage.
+the race is hit every time; the same proxy refuses connections to play an outage. Until the
+objects are gone, etcd keeps a tombstone of the topic, from which another broker finishes the job.
 """
 
 from __future__ import annotations
@@ -95,6 +97,7 @@ def test_index_upload_in_flight_when_its_topic_is_deleted_leaves_nothing(
         assert wait_for(lambda: not broker_cluster.object_keys(prefix), 10), (
             f"left behind: {broker_cluster.object_keys(prefix)}"
         )
+        assert wait_for(lambda: not broker_cluster.etcd_keys(f"deleted-topics/{topic}/"), 10)
 
 
 def test_objects_of_a_topic_deleted_during_a_storage_outage_go_once_it_is_back(
@@ -112,7 +115,35 @@ def test_objects_of_a_topic_deleted_during_a_storage_outage_go_once_it_is_back(
         delete_topic(broker, topic)  # etcd only: the objects cannot be listed now
         time.sleep(4)  # the first attempts fail (each after botocore's own retries)
         assert broker_cluster.object_keys(prefix), "deleted although S3 was unreachable?"
+        assert broker_cluster.etcd_keys(f"deleted-topics/{topic}/"), "no tombstone while pending"
         proxy.refuse = False
         assert wait_for(lambda: not broker_cluster.object_keys(prefix), 40), (
             f"left behind: {broker_cluster.object_keys(prefix)}"
         )
+        assert wait_for(lambda: not broker_cluster.etcd_keys(f"deleted-topics/{topic}/"), 10)
+
+
+def test_objects_left_by_a_deleting_broker_that_stopped_are_deleted_by_another(
+    broker_cluster: BrokerCluster,
+) -> None:
+    foreign = f"{broker_cluster.cluster}/topics/unknown-to-etcd/0123abcd/0/x.kfs"
+    broker_cluster.s3.client().put_object(Bucket=broker_cluster.bucket, Key=foreign, Body=b"x")
+    with s3_proxy(broker_cluster.s3.url) as proxy:
+        deleting = broker_cluster.start(KAFSCALE_STORAGE__ENDPOINT=proxy.url)
+        topic = start_topic(deleting)
+        producer = Producer({"bootstrap.servers": deleting.bootstrap, "acks": "all"})
+        producer.produce(topic, b"stored, then orphaned")
+        assert producer.flush(10) == 0
+        prefix = f"{broker_cluster.cluster}/topics/{topic}/"
+        proxy.refuse = True
+        delete_topic(deleting, topic)
+        assert deleting.stop() == 0  # gives up its retries on the way out
+    assert broker_cluster.object_keys(prefix), "deleted although S3 was unreachable?"
+    assert broker_cluster.etcd_keys(f"deleted-topics/{topic}/")
+    broker_cluster.start(KAFSCALE_LOG__PURGE_INTERVAL_S="0.5")
+    assert wait_for(lambda: not broker_cluster.object_keys(prefix), 20), (
+        f"left behind: {broker_cluster.object_keys(prefix)}"
+    )
+    assert wait_for(lambda: not broker_cluster.etcd_keys(f"deleted-topics/{topic}/"), 10)
+    # Objects without a tombstone are never taken for garbage (an empty or restored etcd, say).
+    assert broker_cluster.object_keys(foreign) == [foreign]
