@@ -133,6 +133,7 @@ class PutOp:
 @dataclass(frozen=True, slots=True)
 class DeleteOp:
     key: str
+    prefix: bool = False  # every key starting with ``key``
 
 
 @dataclass(frozen=True, slots=True)
@@ -182,6 +183,19 @@ def delete_op(key: str) -> DeleteOp:
     return DeleteOp(key)
 
 
+def delete_prefix_op(prefix: str) -> DeleteOp:
+    return DeleteOp(prefix, prefix=True)
+
+
+def prefix_range_end(prefix: bytes) -> bytes:
+    """etcd's range end for "every key starting with ``prefix``": the prefix with its last byte
+    below 0xff incremented (and the bytes after it dropped)."""
+    stripped = prefix.rstrip(b"\xff")
+    if not stripped:
+        return b"\0"  # all keys
+    return stripped[:-1] + bytes([stripped[-1] + 1])
+
+
 def get_op(key: str) -> GetOp:
     return GetOp(key)
 
@@ -206,7 +220,9 @@ def _op_message(op: Op) -> Any:
         put = rpc.PutRequest(key=key, value=op.value, lease=op.lease or 0)
         return rpc.RequestOp(request_put=put)
     if isinstance(op, DeleteOp):
-        return rpc.RequestOp(request_delete_range=rpc.DeleteRangeRequest(key=key))
+        range_end = prefix_range_end(key) if op.prefix else b""
+        delete = rpc.DeleteRangeRequest(key=key, range_end=range_end)
+        return rpc.RequestOp(request_delete_range=delete)
     return rpc.RequestOp(request_range=rpc.RangeRequest(key=key))
 
 

@@ -1,10 +1,10 @@
 """Topic records in etcd: create, delete, add partitions, change configs.
 
 Every change is a compare-and-swap on the topic key, so two brokers handling admin requests at
-once cannot lose each other's updates. Partition states and leases of a deleted topic go with
-it; its record stays behind as a tombstone (``deleted-topics/<name>/<id>``) until its objects are
-deleted (see ``storage.topic_purge``). A re-created topic gets a new topic id, and with it a new
-object prefix, so old records can never reappear.
+once cannot lose each other's updates. Deleting a topic removes its partition states and leases
+in the same transaction, and leaves its record as a tombstone (``deleted-topics/<name>/<id>``)
+until its objects are deleted (see ``storage.topic_purge``). A re-created topic gets a new topic
+id, and with it a new object prefix, so old records can never reappear.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from kafscale.broker.metadata.etcd import (
     MetadataUnavailable,
     create_revision_is,
     delete_op,
+    delete_prefix_op,
     mod_revision_is,
     put_op,
 )
@@ -94,13 +95,14 @@ async def delete_topic(etcd: Etcd, cluster: str, name: str) -> TopicInfo:
             raise KafkaError(f"unknown topic {name}", ErrorCode.UNKNOWN_TOPIC_OR_PARTITION)
         info = TopicInfo.from_json(name, current.value)
         tombstone = put_op(keys.deleted_topic_key(cluster, name, info.topic_id), current.value)
-        result = await etcd.txn(
-            [mod_revision_is(key, current.mod_revision)], [delete_op(key), tombstone]
-        )
+        deletes = [
+            delete_op(key),
+            delete_prefix_op(keys.partition_states_prefix(cluster, name)),
+            delete_prefix_op(keys.partition_leases_prefix(cluster, name)),
+        ]
+        result = await etcd.txn([mod_revision_is(key, current.mod_revision)], [*deletes, tombstone])
         if not result.succeeded:
             raise KafkaError(f"topic {name} changed meanwhile", ErrorCode.REQUEST_TIMED_OUT)
-        await etcd.delete_prefix(keys.partition_states_prefix(cluster, name))
-        await etcd.delete_prefix(keys.partition_leases_prefix(cluster, name))
     except MetadataUnavailable as exc:
         raise MetadataTimeout(str(exc)) from exc
     return info

@@ -20,6 +20,7 @@ from kafscale.broker.metadata.etcd import (
     WatchEventKind,
     create_revision_is,
     delete_op,
+    delete_prefix_op,
     get_op,
     mod_revision_is,
     put_op,
@@ -146,6 +147,21 @@ async def test_txn_results_follow_the_branch_that_ran(etcd: Etcd, cluster_name: 
     failed = await etcd.txn([mod_revision_is(key, revision)], [put_op(key, b"no")], [get_op(other)])
     assert not failed.succeeded
     assert failed.kv(0) is not None and failed.revision == result.revision
+
+
+async def test_a_txn_deletes_a_prefix_and_nothing_beside_it(etcd: Etcd, cluster_name: str) -> None:
+    inside = [scratch(cluster_name, f"t/{p}") for p in (0, 1, 17)]
+    beside = [
+        scratch(cluster_name, "t"),
+        scratch(cluster_name, "tt/0"),
+        scratch(cluster_name, "s/0"),
+    ]
+    for key in inside + beside:
+        await etcd.put(key, b"v")
+    result = await etcd.txn([], [delete_prefix_op(scratch(cluster_name, "t/"))])
+    assert result.succeeded and result.responses == [len(inside)]
+    left = await etcd.get_prefix(scratch(cluster_name, ""))
+    assert sorted(kv.key for kv in left) == sorted(beside)
 
 
 async def test_increment_is_unique_under_concurrency(

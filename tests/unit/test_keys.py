@@ -1,4 +1,5 @@
-"""Key builders: group ids with ``/`` stay one key segment and parse back unchanged."""
+"""Key builders: group ids with ``/`` stay one key segment and parse back unchanged; etcd's range
+end of a prefix covers exactly the keys that start with it."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from hypothesis import strategies as st
 
 from kafscale.broker.groups.store import parse_group_key
 from kafscale.broker.metadata import keys
+from kafscale.broker.metadata.etcd import prefix_range_end
 
 pytestmark = pytest.mark.unit
 
@@ -26,3 +28,10 @@ def test_a_group_is_never_inside_another_groups_prefix() -> None:
         keys.group_prefix("c", "a")
     )
     assert keys.group_lease_key("c", "a/b") != keys.group_lease_key("c", "a") + "/b"
+
+
+@given(prefix=st.binary(max_size=6), key=st.binary(max_size=8))
+def test_a_prefix_range_holds_exactly_the_keys_starting_with_it(prefix: bytes, key: bytes) -> None:
+    end = prefix_range_end(prefix)
+    in_range = prefix <= key and (end == b"\0" or key < end)
+    assert in_range == key.startswith(prefix)
