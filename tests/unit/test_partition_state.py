@@ -102,9 +102,31 @@ def test_json_document_shape() -> None:
     )
     document = state.to_json()
     assert b'"epochs":[[0,0],[3,100]]' in document
+    assert b'"recent_segments":[[100,119,3,2048,1700000000000]]' in document
+    assert b'"segments":[{' not in document
     assert (
         b'"producers":{"4001":[{"epoch":0,"first_seq":10,"last_seq":19,"offset":110}]}' in document
     )
+
+
+def test_documents_with_segments_as_objects_still_load() -> None:
+    old = (
+        b'{"high_watermark":120,"segments":[{"base":100,"last":119,"epoch":3,"size":2048,'
+        b'"max_timestamp":1700000000000}]}'
+    )
+    loaded = PartitionState.from_json(old)
+    assert loaded.segments == (SegmentRef(100, 119, 3, 2048, 1_700_000_000_000),)
+    assert PartitionState.from_json(loaded.to_json()) == loaded
+
+
+def test_a_full_state_document_stays_small() -> None:
+    """Rewritten on every commit: 32 recent segments at realistic magnitudes stay under 2 KB."""
+    state = PartitionState(high_watermark=10**9, leader_epoch=12, epochs=((12, 10**8),))
+    for n in range(RECENT_SEGMENTS + 3):
+        base = 10**9 + 3000 * n
+        segment = SegmentRef(base, base + 2999, 12, 3_145_728, 1_763_900_000_000 + n)
+        state = commit_segment(state, segment, {})
+    assert len(state.to_json()) < 2200, len(state.to_json())
 
 
 def test_documents_with_one_batch_per_producer_still_load() -> None:
