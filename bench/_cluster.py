@@ -1,6 +1,7 @@
 """Shared pieces of the benches: etcd, moto's S3 server and broker processes on loopback.
 
-A small copy of what ``tests/harness`` does (benches never import from ``tests/``):
+A small copy of what ``tests/harness`` does (benches never import from ``tests/``; broker
+processes are driven by ``kafscale.broker.child_process``, which both share):
 
 * :class:`Stack` starts a single-node etcd (``EmbeddedEtcd``, fast and without fsync) and moto's
   S3 app in a child process (served alone, as ``tests/harness/s3.py`` does; a process of its own
@@ -22,7 +23,6 @@ import contextlib
 import json
 import os
 import shutil
-import signal
 import socket
 import struct
 import subprocess
@@ -40,12 +40,11 @@ from typing import Any
 import crc32c
 from pydantic import SecretStr
 
-from kafscale.broker.admin_http import admin_request
+from kafscale.broker.child_process import BrokerProcess
 from kafscale.broker.config import StorageKind, StorageSettings
 from kafscale.broker.metadata.embedded_etcd import EmbeddedEtcd, free_port
 from kafscale.broker.protocol import codec
 
-KAFSCALE = str(Path(sys.executable).with_name("kafscale"))
 ACCESS_KEY = "bench"
 SECRET_KEY = "bench"
 REGION = "us-east-1"
@@ -135,89 +134,6 @@ def storage_settings(endpoint: str, bucket: str, max_concurrency: int = 16) -> S
 
 
 # --- broker processes ---------------------------------------------------------------------------
-
-
-@dataclass
-class BrokerProcess:
-    env: dict[str, str]
-    log_path: Path
-    port: int
-    admin_port: int
-    command: list[str] = field(default_factory=lambda: [KAFSCALE, "broker"])
-    process: subprocess.Popen[bytes] | None = None
-    node_id: int = -1
-    stopping: bool = False  # sent SIGTERM or SIGKILL: no longer counted as a cluster member
-
-    @property
-    def bootstrap(self) -> str:
-        return f"127.0.0.1:{self.port}"
-
-    @property
-    def admin_url(self) -> str:
-        return f"http://127.0.0.1:{self.admin_port}"
-
-    @property
-    def pid(self) -> int:
-        assert self.process is not None
-        return self.process.pid
-
-    @property
-    def alive(self) -> bool:
-        return self.process is not None and self.process.poll() is None
-
-    def start(self, timeout_s: float = 30.0) -> BrokerProcess:
-        with self.log_path.open("ab") as log:
-            self.process = subprocess.Popen(
-                self.command, env=self.env, stdout=log, stderr=subprocess.STDOUT
-            )
-        self.wait_ready(timeout_s)
-        self.node_id = int(self.status()["node_id"])
-        return self
-
-    def wait_ready(self, timeout_s: float) -> None:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            assert self.process is not None
-            if self.process.poll() is not None:
-                raise RuntimeError(f"broker exited with {self.process.returncode}:\n{self.tail()}")
-            try:
-                if self.http("GET", "/readyz", timeout_s=1)[0] == 200:
-                    return
-            except OSError:
-                pass
-            time.sleep(0.05)
-        raise TimeoutError(f"broker not ready in {timeout_s}s:\n{self.tail()}")
-
-    def http(self, method: str, path: str, timeout_s: float = 10) -> tuple[int, Any]:
-        return admin_request(self.admin_url, method, path, timeout_s)
-
-    def status(self) -> dict[str, Any]:
-        return dict(self.http("GET", "/status")[1])
-
-    def owned(self) -> list[str]:
-        return list(self.status()["owned"])
-
-    def signal(self, signum: int) -> None:
-        assert self.process is not None
-        if signum in (signal.SIGTERM, signal.SIGKILL, signal.SIGINT):
-            self.stopping = True
-        self.process.send_signal(signum)
-
-    def wait(self, timeout_s: float = 30.0) -> int:
-        assert self.process is not None
-        return self.process.wait(timeout_s)
-
-    def kill(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.send_signal(signal.SIGCONT)
-            self.process.kill()
-            self.process.wait(10)
-
-    def tail(self, lines: int = 40) -> str:
-        try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return ""
 
 
 @dataclass

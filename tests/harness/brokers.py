@@ -11,94 +11,17 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import signal
-import subprocess
-import sys
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from harness.s3 import S3Endpoint, unique_bucket
-from kafscale.broker.admin_http import admin_request
+from kafscale.broker.child_process import BrokerProcess
 from kafscale.broker.metadata import keys
 from kafscale.broker.metadata.embedded_etcd import EmbeddedEtcd, free_port
 from kafscale.broker.metadata.etcd import Etcd
-
-KAFSCALE = str(Path(sys.executable).with_name("kafscale"))
-
-
-@dataclass
-class BrokerProcess:
-    env: dict[str, str]
-    log_path: Path
-    port: int
-    admin_port: int
-    process: subprocess.Popen[bytes] | None = None
-    node_id: int = -1
-
-    @property
-    def bootstrap(self) -> str:
-        return f"127.0.0.1:{self.port}"
-
-    @property
-    def admin_url(self) -> str:
-        return f"http://127.0.0.1:{self.admin_port}"
-
-    def start(self, timeout_s: float = 20.0) -> BrokerProcess:
-        log = self.log_path.open("ab")
-        self.process = subprocess.Popen(
-            [KAFSCALE, "broker"], env=self.env, stdout=log, stderr=subprocess.STDOUT
-        )
-        log.close()
-        self.wait_ready(timeout_s)
-        self.node_id = int(self.status()["node_id"])
-        return self
-
-    def wait_ready(self, timeout_s: float) -> None:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            assert self.process is not None
-            if self.process.poll() is not None:
-                raise RuntimeError(f"broker exited with {self.process.returncode}:\n{self.tail()}")
-            try:
-                if self.http("GET", "/readyz", timeout_s=1)[0] == 200:
-                    return
-            except OSError:
-                pass
-            time.sleep(0.05)
-        raise TimeoutError(f"broker not ready in {timeout_s}s:\n{self.tail()}")
-
-    def http(self, method: str, path: str, timeout_s: float = 10) -> tuple[int, Any]:
-        return admin_request(self.admin_url, method, path, timeout_s)
-
-    def status(self) -> dict[str, Any]:
-        return dict(self.http("GET", "/status")[1])
-
-    def signal(self, signum: int) -> None:
-        assert self.process is not None
-        self.process.send_signal(signum)
-
-    def stop(self, timeout_s: float = 30.0) -> int:
-        """SIGTERM and wait: the graceful handoff path."""
-        assert self.process is not None
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-        return self.process.wait(timeout_s)
-
-    def kill(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.kill()
-            self.process.wait(10)
-
-    def tail(self, lines: int = 40) -> str:
-        try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return ""
 
 
 @dataclass
@@ -176,9 +99,7 @@ class BrokerCluster:
 
     def stop_all(self) -> None:
         for broker in self.brokers:
-            if broker.process is not None and broker.process.poll() is None:
-                broker.process.send_signal(signal.SIGCONT)
-                broker.kill()
+            broker.kill()
 
 
 @pytest.fixture

@@ -21,7 +21,7 @@ import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 from harness.batches import make_batch
-from harness.brokers import KAFSCALE, BrokerCluster, BrokerProcess
+from harness.brokers import BrokerCluster, BrokerProcess
 from harness.kafka_wire import (
     API_VERSIONS,
     FETCH,
@@ -39,6 +39,7 @@ from harness.topics import create_topic
 from kafka import KafkaConsumer
 from kafka import TopicPartition as KpTopicPartition
 
+from kafscale.broker.child_process import KAFSCALE
 from kafscale.broker.metadata.embedded_etcd import free_port
 
 pytestmark = pytest.mark.integration

@@ -9,18 +9,16 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 
+from kafscale.broker.child_process import KAFSCALE
 from kafscale.broker.metadata.embedded_etcd import free_port
 
 pytestmark = pytest.mark.integration
-
-KAFSCALE = str(Path(sys.executable).with_name("kafscale"))
 
 
 def free_port_pair() -> int:

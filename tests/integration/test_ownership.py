@@ -295,7 +295,7 @@ def test_draining_mark_and_drain_endpoint_hand_partitions_over(
     # The preStop hook's own command: returns once the broker has handed everything over.
     import subprocess
 
-    from harness.brokers import KAFSCALE
+    from kafscale.broker.child_process import KAFSCALE
 
     drained = subprocess.run(
         [KAFSCALE, "drain", "--admin-url", other.admin_url],

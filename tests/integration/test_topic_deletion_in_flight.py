@@ -43,6 +43,17 @@ def start_topic(broker: BrokerProcess) -> str:
     return topic
 
 
+def stored_topic(cluster: BrokerCluster, broker: BrokerProcess) -> tuple[str, str]:
+    """A new topic with an acknowledged record, and the prefix of its objects (not empty)."""
+    topic = start_topic(broker)
+    producer = Producer({"bootstrap.servers": broker.bootstrap, "acks": "all"})
+    producer.produce(topic, b"stored before the topic is deleted")
+    assert producer.flush(10) == 0
+    prefix = f"{cluster.cluster}/topics/{topic}/"
+    assert cluster.object_keys(prefix)
+    return topic, prefix
+
+
 def delete_topic(broker: BrokerProcess, topic: str) -> None:
     admin = AdminClient({"bootstrap.servers": broker.bootstrap})
     admin.delete_topics([topic])[topic].result(10)
@@ -105,12 +116,7 @@ def test_objects_of_a_topic_deleted_during_a_storage_outage_go_once_it_is_back(
 ) -> None:
     with s3_proxy(broker_cluster.s3.url) as proxy:
         broker = broker_cluster.start(KAFSCALE_STORAGE__ENDPOINT=proxy.url)
-        topic = start_topic(broker)
-        producer = Producer({"bootstrap.servers": broker.bootstrap, "acks": "all"})
-        producer.produce(topic, b"stored before the outage")
-        assert producer.flush(10) == 0
-        prefix = f"{broker_cluster.cluster}/topics/{topic}/"
-        assert broker_cluster.object_keys(prefix)
+        topic, prefix = stored_topic(broker_cluster, broker)
         proxy.refuse = True
         delete_topic(broker, topic)  # etcd only: the objects cannot be listed now
         time.sleep(4)  # the first attempts fail (each after botocore's own retries)
@@ -130,11 +136,7 @@ def test_objects_left_by_a_deleting_broker_that_stopped_are_deleted_by_another(
     broker_cluster.s3.client().put_object(Bucket=broker_cluster.bucket, Key=foreign, Body=b"x")
     with s3_proxy(broker_cluster.s3.url) as proxy:
         deleting = broker_cluster.start(KAFSCALE_STORAGE__ENDPOINT=proxy.url)
-        topic = start_topic(deleting)
-        producer = Producer({"bootstrap.servers": deleting.bootstrap, "acks": "all"})
-        producer.produce(topic, b"stored, then orphaned")
-        assert producer.flush(10) == 0
-        prefix = f"{broker_cluster.cluster}/topics/{topic}/"
+        topic, prefix = stored_topic(broker_cluster, deleting)
         proxy.refuse = True
         delete_topic(deleting, topic)
         assert deleting.stop() == 0  # gives up its retries on the way out

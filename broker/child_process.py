@@ -1,0 +1,119 @@
+"""A ``kafscale broker`` child process, driven from outside: started, probed, signalled, stopped.
+
+The test harness and the benches start real broker processes the way a supervisor would
+(configured through environment variables, as the Kubernetes manifests configure them) and need
+the same few things from each: wait for ``/readyz``, read ``/status``, send signals (SIGSTOP to
+play a hung broker, SIGTERM for the graceful handoff, SIGKILL for a crash) and show the log's
+tail when something goes wrong. One class serves both, so a fix to start-up detection or
+clean-up reaches tests and benches alike.
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kafscale.broker.admin_http import admin_request
+
+KAFSCALE = str(Path(sys.executable).with_name("kafscale"))
+_STOPPING_SIGNALS = (signal.SIGTERM, signal.SIGKILL, signal.SIGINT)
+
+
+@dataclass
+class BrokerProcess:
+    env: dict[str, str]
+    log_path: Path
+    port: int
+    admin_port: int
+    command: list[str] = field(default_factory=lambda: [KAFSCALE, "broker"])
+    process: subprocess.Popen[bytes] | None = None
+    node_id: int = -1
+    stopping: bool = False  # sent SIGTERM or SIGKILL: no longer counted as a cluster member
+
+    @property
+    def bootstrap(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    @property
+    def admin_url(self) -> str:
+        return f"http://127.0.0.1:{self.admin_port}"
+
+    @property
+    def pid(self) -> int:
+        assert self.process is not None
+        return self.process.pid
+
+    @property
+    def alive(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def start(self, timeout_s: float = 30.0) -> BrokerProcess:
+        """Launch and wait until ready (the log goes to ``log_path``); raises with the log's
+        tail if the process exits or is not ready in time."""
+        with self.log_path.open("ab") as log:
+            self.process = subprocess.Popen(
+                self.command, env=self.env, stdout=log, stderr=subprocess.STDOUT
+            )
+        self.stopping = False
+        self.wait_ready(timeout_s)
+        self.node_id = int(self.status()["node_id"])
+        return self
+
+    def wait_ready(self, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            assert self.process is not None
+            if self.process.poll() is not None:
+                raise RuntimeError(f"broker exited with {self.process.returncode}:\n{self.tail()}")
+            try:
+                if self.http("GET", "/readyz", timeout_s=1)[0] == 200:
+                    return
+            except OSError:
+                pass
+            time.sleep(0.05)
+        raise TimeoutError(f"broker not ready in {timeout_s}s:\n{self.tail()}")
+
+    def http(self, method: str, path: str, timeout_s: float = 10) -> tuple[int, Any]:
+        return admin_request(self.admin_url, method, path, timeout_s)
+
+    def status(self) -> dict[str, Any]:
+        return dict(self.http("GET", "/status")[1])
+
+    def owned(self) -> list[str]:
+        return list(self.status()["owned"])
+
+    def signal(self, signum: int) -> None:
+        assert self.process is not None
+        if signum in _STOPPING_SIGNALS:
+            self.stopping = True
+        self.process.send_signal(signum)
+
+    def wait(self, timeout_s: float = 30.0) -> int:
+        assert self.process is not None
+        return self.process.wait(timeout_s)
+
+    def stop(self, timeout_s: float = 30.0) -> int:
+        """SIGTERM and wait: the graceful handoff path. Returns the exit code."""
+        if self.alive:
+            self.signal(signal.SIGTERM)
+        return self.wait(timeout_s)
+
+    def kill(self) -> None:
+        """SIGKILL (after SIGCONT, in case it was stopped) and reap; nothing if not running."""
+        if self.alive:
+            assert self.process is not None
+            self.stopping = True
+            self.process.send_signal(signal.SIGCONT)
+            self.process.kill()
+            self.process.wait(10)
+
+    def tail(self, lines: int = 40) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
