@@ -120,11 +120,18 @@ class TopicDefaults(_Section):
     auto_create_topics: bool = Field(True, description="Create unknown topics on Metadata/Produce.")
     retention_ms: int = Field(7 * 24 * 3600 * 1000, description="Default retention.ms (-1: none).")
     retention_bytes: int = Field(-1, description="Default retention.bytes (-1: none).")
+    max_message_bytes: int = Field(
+        1048588,
+        ge=0,
+        description="Default max.message.bytes: the largest record batch a produce may carry "
+        "(as stored, compressed); larger ones get MESSAGE_TOO_LARGE.",
+    )
 
     def as_topic_configs(self) -> dict[str, str]:
         return {
             "retention.ms": str(self.retention_ms),
             "retention.bytes": str(self.retention_bytes),
+            "max.message.bytes": str(self.max_message_bytes),
         }
 
 

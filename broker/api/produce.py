@@ -6,6 +6,7 @@ import asyncio
 from typing import Any
 
 from kafscale.broker.api.dispatch import Body, RequestContext
+from kafscale.broker.metadata.topics import DEFAULT_CONFIGS, effective_configs
 from kafscale.broker.protocol.codec import millis
 from kafscale.broker.protocol.errors import ErrorCode, KafkaError, code_for
 from kafscale.broker.protocol.record_batch import InvalidBatch, read_header, split_batches
@@ -41,6 +42,7 @@ async def _append_all(
             try:
                 batches = split_batches(memoryview(partition.records or b""))
                 owned = await manager.owned_partition(tp)
+                _check_sizes(batches, _max_batch_bytes(ctx, topic.name))
                 futures = [owned.append(batch, read_header(batch)) for batch in batches]
                 manager.request_flush_if_full(owned)
                 outcomes[tp] = futures[0] if len(futures) == 1 else _first_offset(futures)
@@ -49,6 +51,25 @@ async def _append_all(
             except KafkaError as exc:
                 outcomes[tp] = exc.code
     return outcomes
+
+
+def _max_batch_bytes(ctx: RequestContext, topic: str) -> int:
+    """The topic's ``max.message.bytes`` (the defaults' while the view has yet to see a topic
+    this request auto-created)."""
+    defaults = ctx.broker.settings.topics.as_topic_configs()
+    info = ctx.broker.view.topics.get(topic)
+    configs = effective_configs(info, defaults) if info else {**DEFAULT_CONFIGS, **defaults}
+    return int(configs["max.message.bytes"])
+
+
+def _check_sizes(batches: list[memoryview], limit: int) -> None:
+    """Kafka's limit applies to each batch as stored (compressed, with its 12-byte log header)."""
+    largest = max(len(batch) for batch in batches)
+    if largest > limit:
+        raise KafkaError(
+            f"record batch of {largest} bytes over max.message.bytes={limit}",
+            ErrorCode.MESSAGE_TOO_LARGE,
+        )
 
 
 def _first_offset(futures: list[asyncio.Future[int]]) -> asyncio.Future[int]:

@@ -58,8 +58,10 @@ def validate_configs(configs: Mapping[str, str | None]) -> None:
         except ValueError as exc:
             raise KafkaError(f"{name} must be an integer", ErrorCode.INVALID_CONFIG) from exc
     policy = configs.get("cleanup.policy")
-    if policy is not None and policy not in ("delete", "compact", "compact,delete"):
-        raise KafkaError(f"invalid cleanup.policy {policy}", ErrorCode.INVALID_CONFIG)
+    if policy is not None:
+        policies = [p.strip() for p in policy.split(",")]
+        if not set(policies) <= {"delete", "compact"} or "" in policies:
+            raise KafkaError(f"invalid cleanup.policy {policy}", ErrorCode.INVALID_CONFIG)
 
 
 async def create_topic(

@@ -1,10 +1,10 @@
 """Retention and garbage collection for the partitions this broker owns.
 
-Every ``retention_check_interval_s`` the owner of a partition lists its objects, decides the new
-log start offset from ``retention.ms`` and ``retention.bytes`` (a pure decision in
-``retention``), commits it with the same fencing as a flush, and then deletes whole segments
-below it. Uploads left by fenced writers of older epochs can never become committed; they are
-deleted too.
+Every ``retention_check_interval_s`` the owner of a partition lists its objects, decides the new log
+start offset from ``retention.ms`` and ``retention.bytes`` (pure decisions in ``retention``; a topic
+compacted only is never trimmed), commits it with the same fencing as a flush, and then deletes
+whole segments below it. Uploads left by fenced writers of older epochs can never become committed;
+they are deleted too.
 """
 
 from __future__ import annotations
@@ -21,7 +21,12 @@ from kafscale.broker.protocol.errors import KafkaError
 from kafscale.broker.storage.log_manager import LogManager
 from kafscale.broker.storage.object_store import ObjectInfo, ObjectStore, ObjectStoreError
 from kafscale.broker.storage.partition_log import OwnedPartition
-from kafscale.broker.storage.retention import SegmentFacts, decide_log_start, deletable_bases
+from kafscale.broker.storage.retention import (
+    SegmentFacts,
+    decide_log_start,
+    deletable_bases,
+    retention_limits,
+)
 from kafscale.broker.storage.segments import SEGMENT_HEADER_SIZE, decode_segment_header
 
 log = logging.getLogger(__name__)
@@ -68,13 +73,14 @@ class Janitor:
         state = owned.state
         objects = await self._store.list(prefix)
         committed = await self._committed_facts(owned, objects)
+        retention_ms, retention_bytes = retention_limits(configs)
         new_start = decide_log_start(
             committed,
             state.high_watermark,
             state.log_start_offset,
             now_ms,
-            int(configs["retention.ms"]),
-            int(configs["retention.bytes"]),
+            retention_ms,
+            retention_bytes,
         )
         if new_start > owned.state.log_start_offset:
             await self._manager.delete_records(owned.tp, new_start)

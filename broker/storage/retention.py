@@ -1,5 +1,11 @@
 """Retention by time and size: which whole segments may go. A pure decision.
 
+Retention applies to topics whose ``cleanup.policy`` includes ``delete``. A compacted topic
+(``compact`` alone: Kafka Connect's config and offset topics, a schema registry's ``_schemas``)
+is never trimmed by time or size in Kafka, only compacted; KafScale does not compact, so such a
+topic keeps every record, a superset of what a compacted log holds (readers of compacted topics
+already take the last value per key).
+
 Kafka deletes whole segments, never part of one: the new log start offset is the base of the
 oldest segment that is kept. A segment's age is taken from its creation time (when it was
 flushed, which is when its newest record was appended), so nothing is deleted early.
@@ -7,7 +13,7 @@ flushed, which is when its newest record was appended), so nothing is deleted ea
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 
@@ -16,6 +22,15 @@ class SegmentFacts:
     base: int
     size: int
     created_at_ms: int
+
+
+def retention_limits(configs: Mapping[str, str]) -> tuple[int, int]:
+    """``(retention.ms, retention.bytes)`` as they apply to a topic with these effective configs;
+    ``-1`` for no limit, both for a topic that is compacted only."""
+    policies = {p.strip() for p in configs.get("cleanup.policy", "delete").split(",")}
+    if "delete" not in policies:
+        return -1, -1
+    return int(configs["retention.ms"]), int(configs["retention.bytes"])
 
 
 def decide_log_start(

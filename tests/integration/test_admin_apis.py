@@ -38,7 +38,7 @@ from kafscale.broker.metadata.embedded_etcd import EmbeddedEtcd
 pytestmark = pytest.mark.integration
 
 NONE, OFFSET_OUT_OF_RANGE, UNKNOWN_TOPIC_OR_PARTITION = 0, 1, 3
-TOPIC_ALREADY_EXISTS, INVALID_PARTITIONS, INVALID_CONFIG = 36, 37, 40
+MESSAGE_TOO_LARGE, TOPIC_ALREADY_EXISTS, INVALID_PARTITIONS, INVALID_CONFIG = 10, 36, 37, 40
 
 
 @pytest.fixture(scope="module")
@@ -258,6 +258,20 @@ def produce(bootstrap: str, topic: str, partition: int, values: list[bytes]) -> 
     return offsets
 
 
+def produce_alone(bootstrap: str, topic: str, value: bytes) -> int:
+    """Produce ``value`` in a batch of its own, uncompressed; the broker's error code (0: acked).
+    The client's own size limit is raised so that the broker's is the one that counts."""
+    codes: list[int] = []
+    producer = Producer(
+        {"bootstrap.servers": bootstrap, "message.max.bytes": 1 << 20, "compression.type": "none"}
+    )
+    producer.produce(
+        topic, value=value, on_delivery=lambda err, _: codes.append(err.code() if err else 0)
+    )
+    assert producer.flush(30) == 0
+    return codes[0]
+
+
 def consume(
     bootstrap: str, topic: str, partition: int, start: int, expect: int, reset: str = "earliest"
 ) -> list[tuple[int, bytes]]:
@@ -326,6 +340,20 @@ def test_describe_and_incrementally_alter_configs(admin: Admin, topic: str) -> N
     assert admin.alter(topic, {"retention.ms": "soon"}) == INVALID_CONFIG
     assert admin.configs(topic)["retention.ms"] == ("7200000", False)
     assert admin.alter(f"{topic}-missing", {"retention.ms": "1"}) == UNKNOWN_TOPIC_OR_PARTITION
+
+
+def test_max_message_bytes_caps_each_batch_and_follows_changes(
+    admin: Admin, kafka: BrokerProcess, topic: str
+) -> None:
+    assert admin.create(topic, 1, {"max.message.bytes": "2000"}) == NONE
+    assert produce_alone(kafka.bootstrap, topic, b"s" * 500) == NONE
+    assert produce_alone(kafka.bootstrap, topic, b"L" * 5000) == MESSAGE_TOO_LARGE
+    assert admin.alter(topic, {"max.message.bytes": "10000"}) == NONE
+    deadline = time.monotonic() + 10  # the broker's view follows etcd's watch
+    while (code := produce_alone(kafka.bootstrap, topic, b"L" * 5000)) != NONE:
+        assert code == MESSAGE_TOO_LARGE and time.monotonic() < deadline
+    assert consume(kafka.bootstrap, topic, 0, 0, 2) == [(0, b"s" * 500), (1, b"L" * 5000)]
+    assert admin.configs(topic)["max.message.bytes"] == ("10000", False)
 
 
 def test_create_partitions_then_produce_to_the_new_one(

@@ -65,3 +65,27 @@ def test_retention_by_time_expires_everything_old(broker_cluster: BrokerCluster)
     while time.monotonic() < deadline and len(segment_keys(broker_cluster, "timed")) > 1:
         time.sleep(0.3)
     assert len(segment_keys(broker_cluster, "timed")) <= 1
+
+
+def test_a_compacted_topic_is_never_trimmed_by_time(broker_cluster: BrokerCluster) -> None:
+    """Kafka trims a ``cleanup.policy=compact`` topic only by compaction (Connect's and a schema
+    registry's topics rely on it); KafScale does not compact, so it keeps every record. The same
+    retention.ms with ``compact,delete`` expires as usual, which shows the checks ran."""
+    broker = broker_cluster.start(KAFSCALE_LOG__RETENTION_CHECK_INTERVAL_S="0.5")
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+    policies = {"kept": "compact", "trimmed": "compact,delete"}
+    new = [
+        NewTopic(t, 1, 1, config={"cleanup.policy": p, "retention.ms": "1000"})
+        for t, p in policies.items()
+    ]
+    for future in admin.create_topics(new).values():
+        future.result(10)
+    for topic in policies:
+        produce_in_rounds(broker.bootstrap, topic, 3)
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline and earliest_offset(broker.bootstrap, "trimmed") < 3:
+        time.sleep(0.3)
+    assert earliest_offset(broker.bootstrap, "trimmed") == 3
+    time.sleep(1.0)  # two more checks
+    assert earliest_offset(broker.bootstrap, "kept") == 0
+    assert len(segment_keys(broker_cluster, "kept")) == 3

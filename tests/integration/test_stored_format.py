@@ -418,7 +418,7 @@ def test_only_segments_read_by_ranges_get_an_index(broker_cluster: BrokerCluster
     broker without a cache reads the small segment whole and the large one through its index."""
     broker = broker_cluster.start()
     topic = "sparse-indexes"
-    create_topic(broker.bootstrap, topic, 1)
+    create_topic(broker.bootstrap, topic, 1, {"max.message.bytes": str(16 << 20)})
     with KafkaWire(broker.bootstrap) as wire:
         small = make_batch(0, [b"small-%d" % i for i in range(10)])
         assert produce_partition(wire.request(PRODUCE, 9, produce_body(topic, 0, small)))[0] == 0

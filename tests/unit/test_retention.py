@@ -1,5 +1,5 @@
 """Retention (``broker/storage/retention.py``): the new log start offset by time and size, and
-which whole segment objects may then be deleted (DESIGN §5)."""
+which whole segment objects may then be deleted (DESIGN §5); none for compacted-only topics."""
 
 from __future__ import annotations
 
@@ -9,7 +9,14 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from kafscale.broker.storage.retention import SegmentFacts, decide_log_start, deletable_bases
+from kafscale.broker.metadata.topics import validate_configs
+from kafscale.broker.protocol.errors import ErrorCode, KafkaError
+from kafscale.broker.storage.retention import (
+    SegmentFacts,
+    decide_log_start,
+    deletable_bases,
+    retention_limits,
+)
 
 pytestmark = pytest.mark.unit
 
@@ -152,3 +159,33 @@ def test_the_segment_holding_the_log_start_stays() -> None:
     assert deletable_bases([0, 10, 20], 1000) == [0, 10]
     assert deletable_bases([0, 10, 20], 0) == []
     assert deletable_bases([], 50) == []
+
+
+LIMITS = {"retention.ms": "1000", "retention.bytes": "5000"}
+
+
+@pytest.mark.parametrize(
+    ("policy", "expected"),
+    [
+        ("delete", (1000, 5000)),
+        ("compact,delete", (1000, 5000)),
+        ("delete, compact", (1000, 5000)),
+        ("compact", (-1, -1)),
+    ],
+)
+def test_retention_applies_only_to_topics_whose_policy_deletes(
+    policy: str, expected: tuple[int, int]
+) -> None:
+    assert retention_limits({**LIMITS, "cleanup.policy": policy}) == expected
+
+
+@pytest.mark.parametrize("policy", ["delete", "compact", "compact,delete", "delete,compact"])
+def test_cleanup_policies_kafka_accepts_are_accepted(policy: str) -> None:
+    validate_configs({"cleanup.policy": policy})
+
+
+@pytest.mark.parametrize("policy", ["", "deleted", "compact,", "compact,none"])
+def test_other_cleanup_policies_are_invalid_configs(policy: str) -> None:
+    with pytest.raises(KafkaError) as raised:
+        validate_configs({"cleanup.policy": policy})
+    assert raised.value.code == ErrorCode.INVALID_CONFIG
