@@ -1,15 +1,27 @@
-"""Produce: validate batches, append them in arrival order, answer once they are durable."""
+"""Produce: validate batches, append them in arrival order, answer once they are durable.
+
+A topic's configs shape what is appended: ``max.message.bytes`` caps each batch
+(MESSAGE_TOO_LARGE), and ``message.timestamp.type=LogAppendTime`` gives every batch the time of
+its append (returned in the response as ``log_append_time``, -1 otherwise).
+"""
 
 from __future__ import annotations
 
 import asyncio
+import time
+from dataclasses import dataclass
 from typing import Any
 
 from kafscale.broker.api.dispatch import Body, RequestContext
 from kafscale.broker.metadata.topics import DEFAULT_CONFIGS, effective_configs
 from kafscale.broker.protocol.codec import millis
 from kafscale.broker.protocol.errors import ErrorCode, KafkaError, code_for
-from kafscale.broker.protocol.record_batch import InvalidBatch, read_header, split_batches
+from kafscale.broker.protocol.record_batch import (
+    InvalidBatch,
+    read_header,
+    split_batches,
+    with_log_append_time,
+)
 
 _NO_TIMESTAMP = -1
 
@@ -21,45 +33,66 @@ async def handle_produce(request: Any, ctx: RequestContext) -> Body | None:
     if request.transactional_id:
         return _every_partition(request, ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED)
     async with ctx.connection.append_lock:
-        acked = await _append_all(request, ctx)
+        acked, append_times = await _append_all(request, ctx)
     if acks == 0:
         for future in acked.values():
             if isinstance(future, asyncio.Future):
                 future.add_done_callback(_consume_outcome)
         return None
-    return await _response(request, ctx, acked, millis(request.timeout))
+    return await _response(request, ctx, acked, append_times, millis(request.timeout))
+
+
+@dataclass(frozen=True, slots=True)
+class TopicRules:
+    """What a topic's configs ask of a produce to it."""
+
+    max_batch_bytes: int
+    log_append_time: bool
+
+    @classmethod
+    def of(cls, ctx: RequestContext, topic: str) -> TopicRules:
+        """From the topic's effective configs (the defaults' while the view has yet to see a
+        topic this request auto-created)."""
+        defaults = ctx.broker.settings.topics.as_topic_configs()
+        info = ctx.broker.view.topics.get(topic)
+        configs = effective_configs(info, defaults) if info else {**DEFAULT_CONFIGS, **defaults}
+        return cls(
+            max_batch_bytes=int(configs["max.message.bytes"]),
+            log_append_time=configs["message.timestamp.type"] == "LogAppendTime",
+        )
+
+
+Outcome = asyncio.Future[int] | ErrorCode
 
 
 async def _append_all(
     request: Any, ctx: RequestContext
-) -> dict[tuple[str, int], asyncio.Future[int] | ErrorCode]:
-    """Append every partition's batches; each outcome is a future (acked) or an error code."""
+) -> tuple[dict[tuple[str, int], Outcome], dict[tuple[str, int], int]]:
+    """Append every partition's batches; each outcome is a future (acked) or an error code.
+    Also the log append times given (partitions of LogAppendTime topics only)."""
     manager = ctx.broker.log_manager
-    outcomes: dict[tuple[str, int], asyncio.Future[int] | ErrorCode] = {}
+    outcomes: dict[tuple[str, int], Outcome] = {}
+    append_times: dict[tuple[str, int], int] = {}
     for topic in request.topic_data:
         for partition in topic.partition_data:
             tp = (topic.name, int(partition.index))
             try:
                 batches = split_batches(memoryview(partition.records or b""))
                 owned = await manager.owned_partition(tp)
-                _check_sizes(batches, _max_batch_bytes(ctx, topic.name))
-                futures = [owned.append(batch, read_header(batch)) for batch in batches]
+                rules = TopicRules.of(ctx, topic.name)
+                _check_sizes(batches, rules.max_batch_bytes)
+                stamped = [(batch, read_header(batch)) for batch in batches]
+                if rules.log_append_time:
+                    append_times[tp] = int(time.time() * 1000)
+                    stamped = [with_log_append_time(b, append_times[tp]) for b in batches]
+                futures = [owned.append(batch, header) for batch, header in stamped]
                 manager.request_flush_if_full(owned)
                 outcomes[tp] = futures[0] if len(futures) == 1 else _first_offset(futures)
             except InvalidBatch:
                 outcomes[tp] = ErrorCode.CORRUPT_MESSAGE
             except KafkaError as exc:
                 outcomes[tp] = exc.code
-    return outcomes
-
-
-def _max_batch_bytes(ctx: RequestContext, topic: str) -> int:
-    """The topic's ``max.message.bytes`` (the defaults' while the view has yet to see a topic
-    this request auto-created)."""
-    defaults = ctx.broker.settings.topics.as_topic_configs()
-    info = ctx.broker.view.topics.get(topic)
-    configs = effective_configs(info, defaults) if info else {**DEFAULT_CONFIGS, **defaults}
-    return int(configs["max.message.bytes"])
+    return outcomes, append_times
 
 
 def _check_sizes(batches: list[memoryview], limit: int) -> None:
@@ -85,7 +118,8 @@ def _first_offset(futures: list[asyncio.Future[int]]) -> asyncio.Future[int]:
 async def _response(
     request: Any,
     ctx: RequestContext,
-    acked: dict[tuple[str, int], asyncio.Future[int] | ErrorCode],
+    acked: dict[tuple[str, int], Outcome],
+    append_times: dict[tuple[str, int], int],
     timeout_ms: int,
 ) -> Body:
     futures = [f for f in acked.values() if isinstance(f, asyncio.Future)]
@@ -96,14 +130,15 @@ async def _response(
         partitions = []
         for partition in topic.partition_data:
             tp = (topic.name, int(partition.index))
-            partitions.append(_partition_result(ctx, tp, acked[tp]))
+            result = _partition_result(ctx, tp, acked[tp])
+            if result["error_code"] == ErrorCode.NONE and tp in append_times:
+                result["log_append_time"] = append_times[tp]
+            partitions.append(result)
         responses.append({"name": topic.name, "partition_responses": partitions})
     return {"responses": responses, "throttle_time": 0}
 
 
-def _partition_result(
-    ctx: RequestContext, tp: tuple[str, int], outcome: asyncio.Future[int] | ErrorCode
-) -> Body:
+def _partition_result(ctx: RequestContext, tp: tuple[str, int], outcome: Outcome) -> Body:
     base_offset = -1
     if isinstance(outcome, ErrorCode):
         code = outcome

@@ -57,6 +57,11 @@ def validate_configs(configs: Mapping[str, str | None]) -> None:
             int(value)
         except ValueError as exc:
             raise KafkaError(f"{name} must be an integer", ErrorCode.INVALID_CONFIG) from exc
+    timestamp_type = configs.get("message.timestamp.type")
+    if timestamp_type is not None and timestamp_type not in ("CreateTime", "LogAppendTime"):
+        raise KafkaError(
+            f"invalid message.timestamp.type {timestamp_type}", ErrorCode.INVALID_CONFIG
+        )
     policy = configs.get("cleanup.policy")
     if policy is not None:
         policies = [p.strip() for p in policy.split(",")]

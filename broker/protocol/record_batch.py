@@ -1,8 +1,9 @@
 """Kafka v2 record batches: the header fields the broker needs, CRC checks, offset stamping.
 
-Batches are stored exactly as the producer sent them, compressed or not. The broker only reads
-the fixed header, checks the CRC32C (which covers attributes..end), and writes the base offset
-and partition leader epoch, both of which lie outside the CRC. Records are decoded only for
+Batches are stored exactly as the producer sent them, compressed or not. The broker only reads the
+fixed header, checks the CRC32C (which covers attributes..end), and writes the base offset and
+partition leader epoch, both of which lie outside the CRC. Topics with LogAppendTime timestamps are
+the exception: their batches get the append time and a new CRC. Records are decoded only for
 timestamp look-ups (ListOffsets by time), where the batch's max timestamp is not precise enough.
 """
 
@@ -72,6 +73,29 @@ class BatchHeader:
     @property
     def is_control(self) -> bool:
         return bool(self.attributes & _CONTROL_BIT)
+
+
+_ATTRIBUTES = struct.Struct(">h")
+_ATTRIBUTES_AT = 21
+_MAX_TIMESTAMP = struct.Struct(">q")
+_MAX_TIMESTAMP_AT = 35
+_CRC = struct.Struct(">I")
+_CRC_AT = 17
+
+
+def with_log_append_time(
+    batch: bytes | memoryview, append_ms: int
+) -> tuple[memoryview, BatchHeader]:
+    """A copy of ``batch`` whose records all carry ``append_ms`` (``message.timestamp.type`` =
+    LogAppendTime), and its header: the timestamp-type attribute set, the max timestamp
+    replaced and the CRC computed again, as Kafka does; the records' own deltas stay."""
+    stamped = bytearray(batch)
+    view = memoryview(stamped)
+    attributes = read_header(view).attributes | _TIMESTAMP_TYPE_BIT
+    _ATTRIBUTES.pack_into(stamped, _ATTRIBUTES_AT, attributes)
+    _MAX_TIMESTAMP.pack_into(stamped, _MAX_TIMESTAMP_AT, append_ms)
+    _CRC.pack_into(stamped, _CRC_AT, crc32c.crc32c(view[_CRC_START:]))
+    return view, read_header(view)
 
 
 def read_header(data: bytes | memoryview, position: int = 0) -> BatchHeader:

@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from typing import Any, Protocol
 
 import pytest
-from confluent_kafka import Consumer, KafkaException, Producer
+from confluent_kafka import TIMESTAMP_LOG_APPEND_TIME, Consumer, KafkaException, Producer
 from confluent_kafka import TopicPartition as CkTopicPartition
 from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, OffsetSpec
 from confluent_kafka.admin import ConfigResource as CkConfigResource
@@ -354,6 +354,37 @@ def test_max_message_bytes_caps_each_batch_and_follows_changes(
         assert code == MESSAGE_TOO_LARGE and time.monotonic() < deadline
     assert consume(kafka.bootstrap, topic, 0, 0, 2) == [(0, b"s" * 500), (1, b"L" * 5000)]
     assert admin.configs(topic)["max.message.bytes"] == ("10000", False)
+
+
+def test_log_append_time_topics_stamp_records_with_the_broker_time(
+    admin: Admin, kafka: BrokerProcess, topic: str
+) -> None:
+    assert admin.create(topic, 1, {"message.timestamp.type": "LogAppendTime"}) == NONE
+    reported: list[tuple[int, int]] = []
+    producer = Producer({"bootstrap.servers": kafka.bootstrap, "linger.ms": 5})
+    before_ms = int(time.time() * 1000)
+    for i in range(3):
+        producer.produce(
+            topic,
+            value=b"v%d" % i,
+            timestamp=978_307_200_000,  # 2001: the producer's CreateTime, replaced
+            on_delivery=lambda err, msg: reported.append(msg.timestamp()),
+        )
+    assert producer.flush(30) == 0
+    after_ms = int(time.time() * 1000)
+    consumer = Consumer({"bootstrap.servers": kafka.bootstrap, "group.id": "unused"})
+    consumer.assign([CkTopicPartition(topic, 0, 0)])
+    stamps = []
+    deadline = time.monotonic() + 20
+    while len(stamps) < 3 and time.monotonic() < deadline:
+        message = consumer.poll(0.3)
+        if message is not None and message.error() is None:
+            stamps.append(message.timestamp())
+    consumer.close()
+    assert len(stamps) == 3
+    assert {kind for kind, _ in stamps + reported} == {TIMESTAMP_LOG_APPEND_TIME}
+    assert all(before_ms <= ms <= after_ms for _, ms in stamps + reported), (stamps, reported)
+    assert admin.alter(topic, {"message.timestamp.type": "Sometime"}) == INVALID_CONFIG
 
 
 def test_create_partitions_then_produce_to_the_new_one(

@@ -31,6 +31,7 @@ from kafscale.broker.protocol.record_batch import (
     read_header,
     record_timestamps,
     split_batches,
+    with_log_append_time,
 )
 
 pytestmark = pytest.mark.unit
@@ -343,3 +344,26 @@ def test_batches_built_by_kafka_python(compression: int) -> None:
     stamped = with_base_offset(batch, 500)
     assert split_batches(stamped) == [stamped]
     assert record_timestamps(stamped) == [(500 + i, 1_700_000_000_000 + 3 * i) for i in range(40)]
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # kafka-python's own imports
+@pytest.mark.parametrize("compression", [0, 1, 4], ids=["none", "gzip", "zstd"])
+def test_log_append_time_stamping_reads_back_in_kafka_python(compression: int) -> None:
+    """A LogAppendTime topic's batch: every record reads back with the append time, in a client's
+    own parser too, and the CRC still holds; keys and values are untouched."""
+    from kafka.record.default_records import DefaultRecordBatch, DefaultRecordBatchBuilder
+
+    builder = DefaultRecordBatchBuilder(2, compression, False, -1, -1, -1, 1 << 20)
+    for i in range(5):
+        builder.append(i, timestamp=978_307_200_000 + i, key=b"k%d" % i, value=b"v", headers=[])
+    sent = bytes(builder.build())
+    stamped, header = with_log_append_time(sent, 1_763_900_000_123)
+    assert split_batches(stamped) == [stamped]  # CRC valid
+    assert header == read_header(stamped) and header.max_timestamp == 1_763_900_000_123
+    assert record_timestamps(stamped) == [(i, 1_763_900_000_123) for i in range(5)]
+    parsed = DefaultRecordBatch(bytes(stamped))
+    assert parsed.validate_crc() and parsed.timestamp_type == 1
+    records = list(parsed)
+    assert [(r.key, r.timestamp) for r in records] == [
+        (b"k%d" % i, 1_763_900_000_123) for i in range(5)
+    ]
