@@ -48,10 +48,10 @@ def wrap_flush_round() -> None:
     original = Flusher._round
     expect(original, ["self", "works", "previous", "committed"])
 
-    async def _round(self: Flusher, works: list[Any], *args: Any) -> None:
+    async def _round(self: Flusher, works: list[Any], *args: Any) -> Any:
         began = now()
         try:
-            await original(self, works, *args)
+            return await original(self, works, *args)
         finally:
             emit("round", start=began, end=now())
 
@@ -77,10 +77,10 @@ def wrap_commit() -> None:
     original = Flusher._commit
     expect(original, ["self", "commits"])
 
-    async def _commit(self: Flusher, commits: list[Any]) -> None:
+    async def _commit(self: Flusher, commits: list[Any]) -> Any:
         began = now()
         try:
-            await original(self, commits)
+            return await original(self, commits)
         finally:
             emit("commit", start=began, end=now(), partitions=len(commits))
 
