@@ -283,6 +283,7 @@ async def handle_offset_commit(request: Any, ctx: RequestContext) -> Body:
                     leader_epoch=int(getattr(p, "committed_leader_epoch", -1)),
                     metadata=metadata,
                     commit_timestamp_ms=now_ms,
+                    topic_id=info.topic_id,
                 )
         order.append((str(topic.name), indexes))
     error = await _commit(request, ctx, valid)
@@ -357,10 +358,17 @@ async def _fetch_group(ctx: RequestContext, group_id: str, topics: Any, version:
                 "topics": _fetched_topics(partitions, exc.code),
             }
         return {"group_id": group_id, "error_code": exc.code, "topics": []}
+    current = {name: info.topic_id for name, info in ctx.broker.view.topics.items()}
+    valid = {
+        tp: offset if offset is None or offset.still_valid(current.get(tp[0])) else None
+        for tp, offset in committed.items()
+    }
+    if requested is None:  # all of the group's offsets: those of gone topics are not listed
+        valid = {tp: offset for tp, offset in valid.items() if offset is not None}
     return {
         "group_id": group_id,
         "error_code": ErrorCode.NONE,
-        "topics": _fetched_topics(committed, ErrorCode.NONE),
+        "topics": _fetched_topics(valid, ErrorCode.NONE),
     }
 
 

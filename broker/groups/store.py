@@ -3,7 +3,7 @@
 Layout (keys from ``keys``; values JSON)::
 
     groups/<group>/metadata            protocol type, generation, protocol, leader, members
-    groups/<group>/offsets/<topic>/<p> offset, leader epoch, metadata, commit timestamp
+    groups/<group>/offsets/<topic>/<p> offset, leader epoch, metadata, commit timestamp, topic id
 
 Every write is one etcd transaction that first compares the group's lease key (owner value and
 create revision), so a coordinator that lost its lease cannot write: the transaction fails and
@@ -57,6 +57,14 @@ class CommittedOffset:
     leader_epoch: int = -1
     metadata: str = ""
     commit_timestamp_ms: int = -1
+    topic_id: str = ""
+    """The topic's id when committed ("" in documents from before): an offset of a topic that
+    was deleted, or deleted and created again, is not the new topic's (see ``still_valid``)."""
+
+    def still_valid(self, current_topic_id: str | None) -> bool:
+        """Whether the offset belongs to the topic now carrying its name (``None``: no topic of
+        that name). Kafka removes a deleted topic's offsets; this gives the same answers."""
+        return not self.topic_id or self.topic_id == current_topic_id
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,6 +151,8 @@ def encode_offset(committed: CommittedOffset) -> bytes:
         "metadata": committed.metadata,
         "commit_timestamp_ms": committed.commit_timestamp_ms,
     }
+    if committed.topic_id:
+        document["topic_id"] = committed.topic_id
     return json.dumps(document, separators=(",", ":")).encode()
 
 
@@ -153,6 +163,7 @@ def decode_offset(data: bytes) -> CommittedOffset:
         leader_epoch=int(document.get("leader_epoch", -1)),
         metadata=str(document.get("metadata") or ""),
         commit_timestamp_ms=int(document.get("commit_timestamp_ms", -1)),
+        topic_id=str(document.get("topic_id") or ""),
     )
 
 

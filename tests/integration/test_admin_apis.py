@@ -38,6 +38,7 @@ from kafscale.broker.metadata.embedded_etcd import EmbeddedEtcd
 pytestmark = pytest.mark.integration
 
 NONE, OFFSET_OUT_OF_RANGE, UNKNOWN_TOPIC_OR_PARTITION = 0, 1, 3
+OFFSET_INVALID = -1001  # librdkafka: no committed offset
 MESSAGE_TOO_LARGE, TOPIC_ALREADY_EXISTS, INVALID_PARTITIONS, INVALID_CONFIG = 10, 36, 37, 40
 
 
@@ -422,6 +423,35 @@ def test_deleted_topic_recreated_shows_no_old_records(
             break
         time.sleep(0.2)
     assert len(topic_ids) == 1, f"objects of the deleted topic remain: {topic_ids}"
+
+
+def committed_offset(bootstrap: str, group: str, topic: str, offset: int | None = None) -> int:
+    """Commit ``offset`` for partition 0 first (if given); the group's committed offset then
+    (``OFFSET_INVALID``, -1001, when none)."""
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": group})
+    try:
+        if offset is not None:
+            consumer.commit(offsets=[CkTopicPartition(topic, 0, offset)], asynchronous=False)
+        return int(consumer.committed([CkTopicPartition(topic, 0)], timeout=10)[0].offset)
+    finally:
+        consumer.close()
+
+
+def test_a_recreated_topic_starts_without_the_old_committed_offsets(
+    admin: Admin, kafka: BrokerProcess, topic: str
+) -> None:
+    """Kafka drops a deleted topic's committed offsets: a group must not resume the new topic
+    at an offset from the old one (it would skip the new topic's first records)."""
+    group = f"g-{topic}"
+    assert admin.create(topic, 1) == NONE
+    produce(kafka.bootstrap, topic, 0, [b"old-%d" % i for i in range(5)])
+    assert committed_offset(kafka.bootstrap, group, topic, 5) == 5
+    assert admin.delete(topic) == NONE
+    assert admin.create(topic, 1) == NONE
+    assert committed_offset(kafka.bootstrap, group, topic) == OFFSET_INVALID
+    produce(kafka.bootstrap, topic, 0, [b"new-%d" % i for i in range(8)])
+    assert committed_offset(kafka.bootstrap, group, topic) == OFFSET_INVALID
+    assert committed_offset(kafka.bootstrap, group, topic, 3) == 3  # the new topic's own
 
 
 def test_delete_records_moves_the_log_start(admin: Admin, kafka: BrokerProcess, topic: str) -> None:
