@@ -29,3 +29,40 @@ def test_timing_probes_install_on_the_current_broker_code(tmp_path: Path) -> Non
     )
     assert done.returncode == 0, done.stderr
     assert out.read_text() == '{"kind": "probe", "ok": true}\n'
+
+
+def test_timing_probes_pass_on_what_the_wrapped_methods_return(tmp_path: Path) -> None:
+    """A probe that dropped ``Flusher._commit``'s result once delayed every ack by a flush tick
+    in ``--timings`` runs: the wrappers must hand back what the broker's methods return."""
+    script = """
+import asyncio, sys
+sys.path.insert(0, sys.argv[1])
+from kafscale.broker.storage.flusher import Flusher
+
+async def _commit(self, commits):
+    return ["committed"]
+
+async def _round(self, works, previous, committed):
+    return "round result"
+
+async def _upload(self, work):
+    return "uploaded"
+
+class Work:
+    batches = []
+
+Flusher._commit, Flusher._round, Flusher._upload = _commit, _round, _upload
+import _timed_broker as t
+t.install(sys.argv[2])
+assert asyncio.run(Flusher._commit(None, [])) == ["committed"]
+assert asyncio.run(Flusher._round(None, [], None, None)) == "round result"
+assert asyncio.run(Flusher._upload(None, Work())) == "uploaded"
+"""
+    done = subprocess.run(
+        [sys.executable, "-c", script, str(BENCH), str(tmp_path / "timings.jsonl")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
