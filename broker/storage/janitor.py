@@ -12,10 +12,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Awaitable, Callable
 
 from kafscale.broker.metadata import keys
 from kafscale.broker.metadata.cluster import ClusterView
-from kafscale.broker.metadata.partition_state import is_committed_segment
+from kafscale.broker.metadata.partition_state import PartitionState, is_committed_segment
 from kafscale.broker.metadata.topics import effective_configs
 from kafscale.broker.protocol.errors import KafkaError
 from kafscale.broker.storage.log_manager import LogManager
@@ -30,6 +31,40 @@ from kafscale.broker.storage.retention import (
 from kafscale.broker.storage.segments import SEGMENT_HEADER_SIZE, decode_segment_header
 
 log = logging.getLogger(__name__)
+
+
+def committed_segments(
+    state: PartitionState, objects: list[ObjectInfo]
+) -> list[tuple[int, ObjectInfo]]:
+    """``(base offset, object)`` of the listed segments holding committed data, oldest first."""
+    found = []
+    for info in objects:
+        parsed = keys.parse_object_name(info.key)
+        if parsed is not None and parsed[2] == "kfs" and is_committed_segment(state, *parsed[:2]):
+            found.append((parsed[0], info))
+    return sorted(found, key=lambda item: item[0])
+
+
+async def segment_facts(
+    segments: list[tuple[int, ObjectInfo]],
+    expired_before_ms: int | None,
+    created_at_ms: Callable[[str], Awaitable[int]],
+) -> list[SegmentFacts]:
+    """What ``decide_log_start`` needs of each segment, reading creation times (a ranged GET of
+    the segment header each) only where time retention looks: from the oldest segment up to
+    the first one created at or after ``expired_before_ms`` (None: no time retention, none
+    read). Retention stops there, so the later segments carry that segment's time. Reading
+    every new segment's header cost one GET per segment per check: at a 100 ms flush interval,
+    ten GETs a second per busy partition, billed on S3 and queued in front of flush PUTs."""
+    facts = []
+    known_ms = -1  # unknown: only read while time retention looks
+    reading = expired_before_ms is not None
+    for base, info in segments:
+        if reading:
+            known_ms = await created_at_ms(info.key)
+            reading = expired_before_ms is not None and known_ms < expired_before_ms
+        facts.append(SegmentFacts(base, info.size, known_ms))
+    return facts
 
 
 class Janitor:
@@ -72,8 +107,11 @@ class Janitor:
         # segment the listing does not show, and must not be expired unseen.
         state = owned.state
         objects = await self._store.list(prefix)
-        committed = await self._committed_facts(owned, objects)
         retention_ms, retention_bytes = retention_limits(configs)
+        expired_before_ms = now_ms - retention_ms if retention_ms >= 0 else None
+        committed = await segment_facts(
+            committed_segments(owned.state, objects), expired_before_ms, self._created_at_ms
+        )
         new_start = decide_log_start(
             committed,
             state.high_watermark,
@@ -85,20 +123,7 @@ class Janitor:
         if new_start > owned.state.log_start_offset:
             await self._manager.delete_records(owned.tp, new_start)
             log.info("retention moved %s-%d start to %d", owned.topic, owned.partition, new_start)
-        await self._delete_garbage(owned, objects, [s.base for s in committed])
-
-    async def _committed_facts(
-        self, owned: OwnedPartition, objects: list[ObjectInfo]
-    ) -> list[SegmentFacts]:
-        facts = []
-        for info in objects:
-            parsed = keys.parse_object_name(info.key)
-            if parsed is None or parsed[2] != "kfs":
-                continue
-            base, epoch, _ = parsed
-            if is_committed_segment(owned.state, base, epoch):
-                facts.append(SegmentFacts(base, info.size, await self._created_at_ms(info.key)))
-        return facts
+        await self._delete_garbage(owned, objects, [fact.base for fact in committed])
 
     async def _created_at_ms(self, key: str) -> int:
         cached = self._created_at.get(key)

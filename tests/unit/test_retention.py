@@ -3,6 +3,8 @@ which whole segment objects may then be deleted (DESIGN §5); none for compacted
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import random
 
 import pytest
@@ -11,6 +13,8 @@ from hypothesis import strategies as st
 
 from kafscale.broker.metadata.topics import validate_configs
 from kafscale.broker.protocol.errors import ErrorCode, KafkaError
+from kafscale.broker.storage.janitor import segment_facts
+from kafscale.broker.storage.object_store import ObjectInfo
 from kafscale.broker.storage.retention import (
     SegmentFacts,
     decide_log_start,
@@ -189,3 +193,51 @@ def test_other_cleanup_policies_are_invalid_configs(policy: str) -> None:
     with pytest.raises(KafkaError) as raised:
         validate_configs({"cleanup.policy": policy})
     assert raised.value.code == ErrorCode.INVALID_CONFIG
+
+
+# --- the janitor reads creation times only where time retention looks ------------------------
+
+
+def _lazy_facts(
+    log: tuple[list[SegmentFacts], int, int], expired_before_ms: int | None
+) -> tuple[list[SegmentFacts], list[str]]:
+    segments, _, _ = log
+    listed = [(s.base, ObjectInfo(f"{s.base:020d}-e0.kfs", s.size)) for s in segments]
+    created = {f"{s.base:020d}-e0.kfs": s.created_at_ms for s in segments}
+    reads: list[str] = []
+
+    async def created_at_ms(key: str) -> int:
+        reads.append(key)
+        return created[key]
+
+    return asyncio.run(segment_facts(listed, expired_before_ms, created_at_ms)), reads
+
+
+@given(logs(), limits, limits)
+def test_reading_creation_times_lazily_decides_the_same(
+    log: tuple[list[SegmentFacts], int, int], retention_ms: int, retention_bytes: int
+) -> None:
+    segments, high_watermark, log_start = log
+    expired_before = NOW - retention_ms if retention_ms >= 0 else None
+    lazy, reads = _lazy_facts(log, expired_before)
+    decide = functools.partial(
+        decide_log_start,
+        high_watermark=high_watermark,
+        log_start_offset=log_start,
+        now_ms=NOW,
+        retention_ms=retention_ms,
+        retention_bytes=retention_bytes,
+    )
+    assert decide(lazy) == decide(segments)
+    expired = sum(
+        1 for s in segments if expired_before is not None and s.created_at_ms < expired_before
+    )
+    assert len(reads) == (0 if expired_before is None else min(len(segments), expired + 1))
+
+
+def test_a_week_of_retention_reads_one_header_however_many_new_segments() -> None:
+    fresh = [SegmentFacts(10 * i, 1000, NOW - 1000 + i) for i in range(300)]
+    _, reads = _lazy_facts((fresh, 3000, 0), NOW - 7 * 24 * 3600 * 1000)
+    assert reads == [f"{0:020d}-e0.kfs"]
+    _, reads = _lazy_facts((fresh, 3000, 0), None)  # retention.ms=-1: only sizes count
+    assert reads == []
