@@ -1,10 +1,11 @@
 """Retention and garbage collection for the partitions this broker owns.
 
-Every ``retention_check_interval_s`` the owner of a partition lists its objects, decides the new log
-start offset from ``retention.ms`` and ``retention.bytes`` (pure decisions in ``retention``; a topic
-compacted only is never trimmed), commits it with the same fencing as a flush, and then deletes
-whole segments below it. Uploads left by fenced writers of older epochs can never become committed;
-they are deleted too.
+Every ``retention_check_interval_s`` the owner of a partition lists its objects (from the oldest, as
+far as retention looks; the whole listing once per ownership epoch and every ``FULL_LISTING_EVERY``
+checks), decides the new log start offset from ``retention.ms`` and ``retention.bytes`` (pure
+decisions in ``retention``; a topic compacted only is never trimmed), commits it with the same
+fencing as a flush, and then deletes whole segments below it. Uploads left by fenced writers of
+older epochs can never become committed; they are deleted too.
 """
 
 from __future__ import annotations
@@ -32,6 +33,9 @@ from kafscale.broker.storage.segments import SEGMENT_HEADER_SIZE, decode_segment
 
 log = logging.getLogger(__name__)
 
+PAGE = 1000  # keys per listing call (S3's page size)
+FULL_LISTING_EVERY = 20  # checks: every 10 minutes at the default 30 s
+
 
 def committed_segments(
     state: PartitionState, objects: list[ObjectInfo]
@@ -49,13 +53,15 @@ async def segment_facts(
     segments: list[tuple[int, ObjectInfo]],
     expired_before_ms: int | None,
     created_at_ms: Callable[[str], Awaitable[int]],
-) -> list[SegmentFacts]:
+) -> tuple[list[SegmentFacts], bool]:
     """What ``decide_log_start`` needs of each segment, reading creation times (a ranged GET of
     the segment header each) only where time retention looks: from the oldest segment up to
     the first one created at or after ``expired_before_ms`` (None: no time retention, none
     read). Retention stops there, so the later segments carry that segment's time. Reading
     every new segment's header cost one GET per segment per check: at a 100 ms flush interval,
-    ten GETs a second per busy partition, billed on S3 and queued in front of flush PUTs."""
+    ten GETs a second per busy partition, billed on S3 and queued in front of flush PUTs.
+    Also whether time retention is settled by these segments (one of them is still inside
+    it, or there is no time retention): segments listed after them cannot change its answer."""
     facts = []
     known_ms = -1  # unknown: only read while time retention looks
     reading = expired_before_ms is not None
@@ -64,7 +70,32 @@ async def segment_facts(
             known_ms = await created_at_ms(info.key)
             reading = expired_before_ms is not None and known_ms < expired_before_ms
         facts.append(SegmentFacts(base, info.size, known_ms))
-    return facts
+    return facts, not reading
+
+
+async def list_for_retention(
+    store: ObjectStore,
+    prefix: str,
+    state: PartitionState,
+    expired_before_ms: int | None,
+    created_at_ms: Callable[[str], Awaitable[int]],
+    full: bool,
+    page: int = PAGE,
+) -> tuple[list[ObjectInfo], list[SegmentFacts]]:
+    """The partition's objects from the oldest on, and its committed segments' facts: all of
+    them (``full``), or pages of ``page`` keys only until time retention is settled. A week of
+    100 ms segments is six million objects; listing them all every 30 s would be thousands of
+    LIST calls per partition and check, where retention needs the first page."""
+    objects: list[ObjectInfo] = []
+    while True:
+        after = objects[-1].key if objects else None
+        listed = await store.list(prefix, start_after=after, limit=None if full else page)
+        objects += listed
+        committed, settled = await segment_facts(
+            committed_segments(state, objects), expired_before_ms, created_at_ms
+        )
+        if full or len(listed) < page or settled:
+            return objects, committed
 
 
 class Janitor:
@@ -82,6 +113,7 @@ class Janitor:
         self._view = view
         self._store = store
         self._created_at: dict[str, int] = {}
+        self._listings: dict[tuple[str, int], tuple[int, int]] = {}  # (epoch, checks since full)
 
     async def run(self, interval_s: float) -> None:
         while True:
@@ -89,7 +121,10 @@ class Janitor:
             await self.sweep(int(time.time() * 1000))
 
     async def sweep(self, now_ms: int) -> None:
-        for owned in list(self._manager.owned.values()):
+        owned_now = self._manager.owned
+        for tp in [tp for tp in self._listings if tp not in owned_now]:
+            del self._listings[tp]
+        for owned in list(owned_now.values()):
             try:
                 await self._sweep_partition(owned, now_ms)
             except (KafkaError, ObjectStoreError) as exc:
@@ -106,11 +141,11 @@ class Janitor:
         # Decide on the state as it was when we listed: a flush committing meanwhile adds a
         # segment the listing does not show, and must not be expired unseen.
         state = owned.state
-        objects = await self._store.list(prefix)
         retention_ms, retention_bytes = retention_limits(configs)
         expired_before_ms = now_ms - retention_ms if retention_ms >= 0 else None
-        committed = await segment_facts(
-            committed_segments(owned.state, objects), expired_before_ms, self._created_at_ms
+        full = self._full_listing_due(owned) or retention_bytes >= 0
+        objects, committed = await list_for_retention(
+            self._store, prefix, state, expired_before_ms, self._created_at_ms, full
         )
         new_start = decide_log_start(
             committed,
@@ -124,6 +159,16 @@ class Janitor:
             await self._manager.delete_records(owned.tp, new_start)
             log.info("retention moved %s-%d start to %d", owned.topic, owned.partition, new_start)
         await self._delete_garbage(owned, objects, [fact.base for fact in committed])
+
+    def _full_listing_due(self, owned: OwnedPartition) -> bool:
+        """A partition's whole listing is read on the first check of each ownership epoch (a
+        fenced writer of the previous one may have left uploads anywhere past its last commit)
+        and every ``FULL_LISTING_EVERY`` checks as a backstop; other checks read from the
+        oldest object only as far as retention looks."""
+        epoch, checks = self._listings.get(owned.tp, (None, 0))
+        due = epoch != owned.epoch or checks + 1 >= FULL_LISTING_EVERY
+        self._listings[owned.tp] = (owned.epoch, 0 if due else checks + 1)
+        return due
 
     async def _created_at_ms(self, key: str) -> int:
         cached = self._created_at.get(key)

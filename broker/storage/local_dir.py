@@ -144,8 +144,13 @@ class LocalDirObjectStore:
         except OSError as exc:
             raise ObjectStoreError(f"cannot read {key!r} in {self._root}: {exc}") from exc
 
-    async def list(self, prefix: str) -> list[ObjectInfo]:
-        return await self._run(self._list_sync, prefix)
+    async def list(
+        self, prefix: str, *, start_after: str | None = None, limit: int | None = None
+    ) -> list[ObjectInfo]:
+        found = await self._run(self._list_sync, prefix)
+        if start_after is not None:
+            found = [info for info in found if info.key > start_after]
+        return found if limit is None else found[:limit]
 
     def _list_sync(self, prefix: str) -> builtins.list[ObjectInfo]:
         """Walk only the deepest directory that can hold keys starting with ``prefix``."""

@@ -39,8 +39,11 @@ class ObjectStore(Protocol):
     async def get(self, key: str, *, start: int = 0, end: int | None = None) -> bytes:
         """Bytes ``[start, end)`` of the object (``end=None``: to the end); ObjectNotFound."""
 
-    async def list(self, prefix: str) -> list[ObjectInfo]:
-        """Every object whose key starts with ``prefix``, in key order."""
+    async def list(
+        self, prefix: str, *, start_after: str | None = None, limit: int | None = None
+    ) -> list[ObjectInfo]:
+        """The objects whose key starts with ``prefix`` (and sorts after ``start_after``), in
+        key order; at most ``limit`` of them."""
 
     async def delete_many(self, keys: builtins.list[str]) -> None:
         """Delete the keys; missing keys are not an error."""

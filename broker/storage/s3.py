@@ -220,11 +220,18 @@ class S3ObjectStore:
         except ClientError as exc:
             raise self._fail(exc, key) from exc
 
-    async def list(self, prefix: str) -> list[ObjectInfo]:
-        """All pages of ListObjectsV2, each page its own call (and deadline)."""
+    async def list(
+        self, prefix: str, *, start_after: str | None = None, limit: int | None = None
+    ) -> list[ObjectInfo]:
+        """Pages of ListObjectsV2 (up to ``limit`` keys), each page its own call (and deadline)."""
         paginator = self._client.get_paginator("list_objects_v2")
+        extra: dict[str, Any] = {}
+        if start_after is not None:
+            extra["StartAfter"] = self._prefix + start_after
+        if limit is not None:
+            extra["PaginationConfig"] = {"MaxItems": limit, "PageSize": min(limit, 1000)}
         pages: Iterator[ListObjectsV2OutputTypeDef] = iter(
-            paginator.paginate(Bucket=self._bucket, Prefix=self._prefix + prefix)
+            paginator.paginate(Bucket=self._bucket, Prefix=self._prefix + prefix, **extra)
         )
         found: builtins.list[ObjectInfo] = []
         strip = len(self._prefix)

@@ -147,6 +147,21 @@ async def test_list_filters_by_key_prefix_in_order(store: ObjectStore) -> None:
     assert await store.list("nothing/") == []
 
 
+async def test_list_from_a_key_and_at_most_a_number(backend: Backend, store: ObjectStore) -> None:
+    """Listing pages from a key on (``StartAfter``) and bounded (``MaxKeys``), with and without
+    the store's own key prefix."""
+    keys = [f"c1/p/{i:02d}" for i in range(7)]
+    prefixed = await backend.open(prefix="tenant-b")
+    for s in (store, prefixed):
+        for key in keys:
+            await s.put(key, b"v")
+        assert [o.key for o in await s.list("c1/p/", limit=3)] == keys[:3]
+        assert [o.key for o in await s.list("c1/p/", start_after=keys[2], limit=3)] == keys[3:6]
+        assert [o.key for o in await s.list("c1/p/", start_after=keys[5])] == keys[6:]
+        assert [o.key for o in await s.list("c1/p/", start_after="c1/p/03x")] == keys[4:]
+        assert await s.list("c1/p/", start_after=keys[6], limit=3) == []
+
+
 async def test_delete_many(store: ObjectStore) -> None:
     keys = [f"c1/d/{i:03d}" for i in range(5)]
     for key in keys:

@@ -6,14 +6,18 @@ from __future__ import annotations
 import asyncio
 import functools
 import random
+from pathlib import Path
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from kafscale.broker.metadata import keys
+from kafscale.broker.metadata.partition_state import PartitionState
 from kafscale.broker.metadata.topics import validate_configs
 from kafscale.broker.protocol.errors import ErrorCode, KafkaError
-from kafscale.broker.storage.janitor import segment_facts
+from kafscale.broker.storage.janitor import list_for_retention, segment_facts
+from kafscale.broker.storage.local_dir import LocalDirObjectStore
 from kafscale.broker.storage.object_store import ObjectInfo
 from kafscale.broker.storage.retention import (
     SegmentFacts,
@@ -210,7 +214,8 @@ def _lazy_facts(
         reads.append(key)
         return created[key]
 
-    return asyncio.run(segment_facts(listed, expired_before_ms, created_at_ms)), reads
+    facts, _ = asyncio.run(segment_facts(listed, expired_before_ms, created_at_ms))
+    return facts, reads
 
 
 @given(logs(), limits, limits)
@@ -241,3 +246,44 @@ def test_a_week_of_retention_reads_one_header_however_many_new_segments() -> Non
     assert reads == [f"{0:020d}-e0.kfs"]
     _, reads = _lazy_facts((fresh, 3000, 0), None)  # retention.ms=-1: only sizes count
     assert reads == []
+
+
+class CountingStore(LocalDirObjectStore):
+    """A real local-directory store that counts its listing calls."""
+
+    lists = 0
+
+    async def list(
+        self, prefix: str, *, start_after: str | None = None, limit: int | None = None
+    ) -> list[ObjectInfo]:
+        self.lists += 1
+        return await super().list(prefix, start_after=start_after, limit=limit)
+
+
+def test_retention_lists_from_the_oldest_only_as_far_as_it_looks(tmp_path: Path) -> None:
+    """Ten segments, five past retention, three keys a page: two pages settle it (the sixth
+    segment is inside retention); a full listing reads all ten."""
+    store = CountingStore(tmp_path)
+    prefix = keys.partition_object_prefix("c", "t", "id", 0)
+    created = {}
+    for n in range(10):
+        key = keys.segment_object_key("c", "t", "id", 0, 10 * n, 0)
+        created[key] = NOW - 10_000 + 1000 * n  # n <= 4: older than NOW - 5500
+        asyncio.run(store.put(key, b"segment"))
+    state = PartitionState(high_watermark=100, leader_epoch=0, epochs=((0, 0),))
+
+    async def created_at_ms(key: str) -> int:
+        return created[key]
+
+    def run(full: bool) -> tuple[list[ObjectInfo], list[SegmentFacts]]:
+        return asyncio.run(
+            list_for_retention(store, prefix, state, NOW - 5500, created_at_ms, full, page=3)
+        )
+
+    objects, facts = run(full=False)
+    assert (len(objects), store.lists) == (6, 2)
+    assert decide_log_start(facts, 100, 0, NOW, 5500, -1) == 50
+    store.lists = 0
+    objects, facts = run(full=True)
+    assert (len(objects), store.lists) == (10, 1)
+    assert decide_log_start(facts, 100, 0, NOW, 5500, -1) == 50
