@@ -172,6 +172,13 @@ def index_object_key(
     return f"{prefix}{base_offset:0{OFFSET_DIGITS}d}-e{epoch}.idx"
 
 
+def objects_from(cluster: str, topic: str, topic_id: str, partition: int, base: int) -> str:
+    """A key just below the partition's objects at ``base`` (every epoch, segment and index),
+    for listing from there on (S3's exclusive ``StartAfter``)."""
+    prefix = partition_object_prefix(cluster, topic, topic_id, partition)
+    return f"{prefix}{base:0{OFFSET_DIGITS}d}-"
+
+
 def parse_object_name(name: str) -> tuple[int, int, str] | None:
     """(base offset, epoch, "kfs"|"idx") of an object's last path part, or None."""
     match = _SEGMENT_NAME.match(name.rsplit("/", 1)[-1])

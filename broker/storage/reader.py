@@ -1,8 +1,9 @@
 """Reading committed data: any broker serves any acknowledged offset.
 
 A read finds the committed segment holding the offset: first among the newest segments named in
-the partition state, else in a (cached) listing of the partition's objects, where uploads that
-were never committed are recognised by their epoch and ignored. Recent segments are read whole
+the partition state, else in a (cached) window of the partition's listing, listed from the
+highest time mark below the offset, where uploads that were never committed are recognised by
+their epoch and ignored. Recent segments are read whole
 and kept in the cache, as are older segments up to 8 MiB (a consumer reading on hits the cache
 for the rest of the segment); larger ones are read by a ranged GET that starts at the index
 entry for the offset.
@@ -29,7 +30,12 @@ from kafscale.broker.protocol.record_batch import (
     record_timestamps,
 )
 from kafscale.broker.storage.cache import SegmentCache
-from kafscale.broker.storage.object_store import ObjectNotFound, ObjectStore, ObjectStoreError
+from kafscale.broker.storage.object_store import (
+    ObjectInfo,
+    ObjectNotFound,
+    ObjectStore,
+    ObjectStoreError,
+)
 from kafscale.broker.storage.segments import (
     SEGMENT_FOOTER_SIZE,
     SegmentCorrupt,
@@ -43,6 +49,7 @@ log = logging.getLogger(__name__)
 MAX_SEGMENTS_PER_READ = 8
 WHOLE_READ_MAX_BYTES = 8 * 1024 * 1024
 MAX_PREFETCHES = 8  # larger (older, foreign) segments: ranged GETs
+LIST_PAGE = 1000  # keys per listing call (S3's page size)
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,15 +62,35 @@ class SegmentLocation:
 
 @dataclass(slots=True)
 class _Listing:
+    """A window of a partition's committed segments, in base order: from the one holding the
+    offset that was looked up to the end of the listing page that passed it. ``complete``: the
+    listing reached the partition's last object (no segment after the window)."""
+
     segments: list[SegmentLocation]
+    complete: bool
+
+
+def listing_start(
+    state: PartitionState, offset: int, known: list[SegmentLocation] | None = None
+) -> int | None:
+    """A committed segment's base at or below ``offset`` to list from: the highest of the time
+    marks (each the base of a segment committed above the log start) and of the segments
+    ``known`` from an earlier window there, so a consumer reading on continues the listing
+    instead of starting it again. None: list from the partition's first object."""
+    below = [mark for mark, _ in state.time_marks if mark <= offset]
+    below += [segment.base for segment in known or () if segment.base <= offset]
+    return max(below) if below else None
 
 
 class LogReader:
-    def __init__(self, cluster: str, store: ObjectStore, cache: SegmentCache) -> None:
+    def __init__(
+        self, cluster: str, store: ObjectStore, cache: SegmentCache, list_page: int = LIST_PAGE
+    ) -> None:
         self._cluster = cluster
         self._store = store
         self._cache = cache
         self._listings: dict[tuple[str, str, int], _Listing] = {}
+        self._list_page = list_page
         self._prefetching: dict[str, asyncio.Task[None]] = {}
 
     async def close(self) -> None:
@@ -137,7 +164,7 @@ class LogReader:
             if ref.base <= offset <= ref.last:
                 return SegmentLocation(ref.base, ref.epoch, ref.size, recent=True)
         listing = self._listings.get((topic, topic_id, partition))
-        return None if listing is None else _covering(listing.segments, state, offset)
+        return None if listing is None else _covering(listing, state, offset)
 
     async def _locate(
         self, topic: str, topic_id: str, partition: int, state: PartitionState, offset: int
@@ -149,31 +176,46 @@ class LogReader:
         listing = self._listings.get(listing_key)
         for attempt in range(2):
             if listing is None or attempt == 1:
-                listing = await self._list(topic, topic_id, partition, state)
+                known = listing.segments if listing is not None else None
+                listing = await self._list(topic, topic_id, partition, state, offset, known)
                 self._listings[listing_key] = listing
-            found = _covering(listing.segments, state, offset)
+            found = _covering(listing, state, offset)
             if found is not None:
                 return found
         raise OffsetOutOfRange(f"no committed segment holds offset {offset} of {topic}-{partition}")
 
     async def _list(
-        self, topic: str, topic_id: str, partition: int, state: PartitionState
+        self,
+        topic: str,
+        topic_id: str,
+        partition: int,
+        state: PartitionState,
+        offset: int,
+        known: list[SegmentLocation] | None,
     ) -> _Listing:
+        """The window of committed segments around ``offset``: listed in pages from the highest
+        time mark or ``known`` segment below it (or the first object) until a segment after
+        ``offset`` shows up.
+        Never the whole partition: a week of 100 ms segments is millions of objects, thousands
+        of LIST calls and hundreds of MB held per partition."""
         prefix = keys.partition_object_prefix(self._cluster, topic, topic_id, partition)
-        try:
-            objects = await self._store.list(prefix)
-        except ObjectStoreError as exc:
-            raise StorageFailure(str(exc)) from exc
-        segments = []
-        for info in objects:
-            parsed = keys.parse_object_name(info.key)
-            if parsed is None or parsed[2] != "kfs":
-                continue
-            base, epoch, _ = parsed
-            if is_committed_segment(state, base, epoch):
-                segments.append(SegmentLocation(base, epoch, info.size, recent=False))
-        segments.sort(key=lambda s: s.base)
-        return _Listing(segments)
+        start = listing_start(state, offset, known)
+        after = None
+        if start is not None:
+            after = keys.objects_from(self._cluster, topic, topic_id, partition, start)
+        carried: list[SegmentLocation] = []  # the last segment of the pages before
+        while True:
+            try:
+                page = await self._store.list(prefix, start_after=after, limit=self._list_page)
+            except ObjectStoreError as exc:
+                raise StorageFailure(str(exc)) from exc
+            segments = carried + _committed_locations(page, state)
+            if len(page) < self._list_page:
+                return _Listing(segments, complete=True)
+            if segments and segments[-1].base > offset:
+                return _Listing(segments, complete=False)
+            carried = segments[-1:]
+            after = page[-1].key
 
     async def _read_segment(
         self,
@@ -331,14 +373,27 @@ class LogReader:
             del self._listings[key]
 
 
-def _covering(
-    segments: list[SegmentLocation], state: PartitionState, offset: int
-) -> SegmentLocation | None:
+def _committed_locations(objects: list[ObjectInfo], state: PartitionState) -> list[SegmentLocation]:
+    segments = []
+    for info in objects:
+        parsed = keys.parse_object_name(info.key)
+        if parsed is None or parsed[2] != "kfs":
+            continue
+        base, epoch, _ = parsed
+        if is_committed_segment(state, base, epoch):
+            segments.append(SegmentLocation(base, epoch, info.size, recent=False))
+    return sorted(segments, key=lambda s: s.base)
+
+
+def _covering(listing: _Listing, state: PartitionState, offset: int) -> SegmentLocation | None:
+    segments = listing.segments
     candidates = [s for s in segments if s.base <= offset]
     if not candidates:
         return None
     chosen = candidates[-1]
     later = [s for s in segments if s.base > chosen.base]
+    if not later and not listing.complete:
+        return None  # the window ends at ``chosen``: a segment after it may hold the offset
     recent_bases = [r.base for r in state.segments if r.base > chosen.base]
     if not later and not recent_bases and offset >= state.high_watermark:
         return None

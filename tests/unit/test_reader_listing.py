@@ -1,0 +1,105 @@
+"""Reading older data lists only a window of the partition's objects, from the highest time mark
+below the offset, never the whole partition (a week of 100 ms segments is millions of keys)."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+from harness.batches import make_batch
+
+from kafscale.broker.metadata import keys
+from kafscale.broker.metadata.partition_state import PartitionState, SegmentRef
+from kafscale.broker.protocol.record_batch import iter_batch_headers
+from kafscale.broker.storage.cache import SegmentCache
+from kafscale.broker.storage.local_dir import LocalDirObjectStore
+from kafscale.broker.storage.object_store import ObjectInfo
+from kafscale.broker.storage.reader import LogReader
+from kafscale.broker.storage.segments import encode_segment
+
+pytestmark = pytest.mark.unit
+
+SEGMENTS, RECORDS = 40, 10  # segment n holds offsets 10n .. 10n+9
+
+
+class CountingStore(LocalDirObjectStore):
+    """A real local-directory store that counts its listing calls."""
+
+    lists = 0
+
+    async def list(
+        self, prefix: str, *, start_after: str | None = None, limit: int | None = None
+    ) -> list[ObjectInfo]:
+        self.lists += 1
+        return await super().list(prefix, start_after=start_after, limit=limit)
+
+
+def stored_partition(root: Path) -> tuple[CountingStore, list[SegmentRef]]:
+    store = CountingStore(root)
+    refs = []
+    for n in range(SEGMENTS):
+        base = RECORDS * n
+        batch = make_batch(base, [b"v%d" % (base + i) for i in range(RECORDS)])
+        encoded = encode_segment([batch], 1_700_000_000_000 + n, 4096)
+        key = keys.segment_object_key("c", "t", "id", 0, base, 0)
+        asyncio.run(store.put(key, encoded.segment))
+        refs.append(SegmentRef(base, base + RECORDS - 1, 0, len(encoded.segment), 1))
+    return store, refs
+
+
+def read_first_offset(store: CountingStore, state: PartitionState, offset: int) -> int:
+    reader = LogReader("c", store, SegmentCache(0), list_page=3)
+    data = asyncio.run(reader.read("t", "id", 0, state, offset, 100))
+    asyncio.run(reader.close())
+    return next(iter_batch_headers(data))[1].base_offset
+
+
+@pytest.mark.parametrize("offset", [0, 155, 259, 299])
+def test_an_old_offset_is_found_from_the_time_mark_below_it(tmp_path: Path, offset: int) -> None:
+    store, refs = stored_partition(tmp_path)
+    marks = ((100, 1), (200, 1), (300, 1))
+    state = PartitionState(
+        high_watermark=SEGMENTS * RECORDS,
+        leader_epoch=0,
+        epochs=((0, 0),),
+        segments=tuple(refs[-2:]),  # only the newest two are named in the state
+        time_marks=marks,
+    )
+    assert read_first_offset(store, state, offset) == offset - offset % RECORDS
+    mark = max((m for m, _ in marks if m <= offset), default=0)
+    # pages of three keys from the mark (or the first object) until the page that holds the
+    # segment after the offset's
+    assert store.lists == ((offset - mark) // RECORDS + 1) // 3 + 1
+
+
+def test_without_time_marks_the_listing_starts_at_the_first_object(tmp_path: Path) -> None:
+    store, refs = stored_partition(tmp_path)
+    state = PartitionState(
+        high_watermark=SEGMENTS * RECORDS, leader_epoch=0, epochs=((0, 0),), segments=(refs[-1],)
+    )
+    assert read_first_offset(store, state, 259) == 250
+    assert store.lists == (259 // RECORDS + 1) // 3 + 1  # still stops after the offset
+    store.lists = 0
+    assert read_first_offset(store, state, 389) == 380  # up to the newest: the last page
+    assert store.lists == SEGMENTS // 3 + 1
+
+
+def test_a_consumer_reading_on_continues_the_listing(tmp_path: Path) -> None:
+    """Sequential reads through old data: each new window is listed from where the last one
+    ended, so the listing calls grow with the segments read, not with their square."""
+    store, refs = stored_partition(tmp_path)
+    state = PartitionState(
+        high_watermark=SEGMENTS * RECORDS, leader_epoch=0, epochs=((0, 0),), segments=(refs[-1],)
+    )
+    reader = LogReader("c", store, SegmentCache(0), list_page=3)
+    offset, seen = 0, []
+    while offset < (SEGMENTS - 1) * RECORDS:
+        data = asyncio.run(reader.read("t", "id", 0, state, offset, 100))
+        headers = [header for _, header in iter_batch_headers(data)]
+        seen += [h.base_offset for h in headers]
+        offset = headers[-1].last_offset + 1
+    asyncio.run(reader.close())
+    assert seen == [RECORDS * n for n in range(SEGMENTS - 1)]
+    # 39 segments in pages of three, each page listed about once (a page overlaps the last)
+    assert store.lists <= 2 * (SEGMENTS // 3 + 1), store.lists
