@@ -172,11 +172,10 @@ def index_object_key(
     return f"{prefix}{base_offset:0{OFFSET_DIGITS}d}-e{epoch}.idx"
 
 
-def objects_from(cluster: str, topic: str, topic_id: str, partition: int, base: int) -> str:
-    """A key just below the partition's objects at ``base`` (every epoch, segment and index),
-    for listing from there on (S3's exclusive ``StartAfter``)."""
-    prefix = partition_object_prefix(cluster, topic, topic_id, partition)
-    return f"{prefix}{base:0{OFFSET_DIGITS}d}-"
+def objects_from(partition_prefix: str, base: int) -> str:
+    """A key just below a partition's objects at ``base`` (every epoch, segment and index), for
+    listing from there on (S3's exclusive ``StartAfter``)."""
+    return f"{partition_prefix}{base:0{OFFSET_DIGITS}d}-"
 
 
 def parse_object_name(name: str) -> tuple[int, int, str] | None:

@@ -1,11 +1,12 @@
 """Retention and garbage collection for the partitions this broker owns.
 
-Every ``retention_check_interval_s`` the owner of a partition lists its objects (from the oldest, as
-far as retention looks; the whole listing once per ownership epoch and every ``FULL_LISTING_EVERY``
-checks), decides the new log start offset from ``retention.ms`` and ``retention.bytes`` (pure
-decisions in ``retention``; a topic compacted only is never trimmed), commits it with the same
-fencing as a flush, and then deletes whole segments below it. Uploads left by fenced writers of
-older epochs can never become committed; they are deleted too.
+Every ``retention_check_interval_s`` the owner of a partition lists its objects from the oldest,
+as far as retention looks (the whole listing only for ``retention.bytes``), decides the new log
+start offset from ``retention.ms`` and ``retention.bytes`` (pure decisions in ``retention``; a
+topic compacted only is never trimmed), commits it with the same fencing as a flush, and then
+deletes whole segments below it. Uploads left by fenced writers of older epochs can never become
+committed; they are deleted too, found by a page of keys from each epoch boundary on the first
+check of an ownership epoch and every ``ORPHAN_SCAN_EVERY`` checks.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from kafscale.broker.storage.segments import SEGMENT_HEADER_SIZE, decode_segment
 log = logging.getLogger(__name__)
 
 PAGE = 1000  # keys per listing call (S3's page size)
-FULL_LISTING_EVERY = 20  # checks: every 10 minutes at the default 30 s
+ORPHAN_SCAN_EVERY = 20  # checks: every 10 minutes at the default 30 s
 
 
 def committed_segments(
@@ -98,6 +99,35 @@ async def list_for_retention(
             return objects, committed
 
 
+def epoch_boundaries(state: PartitionState) -> list[int]:
+    """Where each epoch after the first began, at or above the log start: a writer fenced at
+    the end of an epoch had its uncommitted uploads from there on (below the log start,
+    retention's listing from the oldest object finds them)."""
+    return [start for _, start in state.epochs[1:] if start >= state.log_start_offset]
+
+
+async def with_epoch_boundaries(
+    store: ObjectStore,
+    prefix: str,
+    state: PartitionState,
+    objects: list[ObjectInfo],
+    page: int = PAGE,
+) -> list[ObjectInfo]:
+    """``objects`` plus one page of keys from each epoch boundary: where a fenced writer's
+    uploads lie (they start at the boundary and span what it had in flight, a few segments),
+    found without listing the whole partition."""
+    seen = {info.key for info in objects}
+    found = list(objects)
+    for start in epoch_boundaries(state):
+        for info in await store.list(
+            prefix, start_after=keys.objects_from(prefix, start), limit=page
+        ):
+            if info.key not in seen:
+                seen.add(info.key)
+                found.append(info)
+    return found
+
+
 class Janitor:
     def __init__(
         self,
@@ -113,7 +143,7 @@ class Janitor:
         self._view = view
         self._store = store
         self._created_at: dict[str, int] = {}
-        self._listings: dict[tuple[str, int], tuple[int, int]] = {}  # (epoch, checks since full)
+        self._listings: dict[tuple[str, int], tuple[int, int]] = {}  # (epoch, checks since scan)
 
     async def run(self, interval_s: float) -> None:
         while True:
@@ -143,10 +173,12 @@ class Janitor:
         state = owned.state
         retention_ms, retention_bytes = retention_limits(configs)
         expired_before_ms = now_ms - retention_ms if retention_ms >= 0 else None
-        full = self._full_listing_due(owned) or retention_bytes >= 0
+        full = retention_bytes >= 0
         objects, committed = await list_for_retention(
             self._store, prefix, state, expired_before_ms, self._created_at_ms, full
         )
+        if not full and self._orphan_scan_due(owned):
+            objects = await with_epoch_boundaries(self._store, prefix, state, objects)
         new_start = decide_log_start(
             committed,
             state.high_watermark,
@@ -160,13 +192,12 @@ class Janitor:
             log.info("retention moved %s-%d start to %d", owned.topic, owned.partition, new_start)
         await self._delete_garbage(owned, objects, [fact.base for fact in committed])
 
-    def _full_listing_due(self, owned: OwnedPartition) -> bool:
-        """A partition's whole listing is read on the first check of each ownership epoch (a
-        fenced writer of the previous one may have left uploads anywhere past its last commit)
-        and every ``FULL_LISTING_EVERY`` checks as a backstop; other checks read from the
-        oldest object only as far as retention looks."""
+    def _orphan_scan_due(self, owned: OwnedPartition) -> bool:
+        """Epoch boundaries are scanned for a fenced writer's uploads on the first check of each
+        ownership epoch (they land within seconds of the handoff) and every
+        ``ORPHAN_SCAN_EVERY`` checks after, for one that landed later still."""
         epoch, checks = self._listings.get(owned.tp, (None, 0))
-        due = epoch != owned.epoch or checks + 1 >= FULL_LISTING_EVERY
+        due = epoch != owned.epoch or checks + 1 >= ORPHAN_SCAN_EVERY
         self._listings[owned.tp] = (owned.epoch, 0 if due else checks + 1)
         return due
 

@@ -202,7 +202,7 @@ class LogReader:
         start = listing_start(state, offset, known)
         after = None
         if start is not None:
-            after = keys.objects_from(self._cluster, topic, topic_id, partition, start)
+            after = keys.objects_from(prefix, start)
         carried: list[SegmentLocation] = []  # the last segment of the pages before
         while True:
             try:

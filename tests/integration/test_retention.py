@@ -89,3 +89,28 @@ def test_a_compacted_topic_is_never_trimmed_by_time(broker_cluster: BrokerCluste
     time.sleep(1.0)  # two more checks
     assert earliest_offset(broker.bootstrap, "kept") == 0
     assert len(segment_keys(broker_cluster, "kept")) == 3
+
+
+def test_a_fenced_writers_late_upload_is_deleted_by_the_next_owner(
+    broker_cluster: BrokerCluster,
+) -> None:
+    """An upload of the previous epoch that lands after the handoff (planted here at the new
+    epoch's first offset, where a fenced writer's uploads begin) is never committed; the new
+    owner's janitor deletes it and leaves the data alone. (Here the partition's first page of
+    keys holds it too; tests/unit/test_retention.py shows the boundary scan finding it.)"""
+    first = broker_cluster.start()
+    admin = AdminClient({"bootstrap.servers": first.bootstrap})
+    admin.create_topics([NewTopic("fenced", 1, 1)])["fenced"].result(10)
+    produce_in_rounds(first.bootstrap, "fenced", 3)
+    assert first.stop() == 0
+    prefix = next(iter(segment_keys(broker_cluster, "fenced"))).rsplit("/", 1)[0]
+    late = f"{prefix}/{3:020d}-e0.kfs"  # epoch 0's writer, at offset 3 where epoch 1 begins
+    broker_cluster.s3.client().put_object(Bucket=broker_cluster.bucket, Key=late, Body=b"late")
+    second = broker_cluster.start(KAFSCALE_LOG__RETENTION_CHECK_INTERVAL_S="0.5")
+    produce_in_rounds(second.bootstrap, "fenced", 2)  # epoch 1 at offsets 3 and 4
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline and late in segment_keys(broker_cluster, "fenced"):
+        time.sleep(0.3)
+    assert late not in segment_keys(broker_cluster, "fenced")
+    assert len(segment_keys(broker_cluster, "fenced")) == 5
+    assert earliest_offset(second.bootstrap, "fenced") == 0

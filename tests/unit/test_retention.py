@@ -16,7 +16,11 @@ from kafscale.broker.metadata import keys
 from kafscale.broker.metadata.partition_state import PartitionState
 from kafscale.broker.metadata.topics import validate_configs
 from kafscale.broker.protocol.errors import ErrorCode, KafkaError
-from kafscale.broker.storage.janitor import list_for_retention, segment_facts
+from kafscale.broker.storage.janitor import (
+    list_for_retention,
+    segment_facts,
+    with_epoch_boundaries,
+)
 from kafscale.broker.storage.local_dir import LocalDirObjectStore
 from kafscale.broker.storage.object_store import ObjectInfo
 from kafscale.broker.storage.retention import (
@@ -287,3 +291,23 @@ def test_retention_lists_from_the_oldest_only_as_far_as_it_looks(tmp_path: Path)
     objects, facts = run(full=True)
     assert (len(objects), store.lists) == (10, 1)
     assert decide_log_start(facts, 100, 0, NOW, 5500, -1) == 50
+
+
+def test_a_fenced_writers_uploads_are_found_from_the_epoch_boundaries(tmp_path: Path) -> None:
+    """Writers of epochs 0 and 1 were fenced with uploads in flight (at 50 and 60, at 120):
+    one page of keys from each boundary finds them, without listing the whole partition."""
+    store = CountingStore(tmp_path)
+    prefix = keys.partition_object_prefix("c", "t", "id", 0)
+    state = PartitionState(high_watermark=200, leader_epoch=2, epochs=((0, 0), (1, 50), (2, 120)))
+    committed = [(b, 0) for b in range(0, 50, 10)] + [(b, 1) for b in range(50, 120, 10)]
+    committed += [(b, 2) for b in range(120, 200, 10)]
+    orphans = [(50, 0), (60, 0), (120, 1)]
+    for base, epoch in committed + orphans:
+        asyncio.run(store.put(keys.segment_object_key("c", "t", "id", 0, base, epoch), b"s"))
+    first_page = asyncio.run(store.list(prefix, limit=3))
+    store.lists = 0
+    found = asyncio.run(with_epoch_boundaries(store, prefix, state, first_page, page=3))
+    orphan_keys = {keys.segment_object_key("c", "t", "id", 0, b, e) for b, e in orphans}
+    assert orphan_keys <= {info.key for info in found}
+    assert store.lists == 2  # one page per boundary
+    assert len({info.key for info in found}) == len(found)  # no object twice
