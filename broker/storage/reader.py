@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections import OrderedDict
 from dataclasses import dataclass
 
 import crc32c
@@ -50,6 +51,7 @@ MAX_SEGMENTS_PER_READ = 8
 WHOLE_READ_MAX_BYTES = 8 * 1024 * 1024
 MAX_PREFETCHES = 8  # larger (older, foreign) segments: ranged GETs
 LIST_PAGE = 1000  # keys per listing call (S3's page size)
+MAX_LISTINGS = 256  # partitions whose listing window is kept (~100 KB each at most)
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,7 +91,8 @@ class LogReader:
         self._cluster = cluster
         self._store = store
         self._cache = cache
-        self._listings: dict[tuple[str, str, int], _Listing] = {}
+        # The most recently used windows (each up to a page of segments), oldest first.
+        self._listings: OrderedDict[tuple[str, str, int], _Listing] = OrderedDict()
         self._list_page = list_page
         self._prefetching: dict[str, asyncio.Task[None]] = {}
 
@@ -179,6 +182,9 @@ class LogReader:
                 known = listing.segments if listing is not None else None
                 listing = await self._list(topic, topic_id, partition, state, offset, known)
                 self._listings[listing_key] = listing
+                self._listings.move_to_end(listing_key)
+                while len(self._listings) > MAX_LISTINGS:
+                    self._listings.popitem(last=False)
             found = _covering(listing, state, offset)
             if found is not None:
                 return found

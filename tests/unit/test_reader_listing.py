@@ -12,6 +12,7 @@ from harness.batches import make_batch
 from kafscale.broker.metadata import keys
 from kafscale.broker.metadata.partition_state import PartitionState, SegmentRef
 from kafscale.broker.protocol.record_batch import iter_batch_headers
+from kafscale.broker.storage import reader as reader_module
 from kafscale.broker.storage.cache import SegmentCache
 from kafscale.broker.storage.local_dir import LocalDirObjectStore
 from kafscale.broker.storage.object_store import ObjectInfo
@@ -35,14 +36,14 @@ class CountingStore(LocalDirObjectStore):
         return await super().list(prefix, start_after=start_after, limit=limit)
 
 
-def stored_partition(root: Path) -> tuple[CountingStore, list[SegmentRef]]:
+def stored_partition(root: Path, partition: int = 0) -> tuple[CountingStore, list[SegmentRef]]:
     store = CountingStore(root)
     refs = []
     for n in range(SEGMENTS):
         base = RECORDS * n
         batch = make_batch(base, [b"v%d" % (base + i) for i in range(RECORDS)])
         encoded = encode_segment([batch], 1_700_000_000_000 + n, 4096)
-        key = keys.segment_object_key("c", "t", "id", 0, base, 0)
+        key = keys.segment_object_key("c", "t", "id", partition, base, 0)
         asyncio.run(store.put(key, encoded.segment))
         refs.append(SegmentRef(base, base + RECORDS - 1, 0, len(encoded.segment), 1))
     return store, refs
@@ -103,3 +104,26 @@ def test_a_consumer_reading_on_continues_the_listing(tmp_path: Path) -> None:
     assert seen == [RECORDS * n for n in range(SEGMENTS - 1)]
     # 39 segments in pages of three, each page listed about once (a page overlaps the last)
     assert store.lists <= 2 * (SEGMENTS // 3 + 1), store.lists
+
+
+def test_listing_windows_are_kept_for_the_most_recently_read_partitions_only(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(reader_module, "MAX_LISTINGS", 1)
+    store, refs = stored_partition(tmp_path, 0)
+    stored_partition(tmp_path, 1)
+    state = PartitionState(
+        high_watermark=SEGMENTS * RECORDS, leader_epoch=0, epochs=((0, 0),), segments=(refs[-1],)
+    )
+    reader = LogReader("c", store, SegmentCache(0), list_page=100)
+
+    def lists_to_read(partition: int) -> int:
+        before = store.lists
+        asyncio.run(reader.read("t", "id", partition, state, 5, 100))
+        return store.lists - before
+
+    assert lists_to_read(0) == 1
+    assert lists_to_read(0) == 0  # its window is kept
+    assert lists_to_read(1) == 1  # and now dropped for this one's
+    assert lists_to_read(0) == 1
+    asyncio.run(reader.close())
