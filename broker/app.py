@@ -144,7 +144,7 @@ class Broker:
             self.manager,
             self.view,
             self.store,
-            self.settings.topics.as_topic_configs(),
+            self.settings.topic_defaults(),
         )
         self._tasks.append(
             asyncio.create_task(

@@ -174,3 +174,7 @@ class BrokerSettings(BaseSettings):
     assignment: AssignmentSettings = AssignmentSettings()
     groups: GroupSettings = GroupSettings()
     log_level: str = Field("INFO", description="Python logging level.")
+
+    def topic_defaults(self) -> dict[str, str]:
+        """Topic configs a topic gets unless it sets its own (Kafka's broker-level defaults)."""
+        return {**self.topics.as_topic_configs(), "segment.bytes": str(self.log.segment_bytes)}

@@ -59,7 +59,7 @@ async def _create_one(topic: Any, validate_only: bool, ctx: RequestContext) -> B
             error_code=ErrorCode.NONE,
             topic_id=topic_uuid(info),
             configs=_config_entries(
-                topics.effective_configs(info, broker.settings.topics.as_topic_configs()),
+                topics.effective_configs(info, broker.settings.topic_defaults()),
                 info.configs,
                 None,
             ),
@@ -143,7 +143,7 @@ def _describe_one(resource: Any, ctx: RequestContext) -> Body:
     info = ctx.broker.view.topics.get(resource.resource_name)
     if info is None:
         return {**base, "error_code": ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, "configs": []}
-    defaults = ctx.broker.settings.topics.as_topic_configs()
+    defaults = ctx.broker.settings.topic_defaults()
     entries = _config_entries(topics.effective_configs(info, defaults), info.configs, wanted)
     return {**base, "error_code": ErrorCode.NONE, "configs": entries}
 

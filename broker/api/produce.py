@@ -53,7 +53,7 @@ class TopicRules:
     def of(cls, ctx: RequestContext, topic: str) -> TopicRules:
         """From the topic's effective configs (the defaults' while the view has yet to see a
         topic this request auto-created)."""
-        defaults = ctx.broker.settings.topics.as_topic_configs()
+        defaults = ctx.broker.settings.topic_defaults()
         info = ctx.broker.view.topics.get(topic)
         configs = effective_configs(info, defaults) if info else {**DEFAULT_CONFIGS, **defaults}
         return cls(

@@ -28,6 +28,7 @@ from kafscale.broker.protocol.errors import ErrorCode, KafkaError, MetadataTimeo
 
 _TOPIC_NAME = re.compile(r"^[a-zA-Z0-9._-]{1,249}$")
 MAX_PARTITIONS = 10_000
+MIN_SEGMENT_BYTES = 1024  # as the broker's log.segment_bytes: a segment per batch below that
 
 # Topic configs we understand, with Kafka's defaults; others are stored and echoed back.
 DEFAULT_CONFIGS: dict[str, str] = {
@@ -57,6 +58,10 @@ def validate_configs(configs: Mapping[str, str | None]) -> None:
             int(value)
         except ValueError as exc:
             raise KafkaError(f"{name} must be an integer", ErrorCode.INVALID_CONFIG) from exc
+    for name, least in (("segment.bytes", MIN_SEGMENT_BYTES), ("max.message.bytes", 0)):
+        value = configs.get(name)
+        if value is not None and int(value) < least:
+            raise KafkaError(f"{name} must be at least {least}", ErrorCode.INVALID_CONFIG)
     timestamp_type = configs.get("message.timestamp.type")
     if timestamp_type is not None and timestamp_type not in ("CreateTime", "LogAppendTime"):
         raise KafkaError(
@@ -168,6 +173,13 @@ async def _update(etcd: Etcd, cluster: str, name: str, change: object) -> TopicI
     except MetadataUnavailable as exc:
         raise MetadataTimeout(str(exc)) from exc
     raise KafkaError(f"topic {name} kept changing", ErrorCode.REQUEST_TIMED_OUT)
+
+
+def segment_bytes(info: TopicInfo | None, default: int) -> int:
+    """The topic's ``segment.bytes`` (the size at which its partitions flush and cut segments),
+    else the broker's ``log.segment_bytes``."""
+    value = info.configs.get("segment.bytes") if info is not None else None
+    return int(value) if value is not None else default
 
 
 def effective_configs(

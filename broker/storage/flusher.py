@@ -1,5 +1,8 @@
 """The flush pipeline: segments cut at ``segment.bytes``, uploads overlapped, commits in order.
 
+``segment.bytes`` is the topic's config where it sets one, else the broker's
+``log.segment_bytes``.
+
 Every ``flush_interval_ms`` (on a fixed schedule), a *round* takes what every owned partition has
 buffered, cuts it into segments of at most ``segment_bytes``, and uploads them all in parallel.
 As soon as a partition has a segment's worth buffered, a round takes the whole segments of every
@@ -34,7 +37,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kafscale.broker.config import LogSettings
-from kafscale.broker.metadata import keys
+from kafscale.broker.metadata import keys, topics
 from kafscale.broker.metadata.cluster import ClusterView, TopicPartition
 from kafscale.broker.metadata.etcd import (
     Etcd,
@@ -201,6 +204,11 @@ class Flusher:
             task.cancel()
         await asyncio.gather(*self._side_tasks, return_exceptions=True)
 
+    def segment_bytes(self, owned: OwnedPartition) -> int:
+        return topics.segment_bytes(
+            self._view.topics.get(owned.topic), self._settings.segment_bytes
+        )
+
     def _spawn_side_task(self, coroutine: Coroutine[Any, Any, None], name: str) -> None:
         task = asyncio.create_task(coroutine, name=name)
         self._side_tasks.add(task)
@@ -209,13 +217,12 @@ class Flusher:
     def _start_round(
         self, previous: asyncio.Future[None] | None, *, whole_segments_only: bool
     ) -> asyncio.Future[None] | None:
-        segment_bytes = self._settings.segment_bytes
         works = [
             work
             for owned in list(self._owned.values())
             if (
                 work := owned.take_flush_work(
-                    segment_bytes, whole_segments_only=whole_segments_only
+                    self.segment_bytes(owned), whole_segments_only=whole_segments_only
                 )
             )
             is not None

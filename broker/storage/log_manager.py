@@ -291,7 +291,7 @@ class LogManager:
     # --- flushing ----------------------------------------------------------------------------
 
     def request_flush_if_full(self, owned: OwnedPartition) -> None:
-        if owned.pending_bytes >= self._settings.log.segment_bytes:
+        if owned.pending_bytes >= self._flusher.segment_bytes(owned):
             self._flusher.segment_filled()
 
     async def flush_all(self) -> None:

@@ -6,7 +6,7 @@ import time
 
 import pytest
 from confluent_kafka import Producer
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic, ResourceType
 from harness.brokers import BrokerCluster
 
 pytestmark = pytest.mark.integration
@@ -114,3 +114,40 @@ def test_a_fenced_writers_late_upload_is_deleted_by_the_next_owner(
     assert late not in segment_keys(broker_cluster, "fenced")
     assert len(segment_keys(broker_cluster, "fenced")) == 5
     assert earliest_offset(second.bootstrap, "fenced") == 0
+
+
+def test_a_topics_segment_bytes_cuts_its_segments(broker_cluster: BrokerCluster) -> None:
+    """``segment.bytes`` set on a topic is the size at which its partitions flush and cut
+    segments; topics without it get the broker's ``log.segment_bytes``, and say so."""
+    broker = broker_cluster.start(
+        KAFSCALE_LOG__SEGMENT_BYTES="2097152", KAFSCALE_LOG__FLUSH_INTERVAL_MS="3000"
+    )
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+    new = [NewTopic("small-segments", 1, 1, config={"segment.bytes": "16384"})]
+    new += [NewTopic("default-segments", 1, 1)]
+    for future in admin.create_topics(new).values():
+        future.result(10)
+    producer = Producer(
+        {
+            "bootstrap.servers": broker.bootstrap,
+            "acks": "all",
+            "batch.num.messages": 1,  # a batch per record, many requests in flight
+            "max.in.flight.requests.per.connection": 100,
+        }
+    )
+    for i in range(64):  # 64 KiB in 1 KiB batches, inside one 3 s flush interval
+        producer.produce("small-segments", value=b"%04d" % i + b"x" * 1020, partition=0)
+        producer.poll(0)
+    assert producer.flush(20) == 0  # whole 16 KiB segments at once, the rest on the timer
+    sizes = [
+        len(
+            broker_cluster.s3.client()
+            .get_object(Bucket=broker_cluster.bucket, Key=key)["Body"]
+            .read()
+        )
+        for key in segment_keys(broker_cluster, "small-segments")
+    ]
+    assert len(sizes) >= 4 and max(sizes) <= 16384 + 1200, sizes
+    resource = ConfigResource(ResourceType.TOPIC, "default-segments")
+    described = admin.describe_configs([resource])[resource].result(10)
+    assert described["segment.bytes"].value == "2097152"

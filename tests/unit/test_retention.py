@@ -196,6 +196,16 @@ def test_cleanup_policies_kafka_accepts_are_accepted(policy: str) -> None:
     validate_configs({"cleanup.policy": policy})
 
 
+@pytest.mark.parametrize(
+    "configs",
+    [{"segment.bytes": "1023"}, {"segment.bytes": "0"}, {"max.message.bytes": "-1"}],
+)
+def test_sizes_below_their_least_are_invalid_configs(configs: dict[str, str]) -> None:
+    with pytest.raises(KafkaError) as raised:
+        validate_configs(configs)
+    assert raised.value.code == ErrorCode.INVALID_CONFIG
+
+
 @pytest.mark.parametrize("policy", ["", "deleted", "compact,", "compact,none"])
 def test_other_cleanup_policies_are_invalid_configs(policy: str) -> None:
     with pytest.raises(KafkaError) as raised:
