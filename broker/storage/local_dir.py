@@ -7,7 +7,9 @@ under ``local_dir/<prefix>/<key>``. It keeps the same guarantees as the S3 adapt
   key, so a reader never sees half an object;
 * ``if_absent`` publishes with ``os.link``, which fails if the name exists, so an existing
   object is never replaced, even by a concurrent writer in another process;
-* the directory entry is fsynced too, so an acknowledged write survives a crash.
+* the directory entry is fsynced too, so an acknowledged write survives a crash;
+* deleting the last object of a directory removes the directory (and empty parents), so a
+  deleted topic leaves no folders; a write racing such a removal creates it again.
 
 Temporary files live in ``.tmp/`` under the root, on the same file system (``link`` and
 ``replace`` need that), and are never listed. File I/O runs through ``asyncio.to_thread``,
@@ -35,6 +37,7 @@ from kafscale.broker.storage.object_store import (
 T = TypeVar("T")
 
 TMP_DIR = ".tmp"
+PUBLISH_ATTEMPTS = 3
 
 
 def _fsync_dir(path: Path) -> None:
@@ -103,11 +106,18 @@ class LocalDirObjectStore:
     def _put_sync(self, path: Path, key: str, data: bytes, if_absent: bool) -> None:
         tmp = self._write_temp(data)
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            if if_absent:
-                os.link(tmp, path)  # fails if the name exists: never replaces
-            else:
-                os.replace(tmp, path)
+            for attempt in range(PUBLISH_ATTEMPTS):
+                path.parent.mkdir(parents=True, exist_ok=True)
+                try:
+                    if if_absent:
+                        os.link(tmp, path)  # fails if the name exists: never replaces
+                    else:
+                        os.replace(tmp, path)
+                    break
+                except FileNotFoundError:
+                    # A delete pruned the (then empty) directory between mkdir and link.
+                    if attempt + 1 == PUBLISH_ATTEMPTS:
+                        raise
             _fsync_dir(path.parent)
         except FileExistsError as exc:
             raise ObjectAlreadyExists(f"{key!r} already exists in {self._root}") from exc
@@ -187,11 +197,24 @@ class LocalDirObjectStore:
             for path in paths:
                 path.unlink(missing_ok=True)
                 touched.add(path.parent)
-            for directory in touched:
-                if directory.exists():
+            for directory in {self._prune(directory) for directory in touched}:
+                if directory.exists():  # a later prune may have removed it after all
                     _fsync_dir(directory)
         except OSError as exc:
             raise ObjectStoreError(f"cannot delete in {self._root}: {exc}") from exc
+
+    def _prune(self, directory: Path) -> Path:
+        """Remove ``directory`` and its parents while they are empty (a deleted topic leaves no
+        folders behind); the first one left standing, whose entry changed."""
+        while directory != self._root:
+            try:
+                directory.rmdir()
+            except FileNotFoundError:
+                pass  # pruned by another delete meanwhile
+            except OSError:
+                return directory  # not empty
+            directory = directory.parent
+        return directory
 
     async def close(self) -> None:
         """Nothing to release: files are opened and closed per call."""

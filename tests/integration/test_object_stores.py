@@ -245,3 +245,42 @@ async def test_local_rejects_keys_escaping_the_root(tmp_path: Path) -> None:
     for key in ["../x", "/abs", "a//b", "a/./b", ".tmp/x", ""]:
         with pytest.raises(ValueError):
             await store.put(key, b"v")
+
+
+def entries(directory: Path) -> list[str]:
+    return sorted(os.listdir(directory))
+
+
+async def test_local_deleting_the_last_objects_removes_their_folders(tmp_path: Path) -> None:
+    """A deleted topic leaves no empty folders in ``kafscale local``'s data directory."""
+    store = LocalDirObjectStore(tmp_path)
+    gone = ["c/topics/t/id1/0/a.kfs", "c/topics/t/id1/1/b.kfs"]
+    kept = "c/topics/u/id2/0/c.kfs"
+    for key in [*gone, kept]:
+        await store.put(key, b"v")
+    await store.delete_many(gone)
+    assert not (tmp_path / "c" / "topics" / "t").exists()
+    assert (tmp_path / kept).read_bytes() == b"v"
+    await store.delete_many([kept])
+    assert entries(tmp_path) == [".tmp"]
+
+
+async def test_local_write_recreates_a_folder_pruned_under_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Retention deletes a partition's last segments while its flush writes the next one: a
+    delete may remove the (then empty) folder between the write's mkdir and its link. Played
+    here by removing the folder right before the first link; the write still lands."""
+    store = LocalDirObjectStore(tmp_path)
+    real_link = os.link
+    pruned: list[str] = []
+
+    def link_after_a_prune(source: Any, target: Any) -> None:
+        if not pruned:
+            pruned.append(os.path.dirname(target))
+            os.rmdir(pruned[0])
+        real_link(source, target)
+
+    monkeypatch.setattr(os, "link", link_after_a_prune)
+    await store.put("c/p/0001", b"v")
+    assert pruned and await store.get("c/p/0001") == b"v"
