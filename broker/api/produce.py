@@ -13,17 +13,18 @@ from dataclasses import dataclass
 from typing import Any
 
 from kafscale.broker.api.dispatch import Body, RequestContext
-from kafscale.broker.metadata.topics import DEFAULT_CONFIGS, effective_configs
+from kafscale.broker.metadata.topics import DEFAULT_CONFIGS, NO_LIMIT_MS, effective_configs
 from kafscale.broker.protocol.codec import millis
 from kafscale.broker.protocol.errors import ErrorCode, KafkaError, code_for
 from kafscale.broker.protocol.record_batch import (
     InvalidBatch,
     read_header,
+    record_timestamps,
     split_batches,
     with_log_append_time,
 )
 
-_NO_TIMESTAMP = -1
+NO_TIMESTAMP = -1
 
 
 async def handle_produce(request: Any, ctx: RequestContext) -> Body | None:
@@ -48,6 +49,8 @@ class TopicRules:
 
     max_batch_bytes: int
     log_append_time: bool
+    after_max_ms: int  # how far ahead of the broker's clock a CreateTime timestamp may be
+    before_max_ms: int  # and how far behind
 
     @classmethod
     def of(cls, ctx: RequestContext, topic: str) -> TopicRules:
@@ -59,7 +62,38 @@ class TopicRules:
         return cls(
             max_batch_bytes=int(configs["max.message.bytes"]),
             log_append_time=configs["message.timestamp.type"] == "LogAppendTime",
+            after_max_ms=int(configs["message.timestamp.after.max.ms"]),
+            before_max_ms=int(configs["message.timestamp.before.max.ms"]),
         )
+
+    def check(self, batches: list[memoryview], now_ms: int) -> None:
+        """MESSAGE_TOO_LARGE for a batch over ``max.message.bytes`` (as stored: compressed,
+        with its 12-byte log header), INVALID_TIMESTAMP for a CreateTime record too far from
+        the broker's clock, as Kafka checks them (records without a timestamp, -1, pass)."""
+        largest = max(len(batch) for batch in batches)
+        if largest > self.max_batch_bytes:
+            raise KafkaError(
+                f"record batch of {largest} bytes over max.message.bytes={self.max_batch_bytes}",
+                ErrorCode.MESSAGE_TOO_LARGE,
+            )
+        if self.log_append_time:
+            return
+        for batch in batches:
+            latest = read_header(batch).max_timestamp  # the max bounds every record: exact
+            if latest > now_ms + self.after_max_ms:
+                raise KafkaError(
+                    f"timestamp {latest} is more than message.timestamp.after.max.ms="
+                    f"{self.after_max_ms} ahead of the broker's clock",
+                    ErrorCode.INVALID_TIMESTAMP,
+                )
+            if self.before_max_ms < NO_LIMIT_MS:  # records decoded only when a topic sets it
+                stamps = [t for _, t in record_timestamps(batch) if t != NO_TIMESTAMP]
+                if stamps and min(stamps) < now_ms - self.before_max_ms:
+                    raise KafkaError(
+                        f"timestamp {min(stamps)} is more than message.timestamp.before.max.ms="
+                        f"{self.before_max_ms} behind the broker's clock",
+                        ErrorCode.INVALID_TIMESTAMP,
+                    )
 
 
 Outcome = asyncio.Future[int] | ErrorCode
@@ -80,11 +114,12 @@ async def _append_all(
                 batches = split_batches(memoryview(partition.records or b""))
                 owned = await manager.owned_partition(tp)
                 rules = TopicRules.of(ctx, topic.name)
-                _check_sizes(batches, rules.max_batch_bytes)
+                now_ms = int(time.time() * 1000)
+                rules.check(batches, now_ms)
                 stamped = [(batch, read_header(batch)) for batch in batches]
                 if rules.log_append_time:
-                    append_times[tp] = int(time.time() * 1000)
-                    stamped = [with_log_append_time(b, append_times[tp]) for b in batches]
+                    append_times[tp] = now_ms
+                    stamped = [with_log_append_time(b, now_ms) for b in batches]
                 futures = [owned.append(batch, header) for batch, header in stamped]
                 manager.request_flush_if_full(owned)
                 outcomes[tp] = futures[0] if len(futures) == 1 else _first_offset(futures)
@@ -93,16 +128,6 @@ async def _append_all(
             except KafkaError as exc:
                 outcomes[tp] = exc.code
     return outcomes, append_times
-
-
-def _check_sizes(batches: list[memoryview], limit: int) -> None:
-    """Kafka's limit applies to each batch as stored (compressed, with its 12-byte log header)."""
-    largest = max(len(batch) for batch in batches)
-    if largest > limit:
-        raise KafkaError(
-            f"record batch of {largest} bytes over max.message.bytes={limit}",
-            ErrorCode.MESSAGE_TOO_LARGE,
-        )
 
 
 def _first_offset(futures: list[asyncio.Future[int]]) -> asyncio.Future[int]:
@@ -154,7 +179,7 @@ def _partition_result(ctx: RequestContext, tp: tuple[str, int], outcome: Outcome
         "index": tp[1],
         "error_code": code,
         "base_offset": base_offset,
-        "log_append_time": _NO_TIMESTAMP,
+        "log_append_time": NO_TIMESTAMP,
         "log_start_offset": ctx.broker.committed_state(tp).log_start_offset,
     }
     if code == ErrorCode.NOT_LEADER_OR_FOLLOWER:
@@ -174,7 +199,7 @@ def _every_partition(request: Any, code: ErrorCode) -> Body:
                         "index": p.index,
                         "error_code": code,
                         "base_offset": -1,
-                        "log_append_time": _NO_TIMESTAMP,
+                        "log_append_time": NO_TIMESTAMP,
                     }
                     for p in topic.partition_data
                 ],

@@ -28,6 +28,7 @@ from kafscale.broker.protocol.errors import ErrorCode, KafkaError, MetadataTimeo
 
 _TOPIC_NAME = re.compile(r"^[a-zA-Z0-9._-]{1,249}$")
 MAX_PARTITIONS = 10_000
+NO_LIMIT_MS = 2**63 - 1  # Kafka's Long.MAX_VALUE for "no limit"
 MIN_SEGMENT_BYTES = 1024  # as the broker's log.segment_bytes: a segment per batch below that
 
 # Topic configs we understand, with Kafka's defaults; others are stored and echoed back.
@@ -38,10 +39,14 @@ DEFAULT_CONFIGS: dict[str, str] = {
     "segment.bytes": "4194304",
     "max.message.bytes": "1048588",
     "message.timestamp.type": "CreateTime",
+    "message.timestamp.after.max.ms": "3600000",  # Kafka 4.0's default: an hour ahead at most
+    "message.timestamp.before.max.ms": str(NO_LIMIT_MS),
     "compression.type": "producer",
     "min.insync.replicas": "1",
 }
 READ_ONLY_CONFIGS = frozenset({"compression.type", "min.insync.replicas"})
+INTEGER_CONFIGS = ("retention.ms", "retention.bytes", "segment.bytes", "max.message.bytes")
+TIMESTAMP_LIMITS = ("message.timestamp.after.max.ms", "message.timestamp.before.max.ms")
 
 
 def validate_topic_name(name: str) -> None:
@@ -50,7 +55,7 @@ def validate_topic_name(name: str) -> None:
 
 
 def validate_configs(configs: Mapping[str, str | None]) -> None:
-    for name in ("retention.ms", "retention.bytes", "segment.bytes", "max.message.bytes"):
+    for name in (*INTEGER_CONFIGS, *TIMESTAMP_LIMITS):
         value = configs.get(name)
         if value is None:
             continue
@@ -58,7 +63,8 @@ def validate_configs(configs: Mapping[str, str | None]) -> None:
             int(value)
         except ValueError as exc:
             raise KafkaError(f"{name} must be an integer", ErrorCode.INVALID_CONFIG) from exc
-    for name, least in (("segment.bytes", MIN_SEGMENT_BYTES), ("max.message.bytes", 0)):
+    least_values = {"segment.bytes": MIN_SEGMENT_BYTES, "max.message.bytes": 0}
+    for name, least in {**least_values, **dict.fromkeys(TIMESTAMP_LIMITS, 0)}.items():
         value = configs.get(name)
         if value is not None and int(value) < least:
             raise KafkaError(f"{name} must be at least {least}", ErrorCode.INVALID_CONFIG)

@@ -39,7 +39,8 @@ pytestmark = pytest.mark.integration
 
 NONE, OFFSET_OUT_OF_RANGE, UNKNOWN_TOPIC_OR_PARTITION = 0, 1, 3
 OFFSET_INVALID = -1001  # librdkafka: no committed offset
-MESSAGE_TOO_LARGE, TOPIC_ALREADY_EXISTS, INVALID_PARTITIONS, INVALID_CONFIG = 10, 36, 37, 40
+MESSAGE_TOO_LARGE, INVALID_TIMESTAMP = 10, 32
+TOPIC_ALREADY_EXISTS, INVALID_PARTITIONS, INVALID_CONFIG = 36, 37, 40
 
 
 @pytest.fixture(scope="module")
@@ -355,6 +356,38 @@ def test_max_message_bytes_caps_each_batch_and_follows_changes(
         assert code == MESSAGE_TOO_LARGE and time.monotonic() < deadline
     assert consume(kafka.bootstrap, topic, 0, 0, 2) == [(0, b"s" * 500), (1, b"L" * 5000)]
     assert admin.configs(topic)["max.message.bytes"] == ("10000", False)
+
+
+def test_create_time_too_far_from_the_broker_clock_is_invalid_timestamp(
+    admin: Admin, kafka: BrokerProcess, topic: str
+) -> None:
+    """As Kafka 4: a record an hour or more ahead of the broker's clock gets INVALID_TIMESTAMP;
+    nothing is too old unless ``message.timestamp.before.max.ms`` says so."""
+    assert admin.create(topic, 1, {"message.timestamp.before.max.ms": "86400000"}) == NONE
+    now_ms = int(time.time() * 1000)
+    day_ms = 86_400_000
+
+    def code_at(timestamp_ms: int) -> int:
+        codes: list[int] = []
+        producer = Producer({"bootstrap.servers": kafka.bootstrap})
+        producer.produce(
+            topic,
+            value=b"t",
+            timestamp=timestamp_ms,
+            on_delivery=lambda err, _: codes.append(err.code() if err else 0),
+        )
+        assert producer.flush(30) == 0
+        return codes[0]
+
+    assert code_at(now_ms + 60_000) == NONE  # a clock a minute fast is fine
+    assert code_at(now_ms + 2 * 3_600_000) == INVALID_TIMESTAMP
+    assert code_at(now_ms - day_ms // 2) == NONE
+    assert code_at(now_ms - 2 * day_ms) == INVALID_TIMESTAMP
+    assert admin.alter(topic, {"message.timestamp.before.max.ms": None}) == NONE
+    deadline = time.monotonic() + 10  # the broker's view follows etcd's watch
+    while (code := code_at(now_ms - 2 * day_ms)) != NONE:
+        assert code == INVALID_TIMESTAMP and time.monotonic() < deadline
+    assert admin.alter(topic, {"message.timestamp.after.max.ms": "-1"}) == INVALID_CONFIG
 
 
 def test_log_append_time_topics_stamp_records_with_the_broker_time(

@@ -112,7 +112,7 @@ def test_round_trip_on_radosgw(rgw_cluster: BrokerCluster) -> None:
         value=b"from-kafka-python",
         partition=1,
         headers=[("h", b"1")],
-        timestamp_ms=1_800_000_000_000,
+        timestamp_ms=1_700_000_000_000,
     ).get(30)
     producer.close(10)
     assert (sent.partition, sent.offset) == (1, 25)
@@ -136,7 +136,7 @@ def test_round_trip_on_radosgw(rgw_cluster: BrokerCluster) -> None:
         b"kp",
         b"from-kafka-python",
         [("h", b"1")],
-        1_800_000_000_000,
+        1_700_000_000_000,
     )
 
 
