@@ -8,32 +8,19 @@ from pathlib import Path
 
 import pytest
 from harness.batches import make_batch
+from harness.stores import CountingStore
 
 from kafscale.broker.metadata import keys
 from kafscale.broker.metadata.partition_state import PartitionState, SegmentRef
 from kafscale.broker.protocol.record_batch import iter_batch_headers
 from kafscale.broker.storage import reader as reader_module
 from kafscale.broker.storage.cache import SegmentCache
-from kafscale.broker.storage.local_dir import LocalDirObjectStore
-from kafscale.broker.storage.object_store import ObjectInfo
 from kafscale.broker.storage.reader import LogReader
 from kafscale.broker.storage.segments import encode_segment
 
 pytestmark = pytest.mark.unit
 
 SEGMENTS, RECORDS = 40, 10  # segment n holds offsets 10n .. 10n+9
-
-
-class CountingStore(LocalDirObjectStore):
-    """A real local-directory store that counts its listing calls."""
-
-    lists = 0
-
-    async def list(
-        self, prefix: str, *, start_after: str | None = None, limit: int | None = None
-    ) -> list[ObjectInfo]:
-        self.lists += 1
-        return await super().list(prefix, start_after=start_after, limit=limit)
 
 
 def stored_partition(root: Path, partition: int = 0) -> tuple[CountingStore, list[SegmentRef]]:

@@ -9,6 +9,7 @@ import random
 from pathlib import Path
 
 import pytest
+from harness.stores import CountingStore
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -21,7 +22,6 @@ from kafscale.broker.storage.janitor import (
     segment_facts,
     with_epoch_boundaries,
 )
-from kafscale.broker.storage.local_dir import LocalDirObjectStore
 from kafscale.broker.storage.object_store import ObjectInfo
 from kafscale.broker.storage.retention import (
     SegmentFacts,
@@ -260,18 +260,6 @@ def test_a_week_of_retention_reads_one_header_however_many_new_segments() -> Non
     assert reads == [f"{0:020d}-e0.kfs"]
     _, reads = _lazy_facts((fresh, 3000, 0), None)  # retention.ms=-1: only sizes count
     assert reads == []
-
-
-class CountingStore(LocalDirObjectStore):
-    """A real local-directory store that counts its listing calls."""
-
-    lists = 0
-
-    async def list(
-        self, prefix: str, *, start_after: str | None = None, limit: int | None = None
-    ) -> list[ObjectInfo]:
-        self.lists += 1
-        return await super().list(prefix, start_after=start_after, limit=limit)
 
 
 def test_retention_lists_from_the_oldest_only_as_far_as_it_looks(tmp_path: Path) -> None:
