@@ -1,8 +1,10 @@
 """Produce: validate batches, append them in arrival order, answer once they are durable.
 
-A topic's configs shape what is appended: ``max.message.bytes`` caps each batch
-(MESSAGE_TOO_LARGE), and ``message.timestamp.type=LogAppendTime`` gives every batch the time of
-its append (returned in the response as ``log_append_time``, -1 otherwise).
+A topic's configs shape what is appended (``TopicRules``, a pure check): ``max.message.bytes``
+caps each batch (MESSAGE_TOO_LARGE), ``message.timestamp.after.max.ms`` and ``.before.max.ms``
+bound CreateTime timestamps around the broker's clock (INVALID_TIMESTAMP), and
+``message.timestamp.type=LogAppendTime`` gives every batch the time of its append (returned in
+the response as ``log_append_time``, -1 otherwise).
 """
 
 from __future__ import annotations

@@ -1,0 +1,69 @@
+"""What a topic's configs ask of a produce (``TopicRules.check``): batch size and timestamps,
+checked as Kafka checks them, compressed batches included."""
+
+from __future__ import annotations
+
+import pytest
+from harness.batches import make_batch
+
+from kafscale.broker.api.produce import TopicRules
+from kafscale.broker.metadata.topics import NO_LIMIT_MS
+from kafscale.broker.protocol.errors import ErrorCode, KafkaError
+
+pytestmark = pytest.mark.unit
+
+NOW = 1_763_900_000_000
+HOUR = 3_600_000
+RULES = TopicRules(
+    max_batch_bytes=1_048_588, log_append_time=False, after_max_ms=HOUR, before_max_ms=NO_LIMIT_MS
+)
+
+
+def gzip_batch(timestamps: list[int]) -> memoryview:
+    """A gzip-compressed batch from kafka-python's own builder: its timestamps are inside the
+    compressed records, where only decoding finds the oldest."""
+    from kafka.record.default_records import DefaultRecordBatchBuilder
+
+    builder = DefaultRecordBatchBuilder(2, 1, False, -1, -1, -1, 1 << 20)
+    for offset, timestamp in enumerate(timestamps):
+        builder.append(offset, timestamp=timestamp, key=None, value=b"v", headers=[])
+    return memoryview(bytes(builder.build()))
+
+
+def code_of(rules: TopicRules, batches: list[memoryview]) -> ErrorCode:
+    try:
+        rules.check(batches, NOW)
+    except KafkaError as exc:
+        return exc.code
+    return ErrorCode.NONE
+
+
+def batch_at(timestamp_ms: int, values: int = 1) -> memoryview:
+    return memoryview(make_batch(0, [b"v"] * values, timestamp_ms=timestamp_ms))
+
+
+def test_a_batch_over_max_message_bytes_is_too_large() -> None:
+    small = TopicRules(100, False, HOUR, NO_LIMIT_MS)
+    assert code_of(small, [batch_at(NOW)]) == ErrorCode.NONE
+    assert code_of(small, [batch_at(NOW, values=20)]) == ErrorCode.MESSAGE_TOO_LARGE
+
+
+def test_a_timestamp_beyond_the_allowed_lead_is_invalid() -> None:
+    assert code_of(RULES, [batch_at(NOW + HOUR)]) == ErrorCode.NONE  # exactly the limit
+    assert code_of(RULES, [batch_at(NOW + HOUR - 1, values=2)]) == ErrorCode.NONE
+    assert code_of(RULES, [batch_at(NOW + HOUR, values=2)]) == ErrorCode.INVALID_TIMESTAMP
+    assert code_of(RULES, [batch_at(0)]) == ErrorCode.NONE  # no limit behind by default
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # kafka-python's own imports
+def test_the_oldest_record_of_a_compressed_batch_counts_behind() -> None:
+    rules = TopicRules(1_048_588, False, HOUR, 24 * HOUR)
+    assert code_of(rules, [gzip_batch([NOW, NOW - 23 * HOUR])]) == ErrorCode.NONE
+    late = [NOW, NOW - 25 * HOUR, NOW]  # out of order, the old one in the middle
+    assert code_of(rules, [gzip_batch(late)]) == ErrorCode.INVALID_TIMESTAMP
+    assert code_of(rules, [gzip_batch([-1, NOW])]) == ErrorCode.NONE  # no timestamp: exempt
+
+
+def test_log_append_time_topics_take_any_producer_timestamp() -> None:
+    rules = TopicRules(1_048_588, True, HOUR, HOUR)
+    assert code_of(rules, [batch_at(NOW + 10 * HOUR), batch_at(0)]) == ErrorCode.NONE
