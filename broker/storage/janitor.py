@@ -15,6 +15,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import replace
 
 from kafscale.broker.metadata import keys
 from kafscale.broker.metadata.cluster import ClusterView
@@ -36,6 +37,8 @@ log = logging.getLogger(__name__)
 
 PAGE = 1000  # keys per listing call (S3's page size)
 ORPHAN_SCAN_EVERY = 20  # checks: every 10 minutes at the default 30 s
+MAX_PAGES_PER_CHECK = 10  # pages listed per partition and check while all are expired
+KEEP = 2**63 - 1  # a creation time that never expires: where a capped check stops
 
 
 def committed_segments(
@@ -82,13 +85,16 @@ async def list_for_retention(
     created_at_ms: Callable[[str], Awaitable[int]],
     full: bool,
     page: int = PAGE,
+    max_pages: int = MAX_PAGES_PER_CHECK,
 ) -> tuple[list[ObjectInfo], list[SegmentFacts]]:
     """The partition's objects from the oldest on, and its committed segments' facts: all of
     them (``full``), or pages of ``page`` keys only until time retention is settled. A week of
     100 ms segments is six million objects; listing them all every 30 s would be thousands of
-    LIST calls per partition and check, where retention needs the first page."""
+    LIST calls per partition and check, where retention needs the first page. After
+    ``max_pages`` pages of nothing but expired segments (retention just shortened on a long
+    log), the check stops there and keeps the last listed segment: the next check goes on."""
     objects: list[ObjectInfo] = []
-    while True:
+    for pages in range(1, max_pages + 1):
         after = objects[-1].key if objects else None
         listed = await store.list(prefix, start_after=after, limit=None if full else page)
         objects += listed
@@ -97,6 +103,9 @@ async def list_for_retention(
         )
         if full or len(listed) < page or settled:
             return objects, committed
+        if pages == max_pages and committed:
+            committed[-1] = replace(committed[-1], created_at_ms=KEEP)
+    return objects, committed
 
 
 def epoch_boundaries(state: PartitionState) -> list[int]:

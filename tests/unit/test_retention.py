@@ -309,3 +309,30 @@ def test_a_fenced_writers_uploads_are_found_from_the_epoch_boundaries(tmp_path: 
     assert orphan_keys <= {info.key for info in found}
     assert store.lists == 2  # one page per boundary
     assert len({info.key for info in found}) == len(found)  # no object twice
+
+
+def test_a_long_run_of_expired_segments_is_trimmed_over_several_checks(tmp_path: Path) -> None:
+    """Retention shortened on a long log: each check lists a bounded number of pages, moves the
+    log start to the last segment it listed, and the next check goes on from there."""
+    store = CountingStore(tmp_path)
+    prefix = keys.partition_object_prefix("c", "t", "id", 0)
+    created = {}
+    for n in range(10):
+        key = keys.segment_object_key("c", "t", "id", 0, 10 * n, 0)
+        created[key] = NOW - 10_000 + n  # all older than NOW - 5000
+        asyncio.run(store.put(key, b"segment"))
+    state = PartitionState(high_watermark=100, leader_epoch=0, epochs=((0, 0),))
+
+    async def created_at_ms(key: str) -> int:
+        return created[key]
+
+    def check() -> int:
+        _, facts = asyncio.run(
+            list_for_retention(store, prefix, state, NOW - 5000, created_at_ms, False, 3, 2)
+        )
+        return decide_log_start(facts, 100, 0, NOW, 5000, -1)
+
+    assert check() == 50  # two pages of three: the sixth segment is kept, for now
+    assert store.lists == 2
+    asyncio.run(store.delete_many([k for k in created if int(k.rsplit("/", 1)[1][:20]) < 50]))
+    assert check() == 100  # 50-90 in two pages, the last one short: all expired, start at HW
