@@ -25,6 +25,7 @@ from kafscale.broker.protocol.errors import KafkaError
 from kafscale.broker.storage.log_manager import LogManager
 from kafscale.broker.storage.object_store import ObjectInfo, ObjectStore, ObjectStoreError
 from kafscale.broker.storage.partition_log import OwnedPartition
+from kafscale.broker.storage.reader import committed_objects
 from kafscale.broker.storage.retention import (
     SegmentFacts,
     decide_log_start,
@@ -39,18 +40,6 @@ PAGE = 1000  # keys per listing call (S3's page size)
 ORPHAN_SCAN_EVERY = 20  # checks: every 10 minutes at the default 30 s
 MAX_PAGES_PER_CHECK = 10  # pages listed per partition and check while all are expired
 KEEP = 2**63 - 1  # a creation time that never expires: where a capped check stops
-
-
-def committed_segments(
-    state: PartitionState, objects: list[ObjectInfo]
-) -> list[tuple[int, ObjectInfo]]:
-    """``(base offset, object)`` of the listed segments holding committed data, oldest first."""
-    found = []
-    for info in objects:
-        parsed = keys.parse_object_name(info.key)
-        if parsed is not None and parsed[2] == "kfs" and is_committed_segment(state, *parsed[:2]):
-            found.append((parsed[0], info))
-    return sorted(found, key=lambda item: item[0])
 
 
 async def segment_facts(
@@ -99,7 +88,9 @@ async def list_for_retention(
         listed = await store.list(prefix, start_after=after, limit=None if full else page)
         objects += listed
         committed, settled = await segment_facts(
-            committed_segments(state, objects), expired_before_ms, created_at_ms
+            [(base, info) for base, _, info in committed_objects(state, objects)],
+            expired_before_ms,
+            created_at_ms,
         )
         if full or len(listed) < page or settled:
             return objects, committed

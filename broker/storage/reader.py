@@ -379,16 +379,24 @@ class LogReader:
             del self._listings[key]
 
 
-def _committed_locations(objects: list[ObjectInfo], state: PartitionState) -> list[SegmentLocation]:
-    segments = []
+def committed_objects(
+    state: PartitionState, objects: list[ObjectInfo]
+) -> list[tuple[int, int, ObjectInfo]]:
+    """``(base offset, epoch, object)`` of the listed segments holding committed data, oldest
+    first; uploads that were never committed (a fenced writer's) are left out."""
+    found = []
     for info in objects:
         parsed = keys.parse_object_name(info.key)
-        if parsed is None or parsed[2] != "kfs":
-            continue
-        base, epoch, _ = parsed
-        if is_committed_segment(state, base, epoch):
-            segments.append(SegmentLocation(base, epoch, info.size, recent=False))
-    return sorted(segments, key=lambda s: s.base)
+        if parsed is not None and parsed[2] == "kfs" and is_committed_segment(state, *parsed[:2]):
+            found.append((parsed[0], parsed[1], info))
+    return sorted(found, key=lambda item: item[0])
+
+
+def _committed_locations(objects: list[ObjectInfo], state: PartitionState) -> list[SegmentLocation]:
+    return [
+        SegmentLocation(base, epoch, info.size, recent=False)
+        for base, epoch, info in committed_objects(state, objects)
+    ]
 
 
 def _covering(listing: _Listing, state: PartitionState, offset: int) -> SegmentLocation | None:
