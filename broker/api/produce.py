@@ -19,6 +19,7 @@ from kafscale.broker.metadata.topics import DEFAULT_CONFIGS, NO_LIMIT_MS, effect
 from kafscale.broker.protocol.codec import millis
 from kafscale.broker.protocol.errors import ErrorCode, KafkaError, code_for
 from kafscale.broker.protocol.record_batch import (
+    BatchHeader,
     InvalidBatch,
     read_header,
     record_timestamps,
@@ -56,8 +57,8 @@ class TopicRules:
 
     @classmethod
     def of(cls, ctx: RequestContext, topic: str) -> TopicRules:
-        """From the topic's effective configs (the defaults' while the view has yet to see a
-        topic this request auto-created)."""
+        """From the topic's effective configs (the defaults' for a topic the view has yet to
+        see: one this request auto-creates gets them)."""
         defaults = ctx.broker.settings.topic_defaults()
         info = ctx.broker.view.topics.get(topic)
         configs = effective_configs(info, defaults) if info else {**DEFAULT_CONFIGS, **defaults}
@@ -68,7 +69,7 @@ class TopicRules:
             before_max_ms=int(configs["message.timestamp.before.max.ms"]),
         )
 
-    def check(self, batches: list[memoryview], now_ms: int) -> None:
+    def check(self, batches: list[memoryview], headers: list[BatchHeader], now_ms: int) -> None:
         """MESSAGE_TOO_LARGE for a batch over ``max.message.bytes`` (as stored: compressed,
         with its 12-byte log header), INVALID_TIMESTAMP for a CreateTime record too far from
         the broker's clock, as Kafka checks them (records without a timestamp, -1, pass)."""
@@ -80,8 +81,8 @@ class TopicRules:
             )
         if self.log_append_time:
             return
-        for batch in batches:
-            latest = read_header(batch).max_timestamp  # the max bounds every record: exact
+        for batch, header in zip(batches, headers, strict=True):
+            latest = header.max_timestamp  # the max bounds every record: exact
             if latest > now_ms + self.after_max_ms:
                 raise KafkaError(
                     f"timestamp {latest} is more than message.timestamp.after.max.ms="
@@ -109,16 +110,17 @@ async def _append_all(
     manager = ctx.broker.log_manager
     outcomes: dict[tuple[str, int], Outcome] = {}
     append_times: dict[tuple[str, int], int] = {}
+    now_ms = int(time.time() * 1000)
     for topic in request.topic_data:
+        rules = TopicRules.of(ctx, topic.name)
         for partition in topic.partition_data:
             tp = (topic.name, int(partition.index))
             try:
                 batches = split_batches(memoryview(partition.records or b""))
                 owned = await manager.owned_partition(tp)
-                rules = TopicRules.of(ctx, topic.name)
-                now_ms = int(time.time() * 1000)
-                rules.check(batches, now_ms)
-                stamped = [(batch, read_header(batch)) for batch in batches]
+                headers = [read_header(batch) for batch in batches]
+                rules.check(batches, headers, now_ms)
+                stamped = list(zip(batches, headers, strict=True))
                 if rules.log_append_time:
                     append_times[tp] = now_ms
                     stamped = [with_log_append_time(b, now_ms) for b in batches]

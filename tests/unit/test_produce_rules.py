@@ -9,6 +9,7 @@ from harness.batches import make_batch
 from kafscale.broker.api.produce import TopicRules
 from kafscale.broker.metadata.topics import NO_LIMIT_MS
 from kafscale.broker.protocol.errors import ErrorCode, KafkaError
+from kafscale.broker.protocol.record_batch import read_header
 
 pytestmark = pytest.mark.unit
 
@@ -32,7 +33,7 @@ def gzip_batch(timestamps: list[int]) -> memoryview:
 
 def code_of(rules: TopicRules, batches: list[memoryview]) -> ErrorCode:
     try:
-        rules.check(batches, NOW)
+        rules.check(batches, [read_header(batch) for batch in batches], NOW)
     except KafkaError as exc:
         return exc.code
     return ErrorCode.NONE
