@@ -45,8 +45,15 @@ DEFAULT_CONFIGS: dict[str, str] = {
     "min.insync.replicas": "1",
 }
 READ_ONLY_CONFIGS = frozenset({"compression.type", "min.insync.replicas"})
-INTEGER_CONFIGS = ("retention.ms", "retention.bytes", "segment.bytes", "max.message.bytes")
-TIMESTAMP_LIMITS = ("message.timestamp.after.max.ms", "message.timestamp.before.max.ms")
+# Integer configs, with the least value each may take (None: any).
+INTEGER_CONFIGS: dict[str, int | None] = {
+    "retention.ms": None,
+    "retention.bytes": None,
+    "segment.bytes": MIN_SEGMENT_BYTES,
+    "max.message.bytes": 0,
+    "message.timestamp.after.max.ms": 0,
+    "message.timestamp.before.max.ms": 0,
+}
 
 
 def validate_topic_name(name: str) -> None:
@@ -55,18 +62,15 @@ def validate_topic_name(name: str) -> None:
 
 
 def validate_configs(configs: Mapping[str, str | None]) -> None:
-    for name in (*INTEGER_CONFIGS, *TIMESTAMP_LIMITS):
+    for name, least in INTEGER_CONFIGS.items():
         value = configs.get(name)
         if value is None:
             continue
         try:
-            int(value)
+            number = int(value)
         except ValueError as exc:
             raise KafkaError(f"{name} must be an integer", ErrorCode.INVALID_CONFIG) from exc
-    least_values = {"segment.bytes": MIN_SEGMENT_BYTES, "max.message.bytes": 0}
-    for name, least in {**least_values, **dict.fromkeys(TIMESTAMP_LIMITS, 0)}.items():
-        value = configs.get(name)
-        if value is not None and int(value) < least:
+        if least is not None and number < least:
             raise KafkaError(f"{name} must be at least {least}", ErrorCode.INVALID_CONFIG)
     timestamp_type = configs.get("message.timestamp.type")
     if timestamp_type is not None and timestamp_type not in ("CreateTime", "LogAppendTime"):
