@@ -76,7 +76,7 @@ class BatchHeader:
 
 
 _ATTRIBUTES = struct.Struct(">h")
-_ATTRIBUTES_AT = 21
+_ATTRIBUTES_AT = _CRC_START  # the CRC covers the batch from its attributes on
 _MAX_TIMESTAMP = struct.Struct(">q")
 _MAX_TIMESTAMP_AT = 35
 _CRC = struct.Struct(">I")
