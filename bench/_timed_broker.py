@@ -11,6 +11,7 @@ seconds, which on Linux is one clock for every process, so the bench can cut the
 from __future__ import annotations
 
 import asyncio
+import gc
 import inspect
 import json
 import os
@@ -154,6 +155,20 @@ async def _lag_probe() -> None:
         emit("lag", start=began, lag=now() - began - 0.01)
 
 
+def watch_gc() -> None:
+    """Log every garbage collection: a full one stops the event loop as long as it runs."""
+    began: dict[str, float] = {}
+
+    def callback(phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            began["t"] = now()
+        elif "t" in began:
+            start = began.pop("t")
+            emit("gc", start=start, end=now(), generation=info["generation"])
+
+    gc.callbacks.append(callback)
+
+
 def install(path: str) -> None:
     _out.append(open(path, "a", buffering=1))  # noqa: SIM115 (open for the process's life)
     wrap_flush_round()
@@ -162,6 +177,7 @@ def install(path: str) -> None:
     wrap_txn()
     wrap_s3()
     wrap_start()
+    watch_gc()
 
 
 def main() -> int:

@@ -617,6 +617,13 @@ def timing_report(path: Path, phases: list[tuple[str, float, float]]) -> list[st
                     )
                 )
         out.append(line("event-loop lag (10 ms sleep)", stats(lag)))
+        for generation in (0, 1, 2):
+            pauses = [
+                e["end"] - e["start"]
+                for e in inside
+                if e["kind"] == "gc" and e["generation"] == generation
+            ]
+            out.append(line(f"garbage collection, generation {generation}", stats(pauses)))
     return out
 
 
