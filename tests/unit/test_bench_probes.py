@@ -3,6 +3,7 @@ break ``bench/produce_consume.py --timings`` (it once did)."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -17,7 +18,7 @@ BENCH = Path(__file__).resolve().parents[2] / "bench"
 def test_timing_probes_install_on_the_current_broker_code(tmp_path: Path) -> None:
     script = (
         "import sys; sys.path.insert(0, sys.argv[1]); import _timed_broker as t; "
-        "t.install(sys.argv[2]); t.emit('probe', ok=True)"
+        "t.install(sys.argv[2]); t.emit('probe', ok=True); import gc; gc.collect()"
     )
     out = tmp_path / "timings.jsonl"
     done = subprocess.run(
@@ -28,7 +29,11 @@ def test_timing_probes_install_on_the_current_broker_code(tmp_path: Path) -> Non
         check=False,
     )
     assert done.returncode == 0, done.stderr
-    assert out.read_text() == '{"kind": "probe", "ok": true}\n'
+    events = [json.loads(line) for line in out.read_text().splitlines()]
+    assert {"kind": "probe", "ok": True} in events
+    # the full collection after the probe is logged with its generation and how long it took
+    full = [e for e in events if e["kind"] == "gc" and e["generation"] == 2]
+    assert full and full[-1]["end"] >= full[-1]["start"] > 0
 
 
 def test_timing_probes_pass_on_what_the_wrapped_methods_return(tmp_path: Path) -> None:
