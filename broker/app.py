@@ -169,9 +169,7 @@ class Broker:
         listener = self.settings.listener
         assert self.server is not None
         node_id = await self.etcd.increment(keys.broker_id_counter_key(self.cluster))
-        host = listener.advertised_host or (
-            "127.0.0.1" if listener.host in ("0.0.0.0", "") else listener.host
-        )
+        host = listener.advertised()
         info = BrokerInfo(
             node_id=node_id,
             host=host,

@@ -1,6 +1,8 @@
 """Broker configuration: one frozen pydantic-settings model, parsed once at start-up.
 
-Nothing else in the broker reads ``os.environ``. Every field can be set from the environment
+Apart from the pod name (``KAFSCALE_POD_NAME``, set by the Kubernetes manifests from the pod's
+own metadata and reported in ``/status``) and glibc's ``MALLOC_*`` variables (see ``memory``),
+nothing else in the broker reads ``os.environ``. Every field can be set from the environment
 with the ``KAFSCALE_`` prefix and ``__`` between nested names, for example
 ``KAFSCALE_ETCD__ENDPOINTS='["http://etcd:2379"]'`` or ``KAFSCALE_STORAGE__BUCKET=kafscale``.
 The configuration reference in the README is generated from this model
@@ -9,6 +11,8 @@ The configuration reference in the README is generated from this model
 
 from __future__ import annotations
 
+import socket
+from collections.abc import Callable
 from enum import StrEnum
 from pathlib import Path
 
@@ -20,21 +24,38 @@ class _Section(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
 
+ALL_INTERFACES = frozenset({"0.0.0.0", "::", ""})
+
+
 class ListenerSettings(_Section):
     """Where the Kafka listener binds and what it tells clients to connect to."""
 
     host: str = Field("0.0.0.0", description="Address the Kafka listener binds to.")
     port: int = Field(9092, ge=0, le=65535, description="Kafka listener port (0 picks a free one).")
     advertised_host: str | None = Field(
-        None, description="Host given to clients in Metadata; defaults to the bind host."
+        None,
+        description="Host given to clients in Metadata; defaults to the bind host or, when "
+        "binding all interfaces, this machine's fully qualified host name (as Kafka does).",
     )
     advertised_port: int | None = Field(
         None, ge=1, le=65535, description="Port given to clients; defaults to the bound port."
     )
     admin_port: int = Field(
-        8080, ge=0, le=65535, description="HTTP port for /healthz, /readyz and POST /drain."
+        8080,
+        ge=0,
+        le=65535,
+        description="HTTP port for /healthz, /readyz, GET /status and POST /drain.",
     )
     rack: str | None = Field(None, description="Rack id reported in Metadata.")
+
+    def advertised(self, host_name: Callable[[], str] = socket.getfqdn) -> str:
+        """The host clients are told to connect to. A broker bound to every interface must not
+        advertise loopback: clients on other machines would be sent to themselves."""
+        if self.advertised_host:
+            return self.advertised_host
+        if self.host in ALL_INTERFACES:
+            return host_name()
+        return self.host
 
 
 class EtcdSettings(_Section):
@@ -117,7 +138,12 @@ class LimitSettings(_Section):
 
 class TopicDefaults(_Section):
     num_partitions: int = Field(3, ge=1, description="Partitions of auto-created topics.")
-    auto_create_topics: bool = Field(True, description="Create unknown topics on Metadata/Produce.")
+    auto_create_topics: bool = Field(
+        True,
+        description="Create unknown topics a client's Metadata request names (Kafka's "
+        "auto.create.topics.enable); a Produce to an unknown topic gets "
+        "UNKNOWN_TOPIC_OR_PARTITION, as from Kafka.",
+    )
     retention_ms: int = Field(7 * 24 * 3600 * 1000, description="Default retention.ms (-1: none).")
     retention_bytes: int = Field(-1, description="Default retention.bytes (-1: none).")
     max_message_bytes: int = Field(

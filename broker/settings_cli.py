@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, get_origin
 
 from pydantic import BaseModel
 from pydantic.fields import FieldInfo
@@ -52,6 +52,7 @@ def add_settings_flags(parser: argparse.ArgumentParser) -> None:
 
 def overrides_from_args(args: argparse.Namespace) -> dict[str, Any]:
     """Nested keyword arguments for BrokerSettings from the flags that were given."""
+    lists = list_fields()
     overrides: dict[str, Any] = {}
     for dest, value in vars(args).items():
         if not dest.startswith("setting:") or value is None:
@@ -60,13 +61,26 @@ def overrides_from_args(args: argparse.Namespace) -> dict[str, Any]:
         target = overrides
         for part in path[:-1]:
             target = target.setdefault(part, {})
-        target[path[-1]] = _parse_value(value)
+        target[path[-1]] = parse_flag_value(value, is_list=tuple(path) in lists)
     return overrides
 
 
-def _parse_value(raw: str) -> Any:
+def list_fields() -> set[tuple[str, ...]]:
+    """Paths of the settings that hold several values (etcd endpoints)."""
+    return {
+        path
+        for path, info in iter_fields(BrokerSettings)
+        if get_origin(info.annotation) in (list, tuple)
+    }
+
+
+def parse_flag_value(raw: str, *, is_list: bool) -> Any:
+    """JSON for lists and objects; a list may also be given comma-separated, as people type
+    ``--etcd-endpoints http://a:2379,http://b:2379`` (Kafka's and etcd's own style)."""
     if raw.startswith(("[", "{")):
         return json.loads(raw)
+    if is_list:
+        return [item.strip() for item in raw.split(",") if item.strip()]
     return raw
 
 
@@ -96,6 +110,8 @@ def config_reference_markdown() -> str:
         shown = getattr(default, "value", default)
         if isinstance(shown, tuple):
             shown = json.dumps(list(shown))
+        if shown == "":
+            shown = '""'
         lines.append(
             f"| `{env_name(path)}` | `{flag_name(path)}` | `{shown}` | {info.description or ''} |"
         )

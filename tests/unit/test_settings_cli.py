@@ -178,3 +178,36 @@ def test_config_reference_lists_every_field_once() -> None:
     assert "`9092`" in by_env["KAFSCALE_LISTENER__PORT"]
     assert '`["http://127.0.0.1:2379"]`' in by_env["KAFSCALE_ETCD__ENDPOINTS"]
     assert "`s3`" in by_env["KAFSCALE_STORAGE__KIND"]
+
+
+def test_list_flags_take_comma_separated_values_as_well_as_json() -> None:
+    endpoints = ["http://etcd-a:2379", "http://etcd-b:2379"]
+    typed = build_settings(
+        parse_flags(["--etcd-endpoints", "http://etcd-a:2379, http://etcd-b:2379"])
+    )
+    assert list(typed.etcd.endpoints) == endpoints
+    as_json = build_settings(parse_flags(["--etcd-endpoints", json.dumps(endpoints)]))
+    assert list(as_json.etcd.endpoints) == endpoints
+    one = build_settings(parse_flags(["--etcd-endpoints", "http://etcd-a:2379"]))
+    assert list(one.etcd.endpoints) == endpoints[:1]
+    # a plain text setting keeps its commas
+    named = build_settings(parse_flags(["--cluster", "a,b"]))
+    assert named.cluster == "a,b"
+
+
+@pytest.mark.parametrize(
+    ("bind", "advertised", "expected"),
+    [
+        ("0.0.0.0", None, "broker-3.example.net"),  # every interface: the machine's name
+        ("::", None, "broker-3.example.net"),
+        ("10.1.2.3", None, "10.1.2.3"),  # one address: that address
+        ("0.0.0.0", "kafka.example.net", "kafka.example.net"),  # set: always that
+    ],
+)
+def test_the_advertised_host_is_never_loopback_for_a_broker_bound_to_every_interface(
+    bind: str, advertised: str | None, expected: str
+) -> None:
+    listener = BrokerSettings().listener.model_copy(
+        update={"host": bind, "advertised_host": advertised}
+    )
+    assert listener.advertised(lambda: "broker-3.example.net") == expected
