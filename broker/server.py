@@ -126,6 +126,8 @@ class KafkaServer:
             pass
         except* (FrameTooLarge, CloseConnection) as group:
             log.warning("closing %s: %s", connection.peer, group.exceptions[0])
+        except* Exception as group:  # a bug: end this connection, log it, keep the broker
+            log.error("closing %s after an internal error", connection.peer, exc_info=group)
         finally:
             self._connections.pop(task, None)
             protocol.transport.close()

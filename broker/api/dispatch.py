@@ -145,8 +145,13 @@ class Dispatcher:
         correlation_id: int,
         code: ErrorCode,
     ) -> bytes:
-        body = spec.error_body(request, code) if request is not None else {"error_code": code}
-        return codec.encode_response(spec.key, api_version, correlation_id, body)
+        try:
+            body = spec.error_body(request, code) if request is not None else {"error_code": code}
+            return codec.encode_response(spec.key, api_version, correlation_id, body)
+        except Exception as exc:
+            # The request decoded but cannot even be echoed in an error answer: no response
+            # the client could match is possible, so end the connection (not the broker).
+            raise CloseConnection(f"cannot answer {spec.name} v{api_version}: {exc}") from exc
 
 
 def api_versions_body(table: Mapping[int, ApiSpec], code: ErrorCode = ErrorCode.NONE) -> Body:

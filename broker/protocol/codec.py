@@ -27,6 +27,8 @@ from kio.index import load_request_schema, load_response_schema
 from kio.schema.errors import ErrorCode
 from kio.serial import entity_reader, entity_writer
 
+from kafscale.broker.protocol import guard
+
 _HEADER_PREFIX = struct.Struct(">hhi")
 _EPOCH = datetime.datetime(1970, 1, 1, tzinfo=datetime.UTC)
 
@@ -79,6 +81,7 @@ def decode_request(frame: bytes | memoryview, schema: type[Any]) -> DecodedReque
     header_schema = schema.__header_schema__
     try:
         header, header_size = entity_reader(header_schema)(frame, 0)
+        guard.check_body(schema, frame, header_size)  # before kio reserves memory for arrays
         body, _ = entity_reader(schema)(frame, header_size)
     except Exception as exc:
         raise DecodeError(f"cannot parse {schema.__name__}: {exc}") from exc

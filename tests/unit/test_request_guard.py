@@ -1,0 +1,144 @@
+"""The structural check that runs before kio's native reader (``broker/protocol/guard.py``).
+
+It must accept every request a client can send (for every API and version the broker serves,
+with arrays, strings, records and tagged fields filled in, it walks to exactly the end), and
+refuse what would make kio reserve memory for elements the frame does not hold: a 30-byte frame
+claiming 2^32 elements aborted the broker process.
+"""
+
+from __future__ import annotations
+
+import struct
+import subprocess
+import sys
+import uuid
+from dataclasses import fields, is_dataclass
+from typing import Any, get_args, get_origin, get_type_hints
+
+import pytest
+
+from kafscale.broker.api.table import API_TABLE
+from kafscale.broker.protocol import codec, guard
+from kafscale.broker.protocol.guard import MalformedRequest
+
+pytestmark = pytest.mark.unit
+
+SERVED = [
+    (spec.key, version)
+    for spec in API_TABLE.values()
+    for version in range(spec.min_version, spec.max_version + 1)
+]
+
+
+def sample(entity_type: type[Any]) -> dict[str, Any]:
+    """A body with every field set: two elements in every array, text in every string, bytes in
+    every bytes field, tagged fields included (they then travel in the tagged section)."""
+    hints = get_type_hints(entity_type)
+    body: dict[str, Any] = {}
+    for field in fields(entity_type):
+        body[field.name] = _value(hints[field.name], field.metadata.get("kafka_type"))
+    return body
+
+
+def _value(annotation: Any, kafka_type: str | None) -> Any:
+    args = [a for a in get_args(annotation) if a is not type(None)]
+    inner = args[0] if args and get_origin(annotation) is not tuple else annotation
+    if get_origin(inner) is tuple:
+        item = get_args(inner)[0]
+        return [_value(item, kafka_type), _value(item, kafka_type)]
+    if is_dataclass(inner):
+        return sample(inner)  # type: ignore[arg-type]
+    if kafka_type == "string":
+        return "ab"
+    if kafka_type in ("bytes", "records"):
+        return b"\x01\x02\x03"
+    if kafka_type == "uuid":
+        return uuid.UUID(int=7)
+    if kafka_type == "bool":
+        return True
+    if kafka_type == "float64":
+        return 1.5
+    return 1
+
+
+def header_size(frame: bytes, api_key: int, version: int) -> int:
+    """Where the body starts, as the broker finds it (kio's header reader)."""
+    from kio.serial import entity_reader
+
+    schema = codec.request_schema(api_key, version)
+    _, size = entity_reader(schema.__header_schema__)(memoryview(frame).toreadonly(), 0)
+    return int(size)
+
+
+@pytest.mark.parametrize(("api_key", "version"), SERVED, ids=[f"{k}v{v}" for k, v in SERVED])
+def test_every_served_request_walks_to_exactly_its_end(api_key: int, version: int) -> None:
+    schema = codec.request_schema(api_key, version)
+    frame = codec.encode_request(api_key, version, 7, sample(schema))[4:]
+    start = header_size(frame, api_key, version)
+    assert guard.entity_walker(schema)(memoryview(frame), start) == len(frame)
+    # and the broker's decoder accepts it with the check in front
+    assert codec.decode_request(memoryview(frame).toreadonly(), schema).header.api_key == api_key
+
+
+def uvarint(value: int) -> bytes:
+    out = bytearray()
+    while True:
+        byte, value = value & 0x7F, value >> 7
+        out.append(byte | (0x80 if value else 0))
+        if not value:
+            return bytes(out)
+
+
+def test_an_array_longer_than_the_frame_is_refused() -> None:
+    metadata_v12 = codec.request_schema(3, 12)  # flexible: compact array length
+    with pytest.raises(MalformedRequest, match="topics: array of 4294967294 elements"):
+        guard.check_body(metadata_v12, uvarint(2**32 - 1), 0)
+    metadata_v8 = codec.request_schema(3, 8)  # not flexible: i32 length
+    with pytest.raises(MalformedRequest, match="array of 2147483647 elements"):
+        guard.check_body(metadata_v8, struct.pack(">i", 2**31 - 1), 0)
+    # the same frames, whole, through the broker's decoder: a DecodeError, not an abort
+    header = struct.pack(">hhih", 3, 8, 1, 1) + b"t"
+    with pytest.raises(codec.DecodeError, match="array of 2147483647 elements"):
+        codec.decode_request(header + struct.pack(">i", 2**31 - 1), metadata_v8)
+
+
+def test_a_null_where_the_schema_allows_none_is_refused() -> None:
+    """OffsetCommit's topics are not nullable; kio decoded a null one as None, and the handler
+    and its error answer both failed iterating it."""
+    offset_commit_v8 = codec.request_schema(8, 8)
+    body = sample(offset_commit_v8)
+    frame = codec.encode_request(8, 8, 1, body)[4:]
+    start = header_size(frame, 8, 8)
+    assert guard.entity_walker(offset_commit_v8)(memoryview(frame), start) == len(frame)
+    # group_id "ab", generation, member_id "ab", group_instance_id (nullable), then topics:
+    topics_at = frame.index(uvarint(3), start + 1 + 2 + 4 + 1 + 2 + 1 + 2)
+    nulled = frame[:topics_at] + b"\x00" + b"\x00"  # topics = null, no tagged fields
+    with pytest.raises(MalformedRequest, match="topics: null where the schema allows none"):
+        guard.check_body(offset_commit_v8, nulled, start)
+    # a nullable array may be null: Metadata v12's topics (null = every topic)
+    metadata_v12 = codec.request_schema(3, 12)
+    assert guard.check_body(metadata_v12, b"\x00\x01\x00\x00", 0) is None
+
+
+def test_lengths_and_varints_that_run_past_the_end_are_refused() -> None:
+    find_coordinator_v4 = codec.request_schema(10, 4)
+    with pytest.raises(MalformedRequest, match="bytes wanted"):
+        guard.check_body(find_coordinator_v4, b"\x00" + uvarint(2) + uvarint(2**32 - 1), 0)
+    with pytest.raises(MalformedRequest, match="varint"):
+        guard.check_body(find_coordinator_v4, b"\x00\xff\xff\xff\xff\xff\xff", 0)
+    with pytest.raises(MalformedRequest, match="runs past the end"):
+        guard.check_body(find_coordinator_v4, b"\x00\xff", 0)
+
+
+def test_without_the_check_kio_aborts_the_process() -> None:
+    """Why the check exists: kio's reader alone, on the 5-byte body claiming 2^32 - 2 topics,
+    kills its process (SIGABRT after a failed 34 GB allocation) instead of raising. Should this
+    start failing after a kio upgrade, kio checks lengths itself and the guard could go."""
+    script = (
+        "from kio.serial import entity_reader; from kafscale.broker.protocol import codec; "
+        "entity_reader(codec.request_schema(3, 12))(memoryview(b'\\xff\\xff\\xff\\xff\\x0f'), 0)"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, timeout=60, check=False
+    )
+    assert done.returncode != 0 and b"Traceback" not in done.stderr, done.stderr[-500:]
