@@ -11,8 +11,9 @@ from __future__ import annotations
 import socket
 import struct
 import time
-from dataclasses import dataclass
-from typing import Any
+import uuid
+from dataclasses import dataclass, fields, is_dataclass
+from typing import Any, get_args, get_origin, get_type_hints
 
 from kafscale.broker.protocol import codec
 
@@ -225,3 +226,37 @@ def batches_in(records: bytes | None) -> list[BatchSummary]:
 def batch_offsets(records: bytes | None) -> list[tuple[int, int]]:
     """(base offset, record count) of each complete v2 batch in a records field."""
     return [(b.base_offset, b.record_count) for b in batches_in(records)]
+
+
+# --- a request of any schema with every field filled in ---------------------------------------
+
+
+def sample_body(entity_type: type[Any]) -> dict[str, Any]:
+    """A body with every field set: two elements in every array, text in every string, bytes in
+    every bytes field, tagged fields included (they then travel in the tagged section)."""
+    hints = get_type_hints(entity_type)
+    return {
+        field.name: _sample_value(hints[field.name], field.metadata.get("kafka_type"))
+        for field in fields(entity_type)
+    }
+
+
+def _sample_value(annotation: Any, kafka_type: str | None) -> Any:
+    args = [a for a in get_args(annotation) if a is not type(None)]
+    inner = args[0] if args and get_origin(annotation) is not tuple else annotation
+    if get_origin(inner) is tuple:
+        item = get_args(inner)[0]
+        return [_sample_value(item, kafka_type), _sample_value(item, kafka_type)]
+    if is_dataclass(inner):
+        return sample_body(inner)  # type: ignore[arg-type]
+    if kafka_type == "string":
+        return "ab"
+    if kafka_type in ("bytes", "records"):
+        return b"\x01\x02\x03"
+    if kafka_type == "uuid":
+        return uuid.UUID(int=7)
+    if kafka_type == "bool":
+        return True
+    if kafka_type == "float64":
+        return 1.5
+    return 1

@@ -1,7 +1,8 @@
 """The structural check that runs before kio's native reader (``broker/protocol/guard.py``).
 
 It must accept every request a client can send (for every API and version the broker serves,
-with arrays, strings, records and tagged fields filled in, it walks to exactly the end), and
+with arrays, strings, records and tagged fields filled in: ``harness.kafka_wire.sample_body``,
+it walks to exactly the end), and
 refuse what would make kio reserve memory for elements the frame does not hold: a 30-byte frame
 claiming 2^32 elements aborted the broker process.
 """
@@ -11,11 +12,9 @@ from __future__ import annotations
 import struct
 import subprocess
 import sys
-import uuid
-from dataclasses import fields, is_dataclass
-from typing import Any, get_args, get_origin, get_type_hints
 
 import pytest
+from harness.kafka_wire import sample_body
 
 from kafscale.broker.api.table import API_TABLE
 from kafscale.broker.protocol import codec, guard
@@ -30,37 +29,6 @@ SERVED = [
 ]
 
 
-def sample(entity_type: type[Any]) -> dict[str, Any]:
-    """A body with every field set: two elements in every array, text in every string, bytes in
-    every bytes field, tagged fields included (they then travel in the tagged section)."""
-    hints = get_type_hints(entity_type)
-    body: dict[str, Any] = {}
-    for field in fields(entity_type):
-        body[field.name] = _value(hints[field.name], field.metadata.get("kafka_type"))
-    return body
-
-
-def _value(annotation: Any, kafka_type: str | None) -> Any:
-    args = [a for a in get_args(annotation) if a is not type(None)]
-    inner = args[0] if args and get_origin(annotation) is not tuple else annotation
-    if get_origin(inner) is tuple:
-        item = get_args(inner)[0]
-        return [_value(item, kafka_type), _value(item, kafka_type)]
-    if is_dataclass(inner):
-        return sample(inner)  # type: ignore[arg-type]
-    if kafka_type == "string":
-        return "ab"
-    if kafka_type in ("bytes", "records"):
-        return b"\x01\x02\x03"
-    if kafka_type == "uuid":
-        return uuid.UUID(int=7)
-    if kafka_type == "bool":
-        return True
-    if kafka_type == "float64":
-        return 1.5
-    return 1
-
-
 def header_size(frame: bytes, api_key: int, version: int) -> int:
     """Where the body starts, as the broker finds it (kio's header reader)."""
     from kio.serial import entity_reader
@@ -73,7 +41,7 @@ def header_size(frame: bytes, api_key: int, version: int) -> int:
 @pytest.mark.parametrize(("api_key", "version"), SERVED, ids=[f"{k}v{v}" for k, v in SERVED])
 def test_every_served_request_walks_to_exactly_its_end(api_key: int, version: int) -> None:
     schema = codec.request_schema(api_key, version)
-    frame = codec.encode_request(api_key, version, 7, sample(schema))[4:]
+    frame = codec.encode_request(api_key, version, 7, sample_body(schema))[4:]
     start = header_size(frame, api_key, version)
     assert guard.entity_walker(schema)(memoryview(frame), start) == len(frame)
     # and the broker's decoder accepts it with the check in front
@@ -106,7 +74,7 @@ def test_a_null_where_the_schema_allows_none_is_refused() -> None:
     """OffsetCommit's topics are not nullable; kio decoded a null one as None, and the handler
     and its error answer both failed iterating it."""
     offset_commit_v8 = codec.request_schema(8, 8)
-    body = sample(offset_commit_v8)
+    body = sample_body(offset_commit_v8)
     frame = codec.encode_request(8, 8, 1, body)[4:]
     start = header_size(frame, 8, 8)
     assert guard.entity_walker(offset_commit_v8)(memoryview(frame), start) == len(frame)
