@@ -54,8 +54,8 @@ def _resolve(request: Any, ctx: RequestContext) -> list[_Wanted]:
     by_id: dict[str, TopicInfo] | None = None  # built only for v13+, which names topics by id
     wanted = []
     for topic in request.topics:
-        topic_id = getattr(topic, "topic_id", None)
-        if topic_id is not None:
+        if not hasattr(topic, "topic"):  # v13+: by id; kio reads the all-zero id as None
+            topic_id = topic.topic_id or uuid.UUID(int=0)
             by_id = view.topics_by_id if by_id is None else by_id
             info = by_id.get(topic_id.hex)
             key: Any = topic_id

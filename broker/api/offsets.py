@@ -13,6 +13,7 @@ from kafscale.broker.protocol.errors import ErrorCode, KafkaError, MetadataTimeo
 LATEST = -1
 EARLIEST = -2
 MAX_TIMESTAMP = -3
+MAX_PRODUCER_EPOCH = 2**15 - 1  # producer epochs are i16 on the wire
 
 
 async def handle_list_offsets(request: Any, ctx: RequestContext) -> Body:
@@ -142,8 +143,9 @@ async def handle_init_producer_id(request: Any, ctx: RequestContext) -> Body:
     existing = int(getattr(request, "producer_id", -1))
     existing_epoch = int(getattr(request, "producer_epoch", -1))
     try:
-        if existing >= 0 and existing_epoch >= 0:
-            # KIP-360: an idempotent producer bumps its own epoch to reset sequences.
+        if existing >= 0 and 0 <= existing_epoch < MAX_PRODUCER_EPOCH:
+            # KIP-360: an idempotent producer bumps its own epoch to reset sequences. At the
+            # last epoch an i16 holds it gets a new producer id instead, as in Kafka.
             return {
                 "throttle_time": 0,
                 "error_code": ErrorCode.NONE,

@@ -12,6 +12,8 @@ import socket
 import struct
 import uuid
 from collections.abc import Iterator
+from dataclasses import fields, is_dataclass
+from typing import Any, get_args, get_origin, get_type_hints
 
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
@@ -229,11 +231,35 @@ def test_unknown_topic_with_auto_create_off(kafka: BrokerProcess) -> None:
         partition = fetch_partition(wire.request(FETCH, 12, fetch_body("target", 7, 0)))
         assert int(partition.error_code) == UNKNOWN_TOPIC_OR_PARTITION
 
-        # Fetch v13+ names topics by id
-        body = fetch_body("", 0, 0)
-        body["topics"][0]["topic_id"] = uuid.uuid4()
-        partition = fetch_partition(wire.request(FETCH, 13, body))
-        assert int(partition.error_code) == UNKNOWN_TOPIC_ID
+        # Fetch v13+ names topics by id; the all-zero id (which kio reads as None) is as unknown
+        for topic_id in (uuid.uuid4(), uuid.UUID(int=0)):
+            body = fetch_body("", 0, 0)
+            body["topics"][0]["topic_id"] = topic_id
+            partition = fetch_partition(wire.request(FETCH, 13, body))
+            assert int(partition.error_code) == UNKNOWN_TOPIC_ID
+
+
+def test_init_producer_id_at_the_last_epoch_gets_a_new_producer_id(kafka: BrokerProcess) -> None:
+    """KIP-360: an idempotent producer re-initialising with its id and epoch gets the next epoch;
+    from the last epoch an i16 holds there is no next one (the answer could not even be encoded,
+    and the connection closed): a new producer id at epoch 0, as Kafka gives."""
+    with KafkaWire(kafka.bootstrap) as wire:
+        first = wire.request(22, 4, {"transaction_timeout_ms": 60_000, "producer_id": -1})
+        producer_id = int(first.producer_id)
+        assert int(first.error_code) == NONE and int(first.producer_epoch) == 0
+        bumped = wire.request(
+            22,
+            4,
+            {"transaction_timeout_ms": 60_000, "producer_id": producer_id, "producer_epoch": 7},
+        )
+        assert (int(bumped.producer_id), int(bumped.producer_epoch)) == (producer_id, 8)
+        last = wire.request(
+            22,
+            4,
+            {"transaction_timeout_ms": 60_000, "producer_id": producer_id, "producer_epoch": 32767},
+        )
+        assert int(last.error_code) == NONE
+        assert int(last.producer_id) > producer_id and int(last.producer_epoch) == 0
 
 
 def test_fetch_outside_the_log_is_offset_out_of_range(kafka: BrokerProcess) -> None:
@@ -620,6 +646,88 @@ def test_odd_but_well_formed_requests_get_proper_answers(kafka: BrokerProcess) -
         assert -1 not in _error_codes(response), (api_key, version, body, response)
 
     check()
+
+
+# Values at the edges of each wire type, names of topics no other test here uses.
+_ODD_INTS = [0, 1, -1, 2, 3, 127, -128, 2**15 - 1, -(2**15), 2**31 - 1, -(2**31), 2**63 - 1]
+_ODD_NAMES = ["", "fz", "fz2", "g", "x" * 300, "é☃", "__consumer_offsets", "..", "a/b"]
+_INT_BITS = {"int8": 7, "int16": 15, "int32": 31, "timedelta_i32": 31}
+# Requests that would wait their whole timeout get a short one.
+_SHORT_WAITS = {
+    "timeout": 500,
+    "timeout_ms": 500,
+    "max_wait": 10,
+    "max_wait_ms": 10,
+    "rebalance_timeout_ms": 100,
+}
+
+
+def _odd_value(draw: st.DrawFn, annotation: Any, kafka_type: str | None) -> Any:
+    args = [a for a in get_args(annotation) if a is not type(None)]
+    nullable = len(args) < len(get_args(annotation))
+    inner = args[0] if args and get_origin(annotation) is not tuple else annotation
+    if nullable and draw(st.integers(0, 6)) == 0:
+        return None
+    if get_origin(inner) is tuple:
+        item = get_args(inner)[0]
+        return [_odd_value(draw, item, kafka_type) for _ in range(draw(st.integers(0, 3)))]
+    if is_dataclass(inner):
+        return _odd_body(draw, inner)  # type: ignore[arg-type]
+    if kafka_type == "string":
+        return draw(st.sampled_from(_ODD_NAMES))
+    if kafka_type in ("bytes", "records"):
+        return draw(st.sampled_from([b"", b"\x00\x01", make_batch(0, [b"odd"]), b"\x00" * 70]))
+    if kafka_type == "uuid":
+        return draw(st.sampled_from([uuid.UUID(int=0), uuid.UUID(int=12345)]))
+    if kafka_type == "bool":
+        return draw(st.booleans())
+    if kafka_type == "float64":
+        return draw(st.sampled_from([0.0, -1.0, 1e308]))
+    if kafka_type == "uint16":
+        return draw(st.sampled_from([0, 1, 65535]))
+    bits = _INT_BITS.get(kafka_type or "", 63)
+    value = draw(st.sampled_from(_ODD_INTS))
+    return max(-(2**bits), min(2**bits - 1, value))
+
+
+def _odd_body(draw: st.DrawFn, entity_type: type[Any]) -> dict[str, Any]:
+    hints = get_type_hints(entity_type)
+    body = {
+        field.name: _odd_value(draw, hints[field.name], field.metadata.get("kafka_type"))
+        for field in fields(entity_type)
+    }
+    return {**body, **{k: v for k, v in _SHORT_WAITS.items() if k in body}}
+
+
+@st.composite
+def any_api_requests(draw: st.DrawFn) -> tuple[int, int, dict[str, Any]]:
+    """Well-formed requests of every served API but DeleteTopics, with edge values."""
+    api_key, version = draw(st.sampled_from([(k, v) for k, v in _SERVED if k != 20]))
+    return api_key, version, _odd_body(draw, codec.request_schema(api_key, version))
+
+
+def test_every_api_answers_edge_values_without_a_server_error(kafka: BrokerProcess) -> None:
+    """Found this way: a v13 fetch naming the all-zero topic id failed in its handler, and an
+    InitProducerId at the last producer epoch produced an answer that could not be encoded."""
+    log_start = kafka.log_path.stat().st_size
+
+    @settings(max_examples=300, deadline=None, database=None, derandomize=True)
+    @given(request=any_api_requests())
+    def check(request: tuple[int, int, dict[str, Any]]) -> None:
+        api_key, version, body = request
+        with KafkaWire(kafka.bootstrap) as wire:
+            sent = wire.send(api_key, version, body)
+            if api_key == PRODUCE and body.get("acks") == 0:
+                return  # no answer
+            received, response = wire.recv(api_key, version)
+        assert received == sent
+        assert -1 not in _error_codes(response), (api_key, version, body, response)
+
+    check()
+    with kafka.log_path.open("rb") as log:
+        log.seek(log_start)
+        written = log.read().decode(errors="replace")
+    assert "Traceback" not in written, written[written.find("Traceback") - 300 :][:3000]
 
 
 def test_normal_clients_still_work_after_all_of_it(kafka: BrokerProcess) -> None:
