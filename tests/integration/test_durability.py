@@ -1,27 +1,31 @@
-"""Acked means durable: every acknowledged record survives the broker's death.
+"""Acked means durable: every acknowledged record survives the broker's death, and outages.
 
 A broker is killed with SIGKILL (no flush, no handoff) or stopped with SIGTERM, and a new
 broker process is started on the same cluster, bucket and port. Every record that was acked
 (acks=all) must be readable at the offset it was acked with; producing continues at the next
 offset with no gap; an idempotent producer that retries across the restart stores each record
-exactly once.
+exactly once. The same holds while etcd stops answering for longer than the broker's session
+TTL, and while the object store refuses every connection for a while.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import signal
 import socket
 import subprocess
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 from harness.batches import make_batch
-from harness.brokers import BrokerCluster, BrokerProcess
+from harness.brokers import BrokerCluster, BrokerProcess, _create_bucket
 from harness.kafka_wire import (
     API_VERSIONS,
     FETCH,
@@ -34,13 +38,14 @@ from harness.kafka_wire import (
     produce_body,
     produce_partition,
 )
-from harness.s3 import unique_bucket
+from harness.s3 import S3Endpoint, unique_bucket
+from harness.s3_proxy import s3_proxy
 from harness.topics import create_topic
 from kafka import KafkaConsumer
 from kafka import TopicPartition as KpTopicPartition
 
 from kafscale.broker.child_process import KAFSCALE
-from kafscale.broker.metadata.embedded_etcd import free_port
+from kafscale.broker.metadata.embedded_etcd import EmbeddedEtcd, free_port
 
 pytestmark = pytest.mark.integration
 
@@ -259,6 +264,102 @@ def test_sigkill_while_producing_loses_no_acked_record(broker_cluster: BrokerClu
     for p in range(partitions):  # one producer, one partition: order is the send order
         values = [stored[(p, o)] for o in range(total // partitions)]
         assert values == [f"r-{i}".encode() for i in range(p, total, partitions)]
+
+
+# --- outages of etcd and of the object store while producing ----------------------------------
+
+
+def _produce_through(outage: Callable[[], None], producer: AckingProducer, topic: str) -> None:
+    """Produce ``OUTAGE_RECORDS`` steadily over two partitions; after the first 200 acks, play
+    ``outage`` (which returns when the dependency is back)."""
+
+    def produce_steadily() -> None:
+        for i in range(OUTAGE_RECORDS):
+            producer.send(topic, f"r-{i}".encode(), i % 2)
+            producer.producer.poll(0)
+            time.sleep(0.002)
+        producer.flush(180)
+
+    thread = threading.Thread(target=produce_steadily)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 60
+        while len(producer.acked) < 200 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert len(producer.acked) < OUTAGE_RECORDS, "the outage did not happen while producing"
+        outage()
+    finally:
+        thread.join(240)
+    assert not thread.is_alive()
+
+
+OUTAGE_RECORDS = 2000
+
+
+def _stored_exactly_once_in_order(bootstrap: str, topic: str, producer: AckingProducer) -> None:
+    assert not producer.failed, producer.failed[:5]
+    assert len(producer.acked) == OUTAGE_RECORDS
+    stored = read_everything(bootstrap, topic, 2)
+    assert stored == producer.acked
+    for p in range(2):  # one producer, one partition: order is the send order
+        values = [stored[(p, o)] for o in range(OUTAGE_RECORDS // 2)]
+        assert values == [f"r-{i}".encode() for i in range(p, OUTAGE_RECORDS, 2)]
+
+
+def test_etcd_paused_past_the_session_ttl_loses_no_acked_record(
+    etcd_server_private: EmbeddedEtcd, s3_server: S3Endpoint, cluster_name: str, tmp_path: Path
+) -> None:
+    """etcd stops answering (SIGSTOP) for 6 s, past the broker's 4-s session TTL: the broker
+    gives its partitions up, its session ends, and once etcd is back it registers again and takes
+    them back. Nothing acked is lost, the idempotent producer's retries are stored once."""
+    bucket = unique_bucket("o")
+    _create_bucket(s3_server, bucket)
+    cluster = BrokerCluster(
+        etcd_server_private.client_url, s3_server, bucket, cluster_name, tmp_path
+    )
+    try:
+        broker = cluster.start(KAFSCALE_ETCD__TIMEOUT_S="2")
+        create_topic(broker.bootstrap, "through-etcd", 2)
+        producer = AckingProducer(broker.bootstrap, **{"enable.idempotence": True})
+        etcd_pid = etcd_server_private.pid
+        assert etcd_pid is not None
+
+        def pause_etcd() -> None:
+            os.kill(etcd_pid, signal.SIGSTOP)
+            try:
+                time.sleep(6)
+            finally:
+                os.kill(etcd_pid, signal.SIGCONT)
+
+        _produce_through(pause_etcd, producer, "through-etcd")
+        assert broker.process is not None and broker.process.poll() is None, broker.tail()
+        assert "etcd session lost" in broker.log_path.read_text(errors="replace")
+        _stored_exactly_once_in_order(broker.bootstrap, "through-etcd", producer)
+    finally:
+        cluster.stop_all()
+
+
+def test_object_store_unreachable_for_a_while_loses_no_acked_record(
+    broker_cluster: BrokerCluster,
+) -> None:
+    """Every connection to S3 is refused for 6 s: uploads fail, nothing is acked meanwhile, the
+    broker gives up and takes back its partitions, and the producer's retries land once."""
+    with s3_proxy(broker_cluster.s3.url) as proxy:
+        broker = broker_cluster.start(KAFSCALE_STORAGE__ENDPOINT=proxy.url)
+        create_topic(broker.bootstrap, "through-s3", 2)
+        producer = AckingProducer(broker.bootstrap, **{"enable.idempotence": True})
+
+        def refuse_s3() -> None:
+            proxy.refuse = True
+            try:
+                time.sleep(6)
+            finally:
+                proxy.refuse = False
+
+        _produce_through(refuse_s3, producer, "through-s3")
+        assert broker.process is not None and broker.process.poll() is None, broker.tail()
+        assert "segment upload failed" in broker.log_path.read_text(errors="replace")
+        _stored_exactly_once_in_order(broker.bootstrap, "through-s3", producer)
 
 
 # --- idempotence state survives the restart (raw wire, exact sequences) ----------------------
