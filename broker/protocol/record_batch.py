@@ -10,7 +10,7 @@ timestamp look-ups (ListOffsets by time), where the batch's max timestamp is not
 from __future__ import annotations
 
 import struct
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import cramjam
@@ -148,53 +148,111 @@ def iter_batch_headers(
 
 
 def record_timestamps(batch: bytes | memoryview) -> list[tuple[int, int]]:
-    """(offset, timestamp ms) of every record in the batch, decompressing as needed."""
+    """(offset, timestamp ms) of every record in the batch, decompressing as needed; raises
+    InvalidBatch if the records cannot be read (corrupt, or decompressing past the limit)."""
     header = read_header(batch)
     if header.attributes & _TIMESTAMP_TYPE_BIT:  # LogAppendTime: one time for the batch
         return [(header.base_offset + i, header.max_timestamp) for i in range(header.record_count)]
     body = decompress(header.compression, bytes(batch[HEADER_SIZE : header.size]))
     result = []
     position = 0
-    for _ in range(header.record_count):
-        length, position = _read_varint(body, position)
-        end = position + length
-        position += 1  # attributes
-        timestamp_delta, position = _read_varint(body, position)
-        offset_delta, position = _read_varint(body, position)
-        result.append((header.base_offset + offset_delta, header.base_timestamp + timestamp_delta))
-        position = end
+    try:
+        for _ in range(header.record_count):
+            length, position = _read_varint(body, position)
+            end = position + length
+            position += 1  # attributes
+            timestamp_delta, position = _read_varint(body, position)
+            offset_delta, position = _read_varint(body, position)
+            result.append(
+                (header.base_offset + offset_delta, header.base_timestamp + timestamp_delta)
+            )
+            position = end
+    except IndexError as exc:
+        raise InvalidBatch("a record runs past the end of its batch") from exc
     return result
 
 
-def decompress(codec: int, data: bytes) -> bytes:
+MAX_DECOMPRESSED_BYTES = 64 * 1024 * 1024
+"""The most one batch's records may take once decompressed where the broker reads them
+(timestamp checks and look-ups). A few kilobytes of zstd can claim gigabytes: decompressed
+whole, such a batch would take the broker down (the stored bytes are never decompressed)."""
+_FIRST_GUESS_BYTES = 64 * 1024
+
+
+def decompress(codec: int, data: bytes, limit: int = MAX_DECOMPRESSED_BYTES) -> bytes:
     if codec == 0:
         return data
-    if codec == 1:
-        return bytes(cramjam.gzip.decompress(data))
     if codec == 2:
-        return _snappy_decompress(data)
-    if codec == 3:
-        return bytes(cramjam.lz4.decompress(data))
-    if codec == 4:
-        return bytes(cramjam.zstd.decompress(data))
-    raise InvalidBatch(f"unknown compression codec {codec}")
+        return _snappy_decompress(data, limit)
+    module = {1: cramjam.gzip, 3: cramjam.lz4, 4: cramjam.zstd}.get(codec)
+    if module is None:
+        raise InvalidBatch(f"unknown compression codec {codec}")
+    return _decompress_bounded(module.decompress_into, data, limit)
+
+
+def _decompress_bounded(
+    decompress_into: Callable[[bytes, bytearray], int], data: bytes, limit: int
+) -> bytes:
+    """Into a buffer that grows fourfold while too small, up to ``limit``: the output's size is
+    not known beforehand (gzip and LZ4 frames need not say), and is never trusted."""
+    size = min(limit, max(_FIRST_GUESS_BYTES, 8 * len(data)))
+    while True:
+        out = bytearray(size)
+        try:
+            written = decompress_into(data, out)
+        except cramjam.DecompressionError as exc:
+            too_small = "buffer" in str(exc)
+            if not too_small or size >= limit:
+                reason = f"more than {limit} bytes" if too_small else str(exc)
+                raise InvalidBatch(f"records cannot be decompressed: {reason}") from exc
+            size = min(limit, size * 4)
+            continue
+        return bytes(memoryview(out)[:written])
 
 
 _XERIAL_MAGIC = b"\x82SNAPPY\x00"
 
 
-def _snappy_decompress(data: bytes) -> bytes:
-    """Kafka's Java client frames snappy the xerial way; librdkafka may send it raw."""
+def _snappy_decompress(data: bytes, limit: int) -> bytes:
+    """Kafka's Java client frames snappy the xerial way; librdkafka may send it raw. Raw snappy
+    states its output length first, which is checked against what is left of ``limit``."""
     if not data.startswith(_XERIAL_MAGIC):
-        return bytes(cramjam.snappy.decompress_raw(data))
+        return _snappy_raw(data, limit, limit)
     position = 16
     chunks = []
+    left = limit
     while position < len(data):
         (length,) = struct.unpack_from(">i", data, position)
         position += 4
-        chunks.append(bytes(cramjam.snappy.decompress_raw(data[position : position + length])))
+        chunk = _snappy_raw(data[position : position + length], left, limit)
+        left -= len(chunk)
+        chunks.append(chunk)
         position += length
     return b"".join(chunks)
+
+
+def _snappy_raw(data: bytes, room: int, limit: int) -> bytes:
+    try:
+        size, _ = _read_uvarint(data, 0)
+    except IndexError as exc:
+        raise InvalidBatch("snappy block without its length") from exc
+    if size > room:
+        raise InvalidBatch(f"records cannot be decompressed: more than {limit} bytes")
+    try:
+        return bytes(cramjam.snappy.decompress_raw(data))
+    except cramjam.DecompressionError as exc:
+        raise InvalidBatch(f"records cannot be decompressed: {exc}") from exc
+
+
+def _read_uvarint(data: bytes, position: int) -> tuple[int, int]:
+    shift = value = 0
+    while True:
+        byte = data[position]
+        position += 1
+        value |= (byte & 0x7F) << shift
+        if not byte & 0x80 or shift > 28:
+            return value, position
+        shift += 7
 
 
 def _read_varint(data: bytes, position: int) -> tuple[int, int]:

@@ -26,6 +26,7 @@ from kafscale.broker.metadata.partition_state import (
 )
 from kafscale.broker.protocol.errors import OffsetOutOfRange, StorageFailure
 from kafscale.broker.protocol.record_batch import (
+    InvalidBatch,
     iter_batch_headers,
     read_header,
     record_timestamps,
@@ -327,7 +328,14 @@ class LogReader:
                 if header.max_timestamp < timestamp or header.last_offset < offset:
                     continue
                 batch = data[position : position + header.size]
-                for record_offset, record_timestamp in record_timestamps(batch):
+                try:
+                    records = record_timestamps(batch)
+                except InvalidBatch as exc:
+                    # Stored as produced but not readable here (corrupt, or a decompression
+                    # bomb): its first offset is the earliest that can hold the timestamp.
+                    log.warning("timestamps of %s-%d: %s", topic, partition, exc)
+                    return max(header.base_offset, offset), header.max_timestamp
+                for record_offset, record_timestamp in records:
                     if record_offset >= offset and record_timestamp >= timestamp:
                         return record_offset, record_timestamp
             offset = _next_offset(data)
@@ -364,9 +372,15 @@ class LogReader:
             offset = _next_offset(data)
         if not best_batch:
             return None
+        try:
+            records = record_timestamps(best_batch)
+        except InvalidBatch as exc:
+            log.warning("timestamps of %s-%d: %s", topic, partition, exc)
+            first = max(read_header(best_batch).base_offset, state.log_start_offset)
+            return first, best_timestamp
         live = [
             (record_offset, record_timestamp)
-            for record_offset, record_timestamp in record_timestamps(best_batch)
+            for record_offset, record_timestamp in records
             if record_offset >= state.log_start_offset
         ]
         if not live:

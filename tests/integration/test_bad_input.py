@@ -10,12 +10,15 @@ from __future__ import annotations
 
 import socket
 import struct
+import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import fields, is_dataclass
 from typing import Any, get_args, get_origin, get_type_hints
 
+import crc32c
 import pytest
+import zstandard
 from confluent_kafka import Consumer, Producer, TopicPartition
 from harness.batches import make_batch
 from harness.brokers import BrokerCluster, BrokerProcess, _create_bucket
@@ -207,6 +210,56 @@ def test_malformed_records_are_corrupt_message(kafka: BrokerProcess, records: by
             wire.request(PRODUCE, 9, produce_body("target", 1, records))
         )
     assert (code, offset) == (CORRUPT_MESSAGE, -1)
+
+
+def _zstd_bomb(base_offset: int, timestamp_ms: int) -> bytes:
+    """One record of 96 MiB of zeros, zstd-compressed into a batch of a few KB."""
+    plain = make_batch(base_offset, [bytes(96 << 20)], timestamp_ms=timestamp_ms)
+    records = zstandard.ZstdCompressor().compress(plain[61:])
+    fields = bytearray(plain[21:61])  # attributes .. record count, after the CRC
+    struct.pack_into(">h", fields, 0, 4)  # compression: zstd
+    after_crc = bytes(fields) + records
+    head = struct.pack(">qiibI", base_offset, 9 + len(after_crc), -1, 2, crc32c.crc32c(after_crc))
+    return head + after_crc
+
+
+def test_a_decompression_bomb_is_refused_or_stored_but_never_expanded(
+    kafka: BrokerProcess,
+) -> None:
+    """Where the broker reads records (a topic with message.timestamp.before.max.ms checks every
+    record's time) a batch decompressing past 64 MiB is CORRUPT_MESSAGE; elsewhere it is stored
+    as produced, and a look-up by timestamp answers with its first offset. Decompressed whole,
+    it took the broker's memory."""
+    now = int(time.time() * 1000)
+    create_topics(
+        kafka.bootstrap,
+        ["bomb-checked"],
+        1,
+        {"message.timestamp.before.max.ms": "86400000"},
+    )
+    create_topics(kafka.bootstrap, ["bomb-plain"], 1)
+    bomb = _zstd_bomb(0, now)
+    assert len(bomb) < 20_000
+    with KafkaWire(kafka.bootstrap) as wire:
+        code, _ = produce_partition(wire.request(PRODUCE, 9, produce_body("bomb-checked", 0, bomb)))
+        assert code == CORRUPT_MESSAGE
+        code, offset = produce_partition(
+            wire.request(PRODUCE, 9, produce_body("bomb-plain", 0, make_batch(0, [b"before"])))
+        )
+        assert code == NONE
+        code, bomb_offset = produce_partition(
+            wire.request(PRODUCE, 9, produce_body("bomb-plain", 0, bomb))
+        )
+        assert (code, bomb_offset) == (NONE, offset + 1)
+        body = {
+            "replica_id": -1,
+            "topics": [
+                {"name": "bomb-plain", "partitions": [{"partition_index": 0, "timestamp": now}]}
+            ],
+        }
+        found = wire.request(LIST_OFFSETS, 7, body).topics[0].partitions[0]
+        assert (int(found.error_code), int(found.offset)) == (NONE, bomb_offset)
+    assert kafka.process is not None and kafka.process.poll() is None, kafka.tail()
 
 
 def test_unknown_topic_with_auto_create_off(kafka: BrokerProcess) -> None:

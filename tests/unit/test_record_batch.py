@@ -25,6 +25,7 @@ from hypothesis import strategies as st
 
 from kafscale.broker.protocol.record_batch import (
     HEADER_SIZE,
+    MAX_DECOMPRESSED_BYTES,
     InvalidBatch,
     decompress,
     iter_batch_headers,
@@ -308,6 +309,43 @@ def test_log_append_time_batches_use_the_batch_max_timestamp(codec: str | None) 
     if codec is not None:
         batch = compress_batch(batch, codec)
     assert record_timestamps(batch) == [(40, 1002), (41, 1002), (42, 1002)]
+
+
+@pytest.mark.parametrize("codec", sorted(COMPRESSORS))
+def test_records_decompressing_past_the_limit_are_refused_not_expanded(codec: str) -> None:
+    """A few kilobytes can claim gigabytes: decompressed whole, such a batch took all memory.
+    Up to the limit, the output is exact whatever the ratio (the buffer grows fourfold)."""
+    bits, compress = COMPRESSORS[codec]
+    zeros = compress(bytes(4 << 20))
+    assert len(zeros) < 4 << 20
+    assert decompress(bits, zeros, limit=4 << 20) == bytes(4 << 20)
+    with pytest.raises(InvalidBatch, match=f"more than {1 << 20} bytes"):
+        decompress(bits, zeros, limit=1 << 20)
+
+
+def test_the_default_limit_stops_a_zstd_bomb_in_a_produce_sized_batch() -> None:
+    """96 MiB of one record compress to ~3 KB, well under max.message.bytes."""
+    plain = make_batch(0, [bytes(96 << 20)], timestamp_ms=1_700_000_000_000)
+    bomb = compress_batch(plain, "zstd")
+    assert len(bomb) < 10_000 and len(plain) > MAX_DECOMPRESSED_BYTES
+    with pytest.raises(InvalidBatch, match="more than"):
+        record_timestamps(bomb)
+
+
+@pytest.mark.parametrize("codec", ["gzip", "lz4-frame", "zstd", "snappy-raw", "snappy-xerial"])
+def test_corrupt_compressed_records_are_an_invalid_batch(codec: str) -> None:
+    plain = make_batch(3, [b"x" * 500, b"y" * 500], timestamp_ms=1_700_000_000_000)
+    batch = bytearray(compress_batch(plain, codec))
+    for position in range(HEADER_SIZE + 20, len(batch), 7):
+        batch[position] ^= 0x5A
+    with pytest.raises(InvalidBatch):
+        record_timestamps(rebuild(bytes(batch), records=bytes(batch[HEADER_SIZE:])))
+
+
+def test_records_missing_from_a_batch_are_an_invalid_batch() -> None:
+    plain = make_batch(0, [b"a", b"b"], timestamp_ms=1_700_000_000_000)
+    with pytest.raises(InvalidBatch, match="past the end"):
+        record_timestamps(rebuild(plain, record_count=5))
 
 
 @pytest.mark.parametrize("codec", [5, 6, 7])
