@@ -131,22 +131,19 @@ def _value_walker(name: str, kafka_type: str | None, flexible: bool, nullable: b
 
 def _compact_walker(name: str, nullable: bool) -> Walker:
     def walk(view: memoryview, position: int) -> int:
-        length, position = read_uvarint(view, position)
-        if length == 0:
+        length, position = _compact_length(view, position)
+        if length is None:
             return _null(name, nullable, position)
-        return _skip(view, position, length - 1, name)
+        return _skip(view, position, length, name)
 
     return walk
 
 
 def _legacy_walker(name: str, prefix: struct.Struct, nullable: bool) -> Walker:
     def walk(view: memoryview, position: int) -> int:
-        (length,) = _unpack(prefix, view, position, name)
-        position += prefix.size
-        if length == -1:
+        length, position = _legacy_length(prefix, view, position, name)
+        if length is None:
             return _null(name, nullable, position)
-        if length < 0:
-            raise MalformedRequest(f"{name}: negative length {length}")
         return _skip(view, position, length, name)
 
     return walk
@@ -155,17 +152,11 @@ def _legacy_walker(name: str, prefix: struct.Struct, nullable: bool) -> Walker:
 def _array_walker(name: str, item: Walker, flexible: bool, nullable: bool) -> Walker:
     def walk(view: memoryview, position: int) -> int:
         if flexible:
-            count, position = read_uvarint(view, position)
-            if count == 0:
-                return _null(name, nullable, position)
-            count -= 1
+            count, position = _compact_length(view, position)
         else:
-            (count,) = _unpack(_INT32, view, position, name)
-            position += _INT32.size
-            if count == -1:
-                return _null(name, nullable, position)
-            if count < 0:
-                raise MalformedRequest(f"{name}: negative array length {count}")
+            count, position = _legacy_length(_INT32, view, position, name)
+        if count is None:
+            return _null(name, nullable, position)
         if count > len(view) - position:  # every element takes at least one byte
             raise MalformedRequest(
                 f"{name}: array of {count} elements in {len(view) - position} bytes"
@@ -175,6 +166,22 @@ def _array_walker(name: str, item: Walker, flexible: bool, nullable: bool) -> Wa
         return position
 
     return walk
+
+
+def _compact_length(view: memoryview, position: int) -> tuple[int | None, int]:
+    """A compact length (length + 1; 0 is null) and the position after it."""
+    stored, position = read_uvarint(view, position)
+    return (stored - 1 if stored else None), position
+
+
+def _legacy_length(
+    prefix: struct.Struct, view: memoryview, position: int, name: str
+) -> tuple[int | None, int]:
+    """An int16 or int32 length (-1 is null) and the position after it."""
+    (length,) = _unpack(prefix, view, position, name)
+    if length < -1:
+        raise MalformedRequest(f"{name}: negative length {length}")
+    return (length if length >= 0 else None), position + prefix.size
 
 
 def _struct_walker(name: str, entity: Walker, nullable: bool) -> Walker:

@@ -111,6 +111,16 @@ def correlation_id_of(response_frame: bytes) -> int:
     return int(_LENGTH.unpack_from(response_frame, 0)[0])
 
 
+def uvarint(value: int) -> bytes:
+    """Kafka's unsigned varint (compact lengths and counts, + 1 where null is 0)."""
+    out = bytearray()
+    while True:
+        byte, value = value & 0x7F, value >> 7
+        out.append(byte | (0x80 if value else 0))
+        if not value:
+            return bytes(out)
+
+
 def request_header(api_key: int, version: int, correlation_id: int, client_id: str = "t") -> bytes:
     """A non-flexible (v1) request header: enough to name a request whose body is garbage."""
     name = client_id.encode()

@@ -38,6 +38,7 @@ from harness.kafka_wire import (
     produce_partition,
     request_header,
     sample_body,
+    uvarint,
 )
 from harness.s3 import S3Endpoint, unique_bucket
 from harness.topics import create_topics
@@ -418,15 +419,6 @@ def test_unparsable_body_gets_an_error_response(
         assert int(wire.request(API_VERSIONS, 3, {}).error_code) == NONE
 
 
-def _uvarint(value: int) -> bytes:
-    out = bytearray()
-    while True:
-        byte, value = value & 0x7F, value >> 7
-        out.append(byte | (0x80 if value else 0))
-        if not value:
-            return bytes(out)
-
-
 def _flexible_header(api_key: int, version: int, correlation_id: int) -> bytes:
     return struct.pack(">hhih", api_key, version, correlation_id, 1) + b"t" + b"\x00"
 
@@ -435,15 +427,15 @@ def _flexible_header(api_key: int, version: int, correlation_id: int) -> bytes:
     ("api_key", "version", "body"),
     [
         # Metadata v12: topics claims 2^32 - 2 elements (kio reserved 34 GB and aborted)
-        (METADATA, 12, _uvarint(2**32 - 1)),
+        (METADATA, 12, uvarint(2**32 - 1)),
         # OffsetCommit v8: group "g", then a member claiming a string of 2^32 - 2 bytes
-        (8, 8, _uvarint(2) + b"g" + struct.pack(">i", -1) + _uvarint(2**32 - 1)),
+        (8, 8, uvarint(2) + b"g" + struct.pack(">i", -1) + uvarint(2**32 - 1)),
         # Produce v9: no transactional id, acks, timeout, topic_data of 2^31 elements
-        (PRODUCE, 9, b"\x00" + struct.pack(">hi", -1, 1000) + _uvarint(2**31)),
+        (PRODUCE, 9, b"\x00" + struct.pack(">hi", -1, 1000) + uvarint(2**31)),
         # Metadata v8 (not flexible): an i32 array length of 2^31 - 1
         (METADATA, 8, struct.pack(">i", 2**31 - 1)),
         # OffsetCommit v8 with topics = null, which the schema does not allow
-        (8, 8, _uvarint(2) + b"g" + struct.pack(">i", -1) + _uvarint(1) + b"\x00\x00\x00"),
+        (8, 8, uvarint(2) + b"g" + struct.pack(">i", -1) + uvarint(1) + b"\x00\x00\x00"),
     ],
     ids=["compact-array-2^32", "compact-string-2^32", "produce-array-2^31", "i32-array", "null"],
 )

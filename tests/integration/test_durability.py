@@ -19,7 +19,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
@@ -236,46 +236,27 @@ def test_sigkill_while_producing_loses_no_acked_record(broker_cluster: BrokerClu
     topic, partitions, total = "busy", 2, 2000
     create_topic(broker.bootstrap, topic, partitions)
     producer = AckingProducer(broker.bootstrap, **{"enable.idempotence": True})
-
-    def produce_steadily() -> None:
-        for i in range(total):
-            producer.send(topic, f"r-{i}".encode(), i % partitions)
-            producer.producer.poll(0)
-            time.sleep(0.001)
-        producer.flush(180)
-
-    thread = threading.Thread(target=produce_steadily)
-    thread.start()
-    try:
-        deadline = time.monotonic() + 60
-        while len(producer.acked) < 200 and time.monotonic() < deadline:
-            time.sleep(0.01)
-        acked_at_kill = len(producer.acked)
-        new = restart(broker_cluster, broker, broker.kill)
-    finally:
-        thread.join(240)
-    assert not thread.is_alive()
-    assert 200 <= acked_at_kill < total, "the kill did not happen while producing"
-    assert not producer.failed, producer.failed[:5]
-    assert len(producer.acked) == total
-    stored = read_everything(new.bootstrap, topic, partitions)
-    assert stored == producer.acked
-    assert sorted(stored.values()) == sorted(f"r-{i}".encode() for i in range(total))
-    for p in range(partitions):  # one producer, one partition: order is the send order
-        values = [stored[(p, o)] for o in range(total // partitions)]
-        assert values == [f"r-{i}".encode() for i in range(p, total, partitions)]
+    new = produce_while(
+        lambda: restart(broker_cluster, broker, broker.kill), producer, topic, total, partitions
+    )
+    assert_stored_once_in_order(new.bootstrap, topic, producer, total, partitions)
 
 
 # --- outages of etcd and of the object store while producing ----------------------------------
 
 
-def _produce_through(outage: Callable[[], None], producer: AckingProducer, topic: str) -> None:
-    """Produce ``OUTAGE_RECORDS`` steadily over two partitions; after the first 200 acks, play
-    ``outage`` (which returns when the dependency is back)."""
+T = TypeVar("T")
+
+
+def produce_while(
+    action: Callable[[], T], producer: AckingProducer, topic: str, total: int, partitions: int
+) -> T:
+    """Produce ``total`` records steadily, round robin over the partitions; after the first 200
+    acks run ``action`` (a kill, an outage); return its result once every record is delivered."""
 
     def produce_steadily() -> None:
-        for i in range(OUTAGE_RECORDS):
-            producer.send(topic, f"r-{i}".encode(), i % 2)
+        for i in range(total):
+            producer.send(topic, f"r-{i}".encode(), i % partitions)
             producer.producer.poll(0)
             time.sleep(0.002)
         producer.flush(180)
@@ -286,24 +267,27 @@ def _produce_through(outage: Callable[[], None], producer: AckingProducer, topic
         deadline = time.monotonic() + 60
         while len(producer.acked) < 200 and time.monotonic() < deadline:
             time.sleep(0.01)
-        assert len(producer.acked) < OUTAGE_RECORDS, "the outage did not happen while producing"
-        outage()
+        acked_before = len(producer.acked)
+        result = action()
     finally:
         thread.join(240)
     assert not thread.is_alive()
+    assert 200 <= acked_before < total, "the action did not happen while producing"
+    return result
 
 
-OUTAGE_RECORDS = 2000
-
-
-def _stored_exactly_once_in_order(bootstrap: str, topic: str, producer: AckingProducer) -> None:
+def assert_stored_once_in_order(
+    bootstrap: str, topic: str, producer: AckingProducer, total: int, partitions: int
+) -> None:
+    """Every record acked, at the offset it was acked with, none twice, in send order."""
     assert not producer.failed, producer.failed[:5]
-    assert len(producer.acked) == OUTAGE_RECORDS
-    stored = read_everything(bootstrap, topic, 2)
+    assert len(producer.acked) == total
+    stored = read_everything(bootstrap, topic, partitions)
     assert stored == producer.acked
-    for p in range(2):  # one producer, one partition: order is the send order
-        values = [stored[(p, o)] for o in range(OUTAGE_RECORDS // 2)]
-        assert values == [f"r-{i}".encode() for i in range(p, OUTAGE_RECORDS, 2)]
+    assert sorted(stored.values()) == sorted(f"r-{i}".encode() for i in range(total))
+    for p in range(partitions):  # one producer, one partition: order is the send order
+        values = [stored[(p, o)] for o in range(total // partitions)]
+        assert values == [f"r-{i}".encode() for i in range(p, total, partitions)]
 
 
 def test_etcd_paused_past_the_session_ttl_loses_no_acked_record(
@@ -331,10 +315,10 @@ def test_etcd_paused_past_the_session_ttl_loses_no_acked_record(
             finally:
                 os.kill(etcd_pid, signal.SIGCONT)
 
-        _produce_through(pause_etcd, producer, "through-etcd")
+        produce_while(pause_etcd, producer, "through-etcd", 2000, 2)
         assert broker.process is not None and broker.process.poll() is None, broker.tail()
         assert "etcd session lost" in broker.log_path.read_text(errors="replace")
-        _stored_exactly_once_in_order(broker.bootstrap, "through-etcd", producer)
+        assert_stored_once_in_order(broker.bootstrap, "through-etcd", producer, 2000, 2)
     finally:
         cluster.stop_all()
 
@@ -356,10 +340,10 @@ def test_object_store_unreachable_for_a_while_loses_no_acked_record(
             finally:
                 proxy.refuse = False
 
-        _produce_through(refuse_s3, producer, "through-s3")
+        produce_while(refuse_s3, producer, "through-s3", 2000, 2)
         assert broker.process is not None and broker.process.poll() is None, broker.tail()
         assert "segment upload failed" in broker.log_path.read_text(errors="replace")
-        _stored_exactly_once_in_order(broker.bootstrap, "through-s3", producer)
+        assert_stored_once_in_order(broker.bootstrap, "through-s3", producer, 2000, 2)
 
 
 # --- idempotence state survives the restart (raw wire, exact sequences) ----------------------

@@ -14,7 +14,7 @@ import subprocess
 import sys
 
 import pytest
-from harness.kafka_wire import sample_body
+from harness.kafka_wire import sample_body, uvarint
 
 from kafscale.broker.api.table import API_TABLE
 from kafscale.broker.protocol import codec, guard
@@ -46,15 +46,6 @@ def test_every_served_request_walks_to_exactly_its_end(api_key: int, version: in
     assert guard.entity_walker(schema)(memoryview(frame), start) == len(frame)
     # and the broker's decoder accepts it with the check in front
     assert codec.decode_request(memoryview(frame).toreadonly(), schema).header.api_key == api_key
-
-
-def uvarint(value: int) -> bytes:
-    out = bytearray()
-    while True:
-        byte, value = value & 0x7F, value >> 7
-        out.append(byte | (0x80 if value else 0))
-        if not value:
-            return bytes(out)
 
 
 def test_an_array_longer_than_the_frame_is_refused() -> None:
