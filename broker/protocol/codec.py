@@ -81,7 +81,9 @@ def decode_request(frame: bytes | memoryview, schema: type[Any]) -> DecodedReque
     header_schema = schema.__header_schema__
     try:
         header, header_size = entity_reader(header_schema)(frame, 0)
-        guard.check_body(schema, frame, header_size)  # before kio reserves memory for arrays
+        edits = guard.check_body(schema, frame, header_size)  # before kio reserves memory
+        if edits:  # tagged fields kio does not know, which it would refuse: cut them out
+            frame = guard.apply_edits(frame, edits)
         body, _ = entity_reader(schema)(frame, header_size)
     except Exception as exc:
         raise DecodeError(f"cannot parse {schema.__name__}: {exc}") from exc

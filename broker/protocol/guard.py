@@ -8,6 +8,10 @@ this walk does the same ahead of kio, and it also refuses a null where the schem
 (kio hands such a null to the handlers, which iterate it). It reads lengths only and skips the
 rest: a produce request's record batches are skipped whole.
 
+It also finds tagged fields the schema does not know. Kafka ignores them (that is how a newer
+client's optional fields reach an older broker); kio refuses the whole request, so they are cut
+out of the frame before kio reads it.
+
 The walk follows the schema classes kio generates (field order, ``kafka_type`` metadata,
 ``__flexible__``, tagged fields marked with a ``tag``); a walker is built once per schema.
 """
@@ -20,8 +24,10 @@ from dataclasses import fields, is_dataclass
 from types import NoneType, UnionType
 from typing import Any, Union, get_args, get_origin, get_type_hints
 
-Walker = Callable[[memoryview, int], int]
-"""Checks the value starting at a position; returns the position after it."""
+Edit = tuple[int, int, bytes]
+"""Replace ``frame[start:end]`` with these bytes (unknown tagged fields cut out)."""
+Walker = Callable[[memoryview, int, list[Edit]], int]
+"""Checks the value starting at a position, noting edits; returns the position after it."""
 
 FIXED_SIZES = {
     "bool": 1,
@@ -49,10 +55,24 @@ class MalformedRequest(Exception):
     none is allowed."""
 
 
-def check_body(schema: type[Any], frame: bytes | memoryview, position: int) -> None:
-    """Raise MalformedRequest unless ``frame[position:]`` can hold a ``schema`` body."""
+def check_body(schema: type[Any], frame: bytes | memoryview, position: int) -> list[Edit]:
+    """Raise MalformedRequest unless ``frame[position:]`` can hold a ``schema`` body; return the
+    edits that cut out tagged fields the schema does not know (none, nearly always)."""
     view = frame if isinstance(frame, memoryview) else memoryview(frame)
-    entity_walker(schema)(view, position)
+    edits: list[Edit] = []
+    entity_walker(schema)(view, position, edits)
+    return edits
+
+
+def apply_edits(frame: bytes | memoryview, edits: list[Edit]) -> bytes:
+    """``frame`` with ``edits`` (from ``check_body``) applied."""
+    parts = []
+    position = 0
+    for start, end, replacement in sorted(edits):
+        parts += [frame[position:start], replacement]
+        position = end
+    parts.append(frame[position:])
+    return b"".join(parts)
 
 
 _WALKERS: dict[type[Any], Walker] = {}
@@ -84,16 +104,18 @@ def _make_entity_walker(entity_type: type[Any]) -> Walker:
     if fixed:
         steps.append(_fixed_walker(entity_type.__name__, fixed))
 
-    def walk(view: memoryview, position: int) -> int:
+    known_tags = frozenset(f.metadata["tag"] for f in fields(entity_type) if "tag" in f.metadata)
+
+    def walk(view: memoryview, position: int, edits: list[Edit]) -> int:
         for step in steps:
-            position = step(view, position)
-        return _skip_tagged_fields(view, position) if flexible else position
+            position = step(view, position, edits)
+        return _skip_tagged_fields(view, position, known_tags, edits) if flexible else position
 
     return walk
 
 
 def _fixed_walker(name: str, size: int) -> Walker:
-    return lambda view, position: _skip(view, position, size, name)
+    return lambda view, position, _edits: _skip(view, position, size, name)
 
 
 def _field_walker(name: str, annotation: Any, kafka_type: str | None, flexible: bool) -> Walker:
@@ -130,7 +152,7 @@ def _value_walker(name: str, kafka_type: str | None, flexible: bool, nullable: b
 
 
 def _compact_walker(name: str, nullable: bool) -> Walker:
-    def walk(view: memoryview, position: int) -> int:
+    def walk(view: memoryview, position: int, _edits: list[Edit]) -> int:
         length, position = _compact_length(view, position)
         if length is None:
             return _null(name, nullable, position)
@@ -140,7 +162,7 @@ def _compact_walker(name: str, nullable: bool) -> Walker:
 
 
 def _legacy_walker(name: str, prefix: struct.Struct, nullable: bool) -> Walker:
-    def walk(view: memoryview, position: int) -> int:
+    def walk(view: memoryview, position: int, _edits: list[Edit]) -> int:
         length, position = _legacy_length(prefix, view, position, name)
         if length is None:
             return _null(name, nullable, position)
@@ -150,7 +172,7 @@ def _legacy_walker(name: str, prefix: struct.Struct, nullable: bool) -> Walker:
 
 
 def _array_walker(name: str, item: Walker, flexible: bool, nullable: bool) -> Walker:
-    def walk(view: memoryview, position: int) -> int:
+    def walk(view: memoryview, position: int, edits: list[Edit]) -> int:
         if flexible:
             count, position = _compact_length(view, position)
         else:
@@ -162,7 +184,7 @@ def _array_walker(name: str, item: Walker, flexible: bool, nullable: bool) -> Wa
                 f"{name}: array of {count} elements in {len(view) - position} bytes"
             )
         for _ in range(count):
-            position = item(view, position)
+            position = item(view, position, edits)
         return position
 
     return walk
@@ -188,23 +210,43 @@ def _struct_walker(name: str, entity: Walker, nullable: bool) -> Walker:
     if not nullable:
         return entity
 
-    def walk(view: memoryview, position: int) -> int:
+    def walk(view: memoryview, position: int, edits: list[Edit]) -> int:
         (marker,) = _unpack(_INT8, view, position, name)
         position += 1
-        return _null(name, True, position) if marker < 0 else entity(view, position)
+        return _null(name, True, position) if marker < 0 else entity(view, position, edits)
 
     return walk
 
 
-def _skip_tagged_fields(view: memoryview, position: int) -> int:
+def _skip_tagged_fields(
+    view: memoryview, position: int, known: frozenset[int], edits: list[Edit]
+) -> int:
+    count_at = position
     count, position = read_uvarint(view, position)
+    count_end = position
     if count > len(view) - position:
         raise MalformedRequest(f"{count} tagged fields in {len(view) - position} bytes")
+    unknown = []
     for _ in range(count):
-        _, position = read_uvarint(view, position)
+        start = position
+        tag, position = read_uvarint(view, position)
         size, position = read_uvarint(view, position)
         position = _skip(view, position, size, "tagged field")
+        if tag not in known:
+            unknown.append((start, position, b""))
+    if unknown:
+        edits.append((count_at, count_end, _uvarint(count - len(unknown))))
+        edits += unknown
     return position
+
+
+def _uvarint(value: int) -> bytes:
+    out = bytearray()
+    while True:
+        byte, value = value & 0x7F, value >> 7
+        out.append(byte | (0x80 if value else 0))
+        if not value:
+            return bytes(out)
 
 
 def read_uvarint(view: memoryview, position: int) -> tuple[int, int]:

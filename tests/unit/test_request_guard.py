@@ -43,7 +43,7 @@ def test_every_served_request_walks_to_exactly_its_end(api_key: int, version: in
     schema = codec.request_schema(api_key, version)
     frame = codec.encode_request(api_key, version, 7, sample_body(schema))[4:]
     start = header_size(frame, api_key, version)
-    assert guard.entity_walker(schema)(memoryview(frame), start) == len(frame)
+    assert guard.entity_walker(schema)(memoryview(frame), start, []) == len(frame)
     # and the broker's decoder accepts it with the check in front
     assert codec.decode_request(memoryview(frame).toreadonly(), schema).header.api_key == api_key
 
@@ -68,7 +68,7 @@ def test_a_null_where_the_schema_allows_none_is_refused() -> None:
     body = sample_body(offset_commit_v8)
     frame = codec.encode_request(8, 8, 1, body)[4:]
     start = header_size(frame, 8, 8)
-    assert guard.entity_walker(offset_commit_v8)(memoryview(frame), start) == len(frame)
+    assert guard.entity_walker(offset_commit_v8)(memoryview(frame), start, []) == len(frame)
     # group_id "ab", generation, member_id "ab", group_instance_id (nullable), then topics:
     topics_at = frame.index(uvarint(3), start + 1 + 2 + 4 + 1 + 2 + 1 + 2)
     nulled = frame[:topics_at] + b"\x00" + b"\x00"  # topics = null, no tagged fields
@@ -76,7 +76,7 @@ def test_a_null_where_the_schema_allows_none_is_refused() -> None:
         guard.check_body(offset_commit_v8, nulled, start)
     # a nullable array may be null: Metadata v12's topics (null = every topic)
     metadata_v12 = codec.request_schema(3, 12)
-    assert guard.check_body(metadata_v12, b"\x00\x01\x00\x00", 0) is None
+    assert guard.check_body(metadata_v12, b"\x00\x01\x00\x00", 0) == []
 
 
 def test_lengths_and_varints_that_run_past_the_end_are_refused() -> None:
@@ -101,3 +101,32 @@ def test_without_the_check_kio_aborts_the_process() -> None:
         [sys.executable, "-c", script], capture_output=True, timeout=60, check=False
     )
     assert done.returncode != 0 and b"Traceback" not in done.stderr, done.stderr[-500:]
+
+
+def test_tagged_fields_the_schema_does_not_know_are_cut_out_not_refused() -> None:
+    """Kafka ignores unknown tagged fields (how a newer client's optional fields reach an older
+    broker); kio refused the whole request. Known tags stay, unknown ones go, at any depth."""
+    api_versions_v3 = codec.request_schema(18, 3)
+    header = struct.pack(">hhih", 18, 3, 5, 1) + b"t" + b"\x00"
+    names = uvarint(4) + b"kcl" + uvarint(4) + b"1.0"
+    unknown = uvarint(2) + uvarint(97) + uvarint(3) + b"abc" + uvarint(200) + uvarint(0)
+    decoded = codec.decode_request(header + names + unknown, api_versions_v3)
+    assert (decoded.body.client_software_name, decoded.body.client_software_version) == (
+        "kcl",
+        "1.0",
+    )
+
+    metadata_v12 = codec.request_schema(3, 12)
+    header = struct.pack(">hhih", 3, 12, 6, 1) + b"t" + b"\x00"
+    topic = bytes(16) + uvarint(3) + b"ab" + uvarint(1) + uvarint(5) + uvarint(2) + b"zz"
+    body = uvarint(2) + topic + b"\x01\x00" + b"\x00"
+    decoded = codec.decode_request(header + body, metadata_v12)
+    assert [t.name for t in decoded.body.topics] == ["ab"]
+    assert decoded.body.allow_auto_topic_creation is True
+
+    fetch_v12 = codec.request_schema(1, 12)
+    frame = codec.encode_request(1, 12, 7, sample_body(fetch_v12))[4:]
+    start = header_size(frame, 1, 12)
+    assert guard.check_body(fetch_v12, frame, start) == []  # every tag it sets is known
+    known = codec.decode_request(memoryview(frame).toreadonly(), fetch_v12).body
+    assert known.cluster_id == "ab"  # tag 0 of FetchRequest v12, kept
