@@ -80,6 +80,9 @@ def decode_request(frame: bytes | memoryview, schema: type[Any]) -> DecodedReque
     buffer, so a memoryview must be read-only."""
     header_schema = schema.__header_schema__
     try:
+        header_edits = guard.check_header(header_schema, frame)
+        if header_edits:  # tagged fields in the header, which kio would refuse
+            frame = guard.apply_edits(frame, header_edits)
         header, header_size = entity_reader(header_schema)(frame, 0)
         edits = guard.check_body(schema, frame, header_size)  # before kio reserves memory
         if edits:  # tagged fields kio does not know, which it would refuse: cut them out

@@ -64,6 +64,23 @@ def check_body(schema: type[Any], frame: bytes | memoryview, position: int) -> l
     return edits
 
 
+_HEADER_FIXED = 8  # api key, api version, correlation id
+_CLIENT_ID_LENGTH = struct.Struct(">h")
+
+
+def check_header(header_schema: type[Any], frame: bytes | memoryview) -> list[Edit]:
+    """The edits that cut tagged fields out of a flexible request header (it defines none; the
+    client id before them is an int16-length string in every header version)."""
+    if not header_schema.__flexible__:
+        return []
+    view = frame if isinstance(frame, memoryview) else memoryview(frame)
+    length, position = _legacy_length(_CLIENT_ID_LENGTH, view, _HEADER_FIXED, "client_id")
+    position = _skip(view, position, length or 0, "client_id")
+    edits: list[Edit] = []
+    _skip_tagged_fields(view, position, frozenset(), edits)
+    return edits
+
+
 def apply_edits(frame: bytes | memoryview, edits: list[Edit]) -> bytes:
     """``frame`` with ``edits`` (from ``check_body``) applied."""
     parts = []

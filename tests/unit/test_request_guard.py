@@ -130,3 +130,15 @@ def test_tagged_fields_the_schema_does_not_know_are_cut_out_not_refused() -> Non
     assert guard.check_body(fetch_v12, frame, start) == []  # every tag it sets is known
     known = codec.decode_request(memoryview(frame).toreadonly(), fetch_v12).body
     assert known.cluster_id == "ab"  # tag 0 of FetchRequest v12, kept
+
+
+def test_tagged_fields_in_the_request_header_are_cut_out() -> None:
+    api_versions_v3 = codec.request_schema(18, 3)
+    tags = uvarint(1) + uvarint(3) + uvarint(2) + b"hi"
+    header = struct.pack(">hhih", 18, 3, 5, 1) + b"t" + tags
+    body = uvarint(4) + b"kcl" + uvarint(4) + b"1.0" + b"\x00"
+    decoded = codec.decode_request(header + body, api_versions_v3)
+    assert (decoded.header.correlation_id, decoded.header.client_id) == (5, "t")
+    assert decoded.body.client_software_name == "kcl"
+    with pytest.raises(codec.DecodeError, match="client_id"):  # a header cut short
+        codec.decode_request(struct.pack(">hhih", 18, 3, 5, 40) + b"t", api_versions_v3)
