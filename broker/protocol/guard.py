@@ -252,12 +252,13 @@ def _skip_tagged_fields(
         if tag not in known:
             unknown.append((start, position, b""))
     if unknown:
-        edits.append((count_at, count_end, _uvarint(count - len(unknown))))
+        edits.append((count_at, count_end, encode_uvarint(count - len(unknown))))
         edits += unknown
     return position
 
 
-def _uvarint(value: int) -> bytes:
+def encode_uvarint(value: int) -> bytes:
+    """Kafka's unsigned varint: compact lengths and counts (+ 1, where 0 is null), tags."""
     out = bytearray()
     while True:
         byte, value = value & 0x7F, value >> 7

@@ -15,9 +15,11 @@ import uuid
 from dataclasses import dataclass, fields, is_dataclass
 from typing import Any, get_args, get_origin, get_type_hints
 
-from kafscale.broker.protocol import codec
+from kafscale.broker.protocol import codec, guard
 
 PRODUCE, FETCH, LIST_OFFSETS, METADATA, API_VERSIONS = 0, 1, 2, 3, 18
+
+uvarint = guard.encode_uvarint  # Kafka's unsigned varint: compact lengths, counts, tags
 
 _LENGTH = struct.Struct(">i")
 
@@ -109,16 +111,6 @@ class KafkaWire:
 def correlation_id_of(response_frame: bytes) -> int:
     """Every response header starts with the correlation id (i32)."""
     return int(_LENGTH.unpack_from(response_frame, 0)[0])
-
-
-def uvarint(value: int) -> bytes:
-    """Kafka's unsigned varint (compact lengths and counts, + 1 where null is 0)."""
-    out = bytearray()
-    while True:
-        byte, value = value & 0x7F, value >> 7
-        out.append(byte | (0x80 if value else 0))
-        if not value:
-            return bytes(out)
 
 
 def request_header(api_key: int, version: int, correlation_id: int, client_id: str = "t") -> bytes:
