@@ -245,25 +245,18 @@ def _snappy_raw(data: bytes, room: int, limit: int) -> bytes:
 
 
 def _read_uvarint(data: bytes, position: int) -> tuple[int, int]:
+    """An unsigned varint and the position after it (IndexError past the end of ``data``)."""
     shift = value = 0
     while True:
         byte = data[position]
         position += 1
         value |= (byte & 0x7F) << shift
-        if not byte & 0x80 or shift > 28:
+        if not byte & 0x80:
             return value, position
         shift += 7
 
 
 def _read_varint(data: bytes, position: int) -> tuple[int, int]:
     """A zig-zag signed varint and the position after it."""
-    shift = 0
-    raw = 0
-    while True:
-        byte = data[position]
-        position += 1
-        raw |= (byte & 0x7F) << shift
-        if not byte & 0x80:
-            break
-        shift += 7
+    raw, position = _read_uvarint(data, position)
     return (raw >> 1) ^ -(raw & 1), position
