@@ -2,8 +2,8 @@
 
 ``GET /healthz`` (liveness: the event loop answers), ``GET /readyz`` (readiness: registered and
 serving), ``POST /drain`` (hand every partition over, then answer; the pod may then stop),
-``GET /status`` (JSON: node id, owned partitions). Plain asyncio, no web framework: four routes
-do not justify a dependency.
+``GET /status`` (JSON: node id, owned partitions, segment cache). Plain asyncio, no web
+framework: four routes do not justify a dependency.
 """
 
 from __future__ import annotations

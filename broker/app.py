@@ -314,6 +314,12 @@ class Broker:
             "ready": self.ready,
             "draining": self.draining,
             "owned": sorted(f"{t}-{p}" for t, p in self.log_manager.owned),
+            "segment_cache": {
+                "bytes": self.cache.size_bytes,
+                "pooled_bytes": self.cache.buffers.size_bytes,
+                "buffers_reused": self.cache.buffers.reused,
+                "buffers_allocated": self.cache.buffers.allocated,
+            },
         }
 
     # --- handoff and shutdown ----------------------------------------------------------------

@@ -95,7 +95,9 @@ class LogSettings(_Section):
         100, ge=1, description="Longest a produced batch waits before it is flushed."
     )
     cache_bytes: int = Field(
-        256 * 1024 * 1024, ge=0, description="In-memory cache of recent segments, in bytes."
+        256 * 1024 * 1024,
+        ge=0,
+        description="In-memory cache of recent segments, in bytes of memory held.",
     )
     index_interval_bytes: int = Field(
         4096, ge=1, description="Bytes between index entries inside a segment."

@@ -364,6 +364,7 @@ class Flusher:
             self._settings.index_interval_bytes,
             base_offsets=[b.base_offset for b in batches],
             leader_epoch=owned.epoch,
+            allocate=self._cache.buffers.take,
         )
         names = (self._cluster, owned.topic, owned.topic_id, owned.partition, base, owned.epoch)
         segment_key = keys.segment_object_key(*names)

@@ -100,10 +100,14 @@ class LocalDirObjectStore:
                 f"object directory {self._root} is not writable: {exc.strerror or exc}"
             ) from exc
 
-    async def put(self, key: str, data: bytes | bytearray, *, if_absent: bool = True) -> None:
+    async def put(
+        self, key: str, data: bytes | bytearray | memoryview, *, if_absent: bool = True
+    ) -> None:
         await self._run(self._put_sync, self._path(key), key, data, if_absent)
 
-    def _put_sync(self, path: Path, key: str, data: bytes, if_absent: bool) -> None:
+    def _put_sync(
+        self, path: Path, key: str, data: bytes | bytearray | memoryview, if_absent: bool
+    ) -> None:
         tmp = self._write_temp(data)
         try:
             for attempt in range(PUBLISH_ATTEMPTS):
@@ -126,7 +130,7 @@ class LocalDirObjectStore:
         finally:
             tmp.unlink(missing_ok=True)
 
-    def _write_temp(self, data: bytes) -> Path:
+    def _write_temp(self, data: bytes | bytearray | memoryview) -> Path:
         """A new, fsynced file with ``data`` in the temp dir."""
         try:
             self._tmp.mkdir(parents=True, exist_ok=True)

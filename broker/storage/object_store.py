@@ -33,7 +33,9 @@ class ObjectStore(Protocol):
     async def check(self) -> None:
         """Fail with ObjectStoreError unless the store (bucket or directory) is usable."""
 
-    async def put(self, key: str, data: bytes | bytearray, *, if_absent: bool = True) -> None:
+    async def put(
+        self, key: str, data: bytes | bytearray | memoryview, *, if_absent: bool = True
+    ) -> None:
         """Write ``data`` at ``key``; with ``if_absent`` raise ObjectAlreadyExists if taken."""
 
     async def get(self, key: str, *, start: int = 0, end: int | None = None) -> bytes:

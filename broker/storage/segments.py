@@ -25,7 +25,7 @@ from __future__ import annotations
 import bisect
 import itertools
 import struct
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 import crc32c
@@ -77,7 +77,7 @@ class BatchInfo:
 
 @dataclass(frozen=True, slots=True)
 class EncodedSegment:
-    segment: bytearray
+    segment: bytearray | memoryview
     index: bytes
     base_offset: int
     last_offset: int
@@ -174,6 +174,7 @@ def encode_segment(
     *,
     base_offsets: Sequence[int] | None = None,
     leader_epoch: int | None = None,
+    allocate: Callable[[int], bytearray | memoryview] = bytearray,
 ) -> EncodedSegment:
     """Build the segment and index objects for ``batches``.
 
@@ -197,7 +198,7 @@ def encode_segment(
         raise ValueError("segment too large for i32 index positions")
     record_count = sum(info.record_count for info in infos)
     base_offset, last_offset = infos[0].base_offset, infos[-1].last_offset
-    segment = bytearray(SEGMENT_HEADER_SIZE + body_size + SEGMENT_FOOTER_SIZE)
+    segment = allocate(SEGMENT_HEADER_SIZE + body_size + SEGMENT_FOOTER_SIZE)
     _HEADER.pack_into(
         segment, 0, SEGMENT_MAGIC, SEGMENT_VERSION, 0, base_offset, record_count, created_at_ms, 0
     )

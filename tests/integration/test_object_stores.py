@@ -86,6 +86,14 @@ async def test_put_get_round_trip(store: ObjectStore) -> None:
     assert await store.get(KEY) == data
 
 
+async def test_put_of_a_view_stores_exactly_the_viewed_bytes(store: ObjectStore) -> None:
+    """Segments are PUT as views into larger, reused buffers (``buffer_pool``)."""
+    buffer = bytearray(os.urandom(3 * 1024 * 1024))
+    view = memoryview(buffer)[: 2 * 1024 * 1024 + 17]
+    await store.put(KEY, view)
+    assert await store.get(KEY) == bytes(view)
+
+
 async def test_get_missing_raises_not_found(store: ObjectStore) -> None:
     with pytest.raises(ObjectNotFound):
         await store.get("c1/no/such/key")

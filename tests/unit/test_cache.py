@@ -106,3 +106,14 @@ def test_discard_prefix_forgets_a_partition() -> None:
     assert cache.get("t/0/a") is None and cache.get("t/0/b") is None
     assert cache.get("t/1/a") is not None and cache.get("u/0/a") is not None
     assert cache.size_bytes == 20
+
+
+def test_a_view_counts_the_whole_buffer_it_keeps_alive() -> None:
+    """A segment body is a view into its segment's buffer (header, footer, and in a reused
+    buffer an unused end): the bound is on the memory held, not on the bytes served."""
+    cache = SegmentCache(1000)
+    cache.put("a/0/0", memoryview(bytearray(600))[32:-16])
+    assert cache.size_bytes == 600
+    cache.put("a/0/1", memoryview(bytes(600))[:10])
+    assert cache.get("a/0/0") is None  # 1200 bytes held would exceed the bound
+    assert cache.size_bytes == 600
