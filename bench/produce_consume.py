@@ -6,7 +6,8 @@ a. the S3 server's raw PUT throughput for 4 MiB objects with boto3, built and dr
    broker drives it (one client, a thread pool: single stream and N parallel PUTs), and the PUT
    latency of small objects (p50/p99; sequential, and one per partition at once as a flush does);
 b. produce throughput with confluent-kafka (1 KiB records, acks=all, linger.ms=5, 3 partitions)
-   as fast as the client can push, bounded by ``--records`` and ``--duration``;
+   as fast as the client can push, bounded by ``--records`` and ``--duration``, after a warm-up
+   round that is not scored (a running broker reuses the memory of segments it evicted);
 c. right after it, consume throughput of those records (assign from offset 0, still in the
    broker's cache);
 b'. produce latency per message (produce() to delivery callback) at fixed rates below
@@ -17,7 +18,7 @@ It prints a table and the targets of issue 2 with PASS/MISS. Everything it start
 the end. ``--timings`` shows where the time goes inside the broker, ``--profile DIR`` records it
 with py-spy. Run from the repository root::
 
-    .venv/bin/python bench/produce_consume.py                 # ~95 s on 2 cores
+    .venv/bin/python bench/produce_consume.py                 # ~60 s on 2 cores
     .venv/bin/python bench/produce_consume.py --timings --flush-interval-ms 50
 """
 
@@ -485,6 +486,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--rounds", type=int, default=3, help="max-rate produce/consume rounds (median is scored)"
     )
+    p.add_argument(
+        "--warm-up-rounds", type=int, default=1, help="max-rate produce rounds before, not scored"
+    )
     p.add_argument("--record-bytes", type=int, default=1024)
     p.add_argument("--partitions", type=int, default=3)
     p.add_argument("--linger-ms", type=int, default=5)
@@ -668,6 +672,7 @@ class MaxRateRound:
     consumed_defaults: ConsumeResult | None = None
     consumed_kcat: ConsumeResult | None = None
     consume_cpu: CpuMeter | None = None
+    buffers: tuple[int, int] = (0, 0)  # segment buffers reused, newly allocated while producing
 
     @property
     def produced_mib_s(self) -> float:
@@ -681,6 +686,7 @@ class Run:
     puts: list[PutResult] = field(default_factory=list)
     small: list[float] = field(default_factory=list)
     small_parallel: list[float] = field(default_factory=list)
+    warm_ups: list[MaxRateRound] = field(default_factory=list)
     rounds: list[MaxRateRound] = field(default_factory=list)
     paced: list[ProduceResult] = field(default_factory=list)
     idle_rss: int = 0
@@ -706,6 +712,7 @@ def max_rate_round(
     profiler: Profiler,
     run: Run,
     number: int,
+    warm_up_only: bool = False,
 ) -> MaxRateRound:
     """Produce at the highest rate into a new topic, read it back three ways, delete it.
 
@@ -714,21 +721,33 @@ def max_rate_round(
     ``--rounds`` of them and the targets use the median round. Deleting the topic afterwards
     frees moto's memory, so every round starts from an S3 server that stores as little as it
     did in the raw-PUT phase (which deletes its objects too): moto's CPU per MiB grows once it
-    holds more than half a GiB."""
-    topic = f"{TOPIC}-{number}"
+    holds more than half a GiB.
+
+    ``warm_up_only``: produce and delete, no reads. A broker that has been running reuses the
+    buffers of segments its cache let go of (``broker/storage/buffer_pool.py``) and moto reuses
+    memory it freed; a first round after start-up measures neither, so a warm-up round (not
+    scored, ``--warm-up-rounds``) goes first, as the raw PUTs warm moto up before their best
+    mode."""
+    label = "warm-up" if warm_up_only else "round"
+    topic = f"{TOPIC}-{label}-{number}"
     create_topic(bootstrap, topic, args.partitions)
     warm_up(args, bootstrap, topic, args.partitions)
     exclude_harness_objects_from_gc()
-    print(f"b. round {number}: produce at the highest rate ...", flush=True)
+    print(f"b. {label} {number}: produce at the highest rate ...", flush=True)
     txn0 = txn_count(stack)
     profiler.start(f"produce-{number}")
     mono0 = time.monotonic()
+    buffers0 = segment_buffers(stack)
     with CpuMeter(pids) as produce_cpu:
         burst = produce_max_rate(args, bootstrap, "max rate", topic, args.records, args.duration)
-    run.phases.append((f"produce max rate #{number}", mono0, time.monotonic()))
+    buffers = tuple(n - n0 for n, n0 in zip(segment_buffers(stack), buffers0, strict=True))
+    run.phases.append((f"produce max rate, {label} {number}", mono0, time.monotonic()))
     profiler.stop()
     burst.txns = txn_count(stack) - txn0
-    result = MaxRateRound(topic, burst, produce_cpu)
+    result = MaxRateRound(topic, burst, produce_cpu, buffers=(buffers[0], buffers[1]))
+    if warm_up_only:
+        delete_topic(stack, bootstrap, topic)
+        return result
 
     print(f"c. round {number}: consume (recent data) ...", flush=True)
     expected = burst.acked + args.partitions  # + the warm-up records
@@ -752,6 +771,12 @@ def max_rate_round(
     run.phases.append((f"consume (kcat) #{number}", mono0, time.monotonic()))
     delete_topic(stack, bootstrap, topic)
     return result
+
+
+def segment_buffers(stack: Stack) -> tuple[int, int]:
+    """Segment buffers the broker reused and newly allocated so far (its ``GET /status``)."""
+    cache = stack.live_brokers[0].status()["segment_cache"]
+    return int(cache["buffers_reused"]), int(cache["buffers_allocated"])
 
 
 def delete_topic(stack: Stack, bootstrap: str, topic: str, timeout_s: float = 30.0) -> None:
@@ -816,6 +841,12 @@ def main(argv: list[str] | None = None) -> int:
             create_topic(broker.bootstrap, topic, args.partitions)
             warm_up(args, broker.bootstrap, topic, args.partitions)
 
+        for number in range(1, args.warm_up_rounds + 1):
+            run.warm_ups.append(
+                max_rate_round(
+                    args, stack, broker.bootstrap, pids, profiler, run, number, warm_up_only=True
+                )
+            )
         for number in range(1, args.rounds + 1):
             run.rounds.append(
                 max_rate_round(args, stack, broker.bootstrap, pids, profiler, run, number)
@@ -922,9 +953,12 @@ def report(args: argparse.Namespace, run: Run) -> None:
     print("b/c. Kafka clients (confluent-kafka)")
     header = f"   {'phase':<24}{'records':>9}{'MiB/s':>8}{'records/s':>11}{'p50 ms':>9}"
     print(header + f"{'p99 ms':>9}{'max ms':>9}{'seconds':>9}{'errors':>8}")
-    for number, item in enumerate(run.rounds, 1):
+    labelled = [(f"warm-up {n}", item) for n, item in enumerate(run.warm_ups, 1)]
+    labelled += [(f"round {n}", item) for n, item in enumerate(run.rounds, 1)]
+    for label, item in labelled:
         median = " (median, scored)" if item is run.median_round and len(run.rounds) > 1 else ""
-        print(f"   round {number}, topic {item.topic}{median}")
+        unscored = " (not scored)" if item in run.warm_ups else ""
+        print(f"   {label}, topic {item.topic}{median}{unscored}")
         print_produce(item.burst)
         for c in (item.consumed, item.consumed_defaults, item.consumed_kcat):
             if c is not None:
@@ -949,17 +983,18 @@ def report(args: argparse.Namespace, run: Run) -> None:
     if max(item.burst.nbytes for item in run.rounds) > cache:
         print(f"   note: a round produced more than the {cache / MiB:.0f} MiB broker cache:")
         print("   its consume runs read the older part from S3, not from recent data")
-    for number, item in enumerate(run.rounds, 1):
-        for label, meter in (("max-rate produce", item.produce_cpu), ("consume", item.consume_cpu)):
+    for label, item in labelled:
+        for what, meter in (("max-rate produce", item.produce_cpu), ("consume", item.consume_cpu)):
             if meter is not None:
-                print(meter.line(f"round {number}'s {label}"))
+                print(meter.line(f"{label}'s {what}"))
         if item.burst.nbytes:
             mib = item.burst.nbytes / MiB
             print(
-                f"   CPU ms per MiB acked during round {number}'s max-rate produce: "
+                f"   CPU ms per MiB acked during {label}'s max-rate produce: "
                 + ", ".join(f"{n} {s * 1000 / mib:.1f}" for n, s in item.produce_cpu.used.items())
                 + " (moto's raw PUTs: see a.); broker minor page faults per MiB "
-                f"{item.produce_cpu.broker_faults / mib:.0f} (a fresh buffer: 256)"
+                f"{item.produce_cpu.broker_faults / mib:.0f} (a fresh buffer: 256); segment "
+                f"buffers reused {item.buffers[0]} of {sum(item.buffers)}"
             )
     for r in run.paced:
         if r.cpu is not None:
