@@ -735,16 +735,18 @@ def max_rate_round(
     exclude_harness_objects_from_gc()
     print(f"b. {label} {number}: produce at the highest rate ...", flush=True)
     txn0 = txn_count(stack)
-    profiler.start(f"produce-{number}")
+    profiler.start(f"produce-{label}-{number}")
     mono0 = time.monotonic()
-    buffers0 = segment_buffers(stack)
+    reused0, allocated0 = segment_buffers(stack)
     with CpuMeter(pids) as produce_cpu:
         burst = produce_max_rate(args, bootstrap, "max rate", topic, args.records, args.duration)
-    buffers = tuple(n - n0 for n, n0 in zip(segment_buffers(stack), buffers0, strict=True))
+    reused, allocated = segment_buffers(stack)
     run.phases.append((f"produce max rate, {label} {number}", mono0, time.monotonic()))
     profiler.stop()
     burst.txns = txn_count(stack) - txn0
-    result = MaxRateRound(topic, burst, produce_cpu, buffers=(buffers[0], buffers[1]))
+    result = MaxRateRound(
+        topic, burst, produce_cpu, buffers=(reused - reused0, allocated - allocated0)
+    )
     if warm_up_only:
         delete_topic(stack, bootstrap, topic)
         return result
