@@ -410,13 +410,22 @@ def test_unparsable_body_gets_an_error_response(
     kafka: BrokerProcess, api_key: int, version: int
 ) -> None:
     with KafkaWire(kafka.bootstrap) as wire:
-        wire.send_frame(request_header(api_key, version, 777) + b"\xff\xff\xff\x7f\x01")
-        frame = wire.recv_frame()
-        assert correlation_id_of(frame) == 777
-        response = codec.decode_response(frame, api_key, version)
-        if hasattr(response, "error_code"):
-            assert int(response.error_code) == INVALID_REQUEST
-        assert int(wire.request(API_VERSIONS, 3, {}).error_code) == NONE
+        request = request_header(api_key, version, 777) + b"\xff\xff\xff\x7f\x01"
+        assert_invalid_request_then_served(wire, request, api_key, version, 777)
+
+
+def assert_invalid_request_then_served(
+    wire: KafkaWire, request: bytes, api_key: int, version: int, correlation_id: int
+) -> None:
+    """``request`` is answered under its correlation id, with INVALID_REQUEST where the response
+    has a top-level error code, and the connection goes on serving."""
+    wire.send_frame(request)
+    frame = wire.recv_frame()
+    assert correlation_id_of(frame) == correlation_id
+    response = codec.decode_response(frame, api_key, version)
+    if hasattr(response, "error_code"):
+        assert int(response.error_code) == INVALID_REQUEST
+    assert int(wire.request(API_VERSIONS, 3, {}).error_code) == NONE
 
 
 def _flexible_header(api_key: int, version: int, correlation_id: int) -> bytes:
@@ -447,13 +456,7 @@ def test_lengths_past_the_frame_and_forbidden_nulls_get_invalid_request(
     if api_key == METADATA and version < 9:
         header = request_header(api_key, version, 4321)
     with KafkaWire(kafka.bootstrap) as wire:
-        wire.send_frame(header + body)
-        frame = wire.recv_frame()
-        assert correlation_id_of(frame) == 4321
-        response = codec.decode_response(frame, api_key, version)
-        if hasattr(response, "error_code"):
-            assert int(response.error_code) == INVALID_REQUEST
-        assert int(wire.request(API_VERSIONS, 3, {}).error_code) == NONE
+        assert_invalid_request_then_served(wire, header + body, api_key, version, 4321)
     assert kafka.process is not None and kafka.process.poll() is None, kafka.tail()
 
 
