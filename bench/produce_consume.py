@@ -673,6 +673,7 @@ class MaxRateRound:
     consumed_kcat: ConsumeResult | None = None
     consume_cpu: CpuMeter | None = None
     buffers: tuple[int, int] = (0, 0)  # segment buffers reused, newly allocated while producing
+    frames: tuple[int, int] = (0, 0)  # request frames received into reused, new pooled buffers
 
     @property
     def produced_mib_s(self) -> float:
@@ -724,7 +725,7 @@ def max_rate_round(
     holds more than half a GiB.
 
     ``warm_up_only``: produce and delete, no reads. A broker that has been running reuses the
-    buffers of segments its cache let go of (``broker/storage/buffer_pool.py``) and moto reuses
+    buffers of segments its cache let go of (``broker/buffer_pool.py``) and moto reuses
     memory it freed; a first round after start-up measures neither, so a warm-up round (not
     scored, ``--warm-up-rounds``) goes first, as the raw PUTs warm moto up before their best
     mode."""
@@ -737,16 +738,18 @@ def max_rate_round(
     txn0 = txn_count(stack)
     profiler.start(f"produce-{label}-{number}")
     mono0 = time.monotonic()
-    reused0, allocated0 = segment_buffers(stack)
+    before = pooled_buffers(stack)
     with CpuMeter(pids) as produce_cpu:
         burst = produce_max_rate(args, bootstrap, "max rate", topic, args.records, args.duration)
-    reused, allocated = segment_buffers(stack)
+    after = pooled_buffers(stack)
     run.phases.append((f"produce max rate, {label} {number}", mono0, time.monotonic()))
     profiler.stop()
     burst.txns = txn_count(stack) - txn0
-    result = MaxRateRound(
-        topic, burst, produce_cpu, buffers=(reused - reused0, allocated - allocated0)
+    segments, frames = (
+        (after[kind][0] - before[kind][0], after[kind][1] - before[kind][1])
+        for kind in ("segment_cache", "request_frames")
     )
+    result = MaxRateRound(topic, burst, produce_cpu, buffers=segments, frames=frames)
     if warm_up_only:
         delete_topic(stack, bootstrap, topic)
         return result
@@ -775,10 +778,14 @@ def max_rate_round(
     return result
 
 
-def segment_buffers(stack: Stack) -> tuple[int, int]:
-    """Segment buffers the broker reused and newly allocated so far (its ``GET /status``)."""
-    cache = stack.live_brokers[0].status()["segment_cache"]
-    return int(cache["buffers_reused"]), int(cache["buffers_allocated"])
+def pooled_buffers(stack: Stack) -> dict[str, tuple[int, int]]:
+    """Buffers the broker reused and newly allocated so far, for segments and request frames
+    (its ``GET /status``)."""
+    status = stack.live_brokers[0].status()
+    return {
+        kind: (int(status[kind]["buffers_reused"]), int(status[kind]["buffers_allocated"]))
+        for kind in ("segment_cache", "request_frames")
+    }
 
 
 def delete_topic(stack: Stack, bootstrap: str, topic: str, timeout_s: float = 30.0) -> None:
@@ -996,7 +1003,8 @@ def report(args: argparse.Namespace, run: Run) -> None:
                 + ", ".join(f"{n} {s * 1000 / mib:.1f}" for n, s in item.produce_cpu.used.items())
                 + " (moto's raw PUTs: see a.); broker minor page faults per MiB "
                 f"{item.produce_cpu.broker_faults / mib:.0f} (a fresh buffer: 256); segment "
-                f"buffers reused {item.buffers[0]} of {sum(item.buffers)}"
+                f"buffers reused {item.buffers[0]} of {sum(item.buffers)}; request frames "
+                f"received into reused buffers {item.frames[0]} of {sum(item.frames)}"
             )
     for r in run.paced:
         if r.cpu is not None:

@@ -320,6 +320,7 @@ class Broker:
                 "buffers_reused": self.cache.buffers.reused,
                 "buffers_allocated": self.cache.buffers.allocated,
             },
+            "request_frames": frame_pool_status(self.server),
         }
 
     # --- handoff and shutdown ----------------------------------------------------------------
@@ -375,3 +376,15 @@ class Broker:
         await self.session.close()
         await self.etcd.close()
         await self.store.close()
+
+
+def frame_pool_status(server: KafkaServer | None) -> dict[str, int]:
+    """How often large request frames were received into a reused buffer (``buffer_pool``)."""
+    pool = server.frame_buffers if server is not None else None
+    if pool is None:
+        return {"pooled_bytes": 0, "buffers_reused": 0, "buffers_allocated": 0}
+    return {
+        "pooled_bytes": pool.size_bytes,
+        "buffers_reused": pool.reused,
+        "buffers_allocated": pool.allocated,
+    }

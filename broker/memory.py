@@ -11,7 +11,7 @@ run peaks at 470 MB. The price is page faults: a fresh 4 MiB mapping costs about
 on the 2-core VM; over a 586 MiB produce the broker used 3.2-3.4 CPU seconds with these
 settings and 2.9-3.2 with buffers from the heap (which peaked at 618 MB). See bench/README.md.
 New segments avoid most of that price by reusing the buffers of evicted ones (see
-``storage/buffer_pool``).
+``buffer_pool``).
 
 Settings made through glibc's own environment variables (``MALLOC_ARENA_MAX``,
 ``MALLOC_MMAP_THRESHOLD_``) win; elsewhere than glibc this does nothing.

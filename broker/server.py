@@ -17,8 +17,14 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
+from kafscale.broker.buffer_pool import BufferPool
 from kafscale.broker.config import LimitSettings
-from kafscale.broker.protocol.framing import Frame, FrameProtocol, FrameTooLarge
+from kafscale.broker.protocol.framing import (
+    Frame,
+    FrameProtocol,
+    FrameTooLarge,
+    frame_buffer_pool,
+)
 
 log = logging.getLogger(__name__)
 
@@ -72,6 +78,7 @@ class KafkaServer:
         self._server: asyncio.Server | None = None
         self._connections: dict[asyncio.Task[None], tuple[Connection, FrameProtocol]] = {}
         self._slots = asyncio.Semaphore(limits.max_connections)
+        self.frame_buffers: BufferPool = frame_buffer_pool()
 
     @property
     def port(self) -> int:
@@ -81,7 +88,9 @@ class KafkaServer:
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
         self._server = await loop.create_server(
-            lambda: FrameProtocol(self._limits.max_frame_bytes, self._on_connect),
+            lambda: FrameProtocol(
+                self._limits.max_frame_bytes, self._on_connect, buffers=self.frame_buffers
+            ),
             self._host,
             self._port,
             reuse_address=True,
@@ -161,6 +170,7 @@ class KafkaServer:
             # No await between creating the task and queueing it: every task has an owner.
             task = asyncio.create_task(self._dispatch(frame, connection))
             in_order.put_nowait((task, len(frame)))
+            del frame  # the task's own; its buffer is reused once the task has decoded it
         in_order.put_nowait(None)
 
 

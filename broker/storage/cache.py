@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
-from kafscale.broker.storage.buffer_pool import BufferPool
+from kafscale.broker.buffer_pool import BufferPool
 
 POOL_SPARE_BYTES = 16 * 1024 * 1024  # a flush round's evicted segments beyond the budget
 

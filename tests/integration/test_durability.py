@@ -252,9 +252,10 @@ def test_segments_built_in_reused_buffers_hold_what_was_acked(
     broker_cluster: BrokerCluster,
 ) -> None:
     """With a cache small enough to evict, the broker builds new segments in the buffers of
-    evicted ones (``broker/storage/buffer_pool.py``) while a consumer tails the topic, reading
-    slices of segments as they are evicted. Every acked record reads back intact, both while
-    producing (from the cache) and afterwards (mostly from S3, uploaded from reused buffers)."""
+    evicted ones (``broker/buffer_pool.py``) while a consumer tails the topic, reading
+    slices of segments as they are evicted, and receives the producer's requests into reused
+    frame buffers. Every acked record reads back intact, both while producing (from the cache)
+    and afterwards (mostly from S3, uploaded from reused buffers)."""
     broker = broker_cluster.start(
         KAFSCALE_LOG__CACHE_BYTES=str(8 << 20), KAFSCALE_LOG__SEGMENT_BYTES=str(2 << 20)
     )
@@ -292,7 +293,9 @@ def test_segments_built_in_reused_buffers_hold_what_was_acked(
     finally:
         stop.set()
         tailer.join(30)
-    assert broker.status()["segment_cache"]["buffers_reused"] > 0
+    status = broker.status()
+    assert status["segment_cache"]["buffers_reused"] > 0
+    assert status["request_frames"]["buffers_reused"] > 0
     assert tailed == producer.acked
     assert read_everything(broker.bootstrap, topic, partitions) == producer.acked
     expected = {_pattern(p, i) for p in range(partitions) for i in range(per_partition)}

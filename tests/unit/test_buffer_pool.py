@@ -1,4 +1,4 @@
-"""Segment buffers reused from the cache's evictions (``broker/storage/buffer_pool.py``): a
+"""Segment buffers reused from the cache's evictions (``broker/buffer_pool.py``): a
 buffer is handed out again only when nothing refers to it, and a segment built in a reused
 buffer is byte for byte the one built in fresh memory."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 from harness.batches import make_batch
 
-from kafscale.broker.storage.buffer_pool import MIN_POOLED_BYTES, BufferPool, fits
+from kafscale.broker.buffer_pool import MIN_POOLED_BYTES, BufferPool, fits
 from kafscale.broker.storage.cache import POOL_SPARE_BYTES, SegmentCache
 from kafscale.broker.storage.segments import SEGMENT_HEADER_SIZE, encode_segment
 

@@ -23,9 +23,10 @@ from harness.kafka_server import serving
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from kafscale.broker.buffer_pool import BufferPool
 from kafscale.broker.config import LimitSettings
 from kafscale.broker.protocol import codec
-from kafscale.broker.protocol.framing import FrameProtocol, FrameTooLarge
+from kafscale.broker.protocol.framing import FrameProtocol, FrameTooLarge, frame_buffer_pool
 from kafscale.broker.server import Connection, KafkaServer
 
 pytestmark = pytest.mark.unit
@@ -98,10 +99,10 @@ def frame(body: bytes) -> bytes:
 
 
 def connected(
-    max_frame: int = MAX_FRAME, scratch: int = SCRATCH
+    max_frame: int = MAX_FRAME, scratch: int = SCRATCH, buffers: BufferPool | None = None
 ) -> tuple[FrameProtocol, FakeTransport]:
     connects: list[FrameProtocol] = []
-    protocol = FrameProtocol(max_frame, connects.append, scratch_bytes=scratch)
+    protocol = FrameProtocol(max_frame, connects.append, scratch_bytes=scratch, buffers=buffers)
     transport = FakeTransport()
     protocol.connection_made(transport)
     assert connects == [protocol]
@@ -265,6 +266,50 @@ async def test_decoded_requests_from_a_large_frame() -> None:
     assert codec.peek_header(received) == (0, 9, 42)
     decoded = codec.decode_request(received, codec.request_schema(0, 9))
     assert decoded.body.topic_data[0].partition_data[0].records == records
+
+
+# --- frame buffers used again ------------------------------------------------------------------
+
+POOLED = 300 * 1024  # over the frame pool's minimum
+
+
+async def receive_large(protocol: FrameProtocol, transport: FakeTransport, body: bytes) -> Any:
+    transport.receive(protocol, frame(body))
+    # The event loop lets go of the buffers it received into; the fake keeps them unless told.
+    transport.offered.clear()
+    return await protocol.read_frame()
+
+
+async def test_a_decoded_frame_s_buffer_receives_the_next_large_frame() -> None:
+    pool = frame_buffer_pool()
+    protocol, transport = connected(max_frame=1 << 20, buffers=pool)
+    first_body, second_body = os.urandom(POOLED + 5000), os.urandom(POOLED)
+    first = await receive_large(protocol, transport, first_body)
+    assert first == first_body
+    memory = id(first.obj)
+    del first  # the request was decoded
+    second = await receive_large(protocol, transport, second_body)
+    assert id(second.obj) == memory
+    assert second == second_body and len(second) == POOLED
+    assert (pool.allocated, pool.reused) == (1, 1)
+
+
+async def test_frames_still_held_are_never_received_into() -> None:
+    pool = frame_buffer_pool()
+    protocol, transport = connected(max_frame=1 << 20, buffers=pool)
+    bodies = [os.urandom(POOLED) for _ in range(4)]
+    held = [await receive_large(protocol, transport, body) for body in bodies]
+    assert [bytes(view) for view in held] == bodies
+    assert (pool.allocated, pool.reused) == (4, 0)
+    assert len({id(view.obj) for view in held}) == 4
+
+
+async def test_frames_below_the_pool_minimum_use_fresh_memory() -> None:
+    pool = frame_buffer_pool()
+    protocol, transport = connected(max_frame=1 << 20, buffers=pool)
+    body = os.urandom(pool.min_pooled_bytes - 1)
+    assert await receive_large(protocol, transport, body) == body
+    assert (pool.allocated, pool.reused, pool.size_bytes) == (0, 0, 0)
 
 
 # --- lengths and endings ---------------------------------------------------------------------
@@ -505,3 +550,36 @@ def test_a_server_on_uvloop_receives_frames_intact_and_answers_in_order() -> Non
             await server.close(grace_s=1.0)
 
     uvloop.run(scenario())
+
+
+def test_a_server_reuses_frame_buffers_only_once_requests_are_done_with_them() -> None:
+    """Requests hold their frames across awaits while later frames arrive: a buffer handed out
+    again too early would change a frame under its request, and the checksum with it."""
+    uvloop = pytest.importorskip("uvloop")
+    sizes = [1_000_000 - (7919 * i) % 300_000 for i in range(60)]  # as a busy producer sends
+    requests = [struct.pack(">hhi", 0, 7, cid) + os.urandom(size) for cid, size in enumerate(sizes)]
+
+    async def checksum_later(frame: bytes | memoryview, connection: Connection) -> bytes | None:
+        (correlation_id,) = struct.unpack_from(">i", frame, 4)
+        await asyncio.sleep(0.001 * (correlation_id % 4))
+        return struct.pack(">iI", correlation_id, zlib.crc32(frame))
+
+    async def scenario() -> KafkaServer:
+        server = KafkaServer(checksum_later, LimitSettings(max_frame_bytes=1 << 20), "127.0.0.1", 0)
+        await server.start()
+        try:
+            reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+            for start in range(0, len(requests), 6):  # bursts of pipelined requests
+                writer.write(b"".join(map(frame, requests[start : start + 6])))
+                for correlation_id in range(start, min(start + 6, len(requests))):
+                    answer = await asyncio.wait_for(reader.readexactly(8), 5)
+                    expected = (correlation_id, zlib.crc32(requests[correlation_id]))
+                    assert struct.unpack(">iI", answer) == expected
+            writer.close()
+        finally:
+            await server.close(grace_s=1.0)
+        return server
+
+    pool = uvloop.run(scenario()).frame_buffers
+    assert pool.reused > len(sizes) // 2
+    assert pool.allocated + pool.reused == len(sizes)
