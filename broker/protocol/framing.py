@@ -28,9 +28,11 @@ _LENGTH = struct.Struct(">i")
 _SCRATCH_BYTES = 16 * 1024
 # Received frames the consumer has not taken yet; above this, the socket is not read.
 _MAX_WAITING_FRAMES = 2
-# Frame buffers a server keeps for reuse: four per producer at full speed (one being received,
-# two waiting, one being decoded) for four producers. Smaller frames come from malloc's heap.
-FRAME_POOL_BYTES = 16 * 1024 * 1024
+# Frame buffers of ~1 MiB a server keeps for reuse: a producer at full speed has about four in
+# use (one being received, two waiting, one being decoded), plus a few of other sizes. With 16
+# MiB all but a few of ~210 frames per 200 MiB were reused, with 8 MiB 96-97 %, and the broker's
+# peak RSS is kept 8 MiB lower. Smaller frames come from malloc's heap.
+FRAME_POOL_BYTES = 8 * 1024 * 1024
 FRAME_POOL_MIN_BYTES = 256 * 1024
 FRAME_POOL_STEP = 64 * 1024
 
