@@ -12,6 +12,7 @@ import pytest
 from botocore.awsrequest import AWSPreparedRequest, AWSResponse
 from pydantic import SecretStr
 
+import kafscale
 from kafscale.broker.config import StorageKind, StorageSettings
 from kafscale.broker.storage.s3 import build_client
 
@@ -59,3 +60,11 @@ def test_no_flexible_checksum_trailer_is_sent() -> None:
     assert "content-encoding" not in headers
     assert not any(name.startswith("x-amz-checksum") for name in headers)
     assert "x-amz-trailer" not in headers
+
+
+def test_requests_name_kafscale_in_the_user_agent() -> None:
+    """Operators find the broker's requests in the store's access logs by this name."""
+    request = _captured_put("https://s3.example.test")
+    agent = request.headers["User-Agent"]
+    agent = agent.decode() if isinstance(agent, bytes) else agent
+    assert agent.startswith(f"kafscale/{kafscale.__version__} botocore/")
