@@ -380,9 +380,9 @@ class Broker:
 
 def frame_pool_status(server: KafkaServer | None) -> dict[str, int]:
     """How often large request frames were received into a reused buffer (``buffer_pool``)."""
-    pool = server.frame_buffers if server is not None else None
-    if pool is None:
+    if server is None:  # not listening yet
         return {"pooled_bytes": 0, "buffers_reused": 0, "buffers_allocated": 0}
+    pool = server.frame_buffers
     return {
         "pooled_bytes": pool.size_bytes,
         "buffers_reused": pool.reused,
