@@ -523,16 +523,25 @@ async def test_a_server_stops_reading_a_client_it_cannot_keep_up_with() -> None:
         await writer.wait_closed()
 
 
+def numbered_requests(sizes: list[int]) -> list[bytes]:
+    """Request frame bodies with correlation ids 0, 1, ... and random payloads of ``sizes``."""
+    return [struct.pack(">hhi", 0, 7, cid) + os.urandom(size) for cid, size in enumerate(sizes)]
+
+
+def checksum_answer(frame: bytes | memoryview) -> bytes:
+    """The frame's correlation id and CRC-32, as the test servers answer."""
+    (correlation_id,) = struct.unpack_from(">i", frame, 4)
+    return struct.pack(">iI", correlation_id, zlib.crc32(frame))
+
+
 def test_a_server_on_uvloop_receives_frames_intact_and_answers_in_order() -> None:
     """The broker runs on uvloop, whose transports are not ``asyncio.Transport`` subclasses and
     which calls ``get_buffer`` from libuv's read loop."""
     uvloop = pytest.importorskip("uvloop")
-    sizes = [0, 10, 70_000, 1000, 500_000, 3, 65_530]
-    requests = [struct.pack(">hhi", 0, 7, cid) + os.urandom(size) for cid, size in enumerate(sizes)]
+    requests = numbered_requests([0, 10, 70_000, 1000, 500_000, 3, 65_530])
 
     async def checksum(frame: bytes | memoryview, connection: Connection) -> bytes | None:
-        (correlation_id,) = struct.unpack_from(">i", frame, 4)
-        return struct.pack(">iI", correlation_id, zlib.crc32(frame))
+        return checksum_answer(frame)
 
     async def scenario() -> None:
         server = KafkaServer(checksum, LimitSettings(max_frame_bytes=1 << 20), "127.0.0.1", 0)
@@ -557,17 +566,15 @@ def test_a_server_reuses_frame_buffers_only_once_requests_are_done_with_them() -
     again too early would change a frame under its request, and the checksum with it."""
     uvloop = pytest.importorskip("uvloop")
     sizes = [1_000_000 - (7919 * i) % 300_000 for i in range(60)]  # as a busy producer sends
-    requests = [struct.pack(">hhi", 0, 7, cid) + os.urandom(size) for cid, size in enumerate(sizes)]
+    requests = numbered_requests(sizes)
 
     async def checksum_later(frame: bytes | memoryview, connection: Connection) -> bytes | None:
         (correlation_id,) = struct.unpack_from(">i", frame, 4)
         await asyncio.sleep(0.001 * (correlation_id % 4))
-        return struct.pack(">iI", correlation_id, zlib.crc32(frame))
+        return checksum_answer(frame)
 
     async def scenario() -> KafkaServer:
-        server = KafkaServer(checksum_later, LimitSettings(max_frame_bytes=1 << 20), "127.0.0.1", 0)
-        await server.start()
-        try:
+        async with serving(checksum_later, LimitSettings(max_frame_bytes=1 << 20)) as server:
             reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
             for start in range(0, len(requests), 6):  # bursts of pipelined requests
                 writer.write(b"".join(map(frame, requests[start : start + 6])))
@@ -576,8 +583,6 @@ def test_a_server_reuses_frame_buffers_only_once_requests_are_done_with_them() -
                     expected = (correlation_id, zlib.crc32(requests[correlation_id]))
                     assert struct.unpack(">iI", answer) == expected
             writer.close()
-        finally:
-            await server.close(grace_s=1.0)
         return server
 
     pool = uvloop.run(scenario()).frame_buffers
