@@ -367,11 +367,14 @@ async def test_managed_etcd_objects(
     spec = {"storage": {"bucket": "bucket-1"}, "etcd": {"replicas": 3}}
     await create(kube_api, CLUSTERS.format(ns=namespace), cluster_body("demo", namespace, spec))
     await eventually(lambda: kube_api.read("apps/v1/statefulsets", namespace, "demo-etcd"))
-    assert kube_api.names("v1/services", namespace) == {
-        "demo-etcd",
-        "demo-etcd-client",
-        "demo-brokers",
-    }
+    # The operator applies its objects one after another: the brokers' Service may land after
+    # the etcd StatefulSet.
+    expected_services = {"demo-etcd", "demo-etcd-client", "demo-brokers"}
+    await eventually(
+        lambda: kube_api.names("v1/services", namespace) >= expected_services,
+        what="the three Services",
+    )
+    assert kube_api.names("v1/services", namespace) == expected_services
     assert kube_api.read("policy/v1/poddisruptionbudgets", namespace, "demo-etcd") is not None
     # etcd is not reachable here (no DNS for the Service): the cluster waits, not degraded.
     await eventually(
