@@ -26,6 +26,7 @@ from kafscale.broker.protocol.record_batch import (
     split_batches,
     with_log_append_time,
 )
+from kafscale.broker.storage.partition_log import NO_APPEND_TIME, Ack
 
 NO_TIMESTAMP = -1
 
@@ -37,13 +38,13 @@ async def handle_produce(request: Any, ctx: RequestContext) -> Body | None:
     if request.transactional_id:
         return _every_partition(request, ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED)
     async with ctx.connection.append_lock:
-        acked, append_times = await _append_all(request, ctx)
+        acked = await _append_all(request, ctx)
     if acks == 0:
         for future in acked.values():
             if isinstance(future, asyncio.Future):
                 future.add_done_callback(_consume_outcome)
         return None
-    return await _response(request, ctx, acked, append_times, millis(request.timeout))
+    return await _response(request, ctx, acked, millis(request.timeout))
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,17 +100,13 @@ class TopicRules:
                     )
 
 
-Outcome = asyncio.Future[int] | ErrorCode
+Outcome = asyncio.Future[Ack] | ErrorCode
 
 
-async def _append_all(
-    request: Any, ctx: RequestContext
-) -> tuple[dict[tuple[str, int], Outcome], dict[tuple[str, int], int]]:
-    """Append every partition's batches; each outcome is a future (acked) or an error code.
-    Also the log append times given (partitions of LogAppendTime topics only)."""
+async def _append_all(request: Any, ctx: RequestContext) -> dict[tuple[str, int], Outcome]:
+    """Append every partition's batches; each outcome is a future (acked) or an error code."""
     manager = ctx.broker.log_manager
     outcomes: dict[tuple[str, int], Outcome] = {}
-    append_times: dict[tuple[str, int], int] = {}
     now_ms = int(time.time() * 1000)
     for topic in request.topic_data:
         rules = TopicRules.of(ctx, topic.name)
@@ -121,25 +118,26 @@ async def _append_all(
                 headers = [read_header(batch) for batch in batches]
                 rules.check(batches, headers, now_ms)
                 stamped = list(zip(batches, headers, strict=True))
+                append_time = NO_APPEND_TIME
                 if rules.log_append_time:
-                    append_times[tp] = now_ms
+                    append_time = now_ms
                     stamped = [with_log_append_time(b, now_ms) for b in batches]
-                futures = [owned.append(batch, header) for batch, header in stamped]
+                futures = [owned.append(batch, header, append_time) for batch, header in stamped]
                 manager.request_flush_if_full(owned)
-                outcomes[tp] = futures[0] if len(futures) == 1 else _first_offset(futures)
+                outcomes[tp] = futures[0] if len(futures) == 1 else _first_ack(futures)
             except InvalidBatch:
                 outcomes[tp] = ErrorCode.CORRUPT_MESSAGE
             except KafkaError as exc:
                 outcomes[tp] = exc.code
-    return outcomes, append_times
+    return outcomes
 
 
-def _first_offset(futures: list[asyncio.Future[int]]) -> asyncio.Future[int]:
-    """A future for the base offset of the first batch, done when all batches are durable."""
+def _first_ack(futures: list[asyncio.Future[Ack]]) -> asyncio.Future[Ack]:
+    """A future for the first batch's ack, done when all batches are durable."""
 
-    async def wait_all() -> int:
-        offsets = await asyncio.gather(*futures)
-        return offsets[0]
+    async def wait_all() -> Ack:
+        acks = await asyncio.gather(*futures)
+        return acks[0]
 
     return asyncio.ensure_future(wait_all())
 
@@ -148,7 +146,6 @@ async def _response(
     request: Any,
     ctx: RequestContext,
     acked: dict[tuple[str, int], Outcome],
-    append_times: dict[tuple[str, int], int],
     timeout_ms: int,
 ) -> Body:
     futures = [f for f in acked.values() if isinstance(f, asyncio.Future)]
@@ -159,16 +156,13 @@ async def _response(
         partitions = []
         for partition in topic.partition_data:
             tp = (topic.name, int(partition.index))
-            result = _partition_result(ctx, tp, acked[tp])
-            if result["error_code"] == ErrorCode.NONE and tp in append_times:
-                result["log_append_time"] = append_times[tp]
-            partitions.append(result)
+            partitions.append(_partition_result(ctx, tp, acked[tp]))
         responses.append({"name": topic.name, "partition_responses": partitions})
     return {"responses": responses, "throttle_time": 0}
 
 
 def _partition_result(ctx: RequestContext, tp: tuple[str, int], outcome: Outcome) -> Body:
-    base_offset = -1
+    ack = Ack(-1, NO_APPEND_TIME)
     if isinstance(outcome, ErrorCode):
         code = outcome
     elif not outcome.done():
@@ -178,12 +172,12 @@ def _partition_result(ctx: RequestContext, tp: tuple[str, int], outcome: Outcome
         code = code_for(outcome.exception())  # type: ignore[arg-type]
     else:
         code = ErrorCode.NONE
-        base_offset = outcome.result()
+        ack = outcome.result()
     result: Body = {
         "index": tp[1],
         "error_code": code,
-        "base_offset": base_offset,
-        "log_append_time": NO_TIMESTAMP,
+        "base_offset": ack.offset,
+        "log_append_time": ack.append_time,
         "log_start_offset": ctx.broker.committed_state(tp).log_start_offset,
     }
     if code == ErrorCode.NOT_LEADER_OR_FOLLOWER:
@@ -218,7 +212,7 @@ def produce_error_body(request: Any, code: ErrorCode) -> Body:
     return _every_partition(request, code)
 
 
-def _consume_outcome(future: asyncio.Future[int]) -> None:
+def _consume_outcome(future: asyncio.Future[Ack]) -> None:
     """Nobody awaits acks=0 or timed-out outcomes; mark their errors as seen."""
     if not future.cancelled():
         future.exception()

@@ -7,6 +7,7 @@ The document at ``partitions/<topic>/<p>`` (JSON)::
      "recent_segments": [[100, 119, 3, 2048, 1700000000000]],  # the most recent committed
                   # segments: [base offset, last offset, epoch, size, largest timestamp]
      "producers": {"4001": [{"epoch": 0, "first_seq": 10, "last_seq": 19, "offset": 110}]},
+                  # (+ "append_time" in LogAppendTime topics: what a retry is answered with)
      "max_timestamp": 1700000000000,                  # the largest record timestamp so far
      "time_marks": [[57, 1699999000000], [100, 1699999990000]]}  # (offset, max timestamp below)
 
@@ -58,6 +59,9 @@ class ProducerState:
     first_seq: int
     last_seq: int
     offset: int
+    append_time: int = -1
+    """The time the batch was stamped with in a LogAppendTime topic (-1 otherwise): a retry of
+    the batch is answered with it, as the first attempt was."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,12 +132,15 @@ def _producer_batches(value: list[dict[str, int]] | dict[str, int]) -> tuple[Pro
 
 
 def _producer_to_dict(producer: ProducerState) -> dict[str, int]:
-    return {
+    document = {
         "epoch": producer.epoch,
         "first_seq": producer.first_seq,
         "last_seq": producer.last_seq,
         "offset": producer.offset,
     }
+    if producer.append_time >= 0:  # LogAppendTime topics only: other documents stay as small
+        document["append_time"] = producer.append_time
+    return document
 
 
 def start_epoch(state: PartitionState) -> PartitionState:

@@ -52,7 +52,7 @@ from kafscale.broker.metadata.topics import topic_exists
 from kafscale.broker.protocol.errors import MetadataTimeout, NotLeader, StorageFailure
 from kafscale.broker.storage.cache import SegmentCache
 from kafscale.broker.storage.object_store import ObjectStore, ObjectStoreError
-from kafscale.broker.storage.partition_log import FlushWork, OwnedPartition, PendingBatch
+from kafscale.broker.storage.partition_log import Ack, FlushWork, OwnedPartition, PendingBatch
 from kafscale.broker.storage.segments import (
     SEGMENT_FOOTER_SIZE,
     SEGMENT_HEADER_SIZE,
@@ -433,7 +433,7 @@ class Flusher:
             self._cache.put(segment.key, segment.body)
             for batch in segment.batches:
                 if not batch.acked.done():
-                    batch.acked.set_result(batch.base_offset)
+                    batch.acked.set_result(Ack(batch.base_offset, batch.append_time))
 
     def _fail(self, work: FlushWork, error: BaseException) -> None:
         self._give_up(work.partition, error, [work])

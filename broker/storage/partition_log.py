@@ -1,11 +1,16 @@
 """A partition this broker owns: offsets assigned at append, batches buffered until a flush.
 
 Appends run without awaiting, so offsets are dense and assigned once, in arrival order. Each
-append gets a future that resolves to its base offset only after the flush that carries it has
-uploaded the segment and committed the new high watermark in etcd (acked means durable). If a
-flush fails, every batch appended after the last commit is failed as well: their offsets
-depended on it. The owner then gives the partition up; a new acquisition starts a new epoch
-from the committed state.
+append gets a future that resolves to its ``Ack`` (base offset, log append time) only after the
+flush that carries it has uploaded the segment and committed the new high watermark in etcd
+(acked means durable). If a flush fails, every batch appended after the last commit is failed as
+well: their offsets depended on it. The owner then gives the partition up; a new acquisition
+starts a new epoch from the committed state.
+
+An idempotent producer's retry of a batch that is still on its way (its first attempt timed out
+while the upload was slow) gets the first attempt's outcome, when it comes: acking the retry at
+once would ack data that a failing upload can still lose. Kafka likewise holds a duplicate until
+the high watermark passes the first attempt.
 
 A flush round takes either everything buffered (timer, handoff, shutdown) or only whole
 segments (a round started because some partition filled one): the rest of each buffer waits for
@@ -20,6 +25,7 @@ from __future__ import annotations
 import asyncio
 from collections import deque
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from kafscale.broker.metadata.partition_state import PartitionState, ProducerState
 from kafscale.broker.protocol.errors import KafkaError, NotLeader
@@ -27,6 +33,15 @@ from kafscale.broker.protocol.record_batch import NO_PRODUCER_ID, BatchHeader
 from kafscale.broker.storage import sequences
 
 TopicPartition = tuple[str, int]
+NO_APPEND_TIME = -1
+
+
+class Ack(NamedTuple):
+    """A durable append: the batch's base offset and, in a LogAppendTime topic, the time its
+    records were stamped with (``NO_APPEND_TIME`` otherwise)."""
+
+    offset: int
+    append_time: int = NO_APPEND_TIME
 
 
 @dataclass(slots=True)
@@ -39,8 +54,9 @@ class PendingBatch:
     base_offset: int
     last_offset: int
     max_timestamp: int
-    acked: asyncio.Future[int]
+    acked: asyncio.Future[Ack]
     producer: tuple[int, ProducerState] | None = None
+    append_time: int = NO_APPEND_TIME
 
 
 @dataclass(slots=True)
@@ -100,6 +116,8 @@ class OwnedPartition:
     # taken by a flush (what the partition state records when that flush commits).
     recent: dict[int, deque[ProducerState]] = field(default_factory=dict)
     flushed: dict[int, deque[ProducerState]] = field(default_factory=dict)
+    # Idempotent producers' batches not durable yet, by base offset: what a retry waits for.
+    unacked: dict[int, asyncio.Future[Ack]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.next_offset = self.state.high_watermark
@@ -115,24 +133,40 @@ class OwnedPartition:
     def epoch(self) -> int:
         return self.state.leader_epoch
 
-    def append(self, batch: bytes | memoryview, header: BatchHeader) -> asyncio.Future[int]:
-        """Assign offsets to ``batch`` and buffer it; the future resolves when it is durable."""
+    def append(
+        self, batch: bytes | memoryview, header: BatchHeader, append_time: int = NO_APPEND_TIME
+    ) -> asyncio.Future[Ack]:
+        """Assign offsets to ``batch`` and buffer it; the future resolves when it is durable.
+        ``append_time``: what a LogAppendTime topic stamped the batch with."""
         if not self.accepting:
             raise NotLeader(f"{self.topic}-{self.partition} is being handed over")
-        loop = asyncio.get_running_loop()
-        acked: asyncio.Future[int] = loop.create_future()
         producer = self._check_producer(header)
         if isinstance(producer, sequences.Duplicate):
-            acked.set_result(producer.offset)
-            return acked
+            return self._answer_retry(producer)
+        acked: asyncio.Future[Ack] = asyncio.get_running_loop().create_future()
         base_offset = self.next_offset
         last_offset = base_offset + header.last_offset_delta
         self.next_offset = last_offset + 1
-        pending = PendingBatch(batch, base_offset, last_offset, header.max_timestamp, acked)
+        pending = PendingBatch(
+            batch, base_offset, last_offset, header.max_timestamp, acked, append_time=append_time
+        )
         if header.producer_id != NO_PRODUCER_ID:
-            pending.producer = (header.producer_id, self._remember_producer(header, base_offset))
+            remembered = self._remember_producer(header, base_offset, append_time)
+            pending.producer = (header.producer_id, remembered)
+            self.unacked[base_offset] = acked
+            acked.add_done_callback(lambda _: self.unacked.pop(base_offset, None))
         self.pending.append(pending)
         self.pending_bytes += len(batch)
+        return acked
+
+    def _answer_retry(self, first: sequences.Duplicate) -> asyncio.Future[Ack]:
+        """The first attempt's outcome: now if it is durable, else once it is (shielded, so
+        that nothing done to the retry's future reaches the first attempt's)."""
+        in_flight = self.unacked.get(first.offset)
+        if in_flight is not None:
+            return asyncio.shield(in_flight)
+        acked: asyncio.Future[Ack] = asyncio.get_running_loop().create_future()
+        acked.set_result(Ack(first.offset, first.append_time))
         return acked
 
     def _check_producer(self, header: BatchHeader) -> sequences.SequenceDecision | None:
@@ -146,12 +180,15 @@ class OwnedPartition:
             raise KafkaError(f"sequence check failed: {decision.code.name}", decision.code)
         return decision
 
-    def _remember_producer(self, header: BatchHeader, base_offset: int) -> ProducerState:
+    def _remember_producer(
+        self, header: BatchHeader, base_offset: int, append_time: int
+    ) -> ProducerState:
         producer = ProducerState(
             epoch=header.producer_epoch,
             first_seq=header.base_sequence,
             last_seq=header.last_sequence,
             offset=base_offset,
+            append_time=append_time,
         )
         _remember(self.recent, header.producer_id, producer)
         return producer

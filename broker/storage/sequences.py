@@ -25,6 +25,7 @@ class Append:
 @dataclass(frozen=True, slots=True)
 class Duplicate:
     offset: int
+    append_time: int = -1  # the first attempt's log append time (LogAppendTime topics)
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,7 +49,7 @@ def check_sequence(
         return Append() if first_seq == 0 else Reject(ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER)
     for batch in recent:
         if batch.first_seq == first_seq and batch.last_seq == last_seq:
-            return Duplicate(batch.offset)
+            return Duplicate(batch.offset, batch.append_time)
     if first_seq == (latest.last_seq + 1) % _SEQUENCE_LIMIT:
         return Append()
     return Reject(ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -47,6 +48,8 @@ from kafka import TopicPartition as KpTopicPartition
 
 from kafscale.broker.child_process import KAFSCALE
 from kafscale.broker.metadata.embedded_etcd import EmbeddedEtcd, free_port
+from kafscale.broker.protocol import codec
+from kafscale.broker.protocol.record_batch import read_header
 
 pytestmark = pytest.mark.integration
 
@@ -494,6 +497,34 @@ def test_last_batch_retried_after_restart_is_a_duplicate(broker_cluster: BrokerC
         assert code == 45  # OUT_OF_ORDER_SEQUENCE_NUMBER
         assert _produce_until_leader(wire, topic, _idempotent_batch(4)) == (0, 4)
         assert _high_watermark(wire, topic) == 6
+
+
+def test_retry_of_a_batch_still_uploading_is_acked_once_it_is_durable(
+    broker_cluster: BrokerCluster,
+) -> None:
+    """A produce times out while its segment upload is slow (the proxy holds the PUT for 3 s),
+    and the producer retries the batch. The retry must be answered only once the first attempt
+    is committed, with its offset and, in a LogAppendTime topic, its append time: an ack sent at
+    once would ack data that the upload could still lose."""
+    with s3_proxy(broker_cluster.s3.url, delay_s=3.0) as proxy:
+        broker = broker_cluster.start(KAFSCALE_STORAGE__ENDPOINT=proxy.url)
+        topic = "retried-while-uploading"
+        create_topic(broker.bootstrap, topic, 1, {"message.timestamp.type": "LogAppendTime"})
+        proxy.hold = re.compile(rf"/topics/{topic}/.*\.kfs")
+        batch = _idempotent_batch(0)
+        with KafkaWire(broker.bootstrap) as wire:
+            impatient = produce_body(topic, 0, batch) | {"timeout": 300}
+            assert produce_partition(wire.request(PRODUCE, 9, impatient)) == (7, -1)  # timed out
+            assert proxy.held, "the segment upload had not started"
+            retried = wire.request(PRODUCE, 9, produce_body(topic, 0, batch))
+            high_watermark = _high_watermark(wire, topic)  # asked right after the ack
+            response = wire.request(FETCH, 12, fetch_body(topic, 0, 0))
+    assert produce_partition(retried) == (0, 0)
+    assert high_watermark == 2, "the retry was acked before the first attempt was committed"
+    records = fetch_partition(response).records
+    assert [b.base_offset for b in batches_in(records)] == [0]  # stored once
+    append_time = retried.responses[0].partition_responses[0].log_append_time
+    assert codec.millis(append_time) == read_header(records).max_timestamp
 
 
 def _padded(offset: int) -> bytes:

@@ -14,8 +14,10 @@ import asyncio
 import pytest
 
 from kafscale.broker.metadata.partition_state import PartitionState, ProducerState
+from kafscale.broker.protocol.errors import StorageFailure
 from kafscale.broker.protocol.record_batch import NO_PRODUCER_ID, BatchHeader
 from kafscale.broker.storage.partition_log import (
+    Ack,
     OwnedPartition,
     PendingBatch,
     cut_segments,
@@ -138,3 +140,49 @@ async def test_a_round_without_a_producers_batches_leaves_its_state_alone() -> N
     assert work is not None and work.producers == {}  # producer 7's batch is still buffered
     rest = owned.take_flush_work(SEGMENT)
     assert rest is not None and rest.producers == {7: (ProducerState(0, 0, 0, 101),)}
+
+
+async def test_a_retry_of_a_batch_on_its_way_is_answered_when_the_first_attempt_is() -> None:
+    """The first attempt timed out while its upload was slow; the producer's retry must not be
+    acked before the data is durable, and gets the first attempt's offset and append time."""
+    owned = partition()
+    first = owned.append(b"x" * 400, header(2, producer_id=7, first_seq=0), append_time=1234)
+    retry = owned.append(b"x" * 400, header(2, producer_id=7, first_seq=0), append_time=5678)
+    await asyncio.sleep(0)
+    assert not retry.done()
+    assert [b.base_offset for b in owned.pending] == [100]  # stored once
+    first.set_result(Ack(100, 1234))  # what the flusher does once the round committed
+    assert await retry == Ack(100, 1234)
+    await asyncio.sleep(0)
+    assert owned.unacked == {}  # forgotten once durable
+
+
+async def test_a_retry_fails_with_its_first_attempt() -> None:
+    owned = partition()
+    owned.append(b"x" * 400, header(1, producer_id=7, first_seq=0))
+    retry = owned.append(b"x" * 400, header(1, producer_id=7, first_seq=0))
+    owned.fail_everything(StorageFailure("segment upload failed"))
+    with pytest.raises(StorageFailure):
+        await retry
+
+
+async def test_cancelling_a_retry_leaves_the_first_attempt_alone() -> None:
+    owned = partition()
+    first = owned.append(b"x" * 400, header(1, producer_id=7, first_seq=0))
+    owned.append(b"x" * 400, header(1, producer_id=7, first_seq=0)).cancel()
+    await asyncio.sleep(0)
+    assert not first.done()
+
+
+async def test_a_retry_of_a_committed_batch_is_answered_at_once_as_the_first_was() -> None:
+    """After a failover the new owner knows the batch only from the committed state."""
+    state = PartitionState(
+        high_watermark=102,
+        leader_epoch=3,
+        epochs=((3, 100),),
+        producers={7: (ProducerState(0, 0, 1, 100, append_time=1234),)},
+    )
+    owned = OwnedPartition("t", 0, "id", state, state_revision=1, lease_revision=1)
+    retry = owned.append(b"x" * 400, header(2, producer_id=7, first_seq=0), append_time=5678)
+    assert retry.done() and retry.result() == Ack(100, 1234)
+    assert owned.pending == []

@@ -129,6 +129,15 @@ def test_a_full_state_document_stays_small() -> None:
     assert len(state.to_json()) < 2200, len(state.to_json())
 
 
+def test_a_log_append_time_is_kept_for_retries_and_only_where_there_is_one() -> None:
+    stamped = ProducerState(0, 10, 19, 110, append_time=1_700_000_000_123)
+    state = PartitionState(high_watermark=120, producers={4001: (stamped,), 4002: (stamped,)})
+    state = replace(state, producers={**state.producers, 4002: (ProducerState(0, 0, 0, 119),)})
+    document = state.to_json()
+    assert document.count(b'"append_time":1700000000123') == 1  # CreateTime batches: no key
+    assert PartitionState.from_json(document) == state
+
+
 def test_documents_with_one_batch_per_producer_still_load() -> None:
     old = (
         b'{"high_watermark":5,"producers":{"7":{"epoch":1,"first_seq":0,"last_seq":4,"offset":0}}}'

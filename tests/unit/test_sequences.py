@@ -32,7 +32,8 @@ def appended(
     recent: list[ProducerState] = []
     seq, offset = first_seq, first_offset
     for size in sizes:
-        recent.append(ProducerState(epoch, seq, seq + size - 1, offset))
+        stamp = 1_700_000_000_000 + offset  # as in a LogAppendTime topic
+        recent.append(ProducerState(epoch, seq, seq + size - 1, offset, append_time=stamp))
         seq = (seq + size) % LIMIT
         offset += size
     return recent[-RECENT_BATCHES:]
@@ -61,14 +62,14 @@ def test_retry_of_a_recent_batch_is_a_duplicate_with_its_offset(
     recent = appended(epoch, first, history, first_offset=1000)
     retried = data.draw(st.sampled_from(recent))
     decision = check_sequence(recent, epoch, retried.first_seq, retried.last_seq)
-    assert decision == Duplicate(retried.offset)
+    assert decision == Duplicate(retried.offset, retried.append_time)
 
 
 def test_only_the_last_five_batches_are_recognised_as_duplicates() -> None:
     batches = appended(0, 0, [2] * 8)  # sequences 0-1, 2-3, ... 14-15; remembered from 6-7
     assert len(batches) == RECENT_BATCHES
-    assert check_sequence(batches, 0, 6, 7) == Duplicate(6)
-    assert check_sequence(batches, 0, 14, 15) == Duplicate(14)
+    assert check_sequence(batches, 0, 6, 7) == Duplicate(6, 1_700_000_000_006)
+    assert check_sequence(batches, 0, 14, 15) == Duplicate(14, 1_700_000_000_014)
     assert check_sequence(batches, 0, 4, 5) == Reject(ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER)
 
 
