@@ -61,13 +61,13 @@ def wrap_flush_round() -> None:
 
 def wrap_upload() -> None:
     original = Flusher._upload
-    expect(original, ["self", "work"])
+    expect(original, ["self", "work", "reservations"])
 
-    async def _upload(self: Flusher, work: Any) -> Any:
+    async def _upload(self: Flusher, work: Any, reservations: Any) -> Any:
         began = now()
         size = sum(len(b.data) for b in work.batches)
         try:
-            return await original(self, work)
+            return await original(self, work, reservations)
         finally:
             emit("upload", start=began, end=now(), bytes=size, batches=len(work.batches))
 

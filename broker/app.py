@@ -316,6 +316,7 @@ class Broker:
             "owned": sorted(f"{t}-{p}" for t, p in self.log_manager.owned),
             "segment_cache": {
                 "bytes": self.cache.size_bytes,
+                "flushing_bytes": self.cache.reserved_bytes,
                 "pooled_bytes": self.cache.buffers.size_bytes,
                 "buffers_reused": self.cache.buffers.reused,
                 "buffers_allocated": self.cache.buffers.allocated,

@@ -97,7 +97,8 @@ class LogSettings(_Section):
     cache_bytes: int = Field(
         256 * 1024 * 1024,
         ge=0,
-        description="In-memory cache of recent segments, in bytes of memory held.",
+        description="In-memory cache of recent segments, in bytes of memory held (segments "
+        "being flushed count too).",
     )
     index_interval_bytes: int = Field(
         4096, ge=1, description="Bytes between index entries inside a segment."

@@ -50,7 +50,7 @@ from kafscale.broker.metadata.etcd import (
 from kafscale.broker.metadata.partition_state import PartitionState, SegmentRef, commit_segment
 from kafscale.broker.metadata.topics import topic_exists
 from kafscale.broker.protocol.errors import MetadataTimeout, NotLeader, StorageFailure
-from kafscale.broker.storage.cache import SegmentCache
+from kafscale.broker.storage.cache import Reservation, SegmentCache
 from kafscale.broker.storage.object_store import ObjectStore, ObjectStoreError
 from kafscale.broker.storage.partition_log import Ack, FlushWork, OwnedPartition, PendingBatch
 from kafscale.broker.storage.segments import (
@@ -78,6 +78,7 @@ class UploadedSegment:
     batches: list[PendingBatch]
     index_key: str
     index: bytes
+    reservation: Reservation | None  # its buffer, counted in the cache's budget until cached
 
 
 @dataclass(frozen=True, slots=True)
@@ -243,9 +244,10 @@ class Flusher:
         previous: asyncio.Future[None] | None,
         committed: asyncio.Future[None],
     ) -> None:
+        reservations: list[Reservation] = []  # what a failed round never cached is released
         try:
             results = await asyncio.gather(
-                *(self._upload(w) for w in works), return_exceptions=True
+                *(self._upload(w, reservations) for w in works), return_exceptions=True
             )
             if previous is not None:
                 await previous
@@ -263,6 +265,8 @@ class Flusher:
             for work in works:
                 self._fail(work, StorageFailure("flush round failed"))
         finally:
+            for reservation in reservations:
+                reservation.release()
             if not committed.done():
                 committed.set_result(None)
             self._notify_progress()
@@ -348,23 +352,30 @@ class Flusher:
         except ObjectStoreError as exc:
             log.warning("could not delete %d uncommitted object(s): %s", len(keys_), exc)
 
-    async def _upload(self, work: FlushWork) -> Uploaded:
+    async def _upload(self, work: FlushWork, reservations: list[Reservation]) -> Uploaded:
         segments = await asyncio.gather(
-            *(self._upload_segment(work.partition, chunk) for chunk in work.chunks)
+            *(self._upload_segment(work.partition, chunk, reservations) for chunk in work.chunks)
         )
         return Uploaded(work, list(segments))
 
     async def _upload_segment(
-        self, owned: OwnedPartition, batches: list[PendingBatch]
+        self, owned: OwnedPartition, batches: list[PendingBatch], reservations: list[Reservation]
     ) -> UploadedSegment:
         base = batches[0].base_offset
+        reserved: list[Reservation] = []
+
+        def allocate(size: int) -> bytearray | memoryview:
+            reserved.append(self._cache.reserve(size))
+            reservations.append(reserved[-1])
+            return self._cache.buffers.take(size)
+
         encoded = encode_segment(
             [b.data for b in batches],
             int(time.time() * 1000),
             self._settings.index_interval_bytes,
             base_offsets=[b.base_offset for b in batches],
             leader_epoch=owned.epoch,
-            allocate=self._cache.buffers.take,
+            allocate=allocate,
         )
         names = (self._cluster, owned.topic, owned.topic_id, owned.partition, base, owned.epoch)
         segment_key = keys.segment_object_key(*names)
@@ -378,7 +389,10 @@ class Flusher:
         )
         body = memoryview(encoded.segment)[SEGMENT_HEADER_SIZE:-SEGMENT_FOOTER_SIZE]
         index_key = keys.index_object_key(*names)
-        return UploadedSegment(ref, segment_key, body, batches, index_key, encoded.index)
+        reservation = reserved[0] if reserved else None
+        return UploadedSegment(
+            ref, segment_key, body, batches, index_key, encoded.index, reservation
+        )
 
     # --- commit ------------------------------------------------------------------------------
 
@@ -430,6 +444,8 @@ class Flusher:
         owned.committed(state, revision)
         self._view.update_state(owned.tp, state)
         for segment in item.segments:
+            if segment.reservation is not None:
+                segment.reservation.release()
             self._cache.put(segment.key, segment.body)
             for batch in segment.batches:
                 if not batch.acked.done():

@@ -50,7 +50,7 @@ async def _commit(self, commits):
 async def _round(self, works, previous, committed):
     return "round result"
 
-async def _upload(self, work):
+async def _upload(self, work, reservations):
     return "uploaded"
 
 class Work:
@@ -61,7 +61,7 @@ import _timed_broker as t
 t.install(sys.argv[2])
 assert asyncio.run(Flusher._commit(None, [])) == ["committed"]
 assert asyncio.run(Flusher._round(None, [], None, None)) == "round result"
-assert asyncio.run(Flusher._upload(None, Work())) == "uploaded"
+assert asyncio.run(Flusher._upload(None, Work(), [])) == "uploaded"
 """
     done = subprocess.run(
         [sys.executable, "-c", script, str(BENCH), str(tmp_path / "timings.jsonl")],

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from kafscale.broker.storage.cache import SegmentCache
+from kafscale.broker.storage.cache import Reservation, SegmentCache
 
 pytestmark = pytest.mark.unit
 
@@ -117,3 +117,49 @@ def test_a_view_counts_the_whole_buffer_it_keeps_alive() -> None:
     cache.put("a/0/1", memoryview(bytes(600))[:10])
     assert cache.get("a/0/0") is None  # 1200 bytes held would exceed the bound
     assert cache.size_bytes == 600
+
+
+def test_segments_being_flushed_count_against_the_budget() -> None:
+    """A flood of produce must not hold a full cache plus every upload in flight: a segment's
+    reservation evicts the oldest entries, and its buffer can be one of theirs."""
+    cache = SegmentCache(8 << 20)
+    for n in range(4):
+        cache.put(f"t/0/{n}", memoryview(bytearray(2 << 20))[:-16])
+    reservation = cache.reserve(2 << 20)
+    assert cache.get("t/0/0") is None and cache.size_bytes == 6 << 20
+    assert cache.size_bytes + cache.reserved_bytes == 8 << 20
+    segment = cache.buffers.take(2 << 20)
+    assert cache.buffers.reused == 1  # built in the evicted segment's memory
+    reservation.release()
+    reservation.release()  # a second release changes nothing
+    assert cache.reserved_bytes == 0
+    cache.put("t/0/4", segment)
+    assert cache.size_bytes == 8 << 20 and cache.get("t/0/4") is not None
+
+
+def test_a_new_entry_stays_cached_while_uploads_fill_the_budget() -> None:
+    cache = SegmentCache(100)
+    cache.put("a", b"a" * 40)
+    cache.reserve(90)  # more in flight than the budget has room for: "a" goes
+    assert cache.get("a") is None
+    cache.put("b", b"b" * 40)  # what was just committed is what consumers read next
+    assert cache.get("b") == b"b" * 40
+
+
+@given(st.integers(0, 300), st.lists(st.tuples(st.booleans(), st.integers(0, 120)), max_size=40))
+def test_cached_and_flushing_bytes_stay_within_the_budget(
+    max_bytes: int, steps: list[tuple[bool, int]]
+) -> None:
+    cache = SegmentCache(max_bytes)
+    held: list[Reservation] = []
+    for number, (reserve, size) in enumerate(steps):
+        if reserve:
+            held.append(cache.reserve(size))
+        else:
+            if held:
+                held.pop(0).release()
+            cache.put(f"k{number}", b"x" * size)
+        over = cache.size_bytes + cache.reserved_bytes - max_bytes
+        # Over the budget only by what is in flight, or by the one entry just put.
+        assert over <= 0 or cache.size_bytes <= max(size, 0) or cache.size_bytes == 0
+        assert cache.reserved_bytes == sum(r.nbytes for r in held)
