@@ -362,11 +362,12 @@ class Flusher:
         self, owned: OwnedPartition, batches: list[PendingBatch], reservations: list[Reservation]
     ) -> UploadedSegment:
         base = batches[0].base_offset
-        reserved: list[Reservation] = []
+        reservation: Reservation | None = None
 
         def allocate(size: int) -> bytearray | memoryview:
-            reserved.append(self._cache.reserve(size))
-            reservations.append(reserved[-1])
+            nonlocal reservation
+            reservation = self._cache.reserve(size)
+            reservations.append(reservation)
             return self._cache.buffers.take(size)
 
         encoded = encode_segment(
@@ -389,7 +390,6 @@ class Flusher:
         )
         body = memoryview(encoded.segment)[SEGMENT_HEADER_SIZE:-SEGMENT_FOOTER_SIZE]
         index_key = keys.index_object_key(*names)
-        reservation = reserved[0] if reserved else None
         return UploadedSegment(
             ref, segment_key, body, batches, index_key, encoded.index, reservation
         )
