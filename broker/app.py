@@ -18,6 +18,7 @@ from typing import Any
 from kafscale.broker.admin_http import AdminRoutes, AdminServer
 from kafscale.broker.api.dispatch import Dispatcher
 from kafscale.broker.api.table import API_TABLE
+from kafscale.broker.buffer_pool import BufferPool
 from kafscale.broker.config import BrokerSettings
 from kafscale.broker.groups.coordinator import GroupCoordinator, group_config
 from kafscale.broker.metadata import keys
@@ -317,9 +318,7 @@ class Broker:
             "segment_cache": {
                 "bytes": self.cache.size_bytes,
                 "flushing_bytes": self.cache.reserved_bytes,
-                "pooled_bytes": self.cache.buffers.size_bytes,
-                "buffers_reused": self.cache.buffers.reused,
-                "buffers_allocated": self.cache.buffers.allocated,
+                **pool_status(self.cache.buffers),
             },
             "request_frames": frame_pool_status(self.server),
         }
@@ -379,13 +378,15 @@ class Broker:
         await self.store.close()
 
 
-def frame_pool_status(server: KafkaServer | None) -> dict[str, int]:
-    """How often large request frames were received into a reused buffer (``buffer_pool``)."""
-    if server is None:  # not listening yet
-        return {"pooled_bytes": 0, "buffers_reused": 0, "buffers_allocated": 0}
-    pool = server.frame_buffers
+def pool_status(pool: BufferPool) -> dict[str, int]:
+    """What a buffer pool holds, and how often it handed out a reused or a fresh buffer."""
     return {
         "pooled_bytes": pool.size_bytes,
         "buffers_reused": pool.reused,
         "buffers_allocated": pool.allocated,
     }
+
+
+def frame_pool_status(server: KafkaServer | None) -> dict[str, int]:
+    """How often large request frames were received into a reused buffer (``buffer_pool``)."""
+    return pool_status(server.frame_buffers if server is not None else BufferPool())

@@ -63,6 +63,12 @@ class SegmentCache:
         self._evict_while_over(keep=0)
         return Reservation(self, nbytes)
 
+    def segment_buffer(self, nbytes: int) -> tuple[bytearray | memoryview, Reservation]:
+        """A buffer for a new segment of ``nbytes``, reserved first so that it can be one of
+        the buffers its reservation evicts."""
+        reservation = self.reserve(nbytes)
+        return self.buffers.take(nbytes), reservation
+
     def get(self, key: str) -> bytes | memoryview | None:
         body = self._entries.get(key)
         if body is not None:

@@ -366,9 +366,9 @@ class Flusher:
 
         def allocate(size: int) -> bytearray | memoryview:
             nonlocal reservation
-            reservation = self._cache.reserve(size)
+            buffer, reservation = self._cache.segment_buffer(size)
             reservations.append(reservation)
-            return self._cache.buffers.take(size)
+            return buffer
 
         encoded = encode_segment(
             [b.data for b in batches],

@@ -125,10 +125,9 @@ def test_segments_being_flushed_count_against_the_budget() -> None:
     cache = SegmentCache(8 << 20)
     for n in range(4):
         cache.put(f"t/0/{n}", memoryview(bytearray(2 << 20))[:-16])
-    reservation = cache.reserve(2 << 20)
+    segment, reservation = cache.segment_buffer(2 << 20)
     assert cache.get("t/0/0") is None and cache.size_bytes == 6 << 20
     assert cache.size_bytes + cache.reserved_bytes == 8 << 20
-    segment = cache.buffers.take(2 << 20)
     assert cache.buffers.reused == 1  # built in the evicted segment's memory
     reservation.release()
     reservation.release()  # a second release changes nothing
