@@ -1,10 +1,12 @@
 """Retention and garbage collection for the partitions this broker owns.
 
 Every ``retention_check_interval_s`` the owner of a partition lists its objects from the oldest,
-as far as retention looks (the whole listing only for ``retention.bytes``), decides the new log
-start offset from ``retention.ms`` and ``retention.bytes`` (pure decisions in ``retention``; a
-topic compacted only is never trimmed), commits it with the same fencing as a flush, and then
-deletes whole segments below it. Uploads left by fenced writers of older epochs can never become
+as far as retention looks, decides the new log start offset from ``retention.ms`` and
+``retention.bytes`` (pure decisions in ``retention``; a topic compacted only is never trimmed),
+commits it with the same fencing as a flush, and then deletes whole segments below it. For
+``retention.bytes``, which weighs the whole log, a ``SizeLedger`` per partition keeps the
+committed segments' sizes: one full listing per ownership epoch, then only what was committed
+since the last check. Uploads left by fenced writers of older epochs can never become
 committed; they are deleted too, found by a page of keys from each epoch boundary on the first
 check of an ownership epoch and every ``ORPHAN_SCAN_EVERY`` checks.
 """
@@ -33,6 +35,7 @@ from kafscale.broker.storage.retention import (
     retention_limits,
 )
 from kafscale.broker.storage.segments import SEGMENT_HEADER_SIZE, decode_segment_header
+from kafscale.broker.storage.size_ledger import SizeLedger
 
 log = logging.getLogger(__name__)
 
@@ -72,12 +75,11 @@ async def list_for_retention(
     state: PartitionState,
     expired_before_ms: int | None,
     created_at_ms: Callable[[str], Awaitable[int]],
-    full: bool,
     page: int = PAGE,
     max_pages: int = MAX_PAGES_PER_CHECK,
 ) -> tuple[list[ObjectInfo], list[SegmentFacts]]:
-    """The partition's objects from the oldest on, and its committed segments' facts: all of
-    them (``full``), or pages of ``page`` keys only until time retention is settled. A week of
+    """The partition's objects from the oldest on, and its committed segments' facts: pages of
+    ``page`` keys until time retention is settled. A week of
     100 ms segments is six million objects; listing them all every 30 s would be thousands of
     LIST calls per partition and check, where retention needs the first page. After
     ``max_pages`` pages of nothing but expired segments (retention just shortened on a long
@@ -85,18 +87,39 @@ async def list_for_retention(
     objects: list[ObjectInfo] = []
     for pages in range(1, max_pages + 1):
         after = objects[-1].key if objects else None
-        listed = await store.list(prefix, start_after=after, limit=None if full else page)
+        listed = await store.list(prefix, start_after=after, limit=page)
         objects += listed
         committed, settled = await segment_facts(
             [(base, info) for base, _, info in committed_objects(state, objects)],
             expired_before_ms,
             created_at_ms,
         )
-        if full or len(listed) < page or settled:
+        if len(listed) < page or settled:
             return objects, committed
         if pages == max_pages and committed:
             committed[-1] = replace(committed[-1], created_at_ms=KEEP)
     return objects, committed
+
+
+def later_created_at_ms(head: list[SegmentFacts], expired_before_ms: int | None) -> int:
+    """The creation time that segments after the listed head carry: the last head segment's
+    (time retention stopped there or was capped there), never-expiring if the head held no
+    committed segment while time retention looks, and unknown (-1) without time retention."""
+    if head:
+        return head[-1].created_at_ms
+    return KEEP if expired_before_ms is not None else -1
+
+
+async def list_committed_since(
+    store: ObjectStore, prefix: str, state: PartitionState, ledger: SizeLedger
+) -> None:
+    """Add to ``ledger`` the segments committed since its last listing (all of them, the first
+    time): every key from its ``listed_below`` offset on, in as many pages as there are."""
+    listed = await store.list(prefix, start_after=keys.objects_from(prefix, ledger.listed_below))
+    ledger.add(
+        [(base, info.size) for base, _, info in committed_objects(state, listed)],
+        state.high_watermark,
+    )
 
 
 def epoch_boundaries(state: PartitionState) -> list[int]:
@@ -144,6 +167,7 @@ class Janitor:
         self._store = store
         self._created_at: dict[str, int] = {}
         self._listings: dict[tuple[str, int], tuple[int, int]] = {}  # (epoch, checks since scan)
+        self._ledgers: dict[tuple[str, int], SizeLedger] = {}  # partitions with retention.bytes
 
     async def run(self, interval_s: float) -> None:
         while True:
@@ -154,6 +178,8 @@ class Janitor:
         owned_now = self._manager.owned
         for tp in [tp for tp in self._listings if tp not in owned_now]:
             del self._listings[tp]
+        for tp in [tp for tp in self._ledgers if tp not in owned_now]:
+            del self._ledgers[tp]
         for owned in list(owned_now.values()):
             try:
                 await self._sweep_partition(owned, now_ms)
@@ -173,12 +199,14 @@ class Janitor:
         state = owned.state
         retention_ms, retention_bytes = retention_limits(configs)
         expired_before_ms = now_ms - retention_ms if retention_ms >= 0 else None
-        full = retention_bytes >= 0
         objects, committed = await list_for_retention(
-            self._store, prefix, state, expired_before_ms, self._created_at_ms, full
+            self._store, prefix, state, expired_before_ms, self._created_at_ms
         )
-        if not full and self._orphan_scan_due(owned):
+        if self._orphan_scan_due(owned):
             objects = await with_epoch_boundaries(self._store, prefix, state, objects)
+        ledger = await self._ledger(owned, prefix, state, retention_bytes >= 0)
+        if ledger is not None:
+            committed = ledger.facts(committed, later_created_at_ms(committed, expired_before_ms))
         new_start = decide_log_start(
             committed,
             state.high_watermark,
@@ -190,7 +218,24 @@ class Janitor:
         if new_start > owned.state.log_start_offset:
             await self._manager.delete_records(owned.tp, new_start)
             log.info("retention moved %s-%d start to %d", owned.topic, owned.partition, new_start)
+        if ledger is not None:
+            ledger.trim(owned.state.log_start_offset)
         await self._delete_garbage(owned, objects, [fact.base for fact in committed])
+
+    async def _ledger(
+        self, owned: OwnedPartition, prefix: str, state: PartitionState, wanted: bool
+    ) -> SizeLedger | None:
+        """The partition's size ledger brought up to ``state``, if ``retention.bytes`` applies;
+        a new one (a full listing) for a new ownership epoch or a new topic of the name."""
+        if not wanted:
+            self._ledgers.pop(owned.tp, None)
+            return None
+        ledger = self._ledgers.get(owned.tp)
+        if ledger is None or (ledger.prefix, ledger.epoch) != (prefix, owned.epoch):
+            ledger = SizeLedger(prefix, owned.epoch)
+        await list_committed_since(self._store, prefix, state, ledger)
+        self._ledgers[owned.tp] = ledger  # only once listed: a failed listing starts again
+        return ledger
 
     def _orphan_scan_due(self, owned: OwnedPartition) -> bool:
         """Epoch boundaries are scanned for a fenced writer's uploads on the first check of each
