@@ -17,6 +17,7 @@ from typing import Any
 
 from kafscale.broker.admin_http import AdminRoutes, AdminServer
 from kafscale.broker.api.dispatch import Dispatcher
+from kafscale.broker.api.fetch_sessions import FetchSessionCache
 from kafscale.broker.api.table import API_TABLE
 from kafscale.broker.buffer_pool import BufferPool
 from kafscale.broker.config import BrokerSettings
@@ -55,6 +56,7 @@ class Broker:
     view: ClusterView
     cache: SegmentCache
     reader: LogReader
+    fetch_sessions: FetchSessionCache
     info: BrokerInfo | None = None
     manager: LogManager | None = None
     server: KafkaServer | None = None
@@ -110,6 +112,7 @@ class Broker:
             view=view,
             cache=cache,
             reader=LogReader(settings.cluster, store, cache),
+            fetch_sessions=FetchSessionCache(settings.limits.fetch_sessions),
             pod_name=pod_name,
         )
         await broker._start_serving()
@@ -321,6 +324,7 @@ class Broker:
                 **pool_status(self.cache.buffers),
             },
             "request_frames": frame_pool_status(self.server),
+            "fetch_sessions": len(self.fetch_sessions),
         }
 
     # --- handoff and shutdown ----------------------------------------------------------------

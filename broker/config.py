@@ -134,6 +134,12 @@ class LimitSettings(_Section):
         "may still run alone).",
     )
     max_connections: int = Field(4096, ge=1, description="Open client connections per listener.")
+    fetch_sessions: int = Field(
+        1000,
+        ge=0,
+        description="Incremental fetch sessions (KIP-227) kept, the least recently used evicted "
+        "beyond (0: none; Kafka's max.incremental.fetch.session.cache.slots).",
+    )
     shutdown_grace_s: float = Field(
         20.0, gt=0, description="Deadline for finishing in-flight work on shutdown."
     )

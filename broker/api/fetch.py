@@ -1,4 +1,5 @@
-"""Fetch: committed data from any broker, long-polling on high-watermark changes."""
+"""Fetch: committed data from any broker, long-polling on high-watermark changes; incremental
+fetch sessions as ``fetch_sessions`` decides."""
 
 from __future__ import annotations
 
@@ -9,6 +10,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from kafscale.broker.api.dispatch import Body, RequestContext
+from kafscale.broker.api.fetch_sessions import (
+    FetchContext,
+    FetchPosition,
+    PartitionKey,
+    PartitionResult,
+)
 from kafscale.broker.metadata.cluster import TopicInfo
 from kafscale.broker.protocol.codec import millis
 from kafscale.broker.protocol.errors import ErrorCode, KafkaError, MetadataTimeout
@@ -27,7 +34,11 @@ class _Wanted:
 
 
 async def handle_fetch(request: Any, ctx: RequestContext) -> Body:
-    wanted = _resolve(request, ctx)
+    requested = _requested(request)
+    context = _context(request, requested, ctx)
+    if isinstance(context, ErrorCode):
+        return fetch_error_body(request, context)
+    wanted = _resolve(context.partitions(requested), ctx)
     max_wait_s = millis(request.max_wait) / 1000
     deadline = time.monotonic() + max_wait_s
     min_bytes = int(request.min_bytes)
@@ -45,34 +56,70 @@ async def handle_fetch(request: Any, ctx: RequestContext) -> Body:
         errors = any(r["error_code"] != ErrorCode.NONE for r in results)
         remaining = deadline - time.monotonic()
         if size >= min_bytes or errors or remaining <= 0 or not events:
-            return _body(wanted, results)
+            return _body(wanted, results, context)
         await _wait_any(events, remaining)
 
 
-def _resolve(request: Any, ctx: RequestContext) -> list[_Wanted]:
+def _topic_key(topic: Any) -> Any:
+    """How the client names a topic: by name (v4-v12) or by id (v13+; kio reads the all-zero
+    id as None)."""
+    if hasattr(topic, "topic"):
+        return topic.topic
+    return topic.topic_id or uuid.UUID(int=0)
+
+
+def _requested(request: Any) -> list[tuple[PartitionKey, FetchPosition]]:
+    return [
+        (
+            (_topic_key(topic), int(p.partition)),
+            FetchPosition(
+                int(p.fetch_offset),
+                int(p.partition_max_bytes),
+                int(getattr(p, "current_leader_epoch", -1)),
+            ),
+        )
+        for topic in request.topics
+        for p in topic.partitions
+    ]
+
+
+def _context(
+    request: Any, requested: list[tuple[PartitionKey, FetchPosition]], ctx: RequestContext
+) -> FetchContext | ErrorCode:
+    if not hasattr(request, "session_epoch"):  # v4-v6: no sessions
+        return FetchContext(None, incremental=False)
+    forgotten = [
+        (_topic_key(topic), int(partition))
+        for topic in request.forgotten_topics_data
+        for partition in topic.partitions
+    ]
+    return ctx.broker.fetch_sessions.context(
+        int(request.session_id), int(request.session_epoch), requested, forgotten
+    )
+
+
+def _resolve(
+    partitions: list[tuple[PartitionKey, FetchPosition]], ctx: RequestContext
+) -> list[_Wanted]:
     view = ctx.broker.view
     by_id: dict[str, TopicInfo] | None = None  # built only for v13+, which names topics by id
     wanted = []
-    for topic in request.topics:
-        if not hasattr(topic, "topic"):  # v13+: by id; kio reads the all-zero id as None
-            topic_id = topic.topic_id or uuid.UUID(int=0)
+    for (key, partition), position in partitions:
+        if isinstance(key, uuid.UUID):
             by_id = view.topics_by_id if by_id is None else by_id
-            info = by_id.get(topic_id.hex)
-            key: Any = topic_id
+            info = by_id.get(key.hex)
         else:
-            info = view.topics.get(topic.topic)
-            key = topic.topic
-        for p in topic.partitions:
-            wanted.append(
-                _Wanted(
-                    key,
-                    info,
-                    int(p.partition),
-                    int(p.fetch_offset),
-                    int(p.partition_max_bytes),
-                    int(getattr(p, "current_leader_epoch", -1)),
-                )
+            info = view.topics.get(key)
+        wanted.append(
+            _Wanted(
+                key,
+                info,
+                partition,
+                position.fetch_offset,
+                position.max_bytes,
+                position.current_leader_epoch,
             )
+        )
     return wanted
 
 
@@ -158,10 +205,27 @@ def _partition_body(partition: int, code: ErrorCode, high_watermark: int, log_st
     }
 
 
-def _body(wanted: list[_Wanted], results: list[Body]) -> Body:
+def _body(wanted: list[_Wanted], results: list[Body], context: FetchContext) -> Body:
+    """The response: every partition read, or of an incremental session's only the ones that
+    changed (``FetchContext.respond``)."""
+    chosen = context.respond(
+        [
+            (
+                (item.key, item.partition),
+                PartitionResult(
+                    int(result["error_code"]),
+                    int(result["high_watermark"]),
+                    int(result["log_start_offset"]),
+                    bool(result.get("records")),
+                ),
+            )
+            for item, result in zip(wanted, results, strict=True)
+        ]
+    )
     topics: dict[Any, list[Body]] = {}
-    for item, result in zip(wanted, results, strict=True):
-        topics.setdefault(item.key, []).append(result)
+    for item, result, send in zip(wanted, results, chosen, strict=True):
+        if send:
+            topics.setdefault(item.key, []).append(result)
     responses = []
     for key, partitions in topics.items():
         entry: Body = {"partitions": partitions}
@@ -173,7 +237,7 @@ def _body(wanted: list[_Wanted], results: list[Body]) -> Body:
     return {
         "throttle_time": 0,
         "error_code": ErrorCode.NONE,
-        "session_id": 0,
+        "session_id": context.session_id,
         "responses": responses,
     }
 

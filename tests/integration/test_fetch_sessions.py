@@ -1,0 +1,118 @@
+"""Incremental fetch sessions (KIP-227) on the wire and with kafka-python, which uses them."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+from harness.batches import make_batch
+from harness.kafka_wire import FETCH, PRODUCE, KafkaWire, fetch_body, produce_body
+from harness.topics import create_topics
+
+from kafscale.broker.child_process import BrokerProcess
+from kafscale.broker.protocol.errors import ErrorCode
+
+pytestmark = pytest.mark.integration
+
+
+def session_fetch(
+    session_id: int,
+    epoch: int,
+    positions: dict[int, int],
+    forgotten: list[int] | None = None,
+    max_wait_ms: int = 0,
+) -> dict[str, Any]:
+    body = fetch_body("s", 0, 0, max_wait_ms=max_wait_ms)
+    template = body["topics"][0]["partitions"][0]
+    body["session_id"], body["session_epoch"] = session_id, epoch
+    body["topics"] = [
+        {
+            "topic": "s",
+            "partitions": [
+                template | {"partition": p, "fetch_offset": o} for p, o in positions.items()
+            ],
+        }
+    ]
+    body["forgotten_topics_data"] = [{"topic": "s", "partitions": forgotten}] if forgotten else []
+    return body
+
+
+def partitions_in(response: Any) -> dict[int, Any]:
+    return {int(p.partition_index): p for t in response.responses for p in t.partitions}
+
+
+def test_a_session_answers_only_what_changed(broker: BrokerProcess) -> None:
+    """A full request opens a session and is told of every partition; incremental requests
+    name only new positions, and are told only of partitions with records or a moved high
+    watermark; a stale epoch or an unknown session is a top-level error."""
+    create_topics(broker.bootstrap, ["s"], partitions=3)
+    with KafkaWire(broker.bootstrap) as wire:
+        wire.request(PRODUCE, 9, produce_body("s", 0, make_batch(0, [b"a", b"b"])))
+        full = wire.request(FETCH, 12, session_fetch(0, 0, {0: 0, 1: 0, 2: 0}))
+        assert full.error_code == ErrorCode.NONE and full.session_id != 0
+        assert sorted(partitions_in(full)) == [0, 1, 2]
+        assert partitions_in(full)[0].records  # the two records
+        session = full.session_id
+
+        nothing_new = wire.request(FETCH, 12, session_fetch(session, 1, {0: 2}))
+        assert nothing_new.session_id == session and partitions_in(nothing_new) == {}
+
+        wire.request(PRODUCE, 9, produce_body("s", 1, make_batch(0, [b"c"])))
+        # Long-polling on the session's partitions, though the request names none of them.
+        news = wire.request(FETCH, 12, session_fetch(session, 2, {}, max_wait_ms=5000))
+        assert list(partitions_in(news)) == [1]
+        assert partitions_in(news)[1].high_watermark == 1 and partitions_in(news)[1].records
+
+        wire.request(PRODUCE, 9, produce_body("s", 1, make_batch(0, [b"d"])))
+        forgot = wire.request(FETCH, 12, session_fetch(session, 3, {}, forgotten=[1]))
+        assert partitions_in(forgot) == {}  # partition 1 has a record, but is no longer asked
+
+        stale = wire.request(FETCH, 12, session_fetch(session, 3, {}))
+        assert stale.error_code == ErrorCode.INVALID_FETCH_SESSION_EPOCH
+        unknown = wire.request(FETCH, 12, session_fetch(session + 1, 1, {}))
+        assert unknown.error_code == ErrorCode.FETCH_SESSION_ID_NOT_FOUND
+
+        closed = wire.request(FETCH, 12, session_fetch(session, -1, {0: 0}))
+        assert closed.session_id == 0 and list(partitions_in(closed)) == [0]
+        gone = wire.request(FETCH, 12, session_fetch(session, 5, {}))
+        assert gone.error_code == ErrorCode.FETCH_SESSION_ID_NOT_FOUND
+
+
+def test_kafka_python_consumes_everything_through_a_session(broker: BrokerProcess) -> None:
+    """kafka-python opens a fetch session and then fetches incrementally: records produced in
+    rounds to some partitions at a time all arrive, in order, once."""
+    from kafka import KafkaConsumer, KafkaProducer
+
+    create_topics(broker.bootstrap, ["sessions"], partitions=4)
+    producer = KafkaProducer(bootstrap_servers=broker.bootstrap, linger_ms=0)
+    consumer = KafkaConsumer(
+        "sessions",
+        bootstrap_servers=broker.bootstrap,
+        auto_offset_reset="earliest",
+        enable_auto_commit=False,
+        group_id=None,
+        fetch_max_wait_ms=200,
+    )
+    sent: dict[int, list[bytes]] = {p: [] for p in range(4)}
+    received: dict[int, list[bytes]] = {p: [] for p in range(4)}
+    sessions_seen = 0
+    try:
+        for round_number in range(6):
+            for partition in (round_number % 4, (round_number + 1) % 4):
+                for n in range(5):
+                    value = f"{round_number}-{partition}-{n}".encode()
+                    producer.send("sessions", value=value, partition=partition)
+                    sent[partition].append(value)
+            producer.flush(10)
+            deadline = time.monotonic() + 15
+            while sum(map(len, received.values())) < sum(map(len, sent.values())):
+                assert time.monotonic() < deadline, f"received {received}, sent {sent}"
+                for tp, records in consumer.poll(timeout_ms=200).items():
+                    received[tp.partition] += [r.value for r in records]
+            sessions_seen = max(sessions_seen, broker.status()["fetch_sessions"])
+    finally:
+        consumer.close()
+        producer.close()
+    assert received == sent
+    assert sessions_seen >= 1
