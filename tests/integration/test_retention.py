@@ -41,24 +41,29 @@ def test_retention_by_bytes_deletes_old_segments(broker_cluster: BrokerCluster) 
         "sized"
     ].result(10)
     produce_in_rounds(broker.bootstrap, "sized", 12)
-    deadline = time.monotonic() + 15
-    while time.monotonic() < deadline and earliest_offset(broker.bootstrap, "sized") < 7:
-        time.sleep(0.3)
-    low = earliest_offset(broker.bootstrap, "sized")
     # ~1.1 KB segments: 5000 bytes keep four of them.
+    low = trimmed_to(broker_cluster, broker.bootstrap, "sized", at_least=7, produced=12)
     assert low >= 7, f"log start {low} after 12 KB with retention.bytes=5000"
-    assert len(segment_keys(broker_cluster, "sized")) <= 12 - low + 1
     # Later checks weigh the log from what they listed before plus what was committed since.
     produce_in_rounds(broker.bootstrap, "sized", 8)
-    deadline = time.monotonic() + 15
-    while time.monotonic() < deadline and earliest_offset(broker.bootstrap, "sized") < 15:
-        time.sleep(0.3)
-    low = earliest_offset(broker.bootstrap, "sized")
+    low = trimmed_to(broker_cluster, broker.bootstrap, "sized", at_least=15, produced=20)
     assert low >= 15, f"log start {low} after 20 KB with retention.bytes=5000"
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and len(segment_keys(broker_cluster, "sized")) > 20 - low + 1:
+
+
+def trimmed_to(
+    cluster: BrokerCluster, bootstrap: str, topic: str, at_least: int, produced: int
+) -> int:
+    """The log start once it reached ``at_least`` (or 15 s passed), after checking that the
+    segments below it were deleted (all but the one holding it, within 10 s)."""
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline and earliest_offset(bootstrap, topic) < at_least:
         time.sleep(0.3)
-    assert len(segment_keys(broker_cluster, "sized")) <= 20 - low + 1
+    low = earliest_offset(bootstrap, topic)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and len(segment_keys(cluster, topic)) > produced - low + 1:
+        time.sleep(0.3)
+    assert len(segment_keys(cluster, topic)) <= produced - low + 1
+    return low
 
 
 def test_retention_by_time_expires_everything_old(broker_cluster: BrokerCluster) -> None:
