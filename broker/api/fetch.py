@@ -56,6 +56,8 @@ async def handle_fetch(request: Any, ctx: RequestContext) -> Body:
         errors = any(r["error_code"] != ErrorCode.NONE for r in results)
         remaining = deadline - time.monotonic()
         if size >= min_bytes or errors or remaining <= 0 or not events:
+            if context.overtaken:
+                return fetch_error_body(request, ErrorCode.INVALID_FETCH_SESSION_EPOCH)
             return _body(wanted, results, context)
         await _wait_any(events, remaining)
 

@@ -71,10 +71,17 @@ class FetchContext:
 
     session: FetchSession | None
     incremental: bool
+    epoch: int = 0  # the session's epoch once this request was taken in
 
     @property
     def session_id(self) -> int:
         return self.session.id if self.session is not None else INVALID_SESSION_ID
+
+    @property
+    def overtaken(self) -> bool:
+        """Whether another request of the session was taken in while this one waited (a
+        duplicate): its answer is INVALID_FETCH_SESSION_EPOCH, as Kafka's is."""
+        return self.session is not None and self.session.epoch != self.epoch
 
     def partitions(
         self, requested: Sequence[tuple[PartitionKey, FetchPosition]]
@@ -141,14 +148,13 @@ class FetchSessionCache:
             self._sessions.pop(session_id, None)
             if epoch == FINAL_EPOCH or self._slots <= 0:
                 return FetchContext(None, incremental=False)
-            return FetchContext(self._open(requested), incremental=False)
+            opened = self._open(requested)
+            return FetchContext(opened, incremental=False, epoch=opened.epoch)
         session = self._sessions.get(session_id)
         if session is None:
             return ErrorCode.FETCH_SESSION_ID_NOT_FOUND
         if epoch != session.epoch:
             return ErrorCode.INVALID_FETCH_SESSION_EPOCH
-        self._sessions.move_to_end(session_id)
-        session.epoch = next_epoch(epoch)
         for key, position in requested:
             cached = session.partitions.get(key)
             if cached is None:
@@ -157,7 +163,12 @@ class FetchSessionCache:
                 cached.position = position
         for key in forgotten:
             session.partitions.pop(key, None)
-        return FetchContext(session, incremental=True)
+        if not session.partitions:  # all forgotten: the session ends, as in Kafka
+            del self._sessions[session_id]
+            return FetchContext(None, incremental=False)
+        self._sessions.move_to_end(session_id)
+        session.epoch = next_epoch(epoch)
+        return FetchContext(session, incremental=True, epoch=session.epoch)
 
     def _open(self, requested: Sequence[tuple[PartitionKey, FetchPosition]]) -> FetchSession:
         while len(self._sessions) >= self._slots:

@@ -116,3 +116,16 @@ def test_kafka_python_consumes_everything_through_a_session(broker: BrokerProces
         producer.close()
     assert received == sent
     assert sessions_seen >= 1
+
+
+def test_a_long_poll_overtaken_by_the_sessions_next_request_is_an_epoch_error(
+    broker: BrokerProcess,
+) -> None:
+    create_topics(broker.bootstrap, ["s"], partitions=1)
+    with KafkaWire(broker.bootstrap) as first, KafkaWire(broker.bootstrap) as second:
+        session = first.request(FETCH, 12, session_fetch(0, 0, {0: 0})).session_id
+        first.send(FETCH, 12, session_fetch(session, 1, {}, max_wait_ms=3000))
+        time.sleep(0.5)  # the first is taken in and waiting for data
+        assert second.request(FETCH, 12, session_fetch(session, 2, {})).error_code == 0
+        _, overtaken = first.recv(FETCH, 12)
+        assert overtaken.error_code == ErrorCode.INVALID_FETCH_SESSION_EPOCH

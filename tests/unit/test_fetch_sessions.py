@@ -141,3 +141,22 @@ def test_no_slots_means_sessionless_fetches() -> None:
     context = FetchSessionCache(0).context(0, INITIAL_EPOCH, [(A, at(5))], [])
     assert isinstance(context, FetchContext) and context.session_id == 0
     assert context.partitions([(A, at(5))]) == [(A, at(5))]
+
+
+def test_forgetting_every_partition_ends_the_session() -> None:
+    cache = FetchSessionCache(10)
+    first = opened(cache, A, B)
+    assert first.session is not None
+    context = cache.context(first.session_id, first.session.epoch, [], [A, B])
+    assert isinstance(context, FetchContext) and context.session_id == 0 and len(cache) == 0
+
+
+def test_a_request_overtaken_by_a_duplicate_is_told_so() -> None:
+    """A request still waiting (long-poll) when the session's next request was taken in must
+    not answer as if it were current (Kafka answers INVALID_FETCH_SESSION_EPOCH)."""
+    cache = FetchSessionCache(10)
+    first = opened(cache, A)
+    waiting = incremental(cache, first)
+    assert not waiting.overtaken
+    incremental(cache, first)
+    assert waiting.overtaken
