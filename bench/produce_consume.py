@@ -56,6 +56,11 @@ from _cluster import (
 MiB = 1024 * 1024
 TOPIC = "bench"
 LATENCY_TOPIC = "bench-latency"
+# What a record adds to its value as the broker stores it: its 8-byte key (the paced producer's
+# timestamp), its varints and attributes (~12 bytes), and its share of a 61-byte batch header
+# (at 1000 records/s, linger 5 ms and 3 partitions a batch holds one or two records).
+RECORD_OVERHEAD_BYTES = 60
+SEGMENT_FRAME_BYTES = 32 + 16  # segment header and footer (docs/storage-and-etcd-format.md)
 
 
 @dataclass
@@ -152,25 +157,52 @@ def measure_puts(stack: Stack, size: int, count: int, parallel: int, prefix: str
 
 
 def measure_small_put_latency(
-    stack: Stack, size: int, count: int, parallel: int = 1
+    stack: Stack, size: int, count: int, parallel: int = 1, conditional: bool = False
 ) -> list[float]:
-    """Latency of each of ``count`` small PUTs, issued ``parallel`` at a time."""
+    """Latency of each of ``count`` PUTs of ``size`` bytes, issued ``parallel`` at a time;
+    ``conditional``: create-only (``If-None-Match: *``), as the broker writes segments."""
     client = stack.s3_client()
     body = os.urandom(size)
     latencies: list[float] = []
+    extra = {"IfNoneMatch": "*"} if conditional else {}
 
     def put(key: str) -> float:
         began = time.perf_counter()
-        client.put_object(Bucket=stack.bucket, Key=key, Body=body)
+        client.put_object(Bucket=stack.bucket, Key=key, Body=body, **extra)
         return time.perf_counter() - began
 
     with ThreadPoolExecutor(parallel) as pool:
         for i in range(count // parallel + 2):
-            keys = [f"rawput/small-{parallel}/{i:05d}-{j}" for j in range(parallel)]
+            keys = [f"rawput/put-{size}-{parallel}/{i:05d}-{j}" for j in range(parallel)]
             results = list(pool.map(put, keys))
             if i >= 2:  # the first requests open connections
                 latencies += results
     return latencies
+
+
+ROUND_PUT_BYTES = 512 * MiB  # at most this much PUT per round-pattern latency measurement
+
+
+def round_segment_bytes(args: argparse.Namespace, rate: float) -> int:
+    """The segment one partition uploads per flush round at ``rate`` records/s: the records of
+    one flush interval (or ``segment.bytes``, which cuts a round short), in the stored layout."""
+    per_round = rate * args.flush_interval_ms / 1000 / args.partitions
+    batch = per_round * (args.record_bytes + RECORD_OVERHEAD_BYTES)
+    return int(min(max(batch, args.record_bytes), args.segment_bytes)) + SEGMENT_FRAME_BYTES
+
+
+def measure_round_puts(
+    args: argparse.Namespace, stack: Stack, rate: float
+) -> tuple[int, list[float]]:
+    """PUT latency of the store for the uploads a flush round makes at ``rate``: one segment
+    per partition at once, created conditionally, as the broker writes them. This is the "PUT"
+    of the latency budget: the store's own time for the broker's writes, measured apart from
+    the broker."""
+    size = round_segment_bytes(args, rate)
+    count = min(args.small_puts, max(30 * args.partitions, ROUND_PUT_BYTES // size))
+    latencies = measure_small_put_latency(stack, size, count, args.partitions, conditional=True)
+    delete_raw_objects(stack)
+    return size, latencies
 
 
 class CpuMeter:
@@ -674,6 +706,17 @@ class MaxRateRound:
     consume_cpu: CpuMeter | None = None
     buffers: tuple[int, int] = (0, 0)  # segment buffers reused, newly allocated while producing
     frames: tuple[int, int] = (0, 0)  # request frames received into reused, new pooled buffers
+    raw_puts: list[PutResult] = field(default_factory=list)  # measured just before the produce
+
+    @property
+    def best_raw_put(self) -> PutResult | None:
+        return max(self.raw_puts, key=lambda p: p.mib_s, default=None)
+
+    @property
+    def produce_share(self) -> float:
+        """Produce as a share of the S3 server's raw PUT rate measured just before it."""
+        best = self.best_raw_put
+        return self.produced_mib_s / best.mib_s if best is not None and best.mib_s else 0.0
 
     @property
     def produced_mib_s(self) -> float:
@@ -687,6 +730,8 @@ class Run:
     puts: list[PutResult] = field(default_factory=list)
     small: list[float] = field(default_factory=list)
     small_parallel: list[float] = field(default_factory=list)
+    # PUT latencies of a flush round's pattern at each paced rate: (object bytes, latencies)
+    round_puts: list[tuple[int, list[float]]] = field(default_factory=list)
     warm_ups: list[MaxRateRound] = field(default_factory=list)
     rounds: list[MaxRateRound] = field(default_factory=list)
     paced: list[ProduceResult] = field(default_factory=list)
@@ -731,6 +776,15 @@ def max_rate_round(
     mode."""
     label = "warm-up" if warm_up_only else "round"
     topic = f"{TOPIC}-{label}-{number}"
+    raw_puts = []
+    if not warm_up_only:
+        # The denominator of the throughput target, taken right before the produce it is
+        # compared with: this machine's speed drifts within a run (phase a's best mode varied
+        # from 288 to 519 MiB/s between runs while the produce rate stayed within 10 %).
+        print(f"a. round {number}: raw PUTs ...", flush=True)
+        for n in args.put_parallel:
+            raw_puts.append(measure_puts(stack, 4 * MiB, args.put_count, n, f"r{number}-p{n}"))
+            delete_raw_objects(stack)
     create_topic(bootstrap, topic, args.partitions)
     warm_up(args, bootstrap, topic, args.partitions)
     exclude_harness_objects_from_gc()
@@ -749,7 +803,9 @@ def max_rate_round(
         (after[kind][0] - before[kind][0], after[kind][1] - before[kind][1])
         for kind in ("segment_cache", "request_frames")
     )
-    result = MaxRateRound(topic, burst, produce_cpu, buffers=segments, frames=frames)
+    result = MaxRateRound(
+        topic, burst, produce_cpu, buffers=segments, frames=frames, raw_puts=raw_puts
+    )
     if warm_up_only:
         delete_topic(stack, bootstrap, topic)
         return result
@@ -863,8 +919,11 @@ def main(argv: list[str] | None = None) -> int:
         median_records_s = statistics.median(
             r.burst.sustained_records_s or r.burst.records_s for r in run.rounds
         )
-        for i, wanted in enumerate(args.latency_rates):
-            rate = wanted or max(100.0, median_records_s / 2)
+        rates = [wanted or max(100.0, median_records_s / 2) for wanted in args.latency_rates]
+        print("a'. PUT latency of a flush round's uploads at each paced rate ...", flush=True)
+        for rate in rates:
+            run.round_puts.append(measure_round_puts(args, stack, rate))
+        for i, rate in enumerate(rates):
             print(f"b. produce at {rate:.0f} records/s (latency) ...", flush=True)
             exclude_harness_objects_from_gc()
             txn0 = txn_count(stack)
@@ -957,6 +1016,12 @@ def report(args: argparse.Namespace, run: Run) -> None:
             f"   {args.small_put_bytes} B PUT latency, {label:<11} (n={len(values)}): "
             f"p50 {percentile(values, 50) * ms:.1f} ms  p99 {percentile(values, 99) * ms:.1f} ms"
         )
+    for size, values in run.round_puts:
+        print(
+            f"   {size / 1000:.0f} KB PUT latency, {args.partitions} at once, conditional "
+            f"(a flush round's uploads; n={len(values)}): p50 {percentile(values, 50) * ms:.1f} ms"
+            f"  p99 {percentile(values, 99) * ms:.1f} ms"
+        )
     best_put = max(run.puts, key=lambda p: p.mib_s)
     print()
     print("b/c. Kafka clients (confluent-kafka)")
@@ -968,6 +1033,11 @@ def report(args: argparse.Namespace, run: Run) -> None:
         median = " (median, scored)" if item is run.median_round and len(run.rounds) > 1 else ""
         unscored = " (not scored)" if item in run.warm_ups else ""
         print(f"   {label}, topic {item.topic}{median}{unscored}")
+        for put in item.raw_puts:
+            print(
+                f"   raw PUT just before, 4 MiB x {put.objects} {put.label}: {put.mib_s:.1f} MiB/s"
+                f" (moto CPU {put.moto_cpu_s * 1000 / (put.nbytes / MiB):.1f} ms per MiB)"
+            )
         print_produce(item.burst)
         for c in (item.consumed, item.consumed_defaults, item.consumed_kcat):
             if c is not None:
@@ -1023,14 +1093,18 @@ def report(args: argparse.Namespace, run: Run) -> None:
     tries = (scored.consumed, scored.consumed_defaults)
     complete = [c for c in tries if c is not None and c.complete]
     best = max(complete, key=lambda c: c.mib_s, default=scored.consumed or ConsumeResult())
-    put_p99 = percentile(run.small, 99) * ms
-    budget = args.flush_interval_ms + 2 * put_p99
+    # Throughput: each round's produce against the raw PUT rate measured just before it; the
+    # round with the median share is scored.
+    by_share = sorted(run.rounds, key=lambda r: r.produce_share)
+    share_round = by_share[(len(by_share) - 1) // 2]
+    raw = share_round.best_raw_put or best_put
+    shares = " / ".join(f"{r.produce_share:.0%}" for r in run.rounds)
     targets = [
         (
             "produce >= 60% of raw PUT MiB/s (4 MiB, best mode)",
-            f"{produced:.1f} vs {0.6 * best_put.mib_s:.1f} MiB/s "
-            f"({produced / best_put.mib_s:.0%} of {best_put.mib_s:.1f}, {best_put.label})",
-            produced >= 0.6 * best_put.mib_s,
+            f"{share_round.produced_mib_s:.1f} vs {0.6 * raw.mib_s:.1f} MiB/s "
+            f"({share_round.produce_share:.0%} of {raw.mib_s:.1f}, {raw.label}; rounds {shares})",
+            share_round.produce_share >= 0.6,
         ),
         (
             "consume >= 2x produce (best Python-client run)",
@@ -1049,12 +1123,14 @@ def report(args: argparse.Namespace, run: Run) -> None:
                 kcat.complete and kcat.mib_s >= 2 * produced,
             )
         )
-    for r in run.paced:
+    for r, (size, puts) in zip(run.paced, run.round_puts, strict=True):
         p99 = percentile(r.latencies_s, 99) * ms
+        budget = args.flush_interval_ms + 2 * percentile(puts, 99) * ms
         targets.append(
             (
                 f"produce p99 <= flush interval + 2 x PUT p99 @{r.label}",
-                f"{p99:.1f} vs {budget:.1f} ms (acked {r.records_s:.0f} records/s)",
+                f"{p99:.1f} vs {budget:.1f} ms (PUT: {args.partitions} x {size / 1000:.0f} KB "
+                f"at once; acked {r.records_s:.0f} records/s)",
                 p99 <= budget and not r.errors,
             )
         )
@@ -1062,18 +1138,24 @@ def report(args: argparse.Namespace, run: Run) -> None:
     rounds = " / ".join(f"{item.produced_mib_s:.1f}" for item in run.rounds)
     print(
         "targets (issue 2; produce = the sustained max-rate figure of the median round "
-        f"[{rounds} MiB/s]; PUT p99 = sequential)"
+        f"[{rounds} MiB/s]; PUT p99 = a flush round's uploads at that rate)"
     )
     for name, figures, ok in targets:
         print(f"   {verdict(ok)}  {name:<56} {figures}")
-    # A flush round PUTs one segment per partition at once, and moto serves them one after
-    # another: the same budget with that pattern's PUT p99, for comparison (not the target).
-    parallel_budget = args.flush_interval_ms + 2 * percentile(run.small_parallel, 99) * ms
+    print(
+        f"   (for comparison: the median produce round {produced:.1f} MiB/s is "
+        f"{produced / best_put.mib_s:.0%} of phase a's best raw PUT mode, {best_put.mib_s:.1f} "
+        "MiB/s, the denominator until 2026-11-24)"
+    )
+    # Before 2026-11-24 the budget took the p99 of sequential 1 KiB PUTs, a request the broker
+    # never makes (each round uploads one segment per partition at once, which moto serves one
+    # after another): printed for comparison with the figures recorded until then.
+    sequential_budget = args.flush_interval_ms + 2 * percentile(run.small, 99) * ms
     for r in run.paced:
         p99 = percentile(r.latencies_s, 99) * ms
         print(
-            f"   (for comparison @{r.label}: p99 {p99:.1f} vs {parallel_budget:.1f} ms with the "
-            f"PUT p99 of {args.partitions} at once, the pattern of a flush round)"
+            f"   (for comparison @{r.label}: p99 {p99:.1f} vs {sequential_budget:.1f} ms with the "
+            f"p99 of sequential {args.small_put_bytes} B PUTs, the budget until 2026-11-24)"
         )
     if run.timings:
         print()
