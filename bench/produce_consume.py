@@ -770,6 +770,13 @@ class Run:
     load: tuple[float, float] = (0.0, 0.0)
 
     @property
+    def max_records_s(self) -> float:
+        """The median round's maximum rate, records/s: what the paced rates are shares of."""
+        return statistics.median(
+            r.burst.sustained_records_s or r.burst.records_s for r in self.rounds
+        )
+
+    @property
     def median_round(self) -> MaxRateRound:
         """The round with the median produce rate: the targets use it, the others show spread."""
         ranked = sorted(self.rounds, key=lambda r: r.produced_mib_s)
@@ -942,10 +949,7 @@ def main(argv: list[str] | None = None) -> int:
             run.rounds.append(
                 max_rate_round(args, stack, broker.bootstrap, pids, profiler, run, number)
             )
-        median_records_s = statistics.median(
-            r.burst.sustained_records_s or r.burst.records_s for r in run.rounds
-        )
-        rates = [paced_rate(wanted, median_records_s) for wanted in args.latency_rates]
+        rates = [paced_rate(wanted, run.max_records_s) for wanted in args.latency_rates]
         print("a'. PUT latency of a flush round's uploads at each paced rate ...", flush=True)
         for rate in rates:
             run.round_puts.append(measure_round_puts(args, stack, rate))
@@ -1151,9 +1155,7 @@ def report(args: argparse.Namespace, run: Run) -> None:
                 kcat.complete and kcat.mib_s >= 2 * produced,
             )
         )
-    max_records_s = statistics.median(
-        r.burst.sustained_records_s or r.burst.records_s for r in run.rounds
-    )
+    max_records_s = run.max_records_s
     under_load = []
     for r, (size, puts) in zip(run.paced, run.round_puts, strict=True):
         p99 = percentile(r.latencies_s, 99) * ms
