@@ -194,7 +194,9 @@ def measure_small_put_latency(
     return latencies
 
 
-ROUND_PUT_BYTES = 512 * MiB  # at most this much PUT per round-pattern latency measurement
+ROUND_PUT_BYTES = 1024 * MiB  # at most this much PUT per round-pattern latency measurement
+# ... deleted after every this much: moto gets slower per MiB once it holds over half a GiB
+ROUND_PUT_CHUNK_BYTES = 256 * MiB
 
 
 def round_segment_bytes(args: argparse.Namespace, rate: float) -> int:
@@ -214,8 +216,14 @@ def measure_round_puts(
     the broker."""
     size = round_segment_bytes(args, rate)
     count = min(args.small_puts, max(30 * args.partitions, ROUND_PUT_BYTES // size))
-    latencies = measure_small_put_latency(stack, size, count, args.partitions, conditional=True)
-    delete_raw_objects(stack)
+    chunk = max(10 * args.partitions, ROUND_PUT_CHUNK_BYTES // size)
+    latencies: list[float] = []
+    for start in range(0, count, chunk):  # each call PUTs whole rounds, at least one
+        wanted = max(args.partitions, min(chunk, count - start))
+        latencies += measure_small_put_latency(
+            stack, size, wanted, args.partitions, conditional=True
+        )
+        delete_raw_objects(stack)
     return size, latencies
 
 
