@@ -63,7 +63,8 @@ async def forward_fetch(
     min_bytes = int(request.min_bytes)
     total_max = int(getattr(request, "max_bytes", 0x7FFFFFFF))
     results: dict[PartitionKey, Any] = {}
-    targets: set[int] | None = None  # None: every owner
+    needed: set[PartitionKey] | None = None  # None: every partition
+    refused: set[int] = set()  # brokers that could not be reached for this request
     upstream_wait_ms = 0
     attempts = 0
     while True:
@@ -72,24 +73,22 @@ async def forward_fetch(
             for w in wanted
             if w.name is not None
         }
-        routed = _route(forwarder, wanted)
-        asked = {b: items for b, items in routed.items() if targets is None or b in targets}
-        failed = await _fetch_round(
+        asked = _route(forwarder, [w for w in wanted if needed is None or w.key in needed], refused)
+        failed, failed_brokers = await _fetch_round(
             forwarder, pool, call, request, asked, upstream_wait_ms, results
         )
         remaining = deadline - time.monotonic()
         if failed:
             attempts += 1
+            refused |= failed_brokers
             if attempts < forwarder.settings.max_attempts and remaining > 0:
+                # Any broker serves any committed offset: ask another one right away.
                 forwarder.stats.count_retry("connection")
-                await forwarder.routes.wait_changed(min(0.05 * attempts, remaining))
-                targets = failed
+                needed = failed
+                await asyncio.sleep(min(0.01 * attempts, remaining))  # all down: do not spin
                 continue
-            for item in wanted:
-                if item.key not in results:
-                    results[item.key] = _partition_error(
-                        item.key[1], ErrorCode.NOT_LEADER_OR_FOLLOWER
-                    )
+            for key in failed:
+                results.setdefault(key, _partition_error(key[1], ErrorCode.NOT_LEADER_OR_FOLLOWER))
         size = sum(
             len(getattr(r, "records", None) or b"")
             for r in results.values()
@@ -98,12 +97,7 @@ async def forward_fetch(
         errors = any(_code(r) != ErrorCode.NONE for r in results.values())
         if size >= min_bytes or errors or remaining <= 0 or not events:
             break
-        moved = await _wait_any(events, remaining)
-        targets = {
-            forwarder.routes.partition_owner((w.name, w.key[1]))
-            for w in wanted
-            if w.key in moved and w.name is not None
-        }
+        needed = await _wait_any(events, remaining)
         upstream_wait_ms = min(forwarder.settings.fetch_wake_wait_ms, int(max(remaining, 0) * 1000))
     if context.overtaken:
         return fetch_error_body(ErrorCode.INVALID_FETCH_SESSION_EPOCH)
@@ -160,16 +154,20 @@ def _resolve(
     return wanted
 
 
-def _route(forwarder: Forwarder, wanted: list[_Wanted]) -> dict[int, list[_Wanted]]:
-    """Owner -> its partitions; unknown topics go to any broker, which answers the error."""
+def _route(
+    forwarder: Forwarder, wanted: list[_Wanted], refused: set[int]
+) -> dict[int, list[_Wanted]]:
+    """Owner -> its partitions. Unknown topics go to any broker, which answers the error, and
+    so do partitions whose owner could not be reached (every broker serves committed data)."""
     routes = forwarder.routes
+    avoid = frozenset(refused)
     by_broker: dict[int, list[_Wanted]] = {}
     for item in wanted:
-        broker = (
-            routes.partition_owner((item.name, item.key[1]))
-            if item.name is not None
-            else routes.any_broker()
-        )
+        broker = -1
+        if item.name is not None:
+            broker = routes.partition_owner((item.name, item.key[1]))
+        if broker < 0 or broker in avoid:
+            broker = routes.any_broker(avoid)
         by_broker.setdefault(broker, []).append(item)
     return by_broker
 
@@ -182,29 +180,31 @@ async def _fetch_round(
     asked: dict[int, list[_Wanted]],
     max_wait_ms: int,
     results: dict[PartitionKey, Any],
-) -> set[int]:
-    """Ask each broker for its partitions; record the answers in ``results``. The brokers that
-    could not be reached."""
+) -> tuple[set[PartitionKey], set[int]]:
+    """Ask each broker for its partitions; record the answers in ``results``. The partitions
+    whose broker could not be reached, and those brokers."""
     parts = [
         (broker, _frame(_sub_request(call, request, items, max_wait_ms)))
         for broker, items in asked.items()
         if broker >= 0
     ]
-    failed = {broker for broker in asked if broker < 0}
+    failed = {item.key for item in asked.get(-1, [])}
+    failed_brokers: set[int] = set()
     futures = await forwarder.send(pool, parts)
     outcomes = await asyncio.gather(*futures, return_exceptions=True)
     for (broker, _), outcome in zip(parts, outcomes, strict=True):
         if isinstance(outcome, BaseException):
             if not isinstance(outcome, UpstreamError):
                 raise outcome
-            failed.add(broker)
+            failed_brokers.add(broker)
+            failed.update(item.key for item in asked[broker])
             continue
         response = codec.decode_response(outcome, call.api_key, call.api_version)
         for topic in response.responses:
             key = fetch_topic_key(topic)
             for p in topic.partitions:
                 results[(key, int(p.partition_index))] = p
-    return failed
+    return failed, failed_brokers
 
 
 def _sub_request(call: Call, request: Any, items: list[_Wanted], max_wait_ms: int) -> bytes:
