@@ -18,7 +18,10 @@ from kafscale.broker.config import ALL_INTERFACES, LimitSettings
 
 
 class _Section(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    # Proxy pods read the ConfigMap the brokers get (cluster, etcd, listener ports): variables
+    # only brokers know (``KAFSCALE_ETCD__SESSION_TTL_S``, ``KAFSCALE_LISTENER__RACK``...) are
+    # ignored, not refused. Flags come from this model, so they cannot name unknown fields.
+    model_config = ConfigDict(frozen=True, extra="ignore")
 
 
 class ProxyListenerSettings(_Section):
