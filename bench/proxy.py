@@ -58,13 +58,20 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--latency-rate", type=float, default=1000.0)
     parser.add_argument("--latency-duration", type=float, default=10.0)
     parser.add_argument("--linger-ms", type=int, default=5)
+    parser.add_argument(
+        "--expose-owners",
+        action="store_true",
+        help="run the proxy with routing.expose_owners (owners' ids at the proxy's address)",
+    )
     return parser.parse_args(argv)
 
 
-def start_proxy(stack: Stack) -> BrokerProcess:
+def start_proxy(stack: Stack, expose_owners: bool) -> BrokerProcess:
     port, admin_port = free_port(), free_port()
+    env = stack.env(port, admin_port)  # the proxy ignores the storage variables
+    env["KAFSCALE_ROUTING__EXPOSE_OWNERS"] = str(expose_owners).lower()
     proxy = BrokerProcess(
-        env=stack.env(port, admin_port),  # the proxy ignores the storage variables
+        env=env,
         log_path=stack.workdir / "proxy.log",
         port=port,
         admin_port=admin_port,
@@ -154,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     with Stack(broker_env={"KAFSCALE_LOG__FLUSH_INTERVAL_MS": "100"}) as stack:
         brokers = [stack.start_broker() for _ in range(args.brokers)]
-        proxy = start_proxy(stack)
+        proxy = start_proxy(stack, args.expose_owners)
         direct = ",".join(b.bootstrap for b in brokers)
         paths = {"direct": direct, "proxy": proxy.bootstrap}
         topic = "bench-proxy"
@@ -170,7 +177,7 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"{args.brokers} brokers, {args.partitions} partitions "
             f"({[len(b.owned()) for b in brokers]} each), {args.record_bytes} B records, "
-            f"acks=all, linger.ms={args.linger_ms}"
+            f"acks=all, linger.ms={args.linger_ms}, proxy expose_owners={args.expose_owners}"
         )
 
         rounds: dict[str, list[Round]] = {"direct": [], "proxy": []}

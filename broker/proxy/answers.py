@@ -25,12 +25,28 @@ AUTHORIZED_OPERATIONS_OMITTED = -2147483648
 
 @dataclass(frozen=True, slots=True)
 class Identity:
-    """The one broker clients see."""
+    """The one broker clients see (or, with ``expose_owners``, the owners' ids, all at the
+    proxy's address)."""
 
     node_id: int
     host: str
     port: int
     cluster: str
+    expose_owners: bool = False
+
+
+def node_ids(routes: RoutingTable, me: Identity) -> list[int]:
+    """The broker ids Metadata lists, every one at the proxy's address."""
+    if me.expose_owners and routes.view.brokers:
+        return sorted(routes.view.brokers)
+    return [me.node_id]
+
+
+def leader_id(owner: int, me: Identity) -> int:
+    """The leader Metadata names for a partition owned by ``owner`` (-1: none)."""
+    if owner < 0:
+        return -1
+    return owner if me.expose_owners else me.node_id
 
 
 def api_versions() -> Body:
@@ -59,9 +75,12 @@ def metadata(request: Any, routes: RoutingTable, me: Identity) -> Body:
         names = sorted(routes.view.topics)
     return {
         "throttle_time": 0,
-        "brokers": [{"node_id": me.node_id, "host": me.host, "port": me.port, "rack": None}],
+        "brokers": [
+            {"node_id": node, "host": me.host, "port": me.port, "rack": None}
+            for node in node_ids(routes, me)
+        ],
         "cluster_id": CLUSTER_ID_PREFIX + me.cluster,
-        "controller_id": me.node_id,
+        "controller_id": node_ids(routes, me)[0],
         "topics": [_topic(name, routes, me) for name in names],
         "cluster_authorized_operations": AUTHORIZED_OPERATIONS_OMITTED,
     }
@@ -73,8 +92,8 @@ def _topic(name: str, routes: RoutingTable, me: Identity) -> Body:
         return {"error_code": ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, "name": name, "partitions": []}
     partitions = []
     for p in range(info.partitions):
-        owned = routes.partition_owner((name, p)) >= 0
-        leader = me.node_id if owned else -1
+        leader = leader_id(routes.partition_owner((name, p)), me)
+        owned = leader >= 0
         partitions.append(
             {
                 "error_code": ErrorCode.NONE if owned else ErrorCode.LEADER_NOT_AVAILABLE,
@@ -126,14 +145,17 @@ def _coordinator(key: str, key_type: int, me: Identity) -> Body:
     }
 
 
-def describe_cluster(me: Identity) -> Body:
+def describe_cluster(routes: RoutingTable, me: Identity) -> Body:
     return {
         "throttle_time": 0,
         "error_code": ErrorCode.NONE,
         "error_message": None,
         "endpoint_type": 1,
         "cluster_id": CLUSTER_ID_PREFIX + me.cluster,
-        "controller_id": me.node_id,
-        "brokers": [{"broker_id": me.node_id, "host": me.host, "port": me.port, "rack": None}],
+        "controller_id": node_ids(routes, me)[0],
+        "brokers": [
+            {"broker_id": node, "host": me.host, "port": me.port, "rack": None}
+            for node in node_ids(routes, me)
+        ],
         "cluster_authorized_operations": AUTHORIZED_OPERATIONS_OMITTED,
     }

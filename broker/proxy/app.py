@@ -121,6 +121,7 @@ class Proxy:
                 listener.advertised(),
                 listener.advertised_port or self.server.port,
                 self.settings.cluster,
+                self.settings.routing.expose_owners,
             ),
         )
         routes = AdminRoutes(is_ready=self.is_ready, drain=_nothing, status=self.status)

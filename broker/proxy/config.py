@@ -84,6 +84,13 @@ class RoutingSettings(_Section):
         description="After a high-watermark change ends a long poll's wait, how long the owner "
         "may wait for the data it has not seen yet.",
     )
+    expose_owners: bool = Field(
+        False,
+        description="List every live broker's id in Metadata, each at the proxy's address, and "
+        "name the owner as a partition's leader: clients then send each owner's partitions in "
+        "requests of their own (no ack waits for the slowest of several owners), still only "
+        "to the proxy. Off: the proxy is the only broker, node listener.node_id.",
+    )
     max_buffered_bytes: int = Field(
         512 * 1024 * 1024,
         ge=1024 * 1024,

@@ -93,7 +93,7 @@ async def find_coordinator(r: ProxyRequest) -> Answer:
 
 
 async def describe_cluster(r: ProxyRequest) -> Answer:
-    return answers.describe_cluster(r.ctx.identity)
+    return answers.describe_cluster(r.ctx.forwarder.routes, r.ctx.identity)
 
 
 # --- split by partition owner ---------------------------------------------------------------

@@ -271,3 +271,23 @@ def test_proxy_is_ready_only_once_a_broker_is_registered(broker_cluster: BrokerC
     assert routes["ready"] and len(routes["brokers"]) == 1
     with socket.create_connection(("127.0.0.1", port), timeout=5):
         pass
+
+
+def test_expose_owners_lists_the_owners_at_the_proxy_address(proxied: Proxied, topic: str) -> None:
+    """With routing.expose_owners, Metadata names each partition's owner as its leader, every
+    broker at the proxy's address: clients split requests by owner, and still only ever
+    connect to the proxy."""
+    proxy = start_proxy(proxied.cluster, KAFSCALE_ROUTING__EXPOSE_OWNERS="true")
+    ck_create_topic(proxy.bootstrap, topic)
+    wait_spread(proxied, topic)
+    metadata = AdminClient({"bootstrap.servers": proxy.bootstrap}).list_topics(topic, 10)
+    live = {b.node_id for b in proxied.cluster.brokers if b.alive and b is not proxied.proxy}
+    live.discard(proxy.node_id)
+    assert set(metadata.brokers) == live
+    assert {(b.host, b.port) for b in metadata.brokers.values()} == {("127.0.0.1", proxy.port)}
+    leaders = {p.id: p.leader for p in metadata.topics[topic].partitions.values()}
+    assert leaders == proxied.owners(topic)
+    _, produce, consume = CLIENTS["confluent"]
+    records = make_records("expose-owners")
+    acked = produce(proxy.bootstrap, topic, records, "lz4")
+    check_round_trip(records, consume(proxy.bootstrap, topic, PARTITIONS, len(records)), acked)
