@@ -7,8 +7,9 @@ machine's drift hits both alike:
 
 * throughput: ``--records`` records as fast as the client pushes them; median of the rounds;
   target: proxied at least 85 % of direct;
-* latency: ``--latency-duration`` seconds paced at 1,000 records/s, each record's produce-to-ack
-  time; target: proxied p99 at most direct p99 + 5 ms;
+* latency: ``--latency-rounds`` rounds of ``--latency-duration`` seconds per path, alternating,
+  paced at 1,000 records/s, each record's produce-to-ack time; target: proxied p99 at most
+  direct p99 + 5 ms;
 * the proxy's CPU seconds per MiB it forwarded (from ``/proc``, over the proxied rounds).
 
 Prints figures; asserts nothing.
@@ -56,7 +57,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--records", type=int, default=150_000, help="per throughput round")
     parser.add_argument("--rounds", type=int, default=3, help="throughput rounds per path")
     parser.add_argument("--latency-rate", type=float, default=1000.0)
-    parser.add_argument("--latency-duration", type=float, default=10.0)
+    parser.add_argument("--latency-duration", type=float, default=5.0, help="per latency round")
+    parser.add_argument(
+        "--latency-rounds",
+        type=int,
+        default=4,
+        help="paced rounds per path, alternating direct and proxied (the machine's load varies)",
+    )
     parser.add_argument("--linger-ms", type=int, default=5)
     parser.add_argument(
         "--expose-owners",
@@ -194,7 +201,13 @@ def main(argv: list[str] | None = None) -> int:
                     f"{result.seconds:.2f} s = {result.mib_s(args.record_bytes):.1f} MiB/s "
                     f"({result.errors} errors)"
                 )
-        latency = {path: paced(args, bootstrap, topic, path) for path, bootstrap in paths.items()}
+        latency = {path: Round(path) for path in paths}
+        for _ in range(args.latency_rounds):
+            for path, bootstrap in paths.items():
+                result = paced(args, bootstrap, topic, path)
+                latency[path].records += result.records
+                latency[path].errors += result.errors
+                latency[path].latencies_s += result.latencies_s
         report(args, rounds, latency, proxy_cpu_s, proxy)
     return 0
 
@@ -216,7 +229,10 @@ def report(
     print("\nthroughput (median of rounds)")
     print(f"  direct {rate['direct']:.1f} MiB/s, proxy {rate['proxy']:.1f} MiB/s")
     print(f"  proxy / direct = {share:.0%}  (target >= 85 %)  {verdict(share >= 0.85)}")
-    print(f"\nlatency at {args.latency_rate:.0f} records/s for {args.latency_duration:.0f} s")
+    print(
+        f"\nlatency at {args.latency_rate:.0f} records/s, {args.latency_rounds} rounds of "
+        f"{args.latency_duration:.0f} s per path, alternating"
+    )
     for path, r in latency.items():
         print(
             f"  {path:6s}: p50 {p50[path]:.1f} ms, p99 {p99[path]:.1f} ms "

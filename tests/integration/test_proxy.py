@@ -2,9 +2,9 @@
 
 Clients only ever connect to the proxy. Topics have three partitions and the three brokers own
 one each, so every produce and fetch of more than one partition is split across brokers by the
-proxy and merged back. kafka-python, aiokafka, confluent-kafka and kcat produce (idempotent,
-every codec) and read back everything; kafka-python fetches with incremental fetch sessions,
-which the proxy keeps itself. Metadata names the proxy as the only broker, with the partitions'
+proxy and merged back. kafka-python, aiokafka, confluent-kafka, kcat and the official Java
+client produce (idempotent, every codec) and read back everything; kafka-python and the Java
+client fetch with incremental fetch sessions, which the proxy keeps itself. Metadata names the proxy as the only broker, with the partitions'
 real leader epochs; bad input gets the answers the broker gives; the proxy fails closed without
 etcd and is ready only once it can route.
 """
@@ -21,6 +21,7 @@ from collections.abc import Iterator
 import pytest
 from confluent_kafka.admin import AdminClient
 from harness.brokers import BrokerCluster, BrokerProcess
+from harness.java_client import java_consume, java_produce
 from harness.kafka_wire import KafkaWire, correlation_id_of, request_header, uvarint
 from harness.proxy import proxy_env, start_proxy
 from harness.s3 import S3Endpoint
@@ -291,3 +292,23 @@ def test_expose_owners_lists_the_owners_at_the_proxy_address(proxied: Proxied, t
     records = make_records("expose-owners")
     acked = produce(proxy.bootstrap, topic, records, "lz4")
     check_round_trip(records, consume(proxy.bootstrap, topic, PARTITIONS, len(records)), acked)
+
+
+@pytest.mark.parametrize("codec", CODECS)
+def test_java_client_round_trip_through_proxy(proxied: Proxied, topic: str, codec: str) -> None:
+    """The official Java client (idempotent producer; a consumer group, which fetches with
+    incremental sessions) through the proxy."""
+    ck_create_topic(proxied.bootstrap, topic)
+    wait_spread(proxied, topic)
+    count = 30
+    acked = java_produce(proxied.bootstrap, topic, PARTITIONS, count, codec)
+    assert [p for p, _ in acked] == [i % PARTITIONS for i in range(count)]
+    for partition in range(PARTITIONS):
+        offsets = [o for p, o in acked if p == partition]
+        assert offsets == list(range(len(offsets)))
+    consumed = java_consume(proxied.bootstrap, topic, f"java-{topic}", count)
+    assert len(consumed) == count
+    by_key = {key: (partition, offset, value) for partition, offset, key, value in consumed}
+    for i in range(count):
+        assert by_key[f"key-{i}"] == (i % PARTITIONS, acked[i][1], f"java-{i}|" * 20)
+    check_stored_batches(proxied.bootstrap, topic, codec)
