@@ -145,6 +145,7 @@ def _cmd_proxy(args: argparse.Namespace) -> int:
 
 async def _serve_proxy(settings: ProxySettings) -> None:
     proxy = await Proxy.start(settings)
+    freeze_startup_objects()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGINT, signal.SIGTERM):

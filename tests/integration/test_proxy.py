@@ -4,9 +4,10 @@ Clients only ever connect to the proxy. Topics have three partitions and the thr
 one each, so every produce and fetch of more than one partition is split across brokers by the
 proxy and merged back. kafka-python, aiokafka, confluent-kafka, kcat and the official Java
 client produce (idempotent, every codec) and read back everything; kafka-python and the Java
-client fetch with incremental fetch sessions, which the proxy keeps itself. Metadata names the proxy as the only broker, with the partitions'
-real leader epochs; bad input gets the answers the broker gives; the proxy fails closed without
-etcd and is ready only once it can route.
+client fetch with incremental fetch sessions, which the proxy keeps itself. acks=0 produces get
+no answer. Metadata names the proxy as the only broker, with the partitions' real leader epochs;
+bad input gets the answers the broker gives; the proxy fails closed without etcd and is ready
+only once it can route.
 """
 
 from __future__ import annotations
@@ -20,9 +21,19 @@ from collections.abc import Iterator
 
 import pytest
 from confluent_kafka.admin import AdminClient
+from harness.batches import make_batch
 from harness.brokers import BrokerCluster, BrokerProcess
 from harness.java_client import java_consume, java_produce
-from harness.kafka_wire import KafkaWire, correlation_id_of, request_header, uvarint
+from harness.kafka_wire import (
+    KafkaWire,
+    batches_in,
+    correlation_id_of,
+    fetch_body,
+    fetch_partition,
+    produce_body,
+    request_header,
+    uvarint,
+)
 from harness.proxy import proxy_env, start_proxy
 from harness.s3 import S3Endpoint
 from integration.test_bad_input import (
@@ -312,3 +323,23 @@ def test_java_client_round_trip_through_proxy(proxied: Proxied, topic: str, code
     for i in range(count):
         assert by_key[f"key-{i}"] == (i % PARTITIONS, acked[i][1], f"java-{i}|" * 20)
     check_stored_batches(proxied.bootstrap, topic, codec)
+
+
+def test_acks_zero_is_forwarded_without_an_answer(proxied: Proxied, topic: str) -> None:
+    """An acks=0 produce gets no response (the next answer on the connection is the next
+    request's), and its records arrive."""
+    ck_create_topic(proxied.bootstrap, topic)
+    wait_spread(proxied, topic)
+    with KafkaWire(proxied.bootstrap) as wire:
+        batch = make_batch(0, [b"fire-and-forget"])
+        wire.send(0, 9, produce_body(topic, 1, batch, acks=0))
+        sent = wire.send(18, 3, {"client_software_name": "t", "client_software_version": "1"})
+        received, response = wire.recv(18, 3)
+        assert (received, response.error_code) == (sent, ErrorCode.NONE)
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            fetched = fetch_partition(wire.request(1, 12, fetch_body(topic, 1, 0)))
+            if fetched.records:
+                break
+            time.sleep(0.1)
+    assert len(batches_in(fetched.records)) == 1
