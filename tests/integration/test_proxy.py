@@ -102,7 +102,7 @@ def topic(request: pytest.FixtureRequest) -> str:
     return f"p-{request.node.name[:40].translate(str.maketrans('[]', '--'))}-{uuid.uuid4().hex[:6]}"
 
 
-def wait_spread(proxied: Proxied, topic: str, timeout_s: float = 20) -> None:
+def wait_spread(proxied: Proxied, topic: str, timeout_s: float = 60) -> None:
     """Until the topic's partitions are owned by three different brokers (as routed)."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:

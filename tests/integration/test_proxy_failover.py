@@ -128,7 +128,7 @@ def test_planned_drain_behind_the_proxy_costs_clients_no_error(
     brokers, proxy = start_cluster(broker_cluster, 3)
     topic, group = "drained", "drained-group"
     create_topic(proxy.bootstrap, topic)
-    wait_for(lambda: len(set(routed_owners(proxy, topic).values())) == 3, 30, "spread")
+    wait_for(lambda: len(set(routed_owners(proxy, topic).values())) == 3, 60, "spread")
     consumer_errors: list[str] = []
     member = ConfluentMember(
         "member",
@@ -140,7 +140,7 @@ def test_planned_drain_behind_the_proxy_costs_clients_no_error(
     feed = Feed(proxy.bootstrap, topic)
     with running(member):
         feed.start()
-        wait_for(lambda: len(member.consumed) > 200, 40, "consuming")
+        wait_for(lambda: len(member.consumed) > 200, 90, "consuming")
         victim = next(b for b in brokers if b.node_id in set(routed_owners(proxy, topic).values()))
         moved = [p for p, owner in routed_owners(proxy, topic).items() if owner == victim.node_id]
         assert victim.stop() == 0  # SIGTERM: the planned drain
@@ -150,9 +150,9 @@ def test_planned_drain_behind_the_proxy_costs_clients_no_error(
             "routes moved off the drained broker",
         )
         at_drain = len(member.consumed)
-        wait_for(lambda: len(member.consumed) > at_drain + 400, 40, "consuming after the drain")
+        wait_for(lambda: len(member.consumed) > at_drain + 400, 90, "consuming after the drain")
         feed.stop()
-        wait_for(lambda: set(member.values()) >= set(feed.acked), 40, "every acked record read")
+        wait_for(lambda: set(member.values()) >= set(feed.acked), 90, "every acked record read")
     assert feed.errors == [], feed.errors[:5]
     assert consumer_errors == [], consumer_errors[:5]
     assert member.errors == [], member.errors[:5]
@@ -177,11 +177,11 @@ def test_group_through_proxy_survives_drain_kill_and_restart(
     ]
     feed.start()
     with running(*members):
-        wait_for(lambda: split_evenly(members), 45, "the group formed")
+        wait_for(lambda: split_evenly(members), 90, "the group formed")
 
         def carry_on(more: int, what: str) -> None:
             now = sum(len(m.consumed) for m in members)
-            wait_for(lambda: sum(len(m.consumed) for m in members) > now + more, 60, what)
+            wait_for(lambda: sum(len(m.consumed) for m in members) > now + more, 90, what)
 
         carry_on(200, "consuming")
         drained, killed = brokers[0], brokers[1]
