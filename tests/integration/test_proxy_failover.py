@@ -146,7 +146,7 @@ def test_planned_drain_behind_the_proxy_costs_clients_no_error(
         assert victim.stop() == 0  # SIGTERM: the planned drain
         wait_for(
             lambda: all(routed_owners(proxy, topic)[p] != victim.node_id for p in moved),
-            10,
+            30,
             "routes moved off the drained broker",
         )
         at_drain = len(member.consumed)
