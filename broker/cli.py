@@ -1,4 +1,5 @@
-"""The ``kafscale`` command: ``broker``, ``local``, ``operator``, ``drain``, ``config-reference``.
+"""The ``kafscale`` command: ``broker``, ``proxy``, ``local``, ``operator``, ``drain``,
+``config-reference``.
 
 One image runs every component; the subcommand picks which.
 """
@@ -20,8 +21,11 @@ from kafscale.broker.app import Broker, StartupError
 from kafscale.broker.config import BrokerSettings
 from kafscale.broker.local import LocalOptions, run_local
 from kafscale.broker.memory import freeze_startup_objects, tune_allocator
+from kafscale.broker.proxy.app import Proxy
+from kafscale.broker.proxy.config import ProxySettings
 from kafscale.broker.settings_cli import (
     add_settings_flags,
+    build_model,
     build_settings,
     config_reference_markdown,
     overrides_from_args,
@@ -39,6 +43,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     handler = {
         "broker": _cmd_broker,
+        "proxy": _cmd_proxy,
         "local": _cmd_local,
         "operator": _cmd_operator,
         "drain": _cmd_drain,
@@ -52,10 +57,22 @@ def _parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command")
     broker = commands.add_parser("broker", help="run one broker (configured by env and flags)")
     add_settings_flags(broker)
+    proxy = commands.add_parser(
+        "proxy", help="run the lease-aware proxy: one Kafka endpoint in front of the brokers"
+    )
+    add_settings_flags(proxy, ProxySettings)
     local = commands.add_parser("local", help="run a whole cluster on this machine")
     local.add_argument("--data-dir", type=Path, default=Path("data"), help="where data lives")
     local.add_argument("--brokers", type=int, default=1, help="number of brokers")
-    local.add_argument("--port", type=int, default=9092, help="first broker's Kafka port")
+    local.add_argument(
+        "--port",
+        type=int,
+        default=9092,
+        help="first broker's Kafka port (with --proxy: the proxy's, brokers on the next ports)",
+    )
+    local.add_argument(
+        "--proxy", action="store_true", help="put the lease-aware proxy in front of the brokers"
+    )
     local.add_argument("--host", default="127.0.0.1", help="address the brokers bind to")
     local.add_argument("--s3-endpoint", default=None, help="use this S3 endpoint, not a dir")
     local.add_argument("--bucket", default=None, help="S3 bucket (with --s3-endpoint)")
@@ -73,7 +90,7 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _setup_logging(settings: BrokerSettings) -> None:
+def _setup_logging(settings: BrokerSettings | ProxySettings) -> None:
     logging.basicConfig(
         level=settings.log_level.upper(),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
@@ -116,13 +133,36 @@ async def _serve_broker(settings: BrokerSettings) -> None:
         await broker.shutdown()
 
 
+def _cmd_proxy(args: argparse.Namespace) -> int:
+    try:
+        settings = build_model(ProxySettings, overrides_from_args(args, ProxySettings))
+    except ValidationError as exc:
+        print(f"kafscale: invalid configuration:\n{exc}", file=sys.stderr)
+        return 2
+    _setup_logging(settings)
+    return _run(_serve_proxy(settings))
+
+
+async def _serve_proxy(settings: ProxySettings) -> None:
+    proxy = await Proxy.start(settings)
+    freeze_startup_objects()
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, stop.set)
+    try:
+        await stop.wait()
+    finally:
+        await proxy.shutdown()
+
+
 def _cmd_local(args: argparse.Namespace) -> int:
     settings = _load_settings(args)
     if settings is None:
         return 2
     _setup_logging(settings)
     tune_allocator()
-    options = LocalOptions(args.data_dir, args.brokers, args.port, args.host)
+    options = LocalOptions(args.data_dir, args.brokers, args.port, args.host, args.proxy)
     return _run(run_local(settings, options))
 
 

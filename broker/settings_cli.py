@@ -1,4 +1,5 @@
-"""Command-line flags and the configuration reference, both derived from ``BrokerSettings``.
+"""Command-line flags and the configuration reference, both derived from a settings model
+(``BrokerSettings`` for brokers and ``kafscale local``, ``ProxySettings`` for the proxy).
 
 Every field of the settings model becomes a flag (``listener.port`` → ``--listener-port``) and
 an environment variable (``KAFSCALE_LISTENER__PORT``), so the two can never drift apart.
@@ -9,14 +10,16 @@ from __future__ import annotations
 import argparse
 import json
 from collections.abc import Iterator
-from typing import Any, get_origin
+from typing import Any, TypeVar, get_origin
 
 from pydantic import BaseModel
 from pydantic.fields import FieldInfo
+from pydantic_settings import BaseSettings
 
 from kafscale.broker.config import BrokerSettings
 
 ENV_PREFIX = "KAFSCALE_"
+S = TypeVar("S", bound=BaseSettings)
 
 
 def iter_fields(
@@ -38,9 +41,11 @@ def env_name(path: tuple[str, ...]) -> str:
     return ENV_PREFIX + "__".join(part.upper() for part in path)
 
 
-def add_settings_flags(parser: argparse.ArgumentParser) -> None:
-    group = parser.add_argument_group("broker settings (also KAFSCALE_* environment variables)")
-    for path, info in iter_fields(BrokerSettings):
+def add_settings_flags(
+    parser: argparse.ArgumentParser, model: type[BaseSettings] = BrokerSettings
+) -> None:
+    group = parser.add_argument_group("settings (also KAFSCALE_* environment variables)")
+    for path, info in iter_fields(model):
         group.add_argument(
             flag_name(path),
             dest="setting:" + ".".join(path),
@@ -50,9 +55,11 @@ def add_settings_flags(parser: argparse.ArgumentParser) -> None:
         )
 
 
-def overrides_from_args(args: argparse.Namespace) -> dict[str, Any]:
-    """Nested keyword arguments for BrokerSettings from the flags that were given."""
-    lists = list_fields()
+def overrides_from_args(
+    args: argparse.Namespace, model: type[BaseSettings] = BrokerSettings
+) -> dict[str, Any]:
+    """Nested keyword arguments for the settings model from the flags that were given."""
+    lists = list_fields(model)
     overrides: dict[str, Any] = {}
     for dest, value in vars(args).items():
         if not dest.startswith("setting:") or value is None:
@@ -65,12 +72,10 @@ def overrides_from_args(args: argparse.Namespace) -> dict[str, Any]:
     return overrides
 
 
-def list_fields() -> set[tuple[str, ...]]:
+def list_fields(model: type[BaseSettings] = BrokerSettings) -> set[tuple[str, ...]]:
     """Paths of the settings that hold several values (etcd endpoints)."""
     return {
-        path
-        for path, info in iter_fields(BrokerSettings)
-        if get_origin(info.annotation) in (list, tuple)
+        path for path, info in iter_fields(model) if get_origin(info.annotation) in (list, tuple)
     }
 
 
@@ -86,10 +91,14 @@ def parse_flag_value(raw: str, *, is_list: bool) -> Any:
 
 def build_settings(overrides: dict[str, Any]) -> BrokerSettings:
     """Flags win over the environment, which wins over defaults (sections merge)."""
-    from_env = BrokerSettings()
-    merged = from_env.model_dump()
+    return build_model(BrokerSettings, overrides)
+
+
+def build_model(model: type[S], overrides: dict[str, Any]) -> S:
+    """``model`` from the environment with ``overrides`` (from flags) on top."""
+    merged = model().model_dump()
     _deep_merge(merged, overrides)
-    return BrokerSettings.model_validate(merged)
+    return model.model_validate(merged)
 
 
 def _deep_merge(base: dict[str, Any], extra: dict[str, Any]) -> None:
@@ -100,12 +109,12 @@ def _deep_merge(base: dict[str, Any], extra: dict[str, Any]) -> None:
             base[key] = value
 
 
-def config_reference_markdown() -> str:
+def config_reference_markdown(model: type[BaseSettings] = BrokerSettings) -> str:
     lines = [
         "| environment variable | flag | default | meaning |",
         "|---|---|---|---|",
     ]
-    for path, info in iter_fields(BrokerSettings):
+    for path, info in iter_fields(model):
         default = info.default
         shown = getattr(default, "value", default)
         if isinstance(shown, tuple):
@@ -118,6 +127,17 @@ def config_reference_markdown() -> str:
     return "\n".join(lines)
 
 
+def full_reference_markdown() -> str:
+    """The README's reference: the broker's settings, then the proxy's."""
+    from kafscale.broker.proxy.config import ProxySettings
+
+    return (
+        f"{config_reference_markdown()}\n\n"
+        "`kafscale proxy` reads these (same variables and flags, its own defaults):\n\n"
+        f"{config_reference_markdown(ProxySettings)}"
+    )
+
+
 README_START = "<!-- config-reference:start -->"
 README_END = "<!-- config-reference:end -->"
 
@@ -126,4 +146,4 @@ def update_readme(text: str) -> str:
     """``text`` with the part between the config-reference markers regenerated."""
     start = text.index(README_START) + len(README_START)
     end = text.index(README_END)
-    return f"{text[:start]}\n{config_reference_markdown()}\n{text[end:]}"
+    return f"{text[:start]}\n{full_reference_markdown()}\n{text[end:]}"

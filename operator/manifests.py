@@ -325,12 +325,28 @@ def build_proxy_deployment(ref: ClusterRef, spec: KafScaleClusterSpec) -> Manife
         "image": spec.image,
         "imagePullPolicy": spec.image_pull_policy,
         "args": ["proxy"],
-        "ports": [{"name": "kafka", "containerPort": naming.KAFKA_PORT, "protocol": "TCP"}],
+        "ports": [
+            {"name": "kafka", "containerPort": naming.KAFKA_PORT, "protocol": "TCP"},
+            {"name": "admin", "containerPort": naming.ADMIN_PORT, "protocol": "TCP"},
+        ],
+        # The cluster and etcd variables the brokers get (the proxy ignores the rest).
         "envFrom": [{"configMapRef": {"name": naming.config_map_name(ref.name)}}],
-        "env": _pod_env(spec)[:1],  # the pod name; the proxy needs no storage credentials
+        "env": [
+            *_pod_env(spec)[:1],  # the pod name; the proxy needs no storage credentials
+            *proxy_environment(ref),
+        ],
         "resources": _resources(spec.proxy.resources, DEFAULT_PROXY_RESOURCES),
-        "readinessProbe": {"tcpSocket": {"port": "kafka"}, "periodSeconds": 5},
-        "livenessProbe": {"tcpSocket": {"port": "kafka"}, "periodSeconds": 10},
+        # Ready once its routing tables are loaded from etcd and some broker is registered.
+        "readinessProbe": {
+            "httpGet": {"path": "/readyz", "port": "admin"},
+            "periodSeconds": 5,
+            "failureThreshold": 2,
+        },
+        "livenessProbe": {
+            "httpGet": {"path": "/healthz", "port": "admin"},
+            "periodSeconds": 10,
+            "failureThreshold": 3,
+        },
         "securityContext": container_security_context(),
         "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}],
     }
@@ -339,7 +355,7 @@ def build_proxy_deployment(ref: ClusterRef, spec: KafScaleClusterSpec) -> Manife
         "kind": "Deployment",
         "metadata": _metadata(ref, name, naming.PROXY),
         "spec": {
-            "replicas": spec.proxy.replicas,
+            **({} if spec.proxy.autoscaled else {"replicas": spec.proxy.replicas}),
             "selector": {"matchLabels": naming.selector_labels(ref.name, naming.PROXY)},
             "template": {
                 "metadata": {
@@ -355,6 +371,27 @@ def build_proxy_deployment(ref: ClusterRef, spec: KafScaleClusterSpec) -> Manife
                     **_spread(ref, naming.PROXY),
                 },
             },
+        },
+    }
+
+
+def proxy_environment(ref: ClusterRef) -> list[dict[str, str]]:
+    """Every proxy replica advertises the proxy's Service: clients may reach any of them."""
+    host = naming.service_host(naming.proxy_name(ref.name), ref.namespace)
+    return [
+        {"name": "KAFSCALE_LISTENER__ADVERTISED_HOST", "value": host},
+        {"name": "KAFSCALE_LISTENER__ADVERTISED_PORT", "value": str(naming.KAFKA_PORT)},
+    ]
+
+
+def build_proxy_pdb(ref: ClusterRef, spec: KafScaleClusterSpec) -> Manifest:
+    return {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": _metadata(ref, naming.proxy_name(ref.name), naming.PROXY),
+        "spec": {
+            "maxUnavailable": 1,
+            "selector": {"matchLabels": naming.selector_labels(ref.name, naming.PROXY)},
         },
     }
 
@@ -547,7 +584,11 @@ def build_cluster_objects(ref: ClusterRef, spec: KafScaleClusterSpec) -> list[Ma
     if spec.autoscaling.enabled:
         objects.append(build_broker_hpa(ref, spec))
     if spec.proxy.enabled:
-        objects += [build_proxy_deployment(ref, spec), build_proxy_service(ref, spec)]
+        objects += [
+            build_proxy_deployment(ref, spec),
+            build_proxy_service(ref, spec),
+            build_proxy_pdb(ref, spec),
+        ]
     return objects
 
 
@@ -569,6 +610,7 @@ def all_object_ids(ref: ClusterRef) -> list[ObjectId]:
         ("autoscaling/v2", "HorizontalPodAutoscaler", naming.broker_hpa_name(name)),
         ("apps/v1", "Deployment", naming.proxy_name(name)),
         ("v1", "Service", naming.proxy_name(name)),
+        ("policy/v1", "PodDisruptionBudget", naming.proxy_name(name)),
     ]
 
 

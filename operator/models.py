@@ -116,6 +116,11 @@ class ProxySpec(_Model):
         default=False, description="Run the lease-aware proxy as the bootstrap endpoint."
     )
     replicas: int = Field(default=2, ge=1, le=100, description="Number of proxy pods.")
+    autoscaled: bool = Field(
+        default=False,
+        description="A HorizontalPodAutoscaler of yours owns the proxy Deployment's replicas "
+        "(see deploy/proxy-hpa.yaml): the operator then never writes them.",
+    )
     service_type: ServiceType = Field(
         default=ServiceType.CLUSTER_IP, description="Service type of the proxy's client endpoint."
     )

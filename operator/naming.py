@@ -107,6 +107,8 @@ def etcd_endpoints(ref: ClusterRef, spec: KafScaleClusterSpec) -> list[str]:
     return [f"http://{host}:{ETCD_CLIENT_PORT}"]
 
 
-def bootstrap_address(ref: ClusterRef, spec: KafScaleClusterSpec) -> str:
-    service = proxy_name(ref.name) if spec.proxy.enabled else broker_service_name(ref.name)
+def bootstrap_address(ref: ClusterRef, spec: KafScaleClusterSpec, proxy_ready: bool = True) -> str:
+    """The proxy's Service when the proxy is enabled and ready, else the brokers' Service."""
+    use_proxy = spec.proxy.enabled and proxy_ready
+    service = proxy_name(ref.name) if use_proxy else broker_service_name(ref.name)
     return f"{service_host(service, ref.namespace)}:{KAFKA_PORT}"

@@ -69,6 +69,9 @@ async def observe_cluster(
     deployment = await kube.get(
         "apps/v1", "Deployment", ref.namespace, naming.broker_deployment_name(ref.name)
     )
+    proxy = None
+    if spec.proxy.enabled:
+        proxy = await kube.get("apps/v1", "Deployment", ref.namespace, naming.proxy_name(ref.name))
     statefulset = None
     if spec.etcd.mode == EtcdMode.MANAGED:
         statefulset = await kube.get(
@@ -86,6 +89,7 @@ async def observe_cluster(
         etcd_error = str(exc)
     return ClusterObservation(
         broker_deployment=deployment,
+        proxy_deployment=proxy,
         etcd_statefulset=statefulset,
         apply_error=runtime.apply_errors.get((ref.namespace, ref.name)),
         etcd_error=etcd_error,

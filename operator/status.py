@@ -73,6 +73,7 @@ class ClusterObservation:
     """What one reconcile round saw."""
 
     broker_deployment: dict[str, Any] | None = None  # the live Deployment object
+    proxy_deployment: dict[str, Any] | None = None  # the proxy's, when the proxy is enabled
     etcd_statefulset: dict[str, Any] | None = None  # the live StatefulSet (managed etcd)
     spec_error: str | None = None  # the spec cannot be built (unknown config key...)
     apply_error: str | None = None  # the API server refused an object
@@ -100,6 +101,11 @@ def _deployment_counts(deployment: dict[str, Any] | None) -> tuple[int, int, int
         observed,
         stalled,
     )
+
+
+def proxy_ready(deployment: dict[str, Any] | None) -> bool:
+    """Whether some proxy pod passes its readiness probe (routes loaded, a broker known)."""
+    return _deployment_counts(deployment)[1] > 0
 
 
 def desired_brokers(spec: KafScaleClusterSpec, deployment: dict[str, Any] | None) -> int:
@@ -208,7 +214,7 @@ def compute_cluster_status(
             selector=naming.label_selector(ref.name, naming.BROKER),
             registered=observed.registered_brokers or 0,
         ),
-        bootstrap=naming.bootstrap_address(ref, spec),
+        bootstrap=naming.bootstrap_address(ref, spec, proxy_ready(observed.proxy_deployment)),
         cluster_name=naming.kafscale_cluster_name(ref, spec),
         leases=observed.leases,
     )

@@ -120,8 +120,15 @@ def encode_response(
     return bytes(frame)
 
 
-def encode_request(api_key: int, api_version: int, correlation_id: int, body: Any) -> bytes:
-    """A request frame; used by tests and tools that speak to a broker directly."""
+def encode_request(
+    api_key: int,
+    api_version: int,
+    correlation_id: int,
+    body: Any,
+    client_id: str | None = "kafscale",
+) -> bytes:
+    """A request frame; used by the proxy, and by tests and tools that speak to a broker
+    directly. The proxy passes its client's ``client_id`` on (group members are named by it)."""
     schema = request_schema(api_key, api_version)
     entity = body if isinstance(body, schema) else build_entity(schema, body)
     header_schema = schema.__header_schema__
@@ -131,7 +138,7 @@ def encode_request(api_key: int, api_version: int, correlation_id: int, body: An
         request_api_key=api_key,
         request_api_version=api_version,
         correlation_id=correlation_id,
-        client_id="kafscale",
+        client_id=client_id,
     )
     entity_writer(header_schema)(buffer, header)
     entity_writer(schema)(buffer, entity)

@@ -288,3 +288,44 @@ def test_unknown_config_key_fails_the_build() -> None:
     spec = parse_cluster_spec({**BASE, "brokers": {"config": {"log.typo": "1"}}})
     with pytest.raises(InvalidBrokerConfig):
         manifests.build_cluster_objects(REF, spec)
+
+
+def test_proxy_pods_probe_readiness_and_advertise_the_service(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The proxy Deployment is ready only when ``/readyz`` says so (routes loaded), has a PDB,
+    and its pods' configuration (the brokers' ConfigMap plus their own variables) is one the
+    proxy accepts, advertising the proxy's Service."""
+    from kafscale.broker.proxy.config import ProxySettings
+
+    spec = spec_of("everything")
+    objects = manifests.build_cluster_objects(REF, spec)
+    container = by_kind(objects, "Deployment", "demo-proxy")["spec"]["template"]["spec"][
+        "containers"
+    ][0]
+    assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "admin"}
+    assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "admin"}
+    assert {"name": "admin", "containerPort": naming.ADMIN_PORT, "protocol": "TCP"} in container[
+        "ports"
+    ]
+    pdb = by_kind(objects, "PodDisruptionBudget", "demo-proxy")
+    assert pdb["spec"]["selector"]["matchLabels"] == naming.selector_labels("demo", naming.PROXY)
+    env = {**manifests.broker_environment(REF, spec)}
+    env.update({e["name"]: e["value"] for e in container["env"] if "value" in e})
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    settings = ProxySettings()
+    assert settings.listener.advertised() == "demo-proxy.kafka.svc"
+    assert settings.listener.advertised_port == naming.KAFKA_PORT
+    assert settings.listener.admin_port == naming.ADMIN_PORT
+    assert list(settings.etcd.endpoints) == naming.etcd_endpoints(REF, spec)
+    assert settings.cluster == naming.kafscale_cluster_name(REF, spec)
+
+
+def test_autoscaled_proxy_leaves_replicas_to_the_hpa() -> None:
+    raw = {
+        "storage": {"bucket": "bucket-1"},
+        "proxy": {"enabled": True, "replicas": 3, "autoscaled": True},
+    }
+    objects = manifests.build_cluster_objects(REF, parse_cluster_spec(raw))
+    assert "replicas" not in by_kind(objects, "Deployment", "demo-proxy")["spec"]

@@ -364,3 +364,22 @@ def test_topic_record_round_trip() -> None:
         "partitions": 7,
         "configs": {"cleanup.policy": "delete"},
     }
+
+
+def test_bootstrap_names_the_proxy_only_while_it_is_ready() -> None:
+    spec = parse_cluster_spec(
+        {
+            "storage": {"bucket": "bucket-1"},
+            "etcd": {"mode": "External", "endpoints": ["http://e:1"]},
+            "proxy": {"enabled": True, "replicas": 2},
+        }
+    )
+    brokers = deployment(3, 3, 3)
+
+    def bootstrap(proxy: dict[str, Any] | None) -> str | None:
+        observed = ClusterObservation(broker_deployment=brokers, proxy_deployment=proxy)
+        return compute_cluster_status(REF, spec, observed, [], now=T0).bootstrap
+
+    assert bootstrap(None) == "demo-brokers.kafka.svc:9092"
+    assert bootstrap(deployment(2, 0, 2)) == "demo-brokers.kafka.svc:9092"
+    assert bootstrap(deployment(2, 1, 2)) == "demo-proxy.kafka.svc:9092"

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from kafscale.broker.settings_cli import config_reference_markdown
+from kafscale.broker.settings_cli import full_reference_markdown
 
 pytestmark = pytest.mark.unit
 
@@ -17,6 +17,6 @@ def test_readme_configuration_reference_is_current() -> None:
     text = README.read_text()
     start = text.index("<!-- config-reference:start -->") + len("<!-- config-reference:start -->")
     end = text.index("<!-- config-reference:end -->")
-    assert text[start:end].strip() == config_reference_markdown().strip(), (
+    assert text[start:end].strip() == full_reference_markdown().strip(), (
         "README is stale: run `kafscale config-reference --update README.md`"
     )

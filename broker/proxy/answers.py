@@ -1,0 +1,161 @@
+"""What the proxy answers itself: ApiVersions, Metadata, FindCoordinator, DescribeCluster.
+
+To its clients the proxy is the whole cluster's only broker: Metadata lists the proxy alone and
+names it the leader of every partition that has a live owner, with the partition's real leader
+epoch (clients send it back in Fetch and ListOffsets, and the owners check it). Every replica of
+the proxy answers with the same node id and advertised address, so a client may be sent to any.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from kafscale.broker.api.dispatch import api_versions_body
+from kafscale.broker.api.metadata import CLUSTER_ID_PREFIX
+from kafscale.broker.api.table import API_TABLE
+from kafscale.broker.protocol.errors import ErrorCode
+from kafscale.broker.proxy.routes import RoutingTable
+
+Body = dict[str, Any]
+GROUP_KEY_TYPE = 0
+AUTHORIZED_OPERATIONS_OMITTED = -2147483648
+
+
+@dataclass(frozen=True, slots=True)
+class Identity:
+    """The one broker clients see (or, with ``expose_owners``, the owners' ids, all at the
+    proxy's address)."""
+
+    node_id: int
+    host: str
+    port: int
+    cluster: str
+    expose_owners: bool = False
+
+
+def node_ids(routes: RoutingTable, me: Identity) -> list[int]:
+    """The broker ids Metadata lists, every one at the proxy's address."""
+    if me.expose_owners and routes.view.brokers:
+        return sorted(routes.view.brokers)
+    return [me.node_id]
+
+
+def leader_id(owner: int, me: Identity) -> int:
+    """The leader Metadata names for a partition owned by ``owner`` (-1: none)."""
+    if owner < 0:
+        return -1
+    return owner if me.expose_owners else me.node_id
+
+
+def api_versions() -> Body:
+    """The brokers' own table: the proxy forwards every API they serve, at every version."""
+    return api_versions_body(API_TABLE)
+
+
+def requested_topic_names(request: Any, routes: RoutingTable) -> list[str] | None:
+    """The topics a Metadata request names (None: all), ids resolved through the view."""
+    if request.topics is None:
+        return None
+    by_id = routes.view.topics_by_id
+    names = []
+    for topic in request.topics:
+        topic_id = getattr(topic, "topic_id", None)
+        if topic.name:
+            names.append(topic.name)
+        elif topic_id is not None and topic_id.hex in by_id:
+            names.append(by_id[topic_id.hex].name)
+    return names
+
+
+def metadata(request: Any, routes: RoutingTable, me: Identity) -> Body:
+    names = requested_topic_names(request, routes)
+    if names is None:
+        names = sorted(routes.view.topics)
+    return {
+        "throttle_time": 0,
+        "brokers": [
+            {"node_id": node, "host": me.host, "port": me.port, "rack": None}
+            for node in node_ids(routes, me)
+        ],
+        "cluster_id": CLUSTER_ID_PREFIX + me.cluster,
+        "controller_id": node_ids(routes, me)[0],
+        "topics": [_topic(name, routes, me) for name in names],
+        "cluster_authorized_operations": AUTHORIZED_OPERATIONS_OMITTED,
+    }
+
+
+def _topic(name: str, routes: RoutingTable, me: Identity) -> Body:
+    info = routes.view.topics.get(name)
+    if info is None:
+        return {"error_code": ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, "name": name, "partitions": []}
+    partitions = []
+    for p in range(info.partitions):
+        leader = leader_id(routes.partition_owner((name, p)), me)
+        owned = leader >= 0
+        partitions.append(
+            {
+                "error_code": ErrorCode.NONE if owned else ErrorCode.LEADER_NOT_AVAILABLE,
+                "partition_index": p,
+                "leader_id": leader,
+                "leader_epoch": routes.leader_epoch((name, p)),
+                "replica_nodes": [leader] if owned else [],
+                "isr_nodes": [leader] if owned else [],
+                "offline_replicas": [],
+            }
+        )
+    return {
+        "error_code": ErrorCode.NONE,
+        "name": name,
+        "topic_id": uuid.UUID(hex=info.topic_id),
+        "is_internal": False,
+        "partitions": partitions,
+        "topic_authorized_operations": AUTHORIZED_OPERATIONS_OMITTED,
+    }
+
+
+def find_coordinator(request: Any, api_version: int, me: Identity) -> Body:
+    """The proxy coordinates every group (it forwards to the real coordinator)."""
+    key_type = int(getattr(request, "key_type", GROUP_KEY_TYPE))
+    if api_version >= 4:
+        entries = [_coordinator(key, key_type, me) for key in request.coordinator_keys]
+        return {"throttle_time": 0, "coordinators": entries}
+    entry = _coordinator(request.key, key_type, me)
+    return {"throttle_time": 0, **{k: v for k, v in entry.items() if k != "key"}}
+
+
+def _coordinator(key: str, key_type: int, me: Identity) -> Body:
+    if key_type != GROUP_KEY_TYPE:  # as the brokers answer
+        return {
+            "key": key,
+            "node_id": -1,
+            "host": "",
+            "port": -1,
+            "error_code": ErrorCode.INVALID_REQUEST,
+            "error_message": "transactions are not supported",
+        }
+    return {
+        "key": key,
+        "node_id": me.node_id,
+        "host": me.host,
+        "port": me.port,
+        "error_code": ErrorCode.NONE,
+        "error_message": None,
+    }
+
+
+def describe_cluster(routes: RoutingTable, me: Identity) -> Body:
+    return {
+        "throttle_time": 0,
+        "error_code": ErrorCode.NONE,
+        "error_message": None,
+        "endpoint_type": 1,
+        "cluster_id": CLUSTER_ID_PREFIX + me.cluster,
+        "controller_id": node_ids(routes, me)[0],
+        "brokers": [
+            {"broker_id": node, "host": me.host, "port": me.port, "rack": None}
+            for node in node_ids(routes, me)
+        ],
+        "cluster_authorized_operations": AUTHORIZED_OPERATIONS_OMITTED,
+    }

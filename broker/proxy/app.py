@@ -1,0 +1,188 @@
+"""The proxy process: etcd watches, the Kafka listener, the admin endpoint, and their order.
+
+Start-up fails closed: etcd must answer (the proxy has nothing to route by without it) and the
+listener must bind. ``/readyz`` turns ready once the routing tables are loaded and some broker
+is registered; ``GET /status`` shows the routes, the upstream connections and the retries.
+Shutdown: report not ready, stop accepting, let requests in flight finish under the grace
+period, then close upstream connections and the watches.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+from kafscale.broker.admin_http import AdminRoutes, AdminServer
+from kafscale.broker.api.fetch_sessions import FetchSessionCache
+from kafscale.broker.app import StartupError
+from kafscale.broker.metadata.etcd import Etcd, MetadataUnavailable
+from kafscale.broker.protocol.framing import FrameProtocol
+from kafscale.broker.proxy.answers import Identity
+from kafscale.broker.proxy.config import ProxySettings
+from kafscale.broker.proxy.dispatch import ProxyDispatcher
+from kafscale.broker.proxy.forward import Forwarder
+from kafscale.broker.proxy.handlers import ProxyContext
+from kafscale.broker.proxy.routes import RoutingTable
+from kafscale.broker.proxy.upstream import UpstreamPool, UpstreamStats
+from kafscale.broker.server import ByteBudget, Connection, KafkaServer
+
+log = logging.getLogger(__name__)
+
+
+class ProxyServer(KafkaServer):
+    """The broker's listener and per-connection pipeline, with an upstream pool per client
+    connection (closed with it) and a proxy-wide bound on request bytes in flight."""
+
+    def __init__(self, proxy: Proxy, host: str, port: int) -> None:
+        settings = proxy.settings
+        self._pools: dict[int, UpstreamPool] = {}
+        self._proxy = proxy
+        self._budget = ByteBudget(settings.routing.max_buffered_bytes)
+        dispatcher = ProxyDispatcher(lambda: proxy.context, self.pool_of)
+
+        async def dispatch(frame: Any, connection: Connection) -> bytes | None:
+            size = len(frame)
+            await self._budget.take(size)
+            try:
+                return await dispatcher(frame, connection)
+            finally:
+                self._budget.give(size)
+
+        super().__init__(dispatch, settings.limits, host, port)
+
+    def pool_of(self, connection: Connection) -> UpstreamPool:
+        pool = self._pools.get(id(connection))
+        if pool is None:
+            settings = self._proxy.settings
+            pool = self._pools[id(connection)] = UpstreamPool(
+                settings.routing.connect_timeout_s,
+                settings.limits.max_frame_bytes,
+                self._proxy.stats,
+            )
+        return pool
+
+    async def _serve(self, protocol: FrameProtocol, connection: Connection) -> None:
+        try:
+            await super()._serve(protocol, connection)
+        finally:
+            pool = self._pools.pop(id(connection), None)
+            if pool is not None:
+                await pool.close()
+
+    @property
+    def client_connections(self) -> int:
+        return len(self._connections)
+
+
+class Proxy:
+    def __init__(self, settings: ProxySettings, etcd: Etcd, routes: RoutingTable) -> None:
+        self.settings = settings
+        self.etcd = etcd
+        self.routes = routes
+        self.stats = UpstreamStats()
+        self.sessions = FetchSessionCache(settings.limits.fetch_sessions)
+        self.forwarder = Forwarder(routes, settings.routing, self.stats)
+        self.context = ProxyContext(self.forwarder, self.sessions, Identity(0, "", 0, ""))
+        self.server: ProxyServer | None = None
+        self.admin: AdminServer | None = None
+        self._stopping = False
+
+    @classmethod
+    async def start(cls, settings: ProxySettings) -> Proxy:
+        try:
+            etcd = await Etcd.connect(settings.etcd.endpoints, settings.etcd.timeout_s)
+        except MetadataUnavailable as exc:
+            raise StartupError(f"etcd is not reachable: {exc}") from exc
+        routes = RoutingTable(etcd, settings.cluster)
+        try:
+            await routes.start()
+        except MetadataUnavailable as exc:
+            await etcd.close()
+            raise StartupError(f"cannot load routes from etcd: {exc}") from exc
+        proxy = cls(settings, etcd, routes)
+        await proxy._listen()
+        return proxy
+
+    async def _listen(self) -> None:
+        listener = self.settings.listener
+        self.server = ProxyServer(self, listener.host, listener.port)
+        try:
+            await self.server.start()
+        except OSError as exc:
+            await self.routes.close()
+            await self.etcd.close()
+            raise StartupError(f"cannot listen on {listener.host}:{listener.port}: {exc}") from exc
+        self.context = ProxyContext(
+            self.forwarder,
+            self.sessions,
+            Identity(
+                listener.node_id,
+                listener.advertised(),
+                listener.advertised_port or self.server.port,
+                self.settings.cluster,
+                self.settings.routing.expose_owners,
+            ),
+        )
+        routes = AdminRoutes(is_ready=self.is_ready, drain=_nothing, status=self.status)
+        self.admin = AdminServer(routes, listener.host, listener.admin_port)
+        await self.admin.start()
+        log.info(
+            "proxy listening on %s:%d (advertised %s:%d as node %d), admin on %d",
+            listener.host,
+            self.server.port,
+            self.context.identity.host,
+            self.context.identity.port,
+            listener.node_id,
+            self.admin.port,
+        )
+
+    @property
+    def port(self) -> int:
+        assert self.server is not None
+        return self.server.port
+
+    def is_ready(self) -> bool:
+        return not self._stopping and self.routes.ready
+
+    def status(self) -> dict[str, object]:
+        routes = self.routes
+        view = routes.view
+        partitions: dict[str, int] = {}
+        for tp in view.partitions():
+            owner = routes.partition_owner(tp)
+            partitions[f"{tp[0]}/{tp[1]}"] = owner
+        return {
+            "ready": self.is_ready(),
+            "node_id": self.settings.listener.node_id,
+            "advertised": f"{self.context.identity.host}:{self.context.identity.port}",
+            "brokers": {
+                str(b.node_id): f"{b.host}:{b.port}"
+                for b in sorted(view.brokers.values(), key=lambda b: b.node_id)
+            },
+            "draining": sorted(view.draining),
+            "routes": {"partitions": partitions, "groups": dict(routes.groups.owners)},
+            "client_connections": self.server.client_connections if self.server else 0,
+            "upstream": {
+                "open": self.stats.open,
+                "opened": self.stats.opened,
+                "connect_failures": self.stats.failed,
+                "requests": self.stats.requests,
+            },
+            "retries": dict(self.stats.retries),
+            "fetch_sessions": len(self.sessions),
+        }
+
+    async def shutdown(self) -> None:
+        self._stopping = True
+        if self.server is not None:
+            await self.server.close(self.settings.limits.shutdown_grace_s)
+        if self.admin is not None:
+            await self.admin.close()
+        await self.routes.close()
+        await self.etcd.close()
+
+
+async def _nothing() -> None:
+    """POST /drain: the proxy holds no leases; its clients move when its pod goes."""
+    await asyncio.sleep(0)

@@ -1,0 +1,114 @@
+"""Proxy configuration: one frozen pydantic-settings model, parsed once at start-up.
+
+Configured like the broker (``KAFSCALE_`` environment variables with ``__`` between nested
+names, or the matching flags), so a pod template can give broker and proxy pods the same
+cluster and etcd variables. The proxy needs etcd only: it keeps no data and reads no object
+store. Its part of the README's configuration reference is generated from this model.
+"""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Callable
+
+from pydantic import BaseModel, ConfigDict, Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from kafscale.broker.config import ALL_INTERFACES, LimitSettings
+
+
+class _Section(BaseModel):
+    # Proxy pods read the ConfigMap the brokers get (cluster, etcd, listener ports): variables
+    # only brokers know (``KAFSCALE_ETCD__SESSION_TTL_S``, ``KAFSCALE_LISTENER__RACK``...) are
+    # ignored, not refused. Flags come from this model, so they cannot name unknown fields.
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+
+class ProxyListenerSettings(_Section):
+    """Where clients connect, and the one broker the proxy tells them about."""
+
+    host: str = Field("0.0.0.0", description="Address the proxy's Kafka listener binds to.")
+    port: int = Field(9092, ge=0, le=65535, description="Kafka listener port (0 picks a free one).")
+    advertised_host: str | None = Field(
+        None,
+        description="Host clients are told to connect to (Metadata, FindCoordinator): the "
+        "proxy's Service or load balancer name; defaults as for the broker.",
+    )
+    advertised_port: int | None = Field(
+        None, ge=1, le=65535, description="Port clients are told; defaults to the bound port."
+    )
+    admin_port: int = Field(
+        8080, ge=0, le=65535, description="HTTP port for /healthz, /readyz and GET /status."
+    )
+    node_id: int = Field(
+        1000,
+        ge=0,
+        description="The node id the proxy answers as (the same on every proxy replica: "
+        "clients see one broker).",
+    )
+
+    def advertised(self, host_name: Callable[[], str] = socket.getfqdn) -> str:
+        if self.advertised_host:
+            return self.advertised_host
+        if self.host in ALL_INTERFACES:
+            return host_name()
+        return self.host
+
+
+class ProxyEtcdSettings(_Section):
+    endpoints: tuple[str, ...] = Field(
+        ("http://127.0.0.1:2379",),
+        description="etcd client URLs (the first reachable one is used).",
+    )
+    timeout_s: float = Field(5.0, gt=0, description="Deadline for every etcd call.")
+
+
+class RoutingSettings(_Section):
+    """How hard the proxy tries before a routing failure reaches the client."""
+
+    retry_timeout_s: float = Field(
+        15.0,
+        gt=0,
+        description="Longest a request is retried on NOT_LEADER_OR_FOLLOWER, NOT_COORDINATOR or "
+        "a dropped broker connection (also bounded by the request's own timeout).",
+    )
+    max_attempts: int = Field(
+        30, ge=1, description="Attempts per request part, the first included."
+    )
+    connect_timeout_s: float = Field(
+        3.0, gt=0, description="Deadline for opening a connection to a broker."
+    )
+    fetch_wake_wait_ms: int = Field(
+        50,
+        ge=0,
+        description="After a high-watermark change ends a long poll's wait, how long the owner "
+        "may wait for the data it has not seen yet.",
+    )
+    expose_owners: bool = Field(
+        False,
+        description="List every live broker's id in Metadata, each at the proxy's address, and "
+        "name the owner as a partition's leader: clients then send each owner's partitions in "
+        "requests of their own (no ack waits for the slowest of several owners), still only "
+        "to the proxy. Off: the proxy is the only broker, node listener.node_id.",
+    )
+    max_buffered_bytes: int = Field(
+        512 * 1024 * 1024,
+        ge=1024 * 1024,
+        description="Request bytes in flight through the proxy as a whole (each connection is "
+        "also bounded by limits.max_in_flight_bytes_per_connection).",
+    )
+
+
+class ProxySettings(BaseSettings):
+    """Everything one proxy process needs to know."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="KAFSCALE_", env_nested_delimiter="__", frozen=True, extra="ignore"
+    )
+
+    cluster: str = Field("default", description="Cluster name: the etcd key prefix.")
+    listener: ProxyListenerSettings = ProxyListenerSettings()
+    etcd: ProxyEtcdSettings = ProxyEtcdSettings()
+    limits: LimitSettings = LimitSettings()
+    routing: RoutingSettings = RoutingSettings()
+    log_level: str = Field("INFO", description="Python logging level.")

@@ -1,0 +1,106 @@
+"""From a client's request frame to the proxy's response frame.
+
+The same rules as the broker's dispatcher (``broker/api/dispatch.py``), with the broker's API
+table: an unsupported version gets UNSUPPORTED_VERSION (ApiVersions falls back to v0), a body
+that does not parse gets INVALID_REQUEST with its correlation id (the broker's request guard
+checks it before anything is allocated), a frame without a readable header closes the
+connection. A broker that cannot be reached in time is answered as the broker answers a lost
+lease; an unexpected error is logged and answered UNKNOWN_SERVER_ERROR, and the proxy lives on.
+"""
+
+from __future__ import annotations
+
+import logging
+import struct
+from collections.abc import Callable
+from typing import Any
+
+from kafscale.broker.api.dispatch import API_VERSIONS_KEY, ApiSpec, api_versions_body
+from kafscale.broker.api.table import API_TABLE
+from kafscale.broker.protocol import codec
+from kafscale.broker.protocol.errors import ErrorCode
+from kafscale.broker.protocol.framing import Frame
+from kafscale.broker.proxy.forward import Call
+from kafscale.broker.proxy.handlers import HANDLERS, ProxyContext, ProxyRequest, Raw
+from kafscale.broker.proxy.upstream import UpstreamError, UpstreamPool
+from kafscale.broker.server import CloseConnection
+
+log = logging.getLogger(__name__)
+
+_LENGTH = struct.Struct(">i")
+
+
+class ProxyDispatcher:
+    def __init__(
+        self, context: Callable[[], ProxyContext], pool_of: Callable[[Any], UpstreamPool]
+    ) -> None:
+        self._context = context
+        self._pool_of = pool_of
+
+    async def __call__(self, frame: Frame, connection: Any) -> bytes | None:
+        try:
+            api_key, api_version, correlation_id = codec.peek_header(frame)
+        except codec.DecodeError as exc:
+            raise CloseConnection(str(exc)) from exc
+        spec = API_TABLE.get(api_key)
+        handler = HANDLERS.get(api_key)
+        if spec is None or handler is None or not spec.supports(api_version):
+            return _unsupported(api_key, api_version, correlation_id)
+        try:
+            decoded = codec.decode_request(frame, codec.request_schema(api_key, api_version))
+        except codec.DecodeError as exc:
+            log.warning("bad %s v%d from %s: %s", spec.name, api_version, connection.peer, exc)
+            return _error(spec, None, api_version, correlation_id, ErrorCode.INVALID_REQUEST)
+        call = Call(api_key, api_version, decoded.header.client_id)
+        pool = self._pool_of(connection)
+        request = ProxyRequest(call, decoded.body, frame, pool, self._context())
+        try:
+            answer = await handler(request)
+        except UpstreamError as exc:
+            log.warning("%s v%d from %s: %s", spec.name, api_version, connection.peer, exc)
+            code = (
+                ErrorCode.NOT_COORDINATOR if api_key in _GROUP_KEYS else ErrorCode.REQUEST_TIMED_OUT
+            )
+            return _error(spec, decoded.body, api_version, correlation_id, code)
+        except Exception:
+            log.exception("%s v%d from %s failed", spec.name, api_version, connection.peer)
+            return _error(
+                spec, decoded.body, api_version, correlation_id, ErrorCode.UNKNOWN_SERVER_ERROR
+            )
+        if answer is None:
+            return None
+        if isinstance(answer, Raw):
+            return _with_correlation_id(answer.body, correlation_id)
+        return codec.encode_response(api_key, api_version, correlation_id, answer)
+
+
+_GROUP_KEYS = frozenset({8, 9, 11, 12, 13, 14, 15, 42})
+
+
+def _with_correlation_id(body: bytes, correlation_id: int) -> bytes:
+    """A broker's response body as the client's response frame."""
+    return _LENGTH.pack(len(body)) + _LENGTH.pack(correlation_id) + body[_LENGTH.size :]
+
+
+def _unsupported(api_key: int, api_version: int, correlation_id: int) -> bytes:
+    if api_key == API_VERSIONS_KEY:  # KIP-511: answer v0 so any client can read the range
+        body = api_versions_body(API_TABLE, ErrorCode.UNSUPPORTED_VERSION)
+        return codec.encode_response(API_VERSIONS_KEY, 0, correlation_id, body)
+    log.warning("unsupported api %d v%d", api_key, api_version)
+    try:
+        codec.response_schema(api_key, api_version)
+    except Exception as exc:
+        raise CloseConnection(f"api {api_key} v{api_version} is unknown") from exc
+    return codec.encode_response(
+        api_key, api_version, correlation_id, {"error_code": ErrorCode.UNSUPPORTED_VERSION}
+    )
+
+
+def _error(
+    spec: ApiSpec, request: Any, api_version: int, correlation_id: int, code: ErrorCode
+) -> bytes:
+    try:
+        body = spec.error_body(request, code) if request is not None else {"error_code": code}
+        return codec.encode_response(spec.key, api_version, correlation_id, body)
+    except Exception as exc:
+        raise CloseConnection(f"cannot answer {spec.name} v{api_version}: {exc}") from exc

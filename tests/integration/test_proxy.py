@@ -1,0 +1,345 @@
+"""Stock Kafka clients through ``kafscale proxy`` in front of three broker processes.
+
+Clients only ever connect to the proxy. Topics have three partitions and the three brokers own
+one each, so every produce and fetch of more than one partition is split across brokers by the
+proxy and merged back. kafka-python, aiokafka, confluent-kafka, kcat and the official Java
+client produce (idempotent, every codec) and read back everything; kafka-python and the Java
+client fetch with incremental fetch sessions, which the proxy keeps itself. acks=0 produces get
+no answer. Metadata names the proxy as the only broker, with the partitions' real leader epochs;
+bad input gets the answers the broker gives; the proxy fails closed without etcd and is ready
+only once it can route.
+"""
+
+from __future__ import annotations
+
+import socket
+import struct
+import subprocess
+import time
+import uuid
+from collections.abc import Iterator
+
+import pytest
+from confluent_kafka.admin import AdminClient
+from harness.batches import make_batch
+from harness.brokers import BrokerCluster, BrokerProcess
+from harness.java_client import java_consume, java_produce
+from harness.kafka_wire import (
+    KafkaWire,
+    batches_in,
+    correlation_id_of,
+    fetch_body,
+    fetch_partition,
+    produce_body,
+    request_header,
+    uvarint,
+)
+from harness.proxy import proxy_env, start_proxy
+from harness.s3 import S3Endpoint
+from integration.test_bad_input import (
+    _flexible_header,
+    assert_invalid_request_then_served,
+)
+from integration.test_clients import (
+    CLIENTS,
+    CODECS,
+    PARTITIONS,
+    check_round_trip,
+    check_stored_batches,
+    ck_create_topic,
+    kcat_consume_records,
+    kcat_produce_records,
+    kcat_records,
+    kp_consume,
+    make_records,
+    module_cluster,
+)
+from kafka import KafkaAdminClient
+
+from kafscale.broker.child_process import KAFSCALE
+from kafscale.broker.metadata.embedded_etcd import EmbeddedEtcd, free_port
+from kafscale.broker.protocol.errors import ErrorCode
+
+pytestmark = pytest.mark.integration
+
+BROKERS = 3
+
+
+class Proxied:
+    def __init__(self, cluster: BrokerCluster, proxy: BrokerProcess) -> None:
+        self.cluster = cluster
+        self.proxy = proxy
+
+    @property
+    def bootstrap(self) -> str:
+        return self.proxy.bootstrap
+
+    def owners(self, topic: str) -> dict[int, int]:
+        """partition -> broker the proxy routes it to."""
+        routes = self.proxy.status()["routes"]["partitions"]
+        return {
+            int(key.rsplit("/", 1)[1]): owner
+            for key, owner in routes.items()
+            if key.rsplit("/", 1)[0] == topic
+        }
+
+
+@pytest.fixture(scope="module")
+def proxied(
+    etcd_server: EmbeddedEtcd, s3_server: S3Endpoint, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Proxied]:
+    cluster = module_cluster(etcd_server, s3_server, tmp_path_factory.mktemp("proxy"), "proxy")
+    try:
+        for _ in range(BROKERS):
+            cluster.start()
+        yield Proxied(cluster, start_proxy(cluster))
+    finally:
+        cluster.stop_all()
+
+
+@pytest.fixture
+def topic(request: pytest.FixtureRequest) -> str:
+    return f"p-{request.node.name[:40].translate(str.maketrans('[]', '--'))}-{uuid.uuid4().hex[:6]}"
+
+
+def wait_spread(proxied: Proxied, topic: str, timeout_s: float = 60) -> None:
+    """Until the topic's partitions are owned by three different brokers (as routed)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        owners = proxied.owners(topic)
+        if len(owners) == PARTITIONS and len(set(owners.values())) == BROKERS:
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"partitions of {topic} not spread over the brokers: {owners}")
+
+
+# --- clients ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("client", "codec"), [(client, codec) for client in CLIENTS for codec in CODECS]
+)
+def test_client_round_trip_through_proxy(
+    proxied: Proxied, topic: str, client: str, codec: str
+) -> None:
+    create, produce, consume = CLIENTS[client]
+    create(proxied.bootstrap, topic)
+    wait_spread(proxied, topic)
+    records = make_records(f"proxy-{client}-{codec}")
+    acked = produce(proxied.bootstrap, topic, records, codec)
+    consumed = consume(proxied.bootstrap, topic, PARTITIONS, len(records))
+    check_round_trip(records, consumed, acked)
+    check_stored_batches(proxied.bootstrap, topic, codec)
+
+
+@pytest.mark.parametrize("codec", CODECS)
+def test_kcat_round_trip_through_proxy(proxied: Proxied, topic: str, codec: str) -> None:
+    """kcat (librdkafka 2.0, Metadata v4) auto-creates the topic through the proxy."""
+    records = kcat_records(f"proxy-kcat-{codec}")
+    before = int(time.time() * 1000)
+    kcat_produce_records(proxied.bootstrap, topic, records, codec)
+    after = int(time.time() * 1000)
+    consumed = kcat_consume_records(proxied.bootstrap, topic, PARTITIONS, len(records))
+    check_round_trip(records, consumed, None, window_ms=(before, after))
+    check_stored_batches(proxied.bootstrap, topic, codec)
+
+
+def test_kafka_python_fetch_session_through_proxy(proxied: Proxied, topic: str) -> None:
+    """kafka-python fetches with incremental sessions (KIP-227): the proxy keeps them, and
+    records produced while the consumer polls arrive through them."""
+    ck_create_topic(proxied.bootstrap, topic)
+    wait_spread(proxied, topic)
+    first = make_records("session-first")
+    CLIENTS["confluent"][1](proxied.bootstrap, topic, first, "none")
+    sessions_before = proxied.proxy.status()["fetch_sessions"]
+    consumed = kp_consume(proxied.bootstrap, topic, PARTITIONS, len(first))
+    check_round_trip(first, consumed, None)
+    assert proxied.proxy.status()["fetch_sessions"] > sessions_before
+
+
+def test_metadata_names_the_proxy_as_the_only_broker(proxied: Proxied, topic: str) -> None:
+    ck_create_topic(proxied.bootstrap, topic)
+    wait_spread(proxied, topic)
+    metadata = AdminClient({"bootstrap.servers": proxied.bootstrap}).list_topics(topic, 10)
+    assert set(metadata.brokers) == {1000}
+    assert metadata.brokers[1000].port == proxied.proxy.port
+    assert {p.leader for p in metadata.topics[topic].partitions.values()} == {1000}
+    admin = KafkaAdminClient(bootstrap_servers=proxied.bootstrap)
+    try:
+        cluster = admin.describe_cluster()
+    finally:
+        admin.close()
+    assert [b.get("node_id", b.get("broker_id")) for b in cluster["brokers"]] == [1000]
+    # The real leader epochs, as the brokers keep them.
+    with KafkaWire(proxied.bootstrap) as wire:
+        response = wire.request(3, 9, {"topics": [{"name": topic}]})
+    (entry,) = response.topics
+    direct = proxied.cluster.brokers[0].bootstrap
+    with KafkaWire(direct) as wire:
+        (real,) = wire.request(3, 9, {"topics": [{"name": topic}]}).topics
+    epochs = {p.partition_index: p.leader_epoch for p in entry.partitions}
+    assert epochs == {p.partition_index: p.leader_epoch for p in real.partitions}
+
+
+def test_find_coordinator_names_the_proxy(proxied: Proxied) -> None:
+    with KafkaWire(proxied.bootstrap) as wire:
+        response = wire.request(10, 3, {"key": "some-group", "key_type": 0})
+    assert (response.node_id, response.port) == (1000, proxied.proxy.port)
+
+
+# --- bad input --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("api_key", "version", "body"),
+    [
+        (0, 9, b"\xff\xff\xff\x7f\x01"),
+        (1, 11, b"\xff\xff\xff\x7f\x01"),
+        (3, 8, struct.pack(">i", 2**31 - 1)),
+        (2, 5, b"\xff\xff\xff\x7f\x01"),
+        (8, 8, uvarint(2) + b"g" + struct.pack(">i", -1) + uvarint(2**32 - 1)),
+    ],
+    ids=["produce", "fetch", "metadata-i32-array", "list-offsets", "offset-commit-2^32"],
+)
+def test_unparsable_body_gets_invalid_request_from_the_proxy(
+    proxied: Proxied, api_key: int, version: int, body: bytes
+) -> None:
+    """As the broker answers: INVALID_REQUEST under the request's correlation id, before the
+    proxy allocates what the lengths claim; the connection and the proxy go on serving."""
+    flexible = api_key == 8
+    header = (
+        _flexible_header(api_key, version, 4321)
+        if flexible
+        else request_header(api_key, version, 4321)
+    )
+    with KafkaWire(proxied.bootstrap) as wire:
+        assert_invalid_request_then_served(wire, header + body, api_key, version, 4321)
+    assert proxied.proxy.alive, proxied.proxy.tail()
+
+
+def test_oversized_frame_closes_only_that_connection(proxied: Proxied) -> None:
+    with KafkaWire(proxied.bootstrap) as wire:
+        wire.send_raw(struct.pack(">i", 2**31 - 1))
+        assert wire.is_closed_by_peer()
+    with KafkaWire(proxied.bootstrap) as wire:  # the proxy lives on
+        response = wire.request(18, 0, {})
+    assert response.error_code == ErrorCode.NONE
+
+
+def test_unsupported_version_gets_unsupported_version(proxied: Proxied) -> None:
+    with KafkaWire(proxied.bootstrap) as wire:
+        wire.send_frame(request_header(18, 99, 7))
+        frame = wire.recv_frame()
+    assert correlation_id_of(frame) == 7
+    (code,) = struct.unpack_from(">h", frame, 4)
+    assert code == ErrorCode.UNSUPPORTED_VERSION
+
+
+# --- start-up ---------------------------------------------------------------------------------
+
+
+def test_proxy_without_etcd_fails_with_a_clear_error(tmp_path: object) -> None:
+    dead = f"http://127.0.0.1:{free_port()}"
+    env = {
+        "KAFSCALE_ETCD__ENDPOINTS": f'["{dead}"]',
+        "KAFSCALE_ETCD__TIMEOUT_S": "1",
+        "PATH": "/usr/bin:/bin",
+    }
+    result = subprocess.run(
+        [KAFSCALE, "proxy", "--listener-port", "0", "--listener-admin-port", "0"],
+        env=env,
+        capture_output=True,
+        timeout=60,
+    )
+    assert result.returncode == 1
+    assert b"etcd is not reachable" in result.stderr
+
+
+def test_proxy_is_ready_only_once_a_broker_is_registered(broker_cluster: BrokerCluster) -> None:
+    port, admin_port = free_port(), free_port()
+    proxy = BrokerProcess(
+        env=proxy_env(broker_cluster, port, admin_port),
+        log_path=broker_cluster.workdir / "proxy.log",
+        port=port,
+        admin_port=admin_port,
+        command=[KAFSCALE, "proxy"],
+    )
+    broker_cluster.brokers.append(proxy)
+    with proxy.log_path.open("ab") as log:
+        proxy.process = subprocess.Popen(
+            proxy.command, env=proxy.env, stdout=log, stderr=subprocess.STDOUT
+        )
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            status, body = proxy.http("GET", "/readyz", timeout_s=1)
+            break
+        except OSError:
+            time.sleep(0.05)
+    assert (status, body) == (503, {"ready": False})
+    broker_cluster.start()
+    proxy.wait_ready(30)
+    routes = proxy.status()
+    assert routes["ready"] and len(routes["brokers"]) == 1
+    with socket.create_connection(("127.0.0.1", port), timeout=5):
+        pass
+
+
+def test_expose_owners_lists_the_owners_at_the_proxy_address(proxied: Proxied, topic: str) -> None:
+    """With routing.expose_owners, Metadata names each partition's owner as its leader, every
+    broker at the proxy's address: clients split requests by owner, and still only ever
+    connect to the proxy."""
+    proxy = start_proxy(proxied.cluster, KAFSCALE_ROUTING__EXPOSE_OWNERS="true")
+    ck_create_topic(proxy.bootstrap, topic)
+    wait_spread(proxied, topic)
+    metadata = AdminClient({"bootstrap.servers": proxy.bootstrap}).list_topics(topic, 10)
+    live = {b.node_id for b in proxied.cluster.brokers if b.alive and b is not proxied.proxy}
+    live.discard(proxy.node_id)
+    assert set(metadata.brokers) == live
+    assert {(b.host, b.port) for b in metadata.brokers.values()} == {("127.0.0.1", proxy.port)}
+    leaders = {p.id: p.leader for p in metadata.topics[topic].partitions.values()}
+    assert leaders == proxied.owners(topic)
+    _, produce, consume = CLIENTS["confluent"]
+    records = make_records("expose-owners")
+    acked = produce(proxy.bootstrap, topic, records, "lz4")
+    check_round_trip(records, consume(proxy.bootstrap, topic, PARTITIONS, len(records)), acked)
+
+
+@pytest.mark.parametrize("codec", CODECS)
+def test_java_client_round_trip_through_proxy(proxied: Proxied, topic: str, codec: str) -> None:
+    """The official Java client (idempotent producer; a consumer group, which fetches with
+    incremental sessions) through the proxy."""
+    ck_create_topic(proxied.bootstrap, topic)
+    wait_spread(proxied, topic)
+    count = 30
+    acked = java_produce(proxied.bootstrap, topic, PARTITIONS, count, codec)
+    assert [p for p, _ in acked] == [i % PARTITIONS for i in range(count)]
+    for partition in range(PARTITIONS):
+        offsets = [o for p, o in acked if p == partition]
+        assert offsets == list(range(len(offsets)))
+    consumed = java_consume(proxied.bootstrap, topic, f"java-{topic}", count)
+    assert len(consumed) == count
+    by_key = {key: (partition, offset, value) for partition, offset, key, value in consumed}
+    for i in range(count):
+        assert by_key[f"key-{i}"] == (i % PARTITIONS, acked[i][1], f"java-{i}|" * 20)
+    check_stored_batches(proxied.bootstrap, topic, codec)
+
+
+def test_acks_zero_is_forwarded_without_an_answer(proxied: Proxied, topic: str) -> None:
+    """An acks=0 produce gets no response (the next answer on the connection is the next
+    request's), and its records arrive."""
+    ck_create_topic(proxied.bootstrap, topic)
+    wait_spread(proxied, topic)
+    with KafkaWire(proxied.bootstrap) as wire:
+        batch = make_batch(0, [b"fire-and-forget"])
+        wire.send(0, 9, produce_body(topic, 1, batch, acks=0))
+        sent = wire.send(18, 3, {"client_software_name": "t", "client_software_version": "1"})
+        received, response = wire.recv(18, 3)
+        assert (received, response.error_code) == (sent, ErrorCode.NONE)
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            fetched = fetch_partition(wire.request(1, 12, fetch_body(topic, 1, 0)))
+            if fetched.records:
+                break
+            time.sleep(0.1)
+    assert len(batches_in(fetched.records)) == 1

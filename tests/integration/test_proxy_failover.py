@@ -1,0 +1,203 @@
+"""Brokers come and go behind the proxy; its clients do not notice.
+
+* A planned drain (SIGTERM: flush, hand the leases over) under steady idempotent produce and a
+  consuming group: the clients, connected only to the proxy, see no error at all, not even a
+  connection error; every acked record is read back exactly once; the proxy's routes follow the
+  leases away from the drained broker.
+* A consumer group whose members all connect through the proxy keeps consuming while brokers
+  are drained, SIGKILLed and restarted: no acked record is lost, and no record consumed and
+  committed is delivered again to a live member.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+from typing import Any
+
+import pytest
+from confluent_kafka import Consumer, Producer
+from harness.brokers import BrokerCluster, BrokerProcess
+from harness.proxy import start_proxy
+from integration.test_groups_clients import (
+    GROUP_ENV,
+    PARTITIONS,
+    QUIET,
+    ConfluentMember,
+    KafkaPythonMember,
+    Member,
+    assert_no_committed_record_seen_twice,
+    create_topic,
+    report,
+    running,
+    split_evenly,
+    wait_for,
+)
+
+pytestmark = pytest.mark.integration
+
+
+class Feed(threading.Thread):
+    """An idempotent producer (acks=all) sending numbered records through the proxy, noting
+    every error librdkafka reports: failed deliveries and connection trouble alike."""
+
+    def __init__(self, bootstrap: str, topic: str, rate_per_s: float = 200) -> None:
+        super().__init__(daemon=True)
+        self.errors: list[str] = []
+        self.producer = Producer(
+            {
+                "bootstrap.servers": bootstrap,
+                "linger.ms": 5,
+                "acks": "all",
+                "enable.idempotence": True,
+                "log_level": QUIET,
+                "error_cb": lambda error: self.errors.append(f"client: {error}"),
+            }
+        )
+        self.topic = topic
+        self.interval_s = 1 / rate_per_s
+        self.sent = 0
+        self.acked: list[int] = []
+        self._halt = threading.Event()
+
+    def run(self) -> None:
+        while not self._halt.is_set():
+            self.producer.produce(
+                self.topic, value=str(self.sent).encode(), on_delivery=self._delivered
+            )
+            self.sent += 1
+            self.producer.poll(0)
+            time.sleep(self.interval_s)
+        assert self.producer.flush(60) == 0
+
+    def _delivered(self, error: Any, message: Any) -> None:
+        if error is not None:
+            self.errors.append(f"delivery: {error}")
+        else:
+            self.acked.append(int(message.value()))
+
+    def stop(self) -> None:
+        self._halt.set()
+        self.join(90)
+
+
+def start_cluster(
+    cluster: BrokerCluster, brokers: int
+) -> tuple[list[BrokerProcess], BrokerProcess]:
+    started = [cluster.start(**GROUP_ENV) for _ in range(brokers)]
+    return started, start_proxy(cluster)
+
+
+def routed_owners(proxy: BrokerProcess, topic: str) -> dict[int, int]:
+    routes = proxy.status()["routes"]["partitions"]
+    return {int(k.rsplit("/", 1)[1]): v for k, v in routes.items() if k.rsplit("/", 1)[0] == topic}
+
+
+def read_all(bootstrap: str, topic: str, expected: int, timeout_s: float = 60) -> Counter[int]:
+    """Every value in the topic, with how often it is there."""
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"reader-{time.monotonic_ns()}",
+            "auto.offset.reset": "earliest",
+            "enable.auto.commit": False,
+            "log_level": QUIET,
+        }
+    )
+    consumer.subscribe([topic])
+    seen: Counter[int] = Counter()
+    deadline = time.monotonic() + timeout_s
+    try:
+        while sum(seen.values()) < expected and time.monotonic() < deadline:
+            message = consumer.poll(0.5)
+            if message is not None and message.error() is None:
+                seen[int(message.value())] += 1
+        time.sleep(0.5)  # anything beyond the expected count would be a duplicate
+        while (message := consumer.poll(0.5)) is not None:
+            if message.error() is None:
+                seen[int(message.value())] += 1
+    finally:
+        consumer.close()
+    return seen
+
+
+def test_planned_drain_behind_the_proxy_costs_clients_no_error(
+    broker_cluster: BrokerCluster,
+) -> None:
+    brokers, proxy = start_cluster(broker_cluster, 3)
+    topic, group = "drained", "drained-group"
+    create_topic(proxy.bootstrap, topic)
+    wait_for(lambda: len(set(routed_owners(proxy, topic).values())) == 3, 60, "spread")
+    consumer_errors: list[str] = []
+    member = ConfluentMember(
+        "member",
+        proxy.bootstrap,
+        group,
+        topic,
+        {"error_cb": lambda e: consumer_errors.append(str(e))},
+    )
+    feed = Feed(proxy.bootstrap, topic)
+    with running(member):
+        feed.start()
+        wait_for(lambda: len(member.consumed) > 200, 90, "consuming")
+        victim = next(b for b in brokers if b.node_id in set(routed_owners(proxy, topic).values()))
+        moved = [p for p, owner in routed_owners(proxy, topic).items() if owner == victim.node_id]
+        assert victim.stop() == 0  # SIGTERM: the planned drain
+        wait_for(
+            lambda: all(routed_owners(proxy, topic)[p] != victim.node_id for p in moved),
+            30,
+            "routes moved off the drained broker",
+        )
+        at_drain = len(member.consumed)
+        wait_for(lambda: len(member.consumed) > at_drain + 400, 90, "consuming after the drain")
+        feed.stop()
+        wait_for(lambda: set(member.values()) >= set(feed.acked), 90, "every acked record read")
+    assert feed.errors == [], feed.errors[:5]
+    assert consumer_errors == [], consumer_errors[:5]
+    assert member.errors == [], member.errors[:5]
+    assert sorted(feed.acked) == list(range(feed.sent))
+    seen = read_all(proxy.bootstrap, topic, feed.sent)
+    assert set(seen) == set(range(feed.sent))
+    assert [v for v, n in seen.items() if n > 1] == []  # idempotent: nothing written twice
+    retries = proxy.status()["retries"]
+    print(f"sent {feed.sent}, proxy retries {retries}")
+
+
+def test_group_through_proxy_survives_drain_kill_and_restart(
+    broker_cluster: BrokerCluster,
+) -> None:
+    brokers, proxy = start_cluster(broker_cluster, 3)
+    topic, group = "churned", "churned-group"
+    create_topic(proxy.bootstrap, topic)
+    feed = Feed(proxy.bootstrap, topic)
+    members: list[Member] = [
+        KafkaPythonMember("kp", proxy.bootstrap, group, topic, {"session_timeout_ms": 15_000}),
+        ConfluentMember("ck", proxy.bootstrap, group, topic, {"session.timeout.ms": 15_000}),
+    ]
+    feed.start()
+    with running(*members):
+        wait_for(lambda: split_evenly(members), 90, "the group formed")
+
+        def carry_on(more: int, what: str) -> None:
+            now = sum(len(m.consumed) for m in members)
+            wait_for(lambda: sum(len(m.consumed) for m in members) > now + more, 90, what)
+
+        carry_on(200, "consuming")
+        drained, killed = brokers[0], brokers[1]
+        drained.stop()  # planned drain
+        carry_on(300, "consuming after a drain")
+        broker_cluster.start(port=drained.port, **GROUP_ENV)
+        killed.kill()  # a crash: its leases expire after the session TTL
+        carry_on(300, "consuming after a crash")
+        broker_cluster.start(port=killed.port, **GROUP_ENV)
+        carry_on(300, "consuming after the restarts")
+        feed.stop()
+        acked = set(feed.acked)
+        wait_for(
+            lambda: {v for m in members for v in m.values()} >= acked, 60, "every acked record"
+        )
+    report(members)
+    assert_no_committed_record_seen_twice(members)
+    assert len(acked) > 1000
+    assert PARTITIONS == 6
