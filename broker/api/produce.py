@@ -5,6 +5,14 @@ caps each batch (MESSAGE_TOO_LARGE), ``message.timestamp.after.max.ms`` and ``.b
 bound CreateTime timestamps around the broker's clock (INVALID_TIMESTAMP), and
 ``message.timestamp.type=LogAppendTime`` gives every batch the time of its append (returned in
 the response as ``log_append_time``, -1 otherwise).
+
+Transactions are not served, so batches that only a transaction may write are refused as Kafka
+refuses them: a request whose first batch of some partition is transactional, from a producer
+without a transactional id, gets TRANSACTIONAL_ID_AUTHORIZATION_FAILED for the whole request
+(KafkaApis' ``hasTransactionalRecords`` check), and a control batch (a transaction marker) gets
+INVALID_RECORD for its partition (LogValidator: "Clients are not allowed to write control
+records"). Stored, they would make readers with ``isolation.level=read_committed`` wait for a
+commit that never comes.
 """
 
 from __future__ import annotations
@@ -35,7 +43,7 @@ async def handle_produce(request: Any, ctx: RequestContext) -> Body | None:
     acks = int(request.acks)
     if acks not in (0, 1, -1):
         return _every_partition(request, ErrorCode.INVALID_REQUIRED_ACKS)
-    if request.transactional_id:
+    if request.transactional_id or has_transactional_records(request):
         return _every_partition(request, ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED)
     async with ctx.connection.append_lock:
         acked = await _append_all(request, ctx)
@@ -100,6 +108,30 @@ class TopicRules:
                     )
 
 
+def has_transactional_records(request: Any) -> bool:
+    """True if some partition's first batch has the transactional bit (as Kafka's
+    ``ProduceRequest.hasTransactionalRecords`` decides it: from the first batch)."""
+    for topic in request.topic_data:
+        for partition in topic.partition_data:
+            records = partition.records
+            if not records:
+                continue
+            try:
+                if read_header(records).is_transactional:
+                    return True
+            except InvalidBatch:
+                continue  # refused as CORRUPT_MESSAGE when appended
+    return False
+
+
+def check_not_control(headers: list[BatchHeader]) -> None:
+    """INVALID_RECORD for a control batch: only a transaction coordinator writes those."""
+    if any(header.is_control for header in headers):
+        raise KafkaError(
+            "clients are not allowed to write control records", ErrorCode.INVALID_RECORD
+        )
+
+
 Outcome = asyncio.Future[Ack] | ErrorCode
 
 
@@ -116,6 +148,7 @@ async def _append_all(request: Any, ctx: RequestContext) -> dict[tuple[str, int]
                 batches = split_batches(memoryview(partition.records or b""))
                 owned = await manager.owned_partition(tp)
                 headers = [read_header(batch) for batch in batches]
+                check_not_control(headers)
                 rules.check(batches, headers, now_ms)
                 stamped = list(zip(batches, headers, strict=True))
                 append_time = NO_APPEND_TIME
