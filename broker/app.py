@@ -31,7 +31,7 @@ from kafscale.broker.metadata.rebalancer import Rebalancer
 from kafscale.broker.metadata.topics import create_topic
 from kafscale.broker.ownership import follow_once, plan_ownership
 from kafscale.broker.protocol.errors import ErrorCode, KafkaError, NotLeader
-from kafscale.broker.server import KafkaServer
+from kafscale.broker.server import ByteBudget, KafkaServer
 from kafscale.broker.storage.cache import SegmentCache
 from kafscale.broker.storage.factory import open_object_store
 from kafscale.broker.storage.janitor import Janitor
@@ -57,6 +57,7 @@ class Broker:
     cache: SegmentCache
     reader: LogReader
     fetch_sessions: FetchSessionCache
+    produce_budget: ByteBudget
     info: BrokerInfo | None = None
     manager: LogManager | None = None
     server: KafkaServer | None = None
@@ -113,6 +114,7 @@ class Broker:
             cache=cache,
             reader=LogReader(settings.cluster, store, cache),
             fetch_sessions=FetchSessionCache(settings.limits.fetch_sessions),
+            produce_budget=ByteBudget(settings.limits.max_buffered_produce_bytes),
             pod_name=pod_name,
         )
         await broker._start_serving()
@@ -324,6 +326,8 @@ class Broker:
                 **pool_status(self.cache.buffers),
             },
             "request_frames": frame_pool_status(self.server),
+            "request_memory": request_memory_status(self.server),
+            "buffered_produce_bytes": self.produce_budget.used,
             "fetch_sessions": len(self.fetch_sessions),
         }
 
@@ -388,6 +392,19 @@ def pool_status(pool: BufferPool) -> dict[str, int]:
         "pooled_bytes": pool.size_bytes,
         "buffers_reused": pool.reused,
         "buffers_allocated": pool.allocated,
+    }
+
+
+def request_memory_status(server: KafkaServer | None) -> dict[str, int]:
+    """Bytes of large request frames held now and at most, and connections waiting for some."""
+    if server is None:
+        return {}
+    memory = server.request_memory
+    return {
+        "used_bytes": memory.used_bytes,
+        "peak_bytes": memory.peak_bytes,
+        "limit_bytes": memory.limit_bytes,
+        "waiting_connections": memory.waiting,
     }
 
 

@@ -46,7 +46,11 @@ async def handle_produce(request: Any, ctx: RequestContext) -> Body | None:
     if request.transactional_id or has_transactional_records(request):
         return _every_partition(request, ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED)
     async with ctx.connection.append_lock:
+        size = request_bytes(request)
+        if not await _admit(ctx, size, None if acks == 0 else millis(request.timeout)):
+            return _every_partition(request, ErrorCode.REQUEST_TIMED_OUT)
         acked = await _append_all(request, ctx)
+        _give_back_when_durable(ctx, size, acked)
     if acks == 0:
         for future in acked.values():
             if isinstance(future, asyncio.Future):
@@ -106,6 +110,42 @@ class TopicRules:
                         f"{self.before_max_ms} behind the broker's clock",
                         ErrorCode.INVALID_TIMESTAMP,
                     )
+
+
+def request_bytes(request: Any) -> int:
+    """The record bytes a produce request would add to the broker's buffers."""
+    return sum(
+        len(partition.records or b"")
+        for topic in request.topic_data
+        for partition in topic.partition_data
+    )
+
+
+async def _admit(ctx: RequestContext, size: int, timeout_ms: int | None) -> bool:
+    """Take ``size`` bytes of the broker's produce budget (``max_buffered_produce_bytes``),
+    waiting while it is spent; False if ``timeout_ms`` passed first. acks=0 waits as long as
+    it takes: its connection's in-flight bounds then stop the socket being read (TCP
+    back-pressure), where it used to grow the buffers without bound."""
+    budget = ctx.broker.produce_budget
+    try:
+        async with asyncio.timeout(None if timeout_ms is None else max(timeout_ms, 1) / 1000):
+            await budget.take(size)
+    except TimeoutError:
+        return False
+    return True
+
+
+def _give_back_when_durable(
+    ctx: RequestContext, size: int, acked: dict[tuple[str, int], Outcome]
+) -> None:
+    """Return the budget once every appended batch is flushed (or failed)."""
+    budget = ctx.broker.produce_budget
+    futures = [f for f in acked.values() if isinstance(f, asyncio.Future)]
+    if not futures:
+        budget.give(size)
+        return
+    done = asyncio.gather(*futures, return_exceptions=True)
+    done.add_done_callback(lambda _: budget.give(size))
 
 
 def has_transactional_records(request: Any) -> bool:
