@@ -24,7 +24,13 @@ from kafscale.broker.config import BrokerSettings
 from kafscale.broker.groups.coordinator import GroupCoordinator, group_config
 from kafscale.broker.metadata import keys
 from kafscale.broker.metadata.cluster import BrokerInfo, ClusterView, TopicInfo, TopicPartition
-from kafscale.broker.metadata.etcd import Etcd, MetadataUnavailable, SessionLease
+from kafscale.broker.metadata.etcd import (
+    BadEndpoint,
+    Etcd,
+    EtcdTls,
+    MetadataUnavailable,
+    SessionLease,
+)
 from kafscale.broker.metadata.leaders import leader_for
 from kafscale.broker.metadata.partition_state import PartitionState
 from kafscale.broker.metadata.rebalancer import Rebalancer
@@ -97,7 +103,10 @@ class Broker:
             await store.close()
             raise StartupError(f"object storage is not usable: {exc}") from exc
         try:
-            etcd = await Etcd.connect(settings.etcd.endpoints, settings.etcd.timeout_s)
+            etcd = await connect_etcd(settings)
+        except BadEndpoint as exc:
+            await store.close()
+            raise StartupError(f"etcd is not usable: {exc}") from exc
         except MetadataUnavailable as exc:
             await store.close()
             raise StartupError(f"etcd is not reachable: {exc}") from exc
@@ -384,6 +393,18 @@ class Broker:
         await self.session.close()
         await self.etcd.close()
         await self.store.close()
+
+
+async def connect_etcd(settings: BrokerSettings) -> Etcd:
+    """The etcd client the settings describe: every endpoint, TLS and credentials."""
+    config = settings.etcd
+    return await Etcd.connect(
+        config.endpoints,
+        config.timeout_s,
+        username=config.username,
+        password=None if config.password is None else config.password.get_secret_value(),
+        tls=EtcdTls(config.ca_file, config.cert_file, config.key_file),
+    )
 
 
 def pool_status(pool: BufferPool) -> dict[str, int]:

@@ -61,8 +61,18 @@ class ListenerSettings(_Section):
 class EtcdSettings(_Section):
     endpoints: tuple[str, ...] = Field(
         ("http://127.0.0.1:2379",),
-        description="etcd client URLs (the first reachable one is used).",
+        description="etcd client URLs, http:// or https://; all are used: the first that "
+        "answers, then the next when a member stops answering.",
     )
+    username: str | None = Field(None, description="etcd user (with `password`).")
+    password: SecretStr | None = Field(None, description="etcd password.")
+    ca_file: Path | None = Field(
+        None, description="CA certificate for https:// endpoints (default: the system's)."
+    )
+    cert_file: Path | None = Field(
+        None, description="Client certificate for https:// endpoints that require one."
+    )
+    key_file: Path | None = Field(None, description="Key of `cert_file`.")
     timeout_s: float = Field(5.0, gt=0, description="Deadline for every etcd call.")
     session_ttl_s: int = Field(
         10, ge=2, description="TTL of the broker's session lease; keepalive every TTL/3."

@@ -125,6 +125,7 @@ class EmbeddedEtcd:
         start_timeout_s: float = 15.0,
         binary: Path | None = None,
         die_with_parent: bool = False,
+        initial_cluster: str | None = None,
     ) -> None:
         self.data_dir = Path(data_dir).resolve()
         self.client_port = client_port or free_port()
@@ -135,6 +136,8 @@ class EmbeddedEtcd:
         self.start_timeout_s = start_timeout_s
         self.binary = binary or find_etcd_binary()
         self.die_with_parent = die_with_parent
+        # ``name=peer_url,...`` of every member when this one is part of a larger cluster
+        self.initial_cluster = initial_cluster
         self._process: subprocess.Popen[bytes] | None = None
 
     @property
@@ -168,10 +171,11 @@ class EmbeddedEtcd:
             f"--advertise-client-urls={self.client_url}",
             f"--listen-peer-urls={self.peer_url}",
             f"--initial-advertise-peer-urls={self.peer_url}",
-            f"--initial-cluster={self.name}={self.peer_url}",
+            f"--initial-cluster={self.initial_cluster or f'{self.name}={self.peer_url}'}",
         ]
+        token = "kafscale-cluster" if self.initial_cluster else self.name
         args = [str(self.binary), f"--name={self.name}", f"--data-dir={self.etcd_dir}"]
-        args += [*urls, "--initial-cluster-state=new", f"--initial-cluster-token={self.name}"]
+        args += [*urls, "--initial-cluster-state=new", f"--initial-cluster-token={token}"]
         if self.fast:
             args += ["--heartbeat-interval=10", "--election-timeout=100"]
         if self.no_fsync:
