@@ -24,6 +24,7 @@ from kafscale.broker.config import BrokerSettings
 from kafscale.broker.groups.coordinator import GroupCoordinator, group_config
 from kafscale.broker.metadata import keys
 from kafscale.broker.metadata.cluster import BrokerInfo, ClusterView, TopicInfo, TopicPartition
+from kafscale.broker.metadata.compaction import Compactor
 from kafscale.broker.metadata.etcd import (
     BadEndpoint,
     Etcd,
@@ -170,6 +171,17 @@ class Broker:
             asyncio.create_task(
                 self.purger.run(self.node_id, self.view, self.settings.log.purge_interval_s),
                 name="topic-purge",
+            )
+        )
+        compactor = Compactor(self.etcd)
+        self._tasks.append(
+            asyncio.create_task(
+                compactor.run(
+                    self.node_id,
+                    self.view.live_broker_ids,
+                    self.settings.etcd.compaction_interval_s,
+                ),
+                name="etcd-compaction",
             )
         )
         if self.settings.assignment.self_assign:

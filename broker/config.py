@@ -73,6 +73,12 @@ class EtcdSettings(_Section):
         None, description="Client certificate for https:// endpoints that require one."
     )
     key_file: Path | None = Field(None, description="Key of `cert_file`.")
+    compaction_interval_s: float = Field(
+        300.0,
+        gt=0,
+        description="How often the lowest-numbered broker compacts etcd's history (keeping "
+        "one interval of it); 0 is not allowed: without it etcd fills its space quota.",
+    )
     timeout_s: float = Field(5.0, gt=0, description="Deadline for every etcd call.")
     session_ttl_s: int = Field(
         10, ge=2, description="TTL of the broker's session lease; keepalive every TTL/3."
