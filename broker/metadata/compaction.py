@@ -10,8 +10,12 @@ than that resumes without a RESYNC (``etcd``), as etcd's own ``--auto-compaction
 would keep it.
 
 Compaction frees space inside etcd's database file, which etcd reuses; it does not shrink the
-file. Giving the space back to the file system takes ``etcdctl defrag`` (see
-``docs/etcd-operations.md``).
+file. Giving the space back to the file system takes a defragmentation (see
+``docs/etcd-operations.md``). When etcd has raised its NOSPACE alarm (the quota is used up
+anyway, e.g. by another user of the same etcd), the compactor compacts to the current
+revision, defragments every member and disarms the alarm: writes, and so produces, resume.
+Meanwhile flush commits fail and produces get REQUEST_TIMED_OUT, which clients retry; nothing
+is acknowledged that is not committed.
 """
 
 from __future__ import annotations
@@ -44,11 +48,27 @@ class Compactor:
         self.compacted = 0
 
     async def tick(self) -> None:
-        """Compact to the revision of the previous tick; remember this tick's."""
+        """Compact to the revision of the previous tick; remember this tick's. Out of space:
+        compact everything, defragment, disarm."""
         current = await self._etcd.revision()
+        if "NOSPACE" in await self._etcd.alarms():
+            log.error(
+                "etcd is out of space (NOSPACE alarm): writes and produces fail; compacting to "
+                "revision %d, defragmenting and disarming the alarm",
+                current,
+            )
+            await self._compact(current)
+            await self._etcd.recover_space()
+            log.warning("etcd NOSPACE alarm disarmed; writes resume")
+            self._previous = current
+            return
         target = compaction_target(self._previous, self.compacted)
         self._previous = current
-        if target is None:
+        if target is not None:
+            await self._compact(target)
+
+    async def _compact(self, target: int) -> None:
+        if target <= self.compacted:
             return
         try:
             await self._etcd.compact(target)

@@ -126,6 +126,7 @@ class EmbeddedEtcd:
         binary: Path | None = None,
         die_with_parent: bool = False,
         initial_cluster: str | None = None,
+        extra_args: tuple[str, ...] = (),
     ) -> None:
         self.data_dir = Path(data_dir).resolve()
         self.client_port = client_port or free_port()
@@ -138,6 +139,7 @@ class EmbeddedEtcd:
         self.die_with_parent = die_with_parent
         # ``name=peer_url,...`` of every member when this one is part of a larger cluster
         self.initial_cluster = initial_cluster
+        self.extra_args = extra_args  # e.g. ``--quota-backend-bytes=...``
         self._process: subprocess.Popen[bytes] | None = None
 
     @property
@@ -180,7 +182,7 @@ class EmbeddedEtcd:
             args += ["--heartbeat-interval=10", "--election-timeout=100"]
         if self.no_fsync:
             args.append("--unsafe-no-fsync")
-        return args
+        return [*args, *self.extra_args]
 
     # --- lifecycle ---
 

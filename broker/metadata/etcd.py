@@ -83,6 +83,12 @@ class MetadataUnavailable(MetadataError):
     """etcd could not be reached or did not answer within the configured timeout."""
 
 
+class MetadataNoSpace(MetadataUnavailable):
+    """etcd raised its NOSPACE alarm (its space quota is used up): it refuses every write
+    until history is compacted, the database defragmented and the alarm disarmed, which the
+    brokers' compactor does (``compaction``)."""
+
+
 class LeaseLost(MetadataError):
     """The lease no longer exists in etcd (expired or revoked): stop acting as its owner."""
 
@@ -268,6 +274,16 @@ def _watch_event(raw: Any) -> WatchEvent:
     )
 
 
+def _alarm_name(alarm_type: Any) -> str:
+    """aetcd gives alarm types as protobuf enum numbers: NONE 0, NOSPACE 1, CORRUPT 2."""
+    names = {0: "NONE", 1: "NOSPACE", 2: "CORRUPT"}
+    return (
+        names.get(int(alarm_type), str(alarm_type))
+        if isinstance(alarm_type, int)
+        else str(alarm_type)
+    )
+
+
 def _grpc_code(error: BaseException) -> Any:
     for candidate in (error, error.__cause__):
         if isinstance(candidate, rpc.AioRpcError):
@@ -283,6 +299,11 @@ def _translate(error: BaseException, what: str) -> MetadataError:
     ):
         return MetadataUnavailable(message)
     code = _grpc_code(error)
+    if "database space exceeded" in str(error):
+        return MetadataNoSpace(
+            f"{message} (etcd is out of space: its NOSPACE alarm is raised; writes resume once "
+            "history is compacted, the database defragmented and the alarm disarmed)"
+        )
     if code in _UNAVAILABLE_CODES:
         return MetadataUnavailable(message)
     if code == rpc.StatusCode.NOT_FOUND and "lease not found" in str(error):
@@ -590,6 +611,29 @@ class Etcd:
     async def compact(self, revision: int) -> None:
         """Drop history before ``revision`` (watches from older revisions then RESYNC)."""
         await self._call("compact", lambda: self._client.compact(revision, physical=True))
+
+    async def alarms(self) -> list[str]:
+        """The alarms raised on any member (``NOSPACE``, ``CORRUPT``)."""
+        raw = await self._call("alarm list", self._list_alarms)
+        return sorted({_alarm_name(alarm.alarm_type) for alarm in raw})
+
+    async def _list_alarms(self) -> list[Any]:
+        return [alarm async for alarm in self._client.list_alarms()]
+
+    async def recover_space(self) -> None:
+        """After a compaction: defragment every member (giving the freed pages back, which
+        brings the database under its quota) and disarm the NOSPACE alarm."""
+        for index, client in enumerate(self._clients):
+            try:
+                async with asyncio.timeout(max(self.timeout_s, 30.0)):
+                    await client.connect()
+                    await client.defragment()
+            except (TimeoutError, aetcd.ClientError, rpc.AioRpcError) as error:
+                log.warning("defragmenting etcd at %s: %s", self._endpoints[index], error)
+        for alarm in await self._call("alarm list", self._list_alarms):
+            if _alarm_name(alarm.alarm_type) == "NOSPACE":
+                member = alarm.member_id
+                await self._call("alarm disarm", lambda m=member: self._client.disarm_alarm(m))
 
     async def txn(
         self, compares: Sequence[Compare], success: Sequence[Op], failure: Sequence[Op] = ()

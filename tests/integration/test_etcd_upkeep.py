@@ -10,12 +10,27 @@ from pathlib import Path
 
 import pytest
 from confluent_kafka import Producer
+from harness.batches import make_batch
 from harness.brokers import BrokerCluster, _create_bucket
+from harness.kafka_wire import (
+    FETCH,
+    PRODUCE,
+    KafkaWire,
+    batches_in,
+    fetch_body,
+    fetch_partition,
+    produce_body,
+    produce_partition,
+)
 from harness.s3 import S3Endpoint, unique_bucket
+from harness.topics import create_topics
 
 from kafscale.broker.metadata.embedded_etcd import EmbeddedEtcd, find_etcd_binary
 
 pytestmark = pytest.mark.integration
+
+MiB = 1024 * 1024
+REQUEST_TIMED_OUT = 7
 
 
 def etcdctl(server: EmbeddedEtcd, *args: str) -> subprocess.CompletedProcess[str]:
@@ -58,3 +73,54 @@ def test_the_lowest_broker_compacts_etcd_history_as_commits_go_on(
         assert "etcd history compacted to revision" in broker.tail(200)
     finally:
         cluster.stop_all()
+
+
+def test_an_etcd_out_of_space_fails_produces_clearly_and_recovers(
+    s3_server: S3Endpoint, tmp_path: Path
+) -> None:
+    """etcd with a 2 MiB quota is filled by someone else until it raises NOSPACE: produces get
+    an error (never an ack for data that is not committed); the broker's compactor compacts,
+    defragments and disarms, and produces go through again."""
+    server = EmbeddedEtcd(
+        tmp_path / "etcd",
+        fast=True,
+        no_fsync=True,
+        extra_args=(f"--quota-backend-bytes={2 * MiB}",),
+    ).start()
+    bucket = unique_bucket("nospace")
+    _create_bucket(s3_server, bucket)
+    cluster = BrokerCluster(server.client_url, s3_server, bucket, "nospace", tmp_path)
+    try:
+        broker = cluster.start(KAFSCALE_ETCD__COMPACTION_INTERVAL_S="2")
+        create_topics(broker.bootstrap, ["roomy"], partitions=1)
+        with KafkaWire(broker.bootstrap, timeout_s=30) as wire:
+            code, first = produce_partition(
+                wire.request(PRODUCE, 9, produce_body("roomy", 0, make_batch(0, [b"before"])))
+            )
+            assert code == 0
+            filler = "a" * 60_000
+            for i in range(200):  # rewriting three keys: history fills the quota
+                if etcdctl(server, "put", f"/filler/k{i % 3}", filler).returncode != 0:
+                    break
+            assert "NOSPACE" in etcdctl(server, "alarm", "list").stdout
+            code, _ = produce_partition(
+                wire.request(PRODUCE, 9, produce_body("roomy", 0, make_batch(0, [b"refused"])))
+            )
+            assert code == REQUEST_TIMED_OUT
+            deadline = time.monotonic() + 30
+            while True:
+                code, offset = produce_partition(
+                    wire.request(PRODUCE, 9, produce_body("roomy", 0, make_batch(0, [b"after"])))
+                )
+                if code == 0 or time.monotonic() > deadline:
+                    break
+                time.sleep(0.5)
+            assert code == 0, broker.tail(60)
+            assert "NOSPACE" not in etcdctl(server, "alarm", "list").stdout
+            partition = fetch_partition(wire.request(FETCH, 12, fetch_body("roomy", 0, first)))
+            values = [b.base_offset for b in batches_in(partition.records)]
+            assert values[0] == first and offset in values
+        assert "etcd is out of space (NOSPACE alarm)" in broker.tail(300)
+    finally:
+        cluster.stop_all()
+        server.stop()
