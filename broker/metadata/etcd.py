@@ -30,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import enum
+import functools
 import logging
 import random
 from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
@@ -617,6 +618,9 @@ class Etcd:
         raw = await self._call("alarm list", self._list_alarms)
         return sorted({_alarm_name(alarm.alarm_type) for alarm in raw})
 
+    async def _disarm(self, member_id: int) -> Any:
+        return await self._client.disarm_alarm(member_id)
+
     async def _list_alarms(self) -> list[Any]:
         return [alarm async for alarm in self._client.list_alarms()]
 
@@ -632,8 +636,7 @@ class Etcd:
                 log.warning("defragmenting etcd at %s: %s", self._endpoints[index], error)
         for alarm in await self._call("alarm list", self._list_alarms):
             if _alarm_name(alarm.alarm_type) == "NOSPACE":
-                member = alarm.member_id
-                await self._call("alarm disarm", lambda m=member: self._client.disarm_alarm(m))
+                await self._call("alarm disarm", functools.partial(self._disarm, alarm.member_id))
 
     async def txn(
         self, compares: Sequence[Compare], success: Sequence[Op], failure: Sequence[Op] = ()
