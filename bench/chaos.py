@@ -83,15 +83,28 @@ class Cluster:
         self.stack = stack
         self.slots = [Slot(free_port(), free_port()) for _ in range(brokers)]
         self.restarts = 0
+        self.failed_starts = 0
 
-    def start(self, slot: Slot) -> None:
-        process = BrokerProcess(
-            env=self.stack.env(slot.port, slot.admin_port),
-            log_path=self.stack.workdir / f"broker-{slot.port}.log",
-            port=slot.port,
-            admin_port=slot.admin_port,
-        )
-        slot.process = process.start(timeout_s=60)
+    def start(self, slot: Slot, attempts: int = 3) -> None:
+        """Start the slot's broker; a start that is not ready in time (on a loaded machine a
+        broker's imports alone can take a minute) is killed and tried again."""
+        for attempt in range(attempts):
+            process = BrokerProcess(
+                env=self.stack.env(slot.port, slot.admin_port),
+                log_path=self.stack.workdir / f"broker-{slot.port}.log",
+                port=slot.port,
+                admin_port=slot.admin_port,
+            )
+            slot.process = process
+            try:
+                process.start(timeout_s=180)
+                return
+            except (TimeoutError, RuntimeError) as exc:
+                process.kill()
+                self.failed_starts += 1
+                print(f"broker :{slot.port} did not start ({str(exc)[:200]})", flush=True)
+                if attempt == attempts - 1:
+                    raise
 
     def restart(self, slot: Slot) -> None:
         """The supervisor: reap, then start on the same port."""

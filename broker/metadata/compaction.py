@@ -11,7 +11,7 @@ would keep it.
 
 Compaction frees space inside etcd's database file, which etcd reuses; it does not shrink the
 file. Giving the space back to the file system takes a defragmentation (see
-``docs/etcd-operations.md``). When etcd has raised its NOSPACE alarm (the quota is used up
+``docs/hardening.md``). When etcd has raised its NOSPACE alarm (the quota is used up
 anyway, e.g. by another user of the same etcd), the compactor compacts to the current
 revision, defragments every member and disarms the alarm: writes, and so produces, resume.
 Meanwhile flush commits fail and produces get REQUEST_TIMED_OUT, which clients retry; nothing
