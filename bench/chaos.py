@@ -256,6 +256,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--producers", type=int, default=4)
     parser.add_argument("--rate", type=float, default=50, help="records/s per producer")
     parser.add_argument("--max-stop-s", type=float, default=15)
+    parser.add_argument("--faults", type=int, default=0, help="stop after this many (0: none)")
+    parser.add_argument(
+        "--kinds", default=",".join(FAULTS), help=f"faults to choose from ({','.join(FAULTS)})"
+    )
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--ttl", type=int, default=4, help="broker session TTL, seconds")
     parser.add_argument("--json", action="store_true", help="print the figures as JSON too")
@@ -286,9 +290,12 @@ def main(argv: list[str] | None = None) -> int:
             thread.start()
         faults: Counter[str] = Counter()
         started = time.monotonic()
+        kinds = [kind for kind in args.kinds.split(",") if kind in FAULTS]
         while time.monotonic() - started < args.duration_s:
+            if args.faults and sum(faults.values()) >= args.faults:
+                break
             time.sleep(rng.uniform(1.0, 4.0))
-            kind = rng.choice(FAULTS)
+            kind = rng.choice(kinds)
             what = inject(kind, cluster, rng, args.max_stop_s)
             faults[kind] += 1
             print(f"{time.monotonic() - started:7.1f}s  {what}", flush=True)
