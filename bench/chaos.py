@@ -195,8 +195,12 @@ def inject(kind: str, cluster: Cluster, rng: random.Random, max_stop_s: float) -
     return f"pause {kind} {pause_s:.1f}s"
 
 
-def read_log(bootstrap: str, partitions: int) -> dict[int, list[tuple[int, bytes]]]:
-    """Every record of every partition, from the start up to its high watermark."""
+def read_log(
+    bootstrap: str, partitions: int, timeout_s: float = 600
+) -> tuple[dict[int, list[tuple[int, bytes]]], dict[int, int]]:
+    """Every record of every partition, from the start up to its high watermark, and the high
+    watermarks. Reading stops at ``timeout_s``; what was not read then is reported, not
+    counted as lost (``unread``)."""
     consumer = Consumer(
         {
             "bootstrap.servers": bootstrap,
@@ -206,35 +210,47 @@ def read_log(bootstrap: str, partitions: int) -> dict[int, list[tuple[int, bytes
         }
     )
     ends = {
-        p: consumer.get_watermark_offsets(TopicPartition(TOPIC, p), 30)[1]
+        p: consumer.get_watermark_offsets(TopicPartition(TOPIC, p), 60)[1]
         for p in range(partitions)
     }
     consumer.assign([TopicPartition(TOPIC, p, OFFSET_BEGINNING) for p in range(partitions)])
     log: dict[int, list[tuple[int, bytes]]] = defaultdict(list)
     done = {p for p, end in ends.items() if end == 0}
-    deadline = time.monotonic() + 120
+    deadline = time.monotonic() + timeout_s
     while len(done) < partitions and time.monotonic() < deadline:
-        message = consumer.poll(0.5)
-        if message is None or message.error() is not None:
-            continue
-        partition = message.partition()
-        log[partition].append((message.offset(), message.value()))
-        if message.offset() + 1 >= ends[partition]:
-            done.add(partition)
+        for message in consumer.consume(1000, 0.5):
+            if message.error() is not None:
+                continue
+            partition = message.partition()
+            log[partition].append((message.offset(), message.value()))
+            if message.offset() + 1 >= ends[partition]:
+                done.add(partition)
     consumer.close()
-    return log
+    return log, ends
 
 
-def check(acked: Acked, log: dict[int, list[tuple[int, bytes]]]) -> dict[str, int]:
-    """Counts of acked records lost, duplicated, misplaced and reordered (pure)."""
+def check(
+    acked: Acked, log: dict[int, list[tuple[int, bytes]]], ends: dict[int, int]
+) -> dict[str, int]:
+    """Counts of acked records lost, duplicated, misplaced and reordered (pure). An acked
+    record that is not in the log is lost if the partition's high watermark is at or below its
+    acked offset, or if its offset was read and held another record; one whose offset the
+    reader did not reach (time ran out) is ``unread``."""
     found: dict[bytes, list[tuple[int, int]]] = defaultdict(list)
+    read_offsets: dict[int, set[int]] = defaultdict(set)
     for partition, records in log.items():
         for offset, value in records:
             found[value].append((partition, offset))
-    lost = duplicated = misplaced = 0
+            read_offsets[partition].add(offset)
+    lost = duplicated = misplaced = unread = 0
     for value, place in acked.where.items():
         places = found.get(value, [])
-        lost += not places
+        if not places:
+            partition, offset = place
+            if offset < ends.get(partition, 0) and offset not in read_offsets[partition]:
+                unread += 1
+            else:
+                lost += 1
         duplicated += len(places) > 1
         misplaced += bool(places) and place not in places
     reordered = 0
@@ -246,6 +262,7 @@ def check(acked: Acked, log: dict[int, list[tuple[int, bytes]]]) -> dict[str, in
         "duplicated": duplicated,
         "misplaced": misplaced,
         "reordered": reordered,
+        "unread": unread,
     }
 
 
@@ -306,8 +323,8 @@ def main(argv: list[str] | None = None) -> int:
         for thread in producers:
             thread.join(360)
         wait_for(lambda: all(s.process and s.process.alive for s in cluster.slots), 30)
-        log = read_log(cluster.bootstrap, args.producers)
-        counts = check(acked, log)
+        log, ends = read_log(cluster.bootstrap, args.producers)
+        counts = check(acked, log, ends)
     figures = {
         "duration_s": round(time.monotonic() - started, 1),
         "faults": sum(faults.values()),
@@ -325,6 +342,7 @@ def main(argv: list[str] | None = None) -> int:
         f"in the log: {figures['in_log']})\n"
         f"lost {counts['lost']}, duplicated {counts['duplicated']}, "
         f"misplaced {counts['misplaced']}, reordered {counts['reordered']}"
+        f" (not read back in time: {counts['unread']})"
     )
     if args.json:
         print(json.dumps(figures))
