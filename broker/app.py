@@ -24,14 +24,21 @@ from kafscale.broker.config import BrokerSettings
 from kafscale.broker.groups.coordinator import GroupCoordinator, group_config
 from kafscale.broker.metadata import keys
 from kafscale.broker.metadata.cluster import BrokerInfo, ClusterView, TopicInfo, TopicPartition
-from kafscale.broker.metadata.etcd import Etcd, MetadataUnavailable, SessionLease
+from kafscale.broker.metadata.compaction import Compactor
+from kafscale.broker.metadata.etcd import (
+    BadEndpoint,
+    Etcd,
+    EtcdTls,
+    MetadataUnavailable,
+    SessionLease,
+)
 from kafscale.broker.metadata.leaders import leader_for
 from kafscale.broker.metadata.partition_state import PartitionState
 from kafscale.broker.metadata.rebalancer import Rebalancer
 from kafscale.broker.metadata.topics import create_topic
 from kafscale.broker.ownership import follow_once, plan_ownership
 from kafscale.broker.protocol.errors import ErrorCode, KafkaError, NotLeader
-from kafscale.broker.server import KafkaServer
+from kafscale.broker.server import ByteBudget, KafkaServer
 from kafscale.broker.storage.cache import SegmentCache
 from kafscale.broker.storage.factory import open_object_store
 from kafscale.broker.storage.janitor import Janitor
@@ -57,6 +64,7 @@ class Broker:
     cache: SegmentCache
     reader: LogReader
     fetch_sessions: FetchSessionCache
+    produce_budget: ByteBudget
     info: BrokerInfo | None = None
     manager: LogManager | None = None
     server: KafkaServer | None = None
@@ -96,7 +104,10 @@ class Broker:
             await store.close()
             raise StartupError(f"object storage is not usable: {exc}") from exc
         try:
-            etcd = await Etcd.connect(settings.etcd.endpoints, settings.etcd.timeout_s)
+            etcd = await connect_etcd(settings)
+        except BadEndpoint as exc:
+            await store.close()
+            raise StartupError(f"etcd is not usable: {exc}") from exc
         except MetadataUnavailable as exc:
             await store.close()
             raise StartupError(f"etcd is not reachable: {exc}") from exc
@@ -113,6 +124,7 @@ class Broker:
             cache=cache,
             reader=LogReader(settings.cluster, store, cache),
             fetch_sessions=FetchSessionCache(settings.limits.fetch_sessions),
+            produce_budget=ByteBudget(settings.limits.max_buffered_produce_bytes),
             pod_name=pod_name,
         )
         await broker._start_serving()
@@ -159,6 +171,17 @@ class Broker:
             asyncio.create_task(
                 self.purger.run(self.node_id, self.view, self.settings.log.purge_interval_s),
                 name="topic-purge",
+            )
+        )
+        compactor = Compactor(self.etcd)
+        self._tasks.append(
+            asyncio.create_task(
+                compactor.run(
+                    self.node_id,
+                    self.view.live_broker_ids,
+                    self.settings.etcd.compaction_interval_s,
+                ),
+                name="etcd-compaction",
             )
         )
         if self.settings.assignment.self_assign:
@@ -324,6 +347,8 @@ class Broker:
                 **pool_status(self.cache.buffers),
             },
             "request_frames": frame_pool_status(self.server),
+            "request_memory": request_memory_status(self.server),
+            "buffered_produce_bytes": self.produce_budget.used,
             "fetch_sessions": len(self.fetch_sessions),
         }
 
@@ -382,12 +407,37 @@ class Broker:
         await self.store.close()
 
 
+async def connect_etcd(settings: BrokerSettings) -> Etcd:
+    """The etcd client the settings describe: every endpoint, TLS and credentials."""
+    config = settings.etcd
+    return await Etcd.connect(
+        config.endpoints,
+        config.timeout_s,
+        username=config.username,
+        password=None if config.password is None else config.password.get_secret_value(),
+        tls=EtcdTls(config.ca_file, config.cert_file, config.key_file),
+    )
+
+
 def pool_status(pool: BufferPool) -> dict[str, int]:
     """What a buffer pool holds, and how often it handed out a reused or a fresh buffer."""
     return {
         "pooled_bytes": pool.size_bytes,
         "buffers_reused": pool.reused,
         "buffers_allocated": pool.allocated,
+    }
+
+
+def request_memory_status(server: KafkaServer | None) -> dict[str, int]:
+    """Bytes of large request frames held now and at most, and connections waiting for some."""
+    if server is None:
+        return {}
+    memory = server.request_memory
+    return {
+        "used_bytes": memory.used_bytes,
+        "peak_bytes": memory.peak_bytes,
+        "limit_bytes": memory.limit_bytes,
+        "waiting_connections": memory.waiting,
     }
 
 

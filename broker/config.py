@@ -61,7 +61,23 @@ class ListenerSettings(_Section):
 class EtcdSettings(_Section):
     endpoints: tuple[str, ...] = Field(
         ("http://127.0.0.1:2379",),
-        description="etcd client URLs (the first reachable one is used).",
+        description="etcd client URLs, http:// or https://; all are used: the first that "
+        "answers, then the next when a member stops answering.",
+    )
+    username: str | None = Field(None, description="etcd user (with `password`).")
+    password: SecretStr | None = Field(None, description="etcd password.")
+    ca_file: Path | None = Field(
+        None, description="CA certificate for https:// endpoints (default: the system's)."
+    )
+    cert_file: Path | None = Field(
+        None, description="Client certificate for https:// endpoints that require one."
+    )
+    key_file: Path | None = Field(None, description="Key of `cert_file`.")
+    compaction_interval_s: float = Field(
+        300.0,
+        gt=0,
+        description="How often the lowest-numbered broker compacts etcd's history (keeping "
+        "one interval of it); 0 is not allowed: without it etcd fills its space quota.",
     )
     timeout_s: float = Field(5.0, gt=0, description="Deadline for every etcd call.")
     session_ttl_s: int = Field(
@@ -134,6 +150,32 @@ class LimitSettings(_Section):
         "may still run alone).",
     )
     max_connections: int = Field(4096, ge=1, description="Open client connections per listener.")
+    max_connections_per_address: int = Field(
+        1000,
+        ge=1,
+        description="Open client connections from one client address (Kafka's "
+        "max.connections.per.ip); more are closed at once.",
+    )
+    queued_max_request_bytes: int = Field(
+        256 * 1024 * 1024,
+        ge=1024 * 1024,
+        description="Request bytes held in memory across all connections (Kafka's "
+        "queued.max.request.bytes); when spent, connections with large requests stop being "
+        "read until memory is freed. Frames up to 16 KiB are not counted.",
+    )
+    max_buffered_produce_bytes: int = Field(
+        128 * 1024 * 1024,
+        ge=1024 * 1024,
+        description="Produced bytes a broker holds until they are durable, acks=0 and acks=1/all "
+        "alike; past it, produce requests wait (acks=1/all up to their timeout, then "
+        "REQUEST_TIMED_OUT) and producing connections stop being read.",
+    )
+    connections_max_idle_ms: int = Field(
+        600_000,
+        ge=100,
+        description="A connection with nothing received, sent or in flight for this long is "
+        "closed (Kafka's connections.max.idle.ms).",
+    )
     fetch_sessions: int = Field(
         1000,
         ge=0,

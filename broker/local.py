@@ -5,6 +5,10 @@ local-directory object store under the data directory (or a real S3 bucket). Dat
 data directory, so a restart finds every acknowledged record again. With ``--proxy`` the
 lease-aware proxy takes the first port and the brokers the ports after it: clients need only
 the proxy's address.
+
+The etcd child dies with this process, however it dies (see ``embedded_etcd``), and one left
+over from an older run on the same data directory is stopped before ours starts. Every start-up
+failure is one line on stderr and a non-zero exit (``StartupError``), never a traceback.
 """
 
 from __future__ import annotations
@@ -15,12 +19,13 @@ import signal
 from dataclasses import dataclass
 from pathlib import Path
 
-from kafscale.broker.app import Broker
+from kafscale.broker.app import Broker, StartupError
 from kafscale.broker.config import BrokerSettings, StorageKind
 from kafscale.broker.memory import freeze_startup_objects
-from kafscale.broker.metadata.embedded_etcd import EmbeddedEtcd
+from kafscale.broker.metadata.embedded_etcd import EmbeddedEtcd, EtcdBinaryNotFound, EtcdStartError
 from kafscale.broker.proxy.app import Proxy
 from kafscale.broker.proxy.config import ProxyEtcdSettings, ProxyListenerSettings, ProxySettings
+from kafscale.broker.storage.object_store import ObjectStoreError
 
 log = logging.getLogger(__name__)
 
@@ -79,10 +84,62 @@ def local_proxy_settings(
     )
 
 
+def storage_startup_message(error: ObjectStoreError, settings: BrokerSettings) -> str:
+    """The one line that tells a user what is wrong with the S3 store and what to do."""
+    text = str(error)
+    if "credentials" in text.lower():
+        return (
+            f"no S3 credentials for {settings.storage.endpoint}: set AWS_ACCESS_KEY_ID and "
+            "AWS_SECRET_ACCESS_KEY (or --storage-access-key-id and --storage-secret-access-key)"
+        )
+    return f"object storage is not usable: {text}"
+
+
+async def start_etcd(data_dir: Path) -> EmbeddedEtcd:
+    """Our etcd, healthy; a stale one on the same directory is stopped first.
+
+    Launched from the event loop's thread (not a worker thread): the kernel kills an etcd
+    started with ``die_with_parent`` when the thread that forked it exits.
+    """
+    try:
+        etcd = EmbeddedEtcd(data_dir=data_dir, die_with_parent=True)
+        stale = await asyncio.to_thread(etcd.stop_stale)
+        if stale:
+            print(f"stopped an etcd left running on {etcd.etcd_dir} (pid {stale[0]})", flush=True)
+        etcd.launch()
+    except (EtcdBinaryNotFound, OSError) as exc:
+        raise StartupError(f"cannot start etcd: {exc}") from exc
+    except EtcdStartError as exc:
+        raise StartupError(exc.summary) from exc
+    try:
+        await etcd.wait_healthy_async()
+    except EtcdStartError as exc:
+        etcd.kill()
+        raise StartupError(exc.summary) from exc
+    except BaseException:
+        etcd.kill()
+        raise
+    return etcd
+
+
+async def _prepare_bucket(settings: BrokerSettings) -> None:
+    from kafscale.broker.storage.s3 import S3ObjectStore
+
+    store = S3ObjectStore.from_settings(settings.storage)
+    try:
+        await store.create_bucket_if_missing()
+    except ObjectStoreError as exc:
+        raise StartupError(storage_startup_message(exc, settings)) from exc
+    finally:
+        await store.close()
+
+
 async def run_local(base: BrokerSettings, options: LocalOptions) -> None:
-    options.data_dir.mkdir(parents=True, exist_ok=True)
-    etcd = EmbeddedEtcd(data_dir=options.data_dir / "etcd")
-    await asyncio.to_thread(etcd.start)
+    try:
+        options.data_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise StartupError(f"cannot use data directory {options.data_dir}: {exc}") from exc
+    etcd = await start_etcd(options.data_dir / "etcd")
     brokers: list[Broker] = []
     proxy: Proxy | None = None
     stop = asyncio.Event()
@@ -92,12 +149,8 @@ async def run_local(base: BrokerSettings, options: LocalOptions) -> None:
     try:
         for index in range(options.brokers):
             settings = local_settings(base, options, etcd.client_url, index)
-            if settings.storage.kind is StorageKind.S3:
-                from kafscale.broker.storage.s3 import S3ObjectStore
-
-                store = S3ObjectStore.from_settings(settings.storage)
-                await store.create_bucket_if_missing()
-                await store.close()
+            if settings.storage.kind is StorageKind.S3 and index == 0:
+                await _prepare_bucket(settings)
             brokers.append(await Broker.start(settings))
         if options.proxy:
             proxy = await Proxy.start(local_proxy_settings(base, options, etcd.client_url))

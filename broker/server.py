@@ -7,12 +7,19 @@ tasks in arrival order: requests run concurrently, responses leave in order. ack
 resolve to ``None`` and send nothing. The queue between them bounds requests in flight.
 Frames come from :class:`~kafscale.broker.protocol.framing.FrameProtocol`, which stops reading
 the socket while the reader is held up by those bounds.
+
+What a hostile or careless peer can hold is bounded broker-wide as well: large request frames
+take their memory from one ``RequestMemory`` budget (given back once the request is answered),
+a connection with nothing received, sent or in flight for ``connections_max_idle_ms`` is
+closed, and one client address may hold at most ``max_connections_per_address`` connections.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+from collections import Counter
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,6 +32,7 @@ from kafscale.broker.protocol.framing import (
     FrameTooLarge,
     frame_buffer_pool,
 )
+from kafscale.broker.protocol.request_memory import RequestMemory
 
 log = logging.getLogger(__name__)
 
@@ -40,16 +48,21 @@ class Connection:
 
     peer: str
     append_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    in_flight: int = 0  # requests read and not yet answered
 
 
 class ByteBudget:
-    """Bytes of requests in flight on one connection; a request larger than the whole budget
-    still runs, alone."""
+    """Bytes of requests in flight on one connection (or produced bytes not yet durable, on
+    the whole broker); a request larger than the whole budget still runs, alone."""
 
     def __init__(self, limit: int) -> None:
         self._limit = limit
         self._used = 0
         self._freed = asyncio.Event()
+
+    @property
+    def used(self) -> int:
+        return self._used
 
     async def take(self, size: int) -> None:
         while self._used and self._used + size > self._limit:
@@ -69,6 +82,19 @@ class CloseConnection(Exception):
     """The frame cannot be answered (no readable header): drop the connection."""
 
 
+Queued = tuple[asyncio.Task[bytes | None], int, int] | None
+"""A request's task, its frame's size and the bytes of request memory it holds; None ends."""
+
+
+def idle_connections(activity: list[tuple[float, int]], now: float, max_idle_s: float) -> list[int]:
+    """Indexes of connections (last activity, requests in flight) idle for ``max_idle_s``."""
+    return [
+        index
+        for index, (last_active, in_flight) in enumerate(activity)
+        if in_flight == 0 and now - last_active >= max_idle_s
+    ]
+
+
 class KafkaServer:
     def __init__(self, dispatch: Dispatch, limits: LimitSettings, host: str, port: int) -> None:
         self._dispatch = dispatch
@@ -78,7 +104,10 @@ class KafkaServer:
         self._server: asyncio.Server | None = None
         self._connections: dict[asyncio.Task[None], tuple[Connection, FrameProtocol]] = {}
         self._slots = asyncio.Semaphore(limits.max_connections)
+        self._per_address: Counter[str] = Counter()
         self.frame_buffers: BufferPool = frame_buffer_pool()
+        self.request_memory = RequestMemory(limits.queued_max_request_bytes)
+        self._idle_sweeper: asyncio.Task[None] | None = None
 
     @property
     def port(self) -> int:
@@ -89,16 +118,38 @@ class KafkaServer:
         loop = asyncio.get_running_loop()
         self._server = await loop.create_server(
             lambda: FrameProtocol(
-                self._limits.max_frame_bytes, self._on_connect, buffers=self.frame_buffers
+                self._limits.max_frame_bytes,
+                self._on_connect,
+                buffers=self.frame_buffers,
+                memory=self.request_memory,
             ),
             self._host,
             self._port,
             reuse_address=True,
         )
+        self._idle_sweeper = asyncio.create_task(self._close_idle(), name="idle-connections")
 
     async def stop_accepting(self) -> None:
         if self._server is not None:
             self._server.close()
+        sweeper, self._idle_sweeper = self._idle_sweeper, None
+        if sweeper is not None:
+            sweeper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await sweeper
+
+    async def _close_idle(self) -> None:
+        """Close connections idle for ``connections_max_idle_ms`` (checked ten times per it)."""
+        max_idle_s = self._limits.connections_max_idle_ms / 1000
+        loop = asyncio.get_running_loop()
+        while True:
+            await asyncio.sleep(max_idle_s / 10)
+            open_now = list(self._connections.values())
+            activity = [(p.last_active, c.in_flight) for c, p in open_now]
+            for index in idle_connections(activity, loop.time(), max_idle_s):
+                connection, protocol = open_now[index]
+                log.info("closing %s: idle for %g s", connection.peer, max_idle_s)
+                protocol.transport.abort()
 
     async def close(self, grace_s: float) -> None:
         """Stop accepting, let connections finish what they started, then cut them.
@@ -125,9 +176,19 @@ class KafkaServer:
     async def _serve(self, protocol: FrameProtocol, connection: Connection) -> None:
         task = asyncio.current_task()
         assert task is not None
+        address = _peer_address(protocol.transport)
+        self._per_address[address] += 1
         try:
             if self._slots.locked():
                 log.warning("connection limit %d reached; refusing", self._limits.max_connections)
+                return
+            if self._per_address[address] > self._limits.max_connections_per_address:
+                log.warning(
+                    "%s has %d connections open (limit %d); refusing",
+                    address,
+                    self._per_address[address] - 1,
+                    self._limits.max_connections_per_address,
+                )
                 return
             async with self._slots:
                 await self._pipeline(protocol, connection)
@@ -138,74 +199,94 @@ class KafkaServer:
         except* Exception as group:  # a bug: end this connection, log it, keep the broker
             log.error("closing %s after an internal error", connection.peer, exc_info=group)
         finally:
+            self._per_address[address] -= 1
+            if not self._per_address[address]:
+                del self._per_address[address]
             self._connections.pop(task, None)
+            protocol.release()
             protocol.transport.close()
             await protocol.wait_closed()
 
     async def _pipeline(self, protocol: FrameProtocol, connection: Connection) -> None:
-        in_order: asyncio.Queue[tuple[asyncio.Task[bytes | None], int] | None] = asyncio.Queue()
+        in_order: asyncio.Queue[Queued] = asyncio.Queue()
         slots = asyncio.Semaphore(self._limits.max_in_flight_per_connection)
         budget = ByteBudget(self._limits.max_in_flight_bytes_per_connection)
         try:
             async with asyncio.TaskGroup() as group:
-                group.create_task(_write_in_order(in_order, protocol, slots, budget))
+                group.create_task(_write_in_order(in_order, protocol, slots, budget, connection))
                 group.create_task(
                     self._read_requests(protocol, in_order, slots, budget, connection)
                 )
         finally:
-            await _cancel_queued(in_order)
+            await _cancel_queued(in_order, protocol)
 
     async def _read_requests(
         self,
         protocol: FrameProtocol,
-        in_order: asyncio.Queue[tuple[asyncio.Task[bytes | None], int] | None],
+        in_order: asyncio.Queue[Queued],
         slots: asyncio.Semaphore,
         budget: ByteBudget,
         connection: Connection,
     ) -> None:
-        # read_frame returns None at the end of the stream and once the server is stopping.
-        while (frame := await protocol.read_frame()) is not None:
-            await slots.acquire()
-            await budget.take(len(frame))
+        # read_charged_frame returns None at the end of the stream and once the server stops.
+        while (taken := await protocol.read_charged_frame()) is not None:
+            frame, charge = taken
+            connection.in_flight += 1
+            try:
+                await slots.acquire()
+                await budget.take(len(frame))
+            except BaseException:
+                protocol.give_back(charge)
+                raise
             # No await between creating the task and queueing it: every task has an owner.
             task = asyncio.create_task(self._dispatch(frame, connection))
-            in_order.put_nowait((task, len(frame)))
-            del frame  # the task's own; its buffer is reused once the task has decoded it
+            in_order.put_nowait((task, len(frame), charge))
+            del frame, taken  # the task's own; its buffer is reused once the task decoded it
         in_order.put_nowait(None)
 
 
 async def _write_in_order(
-    in_order: asyncio.Queue[tuple[asyncio.Task[bytes | None], int] | None],
+    in_order: asyncio.Queue[Queued],
     protocol: FrameProtocol,
     slots: asyncio.Semaphore,
     budget: ByteBudget,
+    connection: Connection,
 ) -> None:
     while True:
         queued = await in_order.get()
         if queued is None:
             return
-        task, size = queued
+        task, size, charge = queued
         try:
             response = await task  # CloseConnection propagates and ends the connection
         finally:
             slots.release()
             budget.give(size)
+            protocol.give_back(charge)
+            connection.in_flight -= 1
         if response:
             protocol.write(response)
             await protocol.drain()
 
 
-async def _cancel_queued(
-    in_order: asyncio.Queue[tuple[asyncio.Task[bytes | None], int] | None],
-) -> None:
+async def _cancel_queued(in_order: asyncio.Queue[Queued], protocol: FrameProtocol) -> None:
     pending = []
     while not in_order.empty():
         queued = in_order.get_nowait()
         if queued is not None:
-            task = queued[0]
+            task, _, charge = queued
             task.cancel()
             pending.append(task)
+            protocol.give_back(charge)
     await asyncio.gather(*pending, return_exceptions=True)
+
+
+def _peer_address(transport: asyncio.BaseTransport) -> str:
+    """The client's address without its port: what the per-address limit counts."""
+    peer = transport.get_extra_info("peername")
+    if isinstance(peer, tuple) and peer:
+        return str(peer[0])
+    return str(peer)
 
 
 def _peer_name(transport: asyncio.BaseTransport) -> str:

@@ -30,7 +30,22 @@ RUN_AS_USER = 10001
 DEFAULT_BROKER_RESOURCES = {"requests": {"cpu": "500m", "memory": "512Mi"}}
 DEFAULT_PROXY_RESOURCES = {"requests": {"cpu": "100m", "memory": "128Mi"}}
 DEFAULT_ETCD_RESOURCES = {"requests": {"cpu": "100m", "memory": "256Mi"}}
-DRAIN_COMMAND = ["kafscale", "drain", "--admin-url", f"http://127.0.0.1:{naming.ADMIN_PORT}"]
+DRAIN_SHUTDOWN_MARGIN_S = 5  # of the grace period, left for the broker's own shutdown
+
+
+def drain_command(termination_grace_period_seconds: int) -> list[str]:
+    """The preStop hook: the light drain module (not the ``kafscale`` command, which imports
+    the whole broker), with a timeout that ends inside the pod's termination grace period."""
+    timeout_s = max(1, termination_grace_period_seconds - DRAIN_SHUTDOWN_MARGIN_S)
+    return [
+        "python",
+        "-m",
+        "kafscale.broker.drain_hook",
+        "--admin-url",
+        f"http://127.0.0.1:{naming.ADMIN_PORT}",
+        "--timeout-s",
+        str(timeout_s),
+    ]
 
 
 def owner_reference(ref: ClusterRef) -> dict[str, Any]:
@@ -211,7 +226,11 @@ def build_broker_deployment(ref: ClusterRef, spec: KafScaleClusterSpec) -> Manif
             "timeoutSeconds": 3,
             "failureThreshold": 2,
         },
-        "lifecycle": {"preStop": {"exec": {"command": DRAIN_COMMAND}}},
+        "lifecycle": {
+            "preStop": {
+                "exec": {"command": drain_command(brokers.termination_grace_period_seconds)}
+            }
+        },
         "securityContext": container_security_context(),
         "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}],
     }

@@ -159,7 +159,22 @@ class EtcdSpec(_Model):
         json_schema_extra={"items": {"type": "string", "pattern": r"^https?://.+"}},
     )
     replicas: int = Field(
-        default=3, ge=1, le=7, description="Members of the managed etcd (odd numbers: 1, 3, 5, 7)."
+        default=3,
+        ge=1,
+        le=7,
+        description="Members of the managed etcd (odd numbers: 1, 3, 5, 7). Fixed once the "
+        "cluster exists: every member starts with the initial member list, so a change would "
+        "need etcd membership changes, which the operator does not make.",
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {"rule": "self % 2 == 1", "message": "etcd replicas must be odd (1, 3, 5, 7)"},
+                {
+                    "rule": "self == oldSelf",
+                    "message": "etcd replicas cannot change after creation: members start "
+                    "from a fixed initial cluster (back up, recreate, restore to resize)",
+                },
+            ]
+        },
     )
     image: str = Field(
         default=DEFAULT_ETCD_IMAGE, min_length=1, description="Image of the managed etcd."

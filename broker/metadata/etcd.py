@@ -12,7 +12,14 @@ response header (so the revision of a commit is lost). This module fixes those o
   (DESIGN §3.3, §3.4);
 * ``watch_prefix`` resumes after an etcd restart from the last seen revision + 1, so no event
   is lost, and says ``RESYNC`` if that history was compacted away;
-* transactions use our own small compare/op values, so no aetcd type leaks to callers.
+* transactions use our own small compare/op values, so no aetcd type leaks to callers;
+* every configured endpoint is used: a call that finds its member unreachable moves the client
+  to the next endpoint (reads are retried there at once; writes fail with
+  ``MetadataUnavailable`` and the caller's retry goes to the next member, because a write that
+  timed out may still have been applied), so watches and the session keepalive, which retry,
+  follow too;
+* ``https://`` endpoints get a TLS channel (CA, optional client certificate and key), and a
+  username and password authenticate every member's channel.
 
 Keys are ``str`` (built by ``keys``), values ``bytes``. Never import ``etcd3aio`` in the same
 process: it registers the same protobuf symbols as aetcd.
@@ -23,14 +30,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import enum
+import functools
 import logging
 import random
 from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
 import aetcd
+import grpc
 from aetcd import rpc
 
 log = logging.getLogger(__name__)
@@ -72,6 +82,12 @@ class MetadataError(Exception):
 
 class MetadataUnavailable(MetadataError):
     """etcd could not be reached or did not answer within the configured timeout."""
+
+
+class MetadataNoSpace(MetadataUnavailable):
+    """etcd raised its NOSPACE alarm (its space quota is used up): it refuses every write
+    until history is compacted, the database defragmented and the alarm disarmed, which the
+    brokers' compactor does (``compaction``)."""
 
 
 class LeaseLost(MetadataError):
@@ -259,6 +275,16 @@ def _watch_event(raw: Any) -> WatchEvent:
     )
 
 
+def _alarm_name(alarm_type: Any) -> str:
+    """aetcd gives alarm types as protobuf enum numbers: NONE 0, NOSPACE 1, CORRUPT 2."""
+    names = {0: "NONE", 1: "NOSPACE", 2: "CORRUPT"}
+    return (
+        names.get(int(alarm_type), str(alarm_type))
+        if isinstance(alarm_type, int)
+        else str(alarm_type)
+    )
+
+
 def _grpc_code(error: BaseException) -> Any:
     for candidate in (error, error.__cause__):
         if isinstance(candidate, rpc.AioRpcError):
@@ -274,6 +300,11 @@ def _translate(error: BaseException, what: str) -> MetadataError:
     ):
         return MetadataUnavailable(message)
     code = _grpc_code(error)
+    if "database space exceeded" in str(error):
+        return MetadataNoSpace(
+            f"{message} (etcd is out of space: its NOSPACE alarm is raised; writes resume once "
+            "history is compacted, the database defragmented and the alarm disarmed)"
+        )
     if code in _UNAVAILABLE_CODES:
         return MetadataUnavailable(message)
     if code == rpc.StatusCode.NOT_FOUND and "lease not found" in str(error):
@@ -281,12 +312,96 @@ def _translate(error: BaseException, what: str) -> MetadataError:
     return MetadataError(message)
 
 
-def _parse_endpoint(endpoint: str) -> tuple[str, int]:
-    """``http://host:port`` (or ``host:port``) to (host, port); TLS is not supported yet."""
+class BadEndpoint(ValueError):
+    """An endpoint that is not ``http(s)://host:port``, or ``https`` without what TLS needs."""
+
+
+@dataclass(frozen=True, slots=True)
+class Endpoint:
+    url: str
+    host: str
+    port: int
+    secure: bool
+
+
+def parse_endpoint(endpoint: str) -> Endpoint:
+    """``http://host:port``, ``https://host:port`` or ``host:port`` (http); port 2379 if none."""
     parts = urlsplit(endpoint if "://" in endpoint else f"http://{endpoint}")
-    if parts.scheme != "http" or not parts.hostname:
-        raise ValueError(f"unsupported etcd endpoint {endpoint!r} (want http://host:port)")
-    return parts.hostname, parts.port or 2379
+    try:
+        port = parts.port or 2379
+    except ValueError as exc:
+        raise BadEndpoint(f"etcd endpoint {endpoint!r}: {exc}") from exc
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise BadEndpoint(f"etcd endpoint {endpoint!r} is not http(s)://host:port")
+    return Endpoint(endpoint, parts.hostname, port, parts.scheme == "https")
+
+
+def _parse_endpoint(endpoint: str) -> tuple[str, int]:
+    parsed = parse_endpoint(endpoint)
+    return parsed.host, parsed.port
+
+
+@dataclass(frozen=True, slots=True)
+class EtcdTls:
+    """Files for ``https://`` endpoints: the CA that signed the members' certificates (None:
+    the system's), and a client certificate and key where etcd asks for one."""
+
+    ca_file: Path | None = None
+    cert_file: Path | None = None
+    key_file: Path | None = None
+
+    def credentials(self) -> grpc.ChannelCredentials:
+        def read(path: Path | None) -> bytes | None:
+            return None if path is None else Path(path).read_bytes()
+
+        if (self.cert_file is None) != (self.key_file is None):
+            raise BadEndpoint("etcd TLS: give both a client certificate and its key, or neither")
+        try:
+            return grpc.ssl_channel_credentials(
+                read(self.ca_file), read(self.key_file), read(self.cert_file)
+            )
+        except OSError as exc:
+            raise BadEndpoint(f"etcd TLS: cannot read {exc.filename}: {exc.strerror}") from exc
+
+
+class _Client(aetcd.Client):  # type: ignore[misc]
+    """aetcd's client with a TLS channel where the endpoint is ``https``: aetcd 1.0 only opens
+    plaintext channels. ``connect`` follows aetcd's own, with the channel swapped."""
+
+    def __init__(self, credentials: grpc.ChannelCredentials | None, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._credentials = credentials
+
+    async def connect(self) -> None:
+        if self._credentials is None:
+            await super().connect()
+            return
+        if self._connected.is_set():
+            return
+        if self._is_connecting:  # type: ignore[has-type]
+            await asyncio.wait_for(self._connected.wait(), self._connect_wait_timeout)
+            return
+        try:
+            self._is_connecting = True  # type: ignore[has-type]
+            target = f"{self._host}:{self._port}"
+            self.channel = rpc.secure_channel(
+                target, self._credentials, options=self._options.items()
+            )
+            if self._username is not None and self._password is not None:
+                self.auth_stub = rpc.AuthStub(self.channel)
+                request = rpc.AuthenticateRequest(name=self._username, password=self._password)
+                response = await self.auth_stub.Authenticate(request, timeout=self._timeout)
+                self.metadata = (("token", response.token),)
+            self.kvstub = rpc.KVStub(self.channel)
+            self.clusterstub = rpc.ClusterStub(self.channel)
+            self.leasestub = rpc.LeaseStub(self.channel)
+            self.maintenancestub = rpc.MaintenanceStub(self.channel)
+            self._watcher = aetcd.watcher.Watcher(
+                rpc.WatchStub(self.channel), timeout=self._timeout, metadata=self.metadata
+            )
+            self._connected.set()
+        finally:
+            self._is_connecting = False
 
 
 class _RevisionCompacted(Exception):
@@ -313,35 +428,82 @@ class _Backoff:
 # --- the client -------------------------------------------------------------------------------
 
 
+_READS = frozenset({"range", "get", "get_prefix"})
+"""Calls retried at once on the next member: they change nothing."""
+
+
+def _make_client(
+    endpoint: Endpoint,
+    timeout_s: float,
+    username: str | None,
+    password: str | None,
+    tls: EtcdTls | None,
+) -> aetcd.Client:
+    credentials = (tls or EtcdTls()).credentials() if endpoint.secure else None
+    return _Client(
+        credentials,
+        host=endpoint.host,
+        port=endpoint.port,
+        username=username,
+        password=password,
+        timeout=timeout_s,
+        options=_CHANNEL_OPTIONS,
+    )
+
+
 class Etcd:
     """A connected etcd client; build it with ``await Etcd.connect(...)``."""
 
-    def __init__(self, client: aetcd.Client, endpoint: str, timeout_s: float) -> None:
-        self._client = client
-        self.endpoint = endpoint
+    def __init__(
+        self, clients: Sequence[aetcd.Client], endpoints: Sequence[str], timeout_s: float
+    ) -> None:
+        self._clients = list(clients)
+        self._endpoints = list(endpoints)
+        self._current = 0
         self.timeout_s = timeout_s
         self._closed = asyncio.Event()
 
+    @property
+    def _client(self) -> aetcd.Client:
+        return self._clients[self._current]
+
+    @property
+    def endpoint(self) -> str:
+        """The member this client talks to now."""
+        return self._endpoints[self._current]
+
     @classmethod
-    async def connect(cls, endpoints: Sequence[str], timeout_s: float) -> Etcd:
-        """The first endpoint that answers a real read within ``timeout_s``, in order."""
+    async def connect(
+        cls,
+        endpoints: Sequence[str],
+        timeout_s: float,
+        *,
+        username: str | None = None,
+        password: str | None = None,
+        tls: EtcdTls | None = None,
+    ) -> Etcd:
+        """A client over every endpoint, talking first to the first that answers a real read
+        within ``timeout_s``, in order. ``BadEndpoint`` for an endpoint that cannot be used at
+        all; ``MetadataUnavailable`` if none answers."""
         if not endpoints:
-            raise ValueError("no etcd endpoints configured")
+            raise BadEndpoint("no etcd endpoints configured")
+        parsed = [parse_endpoint(endpoint) for endpoint in endpoints]
+        clients = [_make_client(e, timeout_s, username, password, tls) for e in parsed]
+        etcd = cls(clients, endpoints, timeout_s)
         failures: list[str] = []
-        for endpoint in endpoints:
-            host, port = _parse_endpoint(endpoint)
-            client = aetcd.Client(host=host, port=port, timeout=timeout_s, options=_CHANNEL_OPTIONS)
-            etcd = cls(client, endpoint, timeout_s)
-            try:
-                await etcd.revision()
-            except MetadataError as error:
-                failures.append(str(error))
-                await etcd.close()
-                continue
-            except BaseException:
-                await etcd.close()
-                raise
-            return etcd
+        try:
+            for index in range(len(clients)):
+                etcd._current = index
+                try:
+                    await etcd._call_here("range", etcd._probe)
+                except MetadataError as error:
+                    failures.append(str(error))
+                    continue
+                return etcd
+        except BaseException:
+            await etcd.close()
+            raise
+        await etcd.close()
         tried = "; ".join(failures)
         raise MetadataUnavailable(f"no etcd endpoint answered within {timeout_s:g} s: {tried}")
 
@@ -350,35 +512,65 @@ class Etcd:
         return self._closed.is_set()
 
     async def close(self) -> None:
-        """Close the channel; running ``watch_prefix`` iterators end."""
+        """Close the channels; running ``watch_prefix`` iterators end."""
         if self.closed:
             return
         self._closed.set()
-        try:
-            async with asyncio.timeout(self.timeout_s):
-                await self._client.close()
-        except (TimeoutError, aetcd.ClientError, rpc.AioRpcError) as error:
-            log.warning("closing etcd client for %s: %s", self.endpoint, error)
+        for client, endpoint in zip(self._clients, self._endpoints, strict=True):
+            try:
+                async with asyncio.timeout(self.timeout_s):
+                    await client.close()
+            except (TimeoutError, aetcd.ClientError, rpc.AioRpcError) as error:
+                log.warning("closing etcd client for %s: %s", endpoint, error)
+
+    def _fail_over(self, failed: int) -> None:
+        """The member at ``failed`` did not answer: talk to the next one from now on."""
+        if self._current == failed and len(self._clients) > 1:
+            self._current = (failed + 1) % len(self._clients)
+            log.warning(
+                "etcd at %s unreachable; using %s",
+                self._endpoints[failed],
+                self._endpoints[self._current],
+            )
 
     async def _call(self, what: str, call: Callable[[], Awaitable[T]]) -> T:
-        """Run one RPC under the timeout and translate its failures."""
+        """Run one RPC under the timeout and translate its failures; move to the next member
+        when this one cannot answer (and retry there at once if the call only reads)."""
+        attempts = len(self._clients) if what in _READS else 1
+        for attempt in range(attempts):
+            at = self._current
+            try:
+                return await self._call_here(what, call)
+            except MetadataUnavailable:
+                self._fail_over(at)
+                if attempt == attempts - 1 or self.closed:
+                    raise
+        raise AssertionError("unreachable")
+
+    async def _call_here(self, what: str, call: Callable[[], Awaitable[T]]) -> T:
+        """One RPC at the current member."""
         if self.closed:
             raise MetadataUnavailable(f"etcd {what}: the client is closed")
+        endpoint = self.endpoint
         try:
             async with asyncio.timeout(self.timeout_s):
+                await self._client.connect()
                 return await call()
         except TimeoutError as error:
-            message = f"etcd {what} timed out after {self.timeout_s:g} s at {self.endpoint}"
+            message = f"etcd {what} timed out after {self.timeout_s:g} s at {endpoint}"
             raise MetadataUnavailable(message) from error
         except (aetcd.ClientError, rpc.AioRpcError) as error:
-            raise _translate(error, f"{what} at {self.endpoint}") from error
+            raise _translate(error, f"{what} at {endpoint}") from error
+
+    async def _probe(self) -> Any:
+        probe = b"/kafscale"
+        return await self._client.get_range(probe, probe + b"\0")
 
     # --- key-value ---
 
     async def revision(self) -> int:
         """The store's current revision (one cheap read)."""
-        probe = b"/kafscale"
-        response = await self._call("range", lambda: self._client.get_range(probe, probe + b"\0"))
+        response = await self._call("range", self._probe)
         return int(response.header.revision)
 
     async def get(self, key: str) -> KeyValue | None:
@@ -420,6 +612,31 @@ class Etcd:
     async def compact(self, revision: int) -> None:
         """Drop history before ``revision`` (watches from older revisions then RESYNC)."""
         await self._call("compact", lambda: self._client.compact(revision, physical=True))
+
+    async def alarms(self) -> list[str]:
+        """The alarms raised on any member (``NOSPACE``, ``CORRUPT``)."""
+        raw = await self._call("alarm list", self._list_alarms)
+        return sorted({_alarm_name(alarm.alarm_type) for alarm in raw})
+
+    async def _disarm(self, member_id: int) -> Any:
+        return await self._client.disarm_alarm(member_id)
+
+    async def _list_alarms(self) -> list[Any]:
+        return [alarm async for alarm in self._client.list_alarms()]
+
+    async def recover_space(self) -> None:
+        """After a compaction: defragment every member (giving the freed pages back, which
+        brings the database under its quota) and disarm the NOSPACE alarm."""
+        for index, client in enumerate(self._clients):
+            try:
+                async with asyncio.timeout(max(self.timeout_s, 30.0)):
+                    await client.connect()
+                    await client.defragment()
+            except (TimeoutError, aetcd.ClientError, rpc.AioRpcError) as error:
+                log.warning("defragmenting etcd at %s: %s", self._endpoints[index], error)
+        for alarm in await self._call("alarm list", self._list_alarms):
+            if _alarm_name(alarm.alarm_type) == "NOSPACE":
+                await self._call("alarm disarm", functools.partial(self._disarm, alarm.member_id))
 
     async def txn(
         self, compares: Sequence[Compare], success: Sequence[Op], failure: Sequence[Op] = ()
@@ -532,6 +749,7 @@ class Etcd:
 
     async def _watch(self, prefix: str, start_revision: int) -> AsyncGenerator[WatchEvent, None]:
         """One aetcd watch: events until its stream breaks (raises) or the client closes."""
+        at = self._current
         try:
             watch = await self._call(
                 "watch",
@@ -547,7 +765,10 @@ class Etcd:
         except aetcd.RevisionCompactedError as error:
             raise _RevisionCompacted() from error
         except (aetcd.ClientError, rpc.AioRpcError) as error:
-            raise _translate(error, f"watch at {self.endpoint}") from error
+            translated = _translate(error, f"watch at {self._endpoints[at]}")
+            if isinstance(translated, MetadataUnavailable):
+                self._fail_over(at)
+            raise translated from error
         finally:
             await self._cancel_watch(watch)
 

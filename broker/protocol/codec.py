@@ -8,6 +8,12 @@ handler left out get their default (or the type's zero value), and milliseconds,
 and UUIDs are converted to kio's types. Requests stay kio entities: handlers read them with
 ``getattr(request, name, default)`` where a field is version-dependent.
 
+Dropping the fields a version lacks must not hide a misspelt key (it would vanish from every
+version and the client would see a default: an error code of 0, an empty success). So
+:func:`encode_response` refuses a key that no version of the response has, at any depth
+(``UnknownResponseField``), and :func:`has_error_code` tells whether a version has a top-level
+error code at all, so that an error is never encoded into a response that cannot carry it.
+
 kio's API has moved between releases, so it is pinned and nothing else imports it.
 """
 
@@ -39,6 +45,10 @@ class DecodeError(Exception):
 
 class UnknownApi(Exception):
     """kio has no schema for this API key and version."""
+
+
+class UnknownResponseField(ValueError):
+    """A handler's response names a field that no version of the response has (a typo)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,11 +114,71 @@ def response_schema(api_key: int, api_version: int) -> type[Any]:
     return load_response_schema(api_key, api_version)
 
 
+_MAX_VERSION_PROBED = 32
+
+
+@functools.lru_cache(maxsize=256)
+def response_fields(api_key: int) -> FieldTree:
+    """Every field name any version of this API's response has, nested structures merged by
+    field name (``{name: subtree or None}``)."""
+    tree: dict[str, Any] = {}
+    for version in range(_MAX_VERSION_PROBED):
+        try:
+            schema = load_response_schema(api_key, version)
+        except Exception:  # kio raises its own index errors for versions it lacks
+            continue
+        _merge_fields(tree, schema)
+    return tree
+
+
+FieldTree = dict[str, Any]
+
+
+def _merge_fields(tree: FieldTree, entity_type: type[Any]) -> None:
+    hints = get_type_hints(entity_type)
+    for field in fields(entity_type):
+        inner = _strip_none(hints[field.name])
+        if get_origin(inner) is tuple:
+            inner = get_args(inner)[0]
+        if isinstance(inner, type) and is_dataclass(inner):
+            subtree = tree.get(field.name) or {}
+            _merge_fields(subtree, inner)
+            tree[field.name] = subtree
+        else:
+            tree.setdefault(field.name, None)
+
+
+def check_response_keys(tree: FieldTree, body: Mapping[str, Any], path: str = "") -> None:
+    """Raise ``UnknownResponseField`` for a key of ``body`` (at any depth) not in ``tree``."""
+    for key, value in body.items():
+        if key not in tree:
+            raise UnknownResponseField(f"response field {path}{key!r} exists in no version")
+        subtree = tree[key]
+        if subtree is None or value is None:
+            continue
+        if isinstance(value, Mapping):
+            check_response_keys(subtree, value, f"{path}{key}.")
+        elif isinstance(value, list | tuple):
+            for item in value:
+                if isinstance(item, Mapping):
+                    check_response_keys(subtree, item, f"{path}{key}[].")
+
+
+def has_error_code(api_key: int, api_version: int) -> bool:
+    """Whether this response version has a top-level ``error_code`` an error can go into."""
+    try:
+        schema = response_schema(api_key, api_version)
+    except Exception:
+        return False
+    return any(field.name == "error_code" for field in fields(schema))
+
+
 def encode_response(
     api_key: int, api_version: int, correlation_id: int, body: Mapping[str, Any]
 ) -> bytes:
     """A whole response frame (length prefix, header, body) for ``body`` at this version."""
     schema = response_schema(api_key, api_version)
+    check_response_keys(response_fields(api_key), body)
     entity = build_entity(schema, body)
     header_schema = schema.__header_schema__
     buffer = io.BytesIO()

@@ -12,6 +12,15 @@ frame of about a MiB every few milliseconds, and a fresh buffer for each cost a 
 broker's CPU per MiB produced. The length is checked before a buffer is taken, so a peer cannot
 make the broker allocate more than the configured maximum, and reading pauses while frames wait
 for the consumer, so a client cannot make the broker buffer without bound.
+
+A large frame's announced size is reserved from the broker-wide ``RequestMemory`` budget before
+a byte of it is stored (all at once, as Kafka's memory pool does: frames that each hold part of
+the budget and wait for more could wait for each other forever); when the budget is spent, the
+connection stops reading until memory is given back. Its buffer, though, is not allocated at
+that size: it starts at ``FIRST_BODY_BYTES`` and grows (by ``BODY_GROWTH``, up to the announced
+size) as the bytes arrive. A peer that announces 100 MiB and sends nothing more holds 64 KiB of
+memory; the budget bounds what all of them can hold. A frame of about a MiB (a producer's) grows
+once, straight to its size: one extra copy of 64 KiB.
 """
 
 from __future__ import annotations
@@ -23,6 +32,7 @@ from collections.abc import Callable
 from typing import TypeAlias, cast
 
 from kafscale.broker.buffer_pool import BufferPool
+from kafscale.broker.protocol.request_memory import RequestMemory
 
 _LENGTH = struct.Struct(">i")
 _SCRATCH_BYTES = 16 * 1024
@@ -35,6 +45,8 @@ _MAX_WAITING_FRAMES = 2
 FRAME_POOL_BYTES = 8 * 1024 * 1024
 FRAME_POOL_MIN_BYTES = 256 * 1024
 FRAME_POOL_STEP = 64 * 1024
+FIRST_BODY_BYTES = 64 * 1024
+BODY_GROWTH = 32
 
 
 def frame_buffer_pool() -> BufferPool:
@@ -65,6 +77,7 @@ class FrameProtocol(asyncio.BufferedProtocol):
         on_connect: Callable[[FrameProtocol], None],
         scratch_bytes: int = _SCRATCH_BYTES,
         buffers: BufferPool | None = None,
+        memory: RequestMemory | None = None,
     ) -> None:
         assert scratch_bytes >= _LENGTH.size, "a length prefix must fit the scratch buffer"
         self._max_frame_bytes = max_frame_bytes
@@ -79,7 +92,11 @@ class FrameProtocol(asyncio.BufferedProtocol):
         self._body: bytearray | memoryview | None = None  # the large frame being received
         self._body_view = memoryview(b"")
         self._body_filled = 0
-        self._frames: deque[Frame] = deque()
+        self._body_length = 0  # the announced size of the frame being received
+        self._body_charge = 0  # bytes of it taken from ``memory``
+        self._memory = memory
+        self._waiting_for_memory = False
+        self._frames: deque[tuple[Frame, int]] = deque()  # with the bytes each holds of memory
         self._ended = False  # no frames after those in _frames
         self._error: BaseException | None = None  # raised once _frames is empty
         self._stopped = False
@@ -89,6 +106,7 @@ class FrameProtocol(asyncio.BufferedProtocol):
         self._drain_waiter: asyncio.Future[None] | None = None
         self._lost = False
         self._closed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.last_active = asyncio.get_running_loop().time()  # last byte received or sent
 
     @property
     def transport(self) -> asyncio.Transport:
@@ -103,19 +121,24 @@ class FrameProtocol(asyncio.BufferedProtocol):
         Raises :class:`FrameTooLarge` for a bad length and :class:`ConnectionError` when the
         connection breaks or ends inside a frame, after the frames received before that.
         """
+        taken = await self.read_charged_frame()
+        if taken is None:
+            return None
+        frame, charge = taken
+        self.give_back(charge)
+        return frame
+
+    async def read_charged_frame(self) -> tuple[Frame, int] | None:
+        """:meth:`read_frame` and the bytes of ``memory`` the frame holds: the caller gives them
+        back (:meth:`give_back`) once it is done with the request."""
         while True:
             if self._stopped:
                 return None
             if self._frames:
-                frame = self._frames.popleft()
-                if (
-                    self._reading_paused
-                    and not self._ended
-                    and len(self._frames) < _MAX_WAITING_FRAMES
-                ):
-                    self._reading_paused = False
-                    self.transport.resume_reading()
-                return frame
+                taken = self._frames.popleft()
+                if len(self._frames) < _MAX_WAITING_FRAMES:
+                    self._resume_reading()
+                return taken
             if self._error is not None:
                 raise self._error
             if self._ended:
@@ -131,7 +154,24 @@ class FrameProtocol(asyncio.BufferedProtocol):
         self._stopped = True
         self._wake_reader()
 
+    def give_back(self, charge: int) -> None:
+        """Return a frame's bytes to the broker-wide budget (see :meth:`read_charged_frame`)."""
+        if self._memory is not None and charge:
+            self._memory.give(charge)
+
+    def release(self) -> None:
+        """Give back the memory of frames never taken and of a frame half received; for the
+        connection's owner, once it is done with the connection."""
+        self._stopped = True
+        while self._frames:
+            self.give_back(self._frames.popleft()[1])
+        self._drop_body()
+        if self._memory is not None:
+            self._memory.cancel(self._retry_with_memory)
+        self._waiting_for_memory = False
+
     def write(self, data: bytes) -> None:
+        self.last_active = asyncio.get_running_loop().time()
         self.transport.write(data)
 
     async def drain(self) -> None:
@@ -168,13 +208,18 @@ class FrameProtocol(asyncio.BufferedProtocol):
         return self._scratch_view[pending:]
 
     def buffer_updated(self, nbytes: int) -> None:
+        self.last_active = asyncio.get_running_loop().time()
         if self._ended:
             return
         if self._body is not None:
             self._body_filled += nbytes
             if self._body_filled < len(self._body):
                 return
-            self._frames.append(self._body_view.toreadonly())
+            if self._body_filled < self._body_length:
+                self._grow_body()
+                return
+            self._frames.append((self._body_view.toreadonly(), self._body_charge))
+            self._body_charge = 0
             if self._buffers is not None:
                 self._buffers.give_back(self._body, FRAME_POOL_BYTES)
             self._body, self._body_view = None, memoryview(b"")
@@ -231,11 +276,14 @@ class FrameProtocol(asyncio.BufferedProtocol):
             body_start = start + _LENGTH.size
             body_end = body_start + length
             if body_end <= end:
-                self._frames.append(bytes(view[body_start:body_end]))
+                self._frames.append((bytes(view[body_start:body_end]), 0))
                 start = body_end
             elif _LENGTH.size + length > len(view):
-                body = bytearray(length) if self._buffers is None else self._buffers.take(length)
-                self._body, self._body_view = body, memoryview(body)
+                if not self._take_memory(length):
+                    break  # the frame's start stays in the scratch buffer meanwhile
+                self._body_length, self._body_charge = length, length
+                first = min(length, max(FIRST_BODY_BYTES, end - body_start))
+                self._set_body(self._new_buffer(first))
                 self._body_view[: end - body_start] = view[body_start:end]
                 self._body_filled = end - body_start
                 start = end
@@ -243,12 +291,57 @@ class FrameProtocol(asyncio.BufferedProtocol):
                 break  # the rest of it fits after the part already here
         self._start, self._end = start, end
 
+    def _new_buffer(self, size: int) -> bytearray | memoryview:
+        return bytearray(size) if self._buffers is None else self._buffers.take(size)
+
+    def _set_body(self, body: bytearray | memoryview | None) -> None:
+        self._body = body
+        self._body_view = memoryview(b"") if body is None else memoryview(body)
+
+    def _grow_body(self) -> None:
+        """The body's buffer is full but the frame is not: a larger one (its memory is
+        reserved already)."""
+        assert self._body is not None
+        old_size = len(self._body)
+        size = min(self._body_length, old_size * BODY_GROWTH)
+        grown = self._new_buffer(size)
+        memoryview(grown)[:old_size] = self._body_view
+        old = self._body
+        self._set_body(grown)
+        if self._buffers is not None:
+            self._buffers.give_back(old, FRAME_POOL_BYTES)
+
+    def _take_memory(self, size: int) -> bool:
+        """Take ``size`` bytes from the budget; if it is spent, pause reading and wait."""
+        if self._memory is None or self._memory.try_take(size):
+            return True
+        if not self._waiting_for_memory:
+            self._waiting_for_memory = True
+            self._memory.wait(self._retry_with_memory)
+            self._pause_reading()
+        return False
+
+    def _retry_with_memory(self) -> None:
+        """Memory was given back: take up the frame where it waited."""
+        self._waiting_for_memory = False
+        if self._ended or self._lost:
+            return
+        self._split_scratch()
+        self._wake_reader()
+        if not self._waiting_for_memory and len(self._frames) <= _MAX_WAITING_FRAMES:
+            self._resume_reading()
+
+    def _drop_body(self) -> None:
+        self.give_back(self._body_charge)
+        self._body_charge = 0
+        self._set_body(None)
+
     def _end_frames(self, error: BaseException | None) -> None:
         if self._ended:
             return
         self._ended = True
         self._error = error
-        self._body, self._body_view = None, memoryview(b"")
+        self._drop_body()
         self._start = self._end = 0
         self._wake_reader()
 
@@ -256,6 +349,11 @@ class FrameProtocol(asyncio.BufferedProtocol):
         if not self._reading_paused:
             self._reading_paused = True
             self.transport.pause_reading()
+
+    def _resume_reading(self) -> None:
+        if self._reading_paused and not self._ended and not self._waiting_for_memory:
+            self._reading_paused = False
+            self.transport.resume_reading()
 
     def _wake_reader(self) -> None:
         if self._frame_waiter is not None and not self._frame_waiter.done():

@@ -798,3 +798,68 @@ def test_normal_clients_still_work_after_all_of_it(kafka: BrokerProcess) -> None
     finally:
         consumer.close()
     assert [v for v in values if v.startswith(b"after-")] == [b"after-%d" % i for i in range(10)]
+
+
+# --- protocol honesty: what is not served is never an empty success -------------------------
+
+TXN_OFFSET_COMMIT, END_TXN, DESCRIBE_PRODUCERS = 28, 26, 61
+INVALID_RECORD, TRANSACTIONAL_ID_AUTHORIZATION_FAILED = 87, 53
+
+
+@pytest.mark.parametrize(("api_key", "version"), [(TXN_OFFSET_COMMIT, 3), (DESCRIBE_PRODUCERS, 0)])
+def test_an_unserved_api_without_an_error_field_closes_the_connection(
+    kafka: BrokerProcess, api_key: int, version: int
+) -> None:
+    """TxnOffsetCommit used to get a response with no topics: a client takes that for a commit.
+    As Kafka does for an API it does not enable, the connection is closed instead."""
+    assert api_key not in API_TABLE
+    schema = codec.request_schema(api_key, version)
+    with KafkaWire(kafka.bootstrap) as wire:
+        wire.send(api_key, version, sample_body(schema))
+        assert wire.is_closed_by_peer()
+
+
+def test_an_unserved_api_with_an_error_field_gets_unsupported_version(
+    kafka: BrokerProcess,
+) -> None:
+    assert END_TXN not in API_TABLE
+    with KafkaWire(kafka.bootstrap) as wire:
+        body = sample_body(codec.request_schema(END_TXN, 3))
+        response = wire.request(END_TXN, 3, body)
+        assert int(response.error_code) == UNSUPPORTED_VERSION
+
+
+def test_api_versions_names_only_apis_in_the_table(kafka: BrokerProcess) -> None:
+    with KafkaWire(kafka.bootstrap) as wire:
+        advertised = wire.request(API_VERSIONS, 3, {})
+    keys = {int(k.api_key) for k in advertised.api_keys}
+    assert keys == set(API_TABLE)
+    assert not keys & {TXN_OFFSET_COMMIT, END_TXN, DESCRIBE_PRODUCERS}
+
+
+def test_a_control_batch_from_a_client_is_invalid_record_and_not_stored(
+    kafka: BrokerProcess,
+) -> None:
+    """Only a transaction coordinator writes markers (Kafka's LogValidator refuses them). A
+    marker with the transactional bit too gets the transactional refusal below first."""
+    with KafkaWire(kafka.bootstrap) as wire:
+        before = high_watermark(wire, "target", 1)
+        marker = make_batch(0, [b"\x00\x00\x00\x00"], attributes=0x20, producer_id=7)
+        code, _ = produce_partition(wire.request(PRODUCE, 9, produce_body("target", 1, marker)))
+        assert code == INVALID_RECORD
+        assert high_watermark(wire, "target", 1) == before
+
+
+def test_a_transactional_batch_without_a_transactional_id_is_refused(
+    kafka: BrokerProcess,
+) -> None:
+    """As KafkaApis does: transactional records need a transactional id (and transactions are
+    not served), so the whole request gets TRANSACTIONAL_ID_AUTHORIZATION_FAILED."""
+    with KafkaWire(kafka.bootstrap) as wire:
+        before = high_watermark(wire, "target", 1)
+        batch = make_batch(
+            0, [b"txn"], attributes=0x10, producer_id=7, producer_epoch=0, base_sequence=0
+        )
+        code, _ = produce_partition(wire.request(PRODUCE, 9, produce_body("target", 1, batch)))
+        assert code == TRANSACTIONAL_ID_AUTHORIZATION_FAILED
+        assert high_watermark(wire, "target", 1) == before

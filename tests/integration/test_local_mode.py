@@ -10,30 +10,38 @@ import os
 import signal
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 
 from kafscale.broker.child_process import KAFSCALE
-from kafscale.broker.metadata.embedded_etcd import free_port
+from kafscale.broker.metadata.embedded_etcd import EmbeddedEtcd, etcd_pids_on, free_port
 
 pytestmark = pytest.mark.integration
 
 
 def free_port_pair() -> int:
     """A port p with p + 1 free too (local brokers listen on consecutive ports)."""
+    return free_port_run(2)
+
+
+def free_port_run(count: int) -> int:
+    """A port p with p + 1 ... p + count - 1 free too."""
     import socket
 
     for _ in range(50):
         port = free_port()
         try:
-            with socket.socket() as probe:
-                probe.bind(("127.0.0.1", port + 1))
+            for offset in range(1, count):
+                with socket.socket() as probe:
+                    probe.bind(("127.0.0.1", port + offset))
         except OSError:
             continue
         return port
-    raise RuntimeError("no two consecutive free ports")
+    raise RuntimeError(f"no {count} consecutive free ports")
 
 
 def start_local(data_dir: Path, port: int, brokers: int, log: Path) -> subprocess.Popen[bytes]:
@@ -63,9 +71,15 @@ def start_local(data_dir: Path, port: int, brokers: int, log: Path) -> subproces
 
 
 def stop_with_ctrl_c(process: subprocess.Popen[bytes]) -> int:
-    """Ctrl-C in a terminal: SIGINT to the whole foreground process group, children included."""
+    """Ctrl-C in a terminal: SIGINT to the whole foreground process group, children included.
+    A process that does not stop in time is killed (never left running) and the test fails."""
     os.killpg(process.pid, signal.SIGINT)
-    return process.wait(60)
+    try:
+        return process.wait(60)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait(10)
+        return -1
 
 
 def consume(bootstrap: str, topic: str, partitions: int, expected: int) -> list[bytes]:
@@ -108,3 +122,120 @@ def test_local_cluster_serves_clients_and_keeps_data_across_restarts(tmp_path: P
         assert sorted(values) == sorted(b"v%d" % i for i in range(200))
     finally:
         assert stop_with_ctrl_c(process) == 0
+
+
+def etcd_pids(data_dir: Path) -> list[int]:
+    return etcd_pids_on(data_dir.resolve() / "etcd" / "etcd")
+
+
+def wait_until(condition: Callable[[], bool], timeout_s: float = 15) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+@pytest.mark.parametrize("brokers", [1, 3])
+def test_sigkill_takes_etcd_along_and_a_restart_keeps_every_acked_record(
+    tmp_path: Path, brokers: int
+) -> None:
+    """``kill -9`` (the OOM killer, a closed laptop lid) of ``kafscale local``: its etcd dies
+    too, and the next start in the same directory serves every acked record."""
+    data_dir, log = tmp_path / "data", tmp_path / "local.log"
+    port = free_port_pair() if brokers == 1 else free_port_run(brokers)
+    process = start_local(data_dir, port, brokers=brokers, log=log)
+    try:
+        [etcd_pid] = etcd_pids(data_dir)
+        producer = Producer({"bootstrap.servers": f"localhost:{port}", "acks": "all"})
+        acked: list[bytes] = []
+
+        def on_delivery(error: object, message: Any) -> None:
+            if error is None:
+                acked.append(message.value())
+
+        for i in range(300):
+            producer.produce("crash-demo", value=b"c%d" % i, on_delivery=on_delivery)
+        assert producer.flush(30) == 0
+        assert len(acked) == 300
+    finally:
+        process.send_signal(signal.SIGKILL)  # the process only, as the OOM killer does
+        process.wait(10)
+    assert wait_until(lambda: etcd_pid not in etcd_pids(data_dir)), "etcd outlived its parent"
+
+    log = tmp_path / "restart.log"
+    restarted = start_local(data_dir, port, brokers=brokers, log=log)
+    try:
+        values = consume(f"localhost:{port}", "crash-demo", 3, len(acked))
+        assert sorted(values) == sorted(acked)
+    finally:
+        assert stop_with_ctrl_c(restarted) == 0, log.read_text()
+    assert "Traceback" not in log.read_text(), log.read_text()
+
+
+def test_a_start_stops_an_etcd_left_running_on_its_data_dir(tmp_path: Path) -> None:
+    """An etcd from an older run (or version) still holds the data dir: it is stopped, not
+    waited for."""
+    data_dir, log = tmp_path / "data", tmp_path / "local.log"
+    stale = EmbeddedEtcd(data_dir / "etcd").start()  # not bound to any parent's life
+    stale._forget()  # as if its parent had died: nobody will stop it at exit
+    stale_pid = etcd_pids(data_dir)
+    assert stale_pid
+    port = free_port_pair()
+    started = time.monotonic()
+    process = start_local(data_dir, port, brokers=1, log=log)
+    try:
+        assert time.monotonic() - started < 60
+        assert f"stopped an etcd left running on {data_dir.resolve() / 'etcd' / 'etcd'}" in (
+            log.read_text()
+        )
+        assert not set(stale_pid) & set(etcd_pids(data_dir))
+        producer = Producer({"bootstrap.servers": f"localhost:{port}"})
+        producer.produce("after-stale", value=b"x")
+        assert producer.flush(30) == 0
+    finally:
+        assert stop_with_ctrl_c(process) == 0
+    assert "Traceback" not in log.read_text(), log.read_text()
+
+
+def test_s3_endpoint_without_credentials_is_one_clear_line(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "KAFSCALE_"))}
+    env["HOME"] = str(tmp_path)  # no ~/.aws either
+    result = subprocess.run(
+        [
+            KAFSCALE,
+            "local",
+            "--data-dir",
+            str(tmp_path / "data"),
+            "--port",
+            str(free_port_pair()),
+            "--s3-endpoint",
+            f"http://127.0.0.1:{free_port()}",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 1, result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, result.stderr
+    assert "no S3 credentials" in lines[0] and "AWS_ACCESS_KEY_ID" in lines[0]
+    assert not etcd_pids(tmp_path / "data"), "etcd left running after a failed start"
+
+
+def test_etcd_start_failure_is_one_clear_line(tmp_path: Path) -> None:
+    """The data dir's etcd directory is a file: etcd cannot start; one line says where to look."""
+    data_dir = tmp_path / "data"
+    (data_dir / "etcd").mkdir(parents=True)
+    (data_dir / "etcd" / "etcd").write_text("not a directory")
+    result = subprocess.run(
+        [KAFSCALE, "local", "--data-dir", str(data_dir), "--port", str(free_port_pair())],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 1, result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and "etcd" in lines[0] and "etcd.log" in lines[0], result.stderr

@@ -169,3 +169,12 @@ def test_models_apply_the_same_rules() -> None:
     assert spec.brokers.replicas == 3
     assert spec.deletion_policy == "Retain"
     assert spec.etcd.mode == "Managed"
+
+
+def test_managed_etcd_replicas_are_odd_and_fixed_after_creation() -> None:
+    """A replicas change would start members from a different initial cluster and break etcd:
+    the API server refuses it (CEL transition rule), and refuses even counts."""
+    schema = crd_gen.crd_schema(crd_gen.cluster_crd())
+    replicas = schema["properties"]["spec"]["properties"]["etcd"]["properties"]["replicas"]
+    rules = {rule["rule"] for rule in replicas["x-kubernetes-validations"]}
+    assert rules == {"self % 2 == 1", "self == oldSelf"}

@@ -137,10 +137,13 @@ def test_broker_deployment_probes_drain_and_grace() -> None:
     assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "admin"}
     assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "admin"}
     assert container["lifecycle"]["preStop"]["exec"]["command"] == [
-        "kafscale",
-        "drain",
+        "python",
+        "-m",
+        "kafscale.broker.drain_hook",
         "--admin-url",
         "http://127.0.0.1:8080",
+        "--timeout-s",
+        "25",
     ]
     assert pod["terminationGracePeriodSeconds"] == 30
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
@@ -329,3 +332,12 @@ def test_autoscaled_proxy_leaves_replicas_to_the_hpa() -> None:
     }
     objects = manifests.build_cluster_objects(REF, parse_cluster_spec(raw))
     assert "replicas" not in by_kind(objects, "Deployment", "demo-proxy")["spec"]
+@pytest.mark.parametrize("grace_s", [5, 30, 600])
+def test_the_drain_hook_ends_inside_the_grace_period(grace_s: int) -> None:
+    spec = parse_cluster_spec(
+        {"storage": {"bucket": "bucket-1"}, "brokers": {"terminationGracePeriodSeconds": grace_s}}
+    )
+    pod = manifests.build_broker_deployment(REF, spec)["spec"]["template"]["spec"]
+    command = pod["containers"][0]["lifecycle"]["preStop"]["exec"]["command"]
+    timeout_s = float(command[command.index("--timeout-s") + 1])
+    assert 0 < timeout_s < pod["terminationGracePeriodSeconds"] == grace_s

@@ -592,3 +592,37 @@ def test_garbage_bodies_raise_only_decode_error(
     frame = struct.pack(">hhi", api_key, version, 1) + garbage
     with contextlib.suppress(codec.DecodeError):
         codec.decode_request(frame, schema)
+
+
+# --- the encoder refuses keys no version has ----------------------------------------------------
+
+
+def test_a_misspelt_top_level_key_is_refused() -> None:
+    with pytest.raises(codec.UnknownResponseField, match="erorr_code"):
+        codec.encode_response(18, 3, 1, {"erorr_code": 35, "api_keys": []})
+
+
+def test_a_misspelt_nested_key_is_refused() -> None:
+    body = {
+        "responses": [
+            {"name": "t", "partition_responses": [{"index": 0, "eror_code": 6}]},
+        ]
+    }
+    with pytest.raises(codec.UnknownResponseField, match="partition_responses"):
+        codec.encode_response(0, 9, 1, body)
+
+
+def test_a_key_of_a_newer_version_is_dropped_for_an_older_one() -> None:
+    """Handlers answer in the newest shape; fields an older version lacks are not typos."""
+    body = {"error_code": 0, "api_keys": [], "throttle_time": 0, "finalized_features_epoch": 3}
+    frame = codec.encode_response(18, 0, 1, body)
+    response = codec.decode_response(frame[4:], 18, 0)
+    assert int(response.error_code) == 0
+
+
+def test_has_error_code_follows_the_schema() -> None:
+    assert codec.has_error_code(18, 0)
+    assert not codec.has_error_code(28, 3)  # TxnOffsetCommit: per-partition codes only
+    assert not codec.has_error_code(1, 4)  # Fetch before v7
+    assert codec.has_error_code(1, 7)
+    assert not codec.has_error_code(999, 0)

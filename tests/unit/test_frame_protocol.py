@@ -26,7 +26,13 @@ from hypothesis import strategies as st
 from kafscale.broker.buffer_pool import BufferPool
 from kafscale.broker.config import LimitSettings
 from kafscale.broker.protocol import codec
-from kafscale.broker.protocol.framing import FrameProtocol, FrameTooLarge, frame_buffer_pool
+from kafscale.broker.protocol.framing import (
+    FIRST_BODY_BYTES,
+    FrameProtocol,
+    FrameTooLarge,
+    frame_buffer_pool,
+)
+from kafscale.broker.protocol.request_memory import RequestMemory
 from kafscale.broker.server import Connection, KafkaServer
 
 pytestmark = pytest.mark.unit
@@ -99,10 +105,15 @@ def frame(body: bytes) -> bytes:
 
 
 def connected(
-    max_frame: int = MAX_FRAME, scratch: int = SCRATCH, buffers: BufferPool | None = None
+    max_frame: int = MAX_FRAME,
+    scratch: int = SCRATCH,
+    buffers: BufferPool | None = None,
+    memory: RequestMemory | None = None,
 ) -> tuple[FrameProtocol, FakeTransport]:
     connects: list[FrameProtocol] = []
-    protocol = FrameProtocol(max_frame, connects.append, scratch_bytes=scratch, buffers=buffers)
+    protocol = FrameProtocol(
+        max_frame, connects.append, scratch_bytes=scratch, buffers=buffers, memory=memory
+    )
     transport = FakeTransport()
     protocol.connection_made(transport)
     assert connects == [protocol]
@@ -208,18 +219,23 @@ async def test_several_frames_in_one_receive() -> None:
 
 
 async def test_a_large_frame_is_received_into_its_own_buffer() -> None:
+    """Not reserved at its announced size: a first buffer of FIRST_BODY_BYTES, then, once that
+    is full, one of the whole frame (a MiB frame grows once), received into directly."""
     size = 1024 * 1024 + 3
     body = os.urandom(size)
     protocol, transport = connected(max_frame=2 * size)
     data = frame(body) + frame(b"after") + frame(b"x")[:2]
     transport.receive(protocol, data[:1000])
+    first = protocol.get_buffer(-1)
+    assert len(first) == FIRST_BODY_BYTES - (1000 - 4)
+    transport.receive(protocol, data[1000 : 4 + FIRST_BODY_BYTES])
     rest = protocol.get_buffer(-1)
     # Exactly the rest of the body: the kernel writes into the frame itself, not past it.
-    assert len(rest) == size - (1000 - 4)
+    assert len(rest) == size - FIRST_BODY_BYTES
     assert isinstance(rest.obj, bytearray) and len(rest.obj) == size
-    for start in range(1000, len(data), 4096):
+    for start in range(4 + FIRST_BODY_BYTES, len(data), 4096):
         transport.receive(protocol, data[start : start + 4096])
-    assert transport.offered[1].obj is rest.obj  # no copy through the scratch buffer
+    assert transport.offered[-2].obj is rest.obj  # no copy through the scratch buffer
     received = await protocol.read_frame()
     assert isinstance(received, memoryview) and received.readonly
     assert received.obj is rest.obj
@@ -227,6 +243,44 @@ async def test_a_large_frame_is_received_into_its_own_buffer() -> None:
     assert await protocol.read_frame() == b"after"  # back to the scratch buffer
     transport.receive(protocol, frame(b"x")[2:])  # with the partial prefix carried over
     assert await protocol.read_frame() == b"x"
+
+
+async def test_announced_frames_wait_for_request_memory_and_small_ones_do_not() -> None:
+    """Two peers announce 1 MiB frames against a budget of 1.5 MiB: the first reserves its
+    size (and holds a 64 KiB buffer), the second stops being read until the first one's
+    request is answered; a small frame needs no budget."""
+    memory = RequestMemory(3 * 512 * 1024)
+    big = os.urandom(1024 * 1024)
+    first, first_transport = connected(max_frame=2 * len(big), memory=memory)
+    second, second_transport = connected(max_frame=2 * len(big), memory=memory)
+    first_transport.receive(first, frame(big)[:100])
+    assert memory.used_bytes == len(big)
+    assert len(first.get_buffer(-1)) == FIRST_BODY_BYTES - 96
+    second_transport.receive(second, frame(big)[:100])
+    assert not second_transport.reading and memory.waiting == 1
+    assert memory.used_bytes == len(big)
+    third, third_transport = connected(memory=memory)
+    third_transport.receive(third, frame(b"metadata please"))
+    assert await third.read_frame() == b"metadata please"
+    first_transport.receive(first, frame(big)[100:])
+    taken = await first.read_charged_frame()
+    assert taken is not None and taken[0] == big and taken[1] == len(big)
+    assert not second_transport.reading  # still held: the request is not answered yet
+    first.give_back(taken[1])
+    assert second_transport.reading and memory.used_bytes == len(big)
+    second_transport.receive(second, frame(big)[100:])
+    assert await second.read_frame() == big
+    assert memory.used_bytes == 0
+
+
+async def test_a_dropped_connection_gives_its_memory_back() -> None:
+    memory = RequestMemory(10 * 1024 * 1024)
+    protocol, transport = connected(max_frame=8 * 1024 * 1024, memory=memory)
+    transport.receive(protocol, struct.pack(">i", 8 * 1024 * 1024) + b"\0" * 100)
+    assert memory.used_bytes == 8 * 1024 * 1024
+    assert len(protocol.get_buffer(-1)) == FIRST_BODY_BYTES - 100
+    hang_up(protocol)
+    assert memory.used_bytes == 0
 
 
 async def test_a_partial_length_prefix_is_carried_over() -> None:

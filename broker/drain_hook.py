@@ -1,0 +1,34 @@
+"""The preStop hook of a broker pod: ``python -m kafscale.broker.drain_hook``.
+
+It asks the broker's admin endpoint to hand its partitions over (``POST /drain``) and waits for
+the answer. It runs in the pod while the broker still serves, so it must cost little: the
+``kafscale`` command imports the whole broker (~2 s of CPU and ~80 MB on the test machine)
+before it reads its arguments, while this module imports the standard library and the admin
+client only. Its timeout is set by the operator to fit inside the pod's termination grace
+period, leaving the broker time to shut down after the hook returns.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from kafscale.broker.admin_http import admin_request
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="kafscale-drain", description=__doc__)
+    parser.add_argument("--admin-url", default="http://127.0.0.1:8080")
+    parser.add_argument("--timeout-s", type=float, default=60.0)
+    args = parser.parse_args(argv)
+    try:
+        status, body = admin_request(args.admin_url, "POST", "/drain", args.timeout_s)
+    except OSError as exc:
+        print(f"kafscale drain: {exc}", file=sys.stderr)
+        return 1
+    print(body)
+    return 0 if status == 200 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

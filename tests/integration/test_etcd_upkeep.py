@@ -1,0 +1,139 @@
+"""etcd upkeep: the brokers compact etcd's history, so a busy cluster's etcd stays inside its
+space quota."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+from confluent_kafka import Producer
+from harness.batches import make_batch
+from harness.brokers import BrokerCluster, _create_bucket
+from harness.kafka_wire import (
+    FETCH,
+    PRODUCE,
+    KafkaWire,
+    batches_in,
+    fetch_body,
+    fetch_partition,
+    produce_body,
+    produce_partition,
+)
+from harness.s3 import S3Endpoint, unique_bucket
+from harness.topics import create_topics
+
+from kafscale.broker.metadata.embedded_etcd import EmbeddedEtcd, find_etcd_binary
+
+pytestmark = pytest.mark.integration
+
+MiB = 1024 * 1024
+REQUEST_TIMED_OUT = 7
+
+
+def etcdctl(server: EmbeddedEtcd, *args: str) -> subprocess.CompletedProcess[str]:
+    binary = find_etcd_binary().with_name("etcdctl")
+    return subprocess.run(
+        [str(binary), f"--endpoints={server.client_url}", *args],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+
+
+def fill_until_nospace(server: EmbeddedEtcd) -> bool:
+    """Rewrite three keys with 60 KB values until etcd refuses for lack of space."""
+    filler = "a" * 60_000
+    for i in range(300):
+        put = etcdctl(server, "put", f"/filler/k{i % 3}", filler)
+        if put.returncode != 0:
+            return "database space exceeded" in put.stderr
+    return False
+
+
+def status(server: EmbeddedEtcd) -> dict[str, int]:
+    result = etcdctl(server, "endpoint", "status", "-w", "json")
+    entry = json.loads(result.stdout)[0]["Status"]
+    return {"revision": int(entry["header"]["revision"]), "in_use": int(entry["dbSizeInUse"])}
+
+
+def test_the_lowest_broker_compacts_etcd_history_as_commits_go_on(
+    etcd_server_private: EmbeddedEtcd, s3_server: S3Endpoint, tmp_path: Path
+) -> None:
+    bucket = unique_bucket("upkeep")
+    _create_bucket(s3_server, bucket)
+    cluster = BrokerCluster(etcd_server_private.client_url, s3_server, bucket, "upkeep", tmp_path)
+    try:
+        broker = cluster.start(KAFSCALE_ETCD__COMPACTION_INTERVAL_S="1")
+        producer = Producer({"bootstrap.servers": broker.bootstrap, "linger.ms": 0})
+        start = status(etcd_server_private)["revision"]
+        deadline = time.monotonic() + 6
+        i = 0
+        while time.monotonic() < deadline:  # a commit per flush tick (50 ms)
+            producer.produce("upkeep", value=b"v%d" % i)
+            producer.flush(10)
+            i += 1
+        end = status(etcd_server_private)["revision"]
+        assert end - start > 50  # many commits happened
+        # the early history is gone: reading at the start revision is refused as compacted
+        old = etcdctl(etcd_server_private, "get", "/kafscale", "--prefix", f"--rev={start}")
+        assert "compacted" in old.stderr, (old.stdout, old.stderr)
+        assert "etcd history compacted to revision" in broker.tail(200)
+    finally:
+        cluster.stop_all()
+
+
+def test_an_etcd_out_of_space_fails_produces_clearly_and_recovers(
+    s3_server: S3Endpoint, tmp_path: Path
+) -> None:
+    """etcd with a 2 MiB quota is filled by someone else until it raises NOSPACE: produces get
+    an error (never an ack for data that is not committed); the broker's compactor compacts,
+    defragments and disarms, and produces go through again."""
+    server = EmbeddedEtcd(
+        tmp_path / "etcd",
+        fast=True,
+        no_fsync=True,
+        extra_args=(f"--quota-backend-bytes={2 * MiB}",),
+    ).start()
+    bucket = unique_bucket("nospace")
+    _create_bucket(s3_server, bucket)
+    cluster = BrokerCluster(server.client_url, s3_server, bucket, "nospace", tmp_path)
+    try:
+        broker = cluster.start(KAFSCALE_ETCD__COMPACTION_INTERVAL_S="10")
+        create_topics(broker.bootstrap, ["roomy"], partitions=1)
+        with KafkaWire(broker.bootstrap, timeout_s=30) as wire:
+            code, first = produce_partition(
+                wire.request(PRODUCE, 9, produce_body("roomy", 0, make_batch(0, [b"before"])))
+            )
+            assert code == 0
+            # Fill etcd until it refuses a write, then produce at once. The compactor may clear
+            # the alarm before that produce (it runs every 10 s): then fill again.
+            refused = []
+            for _ in range(3):
+                assert fill_until_nospace(server)
+                code, _ = produce_partition(
+                    wire.request(PRODUCE, 9, produce_body("roomy", 0, make_batch(0, [b"no"])))
+                )
+                if "NOSPACE" in etcdctl(server, "alarm", "list").stdout:
+                    refused.append(code)
+                    break
+            assert refused == [REQUEST_TIMED_OUT]
+            deadline = time.monotonic() + 30
+            while True:
+                code, offset = produce_partition(
+                    wire.request(PRODUCE, 9, produce_body("roomy", 0, make_batch(0, [b"after"])))
+                )
+                if code == 0 or time.monotonic() > deadline:
+                    break
+                time.sleep(0.5)
+            assert code == 0, broker.tail(60)
+            assert "NOSPACE" not in etcdctl(server, "alarm", "list").stdout
+            partition = fetch_partition(wire.request(FETCH, 12, fetch_body("roomy", 0, first)))
+            values = [b.base_offset for b in batches_in(partition.records)]
+            assert values[0] == first and offset in values
+        assert "etcd is out of space (NOSPACE alarm)" in broker.tail(300)
+    finally:
+        cluster.stop_all()
+        server.stop()
