@@ -9,6 +9,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
+from kafscale.broker.api.configs import FETCH_MAX_BYTES
 from kafscale.broker.api.dispatch import Body, RequestContext
 from kafscale.broker.api.fetch_sessions import (
     FetchContext,
@@ -22,10 +23,6 @@ from kafscale.broker.protocol.codec import millis
 from kafscale.broker.protocol.errors import ErrorCode, KafkaError, MetadataTimeout
 
 TopicPartition = tuple[str, int]
-
-FETCH_MAX_BYTES = 55 * 1024 * 1024
-"""The most a fetch response carries, whatever the request asks (Kafka's broker default of
-``fetch.max.bytes``): what one fetch holds in memory."""
 
 
 @dataclass(slots=True)
