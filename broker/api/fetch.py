@@ -172,14 +172,17 @@ async def _prepare(
     """(the partition's committed state, or None if there is nothing to read; its response
     entry without records)."""
     broker = ctx.broker
-    if item.info is None or not 0 <= item.partition < item.info.partitions:
+    info = item.info
+    if info is not None and not _still_there(info, ctx):
+        info = None  # deleted while the fetch waited: not an offset out of range
+    if info is None or not 0 <= item.partition < info.partitions:
         code = (
             ErrorCode.UNKNOWN_TOPIC_ID
             if isinstance(item.key, uuid.UUID)
             else (ErrorCode.UNKNOWN_TOPIC_OR_PARTITION)
         )
         return None, _partition_body(item.partition, code, -1, -1)
-    tp = (item.info.name, item.partition)
+    tp = (info.name, item.partition)
     try:
         state = broker.committed_state(tp)
         if refresh and item.fetch_offset >= state.high_watermark:
@@ -193,6 +196,15 @@ async def _prepare(
     if epoch_error is not None or item.fetch_offset == state.high_watermark:
         return None, body
     return state, body
+
+
+def _still_there(info: TopicInfo, ctx: RequestContext) -> bool:
+    """Whether the topic a fetch resolved is still the one by that name: a long-poll outlives
+    a DeleteTopics, and the deleted topic's partitions then look empty, which answered a
+    consumer's position with OFFSET_OUT_OF_RANGE (it reset its offsets) instead of the
+    unknown topic it now is."""
+    current = ctx.broker.view.topics.get(info.name)
+    return current is not None and current.topic_id == info.topic_id
 
 
 async def _read_into(

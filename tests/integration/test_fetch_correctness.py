@@ -187,3 +187,25 @@ def test_a_confluent_consumer_reads_records_acked_one_by_one_after_reaching_the_
     finally:
         first.close()
         second.close()
+
+
+def test_a_long_poll_outliving_its_topics_deletion_says_unknown_topic(
+    broker: BrokerProcess,
+) -> None:
+    """A consumer waiting at the end of a partition whose topic is deleted is told the topic
+    is unknown. It was told OFFSET_OUT_OF_RANGE (the deleted partition looked empty), and
+    librdkafka then reset its position ("offset reset ... to BEGINNING") on a topic that no
+    longer exists, while a cooperative-sticky consumer was leaving."""
+    import time
+
+    from confluent_kafka.admin import AdminClient
+
+    create_topics(broker.bootstrap, ["gone"], partitions=1)
+    with KafkaWire(broker.bootstrap) as wire:
+        produce_one_by_one(wire, "gone", 0, [b"a", b"b"])
+        wire.send(FETCH, 11, fetch_body("gone", 0, 2, max_wait_ms=3000))
+        time.sleep(0.5)  # the fetch is waiting for records past the end
+        admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+        admin.delete_topics(["gone"])["gone"].result(10)
+        _, response = wire.recv(FETCH, 11)
+        assert fetch_partition(response).error_code == ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
