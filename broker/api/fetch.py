@@ -133,10 +133,12 @@ async def _read_all(
     """Kafka's limits: the response holds at most ``total_max`` bytes of records, filled in
     request order; only the first partition with data may go beyond, by its first batch.
 
-    Each read is given what the response has left before it starts, so a request's memory is
-    its ``max_bytes`` (capped at ``FETCH_MAX_BYTES``), not the sum of its partition limits.
-    Until a partition gives records, partitions are read one at a time (each may be the first
-    with data); then in groups whose limits together fit in what is left.
+    Each read is given what the response has left before it starts, so what a request holds
+    follows its ``max_bytes`` (capped at ``FETCH_MAX_BYTES``), not the sum of its partition
+    limits. Until a partition gives records, partitions are read one at a time (each may be
+    the first with data); then in groups whose limits together fit in what is left, each read
+    counted as at least a segment (it may GET one whole), so a request naming many partitions
+    with tiny limits does not read thousands of segments at once.
     """
     prepared = list(await asyncio.gather(*(_prepare(item, ctx, refresh) for item in wanted)))
     results: list[Body] = [body for _, body in prepared]
@@ -148,13 +150,16 @@ async def _read_all(
             await _read_into(results[index], wanted[index], state, ctx, budget, min_one=True)
             budget -= len(results[index]["records"])
         index += 1
+    # A read may GET a whole segment beyond its share: count it at least a segment's size.
+    floor = ctx.broker.settings.log.segment_bytes
     while index < len(wanted):
         group: list[tuple[int, int]] = []
-        allotted = 0
-        while index < len(wanted) and (not group or allotted < budget):
+        allotted = cost = 0
+        while index < len(wanted) and (not group or cost < budget):
             share = max(0, min(wanted[index].max_bytes, budget - allotted))
             group.append((index, share))
             allotted += share
+            cost += max(share, floor) if prepared[index][0] is not None and share else 0
             index += 1
         reads = [
             _read_into(results[i], wanted[i], state, ctx, share, min_one=False)

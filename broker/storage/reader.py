@@ -5,11 +5,11 @@ the partition state, else in a (cached) window of the partition's listing, liste
 highest time mark below the offset, where uploads that were never committed are recognised by
 their epoch and ignored. A listing says nothing about offsets at or above the high watermark it
 was made at: segments committed since are found by listing again (issue 29: a window trusted
-as complete hid every record committed after it). Segments are read whole and kept in the
-cache when they are small next to the read's byte budget (a consumer reading on hits the cache
-for the rest of the segment); others are read by a ranged GET that starts at the index entry
-for the offset. A read fills its byte budget across as many segments as it takes, reading the
-segments it needs next at once; what it reads is sized against the budget before reading.
+as complete hid every record committed after it). Recent segments are read whole and kept in
+the cache, as are older segments up to 8 MiB (a consumer reading on hits the cache for the
+rest of the segment); larger ones are read by a ranged GET that starts at the index entry for
+the offset. A read fills its byte budget across as many segments as it takes, reading the
+segments it needs next at once (as many as their sizes fit in the budget).
 """
 
 from __future__ import annotations
@@ -52,9 +52,7 @@ from kafscale.broker.storage.segments import (
 log = logging.getLogger(__name__)
 
 MAX_SEGMENTS_AT_ONCE = 32  # segments of one read fetched concurrently
-WHOLE_READ_MAX_BYTES = 8 * 1024 * 1024
-WHOLE_READ_MIN_BYTES = 1024 * 1024  # read whole whatever the budget (one small GET)
-WHOLE_READ_BUDGETS = 8  # else read whole only up to this many times the read's budget
+WHOLE_READ_MAX_BYTES = 8 * 1024 * 1024  # smaller segments have no index object to range by
 MAX_PREFETCHES = 8  # larger (older, foreign) segments: ranged GETs
 LIST_PAGE = 1000  # keys per listing call (S3's page size)
 MAX_LISTINGS = 256  # partitions whose listing window is kept (~100 KB each at most)
@@ -325,7 +323,7 @@ class LogReader:
         if prefetch is not None:
             await asyncio.shield(prefetch)
         body = self._cache.get(segment_key)
-        if body is None and reads_whole(location.size, max_bytes):
+        if body is None and (location.recent or location.size <= WHOLE_READ_MAX_BYTES):
             # Consumers read on: one GET of the segment serves the fetches that follow.
             body = await self._get_whole(segment_key)
         if body is not None:
@@ -495,14 +493,6 @@ def _committed_locations(objects: list[ObjectInfo], state: PartitionState) -> li
         SegmentLocation(base, epoch, info.size, recent=False)
         for base, epoch, info in committed_objects(state, objects)
     ]
-
-
-def reads_whole(segment_size: int, max_bytes: int) -> bool:
-    """Whether a segment not in the cache is read whole (and cached) rather than by a ranged
-    GET: what a read holds is sized by its budget, which the client chooses, not by the
-    segment."""
-    limit = min(WHOLE_READ_MAX_BYTES, max(WHOLE_READ_MIN_BYTES, WHOLE_READ_BUDGETS * max_bytes))
-    return segment_size <= limit
 
 
 def _recent_location(state: PartitionState, offset: int) -> SegmentLocation | None:
