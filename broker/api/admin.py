@@ -1,8 +1,10 @@
 """Topic administration: CreateTopics, DeleteTopics, CreatePartitions, configs.
 
 There is no controller: any broker applies an admin change as a compare-and-swap in etcd, and
-every broker's view follows through its watch. Replication factors are accepted as -1 or 1
-only; durability comes from object storage, not from replicas.
+every broker's view follows through its watch. Durability comes from object storage, not from
+replicas: any replication factor is accepted and reported as 1, and an explicit replica
+assignment is checked as Kafka checks it (partitions 0..n-1, live brokers, no broker twice in
+one partition) and then collapses to the partition's lease owner, as the factor does.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from kafscale.broker.api.configs import TOPIC_CONFIG_TYPES, broker_configs, topic_config_type
 from kafscale.broker.api.dispatch import Body, RequestContext
 from kafscale.broker.api.metadata import topic_uuid
 from kafscale.broker.metadata import topics
@@ -20,6 +23,7 @@ log = logging.getLogger(__name__)
 TOPIC_RESOURCE = 2
 BROKER_RESOURCE = 4
 CONFIG_SOURCE_TOPIC = 1
+CONFIG_SOURCE_STATIC_BROKER = 4
 CONFIG_SOURCE_DEFAULT = 5
 SET, DELETE, APPEND, SUBTRACT = 0, 1, 2, 3
 
@@ -39,13 +43,19 @@ async def _create_one(topic: Any, validate_only: bool, ctx: RequestContext) -> B
     configs = {c.name: c.value for c in topic.configs if c.value is not None}
     result: Body = {"name": topic.name, "num_partitions": count, "replication_factor": 1}
     try:
-        if int(topic.replication_factor) not in (-1, 1) and not topic.assignments:
-            # Durability comes from object storage; accept the common factors and report 1.
-            pass
         if topic.assignments:
-            raise KafkaError(
-                "manual replica assignment is not supported", ErrorCode.INVALID_REPLICA_ASSIGNMENT
+            if int(topic.num_partitions) != -1 or int(topic.replication_factor) != -1:
+                raise KafkaError(
+                    "both numPartitions or replicationFactor and replicasAssignments were set",
+                    ErrorCode.INVALID_REQUEST,
+                )
+            count = _check_assignment(
+                [int(a.partition_index) for a in topic.assignments],
+                [list(a.broker_ids) for a in topic.assignments],
+                set(broker.view.brokers),
             )
+            result["num_partitions"] = count
+        check_config_names(configs)
         if validate_only:
             topics.validate_topic_name(topic.name)
             topics.validate_configs(configs)
@@ -58,17 +68,58 @@ async def _create_one(topic: Any, validate_only: bool, ctx: RequestContext) -> B
         result.update(
             error_code=ErrorCode.NONE,
             topic_id=topic_uuid(info),
-            configs=_config_entries(
-                topics.effective_configs(info, broker.settings.topic_defaults()),
-                info.configs,
-                None,
-            ),
+            configs=[
+                {key: entry[key] for key in CREATED_TOPIC_CONFIG_KEYS}
+                for entry in _config_entries(
+                    topics.effective_configs(info, broker.settings.topic_defaults()),
+                    info.configs,
+                    None,
+                )
+            ],
         )
     except KafkaError as exc:
         result.update(
             error_code=exc.code, error_message=str(exc), num_partitions=-1, replication_factor=-1
         )
     return result
+
+
+def check_config_names(configs: Any) -> None:
+    """Kafka refuses a topic config it does not know (a typo would otherwise pass silently)."""
+    for name in configs:
+        if name not in TOPIC_CONFIG_TYPES:
+            raise KafkaError(f"unknown topic config name: {name}", ErrorCode.INVALID_CONFIG)
+
+
+def _check_assignment(partitions: list[int], replicas: list[list[int]], live: set[int]) -> int:
+    """The partition count of a valid manual assignment, else Kafka's error for it."""
+    if sorted(partitions) != list(range(len(partitions))):
+        raise KafkaError(
+            "partitions of a manual assignment must be 0..n-1, each once",
+            ErrorCode.INVALID_REPLICA_ASSIGNMENT,
+        )
+    _check_replica_lists(replicas, live)
+    return len(partitions)
+
+
+def _check_replica_lists(replicas: list[list[int]], live: set[int]) -> None:
+    for brokers in replicas:
+        if not brokers or len(set(brokers)) != len(brokers):
+            raise KafkaError(
+                "each partition needs one or more distinct brokers",
+                ErrorCode.INVALID_REPLICA_ASSIGNMENT,
+            )
+        unknown = sorted(set(brokers) - live)
+        if unknown:
+            raise KafkaError(
+                f"the assignment names brokers that are not registered: {unknown}",
+                ErrorCode.INVALID_REPLICA_ASSIGNMENT,
+            )
+    if len({len(brokers) for brokers in replicas}) > 1:
+        raise KafkaError(
+            "all partitions of an assignment must have the same number of replicas",
+            ErrorCode.INVALID_REPLICA_ASSIGNMENT,
+        )
 
 
 async def handle_delete_topics(request: Any, ctx: RequestContext) -> Body:
@@ -102,8 +153,15 @@ async def handle_create_partitions(request: Any, ctx: RequestContext) -> Body:
     for topic in request.topics:
         try:
             if topic.assignments:
-                raise KafkaError(
-                    "manual assignment is not supported", ErrorCode.INVALID_REPLICA_ASSIGNMENT
+                info = broker.view.topics.get(topic.name)
+                added = int(topic.count) - (info.partitions if info is not None else 0)
+                if info is not None and len(topic.assignments) != added:
+                    raise KafkaError(
+                        f"{len(topic.assignments)} assignments for {added} new partitions",
+                        ErrorCode.INVALID_REPLICA_ASSIGNMENT,
+                    )
+                _check_replica_lists(
+                    [list(a.broker_ids) for a in topic.assignments], set(broker.view.brokers)
                 )
             if not request.validate_only:
                 info = await topics.add_partitions(
@@ -127,12 +185,7 @@ def _describe_one(resource: Any, ctx: RequestContext) -> Body:
     base: Body = {"resource_type": resource.resource_type, "resource_name": resource.resource_name}
     wanted = resource.configuration_keys
     if resource.resource_type == BROKER_RESOURCE:
-        configs = {"log.segment.bytes": str(ctx.broker.settings.log.segment_bytes)}
-        return {
-            **base,
-            "error_code": ErrorCode.NONE,
-            "configs": _config_entries(configs, {}, wanted),
-        }
+        return {**base, **_describe_broker(resource.resource_name, wanted, ctx)}
     if resource.resource_type != TOPIC_RESOURCE:
         return {
             **base,
@@ -148,6 +201,44 @@ def _describe_one(resource: Any, ctx: RequestContext) -> Body:
     return {**base, "error_code": ErrorCode.NONE, "configs": entries}
 
 
+def _describe_broker(name: str, wanted: Any, ctx: RequestContext) -> Body:
+    """This broker's configs (a broker describes only itself; "" names the cluster default)."""
+    broker = ctx.broker
+    if name not in ("", str(broker.node_id)):
+        return {
+            "error_code": ErrorCode.INVALID_REQUEST,
+            "error_message": f"this is broker {broker.node_id}, not {name}",
+            "configs": [],
+        }
+    info = broker.info
+    configs = broker_configs(
+        broker.settings,
+        broker.node_id,
+        info.host if info is not None else "",
+        info.port if info is not None else 0,
+    )
+    chosen = [c for c in configs if not wanted or c.name in wanted]
+    source = CONFIG_SOURCE_STATIC_BROKER if name else CONFIG_SOURCE_DEFAULT
+    entries: list[Body] = [
+        {
+            "name": config.name,
+            "value": config.value,
+            "read_only": True,
+            "config_source": source,
+            "is_sensitive": False,
+            "synonyms": [],
+            "config_type": int(config.type),
+            "documentation": None,
+        }
+        for config in chosen
+    ]
+    return {"error_code": ErrorCode.NONE, "configs": entries}
+
+
+# CreateTopics answers each config with fewer fields than DescribeConfigs does.
+CREATED_TOPIC_CONFIG_KEYS = ("name", "value", "read_only", "config_source", "is_sensitive")
+
+
 def _config_entries(effective: dict[str, str], explicit: dict[str, str], wanted: Any) -> list[Body]:
     names = sorted(effective) if not wanted else [n for n in wanted if n in effective]
     return [
@@ -157,6 +248,9 @@ def _config_entries(effective: dict[str, str], explicit: dict[str, str], wanted:
             "read_only": name in topics.READ_ONLY_CONFIGS,
             "config_source": CONFIG_SOURCE_TOPIC if name in explicit else CONFIG_SOURCE_DEFAULT,
             "is_sensitive": False,
+            "synonyms": [],
+            "config_type": int(topic_config_type(name)),
+            "documentation": None,
         }
         for name in names
     ]
@@ -173,6 +267,7 @@ async def handle_incremental_alter_configs(request: Any, ctx: RequestContext) ->
             if resource.resource_type != TOPIC_RESOURCE:
                 raise KafkaError("only topic configs can be altered", ErrorCode.INVALID_REQUEST)
             changes = _changes(resource.configs)
+            check_config_names(changes)
             if not request.validate_only:
                 info = await topics.alter_configs(
                     ctx.broker.etcd, ctx.broker.cluster, resource.resource_name, changes
@@ -201,3 +296,44 @@ def _changes(configs: Any) -> dict[str, str | None]:
                 ErrorCode.INVALID_CONFIG,
             )
     return changes
+
+
+async def handle_alter_configs(request: Any, ctx: RequestContext) -> Body:
+    """AlterConfigs (the non-incremental API many admin tools still use): a topic's configs
+    become exactly the ones given; those left out return to their defaults."""
+    responses = []
+    for resource in request.resources:
+        base: Body = {
+            "resource_type": resource.resource_type,
+            "resource_name": resource.resource_name,
+        }
+        try:
+            if resource.resource_type != TOPIC_RESOURCE:
+                raise KafkaError(
+                    "only topic configs can be altered (broker configs are static)",
+                    ErrorCode.INVALID_REQUEST,
+                )
+            info = ctx.broker.view.topics.get(resource.resource_name)
+            if info is None:
+                raise KafkaError("unknown topic", ErrorCode.UNKNOWN_TOPIC_OR_PARTITION)
+            given = {c.name: c.value for c in resource.configs}
+            check_config_names(given)
+            changes = replacing_changes(info.configs, given)
+            if request.validate_only:
+                topics.validate_configs(changes)
+            else:
+                altered = await topics.alter_configs(
+                    ctx.broker.etcd, ctx.broker.cluster, resource.resource_name, changes
+                )
+                ctx.broker.view.topics[altered.name] = altered
+            responses.append({**base, "error_code": ErrorCode.NONE})
+        except KafkaError as exc:
+            responses.append({**base, "error_code": exc.code, "error_message": str(exc)})
+    return {"throttle_time": 0, "responses": responses}
+
+
+def replacing_changes(
+    current: dict[str, str], given: dict[str, str | None]
+) -> dict[str, str | None]:
+    """The changes that make a topic's explicit configs exactly ``given`` (None: removed)."""
+    return {**{name: None for name in current if name not in given}, **given}

@@ -9,6 +9,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
+from kafscale.broker.api.configs import FETCH_MAX_BYTES
 from kafscale.broker.api.dispatch import Body, RequestContext
 from kafscale.broker.api.fetch_sessions import (
     FetchContext,
@@ -17,6 +18,7 @@ from kafscale.broker.api.fetch_sessions import (
     PartitionResult,
 )
 from kafscale.broker.metadata.cluster import TopicInfo
+from kafscale.broker.metadata.partition_state import PartitionState
 from kafscale.broker.protocol.codec import millis
 from kafscale.broker.protocol.errors import ErrorCode, KafkaError, MetadataTimeout
 
@@ -128,60 +130,113 @@ def _resolve(
 async def _read_all(
     wanted: list[_Wanted], ctx: RequestContext, total_max: int, refresh: bool
 ) -> list[Body]:
-    """Read every partition at once, then keep to the response's ``max_bytes``: whole
-    partitions in request order, the first one always (as Kafka does)."""
-    results = list(
-        await asyncio.gather(*(_read_one(item, ctx, item.max_bytes, refresh) for item in wanted))
-    )
-    budget = total_max
-    for index, result in enumerate(results):
-        size = len(result.get("records") or b"")
-        if index > 0 and size > budget:
-            result["records"] = b""
-            size = 0
-        budget -= size
+    """Kafka's limits: the response holds at most ``total_max`` bytes of records, filled in
+    request order; only the first partition with data may go beyond, by its first batch.
+
+    Each read is given what the response has left before it starts, so what a request holds
+    follows its ``max_bytes`` (capped at ``FETCH_MAX_BYTES``), not the sum of its partition
+    limits. Until a partition gives records, partitions are read one at a time (each may be
+    the first with data); then in groups whose limits together fit in what is left, each read
+    counted as at least a segment (it may GET one whole), so a request naming many partitions
+    with tiny limits does not read thousands of segments at once.
+    """
+    prepared = list(await asyncio.gather(*(_prepare(item, ctx, refresh) for item in wanted)))
+    results: list[Body] = [body for _, body in prepared]
+    budget = min(total_max, FETCH_MAX_BYTES)
+    index = 0
+    while index < len(wanted) and not any(r.get("records") for r in results[:index]):
+        state = prepared[index][0]
+        if state is not None:
+            await _read_into(results[index], wanted[index], state, ctx, budget, min_one=True)
+            budget -= len(results[index]["records"])
+        index += 1
+    # A read may GET a whole segment beyond its share: count it at least a segment's size.
+    floor = ctx.broker.settings.log.segment_bytes
+    while index < len(wanted):
+        group: list[tuple[int, int]] = []
+        allotted = cost = 0
+        while index < len(wanted) and (not group or cost < budget):
+            share = max(0, min(wanted[index].max_bytes, budget - allotted))
+            group.append((index, share))
+            allotted += share
+            cost += max(share, floor) if prepared[index][0] is not None and share else 0
+            index += 1
+        reads = [
+            _read_into(results[i], wanted[i], state, ctx, share, min_one=False)
+            for i, share in group
+            if (state := prepared[i][0]) is not None and share > 0
+        ]
+        await asyncio.gather(*reads)
+        budget -= sum(len(results[i]["records"]) for i, _ in group)
     return results
 
 
-async def _read_one(item: _Wanted, ctx: RequestContext, budget: int, refresh: bool) -> Body:
+async def _prepare(
+    item: _Wanted, ctx: RequestContext, refresh: bool
+) -> tuple[PartitionState | None, Body]:
+    """(the partition's committed state, or None if there is nothing to read; its response
+    entry without records)."""
     broker = ctx.broker
-    if item.info is None or not 0 <= item.partition < item.info.partitions:
+    info = item.info
+    if info is not None and not _still_there(info, ctx):
+        info = None  # deleted while the fetch waited: not an offset out of range
+    if info is None or not 0 <= item.partition < info.partitions:
         code = (
             ErrorCode.UNKNOWN_TOPIC_ID
             if isinstance(item.key, uuid.UUID)
             else (ErrorCode.UNKNOWN_TOPIC_OR_PARTITION)
         )
-        return _partition_body(item.partition, code, -1, -1)
-    tp = (item.info.name, item.partition)
+        return None, _partition_body(item.partition, code, -1, -1)
+    tp = (info.name, item.partition)
     try:
         state = broker.committed_state(tp)
         if refresh and item.fetch_offset >= state.high_watermark:
             state = await broker.fresh_state(tp)
     except (MetadataTimeout, KafkaError) as exc:
-        return _partition_body(item.partition, exc.code, -1, -1)
+        return None, _partition_body(item.partition, exc.code, -1, -1)
     epoch_error = _check_epoch(item.current_leader_epoch, state.leader_epoch)
-    if epoch_error is not None:
-        return _partition_body(
-            item.partition, epoch_error, state.high_watermark, state.log_start_offset
-        )
+    body = _partition_body(
+        item.partition, epoch_error or ErrorCode.NONE, state.high_watermark, state.log_start_offset
+    )
+    if epoch_error is not None or item.fetch_offset == state.high_watermark:
+        return None, body
+    return state, body
+
+
+def _still_there(info: TopicInfo, ctx: RequestContext) -> bool:
+    """Whether the topic a fetch resolved is still the one by that name: a long-poll outlives
+    a DeleteTopics, and the deleted topic's partitions then look empty, which answered a
+    consumer's position with OFFSET_OUT_OF_RANGE (it reset its offsets) instead of the
+    unknown topic it now is."""
+    current = ctx.broker.view.topics.get(info.name)
+    return current is not None and current.topic_id == info.topic_id
+
+
+async def _read_into(
+    body: Body,
+    item: _Wanted,
+    state: PartitionState,
+    ctx: RequestContext,
+    budget: int,
+    min_one: bool,
+) -> None:
+    """Fill ``body``'s records from ``state`` with at most ``budget`` bytes (``min_one``: at
+    least one batch), or set its error."""
     max_bytes = min(item.max_bytes, budget)
-    if max_bytes <= 0 or item.fetch_offset == state.high_watermark:
-        return _partition_body(
-            item.partition, ErrorCode.NONE, state.high_watermark, state.log_start_offset
-        )
+    if (max_bytes <= 0 and not min_one) or item.info is None:
+        return
     try:
-        records = await broker.reader.read(
-            item.info.name, item.info.topic_id, item.partition, state, item.fetch_offset, max_bytes
+        body["records"] = await ctx.broker.reader.read(
+            item.info.name,
+            item.info.topic_id,
+            item.partition,
+            state,
+            item.fetch_offset,
+            max(max_bytes, 0),
+            min_one=min_one,
         )
     except KafkaError as exc:
-        return _partition_body(
-            item.partition, exc.code, state.high_watermark, state.log_start_offset
-        )
-    body = _partition_body(
-        item.partition, ErrorCode.NONE, state.high_watermark, state.log_start_offset
-    )
-    body["records"] = records
-    return body
+        body["error_code"] = exc.code
 
 
 def _check_epoch(client_epoch: int, known_epoch: int) -> ErrorCode | None:

@@ -93,8 +93,10 @@ class FetchContext:
     def respond(self, results: Sequence[tuple[PartitionKey, PartitionResult]]) -> list[bool]:
         """Which of ``results`` (read for ``partitions()``) go into the response: all of a full
         one; of an incremental one those with records, a moved high watermark or log start, or
-        an error. The session remembers what it sent, and moves the partitions it sent to the
-        end of its order, so a response cut short by ``max_bytes`` serves the others next."""
+        an error. The session remembers what it sent, and moves the partitions it sent records
+        of to the end of its order (as Kafka does), so a response cut short by ``max_bytes``
+        serves the others next: moving every partition sent (a moved high watermark
+        included) kept their order, and the first one with data took every response."""
         session = self.session
         if session is None:
             return [True] * len(results)
@@ -115,7 +117,7 @@ class FetchContext:
                 errored = result.error_code != ErrorCode.NONE
                 cached.high_watermark = -1 if errored else result.high_watermark
                 cached.log_start_offset = result.log_start_offset
-                if self.incremental:
+                if self.incremental and result.has_records:
                     session.partitions[key] = session.partitions.pop(key)
             chosen.append(send)
         return chosen

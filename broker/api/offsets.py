@@ -119,6 +119,7 @@ async def handle_delete_records(request: Any, ctx: RequestContext) -> Body:
         for p in topic.partitions:
             index = int(p.partition_index)
             try:
+                await _check_delete_offset(topic.name, index, int(p.offset), ctx)
                 low = await manager.delete_records((topic.name, index), int(p.offset))
                 results.append(
                     {"partition_index": index, "low_watermark": low, "error_code": ErrorCode.NONE}
@@ -129,6 +130,30 @@ async def handle_delete_records(request: Any, ctx: RequestContext) -> Body:
                 )
         topics.append({"name": topic.name, "partitions": results})
     return {"throttle_time": 0, "topics": topics}
+
+
+async def _check_delete_offset(
+    topic: str, partition: int, offset: int, ctx: RequestContext
+) -> None:
+    """An offset beyond the high watermark is OFFSET_OUT_OF_RANGE (Kafka's answer) from any
+    broker, before ownership is asked: a broker that does not own the partition would answer
+    NOT_LEADER_OR_FOLLOWER, and the client would retry an impossible request elsewhere."""
+    info = ctx.broker.view.topics.get(topic)
+    if info is None or not 0 <= partition < info.partitions:
+        raise KafkaError(
+            f"unknown partition {topic}-{partition}", ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+        )
+    if offset == -1:
+        return
+    try:
+        state = await ctx.broker.fresh_state((topic, partition))
+    except MetadataUnavailable as exc:
+        raise MetadataTimeout(str(exc)) from exc
+    if offset < 0 or offset > state.high_watermark:
+        raise KafkaError(
+            f"offset {offset} is beyond the high watermark {state.high_watermark}",
+            ErrorCode.OFFSET_OUT_OF_RANGE,
+        )
 
 
 async def handle_init_producer_id(request: Any, ctx: RequestContext) -> Body:

@@ -98,6 +98,14 @@ _SPECS = [
         no_results("results"),
     ),
     ApiSpec(
+        33,
+        "AlterConfigs",
+        0,
+        2,
+        admin.handle_alter_configs,
+        no_results("responses"),
+    ),
+    ApiSpec(
         37,
         "CreatePartitions",
         0,

@@ -3,10 +3,13 @@
 A read finds the committed segment holding the offset: first among the newest segments named in
 the partition state, else in a (cached) window of the partition's listing, listed from the
 highest time mark below the offset, where uploads that were never committed are recognised by
-their epoch and ignored. Recent segments are read whole
-and kept in the cache, as are older segments up to 8 MiB (a consumer reading on hits the cache
-for the rest of the segment); larger ones are read by a ranged GET that starts at the index
-entry for the offset.
+their epoch and ignored. A listing says nothing about offsets at or above the high watermark it
+was made at: segments committed since are found by listing again (issue 29: a window trusted
+as complete hid every record committed after it). Recent segments are read whole and kept in
+the cache, as are older segments up to 8 MiB (a consumer reading on hits the cache for the
+rest of the segment); larger ones are read by a ranged GET that starts at the index entry for
+the offset. A read fills its byte budget across as many segments as it takes, reading the
+segments it needs next at once (as many as their sizes fit in the budget).
 """
 
 from __future__ import annotations
@@ -48,8 +51,8 @@ from kafscale.broker.storage.segments import (
 
 log = logging.getLogger(__name__)
 
-MAX_SEGMENTS_PER_READ = 8
-WHOLE_READ_MAX_BYTES = 8 * 1024 * 1024
+MAX_SEGMENTS_AT_ONCE = 32  # segments of one read fetched concurrently
+WHOLE_READ_MAX_BYTES = 8 * 1024 * 1024  # smaller segments have no index object to range by
 MAX_PREFETCHES = 8  # larger (older, foreign) segments: ranged GETs
 LIST_PAGE = 1000  # keys per listing call (S3's page size)
 MAX_LISTINGS = 256  # partitions whose listing window is kept (~100 KB each at most)
@@ -57,20 +60,26 @@ MAX_LISTINGS = 256  # partitions whose listing window is kept (~100 KB each at m
 
 @dataclass(frozen=True, slots=True)
 class SegmentLocation:
+    """A committed segment holding offsets [base, end); ``end`` is -1 while unknown (a listed
+    segment whose successor was not listed)."""
+
     base: int
     epoch: int
     size: int
     recent: bool
+    end: int = -1
 
 
 @dataclass(slots=True)
 class _Listing:
     """A window of a partition's committed segments, in base order: from the one holding the
     offset that was looked up to the end of the listing page that passed it. ``complete``: the
-    listing reached the partition's last object (no segment after the window)."""
+    listing reached the partition's last object committed below ``high_watermark``, the high
+    watermark of the state it was listed with; it knows nothing of segments committed since."""
 
     segments: list[SegmentLocation]
     complete: bool
+    high_watermark: int = 0
 
 
 def listing_start(
@@ -110,28 +119,101 @@ class LogReader:
         state: PartitionState,
         offset: int,
         max_bytes: int,
+        min_one: bool = True,
     ) -> bytes:
-        """Whole batches from the one holding ``offset``, about ``max_bytes`` (at least one)."""
+        """Whole batches from the one holding ``offset``, at most ``max_bytes`` of them, across
+        as many segments as that takes; with ``min_one``, at least the first batch whatever its
+        size (Kafka's rule for the first partition with data in a response)."""
         if offset < state.log_start_offset or offset > state.high_watermark:
             raise OffsetOutOfRange(
                 f"offset {offset} outside [{state.log_start_offset}, {state.high_watermark}]"
             )
         chunks: list[bytes | memoryview] = []
         total = 0
-        for _ in range(MAX_SEGMENTS_PER_READ):
-            if offset >= state.high_watermark or total >= max_bytes:
-                break
-            location = await self._locate(topic, topic_id, partition, state, offset)
-            data = await self._read_segment(
-                topic, topic_id, partition, location, offset, max_bytes - total, first=not chunks
+        while offset < state.high_watermark and (total < max_bytes or (min_one and not chunks)):
+            budget = max(max_bytes - total, 0)
+            wave = await self._plan(topic, topic_id, partition, state, offset, budget)
+            parts = await self._read_wave(
+                topic, topic_id, partition, wave, offset, budget, min_one and not chunks
             )
-            if not data:
+            if not parts and not chunks and min_one and not wave[0].recent:
+                # Nothing where the state says there are records: a listing gone stale would
+                # hide them for good, so list again once before answering with nothing.
+                self._listings.pop((topic, topic_id, partition), None)
+                wave = await self._plan(topic, topic_id, partition, state, offset, budget)
+                parts = await self._read_wave(
+                    topic, topic_id, partition, wave, offset, budget, min_one
+                )
+            if not parts:
                 break
-            chunks.append(data)
-            total += len(data)
-            offset = _next_offset(data)
+            chunks.extend(parts)
+            total += sum(len(part) for part in parts)
+            offset = _next_offset(parts[-1])
         self._prefetch_from(topic, topic_id, partition, state, offset)
         return b"".join(chunks)
+
+    async def _plan(
+        self,
+        topic: str,
+        topic_id: str,
+        partition: int,
+        state: PartitionState,
+        offset: int,
+        max_bytes: int,
+    ) -> list[SegmentLocation]:
+        """The segments to read next, in order: the one holding ``offset``, then the following
+        ones while their sizes fit in ``max_bytes`` (a segment's size bounds what it gives)."""
+        wave = [await self._locate(topic, topic_id, partition, state, offset)]
+        planned = wave[0].size
+        offset = wave[0].end
+        while planned < max_bytes and len(wave) < MAX_SEGMENTS_AT_ONCE:
+            if offset >= state.high_watermark:
+                break
+            # The segments after the first only from what is known: the next wave lists.
+            location = self._known_location(topic, topic_id, partition, state, offset)
+            if location is None or planned + location.size > max_bytes:
+                break
+            wave.append(location)
+            planned += location.size
+            if location.end <= offset:
+                break  # where the next segment starts is unknown: read this one first
+            offset = location.end
+        return wave
+
+    async def _read_wave(
+        self,
+        topic: str,
+        topic_id: str,
+        partition: int,
+        wave: list[SegmentLocation],
+        offset: int,
+        max_bytes: int,
+        min_one: bool,
+    ) -> list[bytes | memoryview]:
+        """The batches of ``wave``'s segments, read at once, up to the first that gives none."""
+        budgets = []
+        left = max_bytes
+        for location in wave:
+            budgets.append(left)
+            left -= location.size
+        reads = [
+            self._read_segment(
+                topic,
+                topic_id,
+                partition,
+                location,
+                offset if index == 0 else location.base,
+                budget,
+                min_one and index == 0,
+            )
+            for index, (location, budget) in enumerate(zip(wave, budgets, strict=True))
+        ]
+        parts: list[bytes | memoryview] = []
+        for data in await asyncio.gather(*reads):
+            if not data:
+                break
+            parts.append(data)
+        return parts
 
     def _prefetch_from(
         self, topic: str, topic_id: str, partition: int, state: PartitionState, offset: int
@@ -164,18 +246,18 @@ class LogReader:
     def _known_location(
         self, topic: str, topic_id: str, partition: int, state: PartitionState, offset: int
     ) -> SegmentLocation | None:
-        for ref in reversed(state.segments):
-            if ref.base <= offset <= ref.last:
-                return SegmentLocation(ref.base, ref.epoch, ref.size, recent=True)
+        recent = _recent_location(state, offset)
+        if recent is not None:
+            return recent
         listing = self._listings.get((topic, topic_id, partition))
         return None if listing is None else _covering(listing, state, offset)
 
     async def _locate(
         self, topic: str, topic_id: str, partition: int, state: PartitionState, offset: int
     ) -> SegmentLocation:
-        for ref in reversed(state.segments):
-            if ref.base <= offset <= ref.last:
-                return SegmentLocation(ref.base, ref.epoch, ref.size, recent=True)
+        recent = _recent_location(state, offset)
+        if recent is not None:
+            return recent
         listing_key = (topic, topic_id, partition)
         listing = self._listings.get(listing_key)
         for attempt in range(2):
@@ -218,9 +300,9 @@ class LogReader:
                 raise StorageFailure(str(exc)) from exc
             segments = carried + _committed_locations(page, state)
             if len(page) < self._list_page:
-                return _Listing(segments, complete=True)
+                return _Listing(segments, complete=True, high_watermark=state.high_watermark)
             if segments and segments[-1].base > offset:
-                return _Listing(segments, complete=False)
+                return _Listing(segments, complete=False, high_watermark=state.high_watermark)
             carried = segments[-1:]
             after = page[-1].key
 
@@ -413,21 +495,34 @@ def _committed_locations(objects: list[ObjectInfo], state: PartitionState) -> li
     ]
 
 
+def _recent_location(state: PartitionState, offset: int) -> SegmentLocation | None:
+    for ref in reversed(state.segments):
+        if ref.base <= offset <= ref.last:
+            return SegmentLocation(ref.base, ref.epoch, ref.size, recent=True, end=ref.last + 1)
+    return None
+
+
 def _covering(listing: _Listing, state: PartitionState, offset: int) -> SegmentLocation | None:
+    """The listed segment holding ``offset``, with where it ends when that is known; None when
+    the window cannot tell (list again)."""
     segments = listing.segments
     candidates = [s for s in segments if s.base <= offset]
     if not candidates:
         return None
     chosen = candidates[-1]
-    later = [s for s in segments if s.base > chosen.base]
-    if not later and not listing.complete:
+    later = [s.base for s in segments if s.base > chosen.base]
+    if later:
+        end = min(later)
+    elif listing.complete:
+        # The last segment committed when the window was listed, unless one named in the
+        # state (committed since) follows it.
+        newer = [r.base for r in state.segments if r.base > chosen.base]
+        end = min([listing.high_watermark, *newer])
+    else:
         return None  # the window ends at ``chosen``: a segment after it may hold the offset
-    recent_bases = [r.base for r in state.segments if r.base > chosen.base]
-    if not later and not recent_bases and offset >= state.high_watermark:
-        return None
-    if not later and recent_bases and offset >= min(recent_bases):
-        return None  # a newer segment we have not listed yet holds it
-    return chosen
+    if offset >= end:
+        return None  # held by a segment committed after the listing, or beyond the log
+    return SegmentLocation(chosen.base, chosen.epoch, chosen.size, chosen.recent, end)
 
 
 def _slice_batches(

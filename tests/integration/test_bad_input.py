@@ -699,7 +699,8 @@ def test_odd_but_well_formed_requests_get_proper_answers(kafka: BrokerProcess) -
 # Values at the edges of each wire type, names of topics no other test here uses.
 _ODD_INTS = [0, 1, -1, 2, 3, 127, -128, 2**15 - 1, -(2**15), 2**31 - 1, -(2**31), 2**63 - 1]
 _ODD_NAMES = ["", "fz", "fz2", "g", "x" * 300, "é☃", "__consumer_offsets", "..", "a/b"]
-_INT_BITS = {"int8": 7, "int16": 15, "int32": 31, "timedelta_i32": 31}
+# timedelta_i64: milliseconds as a Python timedelta (kio) holds them, up to ~2**56.
+_INT_BITS = {"int8": 7, "int16": 15, "int32": 31, "timedelta_i32": 31, "timedelta_i64": 55}
 # Requests that would wait their whole timeout get a short one.
 _SHORT_WAITS = {
     "timeout": 500,

@@ -129,3 +129,79 @@ def test_a_long_poll_overtaken_by_the_sessions_next_request_is_an_epoch_error(
         assert second.request(FETCH, 12, session_fetch(session, 2, {})).error_code == 0
         _, overtaken = first.recv(FETCH, 12)
         assert overtaken.error_code == ErrorCode.INVALID_FETCH_SESSION_EPOCH
+
+
+def test_a_small_fetch_max_bytes_rotates_through_the_sessions_partitions(
+    broker: BrokerProcess,
+) -> None:
+    """Issue 29: with a response limit below one batch, each response carries one batch of the
+    first partition with data, and the session moves that partition to the end of its order,
+    so every partition is served in turn (the first response included)."""
+    from harness.kafka_wire import batch_offsets
+
+    create_topics(broker.bootstrap, ["s"], partitions=3)
+    with KafkaWire(broker.bootstrap) as wire:
+        for partition in (1, 2):  # partition 0 stays empty
+            for n in range(3):
+                wire.request(PRODUCE, 9, produce_body("s", partition, make_batch(0, [b"x%d" % n])))
+        body = session_fetch(0, 0, {0: 0, 1: 0, 2: 0})
+        body["max_bytes"] = 10
+        full = wire.request(FETCH, 12, body)
+        served = [
+            (p, batch_offsets(part.records))
+            for p, part in partitions_in(full).items()
+            if part.records
+        ]
+        assert served == [(1, [(0, 1)])]
+        positions = {0: 0, 1: 1, 2: 0}
+        order = []
+        for epoch in range(1, 6):
+            body = session_fetch(full.session_id, epoch, dict(positions))
+            body["max_bytes"] = 10
+            response = wire.request(FETCH, 12, body)
+            with_records = {
+                p: batch_offsets(part.records)
+                for p, part in partitions_in(response).items()
+                if part.records
+            }
+            assert len(with_records) == 1, with_records
+            ((partition, batches),) = with_records.items()
+            assert batches == [(positions[partition], 1)]
+            positions[partition] += 1
+            order.append(partition)
+        assert order == [1, 2, 1, 2, 2]  # a full response does not rotate (as in Kafka)
+        assert positions == {0: 0, 1: 3, 2: 3}
+
+
+def test_kafka_python_with_a_tiny_fetch_max_bytes_reads_every_partition(
+    broker: BrokerProcess,
+) -> None:
+    """kafka-python fetches through a session; with ``fetch_max_bytes`` below one batch it
+    still receives every partition's records (one batch per response, in turn)."""
+    from kafka import KafkaConsumer, KafkaProducer
+
+    create_topics(broker.bootstrap, ["tiny"], partitions=3)
+    producer = KafkaProducer(bootstrap_servers=broker.bootstrap, linger_ms=0)
+    sent = {p: [b"%d-%d" % (p, n) for n in range(4)] for p in range(3)}
+    for partition, values in sent.items():
+        for value in values:
+            producer.send("tiny", value=value, partition=partition).get(10)
+    producer.close()
+    consumer = KafkaConsumer(
+        "tiny",
+        bootstrap_servers=broker.bootstrap,
+        auto_offset_reset="earliest",
+        enable_auto_commit=False,
+        group_id=None,
+        fetch_max_wait_ms=100,
+        fetch_max_bytes=10,
+    )
+    received: dict[int, list[bytes]] = {p: [] for p in range(3)}
+    deadline = time.monotonic() + 30
+    try:
+        while received != sent and time.monotonic() < deadline:
+            for tp, records in consumer.poll(timeout_ms=200).items():
+                received[tp.partition] += [r.value for r in records]
+    finally:
+        consumer.close()
+    assert received == sent

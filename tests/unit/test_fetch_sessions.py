@@ -65,10 +65,11 @@ def test_an_incremental_response_carries_only_what_changed() -> None:
     assert [k for k, _ in context.partitions([])] == [A, B, C]  # the session's, none sent
     results = [(A, quiet()), (B, with_records()), (C, quiet(11))]
     assert context.respond(results) == [False, True, True]
-    # Sent partitions go to the back: a response cut short by max_bytes serves A first next.
-    assert [k for k, _ in incremental(cache, first).partitions([])] == [A, B, C]
+    # Partitions sent with records go to the back (C's moved high watermark alone does not
+    # move it): a response cut short by max_bytes serves the others first next.
+    assert [k for k, _ in incremental(cache, first).partitions([])] == [A, C, B]
     context = incremental(cache, first)
-    assert context.respond([(A, quiet()), (B, quiet()), (C, quiet(11))]) == [False] * 3
+    assert context.respond([(A, quiet()), (C, quiet(11)), (B, quiet())]) == [False] * 3
 
 
 def test_rotation_moves_sent_partitions_behind_the_others() -> None:
@@ -77,6 +78,17 @@ def test_rotation_moves_sent_partitions_behind_the_others() -> None:
     context = incremental(cache, first)
     context.respond([(A, with_records()), (B, quiet()), (C, quiet())])
     assert [k for k, _ in incremental(cache, first).partitions([])] == [B, C, A]
+
+
+def test_a_partition_sent_without_records_keeps_its_place() -> None:
+    """Issue 29: moving every partition sent kept their relative order when the first one's
+    records filled the response and the next one's moved high watermark was sent alone; the
+    next one then never got records. Only partitions sent with records rotate (as in Kafka)."""
+    cache = FetchSessionCache(10)
+    first = opened(cache, A, B)
+    context = incremental(cache, first)
+    context.respond([(A, with_records()), (B, quiet(12))])
+    assert [k for k, _ in incremental(cache, first).partitions([])] == [B, A]
 
 
 def test_errors_are_always_sent_and_the_partition_again_once_they_clear() -> None:

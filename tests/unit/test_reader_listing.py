@@ -114,3 +114,38 @@ def test_listing_windows_are_kept_for_the_most_recently_read_partitions_only(
     assert lists_to_read(1) == 1  # and now dropped for this one's
     assert lists_to_read(0) == 1
     asyncio.run(reader.close())
+
+
+def test_a_complete_listing_says_nothing_of_segments_committed_after_it(tmp_path: Path) -> None:
+    """Issue 29: a window listed to the partition's end, then more segments committed than the
+    state names: the records past the old end are read (by listing again), not lost."""
+    store, refs = stored_partition(tmp_path)
+    reader = LogReader("c", store, SegmentCache(0), list_page=100)
+    half = SEGMENTS // 2
+    early = PartitionState(
+        high_watermark=half * RECORDS, leader_epoch=0, epochs=((0, 0),), segments=(refs[half - 1],)
+    )
+    asyncio.run(reader.read("t", "id", 0, early, 5, 100))  # lists [0, half) as complete
+    later = PartitionState(
+        high_watermark=SEGMENTS * RECORDS, leader_epoch=0, epochs=((0, 0),), segments=(refs[-1],)
+    )
+    for offset in (half * RECORDS, half * RECORDS + 15, (SEGMENTS - 2) * RECORDS):
+        data = asyncio.run(reader.read("t", "id", 0, later, offset, 100))
+        assert next(iter_batch_headers(data))[1].base_offset == offset - offset % RECORDS
+    asyncio.run(reader.close())
+
+
+def test_one_read_fills_its_budget_across_segments(tmp_path: Path) -> None:
+    store, refs = stored_partition(tmp_path)
+    state = PartitionState(
+        high_watermark=SEGMENTS * RECORDS, leader_epoch=0, epochs=((0, 0),), segments=(refs[-1],)
+    )
+    reader = LogReader("c", store, SegmentCache(1 << 20), list_page=7)
+    data = asyncio.run(reader.read("t", "id", 0, state, 15, 1 << 20))
+    bases = [header.base_offset for _, header in iter_batch_headers(data)]
+    assert bases == [RECORDS * n for n in range(1, SEGMENTS)]
+    one_batch = len(asyncio.run(reader.read("t", "id", 0, state, 15, 1)))
+    few = asyncio.run(reader.read("t", "id", 0, state, 15, 3 * one_batch + 10))
+    assert [h.base_offset for _, h in iter_batch_headers(few)] == [10, 20, 30]
+    assert asyncio.run(reader.read("t", "id", 0, state, 15, 1, min_one=False)) == b""
+    asyncio.run(reader.close())
