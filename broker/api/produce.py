@@ -123,7 +123,7 @@ async def _append_all(request: Any, ctx: RequestContext) -> dict[tuple[str, int]
                     append_time = now_ms
                     stamped = [with_log_append_time(b, now_ms) for b in batches]
                 futures = [owned.append(batch, header, append_time) for batch, header in stamped]
-                manager.request_flush_if_full(owned)
+                manager.appended(owned)
                 outcomes[tp] = futures[0] if len(futures) == 1 else _first_ack(futures)
             except InvalidBatch:
                 outcomes[tp] = ErrorCode.CORRUPT_MESSAGE

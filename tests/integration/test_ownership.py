@@ -108,7 +108,10 @@ def test_frozen_owner_acks_nothing_after_its_lease_expires(broker_cluster: Broke
 
     from harness.batches import make_batch
 
-    slow_flush = {"KAFSCALE_LOG__FLUSH_INTERVAL_MS": "8000"}
+    slow_flush = {
+        "KAFSCALE_LOG__FLUSH_INTERVAL_MS": "8000",
+        "KAFSCALE_LOG__FLUSH_MIN_INTERVAL_MS": "8000",  # one round per 8 s
+    }
     first = broker_cluster.start(**slow_flush)
     create_topic(first.bootstrap, "fenced", 1)
     owner_connection = KafkaWire(first.bootstrap, timeout_s=60)
