@@ -14,10 +14,10 @@ the high watermark passes the first attempt.
 
 A flush round takes either everything buffered (group commit, handoff, shutdown) or only whole
 segments (a round started because some partition filled one): the rest of each buffer waits for
-the next round of everything. Cutting every partition's buffer whenever one partition filled a segment made many
-small segments at high rates, and every segment is a PUT, billed per request on S3: the bench
-stores 200 MiB in 65 objects instead of 77, for 30 etcd commits instead of 21 (partitions fill
-at different moments) and the same throughput.
+the next round of everything. Cutting every partition's buffer whenever one partition filled a
+segment made many small segments at high rates, and every segment is a PUT, billed per request
+on S3: the bench stored 200 MiB in 65 objects instead of 77, for 30 etcd commits instead of 21
+(partitions fill at different moments) and the same throughput.
 """
 
 from __future__ import annotations
