@@ -97,7 +97,7 @@ class LogSettings(_Section):
         description="Longest a produced batch waits for its flush round to start (rounds "
         "otherwise start as soon as there is data: group commit).",
     )
-    flush_min_interval_ms: float | None = Field(
+    flush_min_interval_ms: int | None = Field(
         None,
         ge=0,
         description="Shortest time between the starts of two flush rounds: bounds the PUTs per "
@@ -105,8 +105,8 @@ class LogSettings(_Section):
         "this much ack latency. None: by store, 0 for `local`, 20 for `s3` (at most 50 PUTs/s "
         "per busy partition); capped by flush_interval_ms.",
     )
-    flush_coalesce_ms: float = Field(
-        0.0,
+    flush_coalesce_ms: int = Field(
+        0,
         ge=0,
         description="How long the first batch of a flush round waits for others to join it "
         "(more batches per PUT and etcd commit, for that much ack latency).",

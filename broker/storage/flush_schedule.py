@@ -48,9 +48,11 @@ def round_policy(settings: BrokerSettings, max_in_flight: int) -> RoundPolicy:
     """The broker's policy: the store's default interval unless one is set, capped by
     ``flush_interval_ms`` (the longest any batch waits)."""
     log = settings.log
-    min_interval_ms = log.flush_min_interval_ms
-    if min_interval_ms is None:
-        min_interval_ms = DEFAULT_MIN_INTERVAL_MS[settings.storage.kind]
+    min_interval_ms = (
+        DEFAULT_MIN_INTERVAL_MS[settings.storage.kind]
+        if log.flush_min_interval_ms is None
+        else float(log.flush_min_interval_ms)
+    )
     return RoundPolicy(
         min_interval_s=min(min_interval_ms, log.flush_interval_ms) / 1000,
         coalesce_s=min(log.flush_coalesce_ms, log.flush_interval_ms) / 1000,
