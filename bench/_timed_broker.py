@@ -47,7 +47,7 @@ def expect(method: Callable[..., Any], parameters: list[str]) -> None:
 
 def wrap_flush_round() -> None:
     original = Flusher._round
-    expect(original, ["self", "works", "previous", "committed"])
+    expect(original, ["self", "works", "previous", "committed", "handed_off"])
 
     async def _round(self: Flusher, works: list[Any], *args: Any) -> Any:
         began = now()

@@ -108,7 +108,24 @@ class LogSettings(_Section):
         4 * 1024 * 1024, ge=1024, description="Buffered bytes per partition that force a flush."
     )
     flush_interval_ms: int = Field(
-        100, ge=1, description="Longest a produced batch waits before it is flushed."
+        100,
+        ge=1,
+        description="Longest a produced batch waits for its flush round to start (rounds "
+        "otherwise start as soon as there is data: group commit).",
+    )
+    flush_min_interval_ms: int | None = Field(
+        None,
+        ge=0,
+        description="Shortest time between the starts of two flush rounds: bounds the PUTs per "
+        "second per partition (1000 / this, plus one per filled segment), at the cost of up to "
+        "this much ack latency. None: by store, 0 for `local`, 20 for `s3` (at most 50 PUTs/s "
+        "per busy partition); capped by flush_interval_ms.",
+    )
+    flush_coalesce_ms: int = Field(
+        0,
+        ge=0,
+        description="How long the first batch of a flush round waits for others to join it "
+        "(more batches per PUT and etcd commit, for that much ack latency).",
     )
     cache_bytes: int = Field(
         256 * 1024 * 1024,

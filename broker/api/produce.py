@@ -195,8 +195,10 @@ async def _append_all(request: Any, ctx: RequestContext) -> dict[tuple[str, int]
                 if rules.log_append_time:
                     append_time = now_ms
                     stamped = [with_log_append_time(b, now_ms) for b in batches]
-                futures = [owned.append(batch, header, append_time) for batch, header in stamped]
-                manager.request_flush_if_full(owned)
+                try:
+                    futures = [owned.append(b, header, append_time) for b, header in stamped]
+                finally:
+                    manager.appended(owned)  # schedules a round for what was appended
                 outcomes[tp] = futures[0] if len(futures) == 1 else _first_ack(futures)
             except InvalidBatch:
                 outcomes[tp] = ErrorCode.CORRUPT_MESSAGE

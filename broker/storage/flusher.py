@@ -1,18 +1,24 @@
-"""The flush pipeline: segments cut at ``segment.bytes``, uploads overlapped, commits in order.
+"""The flush pipeline: group commit, segments cut at ``segment.bytes``, commits in order.
 
 ``segment.bytes`` is the topic's config where it sets one, else the broker's
 ``log.segment_bytes``.
 
-Every ``flush_interval_ms`` (on a fixed schedule), a *round* takes what every owned partition has
-buffered, cuts it into segments of at most ``segment_bytes``, and uploads them all in parallel.
-As soon as a partition has a segment's worth buffered, a round takes the whole segments of every
-partition and leaves the rest for the timer (see ``partition_log``); handoff and shutdown take
-everything at once. Index objects (of segments from ``index_min_segment_bytes`` up) follow
-after the commit, off the ack path, in tasks that do not hold a round's slot. Up to
-``MAX_ROUNDS_IN_FLIGHT`` rounds upload at once, so a slow PUT does not stall the next round;
-commits still happen one round after another, in order, under one lock: a round commits only
-after the previous round committed, and each partition's new state follows from the state the
-previous commit left.
+A *round* takes what every owned partition has buffered, cuts it into segments of at most
+``segment_bytes``, and uploads them all in parallel. Rounds start by group commit
+(``flush_schedule``): as soon as a batch is buffered and one of ``MAX_ROUNDS_IN_FLIGHT`` round
+slots is free, after the coalescing window and no sooner than the store's minimum interval after
+the previous round (``log.flush_min_interval_ms``, which bounds PUTs per second), and never later
+than ``flush_interval_ms`` after the batch came. An ack therefore costs one PUT and one etcd
+commit, not a wait for a timer: a producer that waits for each ack (or allows five requests in
+flight, as every idempotent one does) is no longer held to a few requests per tick. Batches that
+arrive while rounds are uploading gather for the next one, so under load rounds grow instead of
+multiplying. As soon as a partition has a segment's worth buffered, a round takes the whole
+segments of every partition at once and leaves the rest (see ``partition_log``); handoff and
+shutdown take everything at once. Index objects (of segments from ``index_min_segment_bytes``
+up) follow after the commit, off the ack path, in tasks that do not hold a round's slot. Rounds
+upload concurrently, so a slow PUT does not stall the next round; commits still happen one round
+after another, in order, under one lock: a round commits only after the previous round
+committed, and each partition's new state follows from the state the previous commit left.
 
 Uploads that can no longer be committed (the partition was given up or its topic deleted while
 they were in flight, or the commit was fenced) are deleted again, and so are indexes that land
@@ -29,7 +35,6 @@ partitions whose lease is gone: the rest are committed on their own.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Callable, Coroutine, Sequence
@@ -51,6 +56,7 @@ from kafscale.broker.metadata.partition_state import PartitionState, SegmentRef,
 from kafscale.broker.metadata.topics import topic_exists
 from kafscale.broker.protocol.errors import MetadataTimeout, NotLeader, StorageFailure
 from kafscale.broker.storage.cache import Reservation, SegmentCache
+from kafscale.broker.storage.flush_schedule import RoundPolicy, Wait, decide_round
 from kafscale.broker.storage.object_store import ObjectStore, ObjectStoreError
 from kafscale.broker.storage.partition_log import Ack, FlushWork, OwnedPartition, PendingBatch
 from kafscale.broker.storage.segments import (
@@ -131,8 +137,10 @@ class Flusher:
         cache: SegmentCache,
         owned: dict[TopicPartition, OwnedPartition],
         give_up: GiveUp,
+        policy: RoundPolicy,
     ) -> None:
         self._settings = settings
+        self._policy = policy
         self._cluster = cluster
         self._me = str(broker_id).encode()
         self._etcd = etcd
@@ -142,27 +150,38 @@ class Flusher:
         self._owned = owned
         self._give_up = give_up
         self.commit_lock = asyncio.Lock()  # one writer of partition states at a time
-        self._flush_now = asyncio.Event()
-        self._take_everything = False  # the next round is not only for whole segments
+        self._wake = asyncio.Event()  # something the schedule depends on changed
+        self._take_everything = False  # a handoff or shutdown wants everything flushed now
+        self._segment_full = False  # some partition has buffered a whole segment
+        self._pending_since: float | None = None  # when the oldest batch no round took came
+        self._last_round_at: float | None = None  # when the last round of everything started
         self._progress = asyncio.Event()
         self._rounds: set[asyncio.Task[None]] = set()
+        self._uploading: set[asyncio.Future[None]] = set()  # rounds not yet at their commit
         # Index uploads and deletions of uncommitted uploads: off the ack path, awaited briefly
         # on shutdown.
         self._side_tasks: set[asyncio.Task[None]] = set()
 
     # --- triggers and waiting ----------------------------------------------------------------
 
+    def data_appended(self, segment_full: bool) -> None:
+        """A batch was buffered (``segment_full``: its partition now holds a whole segment).
+        Wakes the loop only when the buffer turns non-empty or fills a segment: the hot path
+        of a busy partition costs two attribute reads."""
+        if self._pending_since is None:
+            self._pending_since = asyncio.get_running_loop().time()
+            self._wake.set()
+        if segment_full and not self._segment_full:
+            self._segment_full = True
+            self._wake.set()
+
     def flush_soon(self) -> None:
         """A round now, of everything buffered (handoff, shutdown)."""
         self._take_everything = True
-        self._flush_now.set()
-
-    def segment_filled(self) -> None:
-        """A round now, of the whole segments buffered: a partition has filled one."""
-        self._flush_now.set()
+        self._wake.set()
 
     async def wait_progress(self) -> None:
-        """Until the next round commits (or a tick finds nothing to do)."""
+        """Until the next round commits (or a round finds nothing to do)."""
         await self._progress.wait()
 
     def _notify_progress(self) -> None:
@@ -173,27 +192,45 @@ class Flusher:
 
     async def run(self) -> None:
         loop = asyncio.get_running_loop()
-        interval_s = self._settings.flush_interval_ms / 1000
         previous: asyncio.Future[None] | None = None
-        next_tick = loop.time() + interval_s
+        self._last_round_at = loop.time()  # the minimum interval counts from the start
         try:
             while True:
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._flush_now.wait(), max(0, next_tick - loop.time()))
-                self._flush_now.clear()
-                now = loop.time()
-                everything = now >= next_tick or self._take_everything
-                self._take_everything = False
-                if now >= next_tick:
-                    next_tick = max(next_tick + interval_s, now)
-                while len(self._rounds) >= MAX_ROUNDS_IN_FLIGHT:
-                    await asyncio.wait(self._rounds, return_when=asyncio.FIRST_COMPLETED)
-                previous = self._start_round(previous, whole_segments_only=not everything)
+                self._wake.clear()
+                decision = decide_round(
+                    self._policy,
+                    loop.time(),
+                    pending_since=self._pending_since,
+                    segment_full=self._segment_full,
+                    everything_asked=self._take_everything,
+                    last_round_at=self._last_round_at,
+                    rounds_in_flight=len(self._rounds),
+                    rounds_uploading=len(self._uploading),
+                )
+                if isinstance(decision, Wait):
+                    await self._sleep(loop, decision.until)
+                    continue
+                previous = self._start_round(previous, everything=decision.everything)
         finally:
             for task in self._rounds:
                 task.cancel()
             await asyncio.gather(*self._rounds, return_exceptions=True)
             await self._finish_side_tasks()
+
+    async def _sleep(self, loop: asyncio.AbstractEventLoop, until: float | None) -> None:
+        """Until ``until`` or a wake-up. Without a deadline it still looks every
+        ``max_wait_s`` for buffered data nobody announced (a safety net: appends announce
+        themselves through ``data_appended``)."""
+        timeout = self._policy.max_wait_s if until is None else max(0.0, until - loop.time())
+        try:
+            await asyncio.wait_for(self._wake.wait(), timeout)
+        except TimeoutError:
+            if (
+                until is None
+                and self._pending_since is None
+                and any(owned.pending for owned in self._owned.values())
+            ):
+                self._pending_since = loop.time() - self._policy.max_wait_s
 
     async def _finish_side_tasks(self) -> None:
         """On the way out, give the last indexes and clean-ups a moment (both are optional: a
@@ -216,14 +253,18 @@ class Flusher:
         task.add_done_callback(self._side_tasks.discard)
 
     def _start_round(
-        self, previous: asyncio.Future[None] | None, *, whole_segments_only: bool
+        self, previous: asyncio.Future[None] | None, *, everything: bool
     ) -> asyncio.Future[None] | None:
+        self._segment_full = False
+        if everything:
+            self._take_everything = False
+            self._pending_since = None
         works = [
             work
             for owned in list(self._owned.values())
             if (
                 work := owned.take_flush_work(
-                    self.segment_bytes(owned), whole_segments_only=whole_segments_only
+                    self.segment_bytes(owned), whole_segments_only=not everything
                 )
             )
             is not None
@@ -232,17 +273,33 @@ class Flusher:
             if previous is None or previous.done():
                 self._notify_progress()
             return previous
+        if everything:
+            self._last_round_at = asyncio.get_running_loop().time()
         committed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        task = asyncio.create_task(self._round(works, previous, committed), name="flush-round")
+        handed_off: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._uploading.add(handed_off)
+        handed_off.add_done_callback(self._handed_off)
+        task = asyncio.create_task(
+            self._round(works, previous, committed, handed_off), name="flush-round"
+        )
         self._rounds.add(task)
-        task.add_done_callback(self._rounds.discard)
+        task.add_done_callback(self._round_done)
         return committed
+
+    def _handed_off(self, handed_off: asyncio.Future[None]) -> None:
+        self._uploading.discard(handed_off)
+        self._wake.set()  # the next round may start uploading
+
+    def _round_done(self, task: asyncio.Task[None]) -> None:
+        self._rounds.discard(task)
+        self._wake.set()  # a round slot is free
 
     async def _round(
         self,
         works: list[FlushWork],
         previous: asyncio.Future[None] | None,
         committed: asyncio.Future[None],
+        handed_off: asyncio.Future[None],
     ) -> None:
         reservations: list[Reservation] = []  # what a failed round never cached is released
         try:
@@ -251,6 +308,7 @@ class Flusher:
             )
             if previous is not None:
                 await previous
+            handed_off.set_result(None)
             async with self.commit_lock:
                 landed = await self._commit_round(works, results)
             committed.set_result(None)
@@ -265,6 +323,8 @@ class Flusher:
             for work in works:
                 self._fail(work, StorageFailure("flush round failed"))
         finally:
+            if not handed_off.done():
+                handed_off.set_result(None)
             for reservation in reservations:
                 reservation.release()
             if not committed.done():

@@ -37,7 +37,8 @@ from kafscale.broker.protocol.errors import (
     UnknownTopicOrPartition,
 )
 from kafscale.broker.storage.cache import SegmentCache
-from kafscale.broker.storage.flusher import Flusher
+from kafscale.broker.storage.flush_schedule import round_policy
+from kafscale.broker.storage.flusher import MAX_ROUNDS_IN_FLIGHT, Flusher
 from kafscale.broker.storage.object_store import ObjectStore
 from kafscale.broker.storage.partition_log import FlushWork, OwnedPartition
 
@@ -77,6 +78,7 @@ class LogManager:
             cache,
             self.owned,
             self._abandon,
+            round_policy(settings, MAX_ROUNDS_IN_FLIGHT),
         )
         self._flush_task: asyncio.Task[None] | None = None
         self.acquiring = True  # False while draining: hand partitions over, take none
@@ -290,9 +292,9 @@ class LogManager:
 
     # --- flushing ----------------------------------------------------------------------------
 
-    def request_flush_if_full(self, owned: OwnedPartition) -> None:
-        if owned.pending_bytes >= self._flusher.segment_bytes(owned):
-            self._flusher.segment_filled()
+    def appended(self, owned: OwnedPartition) -> None:
+        """Batches were buffered in ``owned``: the flusher schedules their round."""
+        self._flusher.data_appended(owned.pending_bytes >= self._flusher.segment_bytes(owned))
 
     async def flush_all(self) -> None:
         """Flush everything buffered now (handoff, shutdown, tests)."""

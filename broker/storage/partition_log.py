@@ -12,12 +12,12 @@ while the upload was slow) gets the first attempt's outcome, when it comes: acki
 once would ack data that a failing upload can still lose. Kafka likewise holds a duplicate until
 the high watermark passes the first attempt.
 
-A flush round takes either everything buffered (timer, handoff, shutdown) or only whole
+A flush round takes either everything buffered (group commit, handoff, shutdown) or only whole
 segments (a round started because some partition filled one): the rest of each buffer waits for
-the timer. Cutting every partition's buffer whenever one partition filled a segment made many
-small segments at high rates, and every segment is a PUT, billed per request on S3: the bench
-stores 200 MiB in 65 objects instead of 77, for 30 etcd commits instead of 21 (partitions fill
-at different moments) and the same throughput.
+the next round of everything. Cutting every partition's buffer whenever one partition filled a
+segment made many small segments at high rates, and every segment is a PUT, billed per request
+on S3: the bench stored 200 MiB in 65 objects instead of 77, for 30 etcd commits instead of 21
+(partitions fill at different moments) and the same throughput.
 """
 
 from __future__ import annotations

@@ -108,19 +108,24 @@ def test_frozen_owner_acks_nothing_after_its_lease_expires(broker_cluster: Broke
 
     from harness.batches import make_batch
 
-    slow_flush = {"KAFSCALE_LOG__FLUSH_INTERVAL_MS": "8000"}
+    slow_flush = {
+        "KAFSCALE_LOG__FLUSH_INTERVAL_MS": "8000",
+        "KAFSCALE_LOG__FLUSH_MIN_INTERVAL_MS": "8000",  # one round per 8 s
+    }
     first = broker_cluster.start(**slow_flush)
     create_topic(first.bootstrap, "fenced", 1)
     owner_connection = KafkaWire(first.bootstrap, timeout_s=60)
     code, _ = produce_to(owner_connection, "fenced", 0, make_batch(0, [b"before"]))
     assert code == 0
-    second = broker_cluster.start()
 
-    # A produce the owner buffers (the next flush is ~8 s away), then the owner freezes.
+    # A produce the owner buffers (its next round is ~8 s after the last one), then the owner
+    # freezes; a second broker starts meanwhile (starting it first left the 8 s to chance on a
+    # busy machine).
     owner_connection.send(PRODUCE, 9, produce_body("fenced", 0, make_batch(0, [b"frozen"])))
     time.sleep(0.2)
     first.signal(signal.SIGSTOP)
     try:
+        second = broker_cluster.start()
         new_owner = KafkaWire(second.bootstrap)
 
         def taken_over() -> bool:

@@ -136,7 +136,9 @@ def test_a_topics_segment_bytes_cuts_its_segments(broker_cluster: BrokerCluster)
     """``segment.bytes`` set on a topic is the size at which its partitions flush and cut
     segments; topics without it get the broker's ``log.segment_bytes``, and say so."""
     broker = broker_cluster.start(
-        KAFSCALE_LOG__SEGMENT_BYTES="2097152", KAFSCALE_LOG__FLUSH_INTERVAL_MS="3000"
+        KAFSCALE_LOG__SEGMENT_BYTES="2097152",
+        KAFSCALE_LOG__FLUSH_INTERVAL_MS="3000",
+        KAFSCALE_LOG__FLUSH_MIN_INTERVAL_MS="3000",
     )
     admin = AdminClient({"bootstrap.servers": broker.bootstrap})
     new = [NewTopic("small-segments", 1, 1, config={"segment.bytes": "16384"})]

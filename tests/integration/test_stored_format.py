@@ -214,6 +214,7 @@ def test_segments_and_indexes_in_the_bucket_follow_the_design(
         KAFSCALE_LOG__INDEX_INTERVAL_BYTES=str(INDEX_INTERVAL_BYTES),
         KAFSCALE_LOG__INDEX_MIN_SEGMENT_BYTES="0",  # an index beside every segment, small too
         KAFSCALE_LOG__FLUSH_INTERVAL_MS="200",  # several produce requests per flush
+        KAFSCALE_LOG__FLUSH_MIN_INTERVAL_MS="200",
     )
     topic, partitions = "stored", 2
     admin = KafkaAdminClient(bootstrap_servers=broker.bootstrap)
@@ -384,6 +385,7 @@ def test_a_graceful_stop_leaves_an_index_beside_every_segment(
     of the last flush (the handoff flush), or older data loses its ranged reads."""
     broker = broker_cluster.start(
         KAFSCALE_LOG__FLUSH_INTERVAL_MS="60000",  # only the stop flushes
+        KAFSCALE_LOG__FLUSH_MIN_INTERVAL_MS="60000",
         KAFSCALE_LOG__INDEX_MIN_SEGMENT_BYTES="0",
     )
     topic, partitions = "stopped", 3

@@ -47,7 +47,7 @@ from kafscale.broker.storage.flusher import Flusher
 async def _commit(self, commits):
     return ["committed"]
 
-async def _round(self, works, previous, committed):
+async def _round(self, works, previous, committed, handed_off):
     return "round result"
 
 async def _upload(self, work, reservations):
@@ -60,7 +60,7 @@ Flusher._commit, Flusher._round, Flusher._upload = _commit, _round, _upload
 import _timed_broker as t
 t.install(sys.argv[2])
 assert asyncio.run(Flusher._commit(None, [])) == ["committed"]
-assert asyncio.run(Flusher._round(None, [], None, None)) == "round result"
+assert asyncio.run(Flusher._round(None, [], None, None, None)) == "round result"
 assert asyncio.run(Flusher._upload(None, Work(), [])) == "uploaded"
 """
     done = subprocess.run(
