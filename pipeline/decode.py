@@ -90,7 +90,7 @@ def _collect(body: bytes | memoryview, low: int, high: int) -> _Batches | None:
     for position, header in iter_batch_headers(view):
         if header.is_control or header.last_offset < low or header.base_offset >= high:
             continue
-        records = view[position + HEADER_SIZE : position + header.size]
+        records: bytes | memoryview = view[position + HEADER_SIZE : position + header.size]
         if header.compression:
             try:
                 records = decompress(header.compression, bytes(records))

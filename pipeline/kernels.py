@@ -22,7 +22,7 @@ try:  # numba is part of the `spark` extra; fall back to plain Python without it
     from numba import njit as _njit
 
     def compiled(fn: F) -> F:
-        return _njit(cache=True, nogil=True)(fn)  # type: ignore[no-any-return]
+        return _njit(cache=True, nogil=True)(fn)  # type: ignore[return-value]
 
     COMPILED = True
 except ImportError:  # pragma: no cover - exercised by the unit tests' plain-Python run
@@ -45,7 +45,7 @@ def _varint(buf: Any, pos: int, end: int) -> tuple[int, int]:
     raw = 0
     shift = 0
     while pos < end and shift < 64:
-        byte = np.int64(buf[pos])
+        byte = int(buf[pos])
         pos += 1
         raw |= (byte & 0x7F) << shift
         if byte & 0x80 == 0:

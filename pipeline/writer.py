@@ -101,7 +101,9 @@ def produce_batches(options: WriteOptions, batches: Iterator[pa.RecordBatch]) ->
                 extra["partition"] = row["partition"]
             if row.get("headers"):
                 extra["headers"] = [(h["key"], _bytes(h["value"])) for h in row["headers"]]
-            _produce(producer, topic, _bytes(row.get("value")), _bytes(row.get("key")), delivered, extra)
+            _produce(
+                producer, topic, _bytes(row.get("value")), _bytes(row.get("key")), delivered, extra
+            )
             rows += 1
             if rows % 1000 == 0:
                 producer.poll(0)  # run delivery callbacks
@@ -118,7 +120,12 @@ def produce_batches(options: WriteOptions, batches: Iterator[pa.RecordBatch]) ->
 
 
 def _produce(
-    producer: Any, topic: str, value: bytes | None, key: bytes | None, delivered: Any, extra: dict[str, Any]
+    producer: Any,
+    topic: str,
+    value: bytes | None,
+    key: bytes | None,
+    delivered: Any,
+    extra: dict[str, Any],
 ) -> None:
     while True:
         try:
@@ -143,8 +150,8 @@ class KafScaleStreamWriter(DataSourceStreamArrowWriter):
     def write(self, iterator: Iterator[pa.RecordBatch]) -> WriterCommitMessage:
         return produce_batches(self.options, iterator)
 
-    def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:  # noqa: N803
+    def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         """Every row was acknowledged by its task: nothing is left to publish."""
 
-    def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:  # noqa: N803
+    def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         """Acknowledged rows stay written (at least once, as Spark's Kafka sink)."""

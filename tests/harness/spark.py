@@ -1,5 +1,5 @@
-"""Spark for tests: one local SparkSession for the whole pipeline suite (a start costs 5-15 s), and the options
-that point the data source at a test's broker cluster (real etcd, moto's S3, real brokers)."""
+"""Spark for tests: one local SparkSession for the whole pipeline suite (a start costs 5-15 s),
+and the options that point the data source at a test's cluster (real etcd, moto's S3, brokers)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+
 from harness.brokers import BrokerCluster
 
 

@@ -46,7 +46,8 @@ def test_rows_written_by_spark_are_read_back_by_a_kafka_consumer(
         for i in range(500)
     ]
     df = spark.createDataFrame(
-        rows, "key string, value string, partition int, headers array<struct<key:string,value:binary>>"
+        rows,
+        "key string, value string, partition int, headers array<struct<key:string,value:binary>>",
     ).repartition(3)
     (
         df.write.format("kafscale")
