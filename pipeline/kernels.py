@@ -14,8 +14,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-import numpy as np
-
 F = TypeVar("F", bound=Callable[..., Any])
 
 try:  # numba is part of the `spark` extra; fall back to plain Python without it

@@ -126,6 +126,32 @@ def parse_connection(options: Mapping[str, str]) -> Connection:
         raise SourceOptionError(f"bad connection option: {exc}") from exc
 
 
+def connection_options(connection: Connection) -> dict[str, str]:
+    """``connection`` as options again: a job resolves the connection in its own process (where
+    its ``KAFSCALE_*`` variables are) and hands it to Spark explicitly. Spark's planner runs in
+    Python processes started by the JVM, which see the environment the session started with."""
+    storage = connection.storage
+    options = {
+        "cluster": connection.cluster,
+        "etcd.endpoints": ",".join(connection.etcd.endpoints),
+        "etcd.timeout_s": str(connection.etcd.timeout_s),
+        "storage.kind": storage.kind.value,
+        "storage.bucket": storage.bucket,
+        "storage.prefix": storage.prefix,
+        "storage.region": storage.region,
+        "storage.local_dir": str(storage.local_dir),
+        "storage.timeout_s": str(storage.timeout_s),
+        "storage.max_concurrency": str(storage.max_concurrency),
+    }
+    if storage.endpoint is not None:
+        options["storage.endpoint"] = storage.endpoint
+    if storage.access_key_id is not None:
+        options["storage.access_key_id"] = storage.access_key_id.get_secret_value()
+    if storage.secret_access_key is not None:
+        options["storage.secret_access_key"] = storage.secret_access_key.get_secret_value()
+    return options
+
+
 def _kind(value: str) -> StorageKind:
     try:
         return StorageKind(value.lower())

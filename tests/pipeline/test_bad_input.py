@@ -10,7 +10,8 @@ from harness.spark import source_options
 
 from kafscale.broker.metadata.embedded_etcd import free_port
 
-pytestmark = pytest.mark.pipeline
+# A SparkSession on two loaded cores: queries can take minutes.
+pytestmark = [pytest.mark.pipeline, pytest.mark.timeout(900)]
 
 
 def load(spark: Any, options: dict[str, str]) -> Any:

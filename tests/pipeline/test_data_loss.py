@@ -15,7 +15,8 @@ from harness.spark import source_options
 from harness.topics import create_topic
 from pyspark.errors import StreamingQueryException
 
-pytestmark = pytest.mark.pipeline
+# A SparkSession on two loaded cores: queries can take minutes.
+pytestmark = [pytest.mark.pipeline, pytest.mark.timeout(900)]
 
 
 def produce_rounds(bootstrap: str, topic: str, first: int, rounds: int) -> None:

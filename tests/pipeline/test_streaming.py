@@ -12,7 +12,8 @@ from harness.brokers import BrokerCluster
 from harness.spark import source_options
 from harness.topics import create_topic
 
-pytestmark = pytest.mark.pipeline
+# A SparkSession on two loaded cores: queries can take minutes.
+pytestmark = [pytest.mark.pipeline, pytest.mark.timeout(900)]
 
 
 def produce(bootstrap: str, topic: str, first: int, count: int, partitions: int) -> None:

@@ -10,7 +10,8 @@ from harness.brokers import BrokerCluster
 from harness.spark import source_options
 from harness.topics import create_topic
 
-pytestmark = pytest.mark.pipeline
+# A SparkSession on two loaded cores: queries can take minutes.
+pytestmark = [pytest.mark.pipeline, pytest.mark.timeout(900)]
 
 
 def consume_all(bootstrap: str, topic: str, partitions: int, expected: int) -> list[Any]:
