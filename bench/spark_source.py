@@ -107,6 +107,7 @@ def source_options(stack: Stack, topic: str) -> dict[str, str]:
         "storage.access_key_id": ACCESS_KEY,
         "storage.secret_access_key": SECRET_KEY,
         "subscribe": topic,
+        "storage.timeout_s": "120",  # moto on two loaded cores can take long for a GET
     }
 
 
