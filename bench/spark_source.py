@@ -194,6 +194,9 @@ def main() -> None:
     parser.add_argument("--partitions", type=int, default=2)
     parser.add_argument("--cores", type=int, default=2, help="Spark's local[N]")
     parser.add_argument("--repeat", type=int, default=2, help="timed runs per reader (best kept)")
+    parser.add_argument(
+        "--sizes", default="100,1024", help="value sizes to run, of 100 and 1024 (comma-separated)"
+    )
     args = parser.parse_args()
 
     results = []
@@ -201,7 +204,10 @@ def main() -> None:
         broker = stack.start_broker()
         spark = spark_session(args.cores)
         try:
+            sizes = {int(size) for size in args.sizes.split(",")}
             for i, (label, size, codec) in enumerate(CASES):
+                if size not in sizes:
+                    continue
                 topic = f"bench-{i}"
                 create_topic(broker.bootstrap, topic, args.partitions)
                 began = time.perf_counter()
