@@ -4,13 +4,14 @@
 #   make test    set everything up and run the whole test suite (what .ci/run calls)
 #
 # Python packages come from uv.lock (uv sync --frozen: no resolver run, seconds when warm).
-# System packages (kcat, Ceph radosgw for the real-S3 tests) come from Debian via apt-get.
+# The `spark` extra (pyspark, for the data source and its tests) is part of the set-up.
+# System packages (kcat, Java 17 for Spark, Ceph radosgw for the real-S3 tests) come from Debian.
 
 PYTHON ?= python3
 VENV   := .venv
 UV     := $(VENV)/bin/uv
 UV_VERSION := 0.13.9
-SYSTEM_PACKAGES := kcat $(shell grep -v '^\#' .ci/system-packages.txt)
+SYSTEM_PACKAGES := kcat openjdk-17-jre-headless $(shell grep -v '^\#' .ci/system-packages.txt)
 
 .PHONY: setup local test test-fast lint system-deps crds clean
 
@@ -19,7 +20,7 @@ $(UV):
 	$(VENV)/bin/python -m pip install --quiet --disable-pip-version-check "uv==$(UV_VERSION)"
 
 $(VENV)/.synced: pyproject.toml uv.lock | $(UV)
-	$(UV) sync --frozen --quiet
+	$(UV) sync --frozen --quiet --extra spark
 	touch $@
 
 setup: $(VENV)/.synced

@@ -189,6 +189,26 @@ def _print_banner(options: LocalOptions, brokers: list[Broker], etcd_url: str) -
         f"  object storage    = {where}\n"
         "\n"
         f"  Try: kcat -b localhost:{options.port} -L\n"
-        "  Ctrl-C stops it cleanly; data survives a restart.\n",
+        "  Ctrl-C stops it cleanly; data survives a restart.\n"
+        "\n"
+        "  Spark (pip install 'kafscale[spark]'):\n"
+        f"{spark_snippet(brokers[0].settings, etcd_url, 'my-topic')}",
         flush=True,
     )
+
+
+def spark_snippet(settings: BrokerSettings, etcd_url: str, topic: str) -> str:
+    """Ready-to-paste PySpark reading ``topic`` of this cluster straight from its storage."""
+    store = settings.storage
+    options = {"etcd.endpoints": etcd_url, "cluster": settings.cluster}
+    if store.kind is StorageKind.LOCAL:
+        options |= {"storage.kind": "local", "storage.local_dir": str(store.local_dir.resolve())}
+    else:
+        options |= {"storage.kind": "s3", "storage.bucket": store.bucket}
+        options |= {"storage.endpoint": store.endpoint} if store.endpoint else {}
+    if store.prefix:
+        options["storage.prefix"] = store.prefix
+    lines = ['    df = (spark.read.format("kafscale")']
+    lines += [f'          .option("{name}", "{value}")' for name, value in options.items()]
+    lines += [f'          .option("subscribe", "{topic}").load())', ""]
+    return "\n".join(lines)

@@ -1,0 +1,222 @@
+"""The driver's view of a cluster: topics and committed partition states from etcd, committed
+segment objects from the store. A thin I/O shell over the broker's own adapters and key
+builders; every decision on what it returns is in ``planning``.
+
+A fenced writer's uploads are told from committed segments the way brokers tell them: by the
+writer epoch in the object's name and the partition's epoch history
+(``partition_state.is_committed_segment``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import TypeVar
+
+import numpy as np
+
+from kafscale.broker.metadata import keys
+from kafscale.broker.metadata.cluster import TopicInfo
+from kafscale.broker.metadata.etcd import Etcd, MetadataError
+from kafscale.broker.metadata.partition_state import (
+    PartitionState,
+    is_committed_segment,
+    time_scan_start,
+)
+from kafscale.broker.storage.factory import open_object_store
+from kafscale.broker.storage.object_store import ObjectNotFound, ObjectStore, ObjectStoreError
+from kafscale.broker.storage.segments import SegmentCorrupt, decode_segment
+from kafscale.pipeline.options import Connection, Subscription
+from kafscale.pipeline.planning import PartitionView, SegmentObject
+
+T = TypeVar("T")
+
+
+class SourceUnavailable(RuntimeError):
+    """etcd or the object store cannot be reached, or the subscription names unknown topics."""
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionEntry:
+    view: PartitionView
+    state: PartitionState
+
+
+class Catalog:
+    """Open with ``async with Catalog(connection)``: one etcd client and one store."""
+
+    def __init__(self, connection: Connection) -> None:
+        self._connection = connection
+        self._etcd: Etcd | None = None
+        self._store: ObjectStore | None = None
+
+    async def __aenter__(self) -> Catalog:
+        endpoints = self._connection.etcd.endpoints
+        try:
+            self._etcd = await Etcd.connect(endpoints, self._connection.etcd.timeout_s)
+        except MetadataError as exc:
+            raise SourceUnavailable(
+                f"etcd at {', '.join(endpoints)} cannot be reached: {exc}"
+            ) from exc
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self._store is not None:
+            await self._store.close()
+        if self._etcd is not None:
+            await self._etcd.close()
+
+    async def _store_opened(self) -> ObjectStore:
+        if self._store is None:
+            store = open_object_store(self._connection.storage)
+            try:
+                await store.check()
+            except ObjectStoreError as exc:
+                await store.close()
+                raise SourceUnavailable(f"object store not usable: {exc}") from exc
+            self._store = store
+        return self._store
+
+    async def topics(self) -> dict[str, TopicInfo]:
+        assert self._etcd is not None
+        prefix = keys.topics_prefix(self._connection.cluster)
+        entries = await self._guard(lambda: self._etcd.get_prefix(prefix))  # type: ignore[union-attr]
+        found = {}
+        for entry in entries:
+            name = entry.key[len(prefix) :]
+            if "/" not in name:
+                found[name] = TopicInfo.from_json(name, entry.value)
+        return found
+
+    async def partitions(
+        self, subscription: Subscription, *, require_topics: bool
+    ) -> list[PartitionEntry]:
+        """The subscribed partitions with their committed states, sorted by topic and number.
+
+        ``require_topics``: a topic named by ``subscribe`` or ``assign`` must exist."""
+        topics = await self.topics()
+        wanted = [info for name, info in sorted(topics.items()) if subscription.matches(name)]
+        if require_topics:
+            named = set(subscription.topics) | {t for t, _ in subscription.assign}
+            missing = sorted(named - set(topics))
+            if missing:
+                raise SourceUnavailable(
+                    f"unknown topic(s) {', '.join(missing)} in cluster {self._connection.cluster!r}"
+                )
+        entries = []
+        for info in wanted:
+            numbers = range(info.partitions)
+            if subscription.assign:
+                numbers = sorted(p for t, p in subscription.assign if t == info.name)  # type: ignore[assignment]
+                bad = [p for p in numbers if not 0 <= p < info.partitions]
+                if bad and require_topics:
+                    raise SourceUnavailable(
+                        f"assign: topic {info.name} has {info.partitions} partitions, "
+                        f"not {', '.join(map(str, bad))}"
+                    )
+            states = await self._states(info.name)
+            for partition in numbers:
+                state = states.get(partition, PartitionState(high_watermark=0))
+                view = PartitionView(
+                    info.name,
+                    info.topic_id,
+                    partition,
+                    state.log_start_offset,
+                    state.high_watermark,
+                )
+                entries.append(PartitionEntry(view, state))
+        return entries
+
+    async def _states(self, topic: str) -> dict[int, PartitionState]:
+        prefix = keys.partition_states_prefix(self._connection.cluster, topic)
+        entries = await self._guard(lambda: self._etcd.get_prefix(prefix))  # type: ignore[union-attr]
+        states = {}
+        for entry in entries:
+            tail = entry.key[len(prefix) :]
+            if tail.isdigit():
+                states[int(tail)] = PartitionState.from_json(entry.value)
+        return states
+
+    async def segments(self, entry: PartitionEntry, from_offset: int) -> list[SegmentObject]:
+        """The committed segments of a partition that may hold ``from_offset`` or later, by
+        base. The listing starts at a base known to be committed at or below the offset (a time
+        mark or a recent segment of the state), not at the partition's first object."""
+        view, state = entry.view, entry.state
+        if from_offset >= view.high_watermark:
+            return []
+        store = await self._store_opened()
+        prefix = keys.partition_object_prefix(
+            self._connection.cluster, view.topic, view.topic_id, view.partition
+        )
+        known = [mark for mark, _ in state.time_marks if mark <= from_offset]
+        known += [ref.base for ref in state.segments if ref.base <= from_offset]
+        after = keys.objects_from(prefix, max(known)) if known else None
+        try:
+            listed = await store.list(prefix, start_after=after)
+        except ObjectStoreError as exc:
+            raise SourceUnavailable(f"cannot list {prefix}: {exc}") from exc
+        found = []
+        for info in listed:
+            parsed = keys.parse_object_name(info.key)
+            if parsed is None or parsed[2] != "kfs":
+                continue
+            base, epoch, _ = parsed
+            if is_committed_segment(state, base, epoch):
+                found.append(SegmentObject(base, epoch, info.size))
+        return sorted(found, key=lambda s: s.base)
+
+    async def offset_for_timestamp(self, entry: PartitionEntry, timestamp_ms: int) -> int:
+        """``startingTimestamp``: the first offset whose record is at or after the time, else
+        the high watermark (as Kafka's ListOffsets). Scans from the partition's time mark below
+        the time, decoding segments on the driver."""
+        from kafscale.pipeline.decode import decode_records
+
+        view = entry.view
+        offset = time_scan_start(entry.state, timestamp_ms)
+        store = await self._store_opened()
+        for segment in await self.segments(entry, offset):
+            key = keys.segment_object_key(
+                self._connection.cluster,
+                view.topic,
+                view.topic_id,
+                view.partition,
+                segment.base,
+                segment.epoch,
+            )
+            try:
+                body = decode_segment(await store.get(key)).body
+            except ObjectNotFound:
+                continue  # deleted by retention meanwhile
+            except (ObjectStoreError, SegmentCorrupt) as exc:
+                raise SourceUnavailable(f"cannot read {key}: {exc}") from exc
+            rows = decode_records(
+                body,
+                view.topic,
+                view.partition,
+                max(offset, view.log_start),
+                view.high_watermark,
+                False,
+            )
+            if rows is None:
+                continue
+            times = rows.column("timestamp").cast("int64").to_numpy() // 1000
+            later = np.flatnonzero(times >= timestamp_ms)
+            if later.size:
+                return int(rows.column("offset")[int(later[0])].as_py())
+        return view.high_watermark
+
+    async def _guard(self, call: Callable[[], Awaitable[T]]) -> T:
+        try:
+            return await call()
+        except MetadataError as exc:
+            raise SourceUnavailable(f"etcd did not answer: {exc}") from exc
+
+
+def run(coroutine: Awaitable[T]) -> T:
+    """Run driver-side I/O to completion (the driver's Python has no running loop)."""
+
+    async def main() -> T:
+        return await coroutine
+
+    return asyncio.run(main())

@@ -1,0 +1,134 @@
+"""Executor side: GET a task's segment objects and turn them into Arrow record batches.
+
+Each Python worker keeps one event loop and one object store per connection (a boto3 client
+costs tens of milliseconds to build; Spark reuses workers across tasks). The next segments are
+fetched while the current one is decoded: the store's GETs run in its thread pool, so they make
+progress while this thread parses.
+
+Segments are verified whole (``segments.decode_segment``: magics and the body's CRC32C). A
+segment missing from the store, or a hole in the offsets, is data loss: an error naming the
+offsets with ``failOnDataLoss``, skipped without it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Iterator
+
+import pyarrow as pa
+
+from kafscale.broker.metadata import keys
+from kafscale.broker.protocol.record_batch import iter_batch_headers
+from kafscale.broker.storage.factory import open_object_store
+from kafscale.broker.storage.object_store import ObjectNotFound, ObjectStore, ObjectStoreError
+from kafscale.broker.storage.segments import SegmentCorrupt, decode_segment
+from kafscale.pipeline.decode import decode_records
+from kafscale.pipeline.options import Connection
+from kafscale.pipeline.planning import DataLoss, ReadTask, gap_in
+
+log = logging.getLogger(__name__)
+
+PREFETCH_SEGMENTS = 3
+
+_loop: asyncio.AbstractEventLoop | None = None
+_stores: dict[str, ObjectStore] = {}
+
+
+def _worker_loop() -> asyncio.AbstractEventLoop:
+    global _loop
+    if _loop is None or _loop.is_closed():
+        _loop = asyncio.new_event_loop()
+    return _loop
+
+
+def _store_for(connection: Connection) -> ObjectStore:
+    cache_key = connection.storage.model_dump_json()
+    store = _stores.get(cache_key)
+    if store is None:
+        store = open_object_store(connection.storage)
+        _stores[cache_key] = store
+    return store
+
+
+def read_task(
+    connection: Connection, task: ReadTask, include_headers: bool, fail_on_data_loss: bool
+) -> Iterator[pa.RecordBatch]:
+    """The rows of ``task`` in offset order, one Arrow batch per segment."""
+    loop = _worker_loop()
+    store = _store_for(connection)
+    segment_keys = [
+        keys.segment_object_key(
+            connection.cluster, task.topic, task.topic_id, task.partition, s.base, s.epoch
+        )
+        for s in task.segments
+    ]
+    pending: list[asyncio.Task[bytes | None]] = []
+    try:
+        yield from _decode_in_order(
+            loop, store, task, segment_keys, pending, include_headers, fail_on_data_loss
+        )
+    finally:
+        for leftover in pending:
+            leftover.cancel()
+        if pending:
+            loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+
+
+def _decode_in_order(
+    loop: asyncio.AbstractEventLoop,
+    store: ObjectStore,
+    task: ReadTask,
+    segment_keys: list[str],
+    pending: list[asyncio.Task[bytes | None]],
+    include_headers: bool,
+    fail_on_data_loss: bool,
+) -> Iterator[pa.RecordBatch]:
+    expected = task.start
+    for i, key in enumerate(segment_keys):
+        while len(pending) < PREFETCH_SEGMENTS and i + len(pending) < len(segment_keys):
+            pending.append(loop.create_task(_get(store, segment_keys[i + len(pending)])))
+        data = loop.run_until_complete(pending.pop(0))
+        if data is None:
+            continue  # gone: the offsets it held show up as a gap below
+        body = _verified_body(key, data)
+        for _, header in iter_batch_headers(body):
+            if header.last_offset < expected:
+                continue
+            gap = gap_in(expected, header.base_offset, task.end)
+            if gap is not None:
+                _lost(task, gap, fail_on_data_loss)
+            expected = header.last_offset + 1
+        rows = decode_records(
+            body, task.topic, task.partition, task.start, task.end, include_headers
+        )
+        if rows is not None:
+            yield rows
+    if expected < task.end:
+        _lost(task, (expected, task.end), fail_on_data_loss)
+
+
+async def _get(store: ObjectStore, key: str) -> bytes | None:
+    try:
+        return await store.get(key)
+    except ObjectNotFound:
+        return None
+    except ObjectStoreError as exc:
+        raise RuntimeError(f"cannot read segment {key}: {exc}") from exc
+
+
+def _verified_body(key: str, data: bytes) -> memoryview:
+    try:
+        return decode_segment(data).body
+    except SegmentCorrupt as exc:
+        raise RuntimeError(f"segment {key} is corrupt: {exc}") from exc
+
+
+def _lost(task: ReadTask, gap: tuple[int, int], fail_on_data_loss: bool) -> None:
+    message = (
+        f"{task.topic}-{task.partition}: offsets {gap[0]}..{gap[1] - 1} were deleted "
+        "(retention or DeleteRecords) while the query ran"
+    )
+    if fail_on_data_loss:
+        raise DataLoss(message + "; set failOnDataLoss=false to skip them")
+    log.warning("%s; skipped (failOnDataLoss=false)", message)

@@ -1,0 +1,1 @@
+"""Pipeline jobs built on the data source, runnable with ``python -m`` or ``spark-submit``."""

@@ -1,0 +1,305 @@
+"""The data source's options, parsed once on the driver into frozen values.
+
+Connection options are named like the broker's settings (``etcd.endpoints``, ``cluster``,
+``storage.kind``, ``storage.bucket`` ...). Whatever a job does not set comes from the broker's
+own configuration model, ``BrokerSettings``, and so from the same ``KAFSCALE_*`` environment
+variables a broker reads: a job started next to a broker needs no connection options at all.
+The resolved values travel to the executors inside the reader (nothing there reads the
+environment, which may differ).
+
+The other options are those of Spark's Kafka source, with its names and meanings. A wrong or
+missing option is a ``SourceOptionError`` with a message naming the option, raised on the
+driver before any task starts.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pydantic import SecretStr, ValidationError
+
+from kafscale.broker.config import BrokerSettings, EtcdSettings, StorageKind, StorageSettings
+
+EARLIEST = -2
+LATEST = -1
+
+
+class SourceOptionError(ValueError):
+    """An option is missing, unknown in combination, or malformed."""
+
+
+@dataclass(frozen=True, slots=True)
+class Connection:
+    """Where the cluster's metadata and objects are: everything an executor needs to read."""
+
+    cluster: str
+    etcd: EtcdSettings
+    storage: StorageSettings
+
+
+@dataclass(frozen=True, slots=True)
+class Subscription:
+    """Exactly one of Spark's three ways to name partitions."""
+
+    topics: tuple[str, ...] = ()
+    pattern: str | None = None
+    assign: tuple[tuple[str, int], ...] = ()
+
+    def matches(self, topic: str) -> bool:
+        if self.pattern is not None:
+            return re.fullmatch(self.pattern, topic) is not None
+        if self.assign:
+            return any(t == topic for t, _ in self.assign)
+        return topic in self.topics
+
+
+OffsetSpec = int | dict[str, dict[int, int]]
+"""``EARLIEST``, ``LATEST``, or per topic and partition an offset (-2 earliest, -1 latest)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ReadOptions:
+    connection: Connection
+    subscription: Subscription
+    starting: OffsetSpec
+    ending: OffsetSpec
+    starting_timestamp_ms: int | None
+    max_offsets_per_trigger: int | None
+    fail_on_data_loss: bool
+    include_headers: bool
+    min_partitions: int | None
+
+
+_STORAGE_OPTIONS = {
+    "storage.kind": "kind",
+    "storage.bucket": "bucket",
+    "storage.prefix": "prefix",
+    "storage.endpoint": "endpoint",
+    "storage.region": "region",
+    "storage.local_dir": "local_dir",
+    "storage.access_key_id": "access_key_id",
+    "storage.secret_access_key": "secret_access_key",
+    "storage.timeout_s": "timeout_s",
+    "storage.max_concurrency": "max_concurrency",
+}
+
+
+def parse_connection(options: Mapping[str, str]) -> Connection:
+    """Connection options over the broker's settings (defaults and ``KAFSCALE_*``)."""
+    try:
+        base = BrokerSettings()
+    except ValidationError as exc:
+        raise SourceOptionError(f"the KAFSCALE_* environment is not valid: {exc}") from exc
+    storage: dict[str, Any] = {}
+    for option, name in _STORAGE_OPTIONS.items():
+        value = options.get(option)
+        if value is None:
+            continue
+        if name in ("access_key_id", "secret_access_key"):
+            storage[name] = SecretStr(value)
+        elif name == "local_dir":
+            storage[name] = Path(value)
+        elif name == "kind":
+            storage[name] = _kind(value)
+        else:
+            storage[name] = value
+    etcd: dict[str, Any] = {}
+    if "etcd.endpoints" in options:
+        endpoints = tuple(e.strip() for e in options["etcd.endpoints"].split(",") if e.strip())
+        if not endpoints:
+            raise SourceOptionError("etcd.endpoints is empty")
+        etcd["endpoints"] = endpoints
+    if "etcd.timeout_s" in options:
+        etcd["timeout_s"] = options["etcd.timeout_s"]
+    try:
+        return Connection(
+            cluster=options.get("cluster", base.cluster),
+            etcd=EtcdSettings.model_validate({**base.etcd.model_dump(), **etcd}),
+            storage=StorageSettings.model_validate({**base.storage.model_dump(), **storage}),
+        )
+    except ValidationError as exc:
+        raise SourceOptionError(f"bad connection option: {exc}") from exc
+
+
+def connection_options(connection: Connection) -> dict[str, str]:
+    """``connection`` as options again: a job resolves the connection in its own process (where
+    its ``KAFSCALE_*`` variables are) and hands it to Spark explicitly. Spark's planner runs in
+    Python processes started by the JVM, which see the environment the session started with."""
+    storage = connection.storage
+    options = {
+        "cluster": connection.cluster,
+        "etcd.endpoints": ",".join(connection.etcd.endpoints),
+        "etcd.timeout_s": str(connection.etcd.timeout_s),
+        "storage.kind": storage.kind.value,
+        "storage.bucket": storage.bucket,
+        "storage.prefix": storage.prefix,
+        "storage.region": storage.region,
+        "storage.local_dir": str(storage.local_dir),
+        "storage.timeout_s": str(storage.timeout_s),
+        "storage.max_concurrency": str(storage.max_concurrency),
+    }
+    if storage.endpoint is not None:
+        options["storage.endpoint"] = storage.endpoint
+    if storage.access_key_id is not None:
+        options["storage.access_key_id"] = storage.access_key_id.get_secret_value()
+    if storage.secret_access_key is not None:
+        options["storage.secret_access_key"] = storage.secret_access_key.get_secret_value()
+    return options
+
+
+def _kind(value: str) -> StorageKind:
+    try:
+        return StorageKind(value.lower())
+    except ValueError:
+        raise SourceOptionError(f"storage.kind must be s3 or local, not {value!r}") from None
+
+
+def parse_subscription(options: Mapping[str, str]) -> Subscription:
+    given = [name for name in ("subscribe", "subscribePattern", "assign") if options.get(name)]
+    if len(given) != 1:
+        raise SourceOptionError(
+            "set exactly one of the options subscribe, subscribePattern, assign"
+            + (f" (got {', '.join(given)})" if given else "")
+        )
+    if given[0] == "subscribe":
+        topics = tuple(t.strip() for t in options["subscribe"].split(",") if t.strip())
+        if not topics:
+            raise SourceOptionError("subscribe names no topic")
+        return Subscription(topics=topics)
+    if given[0] == "subscribePattern":
+        try:
+            re.compile(options["subscribePattern"])
+        except re.error as exc:
+            raise SourceOptionError(f"subscribePattern is not a regular expression: {exc}") from exc
+        return Subscription(pattern=options["subscribePattern"])
+    assigned = _json_object("assign", options["assign"])
+    pairs: list[tuple[str, int]] = []
+    for topic, partitions in assigned.items():
+        if not isinstance(partitions, list) or not all(isinstance(p, int) for p in partitions):
+            raise SourceOptionError(
+                f"assign: {topic} must map to a list of partitions, e.g. [0, 1]"
+            )
+        pairs.extend((topic, p) for p in partitions)
+    if not pairs:
+        raise SourceOptionError("assign names no partition")
+    return Subscription(assign=tuple(pairs))
+
+
+def _json_object(name: str, text: str) -> dict[str, Any]:
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise SourceOptionError(f"{name} is not valid JSON: {exc}") from exc
+    if not isinstance(value, dict):
+        raise SourceOptionError(f'{name} must be a JSON object like {{"topic": ...}}')
+    return value
+
+
+def parse_offsets(
+    name: str, text: str | None, default: int, *, allow_latest: bool = True
+) -> OffsetSpec:
+    """``earliest`` / ``latest`` / ``{"topic": {"0": 23, "1": -2}}`` as in Spark's Kafka source."""
+    if text is None:
+        return default
+    word = text.strip().lower()
+    if word == "earliest":
+        return EARLIEST
+    if word == "latest":
+        if not allow_latest:
+            raise SourceOptionError(f"{name}=latest is not allowed here")
+        return LATEST
+    document = _json_object(name, text)
+    spec: dict[str, dict[int, int]] = {}
+    for topic, partitions in document.items():
+        if not isinstance(partitions, dict):
+            raise SourceOptionError(
+                f'{name}: {topic} must map partitions to offsets, e.g. {{"0": 5}}'
+            )
+        try:
+            spec[topic] = {int(p): int(o) for p, o in partitions.items()}
+        except (TypeError, ValueError) as exc:
+            raise SourceOptionError(f"{name}: bad partition or offset for {topic}: {exc}") from exc
+        if any(o < EARLIEST for o in spec[topic].values()):
+            raise SourceOptionError(f"{name}: offsets are >= 0, or -2 (earliest), -1 (latest)")
+    return spec
+
+
+def _positive_int(options: Mapping[str, str], name: str) -> int | None:
+    value = options.get(name)
+    if value is None:
+        return None
+    try:
+        number = int(value)
+    except ValueError:
+        raise SourceOptionError(f"{name} must be an integer, not {value!r}") from None
+    if number < 1:
+        raise SourceOptionError(f"{name} must be positive")
+    return number
+
+
+def _bool(options: Mapping[str, str], name: str, default: bool) -> bool:
+    value = options.get(name)
+    if value is None:
+        return default
+    if value.strip().lower() in ("true", "false"):
+        return value.strip().lower() == "true"
+    raise SourceOptionError(f"{name} must be true or false, not {value!r}")
+
+
+def parse_read_options(options: Mapping[str, str], *, streaming: bool) -> ReadOptions:
+    """All read options; batch reads default to earliest..latest, streams start at latest."""
+    lowered = {k.lower(): v for k, v in options.items()}
+    given = {name: lowered[name.lower()] for name in _KNOWN if name.lower() in lowered}
+    starting_timestamp = None
+    if given.get("startingTimestamp") is not None:
+        try:
+            starting_timestamp = int(given["startingTimestamp"])
+        except ValueError:
+            raise SourceOptionError(
+                "startingTimestamp must be milliseconds since the epoch"
+            ) from None
+        if "startingOffsets" in given:
+            raise SourceOptionError("set startingOffsets or startingTimestamp, not both")
+    if streaming and "endingOffsets" in given:
+        raise SourceOptionError("endingOffsets is for batch reads only")
+    if not streaming and "maxOffsetsPerTrigger" in given:
+        raise SourceOptionError("maxOffsetsPerTrigger is for streaming reads only")
+    return ReadOptions(
+        connection=parse_connection(given),
+        subscription=parse_subscription(given),
+        starting=parse_offsets(
+            "startingOffsets",
+            given.get("startingOffsets"),
+            LATEST if streaming else EARLIEST,
+            allow_latest=streaming,
+        ),
+        ending=parse_offsets("endingOffsets", given.get("endingOffsets"), LATEST),
+        starting_timestamp_ms=starting_timestamp,
+        max_offsets_per_trigger=_positive_int(given, "maxOffsetsPerTrigger"),
+        fail_on_data_loss=_bool(given, "failOnDataLoss", True),
+        include_headers=_bool(given, "includeHeaders", False),
+        min_partitions=_positive_int(given, "minPartitions"),
+    )
+
+
+_KNOWN = (
+    "cluster",
+    "etcd.endpoints",
+    "etcd.timeout_s",
+    *_STORAGE_OPTIONS,
+    "subscribe",
+    "subscribePattern",
+    "assign",
+    "startingOffsets",
+    "endingOffsets",
+    "startingTimestamp",
+    "maxOffsetsPerTrigger",
+    "failOnDataLoss",
+    "includeHeaders",
+    "minPartitions",
+)

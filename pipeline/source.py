@@ -1,0 +1,261 @@
+"""``format("kafscale")``: the PySpark data source (Spark 4's Python Data Source API).
+
+Reads go straight to object storage: the driver plans from etcd's committed partition states
+(``catalog``, ``planning``), executors GET segment objects and decode them to Arrow
+(``fetch``, ``decode``). Writes produce through the Kafka protocol (``writer``). Columns and
+options are those of Spark's own Kafka source, so a Kafka job ports by changing the format name
+and the connection options.
+
+This module is what Spark loads on the driver to resolve the format; the decoder (numba) is
+imported only where rows are read.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING, Any
+
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceReader,
+    DataSourceStreamReader,
+    InputPartition,
+)
+from pyspark.sql.streaming.datasource import (
+    ReadAllAvailable,
+    ReadLimit,
+    ReadMaxRows,
+    SupportsTriggerAvailableNow,
+)
+from pyspark.sql.types import (
+    ArrayType,
+    BinaryType,
+    IntegerType,
+    LongType,
+    StringType,
+    StructField,
+    StructType,
+    TimestampType,
+)
+
+from kafscale.pipeline.catalog import Catalog, PartitionEntry, run
+from kafscale.pipeline.options import ReadOptions, parse_read_options
+from kafscale.pipeline.planning import (
+    ReadTask,
+    TopicPartition,
+    check_spec_partitions,
+    clamp_start,
+    from_json_offsets,
+    rate_limit,
+    resolve_offset,
+    split_bytes_for,
+    split_tasks,
+    to_json_offsets,
+)
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+    from pyspark.sql.datasource import DataSourceStreamWriter, DataSourceWriter
+
+NAME = "kafscale"
+
+
+def spark_schema(include_headers: bool) -> StructType:
+    """Spark's Kafka source schema, column for column."""
+    fields = [
+        StructField("key", BinaryType()),
+        StructField("value", BinaryType()),
+        StructField("topic", StringType()),
+        StructField("partition", IntegerType()),
+        StructField("offset", LongType()),
+        StructField("timestamp", TimestampType()),
+        StructField("timestampType", IntegerType()),
+    ]
+    if include_headers:
+        header = StructType([StructField("key", StringType()), StructField("value", BinaryType())])
+        fields.append(StructField("headers", ArrayType(header)))
+    return StructType(fields)
+
+
+class KafScaleDataSource(DataSource):
+    """Topics of a KafScale cluster as a Spark source and sink."""
+
+    @classmethod
+    def name(cls) -> str:
+        return NAME
+
+    def schema(self) -> StructType:
+        include = str(self.options.get("includeHeaders", "false")).strip().lower() == "true"
+        return spark_schema(include)
+
+    def reader(self, schema: StructType) -> DataSourceReader:
+        return BatchReader(parse_read_options(self.options, streaming=False))
+
+    def streamReader(self, schema: StructType) -> DataSourceStreamReader:
+        return StreamReader(parse_read_options(self.options, streaming=True))
+
+    def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
+        from kafscale.pipeline.writer import KafScaleWriter, parse_write_options
+
+        return KafScaleWriter(parse_write_options(self.options, schema))
+
+    def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
+        from kafscale.pipeline.writer import KafScaleStreamWriter, parse_write_options
+
+        return KafScaleStreamWriter(parse_write_options(self.options, schema))
+
+
+class TaskPartition(InputPartition):
+    """A ``ReadTask`` as Spark's input partition."""
+
+    def __init__(self, task: ReadTask) -> None:
+        super().__init__(task)
+        self.task = task
+
+
+def _read(options: ReadOptions, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+    from kafscale.pipeline.fetch import read_task
+
+    assert isinstance(partition, TaskPartition)
+    return read_task(
+        options.connection, partition.task, options.include_headers, options.fail_on_data_loss
+    )
+
+
+# --- planning (driver) -------------------------------------------------------------------------
+
+
+async def _entries(options: ReadOptions, catalog: Catalog) -> list[PartitionEntry]:
+    return await catalog.partitions(options.subscription, require_topics=True)
+
+
+async def _starting_offsets(options: ReadOptions, catalog: Catalog) -> dict[TopicPartition, int]:
+    entries = await _entries(options, catalog)
+    views = [entry.view for entry in entries]
+    check_spec_partitions(options.starting, views, "startingOffsets")
+    if options.starting_timestamp_ms is not None:
+        return {
+            entry.view.key: await catalog.offset_for_timestamp(entry, options.starting_timestamp_ms)
+            for entry in entries
+        }
+    return {view.key: resolve_offset(options.starting, view, "start") for view in views}
+
+
+async def _plan(
+    options: ReadOptions,
+    catalog: Catalog,
+    starts: dict[TopicPartition, int] | None,
+    ends: dict[TopicPartition, int] | None,
+) -> list[ReadTask]:
+    """Tasks for [start, end) of each partition; ``None`` means per the options. Partitions not
+    in ``starts`` (new ones in a stream) are read from their earliest offset, as Spark does."""
+    entries = await _entries(options, catalog)
+    if starts is None:
+        starts = await _starting_offsets(options, catalog)
+    if ends is None:
+        check_spec_partitions(options.ending, [e.view for e in entries], "endingOffsets")
+        ends = {e.view.key: resolve_offset(options.ending, e.view, "end") for e in entries}
+    ranges = []
+    for entry in entries:
+        view = entry.view
+        if view.key not in ends:
+            continue
+        start = clamp_start(view, starts.get(view.key, view.log_start), options.fail_on_data_loss)
+        end = min(ends[view.key], view.high_watermark)
+        if start < end:
+            ranges.append((entry, start, end, await catalog.segments(entry, start)))
+    total = sum(s.size for _, _, _, segments in ranges for s in segments)
+    split = split_bytes_for(total, options.min_partitions)
+    tasks: list[ReadTask] = []
+    for entry, start, end, segments in ranges:
+        tasks.extend(split_tasks(entry.view, start, end, segments, split))
+    return tasks
+
+
+def _plan_now(
+    options: ReadOptions,
+    starts: dict[TopicPartition, int] | None = None,
+    ends: dict[TopicPartition, int] | None = None,
+) -> list[ReadTask]:
+    async def plan() -> list[ReadTask]:
+        async with Catalog(options.connection) as catalog:
+            return await _plan(options, catalog, starts, ends)
+
+    return run(plan())
+
+
+def _latest_now(options: ReadOptions) -> dict[TopicPartition, int]:
+    async def latest() -> dict[TopicPartition, int]:
+        async with Catalog(options.connection) as catalog:
+            return {e.view.key: e.view.high_watermark for e in await _entries(options, catalog)}
+
+    return run(latest())
+
+
+def _initial_now(options: ReadOptions) -> dict[TopicPartition, int]:
+    async def initial() -> dict[TopicPartition, int]:
+        async with Catalog(options.connection) as catalog:
+            return await _starting_offsets(options, catalog)
+
+    return run(initial())
+
+
+# --- readers -----------------------------------------------------------------------------------
+
+
+class BatchReader(DataSourceReader):
+    """``spark.read``: a snapshot of the committed offsets when the DataFrame is planned."""
+
+    def __init__(self, options: ReadOptions) -> None:
+        self.options = options
+
+    def partitions(self) -> Sequence[InputPartition]:
+        return [TaskPartition(task) for task in _plan_now(self.options)]
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        return _read(self.options, partition)
+
+
+class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    """``spark.readStream``: micro-batches between committed high watermarks.
+
+    The offsets in Spark's checkpoint are the truth: a restarted query continues from its last
+    planned batch, so nothing is read twice or skipped. ``commit`` has nothing to do (no
+    consumer group to move): it is Spark's journal, not the cluster, that records progress."""
+
+    def __init__(self, options: ReadOptions) -> None:
+        self.options = options
+        self._target: dict[TopicPartition, int] | None = None
+
+    def initialOffset(self) -> dict[str, Any]:
+        return to_json_offsets(_initial_now(self.options))
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        if self.options.max_offsets_per_trigger is not None:
+            return ReadMaxRows(self.options.max_offsets_per_trigger)
+        return ReadAllAvailable()
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        self._target = _latest_now(self.options)
+
+    def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
+        latest = _latest_now(self.options)
+        if self._target is not None:
+            latest = {tp: min(end, self._target.get(tp, end)) for tp, end in latest.items()}
+        begin = from_json_offsets(start)
+        if isinstance(limit, ReadMaxRows):
+            latest = rate_limit(begin, latest, limit.max_rows)
+        return to_json_offsets(latest)
+
+    def reportLatestOffset(self) -> dict[str, Any] | None:
+        return to_json_offsets(_latest_now(self.options))
+
+    def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
+        tasks = _plan_now(self.options, from_json_offsets(start), from_json_offsets(end))
+        return [TaskPartition(task) for task in tasks]
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        return _read(self.options, partition)
+
+    def commit(self, end: dict[str, Any]) -> None:
+        """Nothing to release: progress lives in the query's checkpoint."""

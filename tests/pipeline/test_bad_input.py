@@ -1,0 +1,67 @@
+"""Bad input is a clear error on the driver, raised before any task runs: never a hang."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from harness.brokers import BrokerCluster
+from harness.spark import source_options
+
+from kafscale.broker.metadata.embedded_etcd import free_port
+
+# A SparkSession on two loaded cores: queries can take minutes.
+pytestmark = [pytest.mark.pipeline, pytest.mark.timeout(900)]
+
+
+def load(spark: Any, options: dict[str, str]) -> Any:
+    return spark.read.format("kafscale").options(**options).load()
+
+
+def test_missing_or_malformed_options_name_the_option(
+    spark: Any, broker_cluster: BrokerCluster
+) -> None:
+    base = source_options(broker_cluster)
+    with pytest.raises(Exception, match=r"subscribe, subscribePattern, assign"):
+        load(spark, base).collect()
+    with pytest.raises(Exception, match=r"startingOffsets is not valid JSON"):
+        load(spark, {**base, "subscribe": "t", "startingOffsets": "{oops"}).collect()
+    with pytest.raises(Exception, match=r"storage.kind must be s3 or local"):
+        load(spark, {**base, "subscribe": "t", "storage.kind": "ftp"}).collect()
+    with pytest.raises(Exception, match=r"failOnDataLoss must be true or false"):
+        load(spark, {**base, "subscribe": "t", "failOnDataLoss": "maybe"}).collect()
+    with pytest.raises(Exception, match=r"kafka.bootstrap.servers"):
+        spark.createDataFrame([("v",)], "value string").write.format("kafscale").option(
+            "topic", "t"
+        ).mode("append").save()
+
+
+def test_an_unknown_topic_is_named(spark: Any, broker_cluster: BrokerCluster) -> None:
+    options = {**source_options(broker_cluster), "subscribe": "nowhere"}
+    with pytest.raises(Exception, match=r"unknown topic.*nowhere"):
+        load(spark, options).collect()
+
+
+def test_an_unreachable_etcd_fails_fast(spark: Any, broker_cluster: BrokerCluster) -> None:
+    options = {
+        **source_options(broker_cluster),
+        "subscribe": "t",
+        "etcd.endpoints": f"http://127.0.0.1:{free_port()}",
+        "etcd.timeout_s": "2",
+    }
+    with pytest.raises(Exception, match=r"etcd at http://127.0.0.1:.* cannot be reached"):
+        load(spark, options).collect()
+
+
+def test_a_missing_bucket_is_named(spark: Any, broker_cluster: BrokerCluster) -> None:
+    from confluent_kafka import Producer
+    from harness.topics import create_topic
+
+    broker = broker_cluster.start()
+    create_topic(broker.bootstrap, "t", 1)
+    producer = Producer({"bootstrap.servers": broker.bootstrap})
+    producer.produce("t", b"v")
+    assert producer.flush(10) == 0
+    options = {**source_options(broker_cluster), "subscribe": "t", "storage.bucket": "no-such"}
+    with pytest.raises(Exception, match=r"object store not usable.*no-such"):
+        load(spark, options).collect()

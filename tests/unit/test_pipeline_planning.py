@@ -1,0 +1,122 @@
+"""The data source's pure decisions: options, offset ranges, data loss, admission, splits."""
+
+from __future__ import annotations
+
+import pytest
+
+from kafscale.broker.config import StorageKind
+from kafscale.pipeline.options import (
+    EARLIEST,
+    LATEST,
+    SourceOptionError,
+    parse_read_options,
+)
+from kafscale.pipeline.planning import (
+    DataLoss,
+    PartitionView,
+    SegmentObject,
+    clamp_start,
+    from_json_offsets,
+    rate_limit,
+    resolve_offset,
+    segments_for,
+    split_tasks,
+    to_json_offsets,
+)
+
+pytestmark = pytest.mark.unit
+
+VIEW = PartitionView("t", "id", 0, log_start=10, high_watermark=100)
+
+
+def test_connection_options_fall_back_to_the_brokers_environment(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("KAFSCALE_CLUSTER", "prod")
+    monkeypatch.setenv("KAFSCALE_STORAGE__BUCKET", "from-env")
+    monkeypatch.setenv("KAFSCALE_ETCD__ENDPOINTS", '["http://etcd:2379"]')
+    options = parse_read_options(
+        {"subscribe": "a,b", "storage.kind": "local", "storage.local_dir": "/data"},
+        streaming=False,
+    )
+    connection = options.connection
+    assert connection.cluster == "prod"
+    assert connection.etcd.endpoints == ("http://etcd:2379",)
+    assert connection.storage.bucket == "from-env"
+    assert connection.storage.kind is StorageKind.LOCAL
+    assert str(connection.storage.local_dir) == "/data"
+    assert options.subscription.topics == ("a", "b")
+    assert (options.starting, options.ending) == (EARLIEST, LATEST)
+    explicit = parse_read_options(
+        {"subscribe": "a", "cluster": "c", "etcd.endpoints": "http://x:1,http://y:2"},
+        streaming=True,
+    )
+    assert explicit.connection.cluster == "c"
+    assert explicit.connection.etcd.endpoints == ("http://x:1", "http://y:2")
+    assert explicit.starting == LATEST  # a new stream starts at the end, as Spark's
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({}, "exactly one of"),
+        ({"subscribe": "a", "assign": '{"a": [0]}'}, "exactly one of"),
+        ({"subscribePattern": "("}, "not a regular expression"),
+        ({"assign": '{"a": 0}'}, "list of partitions"),
+        ({"subscribe": "a", "startingOffsets": "latest"}, "not allowed"),
+        ({"subscribe": "a", "endingOffsets": '{"a": {"x": 1}}'}, "bad partition"),
+        ({"subscribe": "a", "maxOffsetsPerTrigger": "10"}, "streaming reads only"),
+        ({"subscribe": "a", "startingTimestamp": "soon"}, "milliseconds"),
+        ({"subscribe": "a", "storage.kind": "tape"}, "s3 or local"),
+    ],
+)
+def test_bad_options_are_named(options: dict[str, str], message: str) -> None:
+    with pytest.raises(SourceOptionError, match=message):
+        parse_read_options(options, streaming=False)
+
+
+def test_offsets_resolve_like_sparks_kafka_source() -> None:
+    assert resolve_offset(EARLIEST, VIEW, "start") == 10
+    assert resolve_offset(LATEST, VIEW, "end") == 100
+    spec = {"t": {0: 42}}
+    assert resolve_offset(spec, VIEW, "start") == 42
+    assert resolve_offset({"t": {0: -2}}, VIEW, "start") == 10
+    other = PartitionView("t", "id", 1, 0, 7)
+    assert resolve_offset(spec, other, "start") == 0  # unnamed partitions: earliest
+    assert resolve_offset(spec, other, "end") == 7  # ... and latest
+
+
+def test_deleted_offsets_are_data_loss_unless_allowed() -> None:
+    assert clamp_start(VIEW, 50, True) == 50
+    with pytest.raises(DataLoss, match=r"offsets 3\.\.9 were deleted"):
+        clamp_start(VIEW, 3, True)
+    assert clamp_start(VIEW, 3, False) == 10
+    with pytest.raises(DataLoss, match="beyond the high watermark"):
+        clamp_start(VIEW, 150, True)
+    assert clamp_start(VIEW, 150, False) == 10
+
+
+def test_segments_and_splits_cover_the_range_once() -> None:
+    segments = [SegmentObject(base, 0, 10) for base in (0, 20, 40, 60, 80)]
+    assert [s.base for s in segments_for(segments, 25, 61)] == [20, 40, 60]
+    assert segments_for(segments, 30, 30) == ()
+    tasks = split_tasks(VIEW, 25, 95, segments, split_bytes=20)
+    assert [(t.start, t.end, [s.base for s in t.segments]) for t in tasks] == [
+        (25, 60, [20, 40]),
+        (60, 95, [60, 80]),
+    ]
+
+
+def test_max_offsets_per_trigger_is_shared_by_backlog() -> None:
+    start = {("t", 0): 0, ("t", 1): 0}
+    latest = {("t", 0): 300, ("t", 1): 100, ("t", 2): 0}
+    limited = rate_limit(start, latest, 100)
+    assert limited == {("t", 0): 75, ("t", 1): 25, ("t", 2): 0}
+    assert rate_limit(start, latest, 1000) == latest
+
+
+def test_checkpoint_offsets_round_trip_in_sparks_kafka_shape() -> None:
+    offsets = {("b", 1): 5, ("a", 0): 7, ("b", 0): 3}
+    document = to_json_offsets(offsets)
+    assert document == {"a": {"0": 7}, "b": {"0": 3, "1": 5}}
+    assert from_json_offsets(document) == offsets
