@@ -64,7 +64,9 @@ def _simplify(node: Any, *, in_status: bool) -> Any:
     node.pop("title", None)
     if node.get("type") == "object" and "properties" in node:
         node.pop("additionalProperties", None)
-    if in_status:
+    if in_status or node.get("default", ...) == "":
+        # Kubernetes 1.20 reads a ``default: ''`` as null and refuses the CRD ("must be of type
+        # string"); the models fill in the empty string themselves, so the server need not.
         node.pop("default", None)
     out: Schema = {}
     for key, value in node.items():

@@ -169,3 +169,24 @@ def test_models_apply_the_same_rules() -> None:
     assert spec.brokers.replicas == 3
     assert spec.deletion_policy == "Retain"
     assert spec.etcd.mode == "Managed"
+
+
+def _defaults(node: Any, path: str = "") -> list[tuple[str, Any]]:
+    if isinstance(node, list):
+        return [d for i, item in enumerate(node) for d in _defaults(item, f"{path}[{i}]")]
+    if not isinstance(node, dict):
+        return []
+    found = [(path, node["default"])] if "default" in node else []
+    return found + [d for k, v in node.items() for d in _defaults(v, f"{path}.{k}")]
+
+
+@pytest.mark.parametrize("crd", [crd_gen.cluster_crd(), crd_gen.topic_crd()])
+def test_no_empty_string_defaults_which_kubernetes_1_20_refuses(crd: dict[str, Any]) -> None:
+    """1.20 reads ``default: ''`` as null ("must be of type string") and refuses the whole CRD."""
+    empty = [path for path, value in _defaults(crd_gen.crd_schema(crd)) if value == ""]
+    assert not empty
+
+
+def test_the_storage_prefix_still_defaults_to_empty_in_the_model() -> None:
+    spec = parse_cluster_spec({"storage": {"bucket": "bucket-1"}})
+    assert spec.storage.prefix == ""
