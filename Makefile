@@ -5,6 +5,8 @@
 #
 # Python packages come from uv.lock (uv sync --frozen: no resolver run, seconds when warm).
 # System packages (kcat, Ceph radosgw for the real-S3 tests) come from Debian via apt-get.
+# kube-apiserver, kube-controller-manager and kubectl 1.20.2 for the operator tests are built once
+# from Debian's kubernetes source package into ~/.cache/kafscale (make kube; 5-9 minutes).
 
 PYTHON ?= python3
 VENV   := .venv
@@ -12,7 +14,7 @@ UV     := $(VENV)/bin/uv
 UV_VERSION := 0.13.9
 SYSTEM_PACKAGES := kcat $(shell grep -v '^\#' .ci/system-packages.txt)
 
-.PHONY: setup local test test-fast lint system-deps crds clean
+.PHONY: setup local test test-fast lint system-deps kube crds clean
 
 $(UV):
 	$(PYTHON) -m venv $(VENV)
@@ -37,7 +39,10 @@ system-deps:
 	  DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends $$missing >/dev/null; \
 	fi
 
-test: setup system-deps
+kube:
+	@bash tests/harness/build_kube.sh >/dev/null
+
+test: setup system-deps kube
 	$(VENV)/bin/pytest
 
 test-fast: setup
