@@ -17,7 +17,7 @@ set -euo pipefail
 
 KUBE_VERSION=1.20.2
 DEB_SOURCE_VERSION=1.20.5+really1.20.2-1.1+deb12u1  # bookworm(-security) source; the cache key
-RECIPE=2  # bump when this script builds differently: the cache key changes with it
+RECIPE=3  # bump when this script builds differently: the cache key changes with it
 CACHE_ROOT="${KAFSCALE_KUBE_CACHE:-$HOME/.cache/kafscale/kube-$KUBE_VERSION}"
 OUT="$CACHE_ROOT/$DEB_SOURCE_VERSION-r$RECIPE/bin"
 BINARIES=(kube-apiserver kube-controller-manager kubectl)
@@ -105,6 +105,20 @@ build() {
     log "replacing vendored reflect2 with Debian's (the vendored one crashes on Go >= 1.18)"
     rm -rf "$tree/vendor/github.com/modern-go/reflect2"
     cp -r "$REFLECT2_SRC" "$tree/vendor/github.com/modern-go/reflect2"
+
+    # Built with Go >= 1.18, the vendored OpenAPI type validator takes every zero value ("", 0,
+    # false) for null (it compares two reflect.Values with DeepEqual), so the server refuses
+    # `default: ''` and any empty string in a custom resource. Upstream kube-openapi later
+    # checks `data == nil` only, which is what the Go 1.15 build of 1.20.2 did in effect.
+    log "patching the OpenAPI type validator's zero-value check (Go >= 1.18)"
+    local file
+    for file in vendor/k8s.io/kube-openapi/pkg/validation/validate/type.go \
+                vendor/github.com/go-openapi/validate/type.go; do
+        grep -q 'reflect.DeepEqual(reflect.Zero(reflect.TypeOf(data)), reflect.ValueOf(data))' \
+            "$tree/$file" || { log "$file: the zero-value check is not where expected"; exit 1; }
+        sed -i 's/data == nil || reflect.DeepEqual(reflect.Zero(reflect.TypeOf(data)), reflect.ValueOf(data))/data == nil/' \
+            "$tree/$file"
+    done
 
     log "generating the OpenAPI definitions (make gen_openapi)"
     (cd "$tree" && make gen_openapi >"$work/gen_openapi.log" 2>&1) \

@@ -62,7 +62,8 @@ def kafscale_chart(kube_cluster: KubeCluster) -> InstalledChart:
         timeout_s=300,
     )
     assert result.returncode == 0, f"helm install failed:\n{result.stdout}{result.stderr}"
-    account = RELEASE  # the chart's fullname for release "kafscale"
+    (deployment,) = kube_cluster.get(DEPLOYMENTS.format(ns=OPERATOR_NAMESPACE))["items"]
+    account = deployment["spec"]["template"]["spec"]["serviceAccountName"]
     token = kube_cluster.service_account_token(OPERATOR_NAMESPACE, account, timeout_s=60)
     kubeconfig = kube_cluster.kubeconfig_for(token, "operator", OPERATOR_NAMESPACE)
     return InstalledChart(OPERATOR_NAMESPACE, account, token, kubeconfig)
@@ -181,7 +182,7 @@ def mark_ready(
     ]
     kube.merge_patch(
         f"{PODS.format(ns=namespace)}/{name}/status",
-        {"status": {"phase": "Running", "podIP": "127.0.0.1", "conditions": conditions}},
+        {"status": {"phase": "Running", "conditions": conditions}},
     )
 
 

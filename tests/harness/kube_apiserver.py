@@ -19,6 +19,7 @@ and kubeconfig helpers.
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import shutil
@@ -156,8 +157,9 @@ class KubeCluster:
                 return None
             raise
 
-    def create(self, path: str, body: dict[str, Any]) -> Any:
-        return self.request("POST", path, body)
+    def create(self, path: str, body: dict[str, Any], *, dry_run: bool = False) -> Any:
+        """POST ``body``; ``dry_run``: validated, defaulted and answered, but not stored."""
+        return self.request("POST", path, body, params={"dryRun": "All"} if dry_run else None)
 
     def merge_patch(self, path: str, body: dict[str, Any]) -> Any:
         return self.request("PATCH", path, body, content_type="application/merge-patch+json")
@@ -217,8 +219,6 @@ class KubeCluster:
                 secret = self.get(f"/api/v1/namespaces/{namespace}/secrets/{ref['name']}") or {}
                 token = (secret.get("data") or {}).get("token")
                 if token:
-                    import base64
-
                     return base64.b64decode(token).decode()
             if time.monotonic() > deadline:
                 raise AssertionError(f"no token for ServiceAccount {namespace}/{name}")

@@ -16,6 +16,7 @@ from harness.k8s_operator import eventually, operator_thread
 from harness.k8s_real import (
     CLUSTERS,
     DEPLOYMENTS,
+    RELEASE,
     TOPICS,
     InstalledChart,
     cluster_manifest,
@@ -49,8 +50,11 @@ async def test_chart_installs_and_the_operator_authenticates_as_its_service_acco
     for crd in ("kafscaleclusters.kafscale.io", "kafscaletopics.kafscale.io"):
         established = condition_of(kube_cluster.get(f"{CRDS}/{crd}"), "Established")
         assert established is not None and established[0] == "True", crd
-    deployment = kube_cluster.get(f"{DEPLOYMENTS.format(ns=kafscale_chart.namespace)}/kafscale")
-    assert deployment["spec"]["template"]["spec"]["serviceAccountName"] == "kafscale"
+    deployment = kube_cluster.get(
+        f"{DEPLOYMENTS.format(ns=kafscale_chart.namespace)}/{RELEASE}-operator"
+    )
+    assert deployment["spec"]["template"]["spec"]["serviceAccountName"] == f"{RELEASE}-operator"
+    assert kafscale_chart.service_account == f"{RELEASE}-operator"
 
     # The operator's own Kubernetes client, from a kubeconfig holding the ServiceAccount's token:
     # kubernetes 36.0.0 sent no token (401 here, anonymous auth is off).
@@ -85,7 +89,9 @@ def test_the_server_defaults_prunes_and_validates_the_custom_resources(
 ) -> None:
     path = CLUSTERS.format(ns=kube_namespace)
     spec = {"storage": {"bucket": "bucket-1", "notAField": 1}, "brokers": {"bogus": 2}, "x": 1}
-    created = kube_cluster.create(path, cluster_manifest("demo", kube_namespace, spec))
+    created = kube_cluster.create(
+        path, cluster_manifest("demo", kube_namespace, spec), dry_run=True
+    )
     stored = created["spec"]
     assert "x" not in stored and "notAField" not in stored["storage"]  # pruned
     assert "bogus" not in stored["brokers"]
@@ -102,7 +108,9 @@ def test_the_server_defaults_prunes_and_validates_the_custom_resources(
     ]
     for index, bad in enumerate(bad_specs):
         with pytest.raises(ApiError) as refused:
-            kube_cluster.create(path, cluster_manifest(f"bad-{index}", kube_namespace, bad))
+            kube_cluster.create(
+                path, cluster_manifest(f"bad-{index}", kube_namespace, bad), dry_run=True
+            )
         assert refused.value.status == 422, bad
     topic = {
         "apiVersion": "kafscale.io/v1alpha1",
@@ -111,7 +119,7 @@ def test_the_server_defaults_prunes_and_validates_the_custom_resources(
         "spec": {"clusterRef": "demo", "partitions": 0},
     }
     with pytest.raises(ApiError) as refused:
-        kube_cluster.create(TOPICS.format(ns=kube_namespace), topic)
+        kube_cluster.create(TOPICS.format(ns=kube_namespace), topic, dry_run=True)
     assert refused.value.status == 422
 
 
@@ -160,10 +168,14 @@ async def test_cluster_objects_status_drift_repair_finalizer_and_garbage_collect
         assert features[:2] == ("False", "NotServed")
         assert "PodDisruptionBudget demo-broker (policy/v1 is not served)" in features[2]
         assert "v1.20.2" in features[2]
-        events = kube.get(f"/api/v1/namespaces/{ns}/events")["items"]
-        assert any(
-            e["reason"] == "NotServed" and e["involvedObject"]["name"] == "demo" for e in events
-        )
+
+        def not_served_event() -> bool:
+            events = kube.get(f"/api/v1/namespaces/{ns}/events")["items"]
+            return any(
+                e["reason"] == "NotServed" and e["involvedObject"]["name"] == "demo" for e in events
+            )
+
+        await eventually(not_served_event, what="a NotServed Event")
 
         # The Deployment controller creates the pods; we play their kubelet.
         selector = label_selector("demo", "broker")

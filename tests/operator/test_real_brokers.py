@@ -9,6 +9,7 @@ from etcd.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -72,8 +73,6 @@ async def assignment(etcd: Etcd, cluster: str) -> Assignment | None:
 
 async def registered_nodes(etcd: Etcd, cluster: str) -> dict[str, int]:
     """Pod name → node id of every registered broker."""
-    import json
-
     entries = await etcd.get_prefix(keys.brokers_prefix(cluster))
     return {json.loads(e.value)["pod"]: json.loads(e.value)["node_id"] for e in entries}
 
