@@ -61,7 +61,7 @@ async def operator_thread(settings: OperatorSettings) -> AsyncIterator[OperatorS
     thread = threading.Thread(target=run, name="kafscale-operator", daemon=True)
     thread.start()
     try:
-        started = await asyncio.to_thread(ready.wait, 30)
+        started = await asyncio.to_thread(ready.wait, 60)
         assert started and not failure, f"the operator did not start: {failure}"
         yield settings
     finally:

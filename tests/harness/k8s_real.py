@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 import pytest_asyncio
 
-from harness.k8s_operator import operator_thread
+from harness.k8s_operator import eventually, operator_thread
 from harness.k8s_tools import run_helm
 from harness.kube_apiserver import ApiError, KubeCluster
 from harness.s3 import S3Endpoint
@@ -148,6 +148,11 @@ def create_s3_secret(kube: KubeCluster, namespace: str, s3: S3Endpoint) -> None:
             },
         },
     )
+
+
+async def settle(probe: Any, *, what: str = "condition", timeout_s: float = 90.0) -> Any:
+    """``eventually`` with room for a loaded machine: a bound on waiting, not a timing claim."""
+    return await eventually(probe, timeout_s=timeout_s, what=what)
 
 
 # --- standing in for scheduler and kubelet ---------------------------------------------------

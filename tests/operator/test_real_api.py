@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from harness.k8s_operator import eventually, operator_thread
+from harness.k8s_operator import operator_thread
 from harness.k8s_real import (
     CLUSTERS,
     DEPLOYMENTS,
@@ -26,6 +26,7 @@ from harness.k8s_real import (
     live_pods,
     mark_ready,
     operator_settings,
+    settle,
 )
 from harness.kube_apiserver import ApiError, KubeCluster
 from harness.s3 import S3Endpoint
@@ -58,7 +59,7 @@ async def test_chart_installs_and_the_operator_authenticates_as_its_service_acco
 
     # The operator's own Kubernetes client, from a kubeconfig holding the ServiceAccount's token:
     # kubernetes 36.0.0 sent no token (401 here, anonymous auth is off).
-    kube = Kube(load_configuration(operator_settings(kafscale_chart)), timeout_s=10)
+    kube = Kube(load_configuration(operator_settings(kafscale_chart)))
     try:
         assert await kube.list("kafscale.io/v1alpha1", "KafScaleCluster", "default") == []
         assert await kube.get_path("/apis/apps/v1/deployments") is not None
@@ -153,7 +154,7 @@ async def test_cluster_objects_status_drift_repair_finalizer_and_garbage_collect
             "Deployment": f"{DEPLOYMENTS.format(ns=ns)}/demo-broker",
         }
         for kind, child in children.items():
-            obj = await eventually(lambda child=child: kube.get(child), what=kind)
+            obj = await settle(lambda child=child: kube.get(child), what=kind)
             owner = obj["metadata"]["ownerReferences"][0]
             assert (owner["kind"], owner["uid"], owner["controller"]) == (
                 "KafScaleCluster",
@@ -162,7 +163,7 @@ async def test_cluster_objects_status_drift_repair_finalizer_and_garbage_collect
             )
 
         # 1.20 serves no policy/v1: no PDB, a condition and an Event say so.
-        features = await eventually(
+        features = await settle(
             lambda: condition_of(kube.get(path), "FeaturesSupported"), what="FeaturesSupported"
         )
         assert features[:2] == ("False", "NotServed")
@@ -175,17 +176,17 @@ async def test_cluster_objects_status_drift_repair_finalizer_and_garbage_collect
                 e["reason"] == "NotServed" and e["involvedObject"]["name"] == "demo" for e in events
             )
 
-        await eventually(not_served_event, what="a NotServed Event")
+        await settle(not_served_event, what="a NotServed Event")
 
         # The Deployment controller creates the pods; we play their kubelet.
         selector = label_selector("demo", "broker")
-        pods = await eventually(
+        pods = await settle(
             lambda: len(live_pods(kube, ns, selector)) == 2 and live_pods(kube, ns, selector),
             what="two broker pods",
         )
         for pod in pods:
             mark_ready(kube, ns, pod)
-        await eventually(lambda: (kube.get(path).get("status") or {}).get("phase") == "Running")
+        await settle(lambda: (kube.get(path).get("status") or {}).get("phase") == "Running")
         ready = condition_of(kube.get(path), "Ready")
         assert ready is not None and ready[:2] == ("True", "AllBrokersReady")
         table = kube.kubectl("get", "kafscalecluster", "demo", "-n", ns).stdout.split("\n")
@@ -201,7 +202,7 @@ async def test_cluster_objects_status_drift_repair_finalizer_and_garbage_collect
                 "data": {"KAFSCALE_STORAGE__BUCKET": "hijacked"},
             },
         )
-        await eventually(
+        await settle(
             lambda: kube.get(config)["data"]["KAFSCALE_STORAGE__BUCKET"] == store.bucket,
             what="the bucket put back",
         )
@@ -212,12 +213,12 @@ async def test_cluster_objects_status_drift_repair_finalizer_and_garbage_collect
         await store.put(object_key, b"batch")
         await etcd.put(keys.topic_key(cluster, "orders"), b'{"partitions": 1}')
         kube.kubectl("delete", "kafscalecluster", "demo", "-n", ns, "--wait=false")
-        await eventually(lambda: kube.get(path) is None, timeout_s=30, what="cluster deleted")
+        await settle(lambda: kube.get(path) is None, what="cluster deleted")
         assert await etcd.get_prefix(keys.cluster_prefix(cluster)) == []
         assert object_key not in {info.key for info in await store.list("")}
         for kind, child in children.items():
-            await eventually(lambda child=child: kube.get(child) is None, timeout_s=30, what=kind)
-        await eventually(lambda: pods_gone(kube, ns, selector), timeout_s=30, what="pods collected")
+            await settle(lambda child=child: kube.get(child) is None, what=kind)
+        await settle(lambda: pods_gone(kube, ns, selector), what="pods collected")
     await store.close()
 
 

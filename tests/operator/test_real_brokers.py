@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 from harness.brokers import BrokerCluster
-from harness.k8s_operator import eventually, operator_thread
+from harness.k8s_operator import operator_thread
 from harness.k8s_real import (
     CLUSTERS,
     DEPLOYMENTS,
@@ -28,6 +28,7 @@ from harness.k8s_real import (
     live_pods,
     mark_ready,
     operator_settings,
+    settle,
 )
 from harness.kube_apiserver import KubeCluster
 from harness.s3 import S3Endpoint, unique_bucket
@@ -123,21 +124,18 @@ async def test_a_topic_and_kubectl_scale_replan_the_assignment_of_real_brokers(
     kube.create(TOPICS.format(ns=ns), topic_manifest(ns, 6))
 
     # The KafScaleTopic becomes a topic: its record in etcd, its status.
-    topic = await eventually(
+    topic = await settle(
         lambda: (kube.get(f"{TOPICS.format(ns=ns)}/orders").get("status") or {}).get("topicId"),
         what="topic status",
     )
     record = await etcd.get(keys.topic_key(cluster, "orders"))
     assert record is not None and topic in record.value.decode()
 
-    await eventually(lambda: len(live_pods(kube, ns, SELECTOR)) == 2, what="two broker pods")
+    await settle(lambda: len(live_pods(kube, ns, SELECTOR)) == 2, what="two broker pods")
     assert len(pod_brokers.follow()) == 2
-    nodes = await eventually(
-        lambda: _n_registered(etcd, cluster, 2), timeout_s=30, what="two brokers registered"
-    )
-    first = await eventually(
+    nodes = await settle(lambda: _n_registered(etcd, cluster, 2), what="two brokers registered")
+    first = await settle(
         lambda: _spread_over(etcd, cluster, set(nodes.values())),
-        timeout_s=30,
         what="assignment over two brokers",
     )
     assert sorted(first.owners.values()).count(min(nodes.values())) == 3
@@ -146,18 +144,15 @@ async def test_a_topic_and_kubectl_scale_replan_the_assignment_of_real_brokers(
     kube.kubectl("scale", "kafscalecluster", "demo", "-n", ns, "--replicas=3")
     scale = kube.get(f"{path}/scale")
     assert scale["spec"]["replicas"] == 3
-    await eventually(
+    await settle(
         lambda: kube.get(f"{DEPLOYMENTS.format(ns=ns)}/demo-broker")["spec"]["replicas"] == 3,
         what="Deployment scaled",
     )
-    await eventually(lambda: len(live_pods(kube, ns, SELECTOR)) == 3, what="three broker pods")
+    await settle(lambda: len(live_pods(kube, ns, SELECTOR)) == 3, what="three broker pods")
     assert len(pod_brokers.follow()) == 3
-    nodes = await eventually(
-        lambda: _n_registered(etcd, cluster, 3), timeout_s=30, what="three brokers registered"
-    )
-    second = await eventually(
+    nodes = await settle(lambda: _n_registered(etcd, cluster, 3), what="three brokers registered")
+    second = await settle(
         lambda: _spread_over(etcd, cluster, set(nodes.values())),
-        timeout_s=30,
         what="assignment over three brokers",
     )
     assert second.generation > first.generation
@@ -165,7 +160,7 @@ async def test_a_topic_and_kubectl_scale_replan_the_assignment_of_real_brokers(
     moved = [tp for tp in first.owners if first.owners[tp] != second.owners[tp]]
     assert len(moved) == 2  # only what the newcomer takes
 
-    status = await eventually(
+    status = await settle(
         lambda: (
             (kube.get(path).get("status") or {}).get("brokers", {}).get("registered") == 3
             and kube.get(path)["status"]
@@ -203,14 +198,11 @@ async def test_a_terminating_broker_pod_is_drained(
     )
     kube.create(CLUSTERS.format(ns=ns), cluster_manifest("demo", ns, spec))
     kube.create(TOPICS.format(ns=ns), topic_manifest(ns, 4))
-    await eventually(lambda: len(live_pods(kube, ns, SELECTOR)) == 2, what="two broker pods")
+    await settle(lambda: len(live_pods(kube, ns, SELECTOR)) == 2, what="two broker pods")
     pods = pod_brokers.follow(bind=True)
-    nodes = await eventually(
-        lambda: _n_registered(etcd, cluster, 2), timeout_s=30, what="two brokers registered"
-    )
-    before = await eventually(
+    nodes = await settle(lambda: _n_registered(etcd, cluster, 2), what="two brokers registered")
+    before = await settle(
         lambda: _spread_over(etcd, cluster, set(nodes.values())),
-        timeout_s=30,
         what="assignment over two brokers",
     )
 
@@ -219,20 +211,18 @@ async def test_a_terminating_broker_pod_is_drained(
     kube.kubectl("delete", "pod", leaving, "-n", ns, "--wait=false")
     pod_path = f"/api/v1/namespaces/{ns}/pods/{leaving}"
     assert kube.get(pod_path)["metadata"]["deletionTimestamp"]
-    draining = await eventually(
+    draining = await settle(
         lambda: etcd.get(keys.draining_key(cluster, nodes[leaving])),
-        timeout_s=20,
         what="the broker marked draining",
     )
     assert leaving in draining.value.decode()
-    after = await eventually(
+    after = await settle(
         lambda: _spread_over(etcd, cluster, {nodes[staying]}),
-        timeout_s=30,
         what="partitions moved off the draining broker",
     )
     assert after.generation > before.generation
     assert kube.get(pod_path) is not None  # still terminating
-    await eventually(
+    await settle(
         lambda: (
             (kube.get(f"{CLUSTERS.format(ns=ns)}/demo").get("status") or {})
             .get("leases", {})
@@ -261,11 +251,11 @@ async def test_an_operator_restarted_mid_way_resumes_without_duplicate_work(
         spec = external_spec(etcd_server, s3_server, "bucket-1", brokers={"replicas": 2})
         kube.create(CLUSTERS.format(ns=ns), cluster_manifest("demo", ns, spec))
         kube.create(TOPICS.format(ns=ns), topic_manifest(ns, 3))
-        await eventually(
+        await settle(
             lambda: (kube.get(path).get("status") or {}).get("observedGeneration") == 1,
             what="generation 1 reconciled",
         )
-        topic_id = await eventually(
+        topic_id = await settle(
             lambda: (kube.get(f"{TOPICS.format(ns=ns)}/orders").get("status") or {}).get("topicId"),
             what="topic created",
         )
@@ -275,7 +265,7 @@ async def test_an_operator_restarted_mid_way_resumes_without_duplicate_work(
     # While the operator is down, the user scales the cluster.
     kube.kubectl("scale", "kafscalecluster", "demo", "-n", ns, "--replicas=4")
     async with operator_thread(settings):
-        await eventually(
+        await settle(
             lambda: (kube.get(path).get("status") or {}).get("observedGeneration") == 2,
             what="generation 2 reconciled after the restart",
         )
