@@ -59,7 +59,7 @@ async def test_chart_installs_and_the_operator_authenticates_as_its_service_acco
 
     # The operator's own Kubernetes client, from a kubeconfig holding the ServiceAccount's token:
     # kubernetes 36.0.0 sent no token (401 here, anonymous auth is off).
-    kube = Kube(load_configuration(operator_settings(kafscale_chart)))
+    kube = Kube(load_configuration(operator_settings(kafscale_chart)), timeout_s=10)
     try:
         assert await kube.list("kafscale.io/v1alpha1", "KafScaleCluster", "default") == []
         assert await kube.get_path("/apis/apps/v1/deployments") is not None
