@@ -4,8 +4,10 @@
 #   make test    set everything up and run the whole test suite (what .ci/run calls)
 #
 # Python packages come from uv.lock (uv sync --frozen: no resolver run, seconds when warm).
-# The `spark` extra (pyspark, for the data source and its tests) is part of the set-up.
+# `make test` adds the `spark` extra (pyspark, for the data source and its tests).
 # System packages (kcat, Java 17 for Spark, Ceph radosgw for the real-S3 tests) come from Debian.
+# kube-apiserver, kube-controller-manager and kubectl 1.20.2 for the operator tests are built once
+# from Debian's kubernetes source package into ~/.cache/kafscale (make kube; 5-9 minutes).
 
 PYTHON ?= python3
 VENV   := .venv
@@ -13,17 +15,24 @@ UV     := $(VENV)/bin/uv
 UV_VERSION := 0.13.9
 SYSTEM_PACKAGES := kcat openjdk-17-jre-headless $(shell grep -v '^\#' .ci/system-packages.txt)
 
-.PHONY: setup local test test-fast lint system-deps crds clean
+.PHONY: setup setup-spark local test test-fast lint system-deps kube crds clean
 
 $(UV):
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/python -m pip install --quiet --disable-pip-version-check "uv==$(UV_VERSION)"
 
 $(VENV)/.synced: pyproject.toml uv.lock | $(UV)
-	$(UV) sync --frozen --quiet --extra spark
+	$(UV) sync --frozen --quiet --inexact
 	touch $@
 
+# The test suite also needs the spark extra (pyspark, ~0.5 GB): `make local` does not.
+$(VENV)/.synced-spark: pyproject.toml uv.lock | $(UV)
+	$(UV) sync --frozen --quiet --extra spark
+	touch $(VENV)/.synced $@
+
 setup: $(VENV)/.synced
+
+setup-spark: $(VENV)/.synced-spark
 
 local: setup
 	$(VENV)/bin/kafscale local
@@ -38,7 +47,10 @@ system-deps:
 	  DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends $$missing >/dev/null; \
 	fi
 
-test: setup system-deps
+kube:
+	@bash tests/harness/build_kube.sh >/dev/null
+
+test: setup-spark system-deps kube
 	$(VENV)/bin/pytest
 
 test-fast: setup

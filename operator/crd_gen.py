@@ -64,7 +64,10 @@ def _simplify(node: Any, *, in_status: bool) -> Any:
     node.pop("title", None)
     if node.get("type") == "object" and "properties" in node:
         node.pop("additionalProperties", None)
-    if in_status:
+    if in_status or node.get("default", ...) == "":
+        # An empty-string default adds nothing (the models fill it in) and some API servers
+        # refuse it: Kubernetes 1.20 built with Go >= 1.18 reads it as null ("must be of type
+        # string") and refuses the whole CRD.
         node.pop("default", None)
     out: Schema = {}
     for key, value in node.items():

@@ -24,6 +24,7 @@ from pydantic import ValidationError
 from kafscale.broker.metadata.etcd import MetadataError
 from kafscale.operator import manifests, naming, reconcile
 from kafscale.operator.brokerconfig import InvalidBrokerConfig
+from kafscale.operator.discovery import fetch_capabilities
 from kafscale.operator.kube import Kube, KubeError, load_configuration
 from kafscale.operator.models import (
     CLUSTER_PLURAL,
@@ -97,10 +98,12 @@ def register(registry: kopf.OperatorRegistry, config: OperatorSettings) -> None:
         )
         settings.posting.level = logging.WARNING
         settings.watching.server_timeout = 300
+        kube = Kube(load_configuration(config), config.api_timeout_s)
         memo.runtime = Runtime(
             settings=config,
-            kube=Kube(load_configuration(config), config.api_timeout_s),
+            kube=kube,
             etcd=EtcdPool(config.etcd_timeout_s),
+            capabilities=await fetch_capabilities(kube),
         )
 
     @kopf.on.login(registry=registry)
@@ -140,7 +143,7 @@ def register(registry: kopf.OperatorRegistry, config: OperatorSettings) -> None:
             patch.status.update(_status_body(new))
             raise kopf.PermanentError(f"invalid spec: {problem}") from exc
         try:
-            await reconcile.apply_cluster(runtime, ref, spec)
+            left_out = await reconcile.apply_cluster(runtime, ref, spec)
         except KubeError as exc:
             observation = await reconcile.observe_cluster(runtime, ref, spec)
             new = compute_cluster_status(ref, spec, observation, previous, now=reconcile.utc_now())
@@ -149,6 +152,9 @@ def register(registry: kopf.OperatorRegistry, config: OperatorSettings) -> None:
         observation = await reconcile.observe_cluster(runtime, ref, spec)
         new = compute_cluster_status(ref, spec, observation, previous, now=reconcile.utc_now())
         patch.status.update(_status_body(new))
+        if left_out:
+            message = f"Kubernetes {runtime.capabilities.version} lacks, left out: "
+            kopf.warn(body, reason="NotServed", message=message + "; ".join(left_out))
         logger.info("applied the objects of generation %s", ref.generation)
 
     @kopf.timer(*CLUSTERS, interval=config.status_interval_s, registry=registry)

@@ -161,6 +161,16 @@ class Kube:
         )
         return result
 
+    async def get_path(self, path: str) -> dict[str, Any] | None:
+        """GET any API path (discovery, ``/version``); None when it does not exist."""
+        try:
+            result: dict[str, Any] = await self._run("get", "GET", path)
+        except KubeError as exc:
+            if exc.status == 404:
+                return None
+            raise
+        return result
+
     async def get(
         self, api_version: str, kind: str, namespace: str, name: str
     ) -> dict[str, Any] | None:

@@ -294,7 +294,7 @@ class ConditionStatus(StrEnum):
 
 
 class Condition(_Model):
-    type: str = Field(description="Ready, Progressing or Degraded.")
+    type: str = Field(description="Ready, Progressing, Degraded or FeaturesSupported.")
     status: ConditionStatus = Field(description="True, False or Unknown.")
     reason: str = Field(description="CamelCase reason of the last transition.")
     message: str = Field(default="", description="Human-readable details.")

@@ -19,6 +19,7 @@ from kafscale.broker.metadata import keys
 from kafscale.broker.metadata.etcd import MetadataError
 from kafscale.broker.storage.object_store import ObjectStoreError
 from kafscale.operator import manifests, naming
+from kafscale.operator.discovery import fit_to_server
 from kafscale.operator.kube import KubeError
 from kafscale.operator.models import (
     API_VERSION,
@@ -47,19 +48,27 @@ def utc_now() -> str:
     return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-async def apply_cluster(runtime: Runtime, ref: ClusterRef, spec: KafScaleClusterSpec) -> None:
-    """Apply every desired object, then delete the ones this spec no longer wants."""
-    kube = runtime.kube
+async def apply_cluster(runtime: Runtime, ref: ClusterRef, spec: KafScaleClusterSpec) -> list[str]:
+    """Apply every desired object the server serves, then delete the ones no longer wanted.
+
+    Returns what was left out because the server does not serve it (also kept for the status).
+    """
+    kube, capabilities = runtime.kube, runtime.capabilities
+    wanted, left_out = fit_to_server(manifests.build_cluster_objects(ref, spec), capabilities)
+    runtime.left_out[(ref.namespace, ref.name)] = left_out
     try:
-        for manifest in manifests.build_cluster_objects(ref, spec):
+        for manifest in wanted:
             await kube.apply(manifest)
         for api_version, kind, name in manifests.obsolete_object_ids(ref, spec):
+            if not capabilities.serves(api_version):
+                continue
             if await kube.delete(api_version, kind, ref.namespace, name):
                 log.info("deleted %s %s/%s (no longer wanted)", kind, ref.namespace, name)
     except KubeError as exc:
         runtime.apply_errors[(ref.namespace, ref.name)] = str(exc)
         raise
     runtime.apply_errors.pop((ref.namespace, ref.name), None)
+    return left_out
 
 
 async def observe_cluster(
@@ -92,6 +101,8 @@ async def observe_cluster(
         proxy_deployment=proxy,
         etcd_statefulset=statefulset,
         apply_error=runtime.apply_errors.get((ref.namespace, ref.name)),
+        left_out=tuple(runtime.left_out.get((ref.namespace, ref.name), ())),
+        server_version=runtime.capabilities.version,
         etcd_error=etcd_error,
         registered_brokers=registered,
         leases=leases,

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from kafscale.broker.config import StorageKind, StorageSettings
 from kafscale.broker.metadata.etcd import Etcd, MetadataUnavailable
 from kafscale.broker.storage.s3 import S3ObjectStore
+from kafscale.operator.discovery import ASSUME_EVERYTHING, ServerCapabilities
 from kafscale.operator.kube import Kube
 from kafscale.operator.models import KafScaleClusterSpec
 from kafscale.operator.settings import OperatorSettings
@@ -62,8 +63,12 @@ class Runtime:
     settings: OperatorSettings
     kube: Kube
     etcd: EtcdPool
+    # What the API server serves (asked once at start-up).
+    capabilities: ServerCapabilities = ASSUME_EVERYTHING
     # (namespace, name) → the last error applying a cluster's objects (cleared on success).
     apply_errors: dict[tuple[str, str], str] = field(default_factory=dict)
+    # (namespace, name) → what the last apply left out because the server does not serve it.
+    left_out: dict[tuple[str, str], list[str]] = field(default_factory=dict)
 
     async def close(self) -> None:
         await self.etcd.close()

@@ -29,6 +29,8 @@ from kafscale.operator.models import (
 READY = "Ready"
 PROGRESSING = "Progressing"
 DEGRADED = "Degraded"
+# False when the API server lacks an API some of the cluster's objects need (see discovery).
+FEATURES_SUPPORTED = "FeaturesSupported"
 
 
 Verdict = tuple[bool, str, str]  # (status, reason, message)
@@ -81,6 +83,15 @@ class ClusterObservation:
     registered_brokers: int | None = None
     leases: LeaseStatus | None = None
     deleting: bool = False
+    left_out: tuple[str, ...] = ()  # what the server does not serve, so was not created
+    server_version: str = "unknown"
+
+
+def features_verdict(observed: ClusterObservation) -> Verdict:
+    if not observed.left_out:
+        return True, "AllServed", "the API server serves everything the cluster uses"
+    listed = "; ".join(observed.left_out)
+    return False, "NotServed", f"Kubernetes {observed.server_version} lacks, left out: {listed}"
 
 
 def _deployment_counts(deployment: dict[str, Any] | None) -> tuple[int, int, int, bool, bool]:
@@ -186,6 +197,7 @@ def compute_cluster_status(
         READY: ready_cond,
         PROGRESSING: (progressing is not None, progress_reason, progress_message),
         DEGRADED: (degraded is not None, degraded_reason, degraded_message),
+        FEATURES_SUPPORTED: features_verdict(observed),
     }
     conditions = list(previous)
     for type_, verdict in verdicts.items():

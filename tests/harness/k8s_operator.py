@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 import uuid
 from collections.abc import AsyncIterator, Callable
@@ -41,23 +42,13 @@ def namespace() -> str:
     return f"ns-{uuid.uuid4().hex[:8]}"
 
 
-@pytest_asyncio.fixture
-async def running_operator(kube_api: KubeEmulator) -> AsyncIterator[OperatorSettings]:
-    """The operator against the emulator, in a thread with its own event loop.
+@contextlib.asynccontextmanager
+async def operator_thread(settings: OperatorSettings) -> AsyncIterator[OperatorSettings]:
+    """The operator in a thread with its own event loop, stopped (and joined) afterwards.
 
     Its own loop because kopf, when it stops, cancels every task of its loop that it did not
     start before it, pytest-asyncio's fixture finalizers included.
     """
-    settings = OperatorSettings(
-        api_server=str(kube_api.url).rstrip("/"),
-        status_interval_s=0.3,
-        rebalance_interval_s=1.0,
-        resync_interval_s=3600.0,
-        etcd_timeout_s=2.0,
-        api_timeout_s=5.0,
-        s3_timeout_s=10.0,
-        liveness_endpoint=None,
-    )
     stop, ready = threading.Event(), threading.Event()
     failure: list[BaseException] = []
 
@@ -70,13 +61,30 @@ async def running_operator(kube_api: KubeEmulator) -> AsyncIterator[OperatorSett
     thread = threading.Thread(target=run, name="kafscale-operator", daemon=True)
     thread.start()
     try:
-        started = await asyncio.to_thread(ready.wait, 15)
+        started = await asyncio.to_thread(ready.wait, 60)
         assert started and not failure, f"the operator did not start: {failure}"
         yield settings
     finally:
         stop.set()
         await asyncio.to_thread(thread.join, 20)
         assert not thread.is_alive(), "the operator did not stop within 20 s"
+
+
+@pytest_asyncio.fixture
+async def running_operator(kube_api: KubeEmulator) -> AsyncIterator[OperatorSettings]:
+    """The operator against the emulator."""
+    settings = OperatorSettings(
+        api_server=str(kube_api.url).rstrip("/"),
+        status_interval_s=0.3,
+        rebalance_interval_s=1.0,
+        resync_interval_s=3600.0,
+        etcd_timeout_s=2.0,
+        api_timeout_s=5.0,
+        s3_timeout_s=10.0,
+        liveness_endpoint=None,
+    )
+    async with operator_thread(settings) as running:
+        yield running
 
 
 def cluster_body(name: str, namespace: str, spec: dict[str, Any]) -> dict[str, Any]:

@@ -178,3 +178,22 @@ def test_managed_etcd_replicas_are_odd_and_fixed_after_creation() -> None:
     replicas = schema["properties"]["spec"]["properties"]["etcd"]["properties"]["replicas"]
     rules = {rule["rule"] for rule in replicas["x-kubernetes-validations"]}
     assert rules == {"self % 2 == 1", "self == oldSelf"}
+def _defaults(node: Any, path: str = "") -> list[tuple[str, Any]]:
+    if isinstance(node, list):
+        return [d for i, item in enumerate(node) for d in _defaults(item, f"{path}[{i}]")]
+    if not isinstance(node, dict):
+        return []
+    found = [(path, node["default"])] if "default" in node else []
+    return found + [d for k, v in node.items() for d in _defaults(v, f"{path}.{k}")]
+
+
+@pytest.mark.parametrize("crd", [crd_gen.cluster_crd(), crd_gen.topic_crd()])
+def test_no_empty_string_defaults_which_some_servers_refuse(crd: dict[str, Any]) -> None:
+    """1.20 built with Go >= 1.18 reads ``default: ''`` as null and refuses the whole CRD."""
+    empty = [path for path, value in _defaults(crd_gen.crd_schema(crd)) if value == ""]
+    assert not empty
+
+
+def test_the_storage_prefix_still_defaults_to_empty_in_the_model() -> None:
+    spec = parse_cluster_spec({"storage": {"bucket": "bucket-1"}})
+    assert spec.storage.prefix == ""

@@ -112,9 +112,11 @@ def test_rbac_is_least_privilege() -> None:
     assert not any("*" in verbs or resource == "*" for (_, resource), verbs in main.items())
     discovery = rules_of(roles["kafscale-operator-discovery"])
     assert discovery == {
-        ("apiextensions.k8s.io", "customresourcedefinitions"): {"list", "watch"},
+        ("apiextensions.k8s.io", "customresourcedefinitions"): {"get", "list", "watch"},
         ("", "namespaces"): {"list", "watch"},
     }
+    (crd_get,) = [r for r in roles["kafscale-operator-discovery"]["rules"] if "get" in r["verbs"]]
+    assert crd_get["resourceNames"] == ["kafscaleclusters.kafscale.io"]
 
 
 def test_watched_namespaces_get_roles_not_cluster_roles() -> None:

@@ -67,6 +67,7 @@ def test_new_cluster_is_pending_and_progressing() -> None:
         "Ready": ("False", "Creating"),
         "Progressing": ("True", "Creating"),
         "Degraded": ("False", "AsExpected"),
+        "FeaturesSupported": ("True", "AllServed"),
     }
     assert status.observed_generation == 4
     assert status.bootstrap == "demo-brokers.kafka.svc:9092"
@@ -95,9 +96,11 @@ def test_rollout_then_ready() -> None:
         "Ready": ("True", "AllBrokersReady"),
         "Progressing": ("False", "ReconcileComplete"),
         "Degraded": ("False", "AsExpected"),
+        "FeaturesSupported": ("True", "AllServed"),
     }
     times = {c.type: c.last_transition_time for c in ready.conditions}
-    assert times == {"Ready": T1, "Progressing": T1, "Degraded": T0}  # Degraded did not change
+    # Degraded and FeaturesSupported did not change
+    assert times == {"Ready": T1, "Progressing": T1, "Degraded": T0, "FeaturesSupported": T0}
     assert (ready.brokers.replicas, ready.brokers.ready_replicas) == (3, 3)
 
 
