@@ -96,13 +96,13 @@ class Dispatcher:
             raise CloseConnection(str(exc)) from exc
         spec = self._table.get(api_key)
         if spec is None or not spec.supports(api_version):
-            return self._unsupported(spec, api_key, api_version, correlation_id)
+            return encode_unsupported(self._table, spec, api_key, api_version, correlation_id)
         schema = codec.request_schema(api_key, api_version)
         try:
             request = codec.decode_request(frame, schema)
         except codec.DecodeError as exc:
             log.warning("bad %s v%d from %s: %s", spec.name, api_version, peer, exc)
-            return self._error(spec, None, api_version, correlation_id, ErrorCode.INVALID_REQUEST)
+            return encode_error(spec, None, api_version, correlation_id, ErrorCode.INVALID_REQUEST)
         # The decoded request holds its own copy of the records; without this the frame (up to
         # a MiB per produce) would stay alive until the ack.
         del frame
@@ -110,54 +110,59 @@ class Dispatcher:
         try:
             body = await spec.handler(request.body, context)
         except KafkaError as exc:
-            return self._error(spec, request.body, api_version, correlation_id, exc.code)
+            return encode_error(spec, request.body, api_version, correlation_id, exc.code)
         except Exception as exc:
             log.exception("%s v%d from %s failed", spec.name, api_version, peer)
-            return self._error(spec, request.body, api_version, correlation_id, code_for(exc))
+            return encode_error(spec, request.body, api_version, correlation_id, code_for(exc))
         if body is None:
             return None
         return codec.encode_response(api_key, api_version, correlation_id, body)
 
-    def _unsupported(
-        self, spec: ApiSpec | None, api_key: int, api_version: int, correlation_id: int
-    ) -> bytes:
-        if api_key == API_VERSIONS_KEY:
-            # KIP-511: answer with v0 so that any client can read the supported range.
-            body = api_versions_body(self._table, ErrorCode.UNSUPPORTED_VERSION)
-            return codec.encode_response(API_VERSIONS_KEY, 0, correlation_id, body)
-        if spec is not None and spec.advertised_range[0] <= api_version < spec.min_version:
-            log.warning(
-                "%s v%d is advertised but not served (only v%d+); closing connection",
-                spec.name,
-                api_version,
-                spec.min_version,
-            )
-        else:
-            log.warning("api %d v%d is not served", api_key, api_version)
-        if not codec.has_error_code(api_key, api_version):
-            raise CloseConnection(f"api {api_key} v{api_version} is not served")
-        return codec.encode_response(
-            api_key, api_version, correlation_id, {"error_code": ErrorCode.UNSUPPORTED_VERSION}
-        )
 
-    def _error(
-        self,
-        spec: ApiSpec,
-        request: Any,
-        api_version: int,
-        correlation_id: int,
-        code: ErrorCode,
-    ) -> bytes:
-        try:
-            if request is not None:
-                body = spec.error_body(request, code)
-            else:  # the body did not parse: nothing to echo, only a top-level code if any
-                body = {"error_code": code} if codec.has_error_code(spec.key, api_version) else {}
-            return codec.encode_response(spec.key, api_version, correlation_id, body)
-        except Exception as exc:
-            # The request decoded but cannot even be echoed in an error answer: no response
-            # the client could match is possible, so end the connection (not the broker).
-            raise CloseConnection(f"cannot answer {spec.name} v{api_version}: {exc}") from exc
+def encode_unsupported(
+    table: Mapping[int, ApiSpec],
+    spec: ApiSpec | None,
+    api_key: int,
+    api_version: int,
+    correlation_id: int,
+) -> bytes:
+    if api_key == API_VERSIONS_KEY:
+        # KIP-511: answer with v0 so that any client can read the supported range.
+        body = api_versions_body(table, ErrorCode.UNSUPPORTED_VERSION)
+        return codec.encode_response(API_VERSIONS_KEY, 0, correlation_id, body)
+    if spec is not None and spec.advertised_range[0] <= api_version < spec.min_version:
+        log.warning(
+            "%s v%d is advertised but not served (only v%d+); closing connection",
+            spec.name,
+            api_version,
+            spec.min_version,
+        )
+    else:
+        log.warning("api %d v%d is not served", api_key, api_version)
+    if not codec.has_error_code(api_key, api_version):
+        raise CloseConnection(f"api {api_key} v{api_version} is not served")
+    return codec.encode_response(
+        api_key, api_version, correlation_id, {"error_code": ErrorCode.UNSUPPORTED_VERSION}
+    )
+
+
+def encode_error(
+    spec: ApiSpec,
+    request: Any,
+    api_version: int,
+    correlation_id: int,
+    code: ErrorCode,
+) -> bytes:
+    try:
+        if request is not None:
+            body = spec.error_body(request, code)
+        else:  # the body did not parse: nothing to echo, only a top-level code if any
+            body = {"error_code": code} if codec.has_error_code(spec.key, api_version) else {}
+        return codec.encode_response(spec.key, api_version, correlation_id, body)
+    except Exception as exc:
+        # The request decoded but cannot even be echoed in an error answer: no response
+        # the client could match is possible, so end the connection (not the broker).
+        raise CloseConnection(f"cannot answer {spec.name} v{api_version}: {exc}") from exc
 
 
 def api_versions_body(table: Mapping[int, ApiSpec], code: ErrorCode = ErrorCode.NONE) -> Body:

@@ -15,7 +15,7 @@ import struct
 from collections.abc import Callable
 from typing import Any
 
-from kafscale.broker.api.dispatch import API_VERSIONS_KEY, ApiSpec, api_versions_body
+from kafscale.broker.api.dispatch import encode_error, encode_unsupported
 from kafscale.broker.api.table import API_TABLE
 from kafscale.broker.protocol import codec
 from kafscale.broker.protocol.errors import ErrorCode
@@ -45,12 +45,12 @@ class ProxyDispatcher:
         spec = API_TABLE.get(api_key)
         handler = HANDLERS.get(api_key)
         if spec is None or handler is None or not spec.supports(api_version):
-            return _unsupported(api_key, api_version, correlation_id)
+            return encode_unsupported(API_TABLE, spec, api_key, api_version, correlation_id)
         try:
             decoded = codec.decode_request(frame, codec.request_schema(api_key, api_version))
         except codec.DecodeError as exc:
             log.warning("bad %s v%d from %s: %s", spec.name, api_version, connection.peer, exc)
-            return _error(spec, None, api_version, correlation_id, ErrorCode.INVALID_REQUEST)
+            return encode_error(spec, None, api_version, correlation_id, ErrorCode.INVALID_REQUEST)
         call = Call(api_key, api_version, decoded.header.client_id)
         pool = self._pool_of(connection)
         request = ProxyRequest(call, decoded.body, frame, pool, self._context())
@@ -61,10 +61,10 @@ class ProxyDispatcher:
             code = (
                 ErrorCode.NOT_COORDINATOR if api_key in _GROUP_KEYS else ErrorCode.REQUEST_TIMED_OUT
             )
-            return _error(spec, decoded.body, api_version, correlation_id, code)
+            return encode_error(spec, decoded.body, api_version, correlation_id, code)
         except Exception:
             log.exception("%s v%d from %s failed", spec.name, api_version, connection.peer)
-            return _error(
+            return encode_error(
                 spec, decoded.body, api_version, correlation_id, ErrorCode.UNKNOWN_SERVER_ERROR
             )
         if answer is None:
@@ -80,27 +80,3 @@ _GROUP_KEYS = frozenset({8, 9, 11, 12, 13, 14, 15, 42})
 def _with_correlation_id(body: bytes, correlation_id: int) -> bytes:
     """A broker's response body as the client's response frame."""
     return _LENGTH.pack(len(body)) + _LENGTH.pack(correlation_id) + body[_LENGTH.size :]
-
-
-def _unsupported(api_key: int, api_version: int, correlation_id: int) -> bytes:
-    if api_key == API_VERSIONS_KEY:  # KIP-511: answer v0 so any client can read the range
-        body = api_versions_body(API_TABLE, ErrorCode.UNSUPPORTED_VERSION)
-        return codec.encode_response(API_VERSIONS_KEY, 0, correlation_id, body)
-    log.warning("unsupported api %d v%d", api_key, api_version)
-    try:
-        codec.response_schema(api_key, api_version)
-    except Exception as exc:
-        raise CloseConnection(f"api {api_key} v{api_version} is unknown") from exc
-    return codec.encode_response(
-        api_key, api_version, correlation_id, {"error_code": ErrorCode.UNSUPPORTED_VERSION}
-    )
-
-
-def _error(
-    spec: ApiSpec, request: Any, api_version: int, correlation_id: int, code: ErrorCode
-) -> bytes:
-    try:
-        body = spec.error_body(request, code) if request is not None else {"error_code": code}
-        return codec.encode_response(spec.key, api_version, correlation_id, body)
-    except Exception as exc:
-        raise CloseConnection(f"cannot answer {spec.name} v{api_version}: {exc}") from exc
