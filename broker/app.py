@@ -20,7 +20,7 @@ from kafscale.broker.api.dispatch import Dispatcher
 from kafscale.broker.api.fetch_sessions import FetchSessionCache
 from kafscale.broker.api.table import API_TABLE
 from kafscale.broker.buffer_pool import BufferPool
-from kafscale.broker.config import BrokerSettings
+from kafscale.broker.config import BrokerSettings, EtcdConnectionSettings
 from kafscale.broker.groups.coordinator import GroupCoordinator, group_config
 from kafscale.broker.metadata import keys
 from kafscale.broker.metadata.cluster import BrokerInfo, ClusterView, TopicInfo, TopicPartition
@@ -104,7 +104,7 @@ class Broker:
             await store.close()
             raise StartupError(f"object storage is not usable: {exc}") from exc
         try:
-            etcd = await connect_etcd(settings)
+            etcd = await connect_etcd(settings.etcd)
         except BadEndpoint as exc:
             await store.close()
             raise StartupError(f"etcd is not usable: {exc}") from exc
@@ -407,9 +407,8 @@ class Broker:
         await self.store.close()
 
 
-async def connect_etcd(settings: BrokerSettings) -> Etcd:
+async def connect_etcd(config: EtcdConnectionSettings) -> Etcd:
     """The etcd client the settings describe: every endpoint, TLS and credentials."""
-    config = settings.etcd
     return await Etcd.connect(
         config.endpoints,
         config.timeout_s,

@@ -58,7 +58,9 @@ class ListenerSettings(_Section):
         return self.host
 
 
-class EtcdSettings(_Section):
+class EtcdConnectionSettings(_Section):
+    """How to reach etcd: shared by the broker and the proxy."""
+
     endpoints: tuple[str, ...] = Field(
         ("http://127.0.0.1:2379",),
         description="etcd client URLs, http:// or https://; all are used: the first that "
@@ -73,13 +75,16 @@ class EtcdSettings(_Section):
         None, description="Client certificate for https:// endpoints that require one."
     )
     key_file: Path | None = Field(None, description="Key of `cert_file`.")
+    timeout_s: float = Field(5.0, gt=0, description="Deadline for every etcd call.")
+
+
+class EtcdSettings(EtcdConnectionSettings):
     compaction_interval_s: float = Field(
         300.0,
         gt=0,
         description="How often the lowest-numbered broker compacts etcd's history (keeping "
         "one interval of it); 0 is not allowed: without it etcd fills its space quota.",
     )
-    timeout_s: float = Field(5.0, gt=0, description="Deadline for every etcd call.")
     session_ttl_s: int = Field(
         10, ge=2, description="TTL of the broker's session lease; keepalive every TTL/3."
     )

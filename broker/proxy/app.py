@@ -15,7 +15,7 @@ from typing import Any
 
 from kafscale.broker.admin_http import AdminRoutes, AdminServer
 from kafscale.broker.api.fetch_sessions import FetchSessionCache
-from kafscale.broker.app import StartupError
+from kafscale.broker.app import StartupError, connect_etcd
 from kafscale.broker.metadata.etcd import Etcd, MetadataUnavailable
 from kafscale.broker.protocol.framing import FrameProtocol
 from kafscale.broker.proxy.answers import Identity
@@ -91,7 +91,7 @@ class Proxy:
     @classmethod
     async def start(cls, settings: ProxySettings) -> Proxy:
         try:
-            etcd = await Etcd.connect(settings.etcd.endpoints, settings.etcd.timeout_s)
+            etcd = await connect_etcd(settings.etcd)
         except MetadataUnavailable as exc:
             raise StartupError(f"etcd is not reachable: {exc}") from exc
         routes = RoutingTable(etcd, settings.cluster)

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from kafscale.broker.config import ALL_INTERFACES, LimitSettings
+from kafscale.broker.config import ALL_INTERFACES, EtcdConnectionSettings, LimitSettings
 
 
 class _Section(BaseModel):
@@ -55,12 +55,11 @@ class ProxyListenerSettings(_Section):
         return self.host
 
 
-class ProxyEtcdSettings(_Section):
-    endpoints: tuple[str, ...] = Field(
-        ("http://127.0.0.1:2379",),
-        description="etcd client URLs (the first reachable one is used).",
-    )
-    timeout_s: float = Field(5.0, gt=0, description="Deadline for every etcd call.")
+class ProxyEtcdSettings(EtcdConnectionSettings):
+    """The brokers' way to etcd (endpoints, TLS, credentials); their other etcd settings in a
+    shared ConfigMap are ignored."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
 
 
 class RoutingSettings(_Section):
