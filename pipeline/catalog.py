@@ -10,6 +10,7 @@ writer epoch in the object's name and the partition's epoch history
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TypeVar
@@ -44,7 +45,11 @@ class PartitionEntry:
 
 
 class Catalog:
-    """Open with ``async with Catalog(connection)``: one etcd client and one store."""
+    """Open with ``async with Catalog(connection)``: one etcd client and one store.
+
+    The store is kept for the thread's later catalogs on the same loop (``run`` keeps one loop
+    per thread): building a boto3 client costs 0.1-0.2 s, paid otherwise by every query's
+    planning in Spark's (reused) planner process."""
 
     def __init__(self, connection: Connection) -> None:
         self._connection = connection
@@ -62,19 +67,25 @@ class Catalog:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
-        if self._store is not None:
+        if self._store is not None and not _is_kept(self._store):
             await self._store.close()
         if self._etcd is not None:
             await self._etcd.close()
 
     async def _store_opened(self) -> ObjectStore:
         if self._store is None:
-            store = open_object_store(self._connection.storage)
-            try:
-                await store.check()
-            except ObjectStoreError as exc:
-                await store.close()
-                raise SourceUnavailable(f"object store not usable: {exc}") from exc
+            cache = _kept_stores()
+            cache_key = self._connection.storage.model_dump_json()
+            store = cache.get(cache_key) if cache is not None else None
+            if store is None:
+                store = open_object_store(self._connection.storage)
+                try:
+                    await store.check()
+                except ObjectStoreError as exc:
+                    await store.close()
+                    raise SourceUnavailable(f"object store not usable: {exc}") from exc
+                if cache is not None:
+                    cache[cache_key] = store
             self._store = store
         return self._store
 
@@ -213,10 +224,39 @@ class Catalog:
             raise SourceUnavailable(f"etcd did not answer: {exc}") from exc
 
 
+class _ThreadLoop(threading.local):
+    loop: asyncio.AbstractEventLoop | None = None
+    stores: dict[str, ObjectStore]
+
+    def __init__(self) -> None:
+        self.stores = {}
+
+
+_thread = _ThreadLoop()
+
+
+def _kept_stores() -> dict[str, ObjectStore] | None:
+    """The stores kept for the running loop, if it is this thread's ``run`` loop."""
+    try:
+        running = asyncio.get_running_loop()
+    except RuntimeError:
+        return None
+    return _thread.stores if running is _thread.loop else None
+
+
+def _is_kept(store: ObjectStore) -> bool:
+    cache = _kept_stores()
+    return cache is not None and any(kept is store for kept in cache.values())
+
+
 def run(coroutine: Awaitable[T]) -> T:
-    """Run driver-side I/O to completion (the driver's Python has no running loop)."""
+    """Run driver-side I/O to completion (the driver's Python has no running loop) on the
+    thread's own loop, kept open so its object stores serve the next plans too."""
 
     async def main() -> T:
         return await coroutine
 
-    return asyncio.run(main())
+    if _thread.loop is None or _thread.loop.is_closed():
+        _thread.loop = asyncio.new_event_loop()
+        _thread.stores = {}
+    return _thread.loop.run_until_complete(main())
