@@ -119,52 +119,70 @@ class Forwarder:
         pending: set[split.TopicPartition] = set(order)
         throttle = 0
         attempt = 0
-        while pending:
-            parts = split.split_request(request, api, self.routes.partition_owner, pending)
-            unroutable = parts.pop(-1, None)
-            encoded = [
-                (
-                    broker,
-                    _frame(
-                        codec.encode_request(
-                            call.api_key, call.api_version, 0, part, call.client_id
+        ordered = api is split.PRODUCE and expect_response
+        mine: asyncio.Future[None] | None = None
+        if ordered:
+            await pool.retry_order.before_first_send(pending)
+        try:
+            while pending:
+                parts = split.split_request(request, api, self.routes.partition_owner, pending)
+                unroutable = parts.pop(-1, None)
+                encoded = [
+                    (
+                        broker,
+                        _frame(
+                            codec.encode_request(
+                                call.api_key, call.api_version, 0, part, call.client_id
+                            )
+                        ),
+                    )
+                    for broker, part in parts.items()
+                ]
+                futures = await self.send(pool, encoded, expect_response)
+                if not expect_response:
+                    return None
+                outcomes = await asyncio.gather(*futures, return_exceptions=True)
+                retry: set[split.TopicPartition] = set()
+                if unroutable is not None:
+                    for tp in split.requested_partitions(unroutable, api):
+                        results[tp] = split.partition_error(
+                            api, tp[1], ErrorCode.LEADER_NOT_AVAILABLE
                         )
-                    ),
-                )
-                for broker, part in parts.items()
-            ]
-            futures = await self.send(pool, encoded, expect_response)
-            if not expect_response:
-                return None
-            outcomes = await asyncio.gather(*futures, return_exceptions=True)
-            retry: set[split.TopicPartition] = set()
-            if unroutable is not None:
-                for tp in split.requested_partitions(unroutable, api):
-                    results[tp] = split.partition_error(api, tp[1], ErrorCode.LEADER_NOT_AVAILABLE)
-                    retry.add(tp)
-            for (_, part), outcome in zip(parts.items(), outcomes, strict=True):
-                if isinstance(outcome, BaseException):
-                    if not isinstance(outcome, UpstreamError):
-                        raise outcome
-                    self.stats.count_retry("connection")
-                    for tp in split.requested_partitions(part, api):
-                        code = ErrorCode.NOT_LEADER_OR_FOLLOWER
-                        results[tp] = split.partition_error(api, tp[1], code)
                         retry.add(tp)
-                    continue
-                response = codec.decode_response(outcome, call.api_key, call.api_version)
-                throttle = max(throttle, codec.millis(getattr(response, "throttle_time", 0)))
-                for tp, answer in split.response_partitions(response, api):
-                    if tp not in pending:
+                for (_, part), outcome in zip(parts.items(), outcomes, strict=True):
+                    if isinstance(outcome, BaseException):
+                        if not isinstance(outcome, UpstreamError):
+                            raise outcome
+                        self.stats.count_retry("connection")
+                        for tp in split.requested_partitions(part, api):
+                            code = ErrorCode.NOT_LEADER_OR_FOLLOWER
+                            results[tp] = split.partition_error(api, tp[1], code)
+                            retry.add(tp)
                         continue
-                    results[tp] = answer
-                    if int(answer.error_code) in PARTITION_ROUTE_ERRORS:
-                        self.stats.count_retry("not_leader")
-                        retry.add(tp)
-            pending = retry
-            attempt += 1
-            if not pending or not await self._may_retry(attempt, deadline):
-                break
+                    response = codec.decode_response(outcome, call.api_key, call.api_version)
+                    throttle = max(throttle, codec.millis(getattr(response, "throttle_time", 0)))
+                    for tp, answer in split.response_partitions(response, api):
+                        if tp not in pending:
+                            continue
+                        results[tp] = answer
+                        if int(answer.error_code) in PARTITION_ROUTE_ERRORS:
+                            self.stats.count_retry("not_leader")
+                            retry.add(tp)
+                pending = retry
+                attempt += 1
+                if not pending:
+                    break
+                if ordered and mine is None:
+                    mine, earlier = pool.retry_order.begin_retry(pending)
+                else:
+                    earlier = set()
+                if not await self._may_retry(attempt, deadline):
+                    break
+                if earlier:
+                    await asyncio.wait(earlier)
+        finally:
+            if mine is not None:
+                pool.retry_order.end(mine)
         for tp in order:  # a partition the broker left out of its answer
             results.setdefault(
                 tp, split.partition_error(api, tp[1], ErrorCode.UNKNOWN_SERVER_ERROR)

@@ -20,6 +20,7 @@ import struct
 from dataclasses import dataclass, field
 
 from kafscale.broker.metadata.cluster import BrokerInfo
+from kafscale.broker.proxy.ordering import RetryOrder
 
 log = logging.getLogger(__name__)
 
@@ -164,6 +165,8 @@ class UpstreamPool:
         # Held while a request's parts are written: a client's requests reach each broker in
         # the order the client sent them, also when connecting takes a while.
         self.send_lock = asyncio.Lock()
+        # Produce retries of this client's partitions, kept in the client's order.
+        self.retry_order = RetryOrder()
 
     async def get(self, broker: BrokerInfo) -> Upstream:
         current = self._connections.get(broker.node_id)

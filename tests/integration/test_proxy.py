@@ -327,19 +327,27 @@ def test_java_client_round_trip_through_proxy(proxied: Proxied, topic: str, code
 
 def test_acks_zero_is_forwarded_without_an_answer(proxied: Proxied, topic: str) -> None:
     """An acks=0 produce gets no response (the next answer on the connection is the next
-    request's), and its records arrive."""
+    request's), and its records arrive. acks=0 promises no delivery (a broker that cannot take
+    the batch, e.g. one still loading the partition, drops it silently, as Kafka does), so the
+    record is sent again, each time on a connection that must answer nothing for it, until one
+    copy arrives."""
     ck_create_topic(proxied.bootstrap, topic)
     wait_spread(proxied, topic)
+    fetched = None
     with KafkaWire(proxied.bootstrap) as wire:
-        batch = make_batch(0, [b"fire-and-forget"])
-        wire.send(0, 9, produce_body(topic, 1, batch, acks=0))
-        sent = wire.send(18, 3, {"client_software_name": "t", "client_software_version": "1"})
-        received, response = wire.recv(18, 3)
-        assert (received, response.error_code) == (sent, ErrorCode.NONE)
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline:
-            fetched = fetch_partition(wire.request(1, 12, fetch_body(topic, 1, 0)))
-            if fetched.records:
+        for _attempt in range(5):
+            batch = make_batch(0, [b"fire-and-forget"])
+            wire.send(0, 9, produce_body(topic, 1, batch, acks=0))
+            sent = wire.send(18, 3, {"client_software_name": "t", "client_software_version": "1"})
+            received, response = wire.recv(18, 3)
+            assert (received, response.error_code) == (sent, ErrorCode.NONE)
+            deadline = time.monotonic() + 5
+            while time.monotonic() < deadline:
+                fetched = fetch_partition(wire.request(1, 12, fetch_body(topic, 1, 0)))
+                if fetched.records:
+                    break
+                time.sleep(0.1)
+            if fetched is not None and fetched.records:
                 break
-            time.sleep(0.1)
-    assert len(batches_in(fetched.records)) == 1
+    assert fetched is not None
+    assert len(batches_in(fetched.records)) >= 1
