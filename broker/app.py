@@ -136,7 +136,7 @@ class Broker:
             Dispatcher(API_TABLE, self), self.settings.limits, listener.host, listener.port
         )
         try:
-            await self.server.start()
+            await self.server.start(accepting=False)
         except OSError as exc:
             await self._close_clients()
             raise StartupError(f"cannot listen on {listener.host}:{listener.port}: {exc}") from exc
@@ -189,6 +189,7 @@ class Broker:
             self._tasks.append(
                 asyncio.create_task(rebalancer.run(lambda: self.session), name="rebalancer")
             )
+        await self.server.accept()
         self.ready = True
         log.info("broker %d serving on %s:%d", self.node_id, self.info.host, self.info.port)
 

@@ -95,6 +95,9 @@ def idle_connections(activity: list[tuple[float, int]], now: float, max_idle_s: 
     ]
 
 
+_BACKLOG = 128
+
+
 class KafkaServer:
     def __init__(self, dispatch: Dispatch, limits: LimitSettings, host: str, port: int) -> None:
         self._dispatch = dispatch
@@ -114,7 +117,10 @@ class KafkaServer:
         assert self._server is not None, "server not started"
         return int(self._server.sockets[0].getsockname()[1])
 
-    async def start(self) -> None:
+    async def start(self, accepting: bool = True) -> None:
+        """Bind the listener. With ``accepting=False`` the port is taken (and known) but
+        connections wait in the backlog until ``accept()``: a broker registers its port before
+        it can answer, and a client that reaches it early must wait, not get an error."""
         loop = asyncio.get_running_loop()
         self._server = await loop.create_server(
             lambda: FrameProtocol(
@@ -126,8 +132,18 @@ class KafkaServer:
             self._host,
             self._port,
             reuse_address=True,
+            start_serving=accepting,
+            backlog=_BACKLOG,
         )
+        if not accepting:  # asyncio listens only when it starts serving; queue until then
+            for sock in self._server.sockets:
+                with sock.dup() as listening:
+                    listening.listen(_BACKLOG)
         self._idle_sweeper = asyncio.create_task(self._close_idle(), name="idle-connections")
+
+    async def accept(self) -> None:
+        assert self._server is not None, "server not started"
+        await self._server.start_serving()
 
     async def stop_accepting(self) -> None:
         if self._server is not None:

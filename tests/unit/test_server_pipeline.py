@@ -224,3 +224,25 @@ async def test_close_lets_in_flight_requests_finish_within_the_grace_period() ->
     await asyncio.wait_for(closing, 5)
     with pytest.raises(OSError):
         await asyncio.open_connection("127.0.0.1", port)
+
+
+async def test_a_client_reaching_a_starting_server_waits_and_is_then_answered() -> None:
+    """A broker binds its port, registers it, then accepts: a client that connects in between
+    (a proxy or client still routing to a restarted broker's address) must wait for an answer,
+    not get an error from a broker that cannot serve yet."""
+    dispatch = FakeDispatch(delays_s=lambda cid: 0)
+    limits = LimitSettings(max_frame_bytes=MAX_FRAME)
+    server = KafkaServer(dispatch, limits, "127.0.0.1", 0)
+    await server.start(accepting=False)
+    try:
+        reader, writer = await connect(server)  # the kernel's backlog takes the connection
+        writer.write(request(5))
+        await writer.drain()
+        response = asyncio.create_task(read_response(reader))
+        done, _ = await asyncio.wait([response], timeout=0.3)
+        assert not done and dispatch.started == []
+        await server.accept()
+        assert await asyncio.wait_for(response, 5) == 5
+        writer.close()
+    finally:
+        await server.close(grace_s=1.0)
