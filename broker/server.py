@@ -43,10 +43,13 @@ class Connection:
 
     ``append_lock`` keeps produce appends in arrival order even when one request waits for a
     lease: idempotent producers pipeline up to five batches per partition and expect them to be
-    appended in the order sent.
+    appended in the order sent. ``principal`` is who the connection authenticated as (Kafka's
+    ``User:<name>``), what authorization decides on; unauthenticated listeners leave Kafka's
+    anonymous principal.
     """
 
     peer: str
+    principal: str = "User:ANONYMOUS"
     append_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     in_flight: int = 0  # requests read and not yet answered
 
