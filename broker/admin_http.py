@@ -2,8 +2,9 @@
 
 ``GET /healthz`` (liveness: the event loop answers), ``GET /readyz`` (readiness: registered and
 serving), ``POST /drain`` (hand every partition over, then answer; the pod may then stop),
-``GET /status`` (JSON: node id, owned partitions, segment cache). Plain asyncio, no web
-framework: four routes do not justify a dependency.
+``GET /status`` (JSON: node id, owned partitions, segment cache), ``GET /metrics``
+(Prometheus text format). Plain asyncio, no web framework: five routes do not justify a
+dependency.
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
+from kafscale.broker.observability.exposition import CONTENT_TYPE
+
 log = logging.getLogger(__name__)
 
 
@@ -26,6 +29,7 @@ class AdminRoutes:
     is_ready: Callable[[], bool]
     drain: Callable[[], Awaitable[None]]
     status: Callable[[], dict[str, object]]
+    metrics: Callable[[], bytes] | None = None
 
 
 class AdminServer:
@@ -57,8 +61,11 @@ class AdminServer:
                 while (await reader.readline()) not in (b"\r\n", b"\n", b""):
                     pass
                 method, path = _parse_request_line(request_line)
-                status, body = await self._route(method, path)
-            _respond(writer, status, body)
+                if method == "GET" and path == "/metrics" and self._routes.metrics is not None:
+                    _respond_text(writer, self._routes.metrics())
+                else:
+                    status, body = await self._route(method, path)
+                    _respond(writer, status, body)
             await writer.drain()
         except (TimeoutError, ConnectionError, ValueError):
             pass
@@ -93,6 +100,14 @@ def _respond(writer: asyncio.StreamWriter, status: int, body: dict[str, object])
     reason = {200: "OK", 404: "Not Found", 503: "Service Unavailable"}.get(status, "OK")
     head = (
         f"HTTP/1.1 {status} {reason}\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(payload)}\r\nConnection: close\r\n\r\n"
+    )
+    writer.write(head.encode() + payload)
+
+
+def _respond_text(writer: asyncio.StreamWriter, payload: bytes) -> None:
+    head = (
+        f"HTTP/1.1 200 OK\r\nContent-Type: {CONTENT_TYPE}\r\n"
         f"Content-Length: {len(payload)}\r\nConnection: close\r\n\r\n"
     )
     writer.write(head.encode() + payload)

@@ -36,11 +36,15 @@ from kafscale.broker.metadata.leaders import leader_for
 from kafscale.broker.metadata.partition_state import PartitionState
 from kafscale.broker.metadata.rebalancer import Rebalancer
 from kafscale.broker.metadata.topics import create_topic
+from kafscale.broker.observability.broker_metrics import BrokerCollector
+from kafscale.broker.observability.exposition import metrics_renderer
+from kafscale.broker.observability.metrics import HotPathCollector
 from kafscale.broker.ownership import follow_once, plan_ownership
 from kafscale.broker.protocol.errors import ErrorCode, KafkaError, NotLeader
 from kafscale.broker.server import ByteBudget, KafkaServer
 from kafscale.broker.storage.cache import SegmentCache
 from kafscale.broker.storage.factory import open_object_store
+from kafscale.broker.storage.instrumented import InstrumentedStore
 from kafscale.broker.storage.janitor import Janitor
 from kafscale.broker.storage.log_manager import LogManager
 from kafscale.broker.storage.object_store import ObjectStore, ObjectStoreError
@@ -97,7 +101,7 @@ class Broker:
 
     @classmethod
     async def start(cls, settings: BrokerSettings, pod_name: str | None = None) -> Broker:
-        store = open_object_store(settings.storage)
+        store: ObjectStore = InstrumentedStore(open_object_store(settings.storage))
         try:
             await store.check()
         except ObjectStoreError as exc:
@@ -148,7 +152,12 @@ class Broker:
         )
         await self.manager.start()
         self.admin = AdminServer(
-            AdminRoutes(lambda: self.ready, self.drain, self.status),
+            AdminRoutes(
+                lambda: self.ready,
+                self.drain,
+                self.status,
+                metrics_renderer(HotPathCollector(), BrokerCollector(self)),
+            ),
             listener.host,
             listener.admin_port,
         )

@@ -26,6 +26,7 @@ from typing import Any
 
 from kafscale.broker.buffer_pool import BufferPool
 from kafscale.broker.config import LimitSettings
+from kafscale.broker.observability.metrics import METRICS
 from kafscale.broker.protocol.framing import (
     Frame,
     FrameProtocol,
@@ -187,7 +188,12 @@ class KafkaServer:
         if self._server is not None:
             await self._server.wait_closed()
 
+    @property
+    def open_connections(self) -> int:
+        return len(self._connections)
+
     def _on_connect(self, protocol: FrameProtocol) -> None:
+        METRICS.connections_accepted += 1
         connection = Connection(_peer_name(protocol.transport))
         task = asyncio.create_task(self._serve(protocol, connection))
         self._connections[task] = (connection, protocol)

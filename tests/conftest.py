@@ -4,4 +4,5 @@ pytest_plugins = [
     "harness.etcd",
     "harness.s3",
     "harness.brokers",
+    "harness.prometheus",
 ]

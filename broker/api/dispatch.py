@@ -14,10 +14,12 @@ Never an empty success: a client would take that as done.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from kafscale.broker.observability.metrics import METRICS
 from kafscale.broker.protocol import codec
 from kafscale.broker.protocol.errors import ErrorCode, KafkaError, code_for
 from kafscale.broker.protocol.framing import Frame
@@ -107,13 +109,17 @@ class Dispatcher:
         # a MiB per produce) would stay alive until the ack.
         del frame
         context = RequestContext(request.header, self._broker, connection)
+        started = time.perf_counter()
         try:
             body = await spec.handler(request.body, context)
         except KafkaError as exc:
+            METRICS.request(spec.name, time.perf_counter() - started, failed=True)
             return encode_error(spec, request.body, api_version, correlation_id, exc.code)
         except Exception as exc:
             log.exception("%s v%d from %s failed", spec.name, api_version, peer)
+            METRICS.request(spec.name, time.perf_counter() - started, failed=True)
             return encode_error(spec, request.body, api_version, correlation_id, code_for(exc))
+        METRICS.request(spec.name, time.perf_counter() - started, failed=False)
         if body is None:
             return None
         return codec.encode_response(api_key, api_version, correlation_id, body)

@@ -19,6 +19,7 @@ from kafscale.broker.api.fetch_sessions import (
 )
 from kafscale.broker.metadata.cluster import TopicInfo
 from kafscale.broker.metadata.partition_state import PartitionState
+from kafscale.broker.observability.metrics import METRICS
 from kafscale.broker.protocol.codec import millis
 from kafscale.broker.protocol.errors import ErrorCode, KafkaError, MetadataTimeout
 
@@ -60,8 +61,15 @@ async def handle_fetch(request: Any, ctx: RequestContext) -> Body:
         if size >= min_bytes or errors or remaining <= 0 or not events:
             if context.overtaken:
                 return fetch_error_body(request, ErrorCode.INVALID_FETCH_SESSION_EPOCH)
+            _count_fetched(wanted, results)
             return _body(wanted, results, context)
         await _wait_any(events, remaining)
+
+
+def _count_fetched(wanted: list[_Wanted], results: list[Body]) -> None:
+    for item, result in zip(wanted, results, strict=True):
+        if item.info is not None:
+            METRICS.fetched(item.info.name, result.get("records") or b"")
 
 
 def _topic_key(topic: Any) -> Any:

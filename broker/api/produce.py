@@ -24,6 +24,7 @@ from typing import Any
 
 from kafscale.broker.api.dispatch import Body, RequestContext
 from kafscale.broker.metadata.topics import DEFAULT_CONFIGS, NO_LIMIT_MS, effective_configs
+from kafscale.broker.observability.metrics import METRICS
 from kafscale.broker.protocol.codec import millis
 from kafscale.broker.protocol.errors import ErrorCode, KafkaError, code_for
 from kafscale.broker.protocol.record_batch import (
@@ -199,6 +200,8 @@ async def _append_all(request: Any, ctx: RequestContext) -> dict[tuple[str, int]
                     futures = [owned.append(b, header, append_time) for b, header in stamped]
                 finally:
                     manager.appended(owned)  # schedules a round for what was appended
+                records = sum(h.record_count for h in headers)
+                METRICS.produced(tp[0], sum(map(len, batches)), records)
                 outcomes[tp] = futures[0] if len(futures) == 1 else _first_ack(futures)
             except InvalidBatch:
                 outcomes[tp] = ErrorCode.CORRUPT_MESSAGE

@@ -121,6 +121,10 @@ class GroupCoordinator:
         runtime = self._runtimes.get(group_id)
         return runtime if runtime is not None and not runtime.closed else None
 
+    def coordinated(self) -> list[GroupRuntime]:
+        """The groups coordinated here now (for metrics)."""
+        return [runtime for runtime in self._runtimes.values() if not runtime.closed]
+
     async def runtime(self, group_id: str) -> GroupRuntime:
         """The group, coordinated here; raises NotCoordinator or MetadataUnavailable."""
         runtime = self.local(group_id)

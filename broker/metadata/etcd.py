@@ -33,6 +33,7 @@ import enum
 import functools
 import logging
 import random
+import time
 from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,6 +43,8 @@ from urllib.parse import urlsplit
 import aetcd
 import grpc
 from aetcd import rpc
+
+from kafscale.broker.observability.metrics import METRICS
 
 log = logging.getLogger(__name__)
 
@@ -552,15 +555,23 @@ class Etcd:
         if self.closed:
             raise MetadataUnavailable(f"etcd {what}: the client is closed")
         endpoint = self.endpoint
+        started = time.perf_counter()
+        failed = True
         try:
             async with asyncio.timeout(self.timeout_s):
                 await self._client.connect()
-                return await call()
+                result = await call()
+                failed = False
+                return result
         except TimeoutError as error:
             message = f"etcd {what} timed out after {self.timeout_s:g} s at {endpoint}"
             raise MetadataUnavailable(message) from error
         except (aetcd.ClientError, rpc.AioRpcError) as error:
-            raise _translate(error, f"{what} at {endpoint}") from error
+            translated = _translate(error, f"{what} at {endpoint}")
+            failed = not isinstance(translated, LeaseLost)  # an answer: the lease is gone
+            raise translated from error
+        finally:
+            METRICS.etcd_call(what, time.perf_counter() - started, failed)
 
     async def _probe(self) -> Any:
         probe = b"/kafscale"

@@ -17,6 +17,9 @@ from kafscale.broker.admin_http import AdminRoutes, AdminServer
 from kafscale.broker.api.fetch_sessions import FetchSessionCache
 from kafscale.broker.app import StartupError, connect_etcd
 from kafscale.broker.metadata.etcd import Etcd, MetadataUnavailable
+from kafscale.broker.observability.exposition import metrics_renderer
+from kafscale.broker.observability.metrics import HotPathCollector
+from kafscale.broker.observability.proxy_metrics import ProxyCollector
 from kafscale.broker.protocol.framing import FrameProtocol
 from kafscale.broker.proxy.answers import Identity
 from kafscale.broker.proxy.config import ProxySettings
@@ -124,7 +127,12 @@ class Proxy:
                 self.settings.routing.expose_owners,
             ),
         )
-        routes = AdminRoutes(is_ready=self.is_ready, drain=_nothing, status=self.status)
+        routes = AdminRoutes(
+            is_ready=self.is_ready,
+            drain=_nothing,
+            status=self.status,
+            metrics=metrics_renderer(HotPathCollector(proxy=True), ProxyCollector(self)),
+        )
         self.admin = AdminServer(routes, listener.host, listener.admin_port)
         await self.admin.start()
         log.info(

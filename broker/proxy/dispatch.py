@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import logging
 import struct
+import time
 from collections.abc import Callable
 from typing import Any
 
 from kafscale.broker.api.dispatch import encode_error, encode_unsupported
 from kafscale.broker.api.table import API_TABLE
+from kafscale.broker.observability.metrics import METRICS
 from kafscale.broker.protocol import codec
 from kafscale.broker.protocol.errors import ErrorCode
 from kafscale.broker.protocol.framing import Frame
@@ -54,19 +56,23 @@ class ProxyDispatcher:
         call = Call(api_key, api_version, decoded.header.client_id)
         pool = self._pool_of(connection)
         request = ProxyRequest(call, decoded.body, frame, pool, self._context())
+        started = time.perf_counter()
         try:
             answer = await handler(request)
         except UpstreamError as exc:
+            METRICS.request(spec.name, time.perf_counter() - started, failed=True)
             log.warning("%s v%d from %s: %s", spec.name, api_version, connection.peer, exc)
             code = (
                 ErrorCode.NOT_COORDINATOR if api_key in _GROUP_KEYS else ErrorCode.REQUEST_TIMED_OUT
             )
             return encode_error(spec, decoded.body, api_version, correlation_id, code)
         except Exception:
+            METRICS.request(spec.name, time.perf_counter() - started, failed=True)
             log.exception("%s v%d from %s failed", spec.name, api_version, connection.peer)
             return encode_error(
                 spec, decoded.body, api_version, correlation_id, ErrorCode.UNKNOWN_SERVER_ERROR
             )
+        METRICS.request(spec.name, time.perf_counter() - started, failed=False)
         if answer is None:
             return None
         if isinstance(answer, Raw):

@@ -54,6 +54,7 @@ from kafscale.broker.metadata.etcd import (
 )
 from kafscale.broker.metadata.partition_state import PartitionState, SegmentRef, commit_segment
 from kafscale.broker.metadata.topics import topic_exists
+from kafscale.broker.observability.metrics import METRICS
 from kafscale.broker.protocol.errors import MetadataTimeout, NotLeader, StorageFailure
 from kafscale.broker.storage.cache import Reservation, SegmentCache
 from kafscale.broker.storage.flush_schedule import RoundPolicy, Wait, decide_round
@@ -302,6 +303,7 @@ class Flusher:
         handed_off: asyncio.Future[None],
     ) -> None:
         reservations: list[Reservation] = []  # what a failed round never cached is released
+        started = time.perf_counter()
         try:
             results = await asyncio.gather(
                 *(self._upload(w, reservations) for w in works), return_exceptions=True
@@ -312,6 +314,7 @@ class Flusher:
             async with self.commit_lock:
                 landed = await self._commit_round(works, results)
             committed.set_result(None)
+            record_round(time.perf_counter() - started, landed)
             self._notify_progress()
             self._start_index_uploads(landed)
         except asyncio.CancelledError:
@@ -320,6 +323,7 @@ class Flusher:
             raise
         except Exception:
             log.exception("flush round failed")
+            METRICS.flush_failed()
             for work in works:
                 self._fail(work, StorageFailure("flush round failed"))
         finally:
@@ -513,3 +517,11 @@ class Flusher:
 
     def _fail(self, work: FlushWork, error: BaseException) -> None:
         self._give_up(work.partition, error, [work])
+
+
+def record_round(seconds: float, landed: list[Uploaded]) -> None:
+    """A committed round's duration, bytes and objects (a round that committed nothing, all
+    its partitions given up, is not a flush)."""
+    if landed:
+        segments = [segment for item in landed for segment in item.segments]
+        METRICS.flushed(seconds, sum(s.ref.size for s in segments), len(segments))

@@ -27,6 +27,7 @@ from kafscale.broker.metadata.partition_state import (
     is_committed_segment,
     time_scan_start,
 )
+from kafscale.broker.observability.metrics import METRICS
 from kafscale.broker.protocol.errors import OffsetOutOfRange, StorageFailure
 from kafscale.broker.protocol.record_batch import (
     InvalidBatch,
@@ -323,6 +324,7 @@ class LogReader:
         if prefetch is not None:
             await asyncio.shield(prefetch)
         body = self._cache.get(segment_key)
+        METRICS.cache_lookup(hit=body is not None)
         if body is None and (location.recent or location.size <= WHOLE_READ_MAX_BYTES):
             # Consumers read on: one GET of the segment serves the fetches that follow.
             body = await self._get_whole(segment_key)

@@ -1,0 +1,1 @@
+"""Observability: Prometheus metrics, consumer lag, structured logs, the ``status`` command."""

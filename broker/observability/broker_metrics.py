@@ -1,0 +1,127 @@
+"""One broker's state as Prometheus gauges, read when ``/metrics`` is scraped.
+
+Nothing here runs on the request path: ownership, the session, the cache, connections, fetch
+sessions, the groups this broker coordinates and their lag are read from the broker's own
+objects at scrape time. Lag is reported by a group's coordinator only (one series per group and
+committed partition in the whole cluster, so ``sum`` over brokers never counts twice); groups
+nobody has coordinated since a restart appear once a member comes back (``kafscale status``
+reads every group from etcd).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from kafscale.broker.groups.model import GroupState
+from kafscale.broker.observability.lag import consumer_lag
+from kafscale.broker.observability.metrics import METRICS, Metrics
+
+if TYPE_CHECKING:
+    from kafscale.broker.app import Broker
+
+
+class BrokerCollector(Collector):
+    def __init__(self, broker: Broker, metrics: Metrics = METRICS) -> None:
+        self._broker = broker
+        self._metrics = metrics
+
+    def collect(self) -> Iterator[Metric]:
+        broker = self._broker
+        view = broker.view
+        self._metrics.forget_topics_except(view.topics)
+        yield _gauge("kafscale_broker_ready", "1 while the broker serves.", broker.ready)
+        yield _gauge(
+            "kafscale_broker_draining", "1 while the broker hands its partitions over.",
+            broker.draining,
+        )  # fmt: skip
+        yield _gauge(
+            "kafscale_session_lease_alive",
+            "1 while the broker's etcd session lease is alive (0: it expired; ownership lost).",
+            not broker.session.lost.is_set(),
+        )
+        owned = broker.manager.owned if broker.manager is not None else {}
+        yield _gauge(
+            "kafscale_owned_partitions", "Partitions whose lease this broker holds.", len(owned)
+        )
+        partitions = list(view.partitions())
+        yield _gauge("kafscale_partitions", "Partitions in the cluster.", len(partitions))
+        yield _gauge(
+            "kafscale_partitions_without_owner",
+            "Partitions of the cluster whose lease nobody holds (cluster-wide, as this broker "
+            "sees it).",
+            sum(1 for tp in partitions if tp not in view.owners),
+        )
+        yield _gauge("kafscale_brokers_live", "Brokers registered in etcd.", len(view.brokers))
+        yield _gauge(
+            "kafscale_segment_cache_bytes", "Bytes of segments held in memory.",
+            broker.cache.size_bytes,
+        )  # fmt: skip
+        yield _gauge(
+            "kafscale_buffered_produce_bytes",
+            "Produced bytes buffered and not yet durable.",
+            broker.produce_budget.used,
+        )
+        connections = broker.server.open_connections if broker.server is not None else 0
+        yield _gauge("kafscale_connections", "Open Kafka connections.", connections)
+        yield _gauge(
+            "kafscale_fetch_sessions", "Incremental fetch sessions cached.",
+            len(broker.fetch_sessions),
+        )  # fmt: skip
+        yield from self._groups()
+
+    def _groups(self) -> Iterator[Metric]:
+        broker = self._broker
+        runtimes = broker.groups.coordinated() if broker.groups is not None else []
+        states = GaugeMetricFamily(
+            "kafscale_consumer_groups",
+            "Consumer groups this broker coordinates, per state.",
+            labels=["state"],
+        )
+        by_state = Counter(r.group.state.value for r in runtimes if r.group is not None)
+        for state in GroupState:
+            states.add_metric([state.value], by_state.get(state.value, 0))
+        yield states
+        members = GaugeMetricFamily(
+            "kafscale_consumer_group_members", "Members of each group coordinated here.",
+            labels=["group"],
+        )  # fmt: skip
+        generation = GaugeMetricFamily(
+            "kafscale_consumer_group_generation",
+            "Generation of each group coordinated here (it grows by one per rebalance).",
+            labels=["group"],
+        )
+        for runtime in runtimes:
+            if runtime.group is not None:
+                members.add_metric([runtime.group_id], len(runtime.group.members))
+                generation.add_metric([runtime.group_id], runtime.group.generation)
+        yield members
+        yield generation
+        yield self._lag(runtimes)
+
+    def _lag(self, runtimes: list[GroupRuntimeLike]) -> Metric:
+        broker = self._broker
+        committed = [(r.group_id, {tp: c.offset for tp, c in r.offsets.items()}) for r in runtimes]
+        wanted = {tp for _, offsets in committed for tp in offsets if tp[0] in broker.view.topics}
+        watermarks = {tp: broker.committed_state(tp).high_watermark for tp in wanted}
+        lag = GaugeMetricFamily(
+            "kafscale_consumer_group_lag",
+            "High watermark minus committed offset, per group and partition (reported by the "
+            "group's coordinator).",
+            labels=["group", "topic", "partition"],
+        )
+        for entry in consumer_lag(committed, watermarks):
+            lag.add_metric([entry.group, entry.topic, str(entry.partition)], entry.lag)
+        return lag
+
+
+if TYPE_CHECKING:
+    from kafscale.broker.groups.runtime import GroupRuntime as GroupRuntimeLike
+
+
+def _gauge(name: str, help_: str, value: float) -> GaugeMetricFamily:
+    return GaugeMetricFamily(name, help_, value=float(value))

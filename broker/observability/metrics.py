@@ -1,0 +1,297 @@
+"""The process's hot-path metrics: plain counters and histograms, exported at scrape time.
+
+Requests, bytes, flushes, object-store and etcd calls are counted on the event loop thread
+(every caller runs there), so a count is an ``int +=`` and a histogram observation a
+``bisect`` and two adds: no locks, no ``labels()`` lookups per call. ``prometheus_client``
+turns them into the text format only when ``/metrics`` is scraped (``HotPathCollector``).
+``METRICS.enabled = False`` turns every record call into an early return; the metrics-cost
+bench compares both ways.
+
+Label values are bounded: API names come from the API table, operation names from the code,
+topics from the cluster's topic set (the broker's collector drops counters of topics that no
+longer exist at each scrape). There is no per-client or per-connection label.
+"""
+
+from __future__ import annotations
+
+import struct
+from bisect import bisect_left
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+
+from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+# Seconds. Requests range from sub-millisecond metadata answers to long-polled fetches.
+REQUEST_BUCKETS_S = (
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+)  # fmt: skip
+# Seconds. Object-store and etcd calls: milliseconds when well, seconds when not.
+CALL_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+
+
+class Histogram:
+    """Bucket counts (``le`` semantics; the last is +Inf) and the sum of observed values."""
+
+    __slots__ = ("bounds", "counts", "total")
+
+    def __init__(self, bounds: Sequence[float]) -> None:
+        self.bounds = tuple(bounds)
+        self.counts = [0] * (len(self.bounds) + 1)
+        self.total = 0.0
+
+    def observe(self, value: float) -> None:
+        self.counts[bisect_left(self.bounds, value)] += 1
+        self.total += value
+
+    @property
+    def count(self) -> int:
+        return sum(self.counts)
+
+    def cumulative(self) -> list[tuple[str, float]]:
+        """``(le, cumulative count)`` pairs as the exposition format wants them."""
+        out: list[tuple[str, float]] = []
+        running = 0
+        for bound, count in zip((*self.bounds, float("inf")), self.counts, strict=True):
+            running += count
+            out.append(("+Inf" if bound == float("inf") else repr(bound), float(running)))
+        return out
+
+
+class HistogramFamily:
+    """Histograms keyed by one label value (an API, an operation)."""
+
+    def __init__(self, bounds: Sequence[float]) -> None:
+        self._bounds = bounds
+        self.children: dict[str, Histogram] = {}
+
+    def child(self, label: str) -> Histogram:
+        histogram = self.children.get(label)
+        if histogram is None:
+            histogram = self.children[label] = Histogram(self._bounds)
+        return histogram
+
+
+@dataclass
+class TopicTraffic:
+    """Bytes and records one topic took in (produce) and gave out (fetch)."""
+
+    bytes_in: int = 0
+    records_in: int = 0
+    bytes_out: int = 0
+    records_out: int = 0
+
+
+@dataclass
+class Metrics:
+    """Everything counted on the hot path, for this process."""
+
+    enabled: bool = True
+    requests: HistogramFamily = field(default_factory=lambda: HistogramFamily(REQUEST_BUCKETS_S))
+    request_errors: dict[str, int] = field(default_factory=dict)
+    topics: dict[str, TopicTraffic] = field(default_factory=dict)
+    flushes: Histogram = field(default_factory=lambda: Histogram(CALL_BUCKETS_S))
+    flush_bytes: int = 0
+    flush_objects: int = 0
+    flush_failures: int = 0
+    store_calls: HistogramFamily = field(default_factory=lambda: HistogramFamily(CALL_BUCKETS_S))
+    store_errors: dict[str, int] = field(default_factory=dict)
+    etcd_calls: HistogramFamily = field(default_factory=lambda: HistogramFamily(CALL_BUCKETS_S))
+    etcd_errors: dict[str, int] = field(default_factory=dict)
+    cache_hits: int = 0
+    cache_misses: int = 0
+    connections_accepted: int = 0
+
+    def request(self, api: str, seconds: float, failed: bool) -> None:
+        if not self.enabled:
+            return
+        self.requests.child(api).observe(seconds)
+        if failed:
+            self.request_errors[api] = self.request_errors.get(api, 0) + 1
+
+    def produced(self, topic: str, nbytes: int, records: int) -> None:
+        if not self.enabled:
+            return
+        traffic = self.topics.get(topic)
+        if traffic is None:
+            traffic = self.topics[topic] = TopicTraffic()
+        traffic.bytes_in += nbytes
+        traffic.records_in += records
+
+    def fetched(self, topic: str, records: bytes | memoryview) -> None:
+        if not self.enabled or not records:
+            return
+        traffic = self.topics.get(topic)
+        if traffic is None:
+            traffic = self.topics[topic] = TopicTraffic()
+        traffic.bytes_out += len(records)
+        traffic.records_out += count_records(records)
+
+    def flushed(self, seconds: float, nbytes: int, objects: int) -> None:
+        if not self.enabled:
+            return
+        self.flushes.observe(seconds)
+        self.flush_bytes += nbytes
+        self.flush_objects += objects
+
+    def flush_failed(self) -> None:
+        self.flush_failures += 1
+
+    def store_call(self, operation: str, seconds: float, failed: bool) -> None:
+        if not self.enabled:
+            return
+        self.store_calls.child(operation).observe(seconds)
+        if failed:
+            self.store_errors[operation] = self.store_errors.get(operation, 0) + 1
+
+    def etcd_call(self, operation: str, seconds: float, failed: bool) -> None:
+        if not self.enabled:
+            return
+        self.etcd_calls.child(operation).observe(seconds)
+        if failed:
+            self.etcd_errors[operation] = self.etcd_errors.get(operation, 0) + 1
+
+    def cache_lookup(self, hit: bool) -> None:
+        if hit:
+            self.cache_hits += 1
+        else:
+            self.cache_misses += 1
+
+    def forget_topics_except(self, topics: Iterable[str]) -> None:
+        """Drop the counters of deleted topics (keeps label values bounded by live topics)."""
+        keep = set(topics)
+        for topic in [t for t in self.topics if t not in keep]:
+            del self.topics[topic]
+
+
+METRICS = Metrics()
+"""The process's metrics (one per process: ``kafscale local`` brokers share it)."""
+
+_BATCH_LENGTH = struct.Struct(">i")
+_RECORD_COUNT = struct.Struct(">i")
+_LENGTH_AT = 8  # baseOffset (8) then batchLength (4): the bytes after the length field
+_COUNT_AT = 57  # ... magic, crc, attributes, lastOffsetDelta, timestamps, producer, records count
+_HEADER = 61
+
+
+def count_records(records: bytes | memoryview) -> int:
+    """Records in a run of v2 record batches, read from their headers (a torn last batch, as a
+    fetch may end with, is not counted)."""
+    view = memoryview(records)
+    total = 0
+    position = 0
+    end = len(view)
+    while position + _HEADER <= end:
+        (length,) = _BATCH_LENGTH.unpack_from(view, position + _LENGTH_AT)
+        batch_end = position + 12 + length
+        if length <= 0 or batch_end > end:
+            break
+        (count,) = _RECORD_COUNT.unpack_from(view, position + _COUNT_AT)
+        total += max(count, 0)
+        position = batch_end
+    return total
+
+
+class HotPathCollector(Collector):
+    """Exports ``METRICS`` in Prometheus form (names carry units; counters end in _total)."""
+
+    def __init__(self, metrics: Metrics = METRICS, proxy: bool = False) -> None:
+        self._metrics = metrics
+        self._prefix = "kafscale_proxy" if proxy else "kafscale"
+
+    def collect(self) -> Iterator[Metric]:
+        m = self._metrics
+        p = self._prefix
+        yield _histograms(
+            f"{p}_request_duration_seconds",
+            "Time from a decoded request to its answer, per Kafka API (long polls included).",
+            "api",
+            m.requests,
+        )
+        yield _counters(
+            f"{p}_request_errors",
+            "Requests answered with a top-level error (an exception in the handler), per API.",
+            "api",
+            m.request_errors,
+        )
+        yield CounterMetricFamily(
+            f"{p}_connections_accepted", "Kafka connections accepted.", m.connections_accepted
+        )
+        if self._prefix == "kafscale":
+            yield from self._broker_metrics()
+
+    def _broker_metrics(self) -> Iterator[Metric]:
+        m = self._metrics
+        for name, help_, attribute in (
+            ("kafscale_produce_bytes", "Record-batch bytes appended, per topic.", "bytes_in"),
+            ("kafscale_produce_records", "Records appended, per topic.", "records_in"),
+            (
+                "kafscale_fetch_bytes",
+                "Record-batch bytes sent to fetchers, per topic.",
+                "bytes_out",
+            ),
+            ("kafscale_fetch_records", "Records sent to fetchers, per topic.", "records_out"),
+        ):
+            family = CounterMetricFamily(name, help_, labels=["topic"])
+            for topic, traffic in sorted(m.topics.items()):
+                family.add_metric([topic], getattr(traffic, attribute))
+            yield family
+        flushes = HistogramMetricFamily(
+            "kafscale_flush_duration_seconds",
+            "Flush rounds: upload of segments and their etcd commit.",
+        )
+        flushes.add_metric([], m.flushes.cumulative(), m.flushes.total)
+        yield flushes
+        yield CounterMetricFamily(
+            "kafscale_flush_bytes", "Segment bytes committed by flushes.", m.flush_bytes
+        )
+        yield CounterMetricFamily(
+            "kafscale_flush_objects", "Segment objects committed by flushes.", m.flush_objects
+        )
+        yield CounterMetricFamily(
+            "kafscale_flush_failures", "Flush rounds that failed.", m.flush_failures
+        )
+        yield _histograms(
+            "kafscale_object_store_request_duration_seconds",
+            "Object-store calls, per operation.",
+            "operation",
+            m.store_calls,
+        )
+        yield _counters(
+            "kafscale_object_store_errors",
+            "Object-store calls that failed (missing keys and lost races excluded).",
+            "operation",
+            m.store_errors,
+        )
+        yield _histograms(
+            "kafscale_etcd_request_duration_seconds",
+            "etcd calls (reads, writes, transactions, lease calls), per operation.",
+            "operation",
+            m.etcd_calls,
+        )
+        yield _counters(
+            "kafscale_etcd_errors", "etcd calls that failed, per operation.", "operation",
+            m.etcd_errors,
+        )  # fmt: skip
+        yield CounterMetricFamily(
+            "kafscale_segment_cache_hits", "Segment reads served from memory.", m.cache_hits
+        )
+        yield CounterMetricFamily(
+            "kafscale_segment_cache_misses",
+            "Segment reads that went to object storage.",
+            m.cache_misses,
+        )
+
+
+def _histograms(name: str, help_: str, label: str, family: HistogramFamily) -> Metric:
+    metric = HistogramMetricFamily(name, help_, labels=[label])
+    for value, histogram in sorted(family.children.items()):
+        metric.add_metric([value], histogram.cumulative(), histogram.total)
+    return metric
+
+
+def _counters(name: str, help_: str, label: str, values: dict[str, int]) -> Metric:
+    metric = CounterMetricFamily(name, help_, labels=[label])
+    for value, count in sorted(values.items()):
+        metric.add_metric([value], count)
+    return metric
