@@ -38,6 +38,7 @@ from kafscale.broker.metadata.rebalancer import Rebalancer
 from kafscale.broker.metadata.topics import create_topic
 from kafscale.broker.observability.broker_metrics import BrokerCollector
 from kafscale.broker.observability.exposition import metrics_renderer
+from kafscale.broker.observability.logs import set_node_id
 from kafscale.broker.observability.metrics import HotPathCollector
 from kafscale.broker.ownership import follow_once, plan_ownership
 from kafscale.broker.protocol.errors import ErrorCode, KafkaError, NotLeader
@@ -145,6 +146,7 @@ class Broker:
             await self._close_clients()
             raise StartupError(f"cannot listen on {listener.host}:{listener.port}: {exc}") from exc
         self.info = await self._register()
+        set_node_id(self.info.node_id)
         self.groups = GroupCoordinator(self, group_config(self.settings.groups))
         await self.groups.start()
         self.manager = LogManager(

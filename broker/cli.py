@@ -21,6 +21,8 @@ from kafscale.broker.app import Broker, StartupError
 from kafscale.broker.config import BrokerSettings
 from kafscale.broker.local import LocalOptions, run_local
 from kafscale.broker.memory import freeze_startup_objects, tune_allocator
+from kafscale.broker.observability.logs import setup_logging
+from kafscale.broker.observability.metrics import METRICS
 from kafscale.broker.proxy.app import Proxy
 from kafscale.broker.proxy.config import ProxySettings
 from kafscale.broker.settings_cli import (
@@ -91,10 +93,9 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _setup_logging(settings: BrokerSettings | ProxySettings) -> None:
-    logging.basicConfig(
-        level=settings.log_level.upper(),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    """Logging and the process's metrics switch, from the settings."""
+    setup_logging(settings.log_level, settings.log_format)
+    METRICS.enabled = settings.metrics_enabled
 
 
 def _load_settings(args: argparse.Namespace) -> BrokerSettings | None:

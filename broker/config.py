@@ -20,6 +20,11 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
+class LogFormat(StrEnum):
+    TEXT = "text"
+    JSON = "json"
+
+
 class _Section(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -273,6 +278,16 @@ class BrokerSettings(BaseSettings):
     assignment: AssignmentSettings = AssignmentSettings()
     groups: GroupSettings = GroupSettings()
     log_level: str = Field("INFO", description="Python logging level.")
+    log_format: LogFormat = Field(
+        LogFormat.TEXT,
+        description="text: one readable line per record; json: one JSON object per line with "
+        "the broker id and, where relevant, topic, partition and group.",
+    )
+    metrics_enabled: bool = Field(
+        True,
+        description="Count requests, bytes, flushes and store/etcd calls for GET /metrics "
+        "(off: those counters stay at zero; state gauges are still served).",
+    )
 
     def topic_defaults(self) -> dict[str, str]:
         """Topic configs a topic gets unless it sets its own (Kafka's broker-level defaults)."""

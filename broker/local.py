@@ -81,6 +81,8 @@ def local_proxy_settings(
         etcd=ProxyEtcdSettings(endpoints=(etcd_url,), timeout_s=base.etcd.timeout_s),
         limits=base.limits,
         log_level=base.log_level,
+        log_format=base.log_format,
+        metrics_enabled=base.metrics_enabled,
     )
 
 

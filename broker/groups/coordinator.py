@@ -28,6 +28,7 @@ from kafscale.broker.groups.runtime import GroupRuntime
 from kafscale.broker.groups.store import GroupStore
 from kafscale.broker.metadata.cluster import BrokerInfo, ClusterView
 from kafscale.broker.metadata.etcd import Etcd, SessionLease
+from kafscale.broker.observability.logs import about, bind
 from kafscale.broker.protocol.errors import NotCoordinator
 
 log = logging.getLogger(__name__)
@@ -146,6 +147,7 @@ class GroupCoordinator:
             task.exception()  # retrieved here: every caller may have gone away
 
     async def _acquire(self, group_id: str) -> GroupRuntime:
+        bind(group=group_id)  # this task's and the group's own tasks' log lines name the group
         host = self._host
         session = host.session
         if session.lost.is_set():
@@ -213,7 +215,10 @@ class GroupCoordinator:
             del self._runtimes[runtime.group_id]
         if runtime.closed:
             return
-        log.info("no longer coordinating group %s: %s", runtime.group_id, reason)
+        log.info(
+            "no longer coordinating group %s: %s", runtime.group_id, reason,
+            extra=about(group=runtime.group_id),
+        )  # fmt: skip
         self._retired = [t for t in self._retired if not t.done()]
         self._retired.extend(runtime.unload())
 

@@ -14,7 +14,12 @@ from collections.abc import Callable
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from kafscale.broker.config import ALL_INTERFACES, EtcdConnectionSettings, LimitSettings
+from kafscale.broker.config import (
+    ALL_INTERFACES,
+    EtcdConnectionSettings,
+    LimitSettings,
+    LogFormat,
+)
 
 
 class _Section(BaseModel):
@@ -111,3 +116,13 @@ class ProxySettings(BaseSettings):
     limits: LimitSettings = LimitSettings()
     routing: RoutingSettings = RoutingSettings()
     log_level: str = Field("INFO", description="Python logging level.")
+    log_format: LogFormat = Field(
+        LogFormat.TEXT,
+        description="text: one readable line per record; json: one JSON object per line with "
+        "the broker id and, where relevant, topic, partition and group.",
+    )
+    metrics_enabled: bool = Field(
+        True,
+        description="Count requests, bytes, flushes and store/etcd calls for GET /metrics "
+        "(off: those counters stay at zero; state gauges are still served).",
+    )

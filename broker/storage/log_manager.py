@@ -29,6 +29,7 @@ from kafscale.broker.metadata.partition_state import (
     advance_log_start,
     start_epoch,
 )
+from kafscale.broker.observability.logs import about
 from kafscale.broker.protocol.errors import (
     KafkaError,
     MetadataTimeout,
@@ -197,6 +198,7 @@ class LogManager:
             partition,
             new_state.leader_epoch,
             new_state.high_watermark,
+            extra=about(tp),
         )
         return owned
 
@@ -238,7 +240,10 @@ class LogManager:
         try:
             await self._etcd.txn(compares, [delete_op(lease_key)])
         except MetadataUnavailable:
-            log.warning("could not release %s-%d; it expires with the session", *owned.tp)
+            log.warning(
+                "could not release %s-%d; it expires with the session", *owned.tp,
+                extra=about(owned.tp),
+            )  # fmt: skip
         if self._view.owners.get(owned.tp) == self.broker_id:
             self._view.owners.pop(owned.tp, None)
 
@@ -252,7 +257,9 @@ class LogManager:
         owned.fail_everything(error)
         if self.owned.get(owned.tp) is owned:
             del self.owned[owned.tp]
-        log.warning("gave up %s-%d: %s", owned.topic, owned.partition, error)
+        log.warning(
+            "gave up %s-%d: %s", owned.topic, owned.partition, error, extra=about(owned.tp)
+        )
 
     async def delete_records(self, tp: TopicPartition, offset: int) -> int:
         """Advance the log start offset (DeleteRecords, retention); returns the new one.

@@ -1,0 +1,107 @@
+"""Pure parts of observability: histograms, record counting, lag, the JSON log line, and the
+metrics' exposition as Prometheus parses it."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import pytest
+from harness.batches import make_batch
+from prometheus_client.parser import text_string_to_metric_families
+
+from kafscale.broker.observability.exposition import metrics_renderer
+from kafscale.broker.observability.lag import consumer_lag
+from kafscale.broker.observability.logs import JsonFormatter, about, bind, log_context, set_node_id
+from kafscale.broker.observability.metrics import (
+    Histogram,
+    HotPathCollector,
+    Metrics,
+    count_records,
+)
+
+pytestmark = pytest.mark.unit
+
+
+def test_histogram_buckets_are_cumulative_with_le_bounds() -> None:
+    histogram = Histogram((0.1, 1.0))
+    for value in (0.05, 0.1, 0.5, 3.0):
+        histogram.observe(value)
+    assert histogram.cumulative() == [("0.1", 2.0), ("1.0", 3.0), ("+Inf", 4.0)]
+    assert histogram.count == 4
+    assert histogram.total == pytest.approx(3.65)
+
+
+def test_count_records_reads_batch_headers_and_ignores_a_torn_tail() -> None:
+    batches = make_batch(0, [b"a", b"b", b"c"]) + make_batch(3, [b"d"])
+    assert count_records(batches) == 4
+    assert count_records(batches[:-5]) == 3
+    assert count_records(b"") == 0
+
+
+def test_consumer_lag_skips_deleted_topics_and_unset_commits() -> None:
+    committed = [("g", {("t", 0): 5, ("t", 1): 12, ("gone", 0): 1, ("t", 2): -1})]
+    lag = consumer_lag(committed, {("t", 0): 10, ("t", 1): 11, ("t", 2): 4})
+    assert [(e.topic, e.partition, e.lag) for e in lag] == [("t", 0, 5), ("t", 1, 0)]
+
+
+def test_exposition_parses_with_units_and_total_suffixes() -> None:
+    metrics = Metrics()
+    metrics.request("Produce", 0.002, failed=False)
+    metrics.request("Produce", 0.004, failed=True)
+    metrics.produced("orders", 170, 1)
+    metrics.fetched("orders", make_batch(0, [b"x", b"y"]))
+    metrics.flushed(0.02, 4096, 2)
+    metrics.store_call("put", 0.01, failed=True)
+    metrics.etcd_call("txn", 0.003, failed=False)
+    families = {
+        f.name: f for f in text_string_to_metric_families(
+            metrics_renderer(HotPathCollector(metrics))().decode()
+        )
+    }  # fmt: skip
+    samples = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for f in families.values()
+        for s in f.samples
+    }
+    assert samples[("kafscale_request_duration_seconds_count", (("api", "Produce"),))] == 2
+    assert samples[("kafscale_request_errors_total", (("api", "Produce"),))] == 1
+    assert samples[("kafscale_produce_bytes_total", (("topic", "orders"),))] == 170
+    assert samples[("kafscale_fetch_records_total", (("topic", "orders"),))] == 2
+    assert samples[("kafscale_flush_objects_total", ())] == 2
+    assert samples[("kafscale_object_store_errors_total", (("operation", "put"),))] == 1
+    assert families["kafscale_etcd_request_duration_seconds"].type == "histogram"
+
+
+def test_disabled_metrics_count_nothing() -> None:
+    metrics = Metrics(enabled=False)
+    metrics.request("Fetch", 0.1, failed=True)
+    metrics.produced("t", 10, 1)
+    assert not metrics.requests.children and not metrics.topics
+
+
+def test_deleted_topics_leave_the_exposition() -> None:
+    metrics = Metrics()
+    metrics.produced("kept", 1, 1)
+    metrics.produced("deleted", 1, 1)
+    metrics.forget_topics_except(["kept"])
+    assert list(metrics.topics) == ["kept"]
+
+
+def test_json_log_line_carries_node_topic_partition_and_group() -> None:
+    set_node_id(7)
+    record = logging.LogRecord(
+        "kafscale.x", logging.INFO, __file__, 1, "acquired %s", ("t-0",), None
+    )
+    record.__dict__.update(about(("t", 0)))
+    token = log_context.set({})
+    try:
+        bind(group="readers")
+        line = json.loads(JsonFormatter().format(record))
+    finally:
+        log_context.reset(token)
+    assert line["message"] == "acquired t-0"
+    assert (line["node_id"], line["topic"], line["partition"], line["group"]) == (
+        7, "t", 0, "readers",
+    )  # fmt: skip
+    assert line["level"] == "INFO" and line["ts"].endswith("Z")
