@@ -145,14 +145,9 @@ class Broker:
         except OSError as exc:
             await self._close_clients()
             raise StartupError(f"cannot listen on {listener.host}:{listener.port}: {exc}") from exc
-        self.info = await self._register()
-        set_node_id(self.info.node_id)
-        self.groups = GroupCoordinator(self, group_config(self.settings.groups))
-        await self.groups.start()
-        self.manager = LogManager(
-            self.settings, self.etcd, self.view, self.store, self.cache, self.node_id, self.session
-        )
-        await self.manager.start()
+        # The admin endpoint comes up before registering, so the registration can name its
+        # port (``kafscale status`` finds every broker's /metrics through etcd); /readyz says
+        # 503 until the broker serves.
         self.admin = AdminServer(
             AdminRoutes(
                 lambda: self.ready,
@@ -163,7 +158,20 @@ class Broker:
             listener.host,
             listener.admin_port,
         )
-        await self.admin.start()
+        try:
+            await self.admin.start()
+        except OSError as exc:
+            await self.server.close(0)
+            await self._close_clients()
+            raise StartupError(f"cannot listen on admin port {listener.admin_port}: {exc}") from exc
+        self.info = await self._register()
+        set_node_id(self.info.node_id)
+        self.groups = GroupCoordinator(self, group_config(self.settings.groups))
+        await self.groups.start()
+        self.manager = LogManager(
+            self.settings, self.etcd, self.view, self.store, self.cache, self.node_id, self.session
+        )
+        await self.manager.start()
         self._tasks.append(asyncio.create_task(self._watch_session(), name="session-watch"))
         self._tasks.append(asyncio.create_task(self._follow_cluster(), name="cluster-follow"))
         janitor = Janitor(
@@ -215,6 +223,7 @@ class Broker:
             port=listener.advertised_port or self.server.port,
             rack=listener.rack,
             pod=self.pod_name,
+            admin_port=self.admin.port if self.admin is not None else None,
         )
         await self._retire_predecessors(info)
         await self.etcd.put(
@@ -348,6 +357,8 @@ class Broker:
         self._tasks.append(asyncio.create_task(coroutine, name=name))
 
     def status(self) -> dict[str, object]:
+        if self.info is None or self.manager is None:
+            return {"ready": False, "starting": True}
         return {
             "node_id": self.node_id,
             "ready": self.ready,

@@ -1,5 +1,5 @@
 """The ``kafscale`` command: ``broker``, ``proxy``, ``local``, ``operator``, ``drain``,
-``config-reference``.
+``status``, ``config-reference``.
 
 One image runs every component; the subcommand picks which.
 """
@@ -17,12 +17,19 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from kafscale.broker.admin_http import admin_request
-from kafscale.broker.app import Broker, StartupError
+from kafscale.broker.app import Broker, StartupError, connect_etcd
 from kafscale.broker.config import BrokerSettings
 from kafscale.broker.local import LocalOptions, run_local
 from kafscale.broker.memory import freeze_startup_objects, tune_allocator
+from kafscale.broker.metadata.etcd import BadEndpoint, MetadataUnavailable
 from kafscale.broker.observability.logs import setup_logging
 from kafscale.broker.observability.metrics import METRICS
+from kafscale.broker.observability.status import (
+    ClusterStatus,
+    read_status,
+    render,
+    scrape_metrics,
+)
 from kafscale.broker.proxy.app import Proxy
 from kafscale.broker.proxy.config import ProxySettings
 from kafscale.broker.settings_cli import (
@@ -49,6 +56,7 @@ def main(argv: list[str] | None = None) -> int:
         "local": _cmd_local,
         "operator": _cmd_operator,
         "drain": _cmd_drain,
+        "status": _cmd_status,
         "config-reference": _cmd_config_reference,
     }[args.command]
     return int(handler(args))
@@ -83,6 +91,13 @@ def _parser() -> argparse.ArgumentParser:
     drain = commands.add_parser("drain", help="ask a broker to hand its partitions over")
     drain.add_argument("--admin-url", default="http://127.0.0.1:8080")
     drain.add_argument("--timeout-s", type=float, default=60.0)
+    status = commands.add_parser(
+        "status",
+        help="brokers, partition owners, groups and their lag (from etcd and the brokers' "
+        "admin ports; etcd and cluster from the broker's variables and flags)",
+    )
+    status.add_argument("--json", action="store_true", help="print JSON, not tables")
+    add_settings_flags(status)
     reference = commands.add_parser(
         "config-reference", help="print the configuration reference (Markdown)"
     )
@@ -195,6 +210,32 @@ def _cmd_drain(args: argparse.Namespace) -> int:
         return 1
     print(body)
     return 0 if status == 200 else 1
+
+
+def _cmd_status(args: argparse.Namespace) -> int:
+    settings = _load_settings(args)
+    if settings is None:
+        return 2
+
+    async def read() -> ClusterStatus:
+        try:
+            etcd = await connect_etcd(settings.etcd)
+        except (BadEndpoint, MetadataUnavailable) as exc:
+            raise StartupError(f"etcd is not usable: {exc}") from exc
+        try:
+            return await read_status(etcd, settings.cluster, scrape_metrics)
+        except MetadataUnavailable as exc:
+            raise StartupError(f"etcd is not reachable: {exc}") from exc
+        finally:
+            await etcd.close()
+
+    try:
+        status = asyncio.run(read())
+    except StartupError as exc:
+        print(f"kafscale status: {exc}", file=sys.stderr)
+        return 1
+    print(status.to_json() if args.json else render(status), end="" if not args.json else "\n")
+    return 0
 
 
 def _cmd_config_reference(args: argparse.Namespace) -> int:

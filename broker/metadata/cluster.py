@@ -51,6 +51,7 @@ class BrokerInfo:
     port: int
     rack: str | None = None
     pod: str | None = None
+    admin_port: int | None = None  # its /metrics and /status (``kafscale status`` reads them)
 
     def to_json(self) -> bytes:
         return json.dumps(
@@ -60,13 +61,22 @@ class BrokerInfo:
                 "port": self.port,
                 "rack": self.rack,
                 "pod": self.pod,
+                "admin_port": self.admin_port,
             }
         ).encode()
 
     @classmethod
     def from_json(cls, data: bytes) -> BrokerInfo:
         d = json.loads(data)
-        return cls(int(d["node_id"]), str(d["host"]), int(d["port"]), d.get("rack"), d.get("pod"))
+        admin_port = d.get("admin_port")
+        return cls(
+            int(d["node_id"]),
+            str(d["host"]),
+            int(d["port"]),
+            d.get("rack"),
+            d.get("pod"),
+            None if admin_port is None else int(admin_port),
+        )
 
 
 class Watermarks:
@@ -174,6 +184,10 @@ class ClusterView:
 
     def _relative(self, key: str) -> list[str]:
         return key[len(self._prefix) :].split("/")
+
+    def apply_put(self, key: str, value: bytes) -> None:
+        """Apply one stored key without a watch (a one-off snapshot: ``kafscale status``)."""
+        self._apply_put(key, value)
 
     def _apply_put(self, key: str, value: bytes) -> None:
         parts = self._relative(key)

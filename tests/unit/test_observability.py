@@ -105,3 +105,31 @@ def test_json_log_line_carries_node_topic_partition_and_group() -> None:
         7, "t", 0, "readers",
     )  # fmt: skip
     assert line["level"] == "INFO" and line["ts"].endswith("Z")
+
+
+def test_status_table_renders_every_section() -> None:
+    from kafscale.broker.observability.status import (
+        BrokerRow,
+        ClusterStatus,
+        LagRow,
+        PartitionRow,
+        broker_state,
+        render,
+    )
+
+    status = ClusterStatus(
+        "prod",
+        [
+            BrokerRow(1, "10.0.0.1:9092", None, "10.0.0.1:8080", "ready", 2, 5),
+            BrokerRow(2, "10.0.0.2:9092", "b", "10.0.0.2:8080", "unreachable", None, None),
+        ],
+        [PartitionRow("t", 0, 1, 3, 0, 10), PartitionRow("t", 1, None, 2, 0, 4)],
+        [LagRow("g", "t", 0, 6, 10, 4), LagRow("g", "t", 1, 4, 4, 0)],
+    )
+    text = render(status)
+    assert "prod: 2 brokers, 1 topics, 2 partitions (1 without owner)" in text
+    assert "2   10.0.0.2:9092  b     10.0.0.2:8080  unreachable  -      -" in text
+    assert "g      4" in text
+    assert broker_state({"kafscale_broker_ready": 1.0}, marked_draining=False) == "ready"
+    assert broker_state({"kafscale_broker_ready": 1.0}, marked_draining=True) == "draining"
+    assert broker_state({}, marked_draining=False) == "starting"

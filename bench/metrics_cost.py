@@ -1,0 +1,226 @@
+"""The cost of metrics: produce and consume throughput with metrics on and off, same run.
+
+Starts etcd, moto's S3 server and two ``kafscale broker`` processes on them, each its own
+cluster (so they share nothing but the servers): one with metrics (the default), one with
+``KAFSCALE_METRICS_ENABLED=false`` (every hot-path record call returns at once; the
+scrape-time gauges cost nothing until scraped). A Prometheus-like scraper reads the metrics
+broker's ``/metrics`` every second throughout, as a real deployment would. Then, in rounds whose
+order alternates (on/off, off/on, ...) so that the machine's drift hits both alike, each
+broker takes:
+
+a. a max-rate produce of ``--records`` 1 KiB records (confluent-kafka, acks=all,
+   linger.ms=5, 3 partitions, ``produce_batch``), on a new topic each round;
+b. a consume of those records from offset 0 (assign, ``fetch.queue.backoff.ms=0``);
+c. small requests: ``--small-records`` 100-byte records with ``linger.ms=0`` and
+   ``batch.num.messages=1`` (the per-request cost: one Produce request per record or so).
+
+It prints per-round figures, each mode's median (records/s and MiB/s) and the broker's CPU
+seconds per 1000 requests, and the difference between the medians (the issue's budget: within
+3 %). Run from the repository root::
+
+    .venv/bin/python bench/metrics_cost.py                 # ~2 min on 2 cores
+    .venv/bin/python bench/metrics_cost.py --rounds 7 --records 100000
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import threading
+import time
+import urllib.request
+from dataclasses import dataclass
+from typing import Any
+
+from _cluster import Stack, cpu_seconds, create_topic, parse_metrics
+
+from kafscale.broker.child_process import BrokerProcess
+from kafscale.broker.metadata.embedded_etcd import free_port
+
+PARTITIONS = 3
+RECORD_BYTES = 1024
+SMALL_BYTES = 100
+
+
+@dataclass
+class Figures:
+    mode: str
+    workload: str
+    records: int
+    seconds: float
+    cpu_s: float
+
+    @property
+    def rate(self) -> float:
+        return self.records / self.seconds if self.seconds else 0.0
+
+
+def start_broker(stack: Stack, cluster: str, metrics: bool) -> BrokerProcess:
+    port, admin_port = free_port(), free_port()
+    env = stack.env(port, admin_port, cluster)
+    env["KAFSCALE_METRICS_ENABLED"] = "true" if metrics else "false"
+    env["KAFSCALE_LOG__FLUSH_INTERVAL_MS"] = "50"
+    broker = BrokerProcess(
+        env=env,
+        log_path=stack.workdir / f"broker-{cluster}.log",
+        port=port,
+        admin_port=admin_port,
+    )
+    stack.brokers.append(broker)
+    return broker.start()
+
+
+def produce(bootstrap: str, topic: str, records: int, size: int, small: bool) -> float:
+    """Seconds to have ``records`` acked (as fast as the client pushes)."""
+    from confluent_kafka import Producer
+
+    config: dict[str, Any] = {
+        "bootstrap.servers": bootstrap,
+        "acks": "all",
+        "linger.ms": 0 if small else 5,
+        "compression.type": "none",
+        "delivery.report.only.error": True,
+        "queue.buffering.max.messages": 50_000,
+    }
+    if small:
+        config["batch.num.messages"] = 1
+    producer = Producer(config)
+    errors: list[Any] = []
+    batch = [{"value": b"x" * size} for _ in range(1000)]
+    began = time.perf_counter()
+    sent = 0
+    while sent < records:
+        count = min(1000, records - sent)
+        if len(producer) + count > 50_000:
+            producer.poll(0.001)
+            continue
+        sent += producer.produce_batch(
+            topic, batch[:count], on_delivery=lambda e, _m: errors.append(e)
+        )
+    remaining = producer.flush(120)
+    seconds = time.perf_counter() - began
+    if remaining or errors:
+        raise RuntimeError(f"{remaining} undelivered, errors: {errors[:3]}")
+    return seconds
+
+
+def consume(bootstrap: str, topic: str, records: int) -> float:
+    from confluent_kafka import Consumer, TopicPartition
+
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": "metrics-cost",
+            "enable.auto.commit": False,
+            "fetch.queue.backoff.ms": 0,
+            "fetch.wait.max.ms": 50,
+        }
+    )
+    consumer.assign([TopicPartition(topic, p, 0) for p in range(PARTITIONS)])
+    seen = 0
+    began = time.perf_counter()
+    deadline = began + 120
+    while seen < records and time.perf_counter() < deadline:
+        seen += sum(1 for m in consumer.consume(1000, 0.5) if m.error() is None)
+    seconds = time.perf_counter() - began
+    consumer.close()
+    if seen < records:
+        raise RuntimeError(f"consumed {seen} of {records}")
+    return seconds
+
+
+def one_round(
+    broker: BrokerProcess, mode: str, index: int, args: argparse.Namespace
+) -> list[Figures]:
+    out: list[Figures] = []
+    topic = f"cost-{mode}-{index}"
+    create_topic(broker.bootstrap, topic, PARTITIONS)
+    cpu = cpu_seconds(broker.pid)
+    seconds = produce(broker.bootstrap, topic, args.records, RECORD_BYTES, small=False)
+    out.append(Figures(mode, "produce 1 KiB", args.records, seconds, cpu_seconds(broker.pid) - cpu))
+    cpu = cpu_seconds(broker.pid)
+    seconds = consume(broker.bootstrap, topic, args.records)
+    out.append(Figures(mode, "consume 1 KiB", args.records, seconds, cpu_seconds(broker.pid) - cpu))
+    small_topic = f"cost-small-{mode}-{index}"
+    create_topic(broker.bootstrap, small_topic, PARTITIONS)
+    cpu = cpu_seconds(broker.pid)
+    seconds = produce(broker.bootstrap, small_topic, args.small_records, SMALL_BYTES, small=True)
+    out.append(
+        Figures(mode, "produce small", args.small_records, seconds, cpu_seconds(broker.pid) - cpu)
+    )
+    return out
+
+
+class Scraper(threading.Thread):
+    """Reads ``/metrics`` every second, as Prometheus would (its cost is part of "on")."""
+
+    def __init__(self, url: str) -> None:
+        super().__init__(daemon=True)
+        self.url = url
+        self.stop = threading.Event()
+        self.scrapes = 0
+        self.last: dict[str, float] = {}
+
+    def run(self) -> None:
+        while not self.stop.wait(1.0):
+            try:
+                with urllib.request.urlopen(self.url, timeout=5) as response:
+                    self.last = parse_metrics(response.read().decode())
+                self.scrapes += 1
+            except OSError:
+                pass
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=5, help="rounds per mode (scored)")
+    parser.add_argument("--records", type=int, default=50_000, help="1 KiB records per round")
+    parser.add_argument("--small-records", type=int, default=5_000, help="small records/round")
+    args = parser.parse_args()
+    with Stack() as stack:
+        brokers = {
+            "on": start_broker(stack, "with-metrics", metrics=True),
+            "off": start_broker(stack, "without-metrics", metrics=False),
+        }
+        scraper = Scraper(f"{brokers['on'].admin_url}/metrics")
+        scraper.start()
+        for mode, broker in brokers.items():  # warm-up, not scored
+            one_round(broker, mode, -1, argparse.Namespace(records=5000, small_records=500))
+        results: list[Figures] = []
+        for index in range(args.rounds):
+            order = ["on", "off"] if index % 2 == 0 else ["off", "on"]
+            for mode in order:
+                figures = one_round(brokers[mode], mode, index, args)
+                results += figures
+                print(
+                    f"round {index} {mode:>3}: "
+                    + "  ".join(f"{f.workload} {f.rate:>9,.0f}/s" for f in figures),
+                    flush=True,
+                )
+        scraper.stop.set()
+        report(results, scraper)
+
+
+def report(results: list[Figures], scraper: Scraper) -> None:
+    print()
+    print(f"{'workload':<16}{'mode':>5}{'median rec/s':>14}{'MiB/s':>9}{'broker CPU s/round':>20}")
+    for workload in dict.fromkeys(f.workload for f in results):
+        medians: dict[str, float] = {}
+        for mode in ("on", "off"):
+            runs = [f for f in results if f.workload == workload and f.mode == mode]
+            rate = statistics.median(f.rate for f in runs)
+            size = SMALL_BYTES if "small" in workload else RECORD_BYTES
+            cpu = statistics.median(f.cpu_s for f in runs)
+            medians[mode] = rate
+            print(f"{workload:<16}{mode:>5}{rate:>14,.0f}{rate * size / 2**20:>9.1f}{cpu:>20.2f}")
+        difference = (medians["on"] - medians["off"]) / medians["off"] * 100
+        verdict = "PASS" if abs(difference) <= 3 else "MISS"
+        print(f"{'':<16}{'on vs off':>19} {difference:+.1f} %  (budget ±3 %: {verdict})")
+    requests = sum(v for k, v in scraper.last.items() if "request_duration_seconds_count" in k)
+    print(
+        f"\nscrapes of the metrics broker: {scraper.scrapes}; requests it counted: {requests:,.0f}"
+    )
+
+
+if __name__ == "__main__":
+    main()
