@@ -11,6 +11,7 @@ import threading
 from typing import Any
 
 import kopf
+import prometheus_client
 
 from kafscale.operator.handlers import register
 from kafscale.operator.settings import OperatorSettings
@@ -50,6 +51,8 @@ def run_operator(settings: OperatorSettings | None = None) -> None:
         level=settings.log_level.upper(),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    if settings.metrics_port:
+        start_metrics_server(settings.metrics_port)
     try:
         import uvloop
 
@@ -57,3 +60,10 @@ def run_operator(settings: OperatorSettings | None = None) -> None:
     except ImportError:  # pragma: no cover - uvloop is a dependency, but optional here
         runner = asyncio.run
     runner(operate(settings))
+
+
+def start_metrics_server(port: int, host: str = "0.0.0.0") -> int:
+    """Serve the process's metrics (CPU, memory, garbage collection, Python version) on
+    ``GET /metrics`` from a thread of its own; returns the bound port (``port`` 0 picks one)."""
+    server, _thread = prometheus_client.start_http_server(port, addr=host)
+    return int(server.server_port)

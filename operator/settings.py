@@ -53,3 +53,6 @@ class OperatorSettings(BaseSettings):
         description="kopf's liveness probe endpoint (None: off).",
     )
     log_level: str = Field(default="INFO", description="Python logging level.")
+    metrics_port: int = Field(
+        default=8081, ge=0, le=65535, description="Port of the operator's GET /metrics (0: off)."
+    )
