@@ -62,34 +62,46 @@ class Prometheus:
             time.sleep(0.25)
         raise AssertionError(f"{promql} = {last} after {timeout_s}s\n{self.targets()}")
 
+    def wait_scraping(self, timeout_s: float = 30) -> None:
+        """Until every target has been scraped (Prometheus hands new targets to its scrapers
+        only after its discovery manager's first update, a few seconds after start)."""
+        self.wait_value("min(up)", lambda value: value == 1, timeout_s)
+
     def targets(self) -> list[dict[str, Any]]:
         with urllib.request.urlopen(f"{self.url}/api/v1/targets", timeout=10) as response:
             return list(json.loads(response.read())["data"]["activeTargets"])
 
 
-def _config(targets: list[str]) -> str:
+def _config(targets: list[str], labels: dict[str, str]) -> str:
     return json.dumps(
         {
             "global": {
                 "scrape_interval": f"{SCRAPE_INTERVAL_S}s",
                 "scrape_timeout": f"{SCRAPE_INTERVAL_S}s",
             },
-            "scrape_configs": [{"job_name": "kafscale", "static_configs": [{"targets": targets}]}],
+            "scrape_configs": [
+                {
+                    "job_name": "kafscale",
+                    "static_configs": [{"targets": targets, "labels": labels}],
+                }
+            ],
         }
     )  # JSON is YAML
 
 
 @pytest.fixture
-def prometheus_server(tmp_path: Path) -> Iterator[Callable[[list[str]], Prometheus]]:
+def prometheus_server(tmp_path: Path) -> Iterator[Callable[..., Prometheus]]:
     binary = shutil.which("prometheus")
     if binary is None:
         pytest.skip("Debian's prometheus is not installed (make system-deps)")
     started: list[Prometheus] = []
 
-    def start(targets: list[str]) -> Prometheus:
+    def start(targets: list[str], labels: dict[str, str] | None = None) -> Prometheus:
+        """Prometheus scraping ``targets``, each sample carrying ``labels`` (as Kubernetes
+        service discovery adds ``namespace`` and ``pod``)."""
         workdir = tmp_path / f"prometheus-{len(started)}"
         workdir.mkdir()
-        (workdir / "prometheus.yml").write_text(_config(targets))
+        (workdir / "prometheus.yml").write_text(_config(targets, labels or {}))
         port = free_port()
         log_path = workdir / "prometheus.log"
         with log_path.open("wb") as log:

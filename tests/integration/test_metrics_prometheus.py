@@ -4,13 +4,16 @@ partial commit."""
 
 from __future__ import annotations
 
+import time
 import urllib.request
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
+import yaml
 from confluent_kafka import Consumer, Producer, TopicPartition
 from harness.brokers import BrokerProcess
-from harness.prometheus import Prometheus
+from harness.prometheus import SCRAPE_INTERVAL_S, Prometheus
 
 pytestmark = pytest.mark.integration
 
@@ -116,3 +119,32 @@ def test_metrics_endpoint_is_prometheus_text(broker: BrokerProcess) -> None:
     assert "# TYPE kafscale_request_duration_seconds histogram" in body
     assert "# TYPE kafscale_produce_bytes_total counter" in body
     assert "process_cpu_seconds_total" in body
+
+
+DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
+
+
+def test_adapter_rule_of_the_hpa_example_gives_a_produce_rate(
+    broker: BrokerProcess, prometheus_server: Callable[..., Prometheus]
+) -> None:
+    """deploy/hpa-produce-rate.yaml's prometheus-adapter rule, expanded the way the adapter
+    expands it for the HPA's pods, answers with each broker's produce bytes per second."""
+    labels = {"namespace": "kafscale", "pod": "demo-broker-0"}
+    prometheus = prometheus_server([f"127.0.0.1:{broker.admin_port}"], labels)
+    docs = list(yaml.safe_load_all((DEPLOY / "hpa-produce-rate.yaml").read_text()))
+    rule = yaml.safe_load(docs[0]["data"]["config.yaml"])["rules"][0]
+    hpa = docs[1]
+    assert hpa["spec"]["metrics"][0]["pods"]["metric"]["name"] == rule["name"]["as"]
+    series = rule["name"]["matches"].strip("^$")
+    query = (
+        rule["metricsQuery"]
+        .replace("<<.Series>>", series)
+        .replace("<<.LabelMatchers>>", 'namespace="kafscale",pod=~"demo-broker-0"')
+        .replace("<<.GroupBy>>", "pod")
+    )
+    prometheus.wait_scraping()
+    produce_one_batch_each(broker.bootstrap, "rated")
+    time.sleep(2 * SCRAPE_INTERVAL_S)  # a scrape between the two rounds sees the rise
+    produce_one_batch_each(broker.bootstrap, "rated")
+    rate = prometheus.wait_value(query, lambda value: value > 0)
+    assert rate <= 2 * RECORDS * one_record_batch_bytes(VALUE)  # bytes/s over >= 1 s
