@@ -134,6 +134,9 @@ def metric_names(expr: str) -> set[str]:
     return names
 
 
+_SERIES_SUFFIXES = ("_bucket", "_count", "_sum", "_created")
+
+
 def grafana_query(query: str) -> str:
     """The PromQL inside a Grafana variable query (``label_values(<expr>, <label>)``)."""
     match = re.fullmatch(r"label_values\((.*),\s*\w+\)", query.strip())
@@ -178,6 +181,9 @@ def test_dashboard_and_rules_name_only_exposed_metrics(broker_cluster: BrokerClu
     used = set().union(*(metric_names(e) for e in expressions))
     assert len(used) > 20
     assert used - names == set()
+    documented = (CHART.parents[1] / "docs" / "monitoring.md").read_text()
+    ours = {n for n in names if n.startswith("kafscale_") and not n.endswith(_SERIES_SUFFIXES)}
+    assert {n for n in ours if n not in documented} == set()
 
 
 def test_metric_names_parser() -> None:
