@@ -18,6 +18,7 @@ from kafscale.broker.api.fetch_sessions import FetchSessionCache
 from kafscale.broker.app import StartupError, connect_etcd
 from kafscale.broker.metadata.etcd import Etcd, MetadataUnavailable
 from kafscale.broker.observability.exposition import metrics_renderer
+from kafscale.broker.observability.logs import set_node_id
 from kafscale.broker.observability.metrics import HotPathCollector
 from kafscale.broker.observability.proxy_metrics import ProxyCollector
 from kafscale.broker.protocol.framing import FrameProtocol
@@ -135,6 +136,7 @@ class Proxy:
         )
         self.admin = AdminServer(routes, listener.host, listener.admin_port)
         await self.admin.start()
+        set_node_id(listener.node_id)
         log.info(
             "proxy listening on %s:%d (advertised %s:%d as node %d), admin on %d",
             listener.host,
