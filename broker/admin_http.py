@@ -62,7 +62,7 @@ class AdminServer:
                     pass
                 method, path = _parse_request_line(request_line)
                 if method == "GET" and path == "/metrics" and self._routes.metrics is not None:
-                    _respond_text(writer, self._routes.metrics())
+                    self._respond_metrics(writer, self._routes.metrics)
                 else:
                     status, body = await self._route(method, path)
                     _respond(writer, status, body)
@@ -73,6 +73,17 @@ class AdminServer:
             writer.close()
             with contextlib.suppress(Exception):
                 await writer.wait_closed()
+
+    @staticmethod
+    def _respond_metrics(writer: asyncio.StreamWriter, render: Callable[[], bytes]) -> None:
+        """The metrics page, or a 500 naming the failure (a scrape never kills the endpoint)."""
+        try:
+            payload = render()
+        except Exception as exc:
+            log.exception("rendering /metrics failed")
+            _respond(writer, 500, {"error": f"metrics: {exc}"})
+            return
+        _respond_text(writer, payload)
 
     async def _route(self, method: str, path: str) -> tuple[int, dict[str, object]]:
         if method == "GET" and path == "/healthz":
@@ -97,7 +108,12 @@ def _parse_request_line(line: bytes) -> tuple[str, str]:
 
 def _respond(writer: asyncio.StreamWriter, status: int, body: dict[str, object]) -> None:
     payload = json.dumps(body).encode()
-    reason = {200: "OK", 404: "Not Found", 503: "Service Unavailable"}.get(status, "OK")
+    reason = {
+        200: "OK",
+        404: "Not Found",
+        500: "Internal Server Error",
+        503: "Service Unavailable",
+    }.get(status, "OK")
     head = (
         f"HTTP/1.1 {status} {reason}\r\nContent-Type: application/json\r\n"
         f"Content-Length: {len(payload)}\r\nConnection: close\r\n\r\n"

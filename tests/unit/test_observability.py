@@ -133,3 +133,51 @@ def test_status_table_renders_every_section() -> None:
     assert broker_state({"kafscale_broker_ready": 1.0}, marked_draining=False) == "ready"
     assert broker_state({"kafscale_broker_ready": 1.0}, marked_draining=True) == "draining"
     assert broker_state({}, marked_draining=False) == "starting"
+
+
+async def test_admin_metrics_route_answers_text_and_survives_a_failing_renderer() -> None:
+    import asyncio
+
+    from kafscale.broker.admin_http import AdminRoutes, AdminServer, admin_request
+
+    calls = {"n": 0}
+
+    def render() -> bytes:
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise RuntimeError("collector broke")
+        return b"# TYPE x gauge\nx 1.0\n"
+
+    async def drain() -> None:
+        return None
+
+    server = AdminServer(AdminRoutes(lambda: True, drain, dict, render), "127.0.0.1", 0)
+    await server.start()
+    try:
+        url = f"http://127.0.0.1:{server.port}"
+
+        def get(path: str) -> tuple[int, str, str]:
+            import urllib.error
+            import urllib.request
+
+            try:
+                with urllib.request.urlopen(url + path, timeout=5) as response:
+                    return (
+                        response.status,
+                        response.headers["Content-Type"],
+                        response.read().decode(),
+                    )
+            except urllib.error.HTTPError as exc:
+                return exc.code, exc.headers["Content-Type"], exc.read().decode()
+
+        status, content_type, body = await asyncio.to_thread(get, "/metrics")
+        assert (status, body) == (200, "# TYPE x gauge\nx 1.0\n")
+        assert content_type.startswith("text/plain; version=0.0.4")
+        status, _, body = await asyncio.to_thread(get, "/metrics")
+        assert status == 500 and "collector broke" in body
+        assert await asyncio.to_thread(admin_request, url, "GET", "/healthz") == (
+            200,
+            {"status": "ok"},
+        )
+    finally:
+        await server.close()
