@@ -204,7 +204,7 @@ def main() -> None:
             scraper.stop.set()
             scrapes += scraper.scrapes
             for broker in brokers.values():
-                broker.kill()
+                broker.stop()  # graceful: its session and leases go at once
         report(results, scrapes)
 
 
