@@ -11,11 +11,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import socket
+import ssl
 from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
-from kafscale.broker.admin_http import AdminRoutes, AdminServer
+from kafscale.broker.admin_http import AdminGuard, AdminRoutes, AdminServer
 from kafscale.broker.api.dispatch import Dispatcher
 from kafscale.broker.api.fetch_sessions import FetchSessionCache
 from kafscale.broker.api.table import API_TABLE
@@ -38,7 +40,10 @@ from kafscale.broker.metadata.rebalancer import Rebalancer
 from kafscale.broker.metadata.topics import create_topic
 from kafscale.broker.ownership import follow_once, plan_ownership
 from kafscale.broker.protocol.errors import ErrorCode, KafkaError, NotLeader
-from kafscale.broker.server import ByteBudget, KafkaServer
+from kafscale.broker.security.credentials import CredentialStore
+from kafscale.broker.security.listeners import advertised_address, internal_listener
+from kafscale.broker.security.tls import CertificateReloader, TlsConfigError, server_context
+from kafscale.broker.server import ByteBudget, KafkaServer, ServerEndpoint
 from kafscale.broker.storage.cache import SegmentCache
 from kafscale.broker.storage.factory import open_object_store
 from kafscale.broker.storage.janitor import Janitor
@@ -89,6 +94,11 @@ class Broker:
         return TopicPurger(self.cluster, self.etcd, self.store, self.cache)
 
     @property
+    def credentials(self) -> CredentialStore:
+        """The users' SCRAM credentials (SASL logins, Alter/DescribeUserScramCredentials)."""
+        return CredentialStore(self.etcd, self.cluster)
+
+    @property
     def log_manager(self) -> LogManager:
         assert self.manager is not None
         return self.manager
@@ -132,14 +142,27 @@ class Broker:
 
     async def _start_serving(self) -> None:
         listener = self.settings.listener
+        try:
+            endpoints, contexts = server_endpoints(self.settings)
+        except TlsConfigError as exc:
+            await self._close_clients()
+            raise StartupError(str(exc)) from exc
         self.server = KafkaServer(
-            Dispatcher(API_TABLE, self), self.settings.limits, listener.host, listener.port
+            Dispatcher(API_TABLE, self),
+            self.settings.limits,
+            listener.host,
+            listener.port,
+            endpoints,
         )
         try:
             await self.server.start(accepting=False)
         except OSError as exc:
             await self._close_clients()
-            raise StartupError(f"cannot listen on {listener.host}:{listener.port}: {exc}") from exc
+            names = ", ".join(f"{e.listener.host}:{e.listener.port}" for e in endpoints)
+            raise StartupError(f"cannot listen on {names}: {exc}") from exc
+        if contexts:
+            reloader = CertificateReloader(self.settings.tls, contexts)
+            self._tasks.append(asyncio.create_task(reloader.run(), name="tls-reload"))
         self.info = await self._register()
         self.groups = GroupCoordinator(self, group_config(self.settings.groups))
         await self.groups.start()
@@ -151,6 +174,9 @@ class Broker:
             AdminRoutes(lambda: self.ready, self.drain, self.status),
             listener.host,
             listener.admin_port,
+            AdminGuard(
+                self.settings.admin.token_file, self.settings.admin.allow_remote_without_token
+            ),
         )
         await self.admin.start()
         self._tasks.append(asyncio.create_task(self._watch_session(), name="session-watch"))
@@ -194,17 +220,9 @@ class Broker:
         log.info("broker %d serving on %s:%d", self.node_id, self.info.host, self.info.port)
 
     async def _register(self) -> BrokerInfo:
-        listener = self.settings.listener
         assert self.server is not None
         node_id = await self.etcd.increment(keys.broker_id_counter_key(self.cluster))
-        host = listener.advertised()
-        info = BrokerInfo(
-            node_id=node_id,
-            host=host,
-            port=listener.advertised_port or self.server.port,
-            rack=listener.rack,
-            pod=self.pod_name,
-        )
+        info = registration(self.settings, node_id, self.server.ports, self.pod_name)
         await self._retire_predecessors(info)
         await self.etcd.put(
             keys.broker_key(self.cluster, node_id), info.to_json(), lease=self.session.id
@@ -406,6 +424,46 @@ class Broker:
         await self.session.close()
         await self.etcd.close()
         await self.store.close()
+
+
+def registration(
+    settings: BrokerSettings, node_id: int, ports: dict[str, int], pod: str | None
+) -> BrokerInfo:
+    """What a broker registers: every listener's advertised address, the internal one as the
+    main ``host``/``port`` (the proxy's way in, and all that older readers know)."""
+    plan = settings.listener_plan()
+    addresses = {
+        listener.name: advertised_address(listener, ports[listener.name], socket.getfqdn)
+        for listener in plan
+    }
+    host, port = addresses[internal_listener(plan, settings.internal_listener_name).name]
+    return BrokerInfo(
+        node_id=node_id,
+        host=host,
+        port=port,
+        rack=settings.listener.rack,
+        pod=pod,
+        listeners=tuple((name, h, p) for name, (h, p) in addresses.items()),
+    )
+
+
+def server_endpoints(
+    settings: BrokerSettings,
+) -> tuple[list[ServerEndpoint], list[ssl.SSLContext]]:
+    """The listeners to open, with a TLS context for each SSL/SASL_SSL one (one context per
+    client-auth mode), and the contexts the certificate reloader keeps current."""
+    contexts: dict[object, ssl.SSLContext] = {}
+    endpoints = []
+    for listener in settings.listener_plan():
+        context = None
+        if listener.protocol.uses_tls:
+            context = contexts.get(listener.client_auth)
+            if context is None:
+                context = server_context(settings.tls, listener.client_auth)
+                contexts[listener.client_auth] = context
+        mechanisms = settings.sasl.enabled_mechanisms if listener.protocol.uses_sasl else ()
+        endpoints.append(ServerEndpoint(listener, context, tuple(mechanisms)))
+    return endpoints, list(contexts.values())
 
 
 async def connect_etcd(config: EtcdConnectionSettings) -> Etcd:

@@ -1,5 +1,5 @@
 """The ``kafscale`` command: ``broker``, ``proxy``, ``local``, ``operator``, ``drain``,
-``config-reference``.
+``users``, ``config-reference``.
 
 One image runs every component; the subcommand picks which.
 """
@@ -16,7 +16,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from kafscale.broker.admin_http import admin_request
+from kafscale.broker.admin_http import admin_request, read_token
 from kafscale.broker.app import Broker, StartupError
 from kafscale.broker.config import BrokerSettings
 from kafscale.broker.local import LocalOptions, run_local
@@ -31,6 +31,7 @@ from kafscale.broker.settings_cli import (
     overrides_from_args,
     update_readme,
 )
+from kafscale.broker.users_cli import add_users_parser, run_users
 
 log = logging.getLogger("kafscale")
 
@@ -48,6 +49,7 @@ def main(argv: list[str] | None = None) -> int:
         "operator": _cmd_operator,
         "drain": _cmd_drain,
         "config-reference": _cmd_config_reference,
+        "users": _cmd_users,
     }[args.command]
     return int(handler(args))
 
@@ -81,6 +83,12 @@ def _parser() -> argparse.ArgumentParser:
     drain = commands.add_parser("drain", help="ask a broker to hand its partitions over")
     drain.add_argument("--admin-url", default="http://127.0.0.1:8080")
     drain.add_argument("--timeout-s", type=float, default=60.0)
+    drain.add_argument(
+        "--token-file",
+        default=os.environ.get("KAFSCALE_ADMIN__TOKEN_FILE"),
+        help="file with the admin bearer token (default: $KAFSCALE_ADMIN__TOKEN_FILE)",
+    )
+    add_users_parser(commands)
     reference = commands.add_parser(
         "config-reference", help="print the configuration reference (Markdown)"
     )
@@ -188,12 +196,20 @@ def _cmd_operator(args: argparse.Namespace) -> int:
 
 def _cmd_drain(args: argparse.Namespace) -> int:
     try:
-        status, body = admin_request(args.admin_url, "POST", "/drain", args.timeout_s)
+        token = read_token(args.token_file)
+        status, body = admin_request(args.admin_url, "POST", "/drain", args.timeout_s, token)
     except OSError as exc:
         print(f"kafscale drain: {exc}", file=sys.stderr)
         return 1
     print(body)
     return 0 if status == 200 else 1
+
+
+def _cmd_users(args: argparse.Namespace) -> int:
+    settings = _load_settings(args)
+    if settings is None:
+        return 2
+    return run_users(settings, args)
 
 
 def _cmd_config_reference(args: argparse.Namespace) -> int:

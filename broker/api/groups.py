@@ -88,11 +88,12 @@ def _coordinator_entry(ctx: RequestContext, key: str, key_type: int) -> Body:
             "error_code": ErrorCode.COORDINATOR_NOT_AVAILABLE,
             "error_message": message,
         }
+    host, port = broker.endpoint(ctx.connection.listener)
     return {
         "key": key,
         "node_id": broker.node_id,
-        "host": broker.host,
-        "port": broker.port,
+        "host": host,
+        "port": port,
         "error_code": ErrorCode.NONE,
         "error_message": None,
     }

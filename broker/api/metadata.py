@@ -17,10 +17,13 @@ def topic_uuid(info: TopicInfo) -> uuid.UUID:
 
 
 def broker_entries(ctx: RequestContext) -> list[Body]:
-    return [
-        {"node_id": b.node_id, "host": b.host, "port": b.port, "rack": b.rack}
-        for b in sorted(ctx.broker.view.brokers.values(), key=lambda b: b.node_id)
-    ]
+    """The live brokers at the addresses of the listener this client came in on."""
+    listener = ctx.connection.listener
+    entries = []
+    for b in sorted(ctx.broker.view.brokers.values(), key=lambda b: b.node_id):
+        host, port = b.endpoint(listener)
+        entries.append({"node_id": b.node_id, "host": host, "port": port, "rack": b.rack})
+    return entries
 
 
 def controller_id(ctx: RequestContext) -> int:

@@ -14,7 +14,17 @@ batches. Clients pick the highest common version, so none of them sends v0-v2; o
 
 from __future__ import annotations
 
-from kafscale.broker.api import admin, fetch, groups, metadata, offsets, produce, versions
+from kafscale.broker.api import (
+    admin,
+    fetch,
+    groups,
+    metadata,
+    offsets,
+    produce,
+    sasl,
+    scram_users,
+    versions,
+)
 from kafscale.broker.api.dispatch import ApiSpec, no_results
 
 _SPECS = [
@@ -123,6 +133,26 @@ _SPECS = [
     ),
     ApiSpec(42, "DeleteGroups", 0, 2, groups.handle_delete_groups, groups.delete_groups_error_body),
     ApiSpec(60, "DescribeCluster", 0, 1, metadata.handle_describe_cluster),
+    # SaslHandshake v0 sent the SASL tokens as bare frames; every client in use sends v1. It
+    # is advertised from v0 all the same: librdkafka (kcat) decides that the broker supports
+    # SASL handshakes at all from a range that includes v0, before it picks v1.
+    ApiSpec(17, "SaslHandshake", 1, 1, sasl.handle_sasl_handshake, advertised_min_version=0),
+    ApiSpec(36, "SaslAuthenticate", 0, 2, sasl.handle_sasl_authenticate),
+    ApiSpec(
+        50,
+        "DescribeUserScramCredentials",
+        0,
+        0,
+        scram_users.handle_describe_user_scram_credentials,
+    ),
+    ApiSpec(
+        51,
+        "AlterUserScramCredentials",
+        0,
+        0,
+        scram_users.handle_alter_user_scram_credentials,
+        no_results("results"),
+    ),
 ]
 
 API_TABLE: dict[int, ApiSpec] = {spec.key: spec for spec in _SPECS}

@@ -46,27 +46,54 @@ class TopicInfo:
 
 @dataclass(frozen=True, slots=True)
 class BrokerInfo:
+    """A broker's registration. ``host``/``port`` are its internal listener's advertised
+    address (what the proxy and older readers use); ``listeners`` has every listener's, as
+    (name, host, port), so Metadata can answer with the listener a client came in on."""
+
     node_id: int
     host: str
     port: int
     rack: str | None = None
     pod: str | None = None
+    listeners: tuple[tuple[str, str, int], ...] = ()
+
+    def endpoint(self, listener: str) -> tuple[str, int]:
+        """The address to give a client of ``listener`` (the main one for a registration
+        written before listeners existed, or without that listener)."""
+        for name, host, port in self.listeners:
+            if name == listener:
+                return host, port
+        return self.host, self.port
 
     def to_json(self) -> bytes:
-        return json.dumps(
-            {
-                "node_id": self.node_id,
-                "host": self.host,
-                "port": self.port,
-                "rack": self.rack,
-                "pod": self.pod,
+        document: dict[str, object] = {
+            "node_id": self.node_id,
+            "host": self.host,
+            "port": self.port,
+            "rack": self.rack,
+            "pod": self.pod,
+        }
+        if self.listeners:
+            document["listeners"] = {
+                name: {"host": host, "port": port} for name, host, port in self.listeners
             }
-        ).encode()
+        return json.dumps(document).encode()
 
     @classmethod
     def from_json(cls, data: bytes) -> BrokerInfo:
         d = json.loads(data)
-        return cls(int(d["node_id"]), str(d["host"]), int(d["port"]), d.get("rack"), d.get("pod"))
+        listeners = tuple(
+            (str(name), str(entry["host"]), int(entry["port"]))
+            for name, entry in (d.get("listeners") or {}).items()
+        )
+        return cls(
+            int(d["node_id"]),
+            str(d["host"]),
+            int(d["port"]),
+            d.get("rack"),
+            d.get("pod"),
+            listeners,
+        )
 
 
 class Watermarks:

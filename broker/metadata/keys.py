@@ -17,6 +17,8 @@ etcd (all under ``/kafscale/<cluster>/``)::
     groups/<group>/metadata          group state (JSON)
     groups/<group>/offsets/<topic>/<p>  committed offset (JSON)
     producers/<producer id>          idempotent producer epoch (JSON)
+    users/<user>/scram/<mechanism>   SCRAM credential: salt, iterations, stored and server
+                                     keys (JSON; user names percent-encoded like group ids)
 
 Object store (under the configured prefix)::
 
@@ -110,6 +112,23 @@ def draining_key(cluster: str, broker_id: int) -> str:
 
 def draining_prefix(cluster: str) -> str:
     return f"{cluster_prefix(cluster)}draining/"
+
+
+def users_prefix(cluster: str) -> str:
+    return f"{cluster_prefix(cluster)}users/"
+
+
+def scram_credential_key(cluster: str, user: str, mechanism: str) -> str:
+    """A user's SCRAM credential for one mechanism (``SCRAM-SHA-512``)."""
+    return f"{users_prefix(cluster)}{quote(user, safe='')}/scram/{mechanism}"
+
+
+def user_from_key(cluster: str, key: str) -> tuple[str, str] | None:
+    """(user, mechanism) of a key under :func:`users_prefix`, or None."""
+    parts = key.removeprefix(users_prefix(cluster)).split("/")
+    if len(parts) != 3 or parts[1] != "scram":
+        return None
+    return unquote(parts[0]), parts[2]
 
 
 def group_prefix(cluster: str, group: str) -> str:
