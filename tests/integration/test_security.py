@@ -350,6 +350,40 @@ def test_kcat_produces_and_consumes_over_sasl_ssl(secured: SecureBroker) -> None
     assert sorted(m["payload"] for m in consumed) == sorted(v for _, v in records)
 
 
+def test_java_client_produces_and_consumes_over_sasl_ssl_and_mtls(secured: SecureBroker) -> None:
+    from harness.java_client import java_consume, java_produce
+
+    ca = secured.pki.ca.cert_path
+    sasl = secured.workdir / "java-sasl.properties"
+    sasl.write_text(
+        "security.protocol=SASL_SSL\n"
+        "sasl.mechanism=SCRAM-SHA-512\n"
+        "sasl.jaas.config=org.apache.kafka.common.security.scram.ScramLoginModule required "
+        f'username="{ALICE}" password="{ALICE_PASSWORD}";\n'
+        "ssl.truststore.type=PEM\n"
+        f"ssl.truststore.location={ca}\n"
+    )
+    topic = new_topic()
+    acked = java_produce(secured.secure, topic, 2, 6, "none", properties=sasl)
+    assert len(acked) == 6
+    group = f"g-{uuid.uuid4().hex[:8]}"
+    records = java_consume(secured.secure, topic, group, 6, properties=sasl)
+    assert len(records) == 6 and all(value.startswith("java-") for *_, value in records)
+
+    mtls = secured.workdir / "java-mtls.properties"
+    key_and_cert = secured.workdir / "alice-keystore.pem"
+    key_and_cert.write_text(secured.pki.alice.key.read_text() + secured.pki.alice.cert.read_text())
+    mtls.write_text(
+        "security.protocol=SSL\n"
+        "ssl.truststore.type=PEM\n"
+        f"ssl.truststore.location={ca}\n"
+        "ssl.keystore.type=PEM\n"
+        f"ssl.keystore.location={key_and_cert}\n"
+    )
+    topic = new_topic()
+    assert len(java_produce(secured.mtls, topic, 1, 3, "none", properties=mtls)) == 3
+
+
 # --- users: Kafka's admin API and the CLI ------------------------------------------------------
 
 

@@ -270,3 +270,15 @@ def test_with_a_token_everyone_needs_it(tmp_path: Path) -> None:
     assert guard.check("10.1.2.3", "Bearer rotated") is None
     token_file.unlink()
     assert guard.check("10.1.2.3", "Bearer rotated") is not None
+
+
+def test_missing_certificate_files_are_a_clear_start_up_error(tmp_path: Path) -> None:
+    from kafscale.broker.app import server_endpoints
+    from kafscale.broker.security.tls import TlsConfigError
+
+    settings = BrokerSettings(
+        listeners="SSL://127.0.0.1:0",
+        tls={"cert_file": str(tmp_path / "missing.crt"), "key_file": str(tmp_path / "k.key")},
+    )
+    with pytest.raises(TlsConfigError, match="cannot load TLS files"):
+        server_endpoints(settings)
