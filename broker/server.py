@@ -140,6 +140,9 @@ def idle_connections(activity: list[tuple[float, int]], now: float, max_idle_s: 
 
 
 _BACKLOG = 128
+# Largest frame a SASL connection may send before it has logged in (Kafka's
+# sasl.server.max.receive.size): an anonymous peer cannot make the broker take in 100 MiB.
+SASL_MAX_RECEIVE_BYTES = 512 * 1024
 
 
 class KafkaServer:
@@ -274,6 +277,8 @@ class KafkaServer:
         connection = new_connection(
             _peer_name(protocol.transport), endpoint, _peer_certificate(protocol.transport)
         )
+        if connection.sasl is not None:
+            protocol.limit_frames(SASL_MAX_RECEIVE_BYTES)
         if connection.principal != ANONYMOUS:
             log.info(
                 "%s on %s authenticated by certificate as %s",
@@ -377,6 +382,8 @@ async def _write_in_order(
             connection.in_flight -= 1
         if response:
             protocol.write(response)
+            if connection.sasl is not None and connection.sasl.authenticated:
+                protocol.lift_frame_limit()  # before the next read: the client may send now
             await protocol.drain()
         if connection.close_after_response:
             raise CloseConnection("authentication failed")

@@ -558,6 +558,27 @@ def test_requests_before_authentication_close_the_connection(secured: SecureBrok
         assert wire.is_closed_by_peer()
 
 
+def test_large_frames_wait_for_the_login(secured: SecureBroker) -> None:
+    """Before its login a SASL connection may send 512 KiB frames at most (Kafka's
+    sasl.server.max.receive.size); after it, produce requests of the usual size go through."""
+    import struct
+
+    from harness.batches import make_batch
+    from harness.kafka_wire import PRODUCE, produce_body, produce_partition
+
+    with KafkaWire(secured.sasl) as wire:
+        wire.send_raw(struct.pack(">i", 600 * 1024) + b"\0" * 1024)
+        assert wire.is_closed_by_peer()
+    topic = new_topic()
+    admin = AdminClient(sasl_ssl_confluent(secured))
+    admin.create_topics([NewTopic(topic, 1)])[topic].result(30)
+    with KafkaWire(secured.sasl) as wire:
+        assert _login_plain(wire, ALICE, ALICE_PASSWORD).error_code == 0
+        batch = make_batch(0, [secrets.token_bytes(700 * 1024)])
+        code, _ = produce_partition(wire.request(PRODUCE, 9, produce_body(topic, 0, batch)))
+        assert code == 0
+
+
 def test_sasl_handshake_on_a_plaintext_listener_is_an_illegal_state(secured: SecureBroker) -> None:
     with KafkaWire(secured.internal) as wire:
         assert _handshake(wire, "PLAIN").error_code == 34
