@@ -90,6 +90,10 @@ class CertificateReloader:
         if stamps == self._seen:
             return False
         try:
+            # A trial load first: loading a certificate whose key does not match (the key file
+            # not replaced yet) into a live context would drop its key, and handshakes would
+            # fail until the next check.
+            load_files(ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER), self._settings)
             for context in self._contexts:
                 load_files(context, self._settings)
         except TlsConfigError as exc:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import ssl
 from pathlib import Path
 
 import pytest
@@ -282,3 +283,56 @@ def test_missing_certificate_files_are_a_clear_start_up_error(tmp_path: Path) ->
     )
     with pytest.raises(TlsConfigError, match="cannot load TLS files"):
         server_endpoints(settings)
+
+
+def test_certificate_reload_waits_for_a_matching_key(tmp_path: Path) -> None:
+    """A renewed certificate whose key is not there yet is not loaded: the old pair stays."""
+    import os
+
+    from kafscale.broker.config import TlsSettings
+    from kafscale.broker.security.tls import CertificateReloader, server_context
+
+    ca = make_ca(tmp_path)
+    live = issue(ca, tmp_path, "live", [(NameOID.COMMON_NAME, "one")], server=True)
+    settings = TlsSettings(cert_file=live.cert, key_file=live.key)
+    context = server_context(settings, ClientAuth.NONE)
+    reloader = CertificateReloader(settings, [context])
+    renewed = issue(ca, tmp_path, "renewed", [(NameOID.COMMON_NAME, "two")], server=True)
+    os.replace(renewed.cert, live.cert)  # the certificate first, its key not yet
+    stamp = live.cert.stat().st_mtime + 5
+    os.utime(live.cert, (stamp, stamp))
+    assert not reloader.check()
+    client = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    client.check_hostname = False
+    client.verify_mode = ssl.CERT_NONE
+    assert _handshake_works(context, client)  # the old pair still serves
+    os.replace(renewed.key, live.key)
+    os.utime(live.key, (stamp + 1, stamp + 1))
+    assert reloader.check() and reloader.reloads == 1
+    assert _handshake_works(context, client)
+
+
+def _handshake_works(server: ssl.SSLContext, client: ssl.SSLContext) -> bool:
+    server_in, server_out = ssl.MemoryBIO(), ssl.MemoryBIO()
+    client_in, client_out = ssl.MemoryBIO(), ssl.MemoryBIO()
+    s = server.wrap_bio(server_in, server_out, server_side=True)
+    c = client.wrap_bio(client_in, client_out, server_hostname="localhost")
+    for _ in range(10):
+        for side in (c, s):
+            try:
+                side.do_handshake()
+            except ssl.SSLWantReadError:
+                pass
+            except ssl.SSLError:
+                return False
+        server_in.write(client_out.read())
+        client_in.write(server_out.read())
+        try:
+            c.do_handshake()
+            s.do_handshake()
+            return True
+        except ssl.SSLWantReadError:
+            continue
+        except ssl.SSLError:
+            return False
+    return False
