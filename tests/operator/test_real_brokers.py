@@ -168,7 +168,9 @@ async def test_a_topic_and_kubectl_scale_replan_the_assignment_of_real_brokers(
         what="status with three registered brokers",
     )
     assert status["brokers"]["replicas"] == 3
-    assert kube.get(f"{path}/scale")["status"]["replicas"] == 3
+    scale = kube.get(f"{path}/scale")  # what an HPA targeting the cluster reads
+    assert scale["status"]["replicas"] == 3
+    assert scale["status"]["selector"] == SELECTOR
     assert status["leases"]["partitions"] == 6
 
 
@@ -216,6 +218,9 @@ async def test_a_terminating_broker_pod_is_drained(
         what="the broker marked draining",
     )
     assert leaving in draining.value.decode()
+    # The mark goes away with the broker's session: it is bound to the registration's lease.
+    registration = await etcd.get(keys.broker_key(cluster, nodes[leaving]))
+    assert registration is not None and draining.lease == registration.lease != 0
     after = await settle(
         lambda: _spread_over(etcd, cluster, {nodes[staying]}),
         what="partitions moved off the draining broker",
