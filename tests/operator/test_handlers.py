@@ -20,6 +20,9 @@ from harness.k8s_real import (
     TOPICS,
     cluster_manifest,
     condition_of,
+    events_of,
+    live_pods,
+    mark_ready,
     settle,
 )
 from harness.kube_apiserver import KubeCluster
@@ -27,9 +30,9 @@ from harness.s3 import S3Endpoint
 
 from kafscale.broker.metadata import keys
 from kafscale.broker.metadata.assignment import Assignment
-from kafscale.broker.metadata.embedded_etcd import EmbeddedEtcd
+from kafscale.broker.metadata.embedded_etcd import EmbeddedEtcd, free_port
 from kafscale.broker.metadata.etcd import Etcd
-from kafscale.operator.naming import FIELD_MANAGER
+from kafscale.operator.naming import FIELD_MANAGER, label_selector
 
 pytestmark = [pytest.mark.operator, pytest.mark.kubeapi]
 
@@ -173,6 +176,31 @@ async def test_invalid_config_is_reported_degraded(
     degraded = condition_of(kube.get(path), "Degraded")
     assert degraded is not None and "log.flush_interval" in degraded[2]
     assert kube.get(f"{DEPLOYMENTS.format(ns=ns)}/demo-broker") is None
+    warnings = await settle(
+        lambda: [e for e in events_of(kube, ns, "demo") if e[1] == "InvalidSpec"],
+        what="an InvalidSpec Event",
+    )
+    assert warnings[0][0] == "Warning" and "log.flush_interval" in warnings[0][2]
+
+
+async def test_unreachable_etcd_is_degraded_with_a_reason_and_an_event(
+    kube_cluster: KubeCluster, real_operator: Any, kube_namespace: str
+) -> None:
+    ns, kube = kube_namespace, kube_cluster
+    path = f"{CLUSTERS.format(ns=ns)}/demo"
+    dead = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    spec = {"storage": {"bucket": "bucket-1"}, "etcd": {"mode": "External", "endpoints": [dead]}}
+    kube.create(CLUSTERS.format(ns=ns), cluster_manifest("demo", ns, spec))
+    await settle(
+        lambda: reason(kube, path, "Degraded") == ("True", "EtcdUnavailable"),
+        what="Degraded EtcdUnavailable",
+    )
+    assert status_of(kube, path)["phase"] == "Degraded"
+    warnings = await settle(
+        lambda: [e for e in events_of(kube, ns, "demo") if e[1] == "EtcdUnavailable"],
+        what="an EtcdUnavailable Event",
+    )
+    assert warnings[0][0] == "Warning"
 
 
 async def test_autoscaled_brokers_leave_replicas_to_the_autoscaler(
@@ -296,6 +324,13 @@ async def test_topic_lifecycle(
     kube.create(CLUSTERS.format(ns=ns), cluster_manifest("demo", ns, external(etcd_server)))
     cluster = f"{ns}.demo"
     await register_broker(etcd, cluster, 1, "demo-broker-1")
+    selector = label_selector("demo", "broker")
+    pods = await settle(
+        lambda: len(live_pods(kube, ns, selector)) == 3 and live_pods(kube, ns, selector),
+        what="three broker pods",
+    )
+    for pod in pods:
+        mark_ready(kube, ns, pod)
     path = f"{TOPICS.format(ns=ns)}/orders"
     spec = {"clusterRef": "demo", "partitions": 3, "configs": {"retention.ms": "60000"}}
     kube.create(TOPICS.format(ns=ns), topic_manifest("orders", ns, spec))
@@ -308,6 +343,14 @@ async def test_topic_lifecycle(
     assert status_of(kube, path)["topicId"] == record["topic_id"]
     first = await settle(lambda: assignment(etcd, cluster), what="an assignment")
     assert len(first.owners) == 3
+    # The registered broker is no process: it never takes its leases, and the cluster says so.
+    await settle(
+        lambda: (
+            condition_of(kube.get(f"{CLUSTERS.format(ns=ns)}/demo"), "Progressing")
+            == ("True", "PartitionsUnowned", "3/3 partitions have no live owner")
+        ),
+        what="Progressing PartitionsUnowned",
+    )
 
     async def partitions() -> int:
         kv = await etcd.get(keys.topic_key(cluster, "orders"))

@@ -24,6 +24,7 @@ from harness.k8s_real import (
     cluster_manifest,
     condition_of,
     create_s3_secret,
+    events_of,
     external_spec,
     live_pods,
     mark_ready,
@@ -236,6 +237,21 @@ async def test_a_terminating_broker_pod_is_drained(
         ),
         what="status lists the draining broker",
     )
+    # kubectl describe tells what the operator did.
+    events = await settle(
+        lambda: [e for e in events_of(kube, ns, "demo") if e[1] == "Draining"],
+        what="a Draining Event",
+    )
+    assert events == [
+        (
+            "Normal",
+            "Draining",
+            f"pod {leaving} is terminating: broker {nodes[leaving]} draining, "
+            "its partitions reassigned",
+        )
+    ]
+    rebalanced = [e[2] for e in events_of(kube, ns, "demo") if e[1] == "Rebalanced"]
+    assert any(f"over brokers [{nodes[staying]}]" in m for m in rebalanced), rebalanced
 
 
 async def test_an_operator_restarted_mid_way_resumes_without_duplicate_work(
@@ -266,6 +282,10 @@ async def test_an_operator_restarted_mid_way_resumes_without_duplicate_work(
         )
         deployment = kube.get(deployment_path)
         config_version = kube.get(config_path)["metadata"]["resourceVersion"]
+        await settle(
+            lambda: "NotServed" in [e[1] for e in events_of(kube, ns, "demo")],
+            what="a NotServed Event (no policy/v1 PDB on 1.20)",
+        )
 
     # While the operator is down, the user scales the cluster.
     kube.kubectl("scale", "kafscalecluster", "demo", "-n", ns, "--replicas=4")
@@ -286,3 +306,10 @@ async def test_an_operator_restarted_mid_way_resumes_without_duplicate_work(
         record = await etcd.get(keys.topic_key(f"{ns}.demo", "orders"))
         assert record is not None and topic_id in record.value.decode()
         assert condition_of(cr, "Ready") is not None
+        scaled = await settle(
+            lambda: [e for e in events_of(kube, ns, "demo") if e[1] == "Scaled"],
+            what="a Scaled Event",
+        )
+        assert scaled == [("Normal", "Scaled", "broker replicas 2 → 4")]
+        # The condition did not change, so the restart posted no second NotServed Event.
+        assert [e[1] for e in events_of(kube, ns, "demo")].count("NotServed") == 1
