@@ -101,11 +101,25 @@ def _cluster_body(ref: ClusterRef) -> dict[str, Any]:
 
 
 def _report(
-    body: Any, patch: kopf.Patch, previous: list[Condition], new: Any, *extra: Notice | None
+    runtime: Runtime,
+    body: Any,
+    patch: kopf.Patch,
+    previous: list[Condition],
+    new: Any,
+    *extra: Notice | None,
 ) -> None:
-    """Write ``new`` status and post an Event for each condition it changes."""
+    """Write ``new`` status and post an Event for each condition it changes.
+
+    The change is judged against the conditions this process last reported for the resource
+    when it has any (the status timer and a change handler may both run before either's patch
+    is stored: the second must not post the same Event again), else against stored status.
+    """
+    meta = body["metadata"]
+    key = (meta["namespace"], meta["name"])
+    said = runtime.reported.get(key, previous)
+    runtime.reported[key] = list(new.conditions)
     patch.status.update(_status_body(new))
-    _post(body, [*condition_notices(previous, new.conditions), *extra])
+    _post(body, [*condition_notices(said, new.conditions), *extra])
 
 
 def _changed(current: Any, new: dict[str, Any]) -> bool:
@@ -168,7 +182,7 @@ def register(registry: kopf.OperatorRegistry, config: OperatorSettings) -> None:
             ref = ClusterRef.from_body(body)
             problem = _spec_problem(exc)
             new = invalid_spec_status(ref, previous, problem, now=reconcile.utc_now())
-            _report(body, patch, previous, new)
+            _report(runtime, body, patch, previous, new)
             raise kopf.PermanentError(f"invalid spec: {problem}") from exc
         replicas_before = await reconcile.broker_replicas(runtime, ref)
         try:
@@ -176,12 +190,12 @@ def register(registry: kopf.OperatorRegistry, config: OperatorSettings) -> None:
         except KubeError as exc:
             observation = await reconcile.observe_cluster(runtime, ref, spec)
             new = compute_cluster_status(ref, spec, observation, previous, now=reconcile.utc_now())
-            _report(body, patch, previous, new)
+            _report(runtime, body, patch, previous, new)
             raise kopf.TemporaryError(f"applying objects: {exc}", delay=5) from exc
         observation = await reconcile.observe_cluster(runtime, ref, spec)
         new = compute_cluster_status(ref, spec, observation, previous, now=reconcile.utc_now())
         wanted = None if spec.autoscaling.enabled else spec.brokers.replicas
-        _report(body, patch, previous, new, scale_notice(replicas_before, wanted))
+        _report(runtime, body, patch, previous, new, scale_notice(replicas_before, wanted))
         logger.info("applied the objects of generation %s", ref.generation)
 
     @kopf.timer(*CLUSTERS, interval=config.status_interval_s, registry=registry)
@@ -212,7 +226,7 @@ def register(registry: kopf.OperatorRegistry, config: OperatorSettings) -> None:
         previous = parse_conditions(status.get("conditions"))
         computed = compute_cluster_status(ref, spec, observation, previous, now=reconcile.utc_now())
         if _changed(status, _status_body(computed)):
-            _report(body, patch, previous, computed)
+            _report(runtime, body, patch, previous, computed)
 
     @kopf.timer(
         *CLUSTERS,
@@ -258,6 +272,7 @@ def register(registry: kopf.OperatorRegistry, config: OperatorSettings) -> None:
             )
         except (MetadataError, KubeError, RuntimeError) as exc:
             raise kopf.TemporaryError(f"deleting cluster data: {exc}", delay=3) from exc
+        _runtime(memo).forget(ref.namespace, ref.name)
         logger.info(
             "deletionPolicy %s: removed %d etcd keys and %d objects",
             spec.deletion_policy,

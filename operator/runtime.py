@@ -21,7 +21,7 @@ from kafscale.operator.discovery import (
     refresh_due,
 )
 from kafscale.operator.kube import Kube
-from kafscale.operator.models import KafScaleClusterSpec
+from kafscale.operator.models import Condition, KafScaleClusterSpec
 from kafscale.operator.settings import OperatorSettings
 
 
@@ -74,6 +74,8 @@ class Runtime:
     capabilities_read_at_s: float = 0.0
     # (namespace, name) → the capabilities a cluster's objects were last applied with.
     applied_with: dict[tuple[str, str], ServerCapabilities] = field(default_factory=dict)
+    # (namespace, name) → the conditions this process last reported (Events go out on changes).
+    reported: dict[tuple[str, str], list[Condition]] = field(default_factory=dict)
     _discovery_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     # (namespace, name) → the last error applying a cluster's objects (cleared on success).
     apply_errors: dict[tuple[str, str], str] = field(default_factory=dict)
@@ -98,6 +100,11 @@ class Runtime:
         """Whether the server's capabilities changed since this cluster's objects were applied."""
         applied = self.applied_with.get((namespace, name))
         return applied is not None and applied != self.capabilities
+
+    def forget(self, namespace: str, name: str) -> None:
+        """Drop what is kept of a deleted cluster."""
+        for kept in (self.apply_errors, self.left_out, self.applied_with, self.reported):
+            kept.pop((namespace, name), None)
 
     async def close(self) -> None:
         await self.etcd.close()
