@@ -11,7 +11,12 @@ import pytest
 from kafscale.broker.metadata import keys
 from kafscale.broker.metadata.assignment import Assignment
 from kafscale.broker.metadata.etcd import KeyValue
-from kafscale.operator.models import ClusterRef, parse_cluster_spec, parse_topic_spec
+from kafscale.operator.models import (
+    ClusterRef,
+    LeaseStatus,
+    parse_cluster_spec,
+    parse_topic_spec,
+)
 from kafscale.operator.snapshot import (
     ClusterSnapshot,
     lease_status,
@@ -389,8 +394,6 @@ def test_bootstrap_names_the_proxy_only_while_it_is_ready() -> None:
 
 
 def test_unowned_partitions_are_progress_with_counts_not_unreadiness() -> None:
-    from kafscale.operator.models import LeaseStatus
-
     leases = LeaseStatus(partitions=6, owned=4, unowned=2)
     status = compute_cluster_status(
         REF,
