@@ -415,6 +415,31 @@ def test_users_made_through_the_kafka_admin_api_can_log_in(secured: SecureBroker
     assert listed.returncode == 0 and ALICE in listed.stdout and bob not in listed.stdout
 
 
+def test_users_cli_creates_changes_and_deletes_users(secured: SecureBroker) -> None:
+    carol = f"carol-{uuid.uuid4().hex[:6]}"
+    password_file = secured.workdir / "carol-password"
+    password_file.write_text("first-password\n")
+    cli = (secured.etcd_url, secured.cluster)
+    made = users_cli(*cli, "create", carol, "--password-file", str(password_file))
+    assert made.returncode == 0, made.stderr
+    with KafkaWire(secured.sasl) as wire:
+        assert _login_plain(wire, carol, "first-password").error_code == 0
+    changed = users_cli(*cli, "create", carol, "--password-stdin", stdin="second-password\n")
+    assert changed.returncode == 0, changed.stderr
+    with KafkaWire(secured.sasl) as wire:
+        assert _login_plain(wire, carol, "first-password").error_code == 58
+    with KafkaWire(secured.sasl) as wire:
+        assert _login_plain(wire, carol, "second-password").error_code == 0
+    assert users_cli(*cli, "delete", carol).returncode == 0
+    with KafkaWire(secured.sasl) as wire:
+        assert _login_plain(wire, carol, "second-password").error_code == 58
+    assert users_cli(*cli, "delete", carol).returncode == 1  # nothing left to delete
+    too_few = users_cli(
+        *cli, "create", carol, "--password-stdin", "--iterations", "10", stdin="x\n"
+    )
+    assert too_few.returncode == 2 and "iterations" in too_few.stderr
+
+
 def test_describe_unknown_user_is_resource_not_found(secured: SecureBroker) -> None:
     admin = AdminClient(sasl_ssl_confluent(secured))
     future = admin.describe_user_scram_credentials(["nobody-here"])["nobody-here"]
