@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import ssl
 from pathlib import Path
 
@@ -13,6 +14,8 @@ from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 from cryptography.x509.oid import NameOID
 from harness.tls import issue, make_ca
+from hypothesis import given
+from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from kafscale.broker.admin_http import AdminGuard
@@ -29,6 +32,7 @@ from kafscale.broker.security.scram import (
     credential_from_salted,
     new_credential,
     parse_client_first,
+    parse_plain,
     salted_password,
 )
 from kafscale.broker.security.tls import principal_from_certificate
@@ -336,3 +340,30 @@ def _handshake_works(server: ssl.SSLContext, client: ssl.SSLContext) -> bool:
         except ssl.SSLError:
             return False
     return False
+
+
+# --- hostile input: only AuthenticationFailed, never another exception ------------------------
+
+
+@given(st.binary(max_size=200))
+def test_any_client_first_message_parses_or_fails_cleanly(message: bytes) -> None:
+    with contextlib.suppress(AuthenticationFailed):
+        parse_client_first(message)
+
+
+@given(st.binary(max_size=300))
+def test_any_client_final_message_fails_cleanly(message: bytes) -> None:
+    exchange = ScramExchange(
+        ScramMechanism.SCRAM_SHA_256,
+        parse_client_first(RFC7677_CLIENT_FIRST),
+        _rfc_credential(),
+        server_nonce=RFC7677_SERVER_NONCE,
+    )
+    with pytest.raises(AuthenticationFailed):
+        exchange.final(message)
+
+
+@given(st.binary(max_size=100))
+def test_any_plain_message_parses_or_fails_cleanly(message: bytes) -> None:
+    with contextlib.suppress(AuthenticationFailed):
+        parse_plain(message)
