@@ -274,9 +274,13 @@ class KafkaServer:
             await server.wait_closed()
 
     def _on_connect(self, protocol: FrameProtocol, endpoint: ServerEndpoint) -> None:
-        connection = new_connection(
-            _peer_name(protocol.transport), endpoint, _peer_certificate(protocol.transport)
-        )
+        peer = _peer_name(protocol.transport)
+        try:
+            connection = new_connection(peer, endpoint, _peer_certificate(protocol.transport))
+        except ValueError as exc:  # a verified certificate whose subject cannot be read
+            log.warning("closing %s: unreadable client certificate: %s", peer, exc)
+            protocol.transport.abort()
+            return
         if connection.sasl is not None:
             protocol.limit_frames(SASL_MAX_RECEIVE_BYTES)
         if connection.principal != ANONYMOUS:
