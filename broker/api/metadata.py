@@ -5,11 +5,15 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
+from kafscale.broker.api import access
 from kafscale.broker.api.dispatch import Body, RequestContext
+from kafscale.broker.authz.model import Operation
 from kafscale.broker.metadata.cluster import TopicInfo
 from kafscale.broker.protocol.errors import ErrorCode, KafkaError
 
 CLUSTER_ID_PREFIX = "kafscale-"
+DESCRIBE = Operation.DESCRIBE
+TOPIC = access.TOPIC
 
 
 def topic_uuid(info: TopicInfo) -> uuid.UUID:
@@ -32,8 +36,8 @@ async def handle_metadata(request: Any, ctx: RequestContext) -> Body:
     broker = ctx.broker
     requested = request.topics
     allow_auto = getattr(request, "allow_auto_topic_creation", True)
-    if requested is None:
-        names = sorted(broker.view.topics)
+    if requested is None:  # every topic the principal may describe
+        names = [t for t in sorted(broker.view.topics) if access.allowed(ctx, DESCRIBE, TOPIC, t)]
     else:
         names = [t.name for t in requested if t.name]
         by_id = broker.view.topics_by_id
@@ -54,8 +58,16 @@ async def handle_metadata(request: Any, ctx: RequestContext) -> Body:
 
 async def _topic_entry(name: str, allow_auto: bool, ctx: RequestContext) -> Body:
     broker = ctx.broker
+    if denied := access.topic_denied(ctx, DESCRIBE, name):
+        return {"error_code": denied, "name": name, "partitions": []}
     info = broker.view.topics.get(name)
     if info is None and allow_auto:
+        if not access.may_create_topic(ctx, name):
+            return {
+                "error_code": ErrorCode.TOPIC_AUTHORIZATION_FAILED,
+                "name": name,
+                "partitions": [],
+            }
         try:
             info = await broker.auto_create(name)
         except KafkaError as exc:
