@@ -61,7 +61,7 @@ async def _topic_entry(name: str, allow_auto: bool, ctx: RequestContext) -> Body
     if denied := access.topic_denied(ctx, DESCRIBE, name):
         return {"error_code": denied, "name": name, "partitions": []}
     info = broker.view.topics.get(name)
-    if info is None and allow_auto:
+    if info is None and allow_auto and broker.settings.topics.auto_create_topics:
         if not access.may_create_topic(ctx, name):
             return {
                 "error_code": ErrorCode.TOPIC_AUTHORIZATION_FAILED,
