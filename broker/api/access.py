@@ -79,6 +79,16 @@ def topic_denied(ctx: RequestContext, operation: Operation, topic: str) -> Error
     return ErrorCode.TOPIC_AUTHORIZATION_FAILED
 
 
+def authorized_operations(
+    ctx: RequestContext,
+    resource_type: ResourceType,
+    name: str,
+    candidates: tuple[Operation, ...],
+) -> int:
+    """Kafka's ``authorized_operations`` bit field: bit ``op`` set for each allowed one."""
+    return sum(1 << op for op in candidates if allowed(ctx, op, resource_type, name))
+
+
 def require_config(
     ctx: RequestContext, operation: Operation, config_resource_type: int, name: str
 ) -> None:

@@ -3,8 +3,9 @@
 As in Kafka: without an authorizer (``authorizer.enabled`` false) all three answer
 SECURITY_DISABLED; creating and deleting need ALTER on the cluster, describing needs DESCRIBE
 on it (CLUSTER_AUTHORIZATION_FAILED otherwise); a binding or filter Kafka refuses gets
-INVALID_REQUEST with a message. Describe answers from the broker's watched cache, delete reads
-etcd afresh so it deletes exactly what is stored now.
+INVALID_REQUEST with a message. Describe and delete read etcd afresh (not the watched cache the
+authorizer uses): a client that just created an ACL sees it, and a delete removes exactly what
+is stored now.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from kafscale.broker.authz.model import (
     filter_matches,
     filter_of,
 )
-from kafscale.broker.authz.store import create_bindings, delete_matching
+from kafscale.broker.authz.store import create_bindings, delete_matching, stored_bindings
 from kafscale.broker.protocol.errors import ErrorCode, KafkaError
 
 
@@ -77,7 +78,8 @@ async def handle_describe_acls(request: Any, ctx: RequestContext) -> Body:
         acl_filter = _filter(request)
     except InvalidBinding as exc:
         raise KafkaError(str(exc), ErrorCode.INVALID_REQUEST) from exc
-    found = [b for b in ctx.broker.view.acls.bindings if filter_matches(acl_filter, b)]
+    stored = await stored_bindings(ctx.broker.etcd, ctx.broker.cluster)
+    found = [b for b in stored.values() if filter_matches(acl_filter, b)]
     return {
         "throttle_time": 0,
         "error_code": ErrorCode.NONE,

@@ -127,3 +127,13 @@ def test_metadata_lists_only_what_the_principal_may_describe() -> None:
     )
     codes = [t["error_code"] for t in asyncio.run(handle_metadata(named, alice))["topics"]]
     assert codes == [ErrorCode.TOPIC_AUTHORIZATION_FAILED, ErrorCode.NONE]
+
+
+def test_authorized_operations_bit_field() -> None:
+    group_read = (3, "billing", LITERAL, "User:alice", "*", Operation.READ, ALLOW)
+    ctx = context("User:alice", acls=[group_read])
+    ops = (Operation.READ, Operation.DELETE, Operation.DESCRIBE)
+    # READ, and DESCRIBE which READ implies; not DELETE
+    assert access.authorized_operations(ctx, access.GROUP, "billing", ops) == (1 << 3) | (1 << 8)
+    off = context("User:alice", enabled=False)
+    assert access.authorized_operations(off, access.GROUP, "billing", ops) == 0b101001000
