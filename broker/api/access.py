@@ -46,7 +46,8 @@ def allowed(
     if not enabled(ctx):
         return True
     access = Access(ctx.connection.principal, client_host(ctx), operation, resource_type, name)
-    return authorize(access, ctx.broker.view.acls.bindings, _policy(ctx))
+    covering = ctx.broker.view.acls.index.covering(resource_type, name)
+    return authorize(access, covering, _policy(ctx))
 
 
 def allowed_on_cluster(ctx: RequestContext, operation: Operation) -> bool:
@@ -62,7 +63,7 @@ def allowed_on_any(ctx: RequestContext, operation: Operation, resource_type: Res
         client_host(ctx),
         operation,
         resource_type,
-        ctx.broker.view.acls.bindings,
+        ctx.broker.view.acls.index.of_type(resource_type),
         _policy(ctx),
     )
 

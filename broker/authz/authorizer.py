@@ -37,6 +37,9 @@ _IMPLIED_BY: dict[Operation, frozenset[Operation]] = {
     ),
     Operation.DESCRIBE_CONFIGS: frozenset({Operation.DESCRIBE_CONFIGS, Operation.ALTER_CONFIGS}),
 }
+_ALLOWING: dict[Operation, frozenset[Operation]] = {
+    op: _IMPLIED_BY.get(op, frozenset({op})) | {Operation.ALL} for op in Operation
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,7 +63,7 @@ class Access:
 
 def allowing_operations(operation: Operation) -> frozenset[Operation]:
     """The operations an ALLOW ACL may name to allow ``operation``."""
-    return _IMPLIED_BY.get(operation, frozenset({operation})) | {Operation.ALL}
+    return _ALLOWING[operation]
 
 
 def applies_to_caller(binding: AclBinding, principal: str, host: str) -> bool:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable
 
+from kafscale.broker.authz.index import EMPTY_INDEX, AclIndex
 from kafscale.broker.authz.model import AclBinding, AclFilter, filter_matches
 from kafscale.broker.metadata import keys
 from kafscale.broker.metadata.etcd import (
@@ -41,15 +42,22 @@ def binding_key(cluster: str, binding: AclBinding) -> str:
 
 
 class AclCache:
-    """The cluster's ACL bindings by etcd key, as the watch last reported them."""
+    """The cluster's ACL bindings by etcd key, as the watch last reported them, and their
+    index (rebuilt on first use after a change: loading thousands at start-up costs one build)."""
 
     def __init__(self) -> None:
         self._by_key: dict[str, AclBinding] = {}
-        self._bindings: tuple[AclBinding, ...] = ()
+        self._index: AclIndex | None = EMPTY_INDEX
 
     @property
     def bindings(self) -> tuple[AclBinding, ...]:
-        return self._bindings
+        return tuple(self._by_key.values())
+
+    @property
+    def index(self) -> AclIndex:
+        if self._index is None:
+            self._index = AclIndex.build(self._by_key.values())
+        return self._index
 
     def put(self, key: str, value: bytes) -> None:
         try:
@@ -57,15 +65,15 @@ class AclCache:
         except (ValueError, KeyError, TypeError):
             log.warning("ignoring unreadable ACL record %s", key)
             return
-        self._bindings = tuple(self._by_key.values())
+        self._index = None
 
     def delete(self, key: str) -> None:
         if self._by_key.pop(key, None) is not None:
-            self._bindings = tuple(self._by_key.values())
+            self._index = None
 
     def clear(self) -> None:
         self._by_key.clear()
-        self._bindings = ()
+        self._index = None
 
 
 TXN_MAX_OPS = 128

@@ -17,12 +17,14 @@ from kafscale.broker.authz.authorizer import (
     authorize,
     authorize_any_resource,
 )
+from kafscale.broker.authz.index import AclIndex
 from kafscale.broker.authz.model import (
     AclBinding,
     Operation,
     PatternType,
     Permission,
     ResourceType,
+    resource_matches,
 )
 
 TOPIC, GROUP, CLUSTER = ResourceType.TOPIC, ResourceType.GROUP, ResourceType.CLUSTER
@@ -299,3 +301,16 @@ def _fields(b: AclBinding) -> list[object]:
         b.operation,
         b.permission,
     ]
+
+
+@given(accesses, st.lists(bindings, max_size=12), policies)
+def test_deciding_on_the_indexed_bindings_gives_the_same_answer(
+    access: Access, acls: list[AclBinding], policy: Policy
+) -> None:
+    covering = AclIndex.build(acls).covering(access.resource_type, access.resource_name)
+    assert authorize(access, covering, policy) == authorize(access, acls, policy)
+    assert sorted(covering) == sorted(
+        b
+        for b in acls
+        if b.resource_type is access.resource_type and resource_matches(b, access.resource_name)
+    )
