@@ -39,6 +39,7 @@ from harness.kafka_wire import (
     produce_body,
     produce_partition,
 )
+from harness.proxy import start_proxy
 from harness.s3 import S3Endpoint, unique_bucket
 from kafka.admin import (
     ACLFilter,
@@ -634,6 +635,38 @@ def test_super_users_and_the_cli(cluster: BrokerCluster, kafka: BrokerProcess, p
     removed = acls_cli(cluster, "remove", "--topic", prefix, "--prefixed")
     assert removed.split()[:3] == ["TOPIC", "PREFIXED", prefix]
     assert len(acls_cli(cluster, "list").splitlines()) == 1
+
+
+def test_through_the_proxy_the_brokers_decide(
+    cluster: BrokerCluster, kafka: BrokerProcess, prefix: str
+) -> None:
+    """The proxy forwards the ACL APIs and the data path; the brokers authorize the proxy's
+    connection (here, like every PLAINTEXT connection, User:ANONYMOUS)."""
+    grant_cluster(cluster, "ALTER", "DESCRIBE")
+    allowed, refused = f"{prefix}-via-proxy", f"{prefix}-not-via-proxy"
+    _make_topic(cluster, allowed)
+    _make_topic(cluster, refused)
+    proxy = start_proxy(cluster)
+    admin = AdminClient({"bootstrap.servers": proxy.bootstrap})
+    grant = ck_binding(ResourceType.TOPIC, allowed, AclOperation.WRITE)
+    for future in admin.create_acls([grant]).values():
+        future.result(30)
+    described = admin.describe_acls(
+        AclBindingFilter(
+            ResourceType.TOPIC,
+            allowed,
+            ResourcePatternType.LITERAL,
+            None,
+            None,
+            AclOperation.ANY,
+            AclPermissionType.ANY,
+        )
+    ).result(30)
+    assert described == [grant]
+    producer = Producer({"bootstrap.servers": proxy.bootstrap, "message.timeout.ms": 20_000})
+    assert wait_for(lambda: produce_one(producer, allowed) is None, "the grant")
+    error = produce_one(producer, refused)
+    assert error is not None and error.code() == KafkaError.TOPIC_AUTHORIZATION_FAILED
 
 
 def _consume(kafka: BrokerProcess, group: str, topic: str) -> bytes | None:
