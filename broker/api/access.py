@@ -17,6 +17,32 @@ GROUP = ResourceType.GROUP
 CLUSTER = ResourceType.CLUSTER
 TRANSACTIONAL_ID = ResourceType.TRANSACTIONAL_ID
 
+# What can be done to each resource type (Kafka's ``AclEntry.supportedOperations``): the
+# candidates of the ``authorized_operations`` bit fields Metadata, DescribeCluster and
+# DescribeGroups return when asked.
+TOPIC_OPS = (
+    Operation.READ,
+    Operation.WRITE,
+    Operation.CREATE,
+    Operation.DESCRIBE,
+    Operation.DELETE,
+    Operation.ALTER,
+    Operation.DESCRIBE_CONFIGS,
+    Operation.ALTER_CONFIGS,
+)
+GROUP_OPS = (Operation.READ, Operation.DESCRIBE, Operation.DELETE)
+CLUSTER_OPS = (
+    Operation.CREATE,
+    Operation.CLUSTER_ACTION,
+    Operation.DESCRIBE_CONFIGS,
+    Operation.ALTER_CONFIGS,
+    Operation.IDEMPOTENT_WRITE,
+    Operation.ALTER,
+    Operation.DESCRIBE,
+)
+OPERATIONS_OMITTED = -(2**31)
+"""What an ``authorized_operations`` field holds when the client did not ask for it."""
+
 DENIED_CODES = {
     TOPIC: ErrorCode.TOPIC_AUTHORIZATION_FAILED,
     GROUP: ErrorCode.GROUP_AUTHORIZATION_FAILED,
@@ -88,6 +114,16 @@ def authorized_operations(
 ) -> int:
     """Kafka's ``authorized_operations`` bit field: bit ``op`` set for each allowed one."""
     return sum(1 << op for op in candidates if allowed(ctx, op, resource_type, name))
+
+
+def operations_if_asked(
+    ctx: RequestContext, asked: bool, resource_type: ResourceType, name: str = CLUSTER_NAME
+) -> int:
+    """The bit field of ``resource_type``'s operations the principal may do, if ``asked``."""
+    if not asked:
+        return OPERATIONS_OMITTED
+    candidates = {TOPIC: TOPIC_OPS, GROUP: GROUP_OPS, CLUSTER: CLUSTER_OPS}[resource_type]
+    return authorized_operations(ctx, resource_type, name, candidates)
 
 
 def require_config(

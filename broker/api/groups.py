@@ -39,8 +39,6 @@ GROUP_KEY_TYPE = 0
 OFFSET_METADATA_MAX_BYTES = 4096
 """Kafka's ``offset.metadata.max.bytes``."""
 AUTHORIZED_OPERATIONS_OMITTED = -2147483648
-GROUP_OPS = (Operation.READ, Operation.DELETE, Operation.DESCRIBE)
-"""What can be done to a group; DescribeGroups reports those the principal may."""
 
 
 def _coordinator(ctx: RequestContext) -> GroupCoordinator:
@@ -430,9 +428,7 @@ async def handle_describe_groups(request: Any, ctx: RequestContext) -> Body:
     include_operations = bool(getattr(request, "include_authorized_operations", False))
     described = []
     for group_id in request.groups:
-        operations = AUTHORIZED_OPERATIONS_OMITTED
-        if include_operations:
-            operations = access.authorized_operations(ctx, access.GROUP, group_id, GROUP_OPS)
+        operations = access.operations_if_asked(ctx, include_operations, access.GROUP, group_id)
         try:
             runtime = await _runtime(ctx, group_id, ErrorCode.COORDINATOR_NOT_AVAILABLE, DESCRIBE)
             description = runtime.describe()

@@ -45,18 +45,25 @@ async def handle_metadata(request: Any, ctx: RequestContext) -> Body:
             topic_id = getattr(t, "topic_id", None)
             if not t.name and topic_id is not None and topic_id.hex in by_id:
                 names.append(by_id[topic_id.hex].name)
-    topics = [await _topic_entry(name, allow_auto and requested is not None, ctx) for name in names]
+    auto = allow_auto and requested is not None
+    with_ops = bool(getattr(request, "include_topic_authorized_operations", False))
+    topics = [await _topic_entry(name, auto, with_ops, ctx) for name in names]
+    cluster_ops = bool(getattr(request, "include_cluster_authorized_operations", False))
     return {
         "throttle_time": 0,
         "brokers": broker_entries(ctx),
         "cluster_id": CLUSTER_ID_PREFIX + broker.cluster,
         "controller_id": controller_id(ctx),
         "topics": topics,
-        "cluster_authorized_operations": -2147483648,
+        "cluster_authorized_operations": access.operations_if_asked(
+            ctx, cluster_ops, access.CLUSTER
+        ),
     }
 
 
-async def _topic_entry(name: str, allow_auto: bool, ctx: RequestContext) -> Body:
+async def _topic_entry(
+    name: str, allow_auto: bool, with_operations: bool, ctx: RequestContext
+) -> Body:
     broker = ctx.broker
     if denied := access.topic_denied(ctx, DESCRIBE, name):
         return {"error_code": denied, "name": name, "partitions": []}
@@ -95,7 +102,9 @@ async def _topic_entry(name: str, allow_auto: bool, ctx: RequestContext) -> Body
         "topic_id": topic_uuid(info),
         "is_internal": False,
         "partitions": partitions,
-        "topic_authorized_operations": -2147483648,
+        "topic_authorized_operations": access.operations_if_asked(
+            ctx, with_operations, TOPIC, name
+        ),
     }
 
 
@@ -111,5 +120,9 @@ async def handle_describe_cluster(request: Any, ctx: RequestContext) -> Body:
             {"broker_id": b["node_id"], "host": b["host"], "port": b["port"], "rack": b["rack"]}
             for b in broker_entries(ctx)
         ],
-        "cluster_authorized_operations": -2147483648,
+        "cluster_authorized_operations": access.operations_if_asked(
+            ctx,
+            bool(getattr(request, "include_cluster_authorized_operations", False)),
+            access.CLUSTER,
+        ),
     }

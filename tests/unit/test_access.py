@@ -137,3 +137,19 @@ def test_authorized_operations_bit_field() -> None:
     assert access.authorized_operations(ctx, access.GROUP, "billing", ops) == (1 << 3) | (1 << 8)
     off = context("User:alice", enabled=False)
     assert access.authorized_operations(off, access.GROUP, "billing", ops) == 0b101001000
+
+
+def test_metadata_reports_authorized_operations_when_asked() -> None:
+    ctx = context("User:alice", acls=[read("User:alice", "orders")], topics=("orders",))
+    asked = SimpleNamespace(
+        topics=None,
+        allow_auto_topic_creation=False,
+        include_topic_authorized_operations=True,
+        include_cluster_authorized_operations=True,
+    )
+    answer = asyncio.run(handle_metadata(asked, ctx))
+    assert answer["topics"][0]["topic_authorized_operations"] == (1 << 3) | (1 << 8)
+    assert answer["cluster_authorized_operations"] == 0
+    not_asked = SimpleNamespace(topics=None, allow_auto_topic_creation=False)
+    answer = asyncio.run(handle_metadata(not_asked, ctx))
+    assert answer["topics"][0]["topic_authorized_operations"] == access.OPERATIONS_OMITTED
