@@ -10,12 +10,15 @@ A change applies to a connection that is already open, within a watch round trip
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
+import shutil
 import subprocess
 import sys
 import time
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -31,6 +34,7 @@ from confluent_kafka.admin import (
     ResourceType,
 )
 from harness.brokers import BrokerCluster, BrokerProcess, _create_bucket
+from harness.java_client import CACHE, _jars
 from harness.kafka_wire import (
     KafkaWire,
     fetch_body,
@@ -711,3 +715,45 @@ def _consume_error(kafka: BrokerProcess, group: str, topic: str) -> int:
         raise AssertionError("no authorization error")
     finally:
         consumer.close()
+
+
+JAVA_SOURCE = Path(__file__).with_name("java") / "AclAdmin.java"
+
+
+def java_acl_admin() -> list[str]:
+    """The command running ``java/AclAdmin.java`` (compiled once per source version)."""
+    if shutil.which("javac") is None:
+        pytest.fail("Java 17 (java, javac) is needed for the Java client test", pytrace=False)
+    jars = _jars()
+    digest = hashlib.sha256(JAVA_SOURCE.read_bytes()).hexdigest()[:12]
+    classes = CACHE / f"acl-classes-{digest}"
+    if not (classes / "AclAdmin.class").exists():
+        classes.mkdir(parents=True, exist_ok=True)
+        subprocess.run(
+            ["javac", "-cp", f"{jars}/*", "-d", str(classes), str(JAVA_SOURCE)],
+            check=True,
+            capture_output=True,
+            timeout=300,
+        )
+    return ["java", "-cp", f"{classes}:{jars}/*", "AclAdmin"]
+
+
+def test_the_java_admin_client_manages_acls(
+    cluster: BrokerCluster, kafka: BrokerProcess, prefix: str
+) -> None:
+    """The Java client is what kafka-acls.sh runs: create, describe and delete through it."""
+    command = java_acl_admin()
+    refused = subprocess.run(
+        [*command, kafka.bootstrap, prefix], capture_output=True, text=True, timeout=120
+    )
+    assert refused.stdout.split() == ["error", "ClusterAuthorizationException"], refused.stderr
+    grant_cluster(cluster, "ALTER", "DESCRIBE")
+    done = subprocess.run(
+        [*command, kafka.bootstrap, prefix], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    lines = [line.split() for line in done.stdout.splitlines()]
+    mine = ["TOPIC", "PREFIXED", prefix, ANONYMOUS, "*", "READ", "ALLOW"]
+    assert lines[0] == ["created"]
+    assert lines[1] == ["described", "3"] and mine in lines[2:5]  # and the two cluster grants
+    assert lines[5:] == [["deleted", "1"], mine, ["after", "0"]]
