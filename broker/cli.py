@@ -1,4 +1,4 @@
-"""The ``kafscale`` command: ``broker``, ``proxy``, ``local``, ``operator``, ``drain``,
+"""The ``kafscale`` command: ``broker``, ``proxy``, ``local``, ``operator``, ``drain``, ``acls``,
 ``users``, ``config-reference``.
 
 One image runs every component; the subcommand picks which.
@@ -18,6 +18,7 @@ from pydantic import ValidationError
 
 from kafscale.broker.admin_http import admin_request, read_token
 from kafscale.broker.app import Broker, StartupError
+from kafscale.broker.authz.cli import add_acls_parser, run_acls
 from kafscale.broker.config import BrokerSettings
 from kafscale.broker.local import LocalOptions, run_local
 from kafscale.broker.memory import freeze_startup_objects, tune_allocator
@@ -50,6 +51,7 @@ def main(argv: list[str] | None = None) -> int:
         "drain": _cmd_drain,
         "config-reference": _cmd_config_reference,
         "users": _cmd_users,
+        "acls": _cmd_acls,
     }[args.command]
     return int(handler(args))
 
@@ -89,6 +91,7 @@ def _parser() -> argparse.ArgumentParser:
         help="file with the admin bearer token (default: $KAFSCALE_ADMIN__TOKEN_FILE)",
     )
     add_users_parser(commands)
+    add_acls_parser(commands, add_settings_flags)
     reference = commands.add_parser(
         "config-reference", help="print the configuration reference (Markdown)"
     )
@@ -210,6 +213,11 @@ def _cmd_users(args: argparse.Namespace) -> int:
     if settings is None:
         return 2
     return run_users(settings, args)
+
+
+def _cmd_acls(args: argparse.Namespace) -> int:
+    settings = _load_settings(args)
+    return 2 if settings is None else run_acls(args, settings)
 
 
 def _cmd_config_reference(args: argparse.Namespace) -> int:

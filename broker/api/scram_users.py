@@ -6,7 +6,8 @@ themselves and send the salted password; the broker derives StoredKey and Server
 only those (``security.credentials``). Per-user errors follow Kafka: an unknown mechanism is
 UNSUPPORTED_SASL_MECHANISM, iterations outside 4096..16384 UNACCEPTABLE_CREDENTIAL, a user
 named twice in one request DUPLICATE_RESOURCE, deleting or describing what does not exist
-RESOURCE_NOT_FOUND.
+RESOURCE_NOT_FOUND. With authorization on, describing needs DESCRIBE and altering ALTER on the
+cluster (CLUSTER_AUTHORIZATION_FAILED otherwise), as in Kafka.
 """
 
 from __future__ import annotations
@@ -14,7 +15,9 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
+from kafscale.broker.api import access
 from kafscale.broker.api.dispatch import Body, RequestContext
+from kafscale.broker.authz.model import Operation
 from kafscale.broker.protocol.errors import ErrorCode
 from kafscale.broker.security.scram import (
     MAX_ITERATIONS,
@@ -32,6 +35,7 @@ def _mechanism(value: int) -> ScramMechanism | None:
 
 
 async def handle_describe_user_scram_credentials(request: Any, ctx: RequestContext) -> Body:
+    access.require(ctx, Operation.DESCRIBE, access.CLUSTER)
     known = await ctx.broker.credentials.list()
     names = sorted(known) if request.users is None else [u.name for u in request.users]
     counts = Counter(names)
@@ -55,7 +59,35 @@ def _result(user: str, code: ErrorCode, message: str | None) -> Body:
     return {"user": user, "error_code": code, "error_message": message, "credential_infos": []}
 
 
+def _message(code: ErrorCode) -> str:
+    return code.name.replace("_", " ").capitalize()
+
+
+def describe_error_body(request: Any, code: ErrorCode) -> Body:
+    """The whole request failed with ``code``. Kafka sets it at the top and in one result per
+    user named; here the users carry it and the top level stays NONE when users were named:
+    confluent-kafka 2.16 raises the top-level error and then frees memory twice (the process
+    aborts). Clients read a per-user error the same way (the Java client too)."""
+    message = _message(code)
+    if request.users is None:
+        return {"throttle_time": 0, "error_code": code, "error_message": message, "results": []}
+    names = dict.fromkeys(u.name for u in request.users)
+    results = [_result(n, code, message) for n in names]
+    return {"throttle_time": 0, "error_code": ErrorCode.NONE, "results": results}
+
+
+def alter_error_body(request: Any, code: ErrorCode) -> Body:
+    """Every user of the request failed with ``code`` (an authorization failure)."""
+    users = [d.name for d in request.deletions] + [u.name for u in request.upsertions]
+    message = _message(code)
+    results = [
+        {"user": u, "error_code": code, "error_message": message} for u in dict.fromkeys(users)
+    ]
+    return {"throttle_time": 0, "results": results}
+
+
 async def handle_alter_user_scram_credentials(request: Any, ctx: RequestContext) -> Body:
+    access.require(ctx, Operation.ALTER, access.CLUSTER)
     store = ctx.broker.credentials
     users = [d.name for d in request.deletions] + [u.name for u in request.upsertions]
     errors: dict[str, tuple[ErrorCode, str]] = {}

@@ -15,6 +15,7 @@ batches. Clients pick the highest common version, so none of them sends v0-v2; o
 from __future__ import annotations
 
 from kafscale.broker.api import (
+    acls,
     admin,
     fetch,
     groups,
@@ -99,6 +100,9 @@ _SPECS = [
         offsets.handle_offset_for_leader_epoch,
         no_results("topics"),
     ),
+    ApiSpec(29, "DescribeAcls", 1, 3, acls.handle_describe_acls, acls.describe_acls_error_body),
+    ApiSpec(30, "CreateAcls", 1, 3, acls.handle_create_acls, acls.create_acls_error_body),
+    ApiSpec(31, "DeleteAcls", 1, 3, acls.handle_delete_acls, acls.delete_acls_error_body),
     ApiSpec(
         32,
         "DescribeConfigs",
@@ -144,6 +148,7 @@ _SPECS = [
         0,
         0,
         scram_users.handle_describe_user_scram_credentials,
+        scram_users.describe_error_body,
     ),
     ApiSpec(
         51,
@@ -151,7 +156,7 @@ _SPECS = [
         0,
         0,
         scram_users.handle_alter_user_scram_credentials,
-        no_results("results"),
+        scram_users.alter_error_body,
     ),
 ]
 

@@ -19,6 +19,9 @@ etcd (all under ``/kafscale/<cluster>/``)::
     producers/<producer id>          idempotent producer epoch (JSON)
     users/<user>/scram/<mechanism>   SCRAM credential: salt, iterations, stored and server
                                      keys (JSON; user names percent-encoded like group ids)
+    acls/<type>/<pattern>/<name>/<principal>/<host>/<operation>/<permission>
+                                     one ACL binding (JSON); name, principal and host
+                                     percent-encoded, the others Kafka's enum names
 
 Object store (under the configured prefix)::
 
@@ -157,6 +160,16 @@ def producer_key(cluster: str, producer_id: int) -> str:
 
 def producer_id_counter_key(cluster: str) -> str:
     return f"{cluster_prefix(cluster)}producer-ids/next"
+
+
+def acl_key(cluster: str, *parts: str) -> str:
+    """One ACL binding's key: resource type, pattern type, resource name, principal, host,
+    operation, permission, each percent-encoded into one key segment (names may hold ``/``)."""
+    return acls_prefix(cluster) + "/".join(quote(part, safe="") for part in parts)
+
+
+def acls_prefix(cluster: str) -> str:
+    return f"{cluster_prefix(cluster)}acls/"
 
 
 # --- object store -----------------------------------------------------------------------------

@@ -4,7 +4,7 @@ Answered here: ApiVersions, Metadata (unless it must create topics), FindCoordin
 DescribeCluster. Split by partition owner: Produce, Fetch, ListOffsets, OffsetForLeaderEpoch,
 DeleteRecords. To the group's coordinator: the group and offset APIs (DescribeGroups,
 DeleteGroups and multi-group OffsetFetch split by coordinator). To every broker: ListGroups.
-To any broker (they act through etcd): topic and config administration, InitProducerId.
+To any broker (they act through etcd): topic, config and ACL administration, InitProducerId.
 
 A handler returns a body to encode, the raw answer of one broker (forwarded as it came, only the
 correlation id changed), or None (acks=0).
@@ -260,6 +260,9 @@ HANDLERS: dict[int, Handler] = {
     21: partitioned(split.DELETE_RECORDS),
     22: to_any_broker,  # InitProducerId
     23: partitioned(split.OFFSET_FOR_LEADER_EPOCH),
+    29: to_any_broker,  # DescribeAcls
+    30: to_any_broker,  # CreateAcls
+    31: to_any_broker,  # DeleteAcls
     32: to_any_broker,  # DescribeConfigs
     37: to_any_broker,  # CreatePartitions
     42: by_coordinator(DELETE_GROUPS),

@@ -440,6 +440,61 @@ def test_users_cli_creates_changes_and_deletes_users(secured: SecureBroker) -> N
     assert too_few.returncode == 2 and "iterations" in too_few.stderr
 
 
+def test_managing_users_needs_the_cluster_permissions_when_authorization_is_on(
+    etcd_server: EmbeddedEtcd, s3_server: S3Endpoint, tmp_path: Path
+) -> None:
+    """With the authorizer on, AlterUserScramCredentials needs ALTER and
+    DescribeUserScramCredentials DESCRIBE on the cluster: a super user may, others may not."""
+    bucket = unique_bucket("secz")
+    _create_bucket(s3_server, bucket)
+    cluster_name = f"secz-{uuid.uuid4().hex[:8]}"
+    cluster = BrokerCluster(etcd_server.client_url, s3_server, bucket, cluster_name, tmp_path)
+    for user in ("root", "mallory"):
+        made = users_cli(
+            etcd_server.client_url,
+            cluster_name,
+            "create",
+            user,
+            "--password-stdin",
+            stdin=f"{user}-password\n",
+        )
+        assert made.returncode == 0, made.stderr
+    port = free_port()
+    try:
+        cluster.start(
+            port,
+            KAFSCALE_LISTENERS=f"SASL://127.0.0.1:{port}",
+            KAFSCALE_LISTENER_SECURITY_PROTOCOL_MAP="SASL:SASL_PLAINTEXT",
+            KAFSCALE_AUTHORIZER__ENABLED="true",
+            KAFSCALE_AUTHORIZER__SUPER_USERS='["User:root"]',
+        )
+
+        def admin_as(user: str) -> AdminClient:
+            return AdminClient(
+                {
+                    "bootstrap.servers": f"127.0.0.1:{port}",
+                    "security.protocol": "SASL_PLAINTEXT",
+                    "sasl.mechanisms": "SCRAM-SHA-512",
+                    "sasl.username": user,
+                    "sasl.password": f"{user}-password",
+                }
+            )
+
+        info = ScramCredentialInfo(ScramMechanism.SCRAM_SHA_512, 4096)
+        upsert = [UserScramCredentialUpsertion("eve", info, b"eve-password", b"salt-salt-salt")]
+        mallory = admin_as("mallory")
+        with pytest.raises(Exception, match="CLUSTER_AUTHORIZATION_FAILED"):
+            mallory.alter_user_scram_credentials(upsert)["eve"].result(30)
+        with pytest.raises(Exception, match="CLUSTER_AUTHORIZATION_FAILED"):
+            mallory.describe_user_scram_credentials(["root"])["root"].result(30)
+        root = admin_as("root")
+        root.alter_user_scram_credentials(upsert)["eve"].result(30)
+        described = root.describe_user_scram_credentials(["eve"])["eve"].result(30)
+        assert [i.iterations for i in described.scram_credential_infos] == [4096]
+    finally:
+        cluster.stop_all()
+
+
 def test_describe_unknown_user_is_resource_not_found(secured: SecureBroker) -> None:
     admin = AdminClient(sasl_ssl_confluent(secured))
     future = admin.describe_user_scram_credentials(["nobody-here"])["nobody-here"]
