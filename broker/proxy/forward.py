@@ -20,7 +20,7 @@ from kafscale.broker.protocol import codec
 from kafscale.broker.protocol.errors import ErrorCode
 from kafscale.broker.proxy import split
 from kafscale.broker.proxy.config import RoutingSettings
-from kafscale.broker.proxy.ordering import Ticket
+from kafscale.broker.proxy.ordering import Ticket, retry_out_of_order
 from kafscale.broker.proxy.routes import RoutingTable
 from kafscale.broker.proxy.upstream import Upstream, UpstreamError, UpstreamPool, UpstreamStats
 
@@ -132,7 +132,7 @@ class Forwarder:
                     return None
                 outcomes = await asyncio.gather(*sent.futures, return_exceptions=True)
                 retry, throttle_ms = self._read_outcomes(
-                    call, api, pending, sent, outcomes, results
+                    call, api, pending, sent, outcomes, results, ticket
                 )
                 throttle = max(throttle, throttle_ms)
                 if ticket is not None:
@@ -195,6 +195,7 @@ class Forwarder:
         sent: _Sent,
         outcomes: list[bytes | BaseException],
         results: dict[split.TopicPartition, Any],
+        ticket: Ticket | None = None,
     ) -> tuple[set[split.TopicPartition], int]:
         """Record each partition's answer in ``results``; the partitions to retry (moved,
         unroutable, unreachable, or left out of an answer: all retriable for the client too)
@@ -214,8 +215,12 @@ class Forwarder:
                 if tp not in pending:
                     continue
                 results[tp] = answer
-                if int(answer.error_code) in PARTITION_ROUTE_ERRORS:
+                code = int(answer.error_code)
+                if code in PARTITION_ROUTE_ERRORS:
                     self.stats.count_retry("not_leader")
+                    refused.add(tp)
+                elif ticket is not None and retry_out_of_order(code, tp in ticket.behind):
+                    self.stats.count_retry("out_of_order")
                     refused.add(tp)
                 else:
                     answered.add(tp)

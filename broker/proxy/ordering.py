@@ -11,6 +11,15 @@ planned drain the old owner answers request n NOT_LEADER_OR_FOLLOWER only after 
 requests before it, and deletes its lease right after: the proxy can see the lease move (and send
 request n+1 to the new owner) before it reads that answer; n, retried, then arrives second.
 
+Pipelining on one connection has a hazard of its own: the new owner may refuse request n
+NOT_LEADER_OR_FOLLOWER (its view of the lease lags a moment) and then take the partition for
+request n+1, which it refuses OUT_OF_ORDER_SEQUENCE_NUMBER, n being missing. Talking to the
+broker directly, the client sees n refused first and recovers. Through the proxy it would see n
+succeed (retried) and n+1 refused: librdkafka calls that desynchronization, a fatal error. So
+an OUT_OF_ORDER_SEQUENCE_NUMBER answer to a part sent behind earlier unanswered ones
+(``Ticket.behind``) is retried, in line, like a routing error (``retry_out_of_order``); the
+broker stored nothing of it. Only a part sent at the head of the line gets that answer as is.
+
 So each produce request takes a ``Ticket`` when it arrives, queued per partition in arrival
 order. A part may be written to a connection only if every earlier ticket of its partitions is
 finished there or was itself written to that same connection (``in_order``); otherwise it waits
@@ -24,6 +33,8 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Iterable, Mapping
 
+from kafscale.broker.protocol.errors import ErrorCode
+
 TopicPartition = tuple[str, int]
 
 
@@ -33,14 +44,22 @@ def in_order(earlier: Iterable[object | None], connection: object | None) -> boo
     return all(sent_on is not None and sent_on is connection for sent_on in earlier)
 
 
+def retry_out_of_order(code: int, behind: bool) -> bool:
+    """Retry a part answered ``code``? OUT_OF_ORDER_SEQUENCE_NUMBER is retried only when the
+    part was sent behind earlier unanswered ones, which may have been refused."""
+    return code == ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER and behind
+
+
 class Ticket:
     """One produce request's place in line: per partition, the connection its part was last
     written to (None while not sent)."""
 
-    __slots__ = ("sent_on",)
+    __slots__ = ("behind", "sent_on")
 
     def __init__(self, partitions: Iterable[TopicPartition]) -> None:
         self.sent_on: dict[TopicPartition, object | None] = dict.fromkeys(partitions)
+        # Partitions whose part was last sent pipelined behind earlier unanswered ones.
+        self.behind: set[TopicPartition] = set()
 
 
 class ProduceOrder:
@@ -62,7 +81,12 @@ class ProduceOrder:
         return all(in_order(self._earlier(ticket, tp), target) for tp, target in targets.items())
 
     def sent(self, ticket: Ticket, on: Mapping[TopicPartition, object]) -> None:
-        ticket.sent_on.update(on)
+        for tp, connection in on.items():
+            ticket.sent_on[tp] = connection
+            if self._earlier(ticket, tp):
+                ticket.behind.add(tp)
+            else:
+                ticket.behind.discard(tp)
         self._signal()
 
     def unsent(self, ticket: Ticket, partitions: Iterable[TopicPartition]) -> None:

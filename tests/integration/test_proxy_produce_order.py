@@ -36,7 +36,9 @@ TP = ("t", 0)
 class ScriptedBroker:
     """Answers Produce, one request at a time per connection (as a broker answers in order),
     noting each batch's bytes on arrival; ``hold`` keeps answers back, ``refuse`` makes them
-    NOT_LEADER_OR_FOLLOWER."""
+    NOT_LEADER_OR_FOLLOWER, ``refusals`` does so for that many requests. With ``expected``, it
+    checks sequences as an owner does: it stores only the next expected batch and answers any
+    other OUT_OF_ORDER_SEQUENCE_NUMBER."""
 
     def __init__(self, node_id: int) -> None:
         self.node_id = node_id
@@ -44,6 +46,9 @@ class ScriptedBroker:
         self.hold = asyncio.Event()
         self.hold.set()
         self.refuse = False
+        self.refusals = 0
+        self.expected: list[bytes] | None = None
+        self.stored: list[bytes] = []
         self.got_one = asyncio.Event()
         self._server: asyncio.Server | None = None
 
@@ -69,10 +74,22 @@ class ScriptedBroker:
                 self.arrived.append(batch)
                 self.got_one.set()
                 await self.hold.wait()
-                code = ErrorCode.NOT_LEADER_OR_FOLLOWER if self.refuse else ErrorCode.NONE
+                code = self._decide(batch)
                 writer.write(codec.encode_response(0, version, correlation_id, _answer(code)))
                 await writer.drain()
         writer.close()
+
+    def _decide(self, batch: bytes) -> ErrorCode:
+        if self.refuse or self.refusals > 0:
+            self.refusals -= 1
+            return ErrorCode.NOT_LEADER_OR_FOLLOWER
+        if self.expected is not None:
+            if len(self.stored) >= len(self.expected):
+                return ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER
+            if batch != self.expected[len(self.stored)]:
+                return ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER
+        self.stored.append(batch)
+        return ErrorCode.NONE
 
 
 def _answer(code: ErrorCode) -> dict[str, Any]:
@@ -152,6 +169,56 @@ async def test_a_request_does_not_overtake_one_refused_by_the_old_owner(
     for answer in answers:
         codes = [p.error_code for t in answer["responses"] for p in t["partition_responses"]]
         assert codes == [ErrorCode.NONE]
+
+
+async def test_a_request_refused_for_a_gap_behind_a_refused_one_is_retried_in_line(
+    brokers: tuple[ScriptedBroker, ScriptedBroker, Routes],
+) -> None:
+    """The new owner refuses n (its view of the lease lags), then takes the partition and
+    refuses n+1 for the gap. The client must see both succeed, not n succeed (retried) and
+    n+1 fail: librdkafka makes that a fatal error."""
+    _, new, routes = brokers
+    routes.owner = 2
+    new.refusals = 1
+    new.expected = [b"seq-48", b"seq-49"]
+    new.hold.clear()  # both requests written before the broker answers either
+    forwarder = Forwarder(routes, RoutingSettings(), UpstreamStats())  # type: ignore[arg-type]
+    pool = UpstreamPool(2.0, 1 << 20, forwarder.stats)
+    deadline = forwarder.deadline(10_000)
+    tasks = [
+        asyncio.create_task(
+            forwarder.partitioned(pool, PRODUCE, produce(batch), split.PRODUCE, deadline)
+        )
+        for batch in (b"seq-48", b"seq-49")
+    ]
+    await asyncio.wait_for(new.got_one.wait(), 5)
+    await asyncio.sleep(0.1)
+    new.hold.set()
+    answers = await asyncio.wait_for(asyncio.gather(*tasks), 10)
+    await pool.close()
+
+    assert new.stored == [b"seq-48", b"seq-49"]
+    for answer in answers:
+        codes = [p.error_code for t in answer["responses"] for p in t["partition_responses"]]
+        assert codes == [ErrorCode.NONE]
+
+
+async def test_a_genuine_sequence_gap_reaches_the_client(
+    brokers: tuple[ScriptedBroker, ScriptedBroker, Routes],
+) -> None:
+    _, new, routes = brokers
+    routes.owner = 2
+    new.expected = [b"seq-48"]
+    forwarder = Forwarder(routes, RoutingSettings(), UpstreamStats())  # type: ignore[arg-type]
+    pool = UpstreamPool(2.0, 1 << 20, forwarder.stats)
+    answer = await forwarder.partitioned(
+        pool, PRODUCE, produce(b"seq-49"), split.PRODUCE, forwarder.deadline(10_000)
+    )
+    await pool.close()
+    assert answer is not None
+    codes = [p.error_code for t in answer["responses"] for p in t["partition_responses"]]
+    assert codes == [ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER]
+    assert new.arrived == [b"seq-49"]  # asked once: nothing earlier was in line
 
 
 async def test_requests_pipeline_to_an_unchanged_owner(

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from kafscale.broker.proxy.ordering import ProduceOrder, in_order
+from kafscale.broker.protocol.errors import ErrorCode
+from kafscale.broker.proxy.ordering import ProduceOrder, in_order, retry_out_of_order
 
 pytestmark = pytest.mark.unit
 
@@ -81,3 +82,23 @@ def test_leaving_forgets_the_request() -> None:
     line.leave(ticket)  # twice is harmless
     later = line.enter([P0, P1])
     assert line.may_send(later, {P0: None, P1: None})
+
+
+def test_a_part_sent_behind_unanswered_ones_is_marked_behind() -> None:
+    line = ProduceOrder()
+    first, second = line.enter([P0]), line.enter([P0])
+    line.sent(first, {P0: NEW_OWNER})
+    line.sent(second, {P0: NEW_OWNER})
+    assert P0 not in first.behind
+    assert P0 in second.behind
+    line.finish(first, [P0])
+    line.unsent(second, [P0])
+    line.sent(second, {P0: NEW_OWNER})  # retried at the head of the line
+    assert P0 not in second.behind
+
+
+def test_only_a_gap_behind_unanswered_requests_is_retried() -> None:
+    gap = ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER
+    assert retry_out_of_order(gap, behind=True)
+    assert not retry_out_of_order(gap, behind=False)  # a real gap: the client's to handle
+    assert not retry_out_of_order(ErrorCode.INVALID_PRODUCER_EPOCH, behind=True)
