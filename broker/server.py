@@ -101,9 +101,22 @@ def idle_connections(activity: list[tuple[float, int]], now: float, max_idle_s: 
 _BACKLOG = 128
 
 
+ConnectionClosed = Callable[[Connection], Coroutine[Any, Any, None]]
+"""Called once a connection has ended (the proxy closes the broker connections it opened for
+it)."""
+
+
 class KafkaServer:
-    def __init__(self, dispatch: Dispatch, limits: LimitSettings, host: str, port: int) -> None:
+    def __init__(
+        self,
+        dispatch: Dispatch,
+        limits: LimitSettings,
+        host: str,
+        port: int,
+        on_closed: ConnectionClosed | None = None,
+    ) -> None:
         self._dispatch = dispatch
+        self._on_closed = on_closed
         self._limits = limits
         self._host = host
         self._port = port
@@ -224,7 +237,11 @@ class KafkaServer:
             self._connections.pop(task, None)
             protocol.release()
             protocol.transport.close()
-            await protocol.wait_closed()
+            try:
+                await protocol.wait_closed()
+            finally:
+                if self._on_closed is not None:
+                    await self._on_closed(connection)
 
     async def _pipeline(self, protocol: FrameProtocol, connection: Connection) -> None:
         in_order: asyncio.Queue[Queued] = asyncio.Queue()

@@ -20,7 +20,7 @@ import uuid
 from collections.abc import Iterator
 
 import pytest
-from confluent_kafka.admin import AdminClient
+from confluent_kafka.admin import AdminClient, ConfigResource, ResourceType
 from harness.batches import make_batch
 from harness.brokers import BrokerCluster, BrokerProcess
 from harness.java_client import java_consume, java_produce
@@ -351,3 +351,36 @@ def test_acks_zero_is_forwarded_without_an_answer(proxied: Proxied, topic: str) 
                 break
     assert fetched is not None
     assert len(batches_in(fetched.records)) >= 1
+
+
+def test_describe_configs_of_the_proxy_broker_answers_as_the_proxy(
+    proxied: Proxied, topic: str
+) -> None:
+    """Clients see broker 1000 and describe it (AdminClient.describe_configs, kafka-ui,
+    kafka-configs): the proxy answers from a live broker's configs, as itself."""
+    ck_create_topic(proxied.bootstrap, topic)
+    admin = AdminClient({"bootstrap.servers": proxied.bootstrap})
+    resource = ConfigResource(ResourceType.BROKER, "1000")
+    configs = admin.describe_configs([resource])[resource].result(30)
+    assert configs["broker.id"].value == "1000"
+    assert configs["advertised.listeners"].value == f"PLAINTEXT://{proxied.bootstrap}"
+    assert configs["num.partitions"].value  # a broker's real configs
+    # A topic and the proxy's broker in one request: each answered in the client's order.
+    with KafkaWire(proxied.bootstrap) as wire:
+        response = wire.request(
+            32,
+            4,
+            {
+                "resources": [
+                    {"resource_type": 2, "resource_name": topic, "configuration_keys": None},
+                    {"resource_type": 4, "resource_name": "1000", "configuration_keys": None},
+                ],
+                "include_synonyms": False,
+                "include_documentation": False,
+            },
+        )
+    assert [(r.resource_name, r.error_code) for r in response.results] == [
+        (topic, ErrorCode.NONE),
+        ("1000", ErrorCode.NONE),
+    ]
+    assert {c.name: c.value for c in response.results[0].configs}["cleanup.policy"] == "delete"
