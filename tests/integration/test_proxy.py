@@ -292,13 +292,21 @@ def test_expose_owners_lists_the_owners_at_the_proxy_address(proxied: Proxied, t
     proxy = start_proxy(proxied.cluster, KAFSCALE_ROUTING__EXPOSE_OWNERS="true")
     ck_create_topic(proxy.bootstrap, topic)
     wait_spread(proxied, topic)
-    metadata = AdminClient({"bootstrap.servers": proxy.bootstrap}).list_topics(topic, 10)
+    admin = AdminClient({"bootstrap.servers": proxy.bootstrap})
+    # The partitions may still move once (claimed on demand first, then where the assignment
+    # puts them): compare Metadata with the routes once both have settled.
+    deadline = time.monotonic() + 30
+    while True:
+        metadata = admin.list_topics(topic, 10)
+        leaders = {p.id: p.leader for p in metadata.topics[topic].partitions.values()}
+        if leaders == proxied.owners(topic) or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    assert leaders == proxied.owners(topic)
     live = {b.node_id for b in proxied.cluster.brokers if b.alive and b is not proxied.proxy}
     live.discard(proxy.node_id)
     assert set(metadata.brokers) == live
     assert {(b.host, b.port) for b in metadata.brokers.values()} == {("127.0.0.1", proxy.port)}
-    leaders = {p.id: p.leader for p in metadata.topics[topic].partitions.values()}
-    assert leaders == proxied.owners(topic)
     _, produce, consume = CLIENTS["confluent"]
     records = make_records("expose-owners")
     acked = produce(proxy.bootstrap, topic, records, "lz4")
