@@ -4,14 +4,21 @@ them, across route changes and retries.
 An idempotent producer numbers its batches per partition, and a broker refuses a batch whose
 sequence number is not the next one it expects (OUT_OF_ORDER_SEQUENCE_NUMBER, fatal for the
 producer). Requests written to one upstream connection reach the broker in order, and the broker
-answers them in order, so pipelining on one connection is safe. What is not: a request written
-to a *different* connection (another broker, after the route moved, or a reconnect) while an
-earlier request for the same partition is still unanswered or waiting to be retried. In a
+answers them in order, so pipelining on one connection keeps the order. What does not: a request
+written to a *different* connection (another broker, after the route moved, or a reconnect) while
+an earlier request for the same partition is still unanswered or waiting to be retried. In a
 planned drain the old owner answers request n NOT_LEADER_OR_FOLLOWER only after flushing the
 requests before it, and deletes its lease right after: the proxy can see the lease move (and send
 request n+1 to the new owner) before it reads that answer; n, retried, then arrives second.
 
-Pipelining on one connection has a hazard of its own: the new owner may refuse request n
+So each produce request takes a ``Ticket`` when it arrives, queued per partition in arrival
+order. A part may be written to a connection only if every earlier ticket of its partitions is
+finished or was itself written to that same connection (``in_order``); otherwise it waits
+until an earlier ticket changes (answered, refused and waiting to retry, or sent again). Earlier
+tickets never wait for later ones, so this cannot deadlock; in the common case (one owner, one
+connection) nothing waits and pipelining stays as it is.
+
+Pipelining on one connection has a hazard of its own, too: the new owner may refuse request n
 NOT_LEADER_OR_FOLLOWER (its view of the lease lags a moment) and then take the partition for
 request n+1, which it refuses OUT_OF_ORDER_SEQUENCE_NUMBER, n being missing. Talking to the
 broker directly, the client sees n refused first and recovers. Through the proxy it would see n
@@ -19,13 +26,6 @@ succeed (retried) and n+1 refused: librdkafka calls that desynchronization, a fa
 an OUT_OF_ORDER_SEQUENCE_NUMBER answer to a part sent behind earlier unanswered ones
 (``Ticket.behind``) is retried, in line, like a routing error (``retry_out_of_order``); the
 broker stored nothing of it. Only a part sent at the head of the line gets that answer as is.
-
-So each produce request takes a ``Ticket`` when it arrives, queued per partition in arrival
-order. A part may be written to a connection only if every earlier ticket of its partitions is
-finished there or was itself written to that same connection (``in_order``); otherwise it waits
-until an earlier ticket changes (answered, refused and waiting to retry, or sent again). Earlier
-tickets never wait for later ones, so this cannot deadlock; in the common case (one owner, one
-connection) nothing waits and pipelining stays as it is.
 """
 
 from __future__ import annotations
