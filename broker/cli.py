@@ -1,4 +1,4 @@
-"""The ``kafscale`` command: ``broker``, ``proxy``, ``local``, ``operator``, ``drain``,
+"""The ``kafscale`` command: ``broker``, ``proxy``, ``local``, ``operator``, ``drain``, ``acls``,
 ``config-reference``.
 
 One image runs every component; the subcommand picks which.
@@ -18,6 +18,7 @@ from pydantic import ValidationError
 
 from kafscale.broker.admin_http import admin_request
 from kafscale.broker.app import Broker, StartupError
+from kafscale.broker.authz.cli import add_acls_parser, run_acls
 from kafscale.broker.config import BrokerSettings
 from kafscale.broker.local import LocalOptions, run_local
 from kafscale.broker.memory import freeze_startup_objects, tune_allocator
@@ -48,6 +49,7 @@ def main(argv: list[str] | None = None) -> int:
         "operator": _cmd_operator,
         "drain": _cmd_drain,
         "config-reference": _cmd_config_reference,
+        "acls": _cmd_acls,
     }[args.command]
     return int(handler(args))
 
@@ -81,6 +83,7 @@ def _parser() -> argparse.ArgumentParser:
     drain = commands.add_parser("drain", help="ask a broker to hand its partitions over")
     drain.add_argument("--admin-url", default="http://127.0.0.1:8080")
     drain.add_argument("--timeout-s", type=float, default=60.0)
+    add_acls_parser(commands, add_settings_flags)
     reference = commands.add_parser(
         "config-reference", help="print the configuration reference (Markdown)"
     )
@@ -194,6 +197,11 @@ def _cmd_drain(args: argparse.Namespace) -> int:
         return 1
     print(body)
     return 0 if status == 200 else 1
+
+
+def _cmd_acls(args: argparse.Namespace) -> int:
+    settings = _load_settings(args)
+    return 2 if settings is None else run_acls(args, settings)
 
 
 def _cmd_config_reference(args: argparse.Namespace) -> int:

@@ -256,6 +256,26 @@ class GroupSettings(_Section):
     )
 
 
+class AuthorizerSettings(_Section):
+    """ACL authorization (Kafka's ``authorizer.class.name``, ``super.users``,
+    ``allow.everyone.if.no.acl.found``); see docs/security.md."""
+
+    enabled: bool = Field(
+        False,
+        description="Check every request against the ACLs in etcd (off: every client may do "
+        "everything, and the ACL APIs answer SECURITY_DISABLED, as Kafka without an authorizer).",
+    )
+    super_users: tuple[str, ...] = Field(
+        (),
+        description='Principals allowed everything, ACLs or not, e.g. `["User:admin"]`.',
+    )
+    allow_everyone_if_no_acl_found: bool = Field(
+        False,
+        description="Allow a request on a resource no ACL names at all (Kafka's default, "
+        "false: deny what no ACL allows).",
+    )
+
+
 class BrokerSettings(BaseSettings):
     """Everything one broker process needs to know."""
 
@@ -272,6 +292,7 @@ class BrokerSettings(BaseSettings):
     topics: TopicDefaults = TopicDefaults()
     assignment: AssignmentSettings = AssignmentSettings()
     groups: GroupSettings = GroupSettings()
+    authorizer: AuthorizerSettings = AuthorizerSettings()
     log_level: str = Field("INFO", description="Python logging level.")
 
     def topic_defaults(self) -> dict[str, str]:

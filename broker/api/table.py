@@ -14,7 +14,7 @@ batches. Clients pick the highest common version, so none of them sends v0-v2; o
 
 from __future__ import annotations
 
-from kafscale.broker.api import admin, fetch, groups, metadata, offsets, produce, versions
+from kafscale.broker.api import acls, admin, fetch, groups, metadata, offsets, produce, versions
 from kafscale.broker.api.dispatch import ApiSpec, no_results
 
 _SPECS = [
@@ -89,6 +89,9 @@ _SPECS = [
         offsets.handle_offset_for_leader_epoch,
         no_results("topics"),
     ),
+    ApiSpec(29, "DescribeAcls", 1, 3, acls.handle_describe_acls, acls.describe_acls_error_body),
+    ApiSpec(30, "CreateAcls", 1, 3, acls.handle_create_acls, acls.create_acls_error_body),
+    ApiSpec(31, "DeleteAcls", 1, 3, acls.handle_delete_acls, acls.delete_acls_error_body),
     ApiSpec(
         32,
         "DescribeConfigs",

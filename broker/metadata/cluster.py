@@ -15,6 +15,7 @@ import logging
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from kafscale.broker.authz.store import AclCache
 from kafscale.broker.metadata import keys
 from kafscale.broker.metadata.assignment import Assignment
 from kafscale.broker.metadata.etcd import Etcd, KeyValue, WatchEvent, WatchEventKind
@@ -98,6 +99,7 @@ class ClusterView:
         self.owners: dict[TopicPartition, int] = {}
         self.assignment = Assignment(generation=0, owners={})
         self.draining: set[int] = set()
+        self.acls = AclCache()  # ACL bindings: authorization reads them on every request
         self.watermarks = Watermarks()
         self.changed = asyncio.Event()  # any change: brokers follow assignment/draining on it
         self._watch_task: asyncio.Task[None] | None = None
@@ -155,6 +157,7 @@ class ClusterView:
         self.brokers.clear()
         self.owners.clear()
         self.draining.clear()
+        self.acls.clear()
         for entry in entries:
             self._apply_put(entry.key, entry.value)
         for tp in list(self.states):
@@ -191,6 +194,8 @@ class ClusterView:
             self.assignment = Assignment.from_json(value)
         elif kind == "draining" and len(parts) == 2:
             self.draining.add(int(parts[1]))
+        elif kind == "acls":
+            self.acls.put(key, value)
 
     def _apply_delete(self, key: str) -> None:
         parts = self._relative(key)
@@ -207,6 +212,8 @@ class ClusterView:
             self.owners.pop((parts[2], int(parts[3])), None)
         elif kind == "draining" and len(parts) == 2:
             self.draining.discard(int(parts[1]))
+        elif kind == "acls":
+            self.acls.delete(key)
 
 
 def entries_by_key(entries: Iterable[KeyValue]) -> dict[str, KeyValue]:

@@ -17,6 +17,9 @@ etcd (all under ``/kafscale/<cluster>/``)::
     groups/<group>/metadata          group state (JSON)
     groups/<group>/offsets/<topic>/<p>  committed offset (JSON)
     producers/<producer id>          idempotent producer epoch (JSON)
+    acls/<type>/<pattern>/<name>/<principal>/<host>/<operation>/<permission>
+                                     one ACL binding (JSON); name, principal and host
+                                     percent-encoded, the others Kafka's enum names
 
 Object store (under the configured prefix)::
 
@@ -138,6 +141,16 @@ def producer_key(cluster: str, producer_id: int) -> str:
 
 def producer_id_counter_key(cluster: str) -> str:
     return f"{cluster_prefix(cluster)}producer-ids/next"
+
+
+def acl_key(cluster: str, *parts: str) -> str:
+    """One ACL binding's key: resource type, pattern type, resource name, principal, host,
+    operation, permission, each percent-encoded into one key segment (names may hold ``/``)."""
+    return acls_prefix(cluster) + "/".join(quote(part, safe="") for part in parts)
+
+
+def acls_prefix(cluster: str) -> str:
+    return f"{cluster_prefix(cluster)}acls/"
 
 
 # --- object store -----------------------------------------------------------------------------

@@ -4,7 +4,7 @@ Answered here: ApiVersions, Metadata (unless it must create topics), FindCoordin
 DescribeCluster. Split by partition owner: Produce, Fetch, ListOffsets, OffsetForLeaderEpoch,
 DeleteRecords. To the group's coordinator: the group and offset APIs (DescribeGroups,
 DeleteGroups and multi-group OffsetFetch split by coordinator). To every broker: ListGroups.
-To any broker (they act through etcd): topic and config administration, InitProducerId;
+To any broker (they act through etcd): topic, config and ACL administration, InitProducerId;
 DescribeConfigs of a broker goes to that broker, and of the proxy's own id to a live broker
 whose answer the proxy gives as its own (``configs``).
 
@@ -310,6 +310,9 @@ HANDLERS: dict[int, Handler] = {
     21: partitioned(split.DELETE_RECORDS),
     22: to_any_broker,  # InitProducerId
     23: partitioned(split.OFFSET_FOR_LEADER_EPOCH),
+    29: to_any_broker,  # DescribeAcls
+    30: to_any_broker,  # CreateAcls
+    31: to_any_broker,  # DeleteAcls
     32: describe_configs,
     37: to_any_broker,  # CreatePartitions
     42: by_coordinator(DELETE_GROUPS),
