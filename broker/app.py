@@ -152,7 +152,7 @@ class Broker:
             self.settings.limits,
             listener.host,
             listener.port,
-            endpoints,
+            endpoints=endpoints,
         )
         try:
             await self.server.start(accepting=False)
@@ -466,8 +466,25 @@ def server_endpoints(
     return endpoints, list(contexts.values())
 
 
+_STARTUP_ETCD_ATTEMPTS = 3
+
+
 async def connect_etcd(config: EtcdConnectionSettings) -> Etcd:
-    """The etcd client the settings describe: every endpoint, TLS and credentials."""
+    """The etcd client the settings describe, tried a few times: at start-up etcd may be
+    starting too (a managed etcd beside new broker pods) or slow to answer one handshake on a
+    loaded node; a broker that gave up at once would only be restarted by its supervisor."""
+    for attempt in range(1, _STARTUP_ETCD_ATTEMPTS + 1):
+        try:
+            return await _connect_etcd_once(config)
+        except MetadataUnavailable as exc:
+            if attempt == _STARTUP_ETCD_ATTEMPTS:
+                raise
+            log.warning("etcd not reachable yet (attempt %d): %s", attempt, exc)
+            await asyncio.sleep(1)
+    raise AssertionError("unreachable")
+
+
+async def _connect_etcd_once(config: EtcdConnectionSettings) -> Etcd:
     return await Etcd.connect(
         config.endpoints,
         config.timeout_s,

@@ -145,6 +145,11 @@ _BACKLOG = 128
 SASL_MAX_RECEIVE_BYTES = 512 * 1024
 
 
+ConnectionClosed = Callable[[Connection], Coroutine[Any, Any, None]]
+"""Called once a connection has ended (the proxy closes the broker connections it opened for
+it)."""
+
+
 class KafkaServer:
     """Every listener of a broker; the limits (connections, request memory) are shared.
 
@@ -157,9 +162,11 @@ class KafkaServer:
         limits: LimitSettings,
         host: str,
         port: int,
+        on_closed: ConnectionClosed | None = None,
         endpoints: Sequence[ServerEndpoint] | None = None,
     ) -> None:
         self._dispatch = dispatch
+        self._on_closed = on_closed
         self._limits = limits
         self._endpoints = (
             list(endpoints)
@@ -325,7 +332,11 @@ class KafkaServer:
             self._connections.pop(task, None)
             protocol.release()
             protocol.transport.close()
-            await protocol.wait_closed()
+            try:
+                await protocol.wait_closed()
+            finally:
+                if self._on_closed is not None:
+                    await self._on_closed(connection)
 
     async def _pipeline(self, protocol: FrameProtocol, connection: Connection) -> None:
         in_order: asyncio.Queue[Queued] = asyncio.Queue()
