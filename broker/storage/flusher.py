@@ -502,7 +502,7 @@ class Flusher:
     def _on_committed(self, item: Uploaded, state: PartitionState, revision: int) -> None:
         owned = item.work.partition
         owned.committed(state, revision)
-        self._view.update_state(owned.tp, state)
+        self._view.update_state(owned.tp, state, revision)
         for segment in item.segments:
             if segment.reservation is not None:
                 segment.reservation.release()
