@@ -14,7 +14,12 @@ request each. What else holds a round back:
   with data is one PUT per round, so at most ``1 / min_interval_s`` PUTs per second per
   partition, plus one per filled segment. Object stores bill per request; a local directory
   does not, so its default is 0;
-* ``max_in_flight``: rounds uploading or committing at once.
+* ``max_in_flight``: rounds uploading or committing at once;
+* ``max_uploading``: rounds uploading at once. A second round may start while one uploads, so
+  a request that arrives during an upload is not held until that upload ends (a producer with
+  five requests in flight otherwise saw them alternate between two rounds, each waiting for the
+  other's upload); rounds that finish uploading while an earlier one commits are committed
+  together with it, in one etcd transaction (``flusher``).
 
 ``max_wait_s`` (``log.flush_interval_ms``) caps the first two: no batch waits longer than that for
 its round to become due. A partition that has buffered a whole segment gets a round of whole
@@ -42,9 +47,12 @@ class RoundPolicy:
     coalesce_s: float
     max_wait_s: float
     max_in_flight: int
+    max_uploading: int = 1
 
 
-def round_policy(settings: BrokerSettings, max_in_flight: int) -> RoundPolicy:
+def round_policy(
+    settings: BrokerSettings, max_in_flight: int, max_uploading: int = 1
+) -> RoundPolicy:
     """The broker's policy: the store's default interval unless one is set, capped by
     ``flush_interval_ms`` (the longest any batch waits)."""
     log = settings.log
@@ -58,6 +66,7 @@ def round_policy(settings: BrokerSettings, max_in_flight: int) -> RoundPolicy:
         coalesce_s=min(log.flush_coalesce_ms, log.flush_interval_ms) / 1000,
         max_wait_s=log.flush_interval_ms / 1000,
         max_in_flight=max_in_flight,
+        max_uploading=max_uploading,
     )
 
 
@@ -107,8 +116,8 @@ def decide_round(
     if last_round_at is not None:
         due = max(due, last_round_at + policy.min_interval_s)
     due = min(due, pending_since + policy.max_wait_s)
-    if now >= due and rounds_uploading == 0:
+    if now >= due and rounds_uploading < policy.max_uploading:
         return Start(everything=True)
     if segment_full:
         return Start(everything=False)
-    return Wait(due if now < due else None)  # else: the upload's handoff wakes the loop
+    return Wait(due if now < due else None)  # else: an upload's handoff wakes the loop
