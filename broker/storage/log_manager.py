@@ -38,7 +38,7 @@ from kafscale.broker.protocol.errors import (
 )
 from kafscale.broker.storage.cache import SegmentCache
 from kafscale.broker.storage.flush_schedule import round_policy
-from kafscale.broker.storage.flusher import MAX_ROUNDS_IN_FLIGHT, MAX_ROUNDS_UPLOADING, Flusher
+from kafscale.broker.storage.flusher import MAX_ROUNDS_IN_FLIGHT, Flusher
 from kafscale.broker.storage.object_store import ObjectStore
 from kafscale.broker.storage.partition_log import FlushWork, OwnedPartition
 
@@ -78,7 +78,7 @@ class LogManager:
             cache,
             self.owned,
             self._abandon,
-            round_policy(settings, MAX_ROUNDS_IN_FLIGHT, MAX_ROUNDS_UPLOADING),
+            round_policy(settings, MAX_ROUNDS_IN_FLIGHT),
         )
         self._flush_task: asyncio.Task[None] | None = None
         self.acquiring = True  # False while draining: hand partitions over, take none

@@ -76,11 +76,11 @@ def test_a_second_round_uploads_beside_the_first_but_not_a_third() -> None:
     assert third == Wait(None)
 
 
-def test_the_broker_allows_two_rounds_uploading() -> None:
-    from kafscale.broker.storage.flusher import MAX_ROUNDS_IN_FLIGHT, MAX_ROUNDS_UPLOADING
-
-    policy = round_policy(BrokerSettings(), MAX_ROUNDS_IN_FLIGHT, MAX_ROUNDS_UPLOADING)
-    assert (policy.max_in_flight, policy.max_uploading) == (4, 2)
+def test_two_rounds_upload_at_once_on_s3_and_one_on_a_local_directory() -> None:
+    local = BrokerSettings(storage=StorageSettings(kind=StorageKind.LOCAL))
+    s3 = BrokerSettings(storage=StorageSettings(kind=StorageKind.S3))
+    assert round_policy(s3, 4).max_uploading == 2
+    assert round_policy(local, 4).max_uploading == 1
 
 
 def test_the_coalescing_window_holds_the_first_batch_briefly() -> None:
