@@ -5,18 +5,27 @@ serving), ``POST /drain`` (hand every partition over, then answer; the pod may t
 ``GET /status`` (JSON: node id, owned partitions, segment cache), ``GET /metrics``
 (Prometheus text format). Plain asyncio, no web framework: five routes do not justify a
 dependency.
+
+``POST /drain`` and ``GET /status`` are guarded (:class:`AdminGuard`): with a token file they
+need ``Authorization: Bearer <token>``; without one they answer loopback clients only (the
+preStop hook runs inside the pod), unless the operator of the broker opts out. The port itself
+stays on the listener's address, so the kubelet's probes (which come from outside the pod) and
+metrics scrapers keep working: every other route is open.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import hmac
+import ipaddress
 import json
 import logging
 import urllib.error
 import urllib.request
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from kafscale.broker.observability.exposition import CONTENT_TYPE
@@ -32,9 +41,46 @@ class AdminRoutes:
     metrics: Callable[[], bytes] | None = None
 
 
+GUARDED_ROUTES = frozenset({("POST", "/drain"), ("GET", "/status")})
+
+
+@dataclass(frozen=True, slots=True)
+class AdminGuard:
+    """Who may use the guarded routes: bearer token holders, else loopback clients."""
+
+    token_file: Path | None = None
+    allow_remote_without_token: bool = False
+
+    def check(self, peer_host: str, authorization: str | None) -> tuple[int, str] | None:
+        """None if allowed, else (HTTP status, reason)."""
+        if self.token_file is None:
+            if self.allow_remote_without_token or is_loopback(peer_host):
+                return None
+            return 403, "no admin token is configured: only loopback clients may do this"
+        try:
+            token = self.token_file.read_text().strip()
+        except OSError as exc:
+            log.error("cannot read the admin token file: %s", exc)
+            return 503, "the admin token file cannot be read"
+        given = (authorization or "").removeprefix("Bearer ").strip()
+        if not token or not given or not hmac.compare_digest(given.encode(), token.encode()):
+            return 401, "a valid bearer token is required"
+        return None
+
+
+def is_loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host.split("%", 1)[0]).is_loopback
+    except ValueError:
+        return False
+
+
 class AdminServer:
-    def __init__(self, routes: AdminRoutes, host: str, port: int) -> None:
+    def __init__(
+        self, routes: AdminRoutes, host: str, port: int, guard: AdminGuard | None = None
+    ) -> None:
         self._routes = routes
+        self._guard = guard or AdminGuard()
         self._host = host
         self._port = port
         self._server: asyncio.Server | None = None
@@ -58,10 +104,17 @@ class AdminServer:
         try:
             async with asyncio.timeout(60):
                 request_line = await reader.readline()
-                while (await reader.readline()) not in (b"\r\n", b"\n", b""):
-                    pass
+                headers = await _read_headers(reader)
                 method, path = _parse_request_line(request_line)
-                if method == "GET" and path == "/metrics" and self._routes.metrics is not None:
+                refused: tuple[int, str] | None = None
+                body: dict[str, object]
+                if (method, path) in GUARDED_ROUTES:
+                    peer = writer.get_extra_info("peername")
+                    peer_host = str(peer[0]) if isinstance(peer, tuple) and peer else ""
+                    refused = self._guard.check(peer_host, headers.get("authorization"))
+                if refused is not None:
+                    _respond(writer, refused[0], {"error": refused[1]})
+                elif method == "GET" and path == "/metrics" and self._routes.metrics is not None:
                     self._respond_metrics(writer, self._routes.metrics)
                 else:
                     status, body = await self._route(method, path)
@@ -99,6 +152,22 @@ class AdminServer:
         return 404, {"error": f"no route {method} {path}"}
 
 
+_MAX_HEADERS = 100
+
+
+async def _read_headers(reader: asyncio.StreamReader) -> dict[str, str]:
+    """The request's headers, names lower-cased (at most ``_MAX_HEADERS`` lines)."""
+    headers: dict[str, str] = {}
+    for _ in range(_MAX_HEADERS):
+        line = await reader.readline()
+        if line in (b"\r\n", b"\n", b""):
+            return headers
+        name, sep, value = line.decode("latin-1").partition(":")
+        if sep:
+            headers[name.strip().lower()] = value.strip()
+    raise ValueError("too many headers")
+
+
 def _parse_request_line(line: bytes) -> tuple[str, str]:
     parts = line.decode("latin-1").split()
     if len(parts) < 2:
@@ -110,6 +179,8 @@ def _respond(writer: asyncio.StreamWriter, status: int, body: dict[str, object])
     payload = json.dumps(body).encode()
     reason = {
         200: "OK",
+        401: "Unauthorized",
+        403: "Forbidden",
         404: "Not Found",
         500: "Internal Server Error",
         503: "Service Unavailable",
@@ -129,13 +200,23 @@ def _respond_text(writer: asyncio.StreamWriter, payload: bytes) -> None:
     writer.write(head.encode() + payload)
 
 
-def admin_request(base_url: str, method: str, path: str, timeout_s: float = 10) -> tuple[int, Any]:
+def admin_request(
+    base_url: str, method: str, path: str, timeout_s: float = 10, token: str | None = None
+) -> tuple[int, Any]:
     """(status, JSON body) of a call to a broker's admin endpoint: ``kafscale drain``, the test
     harness and the benches all talk to it through this one client. Raises OSError when the
     broker cannot be reached."""
-    request = urllib.request.Request(base_url.rstrip("/") + path, method=method)
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    request = urllib.request.Request(base_url.rstrip("/") + path, method=method, headers=headers)
     try:
         with urllib.request.urlopen(request, timeout=timeout_s) as response:
             return response.status, json.loads(response.read())
     except urllib.error.HTTPError as exc:
         return exc.code, json.loads(exc.read() or b"{}")
+
+
+def read_token(token_file: str | None) -> str | None:
+    """The admin token in ``token_file`` (None: no file given)."""
+    if not token_file:
+        return None
+    return Path(token_file).read_text().strip()

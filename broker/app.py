@@ -11,11 +11,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import socket
+import ssl
 from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
-from kafscale.broker.admin_http import AdminRoutes, AdminServer
+from kafscale.broker.admin_http import AdminGuard, AdminRoutes, AdminServer
 from kafscale.broker.api.dispatch import Dispatcher
 from kafscale.broker.api.fetch_sessions import FetchSessionCache
 from kafscale.broker.api.table import API_TABLE
@@ -42,7 +44,10 @@ from kafscale.broker.observability.logs import set_node_id
 from kafscale.broker.observability.metrics import HotPathCollector
 from kafscale.broker.ownership import follow_once, plan_ownership
 from kafscale.broker.protocol.errors import ErrorCode, KafkaError, NotLeader
-from kafscale.broker.server import ByteBudget, KafkaServer
+from kafscale.broker.security.credentials import CredentialStore
+from kafscale.broker.security.listeners import advertised_address, internal_listener
+from kafscale.broker.security.tls import CertificateReloader, TlsConfigError, server_context
+from kafscale.broker.server import ByteBudget, KafkaServer, ServerEndpoint
 from kafscale.broker.storage.cache import SegmentCache
 from kafscale.broker.storage.factory import open_object_store
 from kafscale.broker.storage.instrumented import InstrumentedStore
@@ -94,6 +99,11 @@ class Broker:
         return TopicPurger(self.cluster, self.etcd, self.store, self.cache)
 
     @property
+    def credentials(self) -> CredentialStore:
+        """The users' SCRAM credentials (SASL logins, Alter/DescribeUserScramCredentials)."""
+        return CredentialStore(self.etcd, self.cluster)
+
+    @property
     def log_manager(self) -> LogManager:
         assert self.manager is not None
         return self.manager
@@ -137,14 +147,27 @@ class Broker:
 
     async def _start_serving(self) -> None:
         listener = self.settings.listener
+        try:
+            endpoints, contexts = server_endpoints(self.settings)
+        except TlsConfigError as exc:
+            await self._close_clients()
+            raise StartupError(str(exc)) from exc
         self.server = KafkaServer(
-            Dispatcher(API_TABLE, self), self.settings.limits, listener.host, listener.port
+            Dispatcher(API_TABLE, self),
+            self.settings.limits,
+            listener.host,
+            listener.port,
+            endpoints=endpoints,
         )
         try:
             await self.server.start(accepting=False)
         except OSError as exc:
             await self._close_clients()
-            raise StartupError(f"cannot listen on {listener.host}:{listener.port}: {exc}") from exc
+            names = ", ".join(f"{e.listener.host}:{e.listener.port}" for e in endpoints)
+            raise StartupError(f"cannot listen on {names}: {exc}") from exc
+        if contexts:
+            reloader = CertificateReloader(self.settings.tls, contexts)
+            self._tasks.append(asyncio.create_task(reloader.run(), name="tls-reload"))
         # The admin endpoint comes up before registering, so the registration can name its
         # port (``kafscale status`` finds every broker's /metrics through etcd); /readyz says
         # 503 until the broker serves.
@@ -157,6 +180,9 @@ class Broker:
             ),
             listener.host,
             listener.admin_port,
+            AdminGuard(
+                self.settings.admin.token_file, self.settings.admin.allow_remote_without_token
+            ),
         )
         try:
             await self.admin.start()
@@ -213,18 +239,10 @@ class Broker:
         log.info("broker %d serving on %s:%d", self.node_id, self.info.host, self.info.port)
 
     async def _register(self) -> BrokerInfo:
-        listener = self.settings.listener
         assert self.server is not None
         node_id = await self.etcd.increment(keys.broker_id_counter_key(self.cluster))
-        host = listener.advertised()
-        info = BrokerInfo(
-            node_id=node_id,
-            host=host,
-            port=listener.advertised_port or self.server.port,
-            rack=listener.rack,
-            pod=self.pod_name,
-            admin_port=self.admin.port if self.admin is not None else None,
-        )
+        admin_port = self.admin.port if self.admin is not None else None
+        info = registration(self.settings, node_id, self.server.ports, self.pod_name, admin_port)
         await self._retire_predecessors(info)
         await self.etcd.put(
             keys.broker_key(self.cluster, node_id), info.to_json(), lease=self.session.id
@@ -430,8 +448,70 @@ class Broker:
         await self.store.close()
 
 
+def registration(
+    settings: BrokerSettings,
+    node_id: int,
+    ports: dict[str, int],
+    pod: str | None,
+    admin_port: int | None = None,
+) -> BrokerInfo:
+    """What a broker registers: every listener's advertised address, the internal one as the
+    main ``host``/``port`` (the proxy's way in, and all that older readers know)."""
+    plan = settings.listener_plan()
+    addresses = {
+        listener.name: advertised_address(listener, ports[listener.name], socket.getfqdn)
+        for listener in plan
+    }
+    host, port = addresses[internal_listener(plan, settings.internal_listener_name).name]
+    return BrokerInfo(
+        node_id=node_id,
+        host=host,
+        port=port,
+        rack=settings.listener.rack,
+        pod=pod,
+        listeners=tuple((name, h, p) for name, (h, p) in addresses.items()),
+        admin_port=admin_port,
+    )
+
+
+def server_endpoints(
+    settings: BrokerSettings,
+) -> tuple[list[ServerEndpoint], list[ssl.SSLContext]]:
+    """The listeners to open, with a TLS context for each SSL/SASL_SSL one (one context per
+    client-auth mode), and the contexts the certificate reloader keeps current."""
+    contexts: dict[object, ssl.SSLContext] = {}
+    endpoints = []
+    for listener in settings.listener_plan():
+        context = None
+        if listener.protocol.uses_tls:
+            context = contexts.get(listener.client_auth)
+            if context is None:
+                context = server_context(settings.tls, listener.client_auth)
+                contexts[listener.client_auth] = context
+        mechanisms = settings.sasl.enabled_mechanisms if listener.protocol.uses_sasl else ()
+        endpoints.append(ServerEndpoint(listener, context, tuple(mechanisms)))
+    return endpoints, list(contexts.values())
+
+
+_STARTUP_ETCD_ATTEMPTS = 3
+
+
 async def connect_etcd(config: EtcdConnectionSettings) -> Etcd:
-    """The etcd client the settings describe: every endpoint, TLS and credentials."""
+    """The etcd client the settings describe, tried a few times: at start-up etcd may be
+    starting too (a managed etcd beside new broker pods) or slow to answer one handshake on a
+    loaded node; a broker that gave up at once would only be restarted by its supervisor."""
+    for attempt in range(1, _STARTUP_ETCD_ATTEMPTS + 1):
+        try:
+            return await _connect_etcd_once(config)
+        except MetadataUnavailable as exc:
+            if attempt == _STARTUP_ETCD_ATTEMPTS:
+                raise
+            log.warning("etcd not reachable yet (attempt %d): %s", attempt, exc)
+            await asyncio.sleep(1)
+    raise AssertionError("unreachable")
+
+
+async def _connect_etcd_once(config: EtcdConnectionSettings) -> Etcd:
     return await Etcd.connect(
         config.endpoints,
         config.timeout_s,

@@ -34,6 +34,7 @@ class BrokerProcess:
     process: subprocess.Popen[bytes] | None = None
     node_id: int = -1
     stopping: bool = False  # sent SIGTERM or SIGKILL: no longer counted as a cluster member
+    admin_token: str | None = None  # sent to the admin port when the broker requires one
 
     @property
     def bootstrap(self) -> str:
@@ -79,7 +80,7 @@ class BrokerProcess:
         raise TimeoutError(f"broker not ready in {timeout_s}s:\n{self.tail()}")
 
     def http(self, method: str, path: str, timeout_s: float = 10) -> tuple[int, Any]:
-        return admin_request(self.admin_url, method, path, timeout_s)
+        return admin_request(self.admin_url, method, path, timeout_s, self.admin_token)
 
     def status(self) -> dict[str, Any]:
         return dict(self.http("GET", "/status")[1])

@@ -1,5 +1,5 @@
-"""The ``kafscale`` command: ``broker``, ``proxy``, ``local``, ``operator``, ``drain``,
-``status``, ``config-reference``.
+"""The ``kafscale`` command: ``broker``, ``proxy``, ``local``, ``operator``, ``drain``, ``acls``,
+``users``, ``status``, ``config-reference``.
 
 One image runs every component; the subcommand picks which.
 """
@@ -16,8 +16,9 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from kafscale.broker.admin_http import admin_request
+from kafscale.broker.admin_http import admin_request, read_token
 from kafscale.broker.app import Broker, StartupError, connect_etcd
+from kafscale.broker.authz.cli import add_acls_parser, run_acls
 from kafscale.broker.config import BrokerSettings
 from kafscale.broker.local import LocalOptions, run_local
 from kafscale.broker.memory import freeze_startup_objects, tune_allocator
@@ -40,6 +41,7 @@ from kafscale.broker.settings_cli import (
     overrides_from_args,
     update_readme,
 )
+from kafscale.broker.users_cli import add_users_parser, run_users
 
 log = logging.getLogger("kafscale")
 
@@ -58,6 +60,8 @@ def main(argv: list[str] | None = None) -> int:
         "drain": _cmd_drain,
         "status": _cmd_status,
         "config-reference": _cmd_config_reference,
+        "users": _cmd_users,
+        "acls": _cmd_acls,
     }[args.command]
     return int(handler(args))
 
@@ -91,6 +95,13 @@ def _parser() -> argparse.ArgumentParser:
     drain = commands.add_parser("drain", help="ask a broker to hand its partitions over")
     drain.add_argument("--admin-url", default="http://127.0.0.1:8080")
     drain.add_argument("--timeout-s", type=float, default=60.0)
+    drain.add_argument(
+        "--token-file",
+        default=os.environ.get("KAFSCALE_ADMIN__TOKEN_FILE"),
+        help="file with the admin bearer token (default: $KAFSCALE_ADMIN__TOKEN_FILE)",
+    )
+    add_users_parser(commands)
+    add_acls_parser(commands, add_settings_flags)
     status = commands.add_parser(
         "status",
         help="brokers, partition owners, groups and their lag (from etcd and the brokers' "
@@ -204,7 +215,8 @@ def _cmd_operator(args: argparse.Namespace) -> int:
 
 def _cmd_drain(args: argparse.Namespace) -> int:
     try:
-        status, body = admin_request(args.admin_url, "POST", "/drain", args.timeout_s)
+        token = read_token(args.token_file)
+        status, body = admin_request(args.admin_url, "POST", "/drain", args.timeout_s, token)
     except OSError as exc:
         print(f"kafscale drain: {exc}", file=sys.stderr)
         return 1
@@ -236,6 +248,18 @@ def _cmd_status(args: argparse.Namespace) -> int:
         return 1
     print(status.to_json() if args.json else render(status), end="" if not args.json else "\n")
     return 0
+
+
+def _cmd_users(args: argparse.Namespace) -> int:
+    settings = _load_settings(args)
+    if settings is None:
+        return 2
+    return run_users(settings, args)
+
+
+def _cmd_acls(args: argparse.Namespace) -> int:
+    settings = _load_settings(args)
+    return 2 if settings is None else run_acls(args, settings)
 
 
 def _cmd_config_reference(args: argparse.Namespace) -> int:

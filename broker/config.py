@@ -16,8 +16,18 @@ from collections.abc import Callable
 from enum import StrEnum
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from kafscale.broker.security.listeners import (
+    DEFAULT_LISTENER_NAME,
+    DEFAULT_PROTOCOL_MAP,
+    ClientAuth,
+    Listener,
+    SecurityProtocol,
+    internal_listener,
+    plan_listeners,
+)
 
 
 class LogFormat(StrEnum):
@@ -261,6 +271,77 @@ class GroupSettings(_Section):
     )
 
 
+class TlsSettings(_Section):
+    """The certificate of the SSL and SASL_SSL listeners (Kafka's ``ssl.*``)."""
+
+    cert_file: Path | None = Field(
+        None, description="PEM server certificate (chain) of TLS listeners; reloaded on change."
+    )
+    key_file: Path | None = Field(None, description="PEM private key of `cert_file`.")
+    key_password: SecretStr | None = Field(None, description="Password of an encrypted key.")
+    ca_file: Path | None = Field(
+        None, description="PEM CA certificates that client certificates must chain to."
+    )
+    client_auth: ClientAuth = Field(
+        ClientAuth.NONE,
+        description="ssl.client.auth: `none`, `requested` or `required`; a verified client "
+        "certificate's subject becomes the principal (User:CN=...,O=...) unless SASL names one.",
+    )
+    client_auth_overrides: str = Field(
+        "",
+        examples=["MTLS:required"],
+        description="Per-listener client auth, NAME:VALUE,... (Kafka's "
+        "listener.name.<name>.ssl.client.auth), e.g. `MTLS:required`.",
+    )
+    reload_interval_s: float = Field(
+        10.0, gt=0, description="How often the certificate files are checked for changes."
+    )
+
+
+class SaslSettings(_Section):
+    enabled_mechanisms: tuple[str, ...] = Field(
+        ("SCRAM-SHA-512", "SCRAM-SHA-256", "PLAIN"),
+        description="sasl.enabled.mechanisms of SASL listeners. PLAIN checks the password "
+        "against the SCRAM credentials in etcd (`kafscale users`).",
+    )
+
+
+class AdminSettings(_Section):
+    """Who may use the admin HTTP port's ``POST /drain`` and ``GET /status``."""
+
+    token_file: Path | None = Field(
+        None,
+        description="File holding the bearer token POST /drain and GET /status require "
+        "(re-read on each request, so a rotated Secret applies at once). Health and metrics "
+        "stay open.",
+    )
+    allow_remote_without_token: bool = Field(
+        False,
+        description="Without a token, POST /drain and GET /status answer loopback clients "
+        "only; true lets any client use them (the old behaviour).",
+    )
+
+
+class AuthorizerSettings(_Section):
+    """ACL authorization (Kafka's ``authorizer.class.name``, ``super.users``,
+    ``allow.everyone.if.no.acl.found``); see docs/security.md."""
+
+    enabled: bool = Field(
+        False,
+        description="Check every request against the ACLs in etcd (off: every client may do "
+        "everything, and the ACL APIs answer SECURITY_DISABLED, as Kafka without an authorizer).",
+    )
+    super_users: tuple[str, ...] = Field(
+        (),
+        description='Principals allowed everything, ACLs or not, e.g. `["User:admin"]`.',
+    )
+    allow_everyone_if_no_acl_found: bool = Field(
+        False,
+        description="Allow a request on a resource no ACL names at all (Kafka's default, "
+        "false: deny what no ACL allows).",
+    )
+
+
 class BrokerSettings(BaseSettings):
     """Everything one broker process needs to know."""
 
@@ -277,6 +358,34 @@ class BrokerSettings(BaseSettings):
     topics: TopicDefaults = TopicDefaults()
     assignment: AssignmentSettings = AssignmentSettings()
     groups: GroupSettings = GroupSettings()
+    listeners: str | None = Field(
+        None,
+        examples=["PLAINTEXT://:9092"],
+        description="Kafka's `listeners`: NAME://host:port,... (e.g. "
+        "`INTERNAL://:9092,EXTERNAL://:9093`); None: one PLAINTEXT listener from "
+        "listener.host and listener.port.",
+    )
+    advertised_listeners: str | None = Field(
+        None,
+        examples=["PLAINTEXT://kafka.example.com:9092"],
+        description="NAME://host:port,... given to clients that connect to listener NAME; "
+        "a listener left out advertises its bind address.",
+    )
+    listener_security_protocol_map: str = Field(
+        DEFAULT_PROTOCOL_MAP,
+        examples=["PLAINTEXT:PLAINTEXT,EXTERNAL:SASL_SSL"],
+        description="NAME:PROTOCOL,... with PLAINTEXT, SSL, SASL_PLAINTEXT or SASL_SSL.",
+    )
+    internal_listener_name: str | None = Field(
+        None,
+        examples=["PLAINTEXT"],
+        description="The listener registered as the broker's main address, which the proxy "
+        "connects to (Kafka's inter.broker.listener.name); default: the first.",
+    )
+    tls: TlsSettings = TlsSettings()
+    sasl: SaslSettings = SaslSettings()
+    admin: AdminSettings = AdminSettings()
+    authorizer: AuthorizerSettings = AuthorizerSettings()
     log_level: str = Field("INFO", description="Python logging level.")
     log_format: LogFormat = Field(
         LogFormat.TEXT,
@@ -288,6 +397,45 @@ class BrokerSettings(BaseSettings):
         description="Count requests, bytes, flushes and store/etcd calls for GET /metrics "
         "(off: those counters stay at zero; state gauges are still served).",
     )
+
+    @model_validator(mode="after")
+    def _check_listeners(self) -> BrokerSettings:
+        plan = self.listener_plan()
+        internal_listener(plan, self.internal_listener_name)
+        if any(listener.protocol.uses_tls for listener in plan) and not (
+            self.tls.cert_file and self.tls.key_file
+        ):
+            raise ValueError("an SSL or SASL_SSL listener needs tls.cert_file and tls.key_file")
+        if (
+            any(
+                listener.client_auth != ClientAuth.NONE
+                for listener in plan
+                if listener.protocol.uses_tls
+            )
+            and not self.tls.ca_file
+        ):
+            raise ValueError("client certificate authentication needs tls.ca_file")
+        return self
+
+    def listener_plan(self) -> list[Listener]:
+        """Every listener this broker opens, parsed from the settings."""
+        section = self.listener
+        default = Listener(
+            name=DEFAULT_LISTENER_NAME,
+            host=section.host,
+            port=section.port,
+            protocol=SecurityProtocol.PLAINTEXT,
+            advertised_host=section.advertised_host,
+            advertised_port=section.advertised_port,
+        )
+        return plan_listeners(
+            self.listeners,
+            self.advertised_listeners,
+            self.listener_security_protocol_map,
+            self.tls.client_auth,
+            self.tls.client_auth_overrides,
+            default,
+        )
 
     def topic_defaults(self) -> dict[str, str]:
         """Topic configs a topic gets unless it sets its own (Kafka's broker-level defaults)."""

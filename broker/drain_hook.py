@@ -6,23 +6,37 @@ the answer. It runs in the pod while the broker still serves, so it must cost li
 before it reads its arguments, while this module imports the standard library and the admin
 client only. Its timeout is set by the operator to fit inside the pod's termination grace
 period, leaving the broker time to shut down after the hook returns.
+
+When the broker requires an admin token (``admin.token_file``), the hook sends it: it reads
+the file named by ``--token-file``, by default the broker's own ``KAFSCALE_ADMIN__TOKEN_FILE``
+(the hook runs in the broker's container, with its environment), so the operator's preStop
+command needs no change when a token is configured.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
-from kafscale.broker.admin_http import admin_request
+from kafscale.broker.admin_http import admin_request, read_token
+
+TOKEN_FILE_ENV = "KAFSCALE_ADMIN__TOKEN_FILE"
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="kafscale-drain", description=__doc__)
     parser.add_argument("--admin-url", default="http://127.0.0.1:8080")
     parser.add_argument("--timeout-s", type=float, default=60.0)
+    parser.add_argument(
+        "--token-file",
+        default=os.environ.get(TOKEN_FILE_ENV),
+        help=f"file with the admin bearer token (default: ${TOKEN_FILE_ENV})",
+    )
     args = parser.parse_args(argv)
     try:
-        status, body = admin_request(args.admin_url, "POST", "/drain", args.timeout_s)
+        token = read_token(args.token_file)
+        status, body = admin_request(args.admin_url, "POST", "/drain", args.timeout_s, token)
     except OSError as exc:
         print(f"kafscale drain: {exc}", file=sys.stderr)
         return 1

@@ -16,8 +16,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
-from dataclasses import dataclass
+from collections.abc import Coroutine
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from kafscale.broker.app import Broker, StartupError
 from kafscale.broker.config import BrokerSettings, StorageKind
@@ -142,29 +144,57 @@ async def run_local(base: BrokerSettings, options: LocalOptions) -> None:
     except OSError as exc:
         raise StartupError(f"cannot use data directory {options.data_dir}: {exc}") from exc
     etcd = await start_etcd(options.data_dir / "etcd")
-    brokers: list[Broker] = []
-    proxy: Proxy | None = None
+    started = _Started()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signum, stop.set)
     try:
-        for index in range(options.brokers):
-            settings = local_settings(base, options, etcd.client_url, index)
-            if settings.storage.kind is StorageKind.S3 and index == 0:
-                await _prepare_bucket(settings)
-            brokers.append(await Broker.start(settings))
-        if options.proxy:
-            proxy = await Proxy.start(local_proxy_settings(base, options, etcd.client_url))
+        if not await _unless_stopped(_start_all(base, options, etcd.client_url, started), stop):
+            print("\ninterrupted during start-up; shutting down", flush=True)
+            return
         freeze_startup_objects()
-        _print_banner(options, brokers, etcd.client_url)
+        _print_banner(options, started.brokers, etcd.client_url)
         await stop.wait()
         print("\nshutting down: flushing and handing over partitions...", flush=True)
     finally:
-        if proxy is not None:
-            await proxy.shutdown()
-        await asyncio.gather(*(b.shutdown() for b in brokers), return_exceptions=True)
+        if started.proxy is not None:
+            await started.proxy.shutdown()
+        await asyncio.gather(*(b.shutdown() for b in started.brokers), return_exceptions=True)
         await asyncio.to_thread(etcd.stop)
+
+
+@dataclass
+class _Started:
+    brokers: list[Broker] = field(default_factory=list)
+    proxy: Proxy | None = None
+
+
+async def _start_all(
+    base: BrokerSettings, options: LocalOptions, etcd_url: str, started: _Started
+) -> None:
+    for index in range(options.brokers):
+        settings = local_settings(base, options, etcd_url, index)
+        if settings.storage.kind is StorageKind.S3 and index == 0:
+            await _prepare_bucket(settings)
+        started.brokers.append(await Broker.start(settings))
+    if options.proxy:
+        started.proxy = await Proxy.start(local_proxy_settings(base, options, etcd_url))
+
+
+async def _unless_stopped(work: Coroutine[Any, Any, None], stop: asyncio.Event) -> bool:
+    """Run ``work`` unless ``stop`` is set first (Ctrl-C during start-up): then cancel it, so
+    shutting down does not wait for three brokers to finish starting. True if it finished."""
+    task = asyncio.create_task(work)
+    stopped = asyncio.create_task(stop.wait())
+    await asyncio.wait({task, stopped}, return_when=asyncio.FIRST_COMPLETED)
+    stopped.cancel()
+    if task.done():
+        task.result()  # a start-up error propagates
+        return True
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    return False
 
 
 def _print_banner(options: LocalOptions, brokers: list[Broker], etcd_url: str) -> None:

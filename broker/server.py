@@ -19,8 +19,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import ssl
 from collections import Counter
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,8 +35,18 @@ from kafscale.broker.protocol.framing import (
     frame_buffer_pool,
 )
 from kafscale.broker.protocol.request_memory import RequestMemory
+from kafscale.broker.security.listeners import (
+    DEFAULT_LISTENER_NAME,
+    Listener,
+    SecurityProtocol,
+)
+from kafscale.broker.security.sasl import SaslSession
+from kafscale.broker.security.tls import principal_from_certificate
 
 log = logging.getLogger(__name__)
+
+
+ANONYMOUS = "User:ANONYMOUS"
 
 
 @dataclass(slots=True)
@@ -46,13 +57,43 @@ class Connection:
     lease: idempotent producers pipeline up to five batches per partition and expect them to be
     appended in the order sent. ``principal`` is who the connection authenticated as (Kafka's
     ``User:<name>``), what authorization decides on; unauthenticated listeners leave Kafka's
-    anonymous principal.
+    anonymous principal. ``listener`` is the name of the listener the client came in on
+    (Metadata answers with that listener's addresses); ``sasl`` is None unless the listener
+    uses SASL, and then holds the login's progress. ``close_after_response`` ends the
+    connection once the current answer is sent (a failed login).
     """
 
     peer: str
-    principal: str = "User:ANONYMOUS"
+    principal: str = ANONYMOUS
+    listener: str = DEFAULT_LISTENER_NAME
+    sasl: SaslSession | None = None
+    close_after_response: bool = False
     append_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     in_flight: int = 0  # requests read and not yet answered
+
+
+@dataclass(frozen=True, slots=True)
+class ServerEndpoint:
+    """One listener as the server opens it: TLS context and SASL mechanisms included."""
+
+    listener: Listener
+    ssl_context: ssl.SSLContext | None = None
+    sasl_mechanisms: tuple[str, ...] = ()
+
+
+def new_connection(
+    peer: str, endpoint: ServerEndpoint, peer_certificate: bytes | None
+) -> Connection:
+    """A connection's starting state on ``endpoint``: a SASL login still to do, or the
+    principal of a verified client certificate (SASL names the principal when both are used,
+    as in Kafka)."""
+    listener = endpoint.listener
+    if listener.protocol.uses_sasl:
+        return Connection(peer, listener=listener.name, sasl=SaslSession(endpoint.sasl_mechanisms))
+    principal = ANONYMOUS
+    if peer_certificate is not None:
+        principal = principal_from_certificate(peer_certificate)
+    return Connection(peer, principal=principal, listener=listener.name)
 
 
 class ByteBudget:
@@ -100,15 +141,44 @@ def idle_connections(activity: list[tuple[float, int]], now: float, max_idle_s: 
 
 
 _BACKLOG = 128
+# Largest frame a SASL connection may send before it has logged in (Kafka's
+# sasl.server.max.receive.size): an anonymous peer cannot make the broker take in 100 MiB.
+SASL_MAX_RECEIVE_BYTES = 512 * 1024
+
+
+ConnectionClosed = Callable[[Connection], Coroutine[Any, Any, None]]
+"""Called once a connection has ended (the proxy closes the broker connections it opened for
+it)."""
 
 
 class KafkaServer:
-    def __init__(self, dispatch: Dispatch, limits: LimitSettings, host: str, port: int) -> None:
+    """Every listener of a broker; the limits (connections, request memory) are shared.
+
+    Without ``endpoints`` it opens one PLAINTEXT listener on ``host``:``port``.
+    """
+
+    def __init__(
+        self,
+        dispatch: Dispatch,
+        limits: LimitSettings,
+        host: str,
+        port: int,
+        on_closed: ConnectionClosed | None = None,
+        endpoints: Sequence[ServerEndpoint] | None = None,
+    ) -> None:
         self._dispatch = dispatch
+        self._on_closed = on_closed
         self._limits = limits
-        self._host = host
-        self._port = port
-        self._server: asyncio.Server | None = None
+        self._endpoints = (
+            list(endpoints)
+            if endpoints
+            else [
+                ServerEndpoint(
+                    Listener(DEFAULT_LISTENER_NAME, host, port, SecurityProtocol.PLAINTEXT)
+                )
+            ]
+        )
+        self._servers: list[asyncio.Server] = []
         self._connections: dict[asyncio.Task[None], tuple[Connection, FrameProtocol]] = {}
         self._slots = asyncio.Semaphore(limits.max_connections)
         self._per_address: Counter[str] = Counter()
@@ -118,40 +188,63 @@ class KafkaServer:
 
     @property
     def port(self) -> int:
-        assert self._server is not None, "server not started"
-        return int(self._server.sockets[0].getsockname()[1])
+        """The first listener's bound port."""
+        assert self._servers, "server not started"
+        return int(self._servers[0].sockets[0].getsockname()[1])
+
+    @property
+    def ports(self) -> dict[str, int]:
+        """Each listener's bound port, by listener name."""
+        return {
+            endpoint.listener.name: int(server.sockets[0].getsockname()[1])
+            for endpoint, server in zip(self._endpoints, self._servers, strict=True)
+        }
 
     async def start(self, accepting: bool = True) -> None:
-        """Bind the listener. With ``accepting=False`` the port is taken (and known) but
+        """Bind the listeners. With ``accepting=False`` the ports are taken (and known) but
         connections wait in the backlog until ``accept()``: a broker registers its port before
         it can answer, and a client that reaches it early must wait, not get an error."""
+        try:
+            for endpoint in self._endpoints:
+                self._servers.append(await self._bind(endpoint, accepting))
+        except BaseException:
+            for server in self._servers:
+                server.close()
+            self._servers.clear()
+            raise
+        self._idle_sweeper = asyncio.create_task(self._close_idle(), name="idle-connections")
+
+    async def _bind(self, endpoint: ServerEndpoint, accepting: bool) -> asyncio.Server:
         loop = asyncio.get_running_loop()
-        self._server = await loop.create_server(
+        listener = endpoint.listener
+        server = await loop.create_server(
             lambda: FrameProtocol(
                 self._limits.max_frame_bytes,
-                self._on_connect,
+                lambda protocol: self._on_connect(protocol, endpoint),
                 buffers=self.frame_buffers,
                 memory=self.request_memory,
             ),
-            self._host,
-            self._port,
+            listener.host,
+            listener.port,
             reuse_address=True,
             start_serving=accepting,
             backlog=_BACKLOG,
+            ssl=endpoint.ssl_context,
         )
         if not accepting:  # asyncio listens only when it starts serving; queue until then
-            for sock in self._server.sockets:
+            for sock in server.sockets:
                 with sock.dup() as listening:
                     listening.listen(_BACKLOG)
-        self._idle_sweeper = asyncio.create_task(self._close_idle(), name="idle-connections")
+        return server
 
     async def accept(self) -> None:
-        assert self._server is not None, "server not started"
-        await self._server.start_serving()
+        assert self._servers, "server not started"
+        for server in self._servers:
+            await server.start_serving()
 
     async def stop_accepting(self) -> None:
-        if self._server is not None:
-            self._server.close()
+        for server in self._servers:
+            server.close()
         sweeper, self._idle_sweeper = self._idle_sweeper, None
         if sweeper is not None:
             sweeper.cancel()
@@ -185,16 +278,31 @@ class KafkaServer:
             for task in still_open:
                 task.cancel()
             await asyncio.gather(*still_open, return_exceptions=True)
-        if self._server is not None:
-            await self._server.wait_closed()
+        for server in self._servers:
+            await server.wait_closed()
 
     @property
     def open_connections(self) -> int:
         return len(self._connections)
 
-    def _on_connect(self, protocol: FrameProtocol) -> None:
+    def _on_connect(self, protocol: FrameProtocol, endpoint: ServerEndpoint) -> None:
         METRICS.connections_accepted += 1
-        connection = Connection(_peer_name(protocol.transport))
+        peer = _peer_name(protocol.transport)
+        try:
+            connection = new_connection(peer, endpoint, _peer_certificate(protocol.transport))
+        except ValueError as exc:  # a verified certificate whose subject cannot be read
+            log.warning("closing %s: unreadable client certificate: %s", peer, exc)
+            protocol.transport.abort()
+            return
+        if connection.sasl is not None:
+            protocol.limit_frames(SASL_MAX_RECEIVE_BYTES)
+        if connection.principal != ANONYMOUS:
+            log.info(
+                "%s on %s authenticated by certificate as %s",
+                connection.peer,
+                connection.listener,
+                connection.principal,
+            )
         task = asyncio.create_task(self._serve(protocol, connection))
         self._connections[task] = (connection, protocol)
 
@@ -230,7 +338,11 @@ class KafkaServer:
             self._connections.pop(task, None)
             protocol.release()
             protocol.transport.close()
-            await protocol.wait_closed()
+            try:
+                await protocol.wait_closed()
+            finally:
+                if self._on_closed is not None:
+                    await self._on_closed(connection)
 
     async def _pipeline(self, protocol: FrameProtocol, connection: Connection) -> None:
         in_order: asyncio.Queue[Queued] = asyncio.Queue()
@@ -291,7 +403,11 @@ async def _write_in_order(
             connection.in_flight -= 1
         if response:
             protocol.write(response)
+            if connection.sasl is not None and connection.sasl.authenticated:
+                protocol.lift_frame_limit()  # before the next read: the client may send now
             await protocol.drain()
+        if connection.close_after_response:
+            raise CloseConnection("authentication failed")
 
 
 async def _cancel_queued(in_order: asyncio.Queue[Queued], protocol: FrameProtocol) -> None:
@@ -312,6 +428,15 @@ def _peer_address(transport: asyncio.BaseTransport) -> str:
     if isinstance(peer, tuple) and peer:
         return str(peer[0])
     return str(peer)
+
+
+def _peer_certificate(transport: asyncio.BaseTransport) -> bytes | None:
+    """The client's verified certificate (DER) on a TLS listener, if it sent one."""
+    ssl_object = transport.get_extra_info("ssl_object")
+    if ssl_object is None:
+        return None
+    der = ssl_object.getpeercert(binary_form=True)
+    return bytes(der) if der else None
 
 
 def _peer_name(transport: asyncio.BaseTransport) -> str:

@@ -4,7 +4,8 @@ Older Kubernetes versions lack APIs a cluster's objects use: ``policy/v1`` PodDi
 (served since 1.21), ``autoscaling/v2`` HorizontalPodAutoscalers (1.23), the StatefulSet field
 ``persistentVolumeClaimRetentionPolicy`` (1.23) and CEL validation rules in CRDs (1.25). Applying
 an object of an API the server does not serve fails, and one failed apply would keep the whole
-cluster Degraded. So the operator asks the server once, at start-up, what it serves, creates
+cluster Degraded. So the operator asks the server what it serves (at start-up, then again every
+``discovery_interval_s``: an API or CRD installed later is used without a restart), creates
 only that, and says what it left out (a condition and an Event) instead of failing.
 
 :func:`fetch_capabilities` is the I/O; everything else here is pure.
@@ -123,15 +124,32 @@ def fit_to_server(
     return kept, left_out
 
 
-async def fetch_capabilities(kube: Kube) -> ServerCapabilities:
-    """Ask the server (discovery, version, our CRD); on failure assume it serves everything."""
+def refresh_due(read_at_s: float, now_s: float, interval_s: float) -> bool:
+    """Whether capabilities read at ``read_at_s`` (0: never) should be read again at ``now_s``."""
+    return read_at_s == 0.0 or now_s - read_at_s >= interval_s
+
+
+def newly_served(old: ServerCapabilities, new: ServerCapabilities) -> list[str]:
+    """Group versions ``new`` serves that ``old`` did not (for the log)."""
+    if old.group_versions is None or new.group_versions is None:
+        return []
+    return sorted(new.group_versions - old.group_versions)
+
+
+async def fetch_capabilities(
+    kube: Kube, fallback: ServerCapabilities = ASSUME_EVERYTHING
+) -> ServerCapabilities:
+    """Ask the server (discovery, version, our CRD); on failure keep ``fallback``.
+
+    At start-up the fallback is to assume everything is served; later, the last reading.
+    """
     try:
         version = await kube.get_path("/version") or {}
         core = await kube.get_path("/api") or {}
         groups = await kube.get_path("/apis") or {}
     except KubeError as exc:
-        log.warning("API discovery failed, assuming every API is served: %s", exc)
-        return ASSUME_EVERYTHING
+        log.warning("API discovery failed, keeping what was known: %s", exc)
+        return fallback
     try:
         crd = await kube.get_path(
             f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{CLUSTER_CRD}"
@@ -140,6 +158,11 @@ async def fetch_capabilities(kube: Kube) -> ServerCapabilities:
         log.info("could not read CRD %s: %s", CLUSTER_CRD, exc)
         crd = None
     capabilities = capabilities_from(version, core, groups, crd)
+    if capabilities == fallback:
+        return fallback
+    added = newly_served(fallback, capabilities)
+    if added:
+        log.info("the API server now serves %s", ", ".join(added))
     log.info(
         "Kubernetes %s; policy/v1 %s, autoscaling/v2 %s, CRD validation rules %s",
         capabilities.version,

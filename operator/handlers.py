@@ -16,6 +16,8 @@ KafScaleTopic
 from __future__ import annotations
 
 import logging
+import time
+from collections.abc import Iterable
 from typing import Any
 
 import kopf
@@ -25,13 +27,17 @@ from kafscale.broker.metadata.etcd import MetadataError
 from kafscale.operator import manifests, naming, reconcile
 from kafscale.operator.brokerconfig import InvalidBrokerConfig
 from kafscale.operator.discovery import fetch_capabilities
+from kafscale.operator.events import Notice, condition_notices, drain_notice, scale_notice
 from kafscale.operator.kube import Kube, KubeError, load_configuration
 from kafscale.operator.models import (
+    API_VERSION,
+    CLUSTER_KIND,
     CLUSTER_PLURAL,
     GROUP,
     TOPIC_PLURAL,
     VERSION,
     ClusterRef,
+    Condition,
     KafScaleClusterSpec,
     parse_cluster_spec,
     parse_topic_spec,
@@ -81,6 +87,41 @@ def _spec_problem(exc: Exception) -> str:
     return str(exc)
 
 
+def _post(body: Any, notices: Iterable[Notice | None]) -> None:
+    """Post Events on ``body`` (a resource body or a reference built by :func:`_cluster_body`)."""
+    for notice in notices:
+        if notice is not None:
+            kopf.event(body, type=notice.type, reason=notice.reason, message=notice.message)
+
+
+def _cluster_body(ref: ClusterRef) -> dict[str, Any]:
+    """What kopf needs to post an Event on a KafScaleCluster known only by its reference."""
+    meta = {"name": ref.name, "namespace": ref.namespace, "uid": ref.uid}
+    return {"apiVersion": API_VERSION, "kind": CLUSTER_KIND, "metadata": meta}
+
+
+def _report(
+    runtime: Runtime,
+    body: Any,
+    patch: kopf.Patch,
+    previous: list[Condition],
+    new: Any,
+    *extra: Notice | None,
+) -> None:
+    """Write ``new`` status and post an Event for each condition it changes.
+
+    The change is judged against the conditions this process last reported for the resource
+    when it has any (the status timer and a change handler may both run before either's patch
+    is stored: the second must not post the same Event again), else against stored status.
+    """
+    meta = body["metadata"]
+    key = (meta["namespace"], meta["name"])
+    said = runtime.reported.get(key, previous)
+    runtime.reported[key] = list(new.conditions)
+    patch.status.update(_status_body(new))
+    _post(body, [*condition_notices(said, new.conditions), *extra])
+
+
 def _changed(current: Any, new: dict[str, Any]) -> bool:
     """Whether writing ``new`` would change status (ignoring kopf's own fields)."""
     return any(current.get(key) != value for key, value in new.items())
@@ -104,6 +145,7 @@ def register(registry: kopf.OperatorRegistry, config: OperatorSettings) -> None:
             kube=kube,
             etcd=EtcdPool(config.etcd_timeout_s),
             capabilities=await fetch_capabilities(kube),
+            capabilities_read_at_s=time.monotonic(),
         )
 
     @kopf.on.login(registry=registry)
@@ -140,26 +182,25 @@ def register(registry: kopf.OperatorRegistry, config: OperatorSettings) -> None:
             ref = ClusterRef.from_body(body)
             problem = _spec_problem(exc)
             new = invalid_spec_status(ref, previous, problem, now=reconcile.utc_now())
-            patch.status.update(_status_body(new))
+            _report(runtime, body, patch, previous, new)
             raise kopf.PermanentError(f"invalid spec: {problem}") from exc
+        replicas_before = await reconcile.broker_replicas(runtime, ref)
         try:
-            left_out = await reconcile.apply_cluster(runtime, ref, spec)
+            await reconcile.apply_cluster(runtime, ref, spec)
         except KubeError as exc:
             observation = await reconcile.observe_cluster(runtime, ref, spec)
             new = compute_cluster_status(ref, spec, observation, previous, now=reconcile.utc_now())
-            patch.status.update(_status_body(new))
+            _report(runtime, body, patch, previous, new)
             raise kopf.TemporaryError(f"applying objects: {exc}", delay=5) from exc
         observation = await reconcile.observe_cluster(runtime, ref, spec)
         new = compute_cluster_status(ref, spec, observation, previous, now=reconcile.utc_now())
-        patch.status.update(_status_body(new))
-        if left_out:
-            message = f"Kubernetes {runtime.capabilities.version} lacks, left out: "
-            kopf.warn(body, reason="NotServed", message=message + "; ".join(left_out))
+        wanted = None if spec.autoscaling.enabled else spec.brokers.replicas
+        _report(runtime, body, patch, previous, new, scale_notice(replicas_before, wanted))
         logger.info("applied the objects of generation %s", ref.generation)
 
     @kopf.timer(*CLUSTERS, interval=config.status_interval_s, registry=registry)
     async def refresh_cluster_status(
-        body: Any, meta: Any, status: Any, patch: kopf.Patch, memo: Any, **_: Any
+        body: Any, meta: Any, status: Any, patch: kopf.Patch, memo: Any, logger: Any, **_: Any
     ) -> None:
         if meta.get("deletionTimestamp"):
             return
@@ -173,13 +214,19 @@ def register(registry: kopf.OperatorRegistry, config: OperatorSettings) -> None:
         if applied is None:
             return  # not reconciled yet
         ref = ref.model_copy(update={"generation": int(applied)})
+        await runtime.refresh_capabilities(time.monotonic())
+        if runtime.needs_reapply(ref.namespace, ref.name) and applied == body["metadata"].get(
+            "generation"
+        ):
+            try:  # an API the cluster uses is served now (or no longer): apply again
+                await reconcile.apply_cluster(runtime, ref, spec)
+            except KubeError as exc:
+                logger.warning("applying objects after an API change: %s", exc)
         observation = await reconcile.observe_cluster(runtime, ref, spec)
         previous = parse_conditions(status.get("conditions"))
-        new = _status_body(
-            compute_cluster_status(ref, spec, observation, previous, now=reconcile.utc_now())
-        )
-        if _changed(status, new):
-            patch.status.update(new)
+        computed = compute_cluster_status(ref, spec, observation, previous, now=reconcile.utc_now())
+        if _changed(status, _status_body(computed)):
+            _report(runtime, body, patch, previous, computed)
 
     @kopf.timer(
         *CLUSTERS,
@@ -207,7 +254,10 @@ def register(registry: kopf.OperatorRegistry, config: OperatorSettings) -> None:
             except (ValidationError, InvalidBrokerConfig):
                 return None
 
-        await reconcile.balance_leases(_runtime(memo), stopped, current)
+        def notify(notice: Notice) -> None:
+            _post(body, [notice])
+
+        await reconcile.balance_leases(_runtime(memo), stopped, current, notify)
 
     @kopf.on.delete(*CLUSTERS, registry=registry, retries=20, backoff=3)
     async def delete_cluster(body: Any, memo: Any, logger: Any, **_: Any) -> None:
@@ -222,6 +272,7 @@ def register(registry: kopf.OperatorRegistry, config: OperatorSettings) -> None:
             )
         except (MetadataError, KubeError, RuntimeError) as exc:
             raise kopf.TemporaryError(f"deleting cluster data: {exc}", delay=3) from exc
+        _runtime(memo).forget(ref.namespace, ref.name)
         logger.info(
             "deletionPolicy %s: removed %d etcd keys and %d objects",
             spec.deletion_policy,
@@ -241,12 +292,13 @@ def register(registry: kopf.OperatorRegistry, config: OperatorSettings) -> None:
     )
     async def drain_terminating_broker(body: Any, memo: Any, logger: Any, **_: Any) -> None:
         try:
-            drained = await reconcile.drain_broker_pod(_runtime(memo), dict(body))
+            ref, drained = await reconcile.drain_broker_pod(_runtime(memo), dict(body))
         except (MetadataError, KubeError, ValidationError) as exc:
             logger.warning("could not drain terminating broker pod: %s", exc)
             return
-        if drained:
+        if ref is not None and drained:
             logger.info("brokers %s draining; partitions reassigned", drained)
+            _post(_cluster_body(ref), [drain_notice(body["metadata"]["name"], drained)])
 
     # --- KafScaleTopic --------------------------------------------------------------------
 

@@ -95,21 +95,25 @@ async def _forget_departed(etcd: Etcd, cluster: str, snapshot: ClusterSnapshot) 
 async def drain_pod(etcd: Etcd, cluster: str, pod: str, reason: str) -> list[int]:
     """Mark the brokers registered by ``pod`` draining and reassign their partitions.
 
-    Returns the broker ids marked (empty when the pod never registered). Idempotent.
+    Returns the broker ids newly marked (empty when the pod never registered, or when its
+    brokers were already draining: every later event of a terminating pod repeats the call).
+    Idempotent.
     """
     snapshot = await read_snapshot(etcd, cluster)
     broker_ids = snapshot.brokers_of_pod(pod)
     if not broker_ids:
         return []
     value = json.dumps({"reason": reason}).encode()
+    marked: list[int] = []
     for broker_id in broker_ids:
         if broker_id in snapshot.draining:
             continue
         lease = snapshot.brokers[broker_id].lease or None
         await etcd.put(keys.draining_key(cluster, broker_id), value, lease=lease)
+        marked.append(broker_id)
         log.info("cluster %s: broker %d (pod %s) marked draining", cluster, broker_id, pod)
     await rebalance(etcd, cluster, also_draining=broker_ids)
-    return broker_ids
+    return marked
 
 
 async def delete_topic_keys(etcd: Etcd, cluster: str, topic: str) -> None:

@@ -20,6 +20,7 @@ from kafscale.broker.metadata.etcd import MetadataError
 from kafscale.broker.storage.object_store import ObjectStoreError
 from kafscale.operator import manifests, naming
 from kafscale.operator.discovery import fit_to_server
+from kafscale.operator.events import Notice, rebalance_notice
 from kafscale.operator.kube import KubeError
 from kafscale.operator.models import (
     API_VERSION,
@@ -56,6 +57,7 @@ async def apply_cluster(runtime: Runtime, ref: ClusterRef, spec: KafScaleCluster
     kube, capabilities = runtime.kube, runtime.capabilities
     wanted, left_out = fit_to_server(manifests.build_cluster_objects(ref, spec), capabilities)
     runtime.left_out[(ref.namespace, ref.name)] = left_out
+    runtime.applied_with[(ref.namespace, ref.name)] = capabilities
     try:
         for manifest in wanted:
             await kube.apply(manifest)
@@ -69,6 +71,15 @@ async def apply_cluster(runtime: Runtime, ref: ClusterRef, spec: KafScaleCluster
         raise
     runtime.apply_errors.pop((ref.namespace, ref.name), None)
     return left_out
+
+
+async def broker_replicas(runtime: Runtime, ref: ClusterRef) -> int | None:
+    """The broker Deployment's ``spec.replicas`` as it is now (None: no Deployment yet)."""
+    deployment = await runtime.kube.get(
+        "apps/v1", "Deployment", ref.namespace, naming.broker_deployment_name(ref.name)
+    )
+    replicas = ((deployment or {}).get("spec") or {}).get("replicas")
+    return None if replicas is None else int(replicas)
 
 
 async def observe_cluster(
@@ -119,12 +130,13 @@ async def balance_leases(
     runtime: Runtime,
     stopped: Any,
     get_spec: Callable[[], tuple[ClusterRef, KafScaleClusterSpec] | None],
+    notify: Callable[[Notice], None] = lambda _: None,
 ) -> None:
     """A cluster's lease balancer: rebalance whenever the set of registered brokers changes.
 
     Follows one etcd watch on ``brokers/`` (registrations come and go with broker sessions:
     scale-ups, scale-downs, crashes) and re-checks at least every ``rebalance_interval_s``.
-    Runs until ``stopped`` (kopf's daemon flag) is set.
+    Runs until ``stopped`` (kopf's daemon flag) is set; ``notify`` hears of every new assignment.
     """
     interval = runtime.settings.rebalance_interval_s
     while not stopped:
@@ -141,7 +153,9 @@ async def balance_leases(
             async with runtime.etcd.session(endpoints) as etcd:
                 watcher = asyncio.create_task(_watch_brokers(etcd, cluster, changed))
                 while not stopped and get_spec() == current and not watcher.done():
-                    await rebalance(etcd, cluster)
+                    result = await rebalance(etcd, cluster)
+                    if result.written is not None:
+                        notify(rebalance_notice(result.snapshot.assignment, result.written))
                     with contextlib.suppress(TimeoutError):
                         async with asyncio.timeout(interval):
                             await changed.wait()
@@ -172,23 +186,29 @@ async def find_cluster(
     return ClusterRef.from_body(body), parse_cluster_spec(body.get("spec") or {})
 
 
-async def drain_broker_pod(runtime: Runtime, pod: dict[str, Any]) -> list[int]:
-    """A broker pod is terminating: mark its broker draining and move its partitions."""
+async def drain_broker_pod(
+    runtime: Runtime, pod: dict[str, Any]
+) -> tuple[ClusterRef | None, list[int]]:
+    """A broker pod is terminating: mark its broker draining and move its partitions.
+
+    Returns the pod's cluster (None when it has none) and the brokers newly marked draining.
+    """
     meta = pod["metadata"]
     instance = (meta.get("labels") or {}).get(naming.LABEL_INSTANCE)
     if not instance:
-        return []
+        return None, []
     found = await find_cluster(runtime, meta["namespace"], instance)
     if found is None:
-        return []
+        return None, []
     ref, spec = found
     async with runtime.etcd.session(naming.etcd_endpoints(ref, spec)) as etcd:
-        return await drain_pod(
+        marked = await drain_pod(
             etcd,
             naming.kafscale_cluster_name(ref, spec),
             meta["name"],
             f"pod {meta['namespace']}/{meta['name']} is terminating",
         )
+    return ref, marked
 
 
 async def _s3_credentials(

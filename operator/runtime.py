@@ -14,9 +14,14 @@ from dataclasses import dataclass, field
 from kafscale.broker.config import StorageKind, StorageSettings
 from kafscale.broker.metadata.etcd import Etcd, MetadataUnavailable
 from kafscale.broker.storage.s3 import S3ObjectStore
-from kafscale.operator.discovery import ASSUME_EVERYTHING, ServerCapabilities
+from kafscale.operator.discovery import (
+    ASSUME_EVERYTHING,
+    ServerCapabilities,
+    fetch_capabilities,
+    refresh_due,
+)
 from kafscale.operator.kube import Kube
-from kafscale.operator.models import KafScaleClusterSpec
+from kafscale.operator.models import Condition, KafScaleClusterSpec
 from kafscale.operator.settings import OperatorSettings
 
 
@@ -63,12 +68,43 @@ class Runtime:
     settings: OperatorSettings
     kube: Kube
     etcd: EtcdPool
-    # What the API server serves (asked once at start-up).
+    # What the API server serves: asked at start-up, then again at most every
+    # ``discovery_interval_s`` (a CRD or API installed later is picked up without a restart).
     capabilities: ServerCapabilities = ASSUME_EVERYTHING
+    capabilities_read_at_s: float = 0.0
+    # (namespace, name) → the capabilities a cluster's objects were last applied with.
+    applied_with: dict[tuple[str, str], ServerCapabilities] = field(default_factory=dict)
+    # (namespace, name) → the conditions this process last reported (Events go out on changes).
+    reported: dict[tuple[str, str], list[Condition]] = field(default_factory=dict)
+    _discovery_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     # (namespace, name) → the last error applying a cluster's objects (cleared on success).
     apply_errors: dict[tuple[str, str], str] = field(default_factory=dict)
     # (namespace, name) → what the last apply left out because the server does not serve it.
     left_out: dict[tuple[str, str], list[str]] = field(default_factory=dict)
+
+    async def refresh_capabilities(self, now_s: float) -> None:
+        """Re-read what the server serves when the last reading is older than the interval.
+
+        One reader at a time; a failed reading keeps the last known capabilities.
+        """
+        interval = self.settings.discovery_interval_s
+        if not refresh_due(self.capabilities_read_at_s, now_s, interval):
+            return
+        async with self._discovery_lock:
+            if not refresh_due(self.capabilities_read_at_s, now_s, interval):
+                return
+            self.capabilities = await fetch_capabilities(self.kube, fallback=self.capabilities)
+            self.capabilities_read_at_s = now_s
+
+    def needs_reapply(self, namespace: str, name: str) -> bool:
+        """Whether the server's capabilities changed since this cluster's objects were applied."""
+        applied = self.applied_with.get((namespace, name))
+        return applied is not None and applied != self.capabilities
+
+    def forget(self, namespace: str, name: str) -> None:
+        """Drop what is kept of a deleted cluster."""
+        for kept in (self.apply_errors, self.left_out, self.applied_with, self.reported):
+            kept.pop((namespace, name), None)
 
     async def close(self) -> None:
         await self.etcd.close()

@@ -41,6 +41,14 @@ class OperatorSettings(BaseSettings):
     rebalance_interval_s: float = Field(
         default=30.0, gt=0, description="Longest time between two assignment checks of a cluster."
     )
+    discovery_interval_s: float = Field(
+        default=60.0,
+        gt=0,
+        description=(
+            "How often the operator re-reads what the API server serves (APIs, CRDs), so one "
+            "installed later is used without a restart."
+        ),
+    )
     api_timeout_s: float = Field(
         default=10.0, gt=0, description="Deadline of every Kubernetes API call."
     )

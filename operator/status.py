@@ -188,6 +188,13 @@ def compute_cluster_status(
     else:
         ready_cond = (False, "BrokersNotReady", f"{ready}/{desired} brokers ready")
 
+    unowned = observed.leases.unowned if observed.leases else 0
+    if progressing is None and not degraded and unowned:
+        # Brokers take the partitions the assignment gives them; until they do, say how many
+        # wait (Ready stays: producers to those partitions make a broker claim them at once).
+        total = observed.leases.partitions if observed.leases else unowned
+        progressing = ("PartitionsUnowned", f"{unowned}/{total} partitions have no live owner")
+
     progress_reason, progress_message = progressing or (
         "ReconcileComplete",
         "the cluster matches its spec",

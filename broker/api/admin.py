@@ -12,9 +12,11 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from kafscale.broker.api import access
 from kafscale.broker.api.configs import TOPIC_CONFIG_TYPES, broker_configs, topic_config_type
 from kafscale.broker.api.dispatch import Body, RequestContext
 from kafscale.broker.api.metadata import topic_uuid
+from kafscale.broker.authz.model import Operation
 from kafscale.broker.metadata import topics
 from kafscale.broker.protocol.errors import ErrorCode, KafkaError
 
@@ -43,6 +45,8 @@ async def _create_one(topic: Any, validate_only: bool, ctx: RequestContext) -> B
     configs = {c.name: c.value for c in topic.configs if c.value is not None}
     result: Body = {"name": topic.name, "num_partitions": count, "replication_factor": 1}
     try:
+        if not access.may_create_topic(ctx, topic.name):
+            raise KafkaError("not authorized to create", ErrorCode.TOPIC_AUTHORIZATION_FAILED)
         if topic.assignments:
             if int(topic.num_partitions) != -1 or int(topic.replication_factor) != -1:
                 raise KafkaError(
@@ -134,6 +138,7 @@ async def handle_delete_topics(request: Any, ctx: RequestContext) -> Body:
     responses = []
     for name in names:
         try:
+            access.require(ctx, Operation.DELETE, access.TOPIC, name)
             info = await topics.delete_topic(broker.etcd, broker.cluster, name)
             broker.view.topics.pop(name, None)
             broker.log_manager.abandon_topic(name)
@@ -152,6 +157,7 @@ async def handle_create_partitions(request: Any, ctx: RequestContext) -> Body:
     results = []
     for topic in request.topics:
         try:
+            access.require(ctx, Operation.ALTER, access.TOPIC, topic.name)
             if topic.assignments:
                 info = broker.view.topics.get(topic.name)
                 added = int(topic.count) - (info.partitions if info is not None else 0)
@@ -184,6 +190,12 @@ async def handle_describe_configs(request: Any, ctx: RequestContext) -> Body:
 def _describe_one(resource: Any, ctx: RequestContext) -> Body:
     base: Body = {"resource_type": resource.resource_type, "resource_name": resource.resource_name}
     wanted = resource.configuration_keys
+    try:
+        access.require_config(
+            ctx, Operation.DESCRIBE_CONFIGS, resource.resource_type, resource.resource_name
+        )
+    except KafkaError as exc:
+        return {**base, "error_code": exc.code, "error_message": str(exc), "configs": []}
     if resource.resource_type == BROKER_RESOURCE:
         return {**base, **_describe_broker(resource.resource_name, wanted, ctx)}
     if resource.resource_type != TOPIC_RESOURCE:
@@ -264,6 +276,9 @@ async def handle_incremental_alter_configs(request: Any, ctx: RequestContext) ->
             "resource_name": resource.resource_name,
         }
         try:
+            access.require_config(
+                ctx, Operation.ALTER_CONFIGS, resource.resource_type, resource.resource_name
+            )
             if resource.resource_type != TOPIC_RESOURCE:
                 raise KafkaError("only topic configs can be altered", ErrorCode.INVALID_REQUEST)
             changes = _changes(resource.configs)
@@ -308,6 +323,9 @@ async def handle_alter_configs(request: Any, ctx: RequestContext) -> Body:
             "resource_name": resource.resource_name,
         }
         try:
+            access.require_config(
+                ctx, Operation.ALTER_CONFIGS, resource.resource_type, resource.resource_name
+            )
             if resource.resource_type != TOPIC_RESOURCE:
                 raise KafkaError(
                     "only topic configs can be altered (broker configs are static)",

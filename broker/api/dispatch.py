@@ -9,6 +9,9 @@ An API or version that is not served is answered with UNSUPPORTED_VERSION where 
 has a top-level error code to carry it; where it has none (TxnOffsetCommit, DescribeProducers,
 Fetch before v7...), the connection is closed, as Kafka closes it for an API it does not enable.
 Never an empty success: a client would take that as done.
+
+On a SASL listener, a connection that has not authenticated yet may send ApiVersions,
+SaslHandshake and SaslAuthenticate only; any other request closes it (as Kafka does).
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from kafscale.broker.observability.metrics import METRICS
 from kafscale.broker.protocol import codec
 from kafscale.broker.protocol.errors import ErrorCode, KafkaError, code_for
 from kafscale.broker.protocol.framing import Frame
+from kafscale.broker.security.sasl import ALLOWED_BEFORE_AUTHENTICATION
 from kafscale.broker.server import CloseConnection, Connection
 
 if TYPE_CHECKING:
@@ -96,6 +100,10 @@ class Dispatcher:
             api_key, api_version, correlation_id = codec.peek_header(frame)
         except codec.DecodeError as exc:
             raise CloseConnection(str(exc)) from exc
+        sasl = connection.sasl
+        if sasl and not sasl.authenticated and api_key not in ALLOWED_BEFORE_AUTHENTICATION:
+            # Kafka's authenticator closes the connection too (IllegalSaslStateException).
+            raise CloseConnection(f"api {api_key} before SASL authentication")
         spec = self._table.get(api_key)
         if spec is None or not spec.supports(api_version):
             return encode_unsupported(self._table, spec, api_key, api_version, correlation_id)

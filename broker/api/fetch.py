@@ -9,6 +9,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
+from kafscale.broker.api import access
 from kafscale.broker.api.configs import FETCH_MAX_BYTES
 from kafscale.broker.api.dispatch import Body, RequestContext
 from kafscale.broker.api.fetch_sessions import (
@@ -17,6 +18,7 @@ from kafscale.broker.api.fetch_sessions import (
     PartitionKey,
     PartitionResult,
 )
+from kafscale.broker.authz.model import Operation
 from kafscale.broker.metadata.cluster import TopicInfo
 from kafscale.broker.metadata.partition_state import PartitionState
 from kafscale.broker.observability.metrics import METRICS
@@ -186,6 +188,9 @@ async def _prepare(
     entry without records)."""
     broker = ctx.broker
     info = item.info
+    name = info.name if info is not None else item.key
+    if isinstance(name, str) and (denied := access.topic_denied(ctx, Operation.READ, name)):
+        return None, _partition_body(item.partition, denied, -1, -1)
     if info is not None and not _still_there(info, ctx):
         info = None  # deleted while the fetch waited: not an offset out of range
     if info is None or not 0 <= item.partition < info.partitions:

@@ -17,7 +17,9 @@ import time
 import uuid
 from typing import Any
 
+from kafscale.broker.api import access
 from kafscale.broker.api.dispatch import Body, RequestContext
+from kafscale.broker.authz.model import Operation
 from kafscale.broker.groups.coordinator import GroupCoordinator
 from kafscale.broker.groups.model import (
     GroupDescription,
@@ -37,8 +39,6 @@ GROUP_KEY_TYPE = 0
 OFFSET_METADATA_MAX_BYTES = 4096
 """Kafka's ``offset.metadata.max.bytes``."""
 AUTHORIZED_OPERATIONS_OMITTED = -2147483648
-GROUP_OPERATIONS = (1 << 3) | (1 << 6) | (1 << 8)
-"""READ, DELETE, DESCRIBE: what anyone may do to a group here (no authorizer)."""
 
 
 def _coordinator(ctx: RequestContext) -> GroupCoordinator:
@@ -50,8 +50,15 @@ def _coordinator(ctx: RequestContext) -> GroupCoordinator:
     return coordinator
 
 
-async def _runtime(ctx: RequestContext, group_id: str, unavailable: ErrorCode) -> GroupRuntime:
-    """The group as coordinated here; KafkaError (NOT_COORDINATOR, ``unavailable``) if not."""
+READ, DESCRIBE, DELETE = Operation.READ, Operation.DESCRIBE, Operation.DELETE
+
+
+async def _runtime(
+    ctx: RequestContext, group_id: str, unavailable: ErrorCode, operation: Operation = READ
+) -> GroupRuntime:
+    """The group as coordinated here; KafkaError (GROUP_AUTHORIZATION_FAILED unless the
+    principal may do ``operation`` to the group, NOT_COORDINATOR, ``unavailable``) if not."""
+    access.require(ctx, operation, access.GROUP, group_id)
     try:
         return await _coordinator(ctx).runtime(group_id)
     except MetadataUnavailable as exc:
@@ -77,6 +84,8 @@ async def handle_find_coordinator(request: Any, ctx: RequestContext) -> Body:
 
 def _coordinator_entry(ctx: RequestContext, key: str, key_type: int) -> Body:
     entry: Body = {"key": key, "node_id": -1, "host": "", "port": -1}
+    if key_type == GROUP_KEY_TYPE and not access.allowed(ctx, DESCRIBE, access.GROUP, key):
+        return {**entry, "error_code": ErrorCode.GROUP_AUTHORIZATION_FAILED, "error_message": None}
     if key_type != GROUP_KEY_TYPE:
         message = "transactions are not supported"
         return {**entry, "error_code": ErrorCode.INVALID_REQUEST, "error_message": message}
@@ -88,11 +97,12 @@ def _coordinator_entry(ctx: RequestContext, key: str, key_type: int) -> Body:
             "error_code": ErrorCode.COORDINATOR_NOT_AVAILABLE,
             "error_message": message,
         }
+    host, port = broker.endpoint(ctx.connection.listener)
     return {
         "key": key,
         "node_id": broker.node_id,
-        "host": broker.host,
-        "port": broker.port,
+        "host": host,
+        "port": port,
         "error_code": ErrorCode.NONE,
         "error_message": None,
     }
@@ -261,6 +271,7 @@ def _leave_body(
 
 
 async def handle_offset_commit(request: Any, ctx: RequestContext) -> Body:
+    access.require(ctx, READ, access.GROUP, request.group_id or "")
     view = ctx.broker.view
     now_ms = int(time.time() * 1000)
     results: dict[TopicPartition, ErrorCode] = {}
@@ -273,7 +284,9 @@ async def handle_offset_commit(request: Any, ctx: RequestContext) -> Body:
             tp = (str(topic.name), int(p.partition_index))
             indexes.append(tp[1])
             metadata = p.committed_metadata or ""
-            if info is None or not 0 <= tp[1] < info.partitions:
+            if denied := access.topic_denied(ctx, READ, topic.name):
+                results[tp] = denied
+            elif info is None or not 0 <= tp[1] < info.partitions:
                 results[tp] = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
             elif len(metadata.encode()) > OFFSET_METADATA_MAX_BYTES:
                 results[tp] = ErrorCode.OFFSET_METADATA_TOO_LARGE
@@ -343,10 +356,13 @@ async def handle_offset_fetch(request: Any, ctx: RequestContext) -> Body:
 
 async def _fetch_group(ctx: RequestContext, group_id: str, topics: Any, version: int) -> Body:
     requested: list[TopicPartition] | None = None
+    denied: dict[TopicPartition, CommittedOffset | None] = {}
     if topics is not None:
         requested = [(str(t.name), int(p)) for t in topics for p in t.partition_indexes]
+        denied = dict.fromkeys(tp for tp in requested if not _may_describe(ctx, tp[0]))
+        requested = [tp for tp in requested if tp not in denied]
     try:
-        runtime = await _runtime(ctx, group_id, ErrorCode.COORDINATOR_NOT_AVAILABLE)
+        runtime = await _runtime(ctx, group_id, ErrorCode.COORDINATOR_NOT_AVAILABLE, DESCRIBE)
         committed = runtime.committed(requested)
     except KafkaError as exc:
         if version < 2:
@@ -363,13 +379,22 @@ async def _fetch_group(ctx: RequestContext, group_id: str, topics: Any, version:
         tp: offset if offset is None or offset.still_valid(current.get(tp[0])) else None
         for tp, offset in committed.items()
     }
-    if requested is None:  # all of the group's offsets: those of gone topics are not listed
-        valid = {tp: offset for tp, offset in valid.items() if offset is not None}
+    if requested is None:  # all of the group's offsets but of gone or undescribable topics
+        valid = {
+            tp: offset
+            for tp, offset in valid.items()
+            if offset is not None and _may_describe(ctx, tp[0])
+        }
     return {
         "group_id": group_id,
         "error_code": ErrorCode.NONE,
-        "topics": _fetched_topics(valid, ErrorCode.NONE),
+        "topics": _fetched_topics(valid, ErrorCode.NONE)
+        + _fetched_topics(denied, ErrorCode.TOPIC_AUTHORIZATION_FAILED),
     }
+
+
+def _may_describe(ctx: RequestContext, topic: str) -> bool:
+    return access.allowed(ctx, DESCRIBE, access.TOPIC, topic)
 
 
 def _fetched_topics(
@@ -402,11 +427,11 @@ def offset_fetch_error_body(request: Any, code: ErrorCode) -> Body:
 
 async def handle_describe_groups(request: Any, ctx: RequestContext) -> Body:
     include_operations = bool(getattr(request, "include_authorized_operations", False))
-    operations = GROUP_OPERATIONS if include_operations else AUTHORIZED_OPERATIONS_OMITTED
     described = []
     for group_id in request.groups:
+        operations = access.operations_if_asked(ctx, include_operations, access.GROUP, group_id)
         try:
-            runtime = await _runtime(ctx, group_id, ErrorCode.COORDINATOR_NOT_AVAILABLE)
+            runtime = await _runtime(ctx, group_id, ErrorCode.COORDINATOR_NOT_AVAILABLE, DESCRIBE)
             description = runtime.describe()
         except KafkaError as exc:
             empty = GroupDescription(GroupState.DEAD, "", "", ())
@@ -464,10 +489,12 @@ async def handle_list_groups(request: Any, ctx: RequestContext) -> Body:
         listed = await _coordinator(ctx).list_groups()
     except MetadataUnavailable:
         return {"throttle_time": 0, "error_code": ErrorCode.COORDINATOR_NOT_AVAILABLE, "groups": []}
+    everything = access.allowed_on_cluster(ctx, DESCRIBE)
     groups = [
         {"group_id": g.group_id, "protocol_type": g.protocol_type, "group_state": g.state}
         for g in listed
-        if not states or g.state.lower() in states
+        if (not states or g.state.lower() in states)
+        and (everything or access.allowed(ctx, DESCRIBE, access.GROUP, g.group_id))
     ]
     return {"throttle_time": 0, "error_code": ErrorCode.NONE, "groups": groups}
 
@@ -476,7 +503,7 @@ async def handle_delete_groups(request: Any, ctx: RequestContext) -> Body:
     results = []
     for group_id in request.groups_names:
         try:
-            runtime = await _runtime(ctx, group_id, ErrorCode.COORDINATOR_NOT_AVAILABLE)
+            runtime = await _runtime(ctx, group_id, ErrorCode.COORDINATOR_NOT_AVAILABLE, DELETE)
             error = await runtime.delete()
         except KafkaError as exc:
             error = exc.code

@@ -5,11 +5,15 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
+from kafscale.broker.api import access
 from kafscale.broker.api.dispatch import Body, RequestContext
+from kafscale.broker.authz.model import Operation
 from kafscale.broker.metadata.cluster import TopicInfo
 from kafscale.broker.protocol.errors import ErrorCode, KafkaError
 
 CLUSTER_ID_PREFIX = "kafscale-"
+DESCRIBE = Operation.DESCRIBE
+TOPIC = access.TOPIC
 
 
 def topic_uuid(info: TopicInfo) -> uuid.UUID:
@@ -17,10 +21,13 @@ def topic_uuid(info: TopicInfo) -> uuid.UUID:
 
 
 def broker_entries(ctx: RequestContext) -> list[Body]:
-    return [
-        {"node_id": b.node_id, "host": b.host, "port": b.port, "rack": b.rack}
-        for b in sorted(ctx.broker.view.brokers.values(), key=lambda b: b.node_id)
-    ]
+    """The live brokers at the addresses of the listener this client came in on."""
+    listener = ctx.connection.listener
+    entries = []
+    for b in sorted(ctx.broker.view.brokers.values(), key=lambda b: b.node_id):
+        host, port = b.endpoint(listener)
+        entries.append({"node_id": b.node_id, "host": host, "port": port, "rack": b.rack})
+    return entries
 
 
 def controller_id(ctx: RequestContext) -> int:
@@ -32,8 +39,8 @@ async def handle_metadata(request: Any, ctx: RequestContext) -> Body:
     broker = ctx.broker
     requested = request.topics
     allow_auto = getattr(request, "allow_auto_topic_creation", True)
-    if requested is None:
-        names = sorted(broker.view.topics)
+    if requested is None:  # every topic the principal may describe
+        names = [t for t in sorted(broker.view.topics) if access.allowed(ctx, DESCRIBE, TOPIC, t)]
     else:
         names = [t.name for t in requested if t.name]
         by_id = broker.view.topics_by_id
@@ -41,21 +48,36 @@ async def handle_metadata(request: Any, ctx: RequestContext) -> Body:
             topic_id = getattr(t, "topic_id", None)
             if not t.name and topic_id is not None and topic_id.hex in by_id:
                 names.append(by_id[topic_id.hex].name)
-    topics = [await _topic_entry(name, allow_auto and requested is not None, ctx) for name in names]
+    auto = allow_auto and requested is not None
+    with_ops = bool(getattr(request, "include_topic_authorized_operations", False))
+    topics = [await _topic_entry(name, auto, with_ops, ctx) for name in names]
+    cluster_ops = bool(getattr(request, "include_cluster_authorized_operations", False))
     return {
         "throttle_time": 0,
         "brokers": broker_entries(ctx),
         "cluster_id": CLUSTER_ID_PREFIX + broker.cluster,
         "controller_id": controller_id(ctx),
         "topics": topics,
-        "cluster_authorized_operations": -2147483648,
+        "cluster_authorized_operations": access.operations_if_asked(
+            ctx, cluster_ops, access.CLUSTER
+        ),
     }
 
 
-async def _topic_entry(name: str, allow_auto: bool, ctx: RequestContext) -> Body:
+async def _topic_entry(
+    name: str, allow_auto: bool, with_operations: bool, ctx: RequestContext
+) -> Body:
     broker = ctx.broker
+    if denied := access.topic_denied(ctx, DESCRIBE, name):
+        return {"error_code": denied, "name": name, "partitions": []}
     info = broker.view.topics.get(name)
-    if info is None and allow_auto:
+    if info is None and allow_auto and broker.settings.topics.auto_create_topics:
+        if not access.may_create_topic(ctx, name):
+            return {
+                "error_code": ErrorCode.TOPIC_AUTHORIZATION_FAILED,
+                "name": name,
+                "partitions": [],
+            }
         try:
             info = await broker.auto_create(name)
         except KafkaError as exc:
@@ -83,7 +105,9 @@ async def _topic_entry(name: str, allow_auto: bool, ctx: RequestContext) -> Body
         "topic_id": topic_uuid(info),
         "is_internal": False,
         "partitions": partitions,
-        "topic_authorized_operations": -2147483648,
+        "topic_authorized_operations": access.operations_if_asked(
+            ctx, with_operations, TOPIC, name
+        ),
     }
 
 
@@ -99,5 +123,9 @@ async def handle_describe_cluster(request: Any, ctx: RequestContext) -> Body:
             {"broker_id": b["node_id"], "host": b["host"], "port": b["port"], "rack": b["rack"]}
             for b in broker_entries(ctx)
         ],
-        "cluster_authorized_operations": -2147483648,
+        "cluster_authorized_operations": access.operations_if_asked(
+            ctx,
+            bool(getattr(request, "include_cluster_authorized_operations", False)),
+            access.CLUSTER,
+        ),
     }

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from kafscale.broker.api import access
 from kafscale.broker.api.dispatch import Body, RequestContext
+from kafscale.broker.authz.model import Operation
 from kafscale.broker.metadata import keys
 from kafscale.broker.metadata.etcd import MetadataUnavailable
 from kafscale.broker.metadata.partition_state import end_offset_for_epoch
@@ -28,6 +30,8 @@ async def _list_one(topic: str, partition: Any, ctx: RequestContext) -> Body:
     broker = ctx.broker
     index = int(partition.partition_index)
     base: Body = {"partition_index": index, "timestamp": -1, "offset": -1, "leader_epoch": -1}
+    if denied := access.topic_denied(ctx, Operation.DESCRIBE, topic):
+        return {**base, "error_code": denied}
     info = broker.view.topics.get(topic)
     if info is None or not 0 <= index < info.partitions:
         return {**base, "error_code": ErrorCode.UNKNOWN_TOPIC_OR_PARTITION}
@@ -87,13 +91,14 @@ async def handle_offset_for_leader_epoch(request: Any, ctx: RequestContext) -> B
         for p in topic.partitions:
             index = int(p.partition)
             info = broker.view.topics.get(topic.topic)
-            if info is None or not 0 <= index < info.partitions:
+            denied = access.topic_denied(ctx, Operation.DESCRIBE, topic.topic)
+            if denied or info is None or not 0 <= index < info.partitions:
                 results.append(
                     {
                         "partition": index,
                         "leader_epoch": -1,
                         "end_offset": -1,
-                        "error_code": ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
+                        "error_code": denied or ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
                     }
                 )
                 continue
@@ -119,6 +124,7 @@ async def handle_delete_records(request: Any, ctx: RequestContext) -> Body:
         for p in topic.partitions:
             index = int(p.partition_index)
             try:
+                access.require(ctx, Operation.DELETE, access.TOPIC, topic.name)
                 await _check_delete_offset(topic.name, index, int(p.offset), ctx)
                 low = await manager.delete_records((topic.name, index), int(p.offset))
                 results.append(
@@ -165,6 +171,13 @@ async def handle_init_producer_id(request: Any, ctx: RequestContext) -> Body:
             "producer_id": -1,
             "producer_epoch": -1,
         }
+    if not idempotent_write_allowed(ctx):
+        return {
+            "throttle_time": 0,
+            "error_code": ErrorCode.CLUSTER_AUTHORIZATION_FAILED,
+            "producer_id": -1,
+            "producer_epoch": -1,
+        }
     existing = int(getattr(request, "producer_id", -1))
     existing_epoch = int(getattr(request, "producer_epoch", -1))
     try:
@@ -186,3 +199,11 @@ async def handle_init_producer_id(request: Any, ctx: RequestContext) -> Body:
         "producer_id": producer_id,
         "producer_epoch": 0,
     }
+
+
+def idempotent_write_allowed(ctx: RequestContext) -> bool:
+    """An idempotent producer may start with IDEMPOTENT_WRITE on the cluster or, since Kafka
+    2.8 (KIP-679), with WRITE on any topic."""
+    return access.allowed_on_cluster(ctx, Operation.IDEMPOTENT_WRITE) or access.allowed_on_any(
+        ctx, Operation.WRITE, access.TOPIC
+    )

@@ -22,7 +22,9 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from kafscale.broker.api import access
 from kafscale.broker.api.dispatch import Body, RequestContext
+from kafscale.broker.authz.model import Operation
 from kafscale.broker.metadata.topics import DEFAULT_CONFIGS, NO_LIMIT_MS, effective_configs
 from kafscale.broker.observability.metrics import METRICS
 from kafscale.broker.protocol.codec import millis
@@ -183,8 +185,12 @@ async def _append_all(request: Any, ctx: RequestContext) -> dict[tuple[str, int]
     now_ms = int(time.time() * 1000)
     for topic in request.topic_data:
         rules = TopicRules.of(ctx, topic.name)
+        denied = access.topic_denied(ctx, Operation.WRITE, topic.name)
         for partition in topic.partition_data:
             tp = (topic.name, int(partition.index))
+            if denied is not None:
+                outcomes[tp] = denied
+                continue
             try:
                 batches = split_batches(memoryview(partition.records or b""))
                 owned = await manager.owned_partition(tp)

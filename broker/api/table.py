@@ -14,7 +14,18 @@ batches. Clients pick the highest common version, so none of them sends v0-v2; o
 
 from __future__ import annotations
 
-from kafscale.broker.api import admin, fetch, groups, metadata, offsets, produce, versions
+from kafscale.broker.api import (
+    acls,
+    admin,
+    fetch,
+    groups,
+    metadata,
+    offsets,
+    produce,
+    sasl,
+    scram_users,
+    versions,
+)
 from kafscale.broker.api.dispatch import ApiSpec, no_results
 
 _SPECS = [
@@ -89,6 +100,9 @@ _SPECS = [
         offsets.handle_offset_for_leader_epoch,
         no_results("topics"),
     ),
+    ApiSpec(29, "DescribeAcls", 1, 3, acls.handle_describe_acls, acls.describe_acls_error_body),
+    ApiSpec(30, "CreateAcls", 1, 3, acls.handle_create_acls, acls.create_acls_error_body),
+    ApiSpec(31, "DeleteAcls", 1, 3, acls.handle_delete_acls, acls.delete_acls_error_body),
     ApiSpec(
         32,
         "DescribeConfigs",
@@ -123,6 +137,27 @@ _SPECS = [
     ),
     ApiSpec(42, "DeleteGroups", 0, 2, groups.handle_delete_groups, groups.delete_groups_error_body),
     ApiSpec(60, "DescribeCluster", 0, 1, metadata.handle_describe_cluster),
+    # SaslHandshake v0 sent the SASL tokens as bare frames; every client in use sends v1. It
+    # is advertised from v0 all the same: librdkafka (kcat) decides that the broker supports
+    # SASL handshakes at all from a range that includes v0, before it picks v1.
+    ApiSpec(17, "SaslHandshake", 1, 1, sasl.handle_sasl_handshake, advertised_min_version=0),
+    ApiSpec(36, "SaslAuthenticate", 0, 2, sasl.handle_sasl_authenticate),
+    ApiSpec(
+        50,
+        "DescribeUserScramCredentials",
+        0,
+        0,
+        scram_users.handle_describe_user_scram_credentials,
+        scram_users.describe_error_body,
+    ),
+    ApiSpec(
+        51,
+        "AlterUserScramCredentials",
+        0,
+        0,
+        scram_users.handle_alter_user_scram_credentials,
+        scram_users.alter_error_body,
+    ),
 ]
 
 API_TABLE: dict[int, ApiSpec] = {spec.key: spec for spec in _SPECS}

@@ -17,6 +17,11 @@ etcd (all under ``/kafscale/<cluster>/``)::
     groups/<group>/metadata          group state (JSON)
     groups/<group>/offsets/<topic>/<p>  committed offset (JSON)
     producers/<producer id>          idempotent producer epoch (JSON)
+    users/<user>/scram/<mechanism>   SCRAM credential: salt, iterations, stored and server
+                                     keys (JSON; user names percent-encoded like group ids)
+    acls/<type>/<pattern>/<name>/<principal>/<host>/<operation>/<permission>
+                                     one ACL binding (JSON); name, principal and host
+                                     percent-encoded, the others Kafka's enum names
 
 Object store (under the configured prefix)::
 
@@ -112,6 +117,23 @@ def draining_prefix(cluster: str) -> str:
     return f"{cluster_prefix(cluster)}draining/"
 
 
+def users_prefix(cluster: str) -> str:
+    return f"{cluster_prefix(cluster)}users/"
+
+
+def scram_credential_key(cluster: str, user: str, mechanism: str) -> str:
+    """A user's SCRAM credential for one mechanism (``SCRAM-SHA-512``)."""
+    return f"{users_prefix(cluster)}{quote(user, safe='')}/scram/{mechanism}"
+
+
+def user_from_key(cluster: str, key: str) -> tuple[str, str] | None:
+    """(user, mechanism) of a key under :func:`users_prefix`, or None."""
+    parts = key.removeprefix(users_prefix(cluster)).split("/")
+    if len(parts) != 3 or parts[1] != "scram":
+        return None
+    return unquote(parts[0]), parts[2]
+
+
 def group_prefix(cluster: str, group: str) -> str:
     return f"{cluster_prefix(cluster)}groups/{group_key_part(group)}/"
 
@@ -138,6 +160,16 @@ def producer_key(cluster: str, producer_id: int) -> str:
 
 def producer_id_counter_key(cluster: str) -> str:
     return f"{cluster_prefix(cluster)}producer-ids/next"
+
+
+def acl_key(cluster: str, *parts: str) -> str:
+    """One ACL binding's key: resource type, pattern type, resource name, principal, host,
+    operation, permission, each percent-encoded into one key segment (names may hold ``/``)."""
+    return acls_prefix(cluster) + "/".join(quote(part, safe="") for part in parts)
+
+
+def acls_prefix(cluster: str) -> str:
+    return f"{cluster_prefix(cluster)}acls/"
 
 
 # --- object store -----------------------------------------------------------------------------

@@ -81,6 +81,7 @@ class FrameProtocol(asyncio.BufferedProtocol):
     ) -> None:
         assert scratch_bytes >= _LENGTH.size, "a length prefix must fit the scratch buffer"
         self._max_frame_bytes = max_frame_bytes
+        self._configured_max_frame_bytes = max_frame_bytes
         self._on_connect = on_connect
         self._transport: asyncio.Transport | None = None
         # Never resized: receives write through memoryviews of it.
@@ -153,6 +154,14 @@ class FrameProtocol(asyncio.BufferedProtocol):
         """Deliver no more frames, also none already received (the server is stopping)."""
         self._stopped = True
         self._wake_reader()
+
+    def limit_frames(self, max_frame_bytes: int) -> None:
+        """Accept frames up to ``max_frame_bytes`` only (a SASL connection before its login,
+        as Kafka's ``sasl.server.max.receive.size``), until :meth:`lift_frame_limit`."""
+        self._max_frame_bytes = min(max_frame_bytes, self._configured_max_frame_bytes)
+
+    def lift_frame_limit(self) -> None:
+        self._max_frame_bytes = self._configured_max_frame_bytes
 
     def give_back(self, charge: int) -> None:
         """Return a frame's bytes to the broker-wide budget (see :meth:`read_charged_frame`)."""

@@ -21,7 +21,6 @@ from kafscale.broker.observability.exposition import metrics_renderer
 from kafscale.broker.observability.logs import set_node_id
 from kafscale.broker.observability.metrics import HotPathCollector
 from kafscale.broker.observability.proxy_metrics import ProxyCollector
-from kafscale.broker.protocol.framing import FrameProtocol
 from kafscale.broker.proxy.answers import Identity
 from kafscale.broker.proxy.config import ProxySettings
 from kafscale.broker.proxy.dispatch import ProxyDispatcher
@@ -53,7 +52,7 @@ class ProxyServer(KafkaServer):
             finally:
                 self._budget.give(size)
 
-        super().__init__(dispatch, settings.limits, host, port)
+        super().__init__(dispatch, settings.limits, host, port, on_closed=self._close_pool)
 
     def pool_of(self, connection: Connection) -> UpstreamPool:
         pool = self._pools.get(id(connection))
@@ -66,13 +65,10 @@ class ProxyServer(KafkaServer):
             )
         return pool
 
-    async def _serve(self, protocol: FrameProtocol, connection: Connection) -> None:
-        try:
-            await super()._serve(protocol, connection)
-        finally:
-            pool = self._pools.pop(id(connection), None)
-            if pool is not None:
-                await pool.close()
+    async def _close_pool(self, connection: Connection) -> None:
+        pool = self._pools.pop(id(connection), None)
+        if pool is not None:
+            await pool.close()
 
     @property
     def client_connections(self) -> int:

@@ -41,7 +41,7 @@ _NO_LEADER_EPOCH = -1
 
 
 @dataclass(slots=True)
-class _Wanted:
+class Wanted:
     key: PartitionKey  # (topic name or id as the client named it, partition)
     name: str | None  # the topic's name, None if unknown
     position: FetchPosition
@@ -101,7 +101,7 @@ async def forward_fetch(
         upstream_wait_ms = min(forwarder.settings.fetch_wake_wait_ms, int(max(remaining, 0) * 1000))
     if context.overtaken:
         return fetch_error_body(ErrorCode.INVALID_FETCH_SESSION_EPOCH)
-    return _body(wanted, _trim(wanted, results, total_max), context)
+    return _body(wanted, trim_results(wanted, results, total_max), context)
 
 
 def _requested(request: Any) -> list[tuple[PartitionKey, FetchPosition]]:
@@ -138,7 +138,7 @@ def _context(
 
 def _resolve(
     forwarder: Forwarder, partitions: list[tuple[PartitionKey, FetchPosition]]
-) -> list[_Wanted]:
+) -> list[Wanted]:
     view = forwarder.routes.view
     by_id = None
     wanted = []
@@ -150,18 +150,18 @@ def _resolve(
             name = info.name if info is not None else None
         else:
             name = topic if topic in view.topics else None
-        wanted.append(_Wanted(key, name, position))
+        wanted.append(Wanted(key, name, position))
     return wanted
 
 
 def _route(
-    forwarder: Forwarder, wanted: list[_Wanted], refused: set[int]
-) -> dict[int, list[_Wanted]]:
+    forwarder: Forwarder, wanted: list[Wanted], refused: set[int]
+) -> dict[int, list[Wanted]]:
     """Owner -> its partitions. Unknown topics go to any broker, which answers the error, and
     so do partitions whose owner could not be reached (every broker serves committed data)."""
     routes = forwarder.routes
     avoid = frozenset(refused)
-    by_broker: dict[int, list[_Wanted]] = {}
+    by_broker: dict[int, list[Wanted]] = {}
     for item in wanted:
         broker = -1
         if item.name is not None:
@@ -177,7 +177,7 @@ async def _fetch_round(
     pool: UpstreamPool,
     call: Call,
     request: Any,
-    asked: dict[int, list[_Wanted]],
+    asked: dict[int, list[Wanted]],
     max_wait_ms: int,
     results: dict[PartitionKey, Any],
 ) -> tuple[set[PartitionKey], set[int]]:
@@ -200,14 +200,32 @@ async def _fetch_round(
             failed.update(item.key for item in asked[broker])
             continue
         response = codec.decode_response(outcome, call.api_key, call.api_version)
+        unanswered = record_answer(response, asked[broker], results)
+        if unanswered:
+            failed_brokers.add(broker)
+            failed |= unanswered
+    return failed, failed_brokers
+
+
+def record_answer(
+    response: Any, items: list[Wanted], results: dict[PartitionKey, Any]
+) -> set[PartitionKey]:
+    """Record a broker's answers in ``results``; the partitions to ask another broker: left
+    out of the answer (a request-level error, say from a broker shutting down) or answered
+    UNKNOWN_SERVER_ERROR. kafka-python raises that code to the user; any broker serves
+    committed data, so another one is asked first."""
+    answered: set[PartitionKey] = set()
+    if int(getattr(response, "error_code", ErrorCode.NONE)) == ErrorCode.NONE:
         for topic in response.responses:
             key = fetch_topic_key(topic)
             for p in topic.partitions:
                 results[(key, int(p.partition_index))] = p
-    return failed, failed_brokers
+                if int(p.error_code) != ErrorCode.UNKNOWN_SERVER_ERROR:
+                    answered.add((key, int(p.partition_index)))
+    return {item.key for item in items} - answered
 
 
-def _sub_request(call: Call, request: Any, items: list[_Wanted], max_wait_ms: int) -> bytes:
+def _sub_request(call: Call, request: Any, items: list[Wanted], max_wait_ms: int) -> bytes:
     topics: dict[Any, list[dict[str, Any]]] = {}
     for item in items:
         topics.setdefault(item.key[0], []).append(
@@ -255,15 +273,17 @@ def _partition_error(partition: int, code: ErrorCode) -> dict[str, Any]:
     }
 
 
-def _trim(wanted: list[_Wanted], results: dict[PartitionKey, Any], total_max: int) -> list[Any]:
+def trim_results(
+    wanted: list[Wanted], results: dict[PartitionKey, Any], total_max: int
+) -> list[Any]:
     """Results in request order, kept to the response's ``max_bytes``: whole partitions, the
     first one always (as a broker does); a partition cut gets no records this time."""
     ordered = []
     budget = total_max
     for index, item in enumerate(wanted):
         result = results.get(item.key)
-        if result is None:
-            result = _partition_error(item.key[1], ErrorCode.UNKNOWN_SERVER_ERROR)
+        if result is None:  # not answered in time: the client retries, and so can we
+            result = _partition_error(item.key[1], ErrorCode.NOT_LEADER_OR_FOLLOWER)
         if not isinstance(result, dict):
             size = len(result.records or b"")
             if index > 0 and size > budget:
@@ -274,7 +294,7 @@ def _trim(wanted: list[_Wanted], results: dict[PartitionKey, Any], total_max: in
     return ordered
 
 
-def _body(wanted: list[_Wanted], results: list[Any], context: FetchContext) -> dict[str, Any]:
+def _body(wanted: list[Wanted], results: list[Any], context: FetchContext) -> dict[str, Any]:
     chosen = context.respond(
         [
             (

@@ -20,8 +20,9 @@ from kafscale.broker.protocol import codec
 from kafscale.broker.protocol.errors import ErrorCode
 from kafscale.broker.proxy import split
 from kafscale.broker.proxy.config import RoutingSettings
+from kafscale.broker.proxy.ordering import Ticket, retry_out_of_order
 from kafscale.broker.proxy.routes import RoutingTable
-from kafscale.broker.proxy.upstream import UpstreamError, UpstreamPool, UpstreamStats
+from kafscale.broker.proxy.upstream import Upstream, UpstreamError, UpstreamPool, UpstreamStats
 
 PARTITION_ROUTE_ERRORS = frozenset(
     {ErrorCode.NOT_LEADER_OR_FOLLOWER, ErrorCode.LEADER_NOT_AVAILABLE}
@@ -73,26 +74,26 @@ class Forwarder:
     ) -> list[asyncio.Future[bytes]]:
         """Write each (broker, request frame) part, in order, under the client's send lock;
         a part whose broker cannot be reached gets a failed future."""
-        loop = asyncio.get_running_loop()
-        futures: list[asyncio.Future[bytes]] = []
-        used = []
         async with pool.send_lock:
-            for broker_id, frame in parts:
-                info = self.routes.broker(broker_id)
-                try:
-                    if info is None:
-                        raise UpstreamError(f"broker {broker_id} is not registered")
-                    upstream = await pool.get(info)
-                except UpstreamError as exc:
-                    failed: asyncio.Future[bytes] = loop.create_future()
-                    failed.set_exception(exc)
-                    futures.append(failed)
-                    continue
-                futures.append(upstream.send(frame, expect_response))
-                used.append(upstream)
-        for upstream in used:
-            await upstream.drain()
+            connections = await self._connect(pool, [broker for broker, _ in parts])
+            futures = _write(parts, connections, expect_response)
+        await _drain(connections)
         return futures
+
+    async def _connect(
+        self, pool: UpstreamPool, brokers: Sequence[int]
+    ) -> list[Upstream | UpstreamError]:
+        """A connection to each broker (or why there is none); call under the send lock."""
+        connections: list[Upstream | UpstreamError] = []
+        for broker_id in brokers:
+            info = self.routes.broker(broker_id)
+            try:
+                if info is None:
+                    raise UpstreamError(f"broker {broker_id} is not registered")
+                connections.append(await pool.get(info))
+            except UpstreamError as exc:
+                connections.append(exc)
+        return connections
 
     async def call_raw(
         self, pool: UpstreamPool, broker_id: int, frame: bytes | memoryview
@@ -113,81 +114,130 @@ class Forwarder:
         expect_response: bool = True,
     ) -> dict[str, Any] | None:
         """Split by owner, forward concurrently, retry moved partitions; the merged body (None
-        when no response is expected: acks=0)."""
+        when no response is expected: acks=0). Produce parts keep the client's order per
+        partition (``ordering``)."""
         order = split.requested_partitions(request, api)
         results: dict[split.TopicPartition, Any] = {}
         pending: set[split.TopicPartition] = set(order)
         throttle = 0
         attempt = 0
-        ordered = api is split.PRODUCE and expect_response
-        mine: asyncio.Future[None] | None = None
-        if ordered:
-            await pool.retry_order.before_first_send(pending)
+        line = pool.produce_order
+        ticket = line.enter(order) if api is split.PRODUCE and expect_response else None
         try:
             while pending:
-                parts = split.split_request(request, api, self.routes.partition_owner, pending)
-                unroutable = parts.pop(-1, None)
-                encoded = [
-                    (
-                        broker,
-                        _frame(
-                            codec.encode_request(
-                                call.api_key, call.api_version, 0, part, call.client_id
-                            )
-                        ),
-                    )
-                    for broker, part in parts.items()
-                ]
-                futures = await self.send(pool, encoded, expect_response)
+                sent = await self._send_parts(
+                    pool, call, request, api, pending, ticket, expect_response
+                )
                 if not expect_response:
                     return None
-                outcomes = await asyncio.gather(*futures, return_exceptions=True)
-                retry: set[split.TopicPartition] = set()
-                if unroutable is not None:
-                    for tp in split.requested_partitions(unroutable, api):
-                        results[tp] = split.partition_error(
-                            api, tp[1], ErrorCode.LEADER_NOT_AVAILABLE
-                        )
-                        retry.add(tp)
-                for (_, part), outcome in zip(parts.items(), outcomes, strict=True):
-                    if isinstance(outcome, BaseException):
-                        if not isinstance(outcome, UpstreamError):
-                            raise outcome
-                        self.stats.count_retry("connection")
-                        for tp in split.requested_partitions(part, api):
-                            code = ErrorCode.NOT_LEADER_OR_FOLLOWER
-                            results[tp] = split.partition_error(api, tp[1], code)
-                            retry.add(tp)
-                        continue
-                    response = codec.decode_response(outcome, call.api_key, call.api_version)
-                    throttle = max(throttle, codec.millis(getattr(response, "throttle_time", 0)))
-                    for tp, answer in split.response_partitions(response, api):
-                        if tp not in pending:
-                            continue
-                        results[tp] = answer
-                        if int(answer.error_code) in PARTITION_ROUTE_ERRORS:
-                            self.stats.count_retry("not_leader")
-                            retry.add(tp)
+                outcomes = await asyncio.gather(*sent.futures, return_exceptions=True)
+                retry, throttle_ms = self._read_outcomes(
+                    call, api, pending, sent, outcomes, results, ticket
+                )
+                throttle = max(throttle, throttle_ms)
+                if ticket is not None:
+                    line.finish(ticket, pending - retry)
+                    line.unsent(ticket, retry)
                 pending = retry
                 attempt += 1
-                if not pending:
+                if pending and not await self._may_retry(attempt, deadline):
                     break
-                if ordered and mine is None:
-                    mine, earlier = pool.retry_order.begin_retry(pending)
-                else:
-                    earlier = set()
-                if not await self._may_retry(attempt, deadline):
-                    break
-                if earlier:
-                    await asyncio.wait(earlier)
         finally:
-            if mine is not None:
-                pool.retry_order.end(mine)
-        for tp in order:  # a partition the broker left out of its answer
-            results.setdefault(
-                tp, split.partition_error(api, tp[1], ErrorCode.UNKNOWN_SERVER_ERROR)
-            )
+            if ticket is not None:
+                line.leave(ticket)
         return split.merge_response(api, order, results, throttle)
+
+    async def _send_parts(
+        self,
+        pool: UpstreamPool,
+        call: Call,
+        request: Any,
+        api: split.PartitionedApi,
+        pending: set[split.TopicPartition],
+        ticket: Ticket | None,
+        expect_response: bool,
+    ) -> _Sent:
+        """Split ``pending`` by owner and write the parts, once (with a ticket) every part is
+        in order behind the client's earlier requests for its partitions."""
+        line = pool.produce_order
+        while True:
+            parts = split.split_request(request, api, self.routes.partition_owner, pending)
+            unroutable = parts.pop(-1, None)
+            encoded = [
+                (
+                    broker,
+                    _frame(
+                        codec.encode_request(
+                            call.api_key, call.api_version, 0, part, call.client_id
+                        )
+                    ),
+                )
+                for broker, part in parts.items()
+            ]
+            async with pool.send_lock:
+                connections = await self._connect(pool, [broker for broker, _ in encoded])
+                targets = _targets(api, parts, connections)
+                if ticket is None or line.may_send(ticket, targets):
+                    futures = _write(encoded, connections, expect_response)
+                    if ticket is not None:
+                        line.sent(ticket, {tp: c for tp, c in targets.items() if c is not None})
+                    break
+                changed = line.next_change()
+            await changed.wait()
+        await _drain(connections)
+        return _Sent(unroutable, futures)
+
+    def _read_outcomes(
+        self,
+        call: Call,
+        api: split.PartitionedApi,
+        pending: set[split.TopicPartition],
+        sent: _Sent,
+        outcomes: list[bytes | BaseException],
+        results: dict[split.TopicPartition, Any],
+        ticket: Ticket | None = None,
+    ) -> tuple[set[split.TopicPartition], int]:
+        """Record each partition's answer in ``results``; the partitions to retry (moved,
+        unroutable, unreachable, or left out of an answer: all retriable for the client too)
+        and the largest throttle."""
+        throttle = 0
+        answered: set[split.TopicPartition] = set()
+        refused: set[split.TopicPartition] = set()
+        for outcome in outcomes:
+            if isinstance(outcome, BaseException):
+                if not isinstance(outcome, UpstreamError):
+                    raise outcome
+                self.stats.count_retry("connection")
+                continue
+            response = codec.decode_response(outcome, call.api_key, call.api_version)
+            throttle = max(throttle, codec.millis(getattr(response, "throttle_time", 0)))
+            for tp, answer in split.response_partitions(response, api):
+                if tp not in pending:
+                    continue
+                results[tp] = answer
+                code = int(answer.error_code)
+                if code in PARTITION_ROUTE_ERRORS:
+                    self.stats.count_retry("not_leader")
+                    refused.add(tp)
+                elif ticket is not None and retry_out_of_order(code, tp in ticket.behind):
+                    self.stats.count_retry("out_of_order")
+                    refused.add(tp)
+                else:
+                    answered.add(tp)
+        unroutable = (
+            set()
+            if sent.unroutable is None
+            else set(split.requested_partitions(sent.unroutable, api))
+        )
+        retry = pending - answered
+        for tp in retry - refused:
+            code = (
+                ErrorCode.LEADER_NOT_AVAILABLE
+                if tp in unroutable
+                else ErrorCode.NOT_LEADER_OR_FOLLOWER
+            )
+            results[tp] = split.partition_error(api, tp[1], code)
+        return retry, throttle
 
     # --- one key (a group, or any broker) ----------------------------------------------------
 
@@ -232,6 +282,51 @@ class Forwarder:
             return False
         await self.routes.wait_changed(min(backoff_s(attempt), remaining))
         return True
+
+
+@dataclass(frozen=True, slots=True)
+class _Sent:
+    """One round of a partitioned request: the partitions no broker could take, and each
+    written part's answer to come."""
+
+    unroutable: Any | None
+    futures: list[asyncio.Future[bytes]]
+
+
+def _targets(
+    api: split.PartitionedApi, parts: dict[int, Any], connections: list[Upstream | UpstreamError]
+) -> dict[split.TopicPartition, Upstream | None]:
+    """Each partition of the parts, with the connection its part is about to be written to."""
+    targets: dict[split.TopicPartition, Upstream | None] = {}
+    for part, connection in zip(parts.values(), connections, strict=True):
+        for tp in split.requested_partitions(part, api):
+            targets[tp] = connection if isinstance(connection, Upstream) else None
+    return targets
+
+
+def _write(
+    parts: Sequence[tuple[int, bytes | memoryview]],
+    connections: list[Upstream | UpstreamError],
+    expect_response: bool,
+) -> list[asyncio.Future[bytes]]:
+    """Write each part on its connection, without awaiting (a part with no connection gets a
+    failed future)."""
+    loop = asyncio.get_running_loop()
+    futures: list[asyncio.Future[bytes]] = []
+    for (_, frame), connection in zip(parts, connections, strict=True):
+        if isinstance(connection, Upstream):
+            futures.append(connection.send(frame, expect_response))
+        else:
+            failed: asyncio.Future[bytes] = loop.create_future()
+            failed.set_exception(connection)
+            futures.append(failed)
+    return futures
+
+
+async def _drain(connections: list[Upstream | UpstreamError]) -> None:
+    for connection in connections:
+        if isinstance(connection, Upstream):
+            await connection.drain()
 
 
 def _frame(encoded: bytes) -> memoryview:

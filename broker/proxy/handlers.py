@@ -4,7 +4,9 @@ Answered here: ApiVersions, Metadata (unless it must create topics), FindCoordin
 DescribeCluster. Split by partition owner: Produce, Fetch, ListOffsets, OffsetForLeaderEpoch,
 DeleteRecords. To the group's coordinator: the group and offset APIs (DescribeGroups,
 DeleteGroups and multi-group OffsetFetch split by coordinator). To every broker: ListGroups.
-To any broker (they act through etcd): topic and config administration, InitProducerId.
+To any broker (they act through etcd): topic, config and ACL administration, InitProducerId;
+DescribeConfigs of a broker goes to that broker, and of the proxy's own id to a live broker
+whose answer the proxy gives as its own (``configs``).
 
 A handler returns a body to encode, the raw answer of one broker (forwarded as it came, only the
 correlation id changed), or None (acks=0).
@@ -21,7 +23,7 @@ from typing import Any
 from kafscale.broker.api.fetch_sessions import FetchSessionCache
 from kafscale.broker.protocol import codec
 from kafscale.broker.protocol.errors import ErrorCode
-from kafscale.broker.proxy import answers, split
+from kafscale.broker.proxy import answers, configs, split
 from kafscale.broker.proxy.fetch import forward_fetch
 from kafscale.broker.proxy.forward import Call, Forwarder
 from kafscale.broker.proxy.upstream import UpstreamError, UpstreamPool
@@ -227,6 +229,54 @@ async def list_groups(r: ProxyRequest) -> Answer:
 # --- to any broker --------------------------------------------------------------------------
 
 
+async def describe_configs(r: ProxyRequest) -> Answer:
+    """Each resource to a broker that can answer it; the proxy's own broker resource from a
+    live broker's description of itself (``configs``)."""
+    me = r.ctx.identity
+    resources = list(r.body.resources)
+    targets = configs.plan(resources, me.node_id, r.ctx.forwarder.routes.view.brokers.keys())
+    if all(target == configs.Target(configs.ANY) for target in targets):
+        return await to_any_broker(r)
+    by_broker: dict[int, list[int]] = {}
+    for index, target in enumerate(targets):
+        by_broker.setdefault(target.broker, []).append(index)
+    answers = await asyncio.gather(
+        *(
+            _describe_at(r, broker, [(resources[i], targets[i].as_proxy) for i in indexes])
+            for broker, indexes in by_broker.items()
+        )
+    )
+    results: list[Any] = [None] * len(resources)
+    throttle = 0
+    for indexes, response in zip(by_broker.values(), answers, strict=True):
+        throttle = max(throttle, codec.millis(response.throttle_time))
+        for index, result in zip(indexes, response.results, strict=True):
+            if targets[index].as_proxy:
+                result = configs.as_proxy(result, me.node_id, f"{me.host}:{me.port}")
+            results[index] = result
+    return {"throttle_time": throttle, "results": results}
+
+
+async def _describe_at(r: ProxyRequest, broker: int, items: list[tuple[Any, bool]]) -> Any:
+    """DescribeConfigs of (resource, names the proxy) at ``broker`` (``configs.ANY``: any live
+    broker, the next one if it cannot be reached); the parsed answer. Raises UpstreamError."""
+    forwarder = r.ctx.forwarder
+    routes = forwarder.routes
+    refused: set[int] = set()
+    while True:
+        target = broker if broker != configs.ANY else routes.any_broker(frozenset(refused))
+        if target < 0 or target in refused:
+            raise UpstreamError("no live broker answers DescribeConfigs")
+        asked = [configs.as_broker(res, target) if own else res for res, own in items]
+        body = dataclasses.replace(r.body, resources=tuple(asked))
+        try:
+            raw = await forwarder.call_raw(r.pool, target, _frame(r.call, body))
+        except UpstreamError:
+            refused.add(target)
+            continue
+        return codec.decode_response(raw, r.call.api_key, r.call.api_version)
+
+
 async def to_any_broker(r: ProxyRequest) -> Answer:
     forwarder = r.ctx.forwarder
     body, _ = await forwarder.routed(
@@ -260,7 +310,10 @@ HANDLERS: dict[int, Handler] = {
     21: partitioned(split.DELETE_RECORDS),
     22: to_any_broker,  # InitProducerId
     23: partitioned(split.OFFSET_FOR_LEADER_EPOCH),
-    32: to_any_broker,  # DescribeConfigs
+    29: to_any_broker,  # DescribeAcls
+    30: to_any_broker,  # CreateAcls
+    31: to_any_broker,  # DeleteAcls
+    32: describe_configs,
     37: to_any_broker,  # CreatePartitions
     42: by_coordinator(DELETE_GROUPS),
     44: to_any_broker,  # IncrementalAlterConfigs

@@ -20,7 +20,7 @@ import struct
 from dataclasses import dataclass, field
 
 from kafscale.broker.metadata.cluster import BrokerInfo
-from kafscale.broker.proxy.ordering import RetryOrder
+from kafscale.broker.proxy.ordering import ProduceOrder
 
 log = logging.getLogger(__name__)
 
@@ -165,8 +165,8 @@ class UpstreamPool:
         # Held while a request's parts are written: a client's requests reach each broker in
         # the order the client sent them, also when connecting takes a while.
         self.send_lock = asyncio.Lock()
-        # Produce retries of this client's partitions, kept in the client's order.
-        self.retry_order = RetryOrder()
+        # This client's produce requests per partition, kept in the client's order.
+        self.produce_order = ProduceOrder()
 
     async def get(self, broker: BrokerInfo) -> Upstream:
         current = self._connections.get(broker.node_id)

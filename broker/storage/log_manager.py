@@ -191,7 +191,7 @@ class LogManager:
         )
         self.owned[tp] = owned
         self._view.owners[tp] = self.broker_id
-        self._view.update_state(tp, new_state)
+        self._view.update_state(tp, new_state, result.revision)
         log.info(
             "acquired %s-%d at epoch %d, HW %d",
             topic,
@@ -294,7 +294,7 @@ class LogManager:
                 raise NotLeader(f"{tp[0]}-{tp[1]}: lease lost")
             owned.state = state
             owned.state_revision = result.revision
-            self._view.update_state(tp, state)
+            self._view.update_state(tp, state, result.revision)
             return state.log_start_offset
 
     # --- flushing ----------------------------------------------------------------------------

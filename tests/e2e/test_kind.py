@@ -5,9 +5,9 @@ Skips only when no Docker engine is reachable. Everything else it needs is fetch
 ``tests/harness/k8s_tools.py``), the KafScale image (built from the repository's Dockerfile and
 loaded into kind), and moto's S3 server image as the cluster's object store.
 
-What this covers that the kmock tests cannot: the real API server (schema defaults, CEL rules,
-status/scale subresources, server-side apply with field ownership, owner-reference garbage
-collection, RBAC from the chart), real pods running the broker image with their probes and
+What this covers that the real-API-server tests (``tests/operator``, Kubernetes 1.20, no
+kubelet) cannot: a current API server (CEL rules, ``policy/v1`` PDBs, ``autoscaling/v2`` HPAs),
+real pods running the broker image with their probes and
 preStop drain, the managed etcd StatefulSet reaching quorum, Deployment rollouts, and
 ``kubectl scale`` driving broker registrations and lease rebalancing.
 """

@@ -9,6 +9,7 @@ its source changes). Tests that need it fail, not skip, when Java or the wheel i
 from __future__ import annotations
 
 import hashlib
+import os
 import shutil
 import subprocess
 import sys
@@ -60,12 +61,25 @@ def java_client() -> list[str]:
     return ["java", "-cp", f"{classes}:{jars}/*", "ProxyClient"]
 
 
+def _env(properties: Path | None) -> dict[str, str] | None:
+    """The client's environment: ``properties`` (a Java properties file) added to its config."""
+    if properties is None:
+        return None
+    return {**os.environ, "CLIENT_PROPERTIES": str(properties)}
+
+
 def java_produce(
-    bootstrap: str, topic: str, partitions: int, count: int, codec: str
+    bootstrap: str,
+    topic: str,
+    partitions: int,
+    count: int,
+    codec: str,
+    properties: Path | None = None,
 ) -> list[tuple[int, int]]:
     """(partition, offset) of each acked record, in send order."""
     out = subprocess.run(
         [*java_client(), "produce", bootstrap, topic, str(partitions), str(count), codec],
+        env=_env(properties),
         check=True,
         capture_output=True,
         text=True,
@@ -75,11 +89,17 @@ def java_produce(
 
 
 def java_consume(
-    bootstrap: str, topic: str, group: str, count: int, timeout_ms: int = 30_000
+    bootstrap: str,
+    topic: str,
+    group: str,
+    count: int,
+    timeout_ms: int = 30_000,
+    properties: Path | None = None,
 ) -> list[tuple[int, int, str, str]]:
     """(partition, offset, key, value) of what a group member read."""
     out = subprocess.run(
         [*java_client(), "consume", bootstrap, topic, group, str(count), str(timeout_ms)],
+        env=_env(properties),
         check=True,
         capture_output=True,
         text=True,

@@ -196,3 +196,21 @@ def condition_of(obj: dict[str, Any] | None, type_: str) -> tuple[str, str, str]
         if c["type"] == type_:
             return c["status"], c["reason"], c.get("message", "")
     return None
+
+
+def events_of(
+    kube: KubeCluster, namespace: str, name: str, kind: str = "KafScaleCluster"
+) -> list[tuple[str, str, str]]:
+    """(type, reason, message) of every Event posted on one object, oldest first."""
+    items = kube.get(f"/api/v1/namespaces/{namespace}/events")["items"]
+    mine = [
+        e
+        for e in items
+        if e["involvedObject"].get("kind") == kind and e["involvedObject"].get("name") == name
+    ]
+    mine.sort(key=lambda e: (e.get("firstTimestamp") or "", e["metadata"]["creationTimestamp"]))
+    return [(e["type"], e["reason"], e.get("message", "")) for e in mine]
+
+
+def reasons_of(kube: KubeCluster, namespace: str, name: str) -> list[str]:
+    return [reason for _, reason, _ in events_of(kube, namespace, name)]

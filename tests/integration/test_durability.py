@@ -619,6 +619,41 @@ def _run_broker(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     )
 
 
+def test_a_broker_started_just_before_its_etcd_waits_for_it(
+    broker_cluster: BrokerCluster, tmp_path: Path
+) -> None:
+    """A managed etcd and new broker pods start together: a broker that finds etcd not yet
+    answering tries again for a few seconds before it gives up."""
+    etcd = EmbeddedEtcd(data_dir=tmp_path / "late-etcd")
+    port, admin_port, log = free_port(), free_port(), tmp_path / "broker.log"
+    env = broker_cluster.env(
+        port,
+        admin_port,
+        KAFSCALE_ETCD__ENDPOINTS=json.dumps([etcd.client_url]),
+        KAFSCALE_ETCD__TIMEOUT_S="2",
+    )
+    with log.open("wb") as out:
+        broker = subprocess.Popen([KAFSCALE, "broker"], env=env, stdout=out, stderr=out)
+    try:
+        deadline = time.monotonic() + 60
+        while "etcd not reachable yet" not in log.read_text(errors="replace"):
+            assert broker.poll() is None, log.read_text(errors="replace")[-2000:]
+            assert time.monotonic() < deadline, "no failed attempt seen"
+            time.sleep(0.1)
+        etcd.start()  # after the broker's first attempt failed
+        while True:
+            assert broker.poll() is None, log.read_text(errors="replace")[-2000:]
+            with socket.socket() as sock:
+                if sock.connect_ex(("127.0.0.1", port)) == 0:
+                    break
+            assert time.monotonic() < deadline, "the broker never listened"
+            time.sleep(0.2)
+    finally:
+        broker.terminate()
+        broker.wait(30)
+        etcd.stop()
+
+
 @pytest.mark.parametrize(
     ("what", "overrides", "words"),
     [

@@ -239,3 +239,24 @@ def test_etcd_start_failure_is_one_clear_line(tmp_path: Path) -> None:
     assert result.returncode == 1, result.stderr
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and "etcd" in lines[0] and "etcd.log" in lines[0], result.stderr
+
+
+@pytest.mark.parametrize("after_s", [0.3, 1.5, 3.0])
+def test_ctrl_c_while_starting_ends_promptly_without_a_traceback(
+    tmp_path: Path, after_s: float
+) -> None:
+    """Ctrl-C at any moment of start-up (importing, starting etcd, starting brokers) ends the
+    command: status 0 or 130, one line or none, and no etcd left behind."""
+    data_dir, log = tmp_path / "data", tmp_path / "local.log"
+    port = free_port_run(3)
+    process = subprocess.Popen(
+        [KAFSCALE, "local", "--data-dir", str(data_dir), "--port", str(port), "--brokers", "3"],
+        stdout=log.open("ab"),
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    time.sleep(after_s)
+    exit_code = stop_with_ctrl_c(process)
+    assert exit_code in (0, 130), log.read_text()
+    assert "Traceback" not in log.read_text(), log.read_text()
+    assert wait_until(lambda: not etcd_pids(data_dir), 10), etcd_pids(data_dir)

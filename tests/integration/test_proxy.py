@@ -20,7 +20,7 @@ import uuid
 from collections.abc import Iterator
 
 import pytest
-from confluent_kafka.admin import AdminClient
+from confluent_kafka.admin import AdminClient, ConfigResource, ResourceType
 from harness.batches import make_batch
 from harness.brokers import BrokerCluster, BrokerProcess
 from harness.java_client import java_consume, java_produce
@@ -292,13 +292,21 @@ def test_expose_owners_lists_the_owners_at_the_proxy_address(proxied: Proxied, t
     proxy = start_proxy(proxied.cluster, KAFSCALE_ROUTING__EXPOSE_OWNERS="true")
     ck_create_topic(proxy.bootstrap, topic)
     wait_spread(proxied, topic)
-    metadata = AdminClient({"bootstrap.servers": proxy.bootstrap}).list_topics(topic, 10)
+    admin = AdminClient({"bootstrap.servers": proxy.bootstrap})
+    # The partitions may still move once (claimed on demand first, then where the assignment
+    # puts them): compare Metadata with the routes once both have settled.
+    deadline = time.monotonic() + 30
+    while True:
+        metadata = admin.list_topics(topic, 10)
+        leaders = {p.id: p.leader for p in metadata.topics[topic].partitions.values()}
+        if leaders == proxied.owners(topic) or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    assert leaders == proxied.owners(topic)
     live = {b.node_id for b in proxied.cluster.brokers if b.alive and b is not proxied.proxy}
     live.discard(proxy.node_id)
     assert set(metadata.brokers) == live
     assert {(b.host, b.port) for b in metadata.brokers.values()} == {("127.0.0.1", proxy.port)}
-    leaders = {p.id: p.leader for p in metadata.topics[topic].partitions.values()}
-    assert leaders == proxied.owners(topic)
     _, produce, consume = CLIENTS["confluent"]
     records = make_records("expose-owners")
     acked = produce(proxy.bootstrap, topic, records, "lz4")
@@ -351,3 +359,36 @@ def test_acks_zero_is_forwarded_without_an_answer(proxied: Proxied, topic: str) 
                 break
     assert fetched is not None
     assert len(batches_in(fetched.records)) >= 1
+
+
+def test_describe_configs_of_the_proxy_broker_answers_as_the_proxy(
+    proxied: Proxied, topic: str
+) -> None:
+    """Clients see broker 1000 and describe it (AdminClient.describe_configs, kafka-ui,
+    kafka-configs): the proxy answers from a live broker's configs, as itself."""
+    ck_create_topic(proxied.bootstrap, topic)
+    admin = AdminClient({"bootstrap.servers": proxied.bootstrap})
+    resource = ConfigResource(ResourceType.BROKER, "1000")
+    configs = admin.describe_configs([resource])[resource].result(30)
+    assert configs["broker.id"].value == "1000"
+    assert configs["advertised.listeners"].value == f"PLAINTEXT://{proxied.bootstrap}"
+    assert configs["num.partitions"].value  # a broker's real configs
+    # A topic and the proxy's broker in one request: each answered in the client's order.
+    with KafkaWire(proxied.bootstrap) as wire:
+        response = wire.request(
+            32,
+            4,
+            {
+                "resources": [
+                    {"resource_type": 2, "resource_name": topic, "configuration_keys": None},
+                    {"resource_type": 4, "resource_name": "1000", "configuration_keys": None},
+                ],
+                "include_synonyms": False,
+                "include_documentation": False,
+            },
+        )
+    assert [(r.resource_name, r.error_code) for r in response.results] == [
+        (topic, ErrorCode.NONE),
+        ("1000", ErrorCode.NONE),
+    ]
+    assert {c.name: c.value for c in response.results[0].configs}["cleanup.policy"] == "delete"

@@ -9,10 +9,13 @@ import pytest
 from kafscale.operator import crd_gen, manifests
 from kafscale.operator.discovery import (
     ASSUME_EVERYTHING,
+    ServerCapabilities,
     capabilities_from,
     cel_rules_kept,
     fit_to_server,
+    newly_served,
     parse_version,
+    refresh_due,
 )
 from kafscale.operator.models import ClusterRef, parse_cluster_spec
 
@@ -102,3 +105,15 @@ def test_dropped_validation_rules_are_reported() -> None:
 )
 def test_parse_version(info: dict[str, str], expected: tuple[int, int] | None) -> None:
     assert parse_version(info) == expected
+
+
+def test_capabilities_are_read_again_after_the_interval() -> None:
+    assert refresh_due(0.0, 5.0, 60.0)  # never read
+    assert not refresh_due(100.0, 159.0, 60.0)
+    assert refresh_due(100.0, 160.0, 60.0)
+    old = ServerCapabilities(group_versions=frozenset({"v1", "apps/v1"}))
+    new = ServerCapabilities(
+        group_versions=frozenset({"v1", "apps/v1", "monitoring.coreos.com/v1"})
+    )
+    assert newly_served(old, new) == ["monitoring.coreos.com/v1"]
+    assert newly_served(new, old) == []

@@ -1,8 +1,10 @@
-"""The kopf handlers end to end: the operator against the API emulator over HTTP, a real etcd.
+"""The kopf handlers end to end on the real API server (1.20.2, no kubelet) and a real etcd.
 
-Each test creates resources through the API as kubectl would, plays the part of the
-controllers the emulator lacks (Deployment status, pods, broker registrations in etcd) and
-checks what the operator wrote to the API and to etcd.
+These ran against an emulator (kmock plus 426 lines of server-side behaviour: apply, the status
+and scale subresources, generations, garbage collection) until the real server could run here.
+Each test creates resources through the API as kubectl would, with the operator running as the
+chart's ServiceAccount; where a test needs brokers it writes their registrations into etcd as a
+broker's session would (``test_real_brokers.py`` runs real broker processes instead).
 """
 
 from __future__ import annotations
@@ -12,29 +14,27 @@ import uuid
 from typing import Any
 
 import pytest
-from harness.k8s_operator import (
+from harness.k8s_real import (
     CLUSTERS,
+    DEPLOYMENTS,
     TOPICS,
-    cluster_body,
-    create,
-    delete,
-    eventually,
-    merge_patch,
-    topic_body,
+    cluster_manifest,
+    condition_of,
+    events_of,
+    live_pods,
+    mark_ready,
+    settle,
 )
-from harness.kmock_k8s import KubeEmulator, api_request
+from harness.kube_apiserver import KubeCluster
 from harness.s3 import S3Endpoint
 
 from kafscale.broker.metadata import keys
 from kafscale.broker.metadata.assignment import Assignment
-from kafscale.broker.metadata.embedded_etcd import EmbeddedEtcd
+from kafscale.broker.metadata.embedded_etcd import EmbeddedEtcd, free_port
 from kafscale.broker.metadata.etcd import Etcd
+from kafscale.operator.naming import FIELD_MANAGER, label_selector
 
-pytestmark = pytest.mark.operator
-
-CLUSTER_RES = "kafscale.io/v1alpha1/kafscaleclusters"
-TOPIC_RES = "kafscale.io/v1alpha1/kafscaletopics"
-DEPLOYMENTS = "apps/v1/deployments"
+pytestmark = [pytest.mark.operator, pytest.mark.kubeapi]
 
 
 def external(etcd_server: EmbeddedEtcd, **extra: Any) -> dict[str, Any]:
@@ -45,35 +45,30 @@ def external(etcd_server: EmbeddedEtcd, **extra: Any) -> dict[str, Any]:
     }
 
 
-def status_of(kube: KubeEmulator, namespace: str, name: str, res: str = CLUSTER_RES) -> Any:
-    obj = kube.read(res, namespace, name) or {}
-    return obj.get("status") or {}
+def topic_manifest(name: str, namespace: str, spec: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "apiVersion": "kafscale.io/v1alpha1",
+        "kind": "KafScaleTopic",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": spec,
+    }
 
 
-def condition(status: dict[str, Any], type_: str) -> tuple[str, str] | None:
-    for c in status.get("conditions") or []:
-        if c["type"] == type_:
-            return c["status"], c["reason"]
-    return None
+def status_of(kube: KubeCluster, path: str) -> dict[str, Any]:
+    return dict((kube.get(path) or {}).get("status") or {})
 
 
-async def make_deployment_ready(kube: KubeEmulator, namespace: str, name: str) -> None:
-    """What the Deployment controller would report once every pod is ready."""
-    deployment = kube.read(DEPLOYMENTS, namespace, name)
-    assert deployment is not None
-    replicas = deployment["spec"].get("replicas", 1)
-    await kube.set_status(
-        DEPLOYMENTS,
-        namespace,
-        name,
-        {
-            "observedGeneration": deployment["metadata"]["generation"],
-            "replicas": replicas,
-            "readyReplicas": replicas,
-            "updatedReplicas": replicas,
-            "availableReplicas": replicas,
-        },
-    )
+def reason(kube: KubeCluster, path: str, type_: str) -> tuple[str, str] | None:
+    found = condition_of(kube.get(path), type_)
+    return None if found is None else (found[0], found[1])
+
+
+def managers(obj: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Field manager → the fields it owns (``metadata.managedFields``, server-side apply)."""
+    return {
+        entry["manager"]: {"operation": entry["operation"], **entry.get("fieldsV1", {})}
+        for entry in obj["metadata"].get("managedFields") or []
+    }
 
 
 async def register_broker(etcd: Etcd, cluster: str, node_id: int, pod: str) -> int:
@@ -94,52 +89,36 @@ async def assignment(etcd: Etcd, cluster: str) -> Assignment | None:
     return None if kv is None else Assignment.from_json(kv.value)
 
 
-async def test_create_applies_objects_and_reports_status(
-    kube_api: KubeEmulator, running_operator: Any, namespace: str, etcd_server: EmbeddedEtcd
+async def test_create_applies_owned_objects_with_server_side_apply(
+    kube_cluster: KubeCluster, real_operator: Any, kube_namespace: str, etcd_server: EmbeddedEtcd
 ) -> None:
-    created = await create(
-        kube_api,
-        CLUSTERS.format(ns=namespace),
-        cluster_body("demo", namespace, external(etcd_server)),
+    ns, kube = kube_namespace, kube_cluster
+    created = kube.create(
+        CLUSTERS.format(ns=ns), cluster_manifest("demo", ns, external(etcd_server))
     )
     uid = created["metadata"]["uid"]
-    deployment = await eventually(lambda: kube_api.read(DEPLOYMENTS, namespace, "demo-broker"))
-    for res, name in [
-        ("v1/configmaps", "demo-config"),
-        ("v1/services", "demo-brokers"),
-        ("policy/v1/poddisruptionbudgets", "demo-broker"),
-    ]:
-        # Applied one after another: the Deployment being there does not mean the rest is yet.
-        obj = await eventually(
-            lambda res=res, name=name: kube_api.read(res, namespace, name), what=f"{res} {name}"
-        )
+    path = f"{CLUSTERS.format(ns=ns)}/demo"
+    children = {
+        "ConfigMap": f"/api/v1/namespaces/{ns}/configmaps/demo-config",
+        "Service": f"/api/v1/namespaces/{ns}/services/demo-brokers",
+        "Deployment": f"{DEPLOYMENTS.format(ns=ns)}/demo-broker",
+    }
+    for kind, child in children.items():
+        obj = await settle(lambda child=child: kube.get(child), what=kind)
         assert obj["metadata"]["ownerReferences"][0]["uid"] == uid
-    assert deployment["spec"]["replicas"] == 3
-    assert kube_api.names("apps/v1/statefulsets", namespace) == set()  # external etcd
+        # Server-side apply under the operator's own field manager.
+        assert managers(obj)[FIELD_MANAGER]["operation"] == "Apply", kind
+    deployment = kube.get(children["Deployment"])
+    assert deployment["spec"]["replicas"] == 3  # the CRD's default, filled in by the server
+    assert kube.get(f"/apis/apps/v1/namespaces/{ns}/statefulsets")["items"] == []  # external etcd
 
-    # Server-side apply with the operator's field manager.
-    applies = [
-        r
-        for r in kube_api.requests
-        if r.method == "PATCH" and r.headers.get("Content-Type") == "application/apply-patch+yaml"
-    ]
-    assert applies and all(r.params.get("fieldManager") == "kafscale-operator" for r in applies)
-
-    status = await eventually(lambda: status_of(kube_api, namespace, "demo").get("phase"))
+    status = await settle(lambda: status_of(kube, path).get("phase"), what="a phase")
     assert status == "Provisioning"
-    current = status_of(kube_api, namespace, "demo")
+    current = status_of(kube, path)
     assert current["observedGeneration"] == 1
-    assert current["bootstrap"] == f"demo-brokers.{namespace}.svc:9092"
-    assert current["clusterName"] == f"{namespace}.demo"
-
-    await make_deployment_ready(kube_api, namespace, "demo-broker")
-    await eventually(lambda: status_of(kube_api, namespace, "demo").get("phase") == "Running")
-    ready = status_of(kube_api, namespace, "demo")
-    assert condition(ready, "Ready") == ("True", "AllBrokersReady")
-    assert condition(ready, "Progressing") == ("False", "ReconcileComplete")
-    assert condition(ready, "Degraded") == ("False", "AsExpected")
-    assert ready["brokers"]["readyReplicas"] == 3
-    assert ready["leases"] == {
+    assert current["bootstrap"] == f"demo-brokers.{ns}.svc:9092"
+    assert current["clusterName"] == f"{ns}.demo"
+    assert current["leases"] == {
         "partitions": 0,
         "owned": 0,
         "unowned": 0,
@@ -149,404 +128,276 @@ async def test_create_applies_objects_and_reports_status(
 
 
 async def test_update_rolls_config_and_observed_generation(
-    kube_api: KubeEmulator, running_operator: Any, namespace: str, etcd_server: EmbeddedEtcd
+    kube_cluster: KubeCluster, real_operator: Any, kube_namespace: str, etcd_server: EmbeddedEtcd
 ) -> None:
-    path = CLUSTERS.format(ns=namespace)
-    await create(kube_api, path, cluster_body("demo", namespace, external(etcd_server)))
-    first = await eventually(lambda: kube_api.read(DEPLOYMENTS, namespace, "demo-broker"))
+    ns, kube = kube_namespace, kube_cluster
+    path = f"{CLUSTERS.format(ns=ns)}/demo"
+    config_path = f"/api/v1/namespaces/{ns}/configmaps/demo-config"
+    deployment_path = f"{DEPLOYMENTS.format(ns=ns)}/demo-broker"
+    kube.create(CLUSTERS.format(ns=ns), cluster_manifest("demo", ns, external(etcd_server)))
+    first = await settle(lambda: kube.get(deployment_path), what="the Deployment")
     first_hash = first["spec"]["template"]["metadata"]["annotations"]["kafscale.io/config-hash"]
-    await eventually(lambda: status_of(kube_api, namespace, "demo").get("observedGeneration") == 1)
+    await settle(lambda: status_of(kube, path).get("observedGeneration") == 1, what="generation 1")
 
-    await merge_patch(
-        kube_api, f"{path}/demo", {"spec": {"brokers": {"config": {"log.flush_interval_ms": "25"}}}}
+    kube.merge_patch(path, {"spec": {"brokers": {"config": {"log.flush_interval_ms": "25"}}}})
+    await settle(
+        lambda: kube.get(config_path)["data"].get("KAFSCALE_LOG__FLUSH_INTERVAL_MS") == "25",
+        what="the new setting in the ConfigMap",
     )
-    await eventually(
+    await settle(
         lambda: (
-            (kube_api.read("v1/configmaps", namespace, "demo-config") or {})
-            .get("data", {})
-            .get("KAFSCALE_LOG__FLUSH_INTERVAL_MS")
-            == "25"
-        )
+            kube.get(deployment_path)["spec"]["template"]["metadata"]["annotations"][
+                "kafscale.io/config-hash"
+            ]
+            != first_hash
+        ),
+        what="a rolling restart of the brokers",
     )
-    second = kube_api.read(DEPLOYMENTS, namespace, "demo-broker")
-    assert second is not None
-    assert (
-        second["spec"]["template"]["metadata"]["annotations"]["kafscale.io/config-hash"]
-        != first_hash
-    )
-    await eventually(lambda: status_of(kube_api, namespace, "demo").get("observedGeneration") == 2)
+    await settle(lambda: status_of(kube, path).get("observedGeneration") == 2, what="generation 2")
 
-    # Status writes never bump the generation (Argo CD sees no drift from them).
-    cr = kube_api.read(CLUSTER_RES, namespace, "demo")
-    assert cr is not None and cr["metadata"]["generation"] == 2
-    assert cr["spec"] == {
-        **external(etcd_server),
-        "brokers": {"config": {"log.flush_interval_ms": "25"}},
-    }
+    # The operator's many status writes never bumped the generation (GitOps sees no drift).
+    cr = kube.get(path)
+    assert cr["metadata"]["generation"] == 2
+    assert cr["spec"]["brokers"]["config"] == {"log.flush_interval_ms": "25"}
 
 
 async def test_invalid_config_is_reported_degraded(
-    kube_api: KubeEmulator, running_operator: Any, namespace: str, etcd_server: EmbeddedEtcd
+    kube_cluster: KubeCluster, real_operator: Any, kube_namespace: str, etcd_server: EmbeddedEtcd
 ) -> None:
+    ns, kube = kube_namespace, kube_cluster
+    path = f"{CLUSTERS.format(ns=ns)}/demo"
     spec = external(etcd_server, brokers={"config": {"log.flush_interval": "25"}})
-    await create(kube_api, CLUSTERS.format(ns=namespace), cluster_body("demo", namespace, spec))
-    await eventually(
-        lambda: (
-            condition(status_of(kube_api, namespace, "demo"), "Degraded") == ("True", "InvalidSpec")
-        )
+    kube.create(CLUSTERS.format(ns=ns), cluster_manifest("demo", ns, spec))
+    await settle(
+        lambda: reason(kube, path, "Degraded") == ("True", "InvalidSpec"), what="InvalidSpec"
     )
-    status = status_of(kube_api, namespace, "demo")
+    status = status_of(kube, path)
     assert status["phase"] == "Degraded"
-    assert "log.flush_interval" in next(
-        c["message"] for c in status["conditions"] if c["type"] == "Degraded"
+    degraded = condition_of(kube.get(path), "Degraded")
+    assert degraded is not None and "log.flush_interval" in degraded[2]
+    assert kube.get(f"{DEPLOYMENTS.format(ns=ns)}/demo-broker") is None
+    warnings = await settle(
+        lambda: [e for e in events_of(kube, ns, "demo") if e[1] == "InvalidSpec"],
+        what="an InvalidSpec Event",
     )
-    assert kube_api.read(DEPLOYMENTS, namespace, "demo-broker") is None
+    assert warnings[0][0] == "Warning" and "log.flush_interval" in warnings[0][2]
 
 
-async def test_scale_subresource_and_rebalance_on_scale(
-    kube_api: KubeEmulator,
-    running_operator: Any,
-    namespace: str,
-    etcd_server: EmbeddedEtcd,
-    etcd: Etcd,
+async def test_unreachable_etcd_is_degraded_with_a_reason_and_an_event(
+    kube_cluster: KubeCluster, real_operator: Any, kube_namespace: str
 ) -> None:
-    path = CLUSTERS.format(ns=namespace)
-    # (The API server would fill in the schema's default of 3; the emulator does not default.)
-    spec = external(etcd_server, brokers={"replicas": 3})
-    await create(kube_api, path, cluster_body("demo", namespace, spec))
-    cluster = f"{namespace}.demo"
-    await eventually(lambda: kube_api.read(DEPLOYMENTS, namespace, "demo-broker"))
-    await put_topic(etcd, cluster, "orders", 6)
-    for node_id in (1, 2, 3):
-        await register_broker(etcd, cluster, node_id, f"demo-broker-{node_id}")
-
-    # The lease balancer writes a balanced assignment over the registered brokers.
-    first = await eventually(lambda: assignment(etcd, cluster), what="assignment")
-    assert sorted(first.owners.values()) == [1, 1, 2, 2, 3, 3]
-
-    # kubectl scale kafscalecluster/demo --replicas=5 (GET + PATCH on /scale).
-    status, scale = await api_request(kube_api, "GET", f"{path}/demo/scale")
-    assert status == 200 and scale["spec"]["replicas"] == 3
-    status, _ = await api_request(
-        kube_api,
-        "PATCH",
-        f"{path}/demo/scale",
-        {"spec": {"replicas": 5}},
-        content_type="application/merge-patch+json",
+    ns, kube = kube_namespace, kube_cluster
+    path = f"{CLUSTERS.format(ns=ns)}/demo"
+    dead = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    spec = {"storage": {"bucket": "bucket-1"}, "etcd": {"mode": "External", "endpoints": [dead]}}
+    kube.create(CLUSTERS.format(ns=ns), cluster_manifest("demo", ns, spec))
+    await settle(
+        lambda: reason(kube, path, "Degraded") == ("True", "EtcdUnavailable"),
+        what="Degraded EtcdUnavailable",
     )
-    assert status == 200
-    await eventually(
-        lambda: (
-            (kube_api.read(DEPLOYMENTS, namespace, "demo-broker") or {})["spec"]["replicas"] == 5
-        )
+    assert status_of(kube, path)["phase"] == "Degraded"
+    warnings = await settle(
+        lambda: [e for e in events_of(kube, ns, "demo") if e[1] == "EtcdUnavailable"],
+        what="an EtcdUnavailable Event",
     )
-    await make_deployment_ready(kube_api, namespace, "demo-broker")
-    await eventually(
-        lambda: status_of(kube_api, namespace, "demo").get("brokers", {}).get("replicas") == 5
-    )
-    _, scale = await api_request(kube_api, "GET", f"{path}/demo/scale")
-    assert scale["status"]["replicas"] == 5
-    assert scale["status"]["selector"].endswith("app.kubernetes.io/component=broker")
-
-    # The new pods register; the assignment moves only what the newcomers must take.
-    for node_id in (4, 5):
-        await register_broker(etcd, cluster, node_id, f"demo-broker-{node_id}")
-
-    async def spread_over_five() -> Assignment | None:
-        current = await assignment(etcd, cluster)
-        return current if current and len(set(current.owners.values())) == 5 else None
-
-    second = await eventually(spread_over_five, what="assignment over five brokers")
-    assert second.generation > first.generation
-    moved = [tp for tp in first.owners if first.owners[tp] != second.owners[tp]]
-    assert len(moved) == 2
-
-    status_now = await eventually(
-        lambda: (
-            status_of(kube_api, namespace, "demo").get("brokers", {}).get("registered") == 5
-            and status_of(kube_api, namespace, "demo")
-        )
-    )
-    assert status_now["leases"]["partitions"] == 6
-    assert status_now["leases"]["assignmentGeneration"] == second.generation
+    assert warnings[0][0] == "Warning"
 
 
-async def test_pod_termination_drains_its_broker(
-    kube_api: KubeEmulator,
-    running_operator: Any,
-    namespace: str,
-    etcd_server: EmbeddedEtcd,
-    etcd: Etcd,
+async def test_autoscaled_brokers_leave_replicas_to_the_autoscaler(
+    kube_cluster: KubeCluster, real_operator: Any, kube_namespace: str, etcd_server: EmbeddedEtcd
 ) -> None:
-    await create(
-        kube_api,
-        CLUSTERS.format(ns=namespace),
-        cluster_body("demo", namespace, external(etcd_server)),
-    )
-    cluster = f"{namespace}.demo"
-    await eventually(lambda: kube_api.read(DEPLOYMENTS, namespace, "demo-broker"))
-    await put_topic(etcd, cluster, "orders", 4)
-    leases = {}
-    for node_id in (1, 2):
-        leases[node_id] = await register_broker(etcd, cluster, node_id, f"demo-broker-{node_id}")
-        pod = {
-            "apiVersion": "v1",
-            "kind": "Pod",
-            "metadata": {
-                "name": f"demo-broker-{node_id}",
-                "namespace": namespace,
-                "labels": {
-                    "app.kubernetes.io/name": "kafscale",
-                    "app.kubernetes.io/instance": "demo",
-                    "app.kubernetes.io/component": "broker",
-                    "app.kubernetes.io/managed-by": "kafscale-operator",
-                },
-                # Stands in for the kubelet: the pod stays Terminating until released.
-                "finalizers": ["test.kafscale.io/kubelet"],
-            },
-            "spec": {"containers": [{"name": "broker", "image": "kafscale"}]},
-        }
-        await create(kube_api, f"/api/v1/namespaces/{namespace}/pods", pod)
-    before = await eventually(lambda: assignment(etcd, cluster), what="assignment over two brokers")
-    assert set(before.owners.values()) == {1, 2}
+    """The operator never owns ``replicas`` while autoscaling is on; 1.20 gets no HPA.
 
-    # kubectl delete pod demo-broker-2: the pod gets a deletionTimestamp.
-    await delete(kube_api, f"/api/v1/namespaces/{namespace}/pods/demo-broker-2")
-    draining = await eventually(lambda: etcd.get(keys.draining_key(cluster, 2)), what="draining")
-    assert json.loads(draining.value)["reason"].startswith(f"pod {namespace}/demo-broker-2")
-    assert draining.lease == leases[2]  # goes away with the broker's session
-
-    async def without_two() -> Assignment | None:
-        current = await assignment(etcd, cluster)
-        return current if current and set(current.owners.values()) == {1} else None
-
-    after = await eventually(without_two, what="partitions moved off the draining broker")
-    assert after.generation > before.generation
-    assert kube_api.read("v1/pods", namespace, "demo-broker-2") is not None  # still terminating
-    await eventually(
-        lambda: status_of(kube_api, namespace, "demo").get("leases", {}).get("draining") == [2]
-    )
-
-    # The broker's session ends: its registration and draining mark go with the lease.
-    await etcd.revoke_lease(leases[2])
-    assert await etcd.get(keys.draining_key(cluster, 2)) is None
-
-
-async def test_operator_owned_hpa(
-    kube_api: KubeEmulator, running_operator: Any, namespace: str, etcd_server: EmbeddedEtcd
-) -> None:
-    path = CLUSTERS.format(ns=namespace)
+    Kubernetes 1.20 serves no ``autoscaling/v2``, so the HPA is left out and said so; the
+    Deployment's replicas belong to whoever scales it (here ``kubectl scale``), and drift
+    repair does not take them back. Autoscaling off: the operator owns them again.
+    """
+    ns, kube = kube_namespace, kube_cluster
+    path = f"{CLUSTERS.format(ns=ns)}/demo"
+    deployment_path = f"{DEPLOYMENTS.format(ns=ns)}/demo-broker"
     spec = external(etcd_server, autoscaling={"enabled": True, "minReplicas": 2, "maxReplicas": 6})
-    await create(kube_api, path, cluster_body("demo", namespace, spec))
-    hpa = await eventually(
-        lambda: kube_api.read("autoscaling/v2/horizontalpodautoscalers", namespace, "demo-broker")
+    kube.create(CLUSTERS.format(ns=ns), cluster_manifest("demo", ns, spec))
+    deployment = await settle(lambda: kube.get(deployment_path), what="the Deployment")
+    owned = json.dumps(managers(deployment)[FIELD_MANAGER])
+    assert '"f:replicas"' not in owned
+    features = await settle(
+        lambda: condition_of(kube.get(path), "FeaturesSupported"), what="FeaturesSupported"
     )
-    assert hpa["spec"]["scaleTargetRef"]["name"] == "demo-broker"
-    applied = [
-        r.data
-        for r in kube_api.requests
-        if r.method == "PATCH" and r.url.path.endswith("/deployments/demo-broker")
-    ]
-    assert applied and all("replicas" not in body["spec"] for body in applied)
+    assert "HorizontalPodAutoscaler demo-broker (autoscaling/v2 is not served)" in features[2]
 
-    await merge_patch(kube_api, f"{path}/demo", {"spec": {"autoscaling": {"enabled": False}}})
-    await eventually(
-        lambda: (
-            kube_api.read("autoscaling/v2/horizontalpodautoscalers", namespace, "demo-broker")
-            is None
-        ),
-        what="HPA removed",
+    kube.kubectl("scale", "deployment", "demo-broker", "-n", ns, "--replicas=5")
+    # Another reconcile (a spec change) applies the Deployment again: replicas stay the scaler's.
+    kube.merge_patch(path, {"spec": {"brokers": {"config": {"log.flush_interval_ms": "25"}}}})
+    await settle(lambda: status_of(kube, path).get("observedGeneration") == 2, what="generation 2")
+    config = kube.get(f"/api/v1/namespaces/{ns}/configmaps/demo-config")
+    assert config["data"]["KAFSCALE_LOG__FLUSH_INTERVAL_MS"] == "25"
+    assert kube.get(deployment_path)["spec"]["replicas"] == 5
+
+    kube.merge_patch(path, {"spec": {"autoscaling": {"enabled": False}}})
+    await settle(
+        lambda: kube.get(deployment_path)["spec"]["replicas"] == 3,
+        what="replicas back to spec.brokers.replicas",
     )
-    deployment = kube_api.read(DEPLOYMENTS, namespace, "demo-broker")
-    assert deployment is not None and deployment["spec"]["replicas"] == 3
+    assert '"f:replicas"' in json.dumps(managers(kube.get(deployment_path))[FIELD_MANAGER])
 
 
 async def test_managed_etcd_objects(
-    kube_api: KubeEmulator, running_operator: Any, namespace: str
+    kube_cluster: KubeCluster, real_operator: Any, kube_namespace: str
 ) -> None:
+    ns, kube = kube_namespace, kube_cluster
+    path = f"{CLUSTERS.format(ns=ns)}/demo"
     spec = {"storage": {"bucket": "bucket-1"}, "etcd": {"replicas": 3}}
-    await create(kube_api, CLUSTERS.format(ns=namespace), cluster_body("demo", namespace, spec))
-    await eventually(lambda: kube_api.read("apps/v1/statefulsets", namespace, "demo-etcd"))
-    # The operator applies its objects one after another: the brokers' Service may land after
-    # the etcd StatefulSet.
+    kube.create(CLUSTERS.format(ns=ns), cluster_manifest("demo", ns, spec))
+    statefulset = await settle(
+        lambda: kube.get(f"/apis/apps/v1/namespaces/{ns}/statefulsets/demo-etcd"),
+        what="the etcd StatefulSet",
+    )
+    assert statefulset["spec"]["replicas"] == 3
     expected_services = {"demo-etcd", "demo-etcd-client", "demo-brokers"}
-    await eventually(
-        lambda: kube_api.names("v1/services", namespace) >= expected_services,
-        what="the three Services",
+
+    def services() -> set[str]:
+        items = kube.get(f"/api/v1/namespaces/{ns}/services")["items"]
+        return {s["metadata"]["name"] for s in items}
+
+    await settle(lambda: services() >= expected_services, what="the three Services")
+    assert services() == expected_services
+    # etcd is not reachable here (no DNS, no pods run): the cluster waits, it is not degraded.
+    await settle(
+        lambda: reason(kube, path, "Progressing") == ("True", "EtcdStarting"), what="EtcdStarting"
     )
-    assert kube_api.names("v1/services", namespace) == expected_services
-    assert kube_api.read("policy/v1/poddisruptionbudgets", namespace, "demo-etcd") is not None
-    # etcd is not reachable here (no DNS for the Service): the cluster waits, not degraded.
-    await eventually(
-        lambda: (
-            condition(status_of(kube_api, namespace, "demo"), "Progressing")
-            == ("True", "EtcdStarting")
-        )
-    )
-    assert condition(status_of(kube_api, namespace, "demo"), "Degraded") == ("False", "AsExpected")
+    assert reason(kube, path, "Degraded") == ("False", "AsExpected")
+    # 1.20: neither PDB (policy/v1) nor the StatefulSet's PVC retention field (1.23) exist.
+    features = condition_of(kube.get(path), "FeaturesSupported")
+    assert features is not None and features[:2] == ("False", "NotServed")
+    assert "PodDisruptionBudget demo-etcd (policy/v1 is not served)" in features[2]
+    assert "persistentVolumeClaimRetentionPolicy" in features[2]
 
 
-@pytest.mark.parametrize("policy", ["Retain", "Delete"])
-async def test_delete_honours_deletion_policy(
-    kube_api: KubeEmulator,
-    running_operator: Any,
-    namespace: str,
+async def test_delete_with_retain_keeps_the_data(
+    kube_cluster: KubeCluster,
+    real_operator: Any,
+    kube_namespace: str,
     etcd_server: EmbeddedEtcd,
     etcd: Etcd,
     s3_server: S3Endpoint,
-    policy: str,
 ) -> None:
+    """``deletionPolicy: Retain`` (the default): objects go, etcd records and segments stay.
+
+    (``Delete`` runs in ``test_real_api.py``'s cluster life test.)
+    """
+    ns, kube = kube_namespace, kube_cluster
     store = await s3_server.open_store()
     try:
-        cluster = f"{namespace}.demo"
+        cluster = f"{ns}.demo"
         object_key = keys.segment_object_key(cluster, "orders", "tid", 0, 0, 1)
         await store.put(object_key, b"batch")
-        other_key = keys.segment_object_key(f"{namespace}.other", "orders", "tid", 0, 0, 1)
-        await store.put(other_key, b"batch")
-        secret = {
-            "apiVersion": "v1",
-            "kind": "Secret",
-            "metadata": {"name": "s3", "namespace": namespace},
-            "data": {
-                "AWS_ACCESS_KEY_ID": _b64(s3_server.access_key_id),
-                "AWS_SECRET_ACCESS_KEY": _b64(s3_server.secret_access_key),
-            },
-        }
-        await create(kube_api, f"/api/v1/namespaces/{namespace}/secrets", secret)
-        spec = external(etcd_server, deletionPolicy=policy)
-        spec["storage"] = {
-            "bucket": store.bucket,
-            "endpoint": s3_server.url,
-            "credentialsSecret": {"name": "s3"},
-        }
-        path = CLUSTERS.format(ns=namespace)
-        await create(kube_api, path, cluster_body("demo", namespace, spec))
+        spec = external(etcd_server)
+        spec["storage"] = {"bucket": store.bucket, "endpoint": s3_server.url}
+        path = f"{CLUSTERS.format(ns=ns)}/demo"
+        kube.create(CLUSTERS.format(ns=ns), cluster_manifest("demo", ns, spec))
         await put_topic(etcd, cluster, "orders", 2)
-        await eventually(lambda: kube_api.read(DEPLOYMENTS, namespace, "demo-broker"))
-        await eventually(
-            lambda: (
-                "kafscale.io/finalizer"
-                in (kube_api.read(CLUSTER_RES, namespace, "demo") or {})["metadata"].get(
-                    "finalizers", []
-                )
-            )
+        deployment_path = f"{DEPLOYMENTS.format(ns=ns)}/demo-broker"
+        await settle(lambda: kube.get(deployment_path), what="the Deployment")
+        await settle(
+            lambda: "kafscale.io/finalizer" in kube.get(path)["metadata"].get("finalizers", []),
+            what="the finalizer",
         )
 
-        await delete(kube_api, f"{path}/demo")
-        await eventually(
-            lambda: kube_api.read(CLUSTER_RES, namespace, "demo") is None, what="cluster deleted"
-        )
-        # Owned objects are garbage-collected with their owner.
-        assert kube_api.read(DEPLOYMENTS, namespace, "demo-broker") is None
+        kube.kubectl("delete", "kafscalecluster", "demo", "-n", ns, "--wait=false")
+        await settle(lambda: kube.get(path) is None, what="cluster deleted")
+        await settle(lambda: kube.get(deployment_path) is None, what="Deployment collected")
         remaining = await etcd.get_prefix(keys.cluster_prefix(cluster))
-        objects = {info.key for info in await store.list("")}
-        if policy == "Retain":
-            assert [kv.key for kv in remaining] == [keys.topic_key(cluster, "orders")]
-            assert object_key in objects
-        else:
-            assert remaining == []
-            assert object_key not in objects
-        assert other_key in objects  # never another cluster's data
+        assert [kv.key for kv in remaining] == [keys.topic_key(cluster, "orders")]
+        assert object_key in {info.key for info in await store.list("")}
     finally:
         await store.close()
 
 
-def _b64(value: str) -> str:
-    import base64
-
-    return base64.b64encode(value.encode()).decode()
-
-
 async def test_topic_lifecycle(
-    kube_api: KubeEmulator,
-    running_operator: Any,
-    namespace: str,
+    kube_cluster: KubeCluster,
+    real_operator: Any,
+    kube_namespace: str,
     etcd_server: EmbeddedEtcd,
     etcd: Etcd,
 ) -> None:
-    await create(
-        kube_api,
-        CLUSTERS.format(ns=namespace),
-        cluster_body("demo", namespace, external(etcd_server)),
-    )
-    cluster = f"{namespace}.demo"
+    ns, kube = kube_namespace, kube_cluster
+    kube.create(CLUSTERS.format(ns=ns), cluster_manifest("demo", ns, external(etcd_server)))
+    cluster = f"{ns}.demo"
     await register_broker(etcd, cluster, 1, "demo-broker-1")
-    path = TOPICS.format(ns=namespace)
-    await create(
-        kube_api,
-        path,
-        topic_body(
-            "orders",
-            namespace,
-            {"clusterRef": "demo", "partitions": 3, "configs": {"retention.ms": "60000"}},
-        ),
+    selector = label_selector("demo", "broker")
+    pods = await settle(
+        lambda: len(live_pods(kube, ns, selector)) == 3 and live_pods(kube, ns, selector),
+        what="three broker pods",
     )
+    for pod in pods:
+        mark_ready(kube, ns, pod)
+    path = f"{TOPICS.format(ns=ns)}/orders"
+    spec = {"clusterRef": "demo", "partitions": 3, "configs": {"retention.ms": "60000"}}
+    kube.create(TOPICS.format(ns=ns), topic_manifest("orders", ns, spec))
 
-    record_kv = await eventually(lambda: etcd.get(keys.topic_key(cluster, "orders")))
+    record_kv = await settle(lambda: etcd.get(keys.topic_key(cluster, "orders")), what="record")
     record = json.loads(record_kv.value)
     assert record["partitions"] == 3 and record["configs"] == {"retention.ms": "60000"}
     assert len(record["topic_id"]) == 32
-    await eventually(
-        lambda: status_of(kube_api, namespace, "orders", TOPIC_RES).get("phase") == "Ready"
-    )
-    assert status_of(kube_api, namespace, "orders", TOPIC_RES)["topicId"] == record["topic_id"]
-    first = await eventually(lambda: assignment(etcd, cluster))
+    await settle(lambda: status_of(kube, path).get("phase") == "Ready", what="topic Ready")
+    assert status_of(kube, path)["topicId"] == record["topic_id"]
+    first = await settle(lambda: assignment(etcd, cluster), what="an assignment")
     assert len(first.owners) == 3
-
-    # Grow: allowed, same topic id.
-    await merge_patch(kube_api, f"{path}/orders", {"spec": {"partitions": 5}})
+    # The registered broker is no process: it never takes its leases, and the cluster says so.
+    await settle(
+        lambda: (
+            condition_of(kube.get(f"{CLUSTERS.format(ns=ns)}/demo"), "Progressing")
+            == ("True", "PartitionsUnowned", "3/3 partitions have no live owner")
+        ),
+        what="Progressing PartitionsUnowned",
+    )
 
     async def partitions() -> int:
         kv = await etcd.get(keys.topic_key(cluster, "orders"))
         return int(json.loads(kv.value)["partitions"]) if kv else 0
 
-    await eventually(lambda: _equals(partitions(), 5))
+    async def assigned() -> int:
+        current = await assignment(etcd, cluster)
+        return 0 if current is None else len(current.owners)
+
+    # Grow: allowed, same topic id, the new partitions assigned.
+    kube.merge_patch(path, {"spec": {"partitions": 5}})
+    await settle(lambda: _equals(partitions(), 5), what="five partitions")
     grown_kv = await etcd.get(keys.topic_key(cluster, "orders"))
-    assert grown_kv is not None
-    grown = json.loads(grown_kv.value)
-    assert grown["topic_id"] == record["topic_id"]
-    await eventually(lambda: _assigned(etcd, cluster, 5), what="new partitions assigned")
+    assert grown_kv is not None and json.loads(grown_kv.value)["topic_id"] == record["topic_id"]
+    await settle(lambda: _equals(assigned(), 5), what="new partitions assigned")
 
     # Shrink: refused and reported; etcd keeps 5.
-    await merge_patch(kube_api, f"{path}/orders", {"spec": {"partitions": 2}})
-    await eventually(
-        lambda: (
-            condition(status_of(kube_api, namespace, "orders", TOPIC_RES), "Degraded")
-            == ("True", "PartitionDecreaseRejected")
-        )
+    kube.merge_patch(path, {"spec": {"partitions": 2}})
+    await settle(
+        lambda: reason(kube, path, "Degraded") == ("True", "PartitionDecreaseRejected"),
+        what="PartitionDecreaseRejected",
     )
     assert await partitions() == 5
 
     # Delete: the record, partition states and leases go.
     await etcd.put(keys.partition_state_key(cluster, "orders", 0), b"{}")
     await etcd.put(keys.partition_lease_key(cluster, "orders", 0), b"1")
-    await delete(kube_api, f"{path}/orders")
-    await eventually(lambda: kube_api.read(TOPIC_RES, namespace, "orders") is None)
+    kube.kubectl("delete", "kafscaletopic", "orders", "-n", ns, "--wait=false")
+    await settle(lambda: kube.get(path) is None, what="topic deleted")
     assert await etcd.get(keys.topic_key(cluster, "orders")) is None
     assert await etcd.get_prefix(keys.partition_states_prefix(cluster, "orders")) == []
     assert await etcd.get_prefix(keys.partition_leases_prefix(cluster, "orders")) == []
 
 
 async def test_topic_waits_for_its_cluster(
-    kube_api: KubeEmulator, running_operator: Any, namespace: str
+    kube_cluster: KubeCluster, real_operator: Any, kube_namespace: str
 ) -> None:
-    await create(
-        kube_api,
-        TOPICS.format(ns=namespace),
-        topic_body("orders", namespace, {"clusterRef": "missing", "partitions": 1}),
-    )
-    await eventually(
+    ns, kube = kube_namespace, kube_cluster
+    spec = {"clusterRef": "missing", "partitions": 1}
+    kube.create(TOPICS.format(ns=ns), topic_manifest("orders", ns, spec))
+    await settle(
         lambda: (
-            condition(status_of(kube_api, namespace, "orders", TOPIC_RES), "Ready")
-            == ("False", "ClusterNotFound")
-        )
+            reason(kube, f"{TOPICS.format(ns=ns)}/orders", "Ready") == ("False", "ClusterNotFound")
+        ),
+        what="ClusterNotFound",
     )
 
 
 async def _equals(value: Any, expected: Any) -> bool:
     return bool(await value == expected)
-
-
-async def _assigned(etcd: Etcd, cluster: str, count: int) -> bool:
-    current = await assignment(etcd, cluster)
-    return current is not None and len(current.owners) == count

@@ -10,6 +10,7 @@ collector, the Deployment controller, discovery of what the server serves.
 from __future__ import annotations
 
 import json
+import logging
 
 import pytest
 from harness.k8s_operator import operator_thread
@@ -228,3 +229,62 @@ def pods_gone(kube: KubeCluster, ns: str, selector: str) -> bool:
     )["items"]
     pods = kube.request("GET", f"/api/v1/namespaces/{ns}/pods", params={"labelSelector": selector})
     return not replicasets and not pods["items"]
+
+
+# --- discovery ------------------------------------------------------------------------------------
+
+
+async def test_an_api_installed_later_is_seen_without_a_restart(
+    kube_cluster: KubeCluster,
+    kafscale_chart: InstalledChart,
+    kube_namespace: str,
+    etcd_server: EmbeddedEtcd,
+    s3_server: S3Endpoint,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The operator re-reads what the server serves (``discovery_interval_s``), no restart."""
+    caplog.set_level(logging.INFO, logger="kafscale.operator.discovery")
+    ns, kube = kube_namespace, kube_cluster
+    group = f"{ns}.kafscale-test.io"
+    crd = {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": f"widgets.{group}"},
+        "spec": {
+            "group": group,
+            "names": {"plural": "widgets", "singular": "widget", "kind": "Widget"},
+            "scope": "Namespaced",
+            "versions": [
+                {
+                    "name": "v1",
+                    "served": True,
+                    "storage": True,
+                    "schema": {
+                        "openAPIV3Schema": {
+                            "type": "object",
+                            "x-kubernetes-preserve-unknown-fields": True,
+                        }
+                    },
+                }
+            ],
+        },
+    }
+    settings = operator_settings(kafscale_chart, discovery_interval_s=0.5)
+    create_s3_secret(kube, ns, s3_server)
+    try:
+        async with operator_thread(settings):
+            path = f"{CLUSTERS.format(ns=ns)}/demo"
+            spec = external_spec(etcd_server, s3_server, "bucket-1")
+            kube.create(CLUSTERS.format(ns=ns), cluster_manifest("demo", ns, spec))
+            await settle(
+                lambda: (kube.get(path).get("status") or {}).get("observedGeneration") == 1,
+                what="the cluster reconciled",
+            )
+            kube.create(CRDS, crd)
+            wanted = f"the API server now serves {group}/v1"
+            await settle(
+                lambda: any(wanted in r.getMessage() for r in caplog.records),
+                what="the operator seeing the new API",
+            )
+    finally:
+        kube.delete(f"{CRDS}/widgets.{group}")

@@ -24,6 +24,7 @@ from harness.k8s_real import (
     cluster_manifest,
     condition_of,
     create_s3_secret,
+    events_of,
     external_spec,
     live_pods,
     mark_ready,
@@ -168,7 +169,9 @@ async def test_a_topic_and_kubectl_scale_replan_the_assignment_of_real_brokers(
         what="status with three registered brokers",
     )
     assert status["brokers"]["replicas"] == 3
-    assert kube.get(f"{path}/scale")["status"]["replicas"] == 3
+    scale = kube.get(f"{path}/scale")  # what an HPA targeting the cluster reads
+    assert scale["status"]["replicas"] == 3
+    assert scale["status"]["selector"] == SELECTOR
     assert status["leases"]["partitions"] == 6
 
 
@@ -216,6 +219,9 @@ async def test_a_terminating_broker_pod_is_drained(
         what="the broker marked draining",
     )
     assert leaving in draining.value.decode()
+    # The mark goes away with the broker's session: it is bound to the registration's lease.
+    registration = await etcd.get(keys.broker_key(cluster, nodes[leaving]))
+    assert registration is not None and draining.lease == registration.lease != 0
     after = await settle(
         lambda: _spread_over(etcd, cluster, {nodes[staying]}),
         what="partitions moved off the draining broker",
@@ -231,6 +237,21 @@ async def test_a_terminating_broker_pod_is_drained(
         ),
         what="status lists the draining broker",
     )
+    # kubectl describe tells what the operator did.
+    events = await settle(
+        lambda: [e for e in events_of(kube, ns, "demo") if e[1] == "Draining"],
+        what="a Draining Event",
+    )
+    assert events == [
+        (
+            "Normal",
+            "Draining",
+            f"pod {leaving} is terminating: broker {nodes[leaving]} draining, "
+            "its partitions reassigned",
+        )
+    ]
+    rebalanced = [e[2] for e in events_of(kube, ns, "demo") if e[1] == "Rebalanced"]
+    assert any(f"over brokers [{nodes[staying]}]" in m for m in rebalanced), rebalanced
 
 
 async def test_an_operator_restarted_mid_way_resumes_without_duplicate_work(
@@ -261,6 +282,10 @@ async def test_an_operator_restarted_mid_way_resumes_without_duplicate_work(
         )
         deployment = kube.get(deployment_path)
         config_version = kube.get(config_path)["metadata"]["resourceVersion"]
+        await settle(
+            lambda: "NotServed" in [e[1] for e in events_of(kube, ns, "demo")],
+            what="a NotServed Event (no policy/v1 PDB on 1.20)",
+        )
 
     # While the operator is down, the user scales the cluster.
     kube.kubectl("scale", "kafscalecluster", "demo", "-n", ns, "--replicas=4")
@@ -281,3 +306,10 @@ async def test_an_operator_restarted_mid_way_resumes_without_duplicate_work(
         record = await etcd.get(keys.topic_key(f"{ns}.demo", "orders"))
         assert record is not None and topic_id in record.value.decode()
         assert condition_of(cr, "Ready") is not None
+        scaled = await settle(
+            lambda: [e for e in events_of(kube, ns, "demo") if e[1] == "Scaled"],
+            what="a Scaled Event",
+        )
+        assert scaled == [("Normal", "Scaled", "broker replicas 2 → 4")]
+        # The condition did not change, so the restart posted no second NotServed Event.
+        assert [e[1] for e in events_of(kube, ns, "demo")].count("NotServed") == 1

@@ -11,7 +11,12 @@ import pytest
 from kafscale.broker.metadata import keys
 from kafscale.broker.metadata.assignment import Assignment
 from kafscale.broker.metadata.etcd import KeyValue
-from kafscale.operator.models import ClusterRef, parse_cluster_spec, parse_topic_spec
+from kafscale.operator.models import (
+    ClusterRef,
+    LeaseStatus,
+    parse_cluster_spec,
+    parse_topic_spec,
+)
 from kafscale.operator.snapshot import (
     ClusterSnapshot,
     lease_status,
@@ -386,3 +391,24 @@ def test_bootstrap_names_the_proxy_only_while_it_is_ready() -> None:
     assert bootstrap(None) == "demo-brokers.kafka.svc:9092"
     assert bootstrap(deployment(2, 0, 2)) == "demo-brokers.kafka.svc:9092"
     assert bootstrap(deployment(2, 1, 2)) == "demo-proxy.kafka.svc:9092"
+
+
+def test_unowned_partitions_are_progress_with_counts_not_unreadiness() -> None:
+    leases = LeaseStatus(partitions=6, owned=4, unowned=2)
+    status = compute_cluster_status(
+        REF,
+        SPEC,
+        ClusterObservation(broker_deployment=deployment(3, 3, 3), leases=leases),
+        [],
+        now=T0,
+    )
+    assert conditions(status)["Progressing"] == ("True", "PartitionsUnowned")
+    progressing = next(c for c in status.conditions if c.type == "Progressing")
+    assert progressing.message == "2/6 partitions have no live owner"
+    assert conditions(status)["Ready"] == ("True", "AllBrokersReady")
+    assert status.phase == "Running"
+    short = compute_cluster_status(
+        REF, SPEC, ClusterObservation(broker_deployment=deployment(3, 2, 3)), [], now=T0
+    )
+    ready = next(c for c in short.conditions if c.type == "Ready")
+    assert (ready.reason, ready.message) == ("ScalingUp", "2/3 brokers ready")

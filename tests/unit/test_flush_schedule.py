@@ -64,6 +64,25 @@ def test_batches_gather_while_the_previous_round_uploads() -> None:
     )
 
 
+def test_a_second_round_uploads_beside_the_first_but_not_a_third() -> None:
+    """A request arriving during an upload starts its own round (the broker allows two at
+    once); a third waits for one of them to hand its upload to the commit."""
+    two = RoundPolicy(
+        min_interval_s=0.0, coalesce_s=0.0, max_wait_s=0.1, max_in_flight=4, max_uploading=2
+    )
+    second = decide(two, pending_since=9.0, rounds_in_flight=1, rounds_uploading=1)
+    assert second == Start(everything=True)
+    third = decide(two, pending_since=9.0, rounds_in_flight=2, rounds_uploading=2)
+    assert third == Wait(None)
+
+
+def test_two_rounds_upload_at_once_on_s3_and_one_on_a_local_directory() -> None:
+    local = BrokerSettings(storage=StorageSettings(kind=StorageKind.LOCAL))
+    s3 = BrokerSettings(storage=StorageSettings(kind=StorageKind.S3))
+    assert round_policy(s3, 4).max_uploading == 2
+    assert round_policy(local, 4).max_uploading == 1
+
+
 def test_the_coalescing_window_holds_the_first_batch_briefly() -> None:
     policy = RoundPolicy(min_interval_s=0.0, coalesce_s=0.002, max_wait_s=0.1, max_in_flight=4)
     assert decide(policy, pending_since=10.0) == Wait(pytest.approx(10.002))

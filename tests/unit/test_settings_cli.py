@@ -53,6 +53,9 @@ def other_value(info: FieldInfo) -> tuple[str, Any]:
     """A valid non-default value for the field: (raw text as typed, expected plain value)."""
     kind = _base_type(info.annotation)
     default = info.default
+    if info.examples:  # a field with a syntax of its own (listeners) names a valid value
+        example = info.examples[0]
+        return str(example), example
     if kind is bool:
         return ("false", False) if default else ("true", True)
     if isinstance(kind, type) and issubclass(kind, Enum):

@@ -1,3 +1,5 @@
+import java.io.FileReader;
+import java.io.IOException;
 import java.time.Duration;
 import java.util.ArrayList;
 import java.util.Collections;
@@ -18,6 +20,7 @@ import org.apache.kafka.common.serialization.StringSerializer;
  * "acked PARTITION OFFSET" per record; "consume BOOTSTRAP TOPIC GROUP COUNT TIMEOUT_MS" reads
  * with a consumer group (incremental fetch sessions, as the Java client always fetches) and
  * prints "record PARTITION OFFSET KEY VALUE" per record until COUNT arrived or the time is up.
+ * A properties file named by $CLIENT_PROPERTIES (security settings) is added to both.
  */
 public final class ProxyClient {
     public static void main(String[] args) throws Exception {
@@ -28,9 +31,20 @@ public final class ProxyClient {
         }
     }
 
+    static Properties base() throws IOException {
+        Properties props = new Properties();
+        String extra = System.getenv("CLIENT_PROPERTIES");
+        if (extra != null) {
+            try (FileReader reader = new FileReader(extra)) {
+                props.load(reader);
+            }
+        }
+        return props;
+    }
+
     static void produce(String bootstrap, String topic, int partitions, int count, String codec)
             throws Exception {
-        Properties props = new Properties();
+        Properties props = base();
         props.put("bootstrap.servers", bootstrap);
         props.put("acks", "all");
         props.put("enable.idempotence", "true");
@@ -52,8 +66,9 @@ public final class ProxyClient {
         }
     }
 
-    static void consume(String bootstrap, String topic, String group, int count, long timeoutMs) {
-        Properties props = new Properties();
+    static void consume(String bootstrap, String topic, String group, int count, long timeoutMs)
+            throws IOException {
+        Properties props = base();
         props.put("bootstrap.servers", bootstrap);
         props.put("group.id", group);
         props.put("auto.offset.reset", "earliest");

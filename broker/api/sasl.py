@@ -1,0 +1,70 @@
+"""SaslHandshake and SaslAuthenticate: a SASL listener's login (PLAIN, SCRAM-SHA-256/512).
+
+A failed login is answered (SASL_AUTHENTICATION_FAILED with a message, as Kafka answers) and
+then the connection is closed; so is a SASL request out of order (ILLEGAL_SASL_STATE). On a
+listener without SASL, SaslHandshake gets ILLEGAL_SASL_STATE, as from Kafka.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from kafscale.broker.api.dispatch import Body, RequestContext
+from kafscale.broker.protocol.errors import ErrorCode
+from kafscale.broker.security.sasl import IllegalSaslState, principal_of
+from kafscale.broker.security.scram import AuthenticationFailed
+
+log = logging.getLogger(__name__)
+
+
+async def handle_sasl_handshake(request: Any, ctx: RequestContext) -> Body:
+    connection = ctx.connection
+    session = connection.sasl
+    if session is None:
+        return {"error_code": ErrorCode.ILLEGAL_SASL_STATE, "mechanisms": []}
+    mechanisms = list(session.enabled_mechanisms)
+    try:
+        accepted = session.handshake(request.mechanism)
+    except IllegalSaslState:
+        connection.close_after_response = True
+        return {"error_code": ErrorCode.ILLEGAL_SASL_STATE, "mechanisms": mechanisms}
+    if not accepted:
+        log.info("%s asked for SASL mechanism %r; closing", connection.peer, request.mechanism)
+        connection.close_after_response = True
+        return {"error_code": ErrorCode.UNSUPPORTED_SASL_MECHANISM, "mechanisms": mechanisms}
+    return {"error_code": ErrorCode.NONE, "mechanisms": mechanisms}
+
+
+async def handle_sasl_authenticate(request: Any, ctx: RequestContext) -> Body:
+    connection = ctx.connection
+    session = connection.sasl
+    if session is None:
+        connection.close_after_response = True
+        return _failure(ErrorCode.ILLEGAL_SASL_STATE, "this listener does not use SASL")
+    try:
+        answer = await session.authenticate(request.auth_bytes, ctx.broker.credentials.get)
+    except IllegalSaslState as exc:
+        connection.close_after_response = True
+        return _failure(ErrorCode.ILLEGAL_SASL_STATE, str(exc))
+    except AuthenticationFailed as exc:
+        log.info("%s failed SASL %s authentication: %s", connection.peer, session.mechanism, exc)
+        connection.close_after_response = True
+        return _failure(
+            ErrorCode.SASL_AUTHENTICATION_FAILED,
+            "Authentication failed during authentication due to invalid credentials with SASL "
+            f"mechanism {session.mechanism}",
+        )
+    if session.authenticated and session.user is not None:
+        connection.principal = principal_of(session.user)
+        log.info("%s authenticated as %s", connection.peer, connection.principal)
+    return {
+        "error_code": ErrorCode.NONE,
+        "error_message": None,
+        "auth_bytes": answer,
+        "session_lifetime": 0,
+    }
+
+
+def _failure(code: ErrorCode, message: str) -> Body:
+    return {"error_code": code, "error_message": message, "auth_bytes": b"", "session_lifetime": 0}

@@ -1,0 +1,1 @@
+"""Authorization: ACL bindings (model), the decision (authorizer), their etcd records (store)."""

@@ -1,0 +1,94 @@
+"""Pure: which Kubernetes Events to post on a KafScaleCluster, and with what words.
+
+A person running ``kubectl describe kafscalecluster`` should read what the operator did
+(scaled, rebalanced, drained) and when the cluster's health changed (degraded, recovered,
+ready, an API left out). Events are posted on *changes* only: a condition whose status, reason
+or message did not move posts nothing, so an operator restart (kopf's resume handler, the
+status timer) repeats nothing already said.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from kafscale.broker.metadata.assignment import Assignment
+from kafscale.operator.models import Condition, ConditionStatus
+
+NORMAL = "Normal"
+WARNING = "Warning"
+
+
+@dataclass(frozen=True)
+class Notice:
+    """One Event to post: its type (Normal/Warning), CamelCase reason and message."""
+
+    type: str
+    reason: str
+    message: str
+
+
+def _by_type(conditions: Sequence[Condition]) -> dict[str, Condition]:
+    return {c.type: c for c in conditions}
+
+
+def _said(c: Condition | None) -> tuple[str, str, str] | None:
+    return None if c is None else (c.status, c.reason, c.message)
+
+
+def condition_notices(previous: Sequence[Condition], current: Sequence[Condition]) -> list[Notice]:
+    """Events for the conditions that changed between two status writes."""
+    before, after = _by_type(previous), _by_type(current)
+    notices: list[Notice] = []
+    degraded, was_degraded = after.get("Degraded"), before.get("Degraded")
+    if degraded is not None and _said(degraded) != _said(was_degraded):
+        if degraded.status == ConditionStatus.TRUE:
+            notices.append(Notice(WARNING, degraded.reason, degraded.message))
+        elif was_degraded is not None and was_degraded.status == ConditionStatus.TRUE:
+            notices.append(
+                Notice(NORMAL, "Recovered", f"no longer degraded ({was_degraded.reason})")
+            )
+    ready, was_ready = after.get("Ready"), before.get("Ready")
+    was = None if was_ready is None else (was_ready.status, was_ready.reason)
+    if ready is not None and (ready.status, ready.reason) != was:
+        if ready.status == ConditionStatus.TRUE:
+            notices.append(Notice(NORMAL, "Ready", ready.message))
+        elif was_ready is not None and was_ready.status == ConditionStatus.TRUE:
+            notices.append(Notice(WARNING, "NotReady", f"{ready.reason}: {ready.message}"))
+    features, had = after.get("FeaturesSupported"), before.get("FeaturesSupported")
+    if features is not None and _said(features) != _said(had):
+        if features.status == ConditionStatus.FALSE:
+            notices.append(Notice(WARNING, features.reason, features.message))
+        elif had is not None:
+            notices.append(Notice(NORMAL, features.reason, features.message))
+    return notices
+
+
+def scale_notice(before: int | None, after: int | None) -> Notice | None:
+    """The broker Deployment's replicas changed because the spec did (not the first create)."""
+    if before is None or after is None or before == after:
+        return None
+    return Notice(NORMAL, "Scaled", f"broker replicas {before} → {after}")
+
+
+def rebalance_notice(previous: Assignment | None, written: Assignment) -> Notice:
+    """A new assignment: its generation, the brokers it spreads over, how many partitions moved."""
+    old = previous.owners if previous is not None else {}
+    moved = sum(1 for tp, owner in written.owners.items() if old.get(tp) not in (None, owner))
+    brokers = sorted(set(written.owners.values()))
+    return Notice(
+        NORMAL,
+        "Rebalanced",
+        f"assignment generation {written.generation}: {len(written.owners)} partitions over "
+        f"brokers {brokers}, {moved} moved",
+    )
+
+
+def drain_notice(pod: str, broker_ids: Sequence[int]) -> Notice:
+    """A terminating broker pod's brokers were marked draining and their partitions moved."""
+    listed = ", ".join(str(b) for b in broker_ids)
+    return Notice(
+        NORMAL,
+        "Draining",
+        f"pod {pod} is terminating: broker {listed} draining, its partitions reassigned",
+    )

@@ -1,0 +1,93 @@
+"""Pure: the Events the operator posts on a KafScaleCluster, on changes only."""
+
+from __future__ import annotations
+
+import pytest
+
+from kafscale.broker.metadata.assignment import Assignment
+from kafscale.operator.events import (
+    Notice,
+    condition_notices,
+    drain_notice,
+    rebalance_notice,
+    scale_notice,
+)
+from kafscale.operator.models import Condition, ConditionStatus
+
+pytestmark = pytest.mark.operator
+
+T0 = "2026-01-01T00:00:00Z"
+
+
+def cond(type_: str, status: bool, reason: str, message: str = "") -> Condition:
+    return Condition(
+        type=type_,
+        status=ConditionStatus.TRUE if status else ConditionStatus.FALSE,
+        reason=reason,
+        message=message,
+        last_transition_time=T0,
+        observed_generation=1,
+    )
+
+
+NOT_SERVED = cond("FeaturesSupported", False, "NotServed", "lacks policy/v1")
+
+
+def test_nothing_changed_posts_nothing_so_a_restart_repeats_nothing() -> None:
+    state = [cond("Ready", True, "AllBrokersReady", "3/3"), NOT_SERVED]
+    assert condition_notices(state, state) == []
+    # Ready's message moves with counts; only its status or reason makes an Event.
+    assert condition_notices(state, [cond("Ready", True, "AllBrokersReady", "4/4")]) == []
+
+
+def test_first_status_reports_what_was_left_out() -> None:
+    assert condition_notices([], [NOT_SERVED]) == [
+        Notice("Warning", "NotServed", "lacks policy/v1")
+    ]
+    served = cond("FeaturesSupported", True, "AllServed", "everything")
+    assert condition_notices([NOT_SERVED], [served]) == [
+        Notice("Normal", "AllServed", "everything")
+    ]
+    assert condition_notices([], [served]) == []  # nothing worth saying
+
+
+def test_degraded_and_recovered() -> None:
+    ok = cond("Degraded", False, "AsExpected")
+    bad = cond("Degraded", True, "EtcdUnavailable", "etcd at http://e:1: unreachable")
+    assert condition_notices([ok], [bad]) == [
+        Notice("Warning", "EtcdUnavailable", "etcd at http://e:1: unreachable")
+    ]
+    assert condition_notices([bad], [ok]) == [
+        Notice("Normal", "Recovered", "no longer degraded (EtcdUnavailable)")
+    ]
+    assert condition_notices([], [ok]) == []
+
+
+def test_ready_transitions() -> None:
+    ready = cond("Ready", True, "AllBrokersReady", "3/3 brokers ready")
+    not_ready = cond("Ready", False, "BrokersNotReady", "2/3 brokers ready")
+    assert condition_notices([not_ready], [ready]) == [
+        Notice("Normal", "Ready", "3/3 brokers ready")
+    ]
+    assert condition_notices([ready], [not_ready]) == [
+        Notice("Warning", "NotReady", "BrokersNotReady: 2/3 brokers ready")
+    ]
+    assert condition_notices([], [not_ready]) == []  # a new cluster is not ready yet: no news
+
+
+def test_scaled_rebalanced_drained() -> None:
+    assert scale_notice(2, 3) == Notice("Normal", "Scaled", "broker replicas 2 → 3")
+    assert scale_notice(None, 3) is None  # the first create is not a scale event
+    assert scale_notice(3, 3) is None
+    assert scale_notice(3, None) is None  # autoscaled: the HPA scales, not the operator
+    before = Assignment(1, {("orders", 0): 1, ("orders", 1): 2, ("orders", 2): 1})
+    after = Assignment(2, {("orders", 0): 1, ("orders", 1): 2, ("orders", 2): 3})
+    assert rebalance_notice(before, after) == Notice(
+        "Normal",
+        "Rebalanced",
+        "assignment generation 2: 3 partitions over brokers [1, 2, 3], 1 moved",
+    )
+    assert "0 moved" in rebalance_notice(None, before).message
+    assert drain_notice("demo-broker-x", [2]).message == (
+        "pod demo-broker-x is terminating: broker 2 draining, its partitions reassigned"
+    )

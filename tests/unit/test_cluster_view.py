@@ -1,0 +1,58 @@
+"""The cluster view follows etcd's watch; a broker's own partition-state commits, already
+applied when they were committed, are not decoded again when the watch brings them back."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from kafscale.broker.metadata import keys
+from kafscale.broker.metadata.cluster import ClusterView
+from kafscale.broker.metadata.etcd import WatchEvent, WatchEventKind
+from kafscale.broker.metadata.partition_state import PartitionState
+
+pytestmark = pytest.mark.unit
+
+TP = ("orders", 0)
+KEY = keys.partition_state_key("c", *TP)
+
+
+def put(value: bytes, revision: int) -> WatchEvent:
+    return WatchEvent(WatchEventKind.PUT, KEY, value, revision)
+
+
+def view() -> ClusterView:
+    etcd: Any = None  # the view reads etcd only in start(); events are applied directly here
+    return ClusterView(etcd, "c")
+
+
+def test_own_commit_coming_back_through_the_watch_is_not_decoded_again() -> None:
+    cluster = view()
+    mine = PartitionState(high_watermark=10, leader_epoch=1)
+    cluster.update_state(TP, mine, revision=7)
+    # Not a state document at all: decoding it would fail (and log); it must be skipped.
+    cluster._apply(put(b"not json", 7))
+    assert cluster.states[TP] == mine
+
+
+def test_other_writers_commits_are_applied() -> None:
+    cluster = view()
+    cluster.update_state(TP, PartitionState(high_watermark=10, leader_epoch=1), revision=7)
+    cluster._apply(put(b"not json", 7))
+    theirs = PartitionState(high_watermark=25, leader_epoch=2)
+    cluster._apply(put(theirs.to_json(), 8))  # a new owner's commit, at another revision
+    assert cluster.states[TP] == theirs
+    # The own revision was forgotten once seen: the same revision again is decoded.
+    again = PartitionState(high_watermark=30, leader_epoch=2)
+    cluster._apply(put(again.to_json(), 7))
+    assert cluster.states[TP] == again
+
+
+def test_a_watch_event_that_comes_before_the_commit_returns_is_applied() -> None:
+    """The watch and the transaction's answer race: an event seen first is decoded as usual."""
+    cluster = view()
+    state = PartitionState(high_watermark=5, leader_epoch=1)
+    cluster._apply(put(state.to_json(), 3))
+    cluster.update_state(TP, state, revision=3)
+    assert cluster.states[TP] == state

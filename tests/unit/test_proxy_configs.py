@@ -1,0 +1,86 @@
+"""DescribeConfigs through the proxy (``broker/proxy/configs.py``): which broker answers each
+resource, and how a broker's description of itself becomes the proxy's."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from kafscale.broker.protocol import codec
+from kafscale.broker.proxy.configs import ANY, BROKER_RESOURCE, Target, as_broker, as_proxy, plan
+
+pytestmark = pytest.mark.unit
+
+TOPIC_RESOURCE = 2
+REQUEST_V4 = codec.request_schema(32, 4)
+RESPONSE_V4 = codec.response_schema(32, 4)
+
+
+def request(*resources: tuple[int, str]) -> Any:
+    return codec.build_entity(
+        REQUEST_V4,
+        {
+            "resources": [
+                {"resource_type": kind, "resource_name": name, "configuration_keys": None}
+                for kind, name in resources
+            ],
+            "include_synonyms": False,
+            "include_documentation": False,
+        },
+    )
+
+
+def test_each_resource_goes_where_it_can_be_answered() -> None:
+    body = request(
+        (TOPIC_RESOURCE, "orders"),
+        (BROKER_RESOURCE, "1000"),  # the proxy itself
+        (BROKER_RESOURCE, "2"),  # a live broker (clients see its id with expose_owners)
+        (BROKER_RESOURCE, ""),  # the cluster default
+        (BROKER_RESOURCE, "7"),  # no such broker: any broker refuses it alike
+    )
+    assert plan(body.resources, 1000, live={1, 2, 3}) == [
+        Target(ANY),
+        Target(ANY, as_proxy=True),
+        Target(2),
+        Target(ANY),
+        Target(ANY),
+    ]
+
+
+def test_the_proxys_resource_is_asked_under_the_answering_brokers_id() -> None:
+    (resource,) = request((BROKER_RESOURCE, "1000")).resources
+    assert as_broker(resource, 3).resource_name == "3"
+
+
+def test_a_brokers_description_of_itself_becomes_the_proxys() -> None:
+    response = codec.build_entity(
+        RESPONSE_V4,
+        {
+            "throttle_time": 0,
+            "results": [
+                {
+                    "error_code": 0,
+                    "resource_type": BROKER_RESOURCE,
+                    "resource_name": "3",
+                    "configs": [
+                        {"name": name, "value": value, "config_source": 4, "synonyms": []}
+                        for name, value in [
+                            ("broker.id", "3"),
+                            ("node.id", "3"),
+                            ("advertised.listeners", "PLAINTEXT://10.0.0.3:9093"),
+                            ("num.partitions", "6"),
+                        ]
+                    ],
+                }
+            ],
+        },
+    )
+    result = as_proxy(response.results[0], 1000, "proxy.example:9092")
+    assert result.resource_name == "1000"
+    assert {c.name: c.value for c in result.configs} == {
+        "broker.id": "1000",
+        "node.id": "1000",
+        "advertised.listeners": "PLAINTEXT://proxy.example:9092",
+        "num.partitions": "6",
+    }
