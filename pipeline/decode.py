@@ -151,7 +151,7 @@ def _to_arrow(
     columns: list[pa.Array] = [
         _binary(batches.buf, cut["key_pos"], cut["key_len"]),
         _binary(batches.buf, cut["value_pos"], cut["value_len"]),
-        pa.repeat(pa.scalar(topic, pa.string()), kept),
+        _repeated(topic, kept),
         pa.array(np.full(kept, partition, dtype=np.int32)),
         pa.array(cut["offsets"]),
         pa.array(cut["timestamps"] * 1000, type=pa.timestamp("us", tz="UTC")),
@@ -204,6 +204,18 @@ def _binary(
         validity = pa.py_buffer(np.packbits(~nulls, bitorder="little"))
     return pa.Array.from_buffers(
         kind, n, [validity, pa.py_buffer(offsets), pa.py_buffer(data)], null_count=null_count
+    )
+
+
+def _repeated(text: str, n: int) -> pa.Array:
+    """``text`` n times as a string array, built from buffers: ``pa.repeat`` would import pandas
+    (a second of a fresh Spark worker's first task) and goes through a Python scalar."""
+    raw = text.encode()
+    if len(raw) * n > 2**31 - 1:
+        raise CorruptRecords("more than 2 GiB of topic names in one segment")
+    offsets = (np.arange(n + 1, dtype=np.int64) * len(raw)).astype(np.int32)
+    return pa.Array.from_buffers(
+        pa.string(), n, [None, pa.py_buffer(offsets), pa.py_buffer(raw * n)], null_count=0
     )
 
 
