@@ -105,6 +105,7 @@ def spark_session(cores: int) -> Any:
         SparkSession.builder.master(f"local[{cores}]")
         .appName("kafscale-bench")
         .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
         .config("spark.driver.memory", "1g")
         .getOrCreate()
     )
@@ -363,13 +364,18 @@ def report(results: list[Result], args: argparse.Namespace) -> None:
         row += "".join(f" {r.source_rows_s[st]:>13,.0f}/s" for st in stores)
         print(f"{row} {r.decoder_rows_s:>15,.0f}/s {r.consumer_rows_s:>10,.0f}/s")
     print()
-    print("CPU seconds of the best timed query (machine: all processes, of 2 x wall available)")
+    print(
+        "CPU seconds of the best timed query (machine: every process's, of cores x wall); "
+        "'alone': rows/s if the query's own CPU (JVM + workers + moto) had the cores to itself"
+    )
     for r in results:
         for store, cpu in r.source_cpu.items():
+            own = cpu.jvm_s + cpu.workers_s + cpu.moto_s
+            alone = r.records / max(own / args.cores, 1e-9)
             print(
                 f"  {r.label} {r.codec} {store:<5}: wall {cpu.wall_s:.2f}  JVM {cpu.jvm_s:.2f}  "
                 f"Python workers {cpu.workers_s:.2f}  moto {cpu.moto_s:.2f}  "
-                f"machine {cpu.machine_s:.2f}"
+                f"machine {cpu.machine_s:.2f}  alone {alone:,.0f}/s"
             )
     print()
     for r in results:

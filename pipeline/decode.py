@@ -27,6 +27,7 @@ from kafscale.pipeline import kernels
 
 _LOG_APPEND_TIME = 0x08
 _BINARY = pa.binary()
+_TIMESTAMP = pa.timestamp("us", tz="UTC")
 
 HEADERS_TYPE = pa.list_(pa.struct([pa.field("key", pa.string()), pa.field("value", pa.binary())]))
 _BASE_FIELDS = [
@@ -152,10 +153,10 @@ def _to_arrow(
         _binary(batches.buf, cut["key_pos"], cut["key_len"]),
         _binary(batches.buf, cut["value_pos"], cut["value_len"]),
         _repeated(topic, kept),
-        pa.array(np.full(kept, partition, dtype=np.int32)),
-        pa.array(cut["offsets"]),
-        pa.array(cut["timestamps"] * 1000, type=pa.timestamp("us", tz="UTC")),
-        pa.array(cut["timestamp_types"]),
+        _fixed(pa.int32(), np.full(kept, partition, dtype=np.int32)),
+        _fixed(pa.int64(), cut["offsets"]),
+        _fixed(_TIMESTAMP, cut["timestamps"] * 1000),
+        _fixed(pa.int32(), cut["timestamp_types"]),
     ]
     if include_headers:
         columns.append(_headers(batches.buf, cut, {k: v[:nheaders] for k, v in hdr.items()}))
@@ -207,9 +208,15 @@ def _binary(
     )
 
 
+def _fixed(kind: pa.DataType, values: np.ndarray) -> pa.Array:
+    """A fixed-width Arrow array over ``values``' memory, without copying. Not ``pa.array``:
+    given a NumPy array it imports pandas, ~1 s of CPU in each new Spark worker."""
+    values = np.ascontiguousarray(values)
+    return pa.Array.from_buffers(kind, len(values), [None, pa.py_buffer(values)], null_count=0)
+
+
 def _repeated(text: str, n: int) -> pa.Array:
-    """``text`` n times as a string array, built from buffers: ``pa.repeat`` would import pandas
-    (a second of a fresh Spark worker's first task) and goes through a Python scalar."""
+    """``text`` n times as a string array, built from buffers (``pa.repeat`` imports pandas)."""
     raw = text.encode()
     if len(raw) * n > 2**31 - 1:
         raise CorruptRecords("more than 2 GiB of topic names in one segment")
@@ -231,7 +238,7 @@ def _headers(
     list_offsets = np.empty(records["header_first"].shape[0] + 1, dtype=np.int32)
     list_offsets[:-1] = records["header_first"]
     list_offsets[-1] = headers["hkey_pos"].shape[0]
-    return pa.ListArray.from_arrays(pa.array(list_offsets), entries, type=HEADERS_TYPE)
+    return pa.ListArray.from_arrays(_fixed(pa.int32(), list_offsets), entries, type=HEADERS_TYPE)
 
 
 def empty_batch(include_headers: bool) -> pa.RecordBatch:
