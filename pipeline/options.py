@@ -70,6 +70,8 @@ class ReadOptions:
     ending: OffsetSpec
     starting_timestamp_ms: int | None
     max_offsets_per_trigger: int | None
+    min_offsets_per_trigger: int | None
+    max_trigger_delay_ms: int
     fail_on_data_loss: bool
     include_headers: bool
     min_partitions: int | None
@@ -242,6 +244,20 @@ def _positive_int(options: Mapping[str, str], name: str) -> int | None:
     return number
 
 
+DEFAULT_MAX_TRIGGER_DELAY = "15m"
+
+_TIME_UNITS_MS = {"us": 0.001, "ms": 1, "s": 1000, "m": 60_000, "min": 60_000, "h": 3_600_000}
+_TIME_UNITS_MS["d"] = 24 * _TIME_UNITS_MS["h"]
+
+
+def parse_duration_ms(name: str, text: str) -> int:
+    """A time as Spark writes it (``500ms``, ``30s``, ``15m``, ``1h``; no unit is ms)."""
+    match = re.fullmatch(r"\s*(\d+)\s*([a-z]*)\s*", text.lower())
+    if match is None or match.group(2) not in (*_TIME_UNITS_MS, ""):
+        raise SourceOptionError(f"{name} must be a time like 30s, 500ms or 15m, not {text!r}")
+    return int(int(match.group(1)) * _TIME_UNITS_MS.get(match.group(2), 1))
+
+
 def _bool(options: Mapping[str, str], name: str, default: bool) -> bool:
     value = options.get(name)
     if value is None:
@@ -267,8 +283,16 @@ def parse_read_options(options: Mapping[str, str], *, streaming: bool) -> ReadOp
             raise SourceOptionError("set startingOffsets or startingTimestamp, not both")
     if streaming and "endingOffsets" in given:
         raise SourceOptionError("endingOffsets is for batch reads only")
-    if not streaming and "maxOffsetsPerTrigger" in given:
-        raise SourceOptionError("maxOffsetsPerTrigger is for streaming reads only")
+    for name in ("maxOffsetsPerTrigger", "minOffsetsPerTrigger", "maxTriggerDelay"):
+        if not streaming and name in given:
+            raise SourceOptionError(f"{name} is for streaming reads only")
+    max_offsets = _positive_int(given, "maxOffsetsPerTrigger")
+    min_offsets = _positive_int(given, "minOffsetsPerTrigger")
+    if min_offsets is not None and max_offsets is not None and min_offsets > max_offsets:
+        raise SourceOptionError(
+            f"minOffsetsPerTrigger ({min_offsets}) is higher than maxOffsetsPerTrigger "
+            f"({max_offsets})"
+        )
     return ReadOptions(
         connection=parse_connection(given),
         subscription=parse_subscription(given),
@@ -280,7 +304,11 @@ def parse_read_options(options: Mapping[str, str], *, streaming: bool) -> ReadOp
         ),
         ending=parse_offsets("endingOffsets", given.get("endingOffsets"), LATEST),
         starting_timestamp_ms=starting_timestamp,
-        max_offsets_per_trigger=_positive_int(given, "maxOffsetsPerTrigger"),
+        max_offsets_per_trigger=max_offsets,
+        min_offsets_per_trigger=min_offsets,
+        max_trigger_delay_ms=parse_duration_ms(
+            "maxTriggerDelay", given.get("maxTriggerDelay", DEFAULT_MAX_TRIGGER_DELAY)
+        ),
         fail_on_data_loss=_bool(given, "failOnDataLoss", True),
         include_headers=_bool(given, "includeHeaders", False),
         min_partitions=_positive_int(given, "minPartitions"),
@@ -299,6 +327,8 @@ _KNOWN = (
     "endingOffsets",
     "startingTimestamp",
     "maxOffsetsPerTrigger",
+    "minOffsetsPerTrigger",
+    "maxTriggerDelay",
     "failOnDataLoss",
     "includeHeaders",
     "minPartitions",

@@ -190,6 +190,23 @@ def rate_limit(
     return result
 
 
+def delay_batch(
+    start: Mapping[TopicPartition, int],
+    latest: Mapping[TopicPartition, int],
+    min_offsets: int,
+    now_ms: float,
+    last_trigger_ms: float,
+    max_delay_ms: int,
+) -> bool:
+    """``minOffsetsPerTrigger``: hold the next micro-batch back while fewer than ``min_offsets``
+    new offsets are there, unless ``max_delay_ms`` (``maxTriggerDelay``) passed since the last
+    batch was let through. Spark's Kafka source rule, new partitions counted from offset 0."""
+    if now_ms - last_trigger_ms >= max_delay_ms:
+        return False
+    new = sum(max(0, end - start.get(tp, 0)) for tp, end in latest.items())
+    return new < min_offsets
+
+
 def to_json_offsets(offsets: Mapping[TopicPartition, int]) -> dict[str, dict[str, int]]:
     """The checkpoint's shape: ``{"topic": {"0": 42}}``, topics and partitions sorted."""
     document: dict[str, dict[str, int]] = {}

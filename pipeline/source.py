@@ -12,6 +12,7 @@ imported only where rows are read.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -45,6 +46,7 @@ from kafscale.pipeline.planning import (
     TopicPartition,
     check_spec_partitions,
     clamp_start,
+    delay_batch,
     from_json_offsets,
     rate_limit,
     resolve_offset,
@@ -221,11 +223,18 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     The offsets in Spark's checkpoint are the truth: a restarted query continues from its last
     planned batch, so nothing is read twice or skipped. ``commit`` has nothing to do (no
-    consumer group to move): it is Spark's journal, not the cluster, that records progress."""
+    consumer group to move): it is Spark's journal, not the cluster, that records progress.
+
+    ``minOffsetsPerTrigger`` / ``maxTriggerDelay`` are applied here, from the options: pyspark's
+    ``ReadMinRows`` carries no delay and there is no composite limit to pair it with
+    ``maxOffsetsPerTrigger``. As in Spark's Kafka source the first batch after a start is never
+    held back, and ``Trigger.AvailableNow`` ignores the minimum (it would wait forever for
+    offsets beyond its target)."""
 
     def __init__(self, options: ReadOptions) -> None:
         self.options = options
         self._target: dict[TopicPartition, int] | None = None
+        self._last_trigger_ms = 0.0
 
     def initialOffset(self) -> dict[str, Any]:
         return to_json_offsets(_initial_now(self.options))
@@ -243,9 +252,31 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if self._target is not None:
             latest = {tp: min(end, self._target.get(tp, end)) for tp, end in latest.items()}
         begin = from_json_offsets(start)
+        if self._held_back(begin, latest, limit):
+            return start
         if isinstance(limit, ReadMaxRows):
             latest = rate_limit(begin, latest, limit.max_rows)
         return to_json_offsets(latest)
+
+    def _held_back(
+        self,
+        begin: dict[TopicPartition, int],
+        latest: dict[TopicPartition, int],
+        limit: ReadLimit,
+    ) -> bool:
+        """Whether ``minOffsetsPerTrigger`` holds the next batch back; a batch let through
+        restarts the ``maxTriggerDelay`` clock."""
+        minimum = self.options.min_offsets_per_trigger
+        if minimum is None or self._target is not None:
+            return False
+        if isinstance(limit, ReadAllAvailable) and self.options.max_offsets_per_trigger:
+            return False  # Spark asked for everything (Trigger.Once): no admission control
+        now_ms = time.time() * 1000
+        delay_ms = self.options.max_trigger_delay_ms
+        if delay_batch(begin, latest, minimum, now_ms, self._last_trigger_ms, delay_ms):
+            return True
+        self._last_trigger_ms = now_ms
+        return False
 
     def reportLatestOffset(self) -> dict[str, Any] | None:
         return to_json_offsets(_latest_now(self.options))

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
+import pyarrow.parquet as pq
 import pytest
 from confluent_kafka import Producer
 from harness.brokers import BrokerCluster
@@ -43,3 +47,78 @@ def test_each_run_appends_what_was_committed_since_the_last(
     rows = spark.read.parquet(str(out)).collect()
     assert sorted(r.value.decode() for r in rows) == sorted(f"order-{i}" for i in range(200))
     assert {r.date is not None for r in rows} == {True}
+
+
+def spark_submit(cluster: BrokerCluster, argv: list[str], workdir: Path) -> str:
+    """``spark-submit <job file> argv`` as a user runs it: a new JVM and driver of its own, the
+    connection from flags (etcd, bucket, endpoint) and the standard AWS environment variables,
+    none of the broker's KAFSCALE_* variables."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("KAFSCALE_", "AWS_"))}
+    env |= {
+        "PYSPARK_PYTHON": sys.executable,
+        "PYSPARK_DRIVER_PYTHON": sys.executable,
+        "SPARK_LOCAL_IP": "127.0.0.1",
+        "AWS_ACCESS_KEY_ID": cluster.s3.access_key_id,
+        "AWS_SECRET_ACCESS_KEY": cluster.s3.secret_access_key,
+        "AWS_DEFAULT_REGION": cluster.s3.region,
+    }
+    command = [
+        str(Path(sys.executable).parent / "spark-submit"),
+        "--master",
+        "local[2]",
+        "--conf",
+        "spark.ui.enabled=false",
+        "--conf",
+        "spark.driver.host=127.0.0.1",
+        "--conf",
+        "spark.sql.session.timeZone=UTC",
+        topic_to_parquet.__file__,
+        *argv,
+    ]
+    done = subprocess.run(
+        command, env=env, cwd=workdir, capture_output=True, text=True, timeout=600, check=False
+    )
+    assert done.returncode == 0, f"spark-submit failed:\n{done.stdout}\n{done.stderr[-5000:]}"
+    return done.stdout
+
+
+def test_spark_submit_runs_the_job_unchanged_against_s3(
+    broker_cluster: BrokerCluster, tmp_path: Path
+) -> None:
+    broker = broker_cluster.start()
+    create_topic(broker.bootstrap, "orders", 3)
+    out = tmp_path / "lake" / "orders"
+    argv = [
+        "--topic",
+        "orders",
+        "--out",
+        str(out),
+        "--etcd",
+        broker_cluster.etcd_url,
+        "--cluster",
+        broker_cluster.cluster,
+        "--bucket",
+        broker_cluster.bucket,
+        "--s3-endpoint",
+        broker_cluster.s3.url,
+    ]
+
+    produce(broker.bootstrap, 0, 150)
+    assert "150 records appended" in spark_submit(broker_cluster, argv, tmp_path)
+    produce(broker.bootstrap, 150, 50)
+    assert "50 records appended" in spark_submit(broker_cluster, argv, tmp_path)
+
+    # The Parquet dataset as any reader sees it (pyarrow, no Spark): every record once.
+    table = pq.read_table(out, partitioning="hive")
+    rows = table.to_pylist()
+    assert sorted(r["value"].decode() for r in rows) == sorted(f"order-{i}" for i in range(200))
+    assert {r["value"].decode(): r["key"].decode() for r in rows} == {
+        f"order-{i}": f"k{i}" for i in range(200)
+    }
+    positions = {(r["partition"], r["offset"]) for r in rows}
+    assert len(positions) == 200
+    for partition in range(3):
+        offsets = sorted(o for p, o in positions if p == partition)
+        assert offsets == list(range(len(offsets)))
+    assert {r["topic"] for r in rows} == {"orders"}
+    assert all(r["date"] is not None for r in rows)

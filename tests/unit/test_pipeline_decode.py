@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import os
 import struct
+import subprocess
+import sys
+from pathlib import Path
 
 import cramjam
 import crc32c
@@ -159,3 +163,24 @@ def test_the_plain_python_kernels_give_the_same_rows(monkeypatch: pytest.MonkeyP
         monkeypatch.setattr(kernels, name, getattr(function, "py_func", function))
     plain_rows = decode_records(data, "t", 0, 1, 6, include_headers=True)
     assert plain_rows.to_pylist() == compiled_rows.to_pylist()
+
+
+def test_an_executor_reads_without_importing_pandas() -> None:
+    """``pa.array`` of NumPy data and ``pa.repeat`` import pandas: ~1 s of CPU in every new
+    Spark Python worker, before its first row. The executor's path must not touch them."""
+    script = """
+import sys
+from harness.batches import make_batch
+from kafscale.pipeline import fetch
+from kafscale.pipeline.decode import decode_records
+batch = make_batch(0, [b"v"] * 3, keys=[None, b"k", b"k"], headers=[("h", b"x")])
+rows = decode_records(batch, "t", 0, 0, 10, include_headers=True)
+assert rows.num_rows == 3, rows
+print("pandas" in sys.modules)
+"""
+    tests_dir = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": str(tests_dir)}
+    done = subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True
+    )
+    assert done.stdout.strip() == "False"

@@ -9,6 +9,7 @@ from kafscale.pipeline.options import (
     EARLIEST,
     LATEST,
     SourceOptionError,
+    parse_duration_ms,
     parse_read_options,
 )
 from kafscale.pipeline.planning import (
@@ -16,6 +17,7 @@ from kafscale.pipeline.planning import (
     PartitionView,
     SegmentObject,
     clamp_start,
+    delay_batch,
     from_json_offsets,
     rate_limit,
     resolve_offset,
@@ -66,6 +68,8 @@ def test_connection_options_fall_back_to_the_brokers_environment(
         ({"subscribe": "a", "startingOffsets": "latest"}, "not allowed"),
         ({"subscribe": "a", "endingOffsets": '{"a": {"x": 1}}'}, "bad partition"),
         ({"subscribe": "a", "maxOffsetsPerTrigger": "10"}, "streaming reads only"),
+        ({"subscribe": "a", "minOffsetsPerTrigger": "10"}, "streaming reads only"),
+        ({"subscribe": "a", "maxTriggerDelay": "1m"}, "streaming reads only"),
         ({"subscribe": "a", "startingTimestamp": "soon"}, "milliseconds"),
         ({"subscribe": "a", "storage.kind": "tape"}, "s3 or local"),
     ],
@@ -113,6 +117,43 @@ def test_max_offsets_per_trigger_is_shared_by_backlog() -> None:
     limited = rate_limit(start, latest, 100)
     assert limited == {("t", 0): 75, ("t", 1): 25, ("t", 2): 0}
     assert rate_limit(start, latest, 1000) == latest
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"minOffsetsPerTrigger": "0"}, "minOffsetsPerTrigger must be positive"),
+        ({"minOffsetsPerTrigger": "200", "maxOffsetsPerTrigger": "100"}, "is higher than"),
+        ({"maxTriggerDelay": "soon"}, "maxTriggerDelay must be a time"),
+        ({"maxTriggerDelay": "5 weeks"}, "maxTriggerDelay must be a time"),
+    ],
+)
+def test_bad_stream_admission_options_are_named(options: dict[str, str], message: str) -> None:
+    with pytest.raises(SourceOptionError, match=message):
+        parse_read_options({"subscribe": "a", **options}, streaming=True)
+
+
+def test_trigger_delays_read_like_sparks_time_strings() -> None:
+    assert parse_duration_ms("d", "15m") == 900_000
+    assert parse_duration_ms("d", "30s") == 30_000
+    assert parse_duration_ms("d", "250") == 250  # no unit: milliseconds, as Spark
+    assert parse_duration_ms("d", "2 h") == 7_200_000
+    options = parse_read_options(
+        {"subscribe": "a", "minOffsetsPerTrigger": "50", "maxOffsetsPerTrigger": "50"},
+        streaming=True,
+    )
+    assert (options.min_offsets_per_trigger, options.max_trigger_delay_ms) == (50, 900_000)
+
+
+def test_min_offsets_per_trigger_waits_for_enough_or_for_the_delay() -> None:
+    start = {("t", 0): 10, ("t", 1): 10}
+    few = {("t", 0): 30, ("t", 1): 20, ("t", 2): 5}  # 20 + 10 + 5 (new partition from 0)
+    enough = {("t", 0): 40, ("t", 1): 30, ("t", 2): 5}
+    assert delay_batch(start, few, 36, 5_000, 1_000, 60_000)
+    assert not delay_batch(start, few, 35, 5_000, 1_000, 60_000)
+    assert not delay_batch(start, enough, 36, 5_000, 1_000, 60_000)
+    assert not delay_batch(start, few, 36, 61_000, 1_000, 60_000)  # the delay passed
+    assert not delay_batch(start, few, 36, 5_000, 0, 5_000)  # a new reader's first batch
 
 
 def test_checkpoint_offsets_round_trip_in_sparks_kafka_shape() -> None:
