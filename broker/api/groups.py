@@ -323,7 +323,7 @@ async def _commit(
     except KafkaError as exc:
         return exc.code
     return await runtime.commit(
-        str(request.member_id or ""),
+        str(getattr(request, "member_id", "") or ""),
         getattr(request, "group_instance_id", None),
         generation,
         offsets,

@@ -22,8 +22,24 @@ async def handle_list_offsets(request: Any, ctx: RequestContext) -> Body:
     topics = []
     for topic in request.topics:
         partitions = [await _list_one(topic.name, p, ctx) for p in topic.partitions]
+        if ctx.api_version == 0:
+            partitions = [old_style(p) for p in partitions]
         topics.append({"name": topic.name, "partitions": partitions})
     return {"throttle_time": 0, "topics": topics}
+
+
+def old_style(partition: Body) -> Body:
+    """A v1+ answer in v0's shape: a list of offsets (one, or none when nothing matched).
+
+    v0 asked for up to ``max_num_offsets`` segment start offsets before a timestamp; clients
+    ask for one, and Kafka 3.9 answers latest/earliest with the one offset, as here."""
+    offset = int(partition["offset"])
+    offsets = [offset] if offset >= 0 else []
+    return {
+        "partition_index": partition["partition_index"],
+        "error_code": partition["error_code"],
+        "old_style_offsets": offsets,
+    }
 
 
 async def _list_one(topic: str, partition: Any, ctx: RequestContext) -> Body:

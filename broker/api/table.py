@@ -39,12 +39,12 @@ _SPECS = [
         advertised_min_version=0,
     ),
     ApiSpec(1, "Fetch", 4, 16, fetch.handle_fetch, fetch.fetch_error_body),
-    ApiSpec(2, "ListOffsets", 1, 8, offsets.handle_list_offsets, no_results("topics")),
+    ApiSpec(2, "ListOffsets", 0, 8, offsets.handle_list_offsets, no_results("topics")),
     ApiSpec(
         3, "Metadata", 0, 12, metadata.handle_metadata, lambda _r, _c: {"brokers": [], "topics": []}
     ),
-    ApiSpec(8, "OffsetCommit", 2, 8, groups.handle_offset_commit, groups.offset_commit_error_body),
-    ApiSpec(9, "OffsetFetch", 1, 8, groups.handle_offset_fetch, groups.offset_fetch_error_body),
+    ApiSpec(8, "OffsetCommit", 0, 8, groups.handle_offset_commit, groups.offset_commit_error_body),
+    ApiSpec(9, "OffsetFetch", 0, 8, groups.handle_offset_fetch, groups.offset_fetch_error_body),
     ApiSpec(
         10,
         "FindCoordinator",

@@ -14,7 +14,8 @@ version and the client would see a default: an error code of 0, an empty success
 (``UnknownResponseField``), and :func:`has_error_code` tells whether a version has a top-level
 error code at all, so that an error is never encoded into a response that cannot carry it.
 
-kio's API has moved between releases, so it is pinned and nothing else imports it.
+kio's API has moved between releases, so it is pinned and nothing else imports it but
+:mod:`legacy_schemas`, the layouts of the versions kio lacks, written the way kio writes its own.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from kio.index import load_request_schema, load_response_schema
 from kio.schema.errors import ErrorCode
 from kio.serial import entity_reader, entity_writer
 
-from kafscale.broker.protocol import guard
+from kafscale.broker.protocol import guard, legacy_schemas
 
 _HEADER_PREFIX = struct.Struct(">hhi")
 _EPOCH = datetime.datetime(1970, 1, 1, tzinfo=datetime.UTC)
@@ -79,6 +80,9 @@ def peek_header(frame: bytes | memoryview) -> tuple[int, int, int]:
 # the caches stay small.
 @functools.lru_cache(maxsize=1024)
 def request_schema(api_key: int, api_version: int) -> type[Any]:
+    legacy = legacy_schemas.REQUESTS.get((api_key, api_version))
+    if legacy is not None:
+        return legacy
     try:
         return load_request_schema(api_key, api_version)
     except Exception as exc:  # kio raises its own index errors
@@ -111,6 +115,9 @@ def decode_request(frame: bytes | memoryview, schema: type[Any]) -> DecodedReque
 
 @functools.lru_cache(maxsize=1024)
 def response_schema(api_key: int, api_version: int) -> type[Any]:
+    legacy = legacy_schemas.RESPONSES.get((api_key, api_version))
+    if legacy is not None:
+        return legacy
     return load_response_schema(api_key, api_version)
 
 
@@ -124,7 +131,7 @@ def response_fields(api_key: int) -> FieldTree:
     tree: dict[str, Any] = {}
     for version in range(_MAX_VERSION_PROBED):
         try:
-            schema = load_response_schema(api_key, version)
+            schema = response_schema(api_key, version)
         except Exception:  # kio raises its own index errors for versions it lacks
             continue
         _merge_fields(tree, schema)
