@@ -22,10 +22,12 @@ from kafscale.broker.authz.model import Operation
 from kafscale.broker.metadata.cluster import TopicInfo
 from kafscale.broker.metadata.partition_state import PartitionState
 from kafscale.broker.observability.metrics import METRICS
+from kafscale.broker.protocol import legacy_messages
 from kafscale.broker.protocol.codec import millis
 from kafscale.broker.protocol.errors import ErrorCode, KafkaError, MetadataTimeout
 
 TopicPartition = tuple[str, int]
+FIRST_RECORD_BATCH_VERSION = 4  # Fetch v0-v3 read message sets (message format v0/v1)
 
 
 @dataclass(slots=True)
@@ -239,7 +241,7 @@ async def _read_into(
     if (max_bytes <= 0 and not min_one) or item.info is None:
         return
     try:
-        body["records"] = await ctx.broker.reader.read(
+        records = await ctx.broker.reader.read(
             item.info.name,
             item.info.topic_id,
             item.partition,
@@ -250,6 +252,11 @@ async def _read_into(
         )
     except KafkaError as exc:
         body["error_code"] = exc.code
+        return
+    if ctx.api_version < FIRST_RECORD_BATCH_VERSION and records:
+        magic = legacy_messages.legacy_magic(ctx.api_version)
+        records = legacy_messages.down_convert(records, magic, item.fetch_offset, max_bytes)
+    body["records"] = records
 
 
 def _check_epoch(client_epoch: int, known_epoch: int) -> ErrorCode | None:

@@ -27,6 +27,7 @@ from kafscale.broker.api.dispatch import Body, RequestContext
 from kafscale.broker.authz.model import Operation
 from kafscale.broker.metadata.topics import DEFAULT_CONFIGS, NO_LIMIT_MS, effective_configs
 from kafscale.broker.observability.metrics import METRICS
+from kafscale.broker.protocol import legacy_messages
 from kafscale.broker.protocol.codec import millis
 from kafscale.broker.protocol.errors import ErrorCode, KafkaError, code_for
 from kafscale.broker.protocol.record_batch import (
@@ -40,13 +41,15 @@ from kafscale.broker.protocol.record_batch import (
 from kafscale.broker.storage.partition_log import NO_APPEND_TIME, Ack
 
 NO_TIMESTAMP = -1
+FIRST_RECORD_BATCH_VERSION = 3  # Produce v0-v2 carry message sets (message format v0/v1)
 
 
 async def handle_produce(request: Any, ctx: RequestContext) -> Body | None:
     acks = int(request.acks)
     if acks not in (0, 1, -1):
         return _every_partition(request, ErrorCode.INVALID_REQUIRED_ACKS)
-    if request.transactional_id or has_transactional_records(request):
+    legacy = ctx.api_version < FIRST_RECORD_BATCH_VERSION
+    if not legacy and (request.transactional_id or has_transactional_records(request)):
         return _every_partition(request, ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED)
     async with ctx.connection.append_lock:
         size = request_bytes(request)
@@ -167,6 +170,14 @@ def has_transactional_records(request: Any) -> bool:
     return False
 
 
+def stored_form(records: bytes | None, api_version: int) -> memoryview:
+    """The records as v2 batches: a v0-v2 message set becomes one batch (CORRUPT_MESSAGE,
+    via ``InvalidBatch``, if it does not parse or a CRC fails)."""
+    if api_version >= FIRST_RECORD_BATCH_VERSION:
+        return memoryview(records or b"")
+    return memoryview(legacy_messages.to_record_batch(legacy_messages.parse_message_set(records or b"")))
+
+
 def check_not_control(headers: list[BatchHeader]) -> None:
     """INVALID_RECORD for a control batch: only a transaction coordinator writes those."""
     if any(header.is_control for header in headers):
@@ -192,7 +203,7 @@ async def _append_all(request: Any, ctx: RequestContext) -> dict[tuple[str, int]
                 outcomes[tp] = denied
                 continue
             try:
-                batches = split_batches(memoryview(partition.records or b""))
+                batches = split_batches(stored_form(partition.records, ctx.api_version))
                 owned = await manager.owned_partition(tp)
                 headers = [read_header(batch) for batch in batches]
                 check_not_control(headers)

@@ -1,15 +1,11 @@
 """The one table of implemented APIs: key, version range, handler, error shape.
 
-Ranges are those a Kafka 3.x broker offers, cut to what kio has schemas for (kio follows
-Kafka 4, which dropped the oldest versions). ApiVersions advertises exactly this table; anything
-else is answered with UNSUPPORTED_VERSION, or, where no response layout exists for the version,
-by closing the connection.
-
-One exception, as in Kafka 4.0 (KAFKA-18659): Produce is advertised from v0 but served from v3.
-librdkafka before the fix of its issue 4956 (Debian's kcat links 2.0) compresses with gzip,
-snappy or lz4 only if the broker's Produce range includes v0, and otherwise sends uncompressed
-batches. Clients pick the highest common version, so none of them sends v0-v2; one that does
-(message format v0/v1) has its connection closed.
+Ranges are those a Kafka 3.9 broker offers. kio follows Kafka 4, which dropped the oldest
+versions (KIP-896); the layouts of those are in ``protocol/legacy_schemas.py``, and Produce v0-v2
+and Fetch v0-v3 carry message format v0/v1, converted to and from the stored v2 batches by
+``protocol/legacy_messages.py``. ApiVersions advertises exactly this table; anything else is
+answered with UNSUPPORTED_VERSION, or, where no response layout exists for the version, by
+closing the connection.
 """
 
 from __future__ import annotations
@@ -29,16 +25,8 @@ from kafscale.broker.api import (
 from kafscale.broker.api.dispatch import ApiSpec, no_results
 
 _SPECS = [
-    ApiSpec(
-        0,
-        "Produce",
-        3,
-        11,
-        produce.handle_produce,
-        produce.produce_error_body,
-        advertised_min_version=0,
-    ),
-    ApiSpec(1, "Fetch", 4, 16, fetch.handle_fetch, fetch.fetch_error_body),
+    ApiSpec(0, "Produce", 0, 11, produce.handle_produce, produce.produce_error_body),
+    ApiSpec(1, "Fetch", 0, 16, fetch.handle_fetch, fetch.fetch_error_body),
     ApiSpec(2, "ListOffsets", 0, 8, offsets.handle_list_offsets, no_results("topics")),
     ApiSpec(
         3, "Metadata", 0, 12, metadata.handle_metadata, lambda _r, _c: {"brokers": [], "topics": []}

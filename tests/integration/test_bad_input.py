@@ -374,12 +374,9 @@ def test_unadvertised_version_is_unsupported_version(kafka: BrokerProcess) -> No
         assert int(wire.request(API_VERSIONS, 3, {}).error_code) == NONE
 
 
-def test_produce_is_advertised_from_v0_and_v0_closes_the_connection(
-    kafka: BrokerProcess,
-) -> None:
-    """Produce v0 is in the advertised range (librdkafka 2.0 compresses only then) but not
-    served: message format v0/v1 is gone. As in Kafka 4.0, such a request closes the connection,
-    and the broker serves the next one."""
+def test_produce_v0_is_advertised_and_served(kafka: BrokerProcess) -> None:
+    """Produce v0 (message format v0) is served, as Kafka 3.9 serves it: a v0 request without
+    topics is answered under its correlation id, and the connection goes on serving."""
     with KafkaWire(kafka.bootstrap) as wire:
         advertised = wire.request(API_VERSIONS, 3, {})
         ranges = {
@@ -387,15 +384,17 @@ def test_produce_is_advertised_from_v0_and_v0_closes_the_connection(
         }
         assert ranges[PRODUCE][0] == 0
         wire.send_frame(request_header(PRODUCE, 0, 8) + b"\x00\x01\x00\x00\x03\xe8\x00\x00\x00\x00")
-        assert wire.is_closed_by_peer()
-    with KafkaWire(kafka.bootstrap) as wire:
+        frame = wire.recv_frame()
+        assert correlation_id_of(frame) == 8
+        assert codec.decode_response(frame, PRODUCE, 0).responses == ()
         assert int(wire.request(API_VERSIONS, 3, {}).error_code) == NONE
 
 
 def test_version_unknown_to_the_protocol_closes_the_connection(kafka: BrokerProcess) -> None:
-    """Produce v1 (long gone) has no response layout the broker could answer in."""
+    """CreateTopics v0 (long gone, not served) has no response layout the broker could answer
+    in."""
     with KafkaWire(kafka.bootstrap) as wire:
-        wire.send_frame(request_header(PRODUCE, 1, 9) + b"\x00" * 20)
+        wire.send_frame(request_header(19, 0, 9) + b"\x00" * 20)
         assert wire.is_closed_by_peer()
 
 
