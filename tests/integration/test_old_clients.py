@@ -7,19 +7,32 @@ Produce v0-v2, Fetch v0-v3) against a real broker process, and kafka-python pinn
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Iterator
 
 import pytest
-from confluent_kafka import Producer
+from confluent_kafka import Consumer, Message, Producer
 from harness.brokers import BrokerCluster, BrokerProcess, _create_bucket
-from harness.kafka_wire import API_VERSIONS, LIST_OFFSETS, KafkaWire
+from harness.kafka_wire import (
+    API_VERSIONS,
+    FETCH,
+    LIST_OFFSETS,
+    PRODUCE,
+    KafkaWire,
+    fetch_body,
+    fetch_partition,
+    produce_body,
+    produce_partition,
+)
 from harness.s3 import S3Endpoint, unique_bucket
 from harness.topics import create_topics
 
 from kafscale.broker.metadata.embedded_etcd import EmbeddedEtcd
+from kafscale.broker.protocol import legacy_messages as lm
 
 OFFSET_COMMIT, OFFSET_FETCH = 8, 9
+CORRUPT_MESSAGE = 2
 
 
 @pytest.fixture(scope="module")
@@ -135,3 +148,101 @@ def test_offset_commit_v0_v1_then_offset_fetch_v0(
             },
         )
         assert int(newer.topics[0].partitions[0].committed_offset) == 3
+
+
+# --- message format v0/v1: Produce v0-v2 and Fetch v0-v3 on the wire ----------------------
+
+
+def produce_legacy(
+    wire: KafkaWire, version: int, topic: str, messages: list[lm.LegacyMessage], codec: int
+) -> tuple[int, int]:
+    response = wire.request(
+        PRODUCE, version, produce_body(topic, 0, lm.encode_message_set(messages, codec))
+    )
+    return produce_partition(response)
+
+
+def fetch_legacy(wire: KafkaWire, version: int, topic: str, offset: int) -> list[lm.LegacyMessage]:
+    response = wire.request(FETCH, version, fetch_body(topic, 0, offset))
+    partition = fetch_partition(response)
+    assert int(partition.error_code) == 0
+    return lm.parse_message_set(partition.records or b"").messages
+
+
+def consume_with_confluent(bootstrap: str, topic: str, count: int) -> list[Message]:
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"cf-{uuid.uuid4().hex[:6]}",
+            "auto.offset.reset": "earliest",
+            "enable.auto.commit": False,
+        }
+    )
+    consumer.subscribe([topic])
+    got: list[Message] = []
+    deadline = time.monotonic() + 60
+    try:
+        while len(got) < count and time.monotonic() < deadline:
+            message = consumer.poll(0.5)
+            if message is not None and message.error() is None:
+                got.append(message)
+    finally:
+        consumer.close()
+    return got
+
+
+def test_produce_v0_v1_v2_are_stored_and_read_by_new_and_old_fetches(
+    kafka: BrokerProcess, topic: str
+) -> None:
+    """Message sets of magic 0 and 1, plain and compressed, produced at v0-v2; a librdkafka
+    consumer reads them with keys, values and v1 timestamps, and Fetch v0-v3 read every record
+    back down-converted (including one a new producer wrote with a header)."""
+    create_topics(kafka.bootstrap, [topic], partitions=1)
+    sent = [
+        (0, [lm.LegacyMessage(0, -1, b"k0", b"v0"), lm.LegacyMessage(0, -1, None, b"v1")], 0),
+        (1, [lm.LegacyMessage(1, 1_700_000_000_002, b"k2", b"v2")], 1),
+        (
+            2,
+            [lm.LegacyMessage(1, 1_700_000_000_003 + i, b"k", b"v%d" % (3 + i)) for i in range(3)],
+            2,
+        ),
+        (2, [lm.LegacyMessage(1, 1_700_000_000_006, b"k6", None)], 3),
+    ]
+    with KafkaWire(kafka.bootstrap) as wire:
+        offsets = [produce_legacy(wire, v, topic, messages, codec) for v, messages, codec in sent]
+    assert offsets == [(0, 0), (0, 2), (0, 3), (0, 6)]
+    producer = Producer({"bootstrap.servers": kafka.bootstrap})
+    producer.produce(topic, value=b"v7", key=b"k7", partition=0, headers=[("h", b"x")])
+    assert producer.flush(30) == 0
+    expected = [m for _, messages, _ in sent for m in messages]
+    consumed = consume_with_confluent(kafka.bootstrap, topic, 8)
+    assert [(m.key(), m.value()) for m in consumed[:7]] == [(m.key, m.value) for m in expected]
+    assert [m.timestamp()[1] for m in consumed[2:7]] == [m.timestamp for m in expected[2:]]
+    assert consumed[0].timestamp()[1] == -1  # v0 messages carry no timestamp
+    with KafkaWire(kafka.bootstrap) as wire:
+        for version in (0, 1, 2, 3):
+            read: list[lm.LegacyMessage] = []
+            while len(read) < 8:
+                batch = fetch_legacy(wire, version, topic, len(read))
+                assert batch, f"Fetch v{version} made no progress at {len(read)}"
+                read.extend(batch)
+            magic = lm.legacy_magic(version)
+            assert {m.magic for m in read} == {magic}
+            assert [(m.key, m.value) for m in read] == [
+                *((m.key, m.value) for m in expected),
+                (b"k7", b"v7"),
+            ]
+            if magic == 1:
+                assert [m.timestamp for m in read[2:7]] == [m.timestamp for m in expected[2:]]
+
+
+def test_corrupt_message_set_is_refused_with_corrupt_message(
+    kafka: BrokerProcess, topic: str
+) -> None:
+    create_topics(kafka.bootstrap, [topic], partitions=1)
+    data = bytearray(lm.encode_message_set([lm.LegacyMessage(1, 5, b"k", b"value")]))
+    data[-1] ^= 0xFF
+    with KafkaWire(kafka.bootstrap) as wire:
+        response = wire.request(PRODUCE, 2, produce_body(topic, 0, bytes(data)))
+        assert produce_partition(response)[0] == CORRUPT_MESSAGE
+        assert list_offsets_v0(wire, topic, -1) == (0, [0])  # nothing stored
