@@ -27,6 +27,7 @@ from harness.kafka_wire import (
 )
 from harness.s3 import S3Endpoint, unique_bucket
 from harness.topics import create_topics
+from kafka import KafkaConsumer, KafkaProducer
 
 from kafscale.broker.metadata.embedded_etcd import EmbeddedEtcd
 from kafscale.broker.protocol import legacy_messages as lm
@@ -246,3 +247,89 @@ def test_corrupt_message_set_is_refused_with_corrupt_message(
         response = wire.request(PRODUCE, 2, produce_body(topic, 0, bytes(data)))
         assert produce_partition(response)[0] == CORRUPT_MESSAGE
         assert list_offsets_v0(wire, topic, -1) == (0, [0])  # nothing stored
+
+
+# --- kafka-python as a Kafka 0.9 / 0.10.1 client, beside confluent-kafka -------------------
+
+OLD_API_VERSIONS = [(0, 9), (0, 10, 1)]
+
+
+def kp_produce(
+    bootstrap: str, topic: str, values: list[bytes], api_version: tuple[int, ...]
+) -> None:
+    producer = KafkaProducer(
+        bootstrap_servers=bootstrap, api_version=api_version, acks="all", linger_ms=20
+    )
+    try:
+        futures = [producer.send(topic, key=b"kp", value=v) for v in values]
+        producer.flush(30)
+        for future in futures:
+            future.get(timeout=30)
+    finally:
+        producer.close(10)
+
+
+def kp_consume_in_group(
+    bootstrap: str, topic: str, group: str, count: int, api_version: tuple[int, ...]
+) -> list[bytes]:
+    """Values read by a kafka-python group member speaking ``api_version``; it commits what it
+    read (OffsetCommit at the old version) before leaving."""
+    consumer = KafkaConsumer(
+        topic,
+        bootstrap_servers=bootstrap,
+        api_version=api_version,
+        group_id=group,
+        auto_offset_reset="earliest",
+        enable_auto_commit=False,
+        fetch_max_wait_ms=100,
+    )
+    got: list[bytes] = []
+    try:
+        deadline = time.monotonic() + 60
+        while len(got) < count and time.monotonic() < deadline:
+            for messages in consumer.poll(timeout_ms=500).values():
+                got += [m.value for m in messages]
+        consumer.commit()
+    finally:
+        consumer.close()
+    return got
+
+
+@pytest.mark.parametrize("api_version", OLD_API_VERSIONS, ids=["0.9", "0.10.1"])
+def test_kafka_python_old_protocol_beside_confluent(
+    kafka: BrokerProcess, topic: str, api_version: tuple[int, ...]
+) -> None:
+    """An old client and a new one share a topic: each produces, and both read every record;
+    the old client's group commit is what a new member of the group resumes from."""
+    create_topics(kafka.bootstrap, [topic], partitions=3)
+    old_values = [b"old-%d" % i for i in range(30)]
+    new_values = [b"new-%d" % i for i in range(30)]
+    kp_produce(kafka.bootstrap, topic, old_values, api_version)
+    producer = Producer({"bootstrap.servers": kafka.bootstrap})
+    for value in new_values:
+        producer.produce(topic, value=value, key=b"cf", headers=[("h", b"dropped for old")])
+    assert producer.flush(30) == 0
+    everything = sorted(old_values + new_values)
+
+    group = f"kp-{uuid.uuid4().hex[:6]}"
+    assert sorted(kp_consume_in_group(kafka.bootstrap, topic, group, 60, api_version)) == everything
+    assert (
+        sorted(m.value() for m in consume_with_confluent(kafka.bootstrap, topic, 60)) == everything
+    )
+
+    # the group's committed offsets are at the end: a new-protocol member of it reads nothing
+    kp_produce(kafka.bootstrap, topic, [b"after"], api_version)
+    consumer = Consumer(
+        {"bootstrap.servers": kafka.bootstrap, "group.id": group, "auto.offset.reset": "earliest"}
+    )
+    consumer.subscribe([topic])
+    try:
+        seen: list[bytes] = []
+        deadline = time.monotonic() + 30
+        while not seen and time.monotonic() < deadline:
+            message = consumer.poll(0.5)
+            if message is not None and message.error() is None:
+                seen.append(message.value())
+    finally:
+        consumer.close()
+    assert seen == [b"after"]
