@@ -175,7 +175,8 @@ def stored_form(records: bytes | None, api_version: int) -> memoryview:
     via ``InvalidBatch``, if it does not parse or a CRC fails)."""
     if api_version >= FIRST_RECORD_BATCH_VERSION:
         return memoryview(records or b"")
-    return memoryview(legacy_messages.to_record_batch(legacy_messages.parse_message_set(records or b"")))
+    message_set = legacy_messages.parse_message_set(records or b"")
+    return memoryview(legacy_messages.to_record_batch(message_set))
 
 
 def check_not_control(headers: list[BatchHeader]) -> None:
