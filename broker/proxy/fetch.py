@@ -302,7 +302,7 @@ def _body(wanted: list[Wanted], results: list[Any], context: FetchContext) -> di
                 PartitionResult(
                     _code(result),
                     int(_field(result, "high_watermark")),
-                    int(_field(result, "log_start_offset")),
+                    int(_field(result, "log_start_offset", -1)),  # v5+ only
                     bool(_field(result, "records")),
                 ),
             )
@@ -324,8 +324,11 @@ def _body(wanted: list[Wanted], results: list[Any], context: FetchContext) -> di
     }
 
 
-def _field(result: Any, name: str) -> Any:
-    return result.get(name) if isinstance(result, dict) else getattr(result, name)
+def _field(result: Any, name: str, default: Any = None) -> Any:
+    """A partition result's field; ``default`` where the client's version lacks it."""
+    if isinstance(result, dict):
+        return result.get(name, default)
+    return getattr(result, name) if default is None else getattr(result, name, default)
 
 
 async def _wait_any(

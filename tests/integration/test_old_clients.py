@@ -25,6 +25,7 @@ from harness.kafka_wire import (
     produce_body,
     produce_partition,
 )
+from harness.proxy import start_proxy
 from harness.s3 import S3Endpoint, unique_bucket
 from harness.topics import create_topics
 from kafka import KafkaConsumer, KafkaProducer
@@ -37,9 +38,9 @@ CORRUPT_MESSAGE = 2
 
 
 @pytest.fixture(scope="module")
-def kafka(
+def cluster(
     etcd_server: EmbeddedEtcd, s3_server: S3Endpoint, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[BrokerProcess]:
+) -> Iterator[BrokerCluster]:
     bucket = unique_bucket("oldclients")
     _create_bucket(s3_server, bucket)
     cluster = BrokerCluster(
@@ -50,9 +51,20 @@ def kafka(
         tmp_path_factory.mktemp("old-clients"),
     )
     try:
-        yield cluster.start()
+        cluster.start()
+        yield cluster
     finally:
         cluster.stop_all()
+
+
+@pytest.fixture(scope="module")
+def kafka(cluster: BrokerCluster) -> BrokerProcess:
+    return cluster.brokers[0]
+
+
+@pytest.fixture(scope="module")
+def proxy(cluster: BrokerCluster) -> BrokerProcess:
+    return start_proxy(cluster)
 
 
 @pytest.fixture
@@ -295,12 +307,15 @@ def kp_consume_in_group(
     return got
 
 
+@pytest.mark.parametrize("endpoint", ["broker", "proxy"])
 @pytest.mark.parametrize("api_version", OLD_API_VERSIONS, ids=["0.9", "0.10.1"])
 def test_kafka_python_old_protocol_beside_confluent(
-    kafka: BrokerProcess, topic: str, api_version: tuple[int, ...]
+    request: pytest.FixtureRequest, endpoint: str, topic: str, api_version: tuple[int, ...]
 ) -> None:
     """An old client and a new one share a topic: each produces, and both read every record;
-    the old client's group commit is what a new member of the group resumes from."""
+    the old client's group commit is what a new member of the group resumes from. Straight to
+    the broker and through the proxy (which forwards requests at the client's version)."""
+    kafka: BrokerProcess = request.getfixturevalue("kafka" if endpoint == "broker" else "proxy")
     create_topics(kafka.bootstrap, [topic], partitions=3)
     old_values = [b"old-%d" % i for i in range(30)]
     new_values = [b"new-%d" % i for i in range(30)]
