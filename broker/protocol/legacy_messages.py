@@ -27,6 +27,7 @@ import crc32c
 
 from kafscale.broker.protocol.record_batch import (
     HEADER_SIZE,
+    MAX_DECOMPRESSED_BYTES,
     InvalidBatch,
     decompress,
     iter_batch_headers,
@@ -65,29 +66,31 @@ class MessageSet:
 # --- parsing ----------------------------------------------------------------------------------
 
 
-def parse_message_set(data: bytes | memoryview) -> MessageSet:
+def parse_message_set(data: bytes | memoryview, limit: int = MAX_DECOMPRESSED_BYTES) -> MessageSet:
     """Every message of a produce request's message set, wrappers opened; raises
-    ``CorruptMessage`` for anything malformed or an empty set."""
+    ``CorruptMessage`` for anything malformed or an empty set. All wrappers together may
+    decompress to at most ``limit`` bytes: many small wrappers that each inflate a lot must not
+    take the broker's memory."""
     messages: list[LegacyMessage] = []
     codec = 0
+    left = limit
     for magic, attributes, timestamp, key, value in _entries(bytes(data)):
         inner_codec = attributes & _CODEC_MASK
         if inner_codec == 0:
             messages.append(LegacyMessage(magic, timestamp, key, value))
             continue
         codec = inner_codec
-        messages.extend(_unwrap(magic, attributes, timestamp, value))
+        inner = _decompress(inner_codec, magic, value or b"", left)
+        left -= len(inner)
+        messages.extend(_unwrap(magic, attributes, timestamp, inner))
     if not messages:
         raise CorruptMessage("produce request without messages")
     return MessageSet(messages, codec)
 
 
-def _unwrap(
-    magic: int, attributes: int, timestamp: int, value: bytes | None
-) -> Iterator[LegacyMessage]:
-    """The messages inside a compressed wrapper; under LogAppendTime the wrapper's time holds
-    for all of them (Kafka's rule for v1)."""
-    inner = _decompress(attributes & _CODEC_MASK, magic, value or b"")
+def _unwrap(magic: int, attributes: int, timestamp: int, inner: bytes) -> Iterator[LegacyMessage]:
+    """The messages of a compressed wrapper's (decompressed) value; under LogAppendTime the
+    wrapper's time holds for all of them (Kafka's rule for v1)."""
     for inner_magic, inner_attributes, inner_timestamp, key, inner_value in _entries(inner):
         if inner_attributes & _CODEC_MASK:
             raise CorruptMessage("a compressed message inside a compressed message")
@@ -147,7 +150,7 @@ def _bytes(message: bytes, position: int) -> tuple[bytes | None, int]:
     return message[position : position + length], position + length
 
 
-def _decompress(codec: int, magic: int, data: bytes) -> bytes:
+def _decompress(codec: int, magic: int, data: bytes, limit: int) -> bytes:
     """Through the v2 path's bounded decompressors; v0's LZ4 frames carry a header checksum
     computed the wrong way (KAFKA-3160), which is put right before decoding."""
     if codec not in (1, 2, 3):
@@ -155,7 +158,7 @@ def _decompress(codec: int, magic: int, data: bytes) -> bytes:
     if codec == 3 and magic == 0:
         data = fix_lz4_header_checksum(data)
     try:
-        return decompress(codec, data)
+        return decompress(codec, data, max(limit, 0))
     except InvalidBatch as exc:
         raise CorruptMessage(str(exc)) from exc
 

@@ -170,3 +170,12 @@ def test_v0_messages_get_no_timestamp_in_the_v2_batch() -> None:
     parsed = lm.parse_message_set(lm.encode_message_set([lm.LegacyMessage(0, -1, None, b"v")]))
     header = read_header(lm.to_record_batch(parsed))
     assert (header.base_timestamp, header.max_timestamp) == (-1, -1)
+
+
+def test_wrappers_together_decompress_to_at_most_the_limit() -> None:
+    """Each wrapper alone is within the limit; together they are not, and are refused."""
+    wrapper = lm.encode_message_set([lm.LegacyMessage(1, 5, None, b"\0" * 50_000)], codec=1)
+    assert len(wrapper) < 1_000
+    assert len(lm.parse_message_set(wrapper * 3, limit=200_000).messages) == 3
+    with pytest.raises(lm.CorruptMessage, match="decompress"):
+        lm.parse_message_set(wrapper * 5, limit=200_000)
