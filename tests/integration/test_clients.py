@@ -159,8 +159,8 @@ class CodecNotUsed(AssertionError):
 
 # librdkafka decides per broker whether it may compress, from the advertised ApiVersions:
 # LZ4 needs FindCoordinator (any version) advertised; librdkafka 2.0 (Debian's kcat) also needs
-# Produce v0 in the advertised range for gzip/snappy/lz4, which is why the broker advertises
-# Produce from v0 though it serves v3+ (as Kafka 4.0 does). Without either, the client logs
+# Produce v0 in the advertised range for gzip/snappy/lz4 (the broker serves Produce from v0,
+# message format v0/v1 included, as Kafka 3.9 does). Without either, the client logs
 # "Broker does not support compression type" and sends uncompressed batches, which
 # check_stored_batches catches (CodecNotUsed).
 
