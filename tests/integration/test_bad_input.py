@@ -509,9 +509,9 @@ _SERVED = [
     for version in range(spec.min_version, spec.max_version + 1)
 ]
 _ADVERTISED = [
-    (PRODUCE, 3, 11),
-    (FETCH, 4, 16),
-    (LIST_OFFSETS, 1, 8),
+    (PRODUCE, 0, 11),
+    (FETCH, 0, 16),
+    (LIST_OFFSETS, 0, 8),
     (METADATA, 0, 12),
     (API_VERSIONS, 0, 3),
     (19, 2, 7),
