@@ -179,3 +179,25 @@ def test_wrappers_together_decompress_to_at_most_the_limit() -> None:
     assert len(lm.parse_message_set(wrapper * 3, limit=200_000).messages) == 3
     with pytest.raises(lm.CorruptMessage, match="decompress"):
         lm.parse_message_set(wrapper * 5, limit=200_000)
+
+
+def test_log_append_time_batches_down_convert_with_the_append_time() -> None:
+    """A LogAppendTime topic's batch: v1 messages carry the batch's (append) time and the
+    timestamp-type bit, as Kafka down-converts them; v0 messages have no time at all."""
+    batch = make_batch(0, [b"a", b"b"], attributes=0x08)
+    append_time = read_header(batch).max_timestamp
+    records = list(lm.stored_records(batch))
+    assert [r.timestamp for r in records] == [append_time, append_time]
+    converted = lm.down_convert(batch, 1, 0, 1 << 20)
+    memory = MemoryRecords(converted)
+    read = []
+    while (legacy := memory.next_batch()) is not None:
+        read.extend((r.timestamp, r.timestamp_type) for r in legacy)
+    assert read == [(append_time, 1), (append_time, 1)]
+
+
+def test_control_batches_are_not_down_converted() -> None:
+    control = make_batch(0, [b"\x00\x00\x00\x00"], keys=[b"\x00\x00\x00\x00"], attributes=0x30)
+    data = make_batch(1, [b"after"])
+    converted = lm.down_convert(control + data, 0, 0, 1 << 20)
+    assert [(m.value) for m in lm.parse_message_set(converted).messages] == [b"after"]
