@@ -183,6 +183,8 @@ def test_managed_etcd_replicas_are_odd_and_fixed_after_creation() -> None:
     replicas = schema["properties"]["spec"]["properties"]["etcd"]["properties"]["replicas"]
     rules = {rule["rule"] for rule in replicas["x-kubernetes-validations"]}
     assert rules == {"self % 2 == 1", "self == oldSelf"}
+
+
 def _defaults(node: Any, path: str = "") -> list[tuple[str, Any]]:
     if isinstance(node, list):
         return [d for i, item in enumerate(node) for d in _defaults(item, f"{path}[{i}]")]
