@@ -4,12 +4,18 @@ broker's own stores (what a broker reads when a client logs in or asks for a top
 
 from __future__ import annotations
 
+import asyncio
 import base64
+import time
+from pathlib import Path
 from typing import Any
 
 import pytest
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
+from harness.brokers import BrokerCluster, _create_bucket
 from harness.k8s_real import CLUSTERS, USERS, cluster_manifest, condition_of, settle
 from harness.kube_apiserver import ApiError, KubeCluster
+from harness.s3 import S3Endpoint, unique_bucket
 
 from kafscale.broker.authz.model import (
     AclBinding,
@@ -19,7 +25,8 @@ from kafscale.broker.authz.model import (
     ResourceType,
 )
 from kafscale.broker.authz.store import create_bindings, stored_bindings
-from kafscale.broker.metadata.embedded_etcd import EmbeddedEtcd
+from kafscale.broker.metadata import topics
+from kafscale.broker.metadata.embedded_etcd import EmbeddedEtcd, free_port
 from kafscale.broker.metadata.etcd import Etcd
 from kafscale.broker.security.credentials import CredentialStore
 from kafscale.broker.security.scram import ScramMechanism, check_password
@@ -254,3 +261,133 @@ async def test_conflicts_bad_acls_and_a_missing_cluster_are_reported(
     assert invalid[:2] == ("False", "InvalidAcl")
     assert await acls_of(etcd, cluster, "User:erin") == set()
     assert kube.get(f"/api/v1/namespaces/{ns}/secrets/erin") is None
+
+
+# --- end to end: a broker on a SASL listener, clients with the Secret's password ------------------
+
+
+def sasl_config(bootstrap: str, user: str, password: str) -> dict[str, Any]:
+    return {
+        "bootstrap.servers": bootstrap,
+        "security.protocol": "SASL_PLAINTEXT",
+        "sasl.mechanisms": "SCRAM-SHA-512",
+        "sasl.username": user,
+        "sasl.password": password,
+        "message.timeout.ms": 20_000,
+    }
+
+
+def produce_one(config: dict[str, Any], topic: str, value: bytes) -> KafkaError | None:
+    outcome: list[KafkaError | None] = []
+    producer = Producer(config)
+    try:
+        producer.produce(topic, value, on_delivery=lambda err, _msg: outcome.append(err))
+    except KafkaException as exc:  # librdkafka refuses at once while its metadata says so
+        return exc.args[0]  # type: ignore[no-any-return]
+    producer.flush(30)
+    assert outcome, "no delivery report"
+    return outcome[0]
+
+
+def consume_one(config: dict[str, Any], group: str, topic: str) -> bytes | None:
+    consumer = Consumer({**config, "group.id": group, "auto.offset.reset": "earliest"})
+    consumer.subscribe([topic])
+    deadline = time.monotonic() + 30
+    try:
+        while time.monotonic() < deadline:
+            message = consumer.poll(0.5)
+            if message is None:
+                continue
+            assert message.error() is None, message.error()
+            return message.value()  # type: ignore[no-any-return]
+    finally:
+        consumer.close()
+    return None
+
+
+def login_errors(config: dict[str, Any]) -> list[int]:
+    """Error codes librdkafka reports while trying to log in with ``config``."""
+    errors: list[int] = []
+    producer = Producer({**config, "error_cb": lambda e: errors.append(e.code())})
+    producer.produce("orders", value=b"x")
+    deadline = time.monotonic() + 20
+    while KafkaError._AUTHENTICATION not in errors and time.monotonic() < deadline:
+        producer.poll(0.2)
+    producer.purge()
+    producer.flush(1)
+    return errors
+
+
+async def test_a_client_logs_in_with_the_secrets_password_and_gets_what_the_acls_allow(
+    kube_cluster: KubeCluster,
+    real_operator: Any,
+    kube_namespace: str,
+    etcd_server: EmbeddedEtcd,
+    etcd: Etcd,
+    s3_server: S3Endpoint,
+    tmp_path: Path,
+) -> None:
+    ns, kube = kube_namespace, kube_cluster
+    users = USERS.format(ns=ns)
+    cluster = create_cluster(kube, ns, etcd_server)
+    bucket = unique_bucket("users")
+    _create_bucket(s3_server, bucket)
+    brokers = BrokerCluster(
+        etcd_server.client_url,
+        s3_server,
+        bucket,
+        cluster,
+        tmp_path,
+        extra_env={"KAFSCALE_AUTHORIZER__ENABLED": "true"},
+    )
+    internal, sasl = free_port(), free_port()
+    try:
+        await asyncio.to_thread(
+            brokers.start,
+            internal,
+            KAFSCALE_LISTENERS=f"INTERNAL://127.0.0.1:{internal},SASL://127.0.0.1:{sasl}",
+            KAFSCALE_LISTENER_SECURITY_PROTOCOL_MAP="INTERNAL:PLAINTEXT,SASL:SASL_PLAINTEXT",
+        )
+        await topics.create_topic(etcd, cluster, "orders", 1, {})
+        acls = [
+            {
+                "resource": {"type": "topic", "name": "orders"},
+                "operations": ["Describe", "Read", "Write"],
+            },
+            {
+                "resource": {"type": "group", "name": "orders-", "patternType": "prefix"},
+                "operations": ["Read"],
+            },
+        ]
+        spec = {"cluster": "demo", "authorization": {"acls": acls}}
+        kube.create(users, user_manifest("alice", ns, spec))
+        kube.create(users, user_manifest("bob", ns, {"cluster": "demo"}))
+        for name in ("alice", "bob"):
+            await settle(
+                lambda name=name: (ready(kube, f"{users}/{name}") or ("",))[0] == "True",
+                what=f"{name} ready",
+            )
+        alice = secret_data(kube, ns, "alice")
+        bob = secret_data(kube, ns, "bob")
+        assert alice is not None and bob is not None
+        endpoint = f"127.0.0.1:{sasl}"
+        alice_config = sasl_config(endpoint, "alice", alice["password"])
+
+        # alice, with the Secret's password and her ACLs: produce and consume in her group.
+        assert await asyncio.to_thread(produce_one, alice_config, "orders", b"hello") is None
+        consumed = await asyncio.to_thread(consume_one, alice_config, "orders-app", "orders")
+        assert consumed == b"hello"
+
+        # bob logs in (his own Secret) but has no ACLs: Kafka's authorization error.
+        bob_config = sasl_config(endpoint, "bob", bob["password"])
+        refused = await asyncio.to_thread(produce_one, bob_config, "orders", b"no")
+        assert refused is not None and refused.code() == KafkaError.TOPIC_AUTHORIZATION_FAILED
+
+        # A wrong password is refused; so is alice once her KafScaleUser is deleted.
+        wrong = sasl_config(endpoint, "alice", "not-" + alice["password"])
+        assert KafkaError._AUTHENTICATION in await asyncio.to_thread(login_errors, wrong)
+        kube.delete(f"{users}/alice")
+        await settle(lambda: kube.get(f"{users}/alice") is None, what="alice deleted")
+        assert KafkaError._AUTHENTICATION in await asyncio.to_thread(login_errors, alice_config)
+    finally:
+        await asyncio.to_thread(brokers.stop_all)
