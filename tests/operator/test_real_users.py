@@ -13,7 +13,16 @@ from typing import Any
 import pytest
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
 from harness.brokers import BrokerCluster, _create_bucket
-from harness.k8s_real import CLUSTERS, USERS, cluster_manifest, condition_of, settle
+from harness.k8s_operator import operator_thread
+from harness.k8s_real import (
+    CLUSTERS,
+    USERS,
+    InstalledChart,
+    cluster_manifest,
+    condition_of,
+    operator_settings,
+    settle,
+)
 from harness.kube_apiserver import ApiError, KubeCluster
 from harness.s3 import S3Endpoint, unique_bucket
 
@@ -25,7 +34,7 @@ from kafscale.broker.authz.model import (
     ResourceType,
 )
 from kafscale.broker.authz.store import create_bindings, stored_bindings
-from kafscale.broker.metadata import topics
+from kafscale.broker.metadata import keys, topics
 from kafscale.broker.metadata.embedded_etcd import EmbeddedEtcd, free_port
 from kafscale.broker.metadata.etcd import Etcd
 from kafscale.broker.security.credentials import CredentialStore
@@ -391,3 +400,56 @@ async def test_a_client_logs_in_with_the_secrets_password_and_gets_what_the_acls
         assert KafkaError._AUTHENTICATION in await asyncio.to_thread(login_errors, alice_config)
     finally:
         await asyncio.to_thread(brokers.stop_all)
+
+
+async def test_resync_puts_back_what_was_removed_behind_the_operators_back(
+    kube_cluster: KubeCluster,
+    kafscale_chart: InstalledChart,
+    kube_namespace: str,
+    etcd_server: EmbeddedEtcd,
+    etcd: Etcd,
+) -> None:
+    """A binding or credential deleted with ``kafscale acls``/``users`` (or the admin API) comes
+    back on the next resync; a deleted Secret means a new password (rotation)."""
+    ns, kube = kube_namespace, kube_cluster
+    users = USERS.format(ns=ns)
+    cluster = create_cluster(kube, ns, etcd_server)
+    store = CredentialStore(etcd, cluster)
+    spec = {
+        "cluster": "demo",
+        "authorization": {
+            "acls": [{"resource": {"type": "topic", "name": "orders"}, "operations": ["Read"]}]
+        },
+    }
+    async with operator_thread(operator_settings(kafscale_chart, resync_interval_s=1.0)):
+        kube.create(users, user_manifest("alice", ns, spec))
+        await settle(lambda: (ready(kube, f"{users}/alice") or ("",))[0] == "True", what="ready")
+        first = secret_data(kube, ns, "alice")
+        assert first is not None
+
+        wanted = {topic_acl("orders", Operation.READ)}
+        await etcd.delete_prefix(keys.acls_prefix(cluster))
+        await store.delete("alice", SHA512)
+
+        async def restored() -> bool:
+            credential = await store.get("alice", SHA512)
+            return (
+                credential is not None
+                and check_password(first["password"].encode(), credential, SHA512)
+                and await acls_of(etcd, cluster, "User:alice") == wanted
+            )
+
+        await settle(restored, what="credential and ACL restored")
+
+        kube.delete(f"/api/v1/namespaces/{ns}/secrets/alice")
+
+        async def rotated() -> bool:
+            now = secret_data(kube, ns, "alice")
+            if now is None or now["password"] == first["password"]:
+                return False
+            credential = await store.get("alice", SHA512)
+            return credential is not None and check_password(
+                now["password"].encode(), credential, SHA512
+            )
+
+        await settle(rotated, what="a new password in a new Secret and in etcd")
