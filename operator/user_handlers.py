@@ -9,6 +9,7 @@ delete (finalizer) → credentials and bindings leave etcd; the Secret goes with
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import kopf
@@ -20,7 +21,9 @@ from kafscale.broker.protocol.errors import MetadataTimeout
 from kafscale.operator import naming, reconcile
 from kafscale.operator.kube import KubeError
 from kafscale.operator.models import (
+    API_VERSION,
     GROUP,
+    USER_KIND,
     USER_PLURAL,
     VERSION,
     ClusterRef,
@@ -108,8 +111,19 @@ async def reconcile_user(runtime: Runtime, body: Any) -> tuple[ClusterRef, Verdi
     return ref, (True, "UserReady", message), acls
 
 
+def _resync_due(body: Any) -> bool:
+    """Not being deleted, and the change handlers have reconciled the current spec."""
+    meta = body["metadata"]
+    status = body.get("status") or {}
+    return not meta.get("deletionTimestamp") and status.get("observedGeneration") == meta.get(
+        "generation"
+    )
+
+
 def register_users(registry: kopf.OperatorRegistry, config: OperatorSettings) -> None:
     """Register the KafScaleUser handlers into ``registry``."""
+    # One reconcile at a time per user: the resync timer and the change handlers run apart.
+    locks: dict[tuple[str, str], asyncio.Lock] = {}
 
     def report(
         body: Any, status: Any, patch: kopf.Patch, verdict: Verdict, acls: int | None
@@ -134,7 +148,9 @@ def register_users(registry: kopf.OperatorRegistry, config: OperatorSettings) ->
         body: Any, status: Any, patch: kopf.Patch, memo: Any, logger: Any, **_: Any
     ) -> None:
         try:
-            _ref, verdict, acls = await reconcile_user(memo.runtime, body)
+            key = (body["metadata"]["namespace"], body["metadata"]["name"])
+            async with locks.setdefault(key, asyncio.Lock()):
+                _ref, verdict, acls = await reconcile_user(memo.runtime, body)
         except UserNotReady as exc:
             report(body, status, patch, exc.verdict, status.get("acls"))
             if exc.permanent:
@@ -149,18 +165,21 @@ def register_users(registry: kopf.OperatorRegistry, config: OperatorSettings) ->
         initial_delay=config.resync_interval_s,
         registry=registry,
     )
-    async def resync_user(
-        body: Any, meta: Any, status: Any, patch: kopf.Patch, memo: Any, logger: Any, **_: Any
-    ) -> None:
-        if meta.get("deletionTimestamp") or status.get("observedGeneration") != meta.get(
-            "generation"
-        ):
-            return  # being deleted, or the change handlers have not run for this spec yet
-        try:
-            _ref, verdict, acls = await reconcile_user(memo.runtime, body)
-        except UserNotReady as exc:
-            logger.warning("resync: %s", exc.verdict[2])
-            verdict, acls = exc.verdict, status.get("acls")
+    async def resync_user(meta: Any, patch: kopf.Patch, memo: Any, logger: Any, **_: Any) -> None:
+        key = (meta["namespace"], meta["name"])
+        async with locks.setdefault(key, asyncio.Lock()):
+            # The timer's body may predate an edit the change handler has applied since:
+            # re-read, and act only on a spec the change handlers have reconciled.
+            body = await memo.runtime.kube.get(API_VERSION, USER_KIND, *key)
+            if body is None or not _resync_due(body):
+                return
+            status = body.get("status") or {}
+            acls: int | None
+            try:
+                _ref, verdict, acls = await reconcile_user(memo.runtime, body)
+            except UserNotReady as exc:
+                logger.warning("resync: %s", exc.verdict[2])
+                verdict, acls = exc.verdict, status.get("acls")
         current: dict[str, Any] = next(
             (c for c in status.get("conditions") or [] if c.get("type") == "Ready"), {}
         )
@@ -188,6 +207,7 @@ def register_users(registry: kopf.OperatorRegistry, config: OperatorSettings) ->
                 credentials, acls = await remove_user(etcd, cluster, meta["name"])
         except (MetadataError, MetadataTimeout) as exc:
             raise kopf.TemporaryError(f"etcd: {exc}", delay=3) from exc
+        locks.pop((meta["namespace"], meta["name"]), None)
         logger.info(
             "user %s removed from etcd: %d credentials, %d ACL bindings",
             meta["name"],
