@@ -92,7 +92,13 @@ async def _ensure_secret(runtime: Runtime, ref: ClusterRef, cluster: str) -> str
 async def reconcile_user(runtime: Runtime, body: Any) -> tuple[ClusterRef, Verdict, int]:
     """One round: Secret, credential, ACLs. Returns (ref, Ready verdict, bindings in etcd)."""
     ref, spec = _parse(body)
-    found = await reconcile.find_cluster(runtime, ref.namespace, spec.cluster)
+    try:
+        found = await reconcile.find_cluster(runtime, ref.namespace, spec.cluster)
+    except KubeError as exc:
+        raise UserNotReady((False, "ClusterNotReadable", str(exc)), delay_s=5) from exc
+    except ValidationError as exc:
+        message = f"KafScaleCluster {spec.cluster} has an invalid spec: {_problem(exc)}"
+        raise UserNotReady((False, "ClusterInvalid", message), delay_s=30) from exc
     if found is None:
         message = f"KafScaleCluster {spec.cluster} not found"
         raise UserNotReady((False, "ClusterNotFound", message))
