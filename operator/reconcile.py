@@ -112,7 +112,7 @@ async def observe_cluster(
         proxy_deployment=proxy,
         etcd_statefulset=statefulset,
         apply_error=runtime.apply_errors.get((ref.namespace, ref.name)),
-        left_out=tuple(runtime.left_out.get((ref.namespace, ref.name), ())),
+        left_out=_left_out(runtime.left_out.get((ref.namespace, ref.name))),
         server_version=runtime.capabilities.version,
         etcd_error=etcd_error,
         registered_brokers=registered,
@@ -243,3 +243,7 @@ async def delete_cluster_data(
     except ObjectStoreError as exc:
         raise RuntimeError(f"deleting the objects of cluster {cluster}: {exc}") from exc
     return deleted_keys, deleted_objects
+
+
+def _left_out(applied: list[str] | None) -> tuple[str, ...] | None:
+    return None if applied is None else tuple(applied)

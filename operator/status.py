@@ -85,11 +85,16 @@ class ClusterObservation:
     registered_brokers: int | None = None
     leases: LeaseStatus | None = None
     deleting: bool = False
-    left_out: tuple[str, ...] = ()  # what the server does not serve, so was not created
+    # What the server does not serve, so was not created; None until this process has applied
+    # the cluster (a restarted operator's first status round must not claim "AllServed").
+    left_out: tuple[str, ...] | None = ()
     server_version: str = "unknown"
 
 
-def features_verdict(observed: ClusterObservation) -> Verdict:
+def features_verdict(observed: ClusterObservation) -> Verdict | None:
+    """None when not known yet: the condition keeps what it said."""
+    if observed.left_out is None:
+        return None
     if not observed.left_out:
         return True, "AllServed", "the API server serves everything the cluster uses"
     listed = "; ".join(observed.left_out)
@@ -206,8 +211,10 @@ def compute_cluster_status(
         READY: ready_cond,
         PROGRESSING: (progressing is not None, progress_reason, progress_message),
         DEGRADED: (degraded is not None, degraded_reason, degraded_message),
-        FEATURES_SUPPORTED: features_verdict(observed),
     }
+    features = features_verdict(observed)
+    if features is not None:
+        verdicts[FEATURES_SUPPORTED] = features
     conditions = list(previous)
     for type_, verdict in verdicts.items():
         conditions = set_condition(conditions, type_, verdict, now=now, generation=gen)

@@ -83,6 +83,20 @@ def test_new_cluster_is_pending_and_progressing() -> None:
     assert all(c.observed_generation == 4 for c in status.conditions)
 
 
+def test_a_restarted_operator_keeps_features_supported_until_it_applied_the_cluster() -> None:
+    """Before this process applied the cluster it does not know what was left out: the
+    condition keeps what the last process said (it once flapped to AllServed and back,
+    posting NotServed twice)."""
+    lacking = ClusterObservation(left_out=("PodDisruptionBudget demo (policy/v1 is not served)",))
+    before = compute_cluster_status(REF, SPEC, lacking, [], now=T0)
+    assert conditions(before)["FeaturesSupported"] == ("False", "NotServed")
+    restarted = compute_cluster_status(
+        REF, SPEC, ClusterObservation(left_out=None), before.conditions, now=T1
+    )
+    assert conditions(restarted)["FeaturesSupported"] == ("False", "NotServed")
+    assert {c.type: c.last_transition_time for c in restarted.conditions}["FeaturesSupported"] == T0
+
+
 def test_rollout_then_ready() -> None:
     rolling = compute_cluster_status(
         REF, SPEC, ClusterObservation(broker_deployment=deployment(3, 1, 1)), [], now=T0
