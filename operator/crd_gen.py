@@ -206,6 +206,24 @@ def topic_crd() -> dict[str, Any]:
     )
 
 
+def user_crd() -> dict[str, Any]:
+    return _crd(
+        kind=models.USER_KIND,
+        plural=models.USER_PLURAL,
+        singular="kafscaleuser",
+        short_names=["ksu"],
+        schema=_root_schema(models.KafScaleUserSpec, models.KafScaleUserStatus),
+        subresources={"status": {}},
+        columns=[
+            {"name": "Cluster", "type": "string", "jsonPath": ".spec.cluster"},
+            {"name": "Authentication", "type": "string", "jsonPath": ".spec.authentication.type"},
+            {"name": "Phase", "type": "string", "jsonPath": ".status.phase"},
+            {"name": "Secret", "type": "string", "jsonPath": ".status.secret"},
+            {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+        ],
+    )
+
+
 def crd_schema(crd: dict[str, Any]) -> Schema:
     """The openAPIV3Schema of a CRD's only version (for validating resources in tests)."""
     schema: Schema = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
@@ -220,7 +238,7 @@ def render_all() -> dict[str, str]:
     """File name → YAML text of every generated CRD."""
     return {
         f"{models.GROUP}_{crd['spec']['names']['plural']}.yaml": render(crd)
-        for crd in (cluster_crd(), topic_crd())
+        for crd in (cluster_crd(), topic_crd(), user_crd())
     }
 
 

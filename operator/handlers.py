@@ -11,6 +11,8 @@ Broker pods
     event with a deletionTimestamp → mark the broker draining and reassign its partitions.
 KafScaleTopic
     create/update/resume → topic record in etcd · delete (finalizer) → remove it and its keys.
+KafScaleUser
+    see ``user_handlers`` (Secret, SCRAM credential and ACLs in etcd).
 """
 
 from __future__ import annotations
@@ -52,6 +54,7 @@ from kafscale.operator.status import (
     parse_conditions,
 )
 from kafscale.operator.topics import reconcile_topic, topic_name
+from kafscale.operator.user_handlers import register_users
 
 log = logging.getLogger(__name__)
 
@@ -129,6 +132,7 @@ def _changed(current: Any, new: dict[str, Any]) -> bool:
 
 def register(registry: kopf.OperatorRegistry, config: OperatorSettings) -> None:
     """Register every handler of the operator into ``registry``."""
+    register_users(registry, config)
 
     @kopf.on.startup(registry=registry)
     async def startup(memo: Any, settings: kopf.OperatorSettings, **_: Any) -> None:

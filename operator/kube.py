@@ -37,6 +37,7 @@ PLURALS: dict[tuple[str, str], str] = {
     ("autoscaling/v2", "HorizontalPodAutoscaler"): "horizontalpodautoscalers",
     ("kafscale.io/v1alpha1", "KafScaleCluster"): "kafscaleclusters",
     ("kafscale.io/v1alpha1", "KafScaleTopic"): "kafscaletopics",
+    ("kafscale.io/v1alpha1", "KafScaleUser"): "kafscaleusers",
 }
 
 

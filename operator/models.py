@@ -1,9 +1,9 @@
 """Pydantic models of the custom resources: the single source of the CRDs.
 
-``KafScaleCluster`` and ``KafScaleTopic`` (group ``kafscale.io``, version ``v1alpha1``). Field
-names are camelCase on the wire (Kubernetes convention) and snake_case in Python. The CRD
-schemas in ``crds/`` and ``charts/kafscale/crds/`` are generated from these classes by
-``python -m kafscale.operator.crd_gen``; a test fails when they drift.
+``KafScaleCluster``, ``KafScaleTopic`` and ``KafScaleUser`` (group ``kafscale.io``, version
+``v1alpha1``). Field names are camelCase on the wire (Kubernetes convention) and snake_case in
+Python. The CRD schemas in ``crds/`` and ``charts/kafscale/crds/`` are generated from these
+classes by ``python -m kafscale.operator.crd_gen``; a test fails when they drift.
 
 Validation lives here (ranges, enums, patterns, required fields) so that the API server rejects
 a bad resource at ``kubectl apply`` time and the handlers can parse specs without surprises.
@@ -24,6 +24,8 @@ CLUSTER_KIND = "KafScaleCluster"
 CLUSTER_PLURAL = "kafscaleclusters"
 TOPIC_KIND = "KafScaleTopic"
 TOPIC_PLURAL = "kafscaletopics"
+USER_KIND = "KafScaleUser"
+USER_PLURAL = "kafscaleusers"
 
 DEFAULT_IMAGE = "ghcr.io/kafscale/kafscale:0.1.0"
 DEFAULT_ETCD_IMAGE = "quay.io/coreos/etcd:v3.5.17"
@@ -383,6 +385,136 @@ class KafScaleTopicStatus(_Model):
     partitions: int | None = Field(default=None, description="Partitions the topic has in etcd.")
 
 
+class AuthenticationType(StrEnum):
+    SCRAM_SHA_512 = "scram-sha-512"
+    SCRAM_SHA_256 = "scram-sha-256"
+
+
+class UserAuthentication(_Model):
+    type: AuthenticationType = Field(
+        default=AuthenticationType.SCRAM_SHA_512,
+        description="SASL mechanism whose credential is stored in etcd (as Strimzi's KafkaUser).",
+    )
+
+
+class AclResourceType(StrEnum):
+    TOPIC = "topic"
+    GROUP = "group"
+    CLUSTER = "cluster"
+    TRANSACTIONAL_ID = "transactionalId"
+
+
+class AclPatternType(StrEnum):
+    LITERAL = "literal"
+    PREFIX = "prefix"
+
+
+class AclOperation(StrEnum):
+    ALL = "All"
+    READ = "Read"
+    WRITE = "Write"
+    CREATE = "Create"
+    DELETE = "Delete"
+    ALTER = "Alter"
+    DESCRIBE = "Describe"
+    CLUSTER_ACTION = "ClusterAction"
+    DESCRIBE_CONFIGS = "DescribeConfigs"
+    ALTER_CONFIGS = "AlterConfigs"
+    IDEMPOTENT_WRITE = "IdempotentWrite"
+
+
+class AclRuleType(StrEnum):
+    ALLOW = "allow"
+    DENY = "deny"
+
+
+class AclResource(_Model):
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {
+                    "rule": "self.type == 'cluster' || (has(self.name) && size(self.name) > 0)",
+                    "message": "a topic, group or transactionalId resource needs a name",
+                }
+            ]
+        }
+    )
+
+    type: AclResourceType = Field(description="topic, group, cluster or transactionalId.")
+    name: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=249,
+        description="Resource name ('*': every resource of the type); not used for cluster.",
+    )
+    pattern_type: AclPatternType = Field(
+        default=AclPatternType.LITERAL,
+        description="literal: the name exactly (or '*'); prefix: every name starting with it.",
+    )
+
+    @model_validator(mode="after")
+    def _named_unless_cluster(self) -> AclResource:
+        if self.type != AclResourceType.CLUSTER and not self.name:
+            raise ValueError("a topic, group or transactionalId resource needs a name")
+        return self
+
+
+class AclRule(_Model):
+    resource: AclResource = Field(description="What the rule is about.")
+    operations: list[AclOperation] = Field(
+        min_length=1, description="Operations the rule allows or denies."
+    )
+    host: str = Field(default="*", min_length=1, description="Client address ('*': any).")
+    type: AclRuleType = Field(default=AclRuleType.ALLOW, description="allow or deny.")
+
+
+class AuthorizationType(StrEnum):
+    SIMPLE = "simple"
+
+
+class UserAuthorization(_Model):
+    type: AuthorizationType = Field(
+        default=AuthorizationType.SIMPLE, description="simple: ACLs in etcd (Kafka's own model)."
+    )
+    acls: list[AclRule] = Field(
+        default_factory=list,
+        description="The user's ACL rules; the operator makes the bindings in etcd exactly these.",
+    )
+
+
+class KafScaleUserSpec(_Model):
+    cluster: str = Field(
+        min_length=1, max_length=253, description="Name of the KafScaleCluster (same namespace)."
+    )
+    authentication: UserAuthentication = Field(
+        default_factory=UserAuthentication,
+        description="SCRAM credential; its password lands in a Secret named after the user.",
+    )
+    authorization: UserAuthorization = Field(
+        default_factory=UserAuthorization, description="ACLs of principal User:<name>."
+    )
+
+
+class UserPhase(StrEnum):
+    PENDING = "Pending"
+    READY = "Ready"
+
+
+class KafScaleUserStatus(_Model):
+    observed_generation: int | None = Field(default=None, description="Generation last reconciled.")
+    phase: UserPhase | None = Field(default=None, description="Summary of the conditions.")
+    conditions: list[Condition] = Field(
+        default_factory=list,
+        description="Ready.",
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
+    )
+    username: str | None = Field(default=None, description="SASL user name (metadata.name).")
+    secret: str | None = Field(
+        default=None, description="Secret holding `password` and `sasl.jaas.config`."
+    )
+    acls: int | None = Field(default=None, description="ACL bindings of the user in etcd.")
+
+
 class ClusterRef(_Model):
     """What a builder needs of the resource's identity (owner references, names)."""
 
@@ -408,3 +540,7 @@ def parse_cluster_spec(spec: Any) -> KafScaleClusterSpec:
 
 def parse_topic_spec(spec: Any) -> KafScaleTopicSpec:
     return KafScaleTopicSpec.model_validate(dict(spec))
+
+
+def parse_user_spec(spec: Any) -> KafScaleUserSpec:
+    return KafScaleUserSpec.model_validate(dict(spec))

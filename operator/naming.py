@@ -27,6 +27,8 @@ BROKER = "broker"
 ETCD = "etcd"
 PROXY = "proxy"
 CONFIG = "config"
+USER = "user"
+LABEL_USER = "kafscale.io/user"
 
 KAFKA_PORT = 9092
 ADMIN_PORT = 8080
@@ -50,6 +52,16 @@ def labels(cluster: str, component: str) -> dict[str, str]:
 def label_selector(cluster: str, component: str) -> str:
     """The selector as a string (status.brokers.selector, list calls)."""
     return ",".join(f"{k}={v}" for k, v in selector_labels(cluster, component).items())
+
+
+def user_labels(cluster: str, user: str) -> dict[str, str]:
+    """Labels of a KafScaleUser's Secret (``kafscale.io/user`` names the user it belongs to)."""
+    return {**labels(cluster, USER), LABEL_USER: user}
+
+
+def user_secret_name(user: str) -> str:
+    """The user's password Secret: named after the user, as Strimzi's KafkaUser does."""
+    return user
 
 
 def config_map_name(cluster: str) -> str:

@@ -22,8 +22,10 @@ from kafscale.operator.models import (
     KafScaleClusterSpec,
     KafScaleClusterStatus,
     KafScaleTopicStatus,
+    KafScaleUserStatus,
     LeaseStatus,
     TopicPhase,
+    UserPhase,
 )
 
 READY = "Ready"
@@ -286,6 +288,28 @@ def compute_topic_status(
         conditions=conditions,
         topic_id=topic_id,
         partitions=partitions,
+    )
+
+
+def compute_user_status(
+    generation: int,
+    previous: Sequence[Condition],
+    *,
+    now: str,
+    ready: Verdict,
+    username: str,
+    secret: str | None,
+    acls: int | None,
+) -> KafScaleUserStatus:
+    """A KafScaleUser's status: Ready (with why not), the user name, its Secret, its ACL count."""
+    conditions = set_condition(previous, READY, ready, now=now, generation=generation)
+    return KafScaleUserStatus(
+        observed_generation=generation,
+        phase=UserPhase.READY if ready[0] else UserPhase.PENDING,
+        conditions=conditions,
+        username=username,
+        secret=secret,
+        acls=acls,
     )
 
 

@@ -36,6 +36,7 @@ RELEASE = "kafscale"
 OPERATOR_NAMESPACE = "kafscale-system"
 CLUSTERS = "/apis/kafscale.io/v1alpha1/namespaces/{ns}/kafscaleclusters"
 TOPICS = "/apis/kafscale.io/v1alpha1/namespaces/{ns}/kafscaletopics"
+USERS = "/apis/kafscale.io/v1alpha1/namespaces/{ns}/kafscaleusers"
 DEPLOYMENTS = "/apis/apps/v1/namespaces/{ns}/deployments"
 PODS = "/api/v1/namespaces/{ns}/pods"
 
@@ -103,7 +104,7 @@ def kube_namespace(kube_cluster: KubeCluster) -> Iterator[str]:
 
 def release_finalizers(kube: KubeCluster, namespace: str) -> None:
     """Let the namespace go even if a test stopped the operator before its finalizers ran."""
-    for plural in (CLUSTERS, TOPICS):
+    for plural in (CLUSTERS, TOPICS, USERS):
         path = plural.format(ns=namespace)
         for item in (kube.get(path) or {}).get("items") or []:
             name = item["metadata"]["name"]

@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from kafscale.operator import crd_gen
-from kafscale.operator.models import parse_cluster_spec, parse_topic_spec
+from kafscale.operator.models import parse_cluster_spec, parse_topic_spec, parse_user_spec
 
 pytestmark = pytest.mark.operator
 
@@ -38,7 +38,7 @@ def test_chart_crds_are_the_generated_ones() -> None:
         assert (REPO / "charts" / "kafscale" / "crds" / name).read_text() == text
 
 
-@pytest.mark.parametrize("crd", [crd_gen.cluster_crd(), crd_gen.topic_crd()])
+@pytest.mark.parametrize("crd", [crd_gen.cluster_crd(), crd_gen.topic_crd(), crd_gen.user_crd()])
 def test_crds_validate_strictly(crd: dict[str, Any]) -> None:
     kubernetes_validate.validate(crd, K8S_VERSION, strict=True)
 
@@ -79,7 +79,7 @@ def _no_forbidden_keywords(node: Any, path: str = "") -> list[str]:
     return found
 
 
-@pytest.mark.parametrize("crd", [crd_gen.cluster_crd(), crd_gen.topic_crd()])
+@pytest.mark.parametrize("crd", [crd_gen.cluster_crd(), crd_gen.topic_crd(), crd_gen.user_crd()])
 def test_schemas_are_structural(crd: dict[str, Any]) -> None:
     schema = crd_gen.crd_schema(crd)
     assert _no_forbidden_keywords(schema) == []
@@ -89,6 +89,7 @@ def test_schemas_are_structural(crd: dict[str, Any]) -> None:
 def test_sample_resources_validate_against_the_schema() -> None:
     cluster_v = validator(crd_gen.cluster_crd())
     topic_v = validator(crd_gen.topic_crd())
+    user_v = validator(crd_gen.user_crd())
     seen = 0
     for path in (REPO / "deploy").glob("*.yaml"):
         for doc in load_all(path):
@@ -100,7 +101,11 @@ def test_sample_resources_validate_against_the_schema() -> None:
                 topic_v.validate(doc)
                 parse_topic_spec(doc["spec"])
                 seen += 1
-    assert seen >= 2
+            elif doc.get("kind") == "KafScaleUser":
+                user_v.validate(doc)
+                parse_user_spec(doc["spec"])
+                seen += 1
+    assert seen >= 3
 
 
 GOOD_CLUSTER: dict[str, Any] = {
@@ -178,6 +183,8 @@ def test_managed_etcd_replicas_are_odd_and_fixed_after_creation() -> None:
     replicas = schema["properties"]["spec"]["properties"]["etcd"]["properties"]["replicas"]
     rules = {rule["rule"] for rule in replicas["x-kubernetes-validations"]}
     assert rules == {"self % 2 == 1", "self == oldSelf"}
+
+
 def _defaults(node: Any, path: str = "") -> list[tuple[str, Any]]:
     if isinstance(node, list):
         return [d for i, item in enumerate(node) for d in _defaults(item, f"{path}[{i}]")]

@@ -14,7 +14,11 @@ import pytest
 import yaml
 
 from kafscale.operator.models import ClusterRef, parse_cluster_spec
-from kafscale.operator.status import ClusterObservation, compute_cluster_status
+from kafscale.operator.status import (
+    ClusterObservation,
+    compute_cluster_status,
+    compute_user_status,
+)
 
 pytestmark = pytest.mark.operator
 
@@ -59,6 +63,10 @@ def test_argocd_config_map_embeds_the_lua_files() -> None:
     assert (
         data["resource.customizations.health.kafscale.io_KafScaleTopic"]
         == (ARGOCD / "health-kafscaletopic.lua").read_text()
+    )
+    assert (
+        data["resource.customizations.health.kafscale.io_KafScaleUser"]
+        == (ARGOCD / "health-kafscaleuser.lua").read_text()
     )
 
 
@@ -173,4 +181,43 @@ def test_topic_health(conditions: list[dict[str, Any]], expected: str) -> None:
         "status": {"observedGeneration": 1, "conditions": conditions},
     }
     state, _ = health("health-kafscaletopic.lua", obj)
+    assert state == expected
+
+
+def user_status(verdict: tuple[bool, str, str], generation: int = 1) -> dict[str, Any]:
+    """A KafScaleUser's status as the operator writes it."""
+    status = compute_user_status(
+        generation,
+        [],
+        now="2026-01-01T00:00:00Z",
+        ready=verdict,
+        username="alice",
+        secret="alice",
+        acls=2,
+    )
+    body: dict[str, Any] = status.to_api()
+    return body
+
+
+@pytest.mark.parametrize(
+    ("generation", "status", "expected"),
+    [
+        (1, None, "Progressing"),
+        (2, user_status((True, "UserReady", "ok")), "Progressing"),  # status is for generation 1
+        (1, user_status((True, "UserReady", "ok")), "Healthy"),
+        (
+            1,
+            user_status((False, "ClusterNotFound", "KafScaleCluster demo not found")),
+            "Progressing",
+        ),
+        (1, user_status((False, "EtcdUnavailable", "timeout")), "Progressing"),
+        (1, user_status((False, "InvalidAcl", "prefixed *")), "Degraded"),
+        (1, user_status((False, "SecretConflict", "not ours")), "Degraded"),
+    ],
+)
+def test_user_health(generation: int, status: dict[str, Any] | None, expected: str) -> None:
+    obj: dict[str, Any] = {"metadata": {"name": "alice", "generation": generation}, "spec": {}}
+    if status is not None:
+        obj["status"] = status
+    state, _ = health("health-kafscaleuser.lua", obj)
     assert state == expected

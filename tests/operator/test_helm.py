@@ -71,6 +71,7 @@ def test_crds_in_the_chart_are_the_generated_ones() -> None:
     assert sorted(docs, key=lambda d: d["metadata"]["name"]) == [
         crd_gen.cluster_crd(),
         crd_gen.topic_crd(),
+        crd_gen.user_crd(),
     ]
 
 
@@ -105,7 +106,10 @@ def test_rbac_is_least_privilege() -> None:
     docs = render()
     roles = {d["metadata"]["name"]: d for d in docs if d["kind"] == "ClusterRole"}
     main = rules_of(roles["kafscale-operator"])
-    assert main[("", "secrets")] == {"get"}
+    # get: S3 credentials; create/patch: KafScaleUser password Secrets. Never list or watch.
+    assert main[("", "secrets")] == {"get", "create", "patch"}
+    assert main[("kafscale.io", "kafscaleusers")] == {"get", "list", "watch", "patch", "update"}
+    assert main[("kafscale.io", "kafscaleusers/finalizers")] == {"update"}
     assert main[("", "pods")] == {"get", "list", "watch"}
     assert "delete" not in main[("kafscale.io", "kafscaleclusters")]
     assert main[("kafscale.io", "kafscaleclusters/status")] == {"get", "patch", "update"}

@@ -49,7 +49,11 @@ CRDS = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
 async def test_chart_installs_and_the_operator_authenticates_as_its_service_account(
     kube_cluster: KubeCluster, kafscale_chart: InstalledChart
 ) -> None:
-    for crd in ("kafscaleclusters.kafscale.io", "kafscaletopics.kafscale.io"):
+    for crd in (
+        "kafscaleclusters.kafscale.io",
+        "kafscaletopics.kafscale.io",
+        "kafscaleusers.kafscale.io",
+    ):
         established = condition_of(kube_cluster.get(f"{CRDS}/{crd}"), "Established")
         assert established is not None and established[0] == "True", crd
     deployment = kube_cluster.get(

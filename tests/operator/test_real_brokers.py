@@ -250,8 +250,14 @@ async def test_a_terminating_broker_pod_is_drained(
             "its partitions reassigned",
         )
     ]
-    rebalanced = [e[2] for e in events_of(kube, ns, "demo") if e[1] == "Rebalanced"]
-    assert any(f"over brokers [{nodes[staying]}]" in m for m in rebalanced), rebalanced
+    await settle(  # posted by the rebalance, which may report after the drain's Event
+        lambda: any(
+            f"over brokers [{nodes[staying]}]" in e[2]
+            for e in events_of(kube, ns, "demo")
+            if e[1] == "Rebalanced"
+        ),
+        what="a Rebalanced Event over the staying broker",
+    )
 
 
 async def test_an_operator_restarted_mid_way_resumes_without_duplicate_work(

@@ -45,13 +45,13 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 {{/* Namespaced permissions the operator needs wherever it serves clusters. */}}
 {{- define "kafscale.namespacedRules" -}}
 - apiGroups: ["kafscale.io"]
-  resources: ["kafscaleclusters", "kafscaletopics"]
+  resources: ["kafscaleclusters", "kafscaletopics", "kafscaleusers"]
   verbs: ["get", "list", "watch", "patch", "update"]
 - apiGroups: ["kafscale.io"]
-  resources: ["kafscaleclusters/status", "kafscaletopics/status"]
+  resources: ["kafscaleclusters/status", "kafscaletopics/status", "kafscaleusers/status"]
   verbs: ["get", "patch", "update"]
 - apiGroups: ["kafscale.io"]
-  resources: ["kafscaleclusters/finalizers", "kafscaletopics/finalizers"]
+  resources: ["kafscaleclusters/finalizers", "kafscaletopics/finalizers", "kafscaleusers/finalizers"]
   verbs: ["update"]
 - apiGroups: [""]
   resources: ["configmaps", "services"]
@@ -68,9 +68,11 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 - apiGroups: [""]
   resources: ["pods"]
   verbs: ["get", "list", "watch"]
+# get: S3 credentials named by a cluster; create/patch: KafScaleUser password Secrets (server-side
+# apply). No list or watch: the operator reads Secrets it knows by name, never all of them.
 - apiGroups: [""]
   resources: ["secrets"]
-  verbs: ["get"]
+  verbs: ["get", "create", "patch"]
 - apiGroups: ["", "events.k8s.io"]
   resources: ["events"]
   verbs: ["create", "patch"]

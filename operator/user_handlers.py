@@ -1,0 +1,222 @@
+"""The KafScaleUser handlers: thin shells over ``users`` (decisions and etcd) and ``Kube``.
+
+create/update(spec)/resume → the password Secret, the SCRAM credential and the ACL bindings in
+the cluster's etcd, then status · timer (``resync_interval_s``) → the same, so a credential or a
+binding removed behind the operator's back (``kafscale acls remove``, DeleteAcls) comes back ·
+delete (finalizer) → credentials and bindings leave etcd; the Secret goes with the resource
+(owner reference, garbage collector).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import kopf
+from pydantic import ValidationError
+
+from kafscale.broker.authz.model import InvalidBinding
+from kafscale.broker.metadata.etcd import MetadataError
+from kafscale.broker.protocol.errors import MetadataTimeout
+from kafscale.operator import naming, reconcile
+from kafscale.operator.kube import KubeError
+from kafscale.operator.models import (
+    API_VERSION,
+    GROUP,
+    USER_KIND,
+    USER_PLURAL,
+    VERSION,
+    ClusterRef,
+    KafScaleUserSpec,
+    parse_user_spec,
+)
+from kafscale.operator.runtime import Runtime
+from kafscale.operator.settings import OperatorSettings
+from kafscale.operator.status import Verdict, compute_user_status, parse_conditions
+from kafscale.operator.users import (
+    SecretConflict,
+    build_user_secret,
+    desired_bindings,
+    generate_password,
+    mechanism_of,
+    password_in,
+    remove_user,
+    sync_acls,
+    sync_credential,
+)
+
+USERS = (GROUP, VERSION, USER_PLURAL)
+
+
+class UserNotReady(Exception):
+    """One reconcile round stopped short: ``verdict`` goes into the Ready condition."""
+
+    def __init__(self, verdict: Verdict, *, permanent: bool = False, delay_s: float = 10) -> None:
+        super().__init__(verdict[2])
+        self.verdict = verdict
+        self.permanent = permanent
+        self.delay_s = delay_s
+
+
+def _problem(exc: ValidationError) -> str:
+    return "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+
+
+def _parse(body: Any) -> tuple[ClusterRef, KafScaleUserSpec]:
+    ref = ClusterRef.from_body(body)
+    try:
+        spec = parse_user_spec(body.get("spec") or {})
+        desired_bindings(ref.name, spec)
+    except ValidationError as exc:
+        raise UserNotReady((False, "InvalidSpec", _problem(exc)), permanent=True) from exc
+    except InvalidBinding as exc:
+        raise UserNotReady((False, "InvalidAcl", str(exc)), permanent=True) from exc
+    return ref, spec
+
+
+async def _ensure_secret(runtime: Runtime, ref: ClusterRef, cluster: str) -> str:
+    """The user's password: the one in its Secret, or a new one written there first."""
+    try:
+        secret = await runtime.kube.get(
+            "v1", "Secret", ref.namespace, naming.user_secret_name(ref.name)
+        )
+        password = password_in(secret, ref.uid) or generate_password()
+        await runtime.kube.apply(build_user_secret(ref, cluster, password))
+    except SecretConflict as exc:
+        raise UserNotReady((False, "SecretConflict", str(exc)), delay_s=30) from exc
+    except KubeError as exc:
+        raise UserNotReady((False, "SecretNotWritten", str(exc)), delay_s=5) from exc
+    return password
+
+
+async def reconcile_user(runtime: Runtime, body: Any) -> tuple[ClusterRef, Verdict, int]:
+    """One round: Secret, credential, ACLs. Returns (ref, Ready verdict, bindings in etcd)."""
+    ref, spec = _parse(body)
+    try:
+        found = await reconcile.find_cluster(runtime, ref.namespace, spec.cluster)
+    except KubeError as exc:
+        raise UserNotReady((False, "ClusterNotReadable", str(exc)), delay_s=5) from exc
+    except ValidationError as exc:
+        message = f"KafScaleCluster {spec.cluster} has an invalid spec: {_problem(exc)}"
+        raise UserNotReady((False, "ClusterInvalid", message), delay_s=30) from exc
+    if found is None:
+        message = f"KafScaleCluster {spec.cluster} not found"
+        raise UserNotReady((False, "ClusterNotFound", message))
+    cluster_ref, cluster_spec = found
+    cluster = naming.kafscale_cluster_name(cluster_ref, cluster_spec)
+    password = await _ensure_secret(runtime, ref, cluster)
+    mechanism = mechanism_of(spec)
+    try:
+        async with runtime.etcd.session(naming.etcd_endpoints(cluster_ref, cluster_spec)) as etcd:
+            await sync_credential(etcd, cluster, ref.name, mechanism, password)
+            plan = await sync_acls(etcd, cluster, ref.name, desired_bindings(ref.name, spec))
+    except (MetadataError, MetadataTimeout) as exc:
+        raise UserNotReady((False, "EtcdUnavailable", str(exc)), delay_s=5) from exc
+    acls = plan.kept + len(plan.add)
+    message = f"{mechanism.sasl_name} credential and {acls} ACL bindings in cluster {cluster}"
+    return ref, (True, "UserReady", message), acls
+
+
+def _resync_due(body: Any) -> bool:
+    """Not being deleted, and the change handlers have reconciled the current spec."""
+    meta = body["metadata"]
+    status = body.get("status") or {}
+    return not meta.get("deletionTimestamp") and status.get("observedGeneration") == meta.get(
+        "generation"
+    )
+
+
+def register_users(registry: kopf.OperatorRegistry, config: OperatorSettings) -> None:
+    """Register the KafScaleUser handlers into ``registry``."""
+    # One reconcile at a time per user: the resync timer and the change handlers run apart.
+    locks: dict[tuple[str, str], asyncio.Lock] = {}
+
+    def report(
+        body: Any, status: Any, patch: kopf.Patch, verdict: Verdict, acls: int | None
+    ) -> None:
+        meta = body["metadata"]
+        ready = verdict[0]
+        new = compute_user_status(
+            int(meta.get("generation") or 1),
+            parse_conditions(status.get("conditions")),
+            now=reconcile.utc_now(),
+            ready=verdict,
+            username=meta["name"],
+            secret=naming.user_secret_name(meta["name"]) if ready else status.get("secret"),
+            acls=acls,
+        )
+        patch.status.update(new.to_api())
+
+    @kopf.on.resume(*USERS, registry=registry)
+    @kopf.on.create(*USERS, registry=registry)
+    @kopf.on.update(*USERS, field="spec", registry=registry)
+    async def reconcile_user_resource(
+        body: Any, status: Any, patch: kopf.Patch, memo: Any, logger: Any, **_: Any
+    ) -> None:
+        try:
+            key = (body["metadata"]["namespace"], body["metadata"]["name"])
+            async with locks.setdefault(key, asyncio.Lock()):
+                _ref, verdict, acls = await reconcile_user(memo.runtime, body)
+        except UserNotReady as exc:
+            report(body, status, patch, exc.verdict, status.get("acls"))
+            if exc.permanent:
+                raise kopf.PermanentError(exc.verdict[2]) from exc
+            raise kopf.TemporaryError(exc.verdict[2], delay=exc.delay_s) from exc
+        report(body, status, patch, verdict, acls)
+        logger.info("%s", verdict[2])
+
+    @kopf.timer(
+        *USERS,
+        interval=config.resync_interval_s,
+        initial_delay=config.resync_interval_s,
+        registry=registry,
+    )
+    async def resync_user(meta: Any, patch: kopf.Patch, memo: Any, logger: Any, **_: Any) -> None:
+        key = (meta["namespace"], meta["name"])
+        async with locks.setdefault(key, asyncio.Lock()):
+            # The timer's body may predate an edit the change handler has applied since:
+            # re-read, and act only on a spec the change handlers have reconciled.
+            body = await memo.runtime.kube.get(API_VERSION, USER_KIND, *key)
+            if body is None or not _resync_due(body):
+                return
+            status = body.get("status") or {}
+            acls: int | None
+            try:
+                _ref, verdict, acls = await reconcile_user(memo.runtime, body)
+            except UserNotReady as exc:
+                logger.warning("resync: %s", exc.verdict[2])
+                verdict, acls = exc.verdict, status.get("acls")
+        current: dict[str, Any] = next(
+            (c for c in status.get("conditions") or [] if c.get("type") == "Ready"), {}
+        )
+        if current.get("reason") != verdict[1] or status.get("acls") != acls:
+            report(body, status, patch, verdict, acls)
+
+    @kopf.on.delete(*USERS, registry=registry, retries=10, backoff=3)
+    async def delete_user_resource(body: Any, meta: Any, memo: Any, logger: Any, **_: Any) -> None:
+        runtime: Runtime = memo.runtime
+        try:
+            spec = parse_user_spec(body.get("spec") or {})
+        except ValidationError:
+            logger.warning("invalid spec: nothing was written to etcd, nothing to remove")
+            return
+        found = await reconcile.find_cluster(runtime, meta["namespace"], spec.cluster)
+        if found is None:
+            logger.info("cluster %s is gone: nothing to remove from etcd", spec.cluster)
+            return
+        cluster_ref, cluster_spec = found
+        cluster = naming.kafscale_cluster_name(cluster_ref, cluster_spec)
+        try:
+            async with runtime.etcd.session(
+                naming.etcd_endpoints(cluster_ref, cluster_spec)
+            ) as etcd:
+                credentials, acls = await remove_user(etcd, cluster, meta["name"])
+        except (MetadataError, MetadataTimeout) as exc:
+            raise kopf.TemporaryError(f"etcd: {exc}", delay=3) from exc
+        locks.pop((meta["namespace"], meta["name"]), None)
+        logger.info(
+            "user %s removed from etcd: %d credentials, %d ACL bindings",
+            meta["name"],
+            credentials,
+            acls,
+        )
