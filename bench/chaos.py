@@ -106,6 +106,12 @@ class Cluster:
                 if attempt == attempts - 1:
                     raise
 
+    def close(self) -> None:
+        """Kill every broker: the stack stops only what it started itself."""
+        for slot in self.slots:
+            if slot.process is not None:
+                slot.process.kill()
+
     def restart(self, slot: Slot) -> None:
         """The supervisor: reap, then start on the same port."""
         if slot.process is not None and slot.process.alive:
@@ -290,41 +296,44 @@ def main(argv: list[str] | None = None) -> int:
     }
     with Stack(broker_env=env) as stack:
         cluster = Cluster(stack, args.brokers)
-        for slot in cluster.slots:
-            cluster.start(slot)
-        create_topic(cluster.bootstrap, TOPIC, args.producers)
-        acked = Acked()
-        stop = threading.Event()
-        producers = [
-            threading.Thread(
-                target=run_producer,
-                args=(i, cluster.bootstrap, args.rate, stop, acked),
-                daemon=True,
-            )
-            for i in range(args.producers)
-        ]
-        for thread in producers:
-            thread.start()
-        faults: Counter[str] = Counter()
-        started = time.monotonic()
-        kinds = [kind for kind in args.kinds.split(",") if kind in FAULTS]
-        while time.monotonic() - started < args.duration_s:
-            if args.faults and sum(faults.values()) >= args.faults:
-                break
-            time.sleep(rng.uniform(1.0, 4.0))
-            kind = rng.choice(kinds)
-            what = inject(kind, cluster, rng, args.max_stop_s)
-            faults[kind] += 1
-            print(f"{time.monotonic() - started:7.1f}s  {what}", flush=True)
-        for slot in cluster.slots:  # everything back before the producers finish
-            if slot.process is None or not slot.process.alive:
-                cluster.restart(slot)
-        stop.set()
-        for thread in producers:
-            thread.join(360)
-        wait_for(lambda: all(s.process and s.process.alive for s in cluster.slots), 30)
-        log, ends = read_log(cluster.bootstrap, args.producers)
-        counts = check(acked, log, ends)
+        try:
+            for slot in cluster.slots:
+                cluster.start(slot)
+            create_topic(cluster.bootstrap, TOPIC, args.producers)
+            acked = Acked()
+            stop = threading.Event()
+            producers = [
+                threading.Thread(
+                    target=run_producer,
+                    args=(i, cluster.bootstrap, args.rate, stop, acked),
+                    daemon=True,
+                )
+                for i in range(args.producers)
+            ]
+            for thread in producers:
+                thread.start()
+            faults: Counter[str] = Counter()
+            started = time.monotonic()
+            kinds = [kind for kind in args.kinds.split(",") if kind in FAULTS]
+            while time.monotonic() - started < args.duration_s:
+                if args.faults and sum(faults.values()) >= args.faults:
+                    break
+                time.sleep(rng.uniform(1.0, 4.0))
+                kind = rng.choice(kinds)
+                what = inject(kind, cluster, rng, args.max_stop_s)
+                faults[kind] += 1
+                print(f"{time.monotonic() - started:7.1f}s  {what}", flush=True)
+            for slot in cluster.slots:  # everything back before the producers finish
+                if slot.process is None or not slot.process.alive:
+                    cluster.restart(slot)
+            stop.set()
+            for thread in producers:
+                thread.join(360)
+            wait_for(lambda: all(s.process and s.process.alive for s in cluster.slots), 30)
+            log, ends = read_log(cluster.bootstrap, args.producers)
+            counts = check(acked, log, ends)
+        finally:
+            cluster.close()
     figures = {
         "duration_s": round(time.monotonic() - started, 1),
         "faults": sum(faults.values()),
