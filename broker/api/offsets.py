@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from kafscale.broker.api import access
+from kafscale.broker.api import access, transactions
 from kafscale.broker.api.dispatch import Body, RequestContext
 from kafscale.broker.authz.model import Operation
 from kafscale.broker.metadata import keys
@@ -181,12 +181,7 @@ async def _check_delete_offset(
 async def handle_init_producer_id(request: Any, ctx: RequestContext) -> Body:
     broker = ctx.broker
     if request.transactional_id:
-        return {
-            "throttle_time": 0,
-            "error_code": ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
-            "producer_id": -1,
-            "producer_epoch": -1,
-        }
+        return await transactions.handle_init_transactional(request, ctx)
     if not idempotent_write_allowed(ctx):
         return {
             "throttle_time": 0,
