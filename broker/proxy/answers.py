@@ -20,6 +20,7 @@ from kafscale.broker.proxy.routes import RoutingTable
 
 Body = dict[str, Any]
 GROUP_KEY_TYPE = 0
+TRANSACTION_KEY_TYPE = 1
 AUTHORIZED_OPERATIONS_OMITTED = -2147483648
 
 
@@ -116,7 +117,8 @@ def _topic(name: str, routes: RoutingTable, me: Identity) -> Body:
 
 
 def find_coordinator(request: Any, api_version: int, me: Identity) -> Body:
-    """The proxy coordinates every group (it forwards to the real coordinator)."""
+    """The proxy coordinates every group and transactional id (it forwards to the real
+    coordinator)."""
     key_type = int(getattr(request, "key_type", GROUP_KEY_TYPE))
     if api_version >= 4:
         entries = [_coordinator(key, key_type, me) for key in request.coordinator_keys]
@@ -126,14 +128,14 @@ def find_coordinator(request: Any, api_version: int, me: Identity) -> Body:
 
 
 def _coordinator(key: str, key_type: int, me: Identity) -> Body:
-    if key_type != GROUP_KEY_TYPE:  # as the brokers answer
+    if key_type not in (GROUP_KEY_TYPE, TRANSACTION_KEY_TYPE):  # as the brokers answer
         return {
             "key": key,
             "node_id": -1,
             "host": "",
             "port": -1,
             "error_code": ErrorCode.INVALID_REQUEST,
-            "error_message": "transactions are not supported",
+            "error_message": f"key type {key_type} is not supported",
         }
     return {
         "key": key,

@@ -15,6 +15,8 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from kafscale.broker.protocol import guard
+
 TopicPartition = tuple[str, int]
 
 
@@ -151,11 +153,12 @@ def partition_error(api: PartitionedApi, partition: int, code: int) -> dict[str,
 
 
 def error_codes(entity: Any) -> Iterator[int]:
-    """Every ``error_code`` in a parsed response, however deeply nested."""
+    """Every ``error_code`` (and ``partition_error_code``) in a parsed response, however
+    deeply nested."""
     if dataclasses.is_dataclass(entity) and not isinstance(entity, type):
         for field in dataclasses.fields(entity):
             value = getattr(entity, field.name)
-            if field.name == "error_code":
+            if field.name.endswith("error_code"):  # AddPartitionsToTxn: partition_error_code
                 yield int(value)
             elif isinstance(value, tuple) or dataclasses.is_dataclass(value):
                 yield from error_codes(value)
@@ -175,3 +178,29 @@ def fetch_topic_key(topic: Any) -> Any:
     if hasattr(topic, "topic"):
         return topic.topic
     return topic.topic_id or uuid.UUID(int=0)
+
+
+def concat_flexible_lists(bodies: list[bytes]) -> bytes:
+    """One response of several flexible ones whose body is ``throttle_time`` and one list
+    (DescribeTransactions): the first's header and throttle time, every list's items in turn.
+    Each body is a response header v1 (correlation id, no tagged fields), an i32, a compact
+    array and no tagged fields, as the brokers write them."""
+    head = bodies[0][:9]  # correlation id, empty tagged fields, throttle time
+    count = 0
+    items = bytearray()
+    for body in bodies:
+        length, at = _read_uvarint(body, 9)
+        count += max(length - 1, 0)
+        items += body[at:-1]  # up to the top-level tagged fields (empty: one zero byte)
+    return bytes(head) + guard.encode_uvarint(count + 1) + bytes(items) + b"\x00"
+
+
+def _read_uvarint(data: bytes, at: int) -> tuple[int, int]:
+    shift = value = 0
+    while True:
+        byte = data[at]
+        at += 1
+        value |= (byte & 0x7F) << shift
+        if not byte & 0x80:
+            return value, at
+        shift += 7

@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 from harness.brokers import BrokerCluster, BrokerProcess
 from harness.kafka_wire import KafkaWire, metadata_body
+from harness.proxy import start_proxy
 
 from kafscale.broker.groups.store import CommittedOffset, encode_offset
 from kafscale.broker.metadata import keys
@@ -131,18 +132,25 @@ class Described:
 
 
 def describe(wire: KafkaWire, txn_id: str) -> Described:
+    (state,) = describe_many(wire, [txn_id]).values()
+    return state
+
+
+def describe_many(wire: KafkaWire, txn_ids: list[str]) -> dict[str, Described]:
     """DescribeTransactions v0, read by hand: Kafka sends a start time of -1 for a transaction
     that is not ongoing, which kio's datetime reader refuses."""
-    wire.send(DESCRIBE_TXNS, 0, {"transactional_ids": [txn_id]})
+    wire.send(DESCRIBE_TXNS, 0, {"transactional_ids": txn_ids})
     reader = _Reader(wire.recv_frame())
     reader.take(">i")  # correlation id
     reader.tags()
     reader.take(">i")  # throttle
-    (state,) = [_described(reader) for _ in range(reader.uvarint() - 1)]
-    return state
+    states = dict(_described(reader) for _ in range(reader.uvarint() - 1))
+    reader.tags()
+    assert reader.at == len(reader.data)
+    return states
 
 
-def _described(r: _Reader) -> Described:
+def _described(r: _Reader) -> tuple[str, Described]:
     error, name = r.take(">h"), r.string()
     assert name is not None
     state, timeout, start = r.string() or "", r.take(">i"), r.take(">q")
@@ -153,7 +161,7 @@ def _described(r: _Reader) -> Described:
         topics.append((topic, [r.take(">i") for _ in range(r.uvarint() - 1)]))
         r.tags()
     r.tags()
-    return Described(error, state, timeout, start, pid, epoch, topics)
+    return name, Described(error, state, timeout, start, pid, epoch, topics)
 
 
 class _Reader:
@@ -379,3 +387,38 @@ def test_a_prepared_transaction_is_finished_by_the_next_coordinator(
         assert done, describe(wire, "orphan")
         assert fetch_offset(wire, "orphan-group", require_stable=True) == (NONE, 11)
     assert broker_cluster.etcd_keys("groups/orphan-group/txn-offsets/") == []
+
+
+def test_a_transaction_through_the_proxy(broker_cluster: BrokerCluster) -> None:
+    """Behind the proxy the client sees one broker: FindCoordinator key type 1 names the proxy,
+    which sends each transaction request to the transactional id's coordinator."""
+    start(broker_cluster), start(broker_cluster)
+    proxy = start_proxy(broker_cluster)
+    with KafkaWire(proxy.bootstrap) as wire:
+        make_topic(wire)
+        entry = find(wire, "via-proxy")
+        assert (entry.error_code, entry.port) == (NONE, proxy.port)
+        ids = [f"via-proxy-{i}" for i in range(4)]  # spread over both brokers
+        for txn_id in ids:
+            started = init(wire, txn_id)
+            assert started.error_code == NONE
+            pid, epoch = int(started.producer_id), int(started.producer_epoch)
+            group = f"{txn_id}-group"
+            assert add_offsets(wire, txn_id, pid, epoch, group) == NONE
+            assert txn_commit_offset(wire, txn_id, pid, epoch, group, 5) == NONE
+            assert fetch_offset(wire, group, require_stable=True) == (UNSTABLE_OFFSET_COMMIT, -1)
+            assert end(wire, txn_id, pid, epoch, commit=True) == NONE
+            assert fetch_offset(wire, group, require_stable=True) == (NONE, 5)
+            described = describe(wire, txn_id)
+            assert described.transaction_state == "CompleteCommit", described
+        listed = wire.request(LIST_TXNS, 1, {"state_filters": [], "producer_id_filters": [],
+                                             "duration_filter": -1})  # fmt: skip
+        assert sorted(t.transactional_id for t in listed.transaction_states) == ids
+        # Several ids at once: split by coordinator, the answers joined.
+        described = describe_many(wire, [*ids, "unknown-id"])
+        assert {t: d.transaction_state for t, d in described.items() if t in ids} == dict.fromkeys(
+            ids, "CompleteCommit"
+        )
+        assert described["unknown-id"].error_code == TRANSACTIONAL_ID_NOT_FOUND
+    holders = {k.rsplit("/", 1)[-1] for k in broker_cluster.etcd_keys("leases/transactions/")}
+    assert set(ids) <= holders
