@@ -802,11 +802,13 @@ def test_normal_clients_still_work_after_all_of_it(kafka: BrokerProcess) -> None
 
 # --- protocol honesty: what is not served is never an empty success -------------------------
 
-TXN_OFFSET_COMMIT, END_TXN, DESCRIBE_PRODUCERS = 28, 26, 61
+TXN_OFFSET_COMMIT, END_TXN, ALTER_REPLICA_LOG_DIRS = 28, 26, 34
 INVALID_RECORD, TRANSACTIONAL_ID_AUTHORIZATION_FAILED = 87, 53
 
 
-@pytest.mark.parametrize(("api_key", "version"), [(TXN_OFFSET_COMMIT, 3), (DESCRIBE_PRODUCERS, 0)])
+@pytest.mark.parametrize(
+    ("api_key", "version"), [(TXN_OFFSET_COMMIT, 3), (ALTER_REPLICA_LOG_DIRS, 2)]
+)
 def test_an_unserved_api_without_an_error_field_closes_the_connection(
     kafka: BrokerProcess, api_key: int, version: int
 ) -> None:
@@ -834,7 +836,7 @@ def test_api_versions_names_only_apis_in_the_table(kafka: BrokerProcess) -> None
         advertised = wire.request(API_VERSIONS, 3, {})
     keys = {int(k.api_key) for k in advertised.api_keys}
     assert keys == set(API_TABLE)
-    assert not keys & {TXN_OFFSET_COMMIT, END_TXN, DESCRIBE_PRODUCERS}
+    assert not keys & {TXN_OFFSET_COMMIT, END_TXN, ALTER_REPLICA_LOG_DIRS}
 
 
 def test_a_control_batch_from_a_client_is_invalid_record_and_not_stored(
@@ -853,8 +855,8 @@ def test_a_control_batch_from_a_client_is_invalid_record_and_not_stored(
 def test_a_transactional_batch_without_a_transactional_id_is_refused(
     kafka: BrokerProcess,
 ) -> None:
-    """As KafkaApis does: transactional records need a transactional id (and transactions are
-    not served), so the whole request gets TRANSACTIONAL_ID_AUTHORIZATION_FAILED."""
+    """As KafkaApis does: transactional records need a transactional id, so the whole request
+    gets TRANSACTIONAL_ID_AUTHORIZATION_FAILED."""
     with KafkaWire(kafka.bootstrap) as wire:
         before = high_watermark(wire, "target", 1)
         batch = make_batch(
