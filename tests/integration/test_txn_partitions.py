@@ -9,6 +9,7 @@ isolation level see the partition.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -242,3 +243,101 @@ def test_only_the_owner_writes_markers(broker_cluster: BrokerCluster) -> None:
     with KafkaWire(owner.bootstrap) as wire:
         assert marker(wire, commit=True) == NONE
         assert int(fetch(wire, 0, READ_COMMITTED).last_stable_offset) == 2
+
+
+# --- real consumers -----------------------------------------------------------------------------
+
+COMMITTED_VALUES = [b"p0", b"c1", b"c2", b"p1", b"c3", b"after"]
+ALL_VALUES = [b"p0", b"c1", b"c2", b"a1", b"p1", b"c3", b"o1", b"after"]
+
+
+@pytest.fixture
+def mixed_partition(broker: BrokerProcess) -> BrokerProcess:
+    """Committed, aborted and interleaved transactions of three producers, plain records, and
+    a transaction aborted after a plain record landed behind it (offsets 0-11)."""
+    with KafkaWire(broker.bootstrap) as wire:
+        plain_produce(wire, [b"p0"])
+        assert txn_produce(wire, [b"c1", b"c2"], sequence=0, pid=1)[0] == NONE
+        assert txn_produce(wire, [b"a1"], sequence=0, pid=2)[0] == NONE
+        plain_produce(wire, [b"p1"])
+        assert marker(wire, commit=True, pid=1) == NONE
+        assert marker(wire, commit=False, pid=2) == NONE
+        assert txn_produce(wire, [b"c3"], sequence=2, pid=1)[0] == NONE
+        assert marker(wire, commit=True, pid=1) == NONE
+        assert txn_produce(wire, [b"o1"], sequence=0, pid=3)[0] == NONE
+        assert plain_produce(wire, [b"after"]) == 10
+        assert latest(wire, READ_COMMITTED) == 9
+        assert marker(wire, commit=False, pid=3) == NONE
+        assert latest(wire, READ_COMMITTED) == 12
+    return broker
+
+
+def poll_values(poll: Callable[[], list[bytes]], count: int) -> list[bytes]:
+    """Values polled until ``count`` arrived and a second more passed (so that one too many
+    shows), or 30 s."""
+    values: list[bytes] = []
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        values += poll()
+        if len(values) >= count:
+            deadline = min(deadline, time.monotonic() + 1)
+    return values
+
+
+def consume_confluent(bootstrap: str, isolation: str, count: int) -> list[bytes]:
+    from confluent_kafka import Consumer, TopicPartition
+
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"txn-{isolation}",
+            "isolation.level": isolation,
+            "enable.auto.commit": False,
+        }
+    )
+
+    def poll() -> list[bytes]:
+        message = consumer.poll(0.2)
+        return [] if message is None or message.error() else [message.value()]
+
+    try:
+        consumer.assign([TopicPartition(TOPIC, 0, 0)])
+        return poll_values(poll, count)
+    finally:
+        consumer.close()
+
+
+def consume_kafka_python(bootstrap: str, isolation: str, count: int) -> list[bytes]:
+    from kafka import KafkaConsumer
+    from kafka import TopicPartition as KafkaTopicPartition
+
+    consumer = KafkaConsumer(
+        bootstrap_servers=bootstrap,
+        isolation_level=isolation,
+        enable_auto_commit=False,
+        group_id=None,
+    )
+
+    def poll() -> list[bytes]:
+        batches = consumer.poll(timeout_ms=200).values()
+        return [record.value for records in batches for record in records]
+
+    try:
+        partition = KafkaTopicPartition(TOPIC, 0)
+        consumer.assign([partition])
+        consumer.seek(partition, 0)
+        return poll_values(poll, count)
+    finally:
+        consumer.close()
+
+
+@pytest.mark.parametrize("consume", [consume_confluent, consume_kafka_python])
+def test_real_consumers_read_exactly_the_committed_records(
+    mixed_partition: BrokerProcess, consume: Any
+) -> None:
+    """Both clients skip control batches and drop aborted records themselves, from the
+    aborted_transactions the broker lists; read_uncommitted sees every data record."""
+    committed = consume(mixed_partition.bootstrap, "read_committed", len(COMMITTED_VALUES))
+    assert committed == COMMITTED_VALUES
+    everything = consume(mixed_partition.bootstrap, "read_uncommitted", len(ALL_VALUES))
+    assert everything == ALL_VALUES
