@@ -27,12 +27,12 @@ from harness.kafka_wire import (
     produce_partition,
 )
 from harness.topics import create_topics
+from harness.txn_wire import CONTROL, TRANSACTIONAL, produce_transactional, write_marker
 
-WRITE_TXN_MARKERS, DESCRIBE_PRODUCERS = 27, 61
+DESCRIBE_PRODUCERS = 61
 NONE, NOT_LEADER, INVALID_PRODUCER_EPOCH = 0, 6, 47
 COORDINATOR_FENCED, TRANSACTIONAL_ID_AUTHORIZATION_FAILED = 52, 53
 READ_UNCOMMITTED, READ_COMMITTED = 0, 1
-TRANSACTIONAL, CONTROL = 0x10, 0x20
 TOPIC = "txns"
 PID = 4242
 
@@ -48,16 +48,9 @@ def txn_produce(
     wire: KafkaWire, values: list[bytes], sequence: int, epoch: int = 0, pid: int = PID
 ) -> tuple[int, int]:
     """(error code, base offset) of a transactional batch sent as its producer sends it."""
-    batch = make_batch(
-        0,
-        values,
-        attributes=TRANSACTIONAL,
-        producer_id=pid,
-        producer_epoch=epoch,
-        base_sequence=sequence,
+    return produce_transactional(
+        wire, TOPIC, 0, values, producer_id=pid, sequence=sequence, epoch=epoch
     )
-    body = {**produce_body(TOPIC, 0, batch), "transactional_id": "app-1"}
-    return produce_partition(wire.request(PRODUCE, 9, body))
 
 
 def plain_produce(wire: KafkaWire, values: list[bytes]) -> int:
@@ -72,20 +65,15 @@ def marker(
     wire: KafkaWire, commit: bool, epoch: int = 0, coordinator_epoch: int = 0, pid: int = PID
 ) -> int:
     """The error code of a WriteTxnMarkers entry for the one partition."""
-    body = {
-        "markers": [
-            {
-                "producer_id": pid,
-                "producer_epoch": epoch,
-                "transaction_result": commit,
-                "topics": [{"name": TOPIC, "partition_indexes": [0]}],
-                "coordinator_epoch": coordinator_epoch,
-            }
-        ]
-    }
-    response = wire.request(WRITE_TXN_MARKERS, 1, body)
-    assert int(response.markers[0].producer_id) == pid
-    return int(response.markers[0].topics[0].partitions[0].error_code)
+    return write_marker(
+        wire,
+        TOPIC,
+        0,
+        producer_id=pid,
+        commit=commit,
+        epoch=epoch,
+        coordinator_epoch=coordinator_epoch,
+    )
 
 
 def marker_once_owned(wire: KafkaWire, commit: bool, timeout_s: float = 30.0) -> int:
