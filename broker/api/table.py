@@ -21,6 +21,7 @@ from kafscale.broker.api import (
     sasl,
     scram_users,
     transactions,
+    txn_partitions,
     versions,
 )
 from kafscale.broker.api.dispatch import ApiSpec, no_results
@@ -155,6 +156,23 @@ _SPECS = [
     ),
     ApiSpec(42, "DeleteGroups", 0, 2, groups.handle_delete_groups, groups.delete_groups_error_body),
     ApiSpec(60, "DescribeCluster", 0, 1, metadata.handle_describe_cluster),
+    # Sent by transaction coordinators (brokers), v1 only: Kafka 4 dropped v0 (KIP-896).
+    ApiSpec(
+        27,
+        "WriteTxnMarkers",
+        1,
+        1,
+        txn_partitions.handle_write_txn_markers,
+        txn_partitions.write_txn_markers_error_body,
+    ),
+    ApiSpec(
+        61,
+        "DescribeProducers",
+        0,
+        0,
+        txn_partitions.handle_describe_producers,
+        no_results("topics"),
+    ),
     # SaslHandshake v0 sent the SASL tokens as bare frames; every client in use sends v1. It
     # is advertised from v0 all the same: librdkafka (kcat) decides that the broker supports
     # SASL handshakes at all from a range that includes v0, before it picks v1.

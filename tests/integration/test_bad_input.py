@@ -802,11 +802,13 @@ def test_normal_clients_still_work_after_all_of_it(kafka: BrokerProcess) -> None
 
 # --- protocol honesty: what is not served is never an empty success -------------------------
 
-DESCRIBE_LOG_DIRS, EXPIRE_DELEGATION_TOKEN, DESCRIBE_PRODUCERS = 35, 40, 61
+DESCRIBE_LOG_DIRS, EXPIRE_DELEGATION_TOKEN, ALTER_REPLICA_LOG_DIRS = 35, 40, 34
 INVALID_RECORD, TRANSACTIONAL_ID_AUTHORIZATION_FAILED = 87, 53
 
 
-@pytest.mark.parametrize(("api_key", "version"), [(DESCRIBE_LOG_DIRS, 1), (DESCRIBE_PRODUCERS, 0)])
+@pytest.mark.parametrize(
+    ("api_key", "version"), [(DESCRIBE_LOG_DIRS, 1), (ALTER_REPLICA_LOG_DIRS, 2)]
+)
 def test_an_unserved_api_without_an_error_field_closes_the_connection(
     kafka: BrokerProcess, api_key: int, version: int
 ) -> None:
@@ -854,8 +856,8 @@ def test_a_control_batch_from_a_client_is_invalid_record_and_not_stored(
 def test_a_transactional_batch_without_a_transactional_id_is_refused(
     kafka: BrokerProcess,
 ) -> None:
-    """As KafkaApis does: transactional records need a transactional id (and transactions are
-    not served), so the whole request gets TRANSACTIONAL_ID_AUTHORIZATION_FAILED."""
+    """As KafkaApis does: transactional records need a transactional id, so the whole request
+    gets TRANSACTIONAL_ID_AUTHORIZATION_FAILED."""
     with KafkaWire(kafka.bootstrap) as wire:
         before = high_watermark(wire, "target", 1)
         batch = make_batch(
