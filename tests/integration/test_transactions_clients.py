@@ -11,15 +11,19 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import json
 import random
+import subprocess
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from harness.brokers import BrokerCluster, BrokerProcess
+from harness.java_client import CACHE, java_client
 from harness.topics import create_topic
 
 from kafscale.broker.metadata import keys
@@ -284,3 +288,52 @@ def test_the_coordinator_sigkilled_mid_commit_leaves_whole_transactions(
     missing = set(committed) - set(by_round)
     assert not missing, f"acknowledged commits not visible: {sorted(missing)}"
     p.flush(10)
+
+
+# --- the Java client --------------------------------------------------------------------------
+
+JAVA_SOURCE = Path(__file__).with_name("java") / "TxnClient.java"
+
+
+def java_txn(*args: str) -> list[str]:
+    """Run TxnClient (compiled on first use against the harness's kafka-clients jars)."""
+    java_client()  # fails the test clearly when Java or the jars are missing
+    jars = CACHE / "jars"
+    digest = hashlib.sha256(JAVA_SOURCE.read_bytes()).hexdigest()[:12]
+    classes = CACHE / f"txn-classes-{digest}"
+    if not (classes / "TxnClient.class").exists():
+        classes.mkdir(parents=True, exist_ok=True)
+        subprocess.run(
+            ["javac", "-cp", f"{jars}/*", "-d", str(classes), str(JAVA_SOURCE)],
+            check=True,
+            capture_output=True,
+            timeout=300,
+        )
+    out = subprocess.run(
+        ["java", "-cp", f"{classes}:{jars}/*", "TxnClient", *args],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    return out.stdout.splitlines()
+
+
+def test_the_java_client_commits_aborts_and_is_fenced(broker_cluster: BrokerCluster) -> None:
+    start(broker_cluster), start(broker_cluster)
+    bootstrap = broker_cluster.bootstrap
+    create_topic(bootstrap, "java-txn", 2)
+    outcomes = java_txn("rounds", bootstrap, "java-txn", "2", "java-app", "6")
+    assert outcomes == [f"{'committed' if r % 2 == 0 else 'aborted'} {r}" for r in range(6)]
+    lines = java_txn("read", bootstrap, "java-txn", "2", "30")
+    records = [line.split(" ", 2)[1:] for line in lines if line.startswith("record ")]
+    for partition in ("0", "1"):
+        got = [value for p, value in records if p == partition]
+        first = 0 if partition == "0" else 1
+        assert got == [f"{r}-{i}" for r in (0, 2, 4) for i in range(first, 10, 2)]
+    # A zombie with the older epoch cannot commit; only the successor's record is visible.
+    create_topic(bootstrap, "java-zombie", 1)
+    (outcome,) = java_txn("zombie", bootstrap, "java-zombie", "java-zombie-app")
+    assert outcome.startswith("fenced "), outcome
+    read = java_txn("read", bootstrap, "java-zombie", "1", "1")
+    assert [line for line in read if line.startswith("record ")] == ["record 0 from-the-successor"]
