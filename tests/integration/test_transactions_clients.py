@@ -24,6 +24,7 @@ import pytest
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from harness.brokers import BrokerCluster, BrokerProcess
 from harness.java_client import CACHE, java_client
+from harness.proxy import start_proxy
 from harness.topics import create_topic
 
 from kafscale.broker.metadata import keys
@@ -337,3 +338,28 @@ def test_the_java_client_commits_aborts_and_is_fenced(broker_cluster: BrokerClus
     assert outcome.startswith("fenced "), outcome
     read = java_txn("read", bootstrap, "java-zombie", "1", "1")
     assert [line for line in read if line.startswith("record ")] == ["record 0 from-the-successor"]
+
+
+def test_transactions_through_the_proxy(broker_cluster: BrokerCluster) -> None:
+    """The proxy routes the coordinator's APIs and passes transactional batches, the last stable
+    offset and the aborted transactions through: read_committed behind it sees what it would
+    see at the brokers."""
+    start(broker_cluster), start(broker_cluster)
+    proxy = start_proxy(broker_cluster)
+    create_topic(proxy.bootstrap, "proxied-txn", 2)
+    p = producer(proxy.bootstrap, "proxied")
+    expected: list[tuple[int, bytes]] = []
+    for round_ in range(4):
+        p.begin_transaction()
+        values = [b"p%d-%d" % (round_, i) for i in range(10)]
+        for i, value in enumerate(values):
+            p.produce("proxied-txn", value, partition=i % 2)
+        if round_ % 2 == 0:
+            p.commit_transaction(30)
+            expected.extend((i % 2, v) for i, v in enumerate(values))
+        else:
+            p.flush(30)
+            p.abort_transaction(30)
+    seen = consume(proxy.bootstrap, "proxied-txn", 2, "read_committed", len(expected))
+    for partition in range(2):
+        assert [v for q, v in seen if q == partition] == [v for q, v in expected if q == partition]
