@@ -14,7 +14,9 @@ import contextlib
 import hashlib
 import json
 import random
+import signal
 import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -363,3 +365,91 @@ def test_transactions_through_the_proxy(broker_cluster: BrokerCluster) -> None:
     seen = consume(proxy.bootstrap, "proxied-txn", 2, "read_committed", len(expected))
     for partition in range(2):
         assert [v for q, v in seen if q == partition] == [v for q, v in expected if q == partition]
+
+
+CTP_LOOP = """
+import sys
+from confluent_kafka import Consumer, Producer
+
+bootstrap, source, sink = sys.argv[1:4]
+consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "ctp-restart",
+                     "group.instance.id": "worker-1", "session.timeout.ms": 6000,
+                     "isolation.level": "read_committed", "enable.auto.commit": False,
+                     "auto.offset.reset": "earliest"})
+consumer.subscribe([source])
+producer = Producer({"bootstrap.servers": bootstrap, "transactional.id": "ctp-restart",
+                     "linger.ms": 5})
+producer.init_transactions(30)
+while True:
+    batch = [m for m in consumer.consume(10, 0.5) if not m.error()]
+    if not batch:
+        continue
+    producer.begin_transaction()
+    for m in batch:
+        producer.produce(sink, b"out-" + m.value(), partition=m.partition())
+    producer.send_offsets_to_transaction(consumer.position(consumer.assignment()),
+                                         consumer.consumer_group_metadata(), 30)
+    producer.commit_transaction(30)
+"""
+
+
+def _committed_total(bootstrap: str, topic: str, partitions: int) -> int:
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "ctp-restart"})
+    try:
+        tps = [TopicPartition(topic, p) for p in range(partitions)]
+        return sum(max(tp.offset, 0) for tp in consumer.committed(tps, 30))
+    finally:
+        consumer.close()
+
+
+def test_a_consume_transform_produce_loop_killed_at_random_points_is_exactly_once(
+    broker_cluster: BrokerCluster, tmp_path: Path
+) -> None:
+    start(broker_cluster)
+    bootstrap = broker_cluster.bootstrap
+    create_topic(bootstrap, "restart-in", 2)
+    create_topic(bootstrap, "restart-out", 2)
+    source = Producer({"bootstrap.servers": bootstrap})
+    inputs = [b"%04d" % i for i in range(2000)]
+    for i, value in enumerate(inputs):
+        source.produce("restart-in", value, partition=i % 2)
+    source.flush(30)
+    script = tmp_path / "ctp_loop.py"
+    script.write_text(CTP_LOOP)
+    command = [sys.executable, str(script), bootstrap, "restart-in", "restart-out"]
+    kills = 0
+    progress_at_kill: list[int] = []
+    deadline = time.monotonic() + 200
+    while time.monotonic() < deadline:
+        worker = subprocess.Popen(command, stderr=subprocess.DEVNULL)
+        try:
+            if kills < 4:
+                # Once this worker has committed something, at a random moment: mid-batch,
+                # mid-commit, between transactions.
+                before = _committed_total(bootstrap, "restart-in", 2)
+                progress = time.monotonic() + 60
+                while _committed_total(bootstrap, "restart-in", 2) == before:
+                    assert time.monotonic() < progress, "the worker makes no progress"
+                    time.sleep(0.1)
+                time.sleep(random.uniform(0.0, 0.5))
+                worker.send_signal(signal.SIGKILL)
+                kills += 1
+                progress_at_kill.append(_committed_total(bootstrap, "restart-in", 2))
+            else:
+                done = time.monotonic() + 60
+                while time.monotonic() < done:
+                    if _committed_total(bootstrap, "restart-in", 2) == len(inputs):
+                        break
+                    time.sleep(0.5)
+                break
+        finally:
+            worker.kill()
+            worker.wait(10)
+    assert kills == 4
+    assert progress_at_kill[-1] < len(inputs), progress_at_kill  # killed before the end
+    assert _committed_total(bootstrap, "restart-in", 2) == len(inputs)
+    outputs = consume(bootstrap, "restart-out", 2, "read_committed", len(inputs))
+    values = sorted(v for _, v in outputs)
+    duplicates = len(values) - len(set(values))
+    assert duplicates == 0, f"{duplicates} outputs written twice"
+    assert values == sorted(b"out-" + v for v in inputs)
