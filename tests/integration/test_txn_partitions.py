@@ -26,6 +26,7 @@ from harness.kafka_wire import (
     produce_body,
     produce_partition,
 )
+from harness.proxy import start_proxy
 from harness.topics import create_topics
 from harness.txn_wire import CONTROL, TRANSACTIONAL, produce_transactional, write_marker
 
@@ -329,3 +330,18 @@ def test_real_consumers_read_exactly_the_committed_records(
     assert committed == COMMITTED_VALUES
     everything = consume(mixed_partition.bootstrap, "read_uncommitted", len(ALL_VALUES))
     assert everything == ALL_VALUES
+
+
+def test_read_committed_through_the_proxy(
+    mixed_partition: BrokerProcess, broker_cluster: BrokerCluster
+) -> None:
+    """The proxy forwards the isolation level and passes the LSO and the aborted transactions
+    back as the owner gave them."""
+    proxy = start_proxy(broker_cluster)
+    with KafkaWire(proxy.bootstrap) as wire:
+        partition = fetch(wire, 0, READ_COMMITTED)
+        assert int(partition.last_stable_offset) == 12
+        assert aborted(partition) == [(2, 3), (3, 9)]
+        assert latest(wire, READ_COMMITTED) == 12
+    committed = consume_confluent(proxy.bootstrap, "read_committed", len(COMMITTED_VALUES))
+    assert committed == COMMITTED_VALUES
