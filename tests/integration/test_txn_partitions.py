@@ -336,12 +336,15 @@ def test_read_committed_through_the_proxy(
     mixed_partition: BrokerProcess, broker_cluster: BrokerCluster
 ) -> None:
     """The proxy forwards the isolation level and passes the LSO and the aborted transactions
-    back as the owner gave them."""
+    back as the owner gave them; DescribeProducers goes to the partition's owner."""
     proxy = start_proxy(broker_cluster)
     with KafkaWire(proxy.bootstrap) as wire:
         partition = fetch(wire, 0, READ_COMMITTED)
         assert int(partition.last_stable_offset) == 12
         assert aborted(partition) == [(2, 3), (3, 9)]
         assert latest(wire, READ_COMMITTED) == 12
+        producers = describe_producers(wire)  # split by partition owner, like Produce
+        assert sorted(producers) == [1, 2, 3]
+        assert int(producers[1].last_sequence) == 2
     committed = consume_confluent(proxy.bootstrap, "read_committed", len(COMMITTED_VALUES))
     assert committed == COMMITTED_VALUES
