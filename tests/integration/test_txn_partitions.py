@@ -63,7 +63,12 @@ def plain_produce(wire: KafkaWire, values: list[bytes]) -> int:
 
 
 def marker(
-    wire: KafkaWire, commit: bool, epoch: int = 0, coordinator_epoch: int = 0, pid: int = PID
+    wire: KafkaWire,
+    commit: bool,
+    epoch: int = 0,
+    coordinator_epoch: int = 0,
+    pid: int = PID,
+    version: int = 1,
 ) -> int:
     """The error code of a WriteTxnMarkers entry for the one partition."""
     return write_marker(
@@ -74,6 +79,7 @@ def marker(
         commit=commit,
         epoch=epoch,
         coordinator_epoch=coordinator_epoch,
+        version=version,
     )
 
 
@@ -158,7 +164,7 @@ def test_an_abort_is_listed_for_read_committed_and_a_retried_marker_writes_nothi
 ) -> None:
     with KafkaWire(broker.bootstrap) as wire:
         assert txn_produce(wire, [b"gone-1", b"gone-2"], sequence=0) == (NONE, 0)
-        assert marker(wire, commit=False) == NONE
+        assert marker(wire, commit=False, version=0) == NONE  # v0: a Kafka 3.x coordinator's
         assert marker(wire, commit=False) == NONE  # the coordinator retried: no second marker
         assert txn_produce(wire, [b"kept"], sequence=2) == (NONE, 3)
         assert marker(wire, commit=True) == NONE
