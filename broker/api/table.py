@@ -156,11 +156,11 @@ _SPECS = [
     ),
     ApiSpec(42, "DeleteGroups", 0, 2, groups.handle_delete_groups, groups.delete_groups_error_body),
     ApiSpec(60, "DescribeCluster", 0, 1, metadata.handle_describe_cluster),
-    # Sent by transaction coordinators (brokers), v1 only: Kafka 4 dropped v0 (KIP-896).
+    # Sent by transaction coordinators (brokers) and kafka-transactions.sh abort.
     ApiSpec(
         27,
         "WriteTxnMarkers",
-        1,
+        0,
         1,
         txn_partitions.handle_write_txn_markers,
         txn_partitions.write_txn_markers_error_body,

@@ -424,6 +424,7 @@ HANDLERS: dict[int, Handler] = {
     37: to_any_broker,  # CreatePartitions
     42: by_coordinator(DELETE_GROUPS),
     44: to_any_broker,  # IncrementalAlterConfigs
+    61: partitioned(split.DESCRIBE_PRODUCERS),  # split by partition owner too
     60: describe_cluster,
     65: describe_transactions,
     66: list_transactions,

@@ -67,10 +67,27 @@ DELETE_RECORDS = PartitionedApi(
 )
 
 
+DESCRIBE_PRODUCERS = PartitionedApi(
+    "topics",
+    "name",
+    "partition_indexes",
+    "",  # plain partition numbers
+    "topics",
+    "name",
+    "partitions",
+    "partition_index",
+)
+
+
+def _partition_number(api: PartitionedApi, item: Any) -> int:
+    """A request's partition: an entity's field, or the number itself (``api.partition`` "")."""
+    return int(getattr(item, api.partition) if api.partition else item)
+
+
 def requested_partitions(request: Any, api: PartitionedApi) -> list[TopicPartition]:
     """Every (topic, partition) of the request, in the client's order."""
     return [
-        (str(getattr(topic, api.topic_name)), int(getattr(p, api.partition)))
+        (str(getattr(topic, api.topic_name)), _partition_number(api, p))
         for topic in getattr(request, api.topics)
         for p in getattr(topic, api.partitions)
     ]
@@ -91,7 +108,7 @@ def split_request(
     for index, topic in enumerate(topics):
         name = str(getattr(topic, api.topic_name))
         for p in getattr(topic, api.partitions):
-            tp = (name, int(getattr(p, api.partition)))
+            tp = (name, _partition_number(api, p))
             if keep is not None and tp not in keep:
                 continue
             by_broker.setdefault(route(tp), {}).setdefault(index, []).append(p)

@@ -45,8 +45,9 @@ def write_marker(
     commit: bool,
     epoch: int = 0,
     coordinator_epoch: int = 0,
+    version: int = 1,
 ) -> int:
-    """The error code of a WriteTxnMarkers (v1) entry for one partition."""
+    """The error code of a WriteTxnMarkers entry for one partition."""
     body = {
         "markers": [
             {
@@ -58,6 +59,6 @@ def write_marker(
             }
         ]
     }
-    response = wire.request(WRITE_TXN_MARKERS, 1, body)
+    response = wire.request(WRITE_TXN_MARKERS, version, body)
     assert int(response.markers[0].producer_id) == producer_id
     return int(response.markers[0].topics[0].partitions[0].error_code)

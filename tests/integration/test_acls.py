@@ -415,6 +415,41 @@ def _wire_cases(topic: str) -> list[tuple[str, int, int, dict[str, Any], Any, in
             lambda r: r.filter_results[0].error_code,
             CLUSTER_DENIED,
         ),
+        # the partition half of transactions
+        (
+            "Produce with a transactional id",
+            0,
+            9,
+            {**produce_body(topic, 0, b""), "transactional_id": "tx"},
+            _produce_code,
+            53,  # TRANSACTIONAL_ID_AUTHORIZATION_FAILED: WRITE on the transactional id
+        ),
+        (
+            "WriteTxnMarkers",
+            27,
+            1,
+            {
+                "markers": [
+                    {
+                        "producer_id": 1,
+                        "producer_epoch": 0,
+                        "transaction_result": True,
+                        "topics": [{"name": topic, "partition_indexes": [0]}],
+                        "coordinator_epoch": 0,
+                    }
+                ]
+            },
+            lambda r: r.markers[0].topics[0].partitions[0].error_code,
+            CLUSTER_DENIED,
+        ),
+        (
+            "DescribeProducers",
+            61,
+            0,
+            {"topics": [{"name": topic, "partition_indexes": [0]}]},
+            lambda r: r.topics[0].partitions[0].error_code,
+            TOPIC_DENIED,
+        ),
     ]
 
 

@@ -26,6 +26,7 @@ from harness.kafka_wire import (
     produce_body,
     produce_partition,
 )
+from harness.proxy import start_proxy
 from harness.topics import create_topics
 from harness.txn_wire import CONTROL, TRANSACTIONAL, produce_transactional, write_marker
 
@@ -62,7 +63,12 @@ def plain_produce(wire: KafkaWire, values: list[bytes]) -> int:
 
 
 def marker(
-    wire: KafkaWire, commit: bool, epoch: int = 0, coordinator_epoch: int = 0, pid: int = PID
+    wire: KafkaWire,
+    commit: bool,
+    epoch: int = 0,
+    coordinator_epoch: int = 0,
+    pid: int = PID,
+    version: int = 1,
 ) -> int:
     """The error code of a WriteTxnMarkers entry for the one partition."""
     return write_marker(
@@ -73,6 +79,7 @@ def marker(
         commit=commit,
         epoch=epoch,
         coordinator_epoch=coordinator_epoch,
+        version=version,
     )
 
 
@@ -157,7 +164,7 @@ def test_an_abort_is_listed_for_read_committed_and_a_retried_marker_writes_nothi
 ) -> None:
     with KafkaWire(broker.bootstrap) as wire:
         assert txn_produce(wire, [b"gone-1", b"gone-2"], sequence=0) == (NONE, 0)
-        assert marker(wire, commit=False) == NONE
+        assert marker(wire, commit=False, version=0) == NONE  # v0: a Kafka 3.x coordinator's
         assert marker(wire, commit=False) == NONE  # the coordinator retried: no second marker
         assert txn_produce(wire, [b"kept"], sequence=2) == (NONE, 3)
         assert marker(wire, commit=True) == NONE
@@ -329,3 +336,21 @@ def test_real_consumers_read_exactly_the_committed_records(
     assert committed == COMMITTED_VALUES
     everything = consume(mixed_partition.bootstrap, "read_uncommitted", len(ALL_VALUES))
     assert everything == ALL_VALUES
+
+
+def test_read_committed_through_the_proxy(
+    mixed_partition: BrokerProcess, broker_cluster: BrokerCluster
+) -> None:
+    """The proxy forwards the isolation level and passes the LSO and the aborted transactions
+    back as the owner gave them; DescribeProducers goes to the partition's owner."""
+    proxy = start_proxy(broker_cluster)
+    with KafkaWire(proxy.bootstrap) as wire:
+        partition = fetch(wire, 0, READ_COMMITTED)
+        assert int(partition.last_stable_offset) == 12
+        assert aborted(partition) == [(2, 3), (3, 9)]
+        assert latest(wire, READ_COMMITTED) == 12
+        producers = describe_producers(wire)  # split by partition owner, like Produce
+        assert sorted(producers) == [1, 2, 3]
+        assert int(producers[1].last_sequence) == 2
+    committed = consume_confluent(proxy.bootstrap, "read_committed", len(COMMITTED_VALUES))
+    assert committed == COMMITTED_VALUES
