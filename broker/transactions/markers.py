@@ -6,7 +6,8 @@ control batch through that owner's fenced flush path. Owners come from the clust
 same routing Metadata gives clients. A partition answered NOT_LEADER_OR_FOLLOWER (the lease
 moved), an unreachable owner or any other failure is routed again and retried until every
 partition has its marker: a decided transaction is never left half written. A partition of a
-topic that no longer exists needs no marker.
+topic that no longer exists needs no marker, nor one that answers INVALID_PRODUCER_EPOCH or
+TRANSACTION_COORDINATOR_FENCED (a newer epoch already ended the producer's transaction there).
 
 ``plan_markers`` and ``settled`` are the pure halves; ``MarkerWriter`` is the I/O shell.
 """
@@ -101,13 +102,20 @@ def _code(value: Any) -> ErrorCode:
 def settled(
     errors: Mapping[TopicPartition, ErrorCode], topic_exists: Callable[[str], bool]
 ) -> set[TopicPartition]:
-    """The partitions whose marker is written, or that need none (their topic is gone)."""
+    """The partitions whose marker is written, or that need none: their topic is gone, or the
+    partition has moved past this marker (a newer producer epoch or coordinator epoch wrote
+    there: the transaction was superseded, as Kafka's coordinator then stops sending it)."""
     gone = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
     return {
         tp
         for tp, code in errors.items()
-        if code is ErrorCode.NONE or (code is gone and not topic_exists(tp[0]))
+        if code in SUPERSEDED or (code is gone and not topic_exists(tp[0]))
     }
+
+
+SUPERSEDED = frozenset(
+    {ErrorCode.NONE, ErrorCode.INVALID_PRODUCER_EPOCH, ErrorCode.TRANSACTION_COORDINATOR_FENCED}
+)
 
 
 class MarkerWriter:

@@ -207,5 +207,13 @@ def test_markers_are_planned_per_owner_and_settled_per_partition() -> None:
         ("a", 1): ErrorCode.NOT_LEADER_OR_FOLLOWER,
         ("gone", 0): ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
         ("b", 0): ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
+        ("c", 0): ErrorCode.INVALID_PRODUCER_EPOCH,
+        ("c", 1): ErrorCode.TRANSACTION_COORDINATOR_FENCED,
+        ("c", 2): ErrorCode.KAFKA_STORAGE_ERROR,
     }
-    assert settled(errors, lambda topic: topic != "gone") == {("a", 0), ("gone", 0)}
+    assert settled(errors, lambda topic: topic != "gone") == {
+        ("a", 0),
+        ("gone", 0),
+        ("c", 0),
+        ("c", 1),
+    }
