@@ -196,6 +196,14 @@ async def handle_end_txn(request: Any, ctx: RequestContext) -> Body:
 
 async def handle_txn_offset_commit(request: Any, ctx: RequestContext) -> Body:
     txn_id, group_id = str(request.transactional_id), str(request.group_id)
+    # As Kafka checks: the transactional id, then the group, refuse the whole request.
+    refused = None
+    if not access.allowed(ctx, WRITE, access.TRANSACTIONAL_ID, txn_id):
+        refused = ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED
+    elif not access.allowed(ctx, READ, access.GROUP, group_id):
+        refused = ErrorCode.GROUP_AUTHORIZATION_FAILED
+    if refused is not None:
+        return txn_offset_commit_error_body(request, refused)
     offsets: dict[TopicPartition, CommittedOffset] = {}
     codes: dict[TopicPartition, ErrorCode] = {}
     for topic in request.topics:
@@ -218,9 +226,7 @@ async def handle_txn_offset_commit(request: Any, ctx: RequestContext) -> Body:
                 metadata=metadata,
                 topic_id=info.topic_id,
             )
-    if not access.allowed(ctx, WRITE, access.TRANSACTIONAL_ID, txn_id):
-        code = ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED
-    elif not offsets:
+    if not offsets:
         code = ErrorCode.NONE
     else:
         code = await _commit_pending(ctx, request, txn_id, group_id, offsets)
