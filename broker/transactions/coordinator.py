@@ -221,7 +221,8 @@ class TransactionCoordinator:
             if decision.action is InitAction.REFUSE:
                 return InitResult(decision.error), None
             if decision.action is InitAction.RETRY:
-                return InitResult(decision.error), self._completions.get(transactional_id)
+                assert current is not None
+                return InitResult(decision.error), self._resume(current, fence)
             if decision.action is InitAction.ABORT_FIRST:
                 assert current is not None
                 aborting = state.fenced_abort(current, now_ms())
@@ -265,6 +266,8 @@ class TransactionCoordinator:
             )
             if outcome.metadata is not None:
                 await self._save(outcome.metadata, fence)
+            elif outcome.error is ErrorCode.CONCURRENT_TRANSACTIONS and stored is not None:
+                self._resume(stored.metadata, fence)  # the client retries once it is complete
             return outcome.error
 
     async def end(
@@ -285,8 +288,8 @@ class TransactionCoordinator:
             if outcome.metadata is not None:
                 await self._save(outcome.metadata, fence)
                 task = self._start_completion(outcome.metadata, fence)
-            elif outcome.error is ErrorCode.CONCURRENT_TRANSACTIONS:
-                task = self._completions.get(transactional_id)
+            elif outcome.error is ErrorCode.CONCURRENT_TRANSACTIONS and stored is not None:
+                task = self._resume(stored.metadata, fence)
         if task is not None:
             done = await self._wait(task)
             if outcome.error is ErrorCode.CONCURRENT_TRANSACTIONS and done:
@@ -315,6 +318,13 @@ class TransactionCoordinator:
         return await self._load(transactional_id)
 
     # --- completing ---------------------------------------------------------------------------
+
+    def _resume(self, meta: TxnMetadata, fence: Fence) -> asyncio.Task[None] | None:
+        """The completion of a prepared transaction: the running one, or started now (found
+        prepared by a coordinator that took the lease over before its periodic check)."""
+        if not meta.state.preparing:
+            return None
+        return self._start_completion(meta, fence)
 
     def _start_completion(self, meta: TxnMetadata, fence: Fence) -> asyncio.Task[None]:
         txn_id = meta.transactional_id

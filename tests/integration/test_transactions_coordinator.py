@@ -353,6 +353,45 @@ def test_describe_and_list_transactions(broker: BrokerProcess) -> None:
         assert list(ongoing.unknown_state_filters) == ["Nope"]
 
 
+def _seed_prepared(cluster: BrokerCluster, txn_id: str, group: str) -> None:
+    """What a coordinator that died right after writing PREPARE_COMMIT leaves in etcd (its
+    lease went with its session): the decision and a pending offset of producer 777."""
+    prepared = TxnMetadata(
+        transactional_id=txn_id,
+        producer_id=777,
+        producer_epoch=3,
+        timeout_ms=60_000,
+        state=TxnState.PREPARE_COMMIT,
+        groups=frozenset({group}),
+        start_ms=int(time.time() * 1000),
+    )
+
+    async def seed() -> None:
+        etcd = await Etcd.connect([cluster.etcd_url], timeout_s=5)
+        try:
+            await etcd.put(keys.transaction_key(cluster.cluster, txn_id), encode_metadata(prepared))
+            pending = keys.group_txn_offset_key(cluster.cluster, group, 777, TOPIC, 0)
+            await etcd.put(pending, encode_offset(CommittedOffset(offset=11)))
+        finally:
+            await etcd.close()
+
+    asyncio.run(seed())
+
+
+def test_a_retried_end_txn_completes_a_transaction_left_prepared(
+    broker_cluster: BrokerCluster,
+) -> None:
+    """The client retries EndTxn at the new coordinator before its periodic check ran: the new
+    coordinator finishes the prepared commit and answers the retry with success."""
+    broker = broker_cluster.start(KAFSCALE_TRANSACTIONS__CHECK_INTERVAL_MS="600000")
+    with KafkaWire(broker.bootstrap) as wire:
+        make_topic(wire)
+        _seed_prepared(broker_cluster, "retried", "retried-group")
+        assert end(wire, "retried", 777, 3, commit=True) == NONE
+        assert describe(wire, "retried").transaction_state == "CompleteCommit"
+        assert fetch_offset(wire, "retried-group", require_stable=True) == (NONE, 11)
+
+
 def test_a_prepared_transaction_is_finished_by_the_next_coordinator(
     broker_cluster: BrokerCluster,
 ) -> None:
@@ -361,27 +400,7 @@ def test_a_prepared_transaction_is_finished_by_the_next_coordinator(
     broker = start(broker_cluster)
     with KafkaWire(broker.bootstrap) as wire:
         make_topic(wire)
-    cluster = broker_cluster.cluster
-    prepared = TxnMetadata(
-        transactional_id="orphan",
-        producer_id=777,
-        producer_epoch=3,
-        timeout_ms=60_000,
-        state=TxnState.PREPARE_COMMIT,
-        groups=frozenset({"orphan-group"}),
-        start_ms=int(time.time() * 1000),
-    )
-
-    async def seed() -> None:
-        etcd = await Etcd.connect([broker_cluster.etcd_url], timeout_s=5)
-        try:
-            await etcd.put(keys.transaction_key(cluster, "orphan"), encode_metadata(prepared))
-            pending = keys.group_txn_offset_key(cluster, "orphan-group", 777, TOPIC, 0)
-            await etcd.put(pending, encode_offset(CommittedOffset(offset=11)))
-        finally:
-            await etcd.close()
-
-    asyncio.run(seed())
+    _seed_prepared(broker_cluster, "orphan", "orphan-group")
     with KafkaWire(broker.bootstrap) as wire:
         done = wait_for(lambda: describe(wire, "orphan").transaction_state == "CompleteCommit")
         assert done, describe(wire, "orphan")
