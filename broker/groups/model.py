@@ -39,6 +39,10 @@ class GroupConfig:
     max_session_timeout_ms: int = 1_800_000
     new_member_join_timeout_ms: int = 300_000
     """How long a new member may wait in a join before it is dropped (Kafka: 5 minutes)."""
+    consumer_session_timeout_ms: int = 45_000
+    """group.consumer.session.timeout.ms (the consumer protocol, KIP-848)."""
+    consumer_heartbeat_interval_ms: int = 5_000
+    """group.consumer.heartbeat.interval.ms."""
 
     def session_timeout_ok(self, session_timeout_ms: int) -> bool:
         return self.min_session_timeout_ms <= session_timeout_ms <= self.max_session_timeout_ms
@@ -207,6 +211,9 @@ class GroupRecord:
     protocol_name: str | None
     leader: str | None
     members: tuple[MemberRecord, ...] = ()
+    group_type: str = "classic"
+    """"consumer" for a KIP-848 group: then ``generation`` is its group epoch and the members
+    (in memory on the coordinator) are not stored."""
 
 
 # --- effects ----------------------------------------------------------------------------------
@@ -242,7 +249,15 @@ class EmptyStore:
     generation: int
 
 
-StoreToken = AssignmentStore | StaticRejoinStore | EmptyStore
+@dataclass(frozen=True, slots=True)
+class ConsumerEpochStore:
+    """A consumer-protocol group's epoch moved (written so that a new coordinator knows the
+    group's type and continues its epochs)."""
+
+    group_epoch: int
+
+
+StoreToken = AssignmentStore | StaticRejoinStore | EmptyStore | ConsumerEpochStore
 
 
 @dataclass(frozen=True, slots=True)

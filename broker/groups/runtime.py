@@ -17,14 +17,22 @@ import contextlib
 import logging
 from collections.abc import Callable, Mapping
 
+from kafscale.broker.groups.consumer import (
+    ConsumerConfig,
+    ConsumerGroup,
+    HeartbeatRequest,
+    HeartbeatResult,
+)
 from kafscale.broker.groups.group import Group
 from kafscale.broker.groups.model import (
     UNKNOWN_MEMBER_ID,
     AssignmentStore,
+    ConsumerEpochStore,
     Effect,
     EmptyStore,
     GroupConfig,
     GroupDescription,
+    GroupRecord,
     GroupState,
     JoinRequest,
     JoinResult,
@@ -72,7 +80,13 @@ class GroupRuntime:
         self._clock = clock
         now = clock()
         self.group: Group | None = None
-        if loaded.record is not None:
+        """The group while it is a classic one (at most one of ``group`` and ``consumer``)."""
+        self.consumer: ConsumerGroup | None = None
+        """The group while it is a consumer-protocol (KIP-848) one."""
+        if loaded.record is not None and loaded.record.group_type == "consumer":
+            # Members are not stored: they rejoin (UNKNOWN_MEMBER_ID), epochs continue.
+            self.consumer = self._new_consumer_group(loaded.record.generation)
+        elif loaded.record is not None:
             self.group = Group.from_record(group_id, config, loaded.record, now)
         elif loaded.offsets:
             self.group = Group(group_id, config, now)
@@ -99,8 +113,20 @@ class GroupRuntime:
         if self.closed:
             raise NotCoordinator(f"this broker no longer coordinates group {self.group_id!r}")
 
+    def _new_consumer_group(self, group_epoch: int) -> ConsumerGroup:
+        config = ConsumerConfig(
+            session_timeout_ms=self._config.consumer_session_timeout_ms,
+            heartbeat_interval_ms=self._config.consumer_heartbeat_interval_ms,
+        )
+        return ConsumerGroup(self.group_id, config, group_epoch)
+
     async def join(self, request: JoinRequest) -> JoinResult:
         self._check_open()
+        if self.consumer is not None:
+            if not self.consumer.is_empty():
+                # Kafka 4 can run classic members inside a consumer group; we refuse them.
+                return JoinResult(ErrorCode.INCONSISTENT_GROUP_PROTOCOL, request.member_id)
+            self.consumer = None  # an empty consumer group becomes a classic one
         group = self.group
         if group is None:
             if request.member_id != UNKNOWN_MEMBER_ID:
@@ -141,8 +167,41 @@ class GroupRuntime:
         self._apply(self.group.take_effects())
         return ErrorCode.NONE, errors
 
+    # --- the consumer protocol (KIP-848) -------------------------------------------------------
+
+    def consumer_heartbeat(
+        self, request: HeartbeatRequest, topics: dict[str, int]
+    ) -> HeartbeatResult:
+        """ConsumerGroupHeartbeat. An Empty classic group (or one with only offsets) becomes
+        a consumer group; one with members is refused with GROUP_ID_NOT_FOUND, as Kafka does
+        when it cannot upgrade a classic group."""
+        self._check_open()
+        consumer = self.consumer
+        if consumer is None:
+            group = self.group
+            if group is not None and group.state not in (GroupState.EMPTY, GroupState.DEAD):
+                message = f"group {self.group_id} is a classic group with members"
+                return HeartbeatResult(ErrorCode.GROUP_ID_NOT_FOUND, message)
+            epoch = group.generation if group is not None else 0
+            consumer = self.consumer = self._new_consumer_group(epoch)
+            self.group = None
+        result = consumer.heartbeat(self._clock(), request, topics)
+        self._consumer_changed(consumer)
+        return result
+
+    def _consumer_changed(self, consumer: ConsumerGroup) -> None:
+        if consumer.epoch_changed and not self.closed:
+            consumer.epoch_changed = False
+            record = GroupRecord(
+                "consumer", consumer.group_epoch, None, None, group_type="consumer"
+            )
+            self._stores.put_nowait(Store(ConsumerEpochStore(consumer.group_epoch), record))
+        self._wake.set()
+
     def describe(self) -> GroupDescription:
         self._check_open()
+        if self.consumer is not None:
+            return GroupDescription(GroupState.DEAD, "consumer", "", ())
         if self.group is None:
             return GroupDescription(GroupState.DEAD, "", "", ())
         return self.group.describe()
@@ -155,9 +214,15 @@ class GroupRuntime:
         group_instance_id: str | None,
         generation: int,
         offsets: Mapping[TopicPartition, CommittedOffset],
+        version: int = 8,
     ) -> ErrorCode:
         if self.closed:
             return ErrorCode.NOT_COORDINATOR
+        if self.consumer is not None:
+            error = self.consumer.validate_commit(member_id, generation, version)
+            if error is not ErrorCode.NONE or not offsets:
+                return error
+            return await self._save_offsets(offsets)
         group = self.group
         if group is None:
             if generation >= 0:
@@ -167,6 +232,9 @@ class GroupRuntime:
         self._apply(group.take_effects())
         if error is not ErrorCode.NONE or not offsets:
             return error
+        return await self._save_offsets(offsets)
+
+    async def _save_offsets(self, offsets: Mapping[TopicPartition, CommittedOffset]) -> ErrorCode:
         async with self._commit_lock:
             if self.closed:
                 return ErrorCode.NOT_COORDINATOR
@@ -181,6 +249,12 @@ class GroupRuntime:
             self.offsets.update(offsets)
         return ErrorCode.NONE
 
+    def validate_fetch(self, member_id: str | None, member_epoch: int) -> ErrorCode:
+        """OffsetFetch v9+: a consumer-protocol member must name its current epoch."""
+        if self.consumer is None:
+            return ErrorCode.NONE
+        return self.consumer.validate_fetch(member_id, member_epoch)
+
     def committed(
         self, partitions: list[TopicPartition] | None
     ) -> dict[TopicPartition, CommittedOffset | None]:
@@ -193,11 +267,16 @@ class GroupRuntime:
     async def delete(self) -> ErrorCode:
         """DeleteGroups: an Empty group's metadata, offsets and lease go."""
         self._check_open()
-        if self.group is None:
+        if self.consumer is not None:
+            if not self.consumer.is_empty():
+                return ErrorCode.NON_EMPTY_GROUP
+        elif self.group is None:
             return ErrorCode.GROUP_ID_NOT_FOUND
-        error = self.group.delete()
-        if error is not ErrorCode.NONE:
-            return error
+        else:
+            error = self.group.delete()
+            if error is not ErrorCode.NONE:
+                return error
+        error = ErrorCode.NONE
         async with self._commit_lock:
             try:
                 deleted = await self._store.delete_group(self.group_id, self.fence)
@@ -269,6 +348,8 @@ class GroupRuntime:
         while True:
             group = self.group
             deadline = None if group is None else group.next_deadline_ms()
+            if self.consumer is not None:
+                deadline = self.consumer.next_deadline_ms()
             self._wake.clear()
             if deadline is None:
                 await self._wake.wait()
@@ -277,6 +358,12 @@ class GroupRuntime:
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(delay_s):
                         await self._wake.wait()
+            consumer = self.consumer
+            if consumer is not None and not self.closed:
+                expired = consumer.tick(self._clock())
+                if expired:
+                    log.info("group %s: members expired: %s", self.group_id, ", ".join(expired))
+                self._consumer_changed(consumer)
             if self.group is not None and not self.closed:
                 try:
                     self.group.tick(self._clock())
@@ -298,6 +385,8 @@ class GroupRuntime:
                 if not stored:
                     self._lose("group metadata write fenced: the group lease is no longer ours")
                     return
+            if isinstance(store.token, ConsumerEpochStore):
+                continue
             if self.group is not None and not self.closed:
                 self.group.stored(self._clock(), store.token, error)
                 self._apply(self.group.take_effects())

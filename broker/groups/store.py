@@ -84,6 +84,7 @@ class PersistedGroup:
     group_id: str
     protocol_type: str
     has_members: bool
+    group_type: str = "classic"
 
 
 # --- JSON codecs ------------------------------------------------------------------------------
@@ -98,7 +99,7 @@ def _unb64(text: Any) -> bytes:
 
 
 def encode_group(record: GroupRecord) -> bytes:
-    document = {
+    document: dict[str, Any] = {
         "protocol_type": record.protocol_type,
         "generation": record.generation,
         "protocol": record.protocol_name,
@@ -117,6 +118,8 @@ def encode_group(record: GroupRecord) -> bytes:
             for m in record.members
         ],
     }
+    if record.group_type != "classic":
+        document["type"] = record.group_type
     return json.dumps(document, separators=(",", ":")).encode()
 
 
@@ -141,6 +144,7 @@ def decode_group(data: bytes) -> GroupRecord:
         protocol_name=document.get("protocol"),
         leader=document.get("leader"),
         members=members,
+        group_type=str(document.get("type") or "classic"),
     )
 
 
@@ -255,7 +259,7 @@ class GroupStore:
             if tp is None:
                 record = decode_group(entry.value)
                 found[group_id] = PersistedGroup(
-                    group_id, record.protocol_type or "", bool(record.members)
+                    group_id, record.protocol_type or "", bool(record.members), record.group_type
                 )
             else:
                 found.setdefault(group_id, PersistedGroup(group_id, "", False))
