@@ -143,7 +143,7 @@ async def handle_consumer_group_heartbeat(request: Any, ctx: RequestContext) -> 
         for name, info in ctx.broker.view.topics.items()
         if access.allowed(ctx, DESCRIBE, access.TOPIC, name)
     }
-    result = runtime.consumer_heartbeat(heartbeat, topics)
+    result = await runtime.consumer_heartbeat(heartbeat, topics)
     if result.error is ErrorCode.NONE and heartbeat.member_epoch == LEAVE_EPOCH:
         result = HeartbeatResult(ErrorCode.NONE, member_id=result.member_id, member_epoch=-1)
     return _heartbeat_body(ctx, result)

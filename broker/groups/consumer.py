@@ -131,8 +131,6 @@ class ConsumerGroup:
         self.assignor = assignors.UNIFORM
         self.subscribed_partitions: dict[str, int] = {}
         """The partition counts the target was computed from."""
-        self.epoch_changed = False
-        """Set when the group epoch moved (the shell persists it and clears this)."""
 
     # --- queries ------------------------------------------------------------------------------
 
@@ -315,7 +313,6 @@ class ConsumerGroup:
 
     def _bump(self) -> None:
         self.group_epoch += 1
-        self.epoch_changed = True
 
     def _subscribed_partitions(self, topics: Mapping[str, int]) -> dict[str, int]:
         return {

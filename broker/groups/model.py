@@ -10,6 +10,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from kafscale.broker.protocol.errors import ErrorCode
 
@@ -212,8 +213,9 @@ class GroupRecord:
     leader: str | None
     members: tuple[MemberRecord, ...] = ()
     group_type: str = "classic"
-    """"consumer" for a KIP-848 group: then ``generation`` is its group epoch and the members
-    (in memory on the coordinator) are not stored."""
+    """"consumer" for a KIP-848 group: then ``generation`` is its group epoch and ``consumer``
+    its state (``consumer_codec``)."""
+    consumer: Mapping[str, Any] | None = None
 
 
 # --- effects ----------------------------------------------------------------------------------
@@ -250,14 +252,13 @@ class EmptyStore:
 
 
 @dataclass(frozen=True, slots=True)
-class ConsumerEpochStore:
-    """A consumer-protocol group's epoch moved (written so that a new coordinator knows the
-    group's type and continues its epochs)."""
+class ConsumerStore:
+    """A consumer-protocol group's state changed: its ``version``-th snapshot."""
 
-    group_epoch: int
+    version: int
 
 
-StoreToken = AssignmentStore | StaticRejoinStore | EmptyStore | ConsumerEpochStore
+StoreToken = AssignmentStore | StaticRejoinStore | EmptyStore | ConsumerStore
 
 
 @dataclass(frozen=True, slots=True)

@@ -23,11 +23,12 @@ from kafscale.broker.groups.consumer import (
     HeartbeatRequest,
     HeartbeatResult,
 )
+from kafscale.broker.groups.consumer_codec import Document, restore, snapshot
 from kafscale.broker.groups.group import Group
 from kafscale.broker.groups.model import (
     UNKNOWN_MEMBER_ID,
     AssignmentStore,
-    ConsumerEpochStore,
+    ConsumerStore,
     Effect,
     EmptyStore,
     GroupConfig,
@@ -83,9 +84,14 @@ class GroupRuntime:
         """The group while it is a classic one (at most one of ``group`` and ``consumer``)."""
         self.consumer: ConsumerGroup | None = None
         """The group while it is a consumer-protocol (KIP-848) one."""
+        self._consumer_doc: Document | None = None
+        """The last snapshot of ``consumer`` queued for etcd."""
+        self._consumer_version = 0
+        self._consumer_waiters: dict[int, asyncio.Future[ErrorCode]] = {}
         if loaded.record is not None and loaded.record.group_type == "consumer":
-            # Members are not stored: they rejoin (UNKNOWN_MEMBER_ID), epochs continue.
-            self.consumer = self._new_consumer_group(loaded.record.generation)
+            document = dict(loaded.record.consumer or {})
+            self.consumer = restore(group_id, document, self._consumer_config(), now)
+            self._consumer_doc = snapshot(self.consumer)
         elif loaded.record is not None:
             self.group = Group.from_record(group_id, config, loaded.record, now)
         elif loaded.offsets:
@@ -113,12 +119,11 @@ class GroupRuntime:
         if self.closed:
             raise NotCoordinator(f"this broker no longer coordinates group {self.group_id!r}")
 
-    def _new_consumer_group(self, group_epoch: int) -> ConsumerGroup:
-        config = ConsumerConfig(
+    def _consumer_config(self) -> ConsumerConfig:
+        return ConsumerConfig(
             session_timeout_ms=self._config.consumer_session_timeout_ms,
             heartbeat_interval_ms=self._config.consumer_heartbeat_interval_ms,
         )
-        return ConsumerGroup(self.group_id, config, group_epoch)
 
     async def join(self, request: JoinRequest) -> JoinResult:
         self._check_open()
@@ -127,6 +132,7 @@ class GroupRuntime:
                 # Kafka 4 can run classic members inside a consumer group; we refuse them.
                 return JoinResult(ErrorCode.INCONSISTENT_GROUP_PROTOCOL, request.member_id)
             self.consumer = None  # an empty consumer group becomes a classic one
+            self._consumer_doc = None
         group = self.group
         if group is None:
             if request.member_id != UNKNOWN_MEMBER_ID:
@@ -169,12 +175,13 @@ class GroupRuntime:
 
     # --- the consumer protocol (KIP-848) -------------------------------------------------------
 
-    def consumer_heartbeat(
+    async def consumer_heartbeat(
         self, request: HeartbeatRequest, topics: dict[str, int]
     ) -> HeartbeatResult:
         """ConsumerGroupHeartbeat. An Empty classic group (or one with only offsets) becomes
         a consumer group; one with members is refused with GROUP_ID_NOT_FOUND, as Kafka does
-        when it cannot upgrade a classic group."""
+        when it cannot upgrade a classic group. A heartbeat that changed the group is answered
+        once the change is in etcd (a new coordinator must know who holds what)."""
         self._check_open()
         consumer = self.consumer
         if consumer is None:
@@ -183,20 +190,39 @@ class GroupRuntime:
                 message = f"group {self.group_id} is a classic group with members"
                 return HeartbeatResult(ErrorCode.GROUP_ID_NOT_FOUND, message)
             epoch = group.generation if group is not None else 0
-            consumer = self.consumer = self._new_consumer_group(epoch)
+            consumer = self.consumer = ConsumerGroup(self.group_id, self._consumer_config(), epoch)
             self.group = None
         result = consumer.heartbeat(self._clock(), request, topics)
-        self._consumer_changed(consumer)
-        return result
+        stored = self._queue_consumer(consumer)
+        if stored is None:
+            return result
+        try:
+            error = await asyncio.shield(stored)
+        except NotCoordinator:
+            error = ErrorCode.NOT_COORDINATOR
+        return result if error is ErrorCode.NONE else HeartbeatResult(error)
 
-    def _consumer_changed(self, consumer: ConsumerGroup) -> None:
-        if consumer.epoch_changed and not self.closed:
-            consumer.epoch_changed = False
-            record = GroupRecord(
-                "consumer", consumer.group_epoch, None, None, group_type="consumer"
-            )
-            self._stores.put_nowait(Store(ConsumerEpochStore(consumer.group_epoch), record))
+    def _queue_consumer(self, consumer: ConsumerGroup) -> asyncio.Future[ErrorCode] | None:
+        """Queue the group's state for etcd if it changed: the future of that write."""
         self._wake.set()
+        document = snapshot(consumer)
+        if document == self._consumer_doc or self.closed:
+            return None
+        self._consumer_doc = document
+        self._consumer_version += 1
+        record = GroupRecord(
+            "consumer", consumer.group_epoch, None, None, group_type="consumer", consumer=document
+        )
+        self._stores.put_nowait(Store(ConsumerStore(self._consumer_version), record))
+        future = asyncio.get_running_loop().create_future()
+        self._consumer_waiters[self._consumer_version] = future
+        return future
+
+    def _consumer_stored(self, version: int, error: ErrorCode) -> None:
+        for waiting in [v for v in self._consumer_waiters if v <= version]:
+            future = self._consumer_waiters.pop(waiting)
+            if not future.done():
+                future.set_result(error)
 
     def describe(self) -> GroupDescription:
         self._check_open()
@@ -303,6 +329,10 @@ class GroupRuntime:
         for future in self._waiters.values():
             if not future.done():
                 future.set_exception(NotCoordinator(f"group {self.group_id} moved"))
+        for stored in self._consumer_waiters.values():
+            if not stored.done():
+                stored.set_result(ErrorCode.NOT_COORDINATOR)
+        self._consumer_waiters.clear()
         tasks = self._tasks
         current = asyncio.current_task()
         for task in tasks:
@@ -363,7 +393,7 @@ class GroupRuntime:
                 expired = consumer.tick(self._clock())
                 if expired:
                     log.info("group %s: members expired: %s", self.group_id, ", ".join(expired))
-                self._consumer_changed(consumer)
+                self._queue_consumer(consumer)
             if self.group is not None and not self.closed:
                 try:
                     self.group.tick(self._clock())
@@ -385,7 +415,8 @@ class GroupRuntime:
                 if not stored:
                     self._lose("group metadata write fenced: the group lease is no longer ours")
                     return
-            if isinstance(store.token, ConsumerEpochStore):
+            if isinstance(store.token, ConsumerStore):
+                self._consumer_stored(store.token.version, error)
                 continue
             if self.group is not None and not self.closed:
                 self.group.stored(self._clock(), store.token, error)

@@ -120,6 +120,8 @@ def encode_group(record: GroupRecord) -> bytes:
     }
     if record.group_type != "classic":
         document["type"] = record.group_type
+    if record.consumer is not None:
+        document["consumer"] = record.consumer
     return json.dumps(document, separators=(",", ":")).encode()
 
 
@@ -145,6 +147,7 @@ def decode_group(data: bytes) -> GroupRecord:
         leader=document.get("leader"),
         members=members,
         group_type=str(document.get("type") or "classic"),
+        consumer=document.get("consumer"),
     )
 
 
@@ -258,8 +261,9 @@ class GroupStore:
             group_id, tp = parsed
             if tp is None:
                 record = decode_group(entry.value)
+                members = bool(record.members or (record.consumer or {}).get("members"))
                 found[group_id] = PersistedGroup(
-                    group_id, record.protocol_type or "", bool(record.members), record.group_type
+                    group_id, record.protocol_type or "", members, record.group_type
                 )
             else:
                 found.setdefault(group_id, PersistedGroup(group_id, "", False))

@@ -32,6 +32,7 @@ from harness import topics
 from harness.brokers import BrokerCluster, BrokerProcess
 from harness.java_client import CACHE, _jars
 from harness.kafka_wire import KafkaWire
+from harness.proxy import start_proxy
 
 pytestmark = pytest.mark.integration
 
@@ -408,3 +409,72 @@ def test_classic_and_consumer_groups_on_one_topic(broker_cluster: BrokerCluster)
         classic.stop()
         modern.stop()
     assert not classic.errors
+
+
+def test_consumer_protocol_through_the_proxy(broker_cluster: BrokerCluster) -> None:
+    """The proxy routes ConsumerGroupHeartbeat and ConsumerGroupDescribe to the coordinator."""
+    brokers = [broker_cluster.start(**GROUP_ENV) for _ in range(2)]
+    proxy = start_proxy(broker_cluster)
+    topic, group = f"proxied-{time.monotonic_ns()}", f"g-{time.monotonic_ns()}"
+    topics.create_topic(brokers[0].bootstrap, topic, PARTITIONS, log_level=QUIET)
+    produce(proxy.bootstrap, topic, 300)
+    members = [ConfluentMember(f"m{i}", proxy.bootstrap, topic, group, "consumer") for i in (0, 1)]
+    try:
+        wait_for(
+            lambda: set(range(300)) <= {v for m in members for _, _, v in m.records},
+            40,
+            "the group to read everything through the proxy",
+        )
+        wait_for(lambda: covered(members), 20, "both members to own partitions")
+        described = describe([proxy], group)
+        assert len(described.members) == 2
+    finally:
+        for member in members:
+            member.stop()
+    assert overlaps(members) == []  # type: ignore[arg-type]
+
+
+def test_members_rejoin_when_the_coordinator_stops(broker_cluster: BrokerCluster) -> None:
+    """The group's state (members, epochs, who holds which partitions) is in etcd, written when
+    it changes: the next coordinator carries on with the same members, from the committed
+    offsets, and never gives a partition to a second member while the first still holds it."""
+    brokers = [broker_cluster.start(**GROUP_ENV) for _ in range(2)]
+    bootstrap = ",".join(b.bootstrap for b in brokers)
+    topic, group = f"moved-{time.monotonic_ns()}", f"g-{time.monotonic_ns()}"
+    topics.create_topic(brokers[0].bootstrap, topic, PARTITIONS, log_level=QUIET)
+    produce(bootstrap, topic, 200)
+    members = [ConfluentMember(f"m{i}", bootstrap, topic, group, "consumer") for i in (0, 1)]
+    try:
+        wait_for(
+            lambda: {v for m in members for _, _, v in m.records} >= set(range(200)), 40, "reads"
+        )
+        with KafkaWire(brokers[0].bootstrap) as wire:
+            coordinator = int(wire.request(10, 3, {"key": group, "key_type": 0}).node_id)
+        victim = next(b for b in brokers if b.node_id == coordinator)
+        survivor = next(b for b in brokers if b is not victim)
+        victim.stop()
+        produce(survivor.bootstrap, topic, 200)
+        wait_for(
+            lambda: {v for m in members for _, _, v in m.records} >= set(range(400)),
+            40,
+            "the group to go on at the other broker",
+        )
+        wait_for(lambda: covered(members), 20, "both members to own partitions again")
+        assert len(describe([survivor], group).members) == 2
+    finally:
+        for member in members:
+            member.stop()
+    assert overlaps(members) == []  # type: ignore[arg-type]
+
+
+def produce(bootstrap: str, topic: str, count: int) -> None:
+    """Values continue from what the topic holds (``count`` more, numbered on)."""
+    producer = Producer({"bootstrap.servers": bootstrap, "log_level": QUIET})
+    start = _produced.get(topic, 0)
+    for i in range(start, start + count):
+        producer.produce(topic, value=str(i).encode())
+    assert producer.flush(30) == 0
+    _produced[topic] = start + count
+
+
+_produced: dict[str, int] = {}

@@ -10,6 +10,8 @@ target assignment once members keep heartbeating.
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -21,6 +23,7 @@ from kafscale.broker.groups.consumer import (
     HeartbeatRequest,
     HeartbeatResult,
 )
+from kafscale.broker.groups.consumer_codec import restore, snapshot
 from kafscale.broker.groups.reconcile import MemberAssignment, reconcile
 from kafscale.broker.protocol.errors import ErrorCode
 
@@ -264,3 +267,17 @@ def test_a_regex_subscription_follows_new_topics() -> None:
 
 def _all() -> list[tuple[str, int]]:
     return [(t, p) for t, n in TOPICS.items() for p in range(n)]
+
+
+def test_the_stored_state_restores_the_same_group() -> None:
+    group = ConsumerGroup("g", ConsumerConfig())
+    clients = [Client("m0"), Client("m1")]
+    for client in clients:
+        _absorb(client, group.heartbeat(0, _request(client, ("a",)), {"a": 5}))
+    _absorb(clients[0], group.heartbeat(5, _request(clients[0], None), {"a": 5}))
+    document = json.loads(json.dumps(snapshot(group)))
+    restored = restore("g", document, ConsumerConfig(), 100)
+    assert snapshot(restored) == snapshot(group)
+    assert restored.state == group.state
+    for client in clients:  # the members carry on at their epochs
+        assert restored.heartbeat(200, _request(client, None), {"a": 5}).error is ErrorCode.NONE
