@@ -22,6 +22,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -478,3 +479,107 @@ def produce(bootstrap: str, topic: str, count: int) -> None:
 
 
 _produced: dict[str, int] = {}
+
+
+# --- the protocol on the wire ---------------------------------------------------------------------
+
+
+def heartbeat(wire: KafkaWire, group: str, member: str, epoch: int, **fields: Any) -> Any:
+    body: dict[str, Any] = {
+        "group_id": group,
+        "member_id": member,
+        "member_epoch": epoch,
+        "rebalance_timeout": 30000 if epoch == 0 else -1,
+        "subscribed_topic_names": None,
+        "topic_partitions": [] if epoch == 0 else None,
+        **fields,
+    }
+    return wire.request(68, 1, body)
+
+
+def offset_commit_v9(wire: KafkaWire, group: str, member: str, epoch: int, topic: str) -> int:
+    body = {
+        "group_id": group,
+        "generation_id_or_member_epoch": epoch,
+        "member_id": member,
+        "group_instance_id": None,
+        "topics": [{"name": topic, "partitions": [{"partition_index": 0, "committed_offset": 1}]}],
+    }
+    return int(wire.request(8, 9, body).topics[0].partitions[0].error_code)
+
+
+CLASSIC_JOIN = {
+    "session_timeout": 10_000,
+    "rebalance_timeout": 10_000,
+    "member_id": "",
+    "group_instance_id": None,
+    "protocol_type": "consumer",
+    "protocols": [{"name": "range", "metadata": b""}],
+    "reason": None,
+}
+
+
+def test_the_protocol_checks_requests_epochs_and_group_types(
+    broker_cluster: BrokerCluster,
+) -> None:
+    broker = broker_cluster.start(**GROUP_ENV)
+    topic, group = f"wire-{time.monotonic_ns()}", f"g-{time.monotonic_ns()}"
+    topics.create_topic(broker.bootstrap, topic, 2, log_level=QUIET)
+    with KafkaWire(broker.bootstrap) as wire:
+        # Bad requests get Kafka's codes, not a broken group.
+        assert heartbeat(wire, group, "m", 0).error_code == 42  # INVALID_REQUEST: no topics
+        names = {"subscribed_topic_names": [topic]}
+        assert heartbeat(wire, group, "", 0, **names).error_code == 42  # v1: member id needed
+        bad_assignor = heartbeat(wire, group, "m", 0, **names, server_assignor="sticky")
+        assert bad_assignor.error_code == 112  # UNSUPPORTED_ASSIGNOR
+        bad_regex = heartbeat(wire, group, "m", 0, subscribed_topic_regex="wire-(")
+        assert bad_regex.error_code == 130  # INVALID_REGULAR_EXPRESSION
+        # A member joins and gets every partition at the group's epoch.
+        joined = heartbeat(wire, group, "m", 0, **names, server_assignor="range")
+        assert joined.error_code == 0 and joined.member_epoch >= 1
+        assert joined.heartbeat_interval.total_seconds() == 0.5
+        assert sorted(joined.assignment.topic_partitions[0].partitions) == [0, 1]
+        epoch = joined.member_epoch
+        assert heartbeat(wire, group, "m", epoch + 3).error_code == 110  # FENCED_MEMBER_EPOCH
+        # Commits name the member's epoch (OffsetCommit v9).
+        assert offset_commit_v9(wire, group, "m", epoch + 1, topic) == 113  # STALE_MEMBER_EPOCH
+        assert offset_commit_v9(wire, group, "m", epoch, topic) == 0
+        fetch = {"groups": [{"group_id": group, "member_id": "m", "member_epoch": epoch - 1,
+                             "topics": None}], "require_stable": False}  # fmt: skip
+        assert wire.request(9, 9, fetch).groups[0].error_code == 113
+        # A classic member cannot join a consumer group that has members...
+        refused = wire.request(11, 9, {"group_id": group, **CLASSIC_JOIN})
+        assert refused.error_code == 23  # INCONSISTENT_GROUP_PROTOCOL
+        # ...but once the last member left, the empty group becomes a classic one.
+        assert heartbeat(wire, group, "m", -1).member_epoch == -1
+        required = wire.request(11, 9, {"group_id": group, **CLASSIC_JOIN})
+        assert required.error_code == 79  # MEMBER_ID_REQUIRED: the classic protocol's handshake
+        listed = wire.request(16, 5, {"states_filter": [], "types_filter": []})
+        assert {g.group_id: g.group_type for g in listed.groups}[group] == "classic"
+
+
+def test_a_classic_group_is_upgraded_in_place_and_back(broker_cluster: BrokerCluster) -> None:
+    """A group consumed by classic members, stopped, continued by consumer-protocol members
+    from its committed offsets (nothing read twice), then by classic members again."""
+    broker = broker_cluster.start(**GROUP_ENV)
+    topic, group = f"upgrade-{time.monotonic_ns()}", f"g-{time.monotonic_ns()}"
+    topics.create_topic(broker.bootstrap, topic, PARTITIONS, log_level=QUIET)
+    seen: list[int] = []
+    for step, protocol in enumerate(("classic", "consumer", "classic")):
+        produce(broker.bootstrap, topic, 100)
+        member = ConfluentMember(f"m{step}", broker.bootstrap, topic, group, protocol)
+        wanted = set(range(100 * (step + 1)))
+        try:
+            wait_for(partial(_read_all, wanted, seen, member), 40, protocol)
+        finally:
+            member.stop()
+        assert not member.errors
+        seen.extend(v for _, _, v in member.records)
+        with KafkaWire(broker.bootstrap) as wire:
+            listed = wire.request(16, 5, {"states_filter": [], "types_filter": []})
+            assert {g.group_id: g.group_type for g in listed.groups}[group] == protocol
+    assert sorted(seen) == list(range(300)), "a record was lost or read twice across upgrades"
+
+
+def _read_all(wanted: set[int], seen: list[int], member: GroupMember) -> bool:
+    return wanted <= set(seen) | {v for _, _, v in member.records}
