@@ -583,3 +583,26 @@ def test_a_classic_group_is_upgraded_in_place_and_back(broker_cluster: BrokerClu
 
 def _read_all(wanted: set[int], seen: list[int], member: GroupMember) -> bool:
     return wanted <= set(seen) | {v for _, _, v in member.records}
+
+
+def test_a_regex_subscription_follows_matching_topics(broker_cluster: BrokerCluster) -> None:
+    """librdkafka sends a ``^``-pattern as ``subscribed_topic_regex``; the broker matches it
+    against the topics, including one created while the member runs."""
+    broker = broker_cluster.start(**GROUP_ENV)
+    prefix = f"rx{time.monotonic_ns()}"
+    group = f"g-{prefix}"
+    for name in (f"{prefix}-a", f"other-{prefix}"):
+        topics.create_topic(broker.bootstrap, name, 2, log_level=QUIET)
+        produce(broker.bootstrap, name, 20)
+    member = ConfluentMember("rx", broker.bootstrap, f"^{prefix}-.*", group, "consumer")
+    try:
+        wait_for(lambda: len(member.records) >= 20, 30, "the first matching topic")
+        topics.create_topic(broker.bootstrap, f"{prefix}-b", 2, log_level=QUIET)
+        produce(broker.bootstrap, f"{prefix}-b", 20)
+        wait_for(lambda: len(member.records) >= 40, 40, "the topic created later")
+        described = describe([broker], group)
+        # librdkafka joins its patterns into one regex: the broker matched that, not the client.
+        assert described.members[0].subscribed_topic_regex == f"(^{prefix}-.*)"
+    finally:
+        member.stop()
+    assert len(member.records) == 40  # nothing from the topic that does not match
