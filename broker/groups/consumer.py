@@ -233,8 +233,7 @@ class ConsumerGroup:
         self.members[member_id] = member
         if request.instance_id is not None:
             self.static_members[request.instance_id] = member_id
-        self._bump()
-        return member
+        return member  # its subscription (set next, never empty on a join) moves the epoch
 
     def _replace_static(
         self, request: HeartbeatRequest, member_id: str

@@ -184,6 +184,11 @@ class GroupRuntime:
         once the change is in etcd (a new coordinator must know who holds what)."""
         self._check_open()
         consumer = self.consumer
+        if consumer is None and request.member_epoch != 0:
+            # Not a member of anything here (Kafka: GROUP_ID_NOT_FOUND); UNKNOWN_MEMBER_ID
+            # makes every client rejoin, and nothing is converted for a stray heartbeat.
+            message = f"member {request.member_id} is not in group {self.group_id}"
+            return HeartbeatResult(ErrorCode.UNKNOWN_MEMBER_ID, message)
         if consumer is None:
             group = self.group
             if group is not None and group.state not in (GroupState.EMPTY, GroupState.DEAD):
