@@ -281,3 +281,15 @@ def test_the_stored_state_restores_the_same_group() -> None:
     assert restored.state == group.state
     for client in clients:  # the members carry on at their epochs
         assert restored.heartbeat(200, _request(client, None), {"a": 5}).error is ErrorCode.NONE
+
+
+def test_a_member_waiting_for_partitions_is_asked_back_sooner() -> None:
+    group = ConsumerGroup("g", ConsumerConfig(heartbeat_interval_ms=500))
+    first, second = Client("m0"), Client("m1")
+    joined = group.heartbeat(0, _request(first, ("a",)), {"a": 2})
+    _absorb(first, joined)
+    assert joined.heartbeat_interval_ms == 500  # stable: it has all it should
+    waiting = group.heartbeat(10, _request(second, ("a",)), {"a": 2})
+    _absorb(second, waiting)
+    assert waiting.assignment == frozenset()  # its partition is still m0's
+    assert waiting.heartbeat_interval_ms == 100
