@@ -173,7 +173,9 @@ class JavaMember(GroupMember):
 
 
 class ConfluentMember(GroupMember, threading.Thread):
-    def __init__(self, name: str, bootstrap: str, topic: str, group: str, protocol: str) -> None:
+    def __init__(
+        self, name: str, bootstrap: str, topic: str, group: str, protocol: str, start: bool = True
+    ) -> None:
         threading.Thread.__init__(self, name=name, daemon=True)
         self.name = name
         self.ownership = Ownership()
@@ -192,7 +194,8 @@ class ConfluentMember(GroupMember, threading.Thread):
             self.config.update({"session.timeout.ms": 6000, "heartbeat.interval.ms": 500})
         self.topic = topic
         self._halt = threading.Event()
-        self.start()
+        if start:
+            self.start()
 
     def run(self) -> None:
         try:
@@ -606,3 +609,36 @@ def test_a_regex_subscription_follows_matching_topics(broker_cluster: BrokerClus
     finally:
         member.stop()
     assert len(member.records) == 40  # nothing from the topic that does not match
+
+
+def test_a_static_member_restarts_without_a_rebalance(broker_cluster: BrokerCluster) -> None:
+    """A member with ``group.instance.id`` that closes and comes back within the session gets
+    its partitions back, and the group epoch does not move (nobody else was disturbed)."""
+    broker = broker_cluster.start(**GROUP_ENV)
+    topic, group = f"static-{time.monotonic_ns()}", f"g-{time.monotonic_ns()}"
+    topics.create_topic(broker.bootstrap, topic, PARTITIONS, log_level=QUIET)
+
+    def static(name: str, instance: str) -> ConfluentMember:
+        member = ConfluentMember(name, broker.bootstrap, topic, group, "consumer", start=False)
+        member.config["group.instance.id"] = instance
+        member.start()
+        return member
+
+    first, second = static("a", "instance-a"), static("b", "instance-b")
+    members = [first, second]
+    try:
+        wait_for(lambda: covered(members), 30, "two static members to share the topic")
+        time.sleep(1)
+        before = describe([broker], group)
+        kept = {p for p in second.ownership.owned_now()}
+        second.stop()
+        members = [first]
+        again = static("b2", "instance-b")
+        members = [first, again]
+        wait_for(lambda: again.ownership.owned_now() == kept, 20, "the same partitions back")
+        after = describe([broker], group)
+        assert after.group_epoch == before.group_epoch
+        assert {m.instance_id for m in after.members} == {"instance-a", "instance-b"}
+    finally:
+        for member in members:
+            member.stop()
