@@ -252,7 +252,7 @@ class ConsumerGroup:
                 f"static member {request.instance_id} is still active as {old_id}",
             )
         del self.members[old_id]
-        epoch = self.target_epoch_of(old) if old.current.epoch == STATIC_LEAVE_EPOCH else 0
+        epoch = self._resumed_epoch(old) if old.current.epoch == STATIC_LEAVE_EPOCH else 0
         member = replace(
             old,
             member_id=member_id,
@@ -267,7 +267,8 @@ class ConsumerGroup:
             self.target[member_id] = self.target.pop(old_id)
         return member
 
-    def target_epoch_of(self, member: ConsumerMember) -> int:
+    def _resumed_epoch(self, member: ConsumerMember) -> int:
+        """The epoch a static member that left with -2 had, which it resumes."""
         return member.previous_epoch if member.previous_epoch >= 0 else self.assignment_epoch
 
     def _known_member(self, request: HeartbeatRequest) -> ConsumerMember | HeartbeatResult:
