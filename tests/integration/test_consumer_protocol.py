@@ -438,7 +438,7 @@ def test_consumer_protocol_through_the_proxy(broker_cluster: BrokerCluster) -> N
     assert overlaps(members) == []  # type: ignore[arg-type]
 
 
-def test_members_rejoin_when_the_coordinator_stops(broker_cluster: BrokerCluster) -> None:
+def test_the_group_carries_on_when_its_coordinator_stops(broker_cluster: BrokerCluster) -> None:
     """The group's state (members, epochs, who holds which partitions) is in etcd, written when
     it changes: the next coordinator carries on with the same members, from the committed
     offsets, and never gives a partition to a second member while the first still holds it."""
