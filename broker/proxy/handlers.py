@@ -160,6 +160,7 @@ class GroupList:
 
 DESCRIBE_GROUPS = GroupList("groups", str, "groups")
 DELETE_GROUPS = GroupList("groups_names", str, "results")
+CONSUMER_GROUP_DESCRIBE = GroupList("group_ids", str, "groups")
 OFFSET_FETCH_GROUPS = GroupList("groups", lambda g: str(g.group_id), "groups")
 
 
@@ -428,4 +429,6 @@ HANDLERS: dict[int, Handler] = {
     60: describe_cluster,
     65: describe_transactions,
     66: list_transactions,
+    68: to_coordinator,  # ConsumerGroupHeartbeat
+    69: by_coordinator(CONSUMER_GROUP_DESCRIBE),
 }
