@@ -441,3 +441,59 @@ def test_a_transaction_through_the_proxy(broker_cluster: BrokerCluster) -> None:
         assert described["unknown-id"].error_code == TRANSACTIONAL_ID_NOT_FOUND
     holders = {k.rsplit("/", 1)[-1] for k in broker_cluster.etcd_keys("leases/transactions/")}
     assert set(ids) <= holders
+
+
+def test_every_advertised_version(broker: BrokerProcess) -> None:
+    """Each version of each coordinator API, through a whole transaction: InitProducerId 0-5,
+    AddPartitionsToTxn 0-3 (and the batched v4 with verify_only), AddOffsetsToTxn 0-4,
+    TxnOffsetCommit 0-4, EndTxn 0-4, ListTransactions 0-1."""
+    with KafkaWire(broker.bootstrap) as wire:
+        make_topic(wire)
+        for version in range(6):
+            txn_id = f"versions-{version}"
+            started = init(wire, txn_id, version=version)
+            assert started.error_code == NONE, version
+            pid, epoch = int(started.producer_id), int(started.producer_epoch)
+            v = min(version, 4)
+            if version <= 3:
+                codes = add_partitions(wire, txn_id, pid, epoch, {TOPIC: [0]}, v=version)
+                assert codes == {(TOPIC, 0): NONE}, version
+            assert add_offsets(wire, txn_id, pid, epoch, f"{txn_id}-g", v=v) == NONE, version
+            commit_v = min(version, 4)
+            assert (
+                txn_commit_offset(wire, txn_id, pid, epoch, f"{txn_id}-g", 3, v=commit_v) == NONE
+            ), version
+            assert end(wire, txn_id, pid, epoch, commit=False, v=v) == NONE, version
+            assert describe(wire, txn_id).transaction_state == "CompleteAbort"
+        # The batched form (v4, from brokers): two transactions in one request, then verify_only.
+        first, second = init(wire, "batched-a"), init(wire, "batched-b")
+        transactions = [
+            {
+                "transactional_id": name,
+                "producer_id": int(r.producer_id),
+                "producer_epoch": int(r.producer_epoch),
+                "verify_only": False,
+                "topics": [{"name": TOPIC, "partitions": [0]}],
+            }
+            for name, r in (("batched-a", first), ("batched-b", second))
+        ]
+        response = wire.request(ADD_PARTITIONS, 4, {"transactions": transactions})
+        assert response.error_code == NONE
+        results = {
+            r.transactional_id: [p.partition_error_code for t in r.topic_results
+                                 for p in t.results_by_partition]
+            for r in response.results_by_transaction
+        }  # fmt: skip
+        assert results == {"batched-a": [NONE], "batched-b": [NONE]}
+        verify = [{**transactions[0], "verify_only": True, "topics": [
+            {"name": TOPIC, "partitions": [0, 1]}]}]  # fmt: skip
+        response = wire.request(ADD_PARTITIONS, 4, {"transactions": verify})
+        (result,) = response.results_by_transaction
+        codes = {int(p.partition_index): int(p.partition_error_code)
+                 for p in result.topic_results[0].results_by_partition}  # fmt: skip
+        assert codes == {0: NONE, 1: INVALID_TXN_STATE}  # partition 1 was never added
+        for version in (0, 1):
+            listed = wire.request(LIST_TXNS, version, {"state_filters": ["Ongoing"],
+                                                       "producer_id_filters": []})  # fmt: skip
+            names = sorted(t.transactional_id for t in listed.transaction_states)
+            assert names == ["batched-a", "batched-b"], version
