@@ -79,8 +79,11 @@ async def test_operator_metrics_count_reconciles_and_report_cluster_state(
         assert value(created, "kafscale_operator_cluster_ready", **cluster) == 0
         assert value(created, "kafscale_operator_cluster_degraded", **cluster) == 0
         runs = {"handler": "reconcile_cluster", "outcome": "success"}
-        assert value(created, "kafscale_operator_reconciles_total", **runs) == 1
-        assert value(created, "kafscale_operator_reconcile_duration_seconds_count", **runs) == 1
+        reconciles = value(created, "kafscale_operator_reconciles_total", **runs)
+        assert reconciles is not None and reconciles >= 1
+        assert value(created, "kafscale_operator_reconcile_duration_seconds_count", **runs) == (
+            reconciles
+        )
         assert (value(created, "kafscale_operator_reconcile_duration_seconds_sum", **runs) or 0) > 0
 
         # The pods come up (we play their kubelet): the status timer sees them ready.
@@ -118,5 +121,6 @@ async def test_operator_metrics_count_reconciles_and_report_cluster_state(
         gone = scrape(port)
         assert value(gone, "kafscale_operator_clusters", phase="Running") == 0
         deletes = {"handler": "delete_cluster", "outcome": "success"}
-        assert value(gone, "kafscale_operator_reconciles_total", **deletes) == 1
+        # At least once: kopf may run a delete handler again before the finalizer's removal lands.
+    assert (value(gone, "kafscale_operator_reconciles_total", **deletes) or 0) >= 1
     await store.close()
