@@ -15,13 +15,15 @@ b. a consume of those records from offset 0 (assign, ``fetch.queue.backoff.ms=0`
 c. small requests: ``--small-records`` 100-byte records with ``linger.ms=0`` and
    ``batch.num.messages=1`` (the per-request cost: one Produce request per record or so).
 
-It prints per-round figures, each mode's median (records/s and MiB/s) and the broker's CPU
-per 1000 records, the differences between the medians (the issue's budget: within 3 %) and
-the medians of each round's own on/off ratios. Throughput and even CPU per record move by
-10-20 % between runs on a shared machine, more than metrics can cost; so it also times the
-metrics work one Produce and one Fetch request do (in this process, no I/O) and prints it as a
-share of the broker's CPU per small produce request: the noise-free figure. Run from the
-repository root, when the load average is low (it prints it)::
+It prints per-round figures (records/s, broker CPU µs per record), each mode's median
+(records/s and MiB/s) and the broker's CPU per 1000 records, the differences between the
+medians (the issue's budget: within 3 %) and the medians of each round's own on/off ratios.
+On a shared machine throughput and even CPU per record move by tens of percent between
+rounds, more than metrics can cost; so it also times the metrics work one Produce and one
+Fetch request do (in this process, no I/O) and prints it as a share of the broker's CPU per
+small produce request: the noise-free figure. ``--control`` runs the same rounds with metrics
+off on both brokers (an A/A run): its "differences" are the machine's noise floor.
+Run from the repository root, when the load average is low (it prints it)::
 
     .venv/bin/python bench/metrics_cost.py                 # ~3 min on 2 cores
     .venv/bin/python bench/metrics_cost.py --rounds 7 --records 100000
@@ -183,7 +185,14 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5, help="rounds per mode (scored)")
     parser.add_argument("--records", type=int, default=50_000, help="1 KiB records per round")
     parser.add_argument("--small-records", type=int, default=20_000, help="small records/round")
+    parser.add_argument(
+        "--control",
+        action="store_true",
+        help="A/A run: both brokers without metrics and unscraped (the machine's noise floor)",
+    )
     args = parser.parse_args()
+    if args.control:
+        print("control (A/A) run: 'on' and 'off' are the same (metrics off, no scrapes)")
     warm_up = argparse.Namespace(records=5000, small_records=500)
     results: list[Figures] = []
     scrapes = 0
@@ -194,10 +203,14 @@ def main() -> None:
             # happens to run faster (placement, allocator state) does not favour one mode.
             order = ["on", "off"] if index % 2 == 0 else ["off", "on"]
             brokers = {
-                mode: start_broker(stack, f"{mode}-{index}", metrics=mode == "on") for mode in order
+                mode: start_broker(
+                    stack, f"{mode}-{index}", metrics=mode == "on" and not args.control
+                )
+                for mode in order
             }
             scraper = Scraper(f"{brokers['on'].admin_url}/metrics")
-            scraper.start()
+            if not args.control:
+                scraper.start()
             for mode in order:  # warm-up, not scored
                 one_round(brokers[mode], mode, -1, warm_up)
             for mode in order:
@@ -205,7 +218,10 @@ def main() -> None:
                 results += figures
                 print(
                     f"round {index} {mode:>3}: "
-                    + "  ".join(f"{f.workload} {f.rate:>9,.0f}/s" for f in figures),
+                    + "  ".join(
+                        f"{f.workload} {f.rate:>9,.0f}/s {f.cpu_s * 1e6 / f.records:6.1f} us"
+                        for f in figures
+                    ),
                     flush=True,
                 )
             scraper.stop.set()
