@@ -76,7 +76,10 @@ def start_metrics_server(port: int, metrics: OperatorMetrics, host: str = "0.0.0
     """Serve ``metrics`` (handler runs, clusters, and the process's CPU, memory and garbage
     collection) on ``GET /metrics`` from a thread of its own; ``server_port`` is the bound
     port (``port`` 0 picks one)."""
-    server, _thread = prometheus_client.start_http_server(
-        port, addr=host, registry=metrics.registry
-    )
+    try:
+        server, _thread = prometheus_client.start_http_server(
+            port, addr=host, registry=metrics.registry
+        )
+    except OSError as exc:
+        raise OSError(f"cannot listen on the metrics port {host}:{port}: {exc}") from exc
     return server
