@@ -23,6 +23,8 @@ rounds, more than metrics can cost; so it also times the metrics work one Produc
 Fetch request do (in this process, no I/O) and prints it as a share of the broker's CPU per
 small produce request: the noise-free figure. ``--control`` runs the same rounds with metrics
 off on both brokers (an A/A run): its "differences" are the machine's noise floor.
+``--interleaved N`` keeps one pair of brokers for the whole run and alternates N small-request
+runs between them (the steadiest same-run comparison on a busy machine).
 Run from the repository root, when the load average is low (it prints it)::
 
     .venv/bin/python bench/metrics_cost.py                 # ~3 min on 2 cores
@@ -190,7 +192,17 @@ def main() -> None:
         action="store_true",
         help="A/A run: both brokers without metrics and unscraped (the machine's noise floor)",
     )
+    parser.add_argument(
+        "--interleaved",
+        type=int,
+        default=0,
+        metavar="N",
+        help="instead: one broker pair for the whole run, N alternating small-produce runs each",
+    )
     args = parser.parse_args()
+    if args.interleaved:
+        interleaved(args.interleaved, args.small_records)
+        return
     if args.control:
         print("control (A/A) run: 'on' and 'off' are the same (metrics off, no scrapes)")
     warm_up = argparse.Namespace(records=5000, small_records=500)
@@ -229,6 +241,40 @@ def main() -> None:
             for broker in brokers.values():
                 broker.stop()  # graceful: its session and leases go at once
         report(results, scrapes)
+
+
+def interleaved(runs: int, records: int) -> None:
+    """Small requests on the same two broker processes, alternating on/off ``runs`` times: the
+    difference between fresh processes (placement, allocator, hash seeds) drops out, and load
+    swings longer than one run hit both alike."""
+    print(f"load average at the start (1, 5, 15 min): {os.getloadavg()}", flush=True)
+    results: list[Figures] = []
+    with Stack() as stack:
+        brokers = {mode: start_broker(stack, f"{mode}-i", metrics=mode == "on") for mode in MODES}
+        for mode, broker in brokers.items():
+            create_topic(broker.bootstrap, f"small-{mode}", PARTITIONS)
+            produce(broker.bootstrap, f"small-{mode}", 1000, SMALL_BYTES, small=True)
+        scraper = Scraper(f"{brokers['on'].admin_url}/metrics")
+        scraper.start()
+        for index in range(runs):
+            for mode in MODES if index % 2 == 0 else MODES[::-1]:
+                broker = brokers[mode]
+                cpu = cpu_seconds(broker.pid)
+                seconds = produce(broker.bootstrap, f"small-{mode}", records, SMALL_BYTES, True)
+                figure = Figures(
+                    mode, "produce small", records, seconds, cpu_seconds(broker.pid) - cpu
+                )
+                results.append(figure)
+                print(
+                    f"run {index} {mode:>3}: {figure.rate:>7,.0f}/s "
+                    f"{figure.cpu_s * 1e6 / records:6.1f} us per record",
+                    flush=True,
+                )
+        scraper.stop.set()
+        report(results, scraper.scrapes)
+
+
+MODES = ("on", "off")
 
 
 def report(results: list[Figures], scrapes: int) -> None:
