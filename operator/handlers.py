@@ -332,7 +332,7 @@ def register(registry: kopf.OperatorRegistry, config: OperatorSettings) -> None:
         ref, cluster_spec = found
         cluster = naming.kafscale_cluster_name(ref, cluster_spec)
         try:
-            async with runtime.etcd.session(naming.etcd_endpoints(ref, cluster_spec)) as etcd:
+            async with runtime.cluster_etcd(ref, cluster_spec) as etcd:
                 decision = await reconcile_topic(etcd, cluster, name, spec)
                 await rebalance(etcd, cluster)
         except MetadataError as exc:
@@ -360,7 +360,7 @@ def register(registry: kopf.OperatorRegistry, config: OperatorSettings) -> None:
         ref, cluster_spec = found
         name = topic_name(spec, meta["name"])
         try:
-            async with runtime.etcd.session(naming.etcd_endpoints(ref, cluster_spec)) as etcd:
+            async with runtime.cluster_etcd(ref, cluster_spec) as etcd:
                 await delete_topic_keys(etcd, naming.kafscale_cluster_name(ref, cluster_spec), name)
         except MetadataError as exc:
             raise kopf.TemporaryError(f"etcd: {exc}", delay=3) from exc

@@ -107,7 +107,7 @@ async def reconcile_user(runtime: Runtime, body: Any) -> tuple[ClusterRef, Verdi
     password = await _ensure_secret(runtime, ref, cluster)
     mechanism = mechanism_of(spec)
     try:
-        async with runtime.etcd.session(naming.etcd_endpoints(cluster_ref, cluster_spec)) as etcd:
+        async with runtime.cluster_etcd(cluster_ref, cluster_spec) as etcd:
             await sync_credential(etcd, cluster, ref.name, mechanism, password)
             plan = await sync_acls(etcd, cluster, ref.name, desired_bindings(ref.name, spec))
     except (MetadataError, MetadataTimeout) as exc:
@@ -207,9 +207,7 @@ def register_users(registry: kopf.OperatorRegistry, config: OperatorSettings) ->
         cluster_ref, cluster_spec = found
         cluster = naming.kafscale_cluster_name(cluster_ref, cluster_spec)
         try:
-            async with runtime.etcd.session(
-                naming.etcd_endpoints(cluster_ref, cluster_spec)
-            ) as etcd:
+            async with runtime.cluster_etcd(cluster_ref, cluster_spec) as etcd:
                 credentials, acls = await remove_user(etcd, cluster, meta["name"])
         except (MetadataError, MetadataTimeout) as exc:
             raise kopf.TemporaryError(f"etcd: {exc}", delay=3) from exc
