@@ -30,6 +30,14 @@ def managed_tls(spec: KafScaleClusterSpec) -> bool:
     return spec.etcd.mode == EtcdMode.MANAGED and spec.etcd.tls
 
 
+MANAGED_WITH_TLS = frozenset({"etcd.ca_file", "etcd.cert_file", "etcd.key_file"})
+
+
+def managed_config_keys(spec: KafScaleClusterSpec) -> frozenset[str]:
+    """``spec.brokers.config`` keys etcd TLS owns (none without it)."""
+    return MANAGED_WITH_TLS if managed_tls(spec) else frozenset()
+
+
 def etcd_client_environment(spec: KafScaleClusterSpec) -> dict[str, str]:
     """The brokers' (and proxies') etcd TLS settings (none unless the managed etcd has TLS)."""
     if not managed_tls(spec):

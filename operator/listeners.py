@@ -53,6 +53,11 @@ MANAGED_WITH_LISTENERS = frozenset(
 )
 
 
+def managed_config_keys(spec: KafScaleClusterSpec) -> frozenset[str]:
+    """``spec.brokers.config`` keys the listeners own (none without listeners)."""
+    return MANAGED_WITH_LISTENERS if spec.listeners else frozenset()
+
+
 def kafka_name(listener: ListenerSpec) -> str:
     return listener.name.upper()
 

@@ -125,16 +125,14 @@ def broker_environment(ref: ClusterRef, spec: KafScaleClusterSpec) -> dict[str, 
     if spec.brokers.rack:
         env["KAFSCALE_LISTENER__RACK"] = spec.brokers.rack
     env.update(broker_config_env(spec.brokers.config))
-    managed = {
-        **listeners.listener_environment(spec),
-        **etcd_security.etcd_client_environment(spec),
-    }
-    clash = sorted(set(env) & set(managed))
+    managed = listeners.managed_config_keys(spec) | etcd_security.managed_config_keys(spec)
+    clash = sorted(set(spec.brokers.config) & managed)
     if clash:
         raise InvalidBrokerConfig(
-            f"brokers.config sets {', '.join(clash)}, which spec.listeners or etcd.tls set"
+            f"brokers.config[{clash[0]!r}] is set by the operator (spec.listeners, etcd.tls)"
         )
-    env.update(managed)
+    env.update(listeners.listener_environment(spec))
+    env.update(etcd_security.etcd_client_environment(spec))
     return dict(sorted(env.items()))
 
 

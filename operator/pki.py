@@ -18,6 +18,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from cryptography import x509
+from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
@@ -173,7 +174,7 @@ def signed_by(cert_pem: bytes, ca_pem: bytes) -> bool:
         cert = x509.load_pem_x509_certificate(cert_pem)
         ca = x509.load_pem_x509_certificate(ca_pem)
         cert.verify_directly_issued_by(ca)
-    except (ValueError, TypeError, x509.InvalidSignature):  # type: ignore[attr-defined]
+    except (ValueError, TypeError, InvalidSignature):
         return False
     return True
 
