@@ -109,8 +109,9 @@ def pod_dns_domain(namespace: str) -> str:
 
 def advertise_command(ref: ClusterRef, spec: KafScaleClusterSpec) -> list[str]:
     """The broker's start command with listeners: advertise the pod IP on the internal listener
-    and the pod's DNS name on the others, then ``exec`` the broker (it stays PID 1's child-free
-    process, so SIGTERM reaches it). ``$$`` keeps Kubernetes from expanding ``$(...)``."""
+    and the pod's DNS name on the others, then ``exec`` the broker (the shell is replaced: the
+    broker is the container's process and gets SIGTERM itself). ``$$`` keeps Kubernetes from
+    expanding ``$(...)``."""
     pod_ip = "${" + POD_IP_VAR + "}"
     dns = f'$$(printf %s "{pod_ip}" | tr .: --).{pod_dns_domain(ref.namespace)}'
     advertised = [f"{naming.INTERNAL_LISTENER}://{pod_ip}:{naming.INTERNAL_PORT}"]

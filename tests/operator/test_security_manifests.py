@@ -90,6 +90,23 @@ def test_the_broker_reads_the_listeners_the_operator_renders(
     assert list(settings.etcd.endpoints) == ["https://demo-etcd-client.kafka.svc:2379"]
 
 
+def test_proxy_pods_reach_a_tls_etcd_with_the_mounted_client_certificate(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from kafscale.broker.proxy.config import ProxySettings
+
+    spec = parse_cluster_spec(SECURED)
+    for key in list(os.environ):
+        if key.startswith("KAFSCALE_"):
+            monkeypatch.delenv(key)
+    for key, value in manifests.broker_environment(REF, spec).items():
+        monkeypatch.setenv(key, value)
+    settings = ProxySettings()
+    assert settings.etcd.cert_file == Path(naming.ETCD_CLIENT_TLS_DIR) / "tls.crt"
+    assert settings.etcd.key_file == Path(naming.ETCD_CLIENT_TLS_DIR) / "tls.key"
+    assert settings.etcd.ca_file == Path(naming.ETCD_CLIENT_TLS_DIR) / "ca.crt"
+
+
 def test_without_listeners_nothing_changes() -> None:
     spec = parse_cluster_spec({"storage": {"bucket": "bucket-1"}})
     assert listeners.listener_environment(spec) == {}
