@@ -120,11 +120,14 @@ def _tcp(port: int) -> dict[str, Any]:
 
 
 def build_etcd_network_policy(ref: ClusterRef, spec: KafScaleClusterSpec) -> dict[str, Any]:
-    """etcd's client port: this cluster's pods and the operator; peers: etcd members; the
-    metrics/health port: anyone (the kubelet's probes, scrapers)."""
+    """etcd's client port: this cluster's pods, the operator and pods labelled as etcd clients
+    in the cluster's namespace; peers: etcd members; the metrics/health port: anyone (the
+    kubelet's probes, scrapers)."""
     members = {"podSelector": {"matchLabels": naming.selector_labels(ref.name, naming.ETCD)}}
+    labelled = {"podSelector": {"matchLabels": {naming.LABEL_ETCD_CLIENT: "true"}}}
+    clients = [_cluster_pods(ref), _operator_pods(), labelled]
     ingress: list[dict[str, Any]] = [
-        {"from": [_cluster_pods(ref), _operator_pods()], "ports": [_tcp(naming.ETCD_CLIENT_PORT)]},
+        {"from": clients, "ports": [_tcp(naming.ETCD_CLIENT_PORT)]},
         {"from": [members], "ports": [_tcp(naming.ETCD_PEER_PORT)]},
     ]
     if spec.etcd.tls:

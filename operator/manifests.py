@@ -616,8 +616,9 @@ def build_cluster_objects(
             build_etcd_client_service(ref, spec),
             build_etcd_statefulset(ref, spec),
             build_etcd_pdb(ref, spec),
-            etcd_security.build_etcd_network_policy(ref, spec),
         ]
+        if spec.etcd.network_policy:
+            objects.append(etcd_security.build_etcd_network_policy(ref, spec))
     objects += [
         build_config_map(ref, spec),
         build_broker_service(ref, spec),

@@ -190,6 +190,12 @@ class EtcdSpec(_Model):
     resources: ResourceRequirements | None = Field(
         default=None, description="etcd container resources."
     )
+    network_policy: bool = Field(
+        default=True,
+        description="Managed etcd only: a NetworkPolicy admits to etcd's client port only this "
+        'cluster\'s pods, the operator and pods labelled `kafscale.io/etcd-client: "true"` in '
+        "the cluster's namespace (e.g. Spark jobs reading topics from object storage).",
+    )
     tls: bool = Field(
         default=False,
         description="Managed etcd only: serve clients and peers over TLS with certificates "

@@ -29,6 +29,7 @@ PROXY = "proxy"
 CONFIG = "config"
 USER = "user"
 LABEL_USER = "kafscale.io/user"
+LABEL_ETCD_CLIENT = "kafscale.io/etcd-client"  # "true": a pod of yours the etcd policy admits
 
 KAFKA_PORT = 9092
 INTERNAL_PORT = 9091  # the internal PLAINTEXT listener when spec.listeners is set

@@ -198,12 +198,15 @@ def test_network_policies() -> None:
     }
     assert "namespaceSelector" not in sources[0]  # this namespace only
     assert sources[1]["podSelector"]["matchLabels"][naming.LABEL_COMPONENT] == "operator"
+    assert sources[2] == {"podSelector": {"matchLabels": {"kafscale.io/etcd-client": "true"}}}
     broker = find(objects, "NetworkPolicy", "demo-broker")["spec"]
     assert broker["ingress"][0]["ports"] == [{"protocol": "TCP", "port": 9091}]
     assert {p["port"] for p in broker["ingress"][1]["ports"]} == {9092, 9093, 9094, 8080}
     assert "from" not in broker["ingress"][1]
     plain = objects_of({"storage": {"bucket": "bucket-1"}})
     assert [o["metadata"]["name"] for o in plain if o["kind"] == "NetworkPolicy"] == ["demo-etcd"]
+    off = objects_of({"storage": {"bucket": "bucket-1"}, "etcd": {"networkPolicy": False}})
+    assert not [o for o in off if o["kind"] == "NetworkPolicy"]
 
 
 def test_cert_manager_objects_make_the_mounted_secrets() -> None:
