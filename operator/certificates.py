@@ -232,6 +232,22 @@ def build_cert_manager_objects(ref: ClusterRef, spec: KafScaleClusterSpec) -> li
     return objects
 
 
+CERT_MANAGER_ANNOTATION = "cert-manager.io/certificate-name"
+
+
+def use_cert_manager(served: bool, ca_secret: dict[str, Any] | None, uid: str) -> bool:
+    """Whether cert-manager makes the cluster's certificates: it is served, and the operator
+    has not already made the cluster's CA (installing cert-manager later must not replace a CA
+    that clients already trust; the operator keeps its own then)."""
+    if not served:
+        return False
+    if ca_secret is None:
+        return True
+    meta = ca_secret.get("metadata") or {}
+    owned = any(o.get("uid") == uid for o in meta.get("ownerReferences") or [])
+    return not owned or CERT_MANAGER_ANNOTATION in (meta.get("annotations") or {})
+
+
 def cert_manager_object_ids(ref: ClusterRef) -> list[tuple[str, str, str]]:
     """Every cert-manager object any spec of this cluster can produce."""
     name = ref.name

@@ -18,7 +18,7 @@ from typing import Any
 from kafscale.broker.metadata import keys
 from kafscale.broker.metadata.etcd import MetadataError
 from kafscale.broker.storage.object_store import ObjectStoreError
-from kafscale.operator import manifests, naming
+from kafscale.operator import certificates, manifests, naming
 from kafscale.operator.certificates import CERT_MANAGER_API
 from kafscale.operator.discovery import ServerCapabilities, fit_to_server
 from kafscale.operator.events import Notice, rebalance_notice
@@ -63,12 +63,12 @@ async def apply_cluster(runtime: Runtime, ref: ClusterRef, spec: KafScaleCluster
     Returns what was left out because the server does not serve it (also kept for the status).
     """
     kube, capabilities = runtime.kube, runtime.capabilities
-    cert_manager = serves_cert_manager(capabilities)
-    objects = manifests.build_cluster_objects(ref, spec, cert_manager=cert_manager)
-    wanted, left_out = fit_to_server(objects, capabilities)
-    runtime.left_out[(ref.namespace, ref.name)] = left_out
-    runtime.applied_with[(ref.namespace, ref.name)] = capabilities
     try:
+        cert_manager = await _use_cert_manager(runtime, ref, spec)
+        objects = manifests.build_cluster_objects(ref, spec, cert_manager=cert_manager)
+        wanted, left_out = fit_to_server(objects, capabilities)
+        runtime.left_out[(ref.namespace, ref.name)] = left_out
+        runtime.applied_with[(ref.namespace, ref.name)] = capabilities
         if not cert_manager:  # the Secrets the pods mount, before the pods
             await ensure_certificate_secrets(kube, ref, spec, datetime.datetime.now(datetime.UTC))
         for manifest in wanted:
@@ -84,6 +84,18 @@ async def apply_cluster(runtime: Runtime, ref: ClusterRef, spec: KafScaleCluster
         raise
     runtime.apply_errors.pop((ref.namespace, ref.name), None)
     return left_out
+
+
+async def _use_cert_manager(runtime: Runtime, ref: ClusterRef, spec: KafScaleClusterSpec) -> bool:
+    if not serves_cert_manager(runtime.capabilities) or not certificates.ca_requests(ref, spec):
+        return False
+    ca_secret = await runtime.kube.get(
+        "v1", "Secret", ref.namespace, naming.ca_secret_name(ref.name)
+    )
+    if ca_secret is None:  # no Kafka CA yet: the etcd CA decides as well
+        name = naming.etcd_ca_secret_name(ref.name)
+        ca_secret = await runtime.kube.get("v1", "Secret", ref.namespace, name)
+    return certificates.use_cert_manager(True, ca_secret, ref.uid)
 
 
 async def broker_replicas(runtime: Runtime, ref: ClusterRef) -> int | None:

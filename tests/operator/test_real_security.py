@@ -213,6 +213,16 @@ async def test_tls_listeners_and_etcd_tls_get_certificates_that_serve(
     assert secret_files(kube, ns, "demo-broker-tls") == broker_tls
     assert secret_files(kube, ns, "demo-ca") == secrets["demo-ca"]
 
+    # Rotation: a deleted certificate Secret is issued again (same CA) at the next reconcile.
+    kube.delete(f"{SECRETS.format(ns=ns)}/demo-broker-tls")
+    kube.merge_patch(f"{CLUSTERS.format(ns=ns)}/demo", {"spec": {"brokers": {"replicas": 1}}})
+    rotated = await settle(
+        lambda: secret_files(kube, ns, "demo-broker-tls"), what="a new broker certificate"
+    )
+    assert rotated["tls.crt"] != broker_tls["tls.crt"]
+    assert pki.signed_by(rotated["tls.crt"], kafka_ca) and rotated["ca.crt"] == kafka_ca
+    broker_tls = rotated
+
     # etcd with the StatefulSet's TLS flags and the server Secret: the operator's client
     # certificate (read from the Secret by the operator's own code) gets in, none does not.
     server_dir = write_files(tmp_path / "etcd-server", secrets["demo-etcd-server-tls"])

@@ -238,6 +238,21 @@ def test_cert_manager_objects_make_the_mounted_secrets() -> None:
     assert not [o for o in plain if o["apiVersion"].startswith("cert-manager")]
 
 
+def test_cert_manager_is_used_unless_the_operator_already_made_the_ca() -> None:
+    mine = {"metadata": {"ownerReferences": [{"uid": REF.uid}]}}
+    issued = {
+        "metadata": {
+            "ownerReferences": [{"uid": REF.uid}],
+            "annotations": {certificates.CERT_MANAGER_ANNOTATION: "demo-ca"},
+        }
+    }
+    assert certificates.use_cert_manager(True, None, REF.uid)  # a new cluster
+    assert certificates.use_cert_manager(True, {"metadata": {}}, REF.uid)  # cert-manager's
+    assert certificates.use_cert_manager(True, issued, REF.uid)
+    assert not certificates.use_cert_manager(True, mine, REF.uid)  # keep the trusted CA
+    assert not certificates.use_cert_manager(False, None, REF.uid)
+
+
 # --- validation -----------------------------------------------------------------------------------
 
 
