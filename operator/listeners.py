@@ -109,14 +109,15 @@ def pod_dns_domain(namespace: str) -> str:
 
 def advertise_command(ref: ClusterRef, spec: KafScaleClusterSpec) -> list[str]:
     """The broker's start command with listeners: advertise the pod IP on the internal listener
-    and the pod's DNS name on the others, then ``exec`` the broker (the shell is replaced: the
-    broker is the container's process and gets SIGTERM itself). ``$$`` keeps Kubernetes from
-    expanding ``$(...)``."""
-    pod_ip = "${" + POD_IP_VAR + "}"
-    dns = f'$$(printf %s "{pod_ip}" | tr .: --).{pod_dns_domain(ref.namespace)}'
-    advertised = [f"{naming.INTERNAL_LISTENER}://{pod_ip}:{naming.INTERNAL_PORT}"]
-    advertised += [f"{kafka_name(lst)}://{dns}:{lst.port}" for lst in spec.listeners]
+    (bracketed when IPv6) and the pod's DNS name on the others, then ``exec`` the broker (the
+    shell is replaced: the broker is the container's process and gets SIGTERM itself). ``$$``
+    keeps Kubernetes from expanding ``$(...)`` itself."""
+    advertised = [f"{naming.INTERNAL_LISTENER}://$host:{naming.INTERNAL_PORT}"]
+    advertised += [f"{kafka_name(lst)}://$dns:{lst.port}" for lst in spec.listeners]
     script = (
+        f'ip="${{{POD_IP_VAR}}}"; '
+        'case "$ip" in *:*) host="[$ip]" ;; *) host="$ip" ;; esac; '
+        f'dns="$$(printf %s "$ip" | tr .: --).{pod_dns_domain(ref.namespace)}"; '
         f'KAFSCALE_ADVERTISED_LISTENERS="{",".join(advertised)}"; '
         "export KAFSCALE_ADVERTISED_LISTENERS; exec kafscale broker"
     )

@@ -140,20 +140,25 @@ def test_ports_services_and_the_start_command(tmp_path: Path) -> None:
     fake = tmp_path / "kafscale"
     fake.write_text('#!/bin/sh\necho "$@"\necho "$KAFSCALE_ADVERTISED_LISTENERS"\n')
     fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
-    result = subprocess.run(
-        [*command[:2], command[2].replace("$$", "$")],
-        env={"PATH": f"{tmp_path}:/usr/bin:/bin", listeners.POD_IP_VAR: "10.1.2.3"},
-        capture_output=True,
-        text=True,
-        timeout=10,
-        check=True,
-    )
-    args, advertised = result.stdout.splitlines()
-    assert args == "broker"
-    assert advertised == (
+
+    def run(pod_ip: str) -> tuple[str, str]:
+        result = subprocess.run(
+            [*command[:2], command[2].replace("$$", "$")],
+            env={"PATH": f"{tmp_path}:/usr/bin:/bin", listeners.POD_IP_VAR: pod_ip},
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=True,
+        )
+        args, advertised = result.stdout.splitlines()
+        return args, advertised
+
+    assert run("10.1.2.3") == (
+        "broker",
         "INTERNAL://10.1.2.3:9091,PLAIN://10-1-2-3.kafka.pod:9092,"
-        "EXTERNAL://10-1-2-3.kafka.pod:9093,MTLS://10-1-2-3.kafka.pod:9094"
+        "EXTERNAL://10-1-2-3.kafka.pod:9093,MTLS://10-1-2-3.kafka.pod:9094",
     )
+    assert run("fd00::7")[1].startswith("INTERNAL://[fd00::7]:9091,PLAIN://fd00--7.kafka.pod:9092")
     # The pod DNS name is one the broker certificate covers.
     assert "*.kafka.pod" in listeners.broker_tls_hosts(REF)
 
