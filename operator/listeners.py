@@ -23,6 +23,7 @@ from kafscale.operator.models import (
     KafScaleClusterSpec,
     ListenerAuthenticationType,
     ListenerSpec,
+    ListenerStatus,
 )
 
 POD_IP_VAR = "KAFSCALE_LISTENER__ADVERTISED_HOST"  # the pod IP (status.podIP) in broker pods
@@ -171,3 +172,20 @@ def broker_tls_volume(ref: ClusterRef) -> dict[str, Any]:
 
 def broker_tls_mount() -> dict[str, Any]:
     return {"name": "tls", "mountPath": naming.BROKER_TLS_DIR, "readOnly": True}
+
+
+def listener_status(ref: ClusterRef, spec: KafScaleClusterSpec) -> list[ListenerStatus] | None:
+    """``status.listeners`` (Strimzi's shape): each listener's bootstrap address on the brokers'
+    Service and, for TLS ones, the Secret holding the CA clients trust. None without listeners."""
+    if not spec.listeners:
+        return None
+    host = naming.service_host(naming.broker_service_name(ref.name), ref.namespace)
+    return [
+        ListenerStatus(
+            name=lst.name,
+            security_protocol=lst.security_protocol,
+            bootstrap_servers=f"{host}:{lst.port}",
+            ca_secret=naming.ca_secret_name(ref.name) if lst.tls else None,
+        )
+        for lst in spec.listeners
+    ]

@@ -463,6 +463,15 @@ class ClusterPhase(StrEnum):
     TERMINATING = "Terminating"
 
 
+class ListenerStatus(_Model):
+    name: str = Field(description="Listener name (spec.listeners[].name).")
+    security_protocol: str = Field(description="PLAINTEXT, SSL, SASL_PLAINTEXT or SASL_SSL.")
+    bootstrap_servers: str = Field(description="host:port of the brokers' Service port.")
+    ca_secret: str | None = Field(
+        default=None, description="Secret whose `ca.crt` clients trust (TLS listeners)."
+    )
+
+
 class KafScaleClusterStatus(_Model):
     observed_generation: int | None = Field(default=None, description="Generation last reconciled.")
     phase: ClusterPhase | None = Field(default=None, description="Summary of the conditions.")
@@ -475,6 +484,9 @@ class KafScaleClusterStatus(_Model):
     bootstrap: str | None = Field(default=None, description="Bootstrap address for Kafka clients.")
     cluster_name: str | None = Field(default=None, description="Name in etcd and object storage.")
     leases: LeaseStatus | None = Field(default=None, description="Partition lease distribution.")
+    listeners: list[ListenerStatus] | None = Field(
+        default=None, description="Where clients connect to each of spec.listeners."
+    )
 
 
 class KafScaleTopicSpec(_Model):

@@ -212,6 +212,13 @@ async def test_tls_listeners_and_etcd_tls_get_certificates_that_serve(
     )
     assert secret_files(kube, ns, "demo-broker-tls") == broker_tls
     assert secret_files(kube, ns, "demo-ca") == secrets["demo-ca"]
+    status = kube.get(f"{CLUSTERS.format(ns=ns)}/demo")["status"]
+    assert status["listeners"][1] == {
+        "name": "external",
+        "securityProtocol": "SASL_SSL",
+        "bootstrapServers": f"demo-brokers.{ns}.svc:9093",
+        "caSecret": "demo-ca",
+    }
 
     # Rotation: a deleted certificate Secret is issued again (same CA) at the next reconcile.
     kube.delete(f"{SECRETS.format(ns=ns)}/demo-broker-tls")

@@ -163,6 +163,33 @@ def test_ports_services_and_the_start_command(tmp_path: Path) -> None:
     assert "*.kafka.pod" in listeners.broker_tls_hosts(REF)
 
 
+def test_listener_status_says_where_to_connect() -> None:
+    statuses = listeners.listener_status(REF, parse_cluster_spec(SECURED))
+    assert statuses is not None
+    assert [s.to_api() for s in statuses] == [
+        {
+            "name": "plain",
+            "securityProtocol": "PLAINTEXT",
+            "bootstrapServers": "demo-brokers.kafka.svc:9092",
+        },
+        {
+            "name": "external",
+            "securityProtocol": "SASL_SSL",
+            "bootstrapServers": "demo-brokers.kafka.svc:9093",
+            "caSecret": "demo-ca",
+        },
+        {
+            "name": "mtls",
+            "securityProtocol": "SSL",
+            "bootstrapServers": "demo-brokers.kafka.svc:9094",
+            "caSecret": "demo-ca",
+        },
+    ]
+    assert (
+        listeners.listener_status(REF, parse_cluster_spec({"storage": {"bucket": "b12"}})) is None
+    )
+
+
 def test_certificates_are_mounted_where_the_settings_point() -> None:
     objects = objects_of(SECURED)
     for name in ("demo-broker", "demo-proxy"):
