@@ -347,7 +347,13 @@ async def test_with_cert_manager_served_the_operator_asks_it_for_the_certificate
                 "demo-ca",
                 "demo-etcd-ca",
             }
-            listed = kube.get(f"{base}/certificates")["items"]
+            listed = await settle(  # applied one after another: wait for the last
+                lambda: (
+                    len(kube.get(f"{base}/certificates")["items"]) == 5
+                    and kube.get(f"{base}/certificates")["items"]
+                ),
+                what="five Certificates",
+            )
             assert {c["spec"]["secretName"] for c in listed} == {
                 "demo-ca",
                 "demo-broker-tls",
