@@ -195,9 +195,9 @@ async def test_tls_listeners_and_etcd_tls_get_certificates_that_serve(
         "plain": 9092,
         "external": 9093,
     }
+    policies = f"/apis/networking.k8s.io/v1/namespaces/{ns}/networkpolicies"
     for policy in ("demo-etcd", "demo-broker"):  # the broker's is applied after the Deployment
-        policies = f"/apis/networking.k8s.io/v1/namespaces/{ns}/networkpolicies"
-        await settle(lambda policy=policy: kube.get(f"{policies}/{policy}"), what=policy)
+        await settle(lambda path=f"{policies}/{policy}": kube.get(path), what=policy)
 
     # An edit reconciles again without churning certificates.
     kube.merge_patch(f"{CLUSTERS.format(ns=ns)}/demo", {"spec": {"brokers": {"replicas": 2}}})
