@@ -4,7 +4,8 @@
 so tests and ``run_operator`` each build their own registry and nothing registers at import.
 
 KafScaleCluster
-    create/update(spec)/resume → apply objects, write status · timer → observe status and lease
+    create/update(spec)/resume → certificate Secrets (``tls_secrets``) or cert-manager objects,
+    then apply objects, write status · timer → observe status and lease
     distribution · daemon → lease balancer (etcd watch on broker registrations) · timer → drift
     repair (re-apply) · delete (finalizer) → honour ``deletionPolicy``.
 Broker pods
