@@ -49,6 +49,21 @@ SPECS: dict[str, dict[str, Any]] = {
         "deletionPolicy": "Delete",
     },
     "single-etcd": {**BASE, "etcd": {"replicas": 1}},
+    "secured": {
+        **BASE,
+        "proxy": {"enabled": True},
+        "etcd": {"tls": True},
+        "listeners": [
+            {"name": "plain", "port": 9092},
+            {
+                "name": "external",
+                "port": 9093,
+                "tls": True,
+                "authentication": {"type": "scram-sha-512"},
+            },
+            {"name": "mtls", "port": 9094, "tls": True, "authentication": {"type": "tls"}},
+        ],
+    },
     "zero-brokers": {**BASE, "brokers": {"replicas": 0}},
 }
 
@@ -269,7 +284,12 @@ def test_obsolete_objects_follow_the_spec() -> None:
     external = manifests.obsolete_object_ids(REF, spec_of("external-etcd"))
     assert ("apps/v1", "StatefulSet", "demo-etcd") in external
     everything = manifests.obsolete_object_ids(REF, spec_of("everything"))
-    assert everything == []
+    # No listeners, no TLS: only the broker NetworkPolicy and cert-manager objects are unwanted.
+    assert {kind for _, kind, _ in everything} == {"NetworkPolicy", "Certificate", "Issuer"}
+    assert ("networking.k8s.io/v1", "NetworkPolicy", "demo-etcd") not in everything
+    secured = manifests.obsolete_object_ids(REF, spec_of("secured"), cert_manager=True)
+    assert ("cert-manager.io/v1", "Certificate", "demo-broker-tls") not in secured
+    assert ("networking.k8s.io/v1", "NetworkPolicy", "demo-broker") not in secured
 
 
 @pytest.mark.parametrize(
@@ -332,6 +352,8 @@ def test_autoscaled_proxy_leaves_replicas_to_the_hpa() -> None:
     }
     objects = manifests.build_cluster_objects(REF, parse_cluster_spec(raw))
     assert "replicas" not in by_kind(objects, "Deployment", "demo-proxy")["spec"]
+
+
 @pytest.mark.parametrize("grace_s", [5, 30, 600])
 def test_the_drain_hook_ends_inside_the_grace_period(grace_s: int) -> None:
     spec = parse_cluster_spec(
