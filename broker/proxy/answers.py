@@ -9,6 +9,7 @@ the proxy answers with the same node id and advertised address, so a client may 
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,6 +20,8 @@ from kafscale.broker.protocol.errors import ErrorCode
 from kafscale.broker.proxy.routes import RoutingTable
 
 Body = dict[str, Any]
+Describable = Callable[[str], bool]
+"""Whether the client may describe the topic (or group) of that name."""
 GROUP_KEY_TYPE = 0
 AUTHORIZED_OPERATIONS_OMITTED = -2147483648
 
@@ -33,6 +36,10 @@ class Identity:
     port: int
     cluster: str
     expose_owners: bool = False
+
+
+def _everything(_name: str) -> bool:
+    return True
 
 
 def node_ids(routes: RoutingTable, me: Identity) -> list[int]:
@@ -69,10 +76,14 @@ def requested_topic_names(request: Any, routes: RoutingTable) -> list[str] | Non
     return names
 
 
-def metadata(request: Any, routes: RoutingTable, me: Identity) -> Body:
+def metadata(
+    request: Any, routes: RoutingTable, me: Identity, describable: Describable = _everything
+) -> Body:
+    """The cluster as the proxy shows it; all-topics requests list only the topics the client
+    may describe, named ones it may not get TOPIC_AUTHORIZATION_FAILED (as from a broker)."""
     names = requested_topic_names(request, routes)
     if names is None:
-        names = sorted(routes.view.topics)
+        names = [name for name in sorted(routes.view.topics) if describable(name)]
     return {
         "throttle_time": 0,
         "brokers": [
@@ -81,9 +92,15 @@ def metadata(request: Any, routes: RoutingTable, me: Identity) -> Body:
         ],
         "cluster_id": CLUSTER_ID_PREFIX + me.cluster,
         "controller_id": node_ids(routes, me)[0],
-        "topics": [_topic(name, routes, me) for name in names],
+        "topics": [
+            _topic(name, routes, me) if describable(name) else _denied_topic(name) for name in names
+        ],
         "cluster_authorized_operations": AUTHORIZED_OPERATIONS_OMITTED,
     }
+
+
+def _denied_topic(name: str) -> Body:
+    return {"error_code": ErrorCode.TOPIC_AUTHORIZATION_FAILED, "name": name, "partitions": []}
 
 
 def _topic(name: str, routes: RoutingTable, me: Identity) -> Body:
@@ -115,17 +132,29 @@ def _topic(name: str, routes: RoutingTable, me: Identity) -> Body:
     }
 
 
-def find_coordinator(request: Any, api_version: int, me: Identity) -> Body:
-    """The proxy coordinates every group (it forwards to the real coordinator)."""
+def find_coordinator(
+    request: Any, api_version: int, me: Identity, describable: Describable = _everything
+) -> Body:
+    """The proxy coordinates every group (it forwards to the real coordinator); a group the
+    client may not describe gets GROUP_AUTHORIZATION_FAILED."""
     key_type = int(getattr(request, "key_type", GROUP_KEY_TYPE))
     if api_version >= 4:
-        entries = [_coordinator(key, key_type, me) for key in request.coordinator_keys]
+        entries = [_coordinator(key, key_type, me, describable) for key in request.coordinator_keys]
         return {"throttle_time": 0, "coordinators": entries}
-    entry = _coordinator(request.key, key_type, me)
+    entry = _coordinator(request.key, key_type, me, describable)
     return {"throttle_time": 0, **{k: v for k, v in entry.items() if k != "key"}}
 
 
-def _coordinator(key: str, key_type: int, me: Identity) -> Body:
+def _coordinator(key: str, key_type: int, me: Identity, describable: Describable) -> Body:
+    if key_type == GROUP_KEY_TYPE and not describable(key):
+        return {
+            "key": key,
+            "node_id": -1,
+            "host": "",
+            "port": -1,
+            "error_code": ErrorCode.GROUP_AUTHORIZATION_FAILED,
+            "error_message": None,
+        }
     if key_type != GROUP_KEY_TYPE:  # as the brokers answer
         return {
             "key": key,
