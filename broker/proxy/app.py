@@ -79,7 +79,7 @@ class ProxyServer(KafkaServer):
                 settings.routing.connect_timeout_s,
                 settings.limits.max_frame_bytes,
                 self._proxy.stats,
-                self._proxy.link_for(connection),
+                lambda: self._proxy.link_for(connection),
             )
         return pool
 

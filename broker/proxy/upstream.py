@@ -23,6 +23,7 @@ import contextlib
 import logging
 import ssl
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from kafscale.broker.metadata.cluster import BrokerInfo
@@ -235,8 +236,10 @@ class UpstreamPool:
         timeout_s: float,
         max_frame_bytes: int,
         stats: UpstreamStats,
-        link: UpstreamLink = UpstreamLink(),
+        link: Callable[[], UpstreamLink] = UpstreamLink,
     ) -> None:
+        # Asked when a connection opens, not when the pool is made: the pool exists from the
+        # client's first request, its principal only once it has logged in.
         self._link = link
         self._timeout_s = timeout_s
         self._max_frame_bytes = max_frame_bytes
@@ -255,7 +258,7 @@ class UpstreamPool:
         if current is not None:
             await current.close()
         upstream = await Upstream.connect(
-            broker, self._timeout_s, self._max_frame_bytes, self._stats, self._link
+            broker, self._timeout_s, self._max_frame_bytes, self._stats, self._link()
         )
         self._connections[broker.node_id] = upstream
         return upstream
