@@ -7,8 +7,8 @@ One broker process with the authorizer on and two listeners:
 - ``PLAIN`` PLAINTEXT (``User:ANONYMOUS``, no CLUSTER_ACTION: a connection that may not
   forward principals).
 
-One proxy process in front of it with a ``SASL_SSL`` client listener (SCRAM-SHA-256/512, PLAIN)
-and the brokers' authorizer settings. ``alice`` may read and write topic A and use groups
+One proxy process in front of it with a ``SASL_SSL`` client listener (SCRAM-SHA-256/512, PLAIN),
+an ``SSL`` one requiring client certificates, and the brokers' authorizer settings. ``alice`` may read and write topic A and use groups
 ``g-*``; nobody may touch topic B. Real clients (confluent-kafka, kafka-python) log in at the
 proxy; what the broker allows is what alice may do, not what the proxy may.
 """
@@ -48,8 +48,9 @@ pytestmark = pytest.mark.integration
 
 ALICE, ALICE_PASSWORD = "alice", "alice-proxy-secret"
 PROXY_PRINCIPAL = "User:CN=kafscale-proxy"
+ALICE_CERT_PRINCIPAL = "User:CN=alice,O=KafScale Test"
 SASL_HANDSHAKE, SASL_AUTHENTICATE, ENVELOPE = 17, 36, 58
-SASL_AUTHENTICATION_FAILED, CLUSTER_AUTHORIZATION_FAILED = 58, 31
+SASL_AUTHENTICATION_FAILED, CLUSTER_AUTHORIZATION_FAILED, INVALID_REQUEST = 58, 31, 42
 CONSUME_TIMEOUT_S = 30.0
 
 
@@ -59,6 +60,7 @@ class SecuredProxy:
     broker_ports: dict[str, int]
     proxy: BrokerProcess
     proxy_port: int
+    mtls_port: int
     pki: TestPki
     proxy_cert: Pair
     topic_a: str
@@ -102,9 +104,7 @@ def secured(
 ) -> Iterator[SecuredProxy]:
     workdir = tmp_path_factory.mktemp("proxy-security")
     pki = make_pki(workdir / "pki")
-    proxy_cert = issue(
-        pki.ca, workdir / "pki", "proxy", [(NameOID.COMMON_NAME, "kafscale-proxy")]
-    )
+    proxy_cert = issue(pki.ca, workdir / "pki", "proxy", [(NameOID.COMMON_NAME, "kafscale-proxy")])
     bucket = unique_bucket("psec")
     _create_bucket(s3_server, bucket)
     name = f"psec-{uuid.uuid4().hex[:8]}"
@@ -118,6 +118,7 @@ def secured(
         ("--topic", topic_a, "--principal", f"User:{ALICE}", "--operation", "READ"),
         ("--topic", topic_a, "--principal", f"User:{ALICE}", "--operation", "WRITE"),
         ("--group", "g-", "--prefixed", "--principal", f"User:{ALICE}", "--operation", "READ"),
+        ("--topic", topic_a, "--principal", ALICE_CERT_PRINCIPAL, "--operation", "WRITE"),
     ]
     for grant in grants:
         _cli(etcd_url, name, "acls", "add", *grant)
@@ -147,15 +148,17 @@ def secured(
         admin_port=broker_admin,
     )
     cluster.brokers.append(broker)
-    proxy_port, proxy_admin = free_port(), free_port()
+    proxy_port, mtls_port, proxy_admin = free_port(), free_port(), free_port()
     proxy = BrokerProcess(
         env=proxy_env(
             cluster,
             proxy_port,
             proxy_admin,
-            KAFSCALE_LISTENERS=f"EXTERNAL://127.0.0.1:{proxy_port}",
-            KAFSCALE_ADVERTISED_LISTENERS=f"EXTERNAL://localhost:{proxy_port}",
-            KAFSCALE_LISTENER_SECURITY_PROTOCOL_MAP="EXTERNAL:SASL_SSL",
+            KAFSCALE_LISTENERS=f"EXTERNAL://127.0.0.1:{proxy_port},MTLS://127.0.0.1:{mtls_port}",
+            KAFSCALE_ADVERTISED_LISTENERS=f"EXTERNAL://localhost:{proxy_port},"
+            f"MTLS://localhost:{mtls_port}",
+            KAFSCALE_LISTENER_SECURITY_PROTOCOL_MAP="EXTERNAL:SASL_SSL,MTLS:SSL",
+            KAFSCALE_TLS__CLIENT_AUTH_OVERRIDES="MTLS:required",
             KAFSCALE_UPSTREAM__SECURITY_PROTOCOL="SSL",
             KAFSCALE_UPSTREAM__CA_FILE=str(pki.ca.cert_path),
             KAFSCALE_UPSTREAM__CERT_FILE=str(proxy_cert.cert),
@@ -173,7 +176,7 @@ def secured(
         broker.start()
         proxy.start()
         yield SecuredProxy(
-            broker, broker_ports, proxy, proxy_port, pki, proxy_cert, topic_a, topic_b
+            broker, broker_ports, proxy, proxy_port, mtls_port, pki, proxy_cert, topic_a, topic_b
         )
     finally:
         cluster.stop_all()
@@ -296,9 +299,7 @@ def test_wrong_password_at_the_proxy_gets_sasl_authentication_failed(
     # On the wire: Kafka's error code, then the proxy closes the connection.
     with _tls_wire(secured, f"127.0.0.1:{secured.proxy_port}") as wire:
         assert wire.request(SASL_HANDSHAKE, 1, {"mechanism": "PLAIN"}).error_code == 0
-        answer = wire.request(
-            SASL_AUTHENTICATE, 2, {"auth_bytes": f"\0{ALICE}\0wrong".encode()}
-        )
+        answer = wire.request(SASL_AUTHENTICATE, 2, {"auth_bytes": f"\0{ALICE}\0wrong".encode()})
         assert answer.error_code == SASL_AUTHENTICATION_FAILED
         assert _closed(wire)
 
@@ -342,6 +343,25 @@ def test_kafka_python_scram_sha_512_through_the_proxy(secured: SecuredProxy) -> 
         consumer.close()
 
 
+def test_a_client_certificate_at_the_proxy_is_the_principal_the_brokers_check(
+    secured: SecuredProxy,
+) -> None:
+    """The proxy's SSL listener requires a client certificate; its subject is the principal
+    forwarded, and the brokers authorize that principal (WRITE on A only)."""
+    config = {
+        "bootstrap.servers": f"localhost:{secured.mtls_port}",
+        "security.protocol": "SSL",
+        "ssl.ca.location": str(secured.pki.ca.cert_path),
+        "ssl.certificate.location": str(secured.pki.alice.cert),
+        "ssl.key.location": str(secured.pki.alice.key),
+    }
+    assert _produce(config, secured.topic_a, [b"by-certificate"]) == [None]
+    (error,) = _produce(config, secured.topic_b, [b"no"])
+    assert error is not None and error.code() == KafkaError.TOPIC_AUTHORIZATION_FAILED
+    brokers = AdminClient(config).list_topics(timeout=30).brokers
+    assert [(b.host, b.port) for b in brokers.values()] == [("localhost", secured.mtls_port)]
+
+
 # --- the broker's side of forwarding ------------------------------------------------------------
 
 
@@ -378,6 +398,14 @@ def test_a_broker_runs_an_envelope_from_the_proxy_as_the_client(secured: Secured
     inner = codec.decode_response(answer.response_data, METADATA, 9)
     names = {topic.name for topic in inner.topics}
     assert secured.topic_a in names and secured.topic_b not in names
+
+
+def test_an_envelope_may_not_carry_a_login(secured: SecuredProxy) -> None:
+    handshake = codec.encode_request(SASL_HANDSHAKE, 1, 3, {"mechanism": "PLAIN"}, "t")[4:]
+    address = f"127.0.0.1:{secured.broker_ports['INTERNAL']}"
+    with _tls_wire(secured, address, secured.proxy_cert) as wire:
+        answer = wire.request(ENVELOPE, 0, _envelope(f"User:{ALICE}", handshake))
+    assert answer.error_code == INVALID_REQUEST
 
 
 def _tls_wire(secured: SecuredProxy, address: str, client: Pair | None = None) -> KafkaWire:

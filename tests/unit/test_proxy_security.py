@@ -1,0 +1,173 @@
+"""The pure parts of the proxy's security: forwarded principals in Envelopes, the client
+address, the proxy's own ACL checks and its security settings."""
+
+from __future__ import annotations
+
+import pytest
+from pydantic import ValidationError
+
+from kafscale.broker.authz.model import (
+    AclBinding,
+    Operation,
+    PatternType,
+    Permission,
+    ResourceType,
+)
+from kafscale.broker.authz.store import AclCache, binding_key
+from kafscale.broker.config import AuthorizerSettings, TlsSettings
+from kafscale.broker.protocol import codec
+from kafscale.broker.protocol.errors import ErrorCode
+from kafscale.broker.proxy.access import ProxyAccess
+from kafscale.broker.proxy.config import ProxySettings, UpstreamSettings
+from kafscale.broker.proxy.upstream import ForwardingRefused, UpstreamError, UpstreamLink
+from kafscale.broker.security.forwarding import address_bytes, address_text, peer_host
+from kafscale.broker.security.listeners import SecurityProtocol
+
+# --- principals and addresses ------------------------------------------------------------------
+
+
+def test_principal_is_kafkas_version_prefixed_default_principal_data() -> None:
+    data = codec.encode_principal("User:alice")
+    # i16 version 0, compact strings "User" and "alice", token_authenticated false, no tags
+    assert data == b"\x00\x00" + b"\x05User" + b"\x06alice" + b"\x00" + b"\x00"
+    assert codec.decode_principal(data) == "User:alice"
+    subject = "User:CN=alice,O=Example"  # a certificate principal keeps its colons and commas
+    assert codec.decode_principal(codec.encode_principal(subject)) == subject
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        b"",
+        b"\x00\x01\x05User\x06alice\x00\x00",  # a version we do not know
+        b"\x00\x00\x05User\x01\x00\x00",  # no name
+        b"\x00\x00\x05User\x06alice\x01\x00",  # token-authenticated: never trusted
+        b"\x00\x00\xff",
+    ],
+)
+def test_unreadable_forwarded_principals_are_refused(data: bytes) -> None:
+    with pytest.raises(codec.DecodeError):
+        codec.decode_principal(data)
+
+
+def test_client_addresses_travel_as_kafka_writes_them() -> None:
+    assert address_bytes("10.1.2.3") == bytes([10, 1, 2, 3])
+    assert address_text(bytes([10, 1, 2, 3])) == "10.1.2.3"
+    assert address_text(address_bytes("::1")) == "::1"
+    assert address_text(address_bytes("[fe80::1]")) == "fe80::1"
+    assert address_bytes("/run/kafka.sock") == b""
+    assert address_text(b"") == "*"
+    with pytest.raises(ValueError):
+        address_text(b"\x01\x02\x03")
+    assert peer_host("10.0.0.1:5000") == "10.0.0.1"
+    assert peer_host("::1:5000") == "::1"
+
+
+# --- the Envelope on the proxy's side ------------------------------------------------------------
+
+
+def _request_frame(correlation_id: int) -> bytes:
+    return codec.encode_request(3, 9, correlation_id, {"topics": None}, "client-1")
+
+
+def test_a_link_wraps_the_request_whole_in_an_envelope_with_the_clients_principal() -> None:
+    link = UpstreamLink(None, codec.encode_principal("User:alice"), address_bytes("10.0.0.7"))
+    frame = _request_frame(42)
+    wrapped = link.wrap(frame)
+    decoded = codec.decode_request(wrapped[4:], codec.request_schema(58, 0))
+    assert decoded.header.api_key == 58
+    assert decoded.header.correlation_id == 42  # the broker's answer is matched by it
+    assert decoded.body.request_data == frame[4:]
+    assert codec.decode_principal(decoded.body.request_principal) == "User:alice"
+    assert address_text(decoded.body.client_host_address) == "10.0.0.7"
+
+
+def test_a_link_unwraps_the_answer_or_raises_when_the_broker_refused() -> None:
+    link = UpstreamLink(None, codec.encode_principal("User:alice"), b"")
+    inner = b"\x00\x00\x00\x2a" + b"inner response body"
+    ok = codec.encode_response(58, 0, 42, {"response_data": inner, "error_code": 0})
+    assert link.unwrap(ok[4:]) == inner
+    refused = codec.encode_response(
+        58, 0, 42, {"response_data": None, "error_code": ErrorCode.CLUSTER_AUTHORIZATION_FAILED}
+    )
+    with pytest.raises(ForwardingRefused) as caught:
+        link.unwrap(refused[4:])
+    assert caught.value.code == ErrorCode.CLUSTER_AUTHORIZATION_FAILED
+    with pytest.raises(UpstreamError):
+        link.unwrap(b"\x00\x00\x00\x2a\x00\xff\xff")
+
+
+def test_a_link_without_a_principal_sends_requests_bare() -> None:
+    link = UpstreamLink()
+    frame = _request_frame(7)
+    assert link.wrap(frame) == frame
+    assert link.unwrap(b"body") == b"body"
+
+
+# --- the proxy's own ACL checks ------------------------------------------------------------------
+
+
+def _access(enabled: bool = True, super_users: tuple[str, ...] = ()) -> ProxyAccess:
+    cache = AclCache()
+    binding = AclBinding(
+        ResourceType.TOPIC,
+        "orders-",
+        PatternType.PREFIXED,
+        "User:alice",
+        "*",
+        Operation.READ,
+        Permission.ALLOW,
+    )
+    cache.put(binding_key("c", binding), binding.to_json())
+    settings = AuthorizerSettings(enabled=enabled, super_users=super_users)
+    return ProxyAccess(settings, cache)
+
+
+def test_the_proxy_decides_describe_as_a_broker_would() -> None:
+    access = _access()
+    describe, topic = Operation.DESCRIBE, ResourceType.TOPIC
+    assert access.allowed("User:alice", "10.0.0.1:1", describe, topic, "orders-eu")  # READ⇒
+    assert not access.allowed("User:alice", "10.0.0.1:1", describe, topic, "payments")
+    assert not access.allowed("User:bob", "10.0.0.1:1", describe, topic, "orders-eu")
+    assert _access(super_users=("User:bob",)).allowed("User:bob", "h:1", describe, topic, "x")
+    assert _access(enabled=False).allowed("User:bob", "h:1", describe, topic, "payments")
+
+
+# --- settings ------------------------------------------------------------------------------------
+
+
+def test_proxy_listeners_take_the_brokers_settings() -> None:
+    settings = ProxySettings(
+        listeners="EXTERNAL://:9093,INTERNAL://127.0.0.1:9092",
+        listener_security_protocol_map="EXTERNAL:SASL_SSL,INTERNAL:PLAINTEXT",
+        advertised_listeners="EXTERNAL://kafka.example.com:443",
+        tls=TlsSettings(cert_file="server.crt", key_file="server.key"),
+    )
+    external, internal = settings.listener_plan()
+    assert (external.name, external.protocol) == ("EXTERNAL", SecurityProtocol.SASL_SSL)
+    assert (external.advertised_host, external.advertised_port) == ("kafka.example.com", 443)
+    assert (internal.host, internal.port, internal.protocol) == (
+        "127.0.0.1",
+        9092,
+        SecurityProtocol.PLAINTEXT,
+    )
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"listeners": "E://:9093", "listener_security_protocol_map": "E:SASL_SSL"},  # no cert
+        {"listeners": "E://:9093", "listener_security_protocol_map": "E:SASL"},  # no protocol
+        {"upstream": {"security_protocol": "SASL_SSL"}},
+        {"upstream": {"cert_file": "proxy.crt", "key_file": "proxy.key"}},  # not over TLS
+        {"upstream": {"security_protocol": "SSL", "cert_file": "proxy.crt"}},  # no key
+    ],
+)
+def test_bad_proxy_security_settings_are_refused_at_start(kwargs: dict[str, object]) -> None:
+    with pytest.raises(ValidationError):
+        ProxySettings(**kwargs)  # type: ignore[arg-type]
+
+
+def test_forwarding_principals_is_on_by_default() -> None:
+    assert UpstreamSettings().forward_principals
+    assert ProxySettings().upstream.security_protocol is SecurityProtocol.PLAINTEXT
