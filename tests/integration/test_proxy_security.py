@@ -8,9 +8,10 @@ One broker process with the authorizer on and two listeners:
   forward principals).
 
 One proxy process in front of it with a ``SASL_SSL`` client listener (SCRAM-SHA-256/512, PLAIN),
-an ``SSL`` one requiring client certificates, and the brokers' authorizer settings. ``alice`` may read and write topic A and use groups
-``g-*``; nobody may touch topic B. Real clients (confluent-kafka, kafka-python) log in at the
-proxy; what the broker allows is what alice may do, not what the proxy may.
+an ``SSL`` one requiring client certificates, and the brokers' authorizer settings. ``alice``
+may read and write topic A and use groups ``g-*``; nobody may touch topic B. Real clients
+(confluent-kafka, kafka-python) log in at the proxy; what the broker allows is what alice may
+do, not what the proxy may.
 """
 
 from __future__ import annotations
