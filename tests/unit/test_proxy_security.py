@@ -3,6 +3,8 @@ address, the proxy's own ACL checks and its security settings."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from pydantic import ValidationError
 
@@ -14,14 +16,16 @@ from kafscale.broker.authz.model import (
     ResourceType,
 )
 from kafscale.broker.authz.store import AclCache, binding_key
-from kafscale.broker.config import AuthorizerSettings, TlsSettings
+from kafscale.broker.config import AuthorizerSettings, BrokerSettings, TlsSettings
+from kafscale.broker.local import LocalOptions, local_proxy_settings, local_settings
 from kafscale.broker.protocol import codec
 from kafscale.broker.protocol.errors import ErrorCode
 from kafscale.broker.proxy.access import ProxyAccess
 from kafscale.broker.proxy.config import ProxySettings, UpstreamSettings
 from kafscale.broker.proxy.upstream import ForwardingRefused, UpstreamError, UpstreamLink
 from kafscale.broker.security.forwarding import address_bytes, address_text, peer_host
-from kafscale.broker.security.listeners import SecurityProtocol
+from kafscale.broker.security.listeners import ClientAuth, SecurityProtocol
+from kafscale.broker.security.local_pki import PROXY_PRINCIPAL, make_local_pki
 
 # --- principals and addresses ------------------------------------------------------------------
 
@@ -171,3 +175,51 @@ def test_bad_proxy_security_settings_are_refused_at_start(kwargs: dict[str, obje
 def test_forwarding_principals_is_on_by_default() -> None:
     assert UpstreamSettings().forward_principals
     assert ProxySettings().upstream.security_protocol is SecurityProtocol.PLAINTEXT
+
+
+# --- kafscale local --proxy ----------------------------------------------------------------------
+
+
+def _secured_local(tmp_path: Path) -> tuple[BrokerSettings, LocalOptions]:
+    base = BrokerSettings(
+        listeners="EXTERNAL://127.0.0.1:7000",
+        listener_security_protocol_map="EXTERNAL:SASL_SSL",
+        tls=TlsSettings(cert_file="server.crt", key_file="server.key"),
+        authorizer=AuthorizerSettings(enabled=True, super_users=("User:admin",)),
+    )
+    return base, LocalOptions(tmp_path, 2, 7000, "0.0.0.0", proxy=True)
+
+
+def test_local_proxy_takes_the_secured_listeners_and_the_brokers_only_trust_it(
+    tmp_path: Path,
+) -> None:
+    base, options = _secured_local(tmp_path)
+    pki = make_local_pki(tmp_path / "tls", [])
+    proxy = local_proxy_settings(base, options, "http://etcd", pki)
+    assert [(lst.name, lst.port, lst.protocol) for lst in proxy.listener_plan()] == [
+        ("EXTERNAL", 7000, SecurityProtocol.SASL_SSL)
+    ]
+    assert proxy.authorizer.enabled and proxy.upstream.cert_file == pki.proxy_cert
+    broker = local_settings(base, options, "http://etcd", 1, pki)
+    (internal,) = broker.listener_plan()
+    assert (internal.port, internal.protocol, internal.client_auth) == (
+        7002,
+        SecurityProtocol.SSL,
+        ClientAuth.REQUIRED,
+    )
+    assert internal.advertised_host == "127.0.0.1"  # what the proxy dials, and the cert names
+    assert broker.authorizer.super_users == ("User:admin", PROXY_PRINCIPAL)
+    assert broker.tls.ca_file == pki.ca_file
+    for key in (pki.broker_key, pki.proxy_key):
+        assert key.stat().st_mode & 0o077 == 0
+
+
+def test_local_proxy_without_the_authorizer_puts_plain_brokers_behind_it(
+    tmp_path: Path,
+) -> None:
+    base, options = _secured_local(tmp_path)
+    base = base.model_copy(update={"authorizer": AuthorizerSettings()})
+    broker = local_settings(base, options, "http://etcd", 0)
+    (plain,) = broker.listener_plan()
+    assert (plain.port, plain.protocol) == (7001, SecurityProtocol.PLAINTEXT)
+    assert local_proxy_settings(base, options, "http://etcd").upstream == UpstreamSettings()
