@@ -41,3 +41,16 @@ class ProxyAccess:
             return True
         access = Access(principal, peer_host(peer), operation, resource_type, name)
         return authorize(access, self.acls.index.covering(resource_type, name), self.policy)
+
+    def operations(
+        self,
+        principal: str,
+        peer: str,
+        resource_type: ResourceType,
+        name: str,
+        candidates: tuple[Operation, ...],
+    ) -> int:
+        """Kafka's ``authorized_operations`` bit field: bit ``op`` for each allowed one."""
+        return sum(
+            1 << op for op in candidates if self.allowed(principal, peer, op, resource_type, name)
+        )

@@ -74,6 +74,16 @@ class ProxyRequest:
             return self.ctx.identity
         return self.ctx.identities.get(self.connection.listener, self.ctx.identity)
 
+    def operations(self, resource_type: ResourceType, name: str) -> int:
+        """The client's ``authorized_operations`` bit field on the resource."""
+        candidates = answers.CANDIDATES[resource_type]
+        access, connection = self.ctx.access, self.connection
+        if access is None or connection is None:
+            return sum(1 << op for op in candidates)
+        return access.operations(
+            connection.principal, connection.peer, resource_type, name, candidates
+        )
+
     def may_describe(self, resource_type: ResourceType, name: str) -> bool:
         access, connection = self.ctx.access, self.connection
         if access is None or connection is None:
@@ -110,7 +120,11 @@ async def metadata(r: ProxyRequest) -> Answer:
         )
         await _until_known(forwarder, unknown, timeout_s=2.0)
     return answers.metadata(
-        r.body, routes, r.identity, lambda name: r.may_describe(ResourceType.TOPIC, name)
+        r.body,
+        routes,
+        r.identity,
+        lambda name: r.may_describe(ResourceType.TOPIC, name),
+        r.operations,
     )
 
 
@@ -132,7 +146,7 @@ async def find_coordinator(r: ProxyRequest) -> Answer:
 
 
 async def describe_cluster(r: ProxyRequest) -> Answer:
-    return answers.describe_cluster(r.ctx.forwarder.routes, r.identity)
+    return answers.describe_cluster(r.body, r.ctx.forwarder.routes, r.identity, r.operations)
 
 
 async def sasl_handshake_here(r: ProxyRequest) -> Answer:

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
-from confluent_kafka import Consumer, KafkaError, Producer
+from confluent_kafka import Consumer, KafkaError, Producer, TopicCollection
 from confluent_kafka.admin import AdminClient
 from cryptography.x509.oid import NameOID
 from harness.brokers import BrokerCluster, _create_bucket
@@ -277,6 +277,16 @@ def test_metadata_from_the_proxy_lists_only_what_the_client_may_describe(
     named = admin.list_topics(topic=secured.topic_b, timeout=30).topics[secured.topic_b]
     assert named.error is not None
     assert named.error.code() == KafkaError.TOPIC_AUTHORIZATION_FAILED
+
+
+def test_authorized_operations_from_the_proxy_are_the_clients(secured: SecuredProxy) -> None:
+    """AdminClient.describeTopics(includeAuthorizedOperations) at the proxy: alice may READ
+    and WRITE A (and so DESCRIBE it), nothing more."""
+    admin = AdminClient(confluent_config(secured))
+    topic = admin.describe_topics(
+        TopicCollection([secured.topic_a]), include_authorized_operations=True
+    )[secured.topic_a].result(30)
+    assert {op.name for op in topic.authorized_operations} == {"READ", "WRITE", "DESCRIBE"}
 
 
 def test_wrong_password_at_the_proxy_gets_sasl_authentication_failed(
