@@ -3,7 +3,10 @@ address, the proxy's own ACL checks and its security settings."""
 
 from __future__ import annotations
 
+import uuid
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
 from pydantic import ValidationError
@@ -18,9 +21,12 @@ from kafscale.broker.authz.model import (
 from kafscale.broker.authz.store import AclCache, binding_key
 from kafscale.broker.config import AuthorizerSettings, BrokerSettings, TlsSettings
 from kafscale.broker.local import LocalOptions, local_proxy_settings, local_settings
+from kafscale.broker.metadata.cluster import TopicInfo
 from kafscale.broker.protocol import codec
 from kafscale.broker.protocol.errors import ErrorCode
+from kafscale.broker.proxy import answers
 from kafscale.broker.proxy.access import ProxyAccess
+from kafscale.broker.proxy.answers import Identity
 from kafscale.broker.proxy.config import ProxySettings, UpstreamSettings
 from kafscale.broker.proxy.upstream import ForwardingRefused, UpstreamError, UpstreamLink
 from kafscale.broker.security.forwarding import address_bytes, address_text, peer_host
@@ -223,3 +229,36 @@ def test_local_proxy_without_the_authorizer_puts_plain_brokers_behind_it(
     (plain,) = broker.listener_plan()
     assert (plain.port, plain.protocol) == (7001, SecurityProtocol.PLAINTEXT)
     assert local_proxy_settings(base, options, "http://etcd").upstream == UpstreamSettings()
+
+
+# --- the proxy's own answers, as the client may see them ----------------------------------------
+
+
+def _routes(*names: str) -> Any:
+    topics = {name: TopicInfo(name, uuid.uuid4().hex, 1) for name in names}
+    view = SimpleNamespace(topics=topics, topics_by_id={}, brokers={1: None})
+    return SimpleNamespace(view=view, partition_owner=lambda tp: 1, leader_epoch=lambda tp: 0)
+
+
+def test_proxy_metadata_lists_describable_topics_and_refuses_named_others() -> None:
+    me = Identity(1000, "proxy", 9092, "c")
+    routes = _routes("mine", "theirs")
+    every = SimpleNamespace(topics=None, include_topic_authorized_operations=True)
+    answer = answers.metadata(every, routes, me, lambda name: name == "mine", lambda t, n: 0b1000)
+    assert [(t["name"], t["topic_authorized_operations"]) for t in answer["topics"]] == [
+        ("mine", 0b1000)
+    ]
+    assert answer["cluster_authorized_operations"] == answers.AUTHORIZED_OPERATIONS_OMITTED
+    named = SimpleNamespace(topics=[SimpleNamespace(name="theirs")])
+    (theirs,) = answers.metadata(named, routes, me, lambda name: name == "mine")["topics"]
+    assert theirs["error_code"] == ErrorCode.TOPIC_AUTHORIZATION_FAILED
+
+
+def test_proxy_find_coordinator_refuses_groups_the_client_may_not_describe() -> None:
+    me = Identity(1000, "proxy", 9092, "c")
+    request = SimpleNamespace(key_type=0, coordinator_keys=["g-mine", "other"])
+    entries = answers.find_coordinator(request, 4, me, lambda group: group.startswith("g-"))
+    assert [(e["key"], e["error_code"], e["node_id"]) for e in entries["coordinators"]] == [
+        ("g-mine", ErrorCode.NONE, 1000),
+        ("other", ErrorCode.GROUP_AUTHORIZATION_FAILED, -1),
+    ]
