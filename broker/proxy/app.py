@@ -30,6 +30,7 @@ from kafscale.broker.proxy.config import ProxySettings
 from kafscale.broker.proxy.dispatch import ProxyDispatcher
 from kafscale.broker.proxy.forward import Forwarder
 from kafscale.broker.proxy.handlers import ProxyContext
+from kafscale.broker.proxy.login import SaslLogin
 from kafscale.broker.proxy.routes import RoutingTable
 from kafscale.broker.proxy.upstream import UpstreamLink, UpstreamPool, UpstreamStats
 from kafscale.broker.security.credentials import CredentialStore
@@ -116,7 +117,11 @@ class Proxy:
         if upstream.forward_principals:
             principal = codec.encode_principal(connection.principal)
         return UpstreamLink(
-            self._upstream_tls, principal, address_bytes(peer_host(connection.peer))
+            self._upstream_tls,
+            principal,
+            address_bytes(peer_host(connection.peer)),
+            upstream_login(self.settings),
+            upstream.listener.upper() if upstream.listener else None,
         )
 
     @classmethod
@@ -256,6 +261,19 @@ def upstream_context(settings: ProxySettings) -> ssl.SSLContext | None:
         return None
     return client_context(
         upstream.ca_file, upstream.cert_file, upstream.key_file, upstream.check_hostname
+    )
+
+
+def upstream_login(settings: ProxySettings) -> SaslLogin | None:
+    """The proxy's own SASL login to the brokers (None unless a SASL protocol is set)."""
+    upstream = settings.upstream
+    if not upstream.security_protocol.uses_sasl:
+        return None
+    assert upstream.sasl_username is not None and upstream.sasl_password is not None
+    return SaslLogin(
+        upstream.sasl_mechanism,
+        upstream.sasl_username,
+        upstream.sasl_password.get_secret_value(),
     )
 
 

@@ -12,7 +12,7 @@ import socket
 from collections.abc import Callable
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from kafscale.broker.config import (
@@ -115,15 +115,29 @@ class RoutingSettings(_Section):
     )
 
 
+UPSTREAM_MECHANISMS = ("SCRAM-SHA-512", "SCRAM-SHA-256", "PLAIN")
+
+
 class UpstreamSettings(_Section):
     """How the proxy connects to the brokers' internal listener, and as whom."""
 
     security_protocol: SecurityProtocol = Field(
         SecurityProtocol.PLAINTEXT,
-        description="PLAINTEXT or SSL: the protocol of the brokers' internal listener (the "
-        "address they register). With SSL and `cert_file` the proxy logs in with its "
-        "certificate (its principal: User:<subject>).",
+        description="The protocol of the brokers' listener the proxy uses (their registered "
+        "main address, or `listener`). SSL with `cert_file`: the proxy's principal is its "
+        "certificate's User:<subject>; SASL_PLAINTEXT/SASL_SSL: User:<sasl_username>.",
     )
+    listener: str | None = Field(
+        None,
+        examples=["PROXY"],
+        description="The brokers' listener (by name) the proxy connects to; None: the address "
+        "they register as their main one (their internal listener).",
+    )
+    sasl_mechanism: str = Field(
+        "SCRAM-SHA-512", description="SCRAM-SHA-512, SCRAM-SHA-256 or PLAIN (SASL protocols)."
+    )
+    sasl_username: str | None = Field(None, description="The proxy's user on the brokers.")
+    sasl_password: SecretStr | None = Field(None, description="That user's password.")
     ca_file: Path | None = Field(
         None, description="PEM CAs the brokers' certificates must chain to (default: the system's)."
     )
@@ -144,8 +158,10 @@ class UpstreamSettings(_Section):
 
     @model_validator(mode="after")
     def _check(self) -> UpstreamSettings:
-        if self.security_protocol.uses_sasl:
-            raise ValueError("upstream.security_protocol: SASL to the brokers is not supported")
+        if self.security_protocol.uses_sasl and not (self.sasl_username and self.sasl_password):
+            raise ValueError("a SASL upstream needs upstream.sasl_username and sasl_password")
+        if self.sasl_mechanism not in UPSTREAM_MECHANISMS:
+            raise ValueError(f"upstream.sasl_mechanism must be one of {UPSTREAM_MECHANISMS}")
         if bool(self.cert_file) != bool(self.key_file):
             raise ValueError("upstream.cert_file and upstream.key_file go together")
         if self.cert_file and not self.security_protocol.uses_tls:

@@ -11,9 +11,10 @@ A request is written synchronously (``send``), and its response arrives on a fut
 correlation id; a response frame's length is checked before it is read, like a request's.
 
 A connection speaks as its ``UpstreamLink`` says: over TLS (with the proxy's certificate, its
-identity on the brokers) or not, and with each request inside an Envelope (KIP-590) carrying
-the client's principal and address, or bare. An Envelope the broker refuses (the proxy is not
-allowed to forward) fails the request with :class:`ForwardingRefused`, which no retry helps.
+identity on the brokers) or not, logged in with SASL (the proxy's user) or not, and with each
+request inside an Envelope (KIP-590) carrying the client's principal and address, or bare. An
+Envelope the broker refuses (the proxy is not allowed to forward) fails the request with
+:class:`ForwardingRefused`, which no retry helps.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from dataclasses import dataclass, field
 from kafscale.broker.metadata.cluster import BrokerInfo
 from kafscale.broker.protocol import codec
 from kafscale.broker.protocol.errors import ErrorCode
+from kafscale.broker.proxy.login import LoginFailed, SaslLogin, log_in
 from kafscale.broker.proxy.ordering import ProduceOrder
 
 log = logging.getLogger(__name__)
@@ -61,6 +63,13 @@ class UpstreamLink:
     ssl_context: ssl.SSLContext | None = None
     principal: bytes | None = None  # the client's, encoded; None: requests go bare
     client_address: bytes = b""
+    login: SaslLogin | None = None  # the proxy's own SASL login to the brokers
+    listener: str | None = None  # the brokers' listener to use; None: their main address
+
+    def address(self, broker: BrokerInfo) -> tuple[str, int]:
+        if self.listener is None:
+            return broker.host, broker.port
+        return broker.endpoint(self.listener)
 
     def wrap(self, frame: bytes) -> bytes:
         """``frame`` (a whole request frame, length prefix included) as this link sends it."""
@@ -138,15 +147,24 @@ class Upstream:
         stats: UpstreamStats,
         link: UpstreamLink = UpstreamLink(),
     ) -> Upstream:
+        host, port = link.address(broker)
         try:
             async with asyncio.timeout(timeout_s):
-                reader, writer = await asyncio.open_connection(
-                    broker.host, broker.port, ssl=link.ssl_context
-                )
-        except (OSError, TimeoutError, ssl.SSLError) as exc:
+                reader, writer = await asyncio.open_connection(host, port, ssl=link.ssl_context)
+                if link.login is not None:
+                    try:
+                        await log_in(reader, writer, link.login, max_frame_bytes)
+                    except BaseException:
+                        writer.close()
+                        raise
+        except LoginFailed as exc:
+            stats.failed += 1
+            log.error("cannot log in to broker %d at %s:%d: %s", broker.node_id, host, port, exc)
+            raise UpstreamError(f"broker {broker.node_id} refused the proxy's login") from exc
+        except (OSError, TimeoutError, ssl.SSLError, asyncio.IncompleteReadError) as exc:
             stats.failed += 1
             raise UpstreamError(
-                f"cannot connect to broker {broker.node_id} at {broker.host}:{broker.port}: {exc}"
+                f"cannot connect to broker {broker.node_id} at {host}:{port}: {exc}"
             ) from exc
         return cls(broker, reader, writer, max_frame_bytes, stats, link)
 

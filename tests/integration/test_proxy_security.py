@@ -5,7 +5,9 @@ One broker process with the authorizer on and two listeners:
 - ``INTERNAL`` SSL requiring a client certificate (the registered main address, the proxy's way
   in); the proxy presents ``CN=kafscale-proxy``, which holds CLUSTER_ACTION on the cluster,
 - ``PLAIN`` PLAINTEXT (``User:ANONYMOUS``, no CLUSTER_ACTION: a connection that may not
-  forward principals).
+  forward principals),
+- ``SASLIN`` SASL_PLAINTEXT, where a second proxy logs in as the SCRAM user ``proxy-user``
+  (CLUSTER_ACTION too) instead of presenting a certificate.
 
 One proxy process in front of it with a ``SASL_SSL`` client listener (SCRAM-SHA-256/512, PLAIN),
 an ``SSL`` one requiring client certificates, and the brokers' authorizer settings. ``alice``
@@ -50,6 +52,7 @@ pytestmark = pytest.mark.integration
 ALICE, ALICE_PASSWORD = "alice", "alice-proxy-secret"
 PROXY_PRINCIPAL = "User:CN=kafscale-proxy"
 ALICE_CERT_PRINCIPAL = "User:CN=alice,O=KafScale Test"
+PROXY_USER, PROXY_PASSWORD = "proxy-user", "proxy-user-secret"
 SASL_HANDSHAKE, SASL_AUTHENTICATE, ENVELOPE = 17, 36, 58
 SASL_AUTHENTICATION_FAILED, CLUSTER_AUTHORIZATION_FAILED, INVALID_REQUEST = 58, 31, 42
 CONSUME_TIMEOUT_S = 30.0
@@ -62,6 +65,7 @@ class SecuredProxy:
     proxy: BrokerProcess
     proxy_port: int
     mtls_port: int
+    sasl_proxy_port: int
     pki: TestPki
     proxy_cert: Pair
     topic_a: str
@@ -114,8 +118,16 @@ def secured(
     topic_a, topic_b = f"a-{uuid.uuid4().hex[:8]}", f"b-{uuid.uuid4().hex[:8]}"
     _make_topics(etcd_url, name, topic_a, topic_b)
     _cli(etcd_url, name, "users", "create", ALICE, "--password-stdin", stdin=ALICE_PASSWORD)
+    _cli(etcd_url, name, "users", "create", PROXY_USER, "--password-stdin", stdin=PROXY_PASSWORD)
     grants = [
         ("--cluster-resource", "--principal", PROXY_PRINCIPAL, "--operation", "CLUSTER_ACTION"),
+        (
+            "--cluster-resource",
+            "--principal",
+            f"User:{PROXY_USER}",
+            "--operation",
+            "CLUSTER_ACTION",
+        ),
         ("--topic", topic_a, "--principal", f"User:{ALICE}", "--operation", "READ"),
         ("--topic", topic_a, "--principal", f"User:{ALICE}", "--operation", "WRITE"),
         ("--group", "g-", "--prefixed", "--principal", f"User:{ALICE}", "--operation", "READ"),
@@ -132,14 +144,16 @@ def secured(
         "KAFSCALE_AUTHORIZER__ENABLED": "true",
         "KAFSCALE_AUTHORIZER__SUPER_USERS": '["User:admin"]',
     }
-    broker_ports = {"INTERNAL": free_port(), "PLAIN": free_port()}
+    broker_ports = {"INTERNAL": free_port(), "PLAIN": free_port(), "SASLIN": free_port()}
     broker_admin = free_port()
     broker = BrokerProcess(
         env=cluster.env(
             broker_ports["INTERNAL"],
             broker_admin,
             KAFSCALE_LISTENERS=",".join(f"{n}://127.0.0.1:{p}" for n, p in broker_ports.items()),
-            KAFSCALE_LISTENER_SECURITY_PROTOCOL_MAP="INTERNAL:SSL,PLAIN:PLAINTEXT",
+            KAFSCALE_LISTENER_SECURITY_PROTOCOL_MAP=(
+                "INTERNAL:SSL,PLAIN:PLAINTEXT,SASLIN:SASL_PLAINTEXT"
+            ),
             KAFSCALE_TLS__CLIENT_AUTH_OVERRIDES="INTERNAL:required",
             **tls,
             **authorizer,
@@ -173,11 +187,42 @@ def secured(
         command=[KAFSCALE, "proxy"],
     )
     cluster.brokers.append(proxy)
+    sasl_port, sasl_admin = free_port(), free_port()
+    sasl_proxy = BrokerProcess(
+        env=proxy_env(
+            cluster,
+            sasl_port,
+            sasl_admin,
+            KAFSCALE_LISTENERS=f"CLIENTS://127.0.0.1:{sasl_port}",
+            KAFSCALE_LISTENER_SECURITY_PROTOCOL_MAP="CLIENTS:SASL_PLAINTEXT",
+            KAFSCALE_UPSTREAM__SECURITY_PROTOCOL="SASL_PLAINTEXT",
+            KAFSCALE_UPSTREAM__LISTENER="SASLIN",
+            KAFSCALE_UPSTREAM__SASL_MECHANISM="SCRAM-SHA-256",
+            KAFSCALE_UPSTREAM__SASL_USERNAME=PROXY_USER,
+            KAFSCALE_UPSTREAM__SASL_PASSWORD=PROXY_PASSWORD,
+            **authorizer,
+        ),
+        log_path=workdir / "sasl-proxy.log",
+        port=sasl_port,
+        admin_port=sasl_admin,
+        command=[KAFSCALE, "proxy"],
+    )
+    cluster.brokers.append(sasl_proxy)
     try:
         broker.start()
         proxy.start()
+        sasl_proxy.start()
         yield SecuredProxy(
-            broker, broker_ports, proxy, proxy_port, mtls_port, pki, proxy_cert, topic_a, topic_b
+            broker,
+            broker_ports,
+            proxy,
+            proxy_port,
+            mtls_port,
+            sasl_port,
+            pki,
+            proxy_cert,
+            topic_a,
+            topic_b,
         )
     finally:
         cluster.stop_all()
@@ -371,6 +416,23 @@ def test_a_client_certificate_at_the_proxy_is_the_principal_the_brokers_check(
     assert error is not None and error.code() == KafkaError.TOPIC_AUTHORIZATION_FAILED
     brokers = AdminClient(config).list_topics(timeout=30).brokers
     assert [(b.host, b.port) for b in brokers.values()] == [("localhost", secured.mtls_port)]
+
+
+def test_a_proxy_that_logs_in_to_the_brokers_with_scram_forwards_as_well(
+    secured: SecuredProxy,
+) -> None:
+    """The second proxy reaches the brokers' SASL listener as ``proxy-user`` (SCRAM-SHA-256)
+    and its clients on SASL_PLAINTEXT: alice's rights, not the proxy user's, apply."""
+    config = {
+        "bootstrap.servers": f"127.0.0.1:{secured.sasl_proxy_port}",
+        "security.protocol": "SASL_PLAINTEXT",
+        "sasl.mechanisms": "SCRAM-SHA-512",
+        "sasl.username": ALICE,
+        "sasl.password": ALICE_PASSWORD,
+    }
+    assert _produce(config, secured.topic_a, [b"via-sasl-proxy"]) == [None]
+    (error,) = _produce(config, secured.topic_b, [b"no"])
+    assert error is not None and error.code() == KafkaError.TOPIC_AUTHORIZATION_FAILED
 
 
 # --- the broker's side of forwarding ------------------------------------------------------------

@@ -32,6 +32,14 @@ from kafscale.broker.proxy.upstream import ForwardingRefused, UpstreamError, Ups
 from kafscale.broker.security.forwarding import address_bytes, address_text, peer_host
 from kafscale.broker.security.listeners import ClientAuth, SecurityProtocol
 from kafscale.broker.security.local_pki import PROXY_PRINCIPAL, make_local_pki
+from kafscale.broker.security.sasl_client import ScramClient, plain_message
+from kafscale.broker.security.scram import (
+    AuthenticationFailed,
+    ScramExchange,
+    ScramMechanism,
+    new_credential,
+    parse_client_first,
+)
 
 # --- principals and addresses ------------------------------------------------------------------
 
@@ -262,3 +270,50 @@ def test_proxy_find_coordinator_refuses_groups_the_client_may_not_describe() -> 
         ("g-mine", ErrorCode.NONE, 1000),
         ("other", ErrorCode.GROUP_AUTHORIZATION_FAILED, -1),
     ]
+
+
+# --- the proxy's SASL login to the brokers ------------------------------------------------------
+
+
+@pytest.mark.parametrize("mechanism", list(ScramMechanism))
+def test_the_proxys_scram_client_logs_in_to_the_brokers_scram_server(
+    mechanism: ScramMechanism,
+) -> None:
+    credential = new_credential("proxy-pass", mechanism)
+    client = ScramClient(mechanism, "proxy,user=x", "proxy-pass")
+    first = parse_client_first(client.first_message())
+    assert first.username == "proxy,user=x"  # escaped on the wire, the same name at the server
+    server = ScramExchange(mechanism, first, credential)
+    final = client.final_message(server.server_first_message())
+    client.check_final(server.final(final))
+
+
+def test_the_proxys_scram_client_checks_the_server_and_the_server_the_password() -> None:
+    mechanism = ScramMechanism.SCRAM_SHA_512
+    credential = new_credential("right", mechanism)
+    wrong = ScramClient(mechanism, "proxy", "wrong")
+    server = ScramExchange(mechanism, parse_client_first(wrong.first_message()), credential)
+    with pytest.raises(AuthenticationFailed):
+        server.final(wrong.final_message(server.server_first_message()))
+    client = ScramClient(mechanism, "proxy", "right")
+    server = ScramExchange(mechanism, parse_client_first(client.first_message()), credential)
+    client.final_message(server.server_first_message())
+    with pytest.raises(AuthenticationFailed):  # a server that does not know the credential
+        client.check_final(b"v=" + b"A" * 88)
+    with pytest.raises(AuthenticationFailed):  # a nonce the client did not start
+        ScramClient(mechanism, "proxy", "right").final_message(b"r=other,s=AAAA,i=4096")
+    assert plain_message("proxy", "pw") == b"\x00proxy\x00pw"
+
+
+def test_a_sasl_upstream_needs_the_proxys_credentials() -> None:
+    with pytest.raises(ValidationError):
+        UpstreamSettings(security_protocol=SecurityProtocol.SASL_PLAINTEXT)
+    with pytest.raises(ValidationError):
+        UpstreamSettings(sasl_mechanism="GSSAPI")
+    settings = UpstreamSettings(
+        security_protocol=SecurityProtocol.SASL_SSL,
+        sasl_username="proxy",
+        sasl_password="pw",
+        listener="proxy",
+    )
+    assert settings.sasl_mechanism == "SCRAM-SHA-512"
