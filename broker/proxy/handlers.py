@@ -217,6 +217,7 @@ class GroupList:
 
 DESCRIBE_GROUPS = GroupList("groups", str, "groups")
 DELETE_GROUPS = GroupList("groups_names", str, "results")
+CONSUMER_GROUP_DESCRIBE = GroupList("group_ids", str, "groups")
 OFFSET_FETCH_GROUPS = GroupList("groups", lambda g: str(g.group_id), "groups")
 
 
@@ -383,4 +384,6 @@ HANDLERS: dict[int, Handler] = {
     50: to_any_broker,  # DescribeUserScramCredentials
     51: to_any_broker,  # AlterUserScramCredentials
     60: describe_cluster,
+    68: to_coordinator,  # ConsumerGroupHeartbeat
+    69: by_coordinator(CONSUMER_GROUP_DESCRIBE),
 }
