@@ -28,6 +28,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -66,10 +67,12 @@ class SecuredProxy:
     proxy_port: int
     mtls_port: int
     sasl_proxy_port: int
+    untrusted_proxy_port: int
     pki: TestPki
     proxy_cert: Pair
     topic_a: str
     topic_b: str
+    untrusted_proxy_log: Path
 
     @property
     def bootstrap(self) -> str:
@@ -132,6 +135,7 @@ def secured(
         ("--topic", topic_a, "--principal", f"User:{ALICE}", "--operation", "WRITE"),
         ("--group", "g-", "--prefixed", "--principal", f"User:{ALICE}", "--operation", "READ"),
         ("--topic", topic_a, "--principal", ALICE_CERT_PRINCIPAL, "--operation", "WRITE"),
+        ("--topic", topic_a, "--principal", "User:ANONYMOUS", "--operation", "WRITE"),
     ]
     for grant in grants:
         _cli(etcd_url, name, "acls", "add", *grant)
@@ -208,10 +212,26 @@ def secured(
         command=[KAFSCALE, "proxy"],
     )
     cluster.brokers.append(sasl_proxy)
+    untrusted_port, untrusted_admin = free_port(), free_port()
+    untrusted_proxy = BrokerProcess(  # reaches the brokers' PLAINTEXT listener: not trusted
+        env=proxy_env(
+            cluster,
+            untrusted_port,
+            untrusted_admin,
+            KAFSCALE_UPSTREAM__LISTENER="PLAIN",
+            **authorizer,
+        ),
+        log_path=workdir / "untrusted-proxy.log",
+        port=untrusted_port,
+        admin_port=untrusted_admin,
+        command=[KAFSCALE, "proxy"],
+    )
+    cluster.brokers.append(untrusted_proxy)
     try:
         broker.start()
         proxy.start()
         sasl_proxy.start()
+        untrusted_proxy.start()
         yield SecuredProxy(
             broker,
             broker_ports,
@@ -219,10 +239,12 @@ def secured(
             proxy_port,
             mtls_port,
             sasl_port,
+            untrusted_port,
             pki,
             proxy_cert,
             topic_a,
             topic_b,
+            untrusted_proxy.log_path,
         )
     finally:
         cluster.stop_all()
@@ -436,6 +458,18 @@ def test_a_proxy_that_logs_in_to_the_brokers_with_scram_forwards_as_well(
 
 
 # --- the broker's side of forwarding ------------------------------------------------------------
+
+
+def test_a_proxy_the_brokers_do_not_trust_gets_cluster_authorization_failed(
+    secured: SecuredProxy,
+) -> None:
+    """A proxy reaching the brokers as User:ANONYMOUS (no CLUSTER_ACTION) forwards nothing,
+    though its (anonymous) client may write A: it gets CLUSTER_AUTHORIZATION_FAILED at once."""
+    config = {"bootstrap.servers": f"127.0.0.1:{secured.untrusted_proxy_port}"}
+    (error,) = _produce({**config, "message.timeout.ms": 10_000}, secured.topic_a, [b"no"])
+    assert error is not None and error.code() == KafkaError.CLUSTER_AUTHORIZATION_FAILED
+    log = secured.untrusted_proxy_log.read_text()
+    assert "refused the forwarded request: CLUSTER_AUTHORIZATION_FAILED" in log
 
 
 def _envelope(principal: str, inner: bytes) -> dict[str, Any]:
