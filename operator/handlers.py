@@ -4,7 +4,8 @@
 so tests and ``run_operator`` each build their own registry and nothing registers at import.
 
 KafScaleCluster
-    create/update(spec)/resume → apply objects, write status · timer → observe status and lease
+    create/update(spec)/resume → certificate Secrets (``tls_secrets``) or cert-manager objects,
+    then apply objects, write status · timer → observe status and lease
     distribution · daemon → lease balancer (etcd watch on broker registrations) · timer → drift
     repair (re-apply) · delete (finalizer) → honour ``deletionPolicy``.
 Broker pods
@@ -360,7 +361,7 @@ def register(
         ref, cluster_spec = found
         cluster = naming.kafscale_cluster_name(ref, cluster_spec)
         try:
-            async with runtime.etcd.session(naming.etcd_endpoints(ref, cluster_spec)) as etcd:
+            async with runtime.cluster_etcd(ref, cluster_spec) as etcd:
                 decision = await reconcile_topic(etcd, cluster, name, spec)
                 await rebalance(etcd, cluster)
         except MetadataError as exc:
@@ -389,7 +390,7 @@ def register(
         ref, cluster_spec = found
         name = topic_name(spec, meta["name"])
         try:
-            async with runtime.etcd.session(naming.etcd_endpoints(ref, cluster_spec)) as etcd:
+            async with runtime.cluster_etcd(ref, cluster_spec) as etcd:
                 await delete_topic_keys(etcd, naming.kafscale_cluster_name(ref, cluster_spec), name)
         except MetadataError as exc:
             raise kopf.TemporaryError(f"etcd: {exc}", delay=3) from exc

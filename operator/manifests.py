@@ -12,17 +12,16 @@ import hashlib
 import json
 from typing import Any
 
-from kafscale.operator import naming
-from kafscale.operator.brokerconfig import broker_config_env
+from kafscale.operator import certificates, etcd_security, listeners, naming
+from kafscale.operator.brokerconfig import InvalidBrokerConfig, broker_config_env
 from kafscale.operator.models import (
-    API_VERSION,
-    CLUSTER_KIND,
     ClusterRef,
     DeletionPolicy,
     EtcdMode,
     KafScaleClusterSpec,
     ResourceRequirements,
 )
+from kafscale.operator.ownership import object_metadata
 
 Manifest = dict[str, Any]
 
@@ -48,24 +47,8 @@ def drain_command(termination_grace_period_seconds: int) -> list[str]:
     ]
 
 
-def owner_reference(ref: ClusterRef) -> dict[str, Any]:
-    return {
-        "apiVersion": API_VERSION,
-        "kind": CLUSTER_KIND,
-        "name": ref.name,
-        "uid": ref.uid,
-        "controller": True,
-        "blockOwnerDeletion": True,
-    }
-
-
 def _metadata(ref: ClusterRef, name: str, component: str) -> dict[str, Any]:
-    return {
-        "name": name,
-        "namespace": ref.namespace,
-        "labels": naming.labels(ref.name, component),
-        "ownerReferences": [owner_reference(ref)],
-    }
+    return object_metadata(ref, name, component)
 
 
 def _resources(value: ResourceRequirements | None, default: dict[str, Any]) -> dict[str, Any]:
@@ -142,6 +125,14 @@ def broker_environment(ref: ClusterRef, spec: KafScaleClusterSpec) -> dict[str, 
     if spec.brokers.rack:
         env["KAFSCALE_LISTENER__RACK"] = spec.brokers.rack
     env.update(broker_config_env(spec.brokers.config))
+    managed = listeners.managed_config_keys(spec) | etcd_security.managed_config_keys(spec)
+    clash = sorted(set(spec.brokers.config) & managed)
+    if clash:
+        raise InvalidBrokerConfig(
+            f"brokers.config[{clash[0]!r}] is set by the operator (spec.listeners, etcd.tls)"
+        )
+    env.update(listeners.listener_environment(spec))
+    env.update(etcd_security.etcd_client_environment(spec))
     return dict(sorted(env.items()))
 
 
@@ -189,6 +180,17 @@ def _pod_common(spec: KafScaleClusterSpec) -> dict[str, Any]:
     return common
 
 
+def _tls_volumes(ref: ClusterRef, spec: KafScaleClusterSpec) -> list[dict[str, Any]]:
+    """Certificate Secrets of broker and proxy pods: the listeners' and etcd's client one."""
+    volumes = [listeners.broker_tls_volume(ref)] if spec.tls_listeners else []
+    return volumes + etcd_security.etcd_client_volumes(ref, spec)
+
+
+def _tls_mounts(spec: KafScaleClusterSpec) -> list[dict[str, Any]]:
+    mounts = [listeners.broker_tls_mount()] if spec.tls_listeners else []
+    return mounts + etcd_security.etcd_client_mounts(spec)
+
+
 # --- brokers --------------------------------------------------------------------------------
 
 
@@ -197,13 +199,18 @@ def build_broker_deployment(ref: ClusterRef, spec: KafScaleClusterSpec) -> Manif
     selector = naming.selector_labels(ref.name, naming.BROKER)
     brokers = spec.brokers
     admin = naming.ADMIN_PORT
+    start: dict[str, Any] = (
+        {"command": listeners.advertise_command(ref, spec)}
+        if spec.listeners
+        else {"args": ["broker"]}
+    )
     container = {
         "name": naming.BROKER,
         "image": spec.image,
         "imagePullPolicy": spec.image_pull_policy,
-        "args": ["broker"],
+        **start,
         "ports": [
-            {"name": "kafka", "containerPort": naming.KAFKA_PORT, "protocol": "TCP"},
+            *listeners.broker_container_ports(spec),
             {"name": "admin", "containerPort": admin, "protocol": "TCP"},
         ],
         "envFrom": [{"configMapRef": {"name": naming.config_map_name(ref.name)}}],
@@ -232,13 +239,13 @@ def build_broker_deployment(ref: ClusterRef, spec: KafScaleClusterSpec) -> Manif
             }
         },
         "securityContext": container_security_context(),
-        "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}],
+        "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}, *_tls_mounts(spec)],
     }
     pod_spec: dict[str, Any] = {
         **_pod_common(spec),
         "terminationGracePeriodSeconds": brokers.termination_grace_period_seconds,
         "containers": [container],
-        "volumes": [{"name": "tmp", "emptyDir": {}}],
+        "volumes": [{"name": "tmp", "emptyDir": {}}, *_tls_volumes(ref, spec)],
         **_spread(ref, naming.BROKER),
     }
     if brokers.node_selector:
@@ -280,14 +287,7 @@ def build_broker_service(ref: ClusterRef, spec: KafScaleClusterSpec) -> Manifest
         "spec": {
             "type": "ClusterIP",
             "selector": naming.selector_labels(ref.name, naming.BROKER),
-            "ports": [
-                {
-                    "name": "kafka",
-                    "port": naming.KAFKA_PORT,
-                    "targetPort": "kafka",
-                    "protocol": "TCP",
-                }
-            ],
+            "ports": listeners.broker_service_ports(spec),
         },
     }
 
@@ -367,7 +367,7 @@ def build_proxy_deployment(ref: ClusterRef, spec: KafScaleClusterSpec) -> Manife
             "failureThreshold": 3,
         },
         "securityContext": container_security_context(),
-        "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}],
+        "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}, *_tls_mounts(spec)],
     }
     return {
         "apiVersion": "apps/v1",
@@ -386,7 +386,7 @@ def build_proxy_deployment(ref: ClusterRef, spec: KafScaleClusterSpec) -> Manife
                 "spec": {
                     **_pod_common(spec),
                     "containers": [container],
-                    "volumes": [{"name": "tmp", "emptyDir": {}}],
+                    "volumes": [{"name": "tmp", "emptyDir": {}}, *_tls_volumes(ref, spec)],
                     **_spread(ref, naming.PROXY),
                 },
             },
@@ -480,17 +480,20 @@ def build_etcd_client_service(ref: ClusterRef, spec: KafScaleClusterSpec) -> Man
 def _etcd_args(ref: ClusterRef, spec: KafScaleClusterSpec) -> list[str]:
     name, ns = naming.etcd_name(ref.name), ref.namespace
     own = f"$(POD_NAME).{name}.{ns}.svc"
+    scheme = naming.etcd_scheme(spec)
     members = ",".join(
-        f"{name}-{i}={naming.etcd_member_url(ref.name, ns, i, naming.ETCD_PEER_PORT)}"
+        f"{name}-{i}={naming.etcd_member_url(ref.name, ns, i, naming.ETCD_PEER_PORT, scheme)}"
         for i in range(spec.etcd.replicas)
     )
+    tls = etcd_security.etcd_tls_args() if spec.etcd.tls else []
     return [
         "--name=$(POD_NAME)",
         "--data-dir=/var/lib/etcd/data",
-        f"--listen-client-urls=http://0.0.0.0:{naming.ETCD_CLIENT_PORT}",
-        f"--advertise-client-urls=http://{own}:{naming.ETCD_CLIENT_PORT}",
-        f"--listen-peer-urls=http://0.0.0.0:{naming.ETCD_PEER_PORT}",
-        f"--initial-advertise-peer-urls=http://{own}:{naming.ETCD_PEER_PORT}",
+        f"--listen-client-urls={scheme}://0.0.0.0:{naming.ETCD_CLIENT_PORT}",
+        f"--advertise-client-urls={scheme}://{own}:{naming.ETCD_CLIENT_PORT}",
+        f"--listen-peer-urls={scheme}://0.0.0.0:{naming.ETCD_PEER_PORT}",
+        f"--initial-advertise-peer-urls={scheme}://{own}:{naming.ETCD_PEER_PORT}",
+        *tls,
         f"--initial-cluster={members}",
         "--initial-cluster-state=new",
         f"--initial-cluster-token={ns}.{ref.name}",
@@ -512,6 +515,18 @@ def build_etcd_statefulset(ref: ClusterRef, spec: KafScaleClusterSpec) -> Manife
     if etcd.storage_class_name:
         claim["spec"]["storageClassName"] = etcd.storage_class_name
     keep = spec.deletion_policy == DeletionPolicy.RETAIN
+    # With TLS the client port asks for a client certificate: probe the plain metrics port.
+    probe_port = "metrics" if etcd.tls else "client"
+    metrics_port = (
+        [{"name": "metrics", "containerPort": naming.ETCD_METRICS_PORT, "protocol": "TCP"}]
+        if etcd.tls
+        else []
+    )
+    mounts = [{"name": "data", "mountPath": "/var/lib/etcd"}]
+    volumes = []
+    if etcd.tls:
+        mounts.append(etcd_security.etcd_server_mount())
+        volumes.append(etcd_security.etcd_server_volume(ref))
     container = {
         "name": naming.ETCD,
         "image": etcd.image,
@@ -522,21 +537,22 @@ def build_etcd_statefulset(ref: ClusterRef, spec: KafScaleClusterSpec) -> Manife
         "ports": [
             {"name": "client", "containerPort": naming.ETCD_CLIENT_PORT, "protocol": "TCP"},
             {"name": "peer", "containerPort": naming.ETCD_PEER_PORT, "protocol": "TCP"},
+            *metrics_port,
         ],
         "resources": _resources(etcd.resources, DEFAULT_ETCD_RESOURCES),
         "readinessProbe": {
-            "httpGet": {"path": "/readyz", "port": "client"},
+            "httpGet": {"path": "/readyz", "port": probe_port},
             "periodSeconds": 5,
             "failureThreshold": 3,
         },
         "livenessProbe": {
-            "httpGet": {"path": "/livez", "port": "client"},
+            "httpGet": {"path": "/livez", "port": probe_port},
             "initialDelaySeconds": 15,
             "periodSeconds": 10,
             "failureThreshold": 6,
         },
         "securityContext": container_security_context(),
-        "volumeMounts": [{"name": "data", "mountPath": "/var/lib/etcd"}],
+        "volumeMounts": mounts,
     }
     return {
         "apiVersion": "apps/v1",
@@ -557,6 +573,7 @@ def build_etcd_statefulset(ref: ClusterRef, spec: KafScaleClusterSpec) -> Manife
                     **_pod_common(spec),
                     "terminationGracePeriodSeconds": 30,
                     "containers": [container],
+                    **({"volumes": volumes} if volumes else {}),
                     **_spread(ref, naming.ETCD),
                 },
             },
@@ -584,9 +601,15 @@ def build_etcd_pdb(ref: ClusterRef, spec: KafScaleClusterSpec) -> Manifest:
 # --- the whole set --------------------------------------------------------------------------
 
 
-def build_cluster_objects(ref: ClusterRef, spec: KafScaleClusterSpec) -> list[Manifest]:
-    """Every object the cluster should have, in apply order (etcd and config first)."""
+def build_cluster_objects(
+    ref: ClusterRef, spec: KafScaleClusterSpec, *, cert_manager: bool = False
+) -> list[Manifest]:
+    """Every object the cluster should have, in apply order (certificates, etcd and config
+    first). ``cert_manager``: the server serves cert-manager, which then makes the certificate
+    Secrets (otherwise the operator writes them before applying these)."""
     objects: list[Manifest] = []
+    if cert_manager:
+        objects += certificates.build_cert_manager_objects(ref, spec)
     if spec.etcd.mode == EtcdMode.MANAGED:
         objects += [
             build_etcd_headless_service(ref, spec),
@@ -594,12 +617,16 @@ def build_cluster_objects(ref: ClusterRef, spec: KafScaleClusterSpec) -> list[Ma
             build_etcd_statefulset(ref, spec),
             build_etcd_pdb(ref, spec),
         ]
+        if spec.etcd.network_policy:
+            objects.append(etcd_security.build_etcd_network_policy(ref, spec))
     objects += [
         build_config_map(ref, spec),
         build_broker_service(ref, spec),
         build_broker_deployment(ref, spec),
         build_broker_pdb(ref, spec),
     ]
+    if spec.listeners:
+        objects.append(etcd_security.build_broker_network_policy(ref, spec))
     if spec.autoscaling.enabled:
         objects.append(build_broker_hpa(ref, spec))
     if spec.proxy.enabled:
@@ -630,6 +657,13 @@ def all_object_ids(ref: ClusterRef) -> list[ObjectId]:
         ("apps/v1", "Deployment", naming.proxy_name(name)),
         ("v1", "Service", naming.proxy_name(name)),
         ("policy/v1", "PodDisruptionBudget", naming.proxy_name(name)),
+        (etcd_security.NETWORK_POLICY_API, "NetworkPolicy", naming.etcd_network_policy_name(name)),
+        (
+            etcd_security.NETWORK_POLICY_API,
+            "NetworkPolicy",
+            naming.broker_network_policy_name(name),
+        ),
+        *certificates.cert_manager_object_ids(ref),
     ]
 
 
@@ -637,7 +671,9 @@ def object_id(manifest: Manifest) -> ObjectId:
     return (manifest["apiVersion"], manifest["kind"], manifest["metadata"]["name"])
 
 
-def obsolete_object_ids(ref: ClusterRef, spec: KafScaleClusterSpec) -> list[ObjectId]:
+def obsolete_object_ids(
+    ref: ClusterRef, spec: KafScaleClusterSpec, *, cert_manager: bool = False
+) -> list[ObjectId]:
     """Objects a previous spec may have created that this spec no longer wants."""
-    wanted = {object_id(m) for m in build_cluster_objects(ref, spec)}
+    wanted = {object_id(m) for m in build_cluster_objects(ref, spec, cert_manager=cert_manager)}
     return [oid for oid in all_object_ids(ref) if oid not in wanted]

@@ -190,6 +190,29 @@ class EtcdSpec(_Model):
     resources: ResourceRequirements | None = Field(
         default=None, description="etcd container resources."
     )
+    network_policy: bool = Field(
+        default=True,
+        description="Managed etcd only: a NetworkPolicy admits to etcd's client port only this "
+        'cluster\'s pods, the operator and pods labelled `kafscale.io/etcd-client: "true"` in '
+        "the cluster's namespace (e.g. Spark jobs reading topics from object storage).",
+    )
+    tls: bool = Field(
+        default=False,
+        description="Managed etcd only: serve clients and peers over TLS with certificates "
+        "the operator makes (or cert-manager, when installed), accept only clients holding the "
+        "cluster's etcd client certificate, and allow only this cluster's pods and the operator "
+        "to its client port (a NetworkPolicy). Fixed once the cluster exists (members store "
+        "their peer URLs).",
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {
+                    "rule": "self == oldSelf",
+                    "message": "etcd tls cannot change after creation: members store their "
+                    "peer URLs (back up, recreate, restore to switch)",
+                }
+            ]
+        },
+    )
 
     @model_validator(mode="after")
     def _external_needs_endpoints(self) -> EtcdSpec:
@@ -255,6 +278,82 @@ class AutoscalingSpec(_Model):
         return self
 
 
+class ListenerAuthenticationType(StrEnum):
+    NONE = "none"
+    SCRAM_SHA_512 = "scram-sha-512"
+    SCRAM_SHA_256 = "scram-sha-256"
+    PLAIN = "plain"
+    TLS = "tls"
+
+
+class ListenerAuthentication(_Model):
+    type: ListenerAuthenticationType = Field(
+        default=ListenerAuthenticationType.NONE,
+        description="none; scram-sha-512, scram-sha-256 or plain (SASL, users as KafScaleUser "
+        "resources); tls (client certificates signed by the cluster CA, needs tls: true).",
+    )
+
+
+# Names the operator uses itself: the internal listener and the admin port.
+RESERVED_LISTENER_NAMES = frozenset({"internal", "admin", "kafka", "metrics"})
+INTERNAL_LISTENER_PORT = 9091
+RESERVED_LISTENER_PORTS = frozenset({INTERNAL_LISTENER_PORT, 8080})
+
+
+class ListenerSpec(_Model):
+    """One Kafka listener of every broker (Strimzi's ``spec.kafka.listeners`` shape)."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {
+                    "rule": "!has(self.authentication) || self.authentication.type != 'tls' "
+                    "|| self.tls",
+                    "message": "authentication tls needs tls: true",
+                }
+            ]
+        }
+    )
+
+    name: str = Field(
+        pattern=r"^[a-z][a-z0-9]{0,10}$",
+        description="Listener name (lower case; Kafka's listener name is its upper case); also "
+        "the port's name on the brokers' Service. `internal`, `admin`, `kafka` and `metrics` "
+        "are the operator's.",
+    )
+    port: int = Field(
+        ge=1024,
+        le=65535,
+        description="Port of the listener on every broker and on the brokers' Service (9091 and "
+        "8080 are the internal listener's and the admin port's).",
+    )
+    tls: bool = Field(default=False, description="Serve TLS with the cluster's broker certificate.")
+    authentication: ListenerAuthentication = Field(
+        default_factory=ListenerAuthentication, description="How clients prove who they are."
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> ListenerSpec:
+        if self.name in RESERVED_LISTENER_NAMES:
+            raise ValueError(f"listener name {self.name} is reserved")
+        if self.port in RESERVED_LISTENER_PORTS:
+            raise ValueError(f"listener port {self.port} is reserved")
+        if self.authentication.type == ListenerAuthenticationType.TLS and not self.tls:
+            raise ValueError("authentication tls needs tls: true")
+        return self
+
+    @property
+    def security_protocol(self) -> str:
+        """Kafka's security protocol for this listener."""
+        sasl = self.authentication.type not in (
+            ListenerAuthenticationType.NONE,
+            ListenerAuthenticationType.TLS,
+        )
+        if sasl:
+            return "SASL_SSL" if self.tls else "SASL_PLAINTEXT"
+        return "SSL" if self.tls else "PLAINTEXT"
+
+
 class DeletionPolicy(StrEnum):
     RETAIN = "Retain"
     DELETE = "Delete"
@@ -277,6 +376,17 @@ class KafScaleClusterSpec(_Model):
         ),
     )
     brokers: BrokerSpec = Field(default_factory=BrokerSpec, description="Broker pods.")
+    listeners: list[ListenerSpec] = Field(
+        default_factory=list,
+        max_length=8,
+        description="Kafka listeners of every broker. Empty: one PLAINTEXT listener on 9092 "
+        "(as before). Set: these, plus an internal PLAINTEXT listener on 9091 that only this "
+        "cluster's pods and the operator may reach (the proxy's way in).",
+        json_schema_extra={
+            "x-kubernetes-list-type": "map",
+            "x-kubernetes-list-map-keys": ["name"],
+        },
+    )
     proxy: ProxySpec = Field(default_factory=ProxySpec, description="Lease-aware proxy.")
     etcd: EtcdSpec = Field(default_factory=EtcdSpec, description="Metadata store.")
     storage: StorageSpec = Field(description="Object storage for record batches.")
@@ -287,6 +397,23 @@ class KafScaleClusterSpec(_Model):
         default=DeletionPolicy.RETAIN,
         description="On delete, Retain keeps etcd data and objects; Delete removes both.",
     )
+
+    @model_validator(mode="after")
+    def _check_listeners(self) -> KafScaleClusterSpec:
+        names = [listener.name for listener in self.listeners]
+        ports = [listener.port for listener in self.listeners]
+        if len(set(names)) != len(names):
+            raise ValueError("listener names must be unique")
+        if len(set(ports)) != len(ports):
+            raise ValueError("listener ports must be unique")
+        if self.etcd.tls and self.etcd.mode == EtcdMode.EXTERNAL:
+            raise ValueError("etcd.tls is for the managed etcd (External: https:// endpoints)")
+        return self
+
+    @property
+    def tls_listeners(self) -> bool:
+        """Whether any listener serves TLS (the cluster then needs a broker certificate)."""
+        return any(listener.tls for listener in self.listeners)
 
 
 class ConditionStatus(StrEnum):
@@ -336,6 +463,15 @@ class ClusterPhase(StrEnum):
     TERMINATING = "Terminating"
 
 
+class ListenerStatus(_Model):
+    name: str = Field(description="Listener name (spec.listeners[].name).")
+    security_protocol: str = Field(description="PLAINTEXT, SSL, SASL_PLAINTEXT or SASL_SSL.")
+    bootstrap_servers: str = Field(description="host:port of the brokers' Service port.")
+    ca_secret: str | None = Field(
+        default=None, description="Secret whose `ca.crt` clients trust (TLS listeners)."
+    )
+
+
 class KafScaleClusterStatus(_Model):
     observed_generation: int | None = Field(default=None, description="Generation last reconciled.")
     phase: ClusterPhase | None = Field(default=None, description="Summary of the conditions.")
@@ -348,6 +484,9 @@ class KafScaleClusterStatus(_Model):
     bootstrap: str | None = Field(default=None, description="Bootstrap address for Kafka clients.")
     cluster_name: str | None = Field(default=None, description="Name in etcd and object storage.")
     leases: LeaseStatus | None = Field(default=None, description="Partition lease distribution.")
+    listeners: list[ListenerStatus] | None = Field(
+        default=None, description="Where clients connect to each of spec.listeners."
+    )
 
 
 class KafScaleTopicSpec(_Model):
@@ -390,10 +529,28 @@ class AuthenticationType(StrEnum):
     SCRAM_SHA_256 = "scram-sha-256"
 
 
+class SecretKeySelector(_Model):
+    name: str = Field(min_length=1, max_length=253, description="Name of the Secret.")
+    key: str = Field(min_length=1, max_length=253, description="Key inside the Secret.")
+
+
+class PasswordSource(_Model):
+    secret_key_ref: SecretKeySelector = Field(description="The Secret key holding the password.")
+
+
+class UserPassword(_Model):
+    value_from: PasswordSource = Field(description="Where the password comes from.")
+
+
 class UserAuthentication(_Model):
     type: AuthenticationType = Field(
         default=AuthenticationType.SCRAM_SHA_512,
         description="SASL mechanism whose credential is stored in etcd (as Strimzi's KafkaUser).",
+    )
+    password: UserPassword | None = Field(
+        default=None,
+        description="A password of yours (`valueFrom.secretKeyRef`, as Strimzi's KafkaUser); "
+        "unset: the operator generates one into a Secret named after the user.",
     )
 
 

@@ -29,11 +29,24 @@ PROXY = "proxy"
 CONFIG = "config"
 USER = "user"
 LABEL_USER = "kafscale.io/user"
+LABEL_ETCD_CLIENT = "kafscale.io/etcd-client"  # "true": a pod of yours the etcd policy admits
 
 KAFKA_PORT = 9092
+INTERNAL_PORT = 9091  # the internal PLAINTEXT listener when spec.listeners is set
+INTERNAL_LISTENER = "INTERNAL"
 ADMIN_PORT = 8080
 ETCD_CLIENT_PORT = 2379
 ETCD_PEER_PORT = 2380
+ETCD_METRICS_PORT = 2381  # plain-HTTP /readyz, /livez and /metrics of an etcd serving TLS
+
+# Where certificate Secrets are mounted in the pods.
+BROKER_TLS_DIR = "/etc/kafscale/tls"
+ETCD_CLIENT_TLS_DIR = "/etc/kafscale/etcd-tls"
+ETCD_SERVER_TLS_DIR = "/etc/etcd/tls"
+# Keys of every certificate Secret (those of cert-manager's and of kubernetes.io/tls Secrets).
+TLS_CERT_KEY = "tls.crt"
+TLS_KEY_KEY = "tls.key"
+CA_CERT_KEY = "ca.crt"
 
 
 def selector_labels(cluster: str, component: str) -> dict[str, str]:
@@ -88,6 +101,60 @@ def proxy_name(cluster: str) -> str:
     return f"{cluster}-proxy"
 
 
+def broker_pods_service_name(cluster: str) -> str:
+    """Headless Service giving each broker pod a DNS name (``<pod>.<this>.<ns>.svc``) that the
+    broker certificate's wildcard covers: brokers advertise it on every listener."""
+    return f"{cluster}-broker-pods"
+
+
+def broker_pod_host(cluster: str, namespace: str) -> str:
+    """A broker pod's own DNS name, with ``$(KAFSCALE_POD_NAME)`` for Kubernetes to expand."""
+    return f"$(KAFSCALE_POD_NAME).{broker_pods_service_name(cluster)}.{namespace}.svc"
+
+
+def ca_secret_name(cluster: str) -> str:
+    """CA of the Kafka listeners (signs the broker certificate and mTLS client certificates)."""
+    return f"{cluster}-ca"
+
+
+def broker_tls_secret_name(cluster: str) -> str:
+    return f"{cluster}-broker-tls"
+
+
+def etcd_ca_secret_name(cluster: str) -> str:
+    return f"{cluster}-etcd-ca"
+
+
+def etcd_server_secret_name(cluster: str) -> str:
+    return f"{cluster}-etcd-server-tls"
+
+
+def etcd_client_secret_name(cluster: str) -> str:
+    """The client certificate brokers, proxies and the operator present to the managed etcd."""
+    return f"{cluster}-etcd-client-tls"
+
+
+def selfsigned_issuer_name(cluster: str) -> str:
+    """cert-manager Issuer that self-signs the cluster's CAs."""
+    return f"{cluster}-selfsigned"
+
+
+def ca_issuer_name(cluster: str) -> str:
+    return f"{cluster}-ca"
+
+
+def etcd_ca_issuer_name(cluster: str) -> str:
+    return f"{cluster}-etcd-ca"
+
+
+def broker_network_policy_name(cluster: str) -> str:
+    return f"{cluster}-broker"
+
+
+def etcd_network_policy_name(cluster: str) -> str:
+    return f"{cluster}-etcd"
+
+
 def etcd_name(cluster: str) -> str:
     """StatefulSet, headless Service and PDB of the managed etcd."""
     return f"{cluster}-etcd"
@@ -97,9 +164,15 @@ def etcd_client_service_name(cluster: str) -> str:
     return f"{cluster}-etcd-client"
 
 
-def etcd_member_url(cluster: str, namespace: str, ordinal: int, port: int) -> str:
+def etcd_member_url(
+    cluster: str, namespace: str, ordinal: int, port: int, scheme: str = "http"
+) -> str:
     name = etcd_name(cluster)
-    return f"http://{name}-{ordinal}.{name}.{namespace}.svc:{port}"
+    return f"{scheme}://{name}-{ordinal}.{name}.{namespace}.svc:{port}"
+
+
+def etcd_scheme(spec: KafScaleClusterSpec) -> str:
+    return "https" if spec.etcd.tls else "http"
 
 
 def service_host(service: str, namespace: str) -> str:
@@ -116,11 +189,18 @@ def etcd_endpoints(ref: ClusterRef, spec: KafScaleClusterSpec) -> list[str]:
     if spec.etcd.mode == "External":
         return list(spec.etcd.endpoints)
     host = service_host(etcd_client_service_name(ref.name), ref.namespace)
-    return [f"http://{host}:{ETCD_CLIENT_PORT}"]
+    return [f"{etcd_scheme(spec)}://{host}:{ETCD_CLIENT_PORT}"]
+
+
+def broker_service_port(spec: KafScaleClusterSpec) -> int:
+    """The brokers' Service port clients bootstrap from: the first listener's, else 9092."""
+    return spec.listeners[0].port if spec.listeners else KAFKA_PORT
 
 
 def bootstrap_address(ref: ClusterRef, spec: KafScaleClusterSpec, proxy_ready: bool = True) -> str:
     """The proxy's Service when the proxy is enabled and ready, else the brokers' Service."""
     use_proxy = spec.proxy.enabled and proxy_ready
-    service = proxy_name(ref.name) if use_proxy else broker_service_name(ref.name)
-    return f"{service_host(service, ref.namespace)}:{KAFKA_PORT}"
+    if use_proxy:
+        return f"{service_host(proxy_name(ref.name), ref.namespace)}:{KAFKA_PORT}"
+    host = service_host(broker_service_name(ref.name), ref.namespace)
+    return f"{host}:{broker_service_port(spec)}"

@@ -18,8 +18,9 @@ from typing import Any
 from kafscale.broker.metadata import keys
 from kafscale.broker.metadata.etcd import MetadataError
 from kafscale.broker.storage.object_store import ObjectStoreError
-from kafscale.operator import manifests, naming
-from kafscale.operator.discovery import fit_to_server
+from kafscale.operator import certificates, manifests, naming
+from kafscale.operator.certificates import CERT_MANAGER_API
+from kafscale.operator.discovery import ServerCapabilities, fit_to_server
 from kafscale.operator.events import Notice, rebalance_notice
 from kafscale.operator.kube import KubeError
 from kafscale.operator.models import (
@@ -41,8 +42,15 @@ from kafscale.operator.rebalance import (
 from kafscale.operator.runtime import Runtime, delete_objects, storage_settings
 from kafscale.operator.snapshot import lease_status
 from kafscale.operator.status import ClusterObservation
+from kafscale.operator.tls_secrets import ensure_certificate_secrets
 
 log = logging.getLogger(__name__)
+
+
+def serves_cert_manager(capabilities: ServerCapabilities) -> bool:
+    """Only a server known to serve cert-manager's API (not one whose discovery failed)."""
+    versions = capabilities.group_versions
+    return versions is not None and CERT_MANAGER_API in versions
 
 
 def utc_now() -> str:
@@ -55,13 +63,18 @@ async def apply_cluster(runtime: Runtime, ref: ClusterRef, spec: KafScaleCluster
     Returns what was left out because the server does not serve it (also kept for the status).
     """
     kube, capabilities = runtime.kube, runtime.capabilities
-    wanted, left_out = fit_to_server(manifests.build_cluster_objects(ref, spec), capabilities)
-    runtime.left_out[(ref.namespace, ref.name)] = left_out
-    runtime.applied_with[(ref.namespace, ref.name)] = capabilities
     try:
+        cert_manager = await _use_cert_manager(runtime, ref, spec)
+        objects = manifests.build_cluster_objects(ref, spec, cert_manager=cert_manager)
+        wanted, left_out = fit_to_server(objects, capabilities)
+        runtime.left_out[(ref.namespace, ref.name)] = left_out
+        runtime.applied_with[(ref.namespace, ref.name)] = capabilities
+        if not cert_manager:  # the Secrets the pods mount, before the pods
+            await ensure_certificate_secrets(kube, ref, spec, datetime.datetime.now(datetime.UTC))
         for manifest in wanted:
             await kube.apply(manifest)
-        for api_version, kind, name in manifests.obsolete_object_ids(ref, spec):
+        obsolete = manifests.obsolete_object_ids(ref, spec, cert_manager=cert_manager)
+        for api_version, kind, name in obsolete:
             if not capabilities.serves(api_version):
                 continue
             if await kube.delete(api_version, kind, ref.namespace, name):
@@ -71,6 +84,18 @@ async def apply_cluster(runtime: Runtime, ref: ClusterRef, spec: KafScaleCluster
         raise
     runtime.apply_errors.pop((ref.namespace, ref.name), None)
     return left_out
+
+
+async def _use_cert_manager(runtime: Runtime, ref: ClusterRef, spec: KafScaleClusterSpec) -> bool:
+    if not serves_cert_manager(runtime.capabilities) or not certificates.ca_requests(ref, spec):
+        return False
+    ca_secret = await runtime.kube.get(
+        "v1", "Secret", ref.namespace, naming.ca_secret_name(ref.name)
+    )
+    if ca_secret is None:  # no Kafka CA yet: the etcd CA decides as well
+        name = naming.etcd_ca_secret_name(ref.name)
+        ca_secret = await runtime.kube.get("v1", "Secret", ref.namespace, name)
+    return certificates.use_cert_manager(True, ca_secret, ref.uid)
 
 
 async def broker_replicas(runtime: Runtime, ref: ClusterRef) -> int | None:
@@ -101,7 +126,7 @@ async def observe_cluster(
     leases: LeaseStatus | None = None
     etcd_error: str | None = None
     try:
-        async with runtime.etcd.session(naming.etcd_endpoints(ref, spec)) as etcd:
+        async with runtime.cluster_etcd(ref, spec) as etcd:
             snapshot = await read_snapshot(etcd, naming.kafscale_cluster_name(ref, spec))
         registered = len(snapshot.brokers)
         leases = lease_status(snapshot)
@@ -122,7 +147,7 @@ async def observe_cluster(
 
 
 async def rebalance_cluster(runtime: Runtime, ref: ClusterRef, spec: KafScaleClusterSpec) -> None:
-    async with runtime.etcd.session(naming.etcd_endpoints(ref, spec)) as etcd:
+    async with runtime.cluster_etcd(ref, spec) as etcd:
         await rebalance(etcd, naming.kafscale_cluster_name(ref, spec))
 
 
@@ -145,12 +170,11 @@ async def balance_leases(
             await stopped.wait(interval)
             continue
         ref, spec = current
-        endpoints = naming.etcd_endpoints(ref, spec)
         cluster = naming.kafscale_cluster_name(ref, spec)
         changed = asyncio.Event()
         watcher: asyncio.Task[None] | None = None
         try:
-            async with runtime.etcd.session(endpoints) as etcd:
+            async with runtime.cluster_etcd(ref, spec) as etcd:
                 watcher = asyncio.create_task(_watch_brokers(etcd, cluster, changed))
                 while not stopped and get_spec() == current and not watcher.done():
                     result = await rebalance(etcd, cluster)
@@ -201,7 +225,7 @@ async def drain_broker_pod(
     if found is None:
         return None, []
     ref, spec = found
-    async with runtime.etcd.session(naming.etcd_endpoints(ref, spec)) as etcd:
+    async with runtime.cluster_etcd(ref, spec) as etcd:
         marked = await drain_pod(
             etcd,
             naming.kafscale_cluster_name(ref, spec),
@@ -234,7 +258,7 @@ async def delete_cluster_data(
     if spec.deletion_policy != DeletionPolicy.DELETE:
         return 0, 0
     cluster = naming.kafscale_cluster_name(ref, spec)
-    async with runtime.etcd.session(naming.etcd_endpoints(ref, spec)) as etcd:
+    async with runtime.cluster_etcd(ref, spec) as etcd:
         deleted_keys = await delete_cluster_keys(etcd, cluster)
     access_key, secret_key = await _s3_credentials(runtime, ref, spec)
     settings = storage_settings(spec, access_key, secret_key, runtime.settings.s3_timeout_s)

@@ -8,52 +8,61 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import shutil
+import tempfile
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from kafscale.broker.config import StorageKind, StorageSettings
-from kafscale.broker.metadata.etcd import Etcd, MetadataUnavailable
+from kafscale.broker.metadata.etcd import Etcd, EtcdTls, MetadataUnavailable
 from kafscale.broker.storage.s3 import S3ObjectStore
+from kafscale.operator import naming
 from kafscale.operator.discovery import (
     ASSUME_EVERYTHING,
     ServerCapabilities,
     fetch_capabilities,
     refresh_due,
 )
-from kafscale.operator.kube import Kube
-from kafscale.operator.models import Condition, KafScaleClusterSpec
+from kafscale.operator.kube import Kube, KubeError
+from kafscale.operator.models import ClusterRef, Condition, KafScaleClusterSpec
 from kafscale.operator.settings import OperatorSettings
+from kafscale.operator.tls_secrets import etcd_client_tls
+
+PoolKey = tuple[tuple[str, ...], EtcdTls | None]
 
 
 class EtcdPool:
     def __init__(self, timeout_s: float) -> None:
         self._timeout_s = timeout_s
-        self._clients: dict[tuple[str, ...], Etcd] = {}
+        self._clients: dict[PoolKey, Etcd] = {}
         self._lock = asyncio.Lock()
 
-    async def get(self, endpoints: Sequence[str]) -> Etcd:
-        key = tuple(endpoints)
+    async def get(self, endpoints: Sequence[str], tls: EtcdTls | None = None) -> Etcd:
+        key = (tuple(endpoints), tls)
         async with self._lock:
             client = self._clients.get(key)
             if client is None or client.closed:
-                client = await Etcd.connect(list(endpoints), self._timeout_s)
+                client = await Etcd.connect(list(endpoints), self._timeout_s, tls=tls)
                 self._clients[key] = client
             return client
 
-    async def discard(self, endpoints: Sequence[str]) -> None:
+    async def discard(self, endpoints: Sequence[str], tls: EtcdTls | None = None) -> None:
         async with self._lock:
-            client = self._clients.pop(tuple(endpoints), None)
+            client = self._clients.pop((tuple(endpoints), tls), None)
         if client is not None:
             await client.close()
 
     @contextlib.asynccontextmanager
-    async def session(self, endpoints: Sequence[str]) -> AsyncIterator[Etcd]:
+    async def session(
+        self, endpoints: Sequence[str], tls: EtcdTls | None = None
+    ) -> AsyncIterator[Etcd]:
         """A pooled client; an outage drops it from the pool (and propagates)."""
-        client = await self.get(endpoints)
+        client = await self.get(endpoints, tls)
         try:
             yield client
         except MetadataUnavailable:
-            await self.discard(endpoints)
+            await self.discard(endpoints, tls)
             raise
 
     async def close(self) -> None:
@@ -81,6 +90,21 @@ class Runtime:
     apply_errors: dict[tuple[str, str], str] = field(default_factory=dict)
     # (namespace, name) → what the last apply left out because the server does not serve it.
     left_out: dict[tuple[str, str], list[str]] = field(default_factory=dict)
+    # Private directory for the etcd client certificates the operator presents (gRPC reads files).
+    tls_dir: Path = field(
+        default_factory=lambda: Path(tempfile.mkdtemp(prefix="kafscale-operator-tls-"))
+    )
+
+    @contextlib.asynccontextmanager
+    async def cluster_etcd(self, ref: ClusterRef, spec: KafScaleClusterSpec) -> AsyncIterator[Etcd]:
+        """A pooled client of the cluster's etcd, over TLS with the cluster's client
+        certificate when its managed etcd serves TLS."""
+        try:
+            tls = await etcd_client_tls(self.kube, ref, spec, self.tls_dir)
+        except KubeError as exc:
+            raise MetadataUnavailable(f"reading the etcd client certificate: {exc}") from exc
+        async with self.etcd.session(naming.etcd_endpoints(ref, spec), tls) as etcd:
+            yield etcd
 
     async def refresh_capabilities(self, now_s: float) -> None:
         """Re-read what the server serves when the last reading is older than the interval.
@@ -109,6 +133,7 @@ class Runtime:
     async def close(self) -> None:
         await self.etcd.close()
         self.kube.close()
+        shutil.rmtree(self.tls_dir, ignore_errors=True)
 
 
 def storage_settings(

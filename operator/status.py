@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kafscale.operator import naming
+from kafscale.operator.listeners import listener_status
 from kafscale.operator.models import (
     BrokerStatus,
     ClusterPhase,
@@ -245,6 +246,7 @@ def compute_cluster_status(
         bootstrap=naming.bootstrap_address(ref, spec, proxy_ready(observed.proxy_deployment)),
         cluster_name=naming.kafscale_cluster_name(ref, spec),
         leases=observed.leases,
+        listeners=listener_status(ref, spec),
     )
 
 

@@ -29,6 +29,7 @@ from kafscale.operator.models import (
     VERSION,
     ClusterRef,
     KafScaleUserSpec,
+    SecretKeySelector,
     parse_user_spec,
 )
 from kafscale.operator.runtime import Runtime
@@ -40,8 +41,10 @@ from kafscale.operator.users import (
     desired_bindings,
     generate_password,
     mechanism_of,
+    password_from_ref,
     password_in,
     remove_user,
+    secret_of,
     sync_acls,
     sync_credential,
 )
@@ -75,8 +78,31 @@ def _parse(body: Any) -> tuple[ClusterRef, KafScaleUserSpec]:
     return ref, spec
 
 
-async def _ensure_secret(runtime: Runtime, ref: ClusterRef, cluster: str) -> str:
-    """The user's password: the one in its Secret, or a new one written there first."""
+async def _referenced_password(
+    runtime: Runtime, ref: ClusterRef, selector: SecretKeySelector
+) -> str:
+    """A password of the user's own, from ``authentication.password.valueFrom.secretKeyRef``."""
+    try:
+        secret = await runtime.kube.get("v1", "Secret", ref.namespace, selector.name)
+    except KubeError as exc:
+        raise UserNotReady((False, "PasswordSecretNotReadable", str(exc)), delay_s=5) from exc
+    password = password_from_ref(secret, selector.key)
+    if password is None:
+        message = f"Secret {selector.name} has no password under key {selector.key}"
+        if secret is None:
+            message = f"Secret {selector.name} (the password) not found"
+        raise UserNotReady((False, "PasswordSecretNotFound", message), delay_s=10)
+    return password
+
+
+async def _ensure_secret(
+    runtime: Runtime, ref: ClusterRef, spec: KafScaleUserSpec, cluster: str
+) -> str:
+    """The user's password: the referenced one, the one in its Secret, or a new one written
+    there first."""
+    source = spec.authentication.password
+    if source is not None:
+        return await _referenced_password(runtime, ref, source.value_from.secret_key_ref)
     try:
         secret = await runtime.kube.get(
             "v1", "Secret", ref.namespace, naming.user_secret_name(ref.name)
@@ -105,10 +131,10 @@ async def reconcile_user(runtime: Runtime, body: Any) -> tuple[ClusterRef, Verdi
         raise UserNotReady((False, "ClusterNotFound", message))
     cluster_ref, cluster_spec = found
     cluster = naming.kafscale_cluster_name(cluster_ref, cluster_spec)
-    password = await _ensure_secret(runtime, ref, cluster)
+    password = await _ensure_secret(runtime, ref, spec, cluster)
     mechanism = mechanism_of(spec)
     try:
-        async with runtime.etcd.session(naming.etcd_endpoints(cluster_ref, cluster_spec)) as etcd:
+        async with runtime.cluster_etcd(cluster_ref, cluster_spec) as etcd:
             await sync_credential(etcd, cluster, ref.name, mechanism, password)
             plan = await sync_acls(etcd, cluster, ref.name, desired_bindings(ref.name, spec))
     except (MetadataError, MetadataTimeout) as exc:
@@ -116,6 +142,14 @@ async def reconcile_user(runtime: Runtime, body: Any) -> tuple[ClusterRef, Verdi
     acls = plan.kept + len(plan.add)
     message = f"{mechanism.sasl_name} credential and {acls} ACL bindings in cluster {cluster}"
     return ref, (True, "UserReady", message), acls
+
+
+def _secret_name(body: Any) -> str:
+    name: str = body["metadata"]["name"]
+    try:
+        return secret_of(name, parse_user_spec(body.get("spec") or {}))
+    except ValidationError:
+        return naming.user_secret_name(name)
 
 
 def _resync_due(body: Any) -> bool:
@@ -145,7 +179,7 @@ def register_users(
             now=reconcile.utc_now(),
             ready=verdict,
             username=meta["name"],
-            secret=naming.user_secret_name(meta["name"]) if ready else status.get("secret"),
+            secret=_secret_name(body) if ready else status.get("secret"),
             acls=acls,
         )
         patch.status.update(new.to_api())
@@ -213,9 +247,7 @@ def register_users(
         cluster_ref, cluster_spec = found
         cluster = naming.kafscale_cluster_name(cluster_ref, cluster_spec)
         try:
-            async with runtime.etcd.session(
-                naming.etcd_endpoints(cluster_ref, cluster_spec)
-            ) as etcd:
+            async with runtime.cluster_etcd(cluster_ref, cluster_spec) as etcd:
                 credentials, acls = await remove_user(etcd, cluster, meta["name"])
         except (MetadataError, MetadataTimeout) as exc:
             raise kopf.TemporaryError(f"etcd: {exc}", delay=3) from exc

@@ -218,6 +218,27 @@ def password_in(secret: dict[str, Any] | None, owner_uid: str) -> str | None:
     return password or None
 
 
+def password_from_ref(secret: dict[str, Any] | None, key: str) -> str | None:
+    """The password a user's own Secret holds under ``key`` (None: no Secret, no such key, or
+    not text). Leading and trailing whitespace counts: it is the password as written."""
+    encoded = ((secret or {}).get("data") or {}).get(key)
+    if not encoded:
+        return None
+    try:
+        password = base64.b64decode(encoded, validate=True).decode()
+    except (ValueError, UnicodeDecodeError):
+        return None
+    return password or None
+
+
+def secret_of(name: str, spec: KafScaleUserSpec) -> str:
+    """The Secret holding the user's password: the referenced one, else the generated one."""
+    source = spec.authentication.password
+    if source is not None:
+        return source.value_from.secret_key_ref.name
+    return naming.user_secret_name(name)
+
+
 # --- I/O shell ----------------------------------------------------------------------------------
 
 

@@ -29,6 +29,7 @@ GROUPS_1_20 = {
     "groups": [
         {"name": "apps", "versions": [{"groupVersion": "apps/v1"}]},
         {"name": "policy", "versions": [{"groupVersion": "policy/v1beta1"}]},
+        {"name": "networking.k8s.io", "versions": [{"groupVersion": "networking.k8s.io/v1"}]},
         {
             "name": "autoscaling",
             "versions": [
@@ -69,7 +70,8 @@ def test_on_1_20_pdbs_hpas_and_the_pvc_retention_field_are_left_out() -> None:
 def test_a_current_server_gets_everything() -> None:
     groups = {
         "groups": [
-            {"versions": [{"groupVersion": v}]} for v in ("apps/v1", "policy/v1", "autoscaling/v2")
+            {"versions": [{"groupVersion": v}]}
+            for v in ("apps/v1", "policy/v1", "autoscaling/v2", "networking.k8s.io/v1")
         ]
     }
     current = capabilities_from(

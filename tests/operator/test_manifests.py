@@ -49,6 +49,21 @@ SPECS: dict[str, dict[str, Any]] = {
         "deletionPolicy": "Delete",
     },
     "single-etcd": {**BASE, "etcd": {"replicas": 1}},
+    "secured": {
+        **BASE,
+        "proxy": {"enabled": True},
+        "etcd": {"tls": True},
+        "listeners": [
+            {"name": "plain", "port": 9092},
+            {
+                "name": "external",
+                "port": 9093,
+                "tls": True,
+                "authentication": {"type": "scram-sha-512"},
+            },
+            {"name": "mtls", "port": 9094, "tls": True, "authentication": {"type": "tls"}},
+        ],
+    },
     "zero-brokers": {**BASE, "brokers": {"replicas": 0}},
 }
 
@@ -269,7 +284,12 @@ def test_obsolete_objects_follow_the_spec() -> None:
     external = manifests.obsolete_object_ids(REF, spec_of("external-etcd"))
     assert ("apps/v1", "StatefulSet", "demo-etcd") in external
     everything = manifests.obsolete_object_ids(REF, spec_of("everything"))
-    assert everything == []
+    # No listeners, no TLS: only the broker NetworkPolicy and cert-manager objects are unwanted.
+    assert {kind for _, kind, _ in everything} == {"NetworkPolicy", "Certificate", "Issuer"}
+    assert ("networking.k8s.io/v1", "NetworkPolicy", "demo-etcd") not in everything
+    secured = manifests.obsolete_object_ids(REF, spec_of("secured"), cert_manager=True)
+    assert ("cert-manager.io/v1", "Certificate", "demo-broker-tls") not in secured
+    assert ("networking.k8s.io/v1", "NetworkPolicy", "demo-broker") not in secured
 
 
 @pytest.mark.parametrize(

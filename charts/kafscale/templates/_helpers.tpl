@@ -68,8 +68,16 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 - apiGroups: [""]
   resources: ["pods"]
   verbs: ["get", "list", "watch"]
-# get: S3 credentials named by a cluster; create/patch: KafScaleUser password Secrets (server-side
-# apply). No list or watch: the operator reads Secrets it knows by name, never all of them.
+- apiGroups: ["networking.k8s.io"]
+  resources: ["networkpolicies"]
+  verbs: ["get", "list", "watch", "create", "update", "patch", "delete"]
+# cert-manager (when installed): Issuers and Certificates for TLS listeners and etcd TLS.
+- apiGroups: ["cert-manager.io"]
+  resources: ["issuers", "certificates"]
+  verbs: ["get", "list", "watch", "create", "update", "patch", "delete"]
+# get: S3 credentials named by a cluster, certificate Secrets, a KafScaleUser's password Secret;
+# create/patch: KafScaleUser password Secrets, operator-made CA and certificate Secrets
+# (server-side apply). No list or watch: the operator reads Secrets it knows by name only.
 - apiGroups: [""]
   resources: ["secrets"]
   verbs: ["get", "create", "patch"]

@@ -1,0 +1,29 @@
+"""Owner references and metadata of every object a KafScaleCluster owns (one builder each)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kafscale.operator import naming
+from kafscale.operator.models import API_VERSION, CLUSTER_KIND, ClusterRef
+
+
+def owner_reference(ref: ClusterRef) -> dict[str, Any]:
+    """The cluster as controller owner: the garbage collector deletes the object with it."""
+    return {
+        "apiVersion": API_VERSION,
+        "kind": CLUSTER_KIND,
+        "name": ref.name,
+        "uid": ref.uid,
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+
+
+def object_metadata(ref: ClusterRef, name: str, component: str) -> dict[str, Any]:
+    return {
+        "name": name,
+        "namespace": ref.namespace,
+        "labels": naming.labels(ref.name, component),
+        "ownerReferences": [owner_reference(ref)],
+    }
