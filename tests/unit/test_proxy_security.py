@@ -3,6 +3,7 @@ address, the proxy's own ACL checks and its security settings."""
 
 from __future__ import annotations
 
+import os
 import uuid
 from pathlib import Path
 from types import SimpleNamespace
@@ -40,6 +41,8 @@ from kafscale.broker.security.scram import (
     new_credential,
     parse_client_first,
 )
+from kafscale.operator import manifests
+from kafscale.operator.models import ClusterRef, parse_cluster_spec
 
 # --- principals and addresses ------------------------------------------------------------------
 
@@ -317,3 +320,38 @@ def test_a_sasl_upstream_needs_the_proxys_credentials() -> None:
         listener="proxy",
     )
     assert settings.sasl_mechanism == "SCRAM-SHA-512"
+
+
+# --- on Kubernetes: the shared ConfigMap holds the brokers' listeners ---------------------------
+
+
+def test_a_proxy_pod_keeps_its_own_listener_beside_the_brokers_configmap(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The proxy reads the broker's listener settings under the same names; its Deployment
+    blanks the ConfigMap's (the brokers' spec.listeners) so it serves its one port, and would
+    not look for the brokers' certificate files."""
+    spec = parse_cluster_spec(
+        {
+            "storage": {"bucket": "bucket-1"},
+            "proxy": {"enabled": True},
+            "listeners": [
+                {"name": "external", "port": 9093, "tls": True},
+                {"name": "mtls", "port": 9094, "tls": True, "authentication": {"type": "tls"}},
+            ],
+        }
+    )
+    ref = ClusterRef(name="demo", namespace="kafka", uid="0b7f3c1e-0000-4000-8000-000000000001")
+    deployment = manifests.build_proxy_deployment(ref, spec)
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    for key in list(os.environ):
+        if key.startswith("KAFSCALE_"):
+            monkeypatch.delenv(key)
+    for key, value in manifests.broker_environment(ref, spec).items():  # envFrom
+        monkeypatch.setenv(key, value)
+    for item in container["env"]:  # env wins over envFrom
+        if "value" in item:
+            monkeypatch.setenv(item["name"], item["value"])
+    assert "KAFSCALE_LISTENERS" in manifests.broker_environment(ref, spec)
+    (listener,) = ProxySettings().listener_plan()
+    assert (listener.port, listener.protocol) == (9092, SecurityProtocol.PLAINTEXT)
