@@ -279,10 +279,11 @@ class FetchModel:
             time.sleep(0.1)
 
     def retain(self, partition: int, by_bytes: bool, where: float) -> None:
-        """Retention by size (``retention.bytes`` at a fraction of what the log holds) or by
-        time (``retention.ms`` reaching back to a batch acked midway), set until the janitor
-        moves the log start, then removed. The new log start is a batch boundary (whole
-        segments go), never past the high watermark; by size, what stays fits the limit."""
+        """Retention by size (``retention.bytes`` at a fraction of what ``partition`` holds) or
+        by time (``retention.ms`` reaching back to a batch of it acked midway), set on the topic
+        until the janitor moves that partition's log start, then removed. It applies to every
+        partition: each new log start is a batch boundary (whole segments go), never past the
+        high watermark; by size, what stays of each fits the limit."""
         model = self.model[partition]
         kept = [b for b in model.batches.values() if b.base + b.count > model.log_start]
         if len(kept) < 2:
@@ -293,21 +294,23 @@ class FetchModel:
             middle = sorted(kept, key=lambda b: b.base)[int(where * (len(kept) - 1))]
             age_ms = int(time.time() * 1000) - model.acked_at_ms[middle.base]
             name, value = "retention.ms", max(1, age_ms)
-        before = model.log_start
+        before = [m.log_start for m in self.model]
         self._alter_topic(name, str(value))
         try:
-            moved = self._wait_for_log_start(partition, lambda start: start > before, 15)
+            moved = self._wait_for_log_start(partition, lambda start: start > model.log_start, 15)
         finally:
             self._alter_topic(name, None)
         time.sleep(1.5)  # a check that read the limit before it went may still finish
-        start = self._log_start(partition)
-        assert start >= moved >= before
-        assert start == model.high_watermark or start in model.batches, (start, before)
-        if by_bytes and start > before:
-            assert sum(b.size for b in model.batches.values() if b.base >= start) <= value
+        for p, m in enumerate(self.model):
+            start = self._log_start(p)
+            assert start >= before[p], (p, start, before[p])
+            assert start == m.high_watermark or start in m.batches, (p, start, before[p])
+            if by_bytes and start > before[p]:
+                assert sum(b.size for b in m.batches.values() if b.base >= start) <= value
+            m.log_start = start
+        assert model.log_start >= moved
         if not by_bytes:
-            assert start > before, "retention.ms expired nothing"
-        model.log_start = start
+            assert model.log_start > before[partition], "retention.ms expired nothing"
 
     def _alter_topic(self, name: str, value: str | None) -> None:
         operation = AlterConfigOpType.DELETE if value is None else AlterConfigOpType.SET
