@@ -15,25 +15,35 @@ b. a consume of those records from offset 0 (assign, ``fetch.queue.backoff.ms=0`
 c. small requests: ``--small-records`` 100-byte records with ``linger.ms=0`` and
    ``batch.num.messages=1`` (the per-request cost: one Produce request per record or so).
 
-It prints per-round figures, each mode's median (records/s and MiB/s) and the broker's CPU
-CPU per 1000 records, and the differences between the medians (the issue's budget: within
-3 %). Run from the repository root::
+It prints per-round figures (records/s, broker CPU µs per record), each mode's median
+(records/s and MiB/s) and the broker's CPU per 1000 records, the differences between the
+medians (the issue's budget: within 3 %) and the medians of each round's own on/off ratios.
+On a shared machine throughput and even CPU per record move by tens of percent between
+rounds, more than metrics can cost; so it also times the metrics work one Produce and one
+Fetch request do (in this process, no I/O) and prints it as a share of the broker's CPU per
+small produce request: the noise-free figure. ``--control`` runs the same rounds with metrics
+off on both brokers (an A/A run): its "differences" are the machine's noise floor.
+``--interleaved N`` keeps one pair of brokers for the whole run and alternates N small-request
+runs between them (the steadiest same-run comparison on a busy machine).
+Run from the repository root, when the load average is low (it prints it)::
 
-    .venv/bin/python bench/metrics_cost.py                 # ~2 min on 2 cores
+    .venv/bin/python bench/metrics_cost.py                 # ~3 min on 2 cores
     .venv/bin/python bench/metrics_cost.py --rounds 7 --records 100000
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import threading
 import time
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from _cluster import Stack, cpu_seconds, create_topic, parse_metrics
+from _cluster import Stack, cpu_seconds, create_topic, make_batch, parse_metrics
 
 from kafscale.broker.child_process import BrokerProcess
 from kafscale.broker.metadata.embedded_etcd import free_port
@@ -176,21 +186,43 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=5, help="rounds per mode (scored)")
     parser.add_argument("--records", type=int, default=50_000, help="1 KiB records per round")
-    parser.add_argument("--small-records", type=int, default=5_000, help="small records/round")
+    parser.add_argument("--small-records", type=int, default=20_000, help="small records/round")
+    parser.add_argument(
+        "--control",
+        action="store_true",
+        help="A/A run: both brokers without metrics and unscraped (the machine's noise floor)",
+    )
+    parser.add_argument(
+        "--interleaved",
+        type=int,
+        default=0,
+        metavar="N",
+        help="instead: one broker pair for the whole run, N alternating small-produce runs each",
+    )
     args = parser.parse_args()
+    if args.interleaved:
+        interleaved(args.interleaved, args.small_records)
+        return
+    if args.control:
+        print("control (A/A) run: 'on' and 'off' are the same (metrics off, no scrapes)")
     warm_up = argparse.Namespace(records=5000, small_records=500)
     results: list[Figures] = []
     scrapes = 0
+    print(f"load average at the start (1, 5, 15 min): {os.getloadavg()}", flush=True)
     with Stack() as stack:
         for index in range(args.rounds):
             # Fresh broker processes each round, started in alternating order: a process that
             # happens to run faster (placement, allocator state) does not favour one mode.
             order = ["on", "off"] if index % 2 == 0 else ["off", "on"]
             brokers = {
-                mode: start_broker(stack, f"{mode}-{index}", metrics=mode == "on") for mode in order
+                mode: start_broker(
+                    stack, f"{mode}-{index}", metrics=mode == "on" and not args.control
+                )
+                for mode in order
             }
             scraper = Scraper(f"{brokers['on'].admin_url}/metrics")
-            scraper.start()
+            if not args.control:
+                scraper.start()
             for mode in order:  # warm-up, not scored
                 one_round(brokers[mode], mode, -1, warm_up)
             for mode in order:
@@ -198,7 +230,10 @@ def main() -> None:
                 results += figures
                 print(
                     f"round {index} {mode:>3}: "
-                    + "  ".join(f"{f.workload} {f.rate:>9,.0f}/s" for f in figures),
+                    + "  ".join(
+                        f"{f.workload} {f.rate:>9,.0f}/s {f.cpu_s * 1e6 / f.records:6.1f} us"
+                        for f in figures
+                    ),
                     flush=True,
                 )
             scraper.stop.set()
@@ -208,11 +243,46 @@ def main() -> None:
         report(results, scrapes)
 
 
+def interleaved(runs: int, records: int) -> None:
+    """Small requests on the same two broker processes, alternating on/off ``runs`` times: the
+    difference between fresh processes (placement, allocator, hash seeds) drops out, and load
+    swings longer than one run hit both alike."""
+    print(f"load average at the start (1, 5, 15 min): {os.getloadavg()}", flush=True)
+    results: list[Figures] = []
+    with Stack() as stack:
+        brokers = {mode: start_broker(stack, f"{mode}-i", metrics=mode == "on") for mode in MODES}
+        for mode, broker in brokers.items():
+            create_topic(broker.bootstrap, f"small-{mode}", PARTITIONS)
+            produce(broker.bootstrap, f"small-{mode}", 1000, SMALL_BYTES, small=True)
+        scraper = Scraper(f"{brokers['on'].admin_url}/metrics")
+        scraper.start()
+        for index in range(runs):
+            for mode in MODES if index % 2 == 0 else MODES[::-1]:
+                broker = brokers[mode]
+                cpu = cpu_seconds(broker.pid)
+                seconds = produce(broker.bootstrap, f"small-{mode}", records, SMALL_BYTES, True)
+                figure = Figures(
+                    mode, "produce small", records, seconds, cpu_seconds(broker.pid) - cpu
+                )
+                results.append(figure)
+                print(
+                    f"run {index} {mode:>3}: {figure.rate:>7,.0f}/s "
+                    f"{figure.cpu_s * 1e6 / records:6.1f} us per record",
+                    flush=True,
+                )
+        scraper.stop.set()
+        report(results, scraper.scrapes)
+
+
+MODES = ("on", "off")
+
+
 def report(results: list[Figures], scrapes: int) -> None:
     """Medians per mode: throughput (wall clock: shared machines make it noisy) and the
     broker's CPU per 1000 records (what metrics add to the broker's own work)."""
     print()
     print(f"{'workload':<16}{'mode':>5}{'median rec/s':>14}{'MiB/s':>9}{'CPU ms/1k rec':>15}")
+    small_cpu_us: dict[str, float] = {}
     for workload in dict.fromkeys(f.workload for f in results):
         rates: dict[str, float] = {}
         cpus: dict[str, float] = {}
@@ -225,47 +295,83 @@ def report(results: list[Figures], scrapes: int) -> None:
             print(f"{workload:<16}{mode:>5}{rates[mode]:>14,.0f}{mib_s:>9.1f}{cpus[mode]:>15.2f}")
         difference = (rates["on"] - rates["off"]) / rates["off"] * 100
         cpu_difference = (cpus["on"] - cpus["off"]) / cpus["off"] * 100
-        paired = paired_difference(results, workload)
+        paired = paired_difference(results, workload, lambda f: f.rate)
+        paired_cpu = paired_difference(results, workload, lambda f: f.cpu_s / f.records)
         verdict = "PASS" if abs(difference) <= 3 else "MISS"
         print(
             f"{'':<16}on vs off: throughput {difference:+.1f} % (budget ±3 %: {verdict}); "
             f"median of the rounds' own on/off ratios {paired:+.1f} %; "
-            f"broker CPU per record {cpu_difference:+.1f} %"
+            f"broker CPU per record {cpu_difference:+.1f} % (paired {paired_cpu:+.1f} %)"
         )
+        if "small" in workload:
+            small_cpu_us = dict(cpus)  # µs per record: one request each
     print(f"\nscrapes of the metrics brokers (one a second while they ran): {scrapes}")
-    print_call_costs()
+    print(f"load average at the end (1, 5, 15 min): {os.getloadavg()}")
+    print_call_costs(small_cpu_us)
 
 
-def paired_difference(results: list[Figures], workload: str) -> float:
-    """Median over rounds of (on - off) / off, each round's two runs back to back: the
-    machine's drift between rounds cancels out."""
-    on = [f.rate for f in results if f.workload == workload and f.mode == "on"]
-    off = [f.rate for f in results if f.workload == workload and f.mode == "off"]
+def paired_difference(
+    results: list[Figures], workload: str, figure: Callable[[Figures], float]
+) -> float:
+    """Median over rounds of (on - off) / off of ``figure``, each round's two runs back to
+    back: the machine's drift between rounds cancels out."""
+    on = [figure(f) for f in results if f.workload == workload and f.mode == "on"]
+    off = [figure(f) for f in results if f.workload == workload and f.mode == "off"]
     return statistics.median((a - b) / b * 100 for a, b in zip(on, off, strict=True))
 
 
-def print_call_costs() -> None:
-    """The hot-path calls themselves, timed in this process: what one request pays."""
+def print_call_costs(small_cpu_us: dict[str, float]) -> None:
+    """What one request pays, timed in this process: the metrics work of a Produce request
+    (dispatch's two clock reads and latency observation, one partition's batch counted) and of
+    a Fetch request (one partition of 16 batches counted), set against the broker's measured
+    CPU per small produce (one request per record)."""
     from kafscale.broker.observability.metrics import Metrics
+    from kafscale.broker.protocol.record_batch import read_header
 
     metrics = Metrics()
-    batch = bytes(61)  # one batch header is enough for the record counter
+    clock = time.perf_counter
+    batches = [make_batch([b"x" * SMALL_BYTES])]
+    headers = [read_header(b) for b in batches]
+    fetched = b"".join(make_batch([b"x" * SMALL_BYTES] * 8) for _ in range(16))
+
+    def produce_request() -> None:
+        started = clock()
+        metrics.produced_batches("topic", batches, headers)
+        metrics.request("Produce", clock() - started, failed=False)
+
+    def fetch_request() -> None:
+        started = clock()
+        metrics.fetched("topic", fetched)
+        metrics.request("Fetch", clock() - started, failed=False)
+
     calls = {
+        "Produce request (1 partition)": produce_request,
+        "Fetch request (16 batches)": fetch_request,
         "request(api, seconds)": lambda: metrics.request("Produce", 0.001, failed=False),
-        "produced(topic, bytes, n)": lambda: metrics.produced("t", 1024, 1),
-        "fetched(topic, records)": lambda: metrics.fetched("t", batch),
         "store_call(op, seconds)": lambda: metrics.store_call("put", 0.01, failed=False),
         "etcd_call(op, seconds)": lambda: metrics.etcd_call("txn", 0.001, failed=False),
     }
-    print("\nper call, in this process (median of 5 x 200k calls):")
-    for name, call in calls.items():
-        timings = []
-        for _ in range(5):
-            began = time.perf_counter()
-            for _ in range(200_000):
-                call()
-            timings.append((time.perf_counter() - began) / 200_000 * 1e9)
-        print(f"  {name:<28}{statistics.median(timings):>8.0f} ns")
+    print("\nmetrics work per request or call, in this process (median of 5 x 200k):")
+    costs = {name: median_ns(call) for name, call in calls.items()}
+    for name, ns in costs.items():
+        print(f"  {name:<32}{ns:>8.0f} ns")
+    produce_ns = costs["Produce request (1 partition)"]
+    for mode, cpu_us in small_cpu_us.items():
+        share = produce_ns / 1000 / cpu_us * 100
+        print(
+            f"  small produce, metrics {mode}: broker CPU {cpu_us:.0f} us per record (request);"
+            f" the metrics work is {share:.2f} % of it"
+        )
+
+
+def median_ns(call: Callable[[], None], repeat: int = 5, number: int = 200_000) -> float:
+    timings = []
+    for _ in range(repeat):
+        began = time.perf_counter()
+        for _ in range(number):
+            call()
+        timings.append((time.perf_counter() - began) / number * 1e9)
+    return statistics.median(timings)
 
 
 if __name__ == "__main__":

@@ -269,6 +269,18 @@ class GroupSettings(_Section):
     max_session_timeout_ms: int = Field(
         1_800_000, ge=1, description="group.max.session.timeout.ms: longest session allowed."
     )
+    consumer_session_timeout_ms: int = Field(
+        45_000,
+        ge=1,
+        description="group.consumer.session.timeout.ms: session of consumer-protocol (KIP-848) "
+        "members.",
+    )
+    consumer_heartbeat_interval_ms: int = Field(
+        5_000,
+        ge=1,
+        description="group.consumer.heartbeat.interval.ms: how often consumer-protocol members "
+        "heartbeat.",
+    )
 
 
 class TlsSettings(_Section):

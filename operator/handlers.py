@@ -31,6 +31,7 @@ from kafscale.operator.brokerconfig import InvalidBrokerConfig
 from kafscale.operator.discovery import fetch_capabilities
 from kafscale.operator.events import Notice, condition_notices, drain_notice, scale_notice
 from kafscale.operator.kube import Kube, KubeError, load_configuration
+from kafscale.operator.metrics import OperatorMetrics
 from kafscale.operator.models import (
     API_VERSION,
     CLUSTER_KIND,
@@ -41,6 +42,7 @@ from kafscale.operator.models import (
     ClusterRef,
     Condition,
     KafScaleClusterSpec,
+    KafScaleClusterStatus,
     parse_cluster_spec,
     parse_topic_spec,
 )
@@ -48,8 +50,10 @@ from kafscale.operator.rebalance import delete_topic_keys, rebalance
 from kafscale.operator.runtime import EtcdPool, Runtime
 from kafscale.operator.settings import OperatorSettings
 from kafscale.operator.status import (
+    ClusterObservation,
     compute_cluster_status,
     compute_topic_status,
+    desired_brokers,
     invalid_spec_status,
     parse_conditions,
 )
@@ -130,9 +134,12 @@ def _changed(current: Any, new: dict[str, Any]) -> bool:
     return any(current.get(key) != value for key, value in new.items())
 
 
-def register(registry: kopf.OperatorRegistry, config: OperatorSettings) -> None:
-    """Register every handler of the operator into ``registry``."""
-    register_users(registry, config)
+def register(
+    registry: kopf.OperatorRegistry, config: OperatorSettings, metrics: OperatorMetrics
+) -> None:
+    """Register every handler of the operator into ``registry`` (each counted and timed in
+    ``metrics``, the lease balancer's long-lived daemon excepted)."""
+    register_users(registry, config, metrics)
 
     @kopf.on.startup(registry=registry)
     async def startup(memo: Any, settings: kopf.OperatorSettings, **_: Any) -> None:
@@ -170,11 +177,21 @@ def register(registry: kopf.OperatorRegistry, config: OperatorSettings) -> None:
         if runtime is not None:
             await runtime.close()
 
+    def _observed(
+        ref: ClusterRef,
+        spec: KafScaleClusterSpec,
+        observation: ClusterObservation,
+        status: KafScaleClusterStatus,
+    ) -> None:
+        desired = desired_brokers(spec, observation.broker_deployment)
+        metrics.observe_cluster(ref, status, desired)
+
     # --- KafScaleCluster ------------------------------------------------------------------
 
     @kopf.on.resume(*CLUSTERS, registry=registry)
     @kopf.on.create(*CLUSTERS, registry=registry)
     @kopf.on.update(*CLUSTERS, field="spec", registry=registry)
+    @metrics.timed
     async def reconcile_cluster(
         body: Any, status: Any, patch: kopf.Patch, memo: Any, logger: Any, **_: Any
     ) -> None:
@@ -187,6 +204,7 @@ def register(registry: kopf.OperatorRegistry, config: OperatorSettings) -> None:
             problem = _spec_problem(exc)
             new = invalid_spec_status(ref, previous, problem, now=reconcile.utc_now())
             _report(runtime, body, patch, previous, new)
+            metrics.observe_cluster(ref, new, None)
             raise kopf.PermanentError(f"invalid spec: {problem}") from exc
         replicas_before = await reconcile.broker_replicas(runtime, ref)
         try:
@@ -195,14 +213,17 @@ def register(registry: kopf.OperatorRegistry, config: OperatorSettings) -> None:
             observation = await reconcile.observe_cluster(runtime, ref, spec)
             new = compute_cluster_status(ref, spec, observation, previous, now=reconcile.utc_now())
             _report(runtime, body, patch, previous, new)
+            _observed(ref, spec, observation, new)
             raise kopf.TemporaryError(f"applying objects: {exc}", delay=5) from exc
         observation = await reconcile.observe_cluster(runtime, ref, spec)
         new = compute_cluster_status(ref, spec, observation, previous, now=reconcile.utc_now())
+        _observed(ref, spec, observation, new)
         wanted = None if spec.autoscaling.enabled else spec.brokers.replicas
         _report(runtime, body, patch, previous, new, scale_notice(replicas_before, wanted))
         logger.info("applied the objects of generation %s", ref.generation)
 
     @kopf.timer(*CLUSTERS, interval=config.status_interval_s, registry=registry)
+    @metrics.timed
     async def refresh_cluster_status(
         body: Any, meta: Any, status: Any, patch: kopf.Patch, memo: Any, logger: Any, **_: Any
     ) -> None:
@@ -229,6 +250,7 @@ def register(registry: kopf.OperatorRegistry, config: OperatorSettings) -> None:
         observation = await reconcile.observe_cluster(runtime, ref, spec)
         previous = parse_conditions(status.get("conditions"))
         computed = compute_cluster_status(ref, spec, observation, previous, now=reconcile.utc_now())
+        _observed(ref, spec, observation, computed)
         if _changed(status, _status_body(computed)):
             _report(runtime, body, patch, previous, computed)
 
@@ -238,6 +260,7 @@ def register(registry: kopf.OperatorRegistry, config: OperatorSettings) -> None:
         initial_delay=config.resync_interval_s,
         registry=registry,
     )
+    @metrics.timed
     async def repair_cluster_objects(
         body: Any, meta: Any, status: Any, memo: Any, **_: Any
     ) -> None:
@@ -264,11 +287,13 @@ def register(registry: kopf.OperatorRegistry, config: OperatorSettings) -> None:
         await reconcile.balance_leases(_runtime(memo), stopped, current, notify)
 
     @kopf.on.delete(*CLUSTERS, registry=registry, retries=20, backoff=3)
+    @metrics.timed
     async def delete_cluster(body: Any, memo: Any, logger: Any, **_: Any) -> None:
         try:
             ref, spec = _parse(body)
         except (ValidationError, InvalidBrokerConfig):
             logger.warning("invalid spec: nothing is deleted beyond the owned objects")
+            metrics.forget_cluster(ClusterRef.from_body(body))
             return
         try:
             deleted_keys, deleted_objects = await reconcile.delete_cluster_data(
@@ -277,6 +302,7 @@ def register(registry: kopf.OperatorRegistry, config: OperatorSettings) -> None:
         except (MetadataError, KubeError, RuntimeError) as exc:
             raise kopf.TemporaryError(f"deleting cluster data: {exc}", delay=3) from exc
         _runtime(memo).forget(ref.namespace, ref.name)
+        metrics.forget_cluster(ref)
         logger.info(
             "deletionPolicy %s: removed %d etcd keys and %d objects",
             spec.deletion_policy,
@@ -294,6 +320,7 @@ def register(registry: kopf.OperatorRegistry, config: OperatorSettings) -> None:
         when=lambda meta, **_: bool(meta.get("deletionTimestamp")),
         registry=registry,
     )
+    @metrics.timed
     async def drain_terminating_broker(body: Any, memo: Any, logger: Any, **_: Any) -> None:
         try:
             ref, drained = await reconcile.drain_broker_pod(_runtime(memo), dict(body))
@@ -309,6 +336,7 @@ def register(registry: kopf.OperatorRegistry, config: OperatorSettings) -> None:
     @kopf.on.resume(*TOPICS, registry=registry)
     @kopf.on.create(*TOPICS, registry=registry)
     @kopf.on.update(*TOPICS, field="spec", registry=registry)
+    @metrics.timed
     async def reconcile_topic_resource(
         body: Any, meta: Any, status: Any, patch: kopf.Patch, memo: Any, logger: Any, **_: Any
     ) -> None:
@@ -350,6 +378,7 @@ def register(registry: kopf.OperatorRegistry, config: OperatorSettings) -> None:
             logger.warning("%s", decision.problem.message)
 
     @kopf.on.delete(*TOPICS, registry=registry, retries=10, backoff=3)
+    @metrics.timed
     async def delete_topic_resource(body: Any, meta: Any, memo: Any, logger: Any, **_: Any) -> None:
         runtime = _runtime(memo)
         spec = parse_topic_spec(body.get("spec") or {})

@@ -9,17 +9,21 @@ import asyncio
 import logging
 import threading
 from typing import Any
+from wsgiref.simple_server import WSGIServer
 
 import kopf
 import prometheus_client
 
 from kafscale.operator.handlers import register
+from kafscale.operator.metrics import OperatorMetrics
 from kafscale.operator.settings import OperatorSettings
 
 
-def build_registry(settings: OperatorSettings) -> kopf.OperatorRegistry:
+def build_registry(
+    settings: OperatorSettings, metrics: OperatorMetrics | None = None
+) -> kopf.OperatorRegistry:
     registry = kopf.OperatorRegistry()
-    register(registry, settings)
+    register(registry, settings, metrics or OperatorMetrics())
     return registry
 
 
@@ -29,19 +33,27 @@ async def operate(
     stop_flag: asyncio.Event | threading.Event | None = None,
     ready_flag: asyncio.Event | threading.Event | None = None,
 ) -> None:
-    """Run the operator until ``stop_flag`` is set (or a signal arrives)."""
+    """Run the operator until ``stop_flag`` is set (or a signal arrives), serving its metrics
+    on ``settings.metrics_port`` meanwhile (0: not served)."""
     namespaces: dict[str, Any] = (
         {"namespaces": list(settings.namespaces)} if settings.namespaces else {"clusterwide": True}
     )
-    await kopf.operator(
-        registry=build_registry(settings),
-        standalone=True,  # one active replica per Deployment; no peering resources needed
-        liveness_endpoint=settings.liveness_endpoint,
-        memo=kopf.Memo(),
-        stop_flag=stop_flag,
-        ready_flag=ready_flag,
-        **namespaces,
-    )
+    metrics = OperatorMetrics()
+    server = start_metrics_server(settings.metrics_port, metrics) if settings.metrics_port else None
+    try:
+        await kopf.operator(
+            registry=build_registry(settings, metrics),
+            standalone=True,  # one active replica per Deployment; no peering resources needed
+            liveness_endpoint=settings.liveness_endpoint,
+            memo=kopf.Memo(),
+            stop_flag=stop_flag,
+            ready_flag=ready_flag,
+            **namespaces,
+        )
+    finally:
+        if server is not None:
+            server.shutdown()
+            server.server_close()
 
 
 def run_operator(settings: OperatorSettings | None = None) -> None:
@@ -51,8 +63,6 @@ def run_operator(settings: OperatorSettings | None = None) -> None:
         level=settings.log_level.upper(),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
-    if settings.metrics_port:
-        start_metrics_server(settings.metrics_port)
     try:
         import uvloop
 
@@ -62,8 +72,14 @@ def run_operator(settings: OperatorSettings | None = None) -> None:
     runner(operate(settings))
 
 
-def start_metrics_server(port: int, host: str = "0.0.0.0") -> int:
-    """Serve the process's metrics (CPU, memory, garbage collection, Python version) on
-    ``GET /metrics`` from a thread of its own; returns the bound port (``port`` 0 picks one)."""
-    server, _thread = prometheus_client.start_http_server(port, addr=host)
-    return int(server.server_port)
+def start_metrics_server(port: int, metrics: OperatorMetrics, host: str = "0.0.0.0") -> WSGIServer:
+    """Serve ``metrics`` (handler runs, clusters, and the process's CPU, memory and garbage
+    collection) on ``GET /metrics`` from a thread of its own; ``server_port`` is the bound
+    port (``port`` 0 picks one)."""
+    try:
+        server, _thread = prometheus_client.start_http_server(
+            port, addr=host, registry=metrics.registry
+        )
+    except OSError as exc:
+        raise OSError(f"cannot listen on the metrics port {host}:{port}: {exc}") from exc
+    return server

@@ -20,6 +20,7 @@ from kafscale.broker.metadata.etcd import MetadataError
 from kafscale.broker.protocol.errors import MetadataTimeout
 from kafscale.operator import naming, reconcile
 from kafscale.operator.kube import KubeError
+from kafscale.operator.metrics import OperatorMetrics
 from kafscale.operator.models import (
     API_VERSION,
     GROUP,
@@ -126,7 +127,9 @@ def _resync_due(body: Any) -> bool:
     )
 
 
-def register_users(registry: kopf.OperatorRegistry, config: OperatorSettings) -> None:
+def register_users(
+    registry: kopf.OperatorRegistry, config: OperatorSettings, metrics: OperatorMetrics
+) -> None:
     """Register the KafScaleUser handlers into ``registry``."""
     # One reconcile at a time per user: the resync timer and the change handlers run apart.
     locks: dict[tuple[str, str], asyncio.Lock] = {}
@@ -150,6 +153,7 @@ def register_users(registry: kopf.OperatorRegistry, config: OperatorSettings) ->
     @kopf.on.resume(*USERS, registry=registry)
     @kopf.on.create(*USERS, registry=registry)
     @kopf.on.update(*USERS, field="spec", registry=registry)
+    @metrics.timed
     async def reconcile_user_resource(
         body: Any, status: Any, patch: kopf.Patch, memo: Any, logger: Any, **_: Any
     ) -> None:
@@ -171,6 +175,7 @@ def register_users(registry: kopf.OperatorRegistry, config: OperatorSettings) ->
         initial_delay=config.resync_interval_s,
         registry=registry,
     )
+    @metrics.timed
     async def resync_user(meta: Any, patch: kopf.Patch, memo: Any, logger: Any, **_: Any) -> None:
         key = (meta["namespace"], meta["name"])
         async with locks.setdefault(key, asyncio.Lock()):
@@ -193,6 +198,7 @@ def register_users(registry: kopf.OperatorRegistry, config: OperatorSettings) ->
             report(body, status, patch, verdict, acls)
 
     @kopf.on.delete(*USERS, registry=registry, retries=10, backoff=3)
+    @metrics.timed
     async def delete_user_resource(body: Any, meta: Any, memo: Any, logger: Any, **_: Any) -> None:
         runtime: Runtime = memo.runtime
         try:

@@ -20,6 +20,7 @@ from typing import Any
 from kafscale.broker.api import access
 from kafscale.broker.api.dispatch import Body, RequestContext
 from kafscale.broker.authz.model import Operation
+from kafscale.broker.groups.consumer import ConsumerGroup
 from kafscale.broker.groups.coordinator import GroupCoordinator
 from kafscale.broker.groups.model import (
     GroupDescription,
@@ -327,6 +328,7 @@ async def _commit(
         getattr(request, "group_instance_id", None),
         generation,
         offsets,
+        ctx.api_version,
     )
 
 
@@ -347,14 +349,28 @@ async def handle_offset_fetch(request: Any, ctx: RequestContext) -> Body:
     version = ctx.api_version
     if version >= 8:
         groups = [
-            await _fetch_group(ctx, str(g.group_id), g.topics, version) for g in request.groups
+            await _fetch_group(
+                ctx,
+                str(g.group_id),
+                g.topics,
+                version,
+                (getattr(g, "member_id", None), int(getattr(g, "member_epoch", -1))),
+            )
+            for g in request.groups
         ]
         return {"throttle_time": 0, "groups": groups}
     fetched = await _fetch_group(ctx, str(request.group_id), request.topics, version)
     return {"throttle_time": 0, "topics": fetched["topics"], "error_code": fetched["error_code"]}
 
 
-async def _fetch_group(ctx: RequestContext, group_id: str, topics: Any, version: int) -> Body:
+async def _fetch_group(
+    ctx: RequestContext,
+    group_id: str,
+    topics: Any,
+    version: int,
+    member: tuple[str | None, int] = (None, -1),
+) -> Body:
+    """One group's committed offsets; ``member``: (member id, epoch) from v9 (KIP-848)."""
     requested: list[TopicPartition] | None = None
     denied: dict[TopicPartition, CommittedOffset | None] = {}
     if topics is not None:
@@ -363,6 +379,8 @@ async def _fetch_group(ctx: RequestContext, group_id: str, topics: Any, version:
         requested = [tp for tp in requested if tp not in denied]
     try:
         runtime = await _runtime(ctx, group_id, ErrorCode.COORDINATOR_NOT_AVAILABLE, DESCRIBE)
+        if (member_error := runtime.validate_fetch(*member)) is not ErrorCode.NONE:
+            return {"group_id": group_id, "error_code": member_error, "topics": []}
         committed = runtime.committed(requested)
     except KafkaError as exc:
         if version < 2:
@@ -433,6 +451,9 @@ async def handle_describe_groups(request: Any, ctx: RequestContext) -> Body:
         try:
             runtime = await _runtime(ctx, group_id, ErrorCode.COORDINATOR_NOT_AVAILABLE, DESCRIBE)
             description = runtime.describe()
+            if runtime.consumer is not None:
+                described.append(_described_consumer(group_id, runtime.consumer, operations))
+                continue
         except KafkaError as exc:
             empty = GroupDescription(GroupState.DEAD, "", "", ())
             described.append(_described(group_id, exc.code, empty, "", operations))
@@ -467,6 +488,30 @@ def _described(
     }
 
 
+def _described_consumer(group_id: str, group: ConsumerGroup, operations: int) -> Body:
+    """A consumer-protocol group through the classic DescribeGroups: its type shows as
+    protocol type "consumer" with Kafka's consumer group states; no protocol metadata."""
+    return {
+        "error_code": ErrorCode.NONE,
+        "group_id": group_id,
+        "group_state": group.state,
+        "protocol_type": "consumer",
+        "protocol_data": "",
+        "members": [
+            {
+                "member_id": view.member.member_id,
+                "group_instance_id": view.member.instance_id,
+                "client_id": view.member.client_id,
+                "client_host": view.member.client_host,
+                "member_metadata": b"",
+                "member_assignment": b"",
+            }
+            for view in group.describe()
+        ],
+        "authorized_operations": operations,
+    }
+
+
 def describe_groups_error_body(request: Any, code: ErrorCode) -> Body:
     groups = [
         {
@@ -485,15 +530,22 @@ def describe_groups_error_body(request: Any, code: ErrorCode) -> Body:
 
 async def handle_list_groups(request: Any, ctx: RequestContext) -> Body:
     states = {s.lower() for s in getattr(request, "states_filter", ()) or ()}
+    types = {t.lower() for t in getattr(request, "types_filter", ()) or ()}
     try:
         listed = await _coordinator(ctx).list_groups()
     except MetadataUnavailable:
         return {"throttle_time": 0, "error_code": ErrorCode.COORDINATOR_NOT_AVAILABLE, "groups": []}
     everything = access.allowed_on_cluster(ctx, DESCRIBE)
     groups = [
-        {"group_id": g.group_id, "protocol_type": g.protocol_type, "group_state": g.state}
+        {
+            "group_id": g.group_id,
+            "protocol_type": g.protocol_type,
+            "group_state": g.state,
+            "group_type": g.group_type,
+        }
         for g in listed
         if (not states or g.state.lower() in states)
+        and (not types or g.group_type in types)
         and (everything or access.allowed(ctx, DESCRIBE, access.GROUP, g.group_id))
     ]
     return {"throttle_time": 0, "error_code": ErrorCode.NONE, "groups": groups}

@@ -218,8 +218,7 @@ async def _append_all(request: Any, ctx: RequestContext) -> dict[tuple[str, int]
                     futures = [owned.append(b, header, append_time) for b, header in stamped]
                 finally:
                     manager.appended(owned)  # schedules a round for what was appended
-                records = sum(h.record_count for h in headers)
-                METRICS.produced(tp[0], sum(map(len, batches)), records)
+                METRICS.produced_batches(tp[0], batches, headers)
                 outcomes[tp] = futures[0] if len(futures) == 1 else _first_ack(futures)
             except InvalidBatch:
                 outcomes[tp] = ErrorCode.CORRUPT_MESSAGE

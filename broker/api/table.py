@@ -13,6 +13,7 @@ from __future__ import annotations
 from kafscale.broker.api import (
     acls,
     admin,
+    consumer_groups,
     fetch,
     groups,
     metadata,
@@ -31,8 +32,8 @@ _SPECS = [
     ApiSpec(
         3, "Metadata", 0, 12, metadata.handle_metadata, lambda _r, _c: {"brokers": [], "topics": []}
     ),
-    ApiSpec(8, "OffsetCommit", 0, 8, groups.handle_offset_commit, groups.offset_commit_error_body),
-    ApiSpec(9, "OffsetFetch", 0, 8, groups.handle_offset_fetch, groups.offset_fetch_error_body),
+    ApiSpec(8, "OffsetCommit", 0, 9, groups.handle_offset_commit, groups.offset_commit_error_body),
+    ApiSpec(9, "OffsetFetch", 0, 9, groups.handle_offset_fetch, groups.offset_fetch_error_body),
     ApiSpec(
         10,
         "FindCoordinator",
@@ -53,7 +54,7 @@ _SPECS = [
         groups.handle_describe_groups,
         groups.describe_groups_error_body,
     ),
-    ApiSpec(16, "ListGroups", 0, 4, groups.handle_list_groups),
+    ApiSpec(16, "ListGroups", 0, 5, groups.handle_list_groups),
     ApiSpec(18, "ApiVersions", 0, 3, versions.handle_api_versions),
     ApiSpec(
         19,
@@ -125,6 +126,22 @@ _SPECS = [
     ),
     ApiSpec(42, "DeleteGroups", 0, 2, groups.handle_delete_groups, groups.delete_groups_error_body),
     ApiSpec(60, "DescribeCluster", 0, 1, metadata.handle_describe_cluster),
+    ApiSpec(
+        68,
+        "ConsumerGroupHeartbeat",
+        0,
+        1,
+        consumer_groups.handle_consumer_group_heartbeat,
+        consumer_groups.consumer_group_heartbeat_error_body,
+    ),
+    ApiSpec(
+        69,
+        "ConsumerGroupDescribe",
+        0,
+        1,
+        consumer_groups.handle_consumer_group_describe,
+        consumer_groups.consumer_group_describe_error_body,
+    ),
     # SaslHandshake v0 sent the SASL tokens as bare frames; every client in use sends v1. It
     # is advertised from v0 all the same: librdkafka (kcat) decides that the broker supports
     # SASL handshakes at all from a range that includes v0, before it picks v1.

@@ -63,6 +63,8 @@ def group_config(settings: GroupSettings) -> GroupConfig:
         initial_rebalance_delay_ms=settings.initial_rebalance_delay_ms,
         min_session_timeout_ms=settings.min_session_timeout_ms,
         max_session_timeout_ms=settings.max_session_timeout_ms,
+        consumer_session_timeout_ms=settings.consumer_session_timeout_ms,
+        consumer_heartbeat_interval_ms=settings.consumer_heartbeat_interval_ms,
     )
 
 
@@ -71,6 +73,7 @@ class ListedGroup:
     group_id: str
     protocol_type: str
     state: str
+    group_type: str = "classic"
 
 
 class GroupCoordinator:
@@ -180,6 +183,10 @@ class GroupCoordinator:
         """
         listed: dict[str, ListedGroup] = {}
         for group_id, runtime in self._runtimes.items():
+            consumer = runtime.consumer
+            if consumer is not None and not runtime.closed:
+                listed[group_id] = ListedGroup(group_id, "consumer", consumer.state, "consumer")
+                continue
             group = runtime.group
             if group is None or group.state is GroupState.DEAD or runtime.closed:
                 continue
@@ -193,7 +200,7 @@ class GroupCoordinator:
                 continue
             state = GroupState.STABLE if persisted.has_members else GroupState.EMPTY
             listed[persisted.group_id] = ListedGroup(
-                persisted.group_id, persisted.protocol_type, state.value
+                persisted.group_id, persisted.protocol_type, state.value, persisted.group_type
             )
         return sorted(listed.values(), key=lambda g: g.group_id)
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from kafscale.broker.protocol.errors import ErrorCode
 
@@ -39,6 +40,10 @@ class GroupConfig:
     max_session_timeout_ms: int = 1_800_000
     new_member_join_timeout_ms: int = 300_000
     """How long a new member may wait in a join before it is dropped (Kafka: 5 minutes)."""
+    consumer_session_timeout_ms: int = 45_000
+    """group.consumer.session.timeout.ms (the consumer protocol, KIP-848)."""
+    consumer_heartbeat_interval_ms: int = 5_000
+    """group.consumer.heartbeat.interval.ms."""
 
     def session_timeout_ok(self, session_timeout_ms: int) -> bool:
         return self.min_session_timeout_ms <= session_timeout_ms <= self.max_session_timeout_ms
@@ -207,6 +212,10 @@ class GroupRecord:
     protocol_name: str | None
     leader: str | None
     members: tuple[MemberRecord, ...] = ()
+    group_type: str = "classic"
+    """"consumer" for a KIP-848 group: then ``generation`` is its group epoch and ``consumer``
+    its state (``consumer_codec``)."""
+    consumer: Mapping[str, Any] | None = None
 
 
 # --- effects ----------------------------------------------------------------------------------
@@ -242,7 +251,14 @@ class EmptyStore:
     generation: int
 
 
-StoreToken = AssignmentStore | StaticRejoinStore | EmptyStore
+@dataclass(frozen=True, slots=True)
+class ConsumerStore:
+    """A consumer-protocol group's state changed: its ``version``-th snapshot."""
+
+    version: int
+
+
+StoreToken = AssignmentStore | StaticRejoinStore | EmptyStore | ConsumerStore
 
 
 @dataclass(frozen=True, slots=True)

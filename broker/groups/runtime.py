@@ -17,14 +17,23 @@ import contextlib
 import logging
 from collections.abc import Callable, Mapping
 
+from kafscale.broker.groups.consumer import (
+    ConsumerConfig,
+    ConsumerGroup,
+    HeartbeatRequest,
+    HeartbeatResult,
+)
+from kafscale.broker.groups.consumer_codec import Document, restore, snapshot
 from kafscale.broker.groups.group import Group
 from kafscale.broker.groups.model import (
     UNKNOWN_MEMBER_ID,
     AssignmentStore,
+    ConsumerStore,
     Effect,
     EmptyStore,
     GroupConfig,
     GroupDescription,
+    GroupRecord,
     GroupState,
     JoinRequest,
     JoinResult,
@@ -72,7 +81,18 @@ class GroupRuntime:
         self._clock = clock
         now = clock()
         self.group: Group | None = None
-        if loaded.record is not None:
+        """The group while it is a classic one (at most one of ``group`` and ``consumer``)."""
+        self.consumer: ConsumerGroup | None = None
+        """The group while it is a consumer-protocol (KIP-848) one."""
+        self._consumer_doc: Document | None = None
+        """The last snapshot of ``consumer`` queued for etcd."""
+        self._consumer_version = 0
+        self._consumer_waiters: dict[int, asyncio.Future[ErrorCode]] = {}
+        if loaded.record is not None and loaded.record.group_type == "consumer":
+            document = dict(loaded.record.consumer or {})
+            self.consumer = restore(group_id, document, self._consumer_config(), now)
+            self._consumer_doc = snapshot(self.consumer)
+        elif loaded.record is not None:
             self.group = Group.from_record(group_id, config, loaded.record, now)
         elif loaded.offsets:
             self.group = Group(group_id, config, now)
@@ -99,8 +119,20 @@ class GroupRuntime:
         if self.closed:
             raise NotCoordinator(f"this broker no longer coordinates group {self.group_id!r}")
 
+    def _consumer_config(self) -> ConsumerConfig:
+        return ConsumerConfig(
+            session_timeout_ms=self._config.consumer_session_timeout_ms,
+            heartbeat_interval_ms=self._config.consumer_heartbeat_interval_ms,
+        )
+
     async def join(self, request: JoinRequest) -> JoinResult:
         self._check_open()
+        if self.consumer is not None:
+            if not self.consumer.is_empty():
+                # Kafka 4 can run classic members inside a consumer group; we refuse them.
+                return JoinResult(ErrorCode.INCONSISTENT_GROUP_PROTOCOL, request.member_id)
+            self.consumer = None  # an empty consumer group becomes a classic one
+            self._consumer_doc = None
         group = self.group
         if group is None:
             if request.member_id != UNKNOWN_MEMBER_ID:
@@ -141,8 +173,66 @@ class GroupRuntime:
         self._apply(self.group.take_effects())
         return ErrorCode.NONE, errors
 
+    # --- the consumer protocol (KIP-848) -------------------------------------------------------
+
+    async def consumer_heartbeat(
+        self, request: HeartbeatRequest, topics: dict[str, int]
+    ) -> HeartbeatResult:
+        """ConsumerGroupHeartbeat. An Empty classic group (or one with only offsets) becomes
+        a consumer group; one with members is refused with GROUP_ID_NOT_FOUND, as Kafka does
+        when it cannot upgrade a classic group. A heartbeat that changed the group is answered
+        once the change is in etcd (a new coordinator must know who holds what)."""
+        self._check_open()
+        consumer = self.consumer
+        if consumer is None and request.member_epoch != 0:
+            # Not a member of anything here (Kafka: GROUP_ID_NOT_FOUND); UNKNOWN_MEMBER_ID
+            # makes every client rejoin, and nothing is converted for a stray heartbeat.
+            message = f"member {request.member_id} is not in group {self.group_id}"
+            return HeartbeatResult(ErrorCode.UNKNOWN_MEMBER_ID, message)
+        if consumer is None:
+            group = self.group
+            if group is not None and group.state not in (GroupState.EMPTY, GroupState.DEAD):
+                message = f"group {self.group_id} is a classic group with members"
+                return HeartbeatResult(ErrorCode.GROUP_ID_NOT_FOUND, message)
+            epoch = group.generation if group is not None else 0
+            consumer = self.consumer = ConsumerGroup(self.group_id, self._consumer_config(), epoch)
+            self.group = None
+        result = consumer.heartbeat(self._clock(), request, topics)
+        stored = self._queue_consumer(consumer)
+        if stored is None:
+            return result
+        try:
+            error = await asyncio.shield(stored)
+        except NotCoordinator:
+            error = ErrorCode.NOT_COORDINATOR
+        return result if error is ErrorCode.NONE else HeartbeatResult(error)
+
+    def _queue_consumer(self, consumer: ConsumerGroup) -> asyncio.Future[ErrorCode] | None:
+        """Queue the group's state for etcd if it changed: the future of that write."""
+        self._wake.set()
+        document = snapshot(consumer)
+        if document == self._consumer_doc or self.closed:
+            return None
+        self._consumer_doc = document
+        self._consumer_version += 1
+        record = GroupRecord(
+            "consumer", consumer.group_epoch, None, None, group_type="consumer", consumer=document
+        )
+        self._stores.put_nowait(Store(ConsumerStore(self._consumer_version), record))
+        future = asyncio.get_running_loop().create_future()
+        self._consumer_waiters[self._consumer_version] = future
+        return future
+
+    def _consumer_stored(self, version: int, error: ErrorCode) -> None:
+        for waiting in [v for v in self._consumer_waiters if v <= version]:
+            future = self._consumer_waiters.pop(waiting)
+            if not future.done():
+                future.set_result(error)
+
     def describe(self) -> GroupDescription:
         self._check_open()
+        if self.consumer is not None:
+            return GroupDescription(GroupState.DEAD, "consumer", "", ())
         if self.group is None:
             return GroupDescription(GroupState.DEAD, "", "", ())
         return self.group.describe()
@@ -155,9 +245,15 @@ class GroupRuntime:
         group_instance_id: str | None,
         generation: int,
         offsets: Mapping[TopicPartition, CommittedOffset],
+        version: int = 8,
     ) -> ErrorCode:
         if self.closed:
             return ErrorCode.NOT_COORDINATOR
+        if self.consumer is not None:
+            error = self.consumer.validate_commit(member_id, generation, version)
+            if error is not ErrorCode.NONE or not offsets:
+                return error
+            return await self._save_offsets(offsets)
         group = self.group
         if group is None:
             if generation >= 0:
@@ -167,6 +263,9 @@ class GroupRuntime:
         self._apply(group.take_effects())
         if error is not ErrorCode.NONE or not offsets:
             return error
+        return await self._save_offsets(offsets)
+
+    async def _save_offsets(self, offsets: Mapping[TopicPartition, CommittedOffset]) -> ErrorCode:
         async with self._commit_lock:
             if self.closed:
                 return ErrorCode.NOT_COORDINATOR
@@ -181,6 +280,12 @@ class GroupRuntime:
             self.offsets.update(offsets)
         return ErrorCode.NONE
 
+    def validate_fetch(self, member_id: str | None, member_epoch: int) -> ErrorCode:
+        """OffsetFetch v9+: a consumer-protocol member must name its current epoch."""
+        if self.consumer is None:
+            return ErrorCode.NONE
+        return self.consumer.validate_fetch(member_id, member_epoch)
+
     def committed(
         self, partitions: list[TopicPartition] | None
     ) -> dict[TopicPartition, CommittedOffset | None]:
@@ -193,11 +298,16 @@ class GroupRuntime:
     async def delete(self) -> ErrorCode:
         """DeleteGroups: an Empty group's metadata, offsets and lease go."""
         self._check_open()
-        if self.group is None:
+        if self.consumer is not None:
+            if not self.consumer.is_empty():
+                return ErrorCode.NON_EMPTY_GROUP
+        elif self.group is None:
             return ErrorCode.GROUP_ID_NOT_FOUND
-        error = self.group.delete()
-        if error is not ErrorCode.NONE:
-            return error
+        else:
+            error = self.group.delete()
+            if error is not ErrorCode.NONE:
+                return error
+        error = ErrorCode.NONE
         async with self._commit_lock:
             try:
                 deleted = await self._store.delete_group(self.group_id, self.fence)
@@ -224,6 +334,10 @@ class GroupRuntime:
         for future in self._waiters.values():
             if not future.done():
                 future.set_exception(NotCoordinator(f"group {self.group_id} moved"))
+        for stored in self._consumer_waiters.values():
+            if not stored.done():
+                stored.set_result(ErrorCode.NOT_COORDINATOR)
+        self._consumer_waiters.clear()
         tasks = self._tasks
         current = asyncio.current_task()
         for task in tasks:
@@ -269,6 +383,8 @@ class GroupRuntime:
         while True:
             group = self.group
             deadline = None if group is None else group.next_deadline_ms()
+            if self.consumer is not None:
+                deadline = self.consumer.next_deadline_ms()
             self._wake.clear()
             if deadline is None:
                 await self._wake.wait()
@@ -277,6 +393,12 @@ class GroupRuntime:
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(delay_s):
                         await self._wake.wait()
+            consumer = self.consumer
+            if consumer is not None and not self.closed:
+                expired = consumer.tick(self._clock())
+                if expired:
+                    log.info("group %s: members expired: %s", self.group_id, ", ".join(expired))
+                self._queue_consumer(consumer)
             if self.group is not None and not self.closed:
                 try:
                     self.group.tick(self._clock())
@@ -298,6 +420,9 @@ class GroupRuntime:
                 if not stored:
                     self._lose("group metadata write fenced: the group lease is no longer ours")
                     return
+            if isinstance(store.token, ConsumerStore):
+                self._consumer_stored(store.token.version, error)
+                continue
             if self.group is not None and not self.closed:
                 self.group.stored(self._clock(), store.token, error)
                 self._apply(self.group.take_effects())

@@ -84,6 +84,7 @@ class PersistedGroup:
     group_id: str
     protocol_type: str
     has_members: bool
+    group_type: str = "classic"
 
 
 # --- JSON codecs ------------------------------------------------------------------------------
@@ -98,7 +99,7 @@ def _unb64(text: Any) -> bytes:
 
 
 def encode_group(record: GroupRecord) -> bytes:
-    document = {
+    document: dict[str, Any] = {
         "protocol_type": record.protocol_type,
         "generation": record.generation,
         "protocol": record.protocol_name,
@@ -117,6 +118,10 @@ def encode_group(record: GroupRecord) -> bytes:
             for m in record.members
         ],
     }
+    if record.group_type != "classic":
+        document["type"] = record.group_type
+    if record.consumer is not None:
+        document["consumer"] = record.consumer
     return json.dumps(document, separators=(",", ":")).encode()
 
 
@@ -141,6 +146,8 @@ def decode_group(data: bytes) -> GroupRecord:
         protocol_name=document.get("protocol"),
         leader=document.get("leader"),
         members=members,
+        group_type=str(document.get("type") or "classic"),
+        consumer=document.get("consumer"),
     )
 
 
@@ -254,8 +261,9 @@ class GroupStore:
             group_id, tp = parsed
             if tp is None:
                 record = decode_group(entry.value)
+                members = bool(record.members or (record.consumer or {}).get("members"))
                 found[group_id] = PersistedGroup(
-                    group_id, record.protocol_type or "", bool(record.members)
+                    group_id, record.protocol_type or "", members, record.group_type
                 )
             else:
                 found.setdefault(group_id, PersistedGroup(group_id, "", False))

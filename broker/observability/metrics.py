@@ -16,8 +16,9 @@ from __future__ import annotations
 
 import struct
 from bisect import bisect_left
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence, Sized
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
@@ -28,6 +29,13 @@ REQUEST_BUCKETS_S = (
 )  # fmt: skip
 # Seconds. Object-store and etcd calls: milliseconds when well, seconds when not.
 CALL_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+
+
+class HasRecordCount(Protocol):
+    """A batch header (``record_batch.BatchHeader``): only its record count is read here."""
+
+    @property
+    def record_count(self) -> int: ...
 
 
 class Histogram:
@@ -72,7 +80,7 @@ class HistogramFamily:
         return histogram
 
 
-@dataclass
+@dataclass(slots=True)
 class TopicTraffic:
     """Bytes and records one topic took in (produce) and gave out (fetch)."""
 
@@ -103,27 +111,45 @@ class Metrics:
     connections_accepted: int = 0
 
     def request(self, api: str, seconds: float, failed: bool) -> None:
+        """One answered request: every request pays this, so the histogram's child is looked
+        up with one ``dict.get`` and observed inline (no method calls; measured in
+        ``bench/metrics_cost.py``)."""
         if not self.enabled:
             return
-        self.requests.child(api).observe(seconds)
+        histogram = self.requests.children.get(api) or self.requests.child(api)
+        histogram.counts[bisect_left(histogram.bounds, seconds)] += 1
+        histogram.total += seconds
         if failed:
             self.request_errors[api] = self.request_errors.get(api, 0) + 1
 
     def produced(self, topic: str, nbytes: int, records: int) -> None:
         if not self.enabled:
             return
-        traffic = self.topics.get(topic)
-        if traffic is None:
-            traffic = self.topics[topic] = TopicTraffic()
+        traffic = self.topics.get(topic) or self._new_topic(topic)
         traffic.bytes_in += nbytes
         traffic.records_in += records
+
+    def produced_batches(
+        self, topic: str, batches: Sequence[Sized], headers: Sequence[HasRecordCount]
+    ) -> None:
+        """One partition's appended batches: bytes and records summed here, once per request
+        and partition (nothing is summed when metrics are off)."""
+        if not self.enabled:
+            return
+        traffic = self.topics.get(topic) or self._new_topic(topic)
+        for batch in batches:  # two plain loops: half the cost of zip() or sum(generator)
+            traffic.bytes_in += len(batch)
+        for header in headers:
+            traffic.records_in += header.record_count
+
+    def _new_topic(self, topic: str) -> TopicTraffic:
+        traffic = self.topics[topic] = TopicTraffic()
+        return traffic
 
     def fetched(self, topic: str, records: bytes | memoryview) -> None:
         if not self.enabled or not records:
             return
-        traffic = self.topics.get(topic)
-        if traffic is None:
-            traffic = self.topics[topic] = TopicTraffic()
+        traffic = self.topics.get(topic) or self._new_topic(topic)
         traffic.bytes_out += len(records)
         traffic.records_out += count_records(records)
 

@@ -156,6 +156,7 @@ class GroupList:
 
 DESCRIBE_GROUPS = GroupList("groups", str, "groups")
 DELETE_GROUPS = GroupList("groups_names", str, "results")
+CONSUMER_GROUP_DESCRIBE = GroupList("group_ids", str, "groups")
 OFFSET_FETCH_GROUPS = GroupList("groups", lambda g: str(g.group_id), "groups")
 
 
@@ -318,4 +319,6 @@ HANDLERS: dict[int, Handler] = {
     42: by_coordinator(DELETE_GROUPS),
     44: to_any_broker,  # IncrementalAlterConfigs
     60: describe_cluster,
+    68: to_coordinator,  # ConsumerGroupHeartbeat
+    69: by_coordinator(CONSUMER_GROUP_DESCRIBE),
 }

@@ -80,6 +80,7 @@ def operator_settings(chart: InstalledChart, **overrides: Any) -> OperatorSettin
         "api_timeout_s": 10.0,
         "s3_timeout_s": 10.0,
         "liveness_endpoint": None,
+        "metrics_port": 0,  # no /metrics unless a test asks (never the fixed default port)
     }
     values.update(overrides)
     return OperatorSettings(**values)

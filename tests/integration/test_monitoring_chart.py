@@ -22,6 +22,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from kafscale.operator import naming
 from kafscale.operator.main import start_metrics_server
+from kafscale.operator.metrics import OperatorMetrics
 
 pytestmark = pytest.mark.integration
 
@@ -81,6 +82,9 @@ def test_pod_monitor_selects_brokers_proxies_and_the_operator() -> None:
     operator_ports = {p["name"] for p in operator_pod["spec"]["containers"][0]["ports"]}
     assert ports == {"admin", "metrics"} and "metrics" in operator_ports
     assert all(e["path"] == "/metrics" for e in spec["podMetricsEndpoints"])
+    # The operator's cluster gauges carry their cluster's namespace: it must win.
+    honored = {e["port"] for e in spec["podMetricsEndpoints"] if e.get("honorLabels")}
+    assert honored == {"metrics"}
 
 
 def test_rules_pass_promtool(tmp_path: Path) -> None:
@@ -99,6 +103,9 @@ def test_rules_pass_promtool(tmp_path: Path) -> None:
         "KafScaleObjectStoreErrors",
         "KafScaleFlushSlow",
         "KafScaleConsumerLagGrowing",
+        "KafScaleClusterDegraded",
+        "KafScaleBrokersNotReady",
+        "KafScaleOperatorErrors",
     } <= alerts
 
 
@@ -160,12 +167,16 @@ def test_dashboard_and_rules_name_only_exposed_metrics(broker_cluster: BrokerClu
     producer = Producer({"bootstrap.servers": proxy.bootstrap})
     producer.produce("watched", value=b"v")
     assert producer.flush(30) == 0
-    operator_port = start_metrics_server(0, "127.0.0.1")
-    names = (
-        exposed(f"{broker.admin_url}/metrics")
-        | exposed(f"{proxy.admin_url}/metrics")
-        | exposed(f"http://127.0.0.1:{operator_port}/metrics")
-    )
+    operator = start_metrics_server(0, OperatorMetrics(), "127.0.0.1")
+    try:
+        names = (
+            exposed(f"{broker.admin_url}/metrics")
+            | exposed(f"{proxy.admin_url}/metrics")
+            | exposed(f"http://127.0.0.1:{operator.server_port}/metrics")
+        )
+    finally:
+        operator.shutdown()
+        operator.server_close()
     docs = render(ALL_ON, CRDS)
     rules = next(d for d in docs if d["kind"] == "PrometheusRule")["spec"]["groups"][0]["rules"]
     dashboard = json.loads(

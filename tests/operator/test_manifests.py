@@ -332,6 +332,8 @@ def test_autoscaled_proxy_leaves_replicas_to_the_hpa() -> None:
     }
     objects = manifests.build_cluster_objects(REF, parse_cluster_spec(raw))
     assert "replicas" not in by_kind(objects, "Deployment", "demo-proxy")["spec"]
+
+
 @pytest.mark.parametrize("grace_s", [5, 30, 600])
 def test_the_drain_hook_ends_inside_the_grace_period(grace_s: int) -> None:
     spec = parse_cluster_spec(

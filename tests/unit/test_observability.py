@@ -19,6 +19,7 @@ from kafscale.broker.observability.metrics import (
     Metrics,
     count_records,
 )
+from kafscale.broker.protocol.record_batch import read_header
 
 pytestmark = pytest.mark.unit
 
@@ -73,10 +74,20 @@ def test_exposition_parses_with_units_and_total_suffixes() -> None:
     assert families["kafscale_etcd_request_duration_seconds"].type == "histogram"
 
 
+def test_produced_batches_counts_every_batch_of_a_partition() -> None:
+    metrics = Metrics()
+    batches = [make_batch(0, [b"a", b"b"]), make_batch(2, [b"c"])]
+    metrics.produced_batches("t", batches, [read_header(b) for b in batches])
+    metrics.produced_batches("t", batches[:1], [read_header(batches[0])])
+    traffic = metrics.topics["t"]
+    assert (traffic.records_in, traffic.bytes_in) == (5, 2 * len(batches[0]) + len(batches[1]))
+
+
 def test_disabled_metrics_count_nothing() -> None:
     metrics = Metrics(enabled=False)
     metrics.request("Fetch", 0.1, failed=True)
     metrics.produced("t", 10, 1)
+    metrics.produced_batches("t", [b"x"], [])
     assert not metrics.requests.children and not metrics.topics
 
 

@@ -1,0 +1,644 @@
+"""The consumer group protocol (KIP-848) with real clients: the Java client 4.x and librdkafka
+(confluent-kafka) with ``group.protocol=consumer``.
+
+* five members join one by one and leave one by one while records are produced: nothing is
+  lost, and no partition is owned by two live members at once (a member's revocation callback
+  runs before the partition's next owner is assigned it);
+* a classic consumer and a consumer-protocol consumer read one topic in two groups, each group
+  everything; a consumer-protocol member cannot join a classic group that has members
+  (GROUP_ID_NOT_FOUND, as Kafka refuses an upgrade it cannot do);
+* ConsumerGroupDescribe and ListGroups v5 show the group, its type and its assignment.
+
+Brokers run with a 500 ms consumer heartbeat interval and a 6 s session, so each test stays
+well under a minute.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import shutil
+import subprocess
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import pytest
+from confluent_kafka import Consumer, KafkaException, Producer
+from confluent_kafka import TopicPartition as CkTopicPartition
+from harness import topics
+from harness.brokers import BrokerCluster, BrokerProcess
+from harness.java_client import CACHE, _jars
+from harness.kafka_wire import KafkaWire
+from harness.proxy import start_proxy
+
+pytestmark = pytest.mark.integration
+
+PARTITIONS = 8
+GROUP_ENV = {
+    "KAFSCALE_GROUPS__CONSUMER_HEARTBEAT_INTERVAL_MS": "500",
+    "KAFSCALE_GROUPS__CONSUMER_SESSION_TIMEOUT_MS": "6000",
+    "KAFSCALE_GROUPS__INITIAL_REBALANCE_DELAY_MS": "200",
+    "KAFSCALE_GROUPS__MIN_SESSION_TIMEOUT_MS": "1000",
+}
+QUIET = 2
+JAVA_SOURCE = Path(__file__).with_name("java") / "GroupMember.java"
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def java_member_command() -> list[str]:
+    if shutil.which("javac") is None:
+        pytest.fail("Java 17 (java, javac) is needed for the Java client test", pytrace=False)
+    jars = _jars()
+    digest = hashlib.sha256(JAVA_SOURCE.read_bytes()).hexdigest()[:12]
+    classes = CACHE / f"member-classes-{digest}"
+    if not (classes / "GroupMember.class").exists():
+        classes.mkdir(parents=True, exist_ok=True)
+        subprocess.run(
+            ["javac", "-cp", f"{jars}/*", "-d", str(classes), str(JAVA_SOURCE)],
+            check=True,
+            capture_output=True,
+            timeout=300,
+        )
+    return ["java", "-cp", f"{classes}:{jars}/*", "GroupMember"]
+
+
+# --- records and members ------------------------------------------------------------------------
+
+
+class Feed(threading.Thread):
+    """Produces numbered records (value = sequence number) until stopped."""
+
+    def __init__(self, bootstrap: str, topic: str, rate_per_s: float = 150) -> None:
+        super().__init__(daemon=True)
+        self.producer = Producer(
+            {"bootstrap.servers": bootstrap, "linger.ms": 5, "acks": "all", "log_level": QUIET}
+        )
+        self.topic = topic
+        self.interval_s = 1 / rate_per_s
+        self.sent = 0
+        self.failed: list[str] = []
+        self._halt = threading.Event()
+
+    def run(self) -> None:
+        while not self._halt.is_set():
+            self.producer.produce(self.topic, value=str(self.sent).encode(), on_delivery=self._cb)
+            self.sent += 1
+            self.producer.poll(0)
+            time.sleep(self.interval_s)
+        assert self.producer.flush(30) == 0
+
+    def _cb(self, error: Any, _message: Any) -> None:
+        if error is not None:
+            self.failed.append(str(error))
+
+    def stop(self) -> None:
+        self._halt.set()
+        self.join(40)
+
+
+@dataclass
+class Ownership:
+    """What one member owned: partition -> list of [from_ms, until_ms or None]."""
+
+    intervals: dict[int, list[list[int | None]]] = field(default_factory=dict)
+
+    def assigned(self, t_ms: int, partitions: list[int]) -> None:
+        for p in partitions:
+            self.intervals.setdefault(p, []).append([t_ms, None])
+
+    def released(self, t_ms: int, partitions: list[int]) -> None:
+        for p in partitions:
+            spans = self.intervals.get(p, [])
+            if spans and spans[-1][1] is None:
+                spans[-1][1] = t_ms
+
+    def owned_now(self) -> set[int]:
+        return {p for p, spans in self.intervals.items() if spans and spans[-1][1] is None}
+
+
+class GroupMember:
+    name: str
+    ownership: Ownership
+    records: list[tuple[int, int, int]]
+    """(partition, offset, value)."""
+
+    def stop(self) -> None:
+        raise NotImplementedError
+
+
+class JavaMember(GroupMember):
+    def __init__(self, name: str, bootstrap: str, topic: str, group: str, protocol: str) -> None:
+        self.name = name
+        self.ownership = Ownership()
+        self.records = []
+        self.lines: list[str] = []
+        self.process = subprocess.Popen(
+            [*java_member_command(), bootstrap, topic, group, protocol],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+        )
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.process.stdout is not None
+        for line in self.process.stdout:
+            self.lines.append(line.strip())
+            kind, t, *rest = line.split()
+            if kind == "record":
+                partition, offset, value = (int(x) for x in rest)
+                self.records.append((partition, offset, value))
+            elif kind == "assigned":
+                self.ownership.assigned(int(t), [int(p) for p in rest[0].split(",")])
+            elif kind in ("revoked", "lost"):
+                self.ownership.released(int(t), [int(p) for p in rest[0].split(",")])
+            elif kind == "closed":
+                self.ownership.released(int(t), sorted(self.ownership.owned_now()))
+
+    def stop(self) -> None:
+        assert self.process.stdin is not None
+        self.process.stdin.write("stop\n")
+        self.process.stdin.flush()
+        self.process.wait(30)
+        self._reader.join(10)
+
+
+class ConfluentMember(GroupMember, threading.Thread):
+    def __init__(
+        self, name: str, bootstrap: str, topic: str, group: str, protocol: str, start: bool = True
+    ) -> None:
+        threading.Thread.__init__(self, name=name, daemon=True)
+        self.name = name
+        self.ownership = Ownership()
+        self.records = []
+        self.errors: list[str] = []
+        self.crashed: BaseException | None = None
+        self.config: dict[str, Any] = {
+            "bootstrap.servers": bootstrap,
+            "group.id": group,
+            "group.protocol": protocol,
+            "enable.auto.commit": False,
+            "auto.offset.reset": "earliest",
+            "log_level": QUIET,
+        }
+        if protocol == "classic":
+            self.config.update({"session.timeout.ms": 6000, "heartbeat.interval.ms": 500})
+        self.topic = topic
+        self._halt = threading.Event()
+        if start:
+            self.start()
+
+    def run(self) -> None:
+        try:
+            self._consume()
+        except BaseException as exc:
+            self.crashed = exc
+            raise
+
+    def _consume(self) -> None:
+        consumer = Consumer(self.config)
+        consumer.subscribe(
+            [self.topic], on_assign=self._on_assign, on_revoke=self._on_revoke, on_lost=self._lost
+        )
+        try:
+            while not self._halt.is_set():
+                message = consumer.poll(0.1)
+                if message is None or message.error() is not None:
+                    continue
+                self.records.append((message.partition(), message.offset(), int(message.value())))
+                try:
+                    consumer.commit(message=message, asynchronous=False)
+                except KafkaException as exc:
+                    self.errors.append(str(exc))
+        finally:
+            consumer.close()
+            self.ownership.released(now_ms(), sorted(self.ownership.owned_now()))
+
+    def _on_assign(self, _consumer: Consumer, partitions: list[CkTopicPartition]) -> None:
+        if partitions:
+            self.ownership.assigned(now_ms(), [tp.partition for tp in partitions])
+
+    def _on_revoke(self, _consumer: Consumer, partitions: list[CkTopicPartition]) -> None:
+        if partitions:
+            self.ownership.released(now_ms(), [tp.partition for tp in partitions])
+
+    def _lost(self, _consumer: Consumer, partitions: list[CkTopicPartition]) -> None:
+        self._on_revoke(_consumer, partitions)
+
+    def stop(self) -> None:
+        self._halt.set()
+        self.join(30)
+        assert not self.is_alive(), f"{self.name} did not stop"
+
+
+MemberFactory = Callable[[str, str, str, str, str], GroupMember]
+
+
+# --- checks ---------------------------------------------------------------------------------------
+
+
+def wait_for(check: Callable[[], bool], timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.05)
+
+
+def covered(members: list[GroupMember]) -> bool:
+    """The live members own every partition, each exactly once."""
+    owned = [p for m in members for p in m.ownership.owned_now()]
+    return sorted(owned) == list(range(PARTITIONS))
+
+
+def overlaps(members: list[GroupMember]) -> list[str]:
+    """Partitions owned by two members at the same time (from the clients' own callbacks)."""
+    found = []
+    spans = [
+        (p, start, end if end is not None else 2**62, m.name)
+        for m in members
+        for p, intervals in m.ownership.intervals.items()
+        for start, end in intervals
+    ]
+    for i, (p, start, end, name) in enumerate(spans):
+        for q, start2, end2, name2 in spans[i + 1 :]:
+            if p == q and name != name2 and start < end2 and start2 < end:  # type: ignore[operator]
+                found.append(f"partition {p}: {name} [{start},{end}) and {name2} [{start2},{end2})")
+    return found
+
+
+def run_join_and_leave(cluster: BrokerCluster, factory: MemberFactory, protocol: str) -> None:
+    brokers = [cluster.start(**GROUP_ENV) for _ in range(2)]
+    topic, group = f"kip848-{protocol}-{time.monotonic_ns()}", f"g-{time.monotonic_ns()}"
+    topics.create_topic(brokers[0].bootstrap, topic, PARTITIONS, log_level=QUIET)
+    feed = Feed(brokers[0].bootstrap, topic)
+    feed.start()
+    members: list[GroupMember] = []
+    everyone: list[GroupMember] = []
+    try:
+        for index in range(5):
+            bootstrap = brokers[index % 2].bootstrap
+            member = factory(f"m{index}", bootstrap, topic, group, protocol)
+            members.append(member)
+            everyone.append(member)
+            wait_for(
+                lambda: covered(members) and all(m.ownership.owned_now() for m in members),
+                30,
+                f"{len(members)} members to share the partitions",
+            )
+        described = describe(brokers, group)
+        assert described.group_state == "Stable"
+        assert len(described.members) == 5
+        assert {m.member_type for m in described.members} == {1}  # consumer-protocol members
+        while len(members) > 1:
+            members.pop(0).stop()
+            wait_for(lambda: covered(members), 30, f"{len(members)} members to take over")
+        feed.stop()
+        wanted = set(range(feed.sent))
+        wait_for(
+            lambda: wanted <= {v for m in everyone for _, _, v in m.records},
+            30,
+            "the last member to read everything",
+        )
+    finally:
+        feed.stop()
+        for member in members:
+            member.stop()
+    assert not feed.failed
+    assert overlaps(everyone) == []
+    read = [v for m in everyone for _, _, v in m.records]
+    assert set(read) == set(range(feed.sent)), "records lost"
+    # At least once: a record is read again only by a partition's next owner, when the last
+    # one's final commit did not land; never by two owners at once (checked above).
+    by_offset: dict[tuple[int, int], set[str]] = {}
+    for m in everyone:
+        for p, o, _ in m.records:
+            by_offset.setdefault((p, o), set()).add(m.name)
+    assert sum(len(names) - 1 for names in by_offset.values()) <= PARTITIONS * 5
+    # Partitions really moved between members (each move went through a revocation).
+    assert sum(len(spans) for m in everyone for spans in m.ownership.intervals.values()) > 8
+
+
+def describe(brokers: list[BrokerProcess], group: str) -> Any:
+    """ConsumerGroupDescribe from the group's coordinator."""
+    for broker in brokers:
+        with KafkaWire(broker.bootstrap) as wire:
+            request = {"group_ids": [group], "include_authorized_operations": False}
+            (described,) = wire.request(69, 1, request).groups
+            if described.error_code == 0:
+                return described
+    raise AssertionError(f"no broker coordinates {group}")
+
+
+def java_factory(name: str, bootstrap: str, topic: str, group: str, protocol: str) -> GroupMember:
+    return JavaMember(name, bootstrap, topic, group, protocol)
+
+
+def confluent_factory(
+    name: str, bootstrap: str, topic: str, group: str, protocol: str
+) -> GroupMember:
+    return ConfluentMember(name, bootstrap, topic, group, protocol)
+
+
+# --- tests ----------------------------------------------------------------------------------------
+
+
+def test_java_members_join_and_leave_one_by_one(broker_cluster: BrokerCluster) -> None:
+    run_join_and_leave(broker_cluster, java_factory, "consumer")
+
+
+def test_librdkafka_members_join_and_leave_one_by_one(broker_cluster: BrokerCluster) -> None:
+    run_join_and_leave(broker_cluster, confluent_factory, "consumer")
+
+
+def _heartbeat(wire: KafkaWire, group: str, member: str, topic: str) -> Any:
+    return wire.request(
+        68,
+        0,
+        {
+            "group_id": group,
+            "member_id": member,
+            "member_epoch": 0,
+            "rebalance_timeout": 30000,
+            "subscribed_topic_names": [topic],
+            "topic_partitions": [],
+        },
+    )
+
+
+def test_classic_and_consumer_groups_on_one_topic(broker_cluster: BrokerCluster) -> None:
+    broker: BrokerProcess = broker_cluster.start(**GROUP_ENV)
+    topic = f"mixed-{time.monotonic_ns()}"
+    topics.create_topic(broker.bootstrap, topic, PARTITIONS, log_level=QUIET)
+    producer = Producer({"bootstrap.servers": broker.bootstrap, "log_level": QUIET})
+    for i in range(200):
+        producer.produce(topic, value=str(i).encode())
+    assert producer.flush(30) == 0
+    classic = ConfluentMember("classic", broker.bootstrap, topic, "g-classic", "classic")
+    modern = JavaMember("consumer", broker.bootstrap, topic, "g-consumer", "consumer")
+    try:
+        wanted = set(range(200))
+        wait_for(lambda: wanted <= {v for _, _, v in classic.records}, 40, "the classic group")
+        wait_for(lambda: wanted <= {v for _, _, v in modern.records}, 40, "the consumer group")
+        with KafkaWire(broker.bootstrap) as wire:
+            refused = _heartbeat(wire, "g-classic", "intruder", topic)
+            assert refused.error_code == 69  # GROUP_ID_NOT_FOUND: a classic group with members
+            listed = wire.request(16, 5, {"states_filter": [], "types_filter": []})
+            types = {g.group_id: g.group_type for g in listed.groups}
+            assert types["g-classic"] == "classic" and types["g-consumer"] == "consumer"
+            only = wire.request(16, 5, {"states_filter": [], "types_filter": ["consumer"]})
+            assert "g-classic" not in {g.group_id for g in only.groups}
+            described = wire.request(
+                69,
+                1,
+                {"group_ids": ["g-consumer", "g-classic"], "include_authorized_operations": False},
+            )
+            consumer_group, classic_group = described.groups
+            assert consumer_group.error_code == 0 and consumer_group.group_state == "Stable"
+            assert consumer_group.assignor_name == "uniform"
+            (member,) = consumer_group.members
+            assigned = {p for t in member.assignment.topic_partitions for p in t.partitions}
+            assert assigned == set(range(PARTITIONS))
+            assert classic_group.error_code == 69
+    finally:
+        classic.stop()
+        modern.stop()
+    assert not classic.errors
+
+
+def test_consumer_protocol_through_the_proxy(broker_cluster: BrokerCluster) -> None:
+    """The proxy routes ConsumerGroupHeartbeat and ConsumerGroupDescribe to the coordinator."""
+    brokers = [broker_cluster.start(**GROUP_ENV) for _ in range(2)]
+    proxy = start_proxy(broker_cluster)
+    topic, group = f"proxied-{time.monotonic_ns()}", f"g-{time.monotonic_ns()}"
+    topics.create_topic(brokers[0].bootstrap, topic, PARTITIONS, log_level=QUIET)
+    produce(proxy.bootstrap, topic, 300)
+    members = [ConfluentMember(f"m{i}", proxy.bootstrap, topic, group, "consumer") for i in (0, 1)]
+    try:
+        wait_for(
+            lambda: set(range(300)) <= {v for m in members for _, _, v in m.records},
+            40,
+            "the group to read everything through the proxy",
+        )
+        wait_for(lambda: covered(members), 20, "both members to own partitions")
+        described = describe([proxy], group)
+        assert len(described.members) == 2
+    finally:
+        for member in members:
+            member.stop()
+    assert overlaps(members) == []  # type: ignore[arg-type]
+
+
+def test_the_group_carries_on_when_its_coordinator_stops(broker_cluster: BrokerCluster) -> None:
+    """The group's state (members, epochs, who holds which partitions) is in etcd, written when
+    it changes: the next coordinator carries on with the same members, from the committed
+    offsets, and never gives a partition to a second member while the first still holds it."""
+    brokers = [broker_cluster.start(**GROUP_ENV) for _ in range(2)]
+    bootstrap = ",".join(b.bootstrap for b in brokers)
+    topic, group = f"moved-{time.monotonic_ns()}", f"g-{time.monotonic_ns()}"
+    topics.create_topic(brokers[0].bootstrap, topic, PARTITIONS, log_level=QUIET)
+    produce(bootstrap, topic, 200)
+    members = [ConfluentMember(f"m{i}", bootstrap, topic, group, "consumer") for i in (0, 1)]
+    try:
+        wait_for(
+            lambda: {v for m in members for _, _, v in m.records} >= set(range(200)), 40, "reads"
+        )
+        with KafkaWire(brokers[0].bootstrap) as wire:
+            coordinator = int(wire.request(10, 3, {"key": group, "key_type": 0}).node_id)
+        victim = next(b for b in brokers if b.node_id == coordinator)
+        survivor = next(b for b in brokers if b is not victim)
+        victim.stop()
+        produce(survivor.bootstrap, topic, 200)
+        wait_for(
+            lambda: {v for m in members for _, _, v in m.records} >= set(range(400)),
+            40,
+            "the group to go on at the other broker",
+        )
+        wait_for(lambda: covered(members), 20, "both members to own partitions again")
+        assert len(describe([survivor], group).members) == 2
+    finally:
+        for member in members:
+            member.stop()
+    assert overlaps(members) == []  # type: ignore[arg-type]
+
+
+def produce(bootstrap: str, topic: str, count: int) -> None:
+    """Values continue from what the topic holds (``count`` more, numbered on)."""
+    producer = Producer({"bootstrap.servers": bootstrap, "log_level": QUIET})
+    start = _produced.get(topic, 0)
+    for i in range(start, start + count):
+        producer.produce(topic, value=str(i).encode())
+    assert producer.flush(30) == 0
+    _produced[topic] = start + count
+
+
+_produced: dict[str, int] = {}
+
+
+# --- the protocol on the wire ---------------------------------------------------------------------
+
+
+def heartbeat(wire: KafkaWire, group: str, member: str, epoch: int, **fields: Any) -> Any:
+    body: dict[str, Any] = {
+        "group_id": group,
+        "member_id": member,
+        "member_epoch": epoch,
+        "rebalance_timeout": 30000 if epoch == 0 else -1,
+        "subscribed_topic_names": None,
+        "topic_partitions": [] if epoch == 0 else None,
+        **fields,
+    }
+    return wire.request(68, 1, body)
+
+
+def offset_commit_v9(wire: KafkaWire, group: str, member: str, epoch: int, topic: str) -> int:
+    body = {
+        "group_id": group,
+        "generation_id_or_member_epoch": epoch,
+        "member_id": member,
+        "group_instance_id": None,
+        "topics": [{"name": topic, "partitions": [{"partition_index": 0, "committed_offset": 1}]}],
+    }
+    return int(wire.request(8, 9, body).topics[0].partitions[0].error_code)
+
+
+CLASSIC_JOIN = {
+    "session_timeout": 10_000,
+    "rebalance_timeout": 10_000,
+    "member_id": "",
+    "group_instance_id": None,
+    "protocol_type": "consumer",
+    "protocols": [{"name": "range", "metadata": b""}],
+    "reason": None,
+}
+
+
+def test_the_protocol_checks_requests_epochs_and_group_types(
+    broker_cluster: BrokerCluster,
+) -> None:
+    broker = broker_cluster.start(**GROUP_ENV)
+    topic, group = f"wire-{time.monotonic_ns()}", f"g-{time.monotonic_ns()}"
+    topics.create_topic(broker.bootstrap, topic, 2, log_level=QUIET)
+    with KafkaWire(broker.bootstrap) as wire:
+        # Bad requests get Kafka's codes, not a broken group.
+        assert heartbeat(wire, group, "m", 0).error_code == 42  # INVALID_REQUEST: no topics
+        names = {"subscribed_topic_names": [topic]}
+        assert heartbeat(wire, group, "", 0, **names).error_code == 42  # v1: member id needed
+        bad_assignor = heartbeat(wire, group, "m", 0, **names, server_assignor="sticky")
+        assert bad_assignor.error_code == 112  # UNSUPPORTED_ASSIGNOR
+        bad_regex = heartbeat(wire, group, "m", 0, subscribed_topic_regex="wire-(")
+        assert bad_regex.error_code == 130  # INVALID_REGULAR_EXPRESSION
+        # A member joins and gets every partition at the group's epoch.
+        joined = heartbeat(wire, group, "m", 0, **names, server_assignor="range")
+        assert joined.error_code == 0 and joined.member_epoch >= 1
+        assert joined.heartbeat_interval.total_seconds() == 0.5
+        assert sorted(joined.assignment.topic_partitions[0].partitions) == [0, 1]
+        epoch = joined.member_epoch
+        assert heartbeat(wire, group, "m", epoch + 3).error_code == 110  # FENCED_MEMBER_EPOCH
+        # Commits name the member's epoch (OffsetCommit v9).
+        assert offset_commit_v9(wire, group, "m", epoch + 1, topic) == 113  # STALE_MEMBER_EPOCH
+        assert offset_commit_v9(wire, group, "m", epoch, topic) == 0
+        fetch = {"groups": [{"group_id": group, "member_id": "m", "member_epoch": epoch - 1,
+                             "topics": None}], "require_stable": False}  # fmt: skip
+        assert wire.request(9, 9, fetch).groups[0].error_code == 113
+        # A classic member cannot join a consumer group that has members...
+        refused = wire.request(11, 9, {"group_id": group, **CLASSIC_JOIN})
+        assert refused.error_code == 23  # INCONSISTENT_GROUP_PROTOCOL
+        # ...but once the last member left, the empty group becomes a classic one.
+        assert heartbeat(wire, group, "m", -1).member_epoch == -1
+        required = wire.request(11, 9, {"group_id": group, **CLASSIC_JOIN})
+        assert required.error_code == 79  # MEMBER_ID_REQUIRED: the classic protocol's handshake
+        listed = wire.request(16, 5, {"states_filter": [], "types_filter": []})
+        assert {g.group_id: g.group_type for g in listed.groups}[group] == "classic"
+
+
+def test_a_classic_group_is_upgraded_in_place_and_back(broker_cluster: BrokerCluster) -> None:
+    """A group consumed by classic members, stopped, continued by consumer-protocol members
+    from its committed offsets (nothing read twice), then by classic members again."""
+    broker = broker_cluster.start(**GROUP_ENV)
+    topic, group = f"upgrade-{time.monotonic_ns()}", f"g-{time.monotonic_ns()}"
+    topics.create_topic(broker.bootstrap, topic, PARTITIONS, log_level=QUIET)
+    seen: list[int] = []
+    for step, protocol in enumerate(("classic", "consumer", "classic")):
+        produce(broker.bootstrap, topic, 100)
+        member = ConfluentMember(f"m{step}", broker.bootstrap, topic, group, protocol)
+        wanted = set(range(100 * (step + 1)))
+        try:
+            wait_for(partial(_read_all, wanted, seen, member), 40, protocol)
+        finally:
+            member.stop()
+        assert not member.errors
+        seen.extend(v for _, _, v in member.records)
+        with KafkaWire(broker.bootstrap) as wire:
+            listed = wire.request(16, 5, {"states_filter": [], "types_filter": []})
+            assert {g.group_id: g.group_type for g in listed.groups}[group] == protocol
+    assert sorted(seen) == list(range(300)), "a record was lost or read twice across upgrades"
+
+
+def _read_all(wanted: set[int], seen: list[int], member: GroupMember) -> bool:
+    return wanted <= set(seen) | {v for _, _, v in member.records}
+
+
+def test_a_regex_subscription_follows_matching_topics(broker_cluster: BrokerCluster) -> None:
+    """librdkafka sends a ``^``-pattern as ``subscribed_topic_regex``; the broker matches it
+    against the topics, including one created while the member runs."""
+    broker = broker_cluster.start(**GROUP_ENV)
+    prefix = f"rx{time.monotonic_ns()}"
+    group = f"g-{prefix}"
+    for name in (f"{prefix}-a", f"other-{prefix}"):
+        topics.create_topic(broker.bootstrap, name, 2, log_level=QUIET)
+        produce(broker.bootstrap, name, 20)
+    member = ConfluentMember("rx", broker.bootstrap, f"^{prefix}-.*", group, "consumer")
+    try:
+        wait_for(lambda: len(member.records) >= 20, 30, "the first matching topic")
+        topics.create_topic(broker.bootstrap, f"{prefix}-b", 2, log_level=QUIET)
+        produce(broker.bootstrap, f"{prefix}-b", 20)
+        wait_for(lambda: len(member.records) >= 40, 40, "the topic created later")
+        described = describe([broker], group)
+        # librdkafka joins its patterns into one regex: the broker matched that, not the client.
+        assert described.members[0].subscribed_topic_regex == f"(^{prefix}-.*)"
+    finally:
+        member.stop()
+    assert len(member.records) == 40  # nothing from the topic that does not match
+
+
+def test_a_static_member_restarts_without_a_rebalance(broker_cluster: BrokerCluster) -> None:
+    """A member with ``group.instance.id`` that closes and comes back within the session gets
+    its partitions back, and the group epoch does not move (nobody else was disturbed)."""
+    broker = broker_cluster.start(**GROUP_ENV)
+    topic, group = f"static-{time.monotonic_ns()}", f"g-{time.monotonic_ns()}"
+    topics.create_topic(broker.bootstrap, topic, PARTITIONS, log_level=QUIET)
+
+    def static(name: str, instance: str) -> ConfluentMember:
+        member = ConfluentMember(name, broker.bootstrap, topic, group, "consumer", start=False)
+        member.config["group.instance.id"] = instance
+        member.start()
+        return member
+
+    first, second = static("a", "instance-a"), static("b", "instance-b")
+    members = [first, second]
+    try:
+        wait_for(lambda: covered(members), 30, "two static members to share the topic")
+        time.sleep(1)
+        before = describe([broker], group)
+        kept = {p for p in second.ownership.owned_now()}
+        second.stop()
+        members = [first]
+        again = static("b2", "instance-b")
+        members = [first, again]
+        wait_for(lambda: again.ownership.owned_now() == kept, 20, "the same partitions back")
+        after = describe([broker], group)
+        assert after.group_epoch == before.group_epoch
+        assert {m.instance_id for m in after.members} == {"instance-a", "instance-b"}
+    finally:
+        for member in members:
+            member.stop()

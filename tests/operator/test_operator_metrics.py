@@ -1,0 +1,126 @@
+"""The operator's GET /metrics against a real Kubernetes API server: handler runs counted and
+timed per outcome, the cluster's phase, conditions and brokers desired against ready, and a
+deleted cluster's series gone. The operator runs in-process as the chart's ServiceAccount."""
+
+from __future__ import annotations
+
+import urllib.request
+
+import pytest
+from harness.k8s_operator import operator_thread
+from harness.k8s_real import (
+    CLUSTERS,
+    InstalledChart,
+    cluster_manifest,
+    create_s3_secret,
+    external_spec,
+    live_pods,
+    mark_ready,
+    operator_settings,
+    settle,
+)
+from harness.kube_apiserver import KubeCluster
+from harness.s3 import S3Endpoint
+from prometheus_client.parser import text_string_to_metric_families
+
+from kafscale.broker.metadata.embedded_etcd import EmbeddedEtcd, free_port
+from kafscale.operator.naming import label_selector
+
+pytestmark = [pytest.mark.operator, pytest.mark.kubeapi]
+
+Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
+
+
+def scrape(port: int) -> Samples:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
+        text = response.read().decode()
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+
+
+def value(samples: Samples, name: str, **labels: str) -> float | None:
+    return samples.get((name, tuple(sorted(labels.items()))))
+
+
+async def test_operator_metrics_count_reconciles_and_report_cluster_state(
+    kube_cluster: KubeCluster,
+    kafscale_chart: InstalledChart,
+    kube_namespace: str,
+    etcd_server: EmbeddedEtcd,
+    s3_server: S3Endpoint,
+) -> None:
+    ns, kube = kube_namespace, kube_cluster
+    port = free_port()
+    store = await s3_server.open_store()
+    settings = operator_settings(kafscale_chart, metrics_port=port)
+    cluster = {"namespace": ns, "kafscale_cluster": "shop"}
+    async with operator_thread(settings):
+        before = scrape(port)
+        assert value(before, "kafscale_operator_clusters", phase="Running") == 0
+        assert "process_cpu_seconds_total" in {name for name, _ in before}
+
+        create_s3_secret(kube, ns, s3_server)
+        spec = external_spec(etcd_server, s3_server, store.bucket, brokers={"replicas": 2})
+        kube.create(CLUSTERS.format(ns=ns), cluster_manifest("shop", ns, spec))
+
+        # Applied, no pod ready yet: desired 2, ready 0, not Ready.
+        created = await settle(
+            lambda: (
+                (s := scrape(port))
+                and value(s, "kafscale_operator_brokers_desired", **cluster) == 2
+                and s
+            ),
+            what="the cluster's gauges",
+        )
+        assert value(created, "kafscale_operator_brokers_ready", **cluster) == 0
+        assert value(created, "kafscale_operator_cluster_ready", **cluster) == 0
+        assert value(created, "kafscale_operator_cluster_degraded", **cluster) == 0
+        runs = {"handler": "reconcile_cluster", "outcome": "success"}
+        reconciles = value(created, "kafscale_operator_reconciles_total", **runs)
+        assert reconciles is not None and reconciles >= 1
+        assert value(created, "kafscale_operator_reconcile_duration_seconds_count", **runs) == (
+            reconciles
+        )
+        assert (value(created, "kafscale_operator_reconcile_duration_seconds_sum", **runs) or 0) > 0
+
+        # The pods come up (we play their kubelet): the status timer sees them ready.
+        selector = label_selector("shop", "broker")
+        pods = await settle(
+            lambda: len(live_pods(kube, ns, selector)) == 2 and live_pods(kube, ns, selector),
+            what="two broker pods",
+        )
+        for pod in pods:
+            mark_ready(kube, ns, pod)
+        running = await settle(
+            lambda: (
+                (s := scrape(port))
+                and value(s, "kafscale_operator_clusters", phase="Running") == 1
+                and s
+            ),
+            what="the cluster Running in the metrics",
+        )
+        assert value(running, "kafscale_operator_brokers_ready", **cluster) == 2
+        assert value(running, "kafscale_operator_cluster_ready", **cluster) == 1
+        status_runs = value(
+            running,
+            "kafscale_operator_reconciles_total",
+            handler="refresh_cluster_status",
+            outcome="success",
+        )
+        assert status_runs is not None and status_runs >= 1
+
+        # Deleted: its series leave the page, the finalizer's run is counted.
+        kube.kubectl("delete", "kafscalecluster", "shop", "-n", ns, "--wait=false")
+        await settle(
+            lambda: value(scrape(port), "kafscale_operator_brokers_desired", **cluster) is None,
+            what="the deleted cluster's series gone",
+        )
+        gone = scrape(port)
+        assert value(gone, "kafscale_operator_clusters", phase="Running") == 0
+        deletes = {"handler": "delete_cluster", "outcome": "success"}
+        # At least once: kopf may run a delete handler again before the finalizer's removal lands.
+    assert (value(gone, "kafscale_operator_reconciles_total", **deletes) or 0) >= 1
+    await store.close()
