@@ -252,8 +252,13 @@ def register(
         previous = parse_conditions(status.get("conditions"))
         computed = compute_cluster_status(ref, spec, observation, previous, now=reconcile.utc_now())
         _observed(ref, spec, observation, computed)
+        if status.get("observedGeneration") != applied:
+            return  # a change handler reported a newer generation while this one observed
         if _changed(status, _status_body(computed)):
             _report(runtime, body, patch, previous, computed)
+            # Only change handlers advance it; a timer's patch lands after its run, and one
+            # that observed the previous generation set it back for good (issue 24's flake).
+            patch.status.pop("observedGeneration", None)
 
     @kopf.timer(
         *CLUSTERS,
