@@ -19,10 +19,11 @@ from typing import Any
 
 from kafscale.broker.admin_http import AdminGuard, AdminRoutes, AdminServer
 from kafscale.broker.api.dispatch import Dispatcher
+from kafscale.broker.api.envelope import handle_envelope
 from kafscale.broker.api.fetch_sessions import FetchSessionCache
 from kafscale.broker.api.table import API_TABLE
 from kafscale.broker.buffer_pool import BufferPool
-from kafscale.broker.config import BrokerSettings, EtcdConnectionSettings
+from kafscale.broker.config import BrokerSettings, EtcdConnectionSettings, TlsSettings
 from kafscale.broker.groups.coordinator import GroupCoordinator, group_config
 from kafscale.broker.metadata import keys
 from kafscale.broker.metadata.cluster import BrokerInfo, ClusterView, TopicInfo, TopicPartition
@@ -45,7 +46,7 @@ from kafscale.broker.observability.metrics import HotPathCollector
 from kafscale.broker.ownership import follow_once, plan_ownership
 from kafscale.broker.protocol.errors import ErrorCode, KafkaError, NotLeader
 from kafscale.broker.security.credentials import CredentialStore
-from kafscale.broker.security.listeners import advertised_address, internal_listener
+from kafscale.broker.security.listeners import Listener, advertised_address, internal_listener
 from kafscale.broker.security.tls import CertificateReloader, TlsConfigError, server_context
 from kafscale.broker.server import ByteBudget, KafkaServer, ServerEndpoint
 from kafscale.broker.storage.cache import SegmentCache
@@ -155,7 +156,7 @@ class Broker:
             await self._close_clients()
             raise StartupError(str(exc)) from exc
         self.server = KafkaServer(
-            Dispatcher(API_TABLE, self),
+            Dispatcher(API_TABLE, self, handle_envelope),
             self.settings.limits,
             listener.host,
             listener.port,
@@ -485,16 +486,25 @@ def server_endpoints(
 ) -> tuple[list[ServerEndpoint], list[ssl.SSLContext]]:
     """The listeners to open, with a TLS context for each SSL/SASL_SSL one (one context per
     client-auth mode), and the contexts the certificate reloader keeps current."""
+    return listener_endpoints(
+        settings.listener_plan(), settings.tls, settings.sasl.enabled_mechanisms
+    )
+
+
+def listener_endpoints(
+    plan: list[Listener], tls: TlsSettings, sasl_mechanisms: tuple[str, ...]
+) -> tuple[list[ServerEndpoint], list[ssl.SSLContext]]:
+    """``server_endpoints`` for any listener plan: the broker's, or the proxy's."""
     contexts: dict[object, ssl.SSLContext] = {}
     endpoints = []
-    for listener in settings.listener_plan():
+    for listener in plan:
         context = None
         if listener.protocol.uses_tls:
             context = contexts.get(listener.client_auth)
             if context is None:
-                context = server_context(settings.tls, listener.client_auth)
+                context = server_context(tls, listener.client_auth)
                 contexts[listener.client_auth] = context
-        mechanisms = settings.sasl.enabled_mechanisms if listener.protocol.uses_sasl else ()
+        mechanisms = sasl_mechanisms if listener.protocol.uses_sasl else ()
         endpoints.append(ServerEndpoint(listener, context, tuple(mechanisms)))
     return endpoints, list(contexts.values())
 

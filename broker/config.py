@@ -329,6 +329,18 @@ class TlsSettings(_Section):
     )
 
 
+def check_listener_tls(plan: list[Listener], tls: TlsSettings) -> None:
+    """Raise ValueError when a TLS listener lacks its certificate, or client authentication
+    its CA (the broker's and the proxy's settings both check this)."""
+    if any(listener.protocol.uses_tls for listener in plan) and not (
+        tls.cert_file and tls.key_file
+    ):
+        raise ValueError("an SSL or SASL_SSL listener needs tls.cert_file and tls.key_file")
+    tls_listeners = [listener for listener in plan if listener.protocol.uses_tls]
+    if any(item.client_auth != ClientAuth.NONE for item in tls_listeners) and not tls.ca_file:
+        raise ValueError("client certificate authentication needs tls.ca_file")
+
+
 class SaslSettings(_Section):
     enabled_mechanisms: tuple[str, ...] = Field(
         ("SCRAM-SHA-512", "SCRAM-SHA-256", "PLAIN"),
@@ -434,19 +446,7 @@ class BrokerSettings(BaseSettings):
     def _check_listeners(self) -> BrokerSettings:
         plan = self.listener_plan()
         internal_listener(plan, self.internal_listener_name)
-        if any(listener.protocol.uses_tls for listener in plan) and not (
-            self.tls.cert_file and self.tls.key_file
-        ):
-            raise ValueError("an SSL or SASL_SSL listener needs tls.cert_file and tls.key_file")
-        if (
-            any(
-                listener.client_auth != ClientAuth.NONE
-                for listener in plan
-                if listener.protocol.uses_tls
-            )
-            and not self.tls.ca_file
-        ):
-            raise ValueError("client certificate authentication needs tls.ca_file")
+        check_listener_tls(plan, self.tls)
         return self
 
     def listener_plan(self) -> list[Listener]:

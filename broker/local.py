@@ -4,7 +4,10 @@ A real etcd from the bundled binary, one or more brokers on localhost:9092 and u
 local-directory object store under the data directory (or a real S3 bucket). Data lives in the
 data directory, so a restart finds every acknowledged record again. With ``--proxy`` the
 lease-aware proxy takes the first port and the brokers the ports after it: clients need only
-the proxy's address.
+the proxy's address. The listener and security settings given (``--listeners``, TLS, SASL) are
+then the proxy's: it is where clients log in, and the brokers behind it serve only the proxy.
+With the authorizer on, the brokers listen with TLS and accept only the proxy's certificate
+(made at start-up, ``local_pki``), so only the proxy may forward its clients' principals.
 
 The etcd child dies with this process, however it dies (see ``embedded_etcd``), and one left
 over from an older run on the same data directory is stopped before ours starts. Every start-up
@@ -22,11 +25,18 @@ from pathlib import Path
 from typing import Any
 
 from kafscale.broker.app import Broker, StartupError
-from kafscale.broker.config import BrokerSettings, StorageKind
+from kafscale.broker.config import ALL_INTERFACES, BrokerSettings, StorageKind, TlsSettings
 from kafscale.broker.memory import freeze_startup_objects
 from kafscale.broker.metadata.embedded_etcd import EmbeddedEtcd, EtcdBinaryNotFound, EtcdStartError
 from kafscale.broker.proxy.app import Proxy
-from kafscale.broker.proxy.config import ProxyEtcdSettings, ProxyListenerSettings, ProxySettings
+from kafscale.broker.proxy.config import (
+    ProxyEtcdSettings,
+    ProxyListenerSettings,
+    ProxySettings,
+    UpstreamSettings,
+)
+from kafscale.broker.security.listeners import DEFAULT_PROTOCOL_MAP, ClientAuth, SecurityProtocol
+from kafscale.broker.security.local_pki import PROXY_PRINCIPAL, LocalPki, make_local_pki
 from kafscale.broker.storage.object_store import ObjectStoreError
 
 log = logging.getLogger(__name__)
@@ -45,9 +55,15 @@ class LocalOptions:
 
 
 def local_settings(
-    base: BrokerSettings, options: LocalOptions, etcd_url: str, index: int
+    base: BrokerSettings,
+    options: LocalOptions,
+    etcd_url: str,
+    index: int,
+    pki: LocalPki | None = None,
 ) -> BrokerSettings:
-    """The settings of local broker ``index``: pure, so tests can check what local runs."""
+    """The settings of local broker ``index``: pure, so tests can check what local runs.
+    Behind the proxy, the given listeners are the proxy's; with ``pki`` the broker's one
+    listener requires the proxy's certificate, and trusts it to forward principals."""
     storage = base.storage
     if storage.endpoint is None and storage.kind is StorageKind.S3:
         storage = storage.model_copy(
@@ -64,13 +80,55 @@ def local_settings(
         }
     )
     etcd = base.etcd.model_copy(update={"endpoints": (etcd_url,)})
-    return base.model_copy(update={"storage": storage, "listener": listener, "etcd": etcd})
+    update: dict[str, object] = {"storage": storage, "listener": listener, "etcd": etcd}
+    if options.proxy:
+        update |= behind_proxy(base, options, index, pki)
+    return base.model_copy(update=update)
+
+
+def behind_proxy(
+    base: BrokerSettings, options: LocalOptions, index: int, pki: LocalPki | None
+) -> dict[str, object]:
+    """What a broker behind the local proxy changes: none of the given listeners (the
+    proxy's); with ``pki`` one SSL listener requiring the proxy's certificate, whose
+    principal is a super user."""
+    plain: dict[str, object] = {
+        "listeners": None,
+        "advertised_listeners": None,
+        "listener_security_protocol_map": DEFAULT_PROTOCOL_MAP,
+        "internal_listener_name": None,
+        "tls": TlsSettings(),
+    }
+    if pki is None:
+        return plain
+    port = options.broker_port(index)
+    authorizer = base.authorizer.model_copy(
+        update={"super_users": (*base.authorizer.super_users, PROXY_PRINCIPAL)}
+    )
+    return plain | {
+        "listeners": f"INTERNAL://{options.host}:{port}",
+        "advertised_listeners": f"INTERNAL://{internal_host(options)}:{port}",
+        "listener_security_protocol_map": "INTERNAL:SSL",
+        "tls": TlsSettings(
+            cert_file=pki.broker_cert,
+            key_file=pki.broker_key,
+            ca_file=pki.ca_file,
+            client_auth=ClientAuth.REQUIRED,
+        ),
+        "authorizer": authorizer,
+    }
+
+
+def internal_host(options: LocalOptions) -> str:
+    """The address brokers behind the proxy register (the proxy's way to them)."""
+    return "127.0.0.1" if options.host in ALL_INTERFACES else options.host
 
 
 def local_proxy_settings(
-    base: BrokerSettings, options: LocalOptions, etcd_url: str
+    base: BrokerSettings, options: LocalOptions, etcd_url: str, pki: LocalPki | None = None
 ) -> ProxySettings:
-    """The local proxy's settings: the given port, the brokers' cluster, etcd and limits."""
+    """The local proxy's settings: the given port (or listeners, TLS and SASL), the brokers'
+    cluster, etcd, limits and authorizer; with ``pki`` it reaches them with its certificate."""
     listener = ProxyListenerSettings(
         host=options.host,
         port=options.port,
@@ -82,6 +140,20 @@ def local_proxy_settings(
         listener=listener,
         etcd=ProxyEtcdSettings(endpoints=(etcd_url,), timeout_s=base.etcd.timeout_s),
         limits=base.limits,
+        listeners=base.listeners,
+        advertised_listeners=base.advertised_listeners,
+        listener_security_protocol_map=base.listener_security_protocol_map,
+        tls=base.tls,
+        sasl=base.sasl,
+        authorizer=base.authorizer,
+        upstream=UpstreamSettings()
+        if pki is None
+        else UpstreamSettings(
+            security_protocol=SecurityProtocol.SSL,
+            ca_file=pki.ca_file,
+            cert_file=pki.proxy_cert,
+            key_file=pki.proxy_key,
+        ),
         log_level=base.log_level,
         log_format=base.log_format,
         metrics_enabled=base.metrics_enabled,
@@ -154,7 +226,7 @@ async def run_local(base: BrokerSettings, options: LocalOptions) -> None:
             print("\ninterrupted during start-up; shutting down", flush=True)
             return
         freeze_startup_objects()
-        _print_banner(options, started.brokers, etcd.client_url)
+        _print_banner(options, started.brokers, etcd.client_url, started.proxy)
         await stop.wait()
         print("\nshutting down: flushing and handing over partitions...", flush=True)
     finally:
@@ -173,13 +245,20 @@ class _Started:
 async def _start_all(
     base: BrokerSettings, options: LocalOptions, etcd_url: str, started: _Started
 ) -> None:
+    pki = None
+    if options.proxy and base.authorizer.enabled:
+        hosts = [h for h in (options.host,) if h not in ALL_INTERFACES]
+        try:
+            pki = await asyncio.to_thread(make_local_pki, options.data_dir / "internal-tls", hosts)
+        except OSError as exc:
+            raise StartupError(f"cannot write the brokers' certificates: {exc}") from exc
     for index in range(options.brokers):
-        settings = local_settings(base, options, etcd_url, index)
+        settings = local_settings(base, options, etcd_url, index, pki)
         if settings.storage.kind is StorageKind.S3 and index == 0:
             await _prepare_bucket(settings)
         started.brokers.append(await Broker.start(settings))
     if options.proxy:
-        started.proxy = await Proxy.start(local_proxy_settings(base, options, etcd_url))
+        started.proxy = await Proxy.start(local_proxy_settings(base, options, etcd_url, pki))
 
 
 async def _unless_stopped(work: Coroutine[Any, Any, None], stop: asyncio.Event) -> bool:
@@ -197,11 +276,21 @@ async def _unless_stopped(work: Coroutine[Any, Any, None], stop: asyncio.Event) 
     return False
 
 
-def _print_banner(options: LocalOptions, brokers: list[Broker], etcd_url: str) -> None:
+def _print_banner(
+    options: LocalOptions, brokers: list[Broker], etcd_url: str, proxy: Proxy | None
+) -> None:
     broker_ports = [options.broker_port(i) for i in range(len(brokers))]
-    if options.proxy:
-        bootstrap = f"localhost:{options.port}"
+    security = ""
+    if proxy is not None:
+        me = proxy.context.identity
+        bootstrap = f"{me.host}:{me.port}"
         behind = f" behind the proxy, on ports {', '.join(map(str, broker_ports))}"
+        protocol = proxy.settings.listener_plan()[0].protocol
+        if protocol != "PLAINTEXT":
+            security = (
+                f"  security.protocol = {protocol} (users: kafscale users "
+                f"--etcd-endpoints {etcd_url} create NAME --password-stdin)\n"
+            )
     else:
         bootstrap = ",".join(f"localhost:{port}" for port in broker_ports)
         behind = ""
@@ -215,12 +304,13 @@ def _print_banner(options: LocalOptions, brokers: list[Broker], etcd_url: str) -
         "\n"
         "  KafScale is running.\n"
         f"  bootstrap.servers = {bootstrap}\n"
+        f"{security}"
         f"  brokers           = {len(brokers)} (node ids "
         f"{', '.join(str(b.node_id) for b in brokers)}){behind}\n"
         f"  etcd              = {etcd_url} (data in {options.data_dir / 'etcd'})\n"
         f"  object storage    = {where}\n"
         "\n"
-        f"  Try: kcat -b localhost:{options.port} -L\n"
+        f"  Try: kcat -b {bootstrap.split(',')[0]} -L\n"
         "  Ctrl-C stops it cleanly; data survives a restart.\n"
         "\n"
         "  Spark (pip install 'kafscale[spark]'):\n"

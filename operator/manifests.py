@@ -395,11 +395,17 @@ def build_proxy_deployment(ref: ClusterRef, spec: KafScaleClusterSpec) -> Manife
 
 
 def proxy_environment(ref: ClusterRef) -> list[dict[str, str]]:
-    """Every proxy replica advertises the proxy's Service: clients may reach any of them."""
+    """Every proxy replica advertises the proxy's Service: clients may reach any of them.
+
+    The proxy reads the broker's listener settings under the same names, and the shared
+    ConfigMap holds the brokers' (``spec.listeners``): blank ``listeners`` here (a container's
+    ``env`` wins over ``envFrom``) keeps the proxy on its one PLAINTEXT port, not the brokers'."""
     host = naming.service_host(naming.proxy_name(ref.name), ref.namespace)
     return [
         {"name": "KAFSCALE_LISTENER__ADVERTISED_HOST", "value": host},
         {"name": "KAFSCALE_LISTENER__ADVERTISED_PORT", "value": str(naming.KAFKA_PORT)},
+        {"name": "KAFSCALE_LISTENERS", "value": ""},
+        {"name": "KAFSCALE_ADVERTISED_LISTENERS", "value": ""},
     ]
 
 

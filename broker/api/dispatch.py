@@ -10,6 +10,9 @@ has a top-level error code to carry it; where it has none (TxnOffsetCommit, Desc
 Fetch before v7...), the connection is closed, as Kafka closes it for an API it does not enable.
 Never an empty success: a client would take that as done.
 
+An Envelope (API 58, from the proxy) goes to ``api/envelope.py``, which runs the request it
+carries through this dispatcher as the principal it names.
+
 On a SASL listener, a connection that has not authenticated yet may send ApiVersions,
 SaslHandshake and SaslAuthenticate only; any other request closes it (as Kafka does).
 """
@@ -26,6 +29,7 @@ from kafscale.broker.observability.metrics import METRICS
 from kafscale.broker.protocol import codec
 from kafscale.broker.protocol.errors import ErrorCode, KafkaError, code_for
 from kafscale.broker.protocol.framing import Frame
+from kafscale.broker.security.forwarding import ENVELOPE_KEY
 from kafscale.broker.security.sasl import ALLOWED_BEFORE_AUTHENTICATION
 from kafscale.broker.server import CloseConnection, Connection
 
@@ -89,10 +93,23 @@ class ApiSpec:
         return self.advertised_min_version, self.max_version
 
 
+EnvelopeHandler = Callable[
+    [Frame, Connection, "Broker", Callable[[Frame, Connection], Awaitable[bytes | None]]],
+    Awaitable[bytes | None],
+]
+"""What runs an Envelope (``api/envelope.py``): the dispatcher itself runs the inner request."""
+
+
 class Dispatcher:
-    def __init__(self, table: Mapping[int, ApiSpec], broker: Broker) -> None:
+    def __init__(
+        self,
+        table: Mapping[int, ApiSpec],
+        broker: Broker,
+        envelope: EnvelopeHandler | None = None,
+    ) -> None:
         self._table = table
         self._broker = broker
+        self._envelope = envelope
 
     async def __call__(self, frame: Frame, connection: Connection) -> bytes | None:
         peer = connection.peer
@@ -104,6 +121,8 @@ class Dispatcher:
         if sasl and not sasl.authenticated and api_key not in ALLOWED_BEFORE_AUTHENTICATION:
             # Kafka's authenticator closes the connection too (IllegalSaslStateException).
             raise CloseConnection(f"api {api_key} before SASL authentication")
+        if api_key == ENVELOPE_KEY and self._envelope is not None:
+            return await self._envelope(frame, connection, self._broker, self)
         spec = self._table.get(api_key)
         if spec is None or not spec.supports(api_version):
             return encode_unsupported(self._table, spec, api_key, api_version, correlation_id)

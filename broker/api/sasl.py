@@ -3,6 +3,9 @@
 A failed login is answered (SASL_AUTHENTICATION_FAILED with a message, as Kafka answers) and
 then the connection is closed; so is a SASL request out of order (ILLEGAL_SASL_STATE). On a
 listener without SASL, SaslHandshake gets ILLEGAL_SASL_STATE, as from Kafka.
+
+The proxy logs its clients in with the same two functions (``sasl_handshake``,
+``sasl_authenticate``) and the same etcd credential store: one implementation of the exchange.
 """
 
 from __future__ import annotations
@@ -12,14 +15,22 @@ from typing import Any
 
 from kafscale.broker.api.dispatch import Body, RequestContext
 from kafscale.broker.protocol.errors import ErrorCode
-from kafscale.broker.security.sasl import IllegalSaslState, principal_of
+from kafscale.broker.security.sasl import CredentialLookup, IllegalSaslState, principal_of
 from kafscale.broker.security.scram import AuthenticationFailed
+from kafscale.broker.server import Connection
 
 log = logging.getLogger(__name__)
 
 
 async def handle_sasl_handshake(request: Any, ctx: RequestContext) -> Body:
-    connection = ctx.connection
+    return sasl_handshake(request, ctx.connection)
+
+
+async def handle_sasl_authenticate(request: Any, ctx: RequestContext) -> Body:
+    return await sasl_authenticate(request, ctx.connection, ctx.broker.credentials.get)
+
+
+def sasl_handshake(request: Any, connection: Connection) -> Body:
     session = connection.sasl
     if session is None:
         return {"error_code": ErrorCode.ILLEGAL_SASL_STATE, "mechanisms": []}
@@ -36,14 +47,13 @@ async def handle_sasl_handshake(request: Any, ctx: RequestContext) -> Body:
     return {"error_code": ErrorCode.NONE, "mechanisms": mechanisms}
 
 
-async def handle_sasl_authenticate(request: Any, ctx: RequestContext) -> Body:
-    connection = ctx.connection
+async def sasl_authenticate(request: Any, connection: Connection, lookup: CredentialLookup) -> Body:
     session = connection.sasl
     if session is None:
         connection.close_after_response = True
         return _failure(ErrorCode.ILLEGAL_SASL_STATE, "this listener does not use SASL")
     try:
-        answer = await session.authenticate(request.auth_bytes, ctx.broker.credentials.get)
+        answer = await session.authenticate(request.auth_bytes, lookup)
     except IllegalSaslState as exc:
         connection.close_after_response = True
         return _failure(ErrorCode.ILLEGAL_SASL_STATE, str(exc))

@@ -31,6 +31,7 @@ from types import NoneType, UnionType
 from typing import Any, get_args, get_origin, get_type_hints
 
 from kio.index import load_request_schema, load_response_schema
+from kio.schema.default_principal_data.v0.data import DefaultPrincipalData
 from kio.schema.errors import ErrorCode
 from kio.serial import entity_reader, entity_writer
 
@@ -380,3 +381,34 @@ def uuid_to_str(value: uuid.UUID | None) -> str:
 
 
 ZERO_UUID = uuid.UUID(int=0)
+
+
+# --- forwarded principals (KIP-590 Envelope) --------------------------------------------------
+
+ENVELOPE_KEY = 58
+_PRINCIPAL_VERSION = struct.Struct(">h")
+
+
+def encode_principal(principal: str) -> bytes:
+    """``Type:name`` as Kafka serializes a principal into an Envelope (a version-prefixed
+    ``DefaultPrincipalData``), so the bytes mean the same to a Kafka broker."""
+    type_, _, name = principal.partition(":")
+    buffer = io.BytesIO()
+    buffer.write(_PRINCIPAL_VERSION.pack(0))
+    entity = DefaultPrincipalData(type_=type_, name=name, token_authenticated=False)
+    entity_writer(DefaultPrincipalData)(buffer, entity)
+    return buffer.getvalue()
+
+
+def decode_principal(data: bytes) -> str:
+    """``Type:name`` from :func:`encode_principal`'s bytes; DecodeError if unreadable."""
+    try:
+        (version,) = _PRINCIPAL_VERSION.unpack_from(data, 0)
+        if version != 0:
+            raise ValueError(f"principal data version {version}")
+        principal, _ = entity_reader(DefaultPrincipalData)(data, _PRINCIPAL_VERSION.size)
+    except Exception as exc:
+        raise DecodeError(f"cannot parse the forwarded principal: {exc}") from exc
+    if not principal.type_ or not principal.name or principal.token_authenticated:
+        raise DecodeError("forwarded principal without type or name, or token-authenticated")
+    return f"{principal.type_}:{principal.name}"

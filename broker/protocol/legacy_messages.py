@@ -23,8 +23,8 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import cramjam
-import crc32c
 
+from kafscale.broker.protocol.batch_encoder import encode_batch, encode_record
 from kafscale.broker.protocol.record_batch import (
     HEADER_SIZE,
     MAX_DECOMPRESSED_BYTES,
@@ -211,27 +211,16 @@ def to_record_batch(message_set: MessageSet) -> bytes:
     messages = message_set.messages
     base_timestamp = messages[0].timestamp
     records = b"".join(
-        _record(i, m.timestamp - base_timestamp, m.key, m.value) for i, m in enumerate(messages)
+        encode_record(i, m.timestamp - base_timestamp, m.key, m.value)
+        for i, m in enumerate(messages)
     )
-    body = _compress(message_set.codec, records)
-    max_timestamp = max(m.timestamp for m in messages)
-    after_crc = (
-        struct.pack(
-            ">hiqqqhii",
-            message_set.codec,
-            len(messages) - 1,
-            base_timestamp,
-            max_timestamp,
-            -1,
-            -1,
-            -1,
-            len(messages),
-        )
-        + body
+    return encode_batch(
+        _compress(message_set.codec, records),
+        len(messages),
+        attributes=message_set.codec,
+        base_timestamp=base_timestamp,
+        max_timestamp=max(m.timestamp for m in messages),
     )
-    crc = crc32c.crc32c(after_crc)
-    length = 4 + 1 + 4 + len(after_crc)  # leader epoch, magic, crc, the rest
-    return struct.pack(">qiibI", 0, length, 0, 2, crc) + after_crc
 
 
 def _compress(codec: int, records: bytes) -> bytes:
@@ -242,34 +231,6 @@ def _compress(codec: int, records: bytes) -> bytes:
     if codec == 2:
         return bytes(cramjam.snappy.compress_raw(records))
     return bytes(cramjam.lz4.compress(records))
-
-
-def _varint(value: int) -> bytes:
-    zigzag = (value << 1) ^ (value >> 63)
-    out = bytearray()
-    while zigzag & ~0x7F:
-        out.append((zigzag & 0x7F) | 0x80)
-        zigzag >>= 7
-    out.append(zigzag)
-    return bytes(out)
-
-
-def _varbytes(value: bytes | None) -> bytes:
-    return _varint(-1) if value is None else _varint(len(value)) + value
-
-
-def _record(
-    offset_delta: int, timestamp_delta: int, key: bytes | None, value: bytes | None
-) -> bytes:
-    body = (
-        b"\x00"
-        + _varint(timestamp_delta)
-        + _varint(offset_delta)
-        + _varbytes(key)
-        + _varbytes(value)
-        + b"\x00"  # no headers
-    )
-    return _varint(len(body)) + body
 
 
 # --- message sets out of stored v2 batches (Fetch v0-v3) --------------------------------------

@@ -9,19 +9,32 @@ the proxy answers with the same node id and advertised address, so a client may 
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from kafscale.broker.api.access import CLUSTER_OPS, GROUP_OPS, TOPIC_OPS
 from kafscale.broker.api.dispatch import api_versions_body
 from kafscale.broker.api.metadata import CLUSTER_ID_PREFIX
 from kafscale.broker.api.table import API_TABLE
+from kafscale.broker.authz.model import CLUSTER_NAME, Operation, ResourceType
 from kafscale.broker.protocol.errors import ErrorCode
 from kafscale.broker.proxy.routes import RoutingTable
 
 Body = dict[str, Any]
+Describable = Callable[[str], bool]
+"""Whether the client may describe the topic (or group) of that name."""
+Operations = Callable[[ResourceType, str], int]
+"""Kafka's ``authorized_operations`` bit field of the client on that resource."""
 GROUP_KEY_TYPE = 0
 TRANSACTION_KEY_TYPE = 1
 AUTHORIZED_OPERATIONS_OMITTED = -2147483648
+CANDIDATES: dict[ResourceType, tuple[Operation, ...]] = {
+    ResourceType.TOPIC: TOPIC_OPS,
+    ResourceType.GROUP: GROUP_OPS,
+    ResourceType.CLUSTER: CLUSTER_OPS,
+}
+"""What can be done to each resource type: the bits an ``authorized_operations`` may set."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,6 +47,14 @@ class Identity:
     port: int
     cluster: str
     expose_owners: bool = False
+
+
+def _everything(_name: str) -> bool:
+    return True
+
+
+def _all_operations(resource_type: ResourceType, _name: str) -> int:
+    return sum(1 << op for op in CANDIDATES[resource_type])
 
 
 def node_ids(routes: RoutingTable, me: Identity) -> list[int]:
@@ -70,10 +91,27 @@ def requested_topic_names(request: Any, routes: RoutingTable) -> list[str] | Non
     return names
 
 
-def metadata(request: Any, routes: RoutingTable, me: Identity) -> Body:
+def metadata(
+    request: Any,
+    routes: RoutingTable,
+    me: Identity,
+    describable: Describable = _everything,
+    operations: Operations = _all_operations,
+) -> Body:
+    """The cluster as the proxy shows it; all-topics requests list only the topics the client
+    may describe, named ones it may not get TOPIC_AUTHORIZATION_FAILED (as from a broker)."""
     names = requested_topic_names(request, routes)
     if names is None:
-        names = sorted(routes.view.topics)
+        names = [name for name in sorted(routes.view.topics) if describable(name)]
+
+    def topic_ops(name: str) -> int:
+        if not getattr(request, "include_topic_authorized_operations", False):
+            return AUTHORIZED_OPERATIONS_OMITTED
+        return operations(ResourceType.TOPIC, name)
+
+    cluster_ops = AUTHORIZED_OPERATIONS_OMITTED
+    if getattr(request, "include_cluster_authorized_operations", False):
+        cluster_ops = operations(ResourceType.CLUSTER, CLUSTER_NAME)
     return {
         "throttle_time": 0,
         "brokers": [
@@ -82,12 +120,19 @@ def metadata(request: Any, routes: RoutingTable, me: Identity) -> Body:
         ],
         "cluster_id": CLUSTER_ID_PREFIX + me.cluster,
         "controller_id": node_ids(routes, me)[0],
-        "topics": [_topic(name, routes, me) for name in names],
-        "cluster_authorized_operations": AUTHORIZED_OPERATIONS_OMITTED,
+        "topics": [
+            _topic(name, routes, me, topic_ops(name)) if describable(name) else _denied_topic(name)
+            for name in names
+        ],
+        "cluster_authorized_operations": cluster_ops,
     }
 
 
-def _topic(name: str, routes: RoutingTable, me: Identity) -> Body:
+def _denied_topic(name: str) -> Body:
+    return {"error_code": ErrorCode.TOPIC_AUTHORIZATION_FAILED, "name": name, "partitions": []}
+
+
+def _topic(name: str, routes: RoutingTable, me: Identity, operations: int) -> Body:
     info = routes.view.topics.get(name)
     if info is None:
         return {"error_code": ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, "name": name, "partitions": []}
@@ -112,22 +157,34 @@ def _topic(name: str, routes: RoutingTable, me: Identity) -> Body:
         "topic_id": uuid.UUID(hex=info.topic_id),
         "is_internal": False,
         "partitions": partitions,
-        "topic_authorized_operations": AUTHORIZED_OPERATIONS_OMITTED,
+        "topic_authorized_operations": operations,
     }
 
 
-def find_coordinator(request: Any, api_version: int, me: Identity) -> Body:
+def find_coordinator(
+    request: Any, api_version: int, me: Identity, describable: Describable = _everything
+) -> Body:
     """The proxy coordinates every group and transactional id (it forwards to the real
-    coordinator)."""
+    coordinator); a group the client may not describe gets GROUP_AUTHORIZATION_FAILED (the
+    brokers check a transactional id on the requests that follow)."""
     key_type = int(getattr(request, "key_type", GROUP_KEY_TYPE))
     if api_version >= 4:
-        entries = [_coordinator(key, key_type, me) for key in request.coordinator_keys]
+        entries = [_coordinator(key, key_type, me, describable) for key in request.coordinator_keys]
         return {"throttle_time": 0, "coordinators": entries}
-    entry = _coordinator(request.key, key_type, me)
+    entry = _coordinator(request.key, key_type, me, describable)
     return {"throttle_time": 0, **{k: v for k, v in entry.items() if k != "key"}}
 
 
-def _coordinator(key: str, key_type: int, me: Identity) -> Body:
+def _coordinator(key: str, key_type: int, me: Identity, describable: Describable) -> Body:
+    if key_type == GROUP_KEY_TYPE and not describable(key):
+        return {
+            "key": key,
+            "node_id": -1,
+            "host": "",
+            "port": -1,
+            "error_code": ErrorCode.GROUP_AUTHORIZATION_FAILED,
+            "error_message": None,
+        }
     if key_type not in (GROUP_KEY_TYPE, TRANSACTION_KEY_TYPE):  # as the brokers answer
         return {
             "key": key,
@@ -147,7 +204,10 @@ def _coordinator(key: str, key_type: int, me: Identity) -> Body:
     }
 
 
-def describe_cluster(routes: RoutingTable, me: Identity) -> Body:
+def describe_cluster(
+    request: Any, routes: RoutingTable, me: Identity, operations: Operations = _all_operations
+) -> Body:
+    asked = getattr(request, "include_cluster_authorized_operations", False)
     return {
         "throttle_time": 0,
         "error_code": ErrorCode.NONE,
@@ -159,5 +219,7 @@ def describe_cluster(routes: RoutingTable, me: Identity) -> Body:
             {"broker_id": node, "host": me.host, "port": me.port, "rack": None}
             for node in node_ids(routes, me)
         ],
-        "cluster_authorized_operations": AUTHORIZED_OPERATIONS_OMITTED,
+        "cluster_authorized_operations": operations(ResourceType.CLUSTER, CLUSTER_NAME)
+        if asked
+        else AUTHORIZED_OPERATIONS_OMITTED,
     }

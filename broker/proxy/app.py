@@ -11,33 +11,43 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import socket
+import ssl
 from typing import Any
 
 from kafscale.broker.admin_http import AdminRoutes, AdminServer
 from kafscale.broker.api.fetch_sessions import FetchSessionCache
-from kafscale.broker.app import StartupError, connect_etcd
+from kafscale.broker.app import StartupError, connect_etcd, listener_endpoints
 from kafscale.broker.metadata.etcd import Etcd, MetadataUnavailable
 from kafscale.broker.observability.exposition import metrics_renderer
 from kafscale.broker.observability.logs import set_node_id
 from kafscale.broker.observability.metrics import HotPathCollector
 from kafscale.broker.observability.proxy_metrics import ProxyCollector
+from kafscale.broker.protocol import codec
+from kafscale.broker.proxy.access import ProxyAccess
 from kafscale.broker.proxy.answers import Identity
 from kafscale.broker.proxy.config import ProxySettings
 from kafscale.broker.proxy.dispatch import ProxyDispatcher
 from kafscale.broker.proxy.forward import Forwarder
 from kafscale.broker.proxy.handlers import ProxyContext
+from kafscale.broker.proxy.login import SaslLogin
 from kafscale.broker.proxy.routes import RoutingTable
-from kafscale.broker.proxy.upstream import UpstreamPool, UpstreamStats
-from kafscale.broker.server import ByteBudget, Connection, KafkaServer
+from kafscale.broker.proxy.upstream import UpstreamLink, UpstreamPool, UpstreamStats
+from kafscale.broker.security.credentials import CredentialStore
+from kafscale.broker.security.forwarding import address_bytes, peer_host
+from kafscale.broker.security.listeners import advertised_address
+from kafscale.broker.security.tls import CertificateReloader, TlsConfigError, client_context
+from kafscale.broker.server import ByteBudget, Connection, KafkaServer, ServerEndpoint
 
 log = logging.getLogger(__name__)
 
 
 class ProxyServer(KafkaServer):
-    """The broker's listener and per-connection pipeline, with an upstream pool per client
-    connection (closed with it) and a proxy-wide bound on request bytes in flight."""
+    """The broker's listeners and per-connection pipeline (TLS and SASL included), with an
+    upstream pool per client connection (closed with it) and a proxy-wide bound on request
+    bytes in flight."""
 
-    def __init__(self, proxy: Proxy, host: str, port: int) -> None:
+    def __init__(self, proxy: Proxy, endpoints: list[ServerEndpoint]) -> None:
         settings = proxy.settings
         self._pools: dict[int, UpstreamPool] = {}
         self._proxy = proxy
@@ -52,7 +62,15 @@ class ProxyServer(KafkaServer):
             finally:
                 self._budget.give(size)
 
-        super().__init__(dispatch, settings.limits, host, port, on_closed=self._close_pool)
+        first = endpoints[0].listener
+        super().__init__(
+            dispatch,
+            settings.limits,
+            first.host,
+            first.port,
+            on_closed=self._close_pool,
+            endpoints=endpoints,
+        )
 
     def pool_of(self, connection: Connection) -> UpstreamPool:
         pool = self._pools.get(id(connection))
@@ -62,6 +80,7 @@ class ProxyServer(KafkaServer):
                 settings.routing.connect_timeout_s,
                 settings.limits.max_frame_bytes,
                 self._proxy.stats,
+                lambda: self._proxy.link_for(connection),
             )
         return pool
 
@@ -87,6 +106,23 @@ class Proxy:
         self.server: ProxyServer | None = None
         self.admin: AdminServer | None = None
         self._stopping = False
+        self._upstream_tls: ssl.SSLContext | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+
+    def link_for(self, connection: Connection) -> UpstreamLink:
+        """How this client's requests go to the brokers: over the proxy's TLS, in an Envelope
+        carrying the client's principal and address (unless forwarding principals is off)."""
+        upstream = self.settings.upstream
+        principal = None
+        if upstream.forward_principals:
+            principal = codec.encode_principal(connection.principal)
+        return UpstreamLink(
+            self._upstream_tls,
+            principal,
+            address_bytes(peer_host(connection.peer)),
+            upstream_login(self.settings),
+            upstream.listener.upper() if upstream.listener else None,
+        )
 
     @classmethod
     async def start(cls, settings: ProxySettings) -> Proxy:
@@ -105,24 +141,46 @@ class Proxy:
         return proxy
 
     async def _listen(self) -> None:
-        listener = self.settings.listener
-        self.server = ProxyServer(self, listener.host, listener.port)
+        settings = self.settings
+        listener = settings.listener
+        plan = settings.listener_plan()
+        try:
+            endpoints, contexts = listener_endpoints(
+                plan, settings.tls, settings.sasl.enabled_mechanisms
+            )
+            self._upstream_tls = upstream_context(settings)
+        except TlsConfigError as exc:
+            await self.routes.close()
+            await self.etcd.close()
+            raise StartupError(str(exc)) from exc
+        self.server = ProxyServer(self, endpoints)
         try:
             await self.server.start()
         except OSError as exc:
             await self.routes.close()
             await self.etcd.close()
-            raise StartupError(f"cannot listen on {listener.host}:{listener.port}: {exc}") from exc
+            names = ", ".join(f"{e.listener.host}:{e.listener.port}" for e in endpoints)
+            raise StartupError(f"cannot listen on {names}: {exc}") from exc
+        if contexts:
+            reloader = CertificateReloader(settings.tls, contexts)
+            self._tasks.append(asyncio.create_task(reloader.run(), name="tls-reload"))
+        ports = self.server.ports
+        identities = {
+            item.name: Identity(
+                listener.node_id,
+                *advertised_address(item, ports[item.name], socket.getfqdn),
+                settings.cluster,
+                settings.routing.expose_owners,
+            )
+            for item in plan
+        }
         self.context = ProxyContext(
             self.forwarder,
             self.sessions,
-            Identity(
-                listener.node_id,
-                listener.advertised(),
-                listener.advertised_port or self.server.port,
-                self.settings.cluster,
-                self.settings.routing.expose_owners,
-            ),
+            identities[plan[0].name],
+            identities,
+            ProxyAccess(settings.authorizer, self.routes.view.acls),
+            CredentialStore(self.etcd, settings.cluster).get,
         )
         routes = AdminRoutes(
             is_ready=self.is_ready,
@@ -133,15 +191,19 @@ class Proxy:
         self.admin = AdminServer(routes, listener.host, listener.admin_port)
         await self.admin.start()
         set_node_id(listener.node_id)
-        log.info(
-            "proxy listening on %s:%d (advertised %s:%d as node %d), admin on %d",
-            listener.host,
-            self.server.port,
-            self.context.identity.host,
-            self.context.identity.port,
-            listener.node_id,
-            self.admin.port,
-        )
+        for item in plan:
+            me = identities[item.name]
+            log.info(
+                "proxy listening on %s %s:%d %s (advertised %s:%d as node %d)",
+                item.name,
+                item.host,
+                ports[item.name],
+                item.protocol,
+                me.host,
+                me.port,
+                listener.node_id,
+            )
+        log.info("proxy admin on %d", self.admin.port)
 
     @property
     def port(self) -> int:
@@ -185,8 +247,34 @@ class Proxy:
             await self.server.close(self.settings.limits.shutdown_grace_s)
         if self.admin is not None:
             await self.admin.close()
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
         await self.routes.close()
         await self.etcd.close()
+
+
+def upstream_context(settings: ProxySettings) -> ssl.SSLContext | None:
+    """The TLS context of the proxy's connections to the brokers (None: PLAINTEXT)."""
+    upstream = settings.upstream
+    if not upstream.security_protocol.uses_tls:
+        return None
+    return client_context(
+        upstream.ca_file, upstream.cert_file, upstream.key_file, upstream.check_hostname
+    )
+
+
+def upstream_login(settings: ProxySettings) -> SaslLogin | None:
+    """The proxy's own SASL login to the brokers (None unless a SASL protocol is set)."""
+    upstream = settings.upstream
+    if not upstream.security_protocol.uses_sasl:
+        return None
+    assert upstream.sasl_username is not None and upstream.sasl_password is not None
+    return SaslLogin(
+        upstream.sasl_mechanism,
+        upstream.sasl_username,
+        upstream.sasl_password.get_secret_value(),
+    )
 
 
 async def _nothing() -> None:

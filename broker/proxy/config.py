@@ -10,15 +10,27 @@ from __future__ import annotations
 
 import socket
 from collections.abc import Callable
+from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from kafscale.broker.config import (
     ALL_INTERFACES,
+    AuthorizerSettings,
     EtcdConnectionSettings,
     LimitSettings,
     LogFormat,
+    SaslSettings,
+    TlsSettings,
+    check_listener_tls,
+)
+from kafscale.broker.security.listeners import (
+    DEFAULT_LISTENER_NAME,
+    DEFAULT_PROTOCOL_MAP,
+    Listener,
+    SecurityProtocol,
+    plan_listeners,
 )
 
 
@@ -103,6 +115,60 @@ class RoutingSettings(_Section):
     )
 
 
+UPSTREAM_MECHANISMS = ("SCRAM-SHA-512", "SCRAM-SHA-256", "PLAIN")
+
+
+class UpstreamSettings(_Section):
+    """How the proxy connects to the brokers' internal listener, and as whom."""
+
+    security_protocol: SecurityProtocol = Field(
+        SecurityProtocol.PLAINTEXT,
+        description="The protocol of the brokers' listener the proxy uses (their registered "
+        "main address, or `listener`). SSL with `cert_file`: the proxy's principal is its "
+        "certificate's User:<subject>; SASL_PLAINTEXT/SASL_SSL: User:<sasl_username>.",
+    )
+    listener: str | None = Field(
+        None,
+        examples=["PROXY"],
+        description="The brokers' listener (by name) the proxy connects to; None: the address "
+        "they register as their main one (their internal listener).",
+    )
+    sasl_mechanism: str = Field(
+        "SCRAM-SHA-512", description="SCRAM-SHA-512, SCRAM-SHA-256 or PLAIN (SASL protocols)."
+    )
+    sasl_username: str | None = Field(None, description="The proxy's user on the brokers.")
+    sasl_password: SecretStr | None = Field(None, description="That user's password.")
+    ca_file: Path | None = Field(
+        None, description="PEM CAs the brokers' certificates must chain to (default: the system's)."
+    )
+    cert_file: Path | None = Field(
+        None, description="PEM client certificate the proxy presents to the brokers (mTLS)."
+    )
+    key_file: Path | None = Field(None, description="PEM private key of `cert_file`.")
+    check_hostname: bool = Field(
+        True, description="Check that a broker's certificate names the host it registered."
+    )
+    forward_principals: bool = Field(
+        True,
+        description="Send each client request inside an Envelope (KIP-590) carrying the "
+        "client's principal and address, so the brokers' ACLs apply to the client; the brokers "
+        "must allow the proxy's own principal CLUSTER_ACTION (or make it a super user). Off: "
+        "brokers see every client as the proxy.",
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> UpstreamSettings:
+        if self.security_protocol.uses_sasl and not (self.sasl_username and self.sasl_password):
+            raise ValueError("a SASL upstream needs upstream.sasl_username and sasl_password")
+        if self.sasl_mechanism not in UPSTREAM_MECHANISMS:
+            raise ValueError(f"upstream.sasl_mechanism must be one of {UPSTREAM_MECHANISMS}")
+        if bool(self.cert_file) != bool(self.key_file):
+            raise ValueError("upstream.cert_file and upstream.key_file go together")
+        if self.cert_file and not self.security_protocol.uses_tls:
+            raise ValueError("upstream.cert_file needs upstream.security_protocol=SSL")
+        return self
+
+
 class ProxySettings(BaseSettings):
     """Everything one proxy process needs to know."""
 
@@ -115,6 +181,32 @@ class ProxySettings(BaseSettings):
     etcd: ProxyEtcdSettings = ProxyEtcdSettings()
     limits: LimitSettings = LimitSettings()
     routing: RoutingSettings = RoutingSettings()
+    listeners: str | None = Field(
+        None,
+        examples=["EXTERNAL://:9093"],
+        description="Client listeners as the broker's `listeners`: NAME://host:port,... "
+        "(e.g. `INTERNAL://:9092,EXTERNAL://:9093`); None: one PLAINTEXT listener from "
+        "listener.host and listener.port.",
+    )
+    advertised_listeners: str | None = Field(
+        None,
+        examples=["EXTERNAL://kafka.example.com:9093"],
+        description="NAME://host:port,... the proxy names as the broker to clients of listener "
+        "NAME; a listener left out advertises its bind address.",
+    )
+    listener_security_protocol_map: str = Field(
+        DEFAULT_PROTOCOL_MAP,
+        examples=["INTERNAL:PLAINTEXT,EXTERNAL:SASL_SSL"],
+        description="NAME:PROTOCOL,... with PLAINTEXT, SSL, SASL_PLAINTEXT or SASL_SSL.",
+    )
+    tls: TlsSettings = TlsSettings()
+    sasl: SaslSettings = SaslSettings()
+    authorizer: AuthorizerSettings = Field(
+        AuthorizerSettings(),
+        description="The brokers' ACL settings: the proxy filters the answers it makes itself "
+        "(Metadata, FindCoordinator) by them.",
+    )
+    upstream: UpstreamSettings = UpstreamSettings()
     log_level: str = Field("INFO", description="Python logging level.")
     log_format: LogFormat = Field(
         LogFormat.TEXT,
@@ -126,3 +218,28 @@ class ProxySettings(BaseSettings):
         description="Count requests, bytes, flushes and store/etcd calls for GET /metrics "
         "(off: those counters stay at zero; state gauges are still served).",
     )
+
+    @model_validator(mode="after")
+    def _check_listeners(self) -> ProxySettings:
+        check_listener_tls(self.listener_plan(), self.tls)
+        return self
+
+    def listener_plan(self) -> list[Listener]:
+        """Every client listener of the proxy, parsed from the settings."""
+        section = self.listener
+        default = Listener(
+            name=DEFAULT_LISTENER_NAME,
+            host=section.host,
+            port=section.port,
+            protocol=SecurityProtocol.PLAINTEXT,
+            advertised_host=section.advertised_host,
+            advertised_port=section.advertised_port,
+        )
+        return plan_listeners(
+            self.listeners,
+            self.advertised_listeners,
+            self.listener_security_protocol_map,
+            self.tls.client_auth,
+            self.tls.client_auth_overrides,
+            default,
+        )

@@ -6,6 +6,10 @@ that does not parse gets INVALID_REQUEST with its correlation id (the broker's r
 checks it before anything is allocated), a frame without a readable header closes the
 connection. A broker that cannot be reached in time is answered as the broker answers a lost
 lease; an unexpected error is logged and answered UNKNOWN_SERVER_ERROR, and the proxy lives on.
+
+On a SASL listener the broker's rule holds here too: before the login only ApiVersions,
+SaslHandshake and SaslAuthenticate, anything else closes the connection. A request a broker
+would not take from the proxy (its Envelope refused) is answered CLUSTER_AUTHORIZATION_FAILED.
 """
 
 from __future__ import annotations
@@ -14,7 +18,6 @@ import logging
 import struct
 import time
 from collections.abc import Callable
-from typing import Any
 
 from kafscale.broker.api.dispatch import encode_error, encode_unsupported
 from kafscale.broker.api.table import API_TABLE
@@ -24,8 +27,9 @@ from kafscale.broker.protocol.errors import ErrorCode
 from kafscale.broker.protocol.framing import Frame
 from kafscale.broker.proxy.forward import Call
 from kafscale.broker.proxy.handlers import HANDLERS, ProxyContext, ProxyRequest, Raw
-from kafscale.broker.proxy.upstream import UpstreamError, UpstreamPool
-from kafscale.broker.server import CloseConnection
+from kafscale.broker.proxy.upstream import ForwardingRefused, UpstreamError, UpstreamPool
+from kafscale.broker.security.sasl import ALLOWED_BEFORE_AUTHENTICATION
+from kafscale.broker.server import CloseConnection, Connection
 
 log = logging.getLogger(__name__)
 
@@ -34,16 +38,21 @@ _LENGTH = struct.Struct(">i")
 
 class ProxyDispatcher:
     def __init__(
-        self, context: Callable[[], ProxyContext], pool_of: Callable[[Any], UpstreamPool]
+        self,
+        context: Callable[[], ProxyContext],
+        pool_of: Callable[[Connection], UpstreamPool],
     ) -> None:
         self._context = context
         self._pool_of = pool_of
 
-    async def __call__(self, frame: Frame, connection: Any) -> bytes | None:
+    async def __call__(self, frame: Frame, connection: Connection) -> bytes | None:
         try:
             api_key, api_version, correlation_id = codec.peek_header(frame)
         except codec.DecodeError as exc:
             raise CloseConnection(str(exc)) from exc
+        sasl = connection.sasl
+        if sasl and not sasl.authenticated and api_key not in ALLOWED_BEFORE_AUTHENTICATION:
+            raise CloseConnection(f"api {api_key} before SASL authentication")
         spec = API_TABLE.get(api_key)
         handler = HANDLERS.get(api_key)
         if spec is None or handler is None or not spec.supports(api_version):
@@ -55,7 +64,7 @@ class ProxyDispatcher:
             return encode_error(spec, None, api_version, correlation_id, ErrorCode.INVALID_REQUEST)
         call = Call(api_key, api_version, decoded.header.client_id)
         pool = self._pool_of(connection)
-        request = ProxyRequest(call, decoded.body, frame, pool, self._context())
+        request = ProxyRequest(call, decoded.body, frame, pool, self._context(), connection)
         started = time.perf_counter()
         try:
             answer = await handler(request)
@@ -64,6 +73,14 @@ class ProxyDispatcher:
             log.warning("%s v%d from %s: %s", spec.name, api_version, connection.peer, exc)
             code = (
                 ErrorCode.NOT_COORDINATOR if api_key in _GROUP_KEYS else ErrorCode.REQUEST_TIMED_OUT
+            )
+            return encode_error(spec, decoded.body, api_version, correlation_id, code)
+        except ForwardingRefused as exc:
+            METRICS.request(spec.name, time.perf_counter() - started, failed=True)
+            code = (
+                ErrorCode.CLUSTER_AUTHORIZATION_FAILED
+                if exc.code == ErrorCode.CLUSTER_AUTHORIZATION_FAILED
+                else ErrorCode.UNKNOWN_SERVER_ERROR
             )
             return encode_error(spec, decoded.body, api_version, correlation_id, code)
         except Exception:

@@ -1,16 +1,17 @@
 """Which way each API goes through the proxy.
 
 Answered here: ApiVersions, Metadata (unless it must create topics), FindCoordinator,
-DescribeCluster. Split by partition owner: Produce, Fetch, ListOffsets, OffsetForLeaderEpoch,
-DeleteRecords. To the group's coordinator: the group and offset APIs (DescribeGroups,
-DeleteGroups and multi-group OffsetFetch split by coordinator). To every broker: ListGroups.
-To the transactional id's coordinator: InitProducerId with a transactional id,
-AddPartitionsToTxn, AddOffsetsToTxn, EndTxn (DescribeTransactions split by coordinator;
-ListTransactions to every broker). TxnOffsetCommit goes to the group's coordinator.
-To any broker (they act through etcd): topic, config and ACL administration, InitProducerId
-of an idempotent producer;
-DescribeConfigs of a broker goes to that broker, and of the proxy's own id to a live broker
-whose answer the proxy gives as its own (``configs``).
+DescribeCluster, and the SASL login (SaslHandshake, SaslAuthenticate) with the brokers' own
+code. Metadata and FindCoordinator show a client only what its ACLs let it describe. Split
+by partition owner: Produce, Fetch, ListOffsets, OffsetForLeaderEpoch, DeleteRecords,
+DescribeProducers. To the group's coordinator: the group and offset APIs (DescribeGroups,
+DeleteGroups and multi-group OffsetFetch split by coordinator) and TxnOffsetCommit. To the
+transactional id's coordinator: InitProducerId with a transactional id, AddPartitionsToTxn,
+AddOffsetsToTxn, EndTxn (DescribeTransactions split by coordinator). To every broker:
+ListGroups, ListTransactions. To any broker (they act through etcd): topic, config, ACL and
+user administration, InitProducerId of an idempotent producer; DescribeConfigs of a broker
+goes to that broker, and of the proxy's own id to a live broker whose answer the proxy gives
+as its own (``configs``).
 
 A handler returns a body to encode, the raw answer of one broker (forwarded as it came, only the
 correlation id changed), or None (acks=0).
@@ -20,17 +21,22 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from kafscale.broker.api.fetch_sessions import FetchSessionCache
+from kafscale.broker.api.sasl import sasl_authenticate, sasl_handshake
+from kafscale.broker.authz.model import Operation, ResourceType
 from kafscale.broker.protocol import codec
 from kafscale.broker.protocol.errors import ErrorCode
 from kafscale.broker.proxy import answers, configs, split
+from kafscale.broker.proxy.access import ProxyAccess
 from kafscale.broker.proxy.fetch import forward_fetch
 from kafscale.broker.proxy.forward import Call, Forwarder
 from kafscale.broker.proxy.upstream import UpstreamError, UpstreamPool
+from kafscale.broker.security.sasl import CredentialLookup
+from kafscale.broker.server import Connection
 
 Body = dict[str, Any]
 
@@ -49,7 +55,10 @@ Answer = Body | Raw | None
 class ProxyContext:
     forwarder: Forwarder
     sessions: FetchSessionCache
-    identity: answers.Identity
+    identity: answers.Identity  # the first listener's
+    identities: Mapping[str, answers.Identity] = dataclasses.field(default_factory=dict)
+    access: ProxyAccess | None = None  # None: every client may describe everything
+    credentials: CredentialLookup | None = None  # SCRAM credentials for SASL logins
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,6 +68,32 @@ class ProxyRequest:
     frame: bytes | memoryview
     pool: UpstreamPool
     ctx: ProxyContext
+    connection: Connection | None = None
+
+    @property
+    def identity(self) -> answers.Identity:
+        """The proxy as clients of this connection's listener know it."""
+        if self.connection is None:
+            return self.ctx.identity
+        return self.ctx.identities.get(self.connection.listener, self.ctx.identity)
+
+    def operations(self, resource_type: ResourceType, name: str) -> int:
+        """The client's ``authorized_operations`` bit field on the resource."""
+        candidates = answers.CANDIDATES[resource_type]
+        access, connection = self.ctx.access, self.connection
+        if access is None or connection is None:
+            return sum(1 << op for op in candidates)
+        return access.operations(
+            connection.principal, connection.peer, resource_type, name, candidates
+        )
+
+    def may_describe(self, resource_type: ResourceType, name: str) -> bool:
+        access, connection = self.ctx.access, self.connection
+        if access is None or connection is None:
+            return True
+        return access.allowed(
+            connection.principal, connection.peer, Operation.DESCRIBE, resource_type, name
+        )
 
 
 Handler = Callable[[ProxyRequest], Awaitable[Answer]]
@@ -74,7 +109,11 @@ async def api_versions(r: ProxyRequest) -> Answer:
 async def metadata(r: ProxyRequest) -> Answer:
     routes = r.ctx.forwarder.routes
     names = answers.requested_topic_names(r.body, routes) or []
-    unknown = [name for name in names if name not in routes.view.topics]
+    unknown = [
+        name
+        for name in names
+        if name not in routes.view.topics and r.may_describe(ResourceType.TOPIC, name)
+    ]
     if unknown and getattr(r.body, "allow_auto_topic_creation", True):
         # A broker creates them (auto.create.topics.enable is theirs); answer from the view
         # once the watch shows them.
@@ -83,7 +122,13 @@ async def metadata(r: ProxyRequest) -> Answer:
             r.pool, r.call, r.frame, routes.any_broker, forwarder.deadline(), frozenset()
         )
         await _until_known(forwarder, unknown, timeout_s=2.0)
-    return answers.metadata(r.body, routes, r.ctx.identity)
+    return answers.metadata(
+        r.body,
+        routes,
+        r.identity,
+        lambda name: r.may_describe(ResourceType.TOPIC, name),
+        r.operations,
+    )
 
 
 async def _until_known(forwarder: Forwarder, names: list[str], timeout_s: float) -> None:
@@ -95,11 +140,26 @@ async def _until_known(forwarder: Forwarder, names: list[str], timeout_s: float)
 
 
 async def find_coordinator(r: ProxyRequest) -> Answer:
-    return answers.find_coordinator(r.body, r.call.api_version, r.ctx.identity)
+    return answers.find_coordinator(
+        r.body,
+        r.call.api_version,
+        r.identity,
+        lambda group: r.may_describe(ResourceType.GROUP, group),
+    )
 
 
 async def describe_cluster(r: ProxyRequest) -> Answer:
-    return answers.describe_cluster(r.ctx.forwarder.routes, r.ctx.identity)
+    return answers.describe_cluster(r.body, r.ctx.forwarder.routes, r.identity, r.operations)
+
+
+async def sasl_handshake_here(r: ProxyRequest) -> Answer:
+    assert r.connection is not None
+    return sasl_handshake(r.body, r.connection)
+
+
+async def sasl_authenticate_here(r: ProxyRequest) -> Answer:
+    assert r.connection is not None and r.ctx.credentials is not None
+    return await sasl_authenticate(r.body, r.connection, r.ctx.credentials)
 
 
 # --- split by partition owner ---------------------------------------------------------------
@@ -336,7 +396,7 @@ async def list_transactions(r: ProxyRequest) -> Answer:
 async def describe_configs(r: ProxyRequest) -> Answer:
     """Each resource to a broker that can answer it; the proxy's own broker resource from a
     live broker's description of itself (``configs``)."""
-    me = r.ctx.identity
+    me = r.identity
     resources = list(r.body.resources)
     targets = configs.plan(resources, me.node_id, r.ctx.forwarder.routes.view.brokers.keys())
     if all(target == configs.Target(configs.ANY) for target in targets):
@@ -408,6 +468,7 @@ HANDLERS: dict[int, Handler] = {
     14: to_coordinator,  # SyncGroup
     15: by_coordinator(DESCRIBE_GROUPS),
     16: list_groups,
+    17: sasl_handshake_here,
     18: api_versions,
     19: to_any_broker,  # CreateTopics
     20: to_any_broker,  # DeleteTopics
@@ -422,11 +483,14 @@ HANDLERS: dict[int, Handler] = {
     30: to_any_broker,  # CreateAcls
     31: to_any_broker,  # DeleteAcls
     32: describe_configs,
+    36: sasl_authenticate_here,
     37: to_any_broker,  # CreatePartitions
     42: by_coordinator(DELETE_GROUPS),
     44: to_any_broker,  # IncrementalAlterConfigs
-    61: partitioned(split.DESCRIBE_PRODUCERS),  # split by partition owner too
+    50: to_any_broker,  # DescribeUserScramCredentials
+    51: to_any_broker,  # AlterUserScramCredentials
     60: describe_cluster,
+    61: partitioned(split.DESCRIBE_PRODUCERS),  # split by partition owner too
     65: describe_transactions,
     66: list_transactions,
     68: to_coordinator,  # ConsumerGroupHeartbeat

@@ -9,6 +9,12 @@ an idempotent producer's batches in sequence.
 
 A request is written synchronously (``send``), and its response arrives on a future matched by
 correlation id; a response frame's length is checked before it is read, like a request's.
+
+A connection speaks as its ``UpstreamLink`` says: over TLS (with the proxy's certificate, its
+identity on the brokers) or not, logged in with SASL (the proxy's user) or not, and with each
+request inside an Envelope (KIP-590) carrying the client's principal and address, or bare. An
+Envelope the broker refuses (the proxy is not allowed to forward) fails the request with
+:class:`ForwardingRefused`, which no retry helps.
 """
 
 from __future__ import annotations
@@ -16,10 +22,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import ssl
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from kafscale.broker.metadata.cluster import BrokerInfo
+from kafscale.broker.protocol import codec
+from kafscale.broker.protocol.errors import ErrorCode
+from kafscale.broker.proxy.login import LoginFailed, SaslLogin, log_in
 from kafscale.broker.proxy.ordering import ProduceOrder
 
 log = logging.getLogger(__name__)
@@ -31,6 +42,61 @@ _CORRELATION_OFFSET = 4  # after the request header's api key and version
 
 class UpstreamError(ConnectionError):
     """The broker could not be reached, or the connection broke before the answer came."""
+
+
+class ForwardingRefused(Exception):
+    """The broker refused the Envelope (its error code): it does not trust the proxy."""
+
+    def __init__(self, code: ErrorCode) -> None:
+        super().__init__(f"the broker refused the forwarded request: {code.name}")
+        self.code = code
+
+
+ENVELOPE_KEY, ENVELOPE_VERSION = 58, 0
+PROXY_CLIENT_ID = "kafscale-proxy"
+
+
+@dataclass(frozen=True, slots=True)
+class UpstreamLink:
+    """How one client's requests reach the brokers: TLS or not, enveloped or not."""
+
+    ssl_context: ssl.SSLContext | None = None
+    principal: bytes | None = None  # the client's, encoded; None: requests go bare
+    client_address: bytes = b""
+    login: SaslLogin | None = None  # the proxy's own SASL login to the brokers
+    listener: str | None = None  # the brokers' listener to use; None: their main address
+
+    def address(self, broker: BrokerInfo) -> tuple[str, int]:
+        if self.listener is None:
+            return broker.host, broker.port
+        return broker.endpoint(self.listener)
+
+    def wrap(self, frame: bytes) -> bytes:
+        """``frame`` (a whole request frame, length prefix included) as this link sends it."""
+        if self.principal is None:
+            return frame
+        body = {
+            "request_data": memoryview(frame)[_LENGTH.size :],
+            "request_principal": self.principal,
+            "client_host_address": self.client_address,
+        }
+        (correlation_id,) = _CORRELATION.unpack_from(frame, _LENGTH.size + _CORRELATION_OFFSET)
+        return codec.encode_request(
+            ENVELOPE_KEY, ENVELOPE_VERSION, correlation_id, body, PROXY_CLIENT_ID
+        )
+
+    def unwrap(self, body: bytes) -> bytes:
+        """The response body inside a broker's answer; raises ForwardingRefused."""
+        if self.principal is None:
+            return body
+        try:
+            envelope = codec.decode_response(body, ENVELOPE_KEY, ENVELOPE_VERSION)
+        except Exception as exc:  # kio raises its own errors
+            raise UpstreamError(f"unreadable Envelope response: {exc}") from exc
+        code = ErrorCode(int(envelope.error_code))
+        if code != ErrorCode.NONE or envelope.response_data is None:
+            raise ForwardingRefused(code)
+        return bytes(envelope.response_data)
 
 
 @dataclass(slots=True)
@@ -57,8 +123,10 @@ class Upstream:
         writer: asyncio.StreamWriter,
         max_frame_bytes: int,
         stats: UpstreamStats,
+        link: UpstreamLink = UpstreamLink(),
     ) -> None:
         self.broker = broker
+        self._link = link
         self._reader = reader
         self._writer = writer
         self._max_frame_bytes = max_frame_bytes
@@ -72,17 +140,33 @@ class Upstream:
 
     @classmethod
     async def connect(
-        cls, broker: BrokerInfo, timeout_s: float, max_frame_bytes: int, stats: UpstreamStats
+        cls,
+        broker: BrokerInfo,
+        timeout_s: float,
+        max_frame_bytes: int,
+        stats: UpstreamStats,
+        link: UpstreamLink = UpstreamLink(),
     ) -> Upstream:
+        host, port = link.address(broker)
         try:
             async with asyncio.timeout(timeout_s):
-                reader, writer = await asyncio.open_connection(broker.host, broker.port)
-        except (OSError, TimeoutError) as exc:
+                reader, writer = await asyncio.open_connection(host, port, ssl=link.ssl_context)
+                if link.login is not None:
+                    try:
+                        await log_in(reader, writer, link.login, max_frame_bytes)
+                    except BaseException:
+                        writer.close()
+                        raise
+        except LoginFailed as exc:
+            stats.failed += 1
+            log.error("cannot log in to broker %d at %s:%d: %s", broker.node_id, host, port, exc)
+            raise UpstreamError(f"broker {broker.node_id} refused the proxy's login") from exc
+        except (OSError, TimeoutError, ssl.SSLError, asyncio.IncompleteReadError) as exc:
             stats.failed += 1
             raise UpstreamError(
-                f"cannot connect to broker {broker.node_id} at {broker.host}:{broker.port}: {exc}"
+                f"cannot connect to broker {broker.node_id} at {host}:{port}: {exc}"
             ) from exc
-        return cls(broker, reader, writer, max_frame_bytes, stats)
+        return cls(broker, reader, writer, max_frame_bytes, stats, link)
 
     @property
     def usable(self) -> bool:
@@ -108,8 +192,12 @@ class Upstream:
             self._pending[correlation_id] = future
         else:
             future.set_result(b"")
-        self._writer.write(bytes(header))
-        self._writer.write(frame[_CORRELATION_OFFSET + _CORRELATION.size :])
+        rest = frame[_CORRELATION_OFFSET + _CORRELATION.size :]
+        if self._link.principal is None:
+            self._writer.write(bytes(header))
+            self._writer.write(rest)
+        else:
+            self._writer.write(self._link.wrap(bytes(header) + bytes(rest)))
         self._stats.requests += 1
         return future
 
@@ -138,7 +226,11 @@ class Upstream:
                 (correlation_id,) = _CORRELATION.unpack_from(body, 0)
                 future = self._pending.pop(correlation_id, None)
                 if future is not None and not future.done():
-                    future.set_result(body)
+                    try:
+                        future.set_result(self._link.unwrap(body))
+                    except ForwardingRefused as exc:
+                        log.error("broker %d: %s", self.broker.node_id, exc)
+                        future.set_exception(exc)
         except (asyncio.IncompleteReadError, OSError, UpstreamError) as exc:
             error = exc if isinstance(exc, UpstreamError) else None
             self._fail(error or UpstreamError(f"broker {self.broker.node_id} dropped: {exc!r}"))
@@ -157,7 +249,16 @@ class Upstream:
 class UpstreamPool:
     """One client connection's connections to brokers, opened on first use."""
 
-    def __init__(self, timeout_s: float, max_frame_bytes: int, stats: UpstreamStats) -> None:
+    def __init__(
+        self,
+        timeout_s: float,
+        max_frame_bytes: int,
+        stats: UpstreamStats,
+        link: Callable[[], UpstreamLink] = UpstreamLink,
+    ) -> None:
+        # Asked when a connection opens, not when the pool is made: the pool exists from the
+        # client's first request, its principal only once it has logged in.
+        self._link = link
         self._timeout_s = timeout_s
         self._max_frame_bytes = max_frame_bytes
         self._stats = stats
@@ -175,7 +276,7 @@ class UpstreamPool:
         if current is not None:
             await current.close()
         upstream = await Upstream.connect(
-            broker, self._timeout_s, self._max_frame_bytes, self._stats
+            broker, self._timeout_s, self._max_frame_bytes, self._stats, self._link()
         )
         self._connections[broker.node_id] = upstream
         return upstream

@@ -108,3 +108,23 @@ class CertificateReloader:
         while True:
             await asyncio.sleep(self._settings.reload_interval_s)
             self.check()
+
+
+def client_context(
+    ca_file: Path | None,
+    cert_file: Path | None,
+    key_file: Path | None,
+    check_hostname: bool = True,
+) -> ssl.SSLContext:
+    """A client context for the proxy's connections to the brokers' TLS listener: the
+    brokers' certificates verified against ``ca_file`` (or the system's CAs), and the proxy's
+    own certificate presented when given (its principal on the brokers)."""
+    try:
+        context = ssl.create_default_context(cafile=str(ca_file) if ca_file else None)
+        if cert_file is not None and key_file is not None:
+            context.load_cert_chain(cert_file, key_file)
+    except (OSError, ssl.SSLError) as exc:
+        raise TlsConfigError(f"cannot load TLS files: {exc}") from exc
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    context.check_hostname = check_hostname
+    return context

@@ -257,9 +257,7 @@ class LogManager:
         owned.fail_everything(error)
         if self.owned.get(owned.tp) is owned:
             del self.owned[owned.tp]
-        log.warning(
-            "gave up %s-%d: %s", owned.topic, owned.partition, error, extra=about(owned.tp)
-        )
+        log.warning("gave up %s-%d: %s", owned.topic, owned.partition, error, extra=about(owned.tp))
 
     async def delete_records(self, tp: TopicPartition, offset: int) -> int:
         """Advance the log start offset (DeleteRecords, retention); returns the new one.

@@ -766,9 +766,11 @@ def test_super_users_and_the_cli(cluster: BrokerCluster, kafka: BrokerProcess, p
 def test_through_the_proxy_the_brokers_decide(
     cluster: BrokerCluster, kafka: BrokerProcess, prefix: str
 ) -> None:
-    """The proxy forwards the ACL APIs and the data path; the brokers authorize the proxy's
-    connection (here, like every PLAINTEXT connection, User:ANONYMOUS)."""
-    grant_cluster(cluster, "ALTER", "DESCRIBE")
+    """The proxy forwards the ACL APIs and the data path; the brokers authorize its clients
+    (here, on PLAINTEXT, User:ANONYMOUS) once they trust the proxy's own connection (here
+    User:ANONYMOUS too) with CLUSTER_ACTION; tests/integration/test_proxy_security.py has
+    the secured version, with SASL clients and an mTLS proxy."""
+    grant_cluster(cluster, "ALTER", "DESCRIBE", "CLUSTER_ACTION")
     allowed, refused = f"{prefix}-via-proxy", f"{prefix}-not-via-proxy"
     _make_topic(cluster, allowed)
     _make_topic(cluster, refused)

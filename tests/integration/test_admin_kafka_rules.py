@@ -154,6 +154,9 @@ def test_an_unknown_topic_config_is_invalid_config(kafka: BrokerProcess, topic: 
     admin = AdminClient({"bootstrap.servers": kafka.bootstrap})
     new = NewTopic(topic, 1, 1, config={"dummy.doesntexist": "1234"})
     assert error_code(admin.create_topics([new])[topic]) == ErrorCode.INVALID_CONFIG
+    for bad in ({"retention.ms": "soon"}, {"cleanup.policy": "shred"}, {"segment.bytes": "-5"}):
+        bad_value = NewTopic(topic, 1, 1, config=bad)
+        assert error_code(admin.create_topics([bad_value])[topic]) == ErrorCode.INVALID_CONFIG, bad
     known = NewTopic(topic, 1, 1, config={"segment.ms": "3600000", "flush.messages": "5"})
     assert error_code(admin.create_topics([known])[topic]) == 0  # Kafka's configs are taken
 

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 from harness.batches import make_batch
-from harness.kafka_wire import FETCH, PRODUCE, KafkaWire, fetch_body, produce_body
+from harness.kafka_wire import FETCH, PRODUCE, KafkaWire, batch_offsets, fetch_body, produce_body
 from harness.topics import create_topics
 
 from kafscale.broker.child_process import BrokerProcess
@@ -205,3 +205,40 @@ def test_kafka_python_with_a_tiny_fetch_max_bytes_reads_every_partition(
     finally:
         consumer.close()
     assert received == sent
+
+
+def test_a_session_outliving_its_topic_reads_the_topic_created_again(
+    broker: BrokerProcess,
+) -> None:
+    """A session keeps positions, never data: once its topic is deleted it is told the topic
+    is unknown; once a topic of that name is created again, a position past its end is out
+    of range, and what it reads is the new topic's records, never the old ones (issue 29: the
+    caches a running broker keeps must not go stale across a re-creation)."""
+    from confluent_kafka.admin import AdminClient
+
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+    create_topics(broker.bootstrap, ["s"], partitions=1)
+    with KafkaWire(broker.bootstrap) as wire:
+        wire.request(PRODUCE, 9, produce_body("s", 0, make_batch(0, [b"old"] * 5)))
+        full = wire.request(FETCH, 12, session_fetch(0, 0, {0: 0}))
+        assert batch_offsets(partitions_in(full)[0].records) == [(0, 5)]
+        session = full.session_id
+        at_end = wire.request(FETCH, 12, session_fetch(session, 1, {0: 5}))
+        assert partitions_in(at_end) == {}
+
+        admin.delete_topics(["s"])["s"].result(10)
+        gone = wire.request(FETCH, 12, session_fetch(session, 2, {}))
+        assert partitions_in(gone)[0].error_code == ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+
+        create_topics(broker.bootstrap, ["s"], partitions=1)
+        wire.request(PRODUCE, 9, produce_body("s", 0, make_batch(0, [b"new"] * 3)))
+        past_end = partitions_in(wire.request(FETCH, 12, session_fetch(session, 3, {})))[0]
+        assert past_end.error_code == ErrorCode.OFFSET_OUT_OF_RANGE
+        assert past_end.high_watermark == 3
+
+        reset = partitions_in(wire.request(FETCH, 12, session_fetch(session, 4, {0: 0})))[0]
+        assert reset.error_code == ErrorCode.NONE
+        assert batch_offsets(reset.records) == [(0, 3)]  # the old topic had (0, 5)
+        wire.request(PRODUCE, 9, produce_body("s", 0, make_batch(0, [b"new"] * 4)))
+        more = partitions_in(wire.request(FETCH, 12, session_fetch(session, 5, {0: 3})))[0]
+        assert batch_offsets(more.records) == [(3, 4)]

@@ -6,38 +6,30 @@ given only the proxy's address produces and reads back, and sees the proxy as th
 
 from __future__ import annotations
 
-import socket
+import json
+import os
+import re
 import subprocess
+import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
-from confluent_kafka import Producer
+from confluent_kafka import KafkaError, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
+from harness.kafka_wire import API_VERSIONS, KafkaWire
+from harness.ports import free_port_run
+from harness.tls import make_pki
 from integration.test_local_mode import consume, stop_with_ctrl_c
 
 from kafscale.broker.child_process import KAFSCALE
-from kafscale.broker.metadata.embedded_etcd import free_port
 
 pytestmark = pytest.mark.integration
 
 
-def free_ports(count: int) -> int:
-    """A port p with p + 1 ... p + count - 1 free too."""
-    for _ in range(50):
-        port = free_port()
-        try:
-            for offset in range(1, count):
-                with socket.socket() as probe:
-                    probe.bind(("127.0.0.1", port + offset))
-        except OSError:
-            continue
-        return port
-    raise RuntimeError(f"no {count} consecutive free ports")
-
-
 def test_local_with_proxy_serves_clients_through_one_port(tmp_path: Path) -> None:
-    port = free_ports(4)
+    port = free_port_run(4)
     log = tmp_path / "local.log"
     process = subprocess.Popen(
         [
@@ -67,6 +59,82 @@ def test_local_with_proxy_serves_clients_through_one_port(tmp_path: Path) -> Non
         assert producer.flush(30) == 0
         values = consume(bootstrap, "local-proxied", 3, 30)
         assert sorted(values) == sorted(f"v{i}".encode() for i in range(30))
+    finally:
+        if process.poll() is None:
+            assert stop_with_ctrl_c(process) == 0, log.read_text(errors="replace")
+
+
+def test_local_proxy_with_sasl_ssl_and_acls_guards_the_brokers_behind_it(tmp_path: Path) -> None:
+    """``kafscale local --proxy`` with a SASL_SSL listener and the authorizer on: clients log
+    in at the proxy and get their own ACLs; the broker behind it takes only the proxy's
+    certificate (made at start-up), so no one else may reach it, let alone forward."""
+    port = free_port_run(2)
+    pki = make_pki(tmp_path / "pki")
+    log = tmp_path / "local.log"
+    process = subprocess.Popen(
+        [
+            *(KAFSCALE, "local", "--proxy", "--port", str(port)),
+            *("--data-dir", str(tmp_path / "data"), "--log-flush-interval-ms", "50"),
+            *("--listeners", f"EXTERNAL://127.0.0.1:{port}"),
+            *("--advertised-listeners", f"EXTERNAL://localhost:{port}"),
+            *("--listener-security-protocol-map", "EXTERNAL:SASL_SSL"),
+            *("--tls-cert-file", str(pki.server.cert), "--tls-key-file", str(pki.server.key)),
+            *("--authorizer-enabled", "true"),
+        ],
+        stdout=log.open("ab"),
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while "KafScale is running" not in log.read_text(errors="replace"):
+            assert process.poll() is None, log.read_text(errors="replace")
+            assert time.monotonic() < deadline, log.read_text(errors="replace")
+            time.sleep(0.1)
+        banner = log.read_text()
+        assert f"bootstrap.servers = localhost:{port}\n" in banner
+        assert "security.protocol = SASL_SSL" in banner
+        etcd_url = re.search(r"etcd\s+= (\S+)", banner)
+        assert etcd_url is not None
+        env = {k: v for k, v in os.environ.items() if not k.startswith("KAFSCALE_")}
+        env["KAFSCALE_ETCD__ENDPOINTS"] = json.dumps([etcd_url[1]])
+        cli = [sys.executable, "-m", "kafscale.broker.cli"]
+        subprocess.run(
+            [*cli, "users", "create", "alice", "--password-stdin"],
+            input="alice-local-secret",
+            env=env,
+            check=True,
+            capture_output=True,
+            text=True,
+        )
+        grant = ["acls", "add", "--topic", "mine", "--principal", "User:alice", "--operation"]
+        for operation in ("CREATE", "WRITE", "READ"):
+            subprocess.run(
+                [*cli, *grant, operation],
+                env=env,
+                check=True,
+                capture_output=True,
+                text=True,
+            )
+        config = {
+            "bootstrap.servers": f"localhost:{port}",
+            "security.protocol": "SASL_SSL",
+            "sasl.mechanisms": "SCRAM-SHA-512",
+            "sasl.username": "alice",
+            "sasl.password": "alice-local-secret",
+            "ssl.ca.location": str(pki.ca.cert_path),
+        }
+        outcomes: list[Any] = []
+        producer = Producer({**config, "message.timeout.ms": 20_000})
+        for topic in ("mine", "theirs"):
+            producer.produce(topic, value=b"v", on_delivery=lambda e, _m: outcomes.append(e))
+            producer.flush(30)
+        mine, theirs = outcomes
+        assert mine is None
+        assert theirs is not None and theirs.code() == KafkaError.TOPIC_AUTHORIZATION_FAILED
+        with KafkaWire(f"127.0.0.1:{port + 1}") as wire:  # the broker: TLS, certificate only
+            wire.send(API_VERSIONS, 3, {"client_software_name": "t"})
+            assert wire.is_closed_by_peer()
     finally:
         if process.poll() is None:
             assert stop_with_ctrl_c(process) == 0, log.read_text(errors="replace")
