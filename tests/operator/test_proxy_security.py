@@ -247,7 +247,7 @@ def test_bad_super_users_and_the_authorizer_without_listeners_are_refused() -> N
     with pytest.raises(InvalidBrokerConfig, match="JSON list"):
         manifests.broker_environment(REF, spec_of(bad))
     bare = {k: v for k, v in GUARDED.items() if k != "listeners"}
-    with pytest.raises(InvalidBrokerConfig, match="needs spec.listeners"):
+    with pytest.raises(InvalidBrokerConfig, match=r"needs spec\.listeners"):
         manifests.broker_environment(REF, spec_of(bare))
 
 
