@@ -384,8 +384,10 @@ class KafScaleClusterSpec(_Model):
         default_factory=list,
         max_length=8,
         description="Kafka listeners of every broker. Empty: one PLAINTEXT listener on 9092 "
-        "(as before). Set: these, plus an internal PLAINTEXT listener on 9091 that only this "
-        "cluster's pods and the operator may reach (the proxy's way in).",
+        "(as before). Set: these, plus an internal listener on 9091 that only this cluster's "
+        "pods and the operator may reach (the proxy's way in; mTLS with the proxy's "
+        "certificate when the proxy and the authorizer are on). With the proxy enabled, the "
+        "proxy's Service serves these listeners too, and status names it.",
         json_schema_extra={
             "x-kubernetes-list-type": "map",
             "x-kubernetes-list-map-keys": ["name"],
