@@ -8,6 +8,7 @@ proves who it is with a certificate from the cluster CA on the brokers' internal
 from __future__ import annotations
 
 import datetime
+import json
 import os
 import stat
 import subprocess
@@ -15,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from cryptography import x509
 from cryptography.hazmat.primitives.serialization import Encoding
 
@@ -263,3 +265,19 @@ def test_without_listeners_the_proxy_keeps_its_one_plaintext_port(
     assert settings.upstream.security_protocol == SecurityProtocol.PLAINTEXT
     service = find(objects_of(raw), "Service", "demo-proxy")
     assert [(p["name"], p["port"]) for p in service["spec"]["ports"]] == [("kafka", 9092)]
+
+
+def test_the_secured_sample_gets_a_proxy_the_brokers_trust() -> None:
+    """deploy/cluster-secured.yaml: the proxy serves the listeners and the brokers trust it."""
+    sample = Path(__file__).resolve().parents[2] / "deploy" / "cluster-secured.yaml"
+    raw = next(d for d in yaml.safe_load_all(sample.read_text()) if d["kind"] == "KafScaleCluster")
+    ref = ClusterRef(name=raw["metadata"]["name"], namespace=raw["metadata"]["namespace"], uid="u")
+    spec = spec_of(raw["spec"])
+    assert spec.proxy_internal_tls
+    env = manifests.broker_environment(ref, spec)
+    assert json.loads(env["KAFSCALE_AUTHORIZER__SUPER_USERS"]) == [
+        "User:admin",
+        naming.PROXY_PRINCIPAL,
+    ]
+    service = manifests.build_proxy_service(ref, spec)
+    assert [p["port"] for p in service["spec"]["ports"]] == [9092, 9093]
