@@ -31,7 +31,7 @@ from confluent_kafka import KafkaError, Producer
 from cryptography import x509
 from cryptography.hazmat.primitives.serialization import Encoding
 from harness.brokers import BrokerCluster
-from harness.k8s_real import CLUSTERS, DEPLOYMENTS, cluster_manifest, settle
+from harness.k8s_real import CLUSTERS, DEPLOYMENTS, cluster_manifest, condition_of, settle
 from harness.kube_apiserver import KubeCluster
 from harness.proxy import start_proxy
 
@@ -244,3 +244,22 @@ async def test_a_guarded_cluster_gets_a_proxy_the_brokers_trust(
     (refused,) = await asyncio.to_thread(produce, client_config, other, 1)
     assert refused is not None
     assert refused.code() == KafkaError.TOPIC_AUTHORIZATION_FAILED
+
+
+async def test_the_authorizer_with_the_proxy_but_no_listeners_is_reported_degraded(
+    kube_cluster: KubeCluster, real_operator: Any, kube_namespace: str
+) -> None:
+    """Without listeners there is no internal listener for the proxy to prove itself on: every
+    forwarded request would be refused, so the operator says so instead of deploying it."""
+    ns, kube = kube_namespace, kube_cluster
+    spec = {k: v for k, v in GUARDED_SPEC.items() if k != "listeners"}
+    kube.create(CLUSTERS.format(ns=ns), cluster_manifest("demo", ns, spec))
+    path = f"{CLUSTERS.format(ns=ns)}/demo"
+    degraded = await settle(
+        lambda: (
+            (found := condition_of(kube.get(path), "Degraded")) and found[0] == "True" and found
+        ),
+        what="Degraded",
+    )
+    assert degraded[1] == "InvalidSpec" and "needs spec.listeners" in degraded[2]
+    assert kube.get(f"{DEPLOYMENTS.format(ns=ns)}/demo-proxy") is None
