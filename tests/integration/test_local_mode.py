@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
+from harness.ports import free_port_run
 
 from kafscale.broker.child_process import KAFSCALE
 from kafscale.broker.metadata.embedded_etcd import EmbeddedEtcd, etcd_pids_on, free_port
@@ -26,22 +27,6 @@ pytestmark = pytest.mark.integration
 def free_port_pair() -> int:
     """A port p with p + 1 free too (local brokers listen on consecutive ports)."""
     return free_port_run(2)
-
-
-def free_port_run(count: int) -> int:
-    """A port p with p + 1 ... p + count - 1 free too."""
-    import socket
-
-    for _ in range(50):
-        port = free_port()
-        try:
-            for offset in range(1, count):
-                with socket.socket() as probe:
-                    probe.bind(("127.0.0.1", port + offset))
-        except OSError:
-            continue
-        return port
-    raise RuntimeError(f"no {count} consecutive free ports")
 
 
 def start_local(data_dir: Path, port: int, brokers: int, log: Path) -> subprocess.Popen[bytes]:

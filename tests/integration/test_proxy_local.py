@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import socket
 import subprocess
 import sys
 import time
@@ -20,31 +19,17 @@ import pytest
 from confluent_kafka import KafkaError, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 from harness.kafka_wire import API_VERSIONS, KafkaWire
+from harness.ports import free_port_run
 from harness.tls import make_pki
 from integration.test_local_mode import consume, stop_with_ctrl_c
 
 from kafscale.broker.child_process import KAFSCALE
-from kafscale.broker.metadata.embedded_etcd import free_port
 
 pytestmark = pytest.mark.integration
 
 
-def free_ports(count: int) -> int:
-    """A port p with p + 1 ... p + count - 1 free too."""
-    for _ in range(50):
-        port = free_port()
-        try:
-            for offset in range(1, count):
-                with socket.socket() as probe:
-                    probe.bind(("127.0.0.1", port + offset))
-        except OSError:
-            continue
-        return port
-    raise RuntimeError(f"no {count} consecutive free ports")
-
-
 def test_local_with_proxy_serves_clients_through_one_port(tmp_path: Path) -> None:
-    port = free_ports(4)
+    port = free_port_run(4)
     log = tmp_path / "local.log"
     process = subprocess.Popen(
         [
@@ -83,7 +68,7 @@ def test_local_proxy_with_sasl_ssl_and_acls_guards_the_brokers_behind_it(tmp_pat
     """``kafscale local --proxy`` with a SASL_SSL listener and the authorizer on: clients log
     in at the proxy and get their own ACLs; the broker behind it takes only the proxy's
     certificate (made at start-up), so no one else may reach it, let alone forward."""
-    port = free_ports(2)
+    port = free_port_run(2)
     pki = make_pki(tmp_path / "pki")
     log = tmp_path / "local.log"
     process = subprocess.Popen(
