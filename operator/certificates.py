@@ -1,7 +1,9 @@
 """Which certificates a cluster needs, as cert-manager objects or as operator-made Secrets. Pure.
 
 A cluster with a TLS listener needs a broker server certificate (Secret
-``<cluster>-broker-tls``) from the cluster CA (``<cluster>-ca``); a managed etcd with
+``<cluster>-broker-tls``) from the cluster CA (``<cluster>-ca``); a proxy in front of brokers
+with the authorizer on, a client certificate (``<cluster>-proxy-client-tls``, subject
+``CN=kafscale-proxy,O=kafscale``) from the same CA; a managed etcd with
 ``tls: true`` needs a server/peer certificate (``<cluster>-etcd-server-tls``) and a client
 certificate (``<cluster>-etcd-client-tls``) from the etcd CA (``<cluster>-etcd-ca``). Every
 Secret holds ``tls.crt``, ``tls.key`` and ``ca.crt``, the layout of cert-manager's Secrets, so
@@ -49,6 +51,9 @@ class LeafRequest:
     server: bool
     client: bool
     component: str
+    # Whether cert-manager puts O=kafscale in the subject as the operator's own PKI always does:
+    # where the subject is a principal, it must not depend on who issued the certificate.
+    organization: bool = False
 
 
 def kafka_ca(ref: ClusterRef) -> CaRequest:
@@ -70,7 +75,7 @@ def etcd_ca(ref: ClusterRef) -> CaRequest:
 def leaf_requests(ref: ClusterRef, spec: KafScaleClusterSpec) -> list[LeafRequest]:
     """Every leaf certificate the spec needs (none: no TLS listener, no etcd TLS)."""
     leaves: list[LeafRequest] = []
-    if spec.tls_listeners:
+    if spec.needs_broker_certificate:
         leaves.append(
             LeafRequest(
                 naming.broker_tls_secret_name(ref.name),
@@ -80,6 +85,19 @@ def leaf_requests(ref: ClusterRef, spec: KafScaleClusterSpec) -> list[LeafReques
                 server=True,
                 client=False,
                 component=naming.BROKER,
+            )
+        )
+    if spec.proxy_internal_tls:
+        leaves.append(
+            LeafRequest(
+                naming.proxy_client_secret_name(ref.name),
+                kafka_ca(ref),
+                naming.PROXY_COMMON_NAME,  # the subject is the proxy's principal
+                (),
+                server=False,
+                client=True,
+                component=naming.PROXY,
+                organization=True,
             )
         )
     if managed_tls(spec):
@@ -222,6 +240,8 @@ def build_cert_manager_objects(ref: ClusterRef, spec: KafScaleClusterSpec) -> li
             "privateKey": _private_key(),
             "issuerRef": _issuer_ref(leaf.ca.issuer_name),
         }
+        if leaf.organization:
+            leaf_spec["subject"] = {"organizations": [naming.APP]}
         dns = [h for h in leaf.hosts if not h[0].isdigit()]
         ips = [h for h in leaf.hosts if h[0].isdigit()]
         if dns:
@@ -254,6 +274,7 @@ def cert_manager_object_ids(ref: ClusterRef) -> list[tuple[str, str, str]]:
     certificates = [
         naming.ca_secret_name(name),
         naming.broker_tls_secret_name(name),
+        naming.proxy_client_secret_name(name),
         naming.etcd_ca_secret_name(name),
         naming.etcd_server_secret_name(name),
         naming.etcd_client_secret_name(name),

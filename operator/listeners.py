@@ -18,6 +18,7 @@ import json
 from typing import Any
 
 from kafscale.operator import naming
+from kafscale.operator.brokerconfig import InvalidBrokerConfig
 from kafscale.operator.models import (
     ClusterRef,
     KafScaleClusterSpec,
@@ -80,7 +81,7 @@ def listener_environment(spec: KafScaleClusterSpec) -> dict[str, str]:
         return {}
     internal = naming.INTERNAL_LISTENER
     binds = [f"{internal}://:{naming.INTERNAL_PORT}"]
-    protocols = [f"{internal}:PLAINTEXT"]
+    protocols = [f"{internal}:{internal_protocol(spec)}"]
     for listener in spec.listeners:
         binds.append(f"{kafka_name(listener)}://:{listener.port}")
         protocols.append(f"{kafka_name(listener)}:{listener.security_protocol}")
@@ -89,10 +90,11 @@ def listener_environment(spec: KafScaleClusterSpec) -> dict[str, str]:
         "KAFSCALE_LISTENER_SECURITY_PROTOCOL_MAP": ",".join(protocols),
         "KAFSCALE_INTERNAL_LISTENER_NAME": internal,
     }
-    if spec.tls_listeners:
+    if spec.needs_broker_certificate:
         env["KAFSCALE_TLS__CERT_FILE"] = f"{naming.BROKER_TLS_DIR}/{naming.TLS_CERT_KEY}"
         env["KAFSCALE_TLS__KEY_FILE"] = f"{naming.BROKER_TLS_DIR}/{naming.TLS_KEY_KEY}"
-    mtls = [
+    mtls = [internal] if spec.proxy_internal_tls else []
+    mtls += [
         kafka_name(lst) for lst in spec.listeners if _auth(lst) == ListenerAuthenticationType.TLS
     ]
     if mtls:
@@ -101,7 +103,30 @@ def listener_environment(spec: KafScaleClusterSpec) -> dict[str, str]:
     mechanisms = sasl_mechanisms(spec)
     if mechanisms:
         env["KAFSCALE_SASL__ENABLED_MECHANISMS"] = json.dumps(mechanisms)
+    env.update(proxy_trust_environment(spec))
     return env
+
+
+def internal_protocol(spec: KafScaleClusterSpec) -> str:
+    """SSL (client certificates required) when the proxy must prove who it is, else PLAINTEXT."""
+    return "SSL" if spec.proxy_internal_tls else "PLAINTEXT"
+
+
+def proxy_trust_environment(spec: KafScaleClusterSpec) -> dict[str, str]:
+    """The proxy's principal among the super users (with ``authorizer.super_users`` from
+    ``spec.brokers.config`` kept), so brokers trust the client principals it forwards."""
+    if not spec.proxy_internal_tls:
+        return {}
+    given = spec.brokers.config.get("authorizer.super_users", "").strip()
+    try:
+        users = [str(user) for user in json.loads(given)] if given else []
+    except (ValueError, TypeError) as exc:
+        raise InvalidBrokerConfig(
+            "brokers.config['authorizer.super_users'] must be a JSON list of principals"
+        ) from exc
+    if naming.PROXY_PRINCIPAL not in users:
+        users.append(naming.PROXY_PRINCIPAL)
+    return {"KAFSCALE_AUTHORIZER__SUPER_USERS": json.dumps(users)}
 
 
 def pod_dns_domain(namespace: str) -> str:
@@ -113,7 +138,9 @@ def advertise_command(ref: ClusterRef, spec: KafScaleClusterSpec) -> list[str]:
     (bracketed when IPv6) and the pod's DNS name on the others, then ``exec`` the broker (the
     shell is replaced: the broker is the container's process and gets SIGTERM itself). ``$$``
     keeps Kubernetes from expanding ``$(...)`` itself."""
-    advertised = [f"{naming.INTERNAL_LISTENER}://$host:{naming.INTERNAL_PORT}"]
+    # Over TLS the proxy checks the host name: the pod's DNS name is in the certificate.
+    internal_host = "$dns" if spec.proxy_internal_tls else "$host"
+    advertised = [f"{naming.INTERNAL_LISTENER}://{internal_host}:{naming.INTERNAL_PORT}"]
     advertised += [f"{kafka_name(lst)}://$dns:{lst.port}" for lst in spec.listeners]
     script = (
         f'ip="${{{POD_IP_VAR}}}"; '
@@ -174,12 +201,16 @@ def broker_tls_mount() -> dict[str, Any]:
     return {"name": "tls", "mountPath": naming.BROKER_TLS_DIR, "readOnly": True}
 
 
-def listener_status(ref: ClusterRef, spec: KafScaleClusterSpec) -> list[ListenerStatus] | None:
-    """``status.listeners`` (Strimzi's shape): each listener's bootstrap address on the brokers'
-    Service and, for TLS ones, the Secret holding the CA clients trust. None without listeners."""
+def listener_status(
+    ref: ClusterRef, spec: KafScaleClusterSpec, proxy_ready: bool = True
+) -> list[ListenerStatus] | None:
+    """``status.listeners`` (Strimzi's shape): each listener's bootstrap address (on the
+    proxy's Service when the proxy is enabled and ready, as ``status.bootstrap``, else the
+    brokers') and, for TLS ones, the Secret holding the CA clients trust. None without
+    listeners."""
     if not spec.listeners:
         return None
-    host = naming.service_host(naming.broker_service_name(ref.name), ref.namespace)
+    host = naming.bootstrap_host(ref, spec, proxy_ready)
     return [
         ListenerStatus(
             name=lst.name,

@@ -12,7 +12,7 @@ import hashlib
 import json
 from typing import Any
 
-from kafscale.operator import certificates, etcd_security, listeners, naming
+from kafscale.operator import certificates, etcd_security, listeners, naming, proxy_listeners
 from kafscale.operator.brokerconfig import InvalidBrokerConfig, broker_config_env
 from kafscale.operator.models import (
     ClusterRef,
@@ -131,6 +131,11 @@ def broker_environment(ref: ClusterRef, spec: KafScaleClusterSpec) -> dict[str, 
         raise InvalidBrokerConfig(
             f"brokers.config[{clash[0]!r}] is set by the operator (spec.listeners, etcd.tls)"
         )
+    if spec.proxy.enabled and spec.authorizer_enabled and not spec.listeners:
+        raise InvalidBrokerConfig(
+            "authorizer.enabled with the proxy needs spec.listeners: the proxy proves who it "
+            "is on the brokers' internal listener, which only exists with listeners"
+        )
     env.update(listeners.listener_environment(spec))
     env.update(etcd_security.etcd_client_environment(spec))
     return dict(sorted(env.items()))
@@ -182,12 +187,12 @@ def _pod_common(spec: KafScaleClusterSpec) -> dict[str, Any]:
 
 def _tls_volumes(ref: ClusterRef, spec: KafScaleClusterSpec) -> list[dict[str, Any]]:
     """Certificate Secrets of broker and proxy pods: the listeners' and etcd's client one."""
-    volumes = [listeners.broker_tls_volume(ref)] if spec.tls_listeners else []
+    volumes = [listeners.broker_tls_volume(ref)] if spec.needs_broker_certificate else []
     return volumes + etcd_security.etcd_client_volumes(ref, spec)
 
 
 def _tls_mounts(spec: KafScaleClusterSpec) -> list[dict[str, Any]]:
-    mounts = [listeners.broker_tls_mount()] if spec.tls_listeners else []
+    mounts = [listeners.broker_tls_mount()] if spec.needs_broker_certificate else []
     return mounts + etcd_security.etcd_client_mounts(spec)
 
 
@@ -345,14 +350,14 @@ def build_proxy_deployment(ref: ClusterRef, spec: KafScaleClusterSpec) -> Manife
         "imagePullPolicy": spec.image_pull_policy,
         "args": ["proxy"],
         "ports": [
-            {"name": "kafka", "containerPort": naming.KAFKA_PORT, "protocol": "TCP"},
+            *proxy_listeners.proxy_container_ports(spec),
             {"name": "admin", "containerPort": naming.ADMIN_PORT, "protocol": "TCP"},
         ],
         # The cluster and etcd variables the brokers get (the proxy ignores the rest).
         "envFrom": [{"configMapRef": {"name": naming.config_map_name(ref.name)}}],
         "env": [
             *_pod_env(spec)[:1],  # the pod name; the proxy needs no storage credentials
-            *proxy_environment(ref),
+            *proxy_environment(ref, spec),
         ],
         "resources": _resources(spec.proxy.resources, DEFAULT_PROXY_RESOURCES),
         # Ready once its routing tables are loaded from etcd and some broker is registered.
@@ -367,8 +372,17 @@ def build_proxy_deployment(ref: ClusterRef, spec: KafScaleClusterSpec) -> Manife
             "failureThreshold": 3,
         },
         "securityContext": container_security_context(),
-        "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}, *_tls_mounts(spec)],
+        "volumeMounts": [
+            {"name": "tmp", "mountPath": "/tmp"},
+            *_tls_mounts(spec),
+            *proxy_listeners.proxy_client_mounts(spec),
+        ],
     }
+    volumes = [
+        {"name": "tmp", "emptyDir": {}},
+        *_tls_volumes(ref, spec),
+        *proxy_listeners.proxy_client_volumes(ref, spec),
+    ]
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
@@ -386,7 +400,7 @@ def build_proxy_deployment(ref: ClusterRef, spec: KafScaleClusterSpec) -> Manife
                 "spec": {
                     **_pod_common(spec),
                     "containers": [container],
-                    "volumes": [{"name": "tmp", "emptyDir": {}}, *_tls_volumes(ref, spec)],
+                    "volumes": volumes,
                     **_spread(ref, naming.PROXY),
                 },
             },
@@ -394,19 +408,10 @@ def build_proxy_deployment(ref: ClusterRef, spec: KafScaleClusterSpec) -> Manife
     }
 
 
-def proxy_environment(ref: ClusterRef) -> list[dict[str, str]]:
-    """Every proxy replica advertises the proxy's Service: clients may reach any of them.
-
-    The proxy reads the broker's listener settings under the same names, and the shared
-    ConfigMap holds the brokers' (``spec.listeners``): blank ``listeners`` here (a container's
-    ``env`` wins over ``envFrom``) keeps the proxy on its one PLAINTEXT port, not the brokers'."""
-    host = naming.service_host(naming.proxy_name(ref.name), ref.namespace)
-    return [
-        {"name": "KAFSCALE_LISTENER__ADVERTISED_HOST", "value": host},
-        {"name": "KAFSCALE_LISTENER__ADVERTISED_PORT", "value": str(naming.KAFKA_PORT)},
-        {"name": "KAFSCALE_LISTENERS", "value": ""},
-        {"name": "KAFSCALE_ADVERTISED_LISTENERS", "value": ""},
-    ]
+def proxy_environment(ref: ClusterRef, spec: KafScaleClusterSpec) -> list[dict[str, str]]:
+    """The proxy's own variables over the shared ConfigMap: see :mod:`proxy_listeners`."""
+    values = proxy_listeners.proxy_environment_values(ref, spec)
+    return [{"name": name, "value": value} for name, value in values.items()]
 
 
 def build_proxy_pdb(ref: ClusterRef, spec: KafScaleClusterSpec) -> Manifest:
@@ -429,14 +434,7 @@ def build_proxy_service(ref: ClusterRef, spec: KafScaleClusterSpec) -> Manifest:
         "spec": {
             "type": spec.proxy.service_type,
             "selector": naming.selector_labels(ref.name, naming.PROXY),
-            "ports": [
-                {
-                    "name": "kafka",
-                    "port": naming.KAFKA_PORT,
-                    "targetPort": "kafka",
-                    "protocol": "TCP",
-                }
-            ],
+            "ports": proxy_listeners.proxy_service_ports(spec),
         },
     }
 

@@ -354,6 +354,10 @@ class ListenerSpec(_Model):
         return "SSL" if self.tls else "PLAINTEXT"
 
 
+# Spellings of true pydantic accepts for a boolean setting (brokers.config values are strings).
+TRUE_WORDS = frozenset({"true", "1", "yes", "on", "t", "y"})
+
+
 class DeletionPolicy(StrEnum):
     RETAIN = "Retain"
     DELETE = "Delete"
@@ -380,8 +384,10 @@ class KafScaleClusterSpec(_Model):
         default_factory=list,
         max_length=8,
         description="Kafka listeners of every broker. Empty: one PLAINTEXT listener on 9092 "
-        "(as before). Set: these, plus an internal PLAINTEXT listener on 9091 that only this "
-        "cluster's pods and the operator may reach (the proxy's way in).",
+        "(as before). Set: these, plus an internal listener on 9091 that only this cluster's "
+        "pods and the operator may reach (the proxy's way in; mTLS with the proxy's "
+        "certificate when the proxy and the authorizer are on). With the proxy enabled, the "
+        "proxy's Service serves these listeners too, and status names it.",
         json_schema_extra={
             "x-kubernetes-list-type": "map",
             "x-kubernetes-list-map-keys": ["name"],
@@ -412,8 +418,26 @@ class KafScaleClusterSpec(_Model):
 
     @property
     def tls_listeners(self) -> bool:
-        """Whether any listener serves TLS (the cluster then needs a broker certificate)."""
+        """Whether any listener serves TLS."""
         return any(listener.tls for listener in self.listeners)
+
+    @property
+    def authorizer_enabled(self) -> bool:
+        """Whether ``spec.brokers.config`` turns the brokers' ACL authorizer on."""
+        value = self.brokers.config.get("authorizer.enabled", "")
+        return value.strip().lower() in TRUE_WORDS
+
+    @property
+    def proxy_internal_tls(self) -> bool:
+        """Whether the proxy reaches the brokers' internal listener over mTLS: with listeners,
+        the proxy and the authorizer on, the brokers must know the proxy (its certificate) to
+        trust the client principals it forwards; a PLAINTEXT proxy would be anonymous."""
+        return bool(self.listeners) and self.proxy.enabled and self.authorizer_enabled
+
+    @property
+    def needs_broker_certificate(self) -> bool:
+        """Whether the brokers serve TLS anywhere (a TLS listener or the mTLS internal one)."""
+        return self.tls_listeners or self.proxy_internal_tls
 
 
 class ConditionStatus(StrEnum):

@@ -39,8 +39,15 @@ ETCD_CLIENT_PORT = 2379
 ETCD_PEER_PORT = 2380
 ETCD_METRICS_PORT = 2381  # plain-HTTP /readyz, /livez and /metrics of an etcd serving TLS
 
+# The proxy's identity on the brokers' internal listener (its client certificate's subject).
+PROXY_COMMON_NAME = "kafscale-proxy"
+# The subject is O=kafscale, CN=... (pki's, and cert-manager's with subject.organizations);
+# the broker names it in RFC 4514 order, last attribute first.
+PROXY_PRINCIPAL = f"User:CN={PROXY_COMMON_NAME},O={APP}"
+
 # Where certificate Secrets are mounted in the pods.
 BROKER_TLS_DIR = "/etc/kafscale/tls"
+PROXY_CLIENT_TLS_DIR = "/etc/kafscale/proxy-client-tls"
 ETCD_CLIENT_TLS_DIR = "/etc/kafscale/etcd-tls"
 ETCD_SERVER_TLS_DIR = "/etc/etcd/tls"
 # Keys of every certificate Secret (those of cert-manager's and of kubernetes.io/tls Secrets).
@@ -121,6 +128,11 @@ def broker_tls_secret_name(cluster: str) -> str:
     return f"{cluster}-broker-tls"
 
 
+def proxy_client_secret_name(cluster: str) -> str:
+    """The client certificate the proxy presents on the brokers' internal listener."""
+    return f"{cluster}-proxy-client-tls"
+
+
 def etcd_ca_secret_name(cluster: str) -> str:
     return f"{cluster}-etcd-ca"
 
@@ -199,8 +211,11 @@ def broker_service_port(spec: KafScaleClusterSpec) -> int:
 
 def bootstrap_address(ref: ClusterRef, spec: KafScaleClusterSpec, proxy_ready: bool = True) -> str:
     """The proxy's Service when the proxy is enabled and ready, else the brokers' Service."""
-    use_proxy = spec.proxy.enabled and proxy_ready
-    if use_proxy:
-        return f"{service_host(proxy_name(ref.name), ref.namespace)}:{KAFKA_PORT}"
-    host = service_host(broker_service_name(ref.name), ref.namespace)
-    return f"{host}:{broker_service_port(spec)}"
+    return f"{bootstrap_host(ref, spec, proxy_ready)}:{broker_service_port(spec)}"
+
+
+def bootstrap_host(ref: ClusterRef, spec: KafScaleClusterSpec, proxy_ready: bool = True) -> str:
+    """The Service clients bootstrap from: the proxy's when enabled and ready (it serves the
+    same ports as the brokers' Service: the listeners', else 9092), else the brokers'."""
+    service = proxy_name(ref.name) if spec.proxy.enabled and proxy_ready else None
+    return service_host(service or broker_service_name(ref.name), ref.namespace)

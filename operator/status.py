@@ -246,7 +246,7 @@ def compute_cluster_status(
         bootstrap=naming.bootstrap_address(ref, spec, proxy_ready(observed.proxy_deployment)),
         cluster_name=naming.kafscale_cluster_name(ref, spec),
         leases=observed.leases,
-        listeners=listener_status(ref, spec),
+        listeners=listener_status(ref, spec, proxy_ready(observed.proxy_deployment)),
     )
 
 

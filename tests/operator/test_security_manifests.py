@@ -164,7 +164,9 @@ def test_ports_services_and_the_start_command(tmp_path: Path) -> None:
 
 
 def test_listener_status_says_where_to_connect() -> None:
-    statuses = listeners.listener_status(REF, parse_cluster_spec(SECURED))
+    """Before the proxy is ready (or without it) the listeners are the brokers' Service's;
+    tests/operator/test_proxy_security.py covers the proxy's."""
+    statuses = listeners.listener_status(REF, parse_cluster_spec(SECURED), proxy_ready=False)
     assert statuses is not None
     assert [s.to_api() for s in statuses] == [
         {

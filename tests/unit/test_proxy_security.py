@@ -325,12 +325,12 @@ def test_a_sasl_upstream_needs_the_proxys_credentials() -> None:
 # --- on Kubernetes: the shared ConfigMap holds the brokers' listeners ---------------------------
 
 
-def test_a_proxy_pod_keeps_its_own_listener_beside_the_brokers_configmap(
+def test_a_proxy_pod_serves_the_clusters_listeners_beside_the_brokers_configmap(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """The proxy reads the broker's listener settings under the same names; its Deployment
-    blanks the ConfigMap's (the brokers' spec.listeners) so it serves its one port, and would
-    not look for the brokers' certificate files."""
+    sets the client listeners (the brokers' without INTERNAL) and their per-listener client
+    auth over the ConfigMap's, and advertises the proxy's Service on each."""
     spec = parse_cluster_spec(
         {
             "storage": {"bucket": "bucket-1"},
@@ -352,6 +352,9 @@ def test_a_proxy_pod_keeps_its_own_listener_beside_the_brokers_configmap(
     for item in container["env"]:  # env wins over envFrom
         if "value" in item:
             monkeypatch.setenv(item["name"], item["value"])
-    assert "KAFSCALE_LISTENERS" in manifests.broker_environment(ref, spec)
-    (listener,) = ProxySettings().listener_plan()
-    assert (listener.port, listener.protocol) == (9092, SecurityProtocol.PLAINTEXT)
+    plan = {lst.name: lst for lst in ProxySettings().listener_plan()}
+    assert {n: (lst.port, lst.protocol) for n, lst in plan.items()} == {
+        "EXTERNAL": (9093, SecurityProtocol.SSL),
+        "MTLS": (9094, SecurityProtocol.SSL),
+    }
+    assert {lst.advertised_host for lst in plan.values()} == {"demo-proxy.kafka.svc"}
