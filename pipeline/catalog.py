@@ -25,6 +25,7 @@ from kafscale.broker.metadata.partition_state import (
     is_committed_segment,
     time_scan_start,
 )
+from kafscale.broker.metadata.partition_txns import last_stable_offset
 from kafscale.broker.storage.factory import open_object_store
 from kafscale.broker.storage.object_store import ObjectNotFound, ObjectStore, ObjectStoreError
 from kafscale.broker.storage.segments import SegmentCorrupt, decode_segment
@@ -134,7 +135,8 @@ class Catalog:
                     info.topic_id,
                     partition,
                     state.log_start_offset,
-                    state.high_watermark,
+                    last_stable_offset(state),
+                    state.aborted_txns,
                 )
                 entries.append(PartitionEntry(view, state))
         return entries
