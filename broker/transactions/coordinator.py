@@ -37,8 +37,9 @@ from kafscale.broker.metadata import keys
 from kafscale.broker.metadata.cluster import BrokerInfo, ClusterView
 from kafscale.broker.metadata.etcd import Etcd, MetadataUnavailable, SessionLease
 from kafscale.broker.protocol.errors import ErrorCode, NotCoordinator
+from kafscale.broker.proxy.upstream import UpstreamLink
 from kafscale.broker.transactions import state
-from kafscale.broker.transactions.markers import Marker, MarkerWriter
+from kafscale.broker.transactions.markers import PLAINTEXT_LINK, Marker, MarkerWriter
 from kafscale.broker.transactions.state import (
     InitAction,
     Recovery,
@@ -112,7 +113,10 @@ class InitResult:
 
 
 class TransactionCoordinator:
-    def __init__(self, host: TxnHost, settings: TransactionSettings) -> None:
+    def __init__(
+        self, host: TxnHost, settings: TransactionSettings, link: UpstreamLink = PLAINTEXT_LINK
+    ) -> None:
+        """``link``: how markers reach partition owners (the inter-broker listener's security)."""
         self._host = host
         self.settings = settings
         self.store = TxnStore(host.etcd, host.cluster)
@@ -123,7 +127,9 @@ class TransactionCoordinator:
             prefix=keys.transaction_leases_prefix(host.cluster),
             key_of=keys.transaction_lease_key,
         )
-        self._markers = MarkerWriter(_Routing(host), timeout_s=max(host.etcd.timeout_s, 5.0))
+        self._markers = MarkerWriter(
+            _Routing(host), timeout_s=max(host.etcd.timeout_s, 5.0), link=link
+        )
         self._fences: dict[str, Fence] = {}
         self._locks: dict[str, asyncio.Lock] = {}
         self._completions: dict[str, asyncio.Task[None]] = {}
@@ -148,6 +154,7 @@ class TransactionCoordinator:
             async with asyncio.timeout(self._host.etcd.timeout_s):
                 await asyncio.gather(*(self._leases.release(f) for f in fences))
         await self._leases.close()
+        await self._markers.close()
 
     # --- finding the coordinator ----------------------------------------------------------
 
