@@ -300,6 +300,13 @@ class TransactionSettings(_Section):
             ".interval.ms)."
         ),
     )
+    id_expiration_ms: int = Field(
+        7 * 24 * 3600 * 1000,
+        ge=1,
+        description="transactional.id.expiration.ms: a transactional id with no transaction "
+        "in flight and unused this long loses its record (its producer's next "
+        "InitProducerId gets a new producer id); checked every check_interval_ms.",
+    )
 
 
 class TlsSettings(_Section):

@@ -429,9 +429,11 @@ class TransactionCoordinator:
             return
         me = self._host.node_id
         now = now_ms()
+        expiration_ms = self.settings.id_expiration_ms
         for meta in await self.store.list_all():
             txn_id = meta.transactional_id
-            if state.recovery_action(meta, now) is Recovery.NOTHING:
+            expire = state.expired(meta, now, expiration_ms)
+            if not expire and state.recovery_action(meta, now) is Recovery.NOTHING:
                 continue
             if txn_id in self._completions:
                 continue
@@ -439,7 +441,7 @@ class TransactionCoordinator:
             if chosen is None or chosen.node_id != me:
                 continue
             with contextlib.suppress(NotCoordinator):
-                await self._recover(txn_id)
+                await (self._expire(txn_id) if expire else self._recover(txn_id))
 
     async def _recover(self, transactional_id: str) -> None:
         async with self._lock(transactional_id):
@@ -458,6 +460,20 @@ class TransactionCoordinator:
             else:
                 log.info("resuming transaction %s in %s", transactional_id, meta.state.value)
             self._start_completion(meta, fence)
+
+    async def _expire(self, transactional_id: str) -> None:
+        """Delete the record of a transactional id unused for ``id_expiration_ms`` (checked again
+        under its lock and lease), then give its lease up: nobody reads it any more."""
+        async with self._lock(transactional_id):
+            fence = await self._fence(transactional_id)
+            stored = await self._load(transactional_id)
+            expiration_ms = self.settings.id_expiration_ms
+            if stored is None or not state.expired(stored.metadata, now_ms(), expiration_ms):
+                return
+            if await self.store.delete(transactional_id, fence, stored.mod_revision):
+                log.info("transactional id %s expired: its record is deleted", transactional_id)
+            self._fences.pop(transactional_id, None)
+            await self._leases.release(fence)
 
     # --- losing transactional ids -----------------------------------------------------------
 
