@@ -1,14 +1,15 @@
-"""Transactions on a cluster whose internal listener needs mTLS, with the authorizer on.
+"""Transactions on a cluster whose internal listener needs mTLS or SASL, with the authorizer on.
 
 Two broker processes, each with an ``INTERNAL`` SSL listener that requires a client certificate
 (their registered main address, where coordinators send WriteTxnMarkers) and a ``CLIENTS``
 PLAINTEXT listener for the client (``User:ANONYMOUS``, allowed its topic, group and
 transactional id, nothing on the cluster). The brokers present their own certificate to each
 other (``inter_broker.*`` unset: the internal listener's security, the ``tls.*`` files), whose
-principal is a super user. A confluent-kafka transactional producer commits and aborts; a
-read_committed consumer sees exactly the committed records, so every marker reached its
-partition. Before the inter-broker client, markers went in plain TCP and were refused: the
-commit never completed.
+principal is a super user; or, the second time, an ``INTERNAL`` SASL_PLAINTEXT listener where
+they log in as their own SCRAM user (``inter_broker.sasl_*``). A confluent-kafka
+transactional producer commits and aborts; a read_committed consumer sees exactly the committed
+records, so every marker reached its partition. Before the inter-broker client, markers went in
+plain TCP and were refused: the commit never completed.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from kafscale.broker.metadata.etcd import Etcd
 pytestmark = pytest.mark.integration
 
 BROKER_PRINCIPAL = "User:CN=localhost"  # the subject of the brokers' certificate
+BROKER_USER, BROKER_PW = "kafscale-broker", "broker-secret"  # the brokers' SCRAM user (SASL)
 PARTITIONS = 4
 
 
@@ -59,11 +61,14 @@ def _make_topic(etcd_url: str, cluster: str, name: str) -> None:
     asyncio.run(run())
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="module", params=["mtls", "sasl"])
 def secured_pair(
-    etcd_server: EmbeddedEtcd, s3_server: S3Endpoint, tmp_path_factory: pytest.TempPathFactory
+    request: pytest.FixtureRequest,
+    etcd_server: EmbeddedEtcd,
+    s3_server: S3Endpoint,
+    tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[SecuredPair]:
-    workdir = tmp_path_factory.mktemp("txn-security")
+    workdir = tmp_path_factory.mktemp(f"txn-security-{request.param}")
     pki = make_pki(workdir / "pki")
     bucket = unique_bucket("tsec")
     _create_bucket(s3_server, bucket)
@@ -90,6 +95,24 @@ def secured_pair(
             "--operation",
             "ALL",
         )
+    security: dict[str, str]
+    if request.param == "mtls":
+        security = {
+            "KAFSCALE_LISTENER_SECURITY_PROTOCOL_MAP": "INTERNAL:SSL,CLIENTS:PLAINTEXT",
+            "KAFSCALE_TLS__CLIENT_AUTH_OVERRIDES": "INTERNAL:required",
+            "KAFSCALE_TLS__CERT_FILE": str(pki.server.cert),
+            "KAFSCALE_TLS__KEY_FILE": str(pki.server.key),
+            "KAFSCALE_TLS__CA_FILE": str(pki.ca.cert_path),
+            "KAFSCALE_AUTHORIZER__SUPER_USERS": f'["{BROKER_PRINCIPAL}"]',
+        }
+    else:  # SASL: the brokers log in to each other as their own SCRAM user
+        _cli(etcd_url, name, "users", "create", BROKER_USER, "--password-stdin", stdin=BROKER_PW)
+        security = {
+            "KAFSCALE_LISTENER_SECURITY_PROTOCOL_MAP": "INTERNAL:SASL_PLAINTEXT,CLIENTS:PLAINTEXT",
+            "KAFSCALE_INTER_BROKER__SASL_USERNAME": BROKER_USER,
+            "KAFSCALE_INTER_BROKER__SASL_PASSWORD": BROKER_PW,
+            "KAFSCALE_AUTHORIZER__SUPER_USERS": f'["User:{BROKER_USER}"]',
+        }
     try:
         for index in range(2):
             internal, clients, admin = free_port(), free_port(), free_port()
@@ -99,15 +122,10 @@ def secured_pair(
                     admin,
                     KAFSCALE_LISTENERS=f"INTERNAL://127.0.0.1:{internal},"
                     f"CLIENTS://127.0.0.1:{clients}",
-                    KAFSCALE_LISTENER_SECURITY_PROTOCOL_MAP="INTERNAL:SSL,CLIENTS:PLAINTEXT",
                     KAFSCALE_INTERNAL_LISTENER_NAME="INTERNAL",
-                    KAFSCALE_TLS__CLIENT_AUTH_OVERRIDES="INTERNAL:required",
-                    KAFSCALE_TLS__CERT_FILE=str(pki.server.cert),
-                    KAFSCALE_TLS__KEY_FILE=str(pki.server.key),
-                    KAFSCALE_TLS__CA_FILE=str(pki.ca.cert_path),
                     KAFSCALE_AUTHORIZER__ENABLED="true",
-                    KAFSCALE_AUTHORIZER__SUPER_USERS=f'["{BROKER_PRINCIPAL}"]',
                     KAFSCALE_TRANSACTIONS__CHECK_INTERVAL_MS="200",
+                    **security,
                 ),
                 log_path=workdir / f"broker-{index}.log",
                 port=clients,
