@@ -49,6 +49,7 @@ from kafscale.broker.security.credentials import CredentialStore
 from kafscale.broker.security.inter_broker import (
     inter_broker_context,
     inter_broker_link,
+    missing_login,
     uses_own_certificate,
 )
 from kafscale.broker.security.listeners import Listener, advertised_address, internal_listener
@@ -176,6 +177,9 @@ class Broker:
             names = ", ".join(f"{e.listener.host}:{e.listener.port}" for e in endpoints)
             raise StartupError(f"cannot listen on {names}: {exc}") from exc
         self._inter_broker = inter_broker
+        problem = missing_login(self.settings)
+        if problem:
+            log.warning("%s", problem)
         if inter_broker is not None and uses_own_certificate(self.settings):
             contexts = [*contexts, inter_broker]  # renewed with the listeners' certificate
         if contexts:

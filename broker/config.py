@@ -403,7 +403,7 @@ class InterBrokerSettings(_Section):
 
     listener: str | None = Field(
         None,
-        examples=["INTERNAL"],
+        examples=["PLAINTEXT"],
         description="The other brokers' listener (by name) to connect to; None: the address "
         "they register as their main one (internal_listener_name).",
     )
@@ -415,7 +415,9 @@ class InterBrokerSettings(_Section):
         "CLUSTER_ACTION on the cluster, or to be a super user, under the authorizer.",
     )
     sasl_mechanism: str = Field(
-        "SCRAM-SHA-512", description="SCRAM-SHA-512, SCRAM-SHA-256 or PLAIN (SASL protocols)."
+        "SCRAM-SHA-512",
+        examples=["SCRAM-SHA-256"],
+        description="SCRAM-SHA-512, SCRAM-SHA-256 or PLAIN (SASL protocols).",
     )
     sasl_username: str | None = Field(None, description="The brokers' own user (SASL).")
     sasl_password: SecretStr | None = Field(None, description="That user's password.")
@@ -429,7 +431,9 @@ class InterBrokerSettings(_Section):
         description="PEM client certificate presented to other brokers (default: tls.cert_file, "
         "which then needs the client-auth usage where they require client certificates).",
     )
-    key_file: Path | None = Field(None, description="PEM private key of `cert_file`.")
+    key_file: Path | None = Field(
+        None, description="PEM private key of `cert_file` (the two go together)."
+    )
     check_hostname: bool = Field(
         True, description="Check that a broker's certificate names the host it registered."
     )
@@ -440,8 +444,6 @@ class InterBrokerSettings(_Section):
             raise ValueError(
                 f"inter_broker.sasl_mechanism must be one of {INTER_BROKER_MECHANISMS}"
             )
-        if bool(self.cert_file) != bool(self.key_file):
-            raise ValueError("inter_broker.cert_file and inter_broker.key_file go together")
         return self
 
 
@@ -508,12 +510,7 @@ class BrokerSettings(BaseSettings):
         plan = self.listener_plan()
         internal_listener(plan, self.internal_listener_name)
         check_listener_tls(plan, self.tls)
-        protocol = self.inter_broker_protocol()
-        inter = self.inter_broker
-        if protocol.uses_sasl and not (inter.sasl_username and inter.sasl_password):
-            raise ValueError(
-                f"inter-broker {protocol} needs inter_broker.sasl_username and sasl_password"
-            )
+        self.inter_broker_protocol()
         return self
 
     def inter_broker_protocol(self) -> SecurityProtocol:

@@ -15,7 +15,7 @@ import ssl
 from kafscale.broker.config import BrokerSettings
 from kafscale.broker.proxy.login import SaslLogin
 from kafscale.broker.proxy.upstream import UpstreamLink
-from kafscale.broker.security.tls import client_context
+from kafscale.broker.security.tls import TlsConfigError, client_context
 
 
 def uses_own_certificate(settings: BrokerSettings) -> bool:
@@ -37,15 +37,32 @@ def inter_broker_context(settings: BrokerSettings) -> ssl.SSLContext | None:
         return None
     inter, tls = settings.inter_broker, settings.tls
     cert_file, key_file = inter.cert_file, inter.key_file
+    if bool(cert_file) != bool(key_file):
+        raise TlsConfigError("inter_broker.cert_file and inter_broker.key_file go together")
     if cert_file is None:
         cert_file, key_file = tls.cert_file, tls.key_file
     return client_context(inter.ca_file or tls.ca_file, cert_file, key_file, inter.check_hostname)
 
 
-def inter_broker_login(settings: BrokerSettings) -> SaslLogin | None:
-    """The broker's SASL login to other brokers (None unless their listener is SASL)."""
+def missing_login(settings: BrokerSettings) -> str | None:
+    """Why this broker cannot log in to the others (None: it can, or needs not). Not a start-up
+    error: a broker whose only listener is SASL served before there were transactions, and
+    serves everything else still; its coordinator's markers are refused until this is set."""
     inter = settings.inter_broker
-    if not settings.inter_broker_protocol().uses_sasl:
+    protocol = settings.inter_broker_protocol()
+    if protocol.uses_sasl and not (inter.sasl_username and inter.sasl_password):
+        return (
+            f"the brokers' {protocol} listener needs inter_broker.sasl_username and "
+            "sasl_password: transactions cannot be completed (their markers are refused)"
+        )
+    return None
+
+
+def inter_broker_login(settings: BrokerSettings) -> SaslLogin | None:
+    """The broker's SASL login to other brokers (None unless their listener is SASL and the
+    credentials are set)."""
+    inter = settings.inter_broker
+    if not settings.inter_broker_protocol().uses_sasl or missing_login(settings):
         return None
     assert inter.sasl_username is not None and inter.sasl_password is not None
     password = inter.sasl_password.get_secret_value()
