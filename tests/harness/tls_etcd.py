@@ -1,5 +1,6 @@
-"""A real etcd serving ``https://`` with client-certificate authentication, for tests of the
-parts that connect to a secured etcd (brokers, the Spark source).
+"""A real etcd serving ``https://`` with client-certificate authentication, or plain HTTP with
+username/password authentication, for tests of the parts that connect to a secured etcd
+(brokers, the Spark source).
 
 The certificates come from ``harness.tls.make_pki``: etcd's is the PKI's server certificate
 (127.0.0.1/localhost), clients present ``alice`` (trusted) or ``stranger`` (another CA).
@@ -87,3 +88,64 @@ async def _wait_until_serving(server: TlsEtcd, timeout_s: float = 30) -> None:
             continue
         await etcd.close()
         return
+
+
+AUTH_USER, AUTH_PASSWORD = "kafscale", "etcd-s3cret"
+
+
+@contextmanager
+def running_auth_etcd(directory: Path) -> Iterator[str]:
+    """etcd with authentication enabled: ``AUTH_USER`` may read and write ``/kafscale``."""
+    directory.mkdir(parents=True, exist_ok=True)
+    client, peer = free_port(), free_port()
+    url = f"http://127.0.0.1:{client}"
+    binary = find_etcd_binary()
+    process = subprocess.Popen(
+        [
+            str(binary),
+            f"--data-dir={directory / 'etcd'}",
+            f"--listen-client-urls={url}",
+            f"--advertise-client-urls={url}",
+            f"--listen-peer-urls=http://127.0.0.1:{peer}",
+            f"--initial-advertise-peer-urls=http://127.0.0.1:{peer}",
+            f"--initial-cluster=default=http://127.0.0.1:{peer}",
+            "--heartbeat-interval=10",
+            "--election-timeout=100",
+            "--unsafe-no-fsync",
+        ],
+        stdout=(directory / "etcd.log").open("ab"),
+        stderr=subprocess.STDOUT,
+    )
+    try:
+        etcdctl = str(binary.with_name("etcdctl"))
+        for command in (
+            ["user", "add", "root:root-pw"],
+            ["user", "add", f"{AUTH_USER}:{AUTH_PASSWORD}"],
+            ["role", "add", "kafscale"],
+            ["role", "grant-permission", "kafscale", "--prefix=true", "readwrite", "/kafscale"],
+            ["user", "grant-role", AUTH_USER, "kafscale"],
+            ["auth", "enable"],
+        ):
+            _etcdctl(etcdctl, url, command)
+        yield url
+    finally:
+        process.kill()
+        process.wait(10)
+
+
+def _etcdctl(etcdctl: str, url: str, command: list[str], timeout_s: float = 30) -> None:
+    """Runs one etcdctl command, retried while etcd is still starting."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        done = subprocess.run(
+            [etcdctl, f"--endpoints={url}", "--dial-timeout=1s", *command],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
+        )
+        if done.returncode == 0:
+            return
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"etcdctl {' '.join(command)}: {done.stderr}")
+        time.sleep(0.2)

@@ -1,7 +1,9 @@
-"""The Spark source on an etcd that serves TLS and requires client certificates: the
+"""The Spark source on a secured etcd. With TLS and client certificates required, the
 ``etcd.ca_file``/``etcd.cert_file``/``etcd.key_file`` options (named like the broker's
 ``KAFSCALE_ETCD__*`` settings) let the driver plan; without a certificate, or with files that
-do not load, the query fails on the driver with a message saying what to check."""
+do not load, the query fails on the driver with a message saying what to check. With
+authentication on, ``etcd.username``/``etcd.password`` do the same; a wrong password fails
+on the driver."""
 
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ from confluent_kafka import Producer
 from harness.brokers import BrokerCluster
 from harness.s3 import S3Endpoint, unique_bucket
 from harness.spark import source_options
-from harness.tls_etcd import TlsEtcd, running_tls_etcd
+from harness.tls_etcd import AUTH_PASSWORD, AUTH_USER, TlsEtcd, running_auth_etcd, running_tls_etcd
 from harness.topics import create_topic
 
 # A SparkSession on two loaded cores: queries can take minutes.
@@ -33,6 +35,21 @@ def secured(
         )
         try:
             yield cluster, etcd
+        finally:
+            cluster.stop_all()
+
+
+@pytest.fixture
+def authenticated(
+    tmp_path: Path, s3_server: S3Endpoint, cluster_name: str
+) -> Iterator[BrokerCluster]:
+    with running_auth_etcd(tmp_path / "etcd-auth") as url:
+        bucket = unique_bucket("b")
+        s3_server.client().create_bucket(Bucket=bucket)
+        env = {"KAFSCALE_ETCD__USERNAME": AUTH_USER, "KAFSCALE_ETCD__PASSWORD": AUTH_PASSWORD}
+        cluster = BrokerCluster(url, s3_server, bucket, cluster_name, tmp_path, extra_env=env)
+        try:
+            yield cluster
         finally:
             cluster.stop_all()
 
@@ -85,3 +102,23 @@ def test_a_read_without_a_usable_client_certificate_is_a_clear_driver_error(
     missing = {**stranger, "etcd.cert_file": str(etcd.pki.ca.cert_path.with_name("nope.crt"))}
     with pytest.raises(Exception, match=r"etcd TLS: cannot read .*nope\.crt"):
         load(spark, missing).collect()
+
+
+def test_a_batch_read_logs_in_to_an_etcd_with_authentication(
+    spark: Any, authenticated: BrokerCluster
+) -> None:
+    broker = authenticated.start()
+    create_topic(broker.bootstrap, "logged-in", 1)
+    producer = Producer({"bootstrap.servers": broker.bootstrap, "linger.ms": 5})
+    for i in range(10):
+        producer.produce("logged-in", f"a{i}".encode())
+    assert producer.flush(30) == 0
+    options = {**source_options(authenticated), "subscribe": "logged-in", "etcd.timeout_s": "2"}
+    with pytest.raises(Exception, match=r"etcd at http://127.0.0.1:.* cannot be reached"):
+        load(spark, {**options, "etcd.username": AUTH_USER, "etcd.password": "wrong"}).collect()
+    rows = load(
+        spark, {**options, "etcd.username": AUTH_USER, "etcd.password": AUTH_PASSWORD}
+    ).collect()
+    assert [bytes(r.value) for r in sorted(rows, key=lambda r: r.offset)] == [
+        f"a{i}".encode() for i in range(10)
+    ]
