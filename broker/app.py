@@ -49,8 +49,8 @@ from kafscale.broker.security.credentials import CredentialStore
 from kafscale.broker.security.inter_broker import (
     inter_broker_context,
     inter_broker_link,
+    inter_broker_reloader,
     missing_login,
-    uses_own_certificate,
 )
 from kafscale.broker.security.listeners import Listener, advertised_address, internal_listener
 from kafscale.broker.security.tls import CertificateReloader, TlsConfigError, server_context
@@ -180,8 +180,9 @@ class Broker:
         problem = missing_login(self.settings)
         if problem:
             log.warning("%s", problem)
-        if inter_broker is not None and uses_own_certificate(self.settings):
-            contexts = [*contexts, inter_broker]  # renewed with the listeners' certificate
+        inter_reloader = inter_broker_reloader(self.settings, inter_broker)
+        if inter_reloader is not None:
+            self._tasks.append(asyncio.create_task(inter_reloader.run(), name="inter-broker-tls"))
         if contexts:
             reloader = CertificateReloader(self.settings.tls, contexts)
             self._tasks.append(asyncio.create_task(reloader.run(), name="tls-reload"))

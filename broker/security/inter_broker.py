@@ -11,23 +11,22 @@ client authentication and its principal being a super user.
 from __future__ import annotations
 
 import ssl
+from pathlib import Path
 
 from kafscale.broker.config import BrokerSettings
 from kafscale.broker.proxy.login import SaslLogin
 from kafscale.broker.proxy.upstream import UpstreamLink
-from kafscale.broker.security.tls import TlsConfigError, client_context
+from kafscale.broker.security.tls import ClientCertificateReloader, TlsConfigError, client_context
 
 
-def uses_own_certificate(settings: BrokerSettings) -> bool:
-    """Whether the inter-broker TLS context loads the broker's ``tls.*`` files (then the
-    certificate reloader keeps it current with the listeners' contexts)."""
-    inter = settings.inter_broker
-    return (
-        settings.inter_broker_protocol().uses_tls
-        and inter.cert_file is None
-        and settings.tls.cert_file is not None
-        and (inter.ca_file is None or inter.ca_file == settings.tls.ca_file)
-    )
+def client_files(settings: BrokerSettings) -> tuple[Path | None, Path | None, Path | None]:
+    """(CA, certificate, key) of the inter-broker TLS client: ``inter_broker.*``, else the
+    broker's own ``tls.*`` (as Kafka's brokers use their keystore and truststore)."""
+    inter, tls = settings.inter_broker, settings.tls
+    ca_file = inter.ca_file or tls.ca_file
+    if inter.cert_file is not None or inter.key_file is not None:
+        return ca_file, inter.cert_file, inter.key_file
+    return ca_file, tls.cert_file, tls.key_file
 
 
 def inter_broker_context(settings: BrokerSettings) -> ssl.SSLContext | None:
@@ -35,13 +34,25 @@ def inter_broker_context(settings: BrokerSettings) -> ssl.SSLContext | None:
     TlsConfigError when the files do not load."""
     if not settings.inter_broker_protocol().uses_tls:
         return None
-    inter, tls = settings.inter_broker, settings.tls
-    cert_file, key_file = inter.cert_file, inter.key_file
+    ca_file, cert_file, key_file = client_files(settings)
     if bool(cert_file) != bool(key_file):
         raise TlsConfigError("inter_broker.cert_file and inter_broker.key_file go together")
-    if cert_file is None:
-        cert_file, key_file = tls.cert_file, tls.key_file
-    return client_context(inter.ca_file or tls.ca_file, cert_file, key_file, inter.check_hostname)
+    return client_context(ca_file, cert_file, key_file, settings.inter_broker.check_hostname)
+
+
+def inter_broker_reloader(
+    settings: BrokerSettings, context: ssl.SSLContext | None
+) -> ClientCertificateReloader | None:
+    """Keeps the inter-broker context on the current files (every ``tls.reload_interval_s``):
+    the broker's certificate is renewed as the proxy's is, and would be refused once expired."""
+    if context is None:
+        return None
+    ca_file, cert_file, key_file = client_files(settings)
+    if cert_file is None and ca_file is None:
+        return None
+    return ClientCertificateReloader(
+        context, ca_file, cert_file, key_file, settings.tls.reload_interval_s
+    )
 
 
 def missing_login(settings: BrokerSettings) -> str | None:

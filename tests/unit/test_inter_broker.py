@@ -12,11 +12,11 @@ from harness.tls import issue, make_pki
 from pydantic import ValidationError
 
 from kafscale.broker.config import BrokerSettings
+from kafscale.broker.security import inter_broker
 from kafscale.broker.security.inter_broker import (
     inter_broker_context,
     inter_broker_link,
     missing_login,
-    uses_own_certificate,
 )
 from kafscale.broker.security.listeners import SecurityProtocol
 from kafscale.broker.security.tls import TlsConfigError
@@ -49,20 +49,26 @@ def test_an_ssl_internal_listener_means_tls_with_the_brokers_own_certificate(
     assert settings.inter_broker_protocol() is SecurityProtocol.SSL
     context = inter_broker_context(settings)
     assert context is not None and context.verify_mode == ssl.CERT_REQUIRED
-    assert uses_own_certificate(settings)  # renewed by the listeners' certificate reloader
+    assert inter_broker.client_files(settings) == (
+        settings.tls.ca_file,
+        settings.tls.cert_file,
+        settings.tls.key_file,
+    )
+    assert inter_broker.inter_broker_reloader(settings, context) is not None  # renewed files
     link = inter_broker_link(settings, context)
     assert link.ssl_context is context and link.listener is None and link.principal is None
 
 
-def test_a_certificate_of_its_own_is_not_the_reloaders(tmp_path: Path) -> None:
+def test_a_certificate_of_its_own_is_used_and_reloaded(tmp_path: Path) -> None:
     pki = make_pki(tmp_path / "other")
     own = issue(pki.ca, tmp_path, "broker-client", [(NameOID.COMMON_NAME, "broker")])
     settings = _settings(
         tmp_path,
         inter_broker={"cert_file": own.cert, "key_file": own.key, "ca_file": pki.ca.cert_path},
     )
-    assert inter_broker_context(settings) is not None
-    assert not uses_own_certificate(settings)
+    assert inter_broker.client_files(settings) == (pki.ca.cert_path, own.cert, own.key)
+    context = inter_broker_context(settings)
+    assert inter_broker.inter_broker_reloader(settings, context) is not None
 
 
 def test_a_sasl_listener_by_name_logs_in_as_the_brokers_user(tmp_path: Path) -> None:
