@@ -133,6 +133,7 @@ class MarkerWriter:
         self._correlation = itertools.count(1)
         self.stats = UpstreamStats()
         self._pool = UpstreamPool(timeout_s, _MAX_RESPONSE_BYTES, self.stats, lambda: link)
+        self._connect_locks: dict[int, asyncio.Lock] = {}
 
     async def close(self) -> None:
         await self._pool.close()
@@ -177,7 +178,10 @@ class MarkerWriter:
         frame = codec.encode_request(
             WRITE_TXN_MARKERS, WRITE_TXN_MARKERS_VERSION, correlation_id, body
         )
-        async with self._pool.send_lock:  # one connection per owner, also when opening it
+        # One connection per owner, also when opening it; an owner slow to connect to (a dead
+        # pod's address) holds up only its own markers.
+        lock = self._connect_locks.setdefault(broker.node_id, asyncio.Lock())
+        async with lock:
             upstream = await self._pool.get(broker)
             answer = upstream.send(memoryview(frame)[_LENGTH_BYTES:])
         await upstream.drain()
