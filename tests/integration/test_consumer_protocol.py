@@ -5,8 +5,10 @@
   lost, and no partition is owned by two live members at once (a member's revocation callback
   runs before the partition's next owner is assigned it);
 * a classic consumer and a consumer-protocol consumer read one topic in two groups, each group
-  everything; a consumer-protocol member cannot join a classic group that has members
-  (GROUP_ID_NOT_FOUND, as Kafka refuses an upgrade it cannot do);
+  everything;
+* a live classic group is upgraded member by member (classic and consumer-protocol members
+  sharing the group meanwhile) and rolled back the same way; a classic group of another
+  protocol type is refused (GROUP_ID_NOT_FOUND, as Kafka refuses an upgrade it cannot do);
 * ConsumerGroupDescribe and ListGroups v5 show the group, its type and its assignment.
 
 Brokers run with a 500 ms consumer heartbeat interval and a 6 s session, so each test stays
@@ -360,21 +362,6 @@ def test_librdkafka_members_join_and_leave_one_by_one(broker_cluster: BrokerClus
     run_join_and_leave(broker_cluster, confluent_factory, "consumer")
 
 
-def _heartbeat(wire: KafkaWire, group: str, member: str, topic: str) -> Any:
-    return wire.request(
-        68,
-        0,
-        {
-            "group_id": group,
-            "member_id": member,
-            "member_epoch": 0,
-            "rebalance_timeout": 30000,
-            "subscribed_topic_names": [topic],
-            "topic_partitions": [],
-        },
-    )
-
-
 def test_classic_and_consumer_groups_on_one_topic(broker_cluster: BrokerCluster) -> None:
     broker: BrokerProcess = broker_cluster.start(**GROUP_ENV)
     topic = f"mixed-{time.monotonic_ns()}"
@@ -390,8 +377,6 @@ def test_classic_and_consumer_groups_on_one_topic(broker_cluster: BrokerCluster)
         wait_for(lambda: wanted <= {v for _, _, v in classic.records}, 40, "the classic group")
         wait_for(lambda: wanted <= {v for _, _, v in modern.records}, 40, "the consumer group")
         with KafkaWire(broker.bootstrap) as wire:
-            refused = _heartbeat(wire, "g-classic", "intruder", topic)
-            assert refused.error_code == 69  # GROUP_ID_NOT_FOUND: a classic group with members
             listed = wire.request(16, 5, {"states_filter": [], "types_filter": []})
             types = {g.group_id: g.group_type for g in listed.groups}
             assert types["g-classic"] == "classic" and types["g-consumer"] == "consumer"
@@ -550,7 +535,8 @@ def test_the_protocol_checks_requests_epochs_and_group_types(
         fetch = {"groups": [{"group_id": group, "member_id": "m", "member_epoch": epoch - 1,
                              "topics": None}], "require_stable": False}  # fmt: skip
         assert wire.request(9, 9, fetch).groups[0].error_code == 113
-        # A classic member cannot join a consumer group that has members...
+        # A classic member without a readable consumer subscription cannot join a consumer
+        # group that has members (Kafka's refusal)...
         refused = wire.request(11, 9, {"group_id": group, **CLASSIC_JOIN})
         assert refused.error_code == 23  # INCONSISTENT_GROUP_PROTOCOL
         # ...but once the last member left, the empty group becomes a classic one.
@@ -559,6 +545,14 @@ def test_the_protocol_checks_requests_epochs_and_group_types(
         assert required.error_code == 79  # MEMBER_ID_REQUIRED: the classic protocol's handshake
         listed = wire.request(16, 5, {"states_filter": [], "types_filter": []})
         assert {g.group_id: g.group_type for g in listed.groups}[group] == "classic"
+        # A live classic group of another protocol type (Kafka Connect's, here) is not
+        # upgraded: a consumer-protocol member gets GROUP_ID_NOT_FOUND, as from Kafka.
+        connect = f"connect-{time.monotonic_ns()}"
+        join = {"group_id": connect, **CLASSIC_JOIN, "protocol_type": "connect"}
+        member_id = wire.request(11, 9, join).member_id
+        assert wire.request(11, 9, {**join, "member_id": member_id}).error_code == 0
+        refused_upgrade = heartbeat(wire, connect, "m", 0, **names)
+        assert refused_upgrade.error_code == 69  # GROUP_ID_NOT_FOUND
 
 
 def test_a_classic_group_is_upgraded_in_place_and_back(broker_cluster: BrokerCluster) -> None:
@@ -642,3 +636,97 @@ def test_a_static_member_restarts_without_a_rebalance(broker_cluster: BrokerClus
     finally:
         for member in members:
             member.stop()
+
+
+def group_type(bootstrap: str, group: str) -> str | None:
+    with KafkaWire(bootstrap) as wire:
+        listed = wire.request(16, 5, {"states_filter": [], "types_filter": []})
+    return {g.group_id: g.group_type for g in listed.groups}.get(group)
+
+
+def roll(
+    bootstrap: str,
+    topic: str,
+    group: str,
+    members: list[GroupMember],
+    everyone: list[GroupMember],
+    protocol: str,
+) -> list[set[int]]:
+    """Restart the group's members one at a time with ``protocol``, as a rolling upgrade does;
+    after each step, the member types ConsumerGroupDescribe shows (while a consumer group)."""
+    member_types = []
+    for index in range(len(members)):
+        members.pop(0).stop()
+        name = f"{protocol}{index}-{len(everyone)}"
+        member = ConfluentMember(name, bootstrap, topic, group, protocol)
+        members.append(member)
+        everyone.append(member)
+        wait_for(
+            lambda: covered(members) and all(m.ownership.owned_now() for m in members),
+            40,
+            f"{name} to share the partitions with the group",
+        )
+        if group_type(bootstrap, group) == "consumer":
+            described = describe_consumer(bootstrap, group)
+            member_types.append({m.member_type for m in described.members})
+    return member_types
+
+
+def is_stable(bootstrap: str, group: str) -> bool:
+    return bool(describe_consumer(bootstrap, group).group_state == "Stable")
+
+
+def describe_consumer(bootstrap: str, group: str) -> Any:
+    with KafkaWire(bootstrap) as wire:
+        request = {"group_ids": [group], "include_authorized_operations": False}
+        (described,) = wire.request(69, 1, request).groups
+    return described
+
+
+def test_a_live_group_is_upgraded_member_by_member_and_back(broker_cluster: BrokerCluster) -> None:
+    """A rolling upgrade (KIP-848 online migration): three classic librdkafka consumers under
+    produce are restarted one at a time as consumer-protocol members, then rolled back. The
+    group never stops: classic and consumer-protocol members share it, nothing is lost, no
+    partition is owned by two members at once, and the group ends as a consumer group, then
+    as a classic group again."""
+    broker = broker_cluster.start(**GROUP_ENV)
+    topic, group = f"rolling-{time.monotonic_ns()}", f"g-{time.monotonic_ns()}"
+    topics.create_topic(broker.bootstrap, topic, PARTITIONS, log_level=QUIET)
+    feed = Feed(broker.bootstrap, topic)
+    feed.start()
+    members: list[GroupMember] = []
+    everyone: list[GroupMember] = []
+    try:
+        for index in range(3):
+            member = ConfluentMember(f"classic-{index}", broker.bootstrap, topic, group, "classic")
+            members.append(member)
+            everyone.append(member)
+        wait_for(
+            lambda: covered(members) and all(m.ownership.owned_now() for m in members),
+            40,
+            "three classic members to share the partitions",
+        )
+        assert group_type(broker.bootstrap, group) == "classic"
+        upgrade = roll(broker.bootstrap, topic, group, members, everyone, "consumer")
+        # Classic (member type 0) and consumer-protocol (1) members shared the group.
+        assert upgrade == [{0, 1}, {0, 1}, {1}]
+        wait_for(partial(is_stable, broker.bootstrap, group), 20, "the upgraded group Stable")
+        assert len(describe_consumer(broker.bootstrap, group).members) == 3
+        rollback = roll(broker.bootstrap, topic, group, members, everyone, "classic")
+        assert rollback == [{0, 1}, {0, 1}]  # then a classic group again
+        wait_for(lambda: group_type(broker.bootstrap, group) == "classic", 20, "a classic group")
+        feed.stop()
+        wanted = set(range(feed.sent))
+        wait_for(
+            lambda: wanted <= {v for m in everyone for _, _, v in m.records},
+            40,
+            "the group to read everything",
+        )
+    finally:
+        feed.stop()
+        for member in members:
+            member.stop()
+    assert not feed.failed
+    assert overlaps(everyone) == []
+    assert {v for m in everyone for _, _, v in m.records} == set(range(feed.sent)), "records lost"
+    assert all(not m.crashed for m in everyone if isinstance(m, ConfluentMember))
