@@ -653,6 +653,7 @@ def roll(
     members: list[GroupMember],
     everyone: list[GroupMember],
     protocol: str,
+    factory: MemberFactory,
 ) -> list[set[int]]:
     """Restart the group's members one at a time with ``protocol``, as a rolling upgrade does;
     after each step, the member types ConsumerGroupDescribe shows (while a consumer group)."""
@@ -660,7 +661,7 @@ def roll(
     for index in range(len(members)):
         members.pop(0).stop()
         name = f"{protocol}{index}-{len(everyone)}"
-        member = ConfluentMember(name, bootstrap, topic, group, protocol)
+        member = factory(name, bootstrap, topic, group, protocol)
         members.append(member)
         everyone.append(member)
         wait_for(
@@ -685,9 +686,13 @@ def describe_consumer(bootstrap: str, group: str) -> Any:
     return described
 
 
-def test_a_live_group_is_upgraded_member_by_member_and_back(broker_cluster: BrokerCluster) -> None:
-    """A rolling upgrade (KIP-848 online migration): three classic librdkafka consumers under
-    produce are restarted one at a time as consumer-protocol members, then rolled back. The
+@pytest.mark.parametrize("factory", [confluent_factory, java_factory], ids=["librdkafka", "java"])
+def test_a_live_group_is_upgraded_member_by_member_and_back(
+    broker_cluster: BrokerCluster, factory: MemberFactory
+) -> None:
+    """A rolling upgrade (KIP-848 online migration): three classic consumers (librdkafka, or
+    the Java client) under produce are restarted one at a time as consumer-protocol members,
+    then rolled back. The
     group never stops: classic and consumer-protocol members share it, nothing is lost, no
     partition is owned by two members at once, and the group ends as a consumer group, then
     as a classic group again."""
@@ -700,7 +705,7 @@ def test_a_live_group_is_upgraded_member_by_member_and_back(broker_cluster: Brok
     everyone: list[GroupMember] = []
     try:
         for index in range(3):
-            member = ConfluentMember(f"classic-{index}", broker.bootstrap, topic, group, "classic")
+            member = factory(f"classic-{index}", broker.bootstrap, topic, group, "classic")
             members.append(member)
             everyone.append(member)
         wait_for(
@@ -709,12 +714,12 @@ def test_a_live_group_is_upgraded_member_by_member_and_back(broker_cluster: Brok
             "three classic members to share the partitions",
         )
         assert group_type(broker.bootstrap, group) == "classic"
-        upgrade = roll(broker.bootstrap, topic, group, members, everyone, "consumer")
+        upgrade = roll(broker.bootstrap, topic, group, members, everyone, "consumer", factory)
         # Classic (member type 0) and consumer-protocol (1) members shared the group.
         assert upgrade == [{0, 1}, {0, 1}, {1}]
         wait_for(partial(is_stable, broker.bootstrap, group), 20, "the upgraded group Stable")
         assert len(describe_consumer(broker.bootstrap, group).members) == 3
-        rollback = roll(broker.bootstrap, topic, group, members, everyone, "classic")
+        rollback = roll(broker.bootstrap, topic, group, members, everyone, "classic", factory)
         assert rollback == [{0, 1}, {0, 1}]  # then a classic group again
         wait_for(lambda: group_type(broker.bootstrap, group) == "classic", 20, "a classic group")
         feed.stop()
