@@ -353,6 +353,18 @@ def confluent_factory(
     return ConfluentMember(name, bootstrap, topic, group, protocol)
 
 
+def cooperative_factory(
+    name: str, bootstrap: str, topic: str, group: str, protocol: str
+) -> GroupMember:
+    """librdkafka with the cooperative-sticky assignor when classic: it revokes only what moves
+    and reports what it still owns when it rejoins."""
+    member = ConfluentMember(name, bootstrap, topic, group, protocol, start=False)
+    if protocol == "classic":
+        member.config["partition.assignment.strategy"] = "cooperative-sticky"
+    member.start()
+    return member
+
+
 # --- tests ----------------------------------------------------------------------------------------
 
 
@@ -686,7 +698,11 @@ def describe_consumer(bootstrap: str, group: str) -> Any:
     return described
 
 
-@pytest.mark.parametrize("factory", [confluent_factory, java_factory], ids=["librdkafka", "java"])
+@pytest.mark.parametrize(
+    "factory",
+    [confluent_factory, cooperative_factory, java_factory],
+    ids=["librdkafka", "librdkafka-cooperative", "java"],
+)
 def test_a_live_group_is_upgraded_member_by_member_and_back(
     broker_cluster: BrokerCluster, factory: MemberFactory
 ) -> None:
