@@ -57,6 +57,7 @@ from kafscale.broker.storage.log_manager import LogManager
 from kafscale.broker.storage.object_store import ObjectStore, ObjectStoreError
 from kafscale.broker.storage.reader import LogReader
 from kafscale.broker.storage.topic_purge import TopicPurger
+from kafscale.broker.transactions.coordinator import TransactionCoordinator
 
 log = logging.getLogger(__name__)
 
@@ -81,6 +82,7 @@ class Broker:
     server: KafkaServer | None = None
     admin: AdminServer | None = None
     groups: GroupCoordinator | None = None
+    transactions: TransactionCoordinator | None = None
     ready: bool = False
     draining: bool = False
     pod_name: str | None = None
@@ -195,6 +197,8 @@ class Broker:
         set_node_id(self.info.node_id)
         self.groups = GroupCoordinator(self, group_config(self.settings.groups))
         await self.groups.start()
+        self.transactions = TransactionCoordinator(self, self.settings.transactions)
+        await self.transactions.start()
         self.manager = LogManager(
             self.settings, self.etcd, self.view, self.store, self.cache, self.node_id, self.session
         )
@@ -418,6 +422,8 @@ class Broker:
         grace_s = self.settings.limits.shutdown_grace_s
         if self.server is not None:
             await self.server.stop_accepting()
+        if self.transactions is not None:
+            await self.transactions.close()
         if self.groups is not None:
             await self.groups.close()  # releases the group leases: they move on at once
         if self.manager is not None:

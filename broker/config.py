@@ -283,6 +283,25 @@ class GroupSettings(_Section):
     )
 
 
+class TransactionSettings(_Section):
+    """The transaction coordinator (Kafka's ``transaction.*`` broker configs)."""
+
+    max_timeout_ms: int = Field(
+        900_000,
+        ge=1,
+        description="transaction.max.timeout.ms: the longest transaction.timeout.ms allowed.",
+    )
+    check_interval_ms: int = Field(
+        5_000,
+        ge=10,
+        description=(
+            "How often a broker aborts timed-out transactions and takes over prepared ones whose"
+            " coordinator is gone (Kafka's transaction.abort.timed.out.transaction.cleanup"
+            ".interval.ms)."
+        ),
+    )
+
+
 class TlsSettings(_Section):
     """The certificate of the SSL and SASL_SSL listeners (Kafka's ``ssl.*``)."""
 
@@ -382,6 +401,7 @@ class BrokerSettings(BaseSettings):
     topics: TopicDefaults = TopicDefaults()
     assignment: AssignmentSettings = AssignmentSettings()
     groups: GroupSettings = GroupSettings()
+    transactions: TransactionSettings = TransactionSettings()
     listeners: str | None = Field(
         None,
         examples=["PLAINTEXT://:9092"],

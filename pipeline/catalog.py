@@ -17,14 +17,16 @@ from typing import TypeVar
 
 import numpy as np
 
+from kafscale.broker.config import EtcdSettings
 from kafscale.broker.metadata import keys
 from kafscale.broker.metadata.cluster import TopicInfo
-from kafscale.broker.metadata.etcd import Etcd, MetadataError
+from kafscale.broker.metadata.etcd import BadEndpoint, Etcd, EtcdTls, MetadataError
 from kafscale.broker.metadata.partition_state import (
     PartitionState,
     is_committed_segment,
     time_scan_start,
 )
+from kafscale.broker.metadata.partition_txns import last_stable_offset
 from kafscale.broker.storage.factory import open_object_store
 from kafscale.broker.storage.object_store import ObjectNotFound, ObjectStore, ObjectStoreError
 from kafscale.broker.storage.segments import SegmentCorrupt, decode_segment
@@ -57,12 +59,21 @@ class Catalog:
         self._store: ObjectStore | None = None
 
     async def __aenter__(self) -> Catalog:
-        endpoints = self._connection.etcd.endpoints
+        settings = self._connection.etcd
+        endpoints = settings.endpoints
         try:
-            self._etcd = await Etcd.connect(endpoints, self._connection.etcd.timeout_s)
-        except MetadataError as exc:
+            self._etcd = await Etcd.connect(
+                endpoints,
+                settings.timeout_s,
+                username=settings.username,
+                password=None
+                if settings.password is None
+                else settings.password.get_secret_value(),
+                tls=EtcdTls(settings.ca_file, settings.cert_file, settings.key_file),
+            )
+        except (MetadataError, BadEndpoint) as exc:
             raise SourceUnavailable(
-                f"etcd at {', '.join(endpoints)} cannot be reached: {exc}"
+                f"etcd at {', '.join(endpoints)} cannot be reached: {exc}{_tls_hint(settings)}"
             ) from exc
         return self
 
@@ -134,7 +145,8 @@ class Catalog:
                     info.topic_id,
                     partition,
                     state.log_start_offset,
-                    state.high_watermark,
+                    last_stable_offset(state),
+                    state.aborted_txns,
                 )
                 entries.append(PartitionEntry(view, state))
         return entries
@@ -222,6 +234,21 @@ class Catalog:
             return await call()
         except MetadataError as exc:
             raise SourceUnavailable(f"etcd did not answer: {exc}") from exc
+
+
+def _tls_hint(settings: EtcdSettings) -> str:
+    """What to check when an https:// etcd refused the connection: a handshake failure shows
+    only as "unavailable" in gRPC's error, which does not say a certificate is missing."""
+    if not any(endpoint.startswith("https://") for endpoint in settings.endpoints):
+        return ""
+    if settings.cert_file is None:
+        return (
+            " (https:// endpoint without etcd.cert_file/etcd.key_file: an etcd started with "
+            "--client-cert-auth refuses clients without a certificate; check etcd.ca_file too)"
+        )
+    return (
+        " (check that etcd.ca_file signed etcd's certificate and that etcd trusts etcd.cert_file)"
+    )
 
 
 class _ThreadLoop(threading.local):

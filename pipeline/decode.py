@@ -17,8 +17,10 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 
+from kafscale.broker.metadata.partition_state import AbortedTxn
 from kafscale.broker.protocol.record_batch import (
     HEADER_SIZE,
+    BatchHeader,
     InvalidBatch,
     decompress,
     iter_batch_headers,
@@ -75,22 +77,37 @@ def decode_records(
     low: int,
     high: int,
     include_headers: bool,
+    aborted: Sequence[AbortedTxn] = (),
 ) -> pa.RecordBatch | None:
     """The records with offsets in [low, high) of the batches in ``body``, as one Arrow batch
-    (None if there are none). Control batches are skipped; damaged data raises CorruptRecords."""
-    batches = _collect(body, low, high)
+    (None if there are none). Control batches (transaction markers) and the batches of
+    ``aborted`` transactions are skipped, as a read_committed consumer skips them; damaged data
+    raises CorruptRecords."""
+    batches = _collect(body, low, high, aborted)
     if batches is None:
         return None
     return _to_arrow(batches, topic, partition, low, high, include_headers)
 
 
-def _collect(body: bytes | memoryview, low: int, high: int) -> _Batches | None:
+def _is_aborted(header: BatchHeader, aborted: Sequence[AbortedTxn]) -> bool:
+    """A transactional batch of a producer inside one of its aborted transactions."""
+    return header.is_transactional and any(
+        t.producer_id == header.producer_id and t.first_offset <= header.base_offset < t.last_offset
+        for t in aborted
+    )
+
+
+def _collect(
+    body: bytes | memoryview, low: int, high: int, aborted: Sequence[AbortedTxn]
+) -> _Batches | None:
     parts: list[bytes | memoryview] = []
     rows: list[tuple[int, int, int, int, int]] = []  # count, base offset, ts, log append, size
     in_place: list[int] = []  # where each kept batch's records start in ``body``, if stored raw
     view = memoryview(body)
     for position, header in iter_batch_headers(view):
         if header.is_control or header.last_offset < low or header.base_offset >= high:
+            continue
+        if aborted and _is_aborted(header, aborted):
             continue
         records: bytes | memoryview = view[position + HEADER_SIZE : position + header.size]
         if header.compression:

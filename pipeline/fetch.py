@@ -100,7 +100,7 @@ def _decode_in_order(
                 _lost(task, gap, fail_on_data_loss)
             expected = header.last_offset + 1
         rows = decode_records(
-            body, task.topic, task.partition, task.start, task.end, include_headers
+            body, task.topic, task.partition, task.start, task.end, include_headers, task.aborted
         )
         if rows is not None:
             yield rows

@@ -91,6 +91,27 @@ _STORAGE_OPTIONS = {
 }
 
 
+_ETCD_SECURITY_OPTIONS = {
+    "etcd.ca_file": "ca_file",
+    "etcd.cert_file": "cert_file",
+    "etcd.key_file": "key_file",
+    "etcd.username": "username",
+    "etcd.password": "password",
+}
+
+
+def _etcd_security_value(name: str, value: str) -> Any:
+    """An option's text as the settings field takes it; an empty text unsets the field (an
+    option overrides a ``KAFSCALE_ETCD__*`` variable the job's environment happens to set)."""
+    if not value.strip():
+        return None
+    if name == "password":
+        return SecretStr(value)
+    if name.endswith("_file"):
+        return Path(value)
+    return value
+
+
 def parse_connection(options: Mapping[str, str]) -> Connection:
     """Connection options over the broker's settings (defaults and ``KAFSCALE_*``)."""
     try:
@@ -118,6 +139,10 @@ def parse_connection(options: Mapping[str, str]) -> Connection:
         etcd["endpoints"] = endpoints
     if "etcd.timeout_s" in options:
         etcd["timeout_s"] = options["etcd.timeout_s"]
+    for option, name in _ETCD_SECURITY_OPTIONS.items():
+        value = options.get(option)
+        if value is not None:
+            etcd[name] = _etcd_security_value(name, value)
     try:
         return Connection(
             cluster=options.get("cluster", base.cluster),
@@ -145,6 +170,13 @@ def connection_options(connection: Connection) -> dict[str, str]:
         "storage.timeout_s": str(storage.timeout_s),
         "storage.max_concurrency": str(storage.max_concurrency),
     }
+    etcd = connection.etcd
+    for option, name in _ETCD_SECURITY_OPTIONS.items():
+        value = getattr(etcd, name)
+        if value is not None:
+            options[option] = (
+                value.get_secret_value() if isinstance(value, SecretStr) else str(value)
+            )
     if storage.endpoint is not None:
         options["storage.endpoint"] = storage.endpoint
     if storage.access_key_id is not None:
@@ -319,6 +351,7 @@ _KNOWN = (
     "cluster",
     "etcd.endpoints",
     "etcd.timeout_s",
+    *_ETCD_SECURITY_OPTIONS,
     *_STORAGE_OPTIONS,
     "subscribe",
     "subscribePattern",

@@ -13,6 +13,7 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
+from kafscale.broker.metadata.partition_state import AbortedTxn
 from kafscale.pipeline.options import EARLIEST, LATEST, OffsetSpec
 
 TopicPartition = tuple[str, int]
@@ -36,6 +37,10 @@ class PartitionView:
     partition: int
     log_start: int
     high_watermark: int
+    """Where reading stops: the partition's last stable offset (its high watermark unless a
+    transaction is open), so that only decided transactions are read."""
+    aborted: tuple[AbortedTxn, ...] = ()
+    """Aborted transactions whose records are still stored: their records are skipped."""
 
     @property
     def key(self) -> TopicPartition:
@@ -64,6 +69,8 @@ class ReadTask:
     start: int
     end: int
     segments: tuple[SegmentObject, ...]
+    aborted: tuple[AbortedTxn, ...] = ()
+    """The aborted transactions with records in [start, end): skipped."""
 
 
 def resolve_offset(spec: OffsetSpec, view: PartitionView, name: str) -> int:
@@ -162,7 +169,8 @@ def split_tasks(
 def _task(
     view: PartitionView, start: int, end: int, segments: tuple[SegmentObject, ...]
 ) -> ReadTask:
-    return ReadTask(view.topic, view.topic_id, view.partition, start, end, segments)
+    aborted = tuple(t for t in view.aborted if t.last_offset >= start and t.first_offset < end)
+    return ReadTask(view.topic, view.topic_id, view.partition, start, end, segments, aborted)
 
 
 def split_bytes_for(total_bytes: int, min_partitions: int | None) -> int:

@@ -1,5 +1,9 @@
 """Fetch: committed data from any broker, long-polling on high-watermark changes; incremental
-fetch sessions as ``fetch_sessions`` decides."""
+fetch sessions as ``fetch_sessions`` decides.
+
+``isolation_level`` 1 (read_committed) reads only below the last stable offset (the first
+offset of the oldest open transaction) and lists the aborted transactions overlapping what it
+returns, so that clients drop their records; every answer carries the partition's LSO."""
 
 from __future__ import annotations
 
@@ -21,13 +25,16 @@ from kafscale.broker.api.fetch_sessions import (
 from kafscale.broker.authz.model import Operation
 from kafscale.broker.metadata.cluster import TopicInfo
 from kafscale.broker.metadata.partition_state import PartitionState
+from kafscale.broker.metadata.partition_txns import aborted_in_range, last_stable_offset
 from kafscale.broker.observability.metrics import METRICS
 from kafscale.broker.protocol import legacy_messages
 from kafscale.broker.protocol.codec import millis
 from kafscale.broker.protocol.errors import ErrorCode, KafkaError, MetadataTimeout
+from kafscale.broker.protocol.record_batch import batches_below, next_offset_after
 
 TopicPartition = tuple[str, int]
 FIRST_RECORD_BATCH_VERSION = 4  # Fetch v0-v3 read message sets (message format v0/v1)
+READ_COMMITTED = 1
 
 
 @dataclass(slots=True)
@@ -38,6 +45,7 @@ class _Wanted:
     fetch_offset: int
     max_bytes: int
     current_leader_epoch: int
+    read_committed: bool = False
 
 
 async def handle_fetch(request: Any, ctx: RequestContext) -> Body:
@@ -45,7 +53,7 @@ async def handle_fetch(request: Any, ctx: RequestContext) -> Body:
     context = _context(request, requested, ctx)
     if isinstance(context, ErrorCode):
         return fetch_error_body(request, context)
-    wanted = _resolve(context.partitions(requested), ctx)
+    wanted = _resolve(context.partitions(requested), ctx, _read_committed(request))
     max_wait_s = millis(request.max_wait) / 1000
     deadline = time.monotonic() + max_wait_s
     min_bytes = int(request.min_bytes)
@@ -114,8 +122,15 @@ def _context(
     )
 
 
+def _read_committed(request: Any) -> bool:
+    """isolation_level 1 (v4+): only records below the last stable offset."""
+    return int(getattr(request, "isolation_level", 0)) == READ_COMMITTED
+
+
 def _resolve(
-    partitions: list[tuple[PartitionKey, FetchPosition]], ctx: RequestContext
+    partitions: list[tuple[PartitionKey, FetchPosition]],
+    ctx: RequestContext,
+    read_committed: bool,
 ) -> list[_Wanted]:
     view = ctx.broker.view
     by_id: dict[str, TopicInfo] | None = None  # built only for v13+, which names topics by id
@@ -134,6 +149,7 @@ def _resolve(
                 position.fetch_offset,
                 position.max_bytes,
                 position.current_leader_epoch,
+                read_committed,
             )
         )
     return wanted
@@ -205,7 +221,7 @@ async def _prepare(
     tp = (info.name, item.partition)
     try:
         state = broker.committed_state(tp)
-        if refresh and item.fetch_offset >= state.high_watermark:
+        if refresh and item.fetch_offset >= _readable_end(state, item.read_committed):
             state = await broker.fresh_state(tp)
     except (MetadataTimeout, KafkaError) as exc:
         return None, _partition_body(item.partition, exc.code, -1, -1)
@@ -213,9 +229,17 @@ async def _prepare(
     body = _partition_body(
         item.partition, epoch_error or ErrorCode.NONE, state.high_watermark, state.log_start_offset
     )
+    body["last_stable_offset"] = last_stable_offset(state)
+    end = _readable_end(state, item.read_committed)
     if epoch_error is not None or item.fetch_offset == state.high_watermark:
         return None, body
+    if end <= item.fetch_offset <= state.high_watermark:
+        return None, body  # read_committed at the LSO: nothing decided to give yet
     return state, body
+
+
+def _readable_end(state: PartitionState, read_committed: bool) -> int:
+    return last_stable_offset(state) if read_committed else state.high_watermark
 
 
 def _still_there(info: TopicInfo, ctx: RequestContext) -> bool:
@@ -253,10 +277,24 @@ async def _read_into(
     except KafkaError as exc:
         body["error_code"] = exc.code
         return
+    if item.read_committed:
+        records = _committed_part(body, item, state, records)
     if ctx.api_version < FIRST_RECORD_BATCH_VERSION and records:
         magic = legacy_messages.legacy_magic(ctx.api_version)
         records = legacy_messages.down_convert(records, magic, item.fetch_offset, max_bytes)
     body["records"] = records
+
+
+def _committed_part(body: Body, item: _Wanted, state: PartitionState, records: bytes) -> bytes:
+    """The batches below the last stable offset (a batch never straddles it: an open
+    transaction starts at a batch), and in ``body`` the aborted transactions they overlap."""
+    kept = batches_below(records, last_stable_offset(state))
+    end = next_offset_after(kept, item.fetch_offset)
+    body["aborted_transactions"] = [
+        {"producer_id": txn.producer_id, "first_offset": txn.first_offset}
+        for txn in aborted_in_range(state, item.fetch_offset, end)
+    ]
+    return kept
 
 
 def _check_epoch(client_epoch: int, known_epoch: int) -> ErrorCode | None:

@@ -37,6 +37,7 @@ from kafscale.broker.protocol.codec import millis
 from kafscale.broker.protocol.errors import ErrorCode, KafkaError
 
 GROUP_KEY_TYPE = 0
+TRANSACTION_KEY_TYPE = 1
 OFFSET_METADATA_MAX_BYTES = 4096
 """Kafka's ``offset.metadata.max.bytes``."""
 AUTHORIZED_OPERATIONS_OMITTED = -2147483648
@@ -66,6 +67,10 @@ async def _runtime(
         raise KafkaError(str(exc), unavailable) from exc
 
 
+group_runtime = _runtime
+"""For TxnOffsetCommit (``api.transactions``), which runs on the group's coordinator too."""
+
+
 def _client_host(ctx: RequestContext) -> str:
     host = ctx.connection.peer.rpartition(":")[0] or ctx.connection.peer
     return "/" + host.strip("[]")
@@ -87,10 +92,19 @@ def _coordinator_entry(ctx: RequestContext, key: str, key_type: int) -> Body:
     entry: Body = {"key": key, "node_id": -1, "host": "", "port": -1}
     if key_type == GROUP_KEY_TYPE and not access.allowed(ctx, DESCRIBE, access.GROUP, key):
         return {**entry, "error_code": ErrorCode.GROUP_AUTHORIZATION_FAILED, "error_message": None}
-    if key_type != GROUP_KEY_TYPE:
-        message = "transactions are not supported"
+    if key_type == TRANSACTION_KEY_TYPE and not access.allowed(
+        ctx, DESCRIBE, access.TRANSACTIONAL_ID, key
+    ):
+        code = ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED
+        return {**entry, "error_code": code, "error_message": None}
+    if key_type == TRANSACTION_KEY_TYPE:
+        transactions = ctx.broker.transactions
+        broker = transactions.coordinator_for(key) if transactions is not None else None
+    elif key_type == GROUP_KEY_TYPE:
+        broker = _coordinator(ctx).coordinator_for(key)
+    else:
+        message = f"key type {key_type} is not supported"
         return {**entry, "error_code": ErrorCode.INVALID_REQUEST, "error_message": message}
-    broker = _coordinator(ctx).coordinator_for(key)
     if broker is None:
         message = "no live broker"
         return {
@@ -352,6 +366,7 @@ def offset_commit_error_body(request: Any, code: ErrorCode) -> Body:
 
 async def handle_offset_fetch(request: Any, ctx: RequestContext) -> Body:
     version = ctx.api_version
+    stable = bool(getattr(request, "require_stable", False))
     if version >= 8:
         groups = [
             await _fetch_group(
@@ -360,12 +375,24 @@ async def handle_offset_fetch(request: Any, ctx: RequestContext) -> Body:
                 g.topics,
                 version,
                 (getattr(g, "member_id", None), int(getattr(g, "member_epoch", -1))),
+                stable,
             )
             for g in request.groups
         ]
         return {"throttle_time": 0, "groups": groups}
-    fetched = await _fetch_group(ctx, str(request.group_id), request.topics, version)
+    fetched = await _fetch_group(
+        ctx, str(request.group_id), request.topics, version, require_stable=stable
+    )
     return {"throttle_time": 0, "topics": fetched["topics"], "error_code": fetched["error_code"]}
+
+
+async def _settle_pending(
+    runtime: GroupRuntime, requested: list[TopicPartition] | None
+) -> set[TopicPartition]:
+    try:
+        return await runtime.settle_pending(requested)
+    except MetadataUnavailable as exc:
+        raise KafkaError(str(exc), ErrorCode.COORDINATOR_NOT_AVAILABLE) from exc
 
 
 async def _fetch_group(
@@ -374,8 +401,11 @@ async def _fetch_group(
     topics: Any,
     version: int,
     member: tuple[str | None, int] = (None, -1),
+    require_stable: bool = False,
 ) -> Body:
-    """One group's committed offsets; ``member``: (member id, epoch) from v9 (KIP-848)."""
+    """One group's committed offsets; ``member``: (member id, epoch) from v9 (KIP-848);
+    ``require_stable``: partitions with an offset pending in a transaction are answered
+    UNSTABLE_OFFSET_COMMIT (KIP-447)."""
     requested: list[TopicPartition] | None = None
     denied: dict[TopicPartition, CommittedOffset | None] = {}
     if topics is not None:
@@ -386,6 +416,7 @@ async def _fetch_group(
         runtime = await _runtime(ctx, group_id, ErrorCode.COORDINATOR_NOT_AVAILABLE, DESCRIBE)
         if (member_error := runtime.validate_fetch(*member)) is not ErrorCode.NONE:
             return {"group_id": group_id, "error_code": member_error, "topics": []}
+        unstable = await _settle_pending(runtime, requested)
         committed = runtime.committed(requested)
     except KafkaError as exc:
         if version < 2:
@@ -408,10 +439,17 @@ async def _fetch_group(
             for tp, offset in valid.items()
             if offset is not None and _may_describe(ctx, tp[0])
         }
+    # KIP-447: a consumer that asks for stable offsets (read_committed) is told to retry while
+    # a transaction that committed an offset for the partition is still open.
+    if not require_stable:
+        unstable = set()
+    unstable_topics = dict.fromkeys(tp for tp in valid if tp in unstable)
+    valid = {tp: offset for tp, offset in valid.items() if tp not in unstable}
     return {
         "group_id": group_id,
         "error_code": ErrorCode.NONE,
         "topics": _fetched_topics(valid, ErrorCode.NONE)
+        + _fetched_topics(unstable_topics, ErrorCode.UNSTABLE_OFFSET_COMMIT)
         + _fetched_topics(denied, ErrorCode.TOPIC_AUTHORIZATION_FAILED),
     }
 

@@ -4,24 +4,26 @@ from __future__ import annotations
 
 from typing import Any
 
-from kafscale.broker.api import access
+from kafscale.broker.api import access, transactions
 from kafscale.broker.api.dispatch import Body, RequestContext
 from kafscale.broker.authz.model import Operation
 from kafscale.broker.metadata import keys
 from kafscale.broker.metadata.etcd import MetadataUnavailable
 from kafscale.broker.metadata.partition_state import end_offset_for_epoch
+from kafscale.broker.metadata.partition_txns import last_stable_offset
 from kafscale.broker.protocol.errors import ErrorCode, KafkaError, MetadataTimeout
 
 LATEST = -1
 EARLIEST = -2
 MAX_TIMESTAMP = -3
+READ_COMMITTED = 1
 MAX_PRODUCER_EPOCH = 2**15 - 1  # producer epochs are i16 on the wire
 
 
 async def handle_list_offsets(request: Any, ctx: RequestContext) -> Body:
     topics = []
     for topic in request.topics:
-        partitions = [await _list_one(topic.name, p, ctx) for p in topic.partitions]
+        partitions = [await _list_one(request, topic.name, p, ctx) for p in topic.partitions]
         if ctx.api_version == 0:
             partitions = [old_style(p) for p in partitions]
         topics.append({"name": topic.name, "partitions": partitions})
@@ -42,7 +44,9 @@ def old_style(partition: Body) -> Body:
     }
 
 
-async def _list_one(topic: str, partition: Any, ctx: RequestContext) -> Body:
+async def _list_one(request: Any, topic: str, partition: Any, ctx: RequestContext) -> Body:
+    """One partition's answer; with isolation_level read_committed (v2+) the latest offset is
+    the last stable offset, as consumers reading committed data start from it."""
     broker = ctx.broker
     index = int(partition.partition_index)
     base: Body = {"partition_index": index, "timestamp": -1, "offset": -1, "leader_epoch": -1}
@@ -74,10 +78,11 @@ async def _list_one(topic: str, partition: Any, ctx: RequestContext) -> Body:
                 }
             return {**base, "error_code": ErrorCode.NONE}
         if timestamp in (LATEST, MAX_TIMESTAMP) or timestamp < 0:
+            committed = int(getattr(request, "isolation_level", 0)) == READ_COMMITTED
             return {
                 **base,
                 "error_code": ErrorCode.NONE,
-                "offset": state.high_watermark,
+                "offset": last_stable_offset(state) if committed else state.high_watermark,
                 "leader_epoch": epoch,
             }
         found = await broker.reader.offset_for_timestamp(
@@ -181,12 +186,7 @@ async def _check_delete_offset(
 async def handle_init_producer_id(request: Any, ctx: RequestContext) -> Body:
     broker = ctx.broker
     if request.transactional_id:
-        return {
-            "throttle_time": 0,
-            "error_code": ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
-            "producer_id": -1,
-            "producer_epoch": -1,
-        }
+        return await transactions.handle_init_transactional(request, ctx)
     if not idempotent_write_allowed(ctx):
         return {
             "throttle_time": 0,

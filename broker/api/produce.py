@@ -6,13 +6,16 @@ bound CreateTime timestamps around the broker's clock (INVALID_TIMESTAMP), and
 ``message.timestamp.type=LogAppendTime`` gives every batch the time of its append (returned in
 the response as ``log_append_time``, -1 otherwise).
 
-Transactions are not served, so batches that only a transaction may write are refused as Kafka
-refuses them: a request whose first batch of some partition is transactional, from a producer
-without a transactional id, gets TRANSACTIONAL_ID_AUTHORIZATION_FAILED for the whole request
-(KafkaApis' ``hasTransactionalRecords`` check), and a control batch (a transaction marker) gets
-INVALID_RECORD for its partition (LogValidator: "Clients are not allowed to write control
-records"). Stored, they would make readers with ``isolation.level=read_committed`` wait for a
-commit that never comes.
+Transactional batches come from producers with a transactional id (the request carries it): the
+principal needs WRITE on that transactional id, and the batch's producer epoch is checked against
+what the partition remembers (an older epoch, a fenced zombie, gets INVALID_PRODUCER_EPOCH). A
+transactional producer's first batch on a partition opens its transaction there (see
+``partition_log``); the coordinator's marker closes it. As Kafka refuses them: a request whose
+first batch of some partition is transactional, from a producer without a transactional id, gets
+TRANSACTIONAL_ID_AUTHORIZATION_FAILED for the whole request (KafkaApis'
+``hasTransactionalRecords`` check), and a control batch gets INVALID_RECORD for its partition
+(LogValidator: "Clients are not allowed to write control records"): only the partition's owner
+writes markers, for WriteTxnMarkers.
 """
 
 from __future__ import annotations
@@ -49,7 +52,7 @@ async def handle_produce(request: Any, ctx: RequestContext) -> Body | None:
     if acks not in (0, 1, -1):
         return _every_partition(request, ErrorCode.INVALID_REQUIRED_ACKS)
     legacy = ctx.api_version < FIRST_RECORD_BATCH_VERSION
-    if not legacy and (request.transactional_id or has_transactional_records(request)):
+    if not legacy and not _transactions_allowed(request, ctx):
         return _every_partition(request, ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED)
     async with ctx.connection.append_lock:
         size = request_bytes(request)
@@ -152,6 +155,14 @@ def _give_back_when_durable(
         return
     done = asyncio.gather(*futures, return_exceptions=True)
     done.add_done_callback(lambda _: budget.give(size))
+
+
+def _transactions_allowed(request: Any, ctx: RequestContext) -> bool:
+    """A transactional id needs WRITE on it; transactional batches need a transactional id."""
+    transactional_id = request.transactional_id
+    if transactional_id:
+        return access.allowed(ctx, Operation.WRITE, access.TRANSACTIONAL_ID, transactional_id)
+    return not has_transactional_records(request)
 
 
 def has_transactional_records(request: Any) -> bool:

@@ -21,6 +21,8 @@ from kafscale.broker.api import (
     produce,
     sasl,
     scram_users,
+    transactions,
+    txn_partitions,
     versions,
 )
 from kafscale.broker.api.dispatch import ApiSpec, no_results
@@ -89,6 +91,35 @@ _SPECS = [
         offsets.handle_offset_for_leader_epoch,
         no_results("topics"),
     ),
+    # Transactions. EndTxn and TxnOffsetCommit stop below v5, transaction protocol v2
+    # (KIP-890's epoch bump in every EndTxn), which is not served.
+    ApiSpec(
+        24,
+        "AddPartitionsToTxn",
+        0,
+        4,
+        transactions.handle_add_partitions_to_txn,
+        transactions.add_partitions_error_body,
+    ),
+    ApiSpec(25, "AddOffsetsToTxn", 0, 4, transactions.handle_add_offsets_to_txn),
+    ApiSpec(26, "EndTxn", 0, 4, transactions.handle_end_txn),
+    ApiSpec(
+        28,
+        "TxnOffsetCommit",
+        0,
+        4,
+        transactions.handle_txn_offset_commit,
+        transactions.txn_offset_commit_error_body,
+    ),
+    ApiSpec(
+        65,
+        "DescribeTransactions",
+        0,
+        0,
+        transactions.handle_describe_transactions,
+        transactions.describe_transactions_error_body,
+    ),
+    ApiSpec(66, "ListTransactions", 0, 1, transactions.handle_list_transactions),
     ApiSpec(29, "DescribeAcls", 1, 3, acls.handle_describe_acls, acls.describe_acls_error_body),
     ApiSpec(30, "CreateAcls", 1, 3, acls.handle_create_acls, acls.create_acls_error_body),
     ApiSpec(31, "DeleteAcls", 1, 3, acls.handle_delete_acls, acls.delete_acls_error_body),
@@ -126,6 +157,23 @@ _SPECS = [
     ),
     ApiSpec(42, "DeleteGroups", 0, 2, groups.handle_delete_groups, groups.delete_groups_error_body),
     ApiSpec(60, "DescribeCluster", 0, 1, metadata.handle_describe_cluster),
+    # Sent by transaction coordinators (brokers) and kafka-transactions.sh abort.
+    ApiSpec(
+        27,
+        "WriteTxnMarkers",
+        0,
+        1,
+        txn_partitions.handle_write_txn_markers,
+        txn_partitions.write_txn_markers_error_body,
+    ),
+    ApiSpec(
+        61,
+        "DescribeProducers",
+        0,
+        0,
+        txn_partitions.handle_describe_producers,
+        no_results("topics"),
+    ),
     ApiSpec(
         68,
         "ConsumerGroupHeartbeat",

@@ -66,12 +66,24 @@ def _parse_owner(value: bytes) -> int | None:
 
 
 class GroupLeases:
-    """The cluster's group lease holders, followed by a watch; takes leases for this broker."""
+    """The cluster's group lease holders, followed by a watch; takes leases for this broker.
 
-    def __init__(self, etcd: Etcd, cluster: str, on_change: LeaseChange) -> None:
+    The transaction coordinator's leases (``leases/transactions/<id>``) work the same way: it
+    passes their prefix and key builder.
+    """
+
+    def __init__(
+        self,
+        etcd: Etcd,
+        cluster: str,
+        on_change: LeaseChange,
+        prefix: str | None = None,
+        key_of: Callable[[str, str], str] = keys.group_lease_key,
+    ) -> None:
         self._etcd = etcd
         self._cluster = cluster
-        self._prefix = keys.group_leases_prefix(cluster)
+        self._prefix = prefix or keys.group_leases_prefix(cluster)
+        self._key_of = key_of
         self._on_change = on_change
         self.owners: dict[str, int] = {}
         self._task: asyncio.Task[None] | None = None
@@ -79,7 +91,8 @@ class GroupLeases:
     async def start(self) -> None:
         entries, revision = await self._etcd.get_prefix_with_revision(self._prefix)
         self._reset(entries)
-        self._task = asyncio.create_task(self._follow(revision + 1), name="group-leases-watch")
+        name = f"leases-watch-{self._prefix}"
+        self._task = asyncio.create_task(self._follow(revision + 1), name=name)
 
     async def close(self) -> None:
         if self._task is not None:
@@ -96,7 +109,7 @@ class GroupLeases:
 
         Raises ``MetadataUnavailable`` when etcd cannot answer: never coordinate without it.
         """
-        key = keys.group_lease_key(self._cluster, group_id)
+        key = self._key_of(self._cluster, group_id)
         owner = owner_value(node_id)
         for _ in range(3):
             result = await self._etcd.txn(

@@ -98,6 +98,9 @@ class GroupRuntime:
         elif loaded.offsets:
             self.group = Group(group_id, config, now)
         self.offsets: dict[TopicPartition, CommittedOffset] = dict(loaded.offsets)
+        # Partitions with an offset committed in an open transaction: its coordinator makes
+        # it visible (or drops it) in etcd, so these are read again before being answered.
+        self.pending_txn: set[TopicPartition] = set(loaded.pending)
         self.closed = False
         self._waiters: dict[int, asyncio.Future[JoinResult | SyncResult]] = {}
         self._wake = asyncio.Event()
@@ -355,6 +358,39 @@ class GroupRuntime:
         if self.consumer is None:
             return ErrorCode.NONE
         return self.consumer.validate_fetch(member_id, member_epoch)
+
+    def validate_txn_commit(
+        self, member_id: str, group_instance_id: str | None, generation: int
+    ) -> ErrorCode:
+        """TxnOffsetCommit's member check (KIP-447): only when it names a generation (for a
+        consumer-protocol group, the member's epoch; a stale one is ILLEGAL_GENERATION, the code
+        TxnOffsetCommit clients know)."""
+        if self.closed:
+            return ErrorCode.NOT_COORDINATOR
+        if self.consumer is not None:
+            error = self.consumer.validate_fetch(member_id or None, generation)
+            return ErrorCode.ILLEGAL_GENERATION if error is ErrorCode.STALE_MEMBER_EPOCH else error
+        if generation < 0 or self.group is None:
+            return ErrorCode.NONE
+        error = self.group.validate_commit(self._clock(), member_id, group_instance_id, generation)
+        self._apply(self.group.take_effects())
+        return error
+
+    async def settle_pending(self, partitions: list[TopicPartition] | None) -> set[TopicPartition]:
+        """Re-read offsets that were pending in a transaction (its coordinator may have made
+        them visible since); the requested partitions still pending."""
+        asked = self.pending_txn if partitions is None else self.pending_txn & set(partitions)
+        if not asked:
+            return set()
+        loaded = await self._store.load(self.group_id)
+        for tp in asked:
+            committed = loaded.offsets.get(tp)
+            if committed is not None:
+                self.offsets[tp] = committed
+        self.pending_txn = set(loaded.pending)
+        if self.group is None and self.consumer is None and loaded.offsets:
+            self.group = Group(self.group_id, self._config, self._clock())
+        return asked & self.pending_txn
 
     def committed(
         self, partitions: list[TopicPartition] | None

@@ -71,6 +71,8 @@ class CommittedOffset:
 class LoadedGroup:
     record: GroupRecord | None
     offsets: dict[TopicPartition, CommittedOffset]
+    pending: frozenset[TopicPartition] = frozenset()
+    """Partitions with an offset committed in a transaction that is not complete yet."""
 
     @property
     def exists(self) -> bool:
@@ -187,6 +189,15 @@ def parse_group_key(cluster: str, key: str) -> tuple[str, TopicPartition | None]
     return keys.group_from_key_part(group), (topic, int(partition))
 
 
+def _pending_partition(relative: str) -> TopicPartition | None:
+    """``<producer id>/<topic>/<p>`` (a transactional offset's key) → (topic, p)."""
+    _pid, sep, rest = relative.partition("/")
+    topic, sep2, partition = rest.rpartition("/")
+    if not (sep and sep2) or not partition.isdigit():
+        return None
+    return topic, int(partition)
+
+
 def _chunks(ops: list[Op], size: int) -> Iterable[list[Op]]:
     for start in range(0, len(ops), size):
         yield ops[start : start + size]
@@ -208,15 +219,22 @@ class GroupStore:
         record: GroupRecord | None = None
         offsets: dict[TopicPartition, CommittedOffset] = {}
         metadata_key = keys.group_metadata_key(self._cluster, group_id)
+        pending_prefix = keys.group_txn_offsets_prefix(self._cluster, group_id)
+        pending: set[TopicPartition] = set()
         for entry in entries:
             if entry.key == metadata_key:
                 record = decode_group(entry.value)
+                continue
+            if entry.key.startswith(pending_prefix):
+                tp = _pending_partition(entry.key[len(pending_prefix) :])
+                if tp is not None:
+                    pending.add(tp)
                 continue
             parsed = parse_group_key(self._cluster, entry.key)
             if parsed is None or parsed[0] != group_id or parsed[1] is None:
                 continue  # another group whose id extends this one's prefix
             offsets[parsed[1]] = decode_offset(entry.value)
-        return LoadedGroup(record, offsets)
+        return LoadedGroup(record, offsets, frozenset(pending))
 
     async def save_group(self, group_id: str, record: GroupRecord, fence: Fence) -> bool:
         """Write the group metadata; False if the lease is no longer ours."""

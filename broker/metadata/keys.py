@@ -17,6 +17,11 @@ etcd (all under ``/kafscale/<cluster>/``)::
     groups/<group>/metadata          group state (JSON)
     groups/<group>/offsets/<topic>/<p>  committed offset (JSON)
     producers/<producer id>          idempotent producer epoch (JSON)
+    transactions/<transactional id>  transaction state: producer id, epoch, state, partitions,
+                                     groups, timeout (JSON; ids percent-encoded like group ids)
+    leases/transactions/<txn id>     transaction coordinator's broker id, bound to its session
+    groups/<group>/txn-offsets/<producer id>/<topic>/<p>
+                                     an offset committed in a transaction, not yet visible
     users/<user>/scram/<mechanism>   SCRAM credential: salt, iterations, stored and server
                                      keys (JSON; user names percent-encoded like group ids)
     acls/<type>/<pattern>/<name>/<principal>/<host>/<operation>/<permission>
@@ -160,6 +165,38 @@ def producer_key(cluster: str, producer_id: int) -> str:
 
 def producer_id_counter_key(cluster: str) -> str:
     return f"{cluster_prefix(cluster)}producer-ids/next"
+
+
+def transaction_key(cluster: str, transactional_id: str) -> str:
+    return f"{transactions_prefix(cluster)}{quote(transactional_id, safe='')}"
+
+
+def transactions_prefix(cluster: str) -> str:
+    return f"{cluster_prefix(cluster)}transactions/"
+
+
+def transactional_id_from_key(cluster: str, key: str) -> str:
+    return unquote(key[len(transactions_prefix(cluster)) :])
+
+
+def transaction_lease_key(cluster: str, transactional_id: str) -> str:
+    return f"{transaction_leases_prefix(cluster)}{quote(transactional_id, safe='')}"
+
+
+def transaction_leases_prefix(cluster: str) -> str:
+    return f"{cluster_prefix(cluster)}leases/transactions/"
+
+
+def group_txn_offsets_prefix(cluster: str, group: str, producer_id: int | None = None) -> str:
+    """A group's offsets committed in open transactions (of one producer id, if given)."""
+    base = f"{group_prefix(cluster, group)}txn-offsets/"
+    return base if producer_id is None else f"{base}{producer_id}/"
+
+
+def group_txn_offset_key(
+    cluster: str, group: str, producer_id: int, topic: str, partition: int
+) -> str:
+    return f"{group_txn_offsets_prefix(cluster, group, producer_id)}{topic}/{partition}"
 
 
 def acl_key(cluster: str, *parts: str) -> str:

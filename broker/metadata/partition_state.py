@@ -9,7 +9,15 @@ The document at ``partitions/<topic>/<p>`` (JSON)::
      "producers": {"4001": [{"epoch": 0, "first_seq": 10, "last_seq": 19, "offset": 110}]},
                   # (+ "append_time" in LogAppendTime topics: what a retry is answered with)
      "max_timestamp": 1700000000000,                  # the largest record timestamp so far
-     "time_marks": [[57, 1699999000000], [100, 1699999990000]]}  # (offset, max timestamp below)
+     "time_marks": [[57, 1699999000000], [100, 1699999990000]],  # (offset, max timestamp below)
+     "open_txns": {"4001": 118},                      # producer id -> first offset of its
+                  # open transaction (only while some producer has one)
+     "aborted_txns": [[4002, 60, 75]],                # (producer id, first offset, abort
+                  # marker offset), oldest first; dropped once below the log start
+     "coordinator_epochs": {"4001": 2}}               # the last marker's coordinator epoch
+
+The three transaction fields are written only when non-empty, so a partition without
+transactions keeps its document as small as before (see ``partition_txns`` for the decisions).
 
 Segments are found in object storage by listing; ``recent_segments`` only keeps the newest few so
 that readers of recent data need no listing. They are arrays rather than objects because the
@@ -34,7 +42,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, NamedTuple
 
 RECENT_SEGMENTS = 32
 MAX_TIME_MARKS = 16
@@ -64,6 +72,15 @@ class ProducerState:
     the batch is answered with it, as the first attempt was."""
 
 
+class AbortedTxn(NamedTuple):
+    """An aborted transaction's records on a partition: a read_committed consumer drops the
+    producer's records from ``first_offset`` up to its abort marker at ``last_offset``."""
+
+    producer_id: int
+    first_offset: int
+    last_offset: int
+
+
 @dataclass(frozen=True, slots=True)
 class PartitionState:
     high_watermark: int = 0
@@ -76,6 +93,13 @@ class PartitionState:
     max_timestamp: int | None = -1
     """The largest timestamp of any committed record (-1: none yet; None: unknown)."""
     time_marks: tuple[tuple[int, int], ...] = ()
+    open_txns: dict[int, int] = field(default_factory=dict)
+    """Per producer with an open transaction here, the offset of its first batch in it."""
+    aborted_txns: tuple[AbortedTxn, ...] = ()
+    """Aborted transactions whose records are still readable, oldest first."""
+    coordinator_epochs: dict[int, int] = field(default_factory=dict)
+    """Per transactional producer, the coordinator epoch of the last marker written for it: a
+    marker from an older coordinator is fenced."""
 
     def to_json(self) -> bytes:
         document = {
@@ -93,6 +117,14 @@ class PartitionState:
             document["max_timestamp"] = self.max_timestamp
         if self.time_marks:
             document["time_marks"] = [list(mark) for mark in self.time_marks]
+        if self.open_txns:
+            document["open_txns"] = {str(pid): first for pid, first in self.open_txns.items()}
+        if self.aborted_txns:
+            document["aborted_txns"] = [list(txn) for txn in self.aborted_txns]
+        if self.coordinator_epochs:
+            document["coordinator_epochs"] = {
+                str(pid): epoch for pid, epoch in self.coordinator_epochs.items()
+            }
         return json.dumps(document, separators=(",", ":")).encode()
 
     @classmethod
@@ -110,6 +142,14 @@ class PartitionState:
             },
             max_timestamp=int(document["max_timestamp"]) if "max_timestamp" in document else None,
             time_marks=tuple((int(o), int(t)) for o, t in document.get("time_marks", [])),
+            open_txns={int(p): int(f) for p, f in document.get("open_txns", {}).items()},
+            aborted_txns=tuple(
+                AbortedTxn(int(p), int(f), int(last))
+                for p, f, last in document.get("aborted_txns", [])
+            ),
+            coordinator_epochs={
+                int(p): int(e) for p, e in document.get("coordinator_epochs", {}).items()
+            },
         )
 
 
@@ -265,4 +305,5 @@ def end_offset_for_epoch(state: PartitionState, requested_epoch: int) -> tuple[i
 def advance_log_start(state: PartitionState, offset: int) -> PartitionState:
     """DeleteRecords / retention: records below ``offset`` are no longer served."""
     offset = min(max(offset, state.log_start_offset), state.high_watermark)
-    return replace(state, log_start_offset=offset)
+    aborted = tuple(txn for txn in state.aborted_txns if txn.last_offset >= offset)
+    return replace(state, log_start_offset=offset, aborted_txns=aborted)

@@ -1,10 +1,10 @@
 """Wire layouts of the request/response versions Kafka 3.9 serves and kio does not know.
 
 kio follows Kafka 4, which dropped the oldest versions (KIP-896): Produce v0-v2, Fetch v0-v3,
-ListOffsets v0, OffsetCommit v0-v1, OffsetFetch v0. Clients from before Kafka 2.1 still send
-them. These classes follow kio's generated ones field for field (order, ``kafka_type``
-metadata, ``__flexible__``), so kio's reader and writer, the request guard and the codec's
-dict-to-entity builder all handle them unchanged; :mod:`codec` looks here before asking kio.
+ListOffsets v0, OffsetCommit v0-v1, OffsetFetch v0, WriteTxnMarkers v0. Clients from before
+Kafka 2.1 still send them. These classes follow kio's generated ones field for field (order,
+``kafka_type`` metadata, ``__flexible__``), so kio's reader and writer, the request guard and
+the codec's dict-to-entity builder all handle them unchanged; :mod:`codec` looks here first.
 
 Where a legacy version has exactly the layout of the oldest version kio knows, the kio class is
 reused (OffsetFetch v0 is v1 on the wire; OffsetCommit responses v0-v2 are identical; Produce
@@ -309,6 +309,88 @@ class FetchResponseV1:
     responses: tuple[FetchTopicResponseV0, ...]
 
 
+# --- WriteTxnMarkers v0 (api 27) ---------------------------------------------------------------
+# v1 on the wire without flexible encodings (Kafka 3.9 serves v0-v1; Kafka 4 only v1).
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WritableTxnMarkerTopicV0:
+    __type__: ClassVar = EntityType.nested
+    __version__: ClassVar[i16] = i16(0)
+    __flexible__: ClassVar[bool] = False
+    __api_key__: ClassVar[i16] = i16(27)
+    __header_schema__: ClassVar[type[RequestHeader]] = RequestHeader
+    name: str = field(metadata={"kafka_type": "string"})
+    partition_indexes: tuple[i32, ...] = field(metadata={"kafka_type": "int32"}, default=())
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WritableTxnMarkerV0:
+    __type__: ClassVar = EntityType.nested
+    __version__: ClassVar[i16] = i16(0)
+    __flexible__: ClassVar[bool] = False
+    __api_key__: ClassVar[i16] = i16(27)
+    __header_schema__: ClassVar[type[RequestHeader]] = RequestHeader
+    producer_id: i64 = field(metadata={"kafka_type": "int64"})
+    producer_epoch: i16 = field(metadata={"kafka_type": "int16"})
+    transaction_result: bool = field(metadata={"kafka_type": "bool"})
+    topics: tuple[WritableTxnMarkerTopicV0, ...]
+    coordinator_epoch: i32 = field(metadata={"kafka_type": "int32"})
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WriteTxnMarkersRequestV0:
+    __type__: ClassVar = EntityType.request
+    __version__: ClassVar[i16] = i16(0)
+    __flexible__: ClassVar[bool] = False
+    __api_key__: ClassVar[i16] = i16(27)
+    __header_schema__: ClassVar[type[RequestHeader]] = RequestHeader
+    markers: tuple[WritableTxnMarkerV0, ...]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WritableTxnMarkerPartitionResultV0:
+    __type__: ClassVar = EntityType.nested
+    __version__: ClassVar[i16] = i16(0)
+    __flexible__: ClassVar[bool] = False
+    __api_key__: ClassVar[i16] = i16(27)
+    __header_schema__: ClassVar[type[ResponseHeader]] = ResponseHeader
+    partition_index: i32 = field(metadata={"kafka_type": "int32"})
+    error_code: ErrorCode = field(metadata={"kafka_type": "error_code"})
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WritableTxnMarkerTopicResultV0:
+    __type__: ClassVar = EntityType.nested
+    __version__: ClassVar[i16] = i16(0)
+    __flexible__: ClassVar[bool] = False
+    __api_key__: ClassVar[i16] = i16(27)
+    __header_schema__: ClassVar[type[ResponseHeader]] = ResponseHeader
+    name: str = field(metadata={"kafka_type": "string"})
+    partitions: tuple[WritableTxnMarkerPartitionResultV0, ...]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WritableTxnMarkerResultV0:
+    __type__: ClassVar = EntityType.nested
+    __version__: ClassVar[i16] = i16(0)
+    __flexible__: ClassVar[bool] = False
+    __api_key__: ClassVar[i16] = i16(27)
+    __header_schema__: ClassVar[type[ResponseHeader]] = ResponseHeader
+    producer_id: i64 = field(metadata={"kafka_type": "int64"})
+    topics: tuple[WritableTxnMarkerTopicResultV0, ...]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WriteTxnMarkersResponseV0:
+    __type__: ClassVar = EntityType.response
+    __version__: ClassVar[i16] = i16(0)
+    __flexible__: ClassVar[bool] = False
+    __api_key__: ClassVar[i16] = i16(27)
+    __header_schema__: ClassVar[type[ResponseHeader]] = ResponseHeader
+    markers: tuple[WritableTxnMarkerResultV0, ...]
+
+
 REQUESTS: dict[tuple[int, int], type[Any]] = {
     (0, 0): ProduceRequestV0,
     (0, 1): ProduceRequestV0,
@@ -321,6 +403,7 @@ REQUESTS: dict[tuple[int, int], type[Any]] = {
     (8, 0): OffsetCommitRequestV0,
     (8, 1): OffsetCommitRequestV1,
     (9, 0): OffsetFetchRequest,
+    (27, 0): WriteTxnMarkersRequestV0,
 }
 
 RESPONSES: dict[tuple[int, int], type[Any]] = {
@@ -335,4 +418,5 @@ RESPONSES: dict[tuple[int, int], type[Any]] = {
     (8, 0): OffsetCommitResponse,
     (8, 1): OffsetCommitResponse,
     (9, 0): OffsetFetchResponse,
+    (27, 0): WriteTxnMarkersResponseV0,
 }

@@ -144,6 +144,24 @@ def iter_batch_headers(
         position += header.size
 
 
+def batches_below(data: bytes, end_offset: int) -> bytes:
+    """The leading whole batches of ``data`` whose base offset is below ``end_offset``."""
+    cut = 0
+    for position, header in iter_batch_headers(data):
+        if header.base_offset >= end_offset:
+            break
+        cut = position + header.size
+    return data if cut == len(data) else data[:cut]
+
+
+def next_offset_after(data: bytes | memoryview, default: int) -> int:
+    """The offset after the last whole batch of ``data`` (``default`` if there is none)."""
+    end = default
+    for _, header in iter_batch_headers(data):
+        end = header.last_offset + 1
+    return end
+
+
 # --- record decoding (timestamp look-ups only) -----------------------------------------------
 
 

@@ -27,6 +27,7 @@ Describable = Callable[[str], bool]
 Operations = Callable[[ResourceType, str], int]
 """Kafka's ``authorized_operations`` bit field of the client on that resource."""
 GROUP_KEY_TYPE = 0
+TRANSACTION_KEY_TYPE = 1
 AUTHORIZED_OPERATIONS_OMITTED = -2147483648
 CANDIDATES: dict[ResourceType, tuple[Operation, ...]] = {
     ResourceType.TOPIC: TOPIC_OPS,
@@ -163,8 +164,9 @@ def _topic(name: str, routes: RoutingTable, me: Identity, operations: int) -> Bo
 def find_coordinator(
     request: Any, api_version: int, me: Identity, describable: Describable = _everything
 ) -> Body:
-    """The proxy coordinates every group (it forwards to the real coordinator); a group the
-    client may not describe gets GROUP_AUTHORIZATION_FAILED."""
+    """The proxy coordinates every group and transactional id (it forwards to the real
+    coordinator); a group the client may not describe gets GROUP_AUTHORIZATION_FAILED (the
+    brokers check a transactional id on the requests that follow)."""
     key_type = int(getattr(request, "key_type", GROUP_KEY_TYPE))
     if api_version >= 4:
         entries = [_coordinator(key, key_type, me, describable) for key in request.coordinator_keys]
@@ -183,14 +185,14 @@ def _coordinator(key: str, key_type: int, me: Identity, describable: Describable
             "error_code": ErrorCode.GROUP_AUTHORIZATION_FAILED,
             "error_message": None,
         }
-    if key_type != GROUP_KEY_TYPE:  # as the brokers answer
+    if key_type not in (GROUP_KEY_TYPE, TRANSACTION_KEY_TYPE):  # as the brokers answer
         return {
             "key": key,
             "node_id": -1,
             "host": "",
             "port": -1,
             "error_code": ErrorCode.INVALID_REQUEST,
-            "error_message": "transactions are not supported",
+            "error_message": f"key type {key_type} is not supported",
         }
     return {
         "key": key,

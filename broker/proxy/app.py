@@ -36,7 +36,12 @@ from kafscale.broker.proxy.upstream import UpstreamLink, UpstreamPool, UpstreamS
 from kafscale.broker.security.credentials import CredentialStore
 from kafscale.broker.security.forwarding import address_bytes, peer_host
 from kafscale.broker.security.listeners import advertised_address
-from kafscale.broker.security.tls import CertificateReloader, TlsConfigError, client_context
+from kafscale.broker.security.tls import (
+    CertificateReloader,
+    ClientCertificateReloader,
+    TlsConfigError,
+    client_context,
+)
 from kafscale.broker.server import ByteBudget, Connection, KafkaServer, ServerEndpoint
 
 log = logging.getLogger(__name__)
@@ -164,6 +169,11 @@ class Proxy:
         if contexts:
             reloader = CertificateReloader(settings.tls, contexts)
             self._tasks.append(asyncio.create_task(reloader.run(), name="tls-reload"))
+        upstream_reloader = upstream_certificate_reloader(settings, self._upstream_tls)
+        if upstream_reloader is not None:
+            self._tasks.append(
+                asyncio.create_task(upstream_reloader.run(), name="upstream-tls-reload")
+            )
         ports = self.server.ports
         identities = {
             item.name: Identity(
@@ -261,6 +271,24 @@ def upstream_context(settings: ProxySettings) -> ssl.SSLContext | None:
         return None
     return client_context(
         upstream.ca_file, upstream.cert_file, upstream.key_file, upstream.check_hostname
+    )
+
+
+def upstream_certificate_reloader(
+    settings: ProxySettings, context: ssl.SSLContext | None
+) -> ClientCertificateReloader | None:
+    """Keeps the upstream context on the current files (checked every
+    ``tls.reload_interval_s``): on Kubernetes the operator renews the proxy's client
+    certificate before it expires, and brokers would refuse the old one once it does."""
+    upstream = settings.upstream
+    if context is None or (upstream.cert_file is None and upstream.ca_file is None):
+        return None
+    return ClientCertificateReloader(
+        context,
+        upstream.ca_file,
+        upstream.cert_file,
+        upstream.key_file,
+        settings.tls.reload_interval_s,
     )
 
 

@@ -268,8 +268,13 @@ class Forwarder:
                 if not await self._may_retry(attempt, deadline):
                     raise
                 continue
-            response = codec.decode_response(body, call.api_key, call.api_version)
             attempt += 1
+            try:
+                response = codec.decode_response(body, call.api_key, call.api_version)
+            except Exception:
+                # kio refuses a few values Kafka sends (DescribeTransactions' start time of -1
+                # for a transaction that has not begun): pass such an answer on as it came.
+                return body, None
             if not route_errors.intersection(split.error_codes(response)):
                 return body, response
             self.stats.count_retry("not_coordinator")

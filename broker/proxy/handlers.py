@@ -3,12 +3,15 @@
 Answered here: ApiVersions, Metadata (unless it must create topics), FindCoordinator,
 DescribeCluster, and the SASL login (SaslHandshake, SaslAuthenticate) with the brokers' own
 code. Metadata and FindCoordinator show a client only what its ACLs let it describe. Split
-by partition owner: Produce, Fetch, ListOffsets, OffsetForLeaderEpoch, DeleteRecords. To the
-group's coordinator: the group and offset APIs (DescribeGroups, DeleteGroups and multi-group
-OffsetFetch split by coordinator). To every broker: ListGroups. To any broker (they act
-through etcd): topic, config, ACL and user administration, InitProducerId; DescribeConfigs of
-a broker goes to that broker, and of the proxy's own id to a live broker whose answer the
-proxy gives as its own (``configs``).
+by partition owner: Produce, Fetch, ListOffsets, OffsetForLeaderEpoch, DeleteRecords,
+DescribeProducers. To the group's coordinator: the group and offset APIs (DescribeGroups,
+DeleteGroups and multi-group OffsetFetch split by coordinator) and TxnOffsetCommit. To the
+transactional id's coordinator: InitProducerId with a transactional id, AddPartitionsToTxn,
+AddOffsetsToTxn, EndTxn (DescribeTransactions split by coordinator). To every broker:
+ListGroups, ListTransactions. To any broker (they act through etcd): topic, config, ACL and
+user administration, InitProducerId of an idempotent producer; DescribeConfigs of a broker
+goes to that broker, and of the proxy's own id to a live broker whose answer the proxy gives
+as its own (``configs``).
 
 A handler returns a body to encode, the raw answer of one broker (forwarded as it came, only the
 correlation id changed), or None (acks=0).
@@ -288,6 +291,105 @@ async def list_groups(r: ProxyRequest) -> Answer:
     return {"throttle_time": 0, "error_code": code, "groups": list(groups.values())}
 
 
+# --- to the transaction coordinator -----------------------------------------------------------
+
+
+def transactional_id_of(api_key: int, body: Any) -> str | None:
+    """The transactional id a transaction request is for (None: InitProducerId of an
+    idempotent producer, which any broker answers)."""
+    if api_key == 24 and hasattr(body, "v3_and_below_transactional_id"):
+        return str(body.v3_and_below_transactional_id)
+    if api_key == 24:  # v4+: batched, from brokers; the first transaction's coordinator
+        transactions = list(body.transactions)
+        return str(transactions[0].transactional_id) if transactions else ""
+    txn_id = getattr(body, "transactional_id", None)
+    return None if txn_id is None else str(txn_id)
+
+
+async def to_transaction_coordinator(r: ProxyRequest) -> Answer:
+    """InitProducerId (with a transactional id), AddPartitionsToTxn, AddOffsetsToTxn and
+    EndTxn: to the broker holding the transactional id's lease, retried when it moves."""
+    txn_id = transactional_id_of(r.call.api_key, r.body)
+    if not txn_id:
+        return await to_any_broker(r)
+    forwarder = r.ctx.forwarder
+    routes = forwarder.routes
+    body, _ = await forwarder.routed(
+        r.pool,
+        r.call,
+        r.frame,
+        lambda _refused: routes.transaction_coordinator(txn_id),
+        forwarder.deadline(),
+    )
+    return Raw(body)
+
+
+async def describe_transactions(r: ProxyRequest) -> Answer:
+    """Split by transaction coordinator, the answers' states joined (clients match them by
+    transactional id). Joined as bytes: kio cannot read back the start time of -1 that
+    Kafka (and the brokers) send for a transaction that has not begun."""
+    routes = r.ctx.forwarder.routes
+    ids = [str(t) for t in r.body.transactional_ids]
+    by_broker: dict[int, list[str]] = {}
+    for txn_id in ids:
+        by_broker.setdefault(routes.transaction_coordinator(txn_id), []).append(txn_id)
+    if len(by_broker) <= 1:
+        return await _to_transaction(r, ids[0] if ids else "", r.frame)
+    parts = list(by_broker.values())
+    raws = await asyncio.gather(
+        *(
+            _to_transaction(
+                r, part[0], _frame(r.call, dataclasses.replace(r.body, transactional_ids=part))
+            )
+            for part in parts
+        )
+    )
+    return Raw(split.concat_flexible_lists([raw.body for raw in raws]))
+
+
+async def _to_transaction(r: ProxyRequest, txn_id: str, frame: bytes | memoryview) -> Raw:
+    forwarder = r.ctx.forwarder
+    routes = forwarder.routes
+    body, _ = await forwarder.routed(
+        r.pool,
+        r.call,
+        frame,
+        lambda _refused: routes.transaction_coordinator(txn_id),
+        forwarder.deadline(),
+    )
+    return Raw(body)
+
+
+async def list_transactions(r: ProxyRequest) -> Answer:
+    """Every broker's transactions (each lists the ones it coordinates), once each."""
+    forwarder = r.ctx.forwarder
+    brokers = sorted(forwarder.routes.view.brokers)
+    outcomes = await asyncio.gather(
+        *(forwarder.call_raw(r.pool, broker, r.frame) for broker in brokers),
+        return_exceptions=True,
+    )
+    states: dict[str, Any] = {}
+    unknown: list[str] = []
+    code = ErrorCode.COORDINATOR_NOT_AVAILABLE
+    for outcome in outcomes:
+        if isinstance(outcome, UpstreamError):
+            continue
+        if isinstance(outcome, BaseException):
+            raise outcome
+        response = codec.decode_response(outcome, r.call.api_key, r.call.api_version)
+        if int(response.error_code) == ErrorCode.NONE:
+            code = ErrorCode.NONE
+        unknown = [str(s) for s in response.unknown_state_filters]
+        for state in response.transaction_states:
+            states.setdefault(str(state.transactional_id), state)
+    return {
+        "throttle_time": 0,
+        "error_code": code,
+        "unknown_state_filters": unknown,
+        "transaction_states": list(states.values()),
+    }
+
+
 # --- to any broker --------------------------------------------------------------------------
 
 
@@ -371,8 +473,12 @@ HANDLERS: dict[int, Handler] = {
     19: to_any_broker,  # CreateTopics
     20: to_any_broker,  # DeleteTopics
     21: partitioned(split.DELETE_RECORDS),
-    22: to_any_broker,  # InitProducerId
+    22: to_transaction_coordinator,  # InitProducerId (any broker without transactional id)
     23: partitioned(split.OFFSET_FOR_LEADER_EPOCH),
+    24: to_transaction_coordinator,  # AddPartitionsToTxn
+    25: to_transaction_coordinator,  # AddOffsetsToTxn
+    26: to_transaction_coordinator,  # EndTxn
+    28: to_coordinator,  # TxnOffsetCommit: the group's coordinator
     29: to_any_broker,  # DescribeAcls
     30: to_any_broker,  # CreateAcls
     31: to_any_broker,  # DeleteAcls
@@ -384,6 +490,9 @@ HANDLERS: dict[int, Handler] = {
     50: to_any_broker,  # DescribeUserScramCredentials
     51: to_any_broker,  # AlterUserScramCredentials
     60: describe_cluster,
+    61: partitioned(split.DESCRIBE_PRODUCERS),  # split by partition owner too
+    65: describe_transactions,
+    66: list_transactions,
     68: to_coordinator,  # ConsumerGroupHeartbeat
     69: by_coordinator(CONSUMER_GROUP_DESCRIBE),
 }

@@ -2,9 +2,9 @@
 
 Kept current by the same etcd watches the brokers use (``ClusterView`` for the broker registry,
 partition leases, the assignment, draining marks and partition states; ``GroupLeases`` for group
-coordinators), so routing a request never costs an etcd round trip. The choices themselves are
-the brokers' own pure functions (``leader_for``, ``choose_coordinator``): a client of the proxy
-is sent where a client of any broker would be.
+and transaction coordinators), so routing a request never costs an etcd round trip. The choices
+themselves are the brokers' own pure functions (``leader_for``, ``choose_coordinator``): a
+client of the proxy is sent where a client of any broker would be.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 
 from kafscale.broker.groups.leases import GroupLeases, choose_coordinator
+from kafscale.broker.metadata import keys
 from kafscale.broker.metadata.cluster import BrokerInfo, ClusterView
 from kafscale.broker.metadata.etcd import Etcd
 from kafscale.broker.metadata.leaders import leader_for
@@ -24,6 +25,13 @@ class RoutingTable:
     def __init__(self, etcd: Etcd, cluster: str) -> None:
         self.view = ClusterView(etcd, cluster)
         self.groups = GroupLeases(etcd, cluster, self._on_group_change)
+        self.transactions = GroupLeases(
+            etcd,
+            cluster,
+            self._on_group_change,
+            prefix=keys.transaction_leases_prefix(cluster),
+            key_of=keys.transaction_lease_key,
+        )
         self._changed = asyncio.Event()
         self._follower: asyncio.Task[None] | None = None
         self.loaded = False
@@ -31,6 +39,7 @@ class RoutingTable:
     async def start(self) -> None:
         await self.view.start()
         await self.groups.start()
+        await self.transactions.start()
         self._follower = asyncio.create_task(self._follow_view(), name="proxy-routes")
         self.loaded = True
 
@@ -40,6 +49,7 @@ class RoutingTable:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._follower
         await self.groups.close()
+        await self.transactions.close()
         await self.view.close()
 
     @property
@@ -58,6 +68,16 @@ class RoutingTable:
         view = self.view
         chosen = choose_coordinator(
             group_id, self.groups.holder(group_id), view.brokers.keys(), view.draining
+        )
+        return -1 if chosen is None else chosen
+
+    def transaction_coordinator(self, transactional_id: str) -> int:
+        view = self.view
+        chosen = choose_coordinator(
+            transactional_id,
+            self.transactions.holder(transactional_id),
+            view.brokers.keys(),
+            view.draining,
         )
         return -1 if chosen is None else chosen
 

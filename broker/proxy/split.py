@@ -15,6 +15,8 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from kafscale.broker.protocol import guard
+
 TopicPartition = tuple[str, int]
 
 
@@ -65,10 +67,27 @@ DELETE_RECORDS = PartitionedApi(
 )
 
 
+DESCRIBE_PRODUCERS = PartitionedApi(
+    "topics",
+    "name",
+    "partition_indexes",
+    "",  # plain partition numbers
+    "topics",
+    "name",
+    "partitions",
+    "partition_index",
+)
+
+
+def _partition_number(api: PartitionedApi, item: Any) -> int:
+    """A request's partition: an entity's field, or the number itself (``api.partition`` "")."""
+    return int(getattr(item, api.partition) if api.partition else item)
+
+
 def requested_partitions(request: Any, api: PartitionedApi) -> list[TopicPartition]:
     """Every (topic, partition) of the request, in the client's order."""
     return [
-        (str(getattr(topic, api.topic_name)), int(getattr(p, api.partition)))
+        (str(getattr(topic, api.topic_name)), _partition_number(api, p))
         for topic in getattr(request, api.topics)
         for p in getattr(topic, api.partitions)
     ]
@@ -89,7 +108,7 @@ def split_request(
     for index, topic in enumerate(topics):
         name = str(getattr(topic, api.topic_name))
         for p in getattr(topic, api.partitions):
-            tp = (name, int(getattr(p, api.partition)))
+            tp = (name, _partition_number(api, p))
             if keep is not None and tp not in keep:
                 continue
             by_broker.setdefault(route(tp), {}).setdefault(index, []).append(p)
@@ -151,11 +170,12 @@ def partition_error(api: PartitionedApi, partition: int, code: int) -> dict[str,
 
 
 def error_codes(entity: Any) -> Iterator[int]:
-    """Every ``error_code`` in a parsed response, however deeply nested."""
+    """Every ``error_code`` (and ``partition_error_code``) in a parsed response, however
+    deeply nested."""
     if dataclasses.is_dataclass(entity) and not isinstance(entity, type):
         for field in dataclasses.fields(entity):
             value = getattr(entity, field.name)
-            if field.name == "error_code":
+            if field.name.endswith("error_code"):  # AddPartitionsToTxn: partition_error_code
                 yield int(value)
             elif isinstance(value, tuple) or dataclasses.is_dataclass(value):
                 yield from error_codes(value)
@@ -175,3 +195,29 @@ def fetch_topic_key(topic: Any) -> Any:
     if hasattr(topic, "topic"):
         return topic.topic
     return topic.topic_id or uuid.UUID(int=0)
+
+
+def concat_flexible_lists(bodies: list[bytes]) -> bytes:
+    """One response of several flexible ones whose body is ``throttle_time`` and one list
+    (DescribeTransactions): the first's header and throttle time, every list's items in turn.
+    Each body is a response header v1 (correlation id, no tagged fields), an i32, a compact
+    array and no tagged fields, as the brokers write them."""
+    head = bodies[0][:9]  # correlation id, empty tagged fields, throttle time
+    count = 0
+    items = bytearray()
+    for body in bodies:
+        length, at = _read_uvarint(body, 9)
+        count += max(length - 1, 0)
+        items += body[at:-1]  # up to the top-level tagged fields (empty: one zero byte)
+    return bytes(head) + guard.encode_uvarint(count + 1) + bytes(items) + b"\x00"
+
+
+def _read_uvarint(data: bytes, at: int) -> tuple[int, int]:
+    shift = value = 0
+    while True:
+        byte = data[at]
+        at += 1
+        value |= (byte & 0x7F) << shift
+        if not byte & 0x80:
+            return value, at
+        shift += 7

@@ -1,7 +1,8 @@
 """TLS for SSL and SASL_SSL listeners: server contexts, certificate reload, mTLS principals.
 
 Certificates are rotated by replacing files (cert-manager renews a Secret, the kubelet updates
-the mounted files), so the broker checks their modification times every
+the mounted files), so the broker (and the proxy, for its listeners and for the client
+certificate it presents to the brokers) checks their modification times every
 ``tls.reload_interval_s`` and loads the new ones into the contexts in place: new connections
 get the new certificate, open ones keep theirs. A file that does not load (half written) is
 logged and retried on the next check; the old certificate stays in use meanwhile.
@@ -74,15 +75,27 @@ def _mtimes(paths: Iterable[Path | None]) -> tuple[float, ...]:
     return tuple(stamps)
 
 
-class CertificateReloader:
-    """Reloads the TLS files into every listener's context when they change."""
+class _FileReloader:
+    """Reloads TLS files into live contexts when their modification times change.
 
-    def __init__(self, settings: TlsSettings, contexts: list[ssl.SSLContext]) -> None:
-        self._settings = settings
+    A trial load into a fresh context comes first: loading a certificate whose key does not
+    match (the key file not replaced yet) into a live context would drop its key, and
+    handshakes would fail until the next check."""
+
+    def __init__(
+        self, files: tuple[Path | None, ...], contexts: list[ssl.SSLContext], interval_s: float
+    ) -> None:
+        self._files = files
         self._contexts = contexts
-        self._files = (settings.cert_file, settings.key_file, settings.ca_file)
-        self._seen = _mtimes(self._files)
+        self._interval_s = interval_s
+        self._seen = _mtimes(files)
         self.reloads = 0
+
+    def _load(self, context: ssl.SSLContext) -> None:
+        raise NotImplementedError
+
+    def _trial_context(self) -> ssl.SSLContext:
+        raise NotImplementedError
 
     def check(self) -> bool:
         """Reload if any file changed since the last load; True if it reloaded."""
@@ -90,24 +103,74 @@ class CertificateReloader:
         if stamps == self._seen:
             return False
         try:
-            # A trial load first: loading a certificate whose key does not match (the key file
-            # not replaced yet) into a live context would drop its key, and handshakes would
-            # fail until the next check.
-            load_files(ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER), self._settings)
+            self._load(self._trial_context())
             for context in self._contexts:
-                load_files(context, self._settings)
+                self._load(context)
         except TlsConfigError as exc:
             log.warning("TLS files changed but do not load yet (%s); keeping the old ones", exc)
             return False
         self._seen = stamps
         self.reloads += 1
-        log.info("TLS certificate reloaded from %s", self._settings.cert_file)
+        log.info("TLS certificate reloaded from %s", self._files[0])
         return True
 
     async def run(self) -> None:
         while True:
-            await asyncio.sleep(self._settings.reload_interval_s)
+            await asyncio.sleep(self._interval_s)
             self.check()
+
+
+class CertificateReloader(_FileReloader):
+    """Reloads the TLS files into every listener's context when they change."""
+
+    def __init__(self, settings: TlsSettings, contexts: list[ssl.SSLContext]) -> None:
+        files = (settings.cert_file, settings.key_file, settings.ca_file)
+        super().__init__(files, contexts, settings.reload_interval_s)
+        self._settings = settings
+
+    def _load(self, context: ssl.SSLContext) -> None:
+        load_files(context, self._settings)
+
+    def _trial_context(self) -> ssl.SSLContext:
+        return ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+
+
+class ClientCertificateReloader(_FileReloader):
+    """Reloads a client context's certificate, key and CA when they change: the proxy's
+    certificate towards the brokers (``<name>-proxy-client-tls`` on Kubernetes, renewed by the
+    operator or cert-manager before it expires). New connections present the new certificate;
+    open ones keep theirs."""
+
+    def __init__(
+        self,
+        context: ssl.SSLContext,
+        ca_file: Path | None,
+        cert_file: Path | None,
+        key_file: Path | None,
+        interval_s: float,
+    ) -> None:
+        super().__init__((cert_file, key_file, ca_file), [context], interval_s)
+        self._ca_file, self._cert_file, self._key_file = ca_file, cert_file, key_file
+
+    def _load(self, context: ssl.SSLContext) -> None:
+        load_client_files(context, self._ca_file, self._cert_file, self._key_file)
+
+    def _trial_context(self) -> ssl.SSLContext:
+        return ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+
+
+def load_client_files(
+    context: ssl.SSLContext, ca_file: Path | None, cert_file: Path | None, key_file: Path | None
+) -> None:
+    """(Re)load a client's own certificate and key and the CAs it trusts into ``context``
+    (loading adds CAs; the system's stay when ``ca_file`` is None)."""
+    try:
+        if ca_file is not None:
+            context.load_verify_locations(cafile=str(ca_file))
+        if cert_file is not None and key_file is not None:
+            context.load_cert_chain(cert_file, key_file)
+    except (OSError, ssl.SSLError) as exc:
+        raise TlsConfigError(f"cannot load TLS files: {exc}") from exc
 
 
 def client_context(
@@ -121,10 +184,9 @@ def client_context(
     own certificate presented when given (its principal on the brokers)."""
     try:
         context = ssl.create_default_context(cafile=str(ca_file) if ca_file else None)
-        if cert_file is not None and key_file is not None:
-            context.load_cert_chain(cert_file, key_file)
     except (OSError, ssl.SSLError) as exc:
         raise TlsConfigError(f"cannot load TLS files: {exc}") from exc
+    load_client_files(context, None, cert_file, key_file)
     context.minimum_version = ssl.TLSVersion.TLSv1_2
     context.check_hostname = check_hostname
     return context

@@ -60,6 +60,7 @@ from kafscale.broker.metadata.etcd import (
     value_is,
 )
 from kafscale.broker.metadata.partition_state import PartitionState, SegmentRef, commit_segment
+from kafscale.broker.metadata.partition_txns import apply_txn_events
 from kafscale.broker.metadata.topics import topic_exists
 from kafscale.broker.observability.metrics import METRICS
 from kafscale.broker.protocol.errors import MetadataTimeout, NotLeader, StorageFailure
@@ -538,6 +539,7 @@ class Flusher:
             for index, segment in enumerate(item.segments):
                 last = index == len(item.segments) - 1
                 state = commit_segment(state, segment.ref, item.work.producers if last else {})
+            state = apply_txn_events(state, item.work.txn_events)
         return _Commit(items, state, state.to_json())
 
     async def _commit(self, commits: list[_Commit]) -> list[Uploaded]:

@@ -27,8 +27,11 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
+from kafscale.broker.metadata import partition_txns
 from kafscale.broker.metadata.partition_state import PartitionState, ProducerState
-from kafscale.broker.protocol.errors import KafkaError, NotLeader
+from kafscale.broker.metadata.partition_txns import TxnBegin, TxnEnd, TxnEvent
+from kafscale.broker.protocol import control_batch
+from kafscale.broker.protocol.errors import ErrorCode, KafkaError, NotLeader
 from kafscale.broker.protocol.record_batch import NO_PRODUCER_ID, BatchHeader
 from kafscale.broker.storage import sequences
 
@@ -57,6 +60,7 @@ class PendingBatch:
     acked: asyncio.Future[Ack]
     producer: tuple[int, ProducerState] | None = None
     append_time: int = NO_APPEND_TIME
+    txn: TxnEvent | None = None  # what committing this batch changes about transactions
 
 
 @dataclass(slots=True)
@@ -66,6 +70,7 @@ class FlushWork:
     partition: OwnedPartition
     chunks: list[list[PendingBatch]]
     producers: dict[int, tuple[ProducerState, ...]]
+    txn_events: list[TxnEvent] = field(default_factory=list)  # in offset order
 
     @property
     def batches(self) -> list[PendingBatch]:
@@ -118,9 +123,16 @@ class OwnedPartition:
     flushed: dict[int, deque[ProducerState]] = field(default_factory=dict)
     # Idempotent producers' batches not durable yet, by base offset: what a retry waits for.
     unacked: dict[int, asyncio.Future[Ack]] = field(default_factory=dict)
+    # Transactions as appended (the committed state lags by the batches not flushed yet):
+    # per producer, the first offset of its open transaction, and the coordinator epoch of its
+    # last marker.
+    open_txns: dict[int, int] = field(default_factory=dict)
+    coordinator_epochs: dict[int, int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.next_offset = self.state.high_watermark
+        self.open_txns = dict(self.state.open_txns)
+        self.coordinator_epochs = dict(self.state.coordinator_epochs)
         for producer_id, batches in self.state.producers.items():
             self.recent[producer_id] = deque(batches, maxlen=sequences.RECENT_BATCHES)
             self.flushed[producer_id] = deque(batches, maxlen=sequences.RECENT_BATCHES)
@@ -140,6 +152,8 @@ class OwnedPartition:
         ``append_time``: what a LogAppendTime topic stamped the batch with."""
         if not self.accepting:
             raise NotLeader(f"{self.topic}-{self.partition} is being handed over")
+        if header.is_transactional and header.producer_id == NO_PRODUCER_ID:
+            raise KafkaError("a transactional batch needs a producer id", ErrorCode.INVALID_RECORD)
         producer = self._check_producer(header)
         if isinstance(producer, sequences.Duplicate):
             return self._answer_retry(producer)
@@ -155,8 +169,55 @@ class OwnedPartition:
             pending.producer = (header.producer_id, remembered)
             self.unacked[base_offset] = acked
             acked.add_done_callback(lambda _: self.unacked.pop(base_offset, None))
+        if header.is_transactional and header.producer_id not in self.open_txns:
+            self.open_txns[header.producer_id] = base_offset
+            pending.txn = TxnBegin(header.producer_id, base_offset)
         self.pending.append(pending)
         self.pending_bytes += len(batch)
+        return acked
+
+    def append_marker(
+        self,
+        producer_id: int,
+        producer_epoch: int,
+        commit: bool,
+        coordinator_epoch: int,
+        now_ms: int,
+    ) -> asyncio.Future[Ack] | None:
+        """Append a commit or abort marker for ``producer_id``'s open transaction; the future
+        resolves once it is durable. None: nothing to write (no open transaction here, a
+        retried marker). KafkaError with Kafka's code for a fenced marker."""
+        if not self.accepting:
+            raise NotLeader(f"{self.topic}-{self.partition} is being handed over")
+        recent = self.recent.get(producer_id)
+        decision = partition_txns.decide_marker(
+            has_open_txn=producer_id in self.open_txns,
+            latest_epoch=recent[-1].epoch if recent else None,
+            known_coordinator_epoch=self.coordinator_epochs.get(producer_id),
+            producer_epoch=producer_epoch,
+            coordinator_epoch=coordinator_epoch,
+        )
+        if isinstance(decision, partition_txns.MarkerRejected):
+            raise KafkaError(f"transaction marker refused: {decision.code.name}", decision.code)
+        if isinstance(decision, partition_txns.MarkerDone):
+            return None
+        data = control_batch.encode_marker(
+            producer_id, producer_epoch, commit, coordinator_epoch, now_ms, self.epoch
+        )
+        acked: asyncio.Future[Ack] = asyncio.get_running_loop().create_future()
+        offset = self.next_offset
+        self.next_offset += 1
+        pending = PendingBatch(data, offset, offset, now_ms, acked)
+        pending.txn = TxnEnd(producer_id, commit, offset, coordinator_epoch)
+        if decision.epoch_bump:
+            # Batches of older epochs are fenced from now on; the new epoch starts at sequence 0.
+            bumped = ProducerState(epoch=producer_epoch, first_seq=-1, last_seq=-1, offset=offset)
+            _remember(self.recent, producer_id, bumped)
+            pending.producer = (producer_id, bumped)
+        del self.open_txns[producer_id]
+        self.coordinator_epochs[producer_id] = coordinator_epoch
+        self.pending.append(pending)
+        self.pending_bytes += len(data)
         return acked
 
     def _answer_retry(self, first: sequences.Duplicate) -> asyncio.Future[Ack]:
@@ -212,14 +273,17 @@ class OwnedPartition:
             if not chunks:
                 return None
         touched: set[int] = set()
+        events: list[TxnEvent] = []
         for chunk in chunks:
             for batch in chunk:
                 if batch.producer is not None:
                     producer_id, producer = batch.producer
                     _remember(self.flushed, producer_id, producer)
                     touched.add(producer_id)
+                if batch.txn is not None:
+                    events.append(batch.txn)
         producers = {pid: tuple(self.flushed[pid]) for pid in touched}
-        work = FlushWork(self, chunks, producers)
+        work = FlushWork(self, chunks, producers, events)
         self.pending = rest
         self.pending_bytes = sum(len(batch.data) for batch in rest)
         self.in_flight += 1

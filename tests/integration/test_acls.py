@@ -415,6 +415,128 @@ def _wire_cases(topic: str) -> list[tuple[str, int, int, dict[str, Any], Any, in
             lambda r: r.filter_results[0].error_code,
             CLUSTER_DENIED,
         ),
+        # the partition half of transactions
+        (
+            "Produce with a transactional id",
+            0,
+            9,
+            {**produce_body(topic, 0, b""), "transactional_id": "tx"},
+            _produce_code,
+            53,  # TRANSACTIONAL_ID_AUTHORIZATION_FAILED: WRITE on the transactional id
+        ),
+        (
+            "WriteTxnMarkers",
+            27,
+            1,
+            {
+                "markers": [
+                    {
+                        "producer_id": 1,
+                        "producer_epoch": 0,
+                        "transaction_result": True,
+                        "topics": [{"name": topic, "partition_indexes": [0]}],
+                        "coordinator_epoch": 0,
+                    }
+                ]
+            },
+            lambda r: r.markers[0].topics[0].partitions[0].error_code,
+            CLUSTER_DENIED,
+        ),
+        (
+            "DescribeProducers",
+            61,
+            0,
+            {"topics": [{"name": topic, "partition_indexes": [0]}]},
+            lambda r: r.topics[0].partitions[0].error_code,
+            TOPIC_DENIED,
+        ),
+        *_transaction_cases(topic),
+    ]
+
+
+TXN_ID_DENIED = 53
+
+
+def _transaction_cases(topic: str) -> list[tuple[str, int, int, dict[str, Any], Any, int]]:
+    """The transaction coordinator's APIs: WRITE (DESCRIBE to find and describe) on the
+    transactional id comes first, as in Kafka."""
+    producer = {"producer_id": 1, "producer_epoch": 0}
+    return [
+        (
+            "FindCoordinator (transaction)",
+            10,
+            4,
+            {"key_type": 1, "coordinator_keys": ["t"]},
+            lambda r: r.coordinators[0].error_code,
+            TXN_ID_DENIED,
+        ),
+        (
+            "InitProducerId (transactional)",
+            22,
+            4,
+            {"transactional_id": "t", "transaction_timeout": 60_000},
+            _code,
+            TXN_ID_DENIED,
+        ),
+        (
+            "AddPartitionsToTxn",
+            24,
+            3,
+            {
+                "v3_and_below_transactional_id": "t",
+                "v3_and_below_producer_id": 1,
+                "v3_and_below_producer_epoch": 0,
+                "v3_and_below_topics": [{"name": topic, "partitions": [0]}],
+            },
+            lambda r: (
+                r.results_by_topic_v3_and_below[0].results_by_partition[0].partition_error_code
+            ),
+            TXN_ID_DENIED,
+        ),
+        (
+            "AddOffsetsToTxn",
+            25,
+            3,
+            {"transactional_id": "t", **producer, "group_id": "g"},
+            _code,
+            TXN_ID_DENIED,
+        ),
+        ("EndTxn", 26, 3, {"transactional_id": "t", **producer, "committed": True}, _code, 53),
+        (
+            "TxnOffsetCommit",
+            28,
+            3,
+            {
+                "transactional_id": "t",
+                "group_id": "g",
+                **producer,
+                "generation_id": -1,
+                "member_id": "",
+                "topics": [
+                    {
+                        "name": topic,
+                        "partitions": [
+                            {
+                                "partition_index": 0,
+                                "committed_offset": 1,
+                                "committed_leader_epoch": -1,
+                                "committed_metadata": None,
+                            }
+                        ],
+                    }
+                ],
+            },
+            lambda r: r.topics[0].partitions[0].error_code,
+            TXN_ID_DENIED,
+        ),
+        (
+            "ListTransactions",
+            66,
+            1,
+            {"state_filters": [], "producer_id_filters": [], "duration_filter": -1},
+            lambda r: [int(r.error_code), len(r.transaction_states)],
+            [0, 0],
+        ),
     ]
 
 

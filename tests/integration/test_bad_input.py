@@ -802,16 +802,19 @@ def test_normal_clients_still_work_after_all_of_it(kafka: BrokerProcess) -> None
 
 # --- protocol honesty: what is not served is never an empty success -------------------------
 
-TXN_OFFSET_COMMIT, END_TXN, DESCRIBE_PRODUCERS = 28, 26, 61
+DESCRIBE_LOG_DIRS, EXPIRE_DELEGATION_TOKEN, ALTER_REPLICA_LOG_DIRS = 35, 40, 34
 INVALID_RECORD, TRANSACTIONAL_ID_AUTHORIZATION_FAILED = 87, 53
 
 
-@pytest.mark.parametrize(("api_key", "version"), [(TXN_OFFSET_COMMIT, 3), (DESCRIBE_PRODUCERS, 0)])
+@pytest.mark.parametrize(
+    ("api_key", "version"), [(DESCRIBE_LOG_DIRS, 1), (ALTER_REPLICA_LOG_DIRS, 2)]
+)
 def test_an_unserved_api_without_an_error_field_closes_the_connection(
     kafka: BrokerProcess, api_key: int, version: int
 ) -> None:
-    """TxnOffsetCommit used to get a response with no topics: a client takes that for a commit.
-    As Kafka does for an API it does not enable, the connection is closed instead."""
+    """TxnOffsetCommit (before transactions were served) used to get a response with no topics:
+    a client takes that for a commit. As Kafka does for an API it does not enable, the
+    connection is closed instead."""
     assert api_key not in API_TABLE
     schema = codec.request_schema(api_key, version)
     with KafkaWire(kafka.bootstrap) as wire:
@@ -822,10 +825,10 @@ def test_an_unserved_api_without_an_error_field_closes_the_connection(
 def test_an_unserved_api_with_an_error_field_gets_unsupported_version(
     kafka: BrokerProcess,
 ) -> None:
-    assert END_TXN not in API_TABLE
+    assert EXPIRE_DELEGATION_TOKEN not in API_TABLE
     with KafkaWire(kafka.bootstrap) as wire:
-        body = sample_body(codec.request_schema(END_TXN, 3))
-        response = wire.request(END_TXN, 3, body)
+        body = sample_body(codec.request_schema(EXPIRE_DELEGATION_TOKEN, 1))
+        response = wire.request(EXPIRE_DELEGATION_TOKEN, 1, body)
         assert int(response.error_code) == UNSUPPORTED_VERSION
 
 
@@ -834,7 +837,7 @@ def test_api_versions_names_only_apis_in_the_table(kafka: BrokerProcess) -> None
         advertised = wire.request(API_VERSIONS, 3, {})
     keys = {int(k.api_key) for k in advertised.api_keys}
     assert keys == set(API_TABLE)
-    assert not keys & {TXN_OFFSET_COMMIT, END_TXN, DESCRIBE_PRODUCERS}
+    assert not keys & {DESCRIBE_LOG_DIRS, EXPIRE_DELEGATION_TOKEN}
 
 
 def test_a_control_batch_from_a_client_is_invalid_record_and_not_stored(
@@ -853,8 +856,8 @@ def test_a_control_batch_from_a_client_is_invalid_record_and_not_stored(
 def test_a_transactional_batch_without_a_transactional_id_is_refused(
     kafka: BrokerProcess,
 ) -> None:
-    """As KafkaApis does: transactional records need a transactional id (and transactions are
-    not served), so the whole request gets TRANSACTIONAL_ID_AUTHORIZATION_FAILED."""
+    """As KafkaApis does: transactional records need a transactional id, so the whole request
+    gets TRANSACTIONAL_ID_AUTHORIZATION_FAILED."""
     with KafkaWire(kafka.bootstrap) as wire:
         before = high_watermark(wire, "target", 1)
         batch = make_batch(

@@ -188,3 +188,39 @@ async def test_a_failed_upload_fails_the_later_round_of_its_partition_too() -> N
         await asyncio.gather(loop, return_exceptions=True)
     assert etcd.txns == []
     assert owned.failed and owned.in_flight == 0
+
+
+async def test_transaction_bookkeeping_is_committed_with_the_batches_that_change_it() -> None:
+    """A transactional batch opens its transaction in the state its round commits; an abort
+    marker in a round folded into the same commit closes it and records the abort."""
+    store, etcd = GatedStore(), RecordingEtcd()
+    flusher, owned = await started(store, etcd)
+    loop = asyncio.create_task(flusher.run())
+    pid = 9
+    try:
+        batch = make_batch(0, [b"t"], attributes=0x10, producer_id=pid, producer_epoch=0,
+                           base_sequence=0)  # fmt: skip
+        first = owned.append(batch, read_header(batch))
+        flusher.data_appended(segment_full=False)
+        assert await first == Ack(0)
+        assert owned.state.open_txns == {pid: 0}
+        held = store.gates[1] = asyncio.Event()
+        batch = make_batch(0, [b"u"], attributes=0x10, producer_id=pid, producer_epoch=0,
+                           base_sequence=1)  # fmt: skip
+        second = owned.append(batch, read_header(batch))
+        flusher.data_appended(segment_full=False)
+        await until(lambda: store.calls == 2)
+        marker = owned.append_marker(pid, 0, False, 3, 0)
+        assert marker is not None
+        flusher.data_appended(segment_full=False)
+        await until(lambda: store.finished == 2)
+        held.set()
+        assert (await second, await marker) == (Ack(1), Ack(2))
+    finally:
+        loop.cancel()
+        await asyncio.gather(loop, return_exceptions=True)
+    commits = committed_states(etcd)
+    assert [[s.open_txns for s in states] for states in commits] == [[{pid: 0}], [{}]]
+    final = commits[-1][0]
+    assert [tuple(t) for t in final.aborted_txns] == [(pid, 0, 2)]
+    assert final.coordinator_epochs == {pid: 3}

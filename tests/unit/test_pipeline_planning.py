@@ -9,6 +9,8 @@ from kafscale.pipeline.options import (
     EARLIEST,
     LATEST,
     SourceOptionError,
+    connection_options,
+    parse_connection,
     parse_duration_ms,
     parse_read_options,
 )
@@ -161,3 +163,40 @@ def test_checkpoint_offsets_round_trip_in_sparks_kafka_shape() -> None:
     document = to_json_offsets(offsets)
     assert document == {"a": {"0": 7}, "b": {"0": 3, "1": 5}}
     assert from_json_offsets(document) == offsets
+
+
+def test_etcd_tls_and_auth_options_override_the_environment_and_round_trip(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("KAFSCALE_ETCD__CA_FILE", "/env/ca.crt")
+    monkeypatch.setenv("KAFSCALE_ETCD__USERNAME", "env-user")
+    monkeypatch.setenv("KAFSCALE_ETCD__PASSWORD", "env-secret")
+    from_env = parse_connection({})
+    assert str(from_env.etcd.ca_file) == "/env/ca.crt"
+    assert from_env.etcd.username == "env-user"
+    assert from_env.etcd.password is not None
+    assert from_env.etcd.password.get_secret_value() == "env-secret"
+    given = parse_read_options(
+        {
+            "subscribe": "t",
+            "etcd.ca_file": "/job/ca.crt",
+            "etcd.cert_file": "/job/client.crt",
+            "etcd.key_file": "/job/client.key",
+            "etcd.username": "",  # an empty option unsets what the environment set
+            "etcd.password": "",
+        },
+        streaming=False,
+    ).connection
+    etcd = given.etcd
+    assert (str(etcd.ca_file), str(etcd.cert_file), str(etcd.key_file)) == (
+        "/job/ca.crt",
+        "/job/client.crt",
+        "/job/client.key",
+    )
+    assert etcd.username is None and etcd.password is None
+    again = parse_connection(connection_options(from_env))
+    assert again.etcd == from_env.etcd
+    monkeypatch.delenv("KAFSCALE_ETCD__CA_FILE")
+    monkeypatch.delenv("KAFSCALE_ETCD__USERNAME")
+    monkeypatch.delenv("KAFSCALE_ETCD__PASSWORD")
+    assert parse_connection(connection_options(from_env)).etcd == from_env.etcd

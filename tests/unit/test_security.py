@@ -367,3 +367,65 @@ def test_any_client_final_message_fails_cleanly(message: bytes) -> None:
 def test_any_plain_message_parses_or_fails_cleanly(message: bytes) -> None:
     with contextlib.suppress(AuthenticationFailed):
         parse_plain(message)
+
+
+def _client_seen_by_server(server: ssl.SSLContext, client: ssl.SSLContext) -> str:
+    """The common name of the certificate ``client`` presents in a memory-BIO handshake."""
+    server_in, server_out = ssl.MemoryBIO(), ssl.MemoryBIO()
+    client_in, client_out = ssl.MemoryBIO(), ssl.MemoryBIO()
+    s = server.wrap_bio(server_in, server_out, server_side=True)
+    c = client.wrap_bio(client_in, client_out, server_hostname="localhost")
+    done = set()
+    for _ in range(10):
+        for name, side in (("client", c), ("server", s)):
+            if name in done:
+                continue
+            try:
+                side.do_handshake()
+                done.add(name)
+            except ssl.SSLWantReadError:
+                pass
+        server_in.write(client_out.read())
+        client_in.write(server_out.read())
+        if done == {"client", "server"}:
+            break
+    peer = s.getpeercert()
+    assert peer is not None, "the client presented no certificate"
+    return next(value for rdn in peer["subject"] for key, value in rdn if key == "commonName")
+
+
+def test_a_client_context_presents_its_renewed_certificate_once_both_files_are_there(
+    tmp_path: Path,
+) -> None:
+    """The proxy's upstream context: a renewed client certificate (same CA) is presented on
+    new handshakes after the reload; a certificate without its key yet is not loaded."""
+    import os
+
+    from kafscale.broker.config import TlsSettings
+    from kafscale.broker.security.tls import (
+        ClientCertificateReloader,
+        client_context,
+        server_context,
+    )
+
+    ca = make_ca(tmp_path)
+    server_pair = issue(ca, tmp_path, "server", [(NameOID.COMMON_NAME, "localhost")], server=True)
+    server = server_context(
+        TlsSettings(cert_file=server_pair.cert, key_file=server_pair.key, ca_file=ca.cert_path),
+        ClientAuth.REQUIRED,
+    )
+    live = issue(ca, tmp_path, "proxy", [(NameOID.COMMON_NAME, "proxy-one")])
+    context = client_context(ca.cert_path, live.cert, live.key)
+    reloader = ClientCertificateReloader(context, ca.cert_path, live.cert, live.key, 10.0)
+    assert _client_seen_by_server(server, context) == "proxy-one"
+    assert not reloader.check()  # nothing changed
+    renewed = issue(ca, tmp_path, "renewed", [(NameOID.COMMON_NAME, "proxy-two")])
+    os.replace(renewed.cert, live.cert)
+    stamp = live.cert.stat().st_mtime + 5
+    os.utime(live.cert, (stamp, stamp))
+    assert not reloader.check()  # the key of proxy-two is not there yet
+    assert _client_seen_by_server(server, context) == "proxy-one"
+    os.replace(renewed.key, live.key)
+    os.utime(live.key, (stamp + 1, stamp + 1))
+    assert reloader.check() and reloader.reloads == 1
+    assert _client_seen_by_server(server, context) == "proxy-two"

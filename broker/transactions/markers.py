@@ -1,0 +1,178 @@
+"""Writing a transaction's commit or abort markers: WriteTxnMarkers to each partition's owner.
+
+The coordinator does not write partitions itself (one writer per partition, DESIGN §3.3): it
+asks each partition's current owner, over the Kafka protocol (API 27, v1), to append the
+control batch through that owner's fenced flush path. Owners come from the cluster view, the
+same routing Metadata gives clients. A partition answered NOT_LEADER_OR_FOLLOWER (the lease
+moved), an unreachable owner or any other failure is routed again and retried until every
+partition has its marker: a decided transaction is never left half written. A partition of a
+topic that no longer exists needs no marker, nor one that answers INVALID_PRODUCER_EPOCH or
+TRANSACTION_COORDINATOR_FENCED (a newer epoch already ended the producer's transaction there).
+
+``plan_markers`` and ``settled`` are the pure halves; ``MarkerWriter`` is the I/O shell.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import struct
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from kafscale.broker.metadata.cluster import BrokerInfo
+from kafscale.broker.protocol import codec
+from kafscale.broker.protocol.errors import ErrorCode
+from kafscale.broker.transactions.state import TopicPartition
+
+log = logging.getLogger(__name__)
+
+WRITE_TXN_MARKERS = 27
+WRITE_TXN_MARKERS_VERSION = 1
+_LENGTH = struct.Struct(">i")
+_FIRST_BACKOFF_S = 0.02
+_MAX_BACKOFF_S = 1.0
+_MAX_RESPONSE_BYTES = 16 * 1024 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class Marker:
+    producer_id: int
+    producer_epoch: int
+    commit: bool
+    coordinator_epoch: int
+
+
+class Routing(Protocol):
+    """What the writer needs from its broker: partition owners and broker addresses."""
+
+    def leader_for(self, tp: TopicPartition) -> int: ...
+
+    def broker(self, node_id: int) -> BrokerInfo | None: ...
+
+    def topic_exists(self, topic: str) -> bool: ...
+
+
+def plan_markers(
+    partitions: Iterable[TopicPartition], owner_of: Callable[[TopicPartition], int]
+) -> dict[int, list[TopicPartition]]:
+    """Partitions grouped by their owner's node id (-1: no live owner now)."""
+    plan: dict[int, list[TopicPartition]] = {}
+    for tp in sorted(partitions):
+        plan.setdefault(owner_of(tp), []).append(tp)
+    return plan
+
+
+def request_body(marker: Marker, partitions: list[TopicPartition]) -> dict[str, Any]:
+    topics = [
+        {"name": topic, "partition_indexes": [p for _, p in group]}
+        for topic, group in itertools.groupby(sorted(partitions), key=lambda tp: tp[0])
+    ]
+    return {
+        "markers": [
+            {
+                "producer_id": marker.producer_id,
+                "producer_epoch": marker.producer_epoch,
+                "transaction_result": marker.commit,
+                "topics": topics,
+                "coordinator_epoch": marker.coordinator_epoch,
+            }
+        ]
+    }
+
+
+def partition_errors(response: Any) -> dict[TopicPartition, ErrorCode]:
+    errors: dict[TopicPartition, ErrorCode] = {}
+    for result in response.markers:
+        for topic in result.topics:
+            for part in topic.partitions:
+                errors[(str(topic.name), int(part.partition_index))] = _code(part.error_code)
+    return errors
+
+
+def _code(value: Any) -> ErrorCode:
+    try:
+        return ErrorCode(int(value))
+    except ValueError:
+        return ErrorCode.UNKNOWN_SERVER_ERROR
+
+
+def settled(
+    errors: Mapping[TopicPartition, ErrorCode], topic_exists: Callable[[str], bool]
+) -> set[TopicPartition]:
+    """The partitions whose marker is written, or that need none: their topic is gone, or the
+    partition has moved past this marker (a newer producer epoch or coordinator epoch wrote
+    there: the transaction was superseded, as Kafka's coordinator then stops sending it)."""
+    gone = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+    return {
+        tp
+        for tp, code in errors.items()
+        if code in SUPERSEDED or (code is gone and not topic_exists(tp[0]))
+    }
+
+
+SUPERSEDED = frozenset(
+    {ErrorCode.NONE, ErrorCode.INVALID_PRODUCER_EPOCH, ErrorCode.TRANSACTION_COORDINATOR_FENCED}
+)
+
+
+class MarkerWriter:
+    def __init__(self, routing: Routing, timeout_s: float) -> None:
+        self._routing = routing
+        self._timeout_s = timeout_s
+        self._correlation = itertools.count(1)
+
+    async def write(self, marker: Marker, partitions: Iterable[TopicPartition]) -> None:
+        """Return once every partition has the marker; retries forever (cancel to stop)."""
+        remaining = set(partitions)
+        backoff = _FIRST_BACKOFF_S
+        while remaining:
+            remaining = {tp for tp in remaining if self._routing.topic_exists(tp[0])}
+            plan = plan_markers(remaining, self._routing.leader_for)
+            rounds = await asyncio.gather(
+                *(self._write_at(owner, marker, tps) for owner, tps in plan.items())
+            )
+            for done in rounds:
+                remaining -= done
+            if remaining:
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, _MAX_BACKOFF_S)
+
+    async def _write_at(
+        self, owner: int, marker: Marker, partitions: list[TopicPartition]
+    ) -> set[TopicPartition]:
+        broker = self._routing.broker(owner) if owner >= 0 else None
+        if broker is None:
+            return set()
+        try:
+            async with asyncio.timeout(self._timeout_s):
+                response = await self._call(broker, request_body(marker, partitions))
+        except Exception as exc:  # unreachable, timed out, closed (API not served): retry
+            log.warning("cannot write txn markers at broker %d: %r", owner, exc)
+            return set()
+        errors = partition_errors(response)
+        done = settled(errors, self._routing.topic_exists)
+        failed = {tp: code.name for tp, code in errors.items() if tp not in done}
+        if failed:
+            log.info("txn markers at broker %d to retry: %s", owner, failed)
+        return done
+
+    async def _call(self, broker: BrokerInfo, body: dict[str, Any]) -> Any:
+        reader, writer = await asyncio.open_connection(broker.host, broker.port)
+        try:
+            correlation_id = next(self._correlation) & 0x7FFFFFFF
+            writer.write(
+                codec.encode_request(
+                    WRITE_TXN_MARKERS, WRITE_TXN_MARKERS_VERSION, correlation_id, body
+                )
+            )
+            await writer.drain()
+            (length,) = _LENGTH.unpack(await reader.readexactly(_LENGTH.size))
+            if not 0 < length <= _MAX_RESPONSE_BYTES:
+                raise OSError(f"response frame of {length} bytes")
+            frame = await reader.readexactly(length)
+            return codec.decode_response(frame, WRITE_TXN_MARKERS, WRITE_TXN_MARKERS_VERSION)
+        finally:
+            writer.close()

@@ -1,0 +1,151 @@
+"""A real etcd serving ``https://`` with client-certificate authentication, or plain HTTP with
+username/password authentication, for tests of the parts that connect to a secured etcd
+(brokers, the Spark source).
+
+The certificates come from ``harness.tls.make_pki``: etcd's is the PKI's server certificate
+(127.0.0.1/localhost), clients present ``alice`` (trusted) or ``stranger`` (another CA).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from harness.tls import TestPki, make_pki
+from kafscale.broker.metadata.embedded_etcd import find_etcd_binary, free_port
+from kafscale.broker.metadata.etcd import Etcd, EtcdTls, MetadataUnavailable
+
+
+@dataclass(frozen=True)
+class TlsEtcd:
+    url: str
+    pki: TestPki
+
+    @property
+    def client_tls(self) -> EtcdTls:
+        return EtcdTls(self.pki.ca.cert_path, self.pki.alice.cert, self.pki.alice.key)
+
+    def broker_env(self) -> dict[str, str]:
+        """What a broker needs in its environment to use this etcd."""
+        return {
+            "KAFSCALE_ETCD__ENDPOINTS": json.dumps([self.url]),
+            "KAFSCALE_ETCD__CA_FILE": str(self.pki.ca.cert_path),
+            "KAFSCALE_ETCD__CERT_FILE": str(self.pki.alice.cert),
+            "KAFSCALE_ETCD__KEY_FILE": str(self.pki.alice.key),
+        }
+
+
+@contextmanager
+def running_tls_etcd(directory: Path) -> Iterator[TlsEtcd]:
+    """etcd with ``--client-cert-auth`` on free loopback ports, serving when yielded."""
+    pki = make_pki(directory / "pki")
+    client, peer = free_port(), free_port()
+    url = f"https://127.0.0.1:{client}"
+    process = subprocess.Popen(
+        [
+            str(find_etcd_binary()),
+            f"--data-dir={directory / 'etcd'}",
+            f"--listen-client-urls={url}",
+            f"--advertise-client-urls={url}",
+            f"--listen-peer-urls=http://127.0.0.1:{peer}",
+            f"--initial-advertise-peer-urls=http://127.0.0.1:{peer}",
+            f"--initial-cluster=default=http://127.0.0.1:{peer}",
+            "--heartbeat-interval=10",
+            "--election-timeout=100",
+            "--unsafe-no-fsync",
+            f"--cert-file={pki.server.cert}",
+            f"--key-file={pki.server.key}",
+            f"--trusted-ca-file={pki.ca.cert_path}",
+            "--client-cert-auth",
+        ],
+        stdout=(directory / "etcd.log").open("ab"),
+        stderr=subprocess.STDOUT,
+    )
+    try:
+        server = TlsEtcd(url, pki)
+        asyncio.run(_wait_until_serving(server))
+        yield server
+    finally:
+        process.kill()
+        process.wait(10)
+
+
+async def _wait_until_serving(server: TlsEtcd, timeout_s: float = 30) -> None:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            etcd = await Etcd.connect([server.url], 2.0, tls=server.client_tls)
+        except MetadataUnavailable:
+            if time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(0.2)
+            continue
+        await etcd.close()
+        return
+
+
+AUTH_USER, AUTH_PASSWORD = "kafscale", "etcd-s3cret"
+
+
+@contextmanager
+def running_auth_etcd(directory: Path) -> Iterator[str]:
+    """etcd with authentication enabled: ``AUTH_USER`` may read and write ``/kafscale``."""
+    directory.mkdir(parents=True, exist_ok=True)
+    client, peer = free_port(), free_port()
+    url = f"http://127.0.0.1:{client}"
+    binary = find_etcd_binary()
+    process = subprocess.Popen(
+        [
+            str(binary),
+            f"--data-dir={directory / 'etcd'}",
+            f"--listen-client-urls={url}",
+            f"--advertise-client-urls={url}",
+            f"--listen-peer-urls=http://127.0.0.1:{peer}",
+            f"--initial-advertise-peer-urls=http://127.0.0.1:{peer}",
+            f"--initial-cluster=default=http://127.0.0.1:{peer}",
+            "--heartbeat-interval=10",
+            "--election-timeout=100",
+            "--unsafe-no-fsync",
+        ],
+        stdout=(directory / "etcd.log").open("ab"),
+        stderr=subprocess.STDOUT,
+    )
+    try:
+        etcdctl = str(binary.with_name("etcdctl"))
+        for command in (
+            ["user", "add", "root:root-pw"],
+            ["user", "add", f"{AUTH_USER}:{AUTH_PASSWORD}"],
+            ["role", "add", "kafscale"],
+            ["role", "grant-permission", "kafscale", "--prefix=true", "readwrite", "/kafscale"],
+            ["user", "grant-role", AUTH_USER, "kafscale"],
+            ["auth", "enable"],
+        ):
+            _etcdctl(etcdctl, url, command)
+        yield url
+    finally:
+        process.kill()
+        process.wait(10)
+
+
+def _etcdctl(etcdctl: str, url: str, command: list[str], timeout_s: float = 30) -> None:
+    """Runs one etcdctl command, retried while etcd is still starting."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        done = subprocess.run(
+            [etcdctl, f"--endpoints={url}", "--dial-timeout=1s", *command],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
+        )
+        if done.returncode == 0:
+            return
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"etcdctl {' '.join(command)}: {done.stderr}")
+        time.sleep(0.2)

@@ -1,0 +1,474 @@
+"""Transactions end to end with a real client (confluent-kafka / librdkafka) and brokers.
+
+A transactional producer commits and aborts and a read_committed consumer sees exactly the
+committed records, in order; a zombie producer (older epoch) is fenced; a
+consume-transform-produce loop with send_offsets_to_transaction turns every input into exactly
+one output and commits the input offsets with it; a coordinator SIGKILLed with transactions in
+flight loses nothing decided.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import json
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
+from harness.brokers import BrokerCluster, BrokerProcess
+from harness.java_client import CACHE, java_client
+from harness.proxy import start_proxy
+from harness.topics import create_topic
+
+from kafscale.broker.metadata import keys
+from kafscale.broker.metadata.etcd import Etcd
+
+pytestmark = pytest.mark.integration
+
+TXN_ENV = {"KAFSCALE_TRANSACTIONS__CHECK_INTERVAL_MS": "200"}
+
+
+def start(cluster: BrokerCluster) -> BrokerProcess:
+    return cluster.start(**TXN_ENV)
+
+
+def producer(bootstrap: str, txn_id: str, **extra: Any) -> Producer:
+    p = Producer(
+        {
+            "bootstrap.servers": bootstrap,
+            "transactional.id": txn_id,
+            "transaction.timeout.ms": 30_000,
+            "linger.ms": 5,
+            **extra,
+        }
+    )
+    p.init_transactions(30)
+    return p
+
+
+def consume(
+    bootstrap: str, topic: str, partitions: int, isolation: str, expect: int, timeout_s: float = 30
+) -> list[tuple[int, bytes]]:
+    """(partition, value) of every record read from the start, until ``expect`` arrived and
+    then a quiet second (so that extra records would be seen too)."""
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"reader-{topic}-{isolation}-{time.monotonic_ns()}",
+            "isolation.level": isolation,
+            "enable.auto.commit": False,
+            "auto.offset.reset": "earliest",
+        }
+    )
+    consumer.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
+    seen: list[tuple[int, bytes]] = []
+    deadline = time.monotonic() + timeout_s
+    quiet_until = None
+    try:
+        while time.monotonic() < deadline:
+            message = consumer.poll(0.2)
+            if message is None:
+                if quiet_until is not None and time.monotonic() > quiet_until:
+                    break
+                continue
+            if message.error():
+                continue
+            seen.append((message.partition(), message.value()))
+            if len(seen) >= expect and quiet_until is None:
+                quiet_until = time.monotonic() + 1.0
+    finally:
+        consumer.close()
+    return seen
+
+
+def test_read_committed_sees_exactly_the_committed_records(broker_cluster: BrokerCluster) -> None:
+    start(broker_cluster), start(broker_cluster)
+    bootstrap = broker_cluster.bootstrap
+    create_topic(bootstrap, "txn-out", 3)
+    p = producer(bootstrap, "writer")
+    expected: list[tuple[int, bytes]] = []
+    for round_ in range(6):
+        p.begin_transaction()
+        values = [b"r%d-%d" % (round_, i) for i in range(30)]
+        for i, value in enumerate(values):
+            p.produce("txn-out", value, partition=i % 3)
+        if round_ % 2 == 0:
+            p.commit_transaction(30)
+            expected.extend((i % 3, v) for i, v in enumerate(values))
+        else:
+            p.flush(30)  # the aborted records are in the log, not only in the client
+            p.abort_transaction(30)
+    p.flush(30)
+    committed = consume(bootstrap, "txn-out", 3, "read_committed", len(expected))
+    for partition in range(3):
+        got = [v for p_, v in committed if p_ == partition]
+        assert got == [v for p_, v in expected if p_ == partition]
+    everything = consume(bootstrap, "txn-out", 3, "read_uncommitted", 180)
+    assert len(everything) == 180  # aborted records are there for read_uncommitted
+
+
+def test_a_zombie_producer_is_fenced(broker: BrokerProcess) -> None:
+    bootstrap = broker.bootstrap
+    create_topic(bootstrap, "zombie-out", 1)
+    zombie = producer(bootstrap, "app")
+    zombie.begin_transaction()
+    zombie.produce("zombie-out", b"from-the-zombie")
+    zombie.flush(30)
+    successor = producer(bootstrap, "app")  # aborts the zombie's transaction, bumps the epoch
+    successor.begin_transaction()
+    successor.produce("zombie-out", b"from-the-successor")
+    successor.commit_transaction(30)
+    with pytest.raises(KafkaException) as raised:
+        zombie.produce("zombie-out", b"late")
+        zombie.commit_transaction(30)
+    error: KafkaError = raised.value.args[0]
+    assert error.fatal() or error.code() in (
+        KafkaError._FENCED,
+        KafkaError.PRODUCER_FENCED,
+        KafkaError.INVALID_PRODUCER_EPOCH,
+    ), error
+    assert consume(bootstrap, "zombie-out", 1, "read_committed", 1) == [(0, b"from-the-successor")]
+
+
+@pytest.mark.parametrize("protocol", ["classic", "consumer"])
+def test_consume_transform_produce_is_exactly_once(
+    broker_cluster: BrokerCluster, protocol: str
+) -> None:
+    """With a classic group and with a consumer-protocol (KIP-848) one, whose member epoch
+    TxnOffsetCommit carries as its generation."""
+    start(broker_cluster)
+    bootstrap = broker_cluster.bootstrap
+    create_topic(bootstrap, "ctp-in", 2)
+    create_topic(bootstrap, "ctp-out", 2)
+    source = Producer({"bootstrap.servers": bootstrap})
+    inputs = [b"%03d" % i for i in range(200)]
+    for i, value in enumerate(inputs):
+        source.produce("ctp-in", value, partition=i % 2)
+    source.flush(30)
+
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": "ctp",
+            "group.protocol": protocol,
+            "isolation.level": "read_committed",
+            "enable.auto.commit": False,
+            "auto.offset.reset": "earliest",
+        }
+    )
+    consumer.subscribe(["ctp-in"])
+    p = producer(bootstrap, "ctp-app")
+    transformed = 0
+    aborted_once = False
+    deadline = time.monotonic() + 60
+    try:
+        while transformed < len(inputs) and time.monotonic() < deadline:
+            batch = [m for m in consumer.consume(50, 1.0) if not m.error()]
+            if not batch:
+                continue
+            p.begin_transaction()
+            for message in batch:
+                p.produce("ctp-out", b"out-" + message.value(), partition=message.partition())
+            p.send_offsets_to_transaction(
+                consumer.position(consumer.assignment()), consumer.consumer_group_metadata(), 30
+            )
+            if not aborted_once:
+                # The first batch is aborted: its outputs vanish and its offsets are not
+                # committed, so it is read again from the last committed position.
+                aborted_once = True
+                p.abort_transaction(30)
+                committed = consumer.committed(consumer.assignment(), 30)
+                for tp in committed:
+                    consumer.seek(TopicPartition(tp.topic, tp.partition, max(tp.offset, 0)))
+                continue
+            p.commit_transaction(30)
+            transformed += len(batch)
+        committed = consumer.committed(
+            [TopicPartition("ctp-in", 0), TopicPartition("ctp-in", 1)], 30
+        )
+    finally:
+        consumer.close()
+    assert transformed == len(inputs)
+    assert sorted(tp.offset for tp in committed) == [100, 100]
+    outputs = consume(bootstrap, "ctp-out", 2, "read_committed", len(inputs))
+    assert sorted(v for _, v in outputs) == sorted(b"out-" + v for v in inputs)
+
+
+def _txn_state(cluster: BrokerCluster, txn_id: str) -> dict[str, Any] | None:
+    async def read() -> dict[str, Any] | None:
+        etcd = await Etcd.connect([cluster.etcd_url], timeout_s=5)
+        try:
+            entry = await etcd.get(keys.transaction_key(cluster.cluster, txn_id))
+            return None if entry is None else json.loads(entry.value)
+        finally:
+            await etcd.close()
+
+    return asyncio.run(read())
+
+
+def _coordinator_of(cluster: BrokerCluster, txn_id: str) -> BrokerProcess:
+    async def read() -> int:
+        etcd = await Etcd.connect([cluster.etcd_url], timeout_s=5)
+        try:
+            entry = await etcd.get(keys.transaction_lease_key(cluster.cluster, txn_id))
+            assert entry is not None, "nobody coordinates the transactional id"
+            return int(entry.value)
+        finally:
+            await etcd.close()
+
+    node_id = asyncio.run(read())
+    (coordinator,) = [b for b in cluster.brokers if b.node_id == node_id]
+    return coordinator
+
+
+def test_the_coordinator_sigkilled_mid_commit_leaves_whole_transactions(
+    broker_cluster: BrokerCluster,
+) -> None:
+    """Transactions commit in a loop while the broker coordinating them is SIGKILLed at a
+    random moment: afterwards every transaction is visible whole or not at all, every one the
+    client saw committed is visible, and none is left open."""
+    start(broker_cluster), start(broker_cluster)
+    bootstrap = broker_cluster.bootstrap
+    create_topic(bootstrap, "chaos-out", 4)
+    p = producer(bootstrap, "chaos", **{"transaction.timeout.ms": 6000})
+    coordinator = _coordinator_of(broker_cluster, "chaos")
+    survivor = next(b for b in broker_cluster.brokers if b is not coordinator)
+    committed: list[int] = []
+    errors: list[str] = []
+    stop = threading.Event()
+
+    def run() -> None:
+        for round_ in range(10_000):
+            if stop.is_set():
+                return
+            try:
+                p.begin_transaction()
+                for i in range(20):
+                    p.produce("chaos-out", b"%d-%d" % (round_, i), partition=i % 4)
+                p.commit_transaction(20)
+                committed.append(round_)
+            except KafkaException as exc:
+                error = exc.args[0]
+                errors.append(str(error))
+                if error.fatal():
+                    return
+                # Abortable, retriable or a timeout: the transaction is abandoned (aborted if
+                # the client can still abort it, else the coordinator times it out).
+                with contextlib.suppress(KafkaException):
+                    p.abort_transaction(20)
+
+    loop = threading.Thread(target=run)
+    loop.start()
+    ready = time.monotonic() + 30
+    while len(committed) < 3 and time.monotonic() < ready:
+        time.sleep(0.05)
+    time.sleep(random.uniform(0.0, 0.5))  # somewhere inside a transaction or its commit
+    before_kill = len(committed)
+    coordinator.kill()
+    # The survivor takes the partitions and the transactional id over once the killed broker's
+    # session expires; the client carries on committing there.
+    carried_on = time.monotonic() + 60
+    while len(committed) <= before_kill + 2 and time.monotonic() < carried_on and loop.is_alive():
+        time.sleep(0.1)
+    stop.set()
+    loop.join(60)
+    assert not loop.is_alive()
+    assert before_kill > 0 and len(committed) > before_kill, (before_kill, committed, errors)
+
+    def settled() -> bool:
+        state = _txn_state(broker_cluster, "chaos")
+        return state is not None and state["state"] in ("Empty", "CompleteCommit", "CompleteAbort")
+
+    deadline = time.monotonic() + 30
+    while not settled() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert settled(), _txn_state(broker_cluster, "chaos")
+    seen = consume(survivor.bootstrap, "chaos-out", 4, "read_committed", len(committed) * 20)
+    by_round: dict[int, list[bytes]] = {}
+    for _, value in seen:
+        by_round.setdefault(int(value.split(b"-")[0]), []).append(value)
+    partial = {r: len(v) for r, v in by_round.items() if len(v) != 20}
+    assert not partial, f"transactions seen in part: {partial}"
+    missing = set(committed) - set(by_round)
+    assert not missing, f"acknowledged commits not visible: {sorted(missing)}"
+    p.flush(10)
+
+
+# --- the Java client --------------------------------------------------------------------------
+
+JAVA_SOURCE = Path(__file__).with_name("java") / "TxnClient.java"
+
+
+def java_txn(*args: str) -> list[str]:
+    """Run TxnClient (compiled on first use against the harness's kafka-clients jars)."""
+    java_client()  # fails the test clearly when Java or the jars are missing
+    jars = CACHE / "jars"
+    digest = hashlib.sha256(JAVA_SOURCE.read_bytes()).hexdigest()[:12]
+    classes = CACHE / f"txn-classes-{digest}"
+    if not (classes / "TxnClient.class").exists():
+        classes.mkdir(parents=True, exist_ok=True)
+        subprocess.run(
+            ["javac", "-cp", f"{jars}/*", "-d", str(classes), str(JAVA_SOURCE)],
+            check=True,
+            capture_output=True,
+            timeout=300,
+        )
+    out = subprocess.run(
+        ["java", "-cp", f"{classes}:{jars}/*", "TxnClient", *args],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    return out.stdout.splitlines()
+
+
+def test_the_java_client_commits_aborts_and_is_fenced(broker_cluster: BrokerCluster) -> None:
+    start(broker_cluster), start(broker_cluster)
+    bootstrap = broker_cluster.bootstrap
+    create_topic(bootstrap, "java-txn", 2)
+    outcomes = java_txn("rounds", bootstrap, "java-txn", "2", "java-app", "6")
+    assert outcomes == [f"{'committed' if r % 2 == 0 else 'aborted'} {r}" for r in range(6)]
+    lines = java_txn("read", bootstrap, "java-txn", "2", "30")
+    records = [line.split(" ", 2)[1:] for line in lines if line.startswith("record ")]
+    for partition in ("0", "1"):
+        got = [value for p, value in records if p == partition]
+        first = 0 if partition == "0" else 1
+        assert got == [f"{r}-{i}" for r in (0, 2, 4) for i in range(first, 10, 2)]
+    # A zombie with the older epoch cannot commit; only the successor's record is visible.
+    create_topic(bootstrap, "java-zombie", 1)
+    (outcome,) = java_txn("zombie", bootstrap, "java-zombie", "java-zombie-app")
+    assert outcome.startswith("fenced "), outcome
+    read = java_txn("read", bootstrap, "java-zombie", "1", "1")
+    assert [line for line in read if line.startswith("record ")] == ["record 0 from-the-successor"]
+
+
+def test_transactions_through_the_proxy(broker_cluster: BrokerCluster) -> None:
+    """The proxy routes the coordinator's APIs and passes transactional batches, the last stable
+    offset and the aborted transactions through: read_committed behind it sees what it would
+    see at the brokers."""
+    start(broker_cluster), start(broker_cluster)
+    proxy = start_proxy(broker_cluster)
+    create_topic(proxy.bootstrap, "proxied-txn", 2)
+    p = producer(proxy.bootstrap, "proxied")
+    expected: list[tuple[int, bytes]] = []
+    for round_ in range(4):
+        p.begin_transaction()
+        values = [b"p%d-%d" % (round_, i) for i in range(10)]
+        for i, value in enumerate(values):
+            p.produce("proxied-txn", value, partition=i % 2)
+        if round_ % 2 == 0:
+            p.commit_transaction(30)
+            expected.extend((i % 2, v) for i, v in enumerate(values))
+        else:
+            p.flush(30)
+            p.abort_transaction(30)
+    seen = consume(proxy.bootstrap, "proxied-txn", 2, "read_committed", len(expected))
+    for partition in range(2):
+        assert [v for q, v in seen if q == partition] == [v for q, v in expected if q == partition]
+
+
+CTP_LOOP = """
+import sys
+from confluent_kafka import Consumer, Producer
+
+bootstrap, source, sink = sys.argv[1:4]
+consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "ctp-restart",
+                     "group.instance.id": "worker-1", "session.timeout.ms": 6000,
+                     "isolation.level": "read_committed", "enable.auto.commit": False,
+                     "auto.offset.reset": "earliest"})
+consumer.subscribe([source])
+producer = Producer({"bootstrap.servers": bootstrap, "transactional.id": "ctp-restart",
+                     "linger.ms": 5})
+producer.init_transactions(30)
+while True:
+    batch = [m for m in consumer.consume(10, 0.5) if not m.error()]
+    if not batch:
+        continue
+    producer.begin_transaction()
+    for m in batch:
+        producer.produce(sink, b"out-" + m.value(), partition=m.partition())
+    producer.send_offsets_to_transaction(consumer.position(consumer.assignment()),
+                                         consumer.consumer_group_metadata(), 30)
+    producer.commit_transaction(30)
+"""
+
+
+def _committed_total(bootstrap: str, topic: str, partitions: int) -> int:
+    """The group's committed offsets, summed. Read without require_stable: librdkafka's default
+    (read_committed) asks for stable offsets and is told to wait while a killed worker's
+    transaction holds offsets pending, until the next worker aborts it (KIP-447)."""
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": "ctp-restart",
+            "isolation.level": "read_uncommitted",
+        }
+    )
+    try:
+        tps = [TopicPartition(topic, p) for p in range(partitions)]
+        return sum(max(tp.offset, 0) for tp in consumer.committed(tps, 30))
+    finally:
+        consumer.close()
+
+
+def test_a_consume_transform_produce_loop_killed_at_random_points_is_exactly_once(
+    broker_cluster: BrokerCluster, tmp_path: Path
+) -> None:
+    start(broker_cluster)
+    bootstrap = broker_cluster.bootstrap
+    create_topic(bootstrap, "restart-in", 2)
+    create_topic(bootstrap, "restart-out", 2)
+    source = Producer({"bootstrap.servers": bootstrap})
+    inputs = [b"%04d" % i for i in range(2000)]
+    for i, value in enumerate(inputs):
+        source.produce("restart-in", value, partition=i % 2)
+    source.flush(30)
+    script = tmp_path / "ctp_loop.py"
+    script.write_text(CTP_LOOP)
+    command = [sys.executable, str(script), bootstrap, "restart-in", "restart-out"]
+    kills = 0
+    progress_at_kill: list[int] = []
+    deadline = time.monotonic() + 200
+    while time.monotonic() < deadline:
+        worker = subprocess.Popen(command, stderr=subprocess.DEVNULL)
+        try:
+            if kills < 4:
+                # Once this worker has committed something, at a random moment: mid-batch,
+                # mid-commit, between transactions.
+                before = _committed_total(bootstrap, "restart-in", 2)
+                progress = time.monotonic() + 60
+                while _committed_total(bootstrap, "restart-in", 2) == before:
+                    assert time.monotonic() < progress, "the worker makes no progress"
+                    time.sleep(0.1)
+                time.sleep(random.uniform(0.0, 0.5))
+                worker.send_signal(signal.SIGKILL)
+                kills += 1
+                progress_at_kill.append(_committed_total(bootstrap, "restart-in", 2))
+            else:
+                done = time.monotonic() + 60
+                while time.monotonic() < done:
+                    if _committed_total(bootstrap, "restart-in", 2) == len(inputs):
+                        break
+                    time.sleep(0.5)
+                break
+        finally:
+            worker.kill()
+            worker.wait(10)
+    assert kills == 4
+    assert progress_at_kill[-1] < len(inputs), progress_at_kill  # killed before the end
+    assert _committed_total(bootstrap, "restart-in", 2) == len(inputs)
+    outputs = consume(bootstrap, "restart-out", 2, "read_committed", len(inputs))
+    values = sorted(v for _, v in outputs)
+    duplicates = len(values) - len(set(values))
+    assert duplicates == 0, f"{duplicates} outputs written twice"
+    assert values == sorted(b"out-" + v for v in inputs)

@@ -1,0 +1,356 @@
+"""Transactions on the partition: transactional produce, WriteTxnMarkers, read_committed reads.
+
+Real broker processes on etcd and moto's S3 server, spoken to over the wire: a transactional
+producer's batches (producer id and epoch as a coordinator would give them), the markers a
+coordinator sends when the transaction ends, then Fetch and ListOffsets as consumers of either
+isolation level see the partition.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from harness.batches import make_batch
+from harness.brokers import BrokerCluster, BrokerProcess
+from harness.kafka_wire import (
+    FETCH,
+    LIST_OFFSETS,
+    PRODUCE,
+    KafkaWire,
+    batches_in,
+    fetch_body,
+    fetch_partition,
+    produce_body,
+    produce_partition,
+)
+from harness.proxy import start_proxy
+from harness.topics import create_topics
+from harness.txn_wire import CONTROL, TRANSACTIONAL, produce_transactional, write_marker
+
+DESCRIBE_PRODUCERS = 61
+NONE, NOT_LEADER, INVALID_PRODUCER_EPOCH = 0, 6, 47
+COORDINATOR_FENCED, TRANSACTIONAL_ID_AUTHORIZATION_FAILED = 52, 53
+READ_UNCOMMITTED, READ_COMMITTED = 0, 1
+TOPIC = "txns"
+PID = 4242
+
+
+@pytest.fixture
+def broker(broker_cluster: BrokerCluster) -> BrokerProcess:
+    started = broker_cluster.start()
+    create_topics(started.bootstrap, [TOPIC], partitions=1)
+    return started
+
+
+def txn_produce(
+    wire: KafkaWire, values: list[bytes], sequence: int, epoch: int = 0, pid: int = PID
+) -> tuple[int, int]:
+    """(error code, base offset) of a transactional batch sent as its producer sends it."""
+    return produce_transactional(
+        wire, TOPIC, 0, values, producer_id=pid, sequence=sequence, epoch=epoch
+    )
+
+
+def plain_produce(wire: KafkaWire, values: list[bytes]) -> int:
+    code, offset = produce_partition(
+        wire.request(PRODUCE, 9, produce_body(TOPIC, 0, make_batch(0, values)))
+    )
+    assert code == NONE
+    return offset
+
+
+def marker(
+    wire: KafkaWire,
+    commit: bool,
+    epoch: int = 0,
+    coordinator_epoch: int = 0,
+    pid: int = PID,
+    version: int = 1,
+) -> int:
+    """The error code of a WriteTxnMarkers entry for the one partition."""
+    return write_marker(
+        wire,
+        TOPIC,
+        0,
+        producer_id=pid,
+        commit=commit,
+        epoch=epoch,
+        coordinator_epoch=coordinator_epoch,
+        version=version,
+    )
+
+
+def marker_once_owned(wire: KafkaWire, commit: bool, timeout_s: float = 30.0) -> int:
+    """As a coordinator does: retry while the partition has no live owner (a dead broker's
+    lease lasts until its session expires), then the marker's code."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        code = marker(wire, commit)
+        if code != NOT_LEADER or time.monotonic() > deadline:
+            return code
+        time.sleep(0.2)
+
+
+def fetch(wire: KafkaWire, offset: int, isolation: int) -> Any:
+    body = {**fetch_body(TOPIC, 0, offset), "isolation_level": isolation}
+    partition = fetch_partition(wire.request(FETCH, 12, body))
+    assert int(partition.error_code) == NONE
+    return partition
+
+
+def latest(wire: KafkaWire, isolation: int) -> int:
+    body = {
+        "replica_id": -1,
+        "isolation_level": isolation,
+        "topics": [{"name": TOPIC, "partitions": [{"partition_index": 0, "timestamp": -1}]}],
+    }
+    result = wire.request(LIST_OFFSETS, 7, body).topics[0].partitions[0]
+    assert int(result.error_code) == NONE
+    return int(result.offset)
+
+
+def aborted(partition: Any) -> list[tuple[int, int]]:
+    return [(int(t.producer_id), int(t.first_offset)) for t in partition.aborted_transactions or ()]
+
+
+def describe_producers(wire: KafkaWire) -> Any:
+    body = {"topics": [{"name": TOPIC, "partition_indexes": [0]}]}
+    partition = wire.request(DESCRIBE_PRODUCERS, 0, body).topics[0].partitions[0]
+    assert int(partition.error_code) == NONE
+    return {int(p.producer_id): p for p in partition.active_producers}
+
+
+def test_read_committed_stops_at_an_open_transaction_until_it_commits(
+    broker: BrokerProcess,
+) -> None:
+    with KafkaWire(broker.bootstrap) as wire:
+        assert plain_produce(wire, [b"before"]) == 0
+        assert txn_produce(wire, [b"t1", b"t2"], sequence=0) == (NONE, 1)
+        assert txn_produce(wire, [b"t3"], sequence=2) == (NONE, 3)
+        assert plain_produce(wire, [b"other"]) == 4
+
+        committed = fetch(wire, 0, READ_COMMITTED)
+        assert int(committed.high_watermark) == 5
+        assert int(committed.last_stable_offset) == 1
+        assert [b.base_offset for b in batches_in(committed.records)] == [0]
+        assert fetch(wire, 1, READ_COMMITTED).records in (None, b"")
+        uncommitted = fetch(wire, 0, READ_UNCOMMITTED)
+        assert [b.base_offset for b in batches_in(uncommitted.records)] == [0, 1, 3, 4]
+        assert int(uncommitted.last_stable_offset) == 1
+        assert (latest(wire, READ_COMMITTED), latest(wire, READ_UNCOMMITTED)) == (1, 5)
+        producer = describe_producers(wire)[PID]
+        assert int(producer.current_txn_start_offset) == 1
+        assert (int(producer.producer_epoch), int(producer.last_sequence)) == (0, 2)
+
+        assert marker(wire, commit=True) == NONE
+        after = fetch(wire, 0, READ_COMMITTED)
+        assert int(after.high_watermark) == 6
+        assert int(after.last_stable_offset) == 6
+        assert aborted(after) == []
+        batches = batches_in(after.records)
+        assert [b.base_offset for b in batches] == [0, 1, 3, 4, 5]
+        control = batches[-1]
+        assert control.attributes & (TRANSACTIONAL | CONTROL) == TRANSACTIONAL | CONTROL
+        assert (control.producer_id, control.producer_epoch) == (PID, 0)
+        assert latest(wire, READ_COMMITTED) == 6
+        assert int(describe_producers(wire)[PID].current_txn_start_offset) == -1
+
+
+def test_an_abort_is_listed_for_read_committed_and_a_retried_marker_writes_nothing(
+    broker: BrokerProcess,
+) -> None:
+    with KafkaWire(broker.bootstrap) as wire:
+        assert txn_produce(wire, [b"gone-1", b"gone-2"], sequence=0) == (NONE, 0)
+        assert marker(wire, commit=False, version=0) == NONE  # v0: a Kafka 3.x coordinator's
+        assert marker(wire, commit=False) == NONE  # the coordinator retried: no second marker
+        assert txn_produce(wire, [b"kept"], sequence=2) == (NONE, 3)
+        assert marker(wire, commit=True) == NONE
+
+        committed = fetch(wire, 0, READ_COMMITTED)
+        assert int(committed.high_watermark) == 5
+        assert int(committed.last_stable_offset) == 5
+        assert aborted(committed) == [(PID, 0)]
+        assert [b.base_offset for b in batches_in(committed.records)] == [0, 2, 3, 4]
+        # A fetch starting after the aborted transaction's marker does not list it.
+        assert aborted(fetch(wire, 3, READ_COMMITTED)) == []
+
+
+def test_a_marker_from_an_older_coordinator_or_producer_epoch_is_fenced(
+    broker: BrokerProcess,
+) -> None:
+    with KafkaWire(broker.bootstrap) as wire:
+        assert txn_produce(wire, [b"a"], sequence=0) == (NONE, 0)
+        assert marker(wire, commit=True, coordinator_epoch=3) == NONE
+        assert txn_produce(wire, [b"b"], sequence=1) == (NONE, 2)
+        assert marker(wire, commit=True, coordinator_epoch=2) == COORDINATOR_FENCED
+        # InitProducerId bumped the epoch and the coordinator aborts the zombie's transaction.
+        assert marker(wire, commit=False, epoch=1, coordinator_epoch=3) == NONE
+        assert txn_produce(wire, [b"zombie"], sequence=2, epoch=0) == (INVALID_PRODUCER_EPOCH, -1)
+        stale = marker(wire, commit=False, epoch=0, coordinator_epoch=3)
+        assert stale == INVALID_PRODUCER_EPOCH
+        assert txn_produce(wire, [b"new"], sequence=0, epoch=1) == (NONE, 4)
+        committed = fetch(wire, 0, READ_COMMITTED)
+        assert int(committed.last_stable_offset) == 4
+        assert aborted(committed) == [(PID, 2)]
+
+
+def test_transactional_batches_need_the_transactional_id_on_the_request(
+    broker: BrokerProcess,
+) -> None:
+    with KafkaWire(broker.bootstrap) as wire:
+        batch = make_batch(
+            0, [b"x"], attributes=TRANSACTIONAL, producer_id=PID, producer_epoch=0, base_sequence=0
+        )
+        code, _ = produce_partition(wire.request(PRODUCE, 9, produce_body(TOPIC, 0, batch)))
+        assert code == TRANSACTIONAL_ID_AUTHORIZATION_FAILED
+        assert latest(wire, READ_UNCOMMITTED) == 0
+
+
+def test_an_open_transaction_survives_an_ownership_move(broker_cluster: BrokerCluster) -> None:
+    """The owner dies with a transaction open; the next owner knows it from etcd: the LSO
+    stays at its first offset and the coordinator's abort marker is written by the new owner."""
+    first = broker_cluster.start()
+    create_topics(first.bootstrap, [TOPIC], partitions=1)
+    with KafkaWire(first.bootstrap) as wire:
+        assert plain_produce(wire, [b"before"]) == 0
+        assert txn_produce(wire, [b"lost"], sequence=0) == (NONE, 1)
+    first.kill()
+    second = broker_cluster.start()
+    with KafkaWire(second.bootstrap) as wire:
+        assert marker_once_owned(wire, commit=False) == NONE
+        committed = fetch(wire, 0, READ_COMMITTED)
+        assert int(committed.high_watermark) == 3
+        assert int(committed.last_stable_offset) == 3
+        assert aborted(committed) == [(PID, 1)]
+
+
+def test_only_the_owner_writes_markers(broker_cluster: BrokerCluster) -> None:
+    owner = broker_cluster.start()
+    create_topics(owner.bootstrap, [TOPIC], partitions=1)
+    other = broker_cluster.start()
+    with KafkaWire(owner.bootstrap) as wire:
+        assert txn_produce(wire, [b"a"], sequence=0) == (NONE, 0)
+    with KafkaWire(other.bootstrap) as wire:
+        assert marker(wire, commit=True) == NOT_LEADER
+    with KafkaWire(owner.bootstrap) as wire:
+        assert marker(wire, commit=True) == NONE
+        assert int(fetch(wire, 0, READ_COMMITTED).last_stable_offset) == 2
+
+
+# --- real consumers -----------------------------------------------------------------------------
+
+COMMITTED_VALUES = [b"p0", b"c1", b"c2", b"p1", b"c3", b"after"]
+ALL_VALUES = [b"p0", b"c1", b"c2", b"a1", b"p1", b"c3", b"o1", b"after"]
+
+
+@pytest.fixture
+def mixed_partition(broker: BrokerProcess) -> BrokerProcess:
+    """Committed, aborted and interleaved transactions of three producers, plain records, and
+    a transaction aborted after a plain record landed behind it (offsets 0-11)."""
+    with KafkaWire(broker.bootstrap) as wire:
+        plain_produce(wire, [b"p0"])
+        assert txn_produce(wire, [b"c1", b"c2"], sequence=0, pid=1)[0] == NONE
+        assert txn_produce(wire, [b"a1"], sequence=0, pid=2)[0] == NONE
+        plain_produce(wire, [b"p1"])
+        assert marker(wire, commit=True, pid=1) == NONE
+        assert marker(wire, commit=False, pid=2) == NONE
+        assert txn_produce(wire, [b"c3"], sequence=2, pid=1)[0] == NONE
+        assert marker(wire, commit=True, pid=1) == NONE
+        assert txn_produce(wire, [b"o1"], sequence=0, pid=3)[0] == NONE
+        assert plain_produce(wire, [b"after"]) == 10
+        assert latest(wire, READ_COMMITTED) == 9
+        assert marker(wire, commit=False, pid=3) == NONE
+        assert latest(wire, READ_COMMITTED) == 12
+    return broker
+
+
+def poll_values(poll: Callable[[], list[bytes]], count: int) -> list[bytes]:
+    """Values polled until ``count`` arrived and a second more passed (so that one too many
+    shows), or 30 s."""
+    values: list[bytes] = []
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        values += poll()
+        if len(values) >= count:
+            deadline = min(deadline, time.monotonic() + 1)
+    return values
+
+
+def consume_confluent(bootstrap: str, isolation: str, count: int) -> list[bytes]:
+    from confluent_kafka import Consumer, TopicPartition
+
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"txn-{isolation}",
+            "isolation.level": isolation,
+            "enable.auto.commit": False,
+        }
+    )
+
+    def poll() -> list[bytes]:
+        message = consumer.poll(0.2)
+        return [] if message is None or message.error() else [message.value()]
+
+    try:
+        consumer.assign([TopicPartition(TOPIC, 0, 0)])
+        return poll_values(poll, count)
+    finally:
+        consumer.close()
+
+
+def consume_kafka_python(bootstrap: str, isolation: str, count: int) -> list[bytes]:
+    from kafka import KafkaConsumer
+    from kafka import TopicPartition as KafkaTopicPartition
+
+    consumer = KafkaConsumer(
+        bootstrap_servers=bootstrap,
+        isolation_level=isolation,
+        enable_auto_commit=False,
+        group_id=None,
+    )
+
+    def poll() -> list[bytes]:
+        batches = consumer.poll(timeout_ms=200).values()
+        return [record.value for records in batches for record in records]
+
+    try:
+        partition = KafkaTopicPartition(TOPIC, 0)
+        consumer.assign([partition])
+        consumer.seek(partition, 0)
+        return poll_values(poll, count)
+    finally:
+        consumer.close()
+
+
+@pytest.mark.parametrize("consume", [consume_confluent, consume_kafka_python])
+def test_real_consumers_read_exactly_the_committed_records(
+    mixed_partition: BrokerProcess, consume: Any
+) -> None:
+    """Both clients skip control batches and drop aborted records themselves, from the
+    aborted_transactions the broker lists; read_uncommitted sees every data record."""
+    committed = consume(mixed_partition.bootstrap, "read_committed", len(COMMITTED_VALUES))
+    assert committed == COMMITTED_VALUES
+    everything = consume(mixed_partition.bootstrap, "read_uncommitted", len(ALL_VALUES))
+    assert everything == ALL_VALUES
+
+
+def test_read_committed_through_the_proxy(
+    mixed_partition: BrokerProcess, broker_cluster: BrokerCluster
+) -> None:
+    """The proxy forwards the isolation level and passes the LSO and the aborted transactions
+    back as the owner gave them; DescribeProducers goes to the partition's owner."""
+    proxy = start_proxy(broker_cluster)
+    with KafkaWire(proxy.bootstrap) as wire:
+        partition = fetch(wire, 0, READ_COMMITTED)
+        assert int(partition.last_stable_offset) == 12
+        assert aborted(partition) == [(2, 3), (3, 9)]
+        assert latest(wire, READ_COMMITTED) == 12
+        producers = describe_producers(wire)  # split by partition owner, like Produce
+        assert sorted(producers) == [1, 2, 3]
+        assert int(producers[1].last_sequence) == 2
+    committed = consume_confluent(proxy.bootstrap, "read_committed", len(COMMITTED_VALUES))
+    assert committed == COMMITTED_VALUES
