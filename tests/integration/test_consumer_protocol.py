@@ -753,3 +753,46 @@ def test_a_live_group_is_upgraded_member_by_member_and_back(
     assert overlaps(everyone) == []
     assert {v for m in everyone for _, _, v in m.records} == set(range(feed.sent)), "records lost"
     assert all(not m.crashed for m in everyone if isinstance(m, ConfluentMember))
+
+
+def test_a_mixed_group_carries_on_when_its_coordinator_stops(broker_cluster: BrokerCluster) -> None:
+    """Classic members inside a consumer group are part of its stored state: the next
+    coordinator carries on with them (their member ids, epochs, held partitions, their own
+    session timeout) and with the consumer-protocol member, nobody rejoining from scratch."""
+    brokers = [broker_cluster.start(**GROUP_ENV) for _ in range(2)]
+    bootstrap = ",".join(b.bootstrap for b in brokers)
+    topic, group = f"mixed-moved-{time.monotonic_ns()}", f"g-{time.monotonic_ns()}"
+    topics.create_topic(brokers[0].bootstrap, topic, PARTITIONS, log_level=QUIET)
+    produce(bootstrap, topic, 200)
+    members = [ConfluentMember(f"c{i}", bootstrap, topic, group, "classic") for i in (0, 1)]
+    try:
+        wait_for(lambda: covered(members), 40, "two classic members")
+        members.append(ConfluentMember("k", bootstrap, topic, group, "consumer"))
+        wait_for(
+            lambda: covered(members) and all(m.ownership.owned_now() for m in members),
+            40,
+            "the consumer-protocol member to join the upgraded group",
+        )
+        before = describe(brokers, group).members
+        assert {m.member_type for m in before} == {0, 1}
+        with KafkaWire(brokers[0].bootstrap) as wire:
+            coordinator = int(wire.request(10, 3, {"key": group, "key_type": 0}).node_id)
+        victim = next(b for b in brokers if b.node_id == coordinator)
+        survivor = next(b for b in brokers if b is not victim)
+        victim.stop()
+        produce(survivor.bootstrap, topic, 200)
+        wait_for(
+            lambda: {v for m in members for _, _, v in m.records} >= set(range(400)),
+            40,
+            "the mixed group to go on at the other broker",
+        )
+        wait_for(lambda: covered(members), 20, "the three members to own partitions again")
+        described = describe([survivor], group)
+        assert sorted(m.member_type for m in described.members) == [0, 0, 1]
+        # The same members: nobody was dropped and rejoined under a new member id.
+        assert {m.member_id for m in described.members} == {m.member_id for m in before}
+    finally:
+        for member in members:
+            member.stop()
+    assert overlaps(members) == []  # type: ignore[arg-type]
+    assert all(not m.crashed for m in members)
