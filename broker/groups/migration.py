@@ -250,10 +250,10 @@ def _reconcile(
     member.current = after
     assert member.classic is not None
     member.session_deadline_ms = now_ms + member.classic.session_timeout_ms
-    if after.revoking and member.revocation_deadline_ms is None:
+    if after.revoking and not before.revoking:
         member.revocation_deadline_ms = now_ms + max(member.rebalance_timeout_ms, 0)
     elif not after.revoking:
-        member.revocation_deadline_ms = None
+        member.revocation_deadline_ms = None  # rejoined: no join timeout either
 
 
 def _classic_member(
@@ -299,7 +299,13 @@ def heartbeat(
     if generation != member.current.epoch:
         return ErrorCode.ILLEGAL_GENERATION
     member.session_deadline_ms = now_ms + member.classic.session_timeout_ms
-    return ErrorCode.REBALANCE_IN_PROGRESS if must_rejoin(consumer, member) else ErrorCode.NONE
+    if not must_rejoin(consumer, member):
+        return ErrorCode.NONE
+    if member.revocation_deadline_ms is None:
+        # Kafka's join timeout: a member told to rejoin that does not within its rebalance
+        # timeout is removed (and its partitions go back to the group), heartbeats or not.
+        member.revocation_deadline_ms = now_ms + max(member.rebalance_timeout_ms, 0)
+    return ErrorCode.REBALANCE_IN_PROGRESS
 
 
 def must_rejoin(consumer: ConsumerGroup, member: ConsumerMember) -> bool:

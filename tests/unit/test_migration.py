@@ -274,3 +274,18 @@ def test_classic_members_commit_with_their_generation_and_survive_a_new_coordina
     assert c1.classic == consumer.members["c1"].classic
     assert c1.session_deadline_ms == 100 + 10_000
     assert snapshot(restored) == snapshot(consumer)
+
+
+def test_a_classic_member_that_does_not_rejoin_in_its_rebalance_timeout_is_removed() -> None:
+    consumer = upgraded()
+    consumer.heartbeat(1, consumer_join("k"), TOPICS)
+    for name in ("c1", "c2"):
+        assert migration.heartbeat(consumer, 10, name, None, 7) is ErrorCode.REBALANCE_IN_PROGRESS
+    migration.join(consumer, 20, classic_join("c1"), TOPICS)  # c1 rejoins, c2 never does
+    epoch = consumer.members["c1"].current.epoch
+    assert migration.heartbeat(consumer, 25_000, "c1", None, epoch) is ErrorCode.NONE
+    assert migration.heartbeat(consumer, 25_000, "c2", None, 7) is ErrorCode.REBALANCE_IN_PROGRESS
+    assert consumer.tick(30_009) == []
+    assert consumer.tick(30_010) == ["c2"]  # 30 s after it was first told, heartbeats or not
+    assert set(consumer.members) == {"c1", "k"}
+    assert_disjoint(consumer)
