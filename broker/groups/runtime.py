@@ -202,9 +202,10 @@ class GroupRuntime:
         self, request: HeartbeatRequest, topics: dict[str, int]
     ) -> HeartbeatResult:
         """ConsumerGroupHeartbeat. An Empty classic group (or one with only offsets) becomes
-        a consumer group; one with members is refused with GROUP_ID_NOT_FOUND, as Kafka does
-        when it cannot upgrade a classic group. A heartbeat that changed the group is answered
-        once the change is in etcd (a new coordinator must know who holds what)."""
+        a consumer group; one with members is upgraded in place (``migration``), or refused
+        with GROUP_ID_NOT_FOUND where Kafka cannot upgrade it. A heartbeat that changed the
+        group is answered once the change is in etcd (a new coordinator must know who holds
+        what)."""
         self._check_open()
         consumer = self.consumer
         if consumer is None and request.member_epoch != 0:
@@ -218,13 +219,28 @@ class GroupRuntime:
                 refusal = migration.upgrade_refusal(group, self._consumer_config())
                 if refusal is not None:
                     return HeartbeatResult(ErrorCode.GROUP_ID_NOT_FOUND, refusal)
-                consumer = self._upgrade(group)
-            else:
-                epoch = group.generation if group is not None else 0
-                consumer = ConsumerGroup(self.group_id, self._consumer_config(), epoch)
-                self.consumer = consumer
-                self.group = None
-        result = consumer.heartbeat(self._clock(), request, topics)
+                # Upgrade only if the member's join succeeds (it may be refused, e.g. with
+                # UNRELEASED_INSTANCE_ID): a refused join leaves the classic group as it was.
+                upgraded = migration.consumer_group_from_classic(
+                    group, self._consumer_config(), self._clock()
+                )
+                result = upgraded.heartbeat(self._clock(), request, topics)
+                if result.error is not ErrorCode.NONE:
+                    return result
+                self._upgrade(group, upgraded)
+                return await self._answer_stored(upgraded, result)
+            epoch = group.generation if group is not None else 0
+            consumer = ConsumerGroup(self.group_id, self._consumer_config(), epoch)
+            self.consumer = consumer
+            self.group = None
+        return await self._answer_stored(
+            consumer, consumer.heartbeat(self._clock(), request, topics)
+        )
+
+    async def _answer_stored(
+        self, consumer: ConsumerGroup, result: HeartbeatResult
+    ) -> HeartbeatResult:
+        """``result`` once the group's change (if any) is in etcd."""
         stored = self._queue_consumer(consumer)
         self._maybe_downgrade()
         if stored is None:
@@ -244,8 +260,8 @@ class GroupRuntime:
         except NotCoordinator:
             return ErrorCode.NOT_COORDINATOR
 
-    def _upgrade(self, group: Group) -> ConsumerGroup:
-        """A classic group with members becomes a consumer group (online migration). Classic
+    def _upgrade(self, group: Group, consumer: ConsumerGroup) -> None:
+        """A classic group with members becomes ``consumer`` (online migration). Classic
         members waiting in a rebalance are told to rejoin, which they do into the new group."""
         for member in group.members.values():
             for ticket, result in (
@@ -255,16 +271,12 @@ class GroupRuntime:
                 future = self._waiters.get(ticket) if ticket is not None else None
                 if future is not None and not future.done():
                     future.set_result(result)
-        consumer = migration.consumer_group_from_classic(
-            group, self._consumer_config(), self._clock()
-        )
         log.info(
             "group %s: classic group of %d members upgraded to the consumer protocol",
             self.group_id,
             len(consumer.members),
         )
         self.consumer, self.group = consumer, None
-        return consumer
 
     def _maybe_downgrade(self) -> None:
         """Only classic members left in a consumer group: it becomes a classic group again."""

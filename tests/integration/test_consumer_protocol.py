@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import shutil
+import struct
 import subprocess
 import threading
 import time
@@ -36,6 +37,8 @@ from harness.brokers import BrokerCluster, BrokerProcess
 from harness.java_client import CACHE, _jars
 from harness.kafka_wire import KafkaWire
 from harness.proxy import start_proxy
+
+from kafscale.broker.protocol.codec import encode_consumer_assignment
 
 pytestmark = pytest.mark.integration
 
@@ -796,3 +799,60 @@ def test_a_mixed_group_carries_on_when_its_coordinator_stops(broker_cluster: Bro
             member.stop()
     assert overlaps(members) == []  # type: ignore[arg-type]
     assert all(not m.crashed for m in members)
+
+
+def consumer_subscription(topics: list[str]) -> bytes:
+    """A ConsumerProtocolSubscription v0, as a classic consumer sends in JoinGroup."""
+    body = struct.pack(">hi", 0, len(topics))
+    for topic in topics:
+        body += struct.pack(">h", len(topic)) + topic.encode()
+    return body + struct.pack(">i", -1)
+
+
+def test_a_refused_upgrade_leaves_the_classic_group_as_it_was(
+    broker_cluster: BrokerCluster,
+) -> None:
+    """A consumer-protocol member whose join is refused (here: a static member whose instance
+    id a live classic member still holds, UNRELEASED_INSTANCE_ID) does not convert the group;
+    the next one that may join does, and the classic member is then told to rejoin."""
+    broker = broker_cluster.start(**GROUP_ENV)
+    topic, group = f"refused-{time.monotonic_ns()}", f"g-{time.monotonic_ns()}"
+    topics.create_topic(broker.bootstrap, topic, 2, log_level=QUIET)
+    with KafkaWire(broker.bootstrap) as wire:
+        protocols = [{"name": "range", "metadata": consumer_subscription([topic])}]
+        join = {
+            **CLASSIC_JOIN,
+            "group_id": group,
+            "group_instance_id": "i1",
+            "protocols": protocols,
+        }
+        joined = wire.request(11, 9, join)
+        assert joined.error_code == 0 and joined.leader == joined.member_id
+        member, generation = joined.member_id, joined.generation_id
+        everything = encode_consumer_assignment(frozenset({(topic, 0), (topic, 1)}))
+        sync = {
+            "group_id": group,
+            "generation_id": generation,
+            "member_id": member,
+            "group_instance_id": "i1",
+            "protocol_type": "consumer",
+            "protocol_name": "range",
+            "assignments": [{"member_id": member, "assignment": everything}],
+        }
+        assert wire.request(14, 5, sync).error_code == 0
+        classic_heartbeat = {
+            "group_id": group,
+            "generation_id": generation,
+            "member_id": member,
+            "group_instance_id": "i1",
+        }
+        names = {"subscribed_topic_names": [topic]}
+        refused = heartbeat(wire, group, "k1", 0, **names, instance_id="i1")
+        assert refused.error_code == 111  # UNRELEASED_INSTANCE_ID
+        assert group_type(broker.bootstrap, group) == "classic"
+        assert wire.request(12, 4, classic_heartbeat).error_code == 0  # undisturbed
+        upgraded = heartbeat(wire, group, "k2", 0, **names)
+        assert upgraded.error_code == 0
+        assert upgraded.assignment.topic_partitions == ()  # the classic member holds both
+        assert group_type(broker.bootstrap, group) == "consumer"
+        assert wire.request(12, 4, classic_heartbeat).error_code == 27  # REBALANCE_IN_PROGRESS
