@@ -23,7 +23,7 @@ from kafscale.broker.api.envelope import handle_envelope
 from kafscale.broker.api.fetch_sessions import FetchSessionCache
 from kafscale.broker.api.table import API_TABLE
 from kafscale.broker.buffer_pool import BufferPool
-from kafscale.broker.config import BrokerSettings, EtcdConnectionSettings, TlsSettings
+from kafscale.broker.config import BrokerSettings, TlsSettings
 from kafscale.broker.groups.coordinator import GroupCoordinator, group_config
 from kafscale.broker.metadata import keys
 from kafscale.broker.metadata.cluster import BrokerInfo, ClusterView, TopicInfo, TopicPartition
@@ -31,10 +31,10 @@ from kafscale.broker.metadata.compaction import Compactor
 from kafscale.broker.metadata.etcd import (
     BadEndpoint,
     Etcd,
-    EtcdTls,
     MetadataUnavailable,
     SessionLease,
 )
+from kafscale.broker.metadata.etcd_connect import connect_etcd
 from kafscale.broker.metadata.leaders import leader_for
 from kafscale.broker.metadata.partition_state import PartitionState
 from kafscale.broker.metadata.rebalancer import Rebalancer
@@ -524,34 +524,6 @@ def listener_endpoints(
         mechanisms = sasl_mechanisms if listener.protocol.uses_sasl else ()
         endpoints.append(ServerEndpoint(listener, context, tuple(mechanisms)))
     return endpoints, list(contexts.values())
-
-
-_STARTUP_ETCD_ATTEMPTS = 3
-
-
-async def connect_etcd(config: EtcdConnectionSettings) -> Etcd:
-    """The etcd client the settings describe, tried a few times: at start-up etcd may be
-    starting too (a managed etcd beside new broker pods) or slow to answer one handshake on a
-    loaded node; a broker that gave up at once would only be restarted by its supervisor."""
-    for attempt in range(1, _STARTUP_ETCD_ATTEMPTS + 1):
-        try:
-            return await _connect_etcd_once(config)
-        except MetadataUnavailable as exc:
-            if attempt == _STARTUP_ETCD_ATTEMPTS:
-                raise
-            log.warning("etcd not reachable yet (attempt %d): %s", attempt, exc)
-            await asyncio.sleep(1)
-    raise AssertionError("unreachable")
-
-
-async def _connect_etcd_once(config: EtcdConnectionSettings) -> Etcd:
-    return await Etcd.connect(
-        config.endpoints,
-        config.timeout_s,
-        username=config.username,
-        password=None if config.password is None else config.password.get_secret_value(),
-        tls=EtcdTls(config.ca_file, config.cert_file, config.key_file),
-    )
 
 
 def pool_status(pool: BufferPool) -> dict[str, int]:

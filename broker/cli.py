@@ -17,12 +17,13 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from kafscale.broker.admin_http import admin_request, read_token
-from kafscale.broker.app import Broker, StartupError, connect_etcd
+from kafscale.broker.app import Broker, StartupError
 from kafscale.broker.authz.cli import add_acls_parser, run_acls
 from kafscale.broker.config import BrokerSettings
 from kafscale.broker.local import LocalOptions, run_local
 from kafscale.broker.memory import freeze_startup_objects, tune_allocator
 from kafscale.broker.metadata.etcd import BadEndpoint, MetadataUnavailable
+from kafscale.broker.metadata.etcd_connect import connect_etcd
 from kafscale.broker.observability.logs import setup_logging
 from kafscale.broker.observability.metrics import METRICS
 from kafscale.broker.observability.status import (

@@ -83,7 +83,7 @@ def _password(args: argparse.Namespace) -> str:
 
 
 async def _run(settings: BrokerSettings, args: argparse.Namespace) -> int:
-    from kafscale.broker.app import connect_etcd
+    from kafscale.broker.metadata.etcd_connect import connect_etcd
 
     etcd = await connect_etcd(settings.etcd)
     try:

@@ -20,7 +20,8 @@ import numpy as np
 from kafscale.broker.config import EtcdSettings
 from kafscale.broker.metadata import keys
 from kafscale.broker.metadata.cluster import TopicInfo
-from kafscale.broker.metadata.etcd import BadEndpoint, Etcd, EtcdTls, MetadataError
+from kafscale.broker.metadata.etcd import BadEndpoint, Etcd, MetadataError
+from kafscale.broker.metadata.etcd_connect import connect_etcd
 from kafscale.broker.metadata.partition_state import (
     PartitionState,
     is_committed_segment,
@@ -61,16 +62,8 @@ class Catalog:
     async def __aenter__(self) -> Catalog:
         settings = self._connection.etcd
         endpoints = settings.endpoints
-        try:
-            self._etcd = await Etcd.connect(
-                endpoints,
-                settings.timeout_s,
-                username=settings.username,
-                password=None
-                if settings.password is None
-                else settings.password.get_secret_value(),
-                tls=EtcdTls(settings.ca_file, settings.cert_file, settings.key_file),
-            )
+        try:  # twice: one slow handshake on a loaded driver host is not an outage
+            self._etcd = await connect_etcd(settings, attempts=2)
         except (MetadataError, BadEndpoint) as exc:
             raise SourceUnavailable(
                 f"etcd at {', '.join(endpoints)} cannot be reached: {exc}{_tls_hint(settings)}"

@@ -31,6 +31,8 @@ from kafscale.broker.protocol.codec import millis
 from kafscale.broker.protocol.errors import ErrorCode, KafkaError
 
 CONSUMER_MEMBER_TYPE = 1
+CLASSIC_MEMBER_TYPE = 0
+"""A classic member inside a consumer group (online migration)."""
 
 
 def _topic_uuid(info: TopicInfo) -> uuid.UUID:
@@ -215,7 +217,9 @@ def _described(ctx: RequestContext, group_id: str, group: ConsumerGroup, operati
                     "topic_partitions": _assignment_body(ctx, member.current.assigned, True)
                 },
                 "target_assignment": {"topic_partitions": _assignment_body(ctx, view.target, True)},
-                "member_type": CONSUMER_MEMBER_TYPE,
+                "member_type": (
+                    CONSUMER_MEMBER_TYPE if member.classic is None else CLASSIC_MEMBER_TYPE
+                ),
             }
         )
     return {

@@ -168,7 +168,12 @@ async def handle_join_group(request: Any, ctx: RequestContext) -> Body:
         fresh_id=str(uuid.uuid4()),
         reason=getattr(request, "reason", None),
     )
-    return _join_body(await runtime.join(join))
+    topics = {
+        name: info.partitions
+        for name, info in ctx.broker.view.topics.items()
+        if access.allowed(ctx, DESCRIBE, access.TOPIC, name)
+    }
+    return _join_body(await runtime.join(join, topics))
 
 
 def _join_body(result: JoinResult) -> Body:

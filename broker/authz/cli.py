@@ -132,7 +132,7 @@ def run_acls(args: argparse.Namespace, settings: BrokerSettings) -> int:
 
 
 async def _run(args: argparse.Namespace, settings: BrokerSettings) -> int:
-    from kafscale.broker.app import connect_etcd  # the app imports every part; only here
+    from kafscale.broker.metadata.etcd_connect import connect_etcd
 
     etcd = await connect_etcd(settings.etcd)
     try:

@@ -72,6 +72,19 @@ class HeartbeatResult:
     """Sent when the member's assignment changed, or when it sent a full request."""
 
 
+@dataclass(frozen=True, slots=True)
+class ClassicMember:
+    """What a classic member inside a consumer group (KIP-848 online migration) keeps of its
+    JoinGroup: its own session timeout and protocols (to become a classic group again)."""
+
+    session_timeout_ms: int
+    protocols: tuple[tuple[str, bytes], ...]
+
+    @property
+    def protocol_name(self) -> str:
+        return self.protocols[0][0] if self.protocols else ""
+
+
 @dataclass(slots=True)
 class ConsumerMember:
     member_id: str
@@ -89,6 +102,8 @@ class ConsumerMember:
     revocation_deadline_ms: int | None = None
     sent: frozenset[TopicPartition] | None = None
     """The assignment last sent to the member."""
+    classic: ClassicMember | None = None
+    """Set for a member speaking the classic protocol (JoinGroup/SyncGroup/Heartbeat)."""
 
     def subscribes(self, topic: str) -> bool:
         if topic in self.topic_names:
@@ -169,6 +184,11 @@ class ConsumerGroup:
         member = self.members.get(member_id)
         if member is None:
             return ErrorCode.UNKNOWN_MEMBER_ID
+        if member.classic is not None:
+            # A classic member commits with its generation, which is its member epoch.
+            if member_epoch != member.current.epoch:
+                return ErrorCode.ILLEGAL_GENERATION
+            return ErrorCode.NONE
         if version < 9:
             return ErrorCode.UNSUPPORTED_VERSION
         if member_epoch != member.current.epoch:
@@ -449,3 +469,21 @@ class ConsumerGroup:
 
     def is_empty(self) -> bool:
         return not self.members
+
+    # --- used by classic members inside the group (``migration``) -----------------------------
+
+    def bump(self) -> None:
+        """Membership or a subscription changed: the target is recomputed."""
+        self._bump()
+
+    def refresh_target(self, topics: Mapping[str, int]) -> None:
+        self._bump_if_needed(topics)
+
+    def held_by_others(self, member_id: str) -> frozenset[TopicPartition]:
+        return self._held_by_others(member_id)
+
+    def remove(self, member_id: str) -> None:
+        self._remove(member_id)
+
+    def has_consumer_members(self) -> bool:
+        return any(m.classic is None for m in self.members.values())

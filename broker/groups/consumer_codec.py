@@ -11,9 +11,15 @@ second member before the first released it.
 
 from __future__ import annotations
 
+import base64
 from typing import Any
 
-from kafscale.broker.groups.consumer import ConsumerConfig, ConsumerGroup, ConsumerMember
+from kafscale.broker.groups.consumer import (
+    ClassicMember,
+    ConsumerConfig,
+    ConsumerGroup,
+    ConsumerMember,
+)
 from kafscale.broker.groups.reconcile import MemberAssignment, TopicPartition
 
 Document = dict[str, Any]
@@ -53,7 +59,25 @@ def _member(member: ConsumerMember, target: frozenset[TopicPartition]) -> Docume
         "assigned": _tps(member.current.assigned),
         "revoking": _tps(member.current.revoking),
         "target": _tps(target),
+        "classic": _classic(member.classic),
     }
+
+
+def _classic(classic: ClassicMember | None) -> Document | None:
+    """A classic member's JoinGroup settings (online migration), or None."""
+    if classic is None:
+        return None
+    return {
+        "session_timeout_ms": classic.session_timeout_ms,
+        "protocols": [[n, base64.b64encode(m).decode()] for n, m in classic.protocols],
+    }
+
+
+def _unclassic(entry: Any) -> ClassicMember | None:
+    if not entry:
+        return None
+    protocols = tuple((str(n), base64.b64decode(m)) for n, m in entry.get("protocols") or ())
+    return ClassicMember(int(entry.get("session_timeout_ms", 0)), protocols)
 
 
 def restore(
@@ -84,7 +108,10 @@ def restore(
             ),
             previous_epoch=int(entry.get("previous_epoch", -1)),
             session_deadline_ms=now_ms + config.session_timeout_ms,
+            classic=_unclassic(entry.get("classic")),
         )
+        if member.classic is not None:
+            member.session_deadline_ms = now_ms + member.classic.session_timeout_ms
         if member.current.revoking:
             member.revocation_deadline_ms = now_ms + max(member.rebalance_timeout_ms, 0)
         group.members[member.member_id] = member

@@ -80,6 +80,11 @@ class Group(GroupCore):
             group.state = GroupState.STABLE
         return group
 
+    def rebalance(self, now_ms: int) -> None:
+        """Start a rebalance now (a group converted back from the consumer protocol: its
+        members rejoin and the leader assigns again)."""
+        self._maybe_prepare_rebalance(now_ms)
+
     # --- JoinGroup ----------------------------------------------------------------------------
 
     def join(self, now_ms: int, request: JoinRequest) -> JoinResult | Pending:

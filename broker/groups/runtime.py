@@ -17,6 +17,7 @@ import contextlib
 import logging
 from collections.abc import Callable, Mapping
 
+from kafscale.broker.groups import migration
 from kafscale.broker.groups.consumer import (
     ConsumerConfig,
     ConsumerGroup,
@@ -128,12 +129,18 @@ class GroupRuntime:
             heartbeat_interval_ms=self._config.consumer_heartbeat_interval_ms,
         )
 
-    async def join(self, request: JoinRequest) -> JoinResult:
+    async def join(
+        self, request: JoinRequest, topics: Mapping[str, int] | None = None
+    ) -> JoinResult:
+        """JoinGroup. ``topics``: every topic's partition count (for a consumer group, whose
+        assignor runs here)."""
         self._check_open()
         if self.consumer is not None:
             if not self.consumer.is_empty():
-                # Kafka 4 can run classic members inside a consumer group; we refuse them.
-                return JoinResult(ErrorCode.INCONSISTENT_GROUP_PROTOCOL, request.member_id)
+                # A classic member inside a consumer group (online migration).
+                joined = migration.join(self.consumer, self._clock(), request, topics or {})
+                error = await self._store_consumer(self.consumer)
+                return joined if error is ErrorCode.NONE else JoinResult(error, request.member_id)
             self.consumer = None  # an empty consumer group becomes a classic one
             self._consumer_doc = None
         group = self.group
@@ -149,6 +156,8 @@ class GroupRuntime:
 
     async def sync(self, request: SyncRequest) -> SyncResult:
         self._check_open()
+        if self.consumer is not None:
+            return migration.sync(self.consumer, self._clock(), request)
         if self.group is None:
             return SyncResult(ErrorCode.UNKNOWN_MEMBER_ID)
         result = await self._settle(self.group, self.group.sync(self._clock(), request))
@@ -159,6 +168,12 @@ class GroupRuntime:
         self, member_id: str, group_instance_id: str | None, generation: int
     ) -> ErrorCode:
         self._check_open()
+        if self.consumer is not None:
+            error = migration.heartbeat(
+                self.consumer, self._clock(), member_id, group_instance_id, generation
+            )
+            self._wake.set()
+            return error
         if self.group is None:
             return ErrorCode.UNKNOWN_MEMBER_ID
         error = self.group.heartbeat(self._clock(), member_id, group_instance_id, generation)
@@ -168,6 +183,11 @@ class GroupRuntime:
     def leave(self, members: list[tuple[str, str | None]]) -> tuple[ErrorCode, list[ErrorCode]]:
         """(group error, per-member errors)."""
         self._check_open()
+        if self.consumer is not None:
+            errors = migration.leave(self.consumer, members)
+            self._queue_consumer(self.consumer)
+            self._maybe_downgrade()
+            return ErrorCode.NONE, errors
         if self.group is None:
             return ErrorCode.NONE, [ErrorCode.UNKNOWN_MEMBER_ID] * len(members)
         if self.group.state is GroupState.DEAD:
@@ -182,9 +202,10 @@ class GroupRuntime:
         self, request: HeartbeatRequest, topics: dict[str, int]
     ) -> HeartbeatResult:
         """ConsumerGroupHeartbeat. An Empty classic group (or one with only offsets) becomes
-        a consumer group; one with members is refused with GROUP_ID_NOT_FOUND, as Kafka does
-        when it cannot upgrade a classic group. A heartbeat that changed the group is answered
-        once the change is in etcd (a new coordinator must know who holds what)."""
+        a consumer group; one with members is upgraded in place (``migration``), or refused
+        with GROUP_ID_NOT_FOUND where Kafka cannot upgrade it. A heartbeat that changed the
+        group is answered once the change is in etcd (a new coordinator must know who holds
+        what)."""
         self._check_open()
         consumer = self.consumer
         if consumer is None and request.member_epoch != 0:
@@ -195,20 +216,81 @@ class GroupRuntime:
         if consumer is None:
             group = self.group
             if group is not None and group.state not in (GroupState.EMPTY, GroupState.DEAD):
-                message = f"group {self.group_id} is a classic group with members"
-                return HeartbeatResult(ErrorCode.GROUP_ID_NOT_FOUND, message)
+                refusal = migration.upgrade_refusal(group, self._consumer_config())
+                if refusal is not None:
+                    return HeartbeatResult(ErrorCode.GROUP_ID_NOT_FOUND, refusal)
+                # Upgrade only if the member's join succeeds (it may be refused, e.g. with
+                # UNRELEASED_INSTANCE_ID): a refused join leaves the classic group as it was.
+                upgraded = migration.consumer_group_from_classic(
+                    group, self._consumer_config(), self._clock()
+                )
+                result = upgraded.heartbeat(self._clock(), request, topics)
+                if result.error is not ErrorCode.NONE:
+                    return result
+                self._upgrade(group, upgraded)
+                return await self._answer_stored(upgraded, result)
             epoch = group.generation if group is not None else 0
-            consumer = self.consumer = ConsumerGroup(self.group_id, self._consumer_config(), epoch)
+            consumer = ConsumerGroup(self.group_id, self._consumer_config(), epoch)
+            self.consumer = consumer
             self.group = None
-        result = consumer.heartbeat(self._clock(), request, topics)
+        return await self._answer_stored(
+            consumer, consumer.heartbeat(self._clock(), request, topics)
+        )
+
+    async def _answer_stored(
+        self, consumer: ConsumerGroup, result: HeartbeatResult
+    ) -> HeartbeatResult:
+        """``result`` once the group's change (if any) is in etcd."""
         stored = self._queue_consumer(consumer)
+        self._maybe_downgrade()
         if stored is None:
             return result
-        try:
-            error = await asyncio.shield(stored)
-        except NotCoordinator:
-            error = ErrorCode.NOT_COORDINATOR
+        error = await self._await_stored(stored)
         return result if error is ErrorCode.NONE else HeartbeatResult(error)
+
+    async def _store_consumer(self, consumer: ConsumerGroup) -> ErrorCode:
+        """Queue the consumer group's state if it changed and wait for the write."""
+        stored = self._queue_consumer(consumer)
+        return ErrorCode.NONE if stored is None else await self._await_stored(stored)
+
+    @staticmethod
+    async def _await_stored(stored: asyncio.Future[ErrorCode]) -> ErrorCode:
+        try:
+            return await asyncio.shield(stored)
+        except NotCoordinator:
+            return ErrorCode.NOT_COORDINATOR
+
+    def _upgrade(self, group: Group, consumer: ConsumerGroup) -> None:
+        """A classic group with members becomes ``consumer`` (online migration). Classic
+        members waiting in a rebalance are told to rejoin, which they do into the new group."""
+        for member in group.members.values():
+            for ticket, result in (
+                (member.join_ticket, JoinResult(ErrorCode.REBALANCE_IN_PROGRESS, member.member_id)),
+                (member.sync_ticket, SyncResult(ErrorCode.REBALANCE_IN_PROGRESS)),
+            ):
+                future = self._waiters.get(ticket) if ticket is not None else None
+                if future is not None and not future.done():
+                    future.set_result(result)
+        log.info(
+            "group %s: classic group of %d members upgraded to the consumer protocol",
+            self.group_id,
+            len(consumer.members),
+        )
+        self.consumer, self.group = consumer, None
+
+    def _maybe_downgrade(self) -> None:
+        """Only classic members left in a consumer group: it becomes a classic group again."""
+        consumer = self.consumer
+        if consumer is None or self.closed or not migration.should_downgrade(consumer):
+            return
+        group = migration.classic_group_from_consumer(consumer, self._config, self._clock())
+        log.info(
+            "group %s: last consumer-protocol member gone, back to a classic group of %d",
+            self.group_id,
+            len(group.members),
+        )
+        self.group, self.consumer, self._consumer_doc = group, None, None
+        self._apply(group.take_effects())
 
     def _queue_consumer(self, consumer: ConsumerGroup) -> asyncio.Future[ErrorCode] | None:
         """Queue the group's state for etcd if it changed: the future of that write."""
@@ -435,6 +517,7 @@ class GroupRuntime:
                 if expired:
                     log.info("group %s: members expired: %s", self.group_id, ", ".join(expired))
                 self._queue_consumer(consumer)
+                self._maybe_downgrade()
             if self.group is not None and not self.closed:
                 try:
                     self.group.tick(self._clock())

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import datetime
 import functools
+import importlib
 import io
 import struct
 import uuid
@@ -412,3 +413,91 @@ def decode_principal(data: bytes) -> str:
     if not principal.type_ or not principal.name or principal.token_authenticated:
         raise DecodeError("forwarded principal without type or name, or token-authenticated")
     return f"{principal.type_}:{principal.name}"
+
+
+# --- the classic consumer protocol's embedded metadata ------------------------------------------
+
+_EMBEDDED_VERSION = struct.Struct(">h")
+_EMBEDDED_TYPES = {
+    "consumer_protocol_subscription": "ConsumerProtocolSubscription",
+    "consumer_protocol_assignment": "ConsumerProtocolAssignment",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class ConsumerSubscription:
+    """A classic consumer's JoinGroup metadata (ConsumerProtocolSubscription)."""
+
+    topics: tuple[str, ...]
+    owned: frozenset[tuple[str, int]]
+    rack_id: str | None
+
+
+def _read_embedded(data: bytes, family: str) -> tuple[int, Any] | None:
+    """(version, entity) of an embedded consumer-protocol document, or None if unreadable.
+
+    Like Kafka, a version newer than kio knows is read as the newest known one (newer versions
+    only append fields); a document shorter than its version claims is read as an older one.
+    """
+    if len(data) < _EMBEDDED_VERSION.size:
+        return None
+    (version,) = _EMBEDDED_VERSION.unpack_from(data, 0)
+    if version < 0:
+        return None
+    for candidate in range(min(version, 3), -1, -1):
+        module = importlib.import_module(f"kio.schema.{family}.v{candidate}.data")
+        entity_type = getattr(module, _EMBEDDED_TYPES[family])
+        try:
+            entity, _ = entity_reader(entity_type)(data, _EMBEDDED_VERSION.size)
+        except Exception:  # any malformed document is "not a subscription"
+            continue
+        return version, entity
+    return None
+
+
+def decode_consumer_subscription(data: bytes) -> ConsumerSubscription | None:
+    """The subscription in a classic member's metadata; None when it is not one."""
+    read = _read_embedded(data, "consumer_protocol_subscription")
+    if read is None:
+        return None
+    _, entity = read
+    owned_topics = getattr(entity, "owned_partitions", ())
+    owned = frozenset((str(tp.topic), int(p)) for tp in owned_topics for p in tp.partitions)
+    return ConsumerSubscription(tuple(entity.topics), owned, getattr(entity, "rack_id", None))
+
+
+def decode_consumer_assignment(data: bytes) -> frozenset[tuple[str, int]] | None:
+    """The partitions of a classic member's SyncGroup assignment; None when unreadable."""
+    read = _read_embedded(data, "consumer_protocol_assignment")
+    if read is None:
+        return None
+    _, entity = read
+    return frozenset(
+        (str(tp.topic), int(p)) for tp in entity.assigned_partitions for p in tp.partitions
+    )
+
+
+def encode_consumer_assignment(partitions: frozenset[tuple[str, int]]) -> bytes:
+    """A ConsumerProtocolAssignment v0 (read by every classic client) of ``partitions``."""
+    from kio.schema.consumer_protocol_assignment.v0.data import (
+        ConsumerProtocolAssignment,
+    )
+    from kio.schema.consumer_protocol_assignment.v0.data import (
+        TopicPartition as AssignedPartitions,
+    )
+    from kio.static.primitive import i32
+
+    by_topic: dict[str, list[int]] = {}
+    for topic, partition in sorted(partitions):
+        by_topic.setdefault(topic, []).append(partition)
+    entity = ConsumerProtocolAssignment(
+        assigned_partitions=tuple(
+            AssignedPartitions(topic=topic, partitions=tuple(i32(p) for p in ps))  # type: ignore[arg-type]
+            for topic, ps in by_topic.items()
+        ),
+        user_data=None,
+    )
+    buffer = io.BytesIO()
+    buffer.write(_EMBEDDED_VERSION.pack(0))
+    entity_writer(ConsumerProtocolAssignment)(buffer, entity)
+    return buffer.getvalue()

@@ -5,8 +5,10 @@
   lost, and no partition is owned by two live members at once (a member's revocation callback
   runs before the partition's next owner is assigned it);
 * a classic consumer and a consumer-protocol consumer read one topic in two groups, each group
-  everything; a consumer-protocol member cannot join a classic group that has members
-  (GROUP_ID_NOT_FOUND, as Kafka refuses an upgrade it cannot do);
+  everything;
+* a live classic group is upgraded member by member (classic and consumer-protocol members
+  sharing the group meanwhile) and rolled back the same way; a classic group of another
+  protocol type is refused (GROUP_ID_NOT_FOUND, as Kafka refuses an upgrade it cannot do);
 * ConsumerGroupDescribe and ListGroups v5 show the group, its type and its assignment.
 
 Brokers run with a 500 ms consumer heartbeat interval and a 6 s session, so each test stays
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import shutil
+import struct
 import subprocess
 import threading
 import time
@@ -34,6 +37,8 @@ from harness.brokers import BrokerCluster, BrokerProcess
 from harness.java_client import CACHE, _jars
 from harness.kafka_wire import KafkaWire
 from harness.proxy import start_proxy
+
+from kafscale.broker.protocol.codec import encode_consumer_assignment
 
 pytestmark = pytest.mark.integration
 
@@ -295,8 +300,10 @@ def run_join_and_leave(cluster: BrokerCluster, factory: MemberFactory, protocol:
                 30,
                 f"{len(members)} members to share the partitions",
             )
+        # The clients own every partition a moment before the coordinator has seen the last
+        # revocation acknowledged (Reconciling): wait for Stable rather than assert it at once.
+        wait_for(lambda: describe(brokers, group).group_state == "Stable", 20, "a Stable group")
         described = describe(brokers, group)
-        assert described.group_state == "Stable"
         assert len(described.members) == 5
         assert {m.member_type for m in described.members} == {1}  # consumer-protocol members
         while len(members) > 1:
@@ -349,6 +356,18 @@ def confluent_factory(
     return ConfluentMember(name, bootstrap, topic, group, protocol)
 
 
+def cooperative_factory(
+    name: str, bootstrap: str, topic: str, group: str, protocol: str
+) -> GroupMember:
+    """librdkafka with the cooperative-sticky assignor when classic: it revokes only what moves
+    and reports what it still owns when it rejoins."""
+    member = ConfluentMember(name, bootstrap, topic, group, protocol, start=False)
+    if protocol == "classic":
+        member.config["partition.assignment.strategy"] = "cooperative-sticky"
+    member.start()
+    return member
+
+
 # --- tests ----------------------------------------------------------------------------------------
 
 
@@ -358,21 +377,6 @@ def test_java_members_join_and_leave_one_by_one(broker_cluster: BrokerCluster) -
 
 def test_librdkafka_members_join_and_leave_one_by_one(broker_cluster: BrokerCluster) -> None:
     run_join_and_leave(broker_cluster, confluent_factory, "consumer")
-
-
-def _heartbeat(wire: KafkaWire, group: str, member: str, topic: str) -> Any:
-    return wire.request(
-        68,
-        0,
-        {
-            "group_id": group,
-            "member_id": member,
-            "member_epoch": 0,
-            "rebalance_timeout": 30000,
-            "subscribed_topic_names": [topic],
-            "topic_partitions": [],
-        },
-    )
 
 
 def test_classic_and_consumer_groups_on_one_topic(broker_cluster: BrokerCluster) -> None:
@@ -390,8 +394,6 @@ def test_classic_and_consumer_groups_on_one_topic(broker_cluster: BrokerCluster)
         wait_for(lambda: wanted <= {v for _, _, v in classic.records}, 40, "the classic group")
         wait_for(lambda: wanted <= {v for _, _, v in modern.records}, 40, "the consumer group")
         with KafkaWire(broker.bootstrap) as wire:
-            refused = _heartbeat(wire, "g-classic", "intruder", topic)
-            assert refused.error_code == 69  # GROUP_ID_NOT_FOUND: a classic group with members
             listed = wire.request(16, 5, {"states_filter": [], "types_filter": []})
             types = {g.group_id: g.group_type for g in listed.groups}
             assert types["g-classic"] == "classic" and types["g-consumer"] == "consumer"
@@ -550,7 +552,8 @@ def test_the_protocol_checks_requests_epochs_and_group_types(
         fetch = {"groups": [{"group_id": group, "member_id": "m", "member_epoch": epoch - 1,
                              "topics": None}], "require_stable": False}  # fmt: skip
         assert wire.request(9, 9, fetch).groups[0].error_code == 113
-        # A classic member cannot join a consumer group that has members...
+        # A classic member without a readable consumer subscription cannot join a consumer
+        # group that has members (Kafka's refusal)...
         refused = wire.request(11, 9, {"group_id": group, **CLASSIC_JOIN})
         assert refused.error_code == 23  # INCONSISTENT_GROUP_PROTOCOL
         # ...but once the last member left, the empty group becomes a classic one.
@@ -559,6 +562,14 @@ def test_the_protocol_checks_requests_epochs_and_group_types(
         assert required.error_code == 79  # MEMBER_ID_REQUIRED: the classic protocol's handshake
         listed = wire.request(16, 5, {"states_filter": [], "types_filter": []})
         assert {g.group_id: g.group_type for g in listed.groups}[group] == "classic"
+        # A live classic group of another protocol type (Kafka Connect's, here) is not
+        # upgraded: a consumer-protocol member gets GROUP_ID_NOT_FOUND, as from Kafka.
+        connect = f"connect-{time.monotonic_ns()}"
+        join = {"group_id": connect, **CLASSIC_JOIN, "protocol_type": "connect"}
+        member_id = wire.request(11, 9, join).member_id
+        assert wire.request(11, 9, {**join, "member_id": member_id}).error_code == 0
+        refused_upgrade = heartbeat(wire, connect, "m", 0, **names)
+        assert refused_upgrade.error_code == 69  # GROUP_ID_NOT_FOUND
 
 
 def test_a_classic_group_is_upgraded_in_place_and_back(broker_cluster: BrokerCluster) -> None:
@@ -642,3 +653,206 @@ def test_a_static_member_restarts_without_a_rebalance(broker_cluster: BrokerClus
     finally:
         for member in members:
             member.stop()
+
+
+def group_type(bootstrap: str, group: str) -> str | None:
+    with KafkaWire(bootstrap) as wire:
+        listed = wire.request(16, 5, {"states_filter": [], "types_filter": []})
+    return {g.group_id: g.group_type for g in listed.groups}.get(group)
+
+
+def roll(
+    bootstrap: str,
+    topic: str,
+    group: str,
+    members: list[GroupMember],
+    everyone: list[GroupMember],
+    protocol: str,
+    factory: MemberFactory,
+) -> list[set[int]]:
+    """Restart the group's members one at a time with ``protocol``, as a rolling upgrade does;
+    after each step, the member types ConsumerGroupDescribe shows (while a consumer group)."""
+    member_types = []
+    for index in range(len(members)):
+        members.pop(0).stop()
+        name = f"{protocol}{index}-{len(everyone)}"
+        member = factory(name, bootstrap, topic, group, protocol)
+        members.append(member)
+        everyone.append(member)
+        wait_for(
+            lambda: covered(members) and all(m.ownership.owned_now() for m in members),
+            40,
+            f"{name} to share the partitions with the group",
+        )
+        if group_type(bootstrap, group) == "consumer":
+            described = describe_consumer(bootstrap, group)
+            member_types.append({m.member_type for m in described.members})
+    return member_types
+
+
+def is_stable(bootstrap: str, group: str) -> bool:
+    return bool(describe_consumer(bootstrap, group).group_state == "Stable")
+
+
+def describe_consumer(bootstrap: str, group: str) -> Any:
+    with KafkaWire(bootstrap) as wire:
+        request = {"group_ids": [group], "include_authorized_operations": False}
+        (described,) = wire.request(69, 1, request).groups
+    return described
+
+
+@pytest.mark.parametrize(
+    "factory",
+    [confluent_factory, cooperative_factory, java_factory],
+    ids=["librdkafka", "librdkafka-cooperative", "java"],
+)
+def test_a_live_group_is_upgraded_member_by_member_and_back(
+    broker_cluster: BrokerCluster, factory: MemberFactory
+) -> None:
+    """A rolling upgrade (KIP-848 online migration): three classic consumers (librdkafka, or
+    the Java client) under produce are restarted one at a time as consumer-protocol members,
+    then rolled back. The
+    group never stops: classic and consumer-protocol members share it, nothing is lost, no
+    partition is owned by two members at once, and the group ends as a consumer group, then
+    as a classic group again."""
+    broker = broker_cluster.start(**GROUP_ENV)
+    topic, group = f"rolling-{time.monotonic_ns()}", f"g-{time.monotonic_ns()}"
+    topics.create_topic(broker.bootstrap, topic, PARTITIONS, log_level=QUIET)
+    feed = Feed(broker.bootstrap, topic)
+    feed.start()
+    members: list[GroupMember] = []
+    everyone: list[GroupMember] = []
+    try:
+        for index in range(3):
+            member = factory(f"classic-{index}", broker.bootstrap, topic, group, "classic")
+            members.append(member)
+            everyone.append(member)
+        wait_for(
+            lambda: covered(members) and all(m.ownership.owned_now() for m in members),
+            40,
+            "three classic members to share the partitions",
+        )
+        assert group_type(broker.bootstrap, group) == "classic"
+        upgrade = roll(broker.bootstrap, topic, group, members, everyone, "consumer", factory)
+        # Classic (member type 0) and consumer-protocol (1) members shared the group.
+        assert upgrade == [{0, 1}, {0, 1}, {1}]
+        wait_for(partial(is_stable, broker.bootstrap, group), 20, "the upgraded group Stable")
+        assert len(describe_consumer(broker.bootstrap, group).members) == 3
+        rollback = roll(broker.bootstrap, topic, group, members, everyone, "classic", factory)
+        assert rollback == [{0, 1}, {0, 1}]  # then a classic group again
+        wait_for(lambda: group_type(broker.bootstrap, group) == "classic", 20, "a classic group")
+        feed.stop()
+        wanted = set(range(feed.sent))
+        wait_for(
+            lambda: wanted <= {v for m in everyone for _, _, v in m.records},
+            40,
+            "the group to read everything",
+        )
+    finally:
+        feed.stop()
+        for member in members:
+            member.stop()
+    assert not feed.failed
+    assert overlaps(everyone) == []
+    assert {v for m in everyone for _, _, v in m.records} == set(range(feed.sent)), "records lost"
+    assert all(not m.crashed for m in everyone if isinstance(m, ConfluentMember))
+
+
+def test_a_mixed_group_carries_on_when_its_coordinator_stops(broker_cluster: BrokerCluster) -> None:
+    """Classic members inside a consumer group are part of its stored state: the next
+    coordinator carries on with them (their member ids, epochs, held partitions, their own
+    session timeout) and with the consumer-protocol member, nobody rejoining from scratch."""
+    brokers = [broker_cluster.start(**GROUP_ENV) for _ in range(2)]
+    bootstrap = ",".join(b.bootstrap for b in brokers)
+    topic, group = f"mixed-moved-{time.monotonic_ns()}", f"g-{time.monotonic_ns()}"
+    topics.create_topic(brokers[0].bootstrap, topic, PARTITIONS, log_level=QUIET)
+    produce(bootstrap, topic, 200)
+    members = [ConfluentMember(f"c{i}", bootstrap, topic, group, "classic") for i in (0, 1)]
+    try:
+        wait_for(lambda: covered(members), 40, "two classic members")
+        members.append(ConfluentMember("k", bootstrap, topic, group, "consumer"))
+        wait_for(
+            lambda: covered(members) and all(m.ownership.owned_now() for m in members),
+            40,
+            "the consumer-protocol member to join the upgraded group",
+        )
+        before = describe(brokers, group).members
+        assert {m.member_type for m in before} == {0, 1}
+        with KafkaWire(brokers[0].bootstrap) as wire:
+            coordinator = int(wire.request(10, 3, {"key": group, "key_type": 0}).node_id)
+        victim = next(b for b in brokers if b.node_id == coordinator)
+        survivor = next(b for b in brokers if b is not victim)
+        victim.stop()
+        produce(survivor.bootstrap, topic, 200)
+        wait_for(
+            lambda: {v for m in members for _, _, v in m.records} >= set(range(400)),
+            40,
+            "the mixed group to go on at the other broker",
+        )
+        wait_for(lambda: covered(members), 20, "the three members to own partitions again")
+        described = describe([survivor], group)
+        assert sorted(m.member_type for m in described.members) == [0, 0, 1]
+        # The same members: nobody was dropped and rejoined under a new member id.
+        assert {m.member_id for m in described.members} == {m.member_id for m in before}
+    finally:
+        for member in members:
+            member.stop()
+    assert overlaps(members) == []  # type: ignore[arg-type]
+    assert all(not m.crashed for m in members)
+
+
+def consumer_subscription(topics: list[str]) -> bytes:
+    """A ConsumerProtocolSubscription v0, as a classic consumer sends in JoinGroup."""
+    body = struct.pack(">hi", 0, len(topics))
+    for topic in topics:
+        body += struct.pack(">h", len(topic)) + topic.encode()
+    return body + struct.pack(">i", -1)
+
+
+def test_a_refused_upgrade_leaves_the_classic_group_as_it_was(
+    broker_cluster: BrokerCluster,
+) -> None:
+    """A consumer-protocol member whose join is refused (here: a static member whose instance
+    id a live classic member still holds, UNRELEASED_INSTANCE_ID) does not convert the group;
+    the next one that may join does, and the classic member is then told to rejoin."""
+    broker = broker_cluster.start(**GROUP_ENV)
+    topic, group = f"refused-{time.monotonic_ns()}", f"g-{time.monotonic_ns()}"
+    topics.create_topic(broker.bootstrap, topic, 2, log_level=QUIET)
+    with KafkaWire(broker.bootstrap) as wire:
+        protocols = [{"name": "range", "metadata": consumer_subscription([topic])}]
+        join = {
+            **CLASSIC_JOIN,
+            "group_id": group,
+            "group_instance_id": "i1",
+            "protocols": protocols,
+        }
+        joined = wire.request(11, 9, join)
+        assert joined.error_code == 0 and joined.leader == joined.member_id
+        member, generation = joined.member_id, joined.generation_id
+        everything = encode_consumer_assignment(frozenset({(topic, 0), (topic, 1)}))
+        sync = {
+            "group_id": group,
+            "generation_id": generation,
+            "member_id": member,
+            "group_instance_id": "i1",
+            "protocol_type": "consumer",
+            "protocol_name": "range",
+            "assignments": [{"member_id": member, "assignment": everything}],
+        }
+        assert wire.request(14, 5, sync).error_code == 0
+        classic_heartbeat = {
+            "group_id": group,
+            "generation_id": generation,
+            "member_id": member,
+            "group_instance_id": "i1",
+        }
+        names = {"subscribed_topic_names": [topic]}
+        refused = heartbeat(wire, group, "k1", 0, **names, instance_id="i1")
+        assert refused.error_code == 111  # UNRELEASED_INSTANCE_ID
+        assert group_type(broker.bootstrap, group) == "classic"
+        assert wire.request(12, 4, classic_heartbeat).error_code == 0  # undisturbed
+        upgraded = heartbeat(wire, group, "k2", 0, **names)
+        assert upgraded.error_code == 0
+        assert upgraded.assignment.topic_partitions == ()  # the classic member holds both
+        assert group_type(broker.bootstrap, group) == "consumer"
+        assert wire.request(12, 4, classic_heartbeat).error_code == 27  # REBALANCE_IN_PROGRESS

@@ -55,6 +55,13 @@ def start_local(data_dir: Path, port: int, brokers: int, log: Path) -> subproces
     return process
 
 
+def as_in_a_terminal() -> None:
+    """Run in the child: Ctrl-C's default, as in a terminal's foreground job. A test run started
+    in the background of a non-interactive shell inherits SIGINT ignored, and a Python started
+    that way never turns it into KeyboardInterrupt: a Ctrl-C during its imports was lost."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def stop_with_ctrl_c(process: subprocess.Popen[bytes]) -> int:
     """Ctrl-C in a terminal: SIGINT to the whole foreground process group, children included.
     A process that does not stop in time is killed (never left running) and the test fails."""
@@ -239,6 +246,7 @@ def test_ctrl_c_while_starting_ends_promptly_without_a_traceback(
         stdout=log.open("ab"),
         stderr=subprocess.STDOUT,
         start_new_session=True,
+        preexec_fn=as_in_a_terminal,
     )
     time.sleep(after_s)
     exit_code = stop_with_ctrl_c(process)

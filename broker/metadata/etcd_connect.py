@@ -1,0 +1,42 @@
+"""Connecting to etcd as a settings section describes it, with a few tries.
+
+At start-up etcd may be starting too (a managed etcd beside new broker pods) or slow to answer
+one handshake on a loaded node; a broker, proxy or Spark driver that gave up at once would fail
+for a moment's delay. Every process that connects from settings comes through here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from kafscale.broker.config import EtcdConnectionSettings
+from kafscale.broker.metadata.etcd import Etcd, EtcdTls, MetadataUnavailable
+
+log = logging.getLogger(__name__)
+
+STARTUP_ATTEMPTS = 3
+
+
+async def connect_etcd(config: EtcdConnectionSettings, attempts: int = STARTUP_ATTEMPTS) -> Etcd:
+    """The etcd client ``config`` describes; ``MetadataUnavailable`` after ``attempts`` tries
+    (``BadEndpoint``, a setting that can never work, at once)."""
+    for attempt in range(1, attempts + 1):
+        try:
+            return await _connect_once(config)
+        except MetadataUnavailable as exc:
+            if attempt == attempts:
+                raise
+            log.warning("etcd not reachable yet (attempt %d): %s", attempt, exc)
+            await asyncio.sleep(1)
+    raise AssertionError("unreachable")
+
+
+async def _connect_once(config: EtcdConnectionSettings) -> Etcd:
+    return await Etcd.connect(
+        config.endpoints,
+        config.timeout_s,
+        username=config.username,
+        password=None if config.password is None else config.password.get_secret_value(),
+        tls=EtcdTls(config.ca_file, config.cert_file, config.key_file),
+    )
