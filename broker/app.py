@@ -46,6 +46,12 @@ from kafscale.broker.observability.metrics import HotPathCollector
 from kafscale.broker.ownership import follow_once, plan_ownership
 from kafscale.broker.protocol.errors import ErrorCode, KafkaError, NotLeader
 from kafscale.broker.security.credentials import CredentialStore
+from kafscale.broker.security.inter_broker import (
+    inter_broker_context,
+    inter_broker_link,
+    inter_broker_reloader,
+    missing_login,
+)
 from kafscale.broker.security.listeners import Listener, advertised_address, internal_listener
 from kafscale.broker.security.tls import CertificateReloader, TlsConfigError, server_context
 from kafscale.broker.server import ByteBudget, KafkaServer, ServerEndpoint
@@ -86,6 +92,7 @@ class Broker:
     ready: bool = False
     draining: bool = False
     pod_name: str | None = None
+    _inter_broker: ssl.SSLContext | None = None  # TLS toward other brokers (inter_broker.*)
     _tasks: list[asyncio.Task[None]] = field(default_factory=list)
 
     @property
@@ -152,6 +159,7 @@ class Broker:
         listener = self.settings.listener
         try:
             endpoints, contexts = server_endpoints(self.settings)
+            inter_broker = inter_broker_context(self.settings)
         except TlsConfigError as exc:
             await self._close_clients()
             raise StartupError(str(exc)) from exc
@@ -168,6 +176,13 @@ class Broker:
             await self._close_clients()
             names = ", ".join(f"{e.listener.host}:{e.listener.port}" for e in endpoints)
             raise StartupError(f"cannot listen on {names}: {exc}") from exc
+        self._inter_broker = inter_broker
+        problem = missing_login(self.settings)
+        if problem:
+            log.warning("%s", problem)
+        inter_reloader = inter_broker_reloader(self.settings, inter_broker)
+        if inter_reloader is not None:
+            self._tasks.append(asyncio.create_task(inter_reloader.run(), name="inter-broker-tls"))
         if contexts:
             reloader = CertificateReloader(self.settings.tls, contexts)
             self._tasks.append(asyncio.create_task(reloader.run(), name="tls-reload"))
@@ -197,7 +212,9 @@ class Broker:
         set_node_id(self.info.node_id)
         self.groups = GroupCoordinator(self, group_config(self.settings.groups))
         await self.groups.start()
-        self.transactions = TransactionCoordinator(self, self.settings.transactions)
+        self.transactions = TransactionCoordinator(
+            self, self.settings.transactions, inter_broker_link(self.settings, self._inter_broker)
+        )
         await self.transactions.start()
         self.manager = LogManager(
             self.settings, self.etcd, self.view, self.store, self.cache, self.node_id, self.session

@@ -300,6 +300,13 @@ class TransactionSettings(_Section):
             ".interval.ms)."
         ),
     )
+    id_expiration_ms: int = Field(
+        7 * 24 * 3600 * 1000,
+        ge=1,
+        description="transactional.id.expiration.ms: a transactional id with no transaction "
+        "in flight and unused this long loses its record (its producer's next "
+        "InitProducerId gets a new producer id); checked every check_interval_ms.",
+    )
 
 
 class TlsSettings(_Section):
@@ -385,6 +392,61 @@ class AuthorizerSettings(_Section):
     )
 
 
+INTER_BROKER_MECHANISMS = ("SCRAM-SHA-512", "SCRAM-SHA-256", "PLAIN")
+
+
+class InterBrokerSettings(_Section):
+    """How this broker connects to other brokers (a transaction coordinator writing markers),
+    and as whom: Kafka's ``inter.broker.listener.name`` and ``security.inter.broker.protocol``,
+    with the fields of the proxy's ``upstream.*``. Left unset, a broker speaks what its own
+    internal listener speaks, with its own certificate (``tls.*``), as Kafka's brokers do."""
+
+    listener: str | None = Field(
+        None,
+        examples=["PLAINTEXT"],
+        description="The other brokers' listener (by name) to connect to; None: the address "
+        "they register as their main one (internal_listener_name).",
+    )
+    security_protocol: SecurityProtocol | None = Field(
+        None,
+        description="PLAINTEXT, SSL, SASL_PLAINTEXT or SASL_SSL; None: the protocol of that "
+        "listener in this broker's own listener_security_protocol_map. The broker's principal "
+        "on the others (its certificate's User:<subject>, or User:<sasl_username>) needs "
+        "CLUSTER_ACTION on the cluster, or to be a super user, under the authorizer.",
+    )
+    sasl_mechanism: str = Field(
+        "SCRAM-SHA-512",
+        examples=["SCRAM-SHA-256"],
+        description="SCRAM-SHA-512, SCRAM-SHA-256 or PLAIN (SASL protocols).",
+    )
+    sasl_username: str | None = Field(None, description="The brokers' own user (SASL).")
+    sasl_password: SecretStr | None = Field(None, description="That user's password.")
+    ca_file: Path | None = Field(
+        None,
+        description="PEM CAs the other brokers' certificates must chain to (default: "
+        "tls.ca_file, else the system's).",
+    )
+    cert_file: Path | None = Field(
+        None,
+        description="PEM client certificate presented to other brokers (default: tls.cert_file, "
+        "which then needs the client-auth usage where they require client certificates).",
+    )
+    key_file: Path | None = Field(
+        None, description="PEM private key of `cert_file` (the two go together)."
+    )
+    check_hostname: bool = Field(
+        True, description="Check that a broker's certificate names the host it registered."
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> InterBrokerSettings:
+        if self.sasl_mechanism not in INTER_BROKER_MECHANISMS:
+            raise ValueError(
+                f"inter_broker.sasl_mechanism must be one of {INTER_BROKER_MECHANISMS}"
+            )
+        return self
+
+
 class BrokerSettings(BaseSettings):
     """Everything one broker process needs to know."""
 
@@ -428,6 +490,7 @@ class BrokerSettings(BaseSettings):
     )
     tls: TlsSettings = TlsSettings()
     sasl: SaslSettings = SaslSettings()
+    inter_broker: InterBrokerSettings = InterBrokerSettings()
     admin: AdminSettings = AdminSettings()
     authorizer: AuthorizerSettings = AuthorizerSettings()
     log_level: str = Field("INFO", description="Python logging level.")
@@ -447,7 +510,20 @@ class BrokerSettings(BaseSettings):
         plan = self.listener_plan()
         internal_listener(plan, self.internal_listener_name)
         check_listener_tls(plan, self.tls)
+        self.inter_broker_protocol()
         return self
+
+    def inter_broker_protocol(self) -> SecurityProtocol:
+        """What this broker speaks to the others: set, or that of the listener it connects to
+        (by the same name in its own plan, all brokers of a cluster being configured alike)."""
+        if self.inter_broker.security_protocol is not None:
+            return self.inter_broker.security_protocol
+        plan = self.listener_plan()
+        name = self.inter_broker.listener or self.internal_listener_name
+        try:
+            return internal_listener(plan, name).protocol
+        except ValueError as exc:
+            raise ValueError(f"inter_broker.listener: {exc}") from exc
 
     def listener_plan(self) -> list[Listener]:
         """Every listener this broker opens, parsed from the settings."""

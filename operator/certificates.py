@@ -1,9 +1,10 @@
 """Which certificates a cluster needs, as cert-manager objects or as operator-made Secrets. Pure.
 
 A cluster with a TLS listener needs a broker server certificate (Secret
-``<cluster>-broker-tls``) from the cluster CA (``<cluster>-ca``); a proxy in front of brokers
-with the authorizer on, a client certificate (``<cluster>-proxy-client-tls``, subject
-``CN=kafscale-proxy,O=kafscale``) from the same CA; a managed etcd with
+``<cluster>-broker-tls``) from the cluster CA (``<cluster>-ca``), a client certificate too
+(subject ``CN=<cluster>-brokers,O=kafscale``) where the internal listener is mTLS; a proxy in
+front of brokers with the authorizer on, a client certificate (``<cluster>-proxy-client-tls``,
+subject ``CN=kafscale-proxy,O=kafscale``) from the same CA; a managed etcd with
 ``tls: true`` needs a server/peer certificate (``<cluster>-etcd-server-tls``) and a client
 certificate (``<cluster>-etcd-client-tls``) from the etcd CA (``<cluster>-etcd-ca``). Every
 Secret holds ``tls.crt``, ``tls.key`` and ``ca.crt``, the layout of cert-manager's Secrets, so
@@ -83,8 +84,11 @@ def leaf_requests(ref: ClusterRef, spec: KafScaleClusterSpec) -> list[LeafReques
                 naming.broker_service_name(ref.name),
                 tuple(broker_tls_hosts(ref)),
                 server=True,
-                client=False,
+                # The brokers' identity on each other's mTLS internal listener (markers):
+                # naming.broker_principal, so O=kafscale whoever issues it.
+                client=spec.proxy_internal_tls,
                 component=naming.BROKER,
+                organization=spec.proxy_internal_tls,
             )
         )
     if spec.proxy_internal_tls:

@@ -75,7 +75,7 @@ def sasl_mechanisms(spec: KafScaleClusterSpec) -> list[str]:
     return [name for auth, name in _MECHANISMS.items() if auth in wanted]
 
 
-def listener_environment(spec: KafScaleClusterSpec) -> dict[str, str]:
+def listener_environment(ref: ClusterRef, spec: KafScaleClusterSpec) -> dict[str, str]:
     """The ConfigMap's listener, TLS and SASL variables (none without listeners)."""
     if not spec.listeners:
         return {}
@@ -103,7 +103,7 @@ def listener_environment(spec: KafScaleClusterSpec) -> dict[str, str]:
     mechanisms = sasl_mechanisms(spec)
     if mechanisms:
         env["KAFSCALE_SASL__ENABLED_MECHANISMS"] = json.dumps(mechanisms)
-    env.update(proxy_trust_environment(spec))
+    env.update(proxy_trust_environment(ref, spec))
     return env
 
 
@@ -112,9 +112,11 @@ def internal_protocol(spec: KafScaleClusterSpec) -> str:
     return "SSL" if spec.proxy_internal_tls else "PLAINTEXT"
 
 
-def proxy_trust_environment(spec: KafScaleClusterSpec) -> dict[str, str]:
+def proxy_trust_environment(ref: ClusterRef, spec: KafScaleClusterSpec) -> dict[str, str]:
     """The proxy's principal among the super users (with ``authorizer.super_users`` from
-    ``spec.brokers.config`` kept), so brokers trust the client principals it forwards."""
+    ``spec.brokers.config`` kept), so brokers trust the client principals it forwards; and the
+    brokers' own (their certificate's subject on the mTLS internal listener), so a transaction
+    coordinator may write markers (WriteTxnMarkers needs CLUSTER_ACTION)."""
     if not spec.proxy_internal_tls:
         return {}
     given = spec.brokers.config.get("authorizer.super_users", "").strip()
@@ -124,8 +126,9 @@ def proxy_trust_environment(spec: KafScaleClusterSpec) -> dict[str, str]:
         raise InvalidBrokerConfig(
             "brokers.config['authorizer.super_users'] must be a JSON list of principals"
         ) from exc
-    if naming.PROXY_PRINCIPAL not in users:
-        users.append(naming.PROXY_PRINCIPAL)
+    for principal in (naming.PROXY_PRINCIPAL, naming.broker_principal(ref.name)):
+        if principal not in users:
+            users.append(principal)
     return {"KAFSCALE_AUTHORIZER__SUPER_USERS": json.dumps(users)}
 
 

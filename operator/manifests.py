@@ -136,7 +136,7 @@ def broker_environment(ref: ClusterRef, spec: KafScaleClusterSpec) -> dict[str, 
             "authorizer.enabled with the proxy needs spec.listeners: the proxy proves who it "
             "is on the brokers' internal listener, which only exists with listeners"
         )
-    env.update(listeners.listener_environment(spec))
+    env.update(listeners.listener_environment(ref, spec))
     env.update(etcd_security.etcd_client_environment(spec))
     return dict(sorted(env.items()))
 

@@ -219,3 +219,10 @@ def bootstrap_host(ref: ClusterRef, spec: KafScaleClusterSpec, proxy_ready: bool
     same ports as the brokers' Service: the listeners', else 9092), else the brokers'."""
     service = proxy_name(ref.name) if spec.proxy.enabled and proxy_ready else None
     return service_host(service or broker_service_name(ref.name), ref.namespace)
+
+
+def broker_principal(cluster: str) -> str:
+    """The brokers' identity on each other's mTLS internal listener (a transaction coordinator
+    writing markers): the subject of their certificate, whose common name is the brokers'
+    Service (O=kafscale as :data:`PROXY_PRINCIPAL`'s)."""
+    return f"User:CN={broker_service_name(cluster)[:64]},O={APP}"

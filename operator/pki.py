@@ -179,14 +179,24 @@ def signed_by(cert_pem: bytes, ca_pem: bytes) -> bool:
     return True
 
 
+def _allows_client_auth(cert: x509.Certificate) -> bool:
+    try:
+        usages = cert.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
+    except x509.ExtensionNotFound:
+        return True  # no extended key usage: any use
+    return ExtendedKeyUsageOID.CLIENT_AUTH in usages
+
+
 def needs_reissue(
     cert_pem: bytes | None,
     ca_pem: bytes,
     hosts: Iterable[str],
     now: datetime.datetime,
+    client: bool = False,
 ) -> bool:
     """Whether a leaf certificate must be (re-)issued: missing, unreadable, not from this CA,
-    not for exactly ``hosts``, or within :data:`RENEW_BEFORE` of expiring."""
+    not for exactly ``hosts``, without the client-auth usage it now needs (a broker certificate
+    once the internal listener became mTLS), or within :data:`RENEW_BEFORE` of expiring."""
     if not cert_pem:
         return True
     try:
@@ -196,6 +206,8 @@ def needs_reissue(
     if not signed_by(cert_pem, ca_pem):
         return True
     if certificate_hosts(cert_pem) != frozenset(hosts):
+        return True
+    if client and not _allows_client_auth(cert):
         return True
     return cert.not_valid_after_utc - now < RENEW_BEFORE
 

@@ -59,7 +59,9 @@ async def _ensure_leaf(
     if secret is not None and not owned_by(secret, ref.uid):
         return False  # the user's own certificate
     current = certificates.pair_in(secret)
-    stale = pki.needs_reissue(current.cert if current else None, ca.cert, leaf.hosts, now)
+    stale = pki.needs_reissue(
+        current.cert if current else None, ca.cert, leaf.hosts, now, client=leaf.client
+    )
     if not stale and certificates.ca_cert_in(secret) == ca.cert:
         return False
     pair = pki.issue(ca, leaf.common_name, leaf.hosts, now, server=leaf.server, client=leaf.client)

@@ -4,8 +4,9 @@ Answered here: ApiVersions, Metadata (unless it must create topics), FindCoordin
 DescribeCluster, and the SASL login (SaslHandshake, SaslAuthenticate) with the brokers' own
 code. Metadata and FindCoordinator show a client only what its ACLs let it describe. Split
 by partition owner: Produce, Fetch, ListOffsets, OffsetForLeaderEpoch, DeleteRecords,
-DescribeProducers. To the group's coordinator: the group and offset APIs (DescribeGroups,
-DeleteGroups and multi-group OffsetFetch split by coordinator) and TxnOffsetCommit. To the
+DescribeProducers, WriteTxnMarkers (``txn_markers``). To the group's coordinator: the group
+and offset APIs (DescribeGroups, DeleteGroups and multi-group OffsetFetch split by
+coordinator) and TxnOffsetCommit. To the
 transactional id's coordinator: InitProducerId with a transactional id, AddPartitionsToTxn,
 AddOffsetsToTxn, EndTxn (DescribeTransactions split by coordinator). To every broker:
 ListGroups, ListTransactions. To any broker (they act through etcd): topic, config, ACL and
@@ -34,6 +35,7 @@ from kafscale.broker.proxy import answers, configs, split
 from kafscale.broker.proxy.access import ProxyAccess
 from kafscale.broker.proxy.fetch import forward_fetch
 from kafscale.broker.proxy.forward import Call, Forwarder
+from kafscale.broker.proxy.txn_markers import forward_markers
 from kafscale.broker.proxy.upstream import UpstreamError, UpstreamPool
 from kafscale.broker.security.sasl import CredentialLookup
 from kafscale.broker.server import Connection
@@ -182,6 +184,22 @@ def partitioned(api: split.PartitionedApi) -> Handler:
         return await forwarder.partitioned(r.pool, r.call, r.body, api, deadline)
 
     return handle
+
+
+async def write_txn_markers(r: ProxyRequest) -> Answer:
+    """Each marker's partitions to their owners (``txn_markers``)."""
+    forwarder = r.ctx.forwarder
+
+    async def send(parts: list[tuple[int, Any]]) -> list[asyncio.Future[bytes]]:
+        return await forwarder.send(r.pool, parts)
+
+    return await forward_markers(
+        send,
+        lambda body: _frame(r.call, body),
+        r.body,
+        forwarder.routes.partition_owner,
+        r.call.api_version,
+    )
 
 
 async def fetch(r: ProxyRequest) -> Answer:
@@ -478,6 +496,7 @@ HANDLERS: dict[int, Handler] = {
     24: to_transaction_coordinator,  # AddPartitionsToTxn
     25: to_transaction_coordinator,  # AddOffsetsToTxn
     26: to_transaction_coordinator,  # EndTxn
+    27: write_txn_markers,  # split by partition owner, marker by marker
     28: to_coordinator,  # TxnOffsetCommit: the group's coordinator
     29: to_any_broker,  # DescribeAcls
     30: to_any_broker,  # CreateAcls

@@ -37,8 +37,9 @@ from kafscale.broker.metadata import keys
 from kafscale.broker.metadata.cluster import BrokerInfo, ClusterView
 from kafscale.broker.metadata.etcd import Etcd, MetadataUnavailable, SessionLease
 from kafscale.broker.protocol.errors import ErrorCode, NotCoordinator
+from kafscale.broker.proxy.upstream import UpstreamLink
 from kafscale.broker.transactions import state
-from kafscale.broker.transactions.markers import Marker, MarkerWriter
+from kafscale.broker.transactions.markers import PLAINTEXT_LINK, Marker, MarkerWriter
 from kafscale.broker.transactions.state import (
     InitAction,
     Recovery,
@@ -112,7 +113,10 @@ class InitResult:
 
 
 class TransactionCoordinator:
-    def __init__(self, host: TxnHost, settings: TransactionSettings) -> None:
+    def __init__(
+        self, host: TxnHost, settings: TransactionSettings, link: UpstreamLink = PLAINTEXT_LINK
+    ) -> None:
+        """``link``: how markers reach partition owners (the inter-broker listener's security)."""
         self._host = host
         self.settings = settings
         self.store = TxnStore(host.etcd, host.cluster)
@@ -123,7 +127,9 @@ class TransactionCoordinator:
             prefix=keys.transaction_leases_prefix(host.cluster),
             key_of=keys.transaction_lease_key,
         )
-        self._markers = MarkerWriter(_Routing(host), timeout_s=max(host.etcd.timeout_s, 5.0))
+        self._markers = MarkerWriter(
+            _Routing(host), timeout_s=max(host.etcd.timeout_s, 5.0), link=link
+        )
         self._fences: dict[str, Fence] = {}
         self._locks: dict[str, asyncio.Lock] = {}
         self._completions: dict[str, asyncio.Task[None]] = {}
@@ -148,6 +154,7 @@ class TransactionCoordinator:
             async with asyncio.timeout(self._host.etcd.timeout_s):
                 await asyncio.gather(*(self._leases.release(f) for f in fences))
         await self._leases.close()
+        await self._markers.close()
 
     # --- finding the coordinator ----------------------------------------------------------
 
@@ -422,9 +429,11 @@ class TransactionCoordinator:
             return
         me = self._host.node_id
         now = now_ms()
+        expiration_ms = self.settings.id_expiration_ms
         for meta in await self.store.list_all():
             txn_id = meta.transactional_id
-            if state.recovery_action(meta, now) is Recovery.NOTHING:
+            expire = state.expired(meta, now, expiration_ms)
+            if not expire and state.recovery_action(meta, now) is Recovery.NOTHING:
                 continue
             if txn_id in self._completions:
                 continue
@@ -432,7 +441,7 @@ class TransactionCoordinator:
             if chosen is None or chosen.node_id != me:
                 continue
             with contextlib.suppress(NotCoordinator):
-                await self._recover(txn_id)
+                await (self._expire(txn_id) if expire else self._recover(txn_id))
 
     async def _recover(self, transactional_id: str) -> None:
         async with self._lock(transactional_id):
@@ -451,6 +460,20 @@ class TransactionCoordinator:
             else:
                 log.info("resuming transaction %s in %s", transactional_id, meta.state.value)
             self._start_completion(meta, fence)
+
+    async def _expire(self, transactional_id: str) -> None:
+        """Delete the record of a transactional id unused for ``id_expiration_ms`` (checked again
+        under its lock and lease), then give its lease up: nobody reads it any more."""
+        async with self._lock(transactional_id):
+            fence = await self._fence(transactional_id)
+            stored = await self._load(transactional_id)
+            expiration_ms = self.settings.id_expiration_ms
+            if stored is None or not state.expired(stored.metadata, now_ms(), expiration_ms):
+                return
+            if await self.store.delete(transactional_id, fence, stored.mod_revision):
+                log.info("transactional id %s expired: its record is deleted", transactional_id)
+            self._fences.pop(transactional_id, None)
+            await self._leases.release(fence)
 
     # --- losing transactional ids -----------------------------------------------------------
 

@@ -9,6 +9,11 @@ partition has its marker: a decided transaction is never left half written. A pa
 topic that no longer exists needs no marker, nor one that answers INVALID_PRODUCER_EPOCH or
 TRANSACTION_COORDINATOR_FENCED (a newer epoch already ended the producer's transaction there).
 
+The connections to owners are the proxy's (:mod:`kafscale.broker.proxy.upstream`), one per
+owner, kept open and opened again when they break: they speak the security of the listener they
+reach (``inter_broker.*``: TLS with the broker's certificate, a SASL login), so an internal
+listener that needs mTLS or SASL gets its markers too.
+
 ``plan_markers`` and ``settled`` are the pure halves; ``MarkerWriter`` is the I/O shell.
 """
 
@@ -17,7 +22,6 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-import struct
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -25,16 +29,18 @@ from typing import Any, Protocol
 from kafscale.broker.metadata.cluster import BrokerInfo
 from kafscale.broker.protocol import codec
 from kafscale.broker.protocol.errors import ErrorCode
+from kafscale.broker.proxy.upstream import UpstreamLink, UpstreamPool, UpstreamStats
 from kafscale.broker.transactions.state import TopicPartition
 
 log = logging.getLogger(__name__)
 
 WRITE_TXN_MARKERS = 27
 WRITE_TXN_MARKERS_VERSION = 1
-_LENGTH = struct.Struct(">i")
+_LENGTH_BYTES = 4
 _FIRST_BACKOFF_S = 0.02
 _MAX_BACKOFF_S = 1.0
 _MAX_RESPONSE_BYTES = 16 * 1024 * 1024
+PLAINTEXT_LINK = UpstreamLink()  # bare TCP to the owners' registered address
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,10 +125,18 @@ SUPERSEDED = frozenset(
 
 
 class MarkerWriter:
-    def __init__(self, routing: Routing, timeout_s: float) -> None:
+    def __init__(
+        self, routing: Routing, timeout_s: float, link: UpstreamLink = PLAINTEXT_LINK
+    ) -> None:
         self._routing = routing
         self._timeout_s = timeout_s
         self._correlation = itertools.count(1)
+        self.stats = UpstreamStats()
+        self._pool = UpstreamPool(timeout_s, _MAX_RESPONSE_BYTES, self.stats, lambda: link)
+        self._connect_locks: dict[int, asyncio.Lock] = {}
+
+    async def close(self) -> None:
+        await self._pool.close()
 
     async def write(self, marker: Marker, partitions: Iterable[TopicPartition]) -> None:
         """Return once every partition has the marker; retries forever (cancel to stop)."""
@@ -160,19 +174,21 @@ class MarkerWriter:
         return done
 
     async def _call(self, broker: BrokerInfo, body: dict[str, Any]) -> Any:
-        reader, writer = await asyncio.open_connection(broker.host, broker.port)
+        correlation_id = next(self._correlation) & 0x7FFFFFFF
+        frame = codec.encode_request(
+            WRITE_TXN_MARKERS, WRITE_TXN_MARKERS_VERSION, correlation_id, body
+        )
+        # One connection per owner, also when opening it; an owner slow to connect to (a dead
+        # pod's address) holds up only its own markers.
+        lock = self._connect_locks.setdefault(broker.node_id, asyncio.Lock())
+        async with lock:
+            upstream = await self._pool.get(broker)
+            answer = upstream.send(memoryview(frame)[_LENGTH_BYTES:])
+        await upstream.drain()
         try:
-            correlation_id = next(self._correlation) & 0x7FFFFFFF
-            writer.write(
-                codec.encode_request(
-                    WRITE_TXN_MARKERS, WRITE_TXN_MARKERS_VERSION, correlation_id, body
-                )
-            )
-            await writer.drain()
-            (length,) = _LENGTH.unpack(await reader.readexactly(_LENGTH.size))
-            if not 0 < length <= _MAX_RESPONSE_BYTES:
-                raise OSError(f"response frame of {length} bytes")
-            frame = await reader.readexactly(length)
-            return codec.decode_response(frame, WRITE_TXN_MARKERS, WRITE_TXN_MARKERS_VERSION)
-        finally:
-            writer.close()
+            return codec.decode_response(await answer, WRITE_TXN_MARKERS, WRITE_TXN_MARKERS_VERSION)
+        except asyncio.CancelledError:
+            # Timed out: an owner that does not answer gets a fresh connection next time
+            # rather than more requests queued behind the stuck one.
+            await upstream.close()
+            raise

@@ -237,6 +237,14 @@ def timed_out(current: TxnMetadata, now_ms: int) -> bool:
     return current.state is TxnState.ONGOING and now_ms - current.start_ms > current.timeout_ms
 
 
+def expired(current: TxnMetadata, now_ms: int, expiration_ms: int) -> bool:
+    """A transactional id unused for ``expiration_ms`` (Kafka's transactional.id.expiration.ms)
+    with nothing in flight: its record may go. Its producer's next InitProducerId then gets a
+    new producer id, as from Kafka."""
+    settled = current.state in (TxnState.EMPTY, TxnState.COMPLETE_COMMIT, TxnState.COMPLETE_ABORT)
+    return settled and current.updated_ms >= 0 and now_ms - current.updated_ms >= expiration_ms
+
+
 class Recovery(enum.Enum):
     NOTHING = "nothing"
     COMPLETE = "write the markers of the prepared decision"

@@ -86,6 +86,14 @@ class TxnStore:
         result = await self._etcd.txn(fence.compares(), [put_op(key, encode_metadata(meta))])
         return result.succeeded
 
+    async def delete(self, transactional_id: str, fence: Fence, mod_revision: int) -> bool:
+        """Remove an expired record, if the lease is ours and nobody wrote it since it was read
+        (``mod_revision``): a producer that came back meanwhile keeps its record."""
+        key = keys.transaction_key(self._cluster, transactional_id)
+        compares = [*fence.compares(), mod_revision_is(key, mod_revision)]
+        result = await self._etcd.txn(compares, [delete_op(key)])
+        return result.succeeded
+
     async def list_all(self) -> list[TxnMetadata]:
         entries = await self._etcd.get_prefix(keys.transactions_prefix(self._cluster))
         return [decode_metadata(entry.value) for entry in entries]

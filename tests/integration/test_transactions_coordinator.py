@@ -497,3 +497,49 @@ def test_every_advertised_version(broker: BrokerProcess) -> None:
                                                        "producer_id_filters": []})  # fmt: skip
             names = sorted(t.transactional_id for t in listed.transaction_states)
             assert names == ["batched-a", "batched-b"], version
+
+
+def test_an_unused_transactional_id_expires_and_comes_back_as_a_new_producer(
+    broker_cluster: BrokerCluster,
+) -> None:
+    """transactions.id_expiration_ms (Kafka's transactional.id.expiration.ms), short here: the
+    record of an id that committed and then stayed unused is deleted with its lease, so brokers
+    stop reading it; an ongoing transaction's id is kept; the expired id's next InitProducerId
+    gets a new producer id at epoch 0."""
+    broker = start_with(broker_cluster, KAFSCALE_TRANSACTIONS__ID_EXPIRATION_MS="1500")
+    with KafkaWire(broker.bootstrap) as wire:
+        make_topic(wire)
+        first = init(wire, "idle")
+        pid, epoch = int(first.producer_id), int(first.producer_epoch)
+        assert add_partitions(wire, "idle", pid, epoch, {TOPIC: [0]}) == {(TOPIC, 0): NONE}
+        assert end(wire, "idle", pid, epoch, commit=True) == NONE
+        busy = init(wire, "busy", timeout_ms=60_000)
+        busy_pid, busy_epoch = int(busy.producer_id), int(busy.producer_epoch)
+        assert add_offsets(wire, "busy", busy_pid, busy_epoch, "busy-group") == NONE
+        record = keys.transaction_key(broker_cluster.cluster, "idle")
+        lease = keys.transaction_lease_key(broker_cluster.cluster, "idle")
+        assert record in etcd_keys(broker_cluster)
+
+        def gone() -> bool:
+            present = etcd_keys(broker_cluster)
+            return record not in present and lease not in present
+
+        assert wait_for(gone), etcd_keys(broker_cluster)
+        # Ongoing for longer than the expiration, yet not expired: only settled ids go.
+        assert keys.transaction_key(broker_cluster.cluster, "busy") in etcd_keys(broker_cluster)
+        assert describe(wire, "busy").transaction_state == "Ongoing"
+        again = init(wire, "idle")
+        assert int(again.error_code) == NONE
+        assert int(again.producer_id) != pid and int(again.producer_epoch) == 0
+        assert add_partitions(wire, "idle", int(again.producer_id), 0, {TOPIC: [0]}) == {
+            (TOPIC, 0): NONE
+        }
+        assert end(wire, "idle", int(again.producer_id), 0, commit=True) == NONE
+
+
+def start_with(cluster: BrokerCluster, **extra: str) -> BrokerProcess:
+    return cluster.start(**TXN_ENV, **extra)
+
+
+def etcd_keys(cluster: BrokerCluster) -> set[str]:
+    return set(cluster.etcd_keys(""))

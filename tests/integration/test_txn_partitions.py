@@ -354,3 +354,55 @@ def test_read_committed_through_the_proxy(
         assert int(producers[1].last_sequence) == 2
     committed = consume_confluent(proxy.bootstrap, "read_committed", len(COMMITTED_VALUES))
     assert committed == COMMITTED_VALUES
+
+
+def test_write_txn_markers_through_the_proxy_reach_every_owner(
+    broker_cluster: BrokerCluster,
+) -> None:
+    """As ``kafka-transactions.sh abort`` sends it: WriteTxnMarkers to the one endpoint there
+    is. The proxy splits each marker's partitions by owner (two brokers here) and answers in
+    the client's order; the transactions end on every partition (LSO up to the high watermark)."""
+    first, second = broker_cluster.start(), broker_cluster.start()
+    topic, partitions = "proxied-markers", 4
+    create_topics(first.bootstrap, [topic], partitions=partitions)
+    proxy = start_proxy(broker_cluster)
+    committing, aborting = 7001, 7002
+    with KafkaWire(proxy.bootstrap) as wire:
+        for partition in range(partitions):
+            for pid in (committing, aborting):
+                code, _ = produce_transactional(
+                    wire, topic, partition, [b"v"], producer_id=pid, sequence=0
+                )
+                assert code == NONE
+        body = {
+            "markers": [
+                {
+                    "producer_id": pid,
+                    "producer_epoch": 0,
+                    "transaction_result": pid == committing,
+                    "topics": [{"name": topic, "partition_indexes": [3, 1, 0, 2]}],
+                    "coordinator_epoch": 0,
+                }
+                for pid in (committing, aborting)
+            ]
+        }
+        response = wire.request(27, 1, body)
+        answered = [
+            (int(m.producer_id), int(p.partition_index), int(p.error_code))
+            for m in response.markers
+            for t in m.topics
+            for p in t.partitions
+        ]
+        assert answered == [(pid, p, NONE) for pid in (committing, aborting) for p in (3, 1, 0, 2)]
+        for partition in range(partitions):
+            fetched = fetch_partition(
+                wire.request(
+                    FETCH,
+                    12,
+                    {**fetch_body(topic, partition, 0), "isolation_level": READ_COMMITTED},
+                )
+            )
+            assert int(fetched.last_stable_offset) == int(fetched.high_watermark) == 4
+            assert aborted(fetched) == [(aborting, 1)]
+    for broker in (first, second):  # each owner got its share of the markers
+        assert f"acquired {topic}-" in broker.log_path.read_text()

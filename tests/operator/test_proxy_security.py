@@ -154,8 +154,12 @@ def test_brokers_require_the_proxys_certificate_and_trust_its_principal(
     assert plan["MTLS"].client_auth == ClientAuth.REQUIRED
     assert settings.tls.ca_file == Path(naming.BROKER_TLS_DIR) / "ca.crt"
     assert settings.authorizer.enabled
-    # The user's super users stay; the proxy's principal is added.
-    assert settings.authorizer.super_users == ("User:admin", naming.PROXY_PRINCIPAL)
+    # The user's super users stay; the proxy's and the brokers' own principals are added.
+    assert settings.authorizer.super_users == (
+        "User:admin",
+        naming.PROXY_PRINCIPAL,
+        naming.broker_principal(REF.name),
+    )
 
 
 def test_the_internal_listener_advertises_a_name_the_broker_certificate_covers(
@@ -278,6 +282,80 @@ def test_the_secured_sample_gets_a_proxy_the_brokers_trust() -> None:
     assert json.loads(env["KAFSCALE_AUTHORIZER__SUPER_USERS"]) == [
         "User:admin",
         naming.PROXY_PRINCIPAL,
+        naming.broker_principal(ref.name),
     ]
     service = manifests.build_proxy_service(ref, spec)
     assert [p["port"] for p in service["spec"]["ports"]] == [9092, 9093]
+
+
+# --- the brokers' own identity toward each other (transaction markers) ---------------------
+
+
+def test_brokers_speak_mtls_to_each_other_with_their_certificate_as_a_trusted_principal(
+    clean_env: pytest.MonkeyPatch,
+) -> None:
+    """A transaction coordinator writes markers on the other brokers' mTLS internal listener:
+    its settings make it speak SSL there with the broker certificate (and the cluster CA), and
+    that certificate's principal is a super user (WriteTxnMarkers needs CLUSTER_ACTION)."""
+    env = pod_environment(GUARDED, "demo-broker")
+    for key, value in env.items():
+        clean_env.setenv(key, value)
+    clean_env.setenv(
+        "KAFSCALE_ADVERTISED_LISTENERS",
+        "INTERNAL://10-0-0-7.kafka.pod:9091,PLAIN://10-0-0-7.kafka.pod:9092,"
+        "EXTERNAL://10-0-0-7.kafka.pod:9093,MTLS://10-0-0-7.kafka.pod:9094",
+    )
+    settings = BrokerSettings()
+    assert settings.inter_broker_protocol() == SecurityProtocol.SSL
+    assert settings.inter_broker.cert_file is None  # the broker's own: tls.cert_file
+    assert settings.tls.cert_file == Path(naming.BROKER_TLS_DIR) / "tls.crt"
+    assert settings.tls.ca_file == Path(naming.BROKER_TLS_DIR) / "ca.crt"
+    assert naming.broker_principal(REF.name) in settings.authorizer.super_users
+
+
+@pytest.mark.parametrize("cert_manager", [False, True])
+def test_the_broker_certificate_is_a_client_certificate_naming_the_broker_principal(
+    cert_manager: bool,
+) -> None:
+    spec = spec_of(GUARDED)
+    (leaf,) = [lf for lf in certificates.leaf_requests(REF, spec) if lf.component == naming.BROKER]
+    assert leaf.server and leaf.client
+    if cert_manager:
+        (obj,) = [
+            o
+            for o in certificates.build_cert_manager_objects(REF, spec)
+            if o["kind"] == "Certificate" and o["spec"]["secretName"] == leaf.secret_name
+        ]
+        assert "client auth" in obj["spec"]["usages"]
+        assert obj["spec"]["subject"] == {"organizations": [naming.APP]}
+        assert f"User:CN={obj['spec']['commonName']},O={naming.APP}" == naming.broker_principal(
+            REF.name
+        )
+        return
+    ca = pki.make_ca(certificates.kafka_ca(REF).common_name, NOW)
+    pair = pki.issue(ca, leaf.common_name, leaf.hosts, NOW, server=leaf.server, client=leaf.client)
+    cert = x509.load_pem_x509_certificate(pair.cert)
+    assert principal_from_certificate(cert.public_bytes(Encoding.DER)) == naming.broker_principal(
+        REF.name
+    )
+    usages = cert.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
+    assert x509.oid.ExtendedKeyUsageOID.CLIENT_AUTH in usages
+
+
+def test_a_server_only_broker_certificate_is_reissued_once_it_must_be_a_client_too() -> None:
+    """A cluster that had TLS listeners before the authorizer: its broker certificate lacks the
+    client usage the mTLS internal listener now needs, so the operator issues a new one."""
+    spec = spec_of(GUARDED)
+    (leaf,) = [lf for lf in certificates.leaf_requests(REF, spec) if lf.component == naming.BROKER]
+    ca = pki.make_ca(certificates.kafka_ca(REF).common_name, NOW)
+    old = pki.issue(ca, leaf.common_name, leaf.hosts, NOW, server=True, client=False)
+    assert not pki.needs_reissue(old.cert, ca.cert, leaf.hosts, NOW)
+    assert pki.needs_reissue(old.cert, ca.cert, leaf.hosts, NOW, client=True)
+    new = pki.issue(ca, leaf.common_name, leaf.hosts, NOW, server=True, client=True)
+    assert not pki.needs_reissue(new.cert, ca.cert, leaf.hosts, NOW, client=True)
+
+
+def test_without_the_authorizer_the_broker_certificate_stays_server_only() -> None:
+    spec = spec_of(without_authorizer())
+    (leaf,) = [lf for lf in certificates.leaf_requests(REF, spec) if lf.component == naming.BROKER]
+    assert leaf.server and not leaf.client

@@ -152,7 +152,15 @@ async def test_a_guarded_cluster_gets_a_proxy_the_brokers_trust(
     usages = certificate.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
     assert list(usages) == [x509.oid.ExtendedKeyUsageOID.CLIENT_AUTH]
 
-    # The brokers' settings: INTERNAL over mTLS, the proxy among the super users.
+    # The brokers' certificate is their client certificate toward each other too (transaction
+    # markers on the mTLS internal listener), its subject a super user.
+    broker_cert = x509.load_pem_x509_certificate(secrets["demo-broker-tls"]["tls.crt"])
+    broker_principal = principal_from_certificate(broker_cert.public_bytes(Encoding.DER))
+    assert broker_principal == naming.broker_principal("demo")
+    broker_usages = broker_cert.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
+    assert x509.oid.ExtendedKeyUsageOID.CLIENT_AUTH in broker_usages
+
+    # The brokers' settings: INTERNAL over mTLS, the proxy and the brokers among the super users.
     config_map = await settle(
         lambda: kube.get(f"/api/v1/namespaces/{ns}/configmaps/demo-config"), what="ConfigMap"
     )
@@ -162,6 +170,7 @@ async def test_a_guarded_cluster_gets_a_proxy_the_brokers_trust(
     assert json.loads(config["KAFSCALE_AUTHORIZER__SUPER_USERS"]) == [
         "User:admin",
         naming.PROXY_PRINCIPAL,
+        naming.broker_principal("demo"),
     ]
 
     # The proxy Deployment: the client listener, its upstream certificate, the mounts.

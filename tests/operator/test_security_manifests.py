@@ -109,7 +109,7 @@ def test_proxy_pods_reach_a_tls_etcd_with_the_mounted_client_certificate(
 
 def test_without_listeners_nothing_changes() -> None:
     spec = parse_cluster_spec({"storage": {"bucket": "bucket-1"}})
-    assert listeners.listener_environment(spec) == {}
+    assert listeners.listener_environment(REF, spec) == {}
     deployment = manifests.build_broker_deployment(REF, spec)
     container = container_of(deployment)
     assert container["args"] == ["broker"] and "command" not in container

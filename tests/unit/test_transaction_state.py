@@ -217,3 +217,26 @@ def test_markers_are_planned_per_owner_and_settled_per_partition() -> None:
         ("c", 0),
         ("c", 1),
     }
+
+
+@pytest.mark.parametrize(
+    ("txn_state", "updated_ms", "now_ms", "expected"),
+    [
+        (TxnState.COMPLETE_COMMIT, 1_000, 11_000, True),  # unused for the whole expiration
+        (TxnState.COMPLETE_ABORT, 1_000, 11_000, True),
+        (TxnState.EMPTY, 1_000, 11_000, True),  # initialised, never used
+        (TxnState.COMPLETE_COMMIT, 1_000, 10_999, False),  # not quite yet
+        (TxnState.ONGOING, 1_000, 99_000, False),  # in flight: the timeout aborts it first
+        (TxnState.PREPARE_COMMIT, 1_000, 99_000, False),  # decided, markers owed
+        (TxnState.PREPARE_ABORT, 1_000, 99_000, False),
+        (TxnState.COMPLETE_COMMIT, -1, 99_000, False),  # no update time known: kept
+    ],
+)
+def test_only_a_settled_transactional_id_unused_for_the_expiration_expires(
+    txn_state: TxnState, updated_ms: int, now_ms: int, expected: bool
+) -> None:
+    meta = TxnMetadata(
+        "app", producer_id=7, producer_epoch=0, timeout_ms=1000, state=txn_state,
+        updated_ms=updated_ms,
+    )  # fmt: skip
+    assert state.expired(meta, now_ms, expiration_ms=10_000) is expected
