@@ -239,7 +239,10 @@ def test_the_coordinator_sigkilled_mid_commit_leaves_whole_transactions(
     start(broker_cluster), start(broker_cluster)
     bootstrap = broker_cluster.bootstrap
     create_topic(bootstrap, "chaos-out", 4)
-    p = producer(bootstrap, "chaos", **{"transaction.timeout.ms": 6000})
+    # A transaction outliving the takeover (session TTL plus a loaded machine's delays) is
+    # aborted by the next coordinator and its producer fenced, as Kafka does: the loop then
+    # starts a new producer under the same id, as an application (Kafka Streams) does.
+    producers = [producer(bootstrap, "chaos", **{"transaction.timeout.ms": 15_000})]
     coordinator = _coordinator_of(broker_cluster, "chaos")
     survivor = next(b for b in broker_cluster.brokers if b is not coordinator)
     committed: list[int] = []
@@ -250,6 +253,7 @@ def test_the_coordinator_sigkilled_mid_commit_leaves_whole_transactions(
         for round_ in range(10_000):
             if stop.is_set():
                 return
+            p = producers[-1]
             try:
                 p.begin_transaction()
                 for i in range(20):
@@ -259,8 +263,10 @@ def test_the_coordinator_sigkilled_mid_commit_leaves_whole_transactions(
             except KafkaException as exc:
                 error = exc.args[0]
                 errors.append(str(error))
-                if error.fatal():
-                    return
+                if error.fatal():  # fenced: this instance is done, a new one takes the id
+                    with contextlib.suppress(KafkaException):
+                        producers.append(producer(bootstrap, "chaos"))
+                    continue
                 # Abortable, retriable or a timeout: the transaction is abandoned (aborted if
                 # the client can still abort it, else the coordinator times it out).
                 with contextlib.suppress(KafkaException):
@@ -300,7 +306,8 @@ def test_the_coordinator_sigkilled_mid_commit_leaves_whole_transactions(
     assert not partial, f"transactions seen in part: {partial}"
     missing = set(committed) - set(by_round)
     assert not missing, f"acknowledged commits not visible: {sorted(missing)}"
-    p.flush(10)
+    with contextlib.suppress(KafkaException):  # a fenced last instance has nothing to flush
+        producers[-1].flush(10)
 
 
 # --- the Java client --------------------------------------------------------------------------
