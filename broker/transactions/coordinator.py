@@ -31,11 +31,12 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from kafscale.broker.config import TransactionSettings
+from kafscale.broker.groups.coordinator import CoordinatorHost
 from kafscale.broker.groups.leases import GroupLeases, choose_coordinator
 from kafscale.broker.groups.store import Fence
 from kafscale.broker.metadata import keys
-from kafscale.broker.metadata.cluster import BrokerInfo, ClusterView
-from kafscale.broker.metadata.etcd import Etcd, MetadataUnavailable, SessionLease
+from kafscale.broker.metadata.cluster import BrokerInfo
+from kafscale.broker.metadata.etcd import MetadataUnavailable
 from kafscale.broker.protocol.errors import ErrorCode, NotCoordinator
 from kafscale.broker.proxy.upstream import UpstreamLink
 from kafscale.broker.transactions import state
@@ -67,26 +68,9 @@ def coordinator_epoch(fence: Fence) -> int:
     return fence.create_revision % 2**31
 
 
-class TxnHost(Protocol):
-    """What the coordinator needs from its broker (``kafscale.broker.app.Broker``)."""
-
-    @property
-    def etcd(self) -> Etcd: ...
-
-    @property
-    def session(self) -> SessionLease: ...
-
-    @property
-    def view(self) -> ClusterView: ...
-
-    @property
-    def node_id(self) -> int: ...
-
-    @property
-    def cluster(self) -> str: ...
-
-    @property
-    def draining(self) -> bool: ...
+class TxnHost(CoordinatorHost, Protocol):
+    """What the coordinator needs from its broker: a group coordinator's host, and where each
+    partition's owner is (for the markers)."""
 
     def leader_for(self, tp: TopicPartition) -> int: ...
 
