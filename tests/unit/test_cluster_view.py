@@ -72,3 +72,26 @@ def test_an_own_commit_overtaken_by_the_next_one_is_not_decoded_either() -> None
     theirs = PartitionState(high_watermark=25, leader_epoch=2)
     cluster._apply(put(theirs.to_json(), 12))  # a later writer's commit is applied
     assert cluster.states[TP] == theirs
+
+
+def test_an_own_commit_seen_before_its_answer_is_applied_without_decoding(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The watch can bring a commit back before the transaction answers: the view recognises
+    the document it is committing by its bytes and applies the state as it is; a different
+    document at that key (another writer's) is decoded."""
+    cluster = view()
+    mine = PartitionState(high_watermark=10, leader_epoch=1)
+    document = mine.to_json()
+    cluster.expect_commit(TP, document, mine)
+
+    def no_decoding(_: bytes) -> PartitionState:
+        raise AssertionError("decoded again")
+
+    with monkeypatch.context() as patched:
+        patched.setattr(PartitionState, "from_json", no_decoding)
+        cluster._apply(put(document, 7))
+    assert cluster.states[TP] is mine
+    theirs = PartitionState(high_watermark=25, leader_epoch=2)
+    cluster._apply(put(theirs.to_json(), 9))
+    assert cluster.states[TP] == theirs
