@@ -140,20 +140,11 @@ async def _verify(
 ) -> dict[TopicPartition, ErrorCode]:
     """v4 ``verify_only``: whether each partition is in the producer's ongoing transaction."""
     try:
-        meta = await coordinator(ctx).describe(txn_id)
+        return await coordinator(ctx).verify(txn_id, producer_id, epoch, asked)
     except MetadataUnavailable:
         return dict.fromkeys(asked, ErrorCode.COORDINATOR_NOT_AVAILABLE)
     except KafkaError as exc:
         return dict.fromkeys(asked, exc.code)
-    error = check_producer(meta, producer_id, epoch)
-    if error is not ErrorCode.NONE:
-        return dict.fromkeys(asked, error)
-    assert meta is not None
-    ongoing = meta.state is TxnState.ONGOING
-    return {
-        tp: ErrorCode.NONE if ongoing and tp in meta.partitions else ErrorCode.INVALID_TXN_STATE
-        for tp in asked
-    }
 
 
 def _partition_results(codes: dict[TopicPartition, ErrorCode]) -> list[Body]:

@@ -128,6 +128,10 @@ class OwnedPartition:
     # last marker.
     open_txns: dict[int, int] = field(default_factory=dict)
     coordinator_epochs: dict[int, int] = field(default_factory=dict)
+    # KIP-890: per producer, the guards of its checks with the coordinator in flight (a batch
+    # about to open a transaction here); a marker removes them, so a check answered before the
+    # marker cannot open a transaction after it.
+    verifying: dict[int, set[object]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.next_offset = self.state.high_watermark
@@ -189,6 +193,7 @@ class OwnedPartition:
         retried marker). KafkaError with Kafka's code for a fenced marker."""
         if not self.accepting:
             raise NotLeader(f"{self.topic}-{self.partition} is being handed over")
+        self.verifying.pop(producer_id, None)
         recent = self.recent.get(producer_id)
         decision = partition_txns.decide_marker(
             has_open_txn=producer_id in self.open_txns,
@@ -219,6 +224,22 @@ class OwnedPartition:
         self.pending.append(pending)
         self.pending_bytes += len(data)
         return acked
+
+    def begin_verification(self, producer_id: int) -> object:
+        """The guard of a coordinator check for ``producer_id``."""
+        guard = object()
+        self.verifying.setdefault(producer_id, set()).add(guard)
+        return guard
+
+    def end_verification(self, producer_id: int, guard: object) -> bool:
+        """Forget ``guard``; whether its check still holds: no marker for the producer came
+        since (or its transaction here is open already)."""
+        guards = self.verifying.get(producer_id, set())
+        held = guard in guards
+        guards.discard(guard)
+        if not guards:
+            self.verifying.pop(producer_id, None)
+        return held or producer_id in self.open_txns
 
     def _answer_retry(self, first: sequences.Duplicate) -> asyncio.Future[Ack]:
         """The first attempt's outcome: now if it is durable, else once it is (shielded, so

@@ -40,7 +40,8 @@ from kafscale.broker.metadata.etcd import MetadataUnavailable
 from kafscale.broker.protocol.errors import ErrorCode, NotCoordinator
 from kafscale.broker.proxy.upstream import UpstreamLink
 from kafscale.broker.transactions import state
-from kafscale.broker.transactions.markers import PLAINTEXT_LINK, Marker, MarkerWriter
+from kafscale.broker.transactions.inter_broker_client import PLAINTEXT_LINK, InterBrokerClient
+from kafscale.broker.transactions.markers import Marker, MarkerWriter
 from kafscale.broker.transactions.state import (
     InitAction,
     Recovery,
@@ -49,6 +50,7 @@ from kafscale.broker.transactions.state import (
     TxnState,
 )
 from kafscale.broker.transactions.store import StoredTxn, TxnStore
+from kafscale.broker.transactions.verification import PartitionVerifier
 
 log = logging.getLogger(__name__)
 
@@ -111,9 +113,9 @@ class TransactionCoordinator:
             prefix=keys.transaction_leases_prefix(host.cluster),
             key_of=keys.transaction_lease_key,
         )
-        self._markers = MarkerWriter(
-            _Routing(host), timeout_s=max(host.etcd.timeout_s, 5.0), link=link
-        )
+        self.client = InterBrokerClient(max(host.etcd.timeout_s, 5.0), link)
+        self._markers = MarkerWriter(_Routing(host), self.client)
+        self.verifier = PartitionVerifier(self, self.client, host.node_id)
         self._fences: dict[str, Fence] = {}
         self._locks: dict[str, asyncio.Lock] = {}
         self._completions: dict[str, asyncio.Task[None]] = {}
@@ -138,7 +140,7 @@ class TransactionCoordinator:
             async with asyncio.timeout(self._host.etcd.timeout_s):
                 await asyncio.gather(*(self._leases.release(f) for f in fences))
         await self._leases.close()
-        await self._markers.close()
+        await self.client.close()
 
     # --- finding the coordinator ----------------------------------------------------------
 
@@ -292,6 +294,18 @@ class TransactionCoordinator:
         await self._fence(transactional_id)
         stored = await self._load(transactional_id)
         return stored.metadata if stored is not None else None
+
+    async def verify(
+        self,
+        transactional_id: str,
+        producer_id: int,
+        producer_epoch: int,
+        partitions: Iterable[TopicPartition],
+    ) -> dict[TopicPartition, ErrorCode]:
+        """AddPartitionsToTxn ``verify_only``: whether each partition is in the producer's
+        ongoing transaction (NotCoordinator, MetadataUnavailable as ``describe``)."""
+        meta = await self.describe(transactional_id)
+        return state.verification_codes(meta, producer_id, producer_epoch, partitions)
 
     async def list_coordinated(self) -> list[TxnMetadata]:
         """Transactions coordinated here, or that would be (no live holder, and this is the

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from kafscale.broker.protocol.errors import ErrorCode
@@ -138,6 +139,23 @@ def check_producer(current: TxnMetadata | None, producer_id: int, epoch: int) ->
     if current.producer_epoch != epoch:
         return ErrorCode.PRODUCER_FENCED
     return ErrorCode.NONE
+
+
+def verification_codes(
+    current: TxnMetadata | None, producer_id: int, epoch: int, asked: Iterable[TopicPartition]
+) -> dict[TopicPartition, ErrorCode]:
+    """KIP-890's check for a partition owner about to open a transaction on a partition: the
+    producer is the current one, its transaction is ongoing and the partition was added to it
+    (INVALID_TXN_STATE otherwise: the batch would open a transaction nobody will end)."""
+    error = check_producer(current, producer_id, epoch)
+    if error is not ErrorCode.NONE:
+        return dict.fromkeys(asked, error)
+    assert current is not None
+    ongoing = current.state is TxnState.ONGOING
+    return {
+        tp: ErrorCode.NONE if ongoing and tp in current.partitions else ErrorCode.INVALID_TXN_STATE
+        for tp in asked
+    }
 
 
 def add_to_transaction(

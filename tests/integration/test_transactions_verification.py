@@ -1,0 +1,149 @@
+"""KIP-890 part 1: a partition's owner verifies with the transaction coordinator before a
+transactional batch opens a transaction on the partition.
+
+A real transactional producer (confluent-kafka) writes and aborts; a batch of its transaction
+that arrives after the abort (the late produce KIP-890 is about), and one for a partition never
+added to a transaction, are refused with INVALID_TXN_STATE instead of opening a transaction
+nobody will end: the last stable offset keeps up with the high watermark, and a read_committed
+consumer keeps reading. Two brokers: the owners ask a coordinator on the other broker too.
+"""
+
+from __future__ import annotations
+
+import pytest
+from confluent_kafka import Consumer, Producer, TopicPartition
+from harness.brokers import BrokerCluster, BrokerProcess
+from harness.kafka_wire import LIST_OFFSETS, METADATA, KafkaWire, metadata_body
+from harness.topics import create_topic
+from harness.txn_wire import produce_transactional
+
+pytestmark = pytest.mark.integration
+
+DESCRIBE_PRODUCERS = 61
+NONE, NOT_LEADER, INVALID_TXN_STATE = 0, 6, 48
+READ_COMMITTED = 1
+TOPIC = "verified"
+TXN_ID = "late-writer"
+
+
+def producer_of(owner: BrokerProcess, partition: int) -> tuple[int, int]:
+    """(producer id, epoch) of the one producer ``partition`` remembers (DescribeProducers)."""
+    with KafkaWire(owner.bootstrap) as wire:
+        body = {"topics": [{"name": TOPIC, "partition_indexes": [partition]}]}
+        result = wire.request(DESCRIBE_PRODUCERS, 0, body).topics[0].partitions[0]
+    assert int(result.error_code) == NONE
+    (producer,) = result.active_producers
+    assert int(producer.current_txn_start_offset) == -1  # the abort closed its transaction
+    return int(producer.producer_id), int(producer.producer_epoch)
+
+
+def owner_of(brokers: list[BrokerProcess], partition: int) -> BrokerProcess:
+    """The broker whose Metadata names it the leader of ``partition``."""
+    with KafkaWire(brokers[0].bootstrap) as wire:
+        response = wire.request(METADATA, 9, metadata_body([TOPIC]))
+    (topic,) = response.topics
+    leader = next(int(p.leader_id) for p in topic.partitions if int(p.partition_index) == partition)
+    ports = {int(b.node_id): int(b.port) for b in response.brokers}
+    return next(b for b in brokers if b.port == ports[leader])
+
+
+def produce_late(
+    brokers: list[BrokerProcess], partition: int, pid: int, epoch: int, sequence: int
+) -> int:
+    """The code the partition's owner answers a transactional batch of ``pid``."""
+    for broker in brokers:
+        with KafkaWire(broker.bootstrap) as wire:
+            code, _ = produce_transactional(
+                wire, TOPIC, partition, [b"late"], producer_id=pid, sequence=sequence,
+                epoch=epoch, transactional_id=TXN_ID,
+            )  # fmt: skip
+        if code != NOT_LEADER:
+            return code
+    raise AssertionError(f"nobody owns {TOPIC}-{partition}")
+
+
+def latest_stable(wire: KafkaWire, partition: int) -> int:
+    """The read_committed end of ``partition`` (its last stable offset)."""
+    body = {
+        "replica_id": -1,
+        "isolation_level": READ_COMMITTED,
+        "topics": [
+            {"name": TOPIC, "partitions": [{"partition_index": partition, "timestamp": -1}]}
+        ],
+    }
+    result = wire.request(LIST_OFFSETS, 7, body).topics[0].partitions[0]
+    assert int(result.error_code) == NONE
+    return int(result.offset)
+
+
+def read_committed(bootstrap: str, partition: int, expect: int) -> list[bytes]:
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": "verified-reader",
+            "isolation.level": "read_committed",
+            "enable.auto.commit": False,
+        }
+    )
+    consumer.assign([TopicPartition(TOPIC, partition, 0)])
+    values: list[bytes] = []
+    try:
+        for _ in range(100):
+            message = consumer.poll(0.2)
+            if message is not None and not message.error():
+                values.append(message.value())
+            if len(values) >= expect:
+                break
+    finally:
+        consumer.close()
+    return values
+
+
+def test_a_late_batch_after_an_abort_cannot_hang_the_partition(
+    broker_cluster: BrokerCluster,
+) -> None:
+    brokers = [broker_cluster.start(), broker_cluster.start()]
+    bootstrap = broker_cluster.bootstrap
+    create_topic(bootstrap, TOPIC, 2)
+    producer = Producer(
+        {"bootstrap.servers": bootstrap, "transactional.id": TXN_ID, "linger.ms": 0}
+    )
+    producer.init_transactions(30)
+    producer.begin_transaction()
+    for value in (b"a0", b"a1", b"a2"):
+        producer.produce(TOPIC, value, partition=0)
+        producer.flush(30)  # one batch each: sequences 0, 1, 2
+    producer.abort_transaction(30)
+    pid, epoch = producer_of(owner_of(brokers, 0), 0)
+
+    for partition, sequence in ((0, 3), (1, 0)):
+        # Partition 0: the next batch of the aborted transaction, arriving late (its sequence
+        # follows the aborted ones). Partition 1: never added to any transaction.
+        assert produce_late(brokers, partition, pid, epoch, sequence) == INVALID_TXN_STATE
+
+    plain = Producer({"bootstrap.servers": bootstrap})
+    plain.produce(TOPIC, b"after", partition=0)
+    plain.flush(30)
+    with KafkaWire(owner_of(brokers, 0).bootstrap) as wire:
+        assert latest_stable(wire, 0) == 5  # 3 aborted records, the abort marker, "after"
+    assert read_committed(bootstrap, 0, 1) == [b"after"]
+
+
+def test_a_transaction_verified_on_both_brokers_commits(broker_cluster: BrokerCluster) -> None:
+    """The first batch on each partition is verified (locally or at the other broker), later
+    ones find the transaction open; a second transaction is verified afresh."""
+    broker_cluster.start(), broker_cluster.start()
+    bootstrap = broker_cluster.bootstrap
+    create_topic(bootstrap, TOPIC, 4)
+    producer = Producer(
+        {"bootstrap.servers": bootstrap, "transactional.id": "verified-writer", "linger.ms": 5}
+    )
+    producer.init_transactions(30)
+    for round_ in range(2):
+        producer.begin_transaction()
+        for i in range(20):
+            producer.produce(TOPIC, b"r%d-%d" % (round_, i), partition=i % 4)
+        producer.commit_transaction(30)
+    for partition in range(4):
+        got = read_committed(bootstrap, partition, 10)
+        assert got == [b"r%d-%d" % (r, i) for r in range(2) for i in range(partition, 20, 4)]
