@@ -1,10 +1,12 @@
-"""Produce's transaction check (KIP-890 part 1), before any batch of the request is appended.
+"""Produce's transaction check (KIP-890), before any batch of the request is appended.
 
 A partition whose first batch is transactional, from a producer with no transaction open on the
 partition, would open one: the owner first asks the coordinator
 (:mod:`kafscale.broker.transactions.verification`) whether the partition is in the producer's
-ongoing transaction. One question per request (every such partition at once); a producer whose
-transaction is already open on the partition (all its later batches) asks nothing.
+ongoing transaction (part 1), or, for Produce v12+ (transaction protocol v2, whose producers
+send no AddPartitionsToTxn), has the coordinator add it (part 2). One question per request
+(every such partition at once); a producer whose transaction is already open on the partition
+(all its later batches) asks nothing.
 
 The answer holds only if no marker for the producer reached the partition while the question
 was out: the partition keeps a guard per producer that markers remove
@@ -25,6 +27,7 @@ from kafscale.broker.storage.partition_log import OwnedPartition
 
 TopicPartition = tuple[str, int]
 FIRST_RECORD_BATCH_VERSION = 3  # older Produce versions carry no transactional batches
+TRANSACTION_V2_PRODUCE = 12  # the partition is added to the transaction by its owner
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,17 +49,20 @@ async def verify_transactional(
     Partitions not listed need no check."""
     txn = ctx.broker.transactions
     transactional_id = request.transactional_id
+    add = ctx.api_version >= TRANSACTION_V2_PRODUCE
     if (
         not transactional_id
         or txn is None
-        or not txn.settings.partition_verification
+        or not (add or txn.settings.partition_verification)
         or ctx.api_version < FIRST_RECORD_BATCH_VERSION
     ):
         return {}
     opening = await _opening(request, ctx)
     checks: dict[TopicPartition, Verification] = {}
     for (producer_id, epoch), pending in _by_producer(opening).items():
-        codes = await txn.verifier.verify(transactional_id, producer_id, epoch, list(pending))
+        codes = await txn.verifier.verify(
+            transactional_id, producer_id, epoch, list(pending), add=add
+        )
         for tp, verified in pending.items():
             code = codes.get(tp, ErrorCode.NOT_ENOUGH_REPLICAS)
             if code is ErrorCode.NONE:

@@ -92,6 +92,13 @@ class _Routing:
 
 
 @dataclass(frozen=True, slots=True)
+class EndResult:
+    error: ErrorCode
+    producer_id: int = -1
+    producer_epoch: int = -1
+
+
+@dataclass(frozen=True, slots=True)
 class InitResult:
     error: ErrorCode
     producer_id: int = -1
@@ -264,30 +271,42 @@ class TransactionCoordinator:
             return outcome.error
 
     async def end(
-        self, transactional_id: str, producer_id: int, producer_epoch: int, commit: bool
-    ) -> ErrorCode:
-        """EndTxn: decide, then wait (bounded) for the markers."""
+        self,
+        transactional_id: str,
+        producer_id: int,
+        producer_epoch: int,
+        commit: bool,
+        bump: bool = False,
+    ) -> EndResult:
+        """EndTxn: decide, then wait (bounded) for the markers. ``bump``: EndTxn v5
+        (transaction protocol v2), the epoch goes up with the decision."""
         async with self._lock(transactional_id):
             fence = await self._fence(transactional_id)
             stored = await self._load(transactional_id)
+            current = stored.metadata if stored is not None else None
+            fresh = None
+            if bump and state.needs_new_producer_id(current):
+                fresh = await self._host.etcd.increment(
+                    keys.producer_id_counter_key(self._host.cluster)
+                )
             outcome = state.end_transaction(
-                stored.metadata if stored is not None else None,
-                producer_id,
-                producer_epoch,
-                commit,
-                now_ms(),
+                current, producer_id, producer_epoch, commit, now_ms(), bump, fresh
             )
             task = None
             if outcome.metadata is not None:
                 await self._save(outcome.metadata, fence)
                 task = self._start_completion(outcome.metadata, fence)
-            elif outcome.error is ErrorCode.CONCURRENT_TRANSACTIONS and stored is not None:
-                task = self._resume(stored.metadata, fence)
+            elif outcome.error is ErrorCode.CONCURRENT_TRANSACTIONS and current is not None:
+                task = self._resume(current, fence)
+        answered = outcome.metadata or current
+        error = outcome.error
         if task is not None:
             done = await self._wait(task)
-            if outcome.error is ErrorCode.CONCURRENT_TRANSACTIONS and done:
-                return ErrorCode.NONE  # a retry of this very EndTxn, now complete
-        return outcome.error
+            if error is ErrorCode.CONCURRENT_TRANSACTIONS and done:
+                error = ErrorCode.NONE  # a retry of this very EndTxn, now complete
+        if error is not ErrorCode.NONE or answered is None:
+            return EndResult(error)
+        return EndResult(error, *state.end_answer(answered))
 
     async def describe(self, transactional_id: str) -> TxnMetadata | None:
         """The transaction as etcd has it, if this broker coordinates it (NotCoordinator)."""
