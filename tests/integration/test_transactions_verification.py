@@ -1,4 +1,4 @@
-"""KIP-890 part 1: a partition's owner verifies with the transaction coordinator before a
+"""KIP-890: a partition's owner verifies with the transaction coordinator before a
 transactional batch opens a transaction on the partition.
 
 A real transactional producer (confluent-kafka) writes and aborts; a batch of its transaction
@@ -6,16 +6,29 @@ that arrives after the abort (the late produce KIP-890 is about), and one for a 
 added to a transaction, are refused with INVALID_TXN_STATE instead of opening a transaction
 nobody will end: the last stable offset keeps up with the high watermark, and a read_committed
 consumer keeps reading. Two brokers: the owners ask a coordinator on the other broker too.
+With transaction protocol v2 (part 2) the owner adds the partition itself (Produce v12) and each
+EndTxn v5 bumps the epoch, which fences the ended transaction's late batches.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
+from harness.batches import make_batch
 from harness.brokers import BrokerCluster, BrokerProcess
-from harness.kafka_wire import LIST_OFFSETS, METADATA, KafkaWire, metadata_body
+from harness.kafka_wire import (
+    LIST_OFFSETS,
+    METADATA,
+    PRODUCE,
+    KafkaWire,
+    metadata_body,
+    produce_body,
+    produce_partition,
+)
 from harness.topics import create_topic
-from harness.txn_wire import produce_transactional
+from harness.txn_wire import TRANSACTIONAL, produce_transactional
 
 pytestmark = pytest.mark.integration
 
@@ -147,3 +160,54 @@ def test_a_transaction_verified_on_both_brokers_commits(broker_cluster: BrokerCl
     for partition in range(4):
         got = read_committed(bootstrap, partition, 10)
         assert got == [b"r%d-%d" % (r, i) for r in range(2) for i in range(partition, 20, 4)]
+
+
+# --- transaction protocol v2 on the wire --------------------------------------------------------
+
+INIT, END_TXN, API_VERSIONS = 22, 26, 18
+INVALID_PRODUCER_EPOCH = 47
+
+
+def produce_v12(
+    wire: KafkaWire, partition: int, pid: int, epoch: int, sequence: int, txn_id: str
+) -> int:
+    """A transactional batch as a v2 producer sends it: Produce v12, no AddPartitionsToTxn."""
+    batch = make_batch(
+        0, [b"v2"], attributes=TRANSACTIONAL, producer_id=pid, producer_epoch=epoch,
+        base_sequence=sequence,
+    )  # fmt: skip
+    body = {**produce_body(TOPIC, partition, batch), "transactional_id": txn_id}
+    return produce_partition(wire.request(PRODUCE, 12, body))[0]
+
+
+def end_v5(wire: KafkaWire, pid: int, epoch: int, commit: bool) -> Any:
+    body = {"transactional_id": "v2", "producer_id": pid, "producer_epoch": epoch,
+            "committed": commit}  # fmt: skip
+    return wire.request(END_TXN, 5, body)
+
+
+def test_protocol_v2_adds_partitions_implicitly_and_fences_each_ended_transaction(
+    broker_cluster: BrokerCluster,
+) -> None:
+    broker = broker_cluster.start()
+    create_topic(broker.bootstrap, TOPIC, 1)
+    with KafkaWire(broker.bootstrap) as wire:
+        features = wire.request(API_VERSIONS, 3, {"client_software_name": "t",
+                                                  "client_software_version": "1"})  # fmt: skip
+        finalized = {str(f.name): int(f.max_version_level) for f in features.finalized_features}
+        assert finalized == {"transaction.version": 2}
+        init = wire.request(INIT, 5, {"transactional_id": "v2", "transaction_timeout": 30_000,
+                                      "producer_id": -1, "producer_epoch": -1})  # fmt: skip
+        pid, epoch = int(init.producer_id), int(init.producer_epoch)
+        assert produce_v12(wire, 0, pid, epoch, 0, "v2") == NONE  # added by the owner
+        end = end_v5(wire, pid, epoch, commit=False)
+        assert int(end.error_code) == NONE
+        assert (int(end.producer_id), int(end.producer_epoch)) == (pid, epoch + 1)
+        # A late batch of the aborted transaction: its epoch is fenced by the abort marker.
+        assert produce_v12(wire, 0, pid, epoch, 1, "v2") == INVALID_PRODUCER_EPOCH
+        assert latest_stable(wire, 0) == 2  # the aborted record and its marker: nothing hangs
+        # The next transaction runs at the new epoch, sequences from 0.
+        assert produce_v12(wire, 0, pid, epoch + 1, 0, "v2") == NONE
+        end = end_v5(wire, pid, epoch + 1, commit=True)
+        assert (int(end.error_code), int(end.producer_epoch)) == (NONE, epoch + 2)
+        assert latest_stable(wire, 0) == 4
