@@ -193,7 +193,6 @@ class OwnedPartition:
         retried marker). KafkaError with Kafka's code for a fenced marker."""
         if not self.accepting:
             raise NotLeader(f"{self.topic}-{self.partition} is being handed over")
-        self.verifying.pop(producer_id, None)
         recent = self.recent.get(producer_id)
         decision = partition_txns.decide_marker(
             has_open_txn=producer_id in self.open_txns,
@@ -204,6 +203,7 @@ class OwnedPartition:
         )
         if isinstance(decision, partition_txns.MarkerRejected):
             raise KafkaError(f"transaction marker refused: {decision.code.name}", decision.code)
+        self.verifying.pop(producer_id, None)  # the transaction ended: checks in flight are stale
         if isinstance(decision, partition_txns.MarkerDone):
             return None
         data = control_batch.encode_marker(
