@@ -47,15 +47,12 @@ async def verify_transactional(
 ) -> dict[TopicPartition, Verification]:
     """Per partition whose batches would open a transaction: verified, or the code to answer.
     Partitions not listed need no check."""
+    if ctx.api_version < FIRST_RECORD_BATCH_VERSION:
+        return {}  # message sets (v0-v2) have no transactional id nor transactional batches
     txn = ctx.broker.transactions
     transactional_id = request.transactional_id
     add = ctx.api_version >= TRANSACTION_V2_PRODUCE
-    if (
-        not transactional_id
-        or txn is None
-        or not (add or txn.settings.partition_verification)
-        or ctx.api_version < FIRST_RECORD_BATCH_VERSION
-    ):
+    if not transactional_id or txn is None or not (add or txn.settings.partition_verification):
         return {}
     opening = await _opening(request, ctx)
     checks: dict[TopicPartition, Verification] = {}
