@@ -124,6 +124,11 @@ class TransactionCoordinator:
         self._markers = MarkerWriter(_Routing(host), self.client)
         self.verifier = PartitionVerifier(self, self.client, host.node_id)
         self._fences: dict[str, Fence] = {}
+        # What this coordinator last wrote per transactional id, and under which lease (writes
+        # run under the id's lock and lease: while that lease is held nobody else writes), so
+        # that verifications need not read etcd. Dropped with the lease, and on a write whose
+        # outcome is unknown.
+        self._saved: dict[str, tuple[Fence, TxnMetadata]] = {}
         self._locks: dict[str, asyncio.Lock] = {}
         self._completions: dict[str, asyncio.Task[None]] = {}
         self._wake = asyncio.Event()
@@ -187,7 +192,15 @@ class TransactionCoordinator:
         return fence
 
     async def _save(self, meta: TxnMetadata, fence: Fence) -> None:
-        if not await self.store.save(meta, fence):
+        txn_id = meta.transactional_id
+        try:
+            saved = await self.store.save(meta, fence)
+        except BaseException:
+            self._saved.pop(txn_id, None)  # written or not: unknown
+            raise
+        if saved:
+            self._saved[txn_id] = (fence, meta)
+        else:
             self._drop(meta.transactional_id, "its lease is no longer ours")
             raise NotCoordinator(f"lost the lease of {meta.transactional_id!r}")
 
@@ -323,7 +336,10 @@ class TransactionCoordinator:
     ) -> dict[TopicPartition, ErrorCode]:
         """AddPartitionsToTxn ``verify_only``: whether each partition is in the producer's
         ongoing transaction (NotCoordinator, MetadataUnavailable as ``describe``)."""
-        meta = await self.describe(transactional_id)
+        fence = await self._fence(transactional_id)
+        saved_with, meta = self._saved.get(transactional_id, (None, None))
+        if saved_with is not fence:  # written under a lease held before (or never): etcd's
+            meta = await self.describe(transactional_id)
         return state.verification_codes(meta, producer_id, producer_epoch, partitions)
 
     async def list_coordinated(self) -> list[TxnMetadata]:
@@ -487,6 +503,7 @@ class TransactionCoordinator:
             expiration_ms = self.settings.id_expiration_ms
             if stored is None or not state.expired(stored.metadata, now_ms(), expiration_ms):
                 return
+            self._saved.pop(transactional_id, None)
             if await self.store.delete(transactional_id, fence, stored.mod_revision):
                 log.info("transactional id %s expired: its record is deleted", transactional_id)
             self._fences.pop(transactional_id, None)
@@ -495,6 +512,7 @@ class TransactionCoordinator:
     # --- losing transactional ids -----------------------------------------------------------
 
     def _drop(self, transactional_id: str, reason: str) -> None:
+        self._saved.pop(transactional_id, None)
         if self._fences.pop(transactional_id, None) is not None:
             log.info("no longer coordinating transactional id %s: %s", transactional_id, reason)
         task = self._completions.pop(transactional_id, None)
