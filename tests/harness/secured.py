@@ -40,8 +40,9 @@ def secured_cluster(
     return new_cluster(etcd_url, s3, workdir, label), make_pki(workdir / "pki")
 
 
-def kafscale_cli(etcd_url: str, cluster: str, *args: str, stdin: str = "") -> None:
-    """Run ``kafscale <args>`` (users, acls...) against the cluster's etcd; fail on an error."""
+def kafscale_cli(etcd_url: str, cluster: str, *args: str, stdin: str = "") -> str:
+    """Run ``kafscale <args>`` (users, acls...) against the cluster's etcd, as an operator
+    runs it; its standard output, or a failed test when it fails."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("KAFSCALE_")}
     env.update({"KAFSCALE_CLUSTER": cluster, "KAFSCALE_ETCD__ENDPOINTS": json.dumps([etcd_url])})
     done = subprocess.run(
@@ -54,6 +55,7 @@ def kafscale_cli(etcd_url: str, cluster: str, *args: str, stdin: str = "") -> No
         check=False,
     )
     assert done.returncode == 0, done.stderr
+    return done.stdout
 
 
 def create_user(etcd_url: str, cluster: str, user: str, password: str) -> None:
@@ -135,18 +137,22 @@ def confluent_sasl_ssl(
     }
 
 
+_KAFKA_PYTHON_NAMES = {
+    "bootstrap.servers": "bootstrap_servers",
+    "security.protocol": "security_protocol",
+    "sasl.mechanisms": "sasl_mechanism",
+    "sasl.username": "sasl_plain_username",
+    "sasl.password": "sasl_plain_password",
+    "ssl.ca.location": "ssl_cafile",
+}
+
+
 def kafka_python_sasl_ssl(
     bootstrap: str, user: str, password: str, ca: Path, mechanism: str
 ) -> dict[str, Any]:
-    """kafka-python's settings for a SASL_SSL login."""
-    return {
-        "bootstrap_servers": bootstrap,
-        "security_protocol": "SASL_SSL",
-        "sasl_mechanism": mechanism,
-        "sasl_plain_username": user,
-        "sasl_plain_password": password,
-        "ssl_cafile": str(ca),
-    }
+    """The same SASL_SSL login in kafka-python's names."""
+    config = confluent_sasl_ssl(bootstrap, user, password, ca, mechanism)
+    return {_KAFKA_PYTHON_NAMES[name]: value for name, value in config.items()}
 
 
 def confluent_mtls(bootstrap: str, pki: TestPki) -> dict[str, Any]:
@@ -181,3 +187,21 @@ def consume_values(config: dict[str, Any], topic: str, count: int) -> list[bytes
     finally:
         consumer.close()
     return values
+
+
+def consume_error(config: dict[str, Any], topic: str, group: str | None = None) -> int:
+    """The error code a consumer of ``topic`` (in ``group``, else a new one) is answered with;
+    a failed test if it reads a record or gets no error within ``CONSUME_TIMEOUT_S``."""
+    group = group or f"g-{uuid.uuid4().hex[:8]}"
+    consumer = Consumer({**config, "group.id": group, "auto.offset.reset": "earliest"})
+    try:
+        consumer.subscribe([topic])
+        deadline = time.monotonic() + CONSUME_TIMEOUT_S
+        while time.monotonic() < deadline:
+            message = consumer.poll(0.5)
+            if message is not None and message.error():
+                return int(message.error().code())
+            assert message is None, "a record from a topic the principal may not read"
+        raise AssertionError("no authorization error")
+    finally:
+        consumer.close()

@@ -27,17 +27,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from confluent_kafka import Consumer, KafkaError, Producer, TopicCollection
+from confluent_kafka import KafkaError, Producer, TopicCollection
 from confluent_kafka.admin import AdminClient
 from cryptography.x509.oid import NameOID
 from harness.kafka_wire import API_VERSIONS, METADATA, KafkaWire, metadata_body
 from harness.proxy import add_proxy
 from harness.s3 import S3Endpoint
 from harness.secured import (
-    CONSUME_TIMEOUT_S,
     add_broker,
     confluent_mtls,
     confluent_sasl_ssl,
+    consume_error,
     consume_values,
     create_user,
     kafka_python_sasl_ssl,
@@ -200,23 +200,6 @@ def _produce(config: dict[str, Any], topic: str, values: list[bytes]) -> list[Ka
     return outcomes
 
 
-def _consume_error(config: dict[str, Any], topic: str) -> int:
-    consumer = Consumer(
-        {**config, "group.id": f"g-{uuid.uuid4().hex[:8]}", "auto.offset.reset": "earliest"}
-    )
-    consumer.subscribe([topic])
-    deadline = time.monotonic() + CONSUME_TIMEOUT_S
-    try:
-        while time.monotonic() < deadline:
-            message = consumer.poll(0.5)
-            if message is not None and message.error():
-                return int(message.error().code())
-            assert message is None, "a record from a topic the principal may not read"
-        raise AssertionError("no authorization error")
-    finally:
-        consumer.close()
-
-
 # --- real clients log in at the proxy -----------------------------------------------------------
 
 
@@ -236,7 +219,7 @@ def test_a_topic_the_client_may_not_use_is_refused_though_the_proxy_may(
     config = confluent_config(secured)
     (error,) = _produce(config, secured.topic_b, [b"no"])
     assert error is not None and error.code() == KafkaError.TOPIC_AUTHORIZATION_FAILED
-    assert _consume_error(config, secured.topic_b) == KafkaError.TOPIC_AUTHORIZATION_FAILED
+    assert consume_error(config, secured.topic_b) == KafkaError.TOPIC_AUTHORIZATION_FAILED
 
 
 def test_metadata_from_the_proxy_lists_only_what_the_client_may_describe(
