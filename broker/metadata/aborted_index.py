@@ -11,6 +11,13 @@ last marker; the object is then deleted.
 
 Spilled transactions are the oldest by marker offset, so every object lies below the state's own
 entries: a fetch of recent data overlaps no object and costs no GET.
+
+The references stay few, too: a spill absorbs the newest existing objects while they hold no
+more transactions than it (a binary counter: object sizes double going back, so a partition
+with N aborts within retention has about log2(N / spill size) references), up to
+``MAX_TXNS_PER_OBJECT`` per object (about 1.5 MB), past which references grow by one per that
+many aborts. The absorbed objects are read (cached), rewritten into the new one, and deleted
+once the commit that drops their references succeeded.
 """
 
 from __future__ import annotations
@@ -20,14 +27,19 @@ from dataclasses import dataclass, replace
 
 from kafscale.broker.metadata.partition_state import AbortedTxn, PartitionState, TxnIndexRef
 
+MAX_TXNS_PER_OBJECT = 65536
+"""Aborted transactions one index object may hold once merged (24 bytes each): a reader of old
+offsets GETs at most this much per object."""
+
 
 @dataclass(frozen=True, slots=True)
 class AbortedSpill:
-    """An index object to write before the commit that references it: ``ref`` and its
-    entries (oldest first)."""
+    """An index object to write before the commit that references it: ``ref``, holding the
+    entries of the ``absorbed`` objects (oldest first) followed by ``entries``."""
 
     ref: TxnIndexRef
     entries: tuple[AbortedTxn, ...]
+    absorbed: tuple[TxnIndexRef, ...] = ()
 
 
 def spill_aborted(state: PartitionState, limit: int) -> tuple[PartitionState, AbortedSpill | None]:
@@ -39,14 +51,31 @@ def spill_aborted(state: PartitionState, limit: int) -> tuple[PartitionState, Ab
     keep = limit // 2
     cut = len(state.aborted_txns) - keep
     spilled, kept = state.aborted_txns[:cut], state.aborted_txns[cut:]
+    refs, absorbed = absorb_newest(state.aborted_txn_index, len(spilled))
     ref = TxnIndexRef(
-        first_offset=min(t.first_offset for t in spilled),
+        first_offset=min([t.first_offset for t in spilled] + [r.first_offset for r in absorbed]),
         last_offset=max(t.last_offset for t in spilled),
         epoch=state.leader_epoch,
-        txn_count=len(spilled),
+        txn_count=len(spilled) + sum(r.txn_count for r in absorbed),
     )
-    new_state = replace(state, aborted_txns=kept, aborted_txn_index=(*state.aborted_txn_index, ref))
-    return new_state, AbortedSpill(ref, spilled)
+    new_state = replace(state, aborted_txns=kept, aborted_txn_index=(*refs, ref))
+    return new_state, AbortedSpill(ref, spilled, absorbed)
+
+
+def absorb_newest(
+    refs: tuple[TxnIndexRef, ...], count: int
+) -> tuple[tuple[TxnIndexRef, ...], tuple[TxnIndexRef, ...]]:
+    """(the references that stay, the newest ones a spill of ``count`` absorbs): each while it
+    holds no more than the spill so far, and the total stays within ``MAX_TXNS_PER_OBJECT``."""
+    stay = list(refs)
+    absorbed: list[TxnIndexRef] = []
+    while (
+        stay and stay[-1].txn_count <= count and stay[-1].txn_count + count <= MAX_TXNS_PER_OBJECT
+    ):
+        newest = stay.pop()
+        absorbed.insert(0, newest)
+        count += newest.txn_count
+    return tuple(stay), tuple(absorbed)
 
 
 def overlapping(txns: Iterable[AbortedTxn], start: int, end: int) -> list[AbortedTxn]:

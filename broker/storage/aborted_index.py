@@ -19,7 +19,7 @@ from typing import Protocol
 import crc32c
 
 from kafscale.broker.metadata import keys
-from kafscale.broker.metadata.aborted_index import overlapping, refs_in_range
+from kafscale.broker.metadata.aborted_index import AbortedSpill, overlapping, refs_in_range
 from kafscale.broker.metadata.partition_state import AbortedTxn, PartitionState, TxnIndexRef
 from kafscale.broker.protocol.errors import StorageFailure
 from kafscale.broker.storage.object_store import ObjectStore, ObjectStoreError
@@ -84,14 +84,38 @@ async def aborted_in_range(
     cannot be read: answering without it would hand aborted records to the reader."""
     found: list[AbortedTxn] = []
     for ref in refs_in_range(state, start, end):
-        key = object_key(cluster, *where, ref)
-        data = cache.get(key)
-        try:
-            if data is None:
-                data = await store.get(key)
-            entries = decode_aborted_index(data)
-        except (ObjectStoreError, AbortedIndexCorrupt) as exc:
-            raise StorageFailure(f"aborted-transaction index {key}: {exc}") from exc
-        cache.put(key, data)
+        entries = await read_index(store, cache, object_key(cluster, *where, ref))
         found += overlapping(entries, start, end)
     return found + overlapping(state.aborted_txns, start, end)
+
+
+async def read_index(store: ObjectStore, cache: BytesCache, key: str) -> list[AbortedTxn]:
+    """The entries of the index object at ``key``: from the cache, else one GET (then cached).
+    StorageFailure if it cannot be read."""
+    data = cache.get(key)
+    try:
+        if data is None:
+            data = await store.get(key)
+        entries = decode_aborted_index(data)
+    except (ObjectStoreError, AbortedIndexCorrupt) as exc:
+        raise StorageFailure(f"aborted-transaction index {key}: {exc}") from exc
+    cache.put(key, data)
+    return entries
+
+
+async def write_spill(
+    store: ObjectStore,
+    cache: BytesCache,
+    cluster: str,
+    where: tuple[str, str, int],
+    spill: AbortedSpill,
+) -> None:
+    """PUT the object ``spill`` describes: the entries of the objects it absorbs (read, most
+    likely from the cache: this owner wrote them), then its own. Cached once written."""
+    entries: list[AbortedTxn] = []
+    for ref in spill.absorbed:
+        entries += await read_index(store, cache, object_key(cluster, *where, ref))
+    data = encode_aborted_index([*entries, *spill.entries])
+    key = object_key(cluster, *where, spill.ref)
+    await store.put(key, data)
+    cache.put(key, data)

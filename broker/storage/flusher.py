@@ -65,7 +65,12 @@ from kafscale.broker.metadata.etcd import (
     put_op,
     value_is,
 )
-from kafscale.broker.metadata.partition_state import PartitionState, SegmentRef, commit_segment
+from kafscale.broker.metadata.partition_state import (
+    PartitionState,
+    SegmentRef,
+    TxnIndexRef,
+    commit_segment,
+)
 from kafscale.broker.metadata.partition_txns import apply_txn_events
 from kafscale.broker.metadata.topics import topic_exists
 from kafscale.broker.observability.metrics import METRICS
@@ -551,20 +556,25 @@ class Flusher:
         state, spill = spill_aborted(state, self._settings.aborted_txns_in_state)
         return _Commit(items, state, state.to_json(), spill)
 
-    def _spill_key(self, commit: _Commit) -> str | None:
+    def _spill_keys(self, commit: _Commit, refs: tuple[TxnIndexRef, ...]) -> list[str]:
         owned = commit.partition
         where = (owned.topic, owned.topic_id, owned.partition)
-        spill = commit.spill
-        return None if spill is None else aborted_index.object_key(self._cluster, *where, spill.ref)
+        return [aborted_index.object_key(self._cluster, *where, ref) for ref in refs]
 
     async def _write_spills(self, commits: list[_Commit]) -> list[_Commit]:
         """PUT the aborted-transaction index objects the commits reference (rare: once per
         ``aborted_txns_in_state / 2`` aborts of a partition); returns the commits that may go
         ahead. A partition whose PUT failed fails its flush, as a failed segment upload does."""
         puts = {
-            id(c): self._store.put(key, aborted_index.encode_aborted_index(c.spill.entries))
+            id(c): aborted_index.write_spill(
+                self._store,
+                self._cache,
+                self._cluster,
+                (c.partition.topic, c.partition.topic_id, c.partition.partition),
+                c.spill,
+            )
             for c in commits
-            if c.spill is not None and (key := self._spill_key(c)) is not None
+            if c.spill is not None
         }
         if not puts:
             return commits
@@ -580,6 +590,20 @@ class Flusher:
                 self._fail(item.work, StorageFailure(f"aborted index upload failed: {outcome}"))
                 self._discard(item)
         return ready
+
+    def _spills_committed(self, commits: list[_Commit], succeeded: bool) -> None:
+        """After a commit's outcome is known: the objects its spills absorbed go if it succeeded
+        (no state references them now), its new objects if it was fenced (none ever will)."""
+        doomed = [
+            key
+            for commit in commits
+            if commit.spill is not None
+            for key in self._spill_keys(
+                commit, commit.spill.absorbed if succeeded else (commit.spill.ref,)
+            )
+        ]
+        if doomed:
+            self._spawn_side_task(self._delete_quietly(doomed), "aborted-index-cleanup")
 
     async def _commit(self, commits: list[_Commit]) -> list[Uploaded]:
         """One transaction; returns what it committed (all, or the unfenced ones one by one)."""
@@ -614,13 +638,12 @@ class Flusher:
             for item in commits[0].items:
                 self._fail(item.work, NotLeader("lease lost; commit fenced"))
                 self._discard(item)
-            spill_key = self._spill_key(commits[0])
-            if spill_key is not None:
-                self._spawn_side_task(self._delete_quietly([spill_key]), "discard-spill")
+            self._spills_committed(commits, succeeded=False)
             return []
         for commit in commits:
             for item in commit.items:
                 self._on_committed(item, commit.state, result.revision)
+        self._spills_committed(commits, succeeded=True)
         return [item for commit in commits for item in commit.items]
 
     def _on_committed(self, item: Uploaded, state: PartitionState, revision: int) -> None:

@@ -13,13 +13,15 @@ import asyncio
 import time
 
 import pytest
-from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient
 from harness.brokers import BrokerCluster
 from harness.topics import create_topic
 
 from kafscale.broker.metadata import keys
 from kafscale.broker.metadata.etcd import Etcd
 from kafscale.broker.metadata.partition_state import PartitionState
+from kafscale.broker.storage.aborted_index import object_key
 
 pytestmark = pytest.mark.integration
 
@@ -60,25 +62,32 @@ def write_transactions(bootstrap: str, rounds: int, tag: str) -> list[bytes]:
 
 
 def read_committed(bootstrap: str, expect: int, **extra: object) -> list[bytes]:
-    """Every value a read_committed consumer reads from offset 0: until ``expect`` arrived and
-    a quiet second more (so that aborted records read as well would show), or 60 s."""
+    """Every value a read_committed consumer reads from offset 0 (or the log start): until
+    ``expect`` arrived and a quiet second more (so that aborted records read as well would
+    show), or 60 s."""
+    return [value for _, value in read_committed_at(bootstrap, expect, **extra)]
+
+
+def read_committed_at(bootstrap: str, expect: int, **extra: object) -> list[tuple[int, bytes]]:
+    """(offset, value) of what ``read_committed`` reads."""
     consumer = Consumer(
         {
             "bootstrap.servers": bootstrap,
             "group.id": f"reader-{time.monotonic_ns()}",
             "isolation.level": "read_committed",
             "enable.auto.commit": False,
+            "auto.offset.reset": "earliest",
             **extra,
         }
     )
     consumer.assign([TopicPartition(TOPIC, 0, 0)])
-    values: list[bytes] = []
+    values: list[tuple[int, bytes]] = []
     deadline = time.monotonic() + 60
     try:
         while time.monotonic() < deadline:
             message = consumer.poll(0.2)
             if message is not None and not message.error():
-                values.append(message.value())
+                values.append((message.offset(), message.value()))
             if len(values) >= expect:
                 deadline = min(deadline, time.monotonic() + 1)
     finally:
@@ -100,11 +109,38 @@ def partition_state(cluster: BrokerCluster) -> PartitionState:
 
 
 def index_objects(cluster: BrokerCluster) -> list[str]:
-    return [
+    return sorted(
         key
         for key in cluster.object_keys(f"{cluster.cluster}/topics/{TOPIC}/")
         if key.endswith(".atx")
-    ]
+    )
+
+
+def referenced_objects(cluster: BrokerCluster, state: PartitionState) -> list[str]:
+    """The index objects in the store once those ``state`` no longer references are deleted
+    (an owner deletes them right after its commit), or after 10 s."""
+    topic_id = cluster.object_keys(f"{cluster.cluster}/topics/{TOPIC}/")[0].split("/")[-3]
+    wanted = sorted(
+        object_key(cluster.cluster, TOPIC, topic_id, 0, ref) for ref in state.aborted_txn_index
+    )
+    deadline = time.monotonic() + 10
+    while index_objects(cluster) != wanted and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return index_objects(cluster)
+
+
+def delete_records(bootstrap: str, before: int) -> int:
+    """The new log start after DeleteRecords, retried while the partition has no live owner."""
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    deadline = time.monotonic() + 30
+    while True:
+        [future] = admin.delete_records([TopicPartition(TOPIC, 0, before)]).values()
+        try:
+            return int(future.result(30).low_watermark)
+        except KafkaException:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)
 
 
 def test_read_committed_sees_exactly_the_committed_records_past_the_state_limit(
@@ -116,9 +152,9 @@ def test_read_committed_sees_exactly_the_committed_records_past_the_state_limit(
 
     state = partition_state(broker_cluster)
     assert len(state.aborted_txns) <= LIMIT  # the etcd state stays bounded...
-    assert len(state.aborted_txn_index) >= 2  # ...because the older aborts were spilled
+    assert state.aborted_txn_index  # ...because the older aborts were spilled
     assert len(state.aborted_txns) + sum(r.txn_count for r in state.aborted_txn_index) == 30
-    assert len(index_objects(broker_cluster)) == len(state.aborted_txn_index)
+    assert len(referenced_objects(broker_cluster, state)) == len(state.aborted_txn_index)
     assert read_committed(first.bootstrap, len(expected)) == expected
     # Small fetches: each lists the aborted transactions of its own range.
     small_fetches = {
@@ -135,11 +171,23 @@ def test_read_committed_sees_exactly_the_committed_records_past_the_state_limit(
     expected += write_transactions(second.bootstrap, 20, "b")  # 15 more aborted
     moved = partition_state(broker_cluster)
     assert moved.leader_epoch > state.leader_epoch
-    assert moved.aborted_txn_index[: len(state.aborted_txn_index)] == state.aborted_txn_index
+    assert max(r.epoch for r in moved.aborted_txn_index) == moved.leader_epoch
     assert len(moved.aborted_txns) + sum(r.txn_count for r in moved.aborted_txn_index) == 45
+    assert len(referenced_objects(broker_cluster, moved)) == len(moved.aborted_txn_index)
     assert read_committed(second.bootstrap, len(expected)) == expected
 
     # A broker that never read the partition learns the index objects from the state alone.
     second.kill()
     third = broker_cluster.start(**ENV)
-    assert read_committed(third.bootstrap, len(expected)) == expected
+    everything = read_committed_at(third.bootstrap, len(expected))
+    assert [value for _, value in everything] == expected
+
+    # DeleteRecords past the oldest object's last marker: its reference and object go, and
+    # read_committed from the new log start still sees exactly the committed records.
+    oldest = moved.aborted_txn_index[0]
+    assert delete_records(third.bootstrap, oldest.last_offset + 1) == oldest.last_offset + 1
+    trimmed = partition_state(broker_cluster)
+    assert oldest not in trimmed.aborted_txn_index
+    assert len(referenced_objects(broker_cluster, trimmed)) == len(trimmed.aborted_txn_index)
+    rest = [(o, v) for o, v in everything if o > oldest.last_offset]
+    assert read_committed_at(third.bootstrap, len(rest)) == rest

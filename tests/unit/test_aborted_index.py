@@ -8,6 +8,7 @@ caches), and the flush writing the object before the commit that references it.
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,8 @@ from hypothesis import strategies as st
 
 from kafscale.broker.config import LogSettings
 from kafscale.broker.metadata.aborted_index import (
+    MAX_TXNS_PER_OBJECT,
+    absorb_newest,
     dropped_refs,
     overlapping,
     refs_in_range,
@@ -84,15 +87,28 @@ def test_beyond_the_limit_all_but_the_newest_half_spill_to_one_object() -> None:
     assert after.aborted_txns == aborts(9)[5:]
     assert spill.ref == TxnIndexRef(first_offset=0, last_offset=14, epoch=3, txn_count=5)
     assert after.aborted_txn_index == (spill.ref,)
-    # The next spill appends its reference after the first one.
-    again, second = spill_aborted(
-        PartitionState(**{**_fields(after), "aborted_txns": aborts(9, start=30)}), 8
-    )
-    assert second is not None and again.aborted_txn_index == (spill.ref, second.ref)
+    # The next spill absorbs that object: it holds no more transactions than the spill.
+    again, second = spill_aborted(replace(after, aborted_txns=aborts(9, start=30)), 8)
+    assert second is not None
+    assert second.absorbed == (spill.ref,)
+    assert again.aborted_txn_index == (second.ref,)
+    assert second.ref == TxnIndexRef(first_offset=0, last_offset=44, epoch=3, txn_count=10)
 
 
-def _fields(state: PartitionState) -> dict[str, Any]:
-    return {name: getattr(state, name) for name in PartitionState.__slots__}
+def test_references_stay_logarithmic_in_the_aborts_and_objects_stay_capped() -> None:
+    refs: tuple[TxnIndexRef, ...] = ()
+    for i in range(1000):  # 1000 spills of 256
+        refs, absorbed = absorb_newest(refs, 256)
+        count = 256 + sum(r.txn_count for r in absorbed)
+        refs = (*refs, TxnIndexRef(i, i, 0, count))
+    assert sum(r.txn_count for r in refs) == 256_000
+    assert len(refs) <= 12  # one per set bit of 1000, and the 64 Ki cap
+    assert max(r.txn_count for r in refs) <= MAX_TXNS_PER_OBJECT
+    assert [r.txn_count for r in refs] == sorted((r.txn_count for r in refs), reverse=True)
+    for _ in range(2000):  # far more: past the cap, one reference per 64 Ki aborts
+        refs, absorbed = absorb_newest(refs, 256)
+        refs = (*refs, TxnIndexRef(0, 0, 0, 256 + sum(r.txn_count for r in absorbed)))
+    assert len(refs) <= 768_000 // MAX_TXNS_PER_OBJECT + 9
 
 
 def test_a_spilled_object_is_looked_up_only_for_ranges_it_overlaps() -> None:
@@ -193,6 +209,9 @@ class RecordingStore:
     async def list(self, prefix: str, **_: Any) -> list[ObjectInfo]:
         return []
 
+    def indexes(self) -> list[str]:
+        return sorted(key for key in self.objects if key.endswith(".atx"))
+
 
 class RecordingEtcd:
     def __init__(self, store: RecordingStore) -> None:
@@ -235,7 +254,7 @@ async def test_the_flush_writes_the_spilled_object_before_the_commit_that_refere
     )
     loop = asyncio.create_task(flusher.run())
     try:
-        for pid in range(1, 7):  # six aborted transactions, one record each
+        for pid in range(1, 11):  # ten aborted transactions, one record each
             batch = make_batch(
                 0, [b"x"], attributes=0x10, producer_id=pid, producer_epoch=0, base_sequence=0
             )
@@ -244,15 +263,25 @@ async def test_the_flush_writes_the_spilled_object_before_the_commit_that_refere
             assert marker is not None
             flusher.data_appended(segment_full=False)
             await asyncio.wait_for(asyncio.gather(acked, marker), 10)
+        async with asyncio.timeout(10):  # the absorbed object is deleted after the commit
+            while len(store.indexes()) > len(etcd.states[-1].aborted_txn_index):  # noqa: ASYNC110
+                await asyncio.sleep(0.01)
     finally:
         loop.cancel()
         await asyncio.gather(loop, return_exceptions=True)
     final = etcd.states[-1]
     assert len(final.aborted_txns) <= 4
-    [ref] = final.aborted_txn_index
-    key = object_key("c", "t", "tid", 0, ref)
-    first_with_ref = next(i for i, s in enumerate(etcd.states) if s.aborted_txn_index)
-    assert key in etcd.objects_at_commit[first_with_ref]  # durable before it is referenced
-    spilled = decode_aborted_index(store.objects[key])
-    assert [t.producer_id for t in (*spilled, *final.aborted_txns)] == [1, 2, 3, 4, 5, 6]
-    assert (ref.epoch, ref.txn_count) == (2, len(spilled))
+    # Spills of three at the 5th and the 8th abort: the second absorbed the first.
+    assert [(r.txn_count, r.epoch) for r in final.aborted_txn_index] == [(6, 2)]
+    assert len({key for s in etcd.states for key in _keys_of(s)}) == 2
+    keys_ = _keys_of(final)
+    assert store.indexes() == keys_
+    for key in keys_:  # durable before any state referenced it
+        first_with_ref = next(i for i, s in enumerate(etcd.states) if key in _keys_of(s))
+        assert key in etcd.objects_at_commit[first_with_ref]
+    spilled = [t for key in keys_ for t in decode_aborted_index(store.objects[key])]
+    assert [t.producer_id for t in (*spilled, *final.aborted_txns)] == list(range(1, 11))
+
+
+def _keys_of(state: PartitionState) -> list[str]:
+    return [object_key("c", "t", "tid", 0, ref) for ref in state.aborted_txn_index]
