@@ -82,6 +82,8 @@ async def aborted_in_range(
     records in [start, end), oldest first: those of the index objects overlapping the range
     (from the cache, else one GET each) and the state's own. StorageFailure if an object
     cannot be read: answering without it would hand aborted records to the reader."""
+    if end <= start:
+        return []  # no records to drop (a long-poll at the LSO): nothing to look up
     found: list[AbortedTxn] = []
     for ref in refs_in_range(state, start, end):
         entries = await read_index(store, cache, object_key(cluster, *where, ref))

@@ -285,3 +285,47 @@ async def test_the_flush_writes_the_spilled_object_before_the_commit_that_refere
 
 def _keys_of(state: PartitionState) -> list[str]:
     return [object_key("c", "t", "tid", 0, ref) for ref in state.aborted_txn_index]
+
+
+@given(
+    limit=st.integers(2, 12),
+    steps=st.lists(st.one_of(st.integers(1, 6), st.just(0)), max_size=80),
+    start=st.integers(0, 600),
+    width=st.integers(0, 600),
+)
+def test_no_abort_is_lost_however_spills_absorb_and_the_log_start_moves(
+    limit: int, steps: list[int], start: int, width: int
+) -> None:
+    """A model of the owner: each step aborts ``n`` transactions and flushes (spilling as the
+    flush does, objects written with their absorbed objects' entries), or (0) moves the log
+    start up. Every range lists exactly the aborts a full list would."""
+    state = PartitionState(high_watermark=0)
+    objects: dict[TxnIndexRef, list[AbortedTxn]] = {}
+    every: list[AbortedTxn] = []
+    offset = 0
+    for n in steps:
+        if n == 0:
+            before = state
+            state = advance_log_start(state, (state.log_start_offset + state.high_watermark) // 2)
+            for ref in dropped_refs(before, state):
+                del objects[ref]
+            continue
+        events: list[TxnBegin | TxnEnd] = []
+        for _ in range(n):
+            pid = len(every)
+            every.append(AbortedTxn(pid, offset, offset + 2))
+            events += [TxnBegin(pid, offset), TxnEnd(pid, False, offset + 2, 0)]
+            offset += 3
+        state = apply_txn_events(replace(state, high_watermark=offset), events)
+        state, spill = spill_aborted(state, limit)
+        if spill is not None:
+            absorbed = [t for ref in spill.absorbed for t in objects.pop(ref)]
+            objects[spill.ref] = [*absorbed, *spill.entries]
+        assert len(state.aborted_txns) <= limit
+        assert sorted(objects) == sorted(state.aborted_txn_index)
+    low = max(start, state.log_start_offset)
+    high = low + width
+    listed = [
+        t for ref in refs_in_range(state, low, high) for t in overlapping(objects[ref], low, high)
+    ] + overlapping(state.aborted_txns, low, high)
+    assert listed == overlapping(every, low, high)
