@@ -95,3 +95,14 @@ def dropped_refs(before: PartitionState, after: PartitionState) -> list[TxnIndex
     objects can go."""
     kept = set(after.aborted_txn_index)
     return [ref for ref in before.aborted_txn_index if ref not in kept]
+
+
+def orphaned_indexes(
+    state: PartitionState, listed: Iterable[tuple[int, int, int]], owner_epoch: int
+) -> list[tuple[int, int, int]]:
+    """The listed objects (first offset, last offset, epoch) that no state will ever reference:
+    written by an owner of an older epoch (only the current owner adds references, to objects
+    of its own epoch) and not referenced now. Left by an owner that died between its PUT and
+    its commit, or whose commit outcome it never learnt."""
+    referenced = {(r.first_offset, r.last_offset, r.epoch) for r in state.aborted_txn_index}
+    return [obj for obj in listed if obj[2] < owner_epoch and obj not in referenced]

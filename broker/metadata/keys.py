@@ -249,8 +249,23 @@ def aborted_index_object_key(
     """An aborted-transaction index object: beside the partition's segments, not among them
     (its own prefix keeps segment listings free of it), under the topic id (a topic's purge
     deletes it with the segments)."""
-    prefix = f"{cluster}/topics/{topic}/{topic_id}/{partition}.aborted/"
+    prefix = aborted_index_prefix(cluster, topic, topic_id, partition)
     return f"{prefix}{first:0{OFFSET_DIGITS}d}-{last:0{OFFSET_DIGITS}d}-e{epoch}.atx"
+
+
+def aborted_index_prefix(cluster: str, topic: str, topic_id: str, partition: int) -> str:
+    return f"{cluster}/topics/{topic}/{topic_id}/{partition}.aborted/"
+
+
+_ABORTED_INDEX_NAME = re.compile(r"^(\d{20})-(\d{20})-e(\d+)\.atx$")
+
+
+def parse_aborted_index_name(name: str) -> tuple[int, int, int] | None:
+    """(first offset, last offset, epoch) of an aborted-transaction index object, or None."""
+    match = _ABORTED_INDEX_NAME.match(name.rsplit("/", 1)[-1])
+    if match is None:
+        return None
+    return int(match.group(1)), int(match.group(2)), int(match.group(3))
 
 
 def objects_from(partition_prefix: str, base: int) -> str:

@@ -1,6 +1,7 @@
 """A partition with more aborted transactions than its etcd state keeps: read_committed
-consumers still see exactly the committed records, from offset 0, after an ownership move and
-on a broker that never saw the partition.
+consumers still see exactly the committed records, from offset 0, after an ownership move, on
+a broker that never saw the partition, and after DeleteRecords; index objects nobody references
+are deleted.
 
 Real broker processes on etcd and moto's S3 server, a real transactional producer and
 read_committed consumer (confluent-kafka). The state's limit is lowered to 8
@@ -15,13 +16,16 @@ import time
 import pytest
 from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
+from harness.batches import make_batch
 from harness.brokers import BrokerCluster
+from harness.kafka_wire import PRODUCE, KafkaWire, produce_body, produce_partition
 from harness.topics import create_topic
+from harness.txn_wire import produce_transactional, write_marker
 
 from kafscale.broker.metadata import keys
 from kafscale.broker.metadata.etcd import Etcd
-from kafscale.broker.metadata.partition_state import PartitionState
-from kafscale.broker.storage.aborted_index import object_key
+from kafscale.broker.metadata.partition_state import AbortedTxn, PartitionState
+from kafscale.broker.storage.aborted_index import encode_aborted_index, object_key
 
 pytestmark = pytest.mark.integration
 
@@ -191,3 +195,34 @@ def test_read_committed_sees_exactly_the_committed_records_past_the_state_limit(
     assert len(referenced_objects(broker_cluster, trimmed)) == len(trimmed.aborted_txn_index)
     rest = [(o, v) for o, v in everything if o > oldest.last_offset]
     assert read_committed_at(third.bootstrap, len(rest)) == rest
+
+
+def test_an_orphaned_index_object_is_deleted_by_the_next_owner(
+    broker_cluster: BrokerCluster,
+) -> None:
+    """An index object an owner PUT but never committed (it died in between; planted here at
+    the old epoch, above every referenced one) is deleted by the next owner's janitor, and the
+    referenced objects stay."""
+    first = broker_cluster.start(**ENV)
+    create_topic(first.bootstrap, TOPIC, 1)
+    with KafkaWire(first.bootstrap) as wire:
+        for pid in range(1, 11):  # ten aborts: one spill at the limit of 8
+            code, _ = produce_transactional(wire, TOPIC, 0, [b"x"], producer_id=pid, sequence=0)
+            assert code == 0
+            assert write_marker(wire, TOPIC, 0, producer_id=pid, commit=False) == 0
+    state = partition_state(broker_cluster)
+    referenced = referenced_objects(broker_cluster, state)
+    assert len(referenced) == len(state.aborted_txn_index) == 1
+    assert first.stop() == 0
+    orphan = referenced[0].rsplit("/", 1)[0] + f"/{900:020d}-{950:020d}-e{state.leader_epoch}.atx"
+    body = encode_aborted_index([AbortedTxn(99, 900, 950)])
+    broker_cluster.s3.client().put_object(Bucket=broker_cluster.bucket, Key=orphan, Body=body)
+
+    second = broker_cluster.start(**ENV, KAFSCALE_LOG__RETENTION_CHECK_INTERVAL_S="0.5")
+    with KafkaWire(second.bootstrap) as wire:  # the second broker takes the partition
+        body_ = produce_body(TOPIC, 0, make_batch(0, [b"plain"]))
+        assert produce_partition(wire.request(PRODUCE, 9, body_))[0] == 0
+    deadline = time.monotonic() + 15
+    while orphan in index_objects(broker_cluster) and time.monotonic() < deadline:
+        time.sleep(0.3)
+    assert index_objects(broker_cluster) == referenced

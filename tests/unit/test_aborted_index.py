@@ -19,10 +19,12 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from kafscale.broker.config import LogSettings
+from kafscale.broker.metadata import keys
 from kafscale.broker.metadata.aborted_index import (
     MAX_TXNS_PER_OBJECT,
     absorb_newest,
     dropped_refs,
+    orphaned_indexes,
     overlapping,
     refs_in_range,
     spill_aborted,
@@ -329,3 +331,19 @@ def test_no_abort_is_lost_however_spills_absorb_and_the_log_start_moves(
         t for ref in refs_in_range(state, low, high) for t in overlapping(objects[ref], low, high)
     ] + overlapping(state.aborted_txns, low, high)
     assert listed == overlapping(every, low, high)
+
+
+def test_only_unreferenced_objects_of_older_epochs_are_orphans() -> None:
+    kept = TxnIndexRef(0, 20, 1, 5)
+    state = PartitionState(high_watermark=100, leader_epoch=3, aborted_txn_index=(kept,))
+    listed = [(0, 20, 1), (21, 40, 2), (21, 40, 3), (41, 60, 4)]
+    # (21, 40, 3): the owner's own, maybe on its way to a commit; epoch 4 is not older either.
+    assert orphaned_indexes(state, listed, owner_epoch=3) == [(21, 40, 2)]
+
+
+def test_index_object_names_parse_back() -> None:
+    ref = TxnIndexRef(12, 3456, 7, 9)
+    key = object_key("c", "t", "tid", 0, ref)
+    assert key.startswith(keys.aborted_index_prefix("c", "t", "tid", 0))
+    assert keys.parse_aborted_index_name(key) == (12, 3456, 7)
+    assert keys.parse_aborted_index_name("c/topics/t/tid/0/00000000000000000012-e7.kfs") is None
