@@ -252,10 +252,11 @@ class Catalog:
 
 class _IndexCache:
     """The aborted-transaction index objects read on this driver (immutable, so never stale),
-    the ``MAX_CACHED_INDEXES`` most recently used; planner threads share it."""
+    the most recently used up to ``MAX_CACHED_INDEX_BYTES``; planner threads share it."""
 
     def __init__(self) -> None:
         self._entries: OrderedDict[str, bytes | memoryview] = OrderedDict()
+        self._bytes = 0
         self._lock = threading.Lock()
 
     def get(self, key: str) -> bytes | memoryview | None:
@@ -267,13 +268,16 @@ class _IndexCache:
 
     def put(self, key: str, body: bytes | memoryview) -> None:
         with self._lock:
+            previous = self._entries.pop(key, None)
+            self._bytes -= len(previous) if previous is not None else 0
             self._entries[key] = body
-            self._entries.move_to_end(key)
-            while len(self._entries) > MAX_CACHED_INDEXES:
-                self._entries.popitem(last=False)
+            self._bytes += len(body)
+            while len(self._entries) > 1 and self._bytes > MAX_CACHED_INDEX_BYTES:
+                _, evicted = self._entries.popitem(last=False)
+                self._bytes -= len(evicted)
 
 
-MAX_CACHED_INDEXES = 256  # at most ~6 KB each at the default aborted_txns_in_state
+MAX_CACHED_INDEX_BYTES = 64 * 1024 * 1024  # objects hold at most 1.5 MiB (64 Ki entries)
 _INDEXES = _IndexCache()
 
 

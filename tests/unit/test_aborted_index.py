@@ -347,3 +347,16 @@ def test_index_object_names_parse_back() -> None:
     assert key.startswith(keys.aborted_index_prefix("c", "t", "tid", 0))
     assert keys.parse_aborted_index_name(key) == (12, 3456, 7)
     assert keys.parse_aborted_index_name("c/topics/t/tid/0/00000000000000000012-e7.kfs") is None
+
+
+def test_the_spark_drivers_index_cache_is_bounded_in_bytes(monkeypatch: pytest.MonkeyPatch) -> None:
+    from kafscale.pipeline import catalog
+
+    monkeypatch.setattr(catalog, "MAX_CACHED_INDEX_BYTES", 100)
+    cache = catalog._IndexCache()
+    for name in "abc":
+        cache.put(name, b"x" * 40)
+    assert cache.get("a") is None  # the oldest went once 120 bytes were held
+    assert cache.get("b") == cache.get("c") == b"x" * 40
+    cache.put("huge", b"y" * 500)  # a single larger object is still kept
+    assert cache.get("huge") is not None and cache.get("b") is None
