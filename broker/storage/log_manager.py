@@ -304,7 +304,7 @@ class LogManager:
         self, owned: OwnedPartition, dropped: list[TxnIndexRef]
     ) -> None:
         """Delete the aborted-transaction index objects the log start passed (all their records
-        are gone). A failure leaves them: harmless garbage, which the topic's purge takes."""
+        are gone). A failure leaves them: garbage that a later owner's janitor deletes."""
         if not dropped:
             return
         where = (owned.topic, owned.topic_id, owned.partition)
