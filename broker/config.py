@@ -156,6 +156,13 @@ class LogSettings(_Section):
         description="Segments smaller than this get no index object: readers GET segments up "
         "to 8 MiB whole, so only larger ones are read by ranges. 0 indexes every segment.",
     )
+    aborted_txns_in_state: int = Field(
+        512,
+        ge=2,
+        description="Aborted transactions a partition's etcd state keeps; beyond this, the "
+        "flush moves all but the newest half to an aborted-transaction index object in the "
+        "store, which read_committed readers of older offsets GET once (then cached).",
+    )
     retention_check_interval_s: float = Field(
         30.0, gt=0, description="How often retention by time and size is applied."
     )
