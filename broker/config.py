@@ -308,6 +308,14 @@ class TransactionSettings(_Section):
         "in flight and unused this long loses its record (its producer's next "
         "InitProducerId gets a new producer id); checked every check_interval_ms.",
     )
+    partition_verification: bool = Field(
+        True,
+        description="transaction.partition.verification.enable (KIP-890): a partition's owner "
+        "asks the transaction coordinator before a transactional batch opens a transaction on "
+        "the partition, and refuses it (INVALID_TXN_STATE) unless the partition is in the "
+        "producer's ongoing transaction: no hanging transaction holds read_committed "
+        "consumers back.",
+    )
 
 
 class TlsSettings(_Section):
