@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -105,7 +106,8 @@ def main(argv: list[str] | None = None) -> int:
     steps = args.steps.split(",")
     value = os.urandom(1024)
     classpath = bench.java_classpath(args.cache) if "java" in steps else ""
-    stack = bench.Stack(Path(tempfile.mkdtemp(prefix="kafscale-rounds-")), {})
+    workdir = Path(tempfile.mkdtemp(prefix="kafscale-rounds-"))
+    stack = bench.Stack(workdir, {})
     try:
         stack.start(["local"])
         target = stack.targets[0]
@@ -132,6 +134,7 @@ def main(argv: list[str] | None = None) -> int:
                 run_step(stack, target, "paced", paced, args.profile)
     finally:
         stack.close()
+        shutil.rmtree(workdir, ignore_errors=True)
     return 0
 
 
