@@ -312,6 +312,7 @@ class TransactionSettings(_Section):
         2,
         ge=0,
         le=2,
+        examples=[1],
         description="The finalized transaction.version ApiVersions reports (KIP-890): 2 lets "
         "clients that know it (the Java client from 4.0) run transaction protocol v2 (an epoch "
         "bump at every commit and abort); 0 or 1 keeps every client on v1. Set 1 on every "

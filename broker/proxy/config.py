@@ -171,6 +171,7 @@ class ProxyTransactionSettings(_Section):
         2,
         ge=0,
         le=2,
+        examples=[1],
         description="The finalized transaction.version the proxy reports; keep it equal to the "
         "brokers' transactions.protocol_version.",
     )
