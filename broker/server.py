@@ -389,11 +389,50 @@ async def _write_in_order(
     budget: ByteBudget,
     connection: Connection,
 ) -> None:
+    """Responses in request order. Answers that are ready together (a flush round acks every
+    request it carried at once) go out in one write: each write to a loopback socket is a
+    system call that also runs the receiving side's TCP processing, 8-10 % of the broker's CPU
+    (py-spy) when rounds carry two or three small produce requests each."""
+    queued = await in_order.get()
+    while queued is not None:
+        responses: list[bytes] = []
+        held: list[Queued] = []  # taken from the queue after the batch, not answered yet
+        try:
+            try:
+                await _answers_ready_together(
+                    queued, in_order, slots, budget, protocol, connection, responses, held
+                )
+            finally:
+                if responses:
+                    protocol.write_many(responses)
+            if connection.sasl is not None and connection.sasl.authenticated:
+                protocol.lift_frame_limit()  # before the next read: the client may send now
+            await protocol.drain()
+            if connection.close_after_response:
+                raise CloseConnection("authentication failed")
+        except BaseException:
+            for item in held:
+                in_order.put_nowait(item)  # for _cancel_queued (order no longer matters)
+            raise
+        queued = held[0] if held else await in_order.get()
+
+
+async def _answers_ready_together(
+    queued: tuple[asyncio.Task[bytes | None], int, int],
+    in_order: asyncio.Queue[Queued],
+    slots: asyncio.Semaphore,
+    budget: ByteBudget,
+    protocol: FrameProtocol,
+    connection: Connection,
+    responses: list[bytes],
+    held: list[Queued],
+) -> None:
+    """Await ``queued``'s answer, then take the answers of the requests after it that are
+    done and succeeded already (into ``responses``); the first item taken from the queue that
+    is not such a request (or the end marker) goes into ``held``."""
+    item = queued
     while True:
-        queued = await in_order.get()
-        if queued is None:
-            return
-        task, size, charge = queued
+        task, size, charge = item
         try:
             response = await task  # CloseConnection propagates and ends the connection
         finally:
@@ -402,12 +441,22 @@ async def _write_in_order(
             protocol.give_back(charge)
             connection.in_flight -= 1
         if response:
-            protocol.write(response)
-            if connection.sasl is not None and connection.sasl.authenticated:
-                protocol.lift_frame_limit()  # before the next read: the client may send now
-            await protocol.drain()
-        if connection.close_after_response:
-            raise CloseConnection("authentication failed")
+            responses.append(response)
+        if connection.close_after_response or (
+            connection.sasl is not None and not connection.sasl.authenticated
+        ):
+            return  # a SASL exchange: each answer goes out, and is acted on, alone
+        if in_order.empty():
+            return
+        following = in_order.get_nowait()
+        if following is None or not _answered(following[0]):
+            held.append(following)
+            return
+        item = following
+
+
+def _answered(task: asyncio.Task[bytes | None]) -> bool:
+    return task.done() and not task.cancelled() and task.exception() is None
 
 
 async def _cancel_queued(in_order: asyncio.Queue[Queued], protocol: FrameProtocol) -> None:

@@ -183,6 +183,14 @@ class FrameProtocol(asyncio.BufferedProtocol):
         self.last_active = asyncio.get_running_loop().time()
         self.transport.write(data)
 
+    def write_many(self, data: list[bytes]) -> None:
+        """Several frames in one go: one system call (``writev``) where the transport can."""
+        self.last_active = asyncio.get_running_loop().time()
+        if len(data) == 1:
+            self.transport.write(data[0])
+        else:
+            self.transport.writelines(data)
+
     async def drain(self) -> None:
         """Wait while the transport's write buffer is above its high-water mark."""
         if self._lost:

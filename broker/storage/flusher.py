@@ -621,6 +621,7 @@ class Flusher:
                 mod_revision_is(state_key, owned.state_revision),
             ]
             success.append(put_op(state_key, commit.document))
+            self._view.expect_commit(owned.tp, commit.document, commit.state)
         try:
             result = await self._etcd.txn(compares, success)
         except MetadataUnavailable as exc:

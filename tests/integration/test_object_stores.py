@@ -292,3 +292,23 @@ async def test_local_write_recreates_a_folder_pruned_under_it(
     monkeypatch.setattr(os, "link", link_after_a_prune)
     await store.put("c/p/0001", b"v")
     assert pruned and await store.get("c/p/0001") == b"v"
+
+
+async def test_local_writes_leave_no_temporary_files(tmp_path: Path) -> None:
+    """Every PUT goes through a temporary file: none is left behind, whether the object was
+    written, refused as existing, or the write failed, and two stores on one directory (two
+    brokers of ``kafscale local``) never pick the same temporary name."""
+    first, second = LocalDirObjectStore(tmp_path), LocalDirObjectStore(tmp_path)
+    await first.check()
+    await asyncio.gather(
+        *(
+            store.put(f"t/{i}-{n}", b"x" * 70_000)
+            for i, store in enumerate((first, second))
+            for n in range(20)
+        )
+    )
+    with pytest.raises(ObjectAlreadyExists):
+        await second.put("t/0-3", b"y")
+    assert await first.get("t/0-3") == b"x" * 70_000
+    assert sorted(os.listdir(tmp_path / ".tmp")) == []
+    assert len(await first.list("t/")) == 40

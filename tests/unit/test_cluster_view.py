@@ -56,3 +56,42 @@ def test_a_watch_event_that_comes_before_the_commit_returns_is_applied() -> None
     cluster._apply(put(state.to_json(), 3))
     cluster.update_state(TP, state, revision=3)
     assert cluster.states[TP] == state
+
+
+def test_an_own_commit_overtaken_by_the_next_one_is_not_decoded_either() -> None:
+    """Rounds pipeline: the next commit's answer can come before the watch brings the previous
+    commit back. Both were applied when committed; neither is decoded again."""
+    cluster = view()
+    first = PartitionState(high_watermark=10, leader_epoch=1)
+    second = PartitionState(high_watermark=20, leader_epoch=1)
+    cluster.update_state(TP, first, revision=7)
+    cluster.update_state(TP, second, revision=9)
+    cluster._apply(put(b"not json", 7))  # decoding it would fail (and log)
+    cluster._apply(put(b"not json", 9))
+    assert cluster.states[TP] == second
+    theirs = PartitionState(high_watermark=25, leader_epoch=2)
+    cluster._apply(put(theirs.to_json(), 12))  # a later writer's commit is applied
+    assert cluster.states[TP] == theirs
+
+
+def test_an_own_commit_seen_before_its_answer_is_applied_without_decoding(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The watch can bring a commit back before the transaction answers: the view recognises
+    the document it is committing by its bytes and applies the state as it is; a different
+    document at that key (another writer's) is decoded."""
+    cluster = view()
+    mine = PartitionState(high_watermark=10, leader_epoch=1)
+    document = mine.to_json()
+    cluster.expect_commit(TP, document, mine)
+
+    def no_decoding(_: bytes) -> PartitionState:
+        raise AssertionError("decoded again")
+
+    with monkeypatch.context() as patched:
+        patched.setattr(PartitionState, "from_json", no_decoding)
+        cluster._apply(put(document, 7))
+    assert cluster.states[TP] is mine
+    theirs = PartitionState(high_watermark=25, leader_epoch=2)
+    cluster._apply(put(theirs.to_json(), 9))
+    assert cluster.states[TP] == theirs

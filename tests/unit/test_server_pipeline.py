@@ -129,6 +129,50 @@ async def test_responses_are_still_sent_after_the_client_half_closes() -> None:
         writer.close()
 
 
+async def test_answers_ready_together_leave_in_one_write_in_request_order(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A flush round acks the requests it carried at once: their answers go out in one write
+    (one system call), still in request order; a request answered later gets a write of its
+    own, and an acks=0 request among them answers nothing."""
+    from kafscale.broker.protocol.framing import FrameProtocol
+
+    writes: list[int] = []
+    original = FrameProtocol.write_many
+
+    def counting(self: FrameProtocol, data: list[bytes]) -> None:
+        writes.append(len(data))
+        original(self, data)
+
+    monkeypatch.setattr(FrameProtocol, "write_many", counting)
+    ids = [0, 1, SILENT + 2, 3, 4, 5, 6]
+    late = 5
+    arrived: list[int] = []
+    release, release_late = asyncio.Event(), asyncio.Event()
+
+    class TogetherDispatch(FakeDispatch):
+        async def __call__(self, frame: bytes, connection: Connection) -> bytes | None:
+            (correlation_id,) = struct.unpack_from(">i", frame, 4)
+            arrived.append(correlation_id)
+            if len(arrived) == len(ids):
+                release.set()  # every request is in: answer all but the late one at once
+            await (release_late if correlation_id == late else release).wait()
+            return await super().__call__(frame, connection)
+
+    dispatch = TogetherDispatch(delays_s=lambda cid: 0.0)
+    async with serving(dispatch) as server:
+        reader, writer = await connect(server)
+        writer.write(b"".join(request(cid) for cid in ids))
+        await writer.drain()
+        first = [await asyncio.wait_for(read_response(reader), 5) for _ in range(4)]
+        release_late.set()
+        rest = [await asyncio.wait_for(read_response(reader), 5) for _ in range(2)]
+        assert first + rest == [0, 1, 3, 4, late, 6]
+        assert writes == [4, 2]  # 0, 1, 3, 4 at once; 5 once done, with 6, done before it
+        writer.close()
+        await writer.wait_closed()
+
+
 async def test_in_flight_limit_bounds_concurrency_and_keeps_order() -> None:
     dispatch = FakeDispatch()
     async with serving(dispatch, max_in_flight=2) as server:
