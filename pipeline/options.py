@@ -76,6 +76,30 @@ class ReadOptions:
     include_headers: bool
     min_partitions: int | None
 
+    def for_executors(self) -> TaskReading:
+        """What the executors get: the store and two flags, never the etcd settings."""
+        return TaskReading(
+            cluster=self.connection.cluster,
+            storage=self.connection.storage,
+            include_headers=self.include_headers,
+            fail_on_data_loss=self.fail_on_data_loss,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class TaskReading:
+    """Everything an executor needs to read its tasks, and nothing more.
+
+    Only the driver talks to etcd; executors GET objects. So the etcd endpoints, password, and
+    certificate paths stay on the driver: Spark pickles the reader into every task, where
+    they would be readable by whatever else runs on the executors (and in their dumps)."""
+
+    cluster: str
+    """The objects' key prefix."""
+    storage: StorageSettings
+    include_headers: bool
+    fail_on_data_loss: bool
+
 
 _STORAGE_OPTIONS = {
     "storage.kind": "kind",
