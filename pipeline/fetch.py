@@ -5,11 +5,8 @@ costs tens of milliseconds to build; Spark reuses workers across tasks). The nex
 fetched while the current one is decoded: the store's GETs run in its thread pool, so they make
 progress while this thread parses.
 
-A worker's first task also takes everything its imports left alive (pyspark, pyarrow, numba's
-compiled kernels: hundreds of thousands of objects) out of the cyclic garbage collector's full
-passes (``freeze_startup_objects``, as the broker does). Each full pass walked all of them
-while a query's tasks were running: measured with ``perf`` on the workers of a 1M-row query,
-45 % of their CPU was the collector's.
+A worker's first task takes what its imports left alive out of the garbage collector's full
+passes (``process.freeze_imports_once``).
 
 Segments are verified whole (``segments.decode_segment``: magics and the body's CRC32C). A
 segment missing from the store, or a hole in the offsets, is data loss: an error naming the
@@ -25,7 +22,6 @@ from collections.abc import Iterator
 import pyarrow as pa
 
 from kafscale.broker.config import StorageSettings
-from kafscale.broker.memory import freeze_startup_objects
 from kafscale.broker.metadata import keys
 from kafscale.broker.protocol.record_batch import iter_batch_headers
 from kafscale.broker.storage.factory import open_object_store
@@ -34,6 +30,7 @@ from kafscale.broker.storage.segments import SegmentCorrupt, decode_segment
 from kafscale.pipeline.decode import decode_records
 from kafscale.pipeline.options import TaskReading
 from kafscale.pipeline.planning import DataLoss, ReadTask, gap_in
+from kafscale.pipeline.process import freeze_imports_once
 
 log = logging.getLogger(__name__)
 
@@ -41,15 +38,6 @@ PREFETCH_SEGMENTS = 3
 
 _loop: asyncio.AbstractEventLoop | None = None
 _stores: dict[str, ObjectStore] = {}
-_frozen = False
-
-
-def _freeze_once() -> None:
-    """The first task of a worker process: its imports' objects live as long as it does."""
-    global _frozen
-    if not _frozen:
-        freeze_startup_objects()
-        _frozen = True
 
 
 def _worker_loop() -> asyncio.AbstractEventLoop:
@@ -70,7 +58,7 @@ def _store_for(storage: StorageSettings) -> ObjectStore:
 
 def read_task(reading: TaskReading, task: ReadTask) -> Iterator[pa.RecordBatch]:
     """The rows of ``task`` in offset order, one Arrow batch per segment."""
-    _freeze_once()
+    freeze_imports_once()
     loop = _worker_loop()
     store = _store_for(reading.storage)
     segment_keys = [

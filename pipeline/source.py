@@ -54,6 +54,7 @@ from kafscale.pipeline.planning import (
     split_tasks,
     to_json_offsets,
 )
+from kafscale.pipeline.process import freeze_imports_once
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -87,6 +88,7 @@ class KafScaleDataSource(DataSource):
         return NAME
 
     def schema(self) -> StructType:
+        freeze_imports_once()  # the first call in each of Spark's create_data_source processes
         include = str(self.options.get("includeHeaders", "false")).strip().lower() == "true"
         return spark_schema(include)
 
@@ -209,6 +211,8 @@ def _plan_now(
     starts: dict[TopicPartition, int] | None = None,
     ends: dict[TopicPartition, int] | None = None,
 ) -> list[ReadTask]:
+    freeze_imports_once()
+
     async def plan() -> list[ReadTask]:
         async with Catalog(options.connection) as catalog:
             return await _plan(options, catalog, starts, ends)
@@ -217,6 +221,8 @@ def _plan_now(
 
 
 def _latest_now(options: ReadOptions) -> dict[TopicPartition, int]:
+    freeze_imports_once()
+
     async def latest() -> dict[TopicPartition, int]:
         async with Catalog(options.connection) as catalog:
             return {e.view.key: e.view.high_watermark for e in await _entries(options, catalog)}
@@ -225,6 +231,8 @@ def _latest_now(options: ReadOptions) -> dict[TopicPartition, int]:
 
 
 def _initial_now(options: ReadOptions) -> dict[TopicPartition, int]:
+    freeze_imports_once()
+
     async def initial() -> dict[TopicPartition, int]:
         async with Catalog(options.connection) as catalog:
             return await _starting_offsets(options, catalog)
