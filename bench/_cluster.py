@@ -40,9 +40,9 @@ from typing import Any
 import crc32c
 from pydantic import SecretStr
 
-from kafscale.broker.child_process import BrokerProcess
+from kafscale.broker.child_process import BrokerProcess, free_port_run
 from kafscale.broker.config import StorageKind, StorageSettings
-from kafscale.broker.metadata.embedded_etcd import EmbeddedEtcd, free_port
+from kafscale.broker.metadata.embedded_etcd import EmbeddedEtcd
 from kafscale.broker.protocol import codec
 
 ACCESS_KEY = "bench"
@@ -84,7 +84,7 @@ class MotoProcess:
     still frees all that is not in a cycle, and the younger generations still collect cycles."""
 
     def __init__(self) -> None:
-        self.port = free_port()
+        self.port = free_port_run()
         self.process: subprocess.Popen[bytes] | None = None
 
     @property
@@ -226,11 +226,13 @@ class Stack:
         return env
 
     def start_broker(
-        self, cluster: str | None = None, command: list[str] | None = None
+        self, cluster: str | None = None, command: list[str] | None = None, **overrides: str
     ) -> BrokerProcess:
-        port, admin_port = free_port(), free_port()
+        """A running broker on ports below the ephemeral range (see ``free_port_run``), with
+        the stack's ``broker_env`` and then ``overrides`` in its environment."""
+        port, admin_port = free_port_run(), free_port_run()
         broker = BrokerProcess(
-            env=self.env(port, admin_port, cluster),
+            env={**self.env(port, admin_port, cluster), **overrides},
             log_path=self.workdir / f"broker-{len(self.brokers)}.log",
             port=port,
             admin_port=admin_port,

@@ -46,7 +46,6 @@ from typing import Any
 from _cluster import Stack, cpu_seconds, create_topic, make_batch, parse_metrics
 
 from kafscale.broker.child_process import BrokerProcess
-from kafscale.broker.metadata.embedded_etcd import free_port
 
 PARTITIONS = 3
 RECORD_BYTES = 1024
@@ -67,18 +66,11 @@ class Figures:
 
 
 def start_broker(stack: Stack, cluster: str, metrics: bool) -> BrokerProcess:
-    port, admin_port = free_port(), free_port()
-    env = stack.env(port, admin_port, cluster)
-    env["KAFSCALE_METRICS_ENABLED"] = "true" if metrics else "false"
-    env["KAFSCALE_LOG__FLUSH_INTERVAL_MS"] = "50"
-    broker = BrokerProcess(
-        env=env,
-        log_path=stack.workdir / f"broker-{cluster}.log",
-        port=port,
-        admin_port=admin_port,
+    return stack.start_broker(
+        cluster,
+        KAFSCALE_METRICS_ENABLED="true" if metrics else "false",
+        KAFSCALE_LOG__FLUSH_INTERVAL_MS="50",
     )
-    stack.brokers.append(broker)
-    return broker.start()
 
 
 def produce(bootstrap: str, topic: str, records: int, size: int, small: bool) -> float:

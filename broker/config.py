@@ -20,13 +20,14 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from kafscale.broker.security.listeners import (
-    DEFAULT_LISTENER_NAME,
     DEFAULT_PROTOCOL_MAP,
     ClientAuth,
     Listener,
     SecurityProtocol,
+    advertised_host,
+    check_listener_tls,
+    configured_listeners,
     internal_listener,
-    plan_listeners,
 )
 
 
@@ -37,9 +38,6 @@ class LogFormat(StrEnum):
 
 class _Section(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
-
-
-ALL_INTERFACES = frozenset({"0.0.0.0", "::", ""})
 
 
 class ListenerSettings(_Section):
@@ -66,11 +64,7 @@ class ListenerSettings(_Section):
     def advertised(self, host_name: Callable[[], str] = socket.getfqdn) -> str:
         """The host clients are told to connect to. A broker bound to every interface must not
         advertise loopback: clients on other machines would be sent to themselves."""
-        if self.advertised_host:
-            return self.advertised_host
-        if self.host in ALL_INTERFACES:
-            return host_name()
-        return self.host
+        return advertised_host(self.host, self.advertised_host, host_name)
 
 
 class EtcdConnectionSettings(_Section):
@@ -161,6 +155,13 @@ class LogSettings(_Section):
         ge=0,
         description="Segments smaller than this get no index object: readers GET segments up "
         "to 8 MiB whole, so only larger ones are read by ranges. 0 indexes every segment.",
+    )
+    aborted_txns_in_state: int = Field(
+        512,
+        ge=2,
+        description="Aborted transactions a partition's etcd state keeps; beyond this, the "
+        "flush moves all but the newest half to an aborted-transaction index object in the "
+        "store, which read_committed readers of older offsets GET once (then cached).",
     )
     retention_check_interval_s: float = Field(
         30.0, gt=0, description="How often retention by time and size is applied."
@@ -307,6 +308,14 @@ class TransactionSettings(_Section):
         "in flight and unused this long loses its record (its producer's next "
         "InitProducerId gets a new producer id); checked every check_interval_ms.",
     )
+    partition_verification: bool = Field(
+        True,
+        description="transaction.partition.verification.enable (KIP-890): a partition's owner "
+        "asks the transaction coordinator before a transactional batch opens a transaction on "
+        "the partition, and refuses it (INVALID_TXN_STATE) unless the partition is in the "
+        "producer's ongoing transaction: no hanging transaction holds read_committed "
+        "consumers back.",
+    )
 
 
 class TlsSettings(_Section):
@@ -334,18 +343,6 @@ class TlsSettings(_Section):
     reload_interval_s: float = Field(
         10.0, gt=0, description="How often the certificate files are checked for changes."
     )
-
-
-def check_listener_tls(plan: list[Listener], tls: TlsSettings) -> None:
-    """Raise ValueError when a TLS listener lacks its certificate, or client authentication
-    its CA (the broker's and the proxy's settings both check this)."""
-    if any(listener.protocol.uses_tls for listener in plan) and not (
-        tls.cert_file and tls.key_file
-    ):
-        raise ValueError("an SSL or SASL_SSL listener needs tls.cert_file and tls.key_file")
-    tls_listeners = [listener for listener in plan if listener.protocol.uses_tls]
-    if any(item.client_auth != ClientAuth.NONE for item in tls_listeners) and not tls.ca_file:
-        raise ValueError("client certificate authentication needs tls.ca_file")
 
 
 class SaslSettings(_Section):
@@ -527,23 +524,7 @@ class BrokerSettings(BaseSettings):
 
     def listener_plan(self) -> list[Listener]:
         """Every listener this broker opens, parsed from the settings."""
-        section = self.listener
-        default = Listener(
-            name=DEFAULT_LISTENER_NAME,
-            host=section.host,
-            port=section.port,
-            protocol=SecurityProtocol.PLAINTEXT,
-            advertised_host=section.advertised_host,
-            advertised_port=section.advertised_port,
-        )
-        return plan_listeners(
-            self.listeners,
-            self.advertised_listeners,
-            self.listener_security_protocol_map,
-            self.tls.client_auth,
-            self.tls.client_auth_overrides,
-            default,
-        )
+        return configured_listeners(self)
 
     def topic_defaults(self) -> dict[str, str]:
         """Topic configs a topic gets unless it sets its own (Kafka's broker-level defaults)."""

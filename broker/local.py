@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from kafscale.broker.app import Broker, StartupError
-from kafscale.broker.config import ALL_INTERFACES, BrokerSettings, StorageKind, TlsSettings
+from kafscale.broker.config import BrokerSettings, StorageKind, TlsSettings
 from kafscale.broker.memory import freeze_startup_objects
 from kafscale.broker.metadata.embedded_etcd import EmbeddedEtcd, EtcdBinaryNotFound, EtcdStartError
 from kafscale.broker.proxy.app import Proxy
@@ -35,7 +35,12 @@ from kafscale.broker.proxy.config import (
     ProxySettings,
     UpstreamSettings,
 )
-from kafscale.broker.security.listeners import DEFAULT_PROTOCOL_MAP, ClientAuth, SecurityProtocol
+from kafscale.broker.security.listeners import (
+    ALL_INTERFACES,
+    DEFAULT_PROTOCOL_MAP,
+    ClientAuth,
+    SecurityProtocol,
+)
 from kafscale.broker.security.local_pki import PROXY_PRINCIPAL, LocalPki, make_local_pki
 from kafscale.broker.storage.object_store import ObjectStoreError
 

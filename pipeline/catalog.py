@@ -11,14 +11,16 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TypeVar
 
 import numpy as np
 
 from kafscale.broker.config import EtcdSettings
 from kafscale.broker.metadata import keys
+from kafscale.broker.metadata.aborted_index import refs_in_range
 from kafscale.broker.metadata.cluster import TopicInfo
 from kafscale.broker.metadata.etcd import BadEndpoint, Etcd, MetadataError
 from kafscale.broker.metadata.etcd_connect import connect_etcd
@@ -28,6 +30,8 @@ from kafscale.broker.metadata.partition_state import (
     time_scan_start,
 )
 from kafscale.broker.metadata.partition_txns import last_stable_offset
+from kafscale.broker.protocol.errors import StorageFailure
+from kafscale.broker.storage.aborted_index import aborted_in_range
 from kafscale.broker.storage.factory import open_object_store
 from kafscale.broker.storage.object_store import ObjectNotFound, ObjectStore, ObjectStoreError
 from kafscale.broker.storage.segments import SegmentCorrupt, decode_segment
@@ -222,11 +226,59 @@ class Catalog:
                 return int(rows.column("offset")[int(later[0])].as_py())
         return view.high_watermark
 
+    async def with_aborted(self, entry: PartitionEntry, start: int, end: int) -> PartitionEntry:
+        """``entry`` whose view lists every aborted transaction with records in [start, end):
+        the state's own and those spilled to index objects (GET once per driver process, then
+        cached; no GET at all when the range lies above every spilled one)."""
+        view, state = entry.view, entry.state
+        if not refs_in_range(state, start, end):
+            return entry
+        store = await self._store_opened()
+        where = (view.topic, view.topic_id, view.partition)
+        try:
+            aborted = await aborted_in_range(
+                store, _INDEXES, self._connection.cluster, where, state, start, end
+            )
+        except StorageFailure as exc:
+            raise SourceUnavailable(str(exc)) from exc
+        return PartitionEntry(replace(view, aborted=tuple(aborted)), state)
+
     async def _guard(self, call: Callable[[], Awaitable[T]]) -> T:
         try:
             return await call()
         except MetadataError as exc:
             raise SourceUnavailable(f"etcd did not answer: {exc}") from exc
+
+
+class _IndexCache:
+    """The aborted-transaction index objects read on this driver (immutable, so never stale),
+    the most recently used up to ``MAX_CACHED_INDEX_BYTES``; planner threads share it."""
+
+    def __init__(self) -> None:
+        self._entries: OrderedDict[str, bytes | memoryview] = OrderedDict()
+        self._bytes = 0
+        self._lock = threading.Lock()
+
+    def get(self, key: str) -> bytes | memoryview | None:
+        with self._lock:
+            body = self._entries.get(key)
+            if body is not None:
+                self._entries.move_to_end(key)
+            return body
+
+    def put(self, key: str, body: bytes | memoryview) -> None:
+        with self._lock:
+            previous = self._entries.pop(key, None)
+            self._bytes -= len(previous) if previous is not None else 0
+            self._entries[key] = body
+            self._bytes += len(body)
+            while len(self._entries) > 1 and self._bytes > MAX_CACHED_INDEX_BYTES:
+                _, evicted = self._entries.popitem(last=False)
+                self._bytes -= len(evicted)
+
+
+MAX_CACHED_INDEX_BYTES = 64 * 1024 * 1024  # objects hold at most 1.5 MiB (64 Ki entries)
+_INDEXES = _IndexCache()
 
 
 def _tls_hint(settings: EtcdSettings) -> str:

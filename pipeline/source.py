@@ -197,6 +197,7 @@ async def _plan(
         start = clamp_start(view, starts.get(view.key, view.log_start), options.fail_on_data_loss)
         end = min(ends[view.key], view.high_watermark)
         if start < end:
+            entry = await catalog.with_aborted(entry, start, end)
             ranges.append((entry, start, end, await catalog.segments(entry, start)))
     total = sum(s.size for _, _, _, segments in ranges for s in segments)
     split = split_bytes_for(total, options.min_partitions)

@@ -25,6 +25,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from kafscale.broker.api.features import features_body
 from kafscale.broker.observability.metrics import METRICS
 from kafscale.broker.protocol import codec
 from kafscale.broker.protocol.errors import ErrorCode, KafkaError, code_for
@@ -207,4 +208,4 @@ def api_versions_body(table: Mapping[int, ApiSpec], code: ErrorCode = ErrorCode.
         }
         for spec in sorted(table.values(), key=lambda s: s.key)
     ]
-    return {"error_code": code, "api_keys": keys, "throttle_time": 0}
+    return {"error_code": code, "api_keys": keys, "throttle_time": 0, **features_body()}

@@ -25,7 +25,7 @@ from kafscale.broker.api.fetch_sessions import (
 from kafscale.broker.authz.model import Operation
 from kafscale.broker.metadata.cluster import TopicInfo
 from kafscale.broker.metadata.partition_state import PartitionState
-from kafscale.broker.metadata.partition_txns import aborted_in_range, last_stable_offset
+from kafscale.broker.metadata.partition_txns import last_stable_offset
 from kafscale.broker.observability.metrics import METRICS
 from kafscale.broker.protocol import legacy_messages
 from kafscale.broker.protocol.codec import millis
@@ -278,21 +278,31 @@ async def _read_into(
         body["error_code"] = exc.code
         return
     if item.read_committed:
-        records = _committed_part(body, item, state, records)
+        try:
+            records = await _committed_part(body, item, state, records, ctx)
+        except KafkaError as exc:
+            body["error_code"] = exc.code
+            return
     if ctx.api_version < FIRST_RECORD_BATCH_VERSION and records:
         magic = legacy_messages.legacy_magic(ctx.api_version)
         records = legacy_messages.down_convert(records, magic, item.fetch_offset, max_bytes)
     body["records"] = records
 
 
-def _committed_part(body: Body, item: _Wanted, state: PartitionState, records: bytes) -> bytes:
+async def _committed_part(
+    body: Body, item: _Wanted, state: PartitionState, records: bytes, ctx: RequestContext
+) -> bytes:
     """The batches below the last stable offset (a batch never straddles it: an open
-    transaction starts at a batch), and in ``body`` the aborted transactions they overlap."""
+    transaction starts at a batch), and in ``body`` every aborted transaction they overlap
+    (older ones from the index objects the state spilled them to)."""
     kept = batches_below(records, last_stable_offset(state))
     end = next_offset_after(kept, item.fetch_offset)
+    assert item.info is not None  # checked by the caller
+    aborted = await ctx.broker.reader.aborted_in_range(
+        item.info.name, item.info.topic_id, item.partition, state, item.fetch_offset, end
+    )
     body["aborted_transactions"] = [
-        {"producer_id": txn.producer_id, "first_offset": txn.first_offset}
-        for txn in aborted_in_range(state, item.fetch_offset, end)
+        {"producer_id": txn.producer_id, "first_offset": txn.first_offset} for txn in aborted
     ]
     return kept
 

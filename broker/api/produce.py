@@ -27,6 +27,7 @@ from typing import Any
 
 from kafscale.broker.api import access
 from kafscale.broker.api.dispatch import Body, RequestContext
+from kafscale.broker.api.produce_verification import confirm, verify_transactional
 from kafscale.broker.authz.model import Operation
 from kafscale.broker.metadata.topics import DEFAULT_CONFIGS, NO_LIMIT_MS, effective_configs
 from kafscale.broker.observability.metrics import METRICS
@@ -205,6 +206,7 @@ async def _append_all(request: Any, ctx: RequestContext) -> dict[tuple[str, int]
     """Append every partition's batches; each outcome is a future (acked) or an error code."""
     manager = ctx.broker.log_manager
     outcomes: dict[tuple[str, int], Outcome] = {}
+    checks = await verify_transactional(request, ctx)  # KIP-890: before anything is appended
     now_ms = int(time.time() * 1000)
     for topic in request.topic_data:
         rules = TopicRules.of(ctx, topic.name)
@@ -217,6 +219,7 @@ async def _append_all(request: Any, ctx: RequestContext) -> dict[tuple[str, int]
             try:
                 batches = split_batches(stored_form(partition.records, ctx.api_version))
                 owned = await manager.owned_partition(tp)
+                confirm(checks.get(tp), owned)
                 headers = [read_header(batch) for batch in batches]
                 check_not_control(headers)
                 rules.check(batches, headers, now_ms)

@@ -28,7 +28,7 @@ from kafscale.broker.api import (
 from kafscale.broker.api.dispatch import ApiSpec, no_results
 
 _SPECS = [
-    ApiSpec(0, "Produce", 0, 11, produce.handle_produce, produce.produce_error_body),
+    ApiSpec(0, "Produce", 0, 12, produce.handle_produce, produce.produce_error_body),
     ApiSpec(1, "Fetch", 0, 16, fetch.handle_fetch, fetch.fetch_error_body),
     ApiSpec(2, "ListOffsets", 0, 8, offsets.handle_list_offsets, no_results("topics")),
     ApiSpec(
@@ -91,23 +91,23 @@ _SPECS = [
         offsets.handle_offset_for_leader_epoch,
         no_results("topics"),
     ),
-    # Transactions. EndTxn and TxnOffsetCommit stop below v5, transaction protocol v2
-    # (KIP-890's epoch bump in every EndTxn), which is not served.
+    # Transactions, with transaction protocol v2 (KIP-890 part 2, ``api/features.py``):
+    # EndTxn v5 bumps the epoch, Produce v12 and TxnOffsetCommit v5 add implicitly.
     ApiSpec(
         24,
         "AddPartitionsToTxn",
         0,
-        4,
+        5,
         transactions.handle_add_partitions_to_txn,
         transactions.add_partitions_error_body,
     ),
     ApiSpec(25, "AddOffsetsToTxn", 0, 4, transactions.handle_add_offsets_to_txn),
-    ApiSpec(26, "EndTxn", 0, 4, transactions.handle_end_txn),
+    ApiSpec(26, "EndTxn", 0, 5, transactions.handle_end_txn),
     ApiSpec(
         28,
         "TxnOffsetCommit",
         0,
-        4,
+        5,
         transactions.handle_txn_offset_commit,
         transactions.txn_offset_commit_error_body,
     ),

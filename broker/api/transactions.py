@@ -22,11 +22,18 @@ from kafscale.broker.groups.store import CommittedOffset, TopicPartition
 from kafscale.broker.metadata.etcd import MetadataUnavailable
 from kafscale.broker.protocol.codec import millis
 from kafscale.broker.protocol.errors import ErrorCode, KafkaError
-from kafscale.broker.transactions.coordinator import InitResult, TransactionCoordinator, now_ms
+from kafscale.broker.transactions.coordinator import (
+    EndResult,
+    InitResult,
+    TransactionCoordinator,
+    now_ms,
+)
 from kafscale.broker.transactions.state import TxnMetadata, TxnState, check_producer, wire_error
 
 WRITE, DESCRIBE, READ = Operation.WRITE, Operation.DESCRIBE, Operation.READ
 _TXN_OFFSET_COMMIT_ATTEMPTS = 3
+TRANSACTION_V2_END_TXN = 5  # EndTxn v5: the epoch bump of transaction protocol v2 (KIP-890)
+TRANSACTION_V2_TXN_OFFSET_COMMIT = 5  # TxnOffsetCommit v5: the group is added implicitly
 
 
 def coordinator(ctx: RequestContext) -> TransactionCoordinator:
@@ -140,20 +147,11 @@ async def _verify(
 ) -> dict[TopicPartition, ErrorCode]:
     """v4 ``verify_only``: whether each partition is in the producer's ongoing transaction."""
     try:
-        meta = await coordinator(ctx).describe(txn_id)
+        return await coordinator(ctx).verify(txn_id, producer_id, epoch, asked)
     except MetadataUnavailable:
         return dict.fromkeys(asked, ErrorCode.COORDINATOR_NOT_AVAILABLE)
     except KafkaError as exc:
         return dict.fromkeys(asked, exc.code)
-    error = check_producer(meta, producer_id, epoch)
-    if error is not ErrorCode.NONE:
-        return dict.fromkeys(asked, error)
-    assert meta is not None
-    ongoing = meta.state is TxnState.ONGOING
-    return {
-        tp: ErrorCode.NONE if ongoing and tp in meta.partitions else ErrorCode.INVALID_TXN_STATE
-        for tp in asked
-    }
 
 
 def _partition_results(codes: dict[TopicPartition, ErrorCode]) -> list[Body]:
@@ -180,15 +178,31 @@ async def handle_add_offsets_to_txn(request: Any, ctx: RequestContext) -> Body:
 
 
 async def handle_end_txn(request: Any, ctx: RequestContext) -> Body:
+    """v5 (transaction protocol v2): the epoch is bumped with every decision and the answer
+    carries the producer id and epoch to use next."""
     txn_id = str(request.transactional_id)
+    result = EndResult(ErrorCode.NONE)
     if not access.allowed(ctx, WRITE, access.TRANSACTIONAL_ID, txn_id):
-        code = ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED
+        result = EndResult(ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED)
     else:
-        call = coordinator(ctx).end(
-            txn_id, int(request.producer_id), int(request.producer_epoch), bool(request.committed)
-        )
-        code = await _code_of(ctx, call)
-    return {"throttle_time": 0, "error_code": code}
+        try:
+            result = await coordinator(ctx).end(
+                txn_id,
+                int(request.producer_id),
+                int(request.producer_epoch),
+                bool(request.committed),
+                bump=ctx.api_version >= TRANSACTION_V2_END_TXN,
+            )
+        except MetadataUnavailable:
+            result = EndResult(ErrorCode.COORDINATOR_NOT_AVAILABLE)
+        except KafkaError as exc:
+            result = EndResult(exc.code)
+    return {
+        "throttle_time": 0,
+        "error_code": wire_error(result.error, 26, ctx.api_version),
+        "producer_id": result.producer_id,
+        "producer_epoch": result.producer_epoch,
+    }
 
 
 # --- TxnOffsetCommit (on the group coordinator) -------------------------------------------------
@@ -259,6 +273,12 @@ async def _commit_pending(
     )
     if error is not ErrorCode.NONE:
         return error
+    if ctx.api_version >= TRANSACTION_V2_TXN_OFFSET_COMMIT:  # no AddOffsetsToTxn with v2
+        error = await coordinator(ctx).verifier.add_group(
+            txn_id, int(request.producer_id), int(request.producer_epoch), group_id
+        )
+        if error is not ErrorCode.NONE:
+            return error
     store = coordinator(ctx).store
     try:
         for _ in range(_TXN_OFFSET_COMMIT_ATTEMPTS):

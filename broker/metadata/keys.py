@@ -32,6 +32,8 @@ Object store (under the configured prefix)::
 
     <cluster>/topics/<topic>/<topic id>/<p>/<base offset 20 digits>-e<epoch>.kfs   segment
     <cluster>/topics/<topic>/<topic id>/<p>/<base offset 20 digits>-e<epoch>.idx   index
+    <cluster>/topics/<topic>/<topic id>/<p>.aborted/<first 20 digits>-<last 20 digits>-e<epoch>.atx
+                                     aborted-transaction index (spilled from the state)
 """
 
 from __future__ import annotations
@@ -239,6 +241,31 @@ def index_object_key(
 ) -> str:
     prefix = partition_object_prefix(cluster, topic, topic_id, partition)
     return f"{prefix}{base_offset:0{OFFSET_DIGITS}d}-e{epoch}.idx"
+
+
+def aborted_index_object_key(
+    cluster: str, topic: str, topic_id: str, partition: int, first: int, last: int, epoch: int
+) -> str:
+    """An aborted-transaction index object: beside the partition's segments, not among them
+    (its own prefix keeps segment listings free of it), under the topic id (a topic's purge
+    deletes it with the segments)."""
+    prefix = aborted_index_prefix(cluster, topic, topic_id, partition)
+    return f"{prefix}{first:0{OFFSET_DIGITS}d}-{last:0{OFFSET_DIGITS}d}-e{epoch}.atx"
+
+
+def aborted_index_prefix(cluster: str, topic: str, topic_id: str, partition: int) -> str:
+    return f"{cluster}/topics/{topic}/{topic_id}/{partition}.aborted/"
+
+
+_ABORTED_INDEX_NAME = re.compile(r"^(\d{20})-(\d{20})-e(\d+)\.atx$")
+
+
+def parse_aborted_index_name(name: str) -> tuple[int, int, int] | None:
+    """(first offset, last offset, epoch) of an aborted-transaction index object, or None."""
+    match = _ABORTED_INDEX_NAME.match(name.rsplit("/", 1)[-1])
+    if match is None:
+        return None
+    return int(match.group(1)), int(match.group(2)), int(match.group(3))
 
 
 def objects_from(partition_prefix: str, base: int) -> str:

@@ -14,9 +14,12 @@ The document at ``partitions/<topic>/<p>`` (JSON)::
                   # open transaction (only while some producer has one)
      "aborted_txns": [[4002, 60, 75]],                # (producer id, first offset, abort
                   # marker offset), oldest first; dropped once below the log start
+     "aborted_txn_index": [[3, 50, 2, 256]],          # older aborted transactions, spilled
+                  # to immutable objects: [lowest first offset, highest marker offset,
+                  # writer's leader epoch, count] per object (see ``aborted_index``)
      "coordinator_epochs": {"4001": 2}}               # the last marker's coordinator epoch
 
-The three transaction fields are written only when non-empty, so a partition without
+The four transaction fields are written only when non-empty, so a partition without
 transactions keeps its document as small as before (see ``partition_txns`` for the decisions).
 
 Segments are found in object storage by listing; ``recent_segments`` only keeps the newest few so
@@ -81,6 +84,17 @@ class AbortedTxn(NamedTuple):
     last_offset: int
 
 
+class TxnIndexRef(NamedTuple):
+    """An aborted-transaction index object: the aborted transactions spilled from the state
+    (``txn_count`` of them, first offsets from ``first_offset``, markers up to ``last_offset``),
+    written by the owner at leader epoch ``epoch``. Its key derives from these fields."""
+
+    first_offset: int
+    last_offset: int
+    epoch: int
+    txn_count: int
+
+
 @dataclass(frozen=True, slots=True)
 class PartitionState:
     high_watermark: int = 0
@@ -96,7 +110,10 @@ class PartitionState:
     open_txns: dict[int, int] = field(default_factory=dict)
     """Per producer with an open transaction here, the offset of its first batch in it."""
     aborted_txns: tuple[AbortedTxn, ...] = ()
-    """Aborted transactions whose records are still readable, oldest first."""
+    """Aborted transactions whose records are still readable, oldest first (the newest ones:
+    older ones are in ``aborted_txn_index``)."""
+    aborted_txn_index: tuple[TxnIndexRef, ...] = ()
+    """Index objects holding the older aborted transactions still readable, oldest first."""
     coordinator_epochs: dict[int, int] = field(default_factory=dict)
     """Per transactional producer, the coordinator epoch of the last marker written for it: a
     marker from an older coordinator is fenced."""
@@ -121,6 +138,8 @@ class PartitionState:
             document["open_txns"] = {str(pid): first for pid, first in self.open_txns.items()}
         if self.aborted_txns:
             document["aborted_txns"] = [list(txn) for txn in self.aborted_txns]
+        if self.aborted_txn_index:
+            document["aborted_txn_index"] = [list(ref) for ref in self.aborted_txn_index]
         if self.coordinator_epochs:
             document["coordinator_epochs"] = {
                 str(pid): epoch for pid, epoch in self.coordinator_epochs.items()
@@ -146,6 +165,10 @@ class PartitionState:
             aborted_txns=tuple(
                 AbortedTxn(int(p), int(f), int(last))
                 for p, f, last in document.get("aborted_txns", [])
+            ),
+            aborted_txn_index=tuple(
+                TxnIndexRef(int(f), int(last), int(e), int(n))
+                for f, last, e, n in document.get("aborted_txn_index", [])
             ),
             coordinator_epochs={
                 int(p): int(e) for p, e in document.get("coordinator_epochs", {}).items()
@@ -306,4 +329,5 @@ def advance_log_start(state: PartitionState, offset: int) -> PartitionState:
     """DeleteRecords / retention: records below ``offset`` are no longer served."""
     offset = min(max(offset, state.log_start_offset), state.high_watermark)
     aborted = tuple(txn for txn in state.aborted_txns if txn.last_offset >= offset)
-    return replace(state, log_start_offset=offset, aborted_txns=aborted)
+    index = tuple(ref for ref in state.aborted_txn_index if ref.last_offset >= offset)
+    return replace(state, log_start_offset=offset, aborted_txns=aborted, aborted_txn_index=index)

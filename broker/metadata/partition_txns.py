@@ -28,8 +28,9 @@ from kafscale.broker.metadata.partition_state import (
 from kafscale.broker.protocol.errors import ErrorCode
 
 MAX_ABORTED_TXNS = 512
-"""Aborted transactions kept per partition (about 20 bytes each in the state document, which
-every flush rewrites). Older ones are dropped even above the log start; see the docs."""
+"""The default of ``log.aborted_txns_in_state``: aborted transactions kept in the state document
+(about 20 bytes each, rewritten by every flush); beyond it the flush spills the oldest ones to an
+index object (``aborted_index``), so none is lost while its records are readable."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,7 +80,7 @@ def apply_txn_events(state: PartitionState, events: Iterable[TxnEvent]) -> Parti
     return replace(
         state,
         open_txns=open_txns,
-        aborted_txns=kept[-MAX_ABORTED_TXNS:],
+        aborted_txns=kept,  # bounded by the flush's spill (``aborted_index.spill_aborted``)
         coordinator_epochs=_bounded_epochs(coordinator_epochs, open_txns, state.producers),
     )
 
@@ -99,7 +100,8 @@ def _bounded_epochs(
 def aborted_in_range(state: PartitionState, start: int, end: int) -> list[AbortedTxn]:
     """The aborted transactions with records in [start, end): a fetch returning that range
     lists them (Kafka's ``collectAbortedTransactions``: last offset at or after the start,
-    first offset before the end)."""
+    first offset before the end). Only the state's own entries: readers use
+    ``storage.aborted_index.aborted_in_range``, which adds those spilled to index objects."""
     return [t for t in state.aborted_txns if t.last_offset >= start and t.first_offset < end]
 
 

@@ -16,21 +16,20 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from kafscale.broker.config import (
-    ALL_INTERFACES,
     AuthorizerSettings,
     EtcdConnectionSettings,
     LimitSettings,
     LogFormat,
     SaslSettings,
     TlsSettings,
-    check_listener_tls,
 )
 from kafscale.broker.security.listeners import (
-    DEFAULT_LISTENER_NAME,
     DEFAULT_PROTOCOL_MAP,
     Listener,
     SecurityProtocol,
-    plan_listeners,
+    advertised_host,
+    check_listener_tls,
+    configured_listeners,
 )
 
 
@@ -65,11 +64,7 @@ class ProxyListenerSettings(_Section):
     )
 
     def advertised(self, host_name: Callable[[], str] = socket.getfqdn) -> str:
-        if self.advertised_host:
-            return self.advertised_host
-        if self.host in ALL_INTERFACES:
-            return host_name()
-        return self.host
+        return advertised_host(self.host, self.advertised_host, host_name)
 
 
 class ProxyEtcdSettings(EtcdConnectionSettings):
@@ -226,20 +221,4 @@ class ProxySettings(BaseSettings):
 
     def listener_plan(self) -> list[Listener]:
         """Every client listener of the proxy, parsed from the settings."""
-        section = self.listener
-        default = Listener(
-            name=DEFAULT_LISTENER_NAME,
-            host=section.host,
-            port=section.port,
-            protocol=SecurityProtocol.PLAINTEXT,
-            advertised_host=section.advertised_host,
-            advertised_port=section.advertised_port,
-        )
-        return plan_listeners(
-            self.listeners,
-            self.advertised_listeners,
-            self.listener_security_protocol_map,
-            self.tls.client_auth,
-            self.tls.client_auth_overrides,
-            default,
-        )
+        return configured_listeners(self)

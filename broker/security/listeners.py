@@ -12,6 +12,8 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
+from pathlib import Path
+from typing import Protocol
 
 DEFAULT_PROTOCOL_MAP = "PLAINTEXT:PLAINTEXT,SSL:SSL,SASL_PLAINTEXT:SASL_PLAINTEXT,SASL_SSL:SASL_SSL"
 DEFAULT_LISTENER_NAME = "PLAINTEXT"
@@ -161,15 +163,111 @@ def internal_listener(plan: list[Listener], name: str | None) -> Listener:
 ALL_INTERFACES = frozenset({"0.0.0.0", "::", ""})
 
 
+def advertised_host(host: str, advertised: str | None, host_name: Callable[[], str]) -> str:
+    """The host clients are told to connect to. A listener bound to every interface must not
+    advertise loopback: clients on other machines would be sent to themselves (as Kafka does,
+    it advertises this machine's fully qualified name instead)."""
+    if advertised:
+        return advertised
+    if host in ALL_INTERFACES:
+        return host_name()
+    return host
+
+
 def advertised_address(
     listener: Listener, bound_port: int, host_name: Callable[[], str]
 ) -> tuple[str, int]:
-    """What clients of ``listener`` are told to connect to. A listener bound to every
-    interface must not advertise loopback: clients elsewhere would be sent to themselves."""
-    if listener.advertised_host:
-        host = listener.advertised_host
-    elif listener.host in ALL_INTERFACES:
-        host = host_name()
-    else:
-        host = listener.host
+    """What clients of ``listener`` are told to connect to."""
+    host = advertised_host(listener.host, listener.advertised_host, host_name)
     return host, listener.advertised_port or bound_port
+
+
+# --- the settings' listeners ------------------------------------------------------------------
+# The broker's and the proxy's settings describe their listeners with the same fields; these
+# protocols name those fields so that one function plans and checks both.
+
+
+class BindSection(Protocol):
+    """The ``listener`` section: the one PLAINTEXT listener used when ``listeners`` is unset."""
+
+    @property
+    def host(self) -> str: ...
+
+    @property
+    def port(self) -> int: ...
+
+    @property
+    def advertised_host(self) -> str | None: ...
+
+    @property
+    def advertised_port(self) -> int | None: ...
+
+
+class TlsSection(Protocol):
+    """The ``tls`` section: the certificate of TLS listeners and who must present one."""
+
+    @property
+    def cert_file(self) -> Path | None: ...
+
+    @property
+    def key_file(self) -> Path | None: ...
+
+    @property
+    def ca_file(self) -> Path | None: ...
+
+    @property
+    def client_auth(self) -> ClientAuth: ...
+
+    @property
+    def client_auth_overrides(self) -> str: ...
+
+
+class ListenerConfig(Protocol):
+    """The listener fields the broker's and the proxy's settings share."""
+
+    @property
+    def listener(self) -> BindSection: ...
+
+    @property
+    def listeners(self) -> str | None: ...
+
+    @property
+    def advertised_listeners(self) -> str | None: ...
+
+    @property
+    def listener_security_protocol_map(self) -> str: ...
+
+    @property
+    def tls(self) -> TlsSection: ...
+
+
+def configured_listeners(config: ListenerConfig) -> list[Listener]:
+    """Every listener ``config`` opens: ``listeners`` parsed, or else one PLAINTEXT listener
+    from the ``listener`` section (as before listeners existed)."""
+    section = config.listener
+    default = Listener(
+        name=DEFAULT_LISTENER_NAME,
+        host=section.host,
+        port=section.port,
+        protocol=SecurityProtocol.PLAINTEXT,
+        advertised_host=section.advertised_host,
+        advertised_port=section.advertised_port,
+    )
+    return plan_listeners(
+        config.listeners,
+        config.advertised_listeners,
+        config.listener_security_protocol_map,
+        config.tls.client_auth,
+        config.tls.client_auth_overrides,
+        default,
+    )
+
+
+def check_listener_tls(plan: list[Listener], tls: TlsSection) -> None:
+    """Raise ValueError when a TLS listener lacks its certificate, or client authentication
+    its CA (the broker's and the proxy's settings both check this at start-up)."""
+    tls_listeners = [listener for listener in plan if listener.protocol.uses_tls]
+    if tls_listeners and not (tls.cert_file and tls.key_file):
+        raise ValueError("an SSL or SASL_SSL listener needs tls.cert_file and tls.key_file")
+    if any(item.client_auth != ClientAuth.NONE for item in tls_listeners) and not tls.ca_file:
+        raise ValueError("client certificate authentication needs tls.ca_file")

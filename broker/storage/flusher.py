@@ -26,6 +26,11 @@ commit left. Rounds whose uploads are done when the commit before them ends are 
 together, in one transaction (one state put per partition, folded over their segments in
 order), so commits do not queue up behind each other when rounds come faster than etcd commits.
 
+A partition whose state would hold more than ``log.aborted_txns_in_state`` aborted transactions
+spills the oldest to an aborted-transaction index object (``metadata.aborted_index``), PUT before
+the commit that references it: still one etcd transaction per commit, and one more PUT per
+``aborted_txns_in_state / 2`` aborts.
+
 Uploads that can no longer be committed (the partition was given up or its topic deleted while
 they were in flight, or the commit was fenced) are deleted again, and so are indexes that land
 after their topic was deleted: the broker deleting a topic lists its objects once, and an
@@ -50,6 +55,7 @@ from typing import Any
 
 from kafscale.broker.config import LogSettings
 from kafscale.broker.metadata import keys, topics
+from kafscale.broker.metadata.aborted_index import AbortedSpill, spill_aborted
 from kafscale.broker.metadata.cluster import ClusterView, TopicPartition
 from kafscale.broker.metadata.etcd import (
     Etcd,
@@ -59,11 +65,17 @@ from kafscale.broker.metadata.etcd import (
     put_op,
     value_is,
 )
-from kafscale.broker.metadata.partition_state import PartitionState, SegmentRef, commit_segment
+from kafscale.broker.metadata.partition_state import (
+    PartitionState,
+    SegmentRef,
+    TxnIndexRef,
+    commit_segment,
+)
 from kafscale.broker.metadata.partition_txns import apply_txn_events
 from kafscale.broker.metadata.topics import topic_exists
 from kafscale.broker.observability.metrics import METRICS
 from kafscale.broker.protocol.errors import MetadataTimeout, NotLeader, StorageFailure
+from kafscale.broker.storage import aborted_index
 from kafscale.broker.storage.cache import Reservation, SegmentCache
 from kafscale.broker.storage.flush_schedule import RoundPolicy, Wait, decide_round
 from kafscale.broker.storage.object_store import ObjectStore, ObjectStoreError
@@ -118,6 +130,7 @@ class _Commit:
     items: list[Uploaded]
     state: PartitionState
     document: bytes
+    spill: AbortedSpill | None = None  # an index object to write before the commit
 
     @property
     def partition(self) -> OwnedPartition:
@@ -421,7 +434,7 @@ class Flusher:
         by_partition: dict[int, list[Uploaded]] = {}  # a partition's uploads, in round order
         for item in ready:
             by_partition.setdefault(id(item.work.partition), []).append(item)
-        commits = [self._prepare(items) for items in by_partition.values()]
+        commits = await self._write_spills([self._prepare(i) for i in by_partition.values()])
         sizes = [len(c.document) + TXN_BYTES_PER_PARTITION for c in commits]
         landed: list[Uploaded] = []
         for group in txn_groups(sizes, PARTITIONS_PER_TXN, MAX_TXN_BYTES):
@@ -540,7 +553,57 @@ class Flusher:
                 last = index == len(item.segments) - 1
                 state = commit_segment(state, segment.ref, item.work.producers if last else {})
             state = apply_txn_events(state, item.work.txn_events)
-        return _Commit(items, state, state.to_json())
+        state, spill = spill_aborted(state, self._settings.aborted_txns_in_state)
+        return _Commit(items, state, state.to_json(), spill)
+
+    def _spill_keys(self, commit: _Commit, refs: tuple[TxnIndexRef, ...]) -> list[str]:
+        owned = commit.partition
+        where = (owned.topic, owned.topic_id, owned.partition)
+        return [aborted_index.object_key(self._cluster, *where, ref) for ref in refs]
+
+    async def _write_spills(self, commits: list[_Commit]) -> list[_Commit]:
+        """PUT the aborted-transaction index objects the commits reference (rare: once per
+        ``aborted_txns_in_state / 2`` aborts of a partition); returns the commits that may go
+        ahead. A partition whose PUT failed fails its flush, as a failed segment upload does."""
+        puts = {
+            id(c): aborted_index.write_spill(
+                self._store,
+                self._cache,
+                self._cluster,
+                (c.partition.topic, c.partition.topic_id, c.partition.partition),
+                c.spill,
+            )
+            for c in commits
+            if c.spill is not None
+        }
+        if not puts:
+            return commits
+        results = await asyncio.gather(*puts.values(), return_exceptions=True)
+        outcomes = dict(zip(puts, results, strict=True))
+        ready = []
+        for commit in commits:
+            outcome = outcomes.get(id(commit))
+            if not isinstance(outcome, BaseException):
+                ready.append(commit)
+                continue
+            for item in commit.items:
+                self._fail(item.work, StorageFailure(f"aborted index upload failed: {outcome}"))
+                self._discard(item)
+        return ready
+
+    def _spills_committed(self, commits: list[_Commit], succeeded: bool) -> None:
+        """After a commit's outcome is known: the objects its spills absorbed go if it succeeded
+        (no state references them now), its new objects if it was fenced (none ever will)."""
+        doomed = [
+            key
+            for commit in commits
+            if commit.spill is not None
+            for key in self._spill_keys(
+                commit, commit.spill.absorbed if succeeded else (commit.spill.ref,)
+            )
+        ]
+        if doomed:
+            self._spawn_side_task(self._delete_quietly(doomed), "aborted-index-cleanup")
 
     async def _commit(self, commits: list[_Commit]) -> list[Uploaded]:
         """One transaction; returns what it committed (all, or the unfenced ones one by one)."""
@@ -575,10 +638,12 @@ class Flusher:
             for item in commits[0].items:
                 self._fail(item.work, NotLeader("lease lost; commit fenced"))
                 self._discard(item)
+            self._spills_committed(commits, succeeded=False)
             return []
         for commit in commits:
             for item in commit.items:
                 self._on_committed(item, commit.state, result.revision)
+        self._spills_committed(commits, succeeded=True)
         return [item for commit in commits for item in commit.items]
 
     def _on_committed(self, item: Uploaded, state: PartitionState, revision: int) -> None:

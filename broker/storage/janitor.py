@@ -8,7 +8,9 @@ commits it with the same fencing as a flush, and then deletes whole segments bel
 committed segments' sizes: one full listing per ownership epoch, then only what was committed
 since the last check. Uploads left by fenced writers of older epochs can never become
 committed; they are deleted too, found by a page of keys from each epoch boundary on the first
-check of an ownership epoch and every ``ORPHAN_SCAN_EVERY`` checks.
+check of an ownership epoch and every ``ORPHAN_SCAN_EVERY`` checks; so are aborted-transaction
+index objects of older epochs that the state does not reference (their writer died between its
+PUT and its commit), on partitions where transactions ran.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import replace
 
 from kafscale.broker.metadata import keys
+from kafscale.broker.metadata.aborted_index import orphaned_indexes
 from kafscale.broker.metadata.cluster import ClusterView
 from kafscale.broker.metadata.partition_state import PartitionState, is_committed_segment
 from kafscale.broker.metadata.topics import effective_configs
@@ -204,6 +207,8 @@ class Janitor:
         )
         if self._orphan_scan_due(owned):
             objects = await with_epoch_boundaries(self._store, prefix, state, objects)
+            if state.coordinator_epochs or state.aborted_txn_index:  # transactions ran here
+                await self._delete_orphaned_indexes(owned, state)
         ledger = await self._ledger(owned, prefix, state, retention_bytes >= 0)
         if ledger is not None:
             committed = ledger.facts(committed, later_created_at_ms(committed, expired_before_ms))
@@ -245,6 +250,22 @@ class Janitor:
         due = epoch != owned.epoch or checks + 1 >= ORPHAN_SCAN_EVERY
         self._listings[owned.tp] = (owned.epoch, 0 if due else checks + 1)
         return due
+
+    async def _delete_orphaned_indexes(self, owned: OwnedPartition, state: PartitionState) -> None:
+        """Aborted-transaction index objects of older epochs that no state references (their
+        writer died before its commit): one listing of the partition's index prefix."""
+        prefix = keys.aborted_index_prefix(
+            self._cluster, owned.topic, owned.topic_id, owned.partition
+        )
+        listed = {}
+        for info in await self._store.list(prefix):
+            parsed = keys.parse_aborted_index_name(info.key)
+            if parsed is not None:
+                listed[parsed] = info.key
+        doomed = [listed[o] for o in orphaned_indexes(state, listed, owned.epoch)]
+        if doomed:
+            await self._store.delete_many(doomed)
+            log.info("deleted %d orphaned aborted-transaction index(es)", len(doomed))
 
     async def _created_at_ms(self, key: str) -> int:
         cached = self._created_at.get(key)

@@ -13,6 +13,7 @@ import logging
 
 from kafscale.broker.config import BrokerSettings
 from kafscale.broker.metadata import keys
+from kafscale.broker.metadata.aborted_index import dropped_refs
 from kafscale.broker.metadata.cluster import ClusterView, TopicPartition
 from kafscale.broker.metadata.etcd import (
     Etcd,
@@ -26,6 +27,7 @@ from kafscale.broker.metadata.etcd import (
 )
 from kafscale.broker.metadata.partition_state import (
     PartitionState,
+    TxnIndexRef,
     advance_log_start,
     start_epoch,
 )
@@ -37,10 +39,11 @@ from kafscale.broker.protocol.errors import (
     OffsetOutOfRange,
     UnknownTopicOrPartition,
 )
+from kafscale.broker.storage import aborted_index
 from kafscale.broker.storage.cache import SegmentCache
 from kafscale.broker.storage.flush_schedule import round_policy
 from kafscale.broker.storage.flusher import MAX_ROUNDS_IN_FLIGHT, Flusher
-from kafscale.broker.storage.object_store import ObjectStore
+from kafscale.broker.storage.object_store import ObjectStore, ObjectStoreError
 from kafscale.broker.storage.partition_log import FlushWork, OwnedPartition
 
 log = logging.getLogger(__name__)
@@ -290,10 +293,26 @@ class LogManager:
             if not result.succeeded:
                 self._abandon(owned, NotLeader("lease lost"), [])
                 raise NotLeader(f"{tp[0]}-{tp[1]}: lease lost")
+            dropped = dropped_refs(owned.state, state)
             owned.state = state
             owned.state_revision = result.revision
             self._view.update_state(tp, state, result.revision)
-            return state.log_start_offset
+        await self._delete_aborted_indexes(owned, dropped)
+        return state.log_start_offset
+
+    async def _delete_aborted_indexes(
+        self, owned: OwnedPartition, dropped: list[TxnIndexRef]
+    ) -> None:
+        """Delete the aborted-transaction index objects the log start passed (all their records
+        are gone). A failure leaves them: garbage that a later owner's janitor deletes."""
+        if not dropped:
+            return
+        where = (owned.topic, owned.topic_id, owned.partition)
+        doomed = [aborted_index.object_key(self._cluster, *where, ref) for ref in dropped]
+        try:
+            await self._store.delete_many(doomed)
+        except ObjectStoreError as exc:
+            log.warning("could not delete %d aborted-transaction index(es): %s", len(doomed), exc)
 
     # --- flushing ----------------------------------------------------------------------------
 

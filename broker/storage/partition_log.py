@@ -128,6 +128,10 @@ class OwnedPartition:
     # last marker.
     open_txns: dict[int, int] = field(default_factory=dict)
     coordinator_epochs: dict[int, int] = field(default_factory=dict)
+    # KIP-890: per producer, the guards of its checks with the coordinator in flight (a batch
+    # about to open a transaction here); a marker removes them, so a check answered before the
+    # marker cannot open a transaction after it.
+    verifying: dict[int, set[object]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.next_offset = self.state.high_watermark
@@ -199,6 +203,7 @@ class OwnedPartition:
         )
         if isinstance(decision, partition_txns.MarkerRejected):
             raise KafkaError(f"transaction marker refused: {decision.code.name}", decision.code)
+        self.verifying.pop(producer_id, None)  # the transaction ended: checks in flight are stale
         if isinstance(decision, partition_txns.MarkerDone):
             return None
         data = control_batch.encode_marker(
@@ -219,6 +224,22 @@ class OwnedPartition:
         self.pending.append(pending)
         self.pending_bytes += len(data)
         return acked
+
+    def begin_verification(self, producer_id: int) -> object:
+        """The guard of a coordinator check for ``producer_id``."""
+        guard = object()
+        self.verifying.setdefault(producer_id, set()).add(guard)
+        return guard
+
+    def end_verification(self, producer_id: int, guard: object) -> bool:
+        """Forget ``guard``; whether its check still holds: no marker for the producer came
+        since (or its transaction here is open already)."""
+        guards = self.verifying.get(producer_id, set())
+        held = guard in guards
+        guards.discard(guard)
+        if not guards:
+            self.verifying.pop(producer_id, None)
+        return held or producer_id in self.open_txns
 
     def _answer_retry(self, first: sequences.Duplicate) -> asyncio.Future[Ack]:
         """The first attempt's outcome: now if it is durable, else once it is (shielded, so

@@ -23,6 +23,7 @@ import crc32c
 
 from kafscale.broker.metadata import keys
 from kafscale.broker.metadata.partition_state import (
+    AbortedTxn,
     PartitionState,
     is_committed_segment,
     time_scan_start,
@@ -35,6 +36,7 @@ from kafscale.broker.protocol.record_batch import (
     read_header,
     record_timestamps,
 )
+from kafscale.broker.storage import aborted_index
 from kafscale.broker.storage.cache import SegmentCache
 from kafscale.broker.storage.object_store import (
     ObjectInfo,
@@ -395,6 +397,15 @@ class LogReader:
         # A ranged read cannot check the segment's CRC; check each batch's own instead.
         _check_batch_crcs(sliced, segment_key)
         return sliced
+
+    async def aborted_in_range(
+        self, topic: str, topic_id: str, partition: int, state: PartitionState, start: int, end: int
+    ) -> list[AbortedTxn]:
+        """The aborted transactions with records in [start, end): the state's, and those of the
+        index objects it spilled that overlap the range (cached; none for recent data)."""
+        return await aborted_index.aborted_in_range(
+            self._store, self._cache, self._cluster, (topic, topic_id, partition), state, start, end
+        )
 
     async def offset_for_timestamp(
         self, topic: str, topic_id: str, partition: int, state: PartitionState, timestamp: int

@@ -40,7 +40,8 @@ from kafscale.broker.metadata.etcd import MetadataUnavailable
 from kafscale.broker.protocol.errors import ErrorCode, NotCoordinator
 from kafscale.broker.proxy.upstream import UpstreamLink
 from kafscale.broker.transactions import state
-from kafscale.broker.transactions.markers import PLAINTEXT_LINK, Marker, MarkerWriter
+from kafscale.broker.transactions.inter_broker_client import PLAINTEXT_LINK, InterBrokerClient
+from kafscale.broker.transactions.markers import Marker, MarkerWriter
 from kafscale.broker.transactions.state import (
     InitAction,
     Recovery,
@@ -49,6 +50,7 @@ from kafscale.broker.transactions.state import (
     TxnState,
 )
 from kafscale.broker.transactions.store import StoredTxn, TxnStore
+from kafscale.broker.transactions.verification import PartitionVerifier
 
 log = logging.getLogger(__name__)
 
@@ -90,6 +92,13 @@ class _Routing:
 
 
 @dataclass(frozen=True, slots=True)
+class EndResult:
+    error: ErrorCode
+    producer_id: int = -1
+    producer_epoch: int = -1
+
+
+@dataclass(frozen=True, slots=True)
 class InitResult:
     error: ErrorCode
     producer_id: int = -1
@@ -111,10 +120,15 @@ class TransactionCoordinator:
             prefix=keys.transaction_leases_prefix(host.cluster),
             key_of=keys.transaction_lease_key,
         )
-        self._markers = MarkerWriter(
-            _Routing(host), timeout_s=max(host.etcd.timeout_s, 5.0), link=link
-        )
+        self.client = InterBrokerClient(max(host.etcd.timeout_s, 5.0), link)
+        self._markers = MarkerWriter(_Routing(host), self.client)
+        self.verifier = PartitionVerifier(self, self.client, host.node_id)
         self._fences: dict[str, Fence] = {}
+        # What this coordinator last wrote per transactional id, and under which lease (writes
+        # run under the id's lock and lease: while that lease is held nobody else writes), so
+        # that verifications need not read etcd. Dropped with the lease, and on a write whose
+        # outcome is unknown.
+        self._saved: dict[str, tuple[Fence, TxnMetadata]] = {}
         self._locks: dict[str, asyncio.Lock] = {}
         self._completions: dict[str, asyncio.Task[None]] = {}
         self._wake = asyncio.Event()
@@ -138,7 +152,7 @@ class TransactionCoordinator:
             async with asyncio.timeout(self._host.etcd.timeout_s):
                 await asyncio.gather(*(self._leases.release(f) for f in fences))
         await self._leases.close()
-        await self._markers.close()
+        await self.client.close()
 
     # --- finding the coordinator ----------------------------------------------------------
 
@@ -178,7 +192,15 @@ class TransactionCoordinator:
         return fence
 
     async def _save(self, meta: TxnMetadata, fence: Fence) -> None:
-        if not await self.store.save(meta, fence):
+        txn_id = meta.transactional_id
+        try:
+            saved = await self.store.save(meta, fence)
+        except BaseException:
+            self._saved.pop(txn_id, None)  # written or not: unknown
+            raise
+        if saved:
+            self._saved[txn_id] = (fence, meta)
+        else:
             self._drop(meta.transactional_id, "its lease is no longer ours")
             raise NotCoordinator(f"lost the lease of {meta.transactional_id!r}")
 
@@ -262,36 +284,63 @@ class TransactionCoordinator:
             return outcome.error
 
     async def end(
-        self, transactional_id: str, producer_id: int, producer_epoch: int, commit: bool
-    ) -> ErrorCode:
-        """EndTxn: decide, then wait (bounded) for the markers."""
+        self,
+        transactional_id: str,
+        producer_id: int,
+        producer_epoch: int,
+        commit: bool,
+        bump: bool = False,
+    ) -> EndResult:
+        """EndTxn: decide, then wait (bounded) for the markers. ``bump``: EndTxn v5
+        (transaction protocol v2), the epoch goes up with the decision."""
         async with self._lock(transactional_id):
             fence = await self._fence(transactional_id)
             stored = await self._load(transactional_id)
+            current = stored.metadata if stored is not None else None
+            fresh = None
+            if bump and state.needs_new_producer_id(current):
+                fresh = await self._host.etcd.increment(
+                    keys.producer_id_counter_key(self._host.cluster)
+                )
             outcome = state.end_transaction(
-                stored.metadata if stored is not None else None,
-                producer_id,
-                producer_epoch,
-                commit,
-                now_ms(),
+                current, producer_id, producer_epoch, commit, now_ms(), bump, fresh
             )
             task = None
             if outcome.metadata is not None:
                 await self._save(outcome.metadata, fence)
                 task = self._start_completion(outcome.metadata, fence)
-            elif outcome.error is ErrorCode.CONCURRENT_TRANSACTIONS and stored is not None:
-                task = self._resume(stored.metadata, fence)
+            elif outcome.error is ErrorCode.CONCURRENT_TRANSACTIONS and current is not None:
+                task = self._resume(current, fence)
+        answered = outcome.metadata or current
+        error = outcome.error
         if task is not None:
             done = await self._wait(task)
-            if outcome.error is ErrorCode.CONCURRENT_TRANSACTIONS and done:
-                return ErrorCode.NONE  # a retry of this very EndTxn, now complete
-        return outcome.error
+            if error is ErrorCode.CONCURRENT_TRANSACTIONS and done:
+                error = ErrorCode.NONE  # a retry of this very EndTxn, now complete
+        if error is not ErrorCode.NONE or answered is None:
+            return EndResult(error)
+        return EndResult(error, *state.end_answer(answered))
 
     async def describe(self, transactional_id: str) -> TxnMetadata | None:
         """The transaction as etcd has it, if this broker coordinates it (NotCoordinator)."""
         await self._fence(transactional_id)
         stored = await self._load(transactional_id)
         return stored.metadata if stored is not None else None
+
+    async def verify(
+        self,
+        transactional_id: str,
+        producer_id: int,
+        producer_epoch: int,
+        partitions: Iterable[TopicPartition],
+    ) -> dict[TopicPartition, ErrorCode]:
+        """AddPartitionsToTxn ``verify_only``: whether each partition is in the producer's
+        ongoing transaction (NotCoordinator, MetadataUnavailable as ``describe``)."""
+        fence = await self._fence(transactional_id)
+        saved_with, meta = self._saved.get(transactional_id, (None, None))
+        if saved_with is not fence:  # written under a lease held before (or never): etcd's
+            meta = await self.describe(transactional_id)
+        return state.verification_codes(meta, producer_id, producer_epoch, partitions)
 
     async def list_coordinated(self) -> list[TxnMetadata]:
         """Transactions coordinated here, or that would be (no live holder, and this is the
@@ -454,6 +503,7 @@ class TransactionCoordinator:
             expiration_ms = self.settings.id_expiration_ms
             if stored is None or not state.expired(stored.metadata, now_ms(), expiration_ms):
                 return
+            self._saved.pop(transactional_id, None)
             if await self.store.delete(transactional_id, fence, stored.mod_revision):
                 log.info("transactional id %s expired: its record is deleted", transactional_id)
             self._fences.pop(transactional_id, None)
@@ -462,6 +512,7 @@ class TransactionCoordinator:
     # --- losing transactional ids -----------------------------------------------------------
 
     def _drop(self, transactional_id: str, reason: str) -> None:
+        self._saved.pop(transactional_id, None)
         if self._fences.pop(transactional_id, None) is not None:
             log.info("no longer coordinating transactional id %s: %s", transactional_id, reason)
         task = self._completions.pop(transactional_id, None)

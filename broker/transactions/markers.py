@@ -9,10 +9,9 @@ partition has its marker: a decided transaction is never left half written. A pa
 topic that no longer exists needs no marker, nor one that answers INVALID_PRODUCER_EPOCH or
 TRANSACTION_COORDINATOR_FENCED (a newer epoch already ended the producer's transaction there).
 
-The connections to owners are the proxy's (:mod:`kafscale.broker.proxy.upstream`), one per
-owner, kept open and opened again when they break: they speak the security of the listener they
-reach (``inter_broker.*``: TLS with the broker's certificate, a SASL login), so an internal
-listener that needs mTLS or SASL gets its markers too.
+The connections to owners are the broker's :class:`InterBrokerClient` (one per owner, over the
+security of the listener it reaches, ``inter_broker.*``), so an internal listener that needs mTLS
+or SASL gets its markers too.
 
 ``plan_markers`` and ``settled`` are the pure halves; ``MarkerWriter`` is the I/O shell.
 """
@@ -27,20 +26,16 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from kafscale.broker.metadata.cluster import BrokerInfo
-from kafscale.broker.protocol import codec
 from kafscale.broker.protocol.errors import ErrorCode
-from kafscale.broker.proxy.upstream import UpstreamLink, UpstreamPool, UpstreamStats
+from kafscale.broker.transactions.inter_broker_client import InterBrokerClient
 from kafscale.broker.transactions.state import TopicPartition
 
 log = logging.getLogger(__name__)
 
 WRITE_TXN_MARKERS = 27
 WRITE_TXN_MARKERS_VERSION = 1
-_LENGTH_BYTES = 4
 _FIRST_BACKOFF_S = 0.02
 _MAX_BACKOFF_S = 1.0
-_MAX_RESPONSE_BYTES = 16 * 1024 * 1024
-PLAINTEXT_LINK = UpstreamLink()  # bare TCP to the owners' registered address
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,18 +120,9 @@ SUPERSEDED = frozenset(
 
 
 class MarkerWriter:
-    def __init__(
-        self, routing: Routing, timeout_s: float, link: UpstreamLink = PLAINTEXT_LINK
-    ) -> None:
+    def __init__(self, routing: Routing, client: InterBrokerClient) -> None:
         self._routing = routing
-        self._timeout_s = timeout_s
-        self._correlation = itertools.count(1)
-        self.stats = UpstreamStats()
-        self._pool = UpstreamPool(timeout_s, _MAX_RESPONSE_BYTES, self.stats, lambda: link)
-        self._connect_locks: dict[int, asyncio.Lock] = {}
-
-    async def close(self) -> None:
-        await self._pool.close()
+        self._client = client
 
     async def write(self, marker: Marker, partitions: Iterable[TopicPartition]) -> None:
         """Return once every partition has the marker; retries forever (cancel to stop)."""
@@ -161,8 +147,13 @@ class MarkerWriter:
         if broker is None:
             return set()
         try:
-            async with asyncio.timeout(self._timeout_s):
-                response = await self._call(broker, request_body(marker, partitions))
+            async with asyncio.timeout(self._client.timeout_s):
+                response = await self._client.call(
+                    broker,
+                    WRITE_TXN_MARKERS,
+                    WRITE_TXN_MARKERS_VERSION,
+                    request_body(marker, partitions),
+                )
         except Exception as exc:  # unreachable, timed out, closed (API not served): retry
             log.warning("cannot write txn markers at broker %d: %r", owner, exc)
             return set()
@@ -172,23 +163,3 @@ class MarkerWriter:
         if failed:
             log.info("txn markers at broker %d to retry: %s", owner, failed)
         return done
-
-    async def _call(self, broker: BrokerInfo, body: dict[str, Any]) -> Any:
-        correlation_id = next(self._correlation) & 0x7FFFFFFF
-        frame = codec.encode_request(
-            WRITE_TXN_MARKERS, WRITE_TXN_MARKERS_VERSION, correlation_id, body
-        )
-        # One connection per owner, also when opening it; an owner slow to connect to (a dead
-        # pod's address) holds up only its own markers.
-        lock = self._connect_locks.setdefault(broker.node_id, asyncio.Lock())
-        async with lock:
-            upstream = await self._pool.get(broker)
-            answer = upstream.send(memoryview(frame)[_LENGTH_BYTES:])
-        await upstream.drain()
-        try:
-            return codec.decode_response(await answer, WRITE_TXN_MARKERS, WRITE_TXN_MARKERS_VERSION)
-        except asyncio.CancelledError:
-            # Timed out: an owner that does not answer gets a fresh connection next time
-            # rather than more requests queued behind the stuck one.
-            await upstream.close()
-            raise

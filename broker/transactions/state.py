@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from kafscale.broker.protocol.errors import ErrorCode
@@ -61,6 +62,13 @@ class TxnMetadata:
     start_ms: int = -1
     """When the ongoing transaction began (its first partition or group), -1 when none."""
     updated_ms: int = -1
+    previous_producer_id: int = NO_PRODUCER_ID
+    previous_epoch: int = NO_PRODUCER_EPOCH
+    """Transaction protocol v2: the producer id and epoch the last EndTxn ended (its epoch was
+    bumped), so that a retry of that EndTxn is recognised."""
+    next_producer_id: int = NO_PRODUCER_ID
+    """Transaction protocol v2: the producer id the transactional id moves to once this
+    transaction completes, when the bump used the last epoch."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,6 +148,23 @@ def check_producer(current: TxnMetadata | None, producer_id: int, epoch: int) ->
     return ErrorCode.NONE
 
 
+def verification_codes(
+    current: TxnMetadata | None, producer_id: int, epoch: int, asked: Iterable[TopicPartition]
+) -> dict[TopicPartition, ErrorCode]:
+    """KIP-890's check for a partition owner about to open a transaction on a partition: the
+    producer is the current one, its transaction is ongoing and the partition was added to it
+    (INVALID_TXN_STATE otherwise: the batch would open a transaction nobody will end)."""
+    error = check_producer(current, producer_id, epoch)
+    if error is not ErrorCode.NONE:
+        return dict.fromkeys(asked, error)
+    assert current is not None
+    ongoing = current.state is TxnState.ONGOING
+    return {
+        tp: ErrorCode.NONE if ongoing and tp in current.partitions else ErrorCode.INVALID_TXN_STATE
+        for tp in asked
+    }
+
+
 def add_to_transaction(
     current: TxnMetadata | None,
     producer_id: int,
@@ -179,27 +204,78 @@ def add_to_transaction(
 
 
 def end_transaction(
-    current: TxnMetadata | None, producer_id: int, epoch: int, commit: bool, now_ms: int
+    current: TxnMetadata | None,
+    producer_id: int,
+    epoch: int,
+    commit: bool,
+    now_ms: int,
+    bump: bool = False,
+    new_producer_id: int | None = None,
 ) -> Outcome:
     """EndTxn: ONGOING moves to PREPARE_COMMIT or PREPARE_ABORT. A retry of an EndTxn that
     already went through is answered as it was (NONE once complete, CONCURRENT_TRANSACTIONS
-    while its markers are being written); the opposite decision is INVALID_TXN_STATE."""
+    while its markers are being written); the opposite decision is INVALID_TXN_STATE.
+
+    ``bump`` (EndTxn v5, transaction protocol v2): the producer epoch goes up with the decision,
+    so the markers fence every batch of the ended transaction (KIP-890); ``new_producer_id``
+    when the bump takes the last epoch (see ``needs_new_producer_id``). With v2 an abort of a
+    transaction that never began is allowed (it still bumps the epoch)."""
+    if bump and current is not None and is_retry_of_bumped_end(current, producer_id, epoch):
+        return _answer_retried_end(current, commit)
     error = check_producer(current, producer_id, epoch)
     if error is not ErrorCode.NONE:
         return Outcome(error)
     assert current is not None
     state = current.state
     wanted_prepare = TxnState.PREPARE_COMMIT if commit else TxnState.PREPARE_ABORT
+    if state is TxnState.ONGOING or (bump and state.complete and not commit):
+        prepared = dataclasses.replace(current, state=wanted_prepare, updated_ms=now_ms)
+        return Outcome(metadata=_bumped(prepared, new_producer_id) if bump else prepared)
+    if bump:
+        return Outcome(ErrorCode.INVALID_TXN_STATE)  # v2 retries carry the previous epoch
+    return _answer_retried_end(current, commit)
+
+
+def _answer_retried_end(current: TxnMetadata, commit: bool) -> Outcome:
+    wanted_prepare = TxnState.PREPARE_COMMIT if commit else TxnState.PREPARE_ABORT
     wanted_complete = TxnState.COMPLETE_COMMIT if commit else TxnState.COMPLETE_ABORT
-    if state is TxnState.ONGOING:
-        return Outcome(
-            metadata=dataclasses.replace(current, state=wanted_prepare, updated_ms=now_ms)
-        )
-    if state is wanted_prepare:
+    if current.state is wanted_prepare:
         return Outcome(ErrorCode.CONCURRENT_TRANSACTIONS)
-    if state is wanted_complete:
+    if current.state is wanted_complete:
         return Outcome()
     return Outcome(ErrorCode.INVALID_TXN_STATE)
+
+
+def is_retry_of_bumped_end(current: TxnMetadata, producer_id: int, epoch: int) -> bool:
+    """A v2 EndTxn sent again with the epoch it had before its bump (the answer was lost)."""
+    return (
+        current.previous_epoch != NO_PRODUCER_EPOCH
+        and (current.previous_producer_id, current.previous_epoch) == (producer_id, epoch)
+        and (current.state.preparing or current.state.complete)
+    )
+
+
+def needs_new_producer_id(current: TxnMetadata | None) -> bool:
+    """Whether a v2 EndTxn's bump takes the last epoch: the id moves on after it."""
+    return current is not None and current.producer_epoch + 1 >= MAX_PRODUCER_EPOCH
+
+
+def _bumped(prepared: TxnMetadata, new_producer_id: int | None) -> TxnMetadata:
+    """The prepared decision with the epoch bumped: its markers carry the new epoch."""
+    return dataclasses.replace(
+        prepared,
+        producer_epoch=prepared.producer_epoch + 1,
+        previous_producer_id=prepared.producer_id,
+        previous_epoch=prepared.producer_epoch,
+        next_producer_id=NO_PRODUCER_ID if new_producer_id is None else new_producer_id,
+    )
+
+
+def end_answer(meta: TxnMetadata) -> tuple[int, int]:
+    """The producer id and epoch EndTxn v5 returns: what the producer uses next."""
+    if meta.next_producer_id != NO_PRODUCER_ID:
+        return meta.next_producer_id, 0
+    return meta.producer_id, meta.producer_epoch
 
 
 def fenced_abort(current: TxnMetadata, now_ms: int) -> TxnMetadata:
@@ -210,6 +286,8 @@ def fenced_abort(current: TxnMetadata, now_ms: int) -> TxnMetadata:
         current,
         state=TxnState.PREPARE_ABORT,
         producer_epoch=current.producer_epoch + 1,
+        previous_producer_id=NO_PRODUCER_ID,  # not the producer's EndTxn: nothing to retry
+        previous_epoch=NO_PRODUCER_EPOCH,
         updated_ms=now_ms,
     )
 
@@ -222,9 +300,15 @@ def completed(current: TxnMetadata, now_ms: int) -> TxnMetadata:
         if current.state is TxnState.PREPARE_COMMIT
         else TxnState.COMPLETE_ABORT
     )
+    producer_id, epoch = current.producer_id, current.producer_epoch
+    if current.next_producer_id != NO_PRODUCER_ID:  # the bump took the last epoch
+        producer_id, epoch = current.next_producer_id, 0
     return dataclasses.replace(
         current,
         state=done,
+        producer_id=producer_id,
+        producer_epoch=epoch,
+        next_producer_id=NO_PRODUCER_ID,
         partitions=frozenset(),
         groups=frozenset(),
         start_ms=-1,

@@ -42,6 +42,9 @@ def encode_metadata(meta: TxnMetadata) -> bytes:
         "groups": sorted(meta.groups),
         "start_ms": meta.start_ms,
         "updated_ms": meta.updated_ms,
+        "previous_producer_id": meta.previous_producer_id,
+        "previous_epoch": meta.previous_epoch,
+        "next_producer_id": meta.next_producer_id,
     }
     return json.dumps(document, separators=(",", ":")).encode()
 
@@ -58,6 +61,9 @@ def decode_metadata(data: bytes) -> TxnMetadata:
         groups=frozenset(str(g) for g in document.get("groups", [])),
         start_ms=int(document.get("start_ms", -1)),
         updated_ms=int(document.get("updated_ms", -1)),
+        previous_producer_id=int(document.get("previous_producer_id", -1)),
+        previous_epoch=int(document.get("previous_epoch", -1)),
+        next_producer_id=int(document.get("next_producer_id", -1)),
     )
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -117,6 +118,15 @@ def broker_cluster(
 
 def _create_bucket(s3: S3Endpoint, bucket: str) -> None:
     s3.client().create_bucket(Bucket=bucket)
+
+
+def new_cluster(etcd_url: str, s3: S3Endpoint, workdir: Path, label: str) -> BrokerCluster:
+    """A cluster of its own (a fresh name and bucket, both starting with ``label``), with no
+    brokers yet; the caller stops it with ``stop_all()``."""
+    bucket = unique_bucket(label)
+    _create_bucket(s3, bucket)
+    name = f"{label}-{uuid.uuid4().hex[:8]}"
+    return BrokerCluster(etcd_url, s3, bucket, name, workdir)
 
 
 @pytest.fixture

@@ -39,6 +39,7 @@ TOPICS = "/apis/kafscale.io/v1alpha1/namespaces/{ns}/kafscaletopics"
 USERS = "/apis/kafscale.io/v1alpha1/namespaces/{ns}/kafscaleusers"
 DEPLOYMENTS = "/apis/apps/v1/namespaces/{ns}/deployments"
 PODS = "/api/v1/namespaces/{ns}/pods"
+SECRETS = "/api/v1/namespaces/{ns}/secrets"
 
 
 @dataclass(frozen=True)
@@ -137,6 +138,22 @@ def external_spec(
         "etcd": {"mode": "External", "endpoints": [etcd_server.client_url]},
         **extra,
     }
+
+
+def secret_files(kube: KubeCluster, ns: str, name: str) -> dict[str, bytes] | None:
+    """A Secret's keys and decoded values (None while it does not exist)."""
+    secret = kube.get(f"{SECRETS.format(ns=ns)}/{name}")
+    if secret is None:
+        return None
+    return {k: base64.b64decode(v) for k, v in (secret.get("data") or {}).items()}
+
+
+def write_files(directory: Path, files: dict[str, bytes]) -> Path:
+    """Files named by ``files``' keys in ``directory``, as a Secret mounted there would be."""
+    directory.mkdir(parents=True, exist_ok=True)
+    for key, data in files.items():
+        (directory / key).write_bytes(data)
+    return directory
 
 
 def create_s3_secret(kube: KubeCluster, namespace: str, s3: S3Endpoint) -> None:

@@ -34,15 +34,23 @@ def proxy_env(
     return env
 
 
-def start_proxy(cluster: BrokerCluster, **overrides: str) -> BrokerProcess:
-    """A running proxy for ``cluster`` (killed with the cluster's brokers at teardown)."""
-    port, admin_port = free_port(), free_port()
+def add_proxy(
+    cluster: BrokerCluster, port: int | None = None, log_name: str | None = None, **overrides: str
+) -> BrokerProcess:
+    """A proxy for ``cluster`` on ``port`` (free if None), not started yet; killed with the
+    cluster's brokers at teardown."""
+    port, admin_port = port or free_port(), free_port()
     proxy = BrokerProcess(
         env=proxy_env(cluster, port, admin_port, **overrides),
-        log_path=cluster.workdir / f"proxy-{port}.log",
+        log_path=cluster.workdir / (log_name or f"proxy-{port}.log"),
         port=port,
         admin_port=admin_port,
         command=[KAFSCALE, "proxy"],
     )
     cluster.brokers.append(proxy)  # stop_all() kills it too
-    return proxy.start()
+    return proxy
+
+
+def start_proxy(cluster: BrokerCluster, **overrides: str) -> BrokerProcess:
+    """A running proxy for ``cluster`` (killed with the cluster's brokers at teardown)."""
+    return add_proxy(cluster, **overrides).start()

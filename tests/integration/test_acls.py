@@ -11,10 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import json
 import shutil
 import subprocess
-import sys
 import time
 import uuid
 from collections.abc import Iterator
@@ -45,6 +43,7 @@ from harness.kafka_wire import (
 )
 from harness.proxy import start_proxy
 from harness.s3 import S3Endpoint, unique_bucket
+from harness.secured import consume_error, kafscale_cli, make_topics
 from kafka.admin import (
     ACLFilter,
     ACLOperation,
@@ -56,7 +55,7 @@ from kafka.admin import (
 from kafka.admin import ResourceType as KpResourceType
 from kafka.errors import ClusterAuthorizationFailedError, SecurityDisabledError
 
-from kafscale.broker.metadata import keys, topics
+from kafscale.broker.metadata import keys
 from kafscale.broker.metadata.embedded_etcd import EmbeddedEtcd
 from kafscale.broker.metadata.etcd import Etcd
 
@@ -114,26 +113,12 @@ def _etcd(cluster: BrokerCluster, action: Any) -> Any:
 
 
 def _make_topic(cluster: BrokerCluster, name: str) -> None:
-    _etcd(cluster, lambda etcd: topics.create_topic(etcd, cluster.cluster, name, 1, {}))
+    make_topics(cluster.etcd_url, cluster.cluster, 1, name)
 
 
 def acls_cli(cluster: BrokerCluster, *args: str) -> str:
     """``kafscale acls ...`` against the cluster's etcd, as an operator runs it."""
-    env = {
-        "KAFSCALE_CLUSTER": cluster.cluster,
-        "KAFSCALE_ETCD__ENDPOINTS": json.dumps([cluster.etcd_url]),
-        "PATH": "/usr/bin:/bin",
-    }
-    done = subprocess.run(
-        [sys.executable, "-m", "kafscale.broker.cli", "acls", *args],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr
-    return done.stdout
+    return kafscale_cli(cluster.etcd_url, cluster.cluster, "acls", *args)
 
 
 def grant_cluster(cluster: BrokerCluster, *operations: str) -> None:
@@ -821,24 +806,7 @@ def _consume(kafka: BrokerProcess, group: str, topic: str) -> bytes | None:
 
 
 def _consume_error(kafka: BrokerProcess, group: str, topic: str) -> int:
-    consumer = Consumer(
-        {
-            "bootstrap.servers": kafka.bootstrap,
-            "group.id": group,
-            "auto.offset.reset": "earliest",
-        }
-    )
-    try:
-        consumer.subscribe([topic])
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            message = consumer.poll(0.5)
-            if message is not None and message.error():
-                return int(message.error().code())
-            assert message is None, "a record from a topic the principal may not read"
-        raise AssertionError("no authorization error")
-    finally:
-        consumer.close()
+    return consume_error({"bootstrap.servers": kafka.bootstrap}, topic, group)
 
 
 JAVA_SOURCE = Path(__file__).with_name("java") / "AclAdmin.java"

@@ -34,6 +34,7 @@ from confluent_kafka import Consumer, KafkaException, Producer
 from confluent_kafka import TopicPartition as CkTopicPartition
 from harness import topics
 from harness.brokers import BrokerCluster, BrokerProcess
+from harness.groups import QUIET, Feed, wait_for
 from harness.java_client import CACHE, _jars
 from harness.kafka_wire import KafkaWire
 from harness.proxy import start_proxy
@@ -49,7 +50,6 @@ GROUP_ENV = {
     "KAFSCALE_GROUPS__INITIAL_REBALANCE_DELAY_MS": "200",
     "KAFSCALE_GROUPS__MIN_SESSION_TIMEOUT_MS": "1000",
 }
-QUIET = 2
 JAVA_SOURCE = Path(__file__).with_name("java") / "GroupMember.java"
 
 
@@ -75,37 +75,6 @@ def java_member_command() -> list[str]:
 
 
 # --- records and members ------------------------------------------------------------------------
-
-
-class Feed(threading.Thread):
-    """Produces numbered records (value = sequence number) until stopped."""
-
-    def __init__(self, bootstrap: str, topic: str, rate_per_s: float = 150) -> None:
-        super().__init__(daemon=True)
-        self.producer = Producer(
-            {"bootstrap.servers": bootstrap, "linger.ms": 5, "acks": "all", "log_level": QUIET}
-        )
-        self.topic = topic
-        self.interval_s = 1 / rate_per_s
-        self.sent = 0
-        self.failed: list[str] = []
-        self._halt = threading.Event()
-
-    def run(self) -> None:
-        while not self._halt.is_set():
-            self.producer.produce(self.topic, value=str(self.sent).encode(), on_delivery=self._cb)
-            self.sent += 1
-            self.producer.poll(0)
-            time.sleep(self.interval_s)
-        assert self.producer.flush(30) == 0
-
-    def _cb(self, error: Any, _message: Any) -> None:
-        if error is not None:
-            self.failed.append(str(error))
-
-    def stop(self) -> None:
-        self._halt.set()
-        self.join(40)
 
 
 @dataclass
@@ -251,14 +220,6 @@ MemberFactory = Callable[[str, str, str, str, str], GroupMember]
 # --- checks ---------------------------------------------------------------------------------------
 
 
-def wait_for(check: Callable[[], bool], timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)
-
-
 def covered(members: list[GroupMember]) -> bool:
     """The live members own every partition, each exactly once."""
     owned = [p for m in members for p in m.ownership.owned_now()]
@@ -285,7 +246,7 @@ def run_join_and_leave(cluster: BrokerCluster, factory: MemberFactory, protocol:
     brokers = [cluster.start(**GROUP_ENV) for _ in range(2)]
     topic, group = f"kip848-{protocol}-{time.monotonic_ns()}", f"g-{time.monotonic_ns()}"
     topics.create_topic(brokers[0].bootstrap, topic, PARTITIONS, log_level=QUIET)
-    feed = Feed(brokers[0].bootstrap, topic)
+    feed = Feed(brokers[0].bootstrap, topic, rate_per_s=150)
     feed.start()
     members: list[GroupMember] = []
     everyone: list[GroupMember] = []
@@ -718,7 +679,7 @@ def test_a_live_group_is_upgraded_member_by_member_and_back(
     broker = broker_cluster.start(**GROUP_ENV)
     topic, group = f"rolling-{time.monotonic_ns()}", f"g-{time.monotonic_ns()}"
     topics.create_topic(broker.bootstrap, topic, PARTITIONS, log_level=QUIET)
-    feed = Feed(broker.bootstrap, topic)
+    feed = Feed(broker.bootstrap, topic, rate_per_s=150)
     feed.start()
     members: list[GroupMember] = []
     everyone: list[GroupMember] = []

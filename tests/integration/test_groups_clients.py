@@ -33,10 +33,11 @@ from typing import Any
 import pytest
 from aiokafka import AIOKafkaConsumer
 from aiokafka.errors import CommitFailedError, KafkaError
-from confluent_kafka import Consumer, KafkaException, Producer
+from confluent_kafka import Consumer, KafkaException
 from confluent_kafka import TopicPartition as CkTopicPartition
-from harness import topics
+from harness import groups, topics
 from harness.brokers import BrokerCluster, BrokerProcess
+from harness.groups import QUIET, Feed
 from harness.kafka_wire import KafkaWire
 from kafka import ConsumerRebalanceListener, KafkaConsumer
 from kafka.errors import KafkaError as KpKafkaError
@@ -54,8 +55,6 @@ GROUP_ENV = {
 }
 SESSION_MS = 6000
 SHARED_CLIENT_ID = "shared-client"
-QUIET = 2
-"""librdkafka log level: critical only (brokers are killed on purpose here)."""
 
 
 def start_brokers(cluster: BrokerCluster, count: int) -> list[BrokerProcess]:
@@ -67,57 +66,17 @@ def create_topic(bootstrap: str, topic: str, partitions: int = PARTITIONS) -> No
 
 
 def wait_for(check: Callable[[], bool], timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not check():
-        crashed = [t for t in threading.enumerate() if getattr(t, "crashed", None) is not None]
-        assert not crashed, f"{crashed[0].name} crashed: {crashed[0].crashed!r}"
-        if time.monotonic() > deadline:
-            members = [t for t in threading.enumerate() if isinstance(t, Member)]
-            state = {m.name_: (sorted(m.assignment), len(m.consumed)) for m in members}
-            raise AssertionError(f"timed out waiting for {what}; members {state}")
-        time.sleep(0.05)
+    groups.wait_for(check, timeout_s, what, members_state)
+
+
+def members_state() -> str:
+    """Each live member's assignment and how many records it read (for a timeout's message)."""
+    members = [t for t in threading.enumerate() if isinstance(t, Member)]
+    state = {m.name_: (sorted(m.assignment), len(m.consumed)) for m in members}
+    return f"members {state}"
 
 
 # --- records --------------------------------------------------------------------------------------
-
-
-class Feed(threading.Thread):
-    """Produces numbered records (value = sequence number) until stopped."""
-
-    def __init__(self, bootstrap: str, topic: str, rate_per_s: float = 200) -> None:
-        super().__init__(daemon=True)
-        self.producer = Producer(
-            {"bootstrap.servers": bootstrap, "linger.ms": 5, "acks": "all", "log_level": QUIET}
-        )
-        self.topic = topic
-        self.interval_s = 1 / rate_per_s
-        self.sent = 0
-        self.failed: list[str] = []
-        self._halt = threading.Event()
-
-    def run(self) -> None:
-        while not self._halt.is_set():
-            self.producer.produce(
-                self.topic, value=str(self.sent).encode(), on_delivery=self._delivered
-            )
-            self.sent += 1
-            self.producer.poll(0)
-            time.sleep(self.interval_s)
-        assert self.producer.flush(30) == 0
-
-    def _delivered(self, error: Any, _message: Any) -> None:
-        if error is not None:
-            self.failed.append(str(error))
-
-    def produce(self, count: int) -> None:
-        for _ in range(count):
-            self.producer.produce(self.topic, value=str(self.sent).encode())
-            self.sent += 1
-        assert self.producer.flush(30) == 0
-
-    def stop(self) -> None:
-        self._halt.set()
-        self.join(40)
 
 
 @dataclass

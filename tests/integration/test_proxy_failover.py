@@ -11,19 +11,18 @@
 
 from __future__ import annotations
 
-import threading
 import time
 from collections import Counter
-from typing import Any
 
 import pytest
-from confluent_kafka import Consumer, Producer
+from confluent_kafka import Consumer
+from harness import groups
 from harness.brokers import BrokerCluster, BrokerProcess
+from harness.groups import QUIET
 from harness.proxy import start_proxy
 from integration.test_groups_clients import (
     GROUP_ENV,
     PARTITIONS,
-    QUIET,
     ConfluentMember,
     KafkaPythonMember,
     Member,
@@ -38,48 +37,24 @@ from integration.test_groups_clients import (
 pytestmark = pytest.mark.integration
 
 
-class Feed(threading.Thread):
+class Feed(groups.Feed):
     """An idempotent producer (acks=all) sending numbered records through the proxy, noting
     every error librdkafka reports: failed deliveries and connection trouble alike."""
 
-    def __init__(self, bootstrap: str, topic: str, rate_per_s: float = 200) -> None:
-        super().__init__(daemon=True)
-        self.errors: list[str] = []
-        self.producer = Producer(
-            {
-                "bootstrap.servers": bootstrap,
-                "linger.ms": 5,
-                "acks": "all",
-                "enable.idempotence": True,
-                "log_level": QUIET,
-                "error_cb": lambda error: self.errors.append(f"client: {error}"),
-            }
-        )
-        self.topic = topic
-        self.interval_s = 1 / rate_per_s
-        self.sent = 0
-        self.acked: list[int] = []
-        self._halt = threading.Event()
+    def __init__(self, bootstrap: str, topic: str) -> None:
+        self.client_errors: list[str] = []
+        config = {
+            "enable.idempotence": True,
+            "error_cb": lambda error: self.client_errors.append(f"client: {error}"),
+        }
+        super().__init__(bootstrap, topic, config=config, flush_timeout_s=60)
 
-    def run(self) -> None:
-        while not self._halt.is_set():
-            self.producer.produce(
-                self.topic, value=str(self.sent).encode(), on_delivery=self._delivered
-            )
-            self.sent += 1
-            self.producer.poll(0)
-            time.sleep(self.interval_s)
-        assert self.producer.flush(60) == 0
+    @property
+    def errors(self) -> list[str]:
+        return [*self.client_errors, *(f"delivery: {error}" for error in self.failed)]
 
-    def _delivered(self, error: Any, message: Any) -> None:
-        if error is not None:
-            self.errors.append(f"delivery: {error}")
-        else:
-            self.acked.append(int(message.value()))
-
-    def stop(self) -> None:
-        self._halt.set()
-        self.join(90)
+    def stop(self, timeout_s: float = 90) -> None:
+        super().stop(timeout_s)
 
 
 def start_cluster(

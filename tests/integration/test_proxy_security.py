@@ -18,12 +18,7 @@ do, not what the proxy may.
 
 from __future__ import annotations
 
-import asyncio
-import json
-import os
 import ssl
-import subprocess
-import sys
 import time
 import uuid
 from collections.abc import Iterator
@@ -32,20 +27,31 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from confluent_kafka import Consumer, KafkaError, Producer, TopicCollection
+from confluent_kafka import KafkaError, Producer, TopicCollection
 from confluent_kafka.admin import AdminClient
 from cryptography.x509.oid import NameOID
-from harness.brokers import BrokerCluster, _create_bucket
 from harness.kafka_wire import API_VERSIONS, METADATA, KafkaWire, metadata_body
-from harness.proxy import proxy_env
-from harness.s3 import S3Endpoint, unique_bucket
-from harness.tls import Pair, TestPki, issue, make_pki
+from harness.proxy import add_proxy
+from harness.s3 import S3Endpoint
+from harness.secured import (
+    add_broker,
+    confluent_mtls,
+    confluent_sasl_ssl,
+    consume_error,
+    consume_values,
+    create_user,
+    kafka_python_sasl_ssl,
+    kafscale_cli,
+    make_topics,
+    secured_cluster,
+    tls_env,
+    upstream_tls_env,
+)
+from harness.tls import Pair, TestPki, issue
 from kafka import KafkaConsumer, KafkaProducer
 
-from kafscale.broker.child_process import KAFSCALE, BrokerProcess
-from kafscale.broker.metadata import topics
+from kafscale.broker.child_process import BrokerProcess
 from kafscale.broker.metadata.embedded_etcd import EmbeddedEtcd, free_port
-from kafscale.broker.metadata.etcd import Etcd
 from kafscale.broker.protocol import codec
 
 pytestmark = pytest.mark.integration
@@ -56,7 +62,6 @@ ALICE_CERT_PRINCIPAL = "User:CN=alice,O=KafScale Test"
 PROXY_USER, PROXY_PASSWORD = "proxy-user", "proxy-user-secret"
 SASL_HANDSHAKE, SASL_AUTHENTICATE, ENVELOPE = 17, 36, 58
 SASL_AUTHENTICATION_FAILED, CLUSTER_AUTHORIZATION_FAILED, INVALID_REQUEST = 58, 31, 42
-CONSUME_TIMEOUT_S = 30.0
 
 
 @dataclass
@@ -79,31 +84,24 @@ class SecuredProxy:
         return f"localhost:{self.proxy_port}"
 
 
-def _cli(etcd_url: str, cluster: str, *args: str, stdin: str = "") -> None:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("KAFSCALE_")}
-    env.update({"KAFSCALE_CLUSTER": cluster, "KAFSCALE_ETCD__ENDPOINTS": json.dumps([etcd_url])})
-    done = subprocess.run(
-        [sys.executable, "-m", "kafscale.broker.cli", *args],
-        input=stdin,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr
+def _grants(topic_a: str) -> list[tuple[str, ...]]:
+    """Both proxies may forward; alice (by password or certificate) and anyone may use A."""
+    proxy_user = f"User:{PROXY_USER}"
+    return [
+        ("--cluster-resource", "--principal", PROXY_PRINCIPAL, "--operation", "CLUSTER_ACTION"),
+        ("--cluster-resource", "--principal", proxy_user, "--operation", "CLUSTER_ACTION"),
+        ("--topic", topic_a, "--principal", f"User:{ALICE}", "--operation", "READ"),
+        ("--topic", topic_a, "--principal", f"User:{ALICE}", "--operation", "WRITE"),
+        ("--group", "g-", "--prefixed", "--principal", f"User:{ALICE}", "--operation", "READ"),
+        ("--topic", topic_a, "--principal", ALICE_CERT_PRINCIPAL, "--operation", "WRITE"),
+        ("--topic", topic_a, "--principal", "User:ANONYMOUS", "--operation", "WRITE"),
+    ]  # fmt: skip
 
 
-def _make_topics(etcd_url: str, cluster: str, *names: str) -> None:
-    async def run() -> None:
-        etcd = await Etcd.connect([etcd_url], timeout_s=5)
-        try:
-            for name in names:
-                await topics.create_topic(etcd, cluster, name, 2, {})
-        finally:
-            await etcd.close()
-
-    asyncio.run(run())
+AUTHORIZER = {
+    "KAFSCALE_AUTHORIZER__ENABLED": "true",
+    "KAFSCALE_AUTHORIZER__SUPER_USERS": '["User:admin"]',
+}
 
 
 @pytest.fixture(scope="module")
@@ -111,127 +109,62 @@ def secured(
     etcd_server: EmbeddedEtcd, s3_server: S3Endpoint, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[SecuredProxy]:
     workdir = tmp_path_factory.mktemp("proxy-security")
-    pki = make_pki(workdir / "pki")
-    proxy_cert = issue(pki.ca, workdir / "pki", "proxy", [(NameOID.COMMON_NAME, "kafscale-proxy")])
-    bucket = unique_bucket("psec")
-    _create_bucket(s3_server, bucket)
-    name = f"psec-{uuid.uuid4().hex[:8]}"
     etcd_url = etcd_server.client_url
-    cluster = BrokerCluster(etcd_url, s3_server, bucket, name, workdir)
+    cluster, pki = secured_cluster(etcd_url, s3_server, workdir, "psec")
+    name = cluster.cluster
+    proxy_cert = issue(pki.ca, workdir / "pki", "proxy", [(NameOID.COMMON_NAME, "kafscale-proxy")])
     topic_a, topic_b = f"a-{uuid.uuid4().hex[:8]}", f"b-{uuid.uuid4().hex[:8]}"
-    _make_topics(etcd_url, name, topic_a, topic_b)
-    _cli(etcd_url, name, "users", "create", ALICE, "--password-stdin", stdin=ALICE_PASSWORD)
-    _cli(etcd_url, name, "users", "create", PROXY_USER, "--password-stdin", stdin=PROXY_PASSWORD)
-    grants = [
-        ("--cluster-resource", "--principal", PROXY_PRINCIPAL, "--operation", "CLUSTER_ACTION"),
-        (
-            "--cluster-resource",
-            "--principal",
-            f"User:{PROXY_USER}",
-            "--operation",
-            "CLUSTER_ACTION",
-        ),
-        ("--topic", topic_a, "--principal", f"User:{ALICE}", "--operation", "READ"),
-        ("--topic", topic_a, "--principal", f"User:{ALICE}", "--operation", "WRITE"),
-        ("--group", "g-", "--prefixed", "--principal", f"User:{ALICE}", "--operation", "READ"),
-        ("--topic", topic_a, "--principal", ALICE_CERT_PRINCIPAL, "--operation", "WRITE"),
-        ("--topic", topic_a, "--principal", "User:ANONYMOUS", "--operation", "WRITE"),
-    ]
-    for grant in grants:
-        _cli(etcd_url, name, "acls", "add", *grant)
-    tls = {
-        "KAFSCALE_TLS__CERT_FILE": str(pki.server.cert),
-        "KAFSCALE_TLS__KEY_FILE": str(pki.server.key),
-        "KAFSCALE_TLS__CA_FILE": str(pki.ca.cert_path),
-    }
-    authorizer = {
-        "KAFSCALE_AUTHORIZER__ENABLED": "true",
-        "KAFSCALE_AUTHORIZER__SUPER_USERS": '["User:admin"]',
-    }
+    make_topics(etcd_url, name, 2, topic_a, topic_b)
+    create_user(etcd_url, name, ALICE, ALICE_PASSWORD)
+    create_user(etcd_url, name, PROXY_USER, PROXY_PASSWORD)
+    for grant in _grants(topic_a):
+        kafscale_cli(etcd_url, name, "acls", "add", *grant)
     broker_ports = {"INTERNAL": free_port(), "PLAIN": free_port(), "SASLIN": free_port()}
-    broker_admin = free_port()
-    broker = BrokerProcess(
-        env=cluster.env(
-            broker_ports["INTERNAL"],
-            broker_admin,
-            KAFSCALE_LISTENERS=",".join(f"{n}://127.0.0.1:{p}" for n, p in broker_ports.items()),
-            KAFSCALE_LISTENER_SECURITY_PROTOCOL_MAP=(
-                "INTERNAL:SSL,PLAIN:PLAINTEXT,SASLIN:SASL_PLAINTEXT"
-            ),
-            KAFSCALE_TLS__CLIENT_AUTH_OVERRIDES="INTERNAL:required",
-            **tls,
-            **authorizer,
-        ),
-        log_path=workdir / "broker.log",
-        port=broker_ports["PLAIN"],
-        admin_port=broker_admin,
+    broker = add_broker(
+        cluster,
+        broker_ports,
+        "PLAIN",
+        "broker.log",
+        KAFSCALE_LISTENER_SECURITY_PROTOCOL_MAP="INTERNAL:SSL,PLAIN:PLAINTEXT,SASLIN:SASL_PLAINTEXT",
+        KAFSCALE_TLS__CLIENT_AUTH_OVERRIDES="INTERNAL:required",
+        **tls_env(pki),
+        **AUTHORIZER,
     )
-    cluster.brokers.append(broker)
-    proxy_port, mtls_port, proxy_admin = free_port(), free_port(), free_port()
-    proxy = BrokerProcess(
-        env=proxy_env(
-            cluster,
-            proxy_port,
-            proxy_admin,
-            KAFSCALE_LISTENERS=f"EXTERNAL://127.0.0.1:{proxy_port},MTLS://127.0.0.1:{mtls_port}",
-            KAFSCALE_ADVERTISED_LISTENERS=f"EXTERNAL://localhost:{proxy_port},"
-            f"MTLS://localhost:{mtls_port}",
-            KAFSCALE_LISTENER_SECURITY_PROTOCOL_MAP="EXTERNAL:SASL_SSL,MTLS:SSL",
-            KAFSCALE_TLS__CLIENT_AUTH_OVERRIDES="MTLS:required",
-            KAFSCALE_UPSTREAM__SECURITY_PROTOCOL="SSL",
-            KAFSCALE_UPSTREAM__CA_FILE=str(pki.ca.cert_path),
-            KAFSCALE_UPSTREAM__CERT_FILE=str(proxy_cert.cert),
-            KAFSCALE_UPSTREAM__KEY_FILE=str(proxy_cert.key),
-            **tls,
-            **authorizer,
-        ),
-        log_path=workdir / "proxy.log",
-        port=proxy_port,
-        admin_port=proxy_admin,
-        command=[KAFSCALE, "proxy"],
+    proxy_port, mtls_port = free_port(), free_port()
+    proxy = add_proxy(
+        cluster,
+        proxy_port,
+        "proxy.log",
+        KAFSCALE_LISTENERS=f"EXTERNAL://127.0.0.1:{proxy_port},MTLS://127.0.0.1:{mtls_port}",
+        KAFSCALE_ADVERTISED_LISTENERS=f"EXTERNAL://localhost:{proxy_port},"
+        f"MTLS://localhost:{mtls_port}",
+        KAFSCALE_LISTENER_SECURITY_PROTOCOL_MAP="EXTERNAL:SASL_SSL,MTLS:SSL",
+        KAFSCALE_TLS__CLIENT_AUTH_OVERRIDES="MTLS:required",
+        **upstream_tls_env(pki, proxy_cert),
+        **tls_env(pki),
+        **AUTHORIZER,
     )
-    cluster.brokers.append(proxy)
-    sasl_port, sasl_admin = free_port(), free_port()
-    sasl_proxy = BrokerProcess(
-        env=proxy_env(
-            cluster,
-            sasl_port,
-            sasl_admin,
-            KAFSCALE_LISTENERS=f"CLIENTS://127.0.0.1:{sasl_port}",
-            KAFSCALE_LISTENER_SECURITY_PROTOCOL_MAP="CLIENTS:SASL_PLAINTEXT",
-            KAFSCALE_UPSTREAM__SECURITY_PROTOCOL="SASL_PLAINTEXT",
-            KAFSCALE_UPSTREAM__LISTENER="SASLIN",
-            KAFSCALE_UPSTREAM__SASL_MECHANISM="SCRAM-SHA-256",
-            KAFSCALE_UPSTREAM__SASL_USERNAME=PROXY_USER,
-            KAFSCALE_UPSTREAM__SASL_PASSWORD=PROXY_PASSWORD,
-            **authorizer,
-        ),
-        log_path=workdir / "sasl-proxy.log",
-        port=sasl_port,
-        admin_port=sasl_admin,
-        command=[KAFSCALE, "proxy"],
+    sasl_port = free_port()
+    sasl_proxy = add_proxy(
+        cluster,
+        sasl_port,
+        "sasl-proxy.log",
+        KAFSCALE_LISTENERS=f"CLIENTS://127.0.0.1:{sasl_port}",
+        KAFSCALE_LISTENER_SECURITY_PROTOCOL_MAP="CLIENTS:SASL_PLAINTEXT",
+        KAFSCALE_UPSTREAM__SECURITY_PROTOCOL="SASL_PLAINTEXT",
+        KAFSCALE_UPSTREAM__LISTENER="SASLIN",
+        KAFSCALE_UPSTREAM__SASL_MECHANISM="SCRAM-SHA-256",
+        KAFSCALE_UPSTREAM__SASL_USERNAME=PROXY_USER,
+        KAFSCALE_UPSTREAM__SASL_PASSWORD=PROXY_PASSWORD,
+        **AUTHORIZER,
     )
-    cluster.brokers.append(sasl_proxy)
-    untrusted_port, untrusted_admin = free_port(), free_port()
-    untrusted_proxy = BrokerProcess(  # reaches the brokers' PLAINTEXT listener: not trusted
-        env=proxy_env(
-            cluster,
-            untrusted_port,
-            untrusted_admin,
-            KAFSCALE_UPSTREAM__LISTENER="PLAIN",
-            **authorizer,
-        ),
-        log_path=workdir / "untrusted-proxy.log",
-        port=untrusted_port,
-        admin_port=untrusted_admin,
-        command=[KAFSCALE, "proxy"],
+    # reaches the brokers' PLAINTEXT listener: not trusted
+    untrusted_proxy = add_proxy(
+        cluster, None, "untrusted-proxy.log", KAFSCALE_UPSTREAM__LISTENER="PLAIN", **AUTHORIZER
     )
-    cluster.brokers.append(untrusted_proxy)
     try:
-        broker.start()
-        proxy.start()
-        sasl_proxy.start()
-        untrusted_proxy.start()
+        for process in (broker, proxy, sasl_proxy, untrusted_proxy):
+            process.start()
         yield SecuredProxy(
             broker,
             broker_ports,
@@ -239,7 +172,7 @@ def secured(
             proxy_port,
             mtls_port,
             sasl_port,
-            untrusted_port,
+            untrusted_proxy.port,
             pki,
             proxy_cert,
             topic_a,
@@ -253,14 +186,9 @@ def secured(
 def confluent_config(
     secured: SecuredProxy, password: str = ALICE_PASSWORD, mechanism: str = "SCRAM-SHA-256"
 ) -> dict[str, Any]:
-    return {
-        "bootstrap.servers": secured.bootstrap,
-        "security.protocol": "SASL_SSL",
-        "sasl.mechanisms": mechanism,
-        "sasl.username": ALICE,
-        "sasl.password": password,
-        "ssl.ca.location": str(secured.pki.ca.cert_path),
-    }
+    return confluent_sasl_ssl(
+        secured.bootstrap, ALICE, password, secured.pki.ca.cert_path, mechanism
+    )
 
 
 def _produce(config: dict[str, Any], topic: str, values: list[bytes]) -> list[KafkaError | None]:
@@ -272,43 +200,6 @@ def _produce(config: dict[str, Any], topic: str, values: list[bytes]) -> list[Ka
     return outcomes
 
 
-def _consume(config: dict[str, Any], topic: str, count: int) -> list[bytes]:
-    consumer = Consumer(
-        {**config, "group.id": f"g-{uuid.uuid4().hex[:8]}", "auto.offset.reset": "earliest"}
-    )
-    consumer.subscribe([topic])
-    values: list[bytes] = []
-    deadline = time.monotonic() + CONSUME_TIMEOUT_S
-    try:
-        while len(values) < count and time.monotonic() < deadline:
-            message = consumer.poll(0.5)
-            if message is None:
-                continue
-            assert message.error() is None, message.error()
-            values.append(message.value())
-        consumer.commit(asynchronous=False)
-    finally:
-        consumer.close()
-    return values
-
-
-def _consume_error(config: dict[str, Any], topic: str) -> int:
-    consumer = Consumer(
-        {**config, "group.id": f"g-{uuid.uuid4().hex[:8]}", "auto.offset.reset": "earliest"}
-    )
-    consumer.subscribe([topic])
-    deadline = time.monotonic() + CONSUME_TIMEOUT_S
-    try:
-        while time.monotonic() < deadline:
-            message = consumer.poll(0.5)
-            if message is not None and message.error():
-                return int(message.error().code())
-            assert message is None, "a record from a topic the principal may not read"
-        raise AssertionError("no authorization error")
-    finally:
-        consumer.close()
-
-
 # --- real clients log in at the proxy -----------------------------------------------------------
 
 
@@ -318,7 +209,7 @@ def test_scram_sha_256_client_produces_and_consumes_its_topic_through_the_proxy(
     config = confluent_config(secured)
     values = [f"a-{i}".encode() for i in range(5)]
     assert _produce(config, secured.topic_a, values) == [None] * len(values)
-    assert sorted(_consume(config, secured.topic_a, len(values))) == sorted(values)
+    assert sorted(consume_values(config, secured.topic_a, len(values))) == sorted(values)
 
 
 def test_a_topic_the_client_may_not_use_is_refused_though_the_proxy_may(
@@ -328,7 +219,7 @@ def test_a_topic_the_client_may_not_use_is_refused_though_the_proxy_may(
     config = confluent_config(secured)
     (error,) = _produce(config, secured.topic_b, [b"no"])
     assert error is not None and error.code() == KafkaError.TOPIC_AUTHORIZATION_FAILED
-    assert _consume_error(config, secured.topic_b) == KafkaError.TOPIC_AUTHORIZATION_FAILED
+    assert consume_error(config, secured.topic_b) == KafkaError.TOPIC_AUTHORIZATION_FAILED
 
 
 def test_metadata_from_the_proxy_lists_only_what_the_client_may_describe(
@@ -395,14 +286,9 @@ def test_requests_before_logging_in_at_the_proxy_close_the_connection(
 
 
 def test_kafka_python_scram_sha_512_through_the_proxy(secured: SecuredProxy) -> None:
-    config: dict[str, Any] = {
-        "bootstrap_servers": secured.bootstrap,
-        "security_protocol": "SASL_SSL",
-        "sasl_mechanism": "SCRAM-SHA-512",
-        "sasl_plain_username": ALICE,
-        "sasl_plain_password": ALICE_PASSWORD,
-        "ssl_cafile": str(secured.pki.ca.cert_path),
-    }
+    config = kafka_python_sasl_ssl(
+        secured.bootstrap, ALICE, ALICE_PASSWORD, secured.pki.ca.cert_path, "SCRAM-SHA-512"
+    )
     producer = KafkaProducer(**config)
     try:
         producer.send(secured.topic_a, b"from-kafka-python").get(30)
@@ -426,13 +312,7 @@ def test_a_client_certificate_at_the_proxy_is_the_principal_the_brokers_check(
 ) -> None:
     """The proxy's SSL listener requires a client certificate; its subject is the principal
     forwarded, and the brokers authorize that principal (WRITE on A only)."""
-    config = {
-        "bootstrap.servers": f"localhost:{secured.mtls_port}",
-        "security.protocol": "SSL",
-        "ssl.ca.location": str(secured.pki.ca.cert_path),
-        "ssl.certificate.location": str(secured.pki.alice.cert),
-        "ssl.key.location": str(secured.pki.alice.key),
-    }
+    config = confluent_mtls(f"localhost:{secured.mtls_port}", secured.pki)
     assert _produce(config, secured.topic_a, [b"by-certificate"]) == [None]
     (error,) = _produce(config, secured.topic_b, [b"no"])
     assert error is not None and error.code() == KafkaError.TOPIC_AUTHORIZATION_FAILED

@@ -12,11 +12,7 @@ while a client connected before keeps its upstream connection and its old certif
 
 from __future__ import annotations
 
-import asyncio
-import json
 import os
-import subprocess
-import sys
 import time
 import uuid
 from collections.abc import Iterator
@@ -26,42 +22,24 @@ from pathlib import Path
 import pytest
 from confluent_kafka import KafkaError, Producer
 from cryptography.x509.oid import NameOID
-from harness.brokers import BrokerCluster, _create_bucket
-from harness.proxy import proxy_env
-from harness.s3 import S3Endpoint, unique_bucket
-from harness.tls import Pair, TestPki, issue, make_pki
+from harness.proxy import add_proxy
+from harness.s3 import S3Endpoint
+from harness.secured import (
+    add_broker,
+    kafscale_cli,
+    make_topics,
+    secured_cluster,
+    tls_env,
+    upstream_tls_env,
+)
+from harness.tls import Pair, TestPki, issue
 
-from kafscale.broker.child_process import KAFSCALE, BrokerProcess
-from kafscale.broker.metadata import topics
+from kafscale.broker.child_process import BrokerProcess
 from kafscale.broker.metadata.embedded_etcd import EmbeddedEtcd, free_port
-from kafscale.broker.metadata.etcd import Etcd
 
 pytestmark = pytest.mark.integration
 
 RELOAD_WAIT_S = 30.0
-
-
-def _grant_write(etcd_url: str, cluster: str, topic: str, principal: str) -> None:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("KAFSCALE_")}
-    env.update({"KAFSCALE_CLUSTER": cluster, "KAFSCALE_ETCD__ENDPOINTS": json.dumps([etcd_url])})
-    done = subprocess.run(
-        [sys.executable, "-m", "kafscale.broker.cli", "acls", "add", "--topic", topic,
-         "--principal", principal, "--operation", "WRITE"],
-        env=env, capture_output=True, text=True, timeout=60, check=False,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr
-
-
-def _make_topics(etcd_url: str, cluster: str, *names: str) -> None:
-    async def run() -> None:
-        etcd = await Etcd.connect([etcd_url], timeout_s=5)
-        try:
-            for name in names:
-                await topics.create_topic(etcd, cluster, name, 1, {})
-        finally:
-            await etcd.close()
-
-    asyncio.run(run())
 
 
 @dataclass
@@ -81,54 +59,33 @@ class Rotating:
 def rotating(
     etcd_server: EmbeddedEtcd, s3_server: S3Endpoint, tmp_path: Path
 ) -> Iterator[Rotating]:
-    pki = make_pki(tmp_path / "pki")
-    proxy_cert = issue(pki.ca, tmp_path / "pki", "proxy", [(NameOID.COMMON_NAME, "proxy-old")])
-    bucket = unique_bucket("prot")
-    _create_bucket(s3_server, bucket)
-    name = f"prot-{uuid.uuid4().hex[:8]}"
     etcd_url = etcd_server.client_url
-    cluster = BrokerCluster(etcd_url, s3_server, bucket, name, tmp_path)
+    cluster, pki = secured_cluster(etcd_url, s3_server, tmp_path, "prot")
+    name = cluster.cluster
+    proxy_cert = issue(pki.ca, tmp_path / "pki", "proxy", [(NameOID.COMMON_NAME, "proxy-old")])
     topic_old, topic_new = f"old-{uuid.uuid4().hex[:8]}", f"new-{uuid.uuid4().hex[:8]}"
-    _make_topics(etcd_url, name, topic_old, topic_new)
+    make_topics(etcd_url, name, 1, topic_old, topic_new)
     for topic, principal in ((topic_old, "User:CN=proxy-old"), (topic_new, "User:CN=proxy-new")):
-        _grant_write(etcd_url, name, topic, principal)
-    internal, admin = free_port(), free_port()
-    broker = BrokerProcess(
-        env=cluster.env(
-            internal,
-            admin,
-            KAFSCALE_LISTENERS=f"INTERNAL://127.0.0.1:{internal}",
-            KAFSCALE_LISTENER_SECURITY_PROTOCOL_MAP="INTERNAL:SSL",
-            KAFSCALE_TLS__CLIENT_AUTH="required",
-            KAFSCALE_TLS__CERT_FILE=str(pki.server.cert),
-            KAFSCALE_TLS__KEY_FILE=str(pki.server.key),
-            KAFSCALE_TLS__CA_FILE=str(pki.ca.cert_path),
-            KAFSCALE_AUTHORIZER__ENABLED="true",
-        ),
-        log_path=tmp_path / "broker.log",
-        port=internal,
-        admin_port=admin,
+        kafscale_cli(etcd_url, name, "acls", "add", "--topic", topic, "--principal", principal,
+                     "--operation", "WRITE")  # fmt: skip
+    broker = add_broker(
+        cluster,
+        {"INTERNAL": free_port()},
+        "INTERNAL",
+        "broker.log",
+        KAFSCALE_LISTENER_SECURITY_PROTOCOL_MAP="INTERNAL:SSL",
+        KAFSCALE_TLS__CLIENT_AUTH="required",
+        KAFSCALE_AUTHORIZER__ENABLED="true",
+        **tls_env(pki),
     )
-    cluster.brokers.append(broker)
-    proxy_port, proxy_admin = free_port(), free_port()
-    proxy = BrokerProcess(
-        env=proxy_env(
-            cluster,
-            proxy_port,
-            proxy_admin,
-            KAFSCALE_UPSTREAM__SECURITY_PROTOCOL="SSL",
-            KAFSCALE_UPSTREAM__CA_FILE=str(pki.ca.cert_path),
-            KAFSCALE_UPSTREAM__CERT_FILE=str(proxy_cert.cert),
-            KAFSCALE_UPSTREAM__KEY_FILE=str(proxy_cert.key),
-            KAFSCALE_UPSTREAM__FORWARD_PRINCIPALS="false",
-            KAFSCALE_TLS__RELOAD_INTERVAL_S="0.2",
-        ),
-        log_path=tmp_path / "proxy.log",
-        port=proxy_port,
-        admin_port=proxy_admin,
-        command=[KAFSCALE, "proxy"],
+    proxy = add_proxy(
+        cluster,
+        None,
+        "proxy.log",
+        KAFSCALE_UPSTREAM__FORWARD_PRINCIPALS="false",
+        KAFSCALE_TLS__RELOAD_INTERVAL_S="0.2",
+        **upstream_tls_env(pki, proxy_cert),
     )
-    cluster.brokers.append(proxy)
     try:
         broker.start()
         proxy.start()

@@ -34,7 +34,7 @@ from typing import Any
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.helpers import create_ssl_context
-from confluent_kafka import Consumer, KafkaError, Producer
+from confluent_kafka import KafkaError, Producer
 from confluent_kafka.admin import (
     AdminClient,
     NewTopic,
@@ -43,11 +43,21 @@ from confluent_kafka.admin import (
     UserScramCredentialDeletion,
     UserScramCredentialUpsertion,
 )
-from harness.brokers import BrokerCluster, _create_bucket
+from harness.brokers import new_cluster
 from harness.kafka_wire import API_VERSIONS, METADATA, KafkaWire, metadata_body
 from harness.kcat import kcat_consume, kcat_produce
-from harness.s3 import S3Endpoint, unique_bucket
-from harness.tls import TestPki, make_pki
+from harness.s3 import S3Endpoint
+from harness.secured import (
+    CONSUME_TIMEOUT_S,
+    add_broker,
+    confluent_mtls,
+    confluent_sasl_ssl,
+    consume_values,
+    kafka_python_sasl_ssl,
+    secured_cluster,
+    tls_env,
+)
+from harness.tls import TestPki
 from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer
 from kafka.admin import NewTopic as KpNewTopic
 
@@ -61,7 +71,6 @@ pytestmark = pytest.mark.integration
 
 SASL_HANDSHAKE, SASL_AUTHENTICATE = 17, 36
 ALICE, ALICE_PASSWORD = "alice", "alice-secret-" + "x" * 8
-CONSUME_TIMEOUT_S = 30.0
 
 
 @dataclass
@@ -110,11 +119,8 @@ def secured(
     etcd_server: EmbeddedEtcd, s3_server: S3Endpoint, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[SecureBroker]:
     workdir = tmp_path_factory.mktemp("security")
-    pki = make_pki(workdir / "pki")
-    bucket = unique_bucket("sec")
-    _create_bucket(s3_server, bucket)
-    cluster_name = f"sec-{uuid.uuid4().hex[:8]}"
-    cluster = BrokerCluster(etcd_server.client_url, s3_server, bucket, cluster_name, workdir)
+    cluster, pki = secured_cluster(etcd_server.client_url, s3_server, workdir, "sec")
+    cluster_name = cluster.cluster
     created = users_cli(
         etcd_server.client_url,
         cluster_name,
@@ -128,31 +134,22 @@ def secured(
     token_file = workdir / "admin-token"
     token_file.write_text(token + "\n")
     ports = {name: free_port() for name in ("INTERNAL", "SECURE", "MTLS", "SASL")}
-    admin_port = free_port()
-    env = cluster.env(
-        ports["INTERNAL"],
-        admin_port,
-        KAFSCALE_LISTENERS=",".join(f"{n}://127.0.0.1:{p}" for n, p in ports.items()),
+    process = add_broker(
+        cluster,
+        ports,
+        "INTERNAL",
+        "broker.log",
+        admin_token=token,
         KAFSCALE_ADVERTISED_LISTENERS=f"SECURE://localhost:{ports['SECURE']},"
         f"MTLS://localhost:{ports['MTLS']}",
         KAFSCALE_LISTENER_SECURITY_PROTOCOL_MAP=(
             "INTERNAL:PLAINTEXT,SECURE:SASL_SSL,MTLS:SSL,SASL:SASL_PLAINTEXT"
         ),
-        KAFSCALE_TLS__CERT_FILE=str(pki.server.cert),
-        KAFSCALE_TLS__KEY_FILE=str(pki.server.key),
-        KAFSCALE_TLS__CA_FILE=str(pki.ca.cert_path),
         KAFSCALE_TLS__CLIENT_AUTH_OVERRIDES="MTLS:required",
         KAFSCALE_TLS__RELOAD_INTERVAL_S="0.2",
         KAFSCALE_ADMIN__TOKEN_FILE=str(token_file),
+        **tls_env(pki),
     )
-    process = BrokerProcess(
-        env=env,
-        log_path=workdir / "broker.log",
-        port=ports["INTERNAL"],
-        admin_port=admin_port,
-        admin_token=token,
-    )
-    cluster.brokers.append(process)
     try:
         process.start()
         yield SecureBroker(
@@ -165,49 +162,13 @@ def secured(
 def sasl_ssl_confluent(
     broker: SecureBroker, user: str = ALICE, password: str = ALICE_PASSWORD
 ) -> dict[str, Any]:
-    return {
-        "bootstrap.servers": broker.secure,
-        "security.protocol": "SASL_SSL",
-        "sasl.mechanisms": "SCRAM-SHA-512",
-        "sasl.username": user,
-        "sasl.password": password,
-        "ssl.ca.location": str(broker.pki.ca.cert_path),
-    }
-
-
-def kafka_python_sasl_ssl(broker: SecureBroker) -> dict[str, Any]:
-    return {
-        "bootstrap_servers": broker.secure,
-        "security_protocol": "SASL_SSL",
-        "sasl_mechanism": "SCRAM-SHA-512",
-        "sasl_plain_username": ALICE,
-        "sasl_plain_password": ALICE_PASSWORD,
-        "ssl_cafile": str(broker.pki.ca.cert_path),
-    }
+    return confluent_sasl_ssl(
+        broker.secure, user, password, broker.pki.ca.cert_path, "SCRAM-SHA-512"
+    )
 
 
 def new_topic() -> str:
     return f"sec-{uuid.uuid4().hex[:10]}"
-
-
-def consume_confluent(config: dict[str, Any], topic: str, count: int) -> list[bytes]:
-    consumer = Consumer(
-        {**config, "group.id": f"g-{uuid.uuid4().hex[:8]}", "auto.offset.reset": "earliest"}
-    )
-    consumer.subscribe([topic])
-    values: list[bytes] = []
-    deadline = time.monotonic() + CONSUME_TIMEOUT_S
-    try:
-        while len(values) < count and time.monotonic() < deadline:
-            message = consumer.poll(0.5)
-            if message is None:
-                continue
-            assert message.error() is None, message.error()
-            values.append(message.value())
-        consumer.commit(asynchronous=False)
-    finally:
-        consumer.close()
-    return values
 
 
 # --- listeners ---------------------------------------------------------------------------------
@@ -262,12 +223,14 @@ def test_confluent_kafka_produces_consumes_and_administers_over_sasl_ssl(
     for i in range(10):
         producer.produce(topic, key=str(i).encode(), value=f"ck-{i}".encode())
     assert producer.flush(30) == 0
-    values = consume_confluent(config, topic, 10)
+    values = consume_values(config, topic, 10)
     assert sorted(values) == sorted(f"ck-{i}".encode() for i in range(10))
 
 
 def test_kafka_python_produces_and_consumes_in_a_group_over_sasl_ssl(secured: SecureBroker) -> None:
-    config = kafka_python_sasl_ssl(secured)
+    config = kafka_python_sasl_ssl(
+        secured.secure, ALICE, ALICE_PASSWORD, secured.pki.ca.cert_path, "SCRAM-SHA-512"
+    )
     topic = new_topic()
     admin = KafkaAdminClient(**config)
     try:
@@ -445,10 +408,8 @@ def test_managing_users_needs_the_cluster_permissions_when_authorization_is_on(
 ) -> None:
     """With the authorizer on, AlterUserScramCredentials needs ALTER and
     DescribeUserScramCredentials DESCRIBE on the cluster: a super user may, others may not."""
-    bucket = unique_bucket("secz")
-    _create_bucket(s3_server, bucket)
-    cluster_name = f"secz-{uuid.uuid4().hex[:8]}"
-    cluster = BrokerCluster(etcd_server.client_url, s3_server, bucket, cluster_name, tmp_path)
+    cluster = new_cluster(etcd_server.client_url, s3_server, tmp_path, "secz")
+    cluster_name = cluster.cluster
     for user in ("root", "mallory"):
         made = users_cli(
             etcd_server.client_url,
@@ -668,21 +629,13 @@ def test_sasl_handshake_on_a_plaintext_listener_is_an_illegal_state(secured: Sec
 
 
 def test_mtls_client_produces_and_consumes(secured: SecureBroker) -> None:
-    config = {
-        "bootstrap.servers": secured.mtls,
-        "security.protocol": "SSL",
-        "ssl.ca.location": str(secured.pki.ca.cert_path),
-        "ssl.certificate.location": str(secured.pki.alice.cert),
-        "ssl.key.location": str(secured.pki.alice.key),
-    }
+    config = confluent_mtls(secured.mtls, secured.pki)
     topic = new_topic()
     producer = Producer(config)
     for i in range(5):
         producer.produce(topic, value=f"m-{i}".encode())
     assert producer.flush(30) == 0
-    assert sorted(consume_confluent(config, topic, 5)) == sorted(
-        f"m-{i}".encode() for i in range(5)
-    )
+    assert sorted(consume_values(config, topic, 5)) == sorted(f"m-{i}".encode() for i in range(5))
     kp = KafkaProducer(
         bootstrap_servers=secured.mtls,
         security_protocol="SSL",

@@ -359,6 +359,39 @@ def test_the_java_client_commits_aborts_and_is_fenced(broker_cluster: BrokerClus
     assert [line for line in read if line.startswith("record ")] == ["record 0 from-the-successor"]
 
 
+def java_describe(bootstrap: str, txn_id: str) -> tuple[str, int, int]:
+    """(state, producer id, epoch) as the Java Admin client's DescribeTransactions gives them."""
+    (line,) = java_txn("describe", bootstrap, txn_id)
+    state, producer_id, epoch = line.split()
+    return state, int(producer_id), int(epoch)
+
+
+def test_the_java_client_runs_transaction_protocol_v2(broker_cluster: BrokerCluster) -> None:
+    """KIP-890 part 2: the Java client (4.x) sees transaction.version 2 finalized and runs
+    protocol v2: no AddPartitionsToTxn/AddOffsetsToTxn (Produce v12 and TxnOffsetCommit v5 add
+    implicitly), and EndTxn v5 bumps the epoch at every commit and abort, so the markers fence
+    every batch of the ended transaction. read_committed sees exactly the committed records;
+    the same through the proxy."""
+    start(broker_cluster), start(broker_cluster)
+    bootstrap = broker_cluster.bootstrap
+    create_topic(bootstrap, "tv2", 2)
+    outcomes = java_txn("rounds", bootstrap, "tv2", "2", "tv2-app", "4")
+    assert outcomes == [f"{'committed' if r % 2 == 0 else 'aborted'} {r}" for r in range(4)]
+    state, _, epoch = java_describe(bootstrap, "tv2-app")
+    assert (state, epoch) == ("CompleteAbort", 4)  # epoch 0 at init, one bump per EndTxn
+    committed = consume(bootstrap, "tv2", 2, "read_committed", 20)
+    for partition in range(2):
+        got = [v.decode() for p_, v in committed if p_ == partition]
+        assert got == [f"{r}-{i}" for r in (0, 2) for i in range(partition, 10, 2)]
+    # Offsets in the transaction with no AddOffsetsToTxn (only the committed rounds' count),
+    # behind the proxy, which gives the client the same features.
+    proxy = start_proxy(broker_cluster)
+    create_topic(proxy.bootstrap, "tv2-offsets", 1)
+    lines = java_txn("offsets", proxy.bootstrap, "tv2-offsets", "tv2-ctp", "tv2-group", "4")
+    assert lines[-1] == "offset 2"
+    assert java_describe(proxy.bootstrap, "tv2-ctp")[2] == 4
+
+
 def test_transactions_through_the_proxy(broker_cluster: BrokerCluster) -> None:
     """The proxy routes the coordinator's APIs and passes transactional batches, the last stable
     offset and the aborted transactions through: read_committed behind it sees what it would

@@ -14,7 +14,6 @@ plain TCP and were refused: the commit never completed.
 
 from __future__ import annotations
 
-import asyncio
 import time
 import uuid
 from collections.abc import Iterator
@@ -22,15 +21,18 @@ from dataclasses import dataclass
 
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
-from harness.brokers import BrokerCluster, _create_bucket
-from harness.s3 import S3Endpoint, unique_bucket
-from harness.tls import make_pki
-from integration.test_proxy_security import _cli
+from harness.s3 import S3Endpoint
+from harness.secured import (
+    add_broker,
+    create_user,
+    kafscale_cli,
+    make_topics,
+    secured_cluster,
+    tls_env,
+)
 
 from kafscale.broker.child_process import BrokerProcess
-from kafscale.broker.metadata import topics
 from kafscale.broker.metadata.embedded_etcd import EmbeddedEtcd, free_port
-from kafscale.broker.metadata.etcd import Etcd
 
 pytestmark = pytest.mark.integration
 
@@ -50,17 +52,6 @@ class SecuredPair:
         return ",".join(b.bootstrap for b in self.brokers)
 
 
-def _make_topic(etcd_url: str, cluster: str, name: str) -> None:
-    async def run() -> None:
-        etcd = await Etcd.connect([etcd_url], timeout_s=5)
-        try:
-            await topics.create_topic(etcd, cluster, name, PARTITIONS, {})
-        finally:
-            await etcd.close()
-
-    asyncio.run(run())
-
-
 @pytest.fixture(scope="module", params=["mtls", "sasl"])
 def secured_pair(
     request: pytest.FixtureRequest,
@@ -69,20 +60,17 @@ def secured_pair(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[SecuredPair]:
     workdir = tmp_path_factory.mktemp(f"txn-security-{request.param}")
-    pki = make_pki(workdir / "pki")
-    bucket = unique_bucket("tsec")
-    _create_bucket(s3_server, bucket)
-    name = f"tsec-{uuid.uuid4().hex[:8]}"
     etcd_url = etcd_server.client_url
-    cluster = BrokerCluster(etcd_url, s3_server, bucket, name, workdir)
+    cluster, pki = secured_cluster(etcd_url, s3_server, workdir, "tsec")
+    name = cluster.cluster
     topic, txn_prefix, group = f"t-{uuid.uuid4().hex[:8]}", "app-", "readers-"
-    _make_topic(etcd_url, name, topic)
+    make_topics(etcd_url, name, PARTITIONS, topic)
     for kind, resource in (
         ("--topic", topic),
         ("--group", group),
         ("--transactional-id", txn_prefix),
     ):
-        _cli(
+        kafscale_cli(
             etcd_url,
             name,
             "acls",
@@ -100,13 +88,11 @@ def secured_pair(
         security = {
             "KAFSCALE_LISTENER_SECURITY_PROTOCOL_MAP": "INTERNAL:SSL,CLIENTS:PLAINTEXT",
             "KAFSCALE_TLS__CLIENT_AUTH_OVERRIDES": "INTERNAL:required",
-            "KAFSCALE_TLS__CERT_FILE": str(pki.server.cert),
-            "KAFSCALE_TLS__KEY_FILE": str(pki.server.key),
-            "KAFSCALE_TLS__CA_FILE": str(pki.ca.cert_path),
+            **tls_env(pki),
             "KAFSCALE_AUTHORIZER__SUPER_USERS": f'["{BROKER_PRINCIPAL}"]',
         }
     else:  # SASL: the brokers log in to each other as their own SCRAM user
-        _cli(etcd_url, name, "users", "create", BROKER_USER, "--password-stdin", stdin=BROKER_PW)
+        create_user(etcd_url, name, BROKER_USER, BROKER_PW)
         security = {
             "KAFSCALE_LISTENER_SECURITY_PROTOCOL_MAP": "INTERNAL:SASL_PLAINTEXT,CLIENTS:PLAINTEXT",
             "KAFSCALE_INTER_BROKER__SASL_USERNAME": BROKER_USER,
@@ -115,24 +101,16 @@ def secured_pair(
         }
     try:
         for index in range(2):
-            internal, clients, admin = free_port(), free_port(), free_port()
-            broker = BrokerProcess(
-                env=cluster.env(
-                    clients,
-                    admin,
-                    KAFSCALE_LISTENERS=f"INTERNAL://127.0.0.1:{internal},"
-                    f"CLIENTS://127.0.0.1:{clients}",
-                    KAFSCALE_INTERNAL_LISTENER_NAME="INTERNAL",
-                    KAFSCALE_AUTHORIZER__ENABLED="true",
-                    KAFSCALE_TRANSACTIONS__CHECK_INTERVAL_MS="200",
-                    **security,
-                ),
-                log_path=workdir / f"broker-{index}.log",
-                port=clients,
-                admin_port=admin,
-            )
-            cluster.brokers.append(broker)
-            broker.start()
+            add_broker(
+                cluster,
+                {"INTERNAL": free_port(), "CLIENTS": free_port()},
+                "CLIENTS",
+                f"broker-{index}.log",
+                KAFSCALE_INTERNAL_LISTENER_NAME="INTERNAL",
+                KAFSCALE_AUTHORIZER__ENABLED="true",
+                KAFSCALE_TRANSACTIONS__CHECK_INTERVAL_MS="200",
+                **security,
+            ).start()
         yield SecuredPair(cluster.brokers, topic, txn_prefix)
     finally:
         cluster.stop_all()

@@ -38,6 +38,13 @@ TOPIC = "txns"
 PID = 4242
 
 
+@pytest.fixture(autouse=True)
+def _no_coordinator(broker_cluster: BrokerCluster) -> None:
+    """These tests play the coordinator themselves (made-up producer ids): the owners must not
+    ask a real one (KIP-890's verification is tested in test_transactions_verification.py)."""
+    broker_cluster.extra_env["KAFSCALE_TRANSACTIONS__PARTITION_VERIFICATION"] = "false"
+
+
 @pytest.fixture
 def broker(broker_cluster: BrokerCluster) -> BrokerProcess:
     started = broker_cluster.start()

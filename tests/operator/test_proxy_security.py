@@ -7,7 +7,6 @@ proves who it is with a certificate from the cluster CA on the brokers' internal
 
 from __future__ import annotations
 
-import datetime
 import json
 import os
 import stat
@@ -19,6 +18,16 @@ import pytest
 import yaml
 from cryptography import x509
 from cryptography.hazmat.primitives.serialization import Encoding
+from harness.cluster_specs import (
+    NOW,
+    PLAIN_LISTENER,
+    REF,
+    THREE_LISTENERS,
+    cluster_spec,
+    container_of,
+    find,
+    objects_of,
+)
 
 from kafscale.broker.config import BrokerSettings
 from kafscale.broker.proxy.config import ProxySettings
@@ -30,21 +39,11 @@ from kafscale.operator.models import ClusterRef, parse_cluster_spec
 
 pytestmark = pytest.mark.operator
 
-REF = ClusterRef(name="demo", namespace="kafka", uid="0b7f3c1e-0000-4000-8000-000000000001")
-NOW = datetime.datetime(2026, 11, 26, tzinfo=datetime.UTC)
-LISTENERS: list[dict[str, Any]] = [
-    {"name": "plain", "port": 9092},
-    {"name": "external", "port": 9093, "tls": True, "authentication": {"type": "scram-sha-512"}},
-    {"name": "mtls", "port": 9094, "tls": True, "authentication": {"type": "tls"}},
-]
-GUARDED: dict[str, Any] = {
-    "storage": {"bucket": "bucket-1"},
-    "proxy": {"enabled": True},
-    "listeners": LISTENERS,
-    "brokers": {
-        "config": {"authorizer.enabled": "true", "authorizer.super_users": '["User:admin"]'}
-    },
-}
+GUARDED = cluster_spec(listeners=THREE_LISTENERS, proxy={"enabled": True}, authorizer=True)
+POD_ADVERTISED_LISTENERS = (
+    "INTERNAL://10-0-0-7.kafka.pod:9091,PLAIN://10-0-0-7.kafka.pod:9092,"
+    "EXTERNAL://10-0-0-7.kafka.pod:9093,MTLS://10-0-0-7.kafka.pod:9094"
+)
 
 
 def spec_of(raw: dict[str, Any]) -> Any:
@@ -55,20 +54,6 @@ def without_authorizer() -> dict[str, Any]:
     return {**GUARDED, "brokers": {}}
 
 
-def objects_of(raw: dict[str, Any], cert_manager: bool = False) -> list[dict[str, Any]]:
-    return manifests.build_cluster_objects(REF, spec_of(raw), cert_manager=cert_manager)
-
-
-def find(objects: list[dict[str, Any]], kind: str, name: str) -> dict[str, Any]:
-    (found,) = [o for o in objects if o["kind"] == kind and o["metadata"]["name"] == name]
-    return found
-
-
-def container_of(workload: dict[str, Any]) -> dict[str, Any]:
-    container: dict[str, Any] = workload["spec"]["template"]["spec"]["containers"][0]
-    return container
-
-
 def pod_environment(raw: dict[str, Any], deployment: str) -> dict[str, str]:
     """What a pod of ``deployment`` sees: the ConfigMap, then its container's own values."""
     objects = objects_of(raw)
@@ -77,6 +62,15 @@ def pod_environment(raw: dict[str, Any], deployment: str) -> dict[str, str]:
         if "value" in item:
             env[item["name"]] = item["value"]
     return env
+
+
+def broker_pod_settings(raw: dict[str, Any], env: pytest.MonkeyPatch) -> BrokerSettings:
+    """The settings a broker pod of ``raw`` starts with (its start command adds the advertised
+    listeners from the pod's address)."""
+    for key, value in pod_environment(raw, "demo-broker").items():
+        env.setenv(key, value)
+    env.setenv("KAFSCALE_ADVERTISED_LISTENERS", POD_ADVERTISED_LISTENERS)
+    return BrokerSettings()
 
 
 @pytest.fixture
@@ -139,15 +133,7 @@ def test_the_proxy_pod_mounts_what_its_settings_name_and_serves_the_listener_por
 def test_brokers_require_the_proxys_certificate_and_trust_its_principal(
     clean_env: pytest.MonkeyPatch,
 ) -> None:
-    env = pod_environment(GUARDED, "demo-broker")
-    for key, value in env.items():
-        clean_env.setenv(key, value)
-    clean_env.setenv(
-        "KAFSCALE_ADVERTISED_LISTENERS",
-        "INTERNAL://10-0-0-7.kafka.pod:9091,PLAIN://10-0-0-7.kafka.pod:9092,"
-        "EXTERNAL://10-0-0-7.kafka.pod:9093,MTLS://10-0-0-7.kafka.pod:9094",
-    )
-    settings = BrokerSettings()
+    settings = broker_pod_settings(GUARDED, clean_env)
     plan = {lst.name: lst for lst in settings.listener_plan()}
     assert plan["INTERNAL"].protocol == SecurityProtocol.SSL
     assert plan["INTERNAL"].client_auth == ClientAuth.REQUIRED
@@ -198,7 +184,7 @@ def test_without_the_authorizer_the_internal_listener_stays_plaintext() -> None:
 
 def test_the_authorizer_on_the_internal_listener_alone_still_gets_a_broker_certificate() -> None:
     """No TLS client listener: the mTLS internal listener needs the server certificate too."""
-    raw = {**GUARDED, "listeners": [{"name": "plain", "port": 9092}]}
+    raw = {**GUARDED, "listeners": [PLAIN_LISTENER]}
     names = [leaf.secret_name for leaf in certificates.leaf_requests(REF, spec_of(raw))]
     assert names == ["demo-broker-tls", "demo-proxy-client-tls"]
     env = manifests.broker_environment(REF, spec_of(raw))
@@ -244,12 +230,11 @@ def test_status_names_the_proxy_once_it_is_ready() -> None:
 
 
 def test_bad_super_users_and_the_authorizer_without_listeners_are_refused() -> None:
-    bad = {
-        **GUARDED,
-        "brokers": {
-            "config": {"authorizer.enabled": "true", "authorizer.super_users": "User:admin"}
-        },
-    }
+    bad = cluster_spec(
+        listeners=THREE_LISTENERS,
+        proxy={"enabled": True},
+        brokers={"config": {"authorizer.enabled": "true", "authorizer.super_users": "User:admin"}},
+    )
     with pytest.raises(InvalidBrokerConfig, match="JSON list"):
         manifests.broker_environment(REF, spec_of(bad))
     bare = {k: v for k, v in GUARDED.items() if k != "listeners"}
@@ -260,7 +245,7 @@ def test_bad_super_users_and_the_authorizer_without_listeners_are_refused() -> N
 def test_without_listeners_the_proxy_keeps_its_one_plaintext_port(
     clean_env: pytest.MonkeyPatch,
 ) -> None:
-    raw = {"storage": {"bucket": "bucket-1"}, "proxy": {"enabled": True}}
+    raw = cluster_spec(proxy={"enabled": True})
     for key, value in pod_environment(raw, "demo-proxy").items():
         clean_env.setenv(key, value)
     settings = ProxySettings()
@@ -297,15 +282,7 @@ def test_brokers_speak_mtls_to_each_other_with_their_certificate_as_a_trusted_pr
     """A transaction coordinator writes markers on the other brokers' mTLS internal listener:
     its settings make it speak SSL there with the broker certificate (and the cluster CA), and
     that certificate's principal is a super user (WriteTxnMarkers needs CLUSTER_ACTION)."""
-    env = pod_environment(GUARDED, "demo-broker")
-    for key, value in env.items():
-        clean_env.setenv(key, value)
-    clean_env.setenv(
-        "KAFSCALE_ADVERTISED_LISTENERS",
-        "INTERNAL://10-0-0-7.kafka.pod:9091,PLAIN://10-0-0-7.kafka.pod:9092,"
-        "EXTERNAL://10-0-0-7.kafka.pod:9093,MTLS://10-0-0-7.kafka.pod:9094",
-    )
-    settings = BrokerSettings()
+    settings = broker_pod_settings(GUARDED, clean_env)
     assert settings.inter_broker_protocol() == SecurityProtocol.SSL
     assert settings.inter_broker.cert_file is None  # the broker's own: tls.cert_file
     assert settings.tls.cert_file == Path(naming.BROKER_TLS_DIR) / "tls.crt"

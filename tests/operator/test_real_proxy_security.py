@@ -16,12 +16,8 @@ chains to that CA, and the proxy's client certificate is the operator's, unchang
 from __future__ import annotations
 
 import asyncio
-import base64
 import datetime
 import json
-import os
-import subprocess
-import sys
 import uuid
 from pathlib import Path
 from typing import Any
@@ -31,51 +27,34 @@ from confluent_kafka import KafkaError, Producer
 from cryptography import x509
 from cryptography.hazmat.primitives.serialization import Encoding
 from harness.brokers import BrokerCluster
-from harness.k8s_real import CLUSTERS, DEPLOYMENTS, cluster_manifest, condition_of, settle
+from harness.cluster_specs import SCRAM_LISTENER, cluster_spec
+from harness.k8s_real import (
+    CLUSTERS,
+    DEPLOYMENTS,
+    cluster_manifest,
+    condition_of,
+    secret_files,
+    settle,
+    write_files,
+)
 from harness.kube_apiserver import KubeCluster
 from harness.proxy import start_proxy
+from harness.secured import confluent_sasl_ssl, create_user, kafscale_cli, make_topics
 
-from kafscale.broker.metadata import topics
 from kafscale.broker.metadata.embedded_etcd import free_port
-from kafscale.broker.metadata.etcd import Etcd
 from kafscale.broker.security.tls import principal_from_certificate
 from kafscale.operator import naming, pki
 
 pytestmark = [pytest.mark.operator, pytest.mark.kubeapi]
 
-SECRETS = "/api/v1/namespaces/{ns}/secrets"
 ALICE, ALICE_PASSWORD = "alice", "alice-through-the-proxy"
-GUARDED_SPEC: dict[str, Any] = {
-    "storage": {"bucket": "bucket-1"},
-    "brokers": {
-        "replicas": 1,
-        "config": {"authorizer.enabled": "true", "authorizer.super_users": '["User:admin"]'},
-    },
-    "proxy": {"enabled": True, "replicas": 1},
-    "etcd": {"replicas": 1},
-    "listeners": [
-        {
-            "name": "external",
-            "port": 9093,
-            "tls": True,
-            "authentication": {"type": "scram-sha-512"},
-        }
-    ],
-}
-
-
-def secret_files(kube: KubeCluster, ns: str, name: str) -> dict[str, bytes] | None:
-    secret = kube.get(f"{SECRETS.format(ns=ns)}/{name}")
-    if secret is None:
-        return None
-    return {k: base64.b64decode(v) for k, v in (secret.get("data") or {}).items()}
-
-
-def write_files(directory: Path, files: dict[str, bytes]) -> Path:
-    directory.mkdir(parents=True, exist_ok=True)
-    for key, data in files.items():
-        (directory / key).write_bytes(data)
-    return directory
+GUARDED_SPEC = cluster_spec(
+    listeners=[SCRAM_LISTENER],
+    brokers={"replicas": 1},
+    proxy={"enabled": True, "replicas": 1},
+    etcd={"replicas": 1},
+    authorizer=True,
+)
 
 
 def env_values(container: dict[str, Any]) -> dict[str, str]:
@@ -84,31 +63,6 @@ def env_values(container: dict[str, Any]) -> dict[str, str]:
     return {
         item["name"]: item.get("value", "") for item in container["env"] if "valueFrom" not in item
     }
-
-
-def kafscale_cli(cluster: BrokerCluster, *args: str, stdin: str = "") -> None:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("KAFSCALE_")}
-    env["KAFSCALE_CLUSTER"] = cluster.cluster
-    env["KAFSCALE_ETCD__ENDPOINTS"] = json.dumps([cluster.etcd_url])
-    done = subprocess.run(
-        [sys.executable, "-m", "kafscale.broker.cli", *args],
-        input=stdin,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr
-
-
-async def make_topics(cluster: BrokerCluster, *names: str) -> None:
-    etcd = await Etcd.connect([cluster.etcd_url], timeout_s=5)
-    try:
-        for name in names:
-            await topics.create_topic(etcd, cluster.cluster, name, 1, {})
-    finally:
-        await etcd.close()
 
 
 def produce(config: dict[str, Any], topic: str, count: int) -> list[KafkaError | None]:
@@ -216,11 +170,13 @@ async def test_a_guarded_cluster_gets_a_proxy_the_brokers_trust(
     }
     await asyncio.to_thread(broker_cluster.start, internal, **broker_env)
     topic, other = f"ok-{uuid.uuid4().hex[:6]}", f"no-{uuid.uuid4().hex[:6]}"
-    await make_topics(broker_cluster, topic, other)
-    kafscale_cli(broker_cluster, "users", "create", ALICE, "--password-stdin", stdin=ALICE_PASSWORD)
+    etcd_url, name = broker_cluster.etcd_url, broker_cluster.cluster
+    await asyncio.to_thread(make_topics, etcd_url, name, 1, topic, other)
+    create_user(etcd_url, name, ALICE, ALICE_PASSWORD)
     for operation in ("WRITE", "DESCRIBE"):
         kafscale_cli(
-            broker_cluster,
+            etcd_url,
+            name,
             "acls",
             "add",
             "--topic",
@@ -240,14 +196,10 @@ async def test_a_guarded_cluster_gets_a_proxy_the_brokers_trust(
     proxy_overrides.pop("KAFSCALE_LISTENER__ADVERTISED_HOST")
     await asyncio.to_thread(start_proxy, broker_cluster, **proxy_overrides)
 
-    client_config = {
-        "bootstrap.servers": f"localhost:{external}",
-        "security.protocol": "SASL_SSL",
-        "sasl.mechanisms": "SCRAM-SHA-512",
-        "sasl.username": ALICE,
-        "sasl.password": ALICE_PASSWORD,
-        "ssl.ca.location": str(dirs[naming.BROKER_TLS_DIR] / "ca.crt"),
-    }
+    ca = dirs[naming.BROKER_TLS_DIR] / "ca.crt"
+    client_config = confluent_sasl_ssl(
+        f"localhost:{external}", ALICE, ALICE_PASSWORD, ca, "SCRAM-SHA-512"
+    )
     assert await asyncio.to_thread(produce, client_config, topic, 3) == [None, None, None]
     # The brokers check alice, not the proxy (a super user): no ACL on the other topic.
     (refused,) = await asyncio.to_thread(produce, client_config, other, 1)

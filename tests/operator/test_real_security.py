@@ -23,16 +23,20 @@ from typing import Any
 import pytest
 from cryptography import x509
 from harness.brokers import BrokerCluster
+from harness.cluster_specs import PLAIN_LISTENER, SCRAM_LISTENER, cluster_spec, external_etcd
 from harness.k8s_operator import operator_thread
 from harness.k8s_real import (
     CLUSTERS,
     DEPLOYMENTS,
+    SECRETS,
     USERS,
     InstalledChart,
     cluster_manifest,
     condition_of,
     operator_settings,
+    secret_files,
     settle,
+    write_files,
 )
 from harness.kube_apiserver import KubeCluster
 
@@ -48,37 +52,13 @@ from kafscale.operator.tls_secrets import etcd_client_tls
 
 pytestmark = [pytest.mark.operator, pytest.mark.kubeapi]
 
-SECRETS = "/api/v1/namespaces/{ns}/secrets"
 CRDS = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
 API_VERSIONS = 18
-SECURED_SPEC: dict[str, Any] = {
-    "storage": {"bucket": "bucket-1"},
-    "brokers": {"replicas": 1},
-    "etcd": {"replicas": 1, "tls": True},
-    "listeners": [
-        {"name": "plain", "port": 9092},
-        {
-            "name": "external",
-            "port": 9093,
-            "tls": True,
-            "authentication": {"type": "scram-sha-512"},
-        },
-    ],
-}
-
-
-def secret_files(kube: KubeCluster, ns: str, name: str) -> dict[str, bytes] | None:
-    secret = kube.get(f"{SECRETS.format(ns=ns)}/{name}")
-    if secret is None:
-        return None
-    return {k: base64.b64decode(v) for k, v in (secret.get("data") or {}).items()}
-
-
-def write_files(directory: Path, files: dict[str, bytes]) -> Path:
-    directory.mkdir(parents=True, exist_ok=True)
-    for key, data in files.items():
-        (directory / key).write_bytes(data)
-    return directory
+SECURED_SPEC = cluster_spec(
+    listeners=[PLAIN_LISTENER, SCRAM_LISTENER],
+    brokers={"replicas": 1},
+    etcd={"replicas": 1, "tls": True},
+)
 
 
 def hosts_of(pem: bytes) -> set[str]:
@@ -383,10 +363,7 @@ async def test_a_user_password_from_a_secret_of_the_users_own(
     etcd: Etcd,
 ) -> None:
     ns, kube = kube_namespace, kube_cluster
-    spec = {
-        "storage": {"bucket": "bucket-1"},
-        "etcd": {"mode": "External", "endpoints": [etcd_server.client_url]},
-    }
+    spec = external_etcd(etcd_server.client_url)
     kube.create(CLUSTERS.format(ns=ns), cluster_manifest("demo", ns, spec))
     cluster = f"{ns}.demo"
     password = "my own password 42"

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
 from harness.brokers import BrokerCluster, _create_bucket
+from harness.cluster_specs import external_etcd
 from harness.k8s_operator import operator_thread
 from harness.k8s_real import (
     CLUSTERS,
@@ -55,10 +56,7 @@ def user_manifest(name: str, namespace: str, spec: dict[str, Any]) -> dict[str, 
 
 
 def create_cluster(kube: KubeCluster, ns: str, etcd_server: EmbeddedEtcd) -> str:
-    spec = {
-        "storage": {"bucket": "bucket-1"},
-        "etcd": {"mode": "External", "endpoints": [etcd_server.client_url]},
-    }
+    spec = external_etcd(etcd_server.client_url)
     kube.create(CLUSTERS.format(ns=ns), cluster_manifest("demo", ns, spec))
     return f"{ns}.demo"  # the cluster's name in etcd
 

@@ -13,44 +13,27 @@ import kubernetes_validate
 import pytest
 from cryptography import x509
 from cryptography.x509.oid import ExtendedKeyUsageOID
+from harness.cluster_specs import (
+    NOW,
+    REF,
+    THREE_LISTENERS,
+    cluster_spec,
+    container_of,
+    find,
+    objects_of,
+)
 from pydantic import ValidationError
 
 from kafscale.broker.config import BrokerSettings
 from kafscale.broker.security.listeners import ClientAuth, SecurityProtocol
 from kafscale.operator import certificates, listeners, manifests, naming, pki
 from kafscale.operator.brokerconfig import InvalidBrokerConfig
-from kafscale.operator.models import ClusterRef, parse_cluster_spec, parse_user_spec
+from kafscale.operator.models import parse_cluster_spec, parse_user_spec
 from kafscale.operator.users import password_from_ref, secret_of
 
 pytestmark = pytest.mark.operator
 
-REF = ClusterRef(name="demo", namespace="kafka", uid="0b7f3c1e-0000-4000-8000-000000000001")
-NOW = datetime.datetime(2026, 11, 26, tzinfo=datetime.UTC)
-LISTENERS: list[dict[str, Any]] = [
-    {"name": "plain", "port": 9092},
-    {"name": "external", "port": 9093, "tls": True, "authentication": {"type": "scram-sha-512"}},
-    {"name": "mtls", "port": 9094, "tls": True, "authentication": {"type": "tls"}},
-]
-SECURED: dict[str, Any] = {
-    "storage": {"bucket": "bucket-1"},
-    "proxy": {"enabled": True},
-    "etcd": {"tls": True},
-    "listeners": LISTENERS,
-}
-
-
-def objects_of(raw: dict[str, Any], cert_manager: bool = False) -> list[dict[str, Any]]:
-    return manifests.build_cluster_objects(REF, parse_cluster_spec(raw), cert_manager=cert_manager)
-
-
-def find(objects: list[dict[str, Any]], kind: str, name: str) -> dict[str, Any]:
-    (found,) = [o for o in objects if o["kind"] == kind and o["metadata"]["name"] == name]
-    return found
-
-
-def container_of(workload: dict[str, Any]) -> dict[str, Any]:
-    container: dict[str, Any] = workload["spec"]["template"]["spec"]["containers"][0]
-    return container
+SECURED = cluster_spec(listeners=THREE_LISTENERS, proxy={"enabled": True}, etcd={"tls": True})
 
 
 # --- listeners ------------------------------------------------------------------------------------
@@ -108,7 +91,7 @@ def test_proxy_pods_reach_a_tls_etcd_with_the_mounted_client_certificate(
 
 
 def test_without_listeners_nothing_changes() -> None:
-    spec = parse_cluster_spec({"storage": {"bucket": "bucket-1"}})
+    spec = parse_cluster_spec(cluster_spec())
     assert listeners.listener_environment(REF, spec) == {}
     deployment = manifests.build_broker_deployment(REF, spec)
     container = container_of(deployment)
@@ -187,9 +170,7 @@ def test_listener_status_says_where_to_connect() -> None:
             "caSecret": "demo-ca",
         },
     ]
-    assert (
-        listeners.listener_status(REF, parse_cluster_spec({"storage": {"bucket": "b12"}})) is None
-    )
+    assert listeners.listener_status(REF, parse_cluster_spec(cluster_spec(bucket="b12"))) is None
 
 
 def test_certificates_are_mounted_where_the_settings_point() -> None:
@@ -237,9 +218,9 @@ def test_network_policies() -> None:
     assert broker["ingress"][0]["ports"] == [{"protocol": "TCP", "port": 9091}]
     assert {p["port"] for p in broker["ingress"][1]["ports"]} == {9092, 9093, 9094, 8080}
     assert "from" not in broker["ingress"][1]
-    plain = objects_of({"storage": {"bucket": "bucket-1"}})
+    plain = objects_of(cluster_spec())
     assert [o["metadata"]["name"] for o in plain if o["kind"] == "NetworkPolicy"] == ["demo-etcd"]
-    off = objects_of({"storage": {"bucket": "bucket-1"}, "etcd": {"networkPolicy": False}})
+    off = objects_of(cluster_spec(etcd={"networkPolicy": False}))
     assert not [o for o in off if o["kind"] == "NetworkPolicy"]
 
 
@@ -268,7 +249,7 @@ def test_cert_manager_objects_make_the_mounted_secrets() -> None:
     for obj in objects:
         assert obj["metadata"]["ownerReferences"][0]["uid"] == REF.uid
     assert not [o for o in objects_of(SECURED) if o["apiVersion"].startswith("cert-manager")]
-    plain = objects_of({"storage": {"bucket": "bucket-1"}}, cert_manager=True)
+    plain = objects_of(cluster_spec(), cert_manager=True)
     assert not [o for o in plain if o["apiVersion"].startswith("cert-manager")]
 
 
@@ -304,16 +285,13 @@ def test_cert_manager_is_used_unless_the_operator_already_made_the_ca() -> None:
 )
 def test_bad_listeners_are_refused(bad: list[dict[str, Any]]) -> None:
     with pytest.raises(ValidationError):
-        parse_cluster_spec({"storage": {"bucket": "bucket-1"}, "listeners": bad})
+        parse_cluster_spec(cluster_spec(listeners=bad))
 
 
 def test_etcd_tls_is_for_the_managed_etcd() -> None:
     with pytest.raises(ValidationError, match="managed etcd"):
         parse_cluster_spec(
-            {
-                "storage": {"bucket": "bucket-1"},
-                "etcd": {"mode": "External", "endpoints": ["https://e:2379"], "tls": True},
-            }
+            cluster_spec(etcd={"mode": "External", "endpoints": ["https://e:2379"], "tls": True})
         )
 
 
@@ -324,9 +302,7 @@ def test_free_form_config_cannot_override_what_listeners_set() -> None:
     etcd = parse_cluster_spec({**SECURED, "brokers": {"config": {"etcd.ca_file": "/x"}}})
     with pytest.raises(InvalidBrokerConfig, match=r"etcd\.ca_file"):
         manifests.build_cluster_objects(REF, etcd)
-    alone = parse_cluster_spec(
-        {"storage": {"bucket": "bucket-1"}, "brokers": {"config": {"tls.client_auth": "required"}}}
-    )
+    alone = parse_cluster_spec(cluster_spec(brokers={"config": {"tls.client_auth": "required"}}))
     manifests.build_cluster_objects(REF, alone)  # without listeners it is the user's to set
 
 

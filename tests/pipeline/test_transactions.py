@@ -21,7 +21,8 @@ TOPIC = "txn-source"
 def test_batch_reads_skip_aborted_records_markers_and_open_transactions(
     spark: Any, broker_cluster: BrokerCluster
 ) -> None:
-    broker = broker_cluster.start()
+    # The test plays the coordinator (made-up producer ids): no KIP-890 check with a real one.
+    broker = broker_cluster.start(KAFSCALE_TRANSACTIONS__PARTITION_VERIFICATION="false")
     create_topic(broker.bootstrap, TOPIC, 1)
     with KafkaWire(broker.bootstrap) as wire:
 
@@ -71,3 +72,50 @@ def test_batch_reads_skip_aborted_records_markers_and_open_transactions(
     with KafkaWire(broker.bootstrap) as wire:
         assert write_marker(wire, TOPIC, 0, producer_id=3, commit=True) == 0
     assert [v for _, v in read()][-3:] == [b"p2", b"open", b"behind-open"]
+
+
+def test_aborted_records_stay_skipped_past_the_state_limit(
+    spark: Any, broker_cluster: BrokerCluster
+) -> None:
+    """More aborted transactions than the partition state keeps (its limit lowered to 8): the
+    older ones live in index objects, and the source skips their records all the same, also in
+    small tasks and after the partition moved to another owner."""
+    topic = "txn-many-aborts"
+    env = {
+        "KAFSCALE_LOG__ABORTED_TXNS_IN_STATE": "8",
+        "KAFSCALE_TRANSACTIONS__PARTITION_VERIFICATION": "false",  # made-up producer ids
+    }
+
+    def write(bootstrap: str, first_pid: int, rounds: int) -> list[bytes]:
+        committed: list[bytes] = []
+        with KafkaWire(bootstrap) as wire:
+            for i in range(rounds):
+                pid = first_pid + i
+                values = [b"%d-%d" % (pid, j) for j in range(2)]
+                code, _ = produce_transactional(wire, topic, 0, values, producer_id=pid, sequence=0)
+                assert code == 0
+                commit = i % 4 == 3
+                assert write_marker(wire, topic, 0, producer_id=pid, commit=commit) == 0
+                committed += values if commit else []
+        return committed
+
+    def read(**options: str) -> list[bytes]:
+        df = (
+            spark.read.format("kafscale")
+            .options(**source_options(broker_cluster), **options)
+            .option("subscribe", topic)
+            .load()
+        )
+        return [bytes(r.value) for r in df.select("offset", "value").orderBy("offset").collect()]
+
+    first = broker_cluster.start(**env)
+    create_topic(first.bootstrap, topic, 1)
+    expected = write(first.bootstrap, 1000, 40)  # 30 aborted
+    assert any(k.endswith(".atx") for k in broker_cluster.object_keys(broker_cluster.cluster))
+    assert read() == expected
+    assert read(minPartitions="6") == expected  # tasks of a few segments each
+
+    second = broker_cluster.start(**env)
+    first.stop()
+    expected += write(second.bootstrap, 2000, 20)  # the new owner spills more
+    assert read() == expected

@@ -18,7 +18,6 @@ from kafscale.broker.metadata.partition_state import (
     advance_log_start,
 )
 from kafscale.broker.metadata.partition_txns import (
-    MAX_ABORTED_TXNS,
     MarkerDone,
     MarkerRejected,
     TxnBegin,
@@ -65,18 +64,6 @@ def test_aborted_transactions_go_once_below_the_log_start() -> None:
     )
     assert [t.producer_id for t in advance_log_start(state, 31).aborted_txns] == [3]
     assert [t.producer_id for t in advance_log_start(state, 30).aborted_txns] == [2, 3]
-
-
-def test_aborted_transactions_are_bounded() -> None:
-    state = PartitionState(high_watermark=10**6)
-    events = [
-        event
-        for pid in range(MAX_ABORTED_TXNS + 10)
-        for event in (TxnBegin(pid, 2 * pid), TxnEnd(pid, False, 2 * pid + 1, 0))
-    ]
-    state = apply_txn_events(state, events)
-    assert len(state.aborted_txns) == MAX_ABORTED_TXNS
-    assert state.aborted_txns[-1].producer_id == MAX_ABORTED_TXNS + 9  # the newest are kept
 
 
 def test_a_fetch_lists_the_aborted_transactions_overlapping_its_range() -> None:

@@ -1,9 +1,14 @@
 import java.time.Duration;
 import java.util.ArrayList;
 import java.util.List;
+import java.util.Map;
 import java.util.Properties;
+import org.apache.kafka.clients.admin.Admin;
+import org.apache.kafka.clients.admin.TransactionDescription;
+import org.apache.kafka.clients.consumer.ConsumerGroupMetadata;
 import org.apache.kafka.clients.consumer.ConsumerRecord;
 import org.apache.kafka.clients.consumer.KafkaConsumer;
+import org.apache.kafka.clients.consumer.OffsetAndMetadata;
 import org.apache.kafka.clients.producer.KafkaProducer;
 import org.apache.kafka.clients.producer.ProducerRecord;
 import org.apache.kafka.common.TopicPartition;
@@ -18,12 +23,19 @@ import org.apache.kafka.common.serialization.StringSerializer;
  * transactional id initialises, then the first tries to commit; prints "fenced CLASS" or "committed".
  * "read BOOTSTRAP TOPIC PARTITIONS EXPECT": read_committed from the start; prints
  * "record PARTITION VALUE" until EXPECT records arrived and a quiet second passed.
+ * "describe BOOTSTRAP TXN_ID": DescribeTransactions through the Admin client; prints
+ * "STATE PRODUCER_ID PRODUCER_EPOCH".
+ * "offsets BOOTSTRAP TOPIC TXN_ID GROUP ROUNDS": per round a transaction with one record and
+ * the group's offset of TOPIC-0 set to the round (sendOffsetsToTransaction), committed in even
+ * rounds and aborted in odd ones; then prints the group's committed offset "offset N".
  */
 public final class TxnClient {
     public static void main(String[] args) throws Exception {
         switch (args[0]) {
             case "rounds" -> rounds(args[1], args[2], Integer.parseInt(args[3]), args[4], Integer.parseInt(args[5]));
             case "zombie" -> zombie(args[1], args[2], args[3]);
+            case "describe" -> describe(args[1], args[2]);
+            case "offsets" -> offsets(args[1], args[2], args[3], args[4], Integer.parseInt(args[5]));
             default -> read(args[1], args[2], Integer.parseInt(args[3]), Integer.parseInt(args[4]));
         }
     }
@@ -83,6 +95,40 @@ public final class TxnClient {
             System.out.println("fenced " + cause.getClass().getSimpleName());
         } finally {
             zombie.close(Duration.ofSeconds(5));
+        }
+    }
+
+    static void describe(String bootstrap, String txnId) throws Exception {
+        Properties props = new Properties();
+        props.put("bootstrap.servers", bootstrap);
+        try (Admin admin = Admin.create(props)) {
+            TransactionDescription d = admin.describeTransactions(List.of(txnId)).description(txnId).get();
+            System.out.println(d.state() + " " + d.producerId() + " " + d.producerEpoch());
+        }
+    }
+
+    static void offsets(String bootstrap, String topic, String txnId, String group, int rounds)
+            throws Exception {
+        TopicPartition tp = new TopicPartition(topic, 0);
+        try (KafkaProducer<String, String> producer = producer(bootstrap, txnId)) {
+            for (int round = 0; round < rounds; round++) {
+                producer.beginTransaction();
+                producer.send(new ProducerRecord<>(topic, 0, null, "r" + round));
+                producer.sendOffsetsToTransaction(
+                        Map.of(tp, new OffsetAndMetadata(round)), new ConsumerGroupMetadata(group));
+                if (round % 2 == 0) {
+                    producer.commitTransaction();
+                } else {
+                    producer.abortTransaction();
+                }
+            }
+        }
+        Properties props = new Properties();
+        props.put("bootstrap.servers", bootstrap);
+        try (Admin admin = Admin.create(props)) {
+            OffsetAndMetadata committed =
+                    admin.listConsumerGroupOffsets(group).partitionsToOffsetAndMetadata().get().get(tp);
+            System.out.println("offset " + (committed == null ? -1 : committed.offset()));
         }
     }
 

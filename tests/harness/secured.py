@@ -1,0 +1,207 @@
+"""Secured test clusters: certificates, SASL users, ACLs and topics made the way an operator
+makes them (the ``kafscale`` CLI straight to etcd), and brokers with several listeners on free
+loopback ports.
+
+The secured-broker, secured-proxy and secured-transaction tests all build their clusters from
+these pieces, so a change to how a secured broker is configured is made once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from confluent_kafka import Consumer
+
+from harness.brokers import BrokerCluster, new_cluster
+from harness.s3 import S3Endpoint
+from harness.tls import Pair, TestPki, make_pki
+from kafscale.broker.child_process import BrokerProcess
+from kafscale.broker.metadata import topics
+from kafscale.broker.metadata.embedded_etcd import free_port
+from kafscale.broker.metadata.etcd import Etcd
+
+CONSUME_TIMEOUT_S = 30.0
+
+
+def secured_cluster(
+    etcd_url: str, s3: S3Endpoint, workdir: Path, label: str
+) -> tuple[BrokerCluster, TestPki]:
+    """A cluster of its own (fresh name and bucket, no brokers yet) and a test PKI whose
+    server certificate names 127.0.0.1 and localhost."""
+    return new_cluster(etcd_url, s3, workdir, label), make_pki(workdir / "pki")
+
+
+def kafscale_cli(etcd_url: str, cluster: str, *args: str, stdin: str = "") -> str:
+    """Run ``kafscale <args>`` (users, acls...) against the cluster's etcd, as an operator
+    runs it; its standard output, or a failed test when it fails."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KAFSCALE_")}
+    env.update({"KAFSCALE_CLUSTER": cluster, "KAFSCALE_ETCD__ENDPOINTS": json.dumps([etcd_url])})
+    done = subprocess.run(
+        [sys.executable, "-m", "kafscale.broker.cli", *args],
+        input=stdin,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def create_user(etcd_url: str, cluster: str, user: str, password: str) -> None:
+    """A SCRAM user (both mechanisms), made with ``kafscale users create``."""
+    kafscale_cli(etcd_url, cluster, "users", "create", user, "--password-stdin", stdin=password)
+
+
+def make_topics(etcd_url: str, cluster: str, partitions: int, *names: str) -> None:
+    """Topics written straight to etcd: no client needs the rights to create them."""
+
+    async def run() -> None:
+        etcd = await Etcd.connect([etcd_url], timeout_s=5)
+        try:
+            for name in names:
+                await topics.create_topic(etcd, cluster, name, partitions, {})
+        finally:
+            await etcd.close()
+
+    asyncio.run(run())
+
+
+def tls_env(pki: TestPki) -> dict[str, str]:
+    """The server certificate of TLS listeners, and the CA client certificates chain to."""
+    return {
+        "KAFSCALE_TLS__CERT_FILE": str(pki.server.cert),
+        "KAFSCALE_TLS__KEY_FILE": str(pki.server.key),
+        "KAFSCALE_TLS__CA_FILE": str(pki.ca.cert_path),
+    }
+
+
+def upstream_tls_env(pki: TestPki, client: Pair) -> dict[str, str]:
+    """A proxy reaching the brokers over SSL, presenting ``client``."""
+    return {
+        "KAFSCALE_UPSTREAM__SECURITY_PROTOCOL": "SSL",
+        "KAFSCALE_UPSTREAM__CA_FILE": str(pki.ca.cert_path),
+        "KAFSCALE_UPSTREAM__CERT_FILE": str(client.cert),
+        "KAFSCALE_UPSTREAM__KEY_FILE": str(client.key),
+    }
+
+
+def listeners_env(ports: Mapping[str, int]) -> str:
+    """``KAFSCALE_LISTENERS`` for listeners named in ``ports``, all on 127.0.0.1."""
+    return ",".join(f"{name}://127.0.0.1:{port}" for name, port in ports.items())
+
+
+def add_broker(
+    cluster: BrokerCluster,
+    ports: Mapping[str, int],
+    main: str,
+    log_name: str,
+    admin_token: str | None = None,
+    **env: str,
+) -> BrokerProcess:
+    """A broker (not started yet) with a listener per entry of ``ports``; ``main`` is the one
+    its readiness and ``bootstrap`` use. It is killed with the cluster at teardown."""
+    admin_port = free_port()
+    broker = BrokerProcess(
+        env=cluster.env(ports[main], admin_port, KAFSCALE_LISTENERS=listeners_env(ports), **env),
+        log_path=cluster.workdir / log_name,
+        port=ports[main],
+        admin_port=admin_port,
+        admin_token=admin_token,
+    )
+    cluster.brokers.append(broker)
+    return broker
+
+
+def confluent_sasl_ssl(
+    bootstrap: str, user: str, password: str, ca: Path, mechanism: str
+) -> dict[str, Any]:
+    """confluent-kafka's settings for a SASL_SSL login."""
+    return {
+        "bootstrap.servers": bootstrap,
+        "security.protocol": "SASL_SSL",
+        "sasl.mechanisms": mechanism,
+        "sasl.username": user,
+        "sasl.password": password,
+        "ssl.ca.location": str(ca),
+    }
+
+
+_KAFKA_PYTHON_NAMES = {
+    "bootstrap.servers": "bootstrap_servers",
+    "security.protocol": "security_protocol",
+    "sasl.mechanisms": "sasl_mechanism",
+    "sasl.username": "sasl_plain_username",
+    "sasl.password": "sasl_plain_password",
+    "ssl.ca.location": "ssl_cafile",
+}
+
+
+def kafka_python_sasl_ssl(
+    bootstrap: str, user: str, password: str, ca: Path, mechanism: str
+) -> dict[str, Any]:
+    """The same SASL_SSL login in kafka-python's names."""
+    config = confluent_sasl_ssl(bootstrap, user, password, ca, mechanism)
+    return {_KAFKA_PYTHON_NAMES[name]: value for name, value in config.items()}
+
+
+def confluent_mtls(bootstrap: str, pki: TestPki) -> dict[str, Any]:
+    """confluent-kafka's settings for an SSL listener that requires a client certificate:
+    alice's (``User:CN=alice,O=KafScale Test``)."""
+    return {
+        "bootstrap.servers": bootstrap,
+        "security.protocol": "SSL",
+        "ssl.ca.location": str(pki.ca.cert_path),
+        "ssl.certificate.location": str(pki.alice.cert),
+        "ssl.key.location": str(pki.alice.key),
+    }
+
+
+def consume_values(config: dict[str, Any], topic: str, count: int) -> list[bytes]:
+    """Up to ``count`` values of ``topic`` from the start, read in a new group (whose offsets
+    are committed); fewer if they do not come within ``CONSUME_TIMEOUT_S``."""
+    consumer = Consumer(
+        {**config, "group.id": f"g-{uuid.uuid4().hex[:8]}", "auto.offset.reset": "earliest"}
+    )
+    consumer.subscribe([topic])
+    values: list[bytes] = []
+    deadline = time.monotonic() + CONSUME_TIMEOUT_S
+    try:
+        while len(values) < count and time.monotonic() < deadline:
+            message = consumer.poll(0.5)
+            if message is None:
+                continue
+            assert message.error() is None, message.error()
+            values.append(message.value())
+        consumer.commit(asynchronous=False)
+    finally:
+        consumer.close()
+    return values
+
+
+def consume_error(config: dict[str, Any], topic: str, group: str | None = None) -> int:
+    """The error code a consumer of ``topic`` (in ``group``, else a new one) is answered with;
+    a failed test if it reads a record or gets no error within ``CONSUME_TIMEOUT_S``."""
+    group = group or f"g-{uuid.uuid4().hex[:8]}"
+    consumer = Consumer({**config, "group.id": group, "auto.offset.reset": "earliest"})
+    try:
+        consumer.subscribe([topic])
+        deadline = time.monotonic() + CONSUME_TIMEOUT_S
+        while time.monotonic() < deadline:
+            message = consumer.poll(0.5)
+            if message is not None and message.error():
+                return int(message.error().code())
+            assert message is None, "a record from a topic the principal may not read"
+        raise AssertionError("no authorization error")
+    finally:
+        consumer.close()

@@ -1,0 +1,232 @@
+"""KIP-890's pure halves: the coordinator's verification answer, transaction protocol v2's
+epoch bump in EndTxn (retries, the last epoch), Produce's error translation, and the partition's
+guard that a marker arriving during a verification invalidates."""
+
+from __future__ import annotations
+
+import dataclasses
+import socket
+from collections.abc import Iterable
+
+import pytest
+
+from kafscale.broker.metadata.cluster import BrokerInfo
+from kafscale.broker.metadata.partition_state import PartitionState
+from kafscale.broker.protocol.errors import ErrorCode
+from kafscale.broker.protocol.record_batch import BatchHeader
+from kafscale.broker.storage.partition_log import OwnedPartition
+from kafscale.broker.transactions import state
+from kafscale.broker.transactions.inter_broker_client import InterBrokerClient
+from kafscale.broker.transactions.state import TxnMetadata, TxnState
+from kafscale.broker.transactions.store import decode_metadata, encode_metadata
+from kafscale.broker.transactions.verification import PartitionVerifier, produce_error
+
+pytestmark = pytest.mark.unit
+
+TP, OTHER = ("orders", 0), ("orders", 1)
+PID = 7
+
+
+def ongoing(epoch: int = 3) -> TxnMetadata:
+    return TxnMetadata(
+        "app", PID, epoch, 1000, TxnState.ONGOING, partitions=frozenset({TP}), start_ms=1
+    )
+
+
+# --- verification (part 1) ------------------------------------------------------------------
+
+
+def test_only_a_partition_of_the_ongoing_transaction_verifies() -> None:
+    codes = state.verification_codes(ongoing(), PID, 3, [TP, OTHER])
+    assert codes == {TP: ErrorCode.NONE, OTHER: ErrorCode.INVALID_TXN_STATE}
+
+
+def test_after_the_abort_nothing_verifies() -> None:
+    aborted = dataclasses.replace(ongoing(), state=TxnState.COMPLETE_ABORT, partitions=frozenset())
+    assert state.verification_codes(aborted, PID, 3, [TP]) == {TP: ErrorCode.INVALID_TXN_STATE}
+
+
+def test_a_stale_epoch_or_unknown_producer_does_not_verify() -> None:
+    assert state.verification_codes(ongoing(), PID, 2, [TP]) == {TP: ErrorCode.PRODUCER_FENCED}
+    assert state.verification_codes(ongoing(), 99, 3, [TP]) == {
+        TP: ErrorCode.INVALID_PRODUCER_ID_MAPPING
+    }
+    assert state.verification_codes(None, PID, 3, [TP]) == {
+        TP: ErrorCode.INVALID_PRODUCER_ID_MAPPING
+    }
+
+
+@pytest.mark.parametrize(
+    "code",
+    [
+        ErrorCode.NOT_COORDINATOR,
+        ErrorCode.COORDINATOR_NOT_AVAILABLE,
+        ErrorCode.COORDINATOR_LOAD_IN_PROGRESS,
+        ErrorCode.NETWORK_EXCEPTION,
+        ErrorCode.CONCURRENT_TRANSACTIONS,
+    ],
+)
+def test_a_coordinator_that_cannot_answer_is_a_retriable_produce_error(code: ErrorCode) -> None:
+    assert produce_error(code) is ErrorCode.NOT_ENOUGH_REPLICAS
+
+
+def test_produce_errors_keep_their_meaning() -> None:
+    assert produce_error(ErrorCode.INVALID_TXN_STATE) is ErrorCode.INVALID_TXN_STATE
+    assert produce_error(ErrorCode.PRODUCER_FENCED) is ErrorCode.INVALID_PRODUCER_EPOCH
+    # v2 clients know CONCURRENT_TRANSACTIONS on Produce (a commit being completed) and retry.
+    assert produce_error(ErrorCode.CONCURRENT_TRANSACTIONS, transaction_v2=True) is (
+        ErrorCode.CONCURRENT_TRANSACTIONS
+    )
+
+
+class _RemoteCoordinator:
+    """The transactional id is coordinated at another broker (a closed port here)."""
+
+    def __init__(self, port: int) -> None:
+        self.broker = BrokerInfo(node_id=2, host="127.0.0.1", port=port)
+
+    def coordinator_for(self, transactional_id: str) -> BrokerInfo | None:
+        return self.broker
+
+    async def verify(
+        self, transactional_id: str, producer_id: int, epoch: int, partitions: Iterable[object]
+    ) -> dict[tuple[str, int], ErrorCode]:
+        raise AssertionError("not the coordinator")
+
+    async def add(self, *args: object, **kwargs: object) -> ErrorCode:
+        raise AssertionError("not the coordinator")
+
+
+def _closed_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+async def test_an_unreachable_coordinator_never_verifies_a_partition() -> None:
+    client = InterBrokerClient(timeout_s=2.0)
+    verifier = PartitionVerifier(_RemoteCoordinator(_closed_port()), client, node_id=1)
+    try:
+        codes = await verifier.verify("app", PID, 3, [TP])
+        added = await verifier.verify("app", PID, 3, [TP], add=True)
+        group = await verifier.add_group("app", PID, 3, "group")
+    finally:
+        await client.close()
+    assert codes == {TP: ErrorCode.NOT_ENOUGH_REPLICAS}
+    assert added == {TP: ErrorCode.NOT_ENOUGH_REPLICAS}
+    assert group is ErrorCode.COORDINATOR_NOT_AVAILABLE
+
+
+# --- the partition's guard --------------------------------------------------------------------
+
+
+def _partition() -> OwnedPartition:
+    owned = PartitionState(high_watermark=10, leader_epoch=1, epochs=((1, 10),))
+    return OwnedPartition("orders", 0, "id", owned, state_revision=1, lease_revision=1)
+
+
+def _txn_header() -> BatchHeader:
+    return BatchHeader(
+        base_offset=0, batch_length=0, partition_leader_epoch=0, magic=2, crc=0,
+        attributes=0x10, last_offset_delta=0, base_timestamp=0, max_timestamp=0,
+        producer_id=PID, producer_epoch=3, base_sequence=0, record_count=1,
+    )  # fmt: skip
+
+
+async def test_a_verification_holds_until_a_marker_for_the_producer_arrives() -> None:
+    owned = _partition()
+    guard = owned.begin_verification(PID)
+    assert owned.end_verification(PID, guard)
+    late = owned.begin_verification(PID)
+    owned.append(b"x" * 70, _txn_header())  # the transaction opens here...
+    owned.append_marker(PID, 3, commit=False, coordinator_epoch=1, now_ms=0)  # ...and ends
+    assert not owned.end_verification(PID, late)  # answered before the abort: refused
+    assert owned.verifying == {}
+
+
+def test_concurrent_verifications_of_one_producer_do_not_cancel_each_other() -> None:
+    owned = _partition()
+    first, second = owned.begin_verification(PID), owned.begin_verification(PID)
+    assert owned.end_verification(PID, first)
+    assert owned.end_verification(PID, second)
+    assert owned.verifying == {}
+
+
+# --- transaction protocol v2: EndTxn v5 bumps the epoch ----------------------------------------
+
+
+def test_a_v2_commit_bumps_the_epoch_and_its_markers_carry_it() -> None:
+    outcome = state.end_transaction(ongoing(3), PID, 3, True, 50, bump=True)
+    meta = outcome.metadata
+    assert outcome.error is ErrorCode.NONE and meta is not None
+    assert (meta.state, meta.producer_epoch) == (TxnState.PREPARE_COMMIT, 4)
+    assert (meta.previous_producer_id, meta.previous_epoch) == (PID, 3)
+    assert state.end_answer(meta) == (PID, 4)
+    done = state.completed(meta, 60)
+    assert (done.state, done.producer_id, done.producer_epoch) == (TxnState.COMPLETE_COMMIT, PID, 4)
+
+
+def test_a_v1_commit_keeps_the_epoch() -> None:
+    meta = state.end_transaction(ongoing(3), PID, 3, True, 50).metadata
+    assert meta is not None and meta.producer_epoch == 3
+
+
+def test_a_retried_v2_end_txn_with_the_old_epoch_gets_the_same_answer() -> None:
+    prepared = state.end_transaction(ongoing(3), PID, 3, True, 50, bump=True).metadata
+    assert prepared is not None
+    retry = state.end_transaction(prepared, PID, 3, True, 51, bump=True)
+    assert retry.error is ErrorCode.CONCURRENT_TRANSACTIONS and retry.metadata is None
+    done = state.completed(prepared, 60)
+    assert state.end_transaction(done, PID, 3, True, 61, bump=True).error is ErrorCode.NONE
+    opposite = state.end_transaction(done, PID, 3, False, 61, bump=True)
+    assert opposite.error is ErrorCode.INVALID_TXN_STATE
+    # The ended transaction's epoch is fenced for anything but that retry.
+    assert state.add_to_transaction(done, PID, 3, 70, frozenset({TP})).error is (
+        ErrorCode.PRODUCER_FENCED
+    )
+
+
+def test_a_v2_abort_of_a_transaction_that_never_began_bumps_the_epoch() -> None:
+    empty = TxnMetadata("app", PID, 5, 1000, TxnState.COMPLETE_COMMIT)
+    aborting = state.end_transaction(empty, PID, 5, False, 50, bump=True).metadata
+    assert aborting is not None
+    assert (aborting.state, aborting.producer_epoch) == (TxnState.PREPARE_ABORT, 6)
+    assert state.end_transaction(empty, PID, 5, True, 50, bump=True).error is (
+        ErrorCode.INVALID_TXN_STATE
+    )
+
+
+def test_the_last_epoch_moves_the_producer_to_a_new_id() -> None:
+    last = ongoing(state.MAX_PRODUCER_EPOCH - 1)
+    assert state.needs_new_producer_id(last)
+    assert not state.needs_new_producer_id(ongoing(state.MAX_PRODUCER_EPOCH - 2))
+    prepared = state.end_transaction(
+        last, PID, last.producer_epoch, True, 50, bump=True, new_producer_id=99
+    ).metadata
+    assert prepared is not None
+    assert (prepared.producer_id, prepared.producer_epoch) == (PID, state.MAX_PRODUCER_EPOCH)
+    assert state.end_answer(prepared) == (99, 0)
+    done = state.completed(prepared, 60)
+    assert (done.producer_id, done.producer_epoch, done.next_producer_id) == (99, 0, -1)
+    retry = state.end_transaction(done, PID, last.producer_epoch, True, 61, bump=True)
+    assert retry.error is ErrorCode.NONE and state.end_answer(done) == (99, 0)
+
+
+def test_a_timeout_abort_is_not_mistaken_for_a_retried_end_txn() -> None:
+    prepared = state.end_transaction(ongoing(3), PID, 3, True, 50, bump=True).metadata
+    assert prepared is not None
+    again = dataclasses.replace(
+        state.completed(prepared, 60), state=TxnState.ONGOING, partitions=frozenset({TP})
+    )
+    aborting = state.fenced_abort(again, 70)
+    assert (aborting.previous_producer_id, aborting.previous_epoch) == (-1, -1)
+
+
+def test_the_v2_fields_survive_etcd() -> None:
+    prepared = state.end_transaction(
+        ongoing(3), PID, 3, True, 50, bump=True, new_producer_id=12
+    ).metadata
+    assert prepared is not None
+    assert decode_metadata(encode_metadata(prepared)) == prepared
+    old_record = b'{"transactional_id":"app","producer_id":7,"producer_epoch":1,"timeout_ms":9}'
+    assert decode_metadata(old_record).previous_epoch == -1
