@@ -28,7 +28,7 @@ from kafscale.broker.storage.factory import open_object_store
 from kafscale.broker.storage.object_store import ObjectNotFound, ObjectStore, ObjectStoreError
 from kafscale.broker.storage.segments import SegmentCorrupt, decode_segment
 from kafscale.pipeline.decode import decode_records
-from kafscale.pipeline.options import TaskReading
+from kafscale.pipeline.options import TaskReading, store_identity
 from kafscale.pipeline.planning import DataLoss, ReadTask, gap_in
 from kafscale.pipeline.process import freeze_imports_once
 
@@ -48,7 +48,7 @@ def _worker_loop() -> asyncio.AbstractEventLoop:
 
 
 def _store_for(storage: StorageSettings) -> ObjectStore:
-    cache_key = storage.model_dump_json()
+    cache_key = store_identity(storage)
     store = _stores.get(cache_key)
     if store is None:
         store = open_object_store(storage)

@@ -86,6 +86,17 @@ class ReadOptions:
         )
 
 
+def store_identity(storage: StorageSettings) -> str:
+    """The key under which a process keeps the store opened for ``storage``. Secrets count:
+    pydantic's dump masks them, so a store opened with old credentials would otherwise serve
+    a query that gives new ones (after a rotation, until Spark restarts the worker)."""
+    values = {
+        name: value.get_secret_value() if isinstance(value, SecretStr) else str(value)
+        for name, value in storage.model_dump().items()
+    }
+    return json.dumps(values, sort_keys=True)
+
+
 @dataclass(frozen=True, slots=True)
 class TaskReading:
     """Everything an executor needs to read its tasks, and nothing more.
