@@ -56,8 +56,8 @@ from _cluster import (
     verdict,
 )
 
-from kafscale.broker.child_process import BrokerProcess
-from kafscale.broker.metadata.embedded_etcd import EmbeddedEtcd, free_port
+from kafscale.broker.child_process import BrokerProcess, free_port_run
+from kafscale.broker.metadata.embedded_etcd import EmbeddedEtcd
 
 ACCESS_KEY = SECRET_KEY = "bench"
 BUCKET = "kafscale-bench"
@@ -144,7 +144,7 @@ class Stack:
 
     def start_broker(self, store: str) -> Target:
         assert self.etcd is not None
-        port, admin_port = free_port(), free_port()
+        port, admin_port = free_port_run(), free_port_run()
         env = {k: v for k, v in os.environ.items() if not k.startswith("KAFSCALE_")}
         env.update(
             {

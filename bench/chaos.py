@@ -45,8 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _cluster import Stack, create_topic, wait_for
 from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
 
-from kafscale.broker.child_process import BrokerProcess
-from kafscale.broker.metadata.embedded_etcd import free_port
+from kafscale.broker.child_process import BrokerProcess, free_port_run
 
 TOPIC = "chaos"
 FAULTS = ("kill", "stop", "term", "etcd", "store")
@@ -81,7 +80,7 @@ class Acked:
 class Cluster:
     def __init__(self, stack: Stack, brokers: int) -> None:
         self.stack = stack
-        self.slots = [Slot(free_port(), free_port()) for _ in range(brokers)]
+        self.slots = [Slot(free_port_run(), free_port_run()) for _ in range(brokers)]
         self.restarts = 0
         self.failed_starts = 0
 

@@ -31,8 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _cluster import Stack, cpu_seconds, create_topic, percentile, verdict, wait_for
 
-from kafscale.broker.child_process import KAFSCALE, BrokerProcess
-from kafscale.broker.metadata.embedded_etcd import free_port
+from kafscale.broker.child_process import KAFSCALE, BrokerProcess, free_port_run
 
 MiB = 1024 * 1024
 
@@ -74,7 +73,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def start_proxy(stack: Stack, expose_owners: bool) -> BrokerProcess:
-    port, admin_port = free_port(), free_port()
+    port, admin_port = free_port_run(), free_port_run()
     env = stack.env(port, admin_port)  # the proxy ignores the storage variables
     env["KAFSCALE_ROUTING__EXPOSE_OWNERS"] = str(expose_owners).lower()
     proxy = BrokerProcess(

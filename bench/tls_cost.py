@@ -37,8 +37,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from kafscale.broker.child_process import KAFSCALE, BrokerProcess
-from kafscale.broker.metadata.embedded_etcd import free_port
+from kafscale.broker.child_process import KAFSCALE, BrokerProcess, free_port_run
 
 USER, PASSWORD = "bench", "bench-password"
 RECORD = b"x" * 1024
@@ -104,7 +103,7 @@ def start_broker(stack: Stack) -> tuple[BrokerProcess, dict[str, Any], dict[str,
     )
     if created.returncode != 0:
         raise RuntimeError(created.stderr)
-    plain_port, secure_port, admin_port = free_port(), free_port(), free_port()
+    plain_port, secure_port, admin_port = free_port_run(), free_port_run(), free_port_run()
     env = stack.env(plain_port, admin_port)
     env.update(
         KAFSCALE_LISTENERS=f"INTERNAL://127.0.0.1:{plain_port},SECURE://127.0.0.1:{secure_port}",

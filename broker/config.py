@@ -308,6 +308,16 @@ class TransactionSettings(_Section):
         "in flight and unused this long loses its record (its producer's next "
         "InitProducerId gets a new producer id); checked every check_interval_ms.",
     )
+    protocol_version: int = Field(
+        2,
+        ge=0,
+        le=2,
+        examples=[1],
+        description="The finalized transaction.version ApiVersions reports (KIP-890): 2 lets "
+        "clients that know it (the Java client from 4.0) run transaction protocol v2 (an epoch "
+        "bump at every commit and abort); 0 or 1 keeps every client on v1. Set 1 on every "
+        "broker and proxy while a rolling upgrade from a release without v2 is under way.",
+    )
     partition_verification: bool = Field(
         True,
         description="transaction.partition.verification.enable (KIP-890): a partition's owner "

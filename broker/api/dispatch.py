@@ -25,7 +25,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from kafscale.broker.api.features import features_body
+from kafscale.broker.api.features import TRANSACTION_VERSION, features_body
 from kafscale.broker.observability.metrics import METRICS
 from kafscale.broker.protocol import codec
 from kafscale.broker.protocol.errors import ErrorCode, KafkaError, code_for
@@ -199,7 +199,11 @@ def encode_error(
         raise CloseConnection(f"cannot answer {spec.name} v{api_version}: {exc}") from exc
 
 
-def api_versions_body(table: Mapping[int, ApiSpec], code: ErrorCode = ErrorCode.NONE) -> Body:
+def api_versions_body(
+    table: Mapping[int, ApiSpec],
+    code: ErrorCode = ErrorCode.NONE,
+    transaction_version: int = TRANSACTION_VERSION,
+) -> Body:
     keys = [
         {
             "api_key": spec.key,
@@ -208,4 +212,9 @@ def api_versions_body(table: Mapping[int, ApiSpec], code: ErrorCode = ErrorCode.
         }
         for spec in sorted(table.values(), key=lambda s: s.key)
     ]
-    return {"error_code": code, "api_keys": keys, "throttle_time": 0, **features_body()}
+    return {
+        "error_code": code,
+        "api_keys": keys,
+        "throttle_time": 0,
+        **features_body(transaction_version),
+    }

@@ -10,4 +10,5 @@ from kafscale.broker.api.dispatch import Body, RequestContext, api_versions_body
 async def handle_api_versions(request: Any, ctx: RequestContext) -> Body:
     from kafscale.broker.api.table import API_TABLE  # the table imports this module
 
-    return api_versions_body(API_TABLE)
+    version = ctx.broker.settings.transactions.protocol_version
+    return api_versions_body(API_TABLE, transaction_version=version)

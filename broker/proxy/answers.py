@@ -71,9 +71,9 @@ def leader_id(owner: int, me: Identity) -> int:
     return owner if me.expose_owners else me.node_id
 
 
-def api_versions() -> Body:
+def api_versions(transaction_version: int) -> Body:
     """The brokers' own table: the proxy forwards every API they serve, at every version."""
-    return api_versions_body(API_TABLE)
+    return api_versions_body(API_TABLE, transaction_version=transaction_version)
 
 
 def requested_topic_names(request: Any, routes: RoutingTable) -> list[str] | None:

@@ -192,6 +192,7 @@ class Proxy:
             identities,
             ProxyAccess(settings.authorizer, self.routes.view.acls),
             CredentialStore(self.etcd, settings.cluster).get,
+            settings.transactions.protocol_version,
         )
         routes = AdminRoutes(
             is_ready=self.is_ready,

@@ -164,6 +164,19 @@ class UpstreamSettings(_Section):
         return self
 
 
+class ProxyTransactionSettings(_Section):
+    """The one transaction setting clients see through the proxy: it answers ApiVersions itself."""
+
+    protocol_version: int = Field(
+        2,
+        ge=0,
+        le=2,
+        examples=[1],
+        description="The finalized transaction.version the proxy reports; keep it equal to the "
+        "brokers' transactions.protocol_version.",
+    )
+
+
 class ProxySettings(BaseSettings):
     """Everything one proxy process needs to know."""
 
@@ -202,6 +215,7 @@ class ProxySettings(BaseSettings):
         "(Metadata, FindCoordinator) by them.",
     )
     upstream: UpstreamSettings = UpstreamSettings()
+    transactions: ProxyTransactionSettings = ProxyTransactionSettings()
     log_level: str = Field("INFO", description="Python logging level.")
     log_format: LogFormat = Field(
         LogFormat.TEXT,

@@ -26,6 +26,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from kafscale.broker.api.features import TRANSACTION_VERSION
 from kafscale.broker.api.fetch_sessions import FetchSessionCache
 from kafscale.broker.api.sasl import sasl_authenticate, sasl_handshake
 from kafscale.broker.authz.model import Operation, ResourceType
@@ -61,6 +62,7 @@ class ProxyContext:
     identities: Mapping[str, answers.Identity] = dataclasses.field(default_factory=dict)
     access: ProxyAccess | None = None  # None: every client may describe everything
     credentials: CredentialLookup | None = None  # SCRAM credentials for SASL logins
+    transaction_version: int = TRANSACTION_VERSION  # the finalized level ApiVersions reports
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,7 +107,7 @@ Handler = Callable[[ProxyRequest], Awaitable[Answer]]
 
 
 async def api_versions(r: ProxyRequest) -> Answer:
-    return answers.api_versions()
+    return answers.api_versions(r.ctx.transaction_version)
 
 
 async def metadata(r: ProxyRequest) -> Answer:

@@ -107,26 +107,29 @@ class BrokerCluster:
 def broker_cluster(
     etcd_server: EmbeddedEtcd, s3_server: S3Endpoint, cluster_name: str, tmp_path: Path
 ) -> Iterator[BrokerCluster]:
-    bucket = unique_bucket("b")
-    _create_bucket(s3_server, bucket)
-    cluster = BrokerCluster(etcd_server.client_url, s3_server, bucket, cluster_name, tmp_path)
+    cluster = new_cluster(etcd_server.client_url, s3_server, tmp_path, "b", name=cluster_name)
     try:
         yield cluster
     finally:
         cluster.stop_all()
 
 
-def _create_bucket(s3: S3Endpoint, bucket: str) -> None:
-    s3.client().create_bucket(Bucket=bucket)
-
-
-def new_cluster(etcd_url: str, s3: S3Endpoint, workdir: Path, label: str) -> BrokerCluster:
-    """A cluster of its own (a fresh name and bucket, both starting with ``label``), with no
-    brokers yet; the caller stops it with ``stop_all()``."""
+def new_cluster(
+    etcd_url: str,
+    s3: S3Endpoint,
+    workdir: Path,
+    label: str,
+    *,
+    name: str | None = None,
+    extra_env: dict[str, str] | None = None,
+) -> BrokerCluster:
+    """A cluster of its own (a fresh bucket and, unless ``name`` is given, a fresh name, both
+    starting with ``label``), with no brokers yet; ``extra_env`` goes to every broker it
+    starts. The caller stops it with ``stop_all()``."""
     bucket = unique_bucket(label)
-    _create_bucket(s3, bucket)
-    name = f"{label}-{uuid.uuid4().hex[:8]}"
-    return BrokerCluster(etcd_url, s3, bucket, name, workdir)
+    s3.client().create_bucket(Bucket=bucket)
+    name = name or f"{label}-{uuid.uuid4().hex[:8]}"
+    return BrokerCluster(etcd_url, s3, bucket, name, workdir, extra_env=dict(extra_env or {}))
 
 
 @pytest.fixture

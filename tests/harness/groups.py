@@ -1,21 +1,44 @@
 """Consumer-group tests' shared pieces: a producer thread feeding numbered records while members
-join and leave, and a wait that fails at once when a member thread crashed.
+join and leave, a wait that fails at once when a member thread crashed, and group members of the
+three Python clients (kafka-python, aiokafka, confluent-kafka), each on its own thread.
 
-Both the classic-group tests (kafka-python, aiokafka, confluent-kafka) and the consumer-protocol
-(KIP-848) tests check "nothing lost" the same way: record values are sequence numbers.
+Both the classic-group tests (kafka-python, aiokafka, confluent-kafka, directly and through the
+proxy) and the consumer-protocol (KIP-848) tests check "nothing lost" the same way: record values
+are sequence numbers; "nothing committed read twice" from what each member consumed.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import threading
 import time
-from collections.abc import Callable
+from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from typing import Any
 
-from confluent_kafka import Producer
+from aiokafka import AIOKafkaConsumer
+from aiokafka.errors import CommitFailedError, KafkaError
+from confluent_kafka import Consumer, KafkaException, Producer
+from confluent_kafka import TopicPartition as CkTopicPartition
+from kafka import ConsumerRebalanceListener, KafkaConsumer
+from kafka.errors import KafkaError as KpKafkaError
+
+from harness import topics
 
 QUIET = 2
 """librdkafka log level: critical only (brokers are killed on purpose in these tests)."""
+
+PARTITIONS = 6
+"""Partitions of a group test's topic (``create_topic``); ``split_evenly`` covers them all."""
+GROUP_ENV = {
+    "KAFSCALE_GROUPS__INITIAL_REBALANCE_DELAY_MS": "200",
+    "KAFSCALE_GROUPS__MIN_SESSION_TIMEOUT_MS": "1000",
+}
+"""Broker settings for group tests: a short initial rebalance delay, short sessions allowed."""
+SESSION_MS = 6000
+SHARED_CLIENT_ID = "shared-client"
 
 
 def wait_for(
@@ -91,3 +114,236 @@ class Feed(threading.Thread):
     def stop(self, timeout_s: float = 40) -> None:
         self._halt.set()
         self.join(timeout_s)
+
+
+# --- group members --------------------------------------------------------------------------------
+
+
+def create_topic(bootstrap: str, topic: str, partitions: int = PARTITIONS) -> None:
+    topics.create_topic(bootstrap, topic, partitions, log_level=QUIET)
+
+
+def wait_for_members(check: Callable[[], bool], timeout_s: float, what: str) -> None:
+    """``wait_for`` whose timeout names each live member's assignment and records read."""
+    wait_for(check, timeout_s, what, members_state)
+
+
+def members_state() -> str:
+    """Each live member's assignment and how many records it read (for a timeout's message)."""
+    members = [t for t in threading.enumerate() if isinstance(t, Member)]
+    state = {m.name_: (sorted(m.assignment), len(m.consumed)) for m in members}
+    return f"members {state}"
+
+
+@dataclass
+class Consumed:
+    partition: int
+    offset: int
+    value: int
+    committed: bool = False
+
+
+@dataclass
+class Member(threading.Thread):
+    """One group member on its own thread; subclasses wrap a client library."""
+
+    name_: str
+    bootstrap: str
+    group: str
+    topic: str
+    config: dict[str, Any] = field(default_factory=dict)
+    consumed: list[Consumed] = field(default_factory=list)
+    assignment: frozenset[int] = frozenset()
+    assigned: list[list[int]] = field(default_factory=list)
+    revoked: list[list[int]] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+    stopping: threading.Event = field(default_factory=threading.Event)
+    crashed: BaseException | None = None
+
+    def __post_init__(self) -> None:
+        threading.Thread.__init__(self, name=self.name_, daemon=True)
+
+    def __hash__(self) -> int:
+        return id(self)
+
+    def run(self) -> None:
+        try:
+            self.consume()
+        except BaseException as exc:
+            self.crashed = exc
+            raise
+
+    def consume(self) -> None:
+        raise NotImplementedError
+
+    def stop(self) -> None:
+        self.stopping.set()
+        self.join(30)
+        assert not self.is_alive(), f"{self.name_} did not stop"
+
+    def values(self) -> list[int]:
+        return [c.value for c in self.consumed]
+
+
+class ConfluentMember(Member):
+    def consume(self) -> None:
+        config = {
+            "bootstrap.servers": self.bootstrap,
+            "group.id": self.group,
+            "client.id": SHARED_CLIENT_ID,
+            "enable.auto.commit": False,
+            "auto.offset.reset": "earliest",
+            "session.timeout.ms": SESSION_MS,
+            "heartbeat.interval.ms": 500,
+            "log_level": QUIET,
+            **self.config,
+        }
+        consumer = Consumer(config)
+        consumer.subscribe([self.topic], on_assign=self._on_assign, on_revoke=self._on_revoke)
+        try:
+            while not self.stopping.is_set():
+                message = consumer.poll(0.1)
+                if message is None or message.error() is not None:
+                    continue
+                record = Consumed(message.partition(), message.offset(), int(message.value()))
+                self.consumed.append(record)
+                try:
+                    consumer.commit(message=message, asynchronous=False)
+                    record.committed = True
+                except KafkaException as exc:
+                    self.errors.append(str(exc))
+                self.assignment = frozenset(tp.partition for tp in consumer.assignment())
+        finally:
+            consumer.close()
+
+    def _on_assign(self, consumer: Consumer, partitions: list[CkTopicPartition]) -> None:
+        self.assigned.append(sorted(tp.partition for tp in partitions))
+        self.assignment = self.assignment | {tp.partition for tp in partitions}
+
+    def _on_revoke(self, consumer: Consumer, partitions: list[CkTopicPartition]) -> None:
+        self.revoked.append(sorted(tp.partition for tp in partitions))
+        self.assignment = self.assignment - {tp.partition for tp in partitions}
+
+
+class _PythonClientMember(Member):
+    """kafka-python and aiokafka: the same setting names and the same shape of poll result."""
+
+    def client_config(self) -> dict[str, Any]:
+        return {
+            "bootstrap_servers": self.bootstrap,
+            "group_id": self.group,
+            "client_id": SHARED_CLIENT_ID,
+            "enable_auto_commit": False,
+            "auto_offset_reset": "earliest",
+            "session_timeout_ms": SESSION_MS,
+            "heartbeat_interval_ms": 500,
+            **self.config,
+        }
+
+    def note(self, batches: dict[Any, list[Any]]) -> list[Consumed]:
+        """A poll's records, noted as consumed (not yet committed)."""
+        records = [
+            Consumed(tp.partition, m.offset, int(m.value))
+            for tp, messages in batches.items()
+            for m in messages
+        ]
+        self.consumed.extend(records)
+        return records
+
+
+class KafkaPythonMember(_PythonClientMember):
+    def consume(self) -> None:
+        consumer = KafkaConsumer(**self.client_config())
+        consumer.subscribe([self.topic], listener=_Listener(self))
+        try:
+            while not self.stopping.is_set():
+                batches = consumer.poll(timeout_ms=100)
+                records = self.note(batches)
+                if records:
+                    try:
+                        consumer.commit()
+                        for record in records:
+                            record.committed = True
+                    except KpKafkaError as exc:
+                        self.errors.append(repr(exc))
+                self.assignment = frozenset(tp.partition for tp in consumer.assignment())
+        finally:
+            consumer.close()
+
+
+class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]
+    def __init__(self, member: Member) -> None:
+        self.member = member
+
+    def on_partitions_assigned(self, assigned: list[Any]) -> None:
+        self.member.assigned.append(sorted(tp.partition for tp in assigned))
+
+    def on_partitions_revoked(self, revoked: list[Any]) -> None:
+        self.member.revoked.append(sorted(tp.partition for tp in revoked))
+
+
+class AioKafkaMember(_PythonClientMember):
+    def consume(self) -> None:
+        asyncio.run(self._main())
+
+    async def _main(self) -> None:
+        consumer = AIOKafkaConsumer(self.topic, **self.client_config())
+        await consumer.start()
+        try:
+            while not self.stopping.is_set():
+                batches = await consumer.getmany(timeout_ms=100)
+                records = self.note(batches)
+                if records:
+                    try:
+                        await consumer.commit()
+                        for record in records:
+                            record.committed = True
+                    except (CommitFailedError, KafkaError) as exc:
+                        self.errors.append(repr(exc))
+                self.assignment = frozenset(tp.partition for tp in consumer.assignment())
+        finally:
+            await consumer.stop()
+
+
+@contextlib.contextmanager
+def running(*members: Member) -> Iterator[None]:
+    for member in members:
+        member.start()
+    try:
+        yield
+    finally:
+        for member in members:
+            if member.is_alive():
+                member.stop()
+    for member in members:
+        assert member.crashed is None, f"{member.name_} crashed: {member.crashed!r}"
+
+
+def split_evenly(members: list[Member]) -> bool:
+    """Disjoint assignments covering every partition, every member holding some."""
+    assignments = [m.assignment for m in members]
+    union = frozenset().union(*assignments)
+    disjoint = sum(len(a) for a in assignments) == len(union)
+    return disjoint and union == frozenset(range(PARTITIONS)) and all(assignments)
+
+
+def assert_no_committed_record_seen_twice(live: list[Member]) -> None:
+    """A record consumed and committed is never consumed again by a live member."""
+    by_position: dict[tuple[int, int], list[Consumed]] = {}
+    for member in live:
+        for record in member.consumed:
+            by_position.setdefault((record.partition, record.offset), []).append(record)
+    repeated = {pos: seen for pos, seen in by_position.items() if len(seen) > 1}
+    bad = {pos: seen for pos, seen in repeated.items() if seen[0].committed}
+    assert not bad, f"committed records consumed again: {sorted(bad)[:10]}"
+
+
+def report(members: list[Member], extra: set[int] = frozenset()) -> None:  # type: ignore[assignment]
+    """What happened, for the test log (shown with -s or on failure)."""
+    seen = Counter((r.partition, r.offset) for m in members for r in m.consumed)
+    failed = sum(1 for m in members for r in m.consumed if not r.committed)
+    print(
+        f"consumed {sum(seen.values())} ({len(seen)} distinct, {len(extra)} by killed members), "
+        f"repeated {sum(1 for n in seen.values() if n > 1)}, uncommitted {failed}, "
+        f"rebalances {[(m.name_, len(m.assigned), len(m.revoked)) for m in members]}"
+    )

@@ -15,7 +15,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import time
 import urllib.error
@@ -24,17 +23,13 @@ import uuid
 from collections.abc import Callable
 from pathlib import Path
 
+from kafscale.broker.child_process import free_port_run
+
 REQUIRED_BINARIES = ("ceph-mon", "ceph-osd", "radosgw", "radosgw-admin", "monmaptool", "ceph")
 SYSTEM_DEPS_HINT = (
     "Ceph radosgw is not installed; run `make system-deps` (apt-get install -y "
     "--no-install-recommends ceph-mon ceph-osd radosgw ceph-common)"
 )
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def missing_binaries() -> list[str]:
@@ -61,8 +56,8 @@ class RadosGW:
         self.secret_access_key = secret_access_key
         self.region = "us-east-1"
         self._start_timeout_s = start_timeout_s
-        self._mon_port = free_port()
-        self._rgw_port = free_port()
+        self._mon_port = free_port_run()
+        self._rgw_port = free_port_run()
         self._conf = workdir / "ceph.conf"
         self._processes: dict[str, subprocess.Popen[bytes]] = {}
         self._env = {

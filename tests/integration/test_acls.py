@@ -31,7 +31,7 @@ from confluent_kafka.admin import (
     ResourcePatternType,
     ResourceType,
 )
-from harness.brokers import BrokerCluster, BrokerProcess, _create_bucket
+from harness.brokers import BrokerCluster, BrokerProcess, new_cluster
 from harness.java_client import CACHE, _jars
 from harness.kafka_wire import (
     KafkaWire,
@@ -42,7 +42,7 @@ from harness.kafka_wire import (
     produce_partition,
 )
 from harness.proxy import start_proxy
-from harness.s3 import S3Endpoint, unique_bucket
+from harness.s3 import S3Endpoint
 from harness.secured import consume_error, kafscale_cli, make_topics
 from kafka.admin import (
     ACLFilter,
@@ -69,14 +69,11 @@ WATCH_DEADLINE_S = 15.0  # generous: the machine is shared; the change normally 
 def cluster(
     etcd_server: EmbeddedEtcd, s3_server: S3Endpoint, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[BrokerCluster]:
-    bucket = unique_bucket("acls")
-    _create_bucket(s3_server, bucket)
-    cluster = BrokerCluster(
+    cluster = new_cluster(
         etcd_server.client_url,
         s3_server,
-        bucket,
-        f"acls-{uuid.uuid4().hex[:8]}",
         tmp_path_factory.mktemp("acls"),
+        "acls",
         extra_env={"KAFSCALE_AUTHORIZER__ENABLED": "true"},
     )
     try:

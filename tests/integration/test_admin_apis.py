@@ -23,9 +23,9 @@ from confluent_kafka.admin import ConfigResource as CkConfigResource
 from confluent_kafka.admin import NewPartitions as CkNewPartitions
 from confluent_kafka.admin import NewTopic as CkNewTopic
 from confluent_kafka.admin import ResourceType as CkResourceType
-from harness.brokers import BrokerCluster, BrokerProcess, _create_bucket
+from harness.brokers import BrokerCluster, BrokerProcess, new_cluster
 from harness.kafka_wire import FETCH, KafkaWire, fetch_body, fetch_partition
-from harness.s3 import S3Endpoint, unique_bucket
+from harness.s3 import S3Endpoint
 from kafka import TopicPartition as KpTopicPartition
 from kafka.admin import ConfigResource as KpConfigResource
 from kafka.admin import KafkaAdminClient
@@ -47,14 +47,8 @@ TOPIC_ALREADY_EXISTS, INVALID_PARTITIONS, INVALID_CONFIG = 36, 37, 40
 def cluster(
     etcd_server: EmbeddedEtcd, s3_server: S3Endpoint, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[BrokerCluster]:
-    bucket = unique_bucket("admin")
-    _create_bucket(s3_server, bucket)
-    cluster = BrokerCluster(
-        etcd_server.client_url,
-        s3_server,
-        bucket,
-        f"admin-{uuid.uuid4().hex[:8]}",
-        tmp_path_factory.mktemp("admin"),
+    cluster = new_cluster(
+        etcd_server.client_url, s3_server, tmp_path_factory.mktemp("admin"), "admin"
     )
     try:
         cluster.start()

@@ -10,9 +10,9 @@ from collections.abc import Iterator
 import pytest
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
-from harness.brokers import BrokerCluster, _create_bucket
+from harness.brokers import BrokerCluster, new_cluster
 from harness.kafka_wire import KafkaWire
-from harness.s3 import S3Endpoint, unique_bucket
+from harness.s3 import S3Endpoint
 
 from kafscale.broker.api.configs import ConfigType
 from kafscale.broker.child_process import BrokerProcess
@@ -30,14 +30,8 @@ TOPIC, BROKER = 2, 4
 def cluster(
     etcd_server: EmbeddedEtcd, s3_server: S3Endpoint, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[BrokerCluster]:
-    bucket = unique_bucket("rules")
-    _create_bucket(s3_server, bucket)
-    cluster = BrokerCluster(
-        etcd_server.client_url,
-        s3_server,
-        bucket,
-        f"rules-{uuid.uuid4().hex[:8]}",
-        tmp_path_factory.mktemp("rules"),
+    cluster = new_cluster(
+        etcd_server.client_url, s3_server, tmp_path_factory.mktemp("rules"), "rules"
     )
     try:
         cluster.start()

@@ -21,7 +21,7 @@ import pytest
 import zstandard
 from confluent_kafka import Consumer, Producer, TopicPartition
 from harness.batches import make_batch
-from harness.brokers import BrokerCluster, BrokerProcess, _create_bucket
+from harness.brokers import BrokerProcess, new_cluster
 from harness.kafka_wire import (
     API_VERSIONS,
     FETCH,
@@ -40,7 +40,7 @@ from harness.kafka_wire import (
     sample_body,
     uvarint,
 )
-from harness.s3 import S3Endpoint, unique_bucket
+from harness.s3 import S3Endpoint
 from harness.topics import create_topics
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -60,14 +60,11 @@ UNSUPPORTED_VERSION, INVALID_REQUEST, UNKNOWN_TOPIC_ID = 35, 42, 100
 def kafka(
     etcd_server: EmbeddedEtcd, s3_server: S3Endpoint, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[BrokerProcess]:
-    bucket = unique_bucket("badinput")
-    _create_bucket(s3_server, bucket)
-    cluster = BrokerCluster(
+    cluster = new_cluster(
         etcd_server.client_url,
         s3_server,
-        bucket,
-        f"bad-input-{uuid.uuid4().hex[:8]}",
         tmp_path_factory.mktemp("bad-input"),
+        "bad-input",
         extra_env={
             "KAFSCALE_LIMITS__MAX_FRAME_BYTES": str(MAX_FRAME_BYTES),
             "KAFSCALE_TOPICS__AUTO_CREATE_TOPICS": "false",

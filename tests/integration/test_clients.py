@@ -17,7 +17,6 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from pathlib import Path
 
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
@@ -28,10 +27,10 @@ from confluent_kafka import Consumer, Producer
 from confluent_kafka import TopicPartition as CkTopicPartition
 from confluent_kafka.admin import AdminClient, OffsetSpec
 from confluent_kafka.admin import NewTopic as CkNewTopic
-from harness.brokers import BrokerCluster, BrokerProcess, _create_bucket
+from harness.brokers import BrokerProcess, new_cluster
 from harness.kafka_wire import FETCH, KafkaWire, batches_in, fetch_body, fetch_partition
 from harness.kcat import kcat_consume, kcat_headers, kcat_produce
-from harness.s3 import S3Endpoint, unique_bucket
+from harness.s3 import S3Endpoint
 from kafka import KafkaConsumer, KafkaProducer
 from kafka import TopicPartition as KpTopicPartition
 from kafka.admin import KafkaAdminClient
@@ -54,20 +53,13 @@ CONSUME_TIMEOUT_S = 30.0
 def kafka(
     etcd_server: EmbeddedEtcd, s3_server: S3Endpoint, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[BrokerProcess]:
-    cluster = module_cluster(etcd_server, s3_server, tmp_path_factory.mktemp("clients"), "clients")
+    cluster = new_cluster(
+        etcd_server.client_url, s3_server, tmp_path_factory.mktemp("clients"), "clients"
+    )
     try:
         yield cluster.start()
     finally:
         cluster.stop_all()
-
-
-def module_cluster(
-    etcd_server: EmbeddedEtcd, s3_server: S3Endpoint, workdir: Path, label: str
-) -> BrokerCluster:
-    bucket = unique_bucket(label)
-    _create_bucket(s3_server, bucket)
-    cluster_name = f"{label}-{uuid.uuid4().hex[:8]}"
-    return BrokerCluster(etcd_server.client_url, s3_server, bucket, cluster_name, workdir)
 
 
 @pytest.fixture

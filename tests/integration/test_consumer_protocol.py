@@ -23,7 +23,7 @@ import struct
 import subprocess
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -220,6 +220,26 @@ MemberFactory = Callable[[str, str, str, str, str], GroupMember]
 # --- checks ---------------------------------------------------------------------------------------
 
 
+def values_read(members: Sequence[GroupMember]) -> set[int]:
+    """Every record value the members consumed (values are the feed's sequence numbers)."""
+    return {v for m in members for _, _, v in m.records}
+
+
+def read_all_sent(feed: Feed, members: Sequence[GroupMember], timeout_s: float, what: str) -> None:
+    """Stop the feed, then wait until the members between them read every record it sent."""
+    feed.stop()
+    wanted = set(range(feed.sent))
+    wait_for(lambda: wanted <= values_read(members), timeout_s, what)
+
+
+def assert_all_read_never_shared(feed: Feed, everyone: list[GroupMember]) -> None:
+    """The end of a group test under produce: every record sent was acked and read, and no
+    partition was ever owned by two members at once."""
+    assert not feed.failed
+    assert overlaps(everyone) == []
+    assert values_read(everyone) == set(range(feed.sent)), "records lost"
+
+
 def covered(members: list[GroupMember]) -> bool:
     """The live members own every partition, each exactly once."""
     owned = [p for m in members for p in m.ownership.owned_now()]
@@ -270,21 +290,12 @@ def run_join_and_leave(cluster: BrokerCluster, factory: MemberFactory, protocol:
         while len(members) > 1:
             members.pop(0).stop()
             wait_for(lambda: covered(members), 30, f"{len(members)} members to take over")
-        feed.stop()
-        wanted = set(range(feed.sent))
-        wait_for(
-            lambda: wanted <= {v for m in everyone for _, _, v in m.records},
-            30,
-            "the last member to read everything",
-        )
+        read_all_sent(feed, everyone, 30, "the last member to read everything")
     finally:
         feed.stop()
         for member in members:
             member.stop()
-    assert not feed.failed
-    assert overlaps(everyone) == []
-    read = [v for m in everyone for _, _, v in m.records]
-    assert set(read) == set(range(feed.sent)), "records lost"
+    assert_all_read_never_shared(feed, everyone)
     # At least once: a record is read again only by a partition's next owner, when the last
     # one's final commit did not land; never by two owners at once (checked above).
     by_offset: dict[tuple[int, int], set[str]] = {}
@@ -388,7 +399,7 @@ def test_consumer_protocol_through_the_proxy(broker_cluster: BrokerCluster) -> N
     members = [ConfluentMember(f"m{i}", proxy.bootstrap, topic, group, "consumer") for i in (0, 1)]
     try:
         wait_for(
-            lambda: set(range(300)) <= {v for m in members for _, _, v in m.records},
+            lambda: set(range(300)) <= values_read(members),
             40,
             "the group to read everything through the proxy",
         )
@@ -412,17 +423,11 @@ def test_the_group_carries_on_when_its_coordinator_stops(broker_cluster: BrokerC
     produce(bootstrap, topic, 200)
     members = [ConfluentMember(f"m{i}", bootstrap, topic, group, "consumer") for i in (0, 1)]
     try:
-        wait_for(
-            lambda: {v for m in members for _, _, v in m.records} >= set(range(200)), 40, "reads"
-        )
-        with KafkaWire(brokers[0].bootstrap) as wire:
-            coordinator = int(wire.request(10, 3, {"key": group, "key_type": 0}).node_id)
-        victim = next(b for b in brokers if b.node_id == coordinator)
-        survivor = next(b for b in brokers if b is not victim)
-        victim.stop()
+        wait_for(lambda: values_read(members) >= set(range(200)), 40, "reads")
+        survivor = stop_the_coordinator(brokers, group)
         produce(survivor.bootstrap, topic, 200)
         wait_for(
-            lambda: {v for m in members for _, _, v in m.records} >= set(range(400)),
+            lambda: values_read(members) >= set(range(400)),
             40,
             "the group to go on at the other broker",
         )
@@ -432,6 +437,15 @@ def test_the_group_carries_on_when_its_coordinator_stops(broker_cluster: BrokerC
         for member in members:
             member.stop()
     assert overlaps(members) == []  # type: ignore[arg-type]
+
+
+def stop_the_coordinator(brokers: list[BrokerProcess], group: str) -> BrokerProcess:
+    """Stop (SIGTERM) the broker coordinating ``group``; the other one, which carries on."""
+    with KafkaWire(brokers[0].bootstrap) as wire:
+        coordinator = int(wire.request(10, 3, {"key": group, "key_type": 0}).node_id)
+    victim = next(b for b in brokers if b.node_id == coordinator)
+    victim.stop()
+    return next(b for b in brokers if b is not victim)
 
 
 def produce(bootstrap: str, topic: str, count: int) -> None:
@@ -702,20 +716,12 @@ def test_a_live_group_is_upgraded_member_by_member_and_back(
         rollback = roll(broker.bootstrap, topic, group, members, everyone, "classic", factory)
         assert rollback == [{0, 1}, {0, 1}]  # then a classic group again
         wait_for(lambda: group_type(broker.bootstrap, group) == "classic", 20, "a classic group")
-        feed.stop()
-        wanted = set(range(feed.sent))
-        wait_for(
-            lambda: wanted <= {v for m in everyone for _, _, v in m.records},
-            40,
-            "the group to read everything",
-        )
+        read_all_sent(feed, everyone, 40, "the group to read everything")
     finally:
         feed.stop()
         for member in members:
             member.stop()
-    assert not feed.failed
-    assert overlaps(everyone) == []
-    assert {v for m in everyone for _, _, v in m.records} == set(range(feed.sent)), "records lost"
+    assert_all_read_never_shared(feed, everyone)
     assert all(not m.crashed for m in everyone if isinstance(m, ConfluentMember))
 
 
@@ -739,14 +745,10 @@ def test_a_mixed_group_carries_on_when_its_coordinator_stops(broker_cluster: Bro
         )
         before = describe(brokers, group).members
         assert {m.member_type for m in before} == {0, 1}
-        with KafkaWire(brokers[0].bootstrap) as wire:
-            coordinator = int(wire.request(10, 3, {"key": group, "key_type": 0}).node_id)
-        victim = next(b for b in brokers if b.node_id == coordinator)
-        survivor = next(b for b in brokers if b is not victim)
-        victim.stop()
+        survivor = stop_the_coordinator(brokers, group)
         produce(survivor.bootstrap, topic, 200)
         wait_for(
-            lambda: {v for m in members for _, _, v in m.records} >= set(range(400)),
+            lambda: values_read(members) >= set(range(400)),
             40,
             "the mixed group to go on at the other broker",
         )

@@ -27,7 +27,7 @@ import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 from harness.batches import make_batch
-from harness.brokers import BrokerCluster, BrokerProcess, _create_bucket
+from harness.brokers import BrokerCluster, BrokerProcess, new_cluster
 from harness.kafka_wire import (
     API_VERSIONS,
     FETCH,
@@ -359,10 +359,8 @@ def test_etcd_paused_past_the_session_ttl_loses_no_acked_record(
     """etcd stops answering (SIGSTOP) for 6 s, past the broker's 4-s session TTL: the broker
     gives its partitions up, its session ends, and once etcd is back it registers again and takes
     them back. Nothing acked is lost, the idempotent producer's retries are stored once."""
-    bucket = unique_bucket("o")
-    _create_bucket(s3_server, bucket)
-    cluster = BrokerCluster(
-        etcd_server_private.client_url, s3_server, bucket, cluster_name, tmp_path
+    cluster = new_cluster(
+        etcd_server_private.client_url, s3_server, tmp_path, "o", name=cluster_name
     )
     try:
         broker = cluster.start(KAFSCALE_ETCD__TIMEOUT_S="2")

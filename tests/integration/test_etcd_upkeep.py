@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from confluent_kafka import Producer
 from harness.batches import make_batch
-from harness.brokers import BrokerCluster, _create_bucket
+from harness.brokers import new_cluster
 from harness.kafka_wire import (
     FETCH,
     PRODUCE,
@@ -22,7 +22,7 @@ from harness.kafka_wire import (
     produce_body,
     produce_partition,
 )
-from harness.s3 import S3Endpoint, unique_bucket
+from harness.s3 import S3Endpoint
 from harness.topics import create_topics
 
 from kafscale.broker.metadata.embedded_etcd import EmbeddedEtcd, find_etcd_binary
@@ -62,9 +62,7 @@ def status(server: EmbeddedEtcd) -> dict[str, int]:
 def test_the_lowest_broker_compacts_etcd_history_as_commits_go_on(
     etcd_server_private: EmbeddedEtcd, s3_server: S3Endpoint, tmp_path: Path
 ) -> None:
-    bucket = unique_bucket("upkeep")
-    _create_bucket(s3_server, bucket)
-    cluster = BrokerCluster(etcd_server_private.client_url, s3_server, bucket, "upkeep", tmp_path)
+    cluster = new_cluster(etcd_server_private.client_url, s3_server, tmp_path, "upkeep")
     try:
         broker = cluster.start(KAFSCALE_ETCD__COMPACTION_INTERVAL_S="1")
         producer = Producer({"bootstrap.servers": broker.bootstrap, "linger.ms": 0})
@@ -97,9 +95,7 @@ def test_an_etcd_out_of_space_fails_produces_clearly_and_recovers(
         no_fsync=True,
         extra_args=(f"--quota-backend-bytes={2 * MiB}",),
     ).start()
-    bucket = unique_bucket("nospace")
-    _create_bucket(s3_server, bucket)
-    cluster = BrokerCluster(server.client_url, s3_server, bucket, "nospace", tmp_path)
+    cluster = new_cluster(server.client_url, s3_server, tmp_path, "nospace")
     try:
         broker = cluster.start(KAFSCALE_ETCD__COMPACTION_INTERVAL_S="10")
         create_topics(broker.bootstrap, ["roomy"], partitions=1)

@@ -17,30 +17,34 @@ whole module stays well under two minutes.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
-from aiokafka import AIOKafkaConsumer
-from aiokafka.errors import CommitFailedError, KafkaError
-from confluent_kafka import Consumer, KafkaException
-from confluent_kafka import TopicPartition as CkTopicPartition
-from harness import groups, topics
 from harness.brokers import BrokerCluster, BrokerProcess
-from harness.groups import QUIET, Feed
+from harness.groups import (
+    GROUP_ENV,
+    PARTITIONS,
+    SHARED_CLIENT_ID,
+    AioKafkaMember,
+    ConfluentMember,
+    Feed,
+    KafkaPythonMember,
+    Member,
+    assert_no_committed_record_seen_twice,
+    create_topic,
+    report,
+    running,
+    split_evenly,
+    wait_for_members,
+)
 from harness.kafka_wire import KafkaWire
-from kafka import ConsumerRebalanceListener, KafkaConsumer
-from kafka.errors import KafkaError as KpKafkaError
 
 from kafscale.broker.groups.store import decode_group
 from kafscale.broker.metadata import keys
@@ -48,253 +52,9 @@ from kafscale.broker.metadata.etcd import Etcd
 
 pytestmark = pytest.mark.integration
 
-PARTITIONS = 6
-GROUP_ENV = {
-    "KAFSCALE_GROUPS__INITIAL_REBALANCE_DELAY_MS": "200",
-    "KAFSCALE_GROUPS__MIN_SESSION_TIMEOUT_MS": "1000",
-}
-SESSION_MS = 6000
-SHARED_CLIENT_ID = "shared-client"
-
 
 def start_brokers(cluster: BrokerCluster, count: int) -> list[BrokerProcess]:
     return [cluster.start(**GROUP_ENV) for _ in range(count)]
-
-
-def create_topic(bootstrap: str, topic: str, partitions: int = PARTITIONS) -> None:
-    topics.create_topic(bootstrap, topic, partitions, log_level=QUIET)
-
-
-def wait_for(check: Callable[[], bool], timeout_s: float, what: str) -> None:
-    groups.wait_for(check, timeout_s, what, members_state)
-
-
-def members_state() -> str:
-    """Each live member's assignment and how many records it read (for a timeout's message)."""
-    members = [t for t in threading.enumerate() if isinstance(t, Member)]
-    state = {m.name_: (sorted(m.assignment), len(m.consumed)) for m in members}
-    return f"members {state}"
-
-
-# --- records --------------------------------------------------------------------------------------
-
-
-@dataclass
-class Consumed:
-    partition: int
-    offset: int
-    value: int
-    committed: bool = False
-
-
-@dataclass
-class Member(threading.Thread):
-    """One group member on its own thread; subclasses wrap a client library."""
-
-    name_: str
-    bootstrap: str
-    group: str
-    topic: str
-    config: dict[str, Any] = field(default_factory=dict)
-    consumed: list[Consumed] = field(default_factory=list)
-    assignment: frozenset[int] = frozenset()
-    assigned: list[list[int]] = field(default_factory=list)
-    revoked: list[list[int]] = field(default_factory=list)
-    errors: list[str] = field(default_factory=list)
-    stopping: threading.Event = field(default_factory=threading.Event)
-    crashed: BaseException | None = None
-
-    def __post_init__(self) -> None:
-        threading.Thread.__init__(self, name=self.name_, daemon=True)
-
-    def __hash__(self) -> int:
-        return id(self)
-
-    def run(self) -> None:
-        try:
-            self.consume()
-        except BaseException as exc:
-            self.crashed = exc
-            raise
-
-    def consume(self) -> None:
-        raise NotImplementedError
-
-    def stop(self) -> None:
-        self.stopping.set()
-        self.join(30)
-        assert not self.is_alive(), f"{self.name_} did not stop"
-
-    def values(self) -> list[int]:
-        return [c.value for c in self.consumed]
-
-
-class ConfluentMember(Member):
-    def consume(self) -> None:
-        config = {
-            "bootstrap.servers": self.bootstrap,
-            "group.id": self.group,
-            "client.id": SHARED_CLIENT_ID,
-            "enable.auto.commit": False,
-            "auto.offset.reset": "earliest",
-            "session.timeout.ms": SESSION_MS,
-            "heartbeat.interval.ms": 500,
-            "log_level": QUIET,
-            **self.config,
-        }
-        consumer = Consumer(config)
-        consumer.subscribe([self.topic], on_assign=self._on_assign, on_revoke=self._on_revoke)
-        try:
-            while not self.stopping.is_set():
-                message = consumer.poll(0.1)
-                if message is None or message.error() is not None:
-                    continue
-                record = Consumed(message.partition(), message.offset(), int(message.value()))
-                self.consumed.append(record)
-                try:
-                    consumer.commit(message=message, asynchronous=False)
-                    record.committed = True
-                except KafkaException as exc:
-                    self.errors.append(str(exc))
-                self.assignment = frozenset(tp.partition for tp in consumer.assignment())
-        finally:
-            consumer.close()
-
-    def _on_assign(self, consumer: Consumer, partitions: list[CkTopicPartition]) -> None:
-        self.assigned.append(sorted(tp.partition for tp in partitions))
-        self.assignment = self.assignment | {tp.partition for tp in partitions}
-
-    def _on_revoke(self, consumer: Consumer, partitions: list[CkTopicPartition]) -> None:
-        self.revoked.append(sorted(tp.partition for tp in partitions))
-        self.assignment = self.assignment - {tp.partition for tp in partitions}
-
-
-class KafkaPythonMember(Member):
-    def consume(self) -> None:
-        config = {
-            "bootstrap_servers": self.bootstrap,
-            "group_id": self.group,
-            "client_id": SHARED_CLIENT_ID,
-            "enable_auto_commit": False,
-            "auto_offset_reset": "earliest",
-            "session_timeout_ms": SESSION_MS,
-            "heartbeat_interval_ms": 500,
-            **self.config,
-        }
-        consumer = KafkaConsumer(**config)
-        consumer.subscribe([self.topic], listener=_Listener(self))
-        try:
-            while not self.stopping.is_set():
-                batches = consumer.poll(timeout_ms=100)
-                records = [
-                    Consumed(tp.partition, m.offset, int(m.value))
-                    for tp, messages in batches.items()
-                    for m in messages
-                ]
-                self.consumed.extend(records)
-                if records:
-                    try:
-                        consumer.commit()
-                        for record in records:
-                            record.committed = True
-                    except KpKafkaError as exc:
-                        self.errors.append(repr(exc))
-                self.assignment = frozenset(tp.partition for tp in consumer.assignment())
-        finally:
-            consumer.close()
-
-
-class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]
-    def __init__(self, member: Member) -> None:
-        self.member = member
-
-    def on_partitions_assigned(self, assigned: list[Any]) -> None:
-        self.member.assigned.append(sorted(tp.partition for tp in assigned))
-
-    def on_partitions_revoked(self, revoked: list[Any]) -> None:
-        self.member.revoked.append(sorted(tp.partition for tp in revoked))
-
-
-class AioKafkaMember(Member):
-    def consume(self) -> None:
-        asyncio.run(self._main())
-
-    async def _main(self) -> None:
-        config = {
-            "bootstrap_servers": self.bootstrap,
-            "group_id": self.group,
-            "client_id": SHARED_CLIENT_ID,
-            "enable_auto_commit": False,
-            "auto_offset_reset": "earliest",
-            "session_timeout_ms": SESSION_MS,
-            "heartbeat_interval_ms": 500,
-            **self.config,
-        }
-        consumer = AIOKafkaConsumer(self.topic, **config)
-        await consumer.start()
-        try:
-            while not self.stopping.is_set():
-                batches = await consumer.getmany(timeout_ms=100)
-                records = [
-                    Consumed(tp.partition, m.offset, int(m.value))
-                    for tp, messages in batches.items()
-                    for m in messages
-                ]
-                self.consumed.extend(records)
-                if records:
-                    try:
-                        await consumer.commit()
-                        for record in records:
-                            record.committed = True
-                    except (CommitFailedError, KafkaError) as exc:
-                        self.errors.append(repr(exc))
-                self.assignment = frozenset(tp.partition for tp in consumer.assignment())
-        finally:
-            await consumer.stop()
-
-
-@contextlib.contextmanager
-def running(*members: Member) -> Iterator[None]:
-    for member in members:
-        member.start()
-    try:
-        yield
-    finally:
-        for member in members:
-            if member.is_alive():
-                member.stop()
-    for member in members:
-        assert member.crashed is None, f"{member.name_} crashed: {member.crashed!r}"
-
-
-def split_evenly(members: list[Member]) -> bool:
-    """Disjoint assignments covering every partition, every member holding some."""
-    assignments = [m.assignment for m in members]
-    union = frozenset().union(*assignments)
-    disjoint = sum(len(a) for a in assignments) == len(union)
-    return disjoint and union == frozenset(range(PARTITIONS)) and all(assignments)
-
-
-def assert_no_committed_record_seen_twice(live: list[Member]) -> None:
-    """A record consumed and committed is never consumed again by a live member."""
-    by_position: dict[tuple[int, int], list[Consumed]] = {}
-    for member in live:
-        for record in member.consumed:
-            by_position.setdefault((record.partition, record.offset), []).append(record)
-    repeated = {pos: seen for pos, seen in by_position.items() if len(seen) > 1}
-    bad = {pos: seen for pos, seen in repeated.items() if seen[0].committed}
-    assert not bad, f"committed records consumed again: {sorted(bad)[:10]}"
-
-
-def report(members: list[Member], extra: set[int] = frozenset()) -> None:  # type: ignore[assignment]
-    """What happened, for the test log (shown with -s or on failure)."""
-    seen = Counter((r.partition, r.offset) for m in members for r in m.consumed)
-    failed = sum(1 for m in members for r in m.consumed if not r.committed)
-    print(
-        f"consumed {sum(seen.values())} ({len(seen)} distinct, {len(extra)} by killed members), "
-        f"repeated {sum(1 for n in seen.values() if n > 1)}, uncommitted {failed}, "
-        f"rebalances {[(m.name_, len(m.assigned), len(m.revoked)) for m in members]}"
-    )
 
 
 def describe(bootstrap: str, group: str) -> Any:
@@ -327,8 +87,10 @@ def test_members_of_three_clients_on_three_brokers_share_one_group(
         ConfluentMember("confluent", brokers[2].bootstrap, group, topic),
     ]
     with running(*members):
-        wait_for(lambda: split_evenly(members), 45, "one group over all partitions")
-        wait_for(lambda: len({v for m in members for v in m.values()}) >= 300, 30, "all records")
+        wait_for_members(lambda: split_evenly(members), 45, "one group over all partitions")
+        wait_for_members(
+            lambda: len({v for m in members for v in m.values()}) >= 300, 30, "all records"
+        )
         summary = describe(brokers[0].bootstrap, group)
         assert summary.group_state == "Stable"
         # aiokafka only speaks roundrobin: the protocol everyone supports wins the vote.
@@ -381,16 +143,22 @@ def test_join_leave_and_kill_while_records_flow(
         feed.start()
         with running(first, second):
             members: list[Member] = [first, second]
-            wait_for(lambda: len(first.consumed) + len(second.consumed) > 100, 30, "consuming")
+            wait_for_members(
+                lambda: len(first.consumed) + len(second.consumed) > 100, 30, "consuming"
+            )
             joiner.start()  # a member joins
-            wait_for(lambda: len(joiner.consumed) > 20, 30, "the new member consuming")
+            wait_for_members(lambda: len(joiner.consumed) > 20, 30, "the new member consuming")
             second.stop()  # a member leaves gracefully
             members = [first, joiner]
-            wait_for(lambda: log.exists() and log.stat().st_size > 0, 30, "killable consuming")
+            wait_for_members(
+                lambda: log.exists() and log.stat().st_size > 0, 30, "killable consuming"
+            )
             killable.send_signal(signal.SIGKILL)  # a member dies
             killable.wait(10)
             before = sum(len(m.consumed) for m in members)
-            wait_for(lambda: sum(len(m.consumed) for m in members) > before + 200, 40, "carry on")
+            wait_for_members(
+                lambda: sum(len(m.consumed) for m in members) > before + 200, 40, "carry on"
+            )
             feed.stop()
             assert not feed.failed
             killed = {int(line.split()[2]) for line in log.read_text().splitlines()}
@@ -400,7 +168,7 @@ def test_join_leave_and_kill_while_records_flow(
                 return sorted(set(range(feed.sent)) - seen - killed)
 
             try:
-                wait_for(lambda: not missing(), 40, "every record consumed")
+                wait_for_members(lambda: not missing(), 40, "every record consumed")
             except AssertionError as exc:
                 raise AssertionError(f"{exc}; missing {missing()[:20]}") from exc
             joiner.stop()
@@ -424,14 +192,16 @@ def test_cooperative_sticky_rebalances_are_incremental(broker_cluster: BrokerClu
     b = ConfluentMember("b", brokers[1].bootstrap, group, topic, cooperative)
     c = ConfluentMember("c", brokers[0].bootstrap, group, topic, cooperative)
     with running(a):
-        wait_for(lambda: len(a.assignment) == PARTITIONS, 30, "a owning everything")
+        wait_for_members(lambda: len(a.assignment) == PARTITIONS, 30, "a owning everything")
         with running(b):
-            wait_for(lambda: split_evenly([a, b]), 30, "a and b sharing")
+            wait_for_members(lambda: split_evenly([a, b]), 30, "a and b sharing")
             with running(c):
-                wait_for(lambda: split_evenly([a, b, c]), 30, "a, b and c sharing")
+                wait_for_members(lambda: split_evenly([a, b, c]), 30, "a, b and c sharing")
                 feed.produce(300)
                 # Distinct values: a record re-read after a rebalance (uncommitted) counts once.
-                wait_for(lambda: len({v for m in (a, b, c) for v in m.values()}) >= 900, 30, "all")
+                wait_for_members(
+                    lambda: len({v for m in (a, b, c) for v in m.values()}) >= 900, 30, "all"
+                )
                 assert summary_protocol(brokers[0].bootstrap, group) == "cooperative-sticky"
     # Incremental: a only ever gave up some partitions, never all at once while others joined.
     assert a.assigned[0] == list(range(PARTITIONS))
@@ -458,7 +228,7 @@ def test_static_members_restart_without_a_rebalance(broker_cluster: BrokerCluste
         "b", brokers[1].bootstrap, group, topic, {**static, "group.instance.id": "b"}
     )
     with running(a, b):
-        wait_for(lambda: split_evenly([a, b]), 30, "a and b sharing")
+        wait_for_members(lambda: split_evenly([a, b]), 30, "a and b sharing")
         time.sleep(1)
         before = describe(brokers[0].bootstrap, group)
         a_calls, b_partitions = (len(a.assigned), len(a.revoked)), b.assignment
@@ -467,7 +237,7 @@ def test_static_members_restart_without_a_rebalance(broker_cluster: BrokerCluste
             "b2", brokers[0].bootstrap, group, topic, {**static, "group.instance.id": "b"}
         )
         with running(b2):
-            wait_for(lambda: b2.assignment == b_partitions, 30, "b's partitions back")
+            wait_for_members(lambda: b2.assignment == b_partitions, 30, "b's partitions back")
             time.sleep(2)  # a rebalance, if any, would reach a within a heartbeat
             after = describe(brokers[0].bootstrap, group)
             assert (len(a.assigned), len(a.revoked)) == a_calls, "a saw no rebalance"
@@ -495,8 +265,8 @@ def test_coordinator_lost_mid_consumption(broker_cluster: BrokerCluster, how: st
         KafkaPythonMember("kp-2", bootstrap, group, topic, {"session_timeout_ms": 15_000}),
     ]
     with running(*members):
-        wait_for(lambda: split_evenly(members), 45, "the group formed")
-        wait_for(lambda: sum(len(m.consumed) for m in members) >= 200, 30, "consuming")
+        wait_for_members(lambda: split_evenly(members), 45, "the group formed")
+        wait_for_members(lambda: sum(len(m.consumed) for m in members) >= 200, 30, "consuming")
         victim_id = coordinator_of(bootstrap, group)
         victim = next(b for b in brokers if b.node_id == victim_id)
         survivors = [b for b in brokers if b is not victim]
@@ -508,11 +278,15 @@ def test_coordinator_lost_mid_consumption(broker_cluster: BrokerCluster, how: st
         else:
             victim.stop()
         at_kill = sum(len(m.consumed) for m in members)
-        wait_for(lambda: coordinator_of(survivor_bootstrap, group) != victim_id, 30, "a new one")
-        wait_for(lambda: sum(len(m.consumed) for m in members) > at_kill + 400, 60, "carry on")
+        wait_for_members(
+            lambda: coordinator_of(survivor_bootstrap, group) != victim_id, 30, "a new one"
+        )
+        wait_for_members(
+            lambda: sum(len(m.consumed) for m in members) > at_kill + 400, 60, "carry on"
+        )
         feed.stop()
         assert not feed.failed
-        wait_for(
+        wait_for_members(
             lambda: {v for m in members for v in m.values()} >= set(range(feed.sent)),
             60,
             "every record consumed",
@@ -528,7 +302,7 @@ def test_coordinator_lost_mid_consumption(broker_cluster: BrokerCluster, how: st
     # The new coordinator has every commit: a fresh member of the group finds nothing to do.
     fresh = KafkaPythonMember("fresh", survivor_bootstrap, group, topic)
     with running(fresh):
-        wait_for(lambda: bool(fresh.assignment), 30, "fresh member assigned")
+        wait_for_members(lambda: bool(fresh.assignment), 30, "fresh member assigned")
         time.sleep(2)
     assert fresh.consumed == []
 

@@ -15,9 +15,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from harness.brokers import BrokerCluster, BrokerProcess, _create_bucket
+from harness.brokers import BrokerCluster, BrokerProcess, new_cluster
 from harness.kafka_wire import KafkaWire, metadata_body
-from harness.s3 import S3Endpoint, unique_bucket
+from harness.s3 import S3Endpoint
 
 from kafscale.broker.metadata.embedded_etcd import EmbeddedEtcd
 
@@ -278,10 +278,8 @@ def test_version_gates_and_the_coordinator_rule(broker_cluster: BrokerCluster) -
 def test_etcd_trouble_is_never_a_guess(
     etcd_server_private: EmbeddedEtcd, s3_server: S3Endpoint, cluster_name: str, tmp_path: Path
 ) -> None:
-    bucket = unique_bucket("g")
-    _create_bucket(s3_server, bucket)
-    cluster = BrokerCluster(
-        etcd_server_private.client_url, s3_server, bucket, cluster_name, tmp_path
+    cluster = new_cluster(
+        etcd_server_private.client_url, s3_server, tmp_path, "g", name=cluster_name
     )
     try:
         broker = cluster.start(

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 
 import pytest
 from confluent_kafka import Consumer, Message, Producer
-from harness.brokers import BrokerCluster, BrokerProcess, _create_bucket
+from harness.brokers import BrokerCluster, BrokerProcess, new_cluster
 from harness.kafka_wire import (
     API_VERSIONS,
     FETCH,
@@ -26,7 +26,7 @@ from harness.kafka_wire import (
     produce_partition,
 )
 from harness.proxy import start_proxy
-from harness.s3 import S3Endpoint, unique_bucket
+from harness.s3 import S3Endpoint
 from harness.topics import create_topics
 from kafka import KafkaConsumer, KafkaProducer
 
@@ -41,14 +41,8 @@ CORRUPT_MESSAGE = 2
 def cluster(
     etcd_server: EmbeddedEtcd, s3_server: S3Endpoint, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[BrokerCluster]:
-    bucket = unique_bucket("oldclients")
-    _create_bucket(s3_server, bucket)
-    cluster = BrokerCluster(
-        etcd_server.client_url,
-        s3_server,
-        bucket,
-        f"old-clients-{uuid.uuid4().hex[:8]}",
-        tmp_path_factory.mktemp("old-clients"),
+    cluster = new_cluster(
+        etcd_server.client_url, s3_server, tmp_path_factory.mktemp("old-clients"), "old-clients"
     )
     try:
         cluster.start()

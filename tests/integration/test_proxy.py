@@ -22,7 +22,7 @@ from collections.abc import Iterator
 import pytest
 from confluent_kafka.admin import AdminClient, ConfigResource, ResourceType
 from harness.batches import make_batch
-from harness.brokers import BrokerCluster, BrokerProcess
+from harness.brokers import BrokerCluster, BrokerProcess, new_cluster
 from harness.java_client import java_consume, java_produce
 from harness.kafka_wire import (
     KafkaWire,
@@ -52,7 +52,6 @@ from integration.test_clients import (
     kcat_records,
     kp_consume,
     make_records,
-    module_cluster,
 )
 from kafka import KafkaAdminClient
 
@@ -88,7 +87,9 @@ class Proxied:
 def proxied(
     etcd_server: EmbeddedEtcd, s3_server: S3Endpoint, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Proxied]:
-    cluster = module_cluster(etcd_server, s3_server, tmp_path_factory.mktemp("proxy"), "proxy")
+    cluster = new_cluster(
+        etcd_server.client_url, s3_server, tmp_path_factory.mktemp("proxy"), "proxy"
+    )
     try:
         for _ in range(BROKERS):
             cluster.start()

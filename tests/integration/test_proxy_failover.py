@@ -18,11 +18,10 @@ import pytest
 from confluent_kafka import Consumer
 from harness import groups
 from harness.brokers import BrokerCluster, BrokerProcess
-from harness.groups import QUIET
-from harness.proxy import start_proxy
-from integration.test_groups_clients import (
+from harness.groups import (
     GROUP_ENV,
     PARTITIONS,
+    QUIET,
     ConfluentMember,
     KafkaPythonMember,
     Member,
@@ -31,8 +30,9 @@ from integration.test_groups_clients import (
     report,
     running,
     split_evenly,
-    wait_for,
+    wait_for_members,
 )
+from harness.proxy import start_proxy
 
 pytestmark = pytest.mark.integration
 
@@ -103,7 +103,7 @@ def test_planned_drain_behind_the_proxy_costs_clients_no_error(
     brokers, proxy = start_cluster(broker_cluster, 3)
     topic, group = "drained", "drained-group"
     create_topic(proxy.bootstrap, topic)
-    wait_for(lambda: len(set(routed_owners(proxy, topic).values())) == 3, 60, "spread")
+    wait_for_members(lambda: len(set(routed_owners(proxy, topic).values())) == 3, 60, "spread")
     consumer_errors: list[str] = []
     member = ConfluentMember(
         "member",
@@ -115,19 +115,23 @@ def test_planned_drain_behind_the_proxy_costs_clients_no_error(
     feed = Feed(proxy.bootstrap, topic)
     with running(member):
         feed.start()
-        wait_for(lambda: len(member.consumed) > 200, 90, "consuming")
+        wait_for_members(lambda: len(member.consumed) > 200, 90, "consuming")
         victim = next(b for b in brokers if b.node_id in set(routed_owners(proxy, topic).values()))
         moved = [p for p, owner in routed_owners(proxy, topic).items() if owner == victim.node_id]
         assert victim.stop() == 0  # SIGTERM: the planned drain
-        wait_for(
+        wait_for_members(
             lambda: all(routed_owners(proxy, topic)[p] != victim.node_id for p in moved),
             30,
             "routes moved off the drained broker",
         )
         at_drain = len(member.consumed)
-        wait_for(lambda: len(member.consumed) > at_drain + 400, 90, "consuming after the drain")
+        wait_for_members(
+            lambda: len(member.consumed) > at_drain + 400, 90, "consuming after the drain"
+        )
         feed.stop()
-        wait_for(lambda: set(member.values()) >= set(feed.acked), 90, "every acked record read")
+        wait_for_members(
+            lambda: set(member.values()) >= set(feed.acked), 90, "every acked record read"
+        )
     assert feed.errors == [], feed.errors[:5]
     assert consumer_errors == [], consumer_errors[:5]
     assert member.errors == [], member.errors[:5]
@@ -152,11 +156,11 @@ def test_group_through_proxy_survives_drain_kill_and_restart(
     ]
     feed.start()
     with running(*members):
-        wait_for(lambda: split_evenly(members), 90, "the group formed")
+        wait_for_members(lambda: split_evenly(members), 90, "the group formed")
 
         def carry_on(more: int, what: str) -> None:
             now = sum(len(m.consumed) for m in members)
-            wait_for(lambda: sum(len(m.consumed) for m in members) > now + more, 90, what)
+            wait_for_members(lambda: sum(len(m.consumed) for m in members) > now + more, 90, what)
 
         carry_on(200, "consuming")
         drained, killed = brokers[0], brokers[1]
@@ -169,7 +173,7 @@ def test_group_through_proxy_survives_drain_kill_and_restart(
         carry_on(300, "consuming after the restarts")
         feed.stop()
         acked = set(feed.acked)
-        wait_for(
+        wait_for_members(
             lambda: {v for m in members for v in m.values()} >= acked, 60, "every acked record"
         )
     report(members)

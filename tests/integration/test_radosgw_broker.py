@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
-from harness.brokers import BrokerCluster, _create_bucket
-from harness.s3 import S3Endpoint, unique_bucket
+from harness.brokers import BrokerCluster, new_cluster
+from harness.s3 import S3Endpoint
 from harness.topics import create_topic
 from kafka import KafkaConsumer, KafkaProducer
 from kafka import TopicPartition as KpTopicPartition
@@ -26,9 +26,9 @@ def rgw_cluster(
     etcd_server: EmbeddedEtcd, radosgw_server: S3Endpoint, cluster_name: str, tmp_path: Path
 ) -> Iterator[BrokerCluster]:
     """Like ``broker_cluster``, on a fresh radosgw bucket."""
-    bucket = unique_bucket("rgw")
-    _create_bucket(radosgw_server, bucket)
-    cluster = BrokerCluster(etcd_server.client_url, radosgw_server, bucket, cluster_name, tmp_path)
+    cluster = new_cluster(
+        etcd_server.client_url, radosgw_server, tmp_path, "rgw", name=cluster_name
+    )
     try:
         yield cluster
     finally:

@@ -27,6 +27,7 @@ from harness.kafka_wire import (
     produce_body,
     produce_partition,
 )
+from harness.proxy import start_proxy
 from harness.topics import create_topic
 from harness.txn_wire import TRANSACTIONAL, produce_transactional
 
@@ -203,3 +204,23 @@ def test_protocol_v2_adds_partitions_implicitly_and_fences_each_ended_transactio
         end = end_v5(wire, pid, epoch + 1, commit=True)
         assert (int(end.error_code), int(end.producer_epoch)) == (NONE, epoch + 2)
         assert latest_stable(wire, 0) == 4
+
+
+def finalized_features(bootstrap: str) -> dict[str, int]:
+    with KafkaWire(bootstrap) as wire:
+        answer = wire.request(API_VERSIONS, 3, {"client_software_name": "t",
+                                                "client_software_version": "1"})  # fmt: skip
+    return {str(f.name): int(f.max_version_level) for f in answer.finalized_features}
+
+
+def test_a_rolling_upgrade_holds_clients_on_transaction_protocol_v1(
+    broker_cluster: BrokerCluster,
+) -> None:
+    """``transactions.protocol_version=1`` on brokers and proxy: clients that know v2 (the Java
+    client decides by the finalized feature) stay on v1 until every process serves v2."""
+    held = {"KAFSCALE_TRANSACTIONS__PROTOCOL_VERSION": "1"}
+    broker = broker_cluster.start(**held)
+    proxy = start_proxy(broker_cluster, **held)
+    assert finalized_features(broker.bootstrap) == {"transaction.version": 1}
+    assert finalized_features(proxy.bootstrap) == {"transaction.version": 1}
+    assert finalized_features(start_proxy(broker_cluster).bootstrap) == {"transaction.version": 2}

@@ -12,6 +12,7 @@ from typing import Any
 import kubernetes_validate
 import pytest
 import yaml
+from harness.cluster_specs import external_etcd
 
 from kafscale.operator.models import ClusterRef, parse_cluster_spec
 from kafscale.operator.status import (
@@ -103,12 +104,7 @@ def cluster_object(generation: int, status: dict[str, Any] | None) -> dict[str, 
 
 def operator_status(deployment: dict[str, Any] | None, **observed: Any) -> dict[str, Any]:
     ref = ClusterRef(name="demo", namespace="kafka", uid="u", generation=2)
-    spec = parse_cluster_spec(
-        {
-            "storage": {"bucket": "bucket-1"},
-            "etcd": {"mode": "External", "endpoints": ["http://e:1"]},
-        }
-    )
+    spec = parse_cluster_spec(external_etcd("http://e:1"))
     status = compute_cluster_status(
         ref,
         spec,

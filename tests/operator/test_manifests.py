@@ -7,20 +7,18 @@ from typing import Any
 
 import kubernetes_validate
 import pytest
+from harness.cluster_specs import REF, THREE_LISTENERS, cluster_spec, external_etcd
 
 from kafscale.operator import manifests, naming
 from kafscale.operator.brokerconfig import InvalidBrokerConfig, broker_config_env
-from kafscale.operator.models import ClusterRef, KafScaleClusterSpec, parse_cluster_spec
+from kafscale.operator.models import KafScaleClusterSpec, parse_cluster_spec
 
 pytestmark = pytest.mark.operator
 
 K8S_VERSION = "1.32.0"
-REF = ClusterRef(name="demo", namespace="kafka", uid="0b7f3c1e-0000-4000-8000-000000000001")
-
-BASE: dict[str, Any] = {"storage": {"bucket": "bucket-1"}}
 SPECS: dict[str, dict[str, Any]] = {
-    "defaults": BASE,
-    "external-etcd": {**BASE, "etcd": {"mode": "External", "endpoints": ["http://etcd:2379"]}},
+    "defaults": cluster_spec(),
+    "external-etcd": external_etcd("http://etcd:2379"),
     "everything": {
         "image": "registry.example.com/kafscale:dev",
         "imagePullPolicy": "Always",
@@ -48,23 +46,9 @@ SPECS: dict[str, dict[str, Any]] = {
         "autoscaling": {"enabled": True, "minReplicas": 2, "maxReplicas": 8},
         "deletionPolicy": "Delete",
     },
-    "single-etcd": {**BASE, "etcd": {"replicas": 1}},
-    "secured": {
-        **BASE,
-        "proxy": {"enabled": True},
-        "etcd": {"tls": True},
-        "listeners": [
-            {"name": "plain", "port": 9092},
-            {
-                "name": "external",
-                "port": 9093,
-                "tls": True,
-                "authentication": {"type": "scram-sha-512"},
-            },
-            {"name": "mtls", "port": 9094, "tls": True, "authentication": {"type": "tls"}},
-        ],
-    },
-    "zero-brokers": {**BASE, "brokers": {"replicas": 0}},
+    "single-etcd": cluster_spec(etcd={"replicas": 1}),
+    "secured": cluster_spec(proxy={"enabled": True}, etcd={"tls": True}, listeners=THREE_LISTENERS),
+    "zero-brokers": cluster_spec(brokers={"replicas": 0}),
 }
 
 
@@ -210,7 +194,7 @@ def test_default_cluster_name_and_external_endpoints() -> None:
 
 def test_config_changes_roll_the_pods() -> None:
     def template_hash(config: dict[str, str]) -> str:
-        spec = parse_cluster_spec({**BASE, "brokers": {"config": config}})
+        spec = parse_cluster_spec(cluster_spec(brokers={"config": config}))
         deployment = manifests.build_broker_deployment(REF, spec)
         annotations = deployment["spec"]["template"]["metadata"]["annotations"]
         return str(annotations[naming.ANNOTATION_CONFIG_HASH])
@@ -308,7 +292,7 @@ def test_unknown_config_keys_are_rejected(key: str) -> None:
 
 
 def test_unknown_config_key_fails_the_build() -> None:
-    spec = parse_cluster_spec({**BASE, "brokers": {"config": {"log.typo": "1"}}})
+    spec = parse_cluster_spec(cluster_spec(brokers={"config": {"log.typo": "1"}}))
     with pytest.raises(InvalidBrokerConfig):
         manifests.build_cluster_objects(REF, spec)
 

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from harness.brokers import BrokerCluster
+from harness.brokers import BrokerCluster, new_cluster
 from harness.k8s_operator import operator_thread
 from harness.k8s_real import (
     CLUSTERS,
@@ -32,7 +32,7 @@ from harness.k8s_real import (
     settle,
 )
 from harness.kube_apiserver import KubeCluster
-from harness.s3 import S3Endpoint, unique_bucket
+from harness.s3 import S3Endpoint
 
 from kafscale.broker.metadata import keys
 from kafscale.broker.metadata.assignment import Assignment
@@ -96,12 +96,10 @@ def pod_brokers(
     s3_server: S3Endpoint,
     tmp_path: Path,
 ) -> Any:
-    bucket = unique_bucket("op")
-    s3_server.client().create_bucket(Bucket=bucket)
-    create_s3_secret(kube_cluster, kube_namespace, s3_server)
-    cluster = BrokerCluster(
-        etcd_server.client_url, s3_server, bucket, f"{kube_namespace}.demo", tmp_path
+    cluster = new_cluster(
+        etcd_server.client_url, s3_server, tmp_path, "op", name=f"{kube_namespace}.demo"
     )
+    create_s3_secret(kube_cluster, kube_namespace, s3_server)
     try:
         yield PodBrokers(kube_cluster, kube_namespace, cluster)
     finally:

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
-from harness.brokers import BrokerCluster, _create_bucket
+from harness.brokers import new_cluster
 from harness.cluster_specs import external_etcd
 from harness.k8s_operator import operator_thread
 from harness.k8s_real import (
@@ -25,7 +25,7 @@ from harness.k8s_real import (
     settle,
 )
 from harness.kube_apiserver import ApiError, KubeCluster
-from harness.s3 import S3Endpoint, unique_bucket
+from harness.s3 import S3Endpoint
 
 from kafscale.broker.authz.model import (
     AclBinding,
@@ -337,14 +337,12 @@ async def test_a_client_logs_in_with_the_secrets_password_and_gets_what_the_acls
     ns, kube = kube_namespace, kube_cluster
     users = USERS.format(ns=ns)
     cluster = create_cluster(kube, ns, etcd_server)
-    bucket = unique_bucket("users")
-    _create_bucket(s3_server, bucket)
-    brokers = BrokerCluster(
+    brokers = new_cluster(
         etcd_server.client_url,
         s3_server,
-        bucket,
-        cluster,
         tmp_path,
+        "users",
+        name=cluster,
         extra_env={"KAFSCALE_AUTHORIZER__ENABLED": "true"},
     )
     internal, sasl = free_port(), free_port()

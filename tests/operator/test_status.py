@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import pytest
+from harness.cluster_specs import cluster_spec
 
 from kafscale.broker.metadata import keys
 from kafscale.broker.metadata.assignment import Assignment
@@ -34,9 +35,8 @@ from kafscale.operator.topics import TopicRecord, decide_topic
 pytestmark = pytest.mark.operator
 
 REF = ClusterRef(name="demo", namespace="kafka", uid="u", generation=4)
-SPEC = parse_cluster_spec(
-    {"storage": {"bucket": "bucket-1"}, "etcd": {"mode": "External", "endpoints": ["http://e:1"]}}
-)
+EXTERNAL_ETCD = {"mode": "External", "endpoints": ["http://e:1"]}
+SPEC = parse_cluster_spec(cluster_spec(etcd=EXTERNAL_ETCD))
 T0, T1 = "2026-01-01T00:00:00Z", "2026-01-01T00:05:00Z"
 
 
@@ -179,7 +179,7 @@ def test_degraded_reasons() -> None:
 
 
 def test_managed_etcd_starting_and_zero_brokers() -> None:
-    managed = parse_cluster_spec({"storage": {"bucket": "bucket-1"}})
+    managed = parse_cluster_spec(cluster_spec())
     starting = compute_cluster_status(
         REF,
         managed,
@@ -193,13 +193,7 @@ def test_managed_etcd_starting_and_zero_brokers() -> None:
     )
     assert conditions(starting)["Progressing"] == ("True", "EtcdStarting")
     assert conditions(starting)["Degraded"] == ("False", "AsExpected")  # starting, not broken
-    zero = parse_cluster_spec(
-        {
-            "storage": {"bucket": "bucket-1"},
-            "brokers": {"replicas": 0},
-            "etcd": {"mode": "External", "endpoints": ["http://e:1"]},
-        }
-    )
+    zero = parse_cluster_spec(cluster_spec(brokers={"replicas": 0}, etcd=EXTERNAL_ETCD))
     status = compute_cluster_status(
         REF, zero, ClusterObservation(broker_deployment=deployment(0, 0, 0)), [], now=T0
     )
@@ -207,14 +201,9 @@ def test_managed_etcd_starting_and_zero_brokers() -> None:
 
 
 def test_hpa_decides_desired_replicas() -> None:
-    auto = parse_cluster_spec(
-        {
-            "storage": {"bucket": "bucket-1"},
-            "etcd": {"mode": "External", "endpoints": ["http://e:1"]},
-            "autoscaling": {"enabled": True, "minReplicas": 2, "maxReplicas": 9},
-            "brokers": {"replicas": 3},
-        }
-    )
+    autoscaling = {"enabled": True, "minReplicas": 2, "maxReplicas": 9}
+    raw = cluster_spec(brokers={"replicas": 3}, etcd=EXTERNAL_ETCD)
+    auto = parse_cluster_spec({**raw, "autoscaling": autoscaling})
     status = compute_cluster_status(
         REF, auto, ClusterObservation(broker_deployment=deployment(6, 6, 6)), [], now=T0
     )
@@ -390,11 +379,7 @@ def test_topic_record_round_trip() -> None:
 
 def test_bootstrap_names_the_proxy_only_while_it_is_ready() -> None:
     spec = parse_cluster_spec(
-        {
-            "storage": {"bucket": "bucket-1"},
-            "etcd": {"mode": "External", "endpoints": ["http://e:1"]},
-            "proxy": {"enabled": True, "replicas": 2},
-        }
+        cluster_spec(proxy={"enabled": True, "replicas": 2}, etcd=EXTERNAL_ETCD)
     )
     brokers = deployment(3, 3, 3)
 

@@ -230,3 +230,13 @@ def test_the_v2_fields_survive_etcd() -> None:
     assert decode_metadata(encode_metadata(prepared)) == prepared
     old_record = b'{"transactional_id":"app","producer_id":7,"producer_epoch":1,"timeout_ms":9}'
     assert decode_metadata(old_record).previous_epoch == -1
+
+
+def test_transaction_protocol_off_lists_no_finalized_feature() -> None:
+    """Kafka lists no finalized entry at level 0; clients then take protocol v1."""
+    from kafscale.broker.api.features import features_body
+
+    assert features_body(0)["finalized_features"] == []
+    assert features_body(1)["finalized_features"] == [
+        {"name": "transaction.version", "max_version_level": 1, "min_version_level": 1}
+    ]
