@@ -238,7 +238,7 @@ def time_decoder(options: dict[str, str], records: int) -> float:
 
     read = parse_read_options(options, streaming=False)
     tasks = _plan_now(read)
-    store = fetch._store_for(read.connection)
+    store = fetch._store_for(read.connection.storage)
     loop = fetch._worker_loop()
     bodies = []
     for task in tasks:

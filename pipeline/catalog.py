@@ -35,7 +35,7 @@ from kafscale.broker.storage.aborted_index import aborted_in_range
 from kafscale.broker.storage.factory import open_object_store
 from kafscale.broker.storage.object_store import ObjectNotFound, ObjectStore, ObjectStoreError
 from kafscale.broker.storage.segments import SegmentCorrupt, decode_segment
-from kafscale.pipeline.options import Connection, Subscription
+from kafscale.pipeline.options import Connection, Subscription, store_identity
 from kafscale.pipeline.planning import PartitionView, SegmentObject
 
 T = TypeVar("T")
@@ -83,7 +83,7 @@ class Catalog:
     async def _store_opened(self) -> ObjectStore:
         if self._store is None:
             cache = _kept_stores()
-            cache_key = self._connection.storage.model_dump_json()
+            cache_key = store_identity(self._connection.storage)
             store = cache.get(cache_key) if cache is not None else None
             if store is None:
                 store = open_object_store(self._connection.storage)

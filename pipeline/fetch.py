@@ -5,6 +5,9 @@ costs tens of milliseconds to build; Spark reuses workers across tasks). The nex
 fetched while the current one is decoded: the store's GETs run in its thread pool, so they make
 progress while this thread parses.
 
+A worker's first task takes what its imports left alive out of the garbage collector's full
+passes (``process.freeze_imports_once``).
+
 Segments are verified whole (``segments.decode_segment``: magics and the body's CRC32C). A
 segment missing from the store, or a hole in the offsets, is data loss: an error naming the
 offsets with ``failOnDataLoss``, skipped without it.
@@ -18,14 +21,16 @@ from collections.abc import Iterator
 
 import pyarrow as pa
 
+from kafscale.broker.config import StorageSettings
 from kafscale.broker.metadata import keys
 from kafscale.broker.protocol.record_batch import iter_batch_headers
 from kafscale.broker.storage.factory import open_object_store
 from kafscale.broker.storage.object_store import ObjectNotFound, ObjectStore, ObjectStoreError
 from kafscale.broker.storage.segments import SegmentCorrupt, decode_segment
 from kafscale.pipeline.decode import decode_records
-from kafscale.pipeline.options import Connection
+from kafscale.pipeline.options import TaskReading, store_identity
 from kafscale.pipeline.planning import DataLoss, ReadTask, gap_in
+from kafscale.pipeline.process import freeze_imports_once
 
 log = logging.getLogger(__name__)
 
@@ -42,27 +47,27 @@ def _worker_loop() -> asyncio.AbstractEventLoop:
     return _loop
 
 
-def _store_for(connection: Connection) -> ObjectStore:
-    cache_key = connection.storage.model_dump_json()
+def _store_for(storage: StorageSettings) -> ObjectStore:
+    cache_key = store_identity(storage)
     store = _stores.get(cache_key)
     if store is None:
-        store = open_object_store(connection.storage)
+        store = open_object_store(storage)
         _stores[cache_key] = store
     return store
 
 
-def read_task(
-    connection: Connection, task: ReadTask, include_headers: bool, fail_on_data_loss: bool
-) -> Iterator[pa.RecordBatch]:
+def read_task(reading: TaskReading, task: ReadTask) -> Iterator[pa.RecordBatch]:
     """The rows of ``task`` in offset order, one Arrow batch per segment."""
+    freeze_imports_once()
     loop = _worker_loop()
-    store = _store_for(connection)
+    store = _store_for(reading.storage)
     segment_keys = [
         keys.segment_object_key(
-            connection.cluster, task.topic, task.topic_id, task.partition, s.base, s.epoch
+            reading.cluster, task.topic, task.topic_id, task.partition, s.base, s.epoch
         )
         for s in task.segments
     ]
+    include_headers, fail_on_data_loss = reading.include_headers, reading.fail_on_data_loss
     pending: list[asyncio.Task[bytes | None]] = []
     try:
         yield from _decode_in_order(

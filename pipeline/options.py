@@ -76,6 +76,41 @@ class ReadOptions:
     include_headers: bool
     min_partitions: int | None
 
+    def for_executors(self) -> TaskReading:
+        """What the executors get: the store and two flags, never the etcd settings."""
+        return TaskReading(
+            cluster=self.connection.cluster,
+            storage=self.connection.storage,
+            include_headers=self.include_headers,
+            fail_on_data_loss=self.fail_on_data_loss,
+        )
+
+
+def store_identity(storage: StorageSettings) -> str:
+    """The key under which a process keeps the store opened for ``storage``. Secrets count:
+    pydantic's dump masks them, so a store opened with old credentials would otherwise serve
+    a query that gives new ones (after a rotation, until Spark restarts the worker)."""
+    values = {
+        name: value.get_secret_value() if isinstance(value, SecretStr) else str(value)
+        for name, value in storage.model_dump().items()
+    }
+    return json.dumps(values, sort_keys=True)
+
+
+@dataclass(frozen=True, slots=True)
+class TaskReading:
+    """Everything an executor needs to read its tasks, and nothing more.
+
+    Only the driver talks to etcd; executors GET objects. So the etcd endpoints, password, and
+    certificate paths stay on the driver: Spark pickles the reader into every task, where
+    they would be readable by whatever else runs on the executors (and in their dumps)."""
+
+    cluster: str
+    """The objects' key prefix."""
+    storage: StorageSettings
+    include_headers: bool
+    fail_on_data_loss: bool
+
 
 _STORAGE_OPTIONS = {
     "storage.kind": "kind",

@@ -40,7 +40,7 @@ from pyspark.sql.types import (
 )
 
 from kafscale.pipeline.catalog import Catalog, PartitionEntry, run
-from kafscale.pipeline.options import ReadOptions, parse_read_options
+from kafscale.pipeline.options import ReadOptions, TaskReading, parse_read_options
 from kafscale.pipeline.planning import (
     ReadTask,
     TopicPartition,
@@ -54,6 +54,7 @@ from kafscale.pipeline.planning import (
     split_tasks,
     to_json_offsets,
 )
+from kafscale.pipeline.process import freeze_imports_once
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -87,14 +88,26 @@ class KafScaleDataSource(DataSource):
         return NAME
 
     def schema(self) -> StructType:
+        freeze_imports_once()  # the first call in each of Spark's create_data_source processes
         include = str(self.options.get("includeHeaders", "false")).strip().lower() == "true"
         return spark_schema(include)
 
     def reader(self, schema: StructType) -> DataSourceReader:
-        return BatchReader(parse_read_options(self.options, streaming=False))
+        options = parse_read_options(self.options, streaming=False)
+        self._forget_driver_options()
+        return BatchReader(options)
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
-        return StreamReader(parse_read_options(self.options, streaming=True))
+        options = parse_read_options(self.options, streaming=True)
+        self._forget_driver_options()
+        return StreamReader(options)
+
+    def _forget_driver_options(self) -> None:
+        """Drop the etcd options once parsed. pyspark's planner pickles this instance into the
+        read function it sends to every task (for error messages that name the source), so
+        what it holds reaches the executors; they only read the object store."""
+        for name in [name for name in self.options if name.lower().startswith("etcd.")]:
+            del self.options[name]
 
     def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
         from kafscale.pipeline.writer import KafScaleWriter, parse_write_options
@@ -115,13 +128,32 @@ class TaskPartition(InputPartition):
         self.task = task
 
 
-def _read(options: ReadOptions, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+def _read(reading: TaskReading, partition: InputPartition) -> Iterator[pa.RecordBatch]:
     from kafscale.pipeline.fetch import read_task
 
     assert isinstance(partition, TaskPartition)
-    return read_task(
-        options.connection, partition.task, options.include_headers, options.fail_on_data_loss
-    )
+    return read_task(reading, partition.task)
+
+
+class TaskReader(DataSourceReader):
+    """What a batch reader becomes when Spark pickles it for the executors: ``read`` only,
+    with the store's settings and no etcd ones (only the driver plans, from etcd)."""
+
+    def __init__(self, reading: TaskReading) -> None:
+        self.reading = reading
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        return _read(self.reading, partition)
+
+
+class TaskStreamReader(DataSourceStreamReader):
+    """``TaskReader`` for a stream: the executors' side of ``StreamReader``."""
+
+    def __init__(self, reading: TaskReading) -> None:
+        self.reading = reading
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        return _read(self.reading, partition)
 
 
 # --- planning (driver) -------------------------------------------------------------------------
@@ -180,6 +212,8 @@ def _plan_now(
     starts: dict[TopicPartition, int] | None = None,
     ends: dict[TopicPartition, int] | None = None,
 ) -> list[ReadTask]:
+    freeze_imports_once()
+
     async def plan() -> list[ReadTask]:
         async with Catalog(options.connection) as catalog:
             return await _plan(options, catalog, starts, ends)
@@ -188,6 +222,8 @@ def _plan_now(
 
 
 def _latest_now(options: ReadOptions) -> dict[TopicPartition, int]:
+    freeze_imports_once()
+
     async def latest() -> dict[TopicPartition, int]:
         async with Catalog(options.connection) as catalog:
             return {e.view.key: e.view.high_watermark for e in await _entries(options, catalog)}
@@ -196,6 +232,8 @@ def _latest_now(options: ReadOptions) -> dict[TopicPartition, int]:
 
 
 def _initial_now(options: ReadOptions) -> dict[TopicPartition, int]:
+    freeze_imports_once()
+
     async def initial() -> dict[TopicPartition, int]:
         async with Catalog(options.connection) as catalog:
             return await _starting_offsets(options, catalog)
@@ -216,7 +254,12 @@ class BatchReader(DataSourceReader):
         return [TaskPartition(task) for task in _plan_now(self.options)]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        return _read(self.options, partition)
+        return _read(self.options.for_executors(), partition)
+
+    def __reduce__(self) -> tuple[type[TaskReader], tuple[TaskReading]]:
+        """Pickled (for the executors) as a ``TaskReader``: no etcd settings leave the driver.
+        pyspark pickles the reader before it calls ``partitions()`` on the original."""
+        return (TaskReader, (self.options.for_executors(),))
 
 
 class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
@@ -287,7 +330,12 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return [TaskPartition(task) for task in tasks]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        return _read(self.options, partition)
+        return _read(self.options.for_executors(), partition)
+
+    def __reduce__(self) -> tuple[type[TaskStreamReader], tuple[TaskReading]]:
+        """Pickled (for the executors) as a ``TaskStreamReader``, as ``BatchReader``: the
+        driver's planning runs on the unpickled original in pyspark's streaming runner."""
+        return (TaskStreamReader, (self.options.for_executors(),))
 
     def commit(self, end: dict[str, Any]) -> None:
         """Nothing to release: progress lives in the query's checkpoint."""

@@ -50,3 +50,47 @@ def source_options(cluster: BrokerCluster) -> dict[str, str]:
         "storage.access_key_id": cluster.s3.access_key_id,
         "storage.secret_access_key": cluster.s3.secret_access_key,
     }
+
+
+def plan_as_spark_does(data_source: Any, streaming: bool) -> bytes:
+    """What pyspark's planner process sends back to the JVM for a read of ``data_source``: the
+    pickled read function (with the reader inside it) and the pickled partitions. These bytes
+    are what every task receives, so what is in them reaches the executors."""
+    import io
+
+    from pyspark.sql.datasource_internal import _streamReader
+    from pyspark.sql.worker.plan_data_source_read import write_read_func_and_partitions
+
+    schema = data_source.schema()
+    reader = _streamReader(data_source, schema) if streaming else data_source.reader(schema)
+    out = io.BytesIO()
+    write_read_func_and_partitions(
+        out,
+        reader=reader,
+        data_source=data_source,
+        schema=schema,
+        max_arrow_batch_size=10_000,
+        binary_as_bytes=True,
+    )
+    return out.getvalue()
+
+
+def run_as_executors_do(payload: bytes, partitions: list[Any] | None = None) -> list[Any]:
+    """Unpickle ``payload`` (from ``plan_as_spark_does``) as a task does and run its read
+    function over each partition (those it carries, or ``partitions`` for a stream, which
+    plans them per micro-batch): the Arrow batches the tasks would hand to the JVM."""
+    import io
+
+    import pyarrow as pa
+    from pyspark.serializers import read_int
+    from pyspark.worker_util import pickleSer
+
+    stream = io.BytesIO(payload)
+    read_function, _ = pickleSer._read_with_length(stream)
+    raw = [stream.read(read_int(stream)) for _ in range(read_int(stream))]
+    raw += [pickleSer.dumps(partition) for partition in partitions or []]
+    batches: list[Any] = []
+    for partition in raw:
+        row = pa.RecordBatch.from_arrays([pa.array([partition], pa.binary())], ["partition"])
+        batches.extend(read_function(iter([row])))
+    return batches

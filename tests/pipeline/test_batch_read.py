@@ -77,7 +77,10 @@ def test_orphans_of_fenced_writers_and_uncommitted_uploads_are_never_read(
 ) -> None:
     broker = broker_cluster.start()
     create_topic(broker.bootstrap, "fenced", 1)
-    produce(broker.bootstrap, "fenced", [{"value": f"real-{i}".encode()} for i in range(10)])
+    # One batch, so one segment: with linger.ms=5 a loaded machine split the ten records over
+    # two produce requests, hence two flush rounds and two segments (once in three runs).
+    records = [{"value": f"real-{i}".encode()} for i in range(10)]
+    produce(broker.bootstrap, "fenced", records, **{"linger.ms": 1000})
     (real_key,) = [
         k
         for k in broker_cluster.object_keys(f"{broker_cluster.cluster}/topics/fenced/")

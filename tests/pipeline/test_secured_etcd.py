@@ -15,9 +15,12 @@ import pytest
 from confluent_kafka import Producer
 from harness.brokers import BrokerCluster
 from harness.s3 import S3Endpoint, unique_bucket
-from harness.spark import source_options
+from harness.spark import plan_as_spark_does, run_as_executors_do, source_options
 from harness.tls_etcd import AUTH_PASSWORD, AUTH_USER, TlsEtcd, running_auth_etcd, running_tls_etcd
 from harness.topics import create_topic
+from pyspark.sql.datasource import CaseInsensitiveDict
+
+from kafscale.pipeline.source import KafScaleDataSource
 
 # A SparkSession on two loaded cores: queries can take minutes.
 pytestmark = [pytest.mark.pipeline, pytest.mark.timeout(900)]
@@ -122,3 +125,26 @@ def test_a_batch_read_logs_in_to_an_etcd_with_authentication(
     assert [bytes(r.value) for r in sorted(rows, key=lambda r: r.offset)] == [
         f"a{i}".encode() for i in range(10)
     ]
+
+
+def test_the_etcd_password_stays_on_the_driver(authenticated: BrokerCluster) -> None:
+    """pyspark's planner, run here as Spark runs it, plans from the etcd that needs the password;
+    the bytes it gives every task (read function, reader, partitions) do not contain it, and
+    the tasks read every row from them."""
+    broker = authenticated.start()
+    create_topic(broker.bootstrap, "kept-secret", 2)
+    producer = Producer({"bootstrap.servers": broker.bootstrap, "linger.ms": 5})
+    for i in range(20):
+        producer.produce("kept-secret", f"s{i}".encode(), partition=i % 2)
+    assert producer.flush(30) == 0
+    options = {
+        **source_options(authenticated),
+        "subscribe": "kept-secret",
+        "etcd.username": AUTH_USER,
+        "etcd.password": AUTH_PASSWORD,
+    }
+    payload = plan_as_spark_does(KafScaleDataSource(CaseInsensitiveDict(options)), streaming=False)
+    assert AUTH_PASSWORD.encode() not in payload
+    assert authenticated.etcd_url.encode() not in payload
+    rows = [row for batch in run_as_executors_do(payload) for row in batch.to_pylist()]
+    assert sorted(row["value"] for row in rows) == sorted(f"s{i}".encode() for i in range(20))

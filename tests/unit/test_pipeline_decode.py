@@ -184,3 +184,35 @@ print("pandas" in sys.modules)
         [sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True
     )
     assert done.stdout.strip() == "False"
+
+
+def test_reading_from_a_local_directory_does_not_import_boto3(tmp_path: Path) -> None:
+    """boto3 and botocore cost every new Spark worker (and CLI start) ~0.2 s of CPU to
+    import; a task reading a local directory has no use for them."""
+    script = f"""
+import sys
+from pathlib import Path
+from harness.batches import make_batch
+from kafscale.broker.config import StorageSettings
+from kafscale.broker.metadata import keys
+from kafscale.broker.storage.segments import encode_segment
+from kafscale.pipeline.fetch import read_task
+from kafscale.pipeline.options import TaskReading
+from kafscale.pipeline.planning import ReadTask, SegmentObject
+root = Path({str(tmp_path)!r})
+segment = encode_segment([make_batch(0, [b"a", b"b"])], 0, 4096).segment
+path = root / keys.segment_object_key("c", "t", "id", 0, 0, 1)
+path.parent.mkdir(parents=True)
+path.write_bytes(segment)
+reading = TaskReading("c", StorageSettings(kind="local", local_dir=root), False, True)
+task = ReadTask("t", "id", 0, 0, 2, (SegmentObject(0, 1, len(segment)),))
+(rows,) = read_task(reading, task)
+assert rows.column("value").to_pylist() == [b"a", b"b"], rows
+print("boto3" in sys.modules, "botocore" in sys.modules)
+"""
+    tests_dir = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": str(tests_dir)}
+    done = subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True
+    )
+    assert done.stdout.strip() == "False False"

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import pytest
+from pydantic import SecretStr
 
-from kafscale.broker.config import StorageKind
+from kafscale.broker.config import StorageKind, StorageSettings
 from kafscale.pipeline.options import (
     EARLIEST,
     LATEST,
@@ -200,3 +201,21 @@ def test_etcd_tls_and_auth_options_override_the_environment_and_round_trip(
     monkeypatch.delenv("KAFSCALE_ETCD__USERNAME")
     monkeypatch.delenv("KAFSCALE_ETCD__PASSWORD")
     assert parse_connection(connection_options(from_env)).etcd == from_env.etcd
+
+
+def test_a_process_keeps_one_store_per_settings_secrets_included() -> None:
+    """Spark reuses its Python processes across queries: a query with new credentials (after a
+    rotation) must get a store that uses them, not the one opened with the old ones."""
+    from kafscale.pipeline import fetch
+
+    def s3(secret: str) -> StorageSettings:
+        return StorageSettings(
+            kind="s3",
+            bucket="b",
+            endpoint="http://127.0.0.1:1",
+            access_key_id=SecretStr("id"),
+            secret_access_key=SecretStr(secret),
+        )
+
+    assert fetch._store_for(s3("old")) is fetch._store_for(s3("old"))
+    assert fetch._store_for(s3("new")) is not fetch._store_for(s3("old"))
