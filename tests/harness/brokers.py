@@ -19,9 +19,9 @@ from pathlib import Path
 import pytest
 
 from harness.s3 import S3Endpoint, unique_bucket
-from kafscale.broker.child_process import BrokerProcess
+from kafscale.broker.child_process import BrokerProcess, free_port_run
 from kafscale.broker.metadata import keys
-from kafscale.broker.metadata.embedded_etcd import EmbeddedEtcd, free_port
+from kafscale.broker.metadata.embedded_etcd import EmbeddedEtcd
 from kafscale.broker.metadata.etcd import Etcd
 
 
@@ -64,8 +64,8 @@ class BrokerCluster:
 
     def start(self, port: int | None = None, **overrides: str) -> BrokerProcess:
         """A new broker (or a restart on ``port`` to keep its address)."""
-        port = port or free_port()
-        admin_port = free_port()
+        port = port or free_port_run()
+        admin_port = free_port_run()
         index = len(self.brokers)
         broker = BrokerProcess(
             env=self.env(port, admin_port, **overrides),

@@ -37,7 +37,7 @@ import requests
 import yaml
 
 from harness.etcd import running_etcd
-from kafscale.broker.metadata.embedded_etcd import free_port
+from kafscale.broker.child_process import free_port_run
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 BUILD_SCRIPT = REPO_ROOT / "tests" / "harness" / "build_kube.sh"
@@ -347,7 +347,7 @@ def running_kube_cluster() -> Iterator[KubeCluster]:
         with ExitStack() as stack:
             etcd = stack.enter_context(running_etcd())
             sa_key, sa_pub = _generate_service_account_keys(work)
-            port = free_port()
+            port = free_port_run()
             server = f"https://127.0.0.1:{port}"
             ca_path = work / "certs" / "apiserver.crt"  # self-signed by the server, CA included
             apiserver_log = work / "kube-apiserver.log"

@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from kafscale.broker.metadata.embedded_etcd import free_port
+from kafscale.broker.child_process import free_port_run
 
 SCRAPE_INTERVAL_S = 1
 
@@ -102,7 +102,7 @@ def prometheus_server(tmp_path: Path) -> Iterator[Callable[..., Prometheus]]:
         workdir = tmp_path / f"prometheus-{len(started)}"
         workdir.mkdir()
         (workdir / "prometheus.yml").write_text(_config(targets, labels or {}))
-        port = free_port()
+        port = free_port_run()
         log_path = workdir / "prometheus.log"
         with log_path.open("wb") as log:
             process = subprocess.Popen(

@@ -11,8 +11,7 @@ import json
 import os
 
 from harness.brokers import BrokerCluster
-from kafscale.broker.child_process import KAFSCALE, BrokerProcess
-from kafscale.broker.metadata.embedded_etcd import free_port
+from kafscale.broker.child_process import KAFSCALE, BrokerProcess, free_port_run
 
 
 def proxy_env(
@@ -39,7 +38,7 @@ def add_proxy(
 ) -> BrokerProcess:
     """A proxy for ``cluster`` on ``port`` (free if None), not started yet; killed with the
     cluster's brokers at teardown."""
-    port, admin_port = port or free_port(), free_port()
+    port, admin_port = port or free_port_run(), free_port_run()
     proxy = BrokerProcess(
         env=proxy_env(cluster, port, admin_port, **overrides),
         log_path=cluster.workdir / (log_name or f"proxy-{port}.log"),

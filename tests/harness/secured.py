@@ -24,9 +24,8 @@ from confluent_kafka import Consumer
 from harness.brokers import BrokerCluster, new_cluster
 from harness.s3 import S3Endpoint
 from harness.tls import Pair, TestPki, make_pki
-from kafscale.broker.child_process import BrokerProcess
+from kafscale.broker.child_process import BrokerProcess, free_port_run
 from kafscale.broker.metadata import topics
-from kafscale.broker.metadata.embedded_etcd import free_port
 from kafscale.broker.metadata.etcd import Etcd
 
 CONSUME_TIMEOUT_S = 30.0
@@ -111,7 +110,7 @@ def add_broker(
 ) -> BrokerProcess:
     """A broker (not started yet) with a listener per entry of ``ports``; ``main`` is the one
     its readiness and ``bootstrap`` use. It is killed with the cluster at teardown."""
-    admin_port = free_port()
+    admin_port = free_port_run()
     broker = BrokerProcess(
         env=cluster.env(ports[main], admin_port, KAFSCALE_LISTENERS=listeners_env(ports), **env),
         log_path=cluster.workdir / log_name,

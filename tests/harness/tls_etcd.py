@@ -18,7 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from harness.tls import TestPki, make_pki
-from kafscale.broker.metadata.embedded_etcd import find_etcd_binary, free_port
+from kafscale.broker.child_process import free_port_run
+from kafscale.broker.metadata.embedded_etcd import find_etcd_binary
 from kafscale.broker.metadata.etcd import Etcd, EtcdTls, MetadataUnavailable
 
 
@@ -45,7 +46,7 @@ class TlsEtcd:
 def running_tls_etcd(directory: Path) -> Iterator[TlsEtcd]:
     """etcd with ``--client-cert-auth`` on free loopback ports, serving when yielded."""
     pki = make_pki(directory / "pki")
-    client, peer = free_port(), free_port()
+    client, peer = free_port_run(), free_port_run()
     url = f"https://127.0.0.1:{client}"
     process = subprocess.Popen(
         [
@@ -97,7 +98,7 @@ AUTH_USER, AUTH_PASSWORD = "kafscale", "etcd-s3cret"
 def running_auth_etcd(directory: Path) -> Iterator[str]:
     """etcd with authentication enabled: ``AUTH_USER`` may read and write ``/kafscale``."""
     directory.mkdir(parents=True, exist_ok=True)
-    client, peer = free_port(), free_port()
+    client, peer = free_port_run(), free_port_run()
     url = f"http://127.0.0.1:{client}"
     binary = find_etcd_binary()
     process = subprocess.Popen(
