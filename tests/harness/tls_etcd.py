@@ -42,12 +42,13 @@ class TlsEtcd:
         }
 
 
-@contextmanager
-def running_tls_etcd(directory: Path) -> Iterator[TlsEtcd]:
-    """etcd with ``--client-cert-auth`` on free loopback ports, serving when yielded."""
-    pki = make_pki(directory / "pki")
+def start_etcd_process(
+    directory: Path, *flags: str, scheme: str = "http"
+) -> tuple[subprocess.Popen[bytes], str]:
+    """One etcd member on free loopback ports with ``flags`` added (its TLS or nothing), not
+    waited for: the caller knows how to reach it (TLS, auth) and kills it."""
     client, peer = free_port_run(), free_port_run()
-    url = f"https://127.0.0.1:{client}"
+    url = f"{scheme}://127.0.0.1:{client}"
     process = subprocess.Popen(
         [
             str(find_etcd_binary()),
@@ -60,13 +61,25 @@ def running_tls_etcd(directory: Path) -> Iterator[TlsEtcd]:
             "--heartbeat-interval=10",
             "--election-timeout=100",
             "--unsafe-no-fsync",
-            f"--cert-file={pki.server.cert}",
-            f"--key-file={pki.server.key}",
-            f"--trusted-ca-file={pki.ca.cert_path}",
-            "--client-cert-auth",
+            *flags,
         ],
         stdout=(directory / "etcd.log").open("ab"),
         stderr=subprocess.STDOUT,
+    )
+    return process, url
+
+
+@contextmanager
+def running_tls_etcd(directory: Path) -> Iterator[TlsEtcd]:
+    """etcd with ``--client-cert-auth`` on free loopback ports, serving when yielded."""
+    pki = make_pki(directory / "pki")
+    process, url = start_etcd_process(
+        directory,
+        f"--cert-file={pki.server.cert}",
+        f"--key-file={pki.server.key}",
+        f"--trusted-ca-file={pki.ca.cert_path}",
+        "--client-cert-auth",
+        scheme="https",
     )
     try:
         server = TlsEtcd(url, pki)
@@ -98,25 +111,8 @@ AUTH_USER, AUTH_PASSWORD = "kafscale", "etcd-s3cret"
 def running_auth_etcd(directory: Path) -> Iterator[str]:
     """etcd with authentication enabled: ``AUTH_USER`` may read and write ``/kafscale``."""
     directory.mkdir(parents=True, exist_ok=True)
-    client, peer = free_port_run(), free_port_run()
-    url = f"http://127.0.0.1:{client}"
     binary = find_etcd_binary()
-    process = subprocess.Popen(
-        [
-            str(binary),
-            f"--data-dir={directory / 'etcd'}",
-            f"--listen-client-urls={url}",
-            f"--advertise-client-urls={url}",
-            f"--listen-peer-urls=http://127.0.0.1:{peer}",
-            f"--initial-advertise-peer-urls=http://127.0.0.1:{peer}",
-            f"--initial-cluster=default=http://127.0.0.1:{peer}",
-            "--heartbeat-interval=10",
-            "--election-timeout=100",
-            "--unsafe-no-fsync",
-        ],
-        stdout=(directory / "etcd.log").open("ab"),
-        stderr=subprocess.STDOUT,
-    )
+    process, url = start_etcd_process(directory)
     try:
         etcdctl = str(binary.with_name("etcdctl"))
         for command in (

@@ -12,8 +12,9 @@ from pathlib import Path
 
 import pytest
 from harness.brokers import BrokerCluster
+from harness.tls_etcd import start_etcd_process
 
-from kafscale.broker.metadata.embedded_etcd import find_etcd_binary, free_port
+from kafscale.broker.metadata.embedded_etcd import find_etcd_binary
 from kafscale.broker.metadata.etcd import Etcd, EtcdTls, MetadataError, MetadataUnavailable
 
 pytestmark = pytest.mark.integration
@@ -36,29 +37,6 @@ def make_certificates(directory: Path) -> None:
                 "-out", f"{name}.crt", cwd=directory)  # fmt: skip
 
 
-def start_etcd(
-    directory: Path, *args: str, scheme: str = "http"
-) -> tuple[subprocess.Popen[bytes], str]:
-    client, peer = free_port(), free_port()
-    url = f"{scheme}://127.0.0.1:{client}"
-    process = subprocess.Popen(
-        [
-            str(find_etcd_binary()),
-            f"--data-dir={directory / 'etcd'}",
-            f"--listen-client-urls={url}",
-            f"--advertise-client-urls={url}",
-            f"--listen-peer-urls=http://127.0.0.1:{peer}",
-            f"--initial-advertise-peer-urls=http://127.0.0.1:{peer}",
-            f"--initial-cluster=default=http://127.0.0.1:{peer}",
-            "--unsafe-no-fsync",
-            *args,
-        ],
-        stdout=(directory / "etcd.log").open("ab"),
-        stderr=subprocess.STDOUT,
-    )
-    return process, url
-
-
 async def connected_within(url: str, timeout_s: float = 20, **kwargs: object) -> Etcd:
     deadline = time.monotonic() + timeout_s
     while True:
@@ -78,7 +56,7 @@ async def wait_until_serving(url: str, **kwargs: object) -> None:
 @pytest.fixture
 def tls_etcd(tmp_path: Path) -> Iterator[tuple[str, Path]]:
     make_certificates(tmp_path)
-    process, url = start_etcd(
+    process, url = start_etcd_process(
         tmp_path,
         f"--cert-file={tmp_path / 'server.crt'}",
         f"--key-file={tmp_path / 'server.key'}",
@@ -125,7 +103,7 @@ def test_a_broker_runs_on_an_https_etcd(
 
 
 async def test_username_and_password(tmp_path: Path) -> None:
-    process, url = start_etcd(tmp_path)
+    process, url = start_etcd_process(tmp_path)
     etcdctl = str(find_etcd_binary().with_name("etcdctl"))
     try:
         await wait_until_serving(url)
