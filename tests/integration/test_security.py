@@ -62,7 +62,7 @@ from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer
 from kafka.admin import NewTopic as KpNewTopic
 
 from kafscale.broker.admin_http import admin_request
-from kafscale.broker.child_process import KAFSCALE, BrokerProcess
+from kafscale.broker.child_process import KAFSCALE, BrokerProcess, free_port_run
 from kafscale.broker.metadata import keys
 from kafscale.broker.metadata.embedded_etcd import EmbeddedEtcd, free_port
 from kafscale.broker.metadata.etcd import Etcd
@@ -133,7 +133,9 @@ def secured(
     token = secrets.token_hex(16)
     token_file = workdir / "admin-token"
     token_file.write_text(token + "\n")
-    ports = {name: free_port() for name in ("INTERNAL", "SECURE", "MTLS", "SASL")}
+    # One run of four (separate port-0 probes once gave INTERNAL and SASL the same port).
+    first = free_port_run(4)
+    ports = {name: first + i for i, name in enumerate(("INTERNAL", "SECURE", "MTLS", "SASL"))}
     process = add_broker(
         cluster,
         ports,
