@@ -33,6 +33,7 @@ from kafscale.operator.discovery import fetch_capabilities
 from kafscale.operator.events import Notice, condition_notices, drain_notice, scale_notice
 from kafscale.operator.kube import Kube, KubeError, load_configuration
 from kafscale.operator.metrics import OperatorMetrics
+from kafscale.operator.model_base import Condition
 from kafscale.operator.models import (
     API_VERSION,
     CLUSTER_KIND,
@@ -41,7 +42,6 @@ from kafscale.operator.models import (
     TOPIC_PLURAL,
     VERSION,
     ClusterRef,
-    Condition,
     KafScaleClusterSpec,
     KafScaleClusterStatus,
     parse_cluster_spec,

@@ -14,13 +14,9 @@ from typing import Any
 
 from kafscale.operator import certificates, etcd_security, listeners, naming, proxy_listeners
 from kafscale.operator.brokerconfig import InvalidBrokerConfig, broker_config_env
-from kafscale.operator.models import (
-    ClusterRef,
-    DeletionPolicy,
-    EtcdMode,
-    KafScaleClusterSpec,
-    ResourceRequirements,
-)
+from kafscale.operator.model_base import ResourceRequirements
+from kafscale.operator.model_stores import EtcdMode
+from kafscale.operator.models import ClusterRef, DeletionPolicy, KafScaleClusterSpec
 from kafscale.operator.ownership import object_metadata
 
 Manifest = dict[str, Any]

@@ -25,7 +25,8 @@ from kafscale.operator.discovery import (
     refresh_due,
 )
 from kafscale.operator.kube import Kube, KubeError
-from kafscale.operator.models import ClusterRef, Condition, KafScaleClusterSpec
+from kafscale.operator.model_base import Condition
+from kafscale.operator.models import ClusterRef, KafScaleClusterSpec
 from kafscale.operator.settings import OperatorSettings
 from kafscale.operator.tls_secrets import etcd_client_tls
 
