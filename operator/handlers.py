@@ -26,7 +26,7 @@ from typing import Any
 import kopf
 from pydantic import ValidationError
 
-from kafscale.broker.metadata.etcd import MetadataError
+from kafscale.broker.metadata.etcd_errors import MetadataError
 from kafscale.operator import manifests, naming, reconcile
 from kafscale.operator.brokerconfig import InvalidBrokerConfig
 from kafscale.operator.discovery import fetch_capabilities

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from typing import Any
 
 from kafscale.broker.metadata import keys
-from kafscale.broker.metadata.etcd import MetadataError
+from kafscale.broker.metadata.etcd_errors import MetadataError
 from kafscale.broker.storage.object_store import ObjectStoreError
 from kafscale.operator import certificates, manifests, naming
 from kafscale.operator.certificates import CERT_MANAGER_API

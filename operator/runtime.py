@@ -15,7 +15,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from kafscale.broker.config import StorageKind, StorageSettings
-from kafscale.broker.metadata.etcd import Etcd, EtcdTls, MetadataUnavailable
+from kafscale.broker.metadata.etcd import Etcd
+from kafscale.broker.metadata.etcd_channel import EtcdTls
+from kafscale.broker.metadata.etcd_errors import MetadataUnavailable
 from kafscale.broker.storage.s3 import S3ObjectStore
 from kafscale.operator import naming
 from kafscale.operator.discovery import (

@@ -16,7 +16,7 @@ import kopf
 from pydantic import ValidationError
 
 from kafscale.broker.authz.model import InvalidBinding
-from kafscale.broker.metadata.etcd import MetadataError
+from kafscale.broker.metadata.etcd_errors import MetadataError
 from kafscale.broker.protocol.errors import MetadataTimeout
 from kafscale.operator import naming, reconcile
 from kafscale.operator.kube import KubeError

@@ -11,13 +11,9 @@ import pytest
 
 from kafscale.broker.metadata import keys
 from kafscale.broker.metadata.embedded_etcd import EmbeddedEtcd, free_port
-from kafscale.broker.metadata.etcd import (
-    Etcd,
-    LeaseLost,
-    MetadataUnavailable,
-    SessionLease,
-    WatchEvent,
-    WatchEventKind,
+from kafscale.broker.metadata.etcd import Etcd, WatchEvent, WatchEventKind
+from kafscale.broker.metadata.etcd_errors import LeaseLost, MetadataUnavailable
+from kafscale.broker.metadata.etcd_txn import (
     create_revision_is,
     delete_op,
     delete_prefix_op,
@@ -26,6 +22,7 @@ from kafscale.broker.metadata.etcd import (
     put_op,
     value_is,
 )
+from kafscale.broker.metadata.session_lease import SessionLease
 
 pytestmark = pytest.mark.integration
 
