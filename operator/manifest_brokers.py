@@ -22,6 +22,7 @@ from kafscale.operator.manifest_pods import (
     container_resources,
     container_security_context,
     pod_common,
+    pod_disruption_budget,
     pod_spread,
 )
 from kafscale.operator.models import ClusterRef, KafScaleClusterSpec
@@ -146,15 +147,8 @@ def build_broker_service(ref: ClusterRef, spec: KafScaleClusterSpec) -> Manifest
 
 
 def build_broker_pdb(ref: ClusterRef, spec: KafScaleClusterSpec) -> Manifest:
-    return {
-        "apiVersion": "policy/v1",
-        "kind": "PodDisruptionBudget",
-        "metadata": object_metadata(ref, naming.broker_pdb_name(ref.name), naming.BROKER),
-        "spec": {
-            "maxUnavailable": 1,
-            "selector": {"matchLabels": naming.selector_labels(ref.name, naming.BROKER)},
-        },
-    }
+    name = naming.broker_pdb_name(ref.name)
+    return pod_disruption_budget(ref, name, naming.BROKER, {"maxUnavailable": 1})
 
 
 def build_broker_hpa(ref: ClusterRef, spec: KafScaleClusterSpec) -> Manifest:

@@ -16,6 +16,7 @@ from kafscale.operator.manifest_pods import (
     container_resources,
     container_security_context,
     pod_common,
+    pod_disruption_budget,
     pod_spread,
 )
 from kafscale.operator.models import ClusterRef, DeletionPolicy, KafScaleClusterSpec
@@ -173,12 +174,4 @@ def build_etcd_pdb(ref: ClusterRef, spec: KafScaleClusterSpec) -> Manifest:
     budget: dict[str, Any] = (
         {"minAvailable": replicas // 2 + 1} if replicas > 1 else {"maxUnavailable": 1}
     )
-    return {
-        "apiVersion": "policy/v1",
-        "kind": "PodDisruptionBudget",
-        "metadata": object_metadata(ref, naming.etcd_name(ref.name), naming.ETCD),
-        "spec": {
-            **budget,
-            "selector": {"matchLabels": naming.selector_labels(ref.name, naming.ETCD)},
-        },
-    }
+    return pod_disruption_budget(ref, naming.etcd_name(ref.name), naming.ETCD, budget)

@@ -1,8 +1,9 @@
 """What every pod the operator runs shares, and the type its builders return.
 
 Security contexts that pass Pod Security Admission's "restricted" profile, a spread over nodes
-and zones, pull secrets, container resources with the operator's defaults. Pure; the broker,
-proxy and etcd builders (``manifest_brokers``, ``manifest_proxy``, ``manifest_etcd``) use it.
+and zones, pull secrets, container resources with the operator's defaults, a disruption
+budget. Pure; the broker, proxy and etcd builders (``manifest_brokers``, ``manifest_proxy``,
+``manifest_etcd``) use it.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from typing import Any
 from kafscale.operator import naming
 from kafscale.operator.model_base import ResourceRequirements
 from kafscale.operator.models import ClusterRef, KafScaleClusterSpec
+from kafscale.operator.ownership import object_metadata
 
 Manifest = dict[str, Any]
 
@@ -69,6 +71,22 @@ def pod_spread(ref: ClusterRef, component: str) -> dict[str, Any]:
                 "labelSelector": selector,
             }
         ],
+    }
+
+
+def pod_disruption_budget(
+    ref: ClusterRef, name: str, component: str, budget: dict[str, Any]
+) -> Manifest:
+    """A PodDisruptionBudget over one component's pods; ``budget``: ``maxUnavailable`` or
+    ``minAvailable``."""
+    return {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": object_metadata(ref, name, component),
+        "spec": {
+            **budget,
+            "selector": {"matchLabels": naming.selector_labels(ref.name, component)},
+        },
     }
 
 

@@ -20,6 +20,7 @@ from kafscale.operator.manifest_pods import (
     container_resources,
     container_security_context,
     pod_common,
+    pod_disruption_budget,
     pod_spread,
 )
 from kafscale.operator.models import ClusterRef, KafScaleClusterSpec
@@ -101,15 +102,8 @@ def proxy_environment(ref: ClusterRef, spec: KafScaleClusterSpec) -> list[dict[s
 
 
 def build_proxy_pdb(ref: ClusterRef, spec: KafScaleClusterSpec) -> Manifest:
-    return {
-        "apiVersion": "policy/v1",
-        "kind": "PodDisruptionBudget",
-        "metadata": object_metadata(ref, naming.proxy_name(ref.name), naming.PROXY),
-        "spec": {
-            "maxUnavailable": 1,
-            "selector": {"matchLabels": naming.selector_labels(ref.name, naming.PROXY)},
-        },
-    }
+    name = naming.proxy_name(ref.name)
+    return pod_disruption_budget(ref, name, naming.PROXY, {"maxUnavailable": 1})
 
 
 def build_proxy_service(ref: ClusterRef, spec: KafScaleClusterSpec) -> Manifest:
