@@ -16,10 +16,10 @@ from typing import Any
 
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
-from harness.ports import free_port_run
+from harness.ports import closed_port, free_port_run
 
 from kafscale.broker.child_process import KAFSCALE
-from kafscale.broker.metadata.embedded_etcd import EmbeddedEtcd, etcd_pids_on, free_port
+from kafscale.broker.metadata.embedded_etcd import EmbeddedEtcd, etcd_pids_on
 
 pytestmark = pytest.mark.integration
 
@@ -203,7 +203,7 @@ def test_s3_endpoint_without_credentials_is_one_clear_line(tmp_path: Path) -> No
             "--port",
             str(free_port_pair()),
             "--s3-endpoint",
-            f"http://127.0.0.1:{free_port()}",
+            f"http://127.0.0.1:{closed_port()}",  # on purpose: nothing listens there
         ],
         env=env,
         capture_output=True,

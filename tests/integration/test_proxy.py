@@ -34,6 +34,7 @@ from harness.kafka_wire import (
     request_header,
     uvarint,
 )
+from harness.ports import closed_port, free_ports
 from harness.proxy import proxy_env, start_proxy
 from harness.s3 import S3Endpoint
 from integration.test_bad_input import (
@@ -56,7 +57,7 @@ from integration.test_clients import (
 from kafka import KafkaAdminClient
 
 from kafscale.broker.child_process import KAFSCALE
-from kafscale.broker.metadata.embedded_etcd import EmbeddedEtcd, free_port
+from kafscale.broker.metadata.embedded_etcd import EmbeddedEtcd
 from kafscale.broker.protocol.errors import ErrorCode
 
 pytestmark = pytest.mark.integration
@@ -240,7 +241,7 @@ def test_unsupported_version_gets_unsupported_version(proxied: Proxied) -> None:
 
 
 def test_proxy_without_etcd_fails_with_a_clear_error(tmp_path: object) -> None:
-    dead = f"http://127.0.0.1:{free_port()}"
+    dead = f"http://127.0.0.1:{closed_port()}"  # on purpose: nothing listens there
     env = {
         "KAFSCALE_ETCD__ENDPOINTS": f'["{dead}"]',
         "KAFSCALE_ETCD__TIMEOUT_S": "1",
@@ -257,7 +258,7 @@ def test_proxy_without_etcd_fails_with_a_clear_error(tmp_path: object) -> None:
 
 
 def test_proxy_is_ready_only_once_a_broker_is_registered(broker_cluster: BrokerCluster) -> None:
-    port, admin_port = free_port(), free_port()
+    port, admin_port = free_ports(2)
     proxy = BrokerProcess(
         env=proxy_env(broker_cluster, port, admin_port),
         log_path=broker_cluster.workdir / "proxy.log",
