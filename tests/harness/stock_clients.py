@@ -13,6 +13,7 @@ import asyncio
 import time
 import uuid
 from collections.abc import Callable
+from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka import TopicPartition as AioTopicPartition
@@ -37,6 +38,57 @@ from harness.round_trip import (
     make_records,
 )
 
+# --- kafka-python and aiokafka take the same settings and give the same records -------------
+
+# No group: read from offset 0 of assigned partitions, with short fetch waits.
+CONSUMER_SETTINGS: dict[str, Any] = {
+    "group_id": None,
+    "enable_auto_commit": False,
+    "fetch_max_wait_ms": 100,
+}
+
+
+def producer_settings(bootstrap: str, codec: str) -> dict[str, Any]:
+    """The idempotent producer, acks=all, ``codec``, a short linger."""
+    return {
+        "bootstrap_servers": bootstrap,
+        "compression_type": None if codec == "none" else codec,
+        "enable_idempotence": True,
+        "acks": "all",
+        "linger_ms": 20,
+    }
+
+
+def send_arguments(record: Record) -> dict[str, Any]:
+    """``send()``'s keyword arguments for ``record``: its own partition and timestamp."""
+    return {
+        "key": record.key,
+        "value": record.value,
+        "headers": list(record.headers),
+        "partition": record.partition,
+        "timestamp_ms": record.timestamp,
+    }
+
+
+def assign_from_start(consumer: Any, partitions: list[Any]) -> None:
+    """Assign ``partitions`` (the client's own ``TopicPartition``s) and read each from 0."""
+    consumer.assign(partitions)
+    for tp in partitions:
+        consumer.seek(tp, 0)
+
+
+def consumed_of(message: Any) -> Consumed:
+    """A kafka-python or aiokafka ``ConsumerRecord`` (the two share attribute names)."""
+    return Consumed(
+        message.partition,
+        message.offset,
+        message.key,
+        message.value,
+        tuple((name, bytes(value)) for name, value in message.headers),
+        message.timestamp,
+    )
+
+
 # --- kafka-python ---------------------------------------------------------------------------
 
 
@@ -51,25 +103,9 @@ def kp_create_topic(bootstrap: str, topic: str, partitions: int = PARTITIONS) ->
 def kp_produce(
     bootstrap: str, topic: str, records: list[Record], codec: str
 ) -> list[tuple[int, int]]:
-    producer = KafkaProducer(
-        bootstrap_servers=bootstrap,
-        compression_type=None if codec == "none" else codec,
-        enable_idempotence=True,
-        acks="all",
-        linger_ms=20,
-    )
+    producer = KafkaProducer(**producer_settings(bootstrap, codec))
     try:
-        futures = [
-            producer.send(
-                topic,
-                key=r.key,
-                value=r.value,
-                headers=list(r.headers),
-                partition=r.partition,
-                timestamp_ms=r.timestamp,
-            )
-            for r in records
-        ]
+        futures = [producer.send(topic, **send_arguments(r)) for r in records]
         producer.flush(30)
         metadata = [f.get(timeout=30) for f in futures]
     finally:
@@ -78,32 +114,14 @@ def kp_produce(
 
 
 def kp_consume(bootstrap: str, topic: str, partitions: int, expected: int) -> list[Consumed]:
-    consumer = KafkaConsumer(
-        bootstrap_servers=bootstrap,
-        group_id=None,
-        enable_auto_commit=False,
-        fetch_max_wait_ms=100,
-    )
+    consumer = KafkaConsumer(**CONSUMER_SETTINGS, bootstrap_servers=bootstrap)
     try:
-        tps = [KpTopicPartition(topic, p) for p in range(partitions)]
-        consumer.assign(tps)
-        for tp in tps:
-            consumer.seek(tp, 0)
+        assign_from_start(consumer, [KpTopicPartition(topic, p) for p in range(partitions)])
         result: list[Consumed] = []
         deadline = time.monotonic() + CONSUME_TIMEOUT_S
         while len(result) < expected and time.monotonic() < deadline:
             for messages in consumer.poll(timeout_ms=500).values():
-                result += [
-                    Consumed(
-                        m.partition,
-                        m.offset,
-                        m.key,
-                        m.value,
-                        tuple((name, bytes(value)) for name, value in m.headers),
-                        m.timestamp,
-                    )
-                    for m in messages
-                ]
+                result += [consumed_of(m) for m in messages]
         return result
     finally:
         consumer.close()
@@ -128,26 +146,10 @@ def aio_produce(
     bootstrap: str, topic: str, records: list[Record], codec: str
 ) -> list[tuple[int, int]]:
     async def produce() -> list[tuple[int, int]]:
-        producer = AIOKafkaProducer(
-            bootstrap_servers=bootstrap,
-            compression_type=None if codec == "none" else codec,
-            enable_idempotence=True,
-            acks="all",
-            linger_ms=20,
-        )
+        producer = AIOKafkaProducer(**producer_settings(bootstrap, codec))
         await producer.start()
         try:
-            futures = [
-                await producer.send(
-                    topic,
-                    key=r.key,
-                    value=r.value,
-                    headers=list(r.headers),
-                    partition=r.partition,
-                    timestamp_ms=r.timestamp,
-                )
-                for r in records
-            ]
+            futures = [await producer.send(topic, **send_arguments(r)) for r in records]
             metadata = await asyncio.gather(*futures)
         finally:
             await producer.stop()
@@ -158,34 +160,16 @@ def aio_produce(
 
 def aio_consume(bootstrap: str, topic: str, partitions: int, expected: int) -> list[Consumed]:
     async def consume() -> list[Consumed]:
-        consumer = AIOKafkaConsumer(
-            bootstrap_servers=bootstrap,
-            group_id=None,
-            enable_auto_commit=False,
-            fetch_max_wait_ms=100,
-        )
+        consumer = AIOKafkaConsumer(**CONSUMER_SETTINGS, bootstrap_servers=bootstrap)
         await consumer.start()
         try:
-            tps = [AioTopicPartition(topic, p) for p in range(partitions)]
-            consumer.assign(tps)
-            for tp in tps:
-                consumer.seek(tp, 0)
+            assign_from_start(consumer, [AioTopicPartition(topic, p) for p in range(partitions)])
             result: list[Consumed] = []
             deadline = time.monotonic() + CONSUME_TIMEOUT_S
             while len(result) < expected and time.monotonic() < deadline:
                 batches = await consumer.getmany(timeout_ms=500)
                 for messages in batches.values():
-                    result += [
-                        Consumed(
-                            m.partition,
-                            m.offset,
-                            m.key,
-                            m.value,
-                            tuple((name, bytes(value)) for name, value in m.headers),
-                            m.timestamp,
-                        )
-                        for m in messages
-                    ]
+                    result += [consumed_of(m) for m in messages]
             return result
         finally:
             await consumer.stop()
