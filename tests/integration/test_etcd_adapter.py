@@ -12,13 +12,9 @@ from harness.ports import closed_port
 
 from kafscale.broker.metadata import keys
 from kafscale.broker.metadata.embedded_etcd import EmbeddedEtcd
-from kafscale.broker.metadata.etcd import (
-    Etcd,
-    LeaseLost,
-    MetadataUnavailable,
-    SessionLease,
-    WatchEvent,
-    WatchEventKind,
+from kafscale.broker.metadata.etcd import Etcd, WatchEvent, WatchEventKind
+from kafscale.broker.metadata.etcd_errors import LeaseLost, MetadataUnavailable
+from kafscale.broker.metadata.etcd_txn import (
     create_revision_is,
     delete_op,
     delete_prefix_op,
@@ -27,6 +23,7 @@ from kafscale.broker.metadata.etcd import (
     put_op,
     value_is,
 )
+from kafscale.broker.metadata.session_lease import SessionLease
 
 pytestmark = pytest.mark.integration
 

@@ -42,7 +42,9 @@ from harness.kube_apiserver import KubeCluster
 from harness.ports import free_ports
 
 from kafscale.broker.metadata.embedded_etcd import EmbeddedEtcd, find_etcd_binary
-from kafscale.broker.metadata.etcd import Etcd, EtcdTls, MetadataUnavailable
+from kafscale.broker.metadata.etcd import Etcd
+from kafscale.broker.metadata.etcd_channel import EtcdTls
+from kafscale.broker.metadata.etcd_errors import MetadataUnavailable
 from kafscale.broker.protocol import codec
 from kafscale.broker.security.credentials import CredentialStore
 from kafscale.broker.security.scram import ScramMechanism, check_password
