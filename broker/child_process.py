@@ -5,15 +5,13 @@ The test harness and the benches start real broker processes the way a superviso
 the same few things from each: wait for ``/readyz``, read ``/status``, send signals (SIGSTOP to
 play a hung broker, SIGTERM for the graceful handoff, SIGKILL for a crash) and show the log's
 tail when something goes wrong. One class serves both, so a fix to start-up detection or
-clean-up reaches tests and benches alike; so do the free ports a child is given to listen on.
+clean-up reaches tests and benches alike; so do the free ports a child is given to listen on
+(``free_ports.free_port_run``, importable from here too).
 """
 
 from __future__ import annotations
 
-import os
-import random
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -22,55 +20,10 @@ from pathlib import Path
 from typing import Any
 
 from kafscale.broker.admin_http import admin_request
+from kafscale.broker.free_ports import free_port_run as free_port_run  # its first home
 
 KAFSCALE = str(Path(sys.executable).with_name("kafscale"))
 _STOPPING_SIGNALS = (signal.SIGTERM, signal.SIGKILL, signal.SIGINT)
-_RANGE_FILE = Path("/proc/sys/net/ipv4/ip_local_port_range")
-# "i/n": take free ports from slice i of n (see ``port_slice``); set per pytest-xdist worker.
-PORT_SLICE_ENV = "KAFSCALE_PORT_SLICE"
-
-
-def _below_ephemeral() -> tuple[int, int]:
-    try:
-        low = int(_RANGE_FILE.read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        low = 32768
-    first, last = 10000, max(10001, low - 64)
-    return port_slice(first, last, os.environ.get(PORT_SLICE_ENV, ""))
-
-
-def port_slice(first: int, last: int, spec: str) -> tuple[int, int]:
-    """Slice ``i/n`` (from 0) of the range ``[first, last)``; the whole range for no or a bad spec.
-
-    Processes that pick ports side by side (pytest-xdist workers, each starting brokers) take
-    them from disjoint slices, so one cannot pick a port the other probed and has not bound yet."""
-    try:
-        index, count = (int(part) for part in spec.split("/"))
-    except ValueError:
-        return first, last
-    if not 0 <= index < count or (last - first) // count < 64:
-        return first, last
-    width = (last - first) // count
-    return first + index * width, first + (index + 1) * width
-
-
-def free_port_run(count: int = 1) -> int:
-    """A port p with p ... p + count - 1 all free on 127.0.0.1, for a child to listen on.
-
-    Taken below the kernel's ephemeral range: every other process (etcd, S3, clients' sockets)
-    binds port 0 and gets a port from that range, so a port chosen from it could be handed out
-    to one of them between the probe and the child's bind (seen: "address already in use")."""
-    first, last = _below_ephemeral()
-    for _ in range(200):
-        port = random.randrange(first, last - count)
-        try:
-            for offset in range(count):
-                with socket.socket() as probe:
-                    probe.bind(("127.0.0.1", port + offset))
-        except OSError:
-            continue
-        return port
-    raise RuntimeError(f"no {count} consecutive free ports")
 
 
 @dataclass

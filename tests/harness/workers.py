@@ -9,7 +9,7 @@ workers on two cores finish it in much less wall time. What makes that safe:
   Those groups go first: they are the longest units, and a long unit last would leave the other
   worker idle at the end.
 * Ports. Each worker picks free ports from its own slice of the range below the ephemeral
-  ports (``KAFSCALE_PORT_SLICE``, see ``kafscale.broker.child_process.port_slice``), so one
+  ports (``KAFSCALE_PORT_SLICE``, see ``kafscale.broker.free_ports.port_slice``), so one
   cannot pick a port the other has probed and not bound yet.
 * Everything else a test starts is its own already: etcd and moto per session (per worker),
   unique cluster names and buckets, ``tmp_path`` under the worker's own base directory.
@@ -23,7 +23,7 @@ import os
 
 import pytest
 
-from kafscale.broker.child_process import PORT_SLICE_ENV
+from kafscale.broker.free_ports import PORT_SLICE_ENV
 
 # Session fixtures that cost seconds to start and hundreds of MB to keep: one worker owns each.
 SHARED_SERVERS = {"kube_cluster": "kube-apiserver", "spark": "spark", "radosgw_server": "radosgw"}

@@ -10,8 +10,8 @@ import socket
 import pytest
 from harness.workers import group_of, worker_slice
 
-from kafscale.broker import child_process
-from kafscale.broker.child_process import PORT_SLICE_ENV, free_port_run, port_slice
+from kafscale.broker import free_ports
+from kafscale.broker.free_ports import PORT_SLICE_ENV, free_port_run, port_slice
 
 pytestmark = pytest.mark.unit
 
@@ -49,9 +49,9 @@ def test_no_or_an_unusable_slice_is_the_whole_range(spec: str) -> None:
 
 def test_free_ports_come_from_the_workers_slice(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(PORT_SLICE_ENV, raising=False)
-    whole = child_process._below_ephemeral()
+    whole = free_ports._below_ephemeral()
     monkeypatch.setenv(PORT_SLICE_ENV, "1/2")
-    low, high = child_process._below_ephemeral()
+    low, high = free_ports._below_ephemeral()
     assert whole[0] < low < high == whole[0] + 2 * ((whole[1] - whole[0]) // 2)
     for _ in range(20):
         port = free_port_run(2)
