@@ -60,10 +60,10 @@ kube:
 	@bash tests/harness/build_kube.sh >/dev/null
 
 # Two workers: the suite waits on servers (brokers, etcd, Spark, the kube-apiserver) more than it
-# computes. Tests are grouped by module, and those of one shared server (Spark, the
-# kube-apiserver, radosgw) on one worker: tests/harness/workers.py. PYTEST_WORKERS=0: one process.
+# computes. A test file is a unit of work; files of the shared servers (Spark, the kube-apiserver,
+# radosgw) go first: tests/harness/workers.py, docs/testing.md. PYTEST_WORKERS=0: one process.
 PYTEST_WORKERS ?= 2
-PYTEST_DIST := $(if $(filter-out 0,$(PYTEST_WORKERS)),-n $(PYTEST_WORKERS) --dist loadgroup --no-loadscope-reorder)
+PYTEST_DIST := $(if $(filter-out 0,$(PYTEST_WORKERS)),-n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder)
 
 test: setup-spark system-deps kube
 	$(VENV)/bin/pytest $(PYTEST_DIST)

@@ -1,13 +1,15 @@
-"""Running the suite on two pytest-xdist workers (``make test``: ``-n 2 --dist loadgroup``).
+"""Running the suite on two pytest-xdist workers (``make test``: ``-n 2 --dist loadfile``).
 
 The suite waits (for brokers, etcd, Spark, the kube-apiserver) more than it computes, so two
-workers on two cores finish it in much less wall time. What makes that safe:
+workers on two cores finish it in much less wall time. What makes that safe and quick:
 
-* Work units. Every test gets an ``xdist_group``: its module, so module-scoped clusters start
-  once, except that tests using one of the expensive session servers (one SparkSession, the
-  kube-apiserver, Ceph radosgw) all share one group per server, so only one worker starts it.
-  Those groups go first: they are the longest units, and a long unit last would leave the other
-  worker idle at the end.
+* Work units are files (``--dist loadfile``): a module-scoped cluster starts once and a
+  module's tests run in order on one worker. Files using an expensive session server (the
+  SparkSession, the kube-apiserver, Ceph radosgw) are handed out first: they are the longest
+  units. (``--dist loadgroup``, which could keep each server on one worker, does nothing with
+  pytest 9.2 and pytest-xdist 3.8.0: xdist renames ``item._nodeid``, which pytest 9.2 no
+  longer reads, so every test became a unit of its own.) Each worker that needs a server
+  starts its own.
 * Ports. Each worker picks free ports from its own slice of the range below the ephemeral
   ports (``KAFSCALE_PORT_SLICE``, see ``kafscale.broker.free_ports.port_slice``), so one
   cannot pick a port the other has probed and not bound yet.
@@ -55,16 +57,23 @@ def pytest_configure(config: pytest.Config) -> None:
         os.environ[PORT_SLICE_ENV] = worker_slice(worker_id, int(worker_count))
 
 
+def first_files(ranked: list[tuple[str, int]]) -> list[int]:
+    """Indices of ``(file, rank)`` pairs (one per test, in collection order) reordered so that
+    the files holding any rank-0 test come first; order inside a file and among files of one
+    rank is kept."""
+    early = {file for file, rank in ranked if rank == 0}
+    return sorted(range(len(ranked)), key=lambda i: ranked[i][0] not in early)
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Group and order the tests for ``--dist loadgroup`` (before xdist reads the groups)."""
-    if config.getoption("dist", "no") != "loadgroup":
+    """On a worker: the files of the shared servers' tests first, the longest work units, so
+    that neither worker is left with one at the end while the other idles."""
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
         return
     ranked = []
-    for index, item in enumerate(items):
-        fixtures = list(getattr(item, "fixturenames", []))
+    for item in items:
+        file = item.nodeid.split("::")[0]
         markers = [mark.name for mark in item.iter_markers()]
-        rank, group = group_of(item.nodeid.split("::")[0], fixtures, markers)
-        item.add_marker(pytest.mark.xdist_group(group))
-        ranked.append((rank, index, item))
-    items[:] = [item for _, _, item in sorted(ranked, key=lambda r: (r[0], r[1]))]
+        ranked.append((file, group_of(file, list(getattr(item, "fixturenames", [])), markers)[0]))
+    items[:] = [items[i] for i in first_files(ranked)]

@@ -1,14 +1,13 @@
-"""The suite on two pytest-xdist workers (``harness.workers``): which tests share a worker, and
-which ports each worker may hand to its children. A wrong group starts a second Spark or
-kube-apiserver (or splits a module's cluster); overlapping port slices let the two workers
-pick the same port before either child binds it."""
+"""The suite on two pytest-xdist workers (``harness.workers``): which files are handed out first,
+and which ports each worker may hand to its children. Overlapping port slices let the two
+workers pick the same port before either child binds it."""
 
 from __future__ import annotations
 
 import socket
 
 import pytest
-from harness.workers import group_of, worker_slice
+from harness.workers import first_files, group_of, worker_slice
 
 from kafscale.broker import free_ports
 from kafscale.broker.free_ports import PORT_SLICE_ENV, free_port_run, port_slice
@@ -35,6 +34,11 @@ def test_tests_of_a_shared_server_go_to_one_worker_first(
 
 def test_other_tests_stay_with_their_module() -> None:
     assert group_of(MODULE, ["broker_cluster", "etcd_server"], ["integration"]) == (1, MODULE)
+
+
+def test_files_of_shared_servers_go_first_whole_and_in_order() -> None:
+    ranked = [("a", 1), ("b", 1), ("b", 0), ("c", 1), ("d", 0), ("d", 1)]
+    assert first_files(ranked) == [1, 2, 4, 5, 0, 3]
 
 
 def test_worker_slices_split_the_range_without_overlap() -> None:
