@@ -27,7 +27,7 @@ import pytest
 
 from kafscale.broker.free_ports import PORT_SLICE_ENV
 
-# Session fixtures that cost seconds to start and hundreds of MB to keep: one worker owns each.
+# Session fixtures that cost seconds to start: the files using them are handed out first.
 SHARED_SERVERS = {"kube_cluster": "kube-apiserver", "spark": "spark", "radosgw_server": "radosgw"}
 # Tests that reach one of them through ``request.getfixturevalue`` carry the server's marker.
 SHARED_SERVER_MARKERS = {"radosgw": "radosgw"}
