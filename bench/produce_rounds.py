@@ -150,11 +150,15 @@ def main(argv: list[str] | None = None) -> int:
         help="a setting for the broker, e.g. KAFSCALE_LOG__FLUSH_COALESCE_MS=1 (repeatable)",
     )
     parser.add_argument("--cache", type=Path, default=Path.home() / ".cache" / "kafscale-bench")
+    parser.add_argument(
+        "--workdir", type=Path, help="parent of the run's work directory (default <cache>/runs)"
+    )
     args = parser.parse_args(argv)
     steps = args.steps.split(",")
     value = os.urandom(1024)
     classpath = bench.java_classpath(args.cache) if "java" in steps else ""
-    workdir = Path(tempfile.mkdtemp(prefix="kafscale-rounds-"))
+    parent = bench.work_parent(args.workdir, args.cache)  # not /tmp: see its docstring
+    workdir = Path(tempfile.mkdtemp(prefix="kafscale-rounds-", dir=parent))
     stack = bench.Stack(workdir, dict(item.split("=", 1) for item in args.broker_env))
     try:
         stack.start(["local"])
