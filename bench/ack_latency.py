@@ -618,7 +618,9 @@ def work_parent(workdir: Path | None, cache: Path) -> Path:
     the kernel skips inodes freed in the last 60-360 s each time it allocates one near them: a
     local PUT's new file then cost 355-736 us of CPU in ``open`` under /tmp against 25-52 us
     elsewhere (2026-11-26), and the broker's CPU per MiB moved 30-40 % with other processes'
-    deletes. ``kafscale local`` keeps its store in ./data, not /tmp, either."""
+    deletes. ``kafscale local`` keeps its store in ./data, not /tmp, either. A run's own clean-up
+    has the same effect on the next run made within a few minutes in the same place: compare
+    runs by alternating versions, not one after the other."""
     parent = workdir if workdir is not None else cache / "runs"
     parent.mkdir(parents=True, exist_ok=True)
     return parent
