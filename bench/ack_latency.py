@@ -416,7 +416,8 @@ def probe_puts(stack: Stack, rounds: int, size: int = 8192) -> list[float]:
 
 def probe_commits(stack: Stack, rounds: int) -> list[float]:
     """An etcd commit's latency: a transaction of three compares and a 1 KiB put."""
-    from kafscale.broker.metadata.etcd import Etcd, create_revision_is, put_op, value_is
+    from kafscale.broker.metadata.etcd import Etcd
+    from kafscale.broker.metadata.etcd_txn import create_revision_is, put_op, value_is
 
     assert stack.etcd is not None
     url = stack.etcd.client_url

@@ -28,16 +28,14 @@ from kafscale.broker.groups.coordinator import GroupCoordinator, group_config
 from kafscale.broker.metadata import keys
 from kafscale.broker.metadata.cluster import BrokerInfo, ClusterView, TopicInfo, TopicPartition
 from kafscale.broker.metadata.compaction import Compactor
-from kafscale.broker.metadata.etcd import (
-    BadEndpoint,
-    Etcd,
-    MetadataUnavailable,
-    SessionLease,
-)
+from kafscale.broker.metadata.etcd import Etcd
+from kafscale.broker.metadata.etcd_channel import BadEndpoint
 from kafscale.broker.metadata.etcd_connect import connect_etcd
+from kafscale.broker.metadata.etcd_errors import MetadataUnavailable
 from kafscale.broker.metadata.leaders import leader_for
 from kafscale.broker.metadata.partition_state import PartitionState
 from kafscale.broker.metadata.rebalancer import Rebalancer
+from kafscale.broker.metadata.session_lease import SessionLease
 from kafscale.broker.metadata.topics import create_topic
 from kafscale.broker.observability.broker_metrics import BrokerCollector
 from kafscale.broker.observability.exposition import metrics_renderer

@@ -5,14 +5,13 @@ The test harness and the benches start real broker processes the way a superviso
 the same few things from each: wait for ``/readyz``, read ``/status``, send signals (SIGSTOP to
 play a hung broker, SIGTERM for the graceful handoff, SIGKILL for a crash) and show the log's
 tail when something goes wrong. One class serves both, so a fix to start-up detection or
-clean-up reaches tests and benches alike; so do the free ports a child is given to listen on.
+clean-up reaches tests and benches alike; so do the free ports a child is given to listen on
+(``free_ports.free_port_run``, importable from here too).
 """
 
 from __future__ import annotations
 
-import random
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -21,37 +20,10 @@ from pathlib import Path
 from typing import Any
 
 from kafscale.broker.admin_http import admin_request
+from kafscale.broker.free_ports import free_port_run as free_port_run  # its first home
 
 KAFSCALE = str(Path(sys.executable).with_name("kafscale"))
 _STOPPING_SIGNALS = (signal.SIGTERM, signal.SIGKILL, signal.SIGINT)
-_RANGE_FILE = Path("/proc/sys/net/ipv4/ip_local_port_range")
-
-
-def _below_ephemeral() -> tuple[int, int]:
-    try:
-        low = int(_RANGE_FILE.read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        low = 32768
-    return 10000, max(10001, low - 64)
-
-
-def free_port_run(count: int = 1) -> int:
-    """A port p with p ... p + count - 1 all free on 127.0.0.1, for a child to listen on.
-
-    Taken below the kernel's ephemeral range: every other process (etcd, S3, clients' sockets)
-    binds port 0 and gets a port from that range, so a port chosen from it could be handed out
-    to one of them between the probe and the child's bind (seen: "address already in use")."""
-    first, last = _below_ephemeral()
-    for _ in range(200):
-        port = random.randrange(first, last - count)
-        try:
-            for offset in range(count):
-                with socket.socket() as probe:
-                    probe.bind(("127.0.0.1", port + offset))
-        except OSError:
-            continue
-        return port
-    raise RuntimeError(f"no {count} consecutive free ports")
 
 
 @dataclass

@@ -22,8 +22,9 @@ from kafscale.broker.authz.cli import add_acls_parser, run_acls
 from kafscale.broker.config import BrokerSettings
 from kafscale.broker.local import LocalOptions, run_local
 from kafscale.broker.memory import freeze_startup_objects, tune_allocator
-from kafscale.broker.metadata.etcd import BadEndpoint, MetadataUnavailable
+from kafscale.broker.metadata.etcd_channel import BadEndpoint
 from kafscale.broker.metadata.etcd_connect import connect_etcd
+from kafscale.broker.metadata.etcd_errors import MetadataUnavailable
 from kafscale.broker.observability.logs import setup_logging
 from kafscale.broker.observability.metrics import METRICS
 from kafscale.broker.observability.status import (

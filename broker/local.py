@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
-from collections.abc import Coroutine
+from collections.abc import Collection, Coroutine
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -57,6 +57,10 @@ class LocalOptions:
 
     def broker_port(self, index: int) -> int:
         return self.port + index + (1 if self.proxy else 0)
+
+    def listen_ports(self) -> range:
+        """The proxy's port (with ``proxy``) and the brokers': etcd, started first, keeps off."""
+        return range(self.port, self.broker_port(self.brokers))
 
 
 def local_settings(
@@ -176,14 +180,15 @@ def storage_startup_message(error: ObjectStoreError, settings: BrokerSettings) -
     return f"object storage is not usable: {text}"
 
 
-async def start_etcd(data_dir: Path) -> EmbeddedEtcd:
-    """Our etcd, healthy; a stale one on the same directory is stopped first.
+async def start_etcd(data_dir: Path, avoid_ports: Collection[int] = ()) -> EmbeddedEtcd:
+    """Our etcd, healthy, on ports of its own apart from ``avoid_ports``; a stale one on the
+    same directory is stopped first.
 
     Launched from the event loop's thread (not a worker thread): the kernel kills an etcd
     started with ``die_with_parent`` when the thread that forked it exits.
     """
     try:
-        etcd = EmbeddedEtcd(data_dir=data_dir, die_with_parent=True)
+        etcd = EmbeddedEtcd(data_dir=data_dir, die_with_parent=True, avoid_ports=avoid_ports)
         stale = await asyncio.to_thread(etcd.stop_stale)
         if stale:
             print(f"stopped an etcd left running on {etcd.etcd_dir} (pid {stale[0]})", flush=True)
@@ -220,7 +225,7 @@ async def run_local(base: BrokerSettings, options: LocalOptions) -> None:
         options.data_dir.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise StartupError(f"cannot use data directory {options.data_dir}: {exc}") from exc
-    etcd = await start_etcd(options.data_dir / "etcd")
+    etcd = await start_etcd(options.data_dir / "etcd", options.listen_ports())
     started = _Started()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

@@ -16,7 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from kafscale.broker.config import BrokerSettings
-from kafscale.broker.metadata.etcd import BadEndpoint, MetadataUnavailable
+from kafscale.broker.metadata.etcd_channel import BadEndpoint
+from kafscale.broker.metadata.etcd_errors import MetadataUnavailable
 from kafscale.broker.security.credentials import CredentialStore
 from kafscale.broker.security.scram import (
     MAX_ITERATIONS,

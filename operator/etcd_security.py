@@ -18,7 +18,8 @@ from typing import Any
 
 from kafscale.operator import naming
 from kafscale.operator.listeners import CLUSTER_DOMAIN
-from kafscale.operator.models import ClusterRef, EtcdMode, KafScaleClusterSpec
+from kafscale.operator.model_stores import EtcdMode
+from kafscale.operator.models import ClusterRef, KafScaleClusterSpec
 from kafscale.operator.ownership import object_metadata
 
 NETWORK_POLICY_API = "networking.k8s.io/v1"

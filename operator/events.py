@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from kafscale.broker.metadata.assignment import Assignment
-from kafscale.operator.models import Condition, ConditionStatus
+from kafscale.operator.model_base import Condition, ConditionStatus
 
 NORMAL = "Normal"
 WARNING = "Warning"

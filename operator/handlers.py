@@ -26,13 +26,14 @@ from typing import Any
 import kopf
 from pydantic import ValidationError
 
-from kafscale.broker.metadata.etcd import MetadataError
+from kafscale.broker.metadata.etcd_errors import MetadataError
 from kafscale.operator import manifests, naming, reconcile
 from kafscale.operator.brokerconfig import InvalidBrokerConfig
 from kafscale.operator.discovery import fetch_capabilities
 from kafscale.operator.events import Notice, condition_notices, drain_notice, scale_notice
 from kafscale.operator.kube import Kube, KubeError, load_configuration
 from kafscale.operator.metrics import OperatorMetrics
+from kafscale.operator.model_base import Condition
 from kafscale.operator.models import (
     API_VERSION,
     CLUSTER_KIND,
@@ -41,7 +42,6 @@ from kafscale.operator.models import (
     TOPIC_PLURAL,
     VERSION,
     ClusterRef,
-    Condition,
     KafScaleClusterSpec,
     KafScaleClusterStatus,
     parse_cluster_spec,

@@ -19,13 +19,9 @@ from typing import Any
 
 from kafscale.operator import naming
 from kafscale.operator.brokerconfig import InvalidBrokerConfig
-from kafscale.operator.models import (
-    ClusterRef,
-    KafScaleClusterSpec,
-    ListenerAuthenticationType,
-    ListenerSpec,
-    ListenerStatus,
-)
+from kafscale.operator.model_cluster_status import ListenerStatus
+from kafscale.operator.model_listeners import ListenerAuthenticationType, ListenerSpec
+from kafscale.operator.models import ClusterRef, KafScaleClusterSpec
 
 POD_IP_VAR = "KAFSCALE_LISTENER__ADVERTISED_HOST"  # the pod IP (status.podIP) in broker pods
 CLUSTER_DOMAIN = "cluster.local"

@@ -37,12 +37,8 @@ from prometheus_client import (
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from kafscale.operator.models import (
-    ClusterPhase,
-    ClusterRef,
-    ConditionStatus,
-    KafScaleClusterStatus,
-)
+from kafscale.operator.model_base import ConditionStatus
+from kafscale.operator.models import ClusterPhase, ClusterRef, KafScaleClusterStatus
 
 # Seconds: a status round reads a few objects (milliseconds); an apply or a delete that waits
 # for etcd, S3 or a slow API server takes seconds.

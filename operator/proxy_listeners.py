@@ -19,11 +19,8 @@ from typing import Any
 
 from kafscale.operator import naming
 from kafscale.operator.listeners import kafka_name
-from kafscale.operator.models import (
-    ClusterRef,
-    KafScaleClusterSpec,
-    ListenerAuthenticationType,
-)
+from kafscale.operator.model_listeners import ListenerAuthenticationType
+from kafscale.operator.models import ClusterRef, KafScaleClusterSpec
 
 
 def proxy_host(ref: ClusterRef) -> str:

@@ -20,12 +20,8 @@ from dataclasses import dataclass
 
 from kafscale.broker.metadata import keys
 from kafscale.broker.metadata.assignment import Assignment
-from kafscale.broker.metadata.etcd import (
-    Etcd,
-    create_revision_is,
-    mod_revision_is,
-    put_op,
-)
+from kafscale.broker.metadata.etcd import Etcd
+from kafscale.broker.metadata.etcd_txn import create_revision_is, mod_revision_is, put_op
 from kafscale.operator.snapshot import ClusterSnapshot, parse_snapshot, plan_assignment
 
 log = logging.getLogger(__name__)

@@ -16,21 +16,21 @@ from collections.abc import Callable
 from typing import Any
 
 from kafscale.broker.metadata import keys
-from kafscale.broker.metadata.etcd import MetadataError
+from kafscale.broker.metadata.etcd_errors import MetadataError
 from kafscale.broker.storage.object_store import ObjectStoreError
 from kafscale.operator import certificates, manifests, naming
 from kafscale.operator.certificates import CERT_MANAGER_API
 from kafscale.operator.discovery import ServerCapabilities, fit_to_server
 from kafscale.operator.events import Notice, rebalance_notice
 from kafscale.operator.kube import KubeError
+from kafscale.operator.model_cluster_status import LeaseStatus
+from kafscale.operator.model_stores import EtcdMode
 from kafscale.operator.models import (
     API_VERSION,
     CLUSTER_KIND,
     ClusterRef,
     DeletionPolicy,
-    EtcdMode,
     KafScaleClusterSpec,
-    LeaseStatus,
     parse_cluster_spec,
 )
 from kafscale.operator.rebalance import (

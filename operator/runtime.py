@@ -15,7 +15,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from kafscale.broker.config import StorageKind, StorageSettings
-from kafscale.broker.metadata.etcd import Etcd, EtcdTls, MetadataUnavailable
+from kafscale.broker.metadata.etcd import Etcd
+from kafscale.broker.metadata.etcd_channel import EtcdTls
+from kafscale.broker.metadata.etcd_errors import MetadataUnavailable
 from kafscale.broker.storage.s3 import S3ObjectStore
 from kafscale.operator import naming
 from kafscale.operator.discovery import (
@@ -25,7 +27,8 @@ from kafscale.operator.discovery import (
     refresh_due,
 )
 from kafscale.operator.kube import Kube, KubeError
-from kafscale.operator.models import ClusterRef, Condition, KafScaleClusterSpec
+from kafscale.operator.model_base import Condition
+from kafscale.operator.models import ClusterRef, KafScaleClusterSpec
 from kafscale.operator.settings import OperatorSettings
 from kafscale.operator.tls_secrets import etcd_client_tls
 

@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 
 from kafscale.broker.metadata import keys
 from kafscale.broker.metadata.assignment import Assignment, TopicPartition, decide_assignment
-from kafscale.broker.metadata.etcd import KeyValue
-from kafscale.operator.models import LeaseStatus
+from kafscale.broker.metadata.etcd_txn import KeyValue
+from kafscale.operator.model_cluster_status import LeaseStatus
 
 log = logging.getLogger(__name__)
 

@@ -13,18 +13,16 @@ from typing import Any
 
 from kafscale.operator import naming
 from kafscale.operator.listeners import listener_status
+from kafscale.operator.model_base import Condition, ConditionStatus
+from kafscale.operator.model_cluster_status import BrokerStatus, LeaseStatus
+from kafscale.operator.model_stores import EtcdMode
 from kafscale.operator.models import (
-    BrokerStatus,
     ClusterPhase,
     ClusterRef,
-    Condition,
-    ConditionStatus,
-    EtcdMode,
     KafScaleClusterSpec,
     KafScaleClusterStatus,
     KafScaleTopicStatus,
     KafScaleUserStatus,
-    LeaseStatus,
     TopicPhase,
     UserPhase,
 )

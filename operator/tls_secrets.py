@@ -19,7 +19,8 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from kafscale.broker.metadata.etcd import EtcdTls, MetadataUnavailable
+from kafscale.broker.metadata.etcd_channel import EtcdTls
+from kafscale.broker.metadata.etcd_errors import MetadataUnavailable
 from kafscale.operator import certificates, naming, pki
 from kafscale.operator.certificates import CaRequest, LeafRequest
 from kafscale.operator.etcd_security import managed_tls

@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kafscale.broker.metadata import keys
-from kafscale.broker.metadata.etcd import Etcd, create_revision_is, mod_revision_is, put_op
+from kafscale.broker.metadata.etcd import Etcd
+from kafscale.broker.metadata.etcd_txn import create_revision_is, mod_revision_is, put_op
 from kafscale.operator.models import KafScaleTopicSpec
 
 CAS_ATTEMPTS = 5

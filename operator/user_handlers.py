@@ -16,11 +16,12 @@ import kopf
 from pydantic import ValidationError
 
 from kafscale.broker.authz.model import InvalidBinding
-from kafscale.broker.metadata.etcd import MetadataError
+from kafscale.broker.metadata.etcd_errors import MetadataError
 from kafscale.broker.protocol.errors import MetadataTimeout
 from kafscale.operator import naming, reconcile
 from kafscale.operator.kube import KubeError
 from kafscale.operator.metrics import OperatorMetrics
+from kafscale.operator.model_user_access import SecretKeySelector
 from kafscale.operator.models import (
     API_VERSION,
     GROUP,
@@ -29,7 +30,6 @@ from kafscale.operator.models import (
     VERSION,
     ClusterRef,
     KafScaleUserSpec,
-    SecretKeySelector,
     parse_user_spec,
 )
 from kafscale.operator.runtime import Runtime

@@ -35,18 +35,15 @@ from kafscale.broker.metadata.etcd import Etcd
 from kafscale.broker.security.credentials import CredentialStore
 from kafscale.broker.security.scram import ScramMechanism, check_password, new_credential
 from kafscale.operator import naming
-from kafscale.operator.models import (
-    API_VERSION,
-    USER_KIND,
+from kafscale.operator.model_user_access import (
     AclOperation,
     AclPatternType,
     AclResourceType,
     AclRule,
     AclRuleType,
     AuthenticationType,
-    ClusterRef,
-    KafScaleUserSpec,
 )
+from kafscale.operator.models import API_VERSION, USER_KIND, ClusterRef, KafScaleUserSpec
 
 PASSWORD_LENGTH = 32
 PASSWORD_ALPHABET = string.ascii_letters + string.digits

@@ -22,8 +22,10 @@ from kafscale.broker.config import EtcdSettings
 from kafscale.broker.metadata import keys
 from kafscale.broker.metadata.aborted_index import refs_in_range
 from kafscale.broker.metadata.cluster import TopicInfo
-from kafscale.broker.metadata.etcd import BadEndpoint, Etcd, MetadataError
+from kafscale.broker.metadata.etcd import Etcd
+from kafscale.broker.metadata.etcd_channel import BadEndpoint
 from kafscale.broker.metadata.etcd_connect import connect_etcd
+from kafscale.broker.metadata.etcd_errors import MetadataError
 from kafscale.broker.metadata.partition_state import (
     PartitionState,
     is_committed_segment,

@@ -32,7 +32,7 @@ from kafscale.broker.groups.model import (
 )
 from kafscale.broker.groups.runtime import GroupRuntime
 from kafscale.broker.groups.store import CommittedOffset, TopicPartition
-from kafscale.broker.metadata.etcd import MetadataUnavailable
+from kafscale.broker.metadata.etcd_errors import MetadataUnavailable
 from kafscale.broker.protocol.codec import millis
 from kafscale.broker.protocol.errors import ErrorCode, KafkaError
 

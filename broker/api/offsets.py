@@ -8,7 +8,7 @@ from kafscale.broker.api import access, transactions
 from kafscale.broker.api.dispatch import Body, RequestContext
 from kafscale.broker.authz.model import Operation
 from kafscale.broker.metadata import keys
-from kafscale.broker.metadata.etcd import MetadataUnavailable
+from kafscale.broker.metadata.etcd_errors import MetadataUnavailable
 from kafscale.broker.metadata.partition_state import end_offset_for_epoch
 from kafscale.broker.metadata.partition_txns import last_stable_offset
 from kafscale.broker.protocol.errors import ErrorCode, KafkaError, MetadataTimeout

@@ -19,7 +19,7 @@ from kafscale.broker.api.dispatch import Body, RequestContext
 from kafscale.broker.api.groups import OFFSET_METADATA_MAX_BYTES, group_runtime
 from kafscale.broker.authz.model import Operation
 from kafscale.broker.groups.store import CommittedOffset, TopicPartition
-from kafscale.broker.metadata.etcd import MetadataUnavailable
+from kafscale.broker.metadata.etcd_errors import MetadataUnavailable
 from kafscale.broker.protocol.codec import millis
 from kafscale.broker.protocol.errors import ErrorCode, KafkaError
 from kafscale.broker.transactions.coordinator import (

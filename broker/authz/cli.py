@@ -29,7 +29,7 @@ from kafscale.broker.authz.model import (
 )
 from kafscale.broker.authz.store import create_bindings, delete_matching, stored_bindings
 from kafscale.broker.config import BrokerSettings
-from kafscale.broker.metadata.etcd import MetadataError
+from kafscale.broker.metadata.etcd_errors import MetadataError
 from kafscale.broker.protocol.errors import KafkaError
 
 

@@ -15,14 +15,9 @@ from collections.abc import Iterable
 from kafscale.broker.authz.index import EMPTY_INDEX, AclIndex
 from kafscale.broker.authz.model import AclBinding, AclFilter, filter_matches
 from kafscale.broker.metadata import keys
-from kafscale.broker.metadata.etcd import (
-    DeleteOp,
-    Etcd,
-    MetadataUnavailable,
-    PutOp,
-    delete_op,
-    put_op,
-)
+from kafscale.broker.metadata.etcd import Etcd
+from kafscale.broker.metadata.etcd_errors import MetadataUnavailable
+from kafscale.broker.metadata.etcd_txn import DeleteOp, PutOp, delete_op, put_op
 from kafscale.broker.protocol.errors import MetadataTimeout
 
 log = logging.getLogger(__name__)

@@ -27,7 +27,8 @@ from kafscale.broker.groups.model import GroupConfig, GroupState
 from kafscale.broker.groups.runtime import GroupRuntime
 from kafscale.broker.groups.store import GroupStore
 from kafscale.broker.metadata.cluster import BrokerInfo, ClusterView
-from kafscale.broker.metadata.etcd import Etcd, SessionLease
+from kafscale.broker.metadata.etcd import Etcd
+from kafscale.broker.metadata.session_lease import SessionLease
 from kafscale.broker.observability.logs import about, bind
 from kafscale.broker.protocol.errors import NotCoordinator
 

@@ -18,10 +18,9 @@ from collections.abc import Callable, Iterable
 
 from kafscale.broker.groups.store import Fence
 from kafscale.broker.metadata import keys
-from kafscale.broker.metadata.etcd import (
-    Etcd,
+from kafscale.broker.metadata.etcd import Etcd, WatchEventKind
+from kafscale.broker.metadata.etcd_txn import (
     KeyValue,
-    WatchEventKind,
     create_revision_is,
     delete_op,
     get_op,

@@ -51,7 +51,7 @@ from kafscale.broker.groups.store import (
     LoadedGroup,
     TopicPartition,
 )
-from kafscale.broker.metadata.etcd import MetadataUnavailable
+from kafscale.broker.metadata.etcd_errors import MetadataUnavailable
 from kafscale.broker.protocol.errors import ErrorCode, NotCoordinator
 
 log = logging.getLogger(__name__)

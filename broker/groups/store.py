@@ -22,9 +22,9 @@ from typing import Any
 
 from kafscale.broker.groups.model import GroupRecord, MemberRecord
 from kafscale.broker.metadata import keys
-from kafscale.broker.metadata.etcd import (
+from kafscale.broker.metadata.etcd import Etcd
+from kafscale.broker.metadata.etcd_txn import (
     Compare,
-    Etcd,
     KeyValue,
     Op,
     create_revision_is,

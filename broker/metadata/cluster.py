@@ -18,7 +18,8 @@ from dataclasses import dataclass, field
 from kafscale.broker.authz.store import AclCache
 from kafscale.broker.metadata import keys
 from kafscale.broker.metadata.assignment import Assignment
-from kafscale.broker.metadata.etcd import Etcd, KeyValue, WatchEvent, WatchEventKind
+from kafscale.broker.metadata.etcd import Etcd, WatchEvent, WatchEventKind
+from kafscale.broker.metadata.etcd_txn import KeyValue
 from kafscale.broker.metadata.partition_state import PartitionState
 
 log = logging.getLogger(__name__)

@@ -24,7 +24,8 @@ import asyncio
 import logging
 from collections.abc import Callable, Collection
 
-from kafscale.broker.metadata.etcd import Etcd, MetadataError
+from kafscale.broker.metadata.etcd import Etcd
+from kafscale.broker.metadata.etcd_errors import MetadataError
 
 log = logging.getLogger(__name__)
 

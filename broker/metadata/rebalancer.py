@@ -16,14 +16,10 @@ import logging
 from kafscale.broker.metadata import keys
 from kafscale.broker.metadata.assignment import Assignment, decide_assignment
 from kafscale.broker.metadata.cluster import ClusterView
-from kafscale.broker.metadata.etcd import (
-    Etcd,
-    MetadataUnavailable,
-    SessionLease,
-    create_revision_is,
-    mod_revision_is,
-    put_op,
-)
+from kafscale.broker.metadata.etcd import Etcd
+from kafscale.broker.metadata.etcd_errors import MetadataUnavailable
+from kafscale.broker.metadata.etcd_txn import create_revision_is, mod_revision_is, put_op
+from kafscale.broker.metadata.session_lease import SessionLease
 
 log = logging.getLogger(__name__)
 

@@ -15,9 +15,9 @@ from collections.abc import Mapping
 
 from kafscale.broker.metadata import keys
 from kafscale.broker.metadata.cluster import TopicInfo
-from kafscale.broker.metadata.etcd import (
-    Etcd,
-    MetadataUnavailable,
+from kafscale.broker.metadata.etcd import Etcd
+from kafscale.broker.metadata.etcd_errors import MetadataUnavailable
+from kafscale.broker.metadata.etcd_txn import (
     create_revision_is,
     delete_op,
     delete_prefix_op,

@@ -18,8 +18,9 @@ from typing import Any
 from kafscale.broker.admin_http import AdminRoutes, AdminServer
 from kafscale.broker.api.fetch_sessions import FetchSessionCache
 from kafscale.broker.app import StartupError, listener_endpoints
-from kafscale.broker.metadata.etcd import Etcd, MetadataUnavailable
+from kafscale.broker.metadata.etcd import Etcd
 from kafscale.broker.metadata.etcd_connect import connect_etcd
+from kafscale.broker.metadata.etcd_errors import MetadataUnavailable
 from kafscale.broker.observability.exposition import metrics_renderer
 from kafscale.broker.observability.logs import set_node_id
 from kafscale.broker.observability.metrics import HotPathCollector

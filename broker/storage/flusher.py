@@ -57,14 +57,9 @@ from kafscale.broker.config import LogSettings
 from kafscale.broker.metadata import keys, topics
 from kafscale.broker.metadata.aborted_index import AbortedSpill, spill_aborted
 from kafscale.broker.metadata.cluster import ClusterView, TopicPartition
-from kafscale.broker.metadata.etcd import (
-    Etcd,
-    MetadataUnavailable,
-    create_revision_is,
-    mod_revision_is,
-    put_op,
-    value_is,
-)
+from kafscale.broker.metadata.etcd import Etcd
+from kafscale.broker.metadata.etcd_errors import MetadataUnavailable
+from kafscale.broker.metadata.etcd_txn import create_revision_is, mod_revision_is, put_op, value_is
 from kafscale.broker.metadata.partition_state import (
     PartitionState,
     SegmentRef,

@@ -15,10 +15,9 @@ from kafscale.broker.config import BrokerSettings
 from kafscale.broker.metadata import keys
 from kafscale.broker.metadata.aborted_index import dropped_refs
 from kafscale.broker.metadata.cluster import ClusterView, TopicPartition
-from kafscale.broker.metadata.etcd import (
-    Etcd,
-    MetadataUnavailable,
-    SessionLease,
+from kafscale.broker.metadata.etcd import Etcd
+from kafscale.broker.metadata.etcd_errors import MetadataUnavailable
+from kafscale.broker.metadata.etcd_txn import (
     create_revision_is,
     delete_op,
     mod_revision_is,
@@ -31,6 +30,7 @@ from kafscale.broker.metadata.partition_state import (
     advance_log_start,
     start_epoch,
 )
+from kafscale.broker.metadata.session_lease import SessionLease
 from kafscale.broker.observability.logs import about
 from kafscale.broker.protocol.errors import (
     KafkaError,

@@ -21,7 +21,8 @@ from collections.abc import Collection, Sequence
 
 from kafscale.broker.metadata import keys
 from kafscale.broker.metadata.cluster import ClusterView
-from kafscale.broker.metadata.etcd import Etcd, MetadataUnavailable
+from kafscale.broker.metadata.etcd import Etcd
+from kafscale.broker.metadata.etcd_errors import MetadataUnavailable
 from kafscale.broker.storage.cache import SegmentCache
 from kafscale.broker.storage.object_store import ObjectStore, ObjectStoreError
 

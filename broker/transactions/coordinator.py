@@ -36,7 +36,7 @@ from kafscale.broker.groups.leases import GroupLeases, choose_coordinator
 from kafscale.broker.groups.store import Fence
 from kafscale.broker.metadata import keys
 from kafscale.broker.metadata.cluster import BrokerInfo
-from kafscale.broker.metadata.etcd import MetadataUnavailable
+from kafscale.broker.metadata.etcd_errors import MetadataUnavailable
 from kafscale.broker.protocol.errors import ErrorCode, NotCoordinator
 from kafscale.broker.proxy.upstream import UpstreamLink
 from kafscale.broker.transactions import state

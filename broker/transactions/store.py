@@ -27,7 +27,8 @@ from kafscale.broker.groups.store import (
     encode_offset,
 )
 from kafscale.broker.metadata import keys
-from kafscale.broker.metadata.etcd import Etcd, Op, delete_op, mod_revision_is, put_op
+from kafscale.broker.metadata.etcd import Etcd
+from kafscale.broker.metadata.etcd_txn import Op, delete_op, mod_revision_is, put_op
 from kafscale.broker.transactions.state import TopicPartition, TxnMetadata, TxnState
 
 

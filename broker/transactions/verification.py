@@ -26,7 +26,7 @@ from collections.abc import Iterable
 from typing import Any, Protocol
 
 from kafscale.broker.metadata.cluster import BrokerInfo
-from kafscale.broker.metadata.etcd import MetadataUnavailable
+from kafscale.broker.metadata.etcd_errors import MetadataUnavailable
 from kafscale.broker.protocol.errors import ErrorCode, KafkaError
 from kafscale.broker.transactions.inter_broker_client import InterBrokerClient
 from kafscale.broker.transactions.state import TopicPartition

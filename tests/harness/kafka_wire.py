@@ -16,6 +16,7 @@ from dataclasses import dataclass, fields, is_dataclass
 from typing import Any, get_args, get_origin, get_type_hints
 
 from kafscale.broker.protocol import codec, guard
+from kafscale.broker.protocol.errors import ErrorCode
 
 PRODUCE, FETCH, LIST_OFFSETS, METADATA, API_VERSIONS = 0, 1, 2, 3, 18
 
@@ -117,6 +118,26 @@ def request_header(api_key: int, version: int, correlation_id: int, client_id: s
     """A non-flexible (v1) request header: enough to name a request whose body is garbage."""
     name = client_id.encode()
     return struct.pack(">hhih", api_key, version, correlation_id, len(name)) + name
+
+
+def flexible_request_header(api_key: int, version: int, correlation_id: int) -> bytes:
+    """A flexible (v2) request header, client id "t" and no tagged fields: for flexible
+    versions, whose bodies use compact lengths."""
+    return struct.pack(">hhih", api_key, version, correlation_id, 1) + b"t" + b"\x00"
+
+
+def assert_invalid_request_then_served(
+    wire: KafkaWire, request: bytes, api_key: int, version: int, correlation_id: int
+) -> None:
+    """``request`` is answered under its correlation id, with INVALID_REQUEST where the response
+    has a top-level error code, and the connection goes on serving."""
+    wire.send_frame(request)
+    frame = wire.recv_frame()
+    assert correlation_id_of(frame) == correlation_id
+    response = codec.decode_response(frame, api_key, version)
+    if hasattr(response, "error_code"):
+        assert int(response.error_code) == ErrorCode.INVALID_REQUEST
+    assert int(wire.request(API_VERSIONS, 3, {}).error_code) == ErrorCode.NONE
 
 
 # --- request bodies (newest-version field names; the codec drops what a version lacks) -------

@@ -20,7 +20,9 @@ from pathlib import Path
 from harness.tls import TestPki, make_pki
 from kafscale.broker.child_process import free_port_run
 from kafscale.broker.metadata.embedded_etcd import find_etcd_binary
-from kafscale.broker.metadata.etcd import Etcd, EtcdTls, MetadataUnavailable
+from kafscale.broker.metadata.etcd import Etcd
+from kafscale.broker.metadata.etcd_channel import EtcdTls
+from kafscale.broker.metadata.etcd_errors import MetadataUnavailable
 
 
 @dataclass(frozen=True)

@@ -29,10 +29,12 @@ from harness.kafka_wire import (
     METADATA,
     PRODUCE,
     KafkaWire,
+    assert_invalid_request_then_served,
     batches_in,
     correlation_id_of,
     fetch_body,
     fetch_partition,
+    flexible_request_header,
     metadata_body,
     produce_body,
     produce_partition,
@@ -410,24 +412,6 @@ def test_unparsable_body_gets_an_error_response(
         assert_invalid_request_then_served(wire, request, api_key, version, 777)
 
 
-def assert_invalid_request_then_served(
-    wire: KafkaWire, request: bytes, api_key: int, version: int, correlation_id: int
-) -> None:
-    """``request`` is answered under its correlation id, with INVALID_REQUEST where the response
-    has a top-level error code, and the connection goes on serving."""
-    wire.send_frame(request)
-    frame = wire.recv_frame()
-    assert correlation_id_of(frame) == correlation_id
-    response = codec.decode_response(frame, api_key, version)
-    if hasattr(response, "error_code"):
-        assert int(response.error_code) == INVALID_REQUEST
-    assert int(wire.request(API_VERSIONS, 3, {}).error_code) == NONE
-
-
-def _flexible_header(api_key: int, version: int, correlation_id: int) -> bytes:
-    return struct.pack(">hhih", api_key, version, correlation_id, 1) + b"t" + b"\x00"
-
-
 @pytest.mark.parametrize(
     ("api_key", "version", "body"),
     [
@@ -448,7 +432,7 @@ def test_lengths_past_the_frame_and_forbidden_nulls_get_invalid_request(
     kafka: BrokerProcess, api_key: int, version: int, body: bytes
 ) -> None:
     """Found by mutation fuzzing: one such frame took the whole broker down."""
-    header = _flexible_header(api_key, version, 4321)
+    header = flexible_request_header(api_key, version, 4321)
     if api_key == METADATA and version < 9:
         header = request_header(api_key, version, 4321)
     with KafkaWire(kafka.bootstrap) as wire:

@@ -12,38 +12,43 @@ One broker serves the whole module (each test uses its own topics).
 
 from __future__ import annotations
 
-import asyncio
 import time
 import uuid
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Iterator
 
 import pytest
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
-from aiokafka import TopicPartition as AioTopicPartition
-from aiokafka.admin import AIOKafkaAdminClient
-from aiokafka.admin import NewTopic as AioNewTopic
 from confluent_kafka import Consumer, Producer
 from confluent_kafka import TopicPartition as CkTopicPartition
 from confluent_kafka.admin import AdminClient, OffsetSpec
-from confluent_kafka.admin import NewTopic as CkNewTopic
 from harness.brokers import BrokerProcess, new_cluster
 from harness.kafka_wire import FETCH, KafkaWire, batches_in, fetch_body, fetch_partition
-from harness.kcat import kcat_consume, kcat_headers, kcat_produce
+from harness.round_trip import (
+    CODECS,
+    PARTITIONS,
+    Record,
+    check_round_trip,
+    check_stored_batches,
+    make_records,
+)
 from harness.s3 import S3Endpoint
-from kafka import KafkaConsumer, KafkaProducer
+from harness.stock_clients import (
+    CLIENTS,
+    CONSUMERS,
+    PRODUCERS,
+    ck_create_topic,
+    kcat_consume_records,
+    kcat_produce_records,
+    kcat_records,
+    kp_consume,
+    kp_create_topic,
+    kp_produce,
+)
+from kafka import KafkaConsumer
 from kafka import TopicPartition as KpTopicPartition
-from kafka.admin import KafkaAdminClient
-from kafka.admin import NewTopic as KpNewTopic
 
 from kafscale.broker.metadata.embedded_etcd import EmbeddedEtcd
 
 pytestmark = pytest.mark.integration
-
-CODECS = ["none", "gzip", "snappy", "lz4", "zstd"]
-PARTITIONS = 3
-RECORDS = 9  # three per partition
-CONSUME_TIMEOUT_S = 30.0
 
 
 # --- one broker for the module ----------------------------------------------------------------
@@ -67,402 +72,7 @@ def topic(request: pytest.FixtureRequest) -> str:
     return f"t-{request.node.name[:40].translate(str.maketrans('[]', '--'))}-{uuid.uuid4().hex[:6]}"
 
 
-# --- what is produced and what comes back ----------------------------------------------------
-
-
-Headers = tuple[tuple[str, bytes], ...]
-
-
-@dataclass(frozen=True)
-class Record:
-    partition: int
-    key: bytes
-    value: bytes
-    headers: Headers
-    timestamp: int | None  # None: the client sets the time (kcat cannot set one)
-
-
-@dataclass(frozen=True)
-class Consumed:
-    partition: int
-    offset: int
-    key: bytes | None
-    value: bytes | None
-    headers: Headers
-    timestamp: int
-
-
-def make_records(tag: str, count: int = RECORDS, partitions: int = PARTITIONS) -> list[Record]:
-    """Keyed records with two headers each, spread round-robin, timestamps an hour ago."""
-    base_ms = int(time.time() * 1000) - 3_600_000
-    return [
-        Record(
-            partition=i % partitions,
-            key=f"key-{i}".encode(),
-            # repetitive so that every codec really compresses
-            value=(f"{tag}-value-{i}|" * 30).encode(),
-            headers=(("trace", f"trace-{i}".encode()), ("source", tag.encode())),
-            timestamp=base_ms + 1000 * i,
-        )
-        for i in range(count)
-    ]
-
-
-def check_round_trip(
-    produced: list[Record],
-    consumed: list[Consumed],
-    acked: list[tuple[int, int]] | None,
-    window_ms: tuple[int, int] | None = None,
-) -> None:
-    """Everything came back, in order per partition, at dense offsets from 0, unchanged.
-
-    ``acked``: (partition, offset) the producer was given for each record, if it tells.
-    ``window_ms``: wall-clock bounds for records the client timestamped itself.
-    """
-    assert len(consumed) == len(produced), f"{len(consumed)} consumed, {len(produced)} produced"
-    for partition in sorted({r.partition for r in produced}):
-        sent = [r for r in produced if r.partition == partition]
-        got = sorted((c for c in consumed if c.partition == partition), key=lambda c: c.offset)
-        assert [c.offset for c in got] == list(range(len(sent))), f"partition {partition}"
-        for record, message in zip(sent, got, strict=True):
-            assert message.key == record.key
-            assert message.value == record.value
-            assert message.headers == record.headers
-            if record.timestamp is not None:
-                assert message.timestamp == record.timestamp
-            else:
-                assert window_ms is not None
-                assert window_ms[0] - 1000 <= message.timestamp <= window_ms[1] + 1000
-    if acked is not None:
-        expected = []
-        next_offset: dict[int, int] = {}
-        for record in produced:
-            expected.append((record.partition, next_offset.get(record.partition, 0)))
-            next_offset[record.partition] = expected[-1][1] + 1
-        assert acked == expected
-
-
-CODEC_IDS = {"none": 0, "gzip": 1, "snappy": 2, "lz4": 3, "zstd": 4}
-
-
-class CodecNotUsed(AssertionError):
-    """The client sent the batch with another codec than it was configured with."""
-
-
-# librdkafka decides per broker whether it may compress, from the advertised ApiVersions:
-# LZ4 needs FindCoordinator (any version) advertised; librdkafka 2.0 (Debian's kcat) also needs
-# Produce v0 in the advertised range for gzip/snappy/lz4 (the broker serves Produce from v0,
-# message format v0/v1 included, as Kafka 3.9 does). Without either, the client logs
-# "Broker does not support compression type" and sends uncompressed batches, which
-# check_stored_batches catches (CodecNotUsed).
-
-
-def check_stored_batches(bootstrap: str, topic: str, codec: str, idempotent: bool = True) -> None:
-    """The batches as the broker serves them: the client's codec, and a producer id when the
-    idempotent producer was on (batches are stored as received, never re-encoded)."""
-    with KafkaWire(bootstrap) as wire:
-        for partition in range(PARTITIONS):
-            response = wire.request(FETCH, 12, fetch_body(topic, partition, 0))
-            batches = batches_in(fetch_partition(response).records)
-            assert batches, f"partition {partition} is empty"
-            for batch in batches:
-                if batch.compression != CODEC_IDS[codec]:
-                    raise CodecNotUsed(f"{codec} configured, batch stored as {batch}")
-                if idempotent:
-                    assert batch.producer_id >= 0 and batch.base_sequence >= 0, batch
-
-
-# --- kafka-python ---------------------------------------------------------------------------
-
-
-def kp_create_topic(bootstrap: str, topic: str, partitions: int = PARTITIONS) -> None:
-    admin = KafkaAdminClient(bootstrap_servers=bootstrap)
-    try:
-        admin.create_topics([KpNewTopic(topic, partitions, 1)])
-    finally:
-        admin.close()
-
-
-def kp_produce(
-    bootstrap: str, topic: str, records: list[Record], codec: str
-) -> list[tuple[int, int]]:
-    producer = KafkaProducer(
-        bootstrap_servers=bootstrap,
-        compression_type=None if codec == "none" else codec,
-        enable_idempotence=True,
-        acks="all",
-        linger_ms=20,
-    )
-    try:
-        futures = [
-            producer.send(
-                topic,
-                key=r.key,
-                value=r.value,
-                headers=list(r.headers),
-                partition=r.partition,
-                timestamp_ms=r.timestamp,
-            )
-            for r in records
-        ]
-        producer.flush(30)
-        metadata = [f.get(timeout=30) for f in futures]
-    finally:
-        producer.close(10)
-    return [(m.partition, m.offset) for m in metadata]
-
-
-def kp_consume(bootstrap: str, topic: str, partitions: int, expected: int) -> list[Consumed]:
-    consumer = KafkaConsumer(
-        bootstrap_servers=bootstrap,
-        group_id=None,
-        enable_auto_commit=False,
-        fetch_max_wait_ms=100,
-    )
-    try:
-        tps = [KpTopicPartition(topic, p) for p in range(partitions)]
-        consumer.assign(tps)
-        for tp in tps:
-            consumer.seek(tp, 0)
-        result: list[Consumed] = []
-        deadline = time.monotonic() + CONSUME_TIMEOUT_S
-        while len(result) < expected and time.monotonic() < deadline:
-            for messages in consumer.poll(timeout_ms=500).values():
-                result += [
-                    Consumed(
-                        m.partition,
-                        m.offset,
-                        m.key,
-                        m.value,
-                        tuple((name, bytes(value)) for name, value in m.headers),
-                        m.timestamp,
-                    )
-                    for m in messages
-                ]
-        return result
-    finally:
-        consumer.close()
-
-
-# --- aiokafka ---------------------------------------------------------------------------------
-
-
-def aio_create_topic(bootstrap: str, topic: str, partitions: int = PARTITIONS) -> None:
-    async def create() -> None:
-        admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
-        await admin.start()
-        try:
-            await admin.create_topics([AioNewTopic(topic, partitions, 1)])
-        finally:
-            await admin.close()
-
-    asyncio.run(create())
-
-
-def aio_produce(
-    bootstrap: str, topic: str, records: list[Record], codec: str
-) -> list[tuple[int, int]]:
-    async def produce() -> list[tuple[int, int]]:
-        producer = AIOKafkaProducer(
-            bootstrap_servers=bootstrap,
-            compression_type=None if codec == "none" else codec,
-            enable_idempotence=True,
-            acks="all",
-            linger_ms=20,
-        )
-        await producer.start()
-        try:
-            futures = [
-                await producer.send(
-                    topic,
-                    key=r.key,
-                    value=r.value,
-                    headers=list(r.headers),
-                    partition=r.partition,
-                    timestamp_ms=r.timestamp,
-                )
-                for r in records
-            ]
-            metadata = await asyncio.gather(*futures)
-        finally:
-            await producer.stop()
-        return [(m.partition, m.offset) for m in metadata]
-
-    return asyncio.run(produce())
-
-
-def aio_consume(bootstrap: str, topic: str, partitions: int, expected: int) -> list[Consumed]:
-    async def consume() -> list[Consumed]:
-        consumer = AIOKafkaConsumer(
-            bootstrap_servers=bootstrap,
-            group_id=None,
-            enable_auto_commit=False,
-            fetch_max_wait_ms=100,
-        )
-        await consumer.start()
-        try:
-            tps = [AioTopicPartition(topic, p) for p in range(partitions)]
-            consumer.assign(tps)
-            for tp in tps:
-                consumer.seek(tp, 0)
-            result: list[Consumed] = []
-            deadline = time.monotonic() + CONSUME_TIMEOUT_S
-            while len(result) < expected and time.monotonic() < deadline:
-                batches = await consumer.getmany(timeout_ms=500)
-                for messages in batches.values():
-                    result += [
-                        Consumed(
-                            m.partition,
-                            m.offset,
-                            m.key,
-                            m.value,
-                            tuple((name, bytes(value)) for name, value in m.headers),
-                            m.timestamp,
-                        )
-                        for m in messages
-                    ]
-            return result
-        finally:
-            await consumer.stop()
-
-    return asyncio.run(consume())
-
-
-# --- confluent-kafka --------------------------------------------------------------------------
-
-
-def ck_create_topic(bootstrap: str, topic: str, partitions: int = PARTITIONS) -> None:
-    admin = AdminClient({"bootstrap.servers": bootstrap})
-    futures = admin.create_topics([CkNewTopic(topic, partitions, 1)], operation_timeout=20)
-    for future in futures.values():
-        future.result(30)
-
-
-def ck_produce(
-    bootstrap: str, topic: str, records: list[Record], codec: str
-) -> list[tuple[int, int]]:
-    producer = Producer(
-        {
-            "bootstrap.servers": bootstrap,
-            "compression.type": codec,
-            "enable.idempotence": True,
-            "acks": "all",
-            "linger.ms": 20,
-        }
-    )
-    reports: list[tuple[int, int] | None] = [None] * len(records)
-    errors = []
-
-    def on_delivery(index: int) -> Callable[[object, object], None]:
-        def report(err: object, msg: object) -> None:
-            if err is not None:
-                errors.append(err)
-            else:
-                reports[index] = (msg.partition(), msg.offset())  # type: ignore[attr-defined]
-
-        return report
-
-    for i, r in enumerate(records):
-        producer.produce(
-            topic,
-            key=r.key,
-            value=r.value,
-            headers=list(r.headers),
-            partition=r.partition,
-            timestamp=r.timestamp or 0,
-            on_delivery=on_delivery(i),
-        )
-    assert producer.flush(30) == 0
-    assert not errors, errors
-    return [r for r in reports if r is not None]
-
-
-def ck_consume(bootstrap: str, topic: str, partitions: int, expected: int) -> list[Consumed]:
-    consumer = Consumer(
-        {
-            "bootstrap.servers": bootstrap,
-            "group.id": f"unused-{uuid.uuid4().hex[:6]}",
-            "enable.auto.commit": False,
-            "fetch.wait.max.ms": 100,
-        }
-    )
-    try:
-        consumer.assign([CkTopicPartition(topic, p, 0) for p in range(partitions)])
-        result: list[Consumed] = []
-        deadline = time.monotonic() + CONSUME_TIMEOUT_S
-        while len(result) < expected and time.monotonic() < deadline:
-            message = consumer.poll(0.5)
-            if message is None:
-                continue
-            assert message.error() is None, message.error()
-            result.append(
-                Consumed(
-                    message.partition(),
-                    message.offset(),
-                    message.key(),
-                    message.value(),
-                    tuple((name, bytes(value)) for name, value in message.headers() or []),
-                    message.timestamp()[1],
-                )
-            )
-        return result
-    finally:
-        consumer.close()
-
-
-# --- kcat -------------------------------------------------------------------------------------
-
-
-def kcat_config(codec: str) -> dict[str, str]:
-    return {"compression.codec": codec, "enable.idempotence": "true", "linger.ms": "20"}
-
-
-def kcat_produce_records(bootstrap: str, topic: str, records: list[Record], codec: str) -> None:
-    """kcat gives every record of a run the same headers and cannot set timestamps."""
-    for partition in sorted({r.partition for r in records}):
-        mine = [r for r in records if r.partition == partition]
-        headers = mine[0].headers
-        assert all(r.headers == headers and r.timestamp is None for r in mine)
-        kcat_produce(
-            bootstrap,
-            topic,
-            [(r.key.decode(), r.value.decode()) for r in mine],
-            partition=partition,
-            headers=[(name, value.decode()) for name, value in headers],
-            config=kcat_config(codec),
-        )
-
-
-def kcat_records(tag: str, count: int = RECORDS) -> list[Record]:
-    headers = (("trace", b"kcat"), ("source", tag.encode()))
-    return [Record(r.partition, r.key, r.value, headers, None) for r in make_records(tag, count)]
-
-
-def kcat_consume_records(
-    bootstrap: str, topic: str, partitions: int, expected: int
-) -> list[Consumed]:
-    envelopes = kcat_consume(bootstrap, topic, count=expected)
-    return [
-        Consumed(
-            e["partition"],
-            e["offset"],
-            None if e["key"] is None else e["key"].encode(),
-            None if e["payload"] is None else e["payload"].encode(),
-            tuple((name, value.encode()) for name, value in kcat_headers(e)),
-            e["ts"],
-        )
-        for e in envelopes
-    ]
-
-
 # --- one client, every codec ------------------------------------------------------------------
-
-
-CLIENTS = {
-    "kafka-python": (kp_create_topic, kp_produce, kp_consume),
-    "aiokafka": (aio_create_topic, aio_produce, aio_consume),
-    "confluent": (ck_create_topic, ck_produce, ck_consume),
-}
 
 
 @pytest.mark.parametrize(
@@ -491,19 +101,6 @@ def test_kcat_round_trip(kafka: BrokerProcess, topic: str, codec: str) -> None:
 
 
 # --- across clients ---------------------------------------------------------------------------
-
-PRODUCERS = {
-    "kafka-python": kp_produce,
-    "aiokafka": aio_produce,
-    "confluent": ck_produce,
-    "kcat": None,
-}
-CONSUMERS = {
-    "kafka-python": kp_consume,
-    "aiokafka": aio_consume,
-    "confluent": ck_consume,
-    "kcat": kcat_consume_records,
-}
 
 
 @pytest.mark.parametrize(

@@ -8,7 +8,7 @@ import sys
 import pytest
 from harness.brokers import BrokerCluster
 
-from kafscale.operator import manifests
+from kafscale.operator import manifest_brokers
 
 pytestmark = pytest.mark.integration
 
@@ -19,7 +19,7 @@ def test_the_hook_drains_the_broker_and_imports_nothing_heavy(
     broker_cluster: BrokerCluster,
 ) -> None:
     broker = broker_cluster.start()
-    command = manifests.drain_command(30)
+    command = manifest_brokers.drain_command(30)
     assert command[:3] == ["python", "-m", "kafscale.broker.drain_hook"]
     args = [*command[3:]]
     args[args.index("--admin-url") + 1] = broker.admin_url

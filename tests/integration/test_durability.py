@@ -40,6 +40,7 @@ from harness.kafka_wire import (
     produce_body,
     produce_partition,
 )
+from harness.ports import closed_port, free_ports
 from harness.s3 import S3Endpoint, unique_bucket
 from harness.s3_proxy import s3_proxy
 from harness.topics import create_topic
@@ -47,7 +48,7 @@ from kafka import KafkaConsumer
 from kafka import TopicPartition as KpTopicPartition
 
 from kafscale.broker.child_process import KAFSCALE
-from kafscale.broker.metadata.embedded_etcd import EmbeddedEtcd, free_port
+from kafscale.broker.metadata.embedded_etcd import EmbeddedEtcd
 from kafscale.broker.protocol import codec
 from kafscale.broker.protocol.record_batch import read_header
 
@@ -623,7 +624,8 @@ def test_a_broker_started_just_before_its_etcd_waits_for_it(
     """A managed etcd and new broker pods start together: a broker that finds etcd not yet
     answering tries again for a few seconds before it gives up."""
     etcd = EmbeddedEtcd(data_dir=tmp_path / "late-etcd")
-    port, admin_port, log = free_port(), free_port(), tmp_path / "broker.log"
+    port, admin_port = free_ports(2, avoid=(etcd.client_port, etcd.peer_port))
+    log = tmp_path / "broker.log"
     env = broker_cluster.env(
         port,
         admin_port,
@@ -673,7 +675,7 @@ def test_broker_refuses_to_start_without_its_dependencies(
     broker_cluster: BrokerCluster, what: str, overrides: dict[str, str], words: tuple[str, ...]
 ) -> None:
     missing_bucket = unique_bucket("missing")
-    dead_port = free_port()
+    dead_port = closed_port()  # on purpose: nothing listens there
     substitutions = {
         "UNREACHABLE_ETCD": json.dumps([f"http://127.0.0.1:{dead_port}"]),
         "MISSING_BUCKET": missing_bucket,
@@ -681,8 +683,8 @@ def test_broker_refuses_to_start_without_its_dependencies(
     }
     resolved = {k: substitutions.get(v, v) for k, v in overrides.items()}
     words = tuple(substitutions.get(w, w) for w in words)
-    port = free_port()
-    result = _run_broker(broker_cluster.env(port, free_port(), **resolved))
+    port, admin_port = free_ports(2)
+    result = _run_broker(broker_cluster.env(port, admin_port, **resolved))
     assert result.returncode != 0, f"{what}: the broker started anyway"
     message = result.stderr
     assert "cannot start" in message, message[-2000:]

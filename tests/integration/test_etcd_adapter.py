@@ -8,16 +8,13 @@ from collections.abc import AsyncIterator
 from contextlib import aclosing, asynccontextmanager
 
 import pytest
+from harness.ports import closed_port
 
 from kafscale.broker.metadata import keys
-from kafscale.broker.metadata.embedded_etcd import EmbeddedEtcd, free_port
-from kafscale.broker.metadata.etcd import (
-    Etcd,
-    LeaseLost,
-    MetadataUnavailable,
-    SessionLease,
-    WatchEvent,
-    WatchEventKind,
+from kafscale.broker.metadata.embedded_etcd import EmbeddedEtcd
+from kafscale.broker.metadata.etcd import Etcd, WatchEvent, WatchEventKind
+from kafscale.broker.metadata.etcd_errors import LeaseLost, MetadataUnavailable
+from kafscale.broker.metadata.etcd_txn import (
     create_revision_is,
     delete_op,
     delete_prefix_op,
@@ -26,6 +23,7 @@ from kafscale.broker.metadata.etcd import (
     put_op,
     value_is,
 )
+from kafscale.broker.metadata.session_lease import SessionLease
 
 pytestmark = pytest.mark.integration
 
@@ -329,7 +327,7 @@ async def test_watch_ends_when_the_client_closes(etcd_server: EmbeddedEtcd) -> N
 
 
 async def test_connect_to_a_closed_port_fails_fast() -> None:
-    endpoint = f"http://127.0.0.1:{free_port()}"
+    endpoint = f"http://127.0.0.1:{closed_port()}"  # on purpose: nothing listens there
     started = time.monotonic()
     with pytest.raises(MetadataUnavailable, match=endpoint):
         await Etcd.connect([endpoint], timeout_s=TIMEOUT_S)
@@ -337,7 +335,7 @@ async def test_connect_to_a_closed_port_fails_fast() -> None:
 
 
 async def test_connect_uses_the_first_endpoint_that_answers(etcd_server: EmbeddedEtcd) -> None:
-    dead = f"http://127.0.0.1:{free_port()}"
+    dead = f"http://127.0.0.1:{closed_port()}"  # on purpose: nothing listens there
     async with asyncio.timeout(TIMEOUT_S):
         etcd = await Etcd.connect([dead, etcd_server.client_url], timeout_s=TIMEOUT_S)
     try:

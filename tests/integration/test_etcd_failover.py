@@ -15,10 +15,11 @@ from typing import Any
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 from harness.brokers import BrokerCluster
+from harness.ports import free_ports
 from harness.topics import create_topics
 
 from kafscale.broker.child_process import KAFSCALE
-from kafscale.broker.metadata.embedded_etcd import EmbeddedEtcd, free_port
+from kafscale.broker.metadata.embedded_etcd import EmbeddedEtcd
 
 pytestmark = pytest.mark.integration
 
@@ -29,7 +30,7 @@ SESSION_TTL_S = 4
 def etcd_trio(tmp_path: Path) -> Iterator[list[EmbeddedEtcd]]:
     """Three etcd members forming one cluster on loopback."""
     names = [f"m{i}" for i in range(3)]
-    peers = [free_port() for _ in names]
+    peers = free_ports(len(names))
     initial = ",".join(f"{n}=http://127.0.0.1:{p}" for n, p in zip(names, peers, strict=True))
     members = [
         EmbeddedEtcd(

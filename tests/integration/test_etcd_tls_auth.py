@@ -15,7 +15,9 @@ from harness.brokers import BrokerCluster
 from harness.tls_etcd import start_etcd_process
 
 from kafscale.broker.metadata.embedded_etcd import find_etcd_binary
-from kafscale.broker.metadata.etcd import Etcd, EtcdTls, MetadataError, MetadataUnavailable
+from kafscale.broker.metadata.etcd import Etcd
+from kafscale.broker.metadata.etcd_channel import EtcdTls
+from kafscale.broker.metadata.etcd_errors import MetadataError, MetadataUnavailable
 
 pytestmark = pytest.mark.integration
 

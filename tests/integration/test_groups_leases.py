@@ -35,7 +35,9 @@ from kafscale.broker.groups.store import (
 from kafscale.broker.metadata import keys
 from kafscale.broker.metadata.cluster import BrokerInfo
 from kafscale.broker.metadata.embedded_etcd import EmbeddedEtcd
-from kafscale.broker.metadata.etcd import Etcd, MetadataUnavailable, SessionLease
+from kafscale.broker.metadata.etcd import Etcd
+from kafscale.broker.metadata.etcd_errors import MetadataUnavailable
+from kafscale.broker.metadata.session_lease import SessionLease
 from kafscale.broker.protocol.errors import ErrorCode, NotCoordinator
 
 pytestmark = pytest.mark.integration

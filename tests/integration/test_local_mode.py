@@ -7,6 +7,7 @@ store under the data dir; Ctrl-C (SIGINT) shuts down cleanly and the data surviv
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import time
@@ -15,11 +16,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from confluent_kafka import Consumer, Producer, TopicPartition
-from harness.ports import free_port_run
+from confluent_kafka import Producer
+from harness.local_mode import as_in_a_terminal, consume, start_local, stop_with_ctrl_c
+from harness.ports import closed_port, ephemeral_low, free_port_run
 
 from kafscale.broker.child_process import KAFSCALE
-from kafscale.broker.metadata.embedded_etcd import EmbeddedEtcd, etcd_pids_on, free_port
+from kafscale.broker.metadata.embedded_etcd import EmbeddedEtcd, etcd_pids_on
 
 pytestmark = pytest.mark.integration
 
@@ -29,66 +31,6 @@ def free_port_pair() -> int:
     return free_port_run(2)
 
 
-def start_local(data_dir: Path, port: int, brokers: int, log: Path) -> subprocess.Popen[bytes]:
-    process = subprocess.Popen(
-        [
-            KAFSCALE,
-            "local",
-            "--data-dir",
-            str(data_dir),
-            "--port",
-            str(port),
-            "--brokers",
-            str(brokers),
-            "--log-flush-interval-ms",
-            "50",
-        ],
-        stdout=log.open("ab"),
-        stderr=subprocess.STDOUT,
-        start_new_session=True,  # its own process group, as a terminal gives it
-    )
-    deadline = time.monotonic() + 60
-    while "KafScale is running" not in log.read_text(errors="replace"):
-        assert process.poll() is None, log.read_text(errors="replace")
-        assert time.monotonic() < deadline, log.read_text(errors="replace")
-        time.sleep(0.1)
-    return process
-
-
-def as_in_a_terminal() -> None:
-    """Run in the child: Ctrl-C's default, as in a terminal's foreground job. A test run started
-    in the background of a non-interactive shell inherits SIGINT ignored, and a Python started
-    that way never turns it into KeyboardInterrupt: a Ctrl-C during its imports was lost."""
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
-
-
-def stop_with_ctrl_c(process: subprocess.Popen[bytes]) -> int:
-    """Ctrl-C in a terminal: SIGINT to the whole foreground process group, children included.
-    A process that does not stop in time is killed (never left running) and the test fails."""
-    os.killpg(process.pid, signal.SIGINT)
-    try:
-        return process.wait(60)
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
-        process.wait(10)
-        return -1
-
-
-def consume(bootstrap: str, topic: str, partitions: int, expected: int) -> list[bytes]:
-    consumer = Consumer(
-        {"bootstrap.servers": bootstrap, "group.id": "local-test", "enable.auto.commit": False}
-    )
-    consumer.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
-    values: list[bytes] = []
-    deadline = time.monotonic() + 30
-    while len(values) < expected and time.monotonic() < deadline:
-        message = consumer.poll(0.3)
-        if message is not None and message.error() is None:
-            values.append(message.value())
-    consumer.close()
-    return values
-
-
 def test_local_cluster_serves_clients_and_keeps_data_across_restarts(tmp_path: Path) -> None:
     data_dir, log = tmp_path / "data", tmp_path / "local.log"
     port = free_port_pair()
@@ -96,6 +38,10 @@ def test_local_cluster_serves_clients_and_keeps_data_across_restarts(tmp_path: P
     try:
         banner = log.read_text()
         assert f"bootstrap.servers = localhost:{port},localhost:{port + 1}" in banner
+        etcd_url = re.search(r"etcd\s+= http://127\.0\.0\.1:(\d+)", banner)
+        assert etcd_url is not None, banner
+        etcd_port = int(etcd_url[1])  # below the ephemeral range, none of the brokers' ports
+        assert 10000 <= etcd_port < ephemeral_low() and etcd_port not in (port, port + 1)
         producer = Producer({"bootstrap.servers": f"localhost:{port}", "linger.ms": 5})
         for i in range(200):
             producer.produce("local-demo", value=b"v%d" % i)
@@ -203,7 +149,7 @@ def test_s3_endpoint_without_credentials_is_one_clear_line(tmp_path: Path) -> No
             "--port",
             str(free_port_pair()),
             "--s3-endpoint",
-            f"http://127.0.0.1:{free_port()}",
+            f"http://127.0.0.1:{closed_port()}",  # on purpose: nothing listens there
         ],
         env=env,
         capture_output=True,

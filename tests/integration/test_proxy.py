@@ -26,37 +26,38 @@ from harness.brokers import BrokerCluster, BrokerProcess, new_cluster
 from harness.java_client import java_consume, java_produce
 from harness.kafka_wire import (
     KafkaWire,
+    assert_invalid_request_then_served,
     batches_in,
     correlation_id_of,
     fetch_body,
     fetch_partition,
+    flexible_request_header,
     produce_body,
     request_header,
     uvarint,
 )
+from harness.ports import closed_port, free_ports
 from harness.proxy import proxy_env, start_proxy
-from harness.s3 import S3Endpoint
-from integration.test_bad_input import (
-    _flexible_header,
-    assert_invalid_request_then_served,
-)
-from integration.test_clients import (
-    CLIENTS,
+from harness.round_trip import (
     CODECS,
     PARTITIONS,
     check_round_trip,
     check_stored_batches,
+    make_records,
+)
+from harness.s3 import S3Endpoint
+from harness.stock_clients import (
+    CLIENTS,
     ck_create_topic,
     kcat_consume_records,
     kcat_produce_records,
     kcat_records,
     kp_consume,
-    make_records,
 )
 from kafka import KafkaAdminClient
 
 from kafscale.broker.child_process import KAFSCALE
-from kafscale.broker.metadata.embedded_etcd import EmbeddedEtcd, free_port
+from kafscale.broker.metadata.embedded_etcd import EmbeddedEtcd
 from kafscale.broker.protocol.errors import ErrorCode
 
 pytestmark = pytest.mark.integration
@@ -209,7 +210,7 @@ def test_unparsable_body_gets_invalid_request_from_the_proxy(
     proxy allocates what the lengths claim; the connection and the proxy go on serving."""
     flexible = api_key == 8
     header = (
-        _flexible_header(api_key, version, 4321)
+        flexible_request_header(api_key, version, 4321)
         if flexible
         else request_header(api_key, version, 4321)
     )
@@ -240,7 +241,7 @@ def test_unsupported_version_gets_unsupported_version(proxied: Proxied) -> None:
 
 
 def test_proxy_without_etcd_fails_with_a_clear_error(tmp_path: object) -> None:
-    dead = f"http://127.0.0.1:{free_port()}"
+    dead = f"http://127.0.0.1:{closed_port()}"  # on purpose: nothing listens there
     env = {
         "KAFSCALE_ETCD__ENDPOINTS": f'["{dead}"]',
         "KAFSCALE_ETCD__TIMEOUT_S": "1",
@@ -257,7 +258,7 @@ def test_proxy_without_etcd_fails_with_a_clear_error(tmp_path: object) -> None:
 
 
 def test_proxy_is_ready_only_once_a_broker_is_registered(broker_cluster: BrokerCluster) -> None:
-    port, admin_port = free_port(), free_port()
+    port, admin_port = free_ports(2)
     proxy = BrokerProcess(
         env=proxy_env(broker_cluster, port, admin_port),
         log_path=broker_cluster.workdir / "proxy.log",

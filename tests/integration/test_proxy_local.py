@@ -11,7 +11,6 @@ import os
 import re
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -19,11 +18,9 @@ import pytest
 from confluent_kafka import KafkaError, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 from harness.kafka_wire import API_VERSIONS, KafkaWire
+from harness.local_mode import consume, launch_local, stop_with_ctrl_c, wait_running
 from harness.ports import free_port_run
 from harness.tls import make_pki
-from integration.test_local_mode import consume, stop_with_ctrl_c
-
-from kafscale.broker.child_process import KAFSCALE
 
 pytestmark = pytest.mark.integration
 
@@ -31,22 +28,15 @@ pytestmark = pytest.mark.integration
 def test_local_with_proxy_serves_clients_through_one_port(tmp_path: Path) -> None:
     port = free_port_run(4)
     log = tmp_path / "local.log"
-    process = subprocess.Popen(
+    process = launch_local(
         [
-            *(KAFSCALE, "local", "--brokers", "3", "--proxy", "--port", str(port)),
+            *("--brokers", "3", "--proxy", "--port", str(port)),
             *("--data-dir", str(tmp_path / "data"), "--log-flush-interval-ms", "50"),
         ],
-        stdout=log.open("ab"),
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
+        log,
     )
     try:
-        deadline = time.monotonic() + 60
-        while "KafScale is running" not in log.read_text(errors="replace"):
-            assert process.poll() is None, log.read_text(errors="replace")
-            assert time.monotonic() < deadline, log.read_text(errors="replace")
-            time.sleep(0.1)
-        banner = log.read_text()
+        banner = wait_running(process, log)
         assert f"bootstrap.servers = localhost:{port}\n" in banner
         assert f"behind the proxy, on ports {port + 1}, {port + 2}, {port + 3}" in banner
         bootstrap = f"localhost:{port}"
@@ -71,9 +61,9 @@ def test_local_proxy_with_sasl_ssl_and_acls_guards_the_brokers_behind_it(tmp_pat
     port = free_port_run(2)
     pki = make_pki(tmp_path / "pki")
     log = tmp_path / "local.log"
-    process = subprocess.Popen(
+    process = launch_local(
         [
-            *(KAFSCALE, "local", "--proxy", "--port", str(port)),
+            *("--proxy", "--port", str(port)),
             *("--data-dir", str(tmp_path / "data"), "--log-flush-interval-ms", "50"),
             *("--listeners", f"EXTERNAL://127.0.0.1:{port}"),
             *("--advertised-listeners", f"EXTERNAL://localhost:{port}"),
@@ -81,17 +71,10 @@ def test_local_proxy_with_sasl_ssl_and_acls_guards_the_brokers_behind_it(tmp_pat
             *("--tls-cert-file", str(pki.server.cert), "--tls-key-file", str(pki.server.key)),
             *("--authorizer-enabled", "true"),
         ],
-        stdout=log.open("ab"),
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
+        log,
     )
     try:
-        deadline = time.monotonic() + 60
-        while "KafScale is running" not in log.read_text(errors="replace"):
-            assert process.poll() is None, log.read_text(errors="replace")
-            assert time.monotonic() < deadline, log.read_text(errors="replace")
-            time.sleep(0.1)
-        banner = log.read_text()
+        banner = wait_running(process, log)
         assert f"bootstrap.servers = localhost:{port}\n" in banner
         assert "security.protocol = SASL_SSL" in banner
         etcd_url = re.search(r"etcd\s+= (\S+)", banner)

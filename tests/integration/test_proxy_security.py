@@ -31,6 +31,7 @@ from confluent_kafka import KafkaError, Producer, TopicCollection
 from confluent_kafka.admin import AdminClient
 from cryptography.x509.oid import NameOID
 from harness.kafka_wire import API_VERSIONS, METADATA, KafkaWire, metadata_body
+from harness.ports import free_port_run, free_ports, listener_ports
 from harness.proxy import add_proxy
 from harness.s3 import S3Endpoint
 from harness.secured import (
@@ -51,7 +52,7 @@ from harness.tls import Pair, TestPki, issue
 from kafka import KafkaConsumer, KafkaProducer
 
 from kafscale.broker.child_process import BrokerProcess
-from kafscale.broker.metadata.embedded_etcd import EmbeddedEtcd, free_port
+from kafscale.broker.metadata.embedded_etcd import EmbeddedEtcd
 from kafscale.broker.protocol import codec
 
 pytestmark = pytest.mark.integration
@@ -119,7 +120,7 @@ def secured(
     create_user(etcd_url, name, PROXY_USER, PROXY_PASSWORD)
     for grant in _grants(topic_a):
         kafscale_cli(etcd_url, name, "acls", "add", *grant)
-    broker_ports = {"INTERNAL": free_port(), "PLAIN": free_port(), "SASLIN": free_port()}
+    broker_ports = listener_ports("INTERNAL", "PLAIN", "SASLIN")
     broker = add_broker(
         cluster,
         broker_ports,
@@ -130,7 +131,7 @@ def secured(
         **tls_env(pki),
         **AUTHORIZER,
     )
-    proxy_port, mtls_port = free_port(), free_port()
+    proxy_port, mtls_port = free_ports(2)
     proxy = add_proxy(
         cluster,
         proxy_port,
@@ -144,7 +145,7 @@ def secured(
         **tls_env(pki),
         **AUTHORIZER,
     )
-    sasl_port = free_port()
+    sasl_port = free_port_run()
     sasl_proxy = add_proxy(
         cluster,
         sasl_port,

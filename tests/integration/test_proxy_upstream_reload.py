@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 from confluent_kafka import KafkaError, Producer
 from cryptography.x509.oid import NameOID
+from harness.ports import free_port_run
 from harness.proxy import add_proxy
 from harness.s3 import S3Endpoint
 from harness.secured import (
@@ -35,7 +36,7 @@ from harness.secured import (
 from harness.tls import Pair, TestPki, issue
 
 from kafscale.broker.child_process import BrokerProcess
-from kafscale.broker.metadata.embedded_etcd import EmbeddedEtcd, free_port
+from kafscale.broker.metadata.embedded_etcd import EmbeddedEtcd
 
 pytestmark = pytest.mark.integration
 
@@ -70,7 +71,7 @@ def rotating(
                      "--operation", "WRITE")  # fmt: skip
     broker = add_broker(
         cluster,
-        {"INTERNAL": free_port()},
+        {"INTERNAL": free_port_run()},
         "INTERNAL",
         "broker.log",
         KAFSCALE_LISTENER_SECURITY_PROTOCOL_MAP="INTERNAL:SSL",

@@ -46,6 +46,7 @@ from confluent_kafka.admin import (
 from harness.brokers import new_cluster
 from harness.kafka_wire import API_VERSIONS, METADATA, KafkaWire, metadata_body
 from harness.kcat import kcat_consume, kcat_produce
+from harness.ports import free_port_run, listener_ports
 from harness.s3 import S3Endpoint
 from harness.secured import (
     CONSUME_TIMEOUT_S,
@@ -64,7 +65,7 @@ from kafka.admin import NewTopic as KpNewTopic
 from kafscale.broker.admin_http import admin_request
 from kafscale.broker.child_process import KAFSCALE, BrokerProcess
 from kafscale.broker.metadata import keys
-from kafscale.broker.metadata.embedded_etcd import EmbeddedEtcd, free_port
+from kafscale.broker.metadata.embedded_etcd import EmbeddedEtcd
 from kafscale.broker.metadata.etcd import Etcd
 
 pytestmark = pytest.mark.integration
@@ -133,7 +134,7 @@ def secured(
     token = secrets.token_hex(16)
     token_file = workdir / "admin-token"
     token_file.write_text(token + "\n")
-    ports = {name: free_port() for name in ("INTERNAL", "SECURE", "MTLS", "SASL")}
+    ports = listener_ports("INTERNAL", "SECURE", "MTLS", "SASL")
     process = add_broker(
         cluster,
         ports,
@@ -420,7 +421,7 @@ def test_managing_users_needs_the_cluster_permissions_when_authorization_is_on(
             stdin=f"{user}-password\n",
         )
         assert made.returncode == 0, made.stderr
-    port = free_port()
+    port = free_port_run()
     try:
         cluster.start(
             port,

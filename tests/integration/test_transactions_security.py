@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
+from harness.ports import listener_ports
 from harness.s3 import S3Endpoint
 from harness.secured import (
     add_broker,
@@ -32,7 +33,7 @@ from harness.secured import (
 )
 
 from kafscale.broker.child_process import BrokerProcess
-from kafscale.broker.metadata.embedded_etcd import EmbeddedEtcd, free_port
+from kafscale.broker.metadata.embedded_etcd import EmbeddedEtcd
 
 pytestmark = pytest.mark.integration
 
@@ -103,7 +104,7 @@ def secured_pair(
         for index in range(2):
             add_broker(
                 cluster,
-                {"INTERNAL": free_port(), "CLIENTS": free_port()},
+                listener_ports("INTERNAL", "CLIENTS"),
                 "CLIENTS",
                 f"broker-{index}.log",
                 KAFSCALE_INTERNAL_LISTENER_NAME="INTERNAL",

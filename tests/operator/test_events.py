@@ -12,7 +12,7 @@ from kafscale.operator.events import (
     rebalance_notice,
     scale_notice,
 )
-from kafscale.operator.models import Condition, ConditionStatus
+from kafscale.operator.model_base import Condition, ConditionStatus
 
 pytestmark = pytest.mark.operator
 

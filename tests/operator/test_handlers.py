@@ -26,11 +26,12 @@ from harness.k8s_real import (
     settle,
 )
 from harness.kube_apiserver import KubeCluster
+from harness.ports import closed_port
 from harness.s3 import S3Endpoint
 
 from kafscale.broker.metadata import keys
 from kafscale.broker.metadata.assignment import Assignment
-from kafscale.broker.metadata.embedded_etcd import EmbeddedEtcd, free_port
+from kafscale.broker.metadata.embedded_etcd import EmbeddedEtcd
 from kafscale.broker.metadata.etcd import Etcd
 from kafscale.operator.naming import FIELD_MANAGER, label_selector
 
@@ -188,7 +189,7 @@ async def test_unreachable_etcd_is_degraded_with_a_reason_and_an_event(
 ) -> None:
     ns, kube = kube_namespace, kube_cluster
     path = f"{CLUSTERS.format(ns=ns)}/demo"
-    dead = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    dead = f"http://127.0.0.1:{closed_port()}"  # on purpose: nothing listens there
     spec = {"storage": {"bucket": "bucket-1"}, "etcd": {"mode": "External", "endpoints": [dead]}}
     kube.create(CLUSTERS.format(ns=ns), cluster_manifest("demo", ns, spec))
     await settle(

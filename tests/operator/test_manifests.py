@@ -9,7 +9,7 @@ import kubernetes_validate
 import pytest
 from harness.cluster_specs import REF, THREE_LISTENERS, cluster_spec, external_etcd
 
-from kafscale.operator import manifests, naming
+from kafscale.operator import manifest_brokers, manifest_config, manifest_etcd, manifests, naming
 from kafscale.operator.brokerconfig import InvalidBrokerConfig, broker_config_env
 from kafscale.operator.models import KafScaleClusterSpec, parse_cluster_spec
 
@@ -77,7 +77,7 @@ def test_every_object_validates_strictly(name: str) -> None:
 
 
 def test_validation_is_strict() -> None:
-    deployment = manifests.build_broker_deployment(REF, spec_of("defaults"))
+    deployment = manifest_brokers.build_broker_deployment(REF, spec_of("defaults"))
     deployment["spec"]["replicaz"] = 3
     with pytest.raises(kubernetes_validate.ValidationError):
         kubernetes_validate.validate(deployment, K8S_VERSION, strict=True)
@@ -129,7 +129,7 @@ def test_pods_meet_pod_security_restricted(name: str) -> None:
 
 
 def test_broker_deployment_probes_drain_and_grace() -> None:
-    deployment = manifests.build_broker_deployment(REF, spec_of("defaults"))
+    deployment = manifest_brokers.build_broker_deployment(REF, spec_of("defaults"))
     pod = deployment["spec"]["template"]["spec"]
     container = pod["containers"][0]
     assert container["args"] == ["broker"]
@@ -185,7 +185,7 @@ def test_broker_environment() -> None:
 
 
 def test_default_cluster_name_and_external_endpoints() -> None:
-    config = manifests.build_config_map(REF, spec_of("external-etcd"))["data"]
+    config = manifest_config.build_config_map(REF, spec_of("external-etcd"))["data"]
     assert config["KAFSCALE_CLUSTER"] == "kafka.demo"
     assert json.loads(config["KAFSCALE_ETCD__ENDPOINTS"]) == ["http://etcd:2379"]
     objects = manifests.build_cluster_objects(REF, spec_of("external-etcd"))
@@ -195,7 +195,7 @@ def test_default_cluster_name_and_external_endpoints() -> None:
 def test_config_changes_roll_the_pods() -> None:
     def template_hash(config: dict[str, str]) -> str:
         spec = parse_cluster_spec(cluster_spec(brokers={"config": config}))
-        deployment = manifests.build_broker_deployment(REF, spec)
+        deployment = manifest_brokers.build_broker_deployment(REF, spec)
         annotations = deployment["spec"]["template"]["metadata"]["annotations"]
         return str(annotations[naming.ANNOTATION_CONFIG_HASH])
 
@@ -250,12 +250,12 @@ def test_managed_etcd() -> None:
     assert headless["spec"]["publishNotReadyAddresses"] is True
     assert by_kind(objects, "PodDisruptionBudget", "demo-etcd")["spec"]["minAvailable"] == 2
     assert by_kind(objects, "PodDisruptionBudget", "demo-broker")["spec"]["maxUnavailable"] == 1
-    single = manifests.build_etcd_pdb(REF, spec_of("single-etcd"))
+    single = manifest_etcd.build_etcd_pdb(REF, spec_of("single-etcd"))
     assert single["spec"] == {
         "maxUnavailable": 1,
         "selector": {"matchLabels": naming.selector_labels("demo", naming.ETCD)},
     }
-    delete = manifests.build_etcd_statefulset(REF, spec_of("everything"))
+    delete = manifest_etcd.build_etcd_statefulset(REF, spec_of("everything"))
     assert delete["spec"]["persistentVolumeClaimRetentionPolicy"]["whenDeleted"] == "Delete"
     assert delete["spec"]["volumeClaimTemplates"][0]["spec"]["storageClassName"] == "fast"
 
@@ -317,7 +317,7 @@ def test_proxy_pods_probe_readiness_and_advertise_the_service(
     ]
     pdb = by_kind(objects, "PodDisruptionBudget", "demo-proxy")
     assert pdb["spec"]["selector"]["matchLabels"] == naming.selector_labels("demo", naming.PROXY)
-    env = {**manifests.broker_environment(REF, spec)}
+    env = {**manifest_config.broker_environment(REF, spec)}
     env.update({e["name"]: e["value"] for e in container["env"] if "value" in e})
     for name, value in env.items():
         monkeypatch.setenv(name, value)
@@ -343,7 +343,7 @@ def test_the_drain_hook_ends_inside_the_grace_period(grace_s: int) -> None:
     spec = parse_cluster_spec(
         {"storage": {"bucket": "bucket-1"}, "brokers": {"terminationGracePeriodSeconds": grace_s}}
     )
-    pod = manifests.build_broker_deployment(REF, spec)["spec"]["template"]["spec"]
+    pod = manifest_brokers.build_broker_deployment(REF, spec)["spec"]["template"]["spec"]
     command = pod["containers"][0]["lifecycle"]["preStop"]["exec"]["command"]
     timeout_s = float(command[command.index("--timeout-s") + 1])
     assert 0 < timeout_s < pod["terminationGracePeriodSeconds"] == grace_s

@@ -20,10 +20,11 @@ from harness.k8s_real import (
     settle,
 )
 from harness.kube_apiserver import KubeCluster
+from harness.ports import free_port_run
 from harness.s3 import S3Endpoint
 from prometheus_client.parser import text_string_to_metric_families
 
-from kafscale.broker.metadata.embedded_etcd import EmbeddedEtcd, free_port
+from kafscale.broker.metadata.embedded_etcd import EmbeddedEtcd
 from kafscale.operator.naming import label_selector
 
 pytestmark = [pytest.mark.operator, pytest.mark.kubeapi]
@@ -53,7 +54,7 @@ async def test_operator_metrics_count_reconciles_and_report_cluster_state(
     s3_server: S3Endpoint,
 ) -> None:
     ns, kube = kube_namespace, kube_cluster
-    port = free_port()
+    port = free_port_run()
     store = await s3_server.open_store()
     settings = operator_settings(kafscale_chart, metrics_port=port)
     cluster = {"namespace": ns, "kafscale_cluster": "shop"}

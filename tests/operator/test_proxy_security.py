@@ -33,7 +33,7 @@ from kafscale.broker.config import BrokerSettings
 from kafscale.broker.proxy.config import ProxySettings
 from kafscale.broker.security.listeners import ClientAuth, SecurityProtocol
 from kafscale.broker.security.tls import principal_from_certificate
-from kafscale.operator import certificates, listeners, manifests, naming, pki
+from kafscale.operator import certificates, listeners, manifest_config, manifest_proxy, naming, pki
 from kafscale.operator.brokerconfig import InvalidBrokerConfig
 from kafscale.operator.models import ClusterRef, parse_cluster_spec
 
@@ -171,7 +171,7 @@ def test_the_internal_listener_advertises_a_name_the_broker_certificate_covers(
 
 def test_without_the_authorizer_the_internal_listener_stays_plaintext() -> None:
     raw = without_authorizer()
-    env = manifests.broker_environment(REF, spec_of(raw))
+    env = manifest_config.broker_environment(REF, spec_of(raw))
     assert "INTERNAL:PLAINTEXT" in env["KAFSCALE_LISTENER_SECURITY_PROTOCOL_MAP"]
     assert "KAFSCALE_AUTHORIZER__SUPER_USERS" not in env
     proxy_env = pod_environment(raw, "demo-proxy")
@@ -187,7 +187,7 @@ def test_the_authorizer_on_the_internal_listener_alone_still_gets_a_broker_certi
     raw = {**GUARDED, "listeners": [PLAIN_LISTENER]}
     names = [leaf.secret_name for leaf in certificates.leaf_requests(REF, spec_of(raw))]
     assert names == ["demo-broker-tls", "demo-proxy-client-tls"]
-    env = manifests.broker_environment(REF, spec_of(raw))
+    env = manifest_config.broker_environment(REF, spec_of(raw))
     assert env["KAFSCALE_TLS__CERT_FILE"] == f"{naming.BROKER_TLS_DIR}/tls.crt"
 
 
@@ -236,10 +236,10 @@ def test_bad_super_users_and_the_authorizer_without_listeners_are_refused() -> N
         brokers={"config": {"authorizer.enabled": "true", "authorizer.super_users": "User:admin"}},
     )
     with pytest.raises(InvalidBrokerConfig, match="JSON list"):
-        manifests.broker_environment(REF, spec_of(bad))
+        manifest_config.broker_environment(REF, spec_of(bad))
     bare = {k: v for k, v in GUARDED.items() if k != "listeners"}
     with pytest.raises(InvalidBrokerConfig, match=r"needs spec\.listeners"):
-        manifests.broker_environment(REF, spec_of(bare))
+        manifest_config.broker_environment(REF, spec_of(bare))
 
 
 def test_without_listeners_the_proxy_keeps_its_one_plaintext_port(
@@ -263,13 +263,13 @@ def test_the_secured_sample_gets_a_proxy_the_brokers_trust() -> None:
     ref = ClusterRef(name=raw["metadata"]["name"], namespace=raw["metadata"]["namespace"], uid="u")
     spec = spec_of(raw["spec"])
     assert spec.proxy_internal_tls
-    env = manifests.broker_environment(ref, spec)
+    env = manifest_config.broker_environment(ref, spec)
     assert json.loads(env["KAFSCALE_AUTHORIZER__SUPER_USERS"]) == [
         "User:admin",
         naming.PROXY_PRINCIPAL,
         naming.broker_principal(ref.name),
     ]
-    service = manifests.build_proxy_service(ref, spec)
+    service = manifest_proxy.build_proxy_service(ref, spec)
     assert [p["port"] for p in service["spec"]["ports"]] == [9092, 9093]
 
 

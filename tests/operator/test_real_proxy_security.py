@@ -38,10 +38,10 @@ from harness.k8s_real import (
     write_files,
 )
 from harness.kube_apiserver import KubeCluster
+from harness.ports import free_ports
 from harness.proxy import start_proxy
 from harness.secured import confluent_sasl_ssl, create_user, kafscale_cli, make_topics
 
-from kafscale.broker.metadata.embedded_etcd import free_port
 from kafscale.broker.security.tls import principal_from_certificate
 from kafscale.operator import naming, pki
 
@@ -162,10 +162,10 @@ async def test_a_guarded_cluster_gets_a_proxy_the_brokers_trust(
         if k.startswith(("KAFSCALE_TLS__", "KAFSCALE_SASL__", "KAFSCALE_AUTHORIZER__"))
         or k in ("KAFSCALE_LISTENER_SECURITY_PROTOCOL_MAP", "KAFSCALE_INTERNAL_LISTENER_NAME")
     }
-    internal, external = free_port(), free_port()
+    internal, external, spare = free_ports(3)
     broker_env = {
         **shared,
-        "KAFSCALE_LISTENERS": f"INTERNAL://127.0.0.1:{internal},EXTERNAL://127.0.0.1:{free_port()}",
+        "KAFSCALE_LISTENERS": f"INTERNAL://127.0.0.1:{internal},EXTERNAL://127.0.0.1:{spare}",
         "KAFSCALE_ADVERTISED_LISTENERS": f"INTERNAL://localhost:{internal}",
     }
     await asyncio.to_thread(broker_cluster.start, internal, **broker_env)

@@ -39,9 +39,12 @@ from harness.k8s_real import (
     write_files,
 )
 from harness.kube_apiserver import KubeCluster
+from harness.ports import free_ports
 
-from kafscale.broker.metadata.embedded_etcd import EmbeddedEtcd, find_etcd_binary, free_port
-from kafscale.broker.metadata.etcd import Etcd, EtcdTls, MetadataUnavailable
+from kafscale.broker.metadata.embedded_etcd import EmbeddedEtcd, find_etcd_binary
+from kafscale.broker.metadata.etcd import Etcd
+from kafscale.broker.metadata.etcd_channel import EtcdTls
+from kafscale.broker.metadata.etcd_errors import MetadataUnavailable
 from kafscale.broker.protocol import codec
 from kafscale.broker.security.credentials import CredentialStore
 from kafscale.broker.security.scram import ScramMechanism, check_password
@@ -67,7 +70,7 @@ def hosts_of(pem: bytes) -> set[str]:
 
 def start_tls_etcd(directory: Path, tls_args: list[str]) -> tuple[subprocess.Popen[bytes], str]:
     """etcd with the StatefulSet's TLS flags (files from the operator's Secret), on loopback."""
-    client, peer, metrics = free_port(), free_port(), free_port()
+    client, peer, metrics = free_ports(3)
     url = f"https://127.0.0.1:{client}"
     flags = [
         a.replace(naming.ETCD_SERVER_TLS_DIR, str(directory))
@@ -234,7 +237,7 @@ async def test_tls_listeners_and_etcd_tls_get_certificates_that_serve(
         # machine) and the mounted files: etcd over TLS, a SASL_SSL listener clients verify.
         broker_dir = write_files(tmp_path / "broker-tls", broker_tls)
         client_dir = write_files(tmp_path / "etcd-client", secrets["demo-etcd-client-tls"])
-        internal, plain, external = free_port(), free_port(), free_port()
+        internal, plain, external = free_ports(3)
         env = {
             k: v.replace(naming.BROKER_TLS_DIR, str(broker_dir)).replace(
                 naming.ETCD_CLIENT_TLS_DIR, str(client_dir)

@@ -25,6 +25,7 @@ from harness.k8s_real import (
     settle,
 )
 from harness.kube_apiserver import ApiError, KubeCluster
+from harness.ports import free_ports
 from harness.s3 import S3Endpoint
 
 from kafscale.broker.authz.model import (
@@ -36,7 +37,7 @@ from kafscale.broker.authz.model import (
 )
 from kafscale.broker.authz.store import create_bindings, stored_bindings
 from kafscale.broker.metadata import keys, topics
-from kafscale.broker.metadata.embedded_etcd import EmbeddedEtcd, free_port
+from kafscale.broker.metadata.embedded_etcd import EmbeddedEtcd
 from kafscale.broker.metadata.etcd import Etcd
 from kafscale.broker.security.credentials import CredentialStore
 from kafscale.broker.security.scram import ScramMechanism, check_password
@@ -345,7 +346,7 @@ async def test_a_client_logs_in_with_the_secrets_password_and_gets_what_the_acls
         name=cluster,
         extra_env={"KAFSCALE_AUTHORIZER__ENABLED": "true"},
     )
-    internal, sasl = free_port(), free_port()
+    internal, sasl = free_ports(2)
     try:
         await asyncio.to_thread(
             brokers.start,

@@ -26,7 +26,15 @@ from pydantic import ValidationError
 
 from kafscale.broker.config import BrokerSettings
 from kafscale.broker.security.listeners import ClientAuth, SecurityProtocol
-from kafscale.operator import certificates, listeners, manifests, naming, pki
+from kafscale.operator import (
+    certificates,
+    listeners,
+    manifest_brokers,
+    manifest_config,
+    manifests,
+    naming,
+    pki,
+)
 from kafscale.operator.brokerconfig import InvalidBrokerConfig
 from kafscale.operator.models import parse_cluster_spec, parse_user_spec
 from kafscale.operator.users import password_from_ref, secret_of
@@ -44,7 +52,7 @@ def test_the_broker_reads_the_listeners_the_operator_renders(
 ) -> None:
     """The ConfigMap plus the pod's variables parse into the broker's listener plan."""
     spec = parse_cluster_spec(SECURED)
-    env = manifests.broker_environment(REF, spec)
+    env = manifest_config.broker_environment(REF, spec)
     for key in list(os.environ):
         if key.startswith("KAFSCALE_"):
             monkeypatch.delenv(key)
@@ -82,7 +90,7 @@ def test_proxy_pods_reach_a_tls_etcd_with_the_mounted_client_certificate(
     for key in list(os.environ):
         if key.startswith("KAFSCALE_"):
             monkeypatch.delenv(key)
-    for key, value in manifests.broker_environment(REF, spec).items():
+    for key, value in manifest_config.broker_environment(REF, spec).items():
         monkeypatch.setenv(key, value)
     settings = ProxySettings()
     assert settings.etcd.cert_file == Path(naming.ETCD_CLIENT_TLS_DIR) / "tls.crt"
@@ -93,7 +101,7 @@ def test_proxy_pods_reach_a_tls_etcd_with_the_mounted_client_certificate(
 def test_without_listeners_nothing_changes() -> None:
     spec = parse_cluster_spec(cluster_spec())
     assert listeners.listener_environment(REF, spec) == {}
-    deployment = manifests.build_broker_deployment(REF, spec)
+    deployment = manifest_brokers.build_broker_deployment(REF, spec)
     container = container_of(deployment)
     assert container["args"] == ["broker"] and "command" not in container
     assert [p["name"] for p in container["ports"]] == ["kafka", "admin"]

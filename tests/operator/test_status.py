@@ -11,13 +11,9 @@ from harness.cluster_specs import cluster_spec
 
 from kafscale.broker.metadata import keys
 from kafscale.broker.metadata.assignment import Assignment
-from kafscale.broker.metadata.etcd import KeyValue
-from kafscale.operator.models import (
-    ClusterRef,
-    LeaseStatus,
-    parse_cluster_spec,
-    parse_topic_spec,
-)
+from kafscale.broker.metadata.etcd_txn import KeyValue
+from kafscale.operator.model_cluster_status import LeaseStatus
+from kafscale.operator.models import ClusterRef, parse_cluster_spec, parse_topic_spec
 from kafscale.operator.snapshot import (
     ClusterSnapshot,
     lease_status,

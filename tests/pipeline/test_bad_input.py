@@ -6,9 +6,8 @@ from typing import Any
 
 import pytest
 from harness.brokers import BrokerCluster
+from harness.ports import closed_port
 from harness.spark import source_options
-
-from kafscale.broker.metadata.embedded_etcd import free_port
 
 # A SparkSession on two loaded cores: queries can take minutes.
 pytestmark = [pytest.mark.pipeline, pytest.mark.timeout(900)]
@@ -46,7 +45,7 @@ def test_an_unreachable_etcd_fails_fast(spark: Any, broker_cluster: BrokerCluste
     options = {
         **source_options(broker_cluster),
         "subscribe": "t",
-        "etcd.endpoints": f"http://127.0.0.1:{free_port()}",
+        "etcd.endpoints": f"http://127.0.0.1:{closed_port()}",  # on purpose: nothing listens
         "etcd.timeout_s": "2",
     }
     with pytest.raises(Exception, match=r"etcd at http://127.0.0.1:.* cannot be reached"):

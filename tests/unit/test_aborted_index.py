@@ -30,7 +30,7 @@ from kafscale.broker.metadata.aborted_index import (
     spill_aborted,
 )
 from kafscale.broker.metadata.cluster import ClusterView
-from kafscale.broker.metadata.etcd import PutOp, TxnResult
+from kafscale.broker.metadata.etcd_txn import PutOp, TxnResult
 from kafscale.broker.metadata.partition_state import (
     AbortedTxn,
     PartitionState,

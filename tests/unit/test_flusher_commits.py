@@ -18,7 +18,7 @@ from harness.batches import make_batch
 
 from kafscale.broker.config import LogSettings
 from kafscale.broker.metadata.cluster import ClusterView
-from kafscale.broker.metadata.etcd import PutOp, TxnResult
+from kafscale.broker.metadata.etcd_txn import PutOp, TxnResult
 from kafscale.broker.metadata.partition_state import PartitionState
 from kafscale.broker.protocol.errors import NotLeader, StorageFailure
 from kafscale.broker.protocol.record_batch import read_header

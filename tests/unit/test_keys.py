@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from kafscale.broker.groups.store import parse_group_key
 from kafscale.broker.metadata import keys
-from kafscale.broker.metadata.etcd import prefix_range_end
+from kafscale.broker.metadata.etcd_txn import prefix_range_end
 
 pytestmark = pytest.mark.unit
 

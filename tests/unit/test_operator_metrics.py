@@ -12,14 +12,9 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from kafscale.operator.metrics import OperatorMetrics
-from kafscale.operator.models import (
-    BrokerStatus,
-    ClusterPhase,
-    ClusterRef,
-    Condition,
-    ConditionStatus,
-    KafScaleClusterStatus,
-)
+from kafscale.operator.model_base import Condition, ConditionStatus
+from kafscale.operator.model_cluster_status import BrokerStatus
+from kafscale.operator.models import ClusterPhase, ClusterRef, KafScaleClusterStatus
 
 pytestmark = pytest.mark.unit
 

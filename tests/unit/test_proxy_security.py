@@ -41,7 +41,7 @@ from kafscale.broker.security.scram import (
     new_credential,
     parse_client_first,
 )
-from kafscale.operator import manifests
+from kafscale.operator import manifest_config, manifest_proxy
 from kafscale.operator.models import ClusterRef, parse_cluster_spec
 
 # --- principals and addresses ------------------------------------------------------------------
@@ -342,12 +342,12 @@ def test_a_proxy_pod_serves_the_clusters_listeners_beside_the_brokers_configmap(
         }
     )
     ref = ClusterRef(name="demo", namespace="kafka", uid="0b7f3c1e-0000-4000-8000-000000000001")
-    deployment = manifests.build_proxy_deployment(ref, spec)
+    deployment = manifest_proxy.build_proxy_deployment(ref, spec)
     (container,) = deployment["spec"]["template"]["spec"]["containers"]
     for key in list(os.environ):
         if key.startswith("KAFSCALE_"):
             monkeypatch.delenv(key)
-    for key, value in manifests.broker_environment(ref, spec).items():  # envFrom
+    for key, value in manifest_config.broker_environment(ref, spec).items():  # envFrom
         monkeypatch.setenv(key, value)
     for item in container["env"]:  # env wins over envFrom
         if "value" in item:

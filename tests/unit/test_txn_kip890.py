@@ -5,10 +5,10 @@ guard that a marker arriving during a verification invalidates."""
 from __future__ import annotations
 
 import dataclasses
-import socket
 from collections.abc import Iterable
 
 import pytest
+from harness.ports import closed_port
 
 from kafscale.broker.metadata.cluster import BrokerInfo
 from kafscale.broker.metadata.partition_state import PartitionState
@@ -97,15 +97,9 @@ class _RemoteCoordinator:
         raise AssertionError("not the coordinator")
 
 
-def _closed_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 async def test_an_unreachable_coordinator_never_verifies_a_partition() -> None:
     client = InterBrokerClient(timeout_s=2.0)
-    verifier = PartitionVerifier(_RemoteCoordinator(_closed_port()), client, node_id=1)
+    verifier = PartitionVerifier(_RemoteCoordinator(closed_port()), client, node_id=1)
     try:
         codes = await verifier.verify("app", PID, 3, [TP])
         added = await verifier.verify("app", PID, 3, [TP], add=True)
