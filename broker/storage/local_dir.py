@@ -63,7 +63,8 @@ class LocalDirObjectStore:
         self._tmp_counter = itertools.count()
         self._timeout_s = timeout_s
         self._semaphore = asyncio.Semaphore(max_concurrency)
-        self._writes = ThreadBatches(max_concurrency, "local-store")
+        self._max_concurrency = max_concurrency
+        self._writes: ThreadBatches | None = None  # made by the first write: readers need none
 
     @classmethod
     def from_settings(cls, settings: StorageSettings) -> LocalDirObjectStore:
@@ -79,6 +80,8 @@ class LocalDirObjectStore:
         try:
             async with asyncio.timeout(self._timeout_s), self._semaphore:
                 if batched:
+                    if self._writes is None:
+                        self._writes = ThreadBatches(self._max_concurrency, "local-store")
                     return await self._writes.run(fn, *args)  # type: ignore[no-any-return]
                 return await asyncio.to_thread(fn, *args)
         except TimeoutError as exc:
@@ -249,4 +252,5 @@ class LocalDirObjectStore:
 
     async def close(self) -> None:
         """Files are opened and closed per call; the write threads start no more calls."""
-        self._writes.close()
+        if self._writes is not None:
+            self._writes.close()
