@@ -620,11 +620,24 @@ def work_parent(workdir: Path | None, cache: Path) -> Path:
     local PUT's new file then cost 355-736 us of CPU in ``open`` under /tmp against 25-52 us
     elsewhere (2026-11-26), and the broker's CPU per MiB moved 30-40 % with other processes'
     deletes. ``kafscale local`` keeps its store in ./data, not /tmp, either. A run's own clean-up
-    has the same effect on the next run made within a few minutes in the same place: compare
-    runs by alternating versions, not one after the other."""
+    has the same effect on the next run made within a few minutes in the same place (measured:
+    826 us per ``open`` there a minute after two runs, 26 us in /tmp at that moment): compare
+    runs by alternating versions, and read ``file_create_us`` printed with each run."""
     parent = workdir if workdir is not None else cache / "runs"
     parent.mkdir(parents=True, exist_ok=True)
     return parent
+
+
+def file_create_us(directory: Path, files: int = 50) -> float:
+    """CPU microseconds of one ``open(O_CREAT)`` in ``directory`` (mean of ``files``): what the
+    file system charges the local store per object, high where files were deleted nearby in
+    the last minutes (see ``work_parent``). The files stay, for the run's clean-up."""
+    probe = directory / "create-probe"
+    probe.mkdir()
+    started = time.thread_time()
+    for index in range(files):
+        os.close(os.open(probe / str(index), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
+    return (time.thread_time() - started) * 1e6 / files
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -640,7 +653,10 @@ def main(argv: list[str] | None = None) -> int:
     rss: dict[str, int] = {}
     try:
         stack.start(stores)
-        print(f"work dir {workdir}; broker env {env or 'defaults'}")
+        print(
+            f"work dir {workdir} (a new file costs {file_create_us(workdir):.0f} us of CPU there);"
+            f" broker env {env or 'defaults'}"
+        )
         for target in stack.targets:
             sampler = Sampler(target.broker.pid)
             sampler.start()

@@ -163,7 +163,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         stack.start(["local"])
         target = stack.targets[0]
-        print(f"broker pid {target.broker.pid}; load average {bench.load1():.1f}", flush=True)
+        print(
+            f"broker pid {target.broker.pid}; load average {bench.load1():.1f}; a new file costs"
+            f" {bench.file_create_us(workdir):.0f} us of CPU in {workdir}",
+            flush=True,
+        )
         # Unmeasured: a broker's first answers of each API load its message schemas (~0.3 s
         # of CPU), which ack_latency.py's earlier steps pay before these.
         bootstrap = target.broker.bootstrap
