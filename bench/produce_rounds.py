@@ -137,7 +137,11 @@ def run_step(
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--steps", default="java,paced", help="java, paced or both (default)")
+    parser.add_argument(
+        "--steps",
+        default="java,paced",
+        help="java, paced (both by default) and one (send().get(), one record at a time)",
+    )
     parser.add_argument("--reps", type=int, default=1)
     parser.add_argument("--java-records", type=int, default=50_000)
     parser.add_argument("--paced-s", type=float, default=10.0)
@@ -182,6 +186,12 @@ def main(argv: list[str] | None = None) -> int:
                     return bench.produce_java(classpath, b, t, args.java_records, 1024)
 
                 run_step(stack, target, "java", java, args.profile)
+            if "one" in steps:
+
+                def one(b: str, t: str) -> bench.Step:
+                    return bench.produce_one_at_a_time(b, t, args.paced_s, value)
+
+                run_step(stack, target, "one", one, args.profile)
             if "paced" in steps:
 
                 def paced(b: str, t: str) -> bench.Step:
