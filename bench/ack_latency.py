@@ -20,8 +20,9 @@ step, so objects can be counted per step):
 6. consume the topic of step 1 from offset 0: >= 2 x step 1's rate.
 
 For every step it prints PUTs/s (objects written under the step's topic) and etcd Txn RPCs/s
-(etcd's own counter; a flush round commits with one), and the broker's RSS (<= 500 MB). Run from
-the repository root::
+(etcd's own counter; a flush round commits with one), and the broker's RSS (<= 500 MB). The
+run's work directory (etcd's data, the local store) is made under ``--cache``/runs, not /tmp
+(``work_parent`` says why; ``--workdir`` picks another place). Run from the repository root::
 
     .venv/bin/python bench/ack_latency.py            # ~3 min on 2 cores
     .venv/bin/python bench/ack_latency.py --stores s3 \
@@ -601,21 +602,61 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--cache", type=Path, default=Path.home() / ".cache" / "kafscale-bench")
     parser.add_argument("--broker-env", action="append", default=[], metavar="KAFSCALE_X=V")
     parser.add_argument("--keep", action="store_true", help="keep the work directory (logs)")
+    parser.add_argument(
+        "--workdir",
+        type=Path,
+        help="where the run's work directory (etcd's data, the local store) is made; default "
+        "<cache>/runs, not the system temp dir (see work_parent)",
+    )
     return parser.parse_args(argv)
+
+
+def work_parent(workdir: Path | None, cache: Path) -> Path:
+    """Where a run makes its work directory: ``workdir``, else ``cache/runs``.
+
+    Not /tmp: on this shared machine /tmp is where every test suite creates and deletes
+    thousands of files a minute, and on ext4 without a journal (this machine's root file system)
+    the kernel skips inodes freed in the last 60-360 s each time it allocates one near them: a
+    local PUT's new file then cost 355-736 us of CPU in ``open`` under /tmp against 25-52 us
+    elsewhere (2026-11-26), and the broker's CPU per MiB moved 30-40 % with other processes'
+    deletes. ``kafscale local`` keeps its store in ./data, not /tmp, either. A run's own clean-up
+    has the same effect on the next run made within a few minutes in the same place (measured:
+    826 us per ``open`` there a minute after two runs, 26 us in /tmp at that moment): compare
+    runs by alternating versions, and read ``file_create_us`` printed with each run."""
+    parent = workdir if workdir is not None else cache / "runs"
+    parent.mkdir(parents=True, exist_ok=True)
+    return parent
+
+
+def file_create_us(directory: Path, files: int = 50) -> float:
+    """CPU microseconds of one ``open(O_CREAT)`` in ``directory`` (mean of ``files``): what the
+    file system charges the local store per object, high where files were deleted nearby in
+    the last minutes (see ``work_parent``). The files stay, for the run's clean-up."""
+    probe = directory / "create-probe"
+    probe.mkdir()
+    started = time.thread_time()
+    for index in range(files):
+        os.close(os.open(probe / str(index), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
+    return (time.thread_time() - started) * 1e6 / files
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     stores = [s.strip() for s in args.stores.split(",") if s.strip()]
     classpath = None if args.no_java else java_classpath(args.cache)
-    workdir = Path(tempfile.mkdtemp(prefix="kafscale-ack-"))
+    workdir = Path(
+        tempfile.mkdtemp(prefix="kafscale-ack-", dir=work_parent(args.workdir, args.cache))
+    )
     env = dict(item.split("=", 1) for item in args.broker_env)
     stack = Stack(workdir, env)
     results: dict[str, dict[str, Any]] = {}
     rss: dict[str, int] = {}
     try:
         stack.start(stores)
-        print(f"work dir {workdir}; broker env {env or 'defaults'}")
+        print(
+            f"work dir {workdir} (a new file costs {file_create_us(workdir):.0f} us of CPU there);"
+            f" broker env {env or 'defaults'}"
+        )
         for target in stack.targets:
             sampler = Sampler(target.broker.pid)
             sampler.start()

@@ -114,6 +114,13 @@ class ByteBudget:
             await self._freed.wait()
         self._used += size
 
+    def try_take(self, size: int) -> bool:
+        """Take ``size`` if ``take`` would not wait; else take nothing and say so."""
+        if self._used and self._used + size > self._limit:
+            return False
+        self._used += size
+        return True
+
     def give(self, size: int) -> None:
         self._used -= size
         freed, self._freed = self._freed, asyncio.Event()

@@ -137,6 +137,8 @@ async def _admit(ctx: RequestContext, size: int, timeout_ms: int | None) -> bool
     it takes: its connection's in-flight bounds then stop the socket being read (TCP
     back-pressure), where it used to grow the buffers without bound."""
     budget = ctx.broker.produce_budget
+    if budget.try_take(size):  # the usual case: no timer to arm and cancel
+        return True
     try:
         async with asyncio.timeout(None if timeout_ms is None else max(timeout_ms, 1) / 1000):
             await budget.take(size)
@@ -148,14 +150,25 @@ async def _admit(ctx: RequestContext, size: int, timeout_ms: int | None) -> bool
 def _give_back_when_durable(
     ctx: RequestContext, size: int, acked: dict[tuple[str, int], Outcome]
 ) -> None:
-    """Return the budget once every appended batch is flushed (or failed)."""
+    """Return the budget once every appended batch is flushed (or failed): a countdown in the
+    futures' own callbacks, not a gathering future per request."""
     budget = ctx.broker.produce_budget
     futures = [f for f in acked.values() if isinstance(f, asyncio.Future)]
     if not futures:
         budget.give(size)
         return
-    done = asyncio.gather(*futures, return_exceptions=True)
-    done.add_done_callback(lambda _: budget.give(size))
+    remaining = len(futures)
+
+    def one_done(future: asyncio.Future[Ack]) -> None:
+        nonlocal remaining
+        if not future.cancelled():
+            future.exception()  # seen here, as gather would mark it
+        remaining -= 1
+        if remaining == 0:
+            budget.give(size)
+
+    for future in futures:
+        future.add_done_callback(one_done)
 
 
 def _transactions_allowed(request: Any, ctx: RequestContext) -> bool:

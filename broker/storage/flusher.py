@@ -497,6 +497,10 @@ class Flusher:
             log.warning("could not delete %d uncommitted object(s): %s", len(keys_), exc)
 
     async def _upload(self, work: FlushWork, reservations: list[Reservation]) -> Uploaded:
+        if len(work.chunks) == 1:  # the usual round: no task and gather per partition
+            return Uploaded(
+                work, [await self._upload_segment(work.partition, work.chunks[0], reservations)]
+            )
         segments = await asyncio.gather(
             *(self._upload_segment(work.partition, chunk, reservations) for chunk in work.chunks)
         )
