@@ -59,8 +59,14 @@ system-deps:
 kube:
 	@bash tests/harness/build_kube.sh >/dev/null
 
+# Two workers: the suite waits on servers (brokers, etcd, Spark, the kube-apiserver) more than it
+# computes. A test file is a unit of work; files of the shared servers (Spark, the kube-apiserver,
+# radosgw) go first: tests/harness/workers.py, docs/testing.md. PYTEST_WORKERS=0: one process.
+PYTEST_WORKERS ?= 2
+PYTEST_DIST := $(if $(filter-out 0,$(PYTEST_WORKERS)),-n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder)
+
 test: setup-spark system-deps kube
-	$(VENV)/bin/pytest
+	$(VENV)/bin/pytest $(PYTEST_DIST)
 
 test-fast: setup
 	$(VENV)/bin/pytest -m "unit"

@@ -9,6 +9,7 @@ test harness, the benches and ``EmbeddedEtcd`` (``kafscale local``'s etcd).
 
 from __future__ import annotations
 
+import os
 import random
 import socket
 from collections.abc import Collection
@@ -16,6 +17,8 @@ from pathlib import Path
 
 _RANGE_FILE = Path("/proc/sys/net/ipv4/ip_local_port_range")
 _ATTEMPTS = 200
+# "i/n": take ports from slice i of n (see ``port_slice``); set per pytest-xdist worker.
+PORT_SLICE_ENV = "KAFSCALE_PORT_SLICE"
 
 
 def _below_ephemeral() -> tuple[int, int]:
@@ -23,7 +26,24 @@ def _below_ephemeral() -> tuple[int, int]:
         low = int(_RANGE_FILE.read_text().split()[0])
     except (OSError, ValueError, IndexError):
         low = 32768
-    return 10000, max(10001, low - 64)
+    first, last = 10000, max(10001, low - 64)
+    return port_slice(first, last, os.environ.get(PORT_SLICE_ENV, ""))
+
+
+def port_slice(first: int, last: int, spec: str) -> tuple[int, int]:
+    """Slice ``i/n`` (from 0) of the range ``[first, last)``; the whole range for no or a bad spec.
+
+    Processes that pick ports side by side (pytest-xdist workers, each starting brokers) take
+    them from disjoint slices, so one cannot pick a port the other probed and has not bound yet
+    (nor one the other's broker let go of for a moment to restart on it)."""
+    try:
+        index, count = (int(part) for part in spec.split("/"))
+    except ValueError:
+        return first, last
+    if not 0 <= index < count or (last - first) // count < 64:
+        return first, last
+    width = (last - first) // count
+    return first + index * width, first + (index + 1) * width
 
 
 def _all_free(first: int, count: int) -> bool:

