@@ -65,7 +65,7 @@ class BrokerCluster:
     def start(self, port: int | None = None, **overrides: str) -> BrokerProcess:
         """A new broker (or a restart on ``port`` to keep its address)."""
         port = port or free_port_run()
-        admin_port = free_port_run()
+        admin_port = free_port_run(avoid=[port])  # two probes could return one port
         index = len(self.brokers)
         broker = BrokerProcess(
             env=self.env(port, admin_port, **overrides),

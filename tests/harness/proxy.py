@@ -38,7 +38,8 @@ def add_proxy(
 ) -> BrokerProcess:
     """A proxy for ``cluster`` on ``port`` (free if None), not started yet; killed with the
     cluster's brokers at teardown."""
-    port, admin_port = port or free_port_run(), free_port_run()
+    port = port or free_port_run()
+    admin_port = free_port_run(avoid=[port])  # two probes could return one port
     proxy = BrokerProcess(
         env=proxy_env(cluster, port, admin_port, **overrides),
         log_path=cluster.workdir / (log_name or f"proxy-{port}.log"),

@@ -57,7 +57,7 @@ class RadosGW:
         self.region = "us-east-1"
         self._start_timeout_s = start_timeout_s
         self._mon_port = free_port_run()
-        self._rgw_port = free_port_run()
+        self._rgw_port = free_port_run(avoid=[self._mon_port])
         self._conf = workdir / "ceph.conf"
         self._processes: dict[str, subprocess.Popen[bytes]] = {}
         self._env = {

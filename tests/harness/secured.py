@@ -110,7 +110,7 @@ def add_broker(
 ) -> BrokerProcess:
     """A broker (not started yet) with a listener per entry of ``ports``; ``main`` is the one
     its readiness and ``bootstrap`` use. It is killed with the cluster at teardown."""
-    admin_port = free_port_run()
+    admin_port = free_port_run(avoid=ports.values())
     broker = BrokerProcess(
         env=cluster.env(ports[main], admin_port, KAFSCALE_LISTENERS=listeners_env(ports), **env),
         log_path=cluster.workdir / log_name,

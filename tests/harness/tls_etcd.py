@@ -49,7 +49,8 @@ def start_etcd_process(
 ) -> tuple[subprocess.Popen[bytes], str]:
     """One etcd member on free loopback ports with ``flags`` added (its TLS or nothing), not
     waited for: the caller knows how to reach it (TLS, auth) and kills it."""
-    client, peer = free_port_run(), free_port_run()
+    client = free_port_run()
+    peer = free_port_run(avoid=[client])  # two probes could return one port
     url = f"{scheme}://127.0.0.1:{client}"
     process = subprocess.Popen(
         [
