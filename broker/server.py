@@ -110,9 +110,8 @@ class ByteBudget:
         return self._used
 
     async def take(self, size: int) -> None:
-        while self._used and self._used + size > self._limit:
+        while not self.try_take(size):
             await self._freed.wait()
-        self._used += size
 
     def try_take(self, size: int) -> bool:
         """Take ``size`` if ``take`` would not wait; else take nothing and say so."""

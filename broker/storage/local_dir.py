@@ -12,8 +12,7 @@ under ``local_dir/<prefix>/<key>``. It keeps the same guarantees as the S3 adapt
   deleted topic leaves no folders; a write racing such a removal creates it again.
 
 Temporary files live in ``.tmp/`` under the root, on the same file system (``link`` and
-``replace`` need that), and are never listed. File I/O runs in threads (``asyncio.to_thread``;
-writes through ``thread_batches``, so a flush round's writes cost the event loop one hand-over),
+``replace`` need that), and are never listed. File I/O runs through ``asyncio.to_thread``,
 bounded by a semaphore and a deadline like every other store call.
 """
 
@@ -36,7 +35,6 @@ from kafscale.broker.storage.object_store import (
     ObjectNotFound,
     ObjectStoreError,
 )
-from kafscale.broker.storage.thread_batches import ThreadBatches
 
 T = TypeVar("T")
 
@@ -63,8 +61,6 @@ class LocalDirObjectStore:
         self._tmp_counter = itertools.count()
         self._timeout_s = timeout_s
         self._semaphore = asyncio.Semaphore(max_concurrency)
-        self._max_concurrency = max_concurrency
-        self._writes: ThreadBatches | None = None  # made by the first write: readers need none
 
     @classmethod
     def from_settings(cls, settings: StorageSettings) -> LocalDirObjectStore:
@@ -76,13 +72,9 @@ class LocalDirObjectStore:
     def root(self) -> Path:
         return self._root
 
-    async def _run(self, fn: Callable[..., T], *args: Any, batched: bool = False) -> T:
+    async def _run(self, fn: Callable[..., T], *args: Any) -> T:
         try:
             async with asyncio.timeout(self._timeout_s), self._semaphore:
-                if batched:
-                    if self._writes is None:
-                        self._writes = ThreadBatches(self._max_concurrency, "local-store")
-                    return await self._writes.run(fn, *args)  # type: ignore[no-any-return]
                 return await asyncio.to_thread(fn, *args)
         except TimeoutError as exc:
             raise ObjectStoreError(f"{self._root} did not answer in {self._timeout_s}s") from exc
@@ -116,7 +108,7 @@ class LocalDirObjectStore:
     async def put(
         self, key: str, data: bytes | bytearray | memoryview, *, if_absent: bool = True
     ) -> None:
-        await self._run(self._put_sync, self._path(key), key, data, if_absent, batched=True)
+        await self._run(self._put_sync, self._path(key), key, data, if_absent)
 
     def _put_sync(
         self, path: Path, key: str, data: bytes | bytearray | memoryview, if_absent: bool
@@ -251,6 +243,4 @@ class LocalDirObjectStore:
         return directory
 
     async def close(self) -> None:
-        """Files are opened and closed per call; the write threads start no more calls."""
-        if self._writes is not None:
-            self._writes.close()
+        """Nothing to release: files are opened and closed per call."""
