@@ -54,7 +54,7 @@ from harness.stock_clients import (
     kcat_records,
     kp_consume,
 )
-from kafka import KafkaAdminClient
+from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition
 
 from kafscale.broker.child_process import KAFSCALE
 from kafscale.broker.metadata.embedded_etcd import EmbeddedEtcd
@@ -157,6 +157,43 @@ def test_kafka_python_fetch_session_through_proxy(proxied: Proxied, topic: str) 
     consumed = kp_consume(proxied.bootstrap, topic, PARTITIONS, len(first))
     check_round_trip(first, consumed, None)
     assert proxied.proxy.status()["fetch_sessions"] > sessions_before
+
+
+def test_a_small_fetch_max_bytes_reads_every_partition_through_proxy(
+    proxied: Proxied, topic: str
+) -> None:
+    """A fetch whose ``max_bytes`` holds one partition's batch leaves the others empty (not
+    null): kafka-python then reads every partition, one response after another, instead of
+    failing its poll on a null record set."""
+    ck_create_topic(proxied.bootstrap, topic)
+    wait_spread(proxied, topic)
+    producer = KafkaProducer(bootstrap_servers=proxied.bootstrap, linger_ms=50)
+    try:
+        for partition in range(PARTITIONS):
+            for i in range(50):
+                producer.send(topic, f"p{partition}-{i}".encode() * 4, partition=partition)
+        producer.flush(timeout=30)
+    finally:
+        producer.close()
+    consumer = KafkaConsumer(
+        bootstrap_servers=proxied.bootstrap,
+        group_id=None,
+        enable_auto_commit=False,
+        fetch_max_wait_ms=100,
+        fetch_max_bytes=300,
+    )
+    try:
+        consumer.assign([TopicPartition(topic, p) for p in range(PARTITIONS)])
+        for p in range(PARTITIONS):
+            consumer.seek(TopicPartition(topic, p), 0)
+        seen: dict[int, int] = {}
+        deadline = time.monotonic() + 60
+        while sum(seen.values()) < 50 * PARTITIONS and time.monotonic() < deadline:
+            for tp, messages in consumer.poll(timeout_ms=200).items():
+                seen[tp.partition] = seen.get(tp.partition, 0) + len(messages)
+    finally:
+        consumer.close()
+    assert seen == dict.fromkeys(range(PARTITIONS), 50)
 
 
 def test_metadata_names_the_proxy_as_the_only_broker(proxied: Proxied, topic: str) -> None:
