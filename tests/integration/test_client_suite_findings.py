@@ -8,14 +8,20 @@ client against a real broker process (the suites are in docs/client-suites.md).
   from the default when the topic has none set; other configs refuse them (INVALID_CONFIG).
 * DescribeUserScramCredentials with an empty user list describes every user, as Kafka does:
   librdkafka sends an empty array (not null) for "all users".
+* aiokafka's consume-transform-produce loop (its own suite's): offsets sent in transactions for
+  partition 0, then for partition 1, are all committed; the consumer that asks for partition 0
+  and then partition 1 sees both (partition 1 stayed at its old offset).
 """
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections.abc import Iterator
 
 import pytest
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka import TopicPartition as AioTopicPartition
 from confluent_kafka import KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import (
     AdminClient,
@@ -125,3 +131,49 @@ def test_describing_all_scram_users_lists_a_user_made_through_the_admin_api(
         deletion = UserScramCredentialDeletion(user, ScramMechanism.SCRAM_SHA_256)
         admin.alter_user_scram_credentials([deletion])[user].result(30)
     assert user not in admin.describe_user_scram_credentials().result(30)
+
+
+def test_offsets_sent_in_transactions_partition_after_partition_are_all_committed(
+    admin: AdminClient, kafka: BrokerProcess
+) -> None:
+    topic = _create(admin, partitions=2)
+    producer = Producer({"bootstrap.servers": kafka.bootstrap, "linger.ms": 5})
+    for partition in (0, 1):
+        for i in range(30):
+            producer.produce(topic, str(i).encode(), partition=partition)
+    assert producer.flush(30) == 0
+    committed = asyncio.run(_transform_in_transactions(kafka.bootstrap, topic))
+    assert committed == {0: 30, 1: 30}
+
+
+async def _transform_in_transactions(bootstrap: str, topic: str) -> dict[int, int | None]:
+    """Read ``topic`` in a group, ten records a transaction (so partition 0's transactions
+    come first, then partition 1's), each sending its offsets; then the committed offsets, as
+    that consumer asks for them, one partition at a time."""
+    group = f"{topic}-group"
+    consumer = AIOKafkaConsumer(
+        topic,
+        bootstrap_servers=bootstrap,
+        group_id=group,
+        enable_auto_commit=False,
+        auto_offset_reset="earliest",
+    )
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, transactional_id=f"{topic}-txn")
+    await consumer.start()
+    await producer.start()
+    try:
+        assert len(consumer.assignment()) == 2  # start() joins the group
+        for tp in consumer.assignment():
+            await consumer.commit({tp: 0})
+        while batch := await consumer.getmany(timeout_ms=3000, max_records=10):
+            async with producer.transaction():
+                offsets = {}
+                for tp, messages in batch.items():
+                    for message in messages:
+                        await producer.send(f"{topic}-out", message.value, partition=0)
+                    offsets[tp] = messages[-1].offset + 1
+                await producer.send_offsets_to_transaction(offsets, group)
+        return {p: await consumer.committed(AioTopicPartition(topic, p)) for p in (0, 1)}
+    finally:
+        await producer.stop()
+        await consumer.stop()
