@@ -254,7 +254,7 @@ class FrameProtocol(asyncio.BufferedProtocol):
             self._end_frames(None)
         # Keep the transport open: responses may still be owed. TLS has no half-close (asyncio
         # closes it anyway, and logs a warning per connection when asked to keep it open).
-        return self._transport.get_extra_info("sslcontext") is None
+        return self.transport.get_extra_info("sslcontext") is None
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._lost = True
