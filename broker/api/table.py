@@ -16,7 +16,9 @@ from kafscale.broker.api import (
     consumer_groups,
     fetch,
     groups,
+    log_dirs,
     metadata,
+    offset_delete,
     offsets,
     produce,
     sasl,
@@ -139,6 +141,15 @@ _SPECS = [
         admin.handle_alter_configs,
         no_results("responses"),
     ),
+    # v0 is gone from kio (Kafka 4 dropped it, KIP-896); Kafka 3.9 offers 0-4.
+    ApiSpec(
+        35,
+        "DescribeLogDirs",
+        1,
+        4,
+        log_dirs.handle_describe_log_dirs,
+        log_dirs.describe_log_dirs_error_body,
+    ),
     ApiSpec(
         37,
         "CreatePartitions",
@@ -156,6 +167,14 @@ _SPECS = [
         no_results("responses"),
     ),
     ApiSpec(42, "DeleteGroups", 0, 2, groups.handle_delete_groups, groups.delete_groups_error_body),
+    ApiSpec(
+        47,
+        "OffsetDelete",
+        0,
+        0,
+        offset_delete.handle_offset_delete,
+        offset_delete.offset_delete_error_body,
+    ),
     ApiSpec(60, "DescribeCluster", 0, 1, metadata.handle_describe_cluster),
     # Sent by transaction coordinators (brokers) and kafka-transactions.sh abort.
     ApiSpec(
