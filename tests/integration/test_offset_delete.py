@@ -10,9 +10,6 @@ READ on each topic. (confluent-kafka's AdminClient has no call for it: it alters
 
 from __future__ import annotations
 
-import hashlib
-import shutil
-import subprocess
 import time
 import uuid
 from collections.abc import Iterator
@@ -21,8 +18,8 @@ from typing import Any
 
 import pytest
 from harness.brokers import BrokerCluster, BrokerProcess, new_cluster
-from harness.java_client import CACHE, _jars
 from harness.kafka_wire import KafkaWire
+from harness.offsets_admin import java_lines
 from harness.proxy import start_proxy
 from harness.s3 import S3Endpoint
 from harness.secured import kafscale_cli, make_topics
@@ -40,7 +37,6 @@ GROUP_ENV = {
     "KAFSCALE_GROUPS__INITIAL_REBALANCE_DELAY_MS": "0",
     "KAFSCALE_GROUPS__MIN_SESSION_TIMEOUT_MS": "1000",
 }
-JAVA_SOURCE = Path(__file__).with_name("java") / "OffsetsAdmin.java"
 DEADLINE_S = 30.0
 
 
@@ -208,32 +204,6 @@ def test_through_the_proxy_the_coordinator_deletes(broker_cluster: BrokerCluster
 
 
 # --- the Java AdminClient -----------------------------------------------------------------------
-
-
-def java_offsets_admin() -> list[str]:
-    """The command running ``java/OffsetsAdmin.java`` (compiled once per source version)."""
-    if shutil.which("javac") is None:
-        pytest.fail("Java 17 (java, javac) is needed for the Java client test", pytrace=False)
-    jars = _jars()
-    digest = hashlib.sha256(JAVA_SOURCE.read_bytes()).hexdigest()[:12]
-    classes = CACHE / f"offsets-admin-classes-{digest}"
-    if not (classes / "OffsetsAdmin.class").exists():
-        classes.mkdir(parents=True, exist_ok=True)
-        subprocess.run(
-            ["javac", "-cp", f"{jars}/*", "-d", str(classes), str(JAVA_SOURCE)],
-            check=True,
-            capture_output=True,
-            timeout=300,
-        )
-    return ["java", "-cp", f"{classes}:{jars}/*", "OffsetsAdmin"]
-
-
-def java_lines(*args: str) -> list[list[str]]:
-    done = subprocess.run(
-        [*java_offsets_admin(), *args], capture_output=True, text=True, timeout=120
-    )
-    assert done.returncode == 0, done.stdout + done.stderr
-    return [line.split() for line in done.stdout.splitlines()]
 
 
 def test_the_java_admin_client_deletes_consumer_group_offsets(kafka: BrokerProcess) -> None:
