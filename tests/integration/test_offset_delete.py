@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from confluent_kafka import Consumer
 from harness.brokers import BrokerCluster, BrokerProcess, new_cluster
 from harness.kafka_wire import KafkaWire
 from harness.offsets_admin import java_lines
@@ -24,7 +25,7 @@ from harness.proxy import start_proxy
 from harness.s3 import S3Endpoint
 from harness.secured import kafscale_cli, make_topics
 from harness.topics import create_topics
-from kafka import KafkaConsumer, KafkaProducer, TopicPartition
+from kafka import KafkaConsumer, KafkaProducer, OffsetAndMetadata, TopicPartition
 from kafka.admin import KafkaAdminClient
 from kafka.errors import GroupIdNotFoundError, GroupSubscribedToTopicError, NoError
 
@@ -143,6 +144,45 @@ def test_a_group_with_members_keeps_the_offsets_of_topics_they_subscribe_to(
         assert admin.delete_group_offsets(group, [a0]) == {a0: NoError}
         assert committed(admin, group, [a0]) == {a0: -1}
     finally:
+        admin.close()
+
+
+def test_a_consumer_protocol_group_keeps_the_offsets_of_its_subscriptions(
+    kafka: BrokerProcess,
+) -> None:
+    """A KIP-848 group (librdkafka, group.protocol=consumer): its members' subscriptions."""
+    consumed_topic, other_topic, group = _name("a"), _name("b"), _name("g")
+    create_topics(kafka.bootstrap, [consumed_topic, other_topic], 1)
+    produce(kafka.bootstrap, consumed_topic, 1, 3)
+    admin = KafkaAdminClient(bootstrap_servers=kafka.bootstrap)
+    a0, b0 = TopicPartition(consumed_topic, 0), TopicPartition(other_topic, 0)
+    admin.alter_group_offsets(group, {b0: OffsetAndMetadata(1, "", -1)})
+    member = Consumer(
+        {
+            "bootstrap.servers": kafka.bootstrap,
+            "group.id": group,
+            "group.protocol": "consumer",
+            "enable.auto.commit": False,
+            "auto.offset.reset": "earliest",
+        }
+    )
+    try:
+        member.subscribe([consumed_topic])
+        read = 0
+        deadline = time.monotonic() + DEADLINE_S
+        while read < 3:
+            assert time.monotonic() < deadline, f"read {read} of 3 records"
+            message = member.poll(0.2)
+            if message is not None and message.error() is None:
+                read += 1
+        member.commit(asynchronous=False)
+        assert admin.delete_group_offsets(group, [a0, b0]) == {
+            a0: GroupSubscribedToTopicError,
+            b0: NoError,
+        }
+        assert committed(admin, group, [a0, b0]) == {a0: 3, b0: -1}
+    finally:
+        member.close()
         admin.close()
 
 
