@@ -748,6 +748,11 @@ def test_every_api_answers_edge_values_without_a_server_error(kafka: BrokerProce
             sent = wire.send(api_key, version, body)
             if api_key == PRODUCE and body.get("acks") == 0:
                 return  # no answer
+            if api_key == DESCRIBE_TRANSACTIONS:
+                # kio refuses the start time -1 that Kafka (and KafScale) send for a transaction
+                # that is not ongoing: a handler failure shows in the broker's log, checked below
+                assert correlation_id_of(wire.recv_frame()) == sent
+                return
             received, response = wire.recv(api_key, version)
         assert received == sent
         assert -1 not in _error_codes(response), (api_key, version, body, response)
@@ -783,7 +788,7 @@ def test_normal_clients_still_work_after_all_of_it(kafka: BrokerProcess) -> None
 
 # --- protocol honesty: what is not served is never an empty success -------------------------
 
-EXPIRE_DELEGATION_TOKEN, ALTER_REPLICA_LOG_DIRS = 40, 34
+EXPIRE_DELEGATION_TOKEN, ALTER_REPLICA_LOG_DIRS, DESCRIBE_TRANSACTIONS = 40, 34, 65
 INVALID_RECORD, TRANSACTIONAL_ID_AUTHORIZATION_FAILED = 87, 53
 
 
