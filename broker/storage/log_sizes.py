@@ -5,31 +5,33 @@ its committed segment objects that are still kept: the ones from the segment hol
 start offset on (what ``retention.bytes`` weighs, and what Kafka's ``Log.size`` counts: whole
 segments, the one holding the log start included). Index objects are not counted.
 
-Nothing here lists the object store per request. Each partition keeps a ``SizeLedger`` (the
-retention janitor's structure) per ownership epoch, brought up to date from the partition
-state's ``recent_segments`` (the newest 32 committed segments, with their sizes): as long as
-those reach back to where the ledger's certainty ends (or to the log start), no listing is
-needed at all, so a new or short partition is never listed. Only a partition that committed
-more than 32 segments since it was last asked (or the first time, when its oldest kept segment
-is older than its recent ones) is listed, from where the ledger stopped.
+Nothing here lists the object store per request. Each partition keeps its sizes in
+``SizeBlocks`` per ownership epoch, brought up to date from the partition state's
+``recent_segments`` (the newest 32 committed segments, with their sizes): as long as those reach
+back to where the count's certainty ends (or to the log start), no listing is needed at all, so
+a new or short partition is never listed. Only a partition that committed more than 32 segments
+since it was last asked (or the first time, when its oldest kept segment is older than its
+recent ones) is listed, page by page, from where the count stopped; and a block of the front
+is listed again when the log start moves into it (``size_blocks``).
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Collection
+from collections.abc import AsyncIterator, Collection
 from pathlib import Path
 
 from kafscale.broker.config import StorageKind, StorageSettings
 from kafscale.broker.metadata import keys
 from kafscale.broker.metadata.partition_state import PartitionState
-from kafscale.broker.storage.janitor import list_committed_since
 from kafscale.broker.storage.object_store import ObjectStore
 from kafscale.broker.storage.partition_log import OwnedPartition
-from kafscale.broker.storage.size_ledger import SizeLedger
+from kafscale.broker.storage.reader import committed_objects
+from kafscale.broker.storage.size_blocks import BLOCK_SEGMENTS, SizeBlocks
 
 TopicPartition = tuple[str, int]
 UNKNOWN = -1
+PAGE = 1000  # keys per listing call (S3's page size)
 
 
 def log_dir_name(settings: StorageSettings) -> str:
@@ -53,28 +55,32 @@ def volume_bytes(settings: StorageSettings) -> tuple[int, int]:
     return stats.f_blocks * stats.f_frsize, stats.f_bavail * stats.f_frsize
 
 
-def catch_up_from_state(ledger: SizeLedger, state: PartitionState) -> bool:
-    """Bring ``ledger`` up to ``state`` from its recent segments alone, if they cover every
-    kept segment the ledger lacks: True if done (nothing to list), False if a listing is
+def catch_up_from_state(blocks: SizeBlocks, state: PartitionState) -> bool:
+    """Bring ``blocks`` up to ``state`` from its recent segments alone, if they cover every
+    kept segment not counted yet: True if done (nothing to list), False if a listing is
     needed. Segments are contiguous, so the recent ones cover the rest when the oldest of them
-    starts at or below where the ledger's certainty ends, or at or below the log start (the
+    starts at or below where the count's certainty ends, or at or below the log start (the
     segments before the one holding it are not counted)."""
-    if ledger.listed_below >= state.high_watermark:
+    if blocks.listed_below >= state.high_watermark:
         return True
     segments = state.segments
-    if not segments or segments[0].base > max(ledger.listed_below, state.log_start_offset):
+    if not segments or segments[0].base > max(blocks.listed_below, state.log_start_offset):
         return False
-    ledger.add([(s.base, s.size) for s in segments], state.high_watermark)
+    blocks.add((s.base, s.size) for s in segments)
+    blocks.listed_below = state.high_watermark
     return True
 
 
 class LogSizes:
-    """Per owned partition, its ledger; asked by DescribeLogDirs."""
+    """Per owned partition, its size blocks; asked by DescribeLogDirs."""
 
-    def __init__(self, cluster: str, store: ObjectStore) -> None:
+    def __init__(
+        self, cluster: str, store: ObjectStore, block_segments: int = BLOCK_SEGMENTS
+    ) -> None:
         self._cluster = cluster
         self._store = store
-        self._ledgers: dict[TopicPartition, SizeLedger] = {}
+        self._block_segments = block_segments
+        self._blocks: dict[TopicPartition, SizeBlocks] = {}
 
     async def size_of(self, owned: OwnedPartition) -> int:
         """The partition's kept committed bytes (raises ObjectStoreError if a listing fails)."""
@@ -82,16 +88,40 @@ class LogSizes:
         prefix = keys.partition_object_prefix(
             self._cluster, owned.topic, owned.topic_id, owned.partition
         )
-        ledger = self._ledgers.get(owned.tp)
-        if ledger is None or (ledger.prefix, ledger.epoch) != (prefix, owned.epoch):
-            ledger = SizeLedger(prefix, owned.epoch)
-        if not catch_up_from_state(ledger, state):
-            await list_committed_since(self._store, prefix, state, ledger)
-        ledger.trim(state.log_start_offset)
-        self._ledgers[owned.tp] = ledger  # only once caught up: a failed listing starts again
-        return sum(ledger.sizes)
+        blocks = self._blocks.get(owned.tp)
+        if blocks is None or (blocks.prefix, blocks.epoch) != (prefix, owned.epoch):
+            blocks = SizeBlocks(prefix, owned.epoch, self._block_segments)
+        if not catch_up_from_state(blocks, state):
+            async for page in self._listed(prefix, state, blocks.listed_below, None):
+                blocks.add(page)
+            blocks.listed_below = max(blocks.listed_below, state.high_watermark)
+        wanted = blocks.trim(state.log_start_offset)
+        if wanted is not None:
+            front: list[tuple[int, int]] = []
+            async for page in self._listed(prefix, state, *wanted):
+                front += page
+            blocks.fill_first(front)
+            blocks.trim(state.log_start_offset)
+        self._blocks[owned.tp] = blocks  # only once counted: a failed listing starts again
+        return blocks.total
+
+    async def _listed(
+        self, prefix: str, state: PartitionState, start: int, end: int | None
+    ) -> AsyncIterator[list[tuple[int, int]]]:
+        """``(base, size)`` of the committed segments from ``start`` (to before ``end``), a page
+        of keys at a time: a long partition is never held as one listing."""
+        after = keys.objects_from(prefix, start)
+        while True:
+            page = await self._store.list(prefix, start_after=after, limit=PAGE)
+            yield [(base, info.size) for base, _, info in committed_objects(state, page)]
+            if len(page) < PAGE:
+                return
+            after = page[-1].key
+            parsed = keys.parse_object_name(after)
+            if end is not None and parsed is not None and parsed[0] >= end:
+                return
 
     def keep_only(self, owned: Collection[TopicPartition]) -> None:
-        """Forget the ledgers of partitions no longer owned here."""
-        for tp in [tp for tp in self._ledgers if tp not in owned]:
-            del self._ledgers[tp]
+        """Forget the counts of partitions no longer owned here."""
+        for tp in [tp for tp in self._blocks if tp not in owned]:
+            del self._blocks[tp]

@@ -27,7 +27,7 @@ from kafscale.broker.storage.log_sizes import (
 )
 from kafscale.broker.storage.object_store import ObjectInfo
 from kafscale.broker.storage.partition_log import OwnedPartition
-from kafscale.broker.storage.size_ledger import SizeLedger
+from kafscale.broker.storage.size_blocks import SizeBlocks
 
 pytestmark = pytest.mark.unit
 
@@ -63,31 +63,31 @@ def replace_settings(settings: StorageSettings, **changes: Any) -> StorageSettin
 
 def test_recent_segments_bring_a_ledger_up_to_date_without_listing() -> None:
     state = state_of(5)
-    ledger = SizeLedger("p/", 0)
-    assert catch_up_from_state(ledger, state)
-    assert list(ledger.sizes) == [100, 101, 102, 103, 104] and ledger.listed_below == 50
+    blocks = SizeBlocks("p/", 0)
+    assert catch_up_from_state(blocks, state)
+    assert blocks.total == sum(range(100, 105)) and blocks.listed_below == 50
     grown = state_of(7)
-    assert catch_up_from_state(ledger, grown)
-    assert sum(ledger.sizes) == sum(range(100, 107))
-    assert catch_up_from_state(ledger, grown)  # nothing new: nothing added twice
-    assert sum(ledger.sizes) == sum(range(100, 107))
+    assert catch_up_from_state(blocks, grown)
+    assert blocks.total == sum(range(100, 107))
+    assert catch_up_from_state(blocks, grown)  # nothing new: nothing added twice
+    assert blocks.total == sum(range(100, 107))
 
 
 def test_a_listing_is_needed_only_when_recent_segments_do_not_reach_back() -> None:
     long_log = state_of(40)  # the state keeps the newest 32
     assert long_log.segments[0].base == 80
-    assert not catch_up_from_state(SizeLedger("p/", 0), long_log)
+    assert not catch_up_from_state(SizeBlocks("p/", 0), long_log)
     # unless what they miss lies below the log start (deleted, not counted)
     trimmed = replace(long_log, log_start_offset=85)
-    ledger = SizeLedger("p/", 0)
-    assert catch_up_from_state(ledger, trimmed)
-    ledger.trim(trimmed.log_start_offset)
-    assert sum(ledger.sizes) == sum(100 + i for i in range(8, 40))
-    # a ledger certain up to offset 300 needs only what the recent segments hold
-    known = SizeLedger("p/", 0, listed_below=300)
+    blocks = SizeBlocks("p/", 0)
+    assert catch_up_from_state(blocks, trimmed)
+    assert blocks.trim(trimmed.log_start_offset) is None
+    assert blocks.total == sum(100 + i for i in range(8, 40))
+    # a count certain up to offset 300 needs only what the recent segments hold
+    known = SizeBlocks("p/", 0, listed_below=300)
     assert catch_up_from_state(known, long_log)
     # an empty partition has nothing to count
-    assert catch_up_from_state(SizeLedger("p/", 0), PartitionState())
+    assert catch_up_from_state(SizeBlocks("p/", 0), PartitionState())
 
 
 def test_sizes_list_once_then_follow_the_state(tmp_path: Path) -> None:
@@ -116,6 +116,32 @@ def test_sizes_list_once_then_follow_the_state(tmp_path: Path) -> None:
         sizes.keep_only([])  # a new ledger (ownership moved away and back)...
         assert await sizes.size_of(owned) == sum(range(120, 145))
         assert store.listings == 1  # ...whose kept segments are all recent ones: no listing
+
+    asyncio.run(run())
+
+
+def test_a_long_partition_is_listed_in_pages_and_its_front_again_when_trimmed_into(
+    tmp_path: Path,
+) -> None:
+    """Blocks of eight segments: only the first and last keep per-segment sizes; when the log
+    start moves into a block that gave its sizes up, that block alone is listed again."""
+
+    async def run() -> None:
+        store = CountingStore(tmp_path)
+        state = state_of(40)
+        for i in range(40):
+            key = keys.segment_object_key("c", "t", "id", 0, i * RECORDS_PER_SEGMENT, 0)
+            await store.put(key, b"x" * (100 + i))
+        owned = OwnedPartition("t", 0, "id", state, state_revision=1, lease_revision=1)
+        sizes = LogSizes("c", store, block_segments=8)
+        assert await sizes.size_of(owned) == sum(range(100, 140))
+        assert store.listings == 1
+        owned.state = replace(state, log_start_offset=205)  # into the third block (160-239)
+        assert await sizes.size_of(owned) == sum(range(120, 140))
+        assert store.listings == 2
+        owned.state = replace(state, log_start_offset=215)  # the same block: exact now
+        assert await sizes.size_of(owned) == sum(range(121, 140))
+        assert store.listings == 2
 
     asyncio.run(run())
 
