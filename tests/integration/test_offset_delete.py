@@ -241,6 +241,16 @@ def test_through_the_proxy_the_coordinator_deletes(broker_cluster: BrokerCluster
             assert committed(admin, group, [p0, p1]) == {p0: 4, p1: -1}
     finally:
         admin.close()
+    # straight to a broker, only the group's coordinator answers it
+    body = {
+        "group_id": groups[0],
+        "topics": [{"name": topic, "partitions": [{"partition_index": 0}]}],
+    }
+    answers = []
+    for broker in broker_cluster.brokers[:2]:
+        with KafkaWire(broker.bootstrap) as wire:
+            answers.append(int(wire.request(OFFSET_DELETE, 0, body).error_code))
+    assert sorted(answers) == [0, 16]  # NONE at the coordinator, NOT_COORDINATOR elsewhere
 
 
 # --- the Java AdminClient -----------------------------------------------------------------------
