@@ -12,6 +12,7 @@ only once it can route.
 
 from __future__ import annotations
 
+import asyncio
 import socket
 import struct
 import subprocess
@@ -20,6 +21,9 @@ import uuid
 from collections.abc import Iterator
 
 import pytest
+from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka.admin.config_resource import ConfigResource as AioConfigResource
+from aiokafka.admin.config_resource import ConfigResourceType as AioConfigResourceType
 from confluent_kafka.admin import AdminClient, ConfigResource, ResourceType
 from harness.batches import make_batch
 from harness.brokers import BrokerCluster, BrokerProcess, new_cluster
@@ -431,3 +435,27 @@ def test_describe_configs_of_the_proxy_broker_answers_as_the_proxy(
         ("1000", ErrorCode.NONE),
     ]
     assert {c.name: c.value for c in response.results[0].configs}["cleanup.policy"] == "delete"
+
+
+def test_alter_configs_through_the_proxy(proxied: Proxied, topic: str) -> None:
+    """AlterConfigs (the non-incremental API, aiokafka's ``alter_configs``) is forwarded like
+    IncrementalAlterConfigs: the proxy advertises every API the brokers serve, and closed the
+    connection on this one."""
+    ck_create_topic(proxied.bootstrap, topic)
+
+    async def alter() -> None:
+        admin = AIOKafkaAdminClient(bootstrap_servers=proxied.bootstrap)
+        await admin.start()
+        try:
+            await admin.alter_configs(
+                [AioConfigResource(AioConfigResourceType.TOPIC, topic, {"retention.ms": "3600000"})]
+            )
+        finally:
+            await admin.close()
+
+    asyncio.run(alter())
+    admin = AdminClient({"bootstrap.servers": proxied.bootstrap})
+    resource = ConfigResource(ResourceType.TOPIC, topic)
+    assert (
+        admin.describe_configs([resource])[resource].result(30)["retention.ms"].value == "3600000"
+    )
