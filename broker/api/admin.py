@@ -106,19 +106,25 @@ def _check_assignment(partitions: list[int], replicas: list[list[int]], live: se
     return len(partitions)
 
 
+def check_replica_list(brokers: list[int], live: set[int]) -> None:
+    """Kafka's check of one partition's manual replica list: one or more distinct brokers,
+    each registered (CreateTopics, CreatePartitions, AlterPartitionReassignments)."""
+    if not brokers or len(set(brokers)) != len(brokers):
+        raise KafkaError(
+            "each partition needs one or more distinct brokers",
+            ErrorCode.INVALID_REPLICA_ASSIGNMENT,
+        )
+    unknown = sorted(set(brokers) - live)
+    if unknown:
+        raise KafkaError(
+            f"the assignment names brokers that are not registered: {unknown}",
+            ErrorCode.INVALID_REPLICA_ASSIGNMENT,
+        )
+
+
 def _check_replica_lists(replicas: list[list[int]], live: set[int]) -> None:
     for brokers in replicas:
-        if not brokers or len(set(brokers)) != len(brokers):
-            raise KafkaError(
-                "each partition needs one or more distinct brokers",
-                ErrorCode.INVALID_REPLICA_ASSIGNMENT,
-            )
-        unknown = sorted(set(brokers) - live)
-        if unknown:
-            raise KafkaError(
-                f"the assignment names brokers that are not registered: {unknown}",
-                ErrorCode.INVALID_REPLICA_ASSIGNMENT,
-            )
+        check_replica_list(brokers, live)
     if len({len(brokers) for brokers in replicas}) > 1:
         raise KafkaError(
             "all partitions of an assignment must have the same number of replicas",

@@ -1,4 +1,6 @@
-"""ApiVersions, Metadata and DescribeCluster: what the cluster looks like to a client."""
+"""Metadata, DescribeTopicPartitions and DescribeCluster: what the cluster looks like to a
+client. Both topic APIs build their partition entries with ``topic_partitions``, as the proxy
+does."""
 
 from __future__ import annotations
 
@@ -7,8 +9,13 @@ from typing import Any
 
 from kafscale.broker.api import access
 from kafscale.broker.api.dispatch import Body, RequestContext
+from kafscale.broker.api.topic_partitions import (
+    ClusterLook,
+    describe_topic_partitions,
+    partition_entry,
+)
 from kafscale.broker.authz.model import Operation
-from kafscale.broker.metadata.cluster import TopicInfo
+from kafscale.broker.metadata.cluster import TopicInfo, TopicPartition
 from kafscale.broker.protocol.errors import ErrorCode, KafkaError
 
 CLUSTER_ID_PREFIX = "kafscale-"
@@ -84,21 +91,10 @@ async def _topic_entry(
             return {"error_code": exc.code, "name": name, "partitions": []}
     if info is None:
         return {"error_code": ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, "name": name, "partitions": []}
-    partitions = []
-    for p in range(info.partitions):
-        leader = broker.leader_for((name, p))
-        state = broker.committed_state((name, p))
-        partitions.append(
-            {
-                "error_code": ErrorCode.NONE if leader >= 0 else ErrorCode.LEADER_NOT_AVAILABLE,
-                "partition_index": p,
-                "leader_id": leader,
-                "leader_epoch": max(state.leader_epoch, 0),
-                "replica_nodes": [leader] if leader >= 0 else [],
-                "isr_nodes": [leader] if leader >= 0 else [],
-                "offline_replicas": [],
-            }
-        )
+    partitions = [
+        partition_entry(name, p, broker.leader_for, lambda tp: _leader_epoch(ctx, tp))
+        for p in range(info.partitions)
+    ]
     return {
         "error_code": ErrorCode.NONE,
         "name": name,
@@ -109,6 +105,31 @@ async def _topic_entry(
             ctx, with_operations, TOPIC, name
         ),
     }
+
+
+def _leader_epoch(ctx: RequestContext, tp: TopicPartition) -> int:
+    return ctx.broker.committed_state(tp).leader_epoch
+
+
+async def handle_describe_topic_partitions(request: Any, ctx: RequestContext) -> Body:
+    """KIP-966 (what the Java AdminClient's describeTopics uses from 3.8 when offered): the
+    partitions Metadata reports, paged by ``response_partition_limit`` and the cursor."""
+    view = ctx.broker.view
+
+    def partition_count(name: str) -> int | None:
+        info = view.topics.get(name)
+        return None if info is None else info.partitions
+
+    look = ClusterLook(
+        all_topics=list(view.topics),
+        partition_count=partition_count,
+        topic_id_of=lambda name: topic_uuid(view.topics[name]),
+        leader_of=ctx.broker.leader_for,
+        epoch_of=lambda tp: _leader_epoch(ctx, tp),
+        describable=lambda name: access.allowed(ctx, DESCRIBE, TOPIC, name),
+        operations_of=lambda name: access.operations_if_asked(ctx, True, TOPIC, name),
+    )
+    return describe_topic_partitions(request, look)
 
 
 async def handle_describe_cluster(request: Any, ctx: RequestContext) -> Body:

@@ -13,6 +13,7 @@ from __future__ import annotations
 from kafscale.broker.api import (
     acls,
     admin,
+    config_resources,
     consumer_groups,
     coordinators,
     fetch,
@@ -21,8 +22,10 @@ from kafscale.broker.api import (
     metadata,
     offsets,
     produce,
+    replicas,
     sasl,
     scram_users,
+    topic_partitions,
     transactions,
     txn_partitions,
     versions,
@@ -172,7 +175,35 @@ _SPECS = [
         no_results("responses"),
     ),
     ApiSpec(42, "DeleteGroups", 0, 2, groups.handle_delete_groups, groups.delete_groups_error_body),
+    # Replicas are the lease owner (``api/replicas.py``): elections are never needed while a
+    # broker can lead, reassignments complete when accepted.
+    ApiSpec(
+        43,
+        "ElectLeaders",
+        0,
+        2,
+        replicas.handle_elect_leaders,
+        replicas.elect_leaders_error_body,
+    ),
+    ApiSpec(
+        45,
+        "AlterPartitionReassignments",
+        0,
+        1,
+        replicas.handle_alter_partition_reassignments,
+        replicas.alter_reassignments_error_body,
+    ),
+    ApiSpec(46, "ListPartitionReassignments", 0, 0, replicas.handle_list_partition_reassignments),
     ApiSpec(60, "DescribeCluster", 0, 1, metadata.handle_describe_cluster),
+    ApiSpec(74, "ListConfigResources", 0, 1, config_resources.handle_list_config_resources),
+    ApiSpec(
+        75,
+        "DescribeTopicPartitions",
+        0,
+        0,
+        metadata.handle_describe_topic_partitions,
+        topic_partitions.describe_error_body,
+    ),
     # Sent by transaction coordinators (brokers) and kafka-transactions.sh abort.
     ApiSpec(
         27,

@@ -111,7 +111,8 @@ def _make_entity_walker(entity_type: type[Any]) -> Walker:
         if "tag" in field.metadata:
             continue  # tagged fields travel in the tagged section
         kafka_type = field.metadata.get("kafka_type")
-        if kafka_type in FIXED_SIZES and get_origin(hints[field.name]) is not tuple:
+        value_type = _split_optional(hints[field.name])[1]  # an array may be nullable
+        if kafka_type in FIXED_SIZES and get_origin(value_type) is not tuple:
             fixed += FIXED_SIZES[kafka_type]
             continue
         if fixed:

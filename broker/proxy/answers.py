@@ -1,4 +1,6 @@
-"""What the proxy answers itself: ApiVersions, Metadata, FindCoordinator, DescribeCluster.
+"""What the proxy answers itself: ApiVersions, Metadata, FindCoordinator, DescribeCluster (and,
+with the brokers' own pure functions, DescribeTopicPartitions, ListConfigResources and
+AlterPartitionReassignments: ``handlers``).
 
 To its clients the proxy is the whole cluster's only broker: Metadata lists the proxy alone and
 names it the leader of every partition that has a live owner, with the partition's real leader
@@ -17,6 +19,7 @@ from kafscale.broker.api.access import CLUSTER_OPS, GROUP_OPS, TOPIC_OPS
 from kafscale.broker.api.dispatch import api_versions_body
 from kafscale.broker.api.metadata import CLUSTER_ID_PREFIX
 from kafscale.broker.api.table import API_TABLE
+from kafscale.broker.api.topic_partitions import LeaderOf, partition_entry
 from kafscale.broker.authz.model import CLUSTER_NAME, Operation, ResourceType
 from kafscale.broker.protocol.errors import ErrorCode
 from kafscale.broker.proxy.routes import RoutingTable
@@ -69,6 +72,11 @@ def leader_id(owner: int, me: Identity) -> int:
     if owner < 0:
         return -1
     return owner if me.expose_owners else me.node_id
+
+
+def leader_of(routes: RoutingTable, me: Identity) -> LeaderOf:
+    """A partition's leader as the proxy's clients know it."""
+    return lambda tp: leader_id(routes.partition_owner(tp), me)
 
 
 def api_versions(transaction_version: int) -> Body:
@@ -136,21 +144,10 @@ def _topic(name: str, routes: RoutingTable, me: Identity, operations: int) -> Bo
     info = routes.view.topics.get(name)
     if info is None:
         return {"error_code": ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, "name": name, "partitions": []}
-    partitions = []
-    for p in range(info.partitions):
-        leader = leader_id(routes.partition_owner((name, p)), me)
-        owned = leader >= 0
-        partitions.append(
-            {
-                "error_code": ErrorCode.NONE if owned else ErrorCode.LEADER_NOT_AVAILABLE,
-                "partition_index": p,
-                "leader_id": leader,
-                "leader_epoch": routes.leader_epoch((name, p)),
-                "replica_nodes": [leader] if owned else [],
-                "isr_nodes": [leader] if owned else [],
-                "offline_replicas": [],
-            }
-        )
+    partitions = [
+        partition_entry(name, p, leader_of(routes, me), routes.leader_epoch)
+        for p in range(info.partitions)
+    ]
     return {
         "error_code": ErrorCode.NONE,
         "name": name,

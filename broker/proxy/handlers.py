@@ -1,18 +1,20 @@
 """Which way each API goes through the proxy.
 
 Answered here: ApiVersions, Metadata (unless it must create topics), FindCoordinator,
-DescribeCluster, and the SASL login (SaslHandshake, SaslAuthenticate) with the brokers' own
-code. Metadata and FindCoordinator show a client only what its ACLs let it describe. Split
-by partition owner: Produce, Fetch, ListOffsets, OffsetForLeaderEpoch, DeleteRecords,
+DescribeCluster, DescribeTopicPartitions, ListConfigResources and AlterPartitionReassignments
+(their answers name broker ids: the proxy's, made with the brokers' pure functions), and the
+SASL login (SaslHandshake, SaslAuthenticate) with the brokers' own code. Metadata,
+DescribeTopicPartitions and FindCoordinator show a client only what its ACLs let it describe.
+Split by partition owner: Produce, Fetch, ListOffsets, OffsetForLeaderEpoch, DeleteRecords,
 DescribeProducers, WriteTxnMarkers (``txn_markers``). To the group's coordinator: the group
 and offset APIs (DescribeGroups, DeleteGroups and multi-group OffsetFetch split by
-coordinator) and TxnOffsetCommit. To the
-transactional id's coordinator: InitProducerId with a transactional id, AddPartitionsToTxn,
-AddOffsetsToTxn, EndTxn (DescribeTransactions split by coordinator). To every broker:
-ListGroups, ListTransactions. To any broker (they act through etcd): topic, config, ACL and
-user administration, InitProducerId of an idempotent producer; DescribeConfigs of a broker
-goes to that broker, and of the proxy's own id to a live broker whose answer the proxy gives
-as its own (``configs``).
+coordinator) and TxnOffsetCommit. To the transactional id's coordinator: InitProducerId with a
+transactional id, AddPartitionsToTxn, AddOffsetsToTxn, EndTxn (DescribeTransactions split by
+coordinator). To every broker: ListGroups, ListTransactions. To any broker (they act through
+etcd): topic, config, ACL and user administration, ElectLeaders and ListPartitionReassignments
+(their answers name no broker), InitProducerId of an idempotent producer; DescribeConfigs of a
+broker goes to that broker, and of the proxy's own id to a live broker whose answer the proxy
+gives as its own (``configs``).
 
 A handler returns a body to encode, the raw answer of one broker (forwarded as it came, only the
 correlation id changed), or None (acks=0).
@@ -22,16 +24,18 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from kafscale.broker.api import config_resources, replicas, topic_partitions
 from kafscale.broker.api.features import TRANSACTION_VERSION
 from kafscale.broker.api.fetch_sessions import FetchSessionCache
 from kafscale.broker.api.sasl import sasl_authenticate, sasl_handshake
-from kafscale.broker.authz.model import Operation, ResourceType
+from kafscale.broker.authz.model import CLUSTER_NAME, Operation, ResourceType
 from kafscale.broker.protocol import codec
-from kafscale.broker.protocol.errors import ErrorCode
+from kafscale.broker.protocol.errors import ErrorCode, KafkaError
 from kafscale.broker.proxy import answers, configs, split
 from kafscale.broker.proxy.access import ProxyAccess
 from kafscale.broker.proxy.fetch import forward_fetch
@@ -92,12 +96,13 @@ class ProxyRequest:
         )
 
     def may_describe(self, resource_type: ResourceType, name: str) -> bool:
+        return self.may(Operation.DESCRIBE, resource_type, name)
+
+    def may(self, operation: Operation, resource_type: ResourceType, name: str) -> bool:
         access, connection = self.ctx.access, self.connection
         if access is None or connection is None:
             return True
-        return access.allowed(
-            connection.principal, connection.peer, Operation.DESCRIBE, resource_type, name
-        )
+        return access.allowed(connection.principal, connection.peer, operation, resource_type, name)
 
 
 Handler = Callable[[ProxyRequest], Awaitable[Answer]]
@@ -141,6 +146,56 @@ async def _until_known(forwarder: Forwarder, names: list[str], timeout_s: float)
     view = forwarder.routes.view
     while any(name not in view.topics for name in names) and loop.time() < deadline:
         await forwarder.routes.wait_changed(deadline - loop.time())
+
+
+async def describe_topic_partitions(r: ProxyRequest) -> Answer:
+    """KIP-966 from the proxy's view, with Metadata's leaders (its own ids)."""
+    routes = r.ctx.forwarder.routes
+    topics = routes.view.topics
+
+    def partition_count(name: str) -> int | None:
+        info = topics.get(name)
+        return None if info is None else info.partitions
+
+    look = topic_partitions.ClusterLook(
+        all_topics=list(topics),
+        partition_count=partition_count,
+        topic_id_of=lambda name: uuid.UUID(hex=topics[name].topic_id),
+        leader_of=answers.leader_of(routes, r.identity),
+        epoch_of=routes.leader_epoch,
+        describable=lambda name: r.may_describe(ResourceType.TOPIC, name),
+        operations_of=lambda name: r.operations(ResourceType.TOPIC, name),
+    )
+    try:
+        return topic_partitions.describe_topic_partitions(r.body, look)
+    except KafkaError as exc:
+        return topic_partitions.describe_error_body(r.body, exc.code)
+
+
+async def list_config_resources(r: ProxyRequest) -> Answer:
+    """The brokers' answer with the broker ids the proxy's clients know (its own)."""
+    if not r.may(Operation.DESCRIBE_CONFIGS, ResourceType.CLUSTER, CLUSTER_NAME):
+        return {"throttle_time": 0, "error_code": ErrorCode.CLUSTER_AUTHORIZATION_FAILED}
+    routes = r.ctx.forwarder.routes
+    ids = answers.node_ids(routes, r.identity)
+    try:
+        return config_resources.list_config_resources_body(
+            r.body, r.call.api_version, routes.view.topics, ids
+        )
+    except KafkaError as exc:
+        return {"throttle_time": 0, "error_code": exc.code}
+
+
+async def alter_partition_reassignments(r: ProxyRequest) -> Answer:
+    """Checked against the broker ids the proxy's clients know (a reassignment changes
+    nothing a broker holds: it completes when accepted, ``api/replicas.py``)."""
+    if not r.may(Operation.ALTER, ResourceType.CLUSTER, CLUSTER_NAME):
+        return replicas.alter_reassignments_error_body(
+            r.body, ErrorCode.CLUSTER_AUTHORIZATION_FAILED
+        )
+    routes = r.ctx.forwarder.routes
+    counts = {name: info.partitions for name, info in routes.view.topics.items()}
+    return replicas.alter_reassignments_body(r.body, counts, answers.node_ids(routes, r.identity))
 
 
 async def find_coordinator(r: ProxyRequest) -> Answer:
@@ -507,7 +562,10 @@ HANDLERS: dict[int, Handler] = {
     36: sasl_authenticate_here,
     37: to_any_broker,  # CreatePartitions
     42: by_coordinator(DELETE_GROUPS),
+    43: to_any_broker,  # ElectLeaders: the answer names no broker
     44: to_any_broker,  # IncrementalAlterConfigs
+    45: alter_partition_reassignments,
+    46: to_any_broker,  # ListPartitionReassignments: always empty
     50: to_any_broker,  # DescribeUserScramCredentials
     51: to_any_broker,  # AlterUserScramCredentials
     60: describe_cluster,
@@ -516,4 +574,6 @@ HANDLERS: dict[int, Handler] = {
     66: list_transactions,
     68: to_coordinator,  # ConsumerGroupHeartbeat
     69: by_coordinator(CONSUMER_GROUP_DESCRIBE),
+    74: list_config_resources,
+    75: describe_topic_partitions,
 }

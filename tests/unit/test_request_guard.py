@@ -142,3 +142,17 @@ def test_tagged_fields_in_the_request_header_are_cut_out() -> None:
     assert decoded.body.client_software_name == "kcl"
     with pytest.raises(codec.DecodeError, match="client_id"):  # a header cut short
         codec.decode_request(struct.pack(">hhih", 18, 3, 5, 40) + b"t", api_versions_v3)
+
+
+@pytest.mark.parametrize("replicas", [(2, 1), (3,), None])
+def test_a_nullable_array_of_numbers_is_walked_as_an_array(
+    replicas: tuple[int, ...] | None,
+) -> None:
+    """AlterPartitionReassignments' replicas (``[]int32``, null to cancel): walked as one
+    4-byte number, a list of two read as a tagged field and the request refused."""
+    partition = {"partition_index": 0, "replicas": replicas}
+    body = {"timeout": 30_000, "topics": [{"name": "t", "partitions": [partition] * 2}]}
+    schema = codec.request_schema(45, 1)
+    frame = codec.encode_request(45, 1, 7, body)[4:]
+    decoded = codec.decode_request(memoryview(frame).toreadonly(), schema).body
+    assert [p.replicas for p in decoded.topics[0].partitions] == [replicas, replicas]
