@@ -58,6 +58,7 @@ from kafscale.broker.storage.factory import open_object_store
 from kafscale.broker.storage.instrumented import InstrumentedStore
 from kafscale.broker.storage.janitor import Janitor
 from kafscale.broker.storage.log_manager import LogManager
+from kafscale.broker.storage.log_sizes import LogSizes
 from kafscale.broker.storage.object_store import ObjectStore, ObjectStoreError
 from kafscale.broker.storage.reader import LogReader
 from kafscale.broker.storage.topic_purge import TopicPurger
@@ -87,6 +88,7 @@ class Broker:
     admin: AdminServer | None = None
     groups: GroupCoordinator | None = None
     transactions: TransactionCoordinator | None = None
+    log_sizes: LogSizes | None = None  # owned partitions' sizes, for DescribeLogDirs
     ready: bool = False
     draining: bool = False
     pod_name: str | None = None
@@ -218,6 +220,7 @@ class Broker:
             self.settings, self.etcd, self.view, self.store, self.cache, self.node_id, self.session
         )
         await self.manager.start()
+        self.log_sizes = LogSizes(self.cluster, self.store)
         self._tasks.append(asyncio.create_task(self._watch_session(), name="session-watch"))
         self._tasks.append(asyncio.create_task(self._follow_cluster(), name="cluster-follow"))
         janitor = Janitor(

@@ -19,7 +19,9 @@ from kafscale.broker.api import (
     fetch,
     group_offsets,
     groups,
+    log_dirs,
     metadata,
+    offset_delete,
     offsets,
     produce,
     replicas,
@@ -158,6 +160,15 @@ _SPECS = [
         admin.handle_alter_configs,
         no_results("responses"),
     ),
+    # v0 is gone from kio (Kafka 4 dropped it, KIP-896); Kafka 3.9 offers 0-4.
+    ApiSpec(
+        35,
+        "DescribeLogDirs",
+        1,
+        4,
+        log_dirs.handle_describe_log_dirs,
+        log_dirs.describe_log_dirs_error_body,
+    ),
     ApiSpec(
         37,
         "CreatePartitions",
@@ -194,6 +205,14 @@ _SPECS = [
         replicas.alter_reassignments_error_body,
     ),
     ApiSpec(46, "ListPartitionReassignments", 0, 0, replicas.handle_list_partition_reassignments),
+    ApiSpec(
+        47,
+        "OffsetDelete",
+        0,
+        0,
+        offset_delete.handle_offset_delete,
+        offset_delete.offset_delete_error_body,
+    ),
     ApiSpec(60, "DescribeCluster", 0, 1, metadata.handle_describe_cluster),
     ApiSpec(74, "ListConfigResources", 0, 1, config_resources.handle_list_config_resources),
     ApiSpec(

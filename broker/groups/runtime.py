@@ -365,6 +365,24 @@ class GroupRuntime:
             self.offsets.update(offsets)
         return ErrorCode.NONE
 
+    async def remove_offsets(self, partitions: list[TopicPartition]) -> ErrorCode:
+        """OffsetDelete's effect (its decision is ``offset_delete.decide``): the committed
+        offsets of ``partitions`` leave etcd, then this cache."""
+        async with self._commit_lock:
+            if self.closed:
+                return ErrorCode.NOT_COORDINATOR
+            try:
+                removed = await self._store.delete_offsets(self.group_id, partitions, self.fence)
+            except MetadataUnavailable as exc:
+                log.warning("offset delete for group %s: %s", self.group_id, exc)
+                return ErrorCode.COORDINATOR_NOT_AVAILABLE
+            if not removed:
+                self._lose("offset delete fenced: the group lease is no longer ours")
+                return ErrorCode.NOT_COORDINATOR
+            for tp in partitions:
+                self.offsets.pop(tp, None)
+        return ErrorCode.NONE
+
     def validate_fetch(self, member_id: str | None, member_epoch: int) -> ErrorCode:
         """OffsetFetch v9+: a consumer-protocol member must name its current epoch."""
         if self.consumer is None:

@@ -256,6 +256,20 @@ class GroupStore:
                 return False
         return True
 
+    async def delete_offsets(
+        self, group_id: str, partitions: Iterable[TopicPartition], fence: Fence
+    ) -> bool:
+        """OffsetDelete: remove committed offsets, fenced like commits; False if fenced."""
+        ops: list[Op] = [
+            delete_op(keys.group_offset_key(self._cluster, group_id, topic, p))
+            for topic, p in partitions
+        ]
+        for chunk in _chunks(ops, MAX_OPS_PER_TXN):
+            result = await self._etcd.txn(fence.compares(), chunk)
+            if not result.succeeded:
+                return False
+        return True
+
     async def delete_group(self, group_id: str, fence: Fence) -> bool:
         """Delete metadata, offsets and finally the lease itself; False if fenced."""
         entries = await self._etcd.get_prefix(keys.group_prefix(self._cluster, group_id))

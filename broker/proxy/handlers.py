@@ -7,14 +7,15 @@ SASL login (SaslHandshake, SaslAuthenticate) with the brokers' own code. Metadat
 DescribeTopicPartitions and FindCoordinator show a client only what its ACLs let it describe.
 Split by partition owner: Produce, Fetch, ListOffsets, OffsetForLeaderEpoch, DeleteRecords,
 DescribeProducers, WriteTxnMarkers (``txn_markers``). To the group's coordinator: the group
-and offset APIs (DescribeGroups, DeleteGroups and multi-group OffsetFetch split by
-coordinator) and TxnOffsetCommit. To the transactional id's coordinator: InitProducerId with a
-transactional id, AddPartitionsToTxn, AddOffsetsToTxn, EndTxn (DescribeTransactions split by
-coordinator). To every broker: ListGroups, ListTransactions. To any broker (they act through
-etcd): topic, config, ACL and user administration, ElectLeaders and ListPartitionReassignments
-(their answers name no broker), InitProducerId of an idempotent producer; DescribeConfigs of a
-broker goes to that broker, and of the proxy's own id to a live broker whose answer the proxy
-gives as its own (``configs``).
+and offset APIs (OffsetDelete among them; DescribeGroups, DeleteGroups and multi-group
+OffsetFetch split by coordinator) and TxnOffsetCommit. To the transactional id's coordinator:
+InitProducerId with a transactional id, AddPartitionsToTxn, AddOffsetsToTxn, EndTxn
+(DescribeTransactions split by coordinator). To every broker: ListGroups, ListTransactions,
+DescribeLogDirs (joined as one broker's, ``log_dirs``). To any broker (they act through etcd):
+topic, config, ACL and user administration, ElectLeaders and ListPartitionReassignments (their
+answers name no broker), InitProducerId of an idempotent producer; DescribeConfigs of a broker
+goes to that broker, and of the proxy's own id to a live broker whose answer the proxy gives as
+its own (``configs``).
 
 A handler returns a body to encode, the raw answer of one broker (forwarded as it came, only the
 correlation id changed), or None (acks=0).
@@ -36,7 +37,7 @@ from kafscale.broker.api.sasl import sasl_authenticate, sasl_handshake
 from kafscale.broker.authz.model import CLUSTER_NAME, Operation, ResourceType
 from kafscale.broker.protocol import codec
 from kafscale.broker.protocol.errors import ErrorCode, KafkaError
-from kafscale.broker.proxy import answers, configs, split
+from kafscale.broker.proxy import answers, configs, log_dirs, split
 from kafscale.broker.proxy.access import ProxyAccess
 from kafscale.broker.proxy.fetch import forward_fetch
 from kafscale.broker.proxy.forward import Call, Forwarder
@@ -366,6 +367,27 @@ async def list_groups(r: ProxyRequest) -> Answer:
     return {"throttle_time": 0, "error_code": code, "groups": list(groups.values())}
 
 
+async def describe_log_dirs(r: ProxyRequest) -> Answer:
+    """Every live broker's log dirs (each reports the partitions it owns), joined into the one
+    broker the proxy stands for (``log_dirs``); a broker out of reach is left out."""
+    forwarder = r.ctx.forwarder
+    brokers = sorted(forwarder.routes.view.brokers)
+    outcomes = await asyncio.gather(
+        *(forwarder.call_raw(r.pool, broker, r.frame) for broker in brokers),
+        return_exceptions=True,
+    )
+    responses = []
+    for outcome in outcomes:
+        if isinstance(outcome, UpstreamError):
+            continue
+        if isinstance(outcome, BaseException):
+            raise outcome
+        responses.append(codec.decode_response(outcome, r.call.api_key, r.call.api_version))
+    if not responses:
+        raise UpstreamError("no live broker answered DescribeLogDirs")
+    return log_dirs.merge_log_dirs(responses)
+
+
 # --- to the transaction coordinator -----------------------------------------------------------
 
 
@@ -559,6 +581,7 @@ HANDLERS: dict[int, Handler] = {
     30: to_any_broker,  # CreateAcls
     31: to_any_broker,  # DeleteAcls
     32: describe_configs,
+    35: describe_log_dirs,
     36: sasl_authenticate_here,
     37: to_any_broker,  # CreatePartitions
     42: by_coordinator(DELETE_GROUPS),
@@ -566,6 +589,7 @@ HANDLERS: dict[int, Handler] = {
     44: to_any_broker,  # IncrementalAlterConfigs
     45: alter_partition_reassignments,
     46: to_any_broker,  # ListPartitionReassignments: always empty
+    47: to_coordinator,  # OffsetDelete
     50: to_any_broker,  # DescribeUserScramCredentials
     51: to_any_broker,  # AlterUserScramCredentials
     60: describe_cluster,

@@ -748,6 +748,11 @@ def test_every_api_answers_edge_values_without_a_server_error(kafka: BrokerProce
             sent = wire.send(api_key, version, body)
             if api_key == PRODUCE and body.get("acks") == 0:
                 return  # no answer
+            if api_key == DESCRIBE_TRANSACTIONS:
+                # kio refuses the start time -1 that Kafka (and KafScale) send for a transaction
+                # that is not ongoing: a handler failure shows in the broker's log, checked below
+                assert correlation_id_of(wire.recv_frame()) == sent
+                return
             received, response = wire.recv(api_key, version)
         assert received == sent
         assert -1 not in _error_codes(response), (api_key, version, body, response)
@@ -783,12 +788,12 @@ def test_normal_clients_still_work_after_all_of_it(kafka: BrokerProcess) -> None
 
 # --- protocol honesty: what is not served is never an empty success -------------------------
 
-DESCRIBE_LOG_DIRS, EXPIRE_DELEGATION_TOKEN, ALTER_REPLICA_LOG_DIRS = 35, 40, 34
+EXPIRE_DELEGATION_TOKEN, ALTER_REPLICA_LOG_DIRS, DESCRIBE_TRANSACTIONS = 40, 34, 65
 INVALID_RECORD, TRANSACTIONAL_ID_AUTHORIZATION_FAILED = 87, 53
 
 
 @pytest.mark.parametrize(
-    ("api_key", "version"), [(DESCRIBE_LOG_DIRS, 1), (ALTER_REPLICA_LOG_DIRS, 2)]
+    ("api_key", "version"), [(ALTER_REPLICA_LOG_DIRS, 1), (ALTER_REPLICA_LOG_DIRS, 2)]
 )
 def test_an_unserved_api_without_an_error_field_closes_the_connection(
     kafka: BrokerProcess, api_key: int, version: int
@@ -818,7 +823,7 @@ def test_api_versions_names_only_apis_in_the_table(kafka: BrokerProcess) -> None
         advertised = wire.request(API_VERSIONS, 3, {})
     keys = {int(k.api_key) for k in advertised.api_keys}
     assert keys == set(API_TABLE)
-    assert not keys & {DESCRIBE_LOG_DIRS, EXPIRE_DELEGATION_TOKEN}
+    assert not keys & {ALTER_REPLICA_LOG_DIRS, EXPIRE_DELEGATION_TOKEN}
 
 
 def test_a_control_batch_from_a_client_is_invalid_record_and_not_stored(
