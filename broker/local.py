@@ -59,8 +59,27 @@ class LocalOptions:
         return self.port + index + (1 if self.proxy else 0)
 
     def listen_ports(self) -> range:
-        """The proxy's port (with ``proxy``) and the brokers': etcd, started first, keeps off."""
+        """The proxy's port (with ``proxy``) and the brokers'."""
         return range(self.port, self.broker_port(self.brokers))
+
+
+def promised_ports(base: BrokerSettings, options: LocalOptions) -> frozenset[int]:
+    """Every port the user gave or the local cluster will listen on: etcd, started before any
+    of it listens, keeps off them all (a free-port probe cannot see a port nobody binds yet).
+
+    The proxy's and brokers' Kafka ports (``listen_ports``), the ports of the given listeners
+    (``--listeners``: the brokers' or, with the proxy, the proxy's), ``--listener-port`` (which
+    ``--port`` overrides here: kept free all the same), and the brokers' admin ports
+    (``--listener-admin-port`` and the next ones). Port 0 is no promise: the kernel then picks
+    one from its ephemeral range, which etcd's ports are never taken from.
+    """
+    ports = {*options.listen_ports(), base.listener.port}
+    ports |= {listener.port for listener in base.listener_plan()}
+    for index in range(options.brokers):
+        settings = local_settings(base, options, "http://127.0.0.1:2379", index)
+        ports |= {listener.port for listener in settings.listener_plan()}
+        ports.add(settings.listener.admin_port)
+    return frozenset(ports - {0})
 
 
 def local_settings(
@@ -225,7 +244,7 @@ async def run_local(base: BrokerSettings, options: LocalOptions) -> None:
         options.data_dir.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise StartupError(f"cannot use data directory {options.data_dir}: {exc}") from exc
-    etcd = await start_etcd(options.data_dir / "etcd", options.listen_ports())
+    etcd = await start_etcd(options.data_dir / "etcd", promised_ports(base, options))
     started = _Started()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
