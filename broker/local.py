@@ -63,6 +63,18 @@ class LocalOptions:
         return range(self.port, self.broker_port(self.brokers))
 
 
+def check_options(base: BrokerSettings, options: LocalOptions) -> None:
+    """Refuse what cannot work before anything starts: ``--listeners`` are one process's
+    listeners, so several brokers without the proxy would all bind the same ports (the second
+    failed with "address already in use", naming its sibling's port)."""
+    if base.listeners and options.brokers > 1 and not options.proxy:
+        raise StartupError(
+            f"--listeners are one broker's listeners: with --brokers {options.brokers}, add "
+            "--proxy (the listeners become the proxy's, where clients connect) or leave "
+            "--listeners out (the brokers then take --port and the ports after it)"
+        )
+
+
 def promised_ports(base: BrokerSettings, options: LocalOptions) -> frozenset[int]:
     """Every port the user gave or the local cluster will listen on: etcd, started before any
     of it listens, keeps off them all (a free-port probe cannot see a port nobody binds yet).
@@ -240,6 +252,7 @@ async def _prepare_bucket(settings: BrokerSettings) -> None:
 
 
 async def run_local(base: BrokerSettings, options: LocalOptions) -> None:
+    check_options(base, options)
     try:
         options.data_dir.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
