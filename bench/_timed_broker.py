@@ -23,6 +23,8 @@ from typing import Any
 
 from kafscale.broker import cli
 from kafscale.broker.metadata.etcd import Etcd
+from kafscale.broker.storage.flush_commit import FlushCommitter
+from kafscale.broker.storage.flush_upload import SegmentUploader
 from kafscale.broker.storage.flusher import Flusher
 from kafscale.broker.storage.log_manager import LogManager
 from kafscale.broker.storage.s3 import S3ObjectStore
@@ -60,10 +62,10 @@ def wrap_flush_round() -> None:
 
 
 def wrap_upload() -> None:
-    original = Flusher._upload
+    original = SegmentUploader.upload
     expect(original, ["self", "work", "reservations"])
 
-    async def _upload(self: Flusher, work: Any, reservations: Any) -> Any:
+    async def upload(self: SegmentUploader, work: Any, reservations: Any) -> Any:
         began = now()
         size = sum(len(b.data) for b in work.batches)
         try:
@@ -71,21 +73,21 @@ def wrap_upload() -> None:
         finally:
             emit("upload", start=began, end=now(), bytes=size, batches=len(work.batches))
 
-    Flusher._upload = _upload  # type: ignore[method-assign]
+    SegmentUploader.upload = upload  # type: ignore[method-assign]
 
 
 def wrap_commit() -> None:
-    original = Flusher._commit
+    original = FlushCommitter._commit
     expect(original, ["self", "commits"])
 
-    async def _commit(self: Flusher, commits: list[Any]) -> Any:
+    async def _commit(self: FlushCommitter, commits: list[Any]) -> Any:
         began = now()
         try:
             return await original(self, commits)
         finally:
             emit("commit", start=began, end=now(), partitions=len(commits))
 
-    Flusher._commit = _commit  # type: ignore[method-assign]
+    FlushCommitter._commit = _commit  # type: ignore[method-assign]
 
 
 def wrap_txn() -> None:

@@ -59,8 +59,39 @@ class LocalOptions:
         return self.port + index + (1 if self.proxy else 0)
 
     def listen_ports(self) -> range:
-        """The proxy's port (with ``proxy``) and the brokers': etcd, started first, keeps off."""
+        """The proxy's port (with ``proxy``) and the brokers'."""
         return range(self.port, self.broker_port(self.brokers))
+
+
+def check_options(base: BrokerSettings, options: LocalOptions) -> None:
+    """Refuse what cannot work before anything starts: ``--listeners`` are one process's
+    listeners, so several brokers without the proxy would all bind the same ports (the second
+    failed with "address already in use", naming its sibling's port)."""
+    if base.listeners and options.brokers > 1 and not options.proxy:
+        raise StartupError(
+            f"--listeners are one broker's listeners: with --brokers {options.brokers}, add "
+            "--proxy (the listeners become the proxy's, where clients connect) or leave "
+            "--listeners out (the brokers then take --port and the ports after it)"
+        )
+
+
+def promised_ports(base: BrokerSettings, options: LocalOptions) -> frozenset[int]:
+    """Every port the user gave or the local cluster will listen on: etcd, started before any
+    of it listens, keeps off them all (a free-port probe cannot see a port nobody binds yet).
+
+    The proxy's and brokers' Kafka ports (``listen_ports``), the ports of the given listeners
+    (``--listeners``: the brokers' or, with the proxy, the proxy's), ``--listener-port`` (which
+    ``--port`` overrides here: kept free all the same), and the brokers' admin ports
+    (``--listener-admin-port`` and the next ones). Port 0 is no promise: the kernel then picks
+    one from its ephemeral range, which etcd's ports are never taken from.
+    """
+    ports = {*options.listen_ports(), base.listener.port}
+    ports |= {listener.port for listener in base.listener_plan()}
+    for index in range(options.brokers):
+        settings = local_settings(base, options, "http://127.0.0.1:2379", index)
+        ports |= {listener.port for listener in settings.listener_plan()}
+        ports.add(settings.listener.admin_port)
+    return frozenset(ports - {0})
 
 
 def local_settings(
@@ -221,11 +252,12 @@ async def _prepare_bucket(settings: BrokerSettings) -> None:
 
 
 async def run_local(base: BrokerSettings, options: LocalOptions) -> None:
+    check_options(base, options)
     try:
         options.data_dir.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise StartupError(f"cannot use data directory {options.data_dir}: {exc}") from exc
-    etcd = await start_etcd(options.data_dir / "etcd", options.listen_ports())
+    etcd = await start_etcd(options.data_dir / "etcd", promised_ports(base, options))
     started = _Started()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

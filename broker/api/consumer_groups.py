@@ -14,7 +14,7 @@ from typing import Any
 
 from kafscale.broker.api import access
 from kafscale.broker.api.dispatch import Body, RequestContext
-from kafscale.broker.api.groups import DESCRIBE, _client_host, _runtime
+from kafscale.broker.api.group_access import DESCRIBE, client_host, group_runtime
 from kafscale.broker.groups import assignors
 from kafscale.broker.groups.consumer import (
     JOIN_EPOCH,
@@ -122,7 +122,7 @@ async def handle_consumer_group_heartbeat(request: Any, ctx: RequestContext) -> 
         message = f"assignor {assignor!r} is not one of {', '.join(assignors.ASSIGNORS)}"
         return _heartbeat_body(ctx, HeartbeatResult(ErrorCode.UNSUPPORTED_ASSIGNOR, message))
     try:
-        runtime = await _runtime(ctx, request.group_id, ErrorCode.COORDINATOR_NOT_AVAILABLE)
+        runtime = await group_runtime(ctx, request.group_id, ErrorCode.COORDINATOR_NOT_AVAILABLE)
     except KafkaError as exc:
         return _heartbeat_body(ctx, HeartbeatResult(exc.code, str(exc) or None))
     names = request.subscribed_topic_names
@@ -137,7 +137,7 @@ async def handle_consumer_group_heartbeat(request: Any, ctx: RequestContext) -> 
         server_assignor=assignor,
         owned=_owned(request, ctx),
         client_id=ctx.header.client_id or "",
-        client_host=_client_host(ctx),
+        client_host=client_host(ctx),
         fresh_id=str(uuid.uuid4()),
     )
     topics = {
@@ -170,7 +170,9 @@ async def handle_consumer_group_describe(request: Any, ctx: RequestContext) -> B
     for group_id in request.group_ids:
         operations = access.operations_if_asked(ctx, include, access.GROUP, group_id)
         try:
-            runtime = await _runtime(ctx, group_id, ErrorCode.COORDINATOR_NOT_AVAILABLE, DESCRIBE)
+            runtime = await group_runtime(
+                ctx, group_id, ErrorCode.COORDINATOR_NOT_AVAILABLE, DESCRIBE
+            )
         except KafkaError as exc:
             described.append(_missing(group_id, exc.code, str(exc) or None, operations))
             continue

@@ -1,27 +1,32 @@
-"""Consumer group APIs: FindCoordinator, JoinGroup, SyncGroup, Heartbeat, LeaveGroup,
-OffsetCommit, OffsetFetch, DescribeGroups, ListGroups and DeleteGroups.
+"""Classic consumer group APIs: JoinGroup, SyncGroup, Heartbeat, LeaveGroup (membership) and
+DescribeGroups, ListGroups, DeleteGroups (the groups as a whole).
 
 Handlers translate between the wire (every version's fields) and the coordinator
 (``kafscale.broker.groups``); the protocol's decisions live there. Version gates follow Kafka:
 MEMBER_ID_REQUIRED from JoinGroup v4, group.instance.id from JoinGroup v5 / SyncGroup and
-Heartbeat v3 / OffsetCommit v7, batch LeaveGroup from v3, OffsetFetch of several groups from v8.
+Heartbeat v3, batch LeaveGroup from v3. FindCoordinator is in ``api.coordinators``, OffsetCommit
+and OffsetFetch in ``api.group_offsets``.
 
-When etcd cannot be reached the group is never served from a guess: OffsetCommit answers
-REQUEST_TIMED_OUT, the membership and read APIs COORDINATOR_NOT_AVAILABLE (the code their
-clients retry on after looking the coordinator up again).
+When etcd cannot be reached the group is never served from a guess: these APIs answer
+COORDINATOR_NOT_AVAILABLE (the code their clients retry on after looking the coordinator up
+again).
 """
 
 from __future__ import annotations
 
-import time
 import uuid
 from typing import Any
 
 from kafscale.broker.api import access
 from kafscale.broker.api.dispatch import Body, RequestContext
-from kafscale.broker.authz.model import Operation
+from kafscale.broker.api.group_access import (
+    DELETE,
+    DESCRIBE,
+    client_host,
+    coordinator,
+    group_runtime,
+)
 from kafscale.broker.groups.consumer import ConsumerGroup
-from kafscale.broker.groups.coordinator import GroupCoordinator
 from kafscale.broker.groups.model import (
     GroupDescription,
     GroupState,
@@ -30,112 +35,11 @@ from kafscale.broker.groups.model import (
     SyncRequest,
     SyncResult,
 )
-from kafscale.broker.groups.runtime import GroupRuntime
-from kafscale.broker.groups.store import CommittedOffset, TopicPartition
 from kafscale.broker.metadata.etcd_errors import MetadataUnavailable
 from kafscale.broker.protocol.codec import millis
 from kafscale.broker.protocol.errors import ErrorCode, KafkaError
 
-GROUP_KEY_TYPE = 0
-TRANSACTION_KEY_TYPE = 1
-OFFSET_METADATA_MAX_BYTES = 4096
-"""Kafka's ``offset.metadata.max.bytes``."""
 AUTHORIZED_OPERATIONS_OMITTED = -2147483648
-
-
-def _coordinator(ctx: RequestContext) -> GroupCoordinator:
-    coordinator = ctx.broker.groups
-    if coordinator is None:
-        raise KafkaError(
-            "the group coordinator is not running", ErrorCode.COORDINATOR_NOT_AVAILABLE
-        )
-    return coordinator
-
-
-READ, DESCRIBE, DELETE = Operation.READ, Operation.DESCRIBE, Operation.DELETE
-
-
-async def _runtime(
-    ctx: RequestContext, group_id: str, unavailable: ErrorCode, operation: Operation = READ
-) -> GroupRuntime:
-    """The group as coordinated here; KafkaError (GROUP_AUTHORIZATION_FAILED unless the
-    principal may do ``operation`` to the group, NOT_COORDINATOR, ``unavailable``) if not."""
-    access.require(ctx, operation, access.GROUP, group_id)
-    try:
-        return await _coordinator(ctx).runtime(group_id)
-    except MetadataUnavailable as exc:
-        raise KafkaError(str(exc), unavailable) from exc
-
-
-group_runtime = _runtime
-"""For TxnOffsetCommit (``api.transactions``), which runs on the group's coordinator too."""
-
-
-def _client_host(ctx: RequestContext) -> str:
-    host = ctx.connection.peer.rpartition(":")[0] or ctx.connection.peer
-    return "/" + host.strip("[]")
-
-
-# --- FindCoordinator --------------------------------------------------------------------------
-
-
-async def handle_find_coordinator(request: Any, ctx: RequestContext) -> Body:
-    key_type = int(getattr(request, "key_type", GROUP_KEY_TYPE))
-    if ctx.api_version >= 4:
-        entries = [_coordinator_entry(ctx, key, key_type) for key in request.coordinator_keys]
-        return {"throttle_time": 0, "coordinators": entries}
-    entry = _coordinator_entry(ctx, request.key, key_type)
-    return {"throttle_time": 0, **{k: v for k, v in entry.items() if k != "key"}}
-
-
-def _coordinator_entry(ctx: RequestContext, key: str, key_type: int) -> Body:
-    entry: Body = {"key": key, "node_id": -1, "host": "", "port": -1}
-    if key_type == GROUP_KEY_TYPE and not access.allowed(ctx, DESCRIBE, access.GROUP, key):
-        return {**entry, "error_code": ErrorCode.GROUP_AUTHORIZATION_FAILED, "error_message": None}
-    if key_type == TRANSACTION_KEY_TYPE and not access.allowed(
-        ctx, DESCRIBE, access.TRANSACTIONAL_ID, key
-    ):
-        code = ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED
-        return {**entry, "error_code": code, "error_message": None}
-    if key_type == TRANSACTION_KEY_TYPE:
-        transactions = ctx.broker.transactions
-        broker = transactions.coordinator_for(key) if transactions is not None else None
-    elif key_type == GROUP_KEY_TYPE:
-        broker = _coordinator(ctx).coordinator_for(key)
-    else:
-        message = f"key type {key_type} is not supported"
-        return {**entry, "error_code": ErrorCode.INVALID_REQUEST, "error_message": message}
-    if broker is None:
-        message = "no live broker"
-        return {
-            **entry,
-            "error_code": ErrorCode.COORDINATOR_NOT_AVAILABLE,
-            "error_message": message,
-        }
-    host, port = broker.endpoint(ctx.connection.listener)
-    return {
-        "key": key,
-        "node_id": broker.node_id,
-        "host": host,
-        "port": port,
-        "error_code": ErrorCode.NONE,
-        "error_message": None,
-    }
-
-
-def find_coordinator_error_body(request: Any, code: ErrorCode) -> Body:
-    keys = list(getattr(request, "coordinator_keys", ()) or ())
-    coordinators = [
-        {"key": k, "node_id": -1, "host": "", "port": -1, "error_code": code} for k in keys
-    ]
-    return {
-        "throttle_time": 0,
-        "error_code": code,
-        "node_id": -1,
-        "host": "",
-        "port": -1,
-        "coordinators": coordinators,
-    }
 
 
 # --- JoinGroup, SyncGroup, Heartbeat, LeaveGroup ----------------------------------------------
@@ -147,7 +51,7 @@ async def handle_join_group(request: Any, ctx: RequestContext) -> Body:
     if not request.group_id:
         return _join_body(JoinResult(ErrorCode.INVALID_GROUP_ID, member_id))
     try:
-        runtime = await _runtime(ctx, request.group_id, ErrorCode.COORDINATOR_NOT_AVAILABLE)
+        runtime = await group_runtime(ctx, request.group_id, ErrorCode.COORDINATOR_NOT_AVAILABLE)
     except KafkaError as exc:
         return _join_body(JoinResult(exc.code, member_id))
     session_timeout_ms = millis(request.session_timeout)
@@ -156,7 +60,7 @@ async def handle_join_group(request: Any, ctx: RequestContext) -> Body:
         member_id=member_id,
         group_instance_id=getattr(request, "group_instance_id", None) if version >= 5 else None,
         client_id=ctx.header.client_id or "",
-        client_host=_client_host(ctx),
+        client_host=client_host(ctx),
         session_timeout_ms=session_timeout_ms,
         rebalance_timeout_ms=(
             millis(rebalance_timeout) if rebalance_timeout is not None else session_timeout_ms
@@ -210,7 +114,7 @@ async def handle_sync_group(request: Any, ctx: RequestContext) -> Body:
     if version >= 5 and (protocol_type is None or protocol_name is None):
         return _sync_body(SyncResult(ErrorCode.INCONSISTENT_GROUP_PROTOCOL))
     try:
-        runtime = await _runtime(ctx, request.group_id, ErrorCode.COORDINATOR_NOT_AVAILABLE)
+        runtime = await group_runtime(ctx, request.group_id, ErrorCode.COORDINATOR_NOT_AVAILABLE)
     except KafkaError as exc:
         return _sync_body(SyncResult(exc.code))
     assignments: dict[str, bytes] = {}
@@ -245,7 +149,7 @@ async def handle_heartbeat(request: Any, ctx: RequestContext) -> Body:
     if not request.group_id:
         return {"throttle_time": 0, "error_code": ErrorCode.INVALID_GROUP_ID}
     try:
-        runtime = await _runtime(ctx, request.group_id, ErrorCode.COORDINATOR_NOT_AVAILABLE)
+        runtime = await group_runtime(ctx, request.group_id, ErrorCode.COORDINATOR_NOT_AVAILABLE)
     except KafkaError as exc:
         return {"throttle_time": 0, "error_code": exc.code}
     error = runtime.heartbeat(
@@ -265,7 +169,7 @@ async def handle_leave_group(request: Any, ctx: RequestContext) -> Body:
     if not request.group_id:
         return _leave_body(version, ErrorCode.INVALID_GROUP_ID, [], [])
     try:
-        runtime = await _runtime(ctx, request.group_id, ErrorCode.COORDINATOR_NOT_AVAILABLE)
+        runtime = await group_runtime(ctx, request.group_id, ErrorCode.COORDINATOR_NOT_AVAILABLE)
     except KafkaError as exc:
         return _leave_body(version, exc.code, [], [])
     group_error, errors = runtime.leave(leaving)
@@ -287,202 +191,6 @@ def _leave_body(
     return {"throttle_time": 0, "error_code": group_error, "members": members}
 
 
-# --- OffsetCommit, OffsetFetch ----------------------------------------------------------------
-
-
-async def handle_offset_commit(request: Any, ctx: RequestContext) -> Body:
-    access.require(ctx, READ, access.GROUP, request.group_id or "")
-    view = ctx.broker.view
-    now_ms = int(time.time() * 1000)
-    results: dict[TopicPartition, ErrorCode] = {}
-    valid: dict[TopicPartition, CommittedOffset] = {}
-    order: list[tuple[str, list[int]]] = []
-    for topic in request.topics:
-        indexes = []
-        info = view.topics.get(topic.name)
-        for p in topic.partitions:
-            tp = (str(topic.name), int(p.partition_index))
-            indexes.append(tp[1])
-            metadata = p.committed_metadata or ""
-            if denied := access.topic_denied(ctx, READ, topic.name):
-                results[tp] = denied
-            elif info is None or not 0 <= tp[1] < info.partitions:
-                results[tp] = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
-            elif len(metadata.encode()) > OFFSET_METADATA_MAX_BYTES:
-                results[tp] = ErrorCode.OFFSET_METADATA_TOO_LARGE
-            else:
-                valid[tp] = CommittedOffset(
-                    offset=int(p.committed_offset),
-                    leader_epoch=int(getattr(p, "committed_leader_epoch", -1)),
-                    metadata=metadata,
-                    commit_timestamp_ms=now_ms,
-                    topic_id=info.topic_id,
-                )
-        order.append((str(topic.name), indexes))
-    error = await _commit(request, ctx, valid)
-    for tp in valid:
-        results[tp] = error
-    topics = [
-        {
-            "name": name,
-            "partitions": [{"partition_index": p, "error_code": results[(name, p)]} for p in ps],
-        }
-        for name, ps in order
-    ]
-    return {"throttle_time": 0, "topics": topics}
-
-
-async def _commit(
-    request: Any, ctx: RequestContext, offsets: dict[TopicPartition, CommittedOffset]
-) -> ErrorCode:
-    if request.group_id is None:
-        return ErrorCode.INVALID_GROUP_ID
-    generation = int(getattr(request, "generation_id_or_member_epoch", -1))
-    try:
-        runtime = await _runtime(ctx, request.group_id, ErrorCode.REQUEST_TIMED_OUT)
-    except KafkaError as exc:
-        return exc.code
-    return await runtime.commit(
-        str(getattr(request, "member_id", "") or ""),
-        getattr(request, "group_instance_id", None),
-        generation,
-        offsets,
-        ctx.api_version,
-    )
-
-
-def offset_commit_error_body(request: Any, code: ErrorCode) -> Body:
-    topics = [
-        {
-            "name": t.name,
-            "partitions": [
-                {"partition_index": p.partition_index, "error_code": code} for p in t.partitions
-            ],
-        }
-        for t in getattr(request, "topics", ())
-    ]
-    return {"throttle_time": 0, "topics": topics}
-
-
-async def handle_offset_fetch(request: Any, ctx: RequestContext) -> Body:
-    version = ctx.api_version
-    stable = bool(getattr(request, "require_stable", False))
-    if version >= 8:
-        groups = [
-            await _fetch_group(
-                ctx,
-                str(g.group_id),
-                g.topics,
-                version,
-                (getattr(g, "member_id", None), int(getattr(g, "member_epoch", -1))),
-                stable,
-            )
-            for g in request.groups
-        ]
-        return {"throttle_time": 0, "groups": groups}
-    fetched = await _fetch_group(
-        ctx, str(request.group_id), request.topics, version, require_stable=stable
-    )
-    return {"throttle_time": 0, "topics": fetched["topics"], "error_code": fetched["error_code"]}
-
-
-async def _settle_pending(
-    runtime: GroupRuntime, requested: list[TopicPartition] | None
-) -> set[TopicPartition]:
-    try:
-        return await runtime.settle_pending(requested)
-    except MetadataUnavailable as exc:
-        raise KafkaError(str(exc), ErrorCode.COORDINATOR_NOT_AVAILABLE) from exc
-
-
-async def _fetch_group(
-    ctx: RequestContext,
-    group_id: str,
-    topics: Any,
-    version: int,
-    member: tuple[str | None, int] = (None, -1),
-    require_stable: bool = False,
-) -> Body:
-    """One group's committed offsets; ``member``: (member id, epoch) from v9 (KIP-848);
-    ``require_stable``: partitions with an offset pending in a transaction are answered
-    UNSTABLE_OFFSET_COMMIT (KIP-447)."""
-    requested: list[TopicPartition] | None = None
-    denied: dict[TopicPartition, CommittedOffset | None] = {}
-    if topics is not None:
-        requested = [(str(t.name), int(p)) for t in topics for p in t.partition_indexes]
-        denied = dict.fromkeys(tp for tp in requested if not _may_describe(ctx, tp[0]))
-        requested = [tp for tp in requested if tp not in denied]
-    try:
-        runtime = await _runtime(ctx, group_id, ErrorCode.COORDINATOR_NOT_AVAILABLE, DESCRIBE)
-        if (member_error := runtime.validate_fetch(*member)) is not ErrorCode.NONE:
-            return {"group_id": group_id, "error_code": member_error, "topics": []}
-        unstable = await _settle_pending(runtime, requested)
-        committed = runtime.committed(requested)
-    except KafkaError as exc:
-        if version < 2:
-            # v0-1 have no group-level error: every partition carries it.
-            partitions = dict.fromkeys(requested or [], None)
-            return {
-                "group_id": group_id,
-                "error_code": exc.code,
-                "topics": _fetched_topics(partitions, exc.code),
-            }
-        return {"group_id": group_id, "error_code": exc.code, "topics": []}
-    current = {name: info.topic_id for name, info in ctx.broker.view.topics.items()}
-    valid = {
-        tp: offset if offset is None or offset.still_valid(current.get(tp[0])) else None
-        for tp, offset in committed.items()
-    }
-    if requested is None:  # all of the group's offsets but of gone or undescribable topics
-        valid = {
-            tp: offset
-            for tp, offset in valid.items()
-            if offset is not None and _may_describe(ctx, tp[0])
-        }
-    # KIP-447: a consumer that asks for stable offsets (read_committed) is told to retry while
-    # a transaction that committed an offset for the partition is still open.
-    if not require_stable:
-        unstable = set()
-    unstable_topics = dict.fromkeys(tp for tp in valid if tp in unstable)
-    valid = {tp: offset for tp, offset in valid.items() if tp not in unstable}
-    return {
-        "group_id": group_id,
-        "error_code": ErrorCode.NONE,
-        "topics": _fetched_topics(valid, ErrorCode.NONE)
-        + _fetched_topics(unstable_topics, ErrorCode.UNSTABLE_OFFSET_COMMIT)
-        + _fetched_topics(denied, ErrorCode.TOPIC_AUTHORIZATION_FAILED),
-    }
-
-
-def _may_describe(ctx: RequestContext, topic: str) -> bool:
-    return access.allowed(ctx, DESCRIBE, access.TOPIC, topic)
-
-
-def _fetched_topics(
-    committed: dict[TopicPartition, CommittedOffset | None], error: ErrorCode
-) -> list[Body]:
-    by_topic: dict[str, list[Body]] = {}
-    for (topic, partition), offset in committed.items():
-        by_topic.setdefault(topic, []).append(
-            {
-                "partition_index": partition,
-                "committed_offset": offset.offset if offset is not None else -1,
-                "committed_leader_epoch": offset.leader_epoch if offset is not None else -1,
-                "metadata": offset.metadata if offset is not None else "",
-                "error_code": error,
-            }
-        )
-    return [{"name": name, "partitions": partitions} for name, partitions in by_topic.items()]
-
-
-def offset_fetch_error_body(request: Any, code: ErrorCode) -> Body:
-    groups = [
-        {"group_id": g.group_id, "error_code": code, "topics": []}
-        for g in getattr(request, "groups", ())
-    ]
-    return {"throttle_time": 0, "error_code": code, "topics": [], "groups": groups}
-
-
 # --- DescribeGroups, ListGroups, DeleteGroups -------------------------------------------------
 
 
@@ -492,7 +200,9 @@ async def handle_describe_groups(request: Any, ctx: RequestContext) -> Body:
     for group_id in request.groups:
         operations = access.operations_if_asked(ctx, include_operations, access.GROUP, group_id)
         try:
-            runtime = await _runtime(ctx, group_id, ErrorCode.COORDINATOR_NOT_AVAILABLE, DESCRIBE)
+            runtime = await group_runtime(
+                ctx, group_id, ErrorCode.COORDINATOR_NOT_AVAILABLE, DESCRIBE
+            )
             description = runtime.describe()
             if runtime.consumer is not None:
                 described.append(_described_consumer(group_id, runtime.consumer, operations))
@@ -575,7 +285,7 @@ async def handle_list_groups(request: Any, ctx: RequestContext) -> Body:
     states = {s.lower() for s in getattr(request, "states_filter", ()) or ()}
     types = {t.lower() for t in getattr(request, "types_filter", ()) or ()}
     try:
-        listed = await _coordinator(ctx).list_groups()
+        listed = await coordinator(ctx).list_groups()
     except MetadataUnavailable:
         return {"throttle_time": 0, "error_code": ErrorCode.COORDINATOR_NOT_AVAILABLE, "groups": []}
     everything = access.allowed_on_cluster(ctx, DESCRIBE)
@@ -598,7 +308,9 @@ async def handle_delete_groups(request: Any, ctx: RequestContext) -> Body:
     results = []
     for group_id in request.groups_names:
         try:
-            runtime = await _runtime(ctx, group_id, ErrorCode.COORDINATOR_NOT_AVAILABLE, DELETE)
+            runtime = await group_runtime(
+                ctx, group_id, ErrorCode.COORDINATOR_NOT_AVAILABLE, DELETE
+            )
             error = await runtime.delete()
         except KafkaError as exc:
             error = exc.code

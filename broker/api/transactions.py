@@ -16,7 +16,8 @@ from typing import Any
 
 from kafscale.broker.api import access
 from kafscale.broker.api.dispatch import Body, RequestContext
-from kafscale.broker.api.groups import OFFSET_METADATA_MAX_BYTES, group_runtime
+from kafscale.broker.api.group_access import group_runtime
+from kafscale.broker.api.group_offsets import OFFSET_METADATA_MAX_BYTES
 from kafscale.broker.authz.model import Operation
 from kafscale.broker.groups.store import CommittedOffset, TopicPartition
 from kafscale.broker.metadata.etcd_errors import MetadataUnavailable

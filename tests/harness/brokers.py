@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -18,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from harness.children import settings_free_env
 from harness.s3 import S3Endpoint, unique_bucket
 from kafscale.broker.child_process import BrokerProcess, free_port_run
 from kafscale.broker.metadata import keys
@@ -38,7 +38,7 @@ class BrokerCluster:
     brokers: list[BrokerProcess] = field(default_factory=list)
 
     def env(self, port: int, admin_port: int, **overrides: str) -> dict[str, str]:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("KAFSCALE_")}
+        env = settings_free_env()
         env.update(
             {
                 "KAFSCALE_CLUSTER": self.cluster,

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from confluent_kafka import Consumer, TopicPartition
 
+from harness.children import child_env
 from kafscale.broker.child_process import KAFSCALE
 
 START_TIMEOUT_S = 60.0
@@ -25,6 +26,7 @@ def launch_local(args: Sequence[str], log: Path) -> subprocess.Popen[bytes]:
         [KAFSCALE, "local", *args],
         stdout=log.open("ab"),
         stderr=subprocess.STDOUT,
+        env=child_env(os.environ),
         start_new_session=True,  # its own process group, as a terminal gives it
     )
 

@@ -8,16 +8,16 @@ some broker is registered.
 from __future__ import annotations
 
 import json
-import os
 
 from harness.brokers import BrokerCluster
+from harness.children import settings_free_env
 from kafscale.broker.child_process import KAFSCALE, BrokerProcess, free_port_run
 
 
 def proxy_env(
     cluster: BrokerCluster, port: int, admin_port: int, **overrides: str
 ) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("KAFSCALE_")}
+    env = settings_free_env()
     env.update(
         {
             "KAFSCALE_CLUSTER": cluster.cluster,

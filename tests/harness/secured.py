@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import subprocess
 import sys
 import time
@@ -22,6 +21,7 @@ from typing import Any
 from confluent_kafka import Consumer
 
 from harness.brokers import BrokerCluster, new_cluster
+from harness.children import settings_free_env
 from harness.s3 import S3Endpoint
 from harness.tls import Pair, TestPki, make_pki
 from kafscale.broker.child_process import BrokerProcess, free_port_run
@@ -42,7 +42,7 @@ def secured_cluster(
 def kafscale_cli(etcd_url: str, cluster: str, *args: str, stdin: str = "") -> str:
     """Run ``kafscale <args>`` (users, acls...) against the cluster's etcd, as an operator
     runs it; its standard output, or a failed test when it fails."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("KAFSCALE_")}
+    env = settings_free_env()
     env.update({"KAFSCALE_CLUSTER": cluster, "KAFSCALE_ETCD__ENDPOINTS": json.dumps([etcd_url])})
     done = subprocess.run(
         [sys.executable, "-m", "kafscale.broker.cli", *args],

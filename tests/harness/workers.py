@@ -27,22 +27,17 @@ import pytest
 
 from kafscale.broker.free_ports import PORT_SLICE_ENV
 
-# Session fixtures that cost seconds to start: the files using them are handed out first.
-SHARED_SERVERS = {"kube_cluster": "kube-apiserver", "spark": "spark", "radosgw_server": "radosgw"}
+# Session fixtures that cost seconds to start (the kube-apiserver, the SparkSession, Ceph
+# radosgw): the files using them are handed out first.
+SHARED_SERVER_FIXTURES = frozenset({"kube_cluster", "spark", "radosgw_server"})
 # Tests that reach one of them through ``request.getfixturevalue`` carry the server's marker.
-SHARED_SERVER_MARKERS = {"radosgw": "radosgw"}
+SHARED_SERVER_MARKERS = frozenset({"radosgw"})
 
 
-def group_of(module: str, fixturenames: list[str], markers: list[str]) -> tuple[int, str]:
-    """(rank, group) of a test: the shared server it uses, if any (rank 0: scheduled first),
-    else its module (rank 1)."""
-    for fixture, group in SHARED_SERVERS.items():
-        if fixture in fixturenames:
-            return 0, group
-    for marker, group in SHARED_SERVER_MARKERS.items():
-        if marker in markers:
-            return 0, group
-    return 1, module
+def rank_of(fixturenames: list[str], markers: list[str]) -> int:
+    """0 for a test that uses a shared server (its file is scheduled first), else 1."""
+    uses_one = not SHARED_SERVER_FIXTURES.isdisjoint(fixturenames)
+    return 0 if uses_one or not SHARED_SERVER_MARKERS.isdisjoint(markers) else 1
 
 
 def worker_slice(worker_id: str, worker_count: int) -> str:
@@ -75,5 +70,5 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         file = item.nodeid.split("::")[0]
         markers = [mark.name for mark in item.iter_markers()]
-        ranked.append((file, group_of(file, list(getattr(item, "fixturenames", [])), markers)[0]))
+        ranked.append((file, rank_of(list(getattr(item, "fixturenames", [])), markers)))
     items[:] = [items[i] for i in first_files(ranked)]

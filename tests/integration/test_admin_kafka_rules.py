@@ -11,6 +11,7 @@ import pytest
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
 from harness.brokers import BrokerCluster, new_cluster
+from harness.groups import wait_for
 from harness.kafka_wire import KafkaWire
 from harness.s3 import S3Endpoint
 
@@ -198,14 +199,19 @@ def test_explicit_replica_assignments_are_checked_and_accepted(
         with KafkaWire(kafka.bootstrap) as wire:
             return int(wire.request(CREATE_PARTITIONS, 3, body).results[0].error_code)
 
+    def partition_count() -> int:
+        return len(admin.list_topics(topic, timeout=10).topics[topic].partitions)
+
+    # librdkafka asks either broker; the one that did not serve the change learns it from the
+    # etcd watch a moment later, as a Kafka broker learns it from the metadata log.
     assert create(topic, [[first, second], [second, first], [first, second]]) == ErrorCode.NONE
-    assert len(admin.list_topics(topic, timeout=10).topics[topic].partitions) == 3
+    wait_for(lambda: partition_count() == 3, 10, "3 partitions in Metadata")
     for name, replicas in [("u", [[first], [12345]]), ("t", [[first, first]]), ("e", [[]])]:
         assert create(f"{topic}-{name}", replicas) == ErrorCode.INVALID_REPLICA_ASSIGNMENT
     assert create(f"{topic}-n", [[first]], partitions=1) == ErrorCode.INVALID_REQUEST
 
     assert grow(5, [[second, first], [first, second]]) == ErrorCode.NONE
-    assert len(admin.list_topics(topic, timeout=10).topics[topic].partitions) == 5
+    wait_for(lambda: partition_count() == 5, 10, "5 partitions in Metadata")
     assert grow(6, [[12345, first]]) == ErrorCode.INVALID_REPLICA_ASSIGNMENT
     assert grow(7, [[first]]) == ErrorCode.INVALID_REPLICA_ASSIGNMENT  # 1 list for 2 new
 

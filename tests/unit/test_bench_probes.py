@@ -37,11 +37,13 @@ def test_timing_probes_install_on_the_current_broker_code(tmp_path: Path) -> Non
 
 
 def test_timing_probes_pass_on_what_the_wrapped_methods_return(tmp_path: Path) -> None:
-    """A probe that dropped ``Flusher._commit``'s result once delayed every ack by a flush tick
-    in ``--timings`` runs: the wrappers must hand back what the broker's methods return."""
+    """A probe that dropped ``FlushCommitter._commit``'s result once delayed every ack by a flush
+    tick in ``--timings`` runs: the wrappers must hand back what the broker's methods return."""
     script = """
 import asyncio, sys
 sys.path.insert(0, sys.argv[1])
+from kafscale.broker.storage.flush_commit import FlushCommitter
+from kafscale.broker.storage.flush_upload import SegmentUploader
 from kafscale.broker.storage.flusher import Flusher
 
 async def _commit(self, commits):
@@ -50,18 +52,18 @@ async def _commit(self, commits):
 async def _round(self, works, previous, committed, handed_off):
     return "round result"
 
-async def _upload(self, work, reservations):
+async def upload(self, work, reservations):
     return "uploaded"
 
 class Work:
     batches = []
 
-Flusher._commit, Flusher._round, Flusher._upload = _commit, _round, _upload
+FlushCommitter._commit, Flusher._round, SegmentUploader.upload = _commit, _round, upload
 import _timed_broker as t
 t.install(sys.argv[2])
-assert asyncio.run(Flusher._commit(None, [])) == ["committed"]
+assert asyncio.run(FlushCommitter._commit(None, [])) == ["committed"]
 assert asyncio.run(Flusher._round(None, [], None, None, None)) == "round result"
-assert asyncio.run(Flusher._upload(None, Work(), [])) == "uploaded"
+assert asyncio.run(SegmentUploader.upload(None, Work(), [])) == "uploaded"
 """
     done = subprocess.run(
         [sys.executable, "-c", script, str(BENCH), str(tmp_path / "timings.jsonl")],

@@ -1,20 +1,23 @@
 """Ports handed to broker children (tests and benches) and to ``kafscale local``'s etcd: free,
 consecutive, and below the kernel's ephemeral range, where no other process's port-0 socket can
 be given one before the child binds it (a port-0 probe once lost that race: "address already in
-use"); explicit ports are kept; etcd keeps off the ports promised to ``kafscale local``'s
-brokers."""
+use"); explicit ports are kept; etcd keeps off every port promised to ``kafscale local``'s
+brokers and proxy or given by the user."""
 
 from __future__ import annotations
 
 import socket
+from collections.abc import Collection
 from pathlib import Path
 
 import pytest
 from harness.ports import ephemeral_low
 
-from kafscale.broker import free_ports
+from kafscale.broker import free_ports, local
+from kafscale.broker.app import StartupError
+from kafscale.broker.config import BrokerSettings
 from kafscale.broker.free_ports import free_port_run
-from kafscale.broker.local import LocalOptions
+from kafscale.broker.local import LocalOptions, promised_ports
 from kafscale.broker.metadata.embedded_etcd import EmbeddedEtcd, choose_ports
 
 pytestmark = pytest.mark.unit
@@ -83,3 +86,56 @@ def test_local_etcd_keeps_off_the_ports_of_the_brokers_and_the_proxy(
     picks = iter([port - 1, port + 3, spare])  # each run of two overlaps a promised port
     monkeypatch.setattr(free_ports.random, "randrange", lambda *_: next(picks))
     assert choose_ports(None, None, options.listen_ports()) == (spare, spare + 1)
+
+
+def _given_ports(port: int) -> BrokerSettings:
+    """``kafscale local --listener-port P+10 --listener-admin-port P+20 --listeners
+    PLAINTEXT://...:P+30,EXTERNAL://...:P+31``: none of them listens before etcd starts."""
+    return BrokerSettings(
+        listener={"port": port + 10, "admin_port": port + 20},
+        listeners=f"PLAINTEXT://127.0.0.1:{port + 30},EXTERNAL://127.0.0.1:{port + 31}",
+        listener_security_protocol_map="PLAINTEXT:PLAINTEXT,EXTERNAL:PLAINTEXT",
+    )
+
+
+@pytest.mark.parametrize("proxy", [False, True])
+def test_local_etcd_keeps_off_every_port_the_user_gave(
+    monkeypatch: pytest.MonkeyPatch, proxy: bool
+) -> None:
+    spare = free_port_run(2)
+    port = spare + 100
+    options = LocalOptions(Path("/data"), brokers=2, port=port, host="127.0.0.1", proxy=proxy)
+    kafka = {port, port + 1, port + 2} if proxy else {port, port + 1}
+    given = {port + 10, port + 20, port + 21, port + 30, port + 31}  # admin: one per broker
+    promised = promised_ports(_given_ports(port), options)
+    assert promised == kafka | given
+    # each run of two etcd could take overlaps one of them but the last
+    picks = iter([*(p - 1 for p in sorted(given)), spare])
+    monkeypatch.setattr(free_ports.random, "randrange", lambda *_: next(picks))
+    assert choose_ports(None, None, promised) == (spare, spare + 1)
+
+
+def test_the_default_admin_port_is_no_promise_in_local_mode() -> None:
+    """Local brokers take admin ports the kernel picks unless one is given (8080 is not used:
+    it would be one port for several brokers)."""
+    options = LocalOptions(Path("/data"), brokers=2, port=19092, host="127.0.0.1")
+    assert promised_ports(BrokerSettings(), options) == {19092, 19093, 9092}
+
+
+async def test_kafscale_local_starts_etcd_away_from_the_promised_ports(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """``run_local`` hands etcd every promised port (it once passed only the Kafka ports)."""
+    avoided: list[Collection[int]] = []
+
+    async def start_etcd(_data_dir: Path, avoid_ports: Collection[int] = ()) -> None:
+        avoided.append(avoid_ports)
+        raise StartupError("stopped here")
+
+    monkeypatch.setattr(local, "start_etcd", start_etcd)
+    base = _given_ports(30000)
+    options = LocalOptions(tmp_path, brokers=1, port=30000, host="127.0.0.1")
+    with pytest.raises(StartupError, match="stopped here"):
+        await local.run_local(base, options)
+    assert avoided == [promised_ports(base, options)]
+    assert {30010, 30020, 30030, 30031} <= set(avoided[0])

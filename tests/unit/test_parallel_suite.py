@@ -7,33 +7,29 @@ from __future__ import annotations
 import socket
 
 import pytest
-from harness.workers import first_files, group_of, worker_slice
+from harness.workers import first_files, rank_of, worker_slice
 
 from kafscale.broker import free_ports
 from kafscale.broker.free_ports import PORT_SLICE_ENV, free_port_run, port_slice
 
 pytestmark = pytest.mark.unit
 
-MODULE = "tests/integration/test_proxy.py"
-
 
 @pytest.mark.parametrize(
-    ("fixtures", "markers", "group"),
+    ("fixtures", "markers"),
     [
-        (["spark", "broker_cluster"], ["pipeline"], "spark"),
-        (["kube_cluster", "kafscale_chart"], ["kubeapi"], "kube-apiserver"),
-        (["radosgw_server"], [], "radosgw"),
-        (["backend", "request"], ["radosgw", "integration"], "radosgw"),
+        (["spark", "broker_cluster"], ["pipeline"]),
+        (["kube_cluster", "kafscale_chart"], ["kubeapi"]),
+        (["radosgw_server"], []),
+        (["backend", "request"], ["radosgw", "integration"]),
     ],
 )
-def test_tests_of_a_shared_server_go_to_one_worker_first(
-    fixtures: list[str], markers: list[str], group: str
-) -> None:
-    assert group_of(MODULE, fixtures, markers) == (0, group)
+def test_tests_of_a_shared_server_rank_first(fixtures: list[str], markers: list[str]) -> None:
+    assert rank_of(fixtures, markers) == 0
 
 
-def test_other_tests_stay_with_their_module() -> None:
-    assert group_of(MODULE, ["broker_cluster", "etcd_server"], ["integration"]) == (1, MODULE)
+def test_other_tests_rank_after_them() -> None:
+    assert rank_of(["broker_cluster", "etcd_server"], ["integration"]) == 1
 
 
 def test_files_of_shared_servers_go_first_whole_and_in_order() -> None:

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from kafscale.broker.storage.flusher import txn_groups
+from kafscale.broker.storage.flush_commit import txn_groups
 
 pytestmark = pytest.mark.unit
 

@@ -1,0 +1,77 @@
+"""FindCoordinator: which broker coordinates a consumer group or a transactional id.
+
+Groups are answered by the group coordinator's lease-aware choice, transactional ids by the
+transaction coordinator's; a key the principal may not describe gets its AUTHORIZATION_FAILED
+code, an unknown key type INVALID_REQUEST. v4+ batches keys; v0-3 answer one key at the top.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kafscale.broker.api import access
+from kafscale.broker.api.dispatch import Body, RequestContext
+from kafscale.broker.api.group_access import DESCRIBE, coordinator
+from kafscale.broker.protocol.errors import ErrorCode
+
+GROUP_KEY_TYPE = 0
+TRANSACTION_KEY_TYPE = 1
+
+
+async def handle_find_coordinator(request: Any, ctx: RequestContext) -> Body:
+    key_type = int(getattr(request, "key_type", GROUP_KEY_TYPE))
+    if ctx.api_version >= 4:
+        entries = [_coordinator_entry(ctx, key, key_type) for key in request.coordinator_keys]
+        return {"throttle_time": 0, "coordinators": entries}
+    entry = _coordinator_entry(ctx, request.key, key_type)
+    return {"throttle_time": 0, **{k: v for k, v in entry.items() if k != "key"}}
+
+
+def _coordinator_entry(ctx: RequestContext, key: str, key_type: int) -> Body:
+    entry: Body = {"key": key, "node_id": -1, "host": "", "port": -1}
+    if key_type == GROUP_KEY_TYPE and not access.allowed(ctx, DESCRIBE, access.GROUP, key):
+        return {**entry, "error_code": ErrorCode.GROUP_AUTHORIZATION_FAILED, "error_message": None}
+    if key_type == TRANSACTION_KEY_TYPE and not access.allowed(
+        ctx, DESCRIBE, access.TRANSACTIONAL_ID, key
+    ):
+        code = ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED
+        return {**entry, "error_code": code, "error_message": None}
+    if key_type == TRANSACTION_KEY_TYPE:
+        transactions = ctx.broker.transactions
+        broker = transactions.coordinator_for(key) if transactions is not None else None
+    elif key_type == GROUP_KEY_TYPE:
+        broker = coordinator(ctx).coordinator_for(key)
+    else:
+        message = f"key type {key_type} is not supported"
+        return {**entry, "error_code": ErrorCode.INVALID_REQUEST, "error_message": message}
+    if broker is None:
+        message = "no live broker"
+        return {
+            **entry,
+            "error_code": ErrorCode.COORDINATOR_NOT_AVAILABLE,
+            "error_message": message,
+        }
+    host, port = broker.endpoint(ctx.connection.listener)
+    return {
+        "key": key,
+        "node_id": broker.node_id,
+        "host": host,
+        "port": port,
+        "error_code": ErrorCode.NONE,
+        "error_message": None,
+    }
+
+
+def find_coordinator_error_body(request: Any, code: ErrorCode) -> Body:
+    keys = list(getattr(request, "coordinator_keys", ()) or ())
+    coordinators = [
+        {"key": k, "node_id": -1, "host": "", "port": -1, "error_code": code} for k in keys
+    ]
+    return {
+        "throttle_time": 0,
+        "error_code": code,
+        "node_id": -1,
+        "host": "",
+        "port": -1,
+        "coordinators": coordinators,
+    }

@@ -1,0 +1,218 @@
+"""Committed consumer offsets: OffsetCommit and OffsetFetch.
+
+Offsets are committed through the group's runtime on its coordinator (fenced by generation or
+member epoch) and stored in etcd. An offset whose topic was deleted or re-created (another topic
+id) reads as none. OffsetFetch v8+ asks for several groups, v9 checks the KIP-848 member epoch,
+and ``require_stable`` (KIP-447) answers UNSTABLE_OFFSET_COMMIT while a transaction that
+committed an offset is open. When etcd cannot be reached OffsetCommit answers
+REQUEST_TIMED_OUT and OffsetFetch COORDINATOR_NOT_AVAILABLE.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from kafscale.broker.api import access
+from kafscale.broker.api.dispatch import Body, RequestContext
+from kafscale.broker.api.group_access import DESCRIBE, READ, group_runtime
+from kafscale.broker.groups.runtime import GroupRuntime
+from kafscale.broker.groups.store import CommittedOffset, TopicPartition
+from kafscale.broker.metadata.etcd_errors import MetadataUnavailable
+from kafscale.broker.protocol.errors import ErrorCode, KafkaError
+
+OFFSET_METADATA_MAX_BYTES = 4096
+"""Kafka's ``offset.metadata.max.bytes``."""
+
+
+async def handle_offset_commit(request: Any, ctx: RequestContext) -> Body:
+    access.require(ctx, READ, access.GROUP, request.group_id or "")
+    view = ctx.broker.view
+    now_ms = int(time.time() * 1000)
+    results: dict[TopicPartition, ErrorCode] = {}
+    valid: dict[TopicPartition, CommittedOffset] = {}
+    order: list[tuple[str, list[int]]] = []
+    for topic in request.topics:
+        indexes = []
+        info = view.topics.get(topic.name)
+        for p in topic.partitions:
+            tp = (str(topic.name), int(p.partition_index))
+            indexes.append(tp[1])
+            metadata = p.committed_metadata or ""
+            if denied := access.topic_denied(ctx, READ, topic.name):
+                results[tp] = denied
+            elif info is None or not 0 <= tp[1] < info.partitions:
+                results[tp] = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+            elif len(metadata.encode()) > OFFSET_METADATA_MAX_BYTES:
+                results[tp] = ErrorCode.OFFSET_METADATA_TOO_LARGE
+            else:
+                valid[tp] = CommittedOffset(
+                    offset=int(p.committed_offset),
+                    leader_epoch=int(getattr(p, "committed_leader_epoch", -1)),
+                    metadata=metadata,
+                    commit_timestamp_ms=now_ms,
+                    topic_id=info.topic_id,
+                )
+        order.append((str(topic.name), indexes))
+    error = await _commit(request, ctx, valid)
+    for tp in valid:
+        results[tp] = error
+    topics = [
+        {
+            "name": name,
+            "partitions": [{"partition_index": p, "error_code": results[(name, p)]} for p in ps],
+        }
+        for name, ps in order
+    ]
+    return {"throttle_time": 0, "topics": topics}
+
+
+async def _commit(
+    request: Any, ctx: RequestContext, offsets: dict[TopicPartition, CommittedOffset]
+) -> ErrorCode:
+    if request.group_id is None:
+        return ErrorCode.INVALID_GROUP_ID
+    generation = int(getattr(request, "generation_id_or_member_epoch", -1))
+    try:
+        runtime = await group_runtime(ctx, request.group_id, ErrorCode.REQUEST_TIMED_OUT)
+    except KafkaError as exc:
+        return exc.code
+    return await runtime.commit(
+        str(getattr(request, "member_id", "") or ""),
+        getattr(request, "group_instance_id", None),
+        generation,
+        offsets,
+        ctx.api_version,
+    )
+
+
+def offset_commit_error_body(request: Any, code: ErrorCode) -> Body:
+    topics = [
+        {
+            "name": t.name,
+            "partitions": [
+                {"partition_index": p.partition_index, "error_code": code} for p in t.partitions
+            ],
+        }
+        for t in getattr(request, "topics", ())
+    ]
+    return {"throttle_time": 0, "topics": topics}
+
+
+async def handle_offset_fetch(request: Any, ctx: RequestContext) -> Body:
+    version = ctx.api_version
+    stable = bool(getattr(request, "require_stable", False))
+    if version >= 8:
+        groups = [
+            await _fetch_group(
+                ctx,
+                str(g.group_id),
+                g.topics,
+                version,
+                (getattr(g, "member_id", None), int(getattr(g, "member_epoch", -1))),
+                stable,
+            )
+            for g in request.groups
+        ]
+        return {"throttle_time": 0, "groups": groups}
+    fetched = await _fetch_group(
+        ctx, str(request.group_id), request.topics, version, require_stable=stable
+    )
+    return {"throttle_time": 0, "topics": fetched["topics"], "error_code": fetched["error_code"]}
+
+
+async def _settle_pending(
+    runtime: GroupRuntime, requested: list[TopicPartition] | None
+) -> set[TopicPartition]:
+    try:
+        return await runtime.settle_pending(requested)
+    except MetadataUnavailable as exc:
+        raise KafkaError(str(exc), ErrorCode.COORDINATOR_NOT_AVAILABLE) from exc
+
+
+async def _fetch_group(
+    ctx: RequestContext,
+    group_id: str,
+    topics: Any,
+    version: int,
+    member: tuple[str | None, int] = (None, -1),
+    require_stable: bool = False,
+) -> Body:
+    """One group's committed offsets; ``member``: (member id, epoch) from v9 (KIP-848);
+    ``require_stable``: partitions with an offset pending in a transaction are answered
+    UNSTABLE_OFFSET_COMMIT (KIP-447)."""
+    requested: list[TopicPartition] | None = None
+    denied: dict[TopicPartition, CommittedOffset | None] = {}
+    if topics is not None:
+        requested = [(str(t.name), int(p)) for t in topics for p in t.partition_indexes]
+        denied = dict.fromkeys(tp for tp in requested if not _may_describe(ctx, tp[0]))
+        requested = [tp for tp in requested if tp not in denied]
+    try:
+        runtime = await group_runtime(ctx, group_id, ErrorCode.COORDINATOR_NOT_AVAILABLE, DESCRIBE)
+        if (member_error := runtime.validate_fetch(*member)) is not ErrorCode.NONE:
+            return {"group_id": group_id, "error_code": member_error, "topics": []}
+        unstable = await _settle_pending(runtime, requested)
+        committed = runtime.committed(requested)
+    except KafkaError as exc:
+        if version < 2:
+            # v0-1 have no group-level error: every partition carries it.
+            partitions = dict.fromkeys(requested or [], None)
+            return {
+                "group_id": group_id,
+                "error_code": exc.code,
+                "topics": _fetched_topics(partitions, exc.code),
+            }
+        return {"group_id": group_id, "error_code": exc.code, "topics": []}
+    current = {name: info.topic_id for name, info in ctx.broker.view.topics.items()}
+    valid = {
+        tp: offset if offset is None or offset.still_valid(current.get(tp[0])) else None
+        for tp, offset in committed.items()
+    }
+    if requested is None:  # all of the group's offsets but of gone or undescribable topics
+        valid = {
+            tp: offset
+            for tp, offset in valid.items()
+            if offset is not None and _may_describe(ctx, tp[0])
+        }
+    # KIP-447: a consumer that asks for stable offsets (read_committed) is told to retry while
+    # a transaction that committed an offset for the partition is still open.
+    if not require_stable:
+        unstable = set()
+    unstable_topics = dict.fromkeys(tp for tp in valid if tp in unstable)
+    valid = {tp: offset for tp, offset in valid.items() if tp not in unstable}
+    return {
+        "group_id": group_id,
+        "error_code": ErrorCode.NONE,
+        "topics": _fetched_topics(valid, ErrorCode.NONE)
+        + _fetched_topics(unstable_topics, ErrorCode.UNSTABLE_OFFSET_COMMIT)
+        + _fetched_topics(denied, ErrorCode.TOPIC_AUTHORIZATION_FAILED),
+    }
+
+
+def _may_describe(ctx: RequestContext, topic: str) -> bool:
+    return access.allowed(ctx, DESCRIBE, access.TOPIC, topic)
+
+
+def _fetched_topics(
+    committed: dict[TopicPartition, CommittedOffset | None], error: ErrorCode
+) -> list[Body]:
+    by_topic: dict[str, list[Body]] = {}
+    for (topic, partition), offset in committed.items():
+        by_topic.setdefault(topic, []).append(
+            {
+                "partition_index": partition,
+                "committed_offset": offset.offset if offset is not None else -1,
+                "committed_leader_epoch": offset.leader_epoch if offset is not None else -1,
+                "metadata": offset.metadata if offset is not None else "",
+                "error_code": error,
+            }
+        )
+    return [{"name": name, "partitions": partitions} for name, partitions in by_topic.items()]
+
+
+def offset_fetch_error_body(request: Any, code: ErrorCode) -> Body:
+    groups = [
+        {"group_id": g.group_id, "error_code": code, "topics": []}
+        for g in getattr(request, "groups", ())
+    ]
+    return {"throttle_time": 0, "error_code": code, "topics": [], "groups": groups}

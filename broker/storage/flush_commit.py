@@ -1,0 +1,248 @@
+"""The etcd commit of uploaded flush rounds: fenced, grouped, in round order.
+
+Rounds whose uploads are done when the commit before them ends are committed together (the
+caller, ``flusher``, hands them over in round order under its commit lock): one state put per
+partition, folded over their segments in order, so commits do not queue up behind each other
+when rounds come faster than etcd commits.
+
+A commit is one etcd transaction for up to ``PARTITIONS_PER_TXN`` partitions and
+``MAX_TXN_BYTES`` of partition states (etcd refuses larger requests; a state remembering many
+idempotent producers is tens of KB), each partition contributing three compares (lease value,
+lease create revision, state mod revision) and one put. A failed compare fences only the
+partitions whose lease is gone: the rest are committed on their own.
+
+A partition whose state would hold more than ``log.aborted_txns_in_state`` aborted transactions
+spills the oldest to an aborted-transaction index object (``metadata.aborted_index``), PUT before
+the commit that references it: still one etcd transaction per commit, and one more PUT per
+``aborted_txns_in_state / 2`` aborts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from kafscale.broker.config import LogSettings
+from kafscale.broker.metadata import keys
+from kafscale.broker.metadata.aborted_index import AbortedSpill, spill_aborted
+from kafscale.broker.metadata.cluster import ClusterView, TopicPartition
+from kafscale.broker.metadata.etcd import Etcd
+from kafscale.broker.metadata.etcd_errors import MetadataUnavailable
+from kafscale.broker.metadata.etcd_txn import create_revision_is, mod_revision_is, put_op, value_is
+from kafscale.broker.metadata.partition_state import (
+    PartitionState,
+    TxnIndexRef,
+    commit_segment,
+)
+from kafscale.broker.metadata.partition_txns import apply_txn_events
+from kafscale.broker.protocol.errors import MetadataTimeout, NotLeader, StorageFailure
+from kafscale.broker.storage import aborted_index
+from kafscale.broker.storage.cache import SegmentCache
+from kafscale.broker.storage.flush_upload import SegmentUploader, Uploaded
+from kafscale.broker.storage.object_store import ObjectStore
+from kafscale.broker.storage.partition_log import Ack, FlushWork, OwnedPartition
+
+PARTITIONS_PER_TXN = 40  # 3 compares each stays under etcd's default --max-txn-ops (128)
+MAX_TXN_BYTES = 1024 * 1024  # etcd's default --max-request-bytes is 1.5 MiB
+TXN_BYTES_PER_PARTITION = 1024  # keys, compares and framing beside the state document
+
+Fail = Callable[[FlushWork, BaseException], None]
+"""Give up a partition's flush work: its pending produces fail with the error."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Commit:
+    """A partition's part of a commit transaction: what it uploaded (one item per round the
+    transaction commits, in round order), its new state, and that state as stored."""
+
+    items: list[Uploaded]
+    state: PartitionState
+    document: bytes
+    spill: AbortedSpill | None = None  # an index object to write before the commit
+
+    @property
+    def partition(self) -> OwnedPartition:
+        return self.items[0].work.partition
+
+
+def txn_groups(sizes: Sequence[int], max_count: int, max_bytes: int) -> list[range]:
+    """Consecutive runs of entries, each at most ``max_count`` entries and ``max_bytes`` in
+    total; an entry larger than ``max_bytes`` is a run of its own."""
+    groups: list[range] = []
+    start, total = 0, 0
+    for index, size in enumerate(sizes):
+        if index > start and (index - start >= max_count or total + size > max_bytes):
+            groups.append(range(start, index))
+            start, total = index, 0
+        total += size
+    if start < len(sizes):
+        groups.append(range(start, len(sizes)))
+    return groups
+
+
+class FlushCommitter:
+    """Commits uploaded rounds to etcd; acks what landed, fails and discards what did not."""
+
+    def __init__(
+        self,
+        settings: LogSettings,
+        cluster: str,
+        broker_id: int,
+        etcd: Etcd,
+        view: ClusterView,
+        store: ObjectStore,
+        cache: SegmentCache,
+        owned: dict[TopicPartition, OwnedPartition],
+        uploads: SegmentUploader,
+        fail: Fail,
+    ) -> None:
+        self._settings = settings
+        self._cluster = cluster
+        self._me = str(broker_id).encode()
+        self._etcd = etcd
+        self._view = view
+        self._store = store
+        self._cache = cache
+        self._owned = owned
+        self._uploads = uploads
+        self._fail = fail
+
+    async def commit_round(
+        self, works: list[FlushWork], results: list[Uploaded | BaseException]
+    ) -> list[Uploaded]:
+        """Commit what was uploaded (of one round or several, in round order); returns what got
+        committed. The caller holds the commit lock."""
+        ready: list[Uploaded] = []
+        for work, result in zip(works, results, strict=True):
+            owned = work.partition
+            if isinstance(result, BaseException):
+                self._fail(work, StorageFailure(f"segment upload failed: {result}"))
+            elif owned.failed or self._owned.get(owned.tp) is not owned:
+                self._fail(work, NotLeader(f"{owned.topic}-{owned.partition} was given up"))
+                self._uploads.discard(result)
+            else:
+                ready.append(result)
+        by_partition: dict[int, list[Uploaded]] = {}  # a partition's uploads, in round order
+        for item in ready:
+            by_partition.setdefault(id(item.work.partition), []).append(item)
+        commits = await self._write_spills([self._prepare(i) for i in by_partition.values()])
+        sizes = [len(c.document) + TXN_BYTES_PER_PARTITION for c in commits]
+        landed: list[Uploaded] = []
+        for group in txn_groups(sizes, PARTITIONS_PER_TXN, MAX_TXN_BYTES):
+            landed += await self._commit([commits[i] for i in group])
+        return landed
+
+    def _prepare(self, items: list[Uploaded]) -> _Commit:
+        """One partition's new state after its uploads of one or more rounds (in order)."""
+        state = items[0].work.partition.state
+        for item in items:
+            for index, segment in enumerate(item.segments):
+                last = index == len(item.segments) - 1
+                state = commit_segment(state, segment.ref, item.work.producers if last else {})
+            state = apply_txn_events(state, item.work.txn_events)
+        state, spill = spill_aborted(state, self._settings.aborted_txns_in_state)
+        return _Commit(items, state, state.to_json(), spill)
+
+    def _spill_keys(self, commit: _Commit, refs: tuple[TxnIndexRef, ...]) -> list[str]:
+        owned = commit.partition
+        where = (owned.topic, owned.topic_id, owned.partition)
+        return [aborted_index.object_key(self._cluster, *where, ref) for ref in refs]
+
+    async def _write_spills(self, commits: list[_Commit]) -> list[_Commit]:
+        """PUT the aborted-transaction index objects the commits reference (rare: once per
+        ``aborted_txns_in_state / 2`` aborts of a partition); returns the commits that may go
+        ahead. A partition whose PUT failed fails its flush, as a failed segment upload does."""
+        puts = {
+            id(c): aborted_index.write_spill(
+                self._store,
+                self._cache,
+                self._cluster,
+                (c.partition.topic, c.partition.topic_id, c.partition.partition),
+                c.spill,
+            )
+            for c in commits
+            if c.spill is not None
+        }
+        if not puts:
+            return commits
+        results = await asyncio.gather(*puts.values(), return_exceptions=True)
+        outcomes = dict(zip(puts, results, strict=True))
+        ready = []
+        for commit in commits:
+            outcome = outcomes.get(id(commit))
+            if not isinstance(outcome, BaseException):
+                ready.append(commit)
+                continue
+            for item in commit.items:
+                self._fail(item.work, StorageFailure(f"aborted index upload failed: {outcome}"))
+                self._uploads.discard(item)
+        return ready
+
+    def _spills_committed(self, commits: list[_Commit], succeeded: bool) -> None:
+        """After a commit's outcome is known: the objects its spills absorbed go if it succeeded
+        (no state references them now), its new objects if it was fenced (none ever will)."""
+        doomed = [
+            key
+            for commit in commits
+            if commit.spill is not None
+            for key in self._spill_keys(
+                commit, commit.spill.absorbed if succeeded else (commit.spill.ref,)
+            )
+        ]
+        if doomed:
+            self._uploads.delete_later(doomed, "aborted-index-cleanup")
+
+    async def _commit(self, commits: list[_Commit]) -> list[Uploaded]:
+        """One transaction; returns what it committed (all, or the unfenced ones one by one)."""
+        if not commits:
+            return []
+        compares = []
+        success = []
+        for commit in commits:
+            owned = commit.partition
+            lease_key = keys.partition_lease_key(self._cluster, owned.topic, owned.partition)
+            state_key = keys.partition_state_key(self._cluster, owned.topic, owned.partition)
+            compares += [
+                value_is(lease_key, self._me),
+                create_revision_is(lease_key, owned.lease_revision),
+                mod_revision_is(state_key, owned.state_revision),
+            ]
+            success.append(put_op(state_key, commit.document))
+            self._view.expect_commit(owned.tp, commit.document, commit.state)
+        try:
+            result = await self._etcd.txn(compares, success)
+        except MetadataUnavailable as exc:
+            # The outcome is unknown (it may have been applied): the uploads stay.
+            for commit in commits:
+                for item in commit.items:
+                    self._fail(item.work, MetadataTimeout(str(exc)))
+            return []
+        if not result.succeeded:
+            if len(commits) > 1:
+                landed: list[Uploaded] = []
+                for commit in commits:  # find the fenced one(s); commit the rest
+                    landed += await self._commit([commit])
+                return landed
+            for item in commits[0].items:
+                self._fail(item.work, NotLeader("lease lost; commit fenced"))
+                self._uploads.discard(item)
+            self._spills_committed(commits, succeeded=False)
+            return []
+        for commit in commits:
+            for item in commit.items:
+                self._on_committed(item, commit.state, result.revision)
+        self._spills_committed(commits, succeeded=True)
+        return [item for commit in commits for item in commit.items]
+
+    def _on_committed(self, item: Uploaded, state: PartitionState, revision: int) -> None:
+        owned = item.work.partition
+        owned.committed(state, revision)
+        self._view.update_state(owned.tp, state, revision)
+        for segment in item.segments:
+            if segment.reservation is not None:
+                segment.reservation.release()
+            self._cache.put(segment.key, segment.body)
+            for batch in segment.batches:
+                if not batch.acked.done():
+                    batch.acked.set_result(Ack(batch.base_offset, batch.append_time))

@@ -1,0 +1,45 @@
+"""Broker and proxy processes the harness starts run without Hypothesis (``harness.children``):
+kio imports it whenever it can, at ~0.1 s of CPU per child, and the suite starts hundreds."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+from harness.brokers import BrokerCluster
+from harness.children import NO_HYPOTHESIS, child_env
+from harness.proxy import start_proxy
+
+pytestmark = pytest.mark.integration
+
+PROFILE_IMPORTS = {"PYTHONPROFILEIMPORTTIME": "1"}  # each import, one line on stderr (the log)
+
+
+def imported(log: Path) -> set[str]:
+    """The modules a child imported (or tried to), from its ``-X importtime`` lines."""
+    lines = log.read_text(errors="replace").splitlines()
+    return {line.rsplit("|", 1)[1].strip() for line in lines if line.startswith("import time:")}
+
+
+def hypothesis_modules(modules: set[str]) -> set[str]:
+    return {m for m in modules if m.split(".")[0] == "hypothesis"}
+
+
+def test_harness_started_brokers_and_proxies_do_not_import_hypothesis(
+    broker_cluster: BrokerCluster,
+) -> None:
+    broker = broker_cluster.start(**PROFILE_IMPORTS)
+    proxy = start_proxy(broker_cluster, **PROFILE_IMPORTS)
+    for child in (broker, proxy):
+        modules = imported(child.log_path)
+        assert "kio" in modules and "kafscale.broker.protocol.codec" in modules
+        # kio's attempt fails at the stand-in: nothing of the real package is loaded
+        assert hypothesis_modules(modules) <= {"hypothesis", "hypothesis.strategies"}
+
+
+def test_the_stand_in_goes_first_and_keeps_the_given_path() -> None:
+    env = child_env({"PYTHONPATH": "/somewhere", "OTHER": "x"})
+    assert env["PYTHONPATH"] == os.pathsep.join([str(NO_HYPOTHESIS), "/somewhere"])
+    assert env["OTHER"] == "x"
+    assert child_env({})["PYTHONPATH"] == str(NO_HYPOTHESIS)
