@@ -35,6 +35,7 @@ from kafscale.broker.protocol.framing import (
     frame_buffer_pool,
 )
 from kafscale.broker.protocol.request_memory import RequestMemory
+from kafscale.broker.protocol.request_order import runs_alone
 from kafscale.broker.security.listeners import (
     DEFAULT_LISTENER_NAME,
     Listener,
@@ -371,13 +372,17 @@ class KafkaServer:
         budget: ByteBudget,
         connection: Connection,
     ) -> None:
+        running: set[asyncio.Task[bytes | None]] = set()  # started, not done
         # read_charged_frame returns None at the end of the stream and once the server stops.
         while (taken := await protocol.read_charged_frame()) is not None:
             frame, charge = taken
             connection.in_flight += 1
+            alone = runs_alone(frame)
             try:
                 await slots.acquire()
                 await budget.take(len(frame))
+                if alone and running:  # Kafka's order: earlier requests are processed first
+                    await asyncio.wait(running)
             except BaseException:
                 protocol.give_back(charge)
                 raise
@@ -385,6 +390,11 @@ class KafkaServer:
             task = asyncio.create_task(self._dispatch(frame, connection))
             in_order.put_nowait((task, len(frame), charge))
             del frame, taken  # the task's own; its buffer is reused once the task decoded it
+            if alone:
+                await asyncio.wait({task})  # and later ones after it
+            else:
+                running.add(task)
+                task.add_done_callback(running.discard)
         in_order.put_nowait(None)
 
 

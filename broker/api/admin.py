@@ -13,7 +13,12 @@ import logging
 from typing import Any
 
 from kafscale.broker.api import access
-from kafscale.broker.api.configs import TOPIC_CONFIG_TYPES, broker_configs, topic_config_type
+from kafscale.broker.api.configs import (
+    TOPIC_CONFIG_TYPES,
+    ConfigType,
+    broker_configs,
+    topic_config_type,
+)
 from kafscale.broker.api.dispatch import Body, RequestContext
 from kafscale.broker.api.metadata import topic_uuid
 from kafscale.broker.authz.model import Operation
@@ -287,7 +292,8 @@ async def handle_incremental_alter_configs(request: Any, ctx: RequestContext) ->
             )
             if resource.resource_type != TOPIC_RESOURCE:
                 raise KafkaError("only topic configs can be altered", ErrorCode.INVALID_REQUEST)
-            changes = _changes(resource.configs)
+            known = ctx.broker.view.topics.get(resource.resource_name)
+            changes = incremental_changes(resource.configs, known.configs if known else {})
             check_config_names(changes)
             if not request.validate_only:
                 info = await topics.alter_configs(
@@ -304,19 +310,40 @@ async def handle_incremental_alter_configs(request: Any, ctx: RequestContext) ->
     return {"throttle_time": 0, "responses": responses}
 
 
-def _changes(configs: Any) -> dict[str, str | None]:
+def incremental_changes(configs: Any, current: dict[str, str]) -> dict[str, str | None]:
+    """IncrementalAlterConfigs' operations as changes to a topic's explicit ``current``
+    configs (None: back to the default). APPEND and SUBTRACT edit a list config's value (its
+    default when unset), as in Kafka (``cleanup.policy`` APPEND compact: "delete,compact");
+    on any other config they are INVALID_CONFIG."""
     changes: dict[str, str | None] = {}
     for config in configs:
         if config.config_operation == SET:
             changes[config.name] = config.value
         elif config.config_operation == DELETE:
             changes[config.name] = None
-        else:
+        elif topic_config_type(config.name) != ConfigType.LIST:
             raise KafkaError(
-                "APPEND/SUBTRACT apply to list configs, which topics do not have",
+                f"APPEND/SUBTRACT apply to list configs only, not {config.name}",
                 ErrorCode.INVALID_CONFIG,
             )
+        else:
+            before = changes.get(config.name, current.get(config.name))
+            if before is None:
+                before = topics.DEFAULT_CONFIGS.get(config.name, "")
+            changes[config.name] = edit_list(
+                before, config.value or "", append=config.config_operation == APPEND
+            )
     return changes
+
+
+def edit_list(value: str, items: str, append: bool) -> str:
+    """A comma-separated list ``value`` with ``items`` (comma-separated) appended (those not
+    in it yet) or subtracted."""
+    listed = [v.strip() for v in value.split(",") if v.strip()]
+    given = [v.strip() for v in items.split(",") if v.strip()]
+    if append:
+        return ",".join(listed + [v for v in dict.fromkeys(given) if v not in listed])
+    return ",".join(v for v in listed if v not in given)
 
 
 async def handle_alter_configs(request: Any, ctx: RequestContext) -> Body:

@@ -37,7 +37,8 @@ def _mechanism(value: int) -> ScramMechanism | None:
 async def handle_describe_user_scram_credentials(request: Any, ctx: RequestContext) -> Body:
     access.require(ctx, Operation.DESCRIBE, access.CLUSTER)
     known = await ctx.broker.credentials.list()
-    names = sorted(known) if request.users is None else [u.name for u in request.users]
+    # Null or empty: every user (librdkafka sends an empty array for "all", as Kafka allows).
+    names = [u.name for u in request.users] if request.users else sorted(known)
     counts = Counter(names)
     results = []
     for name in dict.fromkeys(names):
@@ -69,7 +70,7 @@ def describe_error_body(request: Any, code: ErrorCode) -> Body:
     confluent-kafka 2.16 raises the top-level error and then frees memory twice (the process
     aborts). Clients read a per-user error the same way (the Java client too)."""
     message = _message(code)
-    if request.users is None:
+    if not request.users:
         return {"throttle_time": 0, "error_code": code, "error_message": message, "results": []}
     names = dict.fromkeys(u.name for u in request.users)
     results = [_result(n, code, message) for n in names]

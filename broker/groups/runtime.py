@@ -408,16 +408,20 @@ class GroupRuntime:
 
     async def settle_pending(self, partitions: list[TopicPartition] | None) -> set[TopicPartition]:
         """Re-read offsets that were pending in a transaction (its coordinator may have made
-        them visible since); the requested partitions still pending."""
-        asked = self.pending_txn if partitions is None else self.pending_txn & set(partitions)
+        them visible since); the requested partitions still pending. Every partition that was
+        pending takes its stored offset, asked or not: the re-read stops tracking all of them
+        (a transaction's offsets for p1, settled while p0 was asked, stayed stale for good)."""
+        was_pending = set(self.pending_txn)
+        asked = was_pending if partitions is None else was_pending & set(partitions)
         if not asked:
             return set()
         loaded = await self._store.load(self.group_id)
-        for tp in asked:
+        for tp in was_pending:
             committed = loaded.offsets.get(tp)
             if committed is not None:
                 self.offsets[tp] = committed
-        self.pending_txn = set(loaded.pending)
+        # Partitions a TxnOffsetCommit added while the store was read stay pending.
+        self.pending_txn = set(loaded.pending) | (self.pending_txn - was_pending)
         if self.group is None and self.consumer is None and loaded.offsets:
             self.group = Group(self.group_id, self._config, self._clock())
         return asked & self.pending_txn

@@ -78,7 +78,7 @@ def validate_configs(configs: Mapping[str, str | None]) -> None:
             f"invalid message.timestamp.type {timestamp_type}", ErrorCode.INVALID_CONFIG
         )
     policy = configs.get("cleanup.policy")
-    if policy is not None:
+    if policy is not None and policy.strip():  # empty: neither (Kafka 3.x allows it)
         policies = [p.strip() for p in policy.split(",")]
         if not set(policies) <= {"delete", "compact"} or "" in policies:
             raise KafkaError(f"invalid cleanup.policy {policy}", ErrorCode.INVALID_CONFIG)

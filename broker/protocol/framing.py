@@ -252,7 +252,9 @@ class FrameProtocol(asyncio.BufferedProtocol):
             self._end_frames(ConnectionError("connection closed inside a frame"))
         else:
             self._end_frames(None)
-        return True  # keep the transport open: responses may still be owed
+        # Keep the transport open: responses may still be owed. TLS has no half-close (asyncio
+        # closes it anyway, and logs a warning per connection when asked to keep it open).
+        return self.transport.get_extra_info("sslcontext") is None
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._lost = True

@@ -276,18 +276,21 @@ def _partition_error(partition: int, code: ErrorCode) -> dict[str, Any]:
 def trim_results(
     wanted: list[Wanted], results: dict[PartitionKey, Any], total_max: int
 ) -> list[Any]:
-    """Results in request order, kept to the response's ``max_bytes``: whole partitions, the
-    first one always (as a broker does); a partition cut gets no records this time."""
+    """Results in request order, kept to the response's ``max_bytes``: whole partitions, and
+    the first partition that has records always (as a broker does: were it only the first
+    partition asked, a client whose first partition is read to its end would never be given
+    the others' records). A partition cut gets empty records this time, never null ones:
+    kafka-python's fetcher cannot parse a null record set and fails the poll."""
     ordered = []
     budget = total_max
-    for index, item in enumerate(wanted):
+    for item in wanted:
         result = results.get(item.key)
         if result is None:  # not answered in time: the client retries, and so can we
             result = _partition_error(item.key[1], ErrorCode.NOT_LEADER_OR_FOLLOWER)
         if not isinstance(result, dict):
             size = len(result.records or b"")
-            if index > 0 and size > budget:
-                result = dataclasses.replace(result, records=None)
+            if budget < total_max and size > budget:
+                result = dataclasses.replace(result, records=b"")
                 size = 0
             budget -= size
         ordered.append(result)

@@ -581,6 +581,7 @@ HANDLERS: dict[int, Handler] = {
     30: to_any_broker,  # CreateAcls
     31: to_any_broker,  # DeleteAcls
     32: describe_configs,
+    33: to_any_broker,  # AlterConfigs (topics: broker configs are static everywhere)
     35: describe_log_dirs,
     36: sasl_authenticate_here,
     37: to_any_broker,  # CreatePartitions

@@ -12,6 +12,7 @@ only once it can route.
 
 from __future__ import annotations
 
+import asyncio
 import socket
 import struct
 import subprocess
@@ -20,6 +21,9 @@ import uuid
 from collections.abc import Iterator
 
 import pytest
+from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka.admin.config_resource import ConfigResource as AioConfigResource
+from aiokafka.admin.config_resource import ConfigResourceType as AioConfigResourceType
 from confluent_kafka.admin import AdminClient, ConfigResource, ResourceType
 from harness.batches import make_batch
 from harness.brokers import BrokerCluster, BrokerProcess, new_cluster
@@ -54,7 +58,7 @@ from harness.stock_clients import (
     kcat_records,
     kp_consume,
 )
-from kafka import KafkaAdminClient
+from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition
 
 from kafscale.broker.child_process import KAFSCALE
 from kafscale.broker.metadata.embedded_etcd import EmbeddedEtcd
@@ -157,6 +161,43 @@ def test_kafka_python_fetch_session_through_proxy(proxied: Proxied, topic: str) 
     consumed = kp_consume(proxied.bootstrap, topic, PARTITIONS, len(first))
     check_round_trip(first, consumed, None)
     assert proxied.proxy.status()["fetch_sessions"] > sessions_before
+
+
+def test_a_small_fetch_max_bytes_reads_every_partition_through_proxy(
+    proxied: Proxied, topic: str
+) -> None:
+    """A fetch whose ``max_bytes`` holds one partition's batch leaves the others empty (not
+    null): kafka-python then reads every partition, one response after another, instead of
+    failing its poll on a null record set."""
+    ck_create_topic(proxied.bootstrap, topic)
+    wait_spread(proxied, topic)
+    producer = KafkaProducer(bootstrap_servers=proxied.bootstrap, linger_ms=50)
+    try:
+        for partition in range(PARTITIONS):
+            for i in range(50):
+                producer.send(topic, f"p{partition}-{i}".encode() * 4, partition=partition)
+        producer.flush(timeout=30)
+    finally:
+        producer.close()
+    consumer = KafkaConsumer(
+        bootstrap_servers=proxied.bootstrap,
+        group_id=None,
+        enable_auto_commit=False,
+        fetch_max_wait_ms=100,
+        fetch_max_bytes=300,
+    )
+    try:
+        consumer.assign([TopicPartition(topic, p) for p in range(PARTITIONS)])
+        for p in range(PARTITIONS):
+            consumer.seek(TopicPartition(topic, p), 0)
+        seen: dict[int, int] = {}
+        deadline = time.monotonic() + 60
+        while sum(seen.values()) < 50 * PARTITIONS and time.monotonic() < deadline:
+            for tp, messages in consumer.poll(timeout_ms=200).items():
+                seen[tp.partition] = seen.get(tp.partition, 0) + len(messages)
+    finally:
+        consumer.close()
+    assert seen == dict.fromkeys(range(PARTITIONS), 50)
 
 
 def test_metadata_names_the_proxy_as_the_only_broker(proxied: Proxied, topic: str) -> None:
@@ -394,3 +435,27 @@ def test_describe_configs_of_the_proxy_broker_answers_as_the_proxy(
         ("1000", ErrorCode.NONE),
     ]
     assert {c.name: c.value for c in response.results[0].configs}["cleanup.policy"] == "delete"
+
+
+def test_alter_configs_through_the_proxy(proxied: Proxied, topic: str) -> None:
+    """AlterConfigs (the non-incremental API, aiokafka's ``alter_configs``) is forwarded like
+    IncrementalAlterConfigs: the proxy advertises every API the brokers serve, and closed the
+    connection on this one."""
+    ck_create_topic(proxied.bootstrap, topic)
+
+    async def alter() -> None:
+        admin = AIOKafkaAdminClient(bootstrap_servers=proxied.bootstrap)
+        await admin.start()
+        try:
+            await admin.alter_configs(
+                [AioConfigResource(AioConfigResourceType.TOPIC, topic, {"retention.ms": "3600000"})]
+            )
+        finally:
+            await admin.close()
+
+    asyncio.run(alter())
+    admin = AdminClient({"bootstrap.servers": proxied.bootstrap})
+    resource = ConfigResource(ResourceType.TOPIC, topic)
+    assert (
+        admin.describe_configs([resource])[resource].result(30)["retention.ms"].value == "3600000"
+    )

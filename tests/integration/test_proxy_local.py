@@ -11,6 +11,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,8 @@ from harness.kafka_wire import API_VERSIONS, KafkaWire
 from harness.local_mode import consume, launch_local, stop_with_ctrl_c, wait_running
 from harness.ports import free_port_run
 from harness.tls import make_pki
+from kafka import KafkaAdminClient
+from kafka.admin import ConfigResource, ConfigResourceType
 
 pytestmark = pytest.mark.integration
 
@@ -52,6 +55,48 @@ def test_local_with_proxy_serves_clients_through_one_port(tmp_path: Path) -> Non
     finally:
         if process.poll() is None:
             assert stop_with_ctrl_c(process) == 0, log.read_text(errors="replace")
+
+
+def test_clients_coming_and_going_leave_no_warnings_in_the_log(tmp_path: Path) -> None:
+    """With the authorizer on, the proxy opens upstream connections (TLS, its certificate)
+    per client connection and closes them with it: the brokers log no warning per closed
+    connection (asyncio's "returning true from eof_received() has no effect when using ssl"
+    filled the log, once per client), and nothing logs a traceback."""
+    port = free_port_run(2)
+    log = tmp_path / "local.log"
+    process = launch_local(
+        [
+            *("--brokers", "1", "--proxy", "--port", str(port)),
+            *("--data-dir", str(tmp_path / "data")),
+            *(
+                "--authorizer-enabled",
+                "true",
+                "--authorizer-allow-everyone-if-no-acl-found",
+                "true",
+            ),
+        ],
+        log,
+    )
+    try:
+        wait_running(process, log)
+        bootstrap = f"localhost:{port}"
+        creator = AdminClient({"bootstrap.servers": bootstrap})
+        creator.create_topics([NewTopic("comings", 1, 1)])["comings"].result(30)
+        for _ in range(3):
+            admin = KafkaAdminClient(bootstrap_servers=bootstrap)
+            try:
+                described = admin.describe_configs(
+                    [ConfigResource(ConfigResourceType.TOPIC, "comings")]
+                )
+                assert len(described) == 1
+            finally:
+                admin.close()
+        time.sleep(1)  # the brokers see the upstream connections close
+    finally:
+        if process.poll() is None:
+            assert stop_with_ctrl_c(process) == 0, log.read_text(errors="replace")
+    text = log.read_text(errors="replace")
+    assert "eof_received" not in text and "Traceback" not in text, text
 
 
 def test_local_proxy_with_sasl_ssl_and_acls_guards_the_brokers_behind_it(tmp_path: Path) -> None:

@@ -7,8 +7,10 @@ from typing import Any
 
 import pytest
 
+from kafscale.broker.api.table import API_TABLE
 from kafscale.broker.protocol import codec
 from kafscale.broker.proxy.configs import ANY, BROKER_RESOURCE, Target, as_broker, as_proxy, plan
+from kafscale.broker.proxy.handlers import HANDLERS
 
 pytestmark = pytest.mark.unit
 
@@ -84,3 +86,9 @@ def test_a_brokers_description_of_itself_becomes_the_proxys() -> None:
         "advertised.listeners": "PLAINTEXT://proxy.example:9092",
         "num.partitions": "6",
     }
+
+
+def test_the_proxy_handles_every_api_it_advertises() -> None:
+    """The proxy advertises the brokers' API table; an API in it without a proxy handler is
+    one the proxy closes the connection on (AlterConfigs was, for aiokafka's alter_configs)."""
+    assert sorted(set(API_TABLE) - set(HANDLERS)) == []

@@ -5,6 +5,7 @@ the user ("Unexpected error while fetching data"); a broker restarting must neve
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import pytest
@@ -77,3 +78,23 @@ def test_a_partition_with_no_answer_gets_a_retriable_code() -> None:
         ErrorCode.NONE,
         ErrorCode.NOT_LEADER_OR_FOLLOWER,
     ]
+
+
+def _with_records(sizes: dict[int, int]) -> dict[Any, Any]:
+    partitions = response(0, dict.fromkeys(sizes, 0)).responses[0].partitions
+    return {
+        ("t", p.partition_index): dataclasses.replace(p, records=b"x" * sizes[p.partition_index])
+        for p in partitions
+    }
+
+
+def test_the_first_partition_with_records_is_kept_whole_past_max_bytes() -> None:
+    """The first partition is read to its end (no records): the second's batch, larger than
+    the response's max_bytes, still comes whole, or the client would never get past it."""
+    ordered = trim_results(wanted(0, 1, 2), _with_records({0: 0, 1: 500, 2: 10}), 300)
+    assert [len(r.records) for r in ordered] == [0, 500, 0]
+
+
+def test_a_partition_cut_for_max_bytes_gets_empty_records_not_null() -> None:
+    ordered = trim_results(wanted(0, 1), _with_records({0: 200, 1: 200}), 300)
+    assert [r.records for r in ordered] == [b"x" * 200, b""]

@@ -206,11 +206,19 @@ def test_sizes_below_their_least_are_invalid_configs(configs: dict[str, str]) ->
     assert raised.value.code == ErrorCode.INVALID_CONFIG
 
 
-@pytest.mark.parametrize("policy", ["", "deleted", "compact,", "compact,none"])
+@pytest.mark.parametrize("policy", ["deleted", "compact,", "compact,none", ",delete"])
 def test_other_cleanup_policies_are_invalid_configs(policy: str) -> None:
     with pytest.raises(KafkaError) as raised:
         validate_configs({"cleanup.policy": policy})
     assert raised.value.code == ErrorCode.INVALID_CONFIG
+
+
+def test_an_empty_cleanup_policy_is_valid_and_trims_nothing() -> None:
+    """Kafka takes an empty list (SUBTRACT of the last policy leaves one): neither delete nor
+    compact, so retention never trims the log."""
+    validate_configs({"cleanup.policy": ""})
+    configs = {"cleanup.policy": "", "retention.ms": "1000", "retention.bytes": "10"}
+    assert retention_limits(configs) == (-1, -1)
 
 
 # --- the janitor reads creation times only where time retention looks ------------------------

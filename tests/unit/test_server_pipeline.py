@@ -24,8 +24,8 @@ SILENT = 1_000_000  # correlation ids at or above: no response (acks=0)
 CLOSE = 2_000_000  # correlation ids at or above: CloseConnection
 
 
-def request(correlation_id: int, payload: bytes = b"") -> bytes:
-    body = struct.pack(">hhi", 0, 7, correlation_id) + payload
+def request(correlation_id: int, payload: bytes = b"", api_key: int = 0) -> bytes:
+    body = struct.pack(">hhi", api_key, 7, correlation_id) + payload
     return struct.pack(">i", len(body)) + body
 
 
@@ -115,6 +115,38 @@ async def test_pipelined_requests_are_answered_in_order_and_acks0_skipped() -> N
         assert sorted(dispatch.started) == sorted(ids)
         writer.close()
         await writer.wait_closed()
+
+
+@dataclass
+class OverlapDispatch(FakeDispatch):
+    """Also records which requests were running when each one started."""
+
+    overlapping: dict[int, set[int]] = field(default_factory=dict)
+
+    async def __call__(self, frame: bytes, connection: Connection) -> bytes | None:
+        (correlation_id,) = struct.unpack_from(">i", frame, 4)
+        self.overlapping[correlation_id] = set(self.running)
+        return await super().__call__(frame, connection)
+
+
+async def test_an_admin_write_runs_after_the_requests_before_it_and_before_those_after() -> None:
+    """Kafka processes a connection's requests in order; we run them concurrently except
+    admin writes (DeleteRecords here, api key 21): confluent-kafka's AdminClient sends
+    ListOffsets right behind DeleteRecords and must read the new log start."""
+    dispatch = OverlapDispatch(delays_s=lambda cid: 0.03 if cid in (1, 2, 4) else 0.0)
+    async with serving(dispatch) as server:
+        reader, writer = await connect(server)
+        frames = [request(1), request(2), request(3, api_key=21), request(4), request(5)]
+        writer.write(b"".join(frames))
+        await writer.drain()
+        answers = [await asyncio.wait_for(read_response(reader), 5) for _ in range(5)]
+        assert answers == [1, 2, 3, 4, 5]
+        writer.close()
+        await writer.wait_closed()
+    assert dispatch.overlapping[2] == {1}  # ordinary requests still run concurrently
+    assert dispatch.overlapping[3] == set()  # the admin write waited for 1 and 2
+    assert dispatch.overlapping[4] == set()  # and 4 for it
+    assert dispatch.overlapping[5] == {4}
 
 
 async def test_responses_are_still_sent_after_the_client_half_closes() -> None:
