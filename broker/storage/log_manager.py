@@ -260,7 +260,9 @@ class LogManager:
         owned.fail_everything(error)
         if self.owned.get(owned.tp) is owned:
             del self.owned[owned.tp]
-        log.warning("gave up %s-%d: %s", owned.topic, owned.partition, error, extra=about(owned.tp))
+        # A deleted topic is an operator's act, not a fault: it is logged, not warned about.
+        level = logging.INFO if isinstance(error, UnknownTopicOrPartition) else logging.WARNING
+        log.log(level, "gave up %s-%d: %s", *owned.tp, error, extra=about(owned.tp))
 
     async def delete_records(self, tp: TopicPartition, offset: int) -> int:
         """Advance the log start offset (DeleteRecords, retention); returns the new one.
