@@ -10,8 +10,6 @@ A change applies to a connection that is already open, within a watch round trip
 from __future__ import annotations
 
 import asyncio
-import hashlib
-import shutil
 import subprocess
 import time
 import uuid
@@ -32,7 +30,7 @@ from confluent_kafka.admin import (
     ResourceType,
 )
 from harness.brokers import BrokerCluster, BrokerProcess, new_cluster
-from harness.java_client import CACHE, _jars
+from harness.java_client import java_program
 from harness.kafka_wire import (
     KafkaWire,
     fetch_body,
@@ -811,20 +809,7 @@ JAVA_SOURCE = Path(__file__).with_name("java") / "AclAdmin.java"
 
 def java_acl_admin() -> list[str]:
     """The command running ``java/AclAdmin.java`` (compiled once per source version)."""
-    if shutil.which("javac") is None:
-        pytest.fail("Java 17 (java, javac) is needed for the Java client test", pytrace=False)
-    jars = _jars()
-    digest = hashlib.sha256(JAVA_SOURCE.read_bytes()).hexdigest()[:12]
-    classes = CACHE / f"acl-classes-{digest}"
-    if not (classes / "AclAdmin.class").exists():
-        classes.mkdir(parents=True, exist_ok=True)
-        subprocess.run(
-            ["javac", "-cp", f"{jars}/*", "-d", str(classes), str(JAVA_SOURCE)],
-            check=True,
-            capture_output=True,
-            timeout=300,
-        )
-    return ["java", "-cp", f"{classes}:{jars}/*", "AclAdmin"]
+    return java_program(JAVA_SOURCE, "AclAdmin")
 
 
 def test_the_java_admin_client_manages_acls(

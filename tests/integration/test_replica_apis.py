@@ -11,9 +11,7 @@ AdminClient (``java/ReplicaAdmin.java``; its describeTopics uses DescribeTopicPa
 
 from __future__ import annotations
 
-import hashlib
 import re
-import shutil
 import subprocess
 import time
 import urllib.request
@@ -27,7 +25,7 @@ from confluent_kafka import ElectionType as CkElectionType
 from confluent_kafka import TopicPartition as CkTopicPartition
 from confluent_kafka.admin import AdminClient as CkAdminClient
 from harness.brokers import BrokerCluster, BrokerProcess, new_cluster
-from harness.java_client import CACHE, _jars
+from harness.java_client import java_program
 from harness.kafka_wire import KafkaWire
 from harness.proxy import start_proxy
 from harness.s3 import S3Endpoint
@@ -324,20 +322,7 @@ JAVA_SOURCE = Path(__file__).with_name("java") / "ReplicaAdmin.java"
 
 def java_replica_admin() -> list[str]:
     """The command running ``java/ReplicaAdmin.java`` (compiled once per source version)."""
-    if shutil.which("javac") is None:
-        pytest.fail("Java 17 (java, javac) is needed for the Java client test", pytrace=False)
-    jars = _jars()
-    digest = hashlib.sha256(JAVA_SOURCE.read_bytes()).hexdigest()[:12]
-    classes = CACHE / f"replica-classes-{digest}"
-    if not (classes / "ReplicaAdmin.class").exists():
-        classes.mkdir(parents=True, exist_ok=True)
-        subprocess.run(
-            ["javac", "-cp", f"{jars}/*", "-d", str(classes), str(JAVA_SOURCE)],
-            check=True,
-            capture_output=True,
-            timeout=300,
-        )
-    return ["java", "-cp", f"{classes}:{jars}/*", "ReplicaAdmin"]
+    return java_program(JAVA_SOURCE, "ReplicaAdmin")
 
 
 def served(process: BrokerProcess, api: str) -> float:
