@@ -29,7 +29,7 @@ from confluent_kafka.admin import (
     ResourcePatternType,
     ResourceType,
 )
-from harness.brokers import BrokerCluster, BrokerProcess, new_cluster
+from harness.brokers import BrokerCluster, BrokerProcess
 from harness.java_client import java_program
 from harness.kafka_wire import (
     KafkaWire,
@@ -41,7 +41,14 @@ from harness.kafka_wire import (
 )
 from harness.proxy import start_proxy
 from harness.s3 import S3Endpoint
-from harness.secured import consume_error, kafscale_cli, make_topics
+from harness.secured import (
+    ANONYMOUS,
+    authorizing_cluster,
+    consume_error,
+    grant_cluster,
+    kafscale_cli,
+    make_topics,
+)
 from kafka.admin import (
     ACLFilter,
     ACLOperation,
@@ -59,7 +66,6 @@ from kafscale.broker.metadata.etcd import Etcd
 
 pytestmark = pytest.mark.integration
 
-ANONYMOUS = "User:ANONYMOUS"
 WATCH_DEADLINE_S = 15.0  # generous: the machine is shared; the change normally lands in ms
 
 
@@ -67,18 +73,9 @@ WATCH_DEADLINE_S = 15.0  # generous: the machine is shared; the change normally 
 def cluster(
     etcd_server: EmbeddedEtcd, s3_server: S3Endpoint, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[BrokerCluster]:
-    cluster = new_cluster(
-        etcd_server.client_url,
-        s3_server,
-        tmp_path_factory.mktemp("acls"),
-        "acls",
-        extra_env={"KAFSCALE_AUTHORIZER__ENABLED": "true"},
-    )
-    try:
-        cluster.start()
+    workdir = tmp_path_factory.mktemp("acls")
+    with authorizing_cluster(etcd_server.client_url, s3_server, workdir, "acls") as cluster:
         yield cluster
-    finally:
-        cluster.stop_all()
 
 
 @pytest.fixture
@@ -114,13 +111,6 @@ def _make_topic(cluster: BrokerCluster, name: str) -> None:
 def acls_cli(cluster: BrokerCluster, *args: str) -> str:
     """``kafscale acls ...`` against the cluster's etcd, as an operator runs it."""
     return kafscale_cli(cluster.etcd_url, cluster.cluster, "acls", *args)
-
-
-def grant_cluster(cluster: BrokerCluster, *operations: str) -> None:
-    for operation in operations:
-        acls_cli(
-            cluster, "add", "--cluster-resource", "--principal", ANONYMOUS, "--operation", operation
-        )
 
 
 def wait_for(condition: Any, what: str, deadline_s: float = WATCH_DEADLINE_S) -> Any:

@@ -29,7 +29,7 @@ from harness.java_client import java_program
 from harness.kafka_wire import KafkaWire
 from harness.proxy import start_proxy
 from harness.s3 import S3Endpoint
-from harness.secured import kafscale_cli
+from harness.secured import authorizing_cluster, grant_cluster
 from kafka import TopicPartition
 from kafka.admin import KafkaAdminClient, NewTopic
 from kafka.errors import (
@@ -410,32 +410,9 @@ def test_the_java_admin_client_through_the_proxy(
 def secured(
     etcd_server: EmbeddedEtcd, s3_server: S3Endpoint, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[BrokerCluster]:
-    cluster = new_cluster(
-        etcd_server.client_url,
-        s3_server,
-        tmp_path_factory.mktemp("replicas-acl"),
-        "repacl",
-        extra_env={"KAFSCALE_AUTHORIZER__ENABLED": "true"},
-    )
-    try:
-        cluster.start()
+    workdir = tmp_path_factory.mktemp("replicas-acl")
+    with authorizing_cluster(etcd_server.client_url, s3_server, workdir, "repacl") as cluster:
         yield cluster
-    finally:
-        cluster.stop_all()
-
-
-def grant_cluster(cluster: BrokerCluster, operation: str) -> None:
-    kafscale_cli(
-        cluster.etcd_url,
-        cluster.cluster,
-        "acls",
-        "add",
-        "--cluster-resource",
-        "--principal",
-        "User:ANONYMOUS",
-        "--operation",
-        operation,
-    )
 
 
 def test_the_cluster_operations_kafka_asks_for(secured: BrokerCluster) -> None:
