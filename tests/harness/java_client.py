@@ -57,25 +57,28 @@ def _cache_locked() -> Iterator[None]:
 
 def java_client() -> list[str]:
     """The command that runs ProxyClient (compiled on first use)."""
+    return java_program(SOURCE, "ProxyClient")
+
+
+def java_program(source: Path, main_class: str) -> list[str]:
+    """The command running ``main_class`` of ``source`` (a test's own Java program), compiled
+    against the client's jars on first use and again when the source changes. Under the
+    cache's lock: two pytest workers may both find the jars or the classes missing."""
     if shutil.which("java") is None or shutil.which("javac") is None:
         pytest.fail("Java 17 (java, javac) is needed for the Java client tests", pytrace=False)
     with _cache_locked():
-        return _built_client()
-
-
-def _built_client() -> list[str]:
-    jars = _jars()
-    digest = hashlib.sha256(SOURCE.read_bytes()).hexdigest()[:12]
-    classes = CACHE / f"classes-{digest}"
-    if not (classes / "ProxyClient.class").exists():
-        classes.mkdir(parents=True, exist_ok=True)
-        subprocess.run(
-            ["javac", "-cp", f"{jars}/*", "-d", str(classes), str(SOURCE)],
-            check=True,
-            capture_output=True,
-            timeout=300,
-        )
-    return ["java", "-cp", f"{classes}:{jars}/*", "ProxyClient"]
+        jars = _jars()
+        digest = hashlib.sha256(source.read_bytes()).hexdigest()[:12]
+        classes = CACHE / f"{main_class}-classes-{digest}"
+        if not (classes / f"{main_class}.class").exists():
+            classes.mkdir(parents=True, exist_ok=True)
+            subprocess.run(
+                ["javac", "-cp", f"{jars}/*", "-d", str(classes), str(source)],
+                check=True,
+                capture_output=True,
+                timeout=300,
+            )
+    return ["java", "-cp", f"{classes}:{jars}/*", main_class]
 
 
 def _env(properties: Path | None) -> dict[str, str] | None:

@@ -14,7 +14,8 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +30,8 @@ from kafscale.broker.metadata import topics
 from kafscale.broker.metadata.etcd import Etcd
 
 CONSUME_TIMEOUT_S = 30.0
+ANONYMOUS = "User:ANONYMOUS"
+AUTHORIZER_ON = {"KAFSCALE_AUTHORIZER__ENABLED": "true"}
 
 
 def secured_cluster(
@@ -37,6 +40,43 @@ def secured_cluster(
     """A cluster of its own (fresh name and bucket, no brokers yet) and a test PKI whose
     server certificate names 127.0.0.1 and localhost."""
     return new_cluster(etcd_url, s3, workdir, label), make_pki(workdir / "pki")
+
+
+@contextmanager
+def authorizing_cluster(
+    etcd_url: str,
+    s3: S3Endpoint,
+    workdir: Path,
+    label: str,
+    extra_env: dict[str, str] | None = None,
+) -> Iterator[BrokerCluster]:
+    """A cluster of its own with one started broker that checks every request against the
+    ACLs in etcd (none yet: a plaintext client is ANONYMOUS and may do nothing)."""
+    cluster = new_cluster(
+        etcd_url, s3, workdir, label, extra_env={**AUTHORIZER_ON, **(extra_env or {})}
+    )
+    try:
+        cluster.start()
+        yield cluster
+    finally:
+        cluster.stop_all()
+
+
+def grant_cluster(cluster: BrokerCluster, *operations: str, principal: str = ANONYMOUS) -> None:
+    """ACLs allowing ``principal`` each of ``operations`` on the cluster, as an operator adds
+    them (``kafscale acls add --cluster-resource``)."""
+    for operation in operations:
+        kafscale_cli(
+            cluster.etcd_url,
+            cluster.cluster,
+            "acls",
+            "add",
+            "--cluster-resource",
+            "--principal",
+            principal,
+            "--operation",
+            operation,
+        )
 
 
 def kafscale_cli(etcd_url: str, cluster: str, *args: str, stdin: str = "") -> str:

@@ -10,8 +10,6 @@ A change applies to a connection that is already open, within a watch round trip
 from __future__ import annotations
 
 import asyncio
-import hashlib
-import shutil
 import subprocess
 import time
 import uuid
@@ -31,8 +29,8 @@ from confluent_kafka.admin import (
     ResourcePatternType,
     ResourceType,
 )
-from harness.brokers import BrokerCluster, BrokerProcess, new_cluster
-from harness.java_client import CACHE, _jars
+from harness.brokers import BrokerCluster, BrokerProcess
+from harness.java_client import java_program
 from harness.kafka_wire import (
     KafkaWire,
     fetch_body,
@@ -43,7 +41,14 @@ from harness.kafka_wire import (
 )
 from harness.proxy import start_proxy
 from harness.s3 import S3Endpoint
-from harness.secured import consume_error, kafscale_cli, make_topics
+from harness.secured import (
+    ANONYMOUS,
+    authorizing_cluster,
+    consume_error,
+    grant_cluster,
+    kafscale_cli,
+    make_topics,
+)
 from kafka.admin import (
     ACLFilter,
     ACLOperation,
@@ -61,7 +66,6 @@ from kafscale.broker.metadata.etcd import Etcd
 
 pytestmark = pytest.mark.integration
 
-ANONYMOUS = "User:ANONYMOUS"
 WATCH_DEADLINE_S = 15.0  # generous: the machine is shared; the change normally lands in ms
 
 
@@ -69,18 +73,9 @@ WATCH_DEADLINE_S = 15.0  # generous: the machine is shared; the change normally 
 def cluster(
     etcd_server: EmbeddedEtcd, s3_server: S3Endpoint, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[BrokerCluster]:
-    cluster = new_cluster(
-        etcd_server.client_url,
-        s3_server,
-        tmp_path_factory.mktemp("acls"),
-        "acls",
-        extra_env={"KAFSCALE_AUTHORIZER__ENABLED": "true"},
-    )
-    try:
-        cluster.start()
+    workdir = tmp_path_factory.mktemp("acls")
+    with authorizing_cluster(etcd_server.client_url, s3_server, workdir, "acls") as cluster:
         yield cluster
-    finally:
-        cluster.stop_all()
 
 
 @pytest.fixture
@@ -116,13 +111,6 @@ def _make_topic(cluster: BrokerCluster, name: str) -> None:
 def acls_cli(cluster: BrokerCluster, *args: str) -> str:
     """``kafscale acls ...`` against the cluster's etcd, as an operator runs it."""
     return kafscale_cli(cluster.etcd_url, cluster.cluster, "acls", *args)
-
-
-def grant_cluster(cluster: BrokerCluster, *operations: str) -> None:
-    for operation in operations:
-        acls_cli(
-            cluster, "add", "--cluster-resource", "--principal", ANONYMOUS, "--operation", operation
-        )
 
 
 def wait_for(condition: Any, what: str, deadline_s: float = WATCH_DEADLINE_S) -> Any:
@@ -811,20 +799,7 @@ JAVA_SOURCE = Path(__file__).with_name("java") / "AclAdmin.java"
 
 def java_acl_admin() -> list[str]:
     """The command running ``java/AclAdmin.java`` (compiled once per source version)."""
-    if shutil.which("javac") is None:
-        pytest.fail("Java 17 (java, javac) is needed for the Java client test", pytrace=False)
-    jars = _jars()
-    digest = hashlib.sha256(JAVA_SOURCE.read_bytes()).hexdigest()[:12]
-    classes = CACHE / f"acl-classes-{digest}"
-    if not (classes / "AclAdmin.class").exists():
-        classes.mkdir(parents=True, exist_ok=True)
-        subprocess.run(
-            ["javac", "-cp", f"{jars}/*", "-d", str(classes), str(JAVA_SOURCE)],
-            check=True,
-            capture_output=True,
-            timeout=300,
-        )
-    return ["java", "-cp", f"{classes}:{jars}/*", "AclAdmin"]
+    return java_program(JAVA_SOURCE, "AclAdmin")
 
 
 def test_the_java_admin_client_manages_acls(

@@ -17,8 +17,6 @@ well under a minute.
 
 from __future__ import annotations
 
-import hashlib
-import shutil
 import struct
 import subprocess
 import threading
@@ -35,7 +33,7 @@ from confluent_kafka import TopicPartition as CkTopicPartition
 from harness import topics
 from harness.brokers import BrokerCluster, BrokerProcess
 from harness.groups import QUIET, Feed, wait_for
-from harness.java_client import CACHE, _jars
+from harness.java_client import java_program
 from harness.kafka_wire import KafkaWire
 from harness.proxy import start_proxy
 
@@ -58,20 +56,7 @@ def now_ms() -> int:
 
 
 def java_member_command() -> list[str]:
-    if shutil.which("javac") is None:
-        pytest.fail("Java 17 (java, javac) is needed for the Java client test", pytrace=False)
-    jars = _jars()
-    digest = hashlib.sha256(JAVA_SOURCE.read_bytes()).hexdigest()[:12]
-    classes = CACHE / f"member-classes-{digest}"
-    if not (classes / "GroupMember.class").exists():
-        classes.mkdir(parents=True, exist_ok=True)
-        subprocess.run(
-            ["javac", "-cp", f"{jars}/*", "-d", str(classes), str(JAVA_SOURCE)],
-            check=True,
-            capture_output=True,
-            timeout=300,
-        )
-    return ["java", "-cp", f"{classes}:{jars}/*", "GroupMember"]
+    return java_program(JAVA_SOURCE, "GroupMember")
 
 
 # --- records and members ------------------------------------------------------------------------

@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 from confluent_kafka import Producer
+from harness.children import child_env
 from harness.local_mode import as_in_a_terminal, consume, start_local, stop_with_ctrl_c
 from harness.ports import closed_port, ephemeral_low, free_port_run
 
@@ -138,7 +139,9 @@ def test_a_start_stops_an_etcd_left_running_on_its_data_dir(tmp_path: Path) -> N
 
 
 def test_s3_endpoint_without_credentials_is_one_clear_line(tmp_path: Path) -> None:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "KAFSCALE_"))}
+    env = child_env(
+        {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "KAFSCALE_"))}
+    )
     env["HOME"] = str(tmp_path)  # no ~/.aws either
     result = subprocess.run(
         [

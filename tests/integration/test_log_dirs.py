@@ -16,12 +16,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from harness.brokers import BrokerCluster, BrokerProcess, new_cluster
+from harness.brokers import BrokerCluster, BrokerProcess
 from harness.kafka_wire import KafkaWire
 from harness.offsets_admin import java_lines
 from harness.proxy import start_proxy
 from harness.s3 import S3Endpoint
-from harness.secured import kafscale_cli
+from harness.secured import authorizing_cluster, grant_cluster
 from harness.topics import create_topics
 from kafka import KafkaProducer
 from kafka.admin import KafkaAdminClient
@@ -262,17 +262,8 @@ def test_a_local_directory_is_reported_with_its_volume(broker_cluster: BrokerClu
 
 @pytest.fixture
 def secured(etcd_server: EmbeddedEtcd, s3_server: S3Endpoint, tmp_path: Path) -> Iterator[Any]:
-    cluster = new_cluster(
-        etcd_server.client_url,
-        s3_server,
-        tmp_path,
-        "ldacl",
-        extra_env={"KAFSCALE_AUTHORIZER__ENABLED": "true"},
-    )
-    try:
-        yield cluster, cluster.start()
-    finally:
-        cluster.stop_all()
+    with authorizing_cluster(etcd_server.client_url, s3_server, tmp_path, "ldacl") as cluster:
+        yield cluster, cluster.brokers[0]
 
 
 def test_describe_on_the_cluster_is_required(secured: tuple[BrokerCluster, BrokerProcess]) -> None:
@@ -282,17 +273,7 @@ def test_describe_on_the_cluster_is_required(secured: tuple[BrokerCluster, Broke
         old = wire.request(DESCRIBE_LOG_DIRS, 1, {"topics": None})  # no error field before v3
     assert (int(denied.error_code), denied.results) == (31, ())  # CLUSTER_AUTHORIZATION_FAILED
     assert old.results == ()
-    kafscale_cli(
-        cluster.etcd_url,
-        cluster.cluster,
-        "acls",
-        "add",
-        "--cluster-resource",
-        "--principal",
-        "User:ANONYMOUS",
-        "--operation",
-        "DESCRIBE",
-    )
+    grant_cluster(cluster, "DESCRIBE")
 
     def allowed() -> bool:
         with KafkaWire(kafka.bootstrap) as wire:

@@ -18,12 +18,12 @@ from typing import Any
 
 import pytest
 from confluent_kafka import Consumer
-from harness.brokers import BrokerCluster, BrokerProcess, new_cluster
+from harness.brokers import BrokerCluster, BrokerProcess
 from harness.kafka_wire import KafkaWire
 from harness.offsets_admin import java_lines
 from harness.proxy import start_proxy
 from harness.s3 import S3Endpoint
-from harness.secured import kafscale_cli, make_topics
+from harness.secured import authorizing_cluster, kafscale_cli, make_topics
 from harness.topics import create_topics
 from kafka import KafkaConsumer, KafkaProducer, OffsetAndMetadata, TopicPartition
 from kafka.admin import KafkaAdminClient
@@ -291,18 +291,10 @@ def test_the_java_admin_client_deletes_consumer_group_offsets(kafka: BrokerProce
 def secured(
     etcd_server: EmbeddedEtcd, s3_server: S3Endpoint, tmp_path: Path
 ) -> Iterator[BrokerCluster]:
-    cluster = new_cluster(
-        etcd_server.client_url,
-        s3_server,
-        tmp_path,
-        "odacl",
-        extra_env={"KAFSCALE_AUTHORIZER__ENABLED": "true", **GROUP_ENV},
-    )
-    try:
-        cluster.start()
+    with authorizing_cluster(
+        etcd_server.client_url, s3_server, tmp_path, "odacl", extra_env=GROUP_ENV
+    ) as cluster:
         yield cluster
-    finally:
-        cluster.stop_all()
 
 
 def grant(cluster: BrokerCluster, resource: list[str], operation: str) -> None:

@@ -11,9 +11,7 @@ AdminClient (``java/ReplicaAdmin.java``; its describeTopics uses DescribeTopicPa
 
 from __future__ import annotations
 
-import hashlib
 import re
-import shutil
 import subprocess
 import time
 import urllib.request
@@ -27,11 +25,11 @@ from confluent_kafka import ElectionType as CkElectionType
 from confluent_kafka import TopicPartition as CkTopicPartition
 from confluent_kafka.admin import AdminClient as CkAdminClient
 from harness.brokers import BrokerCluster, BrokerProcess, new_cluster
-from harness.java_client import CACHE, _jars
+from harness.java_client import java_program
 from harness.kafka_wire import KafkaWire
 from harness.proxy import start_proxy
 from harness.s3 import S3Endpoint
-from harness.secured import kafscale_cli
+from harness.secured import authorizing_cluster, grant_cluster
 from kafka import TopicPartition
 from kafka.admin import KafkaAdminClient, NewTopic
 from kafka.errors import (
@@ -324,20 +322,7 @@ JAVA_SOURCE = Path(__file__).with_name("java") / "ReplicaAdmin.java"
 
 def java_replica_admin() -> list[str]:
     """The command running ``java/ReplicaAdmin.java`` (compiled once per source version)."""
-    if shutil.which("javac") is None:
-        pytest.fail("Java 17 (java, javac) is needed for the Java client test", pytrace=False)
-    jars = _jars()
-    digest = hashlib.sha256(JAVA_SOURCE.read_bytes()).hexdigest()[:12]
-    classes = CACHE / f"replica-classes-{digest}"
-    if not (classes / "ReplicaAdmin.class").exists():
-        classes.mkdir(parents=True, exist_ok=True)
-        subprocess.run(
-            ["javac", "-cp", f"{jars}/*", "-d", str(classes), str(JAVA_SOURCE)],
-            check=True,
-            capture_output=True,
-            timeout=300,
-        )
-    return ["java", "-cp", f"{classes}:{jars}/*", "ReplicaAdmin"]
+    return java_program(JAVA_SOURCE, "ReplicaAdmin")
 
 
 def served(process: BrokerProcess, api: str) -> float:
@@ -425,32 +410,9 @@ def test_the_java_admin_client_through_the_proxy(
 def secured(
     etcd_server: EmbeddedEtcd, s3_server: S3Endpoint, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[BrokerCluster]:
-    cluster = new_cluster(
-        etcd_server.client_url,
-        s3_server,
-        tmp_path_factory.mktemp("replicas-acl"),
-        "repacl",
-        extra_env={"KAFSCALE_AUTHORIZER__ENABLED": "true"},
-    )
-    try:
-        cluster.start()
+    workdir = tmp_path_factory.mktemp("replicas-acl")
+    with authorizing_cluster(etcd_server.client_url, s3_server, workdir, "repacl") as cluster:
         yield cluster
-    finally:
-        cluster.stop_all()
-
-
-def grant_cluster(cluster: BrokerCluster, operation: str) -> None:
-    kafscale_cli(
-        cluster.etcd_url,
-        cluster.cluster,
-        "acls",
-        "add",
-        "--cluster-resource",
-        "--principal",
-        "User:ANONYMOUS",
-        "--operation",
-        operation,
-    )
 
 
 def test_the_cluster_operations_kafka_asks_for(secured: BrokerCluster) -> None:

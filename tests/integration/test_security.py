@@ -44,6 +44,7 @@ from confluent_kafka.admin import (
     UserScramCredentialUpsertion,
 )
 from harness.brokers import new_cluster
+from harness.children import settings_free_env
 from harness.kafka_wire import API_VERSIONS, METADATA, KafkaWire, metadata_body
 from harness.kcat import kcat_consume, kcat_produce
 from harness.ports import free_port_run, listener_ports
@@ -104,7 +105,7 @@ class SecureBroker:
 def users_cli(
     etcd_url: str, cluster: str, *args: str, stdin: str = ""
 ) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("KAFSCALE_")}
+    env = settings_free_env()
     return subprocess.run(
         [KAFSCALE, "users", "--etcd-endpoints", etcd_url, "--cluster", cluster, *args],
         input=stdin,
@@ -743,7 +744,7 @@ def test_admin_drain_and_status_need_the_token(secured: SecureBroker) -> None:
 
 def test_drain_hook_sends_the_token_from_the_brokers_environment(secured: SecureBroker) -> None:
     """Last in the module: the broker is drained afterwards."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("KAFSCALE_")}
+    env = settings_free_env()
     hook = [sys.executable, "-m", "kafscale.broker.drain_hook"]
     args = ["--admin-url", secured.process.admin_url, "--timeout-s", "30"]
     refused = subprocess.run([*hook, *args], env=env, capture_output=True, text=True, timeout=60)

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import json
 import random
 import signal
@@ -25,7 +24,7 @@ from typing import Any
 import pytest
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from harness.brokers import BrokerCluster, BrokerProcess
-from harness.java_client import CACHE, java_client
+from harness.java_client import java_program
 from harness.proxy import start_proxy
 from harness.topics import create_topic
 
@@ -317,20 +316,8 @@ JAVA_SOURCE = Path(__file__).with_name("java") / "TxnClient.java"
 
 def java_txn(*args: str) -> list[str]:
     """Run TxnClient (compiled on first use against the harness's kafka-clients jars)."""
-    java_client()  # fails the test clearly when Java or the jars are missing
-    jars = CACHE / "jars"
-    digest = hashlib.sha256(JAVA_SOURCE.read_bytes()).hexdigest()[:12]
-    classes = CACHE / f"txn-classes-{digest}"
-    if not (classes / "TxnClient.class").exists():
-        classes.mkdir(parents=True, exist_ok=True)
-        subprocess.run(
-            ["javac", "-cp", f"{jars}/*", "-d", str(classes), str(JAVA_SOURCE)],
-            check=True,
-            capture_output=True,
-            timeout=300,
-        )
     out = subprocess.run(
-        ["java", "-cp", f"{classes}:{jars}/*", "TxnClient", *args],
+        [*java_program(JAVA_SOURCE, "TxnClient"), *args],
         check=True,
         capture_output=True,
         text=True,
