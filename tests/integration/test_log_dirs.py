@@ -396,17 +396,7 @@ def test_alter_on_the_cluster_is_required(secured: tuple[BrokerCluster, BrokerPr
         (0, 31),  # CLUSTER_AUTHORIZATION_FAILED
         (1, 31),
     ]
-    kafscale_cli(
-        cluster.etcd_url,
-        cluster.cluster,
-        "acls",
-        "add",
-        "--cluster-resource",
-        "--principal",
-        "User:ANONYMOUS",
-        "--operation",
-        "ALTER",
-    )
+    grant_cluster(cluster, "ALTER")
 
     def allowed() -> bool:
         with KafkaWire(kafka.bootstrap) as wire:
