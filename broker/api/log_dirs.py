@@ -11,13 +11,22 @@ local directory's volume, -1 (unknown) for S3. Kafka requires DESCRIBE on the cl
 otherwise CLUSTER_AUTHORIZATION_FAILED (v3+) and no results. A store that fails a listing is
 reported as Kafka reports an offline log dir: KAFKA_STORAGE_ERROR on the dir.
 
-AlterReplicaLogDirs (34) is not served: there is no directory to move a replica to.
+AlterReplicaLogDirs (34) is answered as Kafka answers it on a broker configured with that one
+dir (``ReplicaManager.alterReplicaLogDirs``): checked in Kafka's order, a path other than the
+dir's exact name is LOG_DIR_NOT_FOUND (a dir not configured on the broker), an unknown topic or
+partition UNKNOWN_TOPIC_OR_PARTITION, a partition the broker does not host REPLICA_NOT_AVAILABLE
+(Kafka keeps that code for it "for compatibility"), and a partition it hosts moved to its own
+dir NONE: the replica is there already, nothing moves. A broker hosts a partition it owns or
+that Metadata names it the leader of (it claims the lease on the first request for it), so an
+answer never contradicts the leader a client was just shown. Kafka requires ALTER on the
+cluster: otherwise every partition gets CLUSTER_AUTHORIZATION_FAILED.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from kafscale.broker.api import access
@@ -102,3 +111,77 @@ async def _sizes(sizes: LogSizes, partitions: list[OwnedPartition]) -> dict[Topi
 
 def describe_log_dirs_error_body(_request: Any, code: ErrorCode) -> Body:
     return {"throttle_time": 0, "error_code": code, "results": []}
+
+
+# --- AlterReplicaLogDirs (34) ------------------------------------------------------------------
+
+
+def alter_result(
+    path: str, dir_name: str, counts: Mapping[str, int], tp: TopicPartition, hosted: bool
+) -> ErrorCode:
+    """One partition's answer to "move its replica to ``path``" on a broker whose one log dir is
+    ``dir_name`` (``counts``: the topics' partition counts)."""
+    if path != dir_name:
+        return ErrorCode.LOG_DIR_NOT_FOUND
+    topic, index = tp
+    count = counts.get(topic)
+    if count is None or not 0 <= index < count:
+        return ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+    if not hosted:
+        return ErrorCode.REPLICA_NOT_AVAILABLE
+    return ErrorCode.NONE
+
+
+def requested_moves(request: Any) -> dict[TopicPartition, str]:
+    """Each named partition with its destination dir; a partition named under two dirs goes to
+    the last, as Kafka reads the request into one map."""
+    moves: dict[TopicPartition, str] = {}
+    for log_dir in request.dirs:
+        for topic in log_dir.topics:
+            for index in topic.partitions:
+                moves[(str(topic.name), int(index))] = str(log_dir.path)
+    return moves
+
+
+def alter_results_body(codes: Mapping[TopicPartition, ErrorCode]) -> Body:
+    """The response: per topic (in the order first named), its partitions' codes."""
+    by_topic: dict[str, list[Body]] = {}
+    for (topic, index), code in codes.items():
+        by_topic.setdefault(topic, []).append({"partition_index": index, "error_code": code})
+    return {
+        "throttle_time": 0,
+        "results": [{"topic_name": name, "partitions": parts} for name, parts in by_topic.items()],
+    }
+
+
+def alter_replica_log_dirs_body(
+    request: Any,
+    dir_name: str,
+    counts: Mapping[str, int],
+    hosts: Callable[[TopicPartition], bool],
+) -> Body:
+    """Kafka's answer for a broker whose one dir is ``dir_name``: nothing ever moves."""
+    moves = requested_moves(request)
+    return alter_results_body(
+        {tp: alter_result(path, dir_name, counts, tp, hosts(tp)) for tp, path in moves.items()}
+    )
+
+
+def alter_replica_log_dirs_error_body(request: Any, code: ErrorCode) -> Body:
+    """Every named partition with the error (Kafka's ``getErrorResponse``)."""
+    return alter_results_body(dict.fromkeys(requested_moves(request), code))
+
+
+async def handle_alter_replica_log_dirs(request: Any, ctx: RequestContext) -> Body:
+    if not access.allowed_on_cluster(ctx, Operation.ALTER):
+        return alter_replica_log_dirs_error_body(request, ErrorCode.CLUSTER_AUTHORIZATION_FAILED)
+    broker = ctx.broker
+    owned = broker.manager.owned if broker.manager is not None else {}
+    counts = {name: info.partitions for name, info in broker.view.topics.items()}
+
+    def hosts(tp: TopicPartition) -> bool:
+        return tp in owned or broker.leader_for(tp) == broker.node_id
+
+    return alter_replica_log_dirs_body(
+        request, log_dir_name(broker.settings.storage), counts, hosts
+    )

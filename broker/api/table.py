@@ -160,6 +160,15 @@ _SPECS = [
         admin.handle_alter_configs,
         no_results("responses"),
     ),
+    # v0 is gone from kio (Kafka 4 dropped it, KIP-896); Kafka 3.9 offers 0-2.
+    ApiSpec(
+        34,
+        "AlterReplicaLogDirs",
+        1,
+        2,
+        log_dirs.handle_alter_replica_log_dirs,
+        log_dirs.alter_replica_log_dirs_error_body,
+    ),
     # v0 is gone from kio (Kafka 4 dropped it, KIP-896); Kafka 3.9 offers 0-4.
     ApiSpec(
         35,

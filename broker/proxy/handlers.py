@@ -11,7 +11,8 @@ and offset APIs (OffsetDelete among them; DescribeGroups, DeleteGroups and multi
 OffsetFetch split by coordinator) and TxnOffsetCommit. To the transactional id's coordinator:
 InitProducerId with a transactional id, AddPartitionsToTxn, AddOffsetsToTxn, EndTxn
 (DescribeTransactions split by coordinator). To every broker: ListGroups, ListTransactions,
-DescribeLogDirs (joined as one broker's, ``log_dirs``). To any broker (they act through etcd):
+DescribeLogDirs (joined as one broker's, ``log_dirs``). Split by partition owner and joined as one
+broker's answer: AlterReplicaLogDirs (``log_dirs``). To any broker (they act through etcd):
 topic, config, ACL and user administration, ElectLeaders and ListPartitionReassignments (their
 answers name no broker), InitProducerId of an idempotent producer; DescribeConfigs of a broker
 goes to that broker, and of the proxy's own id to a live broker whose answer the proxy gives as
@@ -33,6 +34,7 @@ from typing import Any
 from kafscale.broker.api import config_resources, replicas, topic_partitions
 from kafscale.broker.api.features import TRANSACTION_VERSION
 from kafscale.broker.api.fetch_sessions import FetchSessionCache
+from kafscale.broker.api.log_dirs import alter_replica_log_dirs_error_body
 from kafscale.broker.api.sasl import sasl_authenticate, sasl_handshake
 from kafscale.broker.authz.model import CLUSTER_NAME, Operation, ResourceType
 from kafscale.broker.protocol import codec
@@ -388,6 +390,33 @@ async def describe_log_dirs(r: ProxyRequest) -> Answer:
     return log_dirs.merge_log_dirs(responses)
 
 
+async def alter_replica_log_dirs(r: ProxyRequest) -> Answer:
+    """Each partition to its owner, which hosts it (``log_dirs``); the answers joined as the
+    one broker's. Authorized here too, so that partitions no broker is alive for are refused
+    alike."""
+    if not r.may(Operation.ALTER, ResourceType.CLUSTER, CLUSTER_NAME):
+        return alter_replica_log_dirs_error_body(r.body, ErrorCode.CLUSTER_AUTHORIZATION_FAILED)
+    forwarder = r.ctx.forwarder
+    routes = forwarder.routes
+    parts, orphans = log_dirs.split_moves(r.body, routes.partition_owner)
+
+    async def ask(body: Any) -> Any:
+        first = body.dirs[0].topics[0]
+        tp = (str(first.name), int(first.partitions[0]))
+        _, response = await forwarder.routed(
+            r.pool,
+            r.call,
+            _frame(r.call, body),
+            lambda _refused: routes.partition_owner(tp),
+            forwarder.deadline(),
+            frozenset(),
+        )
+        return response
+
+    responses = await asyncio.gather(*(ask(body) for body in parts.values()))
+    return log_dirs.merge_moves(r.body, responses, orphans)
+
+
 # --- to the transaction coordinator -----------------------------------------------------------
 
 
@@ -582,6 +611,7 @@ HANDLERS: dict[int, Handler] = {
     31: to_any_broker,  # DeleteAcls
     32: describe_configs,
     33: to_any_broker,  # AlterConfigs (topics: broker configs are static everywhere)
+    34: alter_replica_log_dirs,  # split by partition owner
     35: describe_log_dirs,
     36: sasl_authenticate_here,
     37: to_any_broker,  # CreatePartitions

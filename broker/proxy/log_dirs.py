@@ -5,13 +5,21 @@ client sees one broker, which holds every partition: the proxy asks every live b
 their answers per log dir name. Brokers of a cluster share one store, so that is one dir with
 every owned partition in it; a partition that moved between two answers (a handoff) is given
 once, from the first answer that has it. Pure: entities in, a response body out.
+
+AlterReplicaLogDirs goes to the brokers too, each partition to its owner (the broker Metadata
+names its leader, which answers it as a partition it hosts): ``split_moves`` cuts the request
+into one per owner, keeping its dirs, and ``merge_moves`` gives the owners' answers back as one
+broker's. A partition no broker is alive for is REPLICA_NOT_AVAILABLE, as a broker answers for a
+partition it does not host.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import dataclasses
+from collections.abc import Callable, Iterable
 from typing import Any
 
+from kafscale.broker.api.log_dirs import alter_results_body, requested_moves
 from kafscale.broker.protocol.errors import ErrorCode
 
 Body = dict[str, Any]
@@ -68,3 +76,57 @@ def _topics(partitions: dict[tuple[str, int], Body]) -> list[Body]:
     for (topic, _), body in sorted(partitions.items()):
         by_topic.setdefault(topic, []).append(body)
     return [{"name": name, "partitions": parts} for name, parts in by_topic.items()]
+
+
+# --- AlterReplicaLogDirs ------------------------------------------------------------------------
+
+TopicPartition = tuple[str, int]
+OwnerOf = Callable[[TopicPartition], int]
+
+
+def split_moves(request: Any, owner_of: OwnerOf) -> tuple[dict[int, Any], list[TopicPartition]]:
+    """Per owning broker, the request cut to the partitions it owns (dirs, topics and their
+    order kept); and the partitions no broker is alive for (``owner_of`` gives -1)."""
+    cut: dict[int, dict[int, dict[str, list[Any]]]] = {}
+    orphans: list[TopicPartition] = []
+    for d, log_dir in enumerate(request.dirs):
+        for topic in log_dir.topics:
+            name = str(topic.name)
+            for index in topic.partitions:
+                owner = owner_of((name, int(index)))
+                if owner < 0:
+                    orphans.append((name, int(index)))
+                    continue
+                cut.setdefault(owner, {}).setdefault(d, {}).setdefault(name, []).append(index)
+    return {owner: _cut_request(request, dirs) for owner, dirs in cut.items()}, orphans
+
+
+def _cut_request(request: Any, dirs: dict[int, dict[str, list[Any]]]) -> Any:
+    kept = []
+    for d, topics in dirs.items():
+        log_dir = request.dirs[d]
+        named = {str(t.name): t for t in log_dir.topics}
+        kept.append(
+            dataclasses.replace(
+                log_dir,
+                topics=tuple(
+                    dataclasses.replace(named[name], partitions=tuple(parts))
+                    for name, parts in topics.items()
+                ),
+            )
+        )
+    return dataclasses.replace(request, dirs=tuple(kept))
+
+
+def merge_moves(request: Any, responses: Iterable[Any], orphans: Iterable[TopicPartition]) -> Body:
+    """The owners' answers as one broker's, in the order the client named the partitions."""
+    codes: dict[TopicPartition, ErrorCode] = dict.fromkeys(orphans, ErrorCode.REPLICA_NOT_AVAILABLE)
+    for response in responses:
+        for topic in response.results:
+            for p in topic.partitions:
+                codes[(str(topic.topic_name), int(p.partition_index))] = ErrorCode(
+                    int(p.error_code)
+                )
+    return alter_results_body(
+        {tp: codes.get(tp, ErrorCode.REPLICA_NOT_AVAILABLE) for tp in requested_moves(request)}
+    )

@@ -1,7 +1,7 @@
 """The Java AdminClient's offset and log-dir calls (``java/OffsetsAdmin.java``) for tests:
-``deleteConsumerGroupOffsets`` (kafka-consumer-groups.sh --delete-offsets) and
-``describeLogDirs`` (kafka-log-dirs.sh --describe), compiled once per source version against
-the jars ``java_client`` installs."""
+``deleteConsumerGroupOffsets`` (kafka-consumer-groups.sh --delete-offsets),
+``describeLogDirs`` (kafka-log-dirs.sh --describe) and ``alterReplicaLogDirs``, compiled once per
+source version against the jars ``java_client`` installs."""
 
 from __future__ import annotations
 

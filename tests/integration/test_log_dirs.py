@@ -1,9 +1,10 @@
-"""DescribeLogDirs (API 35) end to end: broker processes on etcd and S3 (or a directory), the
-admin clients of kafka-python and Java, one broker, two brokers splitting the partitions, and
-the proxy in front of them.
+"""DescribeLogDirs (API 35) and AlterReplicaLogDirs (API 34) end to end: broker processes on
+etcd and S3 (or a directory), the admin clients of kafka-python and Java, one broker, two
+brokers splitting the partitions, and the proxy in front of them.
 
 Each broker reports one log dir named after its store, holding the partitions it owns, each
-with the bytes of its committed segment objects: exactly what the bucket holds for it.
+with the bytes of its committed segment objects: exactly what the bucket holds for it. Moving
+a replica it hosts to that dir is a no-op that succeeds; any other dir is not found.
 """
 
 from __future__ import annotations
@@ -24,12 +25,20 @@ from harness.secured import authorizing_cluster, grant_cluster
 from harness.topics import create_topics
 from kafka import KafkaProducer
 from kafka.admin import KafkaAdminClient
+from kafka.errors import (
+    LogDirNotFoundError,
+    NoError,
+    ReplicaNotAvailableError,
+    UnknownTopicOrPartitionError,
+)
+from kafka.structs import TopicPartitionReplica
 
 from kafscale.broker.metadata.embedded_etcd import EmbeddedEtcd
 
 pytestmark = pytest.mark.integration
 
 DESCRIBE_LOG_DIRS = 35
+ALTER_REPLICA_LOG_DIRS = 34
 DEADLINE_S = 30.0
 TopicPartition = tuple[str, int]
 
@@ -270,5 +279,129 @@ def test_describe_on_the_cluster_is_required(secured: tuple[BrokerCluster, Broke
         with KafkaWire(kafka.bootstrap) as wire:
             response = wire.request(DESCRIBE_LOG_DIRS, 4, {"topics": None})
         return int(response.error_code) == 0 and len(response.results) == 1
+
+    eventually(allowed, "the grant to reach the broker")
+
+
+# --- AlterReplicaLogDirs ------------------------------------------------------------------------
+
+
+def alter(bootstrap: str, moves: dict[TopicPartitionReplica, str]) -> dict[Any, Any]:
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap)
+    try:
+        return admin.alter_replica_log_dirs(moves)  # type: ignore[no-any-return]
+    finally:
+        admin.close()
+
+
+def test_moving_a_replica_to_its_own_dir_succeeds_and_changes_nothing(
+    broker_cluster: BrokerCluster,
+) -> None:
+    """What kafka-python's own suite asks of a broker: the dir DescribeLogDirs names is where
+    the replica is, so the move is a no-op with NoError; the data stays where and what it was."""
+    kafka = broker_cluster.start()
+    topic = _name("mv")
+    create_topics(kafka.bootstrap, [topic], 2)
+    produce(kafka.bootstrap, topic, 2, 10)
+    (broker,) = describe(kafka.bootstrap)
+    node_id, log_dir = broker["broker"], broker["log_dirs"][0]["log_dir"]
+    before = stored_sizes(broker_cluster, topic)
+    moves = {TopicPartitionReplica(topic, p, node_id): log_dir for p in (0, 1)}
+    assert alter(kafka.bootstrap, moves) == dict.fromkeys(moves, NoError)
+    assert stored_sizes(broker_cluster, topic) == before
+    assert sizes_by_broker(describe(kafka.bootstrap), topic)[node_id] == before
+    with KafkaWire(kafka.bootstrap) as wire:  # v1, the non-flexible version, too
+        body = {"dirs": [{"path": log_dir, "topics": [{"name": topic, "partitions": [0]}]}]}
+        (result,) = wire.request(ALTER_REPLICA_LOG_DIRS, 1, body).results
+    assert [(int(p.partition_index), int(p.error_code)) for p in result.partitions] == [(0, 0)]
+
+
+def test_another_dir_is_not_found_and_an_unknown_partition_is_unknown(
+    broker_cluster: BrokerCluster,
+) -> None:
+    kafka = broker_cluster.start()
+    topic = _name("mv")
+    create_topics(kafka.bootstrap, [topic], 1)
+    (broker,) = describe(kafka.bootstrap)
+    node_id, log_dir = broker["broker"], broker["log_dirs"][0]["log_dir"]
+    elsewhere = TopicPartitionReplica(topic, 0, node_id)
+    assert alter(kafka.bootstrap, {elsewhere: "/var/lib/kafka/data"}) == {
+        elsewhere: LogDirNotFoundError
+    }
+    missing = [TopicPartitionReplica(topic, 5, node_id), TopicPartitionReplica("nope", 0, node_id)]
+    assert alter(kafka.bootstrap, dict.fromkeys(missing, log_dir)) == dict.fromkeys(
+        missing, UnknownTopicOrPartitionError
+    )
+
+
+def test_a_broker_refuses_a_replica_another_broker_hosts(
+    kafka_two: tuple[BrokerCluster, str],
+) -> None:
+    """The Java AdminClient's ``alterReplicaLogDirs`` (what kafka-reassign-partitions.sh sends
+    for log dirs): each broker moves only what it hosts, REPLICA_NOT_AVAILABLE otherwise."""
+    cluster, topic = kafka_two
+    owners = eventually(lambda: owners_if_split(cluster, topic), "both brokers to own some")
+    log_dir = f"s3://{cluster.bucket}"
+    bootstrap = cluster.bootstrap.split(",")[0]
+    (mine, theirs), (partitions, others) = (
+        sorted(owners),
+        (owners[min(owners)], owners[max(owners)]),
+    )
+    assert mine != theirs
+    asked = [str(p) for p in sorted(partitions)]
+    lines = java_lines("alterdir", bootstrap, str(mine), log_dir, topic, *asked)
+    assert lines == [["ok", topic, p] for p in asked]
+    wrong = str(min(others))
+    assert java_lines("alterdir", bootstrap, str(mine), log_dir, topic, wrong) == [
+        ["error", topic, wrong, "ReplicaNotAvailableException"]
+    ]
+    replica = TopicPartitionReplica(topic, int(wrong), mine)  # kafka-python sends it to ``mine``
+    assert alter(bootstrap, {replica: log_dir}) == {replica: ReplicaNotAvailableError}
+    assert java_lines("alterdir", bootstrap, str(mine), "/data", topic, asked[0]) == [
+        ["error", topic, asked[0], "LogDirNotFoundException"]
+    ]
+
+
+def test_through_the_proxy_every_replica_is_in_the_one_dir(
+    kafka_two: tuple[BrokerCluster, str],
+) -> None:
+    """The proxy is one broker holding every partition in one dir: each partition goes to its
+    owner, and the answers come back as the proxy's."""
+    cluster, topic = kafka_two
+    eventually(lambda: owners_if_split(cluster, topic), "the partitions to split between both")
+    proxy = start_proxy(cluster)
+    (broker,) = describe(proxy.bootstrap)
+    node_id, log_dir = broker["broker"], broker["log_dirs"][0]["log_dir"]
+    every = {TopicPartitionReplica(topic, p, node_id): log_dir for p in range(PARTITIONS)}
+    assert alter(proxy.bootstrap, every) == dict.fromkeys(every, NoError)
+    moves = {
+        TopicPartitionReplica(topic, 0, node_id): "/elsewhere",
+        TopicPartitionReplica("nope", 0, node_id): log_dir,
+    }
+    assert alter(proxy.bootstrap, moves) == {
+        TopicPartitionReplica(topic, 0, node_id): LogDirNotFoundError,
+        TopicPartitionReplica("nope", 0, node_id): UnknownTopicOrPartitionError,
+    }
+    lines = java_lines("alterdir", proxy.bootstrap, str(node_id), log_dir, topic, "1", "4")
+    assert lines == [["ok", topic, "1"], ["ok", topic, "4"]]
+
+
+def test_alter_on_the_cluster_is_required(secured: tuple[BrokerCluster, BrokerProcess]) -> None:
+    cluster, kafka = secured
+    log_dir = f"s3://{cluster.bucket}"
+    body = {"dirs": [{"path": log_dir, "topics": [{"name": "t", "partitions": [0, 1]}]}]}
+    with KafkaWire(kafka.bootstrap) as wire:
+        (denied,) = wire.request(ALTER_REPLICA_LOG_DIRS, 2, body).results
+    assert [(int(p.partition_index), int(p.error_code)) for p in denied.partitions] == [
+        (0, 31),  # CLUSTER_AUTHORIZATION_FAILED
+        (1, 31),
+    ]
+    grant_cluster(cluster, "ALTER")
+
+    def allowed() -> bool:
+        with KafkaWire(kafka.bootstrap) as wire:
+            (result,) = wire.request(ALTER_REPLICA_LOG_DIRS, 2, body).results
+        # the grant reached the broker: "t" does not exist, so it is unknown, not refused
+        return {int(p.error_code) for p in result.partitions} == {3}
 
     eventually(allowed, "the grant to reach the broker")

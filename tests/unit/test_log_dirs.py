@@ -1,6 +1,7 @@
 """DescribeLogDirs' parts: the log dir's name and volume, a partition's size from its state's
 recent segments (listing only when they do not reach back far enough), the request's partition
-filter, and the proxy's joining of the brokers' answers."""
+filter, and the proxy's joining of the brokers' answers; AlterReplicaLogDirs' decision and the
+proxy's split of it by owner."""
 
 from __future__ import annotations
 
@@ -12,12 +13,19 @@ from typing import Any
 
 import pytest
 
-from kafscale.broker.api.log_dirs import log_dir_topics, wanted_partitions
+from kafscale.broker.api.log_dirs import (
+    alter_replica_log_dirs_body,
+    alter_replica_log_dirs_error_body,
+    alter_result,
+    log_dir_topics,
+    wanted_partitions,
+)
 from kafscale.broker.config import StorageKind, StorageSettings
 from kafscale.broker.metadata import keys
 from kafscale.broker.metadata.partition_state import PartitionState, SegmentRef, commit_segment
+from kafscale.broker.protocol import codec
 from kafscale.broker.protocol.errors import ErrorCode
-from kafscale.broker.proxy.log_dirs import merge_log_dirs
+from kafscale.broker.proxy.log_dirs import merge_log_dirs, merge_moves, split_moves
 from kafscale.broker.storage.local_dir import LocalDirObjectStore
 from kafscale.broker.storage.log_sizes import (
     LogSizes,
@@ -213,3 +221,111 @@ def test_the_proxy_joins_the_brokers_dirs_by_name() -> None:
     denied = _answer(int(ErrorCode.CLUSTER_AUTHORIZATION_FAILED))
     assert merge_log_dirs([denied, denied])["error_code"] == ErrorCode.CLUSTER_AUTHORIZATION_FAILED
     assert merge_log_dirs([denied, one])["error_code"] == ErrorCode.NONE
+
+
+# --- AlterReplicaLogDirs ------------------------------------------------------------------------
+
+ALTER_REPLICA_LOG_DIRS = 34
+DIR = "s3://bucket"
+
+
+def alter_request(dirs: dict[str, dict[str, list[int]]], version: int = 2) -> Any:
+    """A real (kio) AlterReplicaLogDirs request: per path, topics and their partitions."""
+    body = {
+        "dirs": [
+            {
+                "path": path,
+                "topics": [{"name": name, "partitions": parts} for name, parts in topics.items()],
+            }
+            for path, topics in dirs.items()
+        ]
+    }
+    return codec.build_entity(codec.request_schema(ALTER_REPLICA_LOG_DIRS, version), body)
+
+
+def codes_of(body: dict[str, Any]) -> dict[tuple[str, int], ErrorCode]:
+    return {
+        (t["topic_name"], p["partition_index"]): p["error_code"]
+        for t in body["results"]
+        for p in t["partitions"]
+    }
+
+
+def test_a_replica_moves_only_to_the_dir_it_is_in_and_only_if_hosted() -> None:
+    """Kafka's order: the dir first (LOG_DIR_NOT_FOUND even for an unknown topic), then the
+    partition's existence, then whether this broker hosts it."""
+    counts = {"t": 2}
+    assert alter_result(DIR, DIR, counts, ("t", 1), hosted=True) is ErrorCode.NONE
+    assert alter_result(DIR, DIR, counts, ("t", 1), hosted=False) is (
+        ErrorCode.REPLICA_NOT_AVAILABLE
+    )
+    assert alter_result(DIR, DIR, counts, ("t", 2), hosted=False) is (
+        ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+    )
+    assert alter_result(DIR, DIR, counts, ("u", 0), hosted=True) is (
+        ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+    )
+    for other in ("/var/lib/kafka", DIR + "/", "s3://other", ""):
+        assert alter_result(other, DIR, counts, ("u", 0), hosted=False) is (
+            ErrorCode.LOG_DIR_NOT_FOUND
+        )
+
+
+@pytest.mark.parametrize("version", [1, 2])
+def test_the_answer_names_every_partition_once_grouped_by_topic(version: int) -> None:
+    request = alter_request({DIR: {"t": [0, 1], "u": [0]}, "/elsewhere": {"t": [2]}}, version)
+    body = alter_replica_log_dirs_body(request, DIR, {"t": 3, "u": 1}, lambda tp: tp != ("t", 1))
+    assert codes_of(body) == {
+        ("t", 0): ErrorCode.NONE,
+        ("t", 1): ErrorCode.REPLICA_NOT_AVAILABLE,
+        ("t", 2): ErrorCode.LOG_DIR_NOT_FOUND,
+        ("u", 0): ErrorCode.NONE,
+    }
+    assert [t["topic_name"] for t in body["results"]] == ["t", "u"]
+    codec.encode_response(ALTER_REPLICA_LOG_DIRS, version, 7, body)  # a valid response
+
+
+def test_a_partition_named_under_two_dirs_goes_to_the_last_as_in_kafka() -> None:
+    request = alter_request({DIR: {"t": [0]}, "/elsewhere": {"t": [0]}})
+    assert codes_of(alter_replica_log_dirs_body(request, DIR, {"t": 1}, lambda _tp: True)) == {
+        ("t", 0): ErrorCode.LOG_DIR_NOT_FOUND
+    }
+
+
+def test_refused_authorization_names_every_partition() -> None:
+    request = alter_request({DIR: {"t": [0, 1]}, "/x": {"u": [3]}})
+    body = alter_replica_log_dirs_error_body(request, ErrorCode.CLUSTER_AUTHORIZATION_FAILED)
+    assert set(codes_of(body).values()) == {ErrorCode.CLUSTER_AUTHORIZATION_FAILED}
+    assert sorted(codes_of(body)) == [("t", 0), ("t", 1), ("u", 3)]
+
+
+def test_the_proxy_sends_each_partition_to_its_owner_and_joins_the_answers() -> None:
+    request = alter_request({DIR: {"t": [0, 1, 2]}, "/x": {"t": [3], "u": [0]}})
+    owners = {("t", 0): 1, ("t", 1): 2, ("t", 2): -1, ("t", 3): 1, ("u", 0): 2}
+    parts, orphans = split_moves(request, owners.__getitem__)
+    assert orphans == [("t", 2)]
+
+    def named(body: Any) -> list[tuple[str, str, list[int]]]:
+        return [
+            (d.path, t.name, [int(p) for p in t.partitions]) for d in body.dirs for t in d.topics
+        ]
+
+    assert named(parts[1]) == [(DIR, "t", [0]), ("/x", "t", [3])]
+    assert named(parts[2]) == [(DIR, "t", [1]), ("/x", "u", [0])]
+    for cut in parts.values():  # each cut is a request the owner can read
+        codec.encode_request(ALTER_REPLICA_LOG_DIRS, 2, 1, cut)
+    answers = [
+        codec.build_entity(
+            codec.response_schema(ALTER_REPLICA_LOG_DIRS, 2),
+            alter_replica_log_dirs_body(cut, DIR, {"t": 4, "u": 1}, lambda _tp: True),
+        )
+        for cut in parts.values()
+    ]
+    merged = merge_moves(request, answers, orphans)
+    assert codes_of(merged) == {
+        ("t", 0): ErrorCode.NONE,
+        ("t", 1): ErrorCode.NONE,
+        ("t", 2): ErrorCode.REPLICA_NOT_AVAILABLE,
+        ("t", 3): ErrorCode.LOG_DIR_NOT_FOUND,
+        ("u", 0): ErrorCode.LOG_DIR_NOT_FOUND,
+    }

@@ -1,4 +1,5 @@
 import java.util.ArrayList;
+import java.util.HashMap;
 import java.util.HashSet;
 import java.util.List;
 import java.util.Map;
@@ -14,6 +15,7 @@ import org.apache.kafka.clients.admin.LogDirDescription;
 import org.apache.kafka.clients.admin.ReplicaInfo;
 import org.apache.kafka.common.Node;
 import org.apache.kafka.common.TopicPartition;
+import org.apache.kafka.common.TopicPartitionReplica;
 
 /**
  * The Java AdminClient's calls behind kafka-consumer-groups.sh --delete-offsets and
@@ -24,6 +26,9 @@ import org.apache.kafka.common.TopicPartition;
  * logdirs BOOTSTRAP: describeLogDirs of every broker DescribeCluster names; per broker and dir
  * "dir BROKER PATH ERROR TOTAL USABLE" (ERROR "none", TOTAL/USABLE -1 when not given), then per
  * replica "replica BROKER TOPIC P SIZE LAG FUTURE".
+ * alterdir BOOTSTRAP BROKER DIR TOPIC P...: alterReplicaLogDirs (kafka-reassign-partitions.sh
+ * with log dirs) of the replicas on BROKER to DIR; one line per partition, "ok TOPIC P" or
+ * "error TOPIC P ExceptionClass".
  */
 public class OffsetsAdmin {
     public static void main(String[] args) throws Exception {
@@ -33,6 +38,8 @@ public class OffsetsAdmin {
         try (Admin admin = Admin.create(props)) {
             if (args[0].equals("delete")) {
                 delete(admin, args[2], args[3], args);
+            } else if (args[0].equals("alterdir")) {
+                alterDir(admin, Integer.parseInt(args[2]), args[3], args[4], args);
             } else {
                 logDirs(admin);
             }
@@ -66,6 +73,27 @@ public class OffsetsAdmin {
             }
         }
         lines.forEach(System.out::println);
+    }
+
+    private static void alterDir(Admin admin, int broker, String dir, String topic, String[] args)
+            throws InterruptedException {
+        Map<TopicPartitionReplica, String> moves = new HashMap<>();
+        for (int i = 5; i < args.length; i++) {
+            moves.put(new TopicPartitionReplica(topic, Integer.parseInt(args[i]), broker), dir);
+        }
+        Map<TopicPartitionReplica, org.apache.kafka.common.KafkaFuture<Void>> results =
+            admin.alterReplicaLogDirs(moves).values();
+        for (int i = 5; i < args.length; i++) {
+            TopicPartitionReplica replica =
+                new TopicPartitionReplica(topic, Integer.parseInt(args[i]), broker);
+            try {
+                results.get(replica).get();
+                System.out.println("ok " + topic + " " + args[i]);
+            } catch (ExecutionException e) {
+                System.out.println("error " + topic + " " + args[i] + " "
+                    + e.getCause().getClass().getSimpleName());
+            }
+        }
     }
 
     private static boolean isGroupLevel(String exception) {
