@@ -103,7 +103,10 @@ class Cluster:
 
     def produce(self, topic: str, partition: int, batch: bytes) -> int:
         """The base offset the batch was acked at, trying the brokers until the owner takes it
-        (a partition moves while a restarted broker's lease ends)."""
+        (a partition moves while a restarted broker's lease ends). A broker that has not seen a
+        new topic from the etcd watch yet answers UNKNOWN_TOPIC_OR_PARTITION, which Kafka
+        clients retry too (librdkafka creates the topic through whichever broker it calls the
+        controller)."""
         deadline = time.monotonic() + 30
         while True:
             for broker in self.brokers:
@@ -115,6 +118,7 @@ class Cluster:
                 assert answer.error_code in (
                     ErrorCode.NOT_LEADER_OR_FOLLOWER,
                     ErrorCode.REQUEST_TIMED_OUT,
+                    ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
                 ), answer
             assert time.monotonic() < deadline, "no broker took the produce"
             time.sleep(0.1)
