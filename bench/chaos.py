@@ -65,13 +65,16 @@ class Acked:
     """What the producers were told: value -> (partition, offset); per producer, in send order."""
 
     lock: threading.Lock = field(default_factory=threading.Lock)
-    where: dict[bytes, tuple[int, int]] = field(default_factory=dict)
+    # offset None: librdkafka acked it implicitly (a later batch's success), without an offset
+    where: dict[bytes, tuple[int, int | None]] = field(default_factory=dict)
     by_producer: dict[int, list[tuple[int, bytes]]] = field(
         default_factory=lambda: defaultdict(list)
     )
     failed: int = 0
 
-    def add(self, producer: int, seq: int, value: bytes, partition: int, offset: int) -> None:
+    def add(
+        self, producer: int, seq: int, value: bytes, partition: int, offset: int | None
+    ) -> None:
         with self.lock:
             self.where[value] = (partition, offset)
             self.by_producer[producer].append((seq, value))
@@ -250,18 +253,26 @@ def check(
     lost = duplicated = misplaced = unread = 0
     for value, place in acked.where.items():
         places = found.get(value, [])
+        partition, offset = place
         if not places:
-            partition, offset = place
-            if offset < ends.get(partition, 0) and offset not in read_offsets[partition]:
+            if (
+                offset is not None
+                and offset < ends.get(partition, 0)
+                and offset not in read_offsets[partition]
+            ):
                 unread += 1
             else:
                 lost += 1
         duplicated += len(places) > 1
-        misplaced += bool(places) and place not in places
+        if offset is None:  # acked without an offset: only its partition can be checked
+            misplaced += bool(places) and all(p != partition for p, _ in places)
+        else:
+            misplaced += bool(places) and place not in places
     reordered = 0
     for records in acked.by_producer.values():
         offsets = [acked.where[value][1] for _, value in sorted(records)]
-        reordered += sum(1 for a, b in itertools.pairwise(offsets) if b <= a)
+        known = [o for o in offsets if o is not None]
+        reordered += sum(1 for a, b in itertools.pairwise(known) if b <= a)
     return {
         "lost": lost,
         "duplicated": duplicated,

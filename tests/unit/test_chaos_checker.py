@@ -45,3 +45,16 @@ def test_each_kind_of_damage_is_counted() -> None:
 def test_offsets_not_reached_by_the_reader_are_unread_not_lost() -> None:
     counts = check(ACKED, {0: [(0, b"p0-0")]}, {0: 3})
     assert counts["unread"] == 2 and counts["lost"] == 0
+
+
+def test_a_record_acked_without_an_offset_is_checked_by_its_partition() -> None:
+    """librdkafka acks a batch implicitly when a later one succeeds, with no offset: the
+    checker used to crash on it (TypeError) and lose the whole campaign's figures."""
+    acked = acked_of((0, 0, 0, 0), (0, 1, 0, 1))
+    acked.add(0, 2, b"p0-2", 0, None)
+    intact = {0: [(0, b"p0-0"), (1, b"p0-1"), (2, b"p0-2")]}
+    assert check(acked, intact, {0: 3}) == {
+        "lost": 0, "duplicated": 0, "misplaced": 0, "reordered": 0, "unread": 0
+    }  # fmt: skip
+    assert check(acked, {0: [(0, b"p0-0"), (1, b"p0-1")]}, {0: 2})["lost"] == 1
+    assert check(acked, {1: [(0, b"p0-2")], 0: intact[0][:2]}, {0: 2, 1: 1})["misplaced"] == 1
