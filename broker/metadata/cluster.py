@@ -18,7 +18,13 @@ from dataclasses import dataclass, field
 from kafscale.broker.authz.store import AclCache
 from kafscale.broker.metadata import keys
 from kafscale.broker.metadata.assignment import Assignment
-from kafscale.broker.metadata.etcd import Etcd, WatchEvent, WatchEventKind
+from kafscale.broker.metadata.etcd import (
+    Etcd,
+    WatchEvent,
+    WatchEventKind,
+    read_prefix_until_answered,
+)
+from kafscale.broker.metadata.etcd_errors import MetadataUnavailable
 from kafscale.broker.metadata.etcd_txn import KeyValue
 from kafscale.broker.metadata.partition_state import PartitionState
 
@@ -200,25 +206,36 @@ class ClusterView:
 
     async def _follow(self, start_revision: int) -> None:
         async for event in self._etcd.watch_prefix(self._prefix, start_revision):
-            try:
-                if event.kind is WatchEventKind.RESYNC:
+            if event.kind is WatchEventKind.RESYNC:
+                try:
                     await self._reload()
-                else:
-                    self._apply(event)
+                except MetadataUnavailable:
+                    return  # the client was closed
+                continue
+            try:
+                self._apply(event)
             except Exception:
                 log.exception("cannot apply watch event for %s", event.key)
 
     async def _reload(self) -> None:
-        """The watch lost history (compaction): rebuild the view from a fresh read."""
+        """The watch lost history (compaction): rebuild the view from a fresh read.
+
+        Retried until etcd answers: the watch goes on after the compacted stretch, so a reload
+        given up would lose every change in it for good (a lease that moved then stays where
+        it was in this view: a proxy would route to the old owner until that key changed
+        again)."""
         log.warning("cluster watch lost history; reloading the view")
-        entries = await self._etcd.get_prefix(self._prefix)
+        entries = await read_prefix_until_answered(self._etcd, self._prefix, "cluster view")
         self.topics.clear()
         self.brokers.clear()
         self.owners.clear()
         self.draining.clear()
         self.acls.clear()
         for entry in entries:
-            self._apply_put(entry.key, entry.value)
+            try:
+                self._apply_put(entry.key, entry.value)
+            except Exception:
+                log.exception("cannot load %s", entry.key)
         for tp in list(self.states):
             self.watermarks.notify(tp)
         self.changed.set()
