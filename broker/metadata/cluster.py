@@ -65,6 +65,7 @@ class BrokerInfo:
     pod: str | None = None
     listeners: tuple[tuple[str, str, int], ...] = ()
     admin_port: int | None = None  # its /metrics (``kafscale status`` reads it)
+    log_dir: str | None = None  # the one log dir it reports (the proxy answers as it would)
 
     def endpoint(self, listener: str) -> tuple[str, int]:
         """The address to give a client of ``listener`` (the main one for a registration
@@ -84,6 +85,8 @@ class BrokerInfo:
         }
         if self.admin_port is not None:
             document["admin_port"] = self.admin_port
+        if self.log_dir is not None:
+            document["log_dir"] = self.log_dir
         if self.listeners:
             document["listeners"] = {
                 name: {"host": host, "port": port} for name, host, port in self.listeners
@@ -106,6 +109,7 @@ class BrokerInfo:
             d.get("pod"),
             listeners,
             None if admin_port is None else int(admin_port),
+            None if d.get("log_dir") is None else str(d["log_dir"]),
         )
 
 
@@ -138,6 +142,9 @@ class ClusterView:
         self.owners: dict[TopicPartition, int] = {}
         self.assignment = Assignment(generation=0, owners={})
         self.draining: set[int] = set()
+        # Every log dir name a broker registered with, kept after it leaves: with no broker
+        # alive the proxy still answers AlterReplicaLogDirs as one would (LOG_DIR_NOT_FOUND).
+        self.log_dirs: dict[int, str] = {}
         self.acls = AclCache()  # ACL bindings: authorization reads them on every request
         self.watermarks = Watermarks()
         self.changed = asyncio.Event()  # any change: brokers follow assignment/draining on it
@@ -281,7 +288,9 @@ class ClusterView:
         if kind == "topics" and len(parts) == 2:
             self.topics[parts[1]] = TopicInfo.from_json(parts[1], value)
         elif kind == "brokers" and len(parts) == 2:
-            self.brokers[int(parts[1])] = BrokerInfo.from_json(value)
+            info = self.brokers[int(parts[1])] = BrokerInfo.from_json(value)
+            if info.log_dir is not None:
+                self.log_dirs[info.node_id] = info.log_dir
         elif kind == "partitions" and len(parts) == 3:
             tp = (parts[1], int(parts[2]))
             committing = self._committing.get(tp)
