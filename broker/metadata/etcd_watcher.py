@@ -14,11 +14,15 @@ creation that asked for that id; a late answer for an abandoned creation is canc
 gaps are closed on the way: a creation etcd refuses (``canceled``) or answers with a compacted
 revision fails at once instead of at the timeout, and a watch that etcd cancels later without a
 compaction (aetcd ignored it: the watch just went quiet) ends with ``WatchCancelled``, so the
-adapter re-creates it from its last revision.
+adapter re-creates it from its last revision; and a stream that breaks while its request queue
+is full (creations piled up behind an etcd that stopped reading) no longer blocks the watcher
+for good (aetcd waited, holding its lock, for room in a queue nobody would read again).
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import itertools
 from typing import Any
 
@@ -32,6 +36,10 @@ class WatchCancelled(aetcd.ClientError):  # type: ignore[misc]
 
 class MatchedWatcher(aetcd_watcher.Watcher):  # type: ignore[misc]
     """aetcd's ``Watcher`` whose creations are matched to their answers by watch id."""
+
+    _callbacks: dict[int, Any]
+    _request_queue: asyncio.Queue[Any]
+    _request_handler: asyncio.Task[None] | None
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -53,6 +61,27 @@ class MatchedWatcher(aetcd_watcher.Watcher):  # type: ignore[misc]
             await self._handle_cancelled(response)
         else:
             await super()._handle_response(response)
+
+    async def _terminate_stream(self, error: BaseException | None) -> None:
+        """aetcd's own, except that the end-of-requests mark is dropped when the old queue is
+        full: the old stream is cancelled below anyway, and waiting for room there (under the
+        lock) hung every later watch creation."""
+        async with self._lock:
+            if self._new_callback is not None:
+                self._new_callback.error = error
+                self._new_callback_ready.notify_all()
+            callbacks, self._callbacks = self._callbacks, {}
+            with contextlib.suppress(asyncio.QueueFull):
+                self._request_queue.put_nowait(None)
+            self._request_queue = asyncio.Queue(maxsize=10)
+        for callback in callbacks.values():
+            await self._process_callback(callback, error)
+        async with self._request_handler_lock:
+            handler, self._request_handler = self._request_handler, None
+            if handler is not None and handler is not asyncio.current_task():
+                handler.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await handler
 
     async def _handle_created(self, response: Any) -> None:
         async with self._lock:

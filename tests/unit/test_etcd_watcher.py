@@ -27,7 +27,8 @@ class SlowEtcdWatch:
     """etcd's Watch RPC, answering each creation when told to (``answer_next``); like etcd,
     it echoes a requested watch id and numbers the others itself from 0."""
 
-    def __init__(self) -> None:
+    def __init__(self, reading: bool = True) -> None:
+        self.reading = reading  # False: a stuck etcd that reads no request
         self.creates: list[Any] = []
         self._answered = 0
         self._auto_ids = 0
@@ -48,12 +49,16 @@ class SlowEtcdWatch:
                 elif request.HasField("cancel_request"):
                     self.cancelled.append(request.cancel_request.watch_id)
 
-        reader = asyncio.create_task(read())
+        reader = asyncio.create_task(read()) if self.reading else None
         try:
             while True:
-                yield await self._responses.get()
+                response = await self._responses.get()
+                if isinstance(response, Exception):
+                    raise response
+                yield response
         finally:
-            reader.cancel()
+            if reader is not None:
+                reader.cancel()
 
     def answer_next(self, **fields: Any) -> int:
         """Answer the oldest unanswered creation; returns the watch id it got."""
@@ -64,6 +69,14 @@ class SlowEtcdWatch:
             watch_id, self._auto_ids = self._auto_ids, self._auto_ids + 1
         self._responses.put_nowait(rpc.WatchResponse(watch_id=watch_id, created=True, **fields))
         return watch_id
+
+    def answer_last(self) -> int:
+        """Answer the newest creation (the older ones went with a broken stream)."""
+        self._answered = len(self.creates) - 1
+        return self.answer_next()
+
+    def break_stream(self) -> None:
+        self._responses.put_nowait(ConnectionResetError("the watch stream broke"))
 
     def put(self, watch_id: int, key: bytes) -> None:
         event = rpc.Event(type=rpc.Event.PUT, kv=rpc.KeyValue(key=key, value=b"v"))
@@ -159,3 +172,37 @@ async def test_a_watch_etcd_cancels_ends_with_an_outage_to_resume_from() -> None
     await watcher.shutdown()
     assert len(received) == 1 and isinstance(received[0], WatchCancelled)
     assert isinstance(translate_error(received[0], "watch"), MetadataUnavailable)
+
+
+async def stream_broken_with_a_full_queue(watcher_class: type) -> list[Any]:
+    """etcd stops reading; creations pile up until aetcd's request queue (10) is full; the
+    stream breaks; then etcd reads again and a new watch is created on a new stream."""
+    etcd = SlowEtcdWatch(reading=False)
+    watcher = watcher_class(etcd, timeout=0.05)
+    for _ in range(10):
+        with pytest.raises(aetcd.WatchTimeoutError):
+            await keys_received(watcher, b"/a/", [])
+    etcd.break_stream()
+    await asyncio.sleep(0.05)
+    etcd.reading = True
+    received: list[Any] = []
+    creating = asyncio.create_task(keys_received(watcher, b"/b/", received))
+    try:
+        await asyncio.wait_for(etcd.until_creates(1), 2)
+        etcd.put(etcd.answer_last(), b"/b/1")
+        await asyncio.wait_for(creating, 2)
+        await asyncio.sleep(0.05)
+    finally:
+        creating.cancel()
+    return received
+
+
+async def test_a_stream_that_breaks_with_a_full_queue_leaves_watches_working() -> None:
+    assert await stream_broken_with_a_full_queue(MatchedWatcher) == [b"/b/1"]
+
+
+async def test_aetcd_alone_hangs_after_a_stream_breaks_with_a_full_queue() -> None:
+    """What the stand-in reproduces: aetcd's own watcher waits forever, holding its lock, for
+    room in the dead stream's queue, so no watch can be created again."""
+    with pytest.raises(TimeoutError):
+        await stream_broken_with_a_full_queue(aetcd_watcher.Watcher)
