@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from kafscale.broker.metadata import keys
+from kafscale.broker.quotas.enforcement import QuotaEnforcer, fetched_bytes, user_of
 from kafscale.broker.quotas.entities import (
     CLIENT_ID,
     CONSUMER_BYTE_RATE,
@@ -21,7 +22,6 @@ from kafscale.broker.quotas.entities import (
     make_entity,
     resolve,
 )
-from kafscale.broker.quotas.enforcement import QuotaEnforcer, fetched_bytes, user_of
 from kafscale.broker.quotas.store import QuotaCache, decode, encode
 from kafscale.broker.quotas.throttle import MAX_THROTTLE_MS, Bucket, Throttles, take
 
