@@ -28,11 +28,11 @@ from harness.java_client import java_program
 from harness.kafka_wire import KafkaWire, fetch_body, metadata_body, produce_body
 from harness.proxy import start_proxy
 from harness.s3 import S3Endpoint
-from harness.secured import authorizing_cluster, grant_cluster
+from harness.secured import add_broker, authorizing_cluster, create_user, grant_cluster
 from harness.topics import create_topic
 from kafka import KafkaProducer
 
-from kafscale.broker.child_process import BrokerProcess
+from kafscale.broker.child_process import BrokerProcess, free_port_run
 from kafscale.broker.metadata.embedded_etcd import EmbeddedEtcd
 from kafscale.broker.protocol import codec
 
@@ -75,9 +75,12 @@ def java_ok(*args: str) -> list[str]:
     return done.stdout.splitlines()
 
 
-def describe_wire(bootstrap: str, components: list[dict[str, Any]], strict: bool) -> Any:
+def describe_wire(
+    bootstrap: str, components: list[dict[str, Any]], strict: bool, version: int = 1
+) -> Any:
     with KafkaWire(bootstrap) as wire:
-        return wire.request(DESCRIBE_QUOTAS, 1, {"components": components, "strict": strict})
+        body = {"components": components, "strict": strict}
+        return wire.request(DESCRIBE_QUOTAS, version, body)
 
 
 def entries_of(response: Any) -> dict[tuple[tuple[str, str | None], ...], dict[str, float]]:
@@ -157,7 +160,7 @@ def test_java_admin_sets_quotas_that_other_clients_describe(
     found = entries_of(describe_wire(other, [exact, default_client], True))
     assert found == {(("user", user), ("client-id", None)): {"producer_byte_rate": 4096.0}}
     by_client = {"entity_type": "client-id", "match_type": 0, "match": client}
-    found = entries_of(describe_wire(other, [by_client], False))
+    found = entries_of(describe_wire(other, [by_client], False, version=0))
     assert found == {(("client-id", client),): {"consumer_byte_rate": 8192.0}}
     # validate_only changes nothing; removing a key keeps the others.
     java_ok("alter", bootstrap, f"user={user}", "--validate", "producer_byte_rate=1")
@@ -283,14 +286,77 @@ def test_a_fetcher_over_its_byte_rate_is_throttled_on_any_broker(
 
 
 def test_quotas_through_the_proxy(cluster: BrokerCluster, name: str) -> None:
+    """Alter and Describe go through the proxy; a producer behind it (one client id, its
+    own upstream connections) gets the brokers' throttle in the proxy's answers."""
     proxy = start_proxy(cluster)
     try:
         java_ok("alter", proxy.bootstrap, f"user={name}", "producer_byte_rate=12345")
         assert java_ok("describe", proxy.bootstrap, f"user={name}") == [
             f"entity user={name} values producer_byte_rate=12345"
         ]
+        create_topic(proxy.bootstrap, name, 1)
+        java_ok("alter", proxy.bootstrap, f"client-id={name}", "producer_byte_rate=50000")
+        wait_for_quota(proxy.bootstrap, name, "producer_byte_rate")
+        body = produce_body(name, 0, make_batch(0, [b"p" * 1000] * 25), acks=1)
+        throttles = []
+        deadline = time.monotonic() + WATCH_DEADLINE_S
+        with KafkaWire(proxy.bootstrap) as wire:
+            while not any(throttles):
+                assert time.monotonic() < deadline, throttles
+                response = request_as(wire, name, PRODUCE, 9, body)
+                assert response.responses[0].partition_responses[0].error_code == 0
+                throttles.append(codec.millis(response.throttle_time))
     finally:
         proxy.stop()
+
+
+def _produce_as(bootstrap: str, user: str, topic: str) -> float:
+    """kafka-python as ``user`` (SCRAM) sends ~200 KB; the largest throttle it was told."""
+    producer = KafkaProducer(
+        bootstrap_servers=bootstrap,
+        client_id=topic,  # one client id for both users: only the user tells them apart
+        security_protocol="SASL_PLAINTEXT",
+        sasl_mechanism="SCRAM-SHA-512",
+        sasl_plain_username=user,
+        sasl_plain_password=f"{user}-password",
+        acks=1,
+        linger_ms=5,
+    )
+    try:
+        for _ in range(200):
+            producer.send(topic, b"s" * 1000)
+        producer.flush(timeout=60)
+        return float(producer.metrics()["producer-metrics"]["throttle-time-max"])
+    finally:
+        producer.close(timeout=10)
+
+
+def test_the_quota_user_is_the_sasl_login(
+    etcd_server: EmbeddedEtcd, s3_server: S3Endpoint, tmp_path: Path, name: str
+) -> None:
+    """A ``users/alice`` quota throttles alice's SCRAM logins, not bob's with the same
+    client id."""
+    cluster = new_cluster(etcd_server.client_url, s3_server, tmp_path, "quota-sasl")
+    for user in ("alice", "bob"):
+        create_user(cluster.etcd_url, cluster.cluster, user, f"{user}-password")
+    ports = {"INTERNAL": free_port_run(), "SASL": 0}
+    ports["SASL"] = free_port_run(avoid=ports.values())
+    broker = add_broker(
+        cluster,
+        ports,
+        "INTERNAL",
+        "sasl-broker.log",
+        KAFSCALE_LISTENER_SECURITY_PROTOCOL_MAP="INTERNAL:PLAINTEXT,SASL:SASL_PLAINTEXT",
+    )
+    try:
+        broker.start()
+        create_topic(broker.bootstrap, name, 1)
+        java_ok("alter", broker.bootstrap, "user=alice", "producer_byte_rate=50000")
+        sasl = f"127.0.0.1:{ports['SASL']}"
+        assert _produce_as(sasl, "bob", name) == 0
+        assert _produce_as(sasl, "alice", name) > 0
+    finally:
+        cluster.stop_all()
 
 
 # --- authorization -----------------------------------------------------------------------------
