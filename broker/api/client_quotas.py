@@ -34,6 +34,8 @@ from kafscale.broker.quotas.store import (
 )
 
 ALTER_ATTEMPTS = 5
+ENTITIES_PER_TXN = 64
+"""A compare and an op per entity: etcd's default ``--max-txn-ops`` (128) bounds a txn."""
 
 
 def _entity_body(entity: Entity) -> list[Body]:
@@ -109,8 +111,10 @@ async def handle_alter_client_quotas(request: Any, ctx: RequestContext) -> Body:
             continue
         seen.add(entity)
         parsed[index] = (entity, ops)
-    if not request.validate_only and parsed:
-        await _alter(ctx, list(parsed.values()))
+    changes = list(parsed.values())
+    if not request.validate_only:
+        for start in range(0, len(changes), ENTITIES_PER_TXN):
+            await _alter(ctx, changes[start : start + ENTITIES_PER_TXN])
     results = []
     for index, entry in enumerate(request.entries):
         message = errors.get(index)

@@ -202,6 +202,31 @@ def test_bad_filters_get_invalid_request(cluster: BrokerCluster) -> None:
     assert describe_wire(cluster.brokers[0].bootstrap, unknown, False).error_code == 42
 
 
+def test_alterations_are_per_entry_and_any_number_of_entities(
+    cluster: BrokerCluster, name: str
+) -> None:
+    """150 entities in one request (more than one etcd transaction holds); an entry named
+    twice or with a bad key fails alone, with its message."""
+    bootstrap = cluster.brokers[0].bootstrap
+
+    def entry(client: str, key: str = "producer_byte_rate") -> dict[str, Any]:
+        entity = [{"entity_type": "client-id", "entity_name": client}]
+        return {"entity": entity, "ops": [{"key": key, "value": 1000.0, "remove": False}]}
+
+    entries = [entry(f"{name}-{i}") for i in range(150)]
+    entries += [entry(f"{name}-0"), entry(f"{name}-bad", "request_percentage")]
+    with KafkaWire(bootstrap) as wire:
+        response = wire.request(ALTER_QUOTAS, 1, {"entries": entries, "validate_only": False})
+    codes = [int(e.error_code) for e in response.entries]
+    assert codes == [0] * 150 + [INVALID_REQUEST, INVALID_REQUEST]
+    assert "twice" in response.entries[150].error_message
+    assert "not supported" in response.entries[151].error_message
+    any_client = [{"entity_type": "client-id", "match_type": 2, "match": None}]
+    found = entries_of(describe_wire(bootstrap, any_client, True))
+    mine = {e for e in found if str(e[0][1]).startswith(f"{name}-")}
+    assert len(mine) == 150
+
+
 # --- enforcement -------------------------------------------------------------------------------
 
 
