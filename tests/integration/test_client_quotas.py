@@ -13,6 +13,7 @@ time asked to wait plus the time spent): load on the machine can only make them 
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
 import time
 import urllib.request
@@ -25,7 +26,7 @@ import pytest
 from harness.batches import make_batch
 from harness.brokers import BrokerCluster, new_cluster
 from harness.java_client import java_program
-from harness.kafka_wire import KafkaWire, fetch_body, metadata_body, produce_body
+from harness.kafka_wire import KafkaWire, fetch_body, produce_body
 from harness.proxy import start_proxy
 from harness.s3 import S3Endpoint
 from harness.secured import add_broker, authorizing_cluster, create_user, grant_cluster
@@ -33,12 +34,15 @@ from harness.topics import create_topic
 from kafka import KafkaProducer
 
 from kafscale.broker.child_process import BrokerProcess, free_port_run
+from kafscale.broker.metadata import keys
+from kafscale.broker.metadata.assignment import Assignment
 from kafscale.broker.metadata.embedded_etcd import EmbeddedEtcd
+from kafscale.broker.metadata.etcd import Etcd
 from kafscale.broker.protocol import codec
 
 pytestmark = pytest.mark.integration
 
-PRODUCE, FETCH, METADATA, DESCRIBE_QUOTAS, ALTER_QUOTAS = 0, 1, 3, 48, 49
+PRODUCE, FETCH, DESCRIBE_QUOTAS, ALTER_QUOTAS = 0, 1, 48, 49
 INVALID_REQUEST, CLUSTER_DENIED = 42, 31
 JAVA_SOURCE = Path(__file__).with_name("java") / "QuotaAdmin.java"
 WATCH_DEADLINE_S = 20.0
@@ -113,19 +117,27 @@ def wait_for_quota(bootstrap: str, client_id: str, key: str) -> None:
 
 
 def owner_of(cluster: BrokerCluster, topic: str) -> BrokerProcess:
-    """The broker leading ``topic``'s partition 0 (produce requests go there)."""
+    """The broker leading ``topic``'s partition 0 once it is the assigned owner (a partition
+    claimed on demand may move when the assignment catches up: raw produce requests do not
+    follow a move as clients do)."""
+
+    async def settled() -> int | None:
+        etcd = await Etcd.connect([cluster.etcd_url], timeout_s=5)
+        try:
+            lease = await etcd.get(keys.partition_lease_key(cluster.cluster, topic, 0))
+            assignment = await etcd.get(keys.assignment_key(cluster.cluster))
+        finally:
+            await etcd.close()
+        if lease is None or assignment is None:
+            return None
+        assigned = Assignment.from_json(assignment.value).owners.get((topic, 0))
+        return int(lease.value) if assigned == int(lease.value) else None
+
     deadline = time.monotonic() + WATCH_DEADLINE_S
-    while True:
-        with KafkaWire(cluster.brokers[0].bootstrap) as wire:
-            response = wire.request(METADATA, 12, metadata_body([topic], False))
-        leader = (
-            int(response.topics[0].partitions[0].leader_id) if response.topics[0].partitions else -1
-        )
-        for broker in cluster.brokers:
-            if broker.node_id == leader:
-                return broker
-        assert time.monotonic() < deadline, f"{topic} has no leader"
+    while (leader := asyncio.run(settled())) is None:
+        assert time.monotonic() < deadline, f"{topic} has no settled owner"
         time.sleep(0.1)
+    return next(broker for broker in cluster.brokers if broker.node_id == leader)
 
 
 def metric_count(broker: BrokerProcess, quota: str) -> float:
