@@ -20,6 +20,7 @@ the commit that references it: still one etcd transaction per commit, and one mo
 from __future__ import annotations
 
 import asyncio
+import enum
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -29,7 +30,7 @@ from kafscale.broker.metadata import keys
 from kafscale.broker.metadata.aborted_index import AbortedSpill, spill_aborted
 from kafscale.broker.metadata.cluster import ClusterView, TopicPartition
 from kafscale.broker.metadata.etcd import Etcd
-from kafscale.broker.metadata.etcd_errors import MetadataUnavailable
+from kafscale.broker.metadata.etcd_errors import MetadataNoSpace, MetadataUnavailable
 from kafscale.broker.metadata.etcd_txn import (
     Compare,
     KeyValue,
@@ -66,7 +67,7 @@ Fail = Callable[[FlushWork, BaseException], None]
 
 
 @dataclass(frozen=True, slots=True)
-class _Commit:
+class PartitionCommit:
     """A partition's part of a commit transaction: what it uploaded (one item per round the
     transaction commits, in round order), its new state, and that state as stored."""
 
@@ -80,7 +81,31 @@ class _Commit:
         return self.items[0].work.partition
 
 
-def _holds(stored: KeyValue | None, commit: _Commit) -> bool:
+class Outcome(enum.Enum):
+    APPLIED = "applied"
+    NOT_APPLIED = "not applied"
+    UNKNOWN = "unknown"
+
+
+def first_attempt(commits: Sequence[PartitionCommit], stored: Sequence[KeyValue | None]) -> Outcome:
+    """Whether an unanswered commit transaction was applied, from the states read back when the
+    same transaction, sent again, failed its compares.
+
+    A state holding what we sent: applied (the transaction is atomic, so all of it). A state
+    unchanged since we read it: not applied, and never will be (the retry failed a compare of
+    the same transaction, and a failed compare never holds again: mod revisions only grow,
+    lease create revisions are never reused). Every state changed by others: unknown (our
+    lease ended and new owners wrote, perhaps on top of ours)."""
+    if any(_holds(kv, commit) for commit, kv in zip(commits, stored, strict=True)):
+        return Outcome.APPLIED
+    unchanged = [
+        kv is not None and kv.mod_revision == commit.partition.state_revision
+        for commit, kv in zip(commits, stored, strict=True)
+    ]
+    return Outcome.NOT_APPLIED if any(unchanged) else Outcome.UNKNOWN
+
+
+def _holds(stored: KeyValue | None, commit: PartitionCommit) -> bool:
     """Whether etcd holds the state this commit wrote (no other owner writes the same
     document: taking a partition starts a new leader epoch)."""
     return stored is not None and stored.value == commit.document
@@ -153,7 +178,7 @@ class FlushCommitter:
             landed += await self._commit([commits[i] for i in group])
         return landed
 
-    def _prepare(self, items: list[Uploaded]) -> _Commit:
+    def _prepare(self, items: list[Uploaded]) -> PartitionCommit:
         """One partition's new state after its uploads of one or more rounds (in order)."""
         state = items[0].work.partition.state
         for item in items:
@@ -162,14 +187,14 @@ class FlushCommitter:
                 state = commit_segment(state, segment.ref, item.work.producers if last else {})
             state = apply_txn_events(state, item.work.txn_events)
         state, spill = spill_aborted(state, self._settings.aborted_txns_in_state)
-        return _Commit(items, state, state.to_json(), spill)
+        return PartitionCommit(items, state, state.to_json(), spill)
 
-    def _spill_keys(self, commit: _Commit, refs: tuple[TxnIndexRef, ...]) -> list[str]:
+    def _spill_keys(self, commit: PartitionCommit, refs: tuple[TxnIndexRef, ...]) -> list[str]:
         owned = commit.partition
         where = (owned.topic, owned.topic_id, owned.partition)
         return [aborted_index.object_key(self._cluster, *where, ref) for ref in refs]
 
-    async def _write_spills(self, commits: list[_Commit]) -> list[_Commit]:
+    async def _write_spills(self, commits: list[PartitionCommit]) -> list[PartitionCommit]:
         """PUT the aborted-transaction index objects the commits reference (rare: once per
         ``aborted_txns_in_state / 2`` aborts of a partition); returns the commits that may go
         ahead. A partition whose PUT failed fails its flush, as a failed segment upload does."""
@@ -199,7 +224,7 @@ class FlushCommitter:
                 self._uploads.discard(item)
         return ready
 
-    def _spills_committed(self, commits: list[_Commit], succeeded: bool) -> None:
+    def _spills_committed(self, commits: list[PartitionCommit], succeeded: bool) -> None:
         """After a commit's outcome is known: the objects its spills absorbed go if it succeeded
         (no state references them now), its new objects if it was fenced (none ever will)."""
         doomed = [
@@ -213,20 +238,25 @@ class FlushCommitter:
         if doomed:
             self._uploads.delete_later(doomed, "aborted-index-cleanup")
 
-    async def _commit(self, commits: list[_Commit]) -> list[Uploaded]:
+    async def _commit(self, commits: list[PartitionCommit]) -> list[Uploaded]:
         """One transaction; returns what it committed (all, or the unfenced ones one by one)."""
         if not commits:
             return []
         compares, success = self._txn_ops(commits)
         try:
             result = await self._etcd.txn(compares, success)
+        except MetadataNoSpace as exc:  # refused, not applied: etcd's space quota is used up
+            for commit in commits:
+                for item in commit.items:
+                    self._fail(item.work, MetadataTimeout(str(exc)))
+            return []
         except MetadataUnavailable as exc:
             return await self._settle(commits, compares, success, exc)
         if not result.succeeded:
             return await self._fenced(commits)
         return self._landed(commits, result.revision)
 
-    def _txn_ops(self, commits: list[_Commit]) -> tuple[list[Compare], list[Op]]:
+    def _txn_ops(self, commits: list[PartitionCommit]) -> tuple[list[Compare], list[Op]]:
         compares: list[Compare] = []
         success: list[Op] = []
         for commit in commits:
@@ -241,13 +271,17 @@ class FlushCommitter:
             self._view.expect_commit(owned.tp, commit.document, commit.state)
         return compares, success
 
-    def _state_key(self, commit: _Commit) -> str:
+    def _state_key(self, commit: PartitionCommit) -> str:
         owned = commit.partition
         key: str = keys.partition_state_key(self._cluster, owned.topic, owned.partition)
         return key
 
     async def _settle(
-        self, commits: list[_Commit], compares: list[Compare], success: list[Op], error: Exception
+        self,
+        commits: list[PartitionCommit],
+        compares: list[Compare],
+        success: list[Op],
+        error: Exception,
     ) -> list[Uploaded]:
         """etcd did not answer, but it may have applied the commit. Failing the batches now
         would tell producers that stored records were not: an idempotent producer that then
@@ -275,22 +309,24 @@ class FlushCommitter:
         if result.succeeded:
             return self._landed(commits, result.revision)
         stored = [result.kv(index) for index in range(len(commits))]
-        as_sent = [kv for commit, kv in zip(commits, stored, strict=True) if _holds(kv, commit)]
-        if not as_sent:
-            return await self._fenced(commits)  # the first attempt did not apply either
+        outcome = first_attempt(commits, stored)
+        if outcome is Outcome.NOT_APPLIED:
+            return await self._fenced(commits)
         landed: list[Uploaded] = []
         for commit, kv in zip(commits, stored, strict=True):
             if kv is not None and _holds(kv, commit):
                 landed += self._landed([commit], kv.mod_revision)
                 continue
-            # Applied with the rest (one transaction), then a new owner wrote over it: the
-            # records are stored, and a retry to that owner finds them by sequence number.
+            # Applied with the rest, or perhaps applied: a new owner has written since (our
+            # session ended while frozen). Its state may reference our segments, so they stay;
+            # a retry to the new owner finds stored records by their sequence numbers.
             for item in commit.items:
-                self._fail(item.work, NotLeader("lease lost after the commit"))
-            self._spills_committed([commit], succeeded=True)
+                self._fail(item.work, NotLeader("lease lost while the commit was unanswered"))
+            if outcome is Outcome.APPLIED:
+                self._spills_committed([commit], succeeded=True)
         return landed
 
-    async def _fenced(self, commits: list[_Commit]) -> list[Uploaded]:
+    async def _fenced(self, commits: list[PartitionCommit]) -> list[Uploaded]:
         """The transaction's compares failed: commit the unfenced partitions one by one."""
         if len(commits) > 1:
             landed: list[Uploaded] = []
@@ -303,7 +339,7 @@ class FlushCommitter:
         self._spills_committed(commits, succeeded=False)
         return []
 
-    def _landed(self, commits: list[_Commit], revision: int) -> list[Uploaded]:
+    def _landed(self, commits: list[PartitionCommit], revision: int) -> list[Uploaded]:
         for commit in commits:
             for item in commit.items:
                 self._on_committed(item, commit.state, revision)
