@@ -379,12 +379,7 @@ class GroupRuntime:
             deletion = offset_delete.decide(self.group, self.consumer, {t for t, _ in partitions})
             if deletion.error is not ErrorCode.NONE:
                 return deletion.error, {}
-            answers = {
-                tp: ErrorCode.GROUP_SUBSCRIBED_TO_TOPIC
-                if tp[0] in deletion.subscribed
-                else ErrorCode.NONE
-                for tp in partitions
-            }
+            answers = deletion.answers(partitions)
             doomed = {
                 tp: self.offsets.pop(tp)
                 for tp, code in answers.items()
