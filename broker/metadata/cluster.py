@@ -27,6 +27,7 @@ from kafscale.broker.metadata.etcd import (
 from kafscale.broker.metadata.etcd_errors import MetadataUnavailable
 from kafscale.broker.metadata.etcd_txn import KeyValue
 from kafscale.broker.metadata.partition_state import PartitionState
+from kafscale.broker.quotas.store import QuotaCache
 
 log = logging.getLogger(__name__)
 
@@ -146,6 +147,7 @@ class ClusterView:
         # alive the proxy still answers AlterReplicaLogDirs as one would (LOG_DIR_NOT_FOUND).
         self.log_dirs: dict[int, str] = {}
         self.acls = AclCache()  # ACL bindings: authorization reads them on every request
+        self.quotas = QuotaCache(cluster)  # client quotas: produce and fetch resolve them
         self.watermarks = Watermarks()
         self.changed = asyncio.Event()  # any change: brokers follow assignment/draining on it
         self._watch_task: asyncio.Task[None] | None = None
@@ -238,6 +240,7 @@ class ClusterView:
         self.owners.clear()
         self.draining.clear()
         self.acls.clear()
+        self.quotas.clear()
         for entry in entries:
             try:
                 self._apply_put(entry.key, entry.value)
@@ -306,6 +309,8 @@ class ClusterView:
             self.draining.add(int(parts[1]))
         elif kind == "acls":
             self.acls.put(key, value)
+        elif kind == "quotas":
+            self.quotas.put(key, value)
 
     def _apply_delete(self, key: str) -> None:
         parts = self._relative(key)
@@ -326,6 +331,8 @@ class ClusterView:
             self.draining.discard(int(parts[1]))
         elif kind == "acls":
             self.acls.delete(key)
+        elif kind == "quotas":
+            self.quotas.delete(key)
 
 
 def entries_by_key(entries: Iterable[KeyValue]) -> dict[str, KeyValue]:
