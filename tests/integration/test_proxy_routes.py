@@ -20,6 +20,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from confluent_kafka import Producer
 from harness.brokers import BrokerCluster, new_cluster
 from harness.etcd import running_etcd
 from harness.proxy import start_proxy
@@ -31,6 +32,7 @@ from kafscale.broker.metadata import keys
 from kafscale.broker.metadata.cluster import ClusterView
 from kafscale.broker.metadata.embedded_etcd import EmbeddedEtcd
 from kafscale.broker.metadata.etcd import Etcd
+from kafscale.broker.metadata.etcd_errors import MetadataUnavailable
 from kafscale.broker.metadata.leaders import leader_for
 
 pytestmark = pytest.mark.integration
@@ -82,7 +84,11 @@ def settled(etcd_url: str, cluster: str) -> dict[str, int]:
     deadline = time.monotonic() + SETTLE_S
     previous: dict[str, int] | None = None
     while time.monotonic() < deadline:
-        owners, leased = etcd_owners(etcd_url, cluster)
+        try:
+            owners, leased = etcd_owners(etcd_url, cluster)
+        except MetadataUnavailable:  # etcd just thawed: every client reconnects at once
+            time.sleep(0.5)
+            continue
         if len(leased) == len(TOPICS) * PARTITIONS and owners == previous:
             return owners
         previous = owners if len(leased) == len(owners) else None
@@ -109,8 +115,6 @@ def converged(proxies: list[BrokerProcess], etcd_url: str, cluster: str) -> None
 
 def produce_everywhere(bootstrap: str) -> None:
     """One record per partition through a proxy: claims what no live broker holds yet."""
-    from confluent_kafka import Producer
-
     producer = Producer({"bootstrap.servers": bootstrap, "message.timeout.ms": 30000})
     for topic in TOPICS:
         for partition in range(PARTITIONS):
