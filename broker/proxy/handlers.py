@@ -414,7 +414,10 @@ async def alter_replica_log_dirs(r: ProxyRequest) -> Answer:
         return response
 
     responses = await asyncio.gather(*(ask(body) for body in parts.values()))
-    return log_dirs.merge_moves(r.body, responses, orphans)
+    view = routes.view
+    counts = {name: info.partitions for name, info in view.topics.items()}
+    unhosted = log_dirs.orphan_codes(r.body, orphans, set(view.log_dirs.values()), counts)
+    return log_dirs.merge_moves(r.body, responses, unhosted)
 
 
 # --- to the transaction coordinator -----------------------------------------------------------
