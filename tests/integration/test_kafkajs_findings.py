@@ -6,17 +6,23 @@ real broker and proxy processes.
   as from Kafka, so clients fail at once. Through the proxy it was UNKNOWN_TOPIC_OR_PARTITION
   (retriable): KafkaJS retried and failed with the wrong error, librdkafka held the message
   until ``message.timeout.ms``. A broker asked not to auto-create answered the same.
+* A client that disconnects with requests still in flight (KafkaJS's ``disconnect()``) left an
+  ERROR with a traceback in the log of the broker or proxy it talked to: once the first late
+  answer met the closed socket's reset, uvloop raised RuntimeError on the next write.
 """
 
 from __future__ import annotations
 
+import socket
+import struct
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
 import pytest
 from confluent_kafka import KafkaError, Producer
 from harness.brokers import BrokerProcess, new_cluster
-from harness.kafka_wire import KafkaWire, metadata_body
+from harness.kafka_wire import KafkaWire, fetch_body, metadata_body
 from harness.proxy import start_proxy
 from harness.s3 import S3Endpoint
 
@@ -25,7 +31,7 @@ from kafscale.broker.protocol.errors import ErrorCode
 
 pytestmark = pytest.mark.integration
 
-METADATA = 3
+FETCH, METADATA = 1, 3
 INVALID_NAME = "kafkajs-bad)(*&^%"
 
 
@@ -83,3 +89,27 @@ def test_metadata_tells_an_invalid_name_from_an_unknown_topic(
     assert codes["."] == ErrorCode.INVALID_TOPIC_EXCEPTION
     if not auto_create:
         assert codes[unknown] == ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+
+
+@pytest.mark.parametrize("via", ["broker", "proxy"])
+@pytest.mark.parametrize("close", ["fin", "reset"])
+def test_a_client_gone_with_requests_in_flight_leaves_no_error_in_the_log(
+    endpoints: Endpoints, via: str, close: str
+) -> None:
+    process = getattr(endpoints, via)
+    topic = f"kafkajs-gone-{via}-{close}"
+    assert _produce_error(process.bootstrap, topic) is None  # the topic exists, one record
+    log_before = process.log_path.read_text(errors="replace")
+    for _ in range(3):
+        with KafkaWire(process.bootstrap) as wire:
+            # long polls past the end, answered one after another once the client is gone
+            for max_wait_ms in (200, 500, 800):
+                wire.send(FETCH, 11, fetch_body(topic, 0, 1, max_wait_ms=max_wait_ms))
+            if close == "reset":
+                wire.sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    time.sleep(1.5)  # every long poll has expired and been answered (or dropped)
+    with KafkaWire(process.bootstrap) as wire:  # and it serves on
+        response = wire.request(METADATA, 9, metadata_body([topic], False))
+        assert response.topics[0].error_code == ErrorCode.NONE
+    logged = process.log_path.read_text(errors="replace")[len(log_before) :]
+    assert "Traceback" not in logged and " ERROR " not in logged, logged
