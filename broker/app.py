@@ -43,6 +43,7 @@ from kafscale.broker.observability.logs import set_node_id
 from kafscale.broker.observability.metrics import HotPathCollector
 from kafscale.broker.ownership import follow_once, plan_ownership
 from kafscale.broker.protocol.errors import ErrorCode, KafkaError, NotLeader
+from kafscale.broker.quotas.enforcement import QuotaEnforcer
 from kafscale.broker.security.credentials import CredentialStore
 from kafscale.broker.security.inter_broker import (
     inter_broker_context,
@@ -94,6 +95,11 @@ class Broker:
     pod_name: str | None = None
     _inter_broker: ssl.SSLContext | None = None  # TLS toward other brokers (inter_broker.*)
     _tasks: list[asyncio.Task[None]] = field(default_factory=list)
+    quota_enforcer: QuotaEnforcer = field(init=False)
+
+    def __post_init__(self) -> None:
+        # Client quotas come from the watched view: enforcing costs no etcd call.
+        self.quota_enforcer = QuotaEnforcer(lambda: self.view.quotas.quotas)
 
     @property
     def node_id(self) -> int:

@@ -71,6 +71,21 @@ class Connection:
     close_after_response: bool = False
     append_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     in_flight: int = 0  # requests read and not yet answered
+    # A client over its quota (KIP-219: answered at once, then muted for its throttle time);
+    # shared with the connections enveloped requests run on (``api/envelope.py``).
+    muted: Mute = field(default_factory=lambda: Mute())
+
+    def mute(self, throttle_ms: int) -> None:
+        """Start no further request of this connection for ``throttle_ms``."""
+        until = asyncio.get_running_loop().time() + throttle_ms / 1000
+        self.muted.until = max(self.muted.until, until)
+
+
+@dataclass(slots=True)
+class Mute:
+    """Event-loop time until which a connection starts no further request."""
+
+    until: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -379,6 +394,7 @@ class KafkaServer:
             connection.in_flight += 1
             alone = runs_alone(frame)
             try:
+                await _unmuted(connection)
                 await slots.acquire()
                 await budget.take(len(frame))
                 if alone and running:  # Kafka's order: earlier requests are processed first
@@ -396,6 +412,13 @@ class KafkaServer:
                 running.add(task)
                 task.add_done_callback(running.discard)
         in_order.put_nowait(None)
+
+
+async def _unmuted(connection: Connection) -> None:
+    """Wait out a quota throttle before starting the connection's next request."""
+    delay = connection.muted.until - asyncio.get_running_loop().time()
+    if delay > 0:  # a later mute (set while waiting) applies from the next request
+        await asyncio.sleep(delay)
 
 
 async def _write_in_order(

@@ -30,6 +30,8 @@ from kafscale.broker.observability.metrics import METRICS
 from kafscale.broker.protocol import codec
 from kafscale.broker.protocol.errors import ErrorCode, KafkaError, code_for
 from kafscale.broker.protocol.framing import Frame
+from kafscale.broker.quotas.enforcement import PRODUCE as PRODUCE_KEY
+from kafscale.broker.quotas.enforcement import QUOTA_KEYS, fetched_bytes
 from kafscale.broker.security.forwarding import ENVELOPE_KEY
 from kafscale.broker.security.sasl import ALLOWED_BEFORE_AUTHENTICATION
 from kafscale.broker.server import CloseConnection, Connection
@@ -133,6 +135,7 @@ class Dispatcher:
         except codec.DecodeError as exc:
             log.warning("bad %s v%d from %s: %s", spec.name, api_version, peer, exc)
             return encode_error(spec, None, api_version, correlation_id, ErrorCode.INVALID_REQUEST)
+        request_bytes = len(frame)
         # The decoded request holds its own copy of the records; without this the frame (up to
         # a MiB per produce) would stay alive until the ack.
         del frame
@@ -148,9 +151,29 @@ class Dispatcher:
             METRICS.request(spec.name, time.perf_counter() - started, failed=True)
             return encode_error(spec, request.body, api_version, correlation_id, code_for(exc))
         METRICS.request(spec.name, time.perf_counter() - started, failed=False)
+        if api_key in QUOTA_KEYS and self._broker.quota_enforcer.enforcing:
+            body = self._throttle(api_key, request_bytes, body, context)
         if body is None:
             return None
         return codec.encode_response(api_key, api_version, correlation_id, body)
+
+    def _throttle(
+        self, api_key: int, request_bytes: int, body: Body | None, context: RequestContext
+    ) -> Body | None:
+        """Charge a Produce's request bytes or a Fetch's record bytes to the client's quota;
+        over it, the answer carries the throttle time and the connection is muted for it."""
+        nbytes = request_bytes if api_key == PRODUCE_KEY else fetched_bytes(body)
+        connection = context.connection
+        throttle_ms = self._broker.quota_enforcer.charge(
+            api_key, connection.principal, context.header.client_id, nbytes
+        )
+        if not throttle_ms:
+            return body
+        connection.mute(throttle_ms)
+        if body is None:  # acks=0: nothing to tell, the mute alone slows the client
+            return None
+        earlier = codec.millis(body.get("throttle_time", 0))
+        return {**body, "throttle_time": max(throttle_ms, earlier)}
 
 
 def encode_unsupported(

@@ -79,9 +79,14 @@ async def handle_envelope(
 def forwarded_connection(outer: Connection, principal: str, host: str) -> Connection:
     """The connection an enveloped request runs on: the client's principal and address, the
     proxy connection's listener and append lock (the proxy keeps one broker connection per
-    client connection, so appends stay in the client's order)."""
+    client connection, so appends stay in the client's order), and its mute: a client over
+    its quota holds back this proxy connection, which is that client's own."""
     return Connection(
-        f"{host}:0", principal=principal, listener=outer.listener, append_lock=outer.append_lock
+        f"{host}:0",
+        principal=principal,
+        listener=outer.listener,
+        append_lock=outer.append_lock,
+        muted=outer.muted,
     )
 
 

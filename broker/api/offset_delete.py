@@ -5,9 +5,11 @@ As Kafka's ``KafkaApis`` answers it: DELETE on the group or GROUP_AUTHORIZATION_
 whole request; then per topic READ (TOPIC_AUTHORIZATION_FAILED for its partitions) and
 existence (UNKNOWN_TOPIC_OR_PARTITION for an unknown topic or partition index); the rest goes to
 the group's coordinator (NOT_COORDINATOR anywhere else), whose decision is
-``groups.offset_delete``. A group-level error is the whole answer (no topics), as Kafka gives
-it. The committed offsets leave etcd in fenced transactions, like commits; OffsetFetch then
-answers -1 for them and a consumer that starts follows its ``auto.offset.reset``.
+``groups.offset_delete``, taken and carried out atomically with the group's commits
+(``GroupRuntime.delete_offsets``). A group-level error is the whole answer (no topics), as
+Kafka gives it. The committed offsets leave etcd in fenced transactions, like commits;
+OffsetFetch then answers -1 for them and a consumer that starts follows its
+``auto.offset.reset``.
 """
 
 from __future__ import annotations
@@ -17,7 +19,6 @@ from typing import Any
 from kafscale.broker.api import access
 from kafscale.broker.api.dispatch import Body, RequestContext
 from kafscale.broker.authz.model import Operation
-from kafscale.broker.groups.offset_delete import decide
 from kafscale.broker.groups.store import TopicPartition
 from kafscale.broker.metadata.etcd_errors import MetadataUnavailable
 from kafscale.broker.protocol.errors import ErrorCode, KafkaError
@@ -71,19 +72,9 @@ async def _delete_at_coordinator(
         runtime = await coordinator.runtime(group_id)
     except MetadataUnavailable as exc:
         raise KafkaError(str(exc), ErrorCode.COORDINATOR_NOT_AVAILABLE) from exc
-    deletion = decide(runtime.group, runtime.consumer, {t for t, _ in partitions})
-    if deletion.error is not ErrorCode.NONE:
-        raise KafkaError(f"group {group_id}", deletion.error)
-    answers = {
-        tp: ErrorCode.GROUP_SUBSCRIBED_TO_TOPIC if tp[0] in deletion.subscribed else ErrorCode.NONE
-        for tp in partitions
-    }
-    committed = runtime.committed(list(answers))
-    doomed = [tp for tp, code in answers.items() if code is ErrorCode.NONE and committed[tp]]
-    if doomed:
-        error = await runtime.remove_offsets(doomed)
-        if error is not ErrorCode.NONE:
-            raise KafkaError(f"group {group_id}: offsets not deleted", error)
+    error, answers = await runtime.delete_offsets(partitions)
+    if error is not ErrorCode.NONE:
+        raise KafkaError(f"group {group_id}: offsets not deleted", error)
     return answers
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 from kafscale.broker.api import (
     acls,
     admin,
+    client_quotas,
     config_resources,
     consumer_groups,
     coordinators,
@@ -270,6 +271,23 @@ _SPECS = [
     # SASL handshakes at all from a range that includes v0, before it picks v1.
     ApiSpec(17, "SaslHandshake", 1, 1, sasl.handle_sasl_handshake, advertised_min_version=0),
     ApiSpec(36, "SaslAuthenticate", 0, 2, sasl.handle_sasl_authenticate),
+    # Client quotas (``api/client_quotas.py``), enforced per broker (``quotas/enforcement.py``).
+    ApiSpec(
+        48,
+        "DescribeClientQuotas",
+        0,
+        1,
+        client_quotas.handle_describe_client_quotas,
+        client_quotas.describe_error_body,
+    ),
+    ApiSpec(
+        49,
+        "AlterClientQuotas",
+        0,
+        1,
+        client_quotas.handle_alter_client_quotas,
+        client_quotas.alter_error_body,
+    ),
     ApiSpec(
         50,
         "DescribeUserScramCredentials",

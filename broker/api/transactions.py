@@ -281,24 +281,29 @@ async def _commit_pending(
         if error is not ErrorCode.NONE:
             return error
     store = coordinator(ctx).store
-    try:
+    producer_id, producer_epoch = int(request.producer_id), int(request.producer_epoch)
+
+    async def write() -> ErrorCode:
+        """Pending offsets into etcd while the transaction is the one checked."""
         for _ in range(_TXN_OFFSET_COMMIT_ATTEMPTS):
             stored = await store.load(txn_id)
             meta = stored.metadata if stored is not None else None
-            error = check_producer(meta, int(request.producer_id), int(request.producer_epoch))
+            error = check_producer(meta, producer_id, producer_epoch)
             if error is not ErrorCode.NONE:
                 return error
             assert stored is not None and meta is not None
             if meta.state is not TxnState.ONGOING or group_id not in meta.groups:
                 return ErrorCode.INVALID_TXN_STATE  # AddOffsetsToTxn first
             if await store.save_pending_offsets(group_id, stored, offsets, runtime.fence):
-                runtime.pending_txn.update(offsets)
                 return ErrorCode.NONE
             if runtime.closed:
                 return ErrorCode.NOT_COORDINATOR
+        return ErrorCode.CONCURRENT_TRANSACTIONS
+
+    try:
+        return await runtime.add_pending(offsets, write)
     except MetadataUnavailable:
         return ErrorCode.COORDINATOR_NOT_AVAILABLE
-    return ErrorCode.CONCURRENT_TRANSACTIONS
 
 
 # --- DescribeTransactions, ListTransactions ---------------------------------------------------

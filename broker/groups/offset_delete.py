@@ -41,6 +41,12 @@ class OffsetDeletion:
     subscribed: frozenset[str] = frozenset()
     """Requested topics the group consumes: their partitions get GROUP_SUBSCRIBED_TO_TOPIC."""
 
+    def answers(self, partitions: Iterable[tuple[str, int]]) -> dict[tuple[str, int], ErrorCode]:
+        """Each partition's answer when there is no group-level error: NONE (its offset goes)
+        or GROUP_SUBSCRIBED_TO_TOPIC (it stays)."""
+        subscribed = ErrorCode.GROUP_SUBSCRIBED_TO_TOPIC
+        return {tp: subscribed if tp[0] in self.subscribed else ErrorCode.NONE for tp in partitions}
+
 
 def classic_subscribed_topics(group: Group) -> frozenset[str] | None:
     """The topics a classic group's members subscribe to (Kafka's ``computeSubscribedTopics``):

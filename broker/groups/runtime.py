@@ -15,9 +15,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 
-from kafscale.broker.groups import migration
+from kafscale.broker.groups import migration, offset_delete
 from kafscale.broker.groups.consumer import (
     ConsumerConfig,
     ConsumerGroup,
@@ -365,22 +365,41 @@ class GroupRuntime:
             self.offsets.update(offsets)
         return ErrorCode.NONE
 
-    async def remove_offsets(self, partitions: list[TopicPartition]) -> ErrorCode:
-        """OffsetDelete's effect (its decision is ``offset_delete.decide``): the committed
-        offsets of ``partitions`` leave etcd, then this cache."""
+    async def delete_offsets(
+        self, partitions: list[TopicPartition]
+    ) -> tuple[ErrorCode, dict[TopicPartition, ErrorCode]]:
+        """OffsetDelete: (group error, per-partition answers). Decided (``offset_delete``) and
+        done under the commit lock, as Kafka's group lock makes it: a commit in flight lands
+        first and is deleted; a member that joined while this waited keeps its topics. The
+        offsets leave this cache with the decision (what OffsetFetch answers from), then etcd;
+        if etcd cannot be reached they come back and the request fails."""
         async with self._commit_lock:
             if self.closed:
-                return ErrorCode.NOT_COORDINATOR
-            try:
-                removed = await self._store.delete_offsets(self.group_id, partitions, self.fence)
-            except MetadataUnavailable as exc:
-                log.warning("offset delete for group %s: %s", self.group_id, exc)
-                return ErrorCode.COORDINATOR_NOT_AVAILABLE
-            if not removed:
-                self._lose("offset delete fenced: the group lease is no longer ours")
-                return ErrorCode.NOT_COORDINATOR
-            for tp in partitions:
-                self.offsets.pop(tp, None)
+                return ErrorCode.NOT_COORDINATOR, {}
+            deletion = offset_delete.decide(self.group, self.consumer, {t for t, _ in partitions})
+            if deletion.error is not ErrorCode.NONE:
+                return deletion.error, {}
+            answers = deletion.answers(partitions)
+            doomed = {
+                tp: self.offsets.pop(tp)
+                for tp, code in answers.items()
+                if code is ErrorCode.NONE and tp in self.offsets
+            }
+            error = await self._delete_stored(list(doomed)) if doomed else ErrorCode.NONE
+            if error is not ErrorCode.NONE:
+                self.offsets.update(doomed)
+                return error, {}
+        return ErrorCode.NONE, answers
+
+    async def _delete_stored(self, partitions: list[TopicPartition]) -> ErrorCode:
+        try:
+            removed = await self._store.delete_offsets(self.group_id, partitions, self.fence)
+        except MetadataUnavailable as exc:
+            log.warning("offset delete for group %s: %s", self.group_id, exc)
+            return ErrorCode.COORDINATOR_NOT_AVAILABLE
+        if not removed:
+            self._lose("offset delete fenced: the group lease is no longer ours")
+            return ErrorCode.NOT_COORDINATOR
         return ErrorCode.NONE
 
     def validate_fetch(self, member_id: str | None, member_epoch: int) -> ErrorCode:
@@ -406,25 +425,51 @@ class GroupRuntime:
         self._apply(self.group.take_effects())
         return error
 
+    async def add_pending(
+        self,
+        offsets: Mapping[TopicPartition, CommittedOffset],
+        write: Callable[[], Awaitable[ErrorCode]],
+    ) -> ErrorCode:
+        """TxnOffsetCommit: ``write`` puts ``offsets`` in etcd as pending in their transaction;
+        once it did, they are tracked as pending. Under the commit lock, so a re-read of the
+        pending offsets (``settle_pending``) never runs across it."""
+        async with self._commit_lock:
+            if self.closed:
+                return ErrorCode.NOT_COORDINATOR
+            error = await write()
+            if error is ErrorCode.NONE:
+                self.pending_txn.update(offsets)
+            return error
+
     async def settle_pending(self, partitions: list[TopicPartition] | None) -> set[TopicPartition]:
         """Re-read offsets that were pending in a transaction (its coordinator may have made
         them visible since); the requested partitions still pending. Every partition that was
         pending takes its stored offset, asked or not: the re-read stops tracking all of them
-        (a transaction's offsets for p1, settled while p0 was asked, stayed stale for good)."""
-        was_pending = set(self.pending_txn)
-        asked = was_pending if partitions is None else was_pending & set(partitions)
-        if not asked:
-            return set()
-        loaded = await self._store.load(self.group_id)
-        for tp in was_pending:
-            committed = loaded.offsets.get(tp)
-            if committed is not None:
-                self.offsets[tp] = committed
-        # Partitions a TxnOffsetCommit added while the store was read stay pending.
-        self.pending_txn = set(loaded.pending) | (self.pending_txn - was_pending)
-        if self.group is None and self.consumer is None and loaded.offsets:
-            self.group = Group(self.group_id, self._config, self._clock())
-        return asked & self.pending_txn
+        (a transaction's offsets for p1, settled while p0 was asked, stayed stale for good).
+
+        Under the commit lock: what was read is applied before any commit, deletion or
+        TxnOffsetCommit of this group goes on. (Without it, a TxnOffsetCommit landing during
+        the read was dropped from ``pending_txn``, its offset never read again once its
+        transaction committed; and a commit landing during the read was overwritten here by
+        the older offset read.)"""
+        if not self._pending_asked(partitions):
+            return set()  # the common case: nothing pending, no lock, no etcd read
+        async with self._commit_lock:
+            asked = self._pending_asked(partitions)
+            if not asked or self.closed:
+                return asked
+            loaded = await self._store.load(self.group_id)
+            for tp in self.pending_txn:
+                committed = loaded.offsets.get(tp)
+                if committed is not None:
+                    self.offsets[tp] = committed
+            self.pending_txn = set(loaded.pending)
+            if self.group is None and self.consumer is None and loaded.offsets:
+                self.group = Group(self.group_id, self._config, self._clock())
+            return asked & self.pending_txn
+
+    def _pending_asked(self, partitions: list[TopicPartition] | None) -> set[TopicPartition]:
+        return set(self.pending_txn) if partitions is None else self.pending_txn & set(partitions)
 
     def committed(
         self, partitions: list[TopicPartition] | None

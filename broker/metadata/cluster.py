@@ -21,6 +21,7 @@ from kafscale.broker.metadata.assignment import Assignment
 from kafscale.broker.metadata.etcd import Etcd, WatchEvent, WatchEventKind
 from kafscale.broker.metadata.etcd_txn import KeyValue
 from kafscale.broker.metadata.partition_state import PartitionState
+from kafscale.broker.quotas.store import QuotaCache
 
 log = logging.getLogger(__name__)
 
@@ -133,6 +134,7 @@ class ClusterView:
         self.assignment = Assignment(generation=0, owners={})
         self.draining: set[int] = set()
         self.acls = AclCache()  # ACL bindings: authorization reads them on every request
+        self.quotas = QuotaCache(cluster)  # client quotas: produce and fetch resolve them
         self.watermarks = Watermarks()
         self.changed = asyncio.Event()  # any change: brokers follow assignment/draining on it
         self._watch_task: asyncio.Task[None] | None = None
@@ -217,6 +219,7 @@ class ClusterView:
         self.owners.clear()
         self.draining.clear()
         self.acls.clear()
+        self.quotas.clear()
         for entry in entries:
             self._apply_put(entry.key, entry.value)
         for tp in list(self.states):
@@ -280,6 +283,8 @@ class ClusterView:
             self.draining.add(int(parts[1]))
         elif kind == "acls":
             self.acls.put(key, value)
+        elif kind == "quotas":
+            self.quotas.put(key, value)
 
     def _apply_delete(self, key: str) -> None:
         parts = self._relative(key)
@@ -300,6 +305,8 @@ class ClusterView:
             self.draining.discard(int(parts[1]))
         elif kind == "acls":
             self.acls.delete(key)
+        elif kind == "quotas":
+            self.quotas.delete(key)
 
 
 def entries_by_key(entries: Iterable[KeyValue]) -> dict[str, KeyValue]:

@@ -27,6 +27,9 @@ etcd (all under ``/kafscale/<cluster>/``)::
     acls/<type>/<pattern>/<name>/<principal>/<host>/<operation>/<permission>
                                      one ACL binding (JSON); name, principal and host
                                      percent-encoded, the others Kafka's enum names
+    quotas/users/<user>[/clients/<client id>]   client quotas of an entity (JSON: key ->
+    quotas/clients/<client id>                  bytes/s); names percent-encoded, ``<default>``
+                                                is the default entity (Kafka's ZooKeeper layout)
 
 Object store (under the configured prefix)::
 
@@ -39,6 +42,7 @@ Object store (under the configured prefix)::
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from urllib.parse import quote, unquote
 
 ROOT = "/kafscale"
@@ -209,6 +213,44 @@ def acl_key(cluster: str, *parts: str) -> str:
 
 def acls_prefix(cluster: str) -> str:
     return f"{cluster_prefix(cluster)}acls/"
+
+
+QUOTA_DEFAULT = "<default>"
+"""The default entity's key segment (a user literally named ``<default>`` is percent-encoded
+to ``%3Cdefault%3E``, so the two never meet)."""
+
+
+def quotas_prefix(cluster: str) -> str:
+    return f"{cluster_prefix(cluster)}quotas/"
+
+
+def _quota_part(name: str | None) -> str:
+    return QUOTA_DEFAULT if name is None else quote(name, safe="")
+
+
+def _quota_name(part: str) -> str | None:
+    return None if part == QUOTA_DEFAULT else unquote(part)
+
+
+_QUOTA_SEGMENTS = {"user": "users", "client-id": "clients"}
+_QUOTA_TYPES = {segment: entity_type for entity_type, segment in _QUOTA_SEGMENTS.items()}
+
+
+def quota_key(cluster: str, entity: Sequence[tuple[str, str | None]]) -> str:
+    """A quota entity's key: (``user``|``client-id``, name or None for the default) pairs,
+    user first."""
+    segments = []
+    for entity_type, name in entity:
+        segments += [_QUOTA_SEGMENTS[entity_type], _quota_part(name)]
+    return quotas_prefix(cluster) + "/".join(segments)
+
+
+def quota_entity_from_key(cluster: str, key: str) -> list[tuple[str, str | None]] | None:
+    """The (entity type, name or None) pairs of a quota key, or None if it is not one."""
+    parts = key.removeprefix(quotas_prefix(cluster)).split("/")
+    if parts[0::2] not in (["users"], ["clients"], ["users", "clients"]) or len(parts) % 2:
+        return None
+    return [(_QUOTA_TYPES[parts[i]], _quota_name(parts[i + 1])) for i in range(0, len(parts), 2)]
 
 
 # --- object store -----------------------------------------------------------------------------

@@ -28,6 +28,8 @@ REQUEST_BUCKETS_S = (
     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
 )  # fmt: skip
 # Seconds. Object-store and etcd calls: milliseconds when well, seconds when not.
+# Seconds. Quota throttle times: a few ms to the 30 s cap.
+THROTTLE_BUCKETS_S = (0.001, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 CALL_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
 
@@ -109,6 +111,8 @@ class Metrics:
     cache_hits: int = 0
     cache_misses: int = 0
     connections_accepted: int = 0
+    # Throttle times given to clients over a byte-rate quota, per quota key (two label values).
+    throttles: HistogramFamily = field(default_factory=lambda: HistogramFamily(THROTTLE_BUCKETS_S))
 
     def request(self, api: str, seconds: float, failed: bool) -> None:
         """One answered request: every request pays this, so the histogram's child is looked
@@ -182,6 +186,12 @@ class Metrics:
             self.cache_hits += 1
         else:
             self.cache_misses += 1
+
+    def throttled(self, quota_key: str, throttle_ms: int) -> None:
+        """A response throttled for ``throttle_ms`` by the ``quota_key`` quota."""
+        if not self.enabled:
+            return
+        self.throttles.child(quota_key).observe(throttle_ms / 1000)
 
     def forget_topics_except(self, topics: Iterable[str]) -> None:
         """Drop the counters of deleted topics (keeps label values bounded by live topics)."""
@@ -299,6 +309,12 @@ class HotPathCollector(Collector):
             "kafscale_etcd_errors", "etcd calls that failed, per operation.", "operation",
             m.etcd_errors,
         )  # fmt: skip
+        yield _histograms(
+            "kafscale_quota_throttle_seconds",
+            "Throttle times answered to clients over a byte-rate quota, per quota key.",
+            "quota",
+            m.throttles,
+        )
         yield CounterMetricFamily(
             "kafscale_segment_cache_hits", "Segment reads served from memory.", m.cache_hits
         )

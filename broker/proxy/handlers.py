@@ -624,6 +624,8 @@ HANDLERS: dict[int, Handler] = {
     45: alter_partition_reassignments,
     46: to_any_broker,  # ListPartitionReassignments: always empty
     47: to_coordinator,  # OffsetDelete
+    48: to_any_broker,  # DescribeClientQuotas (read from etcd by the broker)
+    49: to_any_broker,  # AlterClientQuotas (every broker enforces them from its watch)
     50: to_any_broker,  # DescribeUserScramCredentials
     51: to_any_broker,  # AlterUserScramCredentials
     60: describe_cluster,

@@ -28,6 +28,7 @@ from kafscale.broker.metadata.partition_state import PartitionState, is_committe
 from kafscale.broker.metadata.topics import effective_configs
 from kafscale.broker.protocol.errors import KafkaError
 from kafscale.broker.storage.log_manager import LogManager
+from kafscale.broker.storage.log_sizes import committed_pages
 from kafscale.broker.storage.object_store import ObjectInfo, ObjectStore, ObjectStoreError
 from kafscale.broker.storage.partition_log import OwnedPartition
 from kafscale.broker.storage.reader import committed_objects
@@ -38,7 +39,7 @@ from kafscale.broker.storage.retention import (
     retention_limits,
 )
 from kafscale.broker.storage.segments import SEGMENT_HEADER_SIZE, decode_segment_header
-from kafscale.broker.storage.size_ledger import SizeLedger
+from kafscale.broker.storage.size_ledger import ListRange, SizeLedger
 
 log = logging.getLogger(__name__)
 
@@ -104,25 +105,24 @@ async def list_for_retention(
     return objects, committed
 
 
-def later_created_at_ms(head: list[SegmentFacts], expired_before_ms: int | None) -> int:
-    """The creation time that segments after the listed head carry: the last head segment's
-    (time retention stopped there or was capped there), never-expiring if the head held no
-    committed segment while time retention looks, and unknown (-1) without time retention."""
-    if head:
-        return head[-1].created_at_ms
-    return KEEP if expired_before_ms is not None else -1
-
-
 async def list_committed_since(
     store: ObjectStore, prefix: str, state: PartitionState, ledger: SizeLedger
 ) -> None:
     """Add to ``ledger`` the segments committed since its last listing (all of them, the first
-    time): every key from its ``listed_below`` offset on, in as many pages as there are."""
-    listed = await store.list(prefix, start_after=keys.objects_from(prefix, ledger.listed_below))
-    ledger.add(
-        [(base, info.size) for base, _, info in committed_objects(state, listed)],
-        state.high_watermark,
-    )
+    time): every key from its ``listed_below`` offset on, a page at a time."""
+    async for page in committed_pages(store, prefix, state, ledger.listed_below, None):
+        ledger.add(page, ledger.listed_below)
+    ledger.add((), state.high_watermark)
+
+
+async def fill_ledger(
+    store: ObjectStore, prefix: str, state: PartitionState, ledger: SizeLedger, wanted: ListRange
+) -> None:
+    """List the range of segments ``ledger`` asks for (one of its blocks) and hand it back."""
+    found: list[tuple[int, int]] = []
+    async for page in committed_pages(store, prefix, state, wanted.start, wanted.end):
+        found += page
+    ledger.fill(wanted, found)
 
 
 def epoch_boundaries(state: PartitionState) -> list[int]:
@@ -210,22 +210,30 @@ class Janitor:
             if state.coordinator_epochs or state.aborted_txn_index:  # transactions ran here
                 await self._delete_orphaned_indexes(owned, state)
         ledger = await self._ledger(owned, prefix, state, retention_bytes >= 0)
-        if ledger is not None:
-            committed = ledger.facts(committed, later_created_at_ms(committed, expired_before_ms))
-        new_start = decide_log_start(
-            committed,
-            state.high_watermark,
-            state.log_start_offset,
-            now_ms,
-            retention_ms,
-            retention_bytes,
-        )
+        hw, start = state.high_watermark, state.log_start_offset
+        new_start = decide_log_start(committed, hw, start, now_ms, retention_ms, -1)
+        if ledger is not None:  # retention.bytes: the later of the two cuts (``size_ledger``)
+            cut = await self._bytes_start(ledger, prefix, state, retention_bytes)
+            new_start = max(new_start, min(cut, hw))
         if new_start > owned.state.log_start_offset:
             await self._manager.delete_records(owned.tp, new_start)
             log.info("retention moved %s-%d start to %d", owned.topic, owned.partition, new_start)
+        bases = [fact.base for fact in committed]
         if ledger is not None:
-            ledger.trim(owned.state.log_start_offset)
-        await self._delete_garbage(owned, objects, [fact.base for fact in committed])
+            while (wanted := ledger.trim(owned.state.log_start_offset)) is not None:
+                await fill_ledger(self._store, prefix, owned.state, ledger, wanted)
+            if ledger.first_base is not None:  # the segment holding the log start
+                bases.append(ledger.first_base)
+        await self._delete_garbage(owned, objects, bases)
+
+    async def _bytes_start(
+        self, ledger: SizeLedger, prefix: str, state: PartitionState, retention_bytes: int
+    ) -> int:
+        """``retention.bytes``'s cut, listing the one block it falls in if need be."""
+        hw, start = state.high_watermark, state.log_start_offset
+        while isinstance(cut := ledger.bytes_start(retention_bytes, hw, start), ListRange):
+            await fill_ledger(self._store, prefix, state, ledger, cut)
+        return cut
 
     async def _ledger(
         self, owned: OwnedPartition, prefix: str, state: PartitionState, wanted: bool

@@ -71,6 +71,23 @@ def catch_up_from_state(blocks: SizeBlocks, state: PartitionState) -> bool:
     return True
 
 
+async def committed_pages(
+    store: ObjectStore, prefix: str, state: PartitionState, start: int, end: int | None
+) -> AsyncIterator[list[tuple[int, int]]]:
+    """``(base, size)`` of the committed segments from ``start`` (to before ``end``), a page of
+    keys at a time: a long partition is never held as one listing."""
+    after = keys.objects_from(prefix, start)
+    while True:
+        page = await store.list(prefix, start_after=after, limit=PAGE)
+        yield [(base, info.size) for base, _, info in committed_objects(state, page)]
+        if len(page) < PAGE:
+            return
+        after = page[-1].key
+        parsed = keys.parse_object_name(after)
+        if end is not None and parsed is not None and parsed[0] >= end:
+            return
+
+
 class LogSizes:
     """Per owned partition, its size blocks; asked by DescribeLogDirs."""
 
@@ -105,21 +122,10 @@ class LogSizes:
         self._blocks[owned.tp] = blocks  # only once counted: a failed listing starts again
         return blocks.total
 
-    async def _listed(
+    def _listed(
         self, prefix: str, state: PartitionState, start: int, end: int | None
     ) -> AsyncIterator[list[tuple[int, int]]]:
-        """``(base, size)`` of the committed segments from ``start`` (to before ``end``), a page
-        of keys at a time: a long partition is never held as one listing."""
-        after = keys.objects_from(prefix, start)
-        while True:
-            page = await self._store.list(prefix, start_after=after, limit=PAGE)
-            yield [(base, info.size) for base, _, info in committed_objects(state, page)]
-            if len(page) < PAGE:
-                return
-            after = page[-1].key
-            parsed = keys.parse_object_name(after)
-            if end is not None and parsed is not None and parsed[0] >= end:
-                return
+        return committed_pages(self._store, prefix, state, start, end)
 
     def keep_only(self, owned: Collection[TopicPartition]) -> None:
         """Forget the counts of partitions no longer owned here."""

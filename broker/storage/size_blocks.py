@@ -98,18 +98,26 @@ class SizeBlocks:
 
     def fill_first(self, segments: Iterable[tuple[int, int]]) -> None:
         """The first block's segments as listed (``trim``'s range): its sizes, exact again."""
-        first = self.blocks[0]
-        end = self.blocks[1].first_base if len(self.blocks) > 1 else None
+        self.fill_block(0, segments)
+
+    def block_range(self, index: int) -> tuple[int, int | None]:
+        """The base range [start, end) of block ``index`` (end None: the last block)."""
+        end = self.blocks[index + 1].first_base if index + 1 < len(self.blocks) else None
+        return self.blocks[index].first_base, end
+
+    def fill_block(self, index: int, segments: Iterable[tuple[int, int]]) -> None:
+        """Block ``index``'s segments as listed (its ``block_range``): its sizes, exact again.
+        A block none of whose segments is stored any more goes."""
+        block = self.blocks[index]
+        start, end = self.block_range(index)
         chosen = sorted(
-            (base, size)
-            for base, size in segments
-            if base >= first.first_base and (end is None or base < end)
+            (base, size) for base, size in segments if base >= start and (end is None or base < end)
         )
         if not chosen:  # nothing of it is stored any more: nothing to count
-            del self.blocks[0]
+            del self.blocks[index]
             return
-        first.bases = array("q", [base for base, _ in chosen])
-        first.sizes = array("q", [size for _, size in chosen])
-        first.first_base = chosen[0][0]
-        first.count = len(chosen)
-        first.total = sum(size for _, size in chosen)
+        block.bases = array("q", [base for base, _ in chosen])
+        block.sizes = array("q", [size for _, size in chosen])
+        block.first_base = chosen[0][0]
+        block.count = len(chosen)
+        block.total = sum(size for _, size in chosen)

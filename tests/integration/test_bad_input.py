@@ -503,6 +503,8 @@ _ADVERTISED = [
     (32, 1, 4),
     (37, 0, 3),
     (44, 0, 1),
+    (48, 0, 1),
+    (49, 0, 1),
     (60, 0, 1),
 ]
 
@@ -789,15 +791,19 @@ def test_normal_clients_still_work_after_all_of_it(kafka: BrokerProcess) -> None
 # --- protocol honesty: what is not served is never an empty success -------------------------
 
 EXPIRE_DELEGATION_TOKEN, DESCRIBE_TRANSACTIONS = 40, 65
-# Unserved APIs whose responses have no error field: AlterClientQuotas (v0 non-flexible, v1
-# flexible) and ShareGroupDescribe (share groups: not offered by Kafka 3.9 either).
-ALTER_CLIENT_QUOTAS, SHARE_GROUP_DESCRIBE = 49, 77
+# Unserved APIs whose responses have no error field: DescribeShareGroupOffsets (v0, v1)
+# and ShareGroupDescribe (share groups: not offered by Kafka 3.9 either).
+DESCRIBE_SHARE_GROUP_OFFSETS, SHARE_GROUP_DESCRIBE = 90, 77
 INVALID_RECORD, TRANSACTIONAL_ID_AUTHORIZATION_FAILED = 87, 53
 
 
 @pytest.mark.parametrize(
     ("api_key", "version"),
-    [(ALTER_CLIENT_QUOTAS, 0), (ALTER_CLIENT_QUOTAS, 1), (SHARE_GROUP_DESCRIBE, 1)],
+    [
+        (DESCRIBE_SHARE_GROUP_OFFSETS, 0),
+        (DESCRIBE_SHARE_GROUP_OFFSETS, 1),
+        (SHARE_GROUP_DESCRIBE, 1),
+    ],
 )
 def test_an_unserved_api_without_an_error_field_closes_the_connection(
     kafka: BrokerProcess, api_key: int, version: int
@@ -827,7 +833,7 @@ def test_api_versions_names_only_apis_in_the_table(kafka: BrokerProcess) -> None
         advertised = wire.request(API_VERSIONS, 3, {})
     keys = {int(k.api_key) for k in advertised.api_keys}
     assert keys == set(API_TABLE)
-    assert not keys & {ALTER_CLIENT_QUOTAS, SHARE_GROUP_DESCRIBE, EXPIRE_DELEGATION_TOKEN}
+    assert not keys & {DESCRIBE_SHARE_GROUP_OFFSETS, SHARE_GROUP_DESCRIBE, EXPIRE_DELEGATION_TOKEN}
 
 
 def test_a_control_batch_from_a_client_is_invalid_record_and_not_stored(

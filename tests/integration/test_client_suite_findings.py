@@ -4,6 +4,7 @@ client against a real broker process (the suites are in docs/client-suites.md).
 * confluent-kafka's AdminClient sends DeleteRecords and then, without waiting, ListOffsets on
   the same connection: Kafka processes a connection's requests in order, so the earliest offset
   it reads is the new log start. Run concurrently, ListOffsets was answered first (old start).
+  Through the proxy both come inside Envelopes, ordered as the requests they carry.
 * IncrementalAlterConfigs APPEND and SUBTRACT edit list configs (``cleanup.policy``), starting
   from the default when the topic has none set; other configs refuse them (INVALID_CONFIG).
 * DescribeUserScramCredentials with an empty user list describes every user, as Kafka does:
@@ -37,6 +38,7 @@ from confluent_kafka.admin import (
     UserScramCredentialUpsertion,
 )
 from harness.brokers import BrokerCluster, BrokerProcess, new_cluster
+from harness.proxy import start_proxy
 from harness.s3 import S3Endpoint
 
 from kafscale.broker.metadata.embedded_etcd import EmbeddedEtcd
@@ -47,16 +49,21 @@ INVALID_CONFIG = 40
 
 
 @pytest.fixture(scope="module")
-def kafka(
+def cluster(
     etcd_server: EmbeddedEtcd, s3_server: S3Endpoint, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[BrokerProcess]:
+) -> Iterator[BrokerCluster]:
     cluster: BrokerCluster = new_cluster(
         etcd_server.client_url, s3_server, tmp_path_factory.mktemp("suites"), "suites"
     )
     try:
-        yield cluster.start()
+        yield cluster
     finally:
         cluster.stop_all()
+
+
+@pytest.fixture(scope="module")
+def kafka(cluster: BrokerCluster) -> BrokerProcess:
+    return cluster.start()
 
 
 @pytest.fixture
@@ -73,9 +80,24 @@ def _create(admin: AdminClient, partitions: int = 1) -> str:
 def test_list_offsets_sent_right_after_delete_records_sees_the_new_log_start(
     admin: AdminClient, kafka: BrokerProcess
 ) -> None:
+    _check_list_offsets_after_delete_records(admin, kafka.bootstrap)
+
+
+def test_through_the_proxy_list_offsets_after_delete_records_sees_the_new_log_start(
+    cluster: BrokerCluster, kafka: BrokerProcess
+) -> None:
+    """The proxy forwards both inside Envelopes (KIP-590) on one broker connection: the
+    broker orders an Envelope as the request it carries."""
+    proxy = start_proxy(cluster)
+    _check_list_offsets_after_delete_records(
+        AdminClient({"bootstrap.servers": proxy.bootstrap}), proxy.bootstrap
+    )
+
+
+def _check_list_offsets_after_delete_records(admin: AdminClient, bootstrap: str) -> None:
     for _ in range(3):
         topic = _create(admin)
-        producer = Producer({"bootstrap.servers": kafka.bootstrap})
+        producer = Producer({"bootstrap.servers": bootstrap})
         for value in (b"one", b"two", b"three"):
             producer.produce(topic, value)
         assert producer.flush(30) == 0

@@ -43,8 +43,9 @@ from harness.kafka_wire import (
 from harness.ports import closed_port, free_ports
 from harness.s3 import S3Endpoint, unique_bucket
 from harness.s3_proxy import s3_proxy
+from harness.tcp_relay import TcpRelay
 from harness.topics import create_topic
-from kafka import KafkaConsumer
+from kafka import KafkaConsumer, KafkaProducer
 from kafka import TopicPartition as KpTopicPartition
 
 from kafscale.broker.child_process import KAFSCALE
@@ -383,6 +384,37 @@ def test_etcd_paused_past_the_session_ttl_loses_no_acked_record(
         assert_stored_once_in_order(broker.bootstrap, "through-etcd", producer, 2000, 2)
     finally:
         cluster.stop_all()
+
+
+def test_a_commit_etcd_answers_late_is_acked_once_and_stored_once(
+    etcd_server: EmbeddedEtcd, s3_server: S3Endpoint, cluster_name: str, tmp_path: Path
+) -> None:
+    """etcd applies a flush commit but its answer comes after the broker's 1-s deadline (a
+    broker frozen, a slow link). The record is stored, so the producer must hear success at its
+    offset, not REQUEST_TIMED_OUT: a producer told "timed out" sends it again (a duplicate),
+    and an idempotent one that then meets a sequence gap sends it again as new."""
+    relay = TcpRelay("127.0.0.1", int(etcd_server.client_url.rsplit(":", 1)[1]))
+    cluster = new_cluster(relay.url, s3_server, tmp_path, "late", name=cluster_name)
+    try:
+        broker = cluster.start(KAFSCALE_ETCD__TIMEOUT_S="1", KAFSCALE_ETCD__SESSION_TTL_S="10")
+        create_topic(broker.bootstrap, "late-answers", 1)
+        producer = KafkaProducer(bootstrap_servers=broker.bootstrap, acks="all", retries=0)
+        try:
+            assert producer.send("late-answers", b"before").get(30).offset == 0
+            with relay.holding_replies():
+                late = producer.send("late-answers", b"answered late")
+                time.sleep(3)  # the commit's first answer, and the next tries', come too late
+                assert not late.is_done
+            assert late.get(30).offset == 1
+            assert producer.send("late-answers", b"after").get(30).offset == 2
+        finally:
+            producer.close()
+        stored = read_everything(broker.bootstrap, "late-answers", 1)
+        assert stored == {(0, 0): b"before", (0, 1): b"answered late", (0, 2): b"after"}
+        assert "asking again" in broker.log_path.read_text(errors="replace")
+    finally:
+        cluster.stop_all()
+        relay.close()
 
 
 def test_object_store_unreachable_for_a_while_loses_no_acked_record(

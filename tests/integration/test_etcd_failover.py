@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 from harness.brokers import BrokerCluster
+from harness.children import settings_free_env
 from harness.ports import free_ports
 from harness.topics import create_topics
 
@@ -105,6 +106,7 @@ def test_losing_the_member_a_broker_talks_to_costs_no_acked_record(
 def test_a_bad_etcd_endpoint_is_one_clear_line(endpoint: str, expected: str) -> None:
     result = subprocess.run(
         [KAFSCALE, "broker", "--storage-kind", "local", "--etcd-endpoints", json.dumps([endpoint])],
+        env=settings_free_env(),
         capture_output=True,
         text=True,
         timeout=60,

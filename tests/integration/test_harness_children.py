@@ -4,6 +4,8 @@ kio imports it whenever it can, at ~0.1 s of CPU per child, and the suite starts
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -43,3 +45,37 @@ def test_the_stand_in_goes_first_and_keeps_the_given_path() -> None:
     assert env["PYTHONPATH"] == os.pathsep.join([str(NO_HYPOTHESIS), "/somewhere"])
     assert env["OTHER"] == "x"
     assert child_env({})["PYTHONPATH"] == str(NO_HYPOTHESIS)
+
+
+# A script the tests run (bench/chaos.py) that starts brokers itself, the way bench/_cluster.py
+# does: their environment is the script's own, minus its KAFSCALE_* settings.
+SCRIPT_AND_CHILD = """
+import os, subprocess, sys
+import kafscale.broker.protocol.codec
+
+role = sys.argv[1]
+print(role, sorted(m for m in sys.modules if m.split(".")[0] == "hypothesis"), flush=True)
+if role == "script":
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KAFSCALE_")}
+    subprocess.run([sys.executable, __file__, "child"], env=env, check=True)
+"""
+
+
+def test_a_script_run_with_the_child_env_and_the_brokers_it_starts_go_without_hypothesis(
+    tmp_path: Path,
+) -> None:
+    """How test_chaos runs bench/chaos.py (and test_etcd_failover, test_ownership and
+    test_proxy_local their ``kafscale`` commands): kio goes without Hypothesis in the script
+    and in what it starts, while the same script run with the test's own environment loads it
+    in both."""
+    script = tmp_path / "script.py"
+    script.write_text(SCRIPT_AND_CHILD)
+    command = [sys.executable, str(script), "script"]
+    plain = subprocess.run(command, capture_output=True, text=True, timeout=120, check=True)
+    lines = plain.stdout.splitlines()
+    assert [line.split()[0] for line in lines] == ["script", "child"], plain.stdout
+    assert all("'hypothesis'" in line for line in lines), plain.stdout
+    routed = subprocess.run(
+        command, env=child_env(os.environ), capture_output=True, text=True, timeout=120, check=True
+    )
+    assert routed.stdout.splitlines() == ["script []", "child []"], routed.stdout

@@ -6,6 +6,7 @@ import time
 
 import pytest
 from harness.brokers import BrokerCluster, BrokerProcess
+from harness.children import settings_free_env
 from harness.kafka_wire import KafkaWire, produce_body, produce_partition
 from harness.topics import create_topic
 
@@ -304,6 +305,7 @@ def test_draining_mark_and_drain_endpoint_hand_partitions_over(
 
     drained = subprocess.run(
         [KAFSCALE, "drain", "--admin-url", other.admin_url],
+        env=settings_free_env(),
         capture_output=True,
         text=True,
         timeout=60,

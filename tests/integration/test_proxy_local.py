@@ -7,7 +7,6 @@ given only the proxy's address produces and reads back, and sees the proxy as th
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 import sys
@@ -18,6 +17,7 @@ from typing import Any
 import pytest
 from confluent_kafka import KafkaError, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
+from harness.children import settings_free_env
 from harness.kafka_wire import API_VERSIONS, KafkaWire
 from harness.local_mode import consume, launch_local, stop_with_ctrl_c, wait_running
 from harness.ports import free_port_run
@@ -124,7 +124,7 @@ def test_local_proxy_with_sasl_ssl_and_acls_guards_the_brokers_behind_it(tmp_pat
         assert "security.protocol = SASL_SSL" in banner
         etcd_url = re.search(r"etcd\s+= (\S+)", banner)
         assert etcd_url is not None
-        env = {k: v for k, v in os.environ.items() if not k.startswith("KAFSCALE_")}
+        env = settings_free_env()
         env["KAFSCALE_ETCD__ENDPOINTS"] = json.dumps([etcd_url[1]])
         cli = [sys.executable, "-m", "kafscale.broker.cli"]
         subprocess.run(

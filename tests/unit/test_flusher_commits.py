@@ -18,12 +18,16 @@ from harness.batches import make_batch
 
 from kafscale.broker.config import LogSettings
 from kafscale.broker.metadata.cluster import ClusterView
-from kafscale.broker.metadata.etcd_txn import PutOp, TxnResult
+from kafscale.broker.metadata.etcd_errors import MetadataUnavailable
+from kafscale.broker.metadata.etcd_txn import CompareTarget, KeyValue, PutOp, TxnResult
 from kafscale.broker.metadata.partition_state import PartitionState
 from kafscale.broker.protocol.errors import NotLeader, StorageFailure
 from kafscale.broker.protocol.record_batch import read_header
+from kafscale.broker.storage import flush_commit
 from kafscale.broker.storage.cache import SegmentCache
+from kafscale.broker.storage.flush_commit import Outcome
 from kafscale.broker.storage.flush_schedule import RoundPolicy
+from kafscale.broker.storage.flush_upload import Uploaded
 from kafscale.broker.storage.flusher import Flusher, FlushWork
 from kafscale.broker.storage.object_store import ObjectStoreError
 from kafscale.broker.storage.partition_log import Ack, OwnedPartition
@@ -90,7 +94,9 @@ def append(owned: OwnedPartition, flusher: Flusher, value: bytes) -> asyncio.Fut
     return acked
 
 
-async def started(store: GatedStore, etcd: RecordingEtcd) -> tuple[Flusher, OwnedPartition]:
+async def started(
+    store: GatedStore, etcd: RecordingEtcd | UnansweredEtcd
+) -> tuple[Flusher, OwnedPartition]:
     state = PartitionState(high_watermark=0, leader_epoch=1, epochs=((1, 0),))
     owned = OwnedPartition("t", 0, "id", state, state_revision=5, lease_revision=3)
     cluster: Any = None
@@ -224,3 +230,94 @@ async def test_transaction_bookkeeping_is_committed_with_the_batches_that_change
     final = commits[-1][0]
     assert [tuple(t) for t in final.aborted_txns] == [(pid, 0, 2)]
     assert final.coordinator_epochs == {pid: 3}
+
+
+class UnansweredEtcd:
+    """One partition state in etcd. The first ``unanswered`` transactions get no answer (a
+    timeout), and the first of them is applied all the same if ``first_applies``: the broker
+    was frozen past its etcd deadline while etcd committed."""
+
+    def __init__(self, unanswered: int, first_applies: bool, new_owner: bool = False) -> None:
+        self.unanswered = unanswered
+        self.first_applies = first_applies
+        self.new_owner = new_owner  # another broker takes the partition after the first try
+        self.calls = 0
+        self.applied: list[bytes] = []
+        self.revision = 5  # the state's mod revision (``started`` owns it at 5)
+        self.closed = False
+
+    async def txn(self, compares: list[Any], success: list[Any], failure: Any = ()) -> TxnResult:
+        self.calls += 1
+        [expected] = [c.expected for c in compares if c.target is CompareTarget.MOD_REVISION]
+        answered = self.calls > self.unanswered
+        holds = expected == self.revision
+        if holds and (answered or (self.calls == 1 and self.first_applies)):
+            self.revision = 10 + self.calls
+            self.applied += [op.value for op in success if isinstance(op, PutOp)]
+        if self.calls == 1 and self.new_owner:
+            self.revision += 100
+            self.applied.append(b"the new owner's state")
+        if not answered:
+            raise MetadataUnavailable("etcd txn timed out after 2 s")
+        if holds:
+            return TxnResult(True, self.revision, [])
+        stored = KeyValue("state", self.applied[-1], 1, self.revision, 1, 0)
+        return TxnResult(False, 99, [stored for _ in failure])
+
+
+@pytest.mark.parametrize("first_applies", [True, False])
+async def test_a_commit_etcd_did_not_answer_is_acked_once_it_does(first_applies: bool) -> None:
+    """Failing the batch (REQUEST_TIMED_OUT) when the commit was applied anyway told
+    idempotent producers that stored records were not, and librdkafka sent them again as new
+    records after the sequence gap that followed: a duplicate. The broker asks etcd again
+    until it answers: acked once, stored once, and the partition stays owned."""
+    store, etcd = GatedStore(), UnansweredEtcd(unanswered=2, first_applies=first_applies)
+    flusher, owned = await started(store, etcd)
+    loop = asyncio.create_task(flusher.run())
+    try:
+        assert await append(owned, flusher, b"one") == Ack(0)
+        assert await append(owned, flusher, b"two") == Ack(1)
+    finally:
+        loop.cancel()
+        await asyncio.gather(loop, return_exceptions=True)
+    assert [PartitionState.from_json(v).high_watermark for v in etcd.applied] == [1, 2]
+    assert not owned.failed and owned.state.high_watermark == 2
+    assert owned.state_revision == etcd.revision and owned.in_flight == 0
+
+
+@pytest.mark.parametrize("first_applies", [True, False])
+async def test_a_commit_unanswered_until_a_new_owner_wrote_keeps_its_segments(
+    first_applies: bool,
+) -> None:
+    """The broker was frozen past its session: a new owner took the partition (from a state
+    that may reference this commit's segment) before etcd answered. The batch fails (the
+    producer retries to the new owner), but the segment is not deleted: if the commit was
+    applied, the new owner's state references it."""
+    store = GatedStore()
+    etcd = UnansweredEtcd(unanswered=1, first_applies=first_applies, new_owner=True)
+    flusher, owned = await started(store, etcd)
+    loop = asyncio.create_task(flusher.run())
+    try:
+        with pytest.raises(NotLeader):
+            await append(owned, flusher, b"one")
+        await asyncio.sleep(0.05)  # a discarded upload is deleted off the ack path
+    finally:
+        loop.cancel()
+        await asyncio.gather(loop, return_exceptions=True)
+    assert owned.failed and store.calls == 1 and store.deleted == []
+
+
+def test_an_unanswered_commit_is_known_applied_only_from_what_etcd_holds() -> None:
+    ours = PartitionState(high_watermark=1, leader_epoch=1, epochs=((1, 0),))
+    owned = OwnedPartition("t", 0, "id", PartitionState(), state_revision=5, lease_revision=3)
+    commit = flush_commit.PartitionCommit(
+        [Uploaded(FlushWork(owned, [], {}, []), [])], ours, ours.to_json()
+    )
+
+    def stored(value: bytes, revision: int) -> KeyValue:
+        return KeyValue("state", value, 1, revision, 1, 0)
+
+    assert flush_commit.first_attempt([commit], [stored(ours.to_json(), 9)]) is Outcome.APPLIED
+    assert flush_commit.first_attempt([commit], [stored(b"old", 5)]) is Outcome.NOT_APPLIED
+    assert flush_commit.first_attempt([commit], [stored(b"other", 9)]) is Outcome.UNKNOWN
+    assert flush_commit.first_attempt([commit], [None]) is Outcome.UNKNOWN

@@ -96,3 +96,12 @@ def test_a_consumer_protocol_group_keeps_topics_named_or_matched() -> None:
     topics = ["orders", "logs-a", "logs", "other"]
     assert decide(None, group, topics) == OffsetDeletion(subscribed=frozenset({"orders", "logs-a"}))
     assert decide(None, ConsumerGroup("g", ConsumerConfig()), topics) == OffsetDeletion()
+
+
+def test_partitions_of_subscribed_topics_stay_the_others_go() -> None:
+    deletion = OffsetDeletion(subscribed=frozenset({"a"}))
+    assert deletion.answers([("a", 0), ("b", 0), ("a", 1)]) == {
+        ("a", 0): ErrorCode.GROUP_SUBSCRIBED_TO_TOPIC,
+        ("b", 0): ErrorCode.NONE,
+        ("a", 1): ErrorCode.GROUP_SUBSCRIBED_TO_TOPIC,
+    }

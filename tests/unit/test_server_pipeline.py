@@ -15,6 +15,7 @@ import pytest
 from harness.kafka_server import serving as harness_serving
 
 from kafscale.broker.config import LimitSettings
+from kafscale.broker.proxy.upstream import UpstreamLink
 from kafscale.broker.server import CloseConnection, Connection, KafkaServer
 
 pytestmark = pytest.mark.unit
@@ -146,6 +147,27 @@ async def test_an_admin_write_runs_after_the_requests_before_it_and_before_those
     assert dispatch.overlapping[2] == {1}  # ordinary requests still run concurrently
     assert dispatch.overlapping[3] == set()  # the admin write waited for 1 and 2
     assert dispatch.overlapping[4] == set()  # and 4 for it
+    assert dispatch.overlapping[5] == {4}
+
+
+async def test_an_enveloped_admin_write_is_ordered_like_the_write_it_carries() -> None:
+    """Behind the proxy every request comes inside an Envelope (KIP-590), one broker
+    connection per client connection: DeleteRecords and the ListOffsets sent right behind it
+    must still run one after the other, the rest concurrently."""
+    link = UpstreamLink(principal=b"\x00\x00\x00\x0aUser:alice\x00")
+    dispatch = OverlapDispatch(delays_s=lambda cid: 0.03 if cid in (1, 2, 4) else 0.0)
+    async with serving(dispatch) as server:
+        reader, writer = await connect(server)
+        kinds = {1: 0, 2: 1, 3: 21, 4: 2, 5: 0}  # Produce, Fetch, DeleteRecords, ListOffsets
+        writer.write(b"".join(link.wrap(request(cid, api_key=k)) for cid, k in kinds.items()))
+        await writer.drain()
+        answers = [await asyncio.wait_for(read_response(reader), 5) for _ in range(5)]
+        assert answers == [1, 2, 3, 4, 5]
+        writer.close()
+        await writer.wait_closed()
+    assert dispatch.overlapping[2] == {1}  # forwarded requests still run concurrently
+    assert dispatch.overlapping[3] == set()  # the enveloped DeleteRecords waited for 1 and 2
+    assert dispatch.overlapping[4] == set()  # and the ListOffsets behind it for it
     assert dispatch.overlapping[5] == {4}
 
 
