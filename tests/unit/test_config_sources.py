@@ -18,6 +18,7 @@ from kafscale.broker.api.config_sources import (
 from kafscale.broker.api.configs import TOPIC_CONFIG_TYPES, BrokerConfig, broker_configs
 from kafscale.broker.config import BrokerSettings
 from kafscale.broker.metadata.topics import DEFAULT_CONFIGS
+from kafscale.broker.settings_cli import build_settings
 
 pytestmark = pytest.mark.unit
 
@@ -96,3 +97,16 @@ def test_synonyms_go_on_the_wire_only_when_asked_for() -> None:
     assert synonym_bodies(synonyms, include=True) == [
         {"name": "log.retention.ms", "value": "5", "source": 4}
     ]
+
+
+def test_settings_from_the_environment_and_flags_remember_what_was_given(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The broker's settings are the environment merged with flags: both count as given, and
+    everything else stays a default (it used to become 'given' in the merge)."""
+    monkeypatch.setenv("KAFSCALE_TOPICS__RETENTION_MS", "5000")
+    broker = configs_of(build_settings({"log": {"segment_bytes": 2048}}))
+    assert (broker["log.retention.ms"].value, broker["log.retention.ms"].given) == ("5000", True)
+    assert (broker["log.segment.bytes"].value, broker["log.segment.bytes"].given) == ("2048", True)
+    assert not broker["message.max.bytes"].given
+    assert not broker["num.partitions"].given
