@@ -5,13 +5,16 @@ default. A real broker started with one topic default set (``log.retention.ms``)
 
 from __future__ import annotations
 
+import subprocess
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 from confluent_kafka.admin import AdminClient, ConfigResource, ConfigSource, NewTopic
 from harness.brokers import BrokerCluster, new_cluster
+from harness.java_client import java_program
 from harness.kafka_wire import KafkaWire
 from harness.s3 import S3Endpoint
 
@@ -24,6 +27,7 @@ pytestmark = pytest.mark.integration
 DESCRIBE_CONFIGS = 32
 TOPIC, BROKER = 2, 4
 DYNAMIC_TOPIC, STATIC_BROKER, DEFAULT = 1, 4, 5
+JAVA_SOURCE = Path(__file__).with_name("java") / "ConfigsAdmin.java"
 BROKER_RETENTION_MS = "86400000"  # given to the broker at start-up: STATIC_BROKER_CONFIG
 
 
@@ -140,3 +144,46 @@ def test_confluent_kafka_describe_configs_exposes_sources_and_synonyms(
     assert synonym.name == "log.retention.ms"
     assert configs["cleanup.policy"].source == ConfigSource.DEFAULT_CONFIG.value
     assert configs["cleanup.policy"].is_default
+
+
+def java_describe(kafka: BrokerProcess, kind: str, name: str) -> dict[str, list[str]]:
+    """The Java AdminClient's describeConfigs(includeSynonyms): each entry's own line and its
+    synonyms' lines, by config name."""
+    command = java_program(JAVA_SOURCE, "ConfigsAdmin")
+    done = subprocess.run(
+        [*command, "describe", kafka.bootstrap, kind, name],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    entries: dict[str, list[str]] = {}
+    current: list[str] = []
+    for line in done.stdout.splitlines():
+        if line.startswith("entry "):
+            current = entries.setdefault(line.split()[1], [])
+        current.append(line)
+    return entries
+
+
+def test_the_java_admin_client_reads_sources_and_synonyms(kafka: BrokerProcess, topic: str) -> None:
+    topic_configs = java_describe(kafka, "topic", topic)
+    assert topic_configs["max.message.bytes"] == [
+        "entry max.message.bytes DYNAMIC_TOPIC_CONFIG 20000",
+        "synonym max.message.bytes DYNAMIC_TOPIC_CONFIG 20000",
+        "synonym message.max.bytes DEFAULT_CONFIG 1048588",
+    ]
+    assert topic_configs["retention.ms"] == [
+        f"entry retention.ms STATIC_BROKER_CONFIG {BROKER_RETENTION_MS}",
+        f"synonym log.retention.ms STATIC_BROKER_CONFIG {BROKER_RETENTION_MS}",
+        "synonym log.retention.ms DEFAULT_CONFIG 604800000",
+    ]
+    assert topic_configs["cleanup.policy"] == [
+        "entry cleanup.policy DEFAULT_CONFIG delete",
+        "synonym log.cleanup.policy DEFAULT_CONFIG delete",
+    ]
+    broker_configs = java_describe(kafka, "broker", str(kafka.status()["node_id"]))
+    assert broker_configs["num.partitions"] == [
+        "entry num.partitions DEFAULT_CONFIG 3",
+        "synonym num.partitions DEFAULT_CONFIG 3",
+    ]
