@@ -51,14 +51,23 @@ def as_broker(resource: Any, broker: int) -> Any:
 
 
 def as_proxy(result: Any, proxy_id: int, advertised: str) -> Any:
-    """A broker's description of itself, as the proxy's (its id and listener)."""
+    """A broker's description of itself, as the proxy's (its id and listener, in each entry's
+    value and in its synonyms of the same name)."""
     own = {
         "broker.id": str(proxy_id),
         "node.id": str(proxy_id),
         "advertised.listeners": f"PLAINTEXT://{advertised}",
     }
     configs = tuple(
-        dataclasses.replace(config, value=own[config.name]) if config.name in own else config
+        _as_own(config, own[config.name]) if config.name in own else config
         for config in result.configs
     )
     return dataclasses.replace(result, resource_name=str(proxy_id), configs=configs)
+
+
+def _as_own(config: Any, value: str) -> Any:
+    synonyms = tuple(
+        dataclasses.replace(synonym, value=value) if synonym.name == config.name else synonym
+        for synonym in getattr(config, "synonyms", ())
+    )
+    return dataclasses.replace(config, value=value, synonyms=synonyms)
