@@ -258,13 +258,9 @@ def _describe_broker(name: str, wanted: Any, include_synonyms: bool, ctx: Reques
 
 def _broker_configs(ctx: RequestContext) -> dict[str, BrokerConfig]:
     broker = ctx.broker
-    info = broker.info
-    configs = broker_configs(
-        broker.settings,
-        broker.node_id,
-        info.host if info is not None else "",
-        info.port if info is not None else 0,
-    )
+    advertised = broker.info.listeners if broker.info is not None else ()
+    bound = broker.server.ports if broker.server is not None else {}
+    configs = broker_configs(broker.settings, broker.node_id, advertised, bound)
     return {config.name: config for config in configs}
 
 

@@ -7,6 +7,7 @@ values. Pure tables and functions: the handler in ``admin`` supplies the setting
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import IntEnum
 
@@ -14,6 +15,7 @@ from pydantic import BaseModel
 
 from kafscale.broker.config import BrokerSettings
 from kafscale.broker.metadata.topics import DEFAULT_CONFIGS as DEFAULT_TOPIC_CONFIGS
+from kafscale.broker.security.listeners import ALL_INTERFACES, Listener, internal_listener
 
 FETCH_MAX_BYTES = 55 * 1024 * 1024
 """The most a fetch response carries, whatever the request asks (Kafka's broker default of
@@ -96,17 +98,18 @@ def topic_config_type(name: str) -> ConfigType:
 
 
 def broker_configs(
-    settings: BrokerSettings, node_id: int, host: str, port: int
+    settings: BrokerSettings,
+    node_id: int,
+    advertised: Sequence[tuple[str, str, int]],
+    bound_ports: Mapping[str, int],
 ) -> list[BrokerConfig]:
     """The broker's configs under Kafka's names, from the settings it runs with: all static
-    (read-only) here, set at start-up through the environment or flags."""
+    (read-only) here, set at start-up through the environment or flags. ``advertised`` is
+    each listener's advertised (name, host, port), as registered; ``bound_ports`` the ports
+    its listeners bound (a port 0 in the settings is the one the kernel chose)."""
     topics, log, limits, groups = settings.topics, settings.log, settings.limits, settings.groups
-    bind_host = "" if settings.listener.host in ("0.0.0.0", "::") else settings.listener.host
     return [
-        _derived("advertised.listeners", f"PLAINTEXT://{host}:{port}", ConfigType.LIST),
-        _derived("listeners", f"PLAINTEXT://{bind_host}:{port}", ConfigType.LIST),
-        _fixed("listener.security.protocol.map", "PLAINTEXT:PLAINTEXT", ConfigType.LIST),
-        _fixed("inter.broker.listener.name", "PLAINTEXT", ConfigType.STRING),
+        *listener_configs(settings, advertised, bound_ports),
         _derived("broker.id", node_id, ConfigType.INT),
         _derived("node.id", node_id, ConfigType.INT),
         _setting("broker.rack", settings.listener, "rack", ConfigType.STRING),
@@ -158,6 +161,32 @@ def broker_configs(
         _setting("group.max.session.timeout.ms", groups, "max_session_timeout_ms", ConfigType.INT),
         _fixed("unclean.leader.election.enable", False, ConfigType.BOOLEAN),
     ]
+
+
+def listener_configs(
+    settings: BrokerSettings,
+    advertised: Sequence[tuple[str, str, int]],
+    bound_ports: Mapping[str, int],
+) -> list[BrokerConfig]:
+    """Kafka's four listener configs, from every listener the broker opens (names, binds,
+    protocols; the internal one is what Kafka calls the inter-broker listener)."""
+    plan = settings.listener_plan()
+    binds = ",".join(_bind_address(listener, bound_ports) for listener in plan)
+    adverts = ",".join(f"{name}://{host}:{port}" for name, host, port in advertised)
+    protocols = ",".join(f"{listener.name}:{listener.protocol.value}" for listener in plan)
+    internal = internal_listener(plan, settings.internal_listener_name).name
+    return [
+        _derived("advertised.listeners", adverts, ConfigType.LIST),
+        _derived("listeners", binds, ConfigType.LIST),
+        _derived("listener.security.protocol.map", protocols, ConfigType.LIST),
+        _derived("inter.broker.listener.name", internal, ConfigType.STRING),
+    ]
+
+
+def _bind_address(listener: Listener, bound_ports: Mapping[str, int]) -> str:
+    """As Kafka's ``listeners`` writes it: an all-interfaces bind has an empty host."""
+    host = "" if listener.host in ALL_INTERFACES else listener.host
+    return f"{listener.name}://{host}:{bound_ports.get(listener.name, listener.port)}"
 
 
 def _derived(name: str, value: object, kind: ConfigType) -> BrokerConfig:

@@ -28,7 +28,12 @@ DEFAULT = ConfigSource.DEFAULT_CONFIG
 
 
 def configs_of(settings: BrokerSettings) -> dict[str, BrokerConfig]:
-    return {c.name: c for c in broker_configs(settings, 1, "127.0.0.1", 9092)}
+    return {
+        c.name: c
+        for c in broker_configs(
+            settings, 1, [("PLAINTEXT", "127.0.0.1", 9092)], {"PLAINTEXT": 9092}
+        )
+    }
 
 
 def test_a_topic_override_comes_first_then_the_broker_setting_and_its_default() -> None:
@@ -110,3 +115,26 @@ def test_settings_from_the_environment_and_flags_remember_what_was_given(
     assert (broker["log.segment.bytes"].value, broker["log.segment.bytes"].given) == ("2048", True)
     assert not broker["message.max.bytes"].given
     assert not broker["num.partitions"].given
+
+
+def test_listener_configs_name_every_listener_its_protocol_and_the_internal_one() -> None:
+    """Kafka's tools and UIs read these to tell clients where and how to connect; they named
+    one PLAINTEXT listener whatever the broker opened."""
+    settings = BrokerSettings(
+        listeners="INTERNAL://127.0.0.1:0,EXTERNAL://0.0.0.0:9093",
+        listener_security_protocol_map="INTERNAL:PLAINTEXT,EXTERNAL:SASL_PLAINTEXT",
+        internal_listener_name="INTERNAL",
+    )
+    advertised = [("INTERNAL", "127.0.0.1", 40001), ("EXTERNAL", "kafka.example.com", 9093)]
+    configs = {
+        c.name: c.value
+        for c in broker_configs(settings, 1, advertised, {"INTERNAL": 40001, "EXTERNAL": 9093})
+    }
+    assert configs["listeners"] == "INTERNAL://127.0.0.1:40001,EXTERNAL://:9093"
+    assert configs["advertised.listeners"] == (
+        "INTERNAL://127.0.0.1:40001,EXTERNAL://kafka.example.com:9093"
+    )
+    assert configs["listener.security.protocol.map"] == (
+        "INTERNAL:PLAINTEXT,EXTERNAL:SASL_PLAINTEXT"
+    )
+    assert configs["inter.broker.listener.name"] == "INTERNAL"
