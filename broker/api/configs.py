@@ -168,19 +168,36 @@ def listener_configs(
     advertised: Sequence[tuple[str, str, int]],
     bound_ports: Mapping[str, int],
 ) -> list[BrokerConfig]:
-    """Kafka's four listener configs, from every listener the broker opens (names, binds,
-    protocols; the internal one is what Kafka calls the inter-broker listener)."""
     plan = settings.listener_plan()
-    binds = ",".join(_bind_address(listener, bound_ports) for listener in plan)
-    adverts = ",".join(f"{name}://{host}:{port}" for name, host, port in advertised)
-    protocols = ",".join(f"{listener.name}:{listener.protocol.value}" for listener in plan)
     internal = internal_listener(plan, settings.internal_listener_name).name
-    return [
-        _derived("advertised.listeners", adverts, ConfigType.LIST),
-        _derived("listeners", binds, ConfigType.LIST),
-        _derived("listener.security.protocol.map", protocols, ConfigType.LIST),
-        _derived("inter.broker.listener.name", internal, ConfigType.STRING),
-    ]
+    values = listener_values(plan, internal, advertised, bound_ports)
+    return [_derived(name, value, LISTENER_CONFIG_TYPES[name]) for name, value in values.items()]
+
+
+LISTENER_CONFIG_TYPES = {
+    "advertised.listeners": ConfigType.LIST,
+    "listeners": ConfigType.LIST,
+    "listener.security.protocol.map": ConfigType.LIST,
+    "inter.broker.listener.name": ConfigType.STRING,
+}
+
+
+def listener_values(
+    plan: Sequence[Listener],
+    internal: str,
+    advertised: Sequence[tuple[str, str, int]],
+    bound_ports: Mapping[str, int],
+) -> dict[str, str]:
+    """Kafka's four listener configs, from every listener a broker (or the proxy) opens: names,
+    binds, protocols, and the internal one (what Kafka calls the inter-broker listener)."""
+    return {
+        "advertised.listeners": ",".join(f"{n}://{h}:{p}" for n, h, p in advertised),
+        "listeners": ",".join(_bind_address(listener, bound_ports) for listener in plan),
+        "listener.security.protocol.map": ",".join(
+            f"{listener.name}:{listener.protocol.value}" for listener in plan
+        ),
+        "inter.broker.listener.name": internal,
+    }
 
 
 def _bind_address(listener: Listener, bound_ports: Mapping[str, int]) -> str:

@@ -418,6 +418,9 @@ def test_describe_configs_of_the_proxy_broker_answers_as_the_proxy(
     configs = admin.describe_configs([resource])[resource].result(30)
     assert configs["broker.id"].value == "1000"
     assert configs["advertised.listeners"].value == f"PLAINTEXT://{proxied.bootstrap}"
+    port = proxied.bootstrap.rsplit(":", 1)[1]
+    assert configs["listeners"].value.endswith(f":{port}")  # the proxy's, not a broker's
+    assert configs["listener.security.protocol.map"].value == "PLAINTEXT:PLAINTEXT"
     assert configs["num.partitions"].value  # a broker's real configs
     # A topic and the proxy's broker in one request: each answered in the client's order.
     with KafkaWire(proxied.bootstrap) as wire:

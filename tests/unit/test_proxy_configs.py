@@ -70,7 +70,8 @@ def test_a_brokers_description_of_itself_becomes_the_proxys() -> None:
                         for name, value in [
                             ("broker.id", "3"),
                             ("node.id", "3"),
-                            ("advertised.listeners", "PLAINTEXT://10.0.0.3:9093"),
+                            ("advertised.listeners", "INTERNAL://10.0.0.3:9093"),
+                            ("listener.security.protocol.map", "INTERNAL:PLAINTEXT"),
                             ("num.partitions", "6"),
                         ]
                     ],
@@ -78,12 +79,17 @@ def test_a_brokers_description_of_itself_becomes_the_proxys() -> None:
             ],
         },
     )
-    result = as_proxy(response.results[0], 1000, "proxy.example:9092")
+    own = {
+        "advertised.listeners": "EXTERNAL://proxy.example:9092",
+        "listener.security.protocol.map": "EXTERNAL:SASL_SSL",
+    }
+    result = as_proxy(response.results[0], 1000, own)
     assert result.resource_name == "1000"
     assert {c.name: c.value for c in result.configs} == {
         "broker.id": "1000",
         "node.id": "1000",
-        "advertised.listeners": "PLAINTEXT://proxy.example:9092",
+        "advertised.listeners": "EXTERNAL://proxy.example:9092",
+        "listener.security.protocol.map": "EXTERNAL:SASL_SSL",
         "num.partitions": "6",
     }
 
@@ -127,7 +133,7 @@ def test_the_proxys_own_values_replace_the_brokers_in_synonyms_too() -> None:
             ],
         },
     )
-    configs = {c.name: c for c in as_proxy(response.results[0], 1000, "p:9092").configs}
+    configs = {c.name: c for c in as_proxy(response.results[0], 1000, {}).configs}
     assert [(s.value, s.source) for s in configs["broker.id"].synonyms] == [("1000", 4)]
     assert [(s.value, s.source) for s in configs["num.partitions"].synonyms] == [
         ("6", 4),
