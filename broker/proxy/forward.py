@@ -6,6 +6,8 @@ COORDINATOR_NOT_AVAILABLE for a group) or the connection is refused or drops, th
 for the route to change (a watch event, or a short back-off), and sends that part again to the
 new owner: within ``routing.max_attempts`` and the request's own deadline. A planned drain thus
 costs the client a little latency and no error. Errors are read from the parsed answer.
+A route whose broker keeps refusing it past ``routing.stale_route_grace_s`` is re-read from
+etcd (``staleness``, ``RoutingTable.recheck``), in case the table missed the move.
 """
 
 from __future__ import annotations

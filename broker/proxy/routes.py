@@ -4,7 +4,10 @@ Kept current by the same etcd watches the brokers use (``ClusterView`` for the b
 partition leases, the assignment, draining marks and partition states; ``GroupLeases`` for group
 and transaction coordinators), so routing a request never costs an etcd round trip. The choices
 themselves are the brokers' own pure functions (``leader_for``, ``choose_coordinator``): a
-client of the proxy is sent where a client of any broker would be.
+client of the proxy is sent where a client of any broker would be. One etcd read does happen
+off the watches: ``recheck``, when the forwarder finds a route's broker refusing it for longer
+than a watch takes to catch up (``staleness``): a missed event must not mean clients refused
+until some later event happens to touch the same key.
 """
 
 from __future__ import annotations
@@ -25,6 +28,8 @@ TopicPartition = tuple[str, int]
 
 log = logging.getLogger(__name__)
 
+RECHECKS_IN_FLIGHT = 16
+
 
 class RoutingTable:
     def __init__(self, etcd: Etcd, cluster: str) -> None:
@@ -32,6 +37,9 @@ class RoutingTable:
         self._cluster = cluster
         self.stale_checks = 0  # lease keys read from etcd because their owner kept refusing
         self.stale_corrections = 0  # of those, entries etcd disagreed with (a missed event)
+        # Lease reads in flight at once: a broker refusing thousands of partitions at once costs
+        # etcd a bounded stream of small reads, not a burst.
+        self._recheck_slots = asyncio.Semaphore(RECHECKS_IN_FLIGHT)
         self.view = ClusterView(etcd, cluster)
         self.groups = GroupLeases(etcd, cluster, self._on_group_change)
         self.transactions = GroupLeases(
@@ -131,7 +139,8 @@ class RoutingTable:
         before = self.holder(key)
         self.stale_checks += 1
         try:
-            entry = await self._etcd.get(self._lease_key(key))
+            async with self._recheck_slots:
+                entry = await self._etcd.get(self._lease_key(key))
         except MetadataUnavailable as exc:
             log.info("cannot re-read the lease of %s: %s", key, exc)
             return False
