@@ -108,6 +108,10 @@ def test_group_configs_are_set_described_and_enforced(broker_cluster: BrokerClus
         "consumer.heartbeat.interval.ms": ("400", GROUP_CONFIG_SOURCE),
         "consumer.session.timeout.ms": ("2500", GROUP_CONFIG_SOURCE),
     }
+    # ListConfigResources (KIP-1142) lists the groups with their own configs.
+    with KafkaWire(broker.bootstrap) as wire:
+        listed = wire.request(74, 1, {"resource_types": [GROUP_RESOURCE]}).config_resources
+    assert [(r.resource_name, r.resource_type) for r in listed] == [(group, GROUP_RESOURCE)]
     code, lines = java_admin("describe", broker.bootstrap, group)
     assert code == 0 and sorted(lines) == [
         "entry consumer.heartbeat.interval.ms DYNAMIC_GROUP_CONFIG 400",
@@ -138,6 +142,17 @@ def test_bad_group_configs_are_refused_with_kafkas_messages(broker_cluster: Brok
     assert code == 1 and "share or streams groups" in lines[0]
     code, lines = java_admin("alter", broker.bootstrap, group, "consumer.heartbeat.interval.ms=x")
     assert code == 1 and "InvalidConfigurationException" in lines[0]
+    # The bounds are the broker's configs, as DescribeConfigs of the broker shows them.
+    with KafkaWire(broker.bootstrap) as wire:
+        body = {
+            "resources": [{"resource_type": 4, "resource_name": "", "configuration_keys": None}],
+            "include_synonyms": False,
+            "include_documentation": False,
+        }
+        (result,) = wire.request(32, 4, body).results
+    bounds = {c.name: c.value for c in result.configs if c.name.startswith("group.consumer.")}
+    assert bounds["group.consumer.min.session.timeout.ms"] == "1000"
+    assert bounds["group.consumer.max.heartbeat.interval.ms"] == "15000"
     # Nothing refused was stored.
     assert describe_configs(broker.bootstrap, group)["consumer.session.timeout.ms"] == (
         str(BROKER_SESSION_MS),
