@@ -1,0 +1,130 @@
+"""What other clients' own suites found against a secured KafScale (SASL and TLS listeners; the
+suites and how they were pointed at ``kafscale local`` are in docs/client-suites.md), each as a
+check of our own with a real client against a real ``kafscale local``.
+
+* ``kafscale local`` with one broker whose listener is SASL_SSL (the set-up docs/security.md
+  shows): transactions never completed. The coordinator sent the markers for its own
+  partitions over the network, to its own SASL listener, with no inter-broker login to give,
+  and they were refused: a read_committed consumer never saw the committed records (its last
+  stable offset stayed put) and kafka-python's suite, run over SASL_SSL, hung in its
+  transactional test. A broker now writes the markers of the partitions it owns in place.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
+from harness.children import settings_free_env
+from harness.local_mode import launch_local, stop_with_ctrl_c, wait_running
+from harness.ports import free_port_run
+from harness.tls import make_pki
+
+pytestmark = pytest.mark.integration
+
+PARTITIONS = 3
+TXN_TIMEOUT_S = 30.0
+
+
+def _create_user(banner: str, name: str, password: str) -> None:
+    """A SCRAM user, made as an operator makes one (``kafscale users``, straight to etcd)."""
+    etcd_url = re.search(r"etcd\s+= (\S+)", banner)
+    assert etcd_url is not None, banner
+    env = settings_free_env()
+    env["KAFSCALE_ETCD__ENDPOINTS"] = json.dumps([etcd_url[1]])
+    subprocess.run(
+        [sys.executable, "-m", "kafscale.broker.cli", "users", "create", name, "--password-stdin"],
+        input=password,
+        env=env,
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+
+
+def _read_committed(config: dict[str, str], topic: str, expect: int) -> list[bytes]:
+    """Values a read_committed consumer sees from offset 0 of every partition (it stops once
+    it has ``expect`` and every partition is at its end)."""
+    consumer = Consumer(
+        {
+            **config,
+            "group.id": f"readers-{uuid.uuid4().hex[:6]}",
+            "isolation.level": "read_committed",
+            "enable.partition.eof": True,
+            "enable.auto.commit": False,
+        }
+    )
+    consumer.assign([TopicPartition(topic, p, 0) for p in range(PARTITIONS)])
+    values: list[bytes] = []
+    at_end: set[int] = set()
+    try:
+        for _ in range(300):
+            message = consumer.poll(0.1)
+            if message is None:
+                continue
+            if message.error() is not None:
+                at_end.add(message.partition())
+            else:
+                values.append(message.value())
+            if len(values) >= expect and len(at_end) == PARTITIONS:
+                break
+    finally:
+        consumer.close()
+    return values
+
+
+def test_one_sasl_ssl_broker_completes_transactions(tmp_path: Path) -> None:
+    """One broker, one SASL_SSL listener, no inter-broker credentials: a transaction commits
+    and another aborts within their timeouts; read_committed sees exactly the committed
+    records (every marker was written)."""
+    port = free_port_run(1)
+    pki = make_pki(tmp_path / "pki")
+    log = tmp_path / "local.log"
+    process = launch_local(
+        [
+            *("--brokers", "1", "--port", str(port), "--data-dir", str(tmp_path / "data")),
+            *("--log-flush-interval-ms", "50"),
+            *("--listeners", f"SASL_SSL://127.0.0.1:{port}"),
+            *("--advertised-listeners", f"SASL_SSL://localhost:{port}"),
+            *("--listener-security-protocol-map", "SASL_SSL:SASL_SSL"),
+            *("--tls-cert-file", str(pki.server.cert), "--tls-key-file", str(pki.server.key)),
+        ],
+        log,
+    )
+    try:
+        banner = wait_running(process, log)
+        _create_user(banner, "alice", "alice-secret")
+        config = {
+            "bootstrap.servers": f"localhost:{port}",
+            "security.protocol": "SASL_SSL",
+            "sasl.mechanisms": "SCRAM-SHA-512",
+            "sasl.username": "alice",
+            "sasl.password": "alice-secret",
+            "ssl.ca.location": str(pki.ca.cert_path),
+        }
+        topic = f"txn-{uuid.uuid4().hex[:8]}"
+        admin = AdminClient(config)
+        admin.create_topics([NewTopic(topic, PARTITIONS, 1)])[topic].result(30)
+        producer = Producer({**config, "transactional.id": f"app-{uuid.uuid4().hex[:6]}"})
+        producer.init_transactions(TXN_TIMEOUT_S)
+        producer.begin_transaction()
+        for i in range(9):
+            producer.produce(topic, value=f"committed-{i}".encode(), partition=i % PARTITIONS)
+        producer.commit_transaction(TXN_TIMEOUT_S)
+        producer.begin_transaction()
+        for i in range(6):
+            producer.produce(topic, value=f"aborted-{i}".encode(), partition=i % PARTITIONS)
+        producer.abort_transaction(TXN_TIMEOUT_S)
+        values = _read_committed(config, topic, 9)
+        assert sorted(values) == sorted(f"committed-{i}".encode() for i in range(9))
+        assert "cannot write txn markers" not in log.read_text(errors="replace")
+    finally:
+        if process.poll() is None:
+            assert stop_with_ctrl_c(process) == 0, log.read_text(errors="replace")
