@@ -8,6 +8,11 @@ check of our own with a real client against a real ``kafscale local``.
   and they were refused: a read_committed consumer never saw the committed records (its last
   stable offset stayed put) and kafka-python's suite, run over SASL_SSL, hung in its
   transactional test. A broker now writes the markers of the partitions it owns in place.
+* ``kafscale local --brokers 3 --proxy`` with the authorizer on: a user allowed everything on
+  their transactional id got TRANSACTIONAL_ID_AUTHORIZATION_FAILED producing in a transaction
+  as soon as any ACL named that id (aiokafka's ``test_sasl_deny_txnid_during_transaction``).
+  A partition owner checks the transaction with its coordinator as itself (the local brokers'
+  certificate), which was no super user; nor could its markers reach the other brokers.
 """
 
 from __future__ import annotations
@@ -33,20 +38,25 @@ PARTITIONS = 3
 TXN_TIMEOUT_S = 30.0
 
 
-def _create_user(banner: str, name: str, password: str) -> None:
-    """A SCRAM user, made as an operator makes one (``kafscale users``, straight to etcd)."""
+def _cli(banner: str, *args: str, stdin: str | None = None) -> None:
+    """The ``kafscale`` CLI against the etcd the banner names, as an operator runs it."""
     etcd_url = re.search(r"etcd\s+= (\S+)", banner)
     assert etcd_url is not None, banner
     env = settings_free_env()
     env["KAFSCALE_ETCD__ENDPOINTS"] = json.dumps([etcd_url[1]])
     subprocess.run(
-        [sys.executable, "-m", "kafscale.broker.cli", "users", "create", name, "--password-stdin"],
-        input=password,
+        [sys.executable, "-m", "kafscale.broker.cli", *args],
+        input=stdin,
         env=env,
         check=True,
         capture_output=True,
         text=True,
     )
+
+
+def _create_user(banner: str, name: str, password: str) -> None:
+    """A SCRAM user, made as an operator makes one (``kafscale users``, straight to etcd)."""
+    _cli(banner, "users", "create", name, "--password-stdin", stdin=password)
 
 
 def _read_committed(config: dict[str, str], topic: str, expect: int) -> list[bytes]:
@@ -80,6 +90,34 @@ def _read_committed(config: dict[str, str], topic: str, expect: int) -> list[byt
     return values
 
 
+def _config(port: int, pki_ca: Path) -> dict[str, str]:
+    return {
+        "bootstrap.servers": f"localhost:{port}",
+        "security.protocol": "SASL_SSL",
+        "sasl.mechanisms": "SCRAM-SHA-512",
+        "sasl.username": "alice",
+        "sasl.password": "alice-secret",
+        "ssl.ca.location": str(pki_ca),
+    }
+
+
+def _commit_one_abort_one(config: dict[str, str], topic: str, txn_id: str) -> list[bytes]:
+    """Nine records committed, six aborted, then what read_committed sees."""
+    admin = AdminClient(config)
+    admin.create_topics([NewTopic(topic, PARTITIONS, 1)])[topic].result(30)
+    producer = Producer({**config, "transactional.id": txn_id})
+    producer.init_transactions(TXN_TIMEOUT_S)
+    producer.begin_transaction()
+    for i in range(9):
+        producer.produce(topic, value=f"committed-{i}".encode(), partition=i % PARTITIONS)
+    producer.commit_transaction(TXN_TIMEOUT_S)
+    producer.begin_transaction()
+    for i in range(6):
+        producer.produce(topic, value=f"aborted-{i}".encode(), partition=i % PARTITIONS)
+    producer.abort_transaction(TXN_TIMEOUT_S)
+    return _read_committed(config, topic, 9)
+
+
 def test_one_sasl_ssl_broker_completes_transactions(tmp_path: Path) -> None:
     """One broker, one SASL_SSL listener, no inter-broker credentials: a transaction commits
     and another aborts within their timeouts; read_committed sees exactly the committed
@@ -101,30 +139,60 @@ def test_one_sasl_ssl_broker_completes_transactions(tmp_path: Path) -> None:
     try:
         banner = wait_running(process, log)
         _create_user(banner, "alice", "alice-secret")
-        config = {
-            "bootstrap.servers": f"localhost:{port}",
-            "security.protocol": "SASL_SSL",
-            "sasl.mechanisms": "SCRAM-SHA-512",
-            "sasl.username": "alice",
-            "sasl.password": "alice-secret",
-            "ssl.ca.location": str(pki.ca.cert_path),
-        }
+        config = _config(port, pki.ca.cert_path)
         topic = f"txn-{uuid.uuid4().hex[:8]}"
-        admin = AdminClient(config)
-        admin.create_topics([NewTopic(topic, PARTITIONS, 1)])[topic].result(30)
-        producer = Producer({**config, "transactional.id": f"app-{uuid.uuid4().hex[:6]}"})
-        producer.init_transactions(TXN_TIMEOUT_S)
-        producer.begin_transaction()
-        for i in range(9):
-            producer.produce(topic, value=f"committed-{i}".encode(), partition=i % PARTITIONS)
-        producer.commit_transaction(TXN_TIMEOUT_S)
-        producer.begin_transaction()
-        for i in range(6):
-            producer.produce(topic, value=f"aborted-{i}".encode(), partition=i % PARTITIONS)
-        producer.abort_transaction(TXN_TIMEOUT_S)
-        values = _read_committed(config, topic, 9)
+        values = _commit_one_abort_one(config, topic, f"app-{uuid.uuid4().hex[:6]}")
         assert sorted(values) == sorted(f"committed-{i}".encode() for i in range(9))
         assert "cannot write txn markers" not in log.read_text(errors="replace")
+    finally:
+        if process.poll() is None:
+            assert stop_with_ctrl_c(process) == 0, log.read_text(errors="replace")
+
+
+def test_transactions_through_the_local_proxy_with_acls_on_the_transactional_id(
+    tmp_path: Path,
+) -> None:
+    """Three brokers behind a SASL_SSL proxy, the authorizer on (nothing allowed without an
+    ACL): alice, allowed everything on her topic, group and transactional id, commits and
+    aborts; read_committed sees exactly the committed records."""
+    port = free_port_run(4)
+    pki = make_pki(tmp_path / "pki")
+    log = tmp_path / "local.log"
+    process = launch_local(
+        [
+            *("--brokers", "3", "--proxy", "--port", str(port)),
+            *("--data-dir", str(tmp_path / "data"), "--log-flush-interval-ms", "50"),
+            *("--listeners", f"EXTERNAL://127.0.0.1:{port}"),
+            *("--advertised-listeners", f"EXTERNAL://localhost:{port}"),
+            *("--listener-security-protocol-map", "EXTERNAL:SASL_SSL"),
+            *("--tls-cert-file", str(pki.server.cert), "--tls-key-file", str(pki.server.key)),
+            *("--authorizer-enabled", "true"),
+        ],
+        log,
+    )
+    try:
+        banner = wait_running(process, log)
+        _create_user(banner, "alice", "alice-secret")
+        topic, txn_id = f"txn-{uuid.uuid4().hex[:8]}", f"app-{uuid.uuid4().hex[:6]}"
+        for kind, name in (
+            ("--topic", topic),
+            ("--group", "readers-"),
+            ("--transactional-id", txn_id),
+        ):
+            _cli(
+                banner,
+                "acls",
+                "add",
+                kind,
+                name,
+                "--prefixed",
+                "--principal",
+                "User:alice",
+                "--operation",
+                "ALL",
+            )
+        values = _commit_one_abort_one(_config(port, pki.ca.cert_path), topic, txn_id)
+        assert sorted(values) == sorted(f"committed-{i}".encode() for i in range(9))
     finally:
         if process.poll() is None:
             assert stop_with_ctrl_c(process) == 0, log.read_text(errors="replace")
