@@ -13,6 +13,12 @@ check of our own with a real client against a real ``kafscale local``.
   as soon as any ACL named that id (aiokafka's ``test_sasl_deny_txnid_during_transaction``).
   A partition owner checks the transaction with its coordinator as itself (the local brokers'
   certificate), which was no super user; nor could its markers reach the other brokers.
+* Through that proxy, a transactional id the user may not DESCRIBE was not refused
+  (FindCoordinator answered by the proxy checked groups only; aiokafka's
+  ``test_sasl_deny_txnid_describe``), and a topic the user may not create came back
+  UNKNOWN_TOPIC_OR_PARTITION, not TOPIC_AUTHORIZATION_FAILED (the broker's refusal was dropped;
+  aiokafka's ``test_sasl_deny_autocreate_cluster``): the client waited out its timeout instead
+  of failing at once with the reason.
 """
 
 from __future__ import annotations
@@ -25,12 +31,12 @@ import uuid
 from pathlib import Path
 
 import pytest
-from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 from harness.children import settings_free_env
 from harness.local_mode import launch_local, stop_with_ctrl_c, wait_running
 from harness.ports import free_port_run
-from harness.tls import make_pki
+from harness.tls import TestPki, make_pki
 
 pytestmark = pytest.mark.integration
 
@@ -149,16 +155,10 @@ def test_one_sasl_ssl_broker_completes_transactions(tmp_path: Path) -> None:
             assert stop_with_ctrl_c(process) == 0, log.read_text(errors="replace")
 
 
-def test_transactions_through_the_local_proxy_with_acls_on_the_transactional_id(
-    tmp_path: Path,
-) -> None:
-    """Three brokers behind a SASL_SSL proxy, the authorizer on (nothing allowed without an
-    ACL): alice, allowed everything on her topic, group and transactional id, commits and
-    aborts; read_committed sees exactly the committed records."""
-    port = free_port_run(4)
-    pki = make_pki(tmp_path / "pki")
-    log = tmp_path / "local.log"
-    process = launch_local(
+def _start_secured_proxy(tmp_path: Path, port: int, pki: TestPki) -> subprocess.Popen[bytes]:
+    """Three brokers behind a SASL_SSL proxy on ``port``, the authorizer on (nothing allowed
+    without an ACL)."""
+    return launch_local(
         [
             *("--brokers", "3", "--proxy", "--port", str(port)),
             *("--data-dir", str(tmp_path / "data"), "--log-flush-interval-ms", "50"),
@@ -168,8 +168,53 @@ def test_transactions_through_the_local_proxy_with_acls_on_the_transactional_id(
             *("--tls-cert-file", str(pki.server.cert), "--tls-key-file", str(pki.server.key)),
             *("--authorizer-enabled", "true"),
         ],
-        log,
+        tmp_path / "local.log",
     )
+
+
+def test_the_proxy_refuses_what_the_user_may_not_describe_or_create(tmp_path: Path) -> None:
+    """A transactional id alice may not DESCRIBE fails init_transactions with
+    TRANSACTIONAL_ID_AUTHORIZATION_FAILED; a topic she may write but not create fails her
+    produce with TOPIC_AUTHORIZATION_FAILED, both well before the client's timeouts."""
+    port = free_port_run(4)
+    pki = make_pki(tmp_path / "pki")
+    log = tmp_path / "local.log"
+    process = _start_secured_proxy(tmp_path, port, pki)
+    try:
+        banner = wait_running(process, log)
+        _create_user(banner, "alice", "alice-secret")
+        txn_id, topic = f"app-{uuid.uuid4().hex[:6]}", f"new-{uuid.uuid4().hex[:8]}"
+        grant = ("--principal", "User:alice", "--operation")
+        _cli(banner, "acls", "add", "--transactional-id", txn_id, *grant, "ALL")
+        _cli(banner, "acls", "add", "--transactional-id", txn_id, *grant, "DESCRIBE", "--deny")
+        for operation in ("DESCRIBE", "WRITE"):
+            _cli(banner, "acls", "add", "--topic", topic, *grant, operation)
+        config = _config(port, pki.ca.cert_path)
+        producer = Producer({**config, "transactional.id": txn_id})
+        with pytest.raises(KafkaException) as refused:
+            producer.init_transactions(TXN_TIMEOUT_S)
+        assert refused.value.args[0].code() == KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED
+        outcomes: list[KafkaError | None] = []
+        plain = Producer({**config, "message.timeout.ms": 20_000})
+        plain.produce(topic, value=b"v", on_delivery=lambda e, _m: outcomes.append(e))
+        plain.flush(30)
+        (error,) = outcomes
+        assert error is not None and error.code() == KafkaError.TOPIC_AUTHORIZATION_FAILED
+    finally:
+        if process.poll() is None:
+            assert stop_with_ctrl_c(process) == 0, log.read_text(errors="replace")
+
+
+def test_transactions_through_the_local_proxy_with_acls_on_the_transactional_id(
+    tmp_path: Path,
+) -> None:
+    """Three brokers behind a SASL_SSL proxy, the authorizer on (nothing allowed without an
+    ACL): alice, allowed everything on her topic, group and transactional id, commits and
+    aborts; read_committed sees exactly the committed records."""
+    port = free_port_run(4)
+    pki = make_pki(tmp_path / "pki")
+    log = tmp_path / "local.log"
+    process = _start_secured_proxy(tmp_path, port, pki)
     try:
         banner = wait_running(process, log)
         _create_user(banner, "alice", "alice-secret")
