@@ -61,7 +61,7 @@ from kafscale.broker.storage.factory import open_object_store
 from kafscale.broker.storage.instrumented import InstrumentedStore
 from kafscale.broker.storage.janitor import Janitor
 from kafscale.broker.storage.log_manager import LogManager
-from kafscale.broker.storage.log_sizes import LogSizes
+from kafscale.broker.storage.log_sizes import LogSizes, log_dir_name
 from kafscale.broker.storage.object_store import ObjectStore, ObjectStoreError
 from kafscale.broker.storage.reader import LogReader
 from kafscale.broker.storage.topic_purge import TopicPurger
@@ -507,6 +507,7 @@ def registration(
         pod=pod,
         listeners=tuple((name, h, p) for name, (h, p) in addresses.items()),
         admin_port=admin_port,
+        log_dir=log_dir_name(settings.storage),
     )
 
 

@@ -151,7 +151,7 @@ class Dispatcher:
             METRICS.request(spec.name, time.perf_counter() - started, failed=True)
             return encode_error(spec, request.body, api_version, correlation_id, code_for(exc))
         METRICS.request(spec.name, time.perf_counter() - started, failed=False)
-        if api_key in QUOTA_KEYS:
+        if api_key in QUOTA_KEYS and self._broker.quota_enforcer.enforcing:
             body = self._throttle(api_key, request_bytes, body, context)
         if body is None:
             return None

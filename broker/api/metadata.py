@@ -16,6 +16,7 @@ from kafscale.broker.api.topic_partitions import (
 )
 from kafscale.broker.authz.model import Operation
 from kafscale.broker.metadata.cluster import TopicInfo, TopicPartition
+from kafscale.broker.metadata.topics import missing_topic_error
 from kafscale.broker.protocol.errors import ErrorCode, KafkaError
 
 CLUSTER_ID_PREFIX = "kafscale-"
@@ -90,7 +91,7 @@ async def _topic_entry(
         except KafkaError as exc:
             return {"error_code": exc.code, "name": name, "partitions": []}
     if info is None:
-        return {"error_code": ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, "name": name, "partitions": []}
+        return {"error_code": missing_topic_error(name), "name": name, "partitions": []}
     partitions = [
         partition_entry(name, p, broker.leader_for, lambda tp: _leader_epoch(ctx, tp))
         for p in range(info.partitions)

@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable
 
 from kafscale.broker.groups.store import Fence
 from kafscale.broker.metadata import keys
-from kafscale.broker.metadata.etcd import Etcd, WatchEventKind
+from kafscale.broker.metadata.etcd import Etcd, WatchEventKind, read_prefix_until_answered
 from kafscale.broker.metadata.etcd_txn import (
     KeyValue,
     create_revision_is,
@@ -170,8 +170,10 @@ class GroupLeases:
                     log.exception("cannot apply group lease event for %s", event.key)
 
     async def _resync(self, revision: int) -> None:
-        """History was compacted: reload, and report every holder as changed."""
+        """History was compacted: reload (retried until etcd answers: the watch goes on after
+        the compacted stretch, whose changes a skipped reload would lose for good), and report
+        every holder as changed."""
         before = dict(self.owners)
-        self._reset(await self._etcd.get_prefix(self._prefix))
+        self._reset(await read_prefix_until_answered(self._etcd, self._prefix, "group leases"))
         for group_id in set(before) | set(self.owners):
             self._on_change(group_id, self.owners.get(group_id), revision)

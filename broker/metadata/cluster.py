@@ -18,7 +18,13 @@ from dataclasses import dataclass, field
 from kafscale.broker.authz.store import AclCache
 from kafscale.broker.metadata import keys
 from kafscale.broker.metadata.assignment import Assignment
-from kafscale.broker.metadata.etcd import Etcd, WatchEvent, WatchEventKind
+from kafscale.broker.metadata.etcd import (
+    Etcd,
+    WatchEvent,
+    WatchEventKind,
+    read_prefix_until_answered,
+)
+from kafscale.broker.metadata.etcd_errors import MetadataUnavailable
 from kafscale.broker.metadata.etcd_txn import KeyValue
 from kafscale.broker.metadata.partition_state import PartitionState
 from kafscale.broker.quotas.store import QuotaCache
@@ -60,6 +66,7 @@ class BrokerInfo:
     pod: str | None = None
     listeners: tuple[tuple[str, str, int], ...] = ()
     admin_port: int | None = None  # its /metrics (``kafscale status`` reads it)
+    log_dir: str | None = None  # the one log dir it reports (the proxy answers as it would)
 
     def endpoint(self, listener: str) -> tuple[str, int]:
         """The address to give a client of ``listener`` (the main one for a registration
@@ -79,6 +86,8 @@ class BrokerInfo:
         }
         if self.admin_port is not None:
             document["admin_port"] = self.admin_port
+        if self.log_dir is not None:
+            document["log_dir"] = self.log_dir
         if self.listeners:
             document["listeners"] = {
                 name: {"host": host, "port": port} for name, host, port in self.listeners
@@ -101,6 +110,7 @@ class BrokerInfo:
             d.get("pod"),
             listeners,
             None if admin_port is None else int(admin_port),
+            None if d.get("log_dir") is None else str(d["log_dir"]),
         )
 
 
@@ -133,6 +143,9 @@ class ClusterView:
         self.owners: dict[TopicPartition, int] = {}
         self.assignment = Assignment(generation=0, owners={})
         self.draining: set[int] = set()
+        # Every log dir name a broker registered with, kept after it leaves: with no broker
+        # alive the proxy still answers AlterReplicaLogDirs as one would (LOG_DIR_NOT_FOUND).
+        self.log_dirs: dict[int, str] = {}
         self.acls = AclCache()  # ACL bindings: authorization reads them on every request
         self.quotas = QuotaCache(cluster)  # client quotas: produce and fetch resolve them
         self.watermarks = Watermarks()
@@ -202,18 +215,26 @@ class ClusterView:
 
     async def _follow(self, start_revision: int) -> None:
         async for event in self._etcd.watch_prefix(self._prefix, start_revision):
-            try:
-                if event.kind is WatchEventKind.RESYNC:
+            if event.kind is WatchEventKind.RESYNC:
+                try:
                     await self._reload()
-                else:
-                    self._apply(event)
+                except MetadataUnavailable:
+                    return  # the client was closed
+                continue
+            try:
+                self._apply(event)
             except Exception:
                 log.exception("cannot apply watch event for %s", event.key)
 
     async def _reload(self) -> None:
-        """The watch lost history (compaction): rebuild the view from a fresh read."""
+        """The watch lost history (compaction): rebuild the view from a fresh read.
+
+        Retried until etcd answers: the watch goes on after the compacted stretch, so a reload
+        given up would lose every change in it for good (a lease that moved then stays where
+        it was in this view: a proxy would route to the old owner until that key changed
+        again)."""
         log.warning("cluster watch lost history; reloading the view")
-        entries = await self._etcd.get_prefix(self._prefix)
+        entries = await read_prefix_until_answered(self._etcd, self._prefix, "cluster view")
         self.topics.clear()
         self.brokers.clear()
         self.owners.clear()
@@ -221,7 +242,10 @@ class ClusterView:
         self.acls.clear()
         self.quotas.clear()
         for entry in entries:
-            self._apply_put(entry.key, entry.value)
+            try:
+                self._apply_put(entry.key, entry.value)
+            except Exception:
+                log.exception("cannot load %s", entry.key)
         for tp in list(self.states):
             self.watermarks.notify(tp)
         self.changed.set()
@@ -267,7 +291,9 @@ class ClusterView:
         if kind == "topics" and len(parts) == 2:
             self.topics[parts[1]] = TopicInfo.from_json(parts[1], value)
         elif kind == "brokers" and len(parts) == 2:
-            self.brokers[int(parts[1])] = BrokerInfo.from_json(value)
+            info = self.brokers[int(parts[1])] = BrokerInfo.from_json(value)
+            if info.log_dir is not None:
+                self.log_dirs[info.node_id] = info.log_dir
         elif kind == "partitions" and len(parts) == 3:
             tp = (parts[1], int(parts[2]))
             committing = self._committing.get(tp)

@@ -482,3 +482,20 @@ class Etcd:
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(delay_s):
                 await self._closed.wait()
+
+
+async def read_prefix_until_answered(etcd: Etcd, prefix: str, what: str) -> list[KeyValue]:
+    """``get_prefix``, retried with backoff while etcd cannot answer: for the reload after a
+    RESYNC, which must not be skipped (the watch goes on after the compacted stretch, so a
+    reload given up loses its changes for good: a proxy kept routing to an owner that had
+    moved). Ends when the client is closed (``MetadataUnavailable``)."""
+    backoff = _Backoff(_WATCH_BACKOFF_MIN_S, _WATCH_BACKOFF_MAX_S)
+    while True:
+        try:
+            return await etcd.get_prefix(prefix)
+        except MetadataUnavailable as exc:
+            if etcd.closed:
+                raise
+            delay_s = backoff.next_delay()
+            log.warning("%s: cannot reload from etcd (%s); retrying in %.2f s", what, exc, delay_s)
+        await etcd._pause(delay_s)

@@ -18,6 +18,8 @@ import aetcd
 import grpc
 from aetcd import rpc
 
+from kafscale.broker.metadata.etcd_watcher import MatchedWatcher
+
 # gRPC channel options: reconnect within ~1 s after an etcd restart (the default backoff grows
 # to two minutes), detect a dead peer on an idle watch stream (etcd allows pings every >= 5 s),
 # and accept large prefix reads (the default limit is 4 MiB).
@@ -85,17 +87,16 @@ class EtcdTls:
 
 
 class _Client(aetcd.Client):  # type: ignore[misc]
-    """aetcd's client with a TLS channel where the endpoint is ``https``: aetcd 1.0 only opens
-    plaintext channels. ``connect`` follows aetcd's own, with the channel swapped."""
+    """aetcd's client with a TLS channel where the endpoint is ``https`` (aetcd 1.0 only opens
+    plaintext channels) and our ``MatchedWatcher`` (aetcd's own hands a timed-out watch
+    creation's late answer to the next creation: ``etcd_watcher``). ``connect`` follows
+    aetcd's own, with those two swapped."""
 
     def __init__(self, credentials: grpc.ChannelCredentials | None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self._credentials = credentials
 
     async def connect(self) -> None:
-        if self._credentials is None:
-            await super().connect()
-            return
         if self._connected.is_set():
             return
         if self._is_connecting:  # type: ignore[has-type]
@@ -104,9 +105,11 @@ class _Client(aetcd.Client):  # type: ignore[misc]
         try:
             self._is_connecting = True  # type: ignore[has-type]
             target = f"{self._host}:{self._port}"
-            self.channel = rpc.secure_channel(
-                target, self._credentials, options=self._options.items()
-            )
+            options = self._options.items()
+            if self._credentials is None:
+                self.channel = rpc.insecure_channel(target, options=options)
+            else:
+                self.channel = rpc.secure_channel(target, self._credentials, options=options)
             if self._username is not None and self._password is not None:
                 self.auth_stub = rpc.AuthStub(self.channel)
                 request = rpc.AuthenticateRequest(name=self._username, password=self._password)
@@ -116,7 +119,7 @@ class _Client(aetcd.Client):  # type: ignore[misc]
             self.clusterstub = rpc.ClusterStub(self.channel)
             self.leasestub = rpc.LeaseStub(self.channel)
             self.maintenancestub = rpc.MaintenanceStub(self.channel)
-            self._watcher = aetcd.watcher.Watcher(
+            self._watcher = MatchedWatcher(
                 rpc.WatchStub(self.channel), timeout=self._timeout, metadata=self.metadata
             )
             self._connected.set()

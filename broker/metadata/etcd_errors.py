@@ -13,6 +13,8 @@ from typing import Any
 import aetcd
 from aetcd import rpc
 
+from kafscale.broker.metadata.etcd_watcher import WatchCancelled
+
 # gRPC status codes that mean "etcd could not answer now", not "etcd said no".
 _UNAVAILABLE_CODES = frozenset(
     {
@@ -54,7 +56,11 @@ def translate_error(error: BaseException, what: str) -> MetadataError:
     """Map aetcd/gRPC errors onto ours: outage, lease gone, or refusal."""
     message = f"etcd {what} failed: {error}"
     if isinstance(
-        error, aetcd.ConnectionFailedError | aetcd.ConnectionTimeoutError | aetcd.WatchTimeoutError
+        error,
+        aetcd.ConnectionFailedError
+        | aetcd.ConnectionTimeoutError
+        | aetcd.WatchTimeoutError
+        | WatchCancelled,  # a watch etcd dropped: re-create it from its last revision
     ):
         return MetadataUnavailable(message)
     code = _grpc_code(error)

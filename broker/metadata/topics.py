@@ -56,9 +56,22 @@ INTEGER_CONFIGS: dict[str, int | None] = {
 }
 
 
+def is_valid_topic_name(name: str) -> bool:
+    return bool(_TOPIC_NAME.match(name)) and name not in (".", "..")
+
+
 def validate_topic_name(name: str) -> None:
-    if not _TOPIC_NAME.match(name) or name in (".", ".."):
+    if not is_valid_topic_name(name):
         raise KafkaError(f"invalid topic name {name!r}", ErrorCode.INVALID_TOPIC_EXCEPTION)
+
+
+def missing_topic_error(name: str) -> ErrorCode:
+    """Metadata's code for a topic that does not exist: INVALID_TOPIC_EXCEPTION when the name
+    could never exist (as Kafka answers, so clients fail at once: a retriable
+    UNKNOWN_TOPIC_OR_PARTITION made KafkaJS and librdkafka retry until their timeouts)."""
+    if is_valid_topic_name(name):
+        return ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+    return ErrorCode.INVALID_TOPIC_EXCEPTION
 
 
 def validate_configs(configs: Mapping[str, str | None]) -> None:

@@ -180,16 +180,26 @@ class FrameProtocol(asyncio.BufferedProtocol):
         self._waiting_for_memory = False
 
     def write(self, data: bytes) -> None:
+        self._check_open()
         self.last_active = asyncio.get_running_loop().time()
         self.transport.write(data)
 
     def write_many(self, data: list[bytes]) -> None:
         """Several frames in one go: one system call (``writev``) where the transport can."""
+        self._check_open()
         self.last_active = asyncio.get_running_loop().time()
         if len(data) == 1:
             self.transport.write(data[0])
         else:
             self.transport.writelines(data)
+
+    def _check_open(self) -> None:
+        """A client that closed its connection with requests still in flight (KafkaJS on
+        disconnect) is gone once the first late answer meets its reset: the rest are dropped as
+        a closed connection. uvloop raises RuntimeError on a write to a closed transport, which
+        logged an ERROR with a traceback per such client."""
+        if self._lost or self.transport.is_closing():
+            raise ConnectionResetError("Connection lost")
 
     async def drain(self) -> None:
         """Wait while the transport's write buffer is above its high-water mark."""

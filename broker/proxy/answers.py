@@ -21,6 +21,7 @@ from kafscale.broker.api.metadata import CLUSTER_ID_PREFIX
 from kafscale.broker.api.table import API_TABLE
 from kafscale.broker.api.topic_partitions import LeaderOf, partition_entry
 from kafscale.broker.authz.model import CLUSTER_NAME, Operation, ResourceType
+from kafscale.broker.metadata.topics import missing_topic_error
 from kafscale.broker.protocol.errors import ErrorCode
 from kafscale.broker.proxy.routes import RoutingTable
 
@@ -143,7 +144,7 @@ def _denied_topic(name: str) -> Body:
 def _topic(name: str, routes: RoutingTable, me: Identity, operations: int) -> Body:
     info = routes.view.topics.get(name)
     if info is None:
-        return {"error_code": ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, "name": name, "partitions": []}
+        return {"error_code": missing_topic_error(name), "name": name, "partitions": []}
     partitions = [
         partition_entry(name, p, leader_of(routes, me), routes.leader_epoch)
         for p in range(info.partitions)

@@ -37,6 +37,7 @@ from kafscale.broker.api.fetch_sessions import FetchSessionCache
 from kafscale.broker.api.log_dirs import alter_replica_log_dirs_error_body
 from kafscale.broker.api.sasl import sasl_authenticate, sasl_handshake
 from kafscale.broker.authz.model import CLUSTER_NAME, Operation, ResourceType
+from kafscale.broker.metadata.topics import is_valid_topic_name
 from kafscale.broker.protocol import codec
 from kafscale.broker.protocol.errors import ErrorCode, KafkaError
 from kafscale.broker.proxy import answers, configs, log_dirs, split
@@ -124,7 +125,9 @@ async def metadata(r: ProxyRequest) -> Answer:
     unknown = [
         name
         for name in names
-        if name not in routes.view.topics and r.may_describe(ResourceType.TOPIC, name)
+        if name not in routes.view.topics
+        and is_valid_topic_name(name)  # an invalid name is answered at once (no broker makes it)
+        and r.may_describe(ResourceType.TOPIC, name)
     ]
     refused: dict[str, ErrorCode] = {}
     if unknown and getattr(r.body, "allow_auto_topic_creation", True):
@@ -418,7 +421,10 @@ async def alter_replica_log_dirs(r: ProxyRequest) -> Answer:
         return response
 
     responses = await asyncio.gather(*(ask(body) for body in parts.values()))
-    return log_dirs.merge_moves(r.body, responses, orphans)
+    view = routes.view
+    counts = {name: info.partitions for name, info in view.topics.items()}
+    unhosted = log_dirs.orphan_codes(r.body, orphans, set(view.log_dirs.values()), counts)
+    return log_dirs.merge_moves(r.body, responses, unhosted)
 
 
 # --- to the transaction coordinator -----------------------------------------------------------

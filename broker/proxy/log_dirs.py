@@ -9,17 +9,20 @@ once, from the first answer that has it. Pure: entities in, a response body out.
 AlterReplicaLogDirs goes to the brokers too, each partition to its owner (the broker Metadata
 names its leader, which answers it as a partition it hosts): ``split_moves`` cuts the request
 into one per owner, keeping its dirs, and ``merge_moves`` gives the owners' answers back as one
-broker's. A partition no broker is alive for is REPLICA_NOT_AVAILABLE, as a broker answers for a
-partition it does not host.
+broker's. A partition no broker is alive for (no broker is registered) gets what a broker
+answers for a partition it does not host, in Kafka's order: LOG_DIR_NOT_FOUND for a path that
+is no broker's dir name (the names brokers registered with, remembered by the proxy's view),
+UNKNOWN_TOPIC_OR_PARTITION for a topic or partition etcd does not have, else
+REPLICA_NOT_AVAILABLE (``orphan_codes``).
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable, Mapping
 from typing import Any
 
-from kafscale.broker.api.log_dirs import alter_results_body, requested_moves
+from kafscale.broker.api.log_dirs import alter_result, alter_results_body, requested_moves
 from kafscale.broker.protocol.errors import ErrorCode
 
 Body = dict[str, Any]
@@ -118,9 +121,32 @@ def _cut_request(request: Any, dirs: dict[int, dict[str, list[Any]]]) -> Any:
     return dataclasses.replace(request, dirs=tuple(kept))
 
 
-def merge_moves(request: Any, responses: Iterable[Any], orphans: Iterable[TopicPartition]) -> Body:
-    """The owners' answers as one broker's, in the order the client named the partitions."""
-    codes: dict[TopicPartition, ErrorCode] = dict.fromkeys(orphans, ErrorCode.REPLICA_NOT_AVAILABLE)
+def orphan_codes(
+    request: Any,
+    orphans: Iterable[TopicPartition],
+    dir_names: Collection[str],
+    counts: Mapping[str, int],
+) -> dict[TopicPartition, ErrorCode]:
+    """The answers for partitions no broker is alive for, as a broker with one of
+    ``dir_names`` answers for a partition it does not host (``counts``: the topics' partition
+    counts). No name known (no broker ever seen): the path cannot be checked, only the topic."""
+    paths = requested_moves(request)
+    codes = {}
+    for tp in orphans:
+        path = paths[tp]
+        if dir_names and path not in dir_names:
+            codes[tp] = ErrorCode.LOG_DIR_NOT_FOUND
+        else:
+            codes[tp] = alter_result(path, path, counts, tp, hosted=False)
+    return codes
+
+
+def merge_moves(
+    request: Any, responses: Iterable[Any], orphans: Mapping[TopicPartition, ErrorCode]
+) -> Body:
+    """The owners' answers as one broker's, in the order the client named the partitions;
+    ``orphans``: the answers for partitions no broker is alive for (``orphan_codes``)."""
+    codes: dict[TopicPartition, ErrorCode] = dict(orphans)
     for response in responses:
         for topic in response.results:
             for p in topic.partitions:

@@ -57,6 +57,11 @@ class QuotaEnforcer:
         self._clock = clock
         self.throttles = Throttles()
 
+    @property
+    def enforcing(self) -> bool:
+        """Whether any quota is set (without one, nothing is counted: the common case)."""
+        return bool(self._quotas())
+
     def charge(self, api_key: int, principal: str, client_id: str | None, nbytes: int) -> int:
         """Count ``nbytes`` of a Produce or Fetch; the throttle in milliseconds (0: none)."""
         key = QUOTA_KEYS.get(api_key)

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
+import signal
 import time
 from collections.abc import AsyncIterator
 from contextlib import aclosing, asynccontextmanager
@@ -307,6 +310,58 @@ async def test_watch_from_compacted_revision_resyncs(etcd: Etcd, cluster_name: s
         written = await etcd.put(key, b"3")
         event = await asyncio.wait_for(anext(events), TIMEOUT_S)
     assert (event.kind, event.value, event.mod_revision) == (WatchEventKind.PUT, b"3", written)
+
+
+async def watches_through_a_freeze(
+    server: EmbeddedEtcd, prefixes: list[str], freeze_s: float
+) -> dict[str, list[str]]:
+    """The keys each prefix's watch (all on one client, with a 0.3 s call timeout) received,
+    the watches created while etcd was frozen for ``freeze_s``, then three writes under each."""
+    async with connected(server.client_url, 0.3) as watcher, connected(server.client_url) as writer:
+        start = await writer.revision() + 1
+        seen: dict[str, list[str]] = {prefix: [] for prefix in prefixes}
+        expected = {prefix: [f"{prefix}{i}" for i in range(3)] for prefix in prefixes}
+        complete = asyncio.Event()
+
+        async def follow(prefix: str) -> None:
+            async with aclosing(watcher.watch_prefix(prefix, start)) as events:
+                async for event in events:
+                    seen[prefix].append(event.key)
+                    if seen == expected:
+                        complete.set()
+
+        pid = server.pid
+        assert pid is not None
+        async with asyncio.TaskGroup() as group:
+            os.kill(pid, signal.SIGSTOP)
+            try:
+                followers = [group.create_task(follow(prefix)) for prefix in prefixes]
+                await asyncio.sleep(freeze_s)  # creations time out and are retried meanwhile
+            finally:
+                os.kill(pid, signal.SIGCONT)
+            for i in range(3):
+                for prefix in prefixes:
+                    await put_until_accepted(writer, f"{prefix}{i}", b"x")
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(complete.wait(), 2 * TIMEOUT_S)
+            for follower in followers:
+                follower.cancel()
+        return seen
+
+
+async def test_watches_created_while_etcd_is_frozen_each_get_their_own_prefix(
+    etcd_server_private: EmbeddedEtcd,
+) -> None:
+    """Watch creations that time out (etcd frozen longer than the call timeout) and are retried
+    while the others wait: when etcd answers the queued creations, each watch must still get
+    its own prefix's events, all of them. (aetcd alone handed a timed-out creation's late
+    answer to the next pending creation, at random moments: that watch then followed another
+    prefix and missed its own, which left a proxy routing to moved owners. Three freezes of
+    different lengths; tests/unit/test_etcd_watcher.py drives the exact crossing sequence.)"""
+    for round_, freeze_s in enumerate((1.0, 1.5, 2.0)):
+        prefixes = [f"/kafscale/frozen/{round_}/{name}/" for name in "abcd"]
+        seen = await watches_through_a_freeze(etcd_server_private, prefixes, freeze_s)
+        assert seen == {prefix: [f"{prefix}{i}" for i in range(3)] for prefix in prefixes}
 
 
 async def test_watch_ends_when_the_client_closes(etcd_server: EmbeddedEtcd) -> None:

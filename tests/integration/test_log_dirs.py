@@ -386,6 +386,42 @@ def test_through_the_proxy_every_replica_is_in_the_one_dir(
     assert lines == [["ok", topic, "1"], ["ok", topic, "4"]]
 
 
+def test_through_the_proxy_with_no_broker_alive_the_answers_are_a_brokers(
+    broker_cluster: BrokerCluster,
+) -> None:
+    """No broker is alive, so no partition has an owner to ask: the proxy answers as a broker
+    that does not host the partition would, in Kafka's order (the dir it registered with, then
+    the topic), not REPLICA_NOT_AVAILABLE for everything."""
+    kafka = broker_cluster.start()
+    topic = _name("orphan")
+    create_topics(kafka.bootstrap, [topic], 2)
+    proxy = start_proxy(broker_cluster)
+    (broker,) = describe(proxy.bootstrap)
+    log_dir = broker["log_dirs"][0]["log_dir"]
+    assert kafka.stop() == 0  # deregisters: the proxy routes to nobody now
+    eventually(lambda: not proxy.status()["brokers"], "the proxy to see no broker")
+    body = {
+        "dirs": [
+            {"path": log_dir, "topics": [{"name": topic, "partitions": [0, 7]}]},
+            {"path": "/var/lib/kafka/data", "topics": [{"name": topic, "partitions": [1]}]},
+            {"path": log_dir, "topics": [{"name": "nope", "partitions": [0]}]},
+        ]
+    }
+    with KafkaWire(proxy.bootstrap) as wire:
+        results = wire.request(ALTER_REPLICA_LOG_DIRS, 2, body).results
+    codes = {
+        (str(t.topic_name), int(p.partition_index)): int(p.error_code)
+        for t in results
+        for p in t.partitions
+    }
+    assert codes == {
+        (topic, 0): ReplicaNotAvailableError.errno,
+        (topic, 7): UnknownTopicOrPartitionError.errno,
+        (topic, 1): LogDirNotFoundError.errno,
+        ("nope", 0): UnknownTopicOrPartitionError.errno,
+    }
+
+
 def test_alter_on_the_cluster_is_required(secured: tuple[BrokerCluster, BrokerProcess]) -> None:
     cluster, kafka = secured
     log_dir = f"s3://{cluster.bucket}"

@@ -25,7 +25,7 @@ from kafscale.broker.metadata import keys
 from kafscale.broker.metadata.partition_state import PartitionState, SegmentRef, commit_segment
 from kafscale.broker.protocol import codec
 from kafscale.broker.protocol.errors import ErrorCode
-from kafscale.broker.proxy.log_dirs import merge_log_dirs, merge_moves, split_moves
+from kafscale.broker.proxy.log_dirs import merge_log_dirs, merge_moves, orphan_codes, split_moves
 from kafscale.broker.storage.local_dir import LocalDirObjectStore
 from kafscale.broker.storage.log_sizes import (
     LogSizes,
@@ -321,7 +321,7 @@ def test_the_proxy_sends_each_partition_to_its_owner_and_joins_the_answers() -> 
         )
         for cut in parts.values()
     ]
-    merged = merge_moves(request, answers, orphans)
+    merged = merge_moves(request, answers, orphan_codes(request, orphans, {DIR}, {"t": 4}))
     assert codes_of(merged) == {
         ("t", 0): ErrorCode.NONE,
         ("t", 1): ErrorCode.NONE,
@@ -329,3 +329,28 @@ def test_the_proxy_sends_each_partition_to_its_owner_and_joins_the_answers() -> 
         ("t", 3): ErrorCode.LOG_DIR_NOT_FOUND,
         ("u", 0): ErrorCode.LOG_DIR_NOT_FOUND,
     }
+
+
+def test_a_partition_no_broker_is_alive_for_gets_what_a_broker_answers() -> None:
+    """Kafka's order, as a broker that does not host the partition answers: the dir first,
+    then the topic, then REPLICA_NOT_AVAILABLE."""
+    request = alter_request(
+        {DIR: {"t": [0, 9], "gone": [0]}, "/elsewhere": {"t": [1], "gone": [1]}}
+    )
+    orphans = [("t", 0), ("t", 9), ("gone", 0), ("t", 1), ("gone", 1)]
+    assert orphan_codes(request, orphans, {DIR}, {"t": 4}) == {
+        ("t", 0): ErrorCode.REPLICA_NOT_AVAILABLE,
+        ("t", 9): ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
+        ("gone", 0): ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
+        ("t", 1): ErrorCode.LOG_DIR_NOT_FOUND,
+        ("gone", 1): ErrorCode.LOG_DIR_NOT_FOUND,
+    }
+    # No broker ever seen: no dir name to check the path against; the topic still is.
+    assert (
+        orphan_codes(request, orphans, set(), {"t": 4})[("t", 1)] is ErrorCode.REPLICA_NOT_AVAILABLE
+    )
+    assert orphan_codes(request, orphans, set(), {"t": 4})[("gone", 1)] is (
+        ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+    )
+    merged = merge_moves(request, [], orphan_codes(request, orphans, {DIR}, {"t": 4}))
+    assert codes_of(merged)[("t", 1)] is ErrorCode.LOG_DIR_NOT_FOUND

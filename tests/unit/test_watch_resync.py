@@ -1,0 +1,106 @@
+"""A view whose watch lost history reloads it even when etcd does not answer the first reads.
+
+The watch goes on after the compacted stretch (``Etcd.watch_prefix`` says RESYNC, then
+continues), so a reload given up loses that stretch's changes for good: the view (the proxy's
+routes, a broker's Metadata) kept a lease that had moved. Driven with an in-memory etcd whose
+``get_prefix`` fails twice, as etcd does while it comes back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+from kafscale.broker.groups.leases import GroupLeases
+from kafscale.broker.metadata import keys
+from kafscale.broker.metadata.cluster import BrokerInfo, ClusterView, TopicInfo
+from kafscale.broker.metadata.etcd import Etcd, WatchEvent, WatchEventKind
+from kafscale.broker.metadata.etcd_errors import MetadataUnavailable
+from kafscale.broker.metadata.etcd_txn import KeyValue
+
+CLUSTER = "resync"
+
+
+def kv(key: str, value: bytes) -> KeyValue:
+    return KeyValue(key, value, 1, 1, 1, 0)
+
+
+class CompactedEtcd:
+    """Lists ``before`` at start, then the watch says RESYNC; ``get_prefix`` fails
+    ``failures`` times before it lists ``after``."""
+
+    def __init__(self, before: list[KeyValue], after: list[KeyValue], failures: int) -> None:
+        self.before = before
+        self.after = after
+        self.failures = failures
+        self.closed = False
+        self.reads = 0
+        self.answered = asyncio.Event()  # set by the read that answers (the reload's)
+
+    async def get_prefix_with_revision(self, prefix: str) -> tuple[list[KeyValue], int]:
+        return [e for e in self.before if e.key.startswith(prefix)], 10
+
+    async def get_prefix(self, prefix: str) -> list[KeyValue]:
+        self.reads += 1
+        if self.reads <= self.failures:
+            raise MetadataUnavailable("etcd get_prefix timed out after 5 s")
+        self.answered.set()  # the caller applies the answer before it next yields
+        return [e for e in self.after if e.key.startswith(prefix)]
+
+    async def watch_prefix(self, prefix: str, start: int) -> AsyncIterator[WatchEvent]:
+        yield WatchEvent(WatchEventKind.RESYNC, prefix, b"", 20)
+        await asyncio.Event().wait()  # nothing more happens
+
+    async def _pause(self, delay_s: float) -> None:
+        await asyncio.sleep(0)
+
+
+def cluster_keys(lease_owner: int) -> list[KeyValue]:
+    return [
+        kv(keys.topic_key(CLUSTER, "t"), TopicInfo("t", "id", 1).to_json()),
+        kv(keys.broker_key(CLUSTER, 1), BrokerInfo(1, "h", 1).to_json()),
+        kv(keys.broker_key(CLUSTER, 2), BrokerInfo(2, "h", 2).to_json()),
+        kv(keys.partition_lease_key(CLUSTER, "t", 0), str(lease_owner).encode()),
+        kv(keys.group_lease_key(CLUSTER, "g"), str(lease_owner).encode()),
+    ]
+
+
+async def test_cluster_view_retries_the_reload_after_lost_history() -> None:
+    etcd = CompactedEtcd(cluster_keys(1), cluster_keys(2), failures=2)
+    view = ClusterView(etcd, CLUSTER)  # type: ignore[arg-type]
+    await view.start()
+    try:
+        assert view.owners == {("t", 0): 1}
+        await asyncio.wait_for(etcd.answered.wait(), 5)
+        assert view.owners == {("t", 0): 2}
+        assert etcd.reads == 3
+    finally:
+        await view.close()
+
+
+async def test_group_leases_retry_the_reload_after_lost_history() -> None:
+    etcd = CompactedEtcd(cluster_keys(1), cluster_keys(2), failures=2)
+    changes: list[tuple[str, int | None]] = []
+    leases = GroupLeases(etcd, CLUSTER, lambda g, o, _r: changes.append((g, o)))  # type: ignore[arg-type]
+    await leases.start()
+    try:
+        await asyncio.wait_for(etcd.answered.wait(), 5)
+        assert leases.owners == {"g": 2}
+        assert changes == [("g", 2)]
+    finally:
+        await leases.close()
+
+
+async def test_a_closed_client_ends_the_reload() -> None:
+    etcd = CompactedEtcd(cluster_keys(1), cluster_keys(2), failures=10**9)
+    etcd.closed = True
+    view = ClusterView(etcd, CLUSTER)  # type: ignore[arg-type]
+    await view.start()
+    assert view._watch_task is not None
+    await asyncio.wait_for(view._watch_task, 5)  # ends quietly instead of retrying forever
+    assert view.owners == {("t", 0): 1}
+
+
+def test_the_fake_has_the_adapter_calls_the_views_use() -> None:
+    for name in ("get_prefix_with_revision", "get_prefix", "watch_prefix", "_pause", "closed"):
+        assert hasattr(Etcd, name)
