@@ -95,8 +95,10 @@ def build_settings(overrides: dict[str, Any]) -> BrokerSettings:
 
 
 def build_model(model: type[S], overrides: dict[str, Any]) -> S:
-    """``model`` from the environment with ``overrides`` (from flags) on top."""
-    merged = model().model_dump()
+    """``model`` from the environment with ``overrides`` (from flags) on top. Only the values
+    given are merged, so the result still knows which settings were set (``model_fields_set``:
+    DescribeConfigs tells a broker setting given at start-up from a default)."""
+    merged = model().model_dump(exclude_unset=True)
     _deep_merge(merged, overrides)
     return model.model_validate(merged)
 

@@ -13,8 +13,15 @@ import logging
 from typing import Any
 
 from kafscale.broker.api import access
+from kafscale.broker.api.config_sources import (
+    broker_synonyms,
+    source_of,
+    synonym_bodies,
+    topic_synonyms,
+)
 from kafscale.broker.api.configs import (
     TOPIC_CONFIG_TYPES,
+    BrokerConfig,
     ConfigType,
     broker_configs,
     topic_config_type,
@@ -29,9 +36,6 @@ log = logging.getLogger(__name__)
 
 TOPIC_RESOURCE = 2
 BROKER_RESOURCE = 4
-CONFIG_SOURCE_TOPIC = 1
-CONFIG_SOURCE_STATIC_BROKER = 4
-CONFIG_SOURCE_DEFAULT = 5
 SET, DELETE, APPEND, SUBTRACT = 0, 1, 2, 3
 
 
@@ -82,7 +86,9 @@ async def _create_one(topic: Any, validate_only: bool, ctx: RequestContext) -> B
                 for entry in _config_entries(
                     topics.effective_configs(info, broker.settings.topic_defaults()),
                     info.configs,
+                    _broker_configs(ctx),
                     None,
+                    include_synonyms=False,
                 )
             ],
         )
@@ -192,13 +198,14 @@ async def handle_create_partitions(request: Any, ctx: RequestContext) -> Body:
 
 
 async def handle_describe_configs(request: Any, ctx: RequestContext) -> Body:
+    include = bool(getattr(request, "include_synonyms", False))
     results = []
     for resource in request.resources:
-        results.append(_describe_one(resource, ctx))
+        results.append(_describe_one(resource, include, ctx))
     return {"throttle_time": 0, "results": results}
 
 
-def _describe_one(resource: Any, ctx: RequestContext) -> Body:
+def _describe_one(resource: Any, include_synonyms: bool, ctx: RequestContext) -> Body:
     base: Body = {"resource_type": resource.resource_type, "resource_name": resource.resource_name}
     wanted = resource.configuration_keys
     try:
@@ -208,7 +215,10 @@ def _describe_one(resource: Any, ctx: RequestContext) -> Body:
     except KafkaError as exc:
         return {**base, "error_code": exc.code, "error_message": str(exc), "configs": []}
     if resource.resource_type == BROKER_RESOURCE:
-        return {**base, **_describe_broker(resource.resource_name, wanted, ctx)}
+        return {
+            **base,
+            **_describe_broker(resource.resource_name, wanted, include_synonyms, ctx),
+        }
     if resource.resource_type != TOPIC_RESOURCE:
         return {
             **base,
@@ -220,12 +230,19 @@ def _describe_one(resource: Any, ctx: RequestContext) -> Body:
     if info is None:
         return {**base, "error_code": ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, "configs": []}
     defaults = ctx.broker.settings.topic_defaults()
-    entries = _config_entries(topics.effective_configs(info, defaults), info.configs, wanted)
+    entries = _config_entries(
+        topics.effective_configs(info, defaults),
+        info.configs,
+        _broker_configs(ctx),
+        wanted,
+        include_synonyms,
+    )
     return {**base, "error_code": ErrorCode.NONE, "configs": entries}
 
 
-def _describe_broker(name: str, wanted: Any, ctx: RequestContext) -> Body:
-    """This broker's configs (a broker describes only itself; "" names the cluster default)."""
+def _describe_broker(name: str, wanted: Any, include_synonyms: bool, ctx: RequestContext) -> Body:
+    """This broker's configs (a broker describes only itself; "" names the cluster default,
+    which has no dynamic settings here: every value there is reported as a default)."""
     broker = ctx.broker
     if name not in ("", str(broker.node_id)):
         return {
@@ -233,50 +250,69 @@ def _describe_broker(name: str, wanted: Any, ctx: RequestContext) -> Body:
             "error_message": f"this is broker {broker.node_id}, not {name}",
             "configs": [],
         }
-    info = broker.info
-    configs = broker_configs(
-        broker.settings,
-        broker.node_id,
-        info.host if info is not None else "",
-        info.port if info is not None else 0,
-    )
+    configs = _broker_configs(ctx).values()
     chosen = [c for c in configs if not wanted or c.name in wanted]
-    source = CONFIG_SOURCE_STATIC_BROKER if name else CONFIG_SOURCE_DEFAULT
-    entries: list[Body] = [
-        {
-            "name": config.name,
-            "value": config.value,
-            "read_only": True,
-            "config_source": source,
-            "is_sensitive": False,
-            "synonyms": [],
-            "config_type": int(config.type),
-            "documentation": None,
-        }
-        for config in chosen
-    ]
+    entries = [_broker_entry(config, bool(name), include_synonyms) for config in chosen]
     return {"error_code": ErrorCode.NONE, "configs": entries}
+
+
+def _broker_configs(ctx: RequestContext) -> dict[str, BrokerConfig]:
+    broker = ctx.broker
+    advertised = broker.info.listeners if broker.info is not None else ()
+    bound = broker.server.ports if broker.server is not None else {}
+    configs = broker_configs(broker.settings, broker.node_id, advertised, bound)
+    return {config.name: config for config in configs}
+
+
+def _broker_entry(config: BrokerConfig, own: bool, include_synonyms: bool) -> Body:
+    synonyms = broker_synonyms(config) if own else []
+    return {
+        "name": config.name,
+        "value": config.value,
+        "read_only": True,
+        "config_source": int(source_of(synonyms)),
+        "is_sensitive": False,
+        "synonyms": synonym_bodies(synonyms, include_synonyms),
+        "config_type": int(config.type),
+        "documentation": None,
+    }
 
 
 # CreateTopics answers each config with fewer fields than DescribeConfigs does.
 CREATED_TOPIC_CONFIG_KEYS = ("name", "value", "read_only", "config_source", "is_sensitive")
 
 
-def _config_entries(effective: dict[str, str], explicit: dict[str, str], wanted: Any) -> list[Body]:
+def _config_entries(
+    effective: dict[str, str],
+    explicit: dict[str, str],
+    broker: dict[str, BrokerConfig],
+    wanted: Any,
+    include_synonyms: bool,
+) -> list[Body]:
     names = sorted(effective) if not wanted else [n for n in wanted if n in effective]
     return [
-        {
-            "name": name,
-            "value": effective[name],
-            "read_only": name in topics.READ_ONLY_CONFIGS,
-            "config_source": CONFIG_SOURCE_TOPIC if name in explicit else CONFIG_SOURCE_DEFAULT,
-            "is_sensitive": False,
-            "synonyms": [],
-            "config_type": int(topic_config_type(name)),
-            "documentation": None,
-        }
-        for name in names
+        _topic_entry(name, effective[name], explicit, broker, include_synonyms) for name in names
     ]
+
+
+def _topic_entry(
+    name: str,
+    value: str,
+    explicit: dict[str, str],
+    broker: dict[str, BrokerConfig],
+    include_synonyms: bool,
+) -> Body:
+    synonyms = topic_synonyms(name, explicit, broker)
+    return {
+        "name": name,
+        "value": value,
+        "read_only": name in topics.READ_ONLY_CONFIGS,
+        "config_source": int(source_of(synonyms)),
+        "is_sensitive": False,
+        "synonyms": synonym_bodies(synonyms, include_synonyms),
+        "config_type": int(topic_config_type(name)),
+        "documentation": None,
+    }
 
 
 async def handle_incremental_alter_configs(request: Any, ctx: RequestContext) -> Body:

@@ -16,6 +16,7 @@ import ssl
 from typing import Any
 
 from kafscale.broker.admin_http import AdminRoutes, AdminServer
+from kafscale.broker.api.configs import listener_values
 from kafscale.broker.api.fetch_sessions import FetchSessionCache
 from kafscale.broker.app import StartupError, listener_endpoints
 from kafscale.broker.metadata.etcd import Etcd
@@ -194,6 +195,12 @@ class Proxy:
             ProxyAccess(settings.authorizer, self.routes.view.acls),
             CredentialStore(self.etcd, settings.cluster).get,
             settings.transactions.protocol_version,
+            listener_values(
+                plan,
+                plan[0].name,
+                [(name, me.host, me.port) for name, me in identities.items()],
+                ports,
+            ),
         )
         routes = AdminRoutes(
             is_ready=self.is_ready,

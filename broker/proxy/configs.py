@@ -12,7 +12,7 @@ goes to that broker. Topics and the cluster default (``""``) go to any broker.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -50,15 +50,21 @@ def as_broker(resource: Any, broker: int) -> Any:
     return dataclasses.replace(resource, resource_name=str(broker))
 
 
-def as_proxy(result: Any, proxy_id: int, advertised: str) -> Any:
-    """A broker's description of itself, as the proxy's (its id and listener)."""
-    own = {
-        "broker.id": str(proxy_id),
-        "node.id": str(proxy_id),
-        "advertised.listeners": f"PLAINTEXT://{advertised}",
-    }
+def as_proxy(result: Any, proxy_id: int, listeners: Mapping[str, str]) -> Any:
+    """A broker's description of itself, as the proxy's: its id and its own ``listeners``
+    configs (``api.configs.listener_values``), in each entry's value and in its synonyms of the
+    same name."""
+    own = {"broker.id": str(proxy_id), "node.id": str(proxy_id), **listeners}
     configs = tuple(
-        dataclasses.replace(config, value=own[config.name]) if config.name in own else config
+        _as_own(config, own[config.name]) if config.name in own else config
         for config in result.configs
     )
     return dataclasses.replace(result, resource_name=str(proxy_id), configs=configs)
+
+
+def _as_own(config: Any, value: str) -> Any:
+    synonyms = tuple(
+        dataclasses.replace(synonym, value=value) if synonym.name == config.name else synonym
+        for synonym in getattr(config, "synonyms", ())
+    )
+    return dataclasses.replace(config, value=value, synonyms=synonyms)

@@ -71,6 +71,8 @@ class ProxyContext:
     access: ProxyAccess | None = None  # None: every client may describe everything
     credentials: CredentialLookup | None = None  # SCRAM credentials for SASL logins
     transaction_version: int = TRANSACTION_VERSION  # the finalized level ApiVersions reports
+    # The proxy's own listener configs (DescribeConfigs of its broker id)
+    listener_configs: Mapping[str, str] = dataclasses.field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -552,7 +554,7 @@ async def describe_configs(r: ProxyRequest) -> Answer:
         throttle = max(throttle, codec.millis(response.throttle_time))
         for index, result in zip(indexes, response.results, strict=True):
             if targets[index].as_proxy:
-                result = configs.as_proxy(result, me.node_id, f"{me.host}:{me.port}")
+                result = configs.as_proxy(result, me.node_id, r.ctx.listener_configs)
             results[index] = result
     return {"throttle_time": throttle, "results": results}
 

@@ -418,6 +418,9 @@ def test_describe_configs_of_the_proxy_broker_answers_as_the_proxy(
     configs = admin.describe_configs([resource])[resource].result(30)
     assert configs["broker.id"].value == "1000"
     assert configs["advertised.listeners"].value == f"PLAINTEXT://{proxied.bootstrap}"
+    port = proxied.bootstrap.rsplit(":", 1)[1]
+    assert configs["listeners"].value.endswith(f":{port}")  # the proxy's, not a broker's
+    assert configs["listener.security.protocol.map"].value == "PLAINTEXT:PLAINTEXT"
     assert configs["num.partitions"].value  # a broker's real configs
     # A topic and the proxy's broker in one request: each answered in the client's order.
     with KafkaWire(proxied.bootstrap) as wire:
@@ -429,7 +432,7 @@ def test_describe_configs_of_the_proxy_broker_answers_as_the_proxy(
                     {"resource_type": 2, "resource_name": topic, "configuration_keys": None},
                     {"resource_type": 4, "resource_name": "1000", "configuration_keys": None},
                 ],
-                "include_synonyms": False,
+                "include_synonyms": True,
                 "include_documentation": False,
             },
         )
@@ -437,7 +440,12 @@ def test_describe_configs_of_the_proxy_broker_answers_as_the_proxy(
         (topic, ErrorCode.NONE),
         ("1000", ErrorCode.NONE),
     ]
-    assert {c.name: c.value for c in response.results[0].configs}["cleanup.policy"] == "delete"
+    topic_configs = {c.name: c for c in response.results[0].configs}
+    assert topic_configs["cleanup.policy"].value == "delete"
+    assert [s.name for s in topic_configs["cleanup.policy"].synonyms] == ["log.cleanup.policy"]
+    # The proxy's own id in the synonyms too, not the answering broker's.
+    broker_id = {c.name: c for c in response.results[1].configs}["broker.id"]
+    assert [(s.value, int(s.source)) for s in broker_id.synonyms] == [("1000", 4)]
 
 
 def test_alter_configs_through_the_proxy(proxied: Proxied, topic: str) -> None:

@@ -70,7 +70,8 @@ def test_a_brokers_description_of_itself_becomes_the_proxys() -> None:
                         for name, value in [
                             ("broker.id", "3"),
                             ("node.id", "3"),
-                            ("advertised.listeners", "PLAINTEXT://10.0.0.3:9093"),
+                            ("advertised.listeners", "INTERNAL://10.0.0.3:9093"),
+                            ("listener.security.protocol.map", "INTERNAL:PLAINTEXT"),
                             ("num.partitions", "6"),
                         ]
                     ],
@@ -78,12 +79,17 @@ def test_a_brokers_description_of_itself_becomes_the_proxys() -> None:
             ],
         },
     )
-    result = as_proxy(response.results[0], 1000, "proxy.example:9092")
+    own = {
+        "advertised.listeners": "EXTERNAL://proxy.example:9092",
+        "listener.security.protocol.map": "EXTERNAL:SASL_SSL",
+    }
+    result = as_proxy(response.results[0], 1000, own)
     assert result.resource_name == "1000"
     assert {c.name: c.value for c in result.configs} == {
         "broker.id": "1000",
         "node.id": "1000",
-        "advertised.listeners": "PLAINTEXT://proxy.example:9092",
+        "advertised.listeners": "EXTERNAL://proxy.example:9092",
+        "listener.security.protocol.map": "EXTERNAL:SASL_SSL",
         "num.partitions": "6",
     }
 
@@ -92,3 +98,44 @@ def test_the_proxy_handles_every_api_it_advertises() -> None:
     """The proxy advertises the brokers' API table; an API in it without a proxy handler is
     one the proxy closes the connection on (AlterConfigs was, for aiokafka's alter_configs)."""
     assert sorted(set(API_TABLE) - set(HANDLERS)) == []
+
+
+def test_the_proxys_own_values_replace_the_brokers_in_synonyms_too() -> None:
+    """With include_synonyms, a tool shows the synonyms' values: the answering broker's id
+    there would contradict the proxy's id in the entry."""
+    response = codec.build_entity(
+        RESPONSE_V4,
+        {
+            "throttle_time": 0,
+            "results": [
+                {
+                    "error_code": 0,
+                    "resource_type": BROKER_RESOURCE,
+                    "resource_name": "3",
+                    "configs": [
+                        {
+                            "name": "broker.id",
+                            "value": "3",
+                            "config_source": 4,
+                            "synonyms": [{"name": "broker.id", "value": "3", "source": 4}],
+                        },
+                        {
+                            "name": "num.partitions",
+                            "value": "6",
+                            "config_source": 4,
+                            "synonyms": [
+                                {"name": "num.partitions", "value": "6", "source": 4},
+                                {"name": "num.partitions", "value": "3", "source": 5},
+                            ],
+                        },
+                    ],
+                }
+            ],
+        },
+    )
+    configs = {c.name: c for c in as_proxy(response.results[0], 1000, {}).configs}
+    assert [(s.value, s.source) for s in configs["broker.id"].synonyms] == [("1000", 4)]
+    assert [(s.value, s.source) for s in configs["num.partitions"].synonyms] == [
+        ("6", 4),
+        ("3", 5),
+    ]
