@@ -191,7 +191,7 @@ async def list_config_resources(r: ProxyRequest) -> Answer:
     ids = answers.node_ids(routes, r.identity)
     try:
         return config_resources.list_config_resources_body(
-            r.body, r.call.api_version, routes.view.topics, ids
+            r.body, r.call.api_version, routes.view.topics, ids, routes.view.group_configs
         )
     except KafkaError as exc:
         return {"throttle_time": 0, "error_code": exc.code}
