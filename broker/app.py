@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import socket
 import ssl
@@ -22,6 +23,7 @@ from kafscale.broker.api.dispatch import Dispatcher
 from kafscale.broker.api.envelope import handle_envelope
 from kafscale.broker.api.fetch_sessions import FetchSessionCache
 from kafscale.broker.api.table import API_TABLE
+from kafscale.broker.api.txn_partitions import write_markers_here
 from kafscale.broker.buffer_pool import BufferPool
 from kafscale.broker.config import BrokerSettings, TlsSettings
 from kafscale.broker.groups.coordinator import GroupCoordinator, group_config
@@ -219,7 +221,10 @@ class Broker:
         self.groups = GroupCoordinator(self, group_config(self.settings.groups))
         await self.groups.start()
         self.transactions = TransactionCoordinator(
-            self, self.settings.transactions, inter_broker_link(self.settings, self._inter_broker)
+            self,
+            self.settings.transactions,
+            inter_broker_link(self.settings, self._inter_broker),
+            functools.partial(write_markers_here, self),
         )
         await self.transactions.start()
         self.manager = LogManager(

@@ -282,6 +282,30 @@ class GroupSettings(_Section):
         description="group.consumer.heartbeat.interval.ms: how often consumer-protocol members "
         "heartbeat.",
     )
+    consumer_min_session_timeout_ms: int = Field(
+        45_000,
+        ge=1,
+        description="group.consumer.min.session.timeout.ms: the shortest "
+        "consumer.session.timeout.ms a group's own config may set.",
+    )
+    consumer_max_session_timeout_ms: int = Field(
+        60_000,
+        ge=1,
+        description="group.consumer.max.session.timeout.ms: the longest "
+        "consumer.session.timeout.ms a group's own config may set.",
+    )
+    consumer_min_heartbeat_interval_ms: int = Field(
+        5_000,
+        ge=1,
+        description="group.consumer.min.heartbeat.interval.ms: the shortest "
+        "consumer.heartbeat.interval.ms a group's own config may set.",
+    )
+    consumer_max_heartbeat_interval_ms: int = Field(
+        15_000,
+        ge=1,
+        description="group.consumer.max.heartbeat.interval.ms: the longest "
+        "consumer.heartbeat.interval.ms a group's own config may set.",
+    )
 
 
 class TransactionSettings(_Section):

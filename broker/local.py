@@ -41,7 +41,12 @@ from kafscale.broker.security.listeners import (
     ClientAuth,
     SecurityProtocol,
 )
-from kafscale.broker.security.local_pki import PROXY_PRINCIPAL, LocalPki, make_local_pki
+from kafscale.broker.security.local_pki import (
+    BROKER_PRINCIPAL,
+    PROXY_PRINCIPAL,
+    LocalPki,
+    make_local_pki,
+)
 from kafscale.broker.storage.object_store import ObjectStoreError
 
 log = logging.getLogger(__name__)
@@ -130,8 +135,8 @@ def behind_proxy(
     base: BrokerSettings, options: LocalOptions, index: int, pki: LocalPki | None
 ) -> dict[str, object]:
     """What a broker behind the local proxy changes: none of the given listeners (the
-    proxy's); with ``pki`` one SSL listener requiring the proxy's certificate, whose
-    principal is a super user."""
+    proxy's); with ``pki`` one SSL listener requiring a certificate of the local CA: the
+    proxy's or the brokers' own (their markers and transaction checks), both super users."""
     plain: dict[str, object] = {
         "listeners": None,
         "advertised_listeners": None,
@@ -143,7 +148,7 @@ def behind_proxy(
         return plain
     port = options.broker_port(index)
     authorizer = base.authorizer.model_copy(
-        update={"super_users": (*base.authorizer.super_users, PROXY_PRINCIPAL)}
+        update={"super_users": (*base.authorizer.super_users, PROXY_PRINCIPAL, BROKER_PRINCIPAL)}
     )
     return plain | {
         "listeners": f"INTERNAL://{options.host}:{port}",

@@ -14,6 +14,8 @@ from kafscale.broker.protocol.errors import ErrorCode, KafkaError
 
 TOPIC = ResourceType.TOPIC
 GROUP = ResourceType.GROUP
+GROUP_CONFIG_RESOURCE = 32
+"""A group in the config APIs (``ConfigResource.Type.GROUP``), not the ACL resource type."""
 CLUSTER = ResourceType.CLUSTER
 TRANSACTIONAL_ID = ResourceType.TRANSACTIONAL_ID
 
@@ -30,7 +32,13 @@ TOPIC_OPS = (
     Operation.DESCRIBE_CONFIGS,
     Operation.ALTER_CONFIGS,
 )
-GROUP_OPS = (Operation.READ, Operation.DESCRIBE, Operation.DELETE)
+GROUP_OPS = (
+    Operation.READ,
+    Operation.DESCRIBE,
+    Operation.DELETE,
+    Operation.DESCRIBE_CONFIGS,
+    Operation.ALTER_CONFIGS,
+)  # the configs ones since Kafka 4.0 (KIP-848's group configs)
 CLUSTER_OPS = (
     Operation.CREATE,
     Operation.CLUSTER_ACTION,
@@ -129,10 +137,12 @@ def operations_if_asked(
 def require_config(
     ctx: RequestContext, operation: Operation, config_resource_type: int, name: str
 ) -> None:
-    """``require`` for a config resource: a topic (type 2) is itself, anything else (a
-    broker, its loggers) is the cluster, as Kafka authorizes config APIs."""
+    """``require`` for a config resource: a topic (type 2) or a group (type 32) is itself,
+    anything else (a broker, its loggers) is the cluster, as Kafka authorizes config APIs."""
     if config_resource_type == TOPIC:
         require(ctx, operation, TOPIC, name)
+    elif config_resource_type == GROUP_CONFIG_RESOURCE:
+        require(ctx, operation, GROUP, name)
     else:
         require(ctx, operation, CLUSTER)
 

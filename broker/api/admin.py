@@ -27,6 +27,7 @@ from kafscale.broker.api.configs import (
     topic_config_type,
 )
 from kafscale.broker.api.dispatch import Body, RequestContext
+from kafscale.broker.api.group_configs import GROUP_RESOURCE, alter_group, describe_group
 from kafscale.broker.api.metadata import topic_uuid
 from kafscale.broker.authz.model import Operation
 from kafscale.broker.metadata import topics
@@ -219,12 +220,17 @@ def _describe_one(resource: Any, include_synonyms: bool, ctx: RequestContext) ->
             **base,
             **_describe_broker(resource.resource_name, wanted, include_synonyms, ctx),
         }
+    if resource.resource_type == GROUP_RESOURCE:
+        return {
+            **base,
+            **describe_group(resource.resource_name, wanted, include_synonyms, ctx),
+        }
     if resource.resource_type != TOPIC_RESOURCE:
         return {
             **base,
             "error_code": ErrorCode.INVALID_REQUEST,
             "configs": [],
-            "error_message": "only topic and broker resources are supported",
+            "error_message": "only topic, broker and group resources are supported",
         }
     info = ctx.broker.view.topics.get(resource.resource_name)
     if info is None:
@@ -326,8 +332,15 @@ async def handle_incremental_alter_configs(request: Any, ctx: RequestContext) ->
             access.require_config(
                 ctx, Operation.ALTER_CONFIGS, resource.resource_type, resource.resource_name
             )
+            if resource.resource_type == GROUP_RESOURCE:
+                changes = incremental_changes(resource.configs, {})
+                await alter_group(resource.resource_name, changes, bool(request.validate_only), ctx)
+                responses.append({**base, "error_code": ErrorCode.NONE})
+                continue
             if resource.resource_type != TOPIC_RESOURCE:
-                raise KafkaError("only topic configs can be altered", ErrorCode.INVALID_REQUEST)
+                raise KafkaError(
+                    "only topic and group configs can be altered", ErrorCode.INVALID_REQUEST
+                )
             known = ctx.broker.view.topics.get(resource.resource_name)
             changes = incremental_changes(resource.configs, known.configs if known else {})
             check_config_names(changes)
@@ -395,9 +408,16 @@ async def handle_alter_configs(request: Any, ctx: RequestContext) -> Body:
             access.require_config(
                 ctx, Operation.ALTER_CONFIGS, resource.resource_type, resource.resource_name
             )
+            if resource.resource_type == GROUP_RESOURCE:
+                given = {c.name: c.value for c in resource.configs}
+                await alter_group(
+                    resource.resource_name, given, bool(request.validate_only), ctx, True
+                )
+                responses.append({**base, "error_code": ErrorCode.NONE})
+                continue
             if resource.resource_type != TOPIC_RESOURCE:
                 raise KafkaError(
-                    "only topic configs can be altered (broker configs are static)",
+                    "only topic and group configs can be altered (broker configs are static)",
                     ErrorCode.INVALID_REQUEST,
                 )
             info = ctx.broker.view.topics.get(resource.resource_name)

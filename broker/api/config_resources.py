@@ -4,12 +4,13 @@ the resources whose configs DescribeConfigs can be asked for.
 v0 lists client-metrics resources only, and KafScale has none. v1 takes a filter of resource
 types (empty: every supported type): topics (type 2) are every topic; brokers (4) the live
 brokers' ids, as Metadata lists them (the proxy lists its own ids); broker loggers (8),
-client metrics (16) and groups (32, only groups that have dynamic group configs) are empty:
-KafScale has no dynamic logger levels, client-metrics subscriptions or group configs. A type
+client metrics (16) are empty: KafScale has no dynamic logger levels or client-metrics
+subscriptions; groups (32) are the groups that have their own configs (KIP-848). A type
 outside Kafka's set gets UNSUPPORTED_VERSION, as Kafka answers it. DESCRIBE_CONFIGS on the
 cluster is required, as for Kafka.
 
-The answer is a pure function of the topic names and broker ids, shared with the proxy.
+The answer is a pure function of the topic names, broker ids and configured groups, shared
+with the proxy.
 """
 
 from __future__ import annotations
@@ -27,7 +28,11 @@ SUPPORTED_TYPES = (TOPIC, BROKER, BROKER_LOGGER, CLIENT_METRICS, GROUP)
 
 
 def config_resources(
-    version: int, resource_types: Iterable[int], topics: Iterable[str], broker_ids: Iterable[int]
+    version: int,
+    resource_types: Iterable[int],
+    topics: Iterable[str],
+    broker_ids: Iterable[int],
+    groups: Iterable[str] = (),
 ) -> list[Body]:
     """The resources of the requested types (raises UNSUPPORTED_VERSION for an unknown one)."""
     if version == 0:
@@ -43,21 +48,29 @@ def config_resources(
         resources += [
             {"resource_name": str(node), "resource_type": BROKER} for node in sorted(broker_ids)
         ]
+    if GROUP in wanted:
+        resources += [{"resource_name": name, "resource_type": GROUP} for name in sorted(groups)]
     return resources
 
 
 def list_config_resources_body(
-    request: Any, version: int, topics: Iterable[str], broker_ids: Iterable[int]
+    request: Any,
+    version: int,
+    topics: Iterable[str],
+    broker_ids: Iterable[int],
+    groups: Iterable[str] = (),
 ) -> Body:
     types = getattr(request, "resource_types", ())
     return {
         "throttle_time": 0,
         "error_code": ErrorCode.NONE,
-        "config_resources": config_resources(version, types, topics, broker_ids),
+        "config_resources": config_resources(version, types, topics, broker_ids, groups),
     }
 
 
 async def handle_list_config_resources(request: Any, ctx: RequestContext) -> Body:
     access.require(ctx, Operation.DESCRIBE_CONFIGS, access.CLUSTER)
     view = ctx.broker.view
-    return list_config_resources_body(request, ctx.api_version, view.topics, view.brokers)
+    return list_config_resources_body(
+        request, ctx.api_version, view.topics, view.brokers, view.group_configs
+    )

@@ -159,6 +159,42 @@ def broker_configs(
         ),
         _setting("group.min.session.timeout.ms", groups, "min_session_timeout_ms", ConfigType.INT),
         _setting("group.max.session.timeout.ms", groups, "max_session_timeout_ms", ConfigType.INT),
+        _setting(
+            "group.consumer.session.timeout.ms",
+            groups,
+            "consumer_session_timeout_ms",
+            ConfigType.INT,
+        ),
+        _setting(
+            "group.consumer.heartbeat.interval.ms",
+            groups,
+            "consumer_heartbeat_interval_ms",
+            ConfigType.INT,
+        ),
+        _setting(
+            "group.consumer.min.session.timeout.ms",
+            groups,
+            "consumer_min_session_timeout_ms",
+            ConfigType.INT,
+        ),
+        _setting(
+            "group.consumer.max.session.timeout.ms",
+            groups,
+            "consumer_max_session_timeout_ms",
+            ConfigType.INT,
+        ),
+        _setting(
+            "group.consumer.min.heartbeat.interval.ms",
+            groups,
+            "consumer_min_heartbeat_interval_ms",
+            ConfigType.INT,
+        ),
+        _setting(
+            "group.consumer.max.heartbeat.interval.ms",
+            groups,
+            "consumer_max_heartbeat_interval_ms",
+            ConfigType.INT,
+        ),
         _fixed("unclean.leader.election.enable", False, ConfigType.BOOLEAN),
     ]
 

@@ -7,6 +7,12 @@ the coordinator may then call the transaction complete. Markers of one request a
 request order. A broker that does not own the partition answers NOT_LEADER_OR_FOLLOWER, like
 Produce (a partition nobody holds is claimed on demand, as Produce claims it).
 
+A coordinator writes the markers of partitions it owns itself without a connection
+(``write_markers_here``, as its partition checks are answered in place): the same append, with
+no login to itself to need. A single broker whose listeners all need SASL (``kafscale local
+--listeners SASL_SSL://...``) has no inter-broker credentials to log in with; its transactions
+never completed.
+
 DescribeProducers reports, from the owner's committed state, what the partition remembers of
 each producer (``kafka-transactions.sh describe-producers``, finding hanging transactions).
 """
@@ -15,7 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kafscale.broker.api import access
 from kafscale.broker.api.dispatch import Body, RequestContext
@@ -23,6 +29,10 @@ from kafscale.broker.authz.model import Operation
 from kafscale.broker.metadata.partition_state import PartitionState
 from kafscale.broker.protocol.errors import ErrorCode, KafkaError, code_for
 from kafscale.broker.storage.partition_log import Ack
+from kafscale.broker.transactions.markers import Marker
+
+if TYPE_CHECKING:
+    from kafscale.broker.app import Broker
 
 TopicPartition = tuple[str, int]
 Outcome = asyncio.Future[Ack] | ErrorCode
@@ -40,7 +50,7 @@ async def handle_write_txn_markers(request: Any, ctx: RequestContext) -> Body:
                 if not allowed:
                     outcome: Outcome = ErrorCode.CLUSTER_AUTHORIZATION_FAILED
                 else:
-                    outcome = await _append_marker(tp, marker, ctx)
+                    outcome = await _append_marker(tp, _marker(marker), ctx.broker)
                 partitions.append((int(index), outcome))
             topics.append((topic.name, partitions))
         outcomes.append(topics)
@@ -72,20 +82,41 @@ async def handle_write_txn_markers(request: Any, ctx: RequestContext) -> Body:
     }
 
 
-async def _append_marker(tp: TopicPartition, marker: Any, ctx: RequestContext) -> Outcome:
+async def write_markers_here(
+    broker: Broker, marker: Marker, partitions: list[TopicPartition]
+) -> dict[TopicPartition, ErrorCode]:
+    """The coordinator's markers for partitions this broker owns: appended as
+    WriteTxnMarkers appends them, each partition's code once durable (or refused)."""
+    outcomes = [await _append_marker(tp, marker, broker) for tp in partitions]
+    futures = [outcome for outcome in outcomes if isinstance(outcome, asyncio.Future)]
+    await asyncio.gather(*futures, return_exceptions=True)
+    return {tp: _code(outcome) for tp, outcome in zip(partitions, outcomes, strict=True)}
+
+
+def _marker(entry: Any) -> Marker:
+    """A WriteTxnMarkers entry as the coordinator's marker."""
+    return Marker(
+        producer_id=int(entry.producer_id),
+        producer_epoch=int(entry.producer_epoch),
+        commit=bool(entry.transaction_result),
+        coordinator_epoch=int(entry.coordinator_epoch),
+    )
+
+
+async def _append_marker(tp: TopicPartition, marker: Marker, broker: Broker) -> Outcome:
     """The marker's future (done once durable), or the partition's error code; a partition
     where the producer has nothing open is done at once."""
-    info = ctx.broker.view.topics.get(tp[0])
+    info = broker.view.topics.get(tp[0])
     if info is None or not 0 <= tp[1] < info.partitions:
         return ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
-    manager = ctx.broker.log_manager
+    manager = broker.log_manager
     try:
         owned = await manager.owned_partition(tp)
         acked = owned.append_marker(
-            int(marker.producer_id),
-            int(marker.producer_epoch),
-            bool(marker.transaction_result),
-            int(marker.coordinator_epoch),
+            marker.producer_id,
+            marker.producer_epoch,
+            marker.commit,
+            marker.coordinator_epoch,
             int(time.time() * 1000),
         )
     except KafkaError as exc:

@@ -165,7 +165,15 @@ class GroupCoordinator:
         loaded = await self._store.load(group_id)
         if self._closed or host.session is not session or session.lost.is_set():
             raise NotCoordinator("this broker lost its etcd session")
-        runtime = GroupRuntime(group_id, fence, self._store, self.config, loaded, self._drop)
+        runtime = GroupRuntime(
+            group_id,
+            fence,
+            self._store,
+            self.config,
+            loaded,
+            self._drop,
+            own_configs=functools.partial(self._own_configs, group_id),
+        )
         self._runtimes[group_id] = runtime
         log.info(
             "coordinating group %s (generation %d, %d committed partitions)",
@@ -217,6 +225,10 @@ class GroupCoordinator:
             self._drop(runtime, "its lease was released")
         else:
             self._drop(runtime, f"broker {owner} holds its lease now")
+
+    def _own_configs(self, group_id: str) -> dict[str, str]:
+        """The group's own configs (KIP-848), as this broker's view has them now."""
+        return self._host.view.group_configs.get(group_id, {})
 
     def _drop(self, runtime: GroupRuntime, reason: str) -> None:
         if self._runtimes.get(runtime.group_id) is runtime:

@@ -17,7 +17,7 @@ import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Mapping
 
-from kafscale.broker.groups import migration, offset_delete
+from kafscale.broker.groups import group_configs, migration, offset_delete
 from kafscale.broker.groups.consumer import (
     ConsumerConfig,
     ConsumerGroup,
@@ -73,8 +73,12 @@ class GroupRuntime:
         loaded: LoadedGroup,
         on_lost: Callable[[GroupRuntime, str], None],
         clock: Clock = loop_clock_ms,
+        own_configs: Callable[[], Mapping[str, str]] = dict,
     ) -> None:
+        """``own_configs``: the group's own configs now (KIP-848 group configs, kept current
+        by the cluster view's watch); they override the broker's consumer-protocol settings."""
         self.group_id = group_id
+        self._own_configs = own_configs
         self.fence = fence
         self._store = store
         self._config = config
@@ -124,10 +128,11 @@ class GroupRuntime:
             raise NotCoordinator(f"this broker no longer coordinates group {self.group_id!r}")
 
     def _consumer_config(self) -> ConsumerConfig:
-        return ConsumerConfig(
+        broker = ConsumerConfig(
             session_timeout_ms=self._config.consumer_session_timeout_ms,
             heartbeat_interval_ms=self._config.consumer_heartbeat_interval_ms,
         )
+        return group_configs.consumer_config(broker, self._own_configs())
 
     async def join(
         self, request: JoinRequest, topics: Mapping[str, int] | None = None
@@ -233,6 +238,9 @@ class GroupRuntime:
             consumer = ConsumerGroup(self.group_id, self._consumer_config(), epoch)
             self.consumer = consumer
             self.group = None
+        # The group's own configs may have changed since the last heartbeat: the member's
+        # session and the interval answered follow them from this heartbeat on.
+        consumer.config = self._consumer_config()
         return await self._answer_stored(
             consumer, consumer.heartbeat(self._clock(), request, topics)
         )

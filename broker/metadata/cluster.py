@@ -148,6 +148,8 @@ class ClusterView:
         self.log_dirs: dict[int, str] = {}
         self.acls = AclCache()  # ACL bindings: authorization reads them on every request
         self.quotas = QuotaCache(cluster)  # client quotas: produce and fetch resolve them
+        self.group_configs: dict[str, dict[str, str]] = {}
+        """Groups' own configs (KIP-848): their coordinators read them at each heartbeat."""
         self.watermarks = Watermarks()
         self.changed = asyncio.Event()  # any change: brokers follow assignment/draining on it
         self._watch_task: asyncio.Task[None] | None = None
@@ -241,6 +243,7 @@ class ClusterView:
         self.draining.clear()
         self.acls.clear()
         self.quotas.clear()
+        self.group_configs.clear()
         for entry in entries:
             try:
                 self._apply_put(entry.key, entry.value)
@@ -307,6 +310,8 @@ class ClusterView:
             self.assignment = Assignment.from_json(value)
         elif kind == "draining" and len(parts) == 2:
             self.draining.add(int(parts[1]))
+        elif kind == "group-configs" and len(parts) == 2:
+            self.group_configs[keys.group_from_key_part(parts[1])] = decode_group_configs(value)
         elif kind == "acls":
             self.acls.put(key, value)
         elif kind == "quotas":
@@ -329,10 +334,18 @@ class ClusterView:
             self.owners.pop((parts[2], int(parts[3])), None)
         elif kind == "draining" and len(parts) == 2:
             self.draining.discard(int(parts[1]))
+        elif kind == "group-configs" and len(parts) == 2:
+            self.group_configs.pop(keys.group_from_key_part(parts[1]), None)
         elif kind == "acls":
             self.acls.delete(key)
         elif kind == "quotas":
             self.quotas.delete(key)
+
+
+def decode_group_configs(value: bytes) -> dict[str, str]:
+    """A group's stored configs (``keys.group_config_key``): name -> value."""
+    document = json.loads(value)
+    return {str(k): str(v) for k, v in document.items()} if isinstance(document, dict) else {}
 
 
 def entries_by_key(entries: Iterable[KeyValue]) -> dict[str, KeyValue]:

@@ -16,6 +16,7 @@ etcd (all under ``/kafscale/<cluster>/``)::
     draining/<id>                    broker asked to hand over its partitions
     groups/<group>/metadata          group state (JSON)
     groups/<group>/offsets/<topic>/<p>  committed offset (JSON)
+    group-configs/<group>            a group's own configs, KIP-848 (JSON: name -> value)
     producers/<producer id>          idempotent producer epoch (JSON)
     transactions/<transactional id>  transaction state: producer id, epoch, state, partitions,
                                      groups, timeout (JSON; ids percent-encoded like group ids)
@@ -151,6 +152,17 @@ def group_prefix(cluster: str, group: str) -> str:
 
 def groups_prefix(cluster: str) -> str:
     return f"{cluster_prefix(cluster)}groups/"
+
+
+def group_config_key(cluster: str, group: str) -> str:
+    """A group's own configs: beside its state, not under it, so that loading, listing and
+    deleting the group (its ``groups/<group>/`` prefix, fenced by its lease) leave them be,
+    and any broker can write them without the group's lease, as Kafka's controller does."""
+    return f"{group_configs_prefix(cluster)}{group_key_part(group)}"
+
+
+def group_configs_prefix(cluster: str) -> str:
+    return f"{cluster_prefix(cluster)}group-configs/"
 
 
 def group_metadata_key(cluster: str, group: str) -> str:

@@ -160,27 +160,40 @@ def _topic(name: str, routes: RoutingTable, me: Identity, operations: int) -> Bo
 
 
 def find_coordinator(
-    request: Any, api_version: int, me: Identity, describable: Describable = _everything
+    request: Any,
+    api_version: int,
+    me: Identity,
+    describable: Describable = _everything,
+    txn_describable: Describable = _everything,
 ) -> Body:
     """The proxy coordinates every group and transactional id (it forwards to the real
-    coordinator); a group the client may not describe gets GROUP_AUTHORIZATION_FAILED (the
-    brokers check a transactional id on the requests that follow)."""
+    coordinator); a group or transactional id the client may not describe gets
+    GROUP_AUTHORIZATION_FAILED or TRANSACTIONAL_ID_AUTHORIZATION_FAILED, as from a broker."""
     key_type = int(getattr(request, "key_type", GROUP_KEY_TYPE))
     if api_version >= 4:
-        entries = [_coordinator(key, key_type, me, describable) for key in request.coordinator_keys]
+        entries = [
+            _coordinator(key, key_type, me, describable, txn_describable)
+            for key in request.coordinator_keys
+        ]
         return {"throttle_time": 0, "coordinators": entries}
-    entry = _coordinator(request.key, key_type, me, describable)
+    entry = _coordinator(request.key, key_type, me, describable, txn_describable)
     return {"throttle_time": 0, **{k: v for k, v in entry.items() if k != "key"}}
 
 
-def _coordinator(key: str, key_type: int, me: Identity, describable: Describable) -> Body:
-    if key_type == GROUP_KEY_TYPE and not describable(key):
+def _coordinator(
+    key: str, key_type: int, me: Identity, describable: Describable, txn_describable: Describable
+) -> Body:
+    refused = {
+        GROUP_KEY_TYPE: (describable, ErrorCode.GROUP_AUTHORIZATION_FAILED),
+        TRANSACTION_KEY_TYPE: (txn_describable, ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED),
+    }.get(key_type)
+    if refused is not None and not refused[0](key):
         return {
             "key": key,
             "node_id": -1,
             "host": "",
             "port": -1,
-            "error_code": ErrorCode.GROUP_AUTHORIZATION_FAILED,
+            "error_code": refused[1],
             "error_message": None,
         }
     if key_type not in (GROUP_KEY_TYPE, TRANSACTION_KEY_TYPE):  # as the brokers answer
@@ -221,3 +234,28 @@ def describe_cluster(
         if asked
         else AUTHORIZED_OPERATIONS_OMITTED,
     }
+
+
+def refused_creations(broker_answer: Any, unknown: list[str]) -> dict[str, ErrorCode]:
+    """The unknown topics a broker would not auto-create for the client (it may not CREATE
+    them): their code from the broker's Metadata answer, which the proxy's own answer keeps
+    (from its view alone they would be UNKNOWN_TOPIC_OR_PARTITION)."""
+    wanted = set(unknown)
+    return {
+        str(topic.name): ErrorCode.TOPIC_AUTHORIZATION_FAILED
+        for topic in getattr(broker_answer, "topics", None) or ()
+        if topic.name in wanted and int(topic.error_code) == ErrorCode.TOPIC_AUTHORIZATION_FAILED
+    }
+
+
+def with_topic_errors(body: Body, errors: dict[str, ErrorCode]) -> Body:
+    """``body`` (a Metadata answer) with ``errors`` for the topics they name."""
+    if not errors:
+        return body
+    topics = [
+        {"error_code": errors[t["name"]], "name": t["name"], "partitions": []}
+        if t["name"] in errors
+        else t
+        for t in body["topics"]
+    ]
+    return {**body, "topics": topics}

@@ -132,21 +132,24 @@ async def metadata(r: ProxyRequest) -> Answer:
         and is_valid_topic_name(name)  # an invalid name is answered at once (no broker makes it)
         and r.may_describe(ResourceType.TOPIC, name)
     ]
+    refused: dict[str, ErrorCode] = {}
     if unknown and getattr(r.body, "allow_auto_topic_creation", True):
-        # A broker creates them (auto.create.topics.enable is theirs); answer from the view
-        # once the watch shows them.
+        # A broker creates them (auto.create.topics.enable is theirs, and the client's CREATE
+        # is checked there); answer from the view once the watch shows them.
         forwarder = r.ctx.forwarder
-        await forwarder.routed(
+        _, answer = await forwarder.routed(
             r.pool, r.call, r.frame, routes.any_broker, forwarder.deadline(), frozenset()
         )
-        await _until_known(forwarder, unknown, timeout_s=2.0)
-    return answers.metadata(
+        refused = answers.refused_creations(answer, unknown)
+        await _until_known(forwarder, [n for n in unknown if n not in refused], timeout_s=2.0)
+    body = answers.metadata(
         r.body,
         routes,
         r.identity,
         lambda name: r.may_describe(ResourceType.TOPIC, name),
         r.operations,
     )
+    return answers.with_topic_errors(body, refused)
 
 
 async def _until_known(forwarder: Forwarder, names: list[str], timeout_s: float) -> None:
@@ -189,7 +192,7 @@ async def list_config_resources(r: ProxyRequest) -> Answer:
     ids = answers.node_ids(routes, r.identity)
     try:
         return config_resources.list_config_resources_body(
-            r.body, r.call.api_version, routes.view.topics, ids
+            r.body, r.call.api_version, routes.view.topics, ids, routes.view.group_configs
         )
     except KafkaError as exc:
         return {"throttle_time": 0, "error_code": exc.code}
@@ -213,6 +216,7 @@ async def find_coordinator(r: ProxyRequest) -> Answer:
         r.call.api_version,
         r.identity,
         lambda group: r.may_describe(ResourceType.GROUP, group),
+        lambda txn_id: r.may_describe(ResourceType.TRANSACTIONAL_ID, txn_id),
     )
 
 

@@ -58,13 +58,15 @@ def inter_broker_reloader(
 def missing_login(settings: BrokerSettings) -> str | None:
     """Why this broker cannot log in to the others (None: it can, or needs not). Not a start-up
     error: a broker whose only listener is SASL served before there were transactions, and
-    serves everything else still; its coordinator's markers are refused until this is set."""
+    serves everything else still; its coordinator's markers for other brokers' partitions are
+    refused until this is set (its own partitions get theirs in place)."""
     inter = settings.inter_broker
     protocol = settings.inter_broker_protocol()
     if protocol.uses_sasl and not (inter.sasl_username and inter.sasl_password):
         return (
             f"the brokers' {protocol} listener needs inter_broker.sasl_username and "
-            "sasl_password: transactions cannot be completed (their markers are refused)"
+            "sasl_password: transactions with partitions on other brokers cannot be completed "
+            "(their markers are refused there)"
         )
     return None
 

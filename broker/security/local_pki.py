@@ -4,8 +4,11 @@ Behind a local proxy the brokers must trust the proxy's forwarded principals, an
 so they listen with TLS and require a client certificate, and only the proxy holds one. A fresh
 CA, a broker certificate (for localhost, 127.0.0.1 and the bind host) and the proxy's client
 certificate (``CN=kafscale-local-proxy``, a super user of the local brokers) are written to the
-data directory on every start; keys are readable by their owner only. Short-lived (30 days)
-and local: production clusters bring their own PKI or cert-manager's.
+data directory on every start. The brokers present their certificate to each other too
+(``CN=kafscale-local-broker``, also a super user): a transaction coordinator's markers and a
+partition owner's transaction checks need CLUSTER_ACTION, as between Kafka's brokers. Keys are
+readable by their owner only. Short-lived (30 days) and local: production clusters bring their
+own PKI or cert-manager's.
 """
 
 from __future__ import annotations
@@ -22,6 +25,8 @@ from cryptography.x509.oid import NameOID
 
 PROXY_COMMON_NAME = "kafscale-local-proxy"
 PROXY_PRINCIPAL = f"User:CN={PROXY_COMMON_NAME}"
+BROKER_COMMON_NAME = "kafscale-local-broker"
+BROKER_PRINCIPAL = f"User:CN={BROKER_COMMON_NAME}"
 _VALID = datetime.timedelta(days=30)
 
 
@@ -55,7 +60,7 @@ def make_local_pki(directory: Path, hosts: list[str]) -> LocalPki:
     pki.ca_file.write_bytes(ca.public_bytes(serialization.Encoding.PEM))
     broker_key = ec.generate_private_key(ec.SECP256R1())
     broker = (
-        _builder(_name("kafscale-local-broker"), ca_name, broker_key.public_key(), now)
+        _builder(_name(BROKER_COMMON_NAME), ca_name, broker_key.public_key(), now)
         .add_extension(x509.SubjectAlternativeName(_alt_names(hosts)), critical=False)
         .sign(ca_key, hashes.SHA256())
     )

@@ -41,7 +41,7 @@ from kafscale.broker.protocol.errors import ErrorCode, NotCoordinator
 from kafscale.broker.proxy.upstream import UpstreamLink
 from kafscale.broker.transactions import state
 from kafscale.broker.transactions.inter_broker_client import PLAINTEXT_LINK, InterBrokerClient
-from kafscale.broker.transactions.markers import Marker, MarkerWriter
+from kafscale.broker.transactions.markers import Marker, MarkerWriter, WriteHere
 from kafscale.broker.transactions.state import (
     InitAction,
     Recovery,
@@ -107,9 +107,14 @@ class InitResult:
 
 class TransactionCoordinator:
     def __init__(
-        self, host: TxnHost, settings: TransactionSettings, link: UpstreamLink = PLAINTEXT_LINK
+        self,
+        host: TxnHost,
+        settings: TransactionSettings,
+        link: UpstreamLink = PLAINTEXT_LINK,
+        markers_here: WriteHere | None = None,
     ) -> None:
-        """``link``: how markers reach partition owners (the inter-broker listener's security)."""
+        """``link``: how markers reach partition owners (the inter-broker listener's security);
+        ``markers_here``: how they are written to this broker's own partitions, in place."""
         self._host = host
         self.settings = settings
         self.store = TxnStore(host.etcd, host.cluster)
@@ -121,7 +126,7 @@ class TransactionCoordinator:
             key_of=keys.transaction_lease_key,
         )
         self.client = InterBrokerClient(max(host.etcd.timeout_s, 5.0), link)
-        self._markers = MarkerWriter(_Routing(host), self.client)
+        self._markers = MarkerWriter(_Routing(host), self.client, host.node_id, markers_here)
         self.verifier = PartitionVerifier(self, self.client, host.node_id)
         self._fences: dict[str, Fence] = {}
         # What this coordinator last wrote per transactional id, and under which lease (writes

@@ -11,7 +11,8 @@ TRANSACTION_COORDINATOR_FENCED (a newer epoch already ended the producer's trans
 
 The connections to owners are the broker's :class:`InterBrokerClient` (one per owner, over the
 security of the listener it reaches, ``inter_broker.*``), so an internal listener that needs mTLS
-or SASL gets its markers too.
+or SASL gets its markers too. Partitions the coordinator's own broker owns are written in place
+(``here``: no connection to itself, so no login to itself), as its partition checks are.
 
 ``plan_markers`` and ``settled`` are the pure halves; ``MarkerWriter`` is the I/O shell.
 """
@@ -21,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -119,10 +120,24 @@ SUPERSEDED = frozenset(
 )
 
 
+WriteHere = Callable[[Marker, list[TopicPartition]], Awaitable[dict[TopicPartition, ErrorCode]]]
+"""Appends a marker to partitions this broker owns: their codes (``api/txn_partitions``)."""
+
+
 class MarkerWriter:
-    def __init__(self, routing: Routing, client: InterBrokerClient) -> None:
+    def __init__(
+        self,
+        routing: Routing,
+        client: InterBrokerClient,
+        node_id: int = -1,
+        here: WriteHere | None = None,
+    ) -> None:
+        """``node_id`` and ``here``: this broker, and how it writes markers to its own
+        partitions (None: over the network like any other owner)."""
         self._routing = routing
         self._client = client
+        self._node_id = node_id
+        self._here = here
 
     async def write(self, marker: Marker, partitions: Iterable[TopicPartition]) -> None:
         """Return once every partition has the marker; retries forever (cancel to stop)."""
@@ -148,16 +163,19 @@ class MarkerWriter:
             return set()
         try:
             async with asyncio.timeout(self._client.timeout_s):
-                response = await self._client.call(
-                    broker,
-                    WRITE_TXN_MARKERS,
-                    WRITE_TXN_MARKERS_VERSION,
-                    request_body(marker, partitions),
-                )
+                if owner == self._node_id and self._here is not None:
+                    errors = await self._here(marker, partitions)
+                else:
+                    response = await self._client.call(
+                        broker,
+                        WRITE_TXN_MARKERS,
+                        WRITE_TXN_MARKERS_VERSION,
+                        request_body(marker, partitions),
+                    )
+                    errors = partition_errors(response)
         except Exception as exc:  # unreachable, timed out, closed (API not served): retry
             log.warning("cannot write txn markers at broker %d: %r", owner, exc)
             return set()
-        errors = partition_errors(response)
         done = settled(errors, self._routing.topic_exists)
         failed = {tp: code.name for tp, code in errors.items() if tp not in done}
         if failed:

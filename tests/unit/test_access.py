@@ -153,3 +153,27 @@ def test_metadata_reports_authorized_operations_when_asked() -> None:
     not_asked = SimpleNamespace(topics=None, allow_auto_topic_creation=False)
     answer = asyncio.run(handle_metadata(not_asked, ctx))
     assert answer["topics"][0]["topic_authorized_operations"] == access.OPERATIONS_OMITTED
+
+
+def test_group_configs_are_authorized_on_the_group_as_kafka_does() -> None:
+    """DescribeConfigs / IncrementalAlterConfigs of a GROUP resource (config type 32) need
+    DESCRIBE_CONFIGS / ALTER_CONFIGS on that group, not on the cluster."""
+    group_acl = (3, "billing", LITERAL, "User:alice", "*", Operation.ALTER_CONFIGS, ALLOW)
+    ctx = context("User:alice", acls=[group_acl])
+    access.require_config(ctx, Operation.ALTER_CONFIGS, 32, "billing")
+    try:
+        access.require_config(ctx, Operation.ALTER_CONFIGS, 32, "payroll")
+    except KafkaError as exc:
+        assert exc.code == ErrorCode.GROUP_AUTHORIZATION_FAILED
+    else:
+        raise AssertionError("ALTER_CONFIGS on another group was allowed")
+    # ALTER_CONFIGS on the cluster (enough for broker configs) is not enough for a group's.
+    cluster_acl = (4, "kafka-cluster", LITERAL, "User:bob", "*", Operation.ALTER_CONFIGS, ALLOW)
+    bob = context("User:bob", acls=[cluster_acl])
+    access.require_config(bob, Operation.ALTER_CONFIGS, 4, "1")
+    try:
+        access.require_config(bob, Operation.ALTER_CONFIGS, 32, "billing")
+    except KafkaError as exc:
+        assert exc.code == ErrorCode.GROUP_AUTHORIZATION_FAILED
+    else:
+        raise AssertionError("ALTER_CONFIGS on the cluster allowed a group's configs")

@@ -32,7 +32,7 @@ from kafscale.broker.proxy.config import ProxySettings, UpstreamSettings
 from kafscale.broker.proxy.upstream import ForwardingRefused, UpstreamError, UpstreamLink
 from kafscale.broker.security.forwarding import address_bytes, address_text, peer_host
 from kafscale.broker.security.listeners import ClientAuth, SecurityProtocol
-from kafscale.broker.security.local_pki import PROXY_PRINCIPAL, make_local_pki
+from kafscale.broker.security.local_pki import BROKER_PRINCIPAL, PROXY_PRINCIPAL, make_local_pki
 from kafscale.broker.security.sasl_client import ScramClient, plain_message
 from kafscale.broker.security.scram import (
     AuthenticationFailed,
@@ -225,7 +225,7 @@ def test_local_proxy_takes_the_secured_listeners_and_the_brokers_only_trust_it(
         ClientAuth.REQUIRED,
     )
     assert internal.advertised_host == "127.0.0.1"  # what the proxy dials, and the cert names
-    assert broker.authorizer.super_users == ("User:admin", PROXY_PRINCIPAL)
+    assert broker.authorizer.super_users == ("User:admin", PROXY_PRINCIPAL, BROKER_PRINCIPAL)
     assert broker.tls.ca_file == pki.ca_file
     for key in (pki.broker_key, pki.proxy_key):
         assert key.stat().st_mode & 0o077 == 0

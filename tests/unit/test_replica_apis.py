@@ -124,6 +124,11 @@ def test_config_resources_by_type() -> None:
     ]
     assert config_resources(1, [4], ["a"], [1]) == [{"resource_name": "1", "resource_type": 4}]
     assert config_resources(1, [16, 32, 8], ["a"], [1]) == []
+    # Groups: those with their own configs (KIP-848).
+    assert config_resources(1, [32], ["a"], [1], ["g2", "g1"]) == [
+        {"resource_name": "g1", "resource_type": 32},
+        {"resource_name": "g2", "resource_type": 32},
+    ]
     assert config_resources(0, [], ["a"], [1]) == []  # v0: client metrics only
     with pytest.raises(KafkaError) as raised:
         config_resources(1, [64], ["a"], [1])
