@@ -258,6 +258,10 @@ class Proxy:
                 "requests": self.stats.requests,
             },
             "retries": dict(self.stats.retries),
+            "stale_routes": {
+                "checks": routes.stale_checks,
+                "corrections": routes.stale_corrections,
+            },
             "fetch_sessions": len(self.sessions),
         }
 

@@ -89,6 +89,18 @@ class RoutingSettings(_Section):
     connect_timeout_s: float = Field(
         3.0, gt=0, description="Deadline for opening a connection to a broker."
     )
+    stale_route_grace_s: float = Field(
+        0.5,
+        ge=0,
+        description="How long the broker a route names may keep answering NOT_LEADER_OR_FOLLOWER "
+        "(NOT_COORDINATOR for a group) before the proxy reads that lease from etcd itself and "
+        "corrects its table if a watch missed the change.",
+    )
+    stale_route_check_interval_s: float = Field(
+        1.0,
+        gt=0,
+        description="Least time between two such etcd reads of one lease key.",
+    )
     fetch_wake_wait_ms: int = Field(
         50,
         ge=0,

@@ -6,11 +6,14 @@ COORDINATOR_NOT_AVAILABLE for a group) or the connection is refused or drops, th
 for the route to change (a watch event, or a short back-off), and sends that part again to the
 new owner: within ``routing.max_attempts`` and the request's own deadline. A planned drain thus
 costs the client a little latency and no error. Errors are read from the parsed answer.
+A route whose broker keeps refusing it past ``routing.stale_route_grace_s`` is re-read from
+etcd (``staleness``, ``RoutingTable.recheck``), in case the table missed the move.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -22,6 +25,7 @@ from kafscale.broker.proxy import split
 from kafscale.broker.proxy.config import RoutingSettings
 from kafscale.broker.proxy.ordering import Ticket, retry_out_of_order
 from kafscale.broker.proxy.routes import RoutingTable
+from kafscale.broker.proxy.staleness import RefusalStreaks, RouteKey
 from kafscale.broker.proxy.upstream import Upstream, UpstreamError, UpstreamPool, UpstreamStats
 
 PARTITION_ROUTE_ERRORS = frozenset(
@@ -57,6 +61,9 @@ class Forwarder:
         self.routes = routes
         self.settings = settings
         self.stats = stats
+        self.streaks = RefusalStreaks(
+            settings.stale_route_grace_s, settings.stale_route_check_interval_s
+        )
 
     def deadline(self, request_timeout_ms: int | None = None) -> float:
         budget = self.settings.retry_timeout_s
@@ -131,7 +138,7 @@ class Forwarder:
                 if not expect_response:
                     return None
                 outcomes = await asyncio.gather(*sent.futures, return_exceptions=True)
-                retry, throttle_ms = self._read_outcomes(
+                retry, throttle_ms, refused_by = self._read_outcomes(
                     call, api, pending, sent, outcomes, results, ticket
                 )
                 throttle = max(throttle, throttle_ms)
@@ -140,7 +147,10 @@ class Forwarder:
                     line.unsent(ticket, retry)
                 pending = retry
                 attempt += 1
-                if pending and not await self._may_retry(attempt, deadline):
+                corrected = await self._recheck(
+                    {RouteKey.of_partition(tp): b for tp, b in refused_by.items()}, deadline
+                )
+                if pending and not await self._may_retry(attempt, deadline, not corrected):
                     break
         finally:
             if ticket is not None:
@@ -185,7 +195,7 @@ class Forwarder:
                 changed = line.next_change()
             await changed.wait()
         await _drain(connections)
-        return _Sent(unroutable, futures)
+        return _Sent(unroutable, futures, list(parts))
 
     def _read_outcomes(
         self,
@@ -196,14 +206,16 @@ class Forwarder:
         outcomes: list[bytes | BaseException],
         results: dict[split.TopicPartition, Any],
         ticket: Ticket | None = None,
-    ) -> tuple[set[split.TopicPartition], int]:
+    ) -> tuple[set[split.TopicPartition], int, dict[split.TopicPartition, int]]:
         """Record each partition's answer in ``results``; the partitions to retry (moved,
-        unroutable, unreachable, or left out of an answer: all retriable for the client too)
-        and the largest throttle."""
+        unroutable, unreachable, or left out of an answer: all retriable for the client too),
+        the largest throttle, and the partitions answered NOT_LEADER_OR_FOLLOWER with the
+        broker that answered so."""
         throttle = 0
         answered: set[split.TopicPartition] = set()
         refused: set[split.TopicPartition] = set()
-        for outcome in outcomes:
+        refused_by: dict[split.TopicPartition, int] = {}
+        for broker, outcome in zip(sent.brokers, outcomes, strict=True):
             if isinstance(outcome, BaseException):
                 if not isinstance(outcome, UpstreamError):
                     raise outcome
@@ -219,6 +231,8 @@ class Forwarder:
                 if code in PARTITION_ROUTE_ERRORS:
                     self.stats.count_retry("not_leader")
                     refused.add(tp)
+                    if code == ErrorCode.NOT_LEADER_OR_FOLLOWER:
+                        refused_by[tp] = broker
                 elif ticket is not None and retry_out_of_order(code, tp in ticket.behind):
                     self.stats.count_retry("out_of_order")
                     refused.add(tp)
@@ -237,7 +251,7 @@ class Forwarder:
                 else ErrorCode.NOT_LEADER_OR_FOLLOWER
             )
             results[tp] = split.partition_error(api, tp[1], code)
-        return retry, throttle
+        return retry, throttle, refused_by
 
     # --- one key (a group, or any broker) ----------------------------------------------------
 
@@ -249,10 +263,12 @@ class Forwarder:
         route: Callable[[frozenset[int]], int],
         deadline: float,
         route_errors: frozenset[int] = GROUP_ROUTE_ERRORS,
+        lease: RouteKey | None = None,
     ) -> tuple[bytes, Any]:
         """Forward ``frame`` to ``route(brokers that refused)``, retrying on a routing error in
         the answer or a broken connection; the last answer, raw and parsed. Raises
-        UpstreamError if no broker could be reached in time."""
+        UpstreamError if no broker could be reached in time. ``lease``: the coordinator lease
+        ``route`` follows, re-read from etcd if its holder keeps answering NOT_COORDINATOR."""
         refused: set[int] = set()
         attempt = 0
         while True:
@@ -278,14 +294,41 @@ class Forwarder:
             if not route_errors.intersection(split.error_codes(response)):
                 return body, response
             self.stats.count_retry("not_coordinator")
-            if not await self._may_retry(attempt, deadline):
+            corrected = False
+            if lease is not None and ErrorCode.NOT_COORDINATOR in split.error_codes(response):
+                corrected = await self._recheck({lease: broker_id}, deadline)
+            if not await self._may_retry(attempt, deadline, not corrected):
                 return body, response
 
-    async def _may_retry(self, attempt: int, deadline: float) -> bool:
+    async def _recheck(self, refused_by: dict[RouteKey, int], deadline: float) -> bool:
+        """Read from etcd the leases whose holder (as the table says) has kept refusing them
+        past the grace (``staleness``), within the request's deadline; whether any route was
+        corrected."""
+        if not refused_by:
+            return False
+        routes = self.routes
+        now = time.monotonic()
+        due = [
+            key
+            for key, broker in refused_by.items()
+            if routes.route_of(key) == broker and self.streaks.refused(key, broker, now)
+        ]
+        if not due:
+            return False
+        corrected: list[bool] = []
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(max(deadline - now, 0.0)):
+                corrected = await asyncio.gather(*(routes.recheck(key) for key in due))
+        return any(corrected)
+
+    async def _may_retry(self, attempt: int, deadline: float, wait: bool = True) -> bool:
+        """Another attempt? After waiting for a route change or the back-off (not when the
+        route was just corrected)."""
         remaining = deadline - time.monotonic()
         if attempt >= self.settings.max_attempts or remaining <= 0:
             return False
-        await self.routes.wait_changed(min(backoff_s(attempt), remaining))
+        if wait:
+            await self.routes.wait_changed(min(backoff_s(attempt), remaining))
         return True
 
 
@@ -296,6 +339,7 @@ class _Sent:
 
     unroutable: Any | None
     futures: list[asyncio.Future[bytes]]
+    brokers: list[int]  # the broker of each future
 
 
 def _targets(

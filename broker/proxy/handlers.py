@@ -44,6 +44,7 @@ from kafscale.broker.proxy import answers, configs, log_dirs, split
 from kafscale.broker.proxy.access import ProxyAccess
 from kafscale.broker.proxy.fetch import forward_fetch
 from kafscale.broker.proxy.forward import Call, Forwarder
+from kafscale.broker.proxy.staleness import RouteKey
 from kafscale.broker.proxy.txn_markers import forward_markers
 from kafscale.broker.proxy.upstream import UpstreamError, UpstreamPool
 from kafscale.broker.security.sasl import CredentialLookup
@@ -292,6 +293,7 @@ async def _to_group(r: ProxyRequest, group_id: str, frame: bytes | memoryview) -
         frame,
         lambda _refused: routes.group_coordinator(group_id),
         forwarder.deadline(),
+        lease=RouteKey("group", group_id),
     )
     return Raw(body)
 
@@ -458,6 +460,7 @@ async def to_transaction_coordinator(r: ProxyRequest) -> Answer:
         r.frame,
         lambda _refused: routes.transaction_coordinator(txn_id),
         forwarder.deadline(),
+        lease=RouteKey("transaction", txn_id),
     )
     return Raw(body)
 
@@ -494,6 +497,7 @@ async def _to_transaction(r: ProxyRequest, txn_id: str, frame: bytes | memoryvie
         frame,
         lambda _refused: routes.transaction_coordinator(txn_id),
         forwarder.deadline(),
+        lease=RouteKey("transaction", txn_id),
     )
     return Raw(body)
 
