@@ -127,10 +127,10 @@ def test_a_coordinator_lease_the_table_missed_is_read_back_from_etcd(
 async def _missed_group_lease(
     cluster: BrokerCluster, first: BrokerProcess, second: BrokerProcess
 ) -> None:
+    ids = [int(b.status()["node_id"]) for b in (first, second)]  # blocking: before the proxy
     etcd = await Etcd.connect([cluster.etcd_url], timeout_s=5)
     proxy = await Proxy.start(proxy_settings(cluster))
     group = RouteKey("group", "stale-group")
-    ids = [int(b.status()["node_id"]) for b in (first, second)]
     try:
         routes = proxy.routes
         assert routes.holder(group) is None
