@@ -55,44 +55,51 @@ public class GroupMember {
         });
         watcher.setDaemon(true);
         watcher.start();
-        try (KafkaConsumer<String, String> consumer = new KafkaConsumer<>(props)) {
-            consumer.subscribe(Collections.singletonList(args[1]), new ConsumerRebalanceListener() {
-                public void onPartitionsRevoked(Collection<TopicPartition> partitions) {
-                    if (!partitions.isEmpty()) {
-                        consumer.commitSync();
-                        say("revoked " + System.currentTimeMillis() + " " + parts(partitions));
+        try {
+            try (KafkaConsumer<String, String> consumer = new KafkaConsumer<>(props)) {
+                consumer.subscribe(Collections.singletonList(args[1]), new ConsumerRebalanceListener() {
+                    public void onPartitionsRevoked(Collection<TopicPartition> partitions) {
+                        if (!partitions.isEmpty()) {
+                            consumer.commitSync();
+                            say("revoked " + System.currentTimeMillis() + " " + parts(partitions));
+                        }
                     }
-                }
 
-                public void onPartitionsAssigned(Collection<TopicPartition> partitions) {
-                    if (!partitions.isEmpty()) {
-                        say("assigned " + System.currentTimeMillis() + " " + parts(partitions));
+                    public void onPartitionsAssigned(Collection<TopicPartition> partitions) {
+                        if (!partitions.isEmpty()) {
+                            say("assigned " + System.currentTimeMillis() + " " + parts(partitions));
+                        }
                     }
-                }
 
-                public void onPartitionsLost(Collection<TopicPartition> partitions) {
-                    if (!partitions.isEmpty()) {
-                        say("lost " + System.currentTimeMillis() + " " + parts(partitions));
+                    public void onPartitionsLost(Collection<TopicPartition> partitions) {
+                        if (!partitions.isEmpty()) {
+                            say("lost " + System.currentTimeMillis() + " " + parts(partitions));
+                        }
                     }
-                }
-            });
-            while (!stop.get()) {
-                boolean any = false;
-                for (ConsumerRecord<String, String> r : consumer.poll(Duration.ofMillis(100))) {
-                    say("record " + System.currentTimeMillis() + " " + r.partition() + " "
-                        + r.offset() + " " + r.value());
-                    any = true;
-                }
-                if (any) {
-                    try {
-                        consumer.commitSync();
-                        say("committed " + System.currentTimeMillis());
-                    } catch (Exception e) {
-                        say("commit-failed " + System.currentTimeMillis() + " " + e);
+                });
+                while (!stop.get()) {
+                    boolean any = false;
+                    for (ConsumerRecord<String, String> r : consumer.poll(Duration.ofMillis(100))) {
+                        say("record " + System.currentTimeMillis() + " " + r.partition() + " "
+                            + r.offset() + " " + r.value());
+                        any = true;
+                    }
+                    if (any) {
+                        try {
+                            consumer.commitSync();
+                            say("committed " + System.currentTimeMillis());
+                        } catch (Exception e) {
+                            say("commit-failed " + System.currentTimeMillis() + " " + e);
+                        }
                     }
                 }
             }
+        } catch (RuntimeException e) {
+            // A close whose revocation commit failed still ends this member's ownership: it
+            // is gone once it exits, so "closed" below marks the end either way.
+            say("close-failed " + System.currentTimeMillis() + " " + e);
+        } finally {
+            say("closed " + System.currentTimeMillis());
         }
-        say("closed " + System.currentTimeMillis());
     }
 }
