@@ -283,3 +283,17 @@ def _sample_value(annotation: Any, kafka_type: str | None) -> Any:
     if kafka_type == "float64":
         return 1.5
     return 1
+
+
+def heartbeat(wire: KafkaWire, group: str, member: str, epoch: int, **fields: Any) -> Any:
+    """A ConsumerGroupHeartbeat v1 (KIP-848): joining at epoch 0, then with ``fields``."""
+    body: dict[str, Any] = {
+        "group_id": group,
+        "member_id": member,
+        "member_epoch": epoch,
+        "rebalance_timeout": 30000 if epoch == 0 else -1,
+        "subscribed_topic_names": None,
+        "topic_partitions": [] if epoch == 0 else None,
+        **fields,
+    }
+    return wire.request(68, 1, body)

@@ -34,7 +34,7 @@ from harness import topics
 from harness.brokers import BrokerCluster, BrokerProcess
 from harness.groups import QUIET, Feed, wait_for
 from harness.java_client import java_program
-from harness.kafka_wire import KafkaWire
+from harness.kafka_wire import KafkaWire, heartbeat
 from harness.proxy import start_proxy
 
 from kafscale.broker.protocol.codec import encode_consumer_assignment
@@ -447,19 +447,6 @@ _produced: dict[str, int] = {}
 
 
 # --- the protocol on the wire ---------------------------------------------------------------------
-
-
-def heartbeat(wire: KafkaWire, group: str, member: str, epoch: int, **fields: Any) -> Any:
-    body: dict[str, Any] = {
-        "group_id": group,
-        "member_id": member,
-        "member_epoch": epoch,
-        "rebalance_timeout": 30000 if epoch == 0 else -1,
-        "subscribed_topic_names": None,
-        "topic_partitions": [] if epoch == 0 else None,
-        **fields,
-    }
-    return wire.request(68, 1, body)
 
 
 def offset_commit_v9(wire: KafkaWire, group: str, member: str, epoch: int, topic: str) -> int:

@@ -20,7 +20,7 @@ from harness import topics
 from harness.brokers import BrokerCluster, BrokerProcess
 from harness.groups import QUIET, wait_for
 from harness.java_client import java_program
-from harness.kafka_wire import KafkaWire
+from harness.kafka_wire import KafkaWire, heartbeat
 from harness.proxy import start_proxy
 
 pytestmark = pytest.mark.integration
@@ -56,19 +56,6 @@ def describe_configs(bootstrap: str, group: str) -> dict[str, tuple[str, int]]:
         (result,) = wire.request(32, 4, body).results
     assert result.error_code == 0, result.error_message
     return {c.name: (c.value, c.config_source) for c in result.configs}
-
-
-def heartbeat(wire: KafkaWire, group: str, member: str, epoch: int, **fields: Any) -> Any:
-    body: dict[str, Any] = {
-        "group_id": group,
-        "member_id": member,
-        "member_epoch": epoch,
-        "rebalance_timeout": 30000 if epoch == 0 else -1,
-        "subscribed_topic_names": None,
-        "topic_partitions": [] if epoch == 0 else None,
-        **fields,
-    }
-    return wire.request(68, 1, body)
 
 
 def coordinator_of(brokers: list[BrokerProcess], group: str) -> BrokerProcess:
