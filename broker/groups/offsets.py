@@ -73,9 +73,10 @@ class GroupOffsets:
     ) -> tuple[ErrorCode, dict[TopicPartition, ErrorCode]]:
         """OffsetDelete: (group error, per-partition answers). ``decide`` runs under the lock,
         so a commit in flight lands first and is deleted, and a member that joined while this
-        waited keeps its topics. The offsets leave the cache with the decision (what OffsetFetch
-        answers from), then etcd; if etcd cannot be reached they come back and the request
-        fails."""
+        waited keeps its topics. Offsets pending in open transactions for the deleted
+        partitions go too, as in Kafka. The offsets leave the cache with the decision (what
+        OffsetFetch answers from), then etcd; if etcd cannot be reached they come back and the
+        request fails."""
         async with self._lock:
             if self._is_closed():
                 return ErrorCode.NOT_COORDINATOR, {}
@@ -83,20 +84,24 @@ class GroupOffsets:
             if deletion.error is not ErrorCode.NONE:
                 return deletion.error, {}
             answers = deletion.answers(partitions)
-            doomed = {
-                tp: self.cache.pop(tp)
-                for tp, code in answers.items()
-                if code is ErrorCode.NONE and tp in self.cache
-            }
-            error = await self._delete_stored(list(doomed)) if doomed else ErrorCode.NONE
+            deleted = [tp for tp, code in answers.items() if code is ErrorCode.NONE]
+            doomed = [tp for tp in deleted if tp in self.cache or tp in self.pending_txn]
+            kept = {tp: self.cache.pop(tp) for tp in doomed if tp in self.cache}
+            error = await self._delete_stored(doomed) if doomed else ErrorCode.NONE
             if error is not ErrorCode.NONE:
-                self.cache.update(doomed)
+                self.cache.update(kept)
                 return error, {}
+            self.pending_txn.difference_update(doomed)
         return ErrorCode.NONE, answers
 
     async def _delete_stored(self, partitions: list[TopicPartition]) -> ErrorCode:
+        """Committed offsets and those pending in open transactions leave etcd (Kafka's
+        tombstone drops both: a transaction committing later must not bring one back)."""
+        pending = [tp for tp in partitions if tp in self.pending_txn]
         try:
-            removed = await self._store.delete_offsets(self.group_id, partitions, self._fence)
+            removed = await self._store.delete_offsets(
+                self.group_id, partitions, self._fence, pending
+            )
         except MetadataUnavailable as exc:
             log.warning("offset delete for group %s: %s", self.group_id, exc)
             return ErrorCode.COORDINATOR_NOT_AVAILABLE
