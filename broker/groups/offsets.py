@@ -57,16 +57,11 @@ class GroupOffsets:
         async with self._lock:
             if self._is_closed():
                 return ErrorCode.NOT_COORDINATOR
-            try:
-                stored = await self._store.save_offsets(self.group_id, offsets, self._fence)
-            except MetadataUnavailable as exc:
-                log.warning("offset commit for group %s: %s", self.group_id, exc)
-                return ErrorCode.REQUEST_TIMED_OUT
-            if not stored:
-                self._lose("offset commit fenced: the group lease is no longer ours")
-                return ErrorCode.NOT_COORDINATOR
-            self.cache.update(offsets)
-        return ErrorCode.NONE
+            write = self._store.save_offsets(self.group_id, offsets, self._fence)
+            error = await self._fenced("offset commit", write, ErrorCode.REQUEST_TIMED_OUT)
+            if error is ErrorCode.NONE:
+                self.cache.update(offsets)
+        return error
 
     async def delete(
         self, partitions: list[TopicPartition], decide: Callable[[], OffsetDeletion]
@@ -98,15 +93,20 @@ class GroupOffsets:
         """Committed offsets and those pending in open transactions leave etcd (Kafka's
         tombstone drops both: a transaction committing later must not bring one back)."""
         pending = [tp for tp in partitions if tp in self.pending_txn]
+        write = self._store.delete_offsets(self.group_id, partitions, self._fence, pending)
+        return await self._fenced("offset delete", write, ErrorCode.COORDINATOR_NOT_AVAILABLE)
+
+    async def _fenced(self, what: str, write: Awaitable[bool], unavailable: ErrorCode) -> ErrorCode:
+        """The answer to a fenced etcd write (True: done, False: the lease was not ours):
+        ``unavailable`` when etcd cannot be reached, NOT_COORDINATOR once the lease is gone
+        (the coordinator is told, and unloads the group)."""
         try:
-            removed = await self._store.delete_offsets(
-                self.group_id, partitions, self._fence, pending
-            )
+            done = await write
         except MetadataUnavailable as exc:
-            log.warning("offset delete for group %s: %s", self.group_id, exc)
-            return ErrorCode.COORDINATOR_NOT_AVAILABLE
-        if not removed:
-            self._lose("offset delete fenced: the group lease is no longer ours")
+            log.warning("%s for group %s: %s", what, self.group_id, exc)
+            return unavailable
+        if not done:
+            self._lose(f"{what} fenced: the group lease is no longer ours")
             return ErrorCode.NOT_COORDINATOR
         return ErrorCode.NONE
 
