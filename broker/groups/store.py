@@ -311,7 +311,9 @@ class GroupStore:
         return found
 
     async def delete_group(self, group_id: str, fence: Fence) -> bool:
-        """Delete metadata, offsets and finally the lease itself; False if fenced."""
+        """Delete metadata, offsets (those pending in open transactions too, as Kafka's
+        ``deleteAllOffsets`` does: a transaction committing later must not bring the group's
+        offsets back) and finally the lease itself; False if fenced."""
         entries = await self._etcd.get_prefix(keys.group_prefix(self._cluster, group_id))
         ops: list[Op] = [delete_op(entry.key) for entry in entries if self._owned(group_id, entry)]
         chunks = list(_chunks(ops, MAX_OPS_PER_TXN)) or [[]]
@@ -342,5 +344,8 @@ class GroupStore:
         return sorted(found.values(), key=lambda g: g.group_id)
 
     def _owned(self, group_id: str, entry: KeyValue) -> bool:
+        pending_prefix = keys.group_txn_offsets_prefix(self._cluster, group_id)
+        if entry.key.startswith(pending_prefix):
+            return parse_pending_key(entry.key[len(pending_prefix) :]) is not None
         parsed = parse_group_key(self._cluster, entry.key)
         return parsed is not None and parsed[0] == group_id

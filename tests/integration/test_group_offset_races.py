@@ -355,3 +355,18 @@ async def test_offset_delete_drops_an_offset_pending_in_a_transaction_being_comm
     assert await asyncio.wait_for(ending, 10)  # not fenced: nothing was left to move
     assert await group.stored_offset() is None
     assert await group.fetch(require_stable=True) == (ErrorCode.NONE, -1)
+
+
+async def test_deleting_the_group_drops_its_offsets_pending_in_a_transaction(
+    group: Coordinated,
+) -> None:
+    """DeleteGroups removes the offsets pending in open transactions too (Kafka's
+    ``deleteAllOffsets``): the transaction's commit later brings none back."""
+    assert await group.commit(5) == ErrorCode.NONE
+    await group.begin("tx1", 1)
+    assert await group.txn_commit("tx1", 1, 10) == ErrorCode.NONE
+    assert await group.runtime.delete() == ErrorCode.NONE
+    await group.end(1)
+    assert await group.stored_offset() is None
+    pending = keys.group_txn_offsets_prefix(group.cluster, GROUP)
+    assert await group.etcd.get_prefix(pending) == []
