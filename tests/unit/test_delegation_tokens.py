@@ -200,3 +200,19 @@ def test_the_secret_key_is_a_secret_setting() -> None:
         settings.delegation_token.policy()
     )
     assert not BrokerSettings().delegation_token.policy().enabled
+
+
+def test_describe_configs_never_answers_the_secret_key() -> None:
+    from kafscale.broker.api.admin import _broker_entry
+    from kafscale.broker.api.configs import broker_configs
+
+    settings = BrokerSettings(
+        delegation_token={"secret_key": "k3y-material", "max_lifetime_ms": 60_000}  # type: ignore[arg-type]
+    )
+    configs = {c.name: c for c in broker_configs(settings, 1, [("PLAINTEXT", "h", 9092)], {})}
+    entry = _broker_entry(configs["delegation.token.secret.key"], True, include_synonyms=True)
+    assert entry["is_sensitive"] and entry["value"] is None
+    assert entry["synonyms"] and all(s["value"] is None for s in entry["synonyms"])
+    assert "k3y-material" not in repr([_broker_entry(c, True, True) for c in configs.values()])
+    lifetime = _broker_entry(configs["delegation.token.max.lifetime.ms"], True, False)
+    assert lifetime["value"] == "60000" and not lifetime["is_sensitive"]
