@@ -179,8 +179,11 @@ class TokenStore:
             await asyncio.sleep(interval_s)
             try:
                 removed = await self.remove_expired(clock_ms())
-            except (MetadataUnavailable, MetadataTimeout) as exc:
+            except (MetadataUnavailable, MetadataTimeout, TimeoutError) as exc:
                 log.warning("removing expired delegation tokens: %s", exc)
+                continue
+            except Exception:  # never end the loop: expired tokens would pile up unnoticed
+                log.exception("removing expired delegation tokens failed")
                 continue
             if removed:
                 log.info("removed %d expired delegation token(s)", removed)
