@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from confluent_kafka.admin import AdminClient, ConfigResource, ResourceType
 from harness.brokers import BrokerCluster, new_cluster
 from harness.java_client import java_client, java_program
 from harness.ports import free_port_run, listener_ports
@@ -94,6 +95,7 @@ def tokens(
             "--operation",
             "CLUSTER_ACTION",
         ),
+        ("--cluster-resource", "--principal", "User:alice", "--operation", "DESCRIBE_CONFIGS"),
     ):
         kafscale_cli(etcd_url, name, "acls", "add", *grant)
     ports = listener_ports("PLAIN", "SASL")
@@ -331,3 +333,22 @@ def test_through_the_proxy(tokens: TokenCluster) -> None:
     ]
     assert admin(tokens.proxy, tokens.user("alice"), "expire", made.hmac, "-1")[0] == "expired"
     assert admin(tokens.proxy, login, "describe") == ["error", "SaslAuthenticationException"]
+
+
+def test_describe_configs_says_the_key_is_set_but_never_what_it_is(tokens: TokenCluster) -> None:
+    admin_client = AdminClient(
+        {
+            "bootstrap.servers": tokens.sasl,
+            "security.protocol": "SASL_PLAINTEXT",
+            "sasl.mechanisms": "SCRAM-SHA-512",
+            "sasl.username": "alice",
+            "sasl.password": PASSWORDS["alice"],
+        }
+    )
+    (broker_id,) = admin_client.list_topics(timeout=30).brokers
+    resource = ConfigResource(ResourceType.BROKER, str(broker_id))
+    configs = admin_client.describe_configs([resource])[resource].result(timeout=30)
+    key = configs["delegation.token.secret.key"]
+    assert key.is_sensitive and key.value is None
+    assert configs["delegation.token.expiry.check.interval.ms"].value == "300"
+    assert not any(SECRET_KEY in str(entry.value) for entry in configs.values())
