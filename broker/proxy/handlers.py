@@ -240,7 +240,13 @@ async def sasl_authenticate_here(r: ProxyRequest) -> Answer:
 # --- delegation tokens: refused here, else to any broker (tokens live in etcd) ----------------
 
 TOKEN_REFUSALS: dict[int, Body] = {
-    38: {"error_code": ErrorCode.DELEGATION_TOKEN_REQUEST_NOT_ALLOWED, "hmac": b""},
+    38: {
+        "error_code": ErrorCode.DELEGATION_TOKEN_REQUEST_NOT_ALLOWED,
+        "issue_timestamp": -1,
+        "expiry_timestamp": -1,
+        "max_timestamp": -1,
+        "hmac": b"",
+    },
     39: {"error_code": ErrorCode.DELEGATION_TOKEN_REQUEST_NOT_ALLOWED, "expiry_timestamp": -1},
     40: {"error_code": ErrorCode.DELEGATION_TOKEN_REQUEST_NOT_ALLOWED, "expiry_timestamp": -1},
     41: {"error_code": ErrorCode.DELEGATION_TOKEN_REQUEST_NOT_ALLOWED, "tokens": []},
