@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import struct
 import subprocess
 import time
 import uuid
@@ -34,6 +35,8 @@ from harness.secured import add_broker, create_user, kafscale_cli, make_topics
 from kafscale.broker.metadata import keys
 from kafscale.broker.metadata.embedded_etcd import EmbeddedEtcd
 from kafscale.broker.metadata.etcd import Etcd
+from kafscale.broker.protocol import codec
+from kafscale.broker.proxy.login import SaslLogin, log_in
 
 pytestmark = pytest.mark.integration
 
@@ -352,3 +355,44 @@ def test_describe_configs_says_the_key_is_set_but_never_what_it_is(tokens: Token
     assert key.is_sensitive and key.value is None
     assert configs["delegation.token.expiry.check.interval.ms"].value == "300"
     assert not any(SECRET_KEY in str(entry.value) for entry in configs.values())
+
+
+CREATE_DELEGATION_TOKEN, ENVELOPE = 38, 58
+REQUEST_NOT_ALLOWED = 64
+
+
+async def _forwarded_create(address: str, token_authenticated: bool) -> int:
+    """CreateDelegationToken for alice in an Envelope from the proxy's own user (trusted:
+    CLUSTER_ACTION), her principal marked token-authenticated or not: the inner error code."""
+    host, port = address.split(":")
+    reader, writer = await asyncio.open_connection(host, int(port))
+    try:
+        await log_in(
+            reader, writer, SaslLogin("SCRAM-SHA-256", PROXY_USER, PROXY_PASSWORD), 1 << 20
+        )
+        create = {"renewers": [], "max_lifetime": -1}
+        inner = codec.encode_request(CREATE_DELEGATION_TOKEN, 3, 5, create, "t")[4:]
+        envelope = {
+            "request_data": inner,
+            "request_principal": codec.encode_principal("User:alice", token_authenticated),
+            "client_host_address": bytes([127, 0, 0, 1]),
+        }
+        writer.write(codec.encode_request(ENVELOPE, 0, 9, envelope, "t"))
+        await writer.drain()
+        (length,) = struct.unpack(">i", await reader.readexactly(4))
+        answer = codec.decode_response(await reader.readexactly(length), ENVELOPE, 0)
+        assert int(answer.error_code) == 0
+        # The error code follows the flexible response header (correlation id, no tags);
+        # an error answer carries Kafka's -1 timestamps, which kio's reader refuses.
+        (code,) = struct.unpack_from(">h", bytes(answer.response_data), 5)
+        return int(code)
+    finally:
+        writer.close()
+
+
+def test_a_broker_refuses_token_requests_forwarded_for_a_token_login(tokens: TokenCluster) -> None:
+    """The proxy marks a token login's principal in the Envelope (Kafka's
+    ``token_authenticated``); a broker refuses its token requests as from a direct token
+    login, and runs the same request for the same principal without the mark."""
+    assert asyncio.run(_forwarded_create(tokens.sasl, True)) == REQUEST_NOT_ALLOWED
+    assert asyncio.run(_forwarded_create(tokens.sasl, False)) == 0
