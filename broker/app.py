@@ -14,6 +14,7 @@ import functools
 import logging
 import socket
 import ssl
+import time
 from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from typing import Any
@@ -51,10 +52,11 @@ from kafscale.broker.security.inter_broker import (
     inter_broker_context,
     inter_broker_link,
     inter_broker_reloader,
-    missing_login,
+    missing_login_warning,
 )
 from kafscale.broker.security.listeners import Listener, advertised_address, internal_listener
 from kafscale.broker.security.tls import CertificateReloader, TlsConfigError, server_context
+from kafscale.broker.security.token_store import TokenStore
 from kafscale.broker.server import ByteBudget, KafkaServer, ServerEndpoint
 from kafscale.broker.storage.cache import SegmentCache
 from kafscale.broker.storage.factory import open_object_store
@@ -95,6 +97,8 @@ class Broker:
     ready: bool = False
     draining: bool = False
     pod_name: str | None = None
+    cluster_size: int | None = None
+    """How many brokers the cluster has, when its launcher knows it (``kafscale local``)."""
     _inter_broker: ssl.SSLContext | None = None  # TLS toward other brokers (inter_broker.*)
     _tasks: list[asyncio.Task[None]] = field(default_factory=list)
     quota_enforcer: QuotaEnforcer = field(init=False)
@@ -122,6 +126,11 @@ class Broker:
         return CredentialStore(self.etcd, self.cluster)
 
     @property
+    def tokens(self) -> TokenStore:
+        """The delegation tokens (their APIs and token logins)."""
+        return TokenStore(self.etcd, self.cluster)
+
+    @property
     def log_manager(self) -> LogManager:
         assert self.manager is not None
         return self.manager
@@ -129,7 +138,9 @@ class Broker:
     # --- start-up ----------------------------------------------------------------------------
 
     @classmethod
-    async def start(cls, settings: BrokerSettings, pod_name: str | None = None) -> Broker:
+    async def start(
+        cls, settings: BrokerSettings, pod_name: str | None = None, cluster_size: int | None = None
+    ) -> Broker:
         store: ObjectStore = InstrumentedStore(open_object_store(settings.storage))
         try:
             await store.check()
@@ -159,6 +170,7 @@ class Broker:
             fetch_sessions=FetchSessionCache(settings.limits.fetch_sessions),
             produce_budget=ByteBudget(settings.limits.max_buffered_produce_bytes),
             pod_name=pod_name,
+            cluster_size=cluster_size,
         )
         await broker._start_serving()
         return broker
@@ -185,7 +197,7 @@ class Broker:
             names = ", ".join(f"{e.listener.host}:{e.listener.port}" for e in endpoints)
             raise StartupError(f"cannot listen on {names}: {exc}") from exc
         self._inter_broker = inter_broker
-        problem = missing_login(self.settings)
+        problem = missing_login_warning(self.settings, self.cluster_size)
         if problem:
             log.warning("%s", problem)
         inter_reloader = inter_broker_reloader(self.settings, inter_broker)
@@ -263,6 +275,17 @@ class Broker:
                 name="etcd-compaction",
             )
         )
+        token_settings = self.settings.delegation_token
+        if token_settings.policy().enabled:
+            self._tasks.append(
+                asyncio.create_task(
+                    self.tokens.run_expiry(
+                        token_settings.expiry_check_interval_ms / 1000,
+                        lambda: int(time.time() * 1000),
+                    ),
+                    name="token-expiry",
+                )
+            )
         if self.settings.assignment.self_assign:
             rebalancer = Rebalancer(self.etcd, self.view, self.cluster, self.node_id)
             self._tasks.append(

@@ -60,7 +60,9 @@ class Connection:
     ``User:<name>``), what authorization decides on; unauthenticated listeners leave Kafka's
     anonymous principal. ``listener`` is the name of the listener the client came in on
     (Metadata answers with that listener's addresses); ``sasl`` is None unless the listener
-    uses SASL, and then holds the login's progress. ``close_after_response`` ends the
+    uses SASL, and then holds the login's progress; ``token_authenticated`` says the login
+    used a delegation token (such a connection may not create or renew tokens).
+    ``close_after_response`` ends the
     connection once the current answer is sent (a failed login).
     """
 
@@ -68,6 +70,7 @@ class Connection:
     principal: str = ANONYMOUS
     listener: str = DEFAULT_LISTENER_NAME
     sasl: SaslSession | None = None
+    token_authenticated: bool = False  # logged in with a delegation token (KIP-48)
     close_after_response: bool = False
     append_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     in_flight: int = 0  # requests read and not yet answered
@@ -86,6 +89,12 @@ class Mute:
     """Event-loop time until which a connection starts no further request."""
 
     until: float = 0.0
+
+    def remaining_s(self, clock: Callable[[], float]) -> float:
+        """How long the connection's next request must wait (0: at once), by the event loop's
+        ``clock``. A plain call, no await and no clock read for a connection never muted: it
+        runs before every request."""
+        return max(self.until - clock(), 0.0) if self.until else 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -388,13 +397,16 @@ class KafkaServer:
         connection: Connection,
     ) -> None:
         running: set[asyncio.Task[bytes | None]] = set()  # started, not done
+        clock = asyncio.get_running_loop().time
         # read_charged_frame returns None at the end of the stream and once the server stops.
         while (taken := await protocol.read_charged_frame()) is not None:
             frame, charge = taken
             connection.in_flight += 1
             alone = runs_alone(frame)
             try:
-                await _unmuted(connection)
+                delay_s = connection.muted.remaining_s(clock)
+                if delay_s > 0:  # a later mute (set while waiting) applies from the next request
+                    await asyncio.sleep(delay_s)
                 await slots.acquire()
                 await budget.take(len(frame))
                 if alone and running:  # Kafka's order: earlier requests are processed first
@@ -412,13 +424,6 @@ class KafkaServer:
                 running.add(task)
                 task.add_done_callback(running.discard)
         in_order.put_nowait(None)
-
-
-async def _unmuted(connection: Connection) -> None:
-    """Wait out a quota throttle before starting the connection's next request."""
-    delay = connection.muted.until - asyncio.get_running_loop().time()
-    if delay > 0:  # a later mute (set while waiting) applies from the next request
-        await asyncio.sleep(delay)
 
 
 async def _write_in_order(
