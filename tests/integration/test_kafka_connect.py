@@ -11,6 +11,7 @@ stored offsets; a restarted worker takes them back the same way. docs/kafka-conn
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -56,10 +57,14 @@ def workers(tmp_path: Path) -> Iterator[list[ConnectWorker]]:
 
 
 def new_worker(
-    started: list[ConnectWorker], cluster: BrokerCluster, tmp_path: Path, name: str
+    started: list[ConnectWorker],
+    cluster: BrokerCluster,
+    tmp_path: Path,
+    name: str,
+    extra: dict[str, str] | None = None,
 ) -> ConnectWorker:
     worker = ConnectWorker(name, tmp_path, cluster.bootstrap, GROUP, worker_classpath())
-    worker.extra.update(FAST_FAILOVER)
+    worker.extra.update({**FAST_FAILOVER, **(extra or {})})
     started.append(worker)
     return worker.launch()
 
@@ -216,3 +221,69 @@ def test_file_pipeline_survives_worker_crash_and_restart(
         )
     wait_sink(sink, 120, restarted)
     assert sink_lines(sink) == expected(120)
+
+
+def committed_values(bootstrap: str, topic: str, count: int) -> list[str]:
+    """The values a read_committed consumer reads from ``topic`` (partition 0), waiting for
+    ``count`` of them and a second more for any surplus."""
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": "check-committed",
+            "enable.auto.commit": False,
+            "isolation.level": "read_committed",
+        }
+    )
+    consumer.assign([TopicPartition(topic, 0, 0)])
+    values: list[str] = []
+    try:
+        wait_for(
+            lambda: _poll_into(consumer, values) >= count,
+            WAIT_S,
+            lambda: f"{topic} has {len(values)} committed records, want {count}",
+        )
+        _poll_into(consumer, values)
+    finally:
+        consumer.close()
+    return values
+
+
+def test_exactly_once_source_survives_a_crash_mid_stream(
+    broker_cluster: BrokerCluster, workers: list[ConnectWorker], tmp_path: Path
+) -> None:
+    """``exactly.once.source.support=enabled``: the source task writes each poll's records and
+    its file position in one transaction (the offsets topic is read read_committed). A worker
+    SIGKILLed while lines stream in leaves an open transaction; the restarted worker's task
+    fences it (InitProducerId on the same transactional id) and resumes from the committed
+    position: a read_committed reader sees every line exactly once."""
+    broker_cluster.start(KAFSCALE_TRANSACTIONS__CHECK_INTERVAL_MS="200")
+    bootstrap = broker_cluster.bootstrap
+    create_topic(bootstrap, TOPIC, 1)
+    source = tmp_path / "in.txt"
+    source.touch()
+    eos = {"exactly.once.source.support": "enabled"}
+
+    worker = new_worker(workers, broker_cluster, tmp_path, "eos", eos)
+    worker.wait_ready()
+    put_connector(
+        worker,
+        "source",
+        {
+            "connector.class": "org.apache.kafka.connect.file.FileStreamSourceConnector",
+            "file": str(source),
+            "topic": TOPIC,
+            "exactly.once.support": "required",
+            "transaction.boundary": "poll",
+        },
+    )
+    write_lines(source, 1, 20)
+    assert committed_values(bootstrap, TOPIC, 20) == [f'"{x}"' for x in expected(20)]
+
+    for first in range(21, 400, 20):  # lines keep coming while the worker dies
+        write_lines(source, first, first + 19)
+        time.sleep(0.05)
+        if first == 201:
+            worker.kill()
+    restarted = new_worker(workers, broker_cluster, tmp_path, "eos-restarted", eos)
+    restarted.wait_ready()
+    assert committed_values(bootstrap, TOPIC, 400) == [f'"{x}"' for x in expected(400)]
