@@ -11,6 +11,7 @@ stored offsets; a restarted worker takes them back the same way. docs/kafka-conn
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -28,6 +29,7 @@ from harness.kafka_connect import (
     wait_for,
     worker_classpath,
 )
+from harness.postgres import PostgresServer
 from harness.topics import create_topic
 
 pytestmark = pytest.mark.integration
@@ -287,3 +289,93 @@ def test_exactly_once_source_survives_a_crash_mid_stream(
     restarted = new_worker(workers, broker_cluster, tmp_path, "eos-restarted", eos)
     restarted.wait_ready()
     assert committed_values(bootstrap, TOPIC, 400) == [f'"{x}"' for x in expected(400)]
+
+
+def change_events(bootstrap: str, topic: str, count: int) -> list[tuple[Any, Any]]:
+    """(key, value) of the first ``count`` records of ``topic``, JSON-decoded; a tombstone's
+    value is None."""
+    consumer = Consumer(
+        {"bootstrap.servers": bootstrap, "group.id": "check-cdc", "enable.auto.commit": False}
+    )
+    consumer.assign([TopicPartition(topic, 0, 0)])
+    events: list[tuple[Any, Any]] = []
+
+    def poll() -> bool:
+        for message in consumer.consume(100, 0.5):
+            if message.error() is not None:  # the topic may not exist yet
+                continue
+            value = message.value()
+            events.append((json.loads(message.key()), None if value is None else json.loads(value)))
+        return len(events) >= count
+
+    try:
+        wait_for(poll, WAIT_S, lambda: f"{topic} has {len(events)} events, want {count}")
+    finally:
+        consumer.close()
+    return events
+
+
+def test_debezium_postgres_changes_arrive_with_tombstones(
+    broker_cluster: BrokerCluster,
+    workers: list[ConnectWorker],
+    postgres_server: PostgresServer,
+    tmp_path: Path,
+) -> None:
+    """Debezium's PostgreSQL connector (pgoutput) on a distributed worker: the snapshot, an
+    insert, an update and a delete arrive as change events, the delete followed by its
+    tombstone, in the topic Connect created for the table through CreateTopics with
+    ``cleanup.policy=compact`` (read back through DescribeConfigs); heartbeats go to
+    Debezium's heartbeat topic."""
+    broker_cluster.start()
+    bootstrap = broker_cluster.bootstrap
+    postgres_server.sql(
+        "CREATE TABLE customers (id int PRIMARY KEY, name text);"
+        "ALTER TABLE customers REPLICA IDENTITY FULL;"  # updates carry the old row too
+        "INSERT INTO customers VALUES (1, 'ann'), (2, 'bob');"
+    )
+    worker = ConnectWorker("cdc", tmp_path, bootstrap, GROUP, worker_classpath(debezium=True))
+    workers.append(worker)
+    worker.launch().wait_ready()
+    put_connector(
+        worker,
+        "pg",
+        {
+            "connector.class": "io.debezium.connector.postgresql.PostgresConnector",
+            "database.hostname": "127.0.0.1",
+            "database.port": str(postgres_server.port),
+            "database.user": "postgres",
+            "database.password": "unused",  # trust authentication on loopback
+            "database.dbname": "postgres",
+            "topic.prefix": "pg",
+            "plugin.name": "pgoutput",
+            "table.include.list": "public.customers",
+            "topic.creation.default.partitions": "1",
+            "topic.creation.default.replication.factor": "1",
+            "topic.creation.default.cleanup.policy": "compact",
+            "heartbeat.interval.ms": "500",
+        },
+    )
+    topic = "pg.public.customers"
+    snapshot = change_events(bootstrap, topic, 2)
+    assert [(k["id"], v["op"]) for k, v in snapshot] == [(1, "r"), (2, "r")]
+
+    postgres_server.sql(
+        "INSERT INTO customers VALUES (3, 'cy');"
+        "UPDATE customers SET name = 'ANN' WHERE id = 1;"
+        "DELETE FROM customers WHERE id = 2;"
+    )
+    events = change_events(bootstrap, topic, 6)[2:]
+    assert [(k["id"], v and v["op"]) for k, v in events] == [
+        (3, "c"),
+        (1, "u"),
+        (2, "d"),
+        (2, None),  # the tombstone: compaction's signal to forget key 2
+    ]
+    assert events[1][1]["before"]["name"] == "ann" and events[1][1]["after"]["name"] == "ANN"
+    assert events[2][1]["before"]["id"] == 2 and events[2][1]["after"] is None
+
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    [future] = admin.describe_configs([ConfigResource("topic", topic)]).values()
+    assert future.result(30)["cleanup.policy"].value == "compact"
+    heartbeats = change_events(bootstrap, "__debezium-heartbeat.pg", 1)
+    assert heartbeats[0][0] == {"serverName": "pg"}
