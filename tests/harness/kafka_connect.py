@@ -18,6 +18,7 @@ loopback port; the helpers below speak that REST API with the standard library.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import signal
@@ -32,7 +33,7 @@ from typing import Any, TypeVar
 
 import pytest
 
-from harness.java_client import wheel_libs
+from harness.java_client import CACHE, cache_locked, wheel_libs
 from kafscale.broker.child_process import free_port_run
 
 # What a distributed worker with the FileStream connectors needs from the wheel (prefixes).
@@ -134,6 +135,24 @@ def worker_classpath(debezium: bool = False) -> str:
     return os.pathsep.join(str(j) for j in [*jars, *_jetty12_jars()])
 
 
+def compiled_plugin(source: Path) -> Path:
+    """A test's own connector (``source``, one Java file) compiled against the worker's jars,
+    once per version of the file: the directory to add to a worker's classpath."""
+    digest = hashlib.sha256(source.read_bytes()).hexdigest()[:12]
+    classes = CACHE / f"connect-plugin-{source.stem}-{digest}"
+    classpath = worker_classpath()
+    with cache_locked():
+        if not any(classes.glob("*.class")):
+            classes.mkdir(parents=True, exist_ok=True)
+            subprocess.run(
+                ["javac", "-cp", classpath, "-d", str(classes), str(source)],
+                check=True,
+                capture_output=True,
+                timeout=300,
+            )
+    return classes
+
+
 def worker_properties(
     bootstrap: str, group: str, rest_port: int, extra: Mapping[str, str] | None = None
 ) -> str:
@@ -195,7 +214,9 @@ class ConnectWorker:
         props.write_text(worker_properties(self.bootstrap, self.group, self.rest_port, self.extra))
         log4j = self.workdir / "connect-log4j2.properties"
         log4j.write_text(LOG4J_CONFIG)
-        command = ["java", f"-Dlog4j2.configurationFile={log4j}", "-Xmx384m", "-cp"]
+        # C1 only and the serial collector: a test worker lives a minute on shared cores.
+        command = ["java", "-XX:TieredStopAtLevel=1", "-XX:+UseSerialGC", "-Xmx384m"]
+        command += [f"-Dlog4j2.configurationFile={log4j}", "-cp"]
         command += [self.classpath, "org.apache.kafka.connect.cli.ConnectDistributed", str(props)]
         with self.log.open("ab") as out:
             self.process = subprocess.Popen(

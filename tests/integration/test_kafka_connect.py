@@ -12,6 +12,7 @@ stored offsets; a restarted worker takes them back the same way. docs/kafka-conn
 from __future__ import annotations
 
 import json
+import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,9 +24,11 @@ from confluent_kafka.admin import AdminClient, ConfigResource
 from harness.brokers import BrokerCluster
 from harness.kafka_connect import (
     ConnectWorker,
+    compiled_plugin,
     put_connector,
     rest,
     running_on,
+    status,
     wait_for,
     worker_classpath,
 )
@@ -64,8 +67,10 @@ def new_worker(
     tmp_path: Path,
     name: str,
     extra: dict[str, str] | None = None,
+    plugins: Path | None = None,
 ) -> ConnectWorker:
-    worker = ConnectWorker(name, tmp_path, cluster.bootstrap, GROUP, worker_classpath())
+    classpath = worker_classpath() + (f"{os.pathsep}{plugins}" if plugins else "")
+    worker = ConnectWorker(name, tmp_path, cluster.bootstrap, GROUP, classpath)
     worker.extra.update({**FAST_FAILOVER, **(extra or {})})
     started.append(worker)
     return worker.launch()
@@ -264,6 +269,7 @@ def test_exactly_once_source_survives_a_crash_mid_stream(
     source = tmp_path / "in.txt"
     source.touch()
     eos = {"exactly.once.source.support": "enabled"}
+    plugins = compiled_plugin(Path(__file__).with_name("java") / "CountingSource.java")
 
     worker = new_worker(workers, broker_cluster, tmp_path, "eos", eos)
     worker.wait_ready()
@@ -286,9 +292,35 @@ def test_exactly_once_source_survives_a_crash_mid_stream(
         time.sleep(0.05)
         if first == 201:
             worker.kill()
-    restarted = new_worker(workers, broker_cluster, tmp_path, "eos-restarted", eos)
+    restarted = new_worker(workers, broker_cluster, tmp_path, "eos-restarted", eos, plugins)
     restarted.wait_ready()
     assert committed_values(bootstrap, TOPIC, 400) == [f'"{x}"' for x in expected(400)]
+
+    # Zombie fencing: a connector whose task count changes has the previous generation's
+    # transactional producers fenced (Admin.fenceProducers → InitProducerId) before its new
+    # tasks start; a failed fencing round leaves the new tasks unstarted.
+    create_topic(bootstrap, "counts", 1)
+    counting = {"connector.class": "CountingSource", "topic": "counts"}
+    put_connector(restarted, "counting", {**counting, "tasks.max": "2"})
+    wait_for(lambda: running_tasks(restarted, "counting") == 2, WAIT_S, restarted.tail)
+    put_connector(restarted, "counting", {**counting, "tasks.max": "3"})
+    wait_for(lambda: running_tasks(restarted, "counting") == 3, WAIT_S, restarted.tail)
+    values = committed_values(bootstrap, "counts", 300)
+    by_task: dict[str, list[int]] = {}
+    for value in values:
+        _, task, count = json.loads(value).split("-")
+        by_task.setdefault(task, []).append(int(count))
+    assert set(by_task) == {"0", "1", "2"}, by_task.keys()
+    for counts in by_task.values():  # each task resumed where its fenced predecessor stopped
+        assert counts == list(range(len(counts)))
+
+
+def running_tasks(worker: ConnectWorker, name: str) -> int:
+    """How many of the connector's tasks run (0 while any is not RUNNING)."""
+    now = status(worker, name)
+    if not now or any(task["state"] != "RUNNING" for task in now["tasks"]):
+        return 0
+    return len(now["tasks"])
 
 
 def change_events(bootstrap: str, topic: str, count: int) -> list[tuple[Any, Any]]:
