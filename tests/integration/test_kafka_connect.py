@@ -14,7 +14,8 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import Iterator
+import urllib.error
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -126,7 +127,10 @@ def _poll_into(consumer: Consumer, values: list[str]) -> int:
 
 def source_position(worker: ConnectWorker) -> int | None:
     """The file position stored in the offsets topic for the source (KIP-875's REST read)."""
-    offsets: dict[str, Any] = rest("GET", f"{worker.url}/connectors/source/offsets")
+    try:
+        offsets: dict[str, Any] = rest("GET", f"{worker.url}/connectors/source/offsets")
+    except urllib.error.HTTPError:  # busy rebalancing: ask again
+        return None
     found = offsets["offsets"]
     return int(found[0]["offset"]["position"]) if found else None
 
@@ -230,9 +234,11 @@ def test_file_pipeline_survives_worker_crash_and_restart(
     assert sink_lines(sink) == expected(120)
 
 
-def committed_values(bootstrap: str, topic: str, count: int) -> list[str]:
+def committed_values(
+    bootstrap: str, topic: str, count: int, until: Callable[[list[str]], bool] | None = None
+) -> list[str]:
     """The values a read_committed consumer reads from ``topic`` (partition 0), waiting for
-    ``count`` of them and a second more for any surplus."""
+    ``count`` of them (and for ``until`` to hold), then half a second more for any surplus."""
     consumer = Consumer(
         {
             "bootstrap.servers": bootstrap,
@@ -243,11 +249,13 @@ def committed_values(bootstrap: str, topic: str, count: int) -> list[str]:
     )
     consumer.assign([TopicPartition(topic, 0, 0)])
     values: list[str] = []
+
+    def enough() -> bool:
+        return _poll_into(consumer, values) >= count and (until is None or until(values))
+
     try:
         wait_for(
-            lambda: _poll_into(consumer, values) >= count,
-            WAIT_S,
-            lambda: f"{topic} has {len(values)} committed records, want {count}",
+            enough, WAIT_S, lambda: f"{topic} has {len(values)} committed records, want {count}"
         )
         _poll_into(consumer, values)
     finally:
@@ -305,7 +313,9 @@ def test_exactly_once_source_survives_a_crash_mid_stream(
     wait_for(lambda: running_tasks(restarted, "counting") == 2, WAIT_S, restarted.tail)
     put_connector(restarted, "counting", {**counting, "tasks.max": "3"})
     wait_for(lambda: running_tasks(restarted, "counting") == 3, WAIT_S, restarted.tail)
-    values = committed_values(bootstrap, "counts", 300)
+    values = committed_values(
+        bootstrap, "counts", 100, lambda seen: any("task-2-" in v for v in seen)
+    )
     by_task: dict[str, list[int]] = {}
     for value in values:
         _, task, count = json.loads(value).split("-")
