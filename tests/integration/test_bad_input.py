@@ -790,7 +790,7 @@ def test_normal_clients_still_work_after_all_of_it(kafka: BrokerProcess) -> None
 
 # --- protocol honesty: what is not served is never an empty success -------------------------
 
-EXPIRE_DELEGATION_TOKEN, DESCRIBE_TRANSACTIONS = 40, 65
+UPDATE_FEATURES, DESCRIBE_TRANSACTIONS = 57, 65
 # Unserved APIs whose responses have no error field: DescribeShareGroupOffsets (v0, v1)
 # and ShareGroupDescribe (share groups: not offered by Kafka 3.9 either).
 DESCRIBE_SHARE_GROUP_OFFSETS, SHARE_GROUP_DESCRIBE = 90, 77
@@ -821,10 +821,10 @@ def test_an_unserved_api_without_an_error_field_closes_the_connection(
 def test_an_unserved_api_with_an_error_field_gets_unsupported_version(
     kafka: BrokerProcess,
 ) -> None:
-    assert EXPIRE_DELEGATION_TOKEN not in API_TABLE
+    assert UPDATE_FEATURES not in API_TABLE
     with KafkaWire(kafka.bootstrap) as wire:
-        body = sample_body(codec.request_schema(EXPIRE_DELEGATION_TOKEN, 1))
-        response = wire.request(EXPIRE_DELEGATION_TOKEN, 1, body)
+        body = sample_body(codec.request_schema(UPDATE_FEATURES, 1))
+        response = wire.request(UPDATE_FEATURES, 1, body)
         assert int(response.error_code) == UNSUPPORTED_VERSION
 
 
@@ -833,7 +833,7 @@ def test_api_versions_names_only_apis_in_the_table(kafka: BrokerProcess) -> None
         advertised = wire.request(API_VERSIONS, 3, {})
     keys = {int(k.api_key) for k in advertised.api_keys}
     assert keys == set(API_TABLE)
-    assert not keys & {DESCRIBE_SHARE_GROUP_OFFSETS, SHARE_GROUP_DESCRIBE, EXPIRE_DELEGATION_TOKEN}
+    assert not keys & {DESCRIBE_SHARE_GROUP_OFFSETS, SHARE_GROUP_DESCRIBE, UPDATE_FEATURES}
 
 
 def test_a_control_batch_from_a_client_is_invalid_record_and_not_stored(
