@@ -90,7 +90,7 @@ JETTY12_MODULES = (
     "session",
     "util",
 )
-START_TIMEOUT_S = 60.0
+START_TIMEOUT_S = 120.0  # a JVM start on two loaded cores: 5-40 s seen
 LOG4J_CONFIG = """\
 rootLogger.level=INFO
 rootLogger.appenderRef.out.ref=OUT
@@ -308,7 +308,7 @@ def put_connector(worker: ConnectWorker, name: str, config: dict[str, str]) -> N
                 return False
             raise
 
-    wait_for(put, 30, lambda: f"PUT connector {name} kept failing:\n{worker.tail()}")
+    wait_for(put, 60, lambda: f"PUT connector {name} kept failing:\n{worker.tail()}")
 
 
 def status(worker: ConnectWorker, name: str) -> dict[str, Any] | None:
