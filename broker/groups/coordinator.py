@@ -192,6 +192,10 @@ class GroupCoordinator:
         """
         listed: dict[str, ListedGroup] = {}
         for group_id, runtime in self._runtimes.items():
+            share = runtime.share
+            if share is not None and not runtime.closed:
+                listed[group_id] = ListedGroup(group_id, "share", share.state, "share")
+                continue
             consumer = runtime.consumer
             if consumer is not None and not runtime.closed:
                 listed[group_id] = ListedGroup(group_id, "consumer", consumer.state, "consumer")

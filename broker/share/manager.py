@@ -1,0 +1,224 @@
+"""The async shell around this broker's share-partitions (Kafka's ``SharePartitionManager``).
+
+A share-partition lives on the broker that owns its topic partition (the lease holder). It is
+loaded from etcd on first use (or started at the group's ``share.auto.offset.reset``: the
+high watermark, or the log start), changed under its own lock by ShareFetch/ShareAcknowledge,
+and written back in flush rounds: one etcd transaction for every share-partition changed since
+the last round, fenced by the partition leases (``store``). Acknowledgements are answered once
+the round that carries them committed; acquisitions and lock expiries ride the next round
+(``FLUSH_INTERVAL_S``), so a new owner may deliver a record once more than its count says,
+never lose an acknowledgement.
+
+A share-partition whose partition lease changed (or whose round was fenced) is dropped and read
+again from etcd: records acquired on the old owner come back as available there.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from kafscale.broker.groups.share import ShareConfig
+from kafscale.broker.metadata.etcd_errors import MetadataUnavailable
+from kafscale.broker.protocol.errors import ErrorCode
+from kafscale.broker.share.partition import Limits, SharePartition
+from kafscale.broker.share.sessions import ShareSessions
+from kafscale.broker.share.store import ShareStateStore, encode
+
+log = logging.getLogger(__name__)
+
+FLUSH_INTERVAL_S = 0.25
+EXPIRY_CHECK_MAX_S = 1.0
+EntryKey = tuple[str, str, int]
+"""(group, topic, partition)."""
+
+
+def limits_of(config: ShareConfig) -> Limits:
+    return Limits(
+        config.record_lock_duration_ms, config.delivery_count_limit, config.max_record_locks
+    )
+
+
+@dataclass(slots=True)
+class Entry:
+    key: EntryKey
+    topic_id: str
+    lease_revision: int
+    state: SharePartition
+    limits: Limits
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    dirty: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class OwnerView:
+    """What the manager needs of the partition's owner: its lease revision and offsets."""
+
+    topic_id: str
+    lease_revision: int
+    log_start_offset: int
+    high_watermark: int
+
+
+Clock = Callable[[], int]
+
+
+def loop_clock_ms() -> int:
+    return int(asyncio.get_running_loop().time() * 1000)
+
+
+class ShareManager:
+    def __init__(self, store: ShareStateStore, clock: Clock = loop_clock_ms) -> None:
+        self._store = store
+        self._clock = clock
+        self.sessions = ShareSessions()
+        self._entries: dict[EntryKey, Entry] = {}
+        self._loading = asyncio.Lock()
+        self._waiters: list[asyncio.Future[ErrorCode]] = []
+        self._wake = asyncio.Event()
+        self._changed = asyncio.Event()
+
+    def now_ms(self) -> int:
+        return self._clock()
+
+    def changed(self) -> asyncio.Event:
+        """Set once records may have become available (a release, an expiry, an
+        acknowledgement): waiting fetches look again. Take it before looking."""
+        return self._changed
+
+    def notify(self) -> None:
+        self._changed.set()
+        self._changed = asyncio.Event()
+
+    async def entry(self, key: EntryKey, owner: OwnerView, config: ShareConfig) -> Entry:
+        """The share-partition, loaded or started if this owner has not got it yet."""
+        found = self._entries.get(key)
+        if found is None or found.lease_revision != owner.lease_revision:
+            async with self._loading:
+                found = self._entries.get(key)
+                if found is None or found.lease_revision != owner.lease_revision:
+                    found = await self._load(key, owner, config)
+                    self._entries[key] = found
+        found.limits = limits_of(config)
+        if owner.log_start_offset > found.state.start_offset:
+            found.state.move_start(owner.log_start_offset)
+            found.dirty = True
+        return found
+
+    async def _load(self, key: EntryKey, owner: OwnerView, config: ShareConfig) -> Entry:
+        group, topic, partition = key
+        state = await self._store.load(group, topic, partition, owner.topic_id)
+        fresh = state is None
+        if state is None:
+            start = owner.high_watermark if config.auto_offset_reset == "latest" else 0
+            state = SharePartition(max(start, owner.log_start_offset))
+        log.info(
+            "share-partition %s %s-%d %s at start offset %d",
+            group,
+            topic,
+            partition,
+            "started" if fresh else "loaded",
+            state.start_offset,
+        )
+        # A fresh one is written at the next round so that "latest" stays where it was taken.
+        return Entry(
+            key, owner.topic_id, owner.lease_revision, state, limits_of(config), dirty=fresh
+        )
+
+    def forget_partition(self, topic: str, partition: int) -> None:
+        for key in [k for k in self._entries if k[1:] == (topic, partition)]:
+            del self._entries[key]
+
+    async def delete_group(self, group: str) -> None:
+        """DeleteGroups of a share group: its share-partition states go (here and in etcd)."""
+        for key in [k for k in self._entries if k[0] == group]:
+            del self._entries[key]
+        await self._store.delete_group(group)
+
+    def entries_of(self, group: str) -> list[Entry]:
+        return [e for k, e in self._entries.items() if k[0] == group]
+
+    def release(self, group: str, member_id: str) -> None:
+        """A member's session ended: every record it holds here goes back."""
+        for entry in self.entries_of(group):
+            if entry.state.release_member(member_id, entry.limits):
+                entry.dirty = True
+                self.notify()
+        self._wake.set()
+
+    def release_connection(self, connection: object) -> None:
+        """A connection closed: its share sessions end (Kafka releases their records too)."""
+        for group, member_id in self.sessions.of_connection(connection):
+            self.sessions.close((group, member_id))
+            self.release(group, member_id)
+
+    # --- flush rounds -------------------------------------------------------------------------
+
+    async def durable(self) -> ErrorCode:
+        """Wait for a flush round that carries every change made before this call."""
+        future: asyncio.Future[ErrorCode] = asyncio.get_running_loop().create_future()
+        self._waiters.append(future)
+        self._wake.set()
+        return await asyncio.shield(future)
+
+    async def run(self) -> None:
+        """Flush rounds and lock expiry, until cancelled."""
+        while True:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self._sleep_s()):
+                    await self._wake.wait()
+            self._wake.clear()
+            self._expire()
+            try:
+                await self._flush_round()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("share state flush failed")
+                await asyncio.sleep(FLUSH_INTERVAL_S)
+
+    def _sleep_s(self) -> float:
+        deadlines = [d for e in self._entries.values() if (d := e.state.next_deadline_ms())]
+        dirty = any(e.dirty for e in self._entries.values())
+        wait = EXPIRY_CHECK_MAX_S
+        if deadlines:
+            wait = min(wait, max(min(deadlines) - self._clock(), 0) / 1000)
+        if dirty:
+            wait = min(wait, FLUSH_INTERVAL_S)
+        return wait
+
+    def _expire(self) -> None:
+        now = self._clock()
+        for entry in self._entries.values():
+            if entry.state.expire(now, entry.limits):
+                entry.dirty = True
+                self.notify()
+
+    async def _flush_round(self) -> None:
+        waiters, self._waiters = self._waiters, []
+        dirty = [e for e in self._entries.values() if e.dirty]
+        writes = []
+        for entry in dirty:
+            group, topic, partition = entry.key
+            value = encode(entry.topic_id, entry.state)
+            writes.append((group, topic, partition, entry.lease_revision, value))
+            entry.dirty = False
+        error = ErrorCode.NONE
+        if writes:
+            try:
+                if not await self._store.save(writes):
+                    error = ErrorCode.NOT_LEADER_OR_FOLLOWER
+                    for entry in dirty:
+                        self._entries.pop(entry.key, None)
+                    log.warning("share state write fenced: %d share-partitions dropped", len(dirty))
+            except MetadataUnavailable as exc:
+                log.warning("share state write: %s", exc)
+                error = ErrorCode.REQUEST_TIMED_OUT
+                for entry in dirty:
+                    entry.dirty = True
+        for waiter in waiters:
+            if not waiter.done():
+                waiter.set_result(error)
