@@ -168,8 +168,7 @@ class ShareGroup:
                 request.member_id, request.rack_id, request.client_id, request.client_host
             )
             self.members[member.member_id] = member
-            self.group_epoch += 1
-            return member
+            return member  # its subscription (never empty on a join) moves the group epoch
         if member is None:
             message = f"member {request.member_id} is not in group {self.group_id}"
             return HeartbeatResult(ErrorCode.UNKNOWN_MEMBER_ID, message)

@@ -125,8 +125,10 @@ def test_bad_group_configs_are_refused_with_kafkas_messages(broker_cluster: Brok
     assert code == 1
     assert lines[0].startswith("error InvalidConfigurationException consumer.session.timeout.ms")
     assert "group.consumer.min.session.timeout.ms" in lines[0]
-    code, lines = java_admin("alter", broker.bootstrap, group, "share.session.timeout.ms=50000")
-    assert code == 1 and "share or streams groups" in lines[0]
+    code, lines = java_admin("alter", broker.bootstrap, group, "share.session.timeout.ms=500")
+    assert code == 1 and "share.session.timeout.ms must be greater than" in lines[0]
+    code, lines = java_admin("alter", broker.bootstrap, group, "streams.num.standby.replicas=1")
+    assert code == 1 and "streams groups" in lines[0]
     code, lines = java_admin("alter", broker.bootstrap, group, "consumer.heartbeat.interval.ms=x")
     assert code == 1 and "InvalidConfigurationException" in lines[0]
     # The bounds are the broker's configs, as DescribeConfigs of the broker shows them.
