@@ -25,7 +25,7 @@ import pytest
 from confluent_kafka import AcknowledgeType
 from harness import topics
 from harness.brokers import BrokerCluster
-from harness.kafka_wire import KafkaWire
+from harness.kafka_wire import KafkaWire, heartbeat
 from harness.share import (
     Received,
     poll_some,
@@ -257,3 +257,101 @@ def test_share_groups_are_listed_described_and_deleted(broker_cluster: BrokerClu
         assert _delete(wire, "listed") is ErrorCode.NONE
         assert _list_groups(wire, []) == {}
         assert _describe(wire, "listed").error_code == ErrorCode.GROUP_ID_NOT_FOUND
+
+
+def _share_heartbeat(wire: KafkaWire, group: str, member: str, epoch: int, **fields: Any) -> Any:
+    body = {
+        "group_id": group,
+        "member_id": member,
+        "member_epoch": epoch,
+        "rack_id": None,
+        "subscribed_topic_names": ["q"] if epoch == 0 else None,
+        **fields,
+    }
+    return wire.request(76, 1, body)
+
+
+def _share_fetch(
+    wire: KafkaWire, member: str, epoch: int, topic_id: Any, acks: list[Any] | None = None
+) -> Any:
+    partition = {"partition_index": 0, "acknowledgement_batches": acks or []}
+    body = {
+        "group_id": "bad",
+        "member_id": member,
+        "share_session_epoch": epoch,
+        "max_wait": 0,
+        "min_bytes": 1,
+        "max_bytes": 1 << 20,
+        "max_records": 10,
+        "batch_size": 10,
+        "topics": [{"topic_id": topic_id, "partitions": [partition]}],
+        "forgotten_topics_data": [],
+    }
+    return wire.request(78, 1, body)
+
+
+def _ack(first: int, last: int, kind: int = 1) -> dict[str, Any]:
+    return {"first_offset": first, "last_offset": last, "acknowledge_types": [kind]}
+
+
+def test_bad_share_requests_get_kafkas_error_codes(broker_cluster: BrokerCluster) -> None:
+    broker = broker_cluster.start()
+    topics.create_topic(broker.bootstrap, "q", 1)
+    set_group_configs(broker.bootstrap, "bad", EARLIEST)
+    produce(broker.bootstrap, "q", values(5))
+    with KafkaWire(broker.bootstrap) as wire:
+        # Heartbeats: unknown member, a stale epoch, a join without topics, another type.
+        assert _share_heartbeat(wire, "bad", "ghost", 3).error_code == ErrorCode.UNKNOWN_MEMBER_ID
+        joined = _share_heartbeat(wire, "bad", "m1", 0)
+        assert (joined.error_code, joined.member_epoch) == (ErrorCode.NONE, 1)
+        (assigned,) = joined.assignment.topic_partitions
+        topic_id = assigned.topic_id
+        stale = _share_heartbeat(wire, "bad", "m1", 7)
+        assert stale.error_code == ErrorCode.FENCED_MEMBER_EPOCH
+        empty = _share_heartbeat(wire, "bad", "m2", 0, subscribed_topic_names=[])
+        assert empty.error_code == ErrorCode.INVALID_REQUEST
+        heartbeat(wire, "classic-or-consumer", "c1", 0, subscribed_topic_names=["q"])
+        other = _share_heartbeat(wire, "classic-or-consumer", "m1", 0)
+        assert other.error_code == ErrorCode.GROUP_ID_NOT_FOUND
+        consumer_hb = heartbeat(wire, "bad", "c1", 0, subscribed_topic_names=["q"])
+        assert consumer_hb.error_code == ErrorCode.GROUP_ID_NOT_FOUND
+        # Sessions: none yet, then a wrong epoch; acknowledgements on the opening request.
+        assert _share_fetch(wire, "m1", 4, topic_id).error_code == (
+            ErrorCode.SHARE_SESSION_NOT_FOUND
+        )
+        opening_acks = _share_fetch(wire, "m1", 0, topic_id, [_ack(0, 0)])
+        assert opening_acks.error_code == ErrorCode.INVALID_REQUEST
+        fetched = _share_fetch(wire, "m1", 0, topic_id)
+        (partition,) = fetched.responses[0].partitions
+        assert [
+            (a.first_offset, a.last_offset, a.delivery_count) for a in partition.acquired_records
+        ] == [(0, 4, 1)]
+        assert _share_fetch(wire, "m1", 5, topic_id).error_code == (
+            ErrorCode.INVALID_SHARE_SESSION_EPOCH
+        )
+        # Acknowledging what this member does not hold: INVALID_RECORD_STATE, nothing changes.
+        body = {
+            "group_id": "bad",
+            "member_id": "m1",
+            "share_session_epoch": 1,
+            "topics": [
+                {
+                    "topic_id": topic_id,
+                    "partitions": [{"partition_index": 0, "acknowledgement_batches": [_ack(3, 9)]}],
+                }
+            ],
+        }
+        (answer,) = wire.request(79, 1, body).responses[0].partitions
+        assert answer.error_code == ErrorCode.INVALID_RECORD_STATE
+        accepted = _share_fetch(wire, "m1", 2, topic_id, [_ack(0, 4)])
+        (partition,) = accepted.responses[0].partitions
+        assert partition.acknowledge_error_code == ErrorCode.NONE
+        assert list(partition.acquired_records) == []
+        # A broken acknowledgement type, and an epoch-0 ShareAcknowledge.
+        broken = _share_fetch(wire, "m1", 3, topic_id, [_ack(0, 0, kind=9)])
+        (partition,) = broken.responses[0].partitions
+        assert partition.acknowledge_error_code == ErrorCode.INVALID_REQUEST
+        body["share_session_epoch"] = 0
+        assert wire.request(79, 1, body).error_code == ErrorCode.INVALID_SHARE_SESSION_EPOCH
+        # The broker lives on.
+        assert _share_heartbeat(wire, "bad", "m1", 1).error_code == ErrorCode.NONE
