@@ -19,12 +19,14 @@ import subprocess
 import sys
 import textwrap
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
 from confluent_kafka import AcknowledgeType
 from harness import topics
 from harness.brokers import BrokerCluster
+from harness.java_client import java_program
 from harness.kafka_wire import KafkaWire, heartbeat
 from harness.share import (
     Received,
@@ -355,3 +357,63 @@ def test_bad_share_requests_get_kafkas_error_codes(broker_cluster: BrokerCluster
         assert wire.request(79, 1, body).error_code == ErrorCode.INVALID_SHARE_SESSION_EPOCH
         # The broker lives on.
         assert _share_heartbeat(wire, "bad", "m1", 1).error_code == ErrorCode.NONE
+
+
+# --- the Java client (KafkaShareConsumer, kafka-clients 4.3) ----------------------------------
+
+JAVA_SOURCE = Path(__file__).with_name("java") / "ShareMember.java"
+
+
+def _java_members(
+    bootstrap: str, group: str, mode: str, count: int
+) -> list[list[tuple[str, int, int]]]:
+    """Run ``count`` Java share consumers at once until each saw no record for 4 s: the
+    (value, offset, delivery count) each printed."""
+    command = java_program(JAVA_SOURCE, "ShareMember")
+    processes = [
+        subprocess.Popen(
+            [*command, bootstrap, group, "q", mode, "4000"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(count)
+    ]
+    seen = []
+    for process in processes:
+        out, err = process.communicate(timeout=120)
+        assert process.returncode == 0 and out.rstrip().endswith("done"), err[-3000:]
+        seen.append(
+            [
+                (parts[1], int(parts[2]), int(parts[3]))
+                for line in out.splitlines()
+                if (parts := line.split())[0] == "record"
+            ]
+        )
+    return seen
+
+
+def test_java_share_consumers_split_one_partition_exactly_once(
+    broker_cluster: BrokerCluster,
+) -> None:
+    broker = broker_cluster.start()
+    topics.create_topic(broker.bootstrap, "q", 1)
+    set_group_configs(broker.bootstrap, "java", EARLIEST)
+    sent = [v.decode() for v in values(300)]
+    produce(broker.bootstrap, "q", [v.encode() for v in sent])
+    seen = _java_members(broker.bootstrap, "java", "accept", 2)
+    got = [value for member in seen for value, _, _ in member]
+    assert sorted(got) == sorted(sent) and len(set(got)) == len(got)
+    assert {count for member in seen for _, _, count in member} == {1}
+
+
+def test_java_share_consumer_gets_released_records_again(broker_cluster: BrokerCluster) -> None:
+    broker = broker_cluster.start()
+    topics.create_topic(broker.bootstrap, "q", 1)
+    set_group_configs(broker.bootstrap, "java", EARLIEST)
+    produce(broker.bootstrap, "q", values(20))
+    (seen,) = _java_members(broker.bootstrap, "java", "release-once", 1)
+    by_value: dict[str, list[int]] = {}
+    for value, _, count in seen:
+        by_value.setdefault(value, []).append(count)
+    assert by_value == {v.decode(): [1, 2] for v in values(20)}
