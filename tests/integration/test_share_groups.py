@@ -317,6 +317,17 @@ def test_bad_share_requests_get_kafkas_error_codes(broker_cluster: BrokerCluster
         assert other.error_code == ErrorCode.GROUP_ID_NOT_FOUND
         consumer_hb = heartbeat(wire, "bad", "c1", 0, subscribed_topic_names=["q"])
         assert consumer_hb.error_code == ErrorCode.GROUP_ID_NOT_FOUND
+        join = {
+            "group_id": "bad",
+            "session_timeout": 10_000,
+            "rebalance_timeout": 10_000,
+            "member_id": "",
+            "group_instance_id": None,
+            "protocol_type": "consumer",
+            "protocols": [{"name": "range", "metadata": b""}],
+            "reason": None,
+        }
+        assert wire.request(11, 9, join).error_code == ErrorCode.INCONSISTENT_GROUP_PROTOCOL
         # Sessions: none yet, then a wrong epoch; acknowledgements on the opening request.
         assert _share_fetch(wire, "m1", 4, topic_id).error_code == (
             ErrorCode.SHARE_SESSION_NOT_FOUND
