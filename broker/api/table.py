@@ -30,6 +30,7 @@ from kafscale.broker.api import (
     scram_users,
     share_fetch,
     share_groups,
+    share_offsets,
     topic_partitions,
     transactions,
     txn_partitions,
@@ -295,6 +296,14 @@ _SPECS = [
         2,
         share_fetch.handle_share_acknowledge,
         share_fetch.share_acknowledge_error_body,
+    ),
+    ApiSpec(
+        90,
+        "DescribeShareGroupOffsets",
+        0,
+        1,
+        share_offsets.handle_describe_share_group_offsets,
+        share_offsets.describe_share_group_offsets_error_body,
     ),
     # SaslHandshake v0 sent the SASL tokens as bare frames; every client in use sends v1. It
     # is advertised from v0 all the same: librdkafka (kcat) decides that the broker supports

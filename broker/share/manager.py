@@ -138,6 +138,14 @@ class ShareManager:
             del self._entries[key]
         await self._store.delete_group(group)
 
+    async def start_offsets(self, group: str) -> dict[tuple[str, int], tuple[str, SharePartition]]:
+        """The group's share-partitions as etcd has them, with this broker's own (fresher:
+        not yet flushed) over them."""
+        found = await self._store.load_group(group)
+        for entry in self.entries_of(group):
+            found[(entry.key[1], entry.key[2])] = (entry.topic_id, entry.state)
+        return found
+
     def entries_of(self, group: str) -> list[Entry]:
         return [e for k, e in self._entries.items() if k[0] == group]
 

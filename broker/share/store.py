@@ -64,5 +64,18 @@ class ShareStateStore:
         result = await self._etcd.txn(fence, puts)
         return result.succeeded
 
+    async def load_group(self, group: str) -> dict[tuple[str, int], tuple[str, SharePartition]]:
+        """Every share-partition of ``group`` in etcd: (topic, partition) -> (topic id, state)."""
+        prefix = keys.share_states_prefix(self._cluster, group)
+        found: dict[tuple[str, int], tuple[str, SharePartition]] = {}
+        for entry in await self._etcd.get_prefix(prefix):
+            topic, _, partition = entry.key[len(prefix) :].rpartition("/")
+            document = json.loads(entry.value)
+            topic_id = str(document.get("topic_id", ""))
+            state = decode(entry.value, topic_id)
+            if topic and partition.isdigit() and state is not None:
+                found[(topic, int(partition))] = (topic_id, state)
+        return found
+
     async def delete_group(self, group: str) -> None:
         await self._etcd.delete_prefix(keys.share_states_prefix(self._cluster, group))

@@ -274,11 +274,16 @@ def _share_heartbeat(wire: KafkaWire, group: str, member: str, epoch: int, **fie
 
 
 def _share_fetch(
-    wire: KafkaWire, member: str, epoch: int, topic_id: Any, acks: list[Any] | None = None
+    wire: KafkaWire,
+    member: str,
+    epoch: int,
+    topic_id: Any,
+    acks: list[Any] | None = None,
+    group: str = "bad",
 ) -> Any:
     partition = {"partition_index": 0, "acknowledgement_batches": acks or []}
     body = {
-        "group_id": "bad",
+        "group_id": group,
         "member_id": member,
         "share_session_epoch": epoch,
         "max_wait": 0,
@@ -368,6 +373,34 @@ def test_bad_share_requests_get_kafkas_error_codes(broker_cluster: BrokerCluster
         assert wire.request(79, 1, body).error_code == ErrorCode.INVALID_SHARE_SESSION_EPOCH
         # The broker lives on.
         assert _share_heartbeat(wire, "bad", "m1", 1).error_code == ErrorCode.NONE
+
+
+def test_share_group_offsets_are_described_with_their_lag(broker_cluster: BrokerCluster) -> None:
+    """DescribeShareGroupOffsets: the start offset (SPSO) moves over accepted and rejected
+    records at the window's start; the lag counts what is still to be done."""
+    broker = broker_cluster.start()
+    topics.create_topic(broker.bootstrap, "q", 1)
+    set_group_configs(broker.bootstrap, "described", EARLIEST)
+    produce(broker.bootstrap, "q", values(10))
+    with KafkaWire(broker.bootstrap) as wire:
+        joined = _share_heartbeat(wire, "described", "m1", 0)
+        topic_id = joined.assignment.topic_partitions[0].topic_id
+        fetched = _share_fetch(wire, "m1", 0, topic_id, group="described")
+        (partition,) = fetched.responses[0].partitions
+        assert [(a.first_offset, a.last_offset) for a in partition.acquired_records] == [(0, 9)]
+        acks = [_ack(0, 3), _ack(5, 5, kind=3)]
+        acked = _share_fetch(wire, "m1", 1, topic_id, acks, group="described")
+        assert acked.responses[0].partitions[0].acknowledge_error_code == ErrorCode.NONE
+        body = {"groups": [{"group_id": "described", "topics": None}]}
+        (group,) = wire.request(90, 1, body).groups
+        assert group.error_code == ErrorCode.NONE
+        (topic,) = group.topics
+        (offsets,) = topic.partitions
+        assert (topic.topic_name, topic.topic_id) == ("q", topic_id)
+        assert (offsets.start_offset, offsets.lag) == (4, 5)  # 4 and 6..9 to do, 5 rejected
+        body = {"groups": [{"group_id": "nobody", "topics": None}]}
+        (missing,) = wire.request(90, 1, body).groups
+        assert missing.error_code == ErrorCode.GROUP_ID_NOT_FOUND
 
 
 # --- the Java client (KafkaShareConsumer, kafka-clients 4.3) ----------------------------------
