@@ -52,6 +52,13 @@ SHARE_CHOICES = {
     SHARE_ISOLATION_LEVEL: ("read_committed", "read_uncommitted"),
 }
 SHARE_CONFIG_NAMES = (*SHARE_BOUNDS, *SHARE_CHOICES)
+SHARE_BROKER_SYNONYMS = {
+    SHARE_SESSION_TIMEOUT: "group.share.session.timeout.ms",
+    SHARE_HEARTBEAT_INTERVAL: "group.share.heartbeat.interval.ms",
+    SHARE_LOCK_DURATION: "group.share.record.lock.duration.ms",
+    SHARE_DELIVERY_LIMIT: "group.share.delivery.count.limit",
+}
+"""The broker config a share group config defaults from (the other two have none)."""
 
 UNSERVED_PREFIXES = ("streams.",)
 """Kafka's streams-group (KIP-1071) config family."""
@@ -201,3 +208,15 @@ def share_config(base: ShareConfig, configs: GroupConfigs) -> ShareConfig:
     if isolation in SHARE_CHOICES[SHARE_ISOLATION_LEVEL]:
         chosen = replace(chosen, read_committed=isolation == "read_committed")
     return chosen
+
+
+def share_defaults(base: ShareConfig) -> dict[str, str]:
+    """Each share group config's value for a group without its own."""
+    return {
+        SHARE_SESSION_TIMEOUT: str(base.session_timeout_ms),
+        SHARE_HEARTBEAT_INTERVAL: str(base.heartbeat_interval_ms),
+        SHARE_LOCK_DURATION: str(base.record_lock_duration_ms),
+        SHARE_DELIVERY_LIMIT: str(base.delivery_count_limit),
+        SHARE_AUTO_OFFSET_RESET: base.auto_offset_reset,
+        SHARE_ISOLATION_LEVEL: "read_committed" if base.read_committed else "read_uncommitted",
+    }

@@ -43,6 +43,17 @@ def java_admin(*args: str) -> tuple[int, list[str]]:
     return done.returncode, done.stdout.splitlines()
 
 
+SHARE_DEFAULTS = {
+    "share.session.timeout.ms": ("45000", 5),
+    "share.heartbeat.interval.ms": ("5000", 5),
+    "share.record.lock.duration.ms": ("30000", 5),
+    "share.delivery.count.limit": ("5", 5),
+    "share.auto.offset.reset": ("latest", 5),
+    "share.isolation.level": ("read_committed", 5),
+}
+"""Share group configs (KIP-932), described beside the consumer ones with Kafka's defaults."""
+
+
 def describe_configs(bootstrap: str, group: str) -> dict[str, tuple[str, int]]:
     """kio-level DescribeConfigs v4 of the group: name -> (value, config source)."""
     body = {
@@ -88,12 +99,14 @@ def test_group_configs_are_set_described_and_enforced(broker_cluster: BrokerClus
     assert describe_configs(broker.bootstrap, group) == {
         "consumer.heartbeat.interval.ms": ("5000", 5),
         "consumer.session.timeout.ms": (str(BROKER_SESSION_MS), 5),
+        **SHARE_DEFAULTS,
     }
     settings = "consumer.session.timeout.ms=2500,consumer.heartbeat.interval.ms=400"
     assert java_admin("alter", broker.bootstrap, group, settings) == (0, ["ok"])
     assert describe_configs(broker.bootstrap, group) == {
         "consumer.heartbeat.interval.ms": ("400", GROUP_CONFIG_SOURCE),
         "consumer.session.timeout.ms": ("2500", GROUP_CONFIG_SOURCE),
+        **SHARE_DEFAULTS,
     }
     # ListConfigResources (KIP-1142) lists the groups with their own configs.
     with KafkaWire(broker.bootstrap) as wire:
@@ -103,6 +116,9 @@ def test_group_configs_are_set_described_and_enforced(broker_cluster: BrokerClus
     assert code == 0 and sorted(lines) == [
         "entry consumer.heartbeat.interval.ms DYNAMIC_GROUP_CONFIG 400",
         "entry consumer.session.timeout.ms DYNAMIC_GROUP_CONFIG 2500",
+        *sorted(
+            f"entry {name} DEFAULT_CONFIG {value}" for name, (value, _) in SHARE_DEFAULTS.items()
+        ),
     ]
     # Enforced: the heartbeat interval answered is the group's, and a member that stops
     # heartbeating is gone after the group's 2.5 s session (the broker's is 10 minutes).
