@@ -23,9 +23,9 @@ FEATURES_EPOCH = 1
 """Valid epochs are >= 0 (-1: unknown); clients take the features of the highest epoch seen."""
 
 SHARE_VERSION = 1
-SHARE_KEYS = frozenset({76, 77, 78, 79, 90})
-"""ShareGroupHeartbeat, ShareGroupDescribe, ShareFetch, ShareAcknowledge,
-DescribeShareGroupOffsets."""
+SHARE_KEYS = frozenset({76, 77, 78, 79, 90, 91, 92})
+"""ShareGroupHeartbeat, ShareGroupDescribe, ShareFetch, ShareAcknowledge, and the share group
+offset admin APIs (Describe/Alter/DeleteShareGroupOffsets)."""
 
 SUPPORTED: dict[str, tuple[int, int]] = {
     "transaction.version": (0, TRANSACTION_VERSION),

@@ -25,6 +25,7 @@ from kafscale.broker.authz.model import Operation
 from kafscale.broker.groups import group_configs
 from kafscale.broker.groups.share import ShareConfig
 from kafscale.broker.metadata.cluster import TopicInfo
+from kafscale.broker.metadata.etcd_errors import MetadataUnavailable
 from kafscale.broker.metadata.partition_txns import last_stable_offset
 from kafscale.broker.protocol.codec import millis
 from kafscale.broker.protocol.errors import ErrorCode, KafkaError
@@ -91,7 +92,7 @@ async def _entry(ctx: RequestContext, group: str, part: _Partition) -> Entry | N
         )
     except KafkaError as exc:
         part.error = exc.code
-    except Exception:  # etcd unreachable while loading the state
+    except MetadataUnavailable:  # etcd unreachable while loading the state
         part.error = ErrorCode.REQUEST_TIMED_OUT
     return None
 
@@ -256,6 +257,8 @@ async def handle_share_fetch(request: Any, ctx: RequestContext) -> Body:
     error, session = manager.sessions.open_or_advance(key, epoch, added, forgotten, ctx.connection)
     if session is None:
         return share_fetch_error_body(request, error)
+    if epoch == INITIAL_EPOCH:
+        await _revalidate(ctx, group, [part for part, _ in named])
     await _acknowledge(ctx, group, member, acks)
     by_key = {(p.topic_id.hex, p.index): p for p, _ in named}
     parts = [
@@ -275,6 +278,18 @@ async def handle_share_fetch(request: Any, ctx: RequestContext) -> Body:
             continue
         await _wait(ctx, parts, remaining)
     return _fetch_body(ctx, parts, _share_config(ctx, group).record_lock_duration_ms)
+
+
+async def _revalidate(ctx: RequestContext, group: str, parts: list[_Partition]) -> None:
+    """A member opening its session: share-partitions whose stored state an admin changed
+    since this broker read it are read again."""
+    manager = _manager(ctx)
+    for part in parts:
+        if part.info is not None and part.error is ErrorCode.NONE:
+            try:
+                await manager.revalidate((group, part.info.name, part.index))
+            except MetadataUnavailable:  # the flush round's revision check still holds
+                part.error = ErrorCode.REQUEST_TIMED_OUT
 
 
 def _expected(manager: ShareManager, key: tuple[str, str]) -> int:

@@ -305,6 +305,22 @@ _SPECS = [
         share_offsets.handle_describe_share_group_offsets,
         share_offsets.describe_share_group_offsets_error_body,
     ),
+    ApiSpec(
+        91,
+        "AlterShareGroupOffsets",
+        0,
+        0,
+        share_offsets.handle_alter_share_group_offsets,
+        share_offsets.alter_share_group_offsets_error_body,
+    ),
+    ApiSpec(
+        92,
+        "DeleteShareGroupOffsets",
+        0,
+        0,
+        share_offsets.handle_delete_share_group_offsets,
+        share_offsets.delete_share_group_offsets_error_body,
+    ),
     # SaslHandshake v0 sent the SASL tokens as bare frames; every client in use sends v1. It
     # is advertised from v0 all the same: librdkafka (kcat) decides that the broker supports
     # SASL handshakes at all from a range that includes v0, before it picks v1.

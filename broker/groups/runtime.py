@@ -366,6 +366,20 @@ class GroupRuntime:
         error = await self._await_stored(stored)
         return result if error is ErrorCode.NONE else HeartbeatResult(error)
 
+    async def empty_share_group(self) -> ErrorCode:
+        """Share group offset admin (Alter/DeleteShareGroupOffsets) needs an empty share
+        group: created (empty, in etcd) if the id is free, NON_EMPTY_GROUP while it has
+        members, GROUP_ID_NOT_FOUND if the id is another type's."""
+        self._check_open()
+        if self.consumer is not None or self.group is not None:
+            return ErrorCode.GROUP_ID_NOT_FOUND
+        if self.share is None:
+            self.share = ShareGroup(self.group_id, self._share_config())
+            stored = self._queue_share(self.share)
+            if stored is not None and (error := await self._await_stored(stored)):
+                return error
+        return ErrorCode.NONE if self.share.is_empty() else ErrorCode.NON_EMPTY_GROUP
+
     def _queue_share(self, share: ShareGroup) -> asyncio.Future[ErrorCode] | None:
         """Queue the share group's state for etcd if it changed: the future of that write."""
         self._wake.set()

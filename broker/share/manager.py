@@ -18,15 +18,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from kafscale.broker.groups.share import ShareConfig
 from kafscale.broker.metadata.etcd_errors import MetadataUnavailable
+from kafscale.broker.metadata.etcd_txn import Compare
 from kafscale.broker.protocol.errors import ErrorCode
 from kafscale.broker.share.partition import Limits, SharePartition
 from kafscale.broker.share.sessions import ShareSessions
-from kafscale.broker.share.store import ShareStateStore, encode
+from kafscale.broker.share.store import ShareStateStore, StateWrite, encode
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +50,8 @@ class Entry:
     lease_revision: int
     state: SharePartition
     limits: Limits
+    revision: int = 0
+    """The etcd mod revision of the stored state this entry continues from (0: none)."""
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     dirty: bool = False
 
@@ -110,7 +113,7 @@ class ShareManager:
 
     async def _load(self, key: EntryKey, owner: OwnerView, config: ShareConfig) -> Entry:
         group, topic, partition = key
-        state = await self._store.load(group, topic, partition, owner.topic_id)
+        state, revision = await self._store.load(group, topic, partition, owner.topic_id)
         fresh = state is None
         if state is None:
             start = owner.high_watermark if config.auto_offset_reset == "latest" else 0
@@ -124,13 +127,37 @@ class ShareManager:
             state.start_offset,
         )
         # A fresh one is written at the next round so that "latest" stays where it was taken.
+        limits = limits_of(config)
         return Entry(
-            key, owner.topic_id, owner.lease_revision, state, limits_of(config), dirty=fresh
+            key, owner.topic_id, owner.lease_revision, state, limits, revision, dirty=fresh
         )
 
-    def forget_partition(self, topic: str, partition: int) -> None:
-        for key in [k for k in self._entries if k[1:] == (topic, partition)]:
+    async def revalidate(self, key: EntryKey) -> None:
+        """Drop the share-partition if its stored state changed under us (an admin altered or
+        deleted its start offset): its next use reads it again. Run when a member opens a
+        share session, the first thing a member does after such a change (offsets are altered
+        only while the group is empty)."""
+        entry = self._entries.get(key)
+        if entry is None:
+            return
+        changed = await self._store.revision(*key) != entry.revision
+        if changed and self._entries.get(key) is entry:
             del self._entries[key]
+
+    async def replace_states(
+        self,
+        fence: Sequence[Compare],
+        group: str,
+        starts: dict[tuple[str, int], tuple[str, int]],
+        deleted_topics: Sequence[str],
+    ) -> bool:
+        """AlterShareGroupOffsets / DeleteShareGroupOffsets (``store.replace``); this broker's
+        own copies go at once, other owners find out at the next session or flush round."""
+        done = await self._store.replace(fence, starts, deleted_topics, group)
+        for key in [k for k in self._entries if k[0] == group]:
+            if key[1:] in starts or key[1] in deleted_topics:
+                del self._entries[key]
+        return done
 
     async def delete_group(self, group: str) -> None:
         """DeleteGroups of a share group: its share-partition states go (here and in etcd)."""
@@ -212,16 +239,27 @@ class ShareManager:
         for entry in dirty:
             group, topic, partition = entry.key
             value = encode(entry.topic_id, entry.state)
-            writes.append((group, topic, partition, entry.lease_revision, value))
+            writes.append(
+                StateWrite(group, topic, partition, entry.lease_revision, entry.revision, value)
+            )
             entry.dirty = False
         error = ErrorCode.NONE
         if writes:
             try:
-                if not await self._store.save(writes):
+                revision = await self._store.save(writes)
+                if revision is None:
                     error = ErrorCode.NOT_LEADER_OR_FOLLOWER
                     for entry in dirty:
-                        self._entries.pop(entry.key, None)
-                    log.warning("share state write fenced: %d share-partitions dropped", len(dirty))
+                        if self._entries.get(entry.key) is entry:
+                            del self._entries[entry.key]
+                    log.warning(
+                        "share state write refused (a partition lease moved, or an admin changed "
+                        "a state): %d share-partitions dropped, read again on next use",
+                        len(dirty),
+                    )
+                else:
+                    for entry in dirty:
+                        entry.revision = revision
             except MetadataUnavailable as exc:
                 log.warning("share state write: %s", exc)
                 error = ErrorCode.REQUEST_TIMED_OUT

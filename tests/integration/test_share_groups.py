@@ -403,6 +403,53 @@ def test_share_group_offsets_are_described_with_their_lag(broker_cluster: Broker
         assert missing.error_code == ErrorCode.GROUP_ID_NOT_FOUND
 
 
+def _acquired(response: Any) -> list[tuple[int, int, int]]:
+    (partition,) = response.responses[0].partitions
+    return [(a.first_offset, a.last_offset, a.delivery_count) for a in partition.acquired_records]
+
+
+def test_share_group_offsets_are_altered_and_deleted_while_the_group_is_empty(
+    broker_cluster: BrokerCluster,
+) -> None:
+    broker = broker_cluster.start()
+    topics.create_topic(broker.bootstrap, "q", 1)
+    set_group_configs(broker.bootstrap, "adm", EARLIEST)
+    produce(broker.bootstrap, "q", values(10))
+    alter = {
+        "group_id": "adm",
+        "topics": [{"topic_name": "q", "partitions": [{"partition_index": 0, "start_offset": 3}]}],
+    }
+    with KafkaWire(broker.bootstrap) as wire:
+        topic_id = _share_heartbeat(wire, "adm", "m1", 0).assignment.topic_partitions[0].topic_id
+        assert _acquired(_share_fetch(wire, "m1", 0, topic_id, group="adm")) == [(0, 9, 1)]
+        _share_fetch(wire, "m1", 1, topic_id, [_ack(0, 9)], group="adm")
+        assert wire.request(91, 0, alter).error_code == ErrorCode.NON_EMPTY_GROUP
+        _share_fetch(wire, "m1", -1, topic_id, group="adm")
+        assert _share_heartbeat(wire, "adm", "m1", -1).error_code == ErrorCode.NONE
+        altered = wire.request(91, 0, alter)
+        assert altered.error_code == ErrorCode.NONE
+        assert altered.responses[0].partitions[0].error_code == ErrorCode.NONE
+        described = wire.request(90, 1, {"groups": [{"group_id": "adm", "topics": None}]})
+        assert described.groups[0].topics[0].partitions[0].start_offset == 3
+        # The next member starts at the altered offset, with fresh delivery counts.
+        _share_heartbeat(wire, "adm", "m2", 0)
+        assert _acquired(_share_fetch(wire, "m2", 0, topic_id, group="adm")) == [(3, 9, 1)]
+        _share_fetch(wire, "m2", 1, topic_id, [_ack(3, 9)], group="adm")
+        _share_fetch(wire, "m2", -1, topic_id, group="adm")
+        _share_heartbeat(wire, "adm", "m2", -1)
+        deleted = wire.request(92, 0, {"group_id": "adm", "topics": [{"topic_name": "q"}]})
+        assert (deleted.error_code, deleted.responses[0].error_code) == (0, 0)
+        described = wire.request(90, 1, {"groups": [{"group_id": "adm", "topics": None}]})
+        assert list(described.groups[0].topics) == []
+        # No state: the next member starts at share.auto.offset.reset (earliest here).
+        _share_heartbeat(wire, "adm", "m3", 0)
+        assert _acquired(_share_fetch(wire, "m3", 0, topic_id, group="adm")) == [(0, 9, 1)]
+        # Another group type's id is not a share group.
+        heartbeat(wire, "consumers", "c1", 0, subscribed_topic_names=["q"])
+        other = wire.request(91, 0, {**alter, "group_id": "consumers"})
+        assert other.error_code == ErrorCode.GROUP_ID_NOT_FOUND
+
+
 # --- the Java client (KafkaShareConsumer, kafka-clients 4.3) ----------------------------------
 
 JAVA_SOURCE = Path(__file__).with_name("java") / "ShareMember.java"
