@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from confluent_kafka import AcknowledgeType
+from confluent_kafka import AcknowledgeType, Producer
 from harness import topics
 from harness.brokers import BrokerCluster
 from harness.java_client import java_program
@@ -401,6 +401,50 @@ def test_share_group_offsets_are_described_with_their_lag(broker_cluster: Broker
         body = {"groups": [{"group_id": "nobody", "topics": None}]}
         (missing,) = wire.request(90, 1, body).groups
         assert missing.error_code == ErrorCode.GROUP_ID_NOT_FOUND
+
+
+def test_read_committed_share_groups_never_deliver_aborted_records(
+    broker_cluster: BrokerCluster,
+) -> None:
+    """``share.isolation.level`` read_committed (the default): aborted transactions and the
+    control records are archived by the share-partition, never delivered; read_uncommitted
+    delivers the aborted records too (never the markers). Either way the start offset reaches
+    the end once everything delivered is accepted."""
+    broker = broker_cluster.start()
+    topics.create_topic(broker.bootstrap, "q", 1)
+    producer = Producer({"bootstrap.servers": broker.bootstrap, "transactional.id": "tx"})
+    producer.init_transactions(30)
+    producer.begin_transaction()
+    for value in (b"aborted-1", b"aborted-2"):
+        producer.produce("q", value=value, partition=0)
+    assert producer.flush(30) == 0  # in the log before the abort (else never sent at all)
+    producer.abort_transaction(30)
+    producer.begin_transaction()
+    for value in (b"committed-1", b"committed-2"):
+        producer.produce("q", value=value, partition=0)
+    producer.commit_transaction(30)
+    produce(broker.bootstrap, "q", [b"plain"])
+    expected = {
+        "committed": [b"committed-1", b"committed-2", b"plain"],
+        "uncommitted": [b"aborted-1", b"aborted-2", b"committed-1", b"committed-2", b"plain"],
+    }
+    for group, wanted in expected.items():
+        level = "read_committed" if group == "committed" else "read_uncommitted"
+        set_group_configs(broker.bootstrap, group, {**EARLIEST, "share.isolation.level": level})
+        got = Received()
+        consumer = share_consumer(broker.bootstrap, group, "q")
+        try:
+            poll_until(consumer, got, lambda n=len(wanted): len(got.records) >= n)
+            for _ in range(3):
+                poll_some(consumer, got)
+        finally:
+            consumer.close()
+        assert got.values == wanted
+        with KafkaWire(broker.bootstrap) as wire:
+            body = {"groups": [{"group_id": group, "topics": None}]}
+            (offsets,) = wire.request(90, 1, body).groups[0].topics[0].partitions
+        # 0-1 aborted, 2 its marker, 3-4 committed, 5 their marker, 6 plain: all done.
+        assert (offsets.start_offset, offsets.lag) == (7, 0)
 
 
 def _acquired(response: Any) -> list[tuple[int, int, int]]:
