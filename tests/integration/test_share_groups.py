@@ -19,6 +19,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -403,6 +404,10 @@ def test_share_group_offsets_are_described_with_their_lag(broker_cluster: Broker
         assert missing.error_code == ErrorCode.GROUP_ID_NOT_FOUND
 
 
+def _has(received: Received, count: int) -> bool:
+    return len(received.records) >= count
+
+
 def test_read_committed_share_groups_never_deliver_aborted_records(
     broker_cluster: BrokerCluster,
 ) -> None:
@@ -434,7 +439,7 @@ def test_read_committed_share_groups_never_deliver_aborted_records(
         got = Received()
         consumer = share_consumer(broker.bootstrap, group, "q")
         try:
-            poll_until(consumer, got, lambda n=len(wanted): len(got.records) >= n)
+            poll_until(consumer, got, partial(_has, got, len(wanted)))
             for _ in range(3):
                 poll_some(consumer, got)
         finally:
