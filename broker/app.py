@@ -235,7 +235,9 @@ class Broker:
             self.settings, self.etcd, self.view, self.store, self.cache, self.node_id, self.session
         )
         await self.manager.start()
-        self.share = ShareManager(ShareStateStore(self.etcd, self.cluster, self.node_id))
+        self.share = ShareManager(
+            ShareStateStore(self.etcd, self.cluster, self.node_id), self._still_owns
+        )
         self._tasks.append(asyncio.create_task(self.share.run(), name="share-partitions"))
         self.log_sizes = LogSizes(self.cluster, self.store)
         self._tasks.append(asyncio.create_task(self._watch_session(), name="session-watch"))
@@ -368,6 +370,10 @@ class Broker:
             self.draining,
         )
         await follow_once(self.log_manager, plan)
+
+    def _still_owns(self, topic: str, partition: int, lease_revision: int) -> bool:
+        owned = self.log_manager.owned.get((topic, partition))
+        return owned is not None and owned.lease_revision == lease_revision
 
     async def _connection_closed(self, connection: Connection) -> None:
         """A client went away: its share sessions end and their records are released."""

@@ -67,6 +67,8 @@ class OwnerView:
 
 
 Clock = Callable[[], int]
+Owns = Callable[[str, int, int], bool]
+"""Whether this broker still owns (topic, partition) under that lease revision."""
 
 
 def loop_clock_ms() -> int:
@@ -74,8 +76,14 @@ def loop_clock_ms() -> int:
 
 
 class ShareManager:
-    def __init__(self, store: ShareStateStore, clock: Clock = loop_clock_ms) -> None:
+    def __init__(
+        self,
+        store: ShareStateStore,
+        owns: Owns = lambda _t, _p, _r: True,
+        clock: Clock = loop_clock_ms,
+    ) -> None:
         self._store = store
+        self._owns = owns
         self._clock = clock
         self.sessions = ShareSessions()
         self._entries: dict[EntryKey, Entry] = {}
@@ -234,6 +242,11 @@ class ShareManager:
 
     async def _flush_round(self) -> None:
         waiters, self._waiters = self._waiters, []
+        # Share-partitions of partitions this broker lost go (their new owner reads etcd);
+        # writing them would only fail the round for every other share-partition.
+        for key, entry in list(self._entries.items()):
+            if not self._owns(key[1], key[2], entry.lease_revision):
+                del self._entries[key]
         dirty = [e for e in self._entries.values() if e.dirty]
         writes = []
         for entry in dirty:
