@@ -557,3 +557,52 @@ def test_java_share_consumer_gets_released_records_again(broker_cluster: BrokerC
     for value, _, count in seen:
         by_value.setdefault(value, []).append(count)
     assert by_value == {v.decode(): [1, 2] for v in values(20)}
+
+
+ADMIN_SOURCE = Path(__file__).with_name("java") / "ShareAdmin.java"
+
+
+def _java_admin(*args: str) -> list[str]:
+    done = subprocess.run(
+        [*java_program(ADMIN_SOURCE, "ShareAdmin"), *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    return done.stdout.splitlines()
+
+
+def test_the_java_admin_describes_alters_and_deletes_share_groups(
+    broker_cluster: BrokerCluster,
+) -> None:
+    """What ``kafka-share-groups.sh`` does through the Java Admin client: describe a share
+    group, list its offsets (start offset and lag), alter and delete them, delete the group."""
+    broker = broker_cluster.start()
+    bootstrap = broker.bootstrap
+    topics.create_topic(bootstrap, "q", 1)
+    set_group_configs(bootstrap, "ops", EARLIEST)
+    produce(bootstrap, "q", values(10))
+    got = Received()
+    consumer = share_consumer(bootstrap, "ops", "q")
+    try:
+        poll_until(consumer, got, lambda: len(got.records) >= 10)
+        assert _java_admin("describe", bootstrap, "ops")[0] == "group Stable 1 1"
+        assert _java_admin("alter", bootstrap, "ops", "q", "0", "4")[0].startswith(
+            "error GroupNotEmptyException"
+        )
+    finally:
+        consumer.close()
+    assert _java_admin("offsets", bootstrap, "ops") == ["offset q 0 10 0", "done"]
+    assert _java_admin("alter", bootstrap, "ops", "q", "0", "4") == ["done"]
+    assert _java_admin("offsets", bootstrap, "ops") == ["offset q 0 4 6", "done"]
+    again = Received()
+    consumer = share_consumer(bootstrap, "ops", "q")
+    try:
+        poll_until(consumer, again, lambda: len(again.records) >= 6)
+    finally:
+        consumer.close()
+    assert sorted(again.values) == sorted(values(10)[4:])
+    assert _java_admin("delete-offsets", bootstrap, "ops", "q") == ["done"]
+    assert _java_admin("offsets", bootstrap, "ops") == ["done"]
+    assert _java_admin("delete", bootstrap, "ops") == ["done"]
+    assert _java_admin("describe", bootstrap, "ops")[0].startswith("error GroupIdNotFound")
