@@ -25,6 +25,7 @@ from typing import Any
 
 import pytest
 from confluent_kafka import AcknowledgeType, Producer
+from confluent_kafka.admin import AdminClient
 from harness import topics
 from harness.brokers import BrokerCluster
 from harness.java_client import java_program
@@ -224,6 +225,47 @@ def _describe(wire: KafkaWire, group: str) -> Any:
 def _delete(wire: KafkaWire, group: str) -> ErrorCode:
     (result,) = wire.request(42, 2, {"groups_names": [group]}).results
     return ErrorCode(result.error_code)
+
+
+def _leader(bootstrap: str, topic: str) -> int:
+    metadata = AdminClient({"bootstrap.servers": bootstrap}).list_topics(topic, timeout=15)
+    return int(metadata.topics[topic].partitions[0].leader)
+
+
+def test_a_new_owner_continues_the_share_partition_after_a_handoff(
+    broker_cluster: BrokerCluster,
+) -> None:
+    """Two brokers; the partition's owner stops (SIGTERM: handoff). The other broker takes
+    the partition over and reads the share-partition from etcd: accepted records are never
+    delivered again, the rest are."""
+    first, second = broker_cluster.start(), broker_cluster.start()
+    bootstrap = broker_cluster.bootstrap
+    topics.create_topic(bootstrap, "q", 1)
+    set_group_configs(bootstrap, "handoff", EARLIEST)
+    produce(bootstrap, "q", values(20))
+    accepted = Received()
+    consumer = share_consumer(bootstrap, "handoff", "q")
+    try:
+        poll_until(consumer, accepted, lambda: len(accepted.records) >= 20)
+    finally:
+        consumer.close()
+    produce(bootstrap, "q", values(5, "after"))
+    owner = first if _leader(bootstrap, "q") == first.node_id else second
+    survivor = second if owner is first else first
+    owner.stop()
+    deadline = time.monotonic() + 30
+    while _leader(survivor.bootstrap, "q") != survivor.node_id:
+        assert time.monotonic() < deadline, "the survivor never took the partition"
+        time.sleep(0.2)
+    rest = Received()
+    consumer = share_consumer(survivor.bootstrap, "handoff", "q")
+    try:
+        poll_until(consumer, rest, lambda: len(rest.records) >= 5)
+        for _ in range(3):
+            poll_some(consumer, rest)
+    finally:
+        consumer.close()
+    assert rest.values == values(5, "after")
 
 
 def test_share_groups_are_listed_described_and_deleted(broker_cluster: BrokerCluster) -> None:
