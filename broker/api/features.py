@@ -10,8 +10,8 @@ setting (``transactions.protocol_version``) so that a rolling upgrade can hold c
 until every broker and proxy serves v2, as ``kafka-features.sh`` does for Kafka.
 
 ``share.version`` 1 says share groups (KIP-932) are served: brokers serve them (ShareGroupHeartbeat,
-ShareGroupDescribe, ShareFetch, ShareAcknowledge); the proxy does not forward ShareFetch yet, so
-it reports the feature off (level 0) and does not advertise those APIs.
+ShareGroupDescribe, ShareFetch, ShareAcknowledge); the proxy does not forward a share consumer's
+requests yet, so it reports the feature off (level 0) and does not advertise those APIs.
 """
 
 from __future__ import annotations
@@ -23,9 +23,11 @@ FEATURES_EPOCH = 1
 """Valid epochs are >= 0 (-1: unknown); clients take the features of the highest epoch seen."""
 
 SHARE_VERSION = 1
-SHARE_KEYS = frozenset({76, 77, 78, 79, 90, 91, 92})
-"""ShareGroupHeartbeat, ShareGroupDescribe, ShareFetch, ShareAcknowledge, and the share group
-offset admin APIs (Describe/Alter/DeleteShareGroupOffsets)."""
+SHARE_CONSUMER_KEYS = frozenset({76, 78, 79})
+"""ShareGroupHeartbeat, ShareFetch, ShareAcknowledge: what a share consumer sends. The proxy
+does not forward them yet (a share session spans the partition owners behind it); it forwards
+the admin ones (ShareGroupDescribe, Describe/Alter/DeleteShareGroupOffsets) to the group's
+coordinator."""
 
 SUPPORTED: dict[str, tuple[int, int]] = {
     "transaction.version": (0, TRANSACTION_VERSION),

@@ -1,16 +1,19 @@
-"""Share groups (KIP-932, "queues for Kafka") with real brokers, etcd and librdkafka's
-``ShareConsumer`` (confluent-kafka 2.16):
+"""Share groups (KIP-932, "queues for Kafka") with real brokers, etcd and real clients:
+librdkafka's ``ShareConsumer`` (confluent-kafka 2.16), the Java ``KafkaShareConsumer`` and the
+Java Admin client (kafka-clients 4.3), and raw requests where no client exposes a call.
 
 * two consumers of one share group on one partition together receive every record exactly
-  once when each acknowledges (ACCEPT);
+  once when each acknowledges (ACCEPT), with librdkafka and with the Java client;
 * a RELEASEd record comes back with its delivery count one higher; at the group's
   ``share.delivery.count.limit`` it is archived and never delivered again;
 * records held by a consumer that dies (its connection closes) or whose acquisition lock
   expires go to another member;
-* acknowledged records stay acknowledged across a broker crash (the partition's new owner
-  reads the share-partition state from etcd), and unacknowledged ones are delivered again;
-* a share group is listed with type "share", described by ShareGroupDescribe, and deleted
-  once empty.
+* acknowledged records stay acknowledged across a broker crash and across a handoff to another
+  broker (the partition's new owner reads the share-partition state from etcd), and records
+  acquired but not acknowledged are delivered again;
+* read_committed share groups never deliver aborted records or transaction markers;
+* bad requests get Kafka's error codes; share groups are listed with type "share", described,
+  their offsets described, altered and deleted while empty, and the group deleted.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from harness import topics
 from harness.brokers import BrokerCluster
 from harness.java_client import java_program
 from harness.kafka_wire import KafkaWire, heartbeat
+from harness.proxy import start_proxy
 from harness.share import (
     Received,
     poll_some,
@@ -618,7 +622,8 @@ def test_the_java_admin_describes_alters_and_deletes_share_groups(
     broker_cluster: BrokerCluster,
 ) -> None:
     """What ``kafka-share-groups.sh`` does through the Java Admin client: describe a share
-    group, list its offsets (start offset and lag), alter and delete them, delete the group."""
+    group, list its offsets (start offset and lag), alter and delete them, delete the group;
+    the offset calls also through the proxy, which forwards them to the group's coordinator."""
     broker = broker_cluster.start()
     bootstrap = broker.bootstrap
     topics.create_topic(bootstrap, "q", 1)
@@ -634,9 +639,11 @@ def test_the_java_admin_describes_alters_and_deletes_share_groups(
         )
     finally:
         consumer.close()
+    proxy = start_proxy(broker_cluster).bootstrap
     assert _java_admin("offsets", bootstrap, "ops") == ["offset q 0 10 0", "done"]
-    assert _java_admin("alter", bootstrap, "ops", "q", "0", "4") == ["done"]
-    assert _java_admin("offsets", bootstrap, "ops") == ["offset q 0 4 6", "done"]
+    assert _java_admin("alter", proxy, "ops", "q", "0", "4") == ["done"]
+    assert _java_admin("offsets", proxy, "ops") == ["offset q 0 4 6", "done"]
+    assert _java_admin("describe", proxy, "ops")[0] == "group Empty 0 2"
     again = Received()
     consumer = share_consumer(bootstrap, "ops", "q")
     try:
