@@ -14,6 +14,7 @@ import functools
 import logging
 import socket
 import ssl
+import time
 from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from typing import Any
@@ -55,6 +56,7 @@ from kafscale.broker.security.inter_broker import (
 )
 from kafscale.broker.security.listeners import Listener, advertised_address, internal_listener
 from kafscale.broker.security.tls import CertificateReloader, TlsConfigError, server_context
+from kafscale.broker.security.token_store import TokenStore
 from kafscale.broker.server import ByteBudget, Connection, KafkaServer, ServerEndpoint
 from kafscale.broker.share.manager import ShareManager
 from kafscale.broker.share.store import ShareStateStore
@@ -123,6 +125,11 @@ class Broker:
     def credentials(self) -> CredentialStore:
         """The users' SCRAM credentials (SASL logins, Alter/DescribeUserScramCredentials)."""
         return CredentialStore(self.etcd, self.cluster)
+
+    @property
+    def tokens(self) -> TokenStore:
+        """The delegation tokens (their APIs and token logins)."""
+        return TokenStore(self.etcd, self.cluster)
 
     @property
     def log_manager(self) -> LogManager:
@@ -271,6 +278,17 @@ class Broker:
                 name="etcd-compaction",
             )
         )
+        token_settings = self.settings.delegation_token
+        if token_settings.policy().enabled:
+            self._tasks.append(
+                asyncio.create_task(
+                    self.tokens.run_expiry(
+                        token_settings.expiry_check_interval_ms / 1000,
+                        lambda: int(time.time() * 1000),
+                    ),
+                    name="token-expiry",
+                )
+            )
         if self.settings.assignment.self_assign:
             rebalancer = Rebalancer(self.etcd, self.view, self.cluster, self.node_id)
             self._tasks.append(

@@ -29,6 +29,7 @@ from kafscale.broker.security.listeners import (
     configured_listeners,
     internal_listener,
 )
+from kafscale.broker.security.tokens import TokenPolicy
 
 
 class LogFormat(StrEnum):
@@ -423,6 +424,39 @@ class AuthorizerSettings(_Section):
     )
 
 
+class DelegationTokenSettings(_Section):
+    """Delegation tokens (KIP-48; Kafka's ``delegation.token.*``); see docs/security.md."""
+
+    secret_key: SecretStr | None = Field(
+        None,
+        description="delegation.token.secret.key: signs every token (HMAC-SHA512 of its id). "
+        "Unset: tokens are off (DELEGATION_TOKEN_AUTH_DISABLED, token logins refused). The "
+        "same on every broker and proxy of a cluster; a new key leaves earlier tokens "
+        "unrenewable.",
+    )
+    max_lifetime_ms: int = Field(
+        7 * 24 * 3600 * 1000,
+        gt=0,
+        description="delegation.token.max.lifetime.ms: no renewal takes a token past this age.",
+    )
+    expiry_time_ms: int = Field(
+        24 * 3600 * 1000,
+        gt=0,
+        description="delegation.token.expiry.time.ms: a token expires this long after its "
+        "creation or last renewal (the default renew period).",
+    )
+    expiry_check_interval_ms: int = Field(
+        3600 * 1000,
+        gt=0,
+        description="delegation.token.expiry.check.interval.ms: how often a broker deletes "
+        "expired tokens from etcd (they stop authenticating at expiry either way).",
+    )
+
+    def policy(self) -> TokenPolicy:
+        key = self.secret_key.get_secret_value().encode() if self.secret_key else None
+        return TokenPolicy(key, self.max_lifetime_ms, self.expiry_time_ms)
+
+
 INTER_BROKER_MECHANISMS = ("SCRAM-SHA-512", "SCRAM-SHA-256", "PLAIN")
 
 
@@ -524,6 +558,7 @@ class BrokerSettings(BaseSettings):
     inter_broker: InterBrokerSettings = InterBrokerSettings()
     admin: AdminSettings = AdminSettings()
     authorizer: AuthorizerSettings = AuthorizerSettings()
+    delegation_token: DelegationTokenSettings = DelegationTokenSettings()
     log_level: str = Field("INFO", description="Python logging level.")
     log_format: LogFormat = Field(
         LogFormat.TEXT,

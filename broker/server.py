@@ -60,7 +60,9 @@ class Connection:
     ``User:<name>``), what authorization decides on; unauthenticated listeners leave Kafka's
     anonymous principal. ``listener`` is the name of the listener the client came in on
     (Metadata answers with that listener's addresses); ``sasl`` is None unless the listener
-    uses SASL, and then holds the login's progress. ``close_after_response`` ends the
+    uses SASL, and then holds the login's progress; ``token_authenticated`` says the login
+    used a delegation token (such a connection may not create or renew tokens).
+    ``close_after_response`` ends the
     connection once the current answer is sent (a failed login).
     """
 
@@ -68,6 +70,7 @@ class Connection:
     principal: str = ANONYMOUS
     listener: str = DEFAULT_LISTENER_NAME
     sasl: SaslSession | None = None
+    token_authenticated: bool = False  # logged in with a delegation token (KIP-48)
     close_after_response: bool = False
     append_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     in_flight: int = 0  # requests read and not yet answered

@@ -39,6 +39,7 @@ MANAGED_KEYS = frozenset(
         "listener.advertised_host",
         "listener.advertised_port",
         "listener.rack",
+        "delegation_token.secret_key",  # a Secret (spec.delegationTokens), never the ConfigMap
     }
 )
 

@@ -16,6 +16,7 @@ from kafscale.operator.manifest_config import (
     pod_env,
     tls_mounts,
     tls_volumes,
+    token_env,
 )
 from kafscale.operator.manifest_pods import (
     Manifest,
@@ -68,7 +69,7 @@ def build_broker_deployment(ref: ClusterRef, spec: KafScaleClusterSpec) -> Manif
             {"name": "admin", "containerPort": admin, "protocol": "TCP"},
         ],
         "envFrom": [{"configMapRef": {"name": naming.config_map_name(ref.name)}}],
-        "env": pod_env(spec),
+        "env": [*pod_env(spec), *token_env(ref, spec)],
         "resources": container_resources(brokers.resources, DEFAULT_BROKER_RESOURCES),
         "startupProbe": {
             "httpGet": {"path": "/healthz", "port": "admin"},

@@ -87,6 +87,19 @@ def pod_env(spec: KafScaleClusterSpec) -> list[dict[str, Any]]:
     return env
 
 
+def token_env(ref: ClusterRef, spec: KafScaleClusterSpec) -> list[dict[str, Any]]:
+    """The delegation-token key from its Secret, for brokers and proxies (tokens enabled)."""
+    if not spec.delegation_tokens.enabled:
+        return []
+    selector = {
+        "name": naming.delegation_token_secret_name(ref.name),
+        "key": naming.DELEGATION_TOKEN_KEY,
+    }
+    return [
+        {"name": "KAFSCALE_DELEGATION_TOKEN__SECRET_KEY", "valueFrom": {"secretKeyRef": selector}}
+    ]
+
+
 def tls_volumes(ref: ClusterRef, spec: KafScaleClusterSpec) -> list[dict[str, Any]]:
     """Certificate Secrets of broker and proxy pods: the listeners' and etcd's client one."""
     volumes = [listeners.broker_tls_volume(ref)] if spec.needs_broker_certificate else []

@@ -14,6 +14,7 @@ from kafscale.operator.manifest_config import (
     pod_env,
     tls_mounts,
     tls_volumes,
+    token_env,
 )
 from kafscale.operator.manifest_pods import (
     Manifest,
@@ -44,6 +45,7 @@ def build_proxy_deployment(ref: ClusterRef, spec: KafScaleClusterSpec) -> Manife
         "envFrom": [{"configMapRef": {"name": naming.config_map_name(ref.name)}}],
         "env": [
             *pod_env(spec)[:1],  # the pod name; the proxy needs no storage credentials
+            *token_env(ref, spec),  # token logins at the proxy
             *proxy_environment(ref, spec),
         ],
         "resources": container_resources(spec.proxy.resources, DEFAULT_PROXY_RESOURCES),

@@ -57,6 +57,18 @@ class DeletionPolicy(StrEnum):
     DELETE = "Delete"
 
 
+class DelegationTokenSpec(ApiModel):
+    """Kafka delegation tokens (KIP-48) for the cluster's users."""
+
+    enabled: bool = Field(
+        default=False,
+        description="Turn delegation tokens on: the operator makes the Secret "
+        "`<name>-delegation-token` (key `secret-key`, random, made once and never rotated by "
+        "the operator; a Secret of that name not owned by the cluster is used as it is) and "
+        "gives it to every broker and proxy as `delegation_token.secret_key`.",
+    )
+
+
 class KafScaleClusterSpec(ApiModel):
     image: str = Field(default=DEFAULT_IMAGE, min_length=1, description="The KafScale image.")
     image_pull_policy: PullPolicy = Field(
@@ -92,6 +104,9 @@ class KafScaleClusterSpec(ApiModel):
     storage: StorageSpec = Field(description="Object storage for record batches.")
     autoscaling: AutoscalingSpec = Field(
         default_factory=AutoscalingSpec, description="Horizontal autoscaling of the brokers."
+    )
+    delegation_tokens: DelegationTokenSpec = Field(
+        default_factory=DelegationTokenSpec, description="Delegation tokens (KIP-48)."
     )
     deletion_policy: DeletionPolicy = Field(
         default=DeletionPolicy.RETAIN,

@@ -133,6 +133,14 @@ def proxy_client_secret_name(cluster: str) -> str:
     return f"{cluster}-proxy-client-tls"
 
 
+def delegation_token_secret_name(cluster: str) -> str:
+    """The Secret holding the cluster's delegation-token key (``DELEGATION_TOKEN_KEY``)."""
+    return f"{cluster}-delegation-token"
+
+
+DELEGATION_TOKEN_KEY = "secret-key"
+
+
 def etcd_ca_secret_name(cluster: str) -> str:
     return f"{cluster}-etcd-ca"
 

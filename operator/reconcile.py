@@ -43,6 +43,7 @@ from kafscale.operator.runtime import Runtime, delete_objects, storage_settings
 from kafscale.operator.snapshot import lease_status
 from kafscale.operator.status import ClusterObservation
 from kafscale.operator.tls_secrets import ensure_certificate_secrets
+from kafscale.operator.token_secret import ensure_token_secret
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +72,7 @@ async def apply_cluster(runtime: Runtime, ref: ClusterRef, spec: KafScaleCluster
         runtime.applied_with[(ref.namespace, ref.name)] = capabilities
         if not cert_manager:  # the Secrets the pods mount, before the pods
             await ensure_certificate_secrets(kube, ref, spec, datetime.datetime.now(datetime.UTC))
+        await ensure_token_secret(kube, ref, spec)  # the pods read it too
         for manifest in wanted:
             await kube.apply(manifest)
         obsolete = manifests.obsolete_object_ids(ref, spec, cert_manager=cert_manager)

@@ -272,13 +272,16 @@ def _broker_configs(ctx: RequestContext) -> dict[str, BrokerConfig]:
 
 def _broker_entry(config: BrokerConfig, own: bool, include_synonyms: bool) -> Body:
     synonyms = broker_synonyms(config) if own else []
+    bodies = synonym_bodies(synonyms, include_synonyms)
+    if config.sensitive:  # a secret (delegation.token.secret.key): null, as from Kafka
+        bodies = [{**body, "value": None} for body in bodies]
     return {
         "name": config.name,
-        "value": config.value,
+        "value": None if config.sensitive else config.value,
         "read_only": True,
         "config_source": int(source_of(synonyms)),
-        "is_sensitive": False,
-        "synonyms": synonym_bodies(synonyms, include_synonyms),
+        "is_sensitive": config.sensitive,
+        "synonyms": bodies,
         "config_type": int(config.type),
         "documentation": None,
     }

@@ -91,6 +91,7 @@ class BrokerConfig:
     type: ConfigType
     given: bool = True
     default: str | None = None
+    sensitive: bool = False  # a secret: answered as null with is_sensitive, as Kafka does
 
 
 def topic_config_type(name: str) -> ConfigType:
@@ -196,6 +197,29 @@ def broker_configs(
             ConfigType.INT,
         ),
         _fixed("unclean.leader.election.enable", False, ConfigType.BOOLEAN),
+        *delegation_token_configs(settings),
+    ]
+
+
+def delegation_token_configs(settings: BrokerSettings) -> list[BrokerConfig]:
+    """Kafka's ``delegation.token.*``; the secret key is sensitive: its value never leaves."""
+    tokens = settings.delegation_token
+    return [
+        BrokerConfig(
+            "delegation.token.secret.key",
+            "",
+            ConfigType.PASSWORD,
+            given=tokens.secret_key is not None,
+            sensitive=True,
+        ),
+        _setting("delegation.token.max.lifetime.ms", tokens, "max_lifetime_ms", ConfigType.LONG),
+        _setting("delegation.token.expiry.time.ms", tokens, "expiry_time_ms", ConfigType.LONG),
+        _setting(
+            "delegation.token.expiry.check.interval.ms",
+            tokens,
+            "expiry_check_interval_ms",
+            ConfigType.LONG,
+        ),
     ]
 
 

@@ -57,7 +57,7 @@ async def handle_envelope(
         return _answer(correlation_id, ErrorCode.CLUSTER_AUTHORIZATION_FAILED)
     body = request.body
     try:
-        principal = codec.decode_principal(body.request_principal or b"")
+        principal, by_token = codec.decode_forwarded_principal(body.request_principal or b"")
         host = address_text(body.client_host_address)
         inner_key, _, _ = codec.peek_header(body.request_data)
     except (codec.DecodeError, ValueError) as exc:
@@ -65,7 +65,8 @@ async def handle_envelope(
         return _answer(correlation_id, ErrorCode.INVALID_REQUEST)
     if inner_key in NOT_IN_ENVELOPE:
         return _answer(correlation_id, ErrorCode.INVALID_REQUEST)
-    response = await dispatch(body.request_data, forwarded_connection(connection, principal, host))
+    forwarded = forwarded_connection(connection, principal, host, by_token)
+    response = await dispatch(body.request_data, forwarded)
     if response is None:
         return None
     return codec.encode_response(
@@ -76,14 +77,18 @@ async def handle_envelope(
     )
 
 
-def forwarded_connection(outer: Connection, principal: str, host: str) -> Connection:
+def forwarded_connection(
+    outer: Connection, principal: str, host: str, token_authenticated: bool = False
+) -> Connection:
     """The connection an enveloped request runs on: the client's principal and address, the
     proxy connection's listener and append lock (the proxy keeps one broker connection per
     client connection, so appends stay in the client's order), and its mute: a client over
-    its quota holds back this proxy connection, which is that client's own."""
+    its quota holds back this proxy connection, which is that client's own. A client that
+    logged in to the proxy with a delegation token stays token-authenticated here."""
     return Connection(
         f"{host}:0",
         principal=principal,
+        token_authenticated=token_authenticated,
         listener=outer.listener,
         append_lock=outer.append_lock,
         muted=outer.muted,

@@ -1,4 +1,5 @@
-"""SaslHandshake and SaslAuthenticate: a SASL listener's login (PLAIN, SCRAM-SHA-256/512).
+"""SaslHandshake and SaslAuthenticate: a SASL listener's login (PLAIN, SCRAM-SHA-256/512, and
+SCRAM with a delegation token: the connection becomes the token's owner, token-authenticated).
 
 A failed login is answered (SASL_AUTHENTICATION_FAILED with a message, as Kafka answers) and
 then the connection is closed; so is a SASL request out of order (ILLEGAL_SASL_STATE). On a
@@ -11,12 +12,15 @@ The proxy logs its clients in with the same two functions (``sasl_handshake``,
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any
 
 from kafscale.broker.api.dispatch import Body, RequestContext
 from kafscale.broker.protocol.errors import ErrorCode
-from kafscale.broker.security.sasl import CredentialLookup, IllegalSaslState, principal_of
-from kafscale.broker.security.scram import AuthenticationFailed
+from kafscale.broker.security.sasl import CredentialLookup, IllegalSaslState, TokenLookup
+from kafscale.broker.security.scram import AuthenticationFailed, ScramCredential, ScramMechanism
+from kafscale.broker.security.token_store import TokenStore
+from kafscale.broker.security.tokens import TokenPolicy
 from kafscale.broker.server import Connection
 
 log = logging.getLogger(__name__)
@@ -27,7 +31,23 @@ async def handle_sasl_handshake(request: Any, ctx: RequestContext) -> Body:
 
 
 async def handle_sasl_authenticate(request: Any, ctx: RequestContext) -> Body:
-    return await sasl_authenticate(request, ctx.connection, ctx.broker.credentials.get)
+    broker = ctx.broker
+    tokens = token_lookup(broker.settings.delegation_token.policy(), broker.tokens)
+    return await sasl_authenticate(request, ctx.connection, broker.credentials.get, tokens)
+
+
+def token_lookup(policy: TokenPolicy, store: TokenStore) -> TokenLookup | None:
+    """Token logins against ``store`` when tokens are on (a secret key is set), else None:
+    a process without the key refuses them, as a Kafka broker without one does."""
+    if not policy.enabled:
+        return None
+
+    async def lookup(
+        token_id: str, mechanism: ScramMechanism
+    ) -> tuple[ScramCredential, str] | None:
+        return await store.scram_login(token_id, mechanism, int(time.time() * 1000))
+
+    return lookup
 
 
 def sasl_handshake(request: Any, connection: Connection) -> Body:
@@ -47,13 +67,18 @@ def sasl_handshake(request: Any, connection: Connection) -> Body:
     return {"error_code": ErrorCode.NONE, "mechanisms": mechanisms}
 
 
-async def sasl_authenticate(request: Any, connection: Connection, lookup: CredentialLookup) -> Body:
+async def sasl_authenticate(
+    request: Any,
+    connection: Connection,
+    lookup: CredentialLookup,
+    tokens: TokenLookup | None = None,
+) -> Body:
     session = connection.sasl
     if session is None:
         connection.close_after_response = True
         return _failure(ErrorCode.ILLEGAL_SASL_STATE, "this listener does not use SASL")
     try:
-        answer = await session.authenticate(request.auth_bytes, lookup)
+        answer = await session.authenticate(request.auth_bytes, lookup, tokens)
     except IllegalSaslState as exc:
         connection.close_after_response = True
         return _failure(ErrorCode.ILLEGAL_SASL_STATE, str(exc))
@@ -65,9 +90,12 @@ async def sasl_authenticate(request: Any, connection: Connection, lookup: Creden
             "Authentication failed during authentication due to invalid credentials with SASL "
             f"mechanism {session.mechanism}",
         )
-    if session.authenticated and session.user is not None:
-        connection.principal = principal_of(session.user)
-        log.info("%s authenticated as %s", connection.peer, connection.principal)
+    principal = session.principal
+    if principal is not None:
+        connection.principal = principal
+        connection.token_authenticated = session.token_authenticated
+        how = " (delegation token)" if session.token_authenticated else ""
+        log.info("%s authenticated as %s%s", connection.peer, principal, how)
     return {
         "error_code": ErrorCode.NONE,
         "error_message": None,

@@ -17,6 +17,7 @@ from kafscale.broker.api import (
     config_resources,
     consumer_groups,
     coordinators,
+    delegation_tokens,
     fetch,
     group_offsets,
     groups,
@@ -342,6 +343,14 @@ _SPECS = [
         1,
         client_quotas.handle_alter_client_quotas,
         client_quotas.alter_error_body,
+    ),
+    # Delegation tokens (KIP-48, ``api/delegation_tokens.py``). v0 is gone from kio (Kafka 4
+    # dropped it, KIP-896); v1 has v0's layout.
+    ApiSpec(38, "CreateDelegationToken", 1, 3, delegation_tokens.handle_create_delegation_token),
+    ApiSpec(39, "RenewDelegationToken", 1, 2, delegation_tokens.handle_renew_delegation_token),
+    ApiSpec(40, "ExpireDelegationToken", 1, 2, delegation_tokens.handle_expire_delegation_token),
+    ApiSpec(
+        41, "DescribeDelegationToken", 1, 3, delegation_tokens.handle_describe_delegation_token
     ),
     ApiSpec(
         50,

@@ -54,6 +54,10 @@ def _add_binding_flags(parser: argparse.ArgumentParser, action: str) -> None:
     resource.add_argument("--group", help="a consumer group id ('*': every group)")
     resource.add_argument("--transactional-id", help="a transactional id")
     resource.add_argument("--cluster-resource", action="store_true", help="the cluster")
+    resource.add_argument(
+        "--user-principal", help="a user, for CREATE_TOKENS/DESCRIBE_TOKENS (e.g. User:alice)"
+    )
+    resource.add_argument("--delegation-token", help="a delegation token id (for DESCRIBE)")
     parser.add_argument("--prefixed", action="store_true", help="the name is a prefix")
     parser.add_argument("--principal", help="e.g. User:alice ('User:*': everyone)")
     parser.add_argument("--host", help="client address ('*': any; the default for add)")
@@ -72,6 +76,10 @@ def _resource(args: argparse.Namespace) -> tuple[ResourceType, str | None]:
         return ResourceType.TRANSACTIONAL_ID, args.transactional_id
     if args.cluster_resource:
         return ResourceType.CLUSTER, CLUSTER_NAME
+    if args.user_principal is not None:
+        return ResourceType.USER, args.user_principal
+    if args.delegation_token is not None:
+        return ResourceType.DELEGATION_TOKEN, args.delegation_token
     return ResourceType.ANY, None
 
 

@@ -67,7 +67,14 @@ class Permission(enum.IntEnum):
 
 # Resource types ACLs may be stored for: those the broker authorizes.
 STORABLE_RESOURCES = frozenset(
-    {ResourceType.TOPIC, ResourceType.GROUP, ResourceType.CLUSTER, ResourceType.TRANSACTIONAL_ID}
+    {
+        ResourceType.TOPIC,
+        ResourceType.GROUP,
+        ResourceType.CLUSTER,
+        ResourceType.TRANSACTIONAL_ID,
+        ResourceType.DELEGATION_TOKEN,  # DESCRIBE: see a token (by id)
+        ResourceType.USER,  # CREATE_TOKENS, DESCRIBE_TOKENS: for that user (KIP-373)
+    }
 )
 
 

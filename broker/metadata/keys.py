@@ -25,6 +25,8 @@ etcd (all under ``/kafscale/<cluster>/``)::
                                      an offset committed in a transaction, not yet visible
     users/<user>/scram/<mechanism>   SCRAM credential: salt, iterations, stored and server
                                      keys (JSON; user names percent-encoded like group ids)
+    delegation-tokens/<token id>     a delegation token: owner, renewers, timestamps and its
+                                     SCRAM credentials (JSON; never its HMAC)
     acls/<type>/<pattern>/<name>/<principal>/<host>/<operation>/<permission>
                                      one ACL binding (JSON); name, principal and host
                                      percent-encoded, the others Kafka's enum names
@@ -136,6 +138,15 @@ def users_prefix(cluster: str) -> str:
 def scram_credential_key(cluster: str, user: str, mechanism: str) -> str:
     """A user's SCRAM credential for one mechanism (``SCRAM-SHA-512``)."""
     return f"{users_prefix(cluster)}{quote(user, safe='')}/scram/{mechanism}"
+
+
+def delegation_tokens_prefix(cluster: str) -> str:
+    return f"{cluster_prefix(cluster)}delegation-tokens/"
+
+
+def delegation_token_key(cluster: str, token_id: str) -> str:
+    """One delegation token (ids are URL-safe base64, quoted all the same)."""
+    return f"{delegation_tokens_prefix(cluster)}{quote(token_id, safe='')}"
 
 
 def user_from_key(cluster: str, key: str) -> tuple[str, str] | None:

@@ -410,19 +410,30 @@ ENVELOPE_KEY = 58
 _PRINCIPAL_VERSION = struct.Struct(">h")
 
 
-def encode_principal(principal: str) -> bytes:
+def encode_principal(principal: str, token_authenticated: bool = False) -> bytes:
     """``Type:name`` as Kafka serializes a principal into an Envelope (a version-prefixed
-    ``DefaultPrincipalData``), so the bytes mean the same to a Kafka broker."""
+    ``DefaultPrincipalData``), so the bytes mean the same to a Kafka broker; with whether the
+    client logged in with a delegation token (such a client may not ask for tokens)."""
     type_, _, name = principal.partition(":")
     buffer = io.BytesIO()
     buffer.write(_PRINCIPAL_VERSION.pack(0))
-    entity = DefaultPrincipalData(type_=type_, name=name, token_authenticated=False)
+    entity = DefaultPrincipalData(type_=type_, name=name, token_authenticated=token_authenticated)
     entity_writer(DefaultPrincipalData)(buffer, entity)
     return buffer.getvalue()
 
 
 def decode_principal(data: bytes) -> str:
-    """``Type:name`` from :func:`encode_principal`'s bytes; DecodeError if unreadable."""
+    """``Type:name`` from :func:`encode_principal`'s bytes; DecodeError if unreadable or
+    token-authenticated (see :func:`decode_forwarded_principal` for those)."""
+    principal, token_authenticated = decode_forwarded_principal(data)
+    if token_authenticated:
+        raise DecodeError("forwarded principal is token-authenticated")
+    return principal
+
+
+def decode_forwarded_principal(data: bytes) -> tuple[str, bool]:
+    """(``Type:name``, token-authenticated) from :func:`encode_principal`'s bytes;
+    DecodeError if unreadable."""
     try:
         (version,) = _PRINCIPAL_VERSION.unpack_from(data, 0)
         if version != 0:
@@ -430,9 +441,9 @@ def decode_principal(data: bytes) -> str:
         principal, _ = entity_reader(DefaultPrincipalData)(data, _PRINCIPAL_VERSION.size)
     except Exception as exc:
         raise DecodeError(f"cannot parse the forwarded principal: {exc}") from exc
-    if not principal.type_ or not principal.name or principal.token_authenticated:
-        raise DecodeError("forwarded principal without type or name, or token-authenticated")
-    return f"{principal.type_}:{principal.name}"
+    if not principal.type_ or not principal.name:
+        raise DecodeError("forwarded principal without type or name")
+    return f"{principal.type_}:{principal.name}", bool(principal.token_authenticated)
 
 
 # --- the classic consumer protocol's embedded metadata ------------------------------------------

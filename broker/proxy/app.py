@@ -18,6 +18,7 @@ from typing import Any
 from kafscale.broker.admin_http import AdminRoutes, AdminServer
 from kafscale.broker.api.configs import listener_values
 from kafscale.broker.api.fetch_sessions import FetchSessionCache
+from kafscale.broker.api.sasl import token_lookup
 from kafscale.broker.app import StartupError, listener_endpoints
 from kafscale.broker.metadata.etcd import Etcd
 from kafscale.broker.metadata.etcd_connect import connect_etcd
@@ -45,6 +46,7 @@ from kafscale.broker.security.tls import (
     TlsConfigError,
     client_context,
 )
+from kafscale.broker.security.token_store import TokenStore
 from kafscale.broker.server import ByteBudget, Connection, KafkaServer, ServerEndpoint
 
 log = logging.getLogger(__name__)
@@ -123,7 +125,7 @@ class Proxy:
         upstream = self.settings.upstream
         principal = None
         if upstream.forward_principals:
-            principal = codec.encode_principal(connection.principal)
+            principal = codec.encode_principal(connection.principal, connection.token_authenticated)
         return UpstreamLink(
             self._upstream_tls,
             principal,
@@ -200,6 +202,9 @@ class Proxy:
                 plan[0].name,
                 [(name, me.host, me.port) for name, me in identities.items()],
                 ports,
+            ),
+            token_lookup(
+                settings.delegation_token.policy(), TokenStore(self.etcd, settings.cluster)
             ),
         )
         routes = AdminRoutes(

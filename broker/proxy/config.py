@@ -17,6 +17,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from kafscale.broker.config import (
     AuthorizerSettings,
+    DelegationTokenSettings,
     EtcdConnectionSettings,
     LimitSettings,
     LogFormat,
@@ -225,6 +226,12 @@ class ProxySettings(BaseSettings):
         AuthorizerSettings(),
         description="The brokers' ACL settings: the proxy filters the answers it makes itself "
         "(Metadata, FindCoordinator) by them.",
+    )
+    delegation_token: DelegationTokenSettings = Field(
+        DelegationTokenSettings(),
+        description="The brokers' token settings: with the secret key set, the proxy's SASL "
+        "listeners accept delegation-token logins (tokens are read from etcd; only the key "
+        "turns them on, the lifetimes matter to the brokers).",
     )
     upstream: UpstreamSettings = UpstreamSettings()
     transactions: ProxyTransactionSettings = ProxyTransactionSettings()

@@ -13,10 +13,11 @@ InitProducerId with a transactional id, AddPartitionsToTxn, AddOffsetsToTxn, End
 (DescribeTransactions split by coordinator). To every broker: ListGroups, ListTransactions,
 DescribeLogDirs (joined as one broker's, ``log_dirs``). Split by partition owner and joined as one
 broker's answer: AlterReplicaLogDirs (``log_dirs``). To any broker (they act through etcd):
-topic, config, ACL and user administration, ElectLeaders and ListPartitionReassignments (their
-answers name no broker), InitProducerId of an idempotent producer; DescribeConfigs of a broker
-goes to that broker, and of the proxy's own id to a live broker whose answer the proxy gives as
-its own (``configs``).
+topic, config, ACL, user and delegation-token administration (token APIs from a client that
+is token-authenticated or anonymous are refused here), ElectLeaders and
+ListPartitionReassignments (their answers name no broker), InitProducerId of an idempotent
+producer; DescribeConfigs of a broker goes to that broker, and of the proxy's own id to a live
+broker whose answer the proxy gives as its own (``configs``).
 
 A handler returns a body to encode, the raw answer of one broker (forwarded as it came, only the
 correlation id changed), or None (acks=0).
@@ -47,7 +48,8 @@ from kafscale.broker.proxy.forward import Call, Forwarder
 from kafscale.broker.proxy.staleness import RouteKey
 from kafscale.broker.proxy.txn_markers import forward_markers
 from kafscale.broker.proxy.upstream import UpstreamError, UpstreamPool
-from kafscale.broker.security.sasl import CredentialLookup
+from kafscale.broker.security.sasl import CredentialLookup, TokenLookup
+from kafscale.broker.security.tokens import token_requests_allowed
 from kafscale.broker.server import Connection
 
 Body = dict[str, Any]
@@ -74,6 +76,7 @@ class ProxyContext:
     transaction_version: int = TRANSACTION_VERSION  # the finalized level ApiVersions reports
     # The proxy's own listener configs (DescribeConfigs of its broker id)
     listener_configs: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    tokens: TokenLookup | None = None  # delegation-token logins (None: tokens are off)
 
 
 @dataclass(frozen=True, slots=True)
@@ -231,7 +234,35 @@ async def sasl_handshake_here(r: ProxyRequest) -> Answer:
 
 async def sasl_authenticate_here(r: ProxyRequest) -> Answer:
     assert r.connection is not None and r.ctx.credentials is not None
-    return await sasl_authenticate(r.body, r.connection, r.ctx.credentials)
+    return await sasl_authenticate(r.body, r.connection, r.ctx.credentials, r.ctx.tokens)
+
+
+# --- delegation tokens: refused here, else to any broker (tokens live in etcd) ----------------
+
+TOKEN_REFUSALS: dict[int, Body] = {
+    38: {
+        "error_code": ErrorCode.DELEGATION_TOKEN_REQUEST_NOT_ALLOWED,
+        "issue_timestamp": -1,
+        "expiry_timestamp": -1,
+        "max_timestamp": -1,
+        "hmac": b"",
+    },
+    39: {"error_code": ErrorCode.DELEGATION_TOKEN_REQUEST_NOT_ALLOWED, "expiry_timestamp": -1},
+    40: {"error_code": ErrorCode.DELEGATION_TOKEN_REQUEST_NOT_ALLOWED, "expiry_timestamp": -1},
+    41: {"error_code": ErrorCode.DELEGATION_TOKEN_REQUEST_NOT_ALLOWED, "tokens": []},
+}
+
+
+async def delegation_token_api(r: ProxyRequest) -> Answer:
+    """A client that logged in with a token, or did not log in, may not ask for tokens: the
+    proxy answers that itself (the brokers would too, from the forwarded principal; this
+    also holds with ``forward_principals`` off, where they would see the proxy)."""
+    connection = r.connection
+    if connection is not None and not token_requests_allowed(
+        connection.principal, connection.token_authenticated
+    ):
+        return TOKEN_REFUSALS[r.call.api_key]
+    return await to_any_broker(r)
 
 
 # --- split by partition owner ---------------------------------------------------------------
@@ -631,6 +662,10 @@ HANDLERS: dict[int, Handler] = {
     35: describe_log_dirs,
     36: sasl_authenticate_here,
     37: to_any_broker,  # CreatePartitions
+    38: delegation_token_api,  # CreateDelegationToken
+    39: delegation_token_api,  # RenewDelegationToken
+    40: delegation_token_api,  # ExpireDelegationToken
+    41: delegation_token_api,  # DescribeDelegationToken
     42: by_coordinator(DELETE_GROUPS),
     43: to_any_broker,  # ElectLeaders: the answer names no broker
     44: to_any_broker,  # IncrementalAlterConfigs

@@ -29,6 +29,8 @@ API_VERSIONS, SASL_HANDSHAKE, SASL_AUTHENTICATE = 18, 17, 36
 ALLOWED_BEFORE_AUTHENTICATION = frozenset({API_VERSIONS, SASL_HANDSHAKE, SASL_AUTHENTICATE})
 
 CredentialLookup = Callable[[str, ScramMechanism], Awaitable[ScramCredential | None]]
+TokenLookup = Callable[[str, ScramMechanism], Awaitable[tuple[ScramCredential, str] | None]]
+"""A delegation token's SCRAM credential and owner by token id (None: unknown or expired)."""
 
 
 class SaslStage(enum.Enum):
@@ -47,11 +49,20 @@ class SaslSession:
     stage: SaslStage = SaslStage.HANDSHAKE
     mechanism: str | None = None
     user: str | None = None
+    token_authenticated: bool = False  # logged in with a delegation token (user: its owner)
     _scram: ScramExchange | None = field(default=None, repr=False)
+    _token_owner: str | None = field(default=None, repr=False)
 
     @property
     def authenticated(self) -> bool:
         return self.stage is SaslStage.DONE
+
+    @property
+    def principal(self) -> str | None:
+        """Who logged in: ``User:<name>``, or a token's owner."""
+        if self.user is None or self.stage is not SaslStage.DONE:
+            return None
+        return self.user if self.token_authenticated else principal_of(self.user)
 
     def handshake(self, mechanism: str) -> bool:
         """Choose ``mechanism``; False if it is not enabled (UNSUPPORTED_SASL_MECHANISM)."""
@@ -63,9 +74,13 @@ class SaslSession:
         self.stage = SaslStage.AUTHENTICATE
         return True
 
-    async def authenticate(self, message: bytes, lookup: CredentialLookup) -> bytes:
+    async def authenticate(
+        self, message: bytes, lookup: CredentialLookup, tokens: TokenLookup | None = None
+    ) -> bytes:
         """One SaslAuthenticate step: the bytes to answer with. Raises
-        :class:`AuthenticationFailed` (wrong credentials) or :class:`IllegalSaslState`."""
+        :class:`AuthenticationFailed` (wrong credentials) or :class:`IllegalSaslState`.
+        A SCRAM login with ``tokenauth=true`` is checked against a delegation token
+        (``tokens``; None: tokens are off) and becomes its owner."""
         if self.stage is not SaslStage.AUTHENTICATE or self.mechanism is None:
             raise IllegalSaslState("SaslAuthenticate before SaslHandshake")
         if self.mechanism == "PLAIN":
@@ -76,15 +91,29 @@ class SaslSession:
         if self._scram is None:
             first = parse_client_first(message)
             if first.token_auth:
-                raise AuthenticationFailed("delegation tokens are not supported")
-            credential = await lookup(first.username, scram)
+                credential = await self._token_credential(first.username, scram, tokens)
+            else:
+                credential = await lookup(first.username, scram)
             if credential is None:
                 raise AuthenticationFailed("invalid credentials")
             self._scram = ScramExchange(scram, first, credential)
             return self._scram.server_first_message()
         final = self._scram.final(message)
-        self._finish(self._scram.first.username)
+        owner = self._token_owner
+        self._finish(self._scram.first.username if owner is None else owner)
+        self.token_authenticated = owner is not None
         return final
+
+    async def _token_credential(
+        self, token_id: str, scram: ScramMechanism, tokens: TokenLookup | None
+    ) -> ScramCredential | None:
+        if tokens is None:
+            raise AuthenticationFailed("delegation tokens are not enabled")
+        found = await tokens(token_id, scram)
+        if found is None:
+            raise AuthenticationFailed("unknown or expired delegation token")
+        credential, self._token_owner = found
+        return credential
 
     async def _plain(self, message: bytes, lookup: CredentialLookup) -> bytes:
         authzid, user, password = parse_plain(message)
@@ -102,6 +131,7 @@ class SaslSession:
         raise AuthenticationFailed("invalid credentials")
 
     def _finish(self, user: str) -> None:
+        """``user`` is a name (``alice``) or, for a token login, the owner's principal."""
         self.user = user
         self.stage = SaslStage.DONE
         self._scram = None

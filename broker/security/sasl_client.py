@@ -37,12 +37,19 @@ class ScramClient:
     GS2_HEADER = "n,,"
 
     def __init__(
-        self, mechanism: ScramMechanism, username: str, password: str, nonce: str | None = None
+        self,
+        mechanism: ScramMechanism,
+        username: str,
+        password: str,
+        nonce: str | None = None,
+        token_auth: bool = False,
     ) -> None:
         self.mechanism = mechanism
         self._password = password.encode()
         self._nonce = nonce or secrets.token_urlsafe(24)
         self._bare = f"n={_escape_name(username)},r={self._nonce}"
+        if token_auth:  # a delegation token: user = token id, password = its HMAC (base64)
+            self._bare += ",tokenauth=true"
         self._server_signature: bytes | None = None
 
     def first_message(self) -> bytes:

@@ -113,11 +113,14 @@ def _unescape_name(name: str) -> str:
     return name.replace("=2C", ",").replace("=3D", "=")
 
 
-def _attributes(text: str) -> list[tuple[str, str]]:
+def _attributes(text: str, extensions_from: int | None = None) -> list[tuple[str, str]]:
+    """``k=v,...`` with one-letter keys (RFC 5802); from item ``extensions_from`` on, Kafka's
+    SCRAM extensions (``tokenauth=true``), whose keys are words."""
     pairs = []
-    for item in text.split(","):
+    for index, item in enumerate(text.split(",")):
         key, sep, value = item.partition("=")
-        if not sep or len(key) != 1:
+        word_keys = extensions_from is not None and index >= extensions_from
+        if not sep or not key or (len(key) != 1 and not (word_keys and key.isalnum())):
             raise AuthenticationFailed(f"malformed SCRAM attribute {item[:20]!r}")
         pairs.append((key, value))
     return pairs
@@ -134,14 +137,15 @@ def parse_client_first(message: bytes) -> ClientFirst:
         raise AuthenticationFailed("SCRAM channel binding is not supported")
     gs2_header = f"{parts[0]},{parts[1]},"
     bare = parts[2]
-    attributes = _attributes(bare)
+    attributes = _attributes(bare, extensions_from=2)
     if len(attributes) < 2 or attributes[0][0] != "n" or attributes[1][0] != "r":
         raise AuthenticationFailed("SCRAM client-first message must start with n= and r=")
     extensions = dict(attributes[2:])
     username = _unescape_name(attributes[0][1])
     if not username or not attributes[1][1]:
         raise AuthenticationFailed("empty SCRAM user name or nonce")
-    return ClientFirst(gs2_header, username, attributes[1][1], bare, "tokenauth" in extensions)
+    token_auth = extensions.get("tokenauth", "").lower() == "true"  # Kafka's KIP-48 extension
+    return ClientFirst(gs2_header, username, attributes[1][1], bare, token_auth)
 
 
 class ScramExchange:

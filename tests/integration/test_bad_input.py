@@ -790,11 +790,9 @@ def test_normal_clients_still_work_after_all_of_it(kafka: BrokerProcess) -> None
 
 # --- protocol honesty: what is not served is never an empty success -------------------------
 
-EXPIRE_DELEGATION_TOKEN, DESCRIBE_TRANSACTIONS = 40, 65
-# Unserved APIs whose responses have no error field: DescribeShareGroupOffsets (v0, v1)
-# and ShareGroupDescribe (share groups: not offered by Kafka 3.9 either).
-# The share coordinator's state RPCs (KIP-932: KafScale keeps share state in etcd) and streams
-# groups (KIP-1071) are not served; their responses have no top-level error code.
+UPDATE_FEATURES, DESCRIBE_TRANSACTIONS = 57, 65
+# Unserved APIs whose responses have no error field: the share coordinator's state RPCs
+# (KIP-932: KafScale keeps share state in etcd) and streams groups (KIP-1071).
 READ_SHARE_GROUP_STATE_SUMMARY, STREAMS_GROUP_DESCRIBE = 87, 89
 INVALID_RECORD, TRANSACTIONAL_ID_AUTHORIZATION_FAILED = 87, 53
 
@@ -823,10 +821,10 @@ def test_an_unserved_api_without_an_error_field_closes_the_connection(
 def test_an_unserved_api_with_an_error_field_gets_unsupported_version(
     kafka: BrokerProcess,
 ) -> None:
-    assert EXPIRE_DELEGATION_TOKEN not in API_TABLE
+    assert UPDATE_FEATURES not in API_TABLE
     with KafkaWire(kafka.bootstrap) as wire:
-        body = sample_body(codec.request_schema(EXPIRE_DELEGATION_TOKEN, 1))
-        response = wire.request(EXPIRE_DELEGATION_TOKEN, 1, body)
+        body = sample_body(codec.request_schema(UPDATE_FEATURES, 1))
+        response = wire.request(UPDATE_FEATURES, 1, body)
         assert int(response.error_code) == UNSUPPORTED_VERSION
 
 
@@ -838,7 +836,7 @@ def test_api_versions_names_only_apis_in_the_table(kafka: BrokerProcess) -> None
     assert not keys & {
         READ_SHARE_GROUP_STATE_SUMMARY,
         STREAMS_GROUP_DESCRIBE,
-        EXPIRE_DELEGATION_TOKEN,
+        UPDATE_FEATURES,
     }
 
 

@@ -55,13 +55,23 @@ def test_valid_bindings_are_accepted() -> None:
         (TOPIC, "orders", LITERAL, "User:alice", "", READ, ALLOW),
         (TOPIC, "*", PREFIXED, "User:alice", "*", READ, ALLOW),
         (CLUSTER, "other", LITERAL, "User:alice", "*", READ, ALLOW),
-        (7, "bob", LITERAL, "User:alice", "*", READ, ALLOW),  # USER resources: not served
+        (8, "bob", LITERAL, "User:alice", "*", READ, ALLOW),  # no such resource type
         (TOPIC, "orders", LITERAL, "User:alice", "*", 99, ALLOW),  # no such operation
     ],
 )
 def test_invalid_bindings_are_refused(args: tuple[int, str, int, str, str, int, int]) -> None:
     with pytest.raises(InvalidBinding):
         binding_of(*args)
+
+
+def test_token_acls_on_users_and_tokens_are_storable() -> None:
+    """KIP-48/373: CREATE_TOKENS and DESCRIBE_TOKENS on a USER (named by its principal),
+    DESCRIBE on a DELEGATION_TOKEN (named by its id)."""
+    on_user = binding_of(7, "User:alice", LITERAL, "User:scheduler", "*", 13, ALLOW)
+    assert on_user.resource_type is ResourceType.USER
+    assert on_user.operation is Operation.CREATE_TOKENS
+    on_token = binding_of(6, "tokenid", LITERAL, "User:auditor", "*", 8, ALLOW)
+    assert on_token.resource_type is ResourceType.DELEGATION_TOKEN
 
 
 def test_filters_with_any_and_nulls_match_everything() -> None:

@@ -1,0 +1,52 @@
+"""The cluster's delegation-token key Secret: made once, never rotated by the operator.
+
+The key signs every token (HMAC-SHA512 of its id); a new key would leave existing tokens
+unrenewable, so the operator writes the Secret only when it is missing. A Secret of that name
+the cluster does not own is the user's own key, used as it is. Owned by the cluster, it goes
+with it (a re-created cluster gets a new key: tokens of the old one are then unrenewable).
+"""
+
+from __future__ import annotations
+
+import base64
+import logging
+import secrets
+
+from kafscale.operator import naming
+from kafscale.operator.kube import Kube
+from kafscale.operator.manifest_pods import Manifest
+from kafscale.operator.models import ClusterRef, KafScaleClusterSpec
+from kafscale.operator.ownership import object_metadata
+
+log = logging.getLogger(__name__)
+
+KEY_BYTES = 48
+
+
+def build_token_secret(ref: ClusterRef, key: str) -> Manifest:
+    """The Secret holding ``key`` under ``naming.DELEGATION_TOKEN_KEY``."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": object_metadata(
+            ref, naming.delegation_token_secret_name(ref.name), naming.CONFIG
+        ),
+        "type": "Opaque",
+        "data": {naming.DELEGATION_TOKEN_KEY: base64.b64encode(key.encode()).decode()},
+    }
+
+
+def new_key() -> str:
+    return secrets.token_urlsafe(KEY_BYTES)
+
+
+async def ensure_token_secret(kube: Kube, ref: ClusterRef, spec: KafScaleClusterSpec) -> bool:
+    """Make the key Secret if tokens are on and it does not exist; whether it was written."""
+    if not spec.delegation_tokens.enabled:
+        return False
+    name = naming.delegation_token_secret_name(ref.name)
+    if await kube.get("v1", "Secret", ref.namespace, name) is not None:
+        return False
+    await kube.apply(build_token_secret(ref, new_key()))
+    log.info("made the delegation-token key Secret %s/%s", ref.namespace, name)
+    return True

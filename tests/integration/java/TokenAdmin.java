@@ -1,0 +1,105 @@
+import java.io.FileReader;
+import java.util.ArrayList;
+import java.util.Base64;
+import java.util.List;
+import java.util.Properties;
+
+import org.apache.kafka.clients.admin.Admin;
+import org.apache.kafka.clients.admin.AdminClientConfig;
+import org.apache.kafka.clients.admin.CreateDelegationTokenOptions;
+import org.apache.kafka.clients.admin.DescribeDelegationTokenOptions;
+import org.apache.kafka.clients.admin.ExpireDelegationTokenOptions;
+import org.apache.kafka.clients.admin.RenewDelegationTokenOptions;
+import org.apache.kafka.common.security.auth.KafkaPrincipal;
+import org.apache.kafka.common.security.token.delegation.DelegationToken;
+import org.apache.kafka.common.security.token.delegation.TokenInformation;
+
+/**
+ * The Java AdminClient's delegation-token calls (what kafka-delegation-tokens.sh runs), one per
+ * run, with the security settings of the properties file named by $CLIENT_PROPERTIES:
+ *
+ *   create BOOTSTRAP MAX_LIFETIME_MS [OWNER|-] [RENEWER...]  → "token ID HMAC_BASE64 EXPIRY MAX"
+ *   renew BOOTSTRAP HMAC_BASE64 PERIOD_MS                    → "renewed EXPIRY"
+ *   expire BOOTSTRAP HMAC_BASE64 PERIOD_MS                   → "expired EXPIRY"
+ *   describe BOOTSTRAP [OWNER...]                            → "described N", then per token
+ *                                                               "  ID OWNER REQUESTER HMAC [RENEWER...]"
+ *
+ * A failure prints "error EXCEPTION_CLASS" and exits 1.
+ */
+public class TokenAdmin {
+    public static void main(String[] args) throws Exception {
+        Properties props = new Properties();
+        String extra = System.getenv("CLIENT_PROPERTIES");
+        if (extra != null) {
+            try (FileReader reader = new FileReader(extra)) {
+                props.load(reader);
+            }
+        }
+        props.put(AdminClientConfig.BOOTSTRAP_SERVERS_CONFIG, args[1]);
+        props.put(AdminClientConfig.DEFAULT_API_TIMEOUT_MS_CONFIG, "30000");
+        try (Admin admin = Admin.create(props)) {
+            switch (args[0]) {
+                case "create" -> create(admin, args);
+                case "renew" -> System.out.println("renewed " + admin.renewDelegationToken(
+                    hmac(args[2]), new RenewDelegationTokenOptions().renewTimePeriodMs(
+                        Long.parseLong(args[3]))).expiryTimestamp().get());
+                case "expire" -> System.out.println("expired " + admin.expireDelegationToken(
+                    hmac(args[2]), new ExpireDelegationTokenOptions().expiryTimePeriodMs(
+                        Long.parseLong(args[3]))).expiryTimestamp().get());
+                default -> describe(admin, args);
+            }
+        } catch (Exception e) {
+            Throwable cause = e.getCause() != null ? e.getCause() : e;
+            System.out.println("error " + cause.getClass().getSimpleName());
+            System.exit(1);
+        }
+    }
+
+    private static byte[] hmac(String base64) {
+        return Base64.getDecoder().decode(base64);
+    }
+
+    private static KafkaPrincipal principal(String text) {
+        int colon = text.indexOf(':');
+        return new KafkaPrincipal(text.substring(0, colon), text.substring(colon + 1));
+    }
+
+    private static List<KafkaPrincipal> principals(String[] args, int from) {
+        List<KafkaPrincipal> found = new ArrayList<>();
+        for (int i = from; i < args.length; i++) {
+            found.add(principal(args[i]));
+        }
+        return found;
+    }
+
+    private static void create(Admin admin, String[] args) throws Exception {
+        CreateDelegationTokenOptions options = new CreateDelegationTokenOptions()
+            .maxLifetimeMs(Long.parseLong(args[2]))
+            .renewers(principals(args, 4));
+        if (args.length > 3 && !args[3].equals("-")) {
+            options.owner(principal(args[3]));
+        }
+        DelegationToken token = admin.createDelegationToken(options).delegationToken().get();
+        TokenInformation info = token.tokenInfo();
+        System.out.println("token " + info.tokenId() + " " + token.hmacAsBase64String() + " "
+            + info.expiryTimestamp() + " " + info.maxTimestamp());
+    }
+
+    private static void describe(Admin admin, String[] args) throws Exception {
+        DescribeDelegationTokenOptions options = new DescribeDelegationTokenOptions();
+        if (args.length > 2) {
+            options.owners(principals(args, 2));
+        }
+        List<DelegationToken> tokens = admin.describeDelegationToken(options).delegationTokens().get();
+        System.out.println("described " + tokens.size());
+        for (DelegationToken token : tokens) {
+            TokenInformation info = token.tokenInfo();
+            StringBuilder line = new StringBuilder("  " + info.tokenId() + " " + info.ownerAsString()
+                + " " + info.tokenRequesterAsString() + " " + token.hmacAsBase64String());
+            for (String renewer : info.renewersAsString()) {
+                line.append(" ").append(renewer);
+            }
+            System.out.println(line);
+        }
+    }
+}
