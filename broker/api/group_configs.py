@@ -17,7 +17,7 @@ from kafscale.broker.api.configs import ConfigType
 from kafscale.broker.api.dispatch import Body, RequestContext
 from kafscale.broker.groups import group_configs
 from kafscale.broker.groups.config_store import update_group_configs
-from kafscale.broker.groups.share import ShareConfig
+from kafscale.broker.groups.coordinator import share_config
 from kafscale.broker.protocol.errors import ErrorCode, KafkaError
 
 GROUP_RESOURCE = 32
@@ -36,7 +36,8 @@ def describe_group(name: str, wanted: Any, include_synonyms: bool, ctx: RequestC
         return {"error_code": exc.code, "error_message": str(exc), "configs": []}
     settings = ctx.broker.settings.groups
     own = ctx.broker.view.group_configs.get(name, {})
-    broker = {**group_configs.defaults(settings), **group_configs.share_defaults(ShareConfig())}
+    share = group_configs.share_defaults(share_config(settings))
+    broker = {**group_configs.defaults(settings), **share}
     every = (*group_configs.GROUP_CONFIG_NAMES, *group_configs.SHARE_CONFIG_NAMES)
     names = [n for n in every if not wanted or n in wanted]
     entries = [_entry(n, own.get(n), broker[n], include_synonyms) for n in names]

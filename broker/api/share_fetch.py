@@ -23,6 +23,7 @@ from kafscale.broker.api import access
 from kafscale.broker.api.dispatch import Body, RequestContext
 from kafscale.broker.authz.model import Operation
 from kafscale.broker.groups import group_configs
+from kafscale.broker.groups.coordinator import share_config
 from kafscale.broker.groups.share import ShareConfig
 from kafscale.broker.metadata.cluster import TopicInfo
 from kafscale.broker.metadata.etcd_errors import MetadataUnavailable
@@ -58,7 +59,7 @@ def _manager(ctx: RequestContext) -> ShareManager:
 
 def _share_config(ctx: RequestContext, group: str) -> ShareConfig:
     own = ctx.broker.view.group_configs.get(group, {})
-    return group_configs.share_config(ShareConfig(), own)
+    return group_configs.share_config(share_config(ctx.broker.settings.groups), own)
 
 
 def _resolve(ctx: RequestContext, topic_id: uuid.UUID | None, index: int) -> _Partition:

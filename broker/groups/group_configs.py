@@ -39,11 +39,13 @@ SHARE_LOCK_DURATION = "share.record.lock.duration.ms"
 SHARE_DELIVERY_LIMIT = "share.delivery.count.limit"
 SHARE_AUTO_OFFSET_RESET = "share.auto.offset.reset"
 SHARE_ISOLATION_LEVEL = "share.isolation.level"
+SHARE_MAX_RECORD_LOCKS = "share.partition.max.record.locks"
 SHARE_BOUNDS = {
     SHARE_SESSION_TIMEOUT: (45_000, 60_000),
     SHARE_HEARTBEAT_INTERVAL: (5_000, 15_000),
     SHARE_LOCK_DURATION: (1_000, 3_600_000),
     SHARE_DELIVERY_LIMIT: (2, 10),
+    SHARE_MAX_RECORD_LOCKS: (100, 10_000),
 }
 """Integer share-group configs and the range a group may set (Kafka's broker defaults for
 ``group.share.min/max.*``, except the record lock: Kafka allows 15 s to 1 h, KafScale from 1 s)."""
@@ -57,6 +59,7 @@ SHARE_BROKER_SYNONYMS = {
     SHARE_HEARTBEAT_INTERVAL: "group.share.heartbeat.interval.ms",
     SHARE_LOCK_DURATION: "group.share.record.lock.duration.ms",
     SHARE_DELIVERY_LIMIT: "group.share.delivery.count.limit",
+    SHARE_MAX_RECORD_LOCKS: "group.share.partition.max.record.locks",
 }
 """The broker config a share group config defaults from (the other two have none)."""
 
@@ -200,6 +203,7 @@ def share_config(base: ShareConfig, configs: GroupConfigs) -> ShareConfig:
         heartbeat_interval_ms=numbers[SHARE_HEARTBEAT_INTERVAL] or base.heartbeat_interval_ms,
         record_lock_duration_ms=numbers[SHARE_LOCK_DURATION] or base.record_lock_duration_ms,
         delivery_count_limit=numbers[SHARE_DELIVERY_LIMIT] or base.delivery_count_limit,
+        max_record_locks=numbers[SHARE_MAX_RECORD_LOCKS] or base.max_record_locks,
     )
     reset = (configs.get(SHARE_AUTO_OFFSET_RESET) or "").strip().lower()
     if reset in SHARE_CHOICES[SHARE_AUTO_OFFSET_RESET]:
@@ -217,6 +221,7 @@ def share_defaults(base: ShareConfig) -> dict[str, str]:
         SHARE_HEARTBEAT_INTERVAL: str(base.heartbeat_interval_ms),
         SHARE_LOCK_DURATION: str(base.record_lock_duration_ms),
         SHARE_DELIVERY_LIMIT: str(base.delivery_count_limit),
+        SHARE_MAX_RECORD_LOCKS: str(base.max_record_locks),
         SHARE_AUTO_OFFSET_RESET: base.auto_offset_reset,
         SHARE_ISOLATION_LEVEL: "read_committed" if base.read_committed else "read_uncommitted",
     }
