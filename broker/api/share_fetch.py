@@ -178,8 +178,9 @@ async def _acquire(
                 aborted = [(a.producer_id, a.first_offset) for a in found]
             skip = batches.skipped(data, aborted, config.read_committed)
             before = (entry.state.start_offset, entry.state.next_offset)
+            ends = batches.batch_ends(data)
             acquired = entry.state.acquire(
-                member, start, last, max_records, manager.now_ms(), entry.limits, skip
+                member, start, last, max_records, manager.now_ms(), entry.limits, skip, ends
             )
             if acquired or before != (entry.state.start_offset, entry.state.next_offset):
                 entry.dirty = True

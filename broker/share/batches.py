@@ -18,6 +18,11 @@ def covered_last(data: bytes | memoryview) -> int | None:
     return last
 
 
+def batch_ends(data: bytes | memoryview) -> frozenset[int]:
+    """The last offset of every whole batch in ``data``."""
+    return frozenset(header.last_offset for _, header in iter_batch_headers(data))
+
+
 def skipped(
     data: bytes | memoryview, aborted: Iterable[tuple[int, int]], read_committed: bool
 ) -> list[tuple[int, int]]:

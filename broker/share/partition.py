@@ -112,13 +112,20 @@ class SharePartition:
         now_ms: int,
         limits: Limits,
         skip: Sequence[tuple[int, int]] = (),
+        batch_ends: frozenset[int] = frozenset(),
     ) -> list[Acquired]:
         """Acquire up to ``max_records`` available records in ``first..last`` (what a read of
         the log returned) for ``member_id``. Offsets in ``skip`` (control records, aborted
-        transactions) are archived instead of delivered. Never grows the window past the limit."""
+        transactions) are archived instead of delivered. Never grows the window past the limit.
+
+        ``batch_ends``: the last offsets of the batches read. Given, ``max_records`` is soft as
+        in Kafka's batch-optimized acquire mode: the batch holding the last record wanted is
+        acquired whole."""
         taken: list[tuple[int, int]] = []
         offset = max(first, self.start_offset)
-        while offset <= last and len(taken) < max_records:
+        while offset <= last:
+            if len(taken) >= max_records and (not batch_ends or offset - 1 in batch_ends):
+                break
             if offset >= self.next_offset:
                 if offset > self.next_offset or self.in_flight() >= limits.max_records_in_flight:
                     break

@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kafscale.broker.protocol.errors import ErrorCode
-from kafscale.broker.share.batches import covered_last, overlapping, skipped
+from kafscale.broker.share.batches import batch_ends, covered_last, overlapping, skipped
 from kafscale.broker.share.partition import (
     AckType,
     Acquired,
@@ -98,6 +98,17 @@ def test_in_flight_records_are_capped() -> None:
     sp.acknowledge("a", 0, 4, [ACCEPT], 0, LIMITS)
     assert sp.first_available(readable_end=100, limits=LIMITS) == 10
     assert sp.acquire("a", 10, 100, 100, 0, LIMITS) == [Acquired(10, 14, 1)]
+
+
+def test_max_records_is_soft_at_batch_boundaries() -> None:
+    """Kafka's batch-optimized acquire mode: the batch holding the last record wanted goes
+    whole (batches 0-4 and 5-9 here), never past the window's limit."""
+    sp = SharePartition(0)
+    ends = frozenset({4, 9, 14})
+    assert sp.acquire("a", 0, 14, 2, 0, LIMITS, batch_ends=ends) == [Acquired(0, 4, 1)]
+    assert sp.acquire("a", 5, 14, 6, 0, LIMITS, batch_ends=ends) == [Acquired(5, 9, 1)]
+    assert sp.in_flight() == 10  # the limit: nothing of 10-14 although it is one batch
+    assert sp.acquire("a", 10, 14, 1, 0, LIMITS, batch_ends=ends) == []
 
 
 def test_skipped_offsets_are_archived_never_delivered() -> None:
@@ -202,6 +213,7 @@ def test_batches_cover_skip_and_trim() -> None:
     data = plain + aborted + marker + committed
     assert covered_last(data) == 7
     assert covered_last(b"") is None
+    assert batch_ends(data) == {2, 4, 5, 7}
     assert skipped(data, [(7, 3)], read_committed=True) == [(3, 4), (5, 5)]
     assert skipped(data, [(7, 3)], read_committed=False) == [(5, 5)]
     assert overlapping(data, [Acquired(6, 6, 1)]) == committed
