@@ -100,6 +100,11 @@ class EtcdSettings(EtcdConnectionSettings):
     )
 
 
+class IsolationLevel(StrEnum):
+    READ_COMMITTED = "read_committed"
+    READ_UNCOMMITTED = "read_uncommitted"
+
+
 class StorageKind(StrEnum):
     S3 = "s3"
     LOCAL = "local"
@@ -327,6 +332,12 @@ class GroupSettings(_Section):
         le=10,
         description="group.share.delivery.count.limit: deliveries of a record before it is "
         "archived.",
+    )
+    share_isolation_level: IsolationLevel = Field(
+        IsolationLevel.READ_COMMITTED,
+        description="share.isolation.level for share groups without their own: read_committed "
+        "never delivers aborted records or an open transaction's (Kafka's own default is "
+        "read_uncommitted).",
     )
     share_partition_max_record_locks: int = Field(
         2000,

@@ -75,7 +75,8 @@ async def handle_share_group_heartbeat(request: Any, ctx: RequestContext) -> Bod
         if access.allowed(ctx, DESCRIBE, access.TOPIC, name)
     }
     try:
-        result = await runtime.share_heartbeat(heartbeat, topics)
+        ids = {name: ctx.broker.view.topics[name].topic_id for name in topics}
+        result = await runtime.share_heartbeat(heartbeat, topics, ids)
     except KafkaError as exc:
         result = HeartbeatResult(exc.code, str(exc) or None)
     return _heartbeat_body(ctx, result)

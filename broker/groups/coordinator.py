@@ -21,7 +21,7 @@ import logging
 from dataclasses import dataclass
 from typing import Protocol
 
-from kafscale.broker.config import GroupSettings
+from kafscale.broker.config import GroupSettings, IsolationLevel
 from kafscale.broker.groups.leases import GroupLeases, choose_coordinator
 from kafscale.broker.groups.model import GroupConfig, GroupState
 from kafscale.broker.groups.runtime import GroupRuntime
@@ -79,6 +79,7 @@ def share_config(settings: GroupSettings) -> ShareConfig:
         record_lock_duration_ms=settings.share_record_lock_duration_ms,
         delivery_count_limit=settings.share_delivery_count_limit,
         max_record_locks=settings.share_partition_max_record_locks,
+        read_committed=settings.share_isolation_level is IsolationLevel.READ_COMMITTED,
     )
 
 

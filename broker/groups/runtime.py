@@ -343,7 +343,10 @@ class GroupRuntime:
         return group_configs.share_config(self._config.share, self._own_configs())
 
     async def share_heartbeat(
-        self, request: ShareHeartbeat, topics: Mapping[str, int]
+        self,
+        request: ShareHeartbeat,
+        topics: Mapping[str, int],
+        topic_ids: Mapping[str, str] | None = None,
     ) -> HeartbeatResult:
         """ShareGroupHeartbeat. A group id that is a classic or consumer group (even one with
         only offsets) is GROUP_ID_NOT_FOUND, as Kafka answers; a share group is created by its
@@ -359,7 +362,7 @@ class GroupRuntime:
                 return HeartbeatResult(ErrorCode.UNKNOWN_MEMBER_ID, message)
             share = self.share = ShareGroup(self.group_id, self._share_config())
         share.config = self._share_config()
-        result = share.heartbeat(self._clock(), request, topics)
+        result = share.heartbeat(self._clock(), request, topics, topic_ids)
         stored = self._queue_share(share)
         if stored is None:
             return result

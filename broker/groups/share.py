@@ -100,6 +100,7 @@ class ShareGroup:
         self.assignment_epoch = group_epoch
         self.members: dict[str, ShareMember] = {}
         self.subscribed_partitions: dict[str, int] = {}
+        self.subscribed_ids: dict[str, str] = {}
 
     @property
     def state(self) -> str:
@@ -128,9 +129,15 @@ class ShareGroup:
         return expired
 
     def heartbeat(
-        self, now_ms: int, request: ShareHeartbeat, topics: Mapping[str, int]
+        self,
+        now_ms: int,
+        request: ShareHeartbeat,
+        topics: Mapping[str, int],
+        topic_ids: Mapping[str, str] | None = None,
     ) -> HeartbeatResult:
-        """``topics``: every topic's partition count now."""
+        """``topics``: every topic's partition count now; ``topic_ids``: their ids (a topic
+        deleted and created again keeps its name and count, not its id: members are sent
+        their assignment again, under the new id)."""
         if request.member_epoch == LEAVE_EPOCH:
             if request.member_id not in self.members:
                 message = f"member {request.member_id} is not in group {self.group_id}"
@@ -144,7 +151,7 @@ class ShareGroup:
         if names is not None and tuple(sorted(set(names))) != member.topic_names:
             member.topic_names = tuple(sorted(set(names)))
             self.group_epoch += 1
-        self._assign_if_needed(topics)
+        self._assign_if_needed(topics, topic_ids or {})
         member.epoch = self.group_epoch
         member.session_deadline_ms = now_ms + self.config.session_timeout_ms
         send = member.sent != member.assigned or names is not None
@@ -184,9 +191,16 @@ class ShareGroup:
             self.group_epoch += 1
             self.assignment_epoch = -1  # recomputed at the next heartbeat
 
-    def _assign_if_needed(self, topics: Mapping[str, int]) -> None:
+    def _assign_if_needed(self, topics: Mapping[str, int], topic_ids: Mapping[str, str]) -> None:
         wanted = self.subscribed_topics()
         subscribed = {t: n for t, n in topics.items() if t in wanted}
+        ids = {t: i for t, i in topic_ids.items() if t in wanted}
+        if ids != self.subscribed_ids:
+            self.subscribed_ids = ids
+            for member in self.members.values():
+                member.sent = None  # the assignment goes out again, under the current ids
+            if self.assignment_epoch == self.group_epoch:
+                self.group_epoch += 1
         if subscribed != self.subscribed_partitions:
             if self.assignment_epoch == self.group_epoch:
                 self.group_epoch += 1

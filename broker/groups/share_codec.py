@@ -19,6 +19,7 @@ def snapshot(group: ShareGroup) -> Document:
         "group_epoch": group.group_epoch,
         "assignment_epoch": group.assignment_epoch,
         "subscribed_partitions": dict(sorted(group.subscribed_partitions.items())),
+        "subscribed_ids": dict(sorted(group.subscribed_ids.items())),
         "members": [
             {
                 "member_id": m.member_id,
@@ -39,6 +40,9 @@ def restore(group_id: str, document: Document, config: ShareConfig, now_ms: int)
     group.assignment_epoch = int(document.get("assignment_epoch", group.group_epoch))
     group.subscribed_partitions = {
         str(t): int(n) for t, n in (document.get("subscribed_partitions") or {}).items()
+    }
+    group.subscribed_ids = {
+        str(t): str(i) for t, i in (document.get("subscribed_ids") or {}).items()
     }
     for entry in document.get("members") or ():
         member = ShareMember(

@@ -75,6 +75,12 @@ def loop_clock_ms() -> int:
     return int(asyncio.get_running_loop().time() * 1000)
 
 
+def _continues(entry: Entry, owner: OwnerView) -> bool:
+    """Whether ``entry`` is still this owner's: the same lease, the same topic (a topic deleted
+    and created again under its name starts its share-partitions over)."""
+    return entry.lease_revision == owner.lease_revision and entry.topic_id == owner.topic_id
+
+
 class ShareManager:
     def __init__(
         self,
@@ -107,10 +113,10 @@ class ShareManager:
     async def entry(self, key: EntryKey, owner: OwnerView, config: ShareConfig) -> Entry:
         """The share-partition, loaded or started if this owner has not got it yet."""
         found = self._entries.get(key)
-        if found is None or found.lease_revision != owner.lease_revision:
+        if found is None or not _continues(found, owner):
             async with self._loading:
                 found = self._entries.get(key)
-                if found is None or found.lease_revision != owner.lease_revision:
+                if found is None or not _continues(found, owner):
                     found = await self._load(key, owner, config)
                     self._entries[key] = found
         found.limits = limits_of(config)

@@ -231,6 +231,36 @@ def _delete(wire: KafkaWire, group: str) -> ErrorCode:
     return ErrorCode(result.error_code)
 
 
+def test_a_topic_created_again_starts_its_share_partitions_over(
+    broker_cluster: BrokerCluster,
+) -> None:
+    """A topic deleted and created again under its name is a new topic: a consumer that stays
+    subscribed is sent its assignment again under the new topic id and gets the new records
+    from the start; the old topic's share-partition state is not the new one's."""
+    broker = broker_cluster.start()
+    topics.create_topic(broker.bootstrap, "q", 1)
+    set_group_configs(broker.bootstrap, "again", EARLIEST)
+    produce(broker.bootstrap, "q", values(8, "old"))
+    got = Received()
+    fast_metadata = {"topic.metadata.refresh.interval.ms": 500}
+    consumer = share_consumer(broker.bootstrap, "again", "q", **fast_metadata)
+    try:
+        poll_until(consumer, got, lambda: len(got.records) >= 8)
+        admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+        admin.delete_topics(["q"])["q"].result(15)
+        deadline = time.monotonic() + 30
+        while "q" in admin.list_topics(timeout=5).topics:
+            assert time.monotonic() < deadline, "the topic was not deleted"
+            time.sleep(0.5)
+        topics.create_topic(broker.bootstrap, "q", 1)
+        produce(broker.bootstrap, "q", values(3, "new"))
+        poll_until(consumer, got, lambda: len(got.records) >= 11, timeout_s=60)
+    finally:
+        consumer.close()
+    assert got.values[8:] == values(3, "new")
+    assert [count for _, _, count in got.records[8:]] == [1, 1, 1]
+
+
 def _leader(bootstrap: str, topic: str) -> int:
     metadata = AdminClient({"bootstrap.servers": bootstrap}).list_topics(topic, timeout=15)
     return int(metadata.topics[topic].partitions[0].leader)

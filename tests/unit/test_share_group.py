@@ -90,6 +90,15 @@ def test_a_new_partition_moves_the_group_epoch() -> None:
     assert grown.member_epoch == 2 and grown.assignment is not None and len(grown.assignment) == 3
 
 
+def test_a_topic_created_again_sends_the_assignment_again() -> None:
+    """Same name, same partition count, a new id: the members must learn the new id."""
+    group = ShareGroup("g", CONFIG)
+    group.heartbeat(0, beat("a", 0), TOPICS, {"t": "old", "u": "u1"})
+    assert group.heartbeat(10, beat("a", 1, None), TOPICS, {"t": "old"}).assignment is None
+    again = group.heartbeat(20, beat("a", 1, None), TOPICS, {"t": "new", "u": "u1"})
+    assert again.member_epoch == 2 and again.assignment == frozenset({("t", 0), ("t", 1)})
+
+
 def test_the_document_restores_members_at_their_epochs() -> None:
     group = ShareGroup("g", CONFIG)
     group.heartbeat(0, beat("a", 0), TOPICS)
