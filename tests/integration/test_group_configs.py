@@ -48,6 +48,7 @@ SHARE_DEFAULTS = {
     "share.heartbeat.interval.ms": ("5000", 5),
     "share.record.lock.duration.ms": ("30000", 5),
     "share.delivery.count.limit": ("5", 5),
+    "share.partition.max.record.locks": ("2000", 5),
     "share.auto.offset.reset": ("latest", 5),
     "share.isolation.level": ("read_committed", 5),
 }
