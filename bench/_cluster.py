@@ -37,13 +37,13 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-import crc32c
 from pydantic import SecretStr
 
 from kafscale.broker.child_process import BrokerProcess, free_port_run
 from kafscale.broker.config import StorageKind, StorageSettings
 from kafscale.broker.metadata.embedded_etcd import EmbeddedEtcd
 from kafscale.broker.protocol import codec
+from kafscale.broker.protocol.batch_encoder import encode_batch, encode_record
 
 ACCESS_KEY = "bench"
 SECRET_KEY = "bench"
@@ -342,29 +342,12 @@ class RawKafka:
         return -1
 
 
-def _varint(value: int) -> bytes:
-    zigzag = (value << 1) ^ (value >> 63)
-    out = bytearray()
-    while zigzag & ~0x7F:
-        out.append((zigzag & 0x7F) | 0x80)
-        zigzag >>= 7
-    out.append(zigzag)
-    return bytes(out)
-
-
 def make_batch(values: Sequence[bytes], timestamp_ms: int | None = None) -> bytes:
-    """An uncompressed v2 record batch (no key, no headers) with a correct CRC32C."""
+    """An uncompressed v2 record batch (no key, no headers) with a correct CRC32C, laid out by
+    the broker's own batch encoder."""
     ts = int(time.time() * 1000) if timestamp_ms is None else timestamp_ms
-    records = b""
-    for i, value in enumerate(values):
-        body = b"\x00" + _varint(0) + _varint(i) + _varint(-1) + _varint(len(value)) + value
-        body += _varint(0)
-        records += _varint(len(body)) + body
-    after_crc = (
-        struct.pack(">hiqqqhii", 0, len(values) - 1, ts, ts, -1, -1, -1, len(values)) + records
-    )
-    head = struct.pack(">qiibI", 0, 4 + 1 + 4 + len(after_crc), 0, 2, crc32c.crc32c(after_crc))
-    return head + after_crc
+    records = b"".join(encode_record(i, 0, None, value) for i, value in enumerate(values))
+    return encode_batch(records, len(values), base_timestamp=ts, max_timestamp=ts)
 
 
 # --- measuring ----------------------------------------------------------------------------------

@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import ipaddress
+import os
 import statistics
 import subprocess
 import sys
@@ -37,7 +38,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from kafscale.broker.child_process import KAFSCALE, BrokerProcess, free_port_run
+from kafscale.broker.child_process import KAFSCALE, BrokerProcess, child_env, free_port_run
 
 USER, PASSWORD = "bench", "bench-password"
 RECORD = b"x" * 1024
@@ -97,6 +98,7 @@ def start_broker(stack: Stack) -> tuple[BrokerProcess, dict[str, Any], dict[str,
     created = subprocess.run(
         [*users, "create", USER, "--password-stdin", "--mechanism", "SCRAM-SHA-512"],
         input=PASSWORD + "\n",
+        env=child_env(os.environ),  # without Hypothesis, as the brokers start
         capture_output=True,
         text=True,
         check=False,

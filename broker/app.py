@@ -52,7 +52,7 @@ from kafscale.broker.security.inter_broker import (
     inter_broker_context,
     inter_broker_link,
     inter_broker_reloader,
-    missing_login,
+    missing_login_warning,
 )
 from kafscale.broker.security.listeners import Listener, advertised_address, internal_listener
 from kafscale.broker.security.tls import CertificateReloader, TlsConfigError, server_context
@@ -100,6 +100,8 @@ class Broker:
     ready: bool = False
     draining: bool = False
     pod_name: str | None = None
+    cluster_size: int | None = None
+    """How many brokers the cluster has, when its launcher knows it (``kafscale local``)."""
     _inter_broker: ssl.SSLContext | None = None  # TLS toward other brokers (inter_broker.*)
     _tasks: list[asyncio.Task[None]] = field(default_factory=list)
     quota_enforcer: QuotaEnforcer = field(init=False)
@@ -139,7 +141,9 @@ class Broker:
     # --- start-up ----------------------------------------------------------------------------
 
     @classmethod
-    async def start(cls, settings: BrokerSettings, pod_name: str | None = None) -> Broker:
+    async def start(
+        cls, settings: BrokerSettings, pod_name: str | None = None, cluster_size: int | None = None
+    ) -> Broker:
         store: ObjectStore = InstrumentedStore(open_object_store(settings.storage))
         try:
             await store.check()
@@ -169,6 +173,7 @@ class Broker:
             fetch_sessions=FetchSessionCache(settings.limits.fetch_sessions),
             produce_budget=ByteBudget(settings.limits.max_buffered_produce_bytes),
             pod_name=pod_name,
+            cluster_size=cluster_size,
         )
         await broker._start_serving()
         return broker
@@ -196,7 +201,7 @@ class Broker:
             names = ", ".join(f"{e.listener.host}:{e.listener.port}" for e in endpoints)
             raise StartupError(f"cannot listen on {names}: {exc}") from exc
         self._inter_broker = inter_broker
-        problem = missing_login(self.settings)
+        problem = missing_login_warning(self.settings, self.cluster_size)
         if problem:
             log.warning("%s", problem)
         inter_reloader = inter_broker_reloader(self.settings, inter_broker)

@@ -6,15 +6,18 @@ the same few things from each: wait for ``/readyz``, read ``/status``, send sign
 play a hung broker, SIGTERM for the graceful handoff, SIGKILL for a crash) and show the log's
 tail when something goes wrong. One class serves both, so a fix to start-up detection or
 clean-up reaches tests and benches alike; so do the free ports a child is given to listen on
-(``free_ports.free_port_run``, importable from here too).
+(``free_ports.free_port_run``, importable from here too), and so does the environment a child
+starts with (``child_env``): without Hypothesis, which kio would otherwise import.
 """
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,6 +26,24 @@ from kafscale.broker.admin_http import admin_request
 from kafscale.broker.free_ports import free_port_run as free_port_run  # its first home
 
 KAFSCALE = str(Path(sys.executable).with_name("kafscale"))
+NO_HYPOTHESIS = Path(__file__).resolve().parents[1] / "tests" / "harness" / "no_hypothesis"
+"""A ``hypothesis`` package that refuses to import. kio imports ``hypothesis.strategies``
+whenever it can and registers a strategy for each of its types: ~0.1 s of CPU per process that
+imports the broker, which the dev venv (it has Hypothesis for the property tests) would
+otherwise cost every broker, proxy and CLI child of the tests and of the benches run by hand.
+Absent outside a source checkout (an installed wheel has no Hypothesis either)."""
+
+
+def child_env(base: Mapping[str, str]) -> dict[str, str]:
+    """``base`` with ``NO_HYPOTHESIS`` first on ``PYTHONPATH`` (once: applying it again
+    changes nothing), for a child that imports kafscale."""
+    if not NO_HYPOTHESIS.is_dir():
+        return dict(base)
+    shim = str(NO_HYPOTHESIS)
+    paths = [p for p in (base.get("PYTHONPATH") or "").split(os.pathsep) if p and p != shim]
+    return {**base, "PYTHONPATH": os.pathsep.join([shim, *paths])}
+
+
 _STOPPING_SIGNALS = (signal.SIGTERM, signal.SIGKILL, signal.SIGINT)
 
 
@@ -60,7 +81,7 @@ class BrokerProcess:
         tail if the process exits or is not ready in time."""
         with self.log_path.open("ab") as log:
             self.process = subprocess.Popen(
-                self.command, env=self.env, stdout=log, stderr=subprocess.STDOUT
+                self.command, env=child_env(self.env), stdout=log, stderr=subprocess.STDOUT
             )
         self.stopping = False
         self.wait_ready(timeout_s)

@@ -13,10 +13,11 @@ import os
 import signal
 import sys
 from pathlib import Path
+from typing import Protocol
 
 from pydantic import ValidationError
 
-from kafscale.broker.admin_http import admin_request, read_token
+from kafscale.broker import drain_hook
 from kafscale.broker.app import Broker, StartupError
 from kafscale.broker.authz.cli import add_acls_parser, run_acls
 from kafscale.broker.config import BrokerSettings
@@ -59,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
         "proxy": _cmd_proxy,
         "local": _cmd_local,
         "operator": _cmd_operator,
-        "drain": _cmd_drain,
+        "drain": drain_hook.drain,
         "status": _cmd_status,
         "config-reference": _cmd_config_reference,
         "users": _cmd_users,
@@ -95,13 +96,7 @@ def _parser() -> argparse.ArgumentParser:
     add_settings_flags(local)
     commands.add_parser("operator", help="run the Kubernetes operator")
     drain = commands.add_parser("drain", help="ask a broker to hand its partitions over")
-    drain.add_argument("--admin-url", default="http://127.0.0.1:8080")
-    drain.add_argument("--timeout-s", type=float, default=60.0)
-    drain.add_argument(
-        "--token-file",
-        default=os.environ.get("KAFSCALE_ADMIN__TOKEN_FILE"),
-        help="file with the admin bearer token (default: $KAFSCALE_ADMIN__TOKEN_FILE)",
-    )
+    drain_hook.add_arguments(drain)
     add_users_parser(commands)
     add_acls_parser(commands, add_settings_flags)
     status = commands.add_parser(
@@ -150,7 +145,17 @@ def _cmd_broker(args: argparse.Namespace) -> int:
 
 
 async def _serve_broker(settings: BrokerSettings) -> None:
-    broker = await Broker.start(settings, pod_name=os.environ.get("KAFSCALE_POD_NAME"))
+    await _serve_until_signalled(
+        await Broker.start(settings, pod_name=os.environ.get("KAFSCALE_POD_NAME"))
+    )
+
+
+class _Service(Protocol):
+    async def shutdown(self) -> None: ...
+
+
+async def _serve_until_signalled(service: _Service) -> None:
+    """Serve until SIGINT or SIGTERM, then shut ``service`` down (its own graceful order)."""
     freeze_startup_objects()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -159,7 +164,7 @@ async def _serve_broker(settings: BrokerSettings) -> None:
     try:
         await stop.wait()
     finally:
-        await broker.shutdown()
+        await service.shutdown()
 
 
 def _cmd_proxy(args: argparse.Namespace) -> int:
@@ -173,16 +178,7 @@ def _cmd_proxy(args: argparse.Namespace) -> int:
 
 
 async def _serve_proxy(settings: ProxySettings) -> None:
-    proxy = await Proxy.start(settings)
-    freeze_startup_objects()
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(signum, stop.set)
-    try:
-        await stop.wait()
-    finally:
-        await proxy.shutdown()
+    await _serve_until_signalled(await Proxy.start(settings))
 
 
 def _cmd_local(args: argparse.Namespace) -> int:
@@ -213,17 +209,6 @@ def _cmd_operator(args: argparse.Namespace) -> int:
 
     run_operator()
     return 0
-
-
-def _cmd_drain(args: argparse.Namespace) -> int:
-    try:
-        token = read_token(args.token_file)
-        status, body = admin_request(args.admin_url, "POST", "/drain", args.timeout_s, token)
-    except OSError as exc:
-        print(f"kafscale drain: {exc}", file=sys.stderr)
-        return 1
-    print(body)
-    return 0 if status == 200 else 1
 
 
 def _cmd_status(args: argparse.Namespace) -> int:

@@ -24,8 +24,8 @@ from kafscale.broker.admin_http import admin_request, read_token
 TOKEN_FILE_ENV = "KAFSCALE_ADMIN__TOKEN_FILE"
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="kafscale-drain", description=__doc__)
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The hook's flags, also those of ``kafscale drain``."""
     parser.add_argument("--admin-url", default="http://127.0.0.1:8080")
     parser.add_argument("--timeout-s", type=float, default=60.0)
     parser.add_argument(
@@ -33,7 +33,10 @@ def main(argv: list[str] | None = None) -> int:
         default=os.environ.get(TOKEN_FILE_ENV),
         help=f"file with the admin bearer token (default: ${TOKEN_FILE_ENV})",
     )
-    args = parser.parse_args(argv)
+
+
+def drain(args: argparse.Namespace) -> int:
+    """POST /drain and print the answer: 0 if the broker handed its partitions over."""
     try:
         token = read_token(args.token_file)
         status, body = admin_request(args.admin_url, "POST", "/drain", args.timeout_s, token)
@@ -42,6 +45,12 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     print(body)
     return 0 if status == 200 else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="kafscale-drain", description=__doc__)
+    add_arguments(parser)
+    return drain(parser.parse_args(argv))
 
 
 if __name__ == "__main__":

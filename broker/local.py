@@ -303,7 +303,7 @@ async def _start_all(
         settings = local_settings(base, options, etcd_url, index, pki)
         if settings.storage.kind is StorageKind.S3 and index == 0:
             await _prepare_bucket(settings)
-        started.brokers.append(await Broker.start(settings))
+        started.brokers.append(await Broker.start(settings, cluster_size=options.brokers))
     if options.proxy:
         started.proxy = await Proxy.start(local_proxy_settings(base, options, etcd_url, pki))
 

@@ -90,6 +90,12 @@ class Mute:
 
     until: float = 0.0
 
+    def remaining_s(self, clock: Callable[[], float]) -> float:
+        """How long the connection's next request must wait (0: at once), by the event loop's
+        ``clock``. A plain call, no await and no clock read for a connection never muted: it
+        runs before every request."""
+        return max(self.until - clock(), 0.0) if self.until else 0.0
+
 
 @dataclass(frozen=True, slots=True)
 class ServerEndpoint:
@@ -391,13 +397,16 @@ class KafkaServer:
         connection: Connection,
     ) -> None:
         running: set[asyncio.Task[bytes | None]] = set()  # started, not done
+        clock = asyncio.get_running_loop().time
         # read_charged_frame returns None at the end of the stream and once the server stops.
         while (taken := await protocol.read_charged_frame()) is not None:
             frame, charge = taken
             connection.in_flight += 1
             alone = runs_alone(frame)
             try:
-                await _unmuted(connection)
+                delay_s = connection.muted.remaining_s(clock)
+                if delay_s > 0:  # a later mute (set while waiting) applies from the next request
+                    await asyncio.sleep(delay_s)
                 await slots.acquire()
                 await budget.take(len(frame))
                 if alone and running:  # Kafka's order: earlier requests are processed first
@@ -415,13 +424,6 @@ class KafkaServer:
                 running.add(task)
                 task.add_done_callback(running.discard)
         in_order.put_nowait(None)
-
-
-async def _unmuted(connection: Connection) -> None:
-    """Wait out a quota throttle before starting the connection's next request."""
-    delay = connection.muted.until - asyncio.get_running_loop().time()
-    if delay > 0:  # a later mute (set while waiting) applies from the next request
-        await asyncio.sleep(delay)
 
 
 async def _write_in_order(

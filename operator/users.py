@@ -205,14 +205,7 @@ def password_in(secret: dict[str, Any] | None, owner_uid: str) -> str | None:
     if not any(o.get("uid") == owner_uid for o in owners):
         name = (secret.get("metadata") or {}).get("name")
         raise SecretConflict(f"Secret {name} exists and is not owned by this KafScaleUser")
-    encoded = (secret.get("data") or {}).get(SECRET_PASSWORD_KEY)
-    if not encoded:
-        return None
-    try:
-        password = base64.b64decode(encoded, validate=True).decode()
-    except (ValueError, UnicodeDecodeError):
-        return None
-    return password or None
+    return password_from_ref(secret, SECRET_PASSWORD_KEY)
 
 
 def password_from_ref(secret: dict[str, Any] | None, key: str) -> str | None:

@@ -14,5 +14,6 @@ pytest_plugins = [
     "harness.s3",
     "harness.brokers",
     "harness.prometheus",
+    "harness.postgres",
     "harness.workers",
 ]

@@ -3,8 +3,9 @@
 The state machine (``group.Group``) decides; this class turns its answers into awaited
 responses (one future per waiting JoinGroup/SyncGroup, keyed by ticket), runs its deadlines
 (session expiry, rebalance and initial-delay timeouts) from one timer task, and performs its
-``Store`` effects in order from one writer task. Offsets are cached here after each fenced
-commit, so OffsetFetch never reads etcd.
+``Store`` effects in order from one writer task. The group's committed offsets are kept by
+``offsets.GroupOffsets`` (cached after each fenced commit, so OffsetFetch never reads etcd);
+this class decides whether a member may touch them.
 
 A failed fence (the lease is no longer ours) calls ``on_lost``: the coordinator then unloads
 the group and every waiting member is told NOT_COORDINATOR.
@@ -44,6 +45,7 @@ from kafscale.broker.groups.model import (
     SyncRequest,
     SyncResult,
 )
+from kafscale.broker.groups.offsets import GroupOffsets
 from kafscale.broker.groups.share import ShareConfig, ShareGroup, ShareHeartbeat
 from kafscale.broker.groups.share_codec import restore as restore_share
 from kafscale.broker.groups.share_codec import snapshot as snapshot_share
@@ -111,19 +113,23 @@ class GroupRuntime:
             self.group = Group.from_record(group_id, config, loaded.record, now)
         elif loaded.offsets:
             self.group = Group(group_id, config, now)
-        self.offsets: dict[TopicPartition, CommittedOffset] = dict(loaded.offsets)
-        # Partitions with an offset committed in an open transaction: its coordinator makes
-        # it visible (or drops it) in etcd, so these are read again before being answered.
-        self.pending_txn: set[TopicPartition] = set(loaded.pending)
         self.closed = False
+        self._offsets = GroupOffsets(
+            group_id, fence, store, loaded, lambda: self.closed, self._lose
+        )
         self._waiters: dict[int, asyncio.Future[JoinResult | SyncResult]] = {}
         self._wake = asyncio.Event()
         self._stores: asyncio.Queue[Store] = asyncio.Queue()
-        self._commit_lock = asyncio.Lock()
         self._tasks = [
             asyncio.create_task(self._run_timers(), name=f"group-timers-{group_id}"),
             asyncio.create_task(self._run_stores(), name=f"group-stores-{group_id}"),
         ]
+
+    @property
+    def offsets(self) -> Mapping[TopicPartition, CommittedOffset]:
+        """The committed offsets as this coordinator holds them (read-only: writes go through
+        ``commit``, ``delete_offsets`` and the transaction path)."""
+        return self._offsets.cache
 
     @property
     def state(self) -> GroupState | None:
@@ -421,11 +427,13 @@ class GroupRuntime:
     ) -> ErrorCode:
         if self.closed:
             return ErrorCode.NOT_COORDINATOR
+        if self.share is not None:
+            return ErrorCode.GROUP_ID_NOT_FOUND  # a share group has no committed offsets
         if self.consumer is not None:
             error = self.consumer.validate_commit(member_id, generation, version)
             if error is not ErrorCode.NONE or not offsets:
                 return error
-            return await self._save_offsets(offsets)
+            return await self._offsets.save(offsets)
         group = self.group
         if group is None:
             if generation >= 0:
@@ -435,59 +443,17 @@ class GroupRuntime:
         self._apply(group.take_effects())
         if error is not ErrorCode.NONE or not offsets:
             return error
-        return await self._save_offsets(offsets)
-
-    async def _save_offsets(self, offsets: Mapping[TopicPartition, CommittedOffset]) -> ErrorCode:
-        async with self._commit_lock:
-            if self.closed:
-                return ErrorCode.NOT_COORDINATOR
-            try:
-                stored = await self._store.save_offsets(self.group_id, offsets, self.fence)
-            except MetadataUnavailable as exc:
-                log.warning("offset commit for group %s: %s", self.group_id, exc)
-                return ErrorCode.REQUEST_TIMED_OUT
-            if not stored:
-                self._lose("offset commit fenced: the group lease is no longer ours")
-                return ErrorCode.NOT_COORDINATOR
-            self.offsets.update(offsets)
-        return ErrorCode.NONE
+        return await self._offsets.save(offsets)
 
     async def delete_offsets(
         self, partitions: list[TopicPartition]
     ) -> tuple[ErrorCode, dict[TopicPartition, ErrorCode]]:
-        """OffsetDelete: (group error, per-partition answers). Decided (``offset_delete``) and
-        done under the commit lock, as Kafka's group lock makes it: a commit in flight lands
-        first and is deleted; a member that joined while this waited keeps its topics. The
-        offsets leave this cache with the decision (what OffsetFetch answers from), then etcd;
-        if etcd cannot be reached they come back and the request fails."""
-        async with self._commit_lock:
-            if self.closed:
-                return ErrorCode.NOT_COORDINATOR, {}
-            deletion = offset_delete.decide(self.group, self.consumer, {t for t, _ in partitions})
-            if deletion.error is not ErrorCode.NONE:
-                return deletion.error, {}
-            answers = deletion.answers(partitions)
-            doomed = {
-                tp: self.offsets.pop(tp)
-                for tp, code in answers.items()
-                if code is ErrorCode.NONE and tp in self.offsets
-            }
-            error = await self._delete_stored(list(doomed)) if doomed else ErrorCode.NONE
-            if error is not ErrorCode.NONE:
-                self.offsets.update(doomed)
-                return error, {}
-        return ErrorCode.NONE, answers
-
-    async def _delete_stored(self, partitions: list[TopicPartition]) -> ErrorCode:
-        try:
-            removed = await self._store.delete_offsets(self.group_id, partitions, self.fence)
-        except MetadataUnavailable as exc:
-            log.warning("offset delete for group %s: %s", self.group_id, exc)
-            return ErrorCode.COORDINATOR_NOT_AVAILABLE
-        if not removed:
-            self._lose("offset delete fenced: the group lease is no longer ours")
-            return ErrorCode.NOT_COORDINATOR
-        return ErrorCode.NONE
+        """OffsetDelete: (group error, per-partition answers), decided (``offset_delete``) on
+        the group as it is once no commit is in flight (``GroupOffsets.delete``)."""
+        return await self._offsets.delete(
+            partitions,
+            lambda: offset_delete.decide(self.group, self.consumer, {t for t, _ in partitions}),
+        )
 
     def validate_fetch(self, member_id: str | None, member_epoch: int) -> ErrorCode:
         """OffsetFetch v9+: a consumer-protocol member must name its current epoch."""
@@ -517,55 +483,24 @@ class GroupRuntime:
         offsets: Mapping[TopicPartition, CommittedOffset],
         write: Callable[[], Awaitable[ErrorCode]],
     ) -> ErrorCode:
-        """TxnOffsetCommit: ``write`` puts ``offsets`` in etcd as pending in their transaction;
-        once it did, they are tracked as pending. Under the commit lock, so a re-read of the
-        pending offsets (``settle_pending``) never runs across it."""
-        async with self._commit_lock:
-            if self.closed:
-                return ErrorCode.NOT_COORDINATOR
-            error = await write()
-            if error is ErrorCode.NONE:
-                self.pending_txn.update(offsets)
-            return error
+        """TxnOffsetCommit's write (``GroupOffsets.add_pending``)."""
+        return await self._offsets.add_pending(offsets, write)
 
     async def settle_pending(self, partitions: list[TopicPartition] | None) -> set[TopicPartition]:
-        """Re-read offsets that were pending in a transaction (its coordinator may have made
-        them visible since); the requested partitions still pending. Every partition that was
-        pending takes its stored offset, asked or not: the re-read stops tracking all of them
-        (a transaction's offsets for p1, settled while p0 was asked, stayed stale for good).
-
-        Under the commit lock: what was read is applied before any commit, deletion or
-        TxnOffsetCommit of this group goes on. (Without it, a TxnOffsetCommit landing during
-        the read was dropped from ``pending_txn``, its offset never read again once its
-        transaction committed; and a commit landing during the read was overwritten here by
-        the older offset read.)"""
-        if not self._pending_asked(partitions):
-            return set()  # the common case: nothing pending, no lock, no etcd read
-        async with self._commit_lock:
-            asked = self._pending_asked(partitions)
-            if not asked or self.closed:
-                return asked
-            loaded = await self._store.load(self.group_id)
-            for tp in self.pending_txn:
-                committed = loaded.offsets.get(tp)
-                if committed is not None:
-                    self.offsets[tp] = committed
-            self.pending_txn = set(loaded.pending)
-            if self.group is None and self.consumer is None and loaded.offsets:
-                self.group = Group(self.group_id, self._config, self._clock())
-            return asked & self.pending_txn
-
-    def _pending_asked(self, partitions: list[TopicPartition] | None) -> set[TopicPartition]:
-        return set(self.pending_txn) if partitions is None else self.pending_txn & set(partitions)
+        """The requested partitions whose offsets are still pending in a transaction, after a
+        re-read (``GroupOffsets.settle_pending``). Offsets found for a group nobody joined make
+        it a group (one that only ever committed offsets)."""
+        still_pending, loaded = await self._offsets.settle_pending(partitions)
+        if loaded is not None and loaded.offsets and self.group is None and self.consumer is None:
+            self.group = Group(self.group_id, self._config, self._clock())
+        return still_pending
 
     def committed(
         self, partitions: list[TopicPartition] | None
     ) -> dict[TopicPartition, CommittedOffset | None]:
         """Committed offsets of ``partitions`` (None when nothing is committed), or all."""
         self._check_open()
-        if partitions is None:
-            return dict(sorted(self.offsets.items()))
-        return {tp: self.offsets.get(tp) for tp in partitions}
+        return self._offsets.committed(partitions)
 
     async def delete(self) -> ErrorCode:
         """DeleteGroups: an Empty group's metadata, offsets and lease go."""
@@ -582,17 +517,7 @@ class GroupRuntime:
             error = self.group.delete()
             if error is not ErrorCode.NONE:
                 return error
-        error = ErrorCode.NONE
-        async with self._commit_lock:
-            try:
-                deleted = await self._store.delete_group(self.group_id, self.fence)
-            except MetadataUnavailable as exc:
-                log.warning("deleting group %s: %s", self.group_id, exc)
-                deleted = False
-                error = ErrorCode.COORDINATOR_NOT_AVAILABLE
-            if not deleted and error is ErrorCode.NONE:
-                error = ErrorCode.NOT_COORDINATOR
-        self.offsets.clear()
+        error = await self._offsets.delete_group()
         self._lose("group deleted" if error is ErrorCode.NONE else "group deletion failed")
         return error
 

@@ -189,18 +189,34 @@ def parse_group_key(cluster: str, key: str) -> tuple[str, TopicPartition | None]
     return keys.group_from_key_part(group), (topic, int(partition))
 
 
-def _pending_partition(relative: str) -> TopicPartition | None:
-    """``<producer id>/<topic>/<p>`` (a transactional offset's key) → (topic, p)."""
-    _pid, sep, rest = relative.partition("/")
+def parse_pending_key(relative: str) -> tuple[int, TopicPartition] | None:
+    """``<producer id>/<topic>/<p>`` (a transactional offset's key under the group's
+    ``txn-offsets/``) → (producer id, (topic, p)); None if malformed."""
+    pid, sep, rest = relative.partition("/")
     topic, sep2, partition = rest.rpartition("/")
-    if not (sep and sep2) or not partition.isdigit():
+    if not (sep and sep2) or not partition.isdigit() or not pid.lstrip("-").isdigit():
         return None
-    return topic, int(partition)
+    return int(pid), (topic, int(partition))
 
 
 def _chunks(ops: list[Op], size: int) -> Iterable[list[Op]]:
     for start in range(0, len(ops), size):
         yield ops[start : start + size]
+
+
+def _packed(groups: list[list[Op]], size: int) -> Iterable[list[Op]]:
+    """The ops in chunks of at most ``size``, a group never split unless larger than that."""
+    chunk: list[Op] = []
+    for group in groups:
+        if chunk and len(chunk) + len(group) > size:
+            yield chunk
+            chunk = []
+        chunk.extend(group)
+        while len(chunk) > size:
+            yield chunk[:size]
+            chunk = chunk[size:]
+    if chunk:
+        yield chunk
 
 
 # --- the store --------------------------------------------------------------------------------
@@ -226,9 +242,9 @@ class GroupStore:
                 record = decode_group(entry.value)
                 continue
             if entry.key.startswith(pending_prefix):
-                tp = _pending_partition(entry.key[len(pending_prefix) :])
-                if tp is not None:
-                    pending.add(tp)
+                parsed_pending = parse_pending_key(entry.key[len(pending_prefix) :])
+                if parsed_pending is not None:
+                    pending.add(parsed_pending[1])
                 continue
             parsed = parse_group_key(self._cluster, entry.key)
             if parsed is None or parsed[0] != group_id or parsed[1] is None:
@@ -257,21 +273,47 @@ class GroupStore:
         return True
 
     async def delete_offsets(
-        self, group_id: str, partitions: Iterable[TopicPartition], fence: Fence
+        self,
+        group_id: str,
+        partitions: Iterable[TopicPartition],
+        fence: Fence,
+        pending: Iterable[TopicPartition] = (),
     ) -> bool:
-        """OffsetDelete: remove committed offsets, fenced like commits; False if fenced."""
-        ops: list[Op] = [
-            delete_op(keys.group_offset_key(self._cluster, group_id, topic, p))
-            for topic, p in partitions
-        ]
-        for chunk in _chunks(ops, MAX_OPS_PER_TXN):
+        """OffsetDelete: remove committed offsets, fenced like commits; False if fenced.
+
+        ``pending``: those of ``partitions`` that may have an offset pending in an open
+        transaction. Those go too, as Kafka's offset tombstone drops them
+        (``OffsetMetadataManager.replay``): the transaction's commit must not bring back an
+        offset deleted after it was sent. A partition's keys go in one etcd transaction."""
+        doomed = list(dict.fromkeys(partitions))
+        by_partition: dict[TopicPartition, list[Op]] = {
+            (topic, p): [delete_op(keys.group_offset_key(self._cluster, group_id, topic, p))]
+            for topic, p in doomed
+        }
+        if set(pending) & set(doomed):
+            for key, tp in await self._pending_keys(group_id):
+                if tp in by_partition:
+                    by_partition[tp].append(delete_op(key))
+        for chunk in _packed(list(by_partition.values()), MAX_OPS_PER_TXN):
             result = await self._etcd.txn(fence.compares(), chunk)
             if not result.succeeded:
                 return False
         return True
 
+    async def _pending_keys(self, group_id: str) -> list[tuple[str, TopicPartition]]:
+        """(key, partition) of every offset of the group pending in an open transaction."""
+        prefix = keys.group_txn_offsets_prefix(self._cluster, group_id)
+        found = []
+        for entry in await self._etcd.get_prefix(prefix):
+            parsed = parse_pending_key(entry.key[len(prefix) :])
+            if parsed is not None:
+                found.append((entry.key, parsed[1]))
+        return found
+
     async def delete_group(self, group_id: str, fence: Fence) -> bool:
-        """Delete metadata, offsets and finally the lease itself; False if fenced."""
+        """Delete metadata, offsets (those pending in open transactions too, as Kafka's
+        ``deleteAllOffsets`` does: a transaction committing later must not bring the group's
+        offsets back) and finally the lease itself; False if fenced."""
         entries = await self._etcd.get_prefix(keys.group_prefix(self._cluster, group_id))
         ops: list[Op] = [delete_op(entry.key) for entry in entries if self._owned(group_id, entry)]
         chunks = list(_chunks(ops, MAX_OPS_PER_TXN)) or [[]]
@@ -302,5 +344,8 @@ class GroupStore:
         return sorted(found.values(), key=lambda g: g.group_id)
 
     def _owned(self, group_id: str, entry: KeyValue) -> bool:
+        pending_prefix = keys.group_txn_offsets_prefix(self._cluster, group_id)
+        if entry.key.startswith(pending_prefix):
+            return parse_pending_key(entry.key[len(pending_prefix) :]) is not None
         parsed = parse_group_key(self._cluster, entry.key)
         return parsed is not None and parsed[0] == group_id

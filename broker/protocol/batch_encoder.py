@@ -1,8 +1,9 @@
 """Kafka v2 record batches built from records: the layout, the varints, the CRC32C.
 
-The broker builds batches in one place only, when a pre-0.11 client produces a message set
-(``legacy_messages.to_record_batch``); the tests build them the same way, so a batch a test
-sends is laid out by the code the broker trusts rather than by a second hand-written copy.
+The broker builds batches with it when a pre-0.11 client produces a message set
+(``legacy_messages.to_record_batch``) and for transaction markers (``control_batch``); the tests
+and the benches build them the same way, so a batch a test sends is laid out by the code the
+broker trusts rather than by a second hand-written copy.
 Records are encoded as given: compressing them (and setting the codec bits in ``attributes``)
 is the caller's business.
 """

@@ -11,8 +11,7 @@ from __future__ import annotations
 
 import struct
 
-import crc32c
-
+from kafscale.broker.protocol.batch_encoder import encode_batch, encode_record
 from kafscale.broker.protocol.record_batch import HEADER_SIZE, InvalidBatch, read_header
 
 ABORT = 0
@@ -20,38 +19,6 @@ COMMIT = 1
 CONTROL_ATTRIBUTES = 0x10 | 0x20  # transactional | control, uncompressed, CreateTime
 _MARKER_KEY = struct.Struct(">hh")  # version, type
 _MARKER_VALUE = struct.Struct(">hi")  # version, coordinator epoch
-_AFTER_CRC = struct.Struct(">hiqqqhii")
-_BEFORE_CRC = struct.Struct(">qiibI")
-_CRC_START = 21
-
-
-def _varint(value: int) -> bytes:
-    """Kafka's zig-zag signed varint."""
-    zigzag = (value << 1) ^ (value >> 63)
-    out = bytearray()
-    while zigzag & ~0x7F:
-        out.append((zigzag & 0x7F) | 0x80)
-        zigzag >>= 7
-    out.append(zigzag)
-    return bytes(out)
-
-
-def _marker_record(commit: bool, coordinator_epoch: int) -> bytes:
-    key = _MARKER_KEY.pack(0, COMMIT if commit else ABORT)
-    value = _MARKER_VALUE.pack(0, coordinator_epoch)
-    body = b"".join(
-        [
-            b"\x00",  # record attributes
-            _varint(0),  # timestamp delta
-            _varint(0),  # offset delta
-            _varint(len(key)),
-            key,
-            _varint(len(value)),
-            value,
-            _varint(0),  # headers
-        ]
-    )
-    return _varint(len(body)) + body
 
 
 def encode_marker(
@@ -62,20 +29,20 @@ def encode_marker(
     timestamp_ms: int,
     partition_leader_epoch: int = -1,
 ) -> bytes:
-    """A one-record control batch at base offset 0 (the append assigns the real one)."""
-    after_crc = _AFTER_CRC.pack(
-        CONTROL_ATTRIBUTES,
-        0,  # last offset delta
-        timestamp_ms,
-        timestamp_ms,
-        producer_id,
-        producer_epoch,
-        -1,  # base sequence: markers carry none
-        1,  # record count
-    ) + _marker_record(commit, coordinator_epoch)
-    batch_length = 4 + 1 + 4 + len(after_crc)
-    head = _BEFORE_CRC.pack(0, batch_length, partition_leader_epoch, 2, crc32c.crc32c(after_crc))
-    return head + after_crc
+    """A one-record control batch at base offset 0 (the append assigns the real one), laid
+    out by the broker's one batch encoder: no sequence (markers carry none)."""
+    key = _MARKER_KEY.pack(0, COMMIT if commit else ABORT)
+    value = _MARKER_VALUE.pack(0, coordinator_epoch)
+    return encode_batch(
+        encode_record(0, 0, key, value),
+        1,
+        base_timestamp=timestamp_ms,
+        max_timestamp=timestamp_ms,
+        attributes=CONTROL_ATTRIBUTES,
+        producer_id=producer_id,
+        producer_epoch=producer_epoch,
+        partition_leader_epoch=partition_leader_epoch,
+    )
 
 
 def marker_type(batch: bytes | memoryview) -> int:

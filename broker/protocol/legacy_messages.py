@@ -31,6 +31,7 @@ from kafscale.broker.protocol.record_batch import (
     InvalidBatch,
     decompress,
     iter_batch_headers,
+    read_varint,
 )
 
 NO_TIMESTAMP = -1
@@ -306,11 +307,11 @@ def _decode_records(
 ) -> Iterator[tuple[int, int, bytes | None, bytes | None]]:
     position = 0
     for _ in range(count):
-        length, position = _read_varint(body, position)
+        length, position = read_varint(body, position)
         end = position + length
         position += 1  # attributes
-        timestamp_delta, position = _read_varint(body, position)
-        offset_delta, position = _read_varint(body, position)
+        timestamp_delta, position = read_varint(body, position)
+        offset_delta, position = read_varint(body, position)
         key, position = _read_varbytes(body, position)
         value, position = _read_varbytes(body, position)
         if end > len(body):
@@ -319,19 +320,8 @@ def _decode_records(
         position = end
 
 
-def _read_varint(data: bytes, position: int) -> tuple[int, int]:
-    shift = raw = 0
-    while True:
-        byte = data[position]
-        position += 1
-        raw |= (byte & 0x7F) << shift
-        if not byte & 0x80:
-            return (raw >> 1) ^ -(raw & 1), position
-        shift += 7
-
-
 def _read_varbytes(data: bytes, position: int) -> tuple[bytes | None, int]:
-    length, position = _read_varint(data, position)
+    length, position = read_varint(data, position)
     if length < 0:
         return None, position
     if position + length > len(data):

@@ -176,11 +176,11 @@ def record_timestamps(batch: bytes | memoryview) -> list[tuple[int, int]]:
     position = 0
     try:
         for _ in range(header.record_count):
-            length, position = _read_varint(body, position)
+            length, position = read_varint(body, position)
             end = position + length
             position += 1  # attributes
-            timestamp_delta, position = _read_varint(body, position)
-            offset_delta, position = _read_varint(body, position)
+            timestamp_delta, position = read_varint(body, position)
+            offset_delta, position = read_varint(body, position)
             result.append(
                 (header.base_offset + offset_delta, header.base_timestamp + timestamp_delta)
             )
@@ -251,7 +251,7 @@ def _snappy_decompress(data: bytes, limit: int) -> bytes:
 
 def _snappy_raw(data: bytes, room: int, limit: int) -> bytes:
     try:
-        size, _ = _read_uvarint(data, 0)
+        size, _ = read_uvarint(data, 0)
     except IndexError as exc:
         raise InvalidBatch("snappy block without its length") from exc
     if size > room:
@@ -262,7 +262,7 @@ def _snappy_raw(data: bytes, room: int, limit: int) -> bytes:
         raise InvalidBatch(f"records cannot be decompressed: {exc}") from exc
 
 
-def _read_uvarint(data: bytes, position: int) -> tuple[int, int]:
+def read_uvarint(data: bytes, position: int) -> tuple[int, int]:
     """An unsigned varint and the position after it (IndexError past the end of ``data``)."""
     shift = value = 0
     while True:
@@ -274,7 +274,7 @@ def _read_uvarint(data: bytes, position: int) -> tuple[int, int]:
         shift += 7
 
 
-def _read_varint(data: bytes, position: int) -> tuple[int, int]:
+def read_varint(data: bytes, position: int) -> tuple[int, int]:
     """A zig-zag signed varint and the position after it."""
-    raw, position = _read_uvarint(data, position)
+    raw, position = read_uvarint(data, position)
     return (raw >> 1) ^ -(raw & 1), position

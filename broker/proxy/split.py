@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kafscale.broker.protocol import guard
+from kafscale.broker.protocol.record_batch import read_uvarint
 
 TopicPartition = tuple[str, int]
 
@@ -206,18 +207,7 @@ def concat_flexible_lists(bodies: list[bytes]) -> bytes:
     count = 0
     items = bytearray()
     for body in bodies:
-        length, at = _read_uvarint(body, 9)
+        length, at = read_uvarint(body, 9)
         count += max(length - 1, 0)
         items += body[at:-1]  # up to the top-level tagged fields (empty: one zero byte)
     return bytes(head) + guard.encode_uvarint(count + 1) + bytes(items) + b"\x00"
-
-
-def _read_uvarint(data: bytes, at: int) -> tuple[int, int]:
-    shift = value = 0
-    while True:
-        byte = data[at]
-        at += 1
-        value |= (byte & 0x7F) << shift
-        if not byte & 0x80:
-            return value, at
-        shift += 7

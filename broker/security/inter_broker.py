@@ -71,6 +71,17 @@ def missing_login(settings: BrokerSettings) -> str | None:
     return None
 
 
+def missing_login_warning(settings: BrokerSettings, cluster_size: int | None) -> str | None:
+    """The start-up warning for ``missing_login``, when it applies: markers and transaction
+    checks go from broker to broker only in a cluster of several. ``cluster_size`` is the
+    number of brokers when whoever starts them knows it for good (``kafscale local --brokers
+    N``, on an etcd of its own); None (``kafscale broker``, which others may join) counts as
+    several."""
+    if cluster_size == 1:
+        return None
+    return missing_login(settings)
+
+
 def inter_broker_login(settings: BrokerSettings) -> SaslLogin | None:
     """The broker's SASL login to other brokers (None unless their listener is SASL and the
     credentials are set)."""

@@ -16,7 +16,7 @@ coordinator moves them to ``groups/<group>/offsets/...`` (commit) or deletes the
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from kafscale.broker.groups.store import (
@@ -25,10 +25,11 @@ from kafscale.broker.groups.store import (
     Fence,
     decode_offset,
     encode_offset,
+    parse_pending_key,
 )
 from kafscale.broker.metadata import keys
 from kafscale.broker.metadata.etcd import Etcd
-from kafscale.broker.metadata.etcd_txn import Op, delete_op, mod_revision_is, put_op
+from kafscale.broker.metadata.etcd_txn import KeyValue, Op, delete_op, mod_revision_is, put_op
 from kafscale.broker.transactions.state import TopicPartition, TxnMetadata, TxnState
 
 
@@ -133,43 +134,66 @@ class TxnStore:
 
     async def pending_offsets(
         self, group_id: str, producer_id: int | None = None
-    ) -> dict[tuple[int, TopicPartition], CommittedOffset]:
-        """A group's pending offsets, keyed by (producer id, partition)."""
+    ) -> dict[tuple[int, TopicPartition], KeyValue]:
+        """A group's pending offsets as stored (value and revisions), keyed by (producer id,
+        partition)."""
         prefix = keys.group_txn_offsets_prefix(self._cluster, group_id, producer_id)
         base = keys.group_txn_offsets_prefix(self._cluster, group_id)
-        found: dict[tuple[int, TopicPartition], CommittedOffset] = {}
+        found: dict[tuple[int, TopicPartition], KeyValue] = {}
         for entry in await self._etcd.get_prefix(prefix):
             parsed = parse_pending_key(entry.key[len(base) :])
             if parsed is not None:
-                found[parsed] = decode_offset(entry.value)
+                found[parsed] = entry
         return found
 
     async def finish_offsets(
         self, group_id: str, producer_id: int, commit: bool, fence: Fence
     ) -> bool:
         """Make a transaction's offsets for ``group_id`` visible (commit) or drop them (abort),
-        under the transaction lease; False if fenced. Idempotent: a retry finds none left."""
-        pending = await self.pending_offsets(group_id, producer_id)
-        ops: list[Op] = []
-        for (pid, (topic, p)), committed in sorted(pending.items()):
-            if commit:
-                key = keys.group_offset_key(self._cluster, group_id, topic, p)
-                ops.append(put_op(key, encode_offset(committed)))
-            ops.append(delete_op(keys.group_txn_offset_key(self._cluster, group_id, pid, topic, p)))
-        # A put and its delete stay in one etcd transaction, so a partition's offset is never
-        # both pending and gone.
-        step = MAX_OPS_PER_TXN - MAX_OPS_PER_TXN % 2
-        for start in range(0, len(ops), step):
-            result = await self._etcd.txn(fence.compares(), ops[start : start + step])
+        under the transaction lease; False if fenced. Idempotent: a retry finds none left.
+
+        A commit moves only offsets still pending as read: each move compares the pending
+        key's revision, so one deleted meanwhile (OffsetDelete drops pending offsets, as
+        Kafka's tombstone does) is not brought back; the rest are read again and moved."""
+        for _ in range(FINISH_ATTEMPTS):
+            pending = await self.pending_offsets(group_id, producer_id)
+            if await self._move_pending(group_id, pending, commit, fence):
+                return True
+            if not commit or await self.pending_offsets(group_id, producer_id) == pending:
+                return False  # nothing moved under us: the fence failed
+        return False
+
+    async def _move_pending(
+        self,
+        group_id: str,
+        pending: Mapping[tuple[int, TopicPartition], KeyValue],
+        commit: bool,
+        fence: Fence,
+    ) -> bool:
+        """One attempt; False if a compare failed (the fence, or a pending key changed)."""
+        for chunk in _chunks(sorted(pending.items()), MAX_OPS_PER_TXN // 2):
+            compares = list(fence.compares())
+            ops: list[Op] = []
+            for (_pid, (topic, p)), entry in chunk:
+                if commit:
+                    compares.append(mod_revision_is(entry.key, entry.mod_revision))
+                    key = keys.group_offset_key(self._cluster, group_id, topic, p)
+                    ops.append(put_op(key, encode_offset(decode_offset(entry.value))))
+                # A put and its delete stay in one etcd transaction, so a partition's offset
+                # is never both pending and gone.
+                ops.append(delete_op(entry.key))
+            result = await self._etcd.txn(compares, ops)
             if not result.succeeded:
                 return False
         return True
 
 
-def parse_pending_key(relative: str) -> tuple[int, TopicPartition] | None:
-    """``<producer id>/<topic>/<p>`` → (producer id, (topic, p)); None if malformed."""
-    pid, sep, rest = relative.partition("/")
-    topic, sep2, partition = rest.rpartition("/")
-    if not (sep and sep2) or not partition.isdigit() or not pid.lstrip("-").isdigit():
-        return None
-    return int(pid), (topic, int(partition))
+FINISH_ATTEMPTS = 5
+"""Rounds of a commit's offset move lost to concurrent OffsetDeletes before giving up."""
+
+
+def _chunks(
+    items: list[tuple[tuple[int, TopicPartition], KeyValue]], size: int
+) -> Iterable[list[tuple[tuple[int, TopicPartition], KeyValue]]]:
+    for start in range(0, len(items), size):
+        yield items[start : start + size]

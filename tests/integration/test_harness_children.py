@@ -1,8 +1,11 @@
 """Broker and proxy processes the harness starts run without Hypothesis (``harness.children``):
-kio imports it whenever it can, at ~0.1 s of CPU per child, and the suite starts hundreds."""
+kio imports it whenever it can, at ~0.1 s of CPU per child, and the suite starts hundreds. So do
+those a bench started by hand starts (``bench/_cluster.py``, through the same
+``kafscale.broker.child_process``)."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -79,3 +82,38 @@ def test_a_script_run_with_the_child_env_and_the_brokers_it_starts_go_without_hy
         command, env=child_env(os.environ), capture_output=True, text=True, timeout=120, check=True
     )
     assert routed.stdout.splitlines() == ["script []", "child []"], routed.stdout
+
+
+# A bench run by hand, from a shell whose environment knows nothing of the stand-in: its stack
+# starts a broker whose log records each import (``-X importtime``).
+BENCH_STACK = """
+import json, sys
+sys.path.insert(0, sys.argv[1])
+from _cluster import Stack
+with Stack(broker_env={"PYTHONPROFILEIMPORTTIME": "1"}) as stack:
+    broker = stack.start_broker()
+    lines = broker.log_path.read_text(errors="replace").splitlines()
+    print(json.dumps([l.rsplit("|", 1)[1].strip() for l in lines if l.startswith("import time:")]))
+"""
+
+
+def test_the_brokers_a_bench_starts_do_not_import_hypothesis() -> None:
+    bench = Path(__file__).resolve().parents[2] / "bench"
+    plain = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    ran = subprocess.run(
+        [sys.executable, "-c", BENCH_STACK, str(bench)],
+        env=plain,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert ran.returncode == 0, ran.stderr[-3000:]
+    modules = set(json.loads(ran.stdout.strip().splitlines()[-1]))
+    assert "kio" in modules and "kafscale.broker.protocol.codec" in modules
+    assert hypothesis_modules(modules) <= {"hypothesis", "hypothesis.strategies"}
+
+
+def test_the_stand_in_is_put_first_once() -> None:
+    once = child_env({"PYTHONPATH": "/somewhere"})
+    assert child_env(once) == once

@@ -18,6 +18,8 @@ from typing import Any
 
 import pytest
 from confluent_kafka import Consumer
+from confluent_kafka import Producer as ConfluentProducer
+from confluent_kafka import TopicPartition as CkTopicPartition
 from harness.brokers import BrokerCluster, BrokerProcess
 from harness.kafka_wire import KafkaWire
 from harness.offsets_admin import java_lines
@@ -251,6 +253,47 @@ def test_through_the_proxy_the_coordinator_deletes(broker_cluster: BrokerCluster
         with KafkaWire(broker.bootstrap) as wire:
             answers.append(int(wire.request(OFFSET_DELETE, 0, body).error_code))
     assert sorted(answers) == [0, 16]  # NONE at the coordinator, NOT_COORDINATOR elsewhere
+
+
+def test_deleting_offsets_drops_those_pending_in_an_open_transaction(
+    broker_cluster: BrokerCluster,
+) -> None:
+    """Kafka's tombstone also removes a partition's offsets pending in open transactions
+    (``OffsetMetadataManager.replay``): a transaction that sent offsets
+    (send_offsets_to_transaction), then saw them deleted, does not bring them back when it
+    commits. Its offsets for a partition that was not deleted become visible as usual."""
+    kafka = broker_cluster.start(**GROUP_ENV, KAFSCALE_TRANSACTIONS__CHECK_INTERVAL_MS="200")
+    topic, group = _name("t"), _name("g")
+    create_topics(kafka.bootstrap, [topic], 3)
+    admin = KafkaAdminClient(bootstrap_servers=kafka.bootstrap)
+    p0, p1, p2 = (TopicPartition(topic, p) for p in range(3))
+    admin.alter_group_offsets(group, {p0: OffsetAndMetadata(5, "", -1)})  # an Empty group
+    # Not subscribed: the group metadata of a group without members (generation -1).
+    member = Consumer({"bootstrap.servers": kafka.bootstrap, "group.id": group})
+    producer = ConfluentProducer(
+        {"bootstrap.servers": kafka.bootstrap, "transactional.id": _name("txn")}
+    )
+    try:
+        producer.init_transactions(30)
+        producer.begin_transaction()
+        producer.produce(topic, b"in the transaction", partition=2)
+        sent = [CkTopicPartition(topic, p, offset) for p, offset in ((0, 10), (1, 7), (2, 4))]
+        producer.send_offsets_to_transaction(sent, member.consumer_group_metadata(), 30)
+        # p0: committed 5 and pending 10; p1: pending only. Both go.
+        assert admin.delete_group_offsets(group, [p0, p1]) == {p0: NoError, p1: NoError}
+        producer.commit_transaction(30)
+        deadline = time.monotonic() + DEADLINE_S
+        while (seen := committed(admin, group, [p0, p1, p2]))[p2] != 4:
+            assert time.monotonic() < deadline, f"the transaction's offsets: {seen}"
+            time.sleep(0.1)
+    finally:
+        member.close()
+        admin.close()
+    assert seen == {p0: -1, p1: -1, p2: 4}
+    stored = broker_cluster.etcd_keys(f"groups/{group}/")  # what a next coordinator loads
+    assert [k.split("/groups/")[1] for k in stored if "offsets/" in k] == [
+        f"{group}/offsets/{topic}/2"
+    ]
 
 
 # --- the Java AdminClient -----------------------------------------------------------------------

@@ -410,6 +410,27 @@ def test_bad_share_requests_get_kafkas_error_codes(broker_cluster: BrokerCluster
             "reason": None,
         }
         assert wire.request(11, 9, join).error_code == ErrorCode.INCONSISTENT_GROUP_PROTOCOL
+        commit = {
+            "group_id": "bad",
+            "generation_id_or_member_epoch": -1,
+            "member_id": "",
+            "group_instance_id": None,
+            "topics": [
+                {
+                    "name": "q",
+                    "partitions": [
+                        {
+                            "partition_index": 0,
+                            "committed_offset": 1,
+                            "committed_leader_epoch": -1,
+                            "committed_metadata": None,
+                        }
+                    ],
+                }
+            ],
+        }
+        (committed,) = wire.request(8, 9, commit).topics[0].partitions
+        assert committed.error_code == ErrorCode.GROUP_ID_NOT_FOUND
         # Sessions: none yet, then a wrong epoch; acknowledgements on the opening request.
         assert _share_fetch(wire, "m1", 4, topic_id).error_code == (
             ErrorCode.SHARE_SESSION_NOT_FOUND

@@ -17,6 +17,7 @@ from kafscale.broker.security.inter_broker import (
     inter_broker_context,
     inter_broker_link,
     missing_login,
+    missing_login_warning,
 )
 from kafscale.broker.security.listeners import SecurityProtocol
 from kafscale.broker.security.tls import TlsConfigError
@@ -112,3 +113,15 @@ def test_a_certificate_without_its_key_is_a_start_up_error(tmp_path: Path) -> No
 def test_the_protocol_may_be_set_explicitly(tmp_path: Path) -> None:
     settings = _settings(tmp_path, inter_broker={"security_protocol": "PLAINTEXT"})
     assert inter_broker_context(settings) is None
+
+
+def test_the_missing_login_is_a_warning_only_where_other_brokers_may_be(tmp_path: Path) -> None:
+    """Markers and transaction checks go from broker to broker only in a cluster of several: a
+    ``kafscale local`` of one broker has none to log in to; ``kafscale broker`` (no size known,
+    others may join) and a local cluster of several do."""
+    sasl_only = _settings(tmp_path, inter_broker={"listener": "SASLIN"})
+    assert missing_login_warning(sasl_only, 1) is None
+    for cluster_size in (None, 2, 3):
+        warning = missing_login_warning(sasl_only, cluster_size)
+        assert warning is not None and "inter_broker.sasl_username" in warning
+    assert missing_login_warning(_settings(tmp_path), None) is None  # not SASL: nothing to say

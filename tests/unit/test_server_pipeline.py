@@ -16,7 +16,7 @@ from harness.kafka_server import serving as harness_serving
 
 from kafscale.broker.config import LimitSettings
 from kafscale.broker.proxy.upstream import UpstreamLink
-from kafscale.broker.server import CloseConnection, Connection, KafkaServer
+from kafscale.broker.server import CloseConnection, Connection, KafkaServer, Mute
 
 pytestmark = pytest.mark.unit
 
@@ -116,6 +116,47 @@ async def test_pipelined_requests_are_answered_in_order_and_acks0_skipped() -> N
         assert sorted(dispatch.started) == sorted(ids)
         writer.close()
         await writer.wait_closed()
+
+
+@dataclass
+class MutingDispatch(FakeDispatch):
+    """Mutes the connection for ``mute_ms`` on request 1 (a client over its quota, KIP-219);
+    records the event-loop time each request started and when the mute ends."""
+
+    mute_ms: int = 300
+    started_at: dict[int, float] = field(default_factory=dict)
+    muted_until: float = 0.0
+
+    async def __call__(self, frame: bytes, connection: Connection) -> bytes | None:
+        (correlation_id,) = struct.unpack_from(">i", frame, 4)
+        self.started_at[correlation_id] = asyncio.get_running_loop().time()
+        if correlation_id == 1:
+            connection.mute(self.mute_ms)
+            self.muted_until = connection.muted.until
+        return await super().__call__(frame, connection)
+
+
+async def test_a_muted_connection_starts_its_next_request_when_the_mute_ends() -> None:
+    """Request 1 is answered at once; request 2, sent right behind it, starts only after the
+    mute (an order of event-loop times, not a speed)."""
+    dispatch = MutingDispatch(delays_s=lambda cid: 0)
+    async with serving(dispatch) as server:
+        reader, writer = await connect(server)
+        writer.write(request(1))
+        await writer.drain()
+        assert await asyncio.wait_for(read_response(reader), 5) == 1
+        writer.write(request(2))
+        await writer.drain()
+        assert await asyncio.wait_for(read_response(reader), 5) == 2
+        writer.close()
+        await writer.wait_closed()
+    assert dispatch.started_at[2] >= dispatch.muted_until > dispatch.started_at[1]
+
+
+def test_a_connection_never_muted_waits_for_nothing() -> None:
+    assert Mute().remaining_s(lambda: 5.0) == 0.0
+    assert Mute(until=5.0).remaining_s(lambda: 3.5) == 1.5
+    assert Mute(until=5.0).remaining_s(lambda: 6.0) == 0.0
 
 
 @dataclass

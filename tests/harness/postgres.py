@@ -1,0 +1,117 @@
+"""A real PostgreSQL server (Debian's ``postgresql`` package) for the Debezium tests.
+
+``initdb`` into a fresh directory, then ``postgres`` on a free loopback port with
+``wal_level=logical`` (what Debezium's ``pgoutput`` decoding needs), fsync off. PostgreSQL
+refuses to run as root, so under root both run as the package's ``postgres`` user, in a
+directory of their own outside pytest's private temp tree. SQL goes through ``psql``. A test
+that needs it fails, not skips, when the package is missing (``make system-deps`` installs it).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from kafscale.broker.child_process import free_port_run
+
+START_TIMEOUT_S = 30.0
+
+
+def _bin_dir() -> Path:
+    versions = sorted(Path("/usr/lib/postgresql").glob("*/bin/postgres"))
+    if not versions or shutil.which("psql") is None:
+        pytest.fail("PostgreSQL (Debian's postgresql, psql) is needed", pytrace=False)
+    return versions[-1].parent
+
+
+def _as_postgres(command: list[str]) -> list[str]:
+    """``command`` as the ``postgres`` user when we are root (PostgreSQL refuses root)."""
+    return ["runuser", "-u", "postgres", "--", *command] if os.geteuid() == 0 else command
+
+
+@dataclass
+class PostgresServer:
+    port: int
+    process: subprocess.Popen[bytes]
+    log: Path
+
+    def sql(self, statements: str) -> str:
+        """Run ``statements`` (stop at the first error); psql's output."""
+        return subprocess.run(
+            [
+                *("psql", "-h", "127.0.0.1", "-p", str(self.port), "-U", "postgres"),
+                *("-v", "ON_ERROR_STOP=1", "-qAt", "-c", statements),
+            ],
+            check=True,
+            capture_output=True,
+            text=True,
+            timeout=30,
+        ).stdout
+
+
+def _wait_ready(server: PostgresServer) -> None:
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while True:
+        assert server.process.poll() is None, server.log.read_text(errors="replace")
+        probe = ["pg_isready", "-h", "127.0.0.1", "-p", str(server.port), "-U", "postgres"]
+        if subprocess.run(probe, capture_output=True, timeout=10).returncode == 0:
+            return
+        assert time.monotonic() < deadline, server.log.read_text(errors="replace")
+        time.sleep(0.1)
+
+
+@pytest.fixture
+def postgres_server() -> Iterator[PostgresServer]:
+    """A running PostgreSQL with logical decoding on, trusted loopback login as postgres."""
+    bin_dir = _bin_dir()
+    root = Path(tempfile.mkdtemp(prefix="kafscale-pg-"))
+    if os.geteuid() == 0:
+        shutil.chown(root, "postgres")
+    data = root / "data"
+    subprocess.run(
+        _as_postgres(
+            [str(bin_dir / "initdb"), "-D", str(data), "-U", "postgres", "-A", "trust", "-N"]
+        ),
+        check=True,
+        capture_output=True,
+        timeout=120,
+    )
+    port = free_port_run()
+    log = root / "postgres.log"
+    settings = {
+        "listen_addresses": "127.0.0.1",
+        "unix_socket_directories": str(root),
+        "wal_level": "logical",
+        "max_wal_senders": "4",
+        "max_replication_slots": "4",
+        "fsync": "off",
+    }
+    command = [str(bin_dir / "postgres"), "-D", str(data), "-p", str(port)]
+    for name, value in settings.items():
+        command += ["-c", f"{name}={value}"]
+    with log.open("ab") as out:
+        process = subprocess.Popen(
+            _as_postgres(command), stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        )
+    server = PostgresServer(port, process, log)
+    try:
+        _wait_ready(server)
+        yield server
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGINT)  # fast shutdown: ends sessions
+            try:
+                process.wait(20)
+            except subprocess.TimeoutExpired:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait(10)
+        shutil.rmtree(root, ignore_errors=True)
