@@ -57,7 +57,9 @@ from kafscale.broker.security.inter_broker import (
 from kafscale.broker.security.listeners import Listener, advertised_address, internal_listener
 from kafscale.broker.security.tls import CertificateReloader, TlsConfigError, server_context
 from kafscale.broker.security.token_store import TokenStore
-from kafscale.broker.server import ByteBudget, KafkaServer, ServerEndpoint
+from kafscale.broker.server import ByteBudget, Connection, KafkaServer, ServerEndpoint
+from kafscale.broker.share.manager import ShareManager
+from kafscale.broker.share.store import ShareStateStore
 from kafscale.broker.storage.cache import SegmentCache
 from kafscale.broker.storage.factory import open_object_store
 from kafscale.broker.storage.instrumented import InstrumentedStore
@@ -94,6 +96,7 @@ class Broker:
     groups: GroupCoordinator | None = None
     transactions: TransactionCoordinator | None = None
     log_sizes: LogSizes | None = None  # owned partitions' sizes, for DescribeLogDirs
+    share: ShareManager | None = None  # share-partitions of owned partitions (KIP-932)
     ready: bool = False
     draining: bool = False
     pod_name: str | None = None
@@ -189,6 +192,7 @@ class Broker:
             listener.host,
             listener.port,
             endpoints=endpoints,
+            on_closed=self._connection_closed,
         )
         try:
             await self.server.start(accepting=False)
@@ -243,6 +247,10 @@ class Broker:
             self.settings, self.etcd, self.view, self.store, self.cache, self.node_id, self.session
         )
         await self.manager.start()
+        self.share = ShareManager(
+            ShareStateStore(self.etcd, self.cluster, self.node_id), self._still_owns
+        )
+        self._tasks.append(asyncio.create_task(self.share.run(), name="share-partitions"))
         self.log_sizes = LogSizes(self.cluster, self.store)
         self._tasks.append(asyncio.create_task(self._watch_session(), name="session-watch"))
         self._tasks.append(asyncio.create_task(self._follow_cluster(), name="cluster-follow"))
@@ -385,6 +393,15 @@ class Broker:
             self.draining,
         )
         await follow_once(self.log_manager, plan)
+
+    def _still_owns(self, topic: str, partition: int, lease_revision: int) -> bool:
+        owned = self.log_manager.owned.get((topic, partition))
+        return owned is not None and owned.lease_revision == lease_revision
+
+    async def _connection_closed(self, connection: Connection) -> None:
+        """A client went away: its share sessions end and their records are released."""
+        if self.share is not None:
+            self.share.release_connection(connection)
 
     def leader_for(self, tp: TopicPartition) -> int:
         return leader_for(

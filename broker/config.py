@@ -100,6 +100,11 @@ class EtcdSettings(EtcdConnectionSettings):
     )
 
 
+class IsolationLevel(StrEnum):
+    READ_COMMITTED = "read_committed"
+    READ_UNCOMMITTED = "read_uncommitted"
+
+
 class StorageKind(StrEnum):
     S3 = "s3"
     LOCAL = "local"
@@ -306,6 +311,40 @@ class GroupSettings(_Section):
         ge=1,
         description="group.consumer.max.heartbeat.interval.ms: the longest "
         "consumer.heartbeat.interval.ms a group's own config may set.",
+    )
+    share_session_timeout_ms: int = Field(
+        45_000, ge=1, description="group.share.session.timeout.ms: share group members' session."
+    )
+    share_heartbeat_interval_ms: int = Field(
+        5_000,
+        ge=1,
+        description="group.share.heartbeat.interval.ms: how often share group members heartbeat.",
+    )
+    share_record_lock_duration_ms: int = Field(
+        30_000,
+        ge=100,
+        description="group.share.record.lock.duration.ms: how long a share group member holds "
+        "the records it acquired before they are available again.",
+    )
+    share_delivery_count_limit: int = Field(
+        5,
+        ge=2,
+        le=10,
+        description="group.share.delivery.count.limit: deliveries of a record before it is "
+        "archived.",
+    )
+    share_isolation_level: IsolationLevel = Field(
+        IsolationLevel.READ_COMMITTED,
+        description="share.isolation.level for share groups without their own: read_committed "
+        "never delivers aborted records or an open transaction's (Kafka's own default is "
+        "read_uncommitted).",
+    )
+    share_partition_max_record_locks: int = Field(
+        2000,
+        ge=100,
+        le=10_000,
+        description="group.share.partition.max.record.locks: in-flight records per "
+        "share-partition (bounds the memory a share group takes on a partition's owner).",
     )
 
 

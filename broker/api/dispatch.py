@@ -25,7 +25,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from kafscale.broker.api.features import TRANSACTION_VERSION, features_body
+from kafscale.broker.api.features import SHARE_VERSION, TRANSACTION_VERSION, features_body
 from kafscale.broker.observability.metrics import METRICS
 from kafscale.broker.protocol import codec
 from kafscale.broker.protocol.errors import ErrorCode, KafkaError, code_for
@@ -226,6 +226,7 @@ def api_versions_body(
     table: Mapping[int, ApiSpec],
     code: ErrorCode = ErrorCode.NONE,
     transaction_version: int = TRANSACTION_VERSION,
+    share_version: int = SHARE_VERSION,
 ) -> Body:
     keys = [
         {
@@ -239,5 +240,5 @@ def api_versions_body(
         "error_code": code,
         "api_keys": keys,
         "throttle_time": 0,
-        **features_body(transaction_version),
+        **features_body(transaction_version, share_version),
     }

@@ -8,6 +8,10 @@ Produce v12 and TxnOffsetCommit v5 without AddPartitionsToTxn/AddOffsetsToTxn (t
 owner and the group's coordinator add them to the transaction). The finalized level is a
 setting (``transactions.protocol_version``) so that a rolling upgrade can hold clients on v1
 until every broker and proxy serves v2, as ``kafka-features.sh`` does for Kafka.
+
+``share.version`` 1 says share groups (KIP-932) are served: brokers serve them (ShareGroupHeartbeat,
+ShareGroupDescribe, ShareFetch, ShareAcknowledge); the proxy does not forward a share consumer's
+requests yet, so it reports the feature off (level 0) and does not advertise those APIs.
 """
 
 from __future__ import annotations
@@ -18,24 +22,42 @@ TRANSACTION_VERSION = 2
 FEATURES_EPOCH = 1
 """Valid epochs are >= 0 (-1: unknown); clients take the features of the highest epoch seen."""
 
-SUPPORTED: dict[str, tuple[int, int]] = {"transaction.version": (0, TRANSACTION_VERSION)}
+SHARE_VERSION = 1
+SHARE_CONSUMER_KEYS = frozenset({76, 78, 79})
+"""ShareGroupHeartbeat, ShareFetch, ShareAcknowledge: what a share consumer sends. The proxy
+does not forward them yet (a share session spans the partition owners behind it); it forwards
+the admin ones (ShareGroupDescribe, Describe/Alter/DeleteShareGroupOffsets) to the group's
+coordinator."""
+
+SUPPORTED: dict[str, tuple[int, int]] = {
+    "transaction.version": (0, TRANSACTION_VERSION),
+    "share.version": (0, SHARE_VERSION),
+}
 
 
-def finalized_levels(transaction_version: int) -> dict[str, int]:
+def finalized_levels(
+    transaction_version: int, share_version: int = SHARE_VERSION
+) -> dict[str, int]:
     """Kafka lists no finalized entry for a feature at level 0 (off)."""
-    return {"transaction.version": transaction_version} if transaction_version > 0 else {}
+    levels = {"transaction.version": transaction_version, "share.version": share_version}
+    return {name: level for name, level in levels.items() if level > 0}
 
 
-def features_body(transaction_version: int = TRANSACTION_VERSION) -> dict[str, Any]:
+def features_body(
+    transaction_version: int = TRANSACTION_VERSION, share_version: int = SHARE_VERSION
+) -> dict[str, Any]:
     """The feature fields of an ApiVersions response (v3+; older versions drop them)."""
+    supported = (
+        SUPPORTED if share_version else {k: v for k, v in SUPPORTED.items() if k != "share.version"}
+    )
     return {
         "supported_features": [
             {"name": name, "min_version": low, "max_version": high}
-            for name, (low, high) in SUPPORTED.items()
+            for name, (low, high) in supported.items()
         ],
         "finalized_features_epoch": FEATURES_EPOCH,
         "finalized_features": [
             {"name": name, "max_version_level": level, "min_version_level": level}
-            for name, level in finalized_levels(transaction_version).items()
+            for name, level in finalized_levels(transaction_version, share_version).items()
         ],
     }

@@ -17,6 +17,7 @@ from kafscale.broker.api.configs import ConfigType
 from kafscale.broker.api.dispatch import Body, RequestContext
 from kafscale.broker.groups import group_configs
 from kafscale.broker.groups.config_store import update_group_configs
+from kafscale.broker.groups.coordinator import share_config
 from kafscale.broker.protocol.errors import ErrorCode, KafkaError
 
 GROUP_RESOURCE = 32
@@ -35,17 +36,19 @@ def describe_group(name: str, wanted: Any, include_synonyms: bool, ctx: RequestC
         return {"error_code": exc.code, "error_message": str(exc), "configs": []}
     settings = ctx.broker.settings.groups
     own = ctx.broker.view.group_configs.get(name, {})
-    broker = group_configs.defaults(settings)
-    names = [n for n in group_configs.GROUP_CONFIG_NAMES if not wanted or n in wanted]
+    share = group_configs.share_defaults(share_config(settings))
+    broker = {**group_configs.defaults(settings), **share}
+    every = (*group_configs.GROUP_CONFIG_NAMES, *group_configs.SHARE_CONFIG_NAMES)
+    names = [n for n in every if not wanted or n in wanted]
     entries = [_entry(n, own.get(n), broker[n], include_synonyms) for n in names]
     return {"error_code": ErrorCode.NONE, "configs": entries}
 
 
 def _entry(name: str, own: str | None, broker: str, include_synonyms: bool) -> Body:
     synonyms = [Synonym(name, own, ConfigSource.GROUP_CONFIG)] if own is not None else []
-    synonyms.append(
-        Synonym(group_configs.BROKER_SYNONYMS[name], broker, ConfigSource.DEFAULT_CONFIG)
-    )
+    synonym = {**group_configs.BROKER_SYNONYMS, **group_configs.SHARE_BROKER_SYNONYMS}.get(name)
+    synonyms.append(Synonym(synonym or name, broker, ConfigSource.DEFAULT_CONFIG))
+    kind = ConfigType.STRING if name in group_configs.SHARE_CHOICES else ConfigType.INT
     return {
         "name": name,
         "value": own if own is not None else broker,
@@ -53,7 +56,7 @@ def _entry(name: str, own: str | None, broker: str, include_synonyms: bool) -> B
         "config_source": int(synonyms[0].source),
         "is_sensitive": False,
         "synonyms": synonym_bodies(synonyms, include_synonyms),
-        "config_type": int(ConfigType.INT),
+        "config_type": int(kind),
         "documentation": None,
     }
 

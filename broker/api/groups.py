@@ -311,7 +311,10 @@ async def handle_delete_groups(request: Any, ctx: RequestContext) -> Body:
             runtime = await group_runtime(
                 ctx, group_id, ErrorCode.COORDINATOR_NOT_AVAILABLE, DELETE
             )
+            was_share = runtime.share is not None
             error = await runtime.delete()
+            if was_share and error is ErrorCode.NONE and ctx.broker.share is not None:
+                await ctx.broker.share.delete_group(group_id)
         except KafkaError as exc:
             error = exc.code
         results.append({"group_id": group_id, "error_code": error})

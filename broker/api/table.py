@@ -29,6 +29,9 @@ from kafscale.broker.api import (
     replicas,
     sasl,
     scram_users,
+    share_fetch,
+    share_groups,
+    share_offsets,
     topic_partitions,
     transactions,
     txn_partitions,
@@ -266,6 +269,58 @@ _SPECS = [
         1,
         consumer_groups.handle_consumer_group_describe,
         consumer_groups.consumer_group_describe_error_body,
+    ),
+    # Share groups (KIP-932, ``docs/share-groups.md``).
+    ApiSpec(
+        76,
+        "ShareGroupHeartbeat",
+        1,
+        1,
+        share_groups.handle_share_group_heartbeat,
+        share_groups.share_group_heartbeat_error_body,
+    ),
+    ApiSpec(
+        77,
+        "ShareGroupDescribe",
+        1,
+        1,
+        share_groups.handle_share_group_describe,
+        share_groups.share_group_describe_error_body,
+    ),
+    ApiSpec(
+        78, "ShareFetch", 1, 2, share_fetch.handle_share_fetch, share_fetch.share_fetch_error_body
+    ),
+    ApiSpec(
+        79,
+        "ShareAcknowledge",
+        1,
+        2,
+        share_fetch.handle_share_acknowledge,
+        share_fetch.share_acknowledge_error_body,
+    ),
+    ApiSpec(
+        90,
+        "DescribeShareGroupOffsets",
+        0,
+        1,
+        share_offsets.handle_describe_share_group_offsets,
+        share_offsets.describe_share_group_offsets_error_body,
+    ),
+    ApiSpec(
+        91,
+        "AlterShareGroupOffsets",
+        0,
+        0,
+        share_offsets.handle_alter_share_group_offsets,
+        share_offsets.alter_share_group_offsets_error_body,
+    ),
+    ApiSpec(
+        92,
+        "DeleteShareGroupOffsets",
+        0,
+        0,
+        share_offsets.handle_delete_share_group_offsets,
+        share_offsets.delete_share_group_offsets_error_body,
     ),
     # SaslHandshake v0 sent the SASL tokens as bare frames; every client in use sends v1. It
     # is advertised from v0 all the same: librdkafka (kcat) decides that the broker supports

@@ -21,10 +21,11 @@ import logging
 from dataclasses import dataclass
 from typing import Protocol
 
-from kafscale.broker.config import GroupSettings
+from kafscale.broker.config import GroupSettings, IsolationLevel
 from kafscale.broker.groups.leases import GroupLeases, choose_coordinator
 from kafscale.broker.groups.model import GroupConfig, GroupState
 from kafscale.broker.groups.runtime import GroupRuntime
+from kafscale.broker.groups.share import ShareConfig
 from kafscale.broker.groups.store import GroupStore
 from kafscale.broker.metadata.cluster import BrokerInfo, ClusterView
 from kafscale.broker.metadata.etcd import Etcd
@@ -66,6 +67,19 @@ def group_config(settings: GroupSettings) -> GroupConfig:
         max_session_timeout_ms=settings.max_session_timeout_ms,
         consumer_session_timeout_ms=settings.consumer_session_timeout_ms,
         consumer_heartbeat_interval_ms=settings.consumer_heartbeat_interval_ms,
+        share=share_config(settings),
+    )
+
+
+def share_config(settings: GroupSettings) -> ShareConfig:
+    """The broker's ``group.share.*`` settings: what a share group without its own uses."""
+    return ShareConfig(
+        session_timeout_ms=settings.share_session_timeout_ms,
+        heartbeat_interval_ms=settings.share_heartbeat_interval_ms,
+        record_lock_duration_ms=settings.share_record_lock_duration_ms,
+        delivery_count_limit=settings.share_delivery_count_limit,
+        max_record_locks=settings.share_partition_max_record_locks,
+        read_committed=settings.share_isolation_level is IsolationLevel.READ_COMMITTED,
     )
 
 
@@ -192,6 +206,10 @@ class GroupCoordinator:
         """
         listed: dict[str, ListedGroup] = {}
         for group_id, runtime in self._runtimes.items():
+            share = runtime.share
+            if share is not None and not runtime.closed:
+                listed[group_id] = ListedGroup(group_id, "share", share.state, "share")
+                continue
             consumer = runtime.consumer
             if consumer is not None and not runtime.closed:
                 listed[group_id] = ListedGroup(group_id, "consumer", consumer.state, "consumer")

@@ -7,8 +7,9 @@ broker's ``group.consumer.*`` defaults. Kafka checks each value against the brok
 ``group.consumer.min/max.*`` bounds and refuses a session timeout not above the heartbeat
 interval, all with INVALID_CONFIG; so does this module.
 
-Kafka also knows ``share.*`` and ``streams.*`` group configs. KafScale serves neither share
-groups nor streams groups, and a config that nothing enforces is not stored: those names are
+Share groups (KIP-932) have their own ``share.*`` configs (``SHARE_BOUNDS``: Kafka's names and
+the ranges its broker defaults allow). Kafka also knows ``streams.*`` group configs; KafScale
+serves no streams groups, and a config that nothing enforces is not stored: those names are
 refused with INVALID_CONFIG and a message saying why. Pure functions: no I/O, no clock.
 """
 
@@ -19,6 +20,7 @@ from dataclasses import replace
 
 from kafscale.broker.config import GroupSettings
 from kafscale.broker.groups.consumer import ConsumerConfig
+from kafscale.broker.groups.share import ShareConfig
 from kafscale.broker.protocol.errors import ErrorCode, KafkaError
 
 SESSION_TIMEOUT = "consumer.session.timeout.ms"
@@ -31,8 +33,38 @@ BROKER_SYNONYMS = {
 }
 """The broker config each group config defaults from."""
 
-UNSERVED_PREFIXES = ("share.", "streams.")
-"""Kafka's share-group (KIP-932) and streams-group (KIP-1071) config families."""
+SHARE_SESSION_TIMEOUT = "share.session.timeout.ms"
+SHARE_HEARTBEAT_INTERVAL = "share.heartbeat.interval.ms"
+SHARE_LOCK_DURATION = "share.record.lock.duration.ms"
+SHARE_DELIVERY_LIMIT = "share.delivery.count.limit"
+SHARE_AUTO_OFFSET_RESET = "share.auto.offset.reset"
+SHARE_ISOLATION_LEVEL = "share.isolation.level"
+SHARE_MAX_RECORD_LOCKS = "share.partition.max.record.locks"
+SHARE_BOUNDS = {
+    SHARE_SESSION_TIMEOUT: (45_000, 60_000),
+    SHARE_HEARTBEAT_INTERVAL: (5_000, 15_000),
+    SHARE_LOCK_DURATION: (1_000, 3_600_000),
+    SHARE_DELIVERY_LIMIT: (2, 10),
+    SHARE_MAX_RECORD_LOCKS: (100, 10_000),
+}
+"""Integer share-group configs and the range a group may set (Kafka's broker defaults for
+``group.share.min/max.*``, except the record lock: Kafka allows 15 s to 1 h, KafScale from 1 s)."""
+SHARE_CHOICES = {
+    SHARE_AUTO_OFFSET_RESET: ("latest", "earliest"),
+    SHARE_ISOLATION_LEVEL: ("read_committed", "read_uncommitted"),
+}
+SHARE_CONFIG_NAMES = (*SHARE_BOUNDS, *SHARE_CHOICES)
+SHARE_BROKER_SYNONYMS = {
+    SHARE_SESSION_TIMEOUT: "group.share.session.timeout.ms",
+    SHARE_HEARTBEAT_INTERVAL: "group.share.heartbeat.interval.ms",
+    SHARE_LOCK_DURATION: "group.share.record.lock.duration.ms",
+    SHARE_DELIVERY_LIMIT: "group.share.delivery.count.limit",
+    SHARE_MAX_RECORD_LOCKS: "group.share.partition.max.record.locks",
+}
+"""The broker config a share group config defaults from (the other two have none)."""
+
+UNSERVED_PREFIXES = ("streams.",)
+"""Kafka's streams-group (KIP-1071) config family."""
 
 GroupConfigs = Mapping[str, str]
 
@@ -48,11 +80,11 @@ def defaults(settings: GroupSettings) -> dict[str, str]:
 def check_names(names: list[str]) -> None:
     """INVALID_CONFIG for a name Kafka does not know, or one KafScale cannot enforce."""
     for name in names:
-        if name in GROUP_CONFIG_NAMES:
+        if name in GROUP_CONFIG_NAMES or name in SHARE_CONFIG_NAMES:
             continue
         if name.startswith(UNSERVED_PREFIXES):
             raise KafkaError(
-                f"group config {name} is for share or streams groups, which KafScale does not "
+                f"group config {name} is for streams groups, which KafScale does not "
                 "serve: it would not be enforced, so it is not stored",
                 ErrorCode.INVALID_CONFIG,
             )
@@ -95,6 +127,21 @@ def validate(configs: GroupConfigs, settings: GroupSettings) -> None:
             f"{SESSION_TIMEOUT} must be greater than {HEARTBEAT_INTERVAL}",
             ErrorCode.INVALID_CONFIG,
         )
+    _validate_share(configs)
+
+
+def _validate_share(configs: GroupConfigs) -> None:
+    for name, (low, high) in SHARE_BOUNDS.items():
+        if name in configs:
+            value = _positive_int(name, configs[name])
+            _within(name, value, (f"{low}", low), (f"{high}", high))
+    for name, choices in SHARE_CHOICES.items():
+        if name in configs and configs[name].strip().lower() not in choices:
+            raise KafkaError(
+                f"Invalid value {configs[name]} for configuration {name}: "
+                f"must be one of {', '.join(choices)}",
+                ErrorCode.INVALID_CONFIG,
+            )
 
 
 def _positive_int(name: str, value: str) -> int:
@@ -144,3 +191,37 @@ def _stored_int(value: str | None) -> int | None:
     except ValueError:
         return None
     return number if number >= 1 else None
+
+
+def share_config(base: ShareConfig, configs: GroupConfigs) -> ShareConfig:
+    """A share group's settings: ``base`` (the broker's) with the group's own configs over
+    it; a stored value that no longer parses is ignored."""
+    numbers = {name: _stored_int(configs.get(name)) for name in SHARE_BOUNDS}
+    chosen = replace(
+        base,
+        session_timeout_ms=numbers[SHARE_SESSION_TIMEOUT] or base.session_timeout_ms,
+        heartbeat_interval_ms=numbers[SHARE_HEARTBEAT_INTERVAL] or base.heartbeat_interval_ms,
+        record_lock_duration_ms=numbers[SHARE_LOCK_DURATION] or base.record_lock_duration_ms,
+        delivery_count_limit=numbers[SHARE_DELIVERY_LIMIT] or base.delivery_count_limit,
+        max_record_locks=numbers[SHARE_MAX_RECORD_LOCKS] or base.max_record_locks,
+    )
+    reset = (configs.get(SHARE_AUTO_OFFSET_RESET) or "").strip().lower()
+    if reset in SHARE_CHOICES[SHARE_AUTO_OFFSET_RESET]:
+        chosen = replace(chosen, auto_offset_reset=reset)
+    isolation = (configs.get(SHARE_ISOLATION_LEVEL) or "").strip().lower()
+    if isolation in SHARE_CHOICES[SHARE_ISOLATION_LEVEL]:
+        chosen = replace(chosen, read_committed=isolation == "read_committed")
+    return chosen
+
+
+def share_defaults(base: ShareConfig) -> dict[str, str]:
+    """Each share group config's value for a group without its own."""
+    return {
+        SHARE_SESSION_TIMEOUT: str(base.session_timeout_ms),
+        SHARE_HEARTBEAT_INTERVAL: str(base.heartbeat_interval_ms),
+        SHARE_LOCK_DURATION: str(base.record_lock_duration_ms),
+        SHARE_DELIVERY_LIMIT: str(base.delivery_count_limit),
+        SHARE_MAX_RECORD_LOCKS: str(base.max_record_locks),
+        SHARE_AUTO_OFFSET_RESET: base.auto_offset_reset,
+        SHARE_ISOLATION_LEVEL: "read_committed" if base.read_committed else "read_uncommitted",
+    }

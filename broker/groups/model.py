@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from kafscale.broker.groups.share import ShareConfig
 from kafscale.broker.protocol.errors import ErrorCode
 
 UNKNOWN_MEMBER_ID = ""
@@ -44,6 +45,8 @@ class GroupConfig:
     """group.consumer.session.timeout.ms (the consumer protocol, KIP-848)."""
     consumer_heartbeat_interval_ms: int = 5_000
     """group.consumer.heartbeat.interval.ms."""
+    share: ShareConfig = field(default_factory=ShareConfig)
+    """Kafka's ``group.share.*`` defaults (share groups, KIP-932)."""
 
     def session_timeout_ok(self, session_timeout_ms: int) -> bool:
         return self.min_session_timeout_ms <= session_timeout_ms <= self.max_session_timeout_ms

@@ -46,6 +46,9 @@ from kafscale.broker.groups.model import (
     SyncResult,
 )
 from kafscale.broker.groups.offsets import GroupOffsets
+from kafscale.broker.groups.share import ShareConfig, ShareGroup, ShareHeartbeat
+from kafscale.broker.groups.share_codec import restore as restore_share
+from kafscale.broker.groups.share_codec import snapshot as snapshot_share
 from kafscale.broker.groups.store import (
     CommittedOffset,
     Fence,
@@ -94,11 +97,18 @@ class GroupRuntime:
         self._consumer_doc: Document | None = None
         """The last snapshot of ``consumer`` queued for etcd."""
         self._consumer_version = 0
+        self.share: ShareGroup | None = None
+        """The group while it is a share group (KIP-932; ``group`` and ``consumer`` are None)."""
+        self._share_doc: Document | None = None
         self._consumer_waiters: dict[int, asyncio.Future[ErrorCode]] = {}
         if loaded.record is not None and loaded.record.group_type == "consumer":
             document = dict(loaded.record.consumer or {})
             self.consumer = restore(group_id, document, self._consumer_config(), now)
             self._consumer_doc = snapshot(self.consumer)
+        elif loaded.record is not None and loaded.record.group_type == "share":
+            document = dict(loaded.record.consumer or {})
+            self.share = restore_share(group_id, document, self._share_config(), now)
+            self._share_doc = snapshot_share(self.share)
         elif loaded.record is not None:
             self.group = Group.from_record(group_id, config, loaded.record, now)
         elif loaded.offsets:
@@ -146,6 +156,8 @@ class GroupRuntime:
         """JoinGroup. ``topics``: every topic's partition count (for a consumer group, whose
         assignor runs here)."""
         self._check_open()
+        if self.share is not None:
+            return JoinResult(ErrorCode.INCONSISTENT_GROUP_PROTOCOL, request.member_id)
         if self.consumer is not None:
             if not self.consumer.is_empty():
                 # A classic member inside a consumer group (online migration).
@@ -218,6 +230,9 @@ class GroupRuntime:
         group is answered once the change is in etcd (a new coordinator must know who holds
         what)."""
         self._check_open()
+        if self.share is not None:
+            message = f"group {self.group_id} is not a consumer group"
+            return HeartbeatResult(ErrorCode.GROUP_ID_NOT_FOUND, message)
         consumer = self.consumer
         if consumer is None and request.member_epoch != 0:
             # Not a member of anything here (Kafka: GROUP_ID_NOT_FOUND); UNKNOWN_MEMBER_ID
@@ -328,8 +343,72 @@ class GroupRuntime:
             if not future.done():
                 future.set_result(error)
 
+    # --- share groups (KIP-932) ----------------------------------------------------------------
+
+    def _share_config(self) -> ShareConfig:
+        return group_configs.share_config(self._config.share, self._own_configs())
+
+    async def share_heartbeat(
+        self,
+        request: ShareHeartbeat,
+        topics: Mapping[str, int],
+        topic_ids: Mapping[str, str] | None = None,
+    ) -> HeartbeatResult:
+        """ShareGroupHeartbeat. A group id that is a classic or consumer group (even one with
+        only offsets) is GROUP_ID_NOT_FOUND, as Kafka answers; a share group is created by its
+        first join. Answered once a change of the group is in etcd."""
+        self._check_open()
+        if self.consumer is not None or self.group is not None:
+            message = f"group {self.group_id} is not a share group"
+            return HeartbeatResult(ErrorCode.GROUP_ID_NOT_FOUND, message)
+        share = self.share
+        if share is None:
+            if request.member_epoch != 0:
+                message = f"member {request.member_id} is not in group {self.group_id}"
+                return HeartbeatResult(ErrorCode.UNKNOWN_MEMBER_ID, message)
+            share = self.share = ShareGroup(self.group_id, self._share_config())
+        share.config = self._share_config()
+        result = share.heartbeat(self._clock(), request, topics, topic_ids)
+        stored = self._queue_share(share)
+        if stored is None:
+            return result
+        error = await self._await_stored(stored)
+        return result if error is ErrorCode.NONE else HeartbeatResult(error)
+
+    async def empty_share_group(self) -> ErrorCode:
+        """Share group offset admin (Alter/DeleteShareGroupOffsets) needs an empty share
+        group: created (empty, in etcd) if the id is free, NON_EMPTY_GROUP while it has
+        members, GROUP_ID_NOT_FOUND if the id is another type's."""
+        self._check_open()
+        if self.consumer is not None or self.group is not None:
+            return ErrorCode.GROUP_ID_NOT_FOUND
+        if self.share is None:
+            self.share = ShareGroup(self.group_id, self._share_config())
+            stored = self._queue_share(self.share)
+            if stored is not None and (error := await self._await_stored(stored)):
+                return error
+        return ErrorCode.NONE if self.share.is_empty() else ErrorCode.NON_EMPTY_GROUP
+
+    def _queue_share(self, share: ShareGroup) -> asyncio.Future[ErrorCode] | None:
+        """Queue the share group's state for etcd if it changed: the future of that write."""
+        self._wake.set()
+        document = snapshot_share(share)
+        if document == self._share_doc or self.closed:
+            return None
+        self._share_doc = document
+        self._consumer_version += 1
+        record = GroupRecord(
+            "share", share.group_epoch, None, None, group_type="share", consumer=document
+        )
+        self._stores.put_nowait(Store(ConsumerStore(self._consumer_version), record))
+        future = asyncio.get_running_loop().create_future()
+        self._consumer_waiters[self._consumer_version] = future
+        return future
+
     def describe(self) -> GroupDescription:
         self._check_open()
+        if self.share is not None:
+            return GroupDescription(GroupState.DEAD, "share", "", ())
         if self.consumer is not None:
             return GroupDescription(GroupState.DEAD, "consumer", "", ())
         if self.group is None:
@@ -348,6 +427,8 @@ class GroupRuntime:
     ) -> ErrorCode:
         if self.closed:
             return ErrorCode.NOT_COORDINATOR
+        if self.share is not None:
+            return ErrorCode.GROUP_ID_NOT_FOUND  # a share group has no committed offsets
         if self.consumer is not None:
             error = self.consumer.validate_commit(member_id, generation, version)
             if error is not ErrorCode.NONE or not offsets:
@@ -424,7 +505,10 @@ class GroupRuntime:
     async def delete(self) -> ErrorCode:
         """DeleteGroups: an Empty group's metadata, offsets and lease go."""
         self._check_open()
-        if self.consumer is not None:
+        if self.share is not None:
+            if not self.share.is_empty():
+                return ErrorCode.NON_EMPTY_GROUP
+        elif self.consumer is not None:
             if not self.consumer.is_empty():
                 return ErrorCode.NON_EMPTY_GROUP
         elif self.group is None:
@@ -501,6 +585,8 @@ class GroupRuntime:
             deadline = None if group is None else group.next_deadline_ms()
             if self.consumer is not None:
                 deadline = self.consumer.next_deadline_ms()
+            if self.share is not None:
+                deadline = self.share.next_deadline_ms()
             self._wake.clear()
             if deadline is None:
                 await self._wake.wait()
@@ -516,6 +602,14 @@ class GroupRuntime:
                     log.info("group %s: members expired: %s", self.group_id, ", ".join(expired))
                 self._queue_consumer(consumer)
                 self._maybe_downgrade()
+            share = self.share
+            if share is not None and not self.closed:
+                expired = share.tick(self._clock())
+                if expired:
+                    log.info(
+                        "share group %s: members expired: %s", self.group_id, ", ".join(expired)
+                    )
+                self._queue_share(share)
             if self.group is not None and not self.closed:
                 try:
                     self.group.tick(self._clock())

@@ -188,6 +188,17 @@ def group_offsets_prefix(cluster: str, group: str) -> str:
     return f"{group_prefix(cluster, group)}offsets/"
 
 
+def share_state_key(cluster: str, group: str, topic: str, partition: int) -> str:
+    """A share-partition's state (KIP-932): written by the partition's owner, fenced by the
+    partition lease, so it sits apart from the group's prefix (which its coordinator fences)."""
+    return f"{share_states_prefix(cluster, group)}{topic}/{partition}"
+
+
+def share_states_prefix(cluster: str, group: str | None = None) -> str:
+    base = f"{cluster_prefix(cluster)}share-state/"
+    return base if group is None else f"{base}{group_key_part(group)}/"
+
+
 def producer_key(cluster: str, producer_id: int) -> str:
     return f"{cluster_prefix(cluster)}producers/{producer_id}"
 

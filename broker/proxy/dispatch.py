@@ -25,6 +25,7 @@ from kafscale.broker.observability.metrics import METRICS
 from kafscale.broker.protocol import codec
 from kafscale.broker.protocol.errors import ErrorCode
 from kafscale.broker.protocol.framing import Frame
+from kafscale.broker.proxy.answers import PROXY_TABLE
 from kafscale.broker.proxy.forward import Call
 from kafscale.broker.proxy.handlers import HANDLERS, ProxyContext, ProxyRequest, Raw
 from kafscale.broker.proxy.upstream import ForwardingRefused, UpstreamError, UpstreamPool
@@ -56,7 +57,7 @@ class ProxyDispatcher:
         spec = API_TABLE.get(api_key)
         handler = HANDLERS.get(api_key)
         if spec is None or handler is None or not spec.supports(api_version):
-            return encode_unsupported(API_TABLE, spec, api_key, api_version, correlation_id)
+            return encode_unsupported(PROXY_TABLE, spec, api_key, api_version, correlation_id)
         try:
             decoded = codec.decode_request(frame, codec.request_schema(api_key, api_version))
         except codec.DecodeError as exc:

@@ -682,6 +682,10 @@ HANDLERS: dict[int, Handler] = {
     66: list_transactions,
     68: to_coordinator,  # ConsumerGroupHeartbeat
     69: by_coordinator(CONSUMER_GROUP_DESCRIBE),
+    77: by_coordinator(CONSUMER_GROUP_DESCRIBE),  # ShareGroupDescribe: the same fields
+    90: by_coordinator(OFFSET_FETCH_GROUPS),  # DescribeShareGroupOffsets
+    91: to_coordinator,  # AlterShareGroupOffsets
+    92: to_coordinator,  # DeleteShareGroupOffsets
     74: list_config_resources,
     75: describe_topic_partitions,
 }

@@ -809,18 +809,18 @@ def _leading_error_code(frame: bytes, api_key: int, version: int) -> int:
     return int.from_bytes(frame[header_size : header_size + 2], "big", signed=True)
 
 
-# Unserved APIs whose responses have no error field: DescribeShareGroupOffsets (v0, v1)
-# and ShareGroupDescribe (share groups: not offered by Kafka 3.9 either).
-DESCRIBE_SHARE_GROUP_OFFSETS, SHARE_GROUP_DESCRIBE = 90, 77
+# Unserved APIs whose responses have no error field: the share coordinator's state RPCs
+# (KIP-932: KafScale keeps share state in etcd) and streams groups (KIP-1071).
+READ_SHARE_GROUP_STATE_SUMMARY, STREAMS_GROUP_DESCRIBE = 87, 89
 INVALID_RECORD, TRANSACTIONAL_ID_AUTHORIZATION_FAILED = 87, 53
 
 
 @pytest.mark.parametrize(
     ("api_key", "version"),
     [
-        (DESCRIBE_SHARE_GROUP_OFFSETS, 0),
-        (DESCRIBE_SHARE_GROUP_OFFSETS, 1),
-        (SHARE_GROUP_DESCRIBE, 1),
+        (READ_SHARE_GROUP_STATE_SUMMARY, 0),
+        (READ_SHARE_GROUP_STATE_SUMMARY, 1),
+        (STREAMS_GROUP_DESCRIBE, 0),
     ],
 )
 def test_an_unserved_api_without_an_error_field_closes_the_connection(
@@ -851,7 +851,11 @@ def test_api_versions_names_only_apis_in_the_table(kafka: BrokerProcess) -> None
         advertised = wire.request(API_VERSIONS, 3, {})
     keys = {int(k.api_key) for k in advertised.api_keys}
     assert keys == set(API_TABLE)
-    assert not keys & {DESCRIBE_SHARE_GROUP_OFFSETS, SHARE_GROUP_DESCRIBE, UPDATE_FEATURES}
+    assert not keys & {
+        READ_SHARE_GROUP_STATE_SUMMARY,
+        STREAMS_GROUP_DESCRIBE,
+        UPDATE_FEATURES,
+    }
 
 
 def test_a_control_batch_from_a_client_is_invalid_record_and_not_stored(

@@ -43,6 +43,18 @@ def java_admin(*args: str) -> tuple[int, list[str]]:
     return done.returncode, done.stdout.splitlines()
 
 
+SHARE_DEFAULTS = {
+    "share.session.timeout.ms": ("45000", 5),
+    "share.heartbeat.interval.ms": ("5000", 5),
+    "share.record.lock.duration.ms": ("30000", 5),
+    "share.delivery.count.limit": ("5", 5),
+    "share.partition.max.record.locks": ("2000", 5),
+    "share.auto.offset.reset": ("latest", 5),
+    "share.isolation.level": ("read_committed", 5),
+}
+"""Share group configs (KIP-932), described beside the consumer ones with Kafka's defaults."""
+
+
 def describe_configs(bootstrap: str, group: str) -> dict[str, tuple[str, int]]:
     """kio-level DescribeConfigs v4 of the group: name -> (value, config source)."""
     body = {
@@ -88,12 +100,14 @@ def test_group_configs_are_set_described_and_enforced(broker_cluster: BrokerClus
     assert describe_configs(broker.bootstrap, group) == {
         "consumer.heartbeat.interval.ms": ("5000", 5),
         "consumer.session.timeout.ms": (str(BROKER_SESSION_MS), 5),
+        **SHARE_DEFAULTS,
     }
     settings = "consumer.session.timeout.ms=2500,consumer.heartbeat.interval.ms=400"
     assert java_admin("alter", broker.bootstrap, group, settings) == (0, ["ok"])
     assert describe_configs(broker.bootstrap, group) == {
         "consumer.heartbeat.interval.ms": ("400", GROUP_CONFIG_SOURCE),
         "consumer.session.timeout.ms": ("2500", GROUP_CONFIG_SOURCE),
+        **SHARE_DEFAULTS,
     }
     # ListConfigResources (KIP-1142) lists the groups with their own configs.
     with KafkaWire(broker.bootstrap) as wire:
@@ -103,6 +117,9 @@ def test_group_configs_are_set_described_and_enforced(broker_cluster: BrokerClus
     assert code == 0 and sorted(lines) == [
         "entry consumer.heartbeat.interval.ms DYNAMIC_GROUP_CONFIG 400",
         "entry consumer.session.timeout.ms DYNAMIC_GROUP_CONFIG 2500",
+        *sorted(
+            f"entry {name} DEFAULT_CONFIG {value}" for name, (value, _) in SHARE_DEFAULTS.items()
+        ),
     ]
     # Enforced: the heartbeat interval answered is the group's, and a member that stops
     # heartbeating is gone after the group's 2.5 s session (the broker's is 10 minutes).
@@ -125,8 +142,10 @@ def test_bad_group_configs_are_refused_with_kafkas_messages(broker_cluster: Brok
     assert code == 1
     assert lines[0].startswith("error InvalidConfigurationException consumer.session.timeout.ms")
     assert "group.consumer.min.session.timeout.ms" in lines[0]
-    code, lines = java_admin("alter", broker.bootstrap, group, "share.session.timeout.ms=50000")
-    assert code == 1 and "share or streams groups" in lines[0]
+    code, lines = java_admin("alter", broker.bootstrap, group, "share.session.timeout.ms=500")
+    assert code == 1 and "share.session.timeout.ms must be greater than" in lines[0]
+    code, lines = java_admin("alter", broker.bootstrap, group, "streams.num.standby.replicas=1")
+    assert code == 1 and "streams groups" in lines[0]
     code, lines = java_admin("alter", broker.bootstrap, group, "consumer.heartbeat.interval.ms=x")
     assert code == 1 and "InvalidConfigurationException" in lines[0]
     # The bounds are the broker's configs, as DescribeConfigs of the broker shows them.

@@ -188,7 +188,7 @@ def test_protocol_v2_adds_partitions_implicitly_and_fences_each_ended_transactio
         features = wire.request(API_VERSIONS, 3, {"client_software_name": "t",
                                                   "client_software_version": "1"})  # fmt: skip
         finalized = {str(f.name): int(f.max_version_level) for f in features.finalized_features}
-        assert finalized == {"transaction.version": 2}
+        assert finalized == {"transaction.version": 2, "share.version": 1}
         init = wire.request(INIT, 5, {"transactional_id": "v2", "transaction_timeout": 30_000,
                                       "producer_id": -1, "producer_epoch": -1})  # fmt: skip
         pid, epoch = int(init.producer_id), int(init.producer_epoch)
@@ -221,6 +221,7 @@ def test_a_rolling_upgrade_holds_clients_on_transaction_protocol_v1(
     held = {"KAFSCALE_TRANSACTIONS__PROTOCOL_VERSION": "1"}
     broker = broker_cluster.start(**held)
     proxy = start_proxy(broker_cluster, **held)
-    assert finalized_features(broker.bootstrap) == {"transaction.version": 1}
+    # Share groups (KIP-932) are served by brokers, not yet through the proxy.
+    assert finalized_features(broker.bootstrap) == {"transaction.version": 1, "share.version": 1}
     assert finalized_features(proxy.bootstrap) == {"transaction.version": 1}
     assert finalized_features(start_proxy(broker_cluster).bootstrap) == {"transaction.version": 2}

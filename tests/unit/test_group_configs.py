@@ -8,6 +8,7 @@ import pytest
 from kafscale.broker.config import GroupSettings
 from kafscale.broker.groups import group_configs
 from kafscale.broker.groups.consumer import ConsumerConfig
+from kafscale.broker.groups.share import ShareConfig
 from kafscale.broker.protocol.errors import ErrorCode, KafkaError
 
 pytestmark = pytest.mark.unit
@@ -59,10 +60,34 @@ def test_values_that_are_not_positive_ints_are_refused(value: str) -> None:
     assert "Invalid value" in refusal({SESSION: value})
 
 
-def test_unknown_names_and_share_or_streams_configs_are_refused() -> None:
+def test_unknown_names_and_streams_configs_are_refused() -> None:
     assert "Unknown group config name: session.timeout.ms" in refusal({"session.timeout.ms": "1"})
-    for name in ("share.session.timeout.ms", "share.auto.offset.reset", "streams.num.standby"):
-        assert "share or streams groups" in refusal({name: "1"})
+    assert "streams groups" in refusal({"streams.num.standby.replicas": "1"})
+
+
+def test_share_configs_are_checked_and_applied() -> None:
+    """Share groups (KIP-932) take their share.* group configs, within Kafka's bounds."""
+    assert "share.session.timeout.ms must be greater" in refusal({"share.session.timeout.ms": "1"})
+    assert "must be one of latest, earliest" in refusal({"share.auto.offset.reset": "none"})
+    too_many = refusal({"share.delivery.count.limit": "11"})
+    assert "share.delivery.count.limit must be less" in too_many
+    configs = {
+        "share.auto.offset.reset": "earliest",
+        "share.record.lock.duration.ms": "2000",
+        "share.delivery.count.limit": "3",
+        "share.isolation.level": "read_uncommitted",
+    }
+    group_configs.validate(configs, KAFKA_DEFAULTS)
+    chosen = group_configs.share_config(ShareConfig(), configs)
+    assert chosen == ShareConfig(
+        auto_offset_reset="earliest",
+        record_lock_duration_ms=2000,
+        delivery_count_limit=3,
+        read_committed=False,
+    )
+    assert group_configs.share_config(ShareConfig(), {"share.delivery.count.limit": "x"}) == (
+        ShareConfig()
+    )
 
 
 def test_changes_set_and_remove() -> None:

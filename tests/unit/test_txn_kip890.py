@@ -230,7 +230,7 @@ def test_transaction_protocol_off_lists_no_finalized_feature() -> None:
     """Kafka lists no finalized entry at level 0; clients then take protocol v1."""
     from kafscale.broker.api.features import features_body
 
-    assert features_body(0)["finalized_features"] == []
-    assert features_body(1)["finalized_features"] == [
+    assert features_body(0, share_version=0)["finalized_features"] == []
+    assert features_body(1, share_version=0)["finalized_features"] == [
         {"name": "transaction.version", "max_version_level": 1, "min_version_level": 1}
     ]

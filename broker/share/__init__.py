@@ -1,0 +1,1 @@
+"""Share-partitions (KIP-932) on the partition owner: record states, sessions, persistence."""

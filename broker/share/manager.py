@@ -1,0 +1,289 @@
+"""The async shell around this broker's share-partitions (Kafka's ``SharePartitionManager``).
+
+A share-partition lives on the broker that owns its topic partition (the lease holder). It is
+loaded from etcd on first use (or started at the group's ``share.auto.offset.reset``: the
+high watermark, or the log start), changed under its own lock by ShareFetch/ShareAcknowledge,
+and written back in flush rounds: one etcd transaction for every share-partition changed since
+the last round, fenced by the partition leases (``store``). Acknowledgements are answered once
+the round that carries them committed; acquisitions and lock expiries ride the next round
+(``FLUSH_INTERVAL_S``), so a new owner may deliver a record once more than its count says,
+never lose an acknowledgement.
+
+A share-partition whose partition lease changed (or whose round was fenced) is dropped and read
+again from etcd: records acquired on the old owner come back as available there.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from kafscale.broker.groups.share import ShareConfig
+from kafscale.broker.metadata.etcd_errors import MetadataUnavailable
+from kafscale.broker.metadata.etcd_txn import Compare
+from kafscale.broker.protocol.errors import ErrorCode
+from kafscale.broker.share.partition import Limits, SharePartition
+from kafscale.broker.share.sessions import ShareSessions
+from kafscale.broker.share.store import ShareStateStore, StateWrite, encode
+
+log = logging.getLogger(__name__)
+
+FLUSH_INTERVAL_S = 0.25
+EXPIRY_CHECK_MAX_S = 1.0
+EntryKey = tuple[str, str, int]
+"""(group, topic, partition)."""
+
+
+def limits_of(config: ShareConfig) -> Limits:
+    return Limits(
+        config.record_lock_duration_ms, config.delivery_count_limit, config.max_record_locks
+    )
+
+
+@dataclass(slots=True)
+class Entry:
+    key: EntryKey
+    topic_id: str
+    lease_revision: int
+    state: SharePartition
+    limits: Limits
+    revision: int = 0
+    """The etcd mod revision of the stored state this entry continues from (0: none)."""
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    dirty: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class OwnerView:
+    """What the manager needs of the partition's owner: its lease revision and offsets."""
+
+    topic_id: str
+    lease_revision: int
+    log_start_offset: int
+    high_watermark: int
+
+
+Clock = Callable[[], int]
+Owns = Callable[[str, int, int], bool]
+"""Whether this broker still owns (topic, partition) under that lease revision."""
+
+
+def loop_clock_ms() -> int:
+    return int(asyncio.get_running_loop().time() * 1000)
+
+
+def _continues(entry: Entry, owner: OwnerView) -> bool:
+    """Whether ``entry`` is still this owner's: the same lease, the same topic (a topic deleted
+    and created again under its name starts its share-partitions over)."""
+    return entry.lease_revision == owner.lease_revision and entry.topic_id == owner.topic_id
+
+
+class ShareManager:
+    def __init__(
+        self,
+        store: ShareStateStore,
+        owns: Owns = lambda _t, _p, _r: True,
+        clock: Clock = loop_clock_ms,
+    ) -> None:
+        self._store = store
+        self._owns = owns
+        self._clock = clock
+        self.sessions = ShareSessions()
+        self._entries: dict[EntryKey, Entry] = {}
+        self._loading = asyncio.Lock()
+        self._waiters: list[asyncio.Future[ErrorCode]] = []
+        self._wake = asyncio.Event()
+        self._changed = asyncio.Event()
+
+    def now_ms(self) -> int:
+        return self._clock()
+
+    def changed(self) -> asyncio.Event:
+        """Set once records may have become available (a release, an expiry, an
+        acknowledgement): waiting fetches look again. Take it before looking."""
+        return self._changed
+
+    def notify(self) -> None:
+        self._changed.set()
+        self._changed = asyncio.Event()
+
+    async def entry(self, key: EntryKey, owner: OwnerView, config: ShareConfig) -> Entry:
+        """The share-partition, loaded or started if this owner has not got it yet."""
+        found = self._entries.get(key)
+        if found is None or not _continues(found, owner):
+            async with self._loading:
+                found = self._entries.get(key)
+                if found is None or not _continues(found, owner):
+                    found = await self._load(key, owner, config)
+                    self._entries[key] = found
+        found.limits = limits_of(config)
+        if owner.log_start_offset > found.state.start_offset:
+            found.state.move_start(owner.log_start_offset)
+            found.dirty = True
+        return found
+
+    async def _load(self, key: EntryKey, owner: OwnerView, config: ShareConfig) -> Entry:
+        group, topic, partition = key
+        state, revision = await self._store.load(group, topic, partition, owner.topic_id)
+        fresh = state is None
+        if state is None:
+            start = owner.high_watermark if config.auto_offset_reset == "latest" else 0
+            state = SharePartition(max(start, owner.log_start_offset))
+        log.info(
+            "share-partition %s %s-%d %s at start offset %d",
+            group,
+            topic,
+            partition,
+            "started" if fresh else "loaded",
+            state.start_offset,
+        )
+        # A fresh one is written at the next round so that "latest" stays where it was taken.
+        limits = limits_of(config)
+        return Entry(
+            key, owner.topic_id, owner.lease_revision, state, limits, revision, dirty=fresh
+        )
+
+    async def revalidate(self, key: EntryKey) -> None:
+        """Drop the share-partition if its stored state changed under us (an admin altered or
+        deleted its start offset): its next use reads it again. Run when a member opens a
+        share session, the first thing a member does after such a change (offsets are altered
+        only while the group is empty)."""
+        entry = self._entries.get(key)
+        if entry is None:
+            return
+        changed = await self._store.revision(*key) != entry.revision
+        if changed and self._entries.get(key) is entry:
+            del self._entries[key]
+
+    async def replace_states(
+        self,
+        fence: Sequence[Compare],
+        group: str,
+        starts: dict[tuple[str, int], tuple[str, int]],
+        deleted_topics: Sequence[str],
+    ) -> bool:
+        """AlterShareGroupOffsets / DeleteShareGroupOffsets (``store.replace``); this broker's
+        own copies go at once, other owners find out at the next session or flush round."""
+        done = await self._store.replace(fence, starts, deleted_topics, group)
+        for key in [k for k in self._entries if k[0] == group]:
+            if key[1:] in starts or key[1] in deleted_topics:
+                del self._entries[key]
+        return done
+
+    async def delete_group(self, group: str) -> None:
+        """DeleteGroups of a share group: its share-partition states go (here and in etcd)."""
+        for key in [k for k in self._entries if k[0] == group]:
+            del self._entries[key]
+        await self._store.delete_group(group)
+
+    async def start_offsets(self, group: str) -> dict[tuple[str, int], tuple[str, SharePartition]]:
+        """The group's share-partitions as etcd has them, with this broker's own (fresher:
+        not yet flushed) over them."""
+        found = await self._store.load_group(group)
+        for entry in self.entries_of(group):
+            found[(entry.key[1], entry.key[2])] = (entry.topic_id, entry.state)
+        return found
+
+    def entries_of(self, group: str) -> list[Entry]:
+        return [e for k, e in self._entries.items() if k[0] == group]
+
+    def release(self, group: str, member_id: str) -> None:
+        """A member's session ended: every record it holds here goes back."""
+        for entry in self.entries_of(group):
+            if entry.state.release_member(member_id, entry.limits):
+                entry.dirty = True
+                self.notify()
+        self._wake.set()
+
+    def release_connection(self, connection: object) -> None:
+        """A connection closed: its share sessions end (Kafka releases their records too)."""
+        for group, member_id in self.sessions.of_connection(connection):
+            self.sessions.close((group, member_id))
+            self.release(group, member_id)
+
+    # --- flush rounds -------------------------------------------------------------------------
+
+    async def durable(self) -> ErrorCode:
+        """Wait for a flush round that carries every change made before this call."""
+        future: asyncio.Future[ErrorCode] = asyncio.get_running_loop().create_future()
+        self._waiters.append(future)
+        self._wake.set()
+        return await asyncio.shield(future)
+
+    async def run(self) -> None:
+        """Flush rounds and lock expiry, until cancelled."""
+        while True:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self._sleep_s()):
+                    await self._wake.wait()
+            self._wake.clear()
+            self._expire()
+            try:
+                await self._flush_round()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("share state flush failed")
+                await asyncio.sleep(FLUSH_INTERVAL_S)
+
+    def _sleep_s(self) -> float:
+        deadlines = [d for e in self._entries.values() if (d := e.state.next_deadline_ms())]
+        dirty = any(e.dirty for e in self._entries.values())
+        wait = EXPIRY_CHECK_MAX_S
+        if deadlines:
+            wait = min(wait, max(min(deadlines) - self._clock(), 0) / 1000)
+        if dirty:
+            wait = min(wait, FLUSH_INTERVAL_S)
+        return wait
+
+    def _expire(self) -> None:
+        now = self._clock()
+        for entry in self._entries.values():
+            if entry.state.expire(now, entry.limits):
+                entry.dirty = True
+                self.notify()
+
+    async def _flush_round(self) -> None:
+        waiters, self._waiters = self._waiters, []
+        # Share-partitions of partitions this broker lost go (their new owner reads etcd);
+        # writing them would only fail the round for every other share-partition.
+        for key, entry in list(self._entries.items()):
+            if not self._owns(key[1], key[2], entry.lease_revision):
+                del self._entries[key]
+        dirty = [e for e in self._entries.values() if e.dirty]
+        writes = []
+        for entry in dirty:
+            group, topic, partition = entry.key
+            value = encode(entry.topic_id, entry.state)
+            writes.append(
+                StateWrite(group, topic, partition, entry.lease_revision, entry.revision, value)
+            )
+            entry.dirty = False
+        error = ErrorCode.NONE
+        if writes:
+            try:
+                revision = await self._store.save(writes)
+                if revision is None:
+                    error = ErrorCode.NOT_LEADER_OR_FOLLOWER
+                    for entry in dirty:
+                        if self._entries.get(entry.key) is entry:
+                            del self._entries[entry.key]
+                    log.warning(
+                        "share state write refused (a partition lease moved, or an admin changed "
+                        "a state): %d share-partitions dropped, read again on next use",
+                        len(dirty),
+                    )
+                else:
+                    for entry in dirty:
+                        entry.revision = revision
+            except MetadataUnavailable as exc:
+                log.warning("share state write: %s", exc)
+                error = ErrorCode.REQUEST_TIMED_OUT
+                for entry in dirty:
+                    entry.dirty = True
+        for waiter in waiters:
+            if not waiter.done():
+                waiter.set_result(error)

@@ -1,0 +1,137 @@
+"""Share-partition state in etcd: one JSON value per (group, topic, partition).
+
+Written by the partition's owner in flush rounds (``manager``), many share-partitions in one
+transaction that compares the owner's partition leases (value and create revision), as the
+log's own commits are fenced: a broker that lost a partition cannot overwrite what its new owner
+wrote. Each key's mod revision is compared too (the one the owner read or last wrote): an admin
+change (AlterShareGroupOffsets, DeleteShareGroupOffsets, written by the group's coordinator) is
+never overwritten by an owner's older state; the owner reads the key again instead.
+
+The document: ``{"topic_id", "start", "batches": [[first, last, count, state], ...]}``. A value
+for another topic id (the topic was deleted and re-created) is ignored.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from kafscale.broker.metadata import keys
+from kafscale.broker.metadata.etcd import Etcd
+from kafscale.broker.metadata.etcd_txn import (
+    Compare,
+    DeleteOp,
+    PutOp,
+    create_revision_is,
+    mod_revision_is,
+    value_is,
+)
+from kafscale.broker.share.partition import SharePartition
+
+
+@dataclass(frozen=True, slots=True)
+class StateWrite:
+    group: str
+    topic: str
+    partition: int
+    lease_revision: int
+    expected_revision: int
+    """The key's mod revision the owner knows (0: the key does not exist)."""
+    value: bytes
+
+
+def encode(topic_id: str, partition: SharePartition) -> bytes:
+    document = {
+        "topic_id": topic_id,
+        "start": partition.start_offset,
+        "batches": partition.durable(),
+    }
+    return json.dumps(document, separators=(",", ":")).encode()
+
+
+def decode(data: bytes, topic_id: str) -> SharePartition | None:
+    document = json.loads(data)
+    if document.get("topic_id") != topic_id:
+        return None
+    batches = [(int(a), int(b), int(c), int(d)) for a, b, c, d in document.get("batches") or ()]
+    return SharePartition.restore(int(document["start"]), batches)
+
+
+class ShareStateStore:
+    def __init__(self, etcd: Etcd, cluster: str, node_id: int) -> None:
+        self._etcd = etcd
+        self._cluster = cluster
+        self._me = str(node_id).encode()
+
+    def _key(self, group: str, topic: str, partition: int) -> str:
+        return keys.share_state_key(self._cluster, group, topic, partition)
+
+    async def load(
+        self, group: str, topic: str, partition: int, topic_id: str
+    ) -> tuple[SharePartition | None, int]:
+        """The stored state (None: none, or another topic's) and the key's mod revision."""
+        kv = await self._etcd.get(self._key(group, topic, partition))
+        if kv is None:
+            return None, 0
+        return decode(kv.value, topic_id), kv.mod_revision
+
+    async def revision(self, group: str, topic: str, partition: int) -> int:
+        kv = await self._etcd.get(self._key(group, topic, partition))
+        return 0 if kv is None else kv.mod_revision
+
+    async def save(self, writes: Sequence[StateWrite]) -> int | None:
+        """Every write in one transaction, fenced by the partition leases named and by each
+        key's expected mod revision: the revision written, or None if a check failed."""
+        compares: list[Compare] = []
+        leases: set[str] = set()
+        for write in writes:
+            lease_key = keys.partition_lease_key(self._cluster, write.topic, write.partition)
+            if lease_key not in leases:
+                leases.add(lease_key)
+                compares += [
+                    value_is(lease_key, self._me),
+                    create_revision_is(lease_key, write.lease_revision),
+                ]
+            key = self._key(write.group, write.topic, write.partition)
+            compares.append(mod_revision_is(key, write.expected_revision))
+        puts = [PutOp(self._key(w.group, w.topic, w.partition), w.value) for w in writes]
+        result = await self._etcd.txn(compares, puts)
+        return result.revision if result.succeeded else None
+
+    async def load_group(self, group: str) -> dict[tuple[str, int], tuple[str, SharePartition]]:
+        """Every share-partition of ``group`` in etcd: (topic, partition) -> (topic id, state)."""
+        prefix = keys.share_states_prefix(self._cluster, group)
+        found: dict[tuple[str, int], tuple[str, SharePartition]] = {}
+        for entry in await self._etcd.get_prefix(prefix):
+            topic, _, partition = entry.key[len(prefix) :].rpartition("/")
+            topic_id = str(json.loads(entry.value).get("topic_id", ""))
+            state = decode(entry.value, topic_id)
+            if topic and partition.isdigit() and state is not None:
+                found[(topic, int(partition))] = (topic_id, state)
+        return found
+
+    async def replace(
+        self,
+        fence: Sequence[Compare],
+        starts: dict[tuple[str, int], tuple[str, int]],
+        deleted_topics: Sequence[str],
+        group: str,
+    ) -> bool:
+        """An admin change by the group's coordinator (``fence``: its group lease): each
+        (topic, partition) in ``starts`` restarts at (topic id, start offset) with nothing in
+        flight; every share-partition of ``deleted_topics`` goes. False if fenced."""
+        ops: list[PutOp | DeleteOp] = [
+            PutOp(
+                self._key(group, topic, partition),
+                encode(topic_id, SharePartition(start)),
+            )
+            for (topic, partition), (topic_id, start) in starts.items()
+        ]
+        prefix = keys.share_states_prefix(self._cluster, group)
+        ops += [DeleteOp(f"{prefix}{topic}/", prefix=True) for topic in deleted_topics]
+        result = await self._etcd.txn(list(fence), ops)
+        return result.succeeded
+
+    async def delete_group(self, group: str) -> None:
+        await self._etcd.delete_prefix(keys.share_states_prefix(self._cluster, group))

@@ -1,0 +1,708 @@
+"""Share groups (KIP-932, "queues for Kafka") with real brokers, etcd and real clients:
+librdkafka's ``ShareConsumer`` (confluent-kafka 2.16), the Java ``KafkaShareConsumer`` and the
+Java Admin client (kafka-clients 4.3), and raw requests where no client exposes a call.
+
+* two consumers of one share group on one partition together receive every record exactly
+  once when each acknowledges (ACCEPT), with librdkafka and with the Java client;
+* a RELEASEd record comes back with its delivery count one higher; at the group's
+  ``share.delivery.count.limit`` it is archived and never delivered again;
+* records held by a consumer that dies (its connection closes) or whose acquisition lock
+  expires go to another member;
+* acknowledged records stay acknowledged across a broker crash and across a handoff to another
+  broker (the partition's new owner reads the share-partition state from etcd), and records
+  acquired but not acknowledged are delivered again;
+* read_committed share groups never deliver aborted records or transaction markers;
+* bad requests get Kafka's error codes; share groups are listed with type "share", described,
+  their offsets described, altered and deleted while empty, and the group deleted.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+import time
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import pytest
+from confluent_kafka import AcknowledgeType, Producer
+from confluent_kafka.admin import AdminClient
+from harness import topics
+from harness.brokers import BrokerCluster
+from harness.java_client import java_program
+from harness.kafka_wire import KafkaWire, heartbeat
+from harness.proxy import start_proxy
+from harness.share import (
+    Received,
+    poll_some,
+    poll_until,
+    produce,
+    set_group_configs,
+    share_consumer,
+)
+
+from kafscale.broker.protocol.errors import ErrorCode
+
+pytestmark = pytest.mark.integration
+
+EARLIEST = {"share.auto.offset.reset": "earliest"}
+
+
+def values(n: int, prefix: str = "v") -> list[bytes]:
+    return [f"{prefix}{i}".encode() for i in range(n)]
+
+
+def test_two_consumers_on_one_partition_get_every_record_once(
+    broker_cluster: BrokerCluster,
+) -> None:
+    broker = broker_cluster.start()
+    topics.create_topic(broker.bootstrap, "q", 1)
+    set_group_configs(broker.bootstrap, "workers", EARLIEST)
+    first, second = Received(), Received()
+    c1 = share_consumer(broker.bootstrap, "workers", "q")
+    c2 = share_consumer(broker.bootstrap, "workers", "q")
+    try:
+        sent: list[bytes] = []
+        for batch in range(6):
+            new = values(50, f"b{batch}-")
+            produce(broker.bootstrap, "q", new)
+            sent += new
+            poll_some(c1, first)
+            poll_some(c2, second)
+        deadline = time.monotonic() + 30
+        while len(first.values) + len(second.values) < len(sent):
+            assert time.monotonic() < deadline, "not everything was delivered"
+            poll_some(c1, first)
+            poll_some(c2, second)
+        # Nothing more comes: every record was delivered once and acknowledged.
+        for _ in range(3):
+            poll_some(c1, first)
+            poll_some(c2, second)
+    finally:
+        c1.close()
+        c2.close()
+    got = first.values + second.values
+    assert sorted(got) == sorted(sent)
+    assert len(set(got)) == len(got)
+    assert {count for _, _, count in first.records + second.records} == {1}
+
+
+def test_released_records_come_back_and_the_delivery_limit_archives_them(
+    broker_cluster: BrokerCluster,
+) -> None:
+    broker = broker_cluster.start()
+    topics.create_topic(broker.bootstrap, "q", 1)
+    set_group_configs(broker.bootstrap, "g", {**EARLIEST, "share.delivery.count.limit": "2"})
+    produce(broker.bootstrap, "q", values(5))
+    got = Received()
+    consumer = share_consumer(broker.bootstrap, "g", "q")
+    try:
+        poll_until(consumer, got, lambda: len(got.records) >= 5, ack=AcknowledgeType.RELEASE)
+        assert [c for _, _, c in got.records[:5]] == [1] * 5
+        poll_until(consumer, got, lambda: len(got.records) >= 10, ack=AcknowledgeType.RELEASE)
+        assert [(v, c) for v, _, c in got.records[5:]] == [(v, 2) for v in values(5)]
+        # Released at the limit (2): archived, never delivered again; new records still are.
+        produce(broker.bootstrap, "q", [b"after"])
+        poll_until(consumer, got, lambda: got.values[-1:] == [b"after"])
+        for _ in range(4):
+            poll_some(consumer, got)
+    finally:
+        consumer.close()
+    assert got.values[10:] == [b"after"]
+    assert got.records[-1][1:] == (5, 1)
+
+
+DYING_CONSUMER = textwrap.dedent(
+    """
+    import os, sys
+    from confluent_kafka import ShareConsumer
+    c = ShareConsumer({"bootstrap.servers": sys.argv[1], "group.id": sys.argv[2],
+                       "share.acknowledgement.mode": "explicit"})
+    c.subscribe([sys.argv[3]])
+    got = 0
+    while got == 0:
+        got = len([m for m in c.poll(1.0) if m.error() is None])
+    print(got, flush=True)
+    os._exit(0)  # dies holding its records: no acknowledgement, no leave
+    """
+)
+
+
+def test_records_of_a_consumer_that_dies_go_to_another_member(
+    broker_cluster: BrokerCluster,
+) -> None:
+    broker = broker_cluster.start()
+    topics.create_topic(broker.bootstrap, "q", 1)
+    set_group_configs(broker.bootstrap, "g", EARLIEST)
+    produce(broker.bootstrap, "q", values(20))
+    dying = subprocess.run(
+        [sys.executable, "-c", DYING_CONSUMER, broker.bootstrap, "g", "q"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert dying.returncode == 0, dying.stderr[-2000:]
+    held = int(dying.stdout.split()[0])
+    assert held > 0
+    got = Received()
+    consumer = share_consumer(broker.bootstrap, "g", "q")
+    try:
+        poll_until(consumer, got, lambda: len(got.records) >= 20)
+    finally:
+        consumer.close()
+    assert sorted(got.values) == sorted(values(20))
+    # The dead consumer's records were delivered a second time (well before the 30 s lock).
+    assert sum(1 for _, _, count in got.records if count == 2) == held
+
+
+def test_an_expired_acquisition_lock_makes_records_available_to_another_member(
+    broker_cluster: BrokerCluster,
+) -> None:
+    broker = broker_cluster.start()
+    topics.create_topic(broker.bootstrap, "q", 1)
+    set_group_configs(broker.bootstrap, "g", {**EARLIEST, "share.record.lock.duration.ms": "1500"})
+    produce(broker.bootstrap, "q", values(10))
+    slow, fast = Received(), Received()
+    holder = share_consumer(broker.bootstrap, "g", "q")
+    other = share_consumer(broker.bootstrap, "g", "q")
+    try:
+        poll_until(holder, slow, lambda: len(slow.records) >= 10, ack=None)
+        # ``holder`` stays connected and never acknowledges: its locks run out.
+        poll_until(other, fast, lambda: len(fast.records) >= 10)
+    finally:
+        other.close()
+        holder.close()
+    assert sorted(fast.values) == sorted(values(10))
+    assert {count for _, _, count in fast.records} == {2}
+
+
+def test_acknowledged_records_stay_acknowledged_across_a_broker_crash(
+    broker_cluster: BrokerCluster,
+) -> None:
+    broker = broker_cluster.start()
+    topics.create_topic(broker.bootstrap, "q", 1)
+    set_group_configs(broker.bootstrap, "g", EARLIEST)
+    produce(broker.bootstrap, "q", values(30))
+    accepted = Received()
+    consumer = share_consumer(broker.bootstrap, "g", "q")
+    try:
+        poll_until(consumer, accepted, lambda: len(accepted.records) >= 30)
+    finally:
+        consumer.close()
+    produce(broker.bootstrap, "q", values(10, "late"))
+    held = Received()
+    holder = share_consumer(broker.bootstrap, "g", "q")
+    poll_until(holder, held, lambda: len(held.records) >= 10, ack=None)
+    # Acquisitions ride the next flush round (250 ms), acknowledgements are answered only once
+    # in etcd; give the round its time, so the delivery counts are there too.
+    time.sleep(1)
+    port = broker.port
+    broker.kill()  # SIGKILL: no handoff, no final flush
+    restarted = broker_cluster.start(port=port)
+    after = Received()
+    consumer = share_consumer(restarted.bootstrap, "g", "q")
+    try:
+        poll_until(consumer, after, lambda: len(after.records) >= 10, timeout_s=60)
+        for _ in range(3):
+            poll_some(consumer, after)
+    finally:
+        consumer.close()
+        holder.close()
+    # Only the records that were acquired but not acknowledged come again, counted twice.
+    assert sorted(after.values) == sorted(values(10, "late"))
+    assert {count for _, _, count in after.records} == {2}
+
+
+def _list_groups(wire: KafkaWire, types: list[str]) -> dict[str, tuple[str, str]]:
+    body = {"states_filter": [], "types_filter": types}
+    return {g.group_id: (g.group_state, g.group_type) for g in wire.request(16, 5, body).groups}
+
+
+def _describe(wire: KafkaWire, group: str) -> Any:
+    body = {"group_ids": [group], "include_authorized_operations": False}
+    (described,) = wire.request(77, 1, body).groups
+    return described
+
+
+def _delete(wire: KafkaWire, group: str) -> ErrorCode:
+    (result,) = wire.request(42, 2, {"groups_names": [group]}).results
+    return ErrorCode(result.error_code)
+
+
+def test_a_topic_created_again_starts_its_share_partitions_over(
+    broker_cluster: BrokerCluster,
+) -> None:
+    """A topic deleted and created again under its name is a new topic: a consumer that stays
+    subscribed is sent its assignment again under the new topic id and gets the new records
+    from the start; the old topic's share-partition state is not the new one's."""
+    broker = broker_cluster.start()
+    topics.create_topic(broker.bootstrap, "q", 1)
+    set_group_configs(broker.bootstrap, "again", EARLIEST)
+    produce(broker.bootstrap, "q", values(8, "old"))
+    got = Received()
+    fast_metadata = {"topic.metadata.refresh.interval.ms": 500}
+    consumer = share_consumer(broker.bootstrap, "again", "q", **fast_metadata)
+    try:
+        poll_until(consumer, got, lambda: len(got.records) >= 8)
+        admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+        admin.delete_topics(["q"])["q"].result(15)
+        deadline = time.monotonic() + 30
+        while "q" in admin.list_topics(timeout=5).topics:
+            assert time.monotonic() < deadline, "the topic was not deleted"
+            time.sleep(0.5)
+        topics.create_topic(broker.bootstrap, "q", 1)
+        produce(broker.bootstrap, "q", values(3, "new"))
+        poll_until(consumer, got, lambda: len(got.records) >= 11, timeout_s=60)
+    finally:
+        consumer.close()
+    assert got.values[8:] == values(3, "new")
+    assert [count for _, _, count in got.records[8:]] == [1, 1, 1]
+
+
+def _leader(bootstrap: str, topic: str) -> int:
+    metadata = AdminClient({"bootstrap.servers": bootstrap}).list_topics(topic, timeout=15)
+    return int(metadata.topics[topic].partitions[0].leader)
+
+
+def test_a_new_owner_continues_the_share_partition_after_a_handoff(
+    broker_cluster: BrokerCluster,
+) -> None:
+    """Two brokers; the partition's owner stops (SIGTERM: handoff). The other broker takes
+    the partition over and reads the share-partition from etcd: accepted records are never
+    delivered again, the rest are."""
+    first, second = broker_cluster.start(), broker_cluster.start()
+    bootstrap = broker_cluster.bootstrap
+    topics.create_topic(bootstrap, "q", 1)
+    set_group_configs(bootstrap, "handoff", EARLIEST)
+    produce(bootstrap, "q", values(20))
+    accepted = Received()
+    consumer = share_consumer(bootstrap, "handoff", "q")
+    try:
+        poll_until(consumer, accepted, lambda: len(accepted.records) >= 20)
+    finally:
+        consumer.close()
+    produce(bootstrap, "q", values(5, "after"))
+    owner = first if _leader(bootstrap, "q") == first.node_id else second
+    survivor = second if owner is first else first
+    owner.stop()
+    deadline = time.monotonic() + 30
+    while _leader(survivor.bootstrap, "q") != survivor.node_id:
+        assert time.monotonic() < deadline, "the survivor never took the partition"
+        time.sleep(0.2)
+    rest = Received()
+    consumer = share_consumer(survivor.bootstrap, "handoff", "q")
+    try:
+        poll_until(consumer, rest, lambda: len(rest.records) >= 5)
+        for _ in range(3):
+            poll_some(consumer, rest)
+    finally:
+        consumer.close()
+    assert rest.values == values(5, "after")
+
+
+def test_share_groups_are_listed_described_and_deleted(broker_cluster: BrokerCluster) -> None:
+    """ListGroups (with its types filter), ShareGroupDescribe and DeleteGroups, on the wire:
+    confluent-kafka's admin client has no share group calls."""
+    broker = broker_cluster.start()
+    topics.create_topic(broker.bootstrap, "q", 2)
+    consumers = [share_consumer(broker.bootstrap, "listed", "q") for _ in range(3)]
+    with KafkaWire(broker.bootstrap) as wire:
+        try:
+            deadline = time.monotonic() + 30
+            while len(_describe(wire, "listed").members) < 3:
+                assert time.monotonic() < deadline, _describe(wire, "listed")
+                for consumer in consumers:
+                    poll_some(consumer, Received(), timeout_s=0.2)
+            assert _list_groups(wire, ["share"]) == {"listed": ("Stable", "share")}
+            assert "listed" not in _list_groups(wire, ["consumer", "classic"])
+            described = _describe(wire, "listed")
+            assert (described.error_code, described.group_state) == (ErrorCode.NONE, "Stable")
+            assert described.assignor_name == "simple"
+            # Three members, two partitions: every partition assigned, one to two members.
+            held = [
+                (tp.topic_name, p)
+                for m in described.members
+                for tp in m.assignment.topic_partitions
+                for p in tp.partitions
+            ]
+            assert sorted(set(held)) == [("q", 0), ("q", 1)] and len(held) == 3
+            assert _delete(wire, "listed") is ErrorCode.NON_EMPTY_GROUP
+        finally:
+            for consumer in consumers:
+                consumer.close()
+        assert _list_groups(wire, ["share"]) == {"listed": ("Empty", "share")}
+        assert _delete(wire, "listed") is ErrorCode.NONE
+        assert _list_groups(wire, []) == {}
+        assert _describe(wire, "listed").error_code == ErrorCode.GROUP_ID_NOT_FOUND
+
+
+def _share_heartbeat(wire: KafkaWire, group: str, member: str, epoch: int, **fields: Any) -> Any:
+    body = {
+        "group_id": group,
+        "member_id": member,
+        "member_epoch": epoch,
+        "rack_id": None,
+        "subscribed_topic_names": ["q"] if epoch == 0 else None,
+        **fields,
+    }
+    return wire.request(76, 1, body)
+
+
+def _share_fetch(
+    wire: KafkaWire,
+    member: str,
+    epoch: int,
+    topic_id: Any,
+    acks: list[Any] | None = None,
+    group: str = "bad",
+) -> Any:
+    partition = {"partition_index": 0, "acknowledgement_batches": acks or []}
+    body = {
+        "group_id": group,
+        "member_id": member,
+        "share_session_epoch": epoch,
+        "max_wait": 0,
+        "min_bytes": 1,
+        "max_bytes": 1 << 20,
+        "max_records": 10,
+        "batch_size": 10,
+        "topics": [{"topic_id": topic_id, "partitions": [partition]}],
+        "forgotten_topics_data": [],
+    }
+    return wire.request(78, 1, body)
+
+
+def _ack(first: int, last: int, kind: int = 1) -> dict[str, Any]:
+    return {"first_offset": first, "last_offset": last, "acknowledge_types": [kind]}
+
+
+def test_bad_share_requests_get_kafkas_error_codes(broker_cluster: BrokerCluster) -> None:
+    broker = broker_cluster.start()
+    topics.create_topic(broker.bootstrap, "q", 1)
+    set_group_configs(broker.bootstrap, "bad", EARLIEST)
+    produce(broker.bootstrap, "q", values(5))
+    with KafkaWire(broker.bootstrap) as wire:
+        # Heartbeats: unknown member, a stale epoch, a join without topics, another type.
+        assert _share_heartbeat(wire, "bad", "ghost", 3).error_code == ErrorCode.UNKNOWN_MEMBER_ID
+        joined = _share_heartbeat(wire, "bad", "m1", 0)
+        assert (joined.error_code, joined.member_epoch) == (ErrorCode.NONE, 1)
+        (assigned,) = joined.assignment.topic_partitions
+        topic_id = assigned.topic_id
+        stale = _share_heartbeat(wire, "bad", "m1", 7)
+        assert stale.error_code == ErrorCode.FENCED_MEMBER_EPOCH
+        empty = _share_heartbeat(wire, "bad", "m2", 0, subscribed_topic_names=[])
+        assert empty.error_code == ErrorCode.INVALID_REQUEST
+        heartbeat(wire, "classic-or-consumer", "c1", 0, subscribed_topic_names=["q"])
+        other = _share_heartbeat(wire, "classic-or-consumer", "m1", 0)
+        assert other.error_code == ErrorCode.GROUP_ID_NOT_FOUND
+        consumer_hb = heartbeat(wire, "bad", "c1", 0, subscribed_topic_names=["q"])
+        assert consumer_hb.error_code == ErrorCode.GROUP_ID_NOT_FOUND
+        join = {
+            "group_id": "bad",
+            "session_timeout": 10_000,
+            "rebalance_timeout": 10_000,
+            "member_id": "",
+            "group_instance_id": None,
+            "protocol_type": "consumer",
+            "protocols": [{"name": "range", "metadata": b""}],
+            "reason": None,
+        }
+        assert wire.request(11, 9, join).error_code == ErrorCode.INCONSISTENT_GROUP_PROTOCOL
+        commit = {
+            "group_id": "bad",
+            "generation_id_or_member_epoch": -1,
+            "member_id": "",
+            "group_instance_id": None,
+            "topics": [
+                {
+                    "name": "q",
+                    "partitions": [
+                        {
+                            "partition_index": 0,
+                            "committed_offset": 1,
+                            "committed_leader_epoch": -1,
+                            "committed_metadata": None,
+                        }
+                    ],
+                }
+            ],
+        }
+        (committed,) = wire.request(8, 9, commit).topics[0].partitions
+        assert committed.error_code == ErrorCode.GROUP_ID_NOT_FOUND
+        # Sessions: none yet, then a wrong epoch; acknowledgements on the opening request.
+        assert _share_fetch(wire, "m1", 4, topic_id).error_code == (
+            ErrorCode.SHARE_SESSION_NOT_FOUND
+        )
+        opening_acks = _share_fetch(wire, "m1", 0, topic_id, [_ack(0, 0)])
+        assert opening_acks.error_code == ErrorCode.INVALID_REQUEST
+        fetched = _share_fetch(wire, "m1", 0, topic_id)
+        (partition,) = fetched.responses[0].partitions
+        assert [
+            (a.first_offset, a.last_offset, a.delivery_count) for a in partition.acquired_records
+        ] == [(0, 4, 1)]
+        assert _share_fetch(wire, "m1", 5, topic_id).error_code == (
+            ErrorCode.INVALID_SHARE_SESSION_EPOCH
+        )
+        # Acknowledging what this member does not hold: INVALID_RECORD_STATE, nothing changes.
+        body = {
+            "group_id": "bad",
+            "member_id": "m1",
+            "share_session_epoch": 1,
+            "topics": [
+                {
+                    "topic_id": topic_id,
+                    "partitions": [{"partition_index": 0, "acknowledgement_batches": [_ack(3, 9)]}],
+                }
+            ],
+        }
+        (answer,) = wire.request(79, 1, body).responses[0].partitions
+        assert answer.error_code == ErrorCode.INVALID_RECORD_STATE
+        accepted = _share_fetch(wire, "m1", 2, topic_id, [_ack(0, 4)])
+        (partition,) = accepted.responses[0].partitions
+        assert partition.acknowledge_error_code == ErrorCode.NONE
+        assert list(partition.acquired_records) == []
+        # A broken acknowledgement type, and an epoch-0 ShareAcknowledge.
+        broken = _share_fetch(wire, "m1", 3, topic_id, [_ack(0, 0, kind=9)])
+        (partition,) = broken.responses[0].partitions
+        assert partition.acknowledge_error_code == ErrorCode.INVALID_REQUEST
+        body["share_session_epoch"] = 0
+        assert wire.request(79, 1, body).error_code == ErrorCode.INVALID_SHARE_SESSION_EPOCH
+        # The broker lives on.
+        assert _share_heartbeat(wire, "bad", "m1", 1).error_code == ErrorCode.NONE
+
+
+def test_share_group_offsets_are_described_with_their_lag(broker_cluster: BrokerCluster) -> None:
+    """DescribeShareGroupOffsets: the start offset (SPSO) moves over accepted and rejected
+    records at the window's start; the lag counts what is still to be done."""
+    broker = broker_cluster.start()
+    topics.create_topic(broker.bootstrap, "q", 1)
+    set_group_configs(broker.bootstrap, "described", EARLIEST)
+    produce(broker.bootstrap, "q", values(10))
+    with KafkaWire(broker.bootstrap) as wire:
+        joined = _share_heartbeat(wire, "described", "m1", 0)
+        topic_id = joined.assignment.topic_partitions[0].topic_id
+        fetched = _share_fetch(wire, "m1", 0, topic_id, group="described")
+        (partition,) = fetched.responses[0].partitions
+        assert [(a.first_offset, a.last_offset) for a in partition.acquired_records] == [(0, 9)]
+        acks = [_ack(0, 3), _ack(5, 5, kind=3)]
+        acked = _share_fetch(wire, "m1", 1, topic_id, acks, group="described")
+        assert acked.responses[0].partitions[0].acknowledge_error_code == ErrorCode.NONE
+        body = {"groups": [{"group_id": "described", "topics": None}]}
+        (group,) = wire.request(90, 1, body).groups
+        assert group.error_code == ErrorCode.NONE
+        (topic,) = group.topics
+        (offsets,) = topic.partitions
+        assert (topic.topic_name, topic.topic_id) == ("q", topic_id)
+        assert (offsets.start_offset, offsets.lag) == (4, 5)  # 4 and 6..9 to do, 5 rejected
+        body = {"groups": [{"group_id": "nobody", "topics": None}]}
+        (missing,) = wire.request(90, 1, body).groups
+        assert missing.error_code == ErrorCode.GROUP_ID_NOT_FOUND
+
+
+def _has(received: Received, count: int) -> bool:
+    return len(received.records) >= count
+
+
+def test_read_committed_share_groups_never_deliver_aborted_records(
+    broker_cluster: BrokerCluster,
+) -> None:
+    """``share.isolation.level`` read_committed (the default): aborted transactions and the
+    control records are archived by the share-partition, never delivered; read_uncommitted
+    delivers the aborted records too (never the markers). Either way the start offset reaches
+    the end once everything delivered is accepted."""
+    broker = broker_cluster.start()
+    topics.create_topic(broker.bootstrap, "q", 1)
+    producer = Producer({"bootstrap.servers": broker.bootstrap, "transactional.id": "tx"})
+    producer.init_transactions(30)
+    producer.begin_transaction()
+    for value in (b"aborted-1", b"aborted-2"):
+        producer.produce("q", value=value, partition=0)
+    assert producer.flush(30) == 0  # in the log before the abort (else never sent at all)
+    producer.abort_transaction(30)
+    producer.begin_transaction()
+    for value in (b"committed-1", b"committed-2"):
+        producer.produce("q", value=value, partition=0)
+    producer.commit_transaction(30)
+    produce(broker.bootstrap, "q", [b"plain"])
+    expected = {
+        "committed": [b"committed-1", b"committed-2", b"plain"],
+        "uncommitted": [b"aborted-1", b"aborted-2", b"committed-1", b"committed-2", b"plain"],
+    }
+    for group, wanted in expected.items():
+        level = "read_committed" if group == "committed" else "read_uncommitted"
+        set_group_configs(broker.bootstrap, group, {**EARLIEST, "share.isolation.level": level})
+        got = Received()
+        consumer = share_consumer(broker.bootstrap, group, "q")
+        try:
+            poll_until(consumer, got, partial(_has, got, len(wanted)))
+            for _ in range(3):
+                poll_some(consumer, got)
+        finally:
+            consumer.close()
+        assert got.values == wanted
+        with KafkaWire(broker.bootstrap) as wire:
+            body = {"groups": [{"group_id": group, "topics": None}]}
+            (offsets,) = wire.request(90, 1, body).groups[0].topics[0].partitions
+        # 0-1 aborted, 2 its marker, 3-4 committed, 5 their marker, 6 plain: all done.
+        assert (offsets.start_offset, offsets.lag) == (7, 0)
+
+
+def _acquired(response: Any) -> list[tuple[int, int, int]]:
+    (partition,) = response.responses[0].partitions
+    return [(a.first_offset, a.last_offset, a.delivery_count) for a in partition.acquired_records]
+
+
+def test_share_group_offsets_are_altered_and_deleted_while_the_group_is_empty(
+    broker_cluster: BrokerCluster,
+) -> None:
+    broker = broker_cluster.start()
+    topics.create_topic(broker.bootstrap, "q", 1)
+    set_group_configs(broker.bootstrap, "adm", EARLIEST)
+    produce(broker.bootstrap, "q", values(10))
+    alter = {
+        "group_id": "adm",
+        "topics": [{"topic_name": "q", "partitions": [{"partition_index": 0, "start_offset": 3}]}],
+    }
+    with KafkaWire(broker.bootstrap) as wire:
+        topic_id = _share_heartbeat(wire, "adm", "m1", 0).assignment.topic_partitions[0].topic_id
+        assert _acquired(_share_fetch(wire, "m1", 0, topic_id, group="adm")) == [(0, 9, 1)]
+        _share_fetch(wire, "m1", 1, topic_id, [_ack(0, 9)], group="adm")
+        assert wire.request(91, 0, alter).error_code == ErrorCode.NON_EMPTY_GROUP
+        _share_fetch(wire, "m1", -1, topic_id, group="adm")
+        assert _share_heartbeat(wire, "adm", "m1", -1).error_code == ErrorCode.NONE
+        altered = wire.request(91, 0, alter)
+        assert altered.error_code == ErrorCode.NONE
+        assert altered.responses[0].partitions[0].error_code == ErrorCode.NONE
+        described = wire.request(90, 1, {"groups": [{"group_id": "adm", "topics": None}]})
+        assert described.groups[0].topics[0].partitions[0].start_offset == 3
+        # The next member starts at the altered offset, with fresh delivery counts.
+        _share_heartbeat(wire, "adm", "m2", 0)
+        assert _acquired(_share_fetch(wire, "m2", 0, topic_id, group="adm")) == [(3, 9, 1)]
+        _share_fetch(wire, "m2", 1, topic_id, [_ack(3, 9)], group="adm")
+        _share_fetch(wire, "m2", -1, topic_id, group="adm")
+        _share_heartbeat(wire, "adm", "m2", -1)
+        deleted = wire.request(92, 0, {"group_id": "adm", "topics": [{"topic_name": "q"}]})
+        assert (deleted.error_code, deleted.responses[0].error_code) == (0, 0)
+        described = wire.request(90, 1, {"groups": [{"group_id": "adm", "topics": None}]})
+        assert list(described.groups[0].topics) == []
+        # No state: the next member starts at share.auto.offset.reset (earliest here).
+        _share_heartbeat(wire, "adm", "m3", 0)
+        assert _acquired(_share_fetch(wire, "m3", 0, topic_id, group="adm")) == [(0, 9, 1)]
+        # Another group type's id is not a share group.
+        heartbeat(wire, "consumers", "c1", 0, subscribed_topic_names=["q"])
+        other = wire.request(91, 0, {**alter, "group_id": "consumers"})
+        assert other.error_code == ErrorCode.GROUP_ID_NOT_FOUND
+
+
+# --- the Java client (KafkaShareConsumer, kafka-clients 4.3) ----------------------------------
+
+JAVA_SOURCE = Path(__file__).with_name("java") / "ShareMember.java"
+
+
+def _java_members(
+    bootstrap: str, group: str, mode: str, count: int
+) -> list[list[tuple[str, int, int]]]:
+    """Run ``count`` Java share consumers at once until each saw no record for 4 s: the
+    (value, offset, delivery count) each printed."""
+    command = java_program(JAVA_SOURCE, "ShareMember")
+    processes = [
+        subprocess.Popen(
+            [*command, bootstrap, group, "q", mode, "4000"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(count)
+    ]
+    seen = []
+    for process in processes:
+        out, err = process.communicate(timeout=120)
+        assert process.returncode == 0 and out.rstrip().endswith("done"), err[-3000:]
+        seen.append(
+            [
+                (parts[1], int(parts[2]), int(parts[3]))
+                for line in out.splitlines()
+                if (parts := line.split())[0] == "record"
+            ]
+        )
+    return seen
+
+
+def test_java_share_consumers_split_one_partition_exactly_once(
+    broker_cluster: BrokerCluster,
+) -> None:
+    broker = broker_cluster.start()
+    topics.create_topic(broker.bootstrap, "q", 1)
+    set_group_configs(broker.bootstrap, "java", EARLIEST)
+    sent = [v.decode() for v in values(300)]
+    produce(broker.bootstrap, "q", [v.encode() for v in sent])
+    seen = _java_members(broker.bootstrap, "java", "accept", 2)
+    got = [value for member in seen for value, _, _ in member]
+    assert sorted(got) == sorted(sent) and len(set(got)) == len(got)
+    assert {count for member in seen for _, _, count in member} == {1}
+
+
+def test_java_share_consumer_gets_released_records_again(broker_cluster: BrokerCluster) -> None:
+    broker = broker_cluster.start()
+    topics.create_topic(broker.bootstrap, "q", 1)
+    set_group_configs(broker.bootstrap, "java", EARLIEST)
+    produce(broker.bootstrap, "q", values(20))
+    (seen,) = _java_members(broker.bootstrap, "java", "release-once", 1)
+    by_value: dict[str, list[int]] = {}
+    for value, _, count in seen:
+        by_value.setdefault(value, []).append(count)
+    assert by_value == {v.decode(): [1, 2] for v in values(20)}
+
+
+ADMIN_SOURCE = Path(__file__).with_name("java") / "ShareAdmin.java"
+
+
+def _java_admin(*args: str) -> list[str]:
+    done = subprocess.run(
+        [*java_program(ADMIN_SOURCE, "ShareAdmin"), *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    return done.stdout.splitlines()
+
+
+def test_the_java_admin_describes_alters_and_deletes_share_groups(
+    broker_cluster: BrokerCluster,
+) -> None:
+    """What ``kafka-share-groups.sh`` does through the Java Admin client: describe a share
+    group, list its offsets (start offset and lag), alter and delete them, delete the group;
+    the offset calls also through the proxy, which forwards them to the group's coordinator."""
+    broker = broker_cluster.start()
+    bootstrap = broker.bootstrap
+    topics.create_topic(bootstrap, "q", 1)
+    set_group_configs(bootstrap, "ops", EARLIEST)
+    produce(bootstrap, "q", values(10))
+    got = Received()
+    consumer = share_consumer(bootstrap, "ops", "q")
+    try:
+        poll_until(consumer, got, lambda: len(got.records) >= 10)
+        assert _java_admin("describe", bootstrap, "ops")[0] == "group Stable 1 1"
+        assert _java_admin("alter", bootstrap, "ops", "q", "0", "4")[0].startswith(
+            "error GroupNotEmptyException"
+        )
+    finally:
+        consumer.close()
+    proxy = start_proxy(broker_cluster).bootstrap
+    assert _java_admin("offsets", bootstrap, "ops") == ["offset q 0 10 0", "done"]
+    assert _java_admin("alter", proxy, "ops", "q", "0", "4") == ["done"]
+    assert _java_admin("offsets", proxy, "ops") == ["offset q 0 4 6", "done"]
+    assert _java_admin("describe", proxy, "ops")[0] == "group Empty 0 2"
+    again = Received()
+    consumer = share_consumer(bootstrap, "ops", "q")
+    try:
+        poll_until(consumer, again, lambda: len(again.records) >= 6)
+    finally:
+        consumer.close()
+    assert sorted(again.values) == sorted(values(10)[4:])
+    assert _java_admin("delete-offsets", bootstrap, "ops", "q") == ["done"]
+    assert _java_admin("offsets", bootstrap, "ops") == ["done"]
+    assert _java_admin("delete", bootstrap, "ops") == ["done"]
+    assert _java_admin("describe", bootstrap, "ops")[0].startswith("error GroupIdNotFound")
