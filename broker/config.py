@@ -334,10 +334,10 @@ class GroupSettings(_Section):
         "archived.",
     )
     share_isolation_level: IsolationLevel = Field(
-        IsolationLevel.READ_COMMITTED,
-        description="share.isolation.level for share groups without their own: read_committed "
-        "never delivers aborted records or an open transaction's (Kafka's own default is "
-        "read_uncommitted).",
+        IsolationLevel.READ_UNCOMMITTED,
+        description="share.isolation.level for share groups without their own, Kafka's default: "
+        "read_uncommitted hands out every record (never a transaction marker); read_committed "
+        "never delivers aborted records or an open transaction's.",
     )
     share_partition_max_record_locks: int = Field(
         2000,

@@ -508,7 +508,7 @@ def _has(received: Received, count: int) -> bool:
 def test_read_committed_share_groups_never_deliver_aborted_records(
     broker_cluster: BrokerCluster,
 ) -> None:
-    """``share.isolation.level`` read_committed (the default): aborted transactions and the
+    """``share.isolation.level`` read_committed: aborted transactions and the
     control records are archived by the share-partition, never delivered; read_uncommitted
     delivers the aborted records too (never the markers). Either way the start offset reaches
     the end once everything delivered is accepted."""
