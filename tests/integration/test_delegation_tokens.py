@@ -412,3 +412,32 @@ def test_a_token_login_may_not_forward_requests(tokens: TokenCluster) -> None:
     by_token = SaslLogin("SCRAM-SHA-256", proxys.token_id, proxys.hmac, token_auth=True)
     answer = asyncio.run(_forwarded_create(tokens.sasl, False, by_token))
     assert answer == CLUSTER_AUTHORIZATION_FAILED
+
+
+def test_a_proxy_that_does_not_forward_principals_refuses_token_requests(
+    tokens: TokenCluster,
+) -> None:
+    """With ``upstream.forward_principals`` off the brokers see every client as the proxy's
+    own user (here one that may CLUSTER_ACTION): a token alice asked for there would be the
+    proxy's, a login stronger than hers. That proxy refuses the token APIs instead."""
+    port = free_port_run()
+    proxy = add_proxy(
+        tokens.cluster,
+        port,
+        "proxy-unforwarded.log",
+        KAFSCALE_LISTENERS=f"CLIENTS://127.0.0.1:{port}",
+        KAFSCALE_LISTENER_SECURITY_PROTOCOL_MAP="CLIENTS:SASL_PLAINTEXT",
+        KAFSCALE_UPSTREAM__SECURITY_PROTOCOL="SASL_PLAINTEXT",
+        KAFSCALE_UPSTREAM__LISTENER="SASL",
+        KAFSCALE_UPSTREAM__SASL_MECHANISM="SCRAM-SHA-256",
+        KAFSCALE_UPSTREAM__SASL_USERNAME=PROXY_USER,
+        KAFSCALE_UPSTREAM__SASL_PASSWORD=PROXY_PASSWORD,
+        KAFSCALE_UPSTREAM__FORWARD_PRINCIPALS="false",
+        **TOKEN_ENV,
+    )
+    proxy.start()
+    try:
+        answer = admin(f"127.0.0.1:{port}", tokens.user("alice"), "create", "-1")
+        assert answer == ["error", "UnsupportedByAuthenticationException"]
+    finally:
+        proxy.stop()
