@@ -470,8 +470,7 @@ class DelegationTokenSettings(_Section):
         None,
         description="delegation.token.secret.key: signs every token (HMAC-SHA512 of its id). "
         "Unset: tokens are off (DELEGATION_TOKEN_AUTH_DISABLED, token logins refused). The "
-        "same on every broker and proxy of a cluster; a new key leaves earlier tokens "
-        "unrenewable.",
+        "same on every broker and proxy of a cluster; a new key ends every earlier token.",
     )
     max_lifetime_ms: int = Field(
         7 * 24 * 3600 * 1000,

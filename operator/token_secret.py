@@ -1,9 +1,9 @@
 """The cluster's delegation-token key Secret: made once, never rotated by the operator.
 
-The key signs every token (HMAC-SHA512 of its id); a new key would leave existing tokens
-unrenewable, so the operator writes the Secret only when it is missing. A Secret of that name
+The key signs every token (HMAC-SHA512 of its id); a new key would end every existing token,
+so the operator writes the Secret only when it is missing. A Secret of that name
 the cluster does not own is the user's own key, used as it is. Owned by the cluster, it goes
-with it (a re-created cluster gets a new key: tokens of the old one are then unrenewable).
+with it (a re-created cluster gets a new key: tokens of the old one then stop logging in).
 """
 
 from __future__ import annotations

@@ -39,6 +39,7 @@ from kafscale.broker.security.tokens import (
     describable,
     expired_by,
     find_by_hmac,
+    key_id,
     new_token,
     new_token_id,
     renewed,
@@ -188,7 +189,7 @@ async def _change(ctx: RequestContext, policy: TokenPolicy, mac: bytes, change: 
     assert policy.secret_key is not None
     store: TokenStore = ctx.broker.tokens
     for _ in range(CAS_ATTEMPTS):
-        listed = await store.list()
+        listed = _signed(await store.list(), policy.secret_key)
         token = find_by_hmac([t for t, _ in listed], policy.secret_key, mac)
         revision = next((rev for t, rev in listed if t is token), 0)
         try:
@@ -198,6 +199,13 @@ async def _change(ctx: RequestContext, policy: TokenPolicy, mac: bytes, change: 
         except TokenConflict:
             continue
     return _expiry_answer(ErrorCode.REQUEST_TIMED_OUT)
+
+
+def _signed(listed: list[tuple[TokenInfo, int]], secret_key: bytes) -> list[tuple[TokenInfo, int]]:
+    """The tokens the cluster's current key signed: one made under an earlier key no longer
+    logs in, so it is not found, renewed or shown (the expiry sweep removes it in time)."""
+    current = key_id(secret_key)
+    return [(token, rev) for token, rev in listed if token.signed_by(current)]
 
 
 # --- DescribeDelegationToken -------------------------------------------------------------------
@@ -244,7 +252,7 @@ async def handle_describe_delegation_token(request: Any, ctx: RequestContext) ->
 
     shown = [
         _described(token, token_hmac(policy.secret_key, token.token_id))
-        for token, _ in await ctx.broker.tokens.list()
+        for token, _ in _signed(await ctx.broker.tokens.list(), policy.secret_key)
         if describable(token, principal, owners, may_describe_token, may_describe_owner, now_ms)
     ]
     return {"error_code": ErrorCode.NONE, "tokens": shown, "throttle_time": 0}

@@ -4,7 +4,8 @@ The proxy authenticated the client; the broker authenticated the proxy. The brok
 enveloped request as the principal it carries, from the client's address, so every ACL check
 (and the group member's client host) is the client's, and answers inside an Envelope response.
 It trusts the carried principal only when the connection's own principal may ``CLUSTER_ACTION``
-the cluster (a super user may): anyone else gets CLUSTER_AUTHORIZATION_FAILED and nothing runs.
+the cluster (a super user may) and it did not log in with a delegation token: anyone else gets
+CLUSTER_AUTHORIZATION_FAILED and nothing runs.
 An Envelope whose principal or address cannot be read, or that carries a login or another
 Envelope, gets INVALID_REQUEST. With authorization off, principals decide nothing and every
 Envelope is run. Not advertised in ApiVersions: only the proxy sends it.
@@ -48,6 +49,13 @@ async def handle_envelope(
         log.warning("bad Envelope from %s: %s", connection.peer, exc)
         return _answer(correlation_id, ErrorCode.INVALID_REQUEST)
     ctx = RequestContext(request.header, broker, connection)
+    if connection.token_authenticated:
+        # A delegation token is no proxy's login: forwarding as any principal, unmarked,
+        # would let a token of a CLUSTER_ACTION principal act as anyone and mint new tokens.
+        log.warning(
+            "%s logged in with a delegation token and may not forward requests", connection.peer
+        )
+        return _answer(correlation_id, ErrorCode.CLUSTER_AUTHORIZATION_FAILED)
     if not access.allowed_on_cluster(ctx, Operation.CLUSTER_ACTION):
         log.warning(
             "%s (%s) may not forward requests (needs CLUSTER_ACTION on the cluster)",

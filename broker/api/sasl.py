@@ -20,7 +20,7 @@ from kafscale.broker.protocol.errors import ErrorCode
 from kafscale.broker.security.sasl import CredentialLookup, IllegalSaslState, TokenLookup
 from kafscale.broker.security.scram import AuthenticationFailed, ScramCredential, ScramMechanism
 from kafscale.broker.security.token_store import TokenStore
-from kafscale.broker.security.tokens import TokenPolicy
+from kafscale.broker.security.tokens import TokenPolicy, key_id
 from kafscale.broker.server import Connection
 
 log = logging.getLogger(__name__)
@@ -39,13 +39,15 @@ async def handle_sasl_authenticate(request: Any, ctx: RequestContext) -> Body:
 def token_lookup(policy: TokenPolicy, store: TokenStore) -> TokenLookup | None:
     """Token logins against ``store`` when tokens are on (a secret key is set), else None:
     a process without the key refuses them, as a Kafka broker without one does."""
-    if not policy.enabled:
+    if policy.secret_key is None or not policy.enabled:
         return None
+    current_key_id = key_id(policy.secret_key)
 
     async def lookup(
         token_id: str, mechanism: ScramMechanism
     ) -> tuple[ScramCredential, str] | None:
-        return await store.scram_login(token_id, mechanism, int(time.time() * 1000))
+        now_ms = int(time.time() * 1000)
+        return await store.scram_login(token_id, mechanism, now_ms, current_key_id)
 
     return lookup
 

@@ -206,6 +206,7 @@ class Proxy:
             token_lookup(
                 settings.delegation_token.policy(), TokenStore(self.etcd, settings.cluster)
             ),
+            forwards_principals=settings.upstream.forward_principals,
         )
         routes = AdminRoutes(
             is_ready=self.is_ready,

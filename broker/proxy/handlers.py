@@ -14,10 +14,11 @@ InitProducerId with a transactional id, AddPartitionsToTxn, AddOffsetsToTxn, End
 DescribeLogDirs (joined as one broker's, ``log_dirs``). Split by partition owner and joined as one
 broker's answer: AlterReplicaLogDirs (``log_dirs``). To any broker (they act through etcd):
 topic, config, ACL, user and delegation-token administration (token APIs from a client that
-is token-authenticated or anonymous are refused here), ElectLeaders and
-ListPartitionReassignments (their answers name no broker), InitProducerId of an idempotent
-producer; DescribeConfigs of a broker goes to that broker, and of the proxy's own id to a live
-broker whose answer the proxy gives as its own (``configs``).
+is token-authenticated or anonymous, or any with ``forward_principals`` off, are refused
+here), ElectLeaders and ListPartitionReassignments (their answers name no broker),
+InitProducerId of an idempotent producer; DescribeConfigs of a broker goes to that broker,
+and of the proxy's own id to a live broker whose answer the proxy gives as its own
+(``configs``).
 
 A handler returns a body to encode, the raw answer of one broker (forwarded as it came, only the
 correlation id changed), or None (acks=0).
@@ -77,6 +78,9 @@ class ProxyContext:
     # The proxy's own listener configs (DescribeConfigs of its broker id)
     listener_configs: Mapping[str, str] = dataclasses.field(default_factory=dict)
     tokens: TokenLookup | None = None  # delegation-token logins (None: tokens are off)
+    # Whether brokers see each client's principal (upstream.forward_principals); without it
+    # they see the proxy's, and a token asked for here would be the proxy's own.
+    forwards_principals: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -256,8 +260,14 @@ TOKEN_REFUSALS: dict[int, Body] = {
 async def delegation_token_api(r: ProxyRequest) -> Answer:
     """A client that logged in with a token, or did not log in, may not ask for tokens: the
     proxy answers that itself (the brokers would too, from the forwarded principal; this
-    also holds with ``forward_principals`` off, where they would see the proxy)."""
+    also holds with ``forward_principals`` off, where they would see the proxy). With
+    ``forward_principals`` off the proxy refuses every token request: the brokers would
+    answer for the proxy's principal, not the client's."""
     connection = r.connection
+    if not r.ctx.forwards_principals:
+        # The brokers would make (or renew, or show) tokens of the proxy's own principal, which
+        # may CLUSTER_ACTION: a client would leave with a login stronger than its own.
+        return TOKEN_REFUSALS[r.call.api_key]
     if connection is not None and not token_requests_allowed(
         connection.principal, connection.token_authenticated
     ):

@@ -32,6 +32,7 @@ class SaslLogin:
     mechanism: str
     username: str
     password: str
+    token_auth: bool = False  # SCRAM with a delegation token (tests log in with one)
 
 
 async def log_in(
@@ -52,7 +53,7 @@ async def log_in(
     if scram is None:
         await _authenticate(call, plain_message(login.username, login.password))
         return
-    client = ScramClient(scram, login.username, login.password)
+    client = ScramClient(scram, login.username, login.password, token_auth=login.token_auth)
     server_first = await _authenticate(call, client.first_message())
     try:
         final = client.final_message(server_first)

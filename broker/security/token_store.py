@@ -66,6 +66,7 @@ def encode_token(token: TokenInfo) -> bytes:
             "issue_ms": token.issue_ms,
             "expiry_ms": token.expiry_ms,
             "max_ms": token.max_ms,
+            "key_id": token.key_id,
             "scram": {m.sasl_name: _credential_json(c) for m, c in token.credentials.items()},
         },
         sort_keys=True,
@@ -88,6 +89,7 @@ def decode_token(data: bytes) -> TokenInfo:
         expiry_ms=int(d["expiry_ms"]),
         max_ms=int(d["max_ms"]),
         credentials=credentials,
+        key_id=str(d.get("key_id", "")),
     )
 
 
@@ -147,15 +149,16 @@ class TokenStore:
         return result.succeeded
 
     async def scram_login(
-        self, token_id: str, mechanism: ScramMechanism, now_ms: int
+        self, token_id: str, mechanism: ScramMechanism, now_ms: int, current_key_id: str
     ) -> tuple[ScramCredential, str] | None:
         """The credential a SCRAM login with token ``token_id`` is checked against, and the
-        principal it becomes (the owner); None for an unknown or expired token."""
+        principal it becomes (the owner); None for an unknown or expired token, or one signed
+        by another key than the cluster's (``current_key_id``)."""
         found = await self.get(token_id)
         if found is None:
             return None
         token = found[0]
-        owner = login_principal(token, now_ms)
+        owner = login_principal(token, now_ms, current_key_id)
         credential = token.credentials.get(mechanism)
         if owner is None or credential is None:
             return None

@@ -68,6 +68,15 @@ class TokenInfo:
     credentials: dict[ScramMechanism, ScramCredential] = field(
         default_factory=dict, compare=False, repr=False
     )
+    key_id: str = ""
+    """Which secret key signed the token (``key_id``; "" for a record without one): its
+    stored credentials hold only while the cluster has that key."""
+
+    def signed_by(self, current_key_id: str) -> bool:
+        """Whether the cluster's key is still the one that signed this token. A new key ends
+        every earlier token (as in Kafka, whose brokers derive a token's credentials from
+        the key they hold): its stored credentials must not outlive the key."""
+        return bool(self.key_id) and hmac.compare_digest(self.key_id, current_key_id)
 
     def expired(self, now_ms: int) -> bool:
         return self.expiry_ms < now_ms or self.max_ms < now_ms
@@ -98,6 +107,13 @@ def new_token_id() -> str:
 def token_hmac(secret_key: bytes, token_id: str) -> bytes:
     """HMAC-SHA512 of the token id under the secret key (Kafka's ``createHmac``)."""
     return hmac.digest(secret_key, token_id.encode(), "sha512")
+
+
+def key_id(secret_key: bytes) -> str:
+    """A public fingerprint of the secret key, kept with each token so that a changed key ends
+    the tokens it signed. HMAC of a fixed label: it tells nothing about the key."""
+    digest = hmac.digest(secret_key, b"kafscale delegation token key id", "sha256")
+    return base64.urlsafe_b64encode(digest[:12]).decode()
 
 
 def token_password(token_hmac_bytes: bytes) -> str:
@@ -167,8 +183,16 @@ def new_token(
         lifetime = min(requested_max_lifetime_ms, lifetime)
     max_ms = now_ms + lifetime
     expiry_ms = min(max_ms, now_ms + policy.expiry_time_ms)
+    assert policy.secret_key is not None  # enabled
     return TokenInfo(
-        token_id, owner, requester, tuple(dict.fromkeys(renewers)), now_ms, expiry_ms, max_ms
+        token_id,
+        owner,
+        requester,
+        tuple(dict.fromkeys(renewers)),
+        now_ms,
+        expiry_ms,
+        max_ms,
+        key_id=key_id(policy.secret_key),
     )
 
 
@@ -235,10 +259,11 @@ def describable(
     )
 
 
-def login_principal(token: TokenInfo | None, now_ms: int) -> str | None:
+def login_principal(token: TokenInfo | None, now_ms: int, current_key_id: str) -> str | None:
     """The principal a SCRAM login with this token becomes (the owner's), None when the token
-    does not exist or has expired (the login fails)."""
-    if token is None or token.expired(now_ms):
+    does not exist, has expired or was signed by another key than ``current_key_id``'s (the
+    login fails)."""
+    if token is None or token.expired(now_ms) or not token.signed_by(current_key_id):
         return None
     return token.owner
 

@@ -29,6 +29,7 @@ from kafscale.broker.groups.store import (
 )
 from kafscale.broker.metadata import keys
 from kafscale.broker.metadata.etcd import Etcd
+from kafscale.broker.metadata.etcd_errors import MetadataUnavailable
 from kafscale.broker.metadata.etcd_txn import KeyValue, Op, delete_op, mod_revision_is, put_op
 from kafscale.broker.transactions.state import TopicPartition, TxnMetadata, TxnState
 
@@ -150,7 +151,9 @@ class TxnStore:
         self, group_id: str, producer_id: int, commit: bool, fence: Fence
     ) -> bool:
         """Make a transaction's offsets for ``group_id`` visible (commit) or drop them (abort),
-        under the transaction lease; False if fenced. Idempotent: a retry finds none left.
+        under the transaction lease; False if fenced (MetadataUnavailable when etcd cannot be
+        reached, or pending offsets kept being deleted under it: retry). Idempotent: a retry
+        finds none left.
 
         A commit moves only offsets still pending as read: each move compares the pending
         key's revision, so one deleted meanwhile (OffsetDelete drops pending offsets, as
@@ -159,9 +162,17 @@ class TxnStore:
             pending = await self.pending_offsets(group_id, producer_id)
             if await self._move_pending(group_id, pending, commit, fence):
                 return True
-            if not commit or await self.pending_offsets(group_id, producer_id) == pending:
-                return False  # nothing moved under us: the fence failed
-        return False
+            if not await self._holds(fence):
+                return False  # the lease is gone: only now is the transaction not ours
+        # Still ours, but OffsetDeletes kept removing pending offsets under each attempt: not
+        # a lost lease (which would drop the transaction half-completed), try again later.
+        raise MetadataUnavailable(
+            f"pending offsets of producer {producer_id} in group {group_id} kept changing"
+        )
+
+    async def _holds(self, fence: Fence) -> bool:
+        """Whether the transaction lease is still ours (an empty fenced etcd transaction)."""
+        return (await self._etcd.txn(fence.compares(), [])).succeeded
 
     async def _move_pending(
         self,
@@ -189,7 +200,8 @@ class TxnStore:
 
 
 FINISH_ATTEMPTS = 5
-"""Rounds of a commit's offset move lost to concurrent OffsetDeletes before giving up."""
+"""Rounds of a commit's offset move lost to concurrent OffsetDeletes before the completion
+steps back (MetadataUnavailable: its caller retries after a pause)."""
 
 
 def _chunks(

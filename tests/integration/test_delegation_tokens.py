@@ -363,15 +363,17 @@ CREATE_DELEGATION_TOKEN, ENVELOPE = 38, 58
 REQUEST_NOT_ALLOWED = 64
 
 
-async def _forwarded_create(address: str, token_authenticated: bool) -> int:
+async def _forwarded_create(
+    address: str, token_authenticated: bool, login: SaslLogin | None = None
+) -> int:
     """CreateDelegationToken for alice in an Envelope from the proxy's own user (trusted:
-    CLUSTER_ACTION), her principal marked token-authenticated or not: the inner error code."""
+    CLUSTER_ACTION), her principal marked token-authenticated or not: the inner error code
+    (the Envelope's own when it is refused)."""
     host, port = address.split(":")
     reader, writer = await asyncio.open_connection(host, int(port))
     try:
-        await log_in(
-            reader, writer, SaslLogin("SCRAM-SHA-256", PROXY_USER, PROXY_PASSWORD), 1 << 20
-        )
+        login = login or SaslLogin("SCRAM-SHA-256", PROXY_USER, PROXY_PASSWORD)
+        await log_in(reader, writer, login, 1 << 20)
         create = {"renewers": [], "max_lifetime": -1}
         inner = codec.encode_request(CREATE_DELEGATION_TOKEN, 3, 5, create, "t")[4:]
         envelope = {
@@ -383,7 +385,8 @@ async def _forwarded_create(address: str, token_authenticated: bool) -> int:
         await writer.drain()
         (length,) = struct.unpack(">i", await reader.readexactly(4))
         answer = codec.decode_response(await reader.readexactly(length), ENVELOPE, 0)
-        assert int(answer.error_code) == 0
+        if int(answer.error_code) != 0:
+            return int(answer.error_code)
         # The error code follows the flexible response header (correlation id, no tags);
         # an error answer carries Kafka's -1 timestamps, which kio's reader refuses.
         (code,) = struct.unpack_from(">h", bytes(answer.response_data), 5)
@@ -398,3 +401,45 @@ def test_a_broker_refuses_token_requests_forwarded_for_a_token_login(tokens: Tok
     login, and runs the same request for the same principal without the mark."""
     assert asyncio.run(_forwarded_create(tokens.sasl, True)) == REQUEST_NOT_ALLOWED
     assert asyncio.run(_forwarded_create(tokens.sasl, False)) == 0
+
+
+CLUSTER_AUTHORIZATION_FAILED = 31
+
+
+def test_a_token_login_may_not_forward_requests(tokens: TokenCluster) -> None:
+    """A token of the proxy's own principal (which may CLUSTER_ACTION) logs in, but its
+    Envelopes are refused: it would otherwise act as any principal, unmarked, and mint tokens
+    that outlive it."""
+    proxys = create(tokens.sasl, tokens.properties("proxy", PROXY_USER, PROXY_PASSWORD))
+    by_token = SaslLogin("SCRAM-SHA-256", proxys.token_id, proxys.hmac, token_auth=True)
+    answer = asyncio.run(_forwarded_create(tokens.sasl, False, by_token))
+    assert answer == CLUSTER_AUTHORIZATION_FAILED
+
+
+def test_a_proxy_that_does_not_forward_principals_refuses_token_requests(
+    tokens: TokenCluster,
+) -> None:
+    """With ``upstream.forward_principals`` off the brokers see every client as the proxy's
+    own user (here one that may CLUSTER_ACTION): a token alice asked for there would be the
+    proxy's, a login stronger than hers. That proxy refuses the token APIs instead."""
+    port = free_port_run()
+    proxy = add_proxy(
+        tokens.cluster,
+        port,
+        "proxy-unforwarded.log",
+        KAFSCALE_LISTENERS=f"CLIENTS://127.0.0.1:{port}",
+        KAFSCALE_LISTENER_SECURITY_PROTOCOL_MAP="CLIENTS:SASL_PLAINTEXT",
+        KAFSCALE_UPSTREAM__SECURITY_PROTOCOL="SASL_PLAINTEXT",
+        KAFSCALE_UPSTREAM__LISTENER="SASL",
+        KAFSCALE_UPSTREAM__SASL_MECHANISM="SCRAM-SHA-256",
+        KAFSCALE_UPSTREAM__SASL_USERNAME=PROXY_USER,
+        KAFSCALE_UPSTREAM__SASL_PASSWORD=PROXY_PASSWORD,
+        KAFSCALE_UPSTREAM__FORWARD_PRINCIPALS="false",
+        **TOKEN_ENV,
+    )
+    proxy.start()
+    try:
+        answer = admin(f"127.0.0.1:{port}", tokens.user("alice"), "create", "-1")
+        assert answer == ["error", "UnsupportedByAuthenticationException"]
+    finally:
+        proxy.stop()

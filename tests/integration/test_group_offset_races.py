@@ -39,10 +39,12 @@ from kafscale.broker.groups.store import (
     LoadedGroup,
     TopicPartition,
     decode_offset,
+    encode_offset,
 )
 from kafscale.broker.metadata import keys
 from kafscale.broker.metadata.cluster import TopicInfo
 from kafscale.broker.metadata.etcd import Etcd
+from kafscale.broker.metadata.etcd_errors import MetadataUnavailable
 from kafscale.broker.metadata.etcd_txn import KeyValue
 from kafscale.broker.metadata.session_lease import SessionLease
 from kafscale.broker.protocol.codec import RequestHeader
@@ -370,3 +372,46 @@ async def test_deleting_the_group_drops_its_offsets_pending_in_a_transaction(
     assert await group.stored_offset() is None
     pending = keys.group_txn_offsets_prefix(group.cluster, GROUP)
     assert await group.etcd.get_prefix(pending) == []
+
+
+class DeletingTxnStore(TxnStore):
+    """A ``TxnStore`` under which one pending offset of the transaction is deleted after each
+    read, ``rounds`` times: an OffsetDelete landing between every read and move."""
+
+    def __init__(self, etcd: Etcd, cluster: str, rounds: int) -> None:
+        super().__init__(etcd, cluster)
+        self.rounds = rounds
+
+    async def pending_offsets(
+        self, group_id: str, producer_id: int | None = None
+    ) -> dict[tuple[int, TopicPartition], KeyValue]:
+        found = await super().pending_offsets(group_id, producer_id)
+        if self.rounds > 0 and found:
+            self.rounds -= 1
+            first = min(found)
+            await self._etcd.delete(found[first].key)
+        return found
+
+
+async def test_a_commit_outlasting_concurrent_offset_deletes_is_not_taken_as_fenced(
+    group: Coordinated,
+) -> None:
+    """OffsetDeletes removing pending offsets under every attempt of a commit's offset move
+    neither drop the transaction as if its lease were lost nor spin: the step is retried
+    later (MetadataUnavailable, which the coordinator waits out), and it then moves the
+    offsets left, the lease still held."""
+    partitions = [("t", p) for p in range(8)]
+    for topic, p in partitions:
+        key = keys.group_txn_offset_key(group.cluster, GROUP, 1, topic, p)
+        await group.etcd.put(key, encode_offset(CommittedOffset(100 + p)))
+    txn_store = DeletingTxnStore(group.etcd, group.cluster, rounds=6)
+    with pytest.raises(MetadataUnavailable, match="kept changing"):
+        await txn_store.finish_offsets(GROUP, 1, True, group.txn_fence)
+    assert await txn_store.finish_offsets(GROUP, 1, True, group.txn_fence)
+    moved = {tp for tp in partitions if await group.etcd.get(_offset_key(group, tp)) is not None}
+    assert moved == set(partitions[6:])  # the six deleted under it stay deleted
+    assert await TxnStore(group.etcd, group.cluster).pending_offsets(GROUP, 1) == {}
+
+
+def _offset_key(group: Coordinated, tp: TopicPartition) -> str:
+    return keys.group_offset_key(group.cluster, GROUP, *tp)

@@ -101,7 +101,7 @@ def test_expiring_now_removes_and_a_period_sets_the_expiry() -> None:
     assert expired_by(token, "User:alice", -1, NOW) is None
     changed = expired_by(token, "User:bob", 0, NOW + 10)
     assert changed is not None and changed.expiry_ms == NOW + 10
-    assert login_principal(changed, NOW + 11) is None
+    assert login_principal(changed, NOW + 11, changed.key_id) is None
     assert to_remove([token, changed], NOW + 11) == [changed]
 
 
