@@ -106,7 +106,7 @@ async def _acknowledge(
 ) -> None:
     """Apply each partition's acknowledgement batches, then wait until they are durable."""
     manager = _manager(ctx)
-    applied = []
+    applied: list[tuple[_Partition, Entry, int]] = []
     for part, ack_batches in parts:
         entry = await _entry(ctx, group, part)
         if entry is None:
@@ -125,18 +125,16 @@ async def _acknowledge(
                 )
                 if code is not ErrorCode.NONE:
                     part.ack_error = code
-                else:
-                    entry.dirty = True
+            version = entry.touch()
         part.acked = True
-        applied.append(part)
+        applied.append((part, entry, version))
     if not applied:
         return
     manager.notify()
-    durable = await manager.durable()
-    if durable is not ErrorCode.NONE:
-        for part in applied:
-            if part.ack_error is ErrorCode.NONE:
-                part.ack_error = durable
+    durable = await manager.durable([(entry, version) for _, entry, version in applied])
+    for part, entry, version in applied:
+        if part.ack_error is ErrorCode.NONE and entry.stored < version:
+            part.ack_error = ErrorCode.NOT_LEADER_OR_FOLLOWER if entry.dropped else durable
 
 
 # --- acquisition ------------------------------------------------------------------------------
