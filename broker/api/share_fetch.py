@@ -248,7 +248,11 @@ async def handle_share_fetch(request: Any, ctx: RequestContext) -> Body:
         manager.sessions.close(key)
         manager.release(group, member)
         return _fetch_body(ctx, [part for part, _ in acks], 0)
-    added: list[SharePartitionKey] = [(p.topic_id.hex, p.index) for p, _ in named]
+    # Only partitions that exist and may be read join the session (as in Kafka): an unknown
+    # topic id is answered once, not carried (and grown) in the session for every fetch.
+    added: list[SharePartitionKey] = [
+        (p.topic_id.hex, p.index) for p, _ in named if p.error is ErrorCode.NONE
+    ]
     forgotten = [
         ((t.topic_id or uuid.UUID(int=0)).hex, int(i))
         for t in request.forgotten_topics_data
@@ -265,19 +269,25 @@ async def handle_share_fetch(request: Any, ctx: RequestContext) -> Body:
         by_key.get(k) or _resolve(ctx, uuid.UUID(hex=k[0]), k[1])
         for k in sorted(session.partitions)
     ]
-    parts += [p for p, _ in acks if (p.topic_id.hex, p.index) not in session.partitions]
+    # Named but not fetched: unknown, denied, or forgotten (its acknowledgements still count,
+    # but nothing is acquired for a partition the member said it no longer fetches).
+    answered_only = [p for p, _ in named if (p.topic_id.hex, p.index) not in session.partitions]
+    for gone in [p for p in parts if p.error is ErrorCode.UNKNOWN_TOPIC_ID]:
+        session.partitions.discard((gone.topic_id.hex, gone.index))  # its topic was deleted
     max_records = max(int(request.max_records), 1)
     deadline = time.monotonic() + millis(request.max_wait) / 1000
     while True:
         changed = manager.changed()
         got = await _acquire_all(ctx, group, member, parts, max_records)
         remaining = deadline - time.monotonic()
-        if got or remaining <= 0 or any(p.error is not ErrorCode.NONE for p in parts):
+        errors = any(p.error is not ErrorCode.NONE for p in parts + answered_only)
+        if got or remaining <= 0 or errors:
             break
         if changed.is_set():
             continue
         await _wait(ctx, parts, remaining)
-    return _fetch_body(ctx, parts, _share_config(ctx, group).record_lock_duration_ms)
+    lock_ms = _share_config(ctx, group).record_lock_duration_ms
+    return _fetch_body(ctx, parts + answered_only, lock_ms)
 
 
 async def _revalidate(ctx: RequestContext, group: str, parts: list[_Partition]) -> None:

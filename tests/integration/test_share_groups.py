@@ -22,6 +22,7 @@ import subprocess
 import sys
 import textwrap
 import time
+import uuid
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -706,3 +707,76 @@ def test_the_java_admin_describes_alters_and_deletes_share_groups(
     assert _java_admin("offsets", bootstrap, "ops") == ["done"]
     assert _java_admin("delete", bootstrap, "ops") == ["done"]
     assert _java_admin("describe", bootstrap, "ops")[0].startswith("error GroupIdNotFound")
+
+
+def _part(index: int) -> dict[str, Any]:
+    return {"partition_index": index, "acknowledgement_batches": []}
+
+
+def test_a_share_session_keeps_only_partitions_that_exist(broker_cluster: BrokerCluster) -> None:
+    """Unknown topic ids and partitions are answered UNKNOWN_TOPIC_ID once and never join the
+    session: a later fetch of the session does not answer them again (nor keeps them in
+    memory), and a partition named with acknowledgements but forgotten acquires nothing."""
+    broker = broker_cluster.start()
+    topics.create_topic(broker.bootstrap, "known", 1)
+    set_group_configs(broker.bootstrap, "sessions", EARLIEST)
+    produce(broker.bootstrap, "known", values(3))
+    with KafkaWire(broker.bootstrap) as wire:
+        joined = _share_heartbeat(wire, "sessions", "m1", 0, subscribed_topic_names=["known"])
+        (assigned,) = joined.assignment.topic_partitions
+        known = assigned.topic_id
+        ghost = uuid.uuid4()
+        body = {
+            "group_id": "sessions",
+            "member_id": "m1",
+            "share_session_epoch": 0,
+            "max_wait": 0,
+            "min_bytes": 1,
+            "max_bytes": 1 << 20,
+            "max_records": 10,
+            "batch_size": 10,
+            "topics": [
+                {"topic_id": known, "partitions": [_part(0), _part(7)]},
+                {"topic_id": ghost, "partitions": [_part(0)]},
+            ],
+            "forgotten_topics_data": [],
+        }
+        first = wire.request(78, 1, body)
+        answered = {
+            (t.topic_id, p.partition_index): p.error_code
+            for t in first.responses
+            for p in t.partitions
+        }
+        assert answered == {
+            (known, 0): ErrorCode.NONE,
+            (known, 7): ErrorCode.UNKNOWN_TOPIC_ID,
+            (ghost, 0): ErrorCode.UNKNOWN_TOPIC_ID,
+        }
+        body.update(share_session_epoch=1, topics=[])
+        second = wire.request(78, 1, body)
+        assert second.error_code == ErrorCode.NONE
+        again = {(t.topic_id, p.partition_index) for t in second.responses for p in t.partitions}
+        assert again <= {(known, 0)}
+        # Forgotten with its acknowledgements: they count, nothing more is acquired there.
+        (acquired,) = first.responses[0].partitions[0].acquired_records
+        body.update(
+            share_session_epoch=2,
+            topics=[
+                {
+                    "topic_id": known,
+                    "partitions": [
+                        {
+                            "partition_index": 0,
+                            "acknowledgement_batches": [
+                                _ack(acquired.first_offset, acquired.last_offset, kind=2)
+                            ],
+                        }
+                    ],
+                }
+            ],
+            forgotten_topics_data=[{"topic_id": known, "partitions": [0]}],
+        )
+        third = wire.request(78, 1, body)
+        (partition,) = third.responses[0].partitions
+        assert partition.acknowledge_error_code == ErrorCode.NONE
+        assert list(partition.acquired_records) == []
