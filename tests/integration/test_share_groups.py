@@ -42,6 +42,8 @@ from harness.share import (
     produce,
     set_group_configs,
     share_consumer,
+    stored_share_state,
+    wait_stored,
 )
 
 from kafscale.broker.protocol.errors import ErrorCode
@@ -197,8 +199,10 @@ def test_acknowledged_records_stay_acknowledged_across_a_broker_crash(
     holder = share_consumer(broker.bootstrap, "g", "q")
     poll_until(holder, held, lambda: len(held.records) >= 10, ack=None)
     # Acquisitions ride the next flush round (250 ms), acknowledgements are answered only once
-    # in etcd; give the round its time, so the delivery counts are there too.
-    time.sleep(1)
+    # in etcd; wait for the round that carries the delivery counts (never a fixed sleep: a
+    # loaded machine may take longer), so the new owner counts them.
+    read = partial(stored_share_state, broker_cluster.etcd_url, broker_cluster.cluster, "g", "q", 0)
+    wait_stored(read, lambda s: s["start"] == 30 and s["batches"] == [[30, 39, 1, 0]])
     port = broker.port
     broker.kill()  # SIGKILL: no handoff, no final flush
     restarted = broker_cluster.start(port=port)
