@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from kafscale.broker.groups.share import ShareConfig
 from kafscale.broker.metadata.etcd_errors import MetadataUnavailable
 from kafscale.broker.metadata.etcd_txn import Compare
-from kafscale.broker.protocol.errors import ErrorCode
+from kafscale.broker.protocol.errors import ErrorCode, KafkaError
 from kafscale.broker.share.partition import Limits, SharePartition
 from kafscale.broker.share.sessions import ShareSessions
 from kafscale.broker.share.store import ShareStateStore, StateWrite, encode
@@ -162,6 +162,11 @@ class ShareManager:
         state, revision = await self._store.load(group, topic, partition, owner.topic_id)
         fresh = state is None
         if state is None:
+            if not await self._store.is_share_group(group):
+                # Else any client could make this broker write state for group ids nobody
+                # joined (etcd growing without bound), or bring a deleted group's state back.
+                message = f"share group {group} does not exist (no member joined it)"
+                raise KafkaError(message, ErrorCode.GROUP_ID_NOT_FOUND)
             start = owner.high_watermark if config.auto_offset_reset == "latest" else 0
             state = SharePartition(max(start, owner.log_start_offset))
         log.info(

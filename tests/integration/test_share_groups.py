@@ -784,3 +784,8 @@ def test_a_share_session_keeps_only_partitions_that_exist(broker_cluster: Broker
         (partition,) = third.responses[0].partitions
         assert partition.acknowledge_error_code == ErrorCode.NONE
         assert list(partition.acquired_records) == []
+        # A group nobody joined gets no share-partition (nor any state in etcd).
+        stranger = _share_fetch(wire, "m9", 0, known, group="nobody")
+        (partition,) = stranger.responses[0].partitions
+        assert partition.error_code == ErrorCode.GROUP_ID_NOT_FOUND
+    assert not [k for k in broker_cluster.etcd_keys("share-state/") if "nobody" in k]

@@ -10,8 +10,10 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 
+import pytest
+
 from kafscale.broker.groups.share import ShareConfig
-from kafscale.broker.protocol.errors import ErrorCode
+from kafscale.broker.protocol.errors import ErrorCode, KafkaError
 from kafscale.broker.share.manager import Entry, OwnerView, ShareManager
 from kafscale.broker.share.partition import AckType, SharePartition
 from kafscale.broker.share.store import StateWrite
@@ -23,7 +25,8 @@ OWNER = OwnerView("00" * 16, lease_revision=7, log_start_offset=0, high_watermar
 class FakeStore:
     """Saves succeed unless ``fenced``; ``gate`` (when set) holds a save until opened."""
 
-    def __init__(self) -> None:
+    def __init__(self, share_group: bool = True) -> None:
+        self.share_group = share_group
         self.saved: list[Sequence[StateWrite]] = []
         self.fenced = False
         self.boom = False
@@ -32,6 +35,9 @@ class FakeStore:
 
     async def load(self, *_: object) -> tuple[SharePartition | None, int]:
         return None, 0
+
+    async def is_share_group(self, _group: str) -> bool:
+        return self.share_group
 
     async def save(self, writes: Sequence[StateWrite]) -> int | None:
         self.entered.set()
@@ -125,5 +131,20 @@ async def test_a_broken_store_answers_the_waiters_instead_of_hanging_them() -> N
         assert answer == ErrorCode.UNKNOWN_SERVER_ERROR
         store.boom = False  # the change is kept and written by a later round
         assert await asyncio.wait_for(manager.durable([(entry, version)]), 30) == ErrorCode.NONE
+    finally:
+        await _stop(runner)
+
+
+async def test_no_share_partition_starts_for_a_group_nobody_joined() -> None:
+    """A ShareFetch naming any group id must not make the owner write state for it."""
+    store = FakeStore(share_group=False)
+    manager = ShareManager(store, clock=lambda: 0)  # type: ignore[arg-type]
+    with pytest.raises(KafkaError) as refused:
+        await manager.entry(KEY, OWNER, ShareConfig(auto_offset_reset="earliest"))
+    assert refused.value.code == ErrorCode.GROUP_ID_NOT_FOUND
+    runner = await _with_runner(manager)
+    try:
+        assert await asyncio.wait_for(manager.durable([]), 30) == ErrorCode.NONE
+        assert store.saved == []
     finally:
         await _stop(runner)
