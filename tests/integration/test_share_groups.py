@@ -622,16 +622,22 @@ def _java_members(
         for _ in range(count)
     ]
     seen = []
-    for process in processes:
-        out, err = process.communicate(timeout=120)
-        assert process.returncode == 0 and out.rstrip().endswith("done"), err[-3000:]
-        seen.append(
-            [
-                (parts[1], int(parts[2]), int(parts[3]))
-                for line in out.splitlines()
-                if (parts := line.split())[0] == "record"
-            ]
-        )
+    try:
+        for process in processes:
+            out, err = process.communicate(timeout=180)
+            assert process.returncode == 0 and out.rstrip().endswith("done"), err[-3000:]
+            seen.append(
+                [
+                    (parts[1], int(parts[2]), int(parts[3]))
+                    for line in out.splitlines()
+                    if (parts := line.split())[0] == "record"
+                ]
+            )
+    finally:  # a member that timed out or failed must not outlive the test (nor its JVM)
+        for process in processes:
+            if process.poll() is None:
+                process.kill()
+                process.communicate()
     return seen
 
 
