@@ -32,7 +32,7 @@ from kafscale.broker.protocol.codec import millis
 from kafscale.broker.protocol.errors import ErrorCode, KafkaError
 from kafscale.broker.share import batches
 from kafscale.broker.share.manager import Entry, OwnerView, ShareManager
-from kafscale.broker.share.partition import Acquired
+from kafscale.broker.share.partition import Acquired, ordered_batches
 from kafscale.broker.share.sessions import FINAL_EPOCH, INITIAL_EPOCH, SharePartitionKey
 
 PARTITION_MAX_BYTES = 1024 * 1024
@@ -111,6 +111,10 @@ async def _acknowledge(
         entry = await _entry(ctx, group, part)
         if entry is None:
             part.ack_error = part.error
+            continue
+        ranges = [(int(b.first_offset), int(b.last_offset)) for b in ack_batches]
+        if not ordered_batches(ranges):
+            part.ack_error = ErrorCode.INVALID_REQUEST
             continue
         async with entry.lock:
             now = manager.now_ms()

@@ -472,6 +472,10 @@ def test_bad_share_requests_get_kafkas_error_codes(broker_cluster: BrokerCluster
         broken = _share_fetch(wire, "m1", 3, topic_id, [_ack(0, 0, kind=9)])
         (partition,) = broken.responses[0].partitions
         assert partition.acknowledge_error_code == ErrorCode.INVALID_REQUEST
+        # Overlapping or reversed batches: INVALID_REQUEST for the partition (Kafka's check).
+        for epoch, acks in ((4, [_ack(0, 0), _ack(0, 0)]), (5, [_ack(3, 1)])):
+            (partition,) = _share_fetch(wire, "m1", epoch, topic_id, acks).responses[0].partitions
+            assert partition.acknowledge_error_code == ErrorCode.INVALID_REQUEST
         body["share_session_epoch"] = 0
         assert wire.request(79, 1, body).error_code == ErrorCode.INVALID_SHARE_SESSION_EPOCH
         # The broker lives on.
