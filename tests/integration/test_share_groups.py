@@ -625,24 +625,24 @@ def _java_members(
         )
         for _ in range(count)
     ]
-    seen = []
     try:
-        for process in processes:
-            out, err = process.communicate(timeout=180)
-            assert process.returncode == 0 and out.rstrip().endswith("done"), err[-3000:]
-            seen.append(
-                [
-                    (parts[1], int(parts[2]), int(parts[3]))
-                    for line in out.splitlines()
-                    if (parts := line.split())[0] == "record"
-                ]
-            )
-    finally:  # a member that timed out or failed must not outlive the test (nor its JVM)
-        for process in processes:
+        return [_member_records(process) for process in processes]
+    finally:
+        for process in processes:  # a failed or timed-out member: no JVM outlives the test
             if process.poll() is None:
                 process.kill()
                 process.communicate()
-    return seen
+
+
+def _member_records(process: subprocess.Popen[str]) -> list[tuple[str, int, int]]:
+    """The (value, offset, delivery count) lines of one Java member, once it is done."""
+    out, err = process.communicate(timeout=120)
+    assert process.returncode == 0 and out.rstrip().endswith("done"), err[-3000:]
+    return [
+        (parts[1], int(parts[2]), int(parts[3]))
+        for line in out.splitlines()
+        if (parts := line.split())[0] == "record"
+    ]
 
 
 def test_java_share_consumers_split_one_partition_exactly_once(
@@ -681,6 +681,7 @@ def _java_admin(*args: str) -> list[str]:
         text=True,
         timeout=120,
     )
+    assert done.stdout, done.stderr[-3000:]  # a JVM that could not start prints nothing
     return done.stdout.splitlines()
 
 

