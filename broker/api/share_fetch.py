@@ -32,7 +32,7 @@ from kafscale.broker.protocol.codec import millis
 from kafscale.broker.protocol.errors import ErrorCode, KafkaError
 from kafscale.broker.share import batches
 from kafscale.broker.share.manager import Entry, OwnerView, ShareManager
-from kafscale.broker.share.partition import Acquired
+from kafscale.broker.share.partition import Acquired, ordered_batches
 from kafscale.broker.share.sessions import FINAL_EPOCH, INITIAL_EPOCH, SharePartitionKey
 
 PARTITION_MAX_BYTES = 1024 * 1024
@@ -106,11 +106,15 @@ async def _acknowledge(
 ) -> None:
     """Apply each partition's acknowledgement batches, then wait until they are durable."""
     manager = _manager(ctx)
-    applied = []
+    applied: list[tuple[_Partition, Entry, int]] = []
     for part, ack_batches in parts:
         entry = await _entry(ctx, group, part)
         if entry is None:
             part.ack_error = part.error
+            continue
+        ranges = [(int(b.first_offset), int(b.last_offset)) for b in ack_batches]
+        if not ordered_batches(ranges):
+            part.ack_error = ErrorCode.INVALID_REQUEST
             continue
         async with entry.lock:
             now = manager.now_ms()
@@ -125,18 +129,16 @@ async def _acknowledge(
                 )
                 if code is not ErrorCode.NONE:
                     part.ack_error = code
-                else:
-                    entry.dirty = True
+            version = entry.touch()
         part.acked = True
-        applied.append(part)
+        applied.append((part, entry, version))
     if not applied:
         return
     manager.notify()
-    durable = await manager.durable()
-    if durable is not ErrorCode.NONE:
-        for part in applied:
-            if part.ack_error is ErrorCode.NONE:
-                part.ack_error = durable
+    durable = await manager.durable([(entry, version) for _, entry, version in applied])
+    for part, entry, version in applied:
+        if part.ack_error is ErrorCode.NONE and entry.stored < version:
+            part.ack_error = ErrorCode.NOT_LEADER_OR_FOLLOWER if entry.dropped else durable
 
 
 # --- acquisition ------------------------------------------------------------------------------
@@ -250,7 +252,11 @@ async def handle_share_fetch(request: Any, ctx: RequestContext) -> Body:
         manager.sessions.close(key)
         manager.release(group, member)
         return _fetch_body(ctx, [part for part, _ in acks], 0)
-    added: list[SharePartitionKey] = [(p.topic_id.hex, p.index) for p, _ in named]
+    # Only partitions that exist and may be read join the session (as in Kafka): an unknown
+    # topic id is answered once, not carried (and grown) in the session for every fetch.
+    added: list[SharePartitionKey] = [
+        (p.topic_id.hex, p.index) for p, _ in named if p.error is ErrorCode.NONE
+    ]
     forgotten = [
         ((t.topic_id or uuid.UUID(int=0)).hex, int(i))
         for t in request.forgotten_topics_data
@@ -267,19 +273,25 @@ async def handle_share_fetch(request: Any, ctx: RequestContext) -> Body:
         by_key.get(k) or _resolve(ctx, uuid.UUID(hex=k[0]), k[1])
         for k in sorted(session.partitions)
     ]
-    parts += [p for p, _ in acks if (p.topic_id.hex, p.index) not in session.partitions]
+    # Named but not fetched: unknown, denied, or forgotten (its acknowledgements still count,
+    # but nothing is acquired for a partition the member said it no longer fetches).
+    answered_only = [p for p, _ in named if (p.topic_id.hex, p.index) not in session.partitions]
+    for gone in [p for p in parts if p.error is ErrorCode.UNKNOWN_TOPIC_ID]:
+        session.partitions.discard((gone.topic_id.hex, gone.index))  # its topic was deleted
     max_records = max(int(request.max_records), 1)
     deadline = time.monotonic() + millis(request.max_wait) / 1000
     while True:
         changed = manager.changed()
         got = await _acquire_all(ctx, group, member, parts, max_records)
         remaining = deadline - time.monotonic()
-        if got or remaining <= 0 or any(p.error is not ErrorCode.NONE for p in parts):
+        errors = any(p.error is not ErrorCode.NONE for p in parts + answered_only)
+        if got or remaining <= 0 or errors:
             break
         if changed.is_set():
             continue
         await _wait(ctx, parts, remaining)
-    return _fetch_body(ctx, parts, _share_config(ctx, group).record_lock_duration_ms)
+    lock_ms = _share_config(ctx, group).record_lock_duration_ms
+    return _fetch_body(ctx, parts + answered_only, lock_ms)
 
 
 async def _revalidate(ctx: RequestContext, group: str, parts: list[_Partition]) -> None:

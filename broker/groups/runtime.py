@@ -46,9 +46,10 @@ from kafscale.broker.groups.model import (
     SyncResult,
 )
 from kafscale.broker.groups.offsets import GroupOffsets
-from kafscale.broker.groups.share import ShareConfig, ShareGroup, ShareHeartbeat
+from kafscale.broker.groups.share import ShareGroup
 from kafscale.broker.groups.share_codec import restore as restore_share
 from kafscale.broker.groups.share_codec import snapshot as snapshot_share
+from kafscale.broker.groups.share_runtime import ShareRuntime
 from kafscale.broker.groups.store import (
     CommittedOffset,
     Fence,
@@ -68,7 +69,7 @@ def loop_clock_ms() -> int:
     return int(asyncio.get_running_loop().time() * 1000)
 
 
-class GroupRuntime:
+class GroupRuntime(ShareRuntime):
     def __init__(
         self,
         group_id: str,
@@ -343,68 +344,6 @@ class GroupRuntime:
             if not future.done():
                 future.set_result(error)
 
-    # --- share groups (KIP-932) ----------------------------------------------------------------
-
-    def _share_config(self) -> ShareConfig:
-        return group_configs.share_config(self._config.share, self._own_configs())
-
-    async def share_heartbeat(
-        self,
-        request: ShareHeartbeat,
-        topics: Mapping[str, int],
-        topic_ids: Mapping[str, str] | None = None,
-    ) -> HeartbeatResult:
-        """ShareGroupHeartbeat. A group id that is a classic or consumer group (even one with
-        only offsets) is GROUP_ID_NOT_FOUND, as Kafka answers; a share group is created by its
-        first join. Answered once a change of the group is in etcd."""
-        self._check_open()
-        if self.consumer is not None or self.group is not None:
-            message = f"group {self.group_id} is not a share group"
-            return HeartbeatResult(ErrorCode.GROUP_ID_NOT_FOUND, message)
-        share = self.share
-        if share is None:
-            if request.member_epoch != 0:
-                message = f"member {request.member_id} is not in group {self.group_id}"
-                return HeartbeatResult(ErrorCode.UNKNOWN_MEMBER_ID, message)
-            share = self.share = ShareGroup(self.group_id, self._share_config())
-        share.config = self._share_config()
-        result = share.heartbeat(self._clock(), request, topics, topic_ids)
-        stored = self._queue_share(share)
-        if stored is None:
-            return result
-        error = await self._await_stored(stored)
-        return result if error is ErrorCode.NONE else HeartbeatResult(error)
-
-    async def empty_share_group(self) -> ErrorCode:
-        """Share group offset admin (Alter/DeleteShareGroupOffsets) needs an empty share
-        group: created (empty, in etcd) if the id is free, NON_EMPTY_GROUP while it has
-        members, GROUP_ID_NOT_FOUND if the id is another type's."""
-        self._check_open()
-        if self.consumer is not None or self.group is not None:
-            return ErrorCode.GROUP_ID_NOT_FOUND
-        if self.share is None:
-            self.share = ShareGroup(self.group_id, self._share_config())
-            stored = self._queue_share(self.share)
-            if stored is not None and (error := await self._await_stored(stored)):
-                return error
-        return ErrorCode.NONE if self.share.is_empty() else ErrorCode.NON_EMPTY_GROUP
-
-    def _queue_share(self, share: ShareGroup) -> asyncio.Future[ErrorCode] | None:
-        """Queue the share group's state for etcd if it changed: the future of that write."""
-        self._wake.set()
-        document = snapshot_share(share)
-        if document == self._share_doc or self.closed:
-            return None
-        self._share_doc = document
-        self._consumer_version += 1
-        record = GroupRecord(
-            "share", share.group_epoch, None, None, group_type="share", consumer=document
-        )
-        self._stores.put_nowait(Store(ConsumerStore(self._consumer_version), record))
-        future = asyncio.get_running_loop().create_future()
-        self._consumer_waiters[self._consumer_version] = future
-        return future
-
     def describe(self) -> GroupDescription:
         self._check_open()
         if self.share is not None:
@@ -602,14 +541,7 @@ class GroupRuntime:
                     log.info("group %s: members expired: %s", self.group_id, ", ".join(expired))
                 self._queue_consumer(consumer)
                 self._maybe_downgrade()
-            share = self.share
-            if share is not None and not self.closed:
-                expired = share.tick(self._clock())
-                if expired:
-                    log.info(
-                        "share group %s: members expired: %s", self.group_id, ", ".join(expired)
-                    )
-                self._queue_share(share)
+            self._tick_share()
             if self.group is not None and not self.closed:
                 try:
                     self.group.tick(self._clock())

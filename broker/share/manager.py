@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from kafscale.broker.groups.share import ShareConfig
 from kafscale.broker.metadata.etcd_errors import MetadataUnavailable
 from kafscale.broker.metadata.etcd_txn import Compare
-from kafscale.broker.protocol.errors import ErrorCode
+from kafscale.broker.protocol.errors import ErrorCode, KafkaError
 from kafscale.broker.share.partition import Limits, SharePartition
 from kafscale.broker.share.sessions import ShareSessions
 from kafscale.broker.share.store import ShareStateStore, StateWrite, encode
@@ -54,6 +54,19 @@ class Entry:
     """The etcd mod revision of the stored state this entry continues from (0: none)."""
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     dirty: bool = False
+    version: int = 0
+    """Bumped by every change an answer waits on (``touch``): an acknowledgement."""
+    stored: int = 0
+    """The highest ``version`` a flush round wrote to etcd."""
+    dropped: bool = False
+    """Set once the manager let this entry go (lease lost, write fenced, admin change): what
+    was not stored by then never will be."""
+
+    def touch(self) -> int:
+        """A change an answer must not be given before etcd holds: the version to wait for."""
+        self.dirty = True
+        self.version += 1
+        return self.version
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,6 +77,24 @@ class OwnerView:
     lease_revision: int
     log_start_offset: int
     high_watermark: int
+
+
+@dataclass(slots=True)
+class _Waiter:
+    future: asyncio.Future[ErrorCode]
+    targets: list[tuple[Entry, int]]
+
+
+def _outcome(waiter: _Waiter, round_error: ErrorCode) -> ErrorCode | None:
+    """What a waiter is answered after a round, or None to wait for the next one. An entry let
+    go before its version was stored lost that change: never answered NONE."""
+    if all(entry.stored >= version for entry, version in waiter.targets):
+        return ErrorCode.NONE
+    if any(entry.dropped and entry.stored < version for entry, version in waiter.targets):
+        return ErrorCode.NOT_LEADER_OR_FOLLOWER
+    if round_error is not ErrorCode.NONE:
+        return round_error
+    return None
 
 
 Clock = Callable[[], int]
@@ -94,7 +125,7 @@ class ShareManager:
         self.sessions = ShareSessions()
         self._entries: dict[EntryKey, Entry] = {}
         self._loading = asyncio.Lock()
-        self._waiters: list[asyncio.Future[ErrorCode]] = []
+        self._waiters: list[_Waiter] = []
         self._wake = asyncio.Event()
         self._changed = asyncio.Event()
 
@@ -117,6 +148,7 @@ class ShareManager:
             async with self._loading:
                 found = self._entries.get(key)
                 if found is None or not _continues(found, owner):
+                    self._drop(key)
                     found = await self._load(key, owner, config)
                     self._entries[key] = found
         found.limits = limits_of(config)
@@ -130,6 +162,11 @@ class ShareManager:
         state, revision = await self._store.load(group, topic, partition, owner.topic_id)
         fresh = state is None
         if state is None:
+            if not await self._store.is_share_group(group):
+                # Else any client could make this broker write state for group ids nobody
+                # joined (etcd growing without bound), or bring a deleted group's state back.
+                message = f"share group {group} does not exist (no member joined it)"
+                raise KafkaError(message, ErrorCode.GROUP_ID_NOT_FOUND)
             start = owner.high_watermark if config.auto_offset_reset == "latest" else 0
             state = SharePartition(max(start, owner.log_start_offset))
         log.info(
@@ -146,6 +183,11 @@ class ShareManager:
             key, owner.topic_id, owner.lease_revision, state, limits, revision, dirty=fresh
         )
 
+    def _drop(self, key: EntryKey) -> None:
+        entry = self._entries.pop(key, None)
+        if entry is not None:
+            entry.dropped = True
+
     async def revalidate(self, key: EntryKey) -> None:
         """Drop the share-partition if its stored state changed under us (an admin altered or
         deleted its start offset): its next use reads it again. Run when a member opens a
@@ -156,7 +198,7 @@ class ShareManager:
             return
         changed = await self._store.revision(*key) != entry.revision
         if changed and self._entries.get(key) is entry:
-            del self._entries[key]
+            self._drop(key)
 
     async def replace_states(
         self,
@@ -170,13 +212,13 @@ class ShareManager:
         done = await self._store.replace(fence, starts, deleted_topics, group)
         for key in [k for k in self._entries if k[0] == group]:
             if key[1:] in starts or key[1] in deleted_topics:
-                del self._entries[key]
+                self._drop(key)
         return done
 
     async def delete_group(self, group: str) -> None:
         """DeleteGroups of a share group: its share-partition states go (here and in etcd)."""
         for key in [k for k in self._entries if k[0] == group]:
-            del self._entries[key]
+            self._drop(key)
         await self._store.delete_group(group)
 
     async def start_offsets(self, group: str) -> dict[tuple[str, int], tuple[str, SharePartition]]:
@@ -206,12 +248,16 @@ class ShareManager:
 
     # --- flush rounds -------------------------------------------------------------------------
 
-    async def durable(self) -> ErrorCode:
-        """Wait for a flush round that carries every change made before this call."""
-        future: asyncio.Future[ErrorCode] = asyncio.get_running_loop().create_future()
-        self._waiters.append(future)
+    async def durable(self, targets: Sequence[tuple[Entry, int]]) -> ErrorCode:
+        """Wait until etcd holds each (entry, version ``touch`` gave): NONE, or why not (the
+        entry was let go first: NOT_LEADER_OR_FOLLOWER; etcd unreachable: REQUEST_TIMED_OUT).
+        A change is never answered NONE unless a round that carried it committed."""
+        waiter = _Waiter(asyncio.get_running_loop().create_future(), list(targets))
+        if (done := _outcome(waiter, ErrorCode.NONE)) is not None:
+            return done
+        self._waiters.append(waiter)
         self._wake.set()
-        return await asyncio.shield(future)
+        return await asyncio.shield(waiter.future)
 
     async def run(self) -> None:
         """Flush rounds and lock expiry, until cancelled."""
@@ -252,8 +298,9 @@ class ShareManager:
         # writing them would only fail the round for every other share-partition.
         for key, entry in list(self._entries.items()):
             if not self._owns(key[1], key[2], entry.lease_revision):
-                del self._entries[key]
+                self._drop(key)
         dirty = [e for e in self._entries.values() if e.dirty]
+        versions = [e.version for e in dirty]
         writes = []
         for entry in dirty:
             group, topic, partition = entry.key
@@ -269,6 +316,7 @@ class ShareManager:
                 if revision is None:
                     error = ErrorCode.NOT_LEADER_OR_FOLLOWER
                     for entry in dirty:
+                        entry.dropped = True
                         if self._entries.get(entry.key) is entry:
                             del self._entries[entry.key]
                     log.warning(
@@ -277,13 +325,28 @@ class ShareManager:
                         len(dirty),
                     )
                 else:
-                    for entry in dirty:
+                    for entry, version in zip(dirty, versions, strict=True):
                         entry.revision = revision
+                        entry.stored = max(entry.stored, version)
             except MetadataUnavailable as exc:
                 log.warning("share state write: %s", exc)
                 error = ErrorCode.REQUEST_TIMED_OUT
                 for entry in dirty:
                     entry.dirty = True
+            except Exception:  # answer the waiters anyway: a lost future hangs its request
+                log.exception("share state write failed")
+                error = ErrorCode.UNKNOWN_SERVER_ERROR
+                for entry in dirty:
+                    entry.dirty = True
+        self._answer(waiters, error)
+
+    def _answer(self, waiters: list[_Waiter], round_error: ErrorCode) -> None:
         for waiter in waiters:
-            if not waiter.done():
-                waiter.set_result(error)
+            if waiter.future.done():
+                continue
+            outcome = _outcome(waiter, round_error)
+            if outcome is None:  # its change rides the next round
+                self._waiters.append(waiter)
+                self._wake.set()
+            else:
+                waiter.future.set_result(outcome)

@@ -258,6 +258,19 @@ class SharePartition:
             self.start_offset += 1
 
 
+def ordered_batches(ranges: Sequence[tuple[int, int]]) -> bool:
+    """Kafka's ``validateAcknowledgementBatches``: each batch's first offset is at most its
+    last and past the previous batch's last; reversed or overlapping batches are
+    INVALID_REQUEST for the partition, none of them applied (a batch applied twice could
+    settle a record once more, e.g. RENEW then ACCEPT of one offset in one request)."""
+    previous = -1
+    for first, last in ranges:
+        if first < 0 or last < first or first <= previous:
+            return False
+        previous = last
+    return True
+
+
 def _inside(offset: int, ranges: Sequence[tuple[int, int]]) -> bool:
     return any(first <= offset <= last for first, last in ranges)
 

@@ -17,6 +17,7 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from kafscale.broker.groups.store import decode_group
 from kafscale.broker.metadata import keys
 from kafscale.broker.metadata.etcd import Etcd
 from kafscale.broker.metadata.etcd_txn import (
@@ -75,6 +76,12 @@ class ShareStateStore:
         if kv is None:
             return None, 0
         return decode(kv.value, topic_id), kv.mod_revision
+
+    async def is_share_group(self, group: str) -> bool:
+        """Whether etcd holds ``group`` as a share group (its coordinator wrote it at the first
+        join, or at an offset admin call): only then may a share-partition start for it."""
+        kv = await self._etcd.get(keys.group_metadata_key(self._cluster, group))
+        return kv is not None and decode_group(kv.value).group_type == "share"
 
     async def revision(self, group: str, topic: str, partition: int) -> int:
         kv = await self._etcd.get(self._key(group, topic, partition))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -10,6 +12,9 @@ from typing import Any
 from confluent_kafka import AcknowledgeType, Producer, ShareConsumer
 from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource
 from confluent_kafka.admin import ResourceType as CkResourceType
+
+from kafscale.broker.metadata import keys
+from kafscale.broker.metadata.etcd import Etcd
 
 
 def set_group_configs(bootstrap: str, group: str, configs: dict[str, str]) -> None:
@@ -89,3 +94,35 @@ def poll_until(
     while not done():
         assert time.monotonic() < deadline, f"timed out; received {received.records[-20:]}"
         poll_some(consumer, received, ack)
+
+
+def stored_share_state(
+    etcd_url: str, cluster: str, group: str, topic: str, partition: int
+) -> dict[str, Any] | None:
+    """The share-partition's state as its owner last wrote it to etcd (None: not yet)."""
+
+    async def read() -> dict[str, Any] | None:
+        etcd = await Etcd.connect([etcd_url], timeout_s=5)
+        try:
+            kv = await etcd.get(keys.share_state_key(cluster, group, topic, partition))
+            return None if kv is None else dict(json.loads(kv.value))
+        finally:
+            await etcd.close()
+
+    return asyncio.run(read())
+
+
+def wait_stored(
+    read: Callable[[], dict[str, Any] | None],
+    done: Callable[[dict[str, Any]], bool],
+    timeout_s: float = 60,
+) -> dict[str, Any]:
+    """Poll the stored state until ``done`` holds: a flush round's time is not a fixed sleep
+    on a loaded machine."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        state = read()
+        if state is not None and done(state):
+            return state
+        assert time.monotonic() < deadline, f"share state never got there: {state}"
+        time.sleep(0.1)

@@ -50,7 +50,7 @@ SHARE_DEFAULTS = {
     "share.delivery.count.limit": ("5", 5),
     "share.partition.max.record.locks": ("2000", 5),
     "share.auto.offset.reset": ("latest", 5),
-    "share.isolation.level": ("read_committed", 5),
+    "share.isolation.level": ("read_uncommitted", 5),
 }
 """Share group configs (KIP-932), described beside the consumer ones with Kafka's defaults."""
 

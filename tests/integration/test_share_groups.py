@@ -22,6 +22,7 @@ import subprocess
 import sys
 import textwrap
 import time
+import uuid
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -41,6 +42,8 @@ from harness.share import (
     produce,
     set_group_configs,
     share_consumer,
+    stored_share_state,
+    wait_stored,
 )
 
 from kafscale.broker.protocol.errors import ErrorCode
@@ -196,8 +199,10 @@ def test_acknowledged_records_stay_acknowledged_across_a_broker_crash(
     holder = share_consumer(broker.bootstrap, "g", "q")
     poll_until(holder, held, lambda: len(held.records) >= 10, ack=None)
     # Acquisitions ride the next flush round (250 ms), acknowledgements are answered only once
-    # in etcd; give the round its time, so the delivery counts are there too.
-    time.sleep(1)
+    # in etcd; wait for the round that carries the delivery counts (never a fixed sleep: a
+    # loaded machine may take longer), so the new owner counts them.
+    read = partial(stored_share_state, broker_cluster.etcd_url, broker_cluster.cluster, "g", "q", 0)
+    wait_stored(read, lambda s: s["start"] == 30 and s["batches"] == [[30, 39, 1, 0]])
     port = broker.port
     broker.kill()  # SIGKILL: no handoff, no final flush
     restarted = broker_cluster.start(port=port)
@@ -467,6 +472,10 @@ def test_bad_share_requests_get_kafkas_error_codes(broker_cluster: BrokerCluster
         broken = _share_fetch(wire, "m1", 3, topic_id, [_ack(0, 0, kind=9)])
         (partition,) = broken.responses[0].partitions
         assert partition.acknowledge_error_code == ErrorCode.INVALID_REQUEST
+        # Overlapping or reversed batches: INVALID_REQUEST for the partition (Kafka's check).
+        for epoch, acks in ((4, [_ack(0, 0), _ack(0, 0)]), (5, [_ack(3, 1)])):
+            (partition,) = _share_fetch(wire, "m1", epoch, topic_id, acks).responses[0].partitions
+            assert partition.acknowledge_error_code == ErrorCode.INVALID_REQUEST
         body["share_session_epoch"] = 0
         assert wire.request(79, 1, body).error_code == ErrorCode.INVALID_SHARE_SESSION_EPOCH
         # The broker lives on.
@@ -713,3 +722,81 @@ def test_the_java_admin_describes_alters_and_deletes_share_groups(
     assert _java_admin("offsets", bootstrap, "ops") == ["done"]
     assert _java_admin("delete", bootstrap, "ops") == ["done"]
     assert _java_admin("describe", bootstrap, "ops")[0].startswith("error GroupIdNotFound")
+
+
+def _part(index: int) -> dict[str, Any]:
+    return {"partition_index": index, "acknowledgement_batches": []}
+
+
+def test_a_share_session_keeps_only_partitions_that_exist(broker_cluster: BrokerCluster) -> None:
+    """Unknown topic ids and partitions are answered UNKNOWN_TOPIC_ID once and never join the
+    session: a later fetch of the session does not answer them again (nor keeps them in
+    memory), and a partition named with acknowledgements but forgotten acquires nothing."""
+    broker = broker_cluster.start()
+    topics.create_topic(broker.bootstrap, "known", 1)
+    set_group_configs(broker.bootstrap, "sessions", EARLIEST)
+    produce(broker.bootstrap, "known", values(3))
+    with KafkaWire(broker.bootstrap) as wire:
+        joined = _share_heartbeat(wire, "sessions", "m1", 0, subscribed_topic_names=["known"])
+        (assigned,) = joined.assignment.topic_partitions
+        known = assigned.topic_id
+        ghost = uuid.uuid4()
+        body = {
+            "group_id": "sessions",
+            "member_id": "m1",
+            "share_session_epoch": 0,
+            "max_wait": 0,
+            "min_bytes": 1,
+            "max_bytes": 1 << 20,
+            "max_records": 10,
+            "batch_size": 10,
+            "topics": [
+                {"topic_id": known, "partitions": [_part(0), _part(7)]},
+                {"topic_id": ghost, "partitions": [_part(0)]},
+            ],
+            "forgotten_topics_data": [],
+        }
+        first = wire.request(78, 1, body)
+        answered = {
+            (t.topic_id, p.partition_index): p.error_code
+            for t in first.responses
+            for p in t.partitions
+        }
+        assert answered == {
+            (known, 0): ErrorCode.NONE,
+            (known, 7): ErrorCode.UNKNOWN_TOPIC_ID,
+            (ghost, 0): ErrorCode.UNKNOWN_TOPIC_ID,
+        }
+        body.update(share_session_epoch=1, topics=[])
+        second = wire.request(78, 1, body)
+        assert second.error_code == ErrorCode.NONE
+        again = {(t.topic_id, p.partition_index) for t in second.responses for p in t.partitions}
+        assert again <= {(known, 0)}
+        # Forgotten with its acknowledgements: they count, nothing more is acquired there.
+        (acquired,) = first.responses[0].partitions[0].acquired_records
+        body.update(
+            share_session_epoch=2,
+            topics=[
+                {
+                    "topic_id": known,
+                    "partitions": [
+                        {
+                            "partition_index": 0,
+                            "acknowledgement_batches": [
+                                _ack(acquired.first_offset, acquired.last_offset, kind=2)
+                            ],
+                        }
+                    ],
+                }
+            ],
+            forgotten_topics_data=[{"topic_id": known, "partitions": [0]}],
+        )
+        third = wire.request(78, 1, body)
+        (partition,) = third.responses[0].partitions
+        assert partition.acknowledge_error_code == ErrorCode.NONE
+        assert list(partition.acquired_records) == []
+        # A group nobody joined gets no share-partition (nor any state in etcd).
+        stranger = _share_fetch(wire, "m9", 0, known, group="nobody")
+        (partition,) = stranger.responses[0].partitions
+        assert partition.error_code == ErrorCode.GROUP_ID_NOT_FOUND
+    assert not [k for k in broker_cluster.etcd_keys("share-state/") if "nobody" in k]

@@ -15,6 +15,7 @@ from kafscale.broker.share.partition import (
     Limits,
     RecordState,
     SharePartition,
+    ordered_batches,
 )
 from kafscale.broker.share.sessions import ShareSessions
 
@@ -238,3 +239,12 @@ def test_share_sessions_follow_kafkas_epochs() -> None:
     )
     assert sessions.close(key) is session
     assert sessions.check(key, 2)[0] is ErrorCode.SHARE_SESSION_NOT_FOUND
+
+
+def test_reversed_overlapping_or_negative_ack_batches_are_refused() -> None:
+    assert ordered_batches([(0, 4), (5, 5), (9, 12)])
+    assert ordered_batches([])
+    assert not ordered_batches([(4, 3)])
+    assert not ordered_batches([(0, 4), (4, 6)])
+    assert not ordered_batches([(5, 6), (0, 1)])
+    assert not ordered_batches([(-3, 2)])

@@ -1,0 +1,119 @@
+"""The share group (KIP-932) part of a coordinated group's async shell (``runtime``).
+
+Kept apart so ``runtime.GroupRuntime`` stays one concern per module: this mixin turns
+ShareGroupHeartbeat and the share offset admin's "is the group empty?" into decisions of the
+pure ``share.ShareGroup`` and queues its snapshot for etcd on the runtime's single writer
+(the same version-numbered waiters as consumer-protocol groups). The runtime owns the
+attributes declared below; the mixin only reads and updates them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Mapping
+
+from kafscale.broker.groups import group_configs
+from kafscale.broker.groups.consumer import ConsumerGroup, HeartbeatResult
+from kafscale.broker.groups.consumer_codec import Document
+from kafscale.broker.groups.group import Group
+from kafscale.broker.groups.model import ConsumerStore, GroupConfig, GroupRecord, Store
+from kafscale.broker.groups.share import ShareConfig, ShareGroup, ShareHeartbeat
+from kafscale.broker.groups.share_codec import snapshot as snapshot_share
+from kafscale.broker.protocol.errors import ErrorCode
+
+log = logging.getLogger(__name__)
+
+
+class ShareRuntime:
+    """Share group methods of ``GroupRuntime`` (which sets every attribute named here)."""
+
+    group_id: str
+    group: Group | None
+    consumer: ConsumerGroup | None
+    share: ShareGroup | None
+    closed: bool
+    _config: GroupConfig
+    _own_configs: Callable[[], Mapping[str, str]]
+    _clock: Callable[[], int]
+    _share_doc: Document | None
+    _wake: asyncio.Event
+    _stores: asyncio.Queue[Store]
+    _consumer_version: int
+    _consumer_waiters: dict[int, asyncio.Future[ErrorCode]]
+
+    def _check_open(self) -> None:
+        raise NotImplementedError
+
+    async def _await_stored(self, stored: asyncio.Future[ErrorCode]) -> ErrorCode:
+        raise NotImplementedError
+
+    def _share_config(self) -> ShareConfig:
+        return group_configs.share_config(self._config.share, self._own_configs())
+
+    async def share_heartbeat(
+        self,
+        request: ShareHeartbeat,
+        topics: Mapping[str, int],
+        topic_ids: Mapping[str, str] | None = None,
+    ) -> HeartbeatResult:
+        """ShareGroupHeartbeat. A group id that is a classic or consumer group (even one with
+        only offsets) is GROUP_ID_NOT_FOUND, as Kafka answers; a share group is created by its
+        first join. Answered once a change of the group is in etcd."""
+        self._check_open()
+        if self.consumer is not None or self.group is not None:
+            message = f"group {self.group_id} is not a share group"
+            return HeartbeatResult(ErrorCode.GROUP_ID_NOT_FOUND, message)
+        share = self.share
+        if share is None:
+            if request.member_epoch != 0:
+                message = f"member {request.member_id} is not in group {self.group_id}"
+                return HeartbeatResult(ErrorCode.UNKNOWN_MEMBER_ID, message)
+            share = self.share = ShareGroup(self.group_id, self._share_config())
+        share.config = self._share_config()
+        result = share.heartbeat(self._clock(), request, topics, topic_ids)
+        stored = self._queue_share(share)
+        if stored is None:
+            return result
+        error = await self._await_stored(stored)
+        return result if error is ErrorCode.NONE else HeartbeatResult(error)
+
+    async def empty_share_group(self) -> ErrorCode:
+        """Share group offset admin (Alter/DeleteShareGroupOffsets) needs an empty share
+        group: created (empty, in etcd) if the id is free, NON_EMPTY_GROUP while it has
+        members, GROUP_ID_NOT_FOUND if the id is another type's."""
+        self._check_open()
+        if self.consumer is not None or self.group is not None:
+            return ErrorCode.GROUP_ID_NOT_FOUND
+        if self.share is None:
+            self.share = ShareGroup(self.group_id, self._share_config())
+            stored = self._queue_share(self.share)
+            if stored is not None and (error := await self._await_stored(stored)):
+                return error
+        return ErrorCode.NONE if self.share.is_empty() else ErrorCode.NON_EMPTY_GROUP
+
+    def _tick_share(self) -> None:
+        """The timer task's share step: members whose session ran out leave the group."""
+        share = self.share
+        if share is None or self.closed:
+            return
+        expired = share.tick(self._clock())
+        if expired:
+            log.info("share group %s: members expired: %s", self.group_id, ", ".join(expired))
+        self._queue_share(share)
+
+    def _queue_share(self, share: ShareGroup) -> asyncio.Future[ErrorCode] | None:
+        """Queue the share group's state for etcd if it changed: the future of that write."""
+        self._wake.set()
+        document = snapshot_share(share)
+        if document == self._share_doc or self.closed:
+            return None
+        self._share_doc = document
+        self._consumer_version += 1
+        record = GroupRecord(
+            "share", share.group_epoch, None, None, group_type="share", consumer=document
+        )
+        self._stores.put_nowait(Store(ConsumerStore(self._consumer_version), record))
+        future = asyncio.get_running_loop().create_future()
+        self._consumer_waiters[self._consumer_version] = future
+        return future

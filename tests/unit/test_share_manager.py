@@ -1,0 +1,150 @@
+"""The share manager's promise: an acknowledgement is answered NONE only once etcd holds it.
+
+A store stand-in (a dict) lets a round be held, fenced or failed at will; the real etcd path
+is in tests/integration/test_share_groups.py. These cases are the races between a flush round
+and a lease lost or a write fenced, which an end-to-end test cannot time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+
+import pytest
+
+from kafscale.broker.groups.share import ShareConfig
+from kafscale.broker.protocol.errors import ErrorCode, KafkaError
+from kafscale.broker.share.manager import Entry, OwnerView, ShareManager
+from kafscale.broker.share.partition import AckType, SharePartition
+from kafscale.broker.share.store import StateWrite
+
+KEY = ("g", "t", 0)
+OWNER = OwnerView("00" * 16, lease_revision=7, log_start_offset=0, high_watermark=10)
+
+
+class FakeStore:
+    """Saves succeed unless ``fenced``; ``gate`` (when set) holds a save until opened."""
+
+    def __init__(self, share_group: bool = True) -> None:
+        self.share_group = share_group
+        self.saved: list[Sequence[StateWrite]] = []
+        self.fenced = False
+        self.boom = False
+        self.gate: asyncio.Event | None = None
+        self.entered = asyncio.Event()
+
+    async def load(self, *_: object) -> tuple[SharePartition | None, int]:
+        return None, 0
+
+    async def is_share_group(self, _group: str) -> bool:
+        return self.share_group
+
+    async def save(self, writes: Sequence[StateWrite]) -> int | None:
+        self.entered.set()
+        if self.gate is not None:
+            await self.gate.wait()
+        if self.boom:
+            raise RuntimeError("etcd client broke")
+        if self.fenced:
+            return None
+        self.saved.append(writes)
+        return len(self.saved) + 100
+
+
+async def _acked_entry(manager: ShareManager) -> tuple[Entry, int]:
+    """An entry whose record 0 member m acquired and then acknowledged: the version to wait."""
+    entry = await manager.entry(KEY, OWNER, ShareConfig(auto_offset_reset="earliest"))
+    entry.state.acquire("m", 0, 0, 1, 0, entry.limits)
+    assert entry.state.acknowledge("m", 0, 0, [AckType.ACCEPT], 0, entry.limits) == ErrorCode.NONE
+    return entry, entry.touch()
+
+
+async def _with_runner(manager: ShareManager) -> asyncio.Task[None]:
+    return asyncio.create_task(manager.run())
+
+
+async def _stop(task: asyncio.Task[None]) -> None:
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+
+
+async def test_an_acknowledgement_is_answered_once_stored() -> None:
+    store = FakeStore()
+    manager = ShareManager(store, clock=lambda: 0)  # type: ignore[arg-type]
+    runner = await _with_runner(manager)
+    try:
+        entry, version = await _acked_entry(manager)
+        assert await asyncio.wait_for(manager.durable([(entry, version)]), 30) == ErrorCode.NONE
+        assert entry.stored >= version and store.saved
+    finally:
+        await _stop(runner)
+
+
+async def test_a_partition_lost_before_the_round_fails_the_acknowledgement() -> None:
+    owned = {"yes": True}
+    manager = ShareManager(
+        FakeStore(),  # type: ignore[arg-type]
+        owns=lambda _t, _p, _r: owned["yes"],
+        clock=lambda: 0,
+    )
+    entry, version = await _acked_entry(manager)
+    owned["yes"] = False  # the lease moved before any round wrote the acknowledgement
+    runner = await _with_runner(manager)
+    try:
+        answer = await asyncio.wait_for(manager.durable([(entry, version)]), 30)
+        assert answer == ErrorCode.NOT_LEADER_OR_FOLLOWER
+    finally:
+        await _stop(runner)
+
+
+async def test_an_acknowledgement_made_during_a_fenced_round_is_not_answered_none() -> None:
+    """The round in flight carries the entry's older state and is fenced: the entry is let go,
+    and the acknowledgement made meanwhile (waiting on the next round) must fail, not pass."""
+    store = FakeStore()
+    manager = ShareManager(store, clock=lambda: 0)  # type: ignore[arg-type]
+    entry = await manager.entry(KEY, OWNER, ShareConfig(auto_offset_reset="earliest"))
+    entry.state.acquire("m", 0, 0, 1, 0, entry.limits)
+    entry.dirty = True
+    store.gate = asyncio.Event()
+    store.fenced = True
+    runner = await _with_runner(manager)
+    try:
+        await asyncio.wait_for(store.entered.wait(), 30)  # the round holds the old state
+        assert entry.state.acknowledge("m", 0, 0, [AckType.ACCEPT], 0, entry.limits) == 0
+        waiting = asyncio.create_task(manager.durable([(entry, entry.touch())]))
+        await asyncio.sleep(0)
+        store.gate.set()
+        answer = await asyncio.wait_for(waiting, 30)
+        assert answer == ErrorCode.NOT_LEADER_OR_FOLLOWER
+    finally:
+        await _stop(runner)
+
+
+async def test_a_broken_store_answers_the_waiters_instead_of_hanging_them() -> None:
+    store = FakeStore()
+    store.boom = True
+    manager = ShareManager(store, clock=lambda: 0)  # type: ignore[arg-type]
+    entry, version = await _acked_entry(manager)
+    runner = await _with_runner(manager)
+    try:
+        answer = await asyncio.wait_for(manager.durable([(entry, version)]), 30)
+        assert answer == ErrorCode.UNKNOWN_SERVER_ERROR
+        store.boom = False  # the change is kept and written by a later round
+        assert await asyncio.wait_for(manager.durable([(entry, version)]), 30) == ErrorCode.NONE
+    finally:
+        await _stop(runner)
+
+
+async def test_no_share_partition_starts_for_a_group_nobody_joined() -> None:
+    """A ShareFetch naming any group id must not make the owner write state for it."""
+    store = FakeStore(share_group=False)
+    manager = ShareManager(store, clock=lambda: 0)  # type: ignore[arg-type]
+    with pytest.raises(KafkaError) as refused:
+        await manager.entry(KEY, OWNER, ShareConfig(auto_offset_reset="earliest"))
+    assert refused.value.code == ErrorCode.GROUP_ID_NOT_FOUND
+    runner = await _with_runner(manager)
+    try:
+        assert await asyncio.wait_for(manager.durable([]), 30) == ErrorCode.NONE
+        assert store.saved == []
+    finally:
+        await _stop(runner)
