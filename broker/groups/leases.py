@@ -27,6 +27,7 @@ from kafscale.broker.metadata.etcd_txn import (
     put_op,
     value_is,
 )
+from kafscale.broker.task_stop import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
@@ -94,11 +95,8 @@ class GroupLeases:
         self._task = asyncio.create_task(self._follow(revision + 1), name=name)
 
     async def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await cancel_and_wait(self._task)
+        self._task = None
 
     def holder(self, group_id: str) -> int | None:
         return self.owners.get(group_id)

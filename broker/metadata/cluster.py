@@ -9,7 +9,6 @@ an etcd round trip. High-watermark changes wake fetches through per-partition ev
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 from collections.abc import Iterable
@@ -28,6 +27,7 @@ from kafscale.broker.metadata.etcd_errors import MetadataUnavailable
 from kafscale.broker.metadata.etcd_txn import KeyValue
 from kafscale.broker.metadata.partition_state import PartitionState
 from kafscale.broker.quotas.store import QuotaCache
+from kafscale.broker.task_stop import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
@@ -172,10 +172,7 @@ class ClusterView:
         self._watch_task = asyncio.create_task(self._follow(revision + 1), name="cluster-watch")
 
     async def close(self) -> None:
-        if self._watch_task is not None:
-            self._watch_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._watch_task
+        await cancel_and_wait(self._watch_task)
 
     def live_broker_ids(self) -> list[int]:
         return sorted(self.brokers)

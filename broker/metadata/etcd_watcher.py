@@ -29,6 +29,8 @@ from typing import Any
 import aetcd
 from aetcd import watcher as aetcd_watcher
 
+from kafscale.broker.task_stop import cancel_and_wait
+
 
 class WatchCancelled(aetcd.ClientError):  # type: ignore[misc]
     """etcd cancelled a watch (or refused to create one) for a reason other than compaction."""
@@ -79,9 +81,7 @@ class MatchedWatcher(aetcd_watcher.Watcher):  # type: ignore[misc]
         async with self._request_handler_lock:
             handler, self._request_handler = self._request_handler, None
             if handler is not None and handler is not asyncio.current_task():
-                handler.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await handler
+                await cancel_and_wait(handler)
 
     async def _handle_created(self, response: Any) -> None:
         async with self._lock:

@@ -23,6 +23,7 @@ from kafscale.broker.metadata.etcd import Etcd
 from kafscale.broker.metadata.etcd_errors import MetadataUnavailable
 from kafscale.broker.metadata.leaders import leader_for
 from kafscale.broker.proxy.staleness import RouteKey, corrected_holder
+from kafscale.broker.task_stop import cancel_and_wait
 
 TopicPartition = tuple[str, int]
 
@@ -61,10 +62,7 @@ class RoutingTable:
         self.loaded = True
 
     async def close(self) -> None:
-        if self._follower is not None:
-            self._follower.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._follower
+        await cancel_and_wait(self._follower)
         await self.groups.close()
         await self.transactions.close()
         await self.view.close()
