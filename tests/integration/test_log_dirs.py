@@ -110,9 +110,12 @@ def test_one_broker_reports_its_store_and_the_sizes_grow_with_produced_data(
     kafka = broker_cluster.start()
     topic = _name("t")
     create_topics(kafka.bootstrap, [topic], 3)
+    # Partitions are taken one by one: wait for all three (a first answer may list two).
     empty = eventually(
-        lambda: [s for s in sizes_by_broker(describe(kafka.bootstrap), topic).values() if s],
-        "the broker to own the new topic's partitions",
+        lambda: [
+            s for s in sizes_by_broker(describe(kafka.bootstrap), topic).values() if len(s) == 3
+        ],
+        "the broker to own all of the new topic's partitions",
     )
     assert empty == [{0: 0, 1: 0, 2: 0}]
     node_id = describe(kafka.bootstrap)[0]["broker"]
