@@ -13,7 +13,11 @@ re-reads that lease once the broker has refused past the grace, and the produce 
 from __future__ import annotations
 
 import asyncio
+import io
+import sys
 import time
+from collections.abc import Coroutine
+from typing import Any
 
 import pytest
 from harness.brokers import BrokerCluster
@@ -38,6 +42,26 @@ pytestmark = pytest.mark.integration
 TOPIC = "stale-routes"
 TP = (TOPIC, 0)
 SETTLE_S = 60.0  # a bound on waits, not a speed
+SCENARIO_S = 180.0  # a bound on a whole scenario: a hang fails with every task's stack
+
+
+def run_bounded(scenario: Coroutine[Any, Any, None]) -> None:
+    """``asyncio.run`` with a bound; a scenario that hangs (once in CI, before the proxy's
+    closes cancelled until done) fails with the stack of every task, to say where."""
+
+    async def bounded() -> None:
+        task = asyncio.ensure_future(scenario)
+        done, _ = await asyncio.wait({task}, timeout=SCENARIO_S)
+        if not done:  # the stacks before cancelling: where every task waits
+            stacks = io.StringIO()
+            for each in asyncio.all_tasks():
+                each.print_stack(file=stacks)
+            print(stacks.getvalue(), file=sys.stderr)  # shown even if the clean-up hangs too
+            task.cancel()
+            raise AssertionError(f"hung for {SCENARIO_S:g} s; tasks:\n{stacks.getvalue()}")
+        task.result()
+
+    asyncio.run(bounded())
 
 
 def proxy_settings(cluster: BrokerCluster) -> ProxySettings:
@@ -78,7 +102,7 @@ def test_a_proxy_that_missed_a_lease_move_corrects_the_route_from_etcd(
     broker_cluster.start()
     broker_cluster.start()
     create_topics(broker_cluster.bootstrap, [TOPIC], 2)
-    asyncio.run(_missed_move(broker_cluster))
+    run_bounded(_missed_move(broker_cluster))
 
 
 async def _missed_move(cluster: BrokerCluster) -> None:
@@ -121,7 +145,7 @@ def test_a_coordinator_lease_the_table_missed_is_read_back_from_etcd(
     lease written while the proxy's group watch is stopped is what ``recheck`` finds."""
     first = broker_cluster.start()
     second = broker_cluster.start()
-    asyncio.run(_missed_group_lease(broker_cluster, first, second))
+    run_bounded(_missed_group_lease(broker_cluster, first, second))
 
 
 async def _missed_group_lease(
