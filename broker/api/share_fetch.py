@@ -426,12 +426,5 @@ async def handle_share_acknowledge(request: Any, ctx: RequestContext) -> Body:
     }
 
 
-def share_acknowledge_error_body(request: Any, code: ErrorCode, message: str | None = None) -> Body:
-    return {
-        "throttle_time": 0,
-        "error_code": code,
-        "error_message": message,
-        "acquisition_lock_timeout": 0,
-        "responses": [],
-        "node_endpoints": [],
-    }
+# ShareAcknowledge's response has ShareFetch's top-level fields: the same error body.
+share_acknowledge_error_body = share_fetch_error_body

@@ -10,7 +10,10 @@ from __future__ import annotations
 from typing import Any
 
 from kafscale.broker.api import access
-from kafscale.broker.api.consumer_groups import _assignment_body
+from kafscale.broker.api.consumer_groups import (
+    _assignment_body,
+    consumer_group_heartbeat_error_body,
+)
 from kafscale.broker.api.dispatch import Body, RequestContext
 from kafscale.broker.api.group_access import DESCRIBE, client_host, group_runtime
 from kafscale.broker.groups.consumer import HeartbeatResult
@@ -82,14 +85,8 @@ async def handle_share_group_heartbeat(request: Any, ctx: RequestContext) -> Bod
     return _heartbeat_body(ctx, result)
 
 
-def share_group_heartbeat_error_body(request: Any, code: ErrorCode) -> Body:
-    return {
-        "throttle_time": 0,
-        "error_code": code,
-        "member_id": None,
-        "member_epoch": 0,
-        "heartbeat_interval": 0,
-    }
+# ShareGroupHeartbeat's error answer has ConsumerGroupHeartbeat's fields.
+share_group_heartbeat_error_body = consumer_group_heartbeat_error_body
 
 
 # --- ShareGroupDescribe -----------------------------------------------------------------------
