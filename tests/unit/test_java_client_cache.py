@@ -95,7 +95,7 @@ def test_a_compile_cut_short_is_done_again_on_the_next_run(
     assert sorted(p.name for p in classes.iterdir()) == ["Main$Inner.class", "Main.class"]
 
 
-def test_a_copy_of_the_jars_cut_short_leaves_no_jars_folder(
+def test_a_copy_of_the_jars_cut_short_leaves_no_truncated_jar(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(java_client, "CACHE", tmp_path)
@@ -117,7 +117,9 @@ def test_a_copy_of_the_jars_cut_short_leaves_no_jars_folder(
     monkeypatch.setattr(java_client.shutil, "copy2", copy_then_die)
     with pytest.raises(KeyboardInterrupt):
         java_client._jars()
-    assert not (tmp_path / "jars").exists()
+    # only whole jars under a jar's name: the cut copy is not one a later run could take
+    assert all(p.read_bytes() == b"jar" for p in (tmp_path / "jars").glob("*.jar"))
+    assert len(list((tmp_path / "jars").glob("*.jar"))) == 2
 
     monkeypatch.setattr(java_client.shutil, "copy2", real_copy)
     jars = java_client._jars()
