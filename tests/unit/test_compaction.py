@@ -230,3 +230,15 @@ def test_control_batch_flags_are_what_kafka_python_calls_control() -> None:
     marker = _at(3, encode_marker(7, 0, commit=True, coordinator_epoch=1, timestamp_ms=1))
     assert read_header(marker).attributes & (CONTROL | TRANSACTIONAL) == CONTROL | TRANSACTIONAL
     assert _compact(marker) == marker
+
+
+@pytest.mark.parametrize("size", [0, 63, 64, 8000, 8192, 70_000, 1 << 20])
+def test_records_whose_lengths_take_one_to_three_varint_bytes_are_read_exactly(size: int) -> None:
+    key = b"k" * (size // 3)
+    records = [
+        Rec(0, key, b"v" * size, (("h" * size, b"x" * size),)),
+        Rec(1, b"other", None, (), BASE_TIMESTAMP_MS + size * 1000),
+        Rec(2, key, bytes(size // 2)),
+    ]
+    cleaned = _compact(keyed_batch(0, records, codec="lz4"))
+    assert _records(cleaned) == records[1:]
