@@ -116,13 +116,29 @@ def _scan_records(body: bytes, count: int) -> list[RecordSpan]:
             key = body[at : at + key_length]
             at += key_length
         value_length, at = _varint(body, at)
-        if at > end or (value_length >= 0 and at + value_length > end):
-            raise ValueError("record fields run past the record")
+        if _skip_headers(body, at + max(value_length, 0)) != end:
+            raise ValueError("record fields do not fill the record exactly")
         spans.append(RecordSpan(offset_delta, key, value_length < 0, position, end))
         position = end
     if position != len(body):
         raise ValueError("bytes after the last record")
     return spans
+
+
+def _skip_headers(body: bytes, at: int) -> int:
+    """The position after a record's headers: a record is copied whole into the cleaned batch,
+    so every field is checked as a consumer would read it (Kafka's reader refuses a negative
+    count or a header that runs past its record)."""
+    count, at = _varint(body, at)
+    if count < 0:
+        raise ValueError("negative header count")
+    for _ in range(count):
+        name_length, at = _varint(body, at)
+        if name_length < 0:
+            raise ValueError("header without a name")
+        value_length, at = _varint(body, at + name_length)
+        at += max(value_length, 0)
+    return at
 
 
 def _varint(data: bytes, position: int) -> tuple[int, int]:

@@ -208,8 +208,25 @@ def _with_records(records: bytes, count: int, codec: int = 0) -> bytes:
         _with_records(encode_record(0, 0, b"a", b"1"), 2),  # fewer records than counted
         "bomb",  # 80 MiB of zeros in a few KiB of zstd: built in the test, not at collection
         _with_records(b"not gzip at all", 1, codec=1),
+        _with_records(b"\x82SNAPPY\x00" + bytes([0, 0, 0, 1, 0, 0, 0, 1, 0]), 1, codec=2),
+        _with_records(encode_record(0, 0, b"a", b"1")[:-1] + b"\x01", 1),  # -1 headers
+        _with_records(encode_record(0, 0, b"a", b"1")[:-1] + b"\x02", 1),  # header past it
+        _with_records(encode_record(0, 0, b"a", b"1", [("h", b"x")])[:-2] + b"\x04x", 1),
     ],
-    ids=["crc", "truncated", "trailing", "short-record", "long-record", "count", "bomb", "gzip"],
+    ids=[
+        "crc",
+        "truncated",
+        "trailing",
+        "short-record",
+        "long-record",
+        "count",
+        "bomb",
+        "gzip",
+        "xerial-chunk-length",
+        "negative-header-count",
+        "header-past-record",
+        "header-value-short",
+    ],
 )
 def test_damaged_input_raises_instead_of_a_partial_output(data: bytes | str) -> None:
     if data == "bomb":
