@@ -75,16 +75,19 @@ class OffsetMap:
     def get(self, digest: bytes) -> int | None:
         return self._offsets.get(digest)
 
-    def try_add(self, latest: dict[bytes, int]) -> bool:
-        """Adds all of ``latest`` (digest -> offset; a newer offset wins) if the map then holds
-        at most ``max_keys`` keys; otherwise changes nothing and returns False."""
-        new_keys = sum(1 for digest in latest if digest not in self._offsets)
-        if len(self._offsets) + new_keys > self.max_keys:
-            return False
+    @property
+    def room(self) -> int:
+        """How many more keys fit."""
+        return self.max_keys - len(self._offsets)
+
+    def update(self, latest: dict[bytes, int]) -> None:
+        """Adds ``latest`` (digest -> offset; the newer offset wins). The caller checked that
+        its new keys fit (``index_batches`` counts them as it goes)."""
+        if sum(1 for digest in latest if digest not in self._offsets) > self.room:
+            raise ValueError("the keys do not fit the offset map")
         for digest, offset in latest.items():
             if offset > self._offsets.get(digest, -1):
                 self._offsets[digest] = offset
-        return True
 
 
 class AbortedRanges:
@@ -117,20 +120,30 @@ def index_batches(
 ) -> bool:
     """Adds the keys of one input segment's batches (``batches``: its body) to ``offset_map``,
     all or none: True if they fit, False (map unchanged) if the map would exceed its bound.
+    It stops reading at the first key that does not fit, so its own memory stays within the
+    map's bound too (a segment's batches past that point are not checked).
 
     Data records of committed transactions and of non-transactional producers count; records
     of ``aborted`` transactions never enter the map (they must not shadow an older committed
     value), control batches and records without a key hold no key."""
     ranges = _as_ranges(aborted)
     latest: dict[bytes, int] = {}
+    new_keys = 0
     for batch in iter_stored_batches(batches):
         if batch.header.is_control or ranges.contains(batch.header):
             continue
         base = batch.header.base_offset
         for span in batch_records(batch)[1]:
-            if span.key is not None:
-                latest[key_digest(span.key)] = base + span.offset_delta
-    return offset_map.try_add(latest)
+            if span.key is None:
+                continue
+            digest = key_digest(span.key)
+            if digest not in latest and offset_map.get(digest) is None:
+                new_keys += 1
+                if new_keys > offset_map.room:  # stop now: staging stays within the bound
+                    return False
+            latest[digest] = base + span.offset_delta
+    offset_map.update(latest)
+    return True
 
 
 def clean_batches(
