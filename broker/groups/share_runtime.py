@@ -73,10 +73,14 @@ class ShareRuntime:
         share.config = self._share_config()
         result = share.heartbeat(self._clock(), request, topics, topic_ids)
         stored = self._queue_share(share)
-        if stored is None:
-            return result
-        error = await self._await_stored(stored)
-        return result if error is ErrorCode.NONE else HeartbeatResult(error)
+        if stored is not None and (error := await self._await_stored(stored)):
+            # Not in etcd: the next heartbeat writes the group again and carries the
+            # assignment this answer would have (it is not marked sent).
+            self._share_doc = None
+            return HeartbeatResult(error)
+        if result.assignment is not None and self.share is share:
+            share.assignment_sent(request.member_id, result.assignment)
+        return result
 
     async def empty_share_group(self) -> ErrorCode:
         """Share group offset admin (Alter/DeleteShareGroupOffsets) needs an empty share
