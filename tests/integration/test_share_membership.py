@@ -15,6 +15,11 @@ Raw requests: they show exactly which member holds which records.
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
+import subprocess
+import sys
+import textwrap
 import time
 from typing import Any
 
@@ -22,7 +27,15 @@ import pytest
 from harness import topics
 from harness.brokers import BrokerCluster
 from harness.kafka_wire import KafkaWire, metadata_body
-from harness.share import produce, set_group_configs, stored_share_state, wait_stored
+from harness.share import (
+    Received,
+    poll_until,
+    produce,
+    set_group_configs,
+    share_consumer,
+    stored_share_state,
+    wait_stored,
+)
 
 from kafscale.broker.child_process import BrokerProcess
 from kafscale.broker.groups.model import GroupRecord
@@ -164,6 +177,58 @@ def test_share_fetch_from_a_member_not_in_the_group_opens_no_session(
             )
         # Nothing was acquired by them: the member of the group gets every record.
         assert _acquired(_fetch(wire, "members", "real", 0, topic_id)) == {0: [(0, 1, 1)]}
+
+
+FROZEN_CONSUMER = textwrap.dedent(
+    """
+    import sys, time
+    from confluent_kafka import ShareConsumer
+    c = ShareConsumer({"bootstrap.servers": sys.argv[1], "group.id": sys.argv[2],
+                       "share.acknowledgement.mode": "explicit"})
+    c.subscribe([sys.argv[3]])
+    got = 0
+    while got == 0:
+        got = len([m for m in c.poll(1.0) if m.error() is None])
+    print(got, flush=True)
+    time.sleep(600)  # stopped (SIGSTOP) here by the test: its connection stays open
+    """
+)
+
+
+def test_a_frozen_librdkafka_consumer_s_records_go_to_another_member_once_it_expires(
+    broker_cluster: BrokerCluster,
+) -> None:
+    """A librdkafka share consumer stops (SIGSTOP: no heartbeats, its connection open, its
+    share session on the owner open). Its member session expires at the coordinator (3 s
+    here), and the owner releases what it held at once, not after its 600-s locks."""
+    broker = broker_cluster.start(
+        KAFSCALE_GROUPS__SHARE_SESSION_TIMEOUT_MS="3000",
+        KAFSCALE_GROUPS__SHARE_HEARTBEAT_INTERVAL_MS="500",
+    )
+    topics.create_topic(broker.bootstrap, "q", 1)
+    set_group_configs(broker.bootstrap, "frozen", LONG_LOCKS)
+    produce(broker.bootstrap, "q", [f"v{i}".encode() for i in range(10)])
+    frozen = subprocess.Popen(
+        [sys.executable, "-c", FROZEN_CONSUMER, broker.bootstrap, "frozen", "q"],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    consumer = None
+    try:
+        assert frozen.stdout is not None
+        held = int(frozen.stdout.readline().split()[0])
+        assert held > 0
+        os.kill(frozen.pid, signal.SIGSTOP)
+        got = Received()
+        consumer = share_consumer(broker.bootstrap, "frozen", "q")
+        poll_until(consumer, got, lambda: len(got.records) >= 10, timeout_s=60)
+    finally:
+        frozen.kill()
+        frozen.wait(30)
+        if consumer is not None:
+            consumer.close()
+    assert sorted(got.values) == sorted(f"v{i}".encode() for i in range(10))
+    assert sum(1 for _, _, count in got.records if count == 2) == held
 
 
 def _bump(etcd_url: str, key: str) -> None:
