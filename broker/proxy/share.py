@@ -280,7 +280,8 @@ async def _read(
             state.fail(part, code)
             state.top_errors.append(code)
             continue
-        state.lock_ms = max(state.lock_ms, codec.millis(response.acquisition_lock_timeout))
+        lock = getattr(response, "acquisition_lock_timeout", 0)  # ShareAcknowledge v2+ only
+        state.lock_ms = max(state.lock_ms, codec.millis(lock))
         _record(response, part, state, c.call.api_key)
 
 

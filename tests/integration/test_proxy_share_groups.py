@@ -20,6 +20,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -346,8 +347,17 @@ def test_a_share_consumer_behind_the_proxy_survives_a_broker_crash(
     proxied = start_proxied(broker_cluster)
     owners = proxied.spread_topic(topic)
     set_group_configs(proxied.bootstrap, group, EARLIEST)
-    sent = produce_everywhere(proxied.bootstrap, topic, 40, "k")
-    deliveries: list[tuple[bytes, int, int, bool]] = []  # value, partition, count, confirmed
+    sent: list[bytes] = []
+    stop = threading.Event()
+
+    def feed() -> None:  # a steady producer through the proxy, across the crash
+        for round_ in range(40):
+            if stop.is_set():
+                return
+            sent.extend(produce_everywhere(proxied.bootstrap, topic, 2, f"k{round_}"))
+            time.sleep(0.2)
+
+    deliveries: list[tuple[bytes, int, bool]] = []  # value, delivery count, ack confirmed
     consumer = share_consumer(proxied.bootstrap, group, topic)
 
     def poll_once() -> None:
@@ -363,30 +373,36 @@ def test_a_share_consumer_behind_the_proxy_survives_a_broker_crash(
             failed = {tp.partition for tp, error in results.items() if error is not None}
         except KafkaException:
             failed = {partition for _, partition, _ in batch}
-        deliveries.extend((v, p, c, p not in failed) for v, p, c in batch)
+        deliveries.extend((v, c, p not in failed) for v, p, c in batch)
 
     victim = next(b for b in broker_cluster.brokers[:BROKERS] if b.node_id in owners.values())
+    feeder = threading.Thread(target=feed, name="feed")
+    feeder.start()
     try:
         deadline = time.monotonic() + 60
-        while len(deliveries) < len(sent) // 3:
+        while len(deliveries) < 12 * PARTITIONS:
             assert time.monotonic() < deadline, f"{len(deliveries)} deliveries"
             poll_once()
         victim.kill()  # SIGKILL: its leases expire after the session TTL, then move
-        sent += produce_everywhere(proxied.bootstrap, topic, 10, "after-kill")
+        deadline = time.monotonic() + 180
+        while feeder.is_alive():  # consuming on while the partitions move
+            assert time.monotonic() < deadline, "the producer never finished"
+            poll_once()
         deadline = time.monotonic() + 120
-        while not set(sent) <= {v for v, _, _, _ in deliveries}:
-            assert time.monotonic() < deadline, (
-                f"missing {len(set(sent) - {v for v, _, _, _ in deliveries})} records"
-            )
+        while not set(sent) <= {v for v, _, _ in deliveries}:
+            missing = len(set(sent) - {v for v, _, _ in deliveries})
+            assert time.monotonic() < deadline, f"{missing} records never delivered"
             poll_once()
         for _ in range(4):
             poll_once()
     finally:
+        stop.set()
+        feeder.join(timeout=60)
         consumer.close()
-    got = [v for v, _, _, _ in deliveries]
-    assert set(got) == set(sent)  # nothing lost
+    assert len(sent) == 40 * 2 * PARTITIONS
+    assert {v for v, _, _ in deliveries} == set(sent)  # nothing lost
     confirmed: set[bytes] = set()
-    for value, _, _, ok in deliveries:
+    for value, _, ok in deliveries:
         # A record comes again only if its acknowledgement was never confirmed.
         assert value not in confirmed, f"{value!r} came again after its acknowledgement"
         if ok:
