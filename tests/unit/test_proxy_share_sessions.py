@@ -9,6 +9,7 @@ from collections.abc import Callable
 
 import pytest
 
+from kafscale.broker.api.envelope import forwarded_connection
 from kafscale.broker.protocol.errors import ErrorCode
 from kafscale.broker.proxy.share_sessions import (
     FINAL_EPOCH,
@@ -22,6 +23,8 @@ from kafscale.broker.proxy.share_sessions import (
     plan_round,
     update_partitions,
 )
+from kafscale.broker.server import Connection
+from kafscale.broker.share.sessions import ShareSessions
 
 pytestmark = pytest.mark.unit
 
@@ -162,3 +165,19 @@ def test_acknowledgements_go_to_each_owners_session_and_closing_closes_every_one
         2: UpstreamPart(2, FINAL_EPOCH, (), {}, ()),
     }
     assert session.upstream == {}
+
+
+def test_a_forwarded_requests_share_session_ends_with_the_proxys_connection() -> None:
+    """An enveloped request runs on a connection of its own per request; the member's share
+    session on the broker belongs to the proxy's connection it came over (one per client
+    connection), so the broker ends it when the proxy closes that connection."""
+    proxy_connection = Connection("127.0.0.1:5000", principal="User:proxy")
+    forwarded = forwarded_connection(proxy_connection, "User:alice", "10.0.0.7")
+    assert forwarded is not proxy_connection and forwarded.principal == "User:alice"
+    assert forwarded.session_owner is proxy_connection
+    assert proxy_connection.session_owner is proxy_connection
+    sessions = ShareSessions()
+    sessions.open_or_advance(("g", "m"), 0, [("t", 0)], [], forwarded.session_owner)
+    later = forwarded_connection(proxy_connection, "User:alice", "10.0.0.7")
+    sessions.open_or_advance(("g", "m"), 1, [], [], later.session_owner)
+    assert sessions.of_connection(proxy_connection) == [("g", "m")]
