@@ -569,6 +569,11 @@ def test_bad_share_requests_through_the_proxy_get_kafkas_codes(
             ErrorCode.SHARE_SESSION_NOT_FOUND
         )
         assert _fetch(wire, group, "one-too-many", 0, []).error_code == ErrorCode.NONE
+        assert proxied.proxy.status()["share_sessions"] >= 16
     with KafkaWire(proxied.bootstrap) as wire:  # a new connection: nothing of the old one
         assert _fetch(wire, group, "extra-0", 1, []).error_code == ErrorCode.SHARE_SESSION_NOT_FOUND
         assert _fetch(wire, group, "extra-0", 0, []).error_code == ErrorCode.NONE
+        deadline = time.monotonic() + 10  # the closed connection's sessions are gone
+        while proxied.proxy.status()["share_sessions"] != 1:
+            assert time.monotonic() < deadline, proxied.proxy.status()["share_sessions"]
+            time.sleep(0.05)
