@@ -292,6 +292,9 @@ class Janitor:
             if parsed is None:
                 continue
             base, epoch, _ = parsed
+            cleaned = owned.state.cleaned
+            if cleaned is not None and base < cleaned.upto:
+                continue  # superseded by compaction: the cleaner deletes it after its delay
             fenced_orphan = epoch < owned.epoch and not is_committed_segment(
                 owned.state, base, epoch
             )
