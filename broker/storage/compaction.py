@@ -1,0 +1,196 @@
+"""The log cleaner's record-level core: which records of a compacted partition stay.
+
+Pure (bytes in, bytes out, no I/O, no asyncio), so a pass can run in a worker thread. A pass over
+[log start, dirty end) goes, as Kafka's LogCleaner does:
+
+1. Build an :class:`OffsetMap` over the *dirty* section only: call :func:`index_batches` once per
+   input segment, in offset order, from the first dirty offset (the previous pass's ``upto``, or
+   the log start) up to the dirty end. It adds a segment's keys only if they all fit; when it
+   returns False the map is unchanged and the pass's dirty end becomes that segment's base
+   offset (if not even the first dirty segment fits, the map is too small: skip the pass).
+2. Call :func:`clean_batches` on every input of [log start, dirty end), in any order: the
+   previous generation's cleaned objects and the dirty segments alike.
+
+A key absent from the map keeps its record (Kafka's rule): below the first dirty offset every key
+is unique already (the previous pass left one record per key), so only the dirty section's keys
+need a map entry, and the map's bound applies to the keys written since the last pass, not to
+every key of the partition. Indexing from the log start instead gives the same result with a
+larger map.
+
+Bad input (a bad CRC, a truncated batch, malformed records, a decompression bomb) raises
+``InvalidBatch`` naming the batch's offset, before any output is returned: log it and skip the pass.
+"""
+
+from __future__ import annotations
+
+import bisect
+import hashlib
+from collections.abc import Iterable, Sequence
+
+from kafscale.broker.metadata.partition_state import AbortedTxn
+from kafscale.broker.protocol.batch_filter import (
+    RecordSpan,
+    StoredBatch,
+    batch_records,
+    iter_stored_batches,
+    rebuild_batch,
+)
+from kafscale.broker.protocol.record_batch import BatchHeader, InvalidBatch
+
+__all__ = [
+    "KEY_DIGEST_BYTES",
+    "AbortedRanges",
+    "InvalidBatch",
+    "OffsetMap",
+    "clean_batches",
+    "index_batches",
+    "key_digest",
+]
+
+KEY_DIGEST_BYTES = 16
+
+
+def key_digest(key: bytes) -> bytes:
+    """A 16-byte blake2b digest of ``key``: map entries of a fixed, small size whatever the
+    keys' length; a collision (2^-64 at a billion keys) would cost one record, as in Kafka."""
+    return hashlib.blake2b(key, digest_size=KEY_DIGEST_BYTES).digest()
+
+
+class OffsetMap:
+    """Key digest -> offset of the key's latest record in the dirty section, bounded to
+    ``max_keys`` entries (about 150 bytes each in CPython: budget ~150 MB per million keys)."""
+
+    def __init__(self, max_keys: int) -> None:
+        if max_keys < 1:
+            raise ValueError("an offset map needs room for at least one key")
+        self.max_keys = max_keys
+        self._offsets: dict[bytes, int] = {}
+
+    def __len__(self) -> int:
+        return len(self._offsets)
+
+    def full(self) -> bool:
+        return len(self._offsets) >= self.max_keys
+
+    def get(self, digest: bytes) -> int | None:
+        return self._offsets.get(digest)
+
+    def try_add(self, latest: dict[bytes, int]) -> bool:
+        """Adds all of ``latest`` (digest -> offset; a newer offset wins) if the map then holds
+        at most ``max_keys`` keys; otherwise changes nothing and returns False."""
+        new_keys = sum(1 for digest in latest if digest not in self._offsets)
+        if len(self._offsets) + new_keys > self.max_keys:
+            return False
+        for digest, offset in latest.items():
+            if offset > self._offsets.get(digest, -1):
+                self._offsets[digest] = offset
+        return True
+
+
+class AbortedRanges:
+    """The aborted transactions of a partition, looked up by producer: a transactional batch
+    lies in one if its producer's first offset <= its base offset < the abort marker's."""
+
+    def __init__(self, aborted: Iterable[AbortedTxn]) -> None:
+        by_producer: dict[int, list[tuple[int, int]]] = {}
+        for txn in aborted:
+            by_producer.setdefault(txn.producer_id, []).append((txn.first_offset, txn.last_offset))
+        self._ranges = {pid: sorted(r) for pid, r in by_producer.items()}
+        self._starts = {pid: [first for first, _ in r] for pid, r in self._ranges.items()}
+
+    def contains(self, header: BatchHeader) -> bool:
+        ranges = self._ranges.get(header.producer_id)
+        if not header.is_transactional or ranges is None:
+            return False
+        at = bisect.bisect_right(self._starts[header.producer_id], header.base_offset) - 1
+        return at >= 0 and header.base_offset < ranges[at][1]
+
+
+def _as_ranges(aborted: Sequence[AbortedTxn] | AbortedRanges) -> AbortedRanges:
+    return aborted if isinstance(aborted, AbortedRanges) else AbortedRanges(aborted)
+
+
+def index_batches(
+    batches: bytes | memoryview,
+    offset_map: OffsetMap,
+    aborted: Sequence[AbortedTxn] | AbortedRanges = (),
+) -> bool:
+    """Adds the keys of one input segment's batches (``batches``: its body) to ``offset_map``,
+    all or none: True if they fit, False (map unchanged) if the map would exceed its bound.
+
+    Data records of committed transactions and of non-transactional producers count; records
+    of ``aborted`` transactions never enter the map (they must not shadow an older committed
+    value), control batches and records without a key hold no key."""
+    ranges = _as_ranges(aborted)
+    latest: dict[bytes, int] = {}
+    for batch in iter_stored_batches(batches):
+        if batch.header.is_control or ranges.contains(batch.header):
+            continue
+        base = batch.header.base_offset
+        for span in batch_records(batch)[1]:
+            if span.key is not None:
+                latest[key_digest(span.key)] = base + span.offset_delta
+    return offset_map.try_add(latest)
+
+
+def clean_batches(
+    batches: bytes | memoryview,
+    offset_map: OffsetMap,
+    aborted: Sequence[AbortedTxn] | AbortedRanges = (),
+    *,
+    drop_tombstones: bool,
+    dirty_end: int | None = None,
+) -> bytes:
+    """One input's batches with each key's latest record only (offsets never change).
+
+    A record below ``dirty_end`` (all of them if None) stays iff it has a key, no newer record
+    of its key is in ``offset_map``, and it is not a tombstone while ``drop_tombstones`` (the
+    input is older than ``delete.retention.ms``). Batches of ``aborted`` transactions are
+    dropped; control batches (transaction markers) are kept; a batch that loses no record is
+    copied byte for byte, one that loses some is rewritten (``batch_filter.rebuild_batch``:
+    same offsets, attributes, producer fields and codec, new CRC), one that loses all is
+    dropped. Records at or after ``dirty_end`` are kept as they are."""
+    ranges = _as_ranges(aborted)
+    out: list[bytes] = []
+    for batch in iter_stored_batches(batches):
+        header = batch.header
+        if header.is_control or (dirty_end is not None and header.base_offset >= dirty_end):
+            out.append(bytes(batch.data))
+        elif not ranges.contains(header):
+            out.append(_clean_batch(batch, offset_map, drop_tombstones, dirty_end))
+    return b"".join(out)
+
+
+def _clean_batch(
+    batch: StoredBatch, offset_map: OffsetMap, drop_tombstones: bool, dirty_end: int | None
+) -> bytes:
+    body, spans = batch_records(batch)
+    base = batch.header.base_offset
+    kept = [
+        span
+        for span in spans
+        if _keeps(span, base + span.offset_delta, offset_map, drop_tombstones, dirty_end)
+    ]
+    if not kept:
+        return b""
+    if len(kept) == len(spans):
+        return bytes(batch.data)
+    return rebuild_batch(batch, body, kept)
+
+
+def _keeps(
+    span: RecordSpan,
+    offset: int,
+    offset_map: OffsetMap,
+    drop_tombstones: bool,
+    dirty_end: int | None,
+) -> bool:
+    """The cleaner's decision on one record."""
+    if dirty_end is not None and offset >= dirty_end:
+        return True
+    if span.key is None:  # Kafka's cleaner drops keyless records of a compacted topic too
+        return False
+    latest = offset_map.get(key_digest(span.key))
+    if latest is not None and offset < latest:
+        return False
+    return not (span.is_tombstone and drop_tombstones)
