@@ -209,6 +209,7 @@ class Janitor:
             objects = await with_epoch_boundaries(self._store, prefix, state, objects)
             if state.coordinator_epochs or state.aborted_txn_index:  # transactions ran here
                 await self._delete_orphaned_indexes(owned, state)
+        committed = await self._cleaned_facts(owned, state, expired_before_ms) + committed
         ledger = await self._ledger(owned, prefix, state, retention_bytes >= 0)
         hw, start = state.high_watermark, state.log_start_offset
         new_start = decide_log_start(committed, hw, start, now_ms, retention_ms, -1)
@@ -225,6 +226,31 @@ class Janitor:
             if ledger.first_base is not None:  # the segment holding the log start
                 bases.append(ledger.first_base)
         await self._delete_garbage(owned, objects, bases)
+
+    async def _cleaned_facts(
+        self, owned: OwnedPartition, state: PartitionState, expired_before_ms: int | None
+    ) -> list[SegmentFacts]:
+        """The committed cleaned objects of a compacted partition (``docs/compaction.md``), as
+        retention weighs segments: the plain listing starts at ``cleaned.upto``, and a log
+        start decided from it alone would drop every cleaned record."""
+        if state.cleaned is None:
+            return []
+        prefix = keys.cleaned_pass_prefix(
+            self._cluster,
+            owned.topic,
+            owned.topic_id,
+            owned.partition,
+            state.cleaned.generation,
+            state.cleaned.epoch,
+        )
+        listed = [info for info in await self._store.list(prefix) if info.key.endswith(".kfs")]
+        objects = [(int(info.key[len(prefix) : -4]), info) for info in listed]
+        facts, _ = await segment_facts(
+            [(base, info) for base, info in objects if base < state.cleaned.upto],
+            expired_before_ms,
+            self._created_at_ms,
+        )
+        return facts
 
     async def _bytes_start(
         self, ledger: SizeLedger, prefix: str, state: PartitionState, retention_bytes: int
