@@ -260,17 +260,23 @@ def test_kafka_python_reads_a_cleaned_topic_and_tombstones_stay_within_delete_re
 
 
 def test_null_keys_are_refused_by_a_compacted_topic(broker_cluster: BrokerCluster) -> None:
+    """Kafka refuses a keyless record on a compacted topic with INVALID_RECORD (87): the batch
+    holding it is not appended; keyed batches are."""
     broker = broker_cluster.start(**CLEANER_ENV)
     create_compacted(broker.bootstrap, "needs-keys")
-    errors: list[Any] = []
+    outcomes: list[Any] = []
     producer = Producer({"bootstrap.servers": broker.bootstrap, "message.send.max.retries": 0})
     producer.produce(
-        "needs-keys", value=b"no key", partition=0, on_delivery=lambda e, m: errors.append(e)
+        "needs-keys",
+        value=b"no key",
+        partition=0,
+        on_delivery=lambda error, _: outcomes.append(error),
     )
-    producer.produce("needs-keys", key=b"k", value=b"keyed", partition=0)
     producer.flush(10)
-    assert len(errors) == 1 and errors[0] is not None
-    assert errors[0].code() == 87  # INVALID_RECORD
+    producer.produce("needs-keys", key=b"k", value=b"keyed", partition=0)
+    assert producer.flush(10) == 0
+    assert len(outcomes) == 1 and outcomes[0] is not None
+    assert outcomes[0].code() == 87  # INVALID_RECORD
     assert consume(broker.bootstrap, "needs-keys", 0, 1) == [(0, b"k", b"keyed")]
 
 
