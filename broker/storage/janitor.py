@@ -24,7 +24,11 @@ from dataclasses import replace
 from kafscale.broker.metadata import keys
 from kafscale.broker.metadata.aborted_index import orphaned_indexes
 from kafscale.broker.metadata.cluster import ClusterView
-from kafscale.broker.metadata.partition_state import PartitionState, is_committed_segment
+from kafscale.broker.metadata.partition_state import (
+    Cleaned,
+    PartitionState,
+    is_committed_segment,
+)
 from kafscale.broker.metadata.topics import effective_configs
 from kafscale.broker.protocol.errors import KafkaError
 from kafscale.broker.storage.log_manager import LogManager
@@ -171,6 +175,7 @@ class Janitor:
         self._created_at: dict[str, int] = {}
         self._listings: dict[tuple[str, int], tuple[int, int]] = {}  # (epoch, checks since scan)
         self._ledgers: dict[tuple[str, int], SizeLedger] = {}  # partitions with retention.bytes
+        self._ledger_cleaned: dict[tuple[str, int], Cleaned | None] = {}  # each ledger's pass
 
     async def run(self, interval_s: float) -> None:
         while True:
@@ -270,8 +275,15 @@ class Janitor:
             self._ledgers.pop(owned.tp, None)
             return None
         ledger = self._ledgers.get(owned.tp)
-        if ledger is None or (ledger.prefix, ledger.epoch) != (prefix, owned.epoch):
+        if (
+            ledger is None
+            or (ledger.prefix, ledger.epoch) != (prefix, owned.epoch)
+            or self._ledger_cleaned.get(owned.tp) != state.cleaned
+        ):
+            # New, or a compaction pass superseded segments it counted: count from scratch
+            # (the plain segments above the cleaned range; the cleaned objects are not weighed).
             ledger = SizeLedger(prefix, owned.epoch)
+            self._ledger_cleaned[owned.tp] = state.cleaned
         await list_committed_since(self._store, prefix, state, ledger)
         self._ledgers[owned.tp] = ledger  # only once listed: a failed listing starts again
         return ledger

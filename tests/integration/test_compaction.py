@@ -323,3 +323,41 @@ def test_a_crashed_pass_loses_nothing_and_its_orphans_are_deleted(
 def _topic_id(cluster: BrokerCluster, topic: str) -> str:
     listed = cluster.object_keys(f"{cluster.cluster}/topics/{topic}/")
     return listed[0].split("/")[3]
+
+
+def log_dir_size(bootstrap: str, topic: str) -> int:
+    from kafka import KafkaAdminClient
+
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap)
+    try:
+        answer = admin.describe_log_dirs()
+    finally:
+        admin.close()
+    return sum(
+        p["partition_size"]
+        for broker in answer
+        for log_dir in broker["log_dirs"]
+        for t in log_dir["topics"]
+        if t["name"] == topic
+        for p in t["partitions"]
+    )
+
+
+def test_many_updates_to_few_keys_stop_growing_the_stored_bytes(
+    broker_cluster: BrokerCluster,
+) -> None:
+    """The point of compaction: a topic of few keys updated often (Connect's offsets topic, a
+    changelog) is bounded by its keys, not its history; DescribeLogDirs reports the shrink."""
+    broker = broker_cluster.start(**CLEANER_ENV)
+    topic = "few-keys"
+    create_compacted(broker.bootstrap, topic, **{"min.cleanable.dirty.ratio": "1.5"})
+    rounds = [[(b"k%d" % k, b"%d" % r * 300) for k in range(4)] for r in range(20)]
+    produce_rounds(broker.bootstrap, topic, rounds)
+    before = eventually(lambda: log_dir_size(broker.bootstrap, topic), "a size")
+    alter_topic(broker.bootstrap, topic, "min.cleanable.dirty.ratio", "0.01")
+    cleaned_up_to(broker_cluster, topic, 76)
+    after = eventually(
+        lambda: (size := log_dir_size(broker.bootstrap, topic)) < before / 4 and size,
+        "the reported size to shrink",
+    )
+    assert 0 < after < before / 4, (before, after)
