@@ -361,3 +361,91 @@ def test_many_updates_to_few_keys_stop_growing_the_stored_bytes(
         "the reported size to shrink",
     )
     assert 0 < after < before / 4, (before, after)
+
+
+def txn_producer(bootstrap: str, transactional_id: str) -> Producer:
+    producer = Producer(
+        {
+            "bootstrap.servers": bootstrap,
+            "transactional.id": transactional_id,
+            "transaction.timeout.ms": 60000,
+            "linger.ms": 5,
+        }
+    )
+    producer.init_transactions(15)
+    return producer
+
+
+def in_transaction(
+    producer: Producer, topic: str, records: list[tuple[bytes, bytes]], commit: bool
+) -> None:
+    producer.begin_transaction()
+    for key, value in records:
+        producer.produce(topic, key=key, value=value, partition=0)
+    producer.flush(15)
+    if commit:
+        producer.commit_transaction(15)
+    else:
+        producer.abort_transaction(15)
+    time.sleep(0.1)
+
+
+def poll_all(bootstrap: str, topic: str, isolation: str, quiet_s: float = 3.0) -> list[Record]:
+    """Every record a consumer gets from offset 0 until ``quiet_s`` pass without one."""
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"g-{time.monotonic_ns()}",
+            "enable.auto.commit": False,
+            "isolation.level": isolation,
+            "fetch.wait.max.ms": 100,
+        }
+    )
+    consumer.assign([ConfluentTP(topic, 0, 0)])
+    found: list[Record] = []
+    try:
+        last = time.monotonic()
+        while time.monotonic() - last < quiet_s:
+            message = consumer.poll(0.3)
+            if message is None:
+                continue
+            if message.error():
+                raise KafkaException(message.error())
+            found.append((message.offset(), message.key(), message.value()))
+            last = time.monotonic()
+    finally:
+        consumer.close()
+    return found
+
+
+def test_aborted_records_go_and_open_transactions_are_left_alone(
+    broker_cluster: BrokerCluster,
+) -> None:
+    broker = broker_cluster.start(**CLEANER_ENV)
+    topic = "txn-compacted"
+    create_compacted(broker.bootstrap, topic, **{"min.cleanable.dirty.ratio": "1.5"})
+    committer = txn_producer(broker.bootstrap, "committer")
+    in_transaction(committer, topic, [(b"k0", b"c0"), (b"k1", b"c0")], commit=True)
+    in_transaction(committer, topic, [(b"k0", b"c1")], commit=True)
+    in_transaction(committer, topic, [(b"k0", b"aborted"), (b"k1", b"aborted")], commit=False)
+    opener = txn_producer(broker.bootstrap, "opener")
+    opener.begin_transaction()
+    opener.produce(topic, key=b"k1", value=b"open", partition=0)
+    opener.flush(15)
+    time.sleep(0.1)
+    in_transaction(committer, topic, [(b"k0", b"after-open")], commit=True)
+    state = partition_state(broker_cluster, topic)
+    (last_stable,) = state.open_txns.values()
+    before = poll_all(broker.bootstrap, topic, "read_uncommitted")
+    alter_topic(broker.bootstrap, topic, "min.cleanable.dirty.ratio", "0.01")
+    cleaned = cleaned_up_to(broker_cluster, topic, last_stable)
+    assert cleaned.upto == last_stable  # never past the open transaction's first offset
+    after = poll_all(broker.bootstrap, topic, "read_uncommitted")
+    assert b"aborted" not in [value for _, _, value in after]
+    assert [r for r in after if r[0] >= last_stable] == [r for r in before if r[0] >= last_stable]
+    below = [(key, value) for offset, key, value in after if offset < last_stable]
+    assert sorted(below) == [(b"k0", b"c1"), (b"k1", b"c0")]
+    # read_committed stops at the open transaction and sees the committed latest values.
+    committed = poll_all(broker.bootstrap, topic, "read_committed")
+    assert [(k, v) for _, k, v in committed] == [(b"k1", b"c0"), (b"k0", b"c1")]
+    opener.abort_transaction(15)
