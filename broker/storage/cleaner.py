@@ -123,6 +123,24 @@ def superseded_keys(listed: Sequence[ObjectInfo], upto: int) -> list[str]:
     return found
 
 
+def stale_cleaned_keys(listed: Sequence[ObjectInfo], root: str, kept: Cleaned) -> list[str]:
+    """Cleaned objects no reader needs once ``kept`` committed: older generations, and any
+    generation written at an older epoch than ``kept``'s (a fenced or crashed owner's pass).
+    Newer generations of this epoch or objects of newer epochs are never touched: a delete
+    scheduled by an earlier pass runs after later passes committed."""
+    doomed = []
+    for info in listed:
+        parsed = keys.parse_cleaned_key(root, info.key)
+        if parsed is None:
+            continue
+        generation, epoch = parsed[0], parsed[1]
+        if (generation, epoch) == (kept.generation, kept.epoch):
+            continue
+        if (generation < kept.generation and epoch <= kept.epoch) or epoch < kept.epoch:
+            doomed.append(info.key)
+    return doomed
+
+
 class Cleaner:
     def __init__(
         self,
@@ -223,7 +241,7 @@ class Cleaner:
             owned.topic, owned.partition, upto, generation, read, written,
         )  # fmt: skip
         superseded = superseded_keys(listed, upto)
-        self._delete_later(where, prefix, superseded)
+        self._delete_later(where, result_cleaned, superseded)
         return PassResult(result_cleaned, read, written, 2 * len(inputs), objects)
 
     async def _cleaned_inputs(
@@ -321,24 +339,22 @@ class Cleaner:
         return written, objects
 
     def _delete_later(
-        self, where: tuple[str, str, int], keep_prefix: str, superseded: list[str]
+        self, where: tuple[str, str, int], kept: Cleaned, superseded: list[str]
     ) -> None:
-        task = asyncio.create_task(self._delete_after_delay(where, keep_prefix, superseded))
+        task = asyncio.create_task(self._delete_after_delay(where, kept, superseded))
         self._deletes.add(task)
         task.add_done_callback(self._deletes.discard)
 
     async def _delete_after_delay(
-        self, where: tuple[str, str, int], keep_prefix: str, superseded: list[str]
+        self, where: tuple[str, str, int], kept: Cleaned, superseded: list[str]
     ) -> None:
-        """Delete the superseded plain segments (and their index objects) and every cleaned
-        object outside ``keep_prefix`` (the previous generation, fenced passes' orphans)."""
+        """Delete the superseded plain segments (and their index objects) and the cleaned
+        objects ``stale_cleaned_keys`` names (older generations, fenced passes' orphans)."""
         await asyncio.sleep(self._settings.cleaner_delete_delay_s)
         doomed = list(superseded)
         with contextlib.suppress(ObjectStoreError):
             root = keys.cleaned_root_prefix(self._cluster, *where)
-            doomed += [
-                info.key for info in await self._list(root) if not info.key.startswith(keep_prefix)
-            ]
+            doomed += stale_cleaned_keys(await self._list(root), root, kept)
         try:
             await self._store.delete_many(doomed)
         except ObjectStoreError as exc:

@@ -12,7 +12,12 @@ from kafscale.broker.metadata.partition_state import (
     is_committed_cleaned,
     is_committed_segment,
 )
-from kafscale.broker.storage.cleaner import cleaned_inputs, plain_inputs, superseded_keys
+from kafscale.broker.storage.cleaner import (
+    cleaned_inputs,
+    plain_inputs,
+    stale_cleaned_keys,
+    superseded_keys,
+)
 from kafscale.broker.storage.compaction_plan import (
     CleanerConfig,
     PlainSegment,
@@ -110,3 +115,17 @@ def test_an_emptied_cleaned_object_still_covers_its_range() -> None:
     encoded = encode_range_segment(b"", 10, 19, 5, 4096)
     decoded = decode_segment(encoded.segment)
     assert (decoded.base_offset, decoded.last_offset, len(decoded.body)) == (10, 19, 0)
+
+
+def test_a_delayed_delete_never_touches_a_newer_pass() -> None:
+    """A delete scheduled by an earlier pass runs after later passes committed: it takes older
+    generations and older epochs' orphans only (it once deleted the newer generation)."""
+    root = keys.cleaned_root_prefix("c", "t", "id", 0)
+
+    def at(generation: int, epoch: int) -> ObjectInfo:
+        prefix = keys.cleaned_pass_prefix("c", "t", "id", 0, generation, epoch)
+        return ObjectInfo(keys.cleaned_object_key(prefix, 0), 10)
+
+    listed = [at(0, 1), at(1, 1), at(2, 1), at(2, 0), at(3, 2)]
+    doomed = stale_cleaned_keys(listed, root, Cleaned(50, 1, 1))
+    assert doomed == [at(0, 1).key, at(2, 0).key]
