@@ -184,6 +184,9 @@ class Cleaner:
             except (KafkaError, ObjectStoreError, CleanerError, InvalidBatch) as exc:
                 log.warning("compaction of %s-%d skipped: %s", owned.topic, owned.partition, exc)
                 continue
+            except Exception:  # a bug must not stop the cleaner for every partition
+                log.exception("compaction of %s-%d failed", owned.topic, owned.partition)
+                continue
             if result is not None:
                 results.append(result)
         return results
