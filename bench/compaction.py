@@ -9,8 +9,9 @@ newest segment) and a second one after as many new segments again (it re-reads t
 pass's cleaned objects). The etcd commit is left out (one transaction per pass; see
 ``bench/produce_rounds.py`` for etcd commit costs): the pass's commit is applied in memory.
 
-Prints per pass: offsets/s cleaned (the offsets below the pass's end / pass seconds), GETs, PUTs and LISTs, bytes
-of the inputs and of the cleaned objects. Quote it with the machine's load average (printed).
+Prints per pass: offsets/s cleaned (the offsets below the pass's end / pass seconds), GETs,
+PUTs and LISTs, bytes of the inputs and of the cleaned objects. Quote it with the load average
+(printed).
 """
 
 from __future__ import annotations
