@@ -262,6 +262,8 @@ def _snappy_decompress(data: bytes, limit: int) -> bytes:
     chunks = []
     left = limit
     while position < len(data):
+        if position + 4 > len(data):  # a struct.error would escape as an unexpected error
+            raise InvalidBatch("xerial snappy chunk without its length")
         (length,) = struct.unpack_from(">i", data, position)
         position += 4
         chunk = _snappy_raw(data[position : position + length], left, limit)

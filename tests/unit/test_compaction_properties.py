@@ -1,0 +1,247 @@
+"""Properties of the log cleaner's core over any keyed log (Hypothesis).
+
+A log is drawn as segments of batches (any codec), each batch plain, in a committed transaction
+or in an aborted one (each transaction followed by its marker), with tombstones and keyless
+records. The cleaned log, read back with kafka-python, must equal what a one-line model of
+Kafka's rule keeps: below the dirty end, the latest committed record of each key (a tombstone
+only while ``drop_tombstones`` is false); at and after it, everything as it was.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+
+import crc32c
+import pytest
+from harness.compaction_batches import (
+    BASE_TIMESTAMP_MS,
+    TRANSACTIONAL,
+    Rec,
+    keyed_batch,
+    read_with_kafka_python,
+)
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from kafscale.broker.metadata.partition_state import AbortedTxn
+from kafscale.broker.protocol.batch_filter import batch_records, iter_stored_batches
+from kafscale.broker.protocol.control_batch import encode_marker
+from kafscale.broker.protocol.record_batch import InvalidBatch
+from kafscale.broker.storage.compaction import (
+    OffsetMap,
+    clean_batches,
+    index_batches,
+    key_digest,
+)
+
+pytestmark = pytest.mark.unit
+
+PROPS = settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+_CODECS = ["none", "gzip", "xerial", "snappy", "lz4", "zstd"]
+
+
+@dataclass
+class Log:
+    segments: list[bytes]
+    bases: list[int]  # each segment's base offset; the log's end is ``end``
+    end: int
+    records: list[Rec]  # every data record, in offset order
+    aborted_offsets: set[int]
+    aborted: list[AbortedTxn]
+    markers: list[int]  # offsets of control batches
+
+
+_record = st.tuples(
+    st.sampled_from([b"a", b"b", b"c", b"d", b"e", b"f", None]),
+    st.one_of(st.none(), st.binary(max_size=12)),
+    st.lists(
+        st.tuples(st.sampled_from(["h", "x"]), st.one_of(st.none(), st.binary(max_size=3))),
+        max_size=2,
+    ),
+    st.integers(0, 10_000),
+)
+_batch = st.tuples(
+    st.lists(_record, min_size=1, max_size=6),
+    st.sampled_from(_CODECS),
+    st.sampled_from(["plain", "committed", "aborted"]),
+    st.integers(1, 3),  # producer id of a transaction
+)
+
+
+@st.composite
+def logs(draw: st.DrawFn) -> Log:
+    segments_spec = draw(st.lists(st.lists(_batch, min_size=1, max_size=4), min_size=1, max_size=5))
+    log = Log([], [], 0, [], set(), [], [])
+    offset = draw(st.integers(0, 1000))
+    for segment_spec in segments_spec:
+        log.bases.append(offset)
+        parts = []
+        for records_spec, codec, kind, pid in segment_spec:
+            records = [
+                Rec(offset + i, key, value, tuple(headers), BASE_TIMESTAMP_MS + ts)
+                for i, (key, value, headers, ts) in enumerate(records_spec)
+            ]
+            txn = (
+                {}
+                if kind == "plain"
+                else {
+                    "producer_id": pid,
+                    "producer_epoch": 0,
+                    "base_sequence": 0,
+                    "attributes": TRANSACTIONAL,
+                }
+            )
+            parts.append(keyed_batch(offset, records, codec=codec, **txn))
+            log.records.extend(records)
+            offset += len(records)
+            if kind != "plain":
+                if kind == "aborted":
+                    log.aborted.append(AbortedTxn(pid, records[0].offset, offset))
+                    log.aborted_offsets.update(r.offset for r in records)
+                marker = encode_marker(pid, 0, kind == "committed", 0, BASE_TIMESTAMP_MS)
+                parts.append(offset.to_bytes(8, "big") + marker[8:])
+                log.markers.append(offset)
+                offset += 1
+        log.segments.append(b"".join(parts))
+    log.end = offset
+    return log
+
+
+def model(log: Log, dirty_end: int, drop_tombstones: bool) -> list[Rec]:
+    """Kafka's rule, written plainly: what a cleaned log holds."""
+    below = [r for r in log.records if r.offset < dirty_end]
+    committed = [r for r in below if r.offset not in log.aborted_offsets and r.key is not None]
+    latest = {r.key: r.offset for r in committed}
+    kept = [
+        r
+        for r in committed
+        if latest[r.key] == r.offset and not (drop_tombstones and r.value is None)
+    ]
+    return kept + [r for r in log.records if r.offset >= dirty_end]
+
+
+def _read(data: bytes) -> tuple[list[Rec], list[int]]:
+    parsed = read_with_kafka_python(data)
+    records = [r for batch, rs in parsed if not batch.is_control_batch for r in rs]
+    markers = [batch.base_offset for batch, _ in parsed if batch.is_control_batch]
+    return records, markers
+
+
+def _clean(log: Log, segments: list[bytes], offset_map: OffsetMap, drop: bool, end: int) -> bytes:
+    return b"".join(
+        clean_batches(s, offset_map, log.aborted, drop_tombstones=drop, dirty_end=end)
+        for s in segments
+    )
+
+
+@PROPS
+@given(log=logs(), drop_tombstones=st.booleans())
+def test_a_pass_keeps_exactly_each_keys_latest_committed_record(
+    log: Log, drop_tombstones: bool
+) -> None:
+    offset_map = OffsetMap(1000)
+    assert all(index_batches(s, offset_map, log.aborted) for s in log.segments)
+
+    cleaned = _clean(log, log.segments, offset_map, drop_tombstones, log.end)
+
+    records, markers = _read(cleaned)
+    assert records == model(log, log.end, drop_tombstones)  # (1), (2), (4), (6)
+    keys = [r.key for r in records]
+    assert len(keys) == len(set(keys))  # (3)
+    assert not {r.offset for r in records} & log.aborted_offsets  # (4)
+    assert any(r.value is None for r in records) == (
+        not drop_tombstones and any(r.value is None for r in model(log, log.end, False))
+    )  # (6)
+    assert markers == log.markers  # control batches stay
+
+
+@PROPS
+@given(log=logs(), max_keys=st.integers(1, 6))
+def test_a_full_map_stops_the_pass_at_a_segment_boundary(log: Log, max_keys: int) -> None:
+    offset_map = OffsetMap(max_keys)
+    fitted = 0
+    while fitted < len(log.segments) and index_batches(
+        log.segments[fitted], offset_map, log.aborted
+    ):
+        fitted += 1
+    assert len(offset_map) <= max_keys  # (5)
+    dirty_end = log.bases[fitted] if fitted < len(log.segments) else log.end
+    indexed = [
+        r for r in log.records if r.offset < dirty_end and r.offset not in log.aborted_offsets
+    ]
+    latest = {r.key: r.offset for r in indexed if r.key is not None}
+    assert {k: offset_map.get(key_digest(k)) for k in latest} == latest
+    assert len(offset_map) == len(latest)
+    if fitted < len(log.segments):  # the refused segment would not have fitted
+        following = {
+            r.key
+            for r in log.records
+            if dirty_end <= r.offset < _next(log, fitted)
+            and r.offset not in log.aborted_offsets
+            and r.key is not None
+        }
+        assert len(latest.keys() | following) > max_keys
+
+    cleaned = _clean(log, log.segments, offset_map, False, dirty_end)
+
+    assert _read(cleaned) == (model(log, dirty_end, False), log.markers)
+
+
+def _next(log: Log, segment: int) -> int:
+    return log.bases[segment + 1] if segment + 1 < len(log.bases) else log.end
+
+
+@PROPS
+@given(log=logs(), split_at=st.integers(0, 5))
+def test_cleaning_again_with_a_map_of_the_new_segments_only_equals_one_pass(
+    log: Log, split_at: int
+) -> None:
+    """How passes follow one another: the second indexes only what was written since the
+    first, and cleans the first's output with the new segments."""
+    split_at = min(split_at, len(log.segments))
+    first_map = OffsetMap(1000)
+    for segment in log.segments[:split_at]:
+        assert index_batches(segment, first_map, log.aborted)
+    first_end = log.bases[split_at] if split_at < len(log.segments) else log.end
+    first = _clean(log, log.segments[:split_at], first_map, False, first_end)
+
+    second_map = OffsetMap(1000)
+    for segment in log.segments[split_at:]:
+        assert index_batches(segment, second_map, log.aborted)
+    second = _clean(log, [first, *log.segments[split_at:]], second_map, False, log.end)
+
+    assert _read(second) == (model(log, log.end, False), log.markers)
+
+
+@PROPS
+@given(
+    codec=st.sampled_from(_CODECS),
+    values=st.lists(st.binary(max_size=300), min_size=1, max_size=8),
+    edits=st.lists(st.tuples(st.integers(21), st.integers(0, 255)), min_size=1, max_size=4),
+    cut=st.one_of(st.none(), st.integers(61)),
+)
+def test_damaged_records_raise_invalid_batch_or_clean_to_readable_batches(
+    codec: str, values: list[bytes], edits: list[tuple[int, int]], cut: int | None
+) -> None:
+    """Bytes changed past the CRC's reach (the CRC computed again, as a writer with a bug
+    would): the core raises InvalidBatch, never another error, or returns valid batches (by
+    the spec's reading, as Kafka's Java reader does: kafka-python reads a record's attributes
+    byte as a varint, so a changed attributes byte >= 0x80 trips it, not Kafka)."""
+    records = [Rec(o, b"k%d" % (o % 3), v) for o, v in enumerate(values)]
+    data = bytearray(keyed_batch(0, records, codec=codec))
+    for position, byte in edits:
+        data[position % len(data)] = byte
+    if cut is not None and cut < len(data):
+        del data[cut:]
+        struct.pack_into(">i", data, 8, len(data) - 12)
+    struct.pack_into(">I", data, 17, crc32c.crc32c(bytes(data[21:])))
+    try:
+        offset_map = OffsetMap(100)
+        index_batches(bytes(data), offset_map)
+        cleaned = clean_batches(bytes(data), offset_map, drop_tombstones=False)
+    except InvalidBatch:
+        return
+    for batch in iter_stored_batches(cleaned):  # lengths, CRC
+        if not batch.header.is_control:  # a marker is copied as it is, never parsed
+            assert len(batch_records(batch)[1]) == batch.header.record_count
