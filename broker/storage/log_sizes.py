@@ -63,9 +63,9 @@ def catch_up_from_state(blocks: SizeBlocks, state: PartitionState) -> bool:
     segments before the one holding it are not counted)."""
     if blocks.listed_below >= state.high_watermark:
         return True
-    floor = plain_floor(state)
-    segments = [s for s in state.segments if s.base >= floor]
-    if not segments or segments[0].base > max(blocks.listed_below, floor):
+    upto = state.cleaned.upto if state.cleaned is not None else 0
+    segments = [s for s in state.segments if s.base >= upto]  # below: superseded
+    if not segments or segments[0].base > max(blocks.listed_below, plain_floor(state)):
         return False
     blocks.add((s.base, s.size) for s in segments)
     blocks.listed_below = state.high_watermark

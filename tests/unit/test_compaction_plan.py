@@ -129,3 +129,17 @@ def test_a_delayed_delete_never_touches_a_newer_pass() -> None:
     listed = [at(0, 1), at(1, 1), at(2, 1), at(2, 0), at(3, 2)]
     doomed = stale_cleaned_keys(listed, root, Cleaned(50, 1, 1))
     assert doomed == [at(0, 1).key, at(2, 0).key]
+
+
+def test_sizes_count_no_superseded_segment() -> None:
+    """DescribeLogDirs' count from the state's recent segments leaves out those a pass
+    superseded (the cleaned objects are counted from their listing instead)."""
+    from kafscale.broker.metadata.partition_state import SegmentRef
+    from kafscale.broker.storage.log_sizes import catch_up_from_state
+    from kafscale.broker.storage.size_blocks import SizeBlocks
+
+    refs = tuple(SegmentRef(base, base + 9, 0, 100, 0) for base in range(0, 50, 10))
+    state = PartitionState(high_watermark=50, segments=refs, cleaned=Cleaned(30, 0, 0))
+    blocks = SizeBlocks("p/", 0, listed_below=30)
+    assert catch_up_from_state(blocks, state)
+    assert blocks.total == 200  # the segments at 30 and 40
