@@ -140,6 +140,15 @@ def consume(
         consumer.close()
 
 
+def first_offset_at_or_after(bootstrap: str, topic: str, timestamp_ms: int) -> int:
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "times"})
+    try:
+        (found,) = consumer.offsets_for_times([ConfluentTP(topic, 0, timestamp_ms)], timeout=10)
+        return int(found.offset)
+    finally:
+        consumer.close()
+
+
 def latest_per_key(records: list[Record], upto: int, drop_tombstones: bool) -> list[Record]:
     """What a cleaned log holds: below ``upto`` each key's latest record there (tombstones gone
     if dropped), at and above it everything as written."""
@@ -201,6 +210,9 @@ def test_a_consumer_gets_each_keys_latest_value_at_its_original_offset(
     assert rest == [r for r in expected if r[0] > early[-1][0]]
     # From the beginning: each key once below upto, at its original offset, no tombstone.
     assert consume(broker.bootstrap, topic, 0, hw) == expected
+    # ListOffsets by timestamp: the first record at or after it was cleaned away; the answer is
+    # the next kept record, as Kafka answers.
+    assert first_offset_at_or_after(broker.bootstrap, topic, 0) == expected[0][0] > 0
     keys_below = [r[1] for r in expected if r[0] < upto]
     assert len(keys_below) == len(set(keys_below))
     assert b"k3" not in keys_below  # deleted and its tombstone older than delete.retention.ms
