@@ -252,6 +252,7 @@ class Broker:
         self.share = ShareManager(
             ShareStateStore(self.etcd, self.cluster, self.node_id), self._still_owns
         )
+        self.view.share_members.listen(self.share.on_share_members)
         self._tasks.append(asyncio.create_task(self.share.run(), name="share-partitions"))
         self.log_sizes = LogSizes(self.cluster, self.store)
         self._tasks.append(asyncio.create_task(self._watch_session(), name="session-watch"))

@@ -314,7 +314,7 @@ async def handle_delete_groups(request: Any, ctx: RequestContext) -> Body:
             was_share = runtime.share is not None
             error = await runtime.delete()
             if was_share and error is ErrorCode.NONE and ctx.broker.share is not None:
-                await ctx.broker.share.delete_group(group_id)
+                ctx.broker.share.forget_group(group_id)  # etcd's copy went with the group
         except KafkaError as exc:
             error = exc.code
         results.append({"group_id": group_id, "error_code": error})

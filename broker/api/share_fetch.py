@@ -36,6 +36,7 @@ from kafscale.broker.share.partition import Acquired, ordered_batches
 from kafscale.broker.share.sessions import FINAL_EPOCH, INITIAL_EPOCH, SharePartitionKey
 
 PARTITION_MAX_BYTES = 1024 * 1024
+JOIN_GRACE_S = 1.0
 
 
 @dataclass(slots=True)
@@ -179,6 +180,8 @@ async def _acquire(
                 )
                 aborted = [(a.producer_id, a.first_offset) for a in found]
             skip = batches.skipped(data, aborted, config.read_committed)
+            if not ctx.broker.view.share_members.has(group, member):
+                return  # it left while the log was read: its records were released already
             before = (entry.state.start_offset, entry.state.next_offset)
             ends = batches.batch_ends(data)
             acquired = entry.state.acquire(
@@ -262,6 +265,9 @@ async def handle_share_fetch(request: Any, ctx: RequestContext) -> Body:
         for t in request.forgotten_topics_data
         for i in t.partitions
     ]
+    if epoch == INITIAL_EPOCH and not await _is_member(ctx, group, member):
+        message = f"member {member} is not in share group {group}"
+        return share_fetch_error_body(request, ErrorCode.UNKNOWN_MEMBER_ID, message)
     error, session = manager.sessions.open_or_advance(key, epoch, added, forgotten, ctx.connection)
     if session is None:
         return share_fetch_error_body(request, error)
@@ -292,6 +298,14 @@ async def handle_share_fetch(request: Any, ctx: RequestContext) -> Body:
         await _wait(ctx, parts, remaining)
     lock_ms = _share_config(ctx, group).record_lock_duration_ms
     return _fetch_body(ctx, parts + answered_only, lock_ms)
+
+
+async def _is_member(ctx: RequestContext, group: str, member: str) -> bool:
+    """Whether ``member`` is in ``group`` as the cluster watch has it (no etcd read): a
+    share session is opened only for a member of the group, so made-up member ids neither
+    take this broker's sessions nor acquire records. A member's first ShareFetch may overtake
+    the watch event of its own join: it is given up to ``JOIN_GRACE_S`` for that event."""
+    return await ctx.broker.view.share_members.wait_for(group, member, JOIN_GRACE_S)
 
 
 async def _revalidate(ctx: RequestContext, group: str, parts: list[_Partition]) -> None:

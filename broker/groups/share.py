@@ -65,7 +65,8 @@ class ShareMember:
     assigned: frozenset[TopicPartition] = frozenset()
     session_deadline_ms: int | None = None
     sent: frozenset[TopicPartition] | None = field(default=None)
-    """The assignment last sent to the member (None: send it with the next answer)."""
+    """The assignment last sent to the member (None: send it with the next answer); set by
+    ``assignment_sent`` once an answer carrying it is given, not when it is computed."""
 
 
 def assign(
@@ -154,8 +155,9 @@ class ShareGroup:
         self._assign_if_needed(topics, topic_ids or {})
         member.epoch = self.group_epoch
         member.session_deadline_ms = now_ms + self.config.session_timeout_ms
+        # Marked sent only once the answer goes out (``assignment_sent``): an answer lost to a
+        # failed etcd write must not keep the assignment from the member's next heartbeat.
         send = member.sent != member.assigned or names is not None
-        member.sent = member.assigned
         return HeartbeatResult(
             ErrorCode.NONE,
             member_id=member.member_id,
@@ -163,6 +165,13 @@ class ShareGroup:
             heartbeat_interval_ms=self.config.heartbeat_interval_ms,
             assignment=member.assigned if send else None,
         )
+
+    def assignment_sent(self, member_id: str, assignment: frozenset[TopicPartition]) -> None:
+        """The heartbeat answer carrying ``assignment`` is going out (its change is in etcd):
+        later heartbeats leave it out until it changes again."""
+        member = self.members.get(member_id)
+        if member is not None:
+            member.sent = assignment
 
     def _member(self, request: ShareHeartbeat) -> ShareMember | HeartbeatResult:
         member = self.members.get(request.member_id)

@@ -73,10 +73,13 @@ class ShareRuntime:
         share.config = self._share_config()
         result = share.heartbeat(self._clock(), request, topics, topic_ids)
         stored = self._queue_share(share)
-        if stored is None:
-            return result
-        error = await self._await_stored(stored)
-        return result if error is ErrorCode.NONE else HeartbeatResult(error)
+        if stored is not None and (error := await self._await_stored(stored)):
+            # Not in etcd (``_share_write_done``): the next heartbeat writes the group again
+            # and carries the assignment this answer would have had (not marked sent).
+            return HeartbeatResult(error)
+        if result.assignment is not None and self.share is share:
+            share.assignment_sent(request.member_id, result.assignment)
+        return result
 
     async def empty_share_group(self) -> ErrorCode:
         """Share group offset admin (Alter/DeleteShareGroupOffsets) needs an empty share
@@ -115,5 +118,13 @@ class ShareRuntime:
         )
         self._stores.put_nowait(Store(ConsumerStore(self._consumer_version), record))
         future = asyncio.get_running_loop().create_future()
+        future.add_done_callback(self._share_write_done)
         self._consumer_waiters[self._consumer_version] = future
         return future
+
+    def _share_write_done(self, stored: asyncio.Future[ErrorCode]) -> None:
+        """A membership write that failed is written again with the next change check (a
+        heartbeat or the timer's expiry step), not taken as stored: brokers learn of
+        departures from etcd, and a new coordinator restores from it."""
+        if stored.cancelled() or stored.exception() is not None or stored.result():
+            self._share_doc = None

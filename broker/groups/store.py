@@ -29,6 +29,7 @@ from kafscale.broker.metadata.etcd_txn import (
     Op,
     create_revision_is,
     delete_op,
+    delete_prefix_op,
     put_op,
     value_is,
 )
@@ -313,10 +314,13 @@ class GroupStore:
     async def delete_group(self, group_id: str, fence: Fence) -> bool:
         """Delete metadata, offsets (those pending in open transactions too, as Kafka's
         ``deleteAllOffsets`` does: a transaction committing later must not bring the group's
-        offsets back) and finally the lease itself; False if fenced."""
+        offsets back), a share group's share-partition states, and finally the lease itself;
+        False if fenced. The share states go in the last, fenced transaction with the lease:
+        a coordinator that lost the group lease deletes nothing of them."""
         entries = await self._etcd.get_prefix(keys.group_prefix(self._cluster, group_id))
         ops: list[Op] = [delete_op(entry.key) for entry in entries if self._owned(group_id, entry)]
         chunks = list(_chunks(ops, MAX_OPS_PER_TXN)) or [[]]
+        chunks[-1].append(delete_prefix_op(keys.share_states_prefix(self._cluster, group_id)))
         chunks[-1].append(delete_op(fence.key))
         for chunk in chunks:
             result = await self._etcd.txn(fence.compares(), chunk)

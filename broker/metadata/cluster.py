@@ -26,6 +26,7 @@ from kafscale.broker.metadata.etcd import (
 from kafscale.broker.metadata.etcd_errors import MetadataUnavailable
 from kafscale.broker.metadata.etcd_txn import KeyValue
 from kafscale.broker.metadata.partition_state import PartitionState
+from kafscale.broker.metadata.share_members import ShareMembers
 from kafscale.broker.quotas.store import QuotaCache
 from kafscale.broker.task_stop import cancel_and_wait
 
@@ -150,6 +151,9 @@ class ClusterView:
         self.quotas = QuotaCache(cluster)  # client quotas: produce and fetch resolve them
         self.group_configs: dict[str, dict[str, str]] = {}
         """Groups' own configs (KIP-848): their coordinators read them at each heartbeat."""
+        self.share_members = ShareMembers()
+        """Every share group's member ids: share-partition leaders check ShareFetch against
+        them and release a departed member's records (``share_members``)."""
         self.watermarks = Watermarks()
         self.changed = asyncio.Event()  # any change: brokers follow assignment/draining on it
         self._watch_task: asyncio.Task[None] | None = None
@@ -241,11 +245,13 @@ class ClusterView:
         self.acls.clear()
         self.quotas.clear()
         self.group_configs.clear()
+        self.share_members.begin_reload()
         for entry in entries:
             try:
                 self._apply_put(entry.key, entry.value)
             except Exception:
                 log.exception("cannot load %s", entry.key)
+        self.share_members.end_reload()
         for tp in list(self.states):
             self.watermarks.notify(tp)
         self.changed.set()
@@ -309,6 +315,8 @@ class ClusterView:
             self.draining.add(int(parts[1]))
         elif kind == "group-configs" and len(parts) == 2:
             self.group_configs[keys.group_from_key_part(parts[1])] = decode_group_configs(value)
+        elif kind == "groups" and len(parts) == 3 and parts[2] == "metadata":
+            self.share_members.put(keys.group_from_key_part(parts[1]), value)
         elif kind == "acls":
             self.acls.put(key, value)
         elif kind == "quotas":
@@ -333,6 +341,8 @@ class ClusterView:
             self.draining.discard(int(parts[1]))
         elif kind == "group-configs" and len(parts) == 2:
             self.group_configs.pop(keys.group_from_key_part(parts[1]), None)
+        elif kind == "groups" and len(parts) == 3 and parts[2] == "metadata":
+            self.share_members.delete(keys.group_from_key_part(parts[1]))
         elif kind == "acls":
             self.acls.delete(key)
         elif kind == "quotas":

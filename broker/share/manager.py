@@ -32,6 +32,7 @@ from kafscale.broker.share.store import ShareStateStore, StateWrite, encode
 log = logging.getLogger(__name__)
 
 FLUSH_INTERVAL_S = 0.25
+SAVE_ATTEMPTS = 3
 EXPIRY_CHECK_MAX_S = 1.0
 EntryKey = tuple[str, str, int]
 """(group, topic, partition)."""
@@ -215,11 +216,35 @@ class ShareManager:
                 self._drop(key)
         return done
 
-    async def delete_group(self, group: str) -> None:
-        """DeleteGroups of a share group: its share-partition states go (here and in etcd)."""
+    def forget_group(self, group: str) -> None:
+        """The group was deleted (its coordinator deleted its share-partition states in the
+        fenced transaction that deleted the group): this broker's copies and sessions go."""
         for key in [k for k in self._entries if k[0] == group]:
             self._drop(key)
-        await self._store.delete_group(group)
+        for session_key in [k for k in self.sessions.sessions if k[0] == group]:
+            self.sessions.close(session_key)
+        self.notify()
+
+    def on_share_members(self, group: str, members: frozenset[str] | None) -> None:
+        """The cluster watch saw ``group``'s membership change (``None``: the group is gone).
+        A member that left or expired has its share sessions here closed and every record it
+        holds released now, as Kafka's share-partition leader does when it learns of the
+        departure, rather than at its lock's end."""
+        if members is None:
+            self.forget_group(group)
+            return
+        for key in [k for k in self.sessions.sessions if k[0] == group and k[1] not in members]:
+            self.sessions.close(key)
+        released = 0
+        for entry in self.entries_of(group):
+            count = entry.state.release_departed(members, entry.limits)
+            if count:
+                entry.dirty = True
+                released += count
+        if released:
+            log.info("share group %s: %d records of departed members released", group, released)
+            self.notify()
+            self._wake.set()
 
     async def start_offsets(self, group: str) -> dict[tuple[str, int], tuple[str, SharePartition]]:
         """The group's share-partitions as etcd has them, with this broker's own (fresher:
@@ -312,33 +337,57 @@ class ShareManager:
         error = ErrorCode.NONE
         if writes:
             try:
-                revision = await self._store.save(writes)
-                if revision is None:
-                    error = ErrorCode.NOT_LEADER_OR_FOLLOWER
-                    for entry in dirty:
-                        entry.dropped = True
-                        if self._entries.get(entry.key) is entry:
-                            del self._entries[entry.key]
-                    log.warning(
-                        "share state write refused (a partition lease moved, or an admin changed "
-                        "a state): %d share-partitions dropped, read again on next use",
-                        len(dirty),
-                    )
-                else:
-                    for entry, version in zip(dirty, versions, strict=True):
-                        entry.revision = revision
-                        entry.stored = max(entry.stored, version)
+                await self._save(dirty, versions, writes)
             except MetadataUnavailable as exc:
                 log.warning("share state write: %s", exc)
                 error = ErrorCode.REQUEST_TIMED_OUT
                 for entry in dirty:
-                    entry.dirty = True
+                    entry.dirty = entry.dirty or not entry.dropped
             except Exception:  # answer the waiters anyway: a lost future hangs its request
                 log.exception("share state write failed")
                 error = ErrorCode.UNKNOWN_SERVER_ERROR
                 for entry in dirty:
-                    entry.dirty = True
+                    entry.dirty = entry.dirty or not entry.dropped
         self._answer(waiters, error)
+
+    async def _save(
+        self, dirty: list[Entry], versions: list[int], writes: list[StateWrite]
+    ) -> None:
+        """One round's transaction. If etcd refuses it, only the share-partitions whose own
+        checks fail (their partition lease moved, or an admin changed their state) are let go;
+        the others are written again at once, so one moved key costs the rest of the broker's
+        share-partitions nothing. What is still refused after ``SAVE_ATTEMPTS`` (keys moving
+        under every attempt) waits for the next round, dirty: never answered before stored."""
+        for _ in range(SAVE_ATTEMPTS):
+            revision = await self._store.save(writes)
+            if revision is not None:
+                for entry, version in zip(dirty, versions, strict=True):
+                    entry.revision = revision
+                    entry.stored = max(entry.stored, version)
+                return
+            refused = await self._store.refused(writes)
+            if refused:
+                self._let_go([dirty[i] for i in sorted(refused)])
+            # An entry let go meanwhile (an admin change seen, a lease lost) is not written.
+            keep = [i for i in range(len(writes)) if i not in refused and not dirty[i].dropped]
+            dirty = [dirty[i] for i in keep]
+            versions = [versions[i] for i in keep]
+            writes = [writes[i] for i in keep]
+            if not writes:
+                return
+        for entry in dirty:
+            entry.dirty = True
+
+    def _let_go(self, refused: list[Entry]) -> None:
+        for entry in refused:
+            entry.dropped = True
+            if self._entries.get(entry.key) is entry:
+                del self._entries[entry.key]
+        log.warning(
+            "share state write refused for %s (a partition lease moved, or an admin changed "
+            "the state): read again on next use",
+            ", ".join(f"{g} {t}-{p}" for g, t, p in (e.key for e in refused)),
+        )
 
     def _answer(self, waiters: list[_Waiter], round_error: ErrorCode) -> None:
         for waiter in waiters:

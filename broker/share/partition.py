@@ -20,7 +20,7 @@ Nothing here does I/O or reads a clock.
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterable, Sequence
+from collections.abc import Container, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from kafscale.broker.protocol.errors import ErrorCode
@@ -178,6 +178,17 @@ class SharePartition:
         released = 0
         for record in self.records.values():
             if record.state is RecordState.ACQUIRED and record.member_id == member_id:
+                self._release(record, limits)
+                released += 1
+        self._advance()
+        return released
+
+    def release_departed(self, members: Container[str], limits: Limits) -> int:
+        """Every record held by a member not in ``members`` goes back (it left the group or
+        its session expired at the coordinator): how many."""
+        released = 0
+        for record in self.records.values():
+            if record.state is RecordState.ACQUIRED and record.member_id not in members:
                 self._release(record, limits)
                 released += 1
         self._advance()

@@ -13,6 +13,7 @@ for another topic id (the topic was deleted and re-created) is ignored.
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -57,6 +58,28 @@ def decode(data: bytes, topic_id: str) -> SharePartition | None:
         return None
     batches = [(int(a), int(b), int(c), int(d)) for a, b, c, d in document.get("batches") or ()]
     return SharePartition.restore(int(document["start"]), batches)
+
+
+def refused_writes(
+    writes: Sequence[StateWrite],
+    cluster: str,
+    me: bytes,
+    leases: dict[str, tuple[bytes, int]],
+    states: dict[str, int],
+) -> set[int]:
+    """Which of ``writes`` a flush transaction's compares refuse, given each partition lease's
+    (value, create revision) and each state key's mod revision as etcd has them now (a key
+    absent from the maps does not exist): the lease is not ``me``'s under the write's revision,
+    or the state moved since the owner read or wrote it."""
+    refused = set()
+    for index, write in enumerate(writes):
+        lease = leases.get(keys.partition_lease_key(cluster, write.topic, write.partition))
+        state_key = keys.share_state_key(cluster, write.group, write.topic, write.partition)
+        if lease != (me, write.lease_revision) or states.get(state_key, 0) != (
+            write.expected_revision
+        ):
+            refused.add(index)
+    return refused
 
 
 class ShareStateStore:
@@ -106,6 +129,26 @@ class ShareStateStore:
         result = await self._etcd.txn(compares, puts)
         return result.revision if result.succeeded else None
 
+    async def refused(self, writes: Sequence[StateWrite]) -> set[int]:
+        """After ``save`` failed: the writes whose own checks fail (etcd does not say which
+        compare of a transaction failed), read back. The others may be saved again."""
+        lease_keys = sorted(
+            {keys.partition_lease_key(self._cluster, w.topic, w.partition) for w in writes}
+        )
+        state_keys = [self._key(w.group, w.topic, w.partition) for w in writes]
+        found = await asyncio.gather(*(self._etcd.get(k) for k in [*lease_keys, *state_keys]))
+        leases = {
+            k: (kv.value, kv.create_revision)
+            for k, kv in zip(lease_keys, found[: len(lease_keys)], strict=True)
+            if kv is not None
+        }
+        states = {
+            k: kv.mod_revision
+            for k, kv in zip(state_keys, found[len(lease_keys) :], strict=True)
+            if kv is not None
+        }
+        return refused_writes(writes, self._cluster, self._me, leases, states)
+
     async def load_group(self, group: str) -> dict[tuple[str, int], tuple[str, SharePartition]]:
         """Every share-partition of ``group`` in etcd: (topic, partition) -> (topic id, state)."""
         prefix = keys.share_states_prefix(self._cluster, group)
@@ -139,6 +182,3 @@ class ShareStateStore:
         ops += [DeleteOp(f"{prefix}{topic}/", prefix=True) for topic in deleted_topics]
         result = await self._etcd.txn(list(fence), ops)
         return result.succeeded
-
-    async def delete_group(self, group: str) -> None:
-        await self._etcd.delete_prefix(keys.share_states_prefix(self._cluster, group))

@@ -795,8 +795,8 @@ def test_a_share_session_keeps_only_partitions_that_exist(broker_cluster: Broker
         (partition,) = third.responses[0].partitions
         assert partition.acknowledge_error_code == ErrorCode.NONE
         assert list(partition.acquired_records) == []
-        # A group nobody joined gets no share-partition (nor any state in etcd).
+        # A group nobody joined gets no share session or share-partition (nor any state in
+        # etcd): its member is not in the group.
         stranger = _share_fetch(wire, "m9", 0, known, group="nobody")
-        (partition,) = stranger.responses[0].partitions
-        assert partition.error_code == ErrorCode.GROUP_ID_NOT_FOUND
+        assert stranger.error_code == ErrorCode.UNKNOWN_MEMBER_ID
     assert not [k for k in broker_cluster.etcd_keys("share-state/") if "nobody" in k]

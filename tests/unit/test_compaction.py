@@ -180,9 +180,18 @@ def test_a_full_map_refuses_a_whole_segment_and_stays_as_it_was() -> None:
     assert offset_map.get(key_digest(b"a")) == 2
 
 
-def test_the_offset_map_needs_room() -> None:
+def test_the_offset_map_needs_room_and_never_exceeds_it() -> None:
     with pytest.raises(ValueError):
         OffsetMap(0)
+    offset_map = OffsetMap(2)
+    offset_map.update({key_digest(b"a"): 5, key_digest(b"b"): 6})
+    offset_map.update({key_digest(b"a"): 3})  # an older offset never replaces a newer one
+    assert offset_map.get(key_digest(b"a")) == 5
+    with pytest.raises(ValueError):
+        offset_map.update({key_digest(b"c"): 7})
+    many = keyed_batch(10, [_rec(o, b"%d" % o, b"") for o in range(10, 1010)], codec="zstd")
+    assert not index_batches(many, offset_map)
+    assert (len(offset_map), offset_map.room) == (2, 0)
 
 
 def _at(base_offset: int, batch: bytes) -> bytes:

@@ -54,7 +54,7 @@ class Log:
 
 _record = st.tuples(
     st.sampled_from([b"a", b"b", b"c", b"d", b"e", b"f", None]),
-    st.one_of(st.none(), st.binary(max_size=12)),
+    st.one_of(st.none(), st.binary(max_size=12), st.binary(min_size=60, max_size=200)),
     st.lists(
         st.tuples(st.sampled_from(["h", "x"]), st.one_of(st.none(), st.binary(max_size=3))),
         max_size=2,

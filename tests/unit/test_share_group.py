@@ -6,6 +6,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
+from kafscale.broker.groups.consumer import HeartbeatResult
 from kafscale.broker.groups.share import ShareConfig, ShareGroup, ShareHeartbeat, assign
 from kafscale.broker.groups.share_codec import restore, snapshot
 from kafscale.broker.protocol.errors import ErrorCode
@@ -16,6 +17,20 @@ TOPICS = {"t": 2, "u": 1}
 
 def beat(member: str, epoch: int, topics: tuple[str, ...] | None = ("t",)) -> ShareHeartbeat:
     return ShareHeartbeat(member, epoch, None, topics, "client", "/127.0.0.1")
+
+
+def answered(
+    group: ShareGroup,
+    now_ms: int,
+    request: ShareHeartbeat,
+    topics: dict[str, int],
+    ids: dict[str, str] | None = None,
+) -> HeartbeatResult:
+    """A heartbeat whose answer went out, as the runtime gives it once etcd holds the change."""
+    result = group.heartbeat(now_ms, request, topics, ids)
+    if result.assignment is not None:
+        group.assignment_sent(request.member_id, result.assignment)
+    return result
 
 
 def test_members_outnumbering_partitions_share_them() -> None:
@@ -53,23 +68,23 @@ def test_every_subscribed_partition_is_assigned_to_a_subscriber(
 
 def test_join_heartbeat_leave_and_epochs() -> None:
     group = ShareGroup("g", CONFIG)
-    joined = group.heartbeat(0, beat("a", 0), TOPICS)
+    joined = answered(group, 0, beat("a", 0), TOPICS)
     assert (joined.error, joined.member_epoch, joined.assignment) == (
         ErrorCode.NONE,
         1,
         frozenset({("t", 0), ("t", 1)}),
     )
-    b = group.heartbeat(10, beat("b", 0), TOPICS)
+    b = answered(group, 10, beat("b", 0), TOPICS)
     assert b.member_epoch == 2 and b.assignment is not None and len(b.assignment) == 1
-    a = group.heartbeat(20, beat("a", 1, None), TOPICS)
+    a = answered(group, 20, beat("a", 1, None), TOPICS)
     assert a.member_epoch == 2 and a.assignment is not None and len(a.assignment) == 1
     # Nothing changed: no assignment sent again.
-    assert group.heartbeat(30, beat("a", 2, None), TOPICS).assignment is None
-    assert group.heartbeat(30, beat("a", 1, None), TOPICS).error is ErrorCode.FENCED_MEMBER_EPOCH
-    assert group.heartbeat(30, beat("zz", 3, None), TOPICS).error is ErrorCode.UNKNOWN_MEMBER_ID
-    left = group.heartbeat(40, beat("b", -1, None), TOPICS)
+    assert answered(group, 30, beat("a", 2, None), TOPICS).assignment is None
+    assert answered(group, 30, beat("a", 1, None), TOPICS).error is ErrorCode.FENCED_MEMBER_EPOCH
+    assert answered(group, 30, beat("zz", 3, None), TOPICS).error is ErrorCode.UNKNOWN_MEMBER_ID
+    left = answered(group, 40, beat("b", -1, None), TOPICS)
     assert (left.error, left.member_epoch) == (ErrorCode.NONE, -1)
-    a = group.heartbeat(50, beat("a", 2, None), TOPICS)
+    a = answered(group, 50, beat("a", 2, None), TOPICS)
     assert a.member_epoch == 3 and a.assignment == frozenset({("t", 0), ("t", 1)})
     assert group.state == "Stable"
 
@@ -93,9 +108,9 @@ def test_a_new_partition_moves_the_group_epoch() -> None:
 def test_a_topic_created_again_sends_the_assignment_again() -> None:
     """Same name, same partition count, a new id: the members must learn the new id."""
     group = ShareGroup("g", CONFIG)
-    group.heartbeat(0, beat("a", 0), TOPICS, {"t": "old", "u": "u1"})
-    assert group.heartbeat(10, beat("a", 1, None), TOPICS, {"t": "old"}).assignment is None
-    again = group.heartbeat(20, beat("a", 1, None), TOPICS, {"t": "new", "u": "u1"})
+    answered(group, 0, beat("a", 0), TOPICS, {"t": "old", "u": "u1"})
+    assert answered(group, 10, beat("a", 1, None), TOPICS, {"t": "old"}).assignment is None
+    again = answered(group, 20, beat("a", 1, None), TOPICS, {"t": "new", "u": "u1"})
     assert again.member_epoch == 2 and again.assignment == frozenset({("t", 0), ("t", 1)})
 
 
@@ -109,3 +124,16 @@ def test_the_document_restores_members_at_their_epochs() -> None:
     assert restored.next_deadline_ms() == 1500
     again = restored.heartbeat(600, beat("b", 2, None), TOPICS)
     assert again.error is ErrorCode.NONE and again.member_epoch == 2
+
+
+def test_an_assignment_is_sent_until_an_answer_carrying_it_went_out() -> None:
+    """The heartbeat whose etcd write failed was answered with an error: its assignment was
+    never seen, so the member's next heartbeat carries it (it is marked sent only once an
+    answer with it is given, ``assignment_sent``)."""
+    group = ShareGroup("g", CONFIG)
+    joined = group.heartbeat(0, beat("a", 0), TOPICS)  # its write failed: not marked sent
+    assert joined.assignment == frozenset({("t", 0), ("t", 1)})
+    retried = group.heartbeat(10, beat("a", 1, None), TOPICS)
+    assert retried.assignment == joined.assignment
+    group.assignment_sent("a", retried.assignment)
+    assert group.heartbeat(20, beat("a", 1, None), TOPICS).assignment is None

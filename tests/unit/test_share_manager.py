@@ -23,12 +23,15 @@ OWNER = OwnerView("00" * 16, lease_revision=7, log_start_offset=0, high_watermar
 
 
 class FakeStore:
-    """Saves succeed unless ``fenced``; ``gate`` (when set) holds a save until opened."""
+    """Saves succeed unless ``fenced`` (every write refused) or one of the writes names a key
+    in ``refused_keys``, as etcd refuses a whole transaction when one compare fails; ``gate``
+    (when set) holds a save until opened."""
 
     def __init__(self, share_group: bool = True) -> None:
         self.share_group = share_group
         self.saved: list[Sequence[StateWrite]] = []
         self.fenced = False
+        self.refused_keys: set[tuple[str, str, int]] = set()
         self.boom = False
         self.gate: asyncio.Event | None = None
         self.entered = asyncio.Event()
@@ -45,10 +48,17 @@ class FakeStore:
             await self.gate.wait()
         if self.boom:
             raise RuntimeError("etcd client broke")
-        if self.fenced:
+        if self.fenced or await self.refused(writes):
             return None
         self.saved.append(writes)
         return len(self.saved) + 100
+
+    async def refused(self, writes: Sequence[StateWrite]) -> set[int]:
+        return {
+            i
+            for i, w in enumerate(writes)
+            if self.fenced or (w.group, w.topic, w.partition) in self.refused_keys
+        }
 
 
 async def _acked_entry(manager: ShareManager) -> tuple[Entry, int]:
@@ -148,3 +158,62 @@ async def test_no_share_partition_starts_for_a_group_nobody_joined() -> None:
         assert store.saved == []
     finally:
         await _stop(runner)
+
+
+async def test_a_refused_key_fails_only_its_own_share_partition() -> None:
+    """etcd refuses the whole round's transaction for one moved key: only that
+    share-partition is let go (its acknowledgement NOT_LEADER_OR_FOLLOWER); the other one's
+    acknowledgement is written again in the same round and answered NONE."""
+    store = FakeStore()
+    store.refused_keys.add(KEY)
+    manager = ShareManager(store, clock=lambda: 0)  # type: ignore[arg-type]
+    moved, version_moved = await _acked_entry(manager)
+    other_key = ("g", "t", 1)
+    other = await manager.entry(other_key, OWNER, ShareConfig(auto_offset_reset="earliest"))
+    other.state.acquire("m", 0, 0, 1, 0, other.limits)
+    assert other.state.acknowledge("m", 0, 0, [AckType.ACCEPT], 0, other.limits) == 0
+    version_other = other.touch()
+    runner = await _with_runner(manager)
+    try:
+        answers = await asyncio.wait_for(
+            asyncio.gather(
+                manager.durable([(moved, version_moved)]),
+                manager.durable([(other, version_other)]),
+            ),
+            30,
+        )
+        assert answers == [ErrorCode.NOT_LEADER_OR_FOLLOWER, ErrorCode.NONE]
+        assert moved.dropped and not other.dropped
+        assert [(w.group, w.topic, w.partition) for w in store.saved[-1]] == [other_key]
+        # The refused one is read again from the store on its next use.
+        again = await manager.entry(KEY, OWNER, ShareConfig(auto_offset_reset="earliest"))
+        assert again is not moved
+    finally:
+        await _stop(runner)
+
+
+async def test_a_departed_member_has_its_records_released_and_its_session_closed() -> None:
+    manager = ShareManager(FakeStore(), clock=lambda: 0)  # type: ignore[arg-type]
+    entry = await manager.entry(KEY, OWNER, ShareConfig(auto_offset_reset="earliest"))
+    entry.state.acquire("gone", 0, 4, 5, 0, entry.limits)
+    entry.state.acquire("stays", 5, 9, 5, 0, entry.limits)
+    for member in ("gone", "stays"):
+        manager.sessions.open_or_advance(("g", member), 0, [("00" * 16, 0)], [])
+    changed = manager.changed()
+    manager.on_share_members("g", frozenset({"stays"}))
+    assert changed.is_set()  # waiting fetches look again at once
+    assert entry.dirty
+    assert set(manager.sessions.sessions) == {("g", "stays")}
+    assert entry.state.first_available(10, entry.limits) == 0
+    # What "stays" holds is still its own: it can acknowledge it.
+    assert entry.state.acknowledge("stays", 5, 9, [AckType.ACCEPT], 0, entry.limits) == 0
+    assert entry.state.acknowledge("gone", 0, 0, [AckType.ACCEPT], 0, entry.limits) != 0
+
+
+async def test_a_deleted_share_group_is_forgotten_here() -> None:
+    manager = ShareManager(FakeStore(), clock=lambda: 0)  # type: ignore[arg-type]
+    entry = await manager.entry(KEY, OWNER, ShareConfig(auto_offset_reset="earliest"))
+    manager.sessions.open_or_advance(("g", "m"), 0, [], [])
+    manager.on_share_members("g", None)
+    assert entry.dropped and manager.entries_of("g") == []
+    assert manager.sessions.sessions == {}

@@ -248,3 +248,17 @@ def test_reversed_overlapping_or_negative_ack_batches_are_refused() -> None:
     assert not ordered_batches([(0, 4), (4, 6)])
     assert not ordered_batches([(5, 6), (0, 1)])
     assert not ordered_batches([(-3, 2)])
+
+
+def test_release_departed_gives_back_the_records_of_members_no_longer_in_the_group() -> None:
+    sp = SharePartition(0)
+    sp.acquire("gone", 0, 1, 10, 0, LIMITS)
+    sp.acquire("stays", 0, 3, 10, 0, LIMITS)
+    assert sp.release_departed(frozenset({"stays"}), LIMITS) == 2
+    assert [(r.state, r.member_id) for r in sp.records.values()] == [
+        (RecordState.AVAILABLE, None),
+        (RecordState.AVAILABLE, None),
+        (RecordState.ACQUIRED, "stays"),
+        (RecordState.ACQUIRED, "stays"),
+    ]
+    assert sp.release_departed(frozenset({"stays"}), LIMITS) == 0
