@@ -245,7 +245,8 @@ class Cleaner:
         )  # fmt: skip
         superseded = superseded_keys(listed, upto)
         self._delete_later(where, result_cleaned, superseded)
-        return PassResult(result_cleaned, read, written, 2 * len(inputs), objects)
+        gets = len(inputs) + len(inputs) - len(live)  # dirty inputs are read twice
+        return PassResult(result_cleaned, read, written, gets, objects)
 
     async def _cleaned_inputs(
         self, state: PartitionState, where: tuple[str, str, int]
