@@ -72,7 +72,8 @@ def cleaned_up_to(cluster: BrokerCluster, topic: str, upto: int) -> Any:
         cleaned = partition_state(cluster, topic).cleaned
         return cleaned if cleaned is not None and cleaned.upto >= upto else None
 
-    return eventually(reached, f"a pass up to {upto}")
+    # Generous: on a loaded machine (load average 10+) one run took over 30 s to see the pass.
+    return eventually(reached, f"a pass up to {upto}", timeout_s=90.0)
 
 
 def create_compacted(bootstrap: str, topic: str, **configs: str) -> None:
