@@ -61,6 +61,7 @@ from kafscale.broker.server import ByteBudget, Connection, KafkaServer, ServerEn
 from kafscale.broker.share.manager import ShareManager
 from kafscale.broker.share.store import ShareStateStore
 from kafscale.broker.storage.cache import SegmentCache
+from kafscale.broker.storage.cleaner import Cleaner
 from kafscale.broker.storage.factory import open_object_store
 from kafscale.broker.storage.instrumented import InstrumentedStore
 from kafscale.broker.storage.janitor import Janitor
@@ -97,6 +98,7 @@ class Broker:
     transactions: TransactionCoordinator | None = None
     log_sizes: LogSizes | None = None  # owned partitions' sizes, for DescribeLogDirs
     share: ShareManager | None = None  # share-partitions of owned partitions (KIP-932)
+    cleaner: Cleaner | None = None  # the log cleaner (log.cleaner_enable)
     ready: bool = False
     draining: bool = False
     pod_name: str | None = None
@@ -267,6 +269,21 @@ class Broker:
                 janitor.run(self.settings.log.retention_check_interval_s), name="janitor"
             )
         )
+        if self.settings.log.cleaner_enable:
+            self.cleaner = Cleaner(
+                self.settings.log,
+                self.cluster,
+                self.manager,
+                self.view,
+                self.store,
+                self.cache,
+                self.settings.topic_defaults(),
+            )
+            self._tasks.append(
+                asyncio.create_task(
+                    self.cleaner.run(self.settings.log.cleaner_interval_s), name="log-cleaner"
+                )
+            )
         self._tasks.append(
             asyncio.create_task(
                 self.purger.run(self.node_id, self.view, self.settings.log.purge_interval_s),

@@ -172,6 +172,26 @@ class LogSettings(_Section):
     retention_check_interval_s: float = Field(
         30.0, gt=0, description="How often retention by time and size is applied."
     )
+    cleaner_enable: bool = Field(
+        True,
+        description="Run the log cleaner: compact the partitions this broker owns of topics "
+        "whose cleanup.policy includes compact (see docs/compaction.md).",
+    )
+    cleaner_interval_s: float = Field(
+        15.0, gt=0, description="How often the log cleaner looks for a partition to clean."
+    )
+    cleaner_max_keys: int = Field(
+        1_000_000,
+        ge=1,
+        description="Keys one compaction pass holds in its offset map (about 40 bytes each); a "
+        "pass whose dirty data has more ends at the last segment that fit.",
+    )
+    cleaner_delete_delay_s: float = Field(
+        60.0,
+        ge=0,
+        description="How long objects superseded by a compaction pass stay readable before they "
+        "are deleted (readers that listed them before the pass finish their reads).",
+    )
     purge_interval_s: float = Field(
         60.0,
         gt=0,

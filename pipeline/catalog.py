@@ -146,6 +146,7 @@ class Catalog:
                     state.log_start_offset,
                     last_stable_offset(state),
                     state.aborted_txns,
+                    state.cleaned.upto if state.cleaned is not None else 0,
                 )
                 entries.append(PartitionEntry(view, state))
         return entries
@@ -178,7 +179,7 @@ class Catalog:
             listed = await store.list(prefix, start_after=after)
         except ObjectStoreError as exc:
             raise SourceUnavailable(f"cannot list {prefix}: {exc}") from exc
-        found = []
+        found = await self._cleaned_objects(entry, from_offset)
         for info in listed:
             parsed = keys.parse_object_name(info.key)
             if parsed is None or parsed[2] != "kfs":
@@ -187,6 +188,37 @@ class Catalog:
             if is_committed_segment(state, base, epoch):
                 found.append(SegmentObject(base, epoch, info.size))
         return sorted(found, key=lambda s: s.base)
+
+    async def _cleaned_objects(
+        self, entry: PartitionEntry, from_offset: int
+    ) -> list[SegmentObject]:
+        """The committed cleaned objects of a compacted partition, when ``from_offset`` lies in
+        the cleaned range (one listing of the generation's prefix: about one object per
+        ``segment.bytes`` of cleaned data). Plain segments below the range are superseded."""
+        view, cleaned = entry.view, entry.state.cleaned
+        if cleaned is None or from_offset >= cleaned.upto:
+            return []
+        prefix = keys.cleaned_pass_prefix(
+            self._connection.cluster,
+            view.topic,
+            view.topic_id,
+            view.partition,
+            cleaned.generation,
+            cleaned.epoch,
+        )
+        store = await self._store_opened()
+        try:
+            listed = await store.list(prefix)
+        except ObjectStoreError as exc:
+            raise SourceUnavailable(f"cannot list {prefix}: {exc}") from exc
+        found = []
+        for info in listed:
+            name = info.key[len(prefix) :]
+            if name.endswith(".kfs") and name[:-4].isdigit() and int(name[:-4]) < cleaned.upto:
+                found.append(
+                    SegmentObject(int(name[:-4]), cleaned.epoch, info.size, cleaned.generation)
+                )
+        return found
 
     async def offset_for_timestamp(self, entry: PartitionEntry, timestamp_ms: int) -> int:
         """``startingTimestamp``: the first offset whose record is at or after the time, else
@@ -198,14 +230,7 @@ class Catalog:
         offset = time_scan_start(entry.state, timestamp_ms)
         store = await self._store_opened()
         for segment in await self.segments(entry, offset):
-            key = keys.segment_object_key(
-                self._connection.cluster,
-                view.topic,
-                view.topic_id,
-                view.partition,
-                segment.base,
-                segment.epoch,
-            )
+            key = segment.key(self._connection.cluster, view.topic, view.topic_id, view.partition)
             try:
                 body = decode_segment(await store.get(key)).body
             except ObjectNotFound:

@@ -13,6 +13,7 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
+from kafscale.broker.metadata import keys
 from kafscale.broker.metadata.partition_state import AbortedTxn
 from kafscale.pipeline.options import EARLIEST, LATEST, OffsetSpec
 
@@ -41,6 +42,9 @@ class PartitionView:
     transaction is open), so that only decided transactions are read."""
     aborted: tuple[AbortedTxn, ...] = ()
     """Aborted transactions whose records are still stored: their records are skipped."""
+    cleaned_upto: int = 0
+    """Log compaction: offsets below this are read from cleaned objects, where records cleaned
+    away leave gaps that are not loss (``docs/compaction.md``)."""
 
     @property
     def key(self) -> TopicPartition:
@@ -54,6 +58,20 @@ class SegmentObject:
     base: int
     epoch: int
     size: int
+    generation: int = -1
+    """A cleaned object of this compaction generation, written at ``epoch`` (-1: plain)."""
+
+    def key(self, cluster: str, topic: str, topic_id: str, partition: int) -> str:
+        """The object's key in the store."""
+        if self.generation >= 0:
+            prefix = keys.cleaned_pass_prefix(
+                cluster, topic, topic_id, partition, self.generation, self.epoch
+            )
+            return keys.cleaned_object_key(prefix, self.base)
+        key: str = keys.segment_object_key(
+            cluster, topic, topic_id, partition, self.base, self.epoch
+        )
+        return key
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,6 +89,8 @@ class ReadTask:
     segments: tuple[SegmentObject, ...]
     aborted: tuple[AbortedTxn, ...] = ()
     """The aborted transactions with records in [start, end): skipped."""
+    cleaned_upto: int = 0
+    """Gaps below this offset are records log compaction removed, not loss."""
 
 
 def resolve_offset(spec: OffsetSpec, view: PartitionView, name: str) -> int:
@@ -170,7 +190,9 @@ def _task(
     view: PartitionView, start: int, end: int, segments: tuple[SegmentObject, ...]
 ) -> ReadTask:
     aborted = tuple(t for t in view.aborted if t.last_offset >= start and t.first_offset < end)
-    return ReadTask(view.topic, view.topic_id, view.partition, start, end, segments, aborted)
+    return ReadTask(
+        view.topic, view.topic_id, view.partition, start, end, segments, aborted, view.cleaned_upto
+    )
 
 
 def split_bytes_for(total_bytes: int, min_partitions: int | None) -> int:
@@ -231,9 +253,13 @@ def from_json_offsets(document: Mapping[str, Mapping[str, int]]) -> dict[TopicPa
     }
 
 
-def gap_in(expected: int, batch_base: int, limit: int) -> tuple[int, int] | None:
+def gap_in(
+    expected: int, batch_base: int, limit: int, cleaned_upto: int = 0
+) -> tuple[int, int] | None:
     """Offsets missing between the reader's next offset and the next stored batch (both below
-    ``limit``): a deleted or lost segment. Offsets are dense in KafScale, so any gap is loss."""
+    ``limit``): a deleted or lost segment. Offsets are dense in KafScale, so any gap is loss,
+    except below ``cleaned_upto``, where log compaction removed records."""
+    expected = max(expected, cleaned_upto)
     if batch_base > expected and expected < limit:
         return expected, min(batch_base, limit)
     return None

@@ -37,11 +37,13 @@ from kafscale.broker.protocol.errors import ErrorCode, KafkaError, code_for
 from kafscale.broker.protocol.record_batch import (
     BatchHeader,
     InvalidBatch,
+    has_null_key,
     read_header,
     record_timestamps,
     split_batches,
     with_log_append_time,
 )
+from kafscale.broker.storage.compaction_plan import is_compacted
 from kafscale.broker.storage.partition_log import NO_APPEND_TIME, Ack
 
 NO_TIMESTAMP = -1
@@ -77,6 +79,7 @@ class TopicRules:
     log_append_time: bool
     after_max_ms: int  # how far ahead of the broker's clock a CreateTime timestamp may be
     before_max_ms: int  # and how far behind
+    compacted: bool = False  # cleanup.policy includes compact: every record needs a key
 
     @classmethod
     def of(cls, ctx: RequestContext, topic: str) -> TopicRules:
@@ -90,6 +93,7 @@ class TopicRules:
             log_append_time=configs["message.timestamp.type"] == "LogAppendTime",
             after_max_ms=int(configs["message.timestamp.after.max.ms"]),
             before_max_ms=int(configs["message.timestamp.before.max.ms"]),
+            compacted=is_compacted(configs),
         )
 
     def check(self, batches: list[memoryview], headers: list[BatchHeader], now_ms: int) -> None:
@@ -101,6 +105,12 @@ class TopicRules:
             raise KafkaError(
                 f"record batch of {largest} bytes over max.message.bytes={self.max_batch_bytes}",
                 ErrorCode.MESSAGE_TOO_LARGE,
+            )
+        if self.compacted and any(has_null_key(batch) for batch in batches):
+            # Kafka's LogValidator: the cleaner keeps records by key, so a record without one
+            # could never be kept or removed.
+            raise KafkaError(
+                "Compacted topic cannot accept message without key", ErrorCode.INVALID_RECORD
             )
         if self.log_append_time:
             return

@@ -356,3 +356,46 @@ def parse_object_name(name: str) -> tuple[int, int, str] | None:
     if match is None:
         return None
     return int(match.group(1)), int(match.group(2)), match.group(3)
+
+
+# --- cleaned (compacted) objects --------------------------------------------------------------
+
+GENERATION_DIGITS = 10
+_CLEANED_PASS = re.compile(r"^g(\d{10})-e(\d+)/$")
+
+
+def cleaned_root_prefix(cluster: str, topic: str, topic_id: str, partition: int) -> str:
+    """Every compaction pass's objects of a partition: beside its segments, not among them (a
+    segment listing never sees them), under the topic id (a topic's purge deletes them)."""
+    return f"{cluster}/topics/{topic}/{topic_id}/{partition}.cleaned/"
+
+
+def cleaned_pass_prefix(
+    cluster: str, topic: str, topic_id: str, partition: int, generation: int, epoch: int
+) -> str:
+    """One pass's cleaned objects: generation ``generation`` written at leader epoch ``epoch``
+    (a fenced writer's pass has another epoch, so its objects never match the state's)."""
+    root = cleaned_root_prefix(cluster, topic, topic_id, partition)
+    return f"{root}g{generation:0{GENERATION_DIGITS}d}-e{epoch}/"
+
+
+def cleaned_object_key(pass_prefix: str, base_offset: int) -> str:
+    return f"{pass_prefix}{base_offset:0{OFFSET_DIGITS}d}.kfs"
+
+
+def parse_cleaned_key(root: str, key: str) -> tuple[int, int, int, str] | None:
+    """(generation, epoch, base offset, "kfs"|"idx") of an object under ``root``, or None."""
+    if not key.startswith(root):
+        return None
+    rest = key[len(root) :]
+    head, _, name = rest.partition("/")
+    match = _CLEANED_PASS.match(head + "/")
+    object_match = re.match(r"^(\d{20})\.(kfs|idx)$", name)
+    if match is None or object_match is None:
+        return None
+    return (
+        int(match.group(1)),
+        int(match.group(2)),
+        int(object_match.group(1)),
+        object_match.group(2),
+    )

@@ -17,7 +17,14 @@ The document at ``partitions/<topic>/<p>`` (JSON)::
      "aborted_txn_index": [[3, 50, 2, 256]],          # older aborted transactions, spilled
                   # to immutable objects: [lowest first offset, highest marker offset,
                   # writer's leader epoch, count] per object (see ``aborted_index``)
-     "coordinator_epochs": {"4001": 2}}               # the last marker's coordinator epoch
+     "coordinator_epochs": {"4001": 2},               # the last marker's coordinator epoch
+     "cleaned": [5000, 3, 7]}                         # log compaction: offsets below 5000 are
+                  # served from generation 3's cleaned objects, written at leader epoch 7
+
+``cleaned`` is written only once a compaction pass committed (see ``compaction_plan`` and
+``docs/compaction.md``): a document without it was never cleaned. Plain segments wholly below
+``upto`` are superseded (never served again; ``upto`` is always a plain segment's base), and the
+cleaned objects of that one generation and epoch tile ``[log start, upto)``.
 
 The four transaction fields are written only when non-empty, so a partition without
 transactions keeps its document as small as before (see ``partition_txns`` for the decisions).
@@ -84,6 +91,15 @@ class AbortedTxn(NamedTuple):
     last_offset: int
 
 
+class Cleaned(NamedTuple):
+    """Where a compacted partition's cleaned data lives: offsets below ``upto`` are served only
+    from generation ``generation``'s cleaned objects, written by the owner at ``epoch``."""
+
+    upto: int
+    generation: int
+    epoch: int
+
+
 class TxnIndexRef(NamedTuple):
     """An aborted-transaction index object: the aborted transactions spilled from the state
     (``txn_count`` of them, first offsets from ``first_offset``, markers up to ``last_offset``),
@@ -117,6 +133,8 @@ class PartitionState:
     coordinator_epochs: dict[int, int] = field(default_factory=dict)
     """Per transactional producer, the coordinator epoch of the last marker written for it: a
     marker from an older coordinator is fenced."""
+    cleaned: Cleaned | None = None
+    """The last committed compaction pass (None: never cleaned)."""
 
     def to_json(self) -> bytes:
         document = {
@@ -144,6 +162,8 @@ class PartitionState:
             document["coordinator_epochs"] = {
                 str(pid): epoch for pid, epoch in self.coordinator_epochs.items()
             }
+        if self.cleaned is not None:
+            document["cleaned"] = list(self.cleaned)
         return json.dumps(document, separators=(",", ":")).encode()
 
     @classmethod
@@ -173,6 +193,9 @@ class PartitionState:
             coordinator_epochs={
                 int(p): int(e) for p, e in document.get("coordinator_epochs", {}).items()
             },
+            cleaned=Cleaned(*(int(v) for v in document["cleaned"]))
+            if "cleaned" in document
+            else None,
         )
 
 
@@ -291,11 +314,26 @@ def time_scan_start(state: PartitionState, timestamp: int) -> int:
 
 
 def is_committed_segment(state: PartitionState, base: int, epoch: int) -> bool:
-    """Whether the object written at ``base`` by the owner of ``epoch`` holds committed data."""
+    """Whether the plain segment written at ``base`` by the owner of ``epoch`` holds committed
+    data (a segment below the cleaned range's ``upto`` is superseded by the cleaned objects)."""
     if base >= state.high_watermark:
+        return False
+    if state.cleaned is not None and base < state.cleaned.upto:
         return False
     start, end = epoch_range(state, epoch)
     return start <= base < end
+
+
+def is_committed_cleaned(state: PartitionState, generation: int, epoch: int, base: int) -> bool:
+    """Whether a cleaned object of ``generation`` written at ``epoch``, covering offsets from
+    ``base``, is part of the committed cleaned range (other generations: superseded or a fenced
+    or crashed pass's orphans)."""
+    cleaned = state.cleaned
+    return (
+        cleaned is not None
+        and (generation, epoch) == (cleaned.generation, cleaned.epoch)
+        and base < cleaned.upto
+    )
 
 
 def epoch_range(state: PartitionState, epoch: int) -> tuple[int, int]:

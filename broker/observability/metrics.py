@@ -20,7 +20,12 @@ from collections.abc import Iterable, Iterator, Sequence, Sized
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
 from prometheus_client.registry import Collector
 
 # Seconds. Requests range from sub-millisecond metadata answers to long-polled fetches.
@@ -111,6 +116,10 @@ class Metrics:
     cache_hits: int = 0
     cache_misses: int = 0
     connections_accepted: int = 0
+    cleaner_passes: int = 0
+    cleaner_bytes_read: int = 0
+    cleaner_bytes_written: int = 0
+    cleaner_last_pass_s: float = 0.0
     # Throttle times given to clients over a byte-rate quota, per quota key (two label values).
     throttles: HistogramFamily = field(default_factory=lambda: HistogramFamily(THROTTLE_BUCKETS_S))
 
@@ -163,6 +172,13 @@ class Metrics:
         self.flushes.observe(seconds)
         self.flush_bytes += nbytes
         self.flush_objects += objects
+
+    def cleaned(self, seconds: float, bytes_read: int, bytes_written: int) -> None:
+        """A committed compaction pass (``storage.cleaner``): rare, so counted even when off."""
+        self.cleaner_passes += 1
+        self.cleaner_bytes_read += bytes_read
+        self.cleaner_bytes_written += bytes_written
+        self.cleaner_last_pass_s = seconds
 
     def flush_failed(self) -> None:
         self.flush_failures += 1
@@ -314,6 +330,24 @@ class HotPathCollector(Collector):
             "Throttle times answered to clients over a byte-rate quota, per quota key.",
             "quota",
             m.throttles,
+        )
+        yield CounterMetricFamily(
+            "kafscale_cleaner_passes", "Log compaction passes committed.", m.cleaner_passes
+        )
+        yield CounterMetricFamily(
+            "kafscale_cleaner_bytes_read",
+            "Bytes log compaction read (cleaned and dirty objects).",
+            m.cleaner_bytes_read,
+        )
+        yield CounterMetricFamily(
+            "kafscale_cleaner_bytes_written",
+            "Bytes of cleaned objects log compaction wrote.",
+            m.cleaner_bytes_written,
+        )
+        yield GaugeMetricFamily(
+            "kafscale_cleaner_last_pass_seconds",
+            "Duration of this broker's last committed compaction pass.",
+            m.cleaner_last_pass_s,
         )
         yield CounterMetricFamily(
             "kafscale_segment_cache_hits", "Segment reads served from memory.", m.cache_hits

@@ -190,6 +190,28 @@ def record_timestamps(batch: bytes | memoryview) -> list[tuple[int, int]]:
     return result
 
 
+def has_null_key(batch: bytes | memoryview) -> bool:
+    """Whether some record of the batch has no key (decompressing as needed): a compacted
+    topic refuses those. InvalidBatch if the records cannot be read."""
+    header = read_header(batch)
+    body = decompress(header.compression, bytes(batch[HEADER_SIZE : header.size]))
+    position = 0
+    try:
+        for _ in range(header.record_count):
+            length, position = read_varint(body, position)
+            end = position + length
+            position += 1  # attributes
+            _, position = read_varint(body, position)  # timestamp delta
+            _, position = read_varint(body, position)  # offset delta
+            key_length, position = read_varint(body, position)
+            if key_length < 0:
+                return True
+            position = end
+    except IndexError as exc:
+        raise InvalidBatch("a record runs past the end of its batch") from exc
+    return False
+
+
 MAX_DECOMPRESSED_BYTES = 64 * 1024 * 1024
 """The most one batch's records may take once decompressed where the broker reads them
 (timestamp checks and look-ups). A few kilobytes of zstd can claim gigabytes: decompressed

@@ -24,7 +24,11 @@ from dataclasses import replace
 from kafscale.broker.metadata import keys
 from kafscale.broker.metadata.aborted_index import orphaned_indexes
 from kafscale.broker.metadata.cluster import ClusterView
-from kafscale.broker.metadata.partition_state import PartitionState, is_committed_segment
+from kafscale.broker.metadata.partition_state import (
+    Cleaned,
+    PartitionState,
+    is_committed_segment,
+)
 from kafscale.broker.metadata.topics import effective_configs
 from kafscale.broker.protocol.errors import KafkaError
 from kafscale.broker.storage.log_manager import LogManager
@@ -171,6 +175,7 @@ class Janitor:
         self._created_at: dict[str, int] = {}
         self._listings: dict[tuple[str, int], tuple[int, int]] = {}  # (epoch, checks since scan)
         self._ledgers: dict[tuple[str, int], SizeLedger] = {}  # partitions with retention.bytes
+        self._ledger_cleaned: dict[tuple[str, int], Cleaned | None] = {}  # each ledger's pass
 
     async def run(self, interval_s: float) -> None:
         while True:
@@ -209,6 +214,7 @@ class Janitor:
             objects = await with_epoch_boundaries(self._store, prefix, state, objects)
             if state.coordinator_epochs or state.aborted_txn_index:  # transactions ran here
                 await self._delete_orphaned_indexes(owned, state)
+        committed = await self._cleaned_facts(owned, state, expired_before_ms) + committed
         ledger = await self._ledger(owned, prefix, state, retention_bytes >= 0)
         hw, start = state.high_watermark, state.log_start_offset
         new_start = decide_log_start(committed, hw, start, now_ms, retention_ms, -1)
@@ -225,6 +231,31 @@ class Janitor:
             if ledger.first_base is not None:  # the segment holding the log start
                 bases.append(ledger.first_base)
         await self._delete_garbage(owned, objects, bases)
+
+    async def _cleaned_facts(
+        self, owned: OwnedPartition, state: PartitionState, expired_before_ms: int | None
+    ) -> list[SegmentFacts]:
+        """The committed cleaned objects of a compacted partition (``docs/compaction.md``), as
+        retention weighs segments: the plain listing starts at ``cleaned.upto``, and a log
+        start decided from it alone would drop every cleaned record."""
+        if state.cleaned is None:
+            return []
+        prefix = keys.cleaned_pass_prefix(
+            self._cluster,
+            owned.topic,
+            owned.topic_id,
+            owned.partition,
+            state.cleaned.generation,
+            state.cleaned.epoch,
+        )
+        listed = [info for info in await self._store.list(prefix) if info.key.endswith(".kfs")]
+        objects = [(int(info.key[len(prefix) : -4]), info) for info in listed]
+        facts, _ = await segment_facts(
+            [(base, info) for base, info in objects if base < state.cleaned.upto],
+            expired_before_ms,
+            self._created_at_ms,
+        )
+        return facts
 
     async def _bytes_start(
         self, ledger: SizeLedger, prefix: str, state: PartitionState, retention_bytes: int
@@ -244,8 +275,15 @@ class Janitor:
             self._ledgers.pop(owned.tp, None)
             return None
         ledger = self._ledgers.get(owned.tp)
-        if ledger is None or (ledger.prefix, ledger.epoch) != (prefix, owned.epoch):
+        if (
+            ledger is None
+            or (ledger.prefix, ledger.epoch) != (prefix, owned.epoch)
+            or self._ledger_cleaned.get(owned.tp) != state.cleaned
+        ):
+            # New, or a compaction pass superseded segments it counted: count from scratch
+            # (the plain segments above the cleaned range; the cleaned objects are not weighed).
             ledger = SizeLedger(prefix, owned.epoch)
+            self._ledger_cleaned[owned.tp] = state.cleaned
         await list_committed_since(self._store, prefix, state, ledger)
         self._ledgers[owned.tp] = ledger  # only once listed: a failed listing starts again
         return ledger
@@ -292,6 +330,9 @@ class Janitor:
             if parsed is None:
                 continue
             base, epoch, _ = parsed
+            cleaned = owned.state.cleaned
+            if cleaned is not None and base < cleaned.upto:
+                continue  # superseded by compaction: the cleaner deletes it after its delay
             fenced_orphan = epoch < owned.epoch and not is_committed_segment(
                 owned.state, base, epoch
             )

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from dataclasses import replace
 
 from kafscale.broker.config import BrokerSettings
 from kafscale.broker.metadata import keys
@@ -25,6 +26,7 @@ from kafscale.broker.metadata.etcd_txn import (
     value_is,
 )
 from kafscale.broker.metadata.partition_state import (
+    Cleaned,
     PartitionState,
     TxnIndexRef,
     advance_log_start,
@@ -301,6 +303,43 @@ class LogManager:
             self._view.update_state(tp, state, result.revision)
         await self._delete_aborted_indexes(owned, dropped)
         return state.log_start_offset
+
+    async def commit_cleaned(
+        self, owned: OwnedPartition, cleaned: Cleaned, was: Cleaned | None
+    ) -> bool:
+        """Commit a compaction pass (``docs/compaction.md``): the state's ``cleaned`` becomes
+        ``cleaned``, fenced as a flush commit is (lease and state revision) and ordered with
+        flush commits under their lock. False (nothing committed) when the partition was given
+        up, re-acquired at another epoch or cleaned by someone else since the pass began (its
+        objects, under its own epoch's prefix, are then orphans the next pass deletes)."""
+        async with self._flusher.commit_lock:
+            if (
+                self.owned.get(owned.tp) is not owned
+                or owned.failed
+                or owned.epoch != cleaned.epoch
+                or owned.state.cleaned != was
+            ):
+                return False
+            state = replace(owned.state, cleaned=cleaned)
+            lease_key = keys.partition_lease_key(self._cluster, owned.topic, owned.partition)
+            state_key = keys.partition_state_key(self._cluster, owned.topic, owned.partition)
+            compares = [
+                value_is(lease_key, str(self.broker_id).encode()),
+                create_revision_is(lease_key, owned.lease_revision),
+                mod_revision_is(state_key, owned.state_revision),
+            ]
+            try:
+                result = await self._etcd.txn(compares, [put_op(state_key, state.to_json())])
+            except MetadataUnavailable as exc:
+                log.warning("compaction commit of %s-%d: %s", *owned.tp, exc)
+                return False
+            if not result.succeeded:
+                self._abandon(owned, NotLeader("lease lost"), [])
+                return False
+            owned.state = state
+            owned.state_revision = result.revision
+            self._view.update_state(owned.tp, state, result.revision)
+            return True
 
     async def _delete_aborted_indexes(
         self, owned: OwnedPartition, dropped: list[TxnIndexRef]

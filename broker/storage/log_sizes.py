@@ -23,7 +23,7 @@ from pathlib import Path
 
 from kafscale.broker.config import StorageKind, StorageSettings
 from kafscale.broker.metadata import keys
-from kafscale.broker.metadata.partition_state import PartitionState
+from kafscale.broker.metadata.partition_state import Cleaned, PartitionState
 from kafscale.broker.storage.object_store import ObjectStore
 from kafscale.broker.storage.partition_log import OwnedPartition
 from kafscale.broker.storage.reader import committed_objects
@@ -63,12 +63,20 @@ def catch_up_from_state(blocks: SizeBlocks, state: PartitionState) -> bool:
     segments before the one holding it are not counted)."""
     if blocks.listed_below >= state.high_watermark:
         return True
-    segments = state.segments
-    if not segments or segments[0].base > max(blocks.listed_below, state.log_start_offset):
+    upto = state.cleaned.upto if state.cleaned is not None else 0
+    segments = [s for s in state.segments if s.base >= upto]  # below: superseded
+    if not segments or segments[0].base > max(blocks.listed_below, plain_floor(state)):
         return False
     blocks.add((s.base, s.size) for s in segments)
     blocks.listed_below = state.high_watermark
     return True
+
+
+def plain_floor(state: PartitionState) -> int:
+    """Where the plain segments counted start: the log start, or for a compacted partition the
+    cleaned range's end (below it the cleaned objects are counted instead)."""
+    cleaned = state.cleaned.upto if state.cleaned is not None else 0
+    return max(state.log_start_offset, cleaned)
 
 
 async def committed_pages(
@@ -98,6 +106,9 @@ class LogSizes:
         self._store = store
         self._block_segments = block_segments
         self._blocks: dict[TopicPartition, SizeBlocks] = {}
+        # Per compacted partition, the bytes of its committed generation of cleaned objects.
+        self._cleaned: dict[TopicPartition, tuple[Cleaned, int]] = {}
+        self._counted_for: dict[TopicPartition, Cleaned | None] = {}  # the blocks' pass
 
     async def size_of(self, owned: OwnedPartition) -> int:
         """The partition's kept committed bytes (raises ObjectStoreError if a listing fails)."""
@@ -106,21 +117,48 @@ class LogSizes:
             self._cluster, owned.topic, owned.topic_id, owned.partition
         )
         blocks = self._blocks.get(owned.tp)
-        if blocks is None or (blocks.prefix, blocks.epoch) != (prefix, owned.epoch):
+        cleaned_bytes = await self._cleaned_bytes(owned, state)
+        if (
+            blocks is None
+            or (blocks.prefix, blocks.epoch) != (prefix, owned.epoch)
+            or self._counted_for.get(owned.tp) != state.cleaned
+        ):
+            # A pass superseded counted segments: count the plain ones above it afresh.
             blocks = SizeBlocks(prefix, owned.epoch, self._block_segments)
+            blocks.listed_below = state.cleaned.upto if state.cleaned is not None else 0
         if not catch_up_from_state(blocks, state):
             async for page in self._listed(prefix, state, blocks.listed_below, None):
                 blocks.add(page)
             blocks.listed_below = max(blocks.listed_below, state.high_watermark)
-        wanted = blocks.trim(state.log_start_offset)
+        wanted = blocks.trim(plain_floor(state))
         if wanted is not None:
             front: list[tuple[int, int]] = []
             async for page in self._listed(prefix, state, *wanted):
                 front += page
             blocks.fill_first(front)
-            blocks.trim(state.log_start_offset)
+            blocks.trim(plain_floor(state))
         self._blocks[owned.tp] = blocks  # only once counted: a failed listing starts again
-        return blocks.total
+        self._counted_for[owned.tp] = state.cleaned
+        return blocks.total + cleaned_bytes
+
+    async def _cleaned_bytes(self, owned: OwnedPartition, state: PartitionState) -> int:
+        """The committed cleaned objects' bytes (one listing of their prefix per pass)."""
+        if state.cleaned is None:
+            return 0
+        known = self._cleaned.get(owned.tp)
+        if known is not None and known[0] == state.cleaned:
+            return known[1]
+        prefix = keys.cleaned_pass_prefix(
+            self._cluster,
+            owned.topic,
+            owned.topic_id,
+            owned.partition,
+            state.cleaned.generation,
+            state.cleaned.epoch,
+        )
+        total = sum(info.size for info in await self._store.list(prefix))
+        self._cleaned[owned.tp] = (state.cleaned, total)
+        return total
 
     def _listed(
         self, prefix: str, state: PartitionState, start: int, end: int | None
@@ -131,3 +169,7 @@ class LogSizes:
         """Forget the counts of partitions no longer owned here."""
         for tp in [tp for tp in self._blocks if tp not in owned]:
             del self._blocks[tp]
+        for tp in [tp for tp in self._cleaned if tp not in owned]:
+            del self._cleaned[tp]
+        for tp in [tp for tp in self._counted_for if tp not in owned]:
+            del self._counted_for[tp]

@@ -24,6 +24,7 @@ import crc32c
 from kafscale.broker.metadata import keys
 from kafscale.broker.metadata.partition_state import (
     AbortedTxn,
+    Cleaned,
     PartitionState,
     is_committed_segment,
     time_scan_start,
@@ -71,6 +72,11 @@ class SegmentLocation:
     size: int
     recent: bool
     end: int = -1
+    generation: int = -1  # a cleaned object of this compaction generation (-1: a plain segment)
+
+    @property
+    def cleaned(self) -> bool:
+        return self.generation >= 0
 
 
 @dataclass(slots=True)
@@ -108,6 +114,10 @@ class LogReader:
         self._listings: OrderedDict[tuple[str, str, int], _Listing] = OrderedDict()
         self._list_page = list_page
         self._prefetching: dict[str, asyncio.Task[None]] = {}
+        # Per compacted partition, its committed generation's cleaned objects, as listed.
+        self._cleaned: OrderedDict[tuple[str, str, int], tuple[Cleaned, list[SegmentLocation]]] = (
+            OrderedDict()
+        )
 
     async def close(self) -> None:
         for task in self._prefetching.values():
@@ -147,6 +157,11 @@ class LogReader:
                 parts = await self._read_wave(
                     topic, topic_id, partition, wave, offset, budget, min_one
                 )
+            if not parts and wave[0].cleaned:
+                # Every record from ``offset`` to the end of this cleaned object was cleaned
+                # away: go on at the next one (a consumer never stalls below the HW).
+                offset = wave[0].end
+                continue
             if not parts:
                 break
             chunks.extend(parts)
@@ -231,9 +246,7 @@ class LogReader:
         location = self._known_location(topic, topic_id, partition, state, offset)
         if location is None or location.size > WHOLE_READ_MAX_BYTES:
             return
-        key = keys.segment_object_key(
-            self._cluster, topic, topic_id, partition, location.base, location.epoch
-        )
+        key = self._object_key(topic, topic_id, partition, location)
         if key in self._prefetching or self._cache.get(key) is not None:
             return
         task = asyncio.create_task(self._prefetch(key), name=f"prefetch {key}")
@@ -246,9 +259,79 @@ class LogReader:
         except StorageFailure as exc:
             log.debug("prefetch of %s failed: %s", key, exc)
 
+    def _object_key(
+        self, topic: str, topic_id: str, partition: int, location: SegmentLocation
+    ) -> str:
+        if location.cleaned:
+            prefix = keys.cleaned_pass_prefix(
+                self._cluster, topic, topic_id, partition, location.generation, location.epoch
+            )
+            return keys.cleaned_object_key(prefix, location.base)
+        key: str = keys.segment_object_key(
+            self._cluster, topic, topic_id, partition, location.base, location.epoch
+        )
+        return key
+
+    async def _cleaned_location(
+        self, topic: str, topic_id: str, partition: int, state: PartitionState, offset: int
+    ) -> SegmentLocation:
+        """The cleaned object holding ``offset`` (below the state's ``cleaned.upto``), from a
+        listing of its generation's prefix (small: about one object per ``segment.bytes`` of
+        cleaned data), kept per generation."""
+        assert state.cleaned is not None
+        found = self._known_cleaned(topic, topic_id, partition, state, offset)
+        if found is not None:
+            return found
+        cleaned = state.cleaned
+        prefix = keys.cleaned_pass_prefix(
+            self._cluster, topic, topic_id, partition, cleaned.generation, cleaned.epoch
+        )
+        listed: list[ObjectInfo] = []
+        while True:
+            try:
+                page = await self._store.list(
+                    prefix, start_after=listed[-1].key if listed else None, limit=self._list_page
+                )
+            except ObjectStoreError as exc:
+                raise StorageFailure(str(exc)) from exc
+            listed += page
+            if len(page) < self._list_page:
+                break
+        objects = sorted(
+            (int(info.key[len(prefix) : -4]), info.size)
+            for info in listed
+            if info.key.endswith(".kfs") and info.key[len(prefix) : -4].isdigit()
+        )
+        ends = [base for base, _ in objects[1:]] + [cleaned.upto]
+        self._cleaned[(topic, topic_id, partition)] = (
+            cleaned,
+            [
+                SegmentLocation(base, cleaned.epoch, size, False, end, cleaned.generation)
+                for (base, size), end in zip(objects, ends, strict=True)
+                if base < cleaned.upto
+            ],
+        )
+        found = self._known_cleaned(topic, topic_id, partition, state, offset)
+        if found is None:
+            raise StorageFailure(f"no cleaned object of {topic}-{partition} holds offset {offset}")
+        return found
+
+    def _known_cleaned(
+        self, topic: str, topic_id: str, partition: int, state: PartitionState, offset: int
+    ) -> SegmentLocation | None:
+        known = self._cleaned.get((topic, topic_id, partition))
+        if known is None or known[0] != state.cleaned:
+            return None
+        for location in known[1]:
+            if location.base <= offset < location.end:
+                return location
+        return None
+
     def _known_location(
         self, topic: str, topic_id: str, partition: int, state: PartitionState, offset: int
     ) -> SegmentLocation | None:
+        if state.cleaned is not None and offset < state.cleaned.upto:
+            return self._known_cleaned(topic, topic_id, partition, state, offset)
         recent = _recent_location(state, offset)
         if recent is not None:
             return recent
@@ -258,6 +341,8 @@ class LogReader:
     async def _locate(
         self, topic: str, topic_id: str, partition: int, state: PartitionState, offset: int
     ) -> SegmentLocation:
+        if state.cleaned is not None and offset < state.cleaned.upto:
+            return await self._cleaned_location(topic, topic_id, partition, state, offset)
         recent = _recent_location(state, offset)
         if recent is not None:
             return recent
@@ -319,15 +404,15 @@ class LogReader:
         max_bytes: int,
         first: bool,
     ) -> bytes | memoryview:
-        segment_key = keys.segment_object_key(
-            self._cluster, topic, topic_id, partition, location.base, location.epoch
-        )
+        segment_key = self._object_key(topic, topic_id, partition, location)
         prefetch = self._prefetching.get(segment_key)
         if prefetch is not None:
             await asyncio.shield(prefetch)
         body = self._cache.get(segment_key)
         METRICS.cache_lookup(hit=body is not None)
-        if body is None and (location.recent or location.size <= WHOLE_READ_MAX_BYTES):
+        if body is None and (
+            location.recent or location.cleaned or location.size <= WHOLE_READ_MAX_BYTES
+        ):
             # Consumers read on: one GET of the segment serves the fetches that follow.
             body = await self._get_whole(segment_key)
         if body is not None:
@@ -486,6 +571,8 @@ class LogReader:
     def forget(self, topic: str) -> None:
         for key in [k for k in self._listings if k[0] == topic]:
             del self._listings[key]
+        for cleaned_key in [k for k in self._cleaned if k[0] == topic]:
+            del self._cleaned[cleaned_key]
 
 
 def committed_objects(
@@ -509,8 +596,9 @@ def _committed_locations(objects: list[ObjectInfo], state: PartitionState) -> li
 
 
 def _recent_location(state: PartitionState, offset: int) -> SegmentLocation | None:
+    upto = state.cleaned.upto if state.cleaned is not None else 0
     for ref in reversed(state.segments):
-        if ref.base <= offset <= ref.last:
+        if ref.base <= offset <= ref.last and ref.base >= upto:
             return SegmentLocation(ref.base, ref.epoch, ref.size, recent=True, end=ref.last + 1)
     return None
 

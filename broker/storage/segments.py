@@ -224,6 +224,40 @@ def encode_segment(
     )
 
 
+def encode_range_segment(
+    body: Buffer, base_offset: int, last_offset: int, created_at_ms: int, index_interval_bytes: int
+) -> EncodedSegment:
+    """A cleaned object (log compaction): the batches in ``body`` (possibly none: every record
+    of the range was cleaned away) stamped with the offset range [base_offset, last_offset] the
+    object covers, which its batches need not start or end. Consecutive cleaned objects tile
+    the cleaned offsets with no hole, so a reader knows every offset's object."""
+    infos = []
+    position = 0
+    while position < len(body):
+        info = read_batch_info(body, position)
+        infos.append(info)
+        position += info.size
+    _check_increasing(infos)
+    if infos and (infos[0].base_offset < base_offset or infos[-1].last_offset > last_offset):
+        raise ValueError("batches outside the cleaned object's offset range")
+    segment = bytearray(SEGMENT_HEADER_SIZE + len(body) + SEGMENT_FOOTER_SIZE)
+    record_count = sum(info.record_count for info in infos)
+    _HEADER.pack_into(
+        segment, 0, SEGMENT_MAGIC, SEGMENT_VERSION, 0, base_offset, record_count, created_at_ms, 0
+    )
+    segment[SEGMENT_HEADER_SIZE : SEGMENT_HEADER_SIZE + len(body)] = body
+    crc = crc32c.crc32c(memoryview(segment)[SEGMENT_HEADER_SIZE : SEGMENT_HEADER_SIZE + len(body)])
+    _FOOTER.pack_into(segment, SEGMENT_HEADER_SIZE + len(body), crc, last_offset, FOOTER_MAGIC)
+    entries = _index_entries(infos, index_interval_bytes)
+    return EncodedSegment(
+        segment=segment,
+        index=encode_index(entries, index_interval_bytes),
+        base_offset=base_offset,
+        last_offset=last_offset,
+        record_count=record_count,
+    )
+
+
 def _assigned(info: BatchInfo, base_offset: int) -> BatchInfo:
     return BatchInfo(
         base_offset, base_offset + info.last_offset - info.base_offset, info.record_count, info.size
