@@ -141,6 +141,24 @@ def stale_cleaned_keys(listed: Sequence[ObjectInfo], root: str, kept: Cleaned) -
     return doomed
 
 
+def next_generation(state: PartitionState, epoch: int, burned: tuple[int, int] | None) -> int:
+    """The generation a pass at leader ``epoch`` writes: the committed one + 1, or above every
+    generation an earlier pass at this epoch wrote (``burned``: (epoch, lowest unused)).
+
+    A pass that uploaded objects and then failed leaves them under its prefix: its commit may
+    be unanswered rather than refused, so they may be the state's, and nothing may delete or
+    overwrite them (a late PUT of the first attempt could land over the second). Writing that
+    prefix again met them (a conditional PUT refused: ObjectAlreadyExists), and every later
+    pass at that epoch did too, so the partition was never cleaned again while its owner lived.
+    Generations need not be consecutive: readers take the prefix from the state, and the
+    skipped generation's objects are older than the next committed one, so its delayed delete
+    takes them (``stale_cleaned_keys``)."""
+    generation = state.cleaned.generation + 1 if state.cleaned is not None else 0
+    if burned is not None and burned[0] == epoch:
+        generation = max(generation, burned[1])
+    return generation
+
+
 class Cleaner:
     def __init__(
         self,
@@ -160,6 +178,9 @@ class Cleaner:
         self._cache = cache
         self._broker_defaults = broker_defaults
         self._created_at: dict[str, int] = {}
+        # Per partition, (epoch, the lowest generation no pass of this process has written at
+        # that epoch): see ``next_generation``.
+        self._burned: dict[tuple[str, str, int], tuple[int, int]] = {}
         self._deletes: set[asyncio.Task[None]] = set()
 
     async def run(self, interval_s: float) -> None:
@@ -227,7 +248,10 @@ class Cleaner:
             self._store, self._cache, self._cluster, where, state, inputs[0].base, dirty_end
         )
         offset_map, inputs = await self._index(inputs, len(live), aborted)
-        generation = state.cleaned.generation + 1 if state.cleaned is not None else 0
+        generation = next_generation(state, owned.epoch, self._burned.get(where))
+        # Burned before the first PUT: whatever happens to this pass (an upload or its commit
+        # unanswered, leftovers met), the next one writes under a prefix of its own.
+        self._burned[where] = (owned.epoch, generation + 1)
         upto = inputs[-1].end
         result_cleaned = Cleaned(upto, generation, owned.epoch)
         prefix = keys.cleaned_pass_prefix(self._cluster, *where, generation, owned.epoch)
