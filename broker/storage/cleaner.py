@@ -104,6 +104,8 @@ def cleaned_inputs(
 def plain_inputs(state: PartitionState, listed: Sequence[ObjectInfo]) -> list[Input]:
     """The committed plain segments (above the cleaned range), oldest first, with their ends."""
     found = committed_objects(state, list(listed))
+    if not found:  # nothing written yet (or nothing above the cleaned range)
+        return []
     ends = [base for base, _, _ in found[1:]] + [state.high_watermark]
     return [
         Input(info.key, base, end, info.size)

@@ -132,6 +132,12 @@ def test_a_delayed_delete_never_touches_a_newer_pass() -> None:
     assert doomed == [at(0, 1).key, at(2, 0).key]
 
 
+def test_a_partition_with_no_segment_has_no_input() -> None:
+    """An empty partition (a compacted topic nothing was written to yet): the cleaner logged a
+    ValueError traceback for it every interval (seen in test_compaction_faults.py's logs)."""
+    assert plain_inputs(PartitionState(), []) == []
+
+
 def test_a_pass_never_writes_a_generation_an_earlier_pass_at_its_epoch_wrote() -> None:
     """A failed pass's objects stay (its commit may have landed); the next pass at the same
     epoch skips its generation instead of meeting them (test_compaction_faults.py)."""
