@@ -46,6 +46,7 @@ from harness.compaction_faults import (
     latest_acked,
     tiling_gaps,
 )
+from harness.kafka_wire import KafkaWire, fetch_body, fetch_partition
 from harness.s3 import S3Endpoint
 from harness.tcp_relay import TcpRelay
 
@@ -57,6 +58,8 @@ from kafscale.broker.metadata.partition_state import PartitionState
 from kafscale.broker.storage.segments import decode_segment
 
 pytestmark = pytest.mark.integration
+
+FETCH = 1
 
 CLEANER_ENV = {
     "KAFSCALE_LOG__CLEANER_INTERVAL_S": "0.3",
@@ -155,6 +158,40 @@ def test_leftovers_of_a_failed_pass_at_the_owners_epoch_do_not_stop_its_later_pa
     assert after.leader_epoch == state.leader_epoch  # the same owner: no handoff helped
     # The leftover's generation is older than the committed one: the pass's delete takes it.
     eventually(lambda: leftover not in broker_cluster.object_keys(prefix), "the leftover deleted")
+
+
+def test_a_fetch_a_non_owner_serves_while_etcd_is_away_gets_a_retriable_error(
+    etcd_server_private: EmbeddedEtcd, s3_server: S3Endpoint, tmp_path: Path
+) -> None:
+    """Found in the campaign's broker logs: a non-owner serving a Fetch at the end of the log
+    reads the partition state from etcd (``fresh_state``); with etcd paused that raised
+    MetadataUnavailable out of the handler, so the whole request failed (logged with a
+    traceback, UNKNOWN_SERVER_ERROR). It gets REQUEST_TIMED_OUT (7) for that partition, a
+    retriable code, as every other etcd-backed handler answers an outage."""
+    cluster = new_cluster(
+        etcd_server_private.client_url, s3_server, tmp_path, "fe",
+        extra_env={"KAFSCALE_ETCD__TIMEOUT_S": "1"},
+    )  # fmt: skip
+    try:
+        first, second = cluster.start(), cluster.start()
+        create_compacted(first.bootstrap, "plain", 1, **{"cleanup.policy": "delete"})
+        producer = Producer({"bootstrap.servers": first.bootstrap})
+        producer.produce("plain", key=b"k", value=b"v", partition=0)
+        assert producer.flush(15) == 0
+        owner = eventually(lambda: [b for b in (first, second) if b.owned()], "an owner")[0]
+        other = second if owner is first else first
+        assert etcd_server_private.pid is not None
+        with KafkaWire(other.bootstrap) as wire:
+            wire.request(FETCH, 12, fetch_body("plain", 0, 0))  # connected, topic known
+            os.kill(etcd_server_private.pid, signal.SIGSTOP)
+            try:
+                response = wire.request(FETCH, 12, fetch_body("plain", 0, 1))
+            finally:
+                os.kill(etcd_server_private.pid, signal.SIGCONT)
+        assert response.error_code == 0
+        assert fetch_partition(response).error_code == 7  # REQUEST_TIMED_OUT
+    finally:
+        cluster.stop_all()
 
 
 # --- the fault campaign --------------------------------------------------------------------------
