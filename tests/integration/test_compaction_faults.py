@@ -207,8 +207,14 @@ CAMPAIGN_ENV = {
     "KAFSCALE_LOG__SEGMENT_BYTES": "4096",  # cleaned objects of ~4 KiB: many per pass
     "KAFSCALE_LOG_LEVEL": "WARNING",
 }
-# An unreachable broker, a lost connection: librdkafka says so and goes on by itself.
-TRANSIENT = {KafkaError._TRANSPORT, KafkaError._ALL_BROKERS_DOWN, KafkaError._RESOLVE}
+# An unreachable broker, a lost connection, a Fetch while etcd is paused (REQUEST_TIMED_OUT,
+# retriable): librdkafka says so and goes on by itself. An offset out of range is not here.
+TRANSIENT = {
+    KafkaError._TRANSPORT,
+    KafkaError._ALL_BROKERS_DOWN,
+    KafkaError._RESOLVE,
+    KafkaError.REQUEST_TIMED_OUT,
+}
 
 
 @dataclass
