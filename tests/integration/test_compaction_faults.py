@@ -201,6 +201,7 @@ PARTITIONS = 3
 PRODUCERS = 3
 KEYS_PER_PRODUCER = 300  # ~70 bytes a record: ~60 KB kept, cleaned objects of ~4 KiB
 FAULT_KINDS = ("kill", "stop", "etcd", "store")
+ROUNDS = int(os.environ.get("KAFSCALE_FAULT_ROUNDS", "6"))  # faults: more for a local soak
 CAMPAIGN_ENV = {
     **CLEANER_ENV,
     "KAFSCALE_ETCD__TIMEOUT_S": "2",
@@ -447,10 +448,11 @@ def cleaned_tiling(cluster: BrokerCluster, check: StoreCheck, state: PartitionSt
     return tiling_gaps(ranges, state.log_start_offset, state.cleaned.upto)
 
 
+@pytest.mark.timeout(300 + 40 * ROUNDS)  # a broker restart can take a minute on a loaded machine
 def test_a_fault_campaign_keeps_every_keys_latest_acked_value(
     etcd_server_private: EmbeddedEtcd, s3_server: S3Endpoint, tmp_path: Path
 ) -> None:
-    rounds = int(os.environ.get("KAFSCALE_FAULT_ROUNDS", "6"))
+    rounds = ROUNDS
     store = TcpRelay("127.0.0.1", _port(s3_server))
     relayed = replace(s3_server, url=store.url)
     cluster = new_cluster(etcd_server_private.client_url, relayed, tmp_path, "cf")
