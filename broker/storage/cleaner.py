@@ -227,7 +227,9 @@ class Cleaner:
             self._store, self._cache, self._cluster, where, state, inputs[0].base, dirty_end
         )
         offset_map, inputs = await self._index(inputs, len(live), aborted)
-        generation = state.cleaned.generation + 1 if state.cleaned is not None else 0
+        generation = await self._free_generation(
+            where, state.cleaned.generation + 1 if state.cleaned is not None else 0, owned.epoch
+        )
         upto = inputs[-1].end
         result_cleaned = Cleaned(upto, generation, owned.epoch)
         prefix = keys.cleaned_pass_prefix(self._cluster, *where, generation, owned.epoch)
@@ -257,6 +259,24 @@ class Cleaner:
             self._cluster, *where, state.cleaned.generation, state.cleaned.epoch
         )
         return cleaned_inputs(state, await self._list(prefix), prefix)
+
+    async def _free_generation(
+        self, where: tuple[str, str, int], generation: int, epoch: int
+    ) -> int:
+        """The first generation from ``generation`` whose prefix at ``epoch`` holds nothing.
+
+        A pass that failed after an upload (an input gone or a GET that failed, a PUT or its
+        etcd commit unanswered) leaves objects under its prefix while the epoch stays: the
+        next pass at the same generation would meet them (its conditional PUTs refused, the
+        partition never cleaned again) or mix with them (readers list the prefix). Those
+        objects are never committed state (a commit that was applied after all moved
+        ``state_revision``, so the new pass's commit is fenced), and the delayed delete of
+        the next committed pass takes them as older generations of its epoch."""
+        while await self._store.list(
+            keys.cleaned_pass_prefix(self._cluster, *where, generation, epoch), limit=1
+        ):
+            generation += 1
+        return generation
 
     async def _list(self, prefix: str) -> list[ObjectInfo]:
         found: list[ObjectInfo] = []

@@ -1,0 +1,129 @@
+"""The cleaner's passes on a real local-directory store (``storage.cleaner``): what a pass that
+failed part-way leaves behind must not stop or corrupt the passes after it.
+
+The etcd commit is a small stand-in here (``Manager``: the integration tests in
+``tests/integration/test_log_cleaner.py`` commit through etcd); it can refuse a commit the way
+``LogManager.commit_cleaned`` does when etcd does not answer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+from harness.compaction_batches import read_with_kafka_python
+
+from kafscale.broker.config import LogSettings
+from kafscale.broker.metadata import keys
+from kafscale.broker.metadata.cluster import TopicInfo
+from kafscale.broker.metadata.partition_state import (
+    Cleaned,
+    PartitionState,
+    SegmentRef,
+    commit_segment,
+)
+from kafscale.broker.protocol.batch_encoder import encode_batch, encode_record
+from kafscale.broker.storage.cache import SegmentCache
+from kafscale.broker.storage.cleaner import Cleaner
+from kafscale.broker.storage.local_dir import LocalDirObjectStore
+from kafscale.broker.storage.partition_log import OwnedPartition
+from kafscale.broker.storage.segments import decode_segment, encode_segment
+
+pytestmark = pytest.mark.unit
+
+CLUSTER, TOPIC, TOPIC_ID = "c", "changelog", "0" * 32
+EPOCH = 3
+
+
+class Manager:
+    """The owned partition and a commit applied in memory; ``refuse`` commits refused first
+    (as ``LogManager.commit_cleaned`` answers when etcd did not answer)."""
+
+    def __init__(self, owned: OwnedPartition, refuse: int = 0) -> None:
+        self.owned = {owned.tp: owned}
+        self.refuse = refuse
+
+    async def commit_cleaned(self, owned: OwnedPartition, cleaned: Cleaned, was: Any) -> bool:
+        if self.refuse > 0:
+            self.refuse -= 1
+            return False
+        owned.state = replace(owned.state, cleaned=cleaned)
+        return True
+
+
+class View:
+    def __init__(self) -> None:
+        config = {"cleanup.policy": "compact", "min.cleanable.dirty.ratio": "0.01"}
+        self.topics = {TOPIC: TopicInfo(TOPIC, TOPIC_ID, 1, config)}
+
+
+async def append_segment(
+    store: LocalDirObjectStore, owned: OwnedPartition, records: list[tuple[bytes, bytes]]
+) -> None:
+    base = owned.state.high_watermark
+    body = b"".join(encode_record(i, 0, k, v) for i, (k, v) in enumerate(records))
+    batch = encode_batch(body, len(records), base_timestamp=1, max_timestamp=1, base_offset=base)
+    data = encode_segment([batch], int(time.time() * 1000), 4096).segment
+    await store.put(keys.segment_object_key(CLUSTER, TOPIC, TOPIC_ID, 0, base, EPOCH), data)
+    ref = SegmentRef(base, base + len(records) - 1, EPOCH, len(data), 1)
+    owned.state = commit_segment(owned.state, ref, {})
+
+
+def new_partition() -> OwnedPartition:
+    state = PartitionState(leader_epoch=EPOCH, epochs=((EPOCH, 0),))
+    return OwnedPartition(TOPIC, 0, TOPIC_ID, state, 1, 1)
+
+
+async def cleaned_records(store: LocalDirObjectStore, cleaned: Cleaned) -> list[tuple[int, bytes]]:
+    """Offsets and keys in the committed generation's objects, read as a broker reader does."""
+    prefix = keys.cleaned_pass_prefix(
+        CLUSTER, TOPIC, TOPIC_ID, 0, cleaned.generation, cleaned.epoch
+    )
+    found = []
+    for info in await store.list(prefix):
+        body = decode_segment(await store.get(info.key)).body
+        for _, records in read_with_kafka_python(bytes(body)):
+            found += [(r.offset, r.key or b"") for r in records]
+    return found
+
+
+async def test_a_pass_after_one_whose_commit_went_unanswered_commits(tmp_path: Path) -> None:
+    """Fails on the old main: the second pass had the first one's generation and epoch, its
+    conditional PUT met the first one's object and every later pass failed the same way."""
+    store = LocalDirObjectStore(tmp_path)
+    owned = new_partition()
+    for round_ in range(3):
+        await append_segment(store, owned, [(b"k%d" % k, b"v%d" % round_) for k in range(3)])
+    manager = Manager(owned, refuse=1)
+    cleaner = Cleaner(
+        LogSettings(cleaner_delete_delay_s=0),
+        CLUSTER,
+        manager,  # type: ignore[arg-type]
+        View(),  # type: ignore[arg-type]
+        store,
+        SegmentCache(0),
+        {},
+    )
+    try:
+        assert await cleaner.clean_partition(owned, int(time.time() * 1000)) is None
+        result = await cleaner.clean_partition(owned, int(time.time() * 1000))
+        assert result is not None
+        assert owned.state.cleaned == result.cleaned
+        assert result.cleaned.upto == 6
+        # Each key's latest below upto, once: nothing of the refused pass's objects mixed in.
+        assert await cleaned_records(store, result.cleaned) == [(3, b"k0"), (4, b"k1"), (5, b"k2")]
+        # The refused pass's objects are deleted with the superseded segments.
+        refused = keys.cleaned_pass_prefix(CLUSTER, TOPIC, TOPIC_ID, 0, 0, EPOCH)
+        for _ in range(600):  # the delete runs in a task of its own
+            if not await store.list(refused):
+                break
+            await asyncio.sleep(0.05)
+        assert await store.list(refused) == []
+        assert await cleaned_records(store, result.cleaned) == [(3, b"k0"), (4, b"k1"), (5, b"k2")]
+    finally:
+        await cleaner.close()
+        await store.close()
