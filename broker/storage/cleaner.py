@@ -37,6 +37,7 @@ from kafscale.broker.protocol.record_batch import InvalidBatch
 from kafscale.broker.storage import aborted_index, compaction
 from kafscale.broker.storage.cache import SegmentCache
 from kafscale.broker.storage.compaction_plan import (
+    NO_LAG_LIMIT_MS,
     CleanerConfig,
     PlainSegment,
     cleaner_config,
@@ -159,7 +160,11 @@ class Cleaner:
         self._store = store
         self._cache = cache
         self._broker_defaults = broker_defaults
-        self._created_at: dict[str, int] = {}
+        # Per partition, its plain segments' flush times (read only for a lag setting).
+        self._created_at: dict[tuple[str, int], dict[str, int]] = {}
+        # Per partition, the state revision, epoch and settings of its last check that found
+        # no pass due: while they stay, a pass stays not due (``_idle``), with no listing.
+        self._idle: dict[tuple[str, int], tuple[int, int, CleanerConfig]] = {}
         self._deletes: set[asyncio.Task[None]] = set()
 
     async def run(self, interval_s: float) -> None:
@@ -189,7 +194,21 @@ class Cleaner:
                 continue
             if result is not None:
                 results.append(result)
+        owned_now = self._manager.owned
+        for cache in (self._created_at, self._idle):
+            for tp in [tp for tp in cache if tp not in owned_now]:
+                del cache[tp]
         return results
+
+    def _idle_since(self, owned: OwnedPartition, config: CleanerConfig) -> bool:
+        """Whether the last check of ``owned`` found nothing due and nothing it depends on
+        changed since: no state write (a flush, DeleteRecords, retention or a pass moves the
+        state's revision), the same epoch and settings, and no lag setting (with one, time
+        alone can make a pass due). Saves the two LISTs per partition and check that an idle
+        compacted partition would otherwise cost."""
+        if config.min_lag_ms > 0 or config.max_lag_ms < NO_LAG_LIMIT_MS:
+            return False
+        return self._idle.get(owned.tp) == (owned.state_revision, owned.epoch, config)
 
     def _config(self, topic: str) -> CleanerConfig | None:
         info = self._view.topics.get(topic)
@@ -203,24 +222,25 @@ class Cleaner:
         config = self._config(owned.topic)
         if config is None or owned.failed:
             return None
+        if self._idle_since(owned, config):
+            return None
         started = time.monotonic()
-        state = owned.state
+        state, checked = owned.state, (owned.state_revision, owned.epoch, config)
         where = (owned.topic, owned.topic_id, owned.partition)
         cleaned = await self._cleaned_inputs(state, where)
         listed = await self._list(keys.partition_object_prefix(self._cluster, *where))
         plain = plain_inputs(state, listed)
-        segments = [
-            PlainSegment(i.base, i.end, i.size, await self._created_at_ms(i.key, config))
-            for i in plain
-        ]
+        segments = await self._segments(owned.tp, plain, config)
         dirty_end = plan_dirty_end(segments, state, sum(i.size for i in cleaned), now_ms, config)
         if dirty_end is None:
+            self._idle[owned.tp] = checked
             return None
         # Inputs wholly below the log start (retention of compact,delete) are left out: the
         # new generation starts at the first object still holding readable offsets.
         live = [i for i in cleaned if i.end > state.log_start_offset]
         dirty = [i for i in plain if state.log_start_offset < i.end <= dirty_end]
         if not dirty:
+            self._idle[owned.tp] = checked
             return None
         inputs = [*live, *dirty]
         aborted = await aborted_index.aborted_in_range(
@@ -288,15 +308,25 @@ class Cleaner:
             if len(page) < 1000:
                 return found
 
-    async def _created_at_ms(self, key: str, config: CleanerConfig) -> int:
+    async def _segments(
+        self, tp: tuple[str, int], plain: list[Input], config: CleanerConfig
+    ) -> list[PlainSegment]:
+        """The plain inputs with their flush times; the times cached are those of the
+        segments still listed (the cache does not grow with every segment ever cleaned)."""
+        known = self._created_at.get(tp, {})
+        times = {i.key: await self._created_at_ms(i.key, config, known) for i in plain}
+        self._created_at[tp] = times
+        return [PlainSegment(i.base, i.end, i.size, times[i.key]) for i in plain]
+
+    async def _created_at_ms(self, key: str, config: CleanerConfig, known: dict[str, int]) -> int:
         """A segment's flush time, read (a ranged GET of its header) only when a lag setting
         needs it; 0 otherwise (old enough for any decision that ignores it)."""
-        if config.min_lag_ms <= 0 and config.max_lag_ms >= 2**63 - 1:
+        if config.min_lag_ms <= 0 and config.max_lag_ms >= NO_LAG_LIMIT_MS:
             return 0
-        cached = self._created_at.get(key)
+        cached = known.get(key)
         if cached is None:
             header = await self._store.get(key, start=0, end=SEGMENT_HEADER_SIZE)
-            cached = self._created_at[key] = decode_segment_header(header).created_at_ms
+            cached = decode_segment_header(header).created_at_ms
         return cached
 
     async def _read(self, item: Input) -> tuple[memoryview, int]:

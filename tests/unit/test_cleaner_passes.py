@@ -30,6 +30,7 @@ from kafscale.broker.protocol.batch_encoder import encode_batch, encode_record
 from kafscale.broker.storage.cache import SegmentCache
 from kafscale.broker.storage.cleaner import Cleaner
 from kafscale.broker.storage.local_dir import LocalDirObjectStore
+from kafscale.broker.storage.object_store import ObjectInfo
 from kafscale.broker.storage.partition_log import OwnedPartition
 from kafscale.broker.storage.segments import decode_segment, encode_segment
 
@@ -71,6 +72,7 @@ async def append_segment(
     await store.put(keys.segment_object_key(CLUSTER, TOPIC, TOPIC_ID, 0, base, EPOCH), data)
     ref = SegmentRef(base, base + len(records) - 1, EPOCH, len(data), 1)
     owned.state = commit_segment(owned.state, ref, {})
+    owned.state_revision += 1  # as a flush commit moves it
 
 
 def new_partition() -> OwnedPartition:
@@ -91,15 +93,18 @@ async def cleaned_records(store: LocalDirObjectStore, cleaned: Cleaned) -> list[
     return found
 
 
-async def test_a_pass_after_one_whose_commit_went_unanswered_commits(tmp_path: Path) -> None:
-    """Fails on the old main: the second pass had the first one's generation and epoch, its
-    conditional PUT met the first one's object and every later pass failed the same way."""
-    store = LocalDirObjectStore(tmp_path)
-    owned = new_partition()
-    for round_ in range(3):
-        await append_segment(store, owned, [(b"k%d" % k, b"v%d" % round_) for k in range(3)])
-    manager = Manager(owned, refuse=1)
-    cleaner = Cleaner(
+class CountingStore(LocalDirObjectStore):
+    lists = 0
+
+    async def list(
+        self, prefix: str, *, start_after: str | None = None, limit: int | None = None
+    ) -> list[ObjectInfo]:
+        self.lists += 1
+        return await super().list(prefix, start_after=start_after, limit=limit)
+
+
+def new_cleaner(store: LocalDirObjectStore, manager: Manager) -> Cleaner:
+    return Cleaner(
         LogSettings(cleaner_delete_delay_s=0),
         CLUSTER,
         manager,  # type: ignore[arg-type]
@@ -108,6 +113,38 @@ async def test_a_pass_after_one_whose_commit_went_unanswered_commits(tmp_path: P
         SegmentCache(0),
         {},
     )
+
+
+async def test_an_idle_partition_costs_no_listing_until_its_state_moves(tmp_path: Path) -> None:
+    """Fails on the old main: every check listed the partition's segments and cleaned objects
+    (two LISTs per compacted partition every ``log.cleaner_interval_s``, idle or not)."""
+    store = CountingStore(tmp_path)
+    owned = new_partition()
+    await append_segment(store, owned, [(b"k", b"v0")])  # the newest: never cleaned
+    cleaner = new_cleaner(store, Manager(owned))
+    try:
+        assert await cleaner.clean_partition(owned, int(time.time() * 1000)) is None
+        listed = store.lists
+        assert listed > 0
+        for _ in range(3):
+            assert await cleaner.clean_partition(owned, int(time.time() * 1000)) is None
+        assert store.lists == listed
+        await append_segment(store, owned, [(b"k", b"v1")])  # a flush: the state moved
+        result = await cleaner.clean_partition(owned, int(time.time() * 1000))
+        assert result is not None and result.cleaned.upto == 1
+    finally:
+        await cleaner.close()
+        await store.close()
+
+
+async def test_a_pass_after_one_whose_commit_went_unanswered_commits(tmp_path: Path) -> None:
+    """Fails on the old main: the second pass had the first one's generation and epoch, its
+    conditional PUT met the first one's object and every later pass failed the same way."""
+    store = LocalDirObjectStore(tmp_path)
+    owned = new_partition()
+    for round_ in range(3):
+        await append_segment(store, owned, [(b"k%d" % k, b"v%d" % round_) for k in range(3)])
+    cleaner = new_cleaner(store, Manager(owned, refuse=1))
     try:
         assert await cleaner.clean_partition(owned, int(time.time() * 1000)) is None
         result = await cleaner.clean_partition(owned, int(time.time() * 1000))
