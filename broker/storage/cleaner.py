@@ -93,6 +93,8 @@ def cleaned_inputs(
         if name.endswith(".kfs") and name[:-4].isdigit():
             bases.append((int(name[:-4]), info))
     bases.sort(key=lambda item: item[0])
+    if not bases:  # the committed generation's objects are gone (never expected): no input
+        return []
     upto = state.cleaned.upto if state.cleaned is not None else 0
     ends = [b for b, _ in bases[1:]] + [upto]
     return [
@@ -105,6 +107,8 @@ def cleaned_inputs(
 def plain_inputs(state: PartitionState, listed: Sequence[ObjectInfo]) -> list[Input]:
     """The committed plain segments (above the cleaned range), oldest first, with their ends."""
     found = committed_objects(state, list(listed))
+    if not found:  # retention of compact,delete deleted every segment: nothing to clean
+        return []
     ends = [base for base, _, _ in found[1:]] + [state.high_watermark]
     return [
         Input(info.key, base, end, info.size)

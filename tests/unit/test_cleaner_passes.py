@@ -10,13 +10,16 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 from harness.compaction_batches import read_with_kafka_python
 
+from kafscale.broker.api.fetch import _read_records, _Wanted
 from kafscale.broker.config import LogSettings
 from kafscale.broker.metadata import keys
 from kafscale.broker.metadata.cluster import TopicInfo
@@ -27,11 +30,13 @@ from kafscale.broker.metadata.partition_state import (
     commit_segment,
 )
 from kafscale.broker.protocol.batch_encoder import encode_batch, encode_record
+from kafscale.broker.protocol.errors import ObjectGone
 from kafscale.broker.storage.cache import SegmentCache
-from kafscale.broker.storage.cleaner import Cleaner
+from kafscale.broker.storage.cleaner import Cleaner, cleaned_inputs, plain_inputs
 from kafscale.broker.storage.local_dir import LocalDirObjectStore
 from kafscale.broker.storage.object_store import ObjectInfo
 from kafscale.broker.storage.partition_log import OwnedPartition
+from kafscale.broker.storage.reader import LogReader
 from kafscale.broker.storage.segments import decode_segment, encode_segment
 
 pytestmark = pytest.mark.unit
@@ -164,3 +169,61 @@ async def test_a_pass_after_one_whose_commit_went_unanswered_commits(tmp_path: P
     finally:
         await cleaner.close()
         await store.close()
+
+
+async def test_a_fetch_from_a_state_older_than_a_pass_and_its_delete_reads_again(
+    tmp_path: Path,
+) -> None:
+    """A fetch that captured the state before a pass whose delayed delete has run finds its
+    generation gone: it reads again from the committed state (the old main answered
+    KAFKA_STORAGE_ERROR, a "no cleaned object holds offset" failure)."""
+    store = LocalDirObjectStore(tmp_path)
+    owned = new_partition()
+    for round_ in range(3):
+        await append_segment(store, owned, [(b"k%d" % k, b"v%d" % round_) for k in range(3)])
+    cleaner = new_cleaner(store, Manager(owned))
+    reader = LogReader(CLUSTER, store, SegmentCache(1 << 20))
+    try:
+        assert await cleaner.clean_partition(owned, int(time.time() * 1000)) is not None
+        before = owned.state
+        assert await reader.read(TOPIC, TOPIC_ID, 0, before, 0, 1 << 20)  # listed, cached
+        await append_segment(store, owned, [(b"k0", b"v3")])
+        assert await cleaner.clean_partition(owned, int(time.time() * 1000)) is not None
+        old = keys.cleaned_pass_prefix(CLUSTER, TOPIC, TOPIC_ID, 0, 0, EPOCH)
+        for _ in range(600):  # the delayed delete (delay 0) runs in a task of its own
+            if not await store.list(old):
+                break
+            await asyncio.sleep(0.05)
+        reader.forget(TOPIC)
+        with pytest.raises(ObjectGone):
+            await reader.read(TOPIC, TOPIC_ID, 0, before, 0, 1 << 20)
+        ctx = SimpleNamespace(broker=SimpleNamespace(reader=reader, fresh_state=fresh(owned)))
+        wanted = _Wanted(TOPIC, View().topics[TOPIC], 0, 0, 1 << 20, -1)
+        info = View().topics[TOPIC]
+        records, state = await _read_records(wanted, info, before, ctx, 1 << 20, True)  # type: ignore[arg-type]
+        assert state == owned.state
+        read = [(r.offset, r.key) for _, rs in read_with_kafka_python(records) for r in rs]
+        assert read == [(6, b"k0"), (7, b"k1"), (8, b"k2"), (9, b"k0")]
+    finally:
+        await reader.close()
+        await cleaner.close()
+        await store.close()
+
+
+def fresh(owned: OwnedPartition) -> Callable[[tuple[str, int]], Awaitable[PartitionState]]:
+    async def committed(tp: tuple[str, int]) -> PartitionState:
+        return owned.state
+
+    return committed
+
+
+def test_no_listed_object_means_no_input_not_a_crash() -> None:
+    """Fails on the old main (ValueError from a strict zip, logged with a traceback at every
+    check): a compact,delete partition whose retention deleted every segment (log start at the
+    high watermark), and a committed generation whose objects cannot be listed."""
+    state = PartitionState(
+        high_watermark=10, log_start_offset=10, leader_epoch=EPOCH, epochs=((EPOCH, 0),)
+    )
+    assert plain_inputs(state, []) == []
+    cleaned = replace(state, cleaned=Cleaned(6, 0, EPOCH))
+    assert cleaned_inputs(cleaned, [], "prefix/") == []
