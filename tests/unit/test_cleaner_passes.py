@@ -27,13 +27,16 @@ from kafscale.broker.metadata.partition_state import (
     Cleaned,
     PartitionState,
     SegmentRef,
+    advance_log_start,
     commit_segment,
 )
 from kafscale.broker.protocol.batch_encoder import encode_batch, encode_record
 from kafscale.broker.protocol.errors import ObjectGone
 from kafscale.broker.storage.cache import SegmentCache
 from kafscale.broker.storage.cleaner import Cleaner, cleaned_inputs, plain_inputs
+from kafscale.broker.storage.janitor import Janitor
 from kafscale.broker.storage.local_dir import LocalDirObjectStore
+from kafscale.broker.storage.log_sizes import LogSizes
 from kafscale.broker.storage.object_store import ObjectInfo
 from kafscale.broker.storage.partition_log import OwnedPartition
 from kafscale.broker.storage.reader import LogReader
@@ -227,3 +230,58 @@ def test_no_listed_object_means_no_input_not_a_crash() -> None:
     assert plain_inputs(state, []) == []
     cleaned = replace(state, cleaned=Cleaned(6, 0, EPOCH))
     assert cleaned_inputs(cleaned, [], "prefix/") == []
+
+
+class RecordsManager(Manager):
+    async def delete_records(self, tp: tuple[str, int], offset: int) -> int:
+        owned = self.owned[tp]
+        owned.state = advance_log_start(owned.state, offset)
+        owned.state_revision += 1
+        return owned.state.log_start_offset
+
+
+async def test_cleaned_objects_below_the_log_start_are_deleted_without_a_pass(
+    tmp_path: Path,
+) -> None:
+    """Fails on the old main: DeleteRecords (or retention of compact,delete) moving the log
+    start past cleaned objects left them stored (and counted by DescribeLogDirs) until a later
+    pass, which a partition that gets no more writes never runs."""
+    store = CountingStore(tmp_path)
+    owned = new_partition()
+    for round_ in range(3):  # distinct keys: each cleaned input is an object of its own
+        await append_segment(
+            store, owned, [(b"r%dk%d" % (round_, k), b"v" * 500) for k in range(3)]
+        )
+    manager = RecordsManager(owned)
+    cleaner = Cleaner(
+        LogSettings(cleaner_delete_delay_s=0, segment_bytes=1024),
+        CLUSTER,
+        manager,  # type: ignore[arg-type]
+        View(),  # type: ignore[arg-type]
+        store,
+        SegmentCache(0),
+        {},
+    )
+    janitor = Janitor(CLUSTER, manager, View(), store, {})  # type: ignore[arg-type]
+    sizes = LogSizes(CLUSTER, store)
+    try:
+        result = await cleaner.clean_partition(owned, int(time.time() * 1000))
+        assert result is not None and result.cleaned.upto == 6
+        prefix = keys.cleaned_pass_prefix(CLUSTER, TOPIC, TOPIC_ID, 0, 0, EPOCH)
+        first, second = [info.key for info in await store.list(prefix)]
+        size_before = await sizes.size_of(owned)
+        await manager.delete_records(owned.tp, 4)  # inside the second cleaned object
+        await janitor.sweep(int(time.time() * 1000))
+        assert [info.key for info in await store.list(prefix)] == [second]
+        assert await sizes.size_of(owned) < size_before
+        reader = LogReader(CLUSTER, store, SegmentCache(0))
+        records = await reader.read(TOPIC, TOPIC_ID, 0, owned.state, 4, 1 << 20)
+        read = [r.offset for _, rs in read_with_kafka_python(records) for r in rs]
+        assert read[0] <= 4 and read[-1] == 8  # from the object holding the log start on
+        assert first not in [info.key for info in await store.list(prefix)]
+        lists = store.lists
+        await janitor.sweep(int(time.time() * 1000))  # nothing moved: no listing of them
+        assert store.lists - lists <= 1  # the partition's own segment listing only
+    finally:
+        await cleaner.close()
+        await store.close()
