@@ -238,6 +238,8 @@ class Janitor:
                 committed
             )
         ledger = await self._ledger(owned, prefix, state, retention_bytes >= 0)
+        if owned.state.cleaned != state.cleaned:
+            return  # a pass committed while we listed: what we listed may be gone; next check
         hw, start = state.high_watermark, state.log_start_offset
         new_start = decide_log_start(committed, hw, start, now_ms, retention_ms, -1)
         if ledger is not None:  # retention.bytes: the later of the two cuts (``size_ledger``)
