@@ -190,24 +190,31 @@ def record_timestamps(batch: bytes | memoryview) -> list[tuple[int, int]]:
 
 
 def has_null_key(batch: bytes | memoryview) -> bool:
-    """Whether some record of the batch has no key (decompressing as needed): a compacted
-    topic refuses those. InvalidBatch if the records cannot be read."""
+    """Whether some record of the batch has no key: a compacted topic refuses those."""
+    return bool(null_key_indexes(batch))
+
+
+def null_key_indexes(batch: bytes | memoryview) -> list[int]:
+    """The indexes (in the batch) of its records without a key, decompressing as needed: Kafka
+    names each in the produce response's ``record_errors``. InvalidBatch if the records cannot
+    be read."""
     header = read_header(batch)
     body = decompress(header.compression, bytes(batch[HEADER_SIZE : header.size]))
     position = 0
+    keyless = []
     try:
-        for _ in range(header.record_count):
+        for index in range(header.record_count):
             position, end = _record_bounds(body, position)
             position += 1  # attributes
             _, position = read_varint(body, position)  # timestamp delta
             _, position = read_varint(body, position)  # offset delta
             key_length, position = read_varint(body, position)
             if key_length < 0:
-                return True
+                keyless.append(index)
             position = end
     except IndexError as exc:
         raise InvalidBatch("a record runs past the end of its batch") from exc
-    return False
+    return keyless
 
 
 def _record_bounds(body: bytes, position: int) -> tuple[int, int]:
