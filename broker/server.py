@@ -77,6 +77,15 @@ class Connection:
     # A client over its quota (KIP-219: answered at once, then muted for its throttle time);
     # shared with the connections enveloped requests run on (``api/envelope.py``).
     muted: Mute = field(default_factory=lambda: Mute())
+    # For an enveloped request (``api/envelope.py``): the proxy's connection it came over. State
+    # that ends with the client's connection (share sessions) belongs to that one: the proxy
+    # keeps one broker connection per client connection and closes it with the client's.
+    carrier: Connection | None = None
+
+    @property
+    def session_owner(self) -> Connection:
+        """The connection whose closing ends this client's sessions."""
+        return self.carrier if self.carrier is not None else self
 
     def mute(self, throttle_ms: int) -> None:
         """Start no further request of this connection for ``throttle_ms``."""

@@ -100,6 +100,7 @@ def forwarded_connection(
         listener=outer.listener,
         append_lock=outer.append_lock,
         muted=outer.muted,
+        carrier=outer,
     )
 
 

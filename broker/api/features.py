@@ -10,8 +10,8 @@ setting (``transactions.protocol_version``) so that a rolling upgrade can hold c
 until every broker and proxy serves v2, as ``kafka-features.sh`` does for Kafka.
 
 ``share.version`` 1 says share groups (KIP-932) are served: brokers serve them (ShareGroupHeartbeat,
-ShareGroupDescribe, ShareFetch, ShareAcknowledge); the proxy does not forward a share consumer's
-requests yet, so it reports the feature off (level 0) and does not advertise those APIs.
+ShareGroupDescribe, ShareFetch, ShareAcknowledge), and so does the proxy, which maps a client's
+share session onto one per owning broker (``broker/proxy/share_sessions.py``).
 """
 
 from __future__ import annotations
@@ -24,10 +24,8 @@ FEATURES_EPOCH = 1
 
 SHARE_VERSION = 1
 SHARE_CONSUMER_KEYS = frozenset({76, 78, 79})
-"""ShareGroupHeartbeat, ShareFetch, ShareAcknowledge: what a share consumer sends. The proxy
-does not forward them yet (a share session spans the partition owners behind it); it forwards
-the admin ones (ShareGroupDescribe, Describe/Alter/DeleteShareGroupOffsets) to the group's
-coordinator."""
+"""ShareGroupHeartbeat, ShareFetch, ShareAcknowledge: what a share consumer sends (the proxy
+sends the heartbeat to the group's coordinator and splits the other two by partition owner)."""
 
 SUPPORTED: dict[str, tuple[int, int]] = {
     "transaction.version": (0, TRANSACTION_VERSION),

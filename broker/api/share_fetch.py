@@ -58,6 +58,14 @@ def _manager(ctx: RequestContext) -> ShareManager:
     return manager
 
 
+def _session_owner(ctx: RequestContext) -> object | None:
+    """The connection whose closing ends the member's session: the client's own, or, for a
+    request a proxy forwarded in an Envelope, the proxy's connection it came over (one per
+    client connection, closed with it)."""
+    connection = ctx.connection
+    return None if connection is None else connection.session_owner
+
+
 def _share_config(ctx: RequestContext, group: str) -> ShareConfig:
     own = ctx.broker.view.group_configs.get(group, {})
     return group_configs.share_config(share_config(ctx.broker.settings.groups), own)
@@ -268,7 +276,9 @@ async def handle_share_fetch(request: Any, ctx: RequestContext) -> Body:
     if epoch == INITIAL_EPOCH and not await _is_member(ctx, group, member):
         message = f"member {member} is not in share group {group}"
         return share_fetch_error_body(request, ErrorCode.UNKNOWN_MEMBER_ID, message)
-    error, session = manager.sessions.open_or_advance(key, epoch, added, forgotten, ctx.connection)
+    error, session = manager.sessions.open_or_advance(
+        key, epoch, added, forgotten, _session_owner(ctx)
+    )
     if session is None:
         return share_fetch_error_body(request, error)
     if epoch == INITIAL_EPOCH:
@@ -407,7 +417,7 @@ async def handle_share_acknowledge(request: Any, ctx: RequestContext) -> Body:
     if epoch == FINAL_EPOCH:
         error, session = manager.sessions.check(key, _expected(manager, key))
     else:
-        error, session = manager.sessions.open_or_advance(key, epoch, (), (), ctx.connection)
+        error, session = manager.sessions.open_or_advance(key, epoch, (), (), _session_owner(ctx))
     if session is None:
         return share_acknowledge_error_body(request, error)
     acks = [

@@ -17,7 +17,7 @@ from typing import Any
 
 from kafscale.broker.api.access import CLUSTER_OPS, GROUP_OPS, TOPIC_OPS
 from kafscale.broker.api.dispatch import api_versions_body
-from kafscale.broker.api.features import SHARE_CONSUMER_KEYS
+from kafscale.broker.api.features import SHARE_VERSION
 from kafscale.broker.api.metadata import CLUSTER_ID_PREFIX
 from kafscale.broker.api.table import API_TABLE
 from kafscale.broker.api.topic_partitions import LeaderOf, partition_entry
@@ -81,15 +81,18 @@ def leader_of(routes: RoutingTable, me: Identity) -> LeaderOf:
     return lambda tp: leader_id(routes.partition_owner(tp), me)
 
 
-PROXY_TABLE = {key: spec for key, spec in API_TABLE.items() if key not in SHARE_CONSUMER_KEYS}
-"""The brokers' table without a share consumer's APIs, which the proxy does not forward yet."""
+PROXY_TABLE = API_TABLE
+"""Every API the brokers serve, at every version: the proxy forwards them all (a share
+consumer's too: ``share``)."""
 
 
 def api_versions(transaction_version: int) -> Body:
-    """The brokers' own table (the proxy forwards every API they serve, at every version)
-    except a share consumer's (KIP-932): neither those APIs nor ``share.version`` are advertised
-    (the share group admin APIs are: they go to the group's coordinator)."""
-    return api_versions_body(PROXY_TABLE, transaction_version=transaction_version, share_version=0)
+    """The brokers' own table and features, ``share.version`` included: the proxy serves share
+    consumers exactly as the brokers behind it do (it maps a client's share session onto the
+    owners', ``share_sessions``)."""
+    return api_versions_body(
+        PROXY_TABLE, transaction_version=transaction_version, share_version=SHARE_VERSION
+    )
 
 
 def requested_topic_names(request: Any, routes: RoutingTable) -> list[str] | None:

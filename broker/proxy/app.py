@@ -103,6 +103,12 @@ class ProxyServer(KafkaServer):
     def client_connections(self) -> int:
         return len(self._connections)
 
+    @property
+    def share_sessions(self) -> int:
+        """Share sessions (KIP-932) the clients hold at the proxy; each ends with its
+        connection at the latest."""
+        return sum(len(pool.share_sessions.sessions) for pool in self._pools.values())
+
 
 class Proxy:
     def __init__(self, settings: ProxySettings, etcd: Etcd, routes: RoutingTable) -> None:
@@ -269,6 +275,7 @@ class Proxy:
                 "corrections": routes.stale_corrections,
             },
             "fetch_sessions": len(self.sessions),
+            "share_sessions": self.server.share_sessions if self.server else 0,
         }
 
     async def shutdown(self) -> None:

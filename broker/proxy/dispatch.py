@@ -98,7 +98,7 @@ class ProxyDispatcher:
         return codec.encode_response(api_key, api_version, correlation_id, answer)
 
 
-_GROUP_KEYS = frozenset({8, 9, 11, 12, 13, 14, 15, 42, 47})
+_GROUP_KEYS = frozenset({8, 9, 11, 12, 13, 14, 15, 42, 47, 76})
 
 
 def _with_correlation_id(body: bytes, correlation_id: int) -> bytes:

@@ -46,6 +46,7 @@ from kafscale.broker.proxy import answers, configs, log_dirs, split
 from kafscale.broker.proxy.access import ProxyAccess
 from kafscale.broker.proxy.fetch import forward_fetch
 from kafscale.broker.proxy.forward import Call, Forwarder
+from kafscale.broker.proxy.share import ShareCall, forward_share_acknowledge, forward_share_fetch
 from kafscale.broker.proxy.staleness import RouteKey
 from kafscale.broker.proxy.txn_markers import forward_markers
 from kafscale.broker.proxy.upstream import UpstreamError, UpstreamPool
@@ -315,6 +316,17 @@ async def write_txn_markers(r: ProxyRequest) -> Answer:
 
 async def fetch(r: ProxyRequest) -> Answer:
     return await forward_fetch(r.ctx.forwarder, r.ctx.sessions, r.pool, r.call, r.body)
+
+
+async def share_fetch(r: ProxyRequest) -> Answer:
+    """Split by owner on the proxy's share session with each (``share``)."""
+    c = ShareCall(r.ctx.forwarder, r.pool, r.call, r.body, r.identity)
+    return await forward_share_fetch(c)
+
+
+async def share_acknowledge(r: ProxyRequest) -> Answer:
+    c = ShareCall(r.ctx.forwarder, r.pool, r.call, r.body, r.identity)
+    return await forward_share_acknowledge(c)
 
 
 # --- to the group's coordinator ---------------------------------------------------------------
@@ -692,7 +704,10 @@ HANDLERS: dict[int, Handler] = {
     66: list_transactions,
     68: to_coordinator,  # ConsumerGroupHeartbeat
     69: by_coordinator(CONSUMER_GROUP_DESCRIBE),
+    76: to_coordinator,  # ShareGroupHeartbeat: its assignment names topic ids, valid anywhere
     77: by_coordinator(CONSUMER_GROUP_DESCRIBE),  # ShareGroupDescribe: the same fields
+    78: share_fetch,  # split by owner, one upstream share session per owner (``share``)
+    79: share_acknowledge,
     90: by_coordinator(OFFSET_FETCH_GROUPS),  # DescribeShareGroupOffsets
     91: to_coordinator,  # AlterShareGroupOffsets
     92: to_coordinator,  # DeleteShareGroupOffsets

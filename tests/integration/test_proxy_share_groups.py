@@ -1,0 +1,579 @@
+"""Share consumers (KIP-932) through ``kafscale proxy``, the one endpoint, in front of three
+brokers that each own some of the topic's partitions: real brokers, etcd, moto, and the share
+consumers of librdkafka (confluent-kafka's ``ShareConsumer``) and of the Java client
+(``KafkaShareConsumer``, kafka-clients 4.3), connected to the proxy only.
+
+* two share consumers get every record exactly once (all acknowledged ACCEPT), none lost;
+* RELEASE and REJECT reach each partition's owner: released records come again with their
+  delivery count one higher, rejected ones never come back;
+* a broker SIGKILLed under a running share consumer: consumption goes on once its leases
+  moved, nothing is lost, and no record whose acknowledgement was confirmed comes again;
+* a consumer that closes (or whose connection drops) releases what it holds at once: another
+  member gets those records long before their acquisition lock would have run out;
+* bad requests get Kafka's codes from the proxy (session epochs, unknown members and topic
+  ids, the per-connection session limit), and the proxy advertises the share APIs and
+  ``share.version`` as the brokers do.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from confluent_kafka import AcknowledgeType, KafkaException, ShareConsumer
+from harness import topics
+from harness.brokers import BrokerCluster, BrokerProcess, new_cluster
+from harness.java_client import java_program
+from harness.kafka_wire import KafkaWire
+from harness.proxy import start_proxy
+from harness.s3 import S3Endpoint
+from harness.share import Received, poll_some, poll_until, produce, set_group_configs
+from harness.share import share_consumer as new_share_consumer
+
+from kafscale.broker.metadata.embedded_etcd import EmbeddedEtcd
+from kafscale.broker.protocol.errors import ErrorCode
+
+pytestmark = pytest.mark.integration
+
+BROKERS = 3
+PARTITIONS = 6
+EARLIEST = {"share.auto.offset.reset": "earliest"}
+PROXY_NODE_ID = 1000
+JAVA_SOURCE = Path(__file__).with_name("java") / "ShareMember.java"
+
+
+class Proxied:
+    def __init__(self, cluster: BrokerCluster, proxy: BrokerProcess) -> None:
+        self.cluster = cluster
+        self.proxy = proxy
+
+    @property
+    def bootstrap(self) -> str:
+        return self.proxy.bootstrap
+
+    def owners(self, topic: str) -> dict[int, int]:
+        """partition -> the broker the proxy routes it to."""
+        routes = self.proxy.status()["routes"]["partitions"]
+        return {
+            int(key.rsplit("/", 1)[1]): owner
+            for key, owner in routes.items()
+            if key.rsplit("/", 1)[0] == topic
+        }
+
+    def spread_topic(self, topic: str, partitions: int = PARTITIONS) -> dict[int, int]:
+        """``topic`` created, once every broker owns some of its partitions: the owners."""
+        topics.create_topic(self.bootstrap, topic, partitions)
+        deadline = time.monotonic() + 60
+        while True:
+            owners = self.owners(topic)
+            if len(owners) == partitions and len(set(owners.values())) == BROKERS:
+                return owners
+            assert time.monotonic() < deadline, f"{topic} not spread over the brokers: {owners}"
+            time.sleep(0.1)
+
+
+def start_proxied(cluster: BrokerCluster) -> Proxied:
+    for _ in range(BROKERS):
+        cluster.start()
+    return Proxied(cluster, start_proxy(cluster))
+
+
+@pytest.fixture(scope="module")
+def proxied(
+    etcd_server: EmbeddedEtcd, s3_server: S3Endpoint, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Proxied]:
+    cluster = new_cluster(
+        etcd_server.client_url, s3_server, tmp_path_factory.mktemp("share-proxy"), "shareproxy"
+    )
+    try:
+        yield start_proxied(cluster)
+    finally:
+        cluster.stop_all()
+
+
+@pytest.fixture
+def names(request: pytest.FixtureRequest) -> tuple[str, str]:
+    """A topic and a group of this test's own."""
+    suffix = f"{request.node.name[:30]}-{uuid.uuid4().hex[:6]}"
+    return f"t-{suffix}", f"g-{suffix}"
+
+
+def values(n: int, prefix: str = "v") -> list[bytes]:
+    return [f"{prefix}{i}".encode() for i in range(n)]
+
+
+def produce_everywhere(bootstrap: str, topic: str, per_partition: int, prefix: str) -> list[bytes]:
+    sent = []
+    for partition in range(PARTITIONS):
+        batch = values(per_partition, f"{prefix}-p{partition}-")
+        produce(bootstrap, topic, batch, partition=partition)
+        sent += batch
+    return sent
+
+
+def share_consumer(bootstrap: str, group: str, topic: str) -> ShareConsumer:
+    return new_share_consumer(bootstrap, group, topic, log_level=3)
+
+
+# --- every record once ----------------------------------------------------------------------
+
+
+def test_two_share_consumers_through_the_proxy_get_every_record_once(
+    proxied: Proxied, names: tuple[str, str]
+) -> None:
+    topic, group = names
+    proxied.spread_topic(topic)
+    set_group_configs(proxied.bootstrap, group, EARLIEST)
+    first, second = Received(), Received()
+    c1 = share_consumer(proxied.bootstrap, group, topic)
+    c2 = share_consumer(proxied.bootstrap, group, topic)
+    try:
+        sent: list[bytes] = []
+        for round_ in range(4):
+            sent += produce_everywhere(proxied.bootstrap, topic, 20, f"r{round_}")
+            poll_some(c1, first)
+            poll_some(c2, second)
+        deadline = time.monotonic() + 60
+        while len(first.values) + len(second.values) < len(sent):
+            assert time.monotonic() < deadline, f"{len(first.values) + len(second.values)} got"
+            poll_some(c1, first)
+            poll_some(c2, second)
+        for _ in range(3):  # nothing more comes
+            poll_some(c1, first)
+            poll_some(c2, second)
+    finally:
+        c1.close()
+        c2.close()
+    got = first.values + second.values
+    assert sorted(got) == sorted(sent)
+    assert len(set(got)) == len(got)
+    assert {count for _, _, count in first.records + second.records} == {1}
+
+
+def _java_members(
+    bootstrap: str, group: str, topic: str, mode: str, count: int
+) -> list[list[tuple[str, int, int]]]:
+    """Run ``count`` Java share consumers at once until each saw no record for 4 s: the
+    (value, offset, delivery count) each printed."""
+    command = java_program(JAVA_SOURCE, "ShareMember")
+    processes = [
+        subprocess.Popen(
+            [*command, bootstrap, group, topic, mode, "4000"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(count)
+    ]
+    try:
+        seen = []
+        for process in processes:
+            out, err = process.communicate(timeout=120)
+            assert process.returncode == 0 and out.rstrip().endswith("done"), err[-3000:]
+            seen.append(
+                [
+                    (parts[1], int(parts[2]), int(parts[3]))
+                    for line in out.splitlines()
+                    if (parts := line.split())[0] == "record"
+                ]
+            )
+        return seen
+    finally:
+        for process in processes:  # a failed or timed-out member: no JVM outlives the test
+            if process.poll() is None:
+                process.kill()
+                process.communicate()
+
+
+def test_java_share_consumers_through_the_proxy_get_every_record_once(
+    proxied: Proxied, names: tuple[str, str]
+) -> None:
+    topic, group = names
+    proxied.spread_topic(topic)
+    set_group_configs(proxied.bootstrap, group, EARLIEST)
+    sent = [v.decode() for v in produce_everywhere(proxied.bootstrap, topic, 50, "j")]
+    seen = _java_members(proxied.bootstrap, group, topic, "accept", 2)
+    got = [value for member in seen for value, _, _ in member]
+    assert sorted(got) == sorted(sent) and len(set(got)) == len(got)
+    assert {count for member in seen for _, _, count in member} == {1}
+
+
+# --- RELEASE and REJECT -----------------------------------------------------------------------
+
+
+def test_release_and_reject_through_the_proxy_reach_each_partitions_owner(
+    proxied: Proxied, names: tuple[str, str]
+) -> None:
+    topic, group = names
+    proxied.spread_topic(topic)
+    set_group_configs(proxied.bootstrap, group, EARLIEST)
+    sent = produce_everywhere(proxied.bootstrap, topic, 10, "x")
+    rejected = set(sent[::2])
+    got = Received()
+    consumer = share_consumer(proxied.bootstrap, group, topic)
+    try:
+        # Everything released once: it comes again, counted twice.
+        poll_until(
+            consumer,
+            got,
+            lambda: len(got.records) >= len(sent),
+            timeout_s=60,
+            ack=AcknowledgeType.RELEASE,
+        )
+        deadline = time.monotonic() + 60
+        while len(got.records) < 2 * len(sent):
+            assert time.monotonic() < deadline, f"{len(got.records)} deliveries"
+            for message in consumer.poll(0.5):
+                if message.error() is not None:
+                    continue
+                value = message.value()
+                got.records.append((value, message.offset(), message.delivery_count()))
+                kind = AcknowledgeType.REJECT if value in rejected else AcknowledgeType.ACCEPT
+                consumer.acknowledge(message, kind)
+            consumer.commit_sync(30)
+        # Rejected and accepted records never come back; new ones do.
+        after = produce_everywhere(proxied.bootstrap, topic, 1, "after")
+        poll_until(consumer, got, lambda: set(after) <= set(got.values), timeout_s=60)
+        for _ in range(4):
+            poll_some(consumer, got)
+    finally:
+        consumer.close()
+    counts: dict[bytes, list[int]] = {}
+    for value, _, count in got.records:
+        counts.setdefault(value, []).append(count)
+    assert counts == {**{v: [1, 2] for v in sent}, **{v: [1] for v in after}}
+
+
+def test_java_share_consumer_through_the_proxy_gets_released_records_again(
+    proxied: Proxied, names: tuple[str, str]
+) -> None:
+    topic, group = names
+    proxied.spread_topic(topic)
+    set_group_configs(proxied.bootstrap, group, EARLIEST)
+    sent = produce_everywhere(proxied.bootstrap, topic, 5, "jr")
+    (seen,) = _java_members(proxied.bootstrap, group, topic, "release-once", 1)
+    by_value: dict[str, list[int]] = {}
+    for value, _, count in seen:
+        by_value.setdefault(value, []).append(count)
+    assert by_value == {v.decode(): [1, 2] for v in sent}
+
+
+# --- closing and dying consumers --------------------------------------------------------------
+
+LONG_LOCK = {**EARLIEST, "share.record.lock.duration.ms": "600000"}  # 10 minutes
+
+
+def test_a_consumer_closed_through_the_proxy_releases_its_records_at_once(
+    proxied: Proxied, names: tuple[str, str]
+) -> None:
+    topic, group = names
+    proxied.spread_topic(topic)
+    set_group_configs(proxied.bootstrap, group, LONG_LOCK)
+    sent = produce_everywhere(proxied.bootstrap, topic, 10, "c")
+    held = Received()
+    holder = share_consumer(proxied.bootstrap, group, topic)
+    try:
+        poll_until(holder, held, lambda: len(held.records) > 0, ack=None)
+    finally:
+        holder.close()  # never acknowledged: released by the close, not by the 10-minute lock
+    got = Received()
+    other = share_consumer(proxied.bootstrap, group, topic)
+    try:
+        poll_until(other, got, lambda: len(got.records) >= len(sent), timeout_s=60)
+    finally:
+        other.close()
+    assert sorted(got.values) == sorted(sent)
+    again = {value for value, _, count in got.records if count == 2}
+    assert again == set(held.values)
+
+
+DYING_CONSUMER = textwrap.dedent(
+    """
+    import os, sys
+    from confluent_kafka import ShareConsumer
+    c = ShareConsumer({"bootstrap.servers": sys.argv[1], "group.id": sys.argv[2],
+                       "share.acknowledgement.mode": "explicit"})
+    c.subscribe([sys.argv[3]])
+    got = []
+    while not got:
+        got = [m.value().decode() for m in c.poll(1.0) if m.error() is None]
+    print(" ".join(got), flush=True)
+    os._exit(0)  # dies holding its records: no acknowledgement, no close
+    """
+)
+
+
+def test_records_of_a_consumer_whose_connection_drops_go_to_another_member(
+    proxied: Proxied, names: tuple[str, str]
+) -> None:
+    topic, group = names
+    proxied.spread_topic(topic)
+    set_group_configs(proxied.bootstrap, group, LONG_LOCK)
+    sent = produce_everywhere(proxied.bootstrap, topic, 10, "d")
+    dying = subprocess.run(
+        [sys.executable, "-c", DYING_CONSUMER, proxied.bootstrap, group, topic],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert dying.returncode == 0, dying.stderr[-2000:]
+    held = {value.encode() for value in dying.stdout.split()}
+    assert held
+    got = Received()
+    other = share_consumer(proxied.bootstrap, group, topic)
+    try:
+        poll_until(other, got, lambda: len(got.records) >= len(sent), timeout_s=60)
+    finally:
+        other.close()
+    assert sorted(got.values) == sorted(sent)
+    assert {value for value, _, count in got.records if count == 2} == held
+
+
+# --- a broker crash ---------------------------------------------------------------------------
+
+
+def test_a_share_consumer_behind_the_proxy_survives_a_broker_crash(
+    broker_cluster: BrokerCluster, names: tuple[str, str]
+) -> None:
+    topic, group = names
+    proxied = start_proxied(broker_cluster)
+    owners = proxied.spread_topic(topic)
+    set_group_configs(proxied.bootstrap, group, EARLIEST)
+    sent: list[bytes] = []
+    stop = threading.Event()
+
+    def feed() -> None:  # a steady producer through the proxy, across the crash
+        for round_ in range(40):
+            if stop.is_set():
+                return
+            sent.extend(produce_everywhere(proxied.bootstrap, topic, 2, f"k{round_}"))
+            time.sleep(0.2)
+
+    deliveries: list[tuple[bytes, int, bool]] = []  # value, delivery count, ack confirmed
+    consumer = share_consumer(proxied.bootstrap, group, topic)
+
+    def poll_once() -> None:
+        batch = []
+        for message in consumer.poll(0.5):
+            if message.error() is None:
+                batch.append((message.value(), message.partition(), message.delivery_count()))
+                consumer.acknowledge(message, AcknowledgeType.ACCEPT)
+        if not batch:
+            return
+        try:
+            results = consumer.commit_sync(30)
+            failed = {tp.partition for tp, error in results.items() if error is not None}
+        except KafkaException:
+            failed = {partition for _, partition, _ in batch}
+        deliveries.extend((v, c, p not in failed) for v, p, c in batch)
+
+    victim = next(b for b in broker_cluster.brokers[:BROKERS] if b.node_id in owners.values())
+    feeder = threading.Thread(target=feed, name="feed")
+    feeder.start()
+    try:
+        deadline = time.monotonic() + 60
+        while len(deliveries) < 12 * PARTITIONS:
+            assert time.monotonic() < deadline, f"{len(deliveries)} deliveries"
+            poll_once()
+        victim.kill()  # SIGKILL: its leases expire after the session TTL, then move
+        deadline = time.monotonic() + 180
+        while feeder.is_alive():  # consuming on while the partitions move
+            assert time.monotonic() < deadline, "the producer never finished"
+            poll_once()
+        deadline = time.monotonic() + 120
+        while not set(sent) <= {v for v, _, _ in deliveries}:
+            missing = len(set(sent) - {v for v, _, _ in deliveries})
+            assert time.monotonic() < deadline, f"{missing} records never delivered"
+            poll_once()
+        for _ in range(4):
+            poll_once()
+    finally:
+        stop.set()
+        feeder.join(timeout=60)
+        consumer.close()
+    assert len(sent) == 40 * 2 * PARTITIONS
+    assert {v for v, _, _ in deliveries} == set(sent)  # nothing lost
+    confirmed: set[bytes] = set()
+    for value, _, ok in deliveries:
+        # A record comes again only if its acknowledgement was never confirmed.
+        assert value not in confirmed, f"{value!r} came again after its acknowledgement"
+        if ok:
+            confirmed.add(value)
+
+
+# --- bad input ---------------------------------------------------------------------------------
+
+
+def _heartbeat(wire: KafkaWire, group: str, member: str, topic: str) -> Any:
+    body = {
+        "group_id": group,
+        "member_id": member,
+        "member_epoch": 0,
+        "rack_id": None,
+        "subscribed_topic_names": [topic],
+    }
+    return wire.request(76, 1, body)
+
+
+def _fetch(
+    wire: KafkaWire,
+    group: str,
+    member: str,
+    epoch: int,
+    partitions: list[tuple[Any, int]],
+    acks: list[dict[str, Any]] | None = None,
+) -> Any:
+    by_topic: dict[Any, list[dict[str, Any]]] = {}
+    for topic_id, index in partitions:
+        by_topic.setdefault(topic_id, []).append(
+            {"partition_index": index, "acknowledgement_batches": acks or []}
+        )
+    body = {
+        "group_id": group,
+        "member_id": member,
+        "share_session_epoch": epoch,
+        "max_wait": 0,
+        "min_bytes": 1,
+        "max_bytes": 1 << 20,
+        "max_records": 500,
+        "batch_size": 500,
+        "topics": [{"topic_id": t, "partitions": ps} for t, ps in by_topic.items()],
+        "forgotten_topics_data": [],
+    }
+    return wire.request(78, 1, body)
+
+
+def _partitions(response: Any) -> dict[tuple[Any, int], Any]:
+    return {(t.topic_id, p.partition_index): p for t in response.responses for p in t.partitions}
+
+
+def test_bad_share_requests_through_the_proxy_get_kafkas_codes(
+    proxied: Proxied, names: tuple[str, str]
+) -> None:
+    topic, group = names
+    proxied.spread_topic(topic)
+    set_group_configs(proxied.bootstrap, group, EARLIEST)
+    produce_everywhere(proxied.bootstrap, topic, 3, "b")
+    with KafkaWire(proxied.bootstrap) as wire:
+        versions = wire.request(
+            18, 3, {"client_software_name": "t", "client_software_version": "1"}
+        )
+        advertised = {k.api_key: (k.min_version, k.max_version) for k in versions.api_keys}
+        assert advertised[76] == (1, 1) and advertised[78] == (1, 2) and advertised[79] == (1, 2)
+        assert ("share.version", 1) in {
+            (f.name, f.max_version_level) for f in versions.finalized_features
+        }
+        joined = _heartbeat(wire, group, "m1", topic)
+        assert joined.error_code == ErrorCode.NONE
+        topic_id = joined.assignment.topic_partitions[0].topic_id
+        everything = [(topic_id, p) for p in range(PARTITIONS)]
+        ghost_topic = uuid.uuid4()
+        # No session yet; acknowledgements on the opening request; empty member id.
+        assert (
+            _fetch(wire, group, "m1", 3, everything).error_code == ErrorCode.SHARE_SESSION_NOT_FOUND
+        )
+        ack = {"first_offset": 0, "last_offset": 0, "acknowledge_types": [1]}
+        assert (
+            _fetch(wire, group, "m1", 0, everything, [ack]).error_code == ErrorCode.INVALID_REQUEST
+        )
+        assert _fetch(wire, group, "", 0, everything).error_code == ErrorCode.INVALID_REQUEST
+        # A session over every owner: all 18 records, leaders named as the proxy itself; an
+        # unknown topic id answered once and not kept.
+        opened = _fetch(wire, group, "m1", 0, [*everything, (ghost_topic, 0)])
+        assert opened.error_code == ErrorCode.NONE
+        parts = _partitions(opened)
+        assert parts[(ghost_topic, 0)].error_code == ErrorCode.UNKNOWN_TOPIC_ID
+        acquired = sum(
+            a.last_offset - a.first_offset + 1
+            for key in everything
+            for a in parts[key].acquired_records
+        )
+        epoch = 1
+        while acquired < 3 * PARTITIONS:  # a partition may answer empty the first time
+            more = _fetch(wire, group, "m1", epoch, [])
+            epoch += 1
+            acquired += sum(
+                a.last_offset - a.first_offset + 1
+                for p in _partitions(more).values()
+                for a in p.acquired_records
+            )
+        assert acquired == 3 * PARTITIONS
+        assert {p.current_leader.leader_id for k, p in parts.items() if k != (ghost_topic, 0)} == {
+            PROXY_NODE_ID
+        }
+        assert (ghost_topic, 0) not in _partitions(_fetch(wire, group, "m1", epoch, []))
+        epoch += 1
+        # Out-of-order epochs; a member the proxy never saw; epoch 0 ShareAcknowledge.
+        assert _fetch(wire, group, "m1", epoch + 5, []).error_code == (
+            ErrorCode.INVALID_SHARE_SESSION_EPOCH
+        )
+        assert (
+            _fetch(wire, group, "stranger", 1, []).error_code == ErrorCode.SHARE_SESSION_NOT_FOUND
+        )
+        acknowledge = {
+            "group_id": group,
+            "member_id": "m1",
+            "share_session_epoch": 0,
+            "topics": [
+                {
+                    "topic_id": topic_id,
+                    "partitions": [{"partition_index": 0, "acknowledgement_batches": [ack]}],
+                }
+            ],
+        }
+        assert wire.request(79, 1, acknowledge).error_code == ErrorCode.INVALID_SHARE_SESSION_EPOCH
+        # Acknowledging every partition through ShareAcknowledge: each goes to its owner.
+        acknowledge["topics"] = [
+            {
+                "topic_id": topic_id,
+                "partitions": [
+                    {
+                        "partition_index": p,
+                        "acknowledgement_batches": [
+                            {"first_offset": 0, "last_offset": 2, "acknowledge_types": [1]}
+                        ],
+                    }
+                    for p in range(PARTITIONS)
+                ],
+            },
+            {
+                "topic_id": ghost_topic,
+                "partitions": [{"partition_index": 0, "acknowledgement_batches": [ack]}],
+            },
+        ]
+        acknowledge["share_session_epoch"] = epoch
+        answered = _partitions(wire.request(79, 1, acknowledge))
+        assert {k: p.error_code for k, p in answered.items()} == {
+            **{key: ErrorCode.NONE for key in everything},
+            (ghost_topic, 0): ErrorCode.UNKNOWN_TOPIC_ID,
+        }
+        epoch += 1
+        # The per-connection session limit, then the sessions end with the connection.
+        for n in range(15):
+            assert _fetch(wire, group, f"extra-{n}", 0, []).error_code == ErrorCode.NONE
+        assert _fetch(wire, group, "one-too-many", 0, []).error_code == (
+            ErrorCode.SHARE_SESSION_LIMIT_REACHED
+        )
+        # Closing a session frees its place; its epoch is gone.
+        closed = _fetch(wire, group, "m1", -1, [])
+        assert closed.error_code == ErrorCode.NONE
+        assert _fetch(wire, group, "m1", epoch + 1, []).error_code == (
+            ErrorCode.SHARE_SESSION_NOT_FOUND
+        )
+        assert _fetch(wire, group, "one-too-many", 0, []).error_code == ErrorCode.NONE
+        assert proxied.proxy.status()["share_sessions"] >= 16
+    with KafkaWire(proxied.bootstrap) as wire:  # a new connection: nothing of the old one
+        assert _fetch(wire, group, "extra-0", 1, []).error_code == ErrorCode.SHARE_SESSION_NOT_FOUND
+        assert _fetch(wire, group, "extra-0", 0, []).error_code == ErrorCode.NONE
+        deadline = time.monotonic() + 10  # the closed connection's sessions are gone
+        while proxied.proxy.status()["share_sessions"] != 1:
+            assert time.monotonic() < deadline, proxied.proxy.status()["share_sessions"]
+            time.sleep(0.05)
