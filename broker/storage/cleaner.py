@@ -258,7 +258,7 @@ class Cleaner:
         result_cleaned = Cleaned(upto, generation, owned.epoch)
         prefix = keys.cleaned_pass_prefix(self._cluster, *where, generation, owned.epoch)
         written, objects = await self._write(
-            inputs, offset_map, aborted, prefix, now_ms - config.delete_retention_ms
+            owned, inputs, offset_map, aborted, prefix, now_ms - config.delete_retention_ms
         )
         if not await self._manager.commit_cleaned(owned, result_cleaned, state.cleaned):
             log.info("compaction pass of %s-%d not committed (fenced)", *owned.tp)
@@ -361,8 +361,21 @@ class Cleaner:
             return offset_map, inputs[:index]
         return offset_map, inputs
 
+    def _still_owned(self, owned: OwnedPartition) -> bool:
+        """Whether ``owned`` is still ours and its topic still the same one: a topic deleted
+        during a pass is purged once (its tombstone then goes), so an upload after the purge
+        would stay in the bucket for good."""
+        info = self._view.topics.get(owned.topic)
+        return (
+            self._manager.owned.get(owned.tp) is owned
+            and not owned.failed
+            and info is not None
+            and info.topic_id == owned.topic_id
+        )
+
     async def _write(
         self,
+        owned: OwnedPartition,
         inputs: list[Input],
         offset_map: compaction.OffsetMap,
         aborted: list[AbortedTxn],
@@ -370,7 +383,8 @@ class Cleaner:
         tombstones_before_ms: int,
     ) -> tuple[int, int]:
         """Filter the inputs in order into cleaned objects of about ``segment.bytes`` each;
-        returns (bytes written, objects written)."""
+        returns (bytes written, objects written). Each upload first checks that the partition is
+        still ours and its topic not deleted (a pass over a large partition takes a while)."""
         written = objects = 0
         body = bytearray()
         group_base, created = inputs[0].base, 0
@@ -390,6 +404,8 @@ class Cleaner:
                 encoded = encode_range_segment(
                     body, group_base, item.end - 1, created, self._settings.index_interval_bytes
                 )
+                if not self._still_owned(owned):
+                    raise CleanerError("the partition was given up or its topic deleted")
                 await self._store.put(keys.cleaned_object_key(prefix, group_base), encoded.segment)
                 written += len(encoded.segment)
                 objects += 1

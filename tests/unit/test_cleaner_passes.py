@@ -33,7 +33,7 @@ from kafscale.broker.metadata.partition_state import (
 from kafscale.broker.protocol.batch_encoder import encode_batch, encode_record
 from kafscale.broker.protocol.errors import ObjectGone
 from kafscale.broker.storage.cache import SegmentCache
-from kafscale.broker.storage.cleaner import Cleaner, cleaned_inputs, plain_inputs
+from kafscale.broker.storage.cleaner import Cleaner, CleanerError, cleaned_inputs, plain_inputs
 from kafscale.broker.storage.janitor import Janitor
 from kafscale.broker.storage.local_dir import LocalDirObjectStore
 from kafscale.broker.storage.log_sizes import LogSizes
@@ -282,6 +282,50 @@ async def test_cleaned_objects_below_the_log_start_are_deleted_without_a_pass(
         lists = store.lists
         await janitor.sweep(int(time.time() * 1000))  # nothing moved: no listing of them
         assert store.lists - lists <= 1  # the partition's own segment listing only
+    finally:
+        await cleaner.close()
+        await store.close()
+
+
+class PutHook(LocalDirObjectStore):
+    on_put: Callable[[str], None] = staticmethod(lambda key: None)
+
+    async def put(self, key: str, data: Any, *, if_absent: bool = True) -> None:
+        await super().put(key, data, if_absent=if_absent)
+        self.on_put(key)
+
+
+async def test_a_pass_stops_uploading_once_its_topic_is_deleted(tmp_path: Path) -> None:
+    """Fails on the old main: a pass went on uploading after its topic was deleted, and the
+    objects landing after the topic's one purge stayed in the bucket for good."""
+    store = PutHook(tmp_path)
+    owned = new_partition()
+    for round_ in range(4):  # distinct keys: each cleaned input is an object of its own
+        records = [(b"r%dk%d" % (round_, k), b"v" * 500) for k in range(3)]
+        await append_segment(store, owned, records)
+    view = View()
+    cleaned: list[str] = []
+
+    def deleted_on_first(key: str) -> None:
+        if ".cleaned/" in key:
+            cleaned.append(key)
+            view.topics.clear()
+
+    store.on_put = deleted_on_first  # type: ignore[method-assign]
+    cleaner = Cleaner(
+        LogSettings(cleaner_delete_delay_s=0, segment_bytes=1024),
+        CLUSTER,
+        Manager(owned),  # type: ignore[arg-type]
+        view,  # type: ignore[arg-type]
+        store,
+        SegmentCache(0),
+        {},
+    )
+    try:
+        with pytest.raises(CleanerError):
+            await cleaner.clean_partition(owned, int(time.time() * 1000))
+        assert len(cleaned) == 1
+        assert owned.state.cleaned is None
     finally:
         await cleaner.close()
         await store.close()
