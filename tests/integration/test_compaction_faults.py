@@ -1,7 +1,8 @@
 """The log cleaner under failure: real etcd, moto S3, broker processes and clients.
 
-* A deterministic test for a race the fault campaign found: a pass that wrote objects and then
-  failed (an upload or its commit went unanswered) must not stop the owner's later passes.
+* Deterministic tests of what the campaign looks for: a pass that wrote objects and then
+  failed (an upload or its commit went unanswered) must not stop the owner's later passes; a
+  non-owner serving a Fetch while etcd is away answers with a retriable error.
 * The fault campaign (``test_a_fault_campaign_keeps_every_keys_latest_acked_value``): keyed
   idempotent producers write updates and tombstones to a compacted topic cleaned all the time,
   while brokers are SIGKILLed and restarted, SIGSTOPped and resumed, etcd is paused and the

@@ -14,7 +14,6 @@ from kafscale.broker.metadata.partition_state import (
 )
 from kafscale.broker.storage.cleaner import (
     cleaned_inputs,
-    next_generation,
     plain_inputs,
     stale_cleaned_keys,
     superseded_keys,
@@ -136,19 +135,6 @@ def test_a_partition_with_no_segment_has_no_input() -> None:
     """An empty partition (a compacted topic nothing was written to yet): the cleaner logged a
     ValueError traceback for it every interval (seen in test_compaction_faults.py's logs)."""
     assert plain_inputs(PartitionState(), []) == []
-
-
-def test_a_pass_never_writes_a_generation_an_earlier_pass_at_its_epoch_wrote() -> None:
-    """A failed pass's objects stay (its commit may have landed); the next pass at the same
-    epoch skips its generation instead of meeting them (test_compaction_faults.py)."""
-    never = PartitionState(high_watermark=50)
-    assert next_generation(never, 3, None) == 0
-    assert next_generation(never, 3, (3, 1)) == 1  # generation 0 failed at epoch 3
-    assert next_generation(never, 4, (3, 1)) == 0  # another epoch: another prefix
-    state = PartitionState(high_watermark=50, cleaned=Cleaned(30, 2, 3))
-    assert next_generation(state, 3, None) == 3
-    assert next_generation(state, 3, (3, 3)) == 3  # generation 2 committed, 3 is free
-    assert next_generation(state, 3, (3, 5)) == 5  # 3 and 4 failed
 
 
 def test_sizes_count_no_superseded_segment() -> None:
