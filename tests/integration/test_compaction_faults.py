@@ -60,7 +60,16 @@ from kafscale.broker.storage.segments import decode_segment
 
 pytestmark = pytest.mark.integration
 
-FETCH = 1
+FETCH, OFFSET_FOR_LEADER_EPOCH = 1, 23
+EPOCH_BODY = {
+    "replica_id": -1,
+    "topics": [
+        {
+            "topic": "plain",
+            "partitions": [{"partition": 0, "current_leader_epoch": -1, "leader_epoch": 0}],
+        }
+    ],
+}
 
 CLEANER_ENV = {
     "KAFSCALE_LOG__CLEANER_INTERVAL_S": "0.3",
@@ -164,11 +173,11 @@ def test_leftovers_of_a_failed_pass_at_the_owners_epoch_do_not_stop_its_later_pa
 def test_a_fetch_a_non_owner_serves_while_etcd_is_away_gets_a_retriable_error(
     etcd_server_private: EmbeddedEtcd, s3_server: S3Endpoint, tmp_path: Path
 ) -> None:
-    """Found in the campaign's broker logs: a non-owner serving a Fetch at the end of the log
-    reads the partition state from etcd (``fresh_state``); with etcd paused that raised
-    MetadataUnavailable out of the handler, so the whole request failed (logged with a
-    traceback, UNKNOWN_SERVER_ERROR). It gets REQUEST_TIMED_OUT (7) for that partition, a
-    retriable code, as every other etcd-backed handler answers an outage."""
+    """Found in the campaign's broker logs: a non-owner serving a Fetch at the end of the log,
+    or an OffsetForLeaderEpoch, reads the partition state from etcd (``fresh_state``); with
+    etcd paused that raised MetadataUnavailable out of the handler, so the whole request failed
+    (logged with a traceback, UNKNOWN_SERVER_ERROR). It gets REQUEST_TIMED_OUT (7) for that
+    partition, a retriable code, as every other etcd-backed handler answers an outage."""
     cluster = new_cluster(
         etcd_server_private.client_url, s3_server, tmp_path, "fe",
         extra_env={"KAFSCALE_ETCD__TIMEOUT_S": "1"},
@@ -187,10 +196,13 @@ def test_a_fetch_a_non_owner_serves_while_etcd_is_away_gets_a_retriable_error(
             os.kill(etcd_server_private.pid, signal.SIGSTOP)
             try:
                 response = wire.request(FETCH, 12, fetch_body("plain", 0, 1))
+                epochs = wire.request(OFFSET_FOR_LEADER_EPOCH, 4, EPOCH_BODY)
             finally:
                 os.kill(etcd_server_private.pid, signal.SIGCONT)
         assert response.error_code == 0
         assert fetch_partition(response).error_code == 7  # REQUEST_TIMED_OUT
+        # OffsetForLeaderEpoch (a consumer checking its position after a leader change) too
+        assert epochs.topics[0].partitions[0].error_code == 7
     finally:
         cluster.stop_all()
 
