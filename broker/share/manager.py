@@ -254,6 +254,11 @@ class ShareManager:
             found[(entry.key[1], entry.key[2])] = (entry.topic_id, entry.state)
         return found
 
+    async def member_stored(self, group: str, member_id: str) -> bool:
+        """Whether etcd has ``member_id`` in ``group`` (its coordinator wrote the join before
+        answering the member's heartbeat), for when the cluster watch lags behind."""
+        return await self._store.has_member(group, member_id)
+
     def entries_of(self, group: str) -> list[Entry]:
         return [e for k, e in self._entries.items() if k[0] == group]
 

@@ -29,6 +29,7 @@ from kafscale.broker.metadata.etcd_txn import (
     mod_revision_is,
     value_is,
 )
+from kafscale.broker.metadata.share_members import decode_share_members
 from kafscale.broker.share.partition import SharePartition
 
 
@@ -105,6 +106,13 @@ class ShareStateStore:
         join, or at an offset admin call): only then may a share-partition start for it."""
         kv = await self._etcd.get(keys.group_metadata_key(self._cluster, group))
         return kv is not None and decode_group(kv.value).group_type == "share"
+
+    async def has_member(self, group: str, member_id: str) -> bool:
+        """Whether etcd's copy of ``group`` (a share group) names ``member_id``: the one read a
+        share-partition leader makes when its cluster watch has not shown the member yet."""
+        kv = await self._etcd.get(keys.group_metadata_key(self._cluster, group))
+        members = None if kv is None else decode_share_members(kv.value)
+        return members is not None and member_id in members
 
     async def revision(self, group: str, topic: str, partition: int) -> int:
         kv = await self._etcd.get(self._key(group, topic, partition))
