@@ -41,13 +41,14 @@ from harness.share import (
 from kafscale.broker.api import share_fetch
 from kafscale.broker.child_process import BrokerProcess
 from kafscale.broker.groups.model import GroupRecord
+from kafscale.broker.groups.share import ShareConfig
 from kafscale.broker.groups.store import Fence, GroupStore, encode_group
 from kafscale.broker.metadata import keys
 from kafscale.broker.metadata.embedded_etcd import EmbeddedEtcd
 from kafscale.broker.metadata.etcd import Etcd
 from kafscale.broker.metadata.share_members import ShareMembers
 from kafscale.broker.protocol.errors import ErrorCode
-from kafscale.broker.share.manager import ShareManager
+from kafscale.broker.share.manager import OwnerView, ShareManager
 from kafscale.broker.share.store import ShareStateStore
 
 pytestmark = pytest.mark.integration
@@ -345,5 +346,39 @@ async def test_a_member_the_lagging_watch_has_not_shown_yet_is_found_in_etcd(
         ctx: Any = SimpleNamespace(broker=SimpleNamespace(view=lagging_view, share=manager))
         assert await share_fetch._is_member(ctx, group, "joined")
         assert not await share_fetch._is_member(ctx, group, "made-up")
+    finally:
+        await etcd.close()
+
+
+async def test_a_share_partition_started_before_its_group_was_deleted_writes_no_state(
+    etcd_server: EmbeddedEtcd, cluster_name: str
+) -> None:
+    """A share-partition started (its first write due at the next flush round) when DeleteGroups
+    deletes the group: that write is refused, so the deleted group gets no state back (a group
+    created again under its name would start from it, and the key would stay forever)."""
+    etcd = await Etcd.connect([etcd_server.client_url], timeout_s=5)
+    try:
+        group = "deleted-meanwhile"
+        metadata_key = keys.group_metadata_key(cluster_name, group)
+        record = GroupRecord("share", 1, None, None, group_type="share", consumer={})
+        await etcd.put(metadata_key, encode_group(record))
+        lease_key = keys.partition_lease_key(cluster_name, "q", 0)
+        await etcd.put(lease_key, b"1")
+        lease = await etcd.get(lease_key)
+        assert lease is not None
+        manager = ShareManager(ShareStateStore(etcd, cluster_name, 1))
+        owner = OwnerView("00" * 16, lease.create_revision, 0, 10)
+        entry = await manager.entry((group, "q", 0), owner, ShareConfig())
+        assert entry.dirty  # a fresh share-partition: written at the next round
+        await etcd.delete(metadata_key)  # DeleteGroups, before that round
+        await manager._flush_round()
+        assert await etcd.get(keys.share_state_key(cluster_name, group, "q", 0)) is None
+        assert entry.dropped
+        # The same group created again: a share-partition of it is written as before.
+        await etcd.put(metadata_key, encode_group(record))
+        again = await manager.entry((group, "q", 0), owner, ShareConfig())
+        await manager._flush_round()
+        assert await etcd.get(keys.share_state_key(cluster_name, group, "q", 0)) is not None
+        assert not again.dirty and not again.dropped
     finally:
         await etcd.close()
