@@ -296,6 +296,39 @@ def test_deleting_offsets_drops_those_pending_in_an_open_transaction(
     ]
 
 
+def test_a_group_with_only_offsets_pending_in_a_transaction_is_found(
+    broker_cluster: BrokerCluster,
+) -> None:
+    """Kafka creates an empty classic group at the first TxnOffsetCommit of a group nobody
+    joined (``validateTransactionalOffsetCommit``): OffsetDelete finds it while the offsets are
+    still pending, and the deleted offsets do not come back when the transaction commits."""
+    kafka = broker_cluster.start(**GROUP_ENV, KAFSCALE_TRANSACTIONS__CHECK_INTERVAL_MS="200")
+    topic, group = _name("t"), _name("g")
+    create_topics(kafka.bootstrap, [topic], 2)
+    admin = KafkaAdminClient(bootstrap_servers=kafka.bootstrap)
+    p0, p1 = TopicPartition(topic, 0), TopicPartition(topic, 1)
+    member = Consumer({"bootstrap.servers": kafka.bootstrap, "group.id": group})
+    producer = ConfluentProducer(
+        {"bootstrap.servers": kafka.bootstrap, "transactional.id": _name("txn")}
+    )
+    try:
+        producer.init_transactions(30)
+        producer.begin_transaction()
+        producer.produce(topic, b"in the transaction", partition=1)
+        sent = [CkTopicPartition(topic, 0, 3), CkTopicPartition(topic, 1, 6)]
+        producer.send_offsets_to_transaction(sent, member.consumer_group_metadata(), 30)
+        assert admin.delete_group_offsets(group, [p0]) == {p0: NoError}
+        producer.commit_transaction(30)
+        deadline = time.monotonic() + DEADLINE_S
+        while (seen := committed(admin, group, [p0, p1]))[p1] != 6:
+            assert time.monotonic() < deadline, f"the transaction's offsets: {seen}"
+            time.sleep(0.1)
+    finally:
+        member.close()
+        admin.close()
+    assert seen == {p0: -1, p1: 6}
+
+
 # --- the Java AdminClient -----------------------------------------------------------------------
 
 
