@@ -698,6 +698,7 @@ HANDLERS: dict[int, Handler] = {
     49: to_any_broker,  # AlterClientQuotas (every broker enforces them from its watch)
     50: to_any_broker,  # DescribeUserScramCredentials
     51: to_any_broker,  # AlterUserScramCredentials
+    57: to_any_broker,  # UpdateFeatures: every broker finalizes the same levels
     60: describe_cluster,
     61: partitioned(split.DESCRIBE_PRODUCERS),  # split by partition owner too
     65: describe_transactions,
