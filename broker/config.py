@@ -183,8 +183,8 @@ class LogSettings(_Section):
     cleaner_max_keys: int = Field(
         1_000_000,
         ge=1,
-        description="Keys one compaction pass holds in its offset map (about 40 bytes each); a "
-        "pass whose dirty data has more ends at the last segment that fit.",
+        description="Keys one compaction pass holds in its offset map (about 150 bytes of memory "
+        "each); a pass whose dirty data has more ends at the last segment that fit.",
     )
     cleaner_delete_delay_s: float = Field(
         60.0,

@@ -147,6 +147,7 @@ class Catalog:
                     last_stable_offset(state),
                     state.aborted_txns,
                     state.cleaned.upto if state.cleaned is not None else 0,
+                    state.cleaned.generation if state.cleaned is not None else -1,
                 )
                 entries.append(PartitionEntry(view, state))
         return entries

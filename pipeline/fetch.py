@@ -22,13 +22,14 @@ from collections.abc import Iterator
 import pyarrow as pa
 
 from kafscale.broker.config import StorageSettings
+from kafscale.broker.metadata import keys
 from kafscale.broker.protocol.record_batch import iter_batch_headers
 from kafscale.broker.storage.factory import open_object_store
 from kafscale.broker.storage.object_store import ObjectNotFound, ObjectStore, ObjectStoreError
 from kafscale.broker.storage.segments import SegmentCorrupt, decode_segment
 from kafscale.pipeline.decode import decode_records
 from kafscale.pipeline.options import TaskReading, store_identity
-from kafscale.pipeline.planning import DataLoss, ReadTask, gap_in
+from kafscale.pipeline.planning import DataLoss, ReadTask, SegmentObject, gap_in
 from kafscale.pipeline.process import freeze_imports_once
 
 log = logging.getLogger(__name__)
@@ -65,9 +66,19 @@ def read_task(reading: TaskReading, task: ReadTask) -> Iterator[pa.RecordBatch]:
     ]
     include_headers, fail_on_data_loss = reading.include_headers, reading.fail_on_data_loss
     pending: list[asyncio.Task[bytes | None]] = []
+    cleaned_root = keys.cleaned_root_prefix(
+        reading.cluster, task.topic, task.topic_id, task.partition
+    )
     try:
         yield from _decode_in_order(
-            loop, store, task, segment_keys, pending, include_headers, fail_on_data_loss
+            loop,
+            store,
+            task,
+            segment_keys,
+            pending,
+            include_headers,
+            fail_on_data_loss,
+            cleaned_root,
         )
     finally:
         for leftover in pending:
@@ -84,16 +95,24 @@ def _decode_in_order(
     pending: list[asyncio.Task[bytes | None]],
     include_headers: bool,
     fail_on_data_loss: bool,
+    cleaned_root: str,
 ) -> Iterator[pa.RecordBatch]:
     expected = task.start
     for i, key in enumerate(segment_keys):
         while len(pending) < PREFETCH_SEGMENTS and i + len(pending) < len(segment_keys):
             pending.append(loop.create_task(_get(store, segment_keys[i + len(pending)])))
         data = loop.run_until_complete(pending.pop(0))
-        if data is None and task.segments[i].generation >= 0:
-            # Superseded by a newer compaction pass and deleted after its delay: a gap here
-            # would pass for cleaned records. Spark retries the task; a new query re-plans.
-            raise RuntimeError(f"cleaned object {key} was replaced while the query ran")
+        if data is None and (
+            task.segments[i].generation >= 0
+            or loop.run_until_complete(_superseded(store, cleaned_root, task, task.segments[i]))
+        ):
+            # Superseded by a newer compaction pass and deleted after its delay: its kept
+            # records live in the new pass's objects, so a gap here is neither cleaned records
+            # nor loss. Spark retries the task on the same plan; a new query re-plans.
+            raise RuntimeError(
+                f"{key} was superseded by a compaction pass while the query ran: "
+                "run the query again"
+            )
         if data is None:
             continue  # gone: the offsets it held show up as a gap below
         body = _verified_body(key, data)
@@ -111,6 +130,23 @@ def _decode_in_order(
             yield rows
     if max(expected, task.cleaned_upto) < task.end:
         _lost(task, (max(expected, task.cleaned_upto), task.end), fail_on_data_loss)
+
+
+async def _superseded(
+    store: ObjectStore, cleaned_root: str, task: ReadTask, segment: SegmentObject
+) -> bool:
+    """Whether a compaction pass newer than the task's plan wrote an object covering the
+    missing plain ``segment`` (one LIST, only when an object is missing): then its records
+    moved, and skipping the gap (``failOnDataLoss=false``) would silently drop kept records."""
+    try:
+        listed = await store.list(cleaned_root)
+    except ObjectStoreError as exc:
+        raise RuntimeError(f"cannot list {cleaned_root}: {exc}") from exc
+    for info in listed:
+        parsed = keys.parse_cleaned_key(cleaned_root, info.key)
+        if parsed is not None and parsed[0] > task.cleaned_generation and parsed[2] <= segment.base:
+            return True
+    return False
 
 
 async def _get(store: ObjectStore, key: str) -> bytes | None:

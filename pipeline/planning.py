@@ -45,6 +45,8 @@ class PartitionView:
     cleaned_upto: int = 0
     """Log compaction: offsets below this are read from cleaned objects, where records cleaned
     away leave gaps that are not loss (``docs/compaction.md``)."""
+    cleaned_generation: int = -1
+    """The compaction generation those cleaned objects belong to (-1: never cleaned)."""
 
     @property
     def key(self) -> TopicPartition:
@@ -91,6 +93,9 @@ class ReadTask:
     """The aborted transactions with records in [start, end): skipped."""
     cleaned_upto: int = 0
     """Gaps below this offset are records log compaction removed, not loss."""
+    cleaned_generation: int = -1
+    """The compaction generation planned (-1: none): a newer one may have superseded the
+    task's objects by the time it reads them."""
 
 
 def resolve_offset(spec: OffsetSpec, view: PartitionView, name: str) -> int:
@@ -191,7 +196,15 @@ def _task(
 ) -> ReadTask:
     aborted = tuple(t for t in view.aborted if t.last_offset >= start and t.first_offset < end)
     return ReadTask(
-        view.topic, view.topic_id, view.partition, start, end, segments, aborted, view.cleaned_upto
+        view.topic,
+        view.topic_id,
+        view.partition,
+        start,
+        end,
+        segments,
+        aborted,
+        view.cleaned_upto,
+        view.cleaned_generation,
     )
 
 

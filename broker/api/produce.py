@@ -37,7 +37,7 @@ from kafscale.broker.protocol.errors import ErrorCode, KafkaError, code_for
 from kafscale.broker.protocol.record_batch import (
     BatchHeader,
     InvalidBatch,
-    has_null_key,
+    null_key_indexes,
     read_header,
     record_timestamps,
     split_batches,
@@ -106,12 +106,13 @@ class TopicRules:
                 f"record batch of {largest} bytes over max.message.bytes={self.max_batch_bytes}",
                 ErrorCode.MESSAGE_TOO_LARGE,
             )
-        if self.compacted and any(has_null_key(batch) for batch in batches):
+        if self.compacted:
             # Kafka's LogValidator: the cleaner keeps records by key, so a record without one
-            # could never be kept or removed.
-            raise KafkaError(
-                "Compacted topic cannot accept message without key", ErrorCode.INVALID_RECORD
-            )
+            # could never be kept or removed. Read only for compacted topics: free elsewhere.
+            for batch in batches:
+                keyless = null_key_indexes(batch)
+                if keyless:
+                    raise KeylessRecords(keyless)
         if self.log_append_time:
             return
         for batch, header in zip(batches, headers, strict=True):
@@ -130,6 +131,39 @@ class TopicRules:
                         f"{self.before_max_ms} behind the broker's clock",
                         ErrorCode.INVALID_TIMESTAMP,
                     )
+
+
+class KeylessRecords(KafkaError):
+    """Records without a key sent to a compacted topic (``indexes``: in their batch)."""
+
+    code = ErrorCode.INVALID_RECORD
+
+    def __init__(self, indexes: list[int]) -> None:
+        super().__init__("Compacted topic cannot accept message without key")
+        self.indexes = indexes
+
+    def refusal(self, tp: tuple[str, int]) -> Refusal:
+        """Kafka's answer word for word (``LogValidator.validateKey``, ``processRecordErrors``),
+        so clients that show ``error_message`` or ``record_errors`` show what Kafka's would."""
+        reason = (
+            f"Compacted topic cannot accept message without key in topic partition {tp[0]}-{tp[1]}."
+        )
+        errors = [(index, reason) for index in self.indexes]
+        shown = ", ".join(f"RecordError(batchIndex={i}, message='{m}')" for i, m in errors[:3])
+        message = (
+            f"One or more records have been rejected due to {len(errors)} record errors in "
+            f"total, and only showing the first three errors at most: [{shown}]"
+        )
+        return Refusal(self.code, message, errors)
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """A partition's batch refused with a message and per-record errors for the response."""
+
+    code: ErrorCode
+    message: str
+    record_errors: list[tuple[int, str]]
 
 
 def request_bytes(request: Any) -> int:
@@ -222,7 +256,7 @@ def check_not_control(headers: list[BatchHeader]) -> None:
         )
 
 
-Outcome = asyncio.Future[Ack] | ErrorCode
+Outcome = asyncio.Future[Ack] | ErrorCode | Refusal
 
 
 async def _append_all(request: Any, ctx: RequestContext) -> dict[tuple[str, int], Outcome]:
@@ -259,6 +293,8 @@ async def _append_all(request: Any, ctx: RequestContext) -> dict[tuple[str, int]
                 outcomes[tp] = futures[0] if len(futures) == 1 else _first_ack(futures)
             except InvalidBatch:
                 outcomes[tp] = ErrorCode.CORRUPT_MESSAGE
+            except KeylessRecords as exc:
+                outcomes[tp] = exc.refusal(tp)
             except KafkaError as exc:
                 outcomes[tp] = exc.code
     return outcomes
@@ -295,8 +331,11 @@ async def _response(
 
 def _partition_result(ctx: RequestContext, tp: tuple[str, int], outcome: Outcome) -> Body:
     ack = Ack(-1, NO_APPEND_TIME)
+    refusal = outcome if isinstance(outcome, Refusal) else None
     if isinstance(outcome, ErrorCode):
         code = outcome
+    elif isinstance(outcome, Refusal):
+        code = outcome.code
     elif not outcome.done():
         outcome.add_done_callback(_consume_outcome)
         code = ErrorCode.REQUEST_TIMED_OUT
@@ -312,6 +351,12 @@ def _partition_result(ctx: RequestContext, tp: tuple[str, int], outcome: Outcome
         "log_append_time": ack.append_time,
         "log_start_offset": ctx.broker.committed_state(tp).log_start_offset,
     }
+    if refusal is not None:  # fields of Produce v8+; older versions leave them out
+        result["error_message"] = refusal.message
+        result["record_errors"] = [
+            {"batch_index": index, "batch_index_error_message": message}
+            for index, message in refusal.record_errors
+        ]
     if code == ErrorCode.NOT_LEADER_OR_FOLLOWER:
         leader = ctx.broker.leader_for(tp)
         epoch = ctx.broker.committed_state(tp).leader_epoch

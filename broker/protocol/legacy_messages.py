@@ -314,7 +314,7 @@ def _decode_records(
         offset_delta, position = read_varint(body, position)
         key, position = _read_varbytes(body, position)
         value, position = _read_varbytes(body, position)
-        if end > len(body):
+        if length < 1 or end > len(body):  # else a batch's count would repeat one record
             raise IndexError("record runs past its batch")
         yield offset_delta, timestamp_delta, key, value
         position = end

@@ -176,8 +176,7 @@ def record_timestamps(batch: bytes | memoryview) -> list[tuple[int, int]]:
     position = 0
     try:
         for _ in range(header.record_count):
-            length, position = read_varint(body, position)
-            end = position + length
+            position, end = _record_bounds(body, position)
             position += 1  # attributes
             timestamp_delta, position = read_varint(body, position)
             offset_delta, position = read_varint(body, position)
@@ -191,25 +190,43 @@ def record_timestamps(batch: bytes | memoryview) -> list[tuple[int, int]]:
 
 
 def has_null_key(batch: bytes | memoryview) -> bool:
-    """Whether some record of the batch has no key (decompressing as needed): a compacted
-    topic refuses those. InvalidBatch if the records cannot be read."""
+    """Whether some record of the batch has no key: a compacted topic refuses those."""
+    return bool(null_key_indexes(batch))
+
+
+def null_key_indexes(batch: bytes | memoryview) -> list[int]:
+    """The indexes (in the batch) of its records without a key, decompressing as needed: Kafka
+    names each in the produce response's ``record_errors``. InvalidBatch if the records cannot
+    be read."""
     header = read_header(batch)
     body = decompress(header.compression, bytes(batch[HEADER_SIZE : header.size]))
     position = 0
+    keyless = []
     try:
-        for _ in range(header.record_count):
-            length, position = read_varint(body, position)
-            end = position + length
+        for index in range(header.record_count):
+            position, end = _record_bounds(body, position)
             position += 1  # attributes
             _, position = read_varint(body, position)  # timestamp delta
             _, position = read_varint(body, position)  # offset delta
             key_length, position = read_varint(body, position)
             if key_length < 0:
-                return True
+                keyless.append(index)
             position = end
     except IndexError as exc:
         raise InvalidBatch("a record runs past the end of its batch") from exc
-    return False
+    return keyless
+
+
+def _record_bounds(body: bytes, position: int) -> tuple[int, int]:
+    """Where the record at ``position`` starts (after its length) and ends. Its length must be
+    positive and within ``body``: a zero or negative one would make the next record start at
+    or before this one, and a batch claiming 2**31 records would then be read for hours (or,
+    for ``record_timestamps``, fill memory) from a few bytes a client sent."""
+    length, position = read_varint(body, position)
+    end = position + length
+    if length < 1 or end > len(body):
+        raise InvalidBatch("a record's length does not fit its batch")
+    return position, end
 
 
 MAX_DECOMPRESSED_BYTES = 64 * 1024 * 1024
@@ -287,7 +304,9 @@ def _snappy_raw(data: bytes, room: int, limit: int) -> bytes:
 
 
 def read_uvarint(data: bytes, position: int) -> tuple[int, int]:
-    """An unsigned varint and the position after it (IndexError past the end of ``data``)."""
+    """An unsigned varint and the position after it (IndexError past the end of ``data``).
+    At most 10 bytes, as Kafka reads a varlong: an unbounded run of continuation bytes would
+    build an ever larger int, quadratic in its length (hours for a megabyte a client sent)."""
     shift = value = 0
     while True:
         byte = data[position]
@@ -296,6 +315,11 @@ def read_uvarint(data: bytes, position: int) -> tuple[int, int]:
         if not byte & 0x80:
             return value, position
         shift += 7
+        if shift >= _MAX_VARINT_SHIFT:
+            raise InvalidBatch("a varint longer than 10 bytes")
+
+
+_MAX_VARINT_SHIFT = 70  # 10 bytes of 7 bits
 
 
 def read_varint(data: bytes, position: int) -> tuple[int, int]:

@@ -51,6 +51,7 @@ from kio.serial import entity_reader
 from kafscale.broker.api.table import API_TABLE
 from kafscale.broker.metadata.embedded_etcd import EmbeddedEtcd
 from kafscale.broker.protocol import codec
+from kafscale.broker.protocol.batch_encoder import encode_batch, encode_record
 
 pytestmark = pytest.mark.integration
 
@@ -261,6 +262,45 @@ def test_a_decompression_bomb_is_refused_or_stored_but_never_expanded(
         found = wire.request(LIST_OFFSETS, 7, body).topics[0].partitions[0]
         assert (int(found.error_code), int(found.offset)) == (NONE, bomb_offset)
     assert kafka.process is not None and kafka.process.poll() is None, kafka.tail()
+
+
+def test_a_compacted_topic_answers_keyless_records_as_kafka_and_bad_lengths_at_once(
+    kafka: BrokerProcess,
+) -> None:
+    """A compacted topic reads every record's key on produce. Keyless records get Kafka's
+    INVALID_RECORD with its error_message and one record_errors entry each; a batch of a few
+    bytes whose record length is -1 while it claims 2**31-1 records is CORRUPT_MESSAGE at once
+    (the key check read that one record 2**31 times: the broker stopped answering anyone)."""
+    topic = f"keys-{uuid.uuid4().hex[:6]}"
+    create_topics(kafka.bootstrap, [topic], 1, {"cleanup.policy": "compact"})
+    now = int(time.time() * 1000)
+    records = encode_record(0, 0, b"k", b"v") + encode_record(1, 0, None, b"v")
+    keyless = encode_batch(records, 2, base_timestamp=now, max_timestamp=now)
+    endless = encode_batch(
+        b"\x01\x00\x00\x00\x02k\x02v\x00", 2**31 - 1, base_timestamp=now, max_timestamp=now
+    )
+    reason = f"Compacted topic cannot accept message without key in topic partition {topic}-0."
+    with KafkaWire(kafka.bootstrap) as wire:
+        answer = wire.request(PRODUCE, 9, produce_body(topic, 0, keyless))
+        partition = answer.responses[0].partition_responses[0]
+        assert int(partition.error_code) == INVALID_RECORD
+        assert [
+            (int(e.batch_index), e.batch_index_error_message) for e in partition.record_errors
+        ] == [(1, reason)]
+        assert partition.error_message == (
+            "One or more records have been rejected due to 1 record errors in total, and only "
+            "showing the first three errors at most: "
+            f"[RecordError(batchIndex=1, message='{reason}')]"
+        )
+        code, _ = produce_partition(wire.request(PRODUCE, 9, produce_body(topic, 0, endless)))
+        assert code == CORRUPT_MESSAGE
+        keyed = encode_batch(
+            encode_record(0, 0, b"k", b"v"), 1, base_timestamp=now, max_timestamp=now
+        )
+        assert produce_partition(wire.request(PRODUCE, 9, produce_body(topic, 0, keyed))) == (
+            NONE,
+            0,
+        )
 
 
 def test_unknown_topic_with_auto_create_off(kafka: BrokerProcess) -> None:

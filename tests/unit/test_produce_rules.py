@@ -68,3 +68,28 @@ def test_the_oldest_record_of_a_compressed_batch_counts_behind() -> None:
 def test_log_append_time_topics_take_any_producer_timestamp() -> None:
     rules = TopicRules(1_048_588, True, HOUR, HOUR)
     assert code_of(rules, [batch_at(NOW + 10 * HOUR), batch_at(0)]) == ErrorCode.NONE
+
+
+def test_keyless_records_on_a_compacted_topic_are_named_as_kafka_names_them() -> None:
+    from kafscale.broker.api.produce import KeylessRecords
+    from kafscale.broker.protocol.batch_encoder import encode_batch, encode_record
+
+    records = b"".join(
+        encode_record(i, 0, None if i in (1, 2, 3, 5) else b"k", b"v") for i in range(6)
+    )
+    batch = memoryview(encode_batch(records, 6, base_timestamp=NOW, max_timestamp=NOW))
+    compacted = TopicRules(1_048_588, False, HOUR, NO_LIMIT_MS, compacted=True)
+    with pytest.raises(KeylessRecords) as refused:
+        compacted.check([batch], [read_header(batch)], NOW)
+    assert refused.value.indexes == [1, 2, 3, 5]
+    refusal = refused.value.refusal(("orders", 4))
+    reason = "Compacted topic cannot accept message without key in topic partition orders-4."
+    assert refusal.code == ErrorCode.INVALID_RECORD
+    assert refusal.record_errors == [(1, reason), (2, reason), (3, reason), (5, reason)]
+    assert refusal.message == (
+        "One or more records have been rejected due to 4 record errors in total, and only "
+        f"showing the first three errors at most: [RecordError(batchIndex=1, message='{reason}'), "
+        f"RecordError(batchIndex=2, message='{reason}'), "
+        f"RecordError(batchIndex=3, message='{reason}')]"
+    )
+    assert code_of(RULES, [batch]) == ErrorCode.NONE  # not compacted: keyless records pass

@@ -23,13 +23,16 @@ from harness.batches import make_batch, with_base_offset
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from kafscale.broker.protocol.batch_encoder import encode_batch, encode_record
 from kafscale.broker.protocol.record_batch import (
     HEADER_SIZE,
     MAX_DECOMPRESSED_BYTES,
     InvalidBatch,
     decompress,
+    has_null_key,
     iter_batch_headers,
     read_header,
+    read_varint,
     record_timestamps,
     split_batches,
     with_log_append_time,
@@ -346,6 +349,38 @@ def test_records_missing_from_a_batch_are_an_invalid_batch() -> None:
     plain = make_batch(0, [b"a", b"b"], timestamp_ms=1_700_000_000_000)
     with pytest.raises(InvalidBatch, match="past the end"):
         record_timestamps(rebuild(plain, record_count=5))
+
+
+def _claiming(records: bytes, count: int) -> bytes:
+    """A batch whose header claims ``count`` records over ``records`` (CRC valid, as a client
+    crafting it would send it)."""
+    return encode_batch(records, count, base_timestamp=0, max_timestamp=0)
+
+
+@pytest.mark.parametrize("length", [b"\x01", b"\x00", b"\x03"], ids=["-1", "0", "-2"])
+def test_a_record_length_not_positive_is_invalid_not_read_count_times(length: bytes) -> None:
+    # A record of length -1 would be read again and again: one produce of a few bytes claiming
+    # 2**31 records held the event loop for hours (has_null_key on a compacted topic) or filled
+    # memory (record_timestamps with message.timestamp.before.max.ms).
+    batch = _claiming(length + b"\x00\x00\x00\x02a\x02b\x00", 100_000)
+    with pytest.raises(InvalidBatch):
+        has_null_key(batch)
+    with pytest.raises(InvalidBatch):
+        record_timestamps(batch)
+
+
+def test_a_varint_longer_than_ten_bytes_is_invalid() -> None:
+    assert read_varint(b"\xff" * 9 + b"\x01", 0)[1] == 10  # the longest Kafka writes
+    with pytest.raises(InvalidBatch):
+        read_varint(b"\x80" * 10 + b"\x01", 0)  # unbounded, a megabyte took hours
+
+
+def test_has_null_key_finds_a_keyless_record_in_a_compressed_batch() -> None:
+    keyed = encode_record(0, 0, b"k", b"v")
+    keyless = encode_record(1, 0, None, b"v")
+    body = bytes(cramjam.zstd.compress(keyed + keyless))
+    assert has_null_key(encode_batch(body, 2, base_timestamp=0, max_timestamp=0, attributes=4))
+    assert not has_null_key(_claiming(keyed, 1))
 
 
 @pytest.mark.parametrize("codec", [5, 6, 7])
