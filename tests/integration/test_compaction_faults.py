@@ -497,9 +497,12 @@ def test_a_fault_campaign_keeps_every_keys_latest_acked_value(
         for thread in threads:
             thread.start()
         time.sleep(2)  # some history first
-        for _ in range(rounds):
+        # Each kind once (in a random order), then at random.
+        kinds = campaign.rng.sample(FAULT_KINDS, len(FAULT_KINDS))
+        kinds += [campaign.rng.choice(FAULT_KINDS) for _ in range(rounds - len(kinds))]
+        for kind in kinds[:rounds]:
             time.sleep(campaign.rng.uniform(0.5, 2.0))
-            campaign.inject(campaign.rng.choice(FAULT_KINDS))
+            campaign.inject(kind)
         stop.set()
         for thread in producers:
             thread.join(200)
