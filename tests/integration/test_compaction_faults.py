@@ -55,6 +55,7 @@ from kafscale.broker.child_process import BrokerProcess, free_port_run
 from kafscale.broker.metadata import keys
 from kafscale.broker.metadata.embedded_etcd import EmbeddedEtcd
 from kafscale.broker.metadata.etcd import Etcd
+from kafscale.broker.metadata.etcd_errors import MetadataUnavailable
 from kafscale.broker.metadata.partition_state import PartitionState
 from kafscale.broker.storage.segments import decode_segment
 
@@ -77,7 +78,10 @@ CLEANER_ENV = {
 }
 
 
-def read_etcd(cluster: BrokerCluster, key: str) -> bytes | None:
+def read_etcd(cluster: BrokerCluster, key: str, attempts: int = 5) -> bytes | None:
+    """``key``'s value; a connection that fails on a loaded machine (seen at a load average of
+    19: "tcp handshaker shutdown") is tried again."""
+
     async def read() -> bytes | None:
         etcd = await Etcd.connect([cluster.etcd_url], timeout_s=5)
         try:
@@ -86,7 +90,14 @@ def read_etcd(cluster: BrokerCluster, key: str) -> bytes | None:
         finally:
             await etcd.close()
 
-    return asyncio.run(read())
+    for attempt in range(attempts):
+        try:
+            return asyncio.run(read())
+        except MetadataUnavailable:
+            if attempt == attempts - 1:
+                raise
+            time.sleep(1)
+    raise AssertionError("unreachable")
 
 
 def partition_state(cluster: BrokerCluster, topic: str, partition: int) -> PartitionState:
