@@ -24,6 +24,7 @@ from kafscale.broker.api.fetch_sessions import (
 )
 from kafscale.broker.authz.model import Operation
 from kafscale.broker.metadata.cluster import TopicInfo
+from kafscale.broker.metadata.etcd_errors import MetadataUnavailable
 from kafscale.broker.metadata.partition_state import PartitionState
 from kafscale.broker.metadata.partition_txns import last_stable_offset
 from kafscale.broker.observability.metrics import METRICS
@@ -225,6 +226,8 @@ async def _prepare(
             state = await broker.fresh_state(tp)
     except (MetadataTimeout, KafkaError) as exc:
         return None, _partition_body(item.partition, exc.code, -1, -1)
+    except MetadataUnavailable as exc:  # a non-owner's read of etcd: retriable, per partition
+        return None, _partition_body(item.partition, MetadataTimeout(str(exc)).code, -1, -1)
     epoch_error = _check_epoch(item.current_leader_epoch, state.leader_epoch)
     body = _partition_body(
         item.partition, epoch_error or ErrorCode.NONE, state.high_watermark, state.log_start_offset

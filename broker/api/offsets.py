@@ -123,7 +123,14 @@ async def handle_offset_for_leader_epoch(request: Any, ctx: RequestContext) -> B
                     }
                 )
                 continue
-            state = await broker.fresh_state((topic.topic, index))
+            try:
+                state = await broker.fresh_state((topic.topic, index))
+            except MetadataUnavailable as exc:  # a non-owner's read of etcd: retriable
+                code = MetadataTimeout(str(exc)).code
+                results.append(
+                    {"partition": index, "leader_epoch": -1, "end_offset": -1, "error_code": code}
+                )
+                continue
             epoch, end_offset = end_offset_for_epoch(state, int(p.leader_epoch))
             results.append(
                 {

@@ -131,6 +131,12 @@ def test_a_delayed_delete_never_touches_a_newer_pass() -> None:
     assert doomed == [at(0, 1).key, at(2, 0).key]
 
 
+def test_a_partition_with_no_segment_has_no_input() -> None:
+    """An empty partition (a compacted topic nothing was written to yet): the cleaner logged a
+    ValueError traceback for it every interval (seen in test_compaction_faults.py's logs)."""
+    assert plain_inputs(PartitionState(), []) == []
+
+
 def test_sizes_count_no_superseded_segment() -> None:
     """DescribeLogDirs' count from the state's recent segments leaves out those a pass
     superseded (the cleaned objects are counted from their listing instead)."""

@@ -1,0 +1,584 @@
+"""The log cleaner under failure: real etcd, moto S3, broker processes and clients.
+
+* Deterministic tests of what the campaign looks for: a pass that wrote objects and then
+  failed (an upload or its commit went unanswered) must not stop the owner's later passes; a
+  non-owner serving a Fetch while etcd is away answers with a retriable error.
+* The fault campaign (``test_a_fault_campaign_keeps_every_keys_latest_acked_value``): keyed
+  idempotent producers write updates and tombstones to a compacted topic cleaned all the time,
+  while brokers are SIGKILLed and restarted, SIGSTOPped and resumed, etcd is paused and the
+  object store holds its replies. Then, after a final pass, a consumer from the beginning, the
+  consumers that read throughout, and the store against the state are checked
+  (``harness.compaction_faults``). ``KAFSCALE_FAULT_ROUNDS`` (default 6) makes it longer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import random
+import signal
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Producer
+from confluent_kafka import TopicPartition as ConfluentTP
+from confluent_kafka.admin import (
+    AdminClient,
+    AlterConfigOpType,
+    ConfigEntry,
+    ConfigResource,
+    NewTopic,
+    ResourceType,
+)
+from harness.brokers import BrokerCluster, new_cluster
+from harness.compaction_faults import (
+    Ledger,
+    Sent,
+    StoreCheck,
+    check_log,
+    check_store,
+    latest_acked,
+    tiling_gaps,
+)
+from harness.kafka_wire import KafkaWire, fetch_body, fetch_partition
+from harness.s3 import S3Endpoint
+from harness.tcp_relay import TcpRelay
+
+from kafscale.broker.child_process import BrokerProcess, free_port_run
+from kafscale.broker.metadata import keys
+from kafscale.broker.metadata.embedded_etcd import EmbeddedEtcd
+from kafscale.broker.metadata.etcd import Etcd
+from kafscale.broker.metadata.etcd_errors import MetadataUnavailable
+from kafscale.broker.metadata.partition_state import PartitionState
+from kafscale.broker.storage.segments import decode_segment
+
+pytestmark = pytest.mark.integration
+
+FETCH, OFFSET_FOR_LEADER_EPOCH = 1, 23
+EPOCH_BODY = {
+    "replica_id": -1,
+    "topics": [
+        {
+            "topic": "plain",
+            "partitions": [{"partition": 0, "current_leader_epoch": -1, "leader_epoch": 0}],
+        }
+    ],
+}
+
+CLEANER_ENV = {
+    "KAFSCALE_LOG__CLEANER_INTERVAL_S": "0.3",
+    "KAFSCALE_LOG__CLEANER_DELETE_DELAY_S": "1",
+}
+
+
+def read_etcd(cluster: BrokerCluster, key: str, attempts: int = 5) -> bytes | None:
+    """``key``'s value; a connection that fails on a loaded machine (seen at a load average of
+    19: "tcp handshaker shutdown") is tried again."""
+
+    async def read() -> bytes | None:
+        etcd = await Etcd.connect([cluster.etcd_url], timeout_s=5)
+        try:
+            entry = await etcd.get(key)
+            return None if entry is None else bytes(entry.value)
+        finally:
+            await etcd.close()
+
+    for attempt in range(attempts):
+        try:
+            return asyncio.run(read())
+        except MetadataUnavailable:
+            if attempt == attempts - 1:
+                raise
+            time.sleep(1)
+    raise AssertionError("unreachable")
+
+
+def partition_state(cluster: BrokerCluster, topic: str, partition: int) -> PartitionState:
+    value = read_etcd(cluster, keys.partition_state_key(cluster.cluster, topic, partition))
+    assert value is not None
+    return PartitionState.from_json(value)
+
+
+def topic_id(cluster: BrokerCluster, topic: str) -> str:
+    value = read_etcd(cluster, keys.topic_key(cluster.cluster, topic))
+    assert value is not None
+    return str(json.loads(value)["topic_id"])
+
+
+def eventually(check: Callable[[], Any], what: str, timeout_s: float = 90.0) -> Any:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        found = check()
+        if found:
+            return found
+        time.sleep(0.2)
+    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+
+
+def create_compacted(bootstrap: str, topic: str, partitions: int, **configs: str) -> None:
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    config = {"cleanup.policy": "compact", **configs}
+    admin.create_topics([NewTopic(topic, partitions, 1, config=config)])[topic].result(30)
+
+
+def produce_segments(bootstrap: str, topic: str, rounds: int, keys_per_round: int) -> int:
+    """``rounds`` flushed rounds of updates to the same keys on partition 0 (a segment each);
+    returns the high watermark."""
+    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5})
+    for r in range(rounds):
+        for k in range(keys_per_round):
+            producer.produce(topic, key=b"k%d" % k, value=b"v%d" % r, partition=0)
+        assert producer.flush(15) == 0
+        time.sleep(0.15)  # the next round lands in a segment of its own
+    return rounds * keys_per_round
+
+
+def test_leftovers_of_a_failed_pass_at_the_owners_epoch_do_not_stop_its_later_passes(
+    broker_cluster: BrokerCluster,
+) -> None:
+    """A pass uploads generation g+1 under its owner's epoch, then fails before its commit
+    lands (the store or etcd did not answer in time, the owner lives on). Its objects stay:
+    nothing may delete them while the commit's outcome is unknown. Before the fix the owner's
+    next pass wrote the same generation at the same epoch, the conditional PUT of its first
+    object met the leftover (ObjectAlreadyExists), the pass was skipped, and so was every pass
+    after it: the partition was never cleaned again while that broker owned it. The leftover
+    is planted here (the first object of generation 0 at the owner's epoch), deterministically,
+    before the first pass can run."""
+    broker = broker_cluster.start(**CLEANER_ENV)
+    topic = "leftovers"
+    create_compacted(broker.bootstrap, topic, 1, **{"min.cleanable.dirty.ratio": "1.5"})
+    hw = produce_segments(broker.bootstrap, topic, rounds=6, keys_per_round=3)
+    state = partition_state(broker_cluster, topic, 0)
+    assert state.cleaned is None
+    prefix = keys.cleaned_pass_prefix(
+        broker_cluster.cluster, topic, topic_id(broker_cluster, topic), 0, 0, state.leader_epoch
+    )
+    leftover = keys.cleaned_object_key(prefix, 0)
+    broker_cluster.s3.client().put_object(Bucket=broker_cluster.bucket, Key=leftover, Body=b"x")
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+    entry = ConfigEntry(
+        "min.cleanable.dirty.ratio", "0.01", incremental_operation=AlterConfigOpType.SET
+    )
+    resource = ConfigResource(ResourceType.TOPIC, topic, incremental_configs=[entry])
+    for future in admin.incremental_alter_configs([resource]).values():
+        future.result(10)
+
+    def cleaned() -> PartitionState | None:
+        found = partition_state(broker_cluster, topic, 0)
+        return found if found.cleaned is not None and found.cleaned.upto >= hw - 3 else None
+
+    after = eventually(cleaned, "a pass by the same owner", timeout_s=60)
+    assert after.cleaned is not None
+    assert after.leader_epoch == state.leader_epoch  # the same owner: no handoff helped
+    # The leftover's generation is older than the committed one: the pass's delete takes it.
+    eventually(lambda: leftover not in broker_cluster.object_keys(prefix), "the leftover deleted")
+
+
+def test_a_fetch_a_non_owner_serves_while_etcd_is_away_gets_a_retriable_error(
+    etcd_server_private: EmbeddedEtcd, s3_server: S3Endpoint, tmp_path: Path
+) -> None:
+    """Found in the campaign's broker logs: a non-owner serving a Fetch at the end of the log,
+    or an OffsetForLeaderEpoch, reads the partition state from etcd (``fresh_state``); with
+    etcd paused that raised MetadataUnavailable out of the handler, so the whole request failed
+    (logged with a traceback, UNKNOWN_SERVER_ERROR). It gets REQUEST_TIMED_OUT (7) for that
+    partition, a retriable code, as every other etcd-backed handler answers an outage."""
+    cluster = new_cluster(
+        etcd_server_private.client_url, s3_server, tmp_path, "fe",
+        extra_env={"KAFSCALE_ETCD__TIMEOUT_S": "1"},
+    )  # fmt: skip
+    try:
+        first, second = cluster.start(), cluster.start()
+        create_compacted(first.bootstrap, "plain", 1, **{"cleanup.policy": "delete"})
+        producer = Producer({"bootstrap.servers": first.bootstrap})
+        producer.produce("plain", key=b"k", value=b"v", partition=0)
+        assert producer.flush(15) == 0
+        assert etcd_server_private.pid is not None
+        for _ in range(5):  # until the partition stayed where it was while etcd was paused
+            owner = eventually(
+                lambda: [b for b in (first, second) if "plain-0" in b.owned()], "an owner"
+            )[0]
+            other = second if owner is first else first
+            with KafkaWire(other.bootstrap) as wire:
+                wire.request(FETCH, 12, fetch_body("plain", 0, 0))  # connected, topic known
+                os.kill(etcd_server_private.pid, signal.SIGSTOP)
+                try:
+                    response = wire.request(FETCH, 12, fetch_body("plain", 0, 1))
+                    epochs = wire.request(OFFSET_FOR_LEADER_EPOCH, 4, EPOCH_BODY)
+                finally:
+                    os.kill(etcd_server_private.pid, signal.SIGCONT)
+            if "plain-0" not in other.owned():
+                break
+        assert response.error_code == 0
+        assert fetch_partition(response).error_code == 7  # REQUEST_TIMED_OUT
+        # OffsetForLeaderEpoch (a consumer checking its position after a leader change) too
+        assert epochs.topics[0].partitions[0].error_code == 7
+    finally:
+        cluster.stop_all()
+
+
+# --- the fault campaign --------------------------------------------------------------------------
+
+TOPIC = "compacted-faults"
+PARTITIONS = 3
+PRODUCERS = 3
+KEYS_PER_PRODUCER = 300  # ~70 bytes a record: ~60 KB kept, cleaned objects of ~4 KiB
+FAULT_KINDS = ("kill", "stop", "etcd", "store")
+ROUNDS = int(os.environ.get("KAFSCALE_FAULT_ROUNDS", "6"))  # faults: more for a local soak
+CAMPAIGN_ENV = {
+    **CLEANER_ENV,
+    "KAFSCALE_ETCD__TIMEOUT_S": "2",
+    "KAFSCALE_LOG__SEGMENT_BYTES": "4096",  # cleaned objects of ~4 KiB: many per pass
+    "KAFSCALE_LOG_LEVEL": "WARNING",
+}
+# An unreachable broker, a lost connection, a Fetch while etcd is paused (REQUEST_TIMED_OUT,
+# retriable): librdkafka says so and goes on by itself. An offset out of range is not here.
+TRANSIENT = {
+    KafkaError._TRANSPORT,
+    KafkaError._ALL_BROKERS_DOWN,
+    KafkaError._RESOLVE,
+    KafkaError.REQUEST_TIMED_OUT,
+}
+
+
+@dataclass
+class Slot:
+    """A broker's place: a restart keeps its port, as a pod keeps its address."""
+
+    port: int
+    process: BrokerProcess
+
+
+def start_broker(
+    cluster: BrokerCluster, port: int | None = None, attempts: int = 3
+) -> BrokerProcess:
+    """A broker (on ``port`` for a restart); a start not ready in time (a broker's imports
+    alone can take a minute on a loaded machine) is killed and tried again."""
+    port = port or free_port_run()
+    for attempt in range(attempts):
+        admin_port = free_port_run(avoid=[port])
+        broker = BrokerProcess(
+            env=cluster.env(port, admin_port, **CAMPAIGN_ENV),
+            log_path=cluster.workdir / f"broker-{len(cluster.brokers)}.log",
+            port=port,
+            admin_port=admin_port,
+        )
+        cluster.brokers.append(broker)  # killed by stop_all, whatever happens
+        try:
+            return broker.start(timeout_s=120)
+        except (TimeoutError, RuntimeError):
+            broker.kill()
+            if attempt == attempts - 1:
+                raise
+    raise AssertionError("unreachable")
+
+
+@dataclass
+class Campaign:
+    cluster: BrokerCluster
+    slots: list[Slot]
+    etcd: EmbeddedEtcd
+    store: TcpRelay
+    rng: random.Random
+    done: Counter[str] = field(default_factory=Counter)
+    log: list[str] = field(default_factory=list)
+
+    def bootstrap(self) -> str:
+        return ",".join(f"127.0.0.1:{slot.port}" for slot in self.slots)
+
+    def restart(self, slot: Slot) -> None:
+        slot.process.kill()
+        slot.process = start_broker(self.cluster, slot.port)
+
+    def inject(self, kind: str) -> None:
+        """One fault, undone before returning."""
+        slot = self.rng.choice(self.slots)
+        pause_s = self.rng.uniform(1.0, 3.0)
+        if kind == "kill":
+            slot.process.signal(signal.SIGKILL)
+            slot.process.wait(30)
+            time.sleep(self.rng.uniform(0.2, 1.0))
+            self.restart(slot)
+            what = f"kill :{slot.port}"
+        elif kind == "stop":
+            pause_s = self.rng.uniform(1.0, 5.0)  # past the etcd deadline (2 s), below the TTL
+            os.kill(slot.process.pid, signal.SIGSTOP)
+            time.sleep(pause_s)
+            os.kill(slot.process.pid, signal.SIGCONT)
+            what = f"stop :{slot.port} {pause_s:.1f} s"
+        elif kind == "etcd":
+            assert self.etcd.pid is not None
+            os.kill(self.etcd.pid, signal.SIGSTOP)
+            time.sleep(pause_s)
+            os.kill(self.etcd.pid, signal.SIGCONT)
+            what = f"pause etcd {pause_s:.1f} s"
+        else:  # requests reach the store, its answers wait: applied, unanswered in time
+            with self.store.holding_replies():
+                time.sleep(pause_s)
+            what = f"hold the store's replies {pause_s:.1f} s"
+        self.done[kind] += 1
+        self.log.append(what)
+
+
+def run_producer(index: int, bootstrap: str, stop: threading.Event, ledger: Ledger) -> None:
+    """Updates (about one in eight a tombstone) to this producer's own keys, acks=all and
+    idempotent, each key always to the same partition."""
+    producer = Producer(
+        {
+            "bootstrap.servers": bootstrap,
+            "acks": "all",
+            "enable.idempotence": True,
+            "linger.ms": 5,
+            "message.timeout.ms": 120_000,
+            "log_level": 0,
+        }
+    )
+    rng = random.Random(index)
+    seq = 0
+    while not stop.is_set():
+        k = rng.randrange(KEYS_PER_PRODUCER)
+        key = b"p%d-k%d" % (index, k)
+        value = None if rng.random() < 0.125 else b"%s-%d-" % (key, seq) + b"x" * 48
+        record = Sent(key, value, k % PARTITIONS)
+        at = ledger.send(record)
+
+        def report(error: Any, message: Any, key: bytes = key, at: int = at) -> None:
+            ledger.report(key, at, message.offset() if error is None else None, error is None)
+
+        producer.produce(
+            TOPIC, key=key, value=value, partition=record.partition, on_delivery=report
+        )
+        seq += 1
+        producer.poll(0)
+        time.sleep(0.01)
+    producer.flush(180)
+
+
+@dataclass
+class Reader:
+    """A consumer reading from the beginning throughout the campaign."""
+
+    bootstrap: str
+    position: dict[int, int] = field(default_factory=dict)  # partition -> last offset read
+    backwards: list[str] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+    stop: threading.Event = field(default_factory=threading.Event)
+
+    def run(self) -> None:
+        consumer = Consumer(
+            {
+                "bootstrap.servers": self.bootstrap,
+                "group.id": f"reader-{time.monotonic_ns()}",
+                "enable.auto.commit": False,
+                "auto.offset.reset": "error",  # an offset out of range is a finding
+                "fetch.wait.max.ms": 100,
+                "log_level": 0,
+            }
+        )
+        consumer.assign([ConfluentTP(TOPIC, p, OFFSET_BEGINNING) for p in range(PARTITIONS)])
+        try:
+            while not self.stop.is_set():
+                for message in consumer.consume(500, 0.2):
+                    error = message.error()
+                    if error is not None:
+                        if error.code() not in TRANSIENT:
+                            self.errors.append(str(error))
+                        continue
+                    partition, offset = message.partition(), message.offset()
+                    assert partition is not None and offset is not None
+                    before = self.position.get(partition, -1)
+                    if offset <= before:
+                        self.backwards.append(f"{partition}: {before} -> {offset}")
+                    self.position[partition] = offset
+        finally:
+            consumer.close()
+
+
+def read_all(bootstrap: str, ends: dict[int, int]) -> dict[int, list[tuple[int, Any, Any]]]:
+    """Every record of every partition from the beginning up to ``ends`` (high watermarks)."""
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"checker-{time.monotonic_ns()}",
+            "enable.auto.commit": False,
+            "auto.offset.reset": "error",
+            "log_level": 0,
+        }
+    )
+    consumer.assign([ConfluentTP(TOPIC, p, OFFSET_BEGINNING) for p in range(PARTITIONS)])
+    read: dict[int, list[tuple[int, Any, Any]]] = {p: [] for p in range(PARTITIONS)}
+    pending = {p for p, end in ends.items() if end > 0}
+    deadline = time.monotonic() + 120
+    try:
+        while pending and time.monotonic() < deadline:
+            for message in consumer.consume(1000, 0.5):
+                error = message.error()
+                if error is not None:
+                    assert error.code() in TRANSIENT, str(error)
+                    continue
+                p, offset = message.partition(), message.offset()
+                assert p is not None and offset is not None
+                read[p].append((offset, message.key(), message.value()))
+                if offset + 1 >= ends[p]:
+                    pending.discard(p)
+    finally:
+        consumer.close()
+    assert not pending, f"the checker stalled in partitions {pending}: {ends}"
+    return read
+
+
+def high_watermarks(bootstrap: str) -> dict[int, int]:
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "hw", "log_level": 0})
+    try:
+        return {
+            p: consumer.get_watermark_offsets(ConfluentTP(TOPIC, p), 30)[1]
+            for p in range(PARTITIONS)
+        }
+    finally:
+        consumer.close()
+
+
+def store_problems(cluster: BrokerCluster, tid: str) -> dict[int, StoreCheck]:
+    found = {}
+    for p in range(PARTITIONS):
+        state = partition_state(cluster, TOPIC, p)
+        prefix = f"{cluster.cluster}/topics/{TOPIC}/{tid}/{p}"  # both "<p>/" and "<p>.cleaned/"
+        listed = list_all(cluster, prefix)
+        found[p] = check_store(state, listed, (cluster.cluster, TOPIC, tid, p))
+    return found
+
+
+def list_all(cluster: BrokerCluster, prefix: str) -> list[str]:
+    client = cluster.s3.client()
+    found: list[str] = []
+    for page in client.get_paginator("list_objects_v2").paginate(
+        Bucket=cluster.bucket, Prefix=prefix
+    ):
+        found += [o["Key"] for o in page.get("Contents", [])]
+    return [k for k in found if k.startswith((prefix + "/", prefix + ".cleaned/"))]
+
+
+def cleaned_tiling(cluster: BrokerCluster, check: StoreCheck, state: PartitionState) -> list[str]:
+    """Read the state's cleaned objects: they tile [log start, upto) with no hole."""
+    assert state.cleaned is not None
+    client = cluster.s3.client()
+    ranges = []
+    for key in check.cleaned_keys:
+        data = client.get_object(Bucket=cluster.bucket, Key=key)["Body"].read()
+        segment = decode_segment(data)
+        name_base = int(key.rsplit("/", 1)[-1][:-4])
+        ranges.append((name_base, segment.header.base_offset, segment.last_offset))
+    return tiling_gaps(ranges, state.log_start_offset, state.cleaned.upto)
+
+
+@pytest.mark.timeout(300 + 40 * ROUNDS)  # a broker restart can take a minute on a loaded machine
+def test_a_fault_campaign_keeps_every_keys_latest_acked_value(
+    etcd_server_private: EmbeddedEtcd, s3_server: S3Endpoint, tmp_path: Path
+) -> None:
+    rounds = ROUNDS
+    store = TcpRelay("127.0.0.1", _port(s3_server))
+    relayed = replace(s3_server, url=store.url)
+    cluster = new_cluster(etcd_server_private.client_url, relayed, tmp_path, "cf")
+    try:
+        slots = []
+        for _ in range(3):
+            process = start_broker(cluster)
+            slots.append(Slot(process.port, process))
+        campaign = Campaign(cluster, slots, etcd_server_private, store, random.Random(rounds))
+        bootstrap = campaign.bootstrap()
+        create_compacted(
+            bootstrap,
+            TOPIC,
+            PARTITIONS,
+            **{"min.cleanable.dirty.ratio": "0.01", "delete.retention.ms": "3600000"},
+        )
+        ledger, stop = Ledger(), threading.Event()
+        producers = [
+            threading.Thread(target=run_producer, args=(i, bootstrap, stop, ledger), daemon=True)
+            for i in range(PRODUCERS)
+        ]
+        readers = [Reader(bootstrap) for _ in range(2)]
+        threads = producers + [threading.Thread(target=r.run, daemon=True) for r in readers]
+        for thread in threads:
+            thread.start()
+        time.sleep(2)  # some history first
+        # Each kind once (in a random order), then at random.
+        kinds = campaign.rng.sample(FAULT_KINDS, len(FAULT_KINDS))
+        kinds += [campaign.rng.choice(FAULT_KINDS) for _ in range(rounds - len(kinds))]
+        for kind in kinds[:rounds]:
+            time.sleep(campaign.rng.uniform(0.5, 2.0))
+            campaign.inject(kind)
+        stop.set()
+        for thread in producers:
+            thread.join(200)
+        assert ledger.acked > 500, (ledger.acked, campaign.log)
+        # The final pass: one record more per partition, alone in the newest segment, so that
+        # every acknowledged record is below the dirty end.
+        sentinel = Producer({"bootstrap.servers": bootstrap, "acks": "all", "log_level": 0})
+        for p in range(PARTITIONS):
+            sentinel.produce(TOPIC, key=b"sentinel", value=b"end", partition=p)
+        assert sentinel.flush(60) == 0
+        ends = high_watermarks(bootstrap)
+
+        def final_pass() -> dict[int, int] | None:
+            upto = {}
+            for p in range(PARTITIONS):
+                cleaned = partition_state(cluster, TOPIC, p).cleaned
+                if cleaned is None or cleaned.upto < ends[p] - 1:
+                    return None
+                upto[p] = cleaned.upto
+            return upto
+
+        upto = eventually(final_pass, "a final pass over every partition")
+        # Consumers that read throughout reach the end and never went backwards.
+        eventually(
+            lambda: all(r.position.get(p, -1) >= ends[p] - 1 for r in readers for p in ends),
+            f"the readers to reach {ends}",
+            timeout_s=60,
+        )
+        for reader in readers:
+            reader.stop.set()
+        for reader in readers:
+            assert reader.backwards == [], reader.backwards
+            assert reader.errors == [], reader.errors
+        # A consumer from the beginning: each key's latest acknowledged value, in place.
+        read = read_all(bootstrap, ends)
+        counts = check_log(ledger, read, upto)
+        deleted = [k for k, v in latest_acked(ledger).items() if v is None]
+        assert len(deleted) >= 10, "too few keys end on a tombstone to check them"
+        assert counts == dict.fromkeys(counts, 0), (counts, campaign.log)
+        assert all(value == b"end" for p in read for o, k, value in read[p] if k == b"sentinel")
+        # The store: no orphan left after the delete delay, nothing referenced missing.
+        tid = topic_id(cluster, TOPIC)
+
+        def no_orphans() -> dict[int, StoreCheck] | None:
+            checks = store_problems(cluster, tid)
+            return checks if all(not c.orphans for c in checks.values()) else None
+
+        try:
+            checks = eventually(no_orphans, "orphans deleted", timeout_s=30)
+        except AssertionError:
+            left = {p: c.orphans[:5] for p, c in store_problems(cluster, tid).items()}
+            raise AssertionError(f"orphans left: {left}; faults {campaign.log}") from None
+        for p, check in checks.items():
+            assert check.missing == [], check.missing
+            state = partition_state(cluster, TOPIC, p)
+            assert cleaned_tiling(cluster, check, state) == []
+        print(
+            f"\ncompaction fault campaign: {sum(campaign.done.values())} faults "
+            f"{dict(campaign.done)}, {ledger.acked} acked, {ledger.failed} not acked, "
+            f"{sum(len(r) for r in read.values())} records read after cleaning, upto {upto}"
+        )
+    finally:
+        cluster.stop_all()
+        store.close()
+
+
+def _port(endpoint: S3Endpoint) -> int:
+    return int(endpoint.url.rsplit(":", 1)[1])
