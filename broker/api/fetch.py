@@ -29,7 +29,7 @@ from kafscale.broker.metadata.partition_txns import last_stable_offset
 from kafscale.broker.observability.metrics import METRICS
 from kafscale.broker.protocol import legacy_messages
 from kafscale.broker.protocol.codec import millis
-from kafscale.broker.protocol.errors import ErrorCode, KafkaError, MetadataTimeout
+from kafscale.broker.protocol.errors import ErrorCode, KafkaError, MetadataTimeout, ObjectGone
 from kafscale.broker.protocol.record_batch import batches_below, next_offset_after
 
 TopicPartition = tuple[str, int]
@@ -265,18 +265,14 @@ async def _read_into(
     if (max_bytes <= 0 and not min_one) or item.info is None:
         return
     try:
-        records = await ctx.broker.reader.read(
-            item.info.name,
-            item.info.topic_id,
-            item.partition,
-            state,
-            item.fetch_offset,
-            max(max_bytes, 0),
-            min_one=min_one,
+        records, state = await _read_records(
+            item, item.info, state, ctx, max(max_bytes, 0), min_one
         )
     except KafkaError as exc:
         body["error_code"] = exc.code
         return
+    body["high_watermark"], body["log_start_offset"] = state.high_watermark, state.log_start_offset
+    body["last_stable_offset"] = last_stable_offset(state)
     if item.read_committed:
         try:
             records = await _committed_part(body, item, state, records, ctx)
@@ -287,6 +283,30 @@ async def _read_into(
         magic = legacy_messages.legacy_magic(ctx.api_version)
         records = legacy_messages.down_convert(records, magic, item.fetch_offset, max_bytes)
     body["records"] = records
+
+
+async def _read_records(
+    item: _Wanted,
+    info: TopicInfo,
+    state: PartitionState,
+    ctx: RequestContext,
+    max_bytes: int,
+    min_one: bool,
+) -> tuple[bytes, PartitionState]:
+    """The records from ``state`` (and the state read from): if an object it located was
+    deleted meanwhile (a compaction pass or retention committed since and its delete ran),
+    once more from the committed state read again."""
+    reader = ctx.broker.reader
+    where = (info.name, info.topic_id, item.partition)
+    try:
+        records = await reader.read(*where, state, item.fetch_offset, max_bytes, min_one=min_one)
+        return records, state
+    except ObjectGone:
+        fresh = await ctx.broker.fresh_state((info.name, item.partition))
+        if (fresh.cleaned, fresh.log_start_offset) == (state.cleaned, state.log_start_offset):
+            raise
+    records = await reader.read(*where, fresh, item.fetch_offset, max_bytes, min_one=min_one)
+    return records, fresh
 
 
 async def _committed_part(

@@ -311,11 +311,18 @@ async def handle_share_fetch(request: Any, ctx: RequestContext) -> Body:
 
 
 async def _is_member(ctx: RequestContext, group: str, member: str) -> bool:
-    """Whether ``member`` is in ``group`` as the cluster watch has it (no etcd read): a
-    share session is opened only for a member of the group, so made-up member ids neither
-    take this broker's sessions nor acquire records. A member's first ShareFetch may overtake
-    the watch event of its own join: it is given up to ``JOIN_GRACE_S`` for that event."""
-    return await ctx.broker.view.share_members.wait_for(group, member, JOIN_GRACE_S)
+    """Whether ``member`` is in ``group``: a share session is opened only for a member of the
+    group, so made-up member ids neither take this broker's sessions nor acquire records.
+    The cluster watch answers without an etcd read. A member's first ShareFetch may overtake
+    the watch event of its own join: it is given up to ``JOIN_GRACE_S`` for that event, then
+    etcd is read once (a loaded broker's watch can lag longer; the coordinator wrote the join
+    before answering the heartbeat, so etcd has it). Only ids still unknown cost that read."""
+    if await ctx.broker.view.share_members.wait_for(group, member, JOIN_GRACE_S):
+        return True
+    try:
+        return await _manager(ctx).member_stored(group, member)
+    except MetadataUnavailable:
+        return False
 
 
 async def _revalidate(ctx: RequestContext, group: str, parts: list[_Partition]) -> None:

@@ -150,6 +150,12 @@ class StorageFailure(KafkaError):
     code = ErrorCode.KAFKA_STORAGE_ERROR
 
 
+class ObjectGone(StorageFailure):
+    """An object the state located was deleted under the read: the state read from is older
+    than a compaction pass's delayed delete or a retention step. A caller holding a newer state
+    reads again from it (``api.fetch``); otherwise KAFKA_STORAGE_ERROR, which clients retry."""
+
+
 class CorruptMessage(KafkaError):
     code = ErrorCode.CORRUPT_MESSAGE
 

@@ -277,6 +277,10 @@ async def _read(
                 state.retry.add(part.broker)
             continue
         if code is not ErrorCode.NONE:
+            if part.epoch == INITIAL_EPOCH:
+                # The broker opened nothing (a member its watch has not shown, no access): the
+                # next round opens again rather than moving on a session that is not there.
+                forget_upstream(session, part.broker)
             state.fail(part, code)
             state.top_errors.append(code)
             continue

@@ -53,6 +53,8 @@ class Entry:
     limits: Limits
     revision: int = 0
     """The etcd mod revision of the stored state this entry continues from (0: none)."""
+    group_revision: int = 0
+    """A fresh entry's group metadata create revision: its first write is fenced by it."""
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     dirty: bool = False
     version: int = 0
@@ -162,8 +164,10 @@ class ShareManager:
         group, topic, partition = key
         state, revision = await self._store.load(group, topic, partition, owner.topic_id)
         fresh = state is None
+        group_revision = 0
         if state is None:
-            if not await self._store.is_share_group(group):
+            group_revision = await self._store.share_group_revision(group)
+            if not group_revision:
                 # Else any client could make this broker write state for group ids nobody
                 # joined (etcd growing without bound), or bring a deleted group's state back.
                 message = f"share group {group} does not exist (no member joined it)"
@@ -181,7 +185,14 @@ class ShareManager:
         # A fresh one is written at the next round so that "latest" stays where it was taken.
         limits = limits_of(config)
         return Entry(
-            key, owner.topic_id, owner.lease_revision, state, limits, revision, dirty=fresh
+            key,
+            owner.topic_id,
+            owner.lease_revision,
+            state,
+            limits,
+            revision,
+            group_revision=group_revision,
+            dirty=fresh,
         )
 
     def _drop(self, key: EntryKey) -> None:
@@ -253,6 +264,11 @@ class ShareManager:
         for entry in self.entries_of(group):
             found[(entry.key[1], entry.key[2])] = (entry.topic_id, entry.state)
         return found
+
+    async def member_stored(self, group: str, member_id: str) -> bool:
+        """Whether etcd has ``member_id`` in ``group`` (its coordinator wrote the join before
+        answering the member's heartbeat), for when the cluster watch lags behind."""
+        return await self._store.has_member(group, member_id)
 
     def entries_of(self, group: str) -> list[Entry]:
         return [e for k, e in self._entries.items() if k[0] == group]
@@ -331,7 +347,15 @@ class ShareManager:
             group, topic, partition = entry.key
             value = encode(entry.topic_id, entry.state)
             writes.append(
-                StateWrite(group, topic, partition, entry.lease_revision, entry.revision, value)
+                StateWrite(
+                    group,
+                    topic,
+                    partition,
+                    entry.lease_revision,
+                    entry.revision,
+                    value,
+                    entry.group_revision,
+                )
             )
             entry.dirty = False
         error = ErrorCode.NONE

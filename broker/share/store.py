@@ -29,6 +29,7 @@ from kafscale.broker.metadata.etcd_txn import (
     mod_revision_is,
     value_is,
 )
+from kafscale.broker.metadata.share_members import decode_share_members
 from kafscale.broker.share.partition import SharePartition
 
 
@@ -41,6 +42,11 @@ class StateWrite:
     expected_revision: int
     """The key's mod revision the owner knows (0: the key does not exist)."""
     value: bytes
+    group_revision: int = 0
+    """For the write that creates the key (``expected_revision`` 0): the create revision of the
+    group's metadata key the share-partition was started under (0: not checked). A group
+    deleted (DeleteGroups deletes its states in the same transaction) while the first write was
+    on its way must not get a state back."""
 
 
 def encode(topic_id: str, partition: SharePartition) -> bytes:
@@ -66,20 +72,32 @@ def refused_writes(
     me: bytes,
     leases: dict[str, tuple[bytes, int]],
     states: dict[str, int],
+    groups: dict[str, int] | None = None,
 ) -> set[int]:
     """Which of ``writes`` a flush transaction's compares refuse, given each partition lease's
     (value, create revision) and each state key's mod revision as etcd has them now (a key
     absent from the maps does not exist): the lease is not ``me``'s under the write's revision,
-    or the state moved since the owner read or wrote it."""
+    the state moved since the owner read or wrote it, or (a creating write) the group's metadata
+    key is not the one it was started under (``groups``: each metadata key's create revision)."""
     refused = set()
     for index, write in enumerate(writes):
         lease = leases.get(keys.partition_lease_key(cluster, write.topic, write.partition))
         state_key = keys.share_state_key(cluster, write.group, write.topic, write.partition)
-        if lease != (me, write.lease_revision) or states.get(state_key, 0) != (
-            write.expected_revision
+        if (
+            lease != (me, write.lease_revision)
+            or states.get(state_key, 0) != (write.expected_revision)
+            or (
+                _checks_group(write)
+                and (groups or {}).get(keys.group_metadata_key(cluster, write.group), 0)
+                != write.group_revision
+            )
         ):
             refused.add(index)
     return refused
+
+
+def _checks_group(write: StateWrite) -> bool:
+    return write.expected_revision == 0 and write.group_revision != 0
 
 
 class ShareStateStore:
@@ -100,11 +118,21 @@ class ShareStateStore:
             return None, 0
         return decode(kv.value, topic_id), kv.mod_revision
 
-    async def is_share_group(self, group: str) -> bool:
-        """Whether etcd holds ``group`` as a share group (its coordinator wrote it at the first
-        join, or at an offset admin call): only then may a share-partition start for it."""
+    async def share_group_revision(self, group: str) -> int:
+        """The create revision of ``group``'s metadata key if etcd holds it as a share group
+        (its coordinator wrote it at the first join, or at an offset admin call), else 0: only
+        then may a share-partition start for it, and its first write is fenced by it."""
         kv = await self._etcd.get(keys.group_metadata_key(self._cluster, group))
-        return kv is not None and decode_group(kv.value).group_type == "share"
+        if kv is None or decode_group(kv.value).group_type != "share":
+            return 0
+        return kv.create_revision
+
+    async def has_member(self, group: str, member_id: str) -> bool:
+        """Whether etcd's copy of ``group`` (a share group) names ``member_id``: the one read a
+        share-partition leader makes when its cluster watch has not shown the member yet."""
+        kv = await self._etcd.get(keys.group_metadata_key(self._cluster, group))
+        members = None if kv is None else decode_share_members(kv.value)
+        return members is not None and member_id in members
 
     async def revision(self, group: str, topic: str, partition: int) -> int:
         kv = await self._etcd.get(self._key(group, topic, partition))
@@ -125,6 +153,9 @@ class ShareStateStore:
                 ]
             key = self._key(write.group, write.topic, write.partition)
             compares.append(mod_revision_is(key, write.expected_revision))
+            if _checks_group(write):
+                metadata_key = keys.group_metadata_key(self._cluster, write.group)
+                compares.append(create_revision_is(metadata_key, write.group_revision))
         puts = [PutOp(self._key(w.group, w.topic, w.partition), w.value) for w in writes]
         result = await self._etcd.txn(compares, puts)
         return result.revision if result.succeeded else None
@@ -136,18 +167,29 @@ class ShareStateStore:
             {keys.partition_lease_key(self._cluster, w.topic, w.partition) for w in writes}
         )
         state_keys = [self._key(w.group, w.topic, w.partition) for w in writes]
-        found = await asyncio.gather(*(self._etcd.get(k) for k in [*lease_keys, *state_keys]))
+        group_keys = sorted(
+            {keys.group_metadata_key(self._cluster, w.group) for w in writes if _checks_group(w)}
+        )
+        found = await asyncio.gather(
+            *(self._etcd.get(k) for k in [*lease_keys, *state_keys, *group_keys])
+        )
+        ends = len(lease_keys), len(lease_keys) + len(state_keys)
         leases = {
             k: (kv.value, kv.create_revision)
-            for k, kv in zip(lease_keys, found[: len(lease_keys)], strict=True)
+            for k, kv in zip(lease_keys, found[: ends[0]], strict=True)
             if kv is not None
         }
         states = {
             k: kv.mod_revision
-            for k, kv in zip(state_keys, found[len(lease_keys) :], strict=True)
+            for k, kv in zip(state_keys, found[ends[0] : ends[1]], strict=True)
             if kv is not None
         }
-        return refused_writes(writes, self._cluster, self._me, leases, states)
+        groups = {
+            k: kv.create_revision
+            for k, kv in zip(group_keys, found[ends[1] :], strict=True)
+            if kv is not None
+        }
+        return refused_writes(writes, self._cluster, self._me, leases, states, groups)
 
     async def load_group(self, group: str) -> dict[tuple[str, int], tuple[str, SharePartition]]:
         """Every share-partition of ``group`` in etcd: (topic, partition) -> (topic id, state)."""

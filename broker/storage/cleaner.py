@@ -38,6 +38,7 @@ from kafscale.broker.protocol.record_batch import InvalidBatch
 from kafscale.broker.storage import aborted_index, compaction
 from kafscale.broker.storage.cache import SegmentCache
 from kafscale.broker.storage.compaction_plan import (
+    NO_LAG_LIMIT_MS,
     CleanerConfig,
     PlainSegment,
     cleaner_config,
@@ -93,6 +94,8 @@ def cleaned_inputs(
         if name.endswith(".kfs") and name[:-4].isdigit():
             bases.append((int(name[:-4]), info))
     bases.sort(key=lambda item: item[0])
+    if not bases:  # the committed generation's objects are gone (never expected): no input
+        return []
     upto = state.cleaned.upto if state.cleaned is not None else 0
     ends = [b for b, _ in bases[1:]] + [upto]
     return [
@@ -105,6 +108,8 @@ def cleaned_inputs(
 def plain_inputs(state: PartitionState, listed: Sequence[ObjectInfo]) -> list[Input]:
     """The committed plain segments (above the cleaned range), oldest first, with their ends."""
     found = committed_objects(state, list(listed))
+    if not found:  # retention of compact,delete deleted every segment: nothing to clean
+        return []
     ends = [base for base, _, _ in found[1:]] + [state.high_watermark]
     return [
         Input(info.key, base, end, info.size)
@@ -160,7 +165,11 @@ class Cleaner:
         self._store = store
         self._cache = cache
         self._broker_defaults = broker_defaults
-        self._created_at: dict[str, int] = {}
+        # Per partition, its plain segments' flush times (read only for a lag setting).
+        self._created_at: dict[tuple[str, int], dict[str, int]] = {}
+        # Per partition, the state revision, epoch and settings of its last check that found
+        # no pass due: while they stay, a pass stays not due (``_idle``), with no listing.
+        self._idle: dict[tuple[str, int], tuple[int, int, CleanerConfig]] = {}
         self._deletes: set[asyncio.Task[None]] = set()
 
     async def run(self, interval_s: float) -> None:
@@ -190,7 +199,21 @@ class Cleaner:
                 continue
             if result is not None:
                 results.append(result)
+        owned_now = self._manager.owned
+        for cache in (self._created_at, self._idle):
+            for tp in [tp for tp in cache if tp not in owned_now]:
+                del cache[tp]
         return results
+
+    def _idle_since(self, owned: OwnedPartition, config: CleanerConfig) -> bool:
+        """Whether the last check of ``owned`` found nothing due and nothing it depends on
+        changed since: no state write (a flush, DeleteRecords, retention or a pass moves the
+        state's revision), the same epoch and settings, and no lag setting (with one, time
+        alone can make a pass due). Saves the two LISTs per partition and check that an idle
+        compacted partition would otherwise cost."""
+        if config.min_lag_ms > 0 or config.max_lag_ms < NO_LAG_LIMIT_MS:
+            return False
+        return self._idle.get(owned.tp) == (owned.state_revision, owned.epoch, config)
 
     def _config(self, topic: str) -> CleanerConfig | None:
         info = self._view.topics.get(topic)
@@ -204,37 +227,46 @@ class Cleaner:
         config = self._config(owned.topic)
         if config is None or owned.failed:
             return None
+        if self._idle_since(owned, config):
+            return None
         started = time.monotonic()
-        state = owned.state
+        state, checked = owned.state, (owned.state_revision, owned.epoch, config)
         where = (owned.topic, owned.topic_id, owned.partition)
         cleaned = await self._cleaned_inputs(state, where)
         listed = await self._list(keys.partition_object_prefix(self._cluster, *where))
         plain = plain_inputs(state, listed)
-        segments = [
-            PlainSegment(i.base, i.end, i.size, await self._created_at_ms(i.key, config))
-            for i in plain
-        ]
+        segments = await self._segments(owned.tp, plain, config)
         dirty_end = plan_dirty_end(segments, state, sum(i.size for i in cleaned), now_ms, config)
         if dirty_end is None:
+            self._idle[owned.tp] = checked
             return None
         # Inputs wholly below the log start (retention of compact,delete) are left out: the
         # new generation starts at the first object still holding readable offsets.
         live = [i for i in cleaned if i.end > state.log_start_offset]
         dirty = [i for i in plain if state.log_start_offset < i.end <= dirty_end]
         if not dirty:
+            self._idle[owned.tp] = checked
             return None
         inputs = [*live, *dirty]
         aborted = await aborted_index.aborted_in_range(
             self._store, self._cache, self._cluster, where, state, inputs[0].base, dirty_end
         )
         offset_map, inputs = await self._index(inputs, len(live), aborted)
-        generation = state.cleaned.generation + 1 if state.cleaned is not None else 0
+        generation = await self._free_generation(
+            where, state.cleaned.generation + 1 if state.cleaned is not None else 0, owned.epoch
+        )
         upto = inputs[-1].end
         result_cleaned = Cleaned(upto, generation, owned.epoch)
         prefix = keys.cleaned_pass_prefix(self._cluster, *where, generation, owned.epoch)
         markers = compaction.TxnMarkers(kept_aborts_from(state, upto))
         written, objects = await self._write(
-            inputs, offset_map, aborted, markers, prefix, now_ms - config.delete_retention_ms
+            owned,
+            inputs,
+            offset_map,
+            aborted,
+            markers,
+            prefix,
+            now_ms - config.delete_retention_ms,
         )
         if not await self._manager.commit_cleaned(
             owned, result_cleaned, state.cleaned, markers.last_removed_abort
@@ -266,6 +298,24 @@ class Cleaner:
         )
         return cleaned_inputs(state, await self._list(prefix), prefix)
 
+    async def _free_generation(
+        self, where: tuple[str, str, int], generation: int, epoch: int
+    ) -> int:
+        """The first generation from ``generation`` whose prefix at ``epoch`` holds nothing.
+
+        A pass that failed after an upload (an input gone or a GET that failed, a PUT or its
+        etcd commit unanswered) leaves objects under its prefix while the epoch stays: the
+        next pass at the same generation would meet them (its conditional PUTs refused, the
+        partition never cleaned again) or mix with them (readers list the prefix). Those
+        objects are never committed state (a commit that was applied after all moved
+        ``state_revision``, so the new pass's commit is fenced), and the delayed delete of
+        the next committed pass takes them as older generations of its epoch."""
+        while await self._store.list(
+            keys.cleaned_pass_prefix(self._cluster, *where, generation, epoch), limit=1
+        ):
+            generation += 1
+        return generation
+
     async def _list(self, prefix: str) -> list[ObjectInfo]:
         found: list[ObjectInfo] = []
         while True:
@@ -276,15 +326,25 @@ class Cleaner:
             if len(page) < 1000:
                 return found
 
-    async def _created_at_ms(self, key: str, config: CleanerConfig) -> int:
+    async def _segments(
+        self, tp: tuple[str, int], plain: list[Input], config: CleanerConfig
+    ) -> list[PlainSegment]:
+        """The plain inputs with their flush times; the times cached are those of the
+        segments still listed (the cache does not grow with every segment ever cleaned)."""
+        known = self._created_at.get(tp, {})
+        times = {i.key: await self._created_at_ms(i.key, config, known) for i in plain}
+        self._created_at[tp] = times
+        return [PlainSegment(i.base, i.end, i.size, times[i.key]) for i in plain]
+
+    async def _created_at_ms(self, key: str, config: CleanerConfig, known: dict[str, int]) -> int:
         """A segment's flush time, read (a ranged GET of its header) only when a lag setting
         needs it; 0 otherwise (old enough for any decision that ignores it)."""
-        if config.min_lag_ms <= 0 and config.max_lag_ms >= 2**63 - 1:
+        if config.min_lag_ms <= 0 and config.max_lag_ms >= NO_LAG_LIMIT_MS:
             return 0
-        cached = self._created_at.get(key)
+        cached = known.get(key)
         if cached is None:
             header = await self._store.get(key, start=0, end=SEGMENT_HEADER_SIZE)
-            cached = self._created_at[key] = decode_segment_header(header).created_at_ms
+            cached = decode_segment_header(header).created_at_ms
         return cached
 
     async def _read(self, item: Input) -> tuple[memoryview, int]:
@@ -315,8 +375,21 @@ class Cleaner:
             return offset_map, inputs[:index]
         return offset_map, inputs
 
+    def _still_owned(self, owned: OwnedPartition) -> bool:
+        """Whether ``owned`` is still ours and its topic still the same one: a topic deleted
+        during a pass is purged once (its tombstone then goes), so an upload after the purge
+        would stay in the bucket for good."""
+        info = self._view.topics.get(owned.topic)
+        return (
+            self._manager.owned.get(owned.tp) is owned
+            and not owned.failed
+            and info is not None
+            and info.topic_id == owned.topic_id
+        )
+
     async def _write(
         self,
+        owned: OwnedPartition,
         inputs: list[Input],
         offset_map: compaction.OffsetMap,
         aborted: list[AbortedTxn],
@@ -326,7 +399,9 @@ class Cleaner:
     ) -> tuple[int, int]:
         """Filter the inputs in order into cleaned objects of about ``segment.bytes`` each;
         returns (bytes written, objects written). Tombstones and transaction markers of inputs
-        flushed before ``tombstones_before_ms`` may go (``delete.retention.ms``)."""
+        flushed before ``tombstones_before_ms`` may go (``delete.retention.ms``). Each upload
+        first checks that the partition is still ours and its topic not deleted (a pass over a
+        large partition takes a while)."""
         written = objects = 0
         body = bytearray()
         group_base, created = inputs[0].base, 0
@@ -347,6 +422,8 @@ class Cleaner:
                 encoded = encode_range_segment(
                     body, group_base, item.end - 1, created, self._settings.index_interval_bytes
                 )
+                if not self._still_owned(owned):
+                    raise CleanerError("the partition was given up or its topic deleted")
                 await self._store.put(keys.cleaned_object_key(prefix, group_base), encoded.segment)
                 written += len(encoded.segment)
                 objects += 1

@@ -20,6 +20,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import replace
+from typing import NamedTuple
 
 from kafscale.broker.metadata import keys
 from kafscale.broker.metadata.aborted_index import orphaned_indexes
@@ -158,6 +159,14 @@ async def with_epoch_boundaries(
     return found
 
 
+class CleanedObject(NamedTuple):
+    """A committed cleaned object holding offsets [base, end)."""
+
+    base: int
+    end: int
+    info: ObjectInfo
+
+
 class Janitor:
     def __init__(
         self,
@@ -176,6 +185,10 @@ class Janitor:
         self._listings: dict[tuple[str, int], tuple[int, int]] = {}  # (epoch, checks since scan)
         self._ledgers: dict[tuple[str, int], SizeLedger] = {}  # partitions with retention.bytes
         self._ledger_cleaned: dict[tuple[str, int], Cleaned | None] = {}  # each ledger's pass
+        # Per compacted partition, the pass and log start whose cleaned objects below the log
+        # start were deleted last, and its cleaned objects' flush times (``_cleaned_facts``).
+        self._cleaned_seen: dict[tuple[str, int], tuple[Cleaned, int]] = {}
+        self._cleaned_times: dict[tuple[str, int], dict[str, int]] = {}
 
     async def run(self, interval_s: float) -> None:
         while True:
@@ -186,8 +199,9 @@ class Janitor:
         owned_now = self._manager.owned
         for tp in [tp for tp in self._listings if tp not in owned_now]:
             del self._listings[tp]
-        for tp in [tp for tp in self._ledgers if tp not in owned_now]:
-            del self._ledgers[tp]
+        for cache in (self._ledgers, self._ledger_cleaned, self._cleaned_seen, self._cleaned_times):
+            for tp in [tp for tp in cache if tp not in owned_now]:
+                del cache[tp]
         for owned in list(owned_now.values()):
             try:
                 await self._sweep_partition(owned, now_ms)
@@ -214,8 +228,18 @@ class Janitor:
             objects = await with_epoch_boundaries(self._store, prefix, state, objects)
             if state.coordinator_epochs or state.aborted_txn_index:  # transactions ran here
                 await self._delete_orphaned_indexes(owned, state)
-        committed = await self._cleaned_facts(owned, state, expired_before_ms) + committed
+        cleaned_objects = []
+        if state.cleaned is not None and (
+            retention_ms >= 0
+            or self._cleaned_seen.get(owned.tp) != (state.cleaned, state.log_start_offset)
+        ):
+            cleaned_objects = await self._list_cleaned(owned, state.cleaned)
+            committed = await self._cleaned_facts(owned, cleaned_objects, expired_before_ms) + (
+                committed
+            )
         ledger = await self._ledger(owned, prefix, state, retention_bytes >= 0)
+        if owned.state.cleaned != state.cleaned:
+            return  # a pass committed while we listed: what we listed may be gone; next check
         hw, start = state.high_watermark, state.log_start_offset
         new_start = decide_log_start(committed, hw, start, now_ms, retention_ms, -1)
         if ledger is not None:  # retention.bytes: the later of the two cuts (``size_ledger``)
@@ -231,31 +255,69 @@ class Janitor:
             if ledger.first_base is not None:  # the segment holding the log start
                 bases.append(ledger.first_base)
         await self._delete_garbage(owned, objects, bases)
+        if state.cleaned is not None and cleaned_objects:
+            await self._delete_cleaned_below_start(owned, state.cleaned, cleaned_objects)
+
+    async def _list_cleaned(self, owned: OwnedPartition, cleaned: Cleaned) -> list[CleanedObject]:
+        """The committed generation's cleaned objects, oldest first, each with its end."""
+        where = (owned.topic, owned.topic_id, owned.partition)
+        prefix = keys.cleaned_pass_prefix(self._cluster, *where, cleaned.generation, cleaned.epoch)
+        root = keys.cleaned_root_prefix(self._cluster, *where)
+        found = []
+        for info in await self._store.list(prefix):
+            parsed = keys.parse_cleaned_key(root, info.key)
+            if parsed is not None and parsed[3] == "kfs" and parsed[2] < cleaned.upto:
+                found.append((parsed[2], info))
+        found.sort(key=lambda item: item[0])
+        ends = [base for base, _ in found[1:]] + [cleaned.upto]
+        pairs = zip(found, ends, strict=False)  # no object listed: no pair
+        return [CleanedObject(base, end, info) for (base, info), end in pairs]
 
     async def _cleaned_facts(
-        self, owned: OwnedPartition, state: PartitionState, expired_before_ms: int | None
+        self,
+        owned: OwnedPartition,
+        cleaned_objects: list[CleanedObject],
+        expired_before_ms: int | None,
     ) -> list[SegmentFacts]:
         """The committed cleaned objects of a compacted partition (``docs/compaction.md``), as
         retention weighs segments: the plain listing starts at ``cleaned.upto``, and a log
-        start decided from it alone would drop every cleaned record."""
-        if state.cleaned is None:
-            return []
-        prefix = keys.cleaned_pass_prefix(
-            self._cluster,
-            owned.topic,
-            owned.topic_id,
-            owned.partition,
-            state.cleaned.generation,
-            state.cleaned.epoch,
-        )
-        listed = [info for info in await self._store.list(prefix) if info.key.endswith(".kfs")]
-        objects = [(int(info.key[len(prefix) : -4]), info) for info in listed]
+        start decided from it alone would drop every cleaned record. Their flush times are
+        kept for the objects still listed only (every pass writes new ones)."""
+        known = self._cleaned_times.get(owned.tp, {})
+        times: dict[str, int] = {}
+
+        async def created_at_ms(key: str) -> int:
+            if key not in known:
+                header = await self._store.get(key, start=0, end=SEGMENT_HEADER_SIZE)
+                known[key] = decode_segment_header(header).created_at_ms
+            times[key] = known[key]
+            return times[key]
+
         facts, _ = await segment_facts(
-            [(base, info) for base, info in objects if base < state.cleaned.upto],
-            expired_before_ms,
-            self._created_at_ms,
+            [(item.base, item.info) for item in cleaned_objects], expired_before_ms, created_at_ms
         )
+        self._cleaned_times[owned.tp] = times
         return facts
+
+    async def _delete_cleaned_below_start(
+        self, owned: OwnedPartition, cleaned: Cleaned, cleaned_objects: list[CleanedObject]
+    ) -> None:
+        """Delete the committed cleaned objects wholly below the log start (retention of
+        ``compact,delete`` or DeleteRecords moved it past them): no reader serves offsets there,
+        and without this they stayed until a later pass, which an idle partition never runs.
+        Only while the pass listed is still the committed one (the cleaner deletes superseded
+        generations itself)."""
+        start = owned.state.log_start_offset
+        if owned.state.cleaned != cleaned:
+            return
+        doomed = [item.info.key for item in cleaned_objects if item.end <= start]
+        if doomed:
+            await self._store.delete_many(doomed)
+            log.info(
+                "deleted %d cleaned object(s) of %s-%d below its log start %d",
+                len(doomed), owned.topic, owned.partition, start,
+            )  # fmt: skip
+        self._cleaned_seen[owned.tp] = (cleaned, start)
 
     async def _bytes_start(
         self, ledger: SizeLedger, prefix: str, state: PartitionState, retention_bytes: int

@@ -342,18 +342,42 @@ class LogManager:
                 create_revision_is(lease_key, owned.lease_revision),
                 mod_revision_is(state_key, owned.state_revision),
             ]
+            document = state.to_json()
             try:
-                result = await self._etcd.txn(compares, [put_op(state_key, state.to_json())])
+                result = await self._etcd.txn(compares, [put_op(state_key, document)])
             except MetadataUnavailable as exc:
                 log.warning("compaction commit of %s-%d: %s", *owned.tp, exc)
-                return False
+                return await self._cleaned_if_applied(owned, state, state_key, document)
             if not result.succeeded:
                 self._abandon(owned, NotLeader("lease lost"), [])
                 return False
-            owned.state = state
-            owned.state_revision = result.revision
-            self._view.update_state(owned.tp, state, result.revision)
+            self._committed_cleaned(owned, state, result.revision)
             return True
+
+    async def _cleaned_if_applied(
+        self, owned: OwnedPartition, state: PartitionState, state_key: str, document: bytes
+    ) -> bool:
+        """An unanswered compaction commit may have been applied: read the state back once.
+        Taken as not applied, an applied one left ``state_revision`` stale, so the partition's
+        next flush commit failed its compare and the partition was given up (its produces
+        failed with NOT_LEADER_OR_FOLLOWER), and its superseded segments were never deleted.
+        Our document is ours alone (it holds our epoch); if etcd does not answer again, the
+        outcome stays unknown and the next commit's compare decides."""
+        try:
+            stored = await self._etcd.get(state_key)
+        except MetadataUnavailable:
+            return False
+        if stored is None or stored.value != document:
+            return False
+        self._committed_cleaned(owned, state, stored.mod_revision)
+        return True
+
+    def _committed_cleaned(
+        self, owned: OwnedPartition, state: PartitionState, revision: int
+    ) -> None:
+        owned.state = state
+        owned.state_revision = revision
+        self._view.update_state(owned.tp, state, revision)
 
     async def _delete_aborted_indexes(
         self, owned: OwnedPartition, dropped: list[TxnIndexRef]

@@ -107,7 +107,7 @@ class LogSizes:
         self._block_segments = block_segments
         self._blocks: dict[TopicPartition, SizeBlocks] = {}
         # Per compacted partition, the bytes of its committed generation of cleaned objects.
-        self._cleaned: dict[TopicPartition, tuple[Cleaned, int]] = {}
+        self._cleaned: dict[TopicPartition, tuple[tuple[Cleaned, int], int]] = {}
         self._counted_for: dict[TopicPartition, Cleaned | None] = {}  # the blocks' pass
 
     async def size_of(self, owned: OwnedPartition) -> int:
@@ -142,11 +142,14 @@ class LogSizes:
         return blocks.total + cleaned_bytes
 
     async def _cleaned_bytes(self, owned: OwnedPartition, state: PartitionState) -> int:
-        """The committed cleaned objects' bytes (one listing of their prefix per pass)."""
+        """The bytes of the committed cleaned objects holding offsets at or above the log start
+        (one listing of their prefix per pass and log start: retention of ``compact,delete``
+        and DeleteRecords move it past cleaned objects, which the janitor then deletes)."""
         if state.cleaned is None:
             return 0
+        counted_for = (state.cleaned, state.log_start_offset)
         known = self._cleaned.get(owned.tp)
-        if known is not None and known[0] == state.cleaned:
+        if known is not None and known[0] == counted_for:
             return known[1]
         prefix = keys.cleaned_pass_prefix(
             self._cluster,
@@ -156,8 +159,18 @@ class LogSizes:
             state.cleaned.generation,
             state.cleaned.epoch,
         )
-        total = sum(info.size for info in await self._store.list(prefix))
-        self._cleaned[owned.tp] = (state.cleaned, total)
+        objects = sorted(
+            (int(info.key[len(prefix) : -4]), info.size)
+            for info in await self._store.list(prefix)
+            if info.key.endswith(".kfs") and info.key[len(prefix) : -4].isdigit()
+        )
+        ends = [base for base, _ in objects[1:]] + [state.cleaned.upto]
+        total = sum(
+            size
+            for (_, size), end in zip(objects, ends, strict=False)
+            if end > state.log_start_offset
+        )
+        self._cleaned[owned.tp] = (counted_for, total)
         return total
 
     def _listed(

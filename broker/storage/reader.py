@@ -30,7 +30,7 @@ from kafscale.broker.metadata.partition_state import (
     time_scan_start,
 )
 from kafscale.broker.observability.metrics import METRICS
-from kafscale.broker.protocol.errors import OffsetOutOfRange, StorageFailure
+from kafscale.broker.protocol.errors import ObjectGone, OffsetOutOfRange, StorageFailure
 from kafscale.broker.protocol.record_batch import (
     InvalidBatch,
     iter_batch_headers,
@@ -302,7 +302,7 @@ class LogReader:
             for info in listed
             if info.key.endswith(".kfs") and info.key[len(prefix) : -4].isdigit()
         )
-        ends = [base for base, _ in objects[1:]] + [cleaned.upto]
+        ends = [base for base, _ in objects[1:]] + [cleaned.upto] if objects else []
         self._cleaned[(topic, topic_id, partition)] = (
             cleaned,
             [
@@ -313,7 +313,7 @@ class LogReader:
         )
         found = self._known_cleaned(topic, topic_id, partition, state, offset)
         if found is None:
-            raise StorageFailure(f"no cleaned object of {topic}-{partition} holds offset {offset}")
+            raise ObjectGone(f"no cleaned object of {topic}-{partition} holds offset {offset}")
         return found
 
     def _known_cleaned(
@@ -424,6 +424,8 @@ class LogReader:
     async def _get_whole(self, segment_key: str) -> memoryview:
         try:
             data = await self._store.get(segment_key)
+        except ObjectNotFound as exc:
+            raise ObjectGone(f"{segment_key} is gone: {exc}") from exc
         except ObjectStoreError as exc:
             raise StorageFailure(str(exc)) from exc
         try:

@@ -57,6 +57,11 @@ def decide_log_start(
         while keep_from < len(ordered) and total > retention_bytes:
             total -= ordered[keep_from].size
             keep_from += 1
+    if keep_from == 0:
+        # Nothing expired: the start stays, even where the listing starts above it (a
+        # compaction pass committed and its superseded objects went during the listing; read
+        # as "the log starts at the first listed segment", that dropped every cleaned record).
+        return log_start_offset
     new_start = ordered[keep_from].base if keep_from < len(ordered) else high_watermark
     return max(log_start_offset, min(new_start, high_watermark))
 

@@ -47,6 +47,7 @@ BROKERS = 3
 PARTITIONS = 6
 EARLIEST = {"share.auto.offset.reset": "earliest"}
 PROXY_NODE_ID = 1000
+SESSION_TIMEOUT_S = 45  # groups.share_session_timeout_ms's default
 JAVA_SOURCE = Path(__file__).with_name("java") / "ShareMember.java"
 
 
@@ -330,7 +331,11 @@ def test_records_of_a_consumer_whose_connection_drops_go_to_another_member(
     got = Received()
     other = share_consumer(proxied.bootstrap, group, topic)
     try:
-        poll_until(other, got, lambda: len(got.records) >= len(sent), timeout_s=60)
+        # The dead member stays in the group, with its share of the partitions, until its
+        # member session (45 s, Kafka's least) expires: what it held on the partitions the
+        # other member gets at once comes at once, the rest only then.
+        wait_s = SESSION_TIMEOUT_S + 60
+        poll_until(other, got, lambda: len(got.records) >= len(sent), timeout_s=wait_s)
     finally:
         other.close()
     assert sorted(got.values) == sorted(sent)

@@ -21,6 +21,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -37,13 +38,18 @@ from harness.share import (
     wait_stored,
 )
 
+from kafscale.broker.api import share_fetch
 from kafscale.broker.child_process import BrokerProcess
 from kafscale.broker.groups.model import GroupRecord
+from kafscale.broker.groups.share import ShareConfig
 from kafscale.broker.groups.store import Fence, GroupStore, encode_group
 from kafscale.broker.metadata import keys
 from kafscale.broker.metadata.embedded_etcd import EmbeddedEtcd
 from kafscale.broker.metadata.etcd import Etcd
+from kafscale.broker.metadata.share_members import ShareMembers
 from kafscale.broker.protocol.errors import ErrorCode
+from kafscale.broker.share.manager import OwnerView, ShareManager
+from kafscale.broker.share.store import ShareStateStore
 
 pytestmark = pytest.mark.integration
 
@@ -319,5 +325,60 @@ async def test_share_state_is_deleted_with_the_group_under_its_lease(
         assert await store.delete_group(group, fence)
         assert await etcd.get(state_key) is None
         assert await etcd.get(metadata_key) is None and await etcd.get(lease_key) is None
+    finally:
+        await etcd.close()
+
+
+async def test_a_member_the_lagging_watch_has_not_shown_yet_is_found_in_etcd(
+    etcd_server: EmbeddedEtcd, cluster_name: str
+) -> None:
+    """A loaded broker's cluster watch may show a member's join later than the join grace:
+    the member, whose heartbeat was answered after etcd had its join, still gets its session
+    (etcd is read once); a made-up id is still refused."""
+    etcd = await Etcd.connect([etcd_server.client_url], timeout_s=5)
+    try:
+        group = "lagging"
+        consumer = {"members": [{"member_id": "joined"}]}
+        record = GroupRecord("share", 1, None, None, group_type="share", consumer=consumer)
+        await etcd.put(keys.group_metadata_key(cluster_name, group), encode_group(record))
+        lagging_view = SimpleNamespace(share_members=ShareMembers())  # no event seen yet
+        manager = ShareManager(ShareStateStore(etcd, cluster_name, 1))
+        ctx: Any = SimpleNamespace(broker=SimpleNamespace(view=lagging_view, share=manager))
+        assert await share_fetch._is_member(ctx, group, "joined")
+        assert not await share_fetch._is_member(ctx, group, "made-up")
+    finally:
+        await etcd.close()
+
+
+async def test_a_share_partition_started_before_its_group_was_deleted_writes_no_state(
+    etcd_server: EmbeddedEtcd, cluster_name: str
+) -> None:
+    """A share-partition started (its first write due at the next flush round) when DeleteGroups
+    deletes the group: that write is refused, so the deleted group gets no state back (a group
+    created again under its name would start from it, and the key would stay forever)."""
+    etcd = await Etcd.connect([etcd_server.client_url], timeout_s=5)
+    try:
+        group = "deleted-meanwhile"
+        metadata_key = keys.group_metadata_key(cluster_name, group)
+        record = GroupRecord("share", 1, None, None, group_type="share", consumer={})
+        await etcd.put(metadata_key, encode_group(record))
+        lease_key = keys.partition_lease_key(cluster_name, "q", 0)
+        await etcd.put(lease_key, b"1")
+        lease = await etcd.get(lease_key)
+        assert lease is not None
+        manager = ShareManager(ShareStateStore(etcd, cluster_name, 1))
+        owner = OwnerView("00" * 16, lease.create_revision, 0, 10)
+        entry = await manager.entry((group, "q", 0), owner, ShareConfig())
+        assert entry.dirty  # a fresh share-partition: written at the next round
+        await etcd.delete(metadata_key)  # DeleteGroups, before that round
+        await manager._flush_round()
+        assert await etcd.get(keys.share_state_key(cluster_name, group, "q", 0)) is None
+        assert entry.dropped
+        # The same group created again: a share-partition of it is written as before.
+        await etcd.put(metadata_key, encode_group(record))
+        again = await manager.entry((group, "q", 0), owner, ShareConfig())
+        await manager._flush_round()
+        assert await etcd.get(keys.share_state_key(cluster_name, group, "q", 0)) is not None
+        assert not again.dirty and not again.dropped
     finally:
         await etcd.close()

@@ -4,13 +4,18 @@ session opened, moved on and closed, acknowledgements sent to each partition's o
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections.abc import Callable
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
 from kafscale.broker.api.envelope import forwarded_connection
+from kafscale.broker.protocol import codec
 from kafscale.broker.protocol.errors import ErrorCode
+from kafscale.broker.proxy import share
 from kafscale.broker.proxy.share_sessions import (
     FINAL_EPOCH,
     ClientSession,
@@ -181,3 +186,29 @@ def test_a_forwarded_requests_share_session_ends_with_the_proxys_connection() ->
     later = forwarded_connection(proxy_connection, "User:alice", "10.0.0.7")
     sessions.open_or_advance(("g", "m"), 1, [], [], later.session_owner)
     assert sessions.of_connection(proxy_connection) == [("g", "m")]
+
+
+def test_an_upstream_open_refused_at_the_top_level_is_opened_again_next_round() -> None:
+    """A broker answering the proxy's opening ShareFetch with a top-level error (say
+    UNKNOWN_MEMBER_ID while its watch lags) opened no session: the proxy's next round opens
+    one again (epoch 0) instead of sending epoch 1 to a session that is not there."""
+    _, session = opened(P0)
+    (part,) = plan_round(session, owners({P0: 1}), {}).parts
+    assert part.epoch == 0
+    body = share.error_body(ErrorCode.UNKNOWN_MEMBER_ID)
+    frame = codec.encode_response(share.SHARE_FETCH_KEY, 1, 0, body)[4:]
+    call: Any = SimpleNamespace(
+        forwarder=None, call=SimpleNamespace(api_key=share.SHARE_FETCH_KEY, api_version=1)
+    )
+
+    async def read() -> share._Answers:
+        future = asyncio.get_running_loop().create_future()
+        future.set_result(frame)
+        state = share._Answers()
+        await share._read(call, session, [part], [future], state)
+        return state
+
+    state = asyncio.run(read())
+    assert state.errors == {P0: ErrorCode.UNKNOWN_MEMBER_ID}
+    (again,) = plan_round(session, owners({P0: 1}), {}).parts
+    assert again.epoch == 0 and again.fetch == (P0,)

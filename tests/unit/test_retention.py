@@ -135,6 +135,19 @@ def test_later_clock_never_moves_the_start_back(
     assert later >= now
 
 
+@pytest.mark.parametrize(("retention_ms", "retention_bytes"), [(-1, -1), (60_000, -1), (-1, 10**9)])
+def test_a_listing_starting_above_the_log_start_expires_nothing_unexpired(
+    retention_ms: int, retention_bytes: int
+) -> None:
+    """Fails on the old main: nothing expired, yet the start moved to the first listed
+    segment. A compacted partition's listing starts at its cleaned range's end when the cleaned
+    objects are not in it (a pass committed and its delete ran while the janitor listed), and
+    the log start jumped past every cleaned record: consumers from the beginning got
+    OFFSET_OUT_OF_RANGE and reset to the end."""
+    listed = [SegmentFacts(40, 100, NOW - 1000), SegmentFacts(50, 100, NOW - 500)]
+    assert decide_log_start(listed, 60, 0, NOW, retention_ms, retention_bytes) == 0
+
+
 def test_examples() -> None:
     segments = [SegmentFacts(0, 100, NOW - 5000), SegmentFacts(10, 100, NOW - 3000)]
     segments.append(SegmentFacts(20, 100, NOW - 1000))

@@ -39,8 +39,8 @@ class FakeStore:
     async def load(self, *_: object) -> tuple[SharePartition | None, int]:
         return None, 0
 
-    async def is_share_group(self, _group: str) -> bool:
-        return self.share_group
+    async def share_group_revision(self, _group: str) -> int:
+        return 5 if self.share_group else 0
 
     async def save(self, writes: Sequence[StateWrite]) -> int | None:
         self.entered.set()
