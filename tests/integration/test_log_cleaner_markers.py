@@ -5,7 +5,8 @@ write) commits and aborts many small transactions to a compacted topic. After a 
 cleaner would have removed every marker whose transaction has no record left and that is older
 than ``delete.retention.ms``: the stored bytes come down to about the keys' latest values, and
 read_committed and read_uncommitted consumers from the beginning see exactly the records a
-cleaned log holds. On the old main every marker stays, so the marker and size checks fail there.
+cleaned log holds, through the broker and through the proxy. On the old main every marker
+stays, so the marker and size checks fail there.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import pytest
 from harness.brokers import BrokerCluster
 from harness.compaction_batches import read_with_kafka_python
 from harness.java_client import java_program
+from harness.proxy import start_proxy
 from integration.test_compaction_java_reader import SOURCE, _expected_lines
 from integration.test_log_cleaner import (
     CLEANER_ENV,
@@ -118,3 +120,7 @@ def test_markers_of_transactions_with_no_record_left_go_and_readers_see_the_same
     )
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.splitlines() == [f"file {path}", *_expected_lines(path.read_bytes(), "none")]
+
+    # A read_committed consumer through the proxy sees the same.
+    proxy = start_proxy(broker_cluster)
+    assert poll_all(proxy.bootstrap, topic, "read_committed") == expected
