@@ -116,14 +116,7 @@ class Dispatcher:
 
     async def __call__(self, frame: Frame, connection: Connection) -> bytes | None:
         peer = connection.peer
-        try:
-            api_key, api_version, correlation_id = codec.peek_header(frame)
-        except codec.DecodeError as exc:
-            raise CloseConnection(str(exc)) from exc
-        sasl = connection.sasl
-        if sasl and not sasl.authenticated and api_key not in ALLOWED_BEFORE_AUTHENTICATION:
-            # Kafka's authenticator closes the connection too (IllegalSaslStateException).
-            raise CloseConnection(f"api {api_key} before SASL authentication")
+        api_key, api_version, correlation_id = admit(frame, connection)
         if api_key == ENVELOPE_KEY and self._envelope is not None:
             return await self._envelope(frame, connection, self._broker, self)
         spec = self._table.get(api_key)
@@ -174,6 +167,21 @@ class Dispatcher:
             return None
         earlier = codec.millis(body.get("throttle_time", 0))
         return {**body, "throttle_time": max(throttle_ms, earlier)}
+
+
+def admit(frame: Frame, connection: Connection) -> tuple[int, int, int]:
+    """(api key, version, correlation id) of a request the connection may send; a frame without
+    a readable header, or a request other than ApiVersions, SaslHandshake and SaslAuthenticate
+    before the SASL login, closes the connection (Kafka's authenticator closes it too,
+    IllegalSaslStateException). The broker's and the proxy's rule: one function."""
+    try:
+        api_key, api_version, correlation_id = codec.peek_header(frame)
+    except codec.DecodeError as exc:
+        raise CloseConnection(str(exc)) from exc
+    sasl = connection.sasl
+    if sasl and not sasl.authenticated and api_key not in ALLOWED_BEFORE_AUTHENTICATION:
+        raise CloseConnection(f"api {api_key} before SASL authentication")
+    return api_key, api_version, correlation_id
 
 
 def encode_unsupported(

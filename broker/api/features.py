@@ -1,6 +1,7 @@
 """Feature flags ApiVersions reports (KIP-584): what this broker supports and what the cluster
 runs with. Every broker of a cluster (and the proxy) runs the same code, so the finalized levels
-are this code's, at a fixed epoch.
+are this code's, at a fixed epoch. UpdateFeatures (``kafka-features.sh``) accepts only the levels
+they have (``api/feature_updates.py``).
 
 ``transaction.version`` 2 is transaction protocol v2 (KIP-890 part 2): clients that know it
 (the Java client from 4.0) then send EndTxn v5 (the epoch is bumped with every commit or abort),

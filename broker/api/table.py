@@ -18,6 +18,7 @@ from kafscale.broker.api import (
     consumer_groups,
     coordinators,
     delegation_tokens,
+    feature_updates,
     fetch,
     group_offsets,
     groups,
@@ -228,6 +229,15 @@ _SPECS = [
         offset_delete.offset_delete_error_body,
     ),
     ApiSpec(60, "DescribeCluster", 0, 1, metadata.handle_describe_cluster),
+    # Finalized features are fixed (``api/feature_updates.py``): the level they have succeeds.
+    ApiSpec(
+        57,
+        "UpdateFeatures",
+        0,
+        2,
+        feature_updates.handle_update_features,
+        feature_updates.update_features_error_body,
+    ),
     ApiSpec(74, "ListConfigResources", 0, 1, config_resources.handle_list_config_resources),
     ApiSpec(
         75,

@@ -112,7 +112,9 @@ class GroupRuntime(ShareRuntime):
             self._share_doc = snapshot_share(self.share)
         elif loaded.record is not None:
             self.group = Group.from_record(group_id, config, loaded.record, now)
-        elif loaded.offsets:
+        elif loaded.offsets or loaded.pending:
+            # A group that only committed offsets (pending in an open transaction, too):
+            # Kafka replays its offset records into an empty classic group.
             self.group = Group(group_id, config, now)
         self.closed = False
         self._offsets = GroupOffsets(
@@ -422,8 +424,17 @@ class GroupRuntime(ShareRuntime):
         offsets: Mapping[TopicPartition, CommittedOffset],
         write: Callable[[], Awaitable[ErrorCode]],
     ) -> ErrorCode:
-        """TxnOffsetCommit's write (``GroupOffsets.add_pending``)."""
-        return await self._offsets.add_pending(offsets, write)
+        """TxnOffsetCommit's write (``GroupOffsets.add_pending``). A group nobody joined
+        becomes an empty classic group once its pending offsets are written, as Kafka's
+        ``validateTransactionalOffsetCommit`` creates one: OffsetDelete, DescribeGroups and
+        ListGroups find it before the transaction ends."""
+        error = await self._offsets.add_pending(offsets, write)
+        if error is ErrorCode.NONE and offsets and self._groupless():
+            self.group = Group(self.group_id, self._config, self._clock())
+        return error
+
+    def _groupless(self) -> bool:
+        return self.group is None and self.consumer is None and self.share is None
 
     async def settle_pending(self, partitions: list[TopicPartition] | None) -> set[TopicPartition]:
         """The requested partitions whose offsets are still pending in a transaction, after a

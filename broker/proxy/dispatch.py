@@ -19,7 +19,7 @@ import struct
 import time
 from collections.abc import Callable
 
-from kafscale.broker.api.dispatch import encode_error, encode_unsupported
+from kafscale.broker.api.dispatch import admit, encode_error, encode_unsupported
 from kafscale.broker.api.table import API_TABLE
 from kafscale.broker.observability.metrics import METRICS
 from kafscale.broker.protocol import codec
@@ -29,8 +29,7 @@ from kafscale.broker.proxy.answers import PROXY_TABLE
 from kafscale.broker.proxy.forward import Call
 from kafscale.broker.proxy.handlers import HANDLERS, ProxyContext, ProxyRequest, Raw
 from kafscale.broker.proxy.upstream import ForwardingRefused, UpstreamError, UpstreamPool
-from kafscale.broker.security.sasl import ALLOWED_BEFORE_AUTHENTICATION
-from kafscale.broker.server import CloseConnection, Connection
+from kafscale.broker.server import Connection
 
 log = logging.getLogger(__name__)
 
@@ -47,13 +46,7 @@ class ProxyDispatcher:
         self._pool_of = pool_of
 
     async def __call__(self, frame: Frame, connection: Connection) -> bytes | None:
-        try:
-            api_key, api_version, correlation_id = codec.peek_header(frame)
-        except codec.DecodeError as exc:
-            raise CloseConnection(str(exc)) from exc
-        sasl = connection.sasl
-        if sasl and not sasl.authenticated and api_key not in ALLOWED_BEFORE_AUTHENTICATION:
-            raise CloseConnection(f"api {api_key} before SASL authentication")
+        api_key, api_version, correlation_id = admit(frame, connection)
         spec = API_TABLE.get(api_key)
         handler = HANDLERS.get(api_key)
         if spec is None or handler is None or not spec.supports(api_version):

@@ -338,15 +338,24 @@ async def to_coordinator(r: ProxyRequest) -> Answer:
 
 
 async def _to_group(r: ProxyRequest, group_id: str, frame: bytes | memoryview) -> Raw:
+    return await _to_coordinator(r, RouteKey("group", group_id), frame)
+
+
+async def _to_coordinator(r: ProxyRequest, lease: RouteKey, frame: bytes | memoryview) -> Raw:
+    """``frame`` to the coordinator of a group or a transactional id (``lease``), routed anew
+    (and retried) when a broker answers that it is not the coordinator any more."""
     forwarder = r.ctx.forwarder
     routes = forwarder.routes
+    coordinator = (
+        routes.group_coordinator if lease.kind == "group" else routes.transaction_coordinator
+    )
     body, _ = await forwarder.routed(
         r.pool,
         r.call,
         frame,
-        lambda _refused: routes.group_coordinator(group_id),
+        lambda _refused: coordinator(lease.name),
         forwarder.deadline(),
-        lease=RouteKey("group", group_id),
+        lease=lease,
     )
     return Raw(body)
 
@@ -542,17 +551,7 @@ async def describe_transactions(r: ProxyRequest) -> Answer:
 
 
 async def _to_transaction(r: ProxyRequest, txn_id: str, frame: bytes | memoryview) -> Raw:
-    forwarder = r.ctx.forwarder
-    routes = forwarder.routes
-    body, _ = await forwarder.routed(
-        r.pool,
-        r.call,
-        frame,
-        lambda _refused: routes.transaction_coordinator(txn_id),
-        forwarder.deadline(),
-        lease=RouteKey("transaction", txn_id),
-    )
-    return Raw(body)
+    return await _to_coordinator(r, RouteKey("transaction", txn_id), frame)
 
 
 async def list_transactions(r: ProxyRequest) -> Answer:
@@ -698,6 +697,7 @@ HANDLERS: dict[int, Handler] = {
     49: to_any_broker,  # AlterClientQuotas (every broker enforces them from its watch)
     50: to_any_broker,  # DescribeUserScramCredentials
     51: to_any_broker,  # AlterUserScramCredentials
+    57: to_any_broker,  # UpdateFeatures: every broker finalizes the same levels
     60: describe_cluster,
     61: partitioned(split.DESCRIBE_PRODUCERS),  # split by partition owner too
     65: describe_transactions,

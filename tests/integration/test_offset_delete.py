@@ -13,6 +13,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -255,6 +256,37 @@ def test_through_the_proxy_the_coordinator_deletes(broker_cluster: BrokerCluster
     assert sorted(answers) == [0, 16]  # NONE at the coordinator, NOT_COORDINATOR elsewhere
 
 
+@contextmanager
+def open_transaction(
+    bootstrap: str, group: str, topic: str, produce_to: int, offsets: dict[int, int]
+) -> Iterator[ConfluentProducer]:
+    """A transaction that produced to ``produce_to`` and sent ``offsets`` (partition: offset)
+    for ``group`` (send_offsets_to_transaction), still open. The group metadata is that of a
+    consumer that never joined (generation -1)."""
+    member = Consumer({"bootstrap.servers": bootstrap, "group.id": group})
+    producer = ConfluentProducer({"bootstrap.servers": bootstrap, "transactional.id": _name("x")})
+    try:
+        producer.init_transactions(30)
+        producer.begin_transaction()
+        producer.produce(topic, b"in the transaction", partition=produce_to)
+        sent = [CkTopicPartition(topic, p, offset) for p, offset in offsets.items()]
+        producer.send_offsets_to_transaction(sent, member.consumer_group_metadata(), 30)
+        yield producer
+    finally:
+        member.close()
+
+
+def committed_once(
+    admin: KafkaAdminClient, group: str, tps: list[TopicPartition], tp: TopicPartition, offset: int
+) -> dict[Any, int]:
+    """The committed offsets of ``tps`` once ``tp``'s is ``offset`` (a transaction settled)."""
+    deadline = time.monotonic() + DEADLINE_S
+    while (seen := committed(admin, group, tps))[tp] != offset:
+        assert time.monotonic() < deadline, f"the transaction's offsets: {seen}"
+        time.sleep(0.1)
+    return seen
+
+
 def test_deleting_offsets_drops_those_pending_in_an_open_transaction(
     broker_cluster: BrokerCluster,
 ) -> None:
@@ -268,32 +300,40 @@ def test_deleting_offsets_drops_those_pending_in_an_open_transaction(
     admin = KafkaAdminClient(bootstrap_servers=kafka.bootstrap)
     p0, p1, p2 = (TopicPartition(topic, p) for p in range(3))
     admin.alter_group_offsets(group, {p0: OffsetAndMetadata(5, "", -1)})  # an Empty group
-    # Not subscribed: the group metadata of a group without members (generation -1).
-    member = Consumer({"bootstrap.servers": kafka.bootstrap, "group.id": group})
-    producer = ConfluentProducer(
-        {"bootstrap.servers": kafka.bootstrap, "transactional.id": _name("txn")}
-    )
     try:
-        producer.init_transactions(30)
-        producer.begin_transaction()
-        producer.produce(topic, b"in the transaction", partition=2)
-        sent = [CkTopicPartition(topic, p, offset) for p, offset in ((0, 10), (1, 7), (2, 4))]
-        producer.send_offsets_to_transaction(sent, member.consumer_group_metadata(), 30)
-        # p0: committed 5 and pending 10; p1: pending only. Both go.
-        assert admin.delete_group_offsets(group, [p0, p1]) == {p0: NoError, p1: NoError}
-        producer.commit_transaction(30)
-        deadline = time.monotonic() + DEADLINE_S
-        while (seen := committed(admin, group, [p0, p1, p2]))[p2] != 4:
-            assert time.monotonic() < deadline, f"the transaction's offsets: {seen}"
-            time.sleep(0.1)
+        with open_transaction(kafka.bootstrap, group, topic, 2, {0: 10, 1: 7, 2: 4}) as txn:
+            # p0: committed 5 and pending 10; p1: pending only. Both go.
+            assert admin.delete_group_offsets(group, [p0, p1]) == {p0: NoError, p1: NoError}
+            txn.commit_transaction(30)
+        seen = committed_once(admin, group, [p0, p1, p2], p2, 4)
     finally:
-        member.close()
         admin.close()
     assert seen == {p0: -1, p1: -1, p2: 4}
     stored = broker_cluster.etcd_keys(f"groups/{group}/")  # what a next coordinator loads
     assert [k.split("/groups/")[1] for k in stored if "offsets/" in k] == [
         f"{group}/offsets/{topic}/2"
     ]
+
+
+def test_a_group_with_only_offsets_pending_in_a_transaction_is_found(
+    broker_cluster: BrokerCluster,
+) -> None:
+    """Kafka creates an empty classic group at the first TxnOffsetCommit of a group nobody
+    joined (``validateTransactionalOffsetCommit``): OffsetDelete finds it while the offsets are
+    still pending, and the deleted offsets do not come back when the transaction commits."""
+    kafka = broker_cluster.start(**GROUP_ENV, KAFSCALE_TRANSACTIONS__CHECK_INTERVAL_MS="200")
+    topic, group = _name("t"), _name("g")
+    create_topics(kafka.bootstrap, [topic], 2)
+    admin = KafkaAdminClient(bootstrap_servers=kafka.bootstrap)
+    p0, p1 = TopicPartition(topic, 0), TopicPartition(topic, 1)
+    try:
+        with open_transaction(kafka.bootstrap, group, topic, 1, {0: 3, 1: 6}) as txn:
+            assert admin.delete_group_offsets(group, [p0]) == {p0: NoError}
+            txn.commit_transaction(30)
+        seen = committed_once(admin, group, [p0, p1], p1, 6)
+    finally:
+        admin.close()
+    assert seen == {p0: -1, p1: 6}
 
 
 # --- the Java AdminClient -----------------------------------------------------------------------

@@ -502,7 +502,9 @@ def test_bad_share_requests_through_the_proxy_get_kafkas_codes(
             for a in parts[key].acquired_records
         )
         epoch = 1
-        while acquired < 3 * PARTITIONS:  # a partition may answer empty the first time
+        deadline = time.monotonic() + 60
+        while acquired < 3 * PARTITIONS and time.monotonic() < deadline:
+            # A partition may answer empty the first time.
             more = _fetch(wire, group, "m1", epoch, [])
             epoch += 1
             acquired += sum(

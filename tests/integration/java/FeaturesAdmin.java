@@ -1,0 +1,57 @@
+import java.util.Map;
+import java.util.Properties;
+import java.util.concurrent.ExecutionException;
+
+import org.apache.kafka.clients.admin.Admin;
+import org.apache.kafka.clients.admin.AdminClientConfig;
+import org.apache.kafka.clients.admin.FeatureMetadata;
+import org.apache.kafka.clients.admin.FeatureUpdate;
+import org.apache.kafka.clients.admin.FinalizedVersionRange;
+import org.apache.kafka.clients.admin.SupportedVersionRange;
+import org.apache.kafka.clients.admin.UpdateFeaturesOptions;
+
+/**
+ * The Java AdminClient's feature calls, what kafka-features.sh runs: "describe" prints one
+ * line per finalized and supported feature; "update FEATURE LEVEL TYPE dry|apply" (TYPE one of
+ * UPGRADE, SAFE_DOWNGRADE, UNSAFE_DOWNGRADE; dry is --dry-run) prints "ok", or "error", the
+ * exception's class and its message.
+ */
+public class FeaturesAdmin {
+    public static void main(String[] args) throws Exception {
+        Properties props = new Properties();
+        props.put(AdminClientConfig.BOOTSTRAP_SERVERS_CONFIG, args[0]);
+        props.put(AdminClientConfig.DEFAULT_API_TIMEOUT_MS_CONFIG, "30000");
+        try (Admin admin = Admin.create(props)) {
+            if (args[1].equals("describe")) {
+                describe(admin);
+            } else {
+                update(admin, args[2], Short.parseShort(args[3]), args[4], args[5].equals("dry"));
+            }
+        }
+    }
+
+    static void describe(Admin admin) throws Exception {
+        FeatureMetadata metadata = admin.describeFeatures().featureMetadata().get();
+        for (Map.Entry<String, FinalizedVersionRange> e : metadata.finalizedFeatures().entrySet()) {
+            System.out.println("finalized " + e.getKey() + " " + e.getValue().minVersionLevel()
+                + " " + e.getValue().maxVersionLevel());
+        }
+        for (Map.Entry<String, SupportedVersionRange> e : metadata.supportedFeatures().entrySet()) {
+            System.out.println("supported " + e.getKey() + " " + e.getValue().minVersion()
+                + " " + e.getValue().maxVersion());
+        }
+    }
+
+    static void update(Admin admin, String feature, short level, String type, boolean dry)
+            throws Exception {
+        FeatureUpdate update = new FeatureUpdate(level, FeatureUpdate.UpgradeType.valueOf(type));
+        try {
+            admin.updateFeatures(Map.of(feature, update), new UpdateFeaturesOptions().validateOnly(dry))
+                .all().get();
+            System.out.println("ok");
+        } catch (ExecutionException e) {
+            System.out.println("error " + e.getCause().getClass().getSimpleName() + " "
+                + e.getCause().getMessage());
+        }
+    }
+}
