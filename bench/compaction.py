@@ -90,7 +90,9 @@ class Manager:
     def __init__(self, owned: OwnedPartition) -> None:
         self.owned = {owned.tp: owned}
 
-    async def commit_cleaned(self, owned: OwnedPartition, cleaned: Cleaned, was: Any) -> bool:
+    async def commit_cleaned(
+        self, owned: OwnedPartition, cleaned: Cleaned, was: Any, last_removed_abort: int = -1
+    ) -> bool:
         owned.state = replace(owned.state, cleaned=cleaned)
         return True
 

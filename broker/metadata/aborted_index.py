@@ -106,3 +106,25 @@ def orphaned_indexes(
     its commit, or whose commit outcome it never learnt."""
     referenced = {(r.first_offset, r.last_offset, r.epoch) for r in state.aborted_txn_index}
     return [obj for obj in listed if obj[2] < owner_epoch and obj not in referenced]
+
+
+def kept_aborts_from(state: PartitionState, upto: int) -> int:
+    """Where a compaction pass up to ``upto`` must start keeping abort markers: the first
+    offset of the oldest index object it cannot drop (one holding a marker at or after
+    ``upto``), else ``upto``. That object's entries stay after the pass, and an entry whose
+    marker is gone makes the Java client and librdkafka skip the producer's later transactions
+    (they stop skipping a producer at its abort marker)."""
+    return min([r.first_offset for r in state.aborted_txn_index if r.last_offset >= upto] + [upto])
+
+
+def without_cleaned_aborts(state: PartitionState, upto: int) -> PartitionState:
+    """``state`` without the aborted transactions a committed compaction pass up to ``upto``
+    made useless: those ending below it (their records were all dropped by the pass, so a
+    read_committed reader has nothing to filter with them) and the index objects wholly below
+    it. An abort marker without its entry is harmless (a reader ignores it); an entry without
+    its marker is not, which is why the pass removes only markers whose entry goes here."""
+    return replace(
+        state,
+        aborted_txns=tuple(t for t in state.aborted_txns if t.last_offset >= upto),
+        aborted_txn_index=tuple(r for r in state.aborted_txn_index if r.last_offset >= upto),
+    )

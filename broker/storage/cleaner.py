@@ -28,6 +28,7 @@ from dataclasses import dataclass
 
 from kafscale.broker.config import LogSettings
 from kafscale.broker.metadata import keys
+from kafscale.broker.metadata.aborted_index import kept_aborts_from
 from kafscale.broker.metadata.cluster import ClusterView
 from kafscale.broker.metadata.partition_state import AbortedTxn, Cleaned, PartitionState
 from kafscale.broker.metadata.topics import effective_configs
@@ -257,10 +258,19 @@ class Cleaner:
         upto = inputs[-1].end
         result_cleaned = Cleaned(upto, generation, owned.epoch)
         prefix = keys.cleaned_pass_prefix(self._cluster, *where, generation, owned.epoch)
+        markers = compaction.TxnMarkers(kept_aborts_from(state, upto))
         written, objects = await self._write(
-            owned, inputs, offset_map, aborted, prefix, now_ms - config.delete_retention_ms
+            owned,
+            inputs,
+            offset_map,
+            aborted,
+            markers,
+            prefix,
+            now_ms - config.delete_retention_ms,
         )
-        if not await self._manager.commit_cleaned(owned, result_cleaned, state.cleaned):
+        if not await self._manager.commit_cleaned(
+            owned, result_cleaned, state.cleaned, markers.last_removed_abort
+        ):
             log.info("compaction pass of %s-%d not committed (fenced)", *owned.tp)
             return None
         read = sum(i.size for i in inputs)
@@ -269,7 +279,11 @@ class Cleaner:
             "compacted %s-%d up to %d (generation %d): %d bytes -> %d",
             owned.topic, owned.partition, upto, generation, read, written,
         )  # fmt: skip
-        superseded = superseded_keys(listed, upto)
+        superseded = superseded_keys(listed, upto) + [
+            aborted_index.object_key(self._cluster, *where, ref)
+            for ref in state.aborted_txn_index
+            if ref.last_offset < upto  # the commit dropped it: no aborted record is left there
+        ]
         self._delete_later(where, result_cleaned, superseded)
         gets = len(inputs) + len(inputs) - len(live)  # dirty inputs are read twice
         return PassResult(result_cleaned, read, written, gets, objects)
@@ -379,12 +393,15 @@ class Cleaner:
         inputs: list[Input],
         offset_map: compaction.OffsetMap,
         aborted: list[AbortedTxn],
+        markers: compaction.TxnMarkers,
         prefix: str,
         tombstones_before_ms: int,
     ) -> tuple[int, int]:
         """Filter the inputs in order into cleaned objects of about ``segment.bytes`` each;
-        returns (bytes written, objects written). Each upload first checks that the partition is
-        still ours and its topic not deleted (a pass over a large partition takes a while)."""
+        returns (bytes written, objects written). Tombstones and transaction markers of inputs
+        flushed before ``tombstones_before_ms`` may go (``delete.retention.ms``). Each upload
+        first checks that the partition is still ours and its topic not deleted (a pass over a
+        large partition takes a while)."""
         written = objects = 0
         body = bytearray()
         group_base, created = inputs[0].base, 0
@@ -396,6 +413,7 @@ class Cleaner:
                 offset_map,
                 aborted,
                 drop_tombstones=created_at < tombstones_before_ms,
+                markers=markers,
             )
             body += kept
             created = max(created, created_at)

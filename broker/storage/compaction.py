@@ -8,8 +8,11 @@ Pure (bytes in, bytes out, no I/O, no asyncio), so a pass can run in a worker th
    the log start) up to the dirty end. It adds a segment's keys only if they all fit; when it
    returns False the map is unchanged and the pass's dirty end becomes that segment's base
    offset (if not even the first dirty segment fits, the map is too small: skip the pass).
-2. Call :func:`clean_batches` on every input of [log start, dirty end), in any order: the
-   previous generation's cleaned objects and the dirty segments alike.
+2. Call :func:`clean_batches` on every input of [log start, dirty end), in offset order: the
+   previous generation's cleaned objects and the dirty segments alike, with one
+   :class:`TxnMarkers` for the whole pass (it follows each producer's transaction from its
+   records to its marker, which may lie in a later input). Without one, markers all stay and the
+   order does not matter.
 
 A key absent from the map keeps its record (Kafka's rule): below the first dirty offset every key
 is unique already (the previous pass left one record per key), so only the dirty section's keys
@@ -40,6 +43,7 @@ from kafscale.broker.protocol.batch_filter import (
     iter_stored_batches,
     rebuild_batch,
 )
+from kafscale.broker.protocol.control_batch import ABORT, marker_type
 from kafscale.broker.protocol.record_batch import BatchHeader, InvalidBatch
 
 __all__ = [
@@ -47,6 +51,7 @@ __all__ = [
     "AbortedRanges",
     "InvalidBatch",
     "OffsetMap",
+    "TxnMarkers",
     "clean_batches",
     "index_batches",
     "key_digest",
@@ -115,6 +120,55 @@ class AbortedRanges:
         return at >= 0 and header.base_offset < ranges[at][1]
 
 
+class TxnMarkers:
+    """Which commit and abort markers a pass removes, as Kafka's ``CleanedTransactionMetadata``
+    decides: a marker goes once the transaction it ends has no record left (an aborted one's
+    records are all dropped; a committed one's all superseded) and it is older than
+    ``delete.retention.ms`` (the tombstones' age rule, ``drop_tombstones``).
+
+    The inputs of a pass are read in offset order and a transaction's records all precede its
+    marker, so one set suffices: the producers with a record kept since their last marker.
+    Kafka keeps a marker one pass longer (it counts the batches it read, not those it kept, and
+    starts its delete horizon then); here a marker goes in the pass that removed its last record
+    if it is old enough, so the log ends in the same state one pass sooner.
+
+    An abort marker at or after ``keep_aborts_from`` stays whatever its age: its aborted-
+    transaction entry is in an index object the pass's commit cannot drop, and a reader told of
+    an aborted transaction whose marker is gone skips the producer's later transactions too
+    (the Java client and librdkafka stop skipping a producer only at its abort marker).
+    ``last_removed_abort`` (the highest abort marker removed, -1 if none) lets the commit check
+    that every such entry is dropped with it."""
+
+    def __init__(self, keep_aborts_from: int | None = None) -> None:
+        self.keep_aborts_from = keep_aborts_from
+        self.last_removed_abort = -1
+        self.removed = 0
+        self._with_records: set[int] = set()
+
+    def records_kept(self, header: BatchHeader) -> None:
+        """A batch of ``header``'s producer keeps records: its transaction's marker stays."""
+        if header.is_transactional and not header.is_control:
+            self._with_records.add(header.producer_id)
+
+    def keeps_marker(self, batch: StoredBatch, old_enough: bool, below_dirty_end: bool) -> bool:
+        """Whether the control batch ``batch`` stays; it ends its producer's transaction."""
+        header = batch.header
+        had_records = header.producer_id in self._with_records
+        self._with_records.discard(header.producer_id)
+        if had_records or not old_enough or not below_dirty_end:
+            return True
+        try:
+            kind = marker_type(batch.data)
+        except InvalidBatch:
+            return True  # not a marker we can read (Kafka keeps unknown control records too)
+        if kind == ABORT:
+            if self.keep_aborts_from is not None and header.base_offset >= self.keep_aborts_from:
+                return True
+            self.last_removed_abort = max(self.last_removed_abort, header.base_offset)
+        self.removed += 1
+        return False
+
+
 def _as_ranges(aborted: Sequence[AbortedTxn] | AbortedRanges) -> AbortedRanges:
     return aborted if isinstance(aborted, AbortedRanges) else AbortedRanges(aborted)
 
@@ -159,24 +213,35 @@ def clean_batches(
     *,
     drop_tombstones: bool,
     dirty_end: int | None = None,
+    markers: TxnMarkers | None = None,
 ) -> bytes:
     """One input's batches with each key's latest record only (offsets never change).
 
     A record below ``dirty_end`` (all of them if None) stays iff it has a key, no newer record
     of its key is in ``offset_map``, and it is not a tombstone while ``drop_tombstones`` (the
     input is older than ``delete.retention.ms``). Batches of ``aborted`` transactions are
-    dropped; control batches (transaction markers) are kept; a batch that loses no record is
-    copied byte for byte, one that loses some is rewritten (``batch_filter.rebuild_batch``:
-    same offsets, attributes, producer fields and codec, new CRC), one that loses all is
-    dropped. Records at or after ``dirty_end`` are kept as they are."""
+    dropped; a batch that loses no record is copied byte for byte, one that loses some is
+    rewritten (``batch_filter.rebuild_batch``: same offsets, attributes, producer fields and
+    codec, new CRC), one that loses all is dropped. Records at or after ``dirty_end`` are kept
+    as they are. Control batches (transaction markers) stay, unless ``markers`` (the pass's,
+    inputs given in offset order) removes them: see :class:`TxnMarkers`."""
     ranges = _as_ranges(aborted)
     out: list[bytes] = []
     for batch in iter_stored_batches(batches):
         header = batch.header
-        if header.is_control or (dirty_end is not None and header.base_offset >= dirty_end):
+        below = dirty_end is None or header.base_offset < dirty_end
+        if header.is_control:
+            if markers is None or markers.keeps_marker(batch, drop_tombstones, below):
+                out.append(bytes(batch.data))
+        elif not below:
             out.append(bytes(batch.data))
+            if markers is not None:
+                markers.records_kept(header)
         elif not ranges.contains(header):
-            out.append(_clean_batch(batch, offset_map, drop_tombstones, dirty_end))
+            kept = _clean_batch(batch, offset_map, drop_tombstones, dirty_end)
+            if kept and markers is not None:
+                markers.records_kept(header)
+            out.append(kept)
     return b"".join(out)
 
 

@@ -14,7 +14,11 @@ from dataclasses import replace
 
 from kafscale.broker.config import BrokerSettings
 from kafscale.broker.metadata import keys
-from kafscale.broker.metadata.aborted_index import dropped_refs
+from kafscale.broker.metadata.aborted_index import (
+    dropped_refs,
+    kept_aborts_from,
+    without_cleaned_aborts,
+)
 from kafscale.broker.metadata.cluster import ClusterView, TopicPartition
 from kafscale.broker.metadata.etcd import Etcd
 from kafscale.broker.metadata.etcd_errors import MetadataUnavailable
@@ -305,13 +309,20 @@ class LogManager:
         return state.log_start_offset
 
     async def commit_cleaned(
-        self, owned: OwnedPartition, cleaned: Cleaned, was: Cleaned | None
+        self,
+        owned: OwnedPartition,
+        cleaned: Cleaned,
+        was: Cleaned | None,
+        last_removed_abort: int = -1,
     ) -> bool:
         """Commit a compaction pass (``docs/compaction.md``): the state's ``cleaned`` becomes
-        ``cleaned``, fenced as a flush commit is (lease and state revision) and ordered with
-        flush commits under their lock. False (nothing committed) when the partition was given
-        up, re-acquired at another epoch or cleaned by someone else since the pass began (its
-        objects, under its own epoch's prefix, are then orphans the next pass deletes)."""
+        ``cleaned``, and the aborted transactions ending below its ``upto`` go with it
+        (``aborted_index.without_cleaned_aborts``), fenced as a flush commit is (lease and state
+        revision) and ordered with flush commits under their lock. False (nothing committed)
+        when the partition was given up, re-acquired at another epoch or cleaned by someone
+        else since the pass began (its objects, under its own epoch's prefix, are then orphans
+        the next pass deletes), or when a flush's spill moved an abort marker the pass removed
+        (``last_removed_abort``) into an index object that stays (the next pass keeps it)."""
         async with self._flusher.commit_lock:
             if (
                 self.owned.get(owned.tp) is not owned
@@ -320,7 +331,10 @@ class LogManager:
                 or owned.state.cleaned != was
             ):
                 return False
-            state = replace(owned.state, cleaned=cleaned)
+            if last_removed_abort >= kept_aborts_from(owned.state, cleaned.upto):
+                log.info("compaction pass of %s-%d raced a spill; not committed", *owned.tp)
+                return False
+            state = without_cleaned_aborts(replace(owned.state, cleaned=cleaned), cleaned.upto)
             lease_key = keys.partition_lease_key(self._cluster, owned.topic, owned.partition)
             state_key = keys.partition_state_key(self._cluster, owned.topic, owned.partition)
             compares = [

@@ -56,7 +56,9 @@ class Manager:
         self.owned = {owned.tp: owned}
         self.refuse = refuse
 
-    async def commit_cleaned(self, owned: OwnedPartition, cleaned: Cleaned, was: Any) -> bool:
+    async def commit_cleaned(
+        self, owned: OwnedPartition, cleaned: Cleaned, was: Any, last_removed_abort: int = -1
+    ) -> bool:
         if self.refuse > 0:
             self.refuse -= 1
             return False

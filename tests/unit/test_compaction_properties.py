@@ -21,15 +21,18 @@ from harness.compaction_batches import (
     keyed_batch,
     read_with_kafka_python,
 )
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from kafscale.broker.metadata.partition_state import AbortedTxn
+from kafscale.broker.metadata.aborted_index import kept_aborts_from, without_cleaned_aborts
+from kafscale.broker.metadata.partition_state import AbortedTxn, PartitionState, TxnIndexRef
 from kafscale.broker.protocol.batch_filter import batch_records, iter_stored_batches
 from kafscale.broker.protocol.control_batch import encode_marker
 from kafscale.broker.protocol.record_batch import InvalidBatch
 from kafscale.broker.storage.compaction import (
+    AbortedRanges,
     OffsetMap,
+    TxnMarkers,
     clean_batches,
     index_batches,
     key_digest,
@@ -245,3 +248,231 @@ def test_damaged_records_raise_invalid_batch_or_clean_to_readable_batches(
     for batch in iter_stored_batches(cleaned):  # lengths, CRC
         if not batch.header.is_control:  # a marker is copied as it is, never parsed
             assert len(batch_records(batch)[1]) == batch.header.record_count
+
+
+# --- transaction markers (Kafka's CleanedTransactionMetadata) ---------------------------------
+
+
+@dataclass
+class TxnLog:
+    """A log of interleaved transactions of a few producers (every one ended by its marker),
+    and plain batches; segments end at random points between batches."""
+
+    segments: list[bytes]
+    bases: list[int]
+    end: int
+    records: list[Rec]
+    txn_of: dict[int, int]  # data record offset -> the marker offset ending its transaction
+    aborted_offsets: set[int]
+    aborted: list[AbortedTxn]
+    markers: dict[int, tuple[int, bool]]  # marker offset -> (producer id, commit)
+
+
+_txn_event = st.tuples(
+    st.sampled_from(["data", "data", "data", "commit", "abort", "plain"]),
+    st.integers(1, 3),  # producer id
+    st.lists(
+        st.tuples(st.sampled_from([b"a", b"b", b"c", b"d"]), st.booleans()), min_size=1, max_size=3
+    ),  # (key, tombstone)
+    st.booleans(),  # a segment ends after this batch
+)
+
+
+@st.composite
+def txn_logs(draw: st.DrawFn) -> TxnLog:
+    events = draw(st.lists(_txn_event, min_size=1, max_size=30))
+    return build_txn_log(events, draw(st.lists(st.booleans(), min_size=3, max_size=3)))
+
+
+def build_txn_log(
+    events: list[tuple[str, int, list[tuple[bytes, bool]], bool]], last_commits: list[bool]
+) -> TxnLog:
+    """The log of ``events`` (kind, producer id, records as (key, tombstone), segment ends
+    after it); transactions still open at the end get a commit (``last_commits[pid - 1]``) or
+    an abort marker: no transaction stays open (the cleaner stops at the LSO)."""
+    log = TxnLog([], [0], 0, [], {}, set(), [], {})
+    open_txns: dict[int, list[int]] = {}  # producer -> offsets of its open transaction
+    parts: list[bytes] = []
+    offset = 0
+
+    def marker(pid: int, commit: bool) -> None:
+        nonlocal offset
+        batch = encode_marker(pid, 0, commit, 0, BASE_TIMESTAMP_MS)
+        parts.append(offset.to_bytes(8, "big") + batch[8:])
+        offsets = open_txns.pop(pid, [])
+        for o in offsets:
+            log.txn_of[o] = offset
+        if not commit and offsets:
+            log.aborted.append(AbortedTxn(pid, offsets[0], offset))
+            log.aborted_offsets.update(offsets)
+        log.markers[offset] = (pid, commit)
+        offset += 1
+
+    for kind, pid, spec, cut in events:
+        if kind in ("commit", "abort"):
+            marker(pid, kind == "commit")
+        else:
+            records = [
+                Rec(offset + i, key, None if tomb else b"v%d" % (offset + i))
+                for i, (key, tomb) in enumerate(spec)
+            ]
+            txn = (
+                {
+                    "producer_id": pid,
+                    "producer_epoch": 0,
+                    "base_sequence": 0,
+                    "attributes": TRANSACTIONAL,
+                }
+                if kind == "data"
+                else {}
+            )
+            parts.append(keyed_batch(offset, records, **txn))
+            if kind == "data":
+                open_txns.setdefault(pid, []).extend(r.offset for r in records)
+            log.records.extend(records)
+            offset += len(records)
+        if cut and parts:
+            log.segments.append(b"".join(parts))
+            log.bases.append(offset)
+            parts = []
+    for pid in sorted(open_txns):
+        marker(pid, last_commits[pid - 1])
+    if parts:
+        log.segments.append(b"".join(parts))
+        log.bases.append(offset)
+    log.bases.pop()  # the last entry is the log's end
+    log.end = offset
+    return log
+
+
+def java_read_committed(data: bytes, aborted: list[AbortedTxn], start: int) -> list[Rec]:
+    """What Kafka's Java consumer (``CompletedFetch.nextFetchedRecord``) returns from one fetch
+    at ``start`` of ``data`` with the broker's ``aborted`` list: a producer's transactional
+    batches are skipped from its aborted transaction's first offset until its abort marker."""
+    pending = sorted((t for t in aborted if t.last_offset >= start), key=lambda t: t.first_offset)
+    skipping: set[int] = set()
+    out: list[Rec] = []
+    for batch, records in read_with_kafka_python(data):
+        last = batch.base_offset + batch.last_offset_delta
+        if last < start:
+            continue
+        if batch.producer_id >= 0:
+            while pending and pending[0].first_offset <= last:
+                skipping.add(pending.pop(0).producer_id)
+            if batch.is_control_batch:
+                if records and records[0].key is not None and records[0].key[2:4] == b"\0\0":
+                    skipping.discard(batch.producer_id)  # an abort marker
+                continue
+            if batch.is_transactional and batch.producer_id in skipping:
+                continue
+        out += [r for r in records if r.offset >= start]
+    return out
+
+
+def _txn_model(log: TxnLog, dirty_end: int, drop: bool) -> list[Rec]:
+    """Kafka's rule on data records: below the dirty end each key's latest committed record
+    (tombstones only while ``drop`` is false), everything at and after it."""
+    committed = [
+        r for r in log.records if r.offset < dirty_end and r.offset not in log.aborted_offsets
+    ]
+    latest = {r.key: r.offset for r in committed}
+    kept = [r for r in committed if latest[r.key] == r.offset and not (drop and r.value is None)]
+    return kept + [r for r in log.records if r.offset >= dirty_end]
+
+
+def _pass(
+    log: TxnLog, dirty_end: int, drop: bool, state: PartitionState
+) -> tuple[bytes, TxnMarkers]:
+    offset_map = OffsetMap(1000)
+    ranges = AbortedRanges(log.aborted)
+    for base, segment in zip(log.bases, log.segments, strict=True):
+        if base < dirty_end:
+            assert index_batches(segment, offset_map, ranges)
+    markers = TxnMarkers(kept_aborts_from(state, dirty_end))
+    cleaned = b"".join(
+        clean_batches(
+            s, offset_map, ranges, drop_tombstones=drop, dirty_end=dirty_end, markers=markers
+        )
+        for s in log.segments
+    )
+    return cleaned, markers
+
+
+@PROPS
+@given(log=txn_logs(), drop=st.booleans())
+def test_a_marker_goes_once_its_transaction_has_no_record_left_and_it_is_old_enough(
+    log: TxnLog, drop: bool
+) -> None:
+    cleaned, markers = _pass(log, log.end, drop, PartitionState(high_watermark=log.end))
+
+    records, kept_markers = _read(cleaned)
+    assert records == _txn_model(log, log.end, drop)
+    left = {log.txn_of[r.offset] for r in records if r.offset in log.txn_of}
+    assert kept_markers == [m for m in log.markers if not drop or m in left]
+    aborts = [m for m in log.markers if not log.markers[m][1] and m not in kept_markers]
+    assert markers.last_removed_abort == max(aborts, default=-1)
+    assert markers.removed == len(log.markers) - len(kept_markers)
+
+
+_ABORT_THEN_COMMIT = build_txn_log(
+    [
+        ("data", 1, [(b"a", False)], True),
+        ("abort", 1, [], False),
+        ("data", 1, [(b"b", False)], False),
+        ("commit", 1, [], True),
+        ("plain", 2, [(b"c", False)], False),
+    ],
+    [True, True, True],
+)
+
+
+@settings(PROPS, max_examples=300)
+@example(log=_ABORT_THEN_COMMIT, drop=True, cut=3, spilled=0, start=0)
+@example(log=_ABORT_THEN_COMMIT, drop=True, cut=1, spilled=1, start=0)  # the ref stays
+@given(
+    log=txn_logs(),
+    drop=st.booleans(),
+    cut=st.integers(0, 30),
+    spilled=st.integers(0, 30),
+    start=st.integers(0, 200),
+)
+def test_read_committed_readers_see_the_same_records_whatever_the_cleaner_removed(
+    log: TxnLog, drop: bool, cut: int, spilled: int, start: int
+) -> None:
+    """A pass up to a segment boundary, some aborted transactions spilled to an index object
+    (which stays if it reaches past the pass): a Java read_committed consumer fetching from any
+    offset of the cleaned log, told of the aborted transactions the committed state keeps, gets
+    exactly the committed records a cleaned log holds. (Keeping the entry of an abort marker
+    the pass removed would hide the producer's later committed records from it.)"""
+    dirty_end = ([*log.bases, log.end])[min(cut, len(log.bases))]
+    spilled = min(spilled, len(log.aborted))
+    refs = (
+        (
+            TxnIndexRef(
+                log.aborted[0].first_offset, log.aborted[spilled - 1].last_offset, 1, spilled
+            ),
+        )
+        if spilled
+        else ()
+    )
+    state = PartitionState(
+        high_watermark=log.end,
+        aborted_txns=tuple(log.aborted[spilled:]),
+        aborted_txn_index=refs,
+    )
+    cleaned, markers = _pass(log, dirty_end, drop, state)
+    assert markers.last_removed_abort < kept_aborts_from(state, dirty_end)  # the commit goes on
+    after = without_cleaned_aborts(state, dirty_end)
+    told = list(after.aborted_txns) + (log.aborted[:spilled] if after.aborted_txn_index else [])
+
+    start = min(start, log.end)
+    expected = [
+        r
+        for r in _txn_model(log, dirty_end, drop)
+        if r.offset >= start and r.offset not in log.aborted_offsets
+    ]
+    assert java_read_committed(cleaned, told, start) == expected
+    before = java_read_committed(b"".join(log.segments), log.aborted, start)
+    assert before == [
+        r for r in log.records if r.offset >= start and r.offset not in log.aborted_offsets
+    ]  # the reader model itself is right
