@@ -97,7 +97,7 @@ async def forward_fetch(
         errors = any(_code(r) != ErrorCode.NONE for r in results.values())
         if size >= min_bytes or errors or remaining <= 0 or not events:
             break
-        needed = await _wait_any(events, remaining)
+        needed = await wait_any_event(events, remaining)
         upstream_wait_ms = min(forwarder.settings.fetch_wake_wait_ms, int(max(remaining, 0) * 1000))
     if context.overtaken:
         return fetch_error_body(ErrorCode.INVALID_FETCH_SESSION_EPOCH)
@@ -334,7 +334,7 @@ def _field(result: Any, name: str, default: Any = None) -> Any:
     return getattr(result, name) if default is None else getattr(result, name, default)
 
 
-async def _wait_any(
+async def wait_any_event(
     events: dict[PartitionKey, asyncio.Event], timeout_s: float
 ) -> set[PartitionKey]:
     """The partitions whose event fired first (or none, after ``timeout_s``)."""

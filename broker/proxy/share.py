@@ -28,9 +28,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from kafscale.broker.api.share_fetch import share_fetch_error_body
 from kafscale.broker.protocol import codec
 from kafscale.broker.protocol.errors import ErrorCode
 from kafscale.broker.proxy import answers
+from kafscale.broker.proxy.fetch import wait_any_event
 from kafscale.broker.proxy.forward import Call, Forwarder, backoff_s
 from kafscale.broker.proxy.share_sessions import (
     FINAL_EPOCH,
@@ -318,22 +320,10 @@ async def _wait_any(
     events: dict[PartitionKey, asyncio.Event], timeout_s: float
 ) -> set[PartitionKey] | None:
     """The partitions whose high watermark moved first; None after ``timeout_s``."""
-    fired = {k for k, e in events.items() if e.is_set()}
-    if fired or not events:
-        if not events:
-            await asyncio.sleep(timeout_s)
-        return fired or None
-    waiters = {asyncio.ensure_future(e.wait()): key for key, e in events.items()}
-    try:
-        done, _ = await asyncio.wait(
-            waiters, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED
-        )
-    finally:
-        for waiter in waiters:
-            waiter.cancel()
-        await asyncio.gather(*waiters, return_exceptions=True)
-    woken = {waiters[w] for w in done} | {k for k, e in events.items() if e.is_set()}
-    return woken or None
+    if not events:
+        await asyncio.sleep(timeout_s)
+        return None
+    return await wait_any_event(events, timeout_s) or None
 
 
 # --- ShareAcknowledge -------------------------------------------------------------------------
@@ -511,12 +501,6 @@ def _acknowledge_body(c: ShareCall, order: list[PartitionKey], state: _Answers) 
 
 
 def error_body(code: ErrorCode, message: str | None = None) -> Body:
-    """ShareFetch's and ShareAcknowledge's top-level fields (the same in both)."""
-    return {
-        "throttle_time": 0,
-        "error_code": code,
-        "error_message": message,
-        "acquisition_lock_timeout": 0,
-        "responses": [],
-        "node_endpoints": [],
-    }
+    """ShareFetch's and ShareAcknowledge's top-level fields (the same in both), as a broker
+    answers them."""
+    return share_fetch_error_body(None, code, message)

@@ -23,6 +23,7 @@ from kafscale.broker.metadata.cluster import ClusterView, TopicPartition
 from kafscale.broker.metadata.etcd import Etcd
 from kafscale.broker.metadata.etcd_errors import MetadataUnavailable
 from kafscale.broker.metadata.etcd_txn import (
+    Compare,
     create_revision_is,
     delete_op,
     mod_revision_is,
@@ -287,13 +288,7 @@ class LogManager:
             if self.owned.get(tp) is not owned:
                 raise NotLeader(f"{tp[0]}-{tp[1]} was given up")
             state = advance_log_start(owned.state, offset)
-            lease_key = keys.partition_lease_key(self._cluster, owned.topic, owned.partition)
-            state_key = keys.partition_state_key(self._cluster, owned.topic, owned.partition)
-            compares = [
-                value_is(lease_key, str(self.broker_id).encode()),
-                create_revision_is(lease_key, owned.lease_revision),
-                mod_revision_is(state_key, owned.state_revision),
-            ]
+            state_key, compares = self._owner_fence(owned)
             try:
                 result = await self._etcd.txn(compares, [put_op(state_key, state.to_json())])
             except MetadataUnavailable as exc:
@@ -307,6 +302,18 @@ class LogManager:
             self._view.update_state(tp, state, result.revision)
         await self._delete_aborted_indexes(owned, dropped)
         return state.log_start_offset
+
+    def _owner_fence(self, owned: OwnedPartition) -> tuple[str, list[Compare]]:
+        """The partition's state key and the compares that fence a write of it to its owner:
+        our lease (the same one we took) and the state revision we last wrote or read, as a
+        flush commit is fenced."""
+        lease_key = keys.partition_lease_key(self._cluster, owned.topic, owned.partition)
+        state_key = keys.partition_state_key(self._cluster, owned.topic, owned.partition)
+        return state_key, [
+            value_is(lease_key, str(self.broker_id).encode()),
+            create_revision_is(lease_key, owned.lease_revision),
+            mod_revision_is(state_key, owned.state_revision),
+        ]
 
     async def commit_cleaned(
         self,
@@ -335,13 +342,7 @@ class LogManager:
                 log.info("compaction pass of %s-%d raced a spill; not committed", *owned.tp)
                 return False
             state = without_cleaned_aborts(replace(owned.state, cleaned=cleaned), cleaned.upto)
-            lease_key = keys.partition_lease_key(self._cluster, owned.topic, owned.partition)
-            state_key = keys.partition_state_key(self._cluster, owned.topic, owned.partition)
-            compares = [
-                value_is(lease_key, str(self.broker_id).encode()),
-                create_revision_is(lease_key, owned.lease_revision),
-                mod_revision_is(state_key, owned.state_revision),
-            ]
+            state_key, compares = self._owner_fence(owned)
             document = state.to_json()
             try:
                 result = await self._etcd.txn(compares, [put_op(state_key, document)])
