@@ -838,7 +838,7 @@ def test_normal_clients_still_work_after_all_of_it(kafka: BrokerProcess) -> None
 
 # --- protocol honesty: what is not served is never an empty success -------------------------
 
-UPDATE_FEATURES, DESCRIBE_TRANSACTIONS = 57, 65
+DESCRIBE_QUORUM, DESCRIBE_TRANSACTIONS = 55, 65
 DELEGATION_TOKEN_APIS = frozenset(range(38, 42))  # Create, Renew, Expire, Describe
 
 
@@ -879,10 +879,10 @@ def test_an_unserved_api_without_an_error_field_closes_the_connection(
 def test_an_unserved_api_with_an_error_field_gets_unsupported_version(
     kafka: BrokerProcess,
 ) -> None:
-    assert UPDATE_FEATURES not in API_TABLE
+    assert DESCRIBE_QUORUM not in API_TABLE
     with KafkaWire(kafka.bootstrap) as wire:
-        body = sample_body(codec.request_schema(UPDATE_FEATURES, 1))
-        response = wire.request(UPDATE_FEATURES, 1, body)
+        body = sample_body(codec.request_schema(DESCRIBE_QUORUM, 1))
+        response = wire.request(DESCRIBE_QUORUM, 1, body)
         assert int(response.error_code) == UNSUPPORTED_VERSION
 
 
@@ -894,7 +894,7 @@ def test_api_versions_names_only_apis_in_the_table(kafka: BrokerProcess) -> None
     assert not keys & {
         READ_SHARE_GROUP_STATE_SUMMARY,
         STREAMS_GROUP_DESCRIBE,
-        UPDATE_FEATURES,
+        DESCRIBE_QUORUM,
     }
 
 
