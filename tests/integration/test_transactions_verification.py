@@ -221,7 +221,10 @@ def test_a_rolling_upgrade_holds_clients_on_transaction_protocol_v1(
     held = {"KAFSCALE_TRANSACTIONS__PROTOCOL_VERSION": "1"}
     broker = broker_cluster.start(**held)
     proxy = start_proxy(broker_cluster, **held)
-    # Share groups (KIP-932) are served by brokers, not yet through the proxy.
+    # Share groups (KIP-932) are served by brokers and through the proxy alike.
     assert finalized_features(broker.bootstrap) == {"transaction.version": 1, "share.version": 1}
-    assert finalized_features(proxy.bootstrap) == {"transaction.version": 1}
-    assert finalized_features(start_proxy(broker_cluster).bootstrap) == {"transaction.version": 2}
+    assert finalized_features(proxy.bootstrap) == {"transaction.version": 1, "share.version": 1}
+    assert finalized_features(start_proxy(broker_cluster).bootstrap) == {
+        "transaction.version": 2,
+        "share.version": 1,
+    }
