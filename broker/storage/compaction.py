@@ -292,7 +292,10 @@ def _clean_marker(
     if fate is MarkerFate.REMOVE:
         return b""
     if fate is MarkerFate.STAMP:
-        body, spans = batch_records(batch)
+        try:
+            body, spans = batch_records(batch)
+        except InvalidBatch:
+            return bytes(batch.data)  # a control batch we cannot rewrite stays as it is
         return rebuild_batch(batch, body, spans, clock.new_horizon_ms)
     return bytes(batch.data)
 
