@@ -4,8 +4,9 @@ A tombstone's ``delete.retention.ms`` starts when the cleaner first keeps it, no
 Here the first pass is held back (``min.cleanable.dirty.ratio`` over 1) until the tombstone is
 older than ``delete.retention.ms``; that pass keeps it (the old rule dropped it there, so a
 consumer reading then missed the deletion) and writes its batch a delete horizon. A consumer
-that starts after the pass sees the tombstone, with librdkafka and kafka-python, and every
-record with the timestamp it was produced with. A pass after the horizon removes it.
+that starts after the pass sees the tombstone, with librdkafka (through the broker and the
+proxy) and kafka-python, and every record with the timestamp it was produced with. A pass
+after the horizon removes it.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import pytest
 from confluent_kafka import Consumer, KafkaException, Producer
 from confluent_kafka import TopicPartition as ConfluentTP
 from harness.brokers import BrokerCluster
+from harness.proxy import start_proxy
 from integration.test_log_cleaner import (
     CLEANER_ENV,
     alter_topic,
@@ -136,6 +138,7 @@ def test_a_tombstone_older_than_the_retention_at_its_first_pass_is_kept_until_it
     expected = [written[3], written[4], written[5], written[6]]
     assert consume_librdkafka(broker.bootstrap, topic, end) == expected
     assert consume_kafka_python(broker.bootstrap, topic, end) == expected
+    assert consume_librdkafka(start_proxy(broker_cluster).bootstrap, topic, end) == expected
     # The tombstone's batch carries the horizon (the pass's time + delete.retention.ms).
     horizons = {h for h in stored_horizons(broker_cluster, topic) if h is not None}
     assert len(horizons) == 1 and min(horizons) <= passed_at_ms + RETENTION_MS
