@@ -7,6 +7,11 @@ attributes (transactional and control bits, timestamp type, codec); its kept rec
 byte for byte (their deltas stay valid because the base offset and timestamp stay), compressed
 again with the batch's codec, and its length, record count and CRC32C are computed again.
 
+A batch given a delete horizon (KIP-534) is the one exception: attribute bit 6 is set and the
+base timestamp field holds the horizon, so each kept record's timestamp delta is written again
+relative to it. Every reader computes a record's timestamp as base timestamp + delta (LogAppendTime
+batches: the max timestamp), so record timestamps, and the max timestamp, stay what they were.
+
 Everything here is strict: the cleaner replaces stored data with its output, so a batch that does
 not parse exactly (bad CRC, a record running past its batch, trailing bytes, a decompression
 bomb) raises InvalidBatch rather than yielding a partial result.
@@ -21,7 +26,9 @@ from typing import NamedTuple
 import cramjam
 import crc32c
 
+from kafscale.broker.protocol.batch_encoder import encode_varint
 from kafscale.broker.protocol.record_batch import (
+    DELETE_HORIZON_BIT,
     HEADER_SIZE,
     LOG_OVERHEAD,
     BatchHeader,
@@ -153,18 +160,33 @@ def _varint(data: bytes, position: int) -> tuple[int, int]:
     return read_varint(data, position)
 
 
-def rebuild_batch(batch: StoredBatch, body: bytes, kept: Sequence[RecordSpan]) -> bytes:
+def rebuild_batch(
+    batch: StoredBatch,
+    body: bytes,
+    kept: Sequence[RecordSpan],
+    delete_horizon_ms: int | None = None,
+) -> bytes:
     """The batch with only the ``kept`` records (spans into its decompressed ``body``), every
-    header field but length, record count and CRC unchanged, compressed as the original was."""
+    header field but length, record count and CRC unchanged, compressed as the original was.
+
+    With ``delete_horizon_ms`` (for a batch that has none yet) the batch gets that horizon as
+    Kafka's cleaner writes it: attribute bit 6 set, the horizon in the base timestamp field and
+    each record's timestamp delta made relative to it, so its timestamp does not change."""
     header = batch.header
-    records = b"".join(body[span.start : span.end] for span in kept)
+    attributes, base_timestamp = header.attributes, header.base_timestamp
+    if delete_horizon_ms is None:
+        records = b"".join(body[span.start : span.end] for span in kept)
+    else:
+        shift = header.base_timestamp - delete_horizon_ms
+        records = b"".join(_rebased_record(body, span, shift) for span in kept)
+        attributes, base_timestamp = attributes | DELETE_HORIZON_BIT, delete_horizon_ms
     original = batch.data[HEADER_SIZE : HEADER_SIZE + len(_XERIAL_MAGIC)]
     compressed = compress(header.compression, records, xerial=bytes(original) == _XERIAL_MAGIC)
     after_crc = (
         _AFTER_CRC.pack(
-            header.attributes,
+            attributes,
             header.last_offset_delta,
-            header.base_timestamp,
+            base_timestamp,
             header.max_timestamp,
             header.producer_id,
             header.producer_epoch,
@@ -176,6 +198,20 @@ def rebuild_batch(batch: StoredBatch, body: bytes, kept: Sequence[RecordSpan]) -
     batch_length = HEADER_SIZE - LOG_OVERHEAD + len(compressed)
     head = _BEFORE_CRC.pack(header.base_offset, batch_length, header.partition_leader_epoch, 2)
     return head + struct.pack(">I", crc32c.crc32c(after_crc)) + after_crc
+
+
+def _rebased_record(body: bytes, span: RecordSpan, shift: int) -> bytes:
+    """The record at ``span`` with ``shift`` added to its timestamp delta (and its length
+    prefix written again: the delta's varint may change size). The sum wraps to 64 bits as
+    Java's long arithmetic does, so base + delta still gives the original timestamp."""
+    _, at = read_varint(body, span.start)
+    delta, rest = read_varint(body, at + 1)
+    record = body[at : at + 1] + encode_varint(_wrap64(delta + shift)) + body[rest : span.end]
+    return encode_varint(len(record)) + record
+
+
+def _wrap64(value: int) -> int:
+    return (value + (1 << 63)) % (1 << 64) - (1 << 63)
 
 
 def compress(codec: int, records: bytes, *, xerial: bool = True) -> bytes:

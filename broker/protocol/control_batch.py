@@ -12,7 +12,12 @@ from __future__ import annotations
 import struct
 
 from kafscale.broker.protocol.batch_encoder import encode_batch, encode_record
-from kafscale.broker.protocol.record_batch import HEADER_SIZE, InvalidBatch, read_header
+from kafscale.broker.protocol.record_batch import (
+    HEADER_SIZE,
+    InvalidBatch,
+    read_header,
+    read_varint,
+)
 
 ABORT = 0
 COMMIT = 1
@@ -51,9 +56,16 @@ def marker_type(batch: bytes | memoryview) -> int:
     if not header.is_control or header.compression != 0:
         raise InvalidBatch("not an uncompressed control batch")
     record = bytes(batch[HEADER_SIZE : header.size])
-    # length, attributes, timestamp delta, offset delta, key length: single bytes here
-    key_length = record[4] >> 1
-    if key_length < _MARKER_KEY.size or len(record) < 5 + key_length:
+    # length, attributes, timestamp delta, offset delta, key length: varints, not single
+    # bytes (a marker the cleaner gave a delete horizon has a long timestamp delta)
+    try:
+        _, at = read_varint(record, 0)
+        _, at = read_varint(record, at + 1)
+        _, at = read_varint(record, at)
+        key_length, at = read_varint(record, at)
+    except IndexError as exc:
+        raise InvalidBatch("control record without a marker key") from exc
+    if key_length < _MARKER_KEY.size or len(record) < at + key_length:
         raise InvalidBatch("control record without a marker key")
-    _version, kind = _MARKER_KEY.unpack_from(record, 5)
+    _version, kind = _MARKER_KEY.unpack_from(record, at)
     return int(kind)

@@ -27,6 +27,7 @@ _COMPRESSION_MASK = 0x07
 _TIMESTAMP_TYPE_BIT = 0x08
 _TRANSACTIONAL_BIT = 0x10
 _CONTROL_BIT = 0x20
+DELETE_HORIZON_BIT = 0x40  # KIP-534: the base timestamp holds the batch's delete horizon
 NO_PRODUCER_ID = -1
 
 
@@ -73,6 +74,13 @@ class BatchHeader:
     @property
     def is_control(self) -> bool:
         return bool(self.attributes & _CONTROL_BIT)
+
+    @property
+    def delete_horizon_ms(self) -> int | None:
+        """The delete horizon the log cleaner wrote (KIP-534), None if it wrote none: its
+        tombstones and its marker may go once the clock passes it. The base timestamp field
+        holds it; record timestamps stay base timestamp + delta for every reader."""
+        return self.base_timestamp if self.attributes & DELETE_HORIZON_BIT else None
 
 
 _ATTRIBUTES = struct.Struct(">h")

@@ -266,7 +266,7 @@ class Cleaner:
             aborted,
             markers,
             prefix,
-            now_ms - config.delete_retention_ms,
+            compaction.DeleteClock(now_ms, config.delete_retention_ms),
         )
         if not await self._manager.commit_cleaned(
             owned, result_cleaned, state.cleaned, markers.last_removed_abort
@@ -395,11 +395,11 @@ class Cleaner:
         aborted: list[AbortedTxn],
         markers: compaction.TxnMarkers,
         prefix: str,
-        tombstones_before_ms: int,
+        clock: compaction.DeleteClock,
     ) -> tuple[int, int]:
         """Filter the inputs in order into cleaned objects of about ``segment.bytes`` each;
-        returns (bytes written, objects written). Tombstones and transaction markers of inputs
-        flushed before ``tombstones_before_ms`` may go (``delete.retention.ms``). Each upload
+        returns (bytes written, objects written). Tombstones and transaction markers get or
+        pass their delete horizons by ``clock`` (the pass's time). Each upload
         first checks that the partition is still ours and its topic not deleted (a pass over a
         large partition takes a while)."""
         written = objects = 0
@@ -412,7 +412,7 @@ class Cleaner:
                 data,
                 offset_map,
                 aborted,
-                drop_tombstones=created_at < tombstones_before_ms,
+                clock=clock,
                 markers=markers,
             )
             body += kept

@@ -10,6 +10,7 @@ Pure (bytes in, bytes out, no I/O, no asyncio), so a pass can run in a worker th
    offset (if not even the first dirty segment fits, the map is too small: skip the pass).
 2. Call :func:`clean_batches` on every input of [log start, dirty end), in offset order: the
    previous generation's cleaned objects and the dirty segments alike, with one
+   :class:`DeleteClock` (the pass's time, for tombstones' and markers' delete horizons) and one
    :class:`TxnMarkers` for the whole pass (it follows each producer's transaction from its
    records to its marker, which may lie in a later input). Without one, markers all stay and the
    order does not matter.
@@ -34,6 +35,8 @@ from __future__ import annotations
 import bisect
 import hashlib
 from collections.abc import Iterable, Sequence
+from enum import Enum
+from typing import NamedTuple
 
 from kafscale.broker.metadata.partition_state import AbortedTxn
 from kafscale.broker.protocol.batch_filter import (
@@ -49,6 +52,7 @@ from kafscale.broker.protocol.record_batch import BatchHeader, InvalidBatch
 __all__ = [
     "KEY_DIGEST_BYTES",
     "AbortedRanges",
+    "DeleteClock",
     "InvalidBatch",
     "OffsetMap",
     "TxnMarkers",
@@ -65,6 +69,34 @@ def key_digest(key: bytes) -> bytes:
     keys' length. A collision (odds ~1e-21 among a billion keys) would drop one key's record,
     as it would in Kafka's cleaner."""
     return hashlib.blake2b(key, digest_size=KEY_DIGEST_BYTES).digest()
+
+
+class DeleteClock(NamedTuple):
+    """When a pass runs and the topic's ``delete.retention.ms``: what tombstones and removable
+    transaction markers are judged by, as Kafka 3.1+ (KIP-534) does. A pass that keeps one in a
+    batch without a delete horizon writes the horizon ``now_ms + delete_retention_ms`` into that
+    batch; a later pass removes it once ``now_ms`` reaches the horizon. A batch cleaned before
+    horizons existed has none, so its tombstones count as first seen now (Kafka's upgrade)."""
+
+    now_ms: int
+    delete_retention_ms: int
+
+    @property
+    def new_horizon_ms(self) -> int:
+        return self.now_ms + self.delete_retention_ms
+
+    def passed(self, header: BatchHeader) -> bool:
+        """Whether ``header``'s batch has a delete horizon and it has passed."""
+        horizon = header.delete_horizon_ms
+        return horizon is not None and self.now_ms >= horizon
+
+
+class MarkerFate(Enum):
+    """What a pass does with one transaction marker (a control batch)."""
+
+    KEEP = "keep"  # as it is
+    STAMP = "stamp"  # removable, but first gets a delete horizon (it stays until then)
+    REMOVE = "remove"
 
 
 class OffsetMap:
@@ -122,15 +154,13 @@ class AbortedRanges:
 
 class TxnMarkers:
     """Which commit and abort markers a pass removes, as Kafka's ``CleanedTransactionMetadata``
-    decides: a marker goes once the transaction it ends has no record left (an aborted one's
-    records are all dropped; a committed one's all superseded) and it is older than
-    ``delete.retention.ms`` (the tombstones' age rule, ``drop_tombstones``).
+    and ``LogCleaner`` decide: a marker is *removable* once the transaction it ends has no
+    record left (an aborted one's records are all dropped; a committed one's all superseded).
+    A removable marker without a delete horizon gets one (:class:`DeleteClock`) and stays; one
+    whose horizon has passed goes.
 
     The inputs of a pass are read in offset order and a transaction's records all precede its
     marker, so one set suffices: the producers with a record kept since their last marker.
-    Kafka keeps a marker one pass longer (it counts the batches it read, not those it kept, and
-    starts its delete horizon then); here a marker goes in the pass that removed its last record
-    if it is old enough, so the log ends in the same state one pass sooner.
 
     An abort marker at or after ``keep_aborts_from`` stays whatever its age: its aborted-
     transaction entry is in an index object the pass's commit cannot drop, and a reader told of
@@ -150,23 +180,32 @@ class TxnMarkers:
         if header.is_transactional and not header.is_control:
             self._with_records.add(header.producer_id)
 
-    def keeps_marker(self, batch: StoredBatch, old_enough: bool, below_dirty_end: bool) -> bool:
-        """Whether the control batch ``batch`` stays; it ends its producer's transaction."""
+    def marker_fate(
+        self, batch: StoredBatch, clock: DeleteClock, below_dirty_end: bool
+    ) -> MarkerFate:
+        """What happens to the control batch ``batch``; it ends its producer's transaction."""
         header = batch.header
         had_records = header.producer_id in self._with_records
         self._with_records.discard(header.producer_id)
-        if had_records or not old_enough or not below_dirty_end:
-            return True
+        if had_records or not below_dirty_end:
+            return MarkerFate.KEEP
         try:
             kind = marker_type(batch.data)
         except InvalidBatch:
-            return True  # not a marker we can read (Kafka keeps unknown control records too)
+            return MarkerFate.KEEP  # not a marker we can read (Kafka keeps unknown ones too)
+        if kind == ABORT and self._keeps_abort(header):
+            return MarkerFate.KEEP
+        if header.delete_horizon_ms is None:
+            return MarkerFate.STAMP
+        if not clock.passed(header):
+            return MarkerFate.KEEP
         if kind == ABORT:
-            if self.keep_aborts_from is not None and header.base_offset >= self.keep_aborts_from:
-                return True
             self.last_removed_abort = max(self.last_removed_abort, header.base_offset)
         self.removed += 1
-        return False
+        return MarkerFate.REMOVE
+
+    def _keeps_abort(self, header: BatchHeader) -> bool:
+        return self.keep_aborts_from is not None and header.base_offset >= self.keep_aborts_from
 
 
 def _as_ranges(aborted: Sequence[AbortedTxn] | AbortedRanges) -> AbortedRanges:
@@ -211,45 +250,62 @@ def clean_batches(
     offset_map: OffsetMap,
     aborted: Sequence[AbortedTxn] | AbortedRanges = (),
     *,
-    drop_tombstones: bool,
+    clock: DeleteClock,
     dirty_end: int | None = None,
     markers: TxnMarkers | None = None,
 ) -> bytes:
     """One input's batches with each key's latest record only (offsets never change).
 
     A record below ``dirty_end`` (all of them if None) stays iff it has a key, no newer record
-    of its key is in ``offset_map``, and it is not a tombstone while ``drop_tombstones`` (the
-    input is older than ``delete.retention.ms``). Batches of ``aborted`` transactions are
-    dropped; a batch that loses no record is copied byte for byte, one that loses some is
-    rewritten (``batch_filter.rebuild_batch``: same offsets, attributes, producer fields and
-    codec, new CRC), one that loses all is dropped. Records at or after ``dirty_end`` are kept
-    as they are. Control batches (transaction markers) stay, unless ``markers`` (the pass's,
-    inputs given in offset order) removes them: see :class:`TxnMarkers`."""
+    of its key is in ``offset_map``, and it is not a tombstone of a batch whose delete horizon
+    has passed (``clock``). A batch that keeps a tombstone below ``dirty_end`` and has no
+    horizon yet is written again with one (``clock.new_horizon_ms``). Batches of ``aborted``
+    transactions are dropped; a batch that loses no record (and needs no horizon) is copied
+    byte for byte, one that loses some is rewritten (``batch_filter.rebuild_batch``: same
+    offsets, attributes, timestamps, producer fields and codec, new CRC), one that loses all is
+    dropped. Records at or after ``dirty_end`` are kept as they are. Control batches
+    (transaction markers) stay, unless ``markers`` (the pass's, inputs given in offset order)
+    stamps or removes them: see :class:`TxnMarkers`."""
     ranges = _as_ranges(aborted)
     out: list[bytes] = []
     for batch in iter_stored_batches(batches):
         header = batch.header
         below = dirty_end is None or header.base_offset < dirty_end
         if header.is_control:
-            if markers is None or markers.keeps_marker(batch, drop_tombstones, below):
-                out.append(bytes(batch.data))
+            out.append(_clean_marker(batch, markers, clock, below))
         elif not below:
             out.append(bytes(batch.data))
             if markers is not None:
                 markers.records_kept(header)
         elif not ranges.contains(header):
-            kept = _clean_batch(batch, offset_map, drop_tombstones, dirty_end)
+            kept = _clean_batch(batch, offset_map, clock, dirty_end)
             if kept and markers is not None:
                 markers.records_kept(header)
             out.append(kept)
     return b"".join(out)
 
 
+def _clean_marker(
+    batch: StoredBatch, markers: TxnMarkers | None, clock: DeleteClock, below: bool
+) -> bytes:
+    fate = MarkerFate.KEEP if markers is None else markers.marker_fate(batch, clock, below)
+    if fate is MarkerFate.REMOVE:
+        return b""
+    if fate is MarkerFate.STAMP:
+        try:
+            body, spans = batch_records(batch)
+        except InvalidBatch:
+            return bytes(batch.data)  # a control batch we cannot rewrite stays as it is
+        return rebuild_batch(batch, body, spans, clock.new_horizon_ms)
+    return bytes(batch.data)
+
+
 def _clean_batch(
-    batch: StoredBatch, offset_map: OffsetMap, drop_tombstones: bool, dirty_end: int | None
+    batch: StoredBatch, offset_map: OffsetMap, clock: DeleteClock, dirty_end: int | None
 ) -> bytes:
     body, spans = batch_records(batch)
     base = batch.header.base_offset
+    drop_tombstones = clock.passed(batch.header)
     kept = [
         span
         for span in spans
@@ -257,9 +313,23 @@ def _clean_batch(
     ]
     if not kept:
         return b""
+    if needs_horizon(batch.header, kept, dirty_end):
+        return rebuild_batch(batch, body, kept, clock.new_horizon_ms)
     if len(kept) == len(spans):
         return bytes(batch.data)
     return rebuild_batch(batch, body, kept)
+
+
+def needs_horizon(header: BatchHeader, kept: Sequence[RecordSpan], dirty_end: int | None) -> bool:
+    """Whether a pass must give this batch a delete horizon: it has none and keeps a tombstone
+    in the cleaned range (Kafka's ``needToSetDeleteHorizon``)."""
+    if header.delete_horizon_ms is not None:
+        return False
+    return any(
+        span.is_tombstone
+        and (dirty_end is None or header.base_offset + span.offset_delta < dirty_end)
+        for span in kept
+    )
 
 
 def _keeps(

@@ -4,7 +4,10 @@ A consumer's fetcher parses batches with ``MemoryRecords``: CRC check, then the 
 stream (``KafkaLZ4BlockInputStream`` refuses LZ4 frames with linked blocks, snappy goes through
 snappy-java's xerial reader, zstd through zstd-jni). Every codec's cleaned batches, rewritten and
 copied ones, data and transaction markers, must read back there as kafka-python reads them and
-as the log held them. No broker is needed; Java is (``harness.java_client``).
+as the log held them. That includes batches given a delete horizon (KIP-534: attribute bit 6,
+the horizon in the base timestamp field, record deltas relative to it): Java reports the horizon
+the cleaner wrote and every record's timestamp as written. No broker is needed; Java is
+(``harness.java_client``).
 """
 
 from __future__ import annotations
@@ -24,20 +27,35 @@ from harness.compaction_batches import (
 from harness.java_client import java_program
 
 from kafscale.broker.metadata.partition_state import AbortedTxn
+from kafscale.broker.protocol.batch_filter import iter_stored_batches
 from kafscale.broker.protocol.control_batch import encode_marker
-from kafscale.broker.storage.compaction import OffsetMap, clean_batches, index_batches
+from kafscale.broker.storage.compaction import (
+    DeleteClock,
+    OffsetMap,
+    TxnMarkers,
+    clean_batches,
+    index_batches,
+)
 
 pytestmark = pytest.mark.integration
 
 SOURCE = Path(__file__).parents[1] / "harness" / "java" / "BatchReader.java"
 _JAVA_CODEC = {"none": "none", "gzip": "gzip", "snappy": "snappy", "xerial": "snappy"}
+CLOCK = DeleteClock(BASE_TIMESTAMP_MS + 3_600_000, 86_400_000)
 
 
 def _log(codec: str) -> tuple[bytes, list[AbortedTxn]]:
-    """Keyed batches with headers, tombstones, an aborted and a committed transaction."""
+    """Keyed batches with headers, tombstones, an aborted and a committed transaction; record
+    timestamps on both sides of each batch's first."""
     txn = {"producer_id": 42, "producer_epoch": 3, "attributes": TRANSACTIONAL}
     plain = [
-        Rec(o, f"key-{o % 5}".encode(), f"value {o} ".encode() * 40, (("trace", bytes([o])),))
+        Rec(
+            o,
+            f"key-{o % 5}".encode(),
+            f"value {o} ".encode() * 40,
+            (("trace", bytes([o])),),
+            BASE_TIMESTAMP_MS + 1000 * (o % 7),
+        )
         for o in range(0, 30)
     ]
     tombstone = Rec(30, b"key-1", None, (), BASE_TIMESTAMP_MS + 5)
@@ -67,7 +85,8 @@ def _hex(value: bytes | None) -> str:
 def _expected_lines(cleaned: bytes, codec: str) -> list[str]:
     """What BatchReader prints for ``cleaned``, from kafka-python's reading of it."""
     lines = []
-    for batch, records in read_with_kafka_python(cleaned):
+    horizons = [b.header.delete_horizon_ms for b in iter_stored_batches(cleaned)]
+    for (batch, records), horizon in zip(read_with_kafka_python(cleaned), horizons, strict=True):
         fields = [
             batch.base_offset,
             batch.base_offset + batch.last_offset_delta,
@@ -80,6 +99,7 @@ def _expected_lines(cleaned: bytes, codec: str) -> list[str]:
             str(batch.is_control_batch).lower(),
             batch.max_timestamp,
             batch.records_count,
+            "-" if horizon is None else horizon,
         ]
         lines.append(" ".join(["batch", *map(str, fields)]))
         if batch.is_control_batch:
@@ -96,7 +116,7 @@ def test_every_codecs_cleaned_batches_read_back_in_kafkas_java_reader(tmp_path: 
         data, aborted = _log(codec)
         offset_map = OffsetMap(100)
         assert index_batches(data, offset_map, aborted)
-        cleaned = clean_batches(data, offset_map, aborted, drop_tombstones=False)
+        cleaned = clean_batches(data, offset_map, aborted, clock=CLOCK, markers=TxnMarkers())
         path = tmp_path / f"{codec}.batches"
         path.write_bytes(cleaned)
         files.append(str(path))
@@ -119,3 +139,21 @@ def test_every_codecs_cleaned_batches_read_back_in_kafkas_java_reader(tmp_path: 
     assert out.stdout.splitlines() == expected
     # each key's latest committed record, the tombstone included; the aborted one gone
     assert set(map(tuple, kept_offsets.values())) == {(25, 27, 29, 30, 33, 34)}
+    written = {r.offset: r.timestamp for r in [*_records(_log("none")[0])]}
+    java_records = [line.split() for line in out.stdout.splitlines() if line.startswith("record")]
+    assert {int(f[1]): int(f[2]) for f in java_records} == {
+        o: written[o] for o in kept_offsets["none"]
+    }
+    # the tombstone's batch and the abort marker (its transaction has no record left) got a
+    # horizon: the pass's time + delete.retention.ms; the others none
+    stamped = [line.split() for line in out.stdout.splitlines() if line.startswith("batch")]
+    assert {(int(f[1]), f[-1]) for f in stamped if f[-1] != "-"} == {
+        (15, str(CLOCK.new_horizon_ms)),
+        (32, str(CLOCK.new_horizon_ms)),
+    }
+
+
+def _records(data: bytes) -> list[Rec]:
+    return [
+        r for batch, rs in read_with_kafka_python(data) if not batch.is_control_batch for r in rs
+    ]

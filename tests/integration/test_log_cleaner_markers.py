@@ -1,12 +1,13 @@
 """Transaction markers under the log cleaner, end to end: a broker process on moto S3 and etcd.
 
 A transactional confluent-kafka producer (as Kafka Streams' or Quix's exactly-once changelogs
-write) commits and aborts many small transactions to a compacted topic. After a pass, Kafka's
-cleaner would have removed every marker whose transaction has no record left and that is older
-than ``delete.retention.ms``: the stored bytes come down to about the keys' latest values, and
-read_committed and read_uncommitted consumers from the beginning see exactly the records a
-cleaned log holds, through the broker and through the proxy. On the old main every marker
-stays, so the marker and size checks fail there.
+write) commits and aborts many small transactions to a compacted topic. As in Kafka 3.1+
+(KIP-534), the first pass keeps every marker and gives those whose transaction has no record
+left a delete horizon (pass time + ``delete.retention.ms``); a pass after the horizon removes
+them: the stored bytes come down to about the keys' latest values, and read_committed and
+read_uncommitted consumers from the beginning see exactly the records a cleaned log holds, after
+either pass, through the broker and through the proxy. On the old main (before markers were
+cleaned) every marker stays, so the marker and size checks fail there.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from integration.test_log_cleaner import (
     txn_producer,
 )
 
+from kafscale.broker.protocol.batch_filter import iter_stored_batches
 from kafscale.broker.storage.segments import decode_segment
 
 pytestmark = pytest.mark.integration
@@ -85,18 +87,44 @@ def test_markers_of_transactions_with_no_record_left_go_and_readers_see_the_same
     before = eventually(lambda: log_dir_size(broker.bootstrap, topic), "a size")
 
     alter_topic(broker.bootstrap, topic, "min.cleanable.dirty.ratio", "0.01")
-    cleaned = cleaned_up_to(broker_cluster, topic, tail_offset)
+    first = cleaned_up_to(broker_cluster, topic, tail_offset)
 
     # Each key's latest committed value, at its offset; nothing aborted.
     latest = {key: (offset, key, value) for offset, key, value in committed_before[:-1]}
     expected = [*sorted(latest.values()), committed_before[-1]]
     assert poll_all(broker.bootstrap, topic, "read_committed") == expected
     assert poll_all(broker.bootstrap, topic, "read_uncommitted") == expected
-    # Only the markers of the transactions that still hold a record stay: each kept record's
-    # transaction ends at the first marker after it (one producer, one transaction at a time).
+    # The first pass keeps every marker; those of transactions with no record left get a delete
+    # horizon. Each kept record's transaction ends at the first marker after it (one producer,
+    # one transaction at a time).
+    holding = {min(m for m in marker_offsets if m > offset) for offset, _, _ in expected[:-1]}
+    stored = [b.header for b in iter_stored_batches(_stored_batches(broker_cluster, topic))]
+    assert [h.base_offset for h in stored if h.is_control] == marker_offsets
+    horizons = {h.base_offset: h.delete_horizon_ms for h in stored if h.is_control}
+    assert {m for m, horizon in horizons.items() if horizon is not None} == (
+        set(marker_offsets) - holding
+    )
+
+    # After the horizon, the next pass (new data makes one due) removes them.
+    latest_horizon = max(h for h in horizons.values() if h is not None)
+    time.sleep(max(0.0, latest_horizon / 1000 - time.time()) + 0.5)
+    produce_rounds(broker.bootstrap, topic, [[(b"tail", b"again")]])
+    cleaned = eventually(
+        lambda: (
+            (c := partition_state(broker_cluster, topic).cleaned)
+            and c.generation > first.generation
+            and c.upto > tail_offset
+            and c
+        ),
+        "a pass after the horizon",
+        timeout_s=90,
+    )
+    expected = [*expected, (tail_offset + 1, b"tail", b"again")]  # the newest: not cleaned
+    assert poll_all(broker.bootstrap, topic, "read_committed") == expected
+    assert poll_all(broker.bootstrap, topic, "read_uncommitted") == expected
+    # Only the markers of the transactions that still hold a record stay.
     batches = read_with_kafka_python(_stored_batches(broker_cluster, topic))
     markers = [batch.base_offset for batch, _ in batches if batch.is_control_batch]
-    holding = {min(m for m in marker_offsets if m > offset) for offset, _, _ in expected[:-1]}
     assert markers == sorted(holding)
     # The aborted transactions' entries went with their records and markers.
     after_state = partition_state(broker_cluster, topic)

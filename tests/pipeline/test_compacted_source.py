@@ -20,7 +20,7 @@ pytestmark = [pytest.mark.pipeline, pytest.mark.timeout(900)]
 TOPIC = "compacted-source"
 
 
-def cleaned_upto(cluster: BrokerCluster, wanted: int) -> int:
+def cleaned_upto(cluster: BrokerCluster, wanted: int, topic: str = TOPIC) -> int:
     import asyncio
 
     from kafscale.broker.metadata.etcd import Etcd
@@ -28,7 +28,7 @@ def cleaned_upto(cluster: BrokerCluster, wanted: int) -> int:
     async def read() -> int:
         etcd = await Etcd.connect([cluster.etcd_url], timeout_s=5)
         try:
-            entry = await etcd.get(keys.partition_state_key(cluster.cluster, TOPIC, 0))
+            entry = await etcd.get(keys.partition_state_key(cluster.cluster, topic, 0))
             cleaned = PartitionState.from_json(entry.value).cleaned if entry else None
             return cleaned.upto if cleaned is not None else 0
         finally:
@@ -70,3 +70,51 @@ def test_spark_reads_a_cleaned_topic(spark: Any, broker_cluster: BrokerCluster) 
         for r in df.select("offset", "key", "value").collect()
     )
     assert rows == expected
+
+
+def test_spark_reads_written_timestamps_from_batches_with_a_delete_horizon(
+    spark: Any, broker_cluster: BrokerCluster
+) -> None:
+    """A pass keeps a tombstone and gives its batch a delete horizon (KIP-534: the horizon in
+    the base timestamp field, record deltas relative to it): the source still gives every
+    record the timestamp it was produced with, and the tombstone with a null value."""
+    from integration.test_log_cleaner_horizon import stored_horizons
+
+    topic = "horizon-source"
+    broker = broker_cluster.start(
+        KAFSCALE_LOG__CLEANER_INTERVAL_S="0.3", KAFSCALE_LOG__CLEANER_DELETE_DELAY_S="1"
+    )
+    config = {
+        "cleanup.policy": "compact",
+        "min.cleanable.dirty.ratio": "0.01",
+        "delete.retention.ms": "3600000",
+    }
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+    admin.create_topics([NewTopic(topic, 1, 1, config=config)])[topic].result(10)
+    t0 = 1_700_000_000_000
+    rounds = [
+        [(b"a", b"a0", t0 + 900), (b"b", b"b0", t0)],
+        [(b"a", None, t0 + 50), (b"b", b"b1", t0 + 4000), (b"c", b"c1", t0 + 20)],
+        [(b"c", b"c2", t0 + 7000)],
+    ]
+    written = []
+    for rows in rounds:
+        producer = Producer({"bootstrap.servers": broker.bootstrap, "compression.type": "zstd"})
+        for key, value, timestamp in rows:
+            producer.produce(topic, key=key, value=value, partition=0, timestamp=timestamp)
+            written.append((len(written), key, value, timestamp))
+        assert producer.flush(10) == 0
+        time.sleep(0.1)
+    assert cleaned_upto(broker_cluster, 5, topic) == 5
+    assert [h for h in stored_horizons(broker_cluster, topic) if h is not None]
+    df = (
+        spark.read.format("kafscale")
+        .options(**source_options(broker_cluster))
+        .option("subscribe", topic)
+        .load()
+    )
+    rows = sorted(
+        (r.offset, bytes(r.key), None if r.value is None else bytes(r.value), r.ms)
+        for r in df.selectExpr("offset", "key", "value", "unix_millis(timestamp) AS ms").collect()
+    )
+    assert rows == written[2:]

@@ -30,6 +30,7 @@ from kafscale.broker.protocol.control_batch import encode_marker
 from kafscale.broker.protocol.record_batch import InvalidBatch, read_header, split_batches
 from kafscale.broker.storage.compaction import (
     AbortedRanges,
+    DeleteClock,
     OffsetMap,
     clean_batches,
     index_batches,
@@ -50,12 +51,20 @@ def _rec(offset: int, key: bytes | None, value: bytes | None) -> Rec:
     )
 
 
+CLOCK = DeleteClock(BASE_TIMESTAMP_MS + 60_000, 1000)  # a pass: delete horizons from here
+
+
 def _compact(
     data: bytes, *, drop_tombstones: bool = False, aborted: list[AbortedTxn] | None = None
 ) -> bytes:
+    """One pass at ``CLOCK``; with ``drop_tombstones``, another once its horizons passed."""
     offset_map = OffsetMap(1000)
     assert index_batches(data, offset_map, aborted or [])
-    return clean_batches(data, offset_map, aborted or [], drop_tombstones=drop_tombstones)
+    cleaned = clean_batches(data, offset_map, aborted or [], clock=CLOCK)
+    if not drop_tombstones:
+        return cleaned
+    later = DeleteClock(CLOCK.new_horizon_ms, CLOCK.delete_retention_ms)
+    return clean_batches(cleaned, OffsetMap(1), aborted or [], clock=later)
 
 
 def _records(data: bytes) -> list[Rec]:
@@ -122,11 +131,11 @@ def test_a_batch_that_loses_every_record_is_dropped() -> None:
     new = keyed_batch(2, [_rec(2, b"a", b"3"), _rec(3, b"b", b"4")])
     offset_map = OffsetMap(10)
     assert index_batches(old, offset_map) and index_batches(new, offset_map)
-    assert clean_batches(old, offset_map, drop_tombstones=False) == b""
-    assert clean_batches(new, offset_map, drop_tombstones=False) == new
+    assert clean_batches(old, offset_map, clock=CLOCK) == b""
+    assert clean_batches(new, offset_map, clock=CLOCK) == new
 
 
-def test_tombstones_stay_until_told_to_drop_them_and_shadow_older_values() -> None:
+def test_tombstones_stay_until_a_pass_after_their_horizon_and_shadow_older_values() -> None:
     data = keyed_batch(0, [_rec(0, b"a", b"1"), _rec(1, b"b", b"2"), _rec(2, b"a", None)])
     assert _records(_compact(data)) == [_rec(1, b"b", b"2"), _rec(2, b"a", None)]
     assert _records(_compact(data, drop_tombstones=True)) == [_rec(1, b"b", b"2")]
@@ -163,7 +172,7 @@ def test_records_at_or_after_the_dirty_end_are_untouched() -> None:
     )
     offset_map = OffsetMap(10)
     assert index_batches(split(data)[0], offset_map)
-    cleaned = clean_batches(data, offset_map, drop_tombstones=True, dirty_end=2)
+    cleaned = clean_batches(data, offset_map, clock=CLOCK, dirty_end=2)
     assert cleaned.endswith(split(data)[1])
     assert _records(cleaned) == [_rec(1, b"a", b"2"), _rec(2, b"a", b"3"), _rec(3, None, b"4")]
 
@@ -245,7 +254,7 @@ def test_damaged_input_raises_instead_of_a_partial_output(data: bytes | str) -> 
     with pytest.raises(InvalidBatch):
         index_batches(data + good, OffsetMap(10))
     with pytest.raises(InvalidBatch):
-        clean_batches(good + data, OffsetMap(10), drop_tombstones=False)
+        clean_batches(good + data, OffsetMap(10), clock=CLOCK)
 
 
 def test_a_crc_is_computed_over_the_rewritten_batch() -> None:
@@ -286,6 +295,4 @@ def test_aborted_transactions_can_be_looked_up_once_for_many_inputs() -> None:
     offset_map = OffsetMap(10)
     assert index_batches(data, offset_map, ranges)
     assert offset_map.get(key_digest(b"b")) is None
-    assert _records(clean_batches(data, offset_map, ranges, drop_tombstones=False)) == [
-        _rec(2, b"a", b"3")
-    ]
+    assert _records(clean_batches(data, offset_map, ranges, clock=CLOCK)) == [_rec(2, b"a", b"3")]

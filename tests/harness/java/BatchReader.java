@@ -14,7 +14,8 @@ import org.apache.kafka.common.record.internal.Record;
  * decompressors (KafkaLZ4BlockInputStream, xerial snappy, zstd-jni, gzip).
  *
  * FILE...: per file "file PATH"; per batch "batch BASE LAST_OFFSET PRODUCER_ID PRODUCER_EPOCH
- * BASE_SEQUENCE LEADER_EPOCH CODEC TRANSACTIONAL CONTROL MAX_TIMESTAMP COUNT"; per record of a
+ * BASE_SEQUENCE LEADER_EPOCH CODEC TRANSACTIONAL CONTROL MAX_TIMESTAMP COUNT DELETE_HORIZON" (the
+ * KIP-534 delete horizon the cleaner wrote, "-" for none); per record of a
  * data batch "record OFFSET TIMESTAMP KEY VALUE HEADERS" with bytes in hex, "-" for null and
  * headers as NAME=HEX (or NAME=-) joined by ",", "-" when there are none. A batch that fails
  * ensureValid() or cannot be decompressed ends the program with an exception (exit code 1).
@@ -35,7 +36,9 @@ public class BatchReader {
                     Integer.toString(batch.baseSequence()),
                     Integer.toString(batch.partitionLeaderEpoch()), batch.compressionType().name,
                     Boolean.toString(batch.isTransactional()), Boolean.toString(batch.isControlBatch()),
-                    Long.toString(batch.maxTimestamp()), String.valueOf(batch.countOrNull())));
+                    Long.toString(batch.maxTimestamp()), String.valueOf(batch.countOrNull()),
+                    batch.deleteHorizonMs().isPresent()
+                        ? Long.toString(batch.deleteHorizonMs().getAsLong()) : "-"));
                 if (batch.isControlBatch()) {
                     continue;
                 }
