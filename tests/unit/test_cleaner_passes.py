@@ -443,3 +443,53 @@ async def test_cleaned_objects_are_sized_by_the_topics_segment_bytes(tmp_path: P
     finally:
         await cleaner.close()
         await store.close()
+
+
+class PrefixCountingStore(LocalDirObjectStore):
+    """A real local-directory store that records the prefix of every listing call."""
+
+    def __init__(self, root: Path) -> None:
+        super().__init__(root)
+        self.prefixes: list[str] = []
+
+    async def list(
+        self, prefix: str, *, start_after: str | None = None, limit: int | None = None
+    ) -> list[ObjectInfo]:
+        self.prefixes.append(prefix)
+        return await super().list(prefix, start_after=start_after, limit=limit)
+
+
+async def test_a_busy_partition_lists_its_committed_generation_once(tmp_path: Path) -> None:
+    """Fails on the old main: every check of a partition whose state moved listed the
+    committed generation's prefix again (two LISTs per check), though a committed generation
+    never changes. Now the pass that wrote it knows its objects; checks list the segments only."""
+    store = PrefixCountingStore(tmp_path)
+    owned = new_partition()
+    for round_ in range(3):
+        await append_segment(store, owned, [(b"k%d" % k, b"v%d" % round_) for k in range(3)])
+    view = View()
+    cleaner = new_cleaner(store, Manager(owned), delay_s=3600, view=view)
+    try:
+        result = await cleaner.clean_partition(owned, int(time.time() * 1000))
+        assert result is not None
+        view.topics = View(**{"min.cleanable.dirty.ratio": "0.99"}).topics
+        store.prefixes.clear()
+        for round_ in range(3):  # flushes: the state moves, no pass is due (ratio 0.99)
+            await append_segment(store, owned, [(b"k0", b"w%d" % round_)])
+            assert await cleaner.clean_partition(owned, int(time.time() * 1000)) is None
+        plain = keys.partition_object_prefix(CLUSTER, TOPIC, TOPIC_ID, 0)
+        assert store.prefixes == [plain] * 3
+        # A cleaner that did not write the generation (a new owner) lists it once.
+        again = new_cleaner(store, Manager(owned), delay_s=3600, view=view)
+        try:
+            store.prefixes.clear()
+            for _ in range(3):
+                await append_segment(store, owned, [(b"k1", b"x")])
+                assert await again.clean_partition(owned, int(time.time() * 1000)) is None
+            committed = keys.cleaned_pass_prefix(CLUSTER, TOPIC, TOPIC_ID, 0, 0, EPOCH)
+            assert store.prefixes.count(committed) == 1
+        finally:
+            await again.close()
+    finally:
+        await cleaner.close()
+        await store.close()
