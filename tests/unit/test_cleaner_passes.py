@@ -493,3 +493,48 @@ async def test_a_busy_partition_lists_its_committed_generation_once(tmp_path: Pa
     finally:
         await cleaner.close()
         await store.close()
+
+
+async def test_a_batch_too_large_to_decompress_is_kept_whole_and_cleaning_goes_on(
+    tmp_path: Path,
+) -> None:
+    """Fails on the old main: a stored zstd batch whose records decompress past 64 MiB (a
+    topic compacted after it was written may hold one) made every pass of the partition fail
+    (InvalidBatch), so it was never cleaned again. The pass keeps that batch whole and cleans
+    the rest."""
+    import cramjam
+
+    from kafscale.broker.protocol.record_batch import MAX_DECOMPRESSED_BYTES, iter_batch_headers
+
+    store = LocalDirObjectStore(tmp_path)
+    owned = new_partition()
+    await append_segment(store, owned, [(b"k0", b"v0"), (b"k1", b"v0")])  # offsets 0, 1
+    huge = encode_record(0, 0, b"big", bytes(MAX_DECOMPRESSED_BYTES + 1))
+    zstd = 4
+    batch = encode_batch(
+        bytes(cramjam.zstd.compress(huge)),
+        1,
+        base_timestamp=1,
+        max_timestamp=1,
+        attributes=zstd,
+        base_offset=2,
+    )
+    data = encode_segment([batch], int(time.time() * 1000), 4096).segment
+    await store.put(keys.segment_object_key(CLUSTER, TOPIC, TOPIC_ID, 0, 2, EPOCH), data)
+    owned.state = commit_segment(owned.state, SegmentRef(2, 2, EPOCH, len(data), 1), {})
+    owned.state_revision += 1
+    await append_segment(store, owned, [(b"k0", b"v1"), (b"k1", b"v1")])  # offsets 3, 4
+    await append_segment(store, owned, [(b"k0", b"v2")])  # the newest: never cleaned
+    cleaner = new_cleaner(store, Manager(owned), delay_s=3600)
+    try:
+        result = await cleaner.clean_partition(owned, int(time.time() * 1000))
+        assert result is not None and result.cleaned.upto == 5
+        prefix = keys.cleaned_pass_prefix(CLUSTER, TOPIC, TOPIC_ID, 0, 0, EPOCH)
+        bodies = [decode_segment(await store.get(i.key)).body for i in await store.list(prefix)]
+        kept = [header for body in bodies for _, header in iter_batch_headers(body)]
+        # The large batch stays whole; offsets 0 and 1 were superseded by 3 and 4.
+        assert [(h.base_offset, h.last_offset) for h in kept] == [(2, 2), (3, 4)]
+        assert bytes(batch) in b"".join(bytes(body) for body in bodies)
+    finally:
+        await cleaner.close()
+        await store.close()
