@@ -22,8 +22,10 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from kafscale.broker.api import access
 from kafscale.broker.api.dispatch import Body, RequestContext
@@ -48,6 +50,25 @@ from kafscale.broker.storage.partition_log import NO_APPEND_TIME, Ack
 
 NO_TIMESTAMP = -1
 FIRST_RECORD_BATCH_VERSION = 3  # Produce v0-v2 carry message sets (message format v0/v1)
+INLINE_DECODE_BYTES = 16 * 1024
+"""Uncompressed batches up to this size have their records read on the event loop (a thread hop
+costs more than reading them); larger or compressed ones are read by ``_DECODERS``."""
+_DECODERS = ThreadPoolExecutor(2, thread_name_prefix="kafscale-produce-decode")
+"""Where the records of large or compressed produced batches are read (keys of a compacted
+topic, timestamps for ``message.timestamp.before.max.ms``): a few KB of zstd can decompress to
+``record_batch.MAX_DECOMPRESSED_BYTES`` (64 MiB), which on the event loop would stall every
+other connection. Two workers bound the memory such reads hold at once to twice that."""
+
+_T = TypeVar("_T")
+
+
+async def _read_records(
+    read: Callable[[memoryview], _T], batch: memoryview, header: BatchHeader
+) -> _T:
+    """``read(batch)``, inline for a small uncompressed batch, else in ``_DECODERS``."""
+    if header.compression == 0 and len(batch) <= INLINE_DECODE_BYTES:
+        return read(batch)
+    return await asyncio.get_running_loop().run_in_executor(_DECODERS, read, batch)
 
 
 async def handle_produce(request: Any, ctx: RequestContext) -> Body | None:
@@ -96,10 +117,14 @@ class TopicRules:
             compacted=is_compacted(configs),
         )
 
-    def check(self, batches: list[memoryview], headers: list[BatchHeader], now_ms: int) -> None:
+    async def check(
+        self, batches: list[memoryview], headers: list[BatchHeader], now_ms: int
+    ) -> None:
         """MESSAGE_TOO_LARGE for a batch over ``max.message.bytes`` (as stored: compressed,
         with its 12-byte log header), INVALID_TIMESTAMP for a CreateTime record too far from
-        the broker's clock, as Kafka checks them (records without a timestamp, -1, pass)."""
+        the broker's clock, as Kafka checks them (records without a timestamp, -1, pass).
+        Records are read (decompressed) off the event loop unless the batch is small and
+        uncompressed (``_read_records``)."""
         largest = max(len(batch) for batch in batches)
         if largest > self.max_batch_bytes:
             raise KafkaError(
@@ -109,8 +134,8 @@ class TopicRules:
         if self.compacted:
             # Kafka's LogValidator: the cleaner keeps records by key, so a record without one
             # could never be kept or removed. Read only for compacted topics: free elsewhere.
-            for batch in batches:
-                keyless = null_key_indexes(batch)
+            for batch, header in zip(batches, headers, strict=True):
+                keyless = await _read_records(null_key_indexes, batch, header)
                 if keyless:
                     raise KeylessRecords(keyless)
         if self.log_append_time:
@@ -124,7 +149,8 @@ class TopicRules:
                     ErrorCode.INVALID_TIMESTAMP,
                 )
             if self.before_max_ms < NO_LIMIT_MS:  # records decoded only when a topic sets it
-                stamps = [t for _, t in record_timestamps(batch) if t != NO_TIMESTAMP]
+                timestamps = await _read_records(record_timestamps, batch, header)
+                stamps = [t for _, t in timestamps if t != NO_TIMESTAMP]
                 if stamps and min(stamps) < now_ms - self.before_max_ms:
                     raise KafkaError(
                         f"timestamp {min(stamps)} is more than message.timestamp.before.max.ms="
@@ -279,7 +305,7 @@ async def _append_all(request: Any, ctx: RequestContext) -> dict[tuple[str, int]
                 confirm(checks.get(tp), owned)
                 headers = [read_header(batch) for batch in batches]
                 check_not_control(headers)
-                rules.check(batches, headers, now_ms)
+                await rules.check(batches, headers, now_ms)
                 stamped = list(zip(batches, headers, strict=True))
                 append_time = NO_APPEND_TIME
                 if rules.log_append_time:

@@ -92,8 +92,8 @@ def batch_records(batch: StoredBatch) -> tuple[bytes, list[RecordSpan]]:
     raw = bytes(batch.data[HEADER_SIZE:])
     try:
         body = decompress(header.compression, raw)
-    except InvalidBatch as exc:
-        raise InvalidBatch(f"batch at offset {header.base_offset}: {exc}") from exc
+    except InvalidBatch as exc:  # its kind kept: the cleaner keeps a RecordsTooLarge batch
+        raise type(exc)(f"batch at offset {header.base_offset}: {exc}") from exc
     try:
         spans = _scan_records(body, header.record_count)
     except (IndexError, ValueError) as exc:

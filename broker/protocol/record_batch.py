@@ -35,6 +35,12 @@ class InvalidBatch(Exception):
     """The bytes are not a well-formed v2 record batch (maps to CORRUPT_MESSAGE)."""
 
 
+class RecordsTooLarge(InvalidBatch):
+    """A batch whose records decompress to more than the bound they are read within
+    (``MAX_DECOMPRESSED_BYTES``): refused where a client sends it, kept as it is by the log
+    cleaner (it may have been stored before its topic was compacted)."""
+
+
 @dataclass(frozen=True, slots=True)
 class BatchHeader:
     base_offset: int
@@ -268,8 +274,11 @@ def _decompress_bounded(
         except cramjam.DecompressionError as exc:
             too_small = "buffer" in str(exc)
             if not too_small or size >= limit:
-                reason = f"more than {limit} bytes" if too_small else str(exc)
-                raise InvalidBatch(f"records cannot be decompressed: {reason}") from exc
+                if too_small:
+                    raise RecordsTooLarge(
+                        f"records cannot be decompressed: more than {limit} bytes"
+                    ) from exc
+                raise InvalidBatch(f"records cannot be decompressed: {exc}") from exc
             size = min(limit, size * 4)
             continue
         return bytes(memoryview(out)[:written])
@@ -304,7 +313,7 @@ def _snappy_raw(data: bytes, room: int, limit: int) -> bytes:
     except IndexError as exc:
         raise InvalidBatch("snappy block without its length") from exc
     if size > room:
-        raise InvalidBatch(f"records cannot be decompressed: more than {limit} bytes")
+        raise RecordsTooLarge(f"records cannot be decompressed: more than {limit} bytes")
     try:
         return bytes(cramjam.snappy.decompress_raw(data))
     except cramjam.DecompressionError as exc:

@@ -27,7 +27,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from kafscale.broker.config import LogSettings
-from kafscale.broker.metadata import keys
+from kafscale.broker.metadata import keys, topics
 from kafscale.broker.metadata.aborted_index import kept_aborts_from
 from kafscale.broker.metadata.cluster import ClusterView
 from kafscale.broker.metadata.partition_state import AbortedTxn, Cleaned, PartitionState
@@ -147,6 +147,36 @@ def stale_cleaned_keys(listed: Sequence[ObjectInfo], root: str, kept: Cleaned) -
     return doomed
 
 
+def leftover_keys(
+    committed: Cleaned | None,
+    owner_epoch: int,
+    plain: Sequence[ObjectInfo],
+    cleaned: Sequence[ObjectInfo],
+    root: str,
+) -> list[str]:
+    """What earlier owners left behind that no committed state will ever serve again: plain
+    objects below the committed ``upto`` (``superseded_keys``), and cleaned objects of every
+    generation but the committed one that were written at an older epoch than ``owner_epoch``
+    (a crashed or fenced owner's, which can never commit now) or are older generations of the
+    committed one's epoch (``stale_cleaned_keys``). An owner that died within
+    ``log.cleaner_delete_delay_s`` of its commit never deleted them. Objects of the owner's own
+    epoch newer than the committed generation are left to its next commit."""
+    doomed = superseded_keys(plain, committed.upto) if committed is not None else []
+    for info in cleaned:
+        parsed = keys.parse_cleaned_key(root, info.key)
+        if parsed is None:
+            continue
+        generation, epoch = parsed[0], parsed[1]
+        if committed is not None and (generation, epoch) == (committed.generation, committed.epoch):
+            continue
+        older = (
+            committed is not None and generation < committed.generation and epoch <= committed.epoch
+        )
+        if older or epoch < owner_epoch:
+            doomed.append(info.key)
+    return doomed
+
+
 class Cleaner:
     def __init__(
         self,
@@ -170,6 +200,11 @@ class Cleaner:
         # Per partition, the state revision, epoch and settings of its last check that found
         # no pass due: while they stay, a pass stays not due (``_idle``), with no listing.
         self._idle: dict[tuple[str, int], tuple[int, int, CleanerConfig]] = {}
+        # Per partition, the epoch whose leftovers (``leftover_keys``) were looked for.
+        self._scanned: dict[tuple[str, int], int] = {}
+        # Per partition, its committed generation's objects as listed (or written): a committed
+        # generation never changes, so a check while the same one stays committed lists no more.
+        self._generation: dict[tuple[str, int], tuple[Cleaned, list[ObjectInfo]]] = {}
         self._deletes: set[asyncio.Task[None]] = set()
 
     async def run(self, interval_s: float) -> None:
@@ -200,7 +235,7 @@ class Cleaner:
             if result is not None:
                 results.append(result)
         owned_now = self._manager.owned
-        for cache in (self._created_at, self._idle):
+        for cache in (self._created_at, self._idle, self._scanned, self._generation):
             for tp in [tp for tp in cache if tp not in owned_now]:
                 del cache[tp]
         return results
@@ -227,22 +262,25 @@ class Cleaner:
         config = self._config(owned.topic)
         if config is None or owned.failed:
             return None
+        where = (owned.topic, owned.topic_id, owned.partition)
+        if self._scanned.get(owned.tp) != owned.epoch:
+            await self._collect_leftovers(owned, where)
         if self._idle_since(owned, config):
             return None
         started = time.monotonic()
         state, checked = owned.state, (owned.state_revision, owned.epoch, config)
-        where = (owned.topic, owned.topic_id, owned.partition)
-        cleaned = await self._cleaned_inputs(state, where)
+        cleaned = await self._cleaned_inputs(owned.tp, state, where)
         listed = await self._list(keys.partition_object_prefix(self._cluster, *where))
         plain = plain_inputs(state, listed)
         segments = await self._segments(owned.tp, plain, config)
-        dirty_end = plan_dirty_end(segments, state, sum(i.size for i in cleaned), now_ms, config)
+        # Inputs wholly below the log start (retention of compact,delete, which deletes their
+        # objects) are left out: the new generation starts at the first object still holding
+        # readable offsets.
+        live = [i for i in cleaned if i.end > state.log_start_offset]
+        dirty_end = plan_dirty_end(segments, state, sum(i.size for i in live), now_ms, config)
         if dirty_end is None:
             self._idle[owned.tp] = checked
             return None
-        # Inputs wholly below the log start (retention of compact,delete) are left out: the
-        # new generation starts at the first object still holding readable offsets.
-        live = [i for i in cleaned if i.end > state.log_start_offset]
         dirty = [i for i in plain if state.log_start_offset < i.end <= dirty_end]
         if not dirty:
             self._idle[owned.tp] = checked
@@ -259,7 +297,7 @@ class Cleaner:
         result_cleaned = Cleaned(upto, generation, owned.epoch)
         prefix = keys.cleaned_pass_prefix(self._cluster, *where, generation, owned.epoch)
         markers = compaction.TxnMarkers(kept_aborts_from(state, upto))
-        written, objects = await self._write(
+        written, uploaded = await self._write(
             owned,
             inputs,
             offset_map,
@@ -273,6 +311,7 @@ class Cleaner:
         ):
             log.info("compaction pass of %s-%d not committed (fenced)", *owned.tp)
             return None
+        self._generation[owned.tp] = (result_cleaned, uploaded)
         read = sum(i.size for i in inputs)
         METRICS.cleaned(time.monotonic() - started, read, written)
         log.info(
@@ -286,17 +325,41 @@ class Cleaner:
         ]
         self._delete_later(where, result_cleaned, superseded)
         gets = len(inputs) + len(inputs) - len(live)  # dirty inputs are read twice
-        return PassResult(result_cleaned, read, written, gets, objects)
+        return PassResult(result_cleaned, read, written, gets, len(uploaded))
 
     async def _cleaned_inputs(
-        self, state: PartitionState, where: tuple[str, str, int]
+        self, tp: tuple[str, int], state: PartitionState, where: tuple[str, str, int]
     ) -> list[Input]:
+        """The committed generation's objects: listed once per generation (``_generation``),
+        not on every check of a busy partition."""
         if state.cleaned is None:
             return []
         prefix = keys.cleaned_pass_prefix(
             self._cluster, *where, state.cleaned.generation, state.cleaned.epoch
         )
-        return cleaned_inputs(state, await self._list(prefix), prefix)
+        known = self._generation.get(tp)
+        if known is None or known[0] != state.cleaned:
+            known = (state.cleaned, await self._list(prefix))
+            self._generation[tp] = known
+        return cleaned_inputs(state, known[1], prefix)
+
+    async def _collect_leftovers(self, owned: OwnedPartition, where: tuple[str, str, int]) -> None:
+        """Once per ownership epoch (and again after a delete failed): list the partition's
+        plain and cleaned objects and delete what ``leftover_keys`` finds, after
+        ``log.cleaner_delete_delay_s`` counted from now (a reader that located an object
+        before it was superseded may still be reading it)."""
+        state = owned.state
+        root = keys.cleaned_root_prefix(self._cluster, *where)
+        plain = await self._list(keys.partition_object_prefix(self._cluster, *where))
+        cleaned = await self._list(root)
+        doomed = leftover_keys(state.cleaned, owned.epoch, plain, cleaned, root)
+        self._scanned[owned.tp] = owned.epoch
+        if doomed:
+            log.info(
+                "%s-%d: %d object(s) left by an earlier owner or pass will be deleted",
+                owned.topic, owned.partition, len(doomed),
+            )  # fmt: skip
+            self._delete_later(where, state.cleaned, doomed)
 
     async def _free_generation(
         self, where: tuple[str, str, int], generation: int, epoch: int
@@ -396,13 +459,19 @@ class Cleaner:
         markers: compaction.TxnMarkers,
         prefix: str,
         clock: compaction.DeleteClock,
-    ) -> tuple[int, int]:
-        """Filter the inputs in order into cleaned objects of about ``segment.bytes`` each;
-        returns (bytes written, objects written). Tombstones and transaction markers get or
-        pass their delete horizons by ``clock`` (the pass's time). Each upload
+    ) -> tuple[int, list[ObjectInfo]]:
+        """Filter the inputs in order into cleaned objects of about the topic's
+        ``segment.bytes`` each (as Kafka sizes cleaned segments; the broker's
+        ``log.segment_bytes`` if the topic sets none); returns (bytes written, the objects).
+        Tombstones and transaction markers get or pass their delete horizons by ``clock`` (the
+        pass's time). Each upload
         first checks that the partition is still ours and its topic not deleted (a pass over a
         large partition takes a while)."""
-        written = objects = 0
+        written = 0
+        objects: list[ObjectInfo] = []
+        segment_bytes = topics.segment_bytes(
+            self._view.topics.get(owned.topic), self._settings.segment_bytes
+        )
         body = bytearray()
         group_base, created = inputs[0].base, 0
         for position, item in enumerate(inputs):
@@ -418,36 +487,40 @@ class Cleaner:
             body += kept
             created = max(created, created_at)
             last = position == len(inputs) - 1
-            if last or len(body) >= self._settings.segment_bytes:
+            if last or len(body) >= segment_bytes:
                 encoded = encode_range_segment(
                     body, group_base, item.end - 1, created, self._settings.index_interval_bytes
                 )
                 if not self._still_owned(owned):
                     raise CleanerError("the partition was given up or its topic deleted")
-                await self._store.put(keys.cleaned_object_key(prefix, group_base), encoded.segment)
+                key = keys.cleaned_object_key(prefix, group_base)
+                await self._store.put(key, encoded.segment)
                 written += len(encoded.segment)
-                objects += 1
+                objects.append(ObjectInfo(key, len(encoded.segment)))
                 body, group_base, created = bytearray(), item.end, 0
         return written, objects
 
     def _delete_later(
-        self, where: tuple[str, str, int], kept: Cleaned, superseded: list[str]
+        self, where: tuple[str, str, int], kept: Cleaned | None, superseded: list[str]
     ) -> None:
         task = asyncio.create_task(self._delete_after_delay(where, kept, superseded))
         self._deletes.add(task)
         task.add_done_callback(self._deletes.discard)
 
     async def _delete_after_delay(
-        self, where: tuple[str, str, int], kept: Cleaned, superseded: list[str]
+        self, where: tuple[str, str, int], kept: Cleaned | None, superseded: list[str]
     ) -> None:
         """Delete the superseded plain segments (and their index objects) and the cleaned
-        objects ``stale_cleaned_keys`` names (older generations, fenced passes' orphans)."""
+        objects ``stale_cleaned_keys`` names (older generations, fenced passes' orphans). If
+        the delete fails, the partition's leftovers are looked for again at its next check."""
         await asyncio.sleep(self._settings.cleaner_delete_delay_s)
         doomed = list(superseded)
-        with contextlib.suppress(ObjectStoreError):
-            root = keys.cleaned_root_prefix(self._cluster, *where)
-            doomed += stale_cleaned_keys(await self._list(root), root, kept)
+        if kept is not None:
+            with contextlib.suppress(ObjectStoreError):
+                root = keys.cleaned_root_prefix(self._cluster, *where)
+                doomed += stale_cleaned_keys(await self._list(root), root, kept)
         try:
             await self._store.delete_many(doomed)
         except ObjectStoreError as exc:
             log.warning("could not delete %d superseded object(s): %s", len(doomed), exc)
+            self._scanned.pop((where[0], where[2]), None)

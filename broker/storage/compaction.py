@@ -21,8 +21,11 @@ need a map entry, and the map's bound applies to the keys written since the last
 every key of the partition. Indexing from the log start instead gives the same result with a
 larger map.
 
-Bad input (a bad CRC, a truncated batch, malformed records, a decompression bomb) raises
-``InvalidBatch`` naming the batch's offset, before any output is returned: log it and skip the pass.
+Bad input (a bad CRC, a truncated batch, malformed records) raises ``InvalidBatch`` naming the
+batch's offset, before any output is returned: log it and skip the pass. A batch whose records
+decompress past ``record_batch.MAX_DECOMPRESSED_BYTES`` is not bad input (a topic compacted later
+may hold one) and must not stop cleaning its partition for good: it is kept whole, its keys hide
+no older record, and a warning names it.
 
 Cost: every record is read in Python, twice per pass (index, then clean): a few microseconds a
 record, holding the GIL (in a worker thread the event loop still gets it every switch interval;
@@ -34,6 +37,7 @@ from __future__ import annotations
 
 import bisect
 import hashlib
+import logging
 from collections.abc import Iterable, Sequence
 from enum import Enum
 from typing import NamedTuple
@@ -47,7 +51,7 @@ from kafscale.broker.protocol.batch_filter import (
     rebuild_batch,
 )
 from kafscale.broker.protocol.control_batch import ABORT, marker_type
-from kafscale.broker.protocol.record_batch import BatchHeader, InvalidBatch
+from kafscale.broker.protocol.record_batch import BatchHeader, InvalidBatch, RecordsTooLarge
 
 __all__ = [
     "KEY_DIGEST_BYTES",
@@ -62,6 +66,8 @@ __all__ = [
 ]
 
 KEY_DIGEST_BYTES = 16
+
+log = logging.getLogger(__name__)
 
 
 def key_digest(key: bytes) -> bytes:
@@ -232,7 +238,11 @@ def index_batches(
         if batch.header.is_control or ranges.contains(batch.header):
             continue
         base = batch.header.base_offset
-        for span in batch_records(batch)[1]:
+        try:
+            spans = batch_records(batch)[1]
+        except RecordsTooLarge:  # kept whole by clean_batches: its keys shadow nothing
+            continue
+        for span in spans:
             if span.key is None:
                 continue
             digest = key_digest(span.key)
@@ -303,7 +313,11 @@ def _clean_marker(
 def _clean_batch(
     batch: StoredBatch, offset_map: OffsetMap, clock: DeleteClock, dirty_end: int | None
 ) -> bytes:
-    body, spans = batch_records(batch)
+    try:
+        body, spans = batch_records(batch)
+    except RecordsTooLarge as exc:
+        log.warning("%s: kept whole, its records are not cleaned", exc)
+        return bytes(batch.data)
     base = batch.header.base_offset
     drop_tombstones = clock.passed(batch.header)
     kept = [

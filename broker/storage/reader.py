@@ -60,6 +60,7 @@ WHOLE_READ_MAX_BYTES = 8 * 1024 * 1024  # smaller segments have no index object 
 MAX_PREFETCHES = 8  # larger (older, foreign) segments: ranged GETs
 LIST_PAGE = 1000  # keys per listing call (S3's page size)
 MAX_LISTINGS = 256  # partitions whose listing window is kept (~100 KB each at most)
+MAX_CLEANED_LISTINGS = 256  # compacted partitions whose cleaned objects' listing is kept
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,7 +115,9 @@ class LogReader:
         self._listings: OrderedDict[tuple[str, str, int], _Listing] = OrderedDict()
         self._list_page = list_page
         self._prefetching: dict[str, asyncio.Task[None]] = {}
-        # Per compacted partition, its committed generation's cleaned objects, as listed.
+        # Per compacted partition, its committed generation's cleaned objects, as listed; the
+        # most recently used ``MAX_CLEANED_LISTINGS`` partitions, oldest first (a broker that
+        # served many compacted partitions over its life keeps only those it reads lately).
         self._cleaned: OrderedDict[tuple[str, str, int], tuple[Cleaned, list[SegmentLocation]]] = (
             OrderedDict()
         )
@@ -303,7 +306,8 @@ class LogReader:
             if info.key.endswith(".kfs") and info.key[len(prefix) : -4].isdigit()
         )
         ends = [base for base, _ in objects[1:]] + [cleaned.upto] if objects else []
-        self._cleaned[(topic, topic_id, partition)] = (
+        self._remember_cleaned(
+            (topic, topic_id, partition),
             cleaned,
             [
                 SegmentLocation(base, cleaned.epoch, size, False, end, cleaned.generation)
@@ -316,12 +320,34 @@ class LogReader:
             raise ObjectGone(f"no cleaned object of {topic}-{partition} holds offset {offset}")
         return found
 
+    def _remember_cleaned(
+        self, where: tuple[str, str, int], cleaned: Cleaned, objects: list[SegmentLocation]
+    ) -> None:
+        """Keep ``where``'s listing (replacing its older generation's), evicting the least
+        recently read partition's beyond ``MAX_CLEANED_LISTINGS``: memory stays bounded over
+        a broker's life however many compacted partitions and generations it served."""
+        self._cleaned[where] = (cleaned, objects)
+        self._cleaned.move_to_end(where)
+        while len(self._cleaned) > MAX_CLEANED_LISTINGS:
+            self._cleaned.popitem(last=False)
+
+    @property
+    def cleaned_listings(self) -> int:
+        """How many partitions' cleaned-object listings are kept (bounded)."""
+        return len(self._cleaned)
+
     def _known_cleaned(
         self, topic: str, topic_id: str, partition: int, state: PartitionState, offset: int
     ) -> SegmentLocation | None:
-        known = self._cleaned.get((topic, topic_id, partition))
-        if known is None or known[0] != state.cleaned:
+        where = (topic, topic_id, partition)
+        known = self._cleaned.get(where)
+        if known is None:
             return None
+        if known[0] != state.cleaned:
+            if state.cleaned is not None and known[0].generation < state.cleaned.generation:
+                del self._cleaned[where]  # superseded: it is never read again
+            return None
+        self._cleaned.move_to_end(where)
         for location in known[1]:
             if location.base <= offset < location.end:
                 return location

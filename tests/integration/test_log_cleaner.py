@@ -341,6 +341,45 @@ def test_a_crashed_pass_loses_nothing_and_its_orphans_are_deleted(
     eventually(lambda: orphan not in broker_cluster.object_keys(orphan_prefix), "orphan deleted")
 
 
+def test_what_an_owner_killed_right_after_its_commit_left_is_deleted_by_the_next_owner(
+    broker_cluster: BrokerCluster,
+) -> None:
+    """Fails on the old main: only the pass that superseded objects deleted them, after
+    ``log.cleaner_delete_delay_s``; an owner SIGKILLed within that delay left the superseded
+    plain segments (and older generations) in the bucket for good. The next owner finds them
+    and deletes them after the delay, and readers keep getting each key's latest."""
+    first = broker_cluster.start(
+        **{**CLEANER_ENV, "KAFSCALE_LOG__CLEANER_DELETE_DELAY_S": "3600"}  # never before the kill
+    )
+    topic = "leftovers"
+    create_compacted(first.bootstrap, topic, **{"min.cleanable.dirty.ratio": "0.01"})
+    rounds = keyed_rounds(6)
+    produce_rounds(first.bootstrap, topic, rounds)
+    written = produced_log(rounds)
+    cleaned_up_to(broker_cluster, topic, len(written) - 1)
+    first.kill()
+    prefix = f"{broker_cluster.cluster}/topics/{topic}/"
+
+    def leftovers() -> list[str]:
+        cleaned = partition_state(broker_cluster, topic).cleaned
+        assert cleaned is not None
+        committed = f"/0.cleaned/g{cleaned.generation:010d}-e{cleaned.epoch}/"
+        return [
+            k
+            for k in broker_cluster.object_keys(prefix)
+            if committed not in k and ("/0.cleaned/" in k or _base(k) < cleaned.upto)
+        ]
+
+    assert leftovers()  # the superseded plain segments at least
+    second = broker_cluster.start(**CLEANER_ENV)
+    eventually(lambda: not leftovers(), "leftovers deleted by the next owner", timeout_s=120.0)
+    state = partition_state(broker_cluster, topic).cleaned
+    assert state is not None
+    assert consume(second.bootstrap, topic, 0, len(written)) == latest_per_key(
+        written, state.upto, drop_tombstones=True
+    )
+
+
 def _topic_id(cluster: BrokerCluster, topic: str) -> str:
     listed = cluster.object_keys(f"{cluster.cluster}/topics/{topic}/")
     return listed[0].split("/")[3]

@@ -67,8 +67,8 @@ class Manager:
 
 
 class View:
-    def __init__(self) -> None:
-        config = {"cleanup.policy": "compact", "min.cleanable.dirty.ratio": "0.01"}
+    def __init__(self, **configs: str) -> None:
+        config = {"cleanup.policy": "compact", "min.cleanable.dirty.ratio": "0.01", **configs}
         self.topics = {TOPIC: TopicInfo(TOPIC, TOPIC_ID, 1, config)}
 
 
@@ -113,12 +113,14 @@ class CountingStore(LocalDirObjectStore):
         return await super().list(prefix, start_after=start_after, limit=limit)
 
 
-def new_cleaner(store: LocalDirObjectStore, manager: Manager) -> Cleaner:
+def new_cleaner(
+    store: LocalDirObjectStore, manager: Manager, delay_s: float = 0, view: View | None = None
+) -> Cleaner:
     return Cleaner(
-        LogSettings(cleaner_delete_delay_s=0),
+        LogSettings(cleaner_delete_delay_s=delay_s),
         CLUSTER,
         manager,  # type: ignore[arg-type]
-        View(),  # type: ignore[arg-type]
+        view or View(),  # type: ignore[arg-type]
         store,
         SegmentCache(0),
         {},
@@ -328,6 +330,211 @@ async def test_a_pass_stops_uploading_once_its_topic_is_deleted(tmp_path: Path) 
             await cleaner.clean_partition(owned, int(time.time() * 1000))
         assert len(cleaned) == 1
         assert owned.state.cleaned is None
+    finally:
+        await cleaner.close()
+        await store.close()
+
+
+async def stored_keys(store: LocalDirObjectStore) -> list[str]:
+    return sorted(info.key for info in await store.list(f"{CLUSTER}/"))
+
+
+async def until_stored(store: LocalDirObjectStore, wanted: list[str]) -> list[str]:
+    """The stored keys once they are ``wanted`` (the delayed delete runs in a task of its
+    own), or as they are after a generous wait."""
+    for _ in range(1200):
+        found = await stored_keys(store)
+        if found == wanted:
+            break
+        await asyncio.sleep(0.05)
+    return found
+
+
+async def test_a_new_owner_deletes_what_an_owner_killed_after_its_commit_left(
+    tmp_path: Path,
+) -> None:
+    """Fails on the old main: an owner that died within ``log.cleaner_delete_delay_s`` of a
+    commit left the superseded plain segments and the older generation for good (only the
+    pass that superseded them deleted them). The next owner finds and deletes them after the
+    delay counted from when it found them, keeping the committed generation and the plain
+    segments from ``upto`` on."""
+    store = LocalDirObjectStore(tmp_path)
+    owned = new_partition()
+    for round_ in range(3):
+        await append_segment(store, owned, [(b"k%d" % k, b"v%d" % round_) for k in range(3)])
+    first = new_cleaner(store, Manager(owned), delay_s=3600)  # its deletes never run
+    result = await first.clean_partition(owned, int(time.time() * 1000))
+    await append_segment(store, owned, [(b"k0", b"v3")])
+    later = await first.clean_partition(owned, int(time.time() * 1000))
+    assert result is not None and later is not None
+    await first.close()  # killed: its delayed deletes never ran
+    # A crashed pass of the dead owner (an orphan generation above the committed one).
+    orphan = keys.cleaned_object_key(
+        keys.cleaned_pass_prefix(CLUSTER, TOPIC, TOPIC_ID, 0, later.cleaned.generation + 1, EPOCH),
+        0,
+    )
+    await store.put(orphan, b"junk")
+    upto = later.cleaned.upto
+    plain = keys.partition_object_prefix(CLUSTER, TOPIC, TOPIC_ID, 0)
+    committed = keys.cleaned_pass_prefix(
+        CLUSTER, TOPIC, TOPIC_ID, 0, later.cleaned.generation, EPOCH
+    )
+    kept = [k for k in await stored_keys(store) if k.startswith(committed)] + [
+        info.key
+        for info in await store.list(plain)
+        if (parsed := keys.parse_object_name(info.key)) is not None and parsed[0] >= upto
+    ]
+    assert len(await stored_keys(store)) > len(kept) + 1  # superseded: segments, generation 0
+    # The next owner (a new epoch) with a long delay: found, not deleted yet.
+    state = owned.state
+    taken = OwnedPartition(
+        TOPIC,
+        0,
+        TOPIC_ID,
+        replace(
+            state,
+            leader_epoch=EPOCH + 1,
+            epochs=(*state.epochs, (EPOCH + 1, state.high_watermark)),
+        ),
+        2,
+        2,
+    )
+    waiting = new_cleaner(store, Manager(taken), delay_s=3600)
+    before = await stored_keys(store)
+    try:
+        await waiting.clean_partition(taken, int(time.time() * 1000))
+        assert await stored_keys(store) == before
+    finally:
+        await waiting.close()
+    # And one whose delay has passed: only the committed generation and what is at or above
+    # ``upto`` stay, and a reader still gets each key's latest.
+    successor = new_cleaner(store, Manager(taken))
+    try:
+        assert await successor.clean_partition(taken, int(time.time() * 1000)) is None
+        assert await until_stored(store, sorted(kept)) == sorted(kept)
+        reader = LogReader(CLUSTER, store, SegmentCache(0))
+        records = await reader.read(TOPIC, TOPIC_ID, 0, taken.state, 0, 1 << 20)
+        read = [(r.offset, r.key) for _, rs in read_with_kafka_python(records) for r in rs]
+        assert read == [(6, b"k0"), (7, b"k1"), (8, b"k2"), (9, b"k0")]  # 9: not cleaned yet
+        await reader.close()
+    finally:
+        await successor.close()
+        await store.close()
+
+
+async def test_cleaned_objects_are_sized_by_the_topics_segment_bytes(tmp_path: Path) -> None:
+    """Fails on the old main: cleaned objects were cut at the broker's ``log.segment_bytes``
+    (4 MiB here: one object), where Kafka cuts cleaned segments at the topic's
+    ``segment.bytes`` (1 KiB here: one object per input of 1.5 KB)."""
+    store = LocalDirObjectStore(tmp_path)
+    owned = new_partition()
+    for round_ in range(4):  # distinct keys: nothing is cleaned away
+        await append_segment(
+            store, owned, [(b"r%dk%d" % (round_, k), b"v" * 500) for k in range(3)]
+        )
+    cleaner = new_cleaner(store, Manager(owned), view=View(**{"segment.bytes": "1024"}))
+    try:
+        result = await cleaner.clean_partition(owned, int(time.time() * 1000))
+        assert result is not None and result.cleaned.upto == 9
+        assert result.objects_written == 3
+        assert await cleaned_records(store, result.cleaned) == [
+            (o, b"r%dk%d" % (o // 3, o % 3)) for o in range(9)
+        ]
+    finally:
+        await cleaner.close()
+        await store.close()
+
+
+class PrefixCountingStore(LocalDirObjectStore):
+    """A real local-directory store that records the prefix of every listing call."""
+
+    def __init__(self, root: Path) -> None:
+        super().__init__(root)
+        self.prefixes: list[str] = []
+
+    async def list(
+        self, prefix: str, *, start_after: str | None = None, limit: int | None = None
+    ) -> list[ObjectInfo]:
+        self.prefixes.append(prefix)
+        return await super().list(prefix, start_after=start_after, limit=limit)
+
+
+async def test_a_busy_partition_lists_its_committed_generation_once(tmp_path: Path) -> None:
+    """Fails on the old main: every check of a partition whose state moved listed the
+    committed generation's prefix again (two LISTs per check), though a committed generation
+    never changes. Now the pass that wrote it knows its objects; checks list the segments only."""
+    store = PrefixCountingStore(tmp_path)
+    owned = new_partition()
+    for round_ in range(3):
+        await append_segment(store, owned, [(b"k%d" % k, b"v%d" % round_) for k in range(3)])
+    view = View()
+    cleaner = new_cleaner(store, Manager(owned), delay_s=3600, view=view)
+    try:
+        result = await cleaner.clean_partition(owned, int(time.time() * 1000))
+        assert result is not None
+        view.topics = View(**{"min.cleanable.dirty.ratio": "0.99"}).topics
+        store.prefixes.clear()
+        for round_ in range(3):  # flushes: the state moves, no pass is due (ratio 0.99)
+            await append_segment(store, owned, [(b"k0", b"w%d" % round_)])
+            assert await cleaner.clean_partition(owned, int(time.time() * 1000)) is None
+        plain = keys.partition_object_prefix(CLUSTER, TOPIC, TOPIC_ID, 0)
+        assert store.prefixes == [plain] * 3
+        # A cleaner that did not write the generation (a new owner) lists it once.
+        again = new_cleaner(store, Manager(owned), delay_s=3600, view=view)
+        try:
+            store.prefixes.clear()
+            for _ in range(3):
+                await append_segment(store, owned, [(b"k1", b"x")])
+                assert await again.clean_partition(owned, int(time.time() * 1000)) is None
+            committed = keys.cleaned_pass_prefix(CLUSTER, TOPIC, TOPIC_ID, 0, 0, EPOCH)
+            assert store.prefixes.count(committed) == 1
+        finally:
+            await again.close()
+    finally:
+        await cleaner.close()
+        await store.close()
+
+
+async def test_a_batch_too_large_to_decompress_is_kept_whole_and_cleaning_goes_on(
+    tmp_path: Path,
+) -> None:
+    """Fails on the old main: a stored zstd batch whose records decompress past 64 MiB (a
+    topic compacted after it was written may hold one) made every pass of the partition fail
+    (InvalidBatch), so it was never cleaned again. The pass keeps that batch whole and cleans
+    the rest."""
+    import cramjam
+
+    from kafscale.broker.protocol.record_batch import MAX_DECOMPRESSED_BYTES, iter_batch_headers
+
+    store = LocalDirObjectStore(tmp_path)
+    owned = new_partition()
+    await append_segment(store, owned, [(b"k0", b"v0"), (b"k1", b"v0")])  # offsets 0, 1
+    huge = encode_record(0, 0, b"big", bytes(MAX_DECOMPRESSED_BYTES + 1))
+    zstd = 4
+    batch = encode_batch(
+        bytes(cramjam.zstd.compress(huge)),
+        1,
+        base_timestamp=1,
+        max_timestamp=1,
+        attributes=zstd,
+        base_offset=2,
+    )
+    data = encode_segment([batch], int(time.time() * 1000), 4096).segment
+    await store.put(keys.segment_object_key(CLUSTER, TOPIC, TOPIC_ID, 0, 2, EPOCH), data)
+    owned.state = commit_segment(owned.state, SegmentRef(2, 2, EPOCH, len(data), 1), {})
+    owned.state_revision += 1
+    await append_segment(store, owned, [(b"k0", b"v1"), (b"k1", b"v1")])  # offsets 3, 4
+    await append_segment(store, owned, [(b"k0", b"v2")])  # the newest: never cleaned
+    cleaner = new_cleaner(store, Manager(owned), delay_s=3600)
+    try:
+        result = await cleaner.clean_partition(owned, int(time.time() * 1000))
+        assert result is not None and result.cleaned.upto == 5
+        prefix = keys.cleaned_pass_prefix(CLUSTER, TOPIC, TOPIC_ID, 0, 0, EPOCH)
+        bodies = [decode_segment(await store.get(i.key)).body for i in await store.list(prefix)]
+        kept = [header for body in bodies for _, header in iter_batch_headers(body)]
+        # The large batch stays whole; offsets 0 and 1 were superseded by 3 and 4.
+        assert [(h.base_offset, h.last_offset) for h in kept] == [(2, 2), (3, 4)]
+        assert bytes(batch) in b"".join(bytes(body) for body in bodies)
     finally:
         await cleaner.close()
         await store.close()

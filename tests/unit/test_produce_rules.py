@@ -3,6 +3,8 @@ checked as Kafka checks them, compressed batches included."""
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 from harness.batches import make_batch
 
@@ -33,7 +35,7 @@ def gzip_batch(timestamps: list[int]) -> memoryview:
 
 def code_of(rules: TopicRules, batches: list[memoryview]) -> ErrorCode:
     try:
-        rules.check(batches, [read_header(batch) for batch in batches], NOW)
+        asyncio.run(rules.check(batches, [read_header(batch) for batch in batches], NOW))
     except KafkaError as exc:
         return exc.code
     return ErrorCode.NONE
@@ -80,7 +82,7 @@ def test_keyless_records_on_a_compacted_topic_are_named_as_kafka_names_them() ->
     batch = memoryview(encode_batch(records, 6, base_timestamp=NOW, max_timestamp=NOW))
     compacted = TopicRules(1_048_588, False, HOUR, NO_LIMIT_MS, compacted=True)
     with pytest.raises(KeylessRecords) as refused:
-        compacted.check([batch], [read_header(batch)], NOW)
+        asyncio.run(compacted.check([batch], [read_header(batch)], NOW))
     assert refused.value.indexes == [1, 2, 3, 5]
     refusal = refused.value.refusal(("orders", 4))
     reason = "Compacted topic cannot accept message without key in topic partition orders-4."
@@ -93,3 +95,42 @@ def test_keyless_records_on_a_compacted_topic_are_named_as_kafka_names_them() ->
         f"RecordError(batchIndex=3, message='{reason}')]"
     )
     assert code_of(RULES, [batch]) == ErrorCode.NONE  # not compacted: keyless records pass
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # kafka-python's own imports
+def test_a_large_compressed_batch_to_a_compacted_topic_is_read_off_the_event_loop() -> None:
+    """Fails on the old main: the keyless-record check decompressed and read a compressed
+    batch (here some 50 KB of gzip holding 16 MB of records) on the event loop, so no other
+    connection was served until it finished. Now other tasks run while it is read, and the
+    answer is the same (the one keyless record named)."""
+    from kafka.record.default_records import DefaultRecordBatchBuilder
+
+    from kafscale.broker.api.produce import KeylessRecords
+
+    count = 4_000
+    builder = DefaultRecordBatchBuilder(2, 1, False, -1, -1, -1, 1 << 30)
+    for offset in range(count):
+        key = None if offset == count - 1 else b"k%d" % offset
+        builder.append(offset, timestamp=NOW, key=key, value=bytes(4000), headers=[])
+    batch = memoryview(bytes(builder.build()))
+    assert read_header(batch).compression == 1 and len(batch) < 1_048_588
+    compacted = TopicRules(1_048_588, False, HOUR, NO_LIMIT_MS, compacted=True)
+
+    async def run() -> tuple[int, BaseException | None]:
+        check = asyncio.ensure_future(compacted.check([batch], [read_header(batch)], NOW))
+        ticks = 0  # steps another task (started after the check) took while it was read
+
+        async def other_connection() -> None:
+            nonlocal ticks
+            while not check.done():
+                ticks += 1
+                await asyncio.sleep(0)
+
+        other = asyncio.ensure_future(other_connection())
+        await asyncio.wait([check])
+        await other
+        return ticks, check.exception()
+
+    ticks, refused = asyncio.run(run())
+    assert isinstance(refused, KeylessRecords) and refused.indexes == [count - 1]
+    assert ticks > 0
