@@ -59,9 +59,12 @@ def broken_links(page: Path) -> list[str]:
         destination = (page.parent / path_part).resolve() if path_part else page
         if not destination.exists():
             broken.append(f"{target}: no such file")
-        elif fragment and destination.suffix == ".md":
-            if fragment not in anchors(destination.read_text()):
-                broken.append(f"{target}: no heading with that anchor")
+        elif (
+            fragment
+            and destination.suffix == ".md"
+            and fragment not in anchors(destination.read_text())
+        ):
+            broken.append(f"{target}: no heading with that anchor")
     return broken
 
 
