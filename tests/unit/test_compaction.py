@@ -261,7 +261,7 @@ def test_a_batch_past_the_decompression_bound_is_kept_whole_and_hides_no_key() -
     offset_map = OffsetMap(10)
     assert index_batches(bomb + good, offset_map)
     assert len(offset_map) == 1
-    assert clean_batches(good + bomb, offset_map, drop_tombstones=False) == good + bomb
+    assert clean_batches(good + bomb, offset_map, clock=CLOCK) == good + bomb
 
 
 def test_a_crc_is_computed_over_the_rewritten_batch() -> None:
