@@ -413,6 +413,11 @@ class GroupRuntime(ShareRuntime):
         if self.consumer is not None:
             error = self.consumer.validate_fetch(member_id or None, generation)
             return ErrorCode.ILLEGAL_GENERATION if error is ErrorCode.STALE_MEMBER_EPOCH else error
+        if self.group is None and self.share is None:
+            # Kafka's ``validateTransactionalOffsetCommit``: a group nobody joined takes
+            # offsets from a producer outside group management (generation -1) only; a
+            # generation names a group that is not there.
+            return ErrorCode.NONE if generation < 0 else ErrorCode.ILLEGAL_GENERATION
         if generation < 0 or self.group is None:
             return ErrorCode.NONE
         error = self.group.validate_commit(self._clock(), member_id, group_instance_id, generation)
