@@ -116,6 +116,8 @@ class GroupRuntime(ShareRuntime):
             # A group that only committed offsets (pending in an open transaction, too):
             # Kafka replays its offset records into an empty classic group.
             self.group = Group(group_id, config, now)
+        self._share_stored: Document | None = self._share_doc
+        """The share group's document etcd last took (``_share_store_done``)."""
         self.closed = False
         self._offsets = GroupOffsets(
             group_id, fence, store, loaded, lambda: self.closed, self._lose
@@ -341,6 +343,8 @@ class GroupRuntime(ShareRuntime):
         return future
 
     def _consumer_stored(self, version: int, error: ErrorCode) -> None:
+        if error and self.share is not None and version < self._consumer_version:
+            return  # a later write carries this change too: its waiters get that outcome
         for waiting in [v for v in self._consumer_waiters if v <= version]:
             future = self._consumer_waiters.pop(waiting)
             if not future.done():
@@ -580,6 +584,9 @@ class GroupRuntime(ShareRuntime):
                     self._lose("group metadata write fenced: the group lease is no longer ours")
                     return
             if isinstance(store.token, ConsumerStore):
+                if store.record.group_type == "share":
+                    document = dict(store.record.consumer or {})
+                    self._share_store_done(store.token.version, document, error)
                 self._consumer_stored(store.token.version, error)
                 continue
             if self.group is not None and not self.closed:
