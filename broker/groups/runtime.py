@@ -445,6 +445,10 @@ class GroupRuntime(ShareRuntime):
     def _groupless(self) -> bool:
         return self.group is None and self.consumer is None and self.share is None
 
+    def is_unused(self) -> bool:
+        """No group of any type has this id yet (nothing but, perhaps, offsets)."""
+        return self._groupless()
+
     async def settle_pending(self, partitions: list[TopicPartition] | None) -> set[TopicPartition]:
         """The requested partitions whose offsets are still pending in a transaction, after a
         re-read (``GroupOffsets.settle_pending``). Offsets found for a group nobody joined make

@@ -7,7 +7,13 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from kafscale.broker.groups.consumer import HeartbeatResult
-from kafscale.broker.groups.share import ShareConfig, ShareGroup, ShareHeartbeat, assign
+from kafscale.broker.groups.share import (
+    ShareConfig,
+    ShareGroup,
+    ShareHeartbeat,
+    assign,
+    new_group_refusal,
+)
 from kafscale.broker.groups.share_codec import restore, roll_back, snapshot
 from kafscale.broker.protocol.errors import ErrorCode
 
@@ -154,3 +160,10 @@ def test_a_change_not_stored_is_rolled_back_to_the_stored_document() -> None:
     assert group.members["a"].session_deadline_ms == 1100
     again = answered(group, 300, beat("a", 1, ("t", "u")), TOPICS)
     assert again.error is ErrorCode.NONE and again.member_epoch == 2
+
+
+def test_a_new_share_group_is_refused_at_the_cluster_s_bound() -> None:
+    assert new_group_refusal(4, 5) is None
+    refusal = new_group_refusal(5, 5)
+    assert refusal is not None and "5 share groups" in refusal
+    assert new_group_refusal(7, 5) is not None
