@@ -359,6 +359,14 @@ class GroupSettings(_Section):
         "read_uncommitted hands out every record (never a transaction marker); read_committed "
         "never delivers aborted records or an open transaction's.",
     )
+    share_max_groups: int = Field(
+        1000,
+        ge=1,
+        description="Share groups the cluster keeps at most, empty ones included (a bound on "
+        "the coordinators' memory and etcd that ShareGroupHeartbeat with invented group ids "
+        "could otherwise grow without end): a join that would create one more is answered "
+        "GROUP_MAX_SIZE_REACHED. Delete unused share groups to make room.",
+    )
     share_partition_max_record_locks: int = Field(
         2000,
         ge=100,

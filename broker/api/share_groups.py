@@ -56,9 +56,19 @@ def _heartbeat_body(ctx: RequestContext, result: HeartbeatResult) -> Body:
     }
 
 
+def share_group_refusal(ctx: RequestContext, request: Any) -> str | None:
+    """Why a join may not create its share group (``groups.share_max_groups``), asked before
+    the group's lease is taken; None when it may or the coordinator is not running (the
+    heartbeat then gets that answer)."""
+    groups = ctx.broker.groups
+    return None if groups is None else groups.share_group_refusal(str(request.group_id))
+
+
 async def handle_share_group_heartbeat(request: Any, ctx: RequestContext) -> Body:
     if (problem := _invalid(request)) is not None:
         return _heartbeat_body(ctx, HeartbeatResult(ErrorCode.INVALID_REQUEST, problem))
+    if int(request.member_epoch) == JOIN_EPOCH and (full := share_group_refusal(ctx, request)):
+        return _heartbeat_body(ctx, HeartbeatResult(ErrorCode.GROUP_MAX_SIZE_REACHED, full))
     try:
         runtime = await group_runtime(ctx, request.group_id, ErrorCode.COORDINATOR_NOT_AVAILABLE)
     except KafkaError as exc:

@@ -112,6 +112,9 @@ def describe_share_group_offsets_error_body(request: Any, code: ErrorCode) -> Bo
 
 async def _empty_share_group(ctx: RequestContext, group_id: str) -> Any:
     """The group's runtime, if it is (or now is) an empty share group; else KafkaError."""
+    groups = ctx.broker.groups
+    if groups is not None and (full := groups.share_group_refusal(group_id)):
+        raise KafkaError(full, ErrorCode.GROUP_MAX_SIZE_REACHED)
     runtime = await group_runtime(ctx, group_id, ErrorCode.COORDINATOR_NOT_AVAILABLE)
     error = await runtime.empty_share_group()
     if error is ErrorCode.NON_EMPTY_GROUP:

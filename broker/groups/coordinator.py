@@ -25,7 +25,7 @@ from kafscale.broker.config import GroupSettings, IsolationLevel
 from kafscale.broker.groups.leases import GroupLeases, choose_coordinator
 from kafscale.broker.groups.model import GroupConfig, GroupState
 from kafscale.broker.groups.runtime import GroupRuntime
-from kafscale.broker.groups.share import ShareConfig
+from kafscale.broker.groups.share import ShareConfig, new_group_refusal
 from kafscale.broker.groups.store import GroupStore
 from kafscale.broker.metadata.cluster import BrokerInfo, ClusterView
 from kafscale.broker.metadata.etcd import Etcd
@@ -68,6 +68,7 @@ def group_config(settings: GroupSettings) -> GroupConfig:
         consumer_session_timeout_ms=settings.consumer_session_timeout_ms,
         consumer_heartbeat_interval_ms=settings.consumer_heartbeat_interval_ms,
         share=share_config(settings),
+        share_max_groups=settings.share_max_groups,
     )
 
 
@@ -139,6 +140,22 @@ class GroupCoordinator:
     def local(self, group_id: str) -> GroupRuntime | None:
         runtime = self._runtimes.get(group_id)
         return runtime if runtime is not None and not runtime.closed else None
+
+    def share_group_refusal(self, group_id: str) -> str | None:
+        """Why a share group join may not create ``group_id`` (None: it may, or the group
+        exists). Counted cluster-wide: every share group the cluster watch shows
+        (``groups/<g>/metadata`` of type share, empty groups included) and those coordinated
+        here not yet in it. Checked before the group's lease is taken, so a refused id costs
+        no lease and no runtime; joins racing on different coordinators may pass the bound
+        by the number in flight at once."""
+        runtime = self.local(group_id)
+        if runtime is not None and not runtime.is_unused():
+            return None  # an existing group: its own answer (a share group's, or not one)
+        known = self._host.view.share_members.members
+        if group_id in known:
+            return None
+        here = {g for g, r in self._runtimes.items() if r.share is not None and not r.closed}
+        return new_group_refusal(len(known.keys() | here), self.config.share_max_groups)
 
     def coordinated(self) -> list[GroupRuntime]:
         """The groups coordinated here now (for metrics)."""

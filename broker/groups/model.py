@@ -47,6 +47,8 @@ class GroupConfig:
     """group.consumer.heartbeat.interval.ms."""
     share: ShareConfig = field(default_factory=ShareConfig)
     """Kafka's ``group.share.*`` defaults (share groups, KIP-932)."""
+    share_max_groups: int = 1000
+    """Share groups the cluster keeps at most (``groups.share_max_groups``)."""
 
     def session_timeout_ok(self, session_timeout_ms: int) -> bool:
         return self.min_session_timeout_ms <= session_timeout_ms <= self.max_session_timeout_ms

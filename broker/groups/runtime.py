@@ -116,6 +116,8 @@ class GroupRuntime(ShareRuntime):
             # A group that only committed offsets (pending in an open transaction, too):
             # Kafka replays its offset records into an empty classic group.
             self.group = Group(group_id, config, now)
+        self._share_stored: Document | None = self._share_doc
+        """The share group's document etcd last took (``_share_store_done``)."""
         self.closed = False
         self._offsets = GroupOffsets(
             group_id, fence, store, loaded, lambda: self.closed, self._lose
@@ -341,6 +343,8 @@ class GroupRuntime(ShareRuntime):
         return future
 
     def _consumer_stored(self, version: int, error: ErrorCode) -> None:
+        if error and self.share is not None and version < self._consumer_version:
+            return  # a later write carries this change too: its waiters get that outcome
         for waiting in [v for v in self._consumer_waiters if v <= version]:
             future = self._consumer_waiters.pop(waiting)
             if not future.done():
@@ -413,6 +417,11 @@ class GroupRuntime(ShareRuntime):
         if self.consumer is not None:
             error = self.consumer.validate_fetch(member_id or None, generation)
             return ErrorCode.ILLEGAL_GENERATION if error is ErrorCode.STALE_MEMBER_EPOCH else error
+        if self.group is None and self.share is None:
+            # Kafka's ``validateTransactionalOffsetCommit``: a group nobody joined takes
+            # offsets from a producer outside group management (generation -1) only; a
+            # generation names a group that is not there.
+            return ErrorCode.NONE if generation < 0 else ErrorCode.ILLEGAL_GENERATION
         if generation < 0 or self.group is None:
             return ErrorCode.NONE
         error = self.group.validate_commit(self._clock(), member_id, group_instance_id, generation)
@@ -435,6 +444,10 @@ class GroupRuntime(ShareRuntime):
 
     def _groupless(self) -> bool:
         return self.group is None and self.consumer is None and self.share is None
+
+    def is_unused(self) -> bool:
+        """No group of any type has this id yet (nothing but, perhaps, offsets)."""
+        return self._groupless()
 
     async def settle_pending(self, partitions: list[TopicPartition] | None) -> set[TopicPartition]:
         """The requested partitions whose offsets are still pending in a transaction, after a
@@ -575,6 +588,9 @@ class GroupRuntime(ShareRuntime):
                     self._lose("group metadata write fenced: the group lease is no longer ours")
                     return
             if isinstance(store.token, ConsumerStore):
+                if store.record.group_type == "share":
+                    document = dict(store.record.consumer or {})
+                    self._share_store_done(store.token.version, document, error)
                 self._consumer_stored(store.token.version, error)
                 continue
             if self.group is not None and not self.closed:

@@ -93,6 +93,18 @@ def assign(
     return {m: frozenset(tps) for m, tps in result.items()}
 
 
+def new_group_refusal(share_groups: int, max_groups: int) -> str | None:
+    """Why a join may not create one more share group when the cluster has ``share_groups``
+    (None: it may). Kafka has no such bound (its ``group.share.max.groups``, 10 until 4.0,
+    only sized the share session cache); the code is the one it gives a full group."""
+    if share_groups < max_groups:
+        return None
+    return (
+        f"The cluster has reached its maximum of {max_groups} share groups "
+        "(groups.share_max_groups): delete unused share groups or raise the limit."
+    )
+
+
 class ShareGroup:
     def __init__(self, group_id: str, config: ShareConfig, group_epoch: int = 0) -> None:
         self.group_id = group_id

@@ -3,6 +3,7 @@
 Written under the group's metadata key (type "share", fenced by the group lease) when the group
 epoch, a member, a subscription or an assignment changes; heartbeats that change none of these
 write nothing. A new coordinator restores the members with fresh sessions at their epochs.
+``roll_back`` puts a group back to its stored document when a write of a change failed.
 """
 
 from __future__ import annotations
@@ -58,3 +59,22 @@ def restore(group_id: str, document: Document, config: ShareConfig, now_ms: int)
         member.sent = member.assigned
         group.members[member.member_id] = member
     return group
+
+
+def roll_back(group: ShareGroup, document: Document | None, now_ms: int) -> None:
+    """Put ``group`` back to ``document``, the state etcd last took (None: nothing yet), after
+    the write of a later change failed: members, epochs and assignments are what was stored, so
+    a member whose answer was lost to the failure heartbeats on with the epoch it knows. The
+    members still there keep their session deadline (they did heartbeat) and what they were
+    sent; members the failed change removed come back with a fresh session."""
+    stored = restore(group.group_id, document or {}, group.config, now_ms)
+    for member_id, member in stored.members.items():
+        current = group.members.get(member_id)
+        if current is not None:
+            member.session_deadline_ms = current.session_deadline_ms
+            member.sent = current.sent
+    group.group_epoch = stored.group_epoch
+    group.assignment_epoch = stored.assignment_epoch
+    group.subscribed_partitions = stored.subscribed_partitions
+    group.subscribed_ids = stored.subscribed_ids
+    group.members = stored.members

@@ -19,6 +19,7 @@ from kafscale.broker.groups.consumer_codec import Document
 from kafscale.broker.groups.group import Group
 from kafscale.broker.groups.model import ConsumerStore, GroupConfig, GroupRecord, Store
 from kafscale.broker.groups.share import ShareConfig, ShareGroup, ShareHeartbeat
+from kafscale.broker.groups.share_codec import roll_back
 from kafscale.broker.groups.share_codec import snapshot as snapshot_share
 from kafscale.broker.protocol.errors import ErrorCode
 
@@ -37,6 +38,7 @@ class ShareRuntime:
     _own_configs: Callable[[], Mapping[str, str]]
     _clock: Callable[[], int]
     _share_doc: Document | None
+    _share_stored: Document | None
     _wake: asyncio.Event
     _stores: asyncio.Queue[Store]
     _consumer_version: int
@@ -74,8 +76,8 @@ class ShareRuntime:
         result = share.heartbeat(self._clock(), request, topics, topic_ids)
         stored = self._queue_share(share)
         if stored is not None and (error := await self._await_stored(stored)):
-            # Not in etcd (``_share_write_done``): the next heartbeat writes the group again
-            # and carries the assignment this answer would have had (not marked sent).
+            # Not in etcd: the group is back to what etcd has (``_share_store_done``), so the
+            # member's next heartbeat, with the epoch it knows, makes the change again.
             return HeartbeatResult(error)
         if result.assignment is not None and self.share is share:
             share.assignment_sent(request.member_id, result.assignment)
@@ -118,13 +120,25 @@ class ShareRuntime:
         )
         self._stores.put_nowait(Store(ConsumerStore(self._consumer_version), record))
         future = asyncio.get_running_loop().create_future()
-        future.add_done_callback(self._share_write_done)
         self._consumer_waiters[self._consumer_version] = future
         return future
 
-    def _share_write_done(self, stored: asyncio.Future[ErrorCode]) -> None:
-        """A membership write that failed is written again with the next change check (a
-        heartbeat or the timer's expiry step), not taken as stored: brokers learn of
-        departures from etcd, and a new coordinator restores from it."""
-        if stored.cancelled() or stored.exception() is not None or stored.result():
-            self._share_doc = None
+    def _share_store_done(self, version: int, document: Document | None, error: ErrorCode) -> None:
+        """The single writer's outcome for a share group's document. Stored: it is what etcd
+        has. Failed, and no later write queued (a later one carries this change too and
+        decides): the in-memory group goes back to what etcd has, as Kafka's coordinator
+        reverts its in-memory state when a write fails. Otherwise a member whose answer was
+        lost would be fenced at its next heartbeat by an epoch it never heard of, and the
+        owners, who read membership from etcd, would disagree with the coordinator."""
+        if error is ErrorCode.NONE:
+            self._share_stored = document
+            return
+        share = self.share
+        if version != self._consumer_version or share is None or self.closed:
+            return
+        if self._share_stored is None:
+            self.share = None  # never stored: the group was never created
+        else:
+            roll_back(share, self._share_stored, self._clock())
+        self._share_doc = self._share_stored
+        log.warning("share group %s: membership not stored, changes undone", self.group_id)

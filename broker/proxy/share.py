@@ -25,7 +25,7 @@ import asyncio
 import time
 import uuid
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from kafscale.broker.api.share_fetch import share_fetch_error_body
@@ -44,7 +44,9 @@ from kafscale.broker.proxy.share_sessions import (
     Round,
     UpstreamPart,
     forget_upstream,
+    needs_opening,
     plan_acknowledge,
+    plan_opening,
     plan_round,
     update_partitions,
 )
@@ -70,6 +72,9 @@ class _Answers:
     errors: dict[PartitionKey, ErrorCode] = field(default_factory=dict)  # the proxy's own
     ack_errors: dict[PartitionKey, ErrorCode] = field(default_factory=dict)
     retry: set[int] = field(default_factory=set)  # brokers to ask again next round
+    lost_acks: dict[PartitionKey, Any] = field(default_factory=dict)
+    """Acknowledgements whose broker lost the proxy's session (or connection) with them: they
+    are delivered again on a session opened anew (``_deliver_acks``)."""
     top_errors: list[ErrorCode] = field(default_factory=list)
     lock_ms: int = 0
     throttle_ms: int = 0
@@ -198,12 +203,21 @@ async def _rounds(
     only: set[int] | None = None
     wait_ms = 0
     attempt = 0
+    if not closing:
+        # Owners without the proxy's session take their acknowledgements on one opened first.
+        owner = _owner_of(c.forwarder)
+        opening = {k: b for k, b in acks.items() if needs_opening(session, owner(k))}
+        acks = {k: b for k, b in acks.items() if k not in opening}
+        await _deliver_acks(c, session, opening, state)
     while True:
         if session.closed and not closing:
             return
         events = _events(c, session)
         round_ = await _send_round(c, session, acks, closing, only, wait_ms, deadline, state)
         acks = {}  # acknowledgements go once, in the first round
+        lost, state.lost_acks = state.lost_acks, {}
+        if not closing:
+            await _deliver_acks(c, session, lost, state)  # once more, on a session opened anew
         for key, code in round_.unacknowledged.items():
             state.ack_errors[key] = code
         for key in round_.unroutable:
@@ -240,13 +254,15 @@ async def _send_round(
     owner = _owner_of(c.forwarder)
     async with session.lock:
         round_ = plan_round(session, owner, acks, closing, only)
-        if not closing and len(round_.parts) == 1 and len(session.upstream) == 1:
+        fetching = {b for b, up in session.upstream.items() if up.partitions}
+        if not closing and len(round_.parts) == 1 and len(fetching) == 1:
             # One owner: it long-polls itself, no record can be acquired for nobody.
             wait_ms = int(max(deadline - time.monotonic(), 0) * 1000)
-        frames = [
-            (part.broker, _frame(c.call, _fetch_request(c.request, part, wait_ms)))
-            for part in round_.parts
-        ]
+        frames = []
+        for part in round_.parts:
+            # A session left with no partition (all forgotten) has nothing to wait for.
+            wait = wait_ms if part.broker in fetching else 0
+            frames.append((part.broker, _frame(c.call, _fetch_request(c.request, part, wait))))
         futures = await c.forwarder.send(c.pool, frames)
     await _read(c, session, round_.parts, futures, state)
     return round_
@@ -268,6 +284,8 @@ async def _read(
             forget_upstream(session, part.broker)  # its connection closed: so did its session
             state.fail(part, ErrorCode.NOT_LEADER_OR_FOLLOWER)
             state.retry.add(part.broker)
+            if part.epoch != FINAL_EPOCH:
+                state.lost_acks.update(part.acks)
             continue
         response = codec.decode_response(outcome, c.call.api_key, c.call.api_version)
         state.throttle_ms = max(state.throttle_ms, codec.millis(response.throttle_time))
@@ -277,6 +295,7 @@ async def _read(
             state.fail(part, ErrorCode.NOT_LEADER_OR_FOLLOWER)
             if part.epoch != FINAL_EPOCH:
                 state.retry.add(part.broker)
+                state.lost_acks.update(part.acks)
             continue
         if code is not ErrorCode.NONE:
             if part.epoch == INITIAL_EPOCH:
@@ -289,6 +308,39 @@ async def _read(
         lock = getattr(response, "acquisition_lock_timeout", 0)  # ShareAcknowledge v2+ only
         state.lock_ms = max(state.lock_ms, codec.millis(lock))
         _record(response, part, state, c.call.api_key)
+
+
+async def _deliver_acks(
+    c: ShareCall, session: ClientSession, acks: Mapping[PartitionKey, Any], state: _Answers
+) -> None:
+    """Acknowledgements for owners where the proxy has no session (or lost it): the session
+    opened there first (ShareFetch, epoch 0, no partition: nothing acquired), then the
+    acknowledgements on it (ShareAcknowledge). The member's records are its own, not its
+    session's, so the owner answers as Kafka does: NONE for records the member still holds,
+    INVALID_RECORD_STATE for records it no longer does. Only their answers reach ``state``."""
+    if not acks:
+        return
+    owner = _owner_of(c.forwarder)
+    fetch = replace(c, call=replace(c.call, api_key=SHARE_FETCH_KEY))
+    acknowledge = replace(c, call=replace(c.call, api_key=SHARE_ACKNOWLEDGE_KEY))
+    async with session.lock:
+        opening = plan_opening(session, owner, acks)
+        frames = [(p.broker, _frame(fetch.call, _open_request(c.request, p))) for p in opening]
+        futures = await c.forwarder.send(c.pool, frames)
+    await _read(fetch, session, opening, futures, _Answers())  # a refusal forgets the session
+    answers = _Answers()
+    async with session.lock:
+        round_ = plan_acknowledge(session, owner, acks)
+        frames = [
+            (p.broker, _frame(acknowledge.call, _acknowledge_request(c.request, p)))
+            for p in round_.parts
+        ]
+        futures = await c.forwarder.send(c.pool, frames)
+    await _read(acknowledge, session, round_.parts, futures, answers)
+    answers.ack_errors.update(round_.unacknowledged)
+    state.ack_errors.update(
+        {k: answers.ack_errors.get(k, ErrorCode.NOT_LEADER_OR_FOLLOWER) for k in acks}
+    )
 
 
 def _record(response: Any, part: UpstreamPart, state: _Answers, api_key: int) -> None:
@@ -348,6 +400,11 @@ async def forward_share_acknowledge(c: ShareCall) -> Body:
     acks = {k: batches for k, batches in named if k not in unknown}
     state = _Answers()
     state.ack_errors.update(dict.fromkeys(unknown, ErrorCode.UNKNOWN_TOPIC_ID))
+    if not closing:
+        owner = _owner_of(c.forwarder)
+        opening = {k: b for k, b in acks.items() if needs_opening(session, owner(k))}
+        acks = {k: b for k, b in acks.items() if k not in opening}
+        await _deliver_acks(c, session, opening, state)
     async with session.lock:
         round_ = plan_acknowledge(session, _owner_of(c.forwarder), acks, closing)
         frames = [
@@ -357,7 +414,10 @@ async def forward_share_acknowledge(c: ShareCall) -> Body:
         futures = await c.forwarder.send(c.pool, frames)
     await _read(c, session, round_.parts, futures, state)
     state.ack_errors.update(round_.unacknowledged)
-    if state.top_errors and len(state.top_errors) == len(round_.parts):
+    lost, state.lost_acks = state.lost_acks, {}
+    if not closing:
+        await _deliver_acks(c, session, lost, state)  # once more, on a session opened anew
+    if state.top_errors and len(state.top_errors) == len(round_.parts) and round_.parts:
         return error_body(state.top_errors[0])  # every broker refused it (say, group ACLs)
     return _acknowledge_body(c, list(dict.fromkeys(k for k, _ in named)), state)
 
@@ -369,7 +429,11 @@ def _topics(keys: tuple[PartitionKey, ...], acks: Mapping[PartitionKey, Any]) ->
     topics: dict[uuid.UUID, list[Body]] = {}
     for key in keys:
         topics.setdefault(key[0], []).append(
-            {"partition_index": key[1], "acknowledgement_batches": list(acks.get(key, ()))}
+            {
+                "partition_index": key[1],
+                # As fields: they may go out in the other API's request (``_deliver_acks``).
+                "acknowledgement_batches": [entity_fields(b) for b in acks.get(key, ())],
+            }
         )
     return [{"topic_id": topic_id, "partitions": parts} for topic_id, parts in topics.items()]
 
@@ -391,8 +455,37 @@ def _fetch_request(request: Any, part: UpstreamPart, wait_ms: int) -> Body:
 
 
 def _acknowledge_request(request: Any, part: UpstreamPart) -> Body:
-    body = entity_fields(request)
-    body.update(share_session_epoch=part.epoch, topics=_topics(part.partitions, part.acks))
+    """ShareAcknowledge upstream, for the client's ShareAcknowledge or ShareFetch (whose
+    acknowledgements the proxy delivers on their own)."""
+    body: Body = {
+        "group_id": request.group_id,
+        "member_id": request.member_id,
+        "share_session_epoch": part.epoch,
+        "topics": _topics(part.partitions, part.acks),
+    }
+    if hasattr(request, "is_renew_ack"):  # v2
+        body["is_renew_ack"] = request.is_renew_ack
+    return body
+
+
+def _open_request(request: Any, part: UpstreamPart) -> Body:
+    """ShareFetch opening the proxy's session on a broker: no partition, no wait, so the
+    broker acquires nothing (the next fetch round names the partitions)."""
+    body: Body = {
+        "group_id": request.group_id,
+        "member_id": request.member_id,
+        "share_session_epoch": part.epoch,
+        "max_wait": 0,
+        "min_bytes": 1,
+        "max_bytes": 1,
+        "max_records": 1,
+        "batch_size": 1,
+        "topics": [],
+        "forgotten_topics_data": [],
+    }
+    if hasattr(request, "is_renew_ack"):  # v2
+        body.update(share_acquire_mode=getattr(request, "share_acquire_mode", 0))
+        body.update(is_renew_ack=False)
     return body
 
 

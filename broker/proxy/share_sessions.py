@@ -16,11 +16,13 @@ epochs. So the proxy keeps two levels:
 Each round of a client request is planned by :func:`plan_round`: every partition of the client's
 session goes to its owner; a broker the proxy has no session with gets one opened (epoch 0,
 every partition it owns); one with a session gets an incremental request naming what it was
-not told yet and forgetting what moved away or the client forgot; one left with no partition
-gets its session closed (epoch -1), which releases what the member holds there.
-Acknowledgements go with the request to each partition's owner; a broker whose session must be
-opened first cannot take them (Kafka refuses acknowledgements on the request that opens a
-session): they are answered NOT_LEADER_OR_FOLLOWER, and the records come again.
+not told yet and forgetting what moved away or the client forgot. One left with no partition
+keeps its session (it forgets the partitions, as Kafka's leader does, and releases nothing:
+the member still holds what it acquired there and may acknowledge it); it is closed with the
+client's session. Acknowledgements go with the request to each partition's owner; a broker
+whose session must be opened first cannot take them on the opening request (Kafka refuses
+acknowledgements there), so :func:`plan_opening` opens it first with a request that names no
+partition, and the acknowledgements follow on the session (:func:`plan_acknowledge`).
 
 All of it is per client connection (``UpstreamPool``): closing the connection closes the
 proxy's connections to the brokers, which end the upstream sessions and release their records.
@@ -177,7 +179,10 @@ def plan_round(
     for broker in sorted(set(wanted) | set(acked) | set(session.upstream)):
         desired = wanted.get(broker, [])
         its_acks = acked.get(broker, {})
-        part = _plan_broker(session, broker, desired, its_acks, only, unacknowledged)
+        if closing:
+            part = _plan_close(session, broker, its_acks, unacknowledged)
+        else:
+            part = _plan_broker(session, broker, desired, its_acks, only, unacknowledged)
         if part is not None:
             parts.append(part)
     return Round(parts, unacknowledged, unroutable)
@@ -194,15 +199,24 @@ def _plan_broker(
     up = session.upstream.get(broker)
     if not desired:
         if up is None or not up.opened:
-            # Nothing open there: nothing to close, nowhere to acknowledge.
+            # Nothing open there: nowhere to acknowledge.
             session.upstream.pop(broker, None)
             unacknowledged.update(dict.fromkeys(acks, ErrorCode.NOT_LEADER_OR_FOLLOWER))
             return None
-        del session.upstream[broker]
-        if up.epoch == INITIAL_EPOCH:  # an older session of the member, to be replaced
+        if up.epoch == INITIAL_EPOCH:
+            # An older session of the member, replaced once a partition comes back here (or
+            # closed with the client's session); replacing releases nothing, as in Kafka.
             unacknowledged.update(dict.fromkeys(acks, ErrorCode.NOT_LEADER_OR_FOLLOWER))
-            acks = {}
-        return UpstreamPart(broker, FINAL_EPOCH, (), acks, ())
+            return None
+        if not acks and not up.partitions:
+            return None
+        # Forgotten, not closed: Kafka's leader only drops forgotten partitions from the
+        # session, so what the member acquired there stays its own until acknowledged or
+        # its lock runs out.
+        part = UpstreamPart(broker, up.epoch, (), acks, tuple(sorted(up.partitions, key=_order)))
+        up.epoch = next_epoch(up.epoch)
+        up.partitions = set()
+        return part
     if up is None or up.epoch == INITIAL_EPOCH:
         unacknowledged.update(dict.fromkeys(acks, ErrorCode.NOT_LEADER_OR_FOLLOWER))
         session.upstream[broker] = UpstreamSession(INITIAL_EPOCH + 1, set(desired), opened=True)
@@ -220,6 +234,49 @@ def _plan_broker(
     up.epoch = next_epoch(up.epoch)
     up.partitions = wanted
     return part
+
+
+def _plan_close(
+    session: ClientSession,
+    broker: int,
+    acks: dict[PartitionKey, Any],
+    unacknowledged: dict[PartitionKey, ErrorCode],
+) -> UpstreamPart | None:
+    """The client ends its session: the proxy's session on ``broker`` is closed (epoch -1,
+    which releases what the member holds there), with the acknowledgements for it."""
+    up = session.upstream.pop(broker, None)
+    if up is None or not up.opened:
+        unacknowledged.update(dict.fromkeys(acks, ErrorCode.NOT_LEADER_OR_FOLLOWER))
+        return None
+    if up.epoch == INITIAL_EPOCH:  # an older session of the member: closed, acks cannot ride
+        unacknowledged.update(dict.fromkeys(acks, ErrorCode.NOT_LEADER_OR_FOLLOWER))
+        acks = {}
+    return UpstreamPart(broker, FINAL_EPOCH, (), acks, ())
+
+
+def needs_opening(session: ClientSession, broker: int) -> bool:
+    """Whether the proxy must open (or open again) its session on ``broker`` before a request
+    there may carry acknowledgements."""
+    up = session.upstream.get(broker)
+    return broker != NO_BROKER and (up is None or up.epoch == INITIAL_EPOCH)
+
+
+def plan_opening(
+    session: ClientSession,
+    owner_of: Callable[[PartitionKey], int],
+    acks: Mapping[PartitionKey, Any],
+) -> list[UpstreamPart]:
+    """Sessions to open on the owners of ``acks`` that have none of the proxy's (it was lost:
+    the broker restarted, dropped it, or the connection broke; or it is an older one of the
+    member): each a request with epoch 0 naming no partition, so it acquires nothing. The
+    acknowledgements follow on the opened session (:func:`plan_acknowledge`); the partitions
+    are named by the next fetch round (the session holds none yet)."""
+    parts = []
+    for broker in sorted({owner_of(key) for key in acks}):
+        if needs_opening(session, broker):
+            session.upstream[broker] = UpstreamSession(INITIAL_EPOCH + 1, set(), opened=True)
+            parts.append(UpstreamPart(broker, INITIAL_EPOCH, (), {}, ()))
+    return parts
 
 
 def plan_acknowledge(

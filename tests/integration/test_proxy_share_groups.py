@@ -35,7 +35,14 @@ from harness.java_client import java_program
 from harness.kafka_wire import KafkaWire
 from harness.proxy import start_proxy
 from harness.s3 import S3Endpoint
-from harness.share import Received, poll_some, poll_until, produce, set_group_configs
+from harness.share import (
+    Received,
+    poll_some,
+    poll_until,
+    produce,
+    set_group_configs,
+    stored_share_state,
+)
 from harness.share import share_consumer as new_share_consumer
 
 from kafscale.broker.metadata.embedded_etcd import EmbeddedEtcd
@@ -584,3 +591,135 @@ def test_bad_share_requests_through_the_proxy_get_kafkas_codes(
         while proxied.proxy.status()["share_sessions"] != 1:
             assert time.monotonic() < deadline, proxied.proxy.status()["share_sessions"]
             time.sleep(0.05)
+
+
+# --- sessions reopened and partitions forgotten behind the proxy ---------------------------------
+
+LONG_LOCKS = {**EARLIEST, "share.record.lock.duration.ms": "600000"}
+ACCEPT_ALL = {"first_offset": 0, "last_offset": 4, "acknowledge_types": [1]}
+
+
+def _one_partition_topic(proxied: Proxied, topic: str, group: str) -> str:
+    """``topic`` with one partition holding five records; its owner's address."""
+    topics.create_topic(proxied.bootstrap, topic, 1)
+    set_group_configs(proxied.bootstrap, group, LONG_LOCKS)
+    produce(proxied.bootstrap, topic, values(5))
+    deadline = time.monotonic() + 60
+    while (owner := proxied.owners(topic).get(0)) is None:
+        assert time.monotonic() < deadline, "the partition never got an owner"
+        time.sleep(0.1)
+    (broker,) = [b for b in proxied.cluster.brokers if b.node_id == owner]
+    return broker.bootstrap
+
+
+def _acquire_all(wire: KafkaWire, group: str, member: str, topic_id: Any) -> int:
+    """The member's session opened and the five records acquired: the next epoch."""
+    acquired, epoch = 0, 0
+    deadline = time.monotonic() + 60
+    while acquired < 5:
+        assert time.monotonic() < deadline, f"{acquired} records acquired"
+        answer = _fetch(wire, group, member, epoch, [(topic_id, 0)] if epoch == 0 else [])
+        assert answer.error_code == ErrorCode.NONE, answer
+        acquired += sum(
+            a.last_offset - a.first_offset + 1
+            for p in _partitions(answer).values()
+            for a in p.acquired_records
+        )
+        epoch += 1
+    return epoch
+
+
+def _share_start(proxied: Proxied, group: str, topic: str) -> int | None:
+    state = stored_share_state(proxied.cluster.etcd_url, proxied.cluster.cluster, group, topic, 0)
+    return None if state is None else int(state["start"])
+
+
+@pytest.mark.parametrize("behind", ["replaced", "closed"])
+def test_acknowledgements_on_a_session_the_proxy_opens_again_get_kafkas_answer(
+    proxied: Proxied, names: tuple[str, str], behind: str
+) -> None:
+    """The proxy's share session on a partition's owner is lost under it (here: the member's
+    session there is replaced, or closed, by another connection of the member), and the client
+    acknowledges the records it holds. The proxy opens its session there again and delivers
+    the acknowledgements on it, and the client gets what Kafka gives: NONE while the member
+    still holds the records (applied: the share-partition moves past them), and
+    INVALID_RECORD_STATE once they were released (not NOT_LEADER_OR_FOLLOWER either way)."""
+    topic, group = names
+    owner = _one_partition_topic(proxied, topic, group)
+    with KafkaWire(proxied.bootstrap) as wire, KafkaWire(owner) as direct:
+        joined = _heartbeat(wire, group, "m", topic)
+        topic_id = joined.assignment.topic_partitions[0].topic_id
+        epoch = _acquire_all(wire, group, "m", topic_id)
+        # The member's session on the owner, replaced past the proxy's epochs there.
+        for direct_epoch in range(epoch + 3):
+            assert _fetch(direct, group, "m", direct_epoch, []).error_code == ErrorCode.NONE
+        if behind == "closed":  # the session ends: the member's records are released
+            assert _fetch(direct, group, "m", -1, []).error_code == ErrorCode.NONE
+        answer = _fetch(wire, group, "m", epoch, [(topic_id, 0)], [ACCEPT_ALL])
+        assert answer.error_code == ErrorCode.NONE, answer
+        acked = _partitions(answer)[(topic_id, 0)].acknowledge_error_code
+        if behind == "replaced":
+            assert acked == ErrorCode.NONE
+            deadline = time.monotonic() + 60
+            while _share_start(proxied, group, topic) != 5:
+                assert time.monotonic() < deadline, "the acknowledgements were not stored"
+                time.sleep(0.1)
+        else:
+            assert acked == ErrorCode.INVALID_RECORD_STATE
+
+
+def _acknowledge(wire: KafkaWire, group: str, member: str, epoch: int, topic_id: Any) -> Any:
+    body = {
+        "group_id": group,
+        "member_id": member,
+        "share_session_epoch": epoch,
+        "topics": [
+            {
+                "topic_id": topic_id,
+                "partitions": [{"partition_index": 0, "acknowledgement_batches": [ACCEPT_ALL]}],
+            }
+        ],
+    }
+    return wire.request(79, 1, body)
+
+
+@pytest.mark.parametrize("through", ["proxy", "broker"])
+def test_a_forgotten_partition_s_records_stay_with_the_member_as_in_kafka(
+    proxied: Proxied, names: tuple[str, str], through: str
+) -> None:
+    """A share consumer forgets (``forgotten_topics_data``) the one partition it fetches from
+    an owner. Kafka's share-partition leader only drops it from the session: the member keeps
+    the records it acquired there (until it acknowledges them or their lock runs out), and
+    may still acknowledge them. So it is directly at the broker and through the proxy (which
+    used to close its session on that owner, releasing them to other members)."""
+    topic, group = names
+    owner = _one_partition_topic(proxied, topic, group)
+    address = proxied.bootstrap if through == "proxy" else owner
+    with KafkaWire(address) as wire, KafkaWire(address) as other:
+        joined = _heartbeat(wire, group, "m", topic)
+        topic_id = joined.assignment.topic_partitions[0].topic_id
+        epoch = _acquire_all(wire, group, "m", topic_id)
+        forget = {
+            "group_id": group,
+            "member_id": "m",
+            "share_session_epoch": epoch,
+            "max_wait": 0,
+            "min_bytes": 1,
+            "max_bytes": 1 << 20,
+            "max_records": 500,
+            "batch_size": 500,
+            "topics": [],
+            "forgotten_topics_data": [{"topic_id": topic_id, "partitions": [0]}],
+        }
+        assert wire.request(78, 1, forget).error_code == ErrorCode.NONE
+        assert _heartbeat(other, group, "m2", topic).error_code == ErrorCode.NONE
+        taken = _fetch(other, group, "m2", 0, [(topic_id, 0)])
+        assert taken.error_code == ErrorCode.NONE, taken
+        assert not _partitions(taken)[(topic_id, 0)].acquired_records
+        acked = _acknowledge(wire, group, "m", epoch + 1, topic_id)
+        assert acked.error_code == ErrorCode.NONE, acked
+        assert _partitions(acked)[(topic_id, 0)].error_code == ErrorCode.NONE
+    deadline = time.monotonic() + 60
+    while _share_start(proxied, group, topic) != 5:
+        assert time.monotonic() < deadline, "the acknowledgements were not stored"
+        time.sleep(0.1)

@@ -800,3 +800,71 @@ def test_a_share_session_keeps_only_partitions_that_exist(broker_cluster: Broker
         stranger = _share_fetch(wire, "m9", 0, known, group="nobody")
         assert stranger.error_code == ErrorCode.UNKNOWN_MEMBER_ID
     assert not [k for k in broker_cluster.etcd_keys("share-state/") if "nobody" in k]
+
+
+def _coordinators(bootstrap: str, groups: list[str]) -> dict[str, str]:
+    """Each group's coordinator address (FindCoordinator v4, key type 0)."""
+    with KafkaWire(bootstrap) as wire:
+        found = wire.request(10, 4, {"key_type": 0, "coordinator_keys": groups})
+    answer: dict[str, str] = {}
+    for entry in found.coordinators:
+        assert entry.error_code == ErrorCode.NONE, entry
+        answer[str(entry.key)] = f"{entry.host}:{entry.port}"
+    return answer
+
+
+def _join_at_coordinator(bootstrap: str, group: str, member: str) -> Any:
+    """A share group join sent to the group's coordinator, found again while it moves."""
+    deadline = time.monotonic() + 60
+    while True:
+        address = _coordinators(bootstrap, [group])[group]
+        with KafkaWire(address) as wire:
+            answer = _share_heartbeat(wire, group, member, 0)
+        if answer.error_code not in (
+            ErrorCode.NOT_COORDINATOR,
+            ErrorCode.COORDINATOR_NOT_AVAILABLE,
+        ):
+            return answer
+        assert time.monotonic() < deadline, answer
+        time.sleep(0.2)
+
+
+def test_a_flood_of_invented_share_groups_stops_at_the_cluster_s_bound(
+    broker_cluster: BrokerCluster,
+) -> None:
+    """ShareGroupHeartbeat joins with invented group ids, each sent to its own coordinator on
+    two brokers: the cluster keeps at most ``groups.share_max_groups`` share groups (here 5,
+    counted across both coordinators), answers the rest GROUP_MAX_SIZE_REACHED with a message
+    naming the bound, and takes no group lease for them. Existing groups still take members,
+    and deleting a group makes room for a new one."""
+    bound = {"KAFSCALE_GROUPS__SHARE_MAX_GROUPS": "5"}
+    first = broker_cluster.start(**bound)
+    broker_cluster.start(**bound)
+    topics.create_topic(first.bootstrap, "q", 1)
+    bootstrap = first.bootstrap
+    flood = [f"flood-{i}" for i in range(40)]
+    homes = set(_coordinators(bootstrap, flood).values())
+    assert len(homes) == 2, "the flood's groups should have both brokers as coordinators"
+    answers = {group: _join_at_coordinator(bootstrap, group, f"m-{group}") for group in flood}
+    accepted = [g for g, a in answers.items() if a.error_code == ErrorCode.NONE]
+    refused = [g for g, a in answers.items() if a.error_code == ErrorCode.GROUP_MAX_SIZE_REACHED]
+    assert len(accepted) == 5 and len(refused) == 35, {g: a.error_code for g, a in answers.items()}
+    assert "5 share groups" in str(answers[refused[0]].error_message)
+    leased = {key.rsplit("/", 1)[-1] for key in broker_cluster.etcd_keys("leases/groups/")}
+    assert not leased & set(refused), "refused group ids took group leases"
+    # An existing share group still takes a new member; a new group is still refused.
+    assert _join_at_coordinator(bootstrap, accepted[0], "second").error_code == ErrorCode.NONE
+    late = _join_at_coordinator(bootstrap, "late", "m-late")
+    assert late.error_code == ErrorCode.GROUP_MAX_SIZE_REACHED
+    # An emptied, deleted group makes room.
+    gone = accepted[1]
+    with KafkaWire(_coordinators(bootstrap, [gone])[gone]) as wire:
+        joined = answers[gone]
+        left = _share_heartbeat(wire, gone, f"m-{gone}", -1)
+        assert left.error_code == ErrorCode.NONE and joined.member_epoch > 0
+        assert _delete(wire, gone) is ErrorCode.NONE
+    deadline = time.monotonic() + 60
+    while (late := _join_at_coordinator(bootstrap, "late", "m-late")).error_code:
+        assert late.error_code == ErrorCode.GROUP_MAX_SIZE_REACHED, late
+        assert time.monotonic() < deadline, "deleting a share group never made room"
+        time.sleep(0.2)

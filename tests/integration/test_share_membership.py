@@ -15,19 +15,22 @@ Raw requests: they show exactly which member holds which records.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import subprocess
 import sys
 import textwrap
 import time
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
 from harness import topics
-from harness.brokers import BrokerCluster
+from harness.brokers import BrokerCluster, new_cluster
 from harness.kafka_wire import KafkaWire, metadata_body
+from harness.s3 import S3Endpoint
 from harness.share import (
     Received,
     poll_until,
@@ -382,3 +385,63 @@ async def test_a_share_partition_started_before_its_group_was_deleted_writes_no_
         assert not again.dirty and not again.dropped
     finally:
         await etcd.close()
+
+
+def _stored_member_epochs(etcd_url: str, cluster: str, group: str) -> dict[str, int]:
+    """Each member's epoch in the group's stored membership (``groups/<g>/metadata``)."""
+
+    async def read() -> dict[str, int]:
+        etcd = await Etcd.connect([etcd_url], timeout_s=5)
+        try:
+            kv = await etcd.get(keys.group_metadata_key(cluster, group))
+        finally:
+            await etcd.close()
+        members = [] if kv is None else json.loads(kv.value)["consumer"]["members"]
+        return {str(m["member_id"]): int(m["epoch"]) for m in members}
+
+    return asyncio.run(read())
+
+
+def test_a_membership_write_etcd_refuses_leaves_the_member_epoch_it_had(
+    etcd_server_private: EmbeddedEtcd, s3_server: S3Endpoint, cluster_name: str, tmp_path: Path
+) -> None:
+    """A heartbeat whose change (a new subscription: a new group and member epoch) cannot be
+    written because etcd stopped answering is refused, and the coordinator's in-memory group
+    goes back to what etcd has: the member heartbeats again with the epoch it knows and is
+    accepted (not FENCED_MEMBER_EPOCH by an epoch it was never told), and etcd then holds the
+    epoch it was answered."""
+    cluster = new_cluster(
+        etcd_server_private.client_url, s3_server, tmp_path, "epoch", name=cluster_name
+    )
+    try:
+        broker = cluster.start(KAFSCALE_ETCD__TIMEOUT_S="1", KAFSCALE_ETCD__SESSION_TTL_S="20")
+        topics.create_topic(broker.bootstrap, "epoch-a", 1)
+        topics.create_topic(broker.bootstrap, "epoch-b", 1)
+        group, both = "epoch-group", ["epoch-a", "epoch-b"]
+        etcd_pid = etcd_server_private.pid
+        assert etcd_pid is not None
+        with KafkaWire(broker.bootstrap, timeout_s=60) as wire:
+            joined = _heartbeat(wire, group, "m1", 0, "epoch-a")
+            assert joined.error_code == ErrorCode.NONE, joined
+            epoch = int(joined.member_epoch)
+            assert _heartbeat(wire, group, "m1", epoch, "epoch-a").error_code == ErrorCode.NONE
+            body = {"group_id": group, "member_id": "m1", "member_epoch": epoch,
+                    "rack_id": None, "subscribed_topic_names": both}  # fmt: skip
+            os.kill(etcd_pid, signal.SIGSTOP)
+            try:
+                refused = wire.request(76, 1, body)
+            finally:
+                os.kill(etcd_pid, signal.SIGCONT)
+            assert refused.error_code != ErrorCode.NONE, refused
+            again = wire.request(76, 1, body)
+            assert again.error_code == ErrorCode.NONE, again
+            assert again.member_epoch > epoch
+            answered = int(again.member_epoch)
+        deadline = time.monotonic() + 60
+        while _stored_member_epochs(etcd_server_private.client_url, cluster_name, group) != {
+            "m1": answered
+        }:
+            assert time.monotonic() < deadline, "etcd never took the epoch the member was given"
+            time.sleep(0.1)
+    finally:
+        cluster.stop_all()

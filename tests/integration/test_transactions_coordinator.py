@@ -30,7 +30,7 @@ pytestmark = pytest.mark.integration
 FIND, OFFSET_FETCH, INIT = 10, 9, 22
 ADD_PARTITIONS, ADD_OFFSETS, END_TXN, TXN_OFFSET_COMMIT = 24, 25, 26, 28
 DESCRIBE_TXNS, LIST_TXNS = 65, 66
-NONE, UNKNOWN_TOPIC, NOT_COORDINATOR = 0, 3, 16
+NONE, UNKNOWN_TOPIC, NOT_COORDINATOR, ILLEGAL_GENERATION = 0, 3, 16, 22
 INVALID_PRODUCER_EPOCH, INVALID_TXN_STATE, INVALID_MAPPING, INVALID_TIMEOUT = 47, 48, 49, 50
 OPERATION_NOT_ATTEMPTED, UNSTABLE_OFFSET_COMMIT, PRODUCER_FENCED = 55, 88, 90
 TRANSACTIONAL_ID_NOT_FOUND = 105
@@ -85,14 +85,21 @@ def end(wire: KafkaWire, txn_id: str, pid: int, epoch: int, commit: bool, v: int
 
 
 def txn_commit_offset(
-    wire: KafkaWire, txn_id: str, pid: int, epoch: int, group: str, offset: int, v: int = 3
+    wire: KafkaWire,
+    txn_id: str,
+    pid: int,
+    epoch: int,
+    group: str,
+    offset: int,
+    v: int = 3,
+    generation_id: int = -1,
 ) -> int:
     body = {
         "transactional_id": txn_id,
         "group_id": group,
         "producer_id": pid,
         "producer_epoch": epoch,
-        "generation_id": -1,
+        "generation_id": generation_id,
         "member_id": "",
         "group_instance_id": None,
         "topics": [
@@ -311,6 +318,26 @@ def test_offsets_committed_in_a_transaction_show_only_when_it_commits(
         # A late TxnOffsetCommit after the transaction ended is refused, not left pending.
         assert txn_commit_offset(wire, "ctp", pid, epoch, "ctp-group", 100) == INVALID_TXN_STATE
         assert fetch_offset(wire, "ctp-group", require_stable=True) == (NONE, 42)
+
+
+def test_a_generation_for_a_group_nobody_joined_is_illegal_generation(
+    broker: BrokerProcess,
+) -> None:
+    """Kafka's ``validateTransactionalOffsetCommit``: a TxnOffsetCommit naming a generation
+    (a consumer in a group) for a group that does not exist is ILLEGAL_GENERATION and leaves
+    nothing pending; generation -1 (a producer outside group management) creates the group."""
+    with KafkaWire(broker.bootstrap) as wire:
+        make_topic(wire)
+        started = init(wire, "gen")
+        pid, epoch = int(started.producer_id), int(started.producer_epoch)
+        assert add_offsets(wire, "gen", pid, epoch, "gen-group") == NONE
+        for generation in (0, 5):
+            code = txn_commit_offset(wire, "gen", pid, epoch, "gen-group", 7, 3, generation)
+            assert code == ILLEGAL_GENERATION
+        assert fetch_offset(wire, "gen-group", require_stable=True) == (NONE, -1)
+        assert txn_commit_offset(wire, "gen", pid, epoch, "gen-group", 8) == NONE
+        assert end(wire, "gen", pid, epoch, commit=True) == NONE
+        assert fetch_offset(wire, "gen-group", require_stable=True) == (NONE, 8)
 
 
 def test_a_timed_out_transaction_is_aborted_and_its_producer_fenced(

@@ -23,8 +23,10 @@ from kafscale.broker.proxy.share_sessions import (
     PartitionKey,
     UpstreamPart,
     forget_upstream,
+    needs_opening,
     next_epoch,
     plan_acknowledge,
+    plan_opening,
     plan_round,
     update_partitions,
 )
@@ -95,13 +97,19 @@ def test_a_moved_partition_is_forgotten_by_its_old_owner_and_opened_at_the_new_o
     table[P1] = 3  # broker 2 gave P1 up (or died): 3 owns it now
     moved = plan_round(session, owners(table), {P1: ACK})
     parts = by_broker(moved.parts)
-    # Broker 2 has nothing left: its session is closed (the member's records there go back).
-    assert parts[2] == UpstreamPart(2, FINAL_EPOCH, (), {}, ())
-    # Broker 3 is opened with epoch 0, which may carry no acknowledgements: they fail.
+    # Broker 2 has nothing left: P1 is forgotten there, its session kept (releasing nothing,
+    # as Kafka's leader releases nothing for a forgotten partition).
+    assert parts[2] == UpstreamPart(2, 1, (), {}, (P1,))
+    # Broker 3 is opened with epoch 0, which may carry no acknowledgements (the shell opens
+    # such sessions first, ``plan_opening``, and acknowledges on them).
     assert parts[3] == UpstreamPart(3, 0, (P1,), {}, ())
     assert moved.unacknowledged == {P1: ErrorCode.NOT_LEADER_OR_FOLLOWER}
     assert parts[1] == UpstreamPart(1, 1, (), {}, ())
-    assert set(session.upstream) == {1, 3}
+    assert set(session.upstream) == {1, 2, 3}
+    # Nothing more to tell broker 2 until the client acknowledges there or closes.
+    assert 2 not in by_broker(plan_round(session, owners(table), {}).parts)
+    closing = by_broker(plan_round(session, owners(table), {}, closing=True).parts)
+    assert closing[2] == UpstreamPart(2, FINAL_EPOCH, (), {}, ())
 
 
 def test_a_partition_moving_between_two_live_owners_is_forgotten_incrementally() -> None:
@@ -111,7 +119,7 @@ def test_a_partition_moving_between_two_live_owners_is_forgotten_incrementally()
     plan_round(session, owners({P0: 1, P1: 2}), {})
     table = {P0: 2, P1: 2}
     parts = by_broker(plan_round(session, owners(table), {}).parts)
-    assert parts[1] == UpstreamPart(1, FINAL_EPOCH, (), {}, ())
+    assert parts[1] == UpstreamPart(1, 2, (), {}, (P0,))  # forgotten, the session kept
     assert parts[2] == UpstreamPart(2, 1, (P0,), {}, ())
 
 
@@ -151,7 +159,28 @@ def test_opening_again_replaces_the_brokers_sessions_too() -> None:
     update_partitions(again, [P0], ())
     parts = by_broker(plan_round(again, owners({P0: 1, P1: 2}), {}).parts)
     assert parts[1] == UpstreamPart(1, 0, (P0,), {}, ())  # epoch 0 replaces the old session
-    assert parts[2] == UpstreamPart(2, FINAL_EPOCH, (), {}, ())  # the old one there: closed
+    # The old one on broker 2 is left alone (replacing a session releases nothing in Kafka)
+    # and closed with the client's session.
+    assert 2 not in parts and again.upstream[2].opened
+    closing = by_broker(plan_round(again, owners({P0: 1, P1: 2}), {}, closing=True).parts)
+    assert closing[2] == UpstreamPart(2, FINAL_EPOCH, (), {}, ())
+
+
+def test_acknowledgements_for_an_owner_without_a_session_open_one_first() -> None:
+    """A session lost (or never opened) on an owner: ``plan_opening`` opens it with a
+    request naming no partition, and the acknowledgements then go on it."""
+    _, session = opened(P0, P1)
+    table = {P0: 1, P1: 2}
+    plan_round(session, owners(table), {})
+    forget_upstream(session, 2)
+    assert needs_opening(session, 2) and not needs_opening(session, 1)
+    opening = plan_opening(session, owners(table), {P0: ACK, P1: ACK})
+    assert opening == [UpstreamPart(2, 0, (), {}, ())]
+    acked = plan_acknowledge(session, owners(table), {P1: ACK})
+    assert acked.parts == [UpstreamPart(2, 1, (), {P1: ACK}, ())] and not acked.unacknowledged
+    # The next round names broker 2's partition again, on the session's next epoch.
+    parts = by_broker(plan_round(session, owners(table), {}).parts)
+    assert parts[2] == UpstreamPart(2, 2, (P1,), {}, ())
 
 
 def test_acknowledgements_go_to_each_owners_session_and_closing_closes_every_one() -> None:

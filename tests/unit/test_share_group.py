@@ -7,8 +7,14 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from kafscale.broker.groups.consumer import HeartbeatResult
-from kafscale.broker.groups.share import ShareConfig, ShareGroup, ShareHeartbeat, assign
-from kafscale.broker.groups.share_codec import restore, snapshot
+from kafscale.broker.groups.share import (
+    ShareConfig,
+    ShareGroup,
+    ShareHeartbeat,
+    assign,
+    new_group_refusal,
+)
+from kafscale.broker.groups.share_codec import restore, roll_back, snapshot
 from kafscale.broker.protocol.errors import ErrorCode
 
 CONFIG = ShareConfig(session_timeout_ms=1000, heartbeat_interval_ms=100)
@@ -137,3 +143,27 @@ def test_an_assignment_is_sent_until_an_answer_carrying_it_went_out() -> None:
     assert retried.assignment == joined.assignment
     group.assignment_sent("a", retried.assignment)
     assert group.heartbeat(20, beat("a", 1, None), TOPICS).assignment is None
+
+
+def test_a_change_not_stored_is_rolled_back_to_the_stored_document() -> None:
+    """A heartbeat's change whose etcd write failed is undone (``roll_back``): the member
+    heartbeats on with the epoch it had, a member that joined in the failed change is gone,
+    and the members that stayed keep their session deadline."""
+    group = ShareGroup("g", CONFIG)
+    answered(group, 0, beat("a", 0), TOPICS)
+    stored = snapshot(group)
+    moved = group.heartbeat(100, beat("a", 1, ("t", "u")), TOPICS)  # a new subscription
+    group.heartbeat(100, beat("b", 0), TOPICS)  # a join
+    assert moved.member_epoch == 2 and set(group.members) == {"a", "b"}
+    roll_back(group, stored, now_ms=200)
+    assert snapshot(group) == stored
+    assert group.members["a"].session_deadline_ms == 1100
+    again = answered(group, 300, beat("a", 1, ("t", "u")), TOPICS)
+    assert again.error is ErrorCode.NONE and again.member_epoch == 2
+
+
+def test_a_new_share_group_is_refused_at_the_cluster_s_bound() -> None:
+    assert new_group_refusal(4, 5) is None
+    refusal = new_group_refusal(5, 5)
+    assert refusal is not None and "5 share groups" in refusal
+    assert new_group_refusal(7, 5) is not None
