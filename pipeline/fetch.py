@@ -10,7 +10,9 @@ passes (``process.freeze_imports_once``).
 
 Segments are verified whole (``segments.decode_segment``: magics and the body's CRC32C). A
 segment missing from the store, or a hole in the offsets, is data loss: an error naming the
-offsets with ``failOnDataLoss``, skipped without it.
+offsets with ``failOnDataLoss``, skipped without it. Unless a newer compaction pass superseded
+it: then a task of a compacted topic reads the rest of its range from the partition's current
+objects (``relocate``), and any other task fails with "run the query again".
 """
 
 from __future__ import annotations

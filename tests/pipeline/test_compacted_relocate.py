@@ -37,6 +37,7 @@ from kafscale.pipeline.source import KafScaleDataSource
 
 pytestmark = [pytest.mark.pipeline, pytest.mark.timeout(900)]
 NO_PASS_YET = {"min.cleanable.dirty.ratio": "1.5"}  # dirty share never reaches it
+QUIET_S = 10.0  # poll_all stops after this long without a record: generous on loaded cores
 
 
 def plain_bases(cluster: BrokerCluster, topic: str) -> list[int]:
@@ -146,7 +147,7 @@ def test_read_committed_rows_survive_a_pass_that_drops_aborted_transactions(
         records = [(b"k%d" % ((n + i) % 3), b"txn %d" % n) for i in range(2)]
         in_transaction(producer, topic, records, commit=n % 4 != 1)
     produce_rounds(broker.bootstrap, topic, [[(b"tail", b"last")]])
-    committed = poll_all(broker.bootstrap, topic, "read_committed")
+    committed = poll_all(broker.bootstrap, topic, "read_committed", QUIET_S)
     assert partition_state(broker_cluster, topic).aborted_txns  # planned with them
     frame = (
         spark.read.format("kafscale")
@@ -161,7 +162,7 @@ def test_read_committed_rows_survive_a_pass_that_drops_aborted_transactions(
     assert not partition_state(broker_cluster, topic).aborted_txns  # dropped by the pass
     rows = rows_of(frame)
 
-    assert rows == poll_all(broker.bootstrap, topic, "read_committed")
+    assert rows == poll_all(broker.bootstrap, topic, "read_committed", QUIET_S)
     latest = {key: (offset, key, value) for offset, key, value in committed if offset < upto}
     assert rows == sorted([*latest.values(), *(r for r in committed if r[0] >= upto)])
     assert b"txn 1" not in {value for _, _, value in rows}  # an aborted transaction's value
