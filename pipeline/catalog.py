@@ -34,6 +34,7 @@ from kafscale.broker.metadata.partition_state import (
 from kafscale.broker.metadata.partition_txns import last_stable_offset
 from kafscale.broker.protocol.errors import StorageFailure
 from kafscale.broker.storage.aborted_index import aborted_in_range
+from kafscale.broker.storage.compaction_plan import is_compacted
 from kafscale.broker.storage.factory import open_object_store
 from kafscale.broker.storage.object_store import ObjectNotFound, ObjectStore, ObjectStoreError
 from kafscale.broker.storage.segments import SegmentCorrupt, decode_segment
@@ -53,6 +54,25 @@ class PartitionEntry:
     state: PartitionState
 
 
+def view_of(
+    topic: str, topic_id: str, partition: int, state: PartitionState, compacted: bool
+) -> PartitionView:
+    """What planning needs of a committed state. ``compacted``: the topic's configs say so; a
+    partition that was cleaned before counts too (its cleanup policy may come from the
+    brokers' defaults, which the driver does not see)."""
+    return PartitionView(
+        topic,
+        topic_id,
+        partition,
+        state.log_start_offset,
+        last_stable_offset(state),
+        state.aborted_txns,
+        state.cleaned.upto if state.cleaned is not None else 0,
+        state.cleaned.generation if state.cleaned is not None else -1,
+        compacted or state.cleaned is not None,
+    )
+
+
 class Catalog:
     """Open with ``async with Catalog(connection)``: one etcd client and one store.
 
@@ -60,10 +80,12 @@ class Catalog:
     per thread): building a boto3 client costs 0.1-0.2 s, paid otherwise by every query's
     planning in Spark's (reused) planner process."""
 
-    def __init__(self, connection: Connection) -> None:
+    def __init__(self, connection: Connection, store: ObjectStore | None = None) -> None:
+        """``store``: one the caller opened and keeps (an executor's), used and left open."""
         self._connection = connection
         self._etcd: Etcd | None = None
-        self._store: ObjectStore | None = None
+        self._store: ObjectStore | None = store
+        self._borrowed = store is not None
 
     async def __aenter__(self) -> Catalog:
         settings = self._connection.etcd
@@ -77,7 +99,7 @@ class Catalog:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
-        if self._store is not None and not _is_kept(self._store):
+        if self._store is not None and not self._borrowed and not _is_kept(self._store):
             await self._store.close()
         if self._etcd is not None:
             await self._etcd.close()
@@ -137,20 +159,20 @@ class Catalog:
                         f"not {', '.join(map(str, bad))}"
                     )
             states = await self._states(info.name)
+            compacted = is_compacted(info.configs)
             for partition in numbers:
                 state = states.get(partition, PartitionState(high_watermark=0))
-                view = PartitionView(
-                    info.name,
-                    info.topic_id,
-                    partition,
-                    state.log_start_offset,
-                    last_stable_offset(state),
-                    state.aborted_txns,
-                    state.cleaned.upto if state.cleaned is not None else 0,
-                    state.cleaned.generation if state.cleaned is not None else -1,
-                )
+                view = view_of(info.name, info.topic_id, partition, state, compacted)
                 entries.append(PartitionEntry(view, state))
         return entries
+
+    async def partition_state(self, topic: str, partition: int) -> PartitionState | None:
+        """One partition's committed state (one etcd read), None if there is none (the topic
+        was deleted)."""
+        assert self._etcd is not None
+        key = keys.partition_state_key(self._connection.cluster, topic, partition)
+        entry = await self._guard(lambda: self._etcd.get(key))  # type: ignore[union-attr]
+        return None if entry is None else PartitionState.from_json(entry.value)
 
     async def _states(self, topic: str) -> dict[int, PartitionState]:
         prefix = keys.partition_states_prefix(self._connection.cluster, topic)

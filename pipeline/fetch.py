@@ -10,7 +10,9 @@ passes (``process.freeze_imports_once``).
 
 Segments are verified whole (``segments.decode_segment``: magics and the body's CRC32C). A
 segment missing from the store, or a hole in the offsets, is data loss: an error naming the
-offsets with ``failOnDataLoss``, skipped without it.
+offsets with ``failOnDataLoss``, skipped without it. Unless a newer compaction pass superseded
+it: then a task of a compacted topic reads the rest of its range from the partition's current
+objects (``relocate``), and any other task fails with "run the query again".
 """
 
 from __future__ import annotations
@@ -18,18 +20,19 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Iterator
+from dataclasses import replace
 
 import pyarrow as pa
 
-from kafscale.broker.config import StorageSettings
+from kafscale.broker.config import EtcdSettings, StorageSettings
 from kafscale.broker.metadata import keys
 from kafscale.broker.protocol.record_batch import iter_batch_headers
 from kafscale.broker.storage.factory import open_object_store
 from kafscale.broker.storage.object_store import ObjectNotFound, ObjectStore, ObjectStoreError
 from kafscale.broker.storage.segments import SegmentCorrupt, decode_segment
 from kafscale.pipeline.decode import decode_records
-from kafscale.pipeline.options import TaskReading, store_identity
-from kafscale.pipeline.planning import DataLoss, ReadTask, SegmentObject, gap_in
+from kafscale.pipeline.options import Connection, TaskReading, store_identity
+from kafscale.pipeline.planning import DataLoss, ReadTask, SegmentObject, gap_in, relocated_task
 from kafscale.pipeline.process import freeze_imports_once
 
 log = logging.getLogger(__name__)
@@ -56,15 +59,92 @@ def _store_for(storage: StorageSettings) -> ObjectStore:
     return store
 
 
-def read_task(reading: TaskReading, task: ReadTask) -> Iterator[pa.RecordBatch]:
-    """The rows of ``task`` in offset order, one Arrow batch per segment."""
+class _Superseded(Exception):
+    """A planned object is gone because a newer compaction pass superseded it: its kept records
+    moved to that pass's objects, so the gap is neither cleaned records nor loss. ``resume``:
+    the first offset not yet returned."""
+
+    def __init__(self, key: str, resume: int) -> None:
+        super().__init__(key)
+        self.key = key
+        self.resume = resume
+
+
+def read_task(
+    reading: TaskReading, task: ReadTask, etcd: EtcdSettings | None = None
+) -> Iterator[pa.RecordBatch]:
+    """The rows of ``task`` in offset order, one Arrow batch per segment.
+
+    ``etcd`` (tasks of compacted topics): if a compaction pass superseded the planned objects,
+    the rest of the range is read from the partition's current objects (one etcd read per task
+    at most); without it, or if that fails too, the task fails with "run the query again"."""
     freeze_imports_once()
     loop = _worker_loop()
     store = _store_for(reading.storage)
+    try:
+        yield from _read_range(loop, store, reading, task)
+        return
+    except _Superseded as moved:
+        if etcd is None:
+            raise RuntimeError(
+                f"{moved.key} was superseded by a compaction pass while the query ran (the "
+                "topic was not compacted when the query was planned, so the task cannot "
+                "re-locate its offsets): run the query again"
+            ) from None
+        relocated = _relocated(loop, store, reading, etcd, task, moved)
+    try:
+        yield from _read_range(loop, store, reading, relocated)
+    except _Superseded as again:
+        raise RuntimeError(
+            f"{again.key} was superseded by a compaction pass while the query ran, and again "
+            "after the task re-located its offsets: run the query again"
+        ) from None
+
+
+def _relocated(
+    loop: asyncio.AbstractEventLoop,
+    store: ObjectStore,
+    reading: TaskReading,
+    etcd: EtcdSettings,
+    task: ReadTask,
+    moved: _Superseded,
+) -> ReadTask:
+    """The rest of ``task`` from the partition's current committed objects; the offsets that
+    fell below the log start meanwhile are loss (``failOnDataLoss``), as ever."""
+    from kafscale.pipeline.relocate import CannotRelocate, current_objects
+
+    connection = Connection(reading.cluster, etcd, reading.storage)
+    try:
+        found = loop.run_until_complete(current_objects(connection, store, task, moved.resume))
+    except CannotRelocate as exc:
+        raise RuntimeError(
+            f"{moved.key} was superseded by a compaction pass while the query ran, and the "
+            f"task cannot re-locate its offsets ({exc}): run the query again"
+        ) from exc
+    if found is None:  # the topic was deleted: whatever was left of the range is gone
+        _lost(task, (moved.resume, task.end), reading.fail_on_data_loss)
+        return replace(task, start=task.end, segments=())
+    view, segments = found
+    log.info(
+        "%s-%d: offsets from %d re-located to compaction generation %d (planned %d)",
+        task.topic,
+        task.partition,
+        moved.resume,
+        view.cleaned_generation,
+        task.cleaned_generation,
+    )
+    relocated, lost = relocated_task(task, moved.resume, view, segments)
+    if lost is not None:
+        _lost(task, lost, reading.fail_on_data_loss)
+    return relocated
+
+
+def _read_range(
+    loop: asyncio.AbstractEventLoop, store: ObjectStore, reading: TaskReading, task: ReadTask
+) -> Iterator[pa.RecordBatch]:
     segment_keys = [
         s.key(reading.cluster, task.topic, task.topic_id, task.partition) for s in task.segments
     ]
-    include_headers, fail_on_data_loss = reading.include_headers, reading.fail_on_data_loss
     pending: list[asyncio.Task[bytes | None]] = []
     cleaned_root = keys.cleaned_root_prefix(
         reading.cluster, task.topic, task.topic_id, task.partition
@@ -76,8 +156,8 @@ def read_task(reading: TaskReading, task: ReadTask) -> Iterator[pa.RecordBatch]:
             task,
             segment_keys,
             pending,
-            include_headers,
-            fail_on_data_loss,
+            reading.include_headers,
+            reading.fail_on_data_loss,
             cleaned_root,
         )
     finally:
@@ -106,13 +186,7 @@ def _decode_in_order(
             task.segments[i].generation >= 0
             or loop.run_until_complete(_superseded(store, cleaned_root, task, task.segments[i]))
         ):
-            # Superseded by a newer compaction pass and deleted after its delay: its kept
-            # records live in the new pass's objects, so a gap here is neither cleaned records
-            # nor loss. Spark retries the task on the same plan; a new query re-plans.
-            raise RuntimeError(
-                f"{key} was superseded by a compaction pass while the query ran: "
-                "run the query again"
-            )
+            raise _Superseded(key, expected)
         if data is None:
             continue  # gone: the offsets it held show up as a gap below
         body = _verified_body(key, data)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from kafscale.broker.metadata import keys
 from kafscale.broker.metadata.partition_state import AbortedTxn
@@ -47,6 +47,9 @@ class PartitionView:
     away leave gaps that are not loss (``docs/compaction.md``)."""
     cleaned_generation: int = -1
     """The compaction generation those cleaned objects belong to (-1: never cleaned)."""
+    compacted: bool = False
+    """A pass may supersede the objects planned here while a task reads them (the topic is
+    compacted, or was cleaned before): its tasks may need to re-locate their offsets."""
 
     @property
     def key(self) -> TopicPartition:
@@ -96,6 +99,8 @@ class ReadTask:
     cleaned_generation: int = -1
     """The compaction generation planned (-1: none): a newer one may have superseded the
     task's objects by the time it reads them."""
+    compacted: bool = False
+    """``PartitionView.compacted``: the task gets what it needs to re-locate its offsets."""
 
 
 def resolve_offset(spec: OffsetSpec, view: PartitionView, name: str) -> int:
@@ -205,7 +210,34 @@ def _task(
         aborted,
         view.cleaned_upto,
         view.cleaned_generation,
+        view.compacted,
     )
+
+
+def relocated_task(
+    task: ReadTask, resume: int, view: PartitionView, segments: Sequence[SegmentObject]
+) -> tuple[ReadTask, tuple[int, int] | None]:
+    """What is left of ``task`` (offsets [resume, end), the rows before ``resume`` having been
+    returned) once a compaction pass superseded its planned objects, read from the objects of
+    the partition's current committed state ``view`` instead; and the offsets among them that
+    fell below the current log start meanwhile (retention, DeleteRecords: loss, as ever).
+
+    The bounds stay the plan's: a pass keeps offsets and only removes records, so the same
+    range of a newer generation is what a consumer reading after the pass gets, never beyond
+    the planned end (itself at most the last stable offset the plan saw, which never moves
+    back). The planned aborted transactions stay too: a pass drops their records together with
+    their entries in the state, so a planned entry either still filters its records or has
+    nothing left to filter; and within one of them the producer wrote nothing committed."""
+    start = max(resume, min(view.log_start, task.end))
+    lost = (resume, start) if start > resume else None
+    relocated = replace(
+        task,
+        start=start,
+        segments=segments_for(segments, start, task.end),
+        cleaned_upto=view.cleaned_upto,
+        cleaned_generation=view.cleaned_generation,
+    )
+    return relocated, lost
 
 
 def split_bytes_for(total_bytes: int, min_partitions: int | None) -> int:

@@ -60,6 +60,8 @@ if TYPE_CHECKING:
     import pyarrow as pa
     from pyspark.sql.datasource import DataSourceStreamWriter, DataSourceWriter
 
+    from kafscale.broker.config import EtcdSettings
+
 NAME = "kafscale"
 
 
@@ -121,18 +123,30 @@ class KafScaleDataSource(DataSource):
 
 
 class TaskPartition(InputPartition):
-    """A ``ReadTask`` as Spark's input partition."""
+    """A ``ReadTask`` as Spark's input partition.
 
-    def __init__(self, task: ReadTask) -> None:
+    ``etcd``: the driver's etcd settings, given only to the tasks of compacted topics. A
+    compaction pass may supersede and delete the objects such a task planned to read before it
+    reads them (Spark's retries reuse the plan), and then the task re-locates its offsets from
+    the partition's current state in etcd (``fetch.read_task``). Other tasks never need etcd,
+    so their partitions carry none of its settings."""
+
+    def __init__(self, task: ReadTask, etcd: EtcdSettings | None = None) -> None:
         super().__init__(task)
         self.task = task
+        self.etcd = etcd
+
+
+def _partitions(options: ReadOptions, tasks: list[ReadTask]) -> list[InputPartition]:
+    etcd = options.connection.etcd
+    return [TaskPartition(task, etcd if task.compacted else None) for task in tasks]
 
 
 def _read(reading: TaskReading, partition: InputPartition) -> Iterator[pa.RecordBatch]:
     from kafscale.pipeline.fetch import read_task
 
     assert isinstance(partition, TaskPartition)
-    return read_task(reading, partition.task)
+    return read_task(reading, partition.task, partition.etcd)
 
 
 class TaskReader(DataSourceReader):
@@ -251,7 +265,7 @@ class BatchReader(DataSourceReader):
         self.options = options
 
     def partitions(self) -> Sequence[InputPartition]:
-        return [TaskPartition(task) for task in _plan_now(self.options)]
+        return _partitions(self.options, _plan_now(self.options))
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         return _read(self.options.for_executors(), partition)
@@ -327,7 +341,7 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
         tasks = _plan_now(self.options, from_json_offsets(start), from_json_offsets(end))
-        return [TaskPartition(task) for task in tasks]
+        return _partitions(self.options, tasks)
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         return _read(self.options.for_executors(), partition)

@@ -1,7 +1,8 @@
 """What Spark sends to the executors: the reader (inside pyspark's read function) and the
 partitions, pickled by pyspark's own planner code. Executors only GET objects, so the etcd
 endpoints, user, password and certificate paths must not be in those bytes, and a task must
-still read its rows from them alone."""
+still read its rows from them alone. (Only the partitions of compacted topics carry the etcd
+settings, to re-locate after a compaction pass: ``tests/unit/test_pipeline_superseded.py``.)"""
 
 from __future__ import annotations
 

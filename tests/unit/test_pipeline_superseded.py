@@ -1,8 +1,11 @@
 """A Spark task whose planned objects a compaction pass superseded while the query ran: the
-kept records moved to the new pass's objects, so the task fails (Spark's retry, then a new
-query, re-plans) instead of skipping them as loss. Executors never talk to etcd: the task
-finds the newer pass by one LIST of the partition's cleaned prefix, only when an object is
-missing. And the gaps compaction leaves are never loss, with start and end offsets inside them.
+kept records moved to the new pass's objects. The task finds the newer pass by one LIST of the
+partition's cleaned prefix, only when an object is missing, and never skips the moved records
+as loss. A task of a compacted topic then re-locates the rest of its range from the partition's
+current state (``relocated_task`` here; end to end in ``tests/pipeline/
+test_compacted_relocate.py``); a task without the etcd settings for that (its topic was not
+compacted when planned) fails with "run the query again". And the gaps compaction leaves are
+never loss, with start and end offsets inside them.
 """
 
 from __future__ import annotations
@@ -14,10 +17,18 @@ from harness.batches import make_batch
 
 from kafscale.broker.config import StorageSettings
 from kafscale.broker.metadata import keys
+from kafscale.broker.metadata.partition_state import AbortedTxn
 from kafscale.broker.storage.segments import encode_segment
 from kafscale.pipeline.fetch import read_task
-from kafscale.pipeline.options import TaskReading
-from kafscale.pipeline.planning import DataLoss, ReadTask, SegmentObject
+from kafscale.pipeline.options import TaskReading, parse_read_options
+from kafscale.pipeline.planning import (
+    DataLoss,
+    PartitionView,
+    ReadTask,
+    SegmentObject,
+    relocated_task,
+)
+from kafscale.pipeline.source import TaskPartition, _partitions
 
 pytestmark = pytest.mark.unit
 
@@ -47,7 +58,7 @@ def test_a_plain_segment_superseded_by_a_newer_pass_fails_the_task(
 ) -> None:
     prefix = keys.cleaned_pass_prefix("c", "t", "id", 0, 0, 1)
     _put(tmp_path, keys.cleaned_object_key(prefix, 0), 1, [b"b"])  # the kept record of 0..1
-    with pytest.raises(RuntimeError, match="superseded by a compaction pass"):
+    with pytest.raises(RuntimeError, match=r"superseded by a compaction pass.*run the query again"):
         _read(tmp_path, fail_on_data_loss)
 
 
@@ -85,3 +96,45 @@ def test_start_and_end_offsets_inside_cleaned_gaps_are_not_loss(
     assert values(2, 5) == []
     assert values(3, 9) == [b"six", b"eight"]
     assert values(0, 8) == [b"one", b"six"]
+
+
+def test_a_relocated_task_keeps_its_planned_bounds_and_aborted_transactions() -> None:
+    """Rows below 7 were returned; generation 3 now tiles [0, 40) and plain data follows. The
+    rest, [7, 20), comes from the objects holding it, with the plan's end and aborted
+    transactions (a superset of the state's now), and gaps below 40 count as compaction."""
+    aborted = (AbortedTxn(producer_id=5, first_offset=8, last_offset=9),)
+    planned = (SegmentObject(0, 1, 100), SegmentObject(10, 1, 100))
+    task = ReadTask("t", "id", 0, 2, 20, planned, aborted, 0, -1, True)
+    view = PartitionView("t", "id", 0, 0, 60, (), 40, 3, True)
+    current = [SegmentObject(0, 2, 50, 3), SegmentObject(25, 2, 50, 3), SegmentObject(40, 2, 90)]
+
+    relocated, lost = relocated_task(task, 7, view, current)
+
+    assert lost is None
+    assert (relocated.start, relocated.end, relocated.aborted) == (7, 20, aborted)
+    assert relocated.segments == (SegmentObject(0, 2, 50, 3),)
+    assert (relocated.cleaned_upto, relocated.cleaned_generation) == (40, 3)
+
+
+def test_offsets_below_the_current_log_start_are_lost_not_relocated() -> None:
+    task = ReadTask("t", "id", 0, 2, 20, (SegmentObject(0, 1, 100),), (), 0, -1, True)
+    segments = [SegmentObject(12, 2, 50, 3)]
+
+    moved, lost = relocated_task(task, 5, PartitionView("t", "id", 0, 12, 60, (), 30, 3), segments)
+    assert (lost, moved.start, moved.segments) == ((5, 12), 12, (SegmentObject(12, 2, 50, 3),))
+
+    gone, lost = relocated_task(task, 5, PartitionView("t", "id", 0, 25, 60, (), 30, 3), [])
+    assert (lost, gone.start, gone.segments) == ((5, 20), 20, ())
+
+
+def test_only_compacted_topics_tasks_carry_the_etcd_settings() -> None:
+    options = parse_read_options(
+        {"etcd.endpoints": "http://etcd:2379", "etcd.password": "pw", "subscribe": "a,b"},
+        streaming=False,
+    )
+    compacted = ReadTask("a", "id", 0, 0, 5, (), compacted=True)
+    plain = ReadTask("b", "id", 0, 0, 5, ())
+    first, second = _partitions(options, [compacted, plain])
+    assert isinstance(first, TaskPartition) and isinstance(second, TaskPartition)
+    assert first.etcd is not None and first.etcd.endpoints == ("http://etcd:2379",)
+    assert second.etcd is None
