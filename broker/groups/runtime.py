@@ -436,6 +436,17 @@ class GroupRuntime(ShareRuntime):
     def _groupless(self) -> bool:
         return self.group is None and self.consumer is None and self.share is None
 
+    def vacant(self) -> bool:
+        """The group does not exist: nobody joined, nothing committed or pending, no request
+        waiting or write queued. A coordinator lets such a runtime go (``GroupCoordinator``)."""
+        return (
+            self._groupless()
+            and self._offsets.holds_nothing()
+            and not self._waiters
+            and not self._consumer_waiters
+            and self._stores.empty()
+        )
+
     async def settle_pending(self, partitions: list[TopicPartition] | None) -> set[TopicPartition]:
         """The requested partitions whose offsets are still pending in a transaction, after a
         re-read (``GroupOffsets.settle_pending``). Offsets found for a group nobody joined make
