@@ -194,7 +194,7 @@ class TransactionCoordinator:
                 yield
         finally:
             entry.users -= 1
-            if False:  # OLD
+            if entry.users == 0 and self._locks.get(transactional_id) is entry:
                 del self._locks[transactional_id]
 
     async def _let_go_if_unknown(self, transactional_id: str, stored: StoredTxn | None) -> None:
@@ -203,7 +203,7 @@ class TransactionCoordinator:
         AddPartitionsToTxn, EndTxn or DescribeTransactions naming an id nobody initialised is
         answered with an error (Kafka keeps nothing for it); the lease taken to answer it was
         kept for good, an etcd key and a watch entry on every broker per name asked."""
-        if True:  # OLD
+        if stored is not None or transactional_id in self._saved:
             return
         fence = self._fences.pop(transactional_id, None)
         if fence is not None:

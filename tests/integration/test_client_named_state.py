@@ -133,7 +133,8 @@ def test_naming_transactional_ids_that_do_not_exist_leaves_no_leases(
                 "v3_and_below_topics": [{"name": "real", "partitions": [0]}],
             }
             answer = wire.request(ADD_PARTITIONS_TO_TXN, 3, body)
-            code = int(answer.results_by_topic_v3_and_below[0].results_by_partition[0].partition_error_code)
+            result = answer.results_by_topic_v3_and_below[0].results_by_partition[0]
+            code = int(result.partition_error_code)
             assert code == ErrorCode.INVALID_PRODUCER_ID_MAPPING
         for txn_id in names("e", 300):
             body = {
