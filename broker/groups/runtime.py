@@ -436,11 +436,23 @@ class GroupRuntime(ShareRuntime):
     def _groupless(self) -> bool:
         return self.group is None and self.consumer is None and self.share is None
 
+    def _memberless(self) -> bool:
+        if self.share is not None:
+            return False  # share groups keep their own record locks: not let go here
+        if self.consumer is not None:
+            return self.consumer.is_empty()
+        group = self.group
+        return group is None or (
+            group.state is GroupState.EMPTY and not group.members and not group.pending_members
+        )
+
     def vacant(self) -> bool:
-        """The group does not exist: nobody joined, nothing committed or pending, no request
-        waiting or write queued. A coordinator lets such a runtime go (``GroupCoordinator``)."""
+        """Nothing here that etcd does not hold: no member (none waiting for its id either),
+        nothing committed or pending, no request waiting or write queued. A coordinator lets
+        such a runtime go (``GroupCoordinator``): a group nobody created, or an empty one
+        without offsets (Kafka deletes those), is reloaded from etcd if asked for again."""
         return (
-            self._groupless()
+            self._memberless()
             and self._offsets.holds_nothing()
             and not self._waiters
             and not self._consumer_waiters

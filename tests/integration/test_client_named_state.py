@@ -24,7 +24,7 @@ from kafscale.broker.protocol.errors import ErrorCode
 
 pytestmark = pytest.mark.integration
 
-OFFSET_FETCH, DESCRIBE_GROUPS, HEARTBEAT = 9, 15, 12
+OFFSET_FETCH, DESCRIBE_GROUPS, HEARTBEAT, JOIN_GROUP = 9, 15, 12, 11
 ADD_PARTITIONS_TO_TXN, END_TXN = 24, 26
 
 
@@ -113,6 +113,31 @@ def test_naming_groups_that_do_not_exist_leaves_no_coordinator_state(
         b"normal",
         b"normal",
     ]
+
+
+def test_joins_that_never_complete_leave_no_groups_behind(broker_cluster: BrokerCluster) -> None:
+    """JoinGroup v4 for 500 made-up groups, each answered MEMBER_ID_REQUIRED and never
+    followed up: the would-be members expire after their session timeout, and the empty
+    groups (no member, no offset: Kafka deletes those) are let go with their leases."""
+    broker = broker_cluster.start()
+    with KafkaWire(broker.bootstrap) as wire:
+        for group in names("j", 500):
+            body = {
+                "group_id": group,
+                "session_timeout": 6000,
+                "rebalance_timeout": 6000,
+                "member_id": "",
+                "group_instance_id": None,
+                "protocol_type": "consumer",
+                "protocols": [{"name": "range", "metadata": b""}],
+            }
+            answer = wire.request(JOIN_GROUP, 4, body)
+            assert int(answer.error_code) == ErrorCode.MEMBER_ID_REQUIRED
+    assert held(broker)["groups"] == 500
+    assert eventually(lambda: held(broker)["groups"] == 0, timeout_s=90), held(broker)
+    assert eventually(lambda: held(broker)["group_leases"] == 0), held(broker)
+    create_topics(broker.bootstrap, ["real"], partitions=1)
+    assert _produce_and_consume(broker.bootstrap, "real", group="real-group") == [b"normal"]
 
 
 def test_naming_transactional_ids_that_do_not_exist_leaves_no_leases(
