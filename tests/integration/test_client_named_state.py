@@ -101,8 +101,6 @@ def test_naming_groups_that_do_not_exist_leaves_no_coordinator_state(
                 HEARTBEAT, 4, {"group_id": group, "generation_id": 1, "member_id": "m"}
             )
             assert int(answer.error_code) != ErrorCode.NONE
-    flooded = held(broker)
-    assert flooded["groups"] > baseline["groups"]  # taken on to answer; let go of below
 
     assert eventually(lambda: held(broker)["groups"] == 1), held(broker)
     assert eventually(lambda: held(broker)["group_leases"] == 1), held(broker)
@@ -133,7 +131,6 @@ def test_joins_that_never_complete_leave_no_groups_behind(broker_cluster: Broker
             }
             answer = wire.request(JOIN_GROUP, 4, body)
             assert int(answer.error_code) == ErrorCode.MEMBER_ID_REQUIRED
-    assert held(broker)["groups"] == 500
     assert eventually(lambda: held(broker)["groups"] == 0, timeout_s=90), held(broker)
     assert eventually(lambda: held(broker)["group_leases"] == 0), held(broker)
     create_topics(broker.bootstrap, ["real"], partitions=1)
