@@ -483,7 +483,17 @@ class Broker:
             "request_memory": request_memory_status(self.server),
             "buffered_produce_bytes": self.produce_budget.used,
             "fetch_sessions": len(self.fetch_sessions),
+            "client_state": self._client_state(),
         }
+
+    def _client_state(self) -> dict[str, int]:
+        """Counts of what clients' names make this broker hold (docs/hardening.md)."""
+        held = {"long_poll_events": len(self.view.watermarks)}
+        if self.groups is not None:
+            held.update(self.groups.held())
+        if self.transactions is not None:
+            held.update(self.transactions.held())
+        return held
 
     # --- handoff and shutdown ----------------------------------------------------------------
 

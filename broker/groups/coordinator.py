@@ -18,6 +18,7 @@ import asyncio
 import contextlib
 import functools
 import logging
+import time
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -29,6 +30,7 @@ from kafscale.broker.groups.share import ShareConfig, new_group_refusal
 from kafscale.broker.groups.store import GroupStore
 from kafscale.broker.metadata.cluster import BrokerInfo, ClusterView
 from kafscale.broker.metadata.etcd import Etcd
+from kafscale.broker.metadata.etcd_errors import MetadataUnavailable
 from kafscale.broker.metadata.session_lease import SessionLease
 from kafscale.broker.observability.logs import about, bind
 from kafscale.broker.protocol.errors import NotCoordinator
@@ -36,6 +38,15 @@ from kafscale.broker.protocol.errors import NotCoordinator
 log = logging.getLogger(__name__)
 
 _SESSION_POLL_S = 0.1
+
+VACANT_RELEASE_S = 5.0
+"""How long a group that does not exist stays coordinated after the last request that named it.
+
+Every group request takes the group's lease (an etcd key every broker's watch then holds) and
+loads it, so that the answer is the coordinator's. A DescribeGroups, OffsetFetch or Heartbeat
+naming a group nobody created (Kafka answers Dead, nothing or UNKNOWN_MEMBER_ID and keeps
+nothing) used to leave a runtime, two tasks and a lease behind for good: one per name asked,
+without bound. Such a group is let go once it has not been asked for this long."""
 
 
 class CoordinatorHost(Protocol):
@@ -101,6 +112,8 @@ class GroupCoordinator:
         self._runtimes: dict[str, GroupRuntime] = {}
         self._loading: dict[str, asyncio.Task[GroupRuntime]] = {}
         self._retired: list[asyncio.Task[None]] = []
+        self._used_at: dict[str, float] = {}  # when each runtime was last handed out
+        self._releasing: dict[str, asyncio.Task[None]] = {}
         self._tasks: list[asyncio.Task[None]] = []
         self._closed = False
 
@@ -109,6 +122,7 @@ class GroupCoordinator:
         self._tasks.append(
             asyncio.create_task(self._follow_session(), name="group-coordinator-session")
         )
+        self._tasks.append(asyncio.create_task(self._let_go_of_vacant(), name="groups-vacant"))
 
     async def close(self) -> None:
         """Stop coordinating and release every group lease (waiters get NOT_COORDINATOR)."""
@@ -120,7 +134,10 @@ class GroupCoordinator:
         self._drop_all("the broker is shutting down")
         for task in self._tasks:
             task.cancel()
-        await asyncio.gather(*self._tasks, *self._retired, *loading, return_exceptions=True)
+        releasing = list(self._releasing.values())
+        await asyncio.gather(
+            *self._tasks, *self._retired, *loading, *releasing, return_exceptions=True
+        )
         self._retired.clear()
         with contextlib.suppress(Exception):
             async with asyncio.timeout(self._host.etcd.timeout_s):
@@ -165,9 +182,15 @@ class GroupCoordinator:
         """The group, coordinated here; raises NotCoordinator or MetadataUnavailable."""
         runtime = self.local(group_id)
         if runtime is not None:
+            self._used_at[group_id] = time.monotonic()
             return runtime
         if self._closed:
             raise NotCoordinator("this broker is shutting down")
+        releasing = self._releasing.get(group_id)
+        if releasing is not None and not releasing.done():
+            # its lease is on its way out: take it anew afterwards
+            await asyncio.shield(releasing)
+            return await self.runtime(group_id)
         task = self._loading.get(group_id)
         if task is None:
             task = asyncio.create_task(self._acquire(group_id), name=f"group-acquire-{group_id}")
@@ -206,7 +229,9 @@ class GroupCoordinator:
             own_configs=functools.partial(self._own_configs, group_id),
         )
         self._runtimes[group_id] = runtime
-        log.info(
+        self._used_at[group_id] = time.monotonic()
+        log.log(
+            logging.DEBUG if runtime.vacant() else logging.INFO,  # one line per name asked
             "coordinating group %s (generation %d, %d committed partitions)",
             group_id,
             runtime.group.generation if runtime.group is not None else 0,
@@ -268,6 +293,7 @@ class GroupCoordinator:
     def _drop(self, runtime: GroupRuntime, reason: str) -> None:
         if self._runtimes.get(runtime.group_id) is runtime:
             del self._runtimes[runtime.group_id]
+            self._used_at.pop(runtime.group_id, None)
         if runtime.closed:
             return
         log.info(
@@ -280,6 +306,50 @@ class GroupCoordinator:
     def _drop_all(self, reason: str) -> None:
         for runtime in list(self._runtimes.values()):
             self._drop(runtime, reason)
+
+    def vacant_due(self, now_s: float) -> list[GroupRuntime]:
+        """The runtimes of groups that do not exist and were not asked for lately."""
+        return [
+            runtime
+            for group_id, runtime in self._runtimes.items()
+            if now_s - self._used_at.get(group_id, now_s) >= VACANT_RELEASE_S
+            and not runtime.closed
+            and runtime.vacant()
+        ]
+
+    async def _let_go_of_vacant(self) -> None:
+        while True:
+            await asyncio.sleep(VACANT_RELEASE_S / 2)
+            for runtime in self.vacant_due(time.monotonic()):
+                self._let_go(runtime)
+
+    def _let_go(self, runtime: GroupRuntime) -> None:
+        """Stop coordinating a group that does not exist, and give its lease back."""
+        group_id = runtime.group_id
+        del self._runtimes[group_id]
+        self._used_at.pop(group_id, None)
+        self._retired = [t for t in self._retired if not t.done()]
+        self._retired.extend(runtime.unload())
+        task = asyncio.create_task(self._release(runtime), name=f"group-release-{group_id}")
+        self._releasing[group_id] = task
+        task.add_done_callback(functools.partial(self._released, group_id))
+
+    async def _release(self, runtime: GroupRuntime) -> None:
+        with contextlib.suppress(MetadataUnavailable, TimeoutError):
+            async with asyncio.timeout(self._host.etcd.timeout_s):
+                await self._leases.release(runtime.fence)
+        log.debug("let go of group %s: it does not exist", runtime.group_id)
+
+    def _released(self, group_id: str, task: asyncio.Task[None]) -> None:
+        if self._releasing.get(group_id) is task:
+            del self._releasing[group_id]
+        if not task.cancelled():
+            task.exception()
+
+    def held(self) -> dict[str, int]:
+        """How much this coordinator holds (for ``/status``): group runtimes here, group
+        leases of the whole cluster known to this broker's watch."""
+        return {"groups": len(self._runtimes), "group_leases": len(self._leases.owners)}
 
     async def _follow_session(self) -> None:
         """When the session is lost every group lease went with it: drop every group."""

@@ -52,6 +52,10 @@ class GroupOffsets:
         self.pending_txn: set[TopicPartition] = set(loaded.pending)
         self._lock = asyncio.Lock()
 
+    def holds_nothing(self) -> bool:
+        """No offset committed or pending, and no write under way."""
+        return not self.cache and not self.pending_txn and not self._lock.locked()
+
     async def save(self, offsets: Mapping[TopicPartition, CommittedOffset]) -> ErrorCode:
         """OffsetCommit's write, once the group accepted the committer."""
         async with self._lock:

@@ -449,6 +449,29 @@ class GroupRuntime(ShareRuntime):
         """No group of any type has this id yet (nothing but, perhaps, offsets)."""
         return self._groupless()
 
+    def _memberless(self) -> bool:
+        if self.share is not None:
+            return False  # share groups keep their own record locks: not let go here
+        if self.consumer is not None:
+            return self.consumer.is_empty()
+        group = self.group
+        return group is None or (
+            group.state is GroupState.EMPTY and not group.members and not group.pending_members
+        )
+
+    def vacant(self) -> bool:
+        """Nothing here that etcd does not hold: no member (none waiting for its id either),
+        nothing committed or pending, no request waiting or write queued. A coordinator lets
+        such a runtime go (``GroupCoordinator``): a group nobody created, or an empty one
+        without offsets (Kafka deletes those), is reloaded from etcd if asked for again."""
+        return (
+            self._memberless()
+            and self._offsets.holds_nothing()
+            and not self._waiters
+            and not self._consumer_waiters
+            and self._stores.empty()
+        )
+
     async def settle_pending(self, partitions: list[TopicPartition] | None) -> set[TopicPartition]:
         """The requested partitions whose offsets are still pending in a transaction, after a
         re-read (``GroupOffsets.settle_pending``). Offsets found for a group nobody joined make

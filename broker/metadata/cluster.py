@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import weakref
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -116,10 +117,20 @@ class BrokerInfo:
 
 
 class Watermarks:
-    """Per-partition events that fire when a partition's committed state changes."""
+    """Per-partition events that fire when a partition's committed state changes.
+
+    An event lives only while a long-poll holds it (weak values): a Fetch names partitions
+    (bogus ones too, an index past the topic's end) that may never change, and an event kept
+    until its partition's next commit grew the broker by one per name asked, without bound.
+    """
 
     def __init__(self) -> None:
-        self._events: dict[TopicPartition, asyncio.Event] = {}
+        self._events: weakref.WeakValueDictionary[TopicPartition, asyncio.Event] = (
+            weakref.WeakValueDictionary()
+        )
+
+    def __len__(self) -> int:
+        return len(self._events)
 
     def event(self, tp: TopicPartition) -> asyncio.Event:
         event = self._events.get(tp)

@@ -26,7 +26,7 @@ import contextlib
 import functools
 import logging
 import time
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -75,6 +75,16 @@ class TxnHost(CoordinatorHost, Protocol):
     partition's owner is (for the markers)."""
 
     def leader_for(self, tp: TopicPartition) -> int: ...
+
+
+class _IdLock:
+    """A transactional id's lock and how many requests hold or wait for it."""
+
+    __slots__ = ("lock", "users")
+
+    def __init__(self) -> None:
+        self.lock = asyncio.Lock()
+        self.users = 0
 
 
 class _Routing:
@@ -134,7 +144,7 @@ class TransactionCoordinator:
         # that verifications need not read etcd. Dropped with the lease, and on a write whose
         # outcome is unknown.
         self._saved: dict[str, tuple[Fence, TxnMetadata]] = {}
-        self._locks: dict[str, asyncio.Lock] = {}
+        self._locks: dict[str, _IdLock] = {}  # only while a request for the id runs
         self._completions: dict[str, asyncio.Task[None]] = {}
         self._wake = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
@@ -171,11 +181,43 @@ class TransactionCoordinator:
         )
         return None if chosen is None else view.brokers.get(chosen)
 
-    def _lock(self, transactional_id: str) -> asyncio.Lock:
-        lock = self._locks.get(transactional_id)
-        if lock is None:
-            lock = self._locks[transactional_id] = asyncio.Lock()
-        return lock
+    @contextlib.asynccontextmanager
+    async def _lock(self, transactional_id: str) -> AsyncIterator[None]:
+        """Run one request for ``transactional_id`` at a time. The lock lives while someone
+        holds or waits for it: one kept per id ever named grew without bound."""
+        entry = self._locks.get(transactional_id)
+        if entry is None:
+            entry = self._locks[transactional_id] = _IdLock()
+        entry.users += 1
+        try:
+            async with entry.lock:
+                yield
+        finally:
+            entry.users -= 1
+            if entry.users == 0 and self._locks.get(transactional_id) is entry:
+                del self._locks[transactional_id]
+
+    async def _let_go_if_unknown(self, transactional_id: str, stored: StoredTxn | None) -> None:
+        """Give the lease of a transactional id with no record back (under its lock).
+
+        AddPartitionsToTxn, EndTxn or DescribeTransactions naming an id nobody initialised is
+        answered with an error (Kafka keeps nothing for it); the lease taken to answer it was
+        kept for good, an etcd key and a watch entry on every broker per name asked."""
+        if stored is not None or transactional_id in self._saved:
+            return
+        fence = self._fences.pop(transactional_id, None)
+        if fence is not None:
+            with contextlib.suppress(MetadataUnavailable, TimeoutError):
+                async with asyncio.timeout(self._host.etcd.timeout_s):
+                    await self._leases.release(fence)
+
+    def held(self) -> dict[str, int]:
+        """How much this coordinator holds (for ``/status``)."""
+        return {
+            "transactional_ids": len(self._fences),
+            "transaction_locks": len(self._locks),
+            "transaction_leases": len(self._leases.owners),
+        }
 
     async def _fence(self, transactional_id: str) -> Fence:
         """The lease of ``transactional_id``, taken if free; NotCoordinator if another broker
@@ -286,6 +328,8 @@ class TransactionCoordinator:
                 await self._save(outcome.metadata, fence)
             elif outcome.error is ErrorCode.CONCURRENT_TRANSACTIONS and stored is not None:
                 self._resume(stored.metadata, fence)  # the client retries once it is complete
+            else:
+                await self._let_go_if_unknown(transactional_id, stored)
             return outcome.error
 
     async def end(
@@ -316,6 +360,8 @@ class TransactionCoordinator:
                 task = self._start_completion(outcome.metadata, fence)
             elif outcome.error is ErrorCode.CONCURRENT_TRANSACTIONS and current is not None:
                 task = self._resume(current, fence)
+            else:
+                await self._let_go_if_unknown(transactional_id, stored)
         answered = outcome.metadata or current
         error = outcome.error
         if task is not None:
@@ -328,8 +374,10 @@ class TransactionCoordinator:
 
     async def describe(self, transactional_id: str) -> TxnMetadata | None:
         """The transaction as etcd has it, if this broker coordinates it (NotCoordinator)."""
-        await self._fence(transactional_id)
-        stored = await self._load(transactional_id)
+        async with self._lock(transactional_id):
+            await self._fence(transactional_id)
+            stored = await self._load(transactional_id)
+            await self._let_go_if_unknown(transactional_id, stored)
         return stored.metadata if stored is not None else None
 
     async def verify(
