@@ -302,8 +302,8 @@ async def _append_all(request: Any, ctx: RequestContext) -> dict[tuple[str, int]
             try:
                 batches = split_batches(stored_form(partition.records, ctx.api_version))
                 owned = await manager.owned_partition(tp)
-                headers = [read_header(batch) for batch in batches]
                 try:
+                    headers = [read_header(batch) for batch in batches]
                     check_not_control(headers)
                     await rules.check(batches, headers, now_ms)  # may read records in a thread
                 except BaseException:
