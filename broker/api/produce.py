@@ -29,7 +29,7 @@ from typing import Any, TypeVar
 
 from kafscale.broker.api import access
 from kafscale.broker.api.dispatch import Body, RequestContext
-from kafscale.broker.api.produce_verification import confirm, verify_transactional
+from kafscale.broker.api.produce_verification import confirm, forget, verify_transactional
 from kafscale.broker.authz.model import Operation
 from kafscale.broker.metadata.topics import DEFAULT_CONFIGS, NO_LIMIT_MS, effective_configs
 from kafscale.broker.observability.metrics import METRICS
@@ -302,10 +302,16 @@ async def _append_all(request: Any, ctx: RequestContext) -> dict[tuple[str, int]
             try:
                 batches = split_batches(stored_form(partition.records, ctx.api_version))
                 owned = await manager.owned_partition(tp)
+                try:
+                    headers = [read_header(batch) for batch in batches]
+                    check_not_control(headers)
+                    await rules.check(batches, headers, now_ms)  # may read records in a thread
+                except BaseException:
+                    forget(checks.get(tp))
+                    raise
+                # KIP-890: from the guard's check to the append, no await (a marker that came
+                # while the records were read voids the guard, and is seen here)
                 confirm(checks.get(tp), owned)
-                headers = [read_header(batch) for batch in batches]
-                check_not_control(headers)
-                await rules.check(batches, headers, now_ms)
                 stamped = list(zip(batches, headers, strict=True))
                 append_time = NO_APPEND_TIME
                 if rules.log_append_time:

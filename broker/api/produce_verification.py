@@ -132,6 +132,13 @@ def confirm(check: Verification | None, owned: OwnedPartition) -> None:
         )
 
 
+def forget(check: Verification | None) -> None:
+    """Drop the guard of a check whose batch is refused before ``confirm`` (a bad batch):
+    guards live until a marker for the producer, so one per refused request would pile up."""
+    if isinstance(check, Verified):
+        check.owned.end_verification(check.producer_id, check.guard)
+
+
 def _message(code: ErrorCode) -> str:
     if code is ErrorCode.INVALID_TXN_STATE:
         return "Partition was not added to the transaction"

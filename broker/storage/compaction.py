@@ -66,6 +66,7 @@ __all__ = [
 ]
 
 KEY_DIGEST_BYTES = 16
+LONG_MAX = (1 << 63) - 1  # the largest delete horizon a batch's base timestamp can hold
 
 log = logging.getLogger(__name__)
 
@@ -89,7 +90,10 @@ class DeleteClock(NamedTuple):
 
     @property
     def new_horizon_ms(self) -> int:
-        return self.now_ms + self.delete_retention_ms
+        """``now_ms + delete_retention_ms``, at most Long.MAX_VALUE: a retention of Long.MAX
+        (a valid ``delete.retention.ms``, "keep tombstones for good") gives a horizon no clock
+        passes, where the sum would not fit the batch's 64-bit base timestamp field."""
+        return min(self.now_ms + self.delete_retention_ms, LONG_MAX)
 
     def passed(self, header: BatchHeader) -> bool:
         """Whether ``header``'s batch has a delete horizon and it has passed."""

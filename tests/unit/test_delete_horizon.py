@@ -227,3 +227,20 @@ def test_a_latest_tombstone_stays_until_a_pass_at_or_after_its_first_pass_plus_t
         assert _records(data) == expected
         if any(r.value is None for r in expected):
             assert _horizons(data) == [first_pass + RETENTION_MS]
+
+
+def test_a_retention_of_long_max_keeps_tombstones_forever_instead_of_failing_the_pass() -> None:
+    """``delete.retention.ms=9223372036854775807`` (Kafka's Long.MAX_VALUE, a valid value: keep
+    tombstones for good) made ``now + retention`` overflow the batch's 64-bit base timestamp:
+    every pass that kept a tombstone raised ``struct.error`` and the partition was never
+    cleaned again. The horizon saturates at Long.MAX_VALUE, which no clock passes."""
+    data, records = _log()
+    long_max = (1 << 63) - 1
+    offset_map = OffsetMap(1000)
+    assert index_batches(data, offset_map, [])
+    for retention in (long_max, int(float(str(long_max)))):  # as ``cleaner_config`` parses it
+        first = clean_batches(data, offset_map, [], clock=DeleteClock(LATE_PASS_MS, retention))
+        assert _records(first) == records[1:]
+        assert _horizons(first) == [long_max]
+        later = clean_batches(first, offset_map, [], clock=DeleteClock(long_max - 1, retention))
+        assert _records(later) == records[1:]  # the tombstone stays

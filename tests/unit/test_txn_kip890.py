@@ -4,16 +4,27 @@ guard that a marker arriving during a verification invalidates."""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
+import threading
 from collections.abc import Iterable
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
 from harness.ports import closed_port
+from kafka.record.default_records import DefaultRecordBatchBuilder
 
-from kafscale.broker.metadata.cluster import BrokerInfo
+from kafscale.broker.api import produce
+from kafscale.broker.api.dispatch import RequestContext
+from kafscale.broker.authz.store import AclCache
+from kafscale.broker.config import BrokerSettings
+from kafscale.broker.metadata.cluster import BrokerInfo, TopicInfo
 from kafscale.broker.metadata.partition_state import PartitionState
+from kafscale.broker.protocol.codec import RequestHeader
 from kafscale.broker.protocol.errors import ErrorCode
-from kafscale.broker.protocol.record_batch import BatchHeader
+from kafscale.broker.protocol.record_batch import BatchHeader, read_header
+from kafscale.broker.server import Connection
 from kafscale.broker.storage.partition_log import OwnedPartition
 from kafscale.broker.transactions import state
 from kafscale.broker.transactions.inter_broker_client import InterBrokerClient
@@ -234,3 +245,83 @@ def test_transaction_protocol_off_lists_no_finalized_feature() -> None:
     assert features_body(1, share_version=0)["finalized_features"] == [
         {"name": "transaction.version", "max_version_level": 1, "min_version_level": 1}
     ]
+
+
+# --- the produce path: nothing between the guard's check and the append ------------------------
+
+
+class _Yes:
+    """The coordinator's answer: the partition is in the producer's ongoing transaction."""
+
+    async def verify(
+        self, _txn_id: str, _pid: int, _epoch: int, tps: list[Any], add: bool = False
+    ) -> dict[Any, ErrorCode]:
+        return {tp: ErrorCode.NONE for tp in tps}
+
+
+def _produce_context(owned: OwnedPartition, key: bytes | None = b"k") -> tuple[Any, Any]:
+    """A Produce v9 request of one gzip'd transactional batch for ``owned`` (a compacted topic,
+    so its keys are read in the decode pool), and the context that serves it."""
+    builder = DefaultRecordBatchBuilder(2, 1, True, PID, 3, 0, 1 << 20)
+    builder.append(0, timestamp=None, key=key, value=bytes(1000), headers=[])
+    batch = bytes(builder.build())
+    assert read_header(batch).compression == 1  # gzip'd: its records are read in the pool
+    partition = SimpleNamespace(index=TP[1], records=batch)
+    request = SimpleNamespace(
+        transactional_id="app", topic_data=[SimpleNamespace(name=TP[0], partition_data=[partition])]
+    )
+
+    async def owned_partition(_tp: tuple[str, int]) -> OwnedPartition:
+        return owned
+
+    topic = TopicInfo(TP[0], "id", 1, {"cleanup.policy": "compact"})
+    broker = SimpleNamespace(
+        settings=BrokerSettings(),
+        view=SimpleNamespace(acls=AclCache(), topics={TP[0]: topic}),
+        log_manager=SimpleNamespace(owned_partition=owned_partition, appended=lambda _o: None),
+        transactions=SimpleNamespace(
+            verifier=_Yes(), settings=SimpleNamespace(partition_verification=True)
+        ),
+    )
+    header = RequestHeader(0, 9, 1, "test")
+    return request, RequestContext(header, broker, Connection("127.0.0.1:5000"))  # type: ignore[arg-type]
+
+
+async def test_an_abort_while_a_verified_batch_is_decoded_refuses_the_batch() -> None:
+    """Fails on the old main: Produce checked the partition's guard, then read the batch's
+    records in the decode pool (a compressed batch of a compacted topic: its keys), then
+    appended. An abort marker that came while the records were read found no guard to void,
+    and the late batch opened a transaction no marker would ever end (the LSO stuck). The
+    records are now read before the guard is checked, and the check and the append are one
+    step of the event loop, as KIP-890 needs."""
+    owned = _partition()
+    request, ctx = _produce_context(owned)
+    release = threading.Event()
+    blockers = [produce._DECODERS.submit(release.wait, 60) for _ in range(2)]
+    try:
+        task = asyncio.ensure_future(produce._append_all(request, ctx))
+        deadline = asyncio.get_running_loop().time() + 60
+        while produce._DECODERS._work_queue.qsize() == 0:  # parked on the decode pool
+            assert not task.done(), task.result()
+            assert asyncio.get_running_loop().time() < deadline
+            await asyncio.sleep(0.01)
+        assert owned.append_marker(PID, 3, commit=False, coordinator_epoch=1, now_ms=0) is None
+    finally:
+        release.set()
+    for blocker in blockers:
+        blocker.result(timeout=60)
+    outcomes = await asyncio.wait_for(task, 60)
+    assert outcomes == {TP: ErrorCode.INVALID_TXN_STATE}
+    assert PID not in owned.open_txns  # no transaction left open on the partition
+    assert owned.pending == []
+
+
+async def test_a_verified_batch_refused_by_the_topic_rules_leaves_no_guard_behind() -> None:
+    """The rules are now checked before the guard is: a batch they refuse (a keyless record
+    on a compacted topic) drops its guard instead of leaving it until the producer's next
+    marker."""
+    owned = _partition()
+    request, ctx = _produce_context(owned, key=None)
+    outcomes = await produce._append_all(request, ctx)
+    assert isinstance(outcomes[TP], produce.Refusal)
+    assert owned.verifying == {} and owned.pending == []
