@@ -126,10 +126,18 @@ async def test_a_group_is_not_let_go_while_its_last_change_is_being_written(
         await _eventually(
             lambda: runtime.group is not None and runtime.group.state is GroupState.EMPTY
         )
-        await asyncio.sleep(0.3)  # the writer has taken the write; etcd's answer waits
+        await _eventually(runtime._stores.empty)  # the writer took it; etcd's answer waits
+        await asyncio.sleep(0.2)
         assert not runtime.vacant()
         later = time.monotonic() + VACANT_RELEASE_S * 10
         assert runtime not in coordinator.vacant_due(later)
+        assert coordinator.local("expiring") is runtime
     await _stored(host, "expiring", 2)
-    await _eventually(runtime.vacant)  # the answer came: nothing left that etcd lacks
-    assert runtime in coordinator.vacant_due(time.monotonic() + VACANT_RELEASE_S * 10)
+    # The answer came: nothing left that etcd lacks, and the group goes with its lease.
+    await _eventually(lambda: coordinator.local("expiring") is None)
+    lease_key = keys.group_lease_key(host.cluster, "expiring")
+    deadline = time.monotonic() + 60
+    while await host.etcd.get(lease_key) is not None:
+        assert time.monotonic() < deadline, "the lease was not given back"
+        await asyncio.sleep(0.05)
+    await _stored(host, "expiring", 2)  # and the Empty generation stays
