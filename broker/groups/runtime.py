@@ -125,6 +125,8 @@ class GroupRuntime(ShareRuntime):
         self._waiters: dict[int, asyncio.Future[JoinResult | SyncResult]] = {}
         self._wake = asyncio.Event()
         self._stores: asyncio.Queue[Store] = asyncio.Queue()
+        self._storing = False
+        """A metadata write taken off ``_stores`` and not answered by etcd yet."""
         self._tasks = [
             asyncio.create_task(self._run_timers(), name=f"group-timers-{group_id}"),
             asyncio.create_task(self._run_stores(), name=f"group-stores-{group_id}"),
@@ -461,15 +463,18 @@ class GroupRuntime(ShareRuntime):
 
     def vacant(self) -> bool:
         """Nothing here that etcd does not hold: no member (none waiting for its id either),
-        nothing committed or pending, no request waiting or write queued. A coordinator lets
-        such a runtime go (``GroupCoordinator``): a group nobody created, or an empty one
-        without offsets (Kafka deletes those), is reloaded from etcd if asked for again."""
+        nothing committed or pending, no request waiting, no write queued or on its way. A
+        coordinator lets such a runtime go (``GroupCoordinator``): a group nobody created, or an
+        empty one without offsets (Kafka deletes those), is reloaded from etcd if asked for
+        again. Letting go cancels the writer: a write still on its way (the Empty generation
+        after the last member's session ran out, say) might then never be stored."""
         return (
             self._memberless()
             and self._offsets.holds_nothing()
             and not self._waiters
             and not self._consumer_waiters
             and self._stores.empty()
+            and not self._storing
         )
 
     async def settle_pending(self, partitions: list[TopicPartition] | None) -> set[TopicPartition]:
@@ -601,6 +606,7 @@ class GroupRuntime(ShareRuntime):
         while True:
             store = await self._stores.get()
             error = ErrorCode.NONE
+            self._storing = True  # off the queue, not in etcd yet: ``vacant`` counts it
             try:
                 stored = await self._store.save_group(self.group_id, store.record, self.fence)
             except MetadataUnavailable as exc:
@@ -610,6 +616,8 @@ class GroupRuntime(ShareRuntime):
                 if not stored:
                     self._lose("group metadata write fenced: the group lease is no longer ours")
                     return
+            finally:
+                self._storing = False
             if isinstance(store.token, ConsumerStore):
                 if store.record.group_type == "share":
                     document = dict(store.record.consumer or {})
