@@ -28,7 +28,7 @@ OFFSET_FETCH, DESCRIBE_GROUPS, HEARTBEAT, JOIN_GROUP = 9, 15, 12, 11
 ADD_PARTITIONS_TO_TXN, END_TXN = 24, 26
 
 
-def eventually(condition: Callable[[], bool], timeout_s: float = 60) -> bool:
+def eventually(condition: Callable[[], bool], timeout_s: float = 180) -> bool:
     deadline = time.monotonic() + timeout_s
     while not condition():
         if time.monotonic() > deadline:
@@ -55,7 +55,7 @@ def test_fetching_partitions_that_do_not_exist_leaves_nothing_behind(
     before: ~1 KiB each, for good, as the partition never changes to fire it)."""
     broker = broker_cluster.start()
     create_topics(broker.bootstrap, ["real"], partitions=1)
-    with KafkaWire(broker.bootstrap) as wire:
+    with KafkaWire(broker.bootstrap, timeout_s=180.0) as wire:
         for start in range(1, 20_001, 5_000):
             body = fetch_body("real", 0, 0, max_wait_ms=0)
             template = body["topics"][0]["partitions"][0]
@@ -83,7 +83,7 @@ def test_naming_groups_that_do_not_exist_leaves_no_coordinator_state(
     baseline = held(broker)
     assert baseline["groups"] == 1 and baseline["group_leases"] == 1
 
-    with KafkaWire(broker.bootstrap) as wire:
+    with KafkaWire(broker.bootstrap, timeout_s=180.0) as wire:
         described = wire.request(
             DESCRIBE_GROUPS, 5, {"groups": names("d", 1000), "include_authorized_operations": False}
         )
@@ -118,7 +118,7 @@ def test_joins_that_never_complete_leave_no_groups_behind(broker_cluster: Broker
     followed up: the would-be members expire after their session timeout, and the empty
     groups (no member, no offset: Kafka deletes those) are let go with their leases."""
     broker = broker_cluster.start()
-    with KafkaWire(broker.bootstrap) as wire:
+    with KafkaWire(broker.bootstrap, timeout_s=180.0) as wire:
         for group in names("j", 500):
             body = {
                 "group_id": group,
@@ -131,7 +131,7 @@ def test_joins_that_never_complete_leave_no_groups_behind(broker_cluster: Broker
             }
             answer = wire.request(JOIN_GROUP, 4, body)
             assert int(answer.error_code) == ErrorCode.MEMBER_ID_REQUIRED
-    assert eventually(lambda: held(broker)["groups"] == 0, timeout_s=90), held(broker)
+    assert eventually(lambda: held(broker)["groups"] == 0, timeout_s=180), held(broker)
     assert eventually(lambda: held(broker)["group_leases"] == 0), held(broker)
     create_topics(broker.bootstrap, ["real"], partitions=1)
     assert _produce_and_consume(broker.bootstrap, "real", group="real-group") == [b"normal"]
@@ -146,7 +146,7 @@ def test_naming_transactional_ids_that_do_not_exist_leaves_no_leases(
     producer then commits, and its id stays coordinated."""
     broker = broker_cluster.start(KAFSCALE_TRANSACTIONS__CHECK_INTERVAL_MS="200")
     create_topics(broker.bootstrap, ["real"], partitions=1)
-    with KafkaWire(broker.bootstrap) as wire:
+    with KafkaWire(broker.bootstrap, timeout_s=180.0) as wire:
         for txn_id in names("a", 300):
             body = {
                 "v3_and_below_transactional_id": txn_id,
