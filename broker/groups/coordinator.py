@@ -318,10 +318,15 @@ class GroupCoordinator:
         ]
 
     async def _let_go_of_vacant(self) -> None:
+        """Runs for the broker's life: one group's unexpected error is logged and the loop
+        goes on, or no group would ever be let go again until a restart."""
         while True:
             await asyncio.sleep(VACANT_RELEASE_S / 2)
             for runtime in self.vacant_due(time.monotonic()):
-                self._let_go(runtime)
+                try:
+                    self._let_go(runtime)
+                except Exception:
+                    log.exception("letting go of group %s failed", runtime.group_id)
 
     def _let_go(self, runtime: GroupRuntime) -> None:
         """Stop coordinating a group that does not exist, and give its lease back."""
