@@ -20,12 +20,13 @@ pytestmark = pytest.mark.unit
 
 REPO = Path(__file__).resolve().parents[2]
 # Not in the table: the proxy's Envelope (never advertised), DescribeQuorum (not served).
+DASH = "\u2013"  # ranges are written with an en dash: 0\u201312 reads as 0-12
 OUTSIDE = {"Envelope": (ENVELOPE_VERSION, ENVELOPE_VERSION)}
-NAMES_AND_VERSIONS = re.compile(r"([A-Z][A-Za-z]+(?: / [A-Z][A-Za-z]+)*) (\d+(?:–\d+)?)\b")
+NAMES_AND_VERSIONS = re.compile(r"([A-Z][A-Za-z]+(?: / [A-Z][A-Za-z]+)*) (\d+(?:\u2013\d+)?)\b")
 
 
 def _range(low: int, high: int) -> str:
-    return str(low) if low == high else f"{low}–{high}"
+    return str(low) if low == high else f"{low}{DASH}{high}"
 
 
 def _served() -> dict[str, str]:
