@@ -174,6 +174,13 @@ class Catalog:
         entry = await self._guard(lambda: self._etcd.get(key))  # type: ignore[union-attr]
         return None if entry is None else PartitionState.from_json(entry.value)
 
+    async def topic_id(self, topic: str) -> str | None:
+        """The id of the topic named ``topic`` now (one etcd read), None if there is none."""
+        assert self._etcd is not None
+        key = keys.topic_key(self._connection.cluster, topic)
+        entry = await self._guard(lambda: self._etcd.get(key))  # type: ignore[union-attr]
+        return None if entry is None else TopicInfo.from_json(topic, entry.value).topic_id
+
     async def _states(self, topic: str) -> dict[int, PartitionState]:
         prefix = keys.partition_states_prefix(self._connection.cluster, topic)
         entries = await self._guard(lambda: self._etcd.get_prefix(prefix))  # type: ignore[union-attr]

@@ -76,7 +76,7 @@ def read_task(
     """The rows of ``task`` in offset order, one Arrow batch per segment.
 
     ``etcd`` (tasks of compacted topics): if a compaction pass superseded the planned objects,
-    the rest of the range is read from the partition's current objects (one etcd read per task
+    the rest of the range is read from the partition's current objects (two etcd reads per task
     at most); without it, or if that fails too, the task fails with "run the query again"."""
     freeze_imports_once()
     loop = _worker_loop()
