@@ -13,6 +13,7 @@ from __future__ import annotations
 import gzip
 import struct
 from collections.abc import Sequence
+from pathlib import Path
 from typing import NamedTuple
 
 import crc32c
@@ -22,6 +23,7 @@ import zstandard
 from kafka.record.default_records import DefaultRecordBatch
 
 from kafscale.broker.protocol.batch_encoder import Header, encode_batch, encode_record
+from kafscale.broker.protocol.batch_filter import iter_stored_batches
 
 CODECS = {"none": 0, "gzip": 1, "snappy": 2, "xerial": 2, "lz4": 3, "zstd": 4}
 TRANSACTIONAL = 0x10
@@ -119,3 +121,39 @@ def read_with_kafka_python(data: bytes) -> list[tuple[DefaultRecordBatch, list[R
         records = [Rec(r.offset, r.key, r.value, tuple(r.headers), r.timestamp) for r in batch]
         result.append((batch, records))
     return result
+
+
+BATCH_READER_SOURCE = Path(__file__).parent / "java" / "BatchReader.java"
+_JAVA_CODEC = {"none": "none", "gzip": "gzip", "snappy": "snappy", "xerial": "snappy"}
+
+
+def _hex(value: bytes | None) -> str:
+    return "-" if value is None else (value.hex() or "=")
+
+
+def batch_reader_lines(cleaned: bytes, codec: str) -> list[str]:
+    """What BatchReader prints for ``cleaned``, from kafka-python's reading of it."""
+    lines = []
+    horizons = [b.header.delete_horizon_ms for b in iter_stored_batches(cleaned)]
+    for (batch, records), horizon in zip(read_with_kafka_python(cleaned), horizons, strict=True):
+        fields = [
+            batch.base_offset,
+            batch.base_offset + batch.last_offset_delta,
+            batch.producer_id,
+            batch.producer_epoch,
+            batch.base_sequence,
+            batch.leader_epoch,
+            "none" if batch.is_control_batch else _JAVA_CODEC.get(codec, codec),
+            str(batch.is_transactional).lower(),
+            str(batch.is_control_batch).lower(),
+            batch.max_timestamp,
+            batch.records_count,
+            "-" if horizon is None else horizon,
+        ]
+        lines.append(" ".join(["batch", *map(str, fields)]))
+        if batch.is_control_batch:
+            continue
+        for r in records:
+            headers = ",".join(f"{name}={_hex(value)}" for name, value in r.headers) or "-"
+            lines.append(f"record {r.offset} {r.timestamp} {_hex(r.key)} {_hex(r.value)} {headers}")
+    return lines

@@ -18,16 +18,17 @@ from pathlib import Path
 import pytest
 from harness.compaction_batches import (
     BASE_TIMESTAMP_MS,
+    BATCH_READER_SOURCE,
     CODECS,
     TRANSACTIONAL,
     Rec,
+    batch_reader_lines,
     keyed_batch,
     read_with_kafka_python,
 )
 from harness.java_client import java_program
 
 from kafscale.broker.metadata.partition_state import AbortedTxn
-from kafscale.broker.protocol.batch_filter import iter_stored_batches
 from kafscale.broker.protocol.control_batch import encode_marker
 from kafscale.broker.storage.compaction import (
     DeleteClock,
@@ -39,8 +40,6 @@ from kafscale.broker.storage.compaction import (
 
 pytestmark = pytest.mark.integration
 
-SOURCE = Path(__file__).parents[1] / "harness" / "java" / "BatchReader.java"
-_JAVA_CODEC = {"none": "none", "gzip": "gzip", "snappy": "snappy", "xerial": "snappy"}
 CLOCK = DeleteClock(BASE_TIMESTAMP_MS + 3_600_000, 86_400_000)
 
 
@@ -78,38 +77,6 @@ def _at(base_offset: int, batch: bytes) -> bytes:
     return base_offset.to_bytes(8, "big") + batch[8:]
 
 
-def _hex(value: bytes | None) -> str:
-    return "-" if value is None else (value.hex() or "=")
-
-
-def _expected_lines(cleaned: bytes, codec: str) -> list[str]:
-    """What BatchReader prints for ``cleaned``, from kafka-python's reading of it."""
-    lines = []
-    horizons = [b.header.delete_horizon_ms for b in iter_stored_batches(cleaned)]
-    for (batch, records), horizon in zip(read_with_kafka_python(cleaned), horizons, strict=True):
-        fields = [
-            batch.base_offset,
-            batch.base_offset + batch.last_offset_delta,
-            batch.producer_id,
-            batch.producer_epoch,
-            batch.base_sequence,
-            batch.leader_epoch,
-            "none" if batch.is_control_batch else _JAVA_CODEC.get(codec, codec),
-            str(batch.is_transactional).lower(),
-            str(batch.is_control_batch).lower(),
-            batch.max_timestamp,
-            batch.records_count,
-            "-" if horizon is None else horizon,
-        ]
-        lines.append(" ".join(["batch", *map(str, fields)]))
-        if batch.is_control_batch:
-            continue
-        for r in records:
-            headers = ",".join(f"{name}={_hex(value)}" for name, value in r.headers) or "-"
-            lines.append(f"record {r.offset} {r.timestamp} {_hex(r.key)} {_hex(r.value)} {headers}")
-    return lines
-
-
 def test_every_codecs_cleaned_batches_read_back_in_kafkas_java_reader(tmp_path: Path) -> None:
     files, expected, kept_offsets = [], [], {}
     for codec in CODECS:
@@ -120,7 +87,7 @@ def test_every_codecs_cleaned_batches_read_back_in_kafkas_java_reader(tmp_path: 
         path = tmp_path / f"{codec}.batches"
         path.write_bytes(cleaned)
         files.append(str(path))
-        expected += [f"file {path}", *_expected_lines(cleaned, codec)]
+        expected += [f"file {path}", *batch_reader_lines(cleaned, codec)]
         kept_offsets[codec] = [
             r.offset
             for batch, rs in read_with_kafka_python(cleaned)
@@ -129,7 +96,7 @@ def test_every_codecs_cleaned_batches_read_back_in_kafkas_java_reader(tmp_path: 
         ]
 
     out = subprocess.run(
-        [*java_program(SOURCE, "BatchReader"), *files],
+        [*java_program(BATCH_READER_SOURCE, "BatchReader"), *files],
         capture_output=True,
         text=True,
         timeout=120,

@@ -17,17 +17,15 @@ import pytest
 from confluent_kafka import Consumer, KafkaException, Producer
 from confluent_kafka import TopicPartition as ConfluentTP
 from harness.brokers import BrokerCluster
-from harness.proxy import start_proxy
-from integration.test_log_cleaner import (
+from harness.log_cleaner import (
     CLEANER_ENV,
     alter_topic,
     create_compacted,
     eventually,
     partition_state,
+    stored_horizons,
 )
-
-from kafscale.broker.protocol.batch_filter import iter_stored_batches
-from kafscale.broker.storage.segments import decode_segment
+from harness.proxy import start_proxy
 
 pytestmark = pytest.mark.integration
 
@@ -86,23 +84,6 @@ def consume_kafka_python(bootstrap: str, topic: str, end: int) -> list[Row]:
             found += [(m.offset, m.key, m.value, m.timestamp) for m in batch]
     consumer.close()
     return found
-
-
-def stored_horizons(cluster: BrokerCluster, topic: str) -> list[int | None]:
-    """The delete horizons of the batches in the current generation's cleaned objects."""
-    state = partition_state(cluster, topic).cleaned
-    assert state is not None
-    marker = f"/0.cleaned/g{state.generation:010d}-e{state.epoch}/"
-    s3 = cluster.s3.client()
-    horizons: list[int | None] = []
-    for key in sorted(
-        k for k in cluster.object_keys(f"{cluster.cluster}/topics/{topic}/") if marker in k
-    ):
-        body = s3.get_object(Bucket=cluster.bucket, Key=key)["Body"].read()
-        horizons += [
-            b.header.delete_horizon_ms for b in iter_stored_batches(decode_segment(body).body)
-        ]
-    return horizons
 
 
 def test_a_tombstone_older_than_the_retention_at_its_first_pass_is_kept_until_its_horizon(

@@ -18,11 +18,13 @@ from pathlib import Path
 
 import pytest
 from harness.brokers import BrokerCluster
-from harness.compaction_batches import read_with_kafka_python
+from harness.compaction_batches import (
+    BATCH_READER_SOURCE,
+    batch_reader_lines,
+    read_with_kafka_python,
+)
 from harness.java_client import java_program
-from harness.proxy import start_proxy
-from integration.test_compaction_java_reader import SOURCE, _expected_lines
-from integration.test_log_cleaner import (
+from harness.log_cleaner import (
     CLEANER_ENV,
     alter_topic,
     cleaned_up_to,
@@ -35,6 +37,7 @@ from integration.test_log_cleaner import (
     produce_rounds,
     txn_producer,
 )
+from harness.proxy import start_proxy
 
 from kafscale.broker.protocol.batch_filter import iter_stored_batches
 from kafscale.broker.storage.segments import decode_segment
@@ -141,13 +144,16 @@ def test_markers_of_transactions_with_no_record_left_go_and_readers_see_the_same
     path = tmp_path / "cleaned.batches"
     path.write_bytes(_stored_batches(broker_cluster, topic))
     out = subprocess.run(
-        [*java_program(SOURCE, "BatchReader"), str(path)],
+        [*java_program(BATCH_READER_SOURCE, "BatchReader"), str(path)],
         capture_output=True,
         text=True,
         timeout=120,
     )
     assert out.returncode == 0, out.stderr[-3000:]
-    assert out.stdout.splitlines() == [f"file {path}", *_expected_lines(path.read_bytes(), "none")]
+    assert out.stdout.splitlines() == [
+        f"file {path}",
+        *batch_reader_lines(path.read_bytes(), "none"),
+    ]
 
     # A read_committed consumer through the proxy sees the same.
     proxy = start_proxy(broker_cluster)

@@ -11,8 +11,7 @@ from typing import Any
 
 import pytest
 from harness.brokers import BrokerCluster
-from harness.spark import plan_as_spark_does, run_as_executors_do, source_options
-from integration.test_log_cleaner import (
+from harness.log_cleaner import (
     CLEANER_ENV,
     Record,
     alter_topic,
@@ -29,6 +28,7 @@ from integration.test_log_cleaner import (
     produced_log,
     txn_producer,
 )
+from harness.spark import plan_as_spark_does, run_as_executors_do, source_options
 from pyspark.sql.datasource import CaseInsensitiveDict
 from pyspark.sql.streaming.datasource import ReadAllAvailable
 

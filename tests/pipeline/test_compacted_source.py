@@ -78,7 +78,7 @@ def test_spark_reads_written_timestamps_from_batches_with_a_delete_horizon(
     """A pass keeps a tombstone and gives its batch a delete horizon (KIP-534: the horizon in
     the base timestamp field, record deltas relative to it): the source still gives every
     record the timestamp it was produced with, and the tombstone with a null value."""
-    from integration.test_log_cleaner_horizon import stored_horizons
+    from harness.log_cleaner import stored_horizons
 
     topic = "horizon-source"
     broker = broker_cluster.start(

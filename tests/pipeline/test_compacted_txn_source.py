@@ -9,8 +9,7 @@ from typing import Any
 
 import pytest
 from harness.brokers import BrokerCluster
-from harness.spark import source_options
-from integration.test_log_cleaner import (
+from harness.log_cleaner import (
     CLEANER_ENV,
     alter_topic,
     cleaned_up_to,
@@ -21,6 +20,7 @@ from integration.test_log_cleaner import (
     produce_rounds,
     txn_producer,
 )
+from harness.spark import source_options
 
 pytestmark = [pytest.mark.pipeline, pytest.mark.timeout(900)]
 TOPIC = "compacted-txn-source"
