@@ -55,7 +55,7 @@ def eventually(check: Callable[[], Any], what: str, timeout_s: float = 30.0) -> 
         if found:
             return found
         time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}")
+    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
 
 
 def cleaned_up_to(cluster: BrokerCluster, topic: str, upto: int) -> Any:

@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import os
 import random
@@ -21,7 +22,6 @@ import signal
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -37,6 +37,7 @@ from confluent_kafka.admin import (
     NewTopic,
     ResourceType,
 )
+from harness import log_cleaner
 from harness.brokers import BrokerCluster, new_cluster
 from harness.compaction_faults import (
     Ledger,
@@ -112,14 +113,7 @@ def topic_id(cluster: BrokerCluster, topic: str) -> str:
     return str(json.loads(value)["topic_id"])
 
 
-def eventually(check: Callable[[], Any], what: str, timeout_s: float = 90.0) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        found = check()
-        if found:
-            return found
-        time.sleep(0.2)
-    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+eventually = functools.partial(log_cleaner.eventually, timeout_s=90.0)  # faults slow passes
 
 
 def create_compacted(bootstrap: str, topic: str, partitions: int, **configs: str) -> None:
