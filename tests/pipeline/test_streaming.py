@@ -179,7 +179,10 @@ def test_min_offsets_per_trigger_holds_batches_until_enough_or_the_delay(
         wait_until(
             delayed, lambda: count("ticks_delay") == 125, "the batch let through by the delay"
         )
-        assert batch_sizes(delayed) == [120, 5]
+        # The two producers' records may land on either side of a trigger once the delay has
+        # run out, so the 5 may come as one batch or two; none waits for the 1000.
+        sizes = batch_sizes(delayed)
+        assert sizes[0] == 120 and sum(sizes[1:]) == 5
     finally:
         delayed.stop()
 
