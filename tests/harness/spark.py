@@ -4,6 +4,7 @@ and the options that point the data source at a test's cluster (real etcd, moto'
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 from collections.abc import Iterator
 from typing import Any
@@ -36,6 +37,32 @@ def spark() -> Iterator[Any]:
         yield session
     finally:
         session.stop()
+        stop_spark_jvm()
+
+
+def stop_spark_jvm() -> None:
+    """``SparkSession.stop`` leaves py4j's JVM running until this process exits, busy with ~4 %
+    of a core; the suite stops the session as soon as a worker is done with Spark
+    (``harness.workers``), so the JVM goes too. Unsetting the gateway makes the next
+    ``getOrCreate`` launch a new one. The JVM exits when its stdin closes (PySpark's protocol)."""
+    from pyspark import SparkContext
+
+    gateway = SparkContext._gateway
+    if gateway is None:
+        return
+    SparkContext._gateway = None
+    SparkContext._jvm = None
+    gateway.close()
+    process = getattr(gateway, "proc", None)
+    if process is None:
+        return
+    if process.stdin is not None:
+        process.stdin.close()
+    try:
+        process.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
 
 
 def source_options(cluster: BrokerCluster) -> dict[str, str]:
