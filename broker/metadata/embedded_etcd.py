@@ -202,7 +202,9 @@ class EmbeddedEtcd:
             f"--auto-compaction-retention={COMPACTION_RETENTION_REVISIONS}",
         ]
         if self.fast:
-            args += ["--heartbeat-interval=10", "--election-timeout=100"]
+            # A one-member cluster is healthy as fast with 50 ms ticks as with 10 ms (etcd
+            # advances the first election's ticks), and idles on ~40 % of the CPU.
+            args += ["--heartbeat-interval=50", "--election-timeout=500"]
         if self.no_fsync:
             args.append("--unsafe-no-fsync")
         return [*args, *self.extra_args]
