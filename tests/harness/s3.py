@@ -79,6 +79,15 @@ def unique_bucket(label: str = "t") -> str:
     return f"kafscale-{label}-{uuid.uuid4().hex[:16]}"
 
 
+class QuietRequestHandler(MotoRequestHandler):
+    """Without werkzeug's INFO line per request: brokers make hundreds of thousands of S3
+    requests in a run, each line formatted by pytest's log capture in the worker that serves
+    moto (and filling every failure report); errors are still logged."""
+
+    def log_request(self, code: int | str = "-", size: int | str = "-") -> None:
+        return
+
+
 def start_moto_s3() -> tuple[BaseWSGIServer, threading.Thread]:
     """moto's S3 app alone, served by werkzeug's threaded server on a free loopback port.
 
@@ -86,7 +95,7 @@ def start_moto_s3() -> tuple[BaseWSGIServer, threading.Thread]:
     its Host and Authorization headers: a directory listing and hundreds of URL patterns per
     request, under a lock, half of moto's CPU for a small PUT. S3 is all we need."""
     server = make_server(
-        "127.0.0.1", 0, create_backend_app("s3"), threaded=True, request_handler=MotoRequestHandler
+        "127.0.0.1", 0, create_backend_app("s3"), threaded=True, request_handler=QuietRequestHandler
     )
     thread = threading.Thread(target=server.serve_forever, name="moto-s3", daemon=True)
     thread.start()
