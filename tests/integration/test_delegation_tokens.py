@@ -251,7 +251,9 @@ def test_a_token_logs_in_as_its_owner_and_gets_the_owners_rights(tokens: TokenCl
     line = described[described.index(made.token_id) :][:5]
     assert line == [made.token_id, "User:alice", "User:alice", made.hmac, "User:bob"]
     # bob renews (a renewer), eve may not (neither owner nor renewer) and sees nothing
-    assert admin(tokens, tokens.sasl, tokens.user("bob"), "renew", made.hmac, "60000")[0] == "renewed"
+    assert (
+        admin(tokens, tokens.sasl, tokens.user("bob"), "renew", made.hmac, "60000")[0] == "renewed"
+    )
     assert admin(tokens, tokens.sasl, tokens.user("eve"), "renew", made.hmac, "60000") == [
         "error",
         "DelegationTokenOwnerMismatchException",
@@ -266,7 +268,9 @@ def test_a_token_logs_in_as_its_owner_and_gets_the_owners_rights(tokens: TokenCl
         "UnsupportedByAuthenticationException"
     )
     # expired at the owner's request: gone at once, and its logins are refused
-    assert admin(tokens, tokens.sasl, tokens.user("alice"), "expire", made.hmac, "-1")[0] == "expired"
+    assert (
+        admin(tokens, tokens.sasl, tokens.user("alice"), "expire", made.hmac, "-1")[0] == "expired"
+    )
     assert admin(tokens, tokens.sasl, login, "describe") == ["error", "SaslAuthenticationException"]
     assert admin(tokens, tokens.sasl, tokens.user("alice"), "renew", made.hmac, "1000") == [
         "error",
@@ -380,8 +384,13 @@ def test_through_the_proxy(tokens: TokenCluster) -> None:
         "error",
         "DelegationTokenOwnerMismatchException",
     ]
-    assert admin(tokens, tokens.proxy, tokens.user("alice"), "expire", made.hmac, "-1")[0] == "expired"
-    assert admin(tokens, tokens.proxy, login, "describe") == ["error", "SaslAuthenticationException"]
+    assert (
+        admin(tokens, tokens.proxy, tokens.user("alice"), "expire", made.hmac, "-1")[0] == "expired"
+    )
+    assert admin(tokens, tokens.proxy, login, "describe") == [
+        "error",
+        "SaslAuthenticationException",
+    ]
 
 
 def test_describe_configs_says_the_key_is_set_but_never_what_it_is(tokens: TokenCluster) -> None:
