@@ -15,10 +15,8 @@ from __future__ import annotations
 
 import asyncio
 import os
-import queue
 import struct
 import subprocess
-import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -29,10 +27,11 @@ import pytest
 from confluent_kafka.admin import AdminClient, ConfigResource, ResourceType
 from harness.brokers import BrokerCluster, new_cluster
 from harness.java_client import java_client, java_program
+from harness.java_session import JavaSession
 from harness.ports import free_port_run, listener_ports
 from harness.proxy import add_proxy
 from harness.s3 import S3Endpoint
-from harness.secured import add_broker, create_user, kafscale_cli, make_topics
+from harness.secured import add_broker, kafscale_cli, kafscale_cli_calls, make_topics
 
 from kafscale.broker.metadata import keys
 from kafscale.broker.metadata.embedded_etcd import EmbeddedEtcd
@@ -52,53 +51,6 @@ TOKEN_ENV = {
 }
 SOURCE = Path(__file__).with_name("java") / "TokenAdmin.java"
 REMOVAL_DEADLINE_S = 30.0
-CALL_TIMEOUT_S = 120.0
-
-
-class TokenAdminSession:
-    """One ``TokenAdmin serve`` JVM for the module's calls: each call still builds its own
-    Admin with its own login (as a ``kafka-delegation-tokens.sh`` run does), but the dozens of
-    calls share one JVM start (~2.5 s of CPU each) instead of one each."""
-
-    def __init__(self) -> None:
-        self.process = subprocess.Popen(
-            [*java_program(SOURCE, "TokenAdmin"), "serve"],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
-            text=True,
-        )
-        self.lines: queue.Queue[str | None] = queue.Queue()
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
-
-    def _read(self) -> None:
-        assert self.process.stdout is not None
-        for line in self.process.stdout:
-            self.lines.put(line.rstrip("\n"))
-        self.lines.put(None)  # the JVM is gone
-
-    def call(self, properties: Path | None, args: tuple[str, ...]) -> list[str]:
-        """One call's output as words (``error <Exception>`` on failure)."""
-        assert self.process.stdin is not None
-        self.process.stdin.write("\t".join([str(properties or "-"), *args]) + "\n")
-        self.process.stdin.flush()
-        words: list[str] = []
-        while True:
-            line = self.lines.get(timeout=CALL_TIMEOUT_S)
-            assert line is not None, f"TokenAdmin exited ({self.process.poll()}) during {args}"
-            if line == "end":
-                return words
-            words.extend(line.split())
-
-    def close(self) -> None:
-        assert self.process.stdin is not None
-        self.process.stdin.close()
-        try:
-            self.process.wait(30)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
 
 
 @dataclass
@@ -108,7 +60,7 @@ class TokenCluster:
     sasl: str
     proxy: str
     workdir: Path
-    session: TokenAdminSession
+    session: JavaSession
 
     def properties(self, name: str, user: str, password: str, token: bool = False) -> Path:
         """A Java client properties file for a SCRAM login (with a token: tokenauth)."""
@@ -135,9 +87,8 @@ def tokens(
     etcd_url = etcd_server.client_url
     cluster = new_cluster(etcd_url, s3_server, workdir, "tok")
     name = cluster.cluster
-    for user, password in {**PASSWORDS, PROXY_USER: PROXY_PASSWORD}.items():
-        create_user(etcd_url, name, user, password)
-    for grant in (
+    users = {**PASSWORDS, PROXY_USER: PROXY_PASSWORD}
+    grants = (
         ("--topic", "tok-", "--prefixed", "--principal", "User:alice", "--operation", "WRITE"),
         ("--topic", "tok-", "--prefixed", "--principal", "User:alice", "--operation", "READ"),
         ("--group", "tok-", "--prefixed", "--principal", "User:alice", "--operation", "READ"),
@@ -149,8 +100,16 @@ def tokens(
             "CLUSTER_ACTION",
         ),
         ("--cluster-resource", "--principal", "User:alice", "--operation", "DESCRIBE_CONFIGS"),
-    ):
-        kafscale_cli(etcd_url, name, "acls", "add", *grant)
+    )
+    kafscale_cli_calls(
+        etcd_url,
+        name,
+        [
+            (("users", "create", user, "--password-stdin"), password)
+            for user, password in users.items()
+        ]
+        + [(("acls", "add", *grant), "") for grant in grants],
+    )
     ports = listener_ports("PLAIN", "SASL")
     broker = add_broker(
         cluster,
@@ -174,7 +133,8 @@ def tokens(
         KAFSCALE_UPSTREAM__SASL_PASSWORD=PROXY_PASSWORD,
         **TOKEN_ENV,
     )
-    session = TokenAdminSession()
+    # One JVM for the module's dozens of TokenAdmin calls (each still a new Admin and login).
+    session = JavaSession([*java_program(SOURCE, "TokenAdmin"), "serve"])
     try:
         broker.start()
         proxy.start()
@@ -201,7 +161,8 @@ class Token:
 
 def admin(tc: TokenCluster, bootstrap: str, properties: Path | None, *args: str) -> list[str]:
     """One TokenAdmin call: its output's words (``error <Exception>`` on failure)."""
-    return tc.session.call(properties, (args[0], bootstrap, *args[1:]))
+    _, lines = tc.session.call(str(properties or "-"), args[0], bootstrap, *args[1:])
+    return " ".join(lines).split()
 
 
 def create(

@@ -27,11 +27,10 @@ import org.apache.kafka.common.security.token.delegation.TokenInformation;
  *   describe BOOTSTRAP [OWNER...]                            → "described N", then per token
  *                                                               "  ID OWNER REQUESTER HMAC [RENEWER...]"
  *
- * A failure prints "error EXCEPTION_CLASS". Run with a call as its arguments it makes that one
- * call (properties from $CLIENT_PROPERTIES) and exits 1 on a failure. Run with "serve" it reads
- * calls from stdin, one a line, words separated by tabs, the first the properties file (or
- * "-"), and ends each call's output with a line "end": the tests make dozens of calls, and one
- * JVM for all of them saves a JVM start (~2.5 s of CPU) per call.
+ * A failure prints "error EXCEPTION_CLASS" and exits 1. The properties come from
+ * $CLIENT_PROPERTIES; run with "serve" it answers calls from stdin instead (tests/harness/
+ * java_session.py: one JVM for the module's dozens of calls), each preceded by the properties
+ * file's path (or "-").
  */
 public class TokenAdmin {
     public static void main(String[] args) throws Exception {
@@ -49,8 +48,8 @@ public class TokenAdmin {
         for (String line = in.readLine(); line != null; line = in.readLine()) {
             String[] words = line.split("\t");
             String properties = words[0].equals("-") ? null : words[0];
-            call(properties, Arrays.copyOfRange(words, 1, words.length));
-            System.out.println("end");
+            boolean ok = call(properties, Arrays.copyOfRange(words, 1, words.length));
+            System.out.println(ok ? "end 0" : "end 1");
             System.out.flush();
         }
     }
