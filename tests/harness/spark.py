@@ -12,11 +12,7 @@ from typing import Any
 import pytest
 
 from harness.brokers import BrokerCluster
-
-# The tests' queries are small: the C1 compiler alone and the serial collector halve the driver
-# JVM's CPU (~45 s to ~22 s for a start and a few queries; C2's compile threads and G1 cost more
-# than they win back), and the suite is CPU-bound.
-TEST_JVM_FLAGS = ("-XX:TieredStopAtLevel=1", "-XX:+UseSerialGC")
+from harness.java_client import JVM_FLAGS
 
 
 @pytest.fixture(scope="session")
@@ -35,7 +31,9 @@ def spark() -> Iterator[Any]:
         .config("spark.driver.host", "127.0.0.1")
         .config("spark.driver.bindAddress", "127.0.0.1")
         .config("spark.sql.session.timeZone", "UTC")
-        .config("spark.driver.extraJavaOptions", " ".join(TEST_JVM_FLAGS))
+        # The tests' queries are small: C1 alone and the serial collector, as for the test
+        # clients, halve the driver JVM's CPU (~45 s to ~22 s for a start and a few queries).
+        .config("spark.driver.extraJavaOptions", " ".join(JVM_FLAGS))
         .getOrCreate()
     )
     session.sparkContext.setLogLevel("ERROR")

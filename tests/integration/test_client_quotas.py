@@ -14,11 +14,11 @@ time asked to wait plus the time spent): load on the machine can only make them 
 from __future__ import annotations
 
 import asyncio
-import subprocess
 import time
 import urllib.request
 import uuid
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -26,10 +26,11 @@ import pytest
 from harness.batches import make_batch
 from harness.brokers import BrokerCluster, new_cluster
 from harness.java_client import java_program
+from harness.java_session import JavaSession
 from harness.kafka_wire import KafkaWire, fetch_body, produce_body
 from harness.proxy import start_proxy
 from harness.s3 import S3Endpoint
-from harness.secured import add_broker, authorizing_cluster, create_user, grant_cluster
+from harness.secured import add_broker, authorizing_cluster, grant_cluster, kafscale_cli_calls
 from harness.topics import create_topic
 from kafka import KafkaProducer
 
@@ -68,15 +69,36 @@ def name() -> str:
     return f"q-{uuid.uuid4().hex[:10]}"
 
 
-def quota_admin(*args: str) -> subprocess.CompletedProcess[str]:
-    command = java_program(JAVA_SOURCE, "QuotaAdmin")
-    return subprocess.run([*command, *args], capture_output=True, text=True, timeout=120)
+@dataclass(frozen=True)
+class Ran:
+    returncode: int
+    stdout: str
 
 
-def java_ok(*args: str) -> list[str]:
-    done = quota_admin(*args)
-    assert done.returncode == 0, done.stdout + done.stderr
-    return done.stdout.splitlines()
+class QuotaAdmin:
+    """``QuotaAdmin`` calls, all answered by one JVM (``JavaSession``): the module makes ~30,
+    each a new Admin as a ``kafka-configs.sh`` run would, for one JVM start instead of 30."""
+
+    def __init__(self) -> None:
+        self.session = JavaSession([*java_program(JAVA_SOURCE, "QuotaAdmin"), "serve"])
+
+    def run(self, *args: str) -> Ran:
+        code, lines = self.session.call(*args)
+        return Ran(code, "".join(line + "\n" for line in lines))
+
+    def ok(self, *args: str) -> list[str]:
+        done = self.run(*args)
+        assert done.returncode == 0, done.stdout
+        return done.stdout.splitlines()
+
+
+@pytest.fixture(scope="module")
+def qa() -> Iterator[QuotaAdmin]:
+    admin = QuotaAdmin()
+    try:
+        yield admin
+    finally:
+        admin.session.close()
 
 
 def describe_wire(
@@ -151,20 +173,20 @@ def metric_count(broker: BrokerProcess, quota: str) -> float:
 
 
 def test_java_admin_sets_quotas_that_other_clients_describe(
-    cluster: BrokerCluster, name: str
+    qa: QuotaAdmin, cluster: BrokerCluster, name: str
 ) -> None:
     bootstrap = cluster.brokers[0].bootstrap
     user, client = f"{name}-alice", f"{name}-app"
-    java_ok("alter", bootstrap, f"user={user}", "producer_byte_rate=1048576",
+    qa.ok("alter", bootstrap, f"user={user}", "producer_byte_rate=1048576",
             "consumer_byte_rate=2097152")  # fmt: skip
-    java_ok("alter", bootstrap, f"user={user},client-id=<default>", "producer_byte_rate=4096")
-    java_ok("alter", bootstrap, f"client-id={client}", "consumer_byte_rate=8192")
-    described = java_ok("describe", bootstrap, f"user={user}")
+    qa.ok("alter", bootstrap, f"user={user},client-id=<default>", "producer_byte_rate=4096")
+    qa.ok("alter", bootstrap, f"client-id={client}", "consumer_byte_rate=8192")
+    described = qa.ok("describe", bootstrap, f"user={user}")
     assert described == [  # sorted lines
         f"entity client-id=<default> user={user} values producer_byte_rate=4096",
         f"entity user={user} values consumer_byte_rate=2097152 producer_byte_rate=1048576",
     ]
-    assert java_ok("describe", bootstrap, "strict", f"user={user}") == described[1:]
+    assert qa.ok("describe", bootstrap, "strict", f"user={user}") == described[1:]
     # Raw kio requests on another broker (it reads etcd): the filters, as Kafka applies them.
     other = cluster.brokers[1].bootstrap
     exact = {"entity_type": "user", "match_type": 0, "match": user}
@@ -175,14 +197,14 @@ def test_java_admin_sets_quotas_that_other_clients_describe(
     found = entries_of(describe_wire(other, [by_client], False, version=0))
     assert found == {(("client-id", client),): {"consumer_byte_rate": 8192.0}}
     # validate_only changes nothing; removing a key keeps the others.
-    java_ok("alter", bootstrap, f"user={user}", "--validate", "producer_byte_rate=1")
-    java_ok("alter", bootstrap, f"user={user}", "consumer_byte_rate=")
-    assert java_ok("describe", bootstrap, "strict", f"user={user}") == [
+    qa.ok("alter", bootstrap, f"user={user}", "--validate", "producer_byte_rate=1")
+    qa.ok("alter", bootstrap, f"user={user}", "consumer_byte_rate=")
+    assert qa.ok("describe", bootstrap, "strict", f"user={user}") == [
         f"entity user={user} values producer_byte_rate=1048576"
     ]
-    java_ok("alter", bootstrap, f"user={user}", "producer_byte_rate=")
-    java_ok("alter", bootstrap, f"user={user},client-id=<default>", "producer_byte_rate=")
-    assert java_ok("describe", bootstrap, f"user={user}") == []
+    qa.ok("alter", bootstrap, f"user={user}", "producer_byte_rate=")
+    qa.ok("alter", bootstrap, f"user={user},client-id=<default>", "producer_byte_rate=")
+    assert qa.ok("describe", bootstrap, f"user={user}") == []
 
 
 @pytest.mark.parametrize(
@@ -196,14 +218,14 @@ def test_java_admin_sets_quotas_that_other_clients_describe(
     ],
 )
 def test_what_is_not_enforced_is_refused_with_a_message(
-    cluster: BrokerCluster, name: str, entity: str, op: str, words: str
+    qa: QuotaAdmin, cluster: BrokerCluster, name: str, entity: str, op: str, words: str
 ) -> None:
     bootstrap = cluster.brokers[0].bootstrap
-    refused = quota_admin("alter", bootstrap, entity.format(n=name), op)
+    refused = qa.run("alter", bootstrap, entity.format(n=name), op)
     assert refused.returncode == 1
     assert refused.stdout.startswith("error InvalidRequestException"), refused.stdout
     assert words in refused.stdout
-    assert java_ok("describe", bootstrap, entity.format(n=name).replace("127.0.0.1", "*")) == []
+    assert qa.ok("describe", bootstrap, entity.format(n=name).replace("127.0.0.1", "*")) == []
 
 
 def test_bad_filters_get_invalid_request(cluster: BrokerCluster) -> None:
@@ -243,7 +265,7 @@ def test_alterations_are_per_entry_and_any_number_of_entities(
 
 
 def test_a_producer_over_its_byte_rate_is_throttled_and_held_to_it(
-    cluster: BrokerCluster, name: str
+    qa: QuotaAdmin, cluster: BrokerCluster, name: str
 ) -> None:
     """Raw produce requests as fast as the broker reads them: each answer over the quota says
     how long to wait, the broker's mute makes the client wait that long (the wall time spent
@@ -253,7 +275,7 @@ def test_a_producer_over_its_byte_rate_is_throttled_and_held_to_it(
     quota = 100_000
     create_topic(cluster.brokers[0].bootstrap, name, 1)
     broker = owner_of(cluster, name)
-    java_ok("alter", broker.bootstrap, f"client-id={name}", f"producer_byte_rate={quota}")
+    qa.ok("alter", broker.bootstrap, f"client-id={name}", f"producer_byte_rate={quota}")
     wait_for_quota(broker.bootstrap, name, "producer_byte_rate")
     before = metric_count(broker, "producer_byte_rate")
     body = produce_body(name, 0, make_batch(0, [b"x" * 1000] * 25), acks=1)  # ~25 KB
@@ -279,10 +301,12 @@ def test_a_producer_over_its_byte_rate_is_throttled_and_held_to_it(
     assert metric_count(broker, "producer_byte_rate") > before
 
 
-def test_kafka_python_producer_sees_the_throttle(cluster: BrokerCluster, name: str) -> None:
+def test_kafka_python_producer_sees_the_throttle(
+    qa: QuotaAdmin, cluster: BrokerCluster, name: str
+) -> None:
     broker = cluster.brokers[0]
     create_topic(broker.bootstrap, name, 1)
-    java_ok("alter", broker.bootstrap, f"client-id={name}", "producer_byte_rate=50000")
+    qa.ok("alter", broker.bootstrap, f"client-id={name}", "producer_byte_rate=50000")
     wait_for_quota(broker.bootstrap, name, "producer_byte_rate")
     producer = KafkaProducer(bootstrap_servers=broker.bootstrap, client_id=name, acks=1,
                              linger_ms=5, batch_size=16384)  # fmt: skip
@@ -297,7 +321,7 @@ def test_kafka_python_producer_sees_the_throttle(cluster: BrokerCluster, name: s
 
 
 def test_a_fetcher_over_its_byte_rate_is_throttled_on_any_broker(
-    cluster: BrokerCluster, name: str
+    qa: QuotaAdmin, cluster: BrokerCluster, name: str
 ) -> None:
     """Set through one broker, enforced by the other (from its watch): fetch bytes count."""
     create_topic(cluster.brokers[0].bootstrap, name, 1)
@@ -308,7 +332,7 @@ def test_a_fetcher_over_its_byte_rate_is_throttled_on_any_broker(
             batch = make_batch(0, [b"z" * 1000] * 25)
             response = wire.request(PRODUCE, 9, produce_body(name, 0, batch))
             assert response.responses[0].partition_responses[0].error_code == 0
-    java_ok("alter", owner.bootstrap, f"client-id={name}", "consumer_byte_rate=20000")
+    qa.ok("alter", owner.bootstrap, f"client-id={name}", "consumer_byte_rate=20000")
     wait_for_quota(second.bootstrap, name, "consumer_byte_rate")
     before = metric_count(second, "consumer_byte_rate")
     throttles = []
@@ -322,18 +346,18 @@ def test_a_fetcher_over_its_byte_rate_is_throttled_on_any_broker(
     assert metric_count(second, "consumer_byte_rate") > before
 
 
-def test_quotas_through_the_proxy(cluster: BrokerCluster, name: str) -> None:
+def test_quotas_through_the_proxy(qa: QuotaAdmin, cluster: BrokerCluster, name: str) -> None:
     """Alter and Describe go through the proxy; a producer behind it (its own upstream
     connections, its principal and client id forwarded) gets the brokers' throttle in the
     proxy's answers and is held back by the brokers' mute."""
     proxy = start_proxy(cluster)
     try:
-        java_ok("alter", proxy.bootstrap, f"user={name}", "producer_byte_rate=12345")
-        assert java_ok("describe", proxy.bootstrap, f"user={name}") == [
+        qa.ok("alter", proxy.bootstrap, f"user={name}", "producer_byte_rate=12345")
+        assert qa.ok("describe", proxy.bootstrap, f"user={name}") == [
             f"entity user={name} values producer_byte_rate=12345"
         ]
         create_topic(proxy.bootstrap, name, 1)
-        java_ok("alter", proxy.bootstrap, f"client-id={name}", "producer_byte_rate=50000")
+        qa.ok("alter", proxy.bootstrap, f"client-id={name}", "producer_byte_rate=50000")
         wait_for_quota(proxy.bootstrap, name, "producer_byte_rate")
         body = produce_body(name, 0, make_batch(0, [b"p" * 1000] * 25), acks=1)
         throttles: list[int] = []
@@ -374,13 +398,19 @@ def _produce_as(bootstrap: str, user: str, topic: str) -> float:
 
 
 def test_the_quota_user_is_the_sasl_login(
-    etcd_server: EmbeddedEtcd, s3_server: S3Endpoint, tmp_path: Path, name: str
+    qa: QuotaAdmin, etcd_server: EmbeddedEtcd, s3_server: S3Endpoint, tmp_path: Path, name: str
 ) -> None:
     """A ``users/alice`` quota throttles alice's SCRAM logins, not bob's with the same
     client id."""
     cluster = new_cluster(etcd_server.client_url, s3_server, tmp_path, "quota-sasl")
-    for user in ("alice", "bob"):
-        create_user(cluster.etcd_url, cluster.cluster, user, f"{user}-password")
+    kafscale_cli_calls(
+        cluster.etcd_url,
+        cluster.cluster,
+        [
+            (("users", "create", user, "--password-stdin"), f"{user}-password")
+            for user in ("alice", "bob")
+        ],
+    )
     ports = {"INTERNAL": free_port_run(), "SASL": 0}
     ports["SASL"] = free_port_run(avoid=ports.values())
     broker = add_broker(
@@ -393,7 +423,7 @@ def test_the_quota_user_is_the_sasl_login(
     try:
         broker.start()
         create_topic(broker.bootstrap, name, 1)
-        java_ok("alter", broker.bootstrap, "user=alice", "producer_byte_rate=50000")
+        qa.ok("alter", broker.bootstrap, "user=alice", "producer_byte_rate=50000")
         sasl = f"127.0.0.1:{ports['SASL']}"
         assert _produce_as(sasl, "bob", name) == 0
         assert _produce_as(sasl, "alice", name) > 0
@@ -405,22 +435,22 @@ def test_the_quota_user_is_the_sasl_login(
 
 
 def test_describe_needs_describe_configs_and_alter_needs_alter_configs(
-    etcd_server: EmbeddedEtcd, s3_server: S3Endpoint, tmp_path: Path, name: str
+    qa: QuotaAdmin, etcd_server: EmbeddedEtcd, s3_server: S3Endpoint, tmp_path: Path, name: str
 ) -> None:
     with authorizing_cluster(etcd_server.client_url, s3_server, tmp_path, "quota-acl") as cluster:
         bootstrap = cluster.brokers[0].bootstrap
-        refused = quota_admin("describe", bootstrap)
+        refused = qa.run("describe", bootstrap)
         assert refused.stdout.startswith("error ClusterAuthorizationException"), refused.stdout
         grant_cluster(cluster, "DESCRIBE_CONFIGS")
         deadline = time.monotonic() + WATCH_DEADLINE_S
-        while quota_admin("describe", bootstrap).returncode != 0:
+        while qa.run("describe", bootstrap).returncode != 0:
             assert time.monotonic() < deadline
             time.sleep(0.2)
-        refused = quota_admin("alter", bootstrap, f"user={name}", "producer_byte_rate=1")
+        refused = qa.run("alter", bootstrap, f"user={name}", "producer_byte_rate=1")
         assert refused.stdout.startswith("error ClusterAuthorizationException"), refused.stdout
         grant_cluster(cluster, "ALTER_CONFIGS")
         deadline = time.monotonic() + WATCH_DEADLINE_S
-        while quota_admin("alter", bootstrap, f"user={name}", "producer_byte_rate=1").returncode:
+        while qa.run("alter", bootstrap, f"user={name}", "producer_byte_rate=1").returncode:
             assert time.monotonic() < deadline
             time.sleep(0.2)
-        assert java_ok("describe", bootstrap) == [f"entity user={name} values producer_byte_rate=1"]
+        assert qa.ok("describe", bootstrap) == [f"entity user={name} values producer_byte_rate=1"]

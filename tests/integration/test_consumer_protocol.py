@@ -21,7 +21,7 @@ import struct
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -31,12 +31,14 @@ import pytest
 from confluent_kafka import Consumer, KafkaException, Producer
 from confluent_kafka import TopicPartition as CkTopicPartition
 from harness import topics
-from harness.brokers import BrokerCluster, BrokerProcess
+from harness.brokers import BrokerCluster, BrokerProcess, new_cluster
 from harness.groups import QUIET, Feed, wait_for
 from harness.java_client import java_program
 from harness.kafka_wire import KafkaWire, heartbeat
 from harness.proxy import start_proxy
+from harness.s3 import S3Endpoint
 
+from kafscale.broker.metadata.embedded_etcd import EmbeddedEtcd
 from kafscale.broker.protocol.codec import encode_consumer_assignment
 
 pytestmark = pytest.mark.integration
@@ -51,12 +53,41 @@ GROUP_ENV = {
 JAVA_SOURCE = Path(__file__).with_name("java") / "GroupMember.java"
 
 
+@pytest.fixture(scope="module")
+def one_broker(
+    etcd_server: EmbeddedEtcd, s3_server: S3Endpoint, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[BrokerProcess]:
+    """One broker shared by the module's one-broker tests that leave it running: each uses
+    its own topic and group, so they do not disturb each other, and the module starts one
+    broker (~1.6 s of CPU) instead of one per test."""
+    cluster = new_cluster(
+        etcd_server.client_url, s3_server, tmp_path_factory.mktemp("kip848-one"), "kip848"
+    )
+    try:
+        yield cluster.start(**GROUP_ENV)
+    finally:
+        cluster.stop_all()
+
+
+@pytest.fixture(scope="module")
+def two_brokers(
+    etcd_server: EmbeddedEtcd, s3_server: S3Endpoint, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[BrokerCluster]:
+    """Two brokers shared likewise by the two-broker tests that stop neither (the tests that
+    stop a group's coordinator start their own)."""
+    cluster = new_cluster(
+        etcd_server.client_url, s3_server, tmp_path_factory.mktemp("kip848-two"), "kip848"
+    )
+    try:
+        cluster.start(**GROUP_ENV)
+        cluster.start(**GROUP_ENV)
+        yield cluster
+    finally:
+        cluster.stop_all()
+
+
 def now_ms() -> int:
     return int(time.time() * 1000)
-
-
-def java_member_command() -> list[str]:
-    return java_program(JAVA_SOURCE, "GroupMember")
 
 
 # --- records and members ------------------------------------------------------------------------
@@ -92,43 +123,96 @@ class GroupMember:
         raise NotImplementedError
 
 
-class JavaMember(GroupMember):
-    def __init__(self, name: str, bootstrap: str, topic: str, group: str, protocol: str) -> None:
-        self.name = name
-        self.ownership = Ownership()
-        self.records = []
-        self.lines: list[str] = []
+class JavaMembers:
+    """One JVM (``GroupMember.java``) hosting the module's Java members, each its own
+    KafkaConsumer on its own thread: a test starts up to eight, and a JVM start is ~2.5 s of
+    CPU. Its output lines name the member they are about."""
+
+    def __init__(self) -> None:
         self.process = subprocess.Popen(
-            [*java_member_command(), bootstrap, topic, group, protocol],
+            java_program(JAVA_SOURCE, "GroupMember"),
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,
             text=True,
         )
+        self.members: dict[str, JavaMember] = {}
+        self._lock = threading.Lock()
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
 
     def _read(self) -> None:
         assert self.process.stdout is not None
         for line in self.process.stdout:
-            self.lines.append(line.strip())
-            kind, t, *rest = line.split()
-            if kind == "record":
-                partition, offset, value = (int(x) for x in rest)
-                self.records.append((partition, offset, value))
-            elif kind == "assigned":
-                self.ownership.assigned(int(t), [int(p) for p in rest[0].split(",")])
-            elif kind in ("revoked", "lost"):
-                self.ownership.released(int(t), [int(p) for p in rest[0].split(",")])
-            elif kind == "closed":
-                self.ownership.released(int(t), sorted(self.ownership.owned_now()))
+            key, _, event = line.strip().partition(" ")
+            self.members[key].hear(event)
+
+    def command(self, line: str) -> None:
+        assert self.process.stdin is not None
+        with self._lock:
+            self.process.stdin.write(line + "\n")
+            self.process.stdin.flush()
+
+    def close(self) -> None:
+        """Every member still running stops (stdin closed), then the JVM exits."""
+        assert self.process.stdin is not None
+        self.process.stdin.close()
+        try:
+            self.process.wait(60)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+        self._reader.join(10)
+
+
+_java_members: JavaMembers | None = None
+
+
+@pytest.fixture(scope="module", autouse=True)
+def java_members() -> Iterator[None]:
+    """The module's JVM for Java members, started by the first one; closed at the end."""
+    global _java_members
+    try:
+        yield
+    finally:
+        if _java_members is not None:
+            _java_members.close()
+            _java_members = None
+
+
+class JavaMember(GroupMember):
+    def __init__(self, name: str, bootstrap: str, topic: str, group: str, protocol: str) -> None:
+        global _java_members
+        if _java_members is None:
+            _java_members = JavaMembers()
+        self.host = _java_members
+        self.name = name
+        self.key = f"{name}-{len(self.host.members)}"  # names repeat across tests
+        self.ownership = Ownership()
+        self.records = []
+        self.lines: list[str] = []
+        self.closed = threading.Event()
+        self.host.members[self.key] = self
+        self.host.command(f"start {self.key} {bootstrap} {topic} {group} {protocol}")
+
+    def hear(self, line: str) -> None:
+        self.lines.append(line)
+        kind, t, *rest = line.split()
+        if kind == "record":
+            partition, offset, value = (int(x) for x in rest)
+            self.records.append((partition, offset, value))
+        elif kind == "assigned":
+            self.ownership.assigned(int(t), [int(p) for p in rest[0].split(",")])
+        elif kind in ("revoked", "lost"):
+            self.ownership.released(int(t), [int(p) for p in rest[0].split(",")])
+        elif kind == "closed":
+            self.ownership.released(int(t), sorted(self.ownership.owned_now()))
+            self.closed.set()
 
     def stop(self) -> None:
-        assert self.process.stdin is not None
-        self.process.stdin.write("stop\n")
-        self.process.stdin.flush()
-        self.process.wait(30)
-        self._reader.join(10)
+        if not self.closed.is_set():
+            self.host.command(f"stop {self.key}")
+        assert self.closed.wait(30), f"{self.name} did not stop"
 
 
 class ConfluentMember(GroupMember, threading.Thread):
@@ -248,7 +332,7 @@ def overlaps(members: list[GroupMember]) -> list[str]:
 
 
 def run_join_and_leave(cluster: BrokerCluster, factory: MemberFactory, protocol: str) -> None:
-    brokers = [cluster.start(**GROUP_ENV) for _ in range(2)]
+    brokers = cluster.brokers[:2]
     topic, group = f"kip848-{protocol}-{time.monotonic_ns()}", f"g-{time.monotonic_ns()}"
     topics.create_topic(brokers[0].bootstrap, topic, PARTITIONS, log_level=QUIET)
     feed = Feed(brokers[0].bootstrap, topic, rate_per_s=150)
@@ -328,24 +412,25 @@ def cooperative_factory(
 # --- tests ----------------------------------------------------------------------------------------
 
 
-def test_java_members_join_and_leave_one_by_one(broker_cluster: BrokerCluster) -> None:
-    run_join_and_leave(broker_cluster, java_factory, "consumer")
+def test_java_members_join_and_leave_one_by_one(two_brokers: BrokerCluster) -> None:
+    run_join_and_leave(two_brokers, java_factory, "consumer")
 
 
-def test_librdkafka_members_join_and_leave_one_by_one(broker_cluster: BrokerCluster) -> None:
-    run_join_and_leave(broker_cluster, confluent_factory, "consumer")
+def test_librdkafka_members_join_and_leave_one_by_one(two_brokers: BrokerCluster) -> None:
+    run_join_and_leave(two_brokers, confluent_factory, "consumer")
 
 
-def test_classic_and_consumer_groups_on_one_topic(broker_cluster: BrokerCluster) -> None:
-    broker: BrokerProcess = broker_cluster.start(**GROUP_ENV)
+def test_classic_and_consumer_groups_on_one_topic(one_broker: BrokerProcess) -> None:
+    broker = one_broker
     topic = f"mixed-{time.monotonic_ns()}"
+    g_classic, g_consumer = f"g-classic-{topic}", f"g-consumer-{topic}"
     topics.create_topic(broker.bootstrap, topic, PARTITIONS, log_level=QUIET)
     producer = Producer({"bootstrap.servers": broker.bootstrap, "log_level": QUIET})
     for i in range(200):
         producer.produce(topic, value=str(i).encode())
     assert producer.flush(30) == 0
-    classic = ConfluentMember("classic", broker.bootstrap, topic, "g-classic", "classic")
-    modern = JavaMember("consumer", broker.bootstrap, topic, "g-consumer", "consumer")
+    classic = ConfluentMember("classic", broker.bootstrap, topic, g_classic, "classic")
+    modern = JavaMember("consumer", broker.bootstrap, topic, g_consumer, "consumer")
     try:
         wanted = set(range(200))
         wait_for(lambda: wanted <= {v for _, _, v in classic.records}, 40, "the classic group")
@@ -353,13 +438,13 @@ def test_classic_and_consumer_groups_on_one_topic(broker_cluster: BrokerCluster)
         with KafkaWire(broker.bootstrap) as wire:
             listed = wire.request(16, 5, {"states_filter": [], "types_filter": []})
             types = {g.group_id: g.group_type for g in listed.groups}
-            assert types["g-classic"] == "classic" and types["g-consumer"] == "consumer"
+            assert types[g_classic] == "classic" and types[g_consumer] == "consumer"
             only = wire.request(16, 5, {"states_filter": [], "types_filter": ["consumer"]})
-            assert "g-classic" not in {g.group_id for g in only.groups}
+            assert g_classic not in {g.group_id for g in only.groups}
             described = wire.request(
                 69,
                 1,
-                {"group_ids": ["g-consumer", "g-classic"], "include_authorized_operations": False},
+                {"group_ids": [g_consumer, g_classic], "include_authorized_operations": False},
             )
             consumer_group, classic_group = described.groups
             assert consumer_group.error_code == 0 and consumer_group.group_state == "Stable"
@@ -374,10 +459,10 @@ def test_classic_and_consumer_groups_on_one_topic(broker_cluster: BrokerCluster)
     assert not classic.errors
 
 
-def test_consumer_protocol_through_the_proxy(broker_cluster: BrokerCluster) -> None:
+def test_consumer_protocol_through_the_proxy(two_brokers: BrokerCluster) -> None:
     """The proxy routes ConsumerGroupHeartbeat and ConsumerGroupDescribe to the coordinator."""
-    brokers = [broker_cluster.start(**GROUP_ENV) for _ in range(2)]
-    proxy = start_proxy(broker_cluster)
+    brokers = two_brokers.brokers[:2]
+    proxy = start_proxy(two_brokers)
     topic, group = f"proxied-{time.monotonic_ns()}", f"g-{time.monotonic_ns()}"
     topics.create_topic(brokers[0].bootstrap, topic, PARTITIONS, log_level=QUIET)
     produce(proxy.bootstrap, topic, 300)
@@ -394,6 +479,7 @@ def test_consumer_protocol_through_the_proxy(broker_cluster: BrokerCluster) -> N
     finally:
         for member in members:
             member.stop()
+        proxy.stop()
     assert overlaps(members) == []  # type: ignore[arg-type]
 
 
@@ -472,9 +558,9 @@ CLASSIC_JOIN = {
 
 
 def test_the_protocol_checks_requests_epochs_and_group_types(
-    broker_cluster: BrokerCluster,
+    one_broker: BrokerProcess,
 ) -> None:
-    broker = broker_cluster.start(**GROUP_ENV)
+    broker = one_broker
     topic, group = f"wire-{time.monotonic_ns()}", f"g-{time.monotonic_ns()}"
     topics.create_topic(broker.bootstrap, topic, 2, log_level=QUIET)
     with KafkaWire(broker.bootstrap) as wire:
@@ -519,10 +605,10 @@ def test_the_protocol_checks_requests_epochs_and_group_types(
         assert refused_upgrade.error_code == 69  # GROUP_ID_NOT_FOUND
 
 
-def test_a_classic_group_is_upgraded_in_place_and_back(broker_cluster: BrokerCluster) -> None:
+def test_a_classic_group_is_upgraded_in_place_and_back(one_broker: BrokerProcess) -> None:
     """A group consumed by classic members, stopped, continued by consumer-protocol members
     from its committed offsets (nothing read twice), then by classic members again."""
-    broker = broker_cluster.start(**GROUP_ENV)
+    broker = one_broker
     topic, group = f"upgrade-{time.monotonic_ns()}", f"g-{time.monotonic_ns()}"
     topics.create_topic(broker.bootstrap, topic, PARTITIONS, log_level=QUIET)
     seen: list[int] = []
@@ -546,10 +632,10 @@ def _read_all(wanted: set[int], seen: list[int], member: GroupMember) -> bool:
     return wanted <= set(seen) | {v for _, _, v in member.records}
 
 
-def test_a_regex_subscription_follows_matching_topics(broker_cluster: BrokerCluster) -> None:
+def test_a_regex_subscription_follows_matching_topics(one_broker: BrokerProcess) -> None:
     """librdkafka sends a ``^``-pattern as ``subscribed_topic_regex``; the broker matches it
     against the topics, including one created while the member runs."""
-    broker = broker_cluster.start(**GROUP_ENV)
+    broker = one_broker
     prefix = f"rx{time.monotonic_ns()}"
     group = f"g-{prefix}"
     for name in (f"{prefix}-a", f"other-{prefix}"):
@@ -569,10 +655,10 @@ def test_a_regex_subscription_follows_matching_topics(broker_cluster: BrokerClus
     assert len(member.records) == 40  # nothing from the topic that does not match
 
 
-def test_a_static_member_restarts_without_a_rebalance(broker_cluster: BrokerCluster) -> None:
+def test_a_static_member_restarts_without_a_rebalance(one_broker: BrokerProcess) -> None:
     """A member with ``group.instance.id`` that closes and comes back within the session gets
     its partitions back, and the group epoch does not move (nobody else was disturbed)."""
-    broker = broker_cluster.start(**GROUP_ENV)
+    broker = one_broker
     topic, group = f"static-{time.monotonic_ns()}", f"g-{time.monotonic_ns()}"
     topics.create_topic(broker.bootstrap, topic, PARTITIONS, log_level=QUIET)
 
@@ -654,7 +740,7 @@ def describe_consumer(bootstrap: str, group: str) -> Any:
     ids=["librdkafka", "librdkafka-cooperative", "java"],
 )
 def test_a_live_group_is_upgraded_member_by_member_and_back(
-    broker_cluster: BrokerCluster, factory: MemberFactory
+    one_broker: BrokerProcess, factory: MemberFactory
 ) -> None:
     """A rolling upgrade (KIP-848 online migration): three classic consumers (librdkafka, or
     the Java client) under produce are restarted one at a time as consumer-protocol members,
@@ -662,7 +748,7 @@ def test_a_live_group_is_upgraded_member_by_member_and_back(
     group never stops: classic and consumer-protocol members share it, nothing is lost, no
     partition is owned by two members at once, and the group ends as a consumer group, then
     as a classic group again."""
-    broker = broker_cluster.start(**GROUP_ENV)
+    broker = one_broker
     topic, group = f"rolling-{time.monotonic_ns()}", f"g-{time.monotonic_ns()}"
     topics.create_topic(broker.bootstrap, topic, PARTITIONS, log_level=QUIET)
     feed = Feed(broker.bootstrap, topic, rate_per_s=150)
@@ -745,12 +831,12 @@ def consumer_subscription(topics: list[str]) -> bytes:
 
 
 def test_a_refused_upgrade_leaves_the_classic_group_as_it_was(
-    broker_cluster: BrokerCluster,
+    one_broker: BrokerProcess,
 ) -> None:
     """A consumer-protocol member whose join is refused (here: a static member whose instance
     id a live classic member still holds, UNRELEASED_INSTANCE_ID) does not convert the group;
     the next one that may join does, and the classic member is then told to rejoin."""
-    broker = broker_cluster.start(**GROUP_ENV)
+    broker = one_broker
     topic, group = f"refused-{time.monotonic_ns()}", f"g-{time.monotonic_ns()}"
     topics.create_topic(broker.bootstrap, topic, 2, log_level=QUIET)
     with KafkaWire(broker.bootstrap) as wire:

@@ -27,10 +27,11 @@ import pytest
 from confluent_kafka.admin import AdminClient, ConfigResource, ResourceType
 from harness.brokers import BrokerCluster, new_cluster
 from harness.java_client import java_client, java_program
+from harness.java_session import JavaSession
 from harness.ports import free_port_run, listener_ports
 from harness.proxy import add_proxy
 from harness.s3 import S3Endpoint
-from harness.secured import add_broker, create_user, kafscale_cli, make_topics
+from harness.secured import add_broker, kafscale_cli, kafscale_cli_calls, make_topics
 
 from kafscale.broker.metadata import keys
 from kafscale.broker.metadata.embedded_etcd import EmbeddedEtcd
@@ -59,6 +60,7 @@ class TokenCluster:
     sasl: str
     proxy: str
     workdir: Path
+    session: JavaSession
 
     def properties(self, name: str, user: str, password: str, token: bool = False) -> Path:
         """A Java client properties file for a SCRAM login (with a token: tokenauth)."""
@@ -85,9 +87,8 @@ def tokens(
     etcd_url = etcd_server.client_url
     cluster = new_cluster(etcd_url, s3_server, workdir, "tok")
     name = cluster.cluster
-    for user, password in {**PASSWORDS, PROXY_USER: PROXY_PASSWORD}.items():
-        create_user(etcd_url, name, user, password)
-    for grant in (
+    users = {**PASSWORDS, PROXY_USER: PROXY_PASSWORD}
+    grants = (
         ("--topic", "tok-", "--prefixed", "--principal", "User:alice", "--operation", "WRITE"),
         ("--topic", "tok-", "--prefixed", "--principal", "User:alice", "--operation", "READ"),
         ("--group", "tok-", "--prefixed", "--principal", "User:alice", "--operation", "READ"),
@@ -99,8 +100,16 @@ def tokens(
             "CLUSTER_ACTION",
         ),
         ("--cluster-resource", "--principal", "User:alice", "--operation", "DESCRIBE_CONFIGS"),
-    ):
-        kafscale_cli(etcd_url, name, "acls", "add", *grant)
+    )
+    kafscale_cli_calls(
+        etcd_url,
+        name,
+        [
+            (("users", "create", user, "--password-stdin"), password)
+            for user, password in users.items()
+        ]
+        + [(("acls", "add", *grant), "") for grant in grants],
+    )
     ports = listener_ports("PLAIN", "SASL")
     broker = add_broker(
         cluster,
@@ -124,6 +133,8 @@ def tokens(
         KAFSCALE_UPSTREAM__SASL_PASSWORD=PROXY_PASSWORD,
         **TOKEN_ENV,
     )
+    # One JVM for the module's dozens of TokenAdmin calls (each still a new Admin and login).
+    session = JavaSession([*java_program(SOURCE, "TokenAdmin"), "serve"])
     try:
         broker.start()
         proxy.start()
@@ -133,8 +144,10 @@ def tokens(
             f"127.0.0.1:{ports['SASL']}",
             f"127.0.0.1:{proxy_port}",
             workdir,
+            session,
         )
     finally:
+        session.close()
         cluster.stop_all()
 
 
@@ -146,24 +159,16 @@ class Token:
     max_ms: int
 
 
-def admin(bootstrap: str, properties: Path | None, *args: str) -> list[str]:
+def admin(tc: TokenCluster, bootstrap: str, properties: Path | None, *args: str) -> list[str]:
     """One TokenAdmin call: its output's words (``error <Exception>`` on failure)."""
-    env = dict(os.environ)
-    if properties is not None:
-        env["CLIENT_PROPERTIES"] = str(properties)
-    done = subprocess.run(
-        [*java_program(SOURCE, "TokenAdmin"), args[0], bootstrap, *args[1:]],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert done.stdout, done.stderr
-    return done.stdout.split()
+    _, lines = tc.session.call(str(properties or "-"), args[0], bootstrap, *args[1:])
+    return " ".join(lines).split()
 
 
-def create(bootstrap: str, properties: Path, *args: str, lifetime_ms: int = -1) -> Token:
-    words = admin(bootstrap, properties, "create", str(lifetime_ms), *args)
+def create(
+    tc: TokenCluster, bootstrap: str, properties: Path, *args: str, lifetime_ms: int = -1
+) -> Token:
+    words = admin(tc, bootstrap, properties, "create", str(lifetime_ms), *args)
     assert words[0] == "token", words
     return Token(words[1], words[2], int(words[3]), int(words[4]))
 
@@ -199,32 +204,36 @@ def produce_consume(tc: TokenCluster, bootstrap: str, properties: Path, count: i
 
 
 def test_a_token_logs_in_as_its_owner_and_gets_the_owners_rights(tokens: TokenCluster) -> None:
-    made = create(tokens.sasl, tokens.user("alice"), "-", "User:bob")
+    made = create(tokens, tokens.sasl, tokens.user("alice"), "-", "User:bob")
     login = token_login(tokens, made)
     assert produce_consume(tokens, tokens.sasl, login) == 5
-    described = admin(tokens.sasl, tokens.user("alice"), "describe")
+    described = admin(tokens, tokens.sasl, tokens.user("alice"), "describe")
     assert described[0] == "described" and made.token_id in described
     line = described[described.index(made.token_id) :][:5]
     assert line == [made.token_id, "User:alice", "User:alice", made.hmac, "User:bob"]
     # bob renews (a renewer), eve may not (neither owner nor renewer) and sees nothing
-    assert admin(tokens.sasl, tokens.user("bob"), "renew", made.hmac, "60000")[0] == "renewed"
-    assert admin(tokens.sasl, tokens.user("eve"), "renew", made.hmac, "60000") == [
+    assert (
+        admin(tokens, tokens.sasl, tokens.user("bob"), "renew", made.hmac, "60000")[0] == "renewed"
+    )
+    assert admin(tokens, tokens.sasl, tokens.user("eve"), "renew", made.hmac, "60000") == [
         "error",
         "DelegationTokenOwnerMismatchException",
     ]
-    assert made.token_id not in admin(tokens.sasl, tokens.user("eve"), "describe")
+    assert made.token_id not in admin(tokens, tokens.sasl, tokens.user("eve"), "describe")
     # a token-authenticated connection may not create, renew or describe tokens
-    assert admin(tokens.sasl, login, "create", "-1") == [
+    assert admin(tokens, tokens.sasl, login, "create", "-1") == [
         "error",
         "UnsupportedByAuthenticationException",
     ]
-    assert admin(tokens.sasl, login, "renew", made.hmac, "1000")[1] == (
+    assert admin(tokens, tokens.sasl, login, "renew", made.hmac, "1000")[1] == (
         "UnsupportedByAuthenticationException"
     )
     # expired at the owner's request: gone at once, and its logins are refused
-    assert admin(tokens.sasl, tokens.user("alice"), "expire", made.hmac, "-1")[0] == "expired"
-    assert admin(tokens.sasl, login, "describe") == ["error", "SaslAuthenticationException"]
-    assert admin(tokens.sasl, tokens.user("alice"), "renew", made.hmac, "1000") == [
+    assert (
+        admin(tokens, tokens.sasl, tokens.user("alice"), "expire", made.hmac, "-1")[0] == "expired"
+    )
+    assert admin(tokens, tokens.sasl, login, "describe") == ["error", "SaslAuthenticationException"]
+    assert admin(tokens, tokens.sasl, tokens.user("alice"), "renew", made.hmac, "1000") == [
         "error",
         "DelegationTokenNotFoundException",
     ]
@@ -232,7 +241,7 @@ def test_a_token_logs_in_as_its_owner_and_gets_the_owners_rights(tokens: TokenCl
 
 def test_a_token_has_no_rights_of_its_own_beyond_the_owners(tokens: TokenCluster) -> None:
     """bob's token logs in as bob, who may write nothing: the producer is refused."""
-    made = create(tokens.sasl, tokens.user("bob"))
+    made = create(tokens, tokens.sasl, tokens.user("bob"))
     env_file = token_login(tokens, made)
     topic = f"tok-{uuid.uuid4().hex[:6]}"
     make_topics(tokens.cluster.etcd_url, tokens.cluster.cluster, 1, topic)
@@ -248,18 +257,18 @@ def test_a_token_has_no_rights_of_its_own_beyond_the_owners(tokens: TokenCluster
 
 
 def test_tokens_are_refused_on_unauthenticated_listeners(tokens: TokenCluster) -> None:
-    assert admin(tokens.plain, None, "create", "-1") == [
+    assert admin(tokens, tokens.plain, None, "create", "-1") == [
         "error",
         "UnsupportedByAuthenticationException",
     ]
-    assert admin(tokens.plain, None, "describe") == [
+    assert admin(tokens, tokens.plain, None, "describe") == [
         "error",
         "UnsupportedByAuthenticationException",
     ]
 
 
 def test_a_token_for_another_owner_needs_create_tokens_on_that_user(tokens: TokenCluster) -> None:
-    assert admin(tokens.sasl, tokens.user("eve"), "create", "-1", "User:alice") == [
+    assert admin(tokens, tokens.sasl, tokens.user("eve"), "create", "-1", "User:alice") == [
         "error",
         "DelegationTokenAuthorizationException",
     ]
@@ -278,12 +287,12 @@ def test_a_token_for_another_owner_needs_create_tokens_on_that_user(tokens: Toke
     )
     deadline = time.monotonic() + REMOVAL_DEADLINE_S
     while True:  # the broker's ACL watch takes a moment
-        words = admin(tokens.sasl, tokens.user("eve"), "create", "-1", "User:alice")
+        words = admin(tokens, tokens.sasl, tokens.user("eve"), "create", "-1", "User:alice")
         if words[0] == "token" or time.monotonic() > deadline:
             break
         time.sleep(0.2)
     assert words[0] == "token", words
-    described = admin(tokens.sasl, tokens.user("alice"), "describe", "User:alice")
+    described = admin(tokens, tokens.sasl, tokens.user("alice"), "describe", "User:alice")
     line = described[described.index(words[1]) :][:3]
     assert line == [words[1], "User:alice", "User:eve"]  # owner alice, requested by eve
     by_eve = token_login(tokens, Token(words[1], words[2], 0, 0))
@@ -306,12 +315,12 @@ def _stored(tc: TokenCluster, token_id: str) -> bool:
 def test_an_expired_token_is_refused_and_removed(tokens: TokenCluster) -> None:
     # Long enough to outlast TokenAdmin's JVM exit and the etcd read below on a loaded machine
     # (the broker removes the token soon after it expires: 1.5 s left a race).
-    made = create(tokens.sasl, tokens.user("alice"), lifetime_ms=6000)
+    made = create(tokens, tokens.sasl, tokens.user("alice"), lifetime_ms=6000)
     assert made.max_ms - made.expiry_ms == 0
     assert _stored(tokens, made.token_id)
     while time.time() * 1000 <= made.expiry_ms + 50:
         time.sleep(0.1)
-    assert admin(tokens.sasl, token_login(tokens, made), "describe") == [
+    assert admin(tokens, tokens.sasl, token_login(tokens, made), "describe") == [
         "error",
         "SaslAuthenticationException",
     ]
@@ -325,19 +334,24 @@ def test_through_the_proxy(tokens: TokenCluster) -> None:
     """Created at the proxy (forwarded to a broker), used at the proxy (its own SASL login
     reads the token from etcd) with alice's rights; a token login at the proxy may not create
     tokens."""
-    made = create(tokens.proxy, tokens.user("alice"))
+    made = create(tokens, tokens.proxy, tokens.user("alice"))
     login = token_login(tokens, made)
     assert produce_consume(tokens, tokens.proxy, login) == 5
-    assert admin(tokens.proxy, login, "create", "-1") == [
+    assert admin(tokens, tokens.proxy, login, "create", "-1") == [
         "error",
         "UnsupportedByAuthenticationException",
     ]
-    assert admin(tokens.proxy, tokens.user("eve"), "expire", made.hmac, "-1") == [
+    assert admin(tokens, tokens.proxy, tokens.user("eve"), "expire", made.hmac, "-1") == [
         "error",
         "DelegationTokenOwnerMismatchException",
     ]
-    assert admin(tokens.proxy, tokens.user("alice"), "expire", made.hmac, "-1")[0] == "expired"
-    assert admin(tokens.proxy, login, "describe") == ["error", "SaslAuthenticationException"]
+    assert (
+        admin(tokens, tokens.proxy, tokens.user("alice"), "expire", made.hmac, "-1")[0] == "expired"
+    )
+    assert admin(tokens, tokens.proxy, login, "describe") == [
+        "error",
+        "SaslAuthenticationException",
+    ]
 
 
 def test_describe_configs_says_the_key_is_set_but_never_what_it_is(tokens: TokenCluster) -> None:
@@ -410,7 +424,7 @@ def test_a_token_login_may_not_forward_requests(tokens: TokenCluster) -> None:
     """A token of the proxy's own principal (which may CLUSTER_ACTION) logs in, but its
     Envelopes are refused: it would otherwise act as any principal, unmarked, and mint tokens
     that outlive it."""
-    proxys = create(tokens.sasl, tokens.properties("proxy", PROXY_USER, PROXY_PASSWORD))
+    proxys = create(tokens, tokens.sasl, tokens.properties("proxy", PROXY_USER, PROXY_PASSWORD))
     by_token = SaslLogin("SCRAM-SHA-256", proxys.token_id, proxys.hmac, token_auth=True)
     answer = asyncio.run(_forwarded_create(tokens.sasl, False, by_token))
     assert answer == CLUSTER_AUTHORIZATION_FAILED
@@ -439,7 +453,7 @@ def test_a_proxy_that_does_not_forward_principals_refuses_token_requests(
     )
     proxy.start()
     try:
-        answer = admin(f"127.0.0.1:{port}", tokens.user("alice"), "create", "-1")
+        answer = admin(tokens, f"127.0.0.1:{port}", tokens.user("alice"), "create", "-1")
         assert answer == ["error", "UnsupportedByAuthenticationException"]
     finally:
         proxy.stop()

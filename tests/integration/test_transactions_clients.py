@@ -18,6 +18,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +26,7 @@ import pytest
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from harness.brokers import BrokerCluster, BrokerProcess
 from harness.java_client import java_program
+from harness.java_session import JavaSession
 from harness.proxy import start_proxy
 from harness.topics import create_topic
 
@@ -314,25 +316,32 @@ def test_the_coordinator_sigkilled_mid_commit_leaves_whole_transactions(
 JAVA_SOURCE = Path(__file__).with_name("java") / "TxnClient.java"
 
 
-def java_txn(*args: str) -> list[str]:
-    """Run TxnClient (compiled on first use against the harness's kafka-clients jars)."""
-    out = subprocess.run(
-        [*java_program(JAVA_SOURCE, "TxnClient"), *args],
-        check=True,
-        capture_output=True,
-        text=True,
-        timeout=180,
-    )
-    return out.stdout.splitlines()
+@pytest.fixture(scope="module")
+def txn_client() -> Iterator[JavaSession]:
+    """One TxnClient JVM (``serve``) for the module's ~10 calls instead of a JVM each."""
+    session = JavaSession([*java_program(JAVA_SOURCE, "TxnClient"), "serve"])
+    try:
+        yield session
+    finally:
+        session.close()
 
 
-def test_the_java_client_commits_aborts_and_is_fenced(broker_cluster: BrokerCluster) -> None:
+def java_txn(session: JavaSession, *args: str) -> list[str]:
+    """One TxnClient call (compiled on first use against the harness's kafka-clients jars)."""
+    code, lines = session.call(*args)
+    assert code == 0, f"TxnClient {args} failed: {lines}"
+    return lines
+
+
+def test_the_java_client_commits_aborts_and_is_fenced(
+    txn_client: JavaSession, broker_cluster: BrokerCluster
+) -> None:
     start(broker_cluster), start(broker_cluster)
     bootstrap = broker_cluster.bootstrap
     create_topic(bootstrap, "java-txn", 2)
-    outcomes = java_txn("rounds", bootstrap, "java-txn", "2", "java-app", "6")
+    outcomes = java_txn(txn_client, "rounds", bootstrap, "java-txn", "2", "java-app", "6")
     assert outcomes == [f"{'committed' if r % 2 == 0 else 'aborted'} {r}" for r in range(6)]
-    lines = java_txn("read", bootstrap, "java-txn", "2", "30")
+    lines = java_txn(txn_client, "read", bootstrap, "java-txn", "2", "30")
     records = [line.split(" ", 2)[1:] for line in lines if line.startswith("record ")]
     for partition in ("0", "1"):
         got = [value for p, value in records if p == partition]
@@ -340,20 +349,22 @@ def test_the_java_client_commits_aborts_and_is_fenced(broker_cluster: BrokerClus
         assert got == [f"{r}-{i}" for r in (0, 2, 4) for i in range(first, 10, 2)]
     # A zombie with the older epoch cannot commit; only the successor's record is visible.
     create_topic(bootstrap, "java-zombie", 1)
-    (outcome,) = java_txn("zombie", bootstrap, "java-zombie", "java-zombie-app")
+    (outcome,) = java_txn(txn_client, "zombie", bootstrap, "java-zombie", "java-zombie-app")
     assert outcome.startswith("fenced "), outcome
-    read = java_txn("read", bootstrap, "java-zombie", "1", "1")
+    read = java_txn(txn_client, "read", bootstrap, "java-zombie", "1", "1")
     assert [line for line in read if line.startswith("record ")] == ["record 0 from-the-successor"]
 
 
-def java_describe(bootstrap: str, txn_id: str) -> tuple[str, int, int]:
+def java_describe(txn_client: JavaSession, bootstrap: str, txn_id: str) -> tuple[str, int, int]:
     """(state, producer id, epoch) as the Java Admin client's DescribeTransactions gives them."""
-    (line,) = java_txn("describe", bootstrap, txn_id)
+    (line,) = java_txn(txn_client, "describe", bootstrap, txn_id)
     state, producer_id, epoch = line.split()
     return state, int(producer_id), int(epoch)
 
 
-def test_the_java_client_runs_transaction_protocol_v2(broker_cluster: BrokerCluster) -> None:
+def test_the_java_client_runs_transaction_protocol_v2(
+    txn_client: JavaSession, broker_cluster: BrokerCluster
+) -> None:
     """KIP-890 part 2: the Java client (4.x) sees transaction.version 2 finalized and runs
     protocol v2: no AddPartitionsToTxn/AddOffsetsToTxn (Produce v12 and TxnOffsetCommit v5 add
     implicitly), and EndTxn v5 bumps the epoch at every commit and abort, so the markers fence
@@ -362,9 +373,9 @@ def test_the_java_client_runs_transaction_protocol_v2(broker_cluster: BrokerClus
     start(broker_cluster), start(broker_cluster)
     bootstrap = broker_cluster.bootstrap
     create_topic(bootstrap, "tv2", 2)
-    outcomes = java_txn("rounds", bootstrap, "tv2", "2", "tv2-app", "4")
+    outcomes = java_txn(txn_client, "rounds", bootstrap, "tv2", "2", "tv2-app", "4")
     assert outcomes == [f"{'committed' if r % 2 == 0 else 'aborted'} {r}" for r in range(4)]
-    state, _, epoch = java_describe(bootstrap, "tv2-app")
+    state, _, epoch = java_describe(txn_client, bootstrap, "tv2-app")
     assert (state, epoch) == ("CompleteAbort", 4)  # epoch 0 at init, one bump per EndTxn
     committed = consume(bootstrap, "tv2", 2, "read_committed", 20)
     for partition in range(2):
@@ -374,9 +385,11 @@ def test_the_java_client_runs_transaction_protocol_v2(broker_cluster: BrokerClus
     # behind the proxy, which gives the client the same features.
     proxy = start_proxy(broker_cluster)
     create_topic(proxy.bootstrap, "tv2-offsets", 1)
-    lines = java_txn("offsets", proxy.bootstrap, "tv2-offsets", "tv2-ctp", "tv2-group", "4")
+    lines = java_txn(
+        txn_client, "offsets", proxy.bootstrap, "tv2-offsets", "tv2-ctp", "tv2-group", "4"
+    )
     assert lines[-1] == "offset 2"
-    assert java_describe(proxy.bootstrap, "tv2-ctp")[2] == 4
+    assert java_describe(txn_client, proxy.bootstrap, "tv2-ctp")[2] == 4
 
 
 def test_transactions_through_the_proxy(broker_cluster: BrokerCluster) -> None:
@@ -430,22 +443,25 @@ while True:
 """
 
 
-def _committed_total(bootstrap: str, topic: str, partitions: int) -> int:
-    """The group's committed offsets, summed. Read without require_stable: librdkafka's default
-    (read_committed) asks for stable offsets and is told to wait while a killed worker's
-    transaction holds offsets pending, until the next worker aborts it (KIP-447)."""
-    consumer = Consumer(
+def _offsets_reader(bootstrap: str) -> Consumer:
+    """A consumer of the loop's group that never joins it: it only reads the group's committed
+    offsets (one for the whole test, polled every 0.1 s, rather than a new one per poll).
+    read_uncommitted, so without require_stable: librdkafka's default (read_committed) asks
+    for stable offsets and is told to wait while a killed worker's transaction holds offsets
+    pending, until the next worker aborts it (KIP-447)."""
+    return Consumer(
         {
             "bootstrap.servers": bootstrap,
             "group.id": "ctp-restart",
             "isolation.level": "read_uncommitted",
         }
     )
-    try:
-        tps = [TopicPartition(topic, p) for p in range(partitions)]
-        return sum(max(tp.offset, 0) for tp in consumer.committed(tps, 30))
-    finally:
-        consumer.close()
+
+
+def _committed_total(reader: Consumer, topic: str, partitions: int) -> int:
+    """The group's committed offsets, summed."""
+    tps = [TopicPartition(topic, p) for p in range(partitions)]
+    return sum(max(tp.offset, 0) for tp in reader.committed(tps, 30))
 
 
 def test_a_consume_transform_produce_loop_killed_at_random_points_is_exactly_once(
@@ -456,44 +472,50 @@ def test_a_consume_transform_produce_loop_killed_at_random_points_is_exactly_onc
     create_topic(bootstrap, "restart-in", 2)
     create_topic(bootstrap, "restart-out", 2)
     source = Producer({"bootstrap.servers": bootstrap})
-    inputs = [b"%04d" % i for i in range(2000)]
+    # 100 transactions of 10: the 4 kills, each within ~0.5 s of a worker's first commit, come
+    # long before the end (asserted below).
+    inputs = [b"%04d" % i for i in range(1000)]
     for i, value in enumerate(inputs):
         source.produce("restart-in", value, partition=i % 2)
     source.flush(30)
     script = tmp_path / "ctp_loop.py"
     script.write_text(CTP_LOOP)
     command = [sys.executable, str(script), bootstrap, "restart-in", "restart-out"]
-    kills = 0
-    progress_at_kill: list[int] = []
-    deadline = time.monotonic() + 200
-    while time.monotonic() < deadline:
-        worker = subprocess.Popen(command, stderr=subprocess.DEVNULL)
-        try:
-            if kills < 4:
-                # Once this worker has committed something, at a random moment: mid-batch,
-                # mid-commit, between transactions.
-                before = _committed_total(bootstrap, "restart-in", 2)
-                progress = time.monotonic() + 60
-                while _committed_total(bootstrap, "restart-in", 2) == before:
-                    assert time.monotonic() < progress, "the worker makes no progress"
-                    time.sleep(0.1)
-                time.sleep(random.uniform(0.0, 0.5))
-                worker.send_signal(signal.SIGKILL)
-                kills += 1
-                progress_at_kill.append(_committed_total(bootstrap, "restart-in", 2))
-            else:
-                done = time.monotonic() + 60
-                while time.monotonic() < done:
-                    if _committed_total(bootstrap, "restart-in", 2) == len(inputs):
-                        break
-                    time.sleep(0.5)
-                break
-        finally:
-            worker.kill()
-            worker.wait(10)
-    assert kills == 4
-    assert progress_at_kill[-1] < len(inputs), progress_at_kill  # killed before the end
-    assert _committed_total(bootstrap, "restart-in", 2) == len(inputs)
+    reader = _offsets_reader(bootstrap)
+    try:
+        kills = 0
+        progress_at_kill: list[int] = []
+        deadline = time.monotonic() + 200
+        while time.monotonic() < deadline:
+            worker = subprocess.Popen(command, stderr=subprocess.DEVNULL)
+            try:
+                if kills < 4:
+                    # Once this worker has committed something, at a random moment: mid-batch,
+                    # mid-commit, between transactions.
+                    before = _committed_total(reader, "restart-in", 2)
+                    progress = time.monotonic() + 60
+                    while _committed_total(reader, "restart-in", 2) == before:
+                        assert time.monotonic() < progress, "the worker makes no progress"
+                        time.sleep(0.1)
+                    time.sleep(random.uniform(0.0, 0.5))
+                    worker.send_signal(signal.SIGKILL)
+                    kills += 1
+                    progress_at_kill.append(_committed_total(reader, "restart-in", 2))
+                else:
+                    done = time.monotonic() + 60
+                    while time.monotonic() < done:
+                        if _committed_total(reader, "restart-in", 2) == len(inputs):
+                            break
+                        time.sleep(0.5)
+                    break
+            finally:
+                worker.kill()
+                worker.wait(10)
+        assert kills == 4
+        assert progress_at_kill[-1] < len(inputs), progress_at_kill  # killed before the end
+        assert _committed_total(reader, "restart-in", 2) == len(inputs)
+    finally:
+        reader.close()
     outputs = consume(bootstrap, "restart-out", 2, "read_committed", len(inputs))
     values = sorted(v for _, v in outputs)
     duplicates = len(values) - len(set(values))

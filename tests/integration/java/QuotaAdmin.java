@@ -1,3 +1,5 @@
+import java.io.BufferedReader;
+import java.io.InputStreamReader;
 import java.util.ArrayList;
 import java.util.HashMap;
 import java.util.List;
@@ -22,10 +24,24 @@ import org.apache.kafka.common.quota.ClientQuotaFilterComponent;
  *   describe BOOTSTRAP [strict] [type=name|type=<default>|type=*]...
  *
  * Prints "ok", or one "entity ... values ..." line per described entity (sorted), or
- * "error CLASS MESSAGE" (exit 1).
+ * "error CLASS MESSAGE" (exit 1). Run with "serve" it answers such calls from stdin instead
+ * (tests/harness/java_session.py: one JVM for the module's dozens of calls).
  */
 public class QuotaAdmin {
     public static void main(String[] args) throws Exception {
+        if (args.length == 1 && args[0].equals("serve")) {
+            BufferedReader in = new BufferedReader(new InputStreamReader(System.in));
+            for (String line = in.readLine(); line != null; line = in.readLine()) {
+                System.out.println("end " + run(line.split("\t")));
+                System.out.flush();
+            }
+            return;
+        }
+        System.exit(run(args));
+    }
+
+    /** One call with a new Admin: the exit code a run of it has. */
+    private static int run(String[] args) {
         Properties props = new Properties();
         props.put(AdminClientConfig.BOOTSTRAP_SERVERS_CONFIG, args[1]);
         props.put(AdminClientConfig.DEFAULT_API_TIMEOUT_MS_CONFIG, "30000");
@@ -35,10 +51,11 @@ public class QuotaAdmin {
             } else {
                 describe(admin, args);
             }
+            return 0;
         } catch (Exception e) {
             Throwable cause = e.getCause() != null ? e.getCause() : e;
             System.out.println("error " + cause.getClass().getSimpleName() + " " + cause.getMessage());
-            System.exit(1);
+            return 1;
         }
     }
 

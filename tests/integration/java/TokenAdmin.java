@@ -1,5 +1,8 @@
+import java.io.BufferedReader;
 import java.io.FileReader;
+import java.io.InputStreamReader;
 import java.util.ArrayList;
+import java.util.Arrays;
 import java.util.Base64;
 import java.util.List;
 import java.util.Properties;
@@ -15,8 +18,8 @@ import org.apache.kafka.common.security.token.delegation.DelegationToken;
 import org.apache.kafka.common.security.token.delegation.TokenInformation;
 
 /**
- * The Java AdminClient's delegation-token calls (what kafka-delegation-tokens.sh runs), one per
- * run, with the security settings of the properties file named by $CLIENT_PROPERTIES:
+ * The Java AdminClient's delegation-token calls (what kafka-delegation-tokens.sh runs), each
+ * with a new Admin and the security settings of a properties file:
  *
  *   create BOOTSTRAP MAX_LIFETIME_MS [OWNER|-] [RENEWER...]  → "token ID HMAC_BASE64 EXPIRY MAX"
  *   renew BOOTSTRAP HMAC_BASE64 PERIOD_MS                    → "renewed EXPIRY"
@@ -24,14 +27,38 @@ import org.apache.kafka.common.security.token.delegation.TokenInformation;
  *   describe BOOTSTRAP [OWNER...]                            → "described N", then per token
  *                                                               "  ID OWNER REQUESTER HMAC [RENEWER...]"
  *
- * A failure prints "error EXCEPTION_CLASS" and exits 1.
+ * A failure prints "error EXCEPTION_CLASS" and exits 1. The properties come from
+ * $CLIENT_PROPERTIES; run with "serve" it answers calls from stdin instead (tests/harness/
+ * java_session.py: one JVM for the module's dozens of calls), each preceded by the properties
+ * file's path (or "-").
  */
 public class TokenAdmin {
     public static void main(String[] args) throws Exception {
+        if (args.length == 1 && args[0].equals("serve")) {
+            serve();
+            return;
+        }
+        if (!call(System.getenv("CLIENT_PROPERTIES"), args)) {
+            System.exit(1);
+        }
+    }
+
+    private static void serve() throws Exception {
+        BufferedReader in = new BufferedReader(new InputStreamReader(System.in));
+        for (String line = in.readLine(); line != null; line = in.readLine()) {
+            String[] words = line.split("\t");
+            String properties = words[0].equals("-") ? null : words[0];
+            boolean ok = call(properties, Arrays.copyOfRange(words, 1, words.length));
+            System.out.println(ok ? "end 0" : "end 1");
+            System.out.flush();
+        }
+    }
+
+    /** One call with a new Admin; false when it failed. */
+    private static boolean call(String properties, String[] args) throws Exception {
         Properties props = new Properties();
-        String extra = System.getenv("CLIENT_PROPERTIES");
-        if (extra != null) {
-            try (FileReader reader = new FileReader(extra)) {
+        if (properties != null) {
+            try (FileReader reader = new FileReader(properties)) {
                 props.load(reader);
             }
         }
@@ -48,10 +75,11 @@ public class TokenAdmin {
                         Long.parseLong(args[3]))).expiryTimestamp().get());
                 default -> describe(admin, args);
             }
+            return true;
         } catch (Exception e) {
             Throwable cause = e.getCause() != null ? e.getCause() : e;
             System.out.println("error " + cause.getClass().getSimpleName());
-            System.exit(1);
+            return false;
         }
     }
 

@@ -1,3 +1,5 @@
+import java.io.BufferedReader;
+import java.io.InputStreamReader;
 import java.time.Duration;
 import java.util.ArrayList;
 import java.util.List;
@@ -28,9 +30,31 @@ import org.apache.kafka.common.serialization.StringSerializer;
  * "offsets BOOTSTRAP TOPIC TXN_ID GROUP ROUNDS": per round a transaction with one record and
  * the group's offset of TOPIC-0 set to the round (sendOffsetsToTransaction), committed in even
  * rounds and aborted in odd ones; then prints the group's committed offset "offset N".
+ * "serve": such calls from stdin, one a line with tab-separated arguments, each answered by its
+ * output and "end 0" (or "end 1" when it threw): tests/harness/java_session.py, one JVM for a
+ * module's calls.
  */
 public final class TxnClient {
     public static void main(String[] args) throws Exception {
+        if (args.length == 1 && args[0].equals("serve")) {
+            BufferedReader in = new BufferedReader(new InputStreamReader(System.in));
+            for (String line = in.readLine(); line != null; line = in.readLine()) {
+                int code = 0;
+                try {
+                    run(line.split("\t"));
+                } catch (Exception e) {
+                    e.printStackTrace();
+                    code = 1;
+                }
+                System.out.println("end " + code);
+                System.out.flush();
+            }
+            return;
+        }
+        run(args);
+    }
+
+    static void run(String[] args) throws Exception {
         switch (args[0]) {
             case "rounds" -> rounds(args[1], args[2], Integer.parseInt(args[3]), args[4], Integer.parseInt(args[5]));
             case "zombie" -> zombie(args[1], args[2], args[3]);
