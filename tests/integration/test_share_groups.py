@@ -653,15 +653,22 @@ def test_java_share_consumer_gets_released_records_again(broker_cluster: BrokerC
 ADMIN_SOURCE = Path(__file__).with_name("java") / "ShareAdmin.java"
 
 
-def _java_admin(*args: str) -> list[str]:
+def _java_admin(*steps: str) -> list[list[str]]:
+    """Each step ("describe,BOOTSTRAP,GROUP", "alter,BOOTSTRAP,GROUP,TOPIC,P,OFFSET", ...) run
+    in order by one JVM: each step's lines, ending with "done" or "error ..."."""
     done = subprocess.run(
-        [*java_program(ADMIN_SOURCE, "ShareAdmin"), *args],
+        [*java_program(ADMIN_SOURCE, "ShareAdmin"), *steps],
         capture_output=True,
         text=True,
         timeout=120,
     )
-    assert done.stdout, done.stderr[-3000:]  # a JVM that could not start prints nothing
-    return done.stdout.splitlines()
+    answers: list[list[str]] = [[]]
+    for line in done.stdout.splitlines():
+        answers[-1].append(line)
+        if line == "done" or line.startswith("error "):
+            answers.append([])
+    assert done.returncode == 0 and len(answers) == len(steps) + 1, done.stderr[-3000:]
+    return answers[:-1]
 
 
 def test_the_java_admin_describes_alters_and_deletes_share_groups(
@@ -679,17 +686,25 @@ def test_the_java_admin_describes_alters_and_deletes_share_groups(
     consumer = share_consumer(bootstrap, "ops", "q")
     try:
         poll_until(consumer, got, lambda: len(got.records) >= 10)
-        assert _java_admin("describe", bootstrap, "ops")[0] == "group Stable 1 1"
-        assert _java_admin("alter", bootstrap, "ops", "q", "0", "4")[0].startswith(
-            "error GroupNotEmptyException"
+        described, refused = _java_admin(
+            f"describe,{bootstrap},ops", f"alter,{bootstrap},ops,q,0,4"
         )
+        assert described[0] == "group Stable 1 1"
+        assert refused[0].startswith("error GroupNotEmptyException")
     finally:
         consumer.close()
     proxy = start_proxy(broker_cluster).bootstrap
-    assert _java_admin("offsets", bootstrap, "ops") == ["offset q 0 10 0", "done"]
-    assert _java_admin("alter", proxy, "ops", "q", "0", "4") == ["done"]
-    assert _java_admin("offsets", proxy, "ops") == ["offset q 0 4 6", "done"]
-    assert _java_admin("describe", proxy, "ops")[0] == "group Empty 0 2"
+    assert _java_admin(
+        f"offsets,{bootstrap},ops",
+        f"alter,{proxy},ops,q,0,4",
+        f"offsets,{proxy},ops",
+        f"describe,{proxy},ops",
+    ) == [
+        ["offset q 0 10 0", "done"],
+        ["done"],
+        ["offset q 0 4 6", "done"],
+        ["group Empty 0 2", "done"],
+    ]
     again = Received()
     consumer = share_consumer(bootstrap, "ops", "q")
     try:
@@ -697,10 +712,14 @@ def test_the_java_admin_describes_alters_and_deletes_share_groups(
     finally:
         consumer.close()
     assert sorted(again.values) == sorted(values(10)[4:])
-    assert _java_admin("delete-offsets", bootstrap, "ops", "q") == ["done"]
-    assert _java_admin("offsets", bootstrap, "ops") == ["done"]
-    assert _java_admin("delete", bootstrap, "ops") == ["done"]
-    assert _java_admin("describe", bootstrap, "ops")[0].startswith("error GroupIdNotFound")
+    deleted = _java_admin(
+        f"delete-offsets,{bootstrap},ops,q",
+        f"offsets,{bootstrap},ops",
+        f"delete,{bootstrap},ops",
+        f"describe,{bootstrap},ops",
+    )
+    assert deleted[:3] == [["done"], ["done"], ["done"]]
+    assert deleted[3][0].startswith("error GroupIdNotFound")
 
 
 def _part(index: int) -> dict[str, Any]:
