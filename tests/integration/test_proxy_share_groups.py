@@ -205,9 +205,14 @@ def _java_members(
     args = [proxied.bootstrap, group, topic, mode]
     seen = run_share_members(JAVA_SOURCE, args, count, deliveries)
     cluster = proxied.cluster
+    read = partial(stored_share_state, cluster.etcd_url, cluster.cluster, group, topic)
     for partition in range(PARTITIONS):
-        read = partial(stored_share_state, cluster.etcd_url, cluster.cluster, group, topic)
-        wait_stored(partial(read, partition), lambda state: state["start"] == per_partition)
+        try:
+            wait_stored(partial(read, partition), lambda state: state["start"] == per_partition)
+        except AssertionError as exc:  # what the members saw, to tell a lost ack from a repeat
+            again = [d for member in seen for d in member if d[2] != 1]
+            counts = [len(member) for member in seen]
+            raise AssertionError(f"partition {partition}: {exc}; got {counts}, {again=}") from exc
     return seen
 
 
