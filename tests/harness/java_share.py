@@ -59,9 +59,7 @@ def _start(command: list[str], stderr: IO[str]) -> _Member:
 
 
 def _stop(member: _Member, timeout_s: float) -> list[Delivery]:
-    """Close the member's input, wait for its ``done``: its deliveries."""
-    assert member.process.stdin is not None
-    member.process.stdin.close()
+    """Wait for the member's ``done`` (its input closed): its deliveries."""
     member.process.wait(timeout=timeout_s)
     assert member.reader is not None
     member.reader.join(timeout=timeout_s)
@@ -102,6 +100,9 @@ def _run(members: list[_Member], deliveries: int, timeout_s: float) -> list[list
                 assert m.process.poll() is None, f"a member exited after {got}: {_err(m)}"
             assert time.monotonic() < deadline, f"{got} of {deliveries} deliveries"
             time.sleep(0.05)
+        for member in members:  # every member told at once: they close side by side
+            assert member.process.stdin is not None
+            member.process.stdin.close()
         return [_stop(member, timeout_s) for member in members]
     finally:
         for member in members:  # a failed or timed-out member: no JVM outlives the test
