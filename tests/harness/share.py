@@ -36,6 +36,16 @@ def produce(bootstrap: str, topic: str, values: list[bytes], partition: int = 0)
     assert producer.flush(30) == 0
 
 
+def produce_partitions(bootstrap: str, topic: str, batches: dict[int, list[bytes]]) -> None:
+    """Each partition's values produced to it, in order, by one producer (one client start and
+    one flush for them all, not one per partition)."""
+    producer = Producer({"bootstrap.servers": bootstrap})
+    for partition, values in batches.items():
+        for value in values:
+            producer.produce(topic, value=value, partition=partition)
+    assert producer.flush(30) == 0
+
+
 def share_consumer(bootstrap: str, group: str, topic: str, **config: Any) -> ShareConsumer:
     """A librdkafka share consumer acknowledging explicitly, subscribed to ``topic``."""
     consumer = ShareConsumer(
@@ -102,7 +112,7 @@ def stored_share_state(
     """The share-partition's state as its owner last wrote it to etcd (None: not yet)."""
 
     async def read() -> dict[str, Any] | None:
-        etcd = await Etcd.connect([etcd_url], timeout_s=5)
+        etcd = await Etcd.connect([etcd_url], timeout_s=30)  # a loaded machine connects slowly
         try:
             kv = await etcd.get(keys.share_state_key(cluster, group, topic, partition))
             return None if kv is None else dict(json.loads(kv.value))

@@ -17,6 +17,7 @@ consumers of librdkafka (confluent-kafka's ``ShareConsumer``) and of the Java cl
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
 import sys
 import textwrap
@@ -24,6 +25,7 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +33,7 @@ import pytest
 from confluent_kafka import AcknowledgeType, KafkaException, ShareConsumer
 from harness import topics
 from harness.brokers import BrokerCluster, BrokerProcess, new_cluster
-from harness.java_client import java_program
+from harness.java_share import run_share_members
 from harness.kafka_wire import KafkaWire
 from harness.proxy import start_proxy
 from harness.s3 import S3Endpoint
@@ -40,12 +42,17 @@ from harness.share import (
     poll_some,
     poll_until,
     produce,
+    produce_partitions,
     set_group_configs,
     stored_share_state,
+    wait_stored,
 )
 from harness.share import share_consumer as new_share_consumer
 
+from kafscale.broker.metadata import keys
+from kafscale.broker.metadata.assignment import Assignment
 from kafscale.broker.metadata.embedded_etcd import EmbeddedEtcd
+from kafscale.broker.metadata.etcd import Etcd
 from kafscale.broker.protocol.errors import ErrorCode
 
 pytestmark = pytest.mark.integration
@@ -54,7 +61,6 @@ BROKERS = 3
 PARTITIONS = 6
 EARLIEST = {"share.auto.offset.reset": "earliest"}
 PROXY_NODE_ID = 1000
-SESSION_TIMEOUT_S = 45  # groups.share_session_timeout_ms's default
 JAVA_SOURCE = Path(__file__).with_name("java") / "ShareMember.java"
 
 
@@ -75,6 +81,29 @@ class Proxied:
             for key, owner in routes.items()
             if key.rsplit("/", 1)[0] == topic
         }
+
+    def settled_owner(self, topic: str, partition: int) -> int:
+        """The partition's owner once it is the one the cluster's stored assignment wants. A
+        new partition is claimed on demand by whichever broker is asked first, and may then
+        move to the owner the assignment gives it: a test talking to one broker directly must
+        wait for that (one etcd connection for the wait: a loaded machine is slow to open one)."""
+
+        async def wait() -> int:
+            etcd = await Etcd.connect([self.cluster.etcd_url], timeout_s=60)
+            try:
+                deadline = time.monotonic() + 60
+                while True:
+                    kv = await etcd.get(keys.assignment_key(self.cluster.cluster))
+                    wanted = None if kv is None else Assignment.from_json(kv.value).owners
+                    owner = self.owners(topic).get(partition)
+                    if owner is not None and wanted and wanted.get((topic, partition)) == owner:
+                        return owner
+                    assert time.monotonic() < deadline, f"{topic}/{partition} stays at {owner}"
+                    await asyncio.sleep(0.1)
+            finally:
+                await etcd.close()
+
+        return asyncio.run(wait())
 
     def spread_topic(self, topic: str, partitions: int = PARTITIONS) -> dict[int, int]:
         """``topic`` created, once every broker owns some of its partitions: the owners."""
@@ -119,12 +148,9 @@ def values(n: int, prefix: str = "v") -> list[bytes]:
 
 
 def produce_everywhere(bootstrap: str, topic: str, per_partition: int, prefix: str) -> list[bytes]:
-    sent = []
-    for partition in range(PARTITIONS):
-        batch = values(per_partition, f"{prefix}-p{partition}-")
-        produce(bootstrap, topic, batch, partition=partition)
-        sent += batch
-    return sent
+    batches = {p: values(per_partition, f"{prefix}-p{p}-") for p in range(PARTITIONS)}
+    produce_partitions(bootstrap, topic, batches)
+    return [value for batch in batches.values() for value in batch]
 
 
 def share_consumer(bootstrap: str, group: str, topic: str) -> ShareConsumer:
@@ -167,38 +193,27 @@ def test_two_share_consumers_through_the_proxy_get_every_record_once(
 
 
 def _java_members(
-    bootstrap: str, group: str, topic: str, mode: str, count: int
+    proxied: Proxied, names: tuple[str, str], mode: str, count: int, per_partition: int
 ) -> list[list[tuple[str, int, int]]]:
-    """Run ``count`` Java share consumers at once until each saw no record for 4 s: the
-    (value, offset, delivery count) each printed."""
-    command = java_program(JAVA_SOURCE, "ShareMember")
-    processes = [
-        subprocess.Popen(
-            [*command, bootstrap, group, topic, mode, "4000"],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for _ in range(count)
-    ]
-    try:
-        seen = []
-        for process in processes:
-            out, err = process.communicate(timeout=120)
-            assert process.returncode == 0 and out.rstrip().endswith("done"), err[-3000:]
-            seen.append(
-                [
-                    (parts[1], int(parts[2]), int(parts[3]))
-                    for line in out.splitlines()
-                    if (parts := line.split())[0] == "record"
-                ]
-            )
-        return seen
-    finally:
-        for process in processes:  # a failed or timed-out member: no JVM outlives the test
-            if process.poll() is None:
-                process.kill()
-                process.communicate()
+    """``count`` Java share consumers run at once until together they got every delivery of
+    the ``per_partition`` records on each partition (twice each for "release-once"): the
+    (value, offset, delivery count) each printed. Then nothing more can come: every
+    share-partition's stored start is past its records (each acknowledged ACCEPT, durably),
+    so none is left to deliver again."""
+    topic, group = names
+    deliveries = per_partition * PARTITIONS * (2 if mode == "release-once" else 1)
+    args = [proxied.bootstrap, group, topic, mode]
+    seen = run_share_members(JAVA_SOURCE, args, count, deliveries)
+    cluster = proxied.cluster
+    read = partial(stored_share_state, cluster.etcd_url, cluster.cluster, group, topic)
+    for partition in range(PARTITIONS):
+        try:
+            wait_stored(partial(read, partition), lambda state: state["start"] == per_partition)
+        except AssertionError as exc:  # what the members saw, to tell a lost ack from a repeat
+            again = [d for member in seen for d in member if d[2] != 1]
+            counts = [len(member) for member in seen]
+            raise AssertionError(f"partition {partition}: {exc}; got {counts}, {again=}") from exc
+    return seen
 
 
 def test_java_share_consumers_through_the_proxy_get_every_record_once(
@@ -208,7 +223,7 @@ def test_java_share_consumers_through_the_proxy_get_every_record_once(
     proxied.spread_topic(topic)
     set_group_configs(proxied.bootstrap, group, EARLIEST)
     sent = [v.decode() for v in produce_everywhere(proxied.bootstrap, topic, 50, "j")]
-    seen = _java_members(proxied.bootstrap, group, topic, "accept", 2)
+    seen = _java_members(proxied, names, "accept", 2, 50)
     got = [value for member in seen for value, _, _ in member]
     assert sorted(got) == sorted(sent) and len(set(got)) == len(got)
     assert {count for member in seen for _, _, count in member} == {1}
@@ -267,7 +282,7 @@ def test_java_share_consumer_through_the_proxy_gets_released_records_again(
     proxied.spread_topic(topic)
     set_group_configs(proxied.bootstrap, group, EARLIEST)
     sent = produce_everywhere(proxied.bootstrap, topic, 5, "jr")
-    (seen,) = _java_members(proxied.bootstrap, group, topic, "release-once", 1)
+    (seen,) = _java_members(proxied, names, "release-once", 1, 5)
     by_value: dict[str, list[int]] = {}
     for value, _, count in seen:
         by_value.setdefault(value, []).append(count)
@@ -319,9 +334,31 @@ DYING_CONSUMER = textwrap.dedent(
 )
 
 
+SHORT_SESSIONS = {
+    "KAFSCALE_GROUPS__SHARE_SESSION_TIMEOUT_MS": "4000",
+    "KAFSCALE_GROUPS__SHARE_HEARTBEAT_INTERVAL_MS": "500",
+}
+"""Member sessions of 4 s (Kafka's least is 45 s): a dead member leaves the group in seconds."""
+
+
+@pytest.fixture
+def short_sessions(
+    etcd_server: EmbeddedEtcd, s3_server: S3Endpoint, tmp_path: Path
+) -> Iterator[Proxied]:
+    """Brokers and a proxy of their own whose share group member sessions are short."""
+    cluster = new_cluster(
+        etcd_server.client_url, s3_server, tmp_path, "shareshort", extra_env=SHORT_SESSIONS
+    )
+    try:
+        yield start_proxied(cluster)
+    finally:
+        cluster.stop_all()
+
+
 def test_records_of_a_consumer_whose_connection_drops_go_to_another_member(
-    proxied: Proxied, names: tuple[str, str]
+    short_sessions: Proxied, names: tuple[str, str]
 ) -> None:
+    proxied = short_sessions
     topic, group = names
     proxied.spread_topic(topic)
     set_group_configs(proxied.bootstrap, group, LONG_LOCK)
@@ -339,10 +376,9 @@ def test_records_of_a_consumer_whose_connection_drops_go_to_another_member(
     other = share_consumer(proxied.bootstrap, group, topic)
     try:
         # The dead member stays in the group, with its share of the partitions, until its
-        # member session (45 s, Kafka's least) expires: what it held on the partitions the
-        # other member gets at once comes at once, the rest only then.
-        wait_s = SESSION_TIMEOUT_S + 60
-        poll_until(other, got, lambda: len(got.records) >= len(sent), timeout_s=wait_s)
+        # member session (4 s here) expires: what it held on the partitions the other member
+        # gets at once comes at once, the rest only then; never after the 10-minute locks.
+        poll_until(other, got, lambda: len(got.records) >= len(sent), timeout_s=60)
     finally:
         other.close()
     assert sorted(got.values) == sorted(sent)
@@ -604,20 +640,17 @@ def _one_partition_topic(proxied: Proxied, topic: str, group: str) -> str:
     topics.create_topic(proxied.bootstrap, topic, 1)
     set_group_configs(proxied.bootstrap, group, LONG_LOCKS)
     produce(proxied.bootstrap, topic, values(5))
-    deadline = time.monotonic() + 60
-    while (owner := proxied.owners(topic).get(0)) is None:
-        assert time.monotonic() < deadline, "the partition never got an owner"
-        time.sleep(0.1)
+    owner = proxied.settled_owner(topic, 0)  # the first owner may hand it over: not that one
     (broker,) = [b for b in proxied.cluster.brokers if b.node_id == owner]
     return broker.bootstrap
 
 
 def _acquire_all(wire: KafkaWire, group: str, member: str, topic_id: Any) -> int:
     """The member's session opened and the five records acquired: the next epoch."""
-    acquired, epoch = 0, 0
+    acquired, epoch, answer = 0, 0, None
     deadline = time.monotonic() + 60
     while acquired < 5:
-        assert time.monotonic() < deadline, f"{acquired} records acquired"
+        assert time.monotonic() < deadline, f"{acquired} records acquired; last: {answer}"
         answer = _fetch(wire, group, member, epoch, [(topic_id, 0)] if epoch == 0 else [])
         assert answer.error_code == ErrorCode.NONE, answer
         acquired += sum(

@@ -33,6 +33,7 @@ from confluent_kafka.admin import AdminClient
 from harness import topics
 from harness.brokers import BrokerCluster
 from harness.java_client import java_program
+from harness.java_share import run_share_members
 from harness.kafka_wire import KafkaWire, heartbeat
 from harness.proxy import start_proxy
 from harness.share import (
@@ -611,38 +612,16 @@ JAVA_SOURCE = Path(__file__).with_name("java") / "ShareMember.java"
 
 
 def _java_members(
-    bootstrap: str, group: str, mode: str, count: int
+    cluster: BrokerCluster, bootstrap: str, mode: str, count: int, deliveries: int, sent: int
 ) -> list[list[tuple[str, int, int]]]:
-    """Run ``count`` Java share consumers at once until each saw no record for 4 s: the
-    (value, offset, delivery count) each printed."""
-    command = java_program(JAVA_SOURCE, "ShareMember")
-    processes = [
-        subprocess.Popen(
-            [*command, bootstrap, group, "q", mode, "4000"],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for _ in range(count)
-    ]
-    try:
-        return [_member_records(process) for process in processes]
-    finally:
-        for process in processes:  # a failed or timed-out member: no JVM outlives the test
-            if process.poll() is None:
-                process.kill()
-                process.communicate()
-
-
-def _member_records(process: subprocess.Popen[str]) -> list[tuple[str, int, int]]:
-    """The (value, offset, delivery count) lines of one Java member, once it is done."""
-    out, err = process.communicate(timeout=120)
-    assert process.returncode == 0 and out.rstrip().endswith("done"), err[-3000:]
-    return [
-        (parts[1], int(parts[2]), int(parts[3]))
-        for line in out.splitlines()
-        if (parts := line.split())[0] == "record"
-    ]
+    """``count`` Java share consumers of group "java" on "q" run at once until together they
+    got ``deliveries`` records: the (value, offset, delivery count) each printed. Then nothing
+    more can come: the share-partition's stored start is past all ``sent`` records (every one
+    acknowledged ACCEPT, durably), so none is left to deliver again."""
+    seen = run_share_members(JAVA_SOURCE, [bootstrap, "java", "q", mode], count, deliveries)
+    read = partial(stored_share_state, cluster.etcd_url, cluster.cluster, "java", "q", 0)
+    wait_stored(read, lambda state: state["start"] == sent)
+    return seen
 
 
 def test_java_share_consumers_split_one_partition_exactly_once(
@@ -653,7 +632,7 @@ def test_java_share_consumers_split_one_partition_exactly_once(
     set_group_configs(broker.bootstrap, "java", EARLIEST)
     sent = [v.decode() for v in values(300)]
     produce(broker.bootstrap, "q", [v.encode() for v in sent])
-    seen = _java_members(broker.bootstrap, "java", "accept", 2)
+    seen = _java_members(broker_cluster, broker.bootstrap, "accept", 2, 300, 300)
     got = [value for member in seen for value, _, _ in member]
     assert sorted(got) == sorted(sent) and len(set(got)) == len(got)
     assert {count for member in seen for _, _, count in member} == {1}
@@ -664,7 +643,7 @@ def test_java_share_consumer_gets_released_records_again(broker_cluster: BrokerC
     topics.create_topic(broker.bootstrap, "q", 1)
     set_group_configs(broker.bootstrap, "java", EARLIEST)
     produce(broker.bootstrap, "q", values(20))
-    (seen,) = _java_members(broker.bootstrap, "java", "release-once", 1)
+    (seen,) = _java_members(broker_cluster, broker.bootstrap, "release-once", 1, 40, 20)
     by_value: dict[str, list[int]] = {}
     for value, _, count in seen:
         by_value.setdefault(value, []).append(count)
@@ -674,15 +653,22 @@ def test_java_share_consumer_gets_released_records_again(broker_cluster: BrokerC
 ADMIN_SOURCE = Path(__file__).with_name("java") / "ShareAdmin.java"
 
 
-def _java_admin(*args: str) -> list[str]:
+def _java_admin(*steps: str) -> list[list[str]]:
+    """Each step ("describe,BOOTSTRAP,GROUP", "alter,BOOTSTRAP,GROUP,TOPIC,P,OFFSET", ...) run
+    in order by one JVM: each step's lines, ending with "done" or "error ..."."""
     done = subprocess.run(
-        [*java_program(ADMIN_SOURCE, "ShareAdmin"), *args],
+        [*java_program(ADMIN_SOURCE, "ShareAdmin"), *steps],
         capture_output=True,
         text=True,
         timeout=120,
     )
-    assert done.stdout, done.stderr[-3000:]  # a JVM that could not start prints nothing
-    return done.stdout.splitlines()
+    answers: list[list[str]] = [[]]
+    for line in done.stdout.splitlines():
+        answers[-1].append(line)
+        if line == "done" or line.startswith("error "):
+            answers.append([])
+    assert done.returncode == 0 and len(answers) == len(steps) + 1, done.stderr[-3000:]
+    return answers[:-1]
 
 
 def test_the_java_admin_describes_alters_and_deletes_share_groups(
@@ -700,17 +686,25 @@ def test_the_java_admin_describes_alters_and_deletes_share_groups(
     consumer = share_consumer(bootstrap, "ops", "q")
     try:
         poll_until(consumer, got, lambda: len(got.records) >= 10)
-        assert _java_admin("describe", bootstrap, "ops")[0] == "group Stable 1 1"
-        assert _java_admin("alter", bootstrap, "ops", "q", "0", "4")[0].startswith(
-            "error GroupNotEmptyException"
+        described, refused = _java_admin(
+            f"describe,{bootstrap},ops", f"alter,{bootstrap},ops,q,0,4"
         )
+        assert described[0] == "group Stable 1 1"
+        assert refused[0].startswith("error GroupNotEmptyException")
     finally:
         consumer.close()
     proxy = start_proxy(broker_cluster).bootstrap
-    assert _java_admin("offsets", bootstrap, "ops") == ["offset q 0 10 0", "done"]
-    assert _java_admin("alter", proxy, "ops", "q", "0", "4") == ["done"]
-    assert _java_admin("offsets", proxy, "ops") == ["offset q 0 4 6", "done"]
-    assert _java_admin("describe", proxy, "ops")[0] == "group Empty 0 2"
+    assert _java_admin(
+        f"offsets,{bootstrap},ops",
+        f"alter,{proxy},ops,q,0,4",
+        f"offsets,{proxy},ops",
+        f"describe,{proxy},ops",
+    ) == [
+        ["offset q 0 10 0", "done"],
+        ["done"],
+        ["offset q 0 4 6", "done"],
+        ["group Empty 0 2", "done"],
+    ]
     again = Received()
     consumer = share_consumer(bootstrap, "ops", "q")
     try:
@@ -718,10 +712,14 @@ def test_the_java_admin_describes_alters_and_deletes_share_groups(
     finally:
         consumer.close()
     assert sorted(again.values) == sorted(values(10)[4:])
-    assert _java_admin("delete-offsets", bootstrap, "ops", "q") == ["done"]
-    assert _java_admin("offsets", bootstrap, "ops") == ["done"]
-    assert _java_admin("delete", bootstrap, "ops") == ["done"]
-    assert _java_admin("describe", bootstrap, "ops")[0].startswith("error GroupIdNotFound")
+    deleted = _java_admin(
+        f"delete-offsets,{bootstrap},ops,q",
+        f"offsets,{bootstrap},ops",
+        f"delete,{bootstrap},ops",
+        f"describe,{bootstrap},ops",
+    )
+    assert deleted[:3] == [["done"], ["done"], ["done"]]
+    assert deleted[3][0].startswith("error GroupIdNotFound")
 
 
 def _part(index: int) -> dict[str, Any]:
