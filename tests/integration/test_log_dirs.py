@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from harness.brokers import BrokerCluster, BrokerProcess
+from harness.brokers import BrokerCluster, BrokerProcess, new_cluster
 from harness.kafka_wire import KafkaWire
 from harness.offsets_admin import java_lines
 from harness.proxy import start_proxy
@@ -104,10 +104,25 @@ def eventually(check: Callable[[], Any], what: str) -> Any:
     return result
 
 
+@pytest.fixture(scope="module")
+def kafka_one(
+    etcd_server: EmbeddedEtcd, s3_server: S3Endpoint, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[BrokerCluster, BrokerProcess]]:
+    """One broker on S3, started once for the tests that each use a topic of their own and
+    only add to it."""
+    cluster = new_cluster(
+        etcd_server.client_url, s3_server, tmp_path_factory.mktemp("logdirs-one"), "ld1"
+    )
+    try:
+        yield cluster, cluster.start()
+    finally:
+        cluster.stop_all()
+
+
 def test_one_broker_reports_its_store_and_the_sizes_grow_with_produced_data(
-    broker_cluster: BrokerCluster,
+    kafka_one: tuple[BrokerCluster, BrokerProcess],
 ) -> None:
-    kafka = broker_cluster.start()
+    broker_cluster, kafka = kafka_one
     topic = _name("t")
     create_topics(kafka.bootstrap, [topic], 3)
     # Partitions are taken one by one: wait for all three (a first answer may list two).
@@ -153,15 +168,33 @@ def test_a_request_naming_partitions_gets_only_those_it_owns(kafka_two: Any) -> 
 PARTITIONS = 6
 
 
-@pytest.fixture
-def kafka_two(broker_cluster: BrokerCluster) -> Iterator[tuple[BrokerCluster, str]]:
-    """Two brokers sharing one bucket, a topic of six partitions with data in each."""
-    broker_cluster.start()
-    broker_cluster.start()
-    topic = _name("t")
-    create_topics(broker_cluster.bootstrap, [topic], PARTITIONS)
-    produce(broker_cluster.bootstrap, topic, PARTITIONS, 10)
-    yield broker_cluster, topic
+@pytest.fixture(scope="module")
+def kafka_two(
+    etcd_server: EmbeddedEtcd, s3_server: S3Endpoint, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[BrokerCluster, str]]:
+    """Two brokers sharing one bucket, a topic of six partitions with data in each: started
+    once for the module (two broker starts, not two per test), as its tests only read the
+    topic or move replicas to where they already are."""
+    cluster = new_cluster(
+        etcd_server.client_url, s3_server, tmp_path_factory.mktemp("logdirs-two"), "ld2"
+    )
+    try:
+        cluster.start()
+        cluster.start()
+        topic = _name("t")
+        create_topics(cluster.bootstrap, [topic], PARTITIONS)
+        produce(cluster.bootstrap, topic, PARTITIONS, 10)
+        yield cluster, topic
+    finally:
+        cluster.stop_all()
+
+
+@pytest.fixture(scope="module")
+def proxy_two(kafka_two: tuple[BrokerCluster, str]) -> BrokerProcess:
+    """A proxy in front of ``kafka_two``, started once its partitions are split."""
+    cluster, topic = kafka_two
+    eventually(lambda: owners_if_split(cluster, topic), "the partitions to split between both")
+    return start_proxy(cluster)
 
 
 def bootstrap_of(cluster: BrokerCluster, node_id: int) -> str:
@@ -213,12 +246,12 @@ def test_two_brokers_each_report_only_the_partitions_they_own(
 
 
 def test_through_the_proxy_one_broker_holds_every_partition(
-    kafka_two: tuple[BrokerCluster, str],
+    kafka_two: tuple[BrokerCluster, str], proxy_two: BrokerProcess
 ) -> None:
     """The proxy is the one broker its clients see: it reports the brokers' dirs joined."""
     cluster, topic = kafka_two
     eventually(lambda: owners_if_split(cluster, topic), "the partitions to split between both")
-    proxy = start_proxy(cluster)
+    proxy = proxy_two
     answer = describe(proxy.bootstrap)
     assert len(answer) == 1 and len(answer[0]["log_dirs"]) == 1
     assert answer[0]["log_dirs"][0]["log_dir"] == f"s3://{cluster.bucket}"
@@ -298,11 +331,11 @@ def alter(bootstrap: str, moves: dict[TopicPartitionReplica, str]) -> dict[Any, 
 
 
 def test_moving_a_replica_to_its_own_dir_succeeds_and_changes_nothing(
-    broker_cluster: BrokerCluster,
+    kafka_one: tuple[BrokerCluster, BrokerProcess],
 ) -> None:
     """What kafka-python's own suite asks of a broker: the dir DescribeLogDirs names is where
     the replica is, so the move is a no-op with NoError; the data stays where and what it was."""
-    kafka = broker_cluster.start()
+    broker_cluster, kafka = kafka_one
     topic = _name("mv")
     create_topics(kafka.bootstrap, [topic], 2)
     produce(kafka.bootstrap, topic, 2, 10)
@@ -320,9 +353,9 @@ def test_moving_a_replica_to_its_own_dir_succeeds_and_changes_nothing(
 
 
 def test_another_dir_is_not_found_and_an_unknown_partition_is_unknown(
-    broker_cluster: BrokerCluster,
+    kafka_one: tuple[BrokerCluster, BrokerProcess],
 ) -> None:
-    kafka = broker_cluster.start()
+    _, kafka = kafka_one
     topic = _name("mv")
     create_topics(kafka.bootstrap, [topic], 1)
     (broker,) = describe(kafka.bootstrap)
@@ -366,13 +399,13 @@ def test_a_broker_refuses_a_replica_another_broker_hosts(
 
 
 def test_through_the_proxy_every_replica_is_in_the_one_dir(
-    kafka_two: tuple[BrokerCluster, str],
+    kafka_two: tuple[BrokerCluster, str], proxy_two: BrokerProcess
 ) -> None:
     """The proxy is one broker holding every partition in one dir: each partition goes to its
     owner, and the answers come back as the proxy's."""
     cluster, topic = kafka_two
     eventually(lambda: owners_if_split(cluster, topic), "the partitions to split between both")
-    proxy = start_proxy(cluster)
+    proxy = proxy_two
     (broker,) = describe(proxy.bootstrap)
     node_id, log_dir = broker["broker"], broker["log_dirs"][0]["log_dir"]
     every = {TopicPartitionReplica(topic, p, node_id): log_dir for p in range(PARTITIONS)}

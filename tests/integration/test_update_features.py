@@ -50,24 +50,37 @@ def endpoint(cluster: BrokerCluster, request: pytest.FixtureRequest) -> BrokerPr
     return cluster.brokers[0 if request.param == "broker" else 1]
 
 
-def features_admin(bootstrap: str, *args: str) -> list[str]:
-    """``FeaturesAdmin``'s output lines (compiled on first use)."""
+def features_admin(bootstrap: str, *steps: str) -> list[list[str]]:
+    """``FeaturesAdmin``'s output lines for each step, all run by one JVM on one Admin
+    (compiled on first use): a JVM start costs ~2.5 s of CPU, so a test's steps share one."""
     done = run(
-        [*java_program(JAVA_SOURCE, "FeaturesAdmin"), bootstrap, *args],
+        [*java_program(JAVA_SOURCE, "FeaturesAdmin"), bootstrap, *steps],
         capture_output=True,
         text=True,
         timeout=120,
     )
     assert done.returncode == 0, done.stdout + done.stderr
-    return done.stdout.splitlines()
+    outputs: list[list[str]] = [[]]
+    for line in done.stdout.splitlines():
+        if line == "end":
+            outputs.append([])
+        else:
+            outputs[-1].append(line)
+    assert outputs.pop() == [] and len(outputs) == len(steps), done.stdout
+    return outputs
 
 
-def update(bootstrap: str, feature: str, level: int, kind: str = "UPGRADE", dry: bool = False):
-    return features_admin(bootstrap, "update", feature, str(level), kind, "dry" if dry else "apply")
+def update(feature: str, level: int, kind: str = "UPGRADE", dry: bool = False) -> str:
+    """The ``FeaturesAdmin`` step of ``kafka-features.sh upgrade|downgrade [--dry-run]``."""
+    return f"update {feature} {level} {kind} {'dry' if dry else 'apply'}"
+
+
+DESCRIBE = "describe"
 
 
 def test_describe_features_reports_the_finalized_levels(endpoint: BrokerProcess) -> None:
-    lines = set(features_admin(endpoint.bootstrap, "describe"))
+    (described,) = features_admin(endpoint.bootstrap, DESCRIBE)
+    lines = set(described)
     assert {"finalized share.version 1 1", "finalized transaction.version 2 2"} <= lines
     assert {"supported share.version 0 1", "supported transaction.version 0 2"} <= lines
 
@@ -75,9 +88,14 @@ def test_describe_features_reports_the_finalized_levels(endpoint: BrokerProcess)
 @pytest.mark.parametrize("dry", [False, True], ids=["apply", "dry-run"])
 def test_setting_the_level_a_feature_has_succeeds(endpoint: BrokerProcess, dry: bool) -> None:
     """``kafka-features.sh upgrade --feature share.version=1`` on a cluster that has it."""
-    assert update(endpoint.bootstrap, "share.version", 1, dry=dry) == ["ok"]
-    assert update(endpoint.bootstrap, "transaction.version", 2, dry=dry) == ["ok"]
-    lines = features_admin(endpoint.bootstrap, "describe")
+    share, transaction, lines = features_admin(
+        endpoint.bootstrap,
+        update("share.version", 1, dry=dry),
+        update("transaction.version", 2, dry=dry),
+        DESCRIBE,
+    )
+    assert share == ["ok"]
+    assert transaction == ["ok"]
     assert "finalized share.version 1 1" in lines
 
 
@@ -85,26 +103,28 @@ def test_setting_the_level_a_feature_has_succeeds(endpoint: BrokerProcess, dry: 
 def test_another_level_is_invalid_update_version_with_kafkas_message(
     endpoint: BrokerProcess, dry: bool
 ) -> None:
-    bootstrap = endpoint.bootstrap
     prefix = "error InvalidUpdateVersionException " + FAILED
-    (beyond,) = update(bootstrap, "share.version", 2, dry=dry)
+    (beyond,), (unknown,), (unsafe,), (fixed,), (downgrade,), lines = features_admin(
+        endpoint.bootstrap,
+        update("share.version", 2, dry=dry),
+        update("no.such.version", 1, dry=dry),
+        update("transaction.version", 1, dry=dry),
+        update("share.version", 0, "SAFE_DOWNGRADE", dry=dry),
+        update("transaction.version", 1, "SAFE_DOWNGRADE", dry=dry),
+        DESCRIBE,
+    )
     assert beyond.startswith(prefix + "Invalid update version 2 for feature share.version. ")
     assert beyond.endswith(" only supports versions 0-1")
-    (unknown,) = update(bootstrap, "no.such.version", 1, dry=dry)
     assert unknown.startswith(prefix + "Invalid update version 1 for feature no.such.version. ")
     assert unknown.endswith(" does not support this feature.")
-    (unsafe,) = update(bootstrap, "transaction.version", 1, dry=dry)
     assert unsafe == (
         prefix + "Invalid update version 1 for feature transaction.version. Can't downgrade the "
         "version of this feature without setting the upgrade type to either safe or unsafe "
         "downgrade."
     )
-    (fixed,) = update(bootstrap, "share.version", 0, "SAFE_DOWNGRADE", dry=dry)
     assert fixed.startswith(prefix + "Invalid update version 0 for feature share.version. ")
     assert "cannot be changed at run time" in fixed
-    (downgrade,) = update(bootstrap, "transaction.version", 1, "SAFE_DOWNGRADE", dry=dry)
     assert "transactions.protocol_version" in downgrade
-    lines = features_admin(bootstrap, "describe")
     assert {"finalized share.version 1 1", "finalized transaction.version 2 2"} <= set(lines)
 
 
@@ -131,7 +151,7 @@ def test_updating_features_needs_alter_on_the_cluster(
 ) -> None:
     with authorizing_cluster(etcd_server.client_url, s3_server, tmp_path, "featacl") as cluster:
         bootstrap = cluster.brokers[0].bootstrap
-        (denied,) = update(bootstrap, "share.version", 1)
+        ((denied,),) = features_admin(bootstrap, update("share.version", 1))
         assert denied.startswith("error ClusterAuthorizationException")
         grant_cluster(cluster, "ALTER")
-        assert update(bootstrap, "share.version", 1) == ["ok"]
+        assert features_admin(bootstrap, update("share.version", 1)) == [["ok"]]

@@ -11,10 +11,12 @@ import org.apache.kafka.clients.admin.SupportedVersionRange;
 import org.apache.kafka.clients.admin.UpdateFeaturesOptions;
 
 /**
- * The Java AdminClient's feature calls, what kafka-features.sh runs: "describe" prints one
- * line per finalized and supported feature; "update FEATURE LEVEL TYPE dry|apply" (TYPE one of
- * UPGRADE, SAFE_DOWNGRADE, UNSAFE_DOWNGRADE; dry is --dry-run) prints "ok", or "error", the
- * exception's class and its message.
+ * The Java AdminClient's feature calls, what kafka-features.sh runs. Arguments: the bootstrap,
+ * then one or more steps run in order on one Admin (one JVM start for a test's whole sequence,
+ * ~2.5 s of CPU each), each one argument: "describe" prints one line per finalized and
+ * supported feature; "update FEATURE LEVEL TYPE dry|apply" (TYPE one of UPGRADE,
+ * SAFE_DOWNGRADE, UNSAFE_DOWNGRADE; dry is --dry-run) prints "ok", or "error", the exception's
+ * class and its message. Each step's output ends with a line "end".
  */
 public class FeaturesAdmin {
     public static void main(String[] args) throws Exception {
@@ -22,10 +24,14 @@ public class FeaturesAdmin {
         props.put(AdminClientConfig.BOOTSTRAP_SERVERS_CONFIG, args[0]);
         props.put(AdminClientConfig.DEFAULT_API_TIMEOUT_MS_CONFIG, "30000");
         try (Admin admin = Admin.create(props)) {
-            if (args[1].equals("describe")) {
-                describe(admin);
-            } else {
-                update(admin, args[2], Short.parseShort(args[3]), args[4], args[5].equals("dry"));
+            for (int i = 1; i < args.length; i++) {
+                String[] step = args[i].split(" ");
+                if (step[0].equals("describe")) {
+                    describe(admin);
+                } else {
+                    update(admin, step[1], Short.parseShort(step[2]), step[3], step[4].equals("dry"));
+                }
+                System.out.println("end");
             }
         }
     }
