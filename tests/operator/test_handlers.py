@@ -91,7 +91,7 @@ async def assignment(etcd: Etcd, cluster: str) -> Assignment | None:
 
 
 async def test_create_applies_owned_objects_with_server_side_apply(
-    kube_cluster: KubeCluster, real_operator: Any, kube_namespace: str, etcd_server: EmbeddedEtcd
+    kube_cluster: KubeCluster, kube_namespace: str, real_operator: Any, etcd_server: EmbeddedEtcd
 ) -> None:
     ns, kube = kube_namespace, kube_cluster
     created = kube.create(
@@ -129,7 +129,7 @@ async def test_create_applies_owned_objects_with_server_side_apply(
 
 
 async def test_update_rolls_config_and_observed_generation(
-    kube_cluster: KubeCluster, real_operator: Any, kube_namespace: str, etcd_server: EmbeddedEtcd
+    kube_cluster: KubeCluster, kube_namespace: str, real_operator: Any, etcd_server: EmbeddedEtcd
 ) -> None:
     ns, kube = kube_namespace, kube_cluster
     path = f"{CLUSTERS.format(ns=ns)}/demo"
@@ -163,7 +163,7 @@ async def test_update_rolls_config_and_observed_generation(
 
 
 async def test_invalid_config_is_reported_degraded(
-    kube_cluster: KubeCluster, real_operator: Any, kube_namespace: str, etcd_server: EmbeddedEtcd
+    kube_cluster: KubeCluster, kube_namespace: str, real_operator: Any, etcd_server: EmbeddedEtcd
 ) -> None:
     ns, kube = kube_namespace, kube_cluster
     path = f"{CLUSTERS.format(ns=ns)}/demo"
@@ -185,7 +185,7 @@ async def test_invalid_config_is_reported_degraded(
 
 
 async def test_unreachable_etcd_is_degraded_with_a_reason_and_an_event(
-    kube_cluster: KubeCluster, real_operator: Any, kube_namespace: str
+    kube_cluster: KubeCluster, kube_namespace: str, real_operator: Any
 ) -> None:
     ns, kube = kube_namespace, kube_cluster
     path = f"{CLUSTERS.format(ns=ns)}/demo"
@@ -205,7 +205,7 @@ async def test_unreachable_etcd_is_degraded_with_a_reason_and_an_event(
 
 
 async def test_autoscaled_brokers_leave_replicas_to_the_autoscaler(
-    kube_cluster: KubeCluster, real_operator: Any, kube_namespace: str, etcd_server: EmbeddedEtcd
+    kube_cluster: KubeCluster, kube_namespace: str, real_operator: Any, etcd_server: EmbeddedEtcd
 ) -> None:
     """The operator never owns ``replicas`` while autoscaling is on; 1.20 gets no HPA.
 
@@ -243,7 +243,7 @@ async def test_autoscaled_brokers_leave_replicas_to_the_autoscaler(
 
 
 async def test_managed_etcd_objects(
-    kube_cluster: KubeCluster, real_operator: Any, kube_namespace: str
+    kube_cluster: KubeCluster, kube_namespace: str, real_operator: Any
 ) -> None:
     ns, kube = kube_namespace, kube_cluster
     path = f"{CLUSTERS.format(ns=ns)}/demo"
@@ -276,8 +276,8 @@ async def test_managed_etcd_objects(
 
 async def test_delete_with_retain_keeps_the_data(
     kube_cluster: KubeCluster,
-    real_operator: Any,
     kube_namespace: str,
+    real_operator: Any,
     etcd_server: EmbeddedEtcd,
     etcd: Etcd,
     s3_server: S3Endpoint,
@@ -316,8 +316,8 @@ async def test_delete_with_retain_keeps_the_data(
 
 async def test_topic_lifecycle(
     kube_cluster: KubeCluster,
-    real_operator: Any,
     kube_namespace: str,
+    real_operator: Any,
     etcd_server: EmbeddedEtcd,
     etcd: Etcd,
 ) -> None:
@@ -387,7 +387,7 @@ async def test_topic_lifecycle(
 
 
 async def test_topic_waits_for_its_cluster(
-    kube_cluster: KubeCluster, real_operator: Any, kube_namespace: str
+    kube_cluster: KubeCluster, kube_namespace: str, real_operator: Any
 ) -> None:
     ns, kube = kube_namespace, kube_cluster
     spec = {"clusterRef": "missing", "partitions": 1}

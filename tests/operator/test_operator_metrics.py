@@ -46,6 +46,14 @@ def value(samples: Samples, name: str, **labels: str) -> float | None:
     return samples.get((name, tuple(sorted(labels.items()))))
 
 
+def counted(samples: Samples, **labels: str) -> bool:
+    """At least one run of the handler counted and timed on this page (the wrapper increments
+    the counter and then the histogram: a scrape between the two sees them differ)."""
+    runs = value(samples, "kafscale_operator_reconciles_total", **labels)
+    timed = value(samples, "kafscale_operator_reconcile_duration_seconds_count", **labels)
+    return runs is not None and runs >= 1 and timed == runs
+
+
 async def test_operator_metrics_count_reconciles_and_report_cluster_state(
     kube_cluster: KubeCluster,
     kafscale_chart: InstalledChart,
@@ -69,19 +77,22 @@ async def test_operator_metrics_count_reconciles_and_report_cluster_state(
         spec = external_spec(etcd_server, s3_server, store.bucket, brokers={"replicas": 2})
         kube.create(CLUSTERS.format(ns=ns), cluster_manifest("shop", ns, spec))
 
-        # Applied, no pod ready yet: desired 2, ready 0, not Ready.
+        # Applied, no pod ready yet: desired 2, ready 0, not Ready. A handler sets the gauges
+        # while it runs and is counted (counter, then histogram) after it returns: wait for a
+        # page that shows both, not just the gauges.
+        runs = {"handler": "reconcile_cluster", "outcome": "success"}
         created = await settle(
             lambda: (
                 (s := scrape(port))
                 and value(s, "kafscale_operator_brokers_desired", **cluster) == 2
+                and counted(s, **runs)
                 and s
             ),
-            what="the cluster's gauges",
+            what="the cluster's gauges and its reconcile counted",
         )
         assert value(created, "kafscale_operator_brokers_ready", **cluster) == 0
         assert value(created, "kafscale_operator_cluster_ready", **cluster) == 0
         assert value(created, "kafscale_operator_cluster_degraded", **cluster) == 0
-        runs = {"handler": "reconcile_cluster", "outcome": "success"}
         reconciles = value(created, "kafscale_operator_reconciles_total", **runs)
         assert reconciles is not None and reconciles >= 1
         assert value(created, "kafscale_operator_reconcile_duration_seconds_count", **runs) == (
@@ -97,33 +108,34 @@ async def test_operator_metrics_count_reconciles_and_report_cluster_state(
         )
         for pod in pods:
             mark_ready(kube, ns, pod)
+        status_runs = {"handler": "refresh_cluster_status", "outcome": "success"}
         running = await settle(
             lambda: (
                 (s := scrape(port))
                 and value(s, "kafscale_operator_brokers_ready", **cluster) == 2
+                and counted(s, **status_runs)
                 and s
             ),
-            what="the cluster's brokers ready in the metrics",
+            what="the cluster's brokers ready in the metrics and a status round counted",
         )
         assert value(running, "kafscale_operator_cluster_ready", **cluster) == 1
         assert (value(running, "kafscale_operator_clusters", phase="Running") or 0) >= 1
-        status_runs = value(
-            running,
-            "kafscale_operator_reconciles_total",
-            handler="refresh_cluster_status",
-            outcome="success",
-        )
-        assert status_runs is not None and status_runs >= 1
+        refreshes = value(running, "kafscale_operator_reconciles_total", **status_runs)
+        assert refreshes is not None and refreshes >= 1
 
         # Deleted: its series leave the page, the finalizer's run is counted.
         kube.kubectl("delete", "kafscalecluster", "shop", "-n", ns, "--wait=false")
-        await settle(
-            lambda: value(scrape(port), "kafscale_operator_brokers_desired", **cluster) is None,
-            what="the deleted cluster's series gone",
-        )
-        gone = scrape(port)
-        assert value(gone, "kafscale_operator_cluster_ready", **cluster) is None
-        deletes = {"handler": "delete_cluster", "outcome": "success"}
         # At least once: kopf may run a delete handler again before the finalizer's removal lands.
+        deletes = {"handler": "delete_cluster", "outcome": "success"}
+        gone = await settle(
+            lambda: (
+                (s := scrape(port))
+                and value(s, "kafscale_operator_brokers_desired", **cluster) is None
+                and counted(s, **deletes)
+                and s
+            ),
+            what="the deleted cluster's series gone and its delete counted",
+        )
+        assert value(gone, "kafscale_operator_cluster_ready", **cluster) is None
     assert (value(gone, "kafscale_operator_reconciles_total", **deletes) or 0) >= 1
     await store.close()

@@ -27,9 +27,9 @@ def produce(bootstrap: str, topic: str, records: list[dict[str, Any]], **config:
 
 
 def test_every_compression_comes_back_exactly_once_in_order(
-    spark: Any, broker_cluster: BrokerCluster
+    spark: Any, shared_cluster: BrokerCluster
 ) -> None:
-    broker = broker_cluster.start()
+    broker = shared_cluster.brokers[0]
     create_topic(broker.bootstrap, "orders", 3)
     sent = []
     for codec in ("none", "gzip", "snappy", "lz4", "zstd"):
@@ -46,7 +46,7 @@ def test_every_compression_comes_back_exactly_once_in_order(
         sent.extend(records)
     df = (
         spark.read.format("kafscale")
-        .options(**source_options(broker_cluster))
+        .options(**source_options(shared_cluster))
         .option("subscribe", "orders")
         .option("includeHeaders", "true")
         .load()
@@ -73,9 +73,9 @@ def segment_object(base: int, values: list[bytes]) -> bytes:
 
 
 def test_orphans_of_fenced_writers_and_uncommitted_uploads_are_never_read(
-    spark: Any, broker_cluster: BrokerCluster
+    spark: Any, shared_cluster: BrokerCluster
 ) -> None:
-    broker = broker_cluster.start()
+    broker = shared_cluster.brokers[0]
     create_topic(broker.bootstrap, "fenced", 1)
     # One batch, so one segment: with linger.ms=5 a loaded machine split the ten records over
     # two produce requests, hence two flush rounds and two segments (once in three runs).
@@ -83,27 +83,27 @@ def test_orphans_of_fenced_writers_and_uncommitted_uploads_are_never_read(
     produce(broker.bootstrap, "fenced", records, **{"linger.ms": 1000})
     (real_key,) = [
         k
-        for k in broker_cluster.object_keys(f"{broker_cluster.cluster}/topics/fenced/")
+        for k in shared_cluster.object_keys(f"{shared_cluster.cluster}/topics/fenced/")
         if k.endswith(".kfs")
     ]
     prefix, name = real_key.rsplit("/", 1)
     base, epoch = int(name[:20]), int(name.split("-e")[1].split(".")[0])
-    s3 = broker_cluster.s3.client()
+    s3 = shared_cluster.s3.client()
     # A fenced writer's upload at the same offsets (an epoch that never owned them), and an
     # upload beyond the high watermark that was never committed.
     s3.put_object(
-        Bucket=broker_cluster.bucket,
+        Bucket=shared_cluster.bucket,
         Key=f"{prefix}/{base:020d}-e{epoch + 5}.kfs",
         Body=segment_object(base, [b"orphan"] * 10),
     )
     s3.put_object(
-        Bucket=broker_cluster.bucket,
+        Bucket=shared_cluster.bucket,
         Key=f"{prefix}/{10:020d}-e{epoch}.kfs",
         Body=segment_object(10, [b"uncommitted"] * 3),
     )
     rows = (
         spark.read.format("kafscale")
-        .options(**source_options(broker_cluster))
+        .options(**source_options(shared_cluster))
         .option("subscribe", "fenced")
         .load()
         .collect()
@@ -114,9 +114,9 @@ def test_orphans_of_fenced_writers_and_uncommitted_uploads_are_never_read(
 
 
 def test_assign_offsets_json_and_starting_timestamp_choose_the_rows(
-    spark: Any, broker_cluster: BrokerCluster
+    spark: Any, shared_cluster: BrokerCluster
 ) -> None:
-    broker = broker_cluster.start()
+    broker = shared_cluster.brokers[0]
     create_topic(broker.bootstrap, "picked", 3)
     base_ms = 1_700_000_000_000
     produce(
@@ -128,7 +128,7 @@ def test_assign_offsets_json_and_starting_timestamp_choose_the_rows(
             for i in range(20)
         ],
     )
-    options = source_options(broker_cluster)
+    options = source_options(shared_cluster)
 
     def read(**extra: str) -> list[tuple[int, int]]:
         df = spark.read.format("kafscale").options(**options, **extra).load()

@@ -7,9 +7,11 @@ query again" (Spark's retries reuse the plan, so the query fails)."""
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import pytest
+from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 from harness.brokers import BrokerCluster
 from harness.log_cleaner import (
     CLEANER_ENV,
@@ -23,7 +25,6 @@ from harness.log_cleaner import (
     keyed_rounds,
     latest_per_key,
     partition_state,
-    poll_all,
     produce_rounds,
     produced_log,
     txn_producer,
@@ -36,8 +37,39 @@ from kafscale.broker.metadata import keys
 from kafscale.pipeline.source import KafScaleDataSource
 
 pytestmark = [pytest.mark.pipeline, pytest.mark.timeout(900)]
+SHARED_BROKER_ENV = CLEANER_ENV  # the module's broker (conftest's shared_cluster)
 NO_PASS_YET = {"min.cleanable.dirty.ratio": "1.5"}  # dirty share never reaches it
-QUIET_S = 10.0  # poll_all stops after this long without a record: generous on loaded cores
+
+
+def read_committed(bootstrap: str, topic: str) -> list[Record]:
+    """Every record a read_committed consumer gets from offset 0 to the end of partition 0
+    (its last stable offset, reported by the fetch: no quiet period to wait out)."""
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"g-{time.monotonic_ns()}",
+            "enable.auto.commit": False,
+            "isolation.level": "read_committed",
+            "enable.partition.eof": True,
+            "fetch.wait.max.ms": 100,
+        }
+    )
+    consumer.assign([TopicPartition(topic, 0, 0)])
+    found: list[Record] = []
+    try:
+        deadline = time.monotonic() + 120  # only against a hang
+        while time.monotonic() < deadline:
+            message = consumer.poll(0.5)
+            if message is None:
+                continue
+            if message.error():
+                if message.error().code() == KafkaError._PARTITION_EOF:
+                    return found
+                raise KafkaException(message.error())
+            found.append((message.offset(), message.key(), message.value()))
+        raise AssertionError(f"no end of partition after {found[-1:] or 'nothing'}")
+    finally:
+        consumer.close()
 
 
 def plain_bases(cluster: BrokerCluster, topic: str) -> list[int]:
@@ -78,9 +110,9 @@ def rows_of(frame: Any) -> list[Record]:
 
 
 def test_a_batch_read_planned_before_a_pass_returns_each_keys_latest(
-    spark: Any, broker_cluster: BrokerCluster
+    spark: Any, shared_cluster: BrokerCluster
 ) -> None:
-    broker = broker_cluster.start(**CLEANER_ENV)
+    broker = shared_cluster.brokers[0]
     topic = "relocate-batch"
     create_compacted(broker.bootstrap, topic, **NO_PASS_YET)
     rounds = keyed_rounds(6)
@@ -89,14 +121,14 @@ def test_a_batch_read_planned_before_a_pass_returns_each_keys_latest(
     planned_end = len(written)
     frame = (
         spark.read.format("kafscale")
-        .options(**source_options(broker_cluster))
+        .options(**source_options(shared_cluster))
         .option("subscribe", topic)
         .load()
     )
     assert frame.count() == planned_end  # planned now (once per DataFrame): plain segments
     # Past the plan: not read. It also makes the plan's last segment cleanable.
     produce_rounds(broker.bootstrap, topic, [[(b"k1", b"after the plan")]])
-    upto = clean_and_delete(broker_cluster, broker.bootstrap, topic, planned_end)
+    upto = clean_and_delete(shared_cluster, broker.bootstrap, topic, planned_end)
     assert upto == planned_end
 
     rows = rows_of(frame)  # the same DataFrame: the same plan, its objects gone
@@ -108,18 +140,18 @@ def test_a_batch_read_planned_before_a_pass_returns_each_keys_latest(
 
 
 def test_a_stream_micro_batch_planned_before_a_pass_returns_each_keys_latest(
-    broker_cluster: BrokerCluster,
+    shared_cluster: BrokerCluster,
 ) -> None:
     """A micro-batch's tasks as Spark runs them (pyspark's own pickled read function and
     partitions) after the pass: the batch's offsets, those of the checkpoint, stay the plan's."""
-    broker = broker_cluster.start(**CLEANER_ENV)
+    broker = shared_cluster.brokers[0]
     topic = "relocate-stream"
     create_compacted(broker.bootstrap, topic, **NO_PASS_YET)
     rounds = keyed_rounds(6)
     produce_rounds(broker.bootstrap, topic, rounds)
     written = produced_log(rounds)
     options = {
-        **source_options(broker_cluster),
+        **source_options(shared_cluster),
         "subscribe": topic,
         "startingOffsets": "earliest",
     }
@@ -131,7 +163,7 @@ def test_a_stream_micro_batch_planned_before_a_pass_returns_each_keys_latest(
     partitions = reader.partitions(start, end)
     payload = plan_as_spark_does(KafScaleDataSource(CaseInsensitiveDict(options)), True)
     produce_rounds(broker.bootstrap, topic, [[(b"k1", b"after the plan")]])
-    upto = clean_and_delete(broker_cluster, broker.bootstrap, topic, len(written))
+    upto = clean_and_delete(shared_cluster, broker.bootstrap, topic, len(written))
 
     batches = run_as_executors_do(payload, list(partitions))
 
@@ -144,12 +176,12 @@ def test_a_stream_micro_batch_planned_before_a_pass_returns_each_keys_latest(
 
 
 def test_read_committed_rows_survive_a_pass_that_drops_aborted_transactions(
-    spark: Any, broker_cluster: BrokerCluster
+    spark: Any, shared_cluster: BrokerCluster
 ) -> None:
     """The plan lists aborted transactions; the pass drops their records and their entries in
     the state. The re-located tasks return the committed records a read_committed consumer
     gets after the pass, and nothing aborted."""
-    broker = broker_cluster.start(**CLEANER_ENV)
+    broker = shared_cluster.brokers[0]
     topic = "relocate-txn"
     create_compacted(broker.bootstrap, topic, **NO_PASS_YET)
     producer = txn_producer(broker.bootstrap, "relocate-changelog")
@@ -157,22 +189,22 @@ def test_read_committed_rows_survive_a_pass_that_drops_aborted_transactions(
         records = [(b"k%d" % ((n + i) % 3), b"txn %d" % n) for i in range(2)]
         in_transaction(producer, topic, records, commit=n % 4 != 1)
     produce_rounds(broker.bootstrap, topic, [[(b"tail", b"last")]])
-    committed = poll_all(broker.bootstrap, topic, "read_committed", QUIET_S)
-    assert partition_state(broker_cluster, topic).aborted_txns  # planned with them
+    committed = read_committed(broker.bootstrap, topic)
+    assert partition_state(shared_cluster, topic).aborted_txns  # planned with them
     frame = (
         spark.read.format("kafscale")
-        .options(**source_options(broker_cluster))
+        .options(**source_options(shared_cluster))
         .option("subscribe", topic)
         .load()
     )
     assert frame.count() == len(committed)
     tail = committed[-1][0]
 
-    upto = clean_and_delete(broker_cluster, broker.bootstrap, topic, tail)
-    assert not partition_state(broker_cluster, topic).aborted_txns  # dropped by the pass
+    upto = clean_and_delete(shared_cluster, broker.bootstrap, topic, tail)
+    assert not partition_state(shared_cluster, topic).aborted_txns  # dropped by the pass
     rows = rows_of(frame)
 
-    assert rows == poll_all(broker.bootstrap, topic, "read_committed", QUIET_S)
+    assert rows == read_committed(broker.bootstrap, topic)
     latest = {key: (offset, key, value) for offset, key, value in committed if offset < upto}
     assert rows == sorted([*latest.values(), *(r for r in committed if r[0] >= upto)])
     assert b"txn 1" not in {value for _, _, value in rows}  # an aborted transaction's value

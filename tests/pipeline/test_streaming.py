@@ -53,12 +53,12 @@ def run_available_now(
 
 
 def test_a_stream_restarted_from_its_checkpoint_resumes_exactly(
-    spark: Any, broker_cluster: BrokerCluster, tmp_path: Path
+    spark: Any, shared_cluster: BrokerCluster, tmp_path: Path
 ) -> None:
-    broker = broker_cluster.start()
+    broker = shared_cluster.brokers[0]
     create_topic(broker.bootstrap, "events", 2)
     produce(broker.bootstrap, "events", 0, 200, 2)
-    options = {**source_options(broker_cluster), "subscribe": "events"}
+    options = {**source_options(shared_cluster), "subscribe": "events"}
     out, checkpoint = tmp_path / "lake", tmp_path / "checkpoint"
 
     first = run_available_now(
@@ -81,12 +81,12 @@ def test_a_stream_restarted_from_its_checkpoint_resumes_exactly(
 
 
 def test_a_new_stream_starts_at_the_latest_offsets_by_default(
-    spark: Any, broker_cluster: BrokerCluster, tmp_path: Path
+    spark: Any, shared_cluster: BrokerCluster, tmp_path: Path
 ) -> None:
-    broker = broker_cluster.start()
+    broker = shared_cluster.brokers[0]
     create_topic(broker.bootstrap, "late", 1)
     produce(broker.bootstrap, "late", 0, 50, 1)
-    options = {**source_options(broker_cluster), "subscribe": "late"}
+    options = {**source_options(shared_cluster), "subscribe": "late"}
     out, checkpoint = tmp_path / "lake", tmp_path / "checkpoint"
     run_available_now(spark, options, out, checkpoint)  # records the start: offset 50
     produce(broker.bootstrap, "late", 50, 20, 1)
@@ -138,12 +138,12 @@ def start_memory_stream(spark: Any, options: dict[str, str], name: str, **extra:
 
 
 def test_min_offsets_per_trigger_holds_batches_until_enough_or_the_delay(
-    spark: Any, broker_cluster: BrokerCluster, tmp_path: Path
+    spark: Any, shared_cluster: BrokerCluster, tmp_path: Path
 ) -> None:
-    broker = broker_cluster.start()
+    broker = shared_cluster.brokers[0]
     create_topic(broker.bootstrap, "ticks", 2)
     produce(broker.bootstrap, "ticks", 0, 10, 2)
-    options = {**source_options(broker_cluster), "subscribe": "ticks"}
+    options = {**source_options(shared_cluster), "subscribe": "ticks"}
 
     def count(table: str) -> int:
         return int(spark.sql(f"SELECT count(*) FROM {table}").first()[0])

@@ -33,9 +33,9 @@ def consume_all(bootstrap: str, topic: str, partitions: int, expected: int) -> l
 
 
 def test_rows_written_by_spark_are_read_back_by_a_kafka_consumer(
-    spark: Any, broker_cluster: BrokerCluster
+    spark: Any, shared_cluster: BrokerCluster
 ) -> None:
-    broker = broker_cluster.start()
+    broker = shared_cluster.brokers[0]
     create_topic(broker.bootstrap, "out", 2)
     rows = [
         (
@@ -72,7 +72,7 @@ def test_rows_written_by_spark_are_read_back_by_a_kafka_consumer(
     # and the data source reads them back as well, straight from storage
     back = (
         spark.read.format("kafscale")
-        .options(**source_options(broker_cluster))
+        .options(**source_options(shared_cluster))
         .option("subscribe", "out")
         .load()
         .selectExpr("CAST(value AS STRING) AS value")
@@ -82,9 +82,9 @@ def test_rows_written_by_spark_are_read_back_by_a_kafka_consumer(
 
 
 def test_a_streaming_query_writes_through_the_sink(
-    spark: Any, broker_cluster: BrokerCluster, tmp_path: Any
+    spark: Any, shared_cluster: BrokerCluster, tmp_path: Any
 ) -> None:
-    broker = broker_cluster.start()
+    broker = shared_cluster.brokers[0]
     create_topic(broker.bootstrap, "copy-in", 1)
     create_topic(broker.bootstrap, "copy-out", 1)
     spark.createDataFrame([(f"r{i}",) for i in range(100)], "value string").write.format(
@@ -94,7 +94,7 @@ def test_a_streaming_query_writes_through_the_sink(
     ).save()
     query = (
         spark.readStream.format("kafscale")
-        .options(**source_options(broker_cluster))
+        .options(**source_options(shared_cluster))
         .option("subscribe", "copy-in")
         .option("startingOffsets", "earliest")
         .load()

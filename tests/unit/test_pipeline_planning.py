@@ -74,7 +74,9 @@ def test_connection_options_fall_back_to_the_brokers_environment(
         ({"subscribe": "a", "minOffsetsPerTrigger": "10"}, "streaming reads only"),
         ({"subscribe": "a", "maxTriggerDelay": "1m"}, "streaming reads only"),
         ({"subscribe": "a", "startingTimestamp": "soon"}, "milliseconds"),
-        ({"subscribe": "a", "storage.kind": "tape"}, "s3 or local"),
+        ({"subscribe": "a", "storage.kind": "tape"}, "storage.kind must be s3 or local"),
+        ({"subscribe": "a", "startingOffsets": "{oops"}, "startingOffsets is not valid JSON"),
+        ({"subscribe": "a", "failOnDataLoss": "maybe"}, "failOnDataLoss must be true or false"),
     ],
 )
 def test_bad_options_are_named(options: dict[str, str], message: str) -> None:
