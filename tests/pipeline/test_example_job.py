@@ -12,6 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 from confluent_kafka import Producer
 from harness.brokers import BrokerCluster
+from harness.java_client import JVM_FLAGS
 from harness.topics import create_topic
 
 from kafscale.pipeline.jobs import topic_to_parquet
@@ -91,6 +92,8 @@ def spark_submit(cluster: BrokerCluster, argv: list[str], workdir: Path) -> str:
         "spark.driver.host=127.0.0.1",
         "--conf",
         "spark.sql.session.timeZone=UTC",
+        "--driver-java-options",  # the test SparkSession's CPU-saving flags (harness.spark)
+        " ".join(JVM_FLAGS),
         topic_to_parquet.__file__,
         *argv,
     ]
