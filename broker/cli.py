@@ -13,7 +13,7 @@ import os
 import signal
 import sys
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from pydantic import ValidationError
 
@@ -21,20 +21,12 @@ from kafscale.broker import drain_hook
 from kafscale.broker.app import Broker, StartupError
 from kafscale.broker.authz.cli import add_acls_parser, run_acls
 from kafscale.broker.config import BrokerSettings
-from kafscale.broker.local import LocalOptions, run_local
 from kafscale.broker.memory import freeze_startup_objects, tune_allocator
 from kafscale.broker.metadata.etcd_channel import BadEndpoint
 from kafscale.broker.metadata.etcd_connect import connect_etcd
 from kafscale.broker.metadata.etcd_errors import MetadataUnavailable
 from kafscale.broker.observability.logs import setup_logging
 from kafscale.broker.observability.metrics import METRICS
-from kafscale.broker.observability.status import (
-    ClusterStatus,
-    read_status,
-    render,
-    scrape_metrics,
-)
-from kafscale.broker.proxy.app import Proxy
 from kafscale.broker.proxy.config import ProxySettings
 from kafscale.broker.settings_cli import (
     add_settings_flags,
@@ -45,6 +37,9 @@ from kafscale.broker.settings_cli import (
     update_readme,
 )
 from kafscale.broker.users_cli import add_users_parser, run_users
+
+if TYPE_CHECKING:
+    from kafscale.broker.observability.status import ClusterStatus
 
 log = logging.getLogger("kafscale")
 
@@ -178,6 +173,9 @@ def _cmd_proxy(args: argparse.Namespace) -> int:
 
 
 async def _serve_proxy(settings: ProxySettings) -> None:
+    # Imported here, as for the other commands: a broker need not load the proxy's modules.
+    from kafscale.broker.proxy.app import Proxy
+
     await _serve_until_signalled(await Proxy.start(settings))
 
 
@@ -185,6 +183,9 @@ def _cmd_local(args: argparse.Namespace) -> int:
     settings = _load_settings(args)
     if settings is None:
         return 2
+    # Imported here: the proxy and the local PKI (cryptography) only ``local`` needs.
+    from kafscale.broker.local import LocalOptions, run_local
+
     _setup_logging(settings)
     tune_allocator()
     options = LocalOptions(args.data_dir, args.brokers, args.port, args.host, args.proxy)
@@ -215,6 +216,8 @@ def _cmd_status(args: argparse.Namespace) -> int:
     settings = _load_settings(args)
     if settings is None:
         return 2
+    # Imported here: only ``status`` reads other brokers' metrics.
+    from kafscale.broker.observability.status import read_status, render, scrape_metrics
 
     async def read() -> ClusterStatus:
         try:
