@@ -12,6 +12,7 @@ import logging
 import os
 import signal
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
@@ -27,7 +28,6 @@ from kafscale.broker.metadata.etcd_connect import connect_etcd
 from kafscale.broker.metadata.etcd_errors import MetadataUnavailable
 from kafscale.broker.observability.logs import setup_logging
 from kafscale.broker.observability.metrics import METRICS
-from kafscale.broker.proxy.config import ProxySettings
 from kafscale.broker.settings_cli import (
     add_settings_flags,
     build_model,
@@ -40,12 +40,14 @@ from kafscale.broker.users_cli import add_users_parser, run_users
 
 if TYPE_CHECKING:
     from kafscale.broker.observability.status import ClusterStatus
+    from kafscale.broker.proxy.config import ProxySettings
 
 log = logging.getLogger("kafscale")
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = _parser()
+    argv = sys.argv[1:] if argv is None else argv
+    parser = _parser(next((arg for arg in argv if not arg.startswith("-")), ""))
     args = parser.parse_args(argv)
     if args.command is None:
         parser.print_help()
@@ -64,15 +66,25 @@ def main(argv: list[str] | None = None) -> int:
     return int(handler(args))
 
 
-def _parser() -> argparse.ArgumentParser:
+def _parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The whole command line; the settings flags (a hundred or so per command) only on
+    ``command``'s parser, or on every command's when None. Building them all, and importing
+    the proxy's settings for them, cost every broker start ~40 ms of CPU on a busy machine."""
+
+    def settings_flags(name: str) -> Callable[..., None]:
+        return add_settings_flags if command is None or command == name else _no_flags
+
     parser = argparse.ArgumentParser(prog="kafscale", description=__doc__)
     commands = parser.add_subparsers(dest="command")
     broker = commands.add_parser("broker", help="run one broker (configured by env and flags)")
-    add_settings_flags(broker)
+    settings_flags("broker")(broker)
     proxy = commands.add_parser(
         "proxy", help="run the lease-aware proxy: one Kafka endpoint in front of the brokers"
     )
-    add_settings_flags(proxy, ProxySettings)
+    if command is None or command == "proxy":
+        from kafscale.broker.proxy.config import ProxySettings
+
+        add_settings_flags(proxy, ProxySettings)
     local = commands.add_parser("local", help="run a whole cluster on this machine")
     local.add_argument("--data-dir", type=Path, default=Path("data"), help="where data lives")
     local.add_argument("--brokers", type=int, default=1, help="number of brokers")
@@ -88,19 +100,19 @@ def _parser() -> argparse.ArgumentParser:
     local.add_argument("--host", default="127.0.0.1", help="address the brokers bind to")
     local.add_argument("--s3-endpoint", default=None, help="use this S3 endpoint, not a dir")
     local.add_argument("--bucket", default=None, help="S3 bucket (with --s3-endpoint)")
-    add_settings_flags(local)
+    settings_flags("local")(local)
     commands.add_parser("operator", help="run the Kubernetes operator")
     drain = commands.add_parser("drain", help="ask a broker to hand its partitions over")
     drain_hook.add_arguments(drain)
-    add_users_parser(commands)
-    add_acls_parser(commands, add_settings_flags)
+    add_users_parser(commands, settings_flags("users"))
+    add_acls_parser(commands, settings_flags("acls"))
     status = commands.add_parser(
         "status",
         help="brokers, partition owners, groups and their lag (from etcd and the brokers' "
         "admin ports; etcd and cluster from the broker's variables and flags)",
     )
     status.add_argument("--json", action="store_true", help="print JSON, not tables")
-    add_settings_flags(status)
+    settings_flags("status")(status)
     reference = commands.add_parser(
         "config-reference", help="print the configuration reference (Markdown)"
     )
@@ -108,6 +120,10 @@ def _parser() -> argparse.ArgumentParser:
         "--update", type=Path, default=None, help="rewrite this README's reference section"
     )
     return parser
+
+
+def _no_flags(parser: argparse.ArgumentParser, model: object = None) -> None:
+    """``add_settings_flags`` for a command that is not the one being run."""
 
 
 def _setup_logging(settings: BrokerSettings | ProxySettings) -> None:
@@ -163,6 +179,8 @@ async def _serve_until_signalled(service: _Service) -> None:
 
 
 def _cmd_proxy(args: argparse.Namespace) -> int:
+    from kafscale.broker.proxy.config import ProxySettings
+
     try:
         settings = build_model(ProxySettings, overrides_from_args(args, ProxySettings))
     except ValidationError as exc:
