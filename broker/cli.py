@@ -19,7 +19,6 @@ from typing import TYPE_CHECKING, Protocol
 from pydantic import ValidationError
 
 from kafscale.broker import drain_hook
-from kafscale.broker.app import Broker, StartupError
 from kafscale.broker.authz.cli import add_acls_parser, run_acls
 from kafscale.broker.config import BrokerSettings
 from kafscale.broker.memory import freeze_startup_objects, tune_allocator
@@ -36,6 +35,7 @@ from kafscale.broker.settings_cli import (
     overrides_from_args,
     update_readme,
 )
+from kafscale.broker.startup_error import StartupError
 from kafscale.broker.users_cli import add_users_parser, run_users
 
 if TYPE_CHECKING:
@@ -156,6 +156,10 @@ def _cmd_broker(args: argparse.Namespace) -> int:
 
 
 async def _serve_broker(settings: BrokerSettings) -> None:
+    # Imported here: the broker (its API table, coordinators, storage) is most of the import
+    # time of every command, and drain (a pod's preStop hook), users, acls or status need none.
+    from kafscale.broker.app import Broker
+
     await _serve_until_signalled(
         await Broker.start(settings, pod_name=os.environ.get("KAFSCALE_POD_NAME"))
     )
