@@ -60,6 +60,7 @@ from kafscale.broker.security.token_store import TokenStore
 from kafscale.broker.server import ByteBudget, Connection, KafkaServer, ServerEndpoint
 from kafscale.broker.share.manager import ShareManager
 from kafscale.broker.share.store import ShareStateStore
+from kafscale.broker.startup_error import StartupError as StartupError  # its former home
 from kafscale.broker.storage.cache import SegmentCache
 from kafscale.broker.storage.cleaner import Cleaner
 from kafscale.broker.storage.factory import open_object_store
@@ -73,10 +74,6 @@ from kafscale.broker.storage.topic_purge import TopicPurger
 from kafscale.broker.transactions.coordinator import TransactionCoordinator
 
 log = logging.getLogger(__name__)
-
-
-class StartupError(Exception):
-    """A dependency is missing or unreachable; the process must exit non-zero."""
 
 
 @dataclass

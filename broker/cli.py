@@ -12,30 +12,21 @@ import logging
 import os
 import signal
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from pydantic import ValidationError
 
 from kafscale.broker import drain_hook
-from kafscale.broker.app import Broker, StartupError
 from kafscale.broker.authz.cli import add_acls_parser, run_acls
 from kafscale.broker.config import BrokerSettings
-from kafscale.broker.local import LocalOptions, run_local
 from kafscale.broker.memory import freeze_startup_objects, tune_allocator
 from kafscale.broker.metadata.etcd_channel import BadEndpoint
 from kafscale.broker.metadata.etcd_connect import connect_etcd
 from kafscale.broker.metadata.etcd_errors import MetadataUnavailable
 from kafscale.broker.observability.logs import setup_logging
 from kafscale.broker.observability.metrics import METRICS
-from kafscale.broker.observability.status import (
-    ClusterStatus,
-    read_status,
-    render,
-    scrape_metrics,
-)
-from kafscale.broker.proxy.app import Proxy
-from kafscale.broker.proxy.config import ProxySettings
 from kafscale.broker.settings_cli import (
     add_settings_flags,
     build_model,
@@ -44,13 +35,19 @@ from kafscale.broker.settings_cli import (
     overrides_from_args,
     update_readme,
 )
+from kafscale.broker.startup_error import StartupError
 from kafscale.broker.users_cli import add_users_parser, run_users
+
+if TYPE_CHECKING:
+    from kafscale.broker.observability.status import ClusterStatus
+    from kafscale.broker.proxy.config import ProxySettings
 
 log = logging.getLogger("kafscale")
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = _parser()
+    argv = sys.argv[1:] if argv is None else argv
+    parser = _parser(next((arg for arg in argv if not arg.startswith("-")), ""))
     args = parser.parse_args(argv)
     if args.command is None:
         parser.print_help()
@@ -69,15 +66,25 @@ def main(argv: list[str] | None = None) -> int:
     return int(handler(args))
 
 
-def _parser() -> argparse.ArgumentParser:
+def _parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The whole command line; the settings flags (a hundred or so per command) only on
+    ``command``'s parser, or on every command's when None. Building them all, and importing
+    the proxy's settings for them, cost every broker start ~40 ms of CPU on a busy machine."""
+
+    def settings_flags(name: str) -> Callable[..., None]:
+        return add_settings_flags if command is None or command == name else _no_flags
+
     parser = argparse.ArgumentParser(prog="kafscale", description=__doc__)
     commands = parser.add_subparsers(dest="command")
     broker = commands.add_parser("broker", help="run one broker (configured by env and flags)")
-    add_settings_flags(broker)
+    settings_flags("broker")(broker)
     proxy = commands.add_parser(
         "proxy", help="run the lease-aware proxy: one Kafka endpoint in front of the brokers"
     )
-    add_settings_flags(proxy, ProxySettings)
+    if command is None or command == "proxy":
+        from kafscale.broker.proxy.config import ProxySettings
+
+        add_settings_flags(proxy, ProxySettings)
     local = commands.add_parser("local", help="run a whole cluster on this machine")
     local.add_argument("--data-dir", type=Path, default=Path("data"), help="where data lives")
     local.add_argument("--brokers", type=int, default=1, help="number of brokers")
@@ -93,19 +100,19 @@ def _parser() -> argparse.ArgumentParser:
     local.add_argument("--host", default="127.0.0.1", help="address the brokers bind to")
     local.add_argument("--s3-endpoint", default=None, help="use this S3 endpoint, not a dir")
     local.add_argument("--bucket", default=None, help="S3 bucket (with --s3-endpoint)")
-    add_settings_flags(local)
+    settings_flags("local")(local)
     commands.add_parser("operator", help="run the Kubernetes operator")
     drain = commands.add_parser("drain", help="ask a broker to hand its partitions over")
     drain_hook.add_arguments(drain)
-    add_users_parser(commands)
-    add_acls_parser(commands, add_settings_flags)
+    add_users_parser(commands, settings_flags("users"))
+    add_acls_parser(commands, settings_flags("acls"))
     status = commands.add_parser(
         "status",
         help="brokers, partition owners, groups and their lag (from etcd and the brokers' "
         "admin ports; etcd and cluster from the broker's variables and flags)",
     )
     status.add_argument("--json", action="store_true", help="print JSON, not tables")
-    add_settings_flags(status)
+    settings_flags("status")(status)
     reference = commands.add_parser(
         "config-reference", help="print the configuration reference (Markdown)"
     )
@@ -113,6 +120,10 @@ def _parser() -> argparse.ArgumentParser:
         "--update", type=Path, default=None, help="rewrite this README's reference section"
     )
     return parser
+
+
+def _no_flags(parser: argparse.ArgumentParser, model: object = None) -> None:
+    """``add_settings_flags`` for a command that is not the one being run."""
 
 
 def _setup_logging(settings: BrokerSettings | ProxySettings) -> None:
@@ -145,6 +156,10 @@ def _cmd_broker(args: argparse.Namespace) -> int:
 
 
 async def _serve_broker(settings: BrokerSettings) -> None:
+    # Imported here: the broker (its API table, coordinators, storage) is most of the import
+    # time of every command, and drain (a pod's preStop hook), users, acls or status need none.
+    from kafscale.broker.app import Broker
+
     await _serve_until_signalled(
         await Broker.start(settings, pod_name=os.environ.get("KAFSCALE_POD_NAME"))
     )
@@ -168,6 +183,8 @@ async def _serve_until_signalled(service: _Service) -> None:
 
 
 def _cmd_proxy(args: argparse.Namespace) -> int:
+    from kafscale.broker.proxy.config import ProxySettings
+
     try:
         settings = build_model(ProxySettings, overrides_from_args(args, ProxySettings))
     except ValidationError as exc:
@@ -178,6 +195,9 @@ def _cmd_proxy(args: argparse.Namespace) -> int:
 
 
 async def _serve_proxy(settings: ProxySettings) -> None:
+    # Imported here, as for the other commands: a broker need not load the proxy's modules.
+    from kafscale.broker.proxy.app import Proxy
+
     await _serve_until_signalled(await Proxy.start(settings))
 
 
@@ -185,6 +205,9 @@ def _cmd_local(args: argparse.Namespace) -> int:
     settings = _load_settings(args)
     if settings is None:
         return 2
+    # Imported here: the proxy and the local PKI (cryptography) only ``local`` needs.
+    from kafscale.broker.local import LocalOptions, run_local
+
     _setup_logging(settings)
     tune_allocator()
     options = LocalOptions(args.data_dir, args.brokers, args.port, args.host, args.proxy)
@@ -215,6 +238,8 @@ def _cmd_status(args: argparse.Namespace) -> int:
     settings = _load_settings(args)
     if settings is None:
         return 2
+    # Imported here: only ``status`` reads other brokers' metrics.
+    from kafscale.broker.observability.status import read_status, render, scrape_metrics
 
     async def read() -> ClusterStatus:
         try:

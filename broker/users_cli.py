@@ -30,7 +30,7 @@ from kafscale.broker.settings_cli import add_settings_flags
 ALL_MECHANISMS = [m.sasl_name for m in ScramMechanism]
 
 
-def add_users_parser(commands: Any) -> None:
+def add_users_parser(commands: Any, add_settings: Any = add_settings_flags) -> None:
     users = commands.add_parser("users", help="create, delete and list SCRAM users (in etcd)")
     actions = users.add_subparsers(dest="users_command", required=True)
     create = actions.add_parser("create", help="create a user or set a new password")
@@ -51,7 +51,7 @@ def add_users_parser(commands: Any) -> None:
     delete.add_argument("name")
     delete.add_argument("--mechanism", action="append", choices=ALL_MECHANISMS)
     actions.add_parser("list", help="list users and their mechanisms")
-    add_settings_flags(users)  # etcd and cluster flags, before the action: `users --cluster x list`
+    add_settings(users)  # etcd and cluster flags, before the action: `users --cluster x list`
 
 
 def run_users(settings: BrokerSettings, args: argparse.Namespace) -> int:

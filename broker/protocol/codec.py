@@ -15,7 +15,8 @@ version and the client would see a default: an error code of 0, an empty success
 error code at all, so that an error is never encoded into a response that cannot carry it.
 
 kio's API has moved between releases, so it is pinned and nothing else imports it but
-:mod:`legacy_schemas`, the layouts of the versions kio lacks, written the way kio writes its own.
+:mod:`legacy_schemas`, the layouts of the versions kio lacks, written the way kio writes its own
+(imported on first use: see :func:`_legacy_schema`).
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ from kio.schema.default_principal_data.v0.data import DefaultPrincipalData
 from kio.schema.errors import ErrorCode
 from kio.serial import entity_reader, entity_writer
 
-from kafscale.broker.protocol import guard, legacy_schemas
+from kafscale.broker.protocol import guard
 
 _HEADER_PREFIX = struct.Struct(">hhi")
 _EPOCH = datetime.datetime(1970, 1, 1, tzinfo=datetime.UTC)
@@ -82,13 +83,32 @@ def peek_header(frame: bytes | memoryview) -> tuple[int, int, int]:
 # the caches stay small.
 @functools.lru_cache(maxsize=1024)
 def request_schema(api_key: int, api_version: int) -> type[Any]:
-    legacy = legacy_schemas.REQUESTS.get((api_key, api_version))
-    if legacy is not None:
-        return legacy
     try:
         return load_request_schema(api_key, api_version)
     except Exception as exc:  # kio raises its own index errors
-        raise UnknownApi(f"no schema for api {api_key} v{api_version}") from exc
+        legacy = _legacy_schema(api_key, api_version, response=False)
+        if legacy is None:
+            raise UnknownApi(f"no schema for api {api_key} v{api_version}") from exc
+        return legacy
+
+
+LEGACY_APIS = frozenset({0, 1, 2, 8, 9, 27})
+"""The APIs that have versions in :mod:`legacy_schemas` (a unit test keeps the two in step)."""
+
+
+def _legacy_schema(api_key: int, api_version: int, *, response: bool) -> type[Any] | None:
+    """The :mod:`legacy_schemas` layout of a version kio lacks (kio has none of them, which a
+    unit test checks, so asking kio first finds the same schema), or None.
+
+    Imported only for the APIs that have one: the module and the kio versions it builds on
+    cost ~0.1 s of CPU, which a broker whose clients never send an old version, and every
+    proxy and CLI command, would otherwise pay at start."""
+    if api_key not in LEGACY_APIS:
+        return None
+    from kafscale.broker.protocol import legacy_schemas
+
+    table = legacy_schemas.RESPONSES if response else legacy_schemas.REQUESTS
+    return table.get((api_key, api_version))
 
 
 def decode_request(frame: bytes | memoryview, schema: type[Any]) -> DecodedRequest:
@@ -117,10 +137,13 @@ def decode_request(frame: bytes | memoryview, schema: type[Any]) -> DecodedReque
 
 @functools.lru_cache(maxsize=1024)
 def response_schema(api_key: int, api_version: int) -> type[Any]:
-    legacy = legacy_schemas.RESPONSES.get((api_key, api_version))
-    if legacy is not None:
+    try:
+        return load_response_schema(api_key, api_version)
+    except Exception:  # kio raises its own index errors
+        legacy = _legacy_schema(api_key, api_version, response=True)
+        if legacy is None:
+            raise
         return legacy
-    return load_response_schema(api_key, api_version)
 
 
 _MAX_VERSION_PROBED = 32
