@@ -23,9 +23,17 @@ from kafscale.broker.metadata.etcd_watcher import MatchedWatcher
 # gRPC channel options: reconnect within ~1 s after an etcd restart (the default backoff grows
 # to two minutes), detect a dead peer on an idle watch stream (etcd allows pings every >= 5 s),
 # and accept large prefix reads (the default limit is 4 MiB).
+#
+# Despite its name, gRPC reads ``min_reconnect_backoff_ms`` as the least time one connection
+# attempt (TCP and the HTTP/2 handshake) may take: it is gRPC's default of 20 s, not the 50 ms
+# this once was. At 50 ms (gRPC makes that 100 ms) an etcd or a client that was slow to send its
+# SETTINGS frame on a loaded node failed the attempt, and with it every call waiting on the
+# channel at once, well inside ``timeout_s`` ("connection attempt timed out before receiving
+# SETTINGS frame"): a CLI command, a start-up or a test set-up failed on a pause of 0.1 s.
+# The calls' own deadline (``timeout_s``) bounds how long anyone waits for a connection.
 _CHANNEL_OPTIONS: dict[str, int] = {
     "grpc.initial_reconnect_backoff_ms": 50,
-    "grpc.min_reconnect_backoff_ms": 50,
+    "grpc.min_reconnect_backoff_ms": 20_000,
     "grpc.max_reconnect_backoff_ms": 1000,
     "grpc.keepalive_time_ms": 10_000,
     "grpc.keepalive_timeout_ms": 5_000,

@@ -18,11 +18,11 @@ from pathlib import Path
 import pytest
 
 from harness.children import settings_free_env
+from harness.etcd import harness_etcd
 from harness.s3 import S3Endpoint, unique_bucket
 from kafscale.broker.child_process import BrokerProcess, free_port_run
 from kafscale.broker.metadata import keys
 from kafscale.broker.metadata.embedded_etcd import EmbeddedEtcd
-from kafscale.broker.metadata.etcd import Etcd
 
 
 @dataclass
@@ -85,7 +85,7 @@ class BrokerCluster:
         """The etcd keys under ``/kafscale/<cluster>/<under>``."""
 
         async def read() -> list[str]:
-            etcd = await Etcd.connect([self.etcd_url], timeout_s=5)
+            etcd = await harness_etcd(self.etcd_url)
             try:
                 entries = await etcd.get_prefix(keys.cluster_prefix(self.cluster) + under)
                 return [entry.key for entry in entries]

@@ -6,6 +6,8 @@
   restart etcd.
 * ``etcd`` (function, async): a connected ``Etcd`` client to the shared server.
 * ``cluster_name`` (function): a cluster name no other test uses.
+* ``harness_etcd(url)``: the client a test's own set-up or inspection connects with (not the
+  user's path), with the product's connect retries and a loaded machine's deadline.
 """
 
 from __future__ import annotations
@@ -20,10 +22,30 @@ from pathlib import Path
 
 import pytest
 
+from kafscale.broker.config import EtcdConnectionSettings
 from kafscale.broker.metadata.embedded_etcd import EmbeddedEtcd
 from kafscale.broker.metadata.etcd import Etcd
+from kafscale.broker.metadata.etcd_connect import connect_etcd
 
 ETCD_TIMEOUT_S = 5.0
+
+HARNESS_ETCD_TIMEOUT_S = 30.0
+"""Deadline of each etcd call a test makes for itself. One connect (a gRPC channel and a
+first read) has taken over 5 s, or failed with "tcp handshaker shutdown", at a load average of
+15-19 on 2 cores; a single 5-s try then failed the test (test_acls::test_super_users_and_the_cli
+raised MetadataUnavailable from ``Etcd.connect``), though no product code was involved."""
+
+HARNESS_CONNECT_ATTEMPTS = 5
+
+
+async def harness_etcd(url: str) -> Etcd:
+    """A client to ``url`` for a test's own set-up or inspection: connected through the
+    product's ``connect_etcd`` (tries again a second later when etcd does not answer), with
+    ``HARNESS_ETCD_TIMEOUT_S`` for every call. Close it when done."""
+    settings = EtcdConnectionSettings(endpoints=(url,), timeout_s=HARNESS_ETCD_TIMEOUT_S)
+    return await connect_etcd(settings, attempts=HARNESS_CONNECT_ATTEMPTS)
+
+
 _SHM = Path("/dev/shm")
 
 

@@ -20,8 +20,8 @@ from confluent_kafka.admin import (
 )
 
 from harness.brokers import BrokerCluster
+from harness.etcd import harness_etcd
 from kafscale.broker.metadata import keys
-from kafscale.broker.metadata.etcd import Etcd
 from kafscale.broker.metadata.partition_state import PartitionState
 from kafscale.broker.protocol.batch_filter import iter_stored_batches
 from kafscale.broker.storage.segments import decode_segment
@@ -37,7 +37,7 @@ Record = tuple[int, bytes, bytes | None]  # offset, key, value
 
 def partition_state(cluster: BrokerCluster, topic: str) -> PartitionState:
     async def read() -> PartitionState:
-        etcd = await Etcd.connect([cluster.etcd_url], timeout_s=5)
+        etcd = await harness_etcd(cluster.etcd_url)
         try:
             entry = await etcd.get(keys.partition_state_key(cluster.cluster, topic, 0))
             assert entry is not None

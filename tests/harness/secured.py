@@ -23,11 +23,11 @@ from confluent_kafka import Consumer
 
 from harness.brokers import BrokerCluster, new_cluster
 from harness.children import settings_free_env
+from harness.etcd import harness_etcd
 from harness.s3 import S3Endpoint
 from harness.tls import Pair, TestPki, make_pki
 from kafscale.broker.child_process import BrokerProcess, free_port_run
 from kafscale.broker.metadata import topics
-from kafscale.broker.metadata.etcd import Etcd
 
 CONSUME_TIMEOUT_S = 30.0
 ANONYMOUS = "User:ANONYMOUS"
@@ -138,7 +138,7 @@ def make_topics(etcd_url: str, cluster: str, partitions: int, *names: str) -> No
     """Topics written straight to etcd: no client needs the rights to create them."""
 
     async def run() -> None:
-        etcd = await Etcd.connect([etcd_url], timeout_s=5)
+        etcd = await harness_etcd(etcd_url)
         try:
             for name in names:
                 await topics.create_topic(etcd, cluster, name, partitions, {})

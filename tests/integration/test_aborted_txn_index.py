@@ -18,12 +18,12 @@ from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 from harness.batches import make_batch
 from harness.brokers import BrokerCluster
+from harness.etcd import harness_etcd
 from harness.kafka_wire import PRODUCE, KafkaWire, produce_body, produce_partition
 from harness.topics import create_topic
 from harness.txn_wire import produce_transactional, write_marker
 
 from kafscale.broker.metadata import keys
-from kafscale.broker.metadata.etcd import Etcd
 from kafscale.broker.metadata.partition_state import AbortedTxn, PartitionState
 from kafscale.broker.storage.aborted_index import encode_aborted_index, object_key
 
@@ -101,7 +101,7 @@ def read_committed_at(bootstrap: str, expect: int, **extra: object) -> list[tupl
 
 def partition_state(cluster: BrokerCluster) -> PartitionState:
     async def read() -> PartitionState:
-        etcd = await Etcd.connect([cluster.etcd_url], timeout_s=5)
+        etcd = await harness_etcd(cluster.etcd_url)
         try:
             entry = await etcd.get(keys.partition_state_key(cluster.cluster, TOPIC, 0))
             assert entry is not None

@@ -30,6 +30,7 @@ from confluent_kafka.admin import (
     ResourceType,
 )
 from harness.brokers import BrokerCluster, BrokerProcess
+from harness.etcd import harness_etcd
 from harness.java_client import java_program
 from harness.kafka_wire import (
     KafkaWire,
@@ -95,7 +96,7 @@ def _etcd(cluster: BrokerCluster, action: Any) -> Any:
     """Run ``action(etcd)`` against the cluster's etcd (test set-up, not the user's path)."""
 
     async def run() -> Any:
-        etcd = await Etcd.connect([cluster.etcd_url], timeout_s=5)
+        etcd = await harness_etcd(cluster.etcd_url)
         try:
             return await action(etcd)
         finally:

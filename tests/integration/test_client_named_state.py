@@ -132,7 +132,10 @@ def test_joins_that_never_complete_leave_no_groups_behind(broker_cluster: Broker
                 "protocols": [{"name": "range", "metadata": b""}],
             }
             answer = wire.request(JOIN_GROUP, 4, body)
-            assert int(answer.error_code) == ErrorCode.MEMBER_ID_REQUIRED
+            code = ErrorCode(int(answer.error_code))
+            # Failed once at a load of ~12 after 4.2 s, cause unknown: say which code, and
+            # what the broker logged (a lost etcd session, say), when it does again.
+            assert code == ErrorCode.MEMBER_ID_REQUIRED, (group, code.name, broker.tail())
     assert eventually(lambda: held(broker)["groups"] == 0, timeout_s=180), held(broker)
     assert eventually(lambda: held(broker)["group_leases"] == 0), held(broker)
     create_topics(broker.bootstrap, ["real"], partitions=1)

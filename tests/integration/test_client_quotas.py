@@ -25,6 +25,7 @@ from typing import Any
 import pytest
 from harness.batches import make_batch
 from harness.brokers import BrokerCluster, new_cluster
+from harness.etcd import harness_etcd
 from harness.java_client import java_program
 from harness.java_session import JavaSession
 from harness.kafka_wire import KafkaWire, fetch_body, produce_body
@@ -38,7 +39,6 @@ from kafscale.broker.child_process import BrokerProcess, free_port_run
 from kafscale.broker.metadata import keys
 from kafscale.broker.metadata.assignment import Assignment
 from kafscale.broker.metadata.embedded_etcd import EmbeddedEtcd
-from kafscale.broker.metadata.etcd import Etcd
 from kafscale.broker.protocol import codec
 
 pytestmark = pytest.mark.integration
@@ -144,7 +144,7 @@ def owner_of(cluster: BrokerCluster, topic: str) -> BrokerProcess:
     follow a move as clients do)."""
 
     async def settled() -> int | None:
-        etcd = await Etcd.connect([cluster.etcd_url], timeout_s=5)
+        etcd = await harness_etcd(cluster.etcd_url)
         try:
             lease = await etcd.get(keys.partition_lease_key(cluster.cluster, topic, 0))
             assignment = await etcd.get(keys.assignment_key(cluster.cluster))

@@ -48,6 +48,7 @@ from harness.compaction_faults import (
     latest_acked,
     tiling_gaps,
 )
+from harness.etcd import harness_etcd
 from harness.kafka_wire import KafkaWire, fetch_body, fetch_partition
 from harness.s3 import S3Endpoint
 from harness.tcp_relay import TcpRelay
@@ -55,7 +56,6 @@ from harness.tcp_relay import TcpRelay
 from kafscale.broker.child_process import BrokerProcess, free_port_run
 from kafscale.broker.metadata import keys
 from kafscale.broker.metadata.embedded_etcd import EmbeddedEtcd
-from kafscale.broker.metadata.etcd import Etcd
 from kafscale.broker.metadata.etcd_errors import MetadataUnavailable
 from kafscale.broker.metadata.partition_state import PartitionState
 from kafscale.broker.storage.segments import decode_segment
@@ -84,7 +84,7 @@ def read_etcd(cluster: BrokerCluster, key: str, attempts: int = 5) -> bytes | No
     19: "tcp handshaker shutdown") is tried again."""
 
     async def read() -> bytes | None:
-        etcd = await Etcd.connect([cluster.etcd_url], timeout_s=5)
+        etcd = await harness_etcd(cluster.etcd_url)
         try:
             entry = await etcd.get(key)
             return None if entry is None else bytes(entry.value)

@@ -26,6 +26,7 @@ from pathlib import Path
 import pytest
 from confluent_kafka.admin import AdminClient, ConfigResource, ResourceType
 from harness.brokers import BrokerCluster, new_cluster
+from harness.etcd import harness_etcd
 from harness.java_client import java_client, java_program
 from harness.java_session import JavaSession
 from harness.ports import free_port_run, listener_ports
@@ -35,7 +36,6 @@ from harness.secured import add_broker, kafscale_cli, kafscale_cli_calls, make_t
 
 from kafscale.broker.metadata import keys
 from kafscale.broker.metadata.embedded_etcd import EmbeddedEtcd
-from kafscale.broker.metadata.etcd import Etcd
 from kafscale.broker.protocol import codec
 from kafscale.broker.proxy.login import SaslLogin, log_in
 
@@ -301,7 +301,7 @@ def test_a_token_for_another_owner_needs_create_tokens_on_that_user(tokens: Toke
 
 def _stored(tc: TokenCluster, token_id: str) -> bool:
     async def run() -> bool:
-        etcd = await Etcd.connect([tc.cluster.etcd_url], timeout_s=5)
+        etcd = await harness_etcd(tc.cluster.etcd_url)
         try:
             return (
                 await etcd.get(keys.delegation_token_key(tc.cluster.cluster, token_id)) is not None

@@ -400,6 +400,29 @@ async def test_connect_uses_the_first_endpoint_that_answers(etcd_server: Embedde
         await etcd.close()
 
 
+async def test_connect_waits_out_an_etcd_pause_shorter_than_its_timeout(
+    etcd_server_private: EmbeddedEtcd,
+) -> None:
+    """etcd paused for 1 s while a client connects (its HTTP/2 handshake late, as on a loaded
+    node): the connect waits within its timeout, as a CLI command or a start-up must. It
+    failed in 0.1 s before ("connection attempt timed out before receiving SETTINGS frame"):
+    gRPC gives one connection attempt what ``grpc.min_reconnect_backoff_ms`` says, then 50 ms.
+    """
+    pid = etcd_server_private.pid
+    assert pid is not None
+    os.kill(pid, signal.SIGSTOP)
+    resume = asyncio.get_running_loop().call_later(1.0, os.kill, pid, signal.SIGCONT)
+    try:
+        etcd = await Etcd.connect([etcd_server_private.client_url], timeout_s=60.0)
+    finally:
+        resume.cancel()
+        os.kill(pid, signal.SIGCONT)
+    try:
+        assert await etcd.revision() > 0
+    finally:
+        await etcd.close()
+
+
 async def test_calls_fail_with_metadata_unavailable_while_etcd_is_down(
     etcd_server_private: EmbeddedEtcd,
 ) -> None:

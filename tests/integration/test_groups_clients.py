@@ -31,6 +31,7 @@ from typing import Any
 
 import pytest
 from harness.brokers import BrokerCluster, BrokerProcess, new_cluster
+from harness.etcd import harness_etcd
 from harness.groups import (
     GROUP_ENV,
     PARTITIONS,
@@ -53,7 +54,6 @@ from harness.s3 import S3Endpoint
 from kafscale.broker.groups.store import decode_group
 from kafscale.broker.metadata import keys
 from kafscale.broker.metadata.embedded_etcd import EmbeddedEtcd
-from kafscale.broker.metadata.etcd import Etcd
 
 pytestmark = pytest.mark.integration
 
@@ -335,7 +335,7 @@ def stored_generation(cluster: BrokerCluster, group: str) -> int:
     """The generation of the group's last completed rebalance, as stored in etcd."""
 
     async def read() -> int:
-        etcd = await Etcd.connect([cluster.etcd_url], timeout_s=5)
+        etcd = await harness_etcd(cluster.etcd_url)
         try:
             kv = await etcd.get(keys.group_metadata_key(cluster.cluster, group))
         finally:

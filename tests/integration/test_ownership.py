@@ -7,6 +7,7 @@ import time
 import pytest
 from harness.brokers import BrokerCluster, BrokerProcess
 from harness.children import settings_free_env
+from harness.etcd import harness_etcd
 from harness.kafka_wire import KafkaWire, produce_body, produce_partition
 from harness.topics import create_topic
 
@@ -277,7 +278,6 @@ def test_draining_mark_and_drain_endpoint_hand_partitions_over(
     import asyncio
 
     from kafscale.broker.metadata import keys
-    from kafscale.broker.metadata.etcd import Etcd
 
     brokers = [broker_cluster.start() for _ in range(2)]
     create_topic(brokers[0].bootstrap, "drained", 4)
@@ -285,7 +285,7 @@ def test_draining_mark_and_drain_endpoint_hand_partitions_over(
     marked, other = brokers
 
     async def set_mark(present: bool) -> None:
-        etcd = await Etcd.connect([broker_cluster.etcd_url], 5)
+        etcd = await harness_etcd(broker_cluster.etcd_url)
         key = keys.draining_key(broker_cluster.cluster, marked.node_id)
         if present:
             await etcd.put(key, b'{"reason":"test"}')

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 from confluent_kafka import Producer
 from harness.brokers import BrokerCluster, new_cluster
-from harness.etcd import running_etcd
+from harness.etcd import harness_etcd, running_etcd
 from harness.proxy import start_proxy
 from harness.s3 import S3Endpoint
 from harness.topics import create_topics
@@ -31,7 +31,6 @@ from kafscale.broker.child_process import BrokerProcess
 from kafscale.broker.metadata import keys
 from kafscale.broker.metadata.cluster import ClusterView
 from kafscale.broker.metadata.embedded_etcd import EmbeddedEtcd
-from kafscale.broker.metadata.etcd import Etcd
 from kafscale.broker.metadata.etcd_errors import MetadataUnavailable
 from kafscale.broker.metadata.leaders import leader_for
 
@@ -54,7 +53,7 @@ def etcd_owners(etcd_url: str, cluster: str) -> tuple[dict[str, int], set[str]]:
     proxy's own rule, and the partitions whose lease is held by a registered broker."""
 
     async def read() -> tuple[dict[str, int], set[str]]:
-        etcd = await Etcd.connect([etcd_url], timeout_s=5)
+        etcd = await harness_etcd(etcd_url)
         try:
             entries = await etcd.get_prefix(keys.cluster_prefix(cluster))
         finally:

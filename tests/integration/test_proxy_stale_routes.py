@@ -21,6 +21,7 @@ from typing import Any
 
 import pytest
 from harness.brokers import BrokerCluster
+from harness.etcd import harness_etcd
 from harness.topics import create_topics
 from kafka import KafkaProducer
 
@@ -106,7 +107,7 @@ def test_a_proxy_that_missed_a_lease_move_corrects_the_route_from_etcd(
 
 
 async def _missed_move(cluster: BrokerCluster) -> None:
-    etcd = await Etcd.connect([cluster.etcd_url], timeout_s=5)
+    etcd = await harness_etcd(cluster.etcd_url)
     proxy = await Proxy.start(proxy_settings(cluster))
     bootstrap = f"127.0.0.1:{proxy.port}"
     try:
@@ -152,7 +153,7 @@ async def _missed_group_lease(
     cluster: BrokerCluster, first: BrokerProcess, second: BrokerProcess
 ) -> None:
     ids = [int(b.status()["node_id"]) for b in (first, second)]  # blocking: before the proxy
-    etcd = await Etcd.connect([cluster.etcd_url], timeout_s=5)
+    etcd = await harness_etcd(cluster.etcd_url)
     proxy = await Proxy.start(proxy_settings(cluster))
     group = RouteKey("group", "stale-group")
     try:

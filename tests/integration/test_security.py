@@ -45,6 +45,7 @@ from confluent_kafka.admin import (
 )
 from harness.brokers import new_cluster
 from harness.children import settings_free_env
+from harness.etcd import harness_etcd
 from harness.kafka_wire import API_VERSIONS, METADATA, KafkaWire, metadata_body
 from harness.kcat import kcat_consume, kcat_produce
 from harness.ports import free_port_run, listener_ports
@@ -67,7 +68,6 @@ from kafscale.broker.admin_http import admin_request
 from kafscale.broker.child_process import KAFSCALE, BrokerProcess
 from kafscale.broker.metadata import keys
 from kafscale.broker.metadata.embedded_etcd import EmbeddedEtcd
-from kafscale.broker.metadata.etcd import Etcd
 
 pytestmark = pytest.mark.integration
 
@@ -198,7 +198,7 @@ def test_metadata_answers_with_the_listener_the_client_came_in_on(secured: Secur
 
 def _registration(secured: SecureBroker) -> dict[str, Any]:
     async def read() -> dict[str, Any]:
-        etcd = await Etcd.connect([secured.etcd_url], timeout_s=5)
+        etcd = await harness_etcd(secured.etcd_url)
         try:
             kv = await etcd.get(keys.broker_key(secured.cluster, secured.process.node_id))
             assert kv is not None
@@ -467,7 +467,7 @@ def test_describe_unknown_user_is_resource_not_found(secured: SecureBroker) -> N
 
 def _credential_json(secured: SecureBroker, user: str, mechanism: str) -> dict[str, Any]:
     async def read() -> dict[str, Any]:
-        etcd = await Etcd.connect([secured.etcd_url], timeout_s=5)
+        etcd = await harness_etcd(secured.etcd_url)
         try:
             kv = await etcd.get(keys.scram_credential_key(secured.cluster, user, mechanism))
             assert kv is not None

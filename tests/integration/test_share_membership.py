@@ -29,6 +29,7 @@ from typing import Any
 import pytest
 from harness import topics
 from harness.brokers import BrokerCluster, new_cluster
+from harness.etcd import harness_etcd
 from harness.kafka_wire import KafkaWire, metadata_body
 from harness.s3 import S3Endpoint
 from harness.share import (
@@ -48,7 +49,6 @@ from kafscale.broker.groups.share import ShareConfig
 from kafscale.broker.groups.store import Fence, GroupStore, encode_group
 from kafscale.broker.metadata import keys
 from kafscale.broker.metadata.embedded_etcd import EmbeddedEtcd
-from kafscale.broker.metadata.etcd import Etcd
 from kafscale.broker.metadata.share_members import ShareMembers
 from kafscale.broker.protocol.errors import ErrorCode
 from kafscale.broker.share.manager import OwnerView, ShareManager
@@ -247,7 +247,7 @@ def _bump(etcd_url: str, key: str) -> None:
     (AlterShareGroupOffsets by the coordinator) moves it."""
 
     async def write() -> None:
-        etcd = await Etcd.connect([etcd_url], timeout_s=5)
+        etcd = await harness_etcd(etcd_url)
         try:
             kv = await etcd.get(key)
             assert kv is not None
@@ -307,7 +307,7 @@ async def test_share_state_is_deleted_with_the_group_under_its_lease(
 ) -> None:
     """A coordinator that lost the group lease deletes nothing (share state included); the
     holder deletes the share-partition states with the group, in its fenced transaction."""
-    etcd = await Etcd.connect([etcd_server.client_url], timeout_s=5)
+    etcd = await harness_etcd(etcd_server.client_url)
     try:
         group = "deleted"
         state_key = keys.share_state_key(cluster_name, group, "q", 0)
@@ -338,7 +338,7 @@ async def test_a_member_the_lagging_watch_has_not_shown_yet_is_found_in_etcd(
     """A loaded broker's cluster watch may show a member's join later than the join grace:
     the member, whose heartbeat was answered after etcd had its join, still gets its session
     (etcd is read once); a made-up id is still refused."""
-    etcd = await Etcd.connect([etcd_server.client_url], timeout_s=5)
+    etcd = await harness_etcd(etcd_server.client_url)
     try:
         group = "lagging"
         consumer = {"members": [{"member_id": "joined"}]}
@@ -359,7 +359,7 @@ async def test_a_share_partition_started_before_its_group_was_deleted_writes_no_
     """A share-partition started (its first write due at the next flush round) when DeleteGroups
     deletes the group: that write is refused, so the deleted group gets no state back (a group
     created again under its name would start from it, and the key would stay forever)."""
-    etcd = await Etcd.connect([etcd_server.client_url], timeout_s=5)
+    etcd = await harness_etcd(etcd_server.client_url)
     try:
         group = "deleted-meanwhile"
         metadata_key = keys.group_metadata_key(cluster_name, group)
@@ -391,7 +391,7 @@ def _stored_member_epochs(etcd_url: str, cluster: str, group: str) -> dict[str, 
     """Each member's epoch in the group's stored membership (``groups/<g>/metadata``)."""
 
     async def read() -> dict[str, int]:
-        etcd = await Etcd.connect([etcd_url], timeout_s=5)
+        etcd = await harness_etcd(etcd_url)
         try:
             kv = await etcd.get(keys.group_metadata_key(cluster, group))
         finally:

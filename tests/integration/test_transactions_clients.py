@@ -25,13 +25,13 @@ from typing import Any
 import pytest
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from harness.brokers import BrokerCluster, BrokerProcess
+from harness.etcd import harness_etcd
 from harness.java_client import java_program
 from harness.java_session import JavaSession
 from harness.proxy import start_proxy
 from harness.topics import create_topic
 
 from kafscale.broker.metadata import keys
-from kafscale.broker.metadata.etcd import Etcd
 
 pytestmark = pytest.mark.integration
 
@@ -206,7 +206,7 @@ def test_consume_transform_produce_is_exactly_once(
 
 def _txn_state(cluster: BrokerCluster, txn_id: str) -> dict[str, Any] | None:
     async def read() -> dict[str, Any] | None:
-        etcd = await Etcd.connect([cluster.etcd_url], timeout_s=5)
+        etcd = await harness_etcd(cluster.etcd_url)
         try:
             entry = await etcd.get(keys.transaction_key(cluster.cluster, txn_id))
             return None if entry is None else json.loads(entry.value)
@@ -218,7 +218,7 @@ def _txn_state(cluster: BrokerCluster, txn_id: str) -> dict[str, Any] | None:
 
 def _coordinator_of(cluster: BrokerCluster, txn_id: str) -> BrokerProcess:
     async def read() -> int:
-        etcd = await Etcd.connect([cluster.etcd_url], timeout_s=5)
+        etcd = await harness_etcd(cluster.etcd_url)
         try:
             entry = await etcd.get(keys.transaction_lease_key(cluster.cluster, txn_id))
             assert entry is not None, "nobody coordinates the transactional id"

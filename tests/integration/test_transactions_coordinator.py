@@ -16,12 +16,12 @@ from typing import Any
 
 import pytest
 from harness.brokers import BrokerCluster, BrokerProcess
+from harness.etcd import harness_etcd
 from harness.kafka_wire import KafkaWire, metadata_body
 from harness.proxy import start_proxy
 
 from kafscale.broker.groups.store import CommittedOffset, encode_offset
 from kafscale.broker.metadata import keys
-from kafscale.broker.metadata.etcd import Etcd
 from kafscale.broker.transactions.state import TxnMetadata, TxnState
 from kafscale.broker.transactions.store import encode_metadata
 
@@ -394,7 +394,7 @@ def _seed_prepared(cluster: BrokerCluster, txn_id: str, group: str) -> None:
     )
 
     async def seed() -> None:
-        etcd = await Etcd.connect([cluster.etcd_url], timeout_s=5)
+        etcd = await harness_etcd(cluster.etcd_url)
         try:
             await etcd.put(keys.transaction_key(cluster.cluster, txn_id), encode_metadata(prepared))
             pending = keys.group_txn_offset_key(cluster.cluster, group, 777, TOPIC, 0)

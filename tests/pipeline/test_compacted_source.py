@@ -11,6 +11,7 @@ import pytest
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 from harness.brokers import BrokerCluster
+from harness.etcd import harness_etcd
 from harness.spark import source_options
 
 from kafscale.broker.metadata import keys
@@ -23,10 +24,8 @@ TOPIC = "compacted-source"
 def cleaned_upto(cluster: BrokerCluster, wanted: int, topic: str = TOPIC) -> int:
     import asyncio
 
-    from kafscale.broker.metadata.etcd import Etcd
-
     async def read() -> int:
-        etcd = await Etcd.connect([cluster.etcd_url], timeout_s=5)
+        etcd = await harness_etcd(cluster.etcd_url)
         try:
             entry = await etcd.get(keys.partition_state_key(cluster.cluster, topic, 0))
             cleaned = PartitionState.from_json(entry.value).cleaned if entry else None
