@@ -120,6 +120,26 @@ def s3_server() -> Iterator[S3Endpoint]:
         thread.join()
 
 
+def moto_buckets() -> list[dict[str, Any]]:
+    """The bucket tables of this process's moto S3 backends (the server above serves them)."""
+    from moto.s3.models import s3_backends
+
+    return [backend.buckets for account in s3_backends.values() for backend in account.values()]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def free_moto_buckets() -> Iterator[None]:
+    """Forget, once a module is done, the moto buckets created while it ran. moto keeps every
+    object under 5 MiB in memory, in the pytest worker that serves it, for the whole session:
+    a worker of a full run reached 21 GB and the kernel's OOM killer. Module scope: a
+    module-scoped cluster's bucket lives as long as the module's tests."""
+    before = {id(table): set(table) for table in moto_buckets()}
+    yield
+    for table in moto_buckets():
+        for name in set(table) - before.get(id(table), set()):
+            table.pop(name, None)
+
+
 @pytest_asyncio.fixture
 async def s3_store(s3_server: S3Endpoint) -> AsyncIterator[S3ObjectStore]:
     store = await s3_server.open_store()
