@@ -79,15 +79,20 @@ def grant_cluster(cluster: BrokerCluster, *operations: str, principal: str = ANO
         )
 
 
+def _cli_env(etcd_url: str, cluster: str) -> dict[str, str]:
+    """The environment of a ``kafscale`` command run against the cluster's etcd."""
+    env = settings_free_env()
+    env.update({"KAFSCALE_CLUSTER": cluster, "KAFSCALE_ETCD__ENDPOINTS": json.dumps([etcd_url])})
+    return env
+
+
 def kafscale_cli(etcd_url: str, cluster: str, *args: str, stdin: str = "") -> str:
     """Run ``kafscale <args>`` (users, acls...) against the cluster's etcd, as an operator
     runs it; its standard output, or a failed test when it fails."""
-    env = settings_free_env()
-    env.update({"KAFSCALE_CLUSTER": cluster, "KAFSCALE_ETCD__ENDPOINTS": json.dumps([etcd_url])})
     done = subprocess.run(
         [sys.executable, "-m", "kafscale.broker.cli", *args],
         input=stdin,
-        env=env,
+        env=_cli_env(etcd_url, cluster),
         capture_output=True,
         text=True,
         timeout=60,
@@ -115,12 +120,10 @@ def kafscale_cli_calls(
     the CLI's own ``main`` in one Python process: the same code and settings as
     ``kafscale_cli``, without a Python start-up (~1.5 s of CPU) per command, for fixtures
     that set up many users and ACLs."""
-    env = settings_free_env()
-    env.update({"KAFSCALE_CLUSTER": cluster, "KAFSCALE_ETCD__ENDPOINTS": json.dumps([etcd_url])})
     done = subprocess.run(
         [sys.executable, "-c", _RUN_CALLS],
         input=json.dumps([[list(args), stdin] for args, stdin in calls]),
-        env=env,
+        env=_cli_env(etcd_url, cluster),
         capture_output=True,
         text=True,
         timeout=120,
