@@ -11,9 +11,7 @@ several broker processes.
   from its committed offsets.
 
 Brokers run with a short initial rebalance delay and members with short sessions, so the
-whole module stays well under two minutes. The tests that keep every broker alive share three
-brokers started once for the module (each with a topic and group of its own); the
-coordinator-loss tests kill one, so they start their own.
+whole module stays well under two minutes.
 """
 
 from __future__ import annotations
@@ -25,12 +23,11 @@ import subprocess
 import sys
 import time
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from harness.brokers import BrokerCluster, BrokerProcess, new_cluster
+from harness.brokers import BrokerCluster, BrokerProcess
 from harness.etcd import harness_etcd
 from harness.groups import (
     GROUP_ENV,
@@ -49,33 +46,15 @@ from harness.groups import (
     wait_for_members,
 )
 from harness.kafka_wire import KafkaWire
-from harness.s3 import S3Endpoint
 
 from kafscale.broker.groups.store import decode_group
 from kafscale.broker.metadata import keys
-from kafscale.broker.metadata.embedded_etcd import EmbeddedEtcd
 
 pytestmark = pytest.mark.integration
 
 
 def start_brokers(cluster: BrokerCluster, count: int) -> list[BrokerProcess]:
     return [cluster.start(**GROUP_ENV) for _ in range(count)]
-
-
-@pytest.fixture(scope="module")
-def shared_cluster(
-    etcd_server: EmbeddedEtcd, s3_server: S3Endpoint, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[BrokerCluster]:
-    """Three brokers for the tests that stop none of them: three broker starts for the module
-    instead of two or three per test."""
-    cluster = new_cluster(
-        etcd_server.client_url, s3_server, tmp_path_factory.mktemp("groups-clients"), "gc"
-    )
-    try:
-        start_brokers(cluster, 3)
-        yield cluster
-    finally:
-        cluster.stop_all()
 
 
 def describe(bootstrap: str, group: str) -> Any:
@@ -95,10 +74,9 @@ def coordinator_of(bootstrap: str, group: str) -> int:
 
 
 def test_members_of_three_clients_on_three_brokers_share_one_group(
-    shared_cluster: BrokerCluster,
+    broker_cluster: BrokerCluster,
 ) -> None:
-    broker_cluster = shared_cluster
-    brokers = broker_cluster.brokers
+    brokers = start_brokers(broker_cluster, 3)
     topic, group = "mixed", "mixed-group"
     create_topic(broker_cluster.bootstrap, topic)
     feed = Feed(broker_cluster.bootstrap, topic)
@@ -147,10 +125,9 @@ with open(out, "a", buffering=1) as log:
 
 
 def test_join_leave_and_kill_while_records_flow(
-    shared_cluster: BrokerCluster, tmp_path: Path
+    broker_cluster: BrokerCluster, tmp_path: Path
 ) -> None:
-    broker_cluster = shared_cluster
-    brokers = broker_cluster.brokers
+    brokers = start_brokers(broker_cluster, 2)
     topic, group = "churn", "churn-group"
     create_topic(broker_cluster.bootstrap, topic)
     feed = Feed(broker_cluster.bootstrap, topic)
@@ -204,9 +181,8 @@ def test_join_leave_and_kill_while_records_flow(
     assert second.consumed and all(r.committed for r in second.consumed[-5:])
 
 
-def test_cooperative_sticky_rebalances_are_incremental(shared_cluster: BrokerCluster) -> None:
-    broker_cluster = shared_cluster
-    brokers = broker_cluster.brokers
+def test_cooperative_sticky_rebalances_are_incremental(broker_cluster: BrokerCluster) -> None:
+    brokers = start_brokers(broker_cluster, 2)
     topic, group = "coop", "coop-group"
     create_topic(broker_cluster.bootstrap, topic)
     feed = Feed(broker_cluster.bootstrap, topic)
@@ -240,10 +216,10 @@ def summary_protocol(bootstrap: str, group: str) -> str:
     return str(describe(bootstrap, group).protocol_data)
 
 
-def test_static_members_restart_without_a_rebalance(shared_cluster: BrokerCluster) -> None:
-    brokers = shared_cluster.brokers
+def test_static_members_restart_without_a_rebalance(broker_cluster: BrokerCluster) -> None:
+    brokers = start_brokers(broker_cluster, 2)
     topic, group = "static", "static-group"
-    create_topic(shared_cluster.bootstrap, topic)
+    create_topic(broker_cluster.bootstrap, topic)
     static = {"session.timeout.ms": 10_000}
     a = ConfluentMember(
         "a", brokers[0].bootstrap, group, topic, {**static, "group.instance.id": "a"}
