@@ -12,6 +12,8 @@ local``, scripts) get it from ``child_env``.
 from __future__ import annotations
 
 import os
+import subprocess
+from typing import Any
 
 # One implementation for the harness and the benches (``bench/`` never imports from tests/);
 # the stand-in package itself lives here, beside this module.
@@ -23,3 +25,15 @@ def settings_free_env() -> dict[str, str]:
     """This process's environment without its ``KAFSCALE_*`` settings (a child gets its own),
     for a kafscale child."""
     return child_env({k: v for k, v in os.environ.items() if not k.startswith("KAFSCALE_")})
+
+
+def end_by_stdin(process: subprocess.Popen[Any], timeout_s: float) -> None:
+    """Close ``process``'s stdin (the way the test programs, and PySpark's JVM, are told to
+    end) and wait ``timeout_s`` for it to exit; kill it if it does not."""
+    assert process.stdin is not None
+    process.stdin.close()
+    try:
+        process.wait(timeout_s)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()

@@ -13,6 +13,8 @@ import queue
 import subprocess
 import threading
 
+from harness.children import end_by_stdin
+
 CALL_TIMEOUT_S = 120.0
 
 
@@ -55,11 +57,5 @@ class JavaSession:
 
     def close(self) -> None:
         """Ends the session (stdin closed: the program returns) or kills it."""
-        assert self.process.stdin is not None
-        self.process.stdin.close()
-        try:
-            self.process.wait(30)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
+        end_by_stdin(self.process, 30)
         self._reader.join(10)

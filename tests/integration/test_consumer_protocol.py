@@ -32,6 +32,7 @@ from confluent_kafka import Consumer, KafkaException, Producer
 from confluent_kafka import TopicPartition as CkTopicPartition
 from harness import topics
 from harness.brokers import BrokerCluster, BrokerProcess, new_cluster
+from harness.children import end_by_stdin
 from harness.groups import QUIET, Feed, wait_for
 from harness.java_client import java_program
 from harness.kafka_wire import KafkaWire, heartbeat
@@ -155,13 +156,7 @@ class JavaMembers:
 
     def close(self) -> None:
         """Every member still running stops (stdin closed), then the JVM exits."""
-        assert self.process.stdin is not None
-        self.process.stdin.close()
-        try:
-            self.process.wait(60)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
+        end_by_stdin(self.process, 60)
         self._reader.join(10)
 
 
