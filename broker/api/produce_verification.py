@@ -10,7 +10,12 @@ send no AddPartitionsToTxn), has the coordinator add it (part 2). One question p
 
 The answer holds only if no marker for the producer reached the partition while the question
 was out: the partition keeps a guard per producer that markers remove
-(``OwnedPartition.begin_verification``), checked again right before the append.
+(``OwnedPartition.begin_verification``), checked again right before the append. Likewise a
+partition that needed no question because the producer's transaction was open on it: a marker
+that ends that transaction before the append (a coordinator's timeout abort while the batch was
+on its way) makes the batch late, and it is refused, as Kafka refuses a transactional batch
+that is neither in an ongoing transaction nor verified; appended, it would open a transaction
+no marker ends.
 """
 
 from __future__ import annotations
@@ -39,7 +44,14 @@ class Verified:
     guard: object
 
 
-Verification = Verified | ErrorCode
+@dataclass(frozen=True, slots=True)
+class Ongoing:
+    """No question asked: the producer's transaction was open on the partition."""
+
+    producer_id: int
+
+
+Verification = Verified | Ongoing | ErrorCode
 
 
 async def verify_transactional(
@@ -54,8 +66,8 @@ async def verify_transactional(
     add = ctx.api_version >= TRANSACTION_V2_PRODUCE
     if not transactional_id or txn is None or not (add or txn.settings.partition_verification):
         return {}
-    opening = await _opening(request, ctx)
     checks: dict[TopicPartition, Verification] = {}
+    opening = await _opening(request, ctx, checks)
     for (producer_id, epoch), pending in _by_producer(opening).items():
         codes = await txn.verifier.verify(
             transactional_id, producer_id, epoch, list(pending), add=add
@@ -71,9 +83,10 @@ async def verify_transactional(
 
 
 async def _opening(
-    request: Any, ctx: RequestContext
+    request: Any, ctx: RequestContext, ongoing: dict[TopicPartition, Verification]
 ) -> dict[TopicPartition, tuple[BatchHeader, Verified]]:
-    """The partitions whose first batch would open a transaction, each with a guard taken."""
+    """The partitions whose first batch would open a transaction, each with a guard taken;
+    those whose batches continue an open transaction go to ``ongoing``."""
     manager = ctx.broker.log_manager
     opening: dict[TopicPartition, tuple[BatchHeader, Verified]] = {}
     for topic in request.topic_data:
@@ -89,6 +102,7 @@ async def _opening(
             except KafkaError:
                 continue  # refused by the append (not the owner, unknown topic)
             if header.producer_id in owned.open_txns:
+                ongoing[tp] = Ongoing(header.producer_id)
                 continue
             guard = owned.begin_verification(header.producer_id)
             opening[tp] = (header, Verified(owned, header.producer_id, guard))
@@ -121,6 +135,12 @@ def confirm(check: Verification | None, owned: OwnedPartition) -> None:
         return
     if isinstance(check, ErrorCode):
         raise KafkaError(_message(check), check)
+    if isinstance(check, Ongoing):
+        if check.producer_id not in owned.open_txns:
+            raise KafkaError(
+                "the transaction ended before the batch was appended", ErrorCode.INVALID_TXN_STATE
+            )
+        return
     if check.owned is not owned:
         raise KafkaError(
             "the partition changed hands while its transaction was verified",

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import threading
 import time
 from collections import Counter
@@ -135,12 +136,28 @@ def members_state() -> str:
     return f"members {state}"
 
 
+_EVENTS = itertools.count()
+"""One order over every member's reads and commits (``next`` on a count is atomic in CPython)."""
+
+
 @dataclass
 class Consumed:
+    """One record read by a member: ``read_at`` and ``committed_at`` (when its commit returned)
+    are places in one order over all members, so a re-read can be told from a read that came
+    first."""
+
     partition: int
     offset: int
     value: int
-    committed: bool = False
+    read_at: int = field(default_factory=lambda: next(_EVENTS))
+    committed_at: int | None = None
+
+    @property
+    def committed(self) -> bool:
+        return self.committed_at is not None
+
+    def mark_committed(self) -> None:
+        self.committed_at = next(_EVENTS)
 
 
 @dataclass
@@ -209,7 +226,7 @@ class ConfluentMember(Member):
                 self.consumed.append(record)
                 try:
                     consumer.commit(message=message, asynchronous=False)
-                    record.committed = True
+                    record.mark_committed()
                 except KafkaException as exc:
                     self.errors.append(str(exc))
                 self.assignment = frozenset(tp.partition for tp in consumer.assignment())
@@ -263,7 +280,7 @@ class KafkaPythonMember(_PythonClientMember):
                     try:
                         consumer.commit()
                         for record in records:
-                            record.committed = True
+                            record.mark_committed()
                     except KpKafkaError as exc:
                         self.errors.append(repr(exc))
                 self.assignment = frozenset(tp.partition for tp in consumer.assignment())
@@ -297,7 +314,7 @@ class AioKafkaMember(_PythonClientMember):
                     try:
                         await consumer.commit()
                         for record in records:
-                            record.committed = True
+                            record.mark_committed()
                     except (CommitFailedError, KafkaError) as exc:
                         self.errors.append(repr(exc))
                 self.assignment = frozenset(tp.partition for tp in consumer.assignment())
@@ -328,14 +345,23 @@ def split_evenly(members: list[Member]) -> bool:
 
 
 def assert_no_committed_record_seen_twice(live: list[Member]) -> None:
-    """A record consumed and committed is never consumed again by a live member."""
-    by_position: dict[tuple[int, int], list[Consumed]] = {}
+    """A record consumed and committed is never consumed again by a live member: no read of a
+    position comes after a commit of it returned."""
+    reads: dict[tuple[int, int], list[tuple[int, str, Consumed]]] = {}
     for member in live:
         for record in member.consumed:
-            by_position.setdefault((record.partition, record.offset), []).append(record)
-    repeated = {pos: seen for pos, seen in by_position.items() if len(seen) > 1}
-    bad = {pos: seen for pos, seen in repeated.items() if seen[0].committed}
-    assert not bad, f"committed records consumed again: {sorted(bad)[:10]}"
+            reads.setdefault((record.partition, record.offset), []).append(
+                (record.read_at, member.name_, record)
+            )
+    bad = {}
+    for position, seen in reads.items():
+        commits = [r.committed_at for _, _, r in seen if r.committed_at is not None]
+        if commits and any(at > min(commits) for at, _, _ in seen):
+            bad[position] = sorted((at, name, r.committed_at) for at, name, r in seen)
+    assert not bad, (
+        "committed records consumed again (position: [(read at, member, committed at)]): "
+        f"{dict(sorted(bad.items())[:10])}"
+    )
 
 
 def report(members: list[Member], extra: set[int] = frozenset()) -> None:  # type: ignore[assignment]

@@ -23,6 +23,9 @@ compete), so what it saves is processes and seconds of CPU. What this plugin doe
   cannot pick a port the other has probed and not bound yet.
 * Everything else a test starts is its own already: etcd and moto per session (per worker),
   unique cluster names and buckets, ``tmp_path`` under the worker's own base directory.
+* **A crashed worker** (the kernel's OOM killer, a segfault) fails its test and is replaced, as
+  xdist does; its unfinished units go to the other workers (see ``remove_node`` below: without
+  it the run hangs).
 
 Without ``-n`` (a plain ``pytest tests/...``) only the ordering and the early stop apply.
 """
@@ -96,6 +99,12 @@ def work_unit(nodeid: str, groups: Mapping[str, str]) -> str:
 def servers_to_stop(running: Iterable[str], next_file_servers: frozenset[str]) -> list[str]:
     """The running servers the next test's file does not use."""
     return [server for server in running if server not in next_file_servers]
+
+
+def drop_finished_units(workload: dict[str, dict[str, bool]]) -> None:
+    """Remove from a worker's ``{unit: {test: finished}}`` the units whose every test finished."""
+    for unit in [unit for unit, tests in workload.items() if all(tests.values())]:
+        del workload[unit]
 
 
 def worker_slice(worker_id: str, worker_count: int) -> str:
@@ -188,5 +197,12 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
                 text = Path(path).read_text() if path and Path(path).is_file() else ""
                 self.groups = json.loads(text) if text else {}
             return work_unit(nodeid, self.groups)
+
+        def remove_node(self, node: Any) -> str | None:
+            # xdist (3.8.0) puts every unit of a crashed worker back in the queue, finished
+            # ones too. Handed out, a finished unit sends its worker no test; with no test to
+            # finish, that worker is never given the rest: the run hung after an OOM kill.
+            drop_finished_units(self.assigned_work.get(node, {}))
+            return super().remove_node(node)  # type: ignore[no-any-return]
 
     return ServerGroupScheduling(config, log)

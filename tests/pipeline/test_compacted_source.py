@@ -48,7 +48,11 @@ def test_spark_reads_a_cleaned_topic(spark: Any, broker_cluster: BrokerCluster) 
     admin.create_topics([NewTopic(TOPIC, 1, 1, config=config)])[TOPIC].result(10)
     written: list[tuple[int, bytes, bytes]] = []
     for r in range(6):
-        producer = Producer({"bootstrap.servers": broker.bootstrap, "compression.type": "zstd"})
+        # A round is one batch (flush() sends at once; linger.ms keeps a loaded machine from
+        # sending the round's first record alone), so each round is its own segment.
+        producer = Producer(
+            {"bootstrap.servers": broker.bootstrap, "compression.type": "zstd", "linger.ms": 1000}
+        )
         for k in range(3):
             producer.produce(TOPIC, key=b"k%d" % k, value=b"v%d" % r, partition=0)
             written.append((len(written), b"k%d" % k, b"v%d" % r))

@@ -1,15 +1,21 @@
 """The suite on two pytest-xdist workers (``harness.workers``): which files form one unit of work
 and are handed out first, when a session server stops, and which ports each worker may hand to
 its children (overlapping port slices let the two workers pick the same port before either
-child binds it)."""
+child binds it), and that a crashed worker fails its test instead of hanging the run."""
 
 from __future__ import annotations
 
+import os
 import socket
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
 
 import pytest
 from harness.workers import (
     SERVER_GROUPS,
+    drop_finished_units,
     file_groups,
     group_of,
     grouped_order,
@@ -77,6 +83,57 @@ def test_servers_stop_when_the_next_file_does_not_use_them() -> None:
         "radosgw_server",
     ]
     assert servers_to_stop(["spark"], frozenset({"spark", "radosgw_server"})) == []
+
+
+def test_a_crashed_workers_finished_units_are_not_handed_out_again() -> None:
+    workload = {"a.py": {"a.py::t1": True, "a.py::t2": True}, "c.py": {"c.py::t": False}}
+    drop_finished_units(workload)
+    assert workload == {"c.py": {"c.py::t": False}}
+
+
+CRASHING_SUITE = {
+    "conftest.py": 'pytest_plugins = ["harness.workers"]\n',
+    "test_a.py": "def test_a1(): pass\ndef test_a2(): pass\n",
+    "test_b.py": "def test_b1(): pass\ndef test_b2(): pass\n",
+    # The worker running c has finished a or b; the other worker has run out of work and been
+    # told to shut down by the time c's worker dies.
+    "test_c.py": """
+        import os, signal, time
+        from pathlib import Path
+
+        def test_c1(): pass
+
+        def test_c2():
+            mark = Path(__file__).with_name("crashed")
+            if not mark.exists():
+                mark.write_text("")
+                time.sleep(2)
+                os.kill(os.getpid(), signal.SIGKILL)
+
+        def test_c3(): pass
+    """,
+}
+
+
+def test_a_crashed_worker_fails_its_test_and_the_run_ends(tmp_path: Path) -> None:
+    """Fails on the old scheduler (xdist 3.8.0's): the replacement worker was handed a finished
+    unit, ran nothing, and the run never ended (CI sat idle after an OOM kill until killed)."""
+    for name, text in CRASHING_SUITE.items():
+        (tmp_path / name).write_text(textwrap.dedent(text))
+    (tmp_path / "pytest.ini").write_text("[pytest]\n")
+    tests_dir = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tests_dir), str(tmp_path)])}
+    env.pop("PYTEST_XDIST_WORKER", None)
+    env.pop("PYTEST_XDIST_WORKER_COUNT", None)
+    env.pop("PYTEST_ADDOPTS", None)
+    make_test = ["-n", "2", "--dist", "loadfile", "--no-loadscope-reorder"]  # as the Makefile
+    command = [sys.executable, "-m", "pytest", *make_test, "-p", "no:cacheprovider"]
+    run = subprocess.run(
+        command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120
+    )
+    assert "worker 'gw" in run.stdout and "crashed while running 'test_c.py::test_c2'" in run.stdout
+    # Six tests, the crashed one failed once and run again (xdist's way) on the new worker.
+    assert " 1 failed, 7 passed in " in run.stdout.rstrip().splitlines()[-1], run.stdout
 
 
 def test_worker_slices_split_the_range_without_overlap() -> None:

@@ -287,6 +287,37 @@ def _produce_context(owned: OwnedPartition, key: bytes | None = b"k") -> tuple[A
     return request, RequestContext(header, broker, Connection("127.0.0.1:5000"))  # type: ignore[arg-type]
 
 
+async def _append_with_a_marker_while_decoding(
+    request: Any, ctx: Any, owned: OwnedPartition
+) -> dict[Any, Any]:
+    """Serve ``request`` with an abort marker for ``PID`` reaching ``owned`` while the request's
+    batch is parked on the decode pool (both its workers held busy until the marker is in)."""
+    release = threading.Event()
+    started = [threading.Event() for _ in range(2)]
+
+    def block(started: threading.Event) -> None:
+        started.set()
+        release.wait(60)
+
+    blockers = [produce._DECODERS.submit(block, event) for event in started]
+    try:
+        # Both workers busy first: until a worker takes its blocker, the blocker itself is what
+        # the queue holds, and the marker would come before the batch was even verified.
+        assert all(event.wait(60) for event in started)
+        task = asyncio.ensure_future(produce._append_all(request, ctx))
+        deadline = asyncio.get_running_loop().time() + 60
+        while produce._DECODERS._work_queue.qsize() == 0:  # parked on the decode pool
+            assert not task.done(), task.result()
+            assert asyncio.get_running_loop().time() < deadline
+            await asyncio.sleep(0.01)
+        owned.append_marker(PID, 3, commit=False, coordinator_epoch=1, now_ms=0)
+    finally:
+        release.set()
+    for blocker in blockers:
+        blocker.result(timeout=60)
+    return await asyncio.wait_for(task, 60)
+
+
 async def test_an_abort_while_a_verified_batch_is_decoded_refuses_the_batch() -> None:
     """Fails on the old main: Produce checked the partition's guard, then read the batch's
     records in the decode pool (a compressed batch of a compacted topic: its keys), then
@@ -296,24 +327,25 @@ async def test_an_abort_while_a_verified_batch_is_decoded_refuses_the_batch() ->
     step of the event loop, as KIP-890 needs."""
     owned = _partition()
     request, ctx = _produce_context(owned)
-    release = threading.Event()
-    blockers = [produce._DECODERS.submit(release.wait, 60) for _ in range(2)]
-    try:
-        task = asyncio.ensure_future(produce._append_all(request, ctx))
-        deadline = asyncio.get_running_loop().time() + 60
-        while produce._DECODERS._work_queue.qsize() == 0:  # parked on the decode pool
-            assert not task.done(), task.result()
-            assert asyncio.get_running_loop().time() < deadline
-            await asyncio.sleep(0.01)
-        assert owned.append_marker(PID, 3, commit=False, coordinator_epoch=1, now_ms=0) is None
-    finally:
-        release.set()
-    for blocker in blockers:
-        blocker.result(timeout=60)
-    outcomes = await asyncio.wait_for(task, 60)
+    outcomes = await _append_with_a_marker_while_decoding(request, ctx, owned)
     assert outcomes == {TP: ErrorCode.INVALID_TXN_STATE}
     assert PID not in owned.open_txns  # no transaction left open on the partition
     assert owned.pending == []
+
+
+async def test_a_batch_of_a_transaction_aborted_on_its_way_is_refused() -> None:
+    """Fails on the old main: a batch continuing a transaction open on the partition needed no
+    verification, and nothing looked again at the append; the coordinator's abort (a timeout)
+    that came while the batch's records were read left the batch to open a new transaction no
+    marker would ever end. Kafka refuses such a batch (neither ongoing nor verified)."""
+    owned = _partition()
+    opened = owned.append(b"x" * 70, _txn_header())  # the transaction's first batch
+    request, ctx = _produce_context(owned)
+    outcomes = await _append_with_a_marker_while_decoding(request, ctx, owned)
+    assert outcomes == {TP: ErrorCode.INVALID_TXN_STATE}
+    assert PID not in owned.open_txns
+    assert len(owned.pending) == 2  # the first batch and the abort marker, not the late batch
+    opened.cancel()
 
 
 async def test_a_verified_batch_refused_by_the_topic_rules_leaves_no_guard_behind() -> None:
