@@ -11,6 +11,7 @@ group that nobody asks for after a restart expires too (its coordinator takes it
 
 from __future__ import annotations
 
+import datetime
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -18,6 +19,7 @@ from collections.abc import Callable, Iterator
 import pytest
 from confluent_kafka import Consumer
 from harness.brokers import BrokerCluster, new_cluster
+from harness.kafka_wire import KafkaWire
 from harness.s3 import S3Endpoint
 from harness.topics import create_topics
 from kafka import KafkaConsumer, KafkaProducer, OffsetAndMetadata, TopicPartition
@@ -200,6 +202,30 @@ def test_empty_and_standalone_groups_expire_while_a_group_with_a_member_keeps_it
         assert live in groups.listed()
     finally:
         member.close()
+
+
+def test_an_offset_committed_with_its_own_retention_time_outlives_the_brokers(
+    cluster: BrokerCluster, groups: Groups
+) -> None:
+    """OffsetCommit v2-v4's ``retention_time`` (old clients, kafka-python's v2) sets the
+    offset's own expiry, as Kafka's ``expireTimestamp``: ten minutes outlive the broker's few
+    seconds, while a plain commit made later expires."""
+    bootstrap = cluster.bootstrap
+    topic = _topic(bootstrap)
+    kept, plain = _name("kept"), _name("plain")
+    commit = {
+        "group_id": kept,
+        "generation_id_or_member_epoch": -1,
+        "member_id": "",
+        "retention_time": datetime.timedelta(minutes=10),
+        "topics": [{"name": topic, "partitions": [{"partition_index": 0, "committed_offset": 1}]}],
+    }
+    with KafkaWire(cluster.brokers[-1].bootstrap) as wire:
+        answer = wire.request(8, 2, commit)  # OffsetCommit v2
+    assert int(answer.topics[0].partitions[0].error_code) == 0
+    standalone_commit(bootstrap, plain, topic)
+    wait_until(lambda: groups.gone(plain, topic), f"group {plain} to expire")
+    assert groups.committed(kept, topic) == 1
 
 
 def test_a_group_nobody_asks_for_after_a_restart_expires(
