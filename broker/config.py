@@ -374,6 +374,20 @@ class GroupSettings(_Section):
         description="group.share.partition.max.record.locks: in-flight records per "
         "share-partition (bounds the memory a share group takes on a partition's owner).",
     )
+    offsets_retention_minutes: float = Field(
+        10080,
+        gt=0,
+        description="offsets.retention.minutes (KIP-211): committed offsets of a group that has "
+        "been Empty this long expire (counted from when it became Empty), those committed "
+        "outside group management this long after their commit; an Empty group left without "
+        "offsets is deleted. Fractions are allowed (0.05 = 3 s, for tests).",
+    )
+    offsets_retention_check_interval_ms: int = Field(
+        600_000,
+        ge=1,
+        description="offsets.retention.check.interval.ms: how often each coordinator looks for "
+        "expired offsets.",
+    )
 
 
 class TransactionSettings(_Section):

@@ -196,6 +196,13 @@ def broker_configs(
             "consumer_max_heartbeat_interval_ms",
             ConfigType.INT,
         ),
+        _setting("offsets.retention.minutes", groups, "offsets_retention_minutes", ConfigType.INT),
+        _setting(
+            "offsets.retention.check.interval.ms",
+            groups,
+            "offsets_retention_check_interval_ms",
+            ConfigType.LONG,
+        ),
         _fixed("unclean.leader.election.enable", False, ConfigType.BOOLEAN),
         *delegation_token_configs(settings),
     ]

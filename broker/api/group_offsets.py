@@ -29,6 +29,7 @@ async def handle_offset_commit(request: Any, ctx: RequestContext) -> Body:
     access.require(ctx, READ, access.GROUP, request.group_id or "")
     view = ctx.broker.view
     now_ms = int(time.time() * 1000)
+    expire_ms = _expire_timestamp_ms(request, ctx.api_version, now_ms)
     results: dict[TopicPartition, ErrorCode] = {}
     valid: dict[TopicPartition, CommittedOffset] = {}
     order: list[tuple[str, list[int]]] = []
@@ -52,6 +53,7 @@ async def handle_offset_commit(request: Any, ctx: RequestContext) -> Body:
                     metadata=metadata,
                     commit_timestamp_ms=now_ms,
                     topic_id=info.topic_id,
+                    expire_timestamp_ms=expire_ms,
                 )
         order.append((str(topic.name), indexes))
     error = await _commit(request, ctx, valid)
@@ -65,6 +67,16 @@ async def handle_offset_commit(request: Any, ctx: RequestContext) -> Body:
         for name, ps in order
     ]
     return {"throttle_time": 0, "topics": topics}
+
+
+def _expire_timestamp_ms(request: Any, version: int, now_ms: int) -> int:
+    """OffsetCommit v2-v4's ``retention_time`` (-1: the broker's offset retention) as the
+    offsets' expire timestamp, as Kafka keeps it; -1 when none was asked for."""
+    if not 2 <= version <= 4:
+        return -1
+    retention = getattr(request, "retention_time", None)
+    retention_ms = -1 if retention is None else int(retention.total_seconds() * 1000)
+    return now_ms + retention_ms if retention_ms >= 0 else -1
 
 
 async def _commit(

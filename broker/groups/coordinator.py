@@ -25,6 +25,7 @@ from typing import Protocol
 from kafscale.broker.config import GroupSettings, IsolationLevel
 from kafscale.broker.groups.leases import GroupLeases, choose_coordinator
 from kafscale.broker.groups.model import GroupConfig, GroupState
+from kafscale.broker.groups.retention_runtime import wall_clock_ms
 from kafscale.broker.groups.runtime import GroupRuntime
 from kafscale.broker.groups.share import ShareConfig, new_group_refusal
 from kafscale.broker.groups.store import GroupStore
@@ -33,6 +34,7 @@ from kafscale.broker.metadata.etcd import Etcd
 from kafscale.broker.metadata.etcd_errors import MetadataUnavailable
 from kafscale.broker.metadata.session_lease import SessionLease
 from kafscale.broker.observability.logs import about, bind
+from kafscale.broker.observability.metrics import METRICS, Metrics
 from kafscale.broker.protocol.errors import NotCoordinator
 
 log = logging.getLogger(__name__)
@@ -80,6 +82,8 @@ def group_config(settings: GroupSettings) -> GroupConfig:
         consumer_heartbeat_interval_ms=settings.consumer_heartbeat_interval_ms,
         share=share_config(settings),
         share_max_groups=settings.share_max_groups,
+        offsets_retention_ms=round(settings.offsets_retention_minutes * 60_000),
+        offsets_retention_check_interval_ms=settings.offsets_retention_check_interval_ms,
     )
 
 
@@ -104,8 +108,11 @@ class ListedGroup:
 
 
 class GroupCoordinator:
-    def __init__(self, host: CoordinatorHost, config: GroupConfig) -> None:
+    def __init__(
+        self, host: CoordinatorHost, config: GroupConfig, metrics: Metrics = METRICS
+    ) -> None:
         self._host = host
+        self._metrics = metrics
         self.config = config
         self._store = GroupStore(host.etcd, host.cluster)
         self._leases = GroupLeases(host.etcd, host.cluster, self._on_lease_change)
@@ -123,6 +130,7 @@ class GroupCoordinator:
             asyncio.create_task(self._follow_session(), name="group-coordinator-session")
         )
         self._tasks.append(asyncio.create_task(self._let_go_of_vacant(), name="groups-vacant"))
+        self._tasks.append(asyncio.create_task(self._expire_offsets(), name="groups-retention"))
 
     async def close(self) -> None:
         """Stop coordinating and release every group lease (waiters get NOT_COORDINATOR)."""
@@ -350,6 +358,53 @@ class GroupCoordinator:
             del self._releasing[group_id]
         if not task.cancelled():
             task.exception()
+
+    # --- offset retention (KIP-211) -----------------------------------------------------------
+
+    async def _expire_offsets(self) -> None:
+        """Runs for the broker's life, one retention check per
+        ``offsets_retention_check_interval_ms`` (Kafka's first check, too, comes one interval
+        after start-up); an unexpected error is logged and the next check goes on."""
+        while True:
+            await asyncio.sleep(self.config.offsets_retention_check_interval_ms / 1000)
+            try:
+                await self.expire_offsets()
+            except Exception:
+                log.exception("offset retention check failed")
+
+    async def expire_offsets(self) -> None:
+        """One retention check of every group this broker coordinates, after taking on the
+        groups stored in etcd that nobody coordinates and that would be this broker's (a group
+        nobody asked for since a restart must expire too: its etcd keys are what fills the
+        quota). Each group's expiry is its own runtime's, fenced by its lease."""
+        await self._adopt_unowned()
+        for runtime in self.coordinated():
+            try:
+                expired = await runtime.expire_offsets(wall_clock_ms())
+            except (MetadataUnavailable, NotCoordinator) as exc:
+                log.warning("offset retention of group %s: %s", runtime.group_id, exc)
+                continue
+            self._metrics.offsets_expired += len(expired.offsets)
+            self._metrics.groups_expired += int(expired.group_deleted)
+
+    async def _adopt_unowned(self) -> None:
+        node_id = self._host.node_id
+        try:
+            persisted = await self._store.list_persisted()
+        except MetadataUnavailable as exc:
+            log.warning("offset retention: groups not listed: %s", exc)
+            return
+        for group in persisted:
+            group_id = group.group_id
+            if group.group_type == "share":
+                continue  # no committed offsets: share groups are not expired
+            if group_id in self._runtimes or self._leases.holder(group_id) is not None:
+                continue
+            chosen = self.coordinator_for(group_id)
+            if self._closed or chosen is None or chosen.node_id != node_id:
+                continue
+            with contextlib.suppress(NotCoordinator, MetadataUnavailable):
+                await self.runtime(group_id)
 
     def held(self) -> dict[str, int]:
         """How much this coordinator holds (for ``/status``): group runtimes here, group

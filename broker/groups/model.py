@@ -49,6 +49,10 @@ class GroupConfig:
     """Kafka's ``group.share.*`` defaults (share groups, KIP-932)."""
     share_max_groups: int = 1000
     """Share groups the cluster keeps at most (``groups.share_max_groups``)."""
+    offsets_retention_ms: int = 7 * 24 * 3600 * 1000
+    """offsets.retention.minutes in ms (``groups.offsets_retention_minutes``; KIP-211)."""
+    offsets_retention_check_interval_ms: int = 600_000
+    """offsets.retention.check.interval.ms: how often a coordinator looks for expired offsets."""
 
     def session_timeout_ok(self, session_timeout_ms: int) -> bool:
         return self.min_session_timeout_ms <= session_timeout_ms <= self.max_session_timeout_ms
@@ -221,6 +225,14 @@ class GroupRecord:
     """"consumer" for a KIP-848 group: then ``generation`` is its group epoch and ``consumer``
     its state (``consumer_codec``)."""
     consumer: Mapping[str, Any] | None = None
+    empty_since_ms: int | None = None
+    """Wall-clock ms since which the group has had no members (set on records written while it
+    had none): a new coordinator counts offset retention (KIP-211) from it, not from its own
+    load time. Never earlier than the truth: stamped when the Empty record is written."""
+
+    def has_members(self) -> bool:
+        """Members of either protocol (a consumer-protocol group keeps them in ``consumer``)."""
+        return bool(self.members or (self.consumer or {}).get("members"))
 
 
 # --- effects ----------------------------------------------------------------------------------

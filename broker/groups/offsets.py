@@ -93,6 +93,30 @@ class GroupOffsets:
             self.pending_txn.difference_update(doomed)
         return ErrorCode.NONE, answers
 
+    async def expire(
+        self,
+        decide: Callable[
+            [Mapping[TopicPartition, CommittedOffset], set[TopicPartition]], list[TopicPartition]
+        ],
+    ) -> tuple[ErrorCode, list[TopicPartition]]:
+        """Offset retention (``expiry``): ``decide`` picks, from the cache and the partitions
+        pending in open transactions, the offsets that expired; they leave etcd (fenced) and
+        the cache. Under the lock, so a commit in flight lands first and is judged by its own
+        commit time; if etcd cannot be reached nothing is removed."""
+        async with self._lock:
+            if self._is_closed():
+                return ErrorCode.NOT_COORDINATOR, []
+            doomed = decide(self.cache, self.pending_txn)
+            if not doomed:
+                return ErrorCode.NONE, []
+            write = self._store.delete_offsets(self.group_id, doomed, self._fence)
+            error = await self._fenced("offset expiry", write, ErrorCode.COORDINATOR_NOT_AVAILABLE)
+            if error is not ErrorCode.NONE:
+                return error, []
+            for tp in doomed:
+                self.cache.pop(tp, None)
+        return ErrorCode.NONE, doomed
+
     async def _delete_stored(self, partitions: list[TopicPartition]) -> ErrorCode:
         """Committed offsets and those pending in open transactions leave etcd (Kafka's
         tombstone drops both: a transaction committing later must not bring one back)."""

@@ -46,6 +46,7 @@ from kafscale.broker.groups.model import (
     SyncResult,
 )
 from kafscale.broker.groups.offsets import GroupOffsets
+from kafscale.broker.groups.retention_runtime import RetentionRuntime, wall_clock_ms
 from kafscale.broker.groups.share import ShareGroup
 from kafscale.broker.groups.share_codec import restore as restore_share
 from kafscale.broker.groups.share_codec import snapshot as snapshot_share
@@ -69,7 +70,7 @@ def loop_clock_ms() -> int:
     return int(asyncio.get_running_loop().time() * 1000)
 
 
-class GroupRuntime(ShareRuntime):
+class GroupRuntime(ShareRuntime, RetentionRuntime):
     def __init__(
         self,
         group_id: str,
@@ -80,9 +81,11 @@ class GroupRuntime(ShareRuntime):
         on_lost: Callable[[GroupRuntime, str], None],
         clock: Clock = loop_clock_ms,
         own_configs: Callable[[], Mapping[str, str]] = dict,
+        wall_clock: Clock = wall_clock_ms,
     ) -> None:
         """``own_configs``: the group's own configs now (KIP-848 group configs, kept current
-        by the cluster view's watch); they override the broker's consumer-protocol settings."""
+        by the cluster view's watch); they override the broker's consumer-protocol settings.
+        ``wall_clock``: the clock of commit timestamps, which offset retention compares."""
         self.group_id = group_id
         self._own_configs = own_configs
         self.fence = fence
@@ -122,6 +125,7 @@ class GroupRuntime(ShareRuntime):
         self._offsets = GroupOffsets(
             group_id, fence, store, loaded, lambda: self.closed, self._lose
         )
+        self._start_retention(loaded, wall_clock)
         self._waiters: dict[int, asyncio.Future[JoinResult | SyncResult]] = {}
         self._wake = asyncio.Event()
         self._stores: asyncio.Queue[Store] = asyncio.Queue()
@@ -331,6 +335,7 @@ class GroupRuntime(ShareRuntime):
     def _queue_consumer(self, consumer: ConsumerGroup) -> asyncio.Future[ErrorCode] | None:
         """Queue the group's state for etcd if it changed: the future of that write."""
         self._wake.set()
+        self._note_members()
         document = snapshot(consumer)
         if document == self._consumer_doc or self.closed:
             return None
@@ -569,6 +574,7 @@ class GroupRuntime(ShareRuntime):
             elif not self.closed:
                 self._stores.put_nowait(effect)
         self._wake.set()
+        self._note_members()
 
     async def _run_timers(self) -> None:
         while True:
@@ -608,7 +614,8 @@ class GroupRuntime(ShareRuntime):
             error = ErrorCode.NONE
             self._storing = True  # off the queue, not in etcd yet: ``vacant`` counts it
             try:
-                stored = await self._store.save_group(self.group_id, store.record, self.fence)
+                record = self._stamped(store.record)
+                stored = await self._store.save_group(self.group_id, record, self.fence)
             except MetadataUnavailable as exc:
                 log.warning("storing group %s: %s", self.group_id, exc)
                 error = ErrorCode.COORDINATOR_NOT_AVAILABLE

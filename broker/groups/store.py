@@ -2,8 +2,10 @@
 
 Layout (keys from ``keys``; values JSON)::
 
-    groups/<group>/metadata            protocol type, generation, protocol, leader, members
-    groups/<group>/offsets/<topic>/<p> offset, leader epoch, metadata, commit timestamp, topic id
+    groups/<group>/metadata            protocol type, generation, protocol, leader, members,
+                                       empty since (wall-clock ms, records of an Empty group)
+    groups/<group>/offsets/<topic>/<p> offset, leader epoch, metadata, commit timestamp, topic id,
+                                       expire timestamp (OffsetCommit v2-v4 retention time)
 
 Every write is one etcd transaction that first compares the group's lease key (owner value and
 create revision), so a coordinator that lost its lease cannot write: the transaction fails and
@@ -61,6 +63,9 @@ class CommittedOffset:
     topic_id: str = ""
     """The topic's id when committed ("" in documents from before): an offset of a topic that
     was deleted, or deleted and created again, is not the new topic's (see ``still_valid``)."""
+    expire_timestamp_ms: int = -1
+    """When the offset expires whatever its group does (OffsetCommit v2-v4 ``retention_time``,
+    as Kafka's ``expireTimestamp``); -1: the broker's offset retention decides (``expiry``)."""
 
     def still_valid(self, current_topic_id: str | None) -> bool:
         """Whether the offset belongs to the topic now carrying its name (``None``: no topic of
@@ -125,6 +130,8 @@ def encode_group(record: GroupRecord) -> bytes:
         document["type"] = record.group_type
     if record.consumer is not None:
         document["consumer"] = record.consumer
+    if record.empty_since_ms is not None:
+        document["empty_since_ms"] = record.empty_since_ms
     return json.dumps(document, separators=(",", ":")).encode()
 
 
@@ -151,7 +158,12 @@ def decode_group(data: bytes) -> GroupRecord:
         members=members,
         group_type=str(document.get("type") or "classic"),
         consumer=document.get("consumer"),
+        empty_since_ms=_optional_int(document.get("empty_since_ms")),
     )
+
+
+def _optional_int(value: Any) -> int | None:
+    return None if value is None else int(value)
 
 
 def encode_offset(committed: CommittedOffset) -> bytes:
@@ -163,6 +175,8 @@ def encode_offset(committed: CommittedOffset) -> bytes:
     }
     if committed.topic_id:
         document["topic_id"] = committed.topic_id
+    if committed.expire_timestamp_ms >= 0:
+        document["expire_timestamp_ms"] = committed.expire_timestamp_ms
     return json.dumps(document, separators=(",", ":")).encode()
 
 
@@ -174,6 +188,7 @@ def decode_offset(data: bytes) -> CommittedOffset:
         metadata=str(document.get("metadata") or ""),
         commit_timestamp_ms=int(document.get("commit_timestamp_ms", -1)),
         topic_id=str(document.get("topic_id") or ""),
+        expire_timestamp_ms=int(document.get("expire_timestamp_ms", -1)),
     )
 
 
@@ -339,9 +354,8 @@ class GroupStore:
             group_id, tp = parsed
             if tp is None:
                 record = decode_group(entry.value)
-                members = bool(record.members or (record.consumer or {}).get("members"))
                 found[group_id] = PersistedGroup(
-                    group_id, record.protocol_type or "", members, record.group_type
+                    group_id, record.protocol_type or "", record.has_members(), record.group_type
                 )
             else:
                 found.setdefault(group_id, PersistedGroup(group_id, "", False))

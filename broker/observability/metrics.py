@@ -120,6 +120,10 @@ class Metrics:
     cleaner_bytes_read: int = 0
     cleaner_bytes_written: int = 0
     cleaner_last_pass_s: float = 0.0
+    offsets_expired: int = 0
+    """Committed offsets removed by offset retention (KIP-211), rare: counted even when off."""
+    groups_expired: int = 0
+    """Empty groups deleted by offset retention once no offset was left."""
     # Throttle times given to clients over a byte-rate quota, per quota key (two label values).
     throttles: HistogramFamily = field(default_factory=lambda: HistogramFamily(THROTTLE_BUCKETS_S))
 
@@ -348,6 +352,16 @@ class HotPathCollector(Collector):
             "kafscale_cleaner_last_pass_seconds",
             "Duration of this broker's last committed compaction pass.",
             m.cleaner_last_pass_s,
+        )
+        yield CounterMetricFamily(
+            "kafscale_group_offsets_expired",
+            "Committed offsets this broker expired (offsets.retention.minutes, KIP-211).",
+            m.offsets_expired,
+        )
+        yield CounterMetricFamily(
+            "kafscale_groups_expired",
+            "Empty groups this broker deleted once offset retention left them no offsets.",
+            m.groups_expired,
         )
         yield CounterMetricFamily(
             "kafscale_segment_cache_hits", "Segment reads served from memory.", m.cache_hits

@@ -1,0 +1,166 @@
+"""Offset retention across coordinator moves, with the coordinator in this process against a
+real etcd: the group's empty time is stored with it, a new coordinator counts from that time,
+and never from earlier than it can know (a record from before the time was stored counts from
+the load). Each check is run by hand (``GroupCoordinator.expire_offsets``), not on a timer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+import pytest
+
+from kafscale.broker.groups.coordinator import GroupCoordinator
+from kafscale.broker.groups.model import GroupConfig, GroupRecord, JoinRequest, SyncRequest
+from kafscale.broker.groups.store import (
+    CommittedOffset,
+    decode_group,
+    encode_group,
+    encode_offset,
+)
+from kafscale.broker.metadata import keys
+from kafscale.broker.metadata.cluster import BrokerInfo
+from kafscale.broker.metadata.embedded_etcd import EmbeddedEtcd
+from kafscale.broker.metadata.etcd import Etcd
+from kafscale.broker.metadata.session_lease import SessionLease
+from kafscale.broker.protocol.errors import ErrorCode
+
+pytestmark = pytest.mark.integration
+
+RETENTION_MS = 60_000
+CONFIG = GroupConfig(
+    initial_rebalance_delay_ms=0,
+    min_session_timeout_ms=1000,
+    offsets_retention_ms=RETENTION_MS,
+    offsets_retention_check_interval_ms=3_600_000,  # checks run by hand here
+)
+
+
+@dataclass
+class _View:
+    brokers: dict[int, BrokerInfo] = field(default_factory=dict)
+    draining: set[int] = field(default_factory=set)
+    group_configs: dict[str, dict[str, str]] = field(default_factory=dict)
+
+
+@dataclass
+class _Host:
+    etcd: Etcd
+    session: SessionLease
+    node_id: int
+    cluster: str
+    view: _View
+    draining: bool = False
+
+
+@dataclass
+class _Coordinated:
+    host: _Host
+    coordinator: GroupCoordinator
+
+
+@pytest.fixture
+async def coordinated(etcd_server: EmbeddedEtcd, cluster_name: str) -> AsyncIterator[_Coordinated]:
+    etcd = await Etcd.connect([etcd_server.client_url], timeout_s=60)
+    session = await SessionLease.start(etcd, 30)
+    host = _Host(etcd, session, 1, cluster_name, _View({1: BrokerInfo(1, "127.0.0.1", 9001)}))
+    coordinator = GroupCoordinator(host, CONFIG)  # type: ignore[arg-type]
+    await coordinator.start()
+    try:
+        yield _Coordinated(host, coordinator)
+    finally:
+        await coordinator.close()
+        await session.revoke()
+        await etcd.close()
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+async def _store_old_group(host: _Host, group_id: str, empty_since_ms: int | None) -> None:
+    """What an earlier coordinator left: an Empty classic consumer group and one offset
+    committed two retentions ago."""
+    long_ago = _now_ms() - 2 * RETENTION_MS
+    record = GroupRecord("consumer", 3, None, None, empty_since_ms=empty_since_ms)
+    await host.etcd.put(keys.group_metadata_key(host.cluster, group_id), encode_group(record))
+    offset = CommittedOffset(7, commit_timestamp_ms=long_ago)
+    await host.etcd.put(
+        keys.group_offset_key(host.cluster, group_id, "t", 0), encode_offset(offset)
+    )
+
+
+async def _stored_keys(host: _Host, group_id: str) -> list[str]:
+    entries = await host.etcd.get_prefix(keys.group_prefix(host.cluster, group_id))
+    return [entry.key for entry in entries]
+
+
+async def test_a_new_coordinator_counts_from_the_stored_empty_time(
+    coordinated: _Coordinated,
+) -> None:
+    """Nobody asked for the group since it moved: the check takes it on, and its offsets,
+    Empty for longer than the retention by the stored time, expire; the group goes."""
+    host, coordinator = coordinated.host, coordinated.coordinator
+    group_id = f"moved-{uuid.uuid4().hex[:6]}"
+    await _store_old_group(host, group_id, empty_since_ms=_now_ms() - 2 * RETENTION_MS)
+    await coordinator.expire_offsets()
+    assert await _stored_keys(host, group_id) == []
+    assert coordinator.local(group_id) is None
+
+
+async def test_without_a_stored_empty_time_the_retention_counts_from_the_load(
+    coordinated: _Coordinated,
+) -> None:
+    """A record from before the empty time was stored: the group may have been Empty for a
+    moment only, so the offset is kept for a retention from the load, never expired at once."""
+    host, coordinator = coordinated.host, coordinated.coordinator
+    group_id = f"old-{uuid.uuid4().hex[:6]}"
+    await _store_old_group(host, group_id, empty_since_ms=None)
+    await coordinator.expire_offsets()
+    runtime = coordinator.local(group_id)
+    assert runtime is not None
+    assert runtime.committed([("t", 0)])[("t", 0)] is not None
+    assert len(await _stored_keys(host, group_id)) == 2
+
+
+async def test_the_time_the_last_member_left_is_stored_with_the_group(
+    coordinated: _Coordinated,
+) -> None:
+    host, coordinator = coordinated.host, coordinated.coordinator
+    group_id = f"left-{uuid.uuid4().hex[:6]}"
+    runtime = await coordinator.runtime(group_id)
+    join = JoinRequest(
+        member_id="",
+        group_instance_id=None,
+        client_id="c",
+        client_host="/h",
+        session_timeout_ms=10_000,
+        rebalance_timeout_ms=10_000,
+        protocol_type="consumer",
+        protocols=(("range", b""),),
+        require_known_member_id=False,
+        supports_skip_assignment=False,
+        fresh_id=uuid.uuid4().hex,
+    )
+    joined = await runtime.join(join)
+    assert joined.error is ErrorCode.NONE
+    member = joined.member_id
+    synced = await runtime.sync(SyncRequest(member, 1, None, None, None, {member: b"a"}))
+    assert synced.error is ErrorCode.NONE
+    before_leaving = _now_ms()
+    assert runtime.leave([(member, None)])[0] is ErrorCode.NONE
+    deadline = time.monotonic() + 60
+    while True:
+        kv = await host.etcd.get(keys.group_metadata_key(host.cluster, group_id))
+        record = decode_group(kv.value) if kv is not None else None
+        if record is not None and record.generation == 2:
+            break
+        assert time.monotonic() < deadline, "the Empty generation was not stored"
+        await asyncio.sleep(0.05)
+    assert not record.has_members()
+    assert record.empty_since_ms is not None
+    assert before_leaving <= record.empty_since_ms <= _now_ms()
