@@ -234,7 +234,7 @@ def time_decoder(options: dict[str, str], records: int) -> float:
     """GET every segment of the topic, then decode them all in this process (one core)."""
     from kafscale.pipeline import fetch
     from kafscale.pipeline.options import parse_read_options
-    from kafscale.pipeline.source import _plan_now
+    from kafscale.pipeline.readers import _plan_now
 
     read = parse_read_options(options, streaming=False)
     tasks = _plan_now(read)

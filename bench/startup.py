@@ -9,7 +9,15 @@ starts ~310 brokers and ~40 proxies. This bench measures, ``--runs`` times each 
 * ``broker``: ``kafscale broker`` against a single-node etcd (``EmbeddedEtcd``, fast, no fsync)
   and a local object directory, from spawn until ``/readyz`` answers 200: wall, and the
   broker's CPU (user + system from ``/proc/<pid>/stat``) at that moment; then SIGTERM;
-* ``proxy``: ``kafscale proxy`` against the same etcd, spawn until ``/readyz``.
+* ``proxy``: ``kafscale proxy`` against the same etcd, spawn until ``/readyz``;
+* ``spark``: a fresh ``python -c "import kafscale.pipeline.source"`` (``source``), what every
+  Python process Spark starts for the data source imports (the processes compete for the
+  cores while Spark waits at most 10 s for each new one to connect back); what a batch
+  query's planner imports before it reads etcd (``planner``) and an executor's worker before
+  its first rows (``executor``); and ``pyspark``, pyspark's data source API alone, the floor.
+  ``--compare-src DIR`` measures the same from another tree too (``old-...``; ``DIR`` is its
+  ``src``, e.g. of ``git archive main | tar -x -C /tmp/old``), run for run alternating with
+  this tree's, so that old and new meet the same load.
 
 Children start with ``child_env`` (no Hypothesis, as the test harness starts them). CPU is the
 figure that matters on a busy machine; wall time includes waiting for the two cores. Run from
@@ -107,7 +115,7 @@ def _report(name: str, samples: list[tuple[float, float]]) -> None:
     walls = [w for w, _ in samples]
     cpus = [c for _, c in samples]
     print(
-        f"{name:<8} wall median {statistics.median(walls):6.3f} s  min {min(walls):6.3f} s   "
+        f"{name:<12} wall median {statistics.median(walls):6.3f} s  min {min(walls):6.3f} s   "
         f"CPU median {statistics.median(cpus):6.3f} s  min {min(cpus):6.3f} s   (n={len(samples)})"
     )
 
@@ -115,6 +123,49 @@ def _report(name: str, samples: list[tuple[float, float]]) -> None:
 def _measure(runs: int, once: Callable[[int], tuple[float, float]]) -> list[tuple[float, float]]:
     once(-1)  # warm the page cache and the bytecode cache; not scored
     return [once(i) for i in range(runs)]
+
+
+_PYSPARK_API = "import pyspark.sql.datasource, pyspark.sql.streaming.datasource, pyspark.sql.types"
+# What a process imports of ours: any (the source), a batch query's planner (the reader it
+# makes before it reads etcd), an executor's worker (its first task's reading code).
+_SPARK_IMPORTS = {
+    "source": "import kafscale.pipeline.source",
+    "planner": "from kafscale.pipeline.source import KafScaleDataSource as S\n"
+    "from pyspark.sql.datasource import CaseInsensitiveDict as D\n"
+    "s = S(D({'subscribe': 't'}))\n"
+    "s.reader(s.schema())",
+    "executor": "import kafscale.pipeline.source, kafscale.pipeline.fetch",
+}
+
+
+def _import_once(code: str, src: str | None = None) -> tuple[float, float]:
+    """Wall and CPU seconds of a fresh interpreter running ``code`` (without ``KAFSCALE_*``
+    variables); ``src`` first on its path (another tree's ``kafscale``)."""
+    env = {k: v for k, v in child_env(os.environ).items() if not k.upper().startswith("KAFSCALE_")}
+    if src is not None:
+        env["PYTHONPATH"] = os.pathsep.join([src, env.get("PYTHONPATH", "")])
+    cpu_before = _children_cpu_s()
+    began = time.monotonic()
+    subprocess.run([sys.executable, "-c", code], env=env, check=True, stdout=subprocess.DEVNULL)
+    return time.monotonic() - began, _children_cpu_s() - cpu_before
+
+
+def _measure_spark(runs: int, compare_src: str | None) -> None:
+    """pyspark's data source API alone, then each of ``_SPARK_IMPORTS`` from this tree and (as
+    ``old-...``) from ``compare_src``: all interleaved, run after run."""
+    candidates: dict[str, tuple[str, str | None]] = {"pyspark": (_PYSPARK_API, None)}
+    for name, code in _SPARK_IMPORTS.items():
+        candidates[name] = (code, None)
+        if compare_src is not None:
+            candidates[f"old-{name}"] = (code, compare_src)
+    for code, src in candidates.values():
+        _import_once(code, src)  # warm the page and bytecode caches; not scored
+    figures: dict[str, list[tuple[float, float]]] = {name: [] for name in candidates}
+    for _ in range(runs):
+        for name, (code, src) in candidates.items():
+            figures[name].append(_import_once(code, src))
+    for name, samples in figures.items():
+        _report(name, samples)
 
 
 def _broker_once(etcd: EmbeddedEtcd, data: Path) -> Callable[[int], tuple[float, float]]:
@@ -147,10 +198,17 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--runs", type=int, default=7, help="runs per figure (median printed)")
     parser.add_argument(
-        "--only", choices=["import", "help", "broker", "proxy"], action="append", help="repeatable"
+        "--only",
+        choices=["import", "help", "broker", "proxy", "spark"],
+        action="append",
+        help="repeatable",
+    )
+    parser.add_argument(
+        "--compare-src",
+        help="spark: also import the source from this tree's src directory (an older checkout)",
     )
     args = parser.parse_args()
-    only = set(args.only or ["import", "help", "broker", "proxy"])
+    only = set(args.only or ["import", "help", "broker", "proxy", "spark"])
     print(f"load average before: {os.getloadavg()}")
     if "import" in only:
         # What ``kafscale broker`` imports (the CLI imports the broker only to run one).
@@ -158,6 +216,8 @@ def main() -> None:
         _report("import", _measure(args.runs, lambda _: _run_once(command)))
     if "help" in only:
         _report("help", _measure(args.runs, lambda _: _run_once([KAFSCALE, "--help"])))
+    if "spark" in only:
+        _measure_spark(args.runs, args.compare_src)
     if only & {"broker", "proxy"}:
         with (
             tempfile.TemporaryDirectory(prefix="kafscale-startup-") as tmp,

@@ -42,8 +42,8 @@ from kafscale.broker.metadata.session_lease import SessionLease
 from kafscale.broker.metadata.topics import create_topic
 from kafscale.broker.observability.broker_metrics import BrokerCollector
 from kafscale.broker.observability.exposition import metrics_renderer
+from kafscale.broker.observability.hot_path_collector import HotPathCollector
 from kafscale.broker.observability.logs import set_node_id
-from kafscale.broker.observability.metrics import HotPathCollector
 from kafscale.broker.ownership import follow_once, plan_ownership
 from kafscale.broker.protocol.errors import ErrorCode, KafkaError, NotLeader
 from kafscale.broker.quotas.enforcement import QuotaEnforcer

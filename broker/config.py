@@ -16,7 +16,7 @@ from collections.abc import Callable
 from enum import StrEnum
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
+from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from kafscale.broker.security.listeners import (
@@ -31,14 +31,19 @@ from kafscale.broker.security.listeners import (
 )
 from kafscale.broker.security.tokens import TokenPolicy
 
+# The sections shared with the proxy and the Spark source live in ``store_settings``; this
+# module keeps them importable from here, where they were first.
+from kafscale.broker.store_settings import DEFAULT_CLUSTER, ENV_PREFIX
+from kafscale.broker.store_settings import EtcdConnectionSettings as EtcdConnectionSettings
+from kafscale.broker.store_settings import EtcdSettings as EtcdSettings
+from kafscale.broker.store_settings import Section as _Section
+from kafscale.broker.store_settings import StorageKind as StorageKind
+from kafscale.broker.store_settings import StorageSettings as StorageSettings
+
 
 class LogFormat(StrEnum):
     TEXT = "text"
     JSON = "json"
-
-
-class _Section(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
 
 
 class ListenerSettings(_Section):
@@ -68,59 +73,9 @@ class ListenerSettings(_Section):
         return advertised_host(self.host, self.advertised_host, host_name)
 
 
-class EtcdConnectionSettings(_Section):
-    """How to reach etcd: shared by the broker and the proxy."""
-
-    endpoints: tuple[str, ...] = Field(
-        ("http://127.0.0.1:2379",),
-        description="etcd client URLs, http:// or https://; all are used: the first that "
-        "answers, then the next when a member stops answering.",
-    )
-    username: str | None = Field(None, description="etcd user (with `password`).")
-    password: SecretStr | None = Field(None, description="etcd password.")
-    ca_file: Path | None = Field(
-        None, description="CA certificate for https:// endpoints (default: the system's)."
-    )
-    cert_file: Path | None = Field(
-        None, description="Client certificate for https:// endpoints that require one."
-    )
-    key_file: Path | None = Field(None, description="Key of `cert_file`.")
-    timeout_s: float = Field(5.0, gt=0, description="Deadline for every etcd call.")
-
-
-class EtcdSettings(EtcdConnectionSettings):
-    compaction_interval_s: float = Field(
-        300.0,
-        gt=0,
-        description="How often the lowest-numbered broker compacts etcd's history (keeping "
-        "one interval of it); 0 is not allowed: without it etcd fills its space quota.",
-    )
-    session_ttl_s: int = Field(
-        10, ge=2, description="TTL of the broker's session lease; keepalive every TTL/3."
-    )
-
-
 class IsolationLevel(StrEnum):
     READ_COMMITTED = "read_committed"
     READ_UNCOMMITTED = "read_uncommitted"
-
-
-class StorageKind(StrEnum):
-    S3 = "s3"
-    LOCAL = "local"
-
-
-class StorageSettings(_Section):
-    kind: StorageKind = Field(StorageKind.S3, description="`s3` or `local` (a directory).")
-    bucket: str = Field("kafscale", description="S3 bucket holding segments and indexes.")
-    prefix: str = Field("", description="Key prefix inside the bucket (or directory).")
-    endpoint: str | None = Field(None, description="S3 endpoint URL (path-style); None for AWS.")
-    region: str = Field("us-east-1", description="S3 region.")
-    access_key_id: SecretStr | None = Field(None, description="S3 access key id.")
-    secret_access_key: SecretStr | None = Field(None, description="S3 secret access key.")
-    local_dir: Path = Field(Path("data/objects"), description="Directory for kind=local.")
-    timeout_s: float = Field(30.0, gt=0, description="Deadline for every object-store call.")
-    max_concurrency: int = Field(16, ge=1, description="Object-store calls in flight at once.")
 
 
 class LogSettings(_Section):
@@ -596,10 +551,12 @@ class BrokerSettings(BaseSettings):
     """Everything one broker process needs to know."""
 
     model_config = SettingsConfigDict(
-        env_prefix="KAFSCALE_", env_nested_delimiter="__", frozen=True, extra="forbid"
+        env_prefix=ENV_PREFIX, env_nested_delimiter="__", frozen=True, extra="forbid"
     )
 
-    cluster: str = Field("default", description="Cluster name: the etcd and object key prefix.")
+    cluster: str = Field(
+        DEFAULT_CLUSTER, description="Cluster name: the etcd and object key prefix."
+    )
     listener: ListenerSettings = ListenerSettings()
     etcd: EtcdSettings = EtcdSettings()
     storage: StorageSettings = StorageSettings()

@@ -16,12 +16,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
 from typing import TypeVar
 
-import numpy as np
-
-from kafscale.broker.config import EtcdSettings
 from kafscale.broker.metadata import keys
 from kafscale.broker.metadata.aborted_index import refs_in_range
-from kafscale.broker.metadata.cluster import TopicInfo
 from kafscale.broker.metadata.etcd import Etcd
 from kafscale.broker.metadata.etcd_channel import BadEndpoint
 from kafscale.broker.metadata.etcd_connect import connect_etcd
@@ -32,12 +28,14 @@ from kafscale.broker.metadata.partition_state import (
     time_scan_start,
 )
 from kafscale.broker.metadata.partition_txns import last_stable_offset
+from kafscale.broker.metadata.topic_info import TopicInfo
 from kafscale.broker.protocol.errors import StorageFailure
 from kafscale.broker.storage.aborted_index import aborted_in_range
 from kafscale.broker.storage.compaction_plan import is_compacted
 from kafscale.broker.storage.factory import open_object_store
 from kafscale.broker.storage.object_store import ObjectNotFound, ObjectStore, ObjectStoreError
 from kafscale.broker.storage.segments import SegmentCorrupt, decode_segment
+from kafscale.broker.store_settings import EtcdSettings
 from kafscale.pipeline.options import Connection, Subscription, store_identity
 from kafscale.pipeline.planning import PartitionView, SegmentObject
 
@@ -254,6 +252,8 @@ class Catalog:
         """``startingTimestamp``: the first offset whose record is at or after the time, else
         the high watermark (as Kafka's ListOffsets). Scans from the partition's time mark below
         the time, decoding segments on the driver."""
+        import numpy as np  # here, with the decoder: only ``startingTimestamp`` needs them
+
         from kafscale.pipeline.decode import decode_records
 
         view = entry.view

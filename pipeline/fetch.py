@@ -24,12 +24,12 @@ from dataclasses import replace
 
 import pyarrow as pa
 
-from kafscale.broker.config import EtcdSettings, StorageSettings
 from kafscale.broker.metadata import keys
 from kafscale.broker.protocol.record_batch import iter_batch_headers
 from kafscale.broker.storage.factory import open_object_store
 from kafscale.broker.storage.object_store import ObjectNotFound, ObjectStore, ObjectStoreError
 from kafscale.broker.storage.segments import SegmentCorrupt, decode_segment
+from kafscale.broker.store_settings import EtcdSettings, StorageSettings
 from kafscale.pipeline.decode import decode_records
 from kafscale.pipeline.options import Connection, TaskReading, store_identity
 from kafscale.pipeline.planning import DataLoss, ReadTask, SegmentObject, gap_in, relocated_task

@@ -5,7 +5,9 @@ Connection options are named like the broker's settings (``etcd.endpoints``, ``c
 own configuration model, ``BrokerSettings``, and so from the same ``KAFSCALE_*`` environment
 variables a broker reads: a job started next to a broker needs no connection options at all.
 The resolved values travel to the executors inside the reader (nothing there reads the
-environment, which may differ).
+environment, which may differ). Where no ``KAFSCALE_*`` variable is set, the model's defaults
+are the sections' own, and the model (pydantic-settings, the listener and TLS settings) is not
+imported: Spark starts a planner process per query, on a clock (see ``store_settings``).
 
 The other options are those of Spark's Kafka source, with its names and meanings. A wrong or
 missing option is a ``SourceOptionError`` with a message naming the option, raised on the
@@ -15,6 +17,7 @@ driver before any task starts.
 from __future__ import annotations
 
 import json
+import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -23,7 +26,13 @@ from typing import Any
 
 from pydantic import SecretStr, ValidationError
 
-from kafscale.broker.config import BrokerSettings, EtcdSettings, StorageKind, StorageSettings
+from kafscale.broker.store_settings import (
+    DEFAULT_CLUSTER,
+    ENV_PREFIX,
+    EtcdSettings,
+    StorageKind,
+    StorageSettings,
+)
 
 EARLIEST = -2
 LATEST = -1
@@ -147,12 +156,28 @@ def _etcd_security_value(name: str, value: str) -> Any:
     return value
 
 
-def parse_connection(options: Mapping[str, str]) -> Connection:
-    """Connection options over the broker's settings (defaults and ``KAFSCALE_*``)."""
+def sets_broker_settings(environ: Mapping[str, str]) -> bool:
+    """Whether ``environ`` has a variable the broker's settings model may read: one named with
+    its prefix, in any case (pydantic-settings ignores the case of names)."""
+    return any(name.upper().startswith(ENV_PREFIX) for name in environ)
+
+
+def configured_connection() -> Connection:
+    """The connection the broker's settings give: their defaults and ``KAFSCALE_*``."""
+    if not sets_broker_settings(os.environ):  # the defaults, without the whole model
+        return Connection(DEFAULT_CLUSTER, EtcdSettings(), StorageSettings())
+    from kafscale.broker.config import BrokerSettings
+
     try:
-        base = BrokerSettings()
+        settings = BrokerSettings()
     except ValidationError as exc:
         raise SourceOptionError(f"the KAFSCALE_* environment is not valid: {exc}") from exc
+    return Connection(settings.cluster, settings.etcd, settings.storage)
+
+
+def parse_connection(options: Mapping[str, str]) -> Connection:
+    """Connection options over the broker's settings (defaults and ``KAFSCALE_*``)."""
+    base = configured_connection()
     storage: dict[str, Any] = {}
     for option, name in _STORAGE_OPTIONS.items():
         value = options.get(option)

@@ -13,7 +13,7 @@ import json
 import logging
 import weakref
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from kafscale.broker.authz.store import AclCache
 from kafscale.broker.metadata import keys
@@ -28,31 +28,13 @@ from kafscale.broker.metadata.etcd_errors import MetadataUnavailable
 from kafscale.broker.metadata.etcd_txn import KeyValue
 from kafscale.broker.metadata.partition_state import PartitionState
 from kafscale.broker.metadata.share_members import ShareMembers
+from kafscale.broker.metadata.topic_info import TopicInfo as TopicInfo  # its former home
 from kafscale.broker.quotas.store import QuotaCache
 from kafscale.broker.task_stop import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
 TopicPartition = tuple[str, int]
-
-
-@dataclass(frozen=True, slots=True)
-class TopicInfo:
-    name: str
-    topic_id: str
-    partitions: int
-    configs: dict[str, str] = field(default_factory=dict)
-
-    def to_json(self) -> bytes:
-        return json.dumps(
-            {"topic_id": self.topic_id, "partitions": self.partitions, "configs": self.configs}
-        ).encode()
-
-    @classmethod
-    def from_json(cls, name: str, data: bytes) -> TopicInfo:
-        document = json.loads(data)
-        configs = {str(k): str(v) for k, v in document.get("configs", {}).items()}
-        return cls(name, str(document["topic_id"]), int(document["partitions"]), configs)
 
 
 @dataclass(frozen=True, slots=True)

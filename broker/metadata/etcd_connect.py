@@ -10,10 +10,10 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from kafscale.broker.config import EtcdConnectionSettings
 from kafscale.broker.metadata.etcd import Etcd
 from kafscale.broker.metadata.etcd_channel import EtcdTls
 from kafscale.broker.metadata.etcd_errors import MetadataUnavailable
+from kafscale.broker.store_settings import EtcdConnectionSettings
 
 log = logging.getLogger(__name__)
 

@@ -3,7 +3,9 @@
 Requests, bytes, flushes, object-store and etcd calls are counted on the event loop thread
 (every caller runs there), so a count is an ``int +=`` and a histogram observation a
 ``bisect`` and two adds: no locks, no ``labels()`` lookups per call. ``prometheus_client``
-turns them into the text format only when ``/metrics`` is scraped (``HotPathCollector``).
+turns them into the text format only when ``/metrics`` is scraped (``hot_path_collector``,
+which alone imports it: processes that count without serving ``/metrics``, such as the Spark
+source's planners calling etcd, never load it).
 ``METRICS.enabled = False`` turns every record call into an early return; the metrics-cost
 bench compares both ways.
 
@@ -16,17 +18,9 @@ from __future__ import annotations
 
 import struct
 from bisect import bisect_left
-from collections.abc import Iterable, Iterator, Sequence, Sized
+from collections.abc import Iterable, Sequence, Sized
 from dataclasses import dataclass, field
 from typing import Protocol
-
-from prometheus_client.core import (
-    CounterMetricFamily,
-    GaugeMetricFamily,
-    HistogramMetricFamily,
-    Metric,
-)
-from prometheus_client.registry import Collector
 
 # Seconds. Requests range from sub-millisecond metadata answers to long-polled fetches.
 REQUEST_BUCKETS_S = (
@@ -246,142 +240,3 @@ def count_records(records: bytes | memoryview) -> int:
         total += max(count, 0)
         position = batch_end
     return total
-
-
-class HotPathCollector(Collector):
-    """Exports ``METRICS`` in Prometheus form (names carry units; counters end in _total)."""
-
-    def __init__(self, metrics: Metrics = METRICS, proxy: bool = False) -> None:
-        self._metrics = metrics
-        self._prefix = "kafscale_proxy" if proxy else "kafscale"
-
-    def collect(self) -> Iterator[Metric]:
-        m = self._metrics
-        p = self._prefix
-        yield _histograms(
-            f"{p}_request_duration_seconds",
-            "Time from a decoded request to its answer, per Kafka API (long polls included).",
-            "api",
-            m.requests,
-        )
-        yield _counters(
-            f"{p}_request_errors",
-            "Requests answered with a top-level error (an exception in the handler), per API.",
-            "api",
-            m.request_errors,
-        )
-        yield CounterMetricFamily(
-            f"{p}_connections_accepted", "Kafka connections accepted.", m.connections_accepted
-        )
-        if self._prefix == "kafscale":
-            yield from self._broker_metrics()
-
-    def _broker_metrics(self) -> Iterator[Metric]:
-        m = self._metrics
-        for name, help_, attribute in (
-            ("kafscale_produce_bytes", "Record-batch bytes appended, per topic.", "bytes_in"),
-            ("kafscale_produce_records", "Records appended, per topic.", "records_in"),
-            (
-                "kafscale_fetch_bytes",
-                "Record-batch bytes sent to fetchers, per topic.",
-                "bytes_out",
-            ),
-            ("kafscale_fetch_records", "Records sent to fetchers, per topic.", "records_out"),
-        ):
-            family = CounterMetricFamily(name, help_, labels=["topic"])
-            for topic, traffic in sorted(m.topics.items()):
-                family.add_metric([topic], getattr(traffic, attribute))
-            yield family
-        flushes = HistogramMetricFamily(
-            "kafscale_flush_duration_seconds",
-            "Flush rounds: upload of segments and their etcd commit.",
-        )
-        flushes.add_metric([], m.flushes.cumulative(), m.flushes.total)
-        yield flushes
-        yield CounterMetricFamily(
-            "kafscale_flush_bytes", "Segment bytes committed by flushes.", m.flush_bytes
-        )
-        yield CounterMetricFamily(
-            "kafscale_flush_objects", "Segment objects committed by flushes.", m.flush_objects
-        )
-        yield CounterMetricFamily(
-            "kafscale_flush_failures", "Flush rounds that failed.", m.flush_failures
-        )
-        yield _histograms(
-            "kafscale_object_store_request_duration_seconds",
-            "Object-store calls, per operation.",
-            "operation",
-            m.store_calls,
-        )
-        yield _counters(
-            "kafscale_object_store_errors",
-            "Object-store calls that failed (missing keys and lost races excluded).",
-            "operation",
-            m.store_errors,
-        )
-        yield _histograms(
-            "kafscale_etcd_request_duration_seconds",
-            "etcd calls (reads, writes, transactions, lease calls), per operation.",
-            "operation",
-            m.etcd_calls,
-        )
-        yield _counters(
-            "kafscale_etcd_errors", "etcd calls that failed, per operation.", "operation",
-            m.etcd_errors,
-        )  # fmt: skip
-        yield _histograms(
-            "kafscale_quota_throttle_seconds",
-            "Throttle times answered to clients over a byte-rate quota, per quota key.",
-            "quota",
-            m.throttles,
-        )
-        yield CounterMetricFamily(
-            "kafscale_cleaner_passes", "Log compaction passes committed.", m.cleaner_passes
-        )
-        yield CounterMetricFamily(
-            "kafscale_cleaner_bytes_read",
-            "Bytes log compaction read (cleaned and dirty objects).",
-            m.cleaner_bytes_read,
-        )
-        yield CounterMetricFamily(
-            "kafscale_cleaner_bytes_written",
-            "Bytes of cleaned objects log compaction wrote.",
-            m.cleaner_bytes_written,
-        )
-        yield GaugeMetricFamily(
-            "kafscale_cleaner_last_pass_seconds",
-            "Duration of this broker's last committed compaction pass.",
-            m.cleaner_last_pass_s,
-        )
-        yield CounterMetricFamily(
-            "kafscale_group_offsets_expired",
-            "Committed offsets this broker expired (offsets.retention.minutes, KIP-211).",
-            m.offsets_expired,
-        )
-        yield CounterMetricFamily(
-            "kafscale_groups_expired",
-            "Empty groups this broker deleted once offset retention left them no offsets.",
-            m.groups_expired,
-        )
-        yield CounterMetricFamily(
-            "kafscale_segment_cache_hits", "Segment reads served from memory.", m.cache_hits
-        )
-        yield CounterMetricFamily(
-            "kafscale_segment_cache_misses",
-            "Segment reads that went to object storage.",
-            m.cache_misses,
-        )
-
-
-def _histograms(name: str, help_: str, label: str, family: HistogramFamily) -> Metric:
-    metric = HistogramMetricFamily(name, help_, labels=[label])
-    for value, histogram in sorted(family.children.items()):
-        metric.add_metric([value], histogram.cumulative(), histogram.total)
-    return metric
-
-
-def _counters(name: str, help_: str, label: str, values: dict[str, int]) -> Metric:
-    metric = CounterMetricFamily(name, help_, labels=[label])
-    for value, count in sorted(values.items()):
-        metric.add_metric([value], count)
-    return metric

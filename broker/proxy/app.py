@@ -24,8 +24,8 @@ from kafscale.broker.metadata.etcd import Etcd
 from kafscale.broker.metadata.etcd_connect import connect_etcd
 from kafscale.broker.metadata.etcd_errors import MetadataUnavailable
 from kafscale.broker.observability.exposition import metrics_renderer
+from kafscale.broker.observability.hot_path_collector import HotPathCollector
 from kafscale.broker.observability.logs import set_node_id
-from kafscale.broker.observability.metrics import HotPathCollector
 from kafscale.broker.observability.proxy_metrics import ProxyCollector
 from kafscale.broker.protocol import codec
 from kafscale.broker.proxy.access import ProxyAccess

@@ -6,9 +6,9 @@ directory."""
 
 from __future__ import annotations
 
-from kafscale.broker.config import StorageKind, StorageSettings
 from kafscale.broker.storage.local_dir import LocalDirObjectStore
 from kafscale.broker.storage.object_store import ObjectStore
+from kafscale.broker.store_settings import StorageKind, StorageSettings
 
 
 def open_object_store(settings: StorageSettings) -> ObjectStore:

@@ -28,13 +28,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
-from kafscale.broker.config import StorageSettings
 from kafscale.broker.storage.object_store import (
     ObjectAlreadyExists,
     ObjectInfo,
     ObjectNotFound,
     ObjectStoreError,
 )
+from kafscale.broker.store_settings import StorageSettings
 
 T = TypeVar("T")
 

@@ -21,13 +21,13 @@ import os
 from collections.abc import AsyncIterator, Collection
 from pathlib import Path
 
-from kafscale.broker.config import StorageKind, StorageSettings
 from kafscale.broker.metadata import keys
 from kafscale.broker.metadata.partition_state import Cleaned, PartitionState
 from kafscale.broker.storage.object_store import ObjectStore
 from kafscale.broker.storage.partition_log import OwnedPartition
 from kafscale.broker.storage.reader import committed_objects
 from kafscale.broker.storage.size_blocks import BLOCK_SEGMENTS, SizeBlocks
+from kafscale.broker.store_settings import StorageKind, StorageSettings
 
 TopicPartition = tuple[str, int]
 UNKNOWN = -1

@@ -30,13 +30,13 @@ from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError
 
 import kafscale
-from kafscale.broker.config import StorageSettings
 from kafscale.broker.storage.object_store import (
     ObjectAlreadyExists,
     ObjectInfo,
     ObjectNotFound,
     ObjectStoreError,
 )
+from kafscale.broker.store_settings import StorageSettings
 
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client

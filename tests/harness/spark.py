@@ -1,5 +1,7 @@
 """Spark for tests: one local SparkSession for the whole pipeline suite (a start costs 5-15 s),
-and the options that point the data source at a test's cluster (real etcd, moto's S3, brokers)."""
+the options that point the data source at a test's cluster (real etcd, moto's S3, brokers),
+and pyspark's own planner and executor steps run in this process. It imports nothing of the
+broker: ``tests/unit/test_spark_source_imports.py`` counts what those steps import."""
 
 from __future__ import annotations
 
@@ -7,12 +9,14 @@ import os
 import subprocess
 import sys
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from harness.brokers import BrokerCluster
 from harness.java_client import JVM_FLAGS
+
+if TYPE_CHECKING:
+    from harness.brokers import BrokerCluster
 
 
 @pytest.fixture(scope="session")

@@ -11,14 +11,10 @@ from harness.batches import make_batch
 from prometheus_client.parser import text_string_to_metric_families
 
 from kafscale.broker.observability.exposition import metrics_renderer
+from kafscale.broker.observability.hot_path_collector import HotPathCollector
 from kafscale.broker.observability.lag import consumer_lag
 from kafscale.broker.observability.logs import JsonFormatter, about, bind, log_context, set_node_id
-from kafscale.broker.observability.metrics import (
-    Histogram,
-    HotPathCollector,
-    Metrics,
-    count_records,
-)
+from kafscale.broker.observability.metrics import Histogram, Metrics, count_records
 from kafscale.broker.protocol.record_batch import read_header
 
 pytestmark = pytest.mark.unit

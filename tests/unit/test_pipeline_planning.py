@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 from pydantic import SecretStr
 
-from kafscale.broker.config import StorageKind, StorageSettings
+from kafscale.broker.config import BrokerSettings, StorageKind, StorageSettings
 from kafscale.pipeline.options import (
     EARLIEST,
     LATEST,
+    Connection,
     SourceOptionError,
+    configured_connection,
     connection_options,
     parse_connection,
     parse_duration_ms,
@@ -59,6 +63,25 @@ def test_connection_options_fall_back_to_the_brokers_environment(
     assert explicit.connection.cluster == "c"
     assert explicit.connection.etcd.endpoints == ("http://x:1", "http://y:2")
     assert explicit.starting == LATEST  # a new stream starts at the end, as Spark's
+
+
+def test_without_kafscale_variables_the_connection_is_the_broker_settings_defaults(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Without a ``KAFSCALE_*`` variable the source does not build ``BrokerSettings`` (its
+    import costs Spark's processes), so its defaults must be those the model would give."""
+    for name in [name for name in os.environ if name.upper().startswith("KAFSCALE_")]:
+        monkeypatch.delenv(name)
+    defaults = BrokerSettings()
+    assert configured_connection() == Connection(defaults.cluster, defaults.etcd, defaults.storage)
+
+
+def test_a_kafscale_variable_in_any_case_is_read_as_the_broker_reads_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("kafscale_cluster", "lower")  # pydantic-settings ignores the case
+    assert BrokerSettings().cluster == "lower"
+    assert configured_connection().cluster == "lower"
 
 
 @pytest.mark.parametrize(

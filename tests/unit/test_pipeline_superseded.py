@@ -28,7 +28,8 @@ from kafscale.pipeline.planning import (
     SegmentObject,
     relocated_task,
 )
-from kafscale.pipeline.source import TaskPartition, _partitions
+from kafscale.pipeline.readers import _partitions
+from kafscale.pipeline.source import TaskPartition
 
 pytestmark = pytest.mark.unit
 
