@@ -9,11 +9,10 @@ and tells waiting members NOT_COORDINATOR; etcd unreachable is never "proceed an
 from __future__ import annotations
 
 import asyncio
-import uuid
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
 
 import pytest
+from harness.coordinator_host import CoordinatorHost, HostView, join_request
 
 from kafscale.broker.groups.coordinator import GroupCoordinator
 from kafscale.broker.groups.leases import GroupLeases
@@ -21,7 +20,6 @@ from kafscale.broker.groups.model import (
     GroupConfig,
     GroupRecord,
     GroupState,
-    JoinRequest,
     SyncRequest,
 )
 from kafscale.broker.groups.runtime import GroupRuntime
@@ -45,33 +43,15 @@ pytestmark = pytest.mark.integration
 CONFIG = GroupConfig(initial_rebalance_delay_ms=0, min_session_timeout_ms=1000)
 
 
-@dataclass
-class FakeView:
-    brokers: dict[int, BrokerInfo] = field(default_factory=dict)
-    draining: set[int] = field(default_factory=set)
-
-
-@dataclass
-class Host:
-    """What a broker gives its coordinator."""
-
-    etcd: Etcd
-    session: SessionLease
-    node_id: int
-    cluster: str
-    view: FakeView
-    draining: bool = False
-
-
 @pytest.fixture
 async def hosts(
     etcd: Etcd, cluster_name: str
-) -> AsyncIterator[list[tuple[Host, GroupCoordinator]]]:
-    view = FakeView({n: BrokerInfo(n, "127.0.0.1", 9000 + n) for n in (1, 2)})
+) -> AsyncIterator[list[tuple[CoordinatorHost, GroupCoordinator]]]:
+    view = HostView({n: BrokerInfo(n, "127.0.0.1", 9000 + n) for n in (1, 2)})
     made = []
     for node_id in (1, 2):
         session = await SessionLease.start(etcd, 10)
-        host = Host(etcd, session, node_id, cluster_name, view)
+        host = CoordinatorHost(etcd, session, node_id, cluster_name, view)
         coordinator = GroupCoordinator(host, CONFIG)  # type: ignore[arg-type]
         await coordinator.start()
         made.append((host, coordinator))
@@ -83,22 +63,6 @@ async def hosts(
             await host.session.revoke()
 
 
-def join_request(member_id: str = "") -> JoinRequest:
-    return JoinRequest(
-        member_id=member_id,
-        group_instance_id=None,
-        client_id="c",
-        client_host="/h",
-        session_timeout_ms=10_000,
-        rebalance_timeout_ms=10_000,
-        protocol_type="consumer",
-        protocols=(("range", b""),),
-        require_known_member_id=False,
-        supports_skip_assignment=False,
-        fresh_id=uuid.uuid4().hex,
-    )
-
-
 async def eventually(check: object, timeout_s: float = 5.0) -> None:
     deadline = asyncio.get_running_loop().time() + timeout_s
     while not check():  # type: ignore[operator]
@@ -106,7 +70,9 @@ async def eventually(check: object, timeout_s: float = 5.0) -> None:
         await asyncio.sleep(0.01)
 
 
-async def test_one_coordinator_per_group(hosts: list[tuple[Host, GroupCoordinator]]) -> None:
+async def test_one_coordinator_per_group(
+    hosts: list[tuple[CoordinatorHost, GroupCoordinator]],
+) -> None:
     (host1, c1), (_, c2) = hosts
     runtime = await c1.runtime("orders")
     assert await c1.runtime("orders") is runtime
@@ -120,7 +86,9 @@ async def test_one_coordinator_per_group(hosts: list[tuple[Host, GroupCoordinato
     assert len({id(r) for r in many}) == 1
 
 
-async def test_offsets_survive_the_coordinator(hosts: list[tuple[Host, GroupCoordinator]]) -> None:
+async def test_offsets_survive_the_coordinator(
+    hosts: list[tuple[CoordinatorHost, GroupCoordinator]],
+) -> None:
     (host1, c1), (_, c2) = hosts
     runtime = await c1.runtime("g")
     offsets = {("t", p): CommittedOffset(p * 10, 3, "m", 1) for p in range(250)}
@@ -178,7 +146,7 @@ async def test_write_fenced_after_the_lease_moved(etcd: Etcd, cluster_name: str)
 
 
 async def test_lease_taken_elsewhere_drops_the_group_and_its_waiters(
-    hosts: list[tuple[Host, GroupCoordinator]],
+    hosts: list[tuple[CoordinatorHost, GroupCoordinator]],
 ) -> None:
     (host1, c1), _ = hosts
     runtime = await c1.runtime("g")
@@ -213,7 +181,9 @@ async def test_own_lease_from_a_lost_session_is_retaken(etcd: Etcd, cluster_name
         await new_session.revoke()
 
 
-async def test_session_lost_drops_every_group(hosts: list[tuple[Host, GroupCoordinator]]) -> None:
+async def test_session_lost_drops_every_group(
+    hosts: list[tuple[CoordinatorHost, GroupCoordinator]],
+) -> None:
     (host1, c1), _ = hosts
     for name in ("a", "b"):
         await c1.runtime(name)
@@ -231,7 +201,7 @@ async def test_etcd_unreachable_never_proceeds(
 ) -> None:
     etcd = await Etcd.connect([etcd_server_private.client_url], timeout_s=0.5)
     session = await SessionLease.start(etcd, 30)
-    host = Host(etcd, session, 1, cluster_name, FakeView({1: BrokerInfo(1, "h", 1)}))
+    host = CoordinatorHost(etcd, session, 1, cluster_name, HostView({1: BrokerInfo(1, "h", 1)}))
     coordinator = GroupCoordinator(host, CONFIG)  # type: ignore[arg-type]
     await coordinator.start()
     try:

@@ -10,15 +10,15 @@ from __future__ import annotations
 
 import asyncio
 import time
-import uuid
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import pytest
+from harness.coordinator_host import CoordinatorHost, HostView, join_request
 from harness.tcp_relay import TcpRelay
 
 from kafscale.broker.groups.coordinator import VACANT_RELEASE_S, GroupCoordinator
-from kafscale.broker.groups.model import GroupConfig, GroupState, JoinRequest, SyncRequest
+from kafscale.broker.groups.model import GroupConfig, GroupState, SyncRequest
 from kafscale.broker.groups.store import decode_group
 from kafscale.broker.metadata import keys
 from kafscale.broker.metadata.cluster import BrokerInfo
@@ -33,25 +33,9 @@ CONFIG = GroupConfig(initial_rebalance_delay_ms=0, min_session_timeout_ms=1000)
 
 
 @dataclass
-class _View:
-    brokers: dict[int, BrokerInfo] = field(default_factory=dict)
-    draining: set[int] = field(default_factory=set)
-
-
-@dataclass
-class _Host:
-    etcd: Etcd
-    session: SessionLease
-    node_id: int
-    cluster: str
-    view: _View
-    draining: bool = False
-
-
-@dataclass
 class _Relayed:
     relay: TcpRelay
-    host: _Host
+    host: CoordinatorHost
     coordinator: GroupCoordinator
 
 
@@ -60,7 +44,9 @@ async def relayed(etcd_server: EmbeddedEtcd, cluster_name: str) -> AsyncIterator
     relay = TcpRelay("127.0.0.1", int(etcd_server.client_url.rsplit(":", 1)[1]))
     etcd = await Etcd.connect([relay.url], timeout_s=60)
     session = await SessionLease.start(etcd, 30)
-    host = _Host(etcd, session, 1, cluster_name, _View({1: BrokerInfo(1, "127.0.0.1", 9001)}))
+    host = CoordinatorHost(
+        etcd, session, 1, cluster_name, HostView({1: BrokerInfo(1, "127.0.0.1", 9001)})
+    )
     coordinator = GroupCoordinator(host, CONFIG)  # type: ignore[arg-type]
     await coordinator.start()
     try:
@@ -72,22 +58,6 @@ async def relayed(etcd_server: EmbeddedEtcd, cluster_name: str) -> AsyncIterator
         await etcd.close()
 
 
-def _join() -> JoinRequest:
-    return JoinRequest(
-        member_id="",
-        group_instance_id=None,
-        client_id="c",
-        client_host="/h",
-        session_timeout_ms=1000,
-        rebalance_timeout_ms=1000,
-        protocol_type="consumer",
-        protocols=(("range", b""),),
-        require_known_member_id=False,
-        supports_skip_assignment=False,
-        fresh_id=uuid.uuid4().hex,
-    )
-
-
 async def _eventually(check: object, timeout_s: float = 60.0) -> None:
     deadline = time.monotonic() + timeout_s
     while not check():  # type: ignore[operator]
@@ -95,7 +65,7 @@ async def _eventually(check: object, timeout_s: float = 60.0) -> None:
         await asyncio.sleep(0.02)
 
 
-async def _stored(host: _Host, group_id: str, generation: int) -> None:
+async def _stored(host: CoordinatorHost, group_id: str, generation: int) -> None:
     """Wait until etcd has the group at ``generation``."""
     deadline = time.monotonic() + 60
     while True:
@@ -115,7 +85,7 @@ async def test_a_group_is_not_let_go_while_its_last_change_is_being_written(
     write. Once etcd answers, the Empty group is vacant and is let go as before."""
     host, coordinator = relayed.host, relayed.coordinator
     runtime = await coordinator.runtime("expiring")
-    joined = await runtime.join(_join())
+    joined = await runtime.join(join_request(timeout_ms=1000))
     assert joined.error is ErrorCode.NONE and joined.generation_id == 1
     sync = SyncRequest(joined.member_id, 1, None, None, None, {joined.member_id: b"a"})
     assert (await runtime.sync(sync)).error is ErrorCode.NONE

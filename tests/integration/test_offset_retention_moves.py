@@ -10,12 +10,13 @@ import asyncio
 import time
 import uuid
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import pytest
+from harness.coordinator_host import CoordinatorHost, HostView, join_request
 
 from kafscale.broker.groups.coordinator import GroupCoordinator
-from kafscale.broker.groups.model import GroupConfig, GroupRecord, JoinRequest, SyncRequest
+from kafscale.broker.groups.model import GroupConfig, GroupRecord, SyncRequest
 from kafscale.broker.groups.store import (
     CommittedOffset,
     decode_group,
@@ -41,25 +42,8 @@ CONFIG = GroupConfig(
 
 
 @dataclass
-class _View:
-    brokers: dict[int, BrokerInfo] = field(default_factory=dict)
-    draining: set[int] = field(default_factory=set)
-    group_configs: dict[str, dict[str, str]] = field(default_factory=dict)
-
-
-@dataclass
-class _Host:
-    etcd: Etcd
-    session: SessionLease
-    node_id: int
-    cluster: str
-    view: _View
-    draining: bool = False
-
-
-@dataclass
 class _Coordinated:
-    host: _Host
+    host: CoordinatorHost
     coordinator: GroupCoordinator
 
 
@@ -67,7 +51,9 @@ class _Coordinated:
 async def coordinated(etcd_server: EmbeddedEtcd, cluster_name: str) -> AsyncIterator[_Coordinated]:
     etcd = await Etcd.connect([etcd_server.client_url], timeout_s=60)
     session = await SessionLease.start(etcd, 30)
-    host = _Host(etcd, session, 1, cluster_name, _View({1: BrokerInfo(1, "127.0.0.1", 9001)}))
+    host = CoordinatorHost(
+        etcd, session, 1, cluster_name, HostView({1: BrokerInfo(1, "127.0.0.1", 9001)})
+    )
     coordinator = GroupCoordinator(host, CONFIG)  # type: ignore[arg-type]
     await coordinator.start()
     try:
@@ -82,7 +68,9 @@ def _now_ms() -> int:
     return int(time.time() * 1000)
 
 
-async def _store_old_group(host: _Host, group_id: str, empty_since_ms: int | None) -> None:
+async def _store_old_group(
+    host: CoordinatorHost, group_id: str, empty_since_ms: int | None
+) -> None:
     """What an earlier coordinator left: an Empty classic consumer group and one offset
     committed two retentions ago."""
     long_ago = _now_ms() - 2 * RETENTION_MS
@@ -94,7 +82,7 @@ async def _store_old_group(host: _Host, group_id: str, empty_since_ms: int | Non
     )
 
 
-async def _stored_keys(host: _Host, group_id: str) -> list[str]:
+async def _stored_keys(host: CoordinatorHost, group_id: str) -> list[str]:
     entries = await host.etcd.get_prefix(keys.group_prefix(host.cluster, group_id))
     return [entry.key for entry in entries]
 
@@ -133,19 +121,7 @@ async def test_the_time_the_last_member_left_is_stored_with_the_group(
     host, coordinator = coordinated.host, coordinated.coordinator
     group_id = f"left-{uuid.uuid4().hex[:6]}"
     runtime = await coordinator.runtime(group_id)
-    join = JoinRequest(
-        member_id="",
-        group_instance_id=None,
-        client_id="c",
-        client_host="/h",
-        session_timeout_ms=10_000,
-        rebalance_timeout_ms=10_000,
-        protocol_type="consumer",
-        protocols=(("range", b""),),
-        require_known_member_id=False,
-        supports_skip_assignment=False,
-        fresh_id=uuid.uuid4().hex,
-    )
+    join = join_request()
     joined = await runtime.join(join)
     assert joined.error is ErrorCode.NONE
     member = joined.member_id
