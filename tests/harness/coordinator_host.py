@@ -5,10 +5,13 @@ groups, offset retention) rather than through a client."""
 
 from __future__ import annotations
 
+import contextlib
 import uuid
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
-from kafscale.broker.groups.model import JoinRequest
+from kafscale.broker.groups.coordinator import GroupCoordinator
+from kafscale.broker.groups.model import GroupConfig, JoinRequest
 from kafscale.broker.metadata.cluster import BrokerInfo
 from kafscale.broker.metadata.etcd import Etcd
 from kafscale.broker.metadata.session_lease import SessionLease
@@ -51,3 +54,23 @@ def join_request(member_id: str = "", timeout_ms: int = 10_000) -> JoinRequest:
         supports_skip_assignment=False,
         fresh_id=uuid.uuid4().hex,
     )
+
+
+@contextlib.asynccontextmanager
+async def running_coordinator(
+    etcd_url: str, cluster: str, config: GroupConfig
+) -> AsyncIterator[tuple[CoordinatorHost, GroupCoordinator]]:
+    """Broker 1's coordinator, alone in ``cluster``, on its own etcd client and session."""
+    etcd = await Etcd.connect([etcd_url], timeout_s=60)
+    session = await SessionLease.start(etcd, 30)
+    host = CoordinatorHost(
+        etcd, session, 1, cluster, HostView({1: BrokerInfo(1, "127.0.0.1", 9001)})
+    )
+    coordinator = GroupCoordinator(host, config)  # type: ignore[arg-type]
+    await coordinator.start()
+    try:
+        yield host, coordinator
+    finally:
+        await coordinator.close()
+        await session.revoke()
+        await etcd.close()

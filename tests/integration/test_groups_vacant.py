@@ -14,17 +14,14 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 import pytest
-from harness.coordinator_host import CoordinatorHost, HostView, join_request
+from harness.coordinator_host import CoordinatorHost, join_request, running_coordinator
 from harness.tcp_relay import TcpRelay
 
 from kafscale.broker.groups.coordinator import VACANT_RELEASE_S, GroupCoordinator
 from kafscale.broker.groups.model import GroupConfig, GroupState, SyncRequest
 from kafscale.broker.groups.store import decode_group
 from kafscale.broker.metadata import keys
-from kafscale.broker.metadata.cluster import BrokerInfo
 from kafscale.broker.metadata.embedded_etcd import EmbeddedEtcd
-from kafscale.broker.metadata.etcd import Etcd
-from kafscale.broker.metadata.session_lease import SessionLease
 from kafscale.broker.protocol.errors import ErrorCode
 
 pytestmark = pytest.mark.integration
@@ -42,20 +39,11 @@ class _Relayed:
 @pytest.fixture
 async def relayed(etcd_server: EmbeddedEtcd, cluster_name: str) -> AsyncIterator[_Relayed]:
     relay = TcpRelay("127.0.0.1", int(etcd_server.client_url.rsplit(":", 1)[1]))
-    etcd = await Etcd.connect([relay.url], timeout_s=60)
-    session = await SessionLease.start(etcd, 30)
-    host = CoordinatorHost(
-        etcd, session, 1, cluster_name, HostView({1: BrokerInfo(1, "127.0.0.1", 9001)})
-    )
-    coordinator = GroupCoordinator(host, CONFIG)  # type: ignore[arg-type]
-    await coordinator.start()
-    try:
-        yield _Relayed(relay, host, coordinator)
-    finally:
-        relay.close()  # answers flow again
-        await coordinator.close()
-        await session.revoke()
-        await etcd.close()
+    async with running_coordinator(relay.url, cluster_name, CONFIG) as (host, coordinator):
+        try:
+            yield _Relayed(relay, host, coordinator)
+        finally:
+            relay.close()  # held answers flow again (before the coordinator closes)
 
 
 async def _eventually(check: object, timeout_s: float = 60.0) -> None:

@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 import pytest
-from harness.coordinator_host import CoordinatorHost, HostView, join_request
+from harness.coordinator_host import CoordinatorHost, join_request, running_coordinator
 
 from kafscale.broker.groups.coordinator import GroupCoordinator
 from kafscale.broker.groups.model import GroupConfig, GroupRecord, SyncRequest
@@ -24,10 +24,7 @@ from kafscale.broker.groups.store import (
     encode_offset,
 )
 from kafscale.broker.metadata import keys
-from kafscale.broker.metadata.cluster import BrokerInfo
 from kafscale.broker.metadata.embedded_etcd import EmbeddedEtcd
-from kafscale.broker.metadata.etcd import Etcd
-from kafscale.broker.metadata.session_lease import SessionLease
 from kafscale.broker.protocol.errors import ErrorCode
 
 pytestmark = pytest.mark.integration
@@ -49,19 +46,8 @@ class _Coordinated:
 
 @pytest.fixture
 async def coordinated(etcd_server: EmbeddedEtcd, cluster_name: str) -> AsyncIterator[_Coordinated]:
-    etcd = await Etcd.connect([etcd_server.client_url], timeout_s=60)
-    session = await SessionLease.start(etcd, 30)
-    host = CoordinatorHost(
-        etcd, session, 1, cluster_name, HostView({1: BrokerInfo(1, "127.0.0.1", 9001)})
-    )
-    coordinator = GroupCoordinator(host, CONFIG)  # type: ignore[arg-type]
-    await coordinator.start()
-    try:
-        yield _Coordinated(host, coordinator)
-    finally:
-        await coordinator.close()
-        await session.revoke()
-        await etcd.close()
+    async with running_coordinator(etcd_server.client_url, cluster_name, CONFIG) as running:
+        yield _Coordinated(*running)
 
 
 def _now_ms() -> int:
