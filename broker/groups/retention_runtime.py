@@ -5,7 +5,9 @@ fact the pure decision (``expiry``) needs that the group state machines do not: 
 in wall-clock time, the group has had no members. It is noted after every change of
 membership, stamped on the records written while the group is Empty (so a coordinator that
 loads the group later counts from it, not from its own load), and taken from the loaded
-record, or else the load time (never earlier than the truth). ``expire_offsets`` is one
+record, or else the load time (never earlier than the truth). With members, the group's
+subscribed topics are read at each check (``expiry.subscribed_topics``): the offsets of the
+others may expire. ``expire_offsets`` is one
 retention check: the expired offsets leave etcd, fenced like every group write, and an Empty
 group left without offsets is deleted as DeleteGroups deletes it (Kafka: it becomes Dead).
 The runtime owns the attributes declared below.
@@ -93,11 +95,16 @@ class RetentionRuntime:
             record, empty_since_ms=self._wall_clock() if since is None else since
         )
 
-    def _activity(self) -> expiry.GroupActivity:
+    def _activity(self, topics: Collection[str]) -> expiry.GroupActivity:
+        """The group as it is now; ``topics``: those it has offsets of (with members, the ones
+        its members subscribe to keep their offsets)."""
         group = self.group
         managed = self.consumer is not None or (group is not None and bool(group.protocol_type))
         empty_since = self._empty_since_ms if self._memberless() else None
-        return expiry.GroupActivity(managed, empty_since, self._loaded_at_ms)
+        subscribed = None
+        if empty_since is None:
+            subscribed = expiry.subscribed_topics(group, self.consumer, topics)
+        return expiry.GroupActivity(managed, empty_since, self._loaded_at_ms, subscribed)
 
     async def expire_offsets(self, now_ms: int) -> Expired:
         """One retention check at wall-clock ``now_ms``. Share groups keep no committed
@@ -110,7 +117,8 @@ class RetentionRuntime:
             offsets: Mapping[TopicPartition, CommittedOffset], pending: Collection[TopicPartition]
         ) -> list[TopicPartition]:
             self._note_members()  # under the offsets' lock: the group as it is now
-            return expiry.expired_offsets(self._activity(), offsets, pending, retention_ms, now_ms)
+            activity = self._activity({topic for topic, _ in offsets})
+            return expiry.expired_offsets(activity, offsets, pending, retention_ms, now_ms)
 
         error, expired = await self._offsets.expire(decide)
         if expired:

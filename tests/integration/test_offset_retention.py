@@ -5,8 +5,10 @@ protocol).
 What a Kafka user relies on: a group whose consumers closed loses its committed offsets once it
 has been Empty for the retention, and then the group itself goes (ListGroups no longer shows it,
 its etcd keys are gone); offsets committed outside group management (``assign()`` + commit)
-expire after their own commit; a group with a live member keeps its offsets however old; and a
-group that nobody asks for after a restart expires too (its coordinator takes it on).
+expire after their own commit; a group with a live member keeps the offsets of the topics it
+subscribes to however old, and loses those of a topic it no longer subscribes to one retention
+after their commit; and a group that nobody asks for after a restart expires too (its
+coordinator takes it on).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 from confluent_kafka import Consumer
+from confluent_kafka import TopicPartition as KafkaPartition
 from harness.brokers import BrokerCluster, new_cluster
 from harness.kafka_wire import KafkaWire
 from harness.s3 import S3Endpoint
@@ -242,3 +245,51 @@ def test_a_group_nobody_asks_for_after_a_restart_expires(
     old.stop()
     cluster.start(port=old.port)
     wait_until(lambda: not groups.stored_keys(forgotten), f"group {forgotten} to expire")
+
+
+def test_a_stable_group_loses_the_offsets_of_a_topic_no_member_subscribes_to(
+    cluster: BrokerCluster, groups: Groups
+) -> None:
+    """Kafka 2.5+: while a consumer group is Stable, the offsets of a topic none of its members
+    subscribes to (a topic it moved away from) expire one retention after their commit; those
+    of the topic its members read stay, and so does the group. A classic member (kafka-python)
+    and a KIP-848 member (librdkafka, group.protocol=consumer), each subscribed to ``new``,
+    commit an offset of ``old`` in their own group, which is never Empty meanwhile."""
+    bootstrap = cluster.bootstrap
+    old, new = _topic(bootstrap), _topic(bootstrap)
+    classic, kip848 = _name("moved"), _name("moved848")
+    member = subscribed(bootstrap, classic, new)
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": kip848,
+            "group.protocol": "consumer",
+            "enable.auto.commit": False,
+            "auto.offset.reset": "earliest",
+        }
+    )
+    try:
+        consumer.subscribe([new])
+        read = 0
+        deadline = time.monotonic() + DEADLINE_S
+        while read < RECORDS:
+            assert time.monotonic() < deadline, f"read {read} of {RECORDS}"
+            message = consumer.poll(0.2)
+            if message is not None and message.error() is None:
+                read += 1
+        consumer.commit(asynchronous=False)
+        consumer.commit(offsets=[KafkaPartition(old, 0, 2)], asynchronous=False)
+        member.commit({TopicPartition(old, 0): OffsetAndMetadata(2, "", -1)})
+        for group in (classic, kip848):
+            assert groups.committed(group, old) == 2
+        moved = (classic, kip848)
+        wait_until(lambda: all(groups.committed(g, old) == -1 for g in moved), f"{old} to expire")
+        # ``new``'s commits came first: older than the retention too by now. A few more
+        # checks run while the members stay subscribed to it.
+        time.sleep(1.0)
+        for group in moved:
+            assert groups.committed(group, new) == RECORDS
+            assert group in groups.listed()
+    finally:
+        consumer.close()
+        member.close()

@@ -3,12 +3,21 @@ fields it reads (a group's empty time, an offset's expire timestamp)."""
 
 from __future__ import annotations
 
+import struct
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from kafscale.broker.groups.expiry import GroupActivity, expired_offsets, offset_expired
-from kafscale.broker.groups.model import GroupRecord, MemberRecord
+from kafscale.broker.groups.consumer import ConsumerConfig, ConsumerGroup, HeartbeatRequest
+from kafscale.broker.groups.expiry import (
+    GroupActivity,
+    expired_offsets,
+    offset_expired,
+    subscribed_topics,
+)
+from kafscale.broker.groups.group import Group
+from kafscale.broker.groups.model import GroupConfig, GroupRecord, GroupState, MemberRecord
 from kafscale.broker.groups.store import (
     CommittedOffset,
     decode_group,
@@ -16,6 +25,7 @@ from kafscale.broker.groups.store import (
     encode_group,
     encode_offset,
 )
+from kafscale.broker.protocol.errors import ErrorCode
 
 pytestmark = pytest.mark.unit
 
@@ -83,6 +93,99 @@ def test_an_explicit_expire_timestamp_wins_once_the_group_is_empty() -> None:
 def test_an_offset_pending_in_a_transaction_does_not_expire() -> None:
     offsets = {("t", 0): committed(0), ("t", 1): committed(0)}
     assert expired_offsets(STANDALONE, offsets, {("t", 1)}, RETENTION_MS, 10**9) == [("t", 0)]
+
+
+def stable(*topics: str) -> GroupActivity:
+    """A group with members that subscribe to ``topics`` (as ``subscribed_topics`` says)."""
+    return GroupActivity(True, None, LOADED_MS, subscribed_topics=frozenset(topics))
+
+
+def test_a_stable_groups_offsets_of_topics_nobody_subscribes_to_expire_after_their_commit() -> None:
+    """Kafka 2.5+: a group that moved from topic a to topic b does not keep a's offsets."""
+    offsets = {("a", 0): committed(2_000), ("a", 1): committed(30_000), ("b", 0): committed(0)}
+    assert expired_offsets(stable("b"), offsets, set(), RETENTION_MS, 61_999) == []
+    assert expired_offsets(stable("b"), offsets, set(), RETENTION_MS, 62_000) == [("a", 0)]
+    assert expired_offsets(stable("b"), offsets, set(), RETENTION_MS, 10**12) == [
+        ("a", 0),
+        ("a", 1),
+    ]
+    assert expired_offsets(stable("a", "b"), offsets, set(), RETENTION_MS, 10**12) == []
+
+
+def test_unsubscribed_offsets_keep_their_expire_timestamp_and_pending_commits() -> None:
+    offsets = {
+        ("a", 0): committed(0, expire_at_ms=500_000),  # OffsetCommit v2-v4 retention_time
+        ("a", 1): committed(0),
+        ("a", 2): committed(-1),  # stored before commit times: counts from the load
+    }
+    got = expired_offsets(stable("b"), offsets, {("a", 1)}, RETENTION_MS, 499_999)
+    assert got == [("a", 2)]
+    assert expired_offsets(stable("b"), offsets, set(), RETENTION_MS, RETENTION_MS) == [("a", 1)]
+    assert expired_offsets(stable("b"), offsets, set(), RETENTION_MS, 500_000) == [
+        ("a", 0),
+        ("a", 1),
+        ("a", 2),
+    ]
+
+
+def subscription(topics: list[str]) -> bytes:
+    """A ConsumerProtocolSubscription v0 as classic clients write it."""
+    body = struct.pack(">hi", 0, len(topics))
+    body += b"".join(struct.pack(">h", len(t)) + t.encode() for t in topics)
+    return body + struct.pack(">i", -1)  # no user data
+
+
+def classic(protocol_type: str, *metadata: bytes) -> Group:
+    """A Stable classic group whose members joined with ``metadata``."""
+    members = tuple(
+        MemberRecord(f"m{i}", None, "c", "/h", 30_000, 10_000, data, b"")
+        for i, data in enumerate(metadata)
+    )
+    record = GroupRecord(protocol_type, 3, "range", "m0", members)
+    return Group.from_record("g", GroupConfig(), record, 0)
+
+
+def test_a_stable_classic_consumer_groups_subscriptions_are_read_from_its_members() -> None:
+    group = classic("consumer", subscription(["b"]), subscription(["c"]))
+    assert subscribed_topics(group, None, {"a", "b"}) == {"b", "c"}
+
+
+def test_unknown_subscriptions_keep_every_offset() -> None:
+    """Conservative where Kafka is: an unreadable member subscription, a group that does not
+    speak the consumer protocol (e.g. Connect) or is rebalancing expires nothing."""
+    assert subscribed_topics(classic("consumer", subscription(["b"]), b"\xff"), None, {"a"}) is None
+    assert subscribed_topics(classic("connect", b""), None, {"a"}) is None
+    rebalancing = classic("consumer", subscription(["b"]))
+    rebalancing.state = GroupState.PREPARING_REBALANCE
+    assert subscribed_topics(rebalancing, None, {"a"}) is None
+    assert subscribed_topics(None, None, {"a"}) is None
+    offsets = {("a", 0): committed(0)}
+    unknown = GroupActivity(True, None, LOADED_MS, subscribed_topics=None)
+    assert expired_offsets(unknown, offsets, set(), RETENTION_MS, 10**12) == []
+
+
+def test_a_consumer_protocol_group_keeps_topics_its_members_name_or_match() -> None:
+    """KIP-848 members subscribe by name or by regular expression: a topic the expression
+    matches counts as subscribed (Kafka's resolved regex)."""
+    group = ConsumerGroup("g", ConsumerConfig())
+    for member_id, names, regex in (("m1", ("orders",), None), ("m2", (), "logs-.*")):
+        request = HeartbeatRequest(
+            member_id=member_id,
+            member_epoch=0,
+            instance_id=None,
+            rack_id=None,
+            rebalance_timeout_ms=30_000,
+            subscribed_topic_names=names,
+            subscribed_topic_regex=regex,
+            server_assignor=None,
+            owned=frozenset(),
+            client_id="c",
+            client_host="/h",
+            fresh_id=member_id,
+        )
+        assert group.heartbeat(0, request, {"orders": 1, "logs-a": 1}).error is ErrorCode.NONE
+    topics = {"orders", "logs-a", "logs", "old"}
+    assert subscribed_topics(None, group, topics) == {"orders", "logs-a"}
 
 
 @given(
