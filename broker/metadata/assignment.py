@@ -11,7 +11,10 @@ arguments, so the properties below are tested directly (tests/unit/test_assignme
   their previous owner, so unchanged brokers mean no moves, adding a broker moves only what the
   newcomer must take, and removing one moves only the partitions it held;
 * deterministic: the same partitions, brokers and previous owners give the same result whatever
-  their order.
+  their order;
+* a new partition (no previous owner) goes to ``leaders.stable_pick``'s broker when that broker
+  has room: that is the broker Metadata named leader before any assignment existed, which has
+  claimed the partition on demand, so writing the assignment hands nothing off.
 
 The assignment is stored at ``keys.assignment_key(cluster)`` as UTF-8 JSON::
 
@@ -30,6 +33,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from kafscale.broker.metadata.leaders import stable_pick
+
 TopicPartition = tuple[str, int]
 
 FORMAT_VERSION = 1
@@ -45,7 +50,8 @@ def decide_assignment(
     Each broker gets a quota of ``n // m`` partitions, and ``n % m`` brokers get one more. The
     extra slots go to the brokers that already hold the most partitions (ties: lower id), which
     maximises how many partitions stay where they are. Every broker keeps its previous
-    partitions up to its quota (lowest first); the rest, with new partitions and those of
+    partitions up to its quota (lowest first). A new partition then goes to its stable pick
+    (the leader Metadata named for it before) if that broker has room; the rest, with those of
     departed brokers, are dealt round-robin to brokers with room, in sorted order.
     """
     live = sorted(set(brokers))
@@ -58,9 +64,31 @@ def decide_assignment(
     for broker in live:
         for tp in kept[broker][: quotas[broker]]:
             result[tp] = broker
+    counts = _counts(result, live)
+    for tp, broker in _picks_with_room(wanted, live, previous, quotas, counts).items():
+        result[tp] = broker
     pool = [tp for tp in wanted if tp not in result]
-    _deal(pool, live, quotas, _counts(result, live), result)
+    _deal(pool, live, quotas, counts, result)
     return result
+
+
+def _picks_with_room(
+    wanted: Sequence[TopicPartition],
+    live: Sequence[int],
+    previous: Mapping[TopicPartition, int],
+    quotas: Mapping[int, int],
+    counts: dict[int, int],
+) -> dict[TopicPartition, int]:
+    """New partitions placed on their stable pick while it has room (``counts`` is updated)."""
+    placed: dict[TopicPartition, int] = {}
+    for tp in wanted:
+        if tp in previous:
+            continue
+        broker = stable_pick(tp, live)
+        if counts[broker] < quotas[broker]:
+            placed[tp] = broker
+            counts[broker] += 1
+    return placed
 
 
 def _previous_by_broker(

@@ -9,7 +9,7 @@ which then claims the lease on demand.
 from __future__ import annotations
 
 import zlib
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Mapping, Sequence
 
 TopicPartition = tuple[str, int]
 
@@ -31,5 +31,15 @@ def leader_for(
     wanted = desired.get(tp)
     if wanted is not None and wanted in candidates:
         return wanted
+    return stable_pick(tp, candidates)
+
+
+def stable_pick(tp: TopicPartition, candidates: Sequence[int]) -> int:
+    """The broker a partition without owner or assignment goes to, from sorted ``candidates``.
+
+    Shared with ``decide_assignment``, which gives a new partition to this same broker when it
+    has room, so the broker that claimed the partition on demand keeps it (no handoff). A
+    topic's consecutive partitions land on consecutive brokers, so a new topic spreads out.
+    """
     spread = zlib.crc32(tp[0].encode()) + tp[1]
     return candidates[spread % len(candidates)]

@@ -356,3 +356,96 @@ def test_offset_for_leader_epoch_answers_from_the_epoch_history(
         assert end_of(0) == (0, 5)  # the first owner's epoch ended where the second began
         assert end_of(1) == (1, 8)  # the current epoch ends at the high watermark
         assert end_of(7) == (1, 8)  # a future epoch: the largest known one
+
+
+METADATA = 3
+NOT_LEADER_OR_FOLLOWER = 6
+UNKNOWN_TOPIC_OR_PARTITION = 3
+
+
+def etcd_call(broker_cluster: BrokerCluster, call):  # type: ignore[no-untyped-def]
+    """Run ``call(etcd)`` against the cluster's etcd and return what it returns."""
+    import asyncio
+
+    async def run():  # type: ignore[no-untyped-def]
+        etcd = await harness_etcd(broker_cluster.etcd_url)
+        try:
+            return await call(etcd)
+        finally:
+            await etcd.close()
+
+    return asyncio.run(run())
+
+
+def metadata_leaders(bootstrap: str, topic: str) -> dict[int, int] | None:
+    """Partition -> leader id from one broker's Metadata, once it lists three brokers."""
+    from harness.kafka_wire import metadata_body
+
+    with KafkaWire(bootstrap) as wire:
+        response = wire.request(METADATA, 9, metadata_body([topic]))
+    partitions = response.topics[0].partitions
+    if len(response.brokers) != 3 or len(partitions) != 6:
+        return None
+    return {int(p.partition_index): int(p.leader_id) for p in partitions}
+
+
+def test_a_new_topics_partitions_stay_with_the_brokers_that_claimed_them(
+    broker_cluster: BrokerCluster,
+) -> None:
+    """Produce to a new topic before the assignment exists, then let the assigner write it:
+    it names the brokers that claimed the partitions on demand, so nothing is handed off and
+    no produce meets NOT_LEADER_OR_FOLLOWER (it did on every topic creation)."""
+    from harness.batches import make_batch
+
+    from kafscale.broker.metadata import keys
+    from kafscale.broker.metadata.assignment import Assignment
+    from kafscale.broker.metadata.rebalancer import assigner_key
+
+    brokers = [broker_cluster.start() for _ in range(3)]
+    by_id = {b.node_id: b for b in brokers}
+    role = assigner_key(broker_cluster.cluster)
+    # Hold the assigner role for the test (no broker writes the assignment meanwhile), so the
+    # produces below surely come before the assignment, as they do in the race this is about.
+    etcd_call(broker_cluster, lambda etcd: etcd.put(role, b"test"))
+    create_topic(brokers[0].bootstrap, "fresh", 6)
+    leaders = wait_for(lambda: metadata_leaders(brokers[0].bootstrap, "fresh"), timeout_s=60)
+
+    def produce_all() -> dict[int, int]:
+        codes = {}
+        for partition, leader in leaders.items():
+            with KafkaWire(by_id[leader].bootstrap) as wire:
+                batch = make_batch(0, [b"%d" % partition])
+                code = UNKNOWN_TOPIC_OR_PARTITION
+                deadline = time.monotonic() + 60
+                while code == UNKNOWN_TOPIC_OR_PARTITION and time.monotonic() < deadline:
+                    code, _ = produce_to(wire, "fresh", partition, batch)
+            codes[partition] = code
+        return codes
+
+    assert produce_all() == dict.fromkeys(leaders, 0)
+    claimed = {int(name.rsplit("/", 1)[1]): int(kv) for name, kv in leases_of(broker_cluster)}
+    assert claimed == leaders
+
+    etcd_call(broker_cluster, lambda etcd: etcd.delete(role))  # brokers campaign and write it
+
+    def assigned() -> dict[int, int] | None:
+        kv = etcd_call(
+            broker_cluster, lambda etcd: etcd.get(keys.assignment_key(broker_cluster.cluster))
+        )
+        owners = Assignment.from_json(kv.value).owners if kv is not None else {}
+        fresh = {p: b for (t, p), b in owners.items() if t == "fresh"}
+        return fresh if len(fresh) == 6 else None
+
+    assert wait_for(assigned, timeout_s=60) == claimed
+    assert produce_all() == dict.fromkeys(leaders, 0)
+    still = {int(name.rsplit("/", 1)[1]): int(kv) for name, kv in leases_of(broker_cluster)}
+    assert still == claimed
+
+
+def leases_of(broker_cluster: BrokerCluster) -> list[tuple[str, bytes]]:
+    """(key, holder) of every partition lease of topic ``fresh``."""
+    from kafscale.broker.metadata import keys
+
+    prefix = keys.partition_leases_prefix(broker_cluster.cluster, "fresh")
+    entries = etcd_call(broker_cluster, lambda etcd: etcd.get_prefix(prefix))
+    return [(entry.key, entry.value) for entry in entries]

@@ -17,6 +17,7 @@ from kafscale.broker.metadata.assignment import (
     count_moves,
     decide_assignment,
 )
+from kafscale.broker.metadata.leaders import leader_for, stable_pick
 
 pytestmark = pytest.mark.unit
 
@@ -144,6 +145,25 @@ def test_moves_are_the_fewest_any_balanced_assignment_needs(
     )
 
 
+@given(situations(), st.integers(1, 3))
+def test_a_new_topic_goes_to_the_brokers_metadata_named_before_the_assignment(
+    situation: tuple[list[TopicPartition], list[int], dict[TopicPartition, int]], rounds: int
+) -> None:
+    """Whoever claimed a new partition on demand keeps it: no handoff when the assignment lands.
+
+    A topic of ``rounds * m`` partitions leaves every broker room for its share, so each new
+    partition must go where ``leader_for`` sent its first produce (no owner, no assignment).
+    """
+    partitions, brokers, previous = situation
+    live = sorted(set(brokers))
+    settled = decide_assignment(partitions, live, previous)
+    fresh = [("fresh", p) for p in range(rounds * len(live))]
+    result = decide_assignment([*partitions, *fresh], live, settled)
+    for tp in fresh:
+        assert result[tp] == stable_pick(tp, live) == leader_for(tp, {}, settled, live, ())
+    assert all(result[tp] == owner for tp, owner in settled.items())
+
+
 @given(situations(), st.integers(0, 2**40))
 def test_json_round_trip(
     situation: tuple[list[TopicPartition], list[int], dict[TopicPartition, int]], generation: int
@@ -156,15 +176,16 @@ def test_json_round_trip(
 # --- examples -----------------------------------------------------------------------------------
 
 
-def test_fresh_assignment_spreads_each_topic_round_robin() -> None:
+def test_fresh_assignment_spreads_each_topic_from_its_stable_pick() -> None:
+    # crc32("orders") % 3 == 2: partition 0 starts at the third broker, as Metadata names it.
     partitions = [("orders", p) for p in range(6)]
     assert decide_assignment(partitions, [3, 1, 2], {}) == {
-        ("orders", 0): 1,
-        ("orders", 1): 2,
-        ("orders", 2): 3,
-        ("orders", 3): 1,
-        ("orders", 4): 2,
-        ("orders", 5): 3,
+        ("orders", 0): 3,
+        ("orders", 1): 1,
+        ("orders", 2): 2,
+        ("orders", 3): 3,
+        ("orders", 4): 1,
+        ("orders", 5): 2,
     }
 
 
