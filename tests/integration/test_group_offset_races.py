@@ -14,14 +14,14 @@ real etcd, each made deterministic by a store that pauses at the critical point.
 from __future__ import annotations
 
 import asyncio
-import struct
 import uuid
-from collections.abc import AsyncIterator, Iterable, Mapping
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from harness.subscribed_groups import subscription
 
 from kafscale.broker.api.dispatch import RequestContext
 from kafscale.broker.api.group_offsets import handle_offset_commit, handle_offset_fetch
@@ -235,14 +235,6 @@ async def group(etcd: Etcd, cluster_name: str) -> AsyncIterator[Coordinated]:
         for task in runtime.unload():
             await asyncio.gather(task, return_exceptions=True)
         await session.revoke()
-
-
-def subscription(topics: Iterable[str]) -> bytes:
-    """A ConsumerProtocolSubscription v0 as classic clients write it."""
-    names = list(topics)
-    body = struct.pack(">hi", 0, len(names))
-    body += b"".join(struct.pack(">h", len(t)) + t.encode() for t in names)
-    return body + struct.pack(">i", -1)
 
 
 def join_request(*topics: str) -> JoinRequest:

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import struct
-
 import pytest
+from harness.subscribed_groups import consumer_group, stable_group, subscription
 
-from kafscale.broker.groups.consumer import ConsumerConfig, ConsumerGroup, HeartbeatRequest
+from kafscale.broker.groups.consumer import ConsumerConfig, ConsumerGroup
 from kafscale.broker.groups.group import Group
-from kafscale.broker.groups.model import GroupConfig, GroupRecord, GroupState, MemberRecord
+from kafscale.broker.groups.model import GroupConfig, GroupState
 from kafscale.broker.groups.offset_delete import (
     OffsetDeletion,
     classic_subscribed_topics,
@@ -20,22 +19,6 @@ from kafscale.broker.protocol.errors import ErrorCode
 pytestmark = pytest.mark.unit
 
 NOT_FOUND = OffsetDeletion(ErrorCode.GROUP_ID_NOT_FOUND)
-
-
-def subscription(topics: list[str]) -> bytes:
-    """A ConsumerProtocolSubscription v0 as classic clients write it."""
-    body = struct.pack(">hi", 0, len(topics))
-    body += b"".join(struct.pack(">h", len(t)) + t.encode() for t in topics)
-    return body + struct.pack(">i", -1)  # no user data
-
-
-def stable_group(protocol_type: str, *metadata: bytes) -> Group:
-    members = tuple(
-        MemberRecord(f"m{i}", None, "c", "/h", 30_000, 10_000, data, b"")
-        for i, data in enumerate(metadata)
-    )
-    record = GroupRecord(protocol_type, 3, "range", "m0", members)
-    return Group.from_record("g", GroupConfig(), record, 0)
 
 
 def test_a_group_that_is_not_there_or_dead_is_not_found() -> None:
@@ -76,23 +59,8 @@ def test_unreadable_subscriptions_count_as_subscribed_to_everything() -> None:
 
 
 def test_a_consumer_protocol_group_keeps_topics_named_or_matched() -> None:
-    group = ConsumerGroup("g", ConsumerConfig())
-    for member_id, names, regex in (("m1", ("orders",), None), ("m2", (), "logs-.*")):
-        request = HeartbeatRequest(
-            member_id=member_id,
-            member_epoch=0,
-            instance_id=None,
-            rack_id=None,
-            rebalance_timeout_ms=30_000,
-            subscribed_topic_names=names,
-            subscribed_topic_regex=regex,
-            server_assignor=None,
-            owned=frozenset(),
-            client_id="c",
-            client_host="/h",
-            fresh_id=member_id,
-        )
-        assert group.heartbeat(0, request, {"orders": 1, "logs-a": 1}).error is ErrorCode.NONE
+    members = (("m1", ("orders",), None), ("m2", (), "logs-.*"))
+    group = consumer_group(members, {"orders": 1, "logs-a": 1})
     topics = ["orders", "logs-a", "logs", "other"]
     assert decide(None, group, topics) == OffsetDeletion(subscribed=frozenset({"orders", "logs-a"}))
     assert decide(None, ConsumerGroup("g", ConsumerConfig()), topics) == OffsetDeletion()

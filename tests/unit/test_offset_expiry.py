@@ -3,21 +3,18 @@ fields it reads (a group's empty time, an offset's expire timestamp)."""
 
 from __future__ import annotations
 
-import struct
-
 import pytest
+from harness.subscribed_groups import consumer_group, stable_group, subscription
 from hypothesis import given
 from hypothesis import strategies as st
 
-from kafscale.broker.groups.consumer import ConsumerConfig, ConsumerGroup, HeartbeatRequest
 from kafscale.broker.groups.expiry import (
     GroupActivity,
     expired_offsets,
     offset_expired,
     subscribed_topics,
 )
-from kafscale.broker.groups.group import Group
-from kafscale.broker.groups.model import GroupConfig, GroupRecord, GroupState, MemberRecord
+from kafscale.broker.groups.model import GroupRecord, GroupState, MemberRecord
 from kafscale.broker.groups.store import (
     CommittedOffset,
     decode_group,
@@ -25,7 +22,6 @@ from kafscale.broker.groups.store import (
     encode_group,
     encode_offset,
 )
-from kafscale.broker.protocol.errors import ErrorCode
 
 pytestmark = pytest.mark.unit
 
@@ -128,34 +124,20 @@ def test_unsubscribed_offsets_keep_their_expire_timestamp_and_pending_commits() 
     ]
 
 
-def subscription(topics: list[str]) -> bytes:
-    """A ConsumerProtocolSubscription v0 as classic clients write it."""
-    body = struct.pack(">hi", 0, len(topics))
-    body += b"".join(struct.pack(">h", len(t)) + t.encode() for t in topics)
-    return body + struct.pack(">i", -1)  # no user data
-
-
-def classic(protocol_type: str, *metadata: bytes) -> Group:
-    """A Stable classic group whose members joined with ``metadata``."""
-    members = tuple(
-        MemberRecord(f"m{i}", None, "c", "/h", 30_000, 10_000, data, b"")
-        for i, data in enumerate(metadata)
-    )
-    record = GroupRecord(protocol_type, 3, "range", "m0", members)
-    return Group.from_record("g", GroupConfig(), record, 0)
-
-
 def test_a_stable_classic_consumer_groups_subscriptions_are_read_from_its_members() -> None:
-    group = classic("consumer", subscription(["b"]), subscription(["c"]))
+    group = stable_group("consumer", subscription(["b"]), subscription(["c"]))
     assert subscribed_topics(group, None, {"a", "b"}) == {"b", "c"}
 
 
 def test_unknown_subscriptions_keep_every_offset() -> None:
     """Conservative where Kafka is: an unreadable member subscription, a group that does not
     speak the consumer protocol (e.g. Connect) or is rebalancing expires nothing."""
-    assert subscribed_topics(classic("consumer", subscription(["b"]), b"\xff"), None, {"a"}) is None
-    assert subscribed_topics(classic("connect", b""), None, {"a"}) is None
-    rebalancing = classic("consumer", subscription(["b"]))
+    assert (
+        subscribed_topics(stable_group("consumer", subscription(["b"]), b"\xff"), None, {"a"})
+        is None
+    )
+    assert subscribed_topics(stable_group("connect", b""), None, {"a"}) is None
+    rebalancing = stable_group("consumer", subscription(["b"]))
     rebalancing.state = GroupState.PREPARING_REBALANCE
     assert subscribed_topics(rebalancing, None, {"a"}) is None
     assert subscribed_topics(None, None, {"a"}) is None
@@ -167,23 +149,8 @@ def test_unknown_subscriptions_keep_every_offset() -> None:
 def test_a_consumer_protocol_group_keeps_topics_its_members_name_or_match() -> None:
     """KIP-848 members subscribe by name or by regular expression: a topic the expression
     matches counts as subscribed (Kafka's resolved regex)."""
-    group = ConsumerGroup("g", ConsumerConfig())
-    for member_id, names, regex in (("m1", ("orders",), None), ("m2", (), "logs-.*")):
-        request = HeartbeatRequest(
-            member_id=member_id,
-            member_epoch=0,
-            instance_id=None,
-            rack_id=None,
-            rebalance_timeout_ms=30_000,
-            subscribed_topic_names=names,
-            subscribed_topic_regex=regex,
-            server_assignor=None,
-            owned=frozenset(),
-            client_id="c",
-            client_host="/h",
-            fresh_id=member_id,
-        )
-        assert group.heartbeat(0, request, {"orders": 1, "logs-a": 1}).error is ErrorCode.NONE
+    members = (("m1", ("orders",), None), ("m2", (), "logs-.*"))
+    group = consumer_group(members, {"orders": 1, "logs-a": 1})
     topics = {"orders", "logs-a", "logs", "old"}
     assert subscribed_topics(None, group, topics) == {"orders", "logs-a"}
 
