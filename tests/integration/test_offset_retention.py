@@ -117,6 +117,19 @@ def standalone_commit(bootstrap: str, group: str, topic: str) -> None:
         member.close()
 
 
+def read_and_commit(member: Consumer, topic: str) -> None:
+    """Subscribe ``member`` to ``topic``, read its ``RECORDS`` records and commit them."""
+    member.subscribe([topic])
+    read = 0
+    deadline = time.monotonic() + DEADLINE_S
+    while read < RECORDS:
+        assert time.monotonic() < deadline, f"read {read} of {RECORDS}"
+        message = member.poll(0.2)
+        if message is not None and message.error() is None:
+            read += 1
+    member.commit(asynchronous=False)
+
+
 def consumer_protocol_commit(bootstrap: str, group: str, topic: str) -> None:
     """A KIP-848 member (librdkafka, group.protocol=consumer) reads, commits and leaves."""
     member = Consumer(
@@ -129,15 +142,7 @@ def consumer_protocol_commit(bootstrap: str, group: str, topic: str) -> None:
         }
     )
     try:
-        member.subscribe([topic])
-        read = 0
-        deadline = time.monotonic() + DEADLINE_S
-        while read < RECORDS:
-            assert time.monotonic() < deadline, f"read {read} of {RECORDS}"
-            message = member.poll(0.2)
-            if message is not None and message.error() is None:
-                read += 1
-        member.commit(asynchronous=False)
+        read_and_commit(member, topic)
     finally:
         member.close()
 
@@ -269,15 +274,7 @@ def test_a_stable_group_loses_the_offsets_of_a_topic_no_member_subscribes_to(
         }
     )
     try:
-        consumer.subscribe([new])
-        read = 0
-        deadline = time.monotonic() + DEADLINE_S
-        while read < RECORDS:
-            assert time.monotonic() < deadline, f"read {read} of {RECORDS}"
-            message = consumer.poll(0.2)
-            if message is not None and message.error() is None:
-                read += 1
-        consumer.commit(asynchronous=False)
+        read_and_commit(consumer, new)
         consumer.commit(offsets=[KafkaPartition(old, 0, 2)], asynchronous=False)
         member.commit({TopicPartition(old, 0): OffsetAndMetadata(2, "", -1)})
         for group in (classic, kip848):
