@@ -99,7 +99,8 @@ class GroupRuntime(ShareRuntime, RetentionRuntime):
         self.consumer: ConsumerGroup | None = None
         """The group while it is a consumer-protocol (KIP-848) one."""
         self._consumer_doc: Document | None = None
-        """The last snapshot of ``consumer`` queued for etcd."""
+        """The last snapshot of ``consumer`` queued for etcd (None after a write failed: the
+        next one goes to etcd whatever it holds)."""
         self._consumer_version = 0
         self.share: ShareGroup | None = None
         """The group while it is a share group (KIP-932; ``group`` and ``consumer`` are None)."""
@@ -352,6 +353,12 @@ class GroupRuntime(ShareRuntime, RetentionRuntime):
     def _consumer_stored(self, version: int, error: ErrorCode) -> None:
         if error and self.share is not None and version < self._consumer_version:
             return  # a later write carries this change too: its waiters get that outcome
+        if error and self.consumer is not None and version == self._consumer_version:
+            # Not in etcd, and no later write carries it: the next answer must write the
+            # group first, changed or not. Otherwise a member retrying after this error would
+            # be told (from memory) partitions etcd does not give it, and a new coordinator
+            # would hand them to someone else while it consumes them.
+            self._consumer_doc = None
         for waiting in [v for v in self._consumer_waiters if v <= version]:
             future = self._consumer_waiters.pop(waiting)
             if not future.done():

@@ -32,6 +32,30 @@ def stable_group(protocol_type: str, *metadata: bytes) -> Group:
     return Group.from_record("g", GroupConfig(), record, 0)
 
 
+def member_heartbeat(
+    member_id: str,
+    epoch: int,
+    names: tuple[str, ...] | None,
+    owned: frozenset[tuple[str, int]] | None,
+    regex: str | None = None,
+) -> HeartbeatRequest:
+    """A consumer-protocol member's ConsumerGroupHeartbeat (``names`` None: unchanged)."""
+    return HeartbeatRequest(
+        member_id=member_id,
+        member_epoch=epoch,
+        instance_id=None,
+        rack_id=None,
+        rebalance_timeout_ms=30_000,
+        subscribed_topic_names=names,
+        subscribed_topic_regex=regex,
+        server_assignor=None,
+        owned=owned,
+        client_id="c",
+        client_host="/h",
+        fresh_id=member_id,
+    )
+
+
 def consumer_group(
     members: Iterable[tuple[str, tuple[str, ...], str | None]], topics: dict[str, int]
 ) -> ConsumerGroup:
@@ -39,19 +63,6 @@ def consumer_group(
     its first heartbeat while ``topics`` (name: partitions) exist."""
     group = ConsumerGroup("g", ConsumerConfig())
     for member_id, names, regex in members:
-        request = HeartbeatRequest(
-            member_id=member_id,
-            member_epoch=0,
-            instance_id=None,
-            rack_id=None,
-            rebalance_timeout_ms=30_000,
-            subscribed_topic_names=names,
-            subscribed_topic_regex=regex,
-            server_assignor=None,
-            owned=frozenset(),
-            client_id="c",
-            client_host="/h",
-            fresh_id=member_id,
-        )
+        request = member_heartbeat(member_id, 0, names, frozenset(), regex)
         assert group.heartbeat(0, request, topics).error is ErrorCode.NONE
     return group

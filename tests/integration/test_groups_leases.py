@@ -9,11 +9,14 @@ and tells waiting members NOT_COORDINATOR; etcd unreachable is never "proceed an
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator
 
 import pytest
 from harness.coordinator_host import CoordinatorHost, HostView, join_request
+from harness.subscribed_groups import member_heartbeat
 
+from kafscale.broker.groups.consumer import HeartbeatResult as Answer
 from kafscale.broker.groups.coordinator import GroupCoordinator
 from kafscale.broker.groups.leases import GroupLeases
 from kafscale.broker.groups.model import (
@@ -28,6 +31,8 @@ from kafscale.broker.groups.store import (
     Fence,
     GroupStore,
     LoadedGroup,
+    TopicPartition,
+    decode_group,
     decode_offset,
 )
 from kafscale.broker.metadata import keys
@@ -224,3 +229,58 @@ async def test_store_writes_nothing_without_the_lease(etcd: Etcd, cluster_name: 
     assert not await store.save_group("g", GroupRecord("consumer", 1, "range", None), fence)
     assert not await store.save_offsets("g", {("t", 0): CommittedOffset(1)}, fence)
     assert (await store.load("g")).exists is False
+
+
+async def test_a_member_is_never_told_what_a_failed_write_left_out_of_etcd(
+    etcd_server_private: EmbeddedEtcd, cluster_name: str
+) -> None:
+    """A consumer-group change whose write failed (etcd down) is not in etcd. The member's
+    retry changes nothing more in memory, yet it must write the group before it is answered:
+    otherwise the member consumes a partition that etcd, and so the next coordinator, says
+    nobody holds (a coordinator move then gives it to a second member)."""
+    etcd = await Etcd.connect([etcd_server_private.client_url], timeout_s=1.0)
+    session = await SessionLease.start(etcd, 60)
+    fence = await GroupLeases(etcd, cluster_name, lambda *_: None).acquire("g", 1, session.id)
+    assert fence is not None
+    runtime = GroupRuntime(
+        "g", fence, GroupStore(etcd, cluster_name), CONFIG, LoadedGroup(None, {}), lambda *_: None
+    )
+    topics, both = {"t": 2}, frozenset({("t", 0), ("t", 1)})
+
+    async def heartbeat(member: str, epoch: int, owned: frozenset[TopicPartition]) -> Answer:
+        names = ("t",) if epoch == 0 else None
+        request = member_heartbeat(member, epoch, names, owned)
+        return await runtime.consumer_heartbeat(request, topics)
+
+    try:
+        a = await heartbeat("a", 0, frozenset())
+        assert a.assignment == both
+        b = await heartbeat("b", 0, frozenset())
+        assert b.error is ErrorCode.NONE and b.assignment == frozenset()  # a holds both
+        a = await heartbeat("a", a.member_epoch, both)  # a is told to give one up ...
+        assert a.assignment is not None and len(a.assignment) == 1
+        kept = a.assignment
+        await heartbeat("a", a.member_epoch, kept)  # ... and has
+        await etcd_server_private.stop_async()
+        failed = await heartbeat("b", b.member_epoch, frozenset())  # b's share: not stored
+        assert failed.error is ErrorCode.COORDINATOR_NOT_AVAILABLE
+        await etcd_server_private.start_async()
+        deadline = asyncio.get_running_loop().time() + 30
+        retried = await heartbeat("b", b.member_epoch, frozenset())
+        while retried.error is ErrorCode.COORDINATOR_NOT_AVAILABLE:  # etcd reconnecting
+            assert asyncio.get_running_loop().time() < deadline, "etcd never came back"
+            await asyncio.sleep(0.2)
+            retried = await heartbeat("b", b.member_epoch, frozenset())
+        assert retried.error is ErrorCode.NONE and retried.assignment == both - kept
+        stored = await etcd.get(keys.group_metadata_key(cluster_name, "g"))
+        assert stored is not None
+        document = decode_group(stored.value).consumer
+        assert document is not None
+        held = {m["member_id"]: m["assigned"] for m in document["members"]}
+        assert held["b"] == [list(tp) for tp in sorted(both - kept)]
+    finally:
+        for task in runtime.unload():
+            await asyncio.gather(task, return_exceptions=True)
+        with contextlib.suppress(Exception):
+            await session.revoke()
+        await etcd.close()
