@@ -485,5 +485,11 @@ class ConsumerGroup:
     def remove(self, member_id: str) -> None:
         self._remove(member_id)
 
+    def resend_assignments(self) -> None:
+        """Every member's next heartbeat answer carries its assignment (answers may have been
+        lost: an error was sent instead)."""
+        for member in self.members.values():
+            member.sent = None
+
     def has_consumer_members(self) -> bool:
         return any(m.classic is None for m in self.members.values())

@@ -357,8 +357,10 @@ class GroupRuntime(ShareRuntime, RetentionRuntime):
             # Not in etcd, and no later write carries it: the next answer must write the
             # group first, changed or not. Otherwise a member retrying after this error would
             # be told (from memory) partitions etcd does not give it, and a new coordinator
-            # would hand them to someone else while it consumes them.
+            # would hand them to someone else while it consumes them. The member never heard
+            # the assignment this write was for: its next heartbeat carries it again.
             self._consumer_doc = None
+            self.consumer.resend_assignments()
         for waiting in [v for v in self._consumer_waiters if v <= version]:
             future = self._consumer_waiters.pop(waiting)
             if not future.done():
