@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from kafscale.broker.config import GroupSettings, IsolationLevel
+from kafscale.broker.groups import adoption
 from kafscale.broker.groups.leases import GroupLeases, choose_coordinator
 from kafscale.broker.groups.model import GroupConfig, GroupState
 from kafscale.broker.groups.retention_runtime import wall_clock_ms
@@ -123,6 +124,8 @@ class GroupCoordinator:
         self._releasing: dict[str, asyncio.Task[None]] = {}
         self._tasks: list[asyncio.Task[None]] = []
         self._closed = False
+        self._sweep_after: str | None = None
+        """The stored group the last retention check's adoption sweep stopped at."""
 
     async def start(self) -> None:
         await self._leases.start()
@@ -373,10 +376,11 @@ class GroupCoordinator:
                 log.exception("offset retention check failed")
 
     async def expire_offsets(self) -> None:
-        """One retention check of every group this broker coordinates, after taking on the
-        groups stored in etcd that nobody coordinates and that would be this broker's (a group
-        nobody asked for since a restart must expire too: its etcd keys are what fills the
-        quota). Each group's expiry is its own runtime's, fenced by its lease."""
+        """One retention check of every group this broker coordinates, after taking on some of
+        the groups stored in etcd that nobody coordinates and that would be this broker's (a
+        group nobody asked for since a restart must expire too: its etcd keys are what fills
+        the quota); all of them over successive checks. Each group's expiry is its own
+        runtime's, fenced by its lease."""
         await self._adopt_unowned()
         for runtime in self.coordinated():
             try:
@@ -388,23 +392,39 @@ class GroupCoordinator:
             self._metrics.groups_expired += int(expired.group_deleted)
 
     async def _adopt_unowned(self) -> None:
-        node_id = self._host.node_id
+        """Take on at most ``offsets_retention_adopt_per_check`` stored groups that nobody
+        coordinates and that would be this broker's, going on after the group the last check
+        stopped at (``adoption``): bounded etcd reads and loads per check, even in the first
+        check after a restart, when nobody coordinates anything."""
+        sweep = adoption.start_check(
+            self._sweep_after, self.config.offsets_retention_adopt_per_check
+        )
         try:
-            persisted = await self._store.list_persisted()
+            async with contextlib.aclosing(self._store.group_id_pages(sweep.after)) as pages:
+                async for listed, last_page in pages:
+                    sweep, taken = adoption.take_from_page(
+                        sweep, listed, self._adoptable, last_page
+                    )
+                    for group_id in taken:
+                        with contextlib.suppress(NotCoordinator, MetadataUnavailable):
+                            await self.runtime(group_id)
+                    self._sweep_after = sweep.after
+                    if sweep.done or self._closed:
+                        break
         except MetadataUnavailable as exc:
-            log.warning("offset retention: groups not listed: %s", exc)
-            return
-        for group in persisted:
-            group_id = group.group_id
-            if group.group_type == "share":
-                continue  # no committed offsets: share groups are not expired
-            if group_id in self._runtimes or self._leases.holder(group_id) is not None:
-                continue
-            chosen = self.coordinator_for(group_id)
-            if self._closed or chosen is None or chosen.node_id != node_id:
-                continue
-            with contextlib.suppress(NotCoordinator, MetadataUnavailable):
-                await self.runtime(group_id)
+            log.warning("offset retention: stored groups not listed: %s", exc)
+
+    def _adoptable(self, group_id: str) -> bool:
+        """Whether a retention check may take on a stored group: nobody coordinates it, this
+        broker is its pick, and it is no share group (they keep no committed offsets)."""
+        if self._closed or group_id in self._runtimes or group_id in self._loading:
+            return False
+        if group_id in self._host.view.share_members.members:
+            return False
+        if self._leases.holder(group_id) is not None:
+            return False
+        chosen = self.coordinator_for(group_id)
+        return chosen is not None and chosen.node_id == self._host.node_id
 
     def held(self) -> dict[str, int]:
         """How much this coordinator holds (for ``/status``): group runtimes here, group

@@ -34,8 +34,11 @@ from dataclasses import dataclass
 from kafscale.broker.groups.consumer import ConsumerGroup
 from kafscale.broker.groups.group import Group
 from kafscale.broker.groups.model import GroupState
-from kafscale.broker.groups.offset_delete import classic_subscribed_topics
 from kafscale.broker.groups.store import CommittedOffset, TopicPartition
+from kafscale.broker.groups.subscriptions import (
+    classic_subscribed_topics,
+    consumer_subscribed_topics,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,8 +68,7 @@ def subscribed_topics(
     - a classic group: only when Stable, of protocol type "consumer" and every member's
       ConsumerProtocolSubscription reads (else None: nobody can tell what it consumes)."""
     if consumer is not None:
-        members = list(consumer.members.values())
-        return frozenset(t for t in topics if any(m.subscribes(t) for m in members))
+        return consumer_subscribed_topics(consumer, topics)
     if group is None or group.state is not GroupState.STABLE:
         return None
     return classic_subscribed_topics(group)

@@ -44,15 +44,13 @@ from kafscale.broker.groups.model import (
     SyncResult,
 )
 from kafscale.broker.groups.reconcile import MemberAssignment, TopicPartition, reconcile
+from kafscale.broker.groups.subscriptions import CONSUMER_PROTOCOL_TYPE
 from kafscale.broker.protocol.codec import (
     decode_consumer_assignment,
     decode_consumer_subscription,
     encode_consumer_assignment,
 )
 from kafscale.broker.protocol.errors import ErrorCode
-
-CONSUMER_PROTOCOL_TYPE = "consumer"
-
 
 # --- classic -> consumer ----------------------------------------------------------------------
 

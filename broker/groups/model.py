@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from kafscale.broker.groups.adoption import ADOPT_PER_CHECK
 from kafscale.broker.groups.share import ShareConfig
 from kafscale.broker.protocol.errors import ErrorCode
 
@@ -53,6 +54,9 @@ class GroupConfig:
     """offsets.retention.minutes in ms (``groups.offsets_retention_minutes``; KIP-211)."""
     offsets_retention_check_interval_ms: int = 600_000
     """offsets.retention.check.interval.ms: how often a coordinator looks for expired offsets."""
+    offsets_retention_adopt_per_check: int = ADOPT_PER_CHECK
+    """Stored groups nobody coordinates that one retention check takes on at most
+    (``adoption``): a fixed bound, not a setting (Kafka has no such thing to name)."""
 
     def session_timeout_ok(self, session_timeout_ms: int) -> bool:
         return self.min_session_timeout_ms <= session_timeout_ms <= self.max_session_timeout_ms

@@ -15,6 +15,7 @@ Kafka's rules (``GroupCoordinator.handleDeleteOffsets``, and ``validateOffsetDel
 * a consumer-protocol (KIP-848) group keeps the offsets of topics a member subscribes to, by
   name or by regular expression.
 
+What a group's members subscribe to is read by ``subscriptions`` (as for offset retention).
 Partitions that have no committed offset are answered NONE, as Kafka answers them. Pure: no
 I/O, no clock.
 """
@@ -27,10 +28,12 @@ from dataclasses import dataclass
 from kafscale.broker.groups.consumer import ConsumerGroup
 from kafscale.broker.groups.group import Group
 from kafscale.broker.groups.model import GroupState
-from kafscale.broker.protocol.codec import decode_consumer_subscription
+from kafscale.broker.groups.subscriptions import (
+    CONSUMER_PROTOCOL_TYPE,
+    classic_subscribed_topics,
+    consumer_subscribed_topics,
+)
 from kafscale.broker.protocol.errors import ErrorCode
-
-CONSUMER_PROTOCOL_TYPE = "consumer"
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,25 +49,6 @@ class OffsetDeletion:
         or GROUP_SUBSCRIBED_TO_TOPIC (it stays)."""
         subscribed = ErrorCode.GROUP_SUBSCRIBED_TO_TOPIC
         return {tp: subscribed if tp[0] in self.subscribed else ErrorCode.NONE for tp in partitions}
-
-
-def classic_subscribed_topics(group: Group) -> frozenset[str] | None:
-    """The topics a classic group's members subscribe to (Kafka's ``computeSubscribedTopics``):
-    empty for a group without members, None when unknown (not the consumer protocol, no
-    protocol chosen yet, or metadata that is not a ConsumerProtocolSubscription)."""
-    if group.protocol_type != CONSUMER_PROTOCOL_TYPE:
-        return None
-    if not group.members:
-        return frozenset()
-    if not group.protocol_name:
-        return None
-    topics: set[str] = set()
-    for member in group.members.values():
-        subscription = decode_consumer_subscription(member.metadata(group.protocol_name))
-        if subscription is None:
-            return None
-        topics.update(subscription.topics)
-    return frozenset(topics)
 
 
 def decide_classic(
@@ -88,10 +72,7 @@ def decide_classic(
 
 def decide_consumer(group: ConsumerGroup, topics: Iterable[str]) -> OffsetDeletion:
     """A consumer-protocol group: the topics some member subscribes to stay."""
-    members = list(group.members.values())
-    return OffsetDeletion(
-        subscribed=frozenset(t for t in topics if any(m.subscribes(t) for m in members))
-    )
+    return OffsetDeletion(subscribed=consumer_subscribed_topics(group, topics))
 
 
 def decide(

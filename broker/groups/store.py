@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import base64
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import AsyncGenerator, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,6 +32,7 @@ from kafscale.broker.metadata.etcd_txn import (
     create_revision_is,
     delete_op,
     delete_prefix_op,
+    prefix_range_end,
     put_op,
     value_is,
 )
@@ -40,6 +41,10 @@ TopicPartition = tuple[str, int]
 
 MAX_OPS_PER_TXN = 100
 """etcd refuses transactions with more than 128 operations (``--max-txn-ops``)."""
+
+PAGE_KEYS = 500
+"""Keys per etcd read when going through every stored group: each answer stays small (etcd
+serves a range whole, in memory, and a cluster of throwaway group ids holds millions of keys)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -215,6 +220,25 @@ def parse_pending_key(relative: str) -> tuple[int, TopicPartition] | None:
     return int(pid), (topic, int(partition))
 
 
+def _group_part_end(groups_prefix: str, key: str) -> str:
+    """The first key after every key of the group ``key`` belongs to (``key`` under
+    ``groups_prefix``): a group's keys share the prefix ``groups/<quoted id>/``."""
+    part = key[len(groups_prefix) :].partition("/")[0]
+    return prefix_range_end(f"{groups_prefix}{part}/".encode()).decode()
+
+
+def first_keys(groups_prefix: str, entries: Sequence[KeyValue]) -> list[KeyValue]:
+    """Of keys in key order, each group's first. A group's metadata key, if it has one, is its
+    first: ``metadata`` sorts before ``offsets/`` and ``txn-offsets/``."""
+    firsts: list[KeyValue] = []
+    end = ""
+    for entry in entries:
+        if entry.key >= end:
+            firsts.append(entry)
+            end = _group_part_end(groups_prefix, entry.key)
+    return firsts
+
+
 def _chunks(ops: list[Op], size: int) -> Iterable[list[Op]]:
     for start in range(0, len(ops), size):
         yield ops[start : start + size]
@@ -345,21 +369,59 @@ class GroupStore:
 
     async def list_persisted(self) -> list[PersistedGroup]:
         """Every group with metadata or committed offsets in etcd."""
-        entries = await self._etcd.get_prefix(keys.groups_prefix(self._cluster))
-        found: dict[str, PersistedGroup] = {}
-        for entry in entries:
-            parsed = parse_group_key(self._cluster, entry.key)
-            if parsed is None:
-                continue
-            group_id, tp = parsed
-            if tp is None:
-                record = decode_group(entry.value)
-                found[group_id] = PersistedGroup(
-                    group_id, record.protocol_type or "", record.has_members(), record.group_type
-                )
-            else:
-                found.setdefault(group_id, PersistedGroup(group_id, "", False))
-        return sorted(found.values(), key=lambda g: g.group_id)
+        found: list[PersistedGroup] = []
+        async for entries, _ in self._group_pages(None, keys_only=False):
+            for entry in entries:
+                parsed = parse_group_key(self._cluster, entry.key)
+                if parsed is None:
+                    continue  # a group with only offsets pending in a transaction
+                group_id, tp = parsed
+                if tp is None:
+                    record = decode_group(entry.value)
+                    found.append(
+                        PersistedGroup(
+                            group_id,
+                            record.protocol_type or "",
+                            record.has_members(),
+                            record.group_type,
+                        )
+                    )
+                else:
+                    found.append(PersistedGroup(group_id, "", False))
+        return sorted(found, key=lambda g: g.group_id)
+
+    async def group_id_pages(
+        self, after: str | None
+    ) -> AsyncGenerator[tuple[list[str], bool], None]:
+        """The ids of the groups with metadata or committed offsets in etcd, in key order from
+        the one after ``after`` (None: from the first), a page at a time, each with whether it
+        is the last. Only keys are read, and of each group one: the rest are skipped."""
+        async for entries, last in self._group_pages(after, keys_only=True):
+            ids = []
+            for entry in entries:
+                parsed = parse_group_key(self._cluster, entry.key)
+                if parsed is not None:
+                    ids.append(parsed[0])
+            yield ids, last
+
+    async def _group_pages(
+        self, after: str | None, keys_only: bool
+    ) -> AsyncGenerator[tuple[list[KeyValue], bool], None]:
+        """Each stored group's first key (``first_keys``), in key order from the group after
+        ``after``, one bounded etcd read (``PAGE_KEYS``) per page; True with the last page.
+        The next read starts past the page's last group, so its other keys are not read."""
+        prefix = keys.groups_prefix(self._cluster)
+        end = prefix_range_end(prefix.encode()).decode()
+        start = prefix
+        if after is not None:
+            start = prefix_range_end(keys.group_prefix(self._cluster, after).encode()).decode()
+        while True:
+            entries, more = await self._etcd.get_range(start, end, PAGE_KEYS, keys_only)
+            last = not more or not entries
+            yield first_keys(prefix, entries), last
+            if last:
+                return
+            start = _group_part_end(prefix, entries[-1].key)
 
     def _owned(self, group_id: str, entry: KeyValue) -> bool:
         pending_prefix = keys.group_txn_offsets_prefix(self._cluster, group_id)

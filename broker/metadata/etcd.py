@@ -289,6 +289,25 @@ class Etcd:
         )
         return [key_value(raw) for raw in response.kvs], int(response.header.revision)
 
+    async def get_range(
+        self, start: str, end: str, limit: int, keys_only: bool = False
+    ) -> tuple[list[KeyValue], bool]:
+        """One page of a range too large to read whole: at most ``limit`` keys from ``start``
+        (inclusive) to ``end`` (exclusive), sorted by key, and whether more keys follow. With
+        ``keys_only`` the values are left out (empty). Every answer is bounded, whatever the
+        range holds."""
+        request = rpc.RangeRequest(
+            key=start.encode(), range_end=end.encode(), limit=limit, keys_only=keys_only
+        )
+        # aetcd's range calls take no limit: call its KV stub directly.
+        response = await self._call(
+            "range",
+            lambda: self._client.kvstub.Range(
+                request, timeout=self.timeout_s, metadata=self._client.metadata
+            ),
+        )
+        return [key_value(raw) for raw in response.kvs], bool(response.more)
+
     async def put(self, key: str, value: bytes, lease: int | None = None) -> int:
         """Write ``key``; returns the revision of the write."""
         response = await self._call("put", lambda: self._client.put(key.encode(), value, lease))

@@ -15,6 +15,7 @@ from kafscale.broker.groups.model import GroupConfig, JoinRequest
 from kafscale.broker.metadata.cluster import BrokerInfo
 from kafscale.broker.metadata.etcd import Etcd
 from kafscale.broker.metadata.session_lease import SessionLease
+from kafscale.broker.metadata.share_members import ShareMembers
 
 
 @dataclass
@@ -24,6 +25,7 @@ class HostView:
     brokers: dict[int, BrokerInfo] = field(default_factory=dict)
     draining: set[int] = field(default_factory=set)
     group_configs: dict[str, dict[str, str]] = field(default_factory=dict)
+    share_members: ShareMembers = field(default_factory=ShareMembers)
 
 
 @dataclass

@@ -17,7 +17,6 @@ well under a minute.
 
 from __future__ import annotations
 
-import struct
 import subprocess
 import threading
 import time
@@ -38,6 +37,7 @@ from harness.java_client import java_program
 from harness.kafka_wire import KafkaWire, heartbeat
 from harness.proxy import start_proxy
 from harness.s3 import S3Endpoint
+from harness.subscribed_groups import subscription
 
 from kafscale.broker.metadata.embedded_etcd import EmbeddedEtcd
 from kafscale.broker.protocol.codec import encode_consumer_assignment
@@ -836,14 +836,6 @@ def test_a_mixed_group_carries_on_when_its_coordinator_stops(broker_cluster: Bro
     assert all(not m.crashed for m in members)
 
 
-def consumer_subscription(topics: list[str]) -> bytes:
-    """A ConsumerProtocolSubscription v0, as a classic consumer sends in JoinGroup."""
-    body = struct.pack(">hi", 0, len(topics))
-    for topic in topics:
-        body += struct.pack(">h", len(topic)) + topic.encode()
-    return body + struct.pack(">i", -1)
-
-
 def test_a_refused_upgrade_leaves_the_classic_group_as_it_was(
     one_broker: BrokerProcess,
 ) -> None:
@@ -854,7 +846,7 @@ def test_a_refused_upgrade_leaves_the_classic_group_as_it_was(
     topic, group = f"refused-{time.monotonic_ns()}", f"g-{time.monotonic_ns()}"
     topics.create_topic(broker.bootstrap, topic, 2, log_level=QUIET)
     with KafkaWire(broker.bootstrap) as wire:
-        protocols = [{"name": "range", "metadata": consumer_subscription([topic])}]
+        protocols = [{"name": "range", "metadata": subscription([topic])}]
         join = {
             **CLASSIC_JOIN,
             "group_id": group,

@@ -7,6 +7,7 @@ the load). Each check is run by hand (``GroupCoordinator.expire_offsets``), not 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -22,6 +23,7 @@ from kafscale.broker.groups.store import (
     decode_group,
     encode_group,
     encode_offset,
+    parse_group_key,
 )
 from kafscale.broker.metadata import keys
 from kafscale.broker.metadata.embedded_etcd import EmbeddedEtcd
@@ -126,3 +128,35 @@ async def test_the_time_the_last_member_left_is_stored_with_the_group(
     assert not record.has_members()
     assert record.empty_since_ms is not None
     assert before_leaving <= record.empty_since_ms <= _now_ms()
+
+
+async def _stored_groups(host: CoordinatorHost) -> set[str]:
+    entries = await host.etcd.get_prefix(keys.groups_prefix(host.cluster))
+    parsed = (parse_group_key(host.cluster, entry.key) for entry in entries)
+    return {found[0] for found in parsed if found is not None}
+
+
+async def test_each_check_takes_on_at_most_n_unowned_groups_and_successive_checks_all(
+    etcd_server: EmbeddedEtcd, cluster_name: str
+) -> None:
+    """After a restart nobody coordinates any stored group. A cluster of many throwaway
+    groups must not have its first check take them all on at once (a lease and a load each):
+    a check takes on at most N of them (here 3), the next goes on where it stopped, and
+    successive checks expire every one."""
+    config = dataclasses.replace(CONFIG, offsets_retention_adopt_per_check=3)
+    async with running_coordinator(etcd_server.client_url, cluster_name, config) as running:
+        host, coordinator = running
+        stored = {f"throwaway-{i:02d}" for i in range(8)}
+        for group_id in stored:
+            await _store_old_group(host, group_id, empty_since_ms=_now_ms() - 2 * RETENTION_MS)
+        assert await _stored_groups(host) == stored
+        left, checks = stored, 0
+        while left:
+            assert checks < 8, f"groups never expired: {sorted(left)}"
+            await coordinator.expire_offsets()
+            checks += 1
+            now_left = await _stored_groups(host)
+            assert now_left <= left
+            assert 1 <= len(left - now_left) <= 3, f"check {checks} expired {left - now_left}"
+            left = now_left
+        assert checks == 3
