@@ -5,7 +5,8 @@ password reconnecting in a loop, as librdkafka does) and 300 requests whose bodi
 parse. Its log holds the first ten lines of each kind, and, once the window ends (here: at
 shutdown), one summary line per kind whose count makes up the rest: no event is lost, none
 fills the disk. The metrics count all 300 of each; a well-behaved SASL client is served
-throughout and its own login line is still written.
+throughout and its own login line is still written. The proxy, which reads its clients'
+requests itself, limits its log and counts the same way.
 """
 
 from __future__ import annotations
@@ -21,9 +22,10 @@ from typing import Any
 
 import pytest
 from confluent_kafka import Producer
-from harness.brokers import new_cluster
-from harness.kafka_wire import METADATA, KafkaWire, correlation_id_of, request_header
+from harness.brokers import BrokerCluster, new_cluster
+from harness.kafka_wire import API_VERSIONS, METADATA, KafkaWire, correlation_id_of, request_header
 from harness.ports import listener_ports
+from harness.proxy import start_proxy
 from harness.s3 import S3Endpoint
 from harness.secured import add_broker, consume_values, create_user, make_topics
 from prometheus_client.parser import text_string_to_metric_families
@@ -183,3 +185,23 @@ def test_a_flood_of_failed_logins_and_malformed_requests_is_logged_ten_times_the
     assert logins_logged + sum(failed_summaries) == FLOOD
     assert requests_logged + sum(bad_summaries) == FLOOD
     assert any("SASL authentication failed (last from 127.0.0.1)" in line for line in lines)
+
+
+def test_the_proxy_logs_a_flood_of_malformed_requests_ten_times_then_counts_it(
+    broker_cluster: BrokerCluster,
+) -> None:
+    """The proxy reads its clients' requests itself: the same limit and the same counter."""
+    broker_cluster.start()
+    proxy = start_proxy(broker_cluster)
+    started = time.monotonic()
+    malformed_requests(proxy.bootstrap, FLOOD)
+    most = LINES_PER_WINDOW * windows_spanned(time.monotonic() - started)
+    assert counter(proxy, "kafscale_proxy_malformed_requests_total") == FLOOD
+    with KafkaWire(proxy.bootstrap) as wire:  # the proxy still serves
+        assert wire.request(API_VERSIONS, 3, {}).error_code == ErrorCode.NONE
+
+    assert proxy.stop() == 0
+    lines = proxy.log_path.read_text(errors="replace").splitlines()
+    logged = sum("bad Metadata v8 from" in line for line in lines)
+    assert LINES_PER_WINDOW <= logged <= most
+    assert logged + sum(summaries(lines, "malformed request")) == FLOOD
