@@ -358,8 +358,9 @@ class KafkaServer:
         if connection.sasl is not None:
             protocol.limit_frames(SASL_MAX_RECEIVE_BYTES)
         if connection.principal != ANONYMOUS:
-            client_log(
-                log, logging.INFO, ClientEvent.AUTHENTICATED, host_of(peer),
+            client_log(  # keyed by identity too: one user's logins hide no other's
+                log, logging.INFO, ClientEvent.AUTHENTICATED,
+                f"{host_of(peer)} as {connection.principal}",
                 "%s on %s authenticated by certificate as %s",
                 peer, connection.listener, connection.principal,
             )  # fmt: skip

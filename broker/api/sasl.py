@@ -109,8 +109,9 @@ async def sasl_authenticate(
         connection.principal = principal
         connection.token_authenticated = session.token_authenticated
         how = " (delegation token)" if session.token_authenticated else ""
-        client_log(
-            log, logging.INFO, ClientEvent.AUTHENTICATED, host_of(connection.peer),
+        client_log(  # keyed by identity too: one user's logins hide no other's
+            log, logging.INFO, ClientEvent.AUTHENTICATED,
+            f"{host_of(connection.peer)} as {principal}",
             "%s authenticated as %s%s", connection.peer, principal, how,
         )  # fmt: skip
     return {

@@ -10,7 +10,8 @@ line says how many were left out::
 
     suppressed 1,234 similar messages within 60 s: SASL authentication failed (last from 10.0.0.7)
 
-Keying by host means one noisy client cannot hide another's first lines. The key map is
+Keying by host (a successful login's by host and principal) means one noisy client cannot
+hide another's first lines. The key map is
 bounded: past ``max_keys`` (kind, host) pairs, new hosts share one key per kind, so an address
 scan cannot grow it. Metrics count every event (``METRICS``); only the log is limited.
 
