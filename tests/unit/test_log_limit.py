@@ -3,6 +3,8 @@ and host per window are written, the rest counted and summarised in one line, no
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import itertools
 import logging
 from collections import Counter
@@ -21,6 +23,7 @@ from kafscale.broker.observability.log_limit import (
     expired_keys,
     host_of,
     key_for,
+    summarise_periodically,
 )
 from kafscale.broker.observability.metrics import METRICS
 
@@ -221,3 +224,33 @@ def test_the_traceback_of_a_written_line_is_kept(
     except RuntimeError:
         limiter.log(logger, logging.ERROR, ClientEvent.INTERNAL_ERROR, "h", "failed", exc_info=True)
     assert caplog.records[-1].exc_info is not None
+
+
+def test_the_summary_of_a_client_gone_quiet_is_written_by_the_periodic_sweep(
+    logger: logging.Logger, caplog: pytest.LogCaptureFixture
+) -> None:
+    """No further event needs to come: ``summarise_periodically`` (which every listener runs)
+    ends the window on the event loop's own time."""
+    limiter = LogLimiter(LogPolicy(lines_per_window=1, window_s=0.2))
+    for _ in range(3):
+        limiter.log(logger, logging.INFO, SASL, "h", "fail")
+
+    async def sweep_until_summarised() -> None:
+        summarised = asyncio.Event()
+        handler = logging.Handler()
+        handler.emit = lambda record: summarised.set()  # type: ignore[method-assign]
+        logger.addHandler(handler)
+        sweeper = asyncio.create_task(summarise_periodically(limiter))
+        try:
+            async with asyncio.timeout(30):  # a deadline only: it ends as soon as it is written
+                await summarised.wait()
+        finally:
+            logger.removeHandler(handler)
+            sweeper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await sweeper
+
+    asyncio.run(sweep_until_summarised())
+    assert messages(caplog)[-1] == (
+        "suppressed 2 similar messages within 0.2 s: SASL authentication failed (last from h)"
+    )
