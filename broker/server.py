@@ -12,6 +12,8 @@ What a hostile or careless peer can hold is bounded broker-wide as well: large r
 take their memory from one ``RequestMemory`` budget (given back once the request is answered),
 a connection with nothing received, sent or in flight for ``connections_max_idle_ms`` is
 closed, and one client address may hold at most ``max_connections_per_address`` connections.
+So are the log lines such a peer causes (``observability/log_limit``): the first few of each
+kind per client host, then a count.
 """
 
 from __future__ import annotations
@@ -27,6 +29,13 @@ from typing import Any
 
 from kafscale.broker.buffer_pool import BufferPool
 from kafscale.broker.config import LimitSettings
+from kafscale.broker.observability.log_limit import (
+    CLIENT_LOG,
+    ClientEvent,
+    client_log,
+    host_of,
+    summarise_periodically,
+)
 from kafscale.broker.observability.metrics import METRICS
 from kafscale.broker.protocol.framing import (
     Frame,
@@ -225,6 +234,7 @@ class KafkaServer:
         self.frame_buffers: BufferPool = frame_buffer_pool()
         self.request_memory = RequestMemory(limits.queued_max_request_bytes)
         self._idle_sweeper: asyncio.Task[None] | None = None
+        self._log_summaries: asyncio.Task[None] | None = None
 
     @property
     def port(self) -> int:
@@ -253,6 +263,9 @@ class KafkaServer:
             self._servers.clear()
             raise
         self._idle_sweeper = asyncio.create_task(self._close_idle(), name="idle-connections")
+        self._log_summaries = asyncio.create_task(
+            summarise_periodically(), name="client-log-summaries"
+        )
 
     async def _bind(self, endpoint: ServerEndpoint, accepting: bool) -> asyncio.Server:
         loop = asyncio.get_running_loop()
@@ -285,11 +298,12 @@ class KafkaServer:
     async def stop_accepting(self) -> None:
         for server in self._servers:
             server.close()
-        sweeper, self._idle_sweeper = self._idle_sweeper, None
-        if sweeper is not None:
-            sweeper.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await sweeper
+        for sweeper in (self._idle_sweeper, self._log_summaries):
+            if sweeper is not None:
+                sweeper.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await sweeper
+        self._idle_sweeper = self._log_summaries = None
 
     async def _close_idle(self) -> None:
         """Close connections idle for ``connections_max_idle_ms`` (checked ten times per it)."""
@@ -301,7 +315,10 @@ class KafkaServer:
             activity = [(p.last_active, c.in_flight) for c, p in open_now]
             for index in idle_connections(activity, loop.time(), max_idle_s):
                 connection, protocol = open_now[index]
-                log.info("closing %s: idle for %g s", connection.peer, max_idle_s)
+                client_log(
+                    log, logging.INFO, ClientEvent.IDLE_CLOSED, host_of(connection.peer),
+                    "closing %s: idle for %g s", connection.peer, max_idle_s,
+                )  # fmt: skip
                 protocol.transport.abort()
 
     async def close(self, grace_s: float) -> None:
@@ -320,6 +337,7 @@ class KafkaServer:
             await asyncio.gather(*still_open, return_exceptions=True)
         for server in self._servers:
             await server.wait_closed()
+        CLIENT_LOG.summarise_all()  # the counts of lines left out do not end with the process
 
     @property
     def open_connections(self) -> int:
@@ -331,18 +349,21 @@ class KafkaServer:
         try:
             connection = new_connection(peer, endpoint, _peer_certificate(protocol.transport))
         except ValueError as exc:  # a verified certificate whose subject cannot be read
-            log.warning("closing %s: unreadable client certificate: %s", peer, exc)
+            client_log(
+                log, logging.WARNING, ClientEvent.BAD_CERTIFICATE, host_of(peer),
+                "closing %s: unreadable client certificate: %s", peer, exc,
+            )  # fmt: skip
             protocol.transport.abort()
             return
         if connection.sasl is not None:
             protocol.limit_frames(SASL_MAX_RECEIVE_BYTES)
         if connection.principal != ANONYMOUS:
-            log.info(
+            client_log(  # keyed by identity too: one user's logins hide no other's
+                log, logging.INFO, ClientEvent.AUTHENTICATED,
+                f"{host_of(peer)} as {connection.principal}",
                 "%s on %s authenticated by certificate as %s",
-                connection.peer,
-                connection.listener,
-                connection.principal,
-            )
+                peer, connection.listener, connection.principal,
+            )  # fmt: skip
         task = asyncio.create_task(self._serve(protocol, connection))
         self._connections[task] = (connection, protocol)
 
@@ -353,24 +374,43 @@ class KafkaServer:
         self._per_address[address] += 1
         try:
             if self._slots.locked():
-                log.warning("connection limit %d reached; refusing", self._limits.max_connections)
+                METRICS.connection_refused("max_connections")
+                client_log(
+                    log, logging.WARNING, ClientEvent.CONNECTION_REFUSED, address,
+                    "connection limit %d reached; refusing %s",
+                    self._limits.max_connections, connection.peer,
+                )  # fmt: skip
                 return
             if self._per_address[address] > self._limits.max_connections_per_address:
-                log.warning(
+                METRICS.connection_refused("max_connections_per_address")
+                client_log(
+                    log, logging.WARNING, ClientEvent.CONNECTION_REFUSED, address,
                     "%s has %d connections open (limit %d); refusing",
                     address,
                     self._per_address[address] - 1,
                     self._limits.max_connections_per_address,
-                )
+                )  # fmt: skip
                 return
             async with self._slots:
                 await self._pipeline(protocol, connection)
         except* ConnectionError:
             pass
-        except* (FrameTooLarge, CloseConnection) as group:
-            log.warning("closing %s: %s", connection.peer, group.exceptions[0])
+        except* FrameTooLarge as group:
+            METRICS.malformed_requests += 1
+            client_log(
+                log, logging.WARNING, ClientEvent.MALFORMED_REQUEST, address,
+                "closing %s: %s", connection.peer, group.exceptions[0],
+            )  # fmt: skip
+        except* CloseConnection as group:
+            client_log(
+                log, logging.WARNING, ClientEvent.CONNECTION_CLOSED, address,
+                "closing %s: %s", connection.peer, group.exceptions[0],
+            )  # fmt: skip
         except* Exception as group:  # a bug: end this connection, log it, keep the broker
-            log.error("closing %s after an internal error", connection.peer, exc_info=group)
+            client_log(
+                log, logging.ERROR, ClientEvent.INTERNAL_ERROR, address,
+                "closing %s after an internal error", connection.peer, exc_info=group,
+            )  # fmt: skip
         finally:
             self._per_address[address] -= 1
             if not self._per_address[address]:

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from kafscale.broker.api.features import SHARE_VERSION, TRANSACTION_VERSION, features_body
+from kafscale.broker.observability.log_limit import ClientEvent, client_log, host_of
 from kafscale.broker.observability.metrics import METRICS
 from kafscale.broker.protocol import codec
 from kafscale.broker.protocol.errors import ErrorCode, KafkaError, code_for
@@ -121,12 +122,16 @@ class Dispatcher:
             return await self._envelope(frame, connection, self._broker, self)
         spec = self._table.get(api_key)
         if spec is None or not spec.supports(api_version):
-            return encode_unsupported(self._table, spec, api_key, api_version, correlation_id)
+            return encode_unsupported(self._table, spec, api_key, api_version, correlation_id, peer)
         schema = codec.request_schema(api_key, api_version)
         try:
             request = codec.decode_request(frame, schema)
         except codec.DecodeError as exc:
-            log.warning("bad %s v%d from %s: %s", spec.name, api_version, peer, exc)
+            METRICS.malformed_requests += 1
+            client_log(
+                log, logging.WARNING, ClientEvent.MALFORMED_REQUEST, host_of(peer),
+                "bad %s v%d from %s: %s", spec.name, api_version, peer, exc,
+            )  # fmt: skip
             return encode_error(spec, None, api_version, correlation_id, ErrorCode.INVALID_REQUEST)
         request_bytes = len(frame)
         # The decoded request holds its own copy of the records; without this the frame (up to
@@ -140,7 +145,10 @@ class Dispatcher:
             METRICS.request(spec.name, time.perf_counter() - started, failed=True)
             return encode_error(spec, request.body, api_version, correlation_id, exc.code)
         except Exception as exc:
-            log.exception("%s v%d from %s failed", spec.name, api_version, peer)
+            client_log(
+                log, logging.ERROR, ClientEvent.INTERNAL_ERROR, host_of(peer),
+                "%s v%d from %s failed", spec.name, api_version, peer, exc_info=True,
+            )  # fmt: skip
             METRICS.request(spec.name, time.perf_counter() - started, failed=True)
             return encode_error(spec, request.body, api_version, correlation_id, code_for(exc))
         METRICS.request(spec.name, time.perf_counter() - started, failed=False)
@@ -177,6 +185,7 @@ def admit(frame: Frame, connection: Connection) -> tuple[int, int, int]:
     try:
         api_key, api_version, correlation_id = codec.peek_header(frame)
     except codec.DecodeError as exc:
+        METRICS.malformed_requests += 1
         raise CloseConnection(str(exc)) from exc
     sasl = connection.sasl
     if sasl and not sasl.authenticated and api_key not in ALLOWED_BEFORE_AUTHENTICATION:
@@ -190,20 +199,23 @@ def encode_unsupported(
     api_key: int,
     api_version: int,
     correlation_id: int,
+    peer: str,
 ) -> bytes:
     if api_key == API_VERSIONS_KEY:
         # KIP-511: answer with v0 so that any client can read the supported range.
         body = api_versions_body(table, ErrorCode.UNSUPPORTED_VERSION)
         return codec.encode_response(API_VERSIONS_KEY, 0, correlation_id, body)
     if spec is not None and spec.advertised_range[0] <= api_version < spec.min_version:
-        log.warning(
-            "%s v%d is advertised but not served (only v%d+); closing connection",
-            spec.name,
-            api_version,
-            spec.min_version,
-        )
+        client_log(
+            log, logging.WARNING, ClientEvent.UNSUPPORTED_REQUEST, host_of(peer),
+            "%s v%d from %s is advertised but not served (only v%d+); closing connection",
+            spec.name, api_version, peer, spec.min_version,
+        )  # fmt: skip
     else:
-        log.warning("api %d v%d is not served", api_key, api_version)
+        client_log(
+            log, logging.WARNING, ClientEvent.UNSUPPORTED_REQUEST, host_of(peer),
+            "api %d v%d from %s is not served", api_key, api_version, peer,
+        )  # fmt: skip
     if not codec.has_error_code(api_key, api_version):
         raise CloseConnection(f"api {api_key} v{api_version} is not served")
     return codec.encode_response(

@@ -20,6 +20,8 @@ from typing import TYPE_CHECKING
 from kafscale.broker.api import access
 from kafscale.broker.api.dispatch import RequestContext
 from kafscale.broker.authz.model import Operation
+from kafscale.broker.observability.log_limit import ClientEvent, client_log, host_of
+from kafscale.broker.observability.metrics import METRICS
 from kafscale.broker.protocol import codec
 from kafscale.broker.protocol.errors import ErrorCode
 from kafscale.broker.protocol.framing import Frame
@@ -46,22 +48,27 @@ async def handle_envelope(
     try:
         request = codec.decode_request(frame, codec.request_schema(ENVELOPE_KEY, api_version))
     except codec.DecodeError as exc:
-        log.warning("bad Envelope from %s: %s", connection.peer, exc)
+        METRICS.malformed_requests += 1
+        client_log(
+            log, logging.WARNING, ClientEvent.MALFORMED_REQUEST, host_of(connection.peer),
+            "bad Envelope from %s: %s", connection.peer, exc,
+        )  # fmt: skip
         return _answer(correlation_id, ErrorCode.INVALID_REQUEST)
     ctx = RequestContext(request.header, broker, connection)
     if connection.token_authenticated:
         # A delegation token is no proxy's login: forwarding as any principal, unmarked,
         # would let a token of a CLUSTER_ACTION principal act as anyone and mint new tokens.
-        log.warning(
-            "%s logged in with a delegation token and may not forward requests", connection.peer
-        )
+        client_log(
+            log, logging.WARNING, ClientEvent.FORWARDING_REFUSED, host_of(connection.peer),
+            "%s logged in with a delegation token and may not forward requests", connection.peer,
+        )  # fmt: skip
         return _answer(correlation_id, ErrorCode.CLUSTER_AUTHORIZATION_FAILED)
     if not access.allowed_on_cluster(ctx, Operation.CLUSTER_ACTION):
-        log.warning(
+        client_log(
+            log, logging.WARNING, ClientEvent.FORWARDING_REFUSED, host_of(connection.peer),
             "%s (%s) may not forward requests (needs CLUSTER_ACTION on the cluster)",
-            connection.peer,
-            connection.principal,
-        )
+            connection.peer, connection.principal,
+        )  # fmt: skip
         return _answer(correlation_id, ErrorCode.CLUSTER_AUTHORIZATION_FAILED)
     body = request.body
     try:
@@ -69,7 +76,11 @@ async def handle_envelope(
         host = address_text(body.client_host_address)
         inner_key, _, _ = codec.peek_header(body.request_data)
     except (codec.DecodeError, ValueError) as exc:
-        log.warning("unreadable Envelope from %s: %s", connection.peer, exc)
+        METRICS.malformed_requests += 1
+        client_log(
+            log, logging.WARNING, ClientEvent.MALFORMED_REQUEST, host_of(connection.peer),
+            "unreadable Envelope from %s: %s", connection.peer, exc,
+        )  # fmt: skip
         return _answer(correlation_id, ErrorCode.INVALID_REQUEST)
     if inner_key in NOT_IN_ENVELOPE:
         return _answer(correlation_id, ErrorCode.INVALID_REQUEST)

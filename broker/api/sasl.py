@@ -16,6 +16,8 @@ import time
 from typing import Any
 
 from kafscale.broker.api.dispatch import Body, RequestContext
+from kafscale.broker.observability.log_limit import ClientEvent, client_log, host_of
+from kafscale.broker.observability.metrics import METRICS
 from kafscale.broker.protocol.errors import ErrorCode
 from kafscale.broker.security.sasl import CredentialLookup, IllegalSaslState, TokenLookup
 from kafscale.broker.security.scram import AuthenticationFailed, ScramCredential, ScramMechanism
@@ -60,10 +62,15 @@ def sasl_handshake(request: Any, connection: Connection) -> Body:
     try:
         accepted = session.handshake(request.mechanism)
     except IllegalSaslState:
+        METRICS.sasl_authentication_failures += 1
         connection.close_after_response = True
         return {"error_code": ErrorCode.ILLEGAL_SASL_STATE, "mechanisms": mechanisms}
     if not accepted:
-        log.info("%s asked for SASL mechanism %r; closing", connection.peer, request.mechanism)
+        METRICS.sasl_authentication_failures += 1
+        client_log(
+            log, logging.INFO, ClientEvent.SASL_FAILURE, host_of(connection.peer),
+            "%s asked for SASL mechanism %r; closing", connection.peer, request.mechanism,
+        )  # fmt: skip
         connection.close_after_response = True
         return {"error_code": ErrorCode.UNSUPPORTED_SASL_MECHANISM, "mechanisms": mechanisms}
     return {"error_code": ErrorCode.NONE, "mechanisms": mechanisms}
@@ -82,10 +89,15 @@ async def sasl_authenticate(
     try:
         answer = await session.authenticate(request.auth_bytes, lookup, tokens)
     except IllegalSaslState as exc:
+        METRICS.sasl_authentication_failures += 1
         connection.close_after_response = True
         return _failure(ErrorCode.ILLEGAL_SASL_STATE, str(exc))
     except AuthenticationFailed as exc:
-        log.info("%s failed SASL %s authentication: %s", connection.peer, session.mechanism, exc)
+        METRICS.sasl_authentication_failures += 1
+        client_log(
+            log, logging.INFO, ClientEvent.SASL_FAILURE, host_of(connection.peer),
+            "%s failed SASL %s authentication: %s", connection.peer, session.mechanism, exc,
+        )  # fmt: skip
         connection.close_after_response = True
         return _failure(
             ErrorCode.SASL_AUTHENTICATION_FAILED,
@@ -97,7 +109,11 @@ async def sasl_authenticate(
         connection.principal = principal
         connection.token_authenticated = session.token_authenticated
         how = " (delegation token)" if session.token_authenticated else ""
-        log.info("%s authenticated as %s%s", connection.peer, principal, how)
+        client_log(  # keyed by identity too: one user's logins hide no other's
+            log, logging.INFO, ClientEvent.AUTHENTICATED,
+            f"{host_of(connection.peer)} as {principal}",
+            "%s authenticated as %s%s", connection.peer, principal, how,
+        )  # fmt: skip
     return {
         "error_code": ErrorCode.NONE,
         "error_message": None,

@@ -42,8 +42,41 @@ class HotPathCollector(Collector):
         yield CounterMetricFamily(
             f"{p}_connections_accepted", "Kafka connections accepted.", m.connections_accepted
         )
+        yield from self._client_faults()
         if self._prefix == "kafscale":
             yield from self._broker_metrics()
+
+    def _client_faults(self) -> Iterator[Metric]:
+        """What hostile or broken clients caused: each event counted, though its log line
+        may have been left out (``log_limit``)."""
+        m = self._metrics
+        p = self._prefix
+        yield CounterMetricFamily(
+            f"{p}_sasl_authentication_failures",
+            "Failed SASL logins (wrong credentials, unknown user or token, unsupported "
+            "mechanism, out-of-order SASL requests).",
+            m.sasl_authentication_failures,
+        )
+        yield CounterMetricFamily(
+            f"{p}_malformed_requests",
+            "Requests that could not be read: a body that does not parse (INVALID_REQUEST), "
+            "a frame without a readable header or over the size limit (connection closed).",
+            m.malformed_requests,
+        )
+        yield _counters(
+            f"{p}_connections_refused",
+            "Connections closed at once for a limit, per limit (max_connections, "
+            "max_connections_per_address).",
+            "limit",
+            m.connections_refused,
+        )
+        yield _counters(
+            f"{p}_client_log_lines_suppressed",
+            "Log lines about clients left out by the log limit (first 10 per kind and client "
+            "host per 60 s are written), per kind.",
+            "kind",
+            m.client_log_lines_suppressed,
+        )
 
     def _broker_metrics(self) -> Iterator[Metric]:
         m = self._metrics

@@ -110,6 +110,12 @@ class Metrics:
     cache_hits: int = 0
     cache_misses: int = 0
     connections_accepted: int = 0
+    # What a hostile or broken client causes (its log lines are limited, ``log_limit``; these
+    # count every one). Rare paths: counted even when ``enabled`` is off.
+    sasl_authentication_failures: int = 0
+    malformed_requests: int = 0
+    connections_refused: dict[str, int] = field(default_factory=dict)  # by limit reached
+    client_log_lines_suppressed: dict[str, int] = field(default_factory=dict)  # by ClientEvent
     cleaner_passes: int = 0
     cleaner_bytes_read: int = 0
     cleaner_bytes_written: int = 0
@@ -200,6 +206,13 @@ class Metrics:
             self.cache_hits += 1
         else:
             self.cache_misses += 1
+
+    def connection_refused(self, limit: str) -> None:
+        self.connections_refused[limit] = self.connections_refused.get(limit, 0) + 1
+
+    def client_log_suppressed(self, event: str) -> None:
+        """A log line about a client left out (``log_limit``): labels are its fixed kinds."""
+        self.client_log_lines_suppressed[event] = self.client_log_lines_suppressed.get(event, 0) + 1
 
     def throttled(self, quota_key: str, throttle_ms: int) -> None:
         """A response throttled for ``throttle_ms`` by the ``quota_key`` quota."""

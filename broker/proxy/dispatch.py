@@ -21,6 +21,7 @@ from collections.abc import Callable
 
 from kafscale.broker.api.dispatch import admit, encode_error, encode_unsupported
 from kafscale.broker.api.table import API_TABLE
+from kafscale.broker.observability.log_limit import ClientEvent, client_log, host_of
 from kafscale.broker.observability.metrics import METRICS
 from kafscale.broker.protocol import codec
 from kafscale.broker.protocol.errors import ErrorCode
@@ -50,11 +51,17 @@ class ProxyDispatcher:
         spec = API_TABLE.get(api_key)
         handler = HANDLERS.get(api_key)
         if spec is None or handler is None or not spec.supports(api_version):
-            return encode_unsupported(PROXY_TABLE, spec, api_key, api_version, correlation_id)
+            return encode_unsupported(
+                PROXY_TABLE, spec, api_key, api_version, correlation_id, connection.peer
+            )
         try:
             decoded = codec.decode_request(frame, codec.request_schema(api_key, api_version))
         except codec.DecodeError as exc:
-            log.warning("bad %s v%d from %s: %s", spec.name, api_version, connection.peer, exc)
+            METRICS.malformed_requests += 1
+            client_log(
+                log, logging.WARNING, ClientEvent.MALFORMED_REQUEST, host_of(connection.peer),
+                "bad %s v%d from %s: %s", spec.name, api_version, connection.peer, exc,
+            )  # fmt: skip
             return encode_error(spec, None, api_version, correlation_id, ErrorCode.INVALID_REQUEST)
         call = Call(api_key, api_version, decoded.header.client_id)
         pool = self._pool_of(connection)
@@ -64,7 +71,10 @@ class ProxyDispatcher:
             answer = await handler(request)
         except UpstreamError as exc:
             METRICS.request(spec.name, time.perf_counter() - started, failed=True)
-            log.warning("%s v%d from %s: %s", spec.name, api_version, connection.peer, exc)
+            client_log(
+                log, logging.WARNING, ClientEvent.UPSTREAM_FAILED, host_of(connection.peer),
+                "%s v%d from %s: %s", spec.name, api_version, connection.peer, exc,
+            )  # fmt: skip
             code = (
                 ErrorCode.NOT_COORDINATOR if api_key in _GROUP_KEYS else ErrorCode.REQUEST_TIMED_OUT
             )
@@ -79,7 +89,11 @@ class ProxyDispatcher:
             return encode_error(spec, decoded.body, api_version, correlation_id, code)
         except Exception:
             METRICS.request(spec.name, time.perf_counter() - started, failed=True)
-            log.exception("%s v%d from %s failed", spec.name, api_version, connection.peer)
+            client_log(
+                log, logging.ERROR, ClientEvent.INTERNAL_ERROR, host_of(connection.peer),
+                "%s v%d from %s failed", spec.name, api_version, connection.peer,
+                exc_info=True,
+            )  # fmt: skip
             return encode_error(
                 spec, decoded.body, api_version, correlation_id, ErrorCode.UNKNOWN_SERVER_ERROR
             )

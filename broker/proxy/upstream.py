@@ -28,6 +28,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from kafscale.broker.metadata.cluster import BrokerInfo
+from kafscale.broker.observability.log_limit import ClientEvent, client_log
 from kafscale.broker.protocol import codec
 from kafscale.broker.protocol.errors import ErrorCode
 from kafscale.broker.proxy.login import LoginFailed, SaslLogin, log_in
@@ -160,7 +161,11 @@ class Upstream:
                         raise
         except LoginFailed as exc:
             stats.failed += 1
-            log.error("cannot log in to broker %d at %s:%d: %s", broker.node_id, host, port, exc)
+            # Once per client connection while the proxy's credential is wrong: limited.
+            client_log(
+                log, logging.ERROR, ClientEvent.UPSTREAM_FAILED, f"broker {broker.node_id}",
+                "cannot log in to broker %d at %s:%d: %s", broker.node_id, host, port, exc,
+            )  # fmt: skip
             raise UpstreamError(f"broker {broker.node_id} refused the proxy's login") from exc
         except (OSError, TimeoutError, ssl.SSLError, asyncio.IncompleteReadError) as exc:
             stats.failed += 1
@@ -230,7 +235,11 @@ class Upstream:
                     try:
                         future.set_result(self._link.unwrap(body))
                     except ForwardingRefused as exc:
-                        log.error("broker %d: %s", self.broker.node_id, exc)
+                        client_log(
+                            log, logging.ERROR, ClientEvent.FORWARDING_REFUSED,
+                            f"broker {self.broker.node_id}",
+                            "broker %d: %s", self.broker.node_id, exc,
+                        )  # fmt: skip
                         future.set_exception(exc)
         except (asyncio.IncompleteReadError, OSError, UpstreamError) as exc:
             error = exc if isinstance(exc, UpstreamError) else None
