@@ -188,17 +188,19 @@ def test_a_full_classic_group_turns_a_new_member_away_and_keeps_its_members() ->
     assert isinstance(h.join(members[0]), Pending)
 
 
-def test_pending_member_ids_hold_no_seat_until_they_join() -> None:
+def test_pending_member_ids_hold_no_seat_and_are_checked_when_they_come_back() -> None:
     h = Classic(max_size=2)
-    stable(h, 1)
+    old = stable(h, 1)[0]
     first, second = h.join(), h.join()
     assert isinstance(first, JoinResult) and isinstance(second, JoinResult)
     assert first.error is second.error is ErrorCode.MEMBER_ID_REQUIRED  # room for one: both asked
-    assert isinstance(h.join(first.member_id), Pending)  # seated: the group is full now
-    assert h.group.state is GroupState.PREPARING_REBALANCE
-    # Rebalancing, the group counts who rejoined: the old member has not yet, so there is a seat.
-    assert isinstance(h.join(second.member_id), Pending)
-    assert len(h.group.members) == 3
+    assert isinstance(h.join(first.member_id), Pending)  # seated: the group rebalances
+    assert isinstance(h.join(old), Pending)  # the old member rejoins: two rejoined, full
+    late = h.join(second.member_id)
+    assert isinstance(late, JoinResult) and (late.error, late.member_id) == (FULL, "")
+    assert second.member_id not in h.group.pending_members
+    joined = [h.answer(w) for w in h.replies.values() if isinstance(w, JoinResult)]
+    assert len(h.group.members) == 2 and all(r.error is ErrorCode.NONE for r in joined)
 
 
 def test_a_rebalance_seats_the_first_members_to_rejoin_and_drops_the_last() -> None:
