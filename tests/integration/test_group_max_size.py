@@ -5,7 +5,8 @@
 * classic groups, kafka-python and librdkafka: a third consumer's JoinGroup is refused with
   GROUP_MAX_SIZE_REACHED (kafka-python raises GroupMaxSizeReachedError from ``poll``,
   librdkafka reports the error), while the first two keep their partitions and keep consuming;
-* consumer-protocol groups (KIP-848), librdkafka with ``group.protocol=consumer``: the same.
+* consumer-protocol groups (KIP-848), librdkafka with ``group.protocol=consumer``: the same;
+* DescribeConfigs reports both limits under Kafka's names.
 
 Each test waits for conditions with generous deadlines (the machine is shared), never on time.
 """
@@ -18,6 +19,7 @@ from typing import Any
 
 import pytest
 from confluent_kafka import Consumer, KafkaError
+from confluent_kafka.admin import AdminClient, ConfigResource, ConfigSource
 from harness.brokers import BrokerProcess, new_cluster
 from harness.groups import QUIET, Feed, KafkaPythonMember, create_topic, wait_for
 from harness.kafka_wire import KafkaWire
@@ -240,3 +242,15 @@ def test_a_third_consumer_protocol_member_is_refused_and_the_two_keep_consuming(
     finally:
         for member in members:
             member.stop()
+
+
+def test_describe_configs_reports_the_limits_under_kafkas_names(
+    limited_broker: BrokerProcess,
+) -> None:
+    admin = AdminClient({"bootstrap.servers": limited_broker.bootstrap})
+    node_id = str(limited_broker.status()["node_id"])
+    resource = ConfigResource(ConfigResource.Type.BROKER, node_id)
+    configs = admin.describe_configs([resource])[resource].result(60)
+    for name in ("group.max.size", "group.consumer.max.size"):
+        assert configs[name].value == "2"
+        assert configs[name].source == ConfigSource.STATIC_BROKER_CONFIG.value
