@@ -6,6 +6,9 @@
   GROUP_MAX_SIZE_REACHED (kafka-python raises GroupMaxSizeReachedError from ``poll``,
   librdkafka reports the error), while the first two keep their partitions and keep consuming;
 * consumer-protocol groups (KIP-848), librdkafka with ``group.protocol=consumer``: the same;
+* a classic group of three formed on a broker without a limit, whose coordinator then stops:
+  the broker that loads it (limit 2) rebalances it, one member is turned away
+  (GroupMaxSizeReachedError) and the other two carry on with every partition;
 * DescribeConfigs reports both limits under Kafka's names.
 
 Each test waits for conditions with generous deadlines (the machine is shared), never on time.
@@ -20,8 +23,8 @@ from typing import Any
 import pytest
 from confluent_kafka import Consumer, KafkaError
 from confluent_kafka.admin import AdminClient, ConfigResource, ConfigSource
-from harness.brokers import BrokerProcess, new_cluster
-from harness.groups import QUIET, Feed, KafkaPythonMember, create_topic, wait_for
+from harness.brokers import BrokerCluster, BrokerProcess, new_cluster
+from harness.groups import GROUP_ENV, QUIET, Feed, KafkaPythonMember, create_topic, wait_for
 from harness.kafka_wire import KafkaWire
 from harness.s3 import S3Endpoint
 from kafka import KafkaConsumer
@@ -122,6 +125,19 @@ class ConfluentConsumer(threading.Thread):
         self._halt.set()
         self.join(30)
         assert not self.is_alive(), f"{self.name} did not stop"
+
+
+class RefusableMember(KafkaPythonMember):
+    """A kafka-python member that notes GROUP_MAX_SIZE_REACHED (raised from ``poll``, fatal)
+    and ends, instead of crashing its thread."""
+
+    refused: bool = False
+
+    def consume(self) -> None:
+        try:
+            super().consume()
+        except GroupMaxSizeReachedError:
+            self.refused = True
 
 
 def group_members(bootstrap: str, group: str) -> int:
@@ -254,3 +270,54 @@ def test_describe_configs_reports_the_limits_under_kafkas_names(
     for name in ("group.max.size", "group.consumer.max.size"):
         assert configs[name].value == "2"
         assert configs[name].source == ConfigSource.STATIC_BROKER_CONFIG.value
+
+
+def coordinated_by(broker: BrokerProcess, label: str) -> str:
+    """A group id whose coordinator (FindCoordinator's pick among the live brokers) is
+    ``broker``."""
+    for n in range(200):
+        group = f"{label}-{n}"
+        with KafkaWire(broker.bootstrap) as wire:
+            found = wire.request(10, 3, {"key": group, "key_type": 0})
+        if int(found.node_id) == broker.node_id:
+            return group
+    raise AssertionError(f"no group id of 200 is coordinated by broker {broker.node_id}")
+
+
+def test_a_group_over_the_limit_of_its_new_coordinator_sheds_a_member_at_the_rebalance(
+    broker_cluster: BrokerCluster,
+) -> None:
+    unlimited = broker_cluster.start(**GROUP_ENV)
+    limited = broker_cluster.start(**LIMITED_ENV)
+    bootstrap = f"{unlimited.bootstrap},{limited.bootstrap}"
+    topic = "over-limit"
+    group = coordinated_by(unlimited, "over-limit-group")
+    create_topic(bootstrap, topic, PARTITIONS)
+    feed = Feed(bootstrap, topic)
+    feed.produce(20)
+    members = [RefusableMember(f"kp-{n}", bootstrap, group, topic) for n in range(3)]
+    for member in members:
+        member.start()
+    try:
+
+        def hold_partitions(candidates: list[RefusableMember]) -> bool:
+            assignments = [m.assignment for m in candidates]
+            return all(assignments) and len(frozenset().union(*assignments)) == PARTITIONS
+
+        wait_for(lambda: hold_partitions(members), 120, "three members sharing the partitions")
+        assert group_members(unlimited.bootstrap, group) == 3
+        unlimited.stop()  # SIGTERM: the group's lease goes, the limited broker loads the group
+
+        def one_refused() -> bool:
+            return sum(m.refused for m in members) == 1
+
+        wait_for(one_refused, 120, "one member turned away by the new coordinator")
+        kept = [m for m in members if not m.refused]
+        wait_for(lambda: hold_partitions(kept), 120, "the two others sharing every partition")
+        assert group_members(limited.bootstrap, group) == 2
+        keep_reading(feed, {m.name_: m.values for m in kept}, 40)
+        assert all(m.crashed is None for m in members)
+    finally:
+        for member in members:
+            if member.is_alive():
+                member.stop()
