@@ -23,7 +23,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
-from kafscale.broker.groups import assignors, capacity
+from kafscale.broker.groups import assignors, size_limits
 from kafscale.broker.groups.reconcile import MemberAssignment, TopicPartition, reconcile
 from kafscale.broker.protocol.errors import ErrorCode
 
@@ -40,7 +40,7 @@ class ConsumerConfig:
     session_timeout_ms: int = 45_000
     heartbeat_interval_ms: int = 5_000
     assignors: tuple[str, ...] = assignors.ASSIGNORS
-    max_size: int = capacity.UNBOUNDED
+    max_size: int = size_limits.UNBOUNDED
     """group.consumer.max.size: members, classic ones inside the group included."""
 
 
@@ -231,7 +231,7 @@ class ConsumerGroup:
 
     def _join(self, now_ms: int, request: HeartbeatRequest) -> ConsumerMember | HeartbeatResult:
         member_id = request.member_id or request.fresh_id
-        if not capacity.admits_join(
+        if not size_limits.admits_join(
             self.config.max_size, len(self.members), self.knows(member_id, request.instance_id)
         ):
             message = f"the group has reached its maximum of {self.config.max_size} members"

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from kafscale.broker.groups import capacity
+from kafscale.broker.groups import size_limits
 from kafscale.broker.groups.membership import GroupCore
 from kafscale.broker.groups.model import (
     UNKNOWN_MEMBER_ID,
@@ -79,7 +79,7 @@ class Group(GroupCore):
             leader = record.leader
             group.leader_id = leader if leader in group.members else next(iter(group.members))
             group.state = GroupState.STABLE
-            if capacity.over_capacity(len(group.members), config.max_size):
+            if size_limits.over_capacity(len(group.members), config.max_size):
                 # group.max.size was lowered: the members rejoin (committing first, as clients
                 # do before a rebalance) and those past the limit are turned away.
                 group._prepare_rebalance(now_ms)
@@ -117,8 +117,8 @@ class Group(GroupCore):
         return member
 
     def _admits(self, holder: Member | None) -> bool:
-        """group.max.size (``capacity.admits_classic_join``)."""
-        return capacity.admits_classic_join(
+        """group.max.size (``size_limits.admits_classic_join``)."""
+        return size_limits.admits_classic_join(
             self.config.max_size,
             rebalancing=self.state is GroupState.PREPARING_REBALANCE,
             members=len(self.members),

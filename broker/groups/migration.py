@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from kafscale.broker.groups import capacity
+from kafscale.broker.groups import size_limits
 from kafscale.broker.groups.consumer import (
     ClassicMember,
     ConsumerConfig,
@@ -72,7 +72,7 @@ def upgrade_refusal(group: Group, config: ConsumerConfig) -> str | None:
     type "consumer" and readable ConsumerProtocolSubscriptions), and groups too large."""
     if group.protocol_type != CONSUMER_PROTOCOL_TYPE:
         return f"group {group.group_id} uses protocol type {group.protocol_type!r}, not consumer"
-    if capacity.over_capacity(len(group.members), config.max_size):
+    if size_limits.over_capacity(len(group.members), config.max_size):
         return (
             f"group {group.group_id} has more members than a consumer group may "
             f"(group.consumer.max.size {config.max_size})"
@@ -123,7 +123,7 @@ def should_downgrade(consumer: ConsumerGroup, classic_max_size: int) -> bool:
     a consumer group of classic members."""
     if not consumer.members or consumer.has_consumer_members():
         return False
-    return not capacity.over_capacity(len(consumer.members), classic_max_size)
+    return not size_limits.over_capacity(len(consumer.members), classic_max_size)
 
 
 def _common_protocol(members: Sequence[ConsumerMember]) -> str:
@@ -178,7 +178,7 @@ def join(
         prefix = request.group_instance_id or request.client_id
         member_id = f"{prefix}-{request.fresh_id}"
     known = consumer.knows(member_id, request.group_instance_id)
-    if not capacity.admits_join(consumer.config.max_size, len(consumer.members), known):
+    if not size_limits.admits_join(consumer.config.max_size, len(consumer.members), known):
         # Asked before handing out a member id, as Kafka does: a full group gives none.
         return JoinResult(ErrorCode.GROUP_MAX_SIZE_REACHED, UNKNOWN_MEMBER_ID)
     new_dynamic = request.member_id == UNKNOWN_MEMBER_ID and request.group_instance_id is None

@@ -12,8 +12,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from kafscale.broker.groups.capacity import UNBOUNDED
 from kafscale.broker.groups.share import ShareConfig
+from kafscale.broker.groups.size_limits import UNBOUNDED
 from kafscale.broker.protocol.errors import ErrorCode
 
 UNKNOWN_MEMBER_ID = ""

@@ -10,7 +10,6 @@ import struct
 import pytest
 
 from kafscale.broker.groups import migration
-from kafscale.broker.groups.capacity import UNBOUNDED
 from kafscale.broker.groups.consumer import (
     ConsumerConfig,
     ConsumerGroup,
@@ -26,6 +25,7 @@ from kafscale.broker.groups.model import (
     MemberRecord,
     SyncRequest,
 )
+from kafscale.broker.groups.size_limits import UNBOUNDED
 from kafscale.broker.protocol.codec import (
     decode_consumer_assignment,
     decode_consumer_subscription,

@@ -15,7 +15,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from kafscale.broker.config import BrokerSettings, GroupSettings
-from kafscale.broker.groups import capacity, migration
+from kafscale.broker.groups import migration, size_limits
 from kafscale.broker.groups.consumer import ConsumerConfig, ConsumerGroup, HeartbeatRequest
 from kafscale.broker.groups.coordinator import group_config
 from kafscale.broker.groups.group import Group
@@ -48,7 +48,7 @@ FULL = ErrorCode.GROUP_MAX_SIZE_REACHED
 def test_a_join_is_seated_while_there_is_room_or_when_the_member_has_a_seat(
     max_size: int, members: int, known: bool
 ) -> None:
-    assert capacity.admits_join(max_size, members, known) is (known or members < max_size)
+    assert size_limits.admits_join(max_size, members, known) is (known or members < max_size)
 
 
 @given(st.integers(1, 50), st.integers(0, 60), st.integers(0, 60), st.booleans(), st.booleans())
@@ -56,7 +56,7 @@ def test_a_rebalancing_classic_group_counts_the_members_that_rejoined(
     max_size: int, members: int, rejoined: int, known: bool, known_rejoined: bool
 ) -> None:
     def admits(rebalancing: bool) -> bool:
-        return capacity.admits_classic_join(
+        return size_limits.admits_classic_join(
             max_size,
             rebalancing=rebalancing,
             members=members,
@@ -70,13 +70,13 @@ def test_a_rebalancing_classic_group_counts_the_members_that_rejoined(
 
 
 def test_an_empty_group_seats_anyone_and_over_capacity_is_strictly_more() -> None:
-    for max_size in (1, 2, capacity.UNBOUNDED):
-        assert capacity.admits_classic_join(
+    for max_size in (1, 2, size_limits.UNBOUNDED):
+        assert size_limits.admits_classic_join(
             max_size, rebalancing=False, members=0, rejoined=0, known=False, known_rejoined=False
         )
-        assert capacity.admits_join(max_size, 0, known=False)
-        assert not capacity.over_capacity(max_size, max_size)
-    assert capacity.over_capacity(3, 2)
+        assert size_limits.admits_join(max_size, 0, known=False)
+        assert not size_limits.over_capacity(max_size, max_size)
+    assert size_limits.over_capacity(3, 2)
 
 
 # --- settings -----------------------------------------------------------------------------------
@@ -86,7 +86,7 @@ def test_the_limits_default_to_kafkas_unbounded_and_reach_the_coordinator(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     defaults = GroupSettings()
-    assert defaults.max_size == defaults.consumer_max_size == 2**31 - 1 == capacity.UNBOUNDED
+    assert defaults.max_size == defaults.consumer_max_size == 2**31 - 1 == size_limits.UNBOUNDED
     monkeypatch.setenv("KAFSCALE_GROUPS__MAX_SIZE", "2")
     monkeypatch.setenv("KAFSCALE_GROUPS__CONSUMER_MAX_SIZE", "3")
     groups = BrokerSettings().groups
