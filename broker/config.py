@@ -259,6 +259,7 @@ class GroupSettings(_Section):
         GROUP_SIZE_UNBOUNDED,
         ge=1,
         le=GROUP_SIZE_UNBOUNDED,
+        examples=[100],
         description="group.max.size (KIP-389): members a classic group may have; a JoinGroup "
         "past it gets GROUP_MAX_SIZE_REACHED (a static member back with its group.instance.id "
         "is not new). A group found over it (the limit lowered) rebalances and sheds the "
@@ -268,6 +269,7 @@ class GroupSettings(_Section):
         GROUP_SIZE_UNBOUNDED,
         ge=1,
         le=GROUP_SIZE_UNBOUNDED,
+        examples=[100],
         description="group.consumer.max.size: members a consumer-protocol (KIP-848) group may "
         "have, classic members inside it counted; a ConsumerGroupHeartbeat (or a classic "
         "JoinGroup) of a new member past it gets GROUP_MAX_SIZE_REACHED. Kafka's default: "
