@@ -239,6 +239,10 @@ class AssignmentSettings(_Section):
     )
 
 
+GROUP_SIZE_UNBOUNDED = 2**31 - 1
+"""Kafka's default ``group.max.size`` and ``group.consumer.max.size``: Integer.MAX_VALUE."""
+
+
 class GroupSettings(_Section):
     """Consumer group coordination (Kafka's ``group.*`` broker configs)."""
 
@@ -250,6 +254,26 @@ class GroupSettings(_Section):
     )
     max_session_timeout_ms: int = Field(
         1_800_000, ge=1, description="group.max.session.timeout.ms: longest session allowed."
+    )
+    max_size: int = Field(
+        GROUP_SIZE_UNBOUNDED,
+        ge=1,
+        le=GROUP_SIZE_UNBOUNDED,
+        examples=[100],
+        description="group.max.size (KIP-389): members a classic group may have; a JoinGroup "
+        "past it gets GROUP_MAX_SIZE_REACHED (a static member back with its group.instance.id "
+        "is not new). A group found over it (the limit lowered) rebalances and sheds the "
+        "members that rejoin last. Kafka's default: unbounded (2147483647).",
+    )
+    consumer_max_size: int = Field(
+        GROUP_SIZE_UNBOUNDED,
+        ge=1,
+        le=GROUP_SIZE_UNBOUNDED,
+        examples=[100],
+        description="group.consumer.max.size: members a consumer-protocol (KIP-848) group may "
+        "have, classic members inside it counted; a ConsumerGroupHeartbeat (or a classic "
+        "JoinGroup) of a new member past it gets GROUP_MAX_SIZE_REACHED. Kafka's default: "
+        "unbounded (2147483647).",
     )
     consumer_session_timeout_ms: int = Field(
         45_000,

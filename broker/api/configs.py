@@ -160,6 +160,8 @@ def broker_configs(
         ),
         _setting("group.min.session.timeout.ms", groups, "min_session_timeout_ms", ConfigType.INT),
         _setting("group.max.session.timeout.ms", groups, "max_session_timeout_ms", ConfigType.INT),
+        _setting("group.max.size", groups, "max_size", ConfigType.INT),
+        _setting("group.consumer.max.size", groups, "consumer_max_size", ConfigType.INT),
         _setting(
             "group.consumer.session.timeout.ms",
             groups,

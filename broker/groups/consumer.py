@@ -23,7 +23,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
-from kafscale.broker.groups import assignors
+from kafscale.broker.groups import assignors, size_limits
 from kafscale.broker.groups.reconcile import MemberAssignment, TopicPartition, reconcile
 from kafscale.broker.protocol.errors import ErrorCode
 
@@ -40,7 +40,8 @@ class ConsumerConfig:
     session_timeout_ms: int = 45_000
     heartbeat_interval_ms: int = 5_000
     assignors: tuple[str, ...] = assignors.ASSIGNORS
-    max_size: int = 2**31 - 1
+    max_size: int = size_limits.UNBOUNDED
+    """group.consumer.max.size: members, classic ones inside the group included."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -230,6 +231,11 @@ class ConsumerGroup:
 
     def _join(self, now_ms: int, request: HeartbeatRequest) -> ConsumerMember | HeartbeatResult:
         member_id = request.member_id or request.fresh_id
+        if not size_limits.admits_join(
+            self.config.max_size, len(self.members), self.knows(member_id, request.instance_id)
+        ):
+            message = f"the group has reached its maximum of {self.config.max_size} members"
+            return HeartbeatResult(ErrorCode.GROUP_MAX_SIZE_REACHED, message)
         existing = self.members.get(member_id)
         if request.instance_id is not None:
             replaced = self._replace_static(request, member_id)
@@ -241,8 +247,6 @@ class ConsumerGroup:
             # A member rejoining with epoch 0 (it was fenced, or restarted with its id): it
             # starts over with nothing owned.
             self._remove(existing.member_id)
-        if len(self.members) >= self.config.max_size:
-            return HeartbeatResult(ErrorCode.GROUP_MAX_SIZE_REACHED, "the group is full")
         member = ConsumerMember(
             member_id=member_id,
             instance_id=request.instance_id,
@@ -255,6 +259,13 @@ class ConsumerGroup:
         if request.instance_id is not None:
             self.static_members[request.instance_id] = member_id
         return member  # its subscription (set next, never empty on a join) moves the epoch
+
+    def knows(self, member_id: str, instance_id: str | None) -> bool:
+        """Is a joining member one the group has (by member id, or a static member coming back
+        under a new one with its group.instance.id)? Such a join takes no new seat."""
+        if member_id in self.members:
+            return True
+        return instance_id is not None and self.static_members.get(instance_id) in self.members
 
     def _replace_static(
         self, request: HeartbeatRequest, member_id: str

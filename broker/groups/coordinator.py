@@ -79,6 +79,8 @@ def group_config(settings: GroupSettings) -> GroupConfig:
         initial_rebalance_delay_ms=settings.initial_rebalance_delay_ms,
         min_session_timeout_ms=settings.min_session_timeout_ms,
         max_session_timeout_ms=settings.max_session_timeout_ms,
+        max_size=settings.max_size,
+        consumer_max_size=settings.consumer_max_size,
         consumer_session_timeout_ms=settings.consumer_session_timeout_ms,
         consumer_heartbeat_interval_ms=settings.consumer_heartbeat_interval_ms,
         share=share_config(settings),

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from kafscale.broker.groups import size_limits
 from kafscale.broker.groups.membership import GroupCore
 from kafscale.broker.groups.model import (
     UNKNOWN_MEMBER_ID,
@@ -78,6 +79,10 @@ class Group(GroupCore):
             leader = record.leader
             group.leader_id = leader if leader in group.members else next(iter(group.members))
             group.state = GroupState.STABLE
+            if size_limits.over_capacity(len(group.members), config.max_size):
+                # group.max.size was lowered: the members rejoin (committing first, as clients
+                # do before a rebalance) and those past the limit are turned away.
+                group._prepare_rebalance(now_ms)
         return group
 
     def rebalance(self, now_ms: int) -> None:
@@ -90,13 +95,46 @@ class Group(GroupCore):
     def join(self, now_ms: int, request: JoinRequest) -> JoinResult | Pending:
         if not self.config.session_timeout_ok(request.session_timeout_ms):
             return JoinResult(ErrorCode.INVALID_SESSION_TIMEOUT, request.member_id)
-        if request.member_id == UNKNOWN_MEMBER_ID:
+        holder = self._seat_holder(request)
+        if self.state is not GroupState.DEAD and not self._admits(holder):
+            result: JoinResult | Pending = self._refuse_full(now_ms, request, holder)
+        elif request.member_id == UNKNOWN_MEMBER_ID:
             result = self._join_new_member(now_ms, request)
         else:
             result = self._join_current_member(now_ms, request)
         if self.state is GroupState.PREPARING_REBALANCE:
             self._try_complete_join(now_ms)
         return result
+
+    def _seat_holder(self, request: JoinRequest) -> Member | None:
+        """The member this join comes from, if the group has it: by member id, or a static
+        member restarted (no member id) with its group.instance.id. A member id handed out
+        with MEMBER_ID_REQUIRED (pending) holds no seat."""
+        member = self.members.get(request.member_id)
+        if request.member_id == UNKNOWN_MEMBER_ID and request.group_instance_id is not None:
+            current = self.static_members.get(request.group_instance_id)
+            member = self.members.get(current) if current is not None else None
+        return member
+
+    def _admits(self, holder: Member | None) -> bool:
+        """group.max.size (``size_limits.admits_classic_join``)."""
+        return size_limits.admits_classic_join(
+            self.config.max_size,
+            rebalancing=self.state is GroupState.PREPARING_REBALANCE,
+            members=len(self.members),
+            rejoined=sum(1 for m in self.members.values() if m.awaiting_join),
+            known=holder is not None,
+            known_rejoined=holder is not None and holder.awaiting_join,
+        )
+
+    def _refuse_full(self, now_ms: int, request: JoinRequest, holder: Member | None) -> JoinResult:
+        """GROUP_MAX_SIZE_REACHED. As in Kafka, the refused member leaves the group (a member
+        that rejoined a rebalance too late to keep its seat), or its pending id is forgotten."""
+        if holder is not None:
+            self._remove_member_and_update_group(now_ms, holder)
+        elif request.member_id in self.pending_members:
+            self._remove_pending_member(now_ms, request.member_id)
+        return JoinResult(ErrorCode.GROUP_MAX_SIZE_REACHED, UNKNOWN_MEMBER_ID)
 
     def _join_new_member(self, now_ms: int, request: JoinRequest) -> JoinResult | Pending:
         if self.state is GroupState.DEAD:

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
+from kafscale.broker.groups import size_limits
 from kafscale.broker.groups.consumer import (
     ClassicMember,
     ConsumerConfig,
@@ -69,8 +70,11 @@ def upgrade_refusal(group: Group, config: ConsumerConfig) -> str | None:
     type "consumer" and readable ConsumerProtocolSubscriptions), and groups too large."""
     if group.protocol_type != CONSUMER_PROTOCOL_TYPE:
         return f"group {group.group_id} uses protocol type {group.protocol_type!r}, not consumer"
-    if len(group.members) > config.max_size:
-        return f"group {group.group_id} has more members than a consumer group may"
+    if size_limits.over_capacity(len(group.members), config.max_size):
+        return (
+            f"group {group.group_id} has more members than a consumer group may "
+            f"(group.consumer.max.size {config.max_size})"
+        )
     for member in group.members.values():
         if decode_consumer_subscription(_member_metadata(group, member)) is None:
             return f"member {member.member_id} has no readable consumer subscription"
@@ -111,9 +115,13 @@ def consumer_group_from_classic(group: Group, config: ConsumerConfig, now_ms: in
 # --- consumer -> classic ----------------------------------------------------------------------
 
 
-def should_downgrade(consumer: ConsumerGroup) -> bool:
-    """Only classic members remain: the group goes back to the classic protocol."""
-    return bool(consumer.members) and not consumer.has_consumer_members()
+def should_downgrade(consumer: ConsumerGroup, classic_max_size: int) -> bool:
+    """Only classic members remain: the group goes back to the classic protocol, unless they
+    are more than a classic group may have (``group.max.size``): then, as in Kafka, it stays
+    a consumer group of classic members."""
+    if not consumer.members or consumer.has_consumer_members():
+        return False
+    return not size_limits.over_capacity(len(consumer.members), classic_max_size)
 
 
 def _common_protocol(members: Sequence[ConsumerMember]) -> str:
@@ -167,14 +175,17 @@ def join(
     if member_id == UNKNOWN_MEMBER_ID:
         prefix = request.group_instance_id or request.client_id
         member_id = f"{prefix}-{request.fresh_id}"
-        if request.require_known_member_id and request.group_instance_id is None:
-            return JoinResult(ErrorCode.MEMBER_ID_REQUIRED, member_id)
-    known = consumer.members.get(member_id)
-    if known is not None and known.classic is None:
+    known = consumer.knows(member_id, request.group_instance_id)
+    if not size_limits.admits_join(consumer.config.max_size, len(consumer.members), known):
+        # Asked before handing out a member id, as Kafka does: a full group gives none.
+        return JoinResult(ErrorCode.GROUP_MAX_SIZE_REACHED, UNKNOWN_MEMBER_ID)
+    new_dynamic = request.member_id == UNKNOWN_MEMBER_ID and request.group_instance_id is None
+    if new_dynamic and request.require_known_member_id:
+        return JoinResult(ErrorCode.MEMBER_ID_REQUIRED, member_id)
+    found = consumer.members.get(member_id)
+    if found is not None and found.classic is None:
         return JoinResult(ErrorCode.INCONSISTENT_GROUP_PROTOCOL, request.member_id)
-    member = known if known is not None else _add(consumer, member_id, request)
-    if isinstance(member, JoinResult):
-        return member
+    member = found if found is not None else _add(consumer, member_id, request)
     _update(consumer, member, request, subscription.topics, subscription.rack_id)
     consumer.refresh_target(topics)
     _reconcile(consumer, now_ms, member, subscription.owned)
@@ -188,15 +199,11 @@ def join(
     )
 
 
-def _add(
-    consumer: ConsumerGroup, member_id: str, request: JoinRequest
-) -> ConsumerMember | JoinResult:
+def _add(consumer: ConsumerGroup, member_id: str, request: JoinRequest) -> ConsumerMember:
     instance_id = request.group_instance_id
     if instance_id is not None and (old := consumer.static_members.get(instance_id)):
         # A static member restarted under a new member id: the old one is gone.
         consumer.remove(old)
-    if len(consumer.members) >= consumer.config.max_size:
-        return JoinResult(ErrorCode.GROUP_MAX_SIZE_REACHED, member_id)
     member = ConsumerMember(
         member_id=member_id,
         instance_id=instance_id,

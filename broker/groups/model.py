@@ -14,6 +14,7 @@ from typing import Any
 
 from kafscale.broker.groups.adoption import ADOPT_PER_CHECK
 from kafscale.broker.groups.share import ShareConfig
+from kafscale.broker.groups.size_limits import UNBOUNDED
 from kafscale.broker.protocol.errors import ErrorCode
 
 UNKNOWN_MEMBER_ID = ""
@@ -40,6 +41,10 @@ class GroupConfig:
     initial_rebalance_delay_ms: int = 3000
     min_session_timeout_ms: int = 6000
     max_session_timeout_ms: int = 1_800_000
+    max_size: int = UNBOUNDED
+    """group.max.size: members a classic group may have (``groups.max_size``)."""
+    consumer_max_size: int = UNBOUNDED
+    """group.consumer.max.size: members a consumer-protocol group may have."""
     new_member_join_timeout_ms: int = 300_000
     """How long a new member may wait in a join before it is dropped (Kafka: 5 minutes)."""
     consumer_session_timeout_ms: int = 45_000

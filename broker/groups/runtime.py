@@ -159,6 +159,7 @@ class GroupRuntime(ShareRuntime, RetentionRuntime):
         broker = ConsumerConfig(
             session_timeout_ms=self._config.consumer_session_timeout_ms,
             heartbeat_interval_ms=self._config.consumer_heartbeat_interval_ms,
+            max_size=self._config.consumer_max_size,
         )
         return group_configs.consumer_config(broker, self._own_configs())
 
@@ -322,7 +323,11 @@ class GroupRuntime(ShareRuntime, RetentionRuntime):
     def _maybe_downgrade(self) -> None:
         """Only classic members left in a consumer group: it becomes a classic group again."""
         consumer = self.consumer
-        if consumer is None or self.closed or not migration.should_downgrade(consumer):
+        if (
+            consumer is None
+            or self.closed
+            or not migration.should_downgrade(consumer, self._config.max_size)
+        ):
             return
         group = migration.classic_group_from_consumer(consumer, self._config, self._clock())
         log.info(

@@ -19,6 +19,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
+from kafscale.broker.groups import size_limits
 from kafscale.broker.groups.consumer import HeartbeatResult
 from kafscale.broker.groups.reconcile import TopicPartition
 from kafscale.broker.protocol.errors import ErrorCode
@@ -190,8 +191,9 @@ class ShareGroup:
         if request.member_epoch == JOIN_EPOCH:
             if member is not None:
                 return member  # a join retried (its answer was lost): same member
-            if len(self.members) >= self.config.max_size:
-                return HeartbeatResult(ErrorCode.GROUP_MAX_SIZE_REACHED, "the group is full")
+            if not size_limits.admits_join(self.config.max_size, len(self.members), known=False):
+                message = f"the group has reached its maximum of {self.config.max_size} members"
+                return HeartbeatResult(ErrorCode.GROUP_MAX_SIZE_REACHED, message)
             member = ShareMember(
                 request.member_id, request.rack_id, request.client_id, request.client_host
             )

@@ -8,7 +8,7 @@ are exactly those clients, each holding what the leader assigned to it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import pytest
 from hypothesis import HealthCheck, example, given, settings
@@ -108,6 +108,14 @@ class World:
         assert held == waiting, "every waiting request is held by a member, and only those"
         if g.state is GroupState.COMPLETING_REBALANCE:
             assert not any(m.awaiting_join for m in g.members.values())
+        if not any(m.is_static for m in g.members.values()):
+            # group.max.size: a rebalance seats no more members than the limit, and a
+            # generation never has more (static members that did not rejoin are kept, as in
+            # Kafka, so they are left out of this check).
+            limit = g.config.max_size
+            assert sum(1 for m in g.members.values() if m.awaiting_join) <= limit
+            if g.state in (GroupState.STABLE, GroupState.COMPLETING_REBALANCE):
+                assert len(g.members) <= limit
 
 
 @dataclass
@@ -122,6 +130,8 @@ class Client:
     stable: bool = False
     alive: bool = True
     fenced: bool = False
+    refused: bool = False
+    """Told GROUP_MAX_SIZE_REACHED: fatal, as for real clients (until restarted)."""
     assignment: bytes | None = None
 
     @property
@@ -174,6 +184,8 @@ class Client:
             self.join(world)
         elif error is ErrorCode.FENCED_INSTANCE_ID:
             self.fenced = True
+        elif error is ErrorCode.GROUP_MAX_SIZE_REACHED:
+            self.refused, self.member_id = True, ""
         else:
             if error is ErrorCode.UNKNOWN_MEMBER_ID:
                 self.member_id = ""
@@ -191,7 +203,7 @@ class Client:
 
     def step(self, world: World) -> None:
         """One thing a well-behaved client does now."""
-        if not self.alive or self.fenced:
+        if not self.alive or self.fenced or self.refused:
             return
         if self.pending is not None:
             result = world.answered.get(self.pending.ticket)
@@ -221,6 +233,7 @@ class Client:
     def restart(self) -> None:
         """A new process: dynamic members start over; static ones keep their instance id."""
         self.alive, self.pending, self.stable, self.fenced = True, None, False, False
+        self.refused = False
         self.member_id, self.generation = "", -1
 
     def leave(self, world: World) -> None:
@@ -273,6 +286,34 @@ def test_group_settles_and_never_leaks_a_waiting_request(
         Client(i, static, PROTOCOL_SETS[protocol_choice[i]]) for i, static in enumerate(statics)
     ]
     assert _converge(world, clients), "a fresh group of well-behaved clients settles"
+    _play(world, clients, script)
+    # From here on every live client behaves; crashed ones stay down.
+    live = [c for c in clients if c.alive and not c.fenced]
+    assert _converge(world, live), (world.group.state, list(world.group.members))
+    # Fencing only happens when two processes share an instance id; none do here.
+    assert not any(c.fenced for c in clients if c.alive)
+
+
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(max_size=st.integers(1, 3), count=st.integers(1, 5), script=actions)
+def test_a_limited_group_never_seats_more_than_its_limit_and_still_settles(
+    max_size: int, count: int, script: list[tuple[str, int, int]]
+) -> None:
+    """``group.max.size`` under crashes, restarts, retried and old-version joins and failed
+    stores: the members waiting in a rebalance, and those of a generation, never outnumber
+    the limit (``World.check``), and the clients not turned away settle into one generation."""
+    world = World(group=Group("g", replace(CONFIG, max_size=max_size), 0))
+    clients = [Client(i, False, PROTOCOL_SETS[0]) for i in range(count)]
+    assert _converge(world, clients), "a fresh group of well-behaved clients settles"
+    assert sum(1 for c in clients if not c.refused) == min(count, max_size)
+    _play(world, clients, script)
+    live = [c for c in clients if c.alive and not c.fenced]
+    assert _converge(world, live), (world.group.state, list(world.group.members))
+    assert len(world.group.members) <= max_size
+
+
+def _play(world: World, clients: list[Client], script: list[tuple[str, int, int]]) -> None:
+    """Clients misbehave as ``script`` says: each action is applied to one client."""
     for action, index, amount in script:
         client = clients[index % len(clients)]
         if action == "step":
@@ -293,15 +334,13 @@ def test_group_settles_and_never_leaks_a_waiting_request(
             client.join(world, version=3)
         elif action == "retry_join" and client.alive and not client.fenced:
             client.join(world)  # e.g. after a client-side timeout, even while one is pending
-    # From here on every live client behaves; crashed ones stay down.
-    live = [c for c in clients if c.alive and not c.fenced]
-    assert _converge(world, live), (world.group.state, list(world.group.members))
-    # Fencing only happens when two processes share an instance id; none do here.
-    assert not any(c.fenced for c in clients if c.alive)
 
 
 def _converge(world: World, live: list[Client]) -> bool:
+    """Every client in ``live`` behaves until the group settles; a client the group is too
+    full for (GROUP_MAX_SIZE_REACHED) stops, as real clients do, and is no longer waited for."""
     for _ in range(200):
+        live = [c for c in live if not c.refused]
         world.flush_stores()
         for client in live:
             client.step(world)

@@ -25,6 +25,7 @@ from kafscale.broker.groups.model import (
     MemberRecord,
     SyncRequest,
 )
+from kafscale.broker.groups.size_limits import UNBOUNDED
 from kafscale.broker.protocol.codec import (
     decode_consumer_assignment,
     decode_consumer_subscription,
@@ -145,7 +146,8 @@ def test_a_live_classic_group_converts_with_its_members_and_assignments() -> Non
     assert c1.classic is not None and c1.classic.session_timeout_ms == 10_000
     assert c1.topic_names == ("t",)
     assert consumer.group_epoch == 7
-    assert not migration.should_downgrade(consumer) or not consumer.has_consumer_members()
+    downgrade = migration.should_downgrade(consumer, UNBOUNDED)
+    assert not downgrade or not consumer.has_consumer_members()
 
 
 def test_groups_kafka_cannot_convert_are_refused() -> None:
@@ -249,9 +251,9 @@ def test_a_new_classic_member_joins_and_waits_for_released_partitions() -> None:
 def test_the_group_converts_back_when_the_last_consumer_member_leaves() -> None:
     consumer = upgraded()
     consumer.heartbeat(1, consumer_join("k"), TOPICS)
-    assert not migration.should_downgrade(consumer)
+    assert not migration.should_downgrade(consumer, UNBOUNDED)
     consumer.heartbeat(2, consumer_join("k", -1), TOPICS)
-    assert migration.should_downgrade(consumer)
+    assert migration.should_downgrade(consumer, UNBOUNDED)
     group = migration.classic_group_from_consumer(consumer, GroupConfig(), 3)
     assert set(group.members) == {"c1", "c2"}
     assert group.state is GroupState.PREPARING_REBALANCE  # members rejoin, the leader assigns
