@@ -245,9 +245,9 @@ class GroupCoordinator:
         self._used_at[group_id] = time.monotonic()
         log.log(
             logging.DEBUG if runtime.vacant() else logging.INFO,  # one line per name asked
-            "coordinating group %s (generation %d, %d committed partitions)",
+            "coordinating group %s (%s, %d committed partitions)",
             group_id,
-            runtime.group.generation if runtime.group is not None else 0,
+            runtime.generation_text(),
             len(runtime.offsets),
         )
         return runtime

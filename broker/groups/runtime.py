@@ -143,6 +143,16 @@ class GroupRuntime(ShareRuntime, RetentionRuntime):
         ``commit``, ``delete_offsets`` and the transaction path)."""
         return self._offsets.cache
 
+    def generation_text(self) -> str:
+        """Where the group stands, for a log line: a classic group's generation, a consumer
+        or share group's epoch and member count."""
+        for kind, modern in (("consumer", self.consumer), ("share", self.share)):
+            if modern is not None:
+                return f"{kind} group epoch {modern.group_epoch}, {len(modern.members)} members"
+        if self.group is not None:
+            return f"generation {self.group.generation}"
+        return "no group record"
+
     @property
     def state(self) -> GroupState | None:
         """None: the group does not exist (nothing in etcd, nobody joined)."""
