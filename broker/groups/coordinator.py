@@ -44,6 +44,8 @@ from kafscale.broker.protocol.errors import NotCoordinator
 log = logging.getLogger(__name__)
 
 _SESSION_POLL_S = 0.1
+_LOOK_MIN_S = 0.05
+"""The shortest pause between two looks for groups to let go (a tiny idle time is no spin)."""
 
 VACANT_RELEASE_S = 5.0
 """How long a group that does not exist stays coordinated after the last request that named it.
@@ -137,7 +139,7 @@ class GroupCoordinator:
         self._tasks.append(
             asyncio.create_task(self._follow_session(), name="group-coordinator-session")
         )
-        self._tasks.append(asyncio.create_task(self._let_go_of_vacant(), name="groups-vacant"))
+        self._tasks.append(asyncio.create_task(self._let_go_of_unused(), name="groups-release"))
         self._tasks.append(asyncio.create_task(self._expire_offsets(), name="groups-retention"))
 
     async def close(self) -> None:
@@ -341,12 +343,12 @@ class GroupCoordinator:
         """The runtimes to let go now: vacant ones, and idle ones whose Empty time etcd has."""
         return [r for r, decision in self.release_due(now_s) if decision is release.Release.LET_GO]
 
-    async def _let_go_of_vacant(self) -> None:
+    async def _let_go_of_unused(self) -> None:
         """Runs for the broker's life: one group's unexpected error is logged and the loop
         goes on, or no group would ever be let go again until a restart. A group whose Empty
         time etcd lacks has it written first (by its own writer, behind any other write) and
         goes at a later look, once it is stored; if the write fails it stays."""
-        look_s = min(VACANT_RELEASE_S, self.config.idle_release_ms / 1000) / 2
+        look_s = max(_LOOK_MIN_S, min(VACANT_RELEASE_S, self.config.idle_release_ms / 1000) / 2)
         while True:
             await asyncio.sleep(look_s)
             for runtime, decision in self.release_due(time.monotonic()):
