@@ -367,6 +367,15 @@ class GroupSettings(_Section):
         description="offsets.retention.check.interval.ms: how often each coordinator looks for "
         "expired offsets.",
     )
+    idle_release_ms: int = Field(
+        300_000,
+        ge=1,
+        description="How long a group without members that keeps committed offsets stays "
+        "coordinated (a runtime and a lease) after the last request that named it; then it is "
+        "let go and reloaded from etcd when asked for again (no client sees a difference). Keep "
+        "it below offsets_retention_check_interval_ms: groups a retention check takes on go "
+        "before the next check.",
+    )
 
 
 class TransactionSettings(_Section):

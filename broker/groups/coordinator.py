@@ -9,7 +9,10 @@ COORDINATOR_NOT_AVAILABLE).
 
 A group is dropped, its waiting members told NOT_COORDINATOR, when a fenced write fails, when the
 lease watch shows another holder (or the lease gone), when the broker's session is lost, and at
-shutdown, before the session is revoked so that the leases pass on at once.
+shutdown, before the session is revoked so that the leases pass on at once. A group nobody is in
+and nobody asked for lately is let go, its lease released (``release`` decides when): it is
+reloaded from etcd when asked for again, so a broker holds the groups in use, not every group
+it ever coordinated.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from kafscale.broker.config import GroupSettings, IsolationLevel
-from kafscale.broker.groups import adoption
+from kafscale.broker.groups import adoption, release
 from kafscale.broker.groups.leases import GroupLeases, choose_coordinator
 from kafscale.broker.groups.model import GroupConfig, GroupState
 from kafscale.broker.groups.retention_runtime import wall_clock_ms
@@ -41,6 +44,8 @@ from kafscale.broker.protocol.errors import NotCoordinator
 log = logging.getLogger(__name__)
 
 _SESSION_POLL_S = 0.1
+_LOOK_MIN_S = 0.05
+"""The shortest pause between two looks for groups to let go (a tiny idle time is no spin)."""
 
 VACANT_RELEASE_S = 5.0
 """How long a group that does not exist stays coordinated after the last request that named it.
@@ -49,7 +54,8 @@ Every group request takes the group's lease (an etcd key every broker's watch th
 loads it, so that the answer is the coordinator's. A DescribeGroups, OffsetFetch or Heartbeat
 naming a group nobody created (Kafka answers Dead, nothing or UNKNOWN_MEMBER_ID and keeps
 nothing) used to leave a runtime, two tasks and a lease behind for good: one per name asked,
-without bound. Such a group is let go once it has not been asked for this long."""
+without bound. Such a group is let go once it has not been asked for this long. (A group
+without members that keeps committed offsets goes after ``GroupConfig.idle_release_ms``.)"""
 
 
 class CoordinatorHost(Protocol):
@@ -87,6 +93,7 @@ def group_config(settings: GroupSettings) -> GroupConfig:
         share_max_groups=settings.share_max_groups,
         offsets_retention_ms=round(settings.offsets_retention_minutes * 60_000),
         offsets_retention_check_interval_ms=settings.offsets_retention_check_interval_ms,
+        idle_release_ms=settings.idle_release_ms,
     )
 
 
@@ -134,7 +141,7 @@ class GroupCoordinator:
         self._tasks.append(
             asyncio.create_task(self._follow_session(), name="group-coordinator-session")
         )
-        self._tasks.append(asyncio.create_task(self._let_go_of_vacant(), name="groups-vacant"))
+        self._tasks.append(asyncio.create_task(self._let_go_of_unused(), name="groups-release"))
         self._tasks.append(asyncio.create_task(self._expire_offsets(), name="groups-retention"))
 
     async def close(self) -> None:
@@ -320,29 +327,44 @@ class GroupCoordinator:
         for runtime in list(self._runtimes.values()):
             self._drop(runtime, reason)
 
-    def vacant_due(self, now_s: float) -> list[GroupRuntime]:
-        """The runtimes of groups that do not exist and were not asked for lately."""
-        return [
-            runtime
-            for group_id, runtime in self._runtimes.items()
-            if now_s - self._used_at.get(group_id, now_s) >= VACANT_RELEASE_S
-            and not runtime.closed
-            and runtime.vacant()
-        ]
+    def release_due(self, now_s: float) -> list[tuple[GroupRuntime, release.Release]]:
+        """The runtimes to let go, or to store the Empty time of first (``release.decide``),
+        at monotonic ``now_s``."""
+        idle_after_s = self.config.idle_release_ms / 1000
+        due: list[tuple[GroupRuntime, release.Release]] = []
+        for group_id, runtime in self._runtimes.items():
+            if runtime.closed:
+                continue
+            use = runtime.release_use(now_s - self._used_at.get(group_id, now_s))
+            decision = release.decide(use, VACANT_RELEASE_S, idle_after_s)
+            if decision is not release.Release.KEEP:
+                due.append((runtime, decision))
+        return due
 
-    async def _let_go_of_vacant(self) -> None:
+    def vacant_due(self, now_s: float) -> list[GroupRuntime]:
+        """The runtimes to let go now: vacant ones, and idle ones whose Empty time etcd has."""
+        return [r for r, decision in self.release_due(now_s) if decision is release.Release.LET_GO]
+
+    async def _let_go_of_unused(self) -> None:
         """Runs for the broker's life: one group's unexpected error is logged and the loop
-        goes on, or no group would ever be let go again until a restart."""
+        goes on, or no group would ever be let go again until a restart. A group whose Empty
+        time etcd lacks has it written first (by its own writer, behind any other write) and
+        goes at a later look, once it is stored; if the write fails it stays."""
+        look_s = max(_LOOK_MIN_S, min(VACANT_RELEASE_S, self.config.idle_release_ms / 1000) / 2)
         while True:
-            await asyncio.sleep(VACANT_RELEASE_S / 2)
-            for runtime in self.vacant_due(time.monotonic()):
+            await asyncio.sleep(look_s)
+            for runtime, decision in self.release_due(time.monotonic()):
                 try:
-                    self._let_go(runtime)
+                    if decision is release.Release.LET_GO:
+                        self._let_go(runtime)
+                    else:
+                        runtime.store_empty_time()
                 except Exception:
                     log.exception("letting go of group %s failed", runtime.group_id)
 
     def _let_go(self, runtime: GroupRuntime) -> None:
-        """Stop coordinating a group that does not exist, and give its lease back."""
+        """Stop coordinating a group etcd holds whole (or that does not exist), and give its
+        lease back. A request for it meanwhile waits for the release, then takes it anew."""
         group_id = runtime.group_id
         del self._runtimes[group_id]
         self._used_at.pop(group_id, None)
@@ -356,7 +378,7 @@ class GroupCoordinator:
         with contextlib.suppress(MetadataUnavailable, TimeoutError):
             async with asyncio.timeout(self._host.etcd.timeout_s):
                 await self._leases.release(runtime.fence)
-        log.debug("let go of group %s: it does not exist", runtime.group_id)
+        log.debug("let go of group %s: unused, and etcd holds all of it", runtime.group_id)
 
     def _released(self, group_id: str, task: asyncio.Task[None]) -> None:
         if self._releasing.get(group_id) is task:

@@ -62,6 +62,9 @@ class GroupConfig:
     offsets_retention_adopt_per_check: int = ADOPT_PER_CHECK
     """Stored groups nobody coordinates that one retention check takes on at most
     (``adoption``): a fixed bound, not a setting (Kafka has no such thing to name)."""
+    idle_release_ms: int = 300_000
+    """How long a group without members that keeps committed offsets stays coordinated after
+    the last request that named it (``groups.idle_release_ms``; ``release``)."""
 
     def session_timeout_ok(self, session_timeout_ms: int) -> bool:
         return self.min_session_timeout_ms <= session_timeout_ms <= self.max_session_timeout_ms
@@ -284,7 +287,13 @@ class ConsumerStore:
     version: int
 
 
-StoreToken = AssignmentStore | StaticRejoinStore | EmptyStore | ConsumerStore
+@dataclass(frozen=True, slots=True)
+class EmptyTimeStore:
+    """The stored record of a group without members, again, now carrying the time the group
+    became Empty (``release``: a coordinator lets such a group go only once etcd has it)."""
+
+
+StoreToken = AssignmentStore | StaticRejoinStore | EmptyStore | ConsumerStore | EmptyTimeStore
 
 
 @dataclass(frozen=True, slots=True)

@@ -54,7 +54,12 @@ class GroupOffsets:
 
     def holds_nothing(self) -> bool:
         """No offset committed or pending, and no write under way."""
-        return not self.cache and not self.pending_txn and not self._lock.locked()
+        return not self.cache and not self.in_flight()
+
+    def in_flight(self) -> bool:
+        """An offset pending in an open transaction, or a write (commit, deletion, expiry)
+        under way: what etcd may not hold yet, or what is read again before it is answered."""
+        return bool(self.pending_txn) or self._lock.locked()
 
     async def save(self, offsets: Mapping[TopicPartition, CommittedOffset]) -> ErrorCode:
         """OffsetCommit's write, once the group accepted the committer."""

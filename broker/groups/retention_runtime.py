@@ -15,16 +15,17 @@ The runtime owns the attributes declared below.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import logging
 import time
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 
-from kafscale.broker.groups import expiry
+from kafscale.broker.groups import expiry, release
 from kafscale.broker.groups.consumer import ConsumerGroup
 from kafscale.broker.groups.group import Group
-from kafscale.broker.groups.model import GroupConfig, GroupRecord
+from kafscale.broker.groups.model import EmptyTimeStore, GroupConfig, GroupRecord, Store
 from kafscale.broker.groups.offsets import GroupOffsets
 from kafscale.broker.groups.share import ShareGroup
 from kafscale.broker.groups.store import CommittedOffset, LoadedGroup, TopicPartition
@@ -59,8 +60,14 @@ class RetentionRuntime:
     _wall_clock: Callable[[], int]
     _loaded_at_ms: int
     _empty_since_ms: int | None
+    _stored_record: GroupRecord | None
+    """The group's record as etcd holds it (loaded, or last written here)."""
+    _stores: asyncio.Queue[Store]
 
     def _memberless(self) -> bool:
+        raise NotImplementedError
+
+    def _busy(self) -> bool:
         raise NotImplementedError
 
     def vacant(self) -> bool:
@@ -73,7 +80,7 @@ class RetentionRuntime:
         """At load: the stored empty time of a record without members, else the load time."""
         self._wall_clock = wall_clock
         self._loaded_at_ms = wall_clock()
-        record = loaded.record
+        record = self._stored_record = loaded.record
         self._empty_since_ms = None
         if record is not None and not record.has_members() and record.empty_since_ms is not None:
             self._empty_since_ms = min(record.empty_since_ms, self._loaded_at_ms)
@@ -95,16 +102,49 @@ class RetentionRuntime:
             record, empty_since_ms=self._wall_clock() if since is None else since
         )
 
+    def _managed(self) -> bool:
+        """The group uses group management (a protocol type, or a consumer-protocol group)."""
+        group = self.group
+        return self.consumer is not None or (group is not None and bool(group.protocol_type))
+
     def _activity(self, topics: Collection[str]) -> expiry.GroupActivity:
         """The group as it is now; ``topics``: those it has offsets of (with members, the ones
         its members subscribe to keep their offsets)."""
-        group = self.group
-        managed = self.consumer is not None or (group is not None and bool(group.protocol_type))
         empty_since = self._empty_since_ms if self._memberless() else None
         subscribed = None
         if empty_since is None:
-            subscribed = expiry.subscribed_topics(group, self.consumer, topics)
-        return expiry.GroupActivity(managed, empty_since, self._loaded_at_ms, subscribed)
+            subscribed = expiry.subscribed_topics(self.group, self.consumer, topics)
+        return expiry.GroupActivity(self._managed(), empty_since, self._loaded_at_ms, subscribed)
+
+    # --- letting an idle group go (``release``) -----------------------------------------------
+
+    def release_use(self, unused_s: float) -> release.GroupUse:
+        """What ``release.decide`` needs of this group; ``unused_s``: since it was asked for."""
+        stored = self._stored_record
+        offsets = self._offsets.cache.values()
+        return release.GroupUse(
+            unused_s=unused_s,
+            busy=self._busy() or self._offsets.in_flight(),
+            memberless=self._memberless(),
+            share=self.share is not None,
+            holds_offsets=bool(offsets),
+            offsets_timed=all(
+                c.commit_timestamp_ms >= 0 or c.expire_timestamp_ms >= 0 for c in offsets
+            ),
+            managed=self._managed(),
+            record_stored=stored is not None,
+            stored_members=stored is not None and stored.has_members(),
+            stored_empty_since_ms=None if stored is None else stored.empty_since_ms,
+            empty_since_ms=self._empty_since_ms,
+        )
+
+    def store_empty_time(self) -> None:
+        """Queue etcd's record of this memberless group again, stamped with the Empty time held
+        here (``_stamped``), behind any other write: a reload then counts retention from it."""
+        record = self._stored_record
+        if record is None or record.has_members() or self.closed:
+            return
+        self._stores.put_nowait(Store(EmptyTimeStore(), record))
 
     async def expire_offsets(self, now_ms: int) -> Expired:
         """One retention check at wall-clock ``now_ms``. Share groups keep no committed

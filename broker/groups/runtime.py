@@ -33,6 +33,7 @@ from kafscale.broker.groups.model import (
     ConsumerStore,
     Effect,
     EmptyStore,
+    EmptyTimeStore,
     GroupConfig,
     GroupDescription,
     GroupRecord,
@@ -497,13 +498,12 @@ class GroupRuntime(ShareRuntime, RetentionRuntime):
         empty one without offsets (Kafka deletes those), is reloaded from etcd if asked for
         again. Letting go cancels the writer: a write still on its way (the Empty generation
         after the last member's session ran out, say) might then never be stored."""
-        return (
-            self._memberless()
-            and self._offsets.holds_nothing()
-            and not self._waiters
-            and not self._consumer_waiters
-            and self._stores.empty()
-            and not self._storing
+        return self._memberless() and self._offsets.holds_nothing() and not self._busy()
+
+    def _busy(self) -> bool:
+        """A request waits on the group, or a metadata write is queued or on its way."""
+        return bool(
+            self._waiters or self._consumer_waiters or not self._stores.empty() or self._storing
         )
 
     async def settle_pending(self, partitions: list[TopicPartition] | None) -> set[TopicPartition]:
@@ -647,8 +647,11 @@ class GroupRuntime(ShareRuntime, RetentionRuntime):
                 if not stored:
                     self._lose("group metadata write fenced: the group lease is no longer ours")
                     return
+                self._stored_record = record
             finally:
                 self._storing = False
+            if isinstance(store.token, EmptyTimeStore):
+                continue
             if isinstance(store.token, ConsumerStore):
                 if store.record.group_type == "share":
                     document = dict(store.record.consumer or {})
