@@ -29,8 +29,10 @@ from typing import Any
 
 # One implementation for the harness and the benches (``bench/`` never imports from tests/);
 # the stand-in package itself lives here, beside this module.
-from kafscale.broker.child_process import NO_HYPOTHESIS as NO_HYPOTHESIS
-from kafscale.broker.child_process import child_env as child_env
+# Not from ``child_process``, which imports the admin client and its metrics: this module must
+# stay cheap to import (harness.spark imports it through harness.java_client).
+from kafscale.broker.child_environment import NO_HYPOTHESIS as NO_HYPOTHESIS
+from kafscale.broker.child_environment import child_env as child_env
 from kafscale.broker.parent_death import start_bound
 
 spawn = start_bound
