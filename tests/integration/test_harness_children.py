@@ -9,10 +9,12 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterable
 from pathlib import Path
 
 import pytest
@@ -179,40 +181,56 @@ def _running(pid: int) -> bool:
     return stat is not None and stat[0] != "Z"
 
 
-def _children_of(parent: int) -> dict[int, str]:
-    """The running children of ``parent``: pid -> the program's name."""
+def _children_of(parent: int) -> dict[int, list[str]]:
+    """The running children of ``parent``: pid -> command line."""
     found = {}
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit() and (stat := _stat(int(entry.name))) and stat[1] == parent:
             with contextlib.suppress(OSError):
-                argv0 = (entry / "cmdline").read_bytes().split(b"\0")[0].decode()
+                argv = (entry / "cmdline").read_bytes().decode().split("\0")
                 if _running(int(entry.name)):
-                    found[int(entry.name)] = Path(argv0).name
+                    found[int(entry.name)] = argv
     return found
 
 
-def _kill_parent_and_wait(body: str, expected: list[str], timeout_s: float) -> None:
+def _remove_etcd_data(commands: Iterable[list[str]], tmp_path: Path) -> None:
+    """Remove the data of the etcd servers among ``commands`` (~120 MB each; those of
+    ``running_etcd`` in /dev/shm, in memory), which the killed stand-in could not."""
+    for argv in commands:
+        for arg in argv:
+            if not arg.startswith("--data-dir="):
+                continue
+            data = Path(arg.removeprefix("--data-dir="))
+            if data.parent.name.startswith("kafscale-etcd-"):  # running_etcd's scratch
+                shutil.rmtree(data.parent, ignore_errors=True)
+            elif data.is_relative_to(tmp_path):
+                shutil.rmtree(data, ignore_errors=True)
+
+
+def _kill_parent_and_wait(body: str, expected: list[str], timeout_s: float, tmp_path: Path) -> None:
     """Run ``body`` in a stand-in for pytest; once it is ready, SIGKILL it: every child it
-    started must be gone well within ``timeout_s``."""
+    started must be gone well within ``timeout_s``. Its temporary files go under
+    ``tmp_path``."""
     script = PARENT_PROLOGUE + body + PARENT_EPILOGUE
     parent = subprocess.Popen(
         [sys.executable, "-c", script],
         stdout=subprocess.PIPE,
         text=True,
-        env=child_env(os.environ),
+        env=child_env({**os.environ, "TMPDIR": str(tmp_path)}),
     )
-    left: dict[int, str] = {}
+    left: dict[int, list[str]] = {}
     try:
         assert parent.stdout is not None
         assert parent.stdout.readline().strip() == "ready", f"exited {parent.wait()}"
         left = _children_of(parent.pid)
-        assert sorted(left.values()) == sorted(expected), left
+        names = {pid: Path(argv[0]).name for pid, argv in left.items()}
+        assert sorted(names.values()) == sorted(expected), names
         parent.kill()
         parent.wait()
         deadline = time.monotonic() + timeout_s
         while any(_running(pid) for pid in left) and time.monotonic() < deadline:
             time.sleep(0.1)
-        survivors = {pid: name for pid, name in left.items() if _running(pid)}
+        survivors = {pid: name for pid, name in names.items() if _running(pid)}
         assert not survivors, f"still running after their parent was killed: {survivors}"
     finally:
         parent.kill()
@@ -220,20 +238,21 @@ def _kill_parent_and_wait(body: str, expected: list[str], timeout_s: float) -> N
         for pid in left:  # on failure, do not leave them behind for the rest of the run
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
+        _remove_etcd_data(left.values(), tmp_path)
 
 
-def test_what_the_harness_starts_dies_with_a_killed_test_run() -> None:
+def test_what_the_harness_starts_dies_with_a_killed_test_run(tmp_path: Path) -> None:
     """etcd (the fixtures' and ``tls_etcd``'s), and any child started through
     ``harness.children`` from the main thread, from a thread that has ended, or by ``run``:
     none survives a SIGKILLed pytest."""
     python = Path(sys.executable).name
     expected = [python, python, python, "etcd", "etcd"]
-    _kill_parent_and_wait(THROUGH_THE_HARNESS, expected, timeout_s=60)
+    _kill_parent_and_wait(THROUGH_THE_HARNESS, expected, timeout_s=60, tmp_path=tmp_path)
 
 
 @pytest.mark.kubeapi
-def test_the_kube_control_plane_dies_with_a_killed_test_run() -> None:
+def test_the_kube_control_plane_dies_with_a_killed_test_run(tmp_path: Path) -> None:
     """The session's kube-apiserver, controller manager and their etcd do not outlive a
     SIGKILLed pytest (they used to run on, ~500 MB, re-parented to init)."""
     expected = ["etcd", "kube-apiserver", "kube-controller-manager"]
-    _kill_parent_and_wait(KUBE_CONTROL_PLANE, expected, timeout_s=60)
+    _kill_parent_and_wait(KUBE_CONTROL_PLANE, expected, timeout_s=60, tmp_path=tmp_path)
