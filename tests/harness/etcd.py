@@ -63,7 +63,10 @@ def _scratch_dir() -> Iterator[Path]:
 @contextmanager
 def running_etcd() -> Iterator[EmbeddedEtcd]:
     """A fast-starting etcd on a scratch directory, stopped and removed afterwards."""
-    with _scratch_dir() as path, EmbeddedEtcd(path, fast=True, no_fsync=True) as server:
+    with (
+        _scratch_dir() as path,
+        EmbeddedEtcd(path, fast=True, no_fsync=True, die_with_parent=True) as server,
+    ):
         yield server
 
 

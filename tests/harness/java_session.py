@@ -13,6 +13,7 @@ import queue
 import subprocess
 import threading
 
+from harness import children
 from harness.children import end_by_stdin
 
 CALL_TIMEOUT_S = 120.0
@@ -22,7 +23,7 @@ class JavaSession:
     """``command`` (ending in ``serve``) started once; ``call`` is one run of the program."""
 
     def __init__(self, command: list[str]) -> None:
-        self.process = subprocess.Popen(
+        self.process = children.spawn(
             command,
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
+from harness import children
 from harness.java_client import java_program
 
 Delivery = tuple[str, int, int]
@@ -49,7 +50,7 @@ class _Member:
 def _start(command: list[str], stderr: IO[str]) -> _Member:
     """A member started; its error output goes to a file, not a pipe: the JVM's logging never
     blocks it."""
-    process = subprocess.Popen(
+    process = children.spawn(
         command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr, text=True
     )
     member = _Member(process, stderr)

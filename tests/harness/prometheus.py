@@ -22,6 +22,7 @@ from typing import Any
 
 import pytest
 
+from harness import children
 from kafscale.broker.child_process import free_port_run
 
 SCRAPE_INTERVAL_S = 1
@@ -105,7 +106,7 @@ def prometheus_server(tmp_path: Path) -> Iterator[Callable[..., Prometheus]]:
         port = free_port_run()
         log_path = workdir / "prometheus.log"
         with log_path.open("wb") as log:
-            process = subprocess.Popen(
+            process = children.spawn(
                 [
                     binary,
                     f"--config.file={workdir / 'prometheus.yml'}",

@@ -23,6 +23,7 @@ import uuid
 from collections.abc import Callable
 from pathlib import Path
 
+from harness import children
 from kafscale.broker.child_process import free_port_run
 
 REQUIRED_BINARIES = ("ceph-mon", "ceph-osd", "radosgw", "radosgw-admin", "monmaptool", "ceph")
@@ -219,13 +220,13 @@ rgw data = {d}/rgw
         return ["ceph", "-c", str(self._conf), "--connect-timeout", "5", *args]
 
     def _ceph_ok(self, args: list[str]) -> bool:
-        result = subprocess.run(
+        result = children.run(
             self._ceph_cmd(args), capture_output=True, timeout=15, env=self._env, check=False
         )
         return result.returncode == 0
 
     def _osd_up(self) -> bool:
-        result = subprocess.run(
+        result = children.run(
             self._ceph_cmd(["osd", "stat", "-f", "json"]),
             capture_output=True,
             timeout=15,
@@ -265,7 +266,7 @@ rgw data = {d}/rgw
 
     def _spawn(self, name: str, argv: list[str]) -> None:
         log = open(self.workdir / "log" / f"{name}.out", "wb")  # noqa: SIM115 - lives with proc
-        self._processes[name] = subprocess.Popen(
+        self._processes[name] = children.spawn(
             argv,
             stdout=log,
             stderr=subprocess.STDOUT,
@@ -277,7 +278,7 @@ rgw data = {d}/rgw
 
     def _run(self, argv: list[str], deadline: float) -> str:
         timeout = max(1.0, deadline - time.monotonic())
-        result = subprocess.run(
+        result = children.run(
             argv,
             capture_output=True,
             timeout=timeout,

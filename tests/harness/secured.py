@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import subprocess
 import sys
 import time
 import uuid
@@ -21,6 +20,7 @@ from typing import Any
 
 from confluent_kafka import Consumer
 
+from harness import children
 from harness.brokers import BrokerCluster, new_cluster
 from harness.children import settings_free_env
 from harness.etcd import harness_etcd
@@ -89,7 +89,7 @@ def _cli_env(etcd_url: str, cluster: str) -> dict[str, str]:
 def kafscale_cli(etcd_url: str, cluster: str, *args: str, stdin: str = "") -> str:
     """Run ``kafscale <args>`` (users, acls...) against the cluster's etcd, as an operator
     runs it; its standard output, or a failed test when it fails."""
-    done = subprocess.run(
+    done = children.run(
         [sys.executable, "-m", "kafscale.broker.cli", *args],
         input=stdin,
         env=_cli_env(etcd_url, cluster),
@@ -120,7 +120,7 @@ def kafscale_cli_calls(
     the CLI's own ``main`` in one Python process: the same code and settings as
     ``kafscale_cli``, without a Python start-up (~1.5 s of CPU) per command, for fixtures
     that set up many users and ACLs."""
-    done = subprocess.run(
+    done = children.run(
         [sys.executable, "-c", _RUN_CALLS],
         input=json.dumps([[list(args), stdin] for args, stdin in calls]),
         env=_cli_env(etcd_url, cluster),

@@ -17,6 +17,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from harness import children
 from harness.tls import TestPki, make_pki
 from kafscale.broker.child_process import free_port_run
 from kafscale.broker.metadata.embedded_etcd import find_etcd_binary
@@ -52,7 +53,7 @@ def start_etcd_process(
     client = free_port_run()
     peer = free_port_run(avoid=[client])  # two probes could return one port
     url = f"{scheme}://127.0.0.1:{client}"
-    process = subprocess.Popen(
+    process = children.spawn(
         [
             str(find_etcd_binary()),
             f"--data-dir={directory / 'etcd'}",
@@ -137,7 +138,7 @@ def _etcdctl(etcdctl: str, url: str, command: list[str], timeout_s: float = 30) 
     """Runs one etcdctl command, retried while etcd is still starting."""
     deadline = time.monotonic() + timeout_s
     while True:
-        done = subprocess.run(
+        done = children.run(
             [etcdctl, f"--endpoints={url}", "--dial-timeout=1s", *command],
             capture_output=True,
             text=True,

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from harness import children
 from harness.children import child_env
 
 pytestmark = pytest.mark.integration
@@ -19,7 +19,7 @@ CHAOS = Path(__file__).resolve().parents[2] / "bench" / "chaos.py"
 
 
 def test_a_short_fault_campaign_keeps_every_acked_record() -> None:
-    result = subprocess.run(
+    result = children.run(
         [
             sys.executable,
             str(CHAOS),

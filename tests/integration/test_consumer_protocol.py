@@ -29,7 +29,7 @@ from typing import Any
 import pytest
 from confluent_kafka import Consumer, KafkaException, Producer
 from confluent_kafka import TopicPartition as CkTopicPartition
-from harness import topics
+from harness import children, topics
 from harness.brokers import BrokerCluster, BrokerProcess, new_cluster
 from harness.children import end_by_stdin
 from harness.groups import QUIET, Feed, wait_for
@@ -137,7 +137,7 @@ class JavaMembers:
     CPU. Its output lines name the member they are about."""
 
     def __init__(self) -> None:
-        self.process = subprocess.Popen(
+        self.process = children.spawn(
             java_program(JAVA_SOURCE, "GroupMember"),
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,

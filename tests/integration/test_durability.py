@@ -26,6 +26,7 @@ from typing import Any, TypeVar
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
+from harness import children
 from harness.batches import make_batch
 from harness.brokers import BrokerCluster, BrokerProcess, new_cluster
 from harness.kafka_wire import (
@@ -655,7 +656,7 @@ def test_a_broker_started_just_before_its_etcd_waits_for_it(
 ) -> None:
     """A managed etcd and new broker pods start together: a broker that finds etcd not yet
     answering tries again for a few seconds before it gives up."""
-    etcd = EmbeddedEtcd(data_dir=tmp_path / "late-etcd")
+    etcd = EmbeddedEtcd(data_dir=tmp_path / "late-etcd", die_with_parent=True)
     port, admin_port = free_ports(2, avoid=(etcd.client_port, etcd.peer_port))
     log = tmp_path / "broker.log"
     env = broker_cluster.env(
@@ -665,7 +666,7 @@ def test_a_broker_started_just_before_its_etcd_waits_for_it(
         KAFSCALE_ETCD__TIMEOUT_S="2",
     )
     with log.open("wb") as out:
-        broker = subprocess.Popen([KAFSCALE, "broker"], env=env, stdout=out, stderr=out)
+        broker = children.spawn([KAFSCALE, "broker"], env=env, stdout=out, stderr=out)
     try:
         deadline = time.monotonic() + 60
         while "etcd not reachable yet" not in log.read_text(errors="replace"):

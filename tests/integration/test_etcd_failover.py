@@ -40,6 +40,7 @@ def etcd_trio(tmp_path: Path) -> Iterator[list[EmbeddedEtcd]]:
             peer_port=peer,
             fast=True,
             no_fsync=True,
+            die_with_parent=True,
             initial_cluster=initial,
         )
         for name, peer in zip(names, peers, strict=True)

@@ -93,6 +93,7 @@ def test_an_etcd_out_of_space_fails_produces_clearly_and_recovers(
         tmp_path / "etcd",
         fast=True,
         no_fsync=True,
+        die_with_parent=True,
         extra_args=(f"--quota-backend-bytes={2 * MiB}",),
     ).start()
     cluster = new_cluster(server.client_url, s3_server, tmp_path, "nospace")

@@ -19,7 +19,6 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import subprocess
 import sys
 import time
 from collections import Counter
@@ -27,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from harness import children
 from harness.brokers import BrokerCluster, BrokerProcess
 from harness.etcd import harness_etcd
 from harness.groups import (
@@ -135,7 +135,7 @@ def test_join_leave_and_kill_while_records_flow(
     second = ConfluentMember("second", brokers[1].bootstrap, group, topic)
     joiner = ConfluentMember("joiner", brokers[0].bootstrap, group, topic)
     log = tmp_path / "killed-member.log"
-    killable = subprocess.Popen(
+    killable = children.spawn(
         [sys.executable, "-c", KILLABLE_MEMBER, brokers[1].bootstrap, group, topic, str(log)],
         env={**os.environ, "PYTHONUNBUFFERED": "1"},
     )

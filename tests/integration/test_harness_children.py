@@ -1,14 +1,20 @@
 """Broker and proxy processes the harness starts run without Hypothesis (``harness.children``):
 kio imports it whenever it can, at ~0.1 s of CPU per child, and the suite starts hundreds. So do
 those a bench started by hand starts (``bench/_cluster.py``, through the same
-``kafscale.broker.child_process``)."""
+``kafscale.broker.child_process``). And every child the harness starts dies with the pytest
+process that started it, even when that process is SIGKILLed and runs no teardown."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import shutil
+import signal
 import subprocess
 import sys
+import time
+from collections.abc import Iterable
 from pathlib import Path
 
 import pytest
@@ -117,3 +123,136 @@ def test_the_brokers_a_bench_starts_do_not_import_hypothesis() -> None:
 def test_the_stand_in_is_put_first_once() -> None:
     once = child_env({"PYTHONPATH": "/somewhere"})
     assert child_env(once) == once
+
+
+# --- children die with the test process -------------------------------------------------------
+
+TESTS = Path(__file__).resolve().parents[1]
+
+# A stand-in for a pytest process: it starts children through the harness, prints "ready" and
+# sleeps until the test SIGKILLs it, the way a CI timeout or ``pkill -9 pytest`` ends a run.
+PARENT_PROLOGUE = f"""
+import sys, threading, time
+from pathlib import Path
+sys.path.insert(0, {str(TESTS)!r})
+SLEEPER = [sys.executable, "-c", "import time; time.sleep(600)"]
+"""
+PARENT_EPILOGUE = """
+    print("ready", flush=True)
+    time.sleep(600)
+"""
+
+THROUGH_THE_HARNESS = """
+import tempfile
+from harness import children
+from harness.etcd import running_etcd
+from harness.tls_etcd import start_etcd_process
+
+children.spawn(SLEEPER)
+# from a thread that ends at once (asyncio.to_thread, a pool's worker): the child must outlive
+# the thread, which is the "parent" PR_SET_PDEATHSIG knows, and still die with the process
+worker = threading.Thread(target=children.spawn, args=(SLEEPER,))
+worker.start()
+worker.join()
+threading.Thread(target=children.run, args=(SLEEPER,), daemon=True).start()
+start_etcd_process(Path(tempfile.mkdtemp()))
+with running_etcd():
+"""
+
+KUBE_CONTROL_PLANE = """
+from harness.kube_apiserver import running_kube_cluster
+with running_kube_cluster():
+"""
+
+
+def _stat(pid: int) -> tuple[str, int] | None:
+    """(state, parent pid) of ``pid``, or None when there is no such process."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    fields = text.rsplit(")", 1)[1].split()  # after "pid (comm)", which may hold spaces
+    return fields[0], int(fields[1])
+
+
+def _running(pid: int) -> bool:
+    """A zombie is gone too: it runs nothing, and only waits for its new parent to reap it."""
+    stat = _stat(pid)
+    return stat is not None and stat[0] != "Z"
+
+
+def _children_of(parent: int) -> dict[int, list[str]]:
+    """The running children of ``parent``: pid -> command line."""
+    found = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and (stat := _stat(int(entry.name))) and stat[1] == parent:
+            with contextlib.suppress(OSError):
+                argv = (entry / "cmdline").read_bytes().decode().split("\0")
+                if _running(int(entry.name)):
+                    found[int(entry.name)] = argv
+    return found
+
+
+def _remove_etcd_data(commands: Iterable[list[str]], tmp_path: Path) -> None:
+    """Remove the data of the etcd servers among ``commands`` (~120 MB each; those of
+    ``running_etcd`` in /dev/shm, in memory), which the killed stand-in could not."""
+    for argv in commands:
+        for arg in argv:
+            if not arg.startswith("--data-dir="):
+                continue
+            data = Path(arg.removeprefix("--data-dir="))
+            if data.parent.name.startswith("kafscale-etcd-"):  # running_etcd's scratch
+                shutil.rmtree(data.parent, ignore_errors=True)
+            elif data.is_relative_to(tmp_path):
+                shutil.rmtree(data, ignore_errors=True)
+
+
+def _kill_parent_and_wait(body: str, expected: list[str], timeout_s: float, tmp_path: Path) -> None:
+    """Run ``body`` in a stand-in for pytest; once it is ready, SIGKILL it: every child it
+    started must be gone well within ``timeout_s``. Its temporary files go under
+    ``tmp_path``."""
+    script = PARENT_PROLOGUE + body + PARENT_EPILOGUE
+    parent = subprocess.Popen(
+        [sys.executable, "-c", script],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=child_env({**os.environ, "TMPDIR": str(tmp_path)}),
+    )
+    left: dict[int, list[str]] = {}
+    try:
+        assert parent.stdout is not None
+        assert parent.stdout.readline().strip() == "ready", f"exited {parent.wait()}"
+        left = _children_of(parent.pid)
+        names = {pid: Path(argv[0]).name for pid, argv in left.items()}
+        assert sorted(names.values()) == sorted(expected), names
+        parent.kill()
+        parent.wait()
+        deadline = time.monotonic() + timeout_s
+        while any(_running(pid) for pid in left) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        survivors = {pid: name for pid, name in names.items() if _running(pid)}
+        assert not survivors, f"still running after their parent was killed: {survivors}"
+    finally:
+        parent.kill()
+        parent.wait()
+        for pid in left:  # on failure, do not leave them behind for the rest of the run
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        _remove_etcd_data(left.values(), tmp_path)
+
+
+def test_what_the_harness_starts_dies_with_a_killed_test_run(tmp_path: Path) -> None:
+    """etcd (the fixtures' and ``tls_etcd``'s), and any child started through
+    ``harness.children`` from the main thread, from a thread that has ended, or by ``run``:
+    none survives a SIGKILLed pytest."""
+    python = Path(sys.executable).name
+    expected = [python, python, python, "etcd", "etcd"]
+    _kill_parent_and_wait(THROUGH_THE_HARNESS, expected, timeout_s=60, tmp_path=tmp_path)
+
+
+@pytest.mark.kubeapi
+def test_the_kube_control_plane_dies_with_a_killed_test_run(tmp_path: Path) -> None:
+    """The session's kube-apiserver, controller manager and their etcd do not outlive a
+    SIGKILLed pytest (they used to run on, ~500 MB, re-parented to init)."""
+    expected = ["etcd", "kube-apiserver", "kube-controller-manager"]
+    _kill_parent_and_wait(KUBE_CONTROL_PLANE, expected, timeout_s=60, tmp_path=tmp_path)

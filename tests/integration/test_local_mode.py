@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 from confluent_kafka import Producer
+from harness import children
 from harness.children import child_env
 from harness.local_mode import as_in_a_terminal, consume, start_local, stop_with_ctrl_c
 from harness.ports import closed_port, ephemeral_low, free_port_run
@@ -117,7 +118,7 @@ def test_a_start_stops_an_etcd_left_running_on_its_data_dir(tmp_path: Path) -> N
     """An etcd from an older run (or version) still holds the data dir: it is stopped, not
     waited for."""
     data_dir, log = tmp_path / "data", tmp_path / "local.log"
-    stale = EmbeddedEtcd(data_dir / "etcd").start()  # not bound to any parent's life
+    stale = EmbeddedEtcd(data_dir / "etcd", die_with_parent=True).start()  # bound to pytest only
     stale._forget()  # as if its parent had died: nobody will stop it at exit
     stale_pid = etcd_pids(data_dir)
     assert stale_pid
@@ -190,7 +191,7 @@ def test_ctrl_c_while_starting_ends_promptly_without_a_traceback(
     command: status 0 or 130, one line or none, and no etcd left behind."""
     data_dir, log = tmp_path / "data", tmp_path / "local.log"
     port = free_port_run(3)
-    process = subprocess.Popen(
+    process = children.spawn(
         [KAFSCALE, "local", "--data-dir", str(data_dir), "--port", str(port), "--brokers", "3"],
         stdout=log.open("ab"),
         stderr=subprocess.STDOUT,

@@ -377,16 +377,48 @@ def etcd_call(broker_cluster: BrokerCluster, call):  # type: ignore[no-untyped-d
     return asyncio.run(run())
 
 
-def metadata_leaders(bootstrap: str, topic: str) -> dict[int, int] | None:
-    """Partition -> leader id from one broker's Metadata, once it lists three brokers."""
+def metadata_leaders(bootstrap: str, topic: str, brokers: int = 3) -> dict[int, int] | None:
+    """Partition -> leader id from one broker's Metadata, once it lists ``brokers`` brokers
+    and the topic's six partitions."""
     from harness.kafka_wire import metadata_body
 
     with KafkaWire(bootstrap) as wire:
         response = wire.request(METADATA, 9, metadata_body([topic]))
     partitions = response.topics[0].partitions
-    if len(response.brokers) != 3 or len(partitions) != 6:
+    if len(response.brokers) != brokers or len(partitions) != 6:
         return None
     return {int(p.partition_index): int(p.leader_id) for p in partitions}
+
+
+def assigned(broker_cluster: BrokerCluster, topic: str) -> dict[int, int] | None:
+    """Partition -> broker of ``topic`` in the stored assignment, once it has all six."""
+    from kafscale.broker.metadata import keys
+    from kafscale.broker.metadata.assignment import Assignment
+
+    key = keys.assignment_key(broker_cluster.cluster)
+    kv = etcd_call(broker_cluster, lambda etcd: etcd.get(key))
+    owners = Assignment.from_json(kv.value).owners if kv is not None else {}
+    of_topic = {p: b for (t, p), b in owners.items() if t == topic}
+    return of_topic if len(of_topic) == 6 else None
+
+
+def produce_through(
+    by_id: dict[int, BrokerProcess], topic: str, leaders: dict[int, int]
+) -> dict[int, int]:
+    """Partition -> error code of one record produced to each partition through the broker
+    ``leaders`` names, after waiting out UNKNOWN_TOPIC_OR_PARTITION (a new topic not yet seen)."""
+    from harness.batches import make_batch
+
+    codes = {}
+    for partition, leader in leaders.items():
+        with KafkaWire(by_id[leader].bootstrap) as wire:
+            batch = make_batch(0, [b"%d" % partition])
+            code = UNKNOWN_TOPIC_OR_PARTITION
+            deadline = time.monotonic() + 60
+            while code == UNKNOWN_TOPIC_OR_PARTITION and time.monotonic() < deadline:
+                code, _ = produce_to(wire, topic, partition, batch)
+        codes[partition] = code
+    return codes
 
 
 def test_a_new_topics_partitions_stay_with_the_brokers_that_claimed_them(
@@ -395,10 +427,6 @@ def test_a_new_topics_partitions_stay_with_the_brokers_that_claimed_them(
     """Produce to a new topic before the assignment exists, then let the assigner write it:
     it names the brokers that claimed the partitions on demand, so nothing is handed off and
     no produce meets NOT_LEADER_OR_FOLLOWER (it did on every topic creation)."""
-    from harness.batches import make_batch
-
-    from kafscale.broker.metadata import keys
-    from kafscale.broker.metadata.assignment import Assignment
     from kafscale.broker.metadata.rebalancer import assigner_key
 
     brokers = [broker_cluster.start() for _ in range(3)]
@@ -410,42 +438,85 @@ def test_a_new_topics_partitions_stay_with_the_brokers_that_claimed_them(
     create_topic(brokers[0].bootstrap, "fresh", 6)
     leaders = wait_for(lambda: metadata_leaders(brokers[0].bootstrap, "fresh"), timeout_s=60)
 
-    def produce_all() -> dict[int, int]:
-        codes = {}
-        for partition, leader in leaders.items():
-            with KafkaWire(by_id[leader].bootstrap) as wire:
-                batch = make_batch(0, [b"%d" % partition])
-                code = UNKNOWN_TOPIC_OR_PARTITION
-                deadline = time.monotonic() + 60
-                while code == UNKNOWN_TOPIC_OR_PARTITION and time.monotonic() < deadline:
-                    code, _ = produce_to(wire, "fresh", partition, batch)
-            codes[partition] = code
-        return codes
-
-    assert produce_all() == dict.fromkeys(leaders, 0)
-    claimed = {int(name.rsplit("/", 1)[1]): int(kv) for name, kv in leases_of(broker_cluster)}
+    assert produce_through(by_id, "fresh", leaders) == dict.fromkeys(leaders, 0)
+    claimed = lease_holders(broker_cluster, "fresh")
     assert claimed == leaders
 
     etcd_call(broker_cluster, lambda etcd: etcd.delete(role))  # brokers campaign and write it
 
-    def assigned() -> dict[int, int] | None:
-        kv = etcd_call(
-            broker_cluster, lambda etcd: etcd.get(keys.assignment_key(broker_cluster.cluster))
-        )
-        owners = Assignment.from_json(kv.value).owners if kv is not None else {}
-        fresh = {p: b for (t, p), b in owners.items() if t == "fresh"}
-        return fresh if len(fresh) == 6 else None
-
-    assert wait_for(assigned, timeout_s=60) == claimed
-    assert produce_all() == dict.fromkeys(leaders, 0)
-    still = {int(name.rsplit("/", 1)[1]): int(kv) for name, kv in leases_of(broker_cluster)}
-    assert still == claimed
+    assert wait_for(lambda: assigned(broker_cluster, "fresh"), timeout_s=60) == claimed
+    assert produce_through(by_id, "fresh", leaders) == dict.fromkeys(leaders, 0)
+    assert lease_holders(broker_cluster, "fresh") == claimed
 
 
-def leases_of(broker_cluster: BrokerCluster) -> list[tuple[str, bytes]]:
-    """(key, holder) of every partition lease of topic ``fresh``."""
+def test_a_departed_brokers_partitions_stay_with_the_brokers_that_claimed_them(
+    broker_cluster: BrokerCluster,
+) -> None:
+    """A broker leaves; until the assignment is rewritten, Metadata names a stable pick among
+    the others as the leader of each of its partitions, and that broker claims it at the first
+    produce. The new assignment names those same brokers: each partition moves once, not twice
+    (to the claimer, then on to a broker the assignment dealt it to round-robin)."""
+    from kafscale.broker.metadata.leaders import stable_pick
+    from kafscale.broker.metadata.rebalancer import assigner_key
+
+    brokers = [broker_cluster.start() for _ in range(3)]
+    by_id = {b.node_id: b for b in brokers}
+    create_topic(brokers[0].bootstrap, "orphans", 6)
+    before = wait_for(lambda: assigned(broker_cluster, "orphans"), timeout_s=60)
+    wait_for(lambda: lease_holders(broker_cluster, "orphans") == before, timeout_s=60)
+
+    # The leaver: one whose two partitions Metadata will send to two different brokers (so
+    # both can stay where they are claimed), the lower one to the higher-numbered survivor
+    # (where dealing in sorted order, the old rule, would not have put it).
+    def meanwhile(leaver: int) -> dict[int, int]:
+        remaining = sorted(b for b in by_id if b != leaver)
+        mine = sorted(p for p, b in before.items() if b == leaver)
+        return {p: stable_pick(("orphans", p), remaining) for p in mine}
+
+    def telling(leaver: int) -> bool:
+        picks = meanwhile(leaver)
+        highest = max(b for b in by_id if b != leaver)
+        return len(picks) == len(set(picks.values())) == 2 and picks[min(picks)] == highest
+
+    leaver = next(b for b in sorted(by_id) if telling(b))
+    expected = meanwhile(leaver)
+    survivors = [b for b in brokers if b.node_id != leaver]
+
+    # Hold the assigner role (nobody rewrites the assignment) while the broker leaves and
+    # clients produce to what Metadata names, as they do in the window this is about.
+    role = assigner_key(broker_cluster.cluster)
+    etcd_call(broker_cluster, lambda etcd: etcd.put(role, b"test"))
+    assert by_id[leaver].stop() == 0  # SIGTERM: flush, release, deregister
+    leaders = wait_for(
+        lambda: metadata_leaders(survivors[0].bootstrap, "orphans", brokers=2), timeout_s=60
+    )
+    assert {p: leaders[p] for p in expected} == expected
+
+    def claim_all() -> bool:
+        codes = produce_through(by_id, "orphans", leaders)
+        assert set(codes.values()) <= {0, NOT_LEADER_OR_FOLLOWER}, codes
+        return set(codes.values()) == {0}  # a survivor may not have seen the release yet
+
+    wait_for(claim_all, timeout_s=60)
+    claimed = lease_holders(broker_cluster, "orphans")
+    assert {p: claimed[p] for p in expected} == expected
+
+    etcd_call(broker_cluster, lambda etcd: etcd.delete(role))  # survivors write it now
+
+    def reassigned() -> dict[int, int] | None:
+        owners = assigned(broker_cluster, "orphans")
+        return owners if owners and leaver not in owners.values() else None
+
+    after = wait_for(reassigned, timeout_s=60)
+    assert after == claimed  # the claimers keep them: no second handoff
+    assert produce_through(by_id, "orphans", leaders) == dict.fromkeys(leaders, 0)
+    assert lease_holders(broker_cluster, "orphans") == claimed
+
+
+def lease_holders(broker_cluster: BrokerCluster, topic: str) -> dict[int, int]:
+    """Partition -> the broker holding its lease, for every held partition lease of ``topic``."""
     from kafscale.broker.metadata import keys
 
-    prefix = keys.partition_leases_prefix(broker_cluster.cluster, "fresh")
+    prefix = keys.partition_leases_prefix(broker_cluster.cluster, topic)
     entries = etcd_call(broker_cluster, lambda etcd: etcd.get_prefix(prefix))
-    return [(entry.key, entry.value) for entry in entries]
+    return {int(entry.key.rsplit("/", 1)[1]): int(entry.value) for entry in entries}

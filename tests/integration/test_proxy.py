@@ -25,6 +25,7 @@ from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.admin.config_resource import ConfigResource as AioConfigResource
 from aiokafka.admin.config_resource import ConfigResourceType as AioConfigResourceType
 from confluent_kafka.admin import AdminClient, ConfigResource, ResourceType
+from harness import children
 from harness.batches import make_batch
 from harness.brokers import BrokerCluster, BrokerProcess, new_cluster
 from harness.java_client import java_consume, java_produce
@@ -309,7 +310,7 @@ def test_proxy_is_ready_only_once_a_broker_is_registered(broker_cluster: BrokerC
     )
     broker_cluster.brokers.append(proxy)
     with proxy.log_path.open("ab") as log:
-        proxy.process = subprocess.Popen(
+        proxy.process = children.spawn(
             proxy.command, env=proxy.env, stdout=log, stderr=subprocess.STDOUT
         )
     deadline = time.monotonic() + 30

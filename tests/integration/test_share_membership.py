@@ -27,7 +27,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from harness import topics
+from harness import children, topics
 from harness.brokers import BrokerCluster, new_cluster
 from harness.etcd import harness_etcd
 from harness.kafka_wire import KafkaWire, metadata_body
@@ -217,7 +217,7 @@ def test_a_frozen_librdkafka_consumer_s_records_go_to_another_member_once_it_exp
     topics.create_topic(broker.bootstrap, "q", 1)
     set_group_configs(broker.bootstrap, "frozen", LONG_LOCKS)
     produce(broker.bootstrap, "q", [f"v{i}".encode() for i in range(10)])
-    frozen = subprocess.Popen(
+    frozen = children.spawn(
         [sys.executable, "-c", FROZEN_CONSUMER, broker.bootstrap, "frozen", "q"],
         stdout=subprocess.PIPE,
         text=True,

@@ -24,6 +24,7 @@ from typing import Any
 
 import pytest
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
+from harness import children
 from harness.brokers import BrokerCluster, BrokerProcess
 from harness.etcd import harness_etcd
 from harness.java_client import java_program
@@ -487,7 +488,7 @@ def test_a_consume_transform_produce_loop_killed_at_random_points_is_exactly_onc
         progress_at_kill: list[int] = []
         deadline = time.monotonic() + 200
         while time.monotonic() < deadline:
-            worker = subprocess.Popen(command, stderr=subprocess.DEVNULL)
+            worker = children.spawn(command, stderr=subprocess.DEVNULL)
             try:
                 if kills < 4:
                     # Once this worker has committed something, at a random moment: mid-batch,

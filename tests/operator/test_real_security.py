@@ -22,6 +22,7 @@ from typing import Any
 
 import pytest
 from cryptography import x509
+from harness import children
 from harness.brokers import BrokerCluster
 from harness.cluster_specs import PLAIN_LISTENER, SCRAM_LISTENER, cluster_spec, external_etcd
 from harness.k8s_operator import operator_thread
@@ -77,7 +78,7 @@ def start_tls_etcd(directory: Path, tls_args: list[str]) -> tuple[subprocess.Pop
         for a in tls_args
         if not a.startswith("--listen-metrics-urls")
     ]
-    process = subprocess.Popen(
+    process = children.spawn(
         [
             str(find_etcd_binary()),
             f"--data-dir={directory / 'data'}",

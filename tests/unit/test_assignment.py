@@ -8,7 +8,7 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from kafscale.broker.metadata.assignment import (
@@ -164,6 +164,36 @@ def test_a_new_topic_goes_to_the_brokers_metadata_named_before_the_assignment(
     assert all(result[tp] == owner for tp, owner in settled.items())
 
 
+@given(situations(), st.data())
+def test_a_departed_brokers_partitions_stay_with_the_brokers_metadata_named_meanwhile(
+    situation: tuple[list[TopicPartition], list[int], dict[TopicPartition, int]],
+    data: st.DataObject,
+) -> None:
+    """Between a broker leaving and the next assignment, Metadata names a stable pick among the
+    live brokers as the leader of each of its partitions (no live lease holder, the assigned
+    owner gone), and that broker claims it at the first produce. The assignment then leaves it
+    there, unless that broker's share is already full of partitions with as good a claim: its
+    own, or others without a live owner whose stable pick it is. Never one dealt round-robin."""
+    partitions, brokers, previous = situation
+    live = sorted(set(brokers))
+    assume(len(live) >= 2)
+    settled = decide_assignment(partitions, live, previous)
+    leaving = data.draw(st.sampled_from(live))
+    remaining = [b for b in live if b != leaving]
+    after = decide_assignment(partitions, remaining, settled)
+
+    def has_a_claim(tp: TopicPartition, broker: int) -> bool:
+        kept = settled[tp] == broker
+        return kept or (settled[tp] == leaving and stable_pick(tp, remaining) == broker)
+
+    for tp in (tp for tp, owner in settled.items() if owner == leaving):
+        meanwhile = leader_for(tp, {}, settled, remaining, ())
+        assert meanwhile == stable_pick(tp, remaining)
+        if after[tp] != meanwhile:
+            held = [other for other, broker in after.items() if broker == meanwhile]
+            assert all(has_a_claim(other, meanwhile) for other in held), (tp, held)
+
+
 @given(situations(), st.integers(0, 2**40))
 def test_json_round_trip(
     situation: tuple[list[TopicPartition], list[int], dict[TopicPartition, int]], generation: int
@@ -194,10 +224,23 @@ def test_no_brokers_means_no_owners() -> None:
 
 
 def test_departed_brokers_partitions_move_and_nothing_else() -> None:
+    # Broker 3's partitions go to their stable picks among [1, 2] (crc32("t") is even: t-3 to
+    # broker 2, t-4 to broker 1), the brokers Metadata named while they had no live owner.
     previous = {("t", 0): 1, ("t", 1): 1, ("t", 2): 2, ("t", 3): 3, ("t", 4): 3}
     result = decide_assignment(list(previous), [1, 2], previous)
-    assert result == {("t", 0): 1, ("t", 1): 1, ("t", 2): 2, ("t", 3): 1, ("t", 4): 2}
+    assert result == {("t", 0): 1, ("t", 1): 1, ("t", 2): 2, ("t", 3): 2, ("t", 4): 1}
     assert count_moves(previous, result) == 2
+
+
+def test_a_departed_brokers_partitions_go_where_metadata_sent_them_not_round_robin() -> None:
+    # Three brokers, six partitions: broker 1 leaves; Metadata meanwhile names stable_pick among
+    # [2, 3] for its partitions (crc32("audit") is odd: audit-0 to broker 3, audit-3 to 2), which
+    # claim them; round-robin dealing would have swapped the two (four moves, not two).
+    previous = {("audit", p): [1, 2, 3][p % 3] for p in range(6)}
+    result = decide_assignment(list(previous), [2, 3], previous)
+    for tp in (("audit", 0), ("audit", 3)):
+        assert result[tp] == leader_for(tp, {}, previous, [2, 3], ()) == stable_pick(tp, [2, 3])
+    assert result == {**previous, ("audit", 0): 3, ("audit", 3): 2}
 
 
 def test_overloaded_broker_sheds_just_enough() -> None:

