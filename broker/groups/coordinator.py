@@ -329,13 +329,16 @@ class GroupCoordinator:
 
     def release_due(self, now_s: float) -> list[tuple[GroupRuntime, release.Release]]:
         """The runtimes to let go, or to store the Empty time of first (``release.decide``),
-        at monotonic ``now_s``."""
+        at monotonic ``now_s``. Groups asked for lately are passed over unread: a look runs
+        every few seconds, and reading every group's use would cost a pass over every committed
+        offset this broker coordinates each time."""
         idle_after_s = self.config.idle_release_ms / 1000
         due: list[tuple[GroupRuntime, release.Release]] = []
         for group_id, runtime in self._runtimes.items():
-            if runtime.closed:
+            unused_s = now_s - self._used_at.get(group_id, now_s)
+            if runtime.closed or not release.may_be_due(unused_s, VACANT_RELEASE_S, idle_after_s):
                 continue
-            use = runtime.release_use(now_s - self._used_at.get(group_id, now_s))
+            use = runtime.release_use(unused_s)
             decision = release.decide(use, VACANT_RELEASE_S, idle_after_s)
             if decision is not release.Release.KEEP:
                 due.append((runtime, decision))

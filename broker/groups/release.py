@@ -68,6 +68,13 @@ class GroupUse:
     """The Empty time this coordinator counts retention from."""
 
 
+def may_be_due(unused_s: float, vacant_after_s: float, idle_after_s: float) -> bool:
+    """Whether a group unused for ``unused_s`` can be anything but kept (``decide`` keeps every
+    group used more recently than both times): the release loop looks at no more of a group in
+    use, whose ``GroupUse`` costs a pass over its committed offsets."""
+    return unused_s >= min(vacant_after_s, idle_after_s)
+
+
 def decide(use: GroupUse, vacant_after_s: float, idle_after_s: float) -> Release:
     """Keep the group, let it go, or first store its Empty time."""
     if use.busy or use.share or not use.memberless:

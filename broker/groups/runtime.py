@@ -350,12 +350,17 @@ class GroupRuntime(ShareRuntime, RetentionRuntime):
         self._apply(group.take_effects())
 
     def _queue_consumer(self, consumer: ConsumerGroup) -> asyncio.Future[ErrorCode] | None:
-        """Queue the group's state for etcd if it changed: the future of that write."""
+        """Queue the group's state for etcd if it changed: the future of that write. Unchanged
+        since a write still on its way: that write's future (an answer from this state waits
+        for it, as the answer of the change did: a member's retry may not learn early what
+        etcd may yet lack)."""
         self._wake.set()
         self._note_members()
         document = snapshot(consumer)
-        if document == self._consumer_doc or self.closed:
+        if self.closed:
             return None
+        if document == self._consumer_doc:
+            return self._consumer_waiters.get(self._consumer_version)
         self._consumer_doc = document
         self._consumer_version += 1
         record = GroupRecord(

@@ -83,6 +83,9 @@ async def test_https_endpoints_with_a_ca_and_a_client_certificate(
         await etcd.put("/kafscale/tls/k", b"v")
         kv = await etcd.get("/kafscale/tls/k")
         assert kv is not None and kv.value == b"v"
+        # A bounded page (Etcd.get_range calls aetcd's KV stub itself): over TLS too.
+        page, more = await etcd.get_range("/kafscale/tls/", "/kafscale/tls0", 1, keys_only=True)
+        assert [(kv.key, kv.value) for kv in page] == [("/kafscale/tls/k", b"")] and not more
     finally:
         await etcd.close()
     with pytest.raises(MetadataUnavailable):  # no client certificate: etcd refuses
@@ -128,6 +131,10 @@ async def test_username_and_password(tmp_path: Path) -> None:
         try:
             await etcd.put("/kafscale/auth/k", b"v")
             assert (await etcd.get("/kafscale/auth/k")) is not None
+            await etcd.put("/kafscale/auth/l", b"w")
+            # A bounded page (Etcd.get_range calls aetcd's KV stub itself) carries the token.
+            page, more = await etcd.get_range("/kafscale/auth/", "/kafscale/auth0", 1)
+            assert [(kv.key, kv.value) for kv in page] == [("/kafscale/auth/k", b"v")] and more
         finally:
             await etcd.close()
         with pytest.raises(MetadataError):

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
+import signal
 from collections.abc import AsyncIterator
 
 import pytest
@@ -281,6 +283,56 @@ async def test_a_member_is_never_told_what_a_failed_write_left_out_of_etcd(
         held = {m["member_id"]: m["assigned"] for m in document["members"]}
         assert held["b"] == [list(tp) for tp in sorted(both - kept)]
     finally:
+        for task in runtime.unload():
+            await asyncio.gather(task, return_exceptions=True)
+        with contextlib.suppress(Exception):
+            await session.revoke()
+        await etcd.close()
+
+
+async def test_a_retry_while_the_write_is_on_its_way_waits_for_that_write(
+    etcd_server_private: EmbeddedEtcd, cluster_name: str
+) -> None:
+    """etcd is slow (stopped): a member's heartbeat changed the group and waits for the write.
+    The member retries (its request timed out, its connection dropped): the retry changes
+    nothing more in memory, yet it must not be answered before that write is in etcd. Answered
+    from memory at once, it is told a partition that, once the write fails, etcd (and so the
+    next coordinator) gives nobody: a coordinator move hands it to a second consumer."""
+    etcd = await Etcd.connect([etcd_server_private.client_url], timeout_s=1.0)
+    session = await SessionLease.start(etcd, 60)
+    fence = await GroupLeases(etcd, cluster_name, lambda *_: None).acquire("g", 1, session.id)
+    assert fence is not None
+    runtime = GroupRuntime(
+        "g", fence, GroupStore(etcd, cluster_name), CONFIG, LoadedGroup(None, {}), lambda *_: None
+    )
+    topics, both = {"t": 2}, frozenset({("t", 0), ("t", 1)})
+
+    async def heartbeat(member: str, epoch: int, owned: frozenset[TopicPartition] | None) -> Answer:
+        names = ("t",) if epoch == 0 else None
+        request = member_heartbeat(member, epoch, names, owned)
+        return await runtime.consumer_heartbeat(request, topics)
+
+    pid = etcd_server_private.pid
+    assert pid is not None
+    stopped = False
+    try:
+        a = await heartbeat("a", 0, frozenset())
+        b = await heartbeat("b", 0, frozenset())
+        a = await heartbeat("a", a.member_epoch, both)  # a is told to give one up ...
+        assert a.assignment is not None and len(a.assignment) == 1
+        await heartbeat("a", a.member_epoch, a.assignment)  # ... and has
+        os.kill(pid, signal.SIGSTOP)
+        stopped = True
+        first = asyncio.create_task(heartbeat("b", b.member_epoch, frozenset()))
+        await asyncio.sleep(0)  # b's share is queued for etcd: the write hangs
+        assert not first.done()
+        retried = await heartbeat("b", b.member_epoch, None)
+        assert (await first).error is ErrorCode.COORDINATOR_NOT_AVAILABLE
+        # The retry waited for the write and shares its outcome: nothing etcd lacks was told.
+        assert retried.error is ErrorCode.COORDINATOR_NOT_AVAILABLE, retried
+    finally:
+        if stopped:
+            os.kill(pid, signal.SIGCONT)
         for task in runtime.unload():
             await asyncio.gather(task, return_exceptions=True)
         with contextlib.suppress(Exception):

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from kafscale.broker.groups.release import GroupUse, Release, decide
+from kafscale.broker.groups.release import GroupUse, Release, decide, may_be_due
 
 pytestmark = pytest.mark.unit
 
@@ -126,3 +126,14 @@ def test_storing_the_empty_time_leads_to_letting_go(use: GroupUse) -> None:
         return
     stored = dataclasses.replace(use, stored_empty_since_ms=use.empty_since_ms or 0)
     assert decide(stored, VACANT_S, IDLE_S) is Release.LET_GO
+
+
+@given(uses, st.sampled_from([(VACANT_S, IDLE_S), (VACANT_S, 1.0), (VACANT_S, VACANT_S)]))
+def test_the_release_loop_passes_over_only_groups_that_would_be_kept(
+    use: GroupUse, times: tuple[float, float]
+) -> None:
+    """The loop reads no ``GroupUse`` of a group in use (``may_be_due``: reading it is a pass
+    over the group's offsets, every few seconds, for every group): it misses no group to go."""
+    vacant_s, idle_s = times
+    if not may_be_due(use.unused_s, vacant_s, idle_s):
+        assert decide(use, vacant_s, idle_s) is Release.KEEP
