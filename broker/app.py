@@ -28,6 +28,7 @@ from kafscale.broker.api.txn_partitions import write_markers_here
 from kafscale.broker.buffer_pool import BufferPool
 from kafscale.broker.config import BrokerSettings, TlsSettings
 from kafscale.broker.groups.coordinator import GroupCoordinator, group_config
+from kafscale.broker.groups.share_groups_index import index_share_groups
 from kafscale.broker.metadata import keys
 from kafscale.broker.metadata.cluster import BrokerInfo, ClusterView, TopicInfo, TopicPartition
 from kafscale.broker.metadata.compaction import Compactor
@@ -158,6 +159,7 @@ class Broker:
             await store.close()
             raise StartupError(f"etcd is not reachable: {exc}") from exc
         session = await SessionLease.start(etcd, settings.etcd.session_ttl_s)
+        await index_share_groups(etcd, settings.cluster)  # once per cluster: see its module
         view = ClusterView(etcd, settings.cluster)
         await view.start()
         cache = SegmentCache(settings.log.cache_bytes)
