@@ -3,13 +3,15 @@
 Every broker (and proxy) keeps a ``ClusterView`` (``broker/metadata/cluster.py``): a read of
 the cluster's keys at start-up and a watch afterwards. This bench measures two costs of it:
 
-* **watch events under offset commits.** Two brokers; a confluent-kafka consumer (``assign``,
-  no subscription) commits one partition's offset at ``--rates`` (500, 2000) commits/s for
-  ``--duration`` (15 s) each, asynchronously, to the broker that coordinates its group. The
-  other broker receives nothing but watch events: its CPU seconds per second over the run
-  (``/proc/<pid>/stat``) are the cost of following commits it has no use for. Printed with the
-  same figure when nothing is committed (``idle``), the commits etcd applied per second (its
-  revision's growth: one per OffsetCommit) and the coordinator's CPU for scale.
+* **watch events under offset commits.** Two brokers; ``--consumers`` (4) confluent-kafka
+  consumers of as many groups, all coordinated by one broker (``assign``, no subscription),
+  commit one partition's offset at ``--rates`` (500, 2000) commits/s in all for
+  ``--duration`` (15 s) each, asynchronously (a group's commits are written one after another,
+  so one group alone does not reach these rates here). The other broker receives nothing but
+  watch events: its CPU seconds per second over the run (``/proc/<pid>/stat``) are the cost of
+  following commits it has no use for. Printed with the same figure when nothing is committed
+  (``idle``), the commits etcd applied per second (its revision's growth: one per
+  OffsetCommit) and the coordinator's CPU for scale.
 * **start-up with many stored groups.** ``--groups`` (20,000) groups with ``--offsets`` (5)
   committed offsets and a metadata document each are written straight to etcd with the
   product's own keys and encoders (``keys.group_offset_key``, ``groups.store.encode_offset``,
@@ -58,11 +60,11 @@ async def _revision(url: str) -> int:
         await etcd.close()
 
 
-async def _coordinator_id(url: str, cluster: str) -> int:
+async def _coordinator_ids(url: str, cluster: str, groups: list[str]) -> list[int]:
     etcd = await Etcd.connect([url], 10.0)
     try:
-        kv = await etcd.get(keys.group_lease_key(cluster, GROUP))
-        return -1 if kv is None else int(kv.value)
+        found = [await etcd.get(keys.group_lease_key(cluster, group)) for group in groups]
+        return [-1 if kv is None else int(kv.value) for kv in found]
     finally:
         await etcd.close()
 
@@ -95,6 +97,32 @@ async def _write_groups(url: str, cluster: str, groups: int, offsets: int) -> fl
     return time.monotonic() - began
 
 
+def _consumer(bootstrap: str, group: str) -> Consumer:
+    consumer = Consumer(
+        {"bootstrap.servers": bootstrap, "group.id": group, "enable.auto.commit": False}
+    )
+    consumer.assign([TopicPartition(TOPIC, p, 0) for p in range(4)])
+    return consumer
+
+
+def _consumers_of_one_coordinator(
+    stack: Stack, broker: BrokerProcess, count: int
+) -> tuple[list[Consumer], int]:
+    """``count`` consumers of distinct groups coordinated by one broker (found by committing
+    once in each of 4 * ``count`` groups), and that broker's id."""
+    groups = [f"{GROUP}-{i}" for i in range(4 * count)]
+    consumers = [_consumer(broker.bootstrap, group) for group in groups]
+    for consumer in consumers:
+        consumer.commit(offsets=[TopicPartition(TOPIC, 0, 0)], asynchronous=False)
+    owners = asyncio.run(_coordinator_ids(stack.etcd_url, stack.cluster, groups))
+    chosen = max(set(owners), key=owners.count)
+    kept = [c for c, owner in zip(consumers, owners, strict=True) if owner == chosen][:count]
+    for consumer in consumers:
+        if consumer not in kept:
+            consumer.close()
+    return kept, chosen
+
+
 def _timed_start(stack: Stack) -> tuple[BrokerProcess, float]:
     began = time.monotonic()
     broker = stack.start_broker()
@@ -108,7 +136,7 @@ def _cpu_rate(pid: int, seconds: float) -> float:
 
 
 def _commit_run(
-    stack: Stack, consumer: Consumer, rate: int, duration_s: float, pids: tuple[int, int]
+    stack: Stack, consumers: list[Consumer], rate: int, duration_s: float, pids: tuple[int, int]
 ) -> tuple[float, float, float]:
     """Commit at ``rate``/s for ``duration_s``: (commits applied/s, coordinator CPU/s, other
     broker CPU/s)."""
@@ -121,13 +149,73 @@ def _commit_run(
         while sent < due:
             sent += 1
             offsets = [TopicPartition(TOPIC, sent % 4, sent)]
-            consumer.commit(offsets=offsets, asynchronous=True)
-        consumer.poll(0.001)
+            consumers[sent % len(consumers)].commit(offsets=offsets, asynchronous=True)
+        for consumer in consumers:
+            consumer.poll(0)
+        time.sleep(0.001)
     elapsed = time.monotonic() - began
     used = [cpu_seconds(pid) - before for pid, before in zip(pids, cpu_before, strict=True)]
     cpu = [seconds / elapsed for seconds in used]
     applied = (asyncio.run(_revision(stack.etcd_url)) - revision_before) / elapsed
     return applied, cpu[0], cpu[1]
+
+
+def _commit_phase(stack: Stack, args: argparse.Namespace) -> None:
+    first, second = stack.brokers[0], stack.brokers[1]
+    create_topic(first.bootstrap, TOPIC, 4)
+    # Several groups, all coordinated by one broker: a group's commits are written one after
+    # another (one etcd transaction each), so one group alone cannot go fast.
+    consumers, coordinator_id = _consumers_of_one_coordinator(stack, first, args.consumers)
+    coordinator, other = (first, second) if first.node_id == coordinator_id else (second, first)
+    print(f"{len(consumers)} groups, coordinator broker {coordinator.node_id}", end="")
+    print(f", other {other.node_id}")
+
+    print("\n== offset commits: CPU of the broker that only follows the watch ==")
+    header = f"{'commits/s asked':>16} {'applied/s':>10} {'coordinator CPU':>16}"
+    print(f"{header} {'other CPU':>10}")
+    idle = _cpu_rate(other.pid, args.duration)
+    print(f"{'idle':>16} {'0':>10} {'-':>16} {idle:>9.3f}s/s")
+    for rate in args.rates:
+        applied, coord_cpu, other_cpu = _commit_run(
+            stack, consumers, rate, args.duration, (coordinator.pid, other.pid)
+        )
+        print(
+            f"{rate:>16} {applied:>10.0f} {coord_cpu:>14.3f}s/s {other_cpu:>9.3f}s/s"
+            f"   (other minus idle: {other_cpu - idle:.3f}s/s,"
+            f" {(other_cpu - idle) / max(applied, 1) * 1e6:.0f} us per commit)"
+        )
+    for consumer in consumers:
+        consumer.close()
+
+
+def _startup_phase(
+    stack: Stack, args: argparse.Namespace, before: tuple[float, float, float]
+) -> None:
+    print("\n== start-up with stored groups ==")
+    stored = args.groups * (args.offsets + 1)
+    written_s = asyncio.run(_write_groups(stack.etcd_url, stack.cluster, args.groups, args.offsets))
+    print(f"wrote {args.groups} groups x {args.offsets} offsets ({stored} keys)", end="")
+    print(f" in {written_s:.1f} s")
+    print(f"{'broker start':>34} {'spawn->ready':>13} {'CPU at ready':>13} {'peak RSS':>10}")
+    print(f"{'before groups were stored':>34} {before[0]:>12.2f}s {before[1]:>12.2f}s", end="")
+    print(f" {before[2]:>8.0f}MiB")
+    # The first start-up of this version on a cluster an older one wrote: ``share-groups/`` is
+    # filled from ``groups/`` once (``share_groups_index``); then the usual start-up.
+    asyncio.run(_delete(stack.etcd_url, keys.share_groups_indexed_key(stack.cluster)))
+    for what in ("first of this version", "with the stored groups"):
+        broker, start_s = _timed_start(stack)
+        cpu = cpu_seconds(broker.pid)
+        print(f"{what:>34} {start_s:>12.2f}s {cpu:>12.2f}s {_peak_rss_mib(broker.pid):>8.0f}MiB")
+    settled = _cpu_rate(stack.brokers[-1].pid, 5.0)
+    print(f"the last broker's CPU over the next 5 s: {settled:.3f}s/s")
+
+
+async def _delete(url: str, key: str) -> None:
+    etcd = await Etcd.connect([url], 10.0)
+    try:
+        await etcd.delete(key)
+    finally:
+        await etcd.close()
 
 
 def main() -> None:
@@ -136,64 +224,19 @@ def main() -> None:
     parser.add_argument("--duration", type=float, default=15.0)
     parser.add_argument("--groups", type=int, default=20_000)
     parser.add_argument("--offsets", type=int, default=5)
+    parser.add_argument("--consumers", type=int, default=4)
+    parser.add_argument("--only", choices=["commits", "startup"])
     parser.add_argument("--keep", action="store_true")
     args = parser.parse_args()
 
     with Stack(keep_workdir=args.keep) as stack:
         first, first_start_s = _timed_start(stack)
-        first_cpu, first_rss = cpu_seconds(first.pid), _peak_rss_mib(first.pid)
-        second = stack.start_broker()
-        create_topic(first.bootstrap, TOPIC, 4)
-        consumer = Consumer(
-            {
-                "bootstrap.servers": first.bootstrap,
-                "group.id": GROUP,
-                "enable.auto.commit": False,
-                "queue.buffering.max.messages": 1_000_000,
-            }
-        )
-        consumer.assign([TopicPartition(TOPIC, p, 0) for p in range(4)])
-        consumer.commit(offsets=[TopicPartition(TOPIC, 0, 0)], asynchronous=False)
-        coordinator_id = asyncio.run(_coordinator_id(stack.etcd_url, stack.cluster))
-        coordinator, other = (first, second) if first.node_id == coordinator_id else (second, first)
-        print(f"group {GROUP!r}: coordinator broker {coordinator.node_id}, other {other.node_id}")
-
-        print("\n== offset commits: CPU of the broker that only follows the watch ==")
-        header = f"{'commits/s asked':>16} {'applied/s':>10} {'coordinator CPU':>16}"
-        print(f"{header} {'other CPU':>10}")
-        idle = _cpu_rate(other.pid, args.duration)
-        print(f"{'idle':>16} {'0':>10} {'-':>16} {idle:>9.3f}s/s")
-        for rate in args.rates:
-            applied, coord_cpu, other_cpu = _commit_run(
-                stack, consumer, rate, args.duration, (coordinator.pid, other.pid)
-            )
-            print(
-                f"{rate:>16} {applied:>10.0f} {coord_cpu:>14.3f}s/s {other_cpu:>9.3f}s/s"
-                f"   (other minus idle: {other_cpu - idle:.3f}s/s,"
-                f" {(other_cpu - idle) / max(applied, 1) * 1e6:.0f} us per commit)"
-            )
-        consumer.close()
-
-        print("\n== start-up with stored groups ==")
-        stored = args.groups * (args.offsets + 1)
-        written_s = asyncio.run(
-            _write_groups(stack.etcd_url, stack.cluster, args.groups, args.offsets)
-        )
-        print(f"wrote {args.groups} groups x {args.offsets} offsets ({stored} keys)", end="")
-        print(f" in {written_s:.1f} s")
-        third, third_start_s = _timed_start(stack)
-        third_cpu = cpu_seconds(third.pid)
-        print(f"{'broker':>28} {'spawn->ready':>13} {'CPU at ready':>13} {'peak RSS':>10}")
-        print(
-            f"{'before groups were stored':>28} {first_start_s:>12.2f}s {first_cpu:>12.2f}s"
-            f" {first_rss:>8.0f}MiB"
-        )
-        print(
-            f"{'with the stored groups':>28} {third_start_s:>12.2f}s {third_cpu:>12.2f}s"
-            f" {_peak_rss_mib(third.pid):>8.0f}MiB"
-        )
-        settled = _cpu_rate(third.pid, 5.0)
-        print(f"the new broker's CPU over the next 5 s: {settled:.3f}s/s")
+        before = (first_start_s, cpu_seconds(first.pid), _peak_rss_mib(first.pid))
+        if args.only != "startup":
+            stack.start_broker()
+            _commit_phase(stack, args)
+        if args.only != "commits":
+            _startup_phase(stack, args, before)
 
 
 if __name__ == "__main__":

@@ -23,7 +23,10 @@ VIEW_RANGES: tuple[tuple[str, str], ...] = (
     # acls/, assignment, broker-ids/ (rare), brokers/, delegation-tokens/ (rare),
     # deleted-topics/ (rare), draining/, group-configs/: everything before groups/
     ("acls/", "group-configs0"),
-    # leases/partitions/, leases/transactions/ (one write per coordinator move), partitions/
+    # leases/partitions/, leases/transactions/ (one write per coordinator move), partitions/.
+    # Not leases/groups/ (``GroupLeases`` watches those) nor leases/assigner: the assigner's
+    # key is bound to its session, so it goes with the holder's brokers/<id> (in the first
+    # range), and the rebalancer reads it from etcd when the view changes.
     ("leases/partitions/", "partitions0"),
     ("quotas/", "quotas0"),
     ("share-groups/", "share-groups0"),
