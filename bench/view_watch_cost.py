@@ -201,7 +201,9 @@ def _startup_phase(
     print(f" {before[2]:>8.0f}MiB")
     # The first start-up of this version on a cluster an older one wrote: ``share-groups/`` is
     # filled from ``groups/`` once (``share_groups_index``); then the usual start-up.
-    asyncio.run(_delete(stack.etcd_url, keys.share_groups_indexed_key(stack.cluster)))
+    indexed_key = getattr(keys, "share_groups_indexed_key", None)  # absent in older trees
+    if indexed_key is not None:
+        asyncio.run(_delete(stack.etcd_url, indexed_key(stack.cluster)))
     for what in ("first of this version", "with the stored groups"):
         broker, start_s = _timed_start(stack)
         cpu = cpu_seconds(broker.pid)

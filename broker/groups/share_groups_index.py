@@ -3,8 +3,9 @@
 Every broker's cluster view learns share-group membership from ``share-groups/<group>``, which
 the group coordinator writes with ``groups/<group>/metadata`` (``GroupStore.save_group``). A
 cluster written by an older KafScale has share groups with only the metadata key: the first
-broker of this version to start copies each of them over, once, then marks the cluster done
-(``indexed/share-groups``), so later start-ups read nothing of ``groups/``.
+broker of this version to start copies each of them over, once, in the background (the broker
+calls this after it is ready; every view sees each copy as a watch event), then marks the
+cluster done (``indexed/share-groups``), so later start-ups read nothing of ``groups/``.
 
 Each copy is a transaction that holds only if the metadata key is still the one read and the
 share-group key still absent: a coordinator of this version that saved the group meanwhile
