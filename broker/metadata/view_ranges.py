@@ -2,17 +2,22 @@
 
 A cluster's prefix holds, besides what every broker must know (topics, brokers, partition
 states, leases, the assignment, draining marks, group configs, ACLs, quotas, share groups),
-everything written per request by one broker for itself: each committed consumer offset
-(``groups/<g>/offsets/...``), share-partition states, transaction states, producer ids, group
-and transaction leases, users, tokens. Watching the whole prefix sent every one of those writes
+what one broker writes per request for itself: each committed consumer offset
+(``groups/<g>/offsets/...``), group metadata, transaction states, group leases, users.
+Watching the whole prefix sent every one of those writes
 to every broker and proxy to be decoded and dropped (an idle broker spent ~0.3 ms of CPU per
 offset commit of another broker), and the start-up read carried every group's offsets in one
 answer (bench/view_watch_cost.py; figures in docs/architecture.md).
 
-The ranges below cover the kept kinds; neighbouring kinds are joined into one range where
-whatever lies between them is written rarely (broker ids, delegation tokens, deleted-topic
-marks, transaction-coordinator leases), so fewer watches run and the related kinds of one range
-(partition leases and partition states) arrive in one stream, in revision order. Pure.
+Two ranges cover the kept kinds. Each watch costs a creation on the client's one gRPC watch
+stream, and every creation is retried whenever etcd restarts or stalls (aetcd queues at most
+ten requests on that stream), so the kinds are joined into as few ranges as leave the
+per-request writers out: ``groups/`` (every offset commit) and ``transactions/`` (every
+transaction's state changes) lie outside both. Inside the second range, besides what the view
+keeps, are producer ids (one write per InitProducerId) and share-partition states (at most one
+write per share-partition per flush round of its owner): bounded by clients and partitions, not
+by requests. Topics, partition states and partition leases come in one stream, in revision
+order. Pure.
 """
 
 from __future__ import annotations
@@ -23,14 +28,12 @@ VIEW_RANGES: tuple[tuple[str, str], ...] = (
     # acls/, assignment, broker-ids/ (rare), brokers/, delegation-tokens/ (rare),
     # deleted-topics/ (rare), draining/, group-configs/: everything before groups/
     ("acls/", "group-configs0"),
-    # leases/partitions/, leases/transactions/ (one write per coordinator move), partitions/.
-    # Not leases/groups/ (``GroupLeases`` watches those) nor leases/assigner: the assigner's
-    # key is bound to its session, so it goes with the holder's brokers/<id> (in the first
-    # range), and the rebalancer reads it from etcd when the view changes.
-    ("leases/partitions/", "partitions0"),
-    ("quotas/", "quotas0"),
-    ("share-groups/", "share-groups0"),
-    ("topics/", "topics0"),
+    # leases/partitions/, leases/transactions/ (one write per coordinator move), partitions/,
+    # producer-ids/, producers/, quotas/, share-groups/, share-state/, topics/. Not
+    # leases/groups/ (``GroupLeases`` watches those) nor leases/assigner: the assigner's key is
+    # bound to its session, so it goes with the holder's brokers/<id> (in the first range),
+    # and the rebalancer reads it from etcd when the view changes.
+    ("leases/partitions/", "topics0"),
 )
 """(first key, end key) relative to the cluster prefix, each end exclusive (``0`` is the byte
 after ``/``), in key order, not overlapping."""

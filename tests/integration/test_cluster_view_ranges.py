@@ -37,7 +37,7 @@ from kafscale.broker.groups.store import Fence, GroupStore, encode_group
 from kafscale.broker.metadata import keys
 from kafscale.broker.metadata.cluster import ClusterView
 from kafscale.broker.metadata.embedded_etcd import EmbeddedEtcd
-from kafscale.broker.metadata.etcd import WatchEvent
+from kafscale.broker.metadata.etcd import Etcd, WatchEvent
 from kafscale.broker.quotas.entities import make_entity
 from kafscale.broker.quotas.store import write_entities
 
@@ -96,6 +96,15 @@ async def _share_group_joined(etcd_url: str, cluster: str, group: str, members: 
         await etcd.close()
 
 
+async def _share_group_deleted(etcd: Etcd, cluster: str, group: str) -> None:
+    """DeleteGroups by its coordinator (``GroupStore.delete_group`` under the group lease)."""
+    lease_key = keys.group_lease_key(cluster, group)
+    lease = await etcd.get(lease_key)
+    assert lease is not None
+    fence = Fence(lease_key, lease.value, lease.create_revision)
+    assert await GroupStore(etcd, cluster).delete_group(group, fence)
+
+
 async def test_offset_commits_send_no_watch_event_while_kept_kinds_still_do(
     broker_cluster: BrokerCluster,
 ) -> None:
@@ -133,6 +142,9 @@ async def test_offset_commits_send_no_watch_event_while_kept_kinds_still_do(
         await _until(lambda: view.share_members.has("sharers", "m2"), "the share members")
         await _share_group_joined(broker_cluster.etcd_url, cluster, "sharers", ["m1"])
         await _until(lambda: not view.share_members.has("sharers", "m2"), "m2's departure")
+        await _share_group_deleted(etcd, cluster, "sharers")
+        await _until(lambda: "sharers" not in view.share_members.members, "the deletion")
+        assert await etcd.get(keys.share_group_key(cluster, "sharers")) is None
 
         offsets = keys.group_offsets_prefix(cluster, "readers")
         assert await etcd.get(keys.group_offset_key(cluster, "readers", "committed", 0))

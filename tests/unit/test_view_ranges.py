@@ -1,5 +1,6 @@
 """The key ranges a cluster view follows hold every key it keeps and none written per request
-for one broker's own use (``metadata/view_ranges.py``)."""
+for one broker's own use (``metadata/view_ranges.py``; share-partition states and the producer
+id counter lie inside, written per flush round and per InitProducerId)."""
 
 from __future__ import annotations
 
@@ -32,9 +33,6 @@ NOT_KEPT = [
     keys.group_metadata_key(C, "g"),
     keys.group_txn_offset_key(C, "g", 7, "t", 0),
     keys.group_lease_key(C, "g"),
-    keys.share_state_key(C, "g", "t", 0),
-    keys.producer_key(C, 7),
-    keys.producer_id_counter_key(C),
     keys.transaction_key(C, "tx"),
     keys.scram_credential_key(C, "u", "SCRAM-SHA-256"),
     keys.share_groups_indexed_key(C),
