@@ -9,14 +9,14 @@ to every broker and proxy to be decoded and dropped (an idle broker spent ~0.3 m
 offset commit of another broker), and the start-up read carried every group's offsets in one
 answer (bench/view_watch_cost.py; figures in docs/architecture.md).
 
-Two ranges cover the kept kinds. Each watch costs a creation on the client's one gRPC watch
-stream, and every creation is retried whenever etcd restarts or stalls (aetcd queues at most
-ten requests on that stream), so the kinds are joined into as few ranges as leave the
-per-request writers out: ``groups/`` (every offset commit) and ``transactions/`` (every
-transaction's state changes) lie outside both. Inside the second range, besides what the view
-keeps, are producer ids (one write per InitProducerId) and share-partition states (at most one
-write per share-partition per flush round of its owner): bounded by clients and partitions, not
-by requests. Topics, partition states and partition leases come in one stream, in revision
+Three ranges (one of them a single key) cover the kept kinds. Each watch costs a creation on the
+client's one gRPC watch stream, and every creation is retried whenever etcd restarts or stalls
+(aetcd queues at most ten requests on that stream), so the kinds are joined into as few ranges
+as leave the per-request writers out: ``groups/`` (every offset commit) and ``transactions/``
+(every transaction's state changes) lie outside both. Inside the second range, besides what the
+view keeps, are producer ids (one write per InitProducerId) and share-partition states (at most
+one write per share-partition per flush round of its owner): bounded by clients and partitions,
+not by requests. Topics, partition states and partition leases come in one stream, in revision
 order. Pure.
 """
 
@@ -28,11 +28,11 @@ VIEW_RANGES: tuple[tuple[str, str], ...] = (
     # acls/, assignment, broker-ids/ (rare), brokers/, delegation-tokens/ (rare),
     # deleted-topics/ (rare), draining/, group-configs/: everything before groups/
     ("acls/", "group-configs0"),
+    # The assigner role (``rebalancer``): a change wakes the brokers to campaign for it.
+    ("leases/assigner", "leases/assigner\0"),
     # leases/partitions/, leases/transactions/ (one write per coordinator move), partitions/,
     # producer-ids/, producers/, quotas/, share-groups/, share-state/, topics/. Not
-    # leases/groups/ (``GroupLeases`` watches those) nor leases/assigner: the assigner's key is
-    # bound to its session, so it goes with the holder's brokers/<id> (in the first range),
-    # and the rebalancer reads it from etcd when the view changes.
+    # leases/groups/ (``GroupLeases`` watches those where they are needed).
     ("leases/partitions/", "topics0"),
 )
 """(first key, end key) relative to the cluster prefix, each end exclusive (``0`` is the byte

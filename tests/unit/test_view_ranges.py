@@ -9,6 +9,7 @@ import itertools
 import pytest
 
 from kafscale.broker.metadata import keys
+from kafscale.broker.metadata.rebalancer import assigner_key
 from kafscale.broker.metadata.view_ranges import in_view, view_ranges
 
 pytestmark = pytest.mark.unit
@@ -26,6 +27,7 @@ KEPT = [
     keys.acl_key(C, "TOPIC", "LITERAL", "t", "User:a", "*", "READ", "ALLOW"),
     keys.quota_key(C, [("user", "u"), ("client-id", None)]),
     keys.share_group_key(C, "g/1"),
+    assigner_key(C),  # its deletion wakes the brokers to campaign for the role
 ]
 
 NOT_KEPT = [
