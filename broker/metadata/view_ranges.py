@@ -13,7 +13,7 @@ Three ranges (one of them a single key) cover the kept kinds. Each watch costs a
 client's one gRPC watch stream, and every creation is retried whenever etcd restarts or stalls
 (aetcd queues at most ten requests on that stream), so the kinds are joined into as few ranges
 as leave the per-request writers out: ``groups/`` (every offset commit) and ``transactions/``
-(every transaction's state changes) lie outside both. Inside the second range, besides what the
+(every transaction's state changes) lie outside them all. Inside the last range, besides what the
 view keeps, are producer ids (one write per InitProducerId) and share-partition states (at most
 one write per share-partition per flush round of its owner): bounded by clients and partitions,
 not by requests. Topics, partition states and partition leases come in one stream, in revision
