@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
-import signal
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Coroutine
+from dataclasses import dataclass
+from typing import Any
 
 import pytest
 from harness.coordinator_host import CoordinatorHost, HostView, join_request
@@ -233,6 +233,72 @@ async def test_store_writes_nothing_without_the_lease(etcd: Etcd, cluster_name: 
     assert (await store.load("g")).exists is False
 
 
+BOTH = frozenset({("t", 0), ("t", 1)})
+
+
+@dataclass
+class HandedOver:
+    """A consumer group of two members on a real coordinator runtime: "a" took both partitions,
+    "b" joined, and "a" gave ``freed`` up for b and said so; b has not been told yet."""
+
+    etcd: Etcd
+    store: GroupStore
+    heartbeat: Callable[[str, int, frozenset[TopicPartition] | None], Coroutine[Any, Any, Answer]]
+    b_epoch: int
+    freed: frozenset[TopicPartition]
+
+
+class HeldStore(GroupStore):
+    """A ``GroupStore`` whose next group write, once armed, waits until let go and then fails
+    as a timed-out etcd call does: a write on its way for as long as a test needs."""
+
+    def __init__(self, etcd: Etcd, cluster: str) -> None:
+        super().__init__(etcd, cluster)
+        self.reached, self.let_go = asyncio.Event(), asyncio.Event()
+        self.armed = False
+
+    async def save_group(self, group_id: str, record: GroupRecord, fence: Fence) -> bool:
+        if not self.armed:
+            return await super().save_group(group_id, record, fence)
+        self.armed = False
+        self.reached.set()
+        await self.let_go.wait()
+        raise MetadataUnavailable("etcd txn timed out (held by the test)")
+
+
+@contextlib.asynccontextmanager
+async def handed_over(
+    server: EmbeddedEtcd, cluster: str, store: type[GroupStore] = GroupStore
+) -> AsyncIterator[HandedOver]:
+    etcd = await Etcd.connect([server.client_url], timeout_s=1.0)
+    session = await SessionLease.start(etcd, 60)
+    fence = await GroupLeases(etcd, cluster, lambda *_: None).acquire("g", 1, session.id)
+    assert fence is not None
+    group_store = store(etcd, cluster)
+    runtime = GroupRuntime("g", fence, group_store, CONFIG, LoadedGroup(None, {}), lambda *_: None)
+
+    async def heartbeat(member: str, epoch: int, owned: frozenset[TopicPartition] | None) -> Answer:
+        names = ("t",) if epoch == 0 else None
+        request = member_heartbeat(member, epoch, names, owned)
+        return await runtime.consumer_heartbeat(request, {"t": 2})
+
+    try:
+        a = await heartbeat("a", 0, frozenset())
+        assert a.assignment == BOTH
+        b = await heartbeat("b", 0, frozenset())
+        assert b.error is ErrorCode.NONE and b.assignment == frozenset()  # a holds both
+        a = await heartbeat("a", a.member_epoch, BOTH)  # a is told to give one up ...
+        assert a.assignment is not None and len(a.assignment) == 1
+        await heartbeat("a", a.member_epoch, a.assignment)  # ... and has
+        yield HandedOver(etcd, group_store, heartbeat, b.member_epoch, BOTH - a.assignment)
+    finally:
+        for task in runtime.unload():
+            await asyncio.gather(task, return_exceptions=True)
+        with contextlib.suppress(Exception):
+            await session.revoke()
+        await etcd.close()
+
+
 async def test_a_member_is_never_told_what_a_failed_write_left_out_of_etcd(
     etcd_server_private: EmbeddedEtcd, cluster_name: str
 ) -> None:
@@ -240,101 +306,46 @@ async def test_a_member_is_never_told_what_a_failed_write_left_out_of_etcd(
     retry changes nothing more in memory, yet it must write the group before it is answered:
     otherwise the member consumes a partition that etcd, and so the next coordinator, says
     nobody holds (a coordinator move then gives it to a second member)."""
-    etcd = await Etcd.connect([etcd_server_private.client_url], timeout_s=1.0)
-    session = await SessionLease.start(etcd, 60)
-    fence = await GroupLeases(etcd, cluster_name, lambda *_: None).acquire("g", 1, session.id)
-    assert fence is not None
-    runtime = GroupRuntime(
-        "g", fence, GroupStore(etcd, cluster_name), CONFIG, LoadedGroup(None, {}), lambda *_: None
-    )
-    topics, both = {"t": 2}, frozenset({("t", 0), ("t", 1)})
-
-    async def heartbeat(member: str, epoch: int, owned: frozenset[TopicPartition] | None) -> Answer:
-        names = ("t",) if epoch == 0 else None
-        request = member_heartbeat(member, epoch, names, owned)
-        return await runtime.consumer_heartbeat(request, topics)
-
-    try:
-        a = await heartbeat("a", 0, frozenset())
-        assert a.assignment == both
-        b = await heartbeat("b", 0, frozenset())
-        assert b.error is ErrorCode.NONE and b.assignment == frozenset()  # a holds both
-        a = await heartbeat("a", a.member_epoch, both)  # a is told to give one up ...
-        assert a.assignment is not None and len(a.assignment) == 1
-        kept = a.assignment
-        await heartbeat("a", a.member_epoch, kept)  # ... and has
+    async with handed_over(etcd_server_private, cluster_name) as group:
         await etcd_server_private.stop_async()
-        failed = await heartbeat("b", b.member_epoch, frozenset())  # b's share: not stored
+        failed = await group.heartbeat("b", group.b_epoch, frozenset())  # b's share: not stored
         assert failed.error is ErrorCode.COORDINATOR_NOT_AVAILABLE
         await etcd_server_private.start_async()
         # The retry is not a full request (no owned partitions): the answer it never got must
         # still come with it.
         deadline = asyncio.get_running_loop().time() + 30
-        retried = await heartbeat("b", b.member_epoch, None)
+        retried = await group.heartbeat("b", group.b_epoch, None)
         while retried.error is ErrorCode.COORDINATOR_NOT_AVAILABLE:  # etcd reconnecting
             assert asyncio.get_running_loop().time() < deadline, "etcd never came back"
             await asyncio.sleep(0.2)
-            retried = await heartbeat("b", b.member_epoch, None)
-        assert retried.error is ErrorCode.NONE and retried.assignment == both - kept
-        stored = await etcd.get(keys.group_metadata_key(cluster_name, "g"))
+            retried = await group.heartbeat("b", group.b_epoch, None)
+        assert retried.error is ErrorCode.NONE and retried.assignment == group.freed
+        stored = await group.etcd.get(keys.group_metadata_key(cluster_name, "g"))
         assert stored is not None
         document = decode_group(stored.value).consumer
         assert document is not None
         held = {m["member_id"]: m["assigned"] for m in document["members"]}
-        assert held["b"] == [list(tp) for tp in sorted(both - kept)]
-    finally:
-        for task in runtime.unload():
-            await asyncio.gather(task, return_exceptions=True)
-        with contextlib.suppress(Exception):
-            await session.revoke()
-        await etcd.close()
+        assert held["b"] == [list(tp) for tp in sorted(group.freed)]
 
 
 async def test_a_retry_while_the_write_is_on_its_way_waits_for_that_write(
     etcd_server_private: EmbeddedEtcd, cluster_name: str
 ) -> None:
-    """etcd is slow (stopped): a member's heartbeat changed the group and waits for the write.
-    The member retries (its request timed out, its connection dropped): the retry changes
-    nothing more in memory, yet it must not be answered before that write is in etcd. Answered
-    from memory at once, it is told a partition that, once the write fails, etcd (and so the
-    next coordinator) gives nobody: a coordinator move hands it to a second consumer."""
-    etcd = await Etcd.connect([etcd_server_private.client_url], timeout_s=1.0)
-    session = await SessionLease.start(etcd, 60)
-    fence = await GroupLeases(etcd, cluster_name, lambda *_: None).acquire("g", 1, session.id)
-    assert fence is not None
-    runtime = GroupRuntime(
-        "g", fence, GroupStore(etcd, cluster_name), CONFIG, LoadedGroup(None, {}), lambda *_: None
-    )
-    topics, both = {"t": 2}, frozenset({("t", 0), ("t", 1)})
-
-    async def heartbeat(member: str, epoch: int, owned: frozenset[TopicPartition] | None) -> Answer:
-        names = ("t",) if epoch == 0 else None
-        request = member_heartbeat(member, epoch, names, owned)
-        return await runtime.consumer_heartbeat(request, topics)
-
-    pid = etcd_server_private.pid
-    assert pid is not None
-    stopped = False
-    try:
-        a = await heartbeat("a", 0, frozenset())
-        b = await heartbeat("b", 0, frozenset())
-        a = await heartbeat("a", a.member_epoch, both)  # a is told to give one up ...
-        assert a.assignment is not None and len(a.assignment) == 1
-        await heartbeat("a", a.member_epoch, a.assignment)  # ... and has
-        os.kill(pid, signal.SIGSTOP)
-        stopped = True
-        first = asyncio.create_task(heartbeat("b", b.member_epoch, frozenset()))
-        await asyncio.sleep(0)  # b's share is queued for etcd: the write hangs
-        assert not first.done()
-        retried = await heartbeat("b", b.member_epoch, None)
+    """etcd is slow: a member's heartbeat changed the group and waits for the write. The member
+    retries (its request timed out, its connection dropped): the retry changes nothing more in
+    memory, yet it must not be answered before that write is in etcd. Answered from memory at
+    once, it is told a partition that, once the write fails, etcd (and so the next
+    coordinator) gives nobody: a coordinator move hands it to a second consumer."""
+    async with handed_over(etcd_server_private, cluster_name, HeldStore) as group:
+        store = group.store
+        assert isinstance(store, HeldStore)
+        store.armed = True
+        first = asyncio.create_task(group.heartbeat("b", group.b_epoch, frozenset()))
+        await asyncio.wait_for(store.reached.wait(), 30)  # b's share is on its way to etcd
+        retried = asyncio.create_task(group.heartbeat("b", group.b_epoch, None))
+        await asyncio.sleep(0.5)  # long enough to be answered if it did not wait
+        assert not retried.done() and not first.done()
+        store.let_go.set()  # the write fails
         assert (await first).error is ErrorCode.COORDINATOR_NOT_AVAILABLE
         # The retry waited for the write and shares its outcome: nothing etcd lacks was told.
-        assert retried.error is ErrorCode.COORDINATOR_NOT_AVAILABLE, retried
-    finally:
-        if stopped:
-            os.kill(pid, signal.SIGCONT)
-        for task in runtime.unload():
-            await asyncio.gather(task, return_exceptions=True)
-        with contextlib.suppress(Exception):
-            await session.revoke()
-        await etcd.close()
+        assert (await retried).error is ErrorCode.COORDINATOR_NOT_AVAILABLE
