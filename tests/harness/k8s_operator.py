@@ -30,6 +30,10 @@ async def eventually(
         await asyncio.sleep(0.05)
 
 
+STOP_WAIT_S = 150.0
+"""How long a stopping operator may take (kopf's event posting retries, above)."""
+
+
 @contextlib.asynccontextmanager
 async def operator_thread(settings: OperatorSettings) -> AsyncIterator[OperatorSettings]:
     """The operator in a thread with its own event loop, stopped (and joined) afterwards.
@@ -54,5 +58,7 @@ async def operator_thread(settings: OperatorSettings) -> AsyncIterator[OperatorS
         yield settings
     finally:
         stop.set()
-        await asyncio.to_thread(thread.join, 20)
-        assert not thread.is_alive(), "the operator did not stop within 20 s"
+        # kopf finishes posting its events first: to a namespace being deleted, each is tried
+        # 9 times over 54 s of backoff, events one after another (seen in CI: 20 s were not enough).
+        await asyncio.to_thread(thread.join, STOP_WAIT_S)
+        assert not thread.is_alive(), f"the operator did not stop within {STOP_WAIT_S:g} s"
