@@ -40,6 +40,14 @@ class CoordinatorHost:
     draining: bool = False
 
 
+@dataclass
+class Coordinated:
+    """A running coordinator and what its broker gives it (``running_coordinator``'s pair)."""
+
+    host: CoordinatorHost
+    coordinator: GroupCoordinator
+
+
 def join_request(member_id: str = "", timeout_ms: int = 10_000) -> JoinRequest:
     """A classic consumer member's JoinGroup (``range``, no subscription bytes);
     ``timeout_ms`` is its session and rebalance timeout."""

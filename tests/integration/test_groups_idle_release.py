@@ -12,13 +12,13 @@ import asyncio
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
 
 import pytest
-from harness.coordinator_host import CoordinatorHost, join_request, running_coordinator
+from harness.coordinator_host import Coordinated, CoordinatorHost, join_request, running_coordinator
 
 from kafscale.broker.groups.coordinator import GroupCoordinator
 from kafscale.broker.groups.model import GroupConfig, GroupRecord, GroupState, SyncRequest
+from kafscale.broker.groups.retention_runtime import wall_clock_ms
 from kafscale.broker.groups.store import CommittedOffset, decode_group, encode_group, encode_offset
 from kafscale.broker.metadata import keys
 from kafscale.broker.metadata.embedded_etcd import EmbeddedEtcd
@@ -39,20 +39,10 @@ DEADLINE_S = 60.0
 TP = ("t", 0)
 
 
-@dataclass
-class _Coordinated:
-    host: CoordinatorHost
-    coordinator: GroupCoordinator
-
-
 @pytest.fixture
-async def coordinated(etcd_server: EmbeddedEtcd, cluster_name: str) -> AsyncIterator[_Coordinated]:
+async def coordinated(etcd_server: EmbeddedEtcd, cluster_name: str) -> AsyncIterator[Coordinated]:
     async with running_coordinator(etcd_server.client_url, cluster_name, CONFIG) as running:
-        yield _Coordinated(*running)
-
-
-def _now_ms() -> int:
-    return int(time.time() * 1000)
+        yield Coordinated(*running)
 
 
 async def _eventually(check: Callable[[], object], what: str) -> None:
@@ -85,7 +75,7 @@ async def _committed_and_left(coordinator: GroupCoordinator, group_id: str) -> N
     member = joined.member_id
     synced = await runtime.sync(SyncRequest(member, 1, None, None, None, {member: b"a"}))
     assert synced.error is ErrorCode.NONE
-    offsets = {TP: CommittedOffset(7, commit_timestamp_ms=_now_ms())}
+    offsets = {TP: CommittedOffset(7, commit_timestamp_ms=wall_clock_ms())}
     assert await runtime.commit(member, None, 1, offsets) is ErrorCode.NONE
     assert runtime.leave([(member, None)])[0] is ErrorCode.NONE
 
@@ -102,7 +92,7 @@ async def _empty_time_stored(host: CoordinatorHost, group_id: str) -> int:
 
 
 async def test_a_group_whose_consumer_committed_and_left_is_let_go_and_answers_as_before(
-    coordinated: _Coordinated,
+    coordinated: Coordinated,
 ) -> None:
     host, coordinator = coordinated.host, coordinated.coordinator
     group_id = f"idle-{uuid.uuid4().hex[:6]}"
@@ -134,7 +124,7 @@ async def test_a_group_whose_consumer_committed_and_left_is_let_go_and_answers_a
 
 
 async def test_an_empty_record_without_empty_time_gets_it_stored_before_the_group_goes(
-    coordinated: _Coordinated,
+    coordinated: Coordinated,
 ) -> None:
     """A record from before the Empty time was stored: a reload counts from its own load, so
     a group let go and taken on again at every check would never expire. It is let go only once
@@ -144,12 +134,12 @@ async def test_an_empty_record_without_empty_time_gets_it_stored_before_the_grou
     group_id = f"untimed-{uuid.uuid4().hex[:6]}"
     record = GroupRecord("consumer", 3, None, None, empty_since_ms=None)
     await host.etcd.put(keys.group_metadata_key(host.cluster, group_id), encode_group(record))
-    long_ago = CommittedOffset(7, commit_timestamp_ms=_now_ms() - 10 * RETENTION_MS)
+    long_ago = CommittedOffset(7, commit_timestamp_ms=wall_clock_ms() - 10 * RETENTION_MS)
     await host.etcd.put(keys.group_offset_key(host.cluster, group_id, *TP), encode_offset(long_ago))
 
-    before_load = _now_ms()
+    before_load = wall_clock_ms()
     runtime = await coordinator.runtime(group_id)
-    after_load = _now_ms()
+    after_load = wall_clock_ms()
     assert runtime.committed([TP])[TP] is not None  # counted from the load: kept
     await _let_go(host, coordinator, group_id)
     stored = await _record(host, group_id)
@@ -159,14 +149,14 @@ async def test_an_empty_record_without_empty_time_gets_it_stored_before_the_grou
 
     # One retention after the first load, a check takes the group on again (a new load): its
     # offset expires by the stored time, and the Empty group without offsets is deleted.
-    await asyncio.sleep(max(0, stored.empty_since_ms + RETENTION_MS - _now_ms()) / 1000 + 0.1)
+    await asyncio.sleep(max(0, stored.empty_since_ms + RETENTION_MS - wall_clock_ms()) / 1000 + 0.1)
     await coordinator.expire_offsets()
     entries = await host.etcd.get_prefix(keys.group_prefix(host.cluster, group_id))
     assert entries == []
 
 
 async def test_offsets_still_expire_at_the_right_time_after_the_group_was_let_go(
-    coordinated: _Coordinated,
+    coordinated: Coordinated,
 ) -> None:
     """Let go, then taken on again by retention checks: kept before one retention from the
     Empty time, expired (and the group deleted) after it."""
@@ -177,14 +167,14 @@ async def test_offsets_still_expire_at_the_right_time_after_the_group_was_let_go
     await _let_go(host, coordinator, group_id)
 
     await coordinator.expire_offsets()  # takes the group on again
-    checked_by = _now_ms()
+    checked_by = wall_clock_ms()
     runtime = coordinator.local(group_id)
     assert runtime is not None, "the retention check did not take the let-go group on"
     if checked_by < empty_since + RETENTION_MS:  # (else the machine was too slow to tell)
         assert runtime.committed([TP])[TP] is not None
         await _let_go(host, coordinator, group_id)  # idle again: let go again
 
-    await asyncio.sleep(max(0, empty_since + RETENTION_MS - _now_ms()) / 1000 + 0.1)
+    await asyncio.sleep(max(0, empty_since + RETENTION_MS - wall_clock_ms()) / 1000 + 0.1)
     await coordinator.expire_offsets()
     entries = await host.etcd.get_prefix(keys.group_prefix(host.cluster, group_id))
     assert entries == []
@@ -192,7 +182,7 @@ async def test_offsets_still_expire_at_the_right_time_after_the_group_was_let_go
 
 
 async def test_a_group_with_a_member_is_not_let_go(
-    coordinated: _Coordinated,
+    coordinated: Coordinated,
 ) -> None:
     """A member in the group (it stops heartbeating for less than its session) keeps it,
     however long nobody else asks for it."""
@@ -203,7 +193,7 @@ async def test_a_group_with_a_member_is_not_let_go(
     member = joined.member_id
     synced = await runtime.sync(SyncRequest(member, 1, None, None, None, {member: b"a"}))
     assert synced.error is ErrorCode.NONE
-    offsets = {TP: CommittedOffset(7, commit_timestamp_ms=_now_ms())}
+    offsets = {TP: CommittedOffset(7, commit_timestamp_ms=wall_clock_ms())}
     assert await runtime.commit(member, None, 1, offsets) is ErrorCode.NONE
     later = time.monotonic() + 100 * IDLE_RELEASE_MS / 1000
     assert coordinator.release_due(later) == []

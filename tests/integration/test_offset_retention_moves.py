@@ -11,13 +11,12 @@ import dataclasses
 import time
 import uuid
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 
 import pytest
-from harness.coordinator_host import CoordinatorHost, join_request, running_coordinator
+from harness.coordinator_host import Coordinated, CoordinatorHost, join_request, running_coordinator
 
-from kafscale.broker.groups.coordinator import GroupCoordinator
 from kafscale.broker.groups.model import GroupConfig, GroupRecord, SyncRequest
+from kafscale.broker.groups.retention_runtime import wall_clock_ms
 from kafscale.broker.groups.store import (
     CommittedOffset,
     decode_group,
@@ -40,20 +39,10 @@ CONFIG = GroupConfig(
 )
 
 
-@dataclass
-class _Coordinated:
-    host: CoordinatorHost
-    coordinator: GroupCoordinator
-
-
 @pytest.fixture
-async def coordinated(etcd_server: EmbeddedEtcd, cluster_name: str) -> AsyncIterator[_Coordinated]:
+async def coordinated(etcd_server: EmbeddedEtcd, cluster_name: str) -> AsyncIterator[Coordinated]:
     async with running_coordinator(etcd_server.client_url, cluster_name, CONFIG) as running:
-        yield _Coordinated(*running)
-
-
-def _now_ms() -> int:
-    return int(time.time() * 1000)
+        yield Coordinated(*running)
 
 
 async def _store_old_group(
@@ -61,7 +50,7 @@ async def _store_old_group(
 ) -> None:
     """What an earlier coordinator left: an Empty classic consumer group and one offset
     committed two retentions ago."""
-    long_ago = _now_ms() - 2 * RETENTION_MS
+    long_ago = wall_clock_ms() - 2 * RETENTION_MS
     record = GroupRecord("consumer", 3, None, None, empty_since_ms=empty_since_ms)
     await host.etcd.put(keys.group_metadata_key(host.cluster, group_id), encode_group(record))
     offset = CommittedOffset(7, commit_timestamp_ms=long_ago)
@@ -76,20 +65,20 @@ async def _stored_keys(host: CoordinatorHost, group_id: str) -> list[str]:
 
 
 async def test_a_new_coordinator_counts_from_the_stored_empty_time(
-    coordinated: _Coordinated,
+    coordinated: Coordinated,
 ) -> None:
     """Nobody asked for the group since it moved: the check takes it on, and its offsets,
     Empty for longer than the retention by the stored time, expire; the group goes."""
     host, coordinator = coordinated.host, coordinated.coordinator
     group_id = f"moved-{uuid.uuid4().hex[:6]}"
-    await _store_old_group(host, group_id, empty_since_ms=_now_ms() - 2 * RETENTION_MS)
+    await _store_old_group(host, group_id, empty_since_ms=wall_clock_ms() - 2 * RETENTION_MS)
     await coordinator.expire_offsets()
     assert await _stored_keys(host, group_id) == []
     assert coordinator.local(group_id) is None
 
 
 async def test_without_a_stored_empty_time_the_retention_counts_from_the_load(
-    coordinated: _Coordinated,
+    coordinated: Coordinated,
 ) -> None:
     """A record from before the empty time was stored: the group may have been Empty for a
     moment only, so the offset is kept for a retention from the load, never expired at once."""
@@ -104,7 +93,7 @@ async def test_without_a_stored_empty_time_the_retention_counts_from_the_load(
 
 
 async def test_the_time_the_last_member_left_is_stored_with_the_group(
-    coordinated: _Coordinated,
+    coordinated: Coordinated,
 ) -> None:
     host, coordinator = coordinated.host, coordinated.coordinator
     group_id = f"left-{uuid.uuid4().hex[:6]}"
@@ -115,7 +104,7 @@ async def test_the_time_the_last_member_left_is_stored_with_the_group(
     member = joined.member_id
     synced = await runtime.sync(SyncRequest(member, 1, None, None, None, {member: b"a"}))
     assert synced.error is ErrorCode.NONE
-    before_leaving = _now_ms()
+    before_leaving = wall_clock_ms()
     assert runtime.leave([(member, None)])[0] is ErrorCode.NONE
     deadline = time.monotonic() + 60
     while True:
@@ -127,7 +116,7 @@ async def test_the_time_the_last_member_left_is_stored_with_the_group(
         await asyncio.sleep(0.05)
     assert not record.has_members()
     assert record.empty_since_ms is not None
-    assert before_leaving <= record.empty_since_ms <= _now_ms()
+    assert before_leaving <= record.empty_since_ms <= wall_clock_ms()
 
 
 async def _stored_groups(host: CoordinatorHost) -> set[str]:
@@ -148,7 +137,9 @@ async def test_each_check_takes_on_at_most_n_unowned_groups_and_successive_check
         host, coordinator = running
         stored = {f"throwaway-{i:02d}" for i in range(8)}
         for group_id in stored:
-            await _store_old_group(host, group_id, empty_since_ms=_now_ms() - 2 * RETENTION_MS)
+            await _store_old_group(
+                host, group_id, empty_since_ms=wall_clock_ms() - 2 * RETENTION_MS
+            )
         assert await _stored_groups(host) == stored
         left, checks = stored, 0
         while left:
