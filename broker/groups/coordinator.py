@@ -28,7 +28,7 @@ from typing import Protocol
 
 from kafscale.broker.config import GroupSettings, IsolationLevel
 from kafscale.broker.groups import adoption, release
-from kafscale.broker.groups.leases import GroupLeases, choose_coordinator
+from kafscale.broker.groups.leases import GroupLeases, choose_coordinator, coordinator_chooser
 from kafscale.broker.groups.model import GroupConfig, GroupState
 from kafscale.broker.groups.retention_runtime import wall_clock_ms
 from kafscale.broker.groups.runtime import GroupRuntime
@@ -216,10 +216,10 @@ class GroupCoordinator:
         coordinates, and those nobody coordinates whose stable pick it is (``stored_lag``).
         No etcd I/O: ``/metrics`` calls it."""
         view = self._host.view
-        live, draining = list(view.brokers), view.draining
+        choose = coordinator_chooser(view.brokers, view.draining)
 
         def reporter(group_id: str) -> int | None:
-            return choose_coordinator(group_id, self._leases.holder(group_id), live, draining)
+            return choose(group_id, self._leases.holder(group_id))
 
         coordinated = {g: r.offsets for g, r in self._runtimes.items() if not r.closed}
         return reported_groups(self._host.node_id, coordinated, self.stored_lag.offsets, reporter)
@@ -228,9 +228,8 @@ class GroupCoordinator:
         """Whether this broker is the group's stable pick: the one FindCoordinator names while
         nobody holds the group's lease."""
         view = self._host.view
-        return choose_coordinator(group_id, None, view.brokers, view.draining) == (
-            self._host.node_id
-        )
+        chosen = choose_coordinator(group_id, None, view.brokers, view.draining)
+        return chosen == self._host.node_id
 
     async def runtime(self, group_id: str) -> GroupRuntime:
         """The group, coordinated here; raises NotCoordinator or MetadataUnavailable."""

@@ -14,8 +14,9 @@ A scrape never waits on etcd: the offsets are read by a background refresh, one 
 ``groups.lag_refresh_max_groups`` groups; a cluster that stores more is gone through over
 several refreshes (a pass), each going on where the last stopped, and each such refresh is
 counted (``capped``) and the first of a pass logged. Every broker reads every stored key once
-per pass (etcd cannot select one broker's picks by key), keeping only its own picks' offsets:
-memory follows the groups this broker reports, reads follow the keys stored.
+per pass (etcd cannot select one broker's picks by key), decoding and keeping only its own
+picks' offsets: memory follows the groups this broker reports, reads follow the keys stored
+(``bench/lag_refresh.py`` measures both).
 
 Hand-offs: a coordinator that lets a group go (or loses it) hands over the offsets it held,
 which are etcd's (``release`` lets go only of groups etcd holds whole): the series goes on at
@@ -114,7 +115,9 @@ class StoredLag:
         if self._after is None:
             self._seen, self._capped_this_pass = set(), False
         read = 0
-        async with contextlib.aclosing(self._store.committed_offset_pages(self._after)) as pages:
+        async with contextlib.aclosing(
+            self._store.committed_offset_pages(self._after, self._picked_here)
+        ) as pages:
             async for page, last in pages:
                 self.reads += 1
                 for group_id, offsets in page:

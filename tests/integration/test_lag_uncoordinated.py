@@ -158,8 +158,7 @@ def test_a_let_go_groups_lag_stays_on_one_broker_and_grows(cluster: BrokerCluste
     wait_until(lambda: group not in coordinated(cluster), "the group to be let go")
     wait_until(
         lambda: on_exactly_one(cluster, group, expected_lag(topic, RECORDS)),
-        f"the lag of {group} on exactly one broker after it was let go: "
-        f"{reported(cluster, group)}",
+        f"the lag of {group} on exactly one broker after it was let go: {reported(cluster, group)}",
     )
 
     produce(bootstrap, topic, 5)

@@ -27,9 +27,7 @@ async def _commit(etcd: Etcd, cluster: str, group: str, offsets: dict[int, int])
 
 
 def _offsets(lag: StoredLag) -> dict[str, dict[int, int]]:
-    return {
-        g: {tp[1]: c.offset for tp, c in offsets.items()} for g, offsets in lag.offsets.items()
-    }
+    return {g: {tp[1]: c.offset for tp, c in offsets.items()} for g, offsets in lag.offsets.items()}
 
 
 @pytest.fixture(autouse=True)
