@@ -14,6 +14,7 @@ from kafscale.broker.groups.store import CommittedOffset, GroupStore, encode_gro
 from kafscale.broker.groups.stored_lag import StoredLag
 from kafscale.broker.metadata import keys
 from kafscale.broker.metadata.etcd import Etcd
+from kafscale.broker.metadata.etcd_txn import KeyValue
 
 pytestmark = pytest.mark.integration
 
@@ -83,32 +84,33 @@ async def test_a_refresh_reads_at_most_max_groups_and_goes_on_where_it_stopped(
 
 
 async def test_a_hand_over_wins_over_a_read_that_began_before_it(
-    etcd: Etcd, cluster_name: str
+    etcd: Etcd, cluster_name: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     await _commit(etcd, cluster_name, "a", {0: 1})
-    ticks = iter(range(100))
-    lag = StoredLag(
-        GroupStore(etcd, cluster_name), lambda _: True, 3600, 100, clock=lambda: next(ticks)
-    )
+    lag = StoredLag(GroupStore(etcd, cluster_name), lambda _: True, 3600, 100)
     await lag.refresh()
     assert _offsets(lag) == {"a": {0: 1}}
 
-    # The coordinator commits 8 and lets the group go while a refresh is under way.
-    real_pages = lag._store.committed_offset_pages
+    # While a refresh's read is on its way, the coordinator commits 8 and lets the group go.
+    get_range = etcd.get_range
+    raced = False
 
-    async def pages_with_a_hand_over(after: str | None):  # type: ignore[no-untyped-def]
-        async for page, last in real_pages(after):
+    async def racing(
+        start: str, end: str, limit: int, keys_only: bool = False
+    ) -> tuple[list[KeyValue], bool]:
+        nonlocal raced
+        page = await get_range(start, end, limit, keys_only)
+        if not raced:
+            raced = True
             await _commit(etcd, cluster_name, "a", {0: 8})
             lag.hand_over("a", {("t", 0): CommittedOffset(8)})
-            page = [(g, {("t", 0): CommittedOffset(1)}) for g, _ in page]  # as read before
-            yield page, last
+        return page
 
-    lag._store.committed_offset_pages = pages_with_a_hand_over  # type: ignore[method-assign]
+    monkeypatch.setattr(etcd, "get_range", racing)
     await lag.refresh()
-    assert _offsets(lag) == {"a": {0: 8}}
+    assert raced and _offsets(lag) == {"a": {0: 8}}
 
-    lag._store.committed_offset_pages = real_pages  # type: ignore[method-assign]
-    lag.hand_over("a", {})  # deleted by its coordinator
+    lag.hand_over("a", {})  # deleted by its coordinator (here: it was not)
     assert _offsets(lag) == {}
     await lag.refresh()
     assert _offsets(lag) == {"a": {0: 8}}
