@@ -376,6 +376,21 @@ class GroupSettings(_Section):
         "it below offsets_retention_check_interval_ms: groups a retention check takes on go "
         "before the next check.",
     )
+    lag_refresh_interval_ms: int = Field(
+        30_000,
+        ge=100,
+        description="How often each broker reads from etcd the committed offsets of the groups "
+        "whose consumer lag it reports without coordinating them (consumers gone, let go when "
+        "idle, not asked for since a restart): their kafscale_consumer_group_lag is at most "
+        "this old (plus the extra refreshes lag_refresh_max_groups may take).",
+    )
+    lag_refresh_max_groups: int = Field(
+        10_000,
+        ge=1,
+        description="Stored groups one lag refresh reads at most (their keys, a page of 500 "
+        "keys per etcd read): a cluster storing more is gone through over several refreshes, "
+        "each counted in kafscale_consumer_group_lag_refreshes_capped_total.",
+    )
 
 
 class TransactionSettings(_Section):

@@ -22,21 +22,24 @@ import contextlib
 import functools
 import logging
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
 from kafscale.broker.config import GroupSettings, IsolationLevel
 from kafscale.broker.groups import adoption, release
-from kafscale.broker.groups.leases import GroupLeases, choose_coordinator
+from kafscale.broker.groups.leases import GroupLeases, choose_coordinator, coordinator_chooser
 from kafscale.broker.groups.model import GroupConfig, GroupState
 from kafscale.broker.groups.retention_runtime import wall_clock_ms
 from kafscale.broker.groups.runtime import GroupRuntime
 from kafscale.broker.groups.share import ShareConfig, new_group_refusal
-from kafscale.broker.groups.store import GroupStore
+from kafscale.broker.groups.store import CommittedOffset, GroupStore, TopicPartition
+from kafscale.broker.groups.stored_lag import StoredLag
 from kafscale.broker.metadata.cluster import BrokerInfo, ClusterView
 from kafscale.broker.metadata.etcd import Etcd
 from kafscale.broker.metadata.etcd_errors import MetadataUnavailable
 from kafscale.broker.metadata.session_lease import SessionLease
+from kafscale.broker.observability.lag import reported_groups
 from kafscale.broker.observability.logs import about, bind
 from kafscale.broker.observability.metrics import METRICS, Metrics
 from kafscale.broker.protocol.errors import NotCoordinator
@@ -94,6 +97,8 @@ def group_config(settings: GroupSettings) -> GroupConfig:
         offsets_retention_ms=round(settings.offsets_retention_minutes * 60_000),
         offsets_retention_check_interval_ms=settings.offsets_retention_check_interval_ms,
         idle_release_ms=settings.idle_release_ms,
+        lag_refresh_interval_ms=settings.lag_refresh_interval_ms,
+        lag_refresh_max_groups=settings.lag_refresh_max_groups,
     )
 
 
@@ -135,6 +140,12 @@ class GroupCoordinator:
         self._closed = False
         self._sweep_after: str | None = None
         """The stored group the last retention check's adoption sweep stopped at."""
+        self.stored_lag = StoredLag(
+            self._store,
+            self._picked_here,
+            config.lag_refresh_interval_ms / 1000,
+            config.lag_refresh_max_groups,
+        )
 
     async def start(self) -> None:
         await self._leases.start()
@@ -143,6 +154,7 @@ class GroupCoordinator:
         )
         self._tasks.append(asyncio.create_task(self._let_go_of_unused(), name="groups-release"))
         self._tasks.append(asyncio.create_task(self._expire_offsets(), name="groups-retention"))
+        self.stored_lag.start()
 
     async def close(self) -> None:
         """Stop coordinating and release every group lease (waiters get NOT_COORDINATOR)."""
@@ -154,6 +166,7 @@ class GroupCoordinator:
         self._drop_all("the broker is shutting down")
         for task in self._tasks:
             task.cancel()
+        await self.stored_lag.close()
         releasing = list(self._releasing.values())
         await asyncio.gather(
             *self._tasks, *self._retired, *loading, *releasing, return_exceptions=True
@@ -197,6 +210,26 @@ class GroupCoordinator:
     def coordinated(self) -> list[GroupRuntime]:
         """The groups coordinated here now (for metrics)."""
         return [runtime for runtime in self._runtimes.values() if not runtime.closed]
+
+    def lag_offsets(self) -> list[tuple[str, Mapping[TopicPartition, CommittedOffset]]]:
+        """The groups whose lag this broker reports, with their committed offsets: those it
+        coordinates, and those nobody coordinates whose stable pick it is (``stored_lag``).
+        No etcd I/O: ``/metrics`` calls it."""
+        view = self._host.view
+        choose = coordinator_chooser(view.brokers, view.draining)
+
+        def reporter(group_id: str) -> int | None:
+            return choose(group_id, self._leases.holder(group_id))
+
+        coordinated = {g: r.offsets for g, r in self._runtimes.items() if not r.closed}
+        return reported_groups(self._host.node_id, coordinated, self.stored_lag.offsets, reporter)
+
+    def _picked_here(self, group_id: str) -> bool:
+        """Whether this broker is the group's stable pick: the one FindCoordinator names while
+        nobody holds the group's lease."""
+        view = self._host.view
+        chosen = choose_coordinator(group_id, None, view.brokers, view.draining)
+        return chosen == self._host.node_id
 
     async def runtime(self, group_id: str) -> GroupRuntime:
         """The group, coordinated here; raises NotCoordinator or MetadataUnavailable."""
@@ -316,6 +349,7 @@ class GroupCoordinator:
             self._used_at.pop(runtime.group_id, None)
         if runtime.closed:
             return
+        self.stored_lag.hand_over(runtime.group_id, runtime.offsets)
         log.info(
             "no longer coordinating group %s: %s", runtime.group_id, reason,
             extra=about(group=runtime.group_id),
@@ -371,6 +405,7 @@ class GroupCoordinator:
         group_id = runtime.group_id
         del self._runtimes[group_id]
         self._used_at.pop(group_id, None)
+        self.stored_lag.hand_over(group_id, runtime.offsets)
         self._retired = [t for t in self._retired if not t.done()]
         self._retired.extend(runtime.unload())
         task = asyncio.create_task(self._release(runtime), name=f"group-release-{group_id}")

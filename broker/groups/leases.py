@@ -44,14 +44,28 @@ def choose_coordinator(
     the sorted live, non-draining brokers), so clients of one group converge on one broker,
     which takes the lease on their first request.
     """
+    return coordinator_chooser(live, draining)(group_id, holder)
+
+
+def coordinator_chooser(
+    live: Iterable[int], draining: Iterable[int] = ()
+) -> Callable[[str, int | None], int | None]:
+    """``choose_coordinator`` for many groups over one set of brokers: (group id, lease holder)
+    to the broker FindCoordinator names, the brokers sorted once (``/metrics`` asks it of every
+    group whose lag may be reported)."""
     alive = sorted(set(live))
-    if holder is not None and holder in alive:
-        return holder
+    alive_set = set(alive)
     skip = set(draining)
     candidates = [b for b in alive if b not in skip] or alive
-    if not candidates:
-        return None
-    return candidates[zlib.crc32(group_id.encode()) % len(candidates)]
+
+    def choose(group_id: str, holder: int | None) -> int | None:
+        if holder is not None and holder in alive_set:
+            return holder
+        if not candidates:
+            return None
+        return candidates[zlib.crc32(group_id.encode()) % len(candidates)]
+
+    return choose
 
 
 def owner_value(node_id: int) -> bytes:

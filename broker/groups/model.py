@@ -65,6 +65,11 @@ class GroupConfig:
     idle_release_ms: int = 300_000
     """How long a group without members that keeps committed offsets stays coordinated after
     the last request that named it (``groups.idle_release_ms``; ``release``)."""
+    lag_refresh_interval_ms: int = 30_000
+    """How often the committed offsets of groups reported uncoordinated are read from etcd
+    (``groups.lag_refresh_interval_ms``; ``stored_lag``)."""
+    lag_refresh_max_groups: int = 10_000
+    """Stored groups one such read takes at most (``groups.lag_refresh_max_groups``)."""
 
     def session_timeout_ok(self, session_timeout_ms: int) -> bool:
         return self.min_session_timeout_ms <= session_timeout_ms <= self.max_session_timeout_ms

@@ -2,22 +2,26 @@
 
 Nothing here runs on the request path: ownership, the session, the cache, connections, fetch
 sessions, the groups this broker coordinates and their lag are read from the broker's own
-objects at scrape time. Lag is reported by a group's coordinator only (one series per group and
-committed partition in the whole cluster, so ``sum`` over brokers never counts twice); groups
-nobody has coordinated since a restart appear once a member comes back (``kafscale status``
-reads every group from etcd).
+objects at scrape time. Lag is reported for every group with committed offsets by one broker
+(one series per group and committed partition in the whole cluster, so ``sum`` over brokers
+never counts twice): the group's coordinator, else, for a group nobody coordinates (its
+consumers gone, let go when idle, not asked for since a restart), the broker FindCoordinator
+would name, from offsets a background refresh read from etcd (``groups.stored_lag``): a scrape
+never waits on etcd.
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING
 
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from kafscale.broker.groups.model import GroupState
+from kafscale.broker.groups.store import CommittedOffset, TopicPartition
+from kafscale.broker.metadata.topic_info import TopicInfo
 from kafscale.broker.observability.lag import consumer_lag
 from kafscale.broker.observability.metrics import METRICS, Metrics
 
@@ -101,26 +105,59 @@ class BrokerCollector(Collector):
                 generation.add_metric([runtime.group_id], runtime.group.generation)
         yield members
         yield generation
-        yield self._lag(runtimes)
+        yield from self._lag()
 
-    def _lag(self, runtimes: list[GroupRuntimeLike]) -> Metric:
+    def _lag(self) -> Iterator[Metric]:
         broker = self._broker
-        committed = [(r.group_id, {tp: c.offset for tp, c in r.offsets.items()}) for r in runtimes]
-        wanted = {tp for _, offsets in committed for tp in offsets if tp[0] in broker.view.topics}
+        groups = broker.groups
+        reported = groups.lag_offsets() if groups is not None else []
+        topics = broker.view.topics
+        committed = [(group_id, _valid_offsets(offsets, topics)) for group_id, offsets in reported]
+        wanted = {tp for _, offsets in committed for tp in offsets}
         watermarks = {tp: broker.committed_state(tp).high_watermark for tp in wanted}
         lag = GaugeMetricFamily(
             "kafscale_consumer_group_lag",
-            "High watermark minus committed offset, per group and partition (reported by the "
-            "group's coordinator).",
+            "High watermark minus committed offset, per group and partition, for every group "
+            "with committed offsets (reported by one broker: the group's coordinator, else the "
+            "broker FindCoordinator would name).",
             labels=["group", "topic", "partition"],
         )
         for entry in consumer_lag(committed, watermarks):
             lag.add_metric([entry.group, entry.topic, str(entry.partition)], entry.lag)
-        return lag
+        yield lag
+        if groups is None:
+            return
+        stored = groups.stored_lag
+        yield _gauge(
+            "kafscale_consumer_group_lag_stored_groups",
+            "Groups whose committed offsets this broker read from etcd to report their lag "
+            "while nobody coordinates them (those it is the FindCoordinator pick of).",
+            len(stored.offsets),
+        )
+        yield CounterMetricFamily(
+            "kafscale_consumer_group_lag_refresh_reads",
+            "etcd reads (pages of stored group keys) made to refresh those offsets.",
+            stored.reads,
+        )
+        yield CounterMetricFamily(
+            "kafscale_consumer_group_lag_refreshes_capped",
+            "Refreshes that stopped at groups.lag_refresh_max_groups, leaving groups for the "
+            "next ones.",
+            stored.capped,
+        )
 
 
-if TYPE_CHECKING:
-    from kafscale.broker.groups.runtime import GroupRuntime as GroupRuntimeLike
+def _valid_offsets(
+    offsets: Mapping[TopicPartition, CommittedOffset], topics: Mapping[str, TopicInfo]
+) -> dict[TopicPartition, int]:
+    """The committed offsets of existing topics that belong to them (not to a deleted topic
+    of the same name: ``CommittedOffset.still_valid``)."""
+    out: dict[TopicPartition, int] = {}
+    for tp, committed in offsets.items():
+        info = topics.get(tp[0])
+        if info is not None and committed.still_valid(info.topic_id):
+            out[tp] = committed.offset
+    return out
 
 
 def _gauge(name: str, help_: str, value: float) -> GaugeMetricFamily:

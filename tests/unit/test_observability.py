@@ -8,11 +8,14 @@ import logging
 
 import pytest
 from harness.batches import make_batch
+from hypothesis import given
+from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
+from kafscale.broker.groups.leases import choose_coordinator
 from kafscale.broker.observability.exposition import metrics_renderer
 from kafscale.broker.observability.hot_path_collector import HotPathCollector
-from kafscale.broker.observability.lag import consumer_lag
+from kafscale.broker.observability.lag import consumer_lag, reported_groups
 from kafscale.broker.observability.logs import JsonFormatter, about, bind, log_context, set_node_id
 from kafscale.broker.observability.metrics import Histogram, Metrics, count_records
 from kafscale.broker.protocol.record_batch import read_header
@@ -40,6 +43,37 @@ def test_consumer_lag_skips_deleted_topics_and_unset_commits() -> None:
     committed = [("g", {("t", 0): 5, ("t", 1): 12, ("gone", 0): 1, ("t", 2): -1})]
     lag = consumer_lag(committed, {("t", 0): 10, ("t", 1): 11, ("t", 2): 4})
     assert [(e.topic, e.partition, e.lag) for e in lag] == [("t", 0, 5), ("t", 1, 0)]
+
+
+@given(
+    brokers=st.sets(st.integers(1, 6), min_size=1, max_size=4),
+    groups=st.dictionaries(
+        st.text(min_size=1, max_size=5), st.sampled_from([None, 1, 2, 3, 7]), max_size=20
+    ),
+    draining=st.sets(st.integers(1, 6), max_size=2),
+)
+def test_every_group_is_reported_by_exactly_one_broker(
+    brokers: set[int], groups: dict[str, int | None], draining: set[int]
+) -> None:
+    """Each broker coordinates the groups whose lease it holds and has read every group's
+    offsets from etcd (``stored``): the group is reported once in the cluster, by the broker
+    FindCoordinator names, from the coordinator's offsets where a live broker holds it."""
+    coordinated_offsets = {("t", 0): 1}
+    stored_offsets = {("t", 0): 0}
+
+    def reporter(group: str) -> int | None:
+        return choose_coordinator(group, groups[group], brokers, draining)
+
+    counts = dict.fromkeys(groups, 0)
+    for node in brokers:
+        coordinated = {g: coordinated_offsets for g, holder in groups.items() if holder == node}
+        stored = dict.fromkeys(groups, stored_offsets)
+        for group, offsets in reported_groups(node, coordinated, stored, reporter):
+            counts[group] += 1
+            assert reporter(group) == node
+            held_here = groups[group] == node
+            assert offsets == (coordinated_offsets if held_here else stored_offsets)
+    assert counts == dict.fromkeys(groups, 1)
 
 
 def test_exposition_parses_with_units_and_total_suffixes() -> None:
