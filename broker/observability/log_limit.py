@@ -49,6 +49,7 @@ class ClientEvent(enum.StrEnum):
     FORWARDING_REFUSED = "forwarding refused"
     UPSTREAM_FAILED = "request to a broker failed"
     INTERNAL_ERROR = "internal error"
+    UNREADABLE_GROUP = "unreadable group record"
 
 
 @dataclass(frozen=True, slots=True)
