@@ -176,6 +176,12 @@ class CloseConnection(Exception):
     """The frame cannot be answered (no readable header): drop the connection."""
 
 
+class LoginFailed(CloseConnection):
+    """A failed SASL login's connection is closed: the failure has its line already
+    (``api/sasl``), so the close writes none (a client retrying a wrong password in a loop
+    costs one line per attempt, not two, until the log limit counts them)."""
+
+
 Queued = tuple[asyncio.Task[bytes | None], int, int] | None
 """A request's task, its frame's size and the bytes of request memory it holds; None ends."""
 
@@ -401,6 +407,8 @@ class KafkaServer:
                 log, logging.WARNING, ClientEvent.MALFORMED_REQUEST, address,
                 "closing %s: %s", connection.peer, group.exceptions[0],
             )  # fmt: skip
+        except* LoginFailed:
+            pass  # logged where it failed
         except* CloseConnection as group:
             client_log(
                 log, logging.WARNING, ClientEvent.CONNECTION_CLOSED, address,
@@ -502,7 +510,7 @@ async def _write_in_order(
                 protocol.lift_frame_limit()  # before the next read: the client may send now
             await protocol.drain()
             if connection.close_after_response:
-                raise CloseConnection("authentication failed")
+                raise LoginFailed("authentication failed")
         except BaseException:
             for item in held:
                 in_order.put_nowait(item)  # for _cancel_queued (order no longer matters)

@@ -15,7 +15,7 @@ import re
 import time
 import urllib.request
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -166,7 +166,7 @@ def test_a_flood_of_failed_logins_and_malformed_requests_is_logged_ten_times_the
     closed = [line for line in lines if "authentication failed" in line and "closing" in line]
     assert LINES_PER_WINDOW <= len(failed) <= most, failed
     assert LINES_PER_WINDOW <= len(bad) <= most, bad
-    assert len(closed) <= most, closed
+    assert not closed, closed  # the failure's line is the login's only one
     assert "further such lines from 127.0.0.1 are counted for 60 s" in failed[LINES_PER_WINDOW - 1]
     # The good client's login is another kind of line: its first one is written.
     assert any("authenticated as User:alice" in line for line in lines)
@@ -185,6 +185,43 @@ def test_a_flood_of_failed_logins_and_malformed_requests_is_logged_ten_times_the
     assert logins_logged + sum(failed_summaries) == FLOOD
     assert requests_logged + sum(bad_summaries) == FLOOD
     assert any("SASL authentication failed (last from 127.0.0.1)" in line for line in lines)
+
+
+def login_lines(flooded: FloodedBroker, attempt: Callable[[KafkaWire], None]) -> list[str]:
+    """The broker's log lines about one connection that ``attempt`` makes fail its login
+    (named by its port), once the broker has closed it."""
+    with KafkaWire(flooded.sasl) as wire:
+        peer = re.compile(rf"127\.0\.0\.1:{wire.sock.getsockname()[1]}\b")
+        attempt(wire)
+        assert wire.sock.recv(1) == b""  # closed by the broker: its lines are written
+    return [line for line in flooded.log_lines() if peer.search(line)]
+
+
+def test_one_failed_login_is_one_log_line(flooded: FloodedBroker) -> None:
+    """A wrong password, a mechanism the listener does not offer and a login out of turn each
+    close the connection and write one line: the failure (the close used to write a second)."""
+
+    def wrong_password(wire: KafkaWire) -> None:
+        assert wire.request(SASL_HANDSHAKE, 1, {"mechanism": "PLAIN"}).error_code == 0
+        answer = wire.request(SASL_AUTHENTICATE, 2, {"auth_bytes": b"\0alice\0wrong"})
+        assert answer.error_code == ErrorCode.SASL_AUTHENTICATION_FAILED
+
+    def unknown_mechanism(wire: KafkaWire) -> None:
+        answer = wire.request(SASL_HANDSHAKE, 1, {"mechanism": "GSSAPI"})
+        assert answer.error_code == ErrorCode.UNSUPPORTED_SASL_MECHANISM
+
+    def out_of_turn(wire: KafkaWire) -> None:
+        answer = wire.request(SASL_AUTHENTICATE, 2, {"auth_bytes": b"\0alice\0x"})
+        assert answer.error_code == ErrorCode.ILLEGAL_SASL_STATE
+
+    for attempt, says in (
+        (wrong_password, "failed SASL PLAIN authentication"),
+        (unknown_mechanism, "asked for SASL mechanism 'GSSAPI'"),
+        (out_of_turn, "sent SaslAuthenticate out of turn"),
+    ):
+        lines = login_lines(flooded, attempt)
+        assert len(lines) == 1 and says in lines[0], lines
+    assert counter(flooded.process, "kafscale_sasl_authentication_failures_total") == 3
 
 
 def test_the_proxy_logs_a_flood_of_malformed_requests_ten_times_then_counts_it(
