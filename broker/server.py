@@ -241,6 +241,7 @@ class KafkaServer:
         self.request_memory = RequestMemory(limits.queued_max_request_bytes)
         self._idle_sweeper: asyncio.Task[None] | None = None
         self._log_summaries: asyncio.Task[None] | None = None
+        self._log_limit_attached = False  # CLIENT_LOG.attach() called, detach() not yet
 
     @property
     def port(self) -> int:
@@ -269,6 +270,8 @@ class KafkaServer:
             self._servers.clear()
             raise
         self._idle_sweeper = asyncio.create_task(self._close_idle(), name="idle-connections")
+        CLIENT_LOG.attach()
+        self._log_limit_attached = True
         self._log_summaries = asyncio.create_task(
             summarise_periodically(), name="client-log-summaries"
         )
@@ -343,7 +346,9 @@ class KafkaServer:
             await asyncio.gather(*still_open, return_exceptions=True)
         for server in self._servers:
             await server.wait_closed()
-        CLIENT_LOG.summarise_all()  # the counts of lines left out do not end with the process
+        if self._log_limit_attached:  # the last server of the process ends the windows
+            self._log_limit_attached = False
+            CLIENT_LOG.detach()
 
     @property
     def open_connections(self) -> int:

@@ -167,6 +167,20 @@ class LogLimiter:
         self.policy = policy or LogPolicy()
         self._clock = clock
         self._entries: dict[Key, _Entry] = {}
+        self._users = 0
+
+    def attach(self) -> None:
+        """A server starts writing through this limiter (see :meth:`detach`)."""
+        self._users += 1
+
+    def detach(self) -> None:
+        """A server stops: when it was the last one, every window ends now (its summaries
+        written: no count is lost with the process). The brokers (and proxy) of ``kafscale
+        local`` share one limiter: one of them stopping must not end the windows of the
+        others, which would then write their first lines again at once."""
+        self._users = max(0, self._users - 1)
+        if not self._users:
+            self.summarise_all()
 
     def __len__(self) -> int:
         return len(self._entries)
