@@ -27,6 +27,7 @@ from typing import Protocol
 
 from kafscale.broker.config import GroupSettings, IsolationLevel
 from kafscale.broker.groups import adoption, release
+from kafscale.broker.groups.change_log import log_group_change
 from kafscale.broker.groups.leases import GroupLeases, choose_coordinator
 from kafscale.broker.groups.model import GroupConfig, GroupState
 from kafscale.broker.groups.retention_runtime import wall_clock_ms
@@ -255,12 +256,14 @@ class GroupCoordinator:
             raise
         self._runtimes[group_id] = runtime
         self._used_at[group_id] = time.monotonic()
-        log.log(
-            logging.DEBUG if runtime.vacant() else logging.INFO,  # one line per name asked
+        log_group_change(  # a client can have a group loaded again and again
+            log,
+            group_id,
             "coordinating group %s (%s, %d committed partitions)",
             group_id,
             runtime.generation_text(),
             len(runtime.offsets),
+            level=logging.DEBUG if runtime.vacant() else logging.INFO,  # one per name asked
         )
         return runtime
 

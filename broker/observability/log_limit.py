@@ -50,6 +50,8 @@ class ClientEvent(enum.StrEnum):
     UPSTREAM_FAILED = "request to a broker failed"
     INTERNAL_ERROR = "internal error"
     UNREADABLE_GROUP = "unreadable group record"
+    GROUP_CHANGE = "group state change"
+    TRANSACTION_CHANGE = "transaction state change"
 
 
 @dataclass(frozen=True, slots=True)
@@ -253,6 +255,17 @@ def client_log(
 ) -> None:
     """Log a line a remote client caused, within the process's limits (see the module)."""
     CLIENT_LOG.log(logger, level, event, host, msg, *args, exc_info=exc_info)
+
+
+MAX_NAME_CHARS = 200
+"""Of a client-chosen name (a group or transactional id, up to 32 KiB), what a key keeps."""
+
+
+def named(what: str, name: str) -> str:
+    """The key "host" of lines about one group or transactional id (``what``: "group"):
+    their first lines per window are that one's, so a client churning its own group hides
+    no other group's. Bounded like hosts (``max_keys``), and cut to ``MAX_NAME_CHARS``."""
+    return f"{what} {name[:MAX_NAME_CHARS]}"
 
 
 def host_of(peer: str) -> str:
