@@ -45,7 +45,7 @@ from kafscale.broker.metadata.cluster import BrokerInfo, ClusterView
 from kafscale.broker.metadata.etcd import Etcd
 from kafscale.broker.metadata.etcd_errors import MetadataUnavailable
 from kafscale.broker.metadata.session_lease import SessionLease
-from kafscale.broker.observability.log_limit import ClientEvent, client_log
+from kafscale.broker.observability.log_limit import ClientEvent, client_log, named
 from kafscale.broker.observability.logs import about, bind
 from kafscale.broker.observability.metrics import METRICS, Metrics
 from kafscale.broker.protocol.errors import NotCoordinator, UnreadableRecord
@@ -289,7 +289,7 @@ class GroupCoordinator:
         asking for the group again and again causes one each time)."""
         self._metrics.unreadable_group_records += 1
         client_log(
-            log, logging.WARNING, ClientEvent.UNREADABLE_GROUP, f"group {group_id}",
+            log, logging.WARNING, ClientEvent.UNREADABLE_GROUP, named("group", group_id),
             "group %s is not served: %s; repair or delete its keys", group_id, exc,
         )  # fmt: skip
 
