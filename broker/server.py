@@ -176,6 +176,12 @@ class CloseConnection(Exception):
     """The frame cannot be answered (no readable header): drop the connection."""
 
 
+class LoginFailed(CloseConnection):
+    """A failed SASL login's connection is closed: the failure has its line already
+    (``api/sasl``), so the close writes none (a client retrying a wrong password in a loop
+    costs one line per attempt, not two, until the log limit counts them)."""
+
+
 Queued = tuple[asyncio.Task[bytes | None], int, int] | None
 """A request's task, its frame's size and the bytes of request memory it holds; None ends."""
 
@@ -235,6 +241,7 @@ class KafkaServer:
         self.request_memory = RequestMemory(limits.queued_max_request_bytes)
         self._idle_sweeper: asyncio.Task[None] | None = None
         self._log_summaries: asyncio.Task[None] | None = None
+        self._log_limit_attached = False  # CLIENT_LOG.attach() called, detach() not yet
 
     @property
     def port(self) -> int:
@@ -263,6 +270,8 @@ class KafkaServer:
             self._servers.clear()
             raise
         self._idle_sweeper = asyncio.create_task(self._close_idle(), name="idle-connections")
+        CLIENT_LOG.attach()
+        self._log_limit_attached = True
         self._log_summaries = asyncio.create_task(
             summarise_periodically(), name="client-log-summaries"
         )
@@ -337,7 +346,9 @@ class KafkaServer:
             await asyncio.gather(*still_open, return_exceptions=True)
         for server in self._servers:
             await server.wait_closed()
-        CLIENT_LOG.summarise_all()  # the counts of lines left out do not end with the process
+        if self._log_limit_attached:  # the last server of the process ends the windows
+            self._log_limit_attached = False
+            CLIENT_LOG.detach()
 
     @property
     def open_connections(self) -> int:
@@ -401,6 +412,8 @@ class KafkaServer:
                 log, logging.WARNING, ClientEvent.MALFORMED_REQUEST, address,
                 "closing %s: %s", connection.peer, group.exceptions[0],
             )  # fmt: skip
+        except* LoginFailed:
+            pass  # logged where it failed
         except* CloseConnection as group:
             client_log(
                 log, logging.WARNING, ClientEvent.CONNECTION_CLOSED, address,
@@ -502,7 +515,7 @@ async def _write_in_order(
                 protocol.lift_frame_limit()  # before the next read: the client may send now
             await protocol.drain()
             if connection.close_after_response:
-                raise CloseConnection("authentication failed")
+                raise LoginFailed("authentication failed")
         except BaseException:
             for item in held:
                 in_order.put_nowait(item)  # for _cancel_queued (order no longer matters)

@@ -61,17 +61,11 @@ def sasl_handshake(request: Any, connection: Connection) -> Body:
     mechanisms = list(session.enabled_mechanisms)
     try:
         accepted = session.handshake(request.mechanism)
-    except IllegalSaslState:
-        METRICS.sasl_authentication_failures += 1
-        connection.close_after_response = True
+    except IllegalSaslState as exc:
+        _login_failed(connection, "%s sent SaslHandshake out of turn (%s); closing", exc)
         return {"error_code": ErrorCode.ILLEGAL_SASL_STATE, "mechanisms": mechanisms}
     if not accepted:
-        METRICS.sasl_authentication_failures += 1
-        client_log(
-            log, logging.INFO, ClientEvent.SASL_FAILURE, host_of(connection.peer),
-            "%s asked for SASL mechanism %r; closing", connection.peer, request.mechanism,
-        )  # fmt: skip
-        connection.close_after_response = True
+        _login_failed(connection, "%s asked for SASL mechanism %r; closing", request.mechanism)
         return {"error_code": ErrorCode.UNSUPPORTED_SASL_MECHANISM, "mechanisms": mechanisms}
     return {"error_code": ErrorCode.NONE, "mechanisms": mechanisms}
 
@@ -84,21 +78,15 @@ async def sasl_authenticate(
 ) -> Body:
     session = connection.sasl
     if session is None:
-        connection.close_after_response = True
+        _login_failed(connection, "%s sent SaslAuthenticate to a listener without SASL; closing")
         return _failure(ErrorCode.ILLEGAL_SASL_STATE, "this listener does not use SASL")
     try:
         answer = await session.authenticate(request.auth_bytes, lookup, tokens)
     except IllegalSaslState as exc:
-        METRICS.sasl_authentication_failures += 1
-        connection.close_after_response = True
+        _login_failed(connection, "%s sent SaslAuthenticate out of turn (%s); closing", exc)
         return _failure(ErrorCode.ILLEGAL_SASL_STATE, str(exc))
     except AuthenticationFailed as exc:
-        METRICS.sasl_authentication_failures += 1
-        client_log(
-            log, logging.INFO, ClientEvent.SASL_FAILURE, host_of(connection.peer),
-            "%s failed SASL %s authentication: %s", connection.peer, session.mechanism, exc,
-        )  # fmt: skip
-        connection.close_after_response = True
+        _login_failed(connection, "%s failed SASL %s authentication: %s", session.mechanism, exc)
         return _failure(
             ErrorCode.SASL_AUTHENTICATION_FAILED,
             "Authentication failed during authentication due to invalid credentials with SASL "
@@ -120,6 +108,18 @@ async def sasl_authenticate(
         "auth_bytes": answer,
         "session_lifetime": 0,
     }
+
+
+def _login_failed(connection: Connection, msg: str, *args: object) -> None:
+    """A failed login: counted, its one log line (limited; ``msg`` starts with the peer), and
+    the connection closed once the answer is sent. The close writes no line of its own
+    (``server.LoginFailed``): one failed login, one line."""
+    METRICS.sasl_authentication_failures += 1
+    client_log(
+        log, logging.INFO, ClientEvent.SASL_FAILURE, host_of(connection.peer),
+        msg, connection.peer, *args,
+    )  # fmt: skip
+    connection.close_after_response = True
 
 
 def _failure(code: ErrorCode, message: str) -> Body:

@@ -28,21 +28,32 @@ from typing import Protocol
 
 from kafscale.broker.config import GroupSettings, IsolationLevel
 from kafscale.broker.groups import adoption, release
+from kafscale.broker.groups.change_log import log_group_change
 from kafscale.broker.groups.leases import GroupLeases, choose_coordinator, coordinator_chooser
 from kafscale.broker.groups.model import GroupConfig, GroupState
 from kafscale.broker.groups.retention_runtime import wall_clock_ms
 from kafscale.broker.groups.runtime import GroupRuntime
 from kafscale.broker.groups.share import ShareConfig, new_group_refusal
-from kafscale.broker.groups.store import CommittedOffset, GroupStore, TopicPartition
+from kafscale.broker.groups.store import (
+    DECODE_ERRORS,
+    CommittedOffset,
+    Fence,
+    GroupStore,
+    LoadedGroup,
+    TopicPartition,
+    unreadable,
+)
 from kafscale.broker.groups.stored_lag import StoredLag
+from kafscale.broker.metadata import keys
 from kafscale.broker.metadata.cluster import BrokerInfo, ClusterView
 from kafscale.broker.metadata.etcd import Etcd
 from kafscale.broker.metadata.etcd_errors import MetadataUnavailable
 from kafscale.broker.metadata.session_lease import SessionLease
 from kafscale.broker.observability.lag import reported_groups
+from kafscale.broker.observability.log_limit import ClientEvent, client_log, named
 from kafscale.broker.observability.logs import about, bind
 from kafscale.broker.observability.metrics import METRICS, Metrics
-from kafscale.broker.protocol.errors import NotCoordinator
+from kafscale.broker.protocol.errors import NotCoordinator, UnreadableRecord
 
 log = logging.getLogger(__name__)
 
@@ -269,28 +280,60 @@ class GroupCoordinator:
         if fence is None:
             holder = self._leases.holder(group_id)
             raise NotCoordinator(f"group {group_id!r} is coordinated by broker {holder}")
-        loaded = await self._store.load(group_id)
-        if self._closed or host.session is not session or session.lost.is_set():
-            raise NotCoordinator("this broker lost its etcd session")
-        runtime = GroupRuntime(
-            group_id,
-            fence,
-            self._store,
-            self.config,
-            loaded,
-            self._drop,
-            own_configs=functools.partial(self._own_configs, group_id),
-        )
+        try:
+            loaded = await self._store.load(group_id)
+            if self._closed or host.session is not session or session.lost.is_set():
+                raise NotCoordinator("this broker lost its etcd session")
+            runtime = self._new_runtime(group_id, fence, loaded)
+        except UnreadableRecord as exc:
+            self.report_unreadable(group_id, exc)
+            await self._give_back(fence)
+            raise
         self._runtimes[group_id] = runtime
         self._used_at[group_id] = time.monotonic()
-        log.log(
-            logging.DEBUG if runtime.vacant() else logging.INFO,  # one line per name asked
+        log_group_change(  # a client can have a group loaded again and again
+            log,
+            group_id,
             "coordinating group %s (%s, %d committed partitions)",
             group_id,
             runtime.generation_text(),
             len(runtime.offsets),
+            level=logging.DEBUG if runtime.vacant() else logging.INFO,  # one per name asked
         )
         return runtime
+
+    def _new_runtime(self, group_id: str, fence: Fence, loaded: LoadedGroup) -> GroupRuntime:
+        """The runtime of a loaded group. A record that decodes but whose content does not
+        restore (a member list of the wrong shape) is as unreadable as one that does not."""
+        try:
+            return GroupRuntime(
+                group_id,
+                fence,
+                self._store,
+                self.config,
+                loaded,
+                self._drop,
+                own_configs=functools.partial(self._own_configs, group_id),
+            )
+        except DECODE_ERRORS as exc:
+            key = keys.group_metadata_key(self._host.cluster, group_id)
+            raise unreadable(key, exc) from exc
+
+    def report_unreadable(self, group_id: str, exc: UnreadableRecord) -> None:
+        """Count a group whose stored record does not decode, and say so (limited: a client
+        asking for the group again and again causes one each time)."""
+        self._metrics.unreadable_group_records += 1
+        client_log(
+            log, logging.WARNING, ClientEvent.UNREADABLE_GROUP, named("group", group_id),
+            "group %s is not served: %s; repair or delete its keys", group_id, exc,
+        )  # fmt: skip
+
+    async def _give_back(self, fence: Fence) -> None:
+        """Release a lease taken for a group that will not be coordinated (it would otherwise
+        stay held, with no runtime to let it go, for the session's life)."""
+        with contextlib.suppress(MetadataUnavailable, TimeoutError):
+            async with asyncio.timeout(self._host.etcd.timeout_s):
+                await self._leases.release(fence)
 
     # --- listing ------------------------------------------------------------------------------
 
@@ -316,6 +359,9 @@ class GroupCoordinator:
         node_id = self._host.node_id
         for persisted in await self._store.list_persisted():
             if persisted.group_id in listed:
+                continue
+            if persisted.unreadable is not None:
+                self.report_unreadable(persisted.group_id, persisted.unreadable)
                 continue
             chosen = self.coordinator_for(persisted.group_id)
             if chosen is None or chosen.node_id != node_id:
@@ -468,7 +514,11 @@ class GroupCoordinator:
                         sweep, listed, self._adoptable, last_page
                     )
                     for group_id in taken:
-                        with contextlib.suppress(NotCoordinator, MetadataUnavailable):
+                        # an unreadable group is reported and its lease given back: the
+                        # check goes on with the others
+                        with contextlib.suppress(
+                            NotCoordinator, UnreadableRecord, MetadataUnavailable
+                        ):
                             await self.runtime(group_id)
                     self._sweep_after = sweep.after
                     if sweep.done or self._closed:

@@ -19,6 +19,7 @@ import logging
 from collections.abc import Awaitable, Callable, Mapping
 
 from kafscale.broker.groups import group_configs, migration, offset_delete
+from kafscale.broker.groups.change_log import log_group_change
 from kafscale.broker.groups.consumer import (
     ConsumerConfig,
     ConsumerGroup,
@@ -324,7 +325,9 @@ class GroupRuntime(ShareRuntime, RetentionRuntime):
                 future = self._waiters.get(ticket) if ticket is not None else None
                 if future is not None and not future.done():
                     future.set_result(result)
-        log.info(
+        log_group_change(
+            log,
+            self.group_id,
             "group %s: classic group of %d members upgraded to the consumer protocol",
             self.group_id,
             len(consumer.members),
@@ -341,7 +344,9 @@ class GroupRuntime(ShareRuntime, RetentionRuntime):
         ):
             return
         group = migration.classic_group_from_consumer(consumer, self._config, self._clock())
-        log.info(
+        log_group_change(
+            log,
+            self.group_id,
             "group %s: last consumer-protocol member gone, back to a classic group of %d",
             self.group_id,
             len(group.members),
@@ -625,7 +630,10 @@ class GroupRuntime(ShareRuntime, RetentionRuntime):
             if consumer is not None and not self.closed:
                 expired = consumer.tick(self._clock())
                 if expired:
-                    log.info("group %s: members expired: %s", self.group_id, ", ".join(expired))
+                    log_group_change(
+                        log, self.group_id, "group %s: members expired: %s", self.group_id,
+                        ", ".join(expired),
+                    )  # fmt: skip
                 self._queue_consumer(consumer)
                 self._maybe_downgrade()
             self._tick_share()
@@ -673,7 +681,9 @@ class GroupRuntime(ShareRuntime, RetentionRuntime):
         if error is not ErrorCode.NONE:
             log.warning("group %s: generation %d not stored", self.group_id, record.generation)
         elif isinstance(store.token, AssignmentStore):
-            log.info(
+            log_group_change(
+                log,
+                self.group_id,
                 "group %s: generation %d stable, %d members, protocol %s, leader %s",
                 self.group_id,
                 record.generation,
@@ -682,6 +692,14 @@ class GroupRuntime(ShareRuntime, RetentionRuntime):
                 record.leader,
             )
         elif isinstance(store.token, EmptyStore):
-            log.info("group %s: generation %d empty", self.group_id, record.generation)
+            log_group_change(
+                log,
+                self.group_id,
+                "group %s: generation %d empty",
+                self.group_id,
+                record.generation,
+            )
         else:
-            log.info("group %s: static member rejoined without a rebalance", self.group_id)
+            log_group_change(
+                log, self.group_id, "group %s: static member rejoined, no rebalance", self.group_id
+            )

@@ -14,6 +14,7 @@ import logging
 from collections.abc import Callable, Mapping
 
 from kafscale.broker.groups import group_configs
+from kafscale.broker.groups.change_log import log_group_change
 from kafscale.broker.groups.consumer import ConsumerGroup, HeartbeatResult
 from kafscale.broker.groups.consumer_codec import Document
 from kafscale.broker.groups.group import Group
@@ -104,7 +105,10 @@ class ShareRuntime:
             return
         expired = share.tick(self._clock())
         if expired:
-            log.info("share group %s: members expired: %s", self.group_id, ", ".join(expired))
+            log_group_change(
+                log, self.group_id, "share group %s: members expired: %s", self.group_id,
+                ", ".join(expired),
+            )  # fmt: skip
         self._queue_share(share)
 
     def _queue_share(self, share: ShareGroup) -> asyncio.Future[ErrorCode] | None:

@@ -36,6 +36,7 @@ from kafscale.broker.metadata.etcd_txn import (
     put_op,
     value_is,
 )
+from kafscale.broker.protocol.errors import UnreadableRecord
 
 TopicPartition = tuple[str, int]
 
@@ -98,6 +99,8 @@ class PersistedGroup:
     protocol_type: str
     has_members: bool
     group_type: str = "classic"
+    unreadable: UnreadableRecord | None = None
+    """Why the group's record does not decode (then it is not listed, but reported)."""
 
 
 # --- JSON codecs ------------------------------------------------------------------------------
@@ -109,6 +112,16 @@ def _b64(data: bytes) -> str:
 
 def _unb64(text: Any) -> bytes:
     return base64.b64decode(str(text or ""))
+
+
+DECODE_ERRORS = (ValueError, KeyError, TypeError, AttributeError, RecursionError)
+"""What decoding a value of the wrong shape raises: bytes that are no UTF-8 or no JSON, JSON
+of another shape (a list, a string for a number, a member without an id), bad base64."""
+
+
+def unreadable(key: str, exc: BaseException) -> UnreadableRecord:
+    """The error of a stored value that does not decode: it names the key, for an operator."""
+    return UnreadableRecord(f"the value of {key} in etcd does not decode ({exc!r})")
 
 
 def encode_group(record: GroupRecord) -> bytes:
@@ -140,7 +153,16 @@ def encode_group(record: GroupRecord) -> bytes:
     return json.dumps(document, separators=(",", ":")).encode()
 
 
-def decode_group(data: bytes) -> GroupRecord:
+def decode_group(data: bytes, key: str = "a group record") -> GroupRecord:
+    """The record stored under a group's metadata key; UnreadableRecord if it does not
+    decode (one corrupt value must fail its own group, never the caller's loop over many)."""
+    try:
+        return _decode_group(data)
+    except DECODE_ERRORS as exc:
+        raise unreadable(key, exc) from exc
+
+
+def _decode_group(data: bytes) -> GroupRecord:
     document = json.loads(data)
     members = tuple(
         MemberRecord(
@@ -185,7 +207,15 @@ def encode_offset(committed: CommittedOffset) -> bytes:
     return json.dumps(document, separators=(",", ":")).encode()
 
 
-def decode_offset(data: bytes) -> CommittedOffset:
+def decode_offset(data: bytes, key: str = "a committed offset") -> CommittedOffset:
+    """A committed offset as stored; UnreadableRecord if it does not decode."""
+    try:
+        return _decode_offset(data)
+    except DECODE_ERRORS as exc:
+        raise unreadable(key, exc) from exc
+
+
+def _decode_offset(data: bytes) -> CommittedOffset:
     document = json.loads(data)
     return CommittedOffset(
         offset=int(document["offset"]),
@@ -270,7 +300,8 @@ class GroupStore:
         self._cluster = cluster
 
     async def load(self, group_id: str) -> LoadedGroup:
-        """Metadata and committed offsets of ``group_id`` in one prefix read."""
+        """Metadata and committed offsets of ``group_id`` in one prefix read; UnreadableRecord
+        if one of its values does not decode."""
         entries = await self._etcd.get_prefix(keys.group_prefix(self._cluster, group_id))
         record: GroupRecord | None = None
         offsets: dict[TopicPartition, CommittedOffset] = {}
@@ -279,7 +310,7 @@ class GroupStore:
         pending: set[TopicPartition] = set()
         for entry in entries:
             if entry.key == metadata_key:
-                record = decode_group(entry.value)
+                record = decode_group(entry.value, entry.key)
                 continue
             if entry.key.startswith(pending_prefix):
                 parsed_pending = parse_pending_key(entry.key[len(pending_prefix) :])
@@ -289,7 +320,7 @@ class GroupStore:
             parsed = parse_group_key(self._cluster, entry.key)
             if parsed is None or parsed[0] != group_id or parsed[1] is None:
                 continue  # another group whose id extends this one's prefix
-            offsets[parsed[1]] = decode_offset(entry.value)
+            offsets[parsed[1]] = decode_offset(entry.value, entry.key)
         return LoadedGroup(record, offsets, frozenset(pending))
 
     async def save_group(self, group_id: str, record: GroupRecord, fence: Fence) -> bool:
@@ -368,7 +399,8 @@ class GroupStore:
         return True
 
     async def list_persisted(self) -> list[PersistedGroup]:
-        """Every group with metadata or committed offsets in etcd."""
+        """Every group with metadata or committed offsets in etcd; one whose record does not
+        decode comes with ``unreadable`` set (the others are listed all the same)."""
         found: list[PersistedGroup] = []
         async for entries, _ in self._group_pages(None, keys_only=False):
             for entry in entries:
@@ -377,7 +409,11 @@ class GroupStore:
                     continue  # a group with only offsets pending in a transaction
                 group_id, tp = parsed
                 if tp is None:
-                    record = decode_group(entry.value)
+                    try:
+                        record = decode_group(entry.value, entry.key)
+                    except UnreadableRecord as exc:
+                        found.append(PersistedGroup(group_id, "", False, unreadable=exc))
+                        continue
                     found.append(
                         PersistedGroup(
                             group_id,

@@ -166,6 +166,12 @@ class HotPathCollector(Collector):
             m.groups_expired,
         )
         yield CounterMetricFamily(
+            "kafscale_group_records_unreadable",
+            "Times a group was not served or listed because a value it has in etcd does not "
+            "decode (each load, listing or retention check that met one).",
+            m.unreadable_group_records,
+        )
+        yield CounterMetricFamily(
             "kafscale_segment_cache_hits", "Segment reads served from memory.", m.cache_hits
         )
         yield CounterMetricFamily(

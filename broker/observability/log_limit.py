@@ -49,6 +49,9 @@ class ClientEvent(enum.StrEnum):
     FORWARDING_REFUSED = "forwarding refused"
     UPSTREAM_FAILED = "request to a broker failed"
     INTERNAL_ERROR = "internal error"
+    UNREADABLE_GROUP = "unreadable group record"
+    GROUP_CHANGE = "group state change"
+    TRANSACTION_CHANGE = "transaction state change"
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,6 +169,20 @@ class LogLimiter:
         self.policy = policy or LogPolicy()
         self._clock = clock
         self._entries: dict[Key, _Entry] = {}
+        self._users = 0
+
+    def attach(self) -> None:
+        """A server starts writing through this limiter (see :meth:`detach`)."""
+        self._users += 1
+
+    def detach(self) -> None:
+        """A server stops: when it was the last one, every window ends now (its summaries
+        written: no count is lost with the process). The brokers (and proxy) of ``kafscale
+        local`` share one limiter: one of them stopping must not end the windows of the
+        others, which would then write their first lines again at once."""
+        self._users = max(0, self._users - 1)
+        if not self._users:
+            self.summarise_all()
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -238,6 +255,17 @@ def client_log(
 ) -> None:
     """Log a line a remote client caused, within the process's limits (see the module)."""
     CLIENT_LOG.log(logger, level, event, host, msg, *args, exc_info=exc_info)
+
+
+MAX_NAME_CHARS = 200
+"""Of a client-chosen name (a group or transactional id, up to 32 KiB), what a key keeps."""
+
+
+def named(what: str, name: str) -> str:
+    """The key "host" of lines about one group or transactional id (``what``: "group"):
+    their first lines per window are that one's, so a client churning its own group hides
+    no other group's. Bounded like hosts (``max_keys``), and cut to ``MAX_NAME_CHARS``."""
+    return f"{what} {name[:MAX_NAME_CHARS]}"
 
 
 def host_of(peer: str) -> str:

@@ -124,6 +124,8 @@ class Metrics:
     """Committed offsets removed by offset retention (KIP-211), rare: counted even when off."""
     groups_expired: int = 0
     """Empty groups deleted by offset retention once no offset was left."""
+    unreadable_group_records: int = 0
+    """Loads and listings of a group that met a stored value that does not decode."""
     # Throttle times given to clients over a byte-rate quota, per quota key (two label values).
     throttles: HistogramFamily = field(default_factory=lambda: HistogramFamily(THROTTLE_BUCKETS_S))
 

@@ -22,6 +22,7 @@ from kafscale.broker.metadata import keys
 from kafscale.broker.metadata.cluster import ClusterView
 from kafscale.broker.metadata.etcd import Etcd
 from kafscale.broker.observability.lag import consumer_lag
+from kafscale.broker.protocol.errors import UnreadableRecord
 
 Scrape = Callable[[str], dict[str, float]]
 
@@ -102,7 +103,10 @@ async def read_status(etcd: Etcd, cluster: str, scrape: Scrape) -> ClusterStatus
         if parsed is None or parsed[1] is None:
             continue
         group, tp = parsed[0], parsed[1]
-        offset = decode_offset(entry.value)
+        try:
+            offset = decode_offset(entry.value, entry.key)
+        except UnreadableRecord:
+            continue  # one corrupt value: no lag row for it, the status of the rest
         info = view.topics.get(tp[0])
         if info is not None and offset.still_valid(info.topic_id):
             committed.setdefault(group, {})[tp] = offset.offset

@@ -169,6 +169,14 @@ class InvalidRequest(KafkaError):
     code = ErrorCode.INVALID_REQUEST
 
 
+class UnreadableRecord(KafkaError):
+    """A value stored in etcd that does not decode (garbage bytes, JSON of another shape): the
+    one group it belongs to cannot be served, every other one can. UNKNOWN_SERVER_ERROR, not a
+    retriable code: a client would retry for ever what only an operator can repair."""
+
+    code = ErrorCode.UNKNOWN_SERVER_ERROR
+
+
 def code_for(exc: BaseException) -> ErrorCode:
     if isinstance(exc, KafkaError):
         return exc.code

@@ -37,6 +37,7 @@ from kafscale.broker.groups.store import Fence
 from kafscale.broker.metadata import keys
 from kafscale.broker.metadata.cluster import BrokerInfo
 from kafscale.broker.metadata.etcd_errors import MetadataUnavailable
+from kafscale.broker.observability.log_limit import ClientEvent, client_log, named
 from kafscale.broker.protocol.errors import ErrorCode, NotCoordinator
 from kafscale.broker.proxy.upstream import UpstreamLink
 from kafscale.broker.transactions import state
@@ -53,6 +54,17 @@ from kafscale.broker.transactions.store import StoredTxn, TxnStore
 from kafscale.broker.transactions.verification import PartitionVerifier
 
 log = logging.getLogger(__name__)
+
+
+def log_change(transactional_id: str, msg: str, *args: object) -> None:
+    """An INFO line about one transactional id (a producer (re)initialised, a transaction
+    aborted or timed out): a client can cause one per request, so they are limited per id
+    (``log_limit``): the first ten per minute of each, then a count."""
+    client_log(
+        log, logging.INFO, ClientEvent.TRANSACTION_CHANGE,
+        named("transactional id", transactional_id), msg, *args,
+    )  # fmt: skip
+
 
 END_TXN_WAIT_S = 10.0
 """How long EndTxn (and an InitProducerId that had to abort first) waits for the markers."""
@@ -296,7 +308,8 @@ class TransactionCoordinator:
                 )
             meta = state.initialised(current, transactional_id, timeout_ms, now_ms(), fresh)
             await self._save(meta, fence)
-            log.info(
+            log_change(
+                transactional_id,
                 "transactional id %s: producer id %d epoch %d",
                 transactional_id,
                 meta.producer_id,
@@ -458,7 +471,7 @@ class TransactionCoordinator:
         except NotCoordinator as exc:
             log.info("stopped completing %s: %s", meta.transactional_id, exc)
             return
-        log.info(
+        what = (
             "transaction %s (producer %d epoch %d) %s: %d partitions, %d groups",
             meta.transactional_id,
             meta.producer_id,
@@ -467,6 +480,10 @@ class TransactionCoordinator:
             len(meta.partitions),
             len(meta.groups),
         )
+        if commit:  # a producer's routine, up to hundreds a second: nothing for an operator
+            log.debug(*what)
+        else:
+            log_change(meta.transactional_id, *what)
 
     async def _finish_offsets(
         self, group_id: str, meta: TxnMetadata, commit: bool, fence: Fence
@@ -538,7 +555,7 @@ class TransactionCoordinator:
             meta = stored.metadata
             action = state.recovery_action(meta, now_ms())
             if action is Recovery.ABORT:
-                log.info("transaction %s timed out: aborting", transactional_id)
+                log_change(transactional_id, "transaction %s timed out: aborting", transactional_id)
                 meta = state.fenced_abort(meta, now_ms())
                 await self._save(meta, fence)
             elif action is Recovery.NOTHING:

@@ -254,3 +254,20 @@ def test_the_summary_of_a_client_gone_quiet_is_written_by_the_periodic_sweep(
     assert messages(caplog)[-1] == (
         "suppressed 2 similar messages within 0.2 s: SASL authentication failed (last from h)"
     )
+
+
+def test_windows_end_when_the_last_server_sharing_the_limiter_detaches(
+    limiter: LogLimiter, logger: logging.Logger, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``kafscale local``: two brokers share the limiter; the first to stop ends nothing."""
+    limiter.attach()
+    limiter.attach()
+    for _ in range(5):
+        limiter.log(logger, logging.INFO, SASL, "h", "fail")
+    limiter.detach()
+    limiter.log(logger, logging.INFO, SASL, "h", "fail")
+    assert len(messages(caplog)) == 3  # still the first window: no line more
+    limiter.detach()
+    assert messages(caplog)[-1] == (
+        "suppressed 3 similar messages within 10 s: SASL authentication failed (last from h)"
+    )
