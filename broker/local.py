@@ -18,7 +18,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import shlex
 import signal
+import sys
 from collections.abc import Collection, Coroutine
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -361,9 +363,19 @@ def _print_banner(
         "  Ctrl-C stops it cleanly; data survives a restart.\n"
         "\n"
         "  Spark (pip install 'kafscale[spark]'):\n"
+        f"{spark_python_line()}\n"
         f"{spark_snippet(brokers[0].settings, etcd_url, 'my-topic')}",
         flush=True,
     )
+
+
+def spark_python_line(python: str = sys.executable) -> str:
+    """The variable a Spark job needs before its session starts. Spark runs the Python that
+    finds data sources (and its workers) as ``$PYSPARK_PYTHON``, else plain ``python3``: from a
+    virtual environment that is not activated, that is the system's Python, which has no
+    ``pyspark_kafscale``, and the read fails with Spark's DATA_SOURCE_NOT_FOUND. This process
+    runs in the environment that has the package, so its interpreter is the one to name."""
+    return f"    export PYSPARK_PYTHON={shlex.quote(python)}   # in the shell, before Spark starts"
 
 
 def spark_snippet(settings: BrokerSettings, etcd_url: str, topic: str) -> str:
