@@ -146,9 +146,11 @@ def _load_settings(args: argparse.Namespace) -> BrokerSettings | None:
 def _checked_settings(model: type[S], overrides: dict[str, Any]) -> S | None:
     """``model`` from the environment and flags, or None after one line per mistake on stderr
     (a misspelt variable that would be ignored, a value or name the model refuses)."""
-    from kafscale.broker.proxy.config import ProxySettings
+    problems = misspelt_variables(os.environ, [model])
+    if problems:  # not if it is the other command's: a broker's and a proxy's share variables
+        from kafscale.broker.proxy.config import ProxySettings  # a plain broker does not load it
 
-    problems = misspelt_variables(os.environ, [BrokerSettings, ProxySettings])
+        problems = misspelt_variables(os.environ, [BrokerSettings, ProxySettings])
     if not problems:
         try:
             return build_model(model, overrides)
