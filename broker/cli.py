@@ -14,7 +14,7 @@ import signal
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from pydantic import ValidationError
 
@@ -27,11 +27,12 @@ from kafscale.broker.metadata.etcd_connect import connect_etcd
 from kafscale.broker.metadata.etcd_errors import MetadataUnavailable
 from kafscale.broker.observability.logs import setup_logging
 from kafscale.broker.observability.metrics import METRICS
+from kafscale.broker.settings_check import describe_errors, misspelt_variables
 from kafscale.broker.settings_cli import (
+    S,
     add_settings_flags,
     build_model,
-    build_settings,
-    config_reference_markdown,
+    full_reference_markdown,
     overrides_from_args,
     update_readme,
 )
@@ -139,11 +140,25 @@ def _load_settings(args: argparse.Namespace) -> BrokerSettings | None:
         storage.update(kind="s3", endpoint=args.s3_endpoint)
         if args.bucket:
             storage["bucket"] = args.bucket
-    try:
-        return build_settings(overrides)
-    except ValidationError as exc:
-        print(f"kafscale: invalid configuration:\n{exc}", file=sys.stderr)
-        return None
+    return _checked_settings(BrokerSettings, overrides)
+
+
+def _checked_settings(model: type[S], overrides: dict[str, Any]) -> S | None:
+    """``model`` from the environment and flags, or None after one line per mistake on stderr
+    (a misspelt variable that would be ignored, a value or name the model refuses)."""
+    problems = misspelt_variables(os.environ, [model])
+    if problems:  # not if it is the other command's: a broker's and a proxy's share variables
+        from kafscale.broker.proxy.config import ProxySettings  # a plain broker does not load it
+
+        problems = misspelt_variables(os.environ, [BrokerSettings, ProxySettings])
+    if not problems:
+        try:
+            return build_model(model, overrides)
+        except ValidationError as exc:
+            problems = describe_errors(exc, model)
+    for problem in problems:
+        print(f"kafscale: invalid configuration: {problem}", file=sys.stderr)
+    return None
 
 
 def _cmd_broker(args: argparse.Namespace) -> int:
@@ -185,10 +200,8 @@ async def _serve_until_signalled(service: _Service) -> None:
 def _cmd_proxy(args: argparse.Namespace) -> int:
     from kafscale.broker.proxy.config import ProxySettings
 
-    try:
-        settings = build_model(ProxySettings, overrides_from_args(args, ProxySettings))
-    except ValidationError as exc:
-        print(f"kafscale: invalid configuration:\n{exc}", file=sys.stderr)
+    settings = _checked_settings(ProxySettings, overrides_from_args(args, ProxySettings))
+    if settings is None:
         return 2
     _setup_logging(settings)
     return _run(_serve_proxy(settings))
@@ -276,7 +289,7 @@ def _cmd_acls(args: argparse.Namespace) -> int:
 
 def _cmd_config_reference(args: argparse.Namespace) -> int:
     if args.update is None:
-        print(config_reference_markdown())
+        print(full_reference_markdown())
     else:
         args.update.write_text(update_readme(args.update.read_text()))
     return 0

@@ -26,8 +26,17 @@ TOKEN_FILE_ENV = "KAFSCALE_ADMIN__TOKEN_FILE"
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The hook's flags, also those of ``kafscale drain``."""
-    parser.add_argument("--admin-url", default="http://127.0.0.1:8080")
-    parser.add_argument("--timeout-s", type=float, default=60.0)
+    parser.add_argument(
+        "--admin-url",
+        default="http://127.0.0.1:8080",
+        help="the broker's admin port (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--timeout-s",
+        type=float,
+        default=60.0,
+        help="longest wait for the handoff (default: %(default)s)",
+    )
     parser.add_argument(
         "--token-file",
         default=os.environ.get(TOKEN_FILE_ENV),

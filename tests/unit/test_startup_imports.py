@@ -44,6 +44,8 @@ from kafscale.broker import app  # what ``kafscale broker`` imports when it star
 from kafscale.broker.protocol import codec
 with contextlib.suppress(SystemExit), contextlib.redirect_stdout(io.StringIO()):
     cli.main(["broker", "--help"])  # the command line parsed as ``kafscale broker`` parses it
+with contextlib.redirect_stderr(io.StringIO()):  # its settings read and checked, as at a start
+    cli._load_settings(cli._parser("broker").parse_args(["broker"]))
 codec.encode_response(18, 3, 1, {"error_code": 0, "api_keys": []})
 codec.encode_response(0, 12, 2, {"responses": [], "throttle_time": 0})
 codec.request_schema(1, 16)
