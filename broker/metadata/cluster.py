@@ -162,7 +162,8 @@ class ClusterView:
         them and release a departed member's records (``share_members``)."""
         self.watermarks = Watermarks()
         self.changed = asyncio.Event()  # any change: brokers follow assignment/draining on it
-        self._watch_task: asyncio.Task[None] | None = None
+        self._watch_task: asyncio.Task[None] | None = None  # applies the watches' events
+        self._range_tasks: list[asyncio.Task[None]] = []  # one watch per range of the view
         # The etcd revision of this broker's latest commit of each partition's state, until the
         # watch brings that commit back (see ``update_state``).
         self._own_commits: dict[TopicPartition, int] = {}
@@ -183,10 +184,26 @@ class ClusterView:
         for entry in entries:
             self._apply_put(entry.key, entry.value)
         self._loaded_revision = revision
-        self._watch_task = asyncio.create_task(self._follow(revision + 1), name="cluster-watch")
+        events: asyncio.Queue[WatchEvent] = asyncio.Queue(_QUEUED_EVENTS)
+        self._range_tasks = [
+            asyncio.create_task(
+                self._watch(first, end, revision + 1, events), name=f"cluster-watch {first}"
+            )
+            for first, end in self._ranges
+        ]
+        self._watch_task = asyncio.create_task(self._follow(events), name="cluster-watch")
 
     async def close(self) -> None:
-        await cancel_and_wait(self._watch_task)
+        """Stop following: each task is cancelled until it has ended (``cancel_and_wait``).
+
+        The range watches are tasks of the view, not of a ``TaskGroup`` in ``_follow``: a task
+        group cancels its tasks once, and a watch task can lose that one cancellation while
+        aetcd creates its watch just as etcd answers again after a restart (it then iterated
+        the created watch; Python 3.11's ``asyncio.wait_for``, which aetcd's creation awaits,
+        returns the result instead of raising when both happen in one loop step). The group,
+        the view's close and the broker's stop then waited for it forever."""
+        for task in (self._watch_task, *self._range_tasks):
+            await cancel_and_wait(task)
 
     def live_broker_ids(self) -> list[int]:
         return sorted(self.brokers)
@@ -226,39 +243,37 @@ class ClusterView:
         defaults, py-spy --gil). Whoever wrote those exact bytes, they decode to ``state``."""
         self._committing[tp] = (document, state)
 
-    async def _follow(self, start_revision: int) -> None:
+    async def _follow(self, events: asyncio.Queue[WatchEvent]) -> None:
         """Apply the events of every range's watch, one at a time, as they come."""
-        events: asyncio.Queue[WatchEvent] = asyncio.Queue(_QUEUED_EVENTS)
-        async with asyncio.TaskGroup() as watches:
-            tasks = [
-                watches.create_task(self._watch(start, end, start_revision, events))
-                for start, end in self._ranges
-            ]
-            while True:
-                event = await events.get()
-                self.events_seen += 1
-                if event.kind is WatchEventKind.RESYNC:
-                    if event.mod_revision <= self._loaded_revision:
-                        continue  # an earlier reload read past where this watch goes on
-                    try:
-                        await self._reload()
-                    except MetadataUnavailable:  # the client was closed
-                        for task in tasks:
-                            task.cancel()
-                        return
-                    continue
+        while True:
+            event = await events.get()
+            self.events_seen += 1
+            if event.kind is WatchEventKind.RESYNC:
                 if event.mod_revision <= self._loaded_revision:
-                    continue  # already in the reload (see ``Etcd.watch_range``)
+                    continue  # an earlier reload read past where this watch goes on
                 try:
-                    self._apply(event)
-                except Exception:
-                    log.exception("cannot apply watch event for %s", event.key)
+                    await self._reload()
+                except MetadataUnavailable:  # the client was closed: the watches end too
+                    return
+                continue
+            if event.mod_revision <= self._loaded_revision:
+                continue  # already in the reload (see ``Etcd.watch_range``)
+            try:
+                self._apply(event)
+            except Exception:
+                log.exception("cannot apply watch event for %s", event.key)
 
     async def _watch(
         self, start: str, end: str, start_revision: int, events: asyncio.Queue[WatchEvent]
     ) -> None:
-        async for event in self._etcd.watch_range(start, end, start_revision):
-            await events.put(event)
+        """One range's events into ``events`` (``watch_range`` ends only when the client
+        closes; anything else that ends it is logged: the view no longer follows that range)."""
+        try:
+            async for event in self._etcd.watch_range(start, end, start_revision):
+                await events.put(event)
+        except Exception:
+            log.exception("cluster watch on %s failed; the view no longer follows it", start)
+            raise
 
     async def _reload(self) -> None:
         """The watch lost history (compaction): rebuild the view from a fresh read.
