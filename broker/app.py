@@ -72,6 +72,7 @@ from kafscale.broker.storage.log_sizes import LogSizes, log_dir_name
 from kafscale.broker.storage.object_store import ObjectStore, ObjectStoreError
 from kafscale.broker.storage.reader import LogReader
 from kafscale.broker.storage.topic_purge import TopicPurger
+from kafscale.broker.task_stop import cancel_and_wait
 from kafscale.broker.transactions.coordinator import TransactionCoordinator
 
 log = logging.getLogger(__name__)
@@ -544,9 +545,9 @@ class Broker:
                     await self.manager.close()
             except Exception:
                 log.exception("handoff at shutdown did not complete; leases expire with the TTL")
-        for task in self._tasks:
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        # Each cancelled until it ends: a task that lost one cancellation inside a library
+        # (etcd answering again in that very step) kept a single cancel-and-gather waiting.
+        await asyncio.gather(*(cancel_and_wait(task) for task in self._tasks))
         with contextlib.suppress(Exception):
             await self.session.revoke()
         if self.server is not None:
