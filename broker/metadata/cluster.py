@@ -202,8 +202,7 @@ class ClusterView:
         the created watch; Python 3.11's ``asyncio.wait_for``, which aetcd's creation awaits,
         returns the result instead of raising when both happen in one loop step). The group,
         the view's close and the broker's stop then waited for it forever."""
-        for task in (self._watch_task, *self._range_tasks):
-            await cancel_and_wait(task)
+        await asyncio.gather(*(cancel_and_wait(t) for t in (self._watch_task, *self._range_tasks)))
 
     def live_broker_ids(self) -> list[int]:
         return sorted(self.brokers)
