@@ -27,7 +27,7 @@ import logging
 import os
 import sys
 import threading
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Callable, Coroutine, Iterable
 from types import FrameType
 from typing import Any
 
@@ -49,22 +49,23 @@ def stop_bound_s(shutdown_grace_s: float) -> float:
     return shutdown_grace_s + CLOSE_MARGIN_S
 
 
-async def stop_within(stop: Callable[[], Awaitable[None]], bound_s: float) -> None:
+async def stop_within(stop: Callable[[], Coroutine[Any, Any, None]], bound_s: float) -> None:
     """Run ``stop``; if it has not ended after ``bound_s``, log every task's stack and exit the
     process. Arms the watchdog thread first, which also covers what runs after ``stop``
     returns (the event loop's teardown)."""
     arm_exit_thread(bound_s + THREAD_SLACK_S)
-    try:
-        async with asyncio.timeout(bound_s):
-            await stop()
-    except TimeoutError:
-        tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
-        log.error(
-            "stopping took over %g s; exiting without waiting further. Tasks still running:\n%s",
-            bound_s,
-            task_stacks(tasks),
-        )
-        exit_now()
+    stopping = asyncio.create_task(stop(), name="stop")  # a task: its stack stays to be shown
+    done, _ = await asyncio.wait({stopping}, timeout=bound_s)
+    if done:
+        stopping.result()  # its failure is the caller's
+        return
+    tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+    log.error(
+        "stopping took over %g s; exiting without waiting further. Tasks still running:\n%s",
+        bound_s,
+        task_stacks(tasks),
+    )
+    exit_now()
 
 
 def arm_exit_thread(after_s: float) -> threading.Timer:
