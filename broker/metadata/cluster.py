@@ -199,9 +199,10 @@ class ClusterView:
         The range watches are tasks of the view, not of a ``TaskGroup`` in ``_follow``: a task
         group cancels its tasks once, and a watch task can lose that one cancellation while
         aetcd creates its watch just as etcd answers again after a restart (it then iterated
-        the created watch; Python 3.11's ``asyncio.wait_for``, which aetcd's creation awaits,
-        returns the result instead of raising when both happen in one loop step). The group,
-        the view's close and the broker's stop then waited for it forever."""
+        the created watch; likely through Python 3.11's ``asyncio.wait_for``, which aetcd's
+        creation awaits and which returns the result instead of raising when the result and
+        the cancellation come in one loop step). The group, the view's close and the broker's
+        stop then waited for it forever."""
         await asyncio.gather(*(cancel_and_wait(t) for t in (self._watch_task, *self._range_tasks)))
 
     def live_broker_ids(self) -> list[int]:
