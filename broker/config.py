@@ -202,10 +202,7 @@ class LimitSettings(_Section):
         "beyond (0: none; Kafka's max.incremental.fetch.session.cache.slots).",
     )
     shutdown_grace_s: float = Field(
-        20.0,
-        gt=0,
-        description="Deadline for finishing in-flight work on shutdown; the process exits at "
-        "most 5 s after it, finished or not (stop_deadline).",
+        20.0, gt=0, description="Deadline for finishing in-flight work on shutdown."
     )
 
 
