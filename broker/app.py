@@ -28,6 +28,7 @@ from kafscale.broker.api.txn_partitions import write_markers_here
 from kafscale.broker.buffer_pool import BufferPool
 from kafscale.broker.config import BrokerSettings, TlsSettings
 from kafscale.broker.groups.coordinator import GroupCoordinator, group_config
+from kafscale.broker.groups.share_groups_index import index_share_groups
 from kafscale.broker.metadata import keys
 from kafscale.broker.metadata.cluster import BrokerInfo, ClusterView, TopicInfo, TopicPartition
 from kafscale.broker.metadata.compaction import Compactor
@@ -71,6 +72,7 @@ from kafscale.broker.storage.log_sizes import LogSizes, log_dir_name
 from kafscale.broker.storage.object_store import ObjectStore, ObjectStoreError
 from kafscale.broker.storage.reader import LogReader
 from kafscale.broker.storage.topic_purge import TopicPurger
+from kafscale.broker.task_stop import cancel_and_wait
 from kafscale.broker.transactions.coordinator import TransactionCoordinator
 
 log = logging.getLogger(__name__)
@@ -251,6 +253,7 @@ class Broker:
         )
         self.view.share_members.listen(self.share.on_share_members)
         self._tasks.append(asyncio.create_task(self.share.run(), name="share-partitions"))
+        self._tasks.append(asyncio.create_task(self._index_share_groups(), name="share-index"))
         self.log_sizes = LogSizes(self.cluster, self.store)
         self._tasks.append(asyncio.create_task(self._watch_session(), name="session-watch"))
         self._tasks.append(asyncio.create_task(self._follow_cluster(), name="cluster-follow"))
@@ -409,6 +412,21 @@ class Broker:
         )
         await follow_once(self.log_manager, plan)
 
+    async def _index_share_groups(self) -> None:
+        """Once per cluster, in the background: copy share groups an older version stored to
+        ``share-groups/`` (``share_groups_index``). Not before ready: on a cluster of many
+        groups it reads them all, and a start-up probe must not kill the broker meanwhile
+        (the copy would start over). Every view, this one's too, sees each copy as a watch
+        event; until its copy lands, an older group's members get no records from share
+        partitions led by brokers of this version (their ShareFetch answers empty)."""
+        while True:
+            try:
+                await index_share_groups(self.etcd, self.cluster)
+                return
+            except MetadataUnavailable as exc:
+                log.warning("share groups: copying to share-groups/ (retried in 5 s): %s", exc)
+            await asyncio.sleep(5)
+
     def _still_owns(self, topic: str, partition: int, lease_revision: int) -> bool:
         owned = self.log_manager.owned.get((topic, partition))
         return owned is not None and owned.lease_revision == lease_revision
@@ -527,9 +545,9 @@ class Broker:
                     await self.manager.close()
             except Exception:
                 log.exception("handoff at shutdown did not complete; leases expire with the TTL")
-        for task in self._tasks:
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        # Each cancelled until it ends: a task that lost one cancellation inside a library
+        # (etcd answering again in that very step) kept a single cancel-and-gather waiting.
+        await asyncio.gather(*(cancel_and_wait(task) for task in self._tasks))
         with contextlib.suppress(Exception):
             await self.session.revoke()
         if self.server is not None:

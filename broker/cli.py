@@ -37,6 +37,7 @@ from kafscale.broker.settings_cli import (
     update_readme,
 )
 from kafscale.broker.startup_error import StartupError
+from kafscale.broker.stop_deadline import stop_bound_s, stop_within
 from kafscale.broker.users_cli import add_users_parser, run_users
 
 if TYPE_CHECKING:
@@ -176,7 +177,8 @@ async def _serve_broker(settings: BrokerSettings) -> None:
     from kafscale.broker.app import Broker
 
     await _serve_until_signalled(
-        await Broker.start(settings, pod_name=os.environ.get("KAFSCALE_POD_NAME"))
+        await Broker.start(settings, pod_name=os.environ.get("KAFSCALE_POD_NAME")),
+        settings.limits.shutdown_grace_s,
     )
 
 
@@ -184,8 +186,9 @@ class _Service(Protocol):
     async def shutdown(self) -> None: ...
 
 
-async def _serve_until_signalled(service: _Service) -> None:
-    """Serve until SIGINT or SIGTERM, then shut ``service`` down (its own graceful order)."""
+async def _serve_until_signalled(service: _Service, shutdown_grace_s: float) -> None:
+    """Serve until SIGINT or SIGTERM, then shut ``service`` down (its own graceful order),
+    exiting by ``stop_bound_s`` after the signal even if that shutdown does not end."""
     freeze_startup_objects()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -194,7 +197,7 @@ async def _serve_until_signalled(service: _Service) -> None:
     try:
         await stop.wait()
     finally:
-        await service.shutdown()
+        await stop_within(service.shutdown, stop_bound_s(shutdown_grace_s))
 
 
 def _cmd_proxy(args: argparse.Namespace) -> int:
@@ -211,7 +214,7 @@ async def _serve_proxy(settings: ProxySettings) -> None:
     # Imported here, as for the other commands: a broker need not load the proxy's modules.
     from kafscale.broker.proxy.app import Proxy
 
-    await _serve_until_signalled(await Proxy.start(settings))
+    await _serve_until_signalled(await Proxy.start(settings), settings.limits.shutdown_grace_s)
 
 
 def _cmd_local(args: argparse.Namespace) -> int:

@@ -4,6 +4,7 @@ Layout (keys from ``keys``; values JSON)::
 
     groups/<group>/metadata            protocol type, generation, protocol, leader, members,
                                        empty since (wall-clock ms, records of an Empty group)
+    share-groups/<group>               a share group's metadata again, written with it
     groups/<group>/offsets/<topic>/<p> offset, leader epoch, metadata, commit timestamp, topic id,
                                        expire timestamp (OffsetCommit v2-v4 retention time)
 
@@ -36,6 +37,7 @@ from kafscale.broker.metadata.etcd_txn import (
     put_op,
     value_is,
 )
+from kafscale.broker.metadata.share_members import decode_share_members
 from kafscale.broker.protocol.errors import UnreadableRecord
 
 TopicPartition = tuple[str, int]
@@ -324,9 +326,14 @@ class GroupStore:
         return LoadedGroup(record, offsets, frozenset(pending))
 
     async def save_group(self, group_id: str, record: GroupRecord, fence: Fence) -> bool:
-        """Write the group metadata; False if the lease is no longer ours."""
-        key = keys.group_metadata_key(self._cluster, group_id)
-        result = await self._etcd.txn(fence.compares(), [put_op(key, encode_group(record))])
+        """Write the group metadata; False if the lease is no longer ours. A share group's goes
+        to ``share-groups/<group>`` too, in the same transaction: every broker's cluster view
+        follows share-group membership there (it does not watch ``groups/``)."""
+        document = encode_group(record)
+        ops = [put_op(keys.group_metadata_key(self._cluster, group_id), document)]
+        if record.group_type == "share":
+            ops.append(put_op(keys.share_group_key(self._cluster, group_id), document))
+        result = await self._etcd.txn(fence.compares(), ops)
         return result.succeeded
 
     async def save_offsets(
@@ -391,6 +398,7 @@ class GroupStore:
         ops: list[Op] = [delete_op(entry.key) for entry in entries if self._owned(group_id, entry)]
         chunks = list(_chunks(ops, MAX_OPS_PER_TXN)) or [[]]
         chunks[-1].append(delete_prefix_op(keys.share_states_prefix(self._cluster, group_id)))
+        chunks[-1].append(delete_op(keys.share_group_key(self._cluster, group_id)))
         chunks[-1].append(delete_op(fence.key))
         for chunk in chunks:
             result = await self._etcd.txn(fence.compares(), chunk)
@@ -425,6 +433,15 @@ class GroupStore:
                 else:
                     found.append(PersistedGroup(group_id, "", False))
         return sorted(found, key=lambda g: g.group_id)
+
+    async def share_group_metadata(self) -> AsyncGenerator[KeyValue, None]:
+        """The metadata key of every stored share group, read a page at a time."""
+        async for entries, _ in self._group_pages(None, keys_only=False):
+            for entry in entries:
+                parsed = parse_group_key(self._cluster, entry.key)
+                metadata = parsed is not None and parsed[1] is None
+                if metadata and decode_share_members(entry.value) is not None:
+                    yield entry
 
     async def group_id_pages(
         self, after: str | None

@@ -1,9 +1,16 @@
-"""Each broker's live view of the cluster, kept current by one watch on the cluster prefix.
+"""Each broker's live view of the cluster, kept current by watches on the keys it keeps.
 
 Topics, registered brokers, partition states (high watermarks), lease owners, the desired
-assignment and draining marks all live under ``/kafscale/<cluster>/``. The view loads them once
-and then follows a single prefix watch, so answering Metadata or waking a long-poll never costs
-an etcd round trip. High-watermark changes wake fetches through per-partition events.
+assignment, draining marks, group configs, ACLs, quotas and share-group membership all live
+under ``/kafscale/<cluster>/``. The view reads them once, every range at one revision, then
+watches each range from the next revision, so answering Metadata or waking a long-poll never
+costs an etcd round trip. High-watermark changes wake fetches through per-partition events.
+
+Only the ranges of ``view_ranges`` are read and watched: the rest of the prefix (committed
+offsets above all) is written per request for one broker's own use, and following it cost every
+other broker CPU per write. Events of one range come in revision order; those of different
+ranges may interleave otherwise, which nothing here relies on (each kind is applied on its own,
+as the start-up read applies them in key order).
 """
 
 from __future__ import annotations
@@ -22,19 +29,24 @@ from kafscale.broker.metadata.etcd import (
     Etcd,
     WatchEvent,
     WatchEventKind,
-    read_prefix_until_answered,
+    read_ranges_until_answered,
 )
 from kafscale.broker.metadata.etcd_errors import MetadataUnavailable
 from kafscale.broker.metadata.etcd_txn import KeyValue
 from kafscale.broker.metadata.partition_state import PartitionState
 from kafscale.broker.metadata.share_members import ShareMembers
 from kafscale.broker.metadata.topic_info import TopicInfo as TopicInfo  # its former home
+from kafscale.broker.metadata.view_ranges import view_ranges
 from kafscale.broker.quotas.store import QuotaCache
 from kafscale.broker.task_stop import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
 TopicPartition = tuple[str, int]
+
+_QUEUED_EVENTS = 10_000
+"""Watch events waiting to be applied, at most: the watches wait beyond that (and etcd holds
+their events) rather than the view growing without bound behind a slow event loop."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,6 +143,7 @@ class ClusterView:
         self._etcd = etcd
         self._cluster = cluster
         self._prefix = keys.cluster_prefix(cluster)
+        self._ranges = view_ranges(cluster)
         self.topics: dict[str, TopicInfo] = {}
         self.brokers: dict[int, BrokerInfo] = {}
         self.states: dict[TopicPartition, PartitionState] = {}
@@ -149,7 +162,8 @@ class ClusterView:
         them and release a departed member's records (``share_members``)."""
         self.watermarks = Watermarks()
         self.changed = asyncio.Event()  # any change: brokers follow assignment/draining on it
-        self._watch_task: asyncio.Task[None] | None = None
+        self._watch_task: asyncio.Task[None] | None = None  # applies the watches' events
+        self._range_tasks: list[asyncio.Task[None]] = []  # one watch per range of the view
         # The etcd revision of this broker's latest commit of each partition's state, until the
         # watch brings that commit back (see ``update_state``).
         self._own_commits: dict[TopicPartition, int] = {}
@@ -157,19 +171,39 @@ class ClusterView:
         # the watch may bring the commit back before the transaction's answer (see
         # ``expect_commit``).
         self._committing: dict[TopicPartition, tuple[bytes, PartitionState]] = {}
+        self.events_seen = 0
+        """Watch events received (tests count them: keys the view does not keep send none)."""
+        self._loaded_revision = 0  # the revision of the latest full read (start or reload)
 
     @property
     def topics_by_id(self) -> dict[str, TopicInfo]:
         return {t.topic_id: t for t in self.topics.values()}
 
     async def start(self) -> None:
-        entries, revision = await self._etcd.get_prefix_with_revision(self._prefix)
+        entries, revision = await self._etcd.get_ranges_with_revision(self._ranges)
         for entry in entries:
             self._apply_put(entry.key, entry.value)
-        self._watch_task = asyncio.create_task(self._follow(revision + 1), name="cluster-watch")
+        self._loaded_revision = revision
+        events: asyncio.Queue[WatchEvent] = asyncio.Queue(_QUEUED_EVENTS)
+        self._range_tasks = [
+            asyncio.create_task(
+                self._watch(first, end, revision + 1, events), name=f"cluster-watch {first}"
+            )
+            for first, end in self._ranges
+        ]
+        self._watch_task = asyncio.create_task(self._follow(events), name="cluster-watch")
 
     async def close(self) -> None:
-        await cancel_and_wait(self._watch_task)
+        """Stop following: each task is cancelled until it has ended (``cancel_and_wait``).
+
+        The range watches are tasks of the view, not of a ``TaskGroup`` in ``_follow``: a task
+        group cancels its tasks once, and a watch task can lose that one cancellation while
+        aetcd creates its watch just as etcd answers again after a restart (it then iterated
+        the created watch; likely through Python 3.11's ``asyncio.wait_for``, which aetcd's
+        creation awaits and which returns the result instead of raising when the result and
+        the cancellation come in one loop step). The group, the view's close and the broker's
+        stop then waited for it forever."""
+        await asyncio.gather(*(cancel_and_wait(t) for t in (self._watch_task, *self._range_tasks)))
 
     def live_broker_ids(self) -> list[int]:
         return sorted(self.brokers)
@@ -209,18 +243,37 @@ class ClusterView:
         defaults, py-spy --gil). Whoever wrote those exact bytes, they decode to ``state``."""
         self._committing[tp] = (document, state)
 
-    async def _follow(self, start_revision: int) -> None:
-        async for event in self._etcd.watch_prefix(self._prefix, start_revision):
+    async def _follow(self, events: asyncio.Queue[WatchEvent]) -> None:
+        """Apply the events of every range's watch, one at a time, as they come."""
+        while True:
+            event = await events.get()
+            self.events_seen += 1
             if event.kind is WatchEventKind.RESYNC:
+                if event.mod_revision <= self._loaded_revision:
+                    continue  # an earlier reload read past where this watch goes on
                 try:
                     await self._reload()
-                except MetadataUnavailable:
-                    return  # the client was closed
+                except MetadataUnavailable:  # the client was closed: the watches end too
+                    return
                 continue
+            if event.mod_revision <= self._loaded_revision:
+                continue  # already in the reload (see ``Etcd.watch_range``)
             try:
                 self._apply(event)
             except Exception:
                 log.exception("cannot apply watch event for %s", event.key)
+
+    async def _watch(
+        self, start: str, end: str, start_revision: int, events: asyncio.Queue[WatchEvent]
+    ) -> None:
+        """One range's events into ``events`` (``watch_range`` ends only when the client
+        closes; anything else that ends it is logged: the view no longer follows that range)."""
+        try:
+            async for event in self._etcd.watch_range(start, end, start_revision):
+                await events.put(event)
+        except Exception:
+            log.exception("cluster watch on %s failed; the view no longer follows it", start)
+            raise
 
     async def _reload(self) -> None:
         """The watch lost history (compaction): rebuild the view from a fresh read.
@@ -230,7 +283,10 @@ class ClusterView:
         it was in this view: a proxy would route to the old owner until that key changed
         again)."""
         log.warning("cluster watch lost history; reloading the view")
-        entries = await read_prefix_until_answered(self._etcd, self._prefix, "cluster view")
+        entries, revision = await read_ranges_until_answered(
+            self._etcd, self._ranges, "cluster view"
+        )
+        self._loaded_revision = revision
         self.topics.clear()
         self.brokers.clear()
         self.owners.clear()
@@ -256,7 +312,7 @@ class ClusterView:
                 self._apply_put(event.key, event.value)
         else:
             self._apply_delete(event.key)
-        if self._relative(event.key)[0] in ("partitions", "groups", "producers"):
+        if self._relative(event.key)[0] in ("partitions", "share-groups"):
             return  # data-path churn: followers of ownership need not wake for it
         self.changed.set()
         self.changed = asyncio.Event()
@@ -308,7 +364,7 @@ class ClusterView:
             self.draining.add(int(parts[1]))
         elif kind == "group-configs" and len(parts) == 2:
             self.group_configs[keys.group_from_key_part(parts[1])] = decode_group_configs(value)
-        elif kind == "groups" and len(parts) == 3 and parts[2] == "metadata":
+        elif kind == "share-groups" and len(parts) == 2:
             self.share_members.put(keys.group_from_key_part(parts[1]), value)
         elif kind == "acls":
             self.acls.put(key, value)
@@ -334,7 +390,7 @@ class ClusterView:
             self.draining.discard(int(parts[1]))
         elif kind == "group-configs" and len(parts) == 2:
             self.group_configs.pop(keys.group_from_key_part(parts[1]), None)
-        elif kind == "groups" and len(parts) == 3 and parts[2] == "metadata":
+        elif kind == "share-groups" and len(parts) == 2:
             self.share_members.delete(keys.group_from_key_part(parts[1]))
         elif kind == "acls":
             self.acls.delete(key)

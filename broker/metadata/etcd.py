@@ -66,6 +66,7 @@ from kafscale.broker.metadata.etcd_txn import (
     mod_revision_is,
     op_message,
     op_result,
+    prefix_range_end,
     put_op,
 )
 from kafscale.broker.observability.metrics import METRICS
@@ -289,6 +290,35 @@ class Etcd:
         )
         return [key_value(raw) for raw in response.kvs], int(response.header.revision)
 
+    async def get_ranges_with_revision(
+        self, ranges: Sequence[tuple[str, str]]
+    ) -> tuple[list[KeyValue], int]:
+        """Every key in each ``[start, end)`` of ``ranges``, all read at one revision (the first
+        read's), and that revision: watch each range from revision + 1 and nothing is missed
+        or seen twice. Keys come range by range, sorted within each."""
+        found: list[KeyValue] = []
+        revision = 0
+        for start, end in ranges:
+            request = rpc.RangeRequest(
+                key=start.encode(),
+                range_end=end.encode(),
+                revision=revision,
+                sort_order=rpc.RangeRequest.ASCEND,
+                sort_target=rpc.RangeRequest.KEY,
+            )
+            response = await self._call(
+                "get_prefix",
+                functools.partial(
+                    self._client.kvstub.Range,
+                    request,
+                    timeout=self.timeout_s,
+                    metadata=self._client.metadata,
+                ),
+            )
+            revision = revision or int(response.header.revision)
+            found += [key_value(raw) for raw in response.kvs]
+        return found, revision
+
     async def get_range(
         self, start: str, end: str, limit: int, keys_only: bool = False
     ) -> tuple[list[KeyValue], bool]:
@@ -419,10 +449,18 @@ class Etcd:
 
     # --- watches ---
 
-    async def watch_prefix(
+    def watch_prefix(
         self, prefix: str, start_revision: int | None = None
     ) -> AsyncGenerator[WatchEvent, None]:
-        """Every change under ``prefix`` from ``start_revision`` (None: from now), in order.
+        """Every change under ``prefix``: ``watch_range`` over the prefix's keys."""
+        end = prefix_range_end(prefix.encode()).decode()
+        return self.watch_range(prefix, end, start_revision)
+
+    async def watch_range(
+        self, start: str, end: str, start_revision: int | None = None
+    ) -> AsyncGenerator[WatchEvent, None]:
+        """Every change to a key in ``[start, end)`` from ``start_revision`` (None: from now),
+        in order.
 
         Survives etcd restarts and connection loss: the watch is re-created with backoff from
         the last delivered revision + 1, so nothing is skipped or repeated. If that revision was
@@ -443,33 +481,38 @@ class Etcd:
                 if next_revision is None or resync:
                     current = await self.revision()
                     if resync:
-                        yield WatchEvent(WatchEventKind.RESYNC, prefix, b"", current)
+                        yield WatchEvent(WatchEventKind.RESYNC, start, b"", current)
                     next_revision, resync = current + 1, False
-                async with contextlib.aclosing(self._watch(prefix, next_revision)) as events:
+                watch = self._watch(start, end, next_revision)
+                async with contextlib.aclosing(watch) as events:
                     async for event in events:
                         backoff.reset()
                         next_revision = event.mod_revision + 1
                         yield event
                 if self.closed:
                     return
-                log.info("etcd watch on %s ended by the server; re-creating", prefix)
+                log.info("etcd watch on %s ended by the server; re-creating", start)
             except _RevisionCompacted:
-                log.warning("etcd watch on %s: revision %s compacted", prefix, next_revision)
+                log.warning("etcd watch on %s: revision %s compacted", start, next_revision)
                 resync = True
                 continue
             except MetadataUnavailable as error:
                 if self.closed:
                     return
-                log.info("etcd watch on %s interrupted (%s); resuming", prefix, error)
+                log.info("etcd watch on %s interrupted (%s); resuming", start, error)
             await self._pause(backoff.next_delay())
 
-    async def _watch(self, prefix: str, start_revision: int) -> AsyncGenerator[WatchEvent, None]:
+    async def _watch(
+        self, start: str, end: str, start_revision: int
+    ) -> AsyncGenerator[WatchEvent, None]:
         """One aetcd watch: events until its stream breaks (raises) or the client closes."""
         at = self._current
         try:
             watch = await self._call(
                 "watch",
-                lambda: self._client.watch_prefix(prefix.encode(), start_revision=start_revision),
+                lambda: self._client.watch(
+                    start.encode(), range_end=end.encode(), start_revision=start_revision
+                ),
             )
         except MetadataError as error:
             if isinstance(error.__cause__, aetcd.RevisionCompactedError):
@@ -512,6 +555,23 @@ async def read_prefix_until_answered(etcd: Etcd, prefix: str, what: str) -> list
     while True:
         try:
             return await etcd.get_prefix(prefix)
+        except MetadataUnavailable as exc:
+            if etcd.closed:
+                raise
+            delay_s = backoff.next_delay()
+            log.warning("%s: cannot reload from etcd (%s); retrying in %.2f s", what, exc, delay_s)
+        await etcd._pause(delay_s)
+
+
+async def read_ranges_until_answered(
+    etcd: Etcd, ranges: Sequence[tuple[str, str]], what: str
+) -> tuple[list[KeyValue], int]:
+    """``get_ranges_with_revision``, retried like ``read_prefix_until_answered`` (and for the
+    same reason)."""
+    backoff = _Backoff(_WATCH_BACKOFF_MIN_S, _WATCH_BACKOFF_MAX_S)
+    while True:
+        try:
+            return await etcd.get_ranges_with_revision(ranges)
         except MetadataUnavailable as exc:
             if etcd.closed:
                 raise

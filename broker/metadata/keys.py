@@ -17,6 +17,12 @@ etcd (all under ``/kafscale/<cluster>/``)::
     groups/<group>/metadata          group state (JSON)
     groups/<group>/offsets/<topic>/<p>  committed offset (JSON)
     group-configs/<group>            a group's own configs, KIP-848 (JSON: name -> value)
+    share-groups/<group>             a share group's metadata document again (the same bytes
+                                     as ``groups/<group>/metadata``, written in the same
+                                     transaction): what the cluster view follows for
+                                     share-group membership, without watching ``groups/``
+    indexed/share-groups             present once ``share-groups/`` holds every share group
+                                     stored before it existed (``share_groups_index``)
     producers/<producer id>          idempotent producer epoch (JSON)
     transactions/<transactional id>  transaction state: producer id, epoch, state, partitions,
                                      groups, timeout (JSON; ids percent-encoded like group ids)
@@ -174,6 +180,21 @@ def group_config_key(cluster: str, group: str) -> str:
 
 def group_configs_prefix(cluster: str) -> str:
     return f"{cluster_prefix(cluster)}group-configs/"
+
+
+def share_group_key(cluster: str, group: str) -> str:
+    """A share group's metadata, again, outside ``groups/``: every broker's cluster view follows
+    share-group membership through these keys, so it need not watch every committed offset."""
+    return f"{share_groups_prefix(cluster)}{group_key_part(group)}"
+
+
+def share_groups_prefix(cluster: str) -> str:
+    return f"{cluster_prefix(cluster)}share-groups/"
+
+
+def share_groups_indexed_key(cluster: str) -> str:
+    """Written once ``share-groups/`` was filled from the groups stored before it existed."""
+    return f"{cluster_prefix(cluster)}indexed/share-groups"
 
 
 def group_metadata_key(cluster: str, group: str) -> str:

@@ -1,8 +1,9 @@
-"""Every share group's members as the cluster watch sees them (``groups/<group>/metadata``).
+"""Every share group's members as the cluster watch sees them (``share-groups/<group>``).
 
 A share group's coordinator writes its membership to etcd when it changes (a join, a leave, a
-session expiry), fenced by the group lease, and every broker watches the whole cluster prefix
-already: so each broker knows who is in every share group without asking the coordinator (which
+session expiry), fenced by the group lease, to ``groups/<group>/metadata`` and, in the same
+transaction, to ``share-groups/<group>``, which every broker's cluster view watches: so each
+broker knows who is in every share group without asking the coordinator (which
 may be another broker) and without an etcd read per request. Share-partition leaders use it to
 refuse ShareFetch from member ids that are not in the group and to release a departed member's
 records at once (Kafka's share-partition leader learns of departures the same way, from its

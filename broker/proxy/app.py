@@ -48,6 +48,7 @@ from kafscale.broker.security.tls import (
 )
 from kafscale.broker.security.token_store import TokenStore
 from kafscale.broker.server import ByteBudget, Connection, KafkaServer, ServerEndpoint
+from kafscale.broker.task_stop import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
@@ -284,9 +285,9 @@ class Proxy:
             await self.server.close(self.settings.limits.shutdown_grace_s)
         if self.admin is not None:
             await self.admin.close()
-        for task in self._tasks:
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        # Each cancelled until it ends: a task that lost one cancellation inside a library
+        # (etcd answering again in that very step) kept a single cancel-and-gather waiting.
+        await asyncio.gather(*(cancel_and_wait(task) for task in self._tasks))
         await self.routes.close()
         await self.etcd.close()
 

@@ -35,10 +35,24 @@ class CompactedEtcd:
         self.failures = failures
         self.closed = False
         self.reads = 0
+        self.started = False
         self.answered = asyncio.Event()  # set by the read that answers (the reload's)
 
     async def get_prefix_with_revision(self, prefix: str) -> tuple[list[KeyValue], int]:
         return [e for e in self.before if e.key.startswith(prefix)], 10
+
+    async def get_ranges_with_revision(
+        self, ranges: list[tuple[str, str]]
+    ) -> tuple[list[KeyValue], int]:
+        """The first read lists ``before``; later ones are the reload's (see ``get_prefix``)."""
+        if not self.started:
+            self.started = True
+            return [e for e in self.before if _within(e.key, ranges)], 10
+        self.reads += 1
+        if self.reads <= self.failures:
+            raise MetadataUnavailable("etcd range timed out after 5 s")
+        self.answered.set()
+        return [e for e in self.after if _within(e.key, ranges)], 30
 
     async def get_prefix(self, prefix: str) -> list[KeyValue]:
         self.reads += 1
@@ -51,8 +65,16 @@ class CompactedEtcd:
         yield WatchEvent(WatchEventKind.RESYNC, prefix, b"", 20)
         await asyncio.Event().wait()  # nothing more happens
 
+    async def watch_range(self, first: str, end: str, start: int) -> AsyncIterator[WatchEvent]:
+        yield WatchEvent(WatchEventKind.RESYNC, first, b"", 20)
+        await asyncio.Event().wait()  # nothing more happens
+
     async def _pause(self, delay_s: float) -> None:
         await asyncio.sleep(0)
+
+
+def _within(key: str, ranges: list[tuple[str, str]]) -> bool:
+    return any(start <= key < end for start, end in ranges)
 
 
 def cluster_keys(lease_owner: int) -> list[KeyValue]:
@@ -102,5 +124,6 @@ async def test_a_closed_client_ends_the_reload() -> None:
 
 
 def test_the_fake_has_the_adapter_calls_the_views_use() -> None:
-    for name in ("get_prefix_with_revision", "get_prefix", "watch_prefix", "_pause", "closed"):
+    names = ("get_prefix_with_revision", "get_prefix", "watch_prefix", "_pause", "closed")
+    for name in (*names, "get_ranges_with_revision", "watch_range"):
         assert hasattr(Etcd, name)
