@@ -37,8 +37,10 @@ def decode_share_members(value: bytes) -> frozenset[str] | None:
         return None
     consumer = document.get("consumer") or {}
     members = consumer.get("members") if isinstance(consumer, dict) else None
+    if not isinstance(members, list):  # a record of the wrong shape names nobody
+        members = []
     return frozenset(
-        str(m["member_id"]) for m in members or () if isinstance(m, dict) and "member_id" in m
+        str(m["member_id"]) for m in members if isinstance(m, dict) and "member_id" in m
     )
 
 

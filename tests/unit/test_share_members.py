@@ -31,6 +31,8 @@ def test_members_are_read_from_a_share_groups_document_only() -> None:
     assert decode_share_members(classic) is None
     assert decode_share_members(b'not json but says "share"') is None
     assert decode_share_members(json.dumps({"type": "share", "consumer": 3}).encode()) == set()
+    wrong_members = {"type": "share", "consumer": {"members": 5}}  # a corrupt record
+    assert decode_share_members(json.dumps(wrong_members).encode()) == set()
 
 
 def test_listeners_hear_each_change_and_the_group_going() -> None:
