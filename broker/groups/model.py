@@ -65,6 +65,9 @@ class GroupConfig:
     idle_release_ms: int = 300_000
     """How long a group without members that keeps committed offsets stays coordinated after
     the last request that named it (``groups.idle_release_ms``; ``release``)."""
+    vacant_release_ms: int = 5_000
+    """How long a group that holds nothing (no members, no offsets) stays coordinated after
+    the last request that named it (``groups.vacant_release_ms``; ``release``)."""
 
     def session_timeout_ok(self, session_timeout_ms: int) -> bool:
         return self.min_session_timeout_ms <= session_timeout_ms <= self.max_session_timeout_ms
