@@ -48,12 +48,14 @@ class ProxyDispatcher:
 
     async def __call__(self, frame: Frame, connection: Connection) -> bytes | None:
         api_key, api_version, correlation_id = admit(frame, connection)
-        spec = API_TABLE.get(api_key)
+        served = PROXY_TABLE.get(api_key)
         handler = HANDLERS.get(api_key)
-        if spec is None or handler is None or not spec.supports(api_version):
+        if served is None or handler is None or not served.supports(api_version):
             return encode_unsupported(
-                PROXY_TABLE, spec, api_key, api_version, correlation_id, connection.peer
+                PROXY_TABLE, served, api_key, api_version, correlation_id, connection.peer
             )
+        # The broker's error shape of the API (its error body), for answers the proxy makes.
+        spec = API_TABLE[api_key]
         try:
             decoded = codec.decode_request(frame, codec.request_schema(api_key, api_version))
         except codec.DecodeError as exc:
