@@ -25,6 +25,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from kafscale.broker.api.error_bodies import error_body_of
 from kafscale.broker.api.served import SERVED_APIS, ServedApi, api_versions_body
 from kafscale.broker.observability.log_limit import ClientEvent, client_log, host_of
 from kafscale.broker.observability.metrics import METRICS
@@ -58,21 +59,6 @@ class RequestContext:
 
 Body = dict[str, Any]
 Handler = Callable[[Any, RequestContext], Awaitable[Body | None]]
-ErrorBody = Callable[[Any, ErrorCode], Body]
-
-
-def top_level_error(_request: Any, code: ErrorCode) -> Body:
-    return {"error_code": code}
-
-
-def no_results(field: str) -> ErrorBody:
-    """The error body of an API whose response has no top-level error code: an empty result
-    list, which clients treat as every item failed (the error itself is logged)."""
-
-    def build(_request: Any, _code: ErrorCode) -> Body:
-        return {"throttle_time": 0, field: []}
-
-    return build
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,7 +67,6 @@ class ApiSpec:
 
     api: ServedApi
     handler: Handler
-    error_body: ErrorBody = top_level_error
 
     @property
     def key(self) -> int:
@@ -143,7 +128,9 @@ class Dispatcher:
                 log, logging.WARNING, ClientEvent.MALFORMED_REQUEST, host_of(peer),
                 "bad %s v%d from %s: %s", spec.name, api_version, peer, exc,
             )  # fmt: skip
-            return encode_error(spec, None, api_version, correlation_id, ErrorCode.INVALID_REQUEST)
+            return encode_error(
+                spec.api, None, api_version, correlation_id, ErrorCode.INVALID_REQUEST
+            )
         request_bytes = len(frame)
         # The decoded request holds its own copy of the records; without this the frame (up to
         # a MiB per produce) would stay alive until the ack.
@@ -154,14 +141,14 @@ class Dispatcher:
             body = await spec.handler(request.body, context)
         except KafkaError as exc:
             METRICS.request(spec.name, time.perf_counter() - started, failed=True)
-            return encode_error(spec, request.body, api_version, correlation_id, exc.code)
+            return encode_error(spec.api, request.body, api_version, correlation_id, exc.code)
         except Exception as exc:
             client_log(
                 log, logging.ERROR, ClientEvent.INTERNAL_ERROR, host_of(peer),
                 "%s v%d from %s failed", spec.name, api_version, peer, exc_info=True,
             )  # fmt: skip
             METRICS.request(spec.name, time.perf_counter() - started, failed=True)
-            return encode_error(spec, request.body, api_version, correlation_id, code_for(exc))
+            return encode_error(spec.api, request.body, api_version, correlation_id, code_for(exc))
         METRICS.request(spec.name, time.perf_counter() - started, failed=False)
         if api_key in QUOTA_KEYS and self._broker.quota_enforcer.enforcing:
             body = self._throttle(api_key, request_bytes, body, context)
@@ -235,7 +222,7 @@ def encode_unsupported(
 
 
 def encode_error(
-    spec: ApiSpec,
+    spec: ServedApi,
     request: Any,
     api_version: int,
     correlation_id: int,
@@ -243,7 +230,7 @@ def encode_error(
 ) -> bytes:
     try:
         if request is not None:
-            body = spec.error_body(request, code)
+            body = error_body_of(spec.key)(request, code)
         else:  # the body did not parse: nothing to echo, only a top-level code if any
             body = {"error_code": code} if codec.has_error_code(spec.key, api_version) else {}
         return codec.encode_response(spec.key, api_version, correlation_id, body)

@@ -17,10 +17,10 @@ from typing import Any
 
 from kafscale.broker.api.access import CLUSTER_OPS, GROUP_OPS, TOPIC_OPS
 from kafscale.broker.api.features import SHARE_VERSION
-from kafscale.broker.api.metadata import CLUSTER_ID_PREFIX
 from kafscale.broker.api.served import SERVED_APIS, ServedApi, api_versions_body
 from kafscale.broker.api.topic_partitions import LeaderOf, partition_entry
 from kafscale.broker.authz.model import CLUSTER_NAME, Operation, ResourceType
+from kafscale.broker.metadata.cluster import CLUSTER_ID_PREFIX
 from kafscale.broker.metadata.topics import missing_topic_error
 from kafscale.broker.protocol.errors import ErrorCode
 from kafscale.broker.proxy.routes import RoutingTable
