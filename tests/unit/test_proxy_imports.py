@@ -8,8 +8,9 @@ nothing else filled.
 
 A few broker API modules remain, for pure functions the proxy applies to its own view
 (``SHARED``: the SASL login steps, ListConfigResources' answer, the reassignment and log-dir
-checks; the proxy answers those APIs itself, as ``docs/proxy.md`` says). Moving those functions out of their handler modules shrinks
-``SHARED``; this test then asks for the list to be cut down with it.
+checks; the proxy answers those APIs itself, as ``docs/proxy.md`` says). Moving those
+functions out of their handler modules shrinks ``SHARED``; this test then asks for the list to
+be cut down with it.
 """
 
 from __future__ import annotations
