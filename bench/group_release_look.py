@@ -1,7 +1,7 @@
 """CPU of one look of the coordinator's group release loop over many coordinated groups.
 
 The loop (``GroupCoordinator._let_go_of_unused``) looks every few seconds (``idle_release_ms``
-/ 2, at most ``VACANT_RELEASE_S`` / 2) for groups to let go, on the event loop. This builds
+/ 2, at most ``vacant_release_ms`` / 2) for groups to let go, on the event loop. This builds
 ``--groups`` runtimes of ``--offsets`` committed offsets each (no etcd: the runtimes are never
 written; the coordinator is built without its etcd side, only what ``release_due`` reads), all
 asked for just now, as groups in use are, and prints the CPU of ``release_due`` per look: what

@@ -26,7 +26,7 @@ from kafscale.broker.api.fetch_sessions import FetchSessionCache
 from kafscale.broker.api.table import API_TABLE
 from kafscale.broker.api.txn_partitions import write_markers_here
 from kafscale.broker.buffer_pool import BufferPool
-from kafscale.broker.config import BrokerSettings, TlsSettings
+from kafscale.broker.config import BrokerSettings
 from kafscale.broker.groups.coordinator import GroupCoordinator, group_config
 from kafscale.broker.groups.share_groups_index import index_share_groups
 from kafscale.broker.metadata import keys
@@ -49,14 +49,15 @@ from kafscale.broker.ownership import follow_once, plan_ownership
 from kafscale.broker.protocol.errors import ErrorCode, KafkaError, NotLeader
 from kafscale.broker.quotas.enforcement import QuotaEnforcer
 from kafscale.broker.security.credentials import CredentialStore
+from kafscale.broker.security.endpoints import listener_endpoints
 from kafscale.broker.security.inter_broker import (
     inter_broker_context,
     inter_broker_link,
     inter_broker_reloader,
     missing_login_warning,
 )
-from kafscale.broker.security.listeners import Listener, advertised_address, internal_listener
-from kafscale.broker.security.tls import CertificateReloader, TlsConfigError, server_context
+from kafscale.broker.security.listeners import advertised_address, internal_listener
+from kafscale.broker.security.tls import CertificateReloader, TlsConfigError
 from kafscale.broker.security.token_store import TokenStore
 from kafscale.broker.server import ByteBudget, Connection, KafkaServer, ServerEndpoint
 from kafscale.broker.share.manager import ShareManager
@@ -602,24 +603,6 @@ def server_endpoints(
     return listener_endpoints(
         settings.listener_plan(), settings.tls, settings.sasl.enabled_mechanisms
     )
-
-
-def listener_endpoints(
-    plan: list[Listener], tls: TlsSettings, sasl_mechanisms: tuple[str, ...]
-) -> tuple[list[ServerEndpoint], list[ssl.SSLContext]]:
-    """``server_endpoints`` for any listener plan: the broker's, or the proxy's."""
-    contexts: dict[object, ssl.SSLContext] = {}
-    endpoints = []
-    for listener in plan:
-        context = None
-        if listener.protocol.uses_tls:
-            context = contexts.get(listener.client_auth)
-            if context is None:
-                context = server_context(tls, listener.client_auth)
-                contexts[listener.client_auth] = context
-        mechanisms = sasl_mechanisms if listener.protocol.uses_sasl else ()
-        endpoints.append(ServerEndpoint(listener, context, tuple(mechanisms)))
-    return endpoints, list(contexts.values())
 
 
 def pool_status(pool: BufferPool) -> dict[str, int]:

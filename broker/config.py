@@ -391,6 +391,16 @@ class GroupSettings(_Section):
         "keys per etcd read): a cluster storing more is gone through over several refreshes, "
         "each counted in kafscale_consumer_group_lag_refreshes_capped_total.",
     )
+    vacant_release_ms: int = Field(
+        5_000,
+        ge=1,
+        le=86_400_000,
+        description="How long a group that holds nothing (no members, no committed offsets: "
+        "one that a DescribeGroups, OffsetFetch or Heartbeat named but nobody created) stays "
+        "coordinated (a runtime and a lease) after the last request that named it. Every name "
+        "asked for costs a runtime and a lease until then; a longer time only spares the "
+        "reload of a name asked for again and again. At most one day.",
+    )
 
 
 class TransactionSettings(_Section):

@@ -64,11 +64,6 @@ def _binding(creation: Any) -> AclBinding:
     )
 
 
-def create_acls_error_body(request: Any, code: ErrorCode) -> Body:
-    creations = getattr(request, "creations", ())
-    return {"throttle_time": 0, "results": [{"error_code": code} for _ in creations]}
-
-
 # --- DescribeAcls -----------------------------------------------------------------------------
 
 
@@ -128,10 +123,6 @@ def _description(b: AclBinding) -> Body:
     }
 
 
-def describe_acls_error_body(_request: Any, code: ErrorCode) -> Body:
-    return {"throttle_time": 0, "error_code": code, "error_message": code.name, "resources": []}
-
-
 # --- DeleteAcls -------------------------------------------------------------------------------
 
 
@@ -174,14 +165,4 @@ def _matching(b: AclBinding) -> Body:
         "resource_name": b.resource_name,
         "pattern_type": int(b.pattern_type),
         **_description(b),
-    }
-
-
-def delete_acls_error_body(request: Any, code: ErrorCode) -> Body:
-    filters = getattr(request, "filters", ())
-    return {
-        "throttle_time": 0,
-        "filter_results": [
-            {"error_code": code, "error_message": code.name, "matching_acls": []} for _ in filters
-        ],
     }

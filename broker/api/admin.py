@@ -29,6 +29,7 @@ from kafscale.broker.api.configs import (
 from kafscale.broker.api.dispatch import Body, RequestContext
 from kafscale.broker.api.group_configs import GROUP_RESOURCE, alter_group, describe_group
 from kafscale.broker.api.metadata import topic_uuid
+from kafscale.broker.api.replica_lists import check_replica_list
 from kafscale.broker.authz.model import Operation
 from kafscale.broker.metadata import topics
 from kafscale.broker.protocol.errors import ErrorCode, KafkaError
@@ -117,22 +118,6 @@ def _check_assignment(partitions: list[int], replicas: list[list[int]], live: se
         )
     _check_replica_lists(replicas, live)
     return len(partitions)
-
-
-def check_replica_list(brokers: list[int], live: set[int]) -> None:
-    """Kafka's check of one partition's manual replica list: one or more distinct brokers,
-    each registered (CreateTopics, CreatePartitions, AlterPartitionReassignments)."""
-    if not brokers or len(set(brokers)) != len(brokers):
-        raise KafkaError(
-            "each partition needs one or more distinct brokers",
-            ErrorCode.INVALID_REPLICA_ASSIGNMENT,
-        )
-    unknown = sorted(set(brokers) - live)
-    if unknown:
-        raise KafkaError(
-            f"the assignment names brokers that are not registered: {unknown}",
-            ErrorCode.INVALID_REPLICA_ASSIGNMENT,
-        )
 
 
 def _check_replica_lists(replicas: list[list[int]], live: set[int]) -> None:

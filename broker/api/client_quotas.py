@@ -15,6 +15,10 @@ from typing import Any
 
 from kafscale.broker.api import access
 from kafscale.broker.api.dispatch import Body, RequestContext
+from kafscale.broker.api.error_bodies import (
+    describe_quotas_failed,
+    raw_quota_entity,
+)
 from kafscale.broker.authz.model import Operation
 from kafscale.broker.protocol.errors import ErrorCode
 from kafscale.broker.quotas.entities import (
@@ -48,7 +52,7 @@ async def handle_describe_client_quotas(request: Any, ctx: RequestContext) -> Bo
     try:
         check_filter(components)
     except InvalidQuota as exc:
-        return _describe_failed(ErrorCode.INVALID_REQUEST, str(exc))
+        return describe_quotas_failed(ErrorCode.INVALID_REQUEST, str(exc))
     quotas = await stored_quotas(ctx.broker.etcd, ctx.broker.cluster)
     entries = [
         {
@@ -64,30 +68,6 @@ async def handle_describe_client_quotas(request: Any, ctx: RequestContext) -> Bo
         "error_message": None,
         "entries": entries,
     }
-
-
-def _describe_failed(code: ErrorCode, message: str) -> Body:
-    return {"throttle_time": 0, "error_code": code, "error_message": message, "entries": None}
-
-
-def describe_error_body(_request: Any, code: ErrorCode) -> Body:
-    return _describe_failed(code, code.name.replace("_", " ").capitalize())
-
-
-def alter_error_body(request: Any, code: ErrorCode) -> Body:
-    """Every entry of the request failed with ``code`` (an authorization failure)."""
-    message = code.name.replace("_", " ").capitalize()
-    return {
-        "throttle_time": 0,
-        "entries": [
-            {"error_code": code, "error_message": message, "entity": _raw_entity(entry)}
-            for entry in request.entries
-        ],
-    }
-
-
-def _raw_entity(entry: Any) -> list[Body]:
-    return [{"entity_type": e.entity_type, "entity_name": e.entity_name} for e in entry.entity]
 
 
 def _parse(entry: Any) -> tuple[Entity, list[tuple[str, float, bool]]]:
@@ -119,7 +99,9 @@ async def handle_alter_client_quotas(request: Any, ctx: RequestContext) -> Body:
     for index, entry in enumerate(request.entries):
         message = errors.get(index)
         code = ErrorCode.INVALID_REQUEST if message is not None else ErrorCode.NONE
-        results.append({"error_code": code, "error_message": message, "entity": _raw_entity(entry)})
+        results.append(
+            {"error_code": code, "error_message": message, "entity": raw_quota_entity(entry)}
+        )
     return {"throttle_time": 0, "entries": results}
 
 

@@ -14,6 +14,9 @@ from typing import Any
 
 from kafscale.broker.api import access
 from kafscale.broker.api.dispatch import Body, RequestContext
+from kafscale.broker.api.error_bodies import (
+    missing_group,
+)
 from kafscale.broker.api.group_access import DESCRIBE, client_host, group_runtime
 from kafscale.broker.groups import assignors
 from kafscale.broker.groups.consumer import (
@@ -151,16 +154,6 @@ async def handle_consumer_group_heartbeat(request: Any, ctx: RequestContext) -> 
     return _heartbeat_body(ctx, result)
 
 
-def consumer_group_heartbeat_error_body(request: Any, code: ErrorCode) -> Body:
-    return {
-        "throttle_time": 0,
-        "error_code": code,
-        "member_id": None,
-        "member_epoch": 0,
-        "heartbeat_interval": 0,
-    }
-
-
 # --- ConsumerGroupDescribe --------------------------------------------------------------------
 
 
@@ -174,31 +167,19 @@ async def handle_consumer_group_describe(request: Any, ctx: RequestContext) -> B
                 ctx, group_id, ErrorCode.COORDINATOR_NOT_AVAILABLE, DESCRIBE
             )
         except KafkaError as exc:
-            described.append(_missing(group_id, exc.code, str(exc) or None, operations))
+            described.append(missing_group(group_id, exc.code, str(exc) or None, operations))
             continue
         consumer = runtime.consumer
         if consumer is None:
             message = f"group {group_id} is not a consumer group"
             if runtime.group is None:
                 message = f"group {group_id} not found"
-            described.append(_missing(group_id, ErrorCode.GROUP_ID_NOT_FOUND, message, operations))
+            described.append(
+                missing_group(group_id, ErrorCode.GROUP_ID_NOT_FOUND, message, operations)
+            )
             continue
         described.append(_described(ctx, group_id, consumer, operations))
     return {"throttle_time": 0, "groups": described}
-
-
-def _missing(group_id: str, code: ErrorCode, message: str | None, operations: int) -> Body:
-    return {
-        "error_code": code,
-        "error_message": message,
-        "group_id": group_id,
-        "group_state": "Dead" if code is ErrorCode.GROUP_ID_NOT_FOUND else "",
-        "group_epoch": -1,
-        "assignment_epoch": -1,
-        "assignor_name": "",
-        "members": [],
-        "authorized_operations": operations,
-    }
 
 
 def _described(ctx: RequestContext, group_id: str, group: ConsumerGroup, operations: int) -> Body:
@@ -235,8 +216,3 @@ def _described(ctx: RequestContext, group_id: str, group: ConsumerGroup, operati
         "members": members,
         "authorized_operations": operations,
     }
-
-
-def consumer_group_describe_error_body(request: Any, code: ErrorCode) -> Body:
-    groups = [_missing(g, code, None, -2147483648) for g in getattr(request, "group_ids", ())]
-    return {"throttle_time": 0, "groups": groups}

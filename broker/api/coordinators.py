@@ -60,18 +60,3 @@ def _coordinator_entry(ctx: RequestContext, key: str, key_type: int) -> Body:
         "error_code": ErrorCode.NONE,
         "error_message": None,
     }
-
-
-def find_coordinator_error_body(request: Any, code: ErrorCode) -> Body:
-    keys = list(getattr(request, "coordinator_keys", ()) or ())
-    coordinators = [
-        {"key": k, "node_id": -1, "host": "", "port": -1, "error_code": code} for k in keys
-    ]
-    return {
-        "throttle_time": 0,
-        "error_code": code,
-        "node_id": -1,
-        "host": "",
-        "port": -1,
-        "coordinators": coordinators,
-    }

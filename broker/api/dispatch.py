@@ -25,7 +25,8 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from kafscale.broker.api.features import SHARE_VERSION, TRANSACTION_VERSION, features_body
+from kafscale.broker.api.error_bodies import error_body_of
+from kafscale.broker.api.served import SERVED_APIS, ServedApi, api_versions_body
 from kafscale.broker.observability.log_limit import ClientEvent, client_log, host_of
 from kafscale.broker.observability.metrics import METRICS
 from kafscale.broker.protocol import codec
@@ -58,43 +59,37 @@ class RequestContext:
 
 Body = dict[str, Any]
 Handler = Callable[[Any, RequestContext], Awaitable[Body | None]]
-ErrorBody = Callable[[Any, ErrorCode], Body]
-
-
-def top_level_error(_request: Any, code: ErrorCode) -> Body:
-    return {"error_code": code}
-
-
-def no_results(field: str) -> ErrorBody:
-    """The error body of an API whose response has no top-level error code: an empty result
-    list, which clients treat as every item failed (the error itself is logged)."""
-
-    def build(_request: Any, _code: ErrorCode) -> Body:
-        return {"throttle_time": 0, field: []}
-
-    return build
 
 
 @dataclass(frozen=True, slots=True)
 class ApiSpec:
-    key: int
-    name: str
-    min_version: int
-    max_version: int
-    handler: Handler
-    error_body: ErrorBody = top_level_error
-    # The lowest version ApiVersions names, when that is below the lowest one served. Only for
-    # clients that decide a feature from the advertised floor (see Produce in the table).
-    advertised_min_version: int | None = None
+    """A served API (``api/served.py``: key, name, versions) with the broker's handler."""
 
-    def supports(self, version: int) -> bool:
-        return self.min_version <= version <= self.max_version
+    api: ServedApi
+    handler: Handler
+
+    @property
+    def key(self) -> int:
+        return self.api.key
+
+    @property
+    def name(self) -> str:
+        return self.api.name
+
+    @property
+    def min_version(self) -> int:
+        return self.api.min_version
+
+    @property
+    def max_version(self) -> int:
+        return self.api.max_version
 
     @property
     def advertised_range(self) -> tuple[int, int]:
-        if self.advertised_min_version is None:
-            return self.min_version, self.max_version
-        return self.advertised_min_version, self.max_version
+        return self.api.advertised_range
+
+    def supports(self, version: int) -> bool:
+        return self.api.supports(version)
 
 
 EnvelopeHandler = Callable[
@@ -122,7 +117,8 @@ class Dispatcher:
             return await self._envelope(frame, connection, self._broker, self)
         spec = self._table.get(api_key)
         if spec is None or not spec.supports(api_version):
-            return encode_unsupported(self._table, spec, api_key, api_version, correlation_id, peer)
+            api = spec.api if spec is not None else None
+            return encode_unsupported(SERVED_APIS, api, api_key, api_version, correlation_id, peer)
         schema = codec.request_schema(api_key, api_version)
         try:
             request = codec.decode_request(frame, schema)
@@ -132,7 +128,9 @@ class Dispatcher:
                 log, logging.WARNING, ClientEvent.MALFORMED_REQUEST, host_of(peer),
                 "bad %s v%d from %s: %s", spec.name, api_version, peer, exc,
             )  # fmt: skip
-            return encode_error(spec, None, api_version, correlation_id, ErrorCode.INVALID_REQUEST)
+            return encode_error(
+                spec.api, None, api_version, correlation_id, ErrorCode.INVALID_REQUEST
+            )
         request_bytes = len(frame)
         # The decoded request holds its own copy of the records; without this the frame (up to
         # a MiB per produce) would stay alive until the ack.
@@ -143,14 +141,14 @@ class Dispatcher:
             body = await spec.handler(request.body, context)
         except KafkaError as exc:
             METRICS.request(spec.name, time.perf_counter() - started, failed=True)
-            return encode_error(spec, request.body, api_version, correlation_id, exc.code)
+            return encode_error(spec.api, request.body, api_version, correlation_id, exc.code)
         except Exception as exc:
             client_log(
                 log, logging.ERROR, ClientEvent.INTERNAL_ERROR, host_of(peer),
                 "%s v%d from %s failed", spec.name, api_version, peer, exc_info=True,
             )  # fmt: skip
             METRICS.request(spec.name, time.perf_counter() - started, failed=True)
-            return encode_error(spec, request.body, api_version, correlation_id, code_for(exc))
+            return encode_error(spec.api, request.body, api_version, correlation_id, code_for(exc))
         METRICS.request(spec.name, time.perf_counter() - started, failed=False)
         if api_key in QUOTA_KEYS and self._broker.quota_enforcer.enforcing:
             body = self._throttle(api_key, request_bytes, body, context)
@@ -194,8 +192,8 @@ def admit(frame: Frame, connection: Connection) -> tuple[int, int, int]:
 
 
 def encode_unsupported(
-    table: Mapping[int, ApiSpec],
-    spec: ApiSpec | None,
+    served: Mapping[int, ServedApi],
+    spec: ServedApi | None,
     api_key: int,
     api_version: int,
     correlation_id: int,
@@ -203,7 +201,7 @@ def encode_unsupported(
 ) -> bytes:
     if api_key == API_VERSIONS_KEY:
         # KIP-511: answer with v0 so that any client can read the supported range.
-        body = api_versions_body(table, ErrorCode.UNSUPPORTED_VERSION)
+        body = api_versions_body(served, ErrorCode.UNSUPPORTED_VERSION)
         return codec.encode_response(API_VERSIONS_KEY, 0, correlation_id, body)
     if spec is not None and spec.advertised_range[0] <= api_version < spec.min_version:
         client_log(
@@ -224,7 +222,7 @@ def encode_unsupported(
 
 
 def encode_error(
-    spec: ApiSpec,
+    spec: ServedApi,
     request: Any,
     api_version: int,
     correlation_id: int,
@@ -232,7 +230,7 @@ def encode_error(
 ) -> bytes:
     try:
         if request is not None:
-            body = spec.error_body(request, code)
+            body = error_body_of(spec.key)(request, code)
         else:  # the body did not parse: nothing to echo, only a top-level code if any
             body = {"error_code": code} if codec.has_error_code(spec.key, api_version) else {}
         return codec.encode_response(spec.key, api_version, correlation_id, body)
@@ -240,25 +238,3 @@ def encode_error(
         # The request decoded but cannot even be echoed in an error answer: no response
         # the client could match is possible, so end the connection (not the broker).
         raise CloseConnection(f"cannot answer {spec.name} v{api_version}: {exc}") from exc
-
-
-def api_versions_body(
-    table: Mapping[int, ApiSpec],
-    code: ErrorCode = ErrorCode.NONE,
-    transaction_version: int = TRANSACTION_VERSION,
-    share_version: int = SHARE_VERSION,
-) -> Body:
-    keys = [
-        {
-            "api_key": spec.key,
-            "min_version": spec.advertised_range[0],
-            "max_version": spec.advertised_range[1],
-        }
-        for spec in sorted(table.values(), key=lambda s: s.key)
-    ]
-    return {
-        "error_code": code,
-        "api_keys": keys,
-        "throttle_time": 0,
-        **features_body(transaction_version, share_version),
-    }

@@ -21,6 +21,7 @@ from typing import Any
 
 from kafscale.broker.api import access
 from kafscale.broker.api.dispatch import Body, RequestContext
+from kafscale.broker.api.error_bodies import update_features_failure
 from kafscale.broker.api.features import SHARE_VERSION, SUPPORTED
 from kafscale.broker.authz.model import Operation
 from kafscale.broker.protocol.errors import ErrorCode
@@ -112,11 +113,13 @@ async def handle_update_features(request: Any, ctx: RequestContext) -> Body:
         for u in request.feature_updates
     ]
     if not access.allowed_on_cluster(ctx, Operation.ALTER):
-        return failure(ErrorCode.CLUSTER_AUTHORIZATION_FAILED, "Cluster authorization failed.")
+        return update_features_failure(
+            ErrorCode.CLUSTER_AUTHORIZATION_FAILED, "Cluster authorization failed."
+        )
     refusal = first_refusal(updates, finalized_now(ctx), ctx.broker.node_id)
     if refusal is not None:
         code, message = refusal
-        return failure(code, FAILED_PREFIX + message)
+        return update_features_failure(code, FAILED_PREFIX + message)
     body: Body = {"throttle_time": 0, "error_code": ErrorCode.NONE, "error_message": None}
     if ctx.api_version < 2:  # v2 dropped the per-feature results
         body["results"] = [
@@ -124,13 +127,3 @@ async def handle_update_features(request: Any, ctx: RequestContext) -> Body:
             for feature, _, _ in updates
         ]
     return body
-
-
-def failure(code: ErrorCode, message: str | None) -> Body:
-    """A failed request: the top-level error alone, no per-feature results (Kafka's
-    ``UpdateFeaturesResponse.createWithErrors``)."""
-    return {"throttle_time": 0, "error_code": code, "error_message": message, "results": []}
-
-
-def update_features_error_body(_request: Any, code: ErrorCode) -> Body:
-    return failure(code, None)

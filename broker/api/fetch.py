@@ -16,6 +16,7 @@ from typing import Any
 from kafscale.broker.api import access
 from kafscale.broker.api.configs import FETCH_MAX_BYTES
 from kafscale.broker.api.dispatch import Body, RequestContext
+from kafscale.broker.api.error_bodies import fetch_error_body
 from kafscale.broker.api.fetch_sessions import (
     FetchContext,
     FetchPosition,
@@ -398,7 +399,3 @@ async def _wait_any(events: list[asyncio.Event], timeout_s: float) -> None:
         for waiter in waiters:
             waiter.cancel()
         await asyncio.gather(*waiters, return_exceptions=True)
-
-
-def fetch_error_body(request: Any, code: ErrorCode) -> Body:
-    return {"throttle_time": 0, "error_code": code, "session_id": 0, "responses": []}

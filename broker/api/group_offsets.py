@@ -98,19 +98,6 @@ async def _commit(
     )
 
 
-def offset_commit_error_body(request: Any, code: ErrorCode) -> Body:
-    topics = [
-        {
-            "name": t.name,
-            "partitions": [
-                {"partition_index": p.partition_index, "error_code": code} for p in t.partitions
-            ],
-        }
-        for t in getattr(request, "topics", ())
-    ]
-    return {"throttle_time": 0, "topics": topics}
-
-
 async def handle_offset_fetch(request: Any, ctx: RequestContext) -> Body:
     version = ctx.api_version
     stable = bool(getattr(request, "require_stable", False))
@@ -220,11 +207,3 @@ def _fetched_topics(
             }
         )
     return [{"name": name, "partitions": partitions} for name, partitions in by_topic.items()]
-
-
-def offset_fetch_error_body(request: Any, code: ErrorCode) -> Body:
-    groups = [
-        {"group_id": g.group_id, "error_code": code, "topics": []}
-        for g in getattr(request, "groups", ())
-    ]
-    return {"throttle_time": 0, "error_code": code, "topics": [], "groups": groups}

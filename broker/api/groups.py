@@ -19,6 +19,10 @@ from typing import Any
 
 from kafscale.broker.api import access
 from kafscale.broker.api.dispatch import Body, RequestContext
+from kafscale.broker.api.error_bodies import (
+    join_group_body,
+    sync_group_body,
+)
 from kafscale.broker.api.group_access import (
     DELETE,
     DESCRIBE,
@@ -39,9 +43,6 @@ from kafscale.broker.metadata.etcd_errors import MetadataUnavailable
 from kafscale.broker.protocol.codec import millis
 from kafscale.broker.protocol.errors import ErrorCode, KafkaError
 
-AUTHORIZED_OPERATIONS_OMITTED = -2147483648
-
-
 # --- JoinGroup, SyncGroup, Heartbeat, LeaveGroup ----------------------------------------------
 
 
@@ -49,11 +50,11 @@ async def handle_join_group(request: Any, ctx: RequestContext) -> Body:
     version = ctx.api_version
     member_id = str(request.member_id)
     if not request.group_id:
-        return _join_body(JoinResult(ErrorCode.INVALID_GROUP_ID, member_id))
+        return join_group_body(JoinResult(ErrorCode.INVALID_GROUP_ID, member_id))
     try:
         runtime = await group_runtime(ctx, request.group_id, ErrorCode.COORDINATOR_NOT_AVAILABLE)
     except KafkaError as exc:
-        return _join_body(JoinResult(exc.code, member_id))
+        return join_group_body(JoinResult(exc.code, member_id))
     session_timeout_ms = millis(request.session_timeout)
     rebalance_timeout = getattr(request, "rebalance_timeout", None)
     join = JoinRequest(
@@ -77,32 +78,7 @@ async def handle_join_group(request: Any, ctx: RequestContext) -> Body:
         for name, info in ctx.broker.view.topics.items()
         if access.allowed(ctx, DESCRIBE, access.TOPIC, name)
     }
-    return _join_body(await runtime.join(join, topics))
-
-
-def _join_body(result: JoinResult) -> Body:
-    return {
-        "throttle_time": 0,
-        "error_code": result.error,
-        "generation_id": result.generation_id,
-        "protocol_type": result.protocol_type,
-        "protocol_name": result.protocol_name,
-        "leader": result.leader_id,
-        "skip_assignment": result.skip_assignment,
-        "member_id": result.member_id,
-        "members": [
-            {
-                "member_id": m.member_id,
-                "group_instance_id": m.group_instance_id,
-                "metadata": m.metadata,
-            }
-            for m in result.members
-        ],
-    }
-
-
-def join_group_error_body(request: Any, code: ErrorCode) -> Body:
-    return _join_body(JoinResult(code, str(getattr(request, "member_id", ""))))
+    return join_group_body(await runtime.join(join, topics))
 
 
 async def handle_sync_group(request: Any, ctx: RequestContext) -> Body:
@@ -110,13 +86,13 @@ async def handle_sync_group(request: Any, ctx: RequestContext) -> Body:
     protocol_type = getattr(request, "protocol_type", None)
     protocol_name = getattr(request, "protocol_name", None)
     if not request.group_id:
-        return _sync_body(SyncResult(ErrorCode.INVALID_GROUP_ID))
+        return sync_group_body(SyncResult(ErrorCode.INVALID_GROUP_ID))
     if version >= 5 and (protocol_type is None or protocol_name is None):
-        return _sync_body(SyncResult(ErrorCode.INCONSISTENT_GROUP_PROTOCOL))
+        return sync_group_body(SyncResult(ErrorCode.INCONSISTENT_GROUP_PROTOCOL))
     try:
         runtime = await group_runtime(ctx, request.group_id, ErrorCode.COORDINATOR_NOT_AVAILABLE)
     except KafkaError as exc:
-        return _sync_body(SyncResult(exc.code))
+        return sync_group_body(SyncResult(exc.code))
     assignments: dict[str, bytes] = {}
     for entry in request.assignments:
         assignments[str(entry.member_id)] = bytes(entry.assignment)
@@ -128,21 +104,7 @@ async def handle_sync_group(request: Any, ctx: RequestContext) -> Body:
         protocol_name=protocol_name,
         assignments=assignments,
     )
-    return _sync_body(await runtime.sync(sync))
-
-
-def _sync_body(result: SyncResult) -> Body:
-    return {
-        "throttle_time": 0,
-        "error_code": result.error,
-        "protocol_type": result.protocol_type,
-        "protocol_name": result.protocol_name,
-        "assignment": result.assignment,
-    }
-
-
-def sync_group_error_body(_request: Any, code: ErrorCode) -> Body:
-    return _sync_body(SyncResult(code))
+    return sync_group_body(await runtime.sync(sync))
 
 
 async def handle_heartbeat(request: Any, ctx: RequestContext) -> Body:
@@ -265,22 +227,6 @@ def _described_consumer(group_id: str, group: ConsumerGroup, operations: int) ->
     }
 
 
-def describe_groups_error_body(request: Any, code: ErrorCode) -> Body:
-    groups = [
-        {
-            "error_code": code,
-            "group_id": g,
-            "group_state": "",
-            "protocol_type": "",
-            "protocol_data": "",
-            "members": [],
-            "authorized_operations": AUTHORIZED_OPERATIONS_OMITTED,
-        }
-        for g in getattr(request, "groups", ())
-    ]
-    return {"throttle_time": 0, "groups": groups}
-
-
 async def handle_list_groups(request: Any, ctx: RequestContext) -> Body:
     states = {s.lower() for s in getattr(request, "states_filter", ()) or ()}
     types = {t.lower() for t in getattr(request, "types_filter", ()) or ()}
@@ -319,8 +265,3 @@ async def handle_delete_groups(request: Any, ctx: RequestContext) -> Body:
             error = exc.code
         results.append({"group_id": group_id, "error_code": error})
     return {"throttle_time": 0, "results": results}
-
-
-def delete_groups_error_body(request: Any, code: ErrorCode) -> Body:
-    names = getattr(request, "groups_names", ())
-    return {"throttle_time": 0, "results": [{"group_id": g, "error_code": code} for g in names]}

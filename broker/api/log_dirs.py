@@ -31,6 +31,12 @@ from typing import Any
 
 from kafscale.broker.api import access
 from kafscale.broker.api.dispatch import Body, RequestContext
+from kafscale.broker.api.error_bodies import (
+    alter_replica_log_dirs_error_body,
+    alter_results_body,
+    describe_log_dirs_error_body,
+    requested_moves,
+)
 from kafscale.broker.authz.model import Operation
 from kafscale.broker.protocol.errors import ErrorCode
 from kafscale.broker.storage.log_sizes import LogSizes, log_dir_name, volume_bytes
@@ -109,10 +115,6 @@ async def _sizes(sizes: LogSizes, partitions: list[OwnedPartition]) -> dict[Topi
     return {owned.tp: size for owned, size in zip(partitions, measured, strict=True)}
 
 
-def describe_log_dirs_error_body(_request: Any, code: ErrorCode) -> Body:
-    return {"throttle_time": 0, "error_code": code, "results": []}
-
-
 # --- AlterReplicaLogDirs (34) ------------------------------------------------------------------
 
 
@@ -132,28 +134,6 @@ def alter_result(
     return ErrorCode.NONE
 
 
-def requested_moves(request: Any) -> dict[TopicPartition, str]:
-    """Each named partition with its destination dir; a partition named under two dirs goes to
-    the last, as Kafka reads the request into one map."""
-    moves: dict[TopicPartition, str] = {}
-    for log_dir in request.dirs:
-        for topic in log_dir.topics:
-            for index in topic.partitions:
-                moves[(str(topic.name), int(index))] = str(log_dir.path)
-    return moves
-
-
-def alter_results_body(codes: Mapping[TopicPartition, ErrorCode]) -> Body:
-    """The response: per topic (in the order first named), its partitions' codes."""
-    by_topic: dict[str, list[Body]] = {}
-    for (topic, index), code in codes.items():
-        by_topic.setdefault(topic, []).append({"partition_index": index, "error_code": code})
-    return {
-        "throttle_time": 0,
-        "results": [{"topic_name": name, "partitions": parts} for name, parts in by_topic.items()],
-    }
-
-
 def alter_replica_log_dirs_body(
     request: Any,
     dir_name: str,
@@ -165,11 +145,6 @@ def alter_replica_log_dirs_body(
     return alter_results_body(
         {tp: alter_result(path, dir_name, counts, tp, hosts(tp)) for tp, path in moves.items()}
     )
-
-
-def alter_replica_log_dirs_error_body(request: Any, code: ErrorCode) -> Body:
-    """Every named partition with the error (Kafka's ``getErrorResponse``)."""
-    return alter_results_body(dict.fromkeys(requested_moves(request), code))
 
 
 async def handle_alter_replica_log_dirs(request: Any, ctx: RequestContext) -> Body:

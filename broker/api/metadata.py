@@ -15,11 +15,10 @@ from kafscale.broker.api.topic_partitions import (
     partition_entry,
 )
 from kafscale.broker.authz.model import Operation
-from kafscale.broker.metadata.cluster import TopicInfo, TopicPartition
+from kafscale.broker.metadata.cluster import CLUSTER_ID_PREFIX, TopicInfo, TopicPartition
 from kafscale.broker.metadata.topics import missing_topic_error
 from kafscale.broker.protocol.errors import ErrorCode, KafkaError
 
-CLUSTER_ID_PREFIX = "kafscale-"
 DESCRIBE = Operation.DESCRIBE
 TOPIC = access.TOPIC
 

@@ -18,6 +18,7 @@ from typing import Any
 
 from kafscale.broker.api import access
 from kafscale.broker.api.dispatch import Body, RequestContext
+from kafscale.broker.api.error_bodies import offset_delete_group_error
 from kafscale.broker.authz.model import Operation
 from kafscale.broker.groups.store import TopicPartition
 from kafscale.broker.metadata.etcd_errors import MetadataUnavailable
@@ -33,12 +34,12 @@ async def handle_offset_delete(request: Any, ctx: RequestContext) -> Body:
     ]
     errors = _checked_partitions(ctx, requested)
     if not group_id:
-        return _group_error(ErrorCode.INVALID_GROUP_ID)
+        return offset_delete_group_error(ErrorCode.INVALID_GROUP_ID)
     valid = [(t, p) for t, ps in requested for p in ps if (t, p) not in errors]
     try:
         errors.update(await _delete_at_coordinator(ctx, group_id, valid))
     except KafkaError as exc:
-        return _group_error(exc.code)
+        return offset_delete_group_error(exc.code)
     return {"error_code": ErrorCode.NONE, "throttle_time": 0, "topics": _topics(requested, errors)}
 
 
@@ -92,11 +93,3 @@ def _topics(
         }
         for name, partitions in requested
     ]
-
-
-def _group_error(code: ErrorCode) -> Body:
-    return {"error_code": code, "throttle_time": 0, "topics": []}
-
-
-def offset_delete_error_body(_request: Any, code: ErrorCode) -> Body:
-    return _group_error(code)

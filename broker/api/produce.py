@@ -29,6 +29,10 @@ from typing import Any, TypeVar
 
 from kafscale.broker.api import access
 from kafscale.broker.api.dispatch import Body, RequestContext
+from kafscale.broker.api.error_bodies import (
+    NO_TIMESTAMP,
+    every_partition_failed,
+)
 from kafscale.broker.api.produce_verification import confirm, forget, verify_transactional
 from kafscale.broker.authz.model import Operation
 from kafscale.broker.metadata.topics import DEFAULT_CONFIGS, NO_LIMIT_MS, effective_configs
@@ -48,7 +52,6 @@ from kafscale.broker.protocol.record_batch import (
 from kafscale.broker.storage.compaction_plan import is_compacted
 from kafscale.broker.storage.partition_log import NO_APPEND_TIME, Ack
 
-NO_TIMESTAMP = -1
 FIRST_RECORD_BATCH_VERSION = 3  # Produce v0-v2 carry message sets (message format v0/v1)
 INLINE_DECODE_BYTES = 16 * 1024
 """Uncompressed batches up to this size have their records read on the event loop (a thread hop
@@ -74,14 +77,14 @@ async def _read_records(
 async def handle_produce(request: Any, ctx: RequestContext) -> Body | None:
     acks = int(request.acks)
     if acks not in (0, 1, -1):
-        return _every_partition(request, ErrorCode.INVALID_REQUIRED_ACKS)
+        return every_partition_failed(request, ErrorCode.INVALID_REQUIRED_ACKS)
     legacy = ctx.api_version < FIRST_RECORD_BATCH_VERSION
     if not legacy and not _transactions_allowed(request, ctx):
-        return _every_partition(request, ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED)
+        return every_partition_failed(request, ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED)
     async with ctx.connection.append_lock:
         size = request_bytes(request)
         if not await _admit(ctx, size, None if acks == 0 else millis(request.timeout)):
-            return _every_partition(request, ErrorCode.REQUEST_TIMED_OUT)
+            return every_partition_failed(request, ErrorCode.REQUEST_TIMED_OUT)
         acked = await _append_all(request, ctx)
         _give_back_when_durable(ctx, size, acked)
     if acks == 0:
@@ -394,31 +397,6 @@ def _partition_result(ctx: RequestContext, tp: tuple[str, int], outcome: Outcome
         epoch = ctx.broker.committed_state(tp).leader_epoch
         result["current_leader"] = {"leader_id": leader, "leader_epoch": epoch}
     return result
-
-
-def _every_partition(request: Any, code: ErrorCode) -> Body:
-    return {
-        "responses": [
-            {
-                "name": topic.name,
-                "partition_responses": [
-                    {
-                        "index": p.index,
-                        "error_code": code,
-                        "base_offset": -1,
-                        "log_append_time": NO_TIMESTAMP,
-                    }
-                    for p in topic.partition_data
-                ],
-            }
-            for topic in request.topic_data
-        ],
-        "throttle_time": 0,
-    }
-
-
-def produce_error_body(request: Any, code: ErrorCode) -> Body:
-    return _every_partition(request, code)
 
 
 def _consume_outcome(future: asyncio.Future[Ack]) -> None:

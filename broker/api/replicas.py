@@ -27,8 +27,8 @@ from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
 from kafscale.broker.api import access
-from kafscale.broker.api.admin import check_replica_list
 from kafscale.broker.api.dispatch import Body, RequestContext
+from kafscale.broker.api.replica_lists import check_replica_list
 from kafscale.broker.authz.model import Operation
 from kafscale.broker.protocol.errors import ErrorCode, KafkaError
 
@@ -93,22 +93,6 @@ def elect_leaders_body(request: Any, counts: Mapping[str, int], leader_of: Leade
     return {"throttle_time": 0, "error_code": ErrorCode.NONE, "replica_election_results": results}
 
 
-def elect_leaders_error_body(request: Any, code: ErrorCode) -> Body:
-    """Every named partition with the error, and the error at the top from v1 (Kafka's
-    ``getErrorResponse``)."""
-    results = [
-        {
-            "topic": str(t.topic),
-            "partition_result": [
-                {"partition_id": int(p), "error_code": code, "error_message": None}
-                for p in t.partitions
-            ],
-        }
-        for t in request.topic_partitions or ()
-    ]
-    return {"throttle_time": 0, "error_code": code, "replica_election_results": results}
-
-
 def reassignment_result(
     counts: Mapping[str, int],
     topic: str,
@@ -160,32 +144,6 @@ def alter_reassignments_body(
         "error_code": ErrorCode.NONE,
         "error_message": None,
         "responses": responses,
-    }
-
-
-def alter_reassignments_error_body(request: Any, code: ErrorCode) -> Body:
-    """Every named partition with the error, and the error at the top."""
-    return {
-        "throttle_time": 0,
-        "allow_replication_factor_change": bool(
-            getattr(request, "allow_replication_factor_change", True)
-        ),
-        "error_code": code,
-        "error_message": None,
-        "responses": [
-            {
-                "name": str(t.name),
-                "partitions": [
-                    {
-                        "partition_index": int(p.partition_index),
-                        "error_code": code,
-                        "error_message": None,
-                    }
-                    for p in t.partitions
-                ],
-            }
-            for t in request.topics
-        ],
     }
 
 

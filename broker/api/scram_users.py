@@ -17,6 +17,9 @@ from typing import Any
 
 from kafscale.broker.api import access
 from kafscale.broker.api.dispatch import Body, RequestContext
+from kafscale.broker.api.error_bodies import (
+    scram_user_result,
+)
 from kafscale.broker.authz.model import Operation
 from kafscale.broker.protocol.errors import ErrorCode
 from kafscale.broker.security.scram import (
@@ -43,48 +46,23 @@ async def handle_describe_user_scram_credentials(request: Any, ctx: RequestConte
     results = []
     for name in dict.fromkeys(names):
         if counts[name] > 1:
-            results.append(_result(name, ErrorCode.DUPLICATE_RESOURCE, "user named twice"))
+            results.append(
+                scram_user_result(name, ErrorCode.DUPLICATE_RESOURCE, "user named twice")
+            )
         elif name not in known:
             results.append(
-                _result(name, ErrorCode.RESOURCE_NOT_FOUND, f"no credentials for user {name}")
+                scram_user_result(
+                    name, ErrorCode.RESOURCE_NOT_FOUND, f"no credentials for user {name}"
+                )
             )
         else:
             infos = [
                 {"mechanism": int(m), "iterations": it} for m, it in sorted(known[name].items())
             ]
-            results.append({**_result(name, ErrorCode.NONE, None), "credential_infos": infos})
+            results.append(
+                {**scram_user_result(name, ErrorCode.NONE, None), "credential_infos": infos}
+            )
     return {"throttle_time": 0, "error_code": ErrorCode.NONE, "results": results}
-
-
-def _result(user: str, code: ErrorCode, message: str | None) -> Body:
-    return {"user": user, "error_code": code, "error_message": message, "credential_infos": []}
-
-
-def _message(code: ErrorCode) -> str:
-    return code.name.replace("_", " ").capitalize()
-
-
-def describe_error_body(request: Any, code: ErrorCode) -> Body:
-    """The whole request failed with ``code``. Kafka sets it at the top and in one result per
-    user named; here the users carry it and the top level stays NONE when users were named:
-    confluent-kafka 2.16 raises the top-level error and then frees memory twice (the process
-    aborts). Clients read a per-user error the same way (the Java client too)."""
-    message = _message(code)
-    if not request.users:
-        return {"throttle_time": 0, "error_code": code, "error_message": message, "results": []}
-    names = dict.fromkeys(u.name for u in request.users)
-    results = [_result(n, code, message) for n in names]
-    return {"throttle_time": 0, "error_code": ErrorCode.NONE, "results": results}
-
-
-def alter_error_body(request: Any, code: ErrorCode) -> Body:
-    """Every user of the request failed with ``code`` (an authorization failure)."""
-    users = [d.name for d in request.deletions] + [u.name for u in request.upsertions]
-    message = _message(code)
-    results = [
-        {"user": u, "error_code": code, "error_message": message} for u in dict.fromkeys(users)
-    ]
-    return {"throttle_time": 0, "results": results}
 
 
 async def handle_alter_user_scram_credentials(request: Any, ctx: RequestContext) -> Body:

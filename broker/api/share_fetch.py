@@ -21,6 +21,7 @@ from typing import Any
 
 from kafscale.broker.api import access
 from kafscale.broker.api.dispatch import Body, RequestContext
+from kafscale.broker.api.error_bodies import share_acknowledge_error_body, share_fetch_error_body
 from kafscale.broker.authz.model import Operation
 from kafscale.broker.groups import group_configs
 from kafscale.broker.groups.coordinator import share_config
@@ -396,17 +397,6 @@ def _fetch_body(ctx: RequestContext, parts: list[_Partition], lock_ms: int) -> B
     }
 
 
-def share_fetch_error_body(request: Any, code: ErrorCode, message: str | None = None) -> Body:
-    return {
-        "throttle_time": 0,
-        "error_code": code,
-        "error_message": message,
-        "acquisition_lock_timeout": 0,
-        "responses": [],
-        "node_endpoints": [],
-    }
-
-
 # --- ShareAcknowledge -------------------------------------------------------------------------
 
 
@@ -455,7 +445,3 @@ async def handle_share_acknowledge(request: Any, ctx: RequestContext) -> Body:
         "responses": [{"topic_id": t, "partitions": ps} for t, ps in topics.items()],
         "node_endpoints": _endpoints(ctx, [p for p, _ in acks]),
     }
-
-
-# ShareAcknowledge's response has ShareFetch's top-level fields: the same error body.
-share_acknowledge_error_body = share_fetch_error_body

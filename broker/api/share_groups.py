@@ -12,9 +12,11 @@ from typing import Any
 from kafscale.broker.api import access
 from kafscale.broker.api.consumer_groups import (
     _assignment_body,
-    consumer_group_heartbeat_error_body,
 )
 from kafscale.broker.api.dispatch import Body, RequestContext
+from kafscale.broker.api.error_bodies import (
+    missing_group,
+)
 from kafscale.broker.api.group_access import DESCRIBE, client_host, group_runtime
 from kafscale.broker.groups.consumer import HeartbeatResult
 from kafscale.broker.groups.share import (
@@ -95,10 +97,6 @@ async def handle_share_group_heartbeat(request: Any, ctx: RequestContext) -> Bod
     return _heartbeat_body(ctx, result)
 
 
-# ShareGroupHeartbeat's error answer has ConsumerGroupHeartbeat's fields.
-share_group_heartbeat_error_body = consumer_group_heartbeat_error_body
-
-
 # --- ShareGroupDescribe -----------------------------------------------------------------------
 
 
@@ -112,31 +110,19 @@ async def handle_share_group_describe(request: Any, ctx: RequestContext) -> Body
                 ctx, group_id, ErrorCode.COORDINATOR_NOT_AVAILABLE, DESCRIBE
             )
         except KafkaError as exc:
-            described.append(_missing(group_id, exc.code, str(exc) or None, operations))
+            described.append(missing_group(group_id, exc.code, str(exc) or None, operations))
             continue
         share = runtime.share
         if share is None:
             exists = runtime.group is not None or runtime.consumer is not None
             message = f"Group {group_id} is not a share group." if exists else None
             message = message or f"Group {group_id} not found."
-            described.append(_missing(group_id, ErrorCode.GROUP_ID_NOT_FOUND, message, operations))
+            described.append(
+                missing_group(group_id, ErrorCode.GROUP_ID_NOT_FOUND, message, operations)
+            )
             continue
         described.append(_described(ctx, group_id, share, operations))
     return {"throttle_time": 0, "groups": described}
-
-
-def _missing(group_id: str, code: ErrorCode, message: str | None, operations: int) -> Body:
-    return {
-        "error_code": code,
-        "error_message": message,
-        "group_id": group_id,
-        "group_state": "Dead" if code is ErrorCode.GROUP_ID_NOT_FOUND else "",
-        "group_epoch": -1,
-        "assignment_epoch": -1,
-        "assignor_name": "",
-        "members": [],
-        "authorized_operations": operations,
-    }
 
 
 def _described(ctx: RequestContext, group_id: str, group: ShareGroup, operations: int) -> Body:
@@ -163,8 +149,3 @@ def _described(ctx: RequestContext, group_id: str, group: ShareGroup, operations
         "members": members,
         "authorized_operations": operations,
     }
-
-
-def share_group_describe_error_body(request: Any, code: ErrorCode) -> Body:
-    groups = [_missing(g, code, None, -2147483648) for g in getattr(request, "group_ids", ())]
-    return {"throttle_time": 0, "groups": groups}

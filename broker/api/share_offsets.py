@@ -14,6 +14,11 @@ from typing import Any
 
 from kafscale.broker.api import access
 from kafscale.broker.api.dispatch import Body, RequestContext
+from kafscale.broker.api.error_bodies import (
+    alter_share_group_offsets_error_body,
+    delete_share_group_offsets_error_body,
+    share_offsets_group_error,
+)
 from kafscale.broker.api.group_access import DESCRIBE, group_runtime
 from kafscale.broker.authz.model import Operation
 from kafscale.broker.metadata.etcd_errors import MetadataUnavailable
@@ -51,9 +56,9 @@ async def _group(ctx: RequestContext, group: Any) -> Body:
             raise KafkaError("share groups are not served yet", ErrorCode.COORDINATOR_NOT_AVAILABLE)
         stored = await manager.start_offsets(group_id)
     except KafkaError as exc:
-        return _group_error(group_id, exc.code, str(exc))
+        return share_offsets_group_error(group_id, exc.code, str(exc))
     except MetadataUnavailable as exc:
-        return _group_error(group_id, ErrorCode.COORDINATOR_NOT_AVAILABLE, str(exc))
+        return share_offsets_group_error(group_id, ErrorCode.COORDINATOR_NOT_AVAILABLE, str(exc))
     wanted = _wanted(ctx, group.topics, stored)
     topics = []
     for name, partitions in wanted.items():
@@ -96,15 +101,6 @@ def _partition(
         "lag": lag(state, high_watermark),
         "error_code": ErrorCode.NONE,
     }
-
-
-def _group_error(group_id: str, code: ErrorCode, message: str | None) -> Body:
-    return {"group_id": group_id, "topics": [], "error_code": code, "error_message": message}
-
-
-def describe_share_group_offsets_error_body(request: Any, code: ErrorCode) -> Body:
-    groups = [_group_error(str(g.group_id), code, None) for g in getattr(request, "groups", ())]
-    return {"throttle_time": 0, "groups": groups}
 
 
 # --- AlterShareGroupOffsets / DeleteShareGroupOffsets -----------------------------------------
@@ -207,15 +203,3 @@ async def _replace(
     except MetadataUnavailable:
         return ErrorCode.COORDINATOR_NOT_AVAILABLE
     return ErrorCode.NONE if done else ErrorCode.NOT_COORDINATOR
-
-
-def alter_share_group_offsets_error_body(
-    request: Any, code: ErrorCode, message: str | None = None
-) -> Body:
-    return {"throttle_time": 0, "error_code": code, "error_message": message, "responses": []}
-
-
-def delete_share_group_offsets_error_body(
-    request: Any, code: ErrorCode, message: str | None = None
-) -> Body:
-    return {"throttle_time": 0, "error_code": code, "error_message": message, "responses": []}

@@ -185,13 +185,3 @@ def _described_topic(item: PageItem, look: ClusterLook) -> Body:
         ],
         "topic_authorized_operations": look.operations_of(item.name),
     }
-
-
-def describe_error_body(request: Any, code: ErrorCode) -> Body:
-    """Every named topic with the error (Kafka's ``getErrorResponse``)."""
-    return {
-        "throttle_time": 0,
-        "topics": [
-            {"error_code": code, "name": str(t.name), "partitions": []} for t in request.topics
-        ],
-    }

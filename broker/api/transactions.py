@@ -16,6 +16,10 @@ from typing import Any
 
 from kafscale.broker.api import access
 from kafscale.broker.api.dispatch import Body, RequestContext
+from kafscale.broker.api.error_bodies import (
+    add_partitions_results,
+    txn_offset_commit_error_body,
+)
 from kafscale.broker.api.group_access import group_runtime
 from kafscale.broker.api.group_offsets import OFFSET_METADATA_MAX_BYTES
 from kafscale.broker.authz.model import Operation
@@ -130,7 +134,7 @@ async def _add_partitions(
     else:
         call = coordinator(ctx).add(txn_id, producer_id, epoch, partitions=asked)
         codes = dict.fromkeys(asked, await _code_of(ctx, call))
-    return _partition_results(codes)
+    return add_partitions_results(codes)
 
 
 def _partition_problem(ctx: RequestContext, tp: TopicPartition) -> ErrorCode:
@@ -153,15 +157,6 @@ async def _verify(
         return dict.fromkeys(asked, ErrorCode.COORDINATOR_NOT_AVAILABLE)
     except KafkaError as exc:
         return dict.fromkeys(asked, exc.code)
-
-
-def _partition_results(codes: dict[TopicPartition, ErrorCode]) -> list[Body]:
-    by_topic: dict[str, list[Body]] = {}
-    for (topic, partition), code in codes.items():
-        by_topic.setdefault(topic, []).append(
-            {"partition_index": partition, "partition_error_code": code}
-        )
-    return [{"name": name, "results_by_partition": parts} for name, parts in by_topic.items()]
 
 
 async def handle_add_offsets_to_txn(request: Any, ctx: RequestContext) -> Body:
@@ -395,33 +390,3 @@ async def handle_list_transactions(request: Any, ctx: RequestContext) -> Body:
 
 
 # --- error bodies (a request that failed as a whole) ------------------------------------------
-
-
-def add_partitions_error_body(request: Any, code: ErrorCode) -> Body:
-    topics = getattr(request, "v3_and_below_topics", None)
-    if topics is None:  # v4+: the batched form has a top-level error code
-        return {"throttle_time": 0, "error_code": code, "results_by_transaction": []}
-    codes = {(str(t.name), int(p)): code for t in topics for p in t.partitions}
-    return {"throttle_time": 0, "results_by_topic_v3_and_below": _partition_results(codes)}
-
-
-def txn_offset_commit_error_body(request: Any, code: ErrorCode) -> Body:
-    topics = [
-        {
-            "name": t.name,
-            "partitions": [{"partition_index": p.partition_index, "error_code": code}
-                           for p in t.partitions],
-        }
-        for t in request.topics
-    ]  # fmt: skip
-    return {"throttle_time": 0, "topics": topics}
-
-
-def describe_transactions_error_body(request: Any, code: ErrorCode) -> Body:
-    states = [
-        {"error_code": code, "transactional_id": t, "transaction_state": "",
-         "transaction_timeout": 0, "transaction_start_time": -1, "producer_id": -1,
-         "producer_epoch": -1, "topics": []}
-        for t in request.transactional_ids
-    ]  # fmt: skip
-    return {"throttle_time": 0, "transaction_states": states}

@@ -134,28 +134,6 @@ def _code(outcome: Outcome) -> ErrorCode:
     return ErrorCode.NONE if error is None else code_for(error)
 
 
-def write_txn_markers_error_body(request: Any, code: ErrorCode) -> Body:
-    """Every partition of every marker failed with ``code``."""
-    return {
-        "markers": [
-            {
-                "producer_id": int(marker.producer_id),
-                "topics": [
-                    {
-                        "name": topic.name,
-                        "partitions": [
-                            {"partition_index": int(i), "error_code": code}
-                            for i in topic.partition_indexes
-                        ],
-                    }
-                    for topic in marker.topics
-                ],
-            }
-            for marker in request.markers
-        ]
-    }
-
-
 # --- DescribeProducers -------------------------------------------------------------------------
 
 

@@ -61,15 +61,13 @@ _SESSION_POLL_S = 0.1
 _LOOK_MIN_S = 0.05
 """The shortest pause between two looks for groups to let go (a tiny idle time is no spin)."""
 
-VACANT_RELEASE_S = 5.0
-"""How long a group that does not exist stays coordinated after the last request that named it.
-
-Every group request takes the group's lease (an etcd key every broker's watch then holds) and
-loads it, so that the answer is the coordinator's. A DescribeGroups, OffsetFetch or Heartbeat
-naming a group nobody created (Kafka answers Dead, nothing or UNKNOWN_MEMBER_ID and keeps
-nothing) used to leave a runtime, two tasks and a lease behind for good: one per name asked,
-without bound. Such a group is let go once it has not been asked for this long. (A group
-without members that keeps committed offsets goes after ``GroupConfig.idle_release_ms``.)"""
+# Why groups that hold nothing are let go at all (``GroupConfig.vacant_release_ms``): every
+# group request takes the group's lease (an etcd key every broker's watch then holds) and loads
+# it, so that the answer is the coordinator's. A DescribeGroups, OffsetFetch or Heartbeat naming
+# a group nobody created (Kafka answers Dead, nothing or UNKNOWN_MEMBER_ID and keeps nothing)
+# used to leave a runtime, two tasks and a lease behind for good: one per name asked, without
+# bound. Such a group is let go once it has not been asked for that long. (A group without
+# members that keeps committed offsets goes after ``GroupConfig.idle_release_ms``.)
 
 
 class CoordinatorHost(Protocol):
@@ -110,6 +108,7 @@ def group_config(settings: GroupSettings) -> GroupConfig:
         idle_release_ms=settings.idle_release_ms,
         lag_refresh_interval_ms=settings.lag_refresh_interval_ms,
         lag_refresh_max_groups=settings.lag_refresh_max_groups,
+        vacant_release_ms=settings.vacant_release_ms,
     )
 
 
@@ -412,14 +411,15 @@ class GroupCoordinator:
         at monotonic ``now_s``. Groups asked for lately are passed over unread: a look runs
         every few seconds, and reading every group's use would cost a pass over every committed
         offset this broker coordinates each time."""
+        vacant_after_s = self.config.vacant_release_ms / 1000
         idle_after_s = self.config.idle_release_ms / 1000
         due: list[tuple[GroupRuntime, release.Release]] = []
         for group_id, runtime in self._runtimes.items():
             unused_s = now_s - self._used_at.get(group_id, now_s)
-            if runtime.closed or not release.may_be_due(unused_s, VACANT_RELEASE_S, idle_after_s):
+            if runtime.closed or not release.may_be_due(unused_s, vacant_after_s, idle_after_s):
                 continue
             use = runtime.release_use(unused_s)
-            decision = release.decide(use, VACANT_RELEASE_S, idle_after_s)
+            decision = release.decide(use, vacant_after_s, idle_after_s)
             if decision is not release.Release.KEEP:
                 due.append((runtime, decision))
         return due
@@ -433,7 +433,8 @@ class GroupCoordinator:
         goes on, or no group would ever be let go again until a restart. A group whose Empty
         time etcd lacks has it written first (by its own writer, behind any other write) and
         goes at a later look, once it is stored; if the write fails it stays."""
-        look_s = max(_LOOK_MIN_S, min(VACANT_RELEASE_S, self.config.idle_release_ms / 1000) / 2)
+        shortest_ms = min(self.config.vacant_release_ms, self.config.idle_release_ms)
+        look_s = max(_LOOK_MIN_S, shortest_ms / 1000 / 2)
         while True:
             await asyncio.sleep(look_s)
             for runtime, decision in self.release_due(time.monotonic()):

@@ -70,6 +70,9 @@ class GroupConfig:
     (``groups.lag_refresh_interval_ms``; ``stored_lag``)."""
     lag_refresh_max_groups: int = 10_000
     """Stored groups one such read takes at most (``groups.lag_refresh_max_groups``)."""
+    vacant_release_ms: int = 5_000
+    """How long a group that holds nothing (no members, no offsets) stays coordinated after
+    the last request that named it (``groups.vacant_release_ms``; ``release``)."""
 
     def session_timeout_ok(self, session_timeout_ms: int) -> bool:
         return self.min_session_timeout_ms <= session_timeout_ms <= self.max_session_timeout_ms

@@ -42,6 +42,9 @@ from kafscale.broker.task_stop import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
+CLUSTER_ID_PREFIX = "kafscale-"
+"""Metadata and DescribeCluster name a cluster ``kafscale-<cluster>`` (brokers and the proxy)."""
+
 TopicPartition = tuple[str, int]
 
 _QUEUED_EVENTS = 10_000

@@ -16,12 +16,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from kafscale.broker.api.access import CLUSTER_OPS, GROUP_OPS, TOPIC_OPS
-from kafscale.broker.api.dispatch import api_versions_body
 from kafscale.broker.api.features import SHARE_VERSION
-from kafscale.broker.api.metadata import CLUSTER_ID_PREFIX
-from kafscale.broker.api.table import API_TABLE
+from kafscale.broker.api.served import SERVED_APIS, ServedApi, api_versions_body
 from kafscale.broker.api.topic_partitions import LeaderOf, partition_entry
 from kafscale.broker.authz.model import CLUSTER_NAME, Operation, ResourceType
+from kafscale.broker.metadata.cluster import CLUSTER_ID_PREFIX
 from kafscale.broker.metadata.topics import missing_topic_error
 from kafscale.broker.protocol.errors import ErrorCode
 from kafscale.broker.proxy.routes import RoutingTable
@@ -81,13 +80,13 @@ def leader_of(routes: RoutingTable, me: Identity) -> LeaderOf:
     return lambda tp: leader_id(routes.partition_owner(tp), me)
 
 
-PROXY_TABLE = API_TABLE
-"""Every API the brokers serve, at every version: the proxy forwards them all (a share
-consumer's too: ``share``)."""
+PROXY_TABLE: dict[int, ServedApi] = SERVED_APIS
+"""Every API the brokers serve, at every version (``api/served.py``, the module the brokers'
+ApiVersions answers from): the proxy forwards them all (a share consumer's too: ``share``)."""
 
 
 def api_versions(transaction_version: int) -> Body:
-    """The brokers' own table and features, ``share.version`` included: the proxy serves share
+    """The brokers' own ranges and features, ``share.version`` included: the proxy serves share
     consumers exactly as the brokers behind it do (it maps a client's share session onto the
     owners', ``share_sessions``)."""
     return api_versions_body(

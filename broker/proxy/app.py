@@ -19,7 +19,6 @@ from kafscale.broker.admin_http import AdminRoutes, AdminServer
 from kafscale.broker.api.configs import listener_values
 from kafscale.broker.api.fetch_sessions import FetchSessionCache
 from kafscale.broker.api.sasl import token_lookup
-from kafscale.broker.app import StartupError, listener_endpoints
 from kafscale.broker.metadata.etcd import Etcd
 from kafscale.broker.metadata.etcd_connect import connect_etcd
 from kafscale.broker.metadata.etcd_errors import MetadataUnavailable
@@ -38,6 +37,7 @@ from kafscale.broker.proxy.login import SaslLogin
 from kafscale.broker.proxy.routes import RoutingTable
 from kafscale.broker.proxy.upstream import UpstreamLink, UpstreamPool, UpstreamStats
 from kafscale.broker.security.credentials import CredentialStore
+from kafscale.broker.security.endpoints import listener_endpoints
 from kafscale.broker.security.forwarding import address_bytes, peer_host
 from kafscale.broker.security.listeners import advertised_address
 from kafscale.broker.security.tls import (
@@ -48,6 +48,7 @@ from kafscale.broker.security.tls import (
 )
 from kafscale.broker.security.token_store import TokenStore
 from kafscale.broker.server import ByteBudget, Connection, KafkaServer, ServerEndpoint
+from kafscale.broker.startup_error import StartupError
 from kafscale.broker.task_stop import cancel_and_wait
 
 log = logging.getLogger(__name__)

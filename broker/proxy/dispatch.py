@@ -1,11 +1,13 @@
 """From a client's request frame to the proxy's response frame.
 
-The same rules as the broker's dispatcher (``broker/api/dispatch.py``), with the broker's API
-table: an unsupported version gets UNSUPPORTED_VERSION (ApiVersions falls back to v0), a body
-that does not parse gets INVALID_REQUEST with its correlation id (the broker's request guard
-checks it before anything is allocated), a frame without a readable header closes the
-connection. A broker that cannot be reached in time is answered as the broker answers a lost
-lease; an unexpected error is logged and answered UNKNOWN_SERVER_ERROR, and the proxy lives on.
+The same rules as the broker's dispatcher (``broker/api/dispatch.py``), with the APIs and
+versions the brokers serve (``broker/api/served.py``) and their error bodies
+(``broker/api/error_bodies.py``), never the brokers' handlers: an unsupported version gets
+UNSUPPORTED_VERSION (ApiVersions falls back to v0), a body that does not parse gets
+INVALID_REQUEST with its correlation id (the broker's request guard checks it before anything
+is allocated), a frame without a readable header closes the connection. A broker that cannot
+be reached in time is answered as the broker answers a lost lease; an unexpected error is
+logged and answered UNKNOWN_SERVER_ERROR, and the proxy lives on.
 
 On a SASL listener the broker's rule holds here too: before the login only ApiVersions,
 SaslHandshake and SaslAuthenticate, anything else closes the connection. A request a broker
@@ -20,7 +22,6 @@ import time
 from collections.abc import Callable
 
 from kafscale.broker.api.dispatch import admit, encode_error, encode_unsupported
-from kafscale.broker.api.table import API_TABLE
 from kafscale.broker.observability.log_limit import ClientEvent, client_log, host_of
 from kafscale.broker.observability.metrics import METRICS
 from kafscale.broker.protocol import codec
@@ -48,7 +49,7 @@ class ProxyDispatcher:
 
     async def __call__(self, frame: Frame, connection: Connection) -> bytes | None:
         api_key, api_version, correlation_id = admit(frame, connection)
-        spec = API_TABLE.get(api_key)
+        spec = PROXY_TABLE.get(api_key)
         handler = HANDLERS.get(api_key)
         if spec is None or handler is None or not spec.supports(api_version):
             return encode_unsupported(

@@ -33,10 +33,9 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from kafscale.broker.api import config_resources, replicas, topic_partitions
+from kafscale.broker.api import config_resources, error_bodies, replicas, topic_partitions
 from kafscale.broker.api.features import TRANSACTION_VERSION
 from kafscale.broker.api.fetch_sessions import FetchSessionCache
-from kafscale.broker.api.log_dirs import alter_replica_log_dirs_error_body
 from kafscale.broker.api.sasl import sasl_authenticate, sasl_handshake
 from kafscale.broker.authz.model import CLUSTER_NAME, Operation, ResourceType
 from kafscale.broker.metadata.topics import is_valid_topic_name
@@ -189,7 +188,7 @@ async def describe_topic_partitions(r: ProxyRequest) -> Answer:
     try:
         return topic_partitions.describe_topic_partitions(r.body, look)
     except KafkaError as exc:
-        return topic_partitions.describe_error_body(r.body, exc.code)
+        return error_bodies.describe_topic_partitions_error_body(r.body, exc.code)
 
 
 async def list_config_resources(r: ProxyRequest) -> Answer:
@@ -210,7 +209,7 @@ async def alter_partition_reassignments(r: ProxyRequest) -> Answer:
     """Checked against the broker ids the proxy's clients know (a reassignment changes
     nothing a broker holds: it completes when accepted, ``api/replicas.py``)."""
     if not r.may(Operation.ALTER, ResourceType.CLUSTER, CLUSTER_NAME):
-        return replicas.alter_reassignments_error_body(
+        return error_bodies.alter_reassignments_error_body(
             r.body, ErrorCode.CLUSTER_AUTHORIZATION_FAILED
         )
     routes = r.ctx.forwarder.routes
@@ -468,7 +467,9 @@ async def alter_replica_log_dirs(r: ProxyRequest) -> Answer:
     one broker's. Authorized here too, so that partitions no broker is alive for are refused
     alike."""
     if not r.may(Operation.ALTER, ResourceType.CLUSTER, CLUSTER_NAME):
-        return alter_replica_log_dirs_error_body(r.body, ErrorCode.CLUSTER_AUTHORIZATION_FAILED)
+        return error_bodies.alter_replica_log_dirs_error_body(
+            r.body, ErrorCode.CLUSTER_AUTHORIZATION_FAILED
+        )
     forwarder = r.ctx.forwarder
     routes = forwarder.routes
     parts, orphans = log_dirs.split_moves(r.body, routes.partition_owner)

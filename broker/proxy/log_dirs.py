@@ -22,7 +22,8 @@ import dataclasses
 from collections.abc import Callable, Collection, Iterable, Mapping
 from typing import Any
 
-from kafscale.broker.api.log_dirs import alter_result, alter_results_body, requested_moves
+from kafscale.broker.api.error_bodies import alter_results_body, requested_moves
+from kafscale.broker.api.log_dirs import alter_result
 from kafscale.broker.protocol.errors import ErrorCode
 
 Body = dict[str, Any]

@@ -28,7 +28,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from kafscale.broker.api.share_fetch import share_fetch_error_body
+from kafscale.broker.api.error_bodies import share_fetch_error_body
 from kafscale.broker.protocol import codec
 from kafscale.broker.protocol.errors import ErrorCode
 from kafscale.broker.proxy import answers

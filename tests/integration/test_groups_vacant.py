@@ -17,7 +17,7 @@ import pytest
 from harness.coordinator_host import CoordinatorHost, join_request, running_coordinator
 from harness.tcp_relay import TcpRelay
 
-from kafscale.broker.groups.coordinator import VACANT_RELEASE_S, GroupCoordinator
+from kafscale.broker.groups.coordinator import GroupCoordinator
 from kafscale.broker.groups.model import GroupConfig, GroupState, SyncRequest
 from kafscale.broker.groups.store import decode_group
 from kafscale.broker.metadata import keys
@@ -87,7 +87,7 @@ async def test_a_group_is_not_let_go_while_its_last_change_is_being_written(
         await _eventually(runtime._stores.empty)  # the writer took it; etcd's answer waits
         await asyncio.sleep(0.2)
         assert not runtime.vacant()
-        later = time.monotonic() + VACANT_RELEASE_S * 10
+        later = time.monotonic() + CONFIG.vacant_release_ms / 1000 * 10
         assert runtime not in coordinator.vacant_due(later)
         assert coordinator.local("expiring") is runtime
     await _stored(host, "expiring", 2)

@@ -1,5 +1,5 @@
 """The Kafka API tables in README.md and docs/kafka-api.md give every API of
-``broker/api/table.py`` with exactly its versions.
+``broker/api/served.py`` with exactly its versions.
 
 Clients pin versions, so a reader checking whether theirs is served must find each API with
 the range the broker has. README gives the versions served; docs/kafka-api.md the versions
@@ -9,12 +9,15 @@ ApiVersions advertises (one API advertises a wider range than it serves: SaslHan
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from kafscale.broker.api.envelope import ENVELOPE_VERSION
-from kafscale.broker.api.table import _SPECS
+from kafscale.broker.api.served import SERVED, SERVED_APIS
+from kafscale.broker.api.table import API_TABLE
 
 pytestmark = pytest.mark.unit
 
@@ -30,12 +33,12 @@ def _range(low: int, high: int) -> str:
 
 
 def _served() -> dict[str, str]:
-    found = {s.name: _range(s.min_version, s.max_version) for s in _SPECS}
+    found = {s.name: _range(s.min_version, s.max_version) for s in SERVED}
     return found | {name: _range(*pair) for name, pair in OUTSIDE.items()}
 
 
 def _advertised() -> dict[str, str]:
-    found = {s.name: _range(*s.advertised_range) for s in _SPECS}
+    found = {s.name: _range(*s.advertised_range) for s in SERVED}
     return found | {name: _range(*pair) for name, pair in OUTSIDE.items()}
 
 
@@ -71,3 +74,25 @@ def test_kafka_api_page_lists_every_api_with_the_versions_advertised() -> None:
         assert len(versions) == len(names), row
         listed |= dict(zip(names, versions, strict=True))
     assert listed == _advertised()
+
+
+def test_the_broker_has_a_handler_for_exactly_the_apis_served() -> None:
+    """``api/served.py`` is what ApiVersions advertises, on brokers and the proxy; the broker's
+    table pairs each of those with its handler, and nothing else."""
+    assert len(SERVED_APIS) == len(SERVED)  # no key twice
+    assert set(API_TABLE) == set(SERVED_APIS)
+    assert all(spec.api is SERVED_APIS[key] for key, spec in API_TABLE.items())
+
+
+def test_the_served_ranges_load_no_request_handler() -> None:
+    """The module both the brokers and the proxy take the served ranges from imports no
+    handler module (it is what lets the proxy answer ApiVersions without the broker's
+    handlers): checked in a fresh interpreter, whose ``sys.modules`` nothing else filled."""
+    code = (
+        "import sys, kafscale.broker.api.served; "
+        "print(' '.join(m for m in sys.modules if m.startswith('kafscale.broker.api.')))"
+    )
+    loaded = subprocess.run(
+        [sys.executable, "-c", code], check=True, capture_output=True, text=True
+    ).stdout.split()
+    assert sorted(loaded) == ["kafscale.broker.api.features", "kafscale.broker.api.served"]

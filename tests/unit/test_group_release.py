@@ -10,7 +10,10 @@ import dataclasses
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from pydantic import ValidationError
 
+from kafscale.broker.config import BrokerSettings
+from kafscale.broker.groups.coordinator import group_config
 from kafscale.broker.groups.release import GroupUse, Release, decide, may_be_due
 
 pytestmark = pytest.mark.unit
@@ -45,7 +48,7 @@ def test_an_empty_group_with_offsets_stays_until_the_idle_time() -> None:
 
 
 def test_a_vacant_group_goes_after_the_vacant_time() -> None:
-    """No offsets, nobody in it: the old rule (``VACANT_RELEASE_S``), unchanged."""
+    """No offsets, nobody in it: the old rule (``groups.vacant_release_ms``), unchanged."""
     vacant = dataclasses.replace(IDLE_EMPTY, holds_offsets=False, unused_s=VACANT_S)
     assert decide(vacant, VACANT_S, IDLE_S) is Release.LET_GO
     early = dataclasses.replace(vacant, unused_s=VACANT_S - 0.1)
@@ -137,3 +140,17 @@ def test_the_release_loop_passes_over_only_groups_that_would_be_kept(
     vacant_s, idle_s = times
     if not may_be_due(use.unused_s, vacant_s, idle_s):
         assert decide(use, vacant_s, idle_s) is Release.KEEP
+
+
+def test_the_vacant_time_is_a_setting_carried_to_the_coordinator() -> None:
+    """``groups.vacant_release_ms`` (was the constant ``VACANT_RELEASE_S``): 5 s by default,
+    from the environment as ``KAFSCALE_GROUPS__VACANT_RELEASE_MS``, into ``GroupConfig``."""
+    assert BrokerSettings().groups.vacant_release_ms == 5_000
+    settings = BrokerSettings.model_validate({"groups": {"vacant_release_ms": 250}})
+    assert group_config(settings.groups).vacant_release_ms == 250
+
+
+@pytest.mark.parametrize("value", [0, -1, 86_400_001, "soon"])
+def test_a_bad_vacant_time_is_refused_with_the_settings_name(value: object) -> None:
+    with pytest.raises(ValidationError, match=r"groups\.vacant_release_ms"):
+        BrokerSettings.model_validate({"groups": {"vacant_release_ms": value}})

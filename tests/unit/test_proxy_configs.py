@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from kafscale.broker.api.dispatch import api_versions_body
 from kafscale.broker.api.features import SHARE_CONSUMER_KEYS
+from kafscale.broker.api.served import api_versions_body
 from kafscale.broker.api.table import API_TABLE
 from kafscale.broker.protocol import codec
 from kafscale.broker.proxy import answers
