@@ -18,6 +18,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 import pytest
+from harness import children
 from harness.brokers import BrokerCluster
 from harness.children import NO_HYPOTHESIS, child_env
 from harness.proxy import start_proxy
@@ -80,11 +81,11 @@ def test_a_script_run_with_the_child_env_and_the_brokers_it_starts_go_without_hy
     script = tmp_path / "script.py"
     script.write_text(SCRIPT_AND_CHILD)
     command = [sys.executable, str(script), "script"]
-    plain = subprocess.run(command, capture_output=True, text=True, timeout=120, check=True)
+    plain = children.run(command, capture_output=True, text=True, timeout=120, check=True)
     lines = plain.stdout.splitlines()
     assert [line.split()[0] for line in lines] == ["script", "child"], plain.stdout
     assert all("'hypothesis'" in line for line in lines), plain.stdout
-    routed = subprocess.run(
+    routed = children.run(
         command, env=child_env(os.environ), capture_output=True, text=True, timeout=120, check=True
     )
     assert routed.stdout.splitlines() == ["script []", "child []"], routed.stdout
@@ -106,7 +107,7 @@ with Stack(broker_env={"PYTHONPROFILEIMPORTTIME": "1"}) as stack:
 def test_the_brokers_a_bench_starts_do_not_import_hypothesis() -> None:
     bench = Path(__file__).resolve().parents[2] / "bench"
     plain = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    ran = subprocess.run(
+    ran = children.run(
         [sys.executable, "-c", BENCH_STACK, str(bench)],
         env=plain,
         capture_output=True,
@@ -212,7 +213,7 @@ def _kill_parent_and_wait(body: str, expected: list[str], timeout_s: float, tmp_
     started must be gone well within ``timeout_s``. Its temporary files go under
     ``tmp_path``."""
     script = PARENT_PROLOGUE + body + PARENT_EPILOGUE
-    parent = subprocess.Popen(
+    parent = children.spawn(
         [sys.executable, "-c", script],
         stdout=subprocess.PIPE,
         text=True,
