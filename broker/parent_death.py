@@ -121,13 +121,16 @@ def start_bound(args: Sequence[str], **popen_kwargs: Any) -> subprocess.Popen[An
     preexec_fn = popen_kwargs.pop("preexec_fn", None)
     setpriv = _setpriv()
     hook: Callable[[], None] | None = None
+    command = args
     if setpriv is not None and preexec_fn is None and _findable(args, popen_kwargs):
-        args = [setpriv, "--pdeathsig", "KILL", "--", *args]
+        command = [setpriv, "--pdeathsig", "KILL", "--", *args]
     else:
         hook = _hook(preexec_fn)
 
     def start() -> subprocess.Popen[Any]:
-        return subprocess.Popen(args, preexec_fn=hook, **popen_kwargs)
+        process = subprocess.Popen(command, preexec_fn=hook, **popen_kwargs)
+        process.args = args  # what the caller started (its errors and repr name it), not setpriv
+        return process
 
     if threading.current_thread() is threading.main_thread():
         return start()

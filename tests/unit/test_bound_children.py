@@ -162,9 +162,11 @@ def test_run_gives_what_subprocess_run_gives_and_binds_the_child() -> None:
         [sys.executable, "-c", PDEATHSIG], input="in", capture_output=True, text=True, check=True
     )
     assert (done.returncode, done.stdout, done.stderr) == (0, "9 in", "")  # 9: SIGKILL
+    assert done.args == [sys.executable, "-c", PDEATHSIG]  # not setpriv's command line
     with pytest.raises(subprocess.CalledProcessError) as failed:
         children.run([sys.executable, "-c", "raise SystemExit(3)"], check=True)
     assert failed.value.returncode == 3
+    assert failed.value.cmd == [sys.executable, "-c", "raise SystemExit(3)"]
     with pytest.raises(subprocess.TimeoutExpired):
         children.run([sys.executable, "-c", "import time; time.sleep(60)"], timeout=0.5)
 
