@@ -366,7 +366,10 @@ def test_a_killed_kube_build_stops_its_go_build(tmp_path: Path, sig: signal.Sign
     script's foreground child used to run on, re-parented to init, for minutes."""
     script = tmp_path / "build_step.sh"
     script.write_text(BUILD_STEP)
-    build = children.spawn(["bash", str(script), str(BUILD_KUBE), str(tmp_path)])
+    # SIGINT as at a terminal: a process started in the background of a non-interactive shell
+    # (a CI step, nohup ... &) inherits it ignored, and bash cannot trap what it started ignoring
+    default_int = ["env", "--default-signal=INT"]
+    build = children.spawn([*default_int, "bash", str(script), str(BUILD_KUBE), str(tmp_path)])
     pids: list[int] = []
     try:
         pids = [_pid_in(tmp_path / name, timeout_s=60) for name in ("go", "compiler")]
