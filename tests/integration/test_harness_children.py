@@ -359,7 +359,9 @@ def _pid_in(path: Path, timeout_s: float) -> int:
     return int(path.read_text())
 
 
-@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM, signal.SIGINT])
+@pytest.mark.parametrize(
+    "sig", [signal.SIGKILL, signal.SIGTERM, signal.SIGINT], ids=lambda sig: sig.name
+)
 def test_a_killed_kube_build_stops_its_go_build(tmp_path: Path, sig: signal.Signals) -> None:
     """However the build script ends (SIGKILL: pytest died, and its children with it; SIGTERM;
     Ctrl-C), its go build and the compiler that go build started end too. Under bash a killed
