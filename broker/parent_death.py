@@ -90,6 +90,21 @@ def _lasting_thread() -> ThreadPoolExecutor:
         return _forker
 
 
+def _findable(args: Sequence[str], popen_kwargs: dict[str, Any]) -> bool:
+    """Whether ``args[0]`` names a program ``Popen`` would find (in the child's ``PATH``, or
+    relative to its ``cwd``). One it would not is started without ``setpriv``, so that ``Popen``
+    raises ``FileNotFoundError`` as usual instead of ``setpriv`` exiting 127."""
+    if isinstance(args, str | bytes) or not args:
+        return False  # a command line for a shell, or nothing: Popen's own handling
+    program = os.fspath(args[0])
+    env = popen_kwargs.get("env")
+    cwd = popen_kwargs.get("cwd")
+    if os.sep in program and cwd is not None:
+        program = os.path.join(os.fspath(cwd), program)
+    path = (env if env is not None else os.environ).get("PATH", os.defpath)
+    return shutil.which(program, path=path) is not None
+
+
 def start_bound(args: Sequence[str], **popen_kwargs: Any) -> subprocess.Popen[Any]:
     """``subprocess.Popen(args, **popen_kwargs)`` whose child gets SIGKILL when this process
     dies; a ``preexec_fn`` given still runs (first). Forked from the main thread or from one
@@ -106,13 +121,16 @@ def start_bound(args: Sequence[str], **popen_kwargs: Any) -> subprocess.Popen[An
     preexec_fn = popen_kwargs.pop("preexec_fn", None)
     setpriv = _setpriv()
     hook: Callable[[], None] | None = None
-    if setpriv is not None and preexec_fn is None:
-        args = [setpriv, "--pdeathsig", "KILL", "--", *args]
+    command = args
+    if setpriv is not None and preexec_fn is None and _findable(args, popen_kwargs):
+        command = [setpriv, "--pdeathsig", "KILL", "--", *args]
     else:
         hook = _hook(preexec_fn)
 
     def start() -> subprocess.Popen[Any]:
-        return subprocess.Popen(args, preexec_fn=hook, **popen_kwargs)
+        process = subprocess.Popen(command, preexec_fn=hook, **popen_kwargs)
+        process.args = args  # what the caller started (its errors and repr name it), not setpriv
+        return process
 
     if threading.current_thread() is threading.main_thread():
         return start()

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from harness import children
 from harness.k8s_tools import helm_binary, tools_dir
 
 pytestmark = pytest.mark.e2e
@@ -40,7 +41,7 @@ def docker_reachable() -> bool:
     if docker is None:
         return False
     try:
-        result = subprocess.run([docker, "info"], capture_output=True, timeout=20)
+        result = children.run([docker, "info"], capture_output=True, timeout=20)
     except (OSError, subprocess.TimeoutExpired):
         return False
     return result.returncode == 0
@@ -51,7 +52,7 @@ if not docker_reachable():
 
 
 def run(*cmd: str, timeout_s: float = 600, check: bool = True, **kw: Any) -> str:
-    result = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, **kw)
+    result = children.run(cmd, capture_output=True, text=True, timeout=timeout_s, **kw)
     if check and result.returncode != 0:
         raise AssertionError(f"{' '.join(cmd)} failed:\n{result.stdout}\n{result.stderr}")
     return str(result.stdout)

@@ -13,6 +13,11 @@
 #        tests/harness/build_kube.sh --check  exit 0 when the binaries are cached, 1 otherwise
 # Cache: ${KAFSCALE_KUBE_CACHE:-~/.cache/kafscale/kube-1.20.2}/<Debian source version>-r<recipe>/bin
 # Takes 5-9 minutes on 2 cores and ~1.5 GB of scratch space (removed afterwards).
+#
+# A killed build leaves nothing running: the long steps (apt-get source, make gen_openapi, go
+# build) run through `bound_in`, and end, with everything they started, when this script ends,
+# however it ends (SIGTERM, Ctrl-C, or SIGKILL: pytest's children get that when pytest dies).
+# A build dir a SIGKILLed build could not remove is removed by the next build.
 set -euo pipefail
 
 KUBE_VERSION=1.20.2
@@ -63,6 +68,7 @@ add_deb_src() {
     as_root apt-get update -qq
 }
 
+# Not a bound step: a dpkg killed half way leaves the package database to repair.
 install_apt_packages() {
     local missing=() p
     for p in "${APT_PACKAGES[@]}"; do
@@ -79,18 +85,69 @@ install_apt_packages() {
 BUILD_DIR=""
 cleanup() { [ -z "$BUILD_DIR" ] || rm -rf "$BUILD_DIR"; }
 
+# A long step runs in a process group (and session) of its own, led by a small bash that starts
+# it and, told to stop with SIGTERM, kills the whole group: the step and what it forked (go
+# build's compile and link processes, make's generators), which a signal to the step alone
+# would leave running. The leader gets that SIGTERM from stop_step (this script trapped a
+# signal) or from the kernel when this script dies, even by SIGKILL (setpriv --pdeathsig):
+# a trap cannot run then, and under bash a killed script's foreground child just runs on.
+STEP_LEADER='trap "kill -KILL 0" TERM; cd "$1" || exit; shift; "$@" & wait "$!"'
+STEP_PID=""
+
+# bound_in DIR CMD...: run CMD in DIR as such a step and return its exit status.
+bound_in() {
+    setpriv --pdeathsig TERM -- setsid bash -c "$STEP_LEADER" step "$@" &
+    STEP_PID=$!
+    local status=0
+    wait "$STEP_PID" || status=$?
+    STEP_PID=""
+    return "$status"
+}
+
+# Kill the running step's whole process group and wait (briefly) until it is gone, so that
+# cleanup does not remove a tree something still writes into.
+stop_step() {
+    [ -n "$STEP_PID" ] || return 0
+    kill -KILL -- "-$STEP_PID" 2>/dev/null || true
+    wait "$STEP_PID" 2>/dev/null || true
+    local i
+    for i in $(seq 50); do
+        kill -0 -- "-$STEP_PID" 2>/dev/null || break
+        sleep 0.1
+    done
+    STEP_PID=""
+}
+
+# While `wait` runs (not a foreground child) a trapped signal is handled at once.
+trap_signals() {
+    trap 'stop_step; cleanup' EXIT
+    trap 'exit 129' HUP
+    trap 'exit 130' INT
+    trap 'exit 143' TERM
+}
+
+# A build killed by SIGKILL runs no trap: its tree and Go cache (~2 GB) stay. Builds take the
+# lock below one at a time, so while it is held every build dir is such a leftover.
+remove_abandoned_builds() {
+    local dir
+    for dir in "$CACHE_ROOT"/*/build.*; do
+        [ -d "$dir" ] || continue
+        log "removing $dir (left by a build that was killed)"
+        rm -rf "$dir"
+    done
+}
+
 build() {
     local work="$CACHE_ROOT/$DEB_SOURCE_VERSION-r$RECIPE/build.$$"
-    BUILD_DIR="$work"
-    trap cleanup EXIT  # the tree and Go's cache take ~2 GB: never leave them behind
+    BUILD_DIR="$work"  # the tree and Go's cache take ~2 GB: cleanup removes them
     rm -rf "$work"
     mkdir -p "$work"
     log "fetching the kubernetes $DEB_SOURCE_VERSION source package into $work"
     # the security archive keeps only its newest upload: when this one is gone, build that
     # (the same upstream 1.20.2 with Debian's later patches) into this cache key, and say so
-    (cd "$work" && apt-get source -qq "kubernetes=$DEB_SOURCE_VERSION" >/dev/null) || {
+    bound_in "$work" apt-get source -qq "kubernetes=$DEB_SOURCE_VERSION" >/dev/null || {
         log "kubernetes=$DEB_SOURCE_VERSION is gone from the archive; building the newest source"
-        (cd "$work" && apt-get source -qq kubernetes >/dev/null)
+        bound_in "$work" apt-get source -qq kubernetes >/dev/null
     }
     local src
     src="$(find "$work" -maxdepth 1 -type d -name 'kubernetes-*' | head -n1)"
@@ -121,7 +178,7 @@ build() {
     done
 
     log "generating the OpenAPI definitions (make gen_openapi)"
-    (cd "$tree" && make gen_openapi >"$work/gen_openapi.log" 2>&1) \
+    bound_in "$tree" make gen_openapi >"$work/gen_openapi.log" 2>&1 \
         || { tail -40 "$work/gen_openapi.log" >&2; exit 1; }
 
     # The version stamps hack/lib/version.sh would set, in both packages that carry them:
@@ -137,7 +194,7 @@ build() {
     local b
     for b in "${BINARIES[@]}"; do
         log "go build $b"
-        (cd "$tree" && go build -o "$work/bin/$b" -ldflags "$ldflags" "k8s.io/kubernetes/cmd/$b")
+        bound_in "$tree" go build -o "$work/bin/$b" -ldflags "$ldflags" "k8s.io/kubernetes/cmd/$b"
     done
     "$work/bin/kubectl" version --client --short >&2 || "$work/bin/kubectl" version --client >&2
     rm -rf "$OUT"
@@ -149,9 +206,11 @@ main() {
         cached
         return
     fi
+    trap_signals
     mkdir -p "$CACHE_ROOT"
     exec 9>"$CACHE_ROOT/.lock"
     flock 9  # two `make test` runs at once: one builds, the other waits and reuses
+    remove_abandoned_builds
     if ! cached; then
         log "building Kubernetes $KUBE_VERSION binaries (one time, 5-9 minutes)"
         install_apt_packages
@@ -162,4 +221,7 @@ main() {
     echo "$OUT"
 }
 
-main "$@"
+# Sourced (a test of the functions above), it defines them and runs nothing.
+if [ "${BASH_SOURCE[0]}" = "$0" ]; then
+    main "$@"
+fi

@@ -13,15 +13,14 @@
 from __future__ import annotations
 
 import re
-import shutil
-import tempfile
 import uuid
 from collections.abc import AsyncIterator, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 
 import pytest
 
+from harness.scratch import owned_scratch_dir
 from kafscale.broker.config import EtcdConnectionSettings
 from kafscale.broker.metadata.embedded_etcd import EmbeddedEtcd
 from kafscale.broker.metadata.etcd import Etcd
@@ -48,16 +47,14 @@ async def harness_etcd(url: str) -> Etcd:
 
 _SHM = Path("/dev/shm")
 
+SCRATCH_PREFIX = "kafscale-etcd-"
 
-@contextmanager
-def _scratch_dir() -> Iterator[Path]:
-    """A temporary directory, in memory when /dev/shm exists (etcd fsyncs less there)."""
-    base = _SHM if _SHM.is_dir() else None
-    path = Path(tempfile.mkdtemp(prefix="kafscale-etcd-", dir=base))
-    try:
-        yield path
-    finally:
-        shutil.rmtree(path, ignore_errors=True)
+
+def _scratch_dir() -> AbstractContextManager[Path]:
+    """A temporary directory, in memory when /dev/shm exists (etcd fsyncs less there). Its name
+    records this process: one a killed run left behind is removed by the next
+    (``harness.scratch``)."""
+    return owned_scratch_dir(SCRATCH_PREFIX, _SHM if _SHM.is_dir() else None)
 
 
 @contextmanager

@@ -24,7 +24,6 @@ import json
 import os
 import shutil
 import subprocess
-import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
@@ -38,6 +37,7 @@ import yaml
 
 from harness import children
 from harness.etcd import running_etcd
+from harness.scratch import make_owned_dir
 from kafscale.broker.child_process import free_port_run
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -343,7 +343,7 @@ def _controller_manager_args(bin_dir: Path, kubeconfig: Path, sa_key: Path, ca: 
 def running_kube_cluster() -> Iterator[KubeCluster]:
     """etcd, the API server and the controller manager, stopped and removed afterwards."""
     bin_dir = kube_binaries()
-    work = Path(tempfile.mkdtemp(prefix="kafscale-kube-"))
+    work = make_owned_dir("kafscale-kube-")  # a killed run's is removed by the next
     try:
         with ExitStack() as stack:
             etcd = stack.enter_context(running_etcd())

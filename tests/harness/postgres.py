@@ -14,7 +14,6 @@ import pwd
 import shutil
 import signal
 import subprocess
-import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -24,6 +23,7 @@ from typing import Any
 import pytest
 
 from harness import children
+from harness.scratch import make_owned_dir
 from kafscale.broker.child_process import free_port_run
 
 START_TIMEOUT_S = 30.0
@@ -131,7 +131,7 @@ def postgres_server() -> Iterator[PostgresServer]:
     """A running PostgreSQL with logical decoding on, trusted loopback login as postgres. Its
     directory (outside pytest's temp tree, for the postgres user) goes whatever fails."""
     bin_dir = _bin_dir()
-    root = Path(tempfile.mkdtemp(prefix="kafscale-pg-"))
+    root = make_owned_dir("kafscale-pg-")  # a killed run's is removed by the next
     server = None
     try:
         if os.geteuid() == 0:

@@ -10,7 +10,6 @@ A change applies to a connection that is already open, within a watch round trip
 from __future__ import annotations
 
 import asyncio
-import subprocess
 import time
 import uuid
 from collections.abc import Iterator
@@ -29,6 +28,7 @@ from confluent_kafka.admin import (
     ResourcePatternType,
     ResourceType,
 )
+from harness import children
 from harness.brokers import BrokerCluster, BrokerProcess
 from harness.etcd import harness_etcd
 from harness.java_client import java_program
@@ -808,12 +808,12 @@ def test_the_java_admin_client_manages_acls(
 ) -> None:
     """The Java client is what kafka-acls.sh runs: create, describe and delete through it."""
     command = java_acl_admin()
-    refused = subprocess.run(
+    refused = children.run(
         [*command, kafka.bootstrap, prefix], capture_output=True, text=True, timeout=120
     )
     assert refused.stdout.split() == ["error", "ClusterAuthorizationException"], refused.stderr
     grant_cluster(cluster, "ALTER", "DESCRIBE")
-    done = subprocess.run(
+    done = children.run(
         [*command, kafka.bootstrap, prefix], capture_output=True, text=True, timeout=120
     )
     assert done.returncode == 0, done.stdout + done.stderr

@@ -33,6 +33,7 @@ from pathlib import Path
 import pytest
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
+from harness import children
 from harness.children import settings_free_env
 from harness.local_mode import launch_local, stop_with_ctrl_c, wait_running
 from harness.ports import free_port_run
@@ -50,7 +51,7 @@ def _cli(banner: str, *args: str, stdin: str | None = None) -> None:
     assert etcd_url is not None, banner
     env = settings_free_env()
     env["KAFSCALE_ETCD__ENDPOINTS"] = json.dumps([etcd_url[1]])
-    subprocess.run(
+    children.run(
         [sys.executable, "-m", "kafscale.broker.cli", *args],
         input=stdin,
         env=env,

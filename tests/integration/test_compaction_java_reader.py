@@ -12,10 +12,10 @@ the cleaner wrote and every record's timestamp as written. No broker is needed; 
 
 from __future__ import annotations
 
-import subprocess
 from pathlib import Path
 
 import pytest
+from harness import children
 from harness.compaction_batches import (
     BASE_TIMESTAMP_MS,
     BATCH_READER_SOURCE,
@@ -95,7 +95,7 @@ def test_every_codecs_cleaned_batches_read_back_in_kafkas_java_reader(tmp_path: 
             if not batch.is_control_batch
         ]
 
-    out = subprocess.run(
+    out = children.run(
         [*java_program(BATCH_READER_SOURCE, "BatchReader"), *files],
         capture_output=True,
         text=True,

@@ -5,7 +5,6 @@ default. A real broker started with one topic default set (``log.retention.ms``)
 
 from __future__ import annotations
 
-import subprocess
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -13,6 +12,7 @@ from typing import Any
 
 import pytest
 from confluent_kafka.admin import AdminClient, ConfigResource, ConfigSource, NewTopic
+from harness import children
 from harness.brokers import BrokerCluster, new_cluster
 from harness.java_client import java_program
 from harness.kafka_wire import KafkaWire
@@ -150,7 +150,7 @@ def java_describe(kafka: BrokerProcess, kind: str, name: str) -> dict[str, list[
     """The Java AdminClient's describeConfigs(includeSynonyms): each entry's own line and its
     synonyms' lines, by config name."""
     command = java_program(JAVA_SOURCE, "ConfigsAdmin")
-    done = subprocess.run(
+    done = children.run(
         [*command, "describe", kafka.bootstrap, kind, name],
         capture_output=True,
         text=True,

@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import os
 import struct
-import subprocess
 import time
 import uuid
 from collections.abc import Iterator
@@ -25,6 +24,7 @@ from pathlib import Path
 
 import pytest
 from confluent_kafka.admin import AdminClient, ConfigResource, ResourceType
+from harness import children
 from harness.brokers import BrokerCluster, new_cluster
 from harness.etcd import harness_etcd
 from harness.java_client import java_client, java_program
@@ -183,7 +183,7 @@ def produce_consume(tc: TokenCluster, bootstrap: str, properties: Path, count: i
     topic, group = f"tok-{uuid.uuid4().hex[:8]}", f"tok-g-{uuid.uuid4().hex[:6]}"
     make_topics(tc.cluster.etcd_url, tc.cluster.cluster, 2, topic)
     env = {**os.environ, "CLIENT_PROPERTIES": str(properties)}
-    produced = subprocess.run(
+    produced = children.run(
         [*java_client(), "produce", bootstrap, topic, "2", str(count), "none"],
         env=env,
         capture_output=True,
@@ -192,7 +192,7 @@ def produce_consume(tc: TokenCluster, bootstrap: str, properties: Path, count: i
     )
     assert produced.returncode == 0, produced.stdout + produced.stderr
     assert len(produced.stdout.splitlines()) == count
-    consumed = subprocess.run(
+    consumed = children.run(
         [*java_client(), "consume", bootstrap, topic, group, str(count), "30000"],
         env=env,
         capture_output=True,
@@ -245,7 +245,7 @@ def test_a_token_has_no_rights_of_its_own_beyond_the_owners(tokens: TokenCluster
     env_file = token_login(tokens, made)
     topic = f"tok-{uuid.uuid4().hex[:6]}"
     make_topics(tokens.cluster.etcd_url, tokens.cluster.cluster, 1, topic)
-    done = subprocess.run(
+    done = children.run(
         [*java_client(), "produce", tokens.sasl, topic, "1", "1", "none"],
         env={**os.environ, "CLIENT_PROPERTIES": str(env_file)},
         capture_output=True,

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import subprocess
 import sys
 
 import pytest
+from harness import children
 from harness.brokers import BrokerCluster
 
 from kafscale.operator import manifest_brokers
@@ -33,9 +33,7 @@ def test_the_hook_drains_the_broker_and_imports_nothing_heavy(
         f"print('HEAVY', sorted(m for m in {HEAVY!r} if m in sys.modules))\n"
         "sys.exit(code)\n"
     )
-    result = subprocess.run(
-        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=60
-    )
+    result = children.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
     assert "HEAVY []" in result.stdout, result.stdout
     status = broker.status()

@@ -646,9 +646,7 @@ def test_fetch_beyond_the_high_watermark_after_restart_is_out_of_range(
 
 
 def _run_broker(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [KAFSCALE, "broker"], env=env, capture_output=True, text=True, timeout=120
-    )
+    return children.run([KAFSCALE, "broker"], env=env, capture_output=True, text=True, timeout=120)
 
 
 def test_a_broker_started_just_before_its_etcd_waits_for_it(

@@ -5,7 +5,6 @@ a one-line start-up error."""
 from __future__ import annotations
 
 import json
-import subprocess
 import time
 from collections.abc import Iterator
 from contextlib import ExitStack
@@ -14,6 +13,7 @@ from typing import Any
 
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
+from harness import children
 from harness.brokers import BrokerCluster
 from harness.children import settings_free_env
 from harness.ports import free_ports
@@ -105,7 +105,7 @@ def test_losing_the_member_a_broker_talks_to_costs_no_acked_record(
     [("ftp://127.0.0.1:2379", "is not http(s)://host:port"), ("http://etcd:notaport", "port")],
 )
 def test_a_bad_etcd_endpoint_is_one_clear_line(endpoint: str, expected: str) -> None:
-    result = subprocess.run(
+    result = children.run(
         [KAFSCALE, "broker", "--storage-kind", "local", "--etcd-endpoints", json.dumps([endpoint])],
         env=settings_free_env(),
         capture_output=True,

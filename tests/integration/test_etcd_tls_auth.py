@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import asyncio
 import json
-import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from harness import children
 from harness.brokers import BrokerCluster
 from harness.tls_etcd import start_etcd_process
 
@@ -23,7 +23,7 @@ pytestmark = pytest.mark.integration
 
 
 def openssl(*args: str, cwd: Path) -> None:
-    subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True, timeout=60)
+    children.run(["openssl", *args], cwd=cwd, check=True, capture_output=True, timeout=60)
 
 
 def make_certificates(directory: Path) -> None:
@@ -121,7 +121,7 @@ async def test_username_and_password(tmp_path: Path) -> None:
             ["auth", "enable"],
         ):
             await asyncio.to_thread(
-                subprocess.run,
+                children.run,
                 [etcdctl, f"--endpoints={url}", *command],
                 check=True,
                 capture_output=True,

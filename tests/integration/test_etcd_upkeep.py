@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 from confluent_kafka import Producer
+from harness import children
 from harness.batches import make_batch
 from harness.brokers import new_cluster
 from harness.kafka_wire import (
@@ -35,7 +36,7 @@ REQUEST_TIMED_OUT = 7
 
 def etcdctl(server: EmbeddedEtcd, *args: str) -> subprocess.CompletedProcess[str]:
     binary = find_etcd_binary().with_name("etcdctl")
-    return subprocess.run(
+    return children.run(
         [str(binary), f"--endpoints={server.client_url}", *args],
         capture_output=True,
         text=True,

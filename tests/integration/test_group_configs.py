@@ -10,13 +10,12 @@ timeout while the broker's default would keep it for ten minutes. Values outside
 
 from __future__ import annotations
 
-import subprocess
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
-from harness import topics
+from harness import children, topics
 from harness.brokers import BrokerCluster, BrokerProcess
 from harness.groups import QUIET, wait_for
 from harness.java_client import java_program
@@ -39,7 +38,7 @@ ENV = {
 
 def java_admin(*args: str) -> tuple[int, list[str]]:
     command = java_program(JAVA_SOURCE, "GroupConfigsAdmin")
-    done = subprocess.run([*command, *args], capture_output=True, text=True, timeout=120)
+    done = children.run([*command, *args], capture_output=True, text=True, timeout=120)
     return done.returncode, done.stdout.splitlines()
 
 

@@ -9,17 +9,21 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterable
 from pathlib import Path
 
 import pytest
+from harness import children
 from harness.brokers import BrokerCluster
 from harness.children import NO_HYPOTHESIS, child_env
+from harness.etcd import running_etcd
 from harness.proxy import start_proxy
 
 pytestmark = pytest.mark.integration
@@ -80,11 +84,11 @@ def test_a_script_run_with_the_child_env_and_the_brokers_it_starts_go_without_hy
     script = tmp_path / "script.py"
     script.write_text(SCRIPT_AND_CHILD)
     command = [sys.executable, str(script), "script"]
-    plain = subprocess.run(command, capture_output=True, text=True, timeout=120, check=True)
+    plain = children.run(command, capture_output=True, text=True, timeout=120, check=True)
     lines = plain.stdout.splitlines()
     assert [line.split()[0] for line in lines] == ["script", "child"], plain.stdout
     assert all("'hypothesis'" in line for line in lines), plain.stdout
-    routed = subprocess.run(
+    routed = children.run(
         command, env=child_env(os.environ), capture_output=True, text=True, timeout=120, check=True
     )
     assert routed.stdout.splitlines() == ["script []", "child []"], routed.stdout
@@ -106,7 +110,7 @@ with Stack(broker_env={"PYTHONPROFILEIMPORTTIME": "1"}) as stack:
 def test_the_brokers_a_bench_starts_do_not_import_hypothesis() -> None:
     bench = Path(__file__).resolve().parents[2] / "bench"
     plain = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    ran = subprocess.run(
+    ran = children.run(
         [sys.executable, "-c", BENCH_STACK, str(bench)],
         env=plain,
         capture_output=True,
@@ -212,7 +216,7 @@ def _kill_parent_and_wait(body: str, expected: list[str], timeout_s: float, tmp_
     started must be gone well within ``timeout_s``. Its temporary files go under
     ``tmp_path``."""
     script = PARENT_PROLOGUE + body + PARENT_EPILOGUE
-    parent = subprocess.Popen(
+    parent = children.spawn(
         [sys.executable, "-c", script],
         stdout=subprocess.PIPE,
         text=True,
@@ -256,3 +260,157 @@ def test_the_kube_control_plane_dies_with_a_killed_test_run(tmp_path: Path) -> N
     SIGKILLed pytest (they used to run on, ~500 MB, re-parented to init)."""
     expected = ["etcd", "kube-apiserver", "kube-controller-manager"]
     _kill_parent_and_wait(KUBE_CONTROL_PLANE, expected, timeout_s=60, tmp_path=tmp_path)
+
+
+# --- the etcd data a killed run leaves behind goes with the next run --------------------------
+
+# A stand-in for a run holding a ``running_etcd`` (the fixtures'): it prints the server's
+# scratch directory (in /dev/shm, ~120 MB of memory with a session's data) and sleeps.
+HOLDS_AN_ETCD = (
+    PARENT_PROLOGUE
+    + """
+from harness.etcd import running_etcd
+with running_etcd() as server:
+    (server.data_dir / "written").write_bytes(b"x" * 1_000_000)
+    print(server.data_dir, flush=True)
+    time.sleep(600)
+"""
+)
+
+
+def _wait_gone(pids: Iterable[int], timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while any(_running(pid) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not [pid for pid in pids if _running(pid)], "a killed run's etcd still runs"
+
+
+def test_the_etcd_data_of_a_killed_run_is_removed_by_the_next_run() -> None:
+    """Three runs hold an etcd each; two are SIGKILLed (one reaped, one still a zombie, as
+    before its parent waits for it): their etcd dies with them, and a run starting an etcd
+    after that removes their data directories, not the live run's, nor a directory whose owner
+    it cannot know (an older harness's)."""
+    shm = Path("/dev/shm")
+    if not shm.is_dir():
+        pytest.skip("no /dev/shm: running_etcd keeps its data in the temporary directory")
+    runs = [
+        children.spawn(
+            [sys.executable, "-c", HOLDS_AN_ETCD],
+            stdout=subprocess.PIPE,
+            text=True,
+            env=child_env(os.environ),
+        )
+        for _ in range(3)
+    ]
+    unknown_owner = Path(tempfile.mkdtemp(prefix="kafscale-etcd-", dir=shm))
+    dirs: list[Path] = []
+    try:
+        for run in runs:
+            assert run.stdout is not None
+            dirs.append(Path(run.stdout.readline().strip()))
+        for path in dirs:
+            assert path.name.startswith("kafscale-etcd-of-"), path
+            assert (path / "etcd").is_dir(), f"no etcd data in {path}"
+        reaped, zombie, alive = runs
+        etcds = [pid for run in (reaped, zombie) for pid in _children_of(run.pid)]
+        assert len(etcds) == 2, etcds
+        reaped.kill()
+        reaped.wait()
+        zombie.kill()
+        deadline = time.monotonic() + 60
+        while (_stat(zombie.pid) or ("?",))[0] != "Z" and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert (_stat(zombie.pid) or ("?",))[0] == "Z"
+        _wait_gone(etcds, timeout_s=60)
+
+        with running_etcd():  # the next run
+            assert not dirs[0].exists() and not dirs[1].exists(), "a killed run's data stayed"
+            assert (dirs[2] / "etcd").is_dir() and (dirs[2] / "written").is_file()
+            assert unknown_owner.is_dir()
+        assert alive.poll() is None
+    finally:
+        for run in runs:
+            run.kill()
+            run.wait()
+        for path in [*dirs, unknown_owner]:
+            shutil.rmtree(path, ignore_errors=True)
+
+
+# --- a killed kube build stops its go build ---------------------------------------------------
+
+BUILD_KUBE = TESTS / "harness" / "build_kube.sh"
+
+# tests/harness/build_kube.sh's own functions (sourced, it runs nothing), around a stand-in for
+# `go build`: a program that forks a compiler, the way go build runs compile and link, and waits
+# (the real build takes minutes). Each writes its pid into the step's directory.
+BUILD_STEP = """
+set -euo pipefail
+source "$1"
+trap_signals
+bound_in "$2" bash -c 'sleep 600 & echo "$!" > compiler; echo "$$" > go; wait'
+"""
+
+
+def _pid_in(path: Path, timeout_s: float) -> int:
+    deadline = time.monotonic() + timeout_s
+    while not (path.is_file() and path.read_text().endswith("\n")):
+        assert time.monotonic() < deadline, f"{path.name} never started"
+        time.sleep(0.1)
+    return int(path.read_text())
+
+
+@pytest.mark.parametrize(
+    "sig", [signal.SIGKILL, signal.SIGTERM, signal.SIGINT], ids=lambda sig: sig.name
+)
+def test_a_killed_kube_build_stops_its_go_build(tmp_path: Path, sig: signal.Signals) -> None:
+    """However the build script ends (SIGKILL: pytest died, and its children with it; SIGTERM;
+    Ctrl-C), its go build and the compiler that go build started end too. Under bash a killed
+    script's foreground child used to run on, re-parented to init, for minutes."""
+    script = tmp_path / "build_step.sh"
+    script.write_text(BUILD_STEP)
+    # SIGINT as at a terminal: a process started in the background of a non-interactive shell
+    # (a CI step, nohup ... &) inherits it ignored, and bash cannot trap what it started ignoring
+    default_int = ["env", "--default-signal=INT"]
+    build = children.spawn([*default_int, "bash", str(script), str(BUILD_KUBE), str(tmp_path)])
+    pids: list[int] = []
+    try:
+        pids = [_pid_in(tmp_path / name, timeout_s=60) for name in ("go", "compiler")]
+        assert all(_running(pid) for pid in pids)
+        build.send_signal(sig)
+        build.wait(60)
+        deadline = time.monotonic() + 60
+        while any(_running(pid) for pid in pids) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not [pid for pid in pids if _running(pid)], "the build's children still run"
+    finally:
+        build.kill()
+        build.wait()
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+
+def test_a_kube_build_removes_the_tree_a_killed_build_left(tmp_path: Path) -> None:
+    """A SIGKILLed build runs no trap and leaves its tree and Go cache (~2 GB); the next run of
+    the script (here with the binaries cached, so it builds nothing) removes it."""
+    text = BUILD_KUBE.read_text()
+    version = re.search(r"^DEB_SOURCE_VERSION=(\S+)", text, re.MULTILINE)
+    recipe = re.search(r"^RECIPE=(\d+)", text, re.MULTILINE)
+    assert version and recipe
+    key = tmp_path / f"{version.group(1)}-r{recipe.group(1)}"
+    (key / "bin").mkdir(parents=True)
+    for name in ("kube-apiserver", "kube-controller-manager", "kubectl"):
+        (key / "bin" / name).write_text("#!/bin/sh\n")
+        (key / "bin" / name).chmod(0o755)
+    left = [key / "build.4242" / "gopath", tmp_path / "older-r2" / "build.17"]
+    for path in left:
+        path.mkdir(parents=True)
+    env = {**os.environ, "KAFSCALE_KUBE_CACHE": str(tmp_path)}
+    check = children.run(["bash", str(BUILD_KUBE), "--check"], env=env, timeout=60)
+    assert check.returncode == 0, "the fake binaries are not where the script looks"
+    done = children.run(
+        ["bash", str(BUILD_KUBE)], env=env, capture_output=True, text=True, timeout=120, check=True
+    )
+    assert done.stdout.strip() == str(key / "bin")
+    assert not (key / "build.4242").exists() and not left[1].exists(), done.stderr
+    assert (key / "bin" / "kubectl").is_file()

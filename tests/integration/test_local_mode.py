@@ -149,7 +149,7 @@ def test_s3_endpoint_without_credentials_is_one_clear_line(tmp_path: Path) -> No
         {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "KAFSCALE_"))}
     )
     env["HOME"] = str(tmp_path)  # no ~/.aws either
-    result = subprocess.run(
+    result = children.run(
         [
             KAFSCALE,
             "local",
@@ -177,7 +177,7 @@ def test_etcd_start_failure_is_one_clear_line(tmp_path: Path) -> None:
     data_dir = tmp_path / "data"
     (data_dir / "etcd").mkdir(parents=True)
     (data_dir / "etcd" / "etcd").write_text("not a directory")
-    result = subprocess.run(
+    result = children.run(
         [KAFSCALE, "local", "--data-dir", str(data_dir), "--port", str(free_port_pair())],
         capture_output=True,
         text=True,

@@ -12,11 +12,11 @@ cleaned) every marker stays, so the marker and size checks fail there.
 
 from __future__ import annotations
 
-import subprocess
 import time
 from pathlib import Path
 
 import pytest
+from harness import children
 from harness.brokers import BrokerCluster
 from harness.compaction_batches import (
     BATCH_READER_SOURCE,
@@ -143,7 +143,7 @@ def test_markers_of_transactions_with_no_record_left_go_and_readers_see_the_same
     # Kafka's own Java reader reads the cleaned batches as kafka-python does.
     path = tmp_path / "cleaned.batches"
     path.write_bytes(_stored_batches(broker_cluster, topic))
-    out = subprocess.run(
+    out = children.run(
         [*java_program(BATCH_READER_SOURCE, "BatchReader"), str(path)],
         capture_output=True,
         text=True,

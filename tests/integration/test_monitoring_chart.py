@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import re
 import shutil
-import subprocess
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -15,6 +14,7 @@ from typing import Any
 import pytest
 import yaml
 from confluent_kafka import Producer
+from harness import children
 from harness.brokers import BrokerCluster
 from harness.k8s_tools import run_helm
 from harness.proxy import start_proxy
@@ -94,7 +94,7 @@ def test_rules_pass_promtool(tmp_path: Path) -> None:
     rule = next(d for d in render(ALL_ON, CRDS) if d["kind"] == "PrometheusRule")
     path = tmp_path / "rules.yaml"
     path.write_text(yaml.safe_dump({"groups": rule["spec"]["groups"]}))
-    result = subprocess.run([promtool, "check", "rules", str(path)], capture_output=True, text=True)
+    result = children.run([promtool, "check", "rules", str(path)], capture_output=True, text=True)
     assert result.returncode == 0, result.stdout + result.stderr
     alerts = {r["alert"] for r in rule["spec"]["groups"][0]["rules"]}
     assert {

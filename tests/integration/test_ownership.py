@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 
 import pytest
+from harness import children
 from harness.brokers import BrokerCluster, BrokerProcess
 from harness.children import settings_free_env
 from harness.etcd import harness_etcd
@@ -299,11 +300,10 @@ def test_draining_mark_and_drain_endpoint_hand_partitions_over(
     asyncio.run(set_mark(False))
     wait_for(lambda: sorted(owned_counts(brokers).values()) == [2, 2])
     # The preStop hook's own command: returns once the broker has handed everything over.
-    import subprocess
 
     from kafscale.broker.child_process import KAFSCALE
 
-    drained = subprocess.run(
+    drained = children.run(
         [KAFSCALE, "drain", "--admin-url", other.admin_url],
         env=settings_free_env(),
         capture_output=True,

@@ -289,7 +289,7 @@ def test_proxy_without_etcd_fails_with_a_clear_error(tmp_path: object) -> None:
         "KAFSCALE_ETCD__TIMEOUT_S": "1",
         "PATH": "/usr/bin:/bin",
     }
-    result = subprocess.run(
+    result = children.run(
         [KAFSCALE, "proxy", "--listener-port", "0", "--listener-admin-port", "0"],
         env=env,
         capture_output=True,

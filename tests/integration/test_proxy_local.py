@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -17,6 +16,7 @@ from typing import Any
 import pytest
 from confluent_kafka import KafkaError, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
+from harness import children
 from harness.children import settings_free_env
 from harness.kafka_wire import API_VERSIONS, KafkaWire
 from harness.local_mode import consume, launch_local, stop_with_ctrl_c, wait_running
@@ -127,7 +127,7 @@ def test_local_proxy_with_sasl_ssl_and_acls_guards_the_brokers_behind_it(tmp_pat
         env = settings_free_env()
         env["KAFSCALE_ETCD__ENDPOINTS"] = json.dumps([etcd_url[1]])
         cli = [sys.executable, "-m", "kafscale.broker.cli"]
-        subprocess.run(
+        children.run(
             [*cli, "users", "create", "alice", "--password-stdin"],
             input="alice-local-secret",
             env=env,
@@ -137,7 +137,7 @@ def test_local_proxy_with_sasl_ssl_and_acls_guards_the_brokers_behind_it(tmp_pat
         )
         grant = ["acls", "add", "--topic", "mine", "--principal", "User:alice", "--operation"]
         for operation in ("CREATE", "WRITE", "READ"):
-            subprocess.run(
+            children.run(
                 [*cli, *grant, operation],
                 env=env,
                 check=True,

@@ -18,7 +18,6 @@ consumers of librdkafka (confluent-kafka's ``ShareConsumer``) and of the Java cl
 from __future__ import annotations
 
 import asyncio
-import subprocess
 import sys
 import textwrap
 import threading
@@ -31,7 +30,7 @@ from typing import Any
 
 import pytest
 from confluent_kafka import AcknowledgeType, KafkaException, ShareConsumer
-from harness import topics
+from harness import children, topics
 from harness.brokers import BrokerCluster, BrokerProcess, new_cluster
 from harness.java_share import run_share_members
 from harness.kafka_wire import KafkaWire
@@ -363,7 +362,7 @@ def test_records_of_a_consumer_whose_connection_drops_go_to_another_member(
     proxied.spread_topic(topic)
     set_group_configs(proxied.bootstrap, group, LONG_LOCK)
     sent = produce_everywhere(proxied.bootstrap, topic, 10, "d")
-    dying = subprocess.run(
+    dying = children.run(
         [sys.executable, "-c", DYING_CONSUMER, proxied.bootstrap, group, topic],
         capture_output=True,
         text=True,

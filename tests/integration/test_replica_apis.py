@@ -12,7 +12,6 @@ AdminClient (``java/ReplicaAdmin.java``; its describeTopics uses DescribeTopicPa
 from __future__ import annotations
 
 import re
-import subprocess
 import time
 import urllib.request
 import uuid
@@ -24,6 +23,7 @@ import pytest
 from confluent_kafka import ElectionType as CkElectionType
 from confluent_kafka import TopicPartition as CkTopicPartition
 from confluent_kafka.admin import AdminClient as CkAdminClient
+from harness import children
 from harness.brokers import BrokerCluster, BrokerProcess, new_cluster
 from harness.java_client import java_program
 from harness.kafka_wire import KafkaWire
@@ -334,7 +334,7 @@ def served(process: BrokerProcess, api: str) -> float:
 
 
 def run_java(bootstrap: str, topic: str) -> list[list[str]]:
-    done = subprocess.run(
+    done = children.run(
         [*java_replica_admin(), bootstrap, topic], capture_output=True, text=True, timeout=180
     )
     assert done.returncode == 0, done.stdout + done.stderr

@@ -43,6 +43,7 @@ from confluent_kafka.admin import (
     UserScramCredentialDeletion,
     UserScramCredentialUpsertion,
 )
+from harness import children
 from harness.brokers import new_cluster
 from harness.children import settings_free_env
 from harness.etcd import harness_etcd
@@ -106,7 +107,7 @@ def users_cli(
     etcd_url: str, cluster: str, *args: str, stdin: str = ""
 ) -> subprocess.CompletedProcess[str]:
     env = settings_free_env()
-    return subprocess.run(
+    return children.run(
         [KAFSCALE, "users", "--etcd-endpoints", etcd_url, "--cluster", cluster, *args],
         input=stdin,
         capture_output=True,
@@ -747,10 +748,10 @@ def test_drain_hook_sends_the_token_from_the_brokers_environment(secured: Secure
     env = settings_free_env()
     hook = [sys.executable, "-m", "kafscale.broker.drain_hook"]
     args = ["--admin-url", secured.process.admin_url, "--timeout-s", "30"]
-    refused = subprocess.run([*hook, *args], env=env, capture_output=True, text=True, timeout=60)
+    refused = children.run([*hook, *args], env=env, capture_output=True, text=True, timeout=60)
     assert refused.returncode == 1
     assert secured.process.status()["draining"] is False
     env["KAFSCALE_ADMIN__TOKEN_FILE"] = secured.process.env["KAFSCALE_ADMIN__TOKEN_FILE"]
-    done = subprocess.run([*hook, *args], env=env, capture_output=True, text=True, timeout=60)
+    done = children.run([*hook, *args], env=env, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert secured.process.status()["draining"] is True

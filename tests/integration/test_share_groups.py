@@ -18,7 +18,6 @@ Java Admin client (kafka-clients 4.3), and raw requests where no client exposes 
 
 from __future__ import annotations
 
-import subprocess
 import sys
 import textwrap
 import time
@@ -30,7 +29,7 @@ from typing import Any
 import pytest
 from confluent_kafka import AcknowledgeType, Producer
 from confluent_kafka.admin import AdminClient
-from harness import topics
+from harness import children, topics
 from harness.brokers import BrokerCluster
 from harness.java_client import java_program
 from harness.java_share import run_share_members
@@ -141,7 +140,7 @@ def test_records_of_a_consumer_that_dies_go_to_another_member(
     topics.create_topic(broker.bootstrap, "q", 1)
     set_group_configs(broker.bootstrap, "g", EARLIEST)
     produce(broker.bootstrap, "q", values(20))
-    dying = subprocess.run(
+    dying = children.run(
         [sys.executable, "-c", DYING_CONSUMER, broker.bootstrap, "g", "q"],
         capture_output=True,
         text=True,
@@ -656,7 +655,7 @@ ADMIN_SOURCE = Path(__file__).with_name("java") / "ShareAdmin.java"
 def _java_admin(*steps: str) -> list[list[str]]:
     """Each step ("describe,BOOTSTRAP,GROUP", "alter,BOOTSTRAP,GROUP,TOPIC,P,OFFSET", ...) run
     in order by one JVM: each step's lines, ending with "done" or "error ..."."""
-    done = subprocess.run(
+    done = children.run(
         [*java_program(ADMIN_SOURCE, "ShareAdmin"), *steps],
         capture_output=True,
         text=True,

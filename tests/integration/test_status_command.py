@@ -5,11 +5,11 @@ in both the table and the JSON output."""
 from __future__ import annotations
 
 import json
-import subprocess
 import time
 
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
+from harness import children
 from harness.brokers import BrokerCluster
 from harness.topics import create_topic
 
@@ -23,7 +23,7 @@ COMMITS = {0: 3, 1: 12}
 
 def run_status(cluster: BrokerCluster, *flags: str) -> str:
     env = cluster.env(0, 0)
-    result = subprocess.run(
+    result = children.run(
         [KAFSCALE, "status", *flags], env=env, capture_output=True, text=True, timeout=60
     )
     assert result.returncode == 0, result.stderr
@@ -86,8 +86,6 @@ def test_status_shows_brokers_owners_and_lag(broker_cluster: BrokerCluster) -> N
 def test_status_without_etcd_is_a_clear_error(broker_cluster: BrokerCluster) -> None:
     env = broker_cluster.env(0, 0, KAFSCALE_ETCD__ENDPOINTS='["http://127.0.0.1:1"]',
                              KAFSCALE_ETCD__TIMEOUT_S="1")  # fmt: skip
-    result = subprocess.run(
-        [KAFSCALE, "status"], env=env, capture_output=True, text=True, timeout=60
-    )
+    result = children.run([KAFSCALE, "status"], env=env, capture_output=True, text=True, timeout=60)
     assert result.returncode == 1
     assert "kafscale status: etcd" in result.stderr

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
-from subprocess import run
 
 import pytest
 from harness.brokers import BrokerCluster, BrokerProcess, new_cluster
+from harness.children import run
 from harness.java_client import java_program
 from harness.kafka_wire import KafkaWire
 from harness.proxy import start_proxy

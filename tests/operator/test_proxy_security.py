@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import stat
-import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +17,7 @@ import pytest
 import yaml
 from cryptography import x509
 from cryptography.hazmat.primitives.serialization import Encoding
+from harness import children
 from harness.cluster_specs import (
     NOW,
     PLAIN_LISTENER,
@@ -157,7 +157,7 @@ def test_the_internal_listener_advertises_a_name_the_broker_certificate_covers(
     fake = tmp_path / "kafscale"
     fake.write_text('#!/bin/sh\necho "$KAFSCALE_ADVERTISED_LISTENERS"\n')
     fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
-    result = subprocess.run(
+    result = children.run(
         [*command[:2], command[2].replace("$$", "$")],
         env={"PATH": f"{tmp_path}:/usr/bin:/bin", listeners.POD_IP_VAR: "10.1.2.3"},
         capture_output=True,

@@ -5,7 +5,6 @@ from __future__ import annotations
 import datetime
 import os
 import stat
-import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +12,7 @@ import kubernetes_validate
 import pytest
 from cryptography import x509
 from cryptography.x509.oid import ExtendedKeyUsageOID
+from harness import children
 from harness.cluster_specs import (
     NOW,
     REF,
@@ -133,7 +133,7 @@ def test_ports_services_and_the_start_command(tmp_path: Path) -> None:
     fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
 
     def run(pod_ip: str) -> tuple[str, str]:
-        result = subprocess.run(
+        result = children.run(
             [*command[:2], command[2].replace("$$", "$")],
             env={"PATH": f"{tmp_path}:/usr/bin:/bin", listeners.POD_IP_VAR: pod_ip},
             capture_output=True,

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -11,6 +10,7 @@ from typing import Any
 import pyarrow.parquet as pq
 import pytest
 from confluent_kafka import Producer
+from harness import children
 from harness.brokers import BrokerCluster
 from harness.java_client import JVM_FLAGS
 from harness.topics import create_topic
@@ -97,7 +97,7 @@ def spark_submit(cluster: BrokerCluster, argv: list[str], workdir: Path) -> str:
         topic_to_parquet.__file__,
         *argv,
     ]
-    done = subprocess.run(
+    done = children.run(
         command, env=env, cwd=workdir, capture_output=True, text=True, timeout=600, check=False
     )
     assert done.returncode == 0, f"spark-submit failed:\n{done.stdout}\n{done.stderr[-5000:]}"

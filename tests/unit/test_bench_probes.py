@@ -4,11 +4,11 @@ break ``bench/produce_consume.py --timings`` (it once did)."""
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from harness import children
 
 pytestmark = pytest.mark.unit
 
@@ -21,7 +21,7 @@ def test_timing_probes_install_on_the_current_broker_code(tmp_path: Path) -> Non
         "t.install(sys.argv[2]); t.emit('probe', ok=True); import gc; gc.collect()"
     )
     out = tmp_path / "timings.jsonl"
-    done = subprocess.run(
+    done = children.run(
         [sys.executable, "-c", script, str(BENCH), str(out)],
         capture_output=True,
         text=True,
@@ -65,7 +65,7 @@ assert asyncio.run(FlushCommitter._commit(None, [])) == ["committed"]
 assert asyncio.run(Flusher._round(None, [], None, None, None)) == "round result"
 assert asyncio.run(SegmentUploader.upload(None, Work(), [])) == "uploaded"
 """
-    done = subprocess.run(
+    done = children.run(
         [sys.executable, "-c", script, str(BENCH), str(tmp_path / "timings.jsonl")],
         capture_output=True,
         text=True,

@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from harness import children
 
 pytestmark = pytest.mark.unit
 
@@ -15,7 +16,7 @@ BIN = Path(sys.executable).parent
 
 
 def run(*command: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    return children.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600)
 
 
 def test_ruff_is_clean() -> None:

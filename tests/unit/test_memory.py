@@ -7,10 +7,10 @@ read path; with glibc's defaults its RSS grew to about twice the cache (see brok
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 
 import pytest
+from harness import children
 
 pytestmark = [
     pytest.mark.unit,
@@ -53,7 +53,7 @@ print(peak >> 20)
 
 def _peak_growth_mib(mode: str) -> int:
     env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
-    done = subprocess.run(
+    done = children.run(
         [sys.executable, "-c", SCRIPT, mode],
         capture_output=True,
         text=True,
@@ -79,7 +79,7 @@ def test_a_started_broker_leaves_its_startup_objects_out_of_full_collections() -
         "frozen = freeze_startup_objects()\n"
         "print(before, frozen, len(gc.get_objects()))\n"
     )
-    out = subprocess.run(
+    out = children.run(
         [sys.executable, "-c", script], capture_output=True, text=True, check=True, timeout=60
     ).stdout.split()
     before, frozen, walked = (int(n) for n in out)

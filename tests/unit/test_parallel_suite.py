@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import os
 import socket
-import subprocess
 import sys
 import textwrap
 from pathlib import Path
 
 import pytest
+from harness import children
 from harness.workers import (
     SERVER_GROUPS,
     drop_finished_units,
@@ -128,9 +128,7 @@ def test_a_crashed_worker_fails_its_test_and_the_run_ends(tmp_path: Path) -> Non
     env.pop("PYTEST_ADDOPTS", None)
     make_test = ["-n", "2", "--dist", "loadfile", "--no-loadscope-reorder"]  # as the Makefile
     command = [sys.executable, "-m", "pytest", *make_test, "-p", "no:cacheprovider"]
-    run = subprocess.run(
-        command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120
-    )
+    run = children.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
     assert "worker 'gw" in run.stdout and "crashed while running 'test_c.py::test_c2'" in run.stdout
     # Six tests, the crashed one failed once and run again (xdist's way) on the new worker.
     assert " 1 failed, 7 passed in " in run.stdout.rstrip().splitlines()[-1], run.stdout

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import os
 import struct
-import subprocess
 import sys
 from pathlib import Path
 
 import cramjam
 import crc32c
 import pytest
+from harness import children
 from harness.batches import make_batch
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -180,7 +180,7 @@ print("pandas" in sys.modules)
 """
     tests_dir = Path(__file__).resolve().parents[1]
     env = {**os.environ, "PYTHONPATH": str(tests_dir)}
-    done = subprocess.run(
+    done = children.run(
         [sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True
     )
     assert done.stdout.strip() == "False"
@@ -212,7 +212,7 @@ print("boto3" in sys.modules, "botocore" in sys.modules)
 """
     tests_dir = Path(__file__).resolve().parents[1]
     env = {**os.environ, "PYTHONPATH": str(tests_dir)}
-    done = subprocess.run(
+    done = children.run(
         [sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True
     )
     assert done.stdout.strip() == "False False"

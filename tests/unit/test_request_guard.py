@@ -10,10 +10,10 @@ claiming 2^32 elements aborted the broker process.
 from __future__ import annotations
 
 import struct
-import subprocess
 import sys
 
 import pytest
+from harness import children
 from harness.kafka_wire import sample_body, uvarint
 
 from kafscale.broker.api.table import API_TABLE
@@ -97,7 +97,7 @@ def test_without_the_check_kio_aborts_the_process() -> None:
         "from kio.serial import entity_reader; from kafscale.broker.protocol import codec; "
         "entity_reader(codec.request_schema(3, 12))(memoryview(b'\\xff\\xff\\xff\\xff\\x0f'), 0)"
     )
-    done = subprocess.run(
+    done = children.run(
         [sys.executable, "-c", script], capture_output=True, timeout=60, check=False
     )
     assert done.returncode != 0 and b"Traceback" not in done.stderr, done.stderr[-500:]

@@ -22,11 +22,11 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from harness import children
 
 from kafscale.broker.child_process import child_env
 
@@ -110,7 +110,7 @@ def _run(script: str, directory: Path) -> dict[str, set[str]]:
     environ["PYTHONPATH"] = os.pathsep.join(
         [tests, *environ.get("PYTHONPATH", "").split(os.pathsep)]
     )
-    done = subprocess.run(
+    done = children.run(
         [sys.executable, "-c", script, str(directory)],
         env=child_env(environ),
         capture_output=True,

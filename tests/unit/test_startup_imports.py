@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 
 import pytest
+from harness import children
 
 from kafscale.broker.child_process import child_env
 
@@ -54,7 +54,7 @@ print(json.dumps({"drain": drain, "broker": sorted(sys.modules)}))
 
 
 def _imported() -> dict[str, set[str]]:
-    done = subprocess.run(
+    done = children.run(
         [sys.executable, "-c", _SCRIPT],
         env=child_env(os.environ),
         capture_output=True,
