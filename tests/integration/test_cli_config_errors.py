@@ -4,10 +4,10 @@ the variable or flag typed and, for a misspelling, the one meant; exit status 2.
 from __future__ import annotations
 
 import os
-import subprocess
 from pathlib import Path
 
 import pytest
+from harness import children
 from harness.children import child_env
 
 from kafscale.broker.child_process import KAFSCALE
@@ -21,7 +21,7 @@ def run_kafscale(args: list[str], variables: dict[str, str], home: Path) -> list
         {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "KAFSCALE_"))}
     )
     env |= {"HOME": str(home), **variables}
-    done = subprocess.run(
+    done = children.run(
         [KAFSCALE, *args], env=env, capture_output=True, text=True, timeout=120, check=False
     )
     assert done.returncode == 2, done.stderr

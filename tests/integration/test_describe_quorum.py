@@ -9,11 +9,11 @@ with its correlation id, and the connection stays open.
 
 from __future__ import annotations
 
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from harness import children
 from harness.brokers import BrokerCluster, BrokerProcess, new_cluster
 from harness.java_client import java_program
 from harness.kafka_wire import KafkaWire, sample_body
@@ -54,7 +54,7 @@ def endpoint(request: pytest.FixtureRequest, cluster: BrokerCluster) -> BrokerPr
 def test_the_java_admin_gets_unsupported_version_not_a_hang(endpoint: BrokerProcess) -> None:
     """The Admin's own timeouts are 120 s: a request left unanswered, or a closed connection
     retried, would end in a TimeoutException; the call fails with the API named instead."""
-    out = subprocess.run(
+    out = children.run(
         [*java_program(JAVA_SOURCE, "QuorumAdmin"), endpoint.bootstrap],
         check=True,
         capture_output=True,

@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import os
 import shlex
-import subprocess
 import sys
 import textwrap
 from pathlib import Path
 
 import pytest
 from confluent_kafka import Producer
+from harness import children
 from harness.java_client import JVM_FLAGS
 from harness.local_mode import start_local, stop_with_ctrl_c
 from harness.ports import free_port_run
@@ -76,7 +76,7 @@ def test_the_banners_spark_snippet_reads_the_topic_from_a_venv_not_activated(
             'print("values", sorted(r.value.decode() for r in df.collect()))\n'
             "spark.stop()\n"
         )
-        done = subprocess.run(
+        done = children.run(
             [sys.executable, str(job)],
             env=user_environment(exports),
             cwd=tmp_path,

@@ -9,11 +9,11 @@ ApiVersions advertises (one API advertises a wider range than it serves: SaslHan
 from __future__ import annotations
 
 import re
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from harness import children
 
 from kafscale.broker.api.envelope import ENVELOPE_VERSION
 from kafscale.broker.api.served import SERVED, SERVED_APIS
@@ -92,7 +92,7 @@ def test_the_served_ranges_load_no_request_handler() -> None:
         "import sys, kafscale.broker.api.served; "
         "print(' '.join(m for m in sys.modules if m.startswith('kafscale.broker.api.')))"
     )
-    loaded = subprocess.run(
+    loaded = children.run(
         [sys.executable, "-c", code], check=True, capture_output=True, text=True
     ).stdout.split()
     assert sorted(loaded) == ["kafscale.broker.api.features", "kafscale.broker.api.served"]

@@ -16,10 +16,10 @@ be cut down with it.
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 
 import pytest
+from harness import children
 
 pytestmark = pytest.mark.unit
 
@@ -50,7 +50,7 @@ print(json.dumps({{"modules": sorted(sys.modules), "handlers": handlers}}))
 
 @pytest.fixture(scope="module")
 def loaded() -> dict[str, list[str]]:
-    out = subprocess.run(
+    out = children.run(
         [sys.executable, "-c", _PROBE], check=True, capture_output=True, text=True, timeout=120
     ).stdout
     result: dict[str, list[str]] = json.loads(out)

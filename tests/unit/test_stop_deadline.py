@@ -13,6 +13,8 @@ import sys
 import textwrap
 from collections.abc import AsyncIterator
 
+from harness import children
+
 from kafscale.broker.stop_deadline import EXIT_STOP_DEADLINE, await_chain
 
 WAIT_S = 60.0  # for the child to exit: a bound on the wait, not a speed
@@ -34,7 +36,7 @@ def run_child(stop_body: str) -> subprocess.CompletedProcess[str]:
         asyncio.run(main())
         """
     )
-    return subprocess.run(
+    return children.run(
         [sys.executable, "-c", program], capture_output=True, text=True, timeout=WAIT_S
     )
 
