@@ -7,7 +7,7 @@ import contextlib
 import os
 import signal
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import aclosing, asynccontextmanager
 
 import pytest
@@ -455,7 +455,7 @@ async def test_a_read_of_ranges_compacted_between_its_reads_starts_over(
     call = etcd._call
     reads = 0
 
-    async def compacting(what: str, rpc_call):  # type: ignore[no-untyped-def]
+    async def compacting(what: str, rpc_call: Callable[[], Awaitable[object]]) -> object:
         nonlocal reads
         result = await call(what, rpc_call)
         if what == "get_prefix":
