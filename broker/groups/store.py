@@ -531,6 +531,6 @@ def _add_offset(
     if parsed is None or parsed[1] is None:
         return  # the metadata record, or an offset pending in a transaction
     try:
-        offsets[parsed[1]] = decode_offset(entry.value)
-    except (ValueError, KeyError, TypeError):
+        offsets[parsed[1]] = decode_offset(entry.value, entry.key)
+    except UnreadableRecord:  # what decode_offset raises for any value that does not decode
         return  # not ours to judge here: the group's coordinator reports it when loading

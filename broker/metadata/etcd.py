@@ -116,6 +116,11 @@ def _alarm_name(alarm_type: Any) -> str:
     )
 
 
+def _history_compacted(error: MetadataError) -> bool:
+    """Whether etcd refused a read at a revision because its history was compacted past it."""
+    return "required revision has been compacted" in str(error.__cause__ or error)
+
+
 class _RevisionCompacted(Exception):
     """The watch's start revision is older than etcd's compacted history."""
 
@@ -295,7 +300,24 @@ class Etcd:
     ) -> tuple[list[KeyValue], int]:
         """Every key in each ``[start, end)`` of ``ranges``, all read at one revision (the first
         read's), and that revision: watch each range from revision + 1 and nothing is missed
-        or seen twice. Keys come range by range, sorted within each."""
+        or seen twice. Keys come range by range, sorted within each.
+
+        History compacted past that revision before the last range is read (the compactor
+        compacts to the current revision under etcd's NOSPACE alarm; an external etcd may
+        auto-compact by revision) makes etcd refuse the later reads: the read starts over at
+        the revision then current. (Raised, it ended the cluster view's reload for good.)"""
+        while True:
+            try:
+                return await self._read_ranges(ranges)
+            except MetadataError as error:
+                if not _history_compacted(error):
+                    raise
+                log.info(
+                    "etcd history compacted while reading %d ranges; reading again", len(ranges)
+                )
+
+    async def _read_ranges(self, ranges: Sequence[tuple[str, str]]) -> tuple[list[KeyValue], int]:
+        """One attempt of ``get_ranges_with_revision``."""
         found: list[KeyValue] = []
         revision = 0
         for start, end in ranges:

@@ -7,7 +7,7 @@ import contextlib
 import os
 import signal
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import aclosing, asynccontextmanager
 
 import pytest
@@ -15,7 +15,12 @@ from harness.ports import closed_port
 
 from kafscale.broker.metadata import keys
 from kafscale.broker.metadata.embedded_etcd import EmbeddedEtcd
-from kafscale.broker.metadata.etcd import Etcd, WatchEvent, WatchEventKind
+from kafscale.broker.metadata.etcd import (
+    Etcd,
+    WatchEvent,
+    WatchEventKind,
+    read_ranges_until_answered,
+)
 from kafscale.broker.metadata.etcd_errors import LeaseLost, MetadataUnavailable
 from kafscale.broker.metadata.etcd_txn import (
     create_revision_is,
@@ -434,3 +439,35 @@ async def test_calls_fail_with_metadata_unavailable_while_etcd_is_down(
                 await call
         await etcd_server_private.start_async()
         assert await put_until_accepted(etcd, "/kafscale/down/k", b"x") > 0
+
+
+async def test_a_read_of_ranges_compacted_between_its_reads_starts_over(
+    etcd: Etcd, cluster_name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The cluster view reads its ranges at the first read's revision (start, and the reload
+    # after a RESYNC). History compacted past that revision before the last range is read (the
+    # compactor compacts to the current revision under etcd's NOSPACE alarm; an external etcd
+    # may auto-compact by revision) made etcd refuse the read: the reload failed with a
+    # non-retriable error and the view's event task ended, so the view never changed again.
+    first, second = scratch(cluster_name, "ranges/a"), scratch(cluster_name, "ranges/b")
+    await etcd.put(first, b"a1")
+    await etcd.put(second, b"b1")
+    call = etcd._call
+    reads = 0
+
+    async def compacting(what: str, rpc_call: Callable[[], Awaitable[object]]) -> object:
+        nonlocal reads
+        result = await call(what, rpc_call)
+        if what == "get_prefix":
+            reads += 1
+            if reads == 1:  # between the first range's read and the second's
+                await etcd.put(second, b"b2")
+                await etcd.compact(await etcd.put(first, b"a2"))
+        return result
+
+    monkeypatch.setattr(etcd, "_call", compacting)
+    ranges = [(first, first + "\0"), (second, second + "\0")]
+    entries, revision = await read_ranges_until_answered(etcd, ranges, "test")
+
+    assert [(e.key, e.value) for e in entries] == [(first, b"a2"), (second, b"b2")]
+    assert revision == max(e.mod_revision for e in entries)

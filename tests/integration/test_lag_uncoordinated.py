@@ -11,6 +11,7 @@ group's coordinator only: both series were gone.)
 
 from __future__ import annotations
 
+import asyncio
 import time
 import urllib.request
 import uuid
@@ -18,6 +19,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 from harness.brokers import BrokerCluster, new_cluster
+from harness.etcd import harness_etcd
 from harness.s3 import S3Endpoint
 from harness.topics import create_topics
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
@@ -193,3 +195,37 @@ def test_lag_shows_after_every_broker_restarted_without_members(cluster: BrokerC
             f"{reported(cluster, group)}",
         )
     assert not coordinated(cluster) & set(groups)  # no member came back, nobody took them on
+
+
+def put_key(cluster: BrokerCluster, key: str, value: bytes) -> None:
+    """One etcd key written as an operator's ``etcdctl put`` would."""
+
+    async def put() -> None:
+        etcd = await harness_etcd(cluster.etcd_url)
+        try:
+            await etcd.put(key, value)
+        finally:
+            await etcd.close()
+
+    asyncio.run(put())
+
+
+def test_a_corrupt_committed_offset_hides_no_other_groups_lag(cluster: BrokerCluster) -> None:
+    # One broker: every stored group is its pick. Another group's committed offset holds
+    # garbage (an etcdctl put gone wrong). Before, each lag refresh raised on it: no group
+    # read in the same etcd page (here: all of them) got a series after the restart.
+    broker = cluster.start()
+    topic, group = _name("t"), _name("g")
+    corrupt = _name("corrupt")
+    create_topics(broker.bootstrap, [topic], PARTITIONS)
+    produce(broker.bootstrap, topic, RECORDS)
+    read_commit_close(broker.bootstrap, group, topic)
+    put_key(cluster, keys.group_offset_key(cluster.cluster, corrupt, topic, 0), b"\xff{")
+
+    broker.stop()
+    broker = cluster.start()
+    wait_until(
+        lambda: on_exactly_one(cluster, group, expected_lag(topic, RECORDS)),
+        f"the lag of {group} after the restart: {reported(cluster, group)}",
+    )
+    assert lag_on(broker, corrupt) == {}

@@ -114,3 +114,21 @@ async def test_a_hand_over_wins_over_a_read_that_began_before_it(
     assert _offsets(lag) == {}
     await lag.refresh()
     assert _offsets(lag) == {"a": {0: 8}}
+
+
+async def test_a_corrupt_committed_offset_leaves_the_other_groups_lag_read(
+    etcd: Etcd, cluster_name: str
+) -> None:
+    # "b" (picked here) has one committed offset that does not decode, beside a good one; the
+    # refresh skips that value (its coordinator reports it when loading) and reads on: "c"
+    # after it, and the pass ends (a raise here stopped every refresh at b's page for good).
+    await _commit(etcd, cluster_name, "a", {0: 1})
+    await _commit(etcd, cluster_name, "b", {0: 2})
+    await etcd.put(keys.group_offset_key(cluster_name, "b", "t", 1), b"\xffnot json")
+    await _commit(etcd, cluster_name, "c", {0: 3})
+    lag = StoredLag(GroupStore(etcd, cluster_name), lambda _: True, 3600, max_groups=100)
+
+    await lag.refresh()
+
+    assert _offsets(lag) == {"a": {0: 1}, "b": {0: 2}, "c": {0: 3}}
+    assert lag.passes == 1
