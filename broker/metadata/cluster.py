@@ -185,7 +185,7 @@ class ClusterView:
     async def start(self) -> None:
         entries, revision = await self._etcd.get_ranges_with_revision(self._ranges)
         for entry in entries:
-            self._apply_put(entry.key, entry.value)
+            self._load(entry.key, entry.value)
         self._loaded_revision = revision
         events: asyncio.Queue[WatchEvent] = asyncio.Queue(_QUEUED_EVENTS)
         self._range_tasks = [
@@ -299,10 +299,7 @@ class ClusterView:
         self.group_configs.clear()
         self.share_members.begin_reload()
         for entry in entries:
-            try:
-                self._apply_put(entry.key, entry.value)
-            except Exception:
-                log.exception("cannot load %s", entry.key)
+            self._load(entry.key, entry.value)
         self.share_members.end_reload()
         for tp in list(self.states):
             self.watermarks.notify(tp)
@@ -342,6 +339,15 @@ class ClusterView:
     def apply_put(self, key: str, value: bytes) -> None:
         """Apply one stored key without a watch (a one-off snapshot: ``kafscale status``)."""
         self._apply_put(key, value)
+
+    def _load(self, key: str, value: bytes) -> None:
+        """Apply one key of a full read. A value that does not decode (etcd written by hand, a
+        restore gone wrong) is left out with a line naming it: one bad key must not keep a
+        broker from starting or stop a reload of the others."""
+        try:
+            self._apply_put(key, value)
+        except Exception as exc:
+            log.warning("cannot load %s, left out of the cluster view: %r", key, exc)
 
     def _apply_put(self, key: str, value: bytes) -> None:
         parts = self._relative(key)
