@@ -2,8 +2,10 @@
 
 ``prometheus_server(targets)`` writes a scrape config for the given ``host:port`` admin
 endpoints (scraped every second), starts Prometheus on a free loopback port with its TSDB in the
-test's temp dir, waits for ``/-/ready`` and gives a client for PromQL queries over the HTTP API.
-The process is killed at teardown. Tests skip only where the binary is not installed (``make
+test's temp dir, waits for ``/-/ready`` and gives a client for PromQL queries over the HTTP API
+(instant and range). ``per_target`` labels tell targets apart (a ``pod`` each, as Kubernetes
+discovery does); ``rule_groups`` (e.g. the chart's PrometheusRule groups) are evaluated every
+second. The process is killed at teardown. Tests skip only where the binary is not installed (``make
 system-deps`` installs it; ``.ci/system-packages.txt`` lists it).
 """
 

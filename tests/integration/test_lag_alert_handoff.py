@@ -31,7 +31,7 @@ pytestmark = pytest.mark.integration
 CHART = Path(__file__).resolve().parents[2] / "charts" / "kafscale"
 WINDOW_S = 20  # lagWindow: lag must have grown over this long
 LOOKBACK_S = 10  # lagHandoffLookback: carries a series across a hand-off's gap
-HANDOFF_S = 4  # seconds of gap (no broker reports) and of overlap (two do)
+HANDOFF_S = 3  # seconds of gap (no broker reports) and of overlap (two do), once seen
 THRESHOLD = 1000
 # group -> (lag of each of its two partitions at the start, growth per second): the alert sums
 # them per topic; "below" stays under the threshold (< 2 x 400) unless a broker is counted twice
@@ -140,21 +140,25 @@ def test_lag_alert_holds_across_a_handoff_and_stays_off_for_flat_lag(
     prometheus.wait_scraping()
     on_a = time.time()
     time.sleep(WINDOW_S + 5)  # the window fills with broker a's samples
+    growing = 'kafscale_consumer_group_lag{group="growing",partition="0"}'
     handoff.report_from()  # a lets the groups go; b has not picked them up yet
-    time.sleep(HANDOFF_S)
+    prometheus.wait_value(f"absent({growing})", lambda value: value == 1)
+    time.sleep(HANDOFF_S)  # a gap of a few scrapes, as Prometheus saw it
     handoff.report_from("b")
     time.sleep(WINDOW_S / 2)
     handoff.report_from("a", "b")  # a took them back; b still reports its old pick
-    time.sleep(HANDOFF_S)
+    prometheus.wait_value(f"count({growing})", lambda value: value == 2)
+    time.sleep(HANDOFF_S)  # an overlap of a few scrapes
     handoff.report_from("a")
     time.sleep(WINDOW_S / 2)
     start_s, end_s = on_a + WINDOW_S + 3, time.time() - 2
     steps = int(end_s - start_s) + 1
 
     # The run did what it is for: the series moved, with steps where none and two reported.
-    reporting = 'count(kafscale_consumer_group_lag{group="growing",partition="0"})'
     counts = [
-        int(v[1]) for s in prometheus.query_range(reporting, start_s, end_s, 1) for v in s["values"]
+        int(v[1])
+        for s in prometheus.query_range(f"count({growing})", start_s, end_s, 1)
+        for v in s["values"]
     ]
     assert 2 in counts and len(counts) < steps, counts
     seen = 'count by (pod) (last_over_time(kafscale_consumer_group_lag{group="growing"}[5m]))'
