@@ -2,8 +2,10 @@
 
 ``prometheus_server(targets)`` writes a scrape config for the given ``host:port`` admin
 endpoints (scraped every second), starts Prometheus on a free loopback port with its TSDB in the
-test's temp dir, waits for ``/-/ready`` and gives a client for PromQL queries over the HTTP API.
-The process is killed at teardown. Tests skip only where the binary is not installed (``make
+test's temp dir, waits for ``/-/ready`` and gives a client for PromQL queries over the HTTP API
+(instant and range). ``per_target`` labels tell targets apart (a ``pod`` each, as Kubernetes
+discovery does); ``rule_groups`` (e.g. the chart's PrometheusRule groups) are evaluated every
+second. The process is killed at teardown. Tests skip only where the binary is not installed (``make
 system-deps`` installs it; ``.ci/system-packages.txt`` lists it).
 """
 
@@ -68,22 +70,44 @@ class Prometheus:
         only after its discovery manager's first update, a few seconds after start)."""
         self.wait_value("min(up)", lambda value: value == 1, timeout_s)
 
+    def query_range(
+        self, promql: str, start_s: float, end_s: float, step_s: float
+    ) -> list[dict[str, Any]]:
+        """The range vector ``promql`` evaluates to at every step from ``start_s`` to ``end_s``
+        (Unix seconds), as a rule evaluated at those instants would see it."""
+        params = {"query": promql, "start": start_s, "end": end_s, "step": step_s}
+        url = f"{self.url}/api/v1/query_range?" + urllib.parse.urlencode(params)
+        with urllib.request.urlopen(url, timeout=30) as response:
+            body = json.loads(response.read())
+        assert body["status"] == "success", body
+        return list(body["data"]["result"])
+
     def targets(self) -> list[dict[str, Any]]:
         with urllib.request.urlopen(f"{self.url}/api/v1/targets", timeout=10) as response:
             return list(json.loads(response.read())["data"]["activeTargets"])
 
 
-def _config(targets: list[str], labels: dict[str, str]) -> str:
+def _config(
+    targets: list[str],
+    labels: dict[str, str],
+    per_target: dict[str, dict[str, str]],
+    rule_files: list[str],
+) -> str:
     return json.dumps(
         {
             "global": {
                 "scrape_interval": f"{SCRAPE_INTERVAL_S}s",
                 "scrape_timeout": f"{SCRAPE_INTERVAL_S}s",
+                "evaluation_interval": f"{SCRAPE_INTERVAL_S}s",
             },
+            "rule_files": rule_files,
             "scrape_configs": [
                 {
                     "job_name": "kafscale",
-                    "static_configs": [{"targets": targets, "labels": labels}],
+                    "static_configs": [
+                        {"targets": [target], "labels": {**labels, **per_target.get(target, {})}}
+                        for target in targets
+                    ],
                 }
             ],
         }
@@ -97,12 +121,24 @@ def prometheus_server(tmp_path: Path) -> Iterator[Callable[..., Prometheus]]:
         pytest.skip("Debian's prometheus is not installed (make system-deps)")
     started: list[Prometheus] = []
 
-    def start(targets: list[str], labels: dict[str, str] | None = None) -> Prometheus:
+    def start(
+        targets: list[str],
+        labels: dict[str, str] | None = None,
+        *,
+        per_target: dict[str, dict[str, str]] | None = None,
+        rule_groups: list[dict[str, Any]] | None = None,
+    ) -> Prometheus:
         """Prometheus scraping ``targets``, each sample carrying ``labels`` (as Kubernetes
-        service discovery adds ``namespace`` and ``pod``)."""
+        service discovery adds ``namespace`` and ``pod``) and its own ``per_target`` ones (a
+        ``pod`` each), evaluating ``rule_groups`` (a rule file's groups) every second."""
         workdir = tmp_path / f"prometheus-{len(started)}"
         workdir.mkdir()
-        (workdir / "prometheus.yml").write_text(_config(targets, labels or {}))
+        rule_files = []
+        if rule_groups is not None:
+            (workdir / "rules.yml").write_text(json.dumps({"groups": rule_groups}))
+            rule_files.append(str(workdir / "rules.yml"))
+        config = _config(targets, labels or {}, per_target or {}, rule_files)
+        (workdir / "prometheus.yml").write_text(config)
         port = free_port_run()
         log_path = workdir / "prometheus.log"
         with log_path.open("wb") as log:
