@@ -39,6 +39,7 @@ from harness.s3 import S3Endpoint
 from harness.share import produce
 from harness.topics import create_topics
 from kafka import KafkaAdminClient, KafkaConsumer, OffsetAndMetadata, TopicPartition
+from kafka.errors import UnknownError
 from prometheus_client.parser import text_string_to_metric_families
 
 from kafscale.broker.child_process import BrokerProcess
@@ -297,6 +298,15 @@ def test_delete_groups_removes_a_corrupt_group_whole_and_its_id_starts_afresh(
     assert (len(stored(cluster, bad_record)), len(stored(cluster, bad_offset))) == (4, 3)
     good_before = stored_values(cluster, good)
     assert len(good_before) == 1
+
+    # OffsetDelete needs the group's subscriptions, which do not decode: the group's error.
+    admin = KafkaAdminClient(bootstrap_servers=broker.bootstrap)
+    try:
+        with pytest.raises(UnknownError):
+            admin.delete_group_offsets(bad_record, [TopicPartition(topic, 0)])
+    finally:
+        admin.close()
+    assert len(stored(cluster, bad_record)) == 4
 
     # Kafka's tool deletes them: before, both got UNKNOWN_SERVER_ERROR and kept every key.
     codes = delete_groups(broker.bootstrap, [bad_record, bad_offset])
