@@ -259,9 +259,11 @@ def _cmd_status(args: argparse.Namespace) -> int:
 
     async def read() -> ClusterStatus:
         try:
-            etcd = await connect_etcd(settings.etcd)
-        except (BadEndpoint, MetadataUnavailable) as exc:
+            etcd = await connect_etcd(settings.etcd, retry_level=logging.DEBUG)
+        except BadEndpoint as exc:
             raise StartupError(f"etcd is not usable: {exc}") from exc
+        except MetadataUnavailable as exc:
+            raise StartupError(f"etcd is not reachable: {exc}") from exc
         try:
             return await read_status(etcd, settings.cluster, scrape_metrics)
         except MetadataUnavailable as exc:

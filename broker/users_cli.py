@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import getpass
+import logging
 import sys
 from pathlib import Path
 from typing import Any
@@ -86,7 +87,7 @@ def _password(args: argparse.Namespace) -> str:
 async def _run(settings: BrokerSettings, args: argparse.Namespace) -> int:
     from kafscale.broker.metadata.etcd_connect import connect_etcd
 
-    etcd = await connect_etcd(settings.etcd)
+    etcd = await connect_etcd(settings.etcd, retry_level=logging.DEBUG)
     try:
         store = CredentialStore(etcd, settings.cluster)
         if args.users_command == "create":

@@ -41,7 +41,7 @@ from kafscale.broker.groups.model import (
 )
 from kafscale.broker.metadata.etcd_errors import MetadataUnavailable
 from kafscale.broker.protocol.codec import millis
-from kafscale.broker.protocol.errors import ErrorCode, KafkaError
+from kafscale.broker.protocol.errors import ErrorCode, KafkaError, UnreadableRecord
 
 # --- JoinGroup, SyncGroup, Heartbeat, LeaveGroup ----------------------------------------------
 
@@ -254,14 +254,28 @@ async def handle_delete_groups(request: Any, ctx: RequestContext) -> Body:
     results = []
     for group_id in request.groups_names:
         try:
-            runtime = await group_runtime(
-                ctx, group_id, ErrorCode.COORDINATOR_NOT_AVAILABLE, DELETE
-            )
-            was_share = runtime.share is not None
-            error = await runtime.delete()
-            if was_share and error is ErrorCode.NONE and ctx.broker.share is not None:
-                ctx.broker.share.forget_group(group_id)  # etcd's copy went with the group
+            error = await _delete_group(ctx, group_id)
         except KafkaError as exc:
             error = exc.code
         results.append({"group_id": group_id, "error_code": error})
     return {"throttle_time": 0, "results": results}
+
+
+async def _delete_group(ctx: RequestContext, group_id: str) -> ErrorCode:
+    """One group's DeleteGroups answer. A group whose stored record does not decode (which
+    every other request is refused for) is deleted whole: that is how it is repaired with
+    Kafka's tools."""
+    try:
+        runtime = await group_runtime(ctx, group_id, ErrorCode.COORDINATOR_NOT_AVAILABLE, DELETE)
+    except UnreadableRecord:
+        try:
+            error = await coordinator(ctx).delete_unreadable(group_id)
+        except MetadataUnavailable as exc:
+            raise KafkaError(str(exc), ErrorCode.COORDINATOR_NOT_AVAILABLE) from exc
+        was_share = True  # unknown: its record did not decode; forgetting costs nothing
+    else:
+        was_share = runtime.share is not None
+        error = await runtime.delete()
+    if was_share and error is ErrorCode.NONE and ctx.broker.share is not None:
+        ctx.broker.share.forget_group(group_id)  # etcd's copy went with the group
+    return error

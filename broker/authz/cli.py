@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
 import sys
 from typing import Any
 
@@ -142,7 +143,7 @@ def run_acls(args: argparse.Namespace, settings: BrokerSettings) -> int:
 async def _run(args: argparse.Namespace, settings: BrokerSettings) -> int:
     from kafscale.broker.metadata.etcd_connect import connect_etcd
 
-    etcd = await connect_etcd(settings.etcd)
+    etcd = await connect_etcd(settings.etcd, retry_level=logging.DEBUG)
     try:
         if args.action == "add":
             await create_bindings(etcd, settings.cluster, [binding_from_args(args)])

@@ -53,7 +53,7 @@ from kafscale.broker.observability.lag import reported_groups
 from kafscale.broker.observability.log_limit import ClientEvent, client_log, named
 from kafscale.broker.observability.logs import about, bind
 from kafscale.broker.observability.metrics import METRICS, Metrics
-from kafscale.broker.protocol.errors import NotCoordinator, UnreadableRecord
+from kafscale.broker.protocol.errors import ErrorCode, NotCoordinator, UnreadableRecord
 
 log = logging.getLogger(__name__)
 
@@ -271,14 +271,7 @@ class GroupCoordinator:
         bind(group=group_id)  # this task's and the group's own tasks' log lines name the group
         host = self._host
         session = host.session
-        if session.lost.is_set():
-            raise NotCoordinator("this broker's etcd session expired")
-        if host.draining:
-            raise NotCoordinator("this broker is draining")
-        fence = await self._leases.acquire(group_id, host.node_id, session.id)
-        if fence is None:
-            holder = self._leases.holder(group_id)
-            raise NotCoordinator(f"group {group_id!r} is coordinated by broker {holder}")
+        fence = await self._take_lease(group_id, session)
         try:
             loaded = await self._store.load(group_id)
             if self._closed or host.session is not session or session.lost.is_set():
@@ -300,6 +293,19 @@ class GroupCoordinator:
             level=logging.DEBUG if runtime.vacant() else logging.INFO,  # one per name asked
         )
         return runtime
+
+    async def _take_lease(self, group_id: str, session: SessionLease) -> Fence:
+        """The group's lease, taken (or confirmed) for this broker's ``session``; raises
+        NotCoordinator (another holder, a lost session, draining) or MetadataUnavailable."""
+        if session.lost.is_set():
+            raise NotCoordinator("this broker's etcd session expired")
+        if self._host.draining:
+            raise NotCoordinator("this broker is draining")
+        fence = await self._leases.acquire(group_id, self._host.node_id, session.id)
+        if fence is None:
+            holder = self._leases.holder(group_id)
+            raise NotCoordinator(f"group {group_id!r} is coordinated by broker {holder}")
+        return fence
 
     def _new_runtime(self, group_id: str, fence: Fence, loaded: LoadedGroup) -> GroupRuntime:
         """The runtime of a loaded group. A record that decodes but whose content does not
@@ -324,7 +330,8 @@ class GroupCoordinator:
         self._metrics.unreadable_group_records += 1
         client_log(
             log, logging.WARNING, ClientEvent.UNREADABLE_GROUP, named("group", group_id),
-            "group %s is not served: %s; repair or delete its keys", group_id, exc,
+            "group %s is not served: %s; delete the group (DeleteGroups) or repair its keys",
+            group_id, exc,
         )  # fmt: skip
 
     async def _give_back(self, fence: Fence) -> None:
@@ -333,6 +340,37 @@ class GroupCoordinator:
         with contextlib.suppress(MetadataUnavailable, TimeoutError):
             async with asyncio.timeout(self._host.etcd.timeout_s):
                 await self._leases.release(fence)
+
+    async def delete_unreadable(self, group_id: str) -> ErrorCode:
+        """DeleteGroups of a group ``runtime`` refused as unreadable (a value under its keys
+        does not decode): every key under its prefix goes, with its lease, in the one fenced
+        transaction a normal deletion makes (``GroupStore.delete_group``). Nobody can be a
+        member of such a group (every request naming it fails), so Kafka's rule for a group
+        with members has nothing to check, and this is how an operator removes it with Kafka's
+        own tools (``kafka-consumer-groups.sh --delete``) rather than ``etcdctl``.
+
+        A group loaded here meanwhile (its keys repaired by hand) is not deleted behind its
+        runtime: NOT_COORDINATOR, which clients retry, and the retry meets the normal rules.
+        Raises NotCoordinator or MetadataUnavailable as ``runtime`` does."""
+        if self._closed:
+            raise NotCoordinator("this broker is shutting down")
+        if self.local(group_id) is not None or group_id in self._loading:
+            raise NotCoordinator(f"group {group_id!r} is being loaded again")
+        session = self._host.session
+        fence = await self._take_lease(group_id, session)
+        deleted = False
+        try:
+            deleted = await self._store.delete_group(group_id, fence)
+        finally:
+            if not deleted:
+                await self._give_back(fence)
+        if not deleted:
+            return ErrorCode.NOT_COORDINATOR
+        log.info(
+            "deleted group %s, whose stored record did not decode (DeleteGroups)", group_id,
+            extra=about(group=group_id),
+        )  # fmt: skip
+        return ErrorCode.NONE
 
     # --- listing ------------------------------------------------------------------------------
 

@@ -389,22 +389,22 @@ class GroupStore:
         return found
 
     async def delete_group(self, group_id: str, fence: Fence) -> bool:
-        """Delete metadata, offsets (those pending in open transactions too, as Kafka's
-        ``deleteAllOffsets`` does: a transaction committing later must not bring the group's
-        offsets back), a share group's share-partition states, and finally the lease itself;
-        False if fenced. The share states go in the last, fenced transaction with the lease:
-        a coordinator that lost the group lease deletes nothing of them."""
-        entries = await self._etcd.get_prefix(keys.group_prefix(self._cluster, group_id))
-        ops: list[Op] = [delete_op(entry.key) for entry in entries if self._owned(group_id, entry)]
-        chunks = list(_chunks(ops, MAX_OPS_PER_TXN)) or [[]]
-        chunks[-1].append(delete_prefix_op(keys.share_states_prefix(self._cluster, group_id)))
-        chunks[-1].append(delete_op(keys.share_group_key(self._cluster, group_id)))
-        chunks[-1].append(delete_op(fence.key))
-        for chunk in chunks:
-            result = await self._etcd.txn(fence.compares(), chunk)
-            if not result.succeeded:
-                return False
-        return True
+        """Delete every key under the group's ``groups/<group>/`` prefix (metadata, offsets,
+        offsets pending in open transactions, as Kafka's ``deleteAllOffsets`` does: a
+        transaction committing later must not bring the group's offsets back; and whatever
+        else is there, so a group whose values do not decode goes whole too), a share group's
+        share-partition states and ``share-groups/<group>`` copy, and the lease itself, in one
+        fenced transaction; False if fenced. Prefix deletes are one op each, whatever the
+        number of keys: a coordinator that lost the group lease deletes nothing, and a
+        deletion is never left half done."""
+        ops: list[Op] = [
+            delete_prefix_op(keys.group_prefix(self._cluster, group_id)),
+            delete_prefix_op(keys.share_states_prefix(self._cluster, group_id)),
+            delete_op(keys.share_group_key(self._cluster, group_id)),
+            delete_op(fence.key),
+        ]
+        result = await self._etcd.txn(fence.compares(), ops)
+        return result.succeeded
 
     async def list_persisted(self) -> list[PersistedGroup]:
         """Every group with metadata or committed offsets in etcd; one whose record does not
@@ -514,13 +514,6 @@ class GroupStore:
             if last:
                 return
             start = _group_part_end(prefix, entries[-1].key)
-
-    def _owned(self, group_id: str, entry: KeyValue) -> bool:
-        pending_prefix = keys.group_txn_offsets_prefix(self._cluster, group_id)
-        if entry.key.startswith(pending_prefix):
-            return parse_pending_key(entry.key[len(pending_prefix) :]) is not None
-        parsed = parse_group_key(self._cluster, entry.key)
-        return parsed is not None and parsed[0] == group_id
 
 
 def _add_offset(

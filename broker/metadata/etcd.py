@@ -53,6 +53,7 @@ from kafscale.broker.metadata.etcd_errors import (
     MetadataError,
     MetadataUnavailable,
     translate_error,
+    unreachable_reason,
 )
 from kafscale.broker.metadata.etcd_txn import (
     Compare,
@@ -179,7 +180,8 @@ class Etcd:
     ) -> Etcd:
         """A client over every endpoint, talking first to the first that answers a real read
         within ``timeout_s``, in order. ``BadEndpoint`` for an endpoint that cannot be used at
-        all; ``MetadataUnavailable`` if none answers."""
+        all; ``MetadataUnavailable`` if none answers, saying of each what happened on one
+        line (``http://etcd-0:2379: connection refused; ...``)."""
         if not endpoints:
             raise BadEndpoint("no etcd endpoints configured")
         parsed = [parse_endpoint(endpoint) for endpoint in endpoints]
@@ -192,15 +194,15 @@ class Etcd:
                 try:
                     await etcd._call_here("range", etcd._probe)
                 except MetadataError as error:
-                    failures.append(str(error))
+                    reason = unreachable_reason(error, timeout_s)
+                    failures.append(f"{endpoints[index]}: {reason}")
                     continue
                 return etcd
         except BaseException:
             await etcd.close()
             raise
         await etcd.close()
-        tried = "; ".join(failures)
-        raise MetadataUnavailable(f"no etcd endpoint answered within {timeout_s:g} s: {tried}")
+        raise MetadataUnavailable("; ".join(failures))
 
     @property
     def closed(self) -> bool:

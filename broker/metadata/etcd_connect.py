@@ -20,16 +20,22 @@ log = logging.getLogger(__name__)
 STARTUP_ATTEMPTS = 3
 
 
-async def connect_etcd(config: EtcdConnectionSettings, attempts: int = STARTUP_ATTEMPTS) -> Etcd:
+async def connect_etcd(
+    config: EtcdConnectionSettings,
+    attempts: int = STARTUP_ATTEMPTS,
+    retry_level: int = logging.WARNING,
+) -> Etcd:
     """The etcd client ``config`` describes; ``MetadataUnavailable`` after ``attempts`` tries
-    (``BadEndpoint``, a setting that can never work, at once)."""
+    (``BadEndpoint``, a setting that can never work, at once). Each failed try but the last is
+    logged at ``retry_level``: a server's log shows them; a command's user wants its one line
+    of error (``logging.DEBUG``), which the last failure makes."""
     for attempt in range(1, attempts + 1):
         try:
             return await _connect_once(config)
         except MetadataUnavailable as exc:
             if attempt == attempts:
                 raise
-            log.warning("etcd not reachable yet (attempt %d): %s", attempt, exc)
+            log.log(retry_level, "etcd not reachable yet (attempt %d): %s", attempt, exc)
             await asyncio.sleep(1)
     raise AssertionError("unreachable")
 

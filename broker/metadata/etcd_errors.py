@@ -3,7 +3,8 @@
 Callers tell an outage (``MetadataUnavailable``: answer REQUEST_TIMED_OUT, or exit non-zero at
 start-up) from a refusal (``MetadataError``), a full etcd (``MetadataNoSpace``) and a lost
 lease (``LeaseLost``: stop acting as owner) without knowing aetcd's or gRPC's error classes;
-``translate_error`` is where those are read, once.
+``translate_error`` is where those are read, once. ``unreachable_reason`` says in a few words
+why a member could not be reached, for the one-line message of a process that cannot start.
 """
 
 from __future__ import annotations
@@ -74,3 +75,54 @@ def translate_error(error: BaseException, what: str) -> MetadataError:
     if code == rpc.StatusCode.NOT_FOUND and "lease not found" in str(error):
         return LeaseLost(message)
     return MetadataError(message)
+
+
+_REASON_MAX_CHARS = 200
+
+_REASONS: tuple[tuple[tuple[str, ...], str], ...] = (
+    (("connection refused",), "connection refused"),
+    (
+        (
+            "domain name not found",
+            "dns resolution failed",
+            "errors resolving",
+            "name or service not known",
+            "hostname lookup",
+        ),
+        "host name not resolved",
+    ),
+    (("connection reset",), "connection reset"),
+    (("authentication failed", "invalid auth token", "permission denied"), "authentication failed"),
+    (("ssl", "handshake", "certificate"), "TLS handshake failed"),
+)
+"""Words of gRPC's and etcd's error texts and what they mean to an operator. gRPC says
+UNAVAILABLE for a refused connection and an unresolved name alike: only its text tells them
+apart."""
+
+
+def unreachable_reason(error: BaseException, timeout_s: float) -> str:
+    """Why one etcd member could not be used, in a few words: connection refused, host name
+    not resolved, no answer within ``timeout_s``, ...; otherwise the error's own text on one
+    line. (Before, every failure read "no etcd endpoint answered within 5 s", a refusal that
+    came at once too.)"""
+    chain = _causes(error)
+    if any(isinstance(e, TimeoutError) for e in chain):
+        return f"no answer within {timeout_s:g} s"
+    text = " ".join(str(e) for e in chain).lower()
+    if "deadline exceeded" in text or "timed out" in text:
+        return f"no answer within {timeout_s:g} s"
+    for words, reason in _REASONS:
+        if any(word in text for word in words):
+            return reason
+    cause = chain[1] if len(chain) > 1 else error  # aetcd's text, without our "etcd range at"
+    return " ".join(str(cause).split())[:_REASON_MAX_CHARS] or type(cause).__name__
+
+
+def _causes(error: BaseException) -> list[BaseException]:
+    """``error`` and what it was raised from, outermost first (bounded: a cycle ends it)."""
+    chain: list[BaseException] = []
+    current: BaseException | None = error
+    while current is not None and current not in chain and len(chain) < 10:
+        chain.append(current)
+        current = current.__cause__ or current.__context__
+    return chain

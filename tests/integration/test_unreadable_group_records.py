@@ -9,11 +9,16 @@ relies on, checked here with a real etcd, a real broker process and real clients
   keys are left as they are for an operator, and its lease is not held for ever;
 - requests about it get an error code for that group only (UNKNOWN_SERVER_ERROR: a client would
   retry a retriable code for ever), and requests naming good groups with it answer those; the
-  connection stays open.
+  connection stays open;
+- DeleteGroups (``kafka-consumer-groups.sh --delete``, an admin client) removes it whole: every
+  key under its prefix and its lease; the good groups keep theirs, and the group id then works
+  from scratch, under the normal DeleteGroups rules again.
 
 Before, the retention check that met the record failed as a whole ("offset retention check
 failed" with a traceback) and the broker kept the corrupt group's lease for its whole session;
-DescribeGroups, OffsetFetch and ListGroups failed for every group they named or listed.
+DescribeGroups, OffsetFetch and ListGroups failed for every group they named or listed; and
+DeleteGroups answered UNKNOWN_SERVER_ERROR for the corrupt group, leaving ``etcdctl`` the only
+way to remove it.
 """
 
 from __future__ import annotations
@@ -25,12 +30,16 @@ import uuid
 from collections.abc import Callable, Iterator
 
 import pytest
+from confluent_kafka import KafkaError, KafkaException
+from confluent_kafka.admin import AdminClient
 from harness.brokers import BrokerCluster, new_cluster
 from harness.etcd import harness_etcd
 from harness.kafka_wire import API_VERSIONS, KafkaWire
 from harness.s3 import S3Endpoint
+from harness.share import produce
 from harness.topics import create_topics
-from kafka import KafkaConsumer, OffsetAndMetadata, TopicPartition
+from kafka import KafkaAdminClient, KafkaConsumer, OffsetAndMetadata, TopicPartition
+from kafka.errors import UnknownError
 from prometheus_client.parser import text_string_to_metric_families
 
 from kafscale.broker.child_process import BrokerProcess
@@ -218,3 +227,129 @@ def test_requests_about_a_corrupt_group_get_its_error_and_the_others_their_answe
     wait_until(lambda: not lease_held(cluster, bad), f"{bad}'s lease to go")
     assert reported(broker, bad)
     assert counter(broker, UNREADABLE) >= 4  # join, fetch, describe, list
+
+
+def put_keys(cluster: BrokerCluster, values: dict[str, bytes]) -> None:
+    async def write() -> None:
+        etcd = await harness_etcd(cluster.etcd_url)
+        try:
+            for key, value in values.items():
+                await etcd.put(key, value)
+        finally:
+            await etcd.close()
+
+    asyncio.run(write())
+
+
+def stored_values(cluster: BrokerCluster, group: str) -> dict[str, bytes]:
+    async def read() -> dict[str, bytes]:
+        etcd = await harness_etcd(cluster.etcd_url)
+        try:
+            entries = await etcd.get_prefix(keys.group_prefix(cluster.cluster, group))
+            return {entry.key: entry.value for entry in entries}
+        finally:
+            await etcd.close()
+
+    return asyncio.run(read())
+
+
+def delete_groups(bootstrap: str, groups: list[str]) -> dict[str, int]:
+    """``kafka-consumer-groups.sh --delete`` through librdkafka's admin API: each group's
+    error code (0 when deleted)."""
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    codes = {}
+    for group, future in admin.delete_consumer_groups(groups, request_timeout=60).items():
+        try:
+            future.result(90)
+            codes[group] = ErrorCode.NONE
+        except KafkaException as exc:
+            error: KafkaError = exc.args[0]
+            codes[group] = error.code()
+    return codes
+
+
+def test_delete_groups_removes_a_corrupt_group_whole_and_its_id_starts_afresh(
+    broker_cluster: BrokerCluster,
+) -> None:
+    """Two corrupt groups (garbage metadata; a committed offset of another shape), each with
+    an offset pending in a transaction and a key of no known kind under its prefix, beside a
+    good group, all on one broker."""
+    cluster = broker_cluster
+    broker = cluster.start()
+    topic = names("t")
+    create_topics(broker.bootstrap, [topic], 1)
+    produce(broker.bootstrap, topic, [b"v%d" % i for i in range(5)])
+    good = names("good")
+    standalone_commit(broker.bootstrap, good, topic, 2)
+    bad_record, bad_offset = names("bad-record"), names("bad-offset")
+    corrupt(cluster, bad_record, GARBAGE["bytes"], topic)
+    name = cluster.cluster  # bad_offset: written here only, never loaded by the broker
+    put_keys(cluster, {keys.group_offset_key(name, bad_offset, topic, 0): GARBAGE["shape"]})
+    for group in (bad_record, bad_offset):
+        put_keys(
+            cluster,
+            {
+                keys.group_txn_offset_key(name, group, 7, topic, 0): b'{"offset":4}',
+                keys.group_prefix(name, group) + "left-by-another-tool": b"?",
+            },
+        )
+    # metadata (bad_record's only: the other one has committed offsets only), offset,
+    # pending, unknown
+    assert (len(stored(cluster, bad_record)), len(stored(cluster, bad_offset))) == (4, 3)
+    good_before = stored_values(cluster, good)
+    assert len(good_before) == 1
+
+    # OffsetDelete needs the group's subscriptions, which do not decode: the group's error.
+    admin = KafkaAdminClient(bootstrap_servers=broker.bootstrap)
+    try:
+        with pytest.raises(UnknownError):
+            admin.delete_group_offsets(bad_record, [TopicPartition(topic, 0)])
+    finally:
+        admin.close()
+    assert len(stored(cluster, bad_record)) == 4
+
+    # Kafka's tool deletes them: before, both got UNKNOWN_SERVER_ERROR and kept every key.
+    codes = delete_groups(broker.bootstrap, [bad_record, bad_offset])
+    assert codes == {bad_record: ErrorCode.NONE, bad_offset: ErrorCode.NONE}
+    for group in (bad_record, bad_offset):
+        assert stored(cluster, group) == []
+        assert not lease_held(cluster, group)
+    assert stored_values(cluster, good) == good_before
+    assert delete_groups(broker.bootstrap, [bad_record]) == {
+        bad_record: ErrorCode.GROUP_ID_NOT_FOUND
+    }
+
+    # The id works from scratch: no offset of the old group (the corrupt one stored 1), so
+    # the consumer starts at its auto.offset.reset; the good group still has its own.
+    member = KafkaConsumer(
+        bootstrap_servers=broker.bootstrap,
+        group_id=bad_record,
+        auto_offset_reset="earliest",
+        enable_auto_commit=False,
+    )
+    try:
+        member.subscribe([topic])
+        seen: list[int] = []
+
+        def read_all() -> bool:
+            seen.extend(r.offset for rs in member.poll(500).values() for r in rs)
+            return len(seen) >= 5
+
+        wait_until(read_all, "the new group's member to read the topic")
+        assert seen == [0, 1, 2, 3, 4]
+        member.commit()
+        # A live member: the normal rule holds for the re-created group.
+        codes = delete_groups(broker.bootstrap, [bad_record])
+        assert codes == {bad_record: ErrorCode.NON_EMPTY_GROUP}
+    finally:
+        member.close()
+    admin = KafkaAdminClient(bootstrap_servers=broker.bootstrap)
+    try:
+        tp = TopicPartition(topic, 0)
+        offsets = admin.list_group_offsets({good: [tp], bad_record: [tp]})
+        assert (offsets[good][tp].offset, offsets[bad_record][tp].offset) == (2, 5)
+    finally:
+        admin.close()
+    log = broker.log_path.read_text(errors="replace")
+    assert f"deleted group {bad_record}, whose stored record did not decode" in log
+    assert "Traceback" not in log
