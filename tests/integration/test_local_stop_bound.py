@@ -13,6 +13,7 @@ The graceful path (everything answers: exit 0, data kept across restarts) is
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -48,10 +49,8 @@ def frozen() -> Iterator[list[int]]:
     pids: list[int] = []
     yield pids
     for pid in pids:
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGCONT)
-        except ProcessLookupError:
-            pass
 
 
 def start(data_dir: Path, port: int, brokers: int, log: Path) -> subprocess.Popen[bytes]:
@@ -131,4 +130,3 @@ def test_ctrl_c_ends_local_by_its_bound_while_its_etcd_is_frozen(
     finally:
         code = ctrl_c_exit_code(restarted, 60, restart_log)
     assert code == 0, restart_log.read_text()
-
