@@ -53,10 +53,13 @@ def frozen() -> Iterator[list[int]]:
             os.kill(pid, signal.SIGCONT)
 
 
-def start(data_dir: Path, port: int, brokers: int, log: Path) -> subprocess.Popen[bytes]:
+def start(
+    data_dir: Path, port: int, brokers: int, proxy: bool, log: Path
+) -> subprocess.Popen[bytes]:
     process = launch_local(
         [
             *("--data-dir", str(data_dir), "--port", str(port), "--brokers", str(brokers)),
+            *(["--proxy"] if proxy else []),
             *("--limits-shutdown-grace-s", str(GRACE_S)),
             *("--etcd-timeout-s", str(ETCD_TIMEOUT_S)),
         ],
@@ -94,16 +97,16 @@ def produce_acked(bootstrap: str, topic: str, count: int) -> list[bytes]:
     return acked
 
 
-@pytest.mark.parametrize("brokers", [1, 2])
+@pytest.mark.parametrize(("brokers", "proxy"), [(1, False), (2, False), (2, True)])
 def test_ctrl_c_ends_local_by_its_bound_while_its_etcd_is_frozen(
-    tmp_path: Path, frozen: list[int], brokers: int
+    tmp_path: Path, frozen: list[int], brokers: int, proxy: bool
 ) -> None:
     """etcd frozen for the whole stop: the handoff cannot happen and the process still ends by
     its bound, saying what it waited on; its etcd goes with it, and a restart serves every
     record acked before."""
     data_dir, log = tmp_path / "data", tmp_path / "local.log"
-    port = free_port_run(brokers)
-    process = start(data_dir, port, brokers, log)
+    port = free_port_run(brokers + 1 if proxy else brokers)
+    process = start(data_dir, port, brokers, proxy, log)
     try:
         acked = produce_acked(f"localhost:{port}", "frozen-stop", 200)
         assert len(acked) == 200
@@ -122,7 +125,8 @@ def test_ctrl_c_ends_local_by_its_bound_while_its_etcd_is_frozen(
     assert not etcd_pids(data_dir), "the frozen etcd outlived kafscale local"
 
     restart_log = tmp_path / "restart.log"
-    restarted = launch_local(["--data-dir", str(data_dir), "--port", str(port)], restart_log)
+    again = ["--data-dir", str(data_dir), "--port", str(port), *(["--proxy"] if proxy else [])]
+    restarted = launch_local(again, restart_log)
     try:
         wait_running(restarted, restart_log)
         values = consume(f"localhost:{port}", "frozen-stop", 3, len(acked))
