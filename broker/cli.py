@@ -101,7 +101,9 @@ def _parser(command: str | None = None) -> argparse.ArgumentParser:
     )
     local.add_argument("--host", default="127.0.0.1", help="address the brokers bind to")
     local.add_argument("--s3-endpoint", default=None, help="use this S3 endpoint, not a dir")
-    local.add_argument("--bucket", default=None, help="S3 bucket (with --s3-endpoint)")
+    local.add_argument(
+        "--bucket", default=None, help="S3 bucket (with --s3-endpoint; refused without one)"
+    )
     settings_flags("local")(local)
     commands.add_parser("operator", help="run the Kubernetes operator")
     drain = commands.add_parser("drain", help="ask a broker to hand its partitions over")
@@ -139,8 +141,8 @@ def _load_settings(args: argparse.Namespace) -> BrokerSettings | None:
     if getattr(args, "s3_endpoint", None):
         storage = overrides.setdefault("storage", {})
         storage.update(kind="s3", endpoint=args.s3_endpoint)
-        if args.bucket:
-            storage["bucket"] = args.bucket
+    if getattr(args, "bucket", None):  # with --s3-endpoint or --storage-endpoint (local_flags)
+        overrides.setdefault("storage", {})["bucket"] = args.bucket
     return _checked_settings(BrokerSettings, overrides)
 
 
@@ -220,6 +222,21 @@ async def _serve_proxy(settings: ProxySettings) -> None:
 def _cmd_local(args: argparse.Namespace) -> int:
     settings = _load_settings(args)
     if settings is None:
+        return 2
+    from kafscale.broker.local_flags import LocalFlags, ignored_flags
+
+    flags = LocalFlags(
+        overrides_from_args(args),
+        args.bucket,
+        args.s3_endpoint,
+        args.brokers,
+        args.port,
+        args.proxy,
+    )
+    problems = ignored_flags(flags, settings.storage)
+    for problem in problems:
+        print(f"kafscale: invalid configuration: {problem}", file=sys.stderr)
+    if problems:
         return 2
     # Imported here: the proxy and the local PKI (cryptography) only ``local`` needs.
     from kafscale.broker.local import LocalOptions, run_local

@@ -12,21 +12,24 @@ With the authorizer on, the brokers listen with TLS and accept only the proxy's 
 The etcd child dies with this process, however it dies (see ``embedded_etcd``), and one left
 over from an older run on the same data directory is stopped before ours starts. Every start-up
 failure is one line on stderr and a non-zero exit (``StartupError``), never a traceback.
+Ctrl-C (SIGINT) or SIGTERM stops every part gracefully, and the whole command exits within
+``limits.shutdown_grace_s`` + 5 s however a part hangs (``stop_deadline``, as ``kafscale
+broker``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 import shlex
 import signal
 import sys
-from collections.abc import Collection, Coroutine
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from kafscale.broker.app import Broker, StartupError
 from kafscale.broker.config import BrokerSettings, StorageKind, TlsSettings
@@ -52,6 +55,7 @@ from kafscale.broker.security.local_pki import (
     LocalPki,
     make_local_pki,
 )
+from kafscale.broker.stop_deadline import stop_bound_s, stop_within
 from kafscale.broker.storage.object_store import ObjectStoreError
 
 log = logging.getLogger(__name__)
@@ -294,6 +298,13 @@ async def _prepare_bucket(settings: BrokerSettings) -> None:
 
 
 async def run_local(base: BrokerSettings, options: LocalOptions) -> None:
+    """Start etcd, the brokers and the proxy; serve until SIGINT or SIGTERM; stop them all.
+
+    The stop (after start-up, or cutting a start-up short) is bounded as a broker's is
+    (``stop_deadline``): every part is given ``stop_bound_s(limits.shutdown_grace_s)`` from
+    the signal, and a part that hangs past it (etcd frozen, a watch that never ends) no longer
+    keeps the whole command alive: it exits with ``EXIT_STOP_DEADLINE`` and the kernel kills
+    the etcd child with it (``die_with_parent``)."""
     check_options(base, options)
     try:
         options.data_dir.mkdir(parents=True, exist_ok=True)
@@ -305,8 +316,9 @@ async def run_local(base: BrokerSettings, options: LocalOptions) -> None:
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signum, stop.set)
+    starting = asyncio.create_task(_start_all(base, options, etcd.client_url, started))
     try:
-        if not await _unless_stopped(_start_all(base, options, etcd.client_url, started), stop):
+        if not await _started_unless_stopped(starting, stop):
             print("\ninterrupted during start-up; shutting down", flush=True)
             return
         freeze_startup_objects()
@@ -314,10 +326,10 @@ async def run_local(base: BrokerSettings, options: LocalOptions) -> None:
         await stop.wait()
         print("\nshutting down: flushing and handing over partitions...", flush=True)
     finally:
-        if started.proxy is not None:
-            await started.proxy.shutdown()
-        await asyncio.gather(*(b.shutdown() for b in started.brokers), return_exceptions=True)
-        await asyncio.to_thread(etcd.stop)
+        await stop_within(
+            functools.partial(_stop_all, starting, started, etcd),
+            stop_bound_s(base.limits.shutdown_grace_s),
+        )
 
 
 @dataclass
@@ -345,19 +357,32 @@ async def _start_all(
         started.proxy = await Proxy.start(local_proxy_settings(base, options, etcd_url, pki))
 
 
-async def _unless_stopped(work: Coroutine[Any, Any, None], stop: asyncio.Event) -> bool:
-    """Run ``work`` unless ``stop`` is set first (Ctrl-C during start-up): then cancel it, so
-    shutting down does not wait for three brokers to finish starting. True if it finished."""
-    task = asyncio.create_task(work)
+async def _started_unless_stopped(starting: asyncio.Task[None], stop: asyncio.Event) -> bool:
+    """Wait for ``starting`` unless ``stop`` is set first (Ctrl-C during start-up). True if it
+    finished; a start-up error propagates. A start cut short is cancelled by ``_stop_all``,
+    under the stop's bound: shutting down does not wait for three brokers to finish starting,
+    nor for one whose start hangs."""
     stopped = asyncio.create_task(stop.wait())
-    await asyncio.wait({task, stopped}, return_when=asyncio.FIRST_COMPLETED)
-    stopped.cancel()
-    if task.done():
-        task.result()  # a start-up error propagates
+    try:
+        await asyncio.wait({starting, stopped}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stopped.cancel()
+    if starting.done():
+        starting.result()
         return True
-    task.cancel()
-    await asyncio.gather(task, return_exceptions=True)
     return False
+
+
+async def _stop_all(starting: asyncio.Task[None], started: _Started, etcd: EmbeddedEtcd) -> None:
+    """The graceful stop: end a start still running, then the proxy (clients go first), the
+    brokers (each hands its partitions over and flushes), and etcd last, which they need."""
+    if not starting.done():
+        starting.cancel()
+        await asyncio.gather(starting, return_exceptions=True)
+    if started.proxy is not None:
+        await started.proxy.shutdown()
+    await asyncio.gather(*(b.shutdown() for b in started.brokers), return_exceptions=True)
+    await asyncio.to_thread(etcd.stop)
 
 
 def _print_banner(

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from harness import children
 from harness.children import child_env
+from harness.ports import closed_port, free_port_run
 
 from kafscale.broker.child_process import KAFSCALE
 
@@ -60,3 +61,45 @@ def test_a_bad_value_is_one_line_naming_the_flag(command: str, tmp_path: Path) -
         "--listener-port): "
     )
     assert lines[0].endswith("(given 'abc')")
+
+
+@pytest.mark.parametrize(
+    ("flags", "line"),
+    [
+        (["--bucket", "my-bucket"], "--bucket needs --s3-endpoint: "),
+        (["--storage-bucket", "my-bucket"], "--storage-bucket is for an S3 store, "),
+        (["--etcd-endpoints", "http://127.0.0.1:2379"], "--etcd-endpoints is not used by "),
+        (["--listener-port", "19092"], "--listener-port is not used by kafscale local: "),
+        (["--brokers", "0"], "--brokers must be at least 1 (given 0)"),
+    ],
+)
+def test_kafscale_local_refuses_a_flag_it_would_ignore(
+    flags: list[str], line: str, tmp_path: Path
+) -> None:
+    """Each was taken and dropped without a word (``--brokers 0`` ended in a traceback):
+    ``--bucket`` alone kept the data in ``<data-dir>/objects`` of a user who thought it in
+    the bucket, ``--etcd-endpoints`` started an etcd of its own. One line, status 2, and
+    nothing started (no data directory made)."""
+    data_dir = tmp_path / "data"
+    args = ["local", "--data-dir", str(data_dir), "--port", str(free_port_run(2)), *flags]
+    lines = run_kafscale(args, {}, tmp_path)
+    assert len(lines) == 1 and lines[0].startswith(f"kafscale: invalid configuration: {line}")
+    assert not data_dir.exists()
+
+
+def test_kafscale_local_takes_a_bucket_with_its_endpoint_as_before(tmp_path: Path) -> None:
+    """``--bucket`` with ``--s3-endpoint`` passes the check (it then needs credentials: the
+    start fails on those, status 1, proving it went past the flags)."""
+    env = child_env(
+        {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "KAFSCALE_"))}
+    )
+    env["HOME"] = str(tmp_path)
+    args = [
+        *("local", "--data-dir", str(tmp_path / "data"), "--port", str(free_port_run(2))),
+        *("--s3-endpoint", f"http://127.0.0.1:{closed_port()}", "--bucket", "my-bucket"),
+    ]
+    done = children.run(
+        [KAFSCALE, *args], env=env, capture_output=True, text=True, timeout=120, check=False
+    )
+    assert done.returncode == 1, done.stderr
+    assert "no S3 credentials" in done.stderr

@@ -1,0 +1,136 @@
+"""Ctrl-C ends ``kafscale local`` by its bound even when its embedded etcd is frozen.
+
+``kafscale local`` (brokers, a proxy and an etcd child in one process) promises what
+``kafscale broker`` does: it exits within ``stop_bound_s(limits.shutdown_grace_s)`` of SIGINT
+or SIGTERM (the watchdog thread acts ``THREAD_SLACK_S`` later still), whatever a part waits on.
+A real ``kafscale local`` run as a terminal's job; its etcd child, found through ``/proc``, is
+SIGSTOPped before the Ctrl-C. Before the bound, its stop waited for each etcd call's own
+timeout in turn (30 s here) and then for etcd's own stop: well over a minute.
+
+The graceful path (everything answers: exit 0, data kept across restarts) is
+``test_local_mode.py``'s.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from confluent_kafka import Producer
+from harness.local_mode import consume, launch_local, wait_running
+from harness.ports import free_port_run
+
+from kafscale.broker.metadata.embedded_etcd import etcd_pids_on
+from kafscale.broker.stop_deadline import EXIT_STOP_DEADLINE, THREAD_SLACK_S, stop_bound_s
+
+pytestmark = pytest.mark.integration
+
+GRACE_S = 2.0
+ETCD_TIMEOUT_S = 30.0  # each etcd call would wait this long for the frozen etcd
+SCHEDULING_SLACK_S = 15.0
+"""Beyond the promised bound, for a loaded machine to run the exit and reap the process: a
+margin on the wait, not a speed."""
+
+
+def etcd_pids(data_dir: Path) -> list[int]:
+    return etcd_pids_on(data_dir.resolve() / "etcd" / "etcd")
+
+
+@pytest.fixture
+def frozen() -> Iterator[list[int]]:
+    """Pids the test SIGSTOPs: continued at the end whatever happens (SIGKILL needs no
+    SIGCONT, but one that outlived its parent must not stay frozen)."""
+    pids: list[int] = []
+    yield pids
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGCONT)
+
+
+def start(
+    data_dir: Path, port: int, brokers: int, proxy: bool, log: Path
+) -> subprocess.Popen[bytes]:
+    process = launch_local(
+        [
+            *("--data-dir", str(data_dir), "--port", str(port), "--brokers", str(brokers)),
+            *(["--proxy"] if proxy else []),
+            *("--limits-shutdown-grace-s", str(GRACE_S)),
+            *("--etcd-timeout-s", str(ETCD_TIMEOUT_S)),
+        ],
+        log,
+    )
+    wait_running(process, log)
+    return process
+
+
+def ctrl_c_exit_code(process: subprocess.Popen[bytes], wait_s: float, log: Path) -> int:
+    """Ctrl-C to the process group; the exit code, or a failure (with the log) if it is still
+    running ``wait_s`` later (then killed: never left running)."""
+    os.killpg(process.pid, signal.SIGINT)
+    try:
+        return process.wait(wait_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait(30)
+        raise AssertionError(
+            f"kafscale local still running {wait_s:g} s after Ctrl-C:\n{log.read_text()[-6000:]}"
+        ) from None
+
+
+def produce_acked(bootstrap: str, topic: str, count: int) -> list[bytes]:
+    acked: list[bytes] = []
+
+    def on_delivery(error: object, message: Any) -> None:
+        if error is None:
+            acked.append(message.value())
+
+    producer = Producer({"bootstrap.servers": bootstrap, "acks": "all"})
+    for i in range(count):
+        producer.produce(topic, value=b"f%d" % i, on_delivery=on_delivery)
+    assert producer.flush(60) == 0
+    return acked
+
+
+@pytest.mark.parametrize(("brokers", "proxy"), [(1, False), (2, False), (2, True)])
+def test_ctrl_c_ends_local_by_its_bound_while_its_etcd_is_frozen(
+    tmp_path: Path, frozen: list[int], brokers: int, proxy: bool
+) -> None:
+    """etcd frozen for the whole stop: the handoff cannot happen and the process still ends by
+    its bound, saying what it waited on; its etcd goes with it, and a restart serves every
+    record acked before."""
+    data_dir, log = tmp_path / "data", tmp_path / "local.log"
+    port = free_port_run(brokers + 1 if proxy else brokers)
+    process = start(data_dir, port, brokers, proxy, log)
+    try:
+        acked = produce_acked(f"localhost:{port}", "frozen-stop", 200)
+        assert len(acked) == 200
+        [etcd_pid] = etcd_pids(data_dir)
+        os.kill(etcd_pid, signal.SIGSTOP)
+        frozen.append(etcd_pid)
+        bound_s = stop_bound_s(GRACE_S) + THREAD_SLACK_S
+        code = ctrl_c_exit_code(process, bound_s + SCHEDULING_SLACK_S, log)
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait(30)
+    text = log.read_text()
+    assert code == EXIT_STOP_DEADLINE, text[-6000:]
+    assert "stopping took over" in text or "still running" in text, text[-6000:]
+    assert not etcd_pids(data_dir), "the frozen etcd outlived kafscale local"
+
+    restart_log = tmp_path / "restart.log"
+    again = ["--data-dir", str(data_dir), "--port", str(port), *(["--proxy"] if proxy else [])]
+    restarted = launch_local(again, restart_log)
+    try:
+        wait_running(restarted, restart_log)
+        values = consume(f"localhost:{port}", "frozen-stop", 3, len(acked))
+        assert sorted(values) == sorted(acked)
+    finally:
+        code = ctrl_c_exit_code(restarted, 60, restart_log)
+    assert code == 0, restart_log.read_text()
