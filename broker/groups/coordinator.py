@@ -22,6 +22,7 @@ import contextlib
 import functools
 import logging
 import time
+from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Protocol
@@ -60,6 +61,10 @@ log = logging.getLogger(__name__)
 _SESSION_POLL_S = 0.1
 _LOOK_MIN_S = 0.05
 """The shortest pause between two looks for groups to let go (a tiny idle time is no spin)."""
+UNREADABLE_RECHECK_S = 5.0
+"""How long a group found unreadable is refused from memory before it is read again."""
+UNREADABLE_REMEMBERED = 1024
+"""At most this many such groups are remembered (their names are a client's choice)."""
 
 # Why groups that hold nothing are let go at all (``GroupConfig.vacant_release_ms``): every
 # group request takes the group's lease (an etcd key every broker's watch then holds) and loads
@@ -146,6 +151,8 @@ class GroupCoordinator:
         self._retired: list[asyncio.Task[None]] = []
         self._used_at: dict[str, float] = {}  # when each runtime was last handed out
         self._releasing: dict[str, asyncio.Task[None]] = {}
+        # groups found unreadable, answered from memory for a while (``_recently_unreadable``)
+        self._unreadable: OrderedDict[str, tuple[float, UnreadableRecord]] = OrderedDict()
         self._tasks: list[asyncio.Task[None]] = []
         self._closed = False
         self._sweep_after: str | None = None
@@ -254,6 +261,10 @@ class GroupCoordinator:
             # its lease is on its way out: take it anew afterwards
             await asyncio.shield(releasing)
             return await self.runtime(group_id)
+        known = self._recently_unreadable(group_id)
+        if known is not None:
+            self.report_unreadable(group_id, known)
+            raise known
         task = self._loading.get(group_id)
         if task is None:
             task = asyncio.create_task(self._acquire(group_id), name=f"group-acquire-{group_id}")
@@ -279,6 +290,7 @@ class GroupCoordinator:
             runtime = self._new_runtime(group_id, fence, loaded)
         except UnreadableRecord as exc:
             self.report_unreadable(group_id, exc)
+            self._remember_unreadable(group_id, exc)
             await self._give_back(fence)
             raise
         self._runtimes[group_id] = runtime
@@ -324,6 +336,26 @@ class GroupCoordinator:
             key = keys.group_metadata_key(self._host.cluster, group_id)
             raise unreadable(key, exc) from exc
 
+    def _remember_unreadable(self, group_id: str, exc: UnreadableRecord) -> None:
+        """Each load of an unreadable group takes its lease, reads it and gives the lease back:
+        two etcd writes and a read, and a lease event on every broker's watch. A client retrying
+        in a loop would cause that at its request rate; remembered, it costs nothing for
+        ``UNREADABLE_RECHECK_S`` (a repaired record is served after that)."""
+        self._unreadable.pop(group_id, None)
+        self._unreadable[group_id] = (time.monotonic() + UNREADABLE_RECHECK_S, exc)
+        while len(self._unreadable) > UNREADABLE_REMEMBERED:
+            self._unreadable.popitem(last=False)
+
+    def _recently_unreadable(self, group_id: str) -> UnreadableRecord | None:
+        known = self._unreadable.get(group_id)
+        if known is None:
+            return None
+        until, exc = known
+        if time.monotonic() >= until:
+            del self._unreadable[group_id]
+            return None
+        return exc
+
     def report_unreadable(self, group_id: str, exc: UnreadableRecord) -> None:
         """Count a group whose stored record does not decode, and say so (limited: a client
         asking for the group again and again causes one each time)."""
@@ -366,6 +398,7 @@ class GroupCoordinator:
                 await self._give_back(fence)
         if not deleted:
             return ErrorCode.NOT_COORDINATOR
+        self._unreadable.pop(group_id, None)  # the id starts afresh at once
         log.info(
             "deleted group %s, whose stored record did not decode (DeleteGroups)", group_id,
             extra=about(group=group_id),

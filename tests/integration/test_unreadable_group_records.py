@@ -229,6 +229,41 @@ def test_requests_about_a_corrupt_group_get_its_error_and_the_others_their_answe
     assert counter(broker, UNREADABLE) >= 4  # join, fetch, describe, list
 
 
+def etcd_revision(cluster: BrokerCluster) -> int:
+    async def read() -> int:
+        etcd = await harness_etcd(cluster.etcd_url)
+        try:
+            return await etcd.revision()
+        finally:
+            await etcd.close()
+
+    return asyncio.run(read())
+
+
+def test_a_client_asking_for_a_corrupt_group_in_a_loop_costs_no_etcd_writes_each_time(
+    broker_cluster: BrokerCluster,
+) -> None:
+    """Each load of a corrupt group takes its lease and gives it back (two etcd writes, and an
+    event on every broker's watch): answered from memory for a while, a retry loop writes
+    nothing more. Before, 40 requests made 80 writes."""
+    cluster = broker_cluster
+    broker = cluster.start()
+    topic, bad = names("t"), names("bad")
+    create_topics(broker.bootstrap, [topic], 1)
+    corrupt(cluster, bad, GARBAGE["bytes"], topic)
+    describe = {"groups": [bad], "include_authorized_operations": False}
+    with KafkaWire(broker.bootstrap) as wire:
+        (first,) = wire.request(DESCRIBE_GROUPS, 5, describe).groups
+        assert int(first.error_code) == ErrorCode.UNKNOWN_SERVER_ERROR
+        before = etcd_revision(cluster)
+        for _ in range(40):
+            (again,) = wire.request(DESCRIBE_GROUPS, 5, describe).groups
+            assert int(again.error_code) == ErrorCode.UNKNOWN_SERVER_ERROR
+        written = etcd_revision(cluster) - before
+    assert written < 20, f"{written} etcd writes for 40 requests about one corrupt group"
+    assert counter(broker, UNREADABLE) >= 41  # each refusal is still counted
+
+
 def put_keys(cluster: BrokerCluster, values: dict[str, bytes]) -> None:
     async def write() -> None:
         etcd = await harness_etcd(cluster.etcd_url)
