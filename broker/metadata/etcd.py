@@ -570,35 +570,30 @@ class Etcd:
                 await self._closed.wait()
 
 
-async def read_prefix_until_answered(etcd: Etcd, prefix: str, what: str) -> list[KeyValue]:
-    """``get_prefix``, retried with backoff while etcd cannot answer: for the reload after a
-    RESYNC, which must not be skipped (the watch goes on after the compacted stretch, so a
-    reload given up loses its changes for good: a proxy kept routing to an owner that had
-    moved). Ends when the client is closed (``MetadataUnavailable``)."""
+async def _until_answered(etcd: Etcd, read: Callable[[], Awaitable[T]], what: str) -> T:
+    """``read``, retried with backoff while etcd cannot answer: for the reload after a RESYNC,
+    which must not be skipped (the watch goes on after the compacted stretch, so a reload given
+    up loses its changes for good: a proxy kept routing to an owner that had moved). Ends when
+    the client is closed (``MetadataUnavailable``)."""
     backoff = _Backoff(_WATCH_BACKOFF_MIN_S, _WATCH_BACKOFF_MAX_S)
     while True:
         try:
-            return await etcd.get_prefix(prefix)
+            return await read()
         except MetadataUnavailable as exc:
             if etcd.closed:
                 raise
             delay_s = backoff.next_delay()
             log.warning("%s: cannot reload from etcd (%s); retrying in %.2f s", what, exc, delay_s)
         await etcd._pause(delay_s)
+
+
+async def read_prefix_until_answered(etcd: Etcd, prefix: str, what: str) -> list[KeyValue]:
+    """``get_prefix``, retried while etcd cannot answer (``_until_answered``)."""
+    return await _until_answered(etcd, lambda: etcd.get_prefix(prefix), what)
 
 
 async def read_ranges_until_answered(
     etcd: Etcd, ranges: Sequence[tuple[str, str]], what: str
 ) -> tuple[list[KeyValue], int]:
-    """``get_ranges_with_revision``, retried like ``read_prefix_until_answered`` (and for the
-    same reason)."""
-    backoff = _Backoff(_WATCH_BACKOFF_MIN_S, _WATCH_BACKOFF_MAX_S)
-    while True:
-        try:
-            return await etcd.get_ranges_with_revision(ranges)
-        except MetadataUnavailable as exc:
-            if etcd.closed:
-                raise
-            delay_s = backoff.next_delay()
-            log.warning("%s: cannot reload from etcd (%s); retrying in %.2f s", what, exc, delay_s)
-        await etcd._pause(delay_s)
+    """``get_ranges_with_revision``, retried while etcd cannot answer (``_until_answered``)."""
+    return await _until_answered(etcd, lambda: etcd.get_ranges_with_revision(ranges), what)

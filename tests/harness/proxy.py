@@ -7,10 +7,14 @@ some broker is registered.
 
 from __future__ import annotations
 
+import contextlib
 import json
+from collections.abc import Iterator
+from pathlib import Path
 
-from harness.brokers import BrokerCluster
+from harness.brokers import BrokerCluster, new_cluster
 from harness.children import settings_free_env
+from harness.s3 import S3Endpoint
 from kafscale.broker.child_process import KAFSCALE, BrokerProcess, free_port_run
 
 
@@ -54,3 +58,19 @@ def add_proxy(
 def start_proxy(cluster: BrokerCluster, **overrides: str) -> BrokerProcess:
     """A running proxy for ``cluster`` (killed with the cluster's brokers at teardown)."""
     return add_proxy(cluster, **overrides).start()
+
+
+@contextlib.contextmanager
+def brokers_behind_a_proxy(
+    etcd_url: str, s3: S3Endpoint, workdir: Path, label: str, brokers: int = 1
+) -> Iterator[BrokerCluster]:
+    """A cluster of its own (``new_cluster``) with ``brokers`` running brokers and a proxy in
+    front: for tests that ask both the same question; everything is stopped at exit."""
+    cluster = new_cluster(etcd_url, s3, workdir, label)
+    try:
+        for _ in range(brokers):
+            cluster.start()
+        start_proxy(cluster)
+        yield cluster
+    finally:
+        cluster.stop_all()

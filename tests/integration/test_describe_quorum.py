@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 from harness import children
-from harness.brokers import BrokerCluster, BrokerProcess, new_cluster
+from harness.brokers import BrokerCluster, BrokerProcess
 from harness.java_client import java_program
 from harness.kafka_wire import KafkaWire, sample_body
-from harness.proxy import start_proxy
+from harness.proxy import brokers_behind_a_proxy
 from harness.s3 import S3Endpoint
 
 from kafscale.broker.metadata.embedded_etcd import EmbeddedEtcd
@@ -34,15 +34,9 @@ JAVA_SOURCE = Path(__file__).with_name("java") / "QuorumAdmin.java"
 def cluster(
     etcd_server: EmbeddedEtcd, s3_server: S3Endpoint, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[BrokerCluster]:
-    cluster = new_cluster(
-        etcd_server.client_url, s3_server, tmp_path_factory.mktemp("quorum"), "quorum"
-    )
-    try:
-        cluster.start()
-        start_proxy(cluster)
+    workdir = tmp_path_factory.mktemp("quorum")
+    with brokers_behind_a_proxy(etcd_server.client_url, s3_server, workdir, "quorum") as cluster:
         yield cluster
-    finally:
-        cluster.stop_all()
 
 
 @pytest.fixture(params=["broker", "proxy"])

@@ -9,9 +9,9 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-from harness.brokers import BrokerCluster, BrokerProcess, new_cluster
+from harness.brokers import BrokerCluster, BrokerProcess
 from harness.kafka_wire import KafkaWire
-from harness.proxy import start_proxy
+from harness.proxy import brokers_behind_a_proxy
 from harness.s3 import S3Endpoint
 
 from kafscale.broker.metadata.embedded_etcd import EmbeddedEtcd
@@ -27,15 +27,11 @@ UNSUPPORTED_VERSION = 35
 def cluster(
     etcd_server: EmbeddedEtcd, s3_server: S3Endpoint, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[BrokerCluster]:
-    cluster = new_cluster(
-        etcd_server.client_url, s3_server, tmp_path_factory.mktemp("apiv"), "apiversions"
-    )
-    try:
-        cluster.start()
-        start_proxy(cluster)
+    workdir = tmp_path_factory.mktemp("apiv")
+    with brokers_behind_a_proxy(
+        etcd_server.client_url, s3_server, workdir, "apiversions"
+    ) as cluster:
         yield cluster
-    finally:
-        cluster.stop_all()
 
 
 def _answer(endpoint: BrokerProcess, version: int) -> bytes:

@@ -24,10 +24,10 @@ from confluent_kafka import ElectionType as CkElectionType
 from confluent_kafka import TopicPartition as CkTopicPartition
 from confluent_kafka.admin import AdminClient as CkAdminClient
 from harness import children
-from harness.brokers import BrokerCluster, BrokerProcess, new_cluster
+from harness.brokers import BrokerCluster, BrokerProcess
 from harness.java_client import java_program
 from harness.kafka_wire import KafkaWire
-from harness.proxy import start_proxy
+from harness.proxy import brokers_behind_a_proxy
 from harness.s3 import S3Endpoint
 from harness.secured import authorizing_cluster, grant_cluster
 from kafka import TopicPartition
@@ -54,16 +54,11 @@ PARTITIONS = 4
 def cluster(
     etcd_server: EmbeddedEtcd, s3_server: S3Endpoint, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[BrokerCluster]:
-    cluster = new_cluster(
-        etcd_server.client_url, s3_server, tmp_path_factory.mktemp("replicas"), "replicas"
-    )
-    try:
-        cluster.start()
-        cluster.start()
-        start_proxy(cluster)
+    workdir = tmp_path_factory.mktemp("replicas")
+    with brokers_behind_a_proxy(
+        etcd_server.client_url, s3_server, workdir, "replicas", brokers=2
+    ) as cluster:
         yield cluster
-    finally:
-        cluster.stop_all()
 
 
 @pytest.fixture(scope="module")

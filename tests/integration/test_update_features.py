@@ -12,11 +12,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from harness.brokers import BrokerCluster, BrokerProcess, new_cluster
+from harness.brokers import BrokerCluster, BrokerProcess
 from harness.children import run
 from harness.java_client import java_program
 from harness.kafka_wire import KafkaWire
-from harness.proxy import start_proxy
+from harness.proxy import brokers_behind_a_proxy
 from harness.s3 import S3Endpoint
 from harness.secured import authorizing_cluster, grant_cluster
 
@@ -34,15 +34,9 @@ FAILED = "The update failed for all features since the following feature had an 
 def cluster(
     etcd_server: EmbeddedEtcd, s3_server: S3Endpoint, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[BrokerCluster]:
-    cluster = new_cluster(
-        etcd_server.client_url, s3_server, tmp_path_factory.mktemp("features"), "features"
-    )
-    try:
-        cluster.start()
-        start_proxy(cluster)
+    workdir = tmp_path_factory.mktemp("features")
+    with brokers_behind_a_proxy(etcd_server.client_url, s3_server, workdir, "features") as cluster:
         yield cluster
-    finally:
-        cluster.stop_all()
 
 
 @pytest.fixture(scope="module", params=["broker", "proxy"])
