@@ -224,7 +224,6 @@ async def _serve_until_signalled(service: _Service, shutdown_grace_s: float) -> 
 
 def _cmd_proxy(args: argparse.Namespace) -> int:
     from kafscale.broker.proxy.config import ProxySettings
-
     from kafscale.broker.settings_combinations import proxy_combinations
 
     settings = _checked_settings(ProxySettings, overrides_from_args(args, ProxySettings))

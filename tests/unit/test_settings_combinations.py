@@ -4,6 +4,7 @@ would make meaningless are refused or warned about (the real command line is
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -22,8 +23,6 @@ from kafscale.broker.store_settings import StorageSettings
 
 @pytest.fixture(autouse=True)
 def _no_kafscale_variables(monkeypatch: pytest.MonkeyPatch) -> None:
-    import os
-
     for key in list(os.environ):
         if key.upper().startswith("KAFSCALE_"):
             monkeypatch.delenv(key)
@@ -77,7 +76,8 @@ def test_a_local_dir_with_an_s3_store_is_refused_whether_s3_is_given_or_the_defa
 
 
 @pytest.mark.parametrize(
-    ("given", "lacking"), [("access_key_id", "secret_access_key"), ("secret_access_key", "access_key_id")]
+    ("given", "lacking"),
+    [("access_key_id", "secret_access_key"), ("secret_access_key", "access_key_id")],
 )
 def test_half_a_pair_of_s3_credentials_is_refused(given: str, lacking: str) -> None:
     [line] = storage_refusals(StorageSettings(**{given: "x"}))
@@ -116,7 +116,7 @@ def test_etcd_tls_files_with_http_endpoints_only_are_a_warning() -> None:
 
 def test_sasl_credentials_for_a_connection_without_sasl_are_a_warning() -> None:
     inter = {"sasl_username": "b", "sasl_password": "p"}
-    [user, password] = broker_combinations(broker(inter_broker=inter)).warned
+    [user, _password] = broker_combinations(broker(inter_broker=inter)).warned
     assert user.startswith("KAFSCALE_INTER_BROKER__SASL_USERNAME (--inter-broker-sasl-username)")
     assert "KAFSCALE_INTER_BROKER__SECURITY_PROTOCOL" in user
     sasl = broker(
