@@ -43,6 +43,7 @@ from kafscale.broker.users_cli import add_users_parser, run_users
 if TYPE_CHECKING:
     from kafscale.broker.observability.status import ClusterStatus
     from kafscale.broker.proxy.config import ProxySettings
+    from kafscale.broker.settings_combinations import Combinations
 
 log = logging.getLogger("kafscale")
 
@@ -164,11 +165,30 @@ def _checked_settings(model: type[S], overrides: dict[str, Any]) -> S | None:
     return None
 
 
+def _combinations_allowed(combinations: Combinations) -> bool:
+    """False after one line per refused combination of settings on stderr (as any other
+    configuration mistake: before logging is set up, so the line is the only output)."""
+    for problem in combinations.refused:
+        print(f"kafscale: invalid configuration: {problem}", file=sys.stderr)
+    return not combinations.refused
+
+
+def _warn_combinations(combinations: Combinations) -> None:
+    for warning in combinations.warned:
+        log.warning("configuration: %s", warning)
+
+
 def _cmd_broker(args: argparse.Namespace) -> int:
     settings = _load_settings(args)
     if settings is None:
         return 2
+    from kafscale.broker.settings_combinations import broker_combinations
+
+    combinations = broker_combinations(settings)
+    if not _combinations_allowed(combinations):
+        return 2
     _setup_logging(settings)
+    _warn_combinations(combinations)
     tune_allocator()
     return _run(_serve_broker(settings))
 
@@ -204,11 +224,16 @@ async def _serve_until_signalled(service: _Service, shutdown_grace_s: float) -> 
 
 def _cmd_proxy(args: argparse.Namespace) -> int:
     from kafscale.broker.proxy.config import ProxySettings
+    from kafscale.broker.settings_combinations import proxy_combinations
 
     settings = _checked_settings(ProxySettings, overrides_from_args(args, ProxySettings))
     if settings is None:
         return 2
+    combinations = proxy_combinations(settings)
+    if not _combinations_allowed(combinations):
+        return 2
     _setup_logging(settings)
+    _warn_combinations(combinations)
     return _run(_serve_proxy(settings))
 
 

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 from harness import children
+from harness.brokers import BrokerCluster
 from harness.children import child_env
 from harness.ports import closed_port, free_port_run
 
@@ -103,3 +104,61 @@ def test_kafscale_local_takes_a_bucket_with_its_endpoint_as_before(tmp_path: Pat
     )
     assert done.returncode == 1, done.stderr
     assert "no S3 credentials" in done.stderr
+
+
+@pytest.mark.parametrize(
+    ("command", "flags", "variables", "line"),
+    [
+        (
+            "broker",
+            [],
+            {"KAFSCALE_STORAGE__KIND": "local", "KAFSCALE_STORAGE__BUCKET": "my-bucket"},
+            "KAFSCALE_STORAGE__BUCKET (--storage-bucket) is for an S3 store, but "
+            "KAFSCALE_STORAGE__KIND (--storage-kind) is local: ",
+        ),
+        (
+            "broker",
+            ["--storage-local-dir", "/var/lib/kafscale"],
+            {"KAFSCALE_STORAGE__ENDPOINT": "http://s3.example:9000"},
+            "KAFSCALE_STORAGE__LOCAL_DIR (--storage-local-dir) is for a local store, but "
+            "KAFSCALE_STORAGE__KIND (--storage-kind) is s3 (the default): ",
+        ),
+        (
+            "proxy",
+            ["--etcd-username", "kafscale"],
+            {},
+            "KAFSCALE_ETCD__USERNAME (--etcd-username) is set without KAFSCALE_ETCD__PASSWORD "
+            "(--etcd-password): give both or neither",
+        ),
+    ],
+)
+def test_settings_that_cannot_apply_together_are_refused_not_ignored(
+    command: str, flags: list[str], variables: dict[str, str], line: str, tmp_path: Path
+) -> None:
+    """Each was taken and one of the pair dropped without a word: a bucket beside a local store
+    kept the data in a directory of a user who thought it in S3 (and a local directory beside
+    an S3 store, the other way round); an etcd user without a password connected as nobody.
+    Set as variables in a manifest, the broker's log was the only place to notice. One line
+    naming both, status 2, before anything starts (etcd is never asked: it is not there)."""
+    dead_etcd = ["--etcd-endpoints", f"http://127.0.0.1:{closed_port()}"]
+    lines = run_kafscale([command, *dead_etcd, *flags], variables, tmp_path)
+    assert len(lines) == 1, lines
+    assert lines[0].startswith(f"kafscale: invalid configuration: {line}")
+
+
+def test_super_users_without_the_authorizer_start_the_broker_with_one_warning(
+    broker_cluster: BrokerCluster,
+) -> None:
+    """Harmless (every client may do everything either way) but likely a mistake: the broker
+    serves, and says once at start which setting has no effect and why."""
+    broker = broker_cluster.start(KAFSCALE_AUTHORIZER__SUPER_USERS='["User:admin"]')
+    warnings = [
+        line
+        for line in broker.log_path.read_text().splitlines()
+        if "WARNING" in line and "configuration:" in line
+    ]
+    assert len(warnings) == 1, warnings
+    assert (
+        "configuration: KAFSCALE_AUTHORIZER__SUPER_USERS (--authorizer-super-users) applies "
+        "only with KAFSCALE_AUTHORIZER__ENABLED (--authorizer-enabled) true, and it is off"
+    ) in warnings[0]
