@@ -300,7 +300,7 @@ class ClusterView:
 
         next_revision = start_revision
         backoff = Backoff(_RETRY_MIN_S, _RETRY_MAX_S)
-        while not self._etcd.closed:
+        while True:  # ``watch_range`` itself ends at once if the client is closed
             try:
                 watch = self._etcd.watch_range(start, end, next_revision, on_state)
                 async with contextlib.aclosing(watch) as stream:
