@@ -279,16 +279,18 @@ class Etcd:
             METRICS.etcd_call(what, time.perf_counter() - started, failed)
 
     async def _check_token(self) -> None:
-        """etcd refuses a watch whose token it forgot (a restart) as "permission denied", not
-        as an invalid token: one read tells, and authenticates again if so (``_call_here``)."""
+        """A watch refused as "permission denied" may be one whose token etcd no longer
+        accepts (etcd names that only on unary calls): one read tells, and authenticates again
+        if so (``_call_here``)."""
         with contextlib.suppress(MetadataError):
             await self.revision()
 
     async def _reauthenticate(self, member: int) -> None:
-        """The member forgot our token (it restarted): close its channel, so the next call
-        connects and authenticates again (aetcd never does by itself: every call failed with
-        UNAUTHENTICATED, and every watch was refused, until the process restarted). At most
-        once a second per member: calls failing together close it once."""
+        """The member no longer accepts our token: close its channel, so the next call
+        connects and authenticates again (aetcd authenticates only when it connects: a broker
+        whose role lost and regained its permission across an etcd restart failed every call
+        with UNAUTHENTICATED, and had every watch refused, until the process restarted). At
+        most once a second per member: calls failing together close it once."""
         now = time.monotonic()
         if now - self._reauthenticated_s.get(member, -1e9) < _REAUTHENTICATE_S:
             return

@@ -43,8 +43,8 @@ class MetadataNoSpace(MetadataUnavailable):
 
 
 class MetadataTokenExpired(MetadataUnavailable):
-    """etcd no longer knows the client's auth token (``invalid auth token``): etcd's default
-    ``simple`` tokens live in its memory and die with every restart of the member. The client
+    """etcd no longer accepts the client's auth token (``invalid auth token``; seen after the
+    client's role lost and regained its permission across an etcd restart). The client
     authenticates again (``Etcd``); until then it is an outage like any other."""
 
 
