@@ -73,7 +73,7 @@ from kafscale.broker.storage.log_sizes import LogSizes, log_dir_name
 from kafscale.broker.storage.object_store import ObjectStore, ObjectStoreError
 from kafscale.broker.storage.reader import LogReader
 from kafscale.broker.storage.topic_purge import TopicPurger
-from kafscale.broker.task_stop import cancel_and_wait
+from kafscale.broker.task_stop import cancel_and_wait, start_task
 from kafscale.broker.transactions.coordinator import TransactionCoordinator
 
 log = logging.getLogger(__name__)
@@ -208,16 +208,16 @@ class Broker:
             log.warning("%s", problem)
         inter_reloader = inter_broker_reloader(self.settings, inter_broker)
         if inter_reloader is not None:
-            self._tasks.append(asyncio.create_task(inter_reloader.run(), name="inter-broker-tls"))
+            self._tasks.append(start_task(inter_reloader.run(), name="inter-broker-tls"))
         if contexts:
             reloader = CertificateReloader(self.settings.tls, contexts)
-            self._tasks.append(asyncio.create_task(reloader.run(), name="tls-reload"))
+            self._tasks.append(start_task(reloader.run(), name="tls-reload"))
         # The admin endpoint comes up before registering, so the registration can name its
         # port (``kafscale status`` finds every broker's /metrics through etcd); /readyz says
-        # 503 until the broker serves.
+        # 503 until the broker serves, and while its cluster view does not follow etcd.
         self.admin = AdminServer(
             AdminRoutes(
-                lambda: self.ready,
+                self.is_ready,
                 self.drain,
                 self.status,
                 metrics_renderer(HotPathCollector(), BrokerCollector(self)),
@@ -253,11 +253,11 @@ class Broker:
             ShareStateStore(self.etcd, self.cluster, self.node_id), self._still_owns
         )
         self.view.share_members.listen(self.share.on_share_members)
-        self._tasks.append(asyncio.create_task(self.share.run(), name="share-partitions"))
-        self._tasks.append(asyncio.create_task(self._index_share_groups(), name="share-index"))
+        self._tasks.append(start_task(self.share.run(), name="share-partitions"))
+        self._tasks.append(start_task(self._index_share_groups(), name="share-index"))
         self.log_sizes = LogSizes(self.cluster, self.store)
-        self._tasks.append(asyncio.create_task(self._watch_session(), name="session-watch"))
-        self._tasks.append(asyncio.create_task(self._follow_cluster(), name="cluster-follow"))
+        self._tasks.append(start_task(self._watch_session(), name="session-watch"))
+        self._tasks.append(start_task(self._follow_cluster(), name="cluster-follow"))
         janitor = Janitor(
             self.cluster,
             self.manager,
@@ -266,9 +266,7 @@ class Broker:
             self.settings.topic_defaults(),
         )
         self._tasks.append(
-            asyncio.create_task(
-                janitor.run(self.settings.log.retention_check_interval_s), name="janitor"
-            )
+            start_task(janitor.run(self.settings.log.retention_check_interval_s), name="janitor")
         )
         if self.settings.log.cleaner_enable:
             self.cleaner = Cleaner(
@@ -281,19 +279,19 @@ class Broker:
                 self.settings.topic_defaults(),
             )
             self._tasks.append(
-                asyncio.create_task(
+                start_task(
                     self.cleaner.run(self.settings.log.cleaner_interval_s), name="log-cleaner"
                 )
             )
         self._tasks.append(
-            asyncio.create_task(
+            start_task(
                 self.purger.run(self.node_id, self.view, self.settings.log.purge_interval_s),
                 name="topic-purge",
             )
         )
         compactor = Compactor(self.etcd)
         self._tasks.append(
-            asyncio.create_task(
+            start_task(
                 compactor.run(
                     self.node_id,
                     self.view.live_broker_ids,
@@ -305,7 +303,7 @@ class Broker:
         token_settings = self.settings.delegation_token
         if token_settings.policy().enabled:
             self._tasks.append(
-                asyncio.create_task(
+                start_task(
                     self.tokens.run_expiry(
                         token_settings.expiry_check_interval_ms / 1000,
                         lambda: int(time.time() * 1000),
@@ -315,9 +313,7 @@ class Broker:
             )
         if self.settings.assignment.self_assign:
             rebalancer = Rebalancer(self.etcd, self.view, self.cluster, self.node_id)
-            self._tasks.append(
-                asyncio.create_task(rebalancer.run(lambda: self.session), name="rebalancer")
-            )
+            self._tasks.append(start_task(rebalancer.run(lambda: self.session), name="rebalancer"))
         await self.server.accept()
         self.ready = True
         log.info("broker %d serving on %s:%d", self.node_id, self.info.host, self.info.port)
@@ -480,7 +476,14 @@ class Broker:
     def spawn(self, coroutine: Coroutine[Any, Any, None], name: str) -> None:
         """Background work the broker owns (cancelled and awaited on shutdown)."""
         self._tasks = [t for t in self._tasks if not t.done()]
-        self._tasks.append(asyncio.create_task(coroutine, name=name))
+        self._tasks.append(start_task(coroutine, name))
+
+    def is_ready(self) -> bool:
+        """``/readyz``: serving, and its cluster view follows etcd. A view that cannot follow
+        (etcd refuses its watches: a role's permission revoked) answers Metadata and routes
+        from what it last saw; Kubernetes should send clients to brokers that know better."""
+        view = getattr(self, "view", None)
+        return self.ready and view is not None and view.following
 
     def status(self) -> dict[str, object]:
         if self.info is None or self.manager is None:
@@ -488,6 +491,8 @@ class Broker:
         return {
             "node_id": self.node_id,
             "ready": self.ready,
+            "cluster_view_following": self.view.following,
+            "cluster_view_stopped": self.view.health.stopped_parts(),
             "draining": self.draining,
             "owned": sorted(f"{t}-{p}" for t, p in self.log_manager.owned),
             "segment_cache": {

@@ -16,6 +16,7 @@ as the start-up read applies them in key order).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import weakref
@@ -26,19 +27,21 @@ from kafscale.broker.authz.store import AclCache
 from kafscale.broker.metadata import keys
 from kafscale.broker.metadata.assignment import Assignment
 from kafscale.broker.metadata.etcd import (
+    Backoff,
     Etcd,
     WatchEvent,
     WatchEventKind,
     read_ranges_until_answered,
 )
-from kafscale.broker.metadata.etcd_errors import MetadataUnavailable
+from kafscale.broker.metadata.etcd_errors import MetadataError
 from kafscale.broker.metadata.etcd_txn import KeyValue
 from kafscale.broker.metadata.partition_state import PartitionState
 from kafscale.broker.metadata.share_members import ShareMembers
 from kafscale.broker.metadata.topic_info import TopicInfo as TopicInfo  # its former home
+from kafscale.broker.metadata.view_health import FollowHealth
 from kafscale.broker.metadata.view_ranges import view_ranges
 from kafscale.broker.quotas.store import QuotaCache
-from kafscale.broker.task_stop import cancel_and_wait
+from kafscale.broker.task_stop import cancel_and_wait, start_task
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +49,10 @@ CLUSTER_ID_PREFIX = "kafscale-"
 """Metadata and DescribeCluster name a cluster ``kafscale-<cluster>`` (brokers and the proxy)."""
 
 TopicPartition = tuple[str, int]
+
+_RETRY_MIN_S = 0.2
+_RETRY_MAX_S = 5.0
+"""Backoff between attempts of a watch or reload that etcd refused (permission denied, ...)."""
 
 _QUEUED_EVENTS = 10_000
 """Watch events waiting to be applied, at most: the watches wait beyond that (and etcd holds
@@ -177,6 +184,17 @@ class ClusterView:
         self.events_seen = 0
         """Watch events received (tests count them: keys the view does not keep send none)."""
         self._loaded_revision = 0  # the revision of the latest full read (start or reload)
+        self.health = FollowHealth("cluster view")
+        """Which parts of the view cannot follow etcd now (``following``)."""
+
+    @property
+    def following(self) -> bool:
+        """Whether the view follows etcd: every range's watch is created and no reload is
+        pending. Not following, it answers from what it last saw (stale owners, brokers,
+        ACLs), so the broker and the proxy report not-ready (``/readyz``) meanwhile."""
+        tasks = (self._watch_task, *self._range_tasks)
+        alive = all(t is not None and not t.done() for t in tasks)
+        return alive and self.health.following
 
     @property
     def topics_by_id(self) -> dict[str, TopicInfo]:
@@ -189,12 +207,10 @@ class ClusterView:
         self._loaded_revision = revision
         events: asyncio.Queue[WatchEvent] = asyncio.Queue(_QUEUED_EVENTS)
         self._range_tasks = [
-            asyncio.create_task(
-                self._watch(first, end, revision + 1, events), name=f"cluster-watch {first}"
-            )
+            start_task(self._watch(first, end, revision + 1, events), f"cluster-watch {first}")
             for first, end in self._ranges
         ]
-        self._watch_task = asyncio.create_task(self._follow(events), name="cluster-watch")
+        self._watch_task = start_task(self._follow(events), "cluster-watch")
 
     async def close(self) -> None:
         """Stop following: each task is cancelled until it has ended (``cancel_and_wait``).
@@ -254,10 +270,8 @@ class ClusterView:
             if event.kind is WatchEventKind.RESYNC:
                 if event.mod_revision <= self._loaded_revision:
                     continue  # an earlier reload read past where this watch goes on
-                try:
-                    await self._reload()
-                except MetadataUnavailable:  # the client was closed: the watches end too
-                    return
+                if not await self._reload_until_done():
+                    return  # the client was closed: the watches end too
                 continue
             if event.mod_revision <= self._loaded_revision:
                 continue  # already in the reload (see ``Etcd.watch_range``)
@@ -269,14 +283,55 @@ class ClusterView:
     async def _watch(
         self, start: str, end: str, start_revision: int, events: asyncio.Queue[WatchEvent]
     ) -> None:
-        """One range's events into ``events`` (``watch_range`` ends only when the client
-        closes; anything else that ends it is logged: the view no longer follows that range)."""
-        try:
-            async for event in self._etcd.watch_range(start, end, start_revision):
-                await events.put(event)
-        except Exception:
-            log.exception("cluster watch on %s failed; the view no longer follows it", start)
-            raise
+        """One range's events into ``events`` until the client closes.
+
+        ``watch_range`` retries an outage itself and tells of it (``on_state``); a refusal
+        (permission denied, a role or user changed under an etcd with auth) ends it, and it
+        is started again here from the revision after the last event, with backoff, for as
+        long as it takes: the view reports not following meanwhile (``health``), and follows
+        again without a restart once etcd lets it."""
+        part = f"range {start}"
+
+        def on_state(error: BaseException | None) -> None:
+            if error is None:
+                self.health.recovered(part)
+            else:
+                self.health.failed(part, error)
+
+        next_revision = start_revision
+        backoff = Backoff(_RETRY_MIN_S, _RETRY_MAX_S)
+        while True:  # ``watch_range`` itself ends at once if the client is closed
+            try:
+                watch = self._etcd.watch_range(start, end, next_revision, on_state)
+                async with contextlib.aclosing(watch) as stream:
+                    async for event in stream:
+                        backoff.reset()
+                        next_revision = event.mod_revision + 1
+                        await events.put(event)
+                return  # the client was closed
+            except MetadataError as error:
+                if self._etcd.closed:
+                    return
+                self.health.failed(part, error)
+            await self._etcd.pause(backoff.next_delay())
+
+    async def _reload_until_done(self) -> bool:
+        """``_reload``, retried with backoff while etcd refuses it (an outage is retried
+        inside); False once the client is closed. Not following meanwhile (``health``)."""
+        backoff = Backoff(_RETRY_MIN_S, _RETRY_MAX_S)
+        self.health.pending("reload")
+        while not self._etcd.closed:
+            try:
+                await self._reload()
+            except MetadataError as error:
+                if self._etcd.closed:
+                    return False
+                self.health.failed("reload", error)
+                await self._etcd.pause(backoff.next_delay())
+                continue
+            self.health.recovered("reload")
+            return True
+        return False
 
     async def _reload(self) -> None:
         """The watch lost history (compaction): rebuild the view from a fresh read.

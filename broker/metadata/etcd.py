@@ -51,6 +51,7 @@ from kafscale.broker.metadata.etcd_channel import BadEndpoint, EtcdTls, make_cli
 from kafscale.broker.metadata.etcd_errors import (
     LeaseLost,
     MetadataError,
+    MetadataTokenExpired,
     MetadataUnavailable,
     translate_error,
     unreachable_reason,
@@ -98,6 +99,10 @@ class WatchEvent:
     mod_revision: int
 
 
+WatchStateListener = Callable[[BaseException | None], None]
+"""Told of a watch's interruption (the error) and of its (re-)creation (None)."""
+
+
 def _watch_event(raw: Any) -> WatchEvent:
     return WatchEvent(
         kind=WatchEventKind(str(raw.kind)),
@@ -126,7 +131,7 @@ class _RevisionCompacted(Exception):
     """The watch's start revision is older than etcd's compacted history."""
 
 
-class _Backoff:
+class Backoff:
     """Exponential delay with jitter, so many watchers do not reconnect in lockstep."""
 
     def __init__(self, first_s: float, max_s: float) -> None:
@@ -143,6 +148,9 @@ class _Backoff:
         return delay * random.uniform(0.5, 1.0)
 
 
+_REAUTHENTICATE_S = 1.0
+"""A member's client is closed to authenticate again at most this often."""
+
 _READS = frozenset({"range", "get", "get_prefix"})
 """Calls retried at once on the next member: they change nothing."""
 
@@ -158,6 +166,7 @@ class Etcd:
         self._current = 0
         self.timeout_s = timeout_s
         self._closed = asyncio.Event()
+        self._reauthenticated_s: dict[int, float] = {}  # member -> when it last did
 
     @property
     def _client(self) -> aetcd.Client:
@@ -263,9 +272,35 @@ class Etcd:
         except (aetcd.ClientError, rpc.AioRpcError) as error:
             translated = translate_error(error, f"{what} at {endpoint}")
             failed = not isinstance(translated, LeaseLost)  # an answer: the lease is gone
+            if isinstance(translated, MetadataTokenExpired):
+                await self._reauthenticate(self._current)
             raise translated from error
         finally:
             METRICS.etcd_call(what, time.perf_counter() - started, failed)
+
+    async def _check_token(self) -> None:
+        """A watch refused as "permission denied" may be one whose token etcd no longer
+        accepts (etcd names that only on unary calls): one read tells, and authenticates again
+        if so (``_call_here``)."""
+        with contextlib.suppress(MetadataError):
+            await self.revision()
+
+    async def _reauthenticate(self, member: int) -> None:
+        """The member no longer accepts our token: close its channel, so the next call
+        connects and authenticates again (aetcd authenticates only when it connects: a broker
+        whose role lost and regained its permission across an etcd restart failed every call
+        with UNAUTHENTICATED, and had every watch refused, until the process restarted). At
+        most once a second per member: calls failing together close it once."""
+        now = time.monotonic()
+        if now - self._reauthenticated_s.get(member, -1e9) < _REAUTHENTICATE_S:
+            return
+        self._reauthenticated_s[member] = now
+        log.warning("etcd at %s no longer knows our auth token; authenticating again",
+                    self._endpoints[member])  # fmt: skip
+        try:
+            await self._clients[member].close()
+        except Exception as error:  # a channel already broken: connecting anew is the point
+            log.debug("closing etcd client to authenticate again: %r", error)
 
     async def _probe(self) -> Any:
         probe = b"/kafscale"
@@ -481,7 +516,11 @@ class Etcd:
         return self.watch_range(prefix, end, start_revision)
 
     async def watch_range(
-        self, start: str, end: str, start_revision: int | None = None
+        self,
+        start: str,
+        end: str,
+        start_revision: int | None = None,
+        on_state: WatchStateListener | None = None,
     ) -> AsyncGenerator[WatchEvent, None]:
         """Every change to a key in ``[start, end)`` from ``start_revision`` (None: from now),
         in order.
@@ -492,6 +531,10 @@ class Etcd:
         the watch continues after: reload with ``get_prefix`` (events that follow may already be
         reflected in the reload; their ``mod_revision`` tells). Ends when the client is closed.
 
+        ``on_state`` hears of each interruption (with its error) and of each watch created
+        (None): between the two the range is not followed, though the generator goes on (an
+        etcd that refuses the watch, permission denied, is retried like one that is down).
+
         Like any async generator it starts on the first ``__anext__``, so "from now" means from
         then: to miss nothing, list with ``get_prefix_with_revision`` and watch from its
         revision + 1. Use it under ``contextlib.aclosing`` so the server-side watch is
@@ -499,7 +542,7 @@ class Etcd:
         """
         next_revision = start_revision
         resync = False
-        backoff = _Backoff(_WATCH_BACKOFF_MIN_S, _WATCH_BACKOFF_MAX_S)
+        backoff = Backoff(_WATCH_BACKOFF_MIN_S, _WATCH_BACKOFF_MAX_S)
         while not self.closed:
             try:
                 if next_revision is None or resync:
@@ -507,7 +550,7 @@ class Etcd:
                     if resync:
                         yield WatchEvent(WatchEventKind.RESYNC, start, b"", current)
                     next_revision, resync = current + 1, False
-                watch = self._watch(start, end, next_revision)
+                watch = self._watch(start, end, next_revision, on_state)
                 async with contextlib.aclosing(watch) as events:
                     async for event in events:
                         backoff.reset()
@@ -524,10 +567,14 @@ class Etcd:
                 if self.closed:
                     return
                 log.info("etcd watch on %s interrupted (%s); resuming", start, error)
-            await self._pause(backoff.next_delay())
+                if on_state is not None:
+                    on_state(error)
+                if "permission denied" in str(error):
+                    await self._check_token()
+            await self.pause(backoff.next_delay())
 
     async def _watch(
-        self, start: str, end: str, start_revision: int
+        self, start: str, end: str, start_revision: int, on_state: WatchStateListener | None
     ) -> AsyncGenerator[WatchEvent, None]:
         """One aetcd watch: events until its stream breaks (raises) or the client closes."""
         at = self._current
@@ -542,6 +589,8 @@ class Etcd:
             if isinstance(error.__cause__, aetcd.RevisionCompactedError):
                 raise _RevisionCompacted() from error
             raise
+        if on_state is not None:
+            on_state(None)
         try:
             async for raw in watch:
                 yield _watch_event(raw)
@@ -563,7 +612,7 @@ class Etcd:
         except Exception as error:  # a dead stream or a closed client: nothing to cancel
             log.debug("cancelling etcd watch: %r", error)
 
-    async def _pause(self, delay_s: float) -> None:
+    async def pause(self, delay_s: float) -> None:
         """Sleep ``delay_s`` unless the client closes first."""
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(delay_s):
@@ -575,7 +624,7 @@ async def _until_answered(etcd: Etcd, read: Callable[[], Awaitable[T]], what: st
     which must not be skipped (the watch goes on after the compacted stretch, so a reload given
     up loses its changes for good: a proxy kept routing to an owner that had moved). Ends when
     the client is closed (``MetadataUnavailable``)."""
-    backoff = _Backoff(_WATCH_BACKOFF_MIN_S, _WATCH_BACKOFF_MAX_S)
+    backoff = Backoff(_WATCH_BACKOFF_MIN_S, _WATCH_BACKOFF_MAX_S)
     while True:
         try:
             return await read()
@@ -584,7 +633,7 @@ async def _until_answered(etcd: Etcd, read: Callable[[], Awaitable[T]], what: st
                 raise
             delay_s = backoff.next_delay()
             log.warning("%s: cannot reload from etcd (%s); retrying in %.2f s", what, exc, delay_s)
-        await etcd._pause(delay_s)
+        await etcd.pause(delay_s)
 
 
 async def read_prefix_until_answered(etcd: Etcd, prefix: str, what: str) -> list[KeyValue]:

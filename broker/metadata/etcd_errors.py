@@ -42,6 +42,12 @@ class MetadataNoSpace(MetadataUnavailable):
     brokers' compactor does (``compaction``)."""
 
 
+class MetadataTokenExpired(MetadataUnavailable):
+    """etcd no longer accepts the client's auth token (``invalid auth token``; seen after the
+    client's role lost and regained its permission across an etcd restart). The client
+    authenticates again (``Etcd``); until then it is an outage like any other."""
+
+
 class LeaseLost(MetadataError):
     """The lease no longer exists in etcd (expired or revoked): stop acting as its owner."""
 
@@ -72,6 +78,8 @@ def translate_error(error: BaseException, what: str) -> MetadataError:
         )
     if code in _UNAVAILABLE_CODES:
         return MetadataUnavailable(message)
+    if "invalid auth token" in str(error):
+        return MetadataTokenExpired(message)
     if code == rpc.StatusCode.NOT_FOUND and "lease not found" in str(error):
         return LeaseLost(message)
     return MetadataError(message)

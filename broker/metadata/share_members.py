@@ -31,7 +31,7 @@ def decode_share_members(value: bytes) -> frozenset[str] | None:
         return None
     try:
         document = json.loads(value)
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: nested deeper than json can parse
         return None
     if not isinstance(document, dict) or document.get("type") != "share":
         return None

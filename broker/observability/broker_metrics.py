@@ -40,6 +40,11 @@ class BrokerCollector(Collector):
         self._metrics.forget_topics_except(view.topics)
         yield _gauge("kafscale_broker_ready", "1 while the broker serves.", broker.ready)
         yield _gauge(
+            "kafscale_cluster_view_following",
+            "1 while the cluster view follows etcd (0: it answers from what it last saw).",
+            view.following,
+        )
+        yield _gauge(
             "kafscale_broker_draining", "1 while the broker hands its partitions over.",
             broker.draining,
         )  # fmt: skip

@@ -26,6 +26,11 @@ class ProxyCollector(Collector):
         yield GaugeMetricFamily("kafscale_proxy_ready", "1 while the proxy serves.",
                                 value=float(proxy.is_ready()))  # fmt: skip
         yield GaugeMetricFamily(
+            "kafscale_cluster_view_following",
+            "1 while the cluster view follows etcd (0: it routes from what it last saw).",
+            value=float(routes.view.following),
+        )
+        yield GaugeMetricFamily(
             "kafscale_proxy_client_connections", "Open client connections.", value=clients
         )
         yield GaugeMetricFamily(

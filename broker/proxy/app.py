@@ -49,7 +49,7 @@ from kafscale.broker.security.tls import (
 from kafscale.broker.security.token_store import TokenStore
 from kafscale.broker.server import ByteBudget, Connection, KafkaServer, ServerEndpoint
 from kafscale.broker.startup_error import StartupError
-from kafscale.broker.task_stop import cancel_and_wait
+from kafscale.broker.task_stop import cancel_and_wait, start_task
 
 log = logging.getLogger(__name__)
 
@@ -181,12 +181,10 @@ class Proxy:
             raise StartupError(f"cannot listen on {names}: {exc}") from exc
         if contexts:
             reloader = CertificateReloader(settings.tls, contexts)
-            self._tasks.append(asyncio.create_task(reloader.run(), name="tls-reload"))
+            self._tasks.append(start_task(reloader.run(), name="tls-reload"))
         upstream_reloader = upstream_certificate_reloader(settings, self._upstream_tls)
         if upstream_reloader is not None:
-            self._tasks.append(
-                asyncio.create_task(upstream_reloader.run(), name="upstream-tls-reload")
-            )
+            self._tasks.append(start_task(upstream_reloader.run(), name="upstream-tls-reload"))
         ports = self.server.ports
         identities = {
             item.name: Identity(
@@ -245,7 +243,9 @@ class Proxy:
         return self.server.port
 
     def is_ready(self) -> bool:
-        return not self._stopping and self.routes.ready
+        """``/readyz``: routes loaded, not stopping, and the cluster view follows etcd (one
+        that cannot routes to owners that may have moved, without an error to show for it)."""
+        return not self._stopping and self.routes.ready and self.routes.view.following
 
     def status(self) -> dict[str, object]:
         routes = self.routes
@@ -256,6 +256,8 @@ class Proxy:
             partitions[f"{tp[0]}/{tp[1]}"] = owner
         return {
             "ready": self.is_ready(),
+            "cluster_view_following": view.following,
+            "cluster_view_stopped": view.health.stopped_parts(),
             "node_id": self.settings.listener.node_id,
             "advertised": f"{self.context.identity.host}:{self.context.identity.port}",
             "brokers": {

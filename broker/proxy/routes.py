@@ -23,7 +23,7 @@ from kafscale.broker.metadata.etcd import Etcd
 from kafscale.broker.metadata.etcd_errors import MetadataUnavailable
 from kafscale.broker.metadata.leaders import leader_for
 from kafscale.broker.proxy.staleness import RouteKey, corrected_holder
-from kafscale.broker.task_stop import cancel_and_wait
+from kafscale.broker.task_stop import cancel_and_wait, start_task
 
 TopicPartition = tuple[str, int]
 
@@ -58,7 +58,7 @@ class RoutingTable:
         await self.view.start()
         await self.groups.start()
         await self.transactions.start()
-        self._follower = asyncio.create_task(self._follow_view(), name="proxy-routes")
+        self._follower = start_task(self._follow_view(), name="proxy-routes")
         self.loaded = True
 
     async def close(self) -> None:

@@ -114,11 +114,42 @@ AUTH_USER, AUTH_PASSWORD = "kafscale", "etcd-s3cret"
 @contextmanager
 def running_auth_etcd(directory: Path) -> Iterator[str]:
     """etcd with authentication enabled: ``AUTH_USER`` may read and write ``/kafscale``."""
+    with restartable_auth_etcd(directory) as etcd:
+        yield etcd.url
+
+
+@dataclass
+class AuthEtcd:
+    """An etcd with authentication on that a test can administer (as root) and restart on
+    its ports and data: a restart breaks every watch, so clients create them again and etcd
+    checks their permissions then (it checks a watch's only when it is created)."""
+
+    url: str
+    process: subprocess.Popen[bytes]
+    etcdctl_path: str
+    log_path: Path
+
+    def as_root(self, *command: str) -> None:
+        _etcdctl(self.etcdctl_path, self.url, ["--user=root:root-pw", *command])
+
+    def restart(self) -> None:
+        self.process.kill()
+        self.process.wait(10)
+        self.process = children.spawn(
+            list(self.process.args),  # type: ignore[arg-type]
+            stdout=self.log_path.open("ab"),
+            stderr=subprocess.STDOUT,
+        )
+
+
+@contextmanager
+def restartable_auth_etcd(directory: Path) -> Iterator[AuthEtcd]:
+    """``running_auth_etcd``, as an ``AuthEtcd``."""
     directory.mkdir(parents=True, exist_ok=True)
     binary = find_etcd_binary()
     process, url = start_etcd_process(directory)
+    etcd = AuthEtcd(url, process, str(binary.with_name("etcdctl")), directory / "etcd.log")
     try:
-        etcdctl = str(binary.with_name("etcdctl"))
         for command in (
             ["user", "add", "root:root-pw"],
             ["user", "add", f"{AUTH_USER}:{AUTH_PASSWORD}"],
@@ -127,11 +158,11 @@ def running_auth_etcd(directory: Path) -> Iterator[str]:
             ["user", "grant-role", AUTH_USER, "kafscale"],
             ["auth", "enable"],
         ):
-            _etcdctl(etcdctl, url, command)
-        yield url
+            _etcdctl(etcd.etcdctl_path, url, command)
+        yield etcd
     finally:
-        process.kill()
-        process.wait(10)
+        etcd.process.kill()
+        etcd.process.wait(10)
 
 
 def _etcdctl(etcdctl: str, url: str, command: list[str], timeout_s: float = 30) -> None:

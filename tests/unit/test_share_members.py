@@ -94,3 +94,9 @@ def test_only_the_writes_whose_own_checks_fail_are_refused() -> None:
     assert refused_writes(writes, cluster, me, leases, states) == {2, 3}
     del leases[keys.partition_lease_key(cluster, "t", 0)]  # the lease expired
     assert refused_writes(writes, cluster, me, leases, states) == {0, 2, 3}
+
+
+def test_a_document_nested_deeper_than_json_parses_names_no_share_group() -> None:
+    # json.loads raises RecursionError on it: that ended the share-group index task silently.
+    deep = b'{"type": "share", "x": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
+    assert decode_share_members(deep) is None

@@ -6,7 +6,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 
-from kafscale.broker.task_stop import cancel_and_wait
+import pytest
+
+from kafscale.broker.task_stop import cancel_and_wait, start_task
 
 
 async def _swallows_one_cancel(ended: list[str]) -> None:
@@ -49,3 +51,26 @@ def test_the_callers_own_cancellation_is_not_swallowed() -> None:
 
 def test_nothing_to_stop() -> None:
     asyncio.run(cancel_and_wait(None))
+
+
+async def _fails() -> None:
+    raise RuntimeError("watch refused")
+
+
+async def test_a_background_task_that_fails_says_so_once_when_it_ends(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    task = start_task(_fails(), "doomed")
+    await asyncio.wait({task})
+    await asyncio.sleep(0)  # done callbacks run in the next loop step
+    lines = [r for r in caplog.records if "background task doomed ended" in r.getMessage()]
+    assert len(lines) == 1 and lines[0].exc_info is not None
+    await cancel_and_wait(task)  # retrieving it again at shutdown logs nothing more
+    assert len([r for r in caplog.records if "doomed" in r.getMessage()]) == 1
+
+
+async def test_a_cancelled_background_task_logs_nothing(caplog: pytest.LogCaptureFixture) -> None:
+    task = start_task(asyncio.sleep(3600), "sleeper")
+    await cancel_and_wait(task)
+    await asyncio.sleep(0)
+    assert not [r for r in caplog.records if "sleeper" in r.getMessage()]

@@ -42,7 +42,9 @@ class CancelLosingEtcd:
     ) -> tuple[list[KeyValue], int]:
         return [], 1
 
-    async def watch_range(self, first: str, end: str, start: int) -> AsyncIterator[WatchEvent]:
+    async def watch_range(
+        self, first: str, end: str, start: int, on_state: object = None
+    ) -> AsyncIterator[WatchEvent]:
         self.watching += 1
         if self.watching == self._ranges:
             self.all_watching.set()

@@ -15,7 +15,7 @@ from kafscale.broker.groups.leases import GroupLeases
 from kafscale.broker.metadata import keys
 from kafscale.broker.metadata.cluster import BrokerInfo, ClusterView, TopicInfo
 from kafscale.broker.metadata.etcd import Etcd, WatchEvent, WatchEventKind
-from kafscale.broker.metadata.etcd_errors import MetadataUnavailable
+from kafscale.broker.metadata.etcd_errors import MetadataError, MetadataUnavailable
 from kafscale.broker.metadata.etcd_txn import KeyValue
 
 CLUSTER = "resync"
@@ -29,7 +29,14 @@ class CompactedEtcd:
     """Lists ``before`` at start, then the watch says RESYNC; ``get_prefix`` fails
     ``failures`` times before it lists ``after``."""
 
-    def __init__(self, before: list[KeyValue], after: list[KeyValue], failures: int) -> None:
+    def __init__(
+        self,
+        before: list[KeyValue],
+        after: list[KeyValue],
+        failures: int,
+        error: type[MetadataError] = MetadataUnavailable,
+    ) -> None:
+        self.error = error
         self.before = before
         self.after = after
         self.failures = failures
@@ -50,7 +57,7 @@ class CompactedEtcd:
             return [e for e in self.before if _within(e.key, ranges)], 10
         self.reads += 1
         if self.reads <= self.failures:
-            raise MetadataUnavailable("etcd range timed out after 5 s")
+            raise self.error("etcd range failed: permission denied")
         self.answered.set()
         return [e for e in self.after if _within(e.key, ranges)], 30
 
@@ -65,11 +72,13 @@ class CompactedEtcd:
         yield WatchEvent(WatchEventKind.RESYNC, prefix, b"", 20)
         await asyncio.Event().wait()  # nothing more happens
 
-    async def watch_range(self, first: str, end: str, start: int) -> AsyncIterator[WatchEvent]:
+    async def watch_range(
+        self, first: str, end: str, start: int, on_state: object = None
+    ) -> AsyncIterator[WatchEvent]:
         yield WatchEvent(WatchEventKind.RESYNC, first, b"", 20)
         await asyncio.Event().wait()  # nothing more happens
 
-    async def _pause(self, delay_s: float) -> None:
+    async def pause(self, delay_s: float) -> None:
         await asyncio.sleep(0)
 
 
@@ -100,6 +109,30 @@ async def test_cluster_view_retries_the_reload_after_lost_history() -> None:
         await view.close()
 
 
+async def test_a_reload_etcd_refuses_is_retried_and_the_view_says_it_is_not_following() -> None:
+    # Before, a refusal (not an outage) ended the view's follow task for good, without a word:
+    # the view stayed as it was, and the broker ready.
+    etcd = CompactedEtcd(cluster_keys(1), cluster_keys(2), failures=3, error=MetadataError)
+    view = ClusterView(etcd, CLUSTER)  # type: ignore[arg-type]
+    between_attempts: list[bool] = []
+
+    async def pause(delay_s: float) -> None:
+        between_attempts.append(view.following)
+        await asyncio.sleep(0)
+
+    etcd.pause = pause  # type: ignore[method-assign]
+    await view.start()
+    reloaded = view.changed  # set when the reload is applied
+    try:
+        await asyncio.wait_for(reloaded.wait(), 30)
+        assert between_attempts == [False, False, False]  # refused: not following meanwhile
+        assert view.following
+        assert view.owners == {("t", 0): 2}
+        assert etcd.reads == 4
+    finally:
+        await view.close()
+
+
 async def test_group_leases_retry_the_reload_after_lost_history() -> None:
     etcd = CompactedEtcd(cluster_keys(1), cluster_keys(2), failures=2)
     changes: list[tuple[str, int | None]] = []
@@ -124,6 +157,6 @@ async def test_a_closed_client_ends_the_reload() -> None:
 
 
 def test_the_fake_has_the_adapter_calls_the_views_use() -> None:
-    names = ("get_prefix_with_revision", "get_prefix", "watch_prefix", "_pause", "closed")
+    names = ("get_prefix_with_revision", "get_prefix", "watch_prefix", "pause", "closed")
     for name in (*names, "get_ranges_with_revision", "watch_range"):
         assert hasattr(Etcd, name)

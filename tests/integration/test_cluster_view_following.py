@@ -1,0 +1,137 @@
+"""A cluster view that etcd stops letting follow says so, and follows again when it may.
+
+On an etcd with authentication, the brokers' role loses its permission on the cluster prefix
+(an operator's change to roles or users) and etcd restarts, so every watch is created again and
+refused (etcd checks a watch's permission only when it is created). Before, the watches were
+retried without a word above INFO, the broker stayed ready and answered Metadata from a view
+frozen at that moment; now ``/readyz`` says 503, the ``kafscale_cluster_view_following`` gauge
+says 0 and the log says why, and all of it comes back, with the changes made meanwhile, once
+the permission does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from harness.brokers import BrokerCluster
+from harness.s3 import S3Endpoint, unique_bucket
+from harness.tls_etcd import AUTH_PASSWORD, AUTH_USER, AuthEtcd, restartable_auth_etcd
+
+from kafscale.broker.child_process import BrokerProcess
+from kafscale.broker.metadata import keys
+from kafscale.broker.metadata.cluster import ClusterView
+from kafscale.broker.metadata.etcd import Etcd
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
+
+_DEADLINE_S = 90.0  # generous: two engineers and a CI run share two cores
+
+
+@pytest.fixture
+def auth_etcd(tmp_path: Path) -> Iterator[AuthEtcd]:
+    with restartable_auth_etcd(tmp_path / "etcd-auth") as etcd:
+        yield etcd
+
+
+def revoke(etcd: AuthEtcd) -> None:
+    etcd.as_root("role", "revoke-permission", "kafscale", "--prefix=true", "/kafscale")
+
+
+def grant(etcd: AuthEtcd) -> None:
+    etcd.as_root("role", "grant-permission", "kafscale", "--prefix=true", "readwrite", "/kafscale")
+
+
+def wait_for(condition: Callable[[], bool], what: str, timeout_s: float = _DEADLINE_S) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not within {timeout_s:g} s: {what}")
+        time.sleep(0.2)
+
+
+async def wait_for_async(condition: Callable[[], bool], what: str) -> None:
+    deadline = time.monotonic() + _DEADLINE_S
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not within {_DEADLINE_S:g} s: {what}")
+        await asyncio.sleep(0.1)
+
+
+def readyz(broker: BrokerProcess) -> int:
+    try:
+        return broker.http("GET", "/readyz", timeout_s=5)[0]
+    except OSError:
+        return -1
+
+
+def following_gauge(broker: BrokerProcess) -> float | None:
+    with urllib.request.urlopen(f"{broker.admin_url}/metrics", timeout=10) as response:
+        text = response.read().decode()
+    for line in text.splitlines():
+        if line.startswith("kafscale_cluster_view_following "):
+            return float(line.split()[1])
+    return None
+
+
+async def test_a_view_refused_by_etcd_is_not_following_until_etcd_lets_it(
+    auth_etcd: AuthEtcd, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level("WARNING", logger="kafscale")
+    cluster = "follow"
+    etcd = await Etcd.connect([auth_etcd.url], 5.0, username=AUTH_USER, password=AUTH_PASSWORD)
+    view = ClusterView(etcd, cluster)
+    try:
+        await view.start()
+        assert view.following
+        await asyncio.to_thread(revoke, auth_etcd)
+        await asyncio.to_thread(auth_etcd.restart)
+        await wait_for_async(lambda: not view.following, "the view reports not following")
+        assert any("no longer follows etcd" in r.getMessage() for r in caplog.records)
+        # A change made while the view is refused (a broker marked draining, by root)...
+        await asyncio.to_thread(auth_etcd.as_root, "put", keys.draining_key(cluster, 7), "1")
+        await asyncio.to_thread(grant, auth_etcd)
+        await wait_for_async(lambda: view.following, "the view follows again")
+        # ... reaches it once it follows again: the watch resumed from its last revision.
+        await wait_for_async(lambda: 7 in view.draining, "the change made meanwhile arrives")
+        assert any("follows etcd on" in r.getMessage() for r in caplog.records)
+    finally:
+        await view.close()
+        await etcd.close()
+
+
+@pytest.fixture
+def auth_cluster(
+    auth_etcd: AuthEtcd, s3_server: S3Endpoint, cluster_name: str, tmp_path: Path
+) -> Iterator[BrokerCluster]:
+    bucket = unique_bucket("b")
+    s3_server.client().create_bucket(Bucket=bucket)
+    env = {"KAFSCALE_ETCD__USERNAME": AUTH_USER, "KAFSCALE_ETCD__PASSWORD": AUTH_PASSWORD}
+    brokers = BrokerCluster(auth_etcd.url, s3_server, bucket, cluster_name, tmp_path, extra_env=env)
+    try:
+        yield brokers
+    finally:
+        brokers.stop_all()
+
+
+def test_a_broker_whose_view_etcd_refuses_is_not_ready_until_it_follows_again(
+    auth_etcd: AuthEtcd, auth_cluster: BrokerCluster
+) -> None:
+    broker = auth_cluster.start()
+    assert readyz(broker) == 200
+    revoke(auth_etcd)
+    auth_etcd.restart()
+    wait_for(lambda: readyz(broker) == 503, "/readyz says 503 (Kubernetes takes it out)")
+    assert following_gauge(broker) == 0.0
+    assert broker.status()["cluster_view_following"] is False
+    assert "no longer follows etcd" in broker.log_path.read_text()
+    grant(auth_etcd)
+    wait_for(lambda: readyz(broker) == 200, "/readyz says 200 again")
+    assert following_gauge(broker) == 1.0
+    assert broker.status()["cluster_view_following"] is True
+    assert "follows etcd on" in broker.log_path.read_text()
+    assert broker.alive
