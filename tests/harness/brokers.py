@@ -23,6 +23,7 @@ from harness.s3 import S3Endpoint, unique_bucket
 from kafscale.broker.child_process import BrokerProcess, free_port_run
 from kafscale.broker.metadata import keys
 from kafscale.broker.metadata.embedded_etcd import EmbeddedEtcd
+from kafscale.broker.settings_combinations import S3_ONLY
 
 
 @dataclass
@@ -60,6 +61,9 @@ class BrokerCluster:
         )
         env.update(self.extra_env)
         env.update(overrides)
+        if env["KAFSCALE_STORAGE__KIND"] == "local":  # a broker refuses S3 settings beside it
+            for name in S3_ONLY:
+                env.pop(f"KAFSCALE_STORAGE__{name.upper()}", None)
         return env
 
     def start(self, port: int | None = None, **overrides: str) -> BrokerProcess:
