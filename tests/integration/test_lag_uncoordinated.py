@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterator
 import pytest
 from harness.brokers import BrokerCluster, new_cluster
 from harness.etcd import harness_etcd
+from harness.groups import wait_for
 from harness.s3 import S3Endpoint
 from harness.topics import create_topics
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
@@ -61,13 +62,6 @@ def cluster(
 
 def _name(what: str) -> str:
     return f"lag-{what}-{uuid.uuid4().hex[:6]}"
-
-
-def wait_until(check: Callable[[], bool], what: str) -> None:
-    deadline = time.monotonic() + DEADLINE_S
-    while not check():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.25)
 
 
 def produce(bootstrap: str, topic: str, per_partition: int) -> None:
@@ -157,14 +151,14 @@ def test_a_let_go_groups_lag_stays_on_one_broker_and_grows(cluster: BrokerCluste
     produce(bootstrap, topic, RECORDS)
     read_commit_close(bootstrap, group, topic)
 
-    wait_until(lambda: group not in coordinated(cluster), "the group to be let go")
-    wait_until(
+    wait_until_deadline(lambda: group not in coordinated(cluster), "the group to be let go")
+    wait_until_deadline(
         lambda: on_exactly_one(cluster, group, expected_lag(topic, RECORDS)),
         f"the lag of {group} on exactly one broker after it was let go: {reported(cluster, group)}",
     )
 
     produce(bootstrap, topic, 5)
-    wait_until(
+    wait_until_deadline(
         lambda: on_exactly_one(cluster, group, expected_lag(topic, RECORDS + 5)),
         f"the lag to grow on exactly one broker: {reported(cluster, group)}",
     )
@@ -189,7 +183,7 @@ def test_lag_shows_after_every_broker_restarted_without_members(cluster: BrokerC
     produce(cluster.bootstrap, topic, 3)
 
     for group in groups:
-        wait_until(
+        wait_until_deadline(
             lambda group=group: on_exactly_one(cluster, group, expected_lag(topic, RECORDS + 3)),
             f"the lag of {group} on exactly one broker after the restart: "
             f"{reported(cluster, group)}",
@@ -224,8 +218,13 @@ def test_a_corrupt_committed_offset_hides_no_other_groups_lag(cluster: BrokerClu
 
     broker.stop()
     broker = cluster.start()
-    wait_until(
+    wait_until_deadline(
         lambda: on_exactly_one(cluster, group, expected_lag(topic, RECORDS)),
         f"the lag of {group} after the restart: {reported(cluster, group)}",
     )
     assert lag_on(broker, corrupt) == {}
+
+
+def wait_until_deadline(check: Callable[[], bool], what: str) -> None:
+    """``harness.groups.wait_for`` with this file's deadline."""
+    wait_for(check, DEADLINE_S, what)

@@ -24,7 +24,6 @@ way to remove it.
 from __future__ import annotations
 
 import asyncio
-import time
 import urllib.request
 import uuid
 from collections.abc import Callable, Iterator
@@ -34,6 +33,7 @@ from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient
 from harness.brokers import BrokerCluster, new_cluster
 from harness.etcd import harness_etcd
+from harness.groups import wait_for
 from harness.kafka_wire import API_VERSIONS, KafkaWire
 from harness.s3 import S3Endpoint
 from harness.share import produce
@@ -78,13 +78,6 @@ def cluster(
         yield cluster
     finally:
         cluster.stop_all()
-
-
-def wait_until(check: Callable[[], bool], what: str) -> None:
-    deadline = time.monotonic() + DEADLINE_S
-    while not check():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.2)
 
 
 def standalone_commit(bootstrap: str, group: str, topic: str, offset: int) -> None:
@@ -163,12 +156,12 @@ def test_retention_goes_on_past_a_corrupt_group_and_lets_its_lease_go(
     broker = cluster.start(port=old.port)
 
     for group in good:
-        wait_until(lambda g=group: not stored(cluster, g), f"good group {group} to expire")
+        wait_until_deadline(lambda g=group: not stored(cluster, g), f"good group {group} to expire")
     # Every check took the corrupt groups on before the good ones: their leases are given
     # back (a later check takes them on again, and gives them back again).
     for group in bad.values():
-        wait_until(lambda g=group: not lease_held(cluster, g), f"{group}'s lease to go")
-        wait_until(lambda g=group: bool(reported(broker, g)), f"{group} to be reported")
+        wait_until_deadline(lambda g=group: not lease_held(cluster, g), f"{group}'s lease to go")
+        wait_until_deadline(lambda g=group: bool(reported(broker, g)), f"{group} to be reported")
         assert len(stored(cluster, group)) == 2  # left for an operator to repair
     assert counter(broker, UNREADABLE) >= len(bad)
     line = reported(broker, bad["bytes"])[0]
@@ -224,7 +217,7 @@ def test_requests_about_a_corrupt_group_get_its_error_and_the_others_their_answe
         assert good in listed_ids and bad not in listed_ids
         assert int(wire.request(API_VERSIONS, 3, {}).error_code) == ErrorCode.NONE  # still open
 
-    wait_until(lambda: not lease_held(cluster, bad), f"{bad}'s lease to go")
+    wait_until_deadline(lambda: not lease_held(cluster, bad), f"{bad}'s lease to go")
     assert reported(broker, bad)
     assert counter(broker, UNREADABLE) >= 4  # join, fetch, describe, list
 
@@ -370,7 +363,7 @@ def test_delete_groups_removes_a_corrupt_group_whole_and_its_id_starts_afresh(
             seen.extend(r.offset for rs in member.poll(500).values() for r in rs)
             return len(seen) >= 5
 
-        wait_until(read_all, "the new group's member to read the topic")
+        wait_until_deadline(read_all, "the new group's member to read the topic")
         assert seen == [0, 1, 2, 3, 4]
         member.commit()
         # A live member: the normal rule holds for the re-created group.
@@ -388,3 +381,8 @@ def test_delete_groups_removes_a_corrupt_group_whole_and_its_id_starts_afresh(
     log = broker.log_path.read_text(errors="replace")
     assert f"deleted group {bad_record}, whose stored record did not decode" in log
     assert "Traceback" not in log
+
+
+def wait_until_deadline(check: Callable[[], bool], what: str) -> None:
+    """``harness.groups.wait_for`` with this file's deadline."""
+    wait_for(check, DEADLINE_S, what)
