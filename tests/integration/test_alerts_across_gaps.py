@@ -1,5 +1,6 @@
 """The chart's alerts and the documented rebalance queries survive restarts and coordinator
-moves (docs/monitoring.md, "Alerts across hand-offs and restarts").
+moves (docs/monitoring.md, "Alerts across hand-offs" and "Alerts across restarts and failed
+scrapes").
 
 Four real HTTP /metrics endpoints stand in for two brokers and two operator pods (an operator
 restart brings up a new pod: another ``pod`` target label). One real Prometheus scrapes them
