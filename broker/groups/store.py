@@ -52,9 +52,9 @@ serves a range whole, in memory, and a cluster of throwaway group ids holds mill
 
 DECODE_CHUNK_KEYS = 100
 """Keys of a page decoded between two yields to the event loop. Decoded whole, a page of 500
-committed offsets held the loop for up to 13 ms of CPU at once, most pages over 5 ms
-(``bench/lag_refresh.py``, 10,000 groups): every request and scrape on the broker waited that
-long. In chunks of 100 the loop is let in at least every ~5 ms."""
+committed offsets held the loop for up to 10-13 ms of CPU at once, about half the pages over
+5 ms (``bench/lag_refresh.py``, 10,000 groups): every request and scrape on the broker waited
+that long. In chunks of 100 the loop is let in at least every ~5 ms."""
 
 
 @dataclass(frozen=True, slots=True)
