@@ -3,9 +3,10 @@
 ``prometheus_server(targets)`` writes a scrape config for the given ``host:port`` admin
 endpoints (scraped every second), starts Prometheus on a free loopback port with its TSDB in the
 test's temp dir, waits for ``/-/ready`` and gives a client for PromQL queries over the HTTP API
-(instant and range). ``per_target`` labels tell targets apart (a ``pod`` each, as Kubernetes
-discovery does); ``rule_groups`` (e.g. the chart's PrometheusRule groups) are evaluated every
-second. The process is killed at teardown. Tests skip only where the binary is not installed (``make
+(instant and range); ``drop_target`` stops scraping one, as when its pod is deleted.
+``per_target`` labels tell targets apart (a ``pod`` each, as Kubernetes discovery does);
+``rule_groups`` (e.g. the chart's PrometheusRule groups) are evaluated every second. The
+process is killed at teardown. Tests skip only where the binary is not installed (``make
 system-deps`` installs it; ``.ci/system-packages.txt`` lists it).
 """
 
@@ -81,6 +82,20 @@ class Prometheus:
             body = json.loads(response.read())
         assert body["status"] == "success", body
         return list(body["data"]["result"])
+
+    def drop_target(self, target: str) -> None:
+        """Stop scraping ``target``, as Kubernetes discovery does when its pod is deleted: its
+        series, ``up`` included, end (marked stale). The config is reloaded (``/-/reload``)."""
+        path = self.log_path.parent / "prometheus.yml"
+        config = json.loads(path.read_text())
+        for job in config["scrape_configs"]:
+            job["static_configs"] = [
+                static for static in job["static_configs"] if target not in static["targets"]
+            ]
+        path.write_text(json.dumps(config))
+        request = urllib.request.Request(f"{self.url}/-/reload", method="POST")
+        with urllib.request.urlopen(request, timeout=30) as response:
+            assert response.status == 200
 
     def targets(self) -> list[dict[str, Any]]:
         with urllib.request.urlopen(f"{self.url}/api/v1/targets", timeout=10) as response:

@@ -6,6 +6,10 @@ hand-over is not overwritten by a read that began before it."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+from typing import Any
+
 import pytest
 
 from kafscale.broker.groups import store as store_module
@@ -132,3 +136,43 @@ async def test_a_corrupt_committed_offset_leaves_the_other_groups_lag_read(
 
     assert _offsets(lag) == {"a": {0: 1}, "b": {0: 2}, "c": {0: 3}}
     assert lag.passes == 1
+
+
+async def test_a_page_is_decoded_in_chunks_with_the_event_loop_let_in_between(
+    etcd: Etcd, cluster_name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A whole page of 500 offsets took 5-13 ms of the loop at once at 10,000 groups
+    # (bench/lag_refresh.py): every request and scrape on the broker waited that long. Here
+    # pages of 4 keys, decoded 2 at a time: another task must get turns while a page decodes
+    # (between etcd's answer and the page), none of which it got when a page was decoded whole.
+    monkeypatch.setattr(store_module, "DECODE_CHUNK_KEYS", 2)
+    for group in ("a", "b", "c", "d"):
+        await _commit(etcd, cluster_name, group, {0: 1, 1: 2})
+    turns = 0
+
+    async def other_task() -> None:
+        nonlocal turns
+        while True:
+            await asyncio.sleep(0)
+            turns += 1
+
+    answered: list[int] = []
+    read = etcd.get_range
+
+    async def noting(*args: Any, **kwargs: Any) -> tuple[list[KeyValue], bool]:
+        page = await read(*args, **kwargs)
+        answered.append(turns)
+        return page
+
+    monkeypatch.setattr(etcd, "get_range", noting)
+    store = GroupStore(etcd, cluster_name)
+    other = asyncio.create_task(other_task())
+    decoding: list[int] = []
+    try:
+        async for _page, _last in store.committed_offset_pages(None):
+            decoding.append(turns - answered[-1])
+    finally:
+        other.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await other
+    assert len(decoding) == 2 and all(t >= 1 for t in decoding), decoding  # 8 keys: 4 + 4
