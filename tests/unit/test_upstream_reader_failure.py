@@ -27,9 +27,7 @@ class _BuggyLink(UpstreamLink):
         raise RuntimeError("a bug while reading an answer")
 
 
-async def _answer_every_request(
-    reader: asyncio.StreamReader, writer: asyncio.StreamWriter
-) -> None:
+async def _answer_every_request(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
     """A broker that answers each request with its correlation id and two bytes that are no
     response body of any API."""
     try:
