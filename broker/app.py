@@ -63,6 +63,7 @@ from kafscale.broker.server import ByteBudget, Connection, KafkaServer, ServerEn
 from kafscale.broker.share.manager import ShareManager
 from kafscale.broker.share.store import ShareStateStore
 from kafscale.broker.startup_error import StartupError as StartupError  # its former home
+from kafscale.broker.stop_budget import left_s, stop_deadlines
 from kafscale.broker.storage.cache import SegmentCache
 from kafscale.broker.storage.cleaner import Cleaner
 from kafscale.broker.storage.factory import open_object_store
@@ -536,8 +537,13 @@ class Broker:
         await self.log_manager.release_all()
 
     async def shutdown(self) -> None:
+        """The graceful stop, in the handoff order, within one grace period: the hand-off
+        until ``HANDOFF_SHARE`` of ``limits.shutdown_grace_s`` at most, the requests in flight
+        until the grace is over (``stop_budget``). Each step used to get the whole grace in
+        turn, so a stop still making progress outlived the stop bound and was cut (exit 124)."""
         self.ready = False  # also keeps a removed draining mark from undraining us
-        grace_s = self.settings.limits.shutdown_grace_s
+        loop = asyncio.get_running_loop()
+        deadlines = stop_deadlines(loop.time(), self.settings.limits.shutdown_grace_s)
         if self.server is not None:
             await self.server.stop_accepting()
         if self.transactions is not None:
@@ -546,7 +552,7 @@ class Broker:
             await self.groups.close()  # releases the group leases: they move on at once
         if self.manager is not None:
             try:
-                async with asyncio.timeout(grace_s):
+                async with asyncio.timeout_at(deadlines.handoff_until):
                     await self.drain()
                     await self.manager.close()
             except Exception:
@@ -554,10 +560,11 @@ class Broker:
         # Each cancelled until it ends: a task that lost one cancellation inside a library
         # (etcd answering again in that very step) kept a single cancel-and-gather waiting.
         await asyncio.gather(*(cancel_and_wait(task) for task in self._tasks))
-        with contextlib.suppress(Exception):
-            await self.session.revoke()
+        with contextlib.suppress(Exception):  # past the grace: ``_close_clients`` tries again
+            async with asyncio.timeout_at(deadlines.graceful_until):
+                await self.session.revoke()
         if self.server is not None:
-            await self.server.close(grace_s)
+            await self.server.close(left_s(deadlines.graceful_until, loop.time()))
         if self.admin is not None:
             await self.admin.close()
         await self._close_clients()

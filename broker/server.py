@@ -52,6 +52,7 @@ from kafscale.broker.security.listeners import (
 )
 from kafscale.broker.security.sasl import SaslSession
 from kafscale.broker.security.tls import principal_from_certificate
+from kafscale.broker.task_stop import start_task
 
 log = logging.getLogger(__name__)
 
@@ -269,12 +270,10 @@ class KafkaServer:
                 server.close()
             self._servers.clear()
             raise
-        self._idle_sweeper = asyncio.create_task(self._close_idle(), name="idle-connections")
+        self._idle_sweeper = start_task(self._close_idle(), name="idle-connections")
         CLIENT_LOG.attach()
         self._log_limit_attached = True
-        self._log_summaries = asyncio.create_task(
-            summarise_periodically(), name="client-log-summaries"
-        )
+        self._log_summaries = start_task(summarise_periodically(), name="client-log-summaries")
 
     async def _bind(self, endpoint: ServerEndpoint, accepting: bool) -> asyncio.Server:
         loop = asyncio.get_running_loop()

@@ -55,6 +55,7 @@ from kafscale.broker.observability.log_limit import ClientEvent, client_log, nam
 from kafscale.broker.observability.logs import about, bind
 from kafscale.broker.observability.metrics import METRICS, Metrics
 from kafscale.broker.protocol.errors import ErrorCode, NotCoordinator, UnreadableRecord
+from kafscale.broker.task_stop import start_task
 
 log = logging.getLogger(__name__)
 
@@ -166,11 +167,9 @@ class GroupCoordinator:
 
     async def start(self) -> None:
         await self._leases.start()
-        self._tasks.append(
-            asyncio.create_task(self._follow_session(), name="group-coordinator-session")
-        )
-        self._tasks.append(asyncio.create_task(self._let_go_of_unused(), name="groups-release"))
-        self._tasks.append(asyncio.create_task(self._expire_offsets(), name="groups-retention"))
+        self._tasks.append(start_task(self._follow_session(), name="group-coordinator-session"))
+        self._tasks.append(start_task(self._let_go_of_unused(), name="groups-release"))
+        self._tasks.append(start_task(self._expire_offsets(), name="groups-retention"))
         self.stored_lag.start()
 
     async def close(self) -> None:
@@ -526,7 +525,7 @@ class GroupCoordinator:
         self.stored_lag.hand_over(group_id, runtime.offsets)
         self._retired = [t for t in self._retired if not t.done()]
         self._retired.extend(runtime.unload())
-        task = asyncio.create_task(self._release(runtime), name=f"group-release-{group_id}")
+        task = start_task(self._release(runtime), name=f"group-release-{group_id}")
         self._releasing[group_id] = task
         task.add_done_callback(functools.partial(self._released, group_id))
 

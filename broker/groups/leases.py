@@ -27,7 +27,7 @@ from kafscale.broker.metadata.etcd_txn import (
     put_op,
     value_is,
 )
-from kafscale.broker.task_stop import cancel_and_wait
+from kafscale.broker.task_stop import cancel_and_wait, start_task
 
 log = logging.getLogger(__name__)
 
@@ -106,7 +106,7 @@ class GroupLeases:
         entries, revision = await self._etcd.get_prefix_with_revision(self._prefix)
         self._reset(entries)
         name = f"leases-watch-{self._prefix}"
-        self._task = asyncio.create_task(self._follow(revision + 1), name=name)
+        self._task = start_task(self._follow(revision + 1), name=name)
 
     async def close(self) -> None:
         await cancel_and_wait(self._task)

@@ -62,6 +62,7 @@ from kafscale.broker.groups.store import (
 )
 from kafscale.broker.metadata.etcd_errors import MetadataUnavailable
 from kafscale.broker.protocol.errors import ErrorCode, NotCoordinator
+from kafscale.broker.task_stop import start_task
 
 log = logging.getLogger(__name__)
 
@@ -135,8 +136,8 @@ class GroupRuntime(ShareRuntime, RetentionRuntime):
         self._storing = False
         """A metadata write taken off ``_stores`` and not answered by etcd yet."""
         self._tasks = [
-            asyncio.create_task(self._run_timers(), name=f"group-timers-{group_id}"),
-            asyncio.create_task(self._run_stores(), name=f"group-stores-{group_id}"),
+            start_task(self._run_timers(), name=f"group-timers-{group_id}"),
+            start_task(self._run_stores(), name=f"group-stores-{group_id}"),
         ]
 
     @property

@@ -36,7 +36,7 @@ from collections.abc import Callable, Mapping
 
 from kafscale.broker.groups.store import CommittedOffset, GroupStore, TopicPartition
 from kafscale.broker.metadata.etcd_errors import MetadataUnavailable
-from kafscale.broker.task_stop import cancel_and_wait
+from kafscale.broker.task_stop import cancel_and_wait, start_task
 
 log = logging.getLogger(__name__)
 
@@ -81,7 +81,7 @@ class StoredLag:
         return self._offsets
 
     def start(self) -> None:
-        self._task = asyncio.create_task(self._run(), name="groups-stored-lag")
+        self._task = start_task(self._run(), name="groups-stored-lag")
 
     async def close(self) -> None:
         await cancel_and_wait(self._task)

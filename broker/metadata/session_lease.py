@@ -14,6 +14,7 @@ import logging
 
 from kafscale.broker.metadata.etcd import Etcd
 from kafscale.broker.metadata.etcd_errors import LeaseLost, MetadataError
+from kafscale.broker.task_stop import cancel_and_wait, start_task
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +42,7 @@ class SessionLease:
         loop = asyncio.get_running_loop()
         granted_at = loop.time()
         session = cls(etcd, await etcd.grant_lease(ttl_s), ttl_s)
-        session._task = asyncio.create_task(
+        session._task = start_task(
             session._keep_alive(granted_at + ttl_s), name=f"session-lease-{session.id:x}"
         )
         return session
@@ -65,9 +66,7 @@ class SessionLease:
 
     async def _stop_keepalive(self) -> None:
         task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            await asyncio.wait([task])
+        await cancel_and_wait(task)
 
     async def _keep_alive(self, valid_until: float) -> None:
         loop = asyncio.get_running_loop()

@@ -293,6 +293,7 @@ class Proxy:
         await asyncio.gather(*(cancel_and_wait(task) for task in self._tasks))
         await self.routes.close()
         await self.etcd.close()
+        log.info("proxy stopped")
 
 
 def upstream_context(settings: ProxySettings) -> ssl.SSLContext | None:

@@ -7,7 +7,8 @@ themselves are the brokers' own pure functions (``leader_for``, ``choose_coordin
 client of the proxy is sent where a client of any broker would be. One etcd read does happen
 off the watches: ``recheck``, when the forwarder finds a route's broker refusing it for longer
 than a watch takes to catch up (``staleness``): a missed event must not mean clients refused
-until some later event happens to touch the same key.
+until some later event happens to touch the same key. And one small read a second tells
+whether etcd still answers (``etcd_probe``): a silent etcd leaves the watches quiet, not broken.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from kafscale.broker.metadata.cluster import BrokerInfo, ClusterView
 from kafscale.broker.metadata.etcd import Etcd
 from kafscale.broker.metadata.etcd_errors import MetadataUnavailable
 from kafscale.broker.metadata.leaders import leader_for
+from kafscale.broker.proxy.etcd_probe import probe_etcd
 from kafscale.broker.proxy.staleness import RouteKey, corrected_holder
 from kafscale.broker.task_stop import cancel_and_wait, start_task
 
@@ -52,6 +54,7 @@ class RoutingTable:
         )
         self._changed = asyncio.Event()
         self._follower: asyncio.Task[None] | None = None
+        self._probe: asyncio.Task[None] | None = None  # whether etcd answers (``etcd_probe``)
         self.loaded = False
 
     async def start(self) -> None:
@@ -59,9 +62,11 @@ class RoutingTable:
         await self.groups.start()
         await self.transactions.start()
         self._follower = start_task(self._follow_view(), name="proxy-routes")
+        self._probe = start_task(probe_etcd(self._etcd, self.view.health), name="etcd-probe")
         self.loaded = True
 
     async def close(self) -> None:
+        await cancel_and_wait(self._probe)
         await cancel_and_wait(self._follower)
         await self.groups.close()
         await self.transactions.close()

@@ -34,6 +34,7 @@ from kafscale.broker.protocol.errors import ErrorCode
 from kafscale.broker.proxy.login import LoginFailed, SaslLogin, log_in
 from kafscale.broker.proxy.ordering import ProduceOrder
 from kafscale.broker.proxy.share_sessions import ClientSessions
+from kafscale.broker.task_stop import cancel_and_wait, start_task
 
 log = logging.getLogger(__name__)
 
@@ -136,7 +137,7 @@ class Upstream:
         self._next_id = 0
         self._pending: dict[int, asyncio.Future[bytes]] = {}
         self._error: UpstreamError | None = None
-        self._task = asyncio.create_task(self._read_responses(), name=f"upstream-{broker.node_id}")
+        self._task = start_task(self._read_responses(), name=f"upstream-{broker.node_id}")
         stats.open += 1
         stats.opened += 1
 
@@ -216,9 +217,7 @@ class Upstream:
 
     async def close(self) -> None:
         self._fail(UpstreamError(f"connection to broker {self.broker.node_id} closed"))
-        self._task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await self._task
+        await cancel_and_wait(self._task)
         with contextlib.suppress(Exception):
             await self._writer.wait_closed()
 
@@ -230,7 +229,8 @@ class Upstream:
                     raise UpstreamError(f"response frame of {length} bytes from the broker")
                 body = await self._reader.readexactly(length)
                 (correlation_id,) = _CORRELATION.unpack_from(body, 0)
-                future = self._pending.pop(correlation_id, None)
+                # Popped once answered: a failure meanwhile fails it with the rest (``_fail``).
+                future = self._pending.get(correlation_id)
                 if future is not None and not future.done():
                     try:
                         future.set_result(self._link.unwrap(body))
@@ -241,9 +241,16 @@ class Upstream:
                             "broker %d: %s", self.broker.node_id, exc,
                         )  # fmt: skip
                         future.set_exception(exc)
+                self._pending.pop(correlation_id, None)
         except (asyncio.IncompleteReadError, OSError, UpstreamError) as exc:
             error = exc if isinstance(exc, UpstreamError) else None
             self._fail(error or UpstreamError(f"broker {self.broker.node_id} dropped: {exc!r}"))
+        except Exception as exc:
+            # Unexpected (a bug): the requests waiting on this connection fail, so their
+            # clients' retries go on, instead of waiting for an answer nobody reads any more;
+            # raised on, the task's end is logged (``start_task``).
+            self._fail(UpstreamError(f"reading from broker {self.broker.node_id} failed: {exc!r}"))
+            raise
 
     def _fail(self, error: UpstreamError) -> None:
         if self._error is None:

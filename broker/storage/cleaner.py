@@ -56,6 +56,7 @@ from kafscale.broker.storage.segments import (
     decode_segment_header,
     encode_range_segment,
 )
+from kafscale.broker.task_stop import start_task
 
 log = logging.getLogger(__name__)
 
@@ -503,7 +504,10 @@ class Cleaner:
     def _delete_later(
         self, where: tuple[str, str, int], kept: Cleaned | None, superseded: list[str]
     ) -> None:
-        task = asyncio.create_task(self._delete_after_delay(where, kept, superseded))
+        task = start_task(
+            self._delete_after_delay(where, kept, superseded),
+            f"cleaner-delete {where[0]}-{where[2]}",
+        )
         self._deletes.add(task)
         task.add_done_callback(self._deletes.discard)
 

@@ -36,6 +36,7 @@ from kafscale.broker.storage.segments import (
     SEGMENT_HEADER_SIZE,
     encode_segment,
 )
+from kafscale.broker.task_stop import start_task
 
 log = logging.getLogger(__name__)
 
@@ -73,7 +74,7 @@ class SideTasks:
         self._tasks: set[asyncio.Task[None]] = set()
 
     def spawn(self, coroutine: Coroutine[Any, Any, None], name: str) -> None:
-        task = asyncio.create_task(coroutine, name=name)
+        task = start_task(coroutine, name)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 

@@ -52,6 +52,7 @@ from kafscale.broker.storage.flush_schedule import round_policy
 from kafscale.broker.storage.flusher import MAX_ROUNDS_IN_FLIGHT, Flusher
 from kafscale.broker.storage.object_store import ObjectStore, ObjectStoreError
 from kafscale.broker.storage.partition_log import FlushWork, OwnedPartition
+from kafscale.broker.task_stop import start_task
 
 log = logging.getLogger(__name__)
 
@@ -97,7 +98,7 @@ class LogManager:
     # --- lifecycle ---------------------------------------------------------------------------
 
     async def start(self) -> None:
-        self._flush_task = asyncio.create_task(self._flusher.run(), name="flush-loop")
+        self._flush_task = start_task(self._flusher.run(), name="flush-loop")
 
     async def close(self) -> None:
         """Stop writes, flush what is buffered, release every lease we hold."""

@@ -52,6 +52,7 @@ from kafscale.broker.storage.segments import (
     decode_segment,
     position_for_offset,
 )
+from kafscale.broker.task_stop import start_task
 
 log = logging.getLogger(__name__)
 
@@ -252,7 +253,7 @@ class LogReader:
         key = self._object_key(topic, topic_id, partition, location)
         if key in self._prefetching or self._cache.get(key) is not None:
             return
-        task = asyncio.create_task(self._prefetch(key), name=f"prefetch {key}")
+        task = start_task(self._prefetch(key), name=f"prefetch {key}")
         self._prefetching[key] = task
         task.add_done_callback(lambda _: self._prefetching.pop(key, None))
 

@@ -40,6 +40,7 @@ from kafscale.broker.metadata.etcd_errors import MetadataUnavailable
 from kafscale.broker.observability.log_limit import ClientEvent, client_log, named
 from kafscale.broker.protocol.errors import ErrorCode, NotCoordinator
 from kafscale.broker.proxy.upstream import UpstreamLink
+from kafscale.broker.task_stop import start_task
 from kafscale.broker.transactions import state
 from kafscale.broker.transactions.inter_broker_client import PLAINTEXT_LINK, InterBrokerClient
 from kafscale.broker.transactions.markers import Marker, MarkerWriter, WriteHere
@@ -164,8 +165,8 @@ class TransactionCoordinator:
 
     async def start(self) -> None:
         await self._leases.start()
-        self._tasks.append(asyncio.create_task(self._check_loop(), name="txn-check"))
-        self._tasks.append(asyncio.create_task(self._follow_session(), name="txn-session"))
+        self._tasks.append(start_task(self._check_loop(), name="txn-check"))
+        self._tasks.append(start_task(self._follow_session(), name="txn-session"))
 
     async def close(self) -> None:
         """Stop coordinating; release the leases so that other brokers take over at once."""

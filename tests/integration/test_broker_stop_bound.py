@@ -15,16 +15,20 @@ close (test_proxy_routes in CI; ``tests/unit/test_view_close.py`` has the mechan
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from confluent_kafka import KafkaError, Message, Producer
 from harness.brokers import BrokerCluster, new_cluster
 from harness.etcd import running_etcd
+from harness.kafka_wire import FETCH, KafkaWire, fetch_body
 from harness.s3 import S3Endpoint
+from harness.s3_proxy import s3_proxy
 from harness.topics import create_topics
 
 from kafscale.broker.child_process import BrokerProcess
@@ -112,3 +116,55 @@ def test_a_broker_stopped_as_etcd_comes_back_hands_off_gracefully(
         assert code == 0, f"the stop was cut short by its bound:\n{brokers[1].tail(120)}"
         assert "broker stopped" in brokers[1].tail()
         brokers[1] = cluster.start(port=brokers[1].port, **env)
+
+
+SLOW_GRACE_S = 12.0
+HELD_UPLOAD_S = 6.0
+"""How long the S3 proxy holds the hand-off's upload: under the hand-off's share of the grace
+(``HANDOFF_SHARE`` x 12 = 9 s), so the hand-off completes; and with the grace that the long
+poll then took as well (each step used to get the whole grace), over the stop bound."""
+
+
+def test_a_stop_still_making_progress_ends_by_its_grace_not_its_bound(
+    broker_cluster: BrokerCluster,
+) -> None:
+    """A hand-off whose upload takes 6 s (S3 slow, but answering), then a long poll still in
+    flight: both steps progress, and the stop is the graceful one (exit 0) with the produce
+    the hand-off flushed acknowledged. Each step used to get the whole grace in turn, 6 s of
+    hand-off then 12 s of waiting for the long poll: past grace + 5 s the stop was cut (124)."""
+    with s3_proxy(broker_cluster.s3.url, HELD_UPLOAD_S) as s3:
+        broker = broker_cluster.start(
+            KAFSCALE_STORAGE__ENDPOINT=s3.url,
+            KAFSCALE_LIMITS__SHUTDOWN_GRACE_S=str(SLOW_GRACE_S),
+        )
+        create_topics(broker.bootstrap, ["slow-handoff", "long-poll"], 1)
+        s3.hold = re.compile(r"/topics/slow-handoff/.*\.kfs")
+        producer = Producer({"bootstrap.servers": broker.bootstrap, "acks": "1"})
+        acked: list[KafkaError | None] = []
+        producer.produce("slow-handoff", b"flushed by the hand-off", on_delivery=acked_into(acked))
+        producer.poll(0)
+        wait_for(lambda: bool(s3.held), "the upload is held (the hand-off will wait for it)")
+        with KafkaWire(broker.bootstrap) as wire:
+            # A consumer's long poll on an empty partition: in flight until its 60 s are up.
+            wire.send(FETCH, 12, fetch_body("long-poll", 0, 0, max_wait_ms=60_000))
+            code = stopped_within(broker, stop_bound_s(SLOW_GRACE_S) + THREAD_SLACK_S)
+        assert code == 0, f"the stop was cut short by its bound:\n{broker.tail(120)}"
+        assert "broker stopped" in broker.tail()
+        assert "handoff at shutdown did not complete" not in broker.log_path.read_text()
+        producer.flush(30)
+        assert acked == [None], acked  # the hand-off committed the held upload, then acked it
+
+
+def acked_into(outcomes: list[KafkaError | None]) -> Callable[[KafkaError | None, Message], None]:
+    def on_delivery(error: KafkaError | None, _message: Message) -> None:
+        outcomes.append(error)
+
+    return on_delivery
+
+
+def wait_for(condition: Callable[[], bool], what: str, timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not within {timeout_s:g} s: {what}")
+        time.sleep(0.05)
