@@ -92,3 +92,27 @@ def drain_notice(pod: str, broker_ids: Sequence[int]) -> Notice:
         "Draining",
         f"pod {pod} is terminating: broker {listed} draining, its partitions reassigned",
     )
+
+
+def deletion_notice(problem: str, attempt: int, attempts: int, leftover: str) -> Notice | None:
+    """The finalizer of a cluster with ``deletionPolicy: Delete`` could not delete its data.
+
+    ``attempt`` counts from 0. Said on the first failure (the resource stays Terminating while
+    the operator retries) and on the last (the operator gives up and lets the resource go, so
+    that a namespace deletion is never blocked for good: ``leftover`` names what remains);
+    the retries in between say nothing new.
+    """
+    if attempt == 0 and attempts > 1:
+        return Notice(
+            WARNING,
+            "DeletionFailed",
+            f"deletionPolicy Delete: {problem}; retrying ({attempts} attempts in all)",
+        )
+    if attempt >= attempts - 1:
+        return Notice(
+            WARNING,
+            "DeletionAbandoned",
+            f"deletionPolicy Delete: gave up after {attempts} attempts ({problem}); "
+            f"left in place: {leftover}",
+        )
+    return None
