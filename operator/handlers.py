@@ -35,6 +35,7 @@ from kafscale.operator.events import (
     condition_notices,
     deletion_notice,
     drain_notice,
+    readiness_notices,
     scale_notice,
 )
 from kafscale.operator.kube import Kube, KubeError, load_configuration
@@ -372,6 +373,7 @@ def register(
         def report(**kwargs: Any) -> None:
             new = compute_topic_status(generation, previous, now=reconcile.utc_now(), **kwargs)
             patch.status.update(_status_body(new))
+            _post(body, readiness_notices(previous, new.conditions))
 
         found = await reconcile.find_cluster(runtime, meta["namespace"], spec.cluster_ref)
         if found is None:

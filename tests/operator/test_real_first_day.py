@@ -14,6 +14,8 @@ import pytest
 from harness.k8s_operator import operator_thread
 from harness.k8s_real import (
     CLUSTERS,
+    TOPICS,
+    USERS,
     InstalledChart,
     cluster_manifest,
     condition_of,
@@ -172,3 +174,35 @@ async def test_without_the_operator_a_namespace_waits_for_the_finalizer_until_it
         what="the namespace gone",
         timeout_s=120,
     )
+
+
+async def test_kubectl_describe_of_a_topic_or_user_says_why_it_is_not_ready(
+    kube_cluster: KubeCluster, kafscale_chart: InstalledChart, kube_namespace: str
+) -> None:
+    """A topic or user naming a cluster that does not exist: a Warning Event (reason
+    ``ClusterNotFound``) on it, once. Only the status said so before."""
+    ns, kube = kube_namespace, kube_cluster
+    async with operator_thread(operator_settings(kafscale_chart)):
+        topic = {
+            "apiVersion": "kafscale.io/v1alpha1",
+            "kind": "KafScaleTopic",
+            "metadata": {"name": "orders"},
+            "spec": {"clusterRef": "nope", "partitions": 3},
+        }
+        user = {
+            "apiVersion": "kafscale.io/v1alpha1",
+            "kind": "KafScaleUser",
+            "metadata": {"name": "orders-app"},
+            "spec": {"cluster": "nope", "authentication": {"type": "scram-sha-512"}},
+        }
+        kube.create(TOPICS.format(ns=ns), topic)
+        kube.create(USERS.format(ns=ns), user)
+        for kind, name in (("KafScaleTopic", "orders"), ("KafScaleUser", "orders-app")):
+
+            def warned(kind: str = kind, name: str = name) -> list[tuple[str, str, str]]:
+                return [e for e in events_of(kube, ns, name, kind) if e[1] == "ClusterNotFound"]
+
+            (event,) = await settle(warned, what=f"a ClusterNotFound Event on the {kind}")
+            assert event[0] == "Warning" and "nope" in event[2]
+        described = kube.kubectl("describe", "kafscaletopic", "orders", "-n", ns).stdout
+        assert "ClusterNotFound" in described
