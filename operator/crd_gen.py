@@ -211,7 +211,7 @@ def cluster_crd() -> dict[str, Any]:
         columns=[
             {"name": "Phase", "type": "string", "jsonPath": ".status.phase"},
             {"name": "Ready", "type": "integer", "jsonPath": ".status.brokers.readyReplicas"},
-            {"name": "Desired", "type": "integer", "jsonPath": ".spec.brokers.replicas"},
+            {"name": "Desired", "type": "integer", "jsonPath": ".status.brokers.desired"},
             {"name": "Bootstrap", "type": "string", "jsonPath": ".status.bootstrap"},
             {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
         ],

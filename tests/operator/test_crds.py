@@ -54,7 +54,8 @@ def test_cluster_crd_scale_subresource_and_columns() -> None:
     columns = {c["name"]: c["jsonPath"] for c in version["additionalPrinterColumns"]}
     assert columns["Phase"] == ".status.phase"
     assert columns["Ready"] == ".status.brokers.readyReplicas"
-    assert columns["Desired"] == ".spec.brokers.replicas"
+    # The operator's view: with spec.autoscaling.enabled the HPA decides, not the spec.
+    assert columns["Desired"] == ".status.brokers.desired"
     assert columns["Bootstrap"] == ".status.bootstrap"
     assert columns["Age"] == ".metadata.creationTimestamp"
 
