@@ -32,7 +32,7 @@ from harness.ports import closed_port
 from harness.s3 import S3Endpoint
 
 from kafscale.broker.metadata.embedded_etcd import EmbeddedEtcd
-from kafscale.operator import handlers
+from kafscale.operator import handlers, naming
 from kafscale.operator.naming import label_selector
 
 pytestmark = [pytest.mark.operator, pytest.mark.kubeapi]
@@ -206,3 +206,40 @@ async def test_kubectl_describe_of_a_topic_or_user_says_why_it_is_not_ready(
             assert event[0] == "Warning" and "nope" in event[2]
         described = kube.kubectl("describe", "kafscaletopic", "orders", "-n", ns).stdout
         assert "ClusterNotFound" in described
+
+
+async def test_an_operator_upgrade_reapplies_managed_etcd_and_rolls_no_pod(
+    kube_cluster: KubeCluster,
+    kafscale_chart: InstalledChart,
+    kube_namespace: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``helm upgrade`` to a new operator version: the operator resumes every cluster and
+    applies its objects again. The etcd StatefulSet's claim template carried the operator's
+    version, the API server refused the changed template (422), the cluster turned
+    ``Degraded``/``ApplyFailed`` and nothing after it was applied; the broker pod template
+    carried it too, so every pod rolled."""
+    ns, kube = kube_namespace, kube_cluster
+    path = f"{CLUSTERS.format(ns=ns)}/demo"
+    statefulset = f"/apis/apps/v1/namespaces/{ns}/statefulsets/demo-etcd"
+    deployment = f"/apis/apps/v1/namespaces/{ns}/deployments/demo-broker"
+    spec = {"storage": {"bucket": "bucket-1"}, "etcd": {"replicas": 3}}
+
+    def version_of(obj_path: str) -> str | None:
+        obj = kube.get(obj_path) or {}
+        return (obj.get("metadata", {}).get("labels") or {}).get("app.kubernetes.io/version")
+
+    monkeypatch.setattr(naming, "__version__", "0.0.9")
+    async with operator_thread(operator_settings(kafscale_chart)):
+        kube.create(CLUSTERS.format(ns=ns), cluster_manifest("demo", ns, spec))
+        await settle(lambda: version_of(deployment) == "0.0.9", what="the broker Deployment")
+    generation = kube.get(deployment)["metadata"]["generation"]
+
+    monkeypatch.setattr(naming, "__version__", "0.0.10")
+    async with operator_thread(operator_settings(kafscale_chart)):
+        # The last object applied carries the new version only if everything before it went.
+        await settle(lambda: version_of(deployment) == "0.0.10", what="objects re-applied")
+        assert version_of(statefulset) == "0.0.10"
+        degraded = condition_of(kube.get(path), "Degraded")
+        assert degraded is None or degraded[0] == "False", degraded
+    assert kube.get(deployment)["metadata"]["generation"] == generation  # no rollout
