@@ -103,17 +103,38 @@ def structural(model: type[BaseModel], *, in_status: bool = False) -> Schema:
     return result
 
 
-def _root_schema(spec: type[BaseModel], status: type[BaseModel]) -> Schema:
-    status_schema = structural(status, in_status=True)
+# What `kubectl explain` says of the fields every resource has (the API conventions' words).
+_API_VERSION_DESCRIPTION = (
+    "APIVersion defines the versioned schema of this representation of an object: "
+    "kafscale.io/v1alpha1."
+)
+_KIND_DESCRIPTION = "Kind is the REST resource this object represents, in CamelCase."
+_SPEC_DESCRIPTION = (
+    "Desired state, written by you (or GitOps). The operator never changes it; "
+    "the API server fills in the defaults."
+)
+_STATUS_DESCRIPTION = (
+    "Observed state, written by the operator: observedGeneration (compare it with "
+    "metadata.generation), phase and conditions (`kubectl wait --for=condition=Ready`)."
+)
+
+
+def _root_schema(spec: type[BaseModel], status: type[BaseModel], description: str) -> Schema:
+    """A resource's whole schema; ``description`` is what ``kubectl explain <kind>`` shows."""
+    spec_schema = {"description": _SPEC_DESCRIPTION, **structural(spec)}
+    status_schema = {"description": _STATUS_DESCRIPTION, **structural(status, in_status=True)}
     status_schema["x-kubernetes-preserve-unknown-fields"] = True  # kopf keeps its state here
     return {
+        "description": description,
         "type": "object",
         "required": ["spec"],
         "properties": {
-            "apiVersion": {"type": "string"},
-            "kind": {"type": "string"},
+            "apiVersion": {"description": _API_VERSION_DESCRIPTION, "type": "string"},
+            "kind": {"description": _KIND_DESCRIPTION, "type": "string"},
+            # Nothing but the type: the API server refuses a CRD that says more of metadata
+            # ("must not specify anything other than name and generateName").
             "metadata": {"type": "object"},
-            "spec": structural(spec),
+            "spec": spec_schema,
             "status": status_schema,
         },
     }
@@ -170,7 +191,15 @@ def cluster_crd() -> dict[str, Any]:
         plural=models.CLUSTER_PLURAL,
         singular="kafscalecluster",
         short_names=["ksc"],
-        schema=_root_schema(models.KafScaleClusterSpec, models.KafScaleClusterStatus),
+        schema=_root_schema(
+            models.KafScaleClusterSpec,
+            models.KafScaleClusterStatus,
+            "A KafScale cluster (short name ksc): stateless Kafka-compatible brokers that keep "
+            "record batches in object storage (S3) and metadata, offsets and partition leases in "
+            "etcd. The operator runs its etcd (or uses an external one), the broker Deployment, "
+            "Services, PodDisruptionBudgets, an optional proxy and HPA; `kubectl scale` sets "
+            "spec.brokers.replicas.",
+        ),
         subresources={
             "status": {},
             "scale": {
@@ -182,7 +211,7 @@ def cluster_crd() -> dict[str, Any]:
         columns=[
             {"name": "Phase", "type": "string", "jsonPath": ".status.phase"},
             {"name": "Ready", "type": "integer", "jsonPath": ".status.brokers.readyReplicas"},
-            {"name": "Desired", "type": "integer", "jsonPath": ".spec.brokers.replicas"},
+            {"name": "Desired", "type": "integer", "jsonPath": ".status.brokers.desired"},
             {"name": "Bootstrap", "type": "string", "jsonPath": ".status.bootstrap"},
             {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
         ],
@@ -195,7 +224,13 @@ def topic_crd() -> dict[str, Any]:
         plural=models.TOPIC_PLURAL,
         singular="kafscaletopic",
         short_names=["kst"],
-        schema=_root_schema(models.KafScaleTopicSpec, models.KafScaleTopicStatus),
+        schema=_root_schema(
+            models.KafScaleTopicSpec,
+            models.KafScaleTopicStatus,
+            "A Kafka topic (short name kst) of the KafScaleCluster spec.clusterRef in the same "
+            "namespace: the operator writes its record to the cluster's etcd. Partitions may "
+            "grow, never shrink; deleting the resource deletes the topic and its data.",
+        ),
         subresources={"status": {}},
         columns=[
             {"name": "Cluster", "type": "string", "jsonPath": ".spec.clusterRef"},
@@ -212,7 +247,13 @@ def user_crd() -> dict[str, Any]:
         plural=models.USER_PLURAL,
         singular="kafscaleuser",
         short_names=["ksu"],
-        schema=_root_schema(models.KafScaleUserSpec, models.KafScaleUserStatus),
+        schema=_root_schema(
+            models.KafScaleUserSpec,
+            models.KafScaleUserStatus,
+            "A SASL/SCRAM user (short name ksu) of the KafScaleCluster spec.cluster and the ACLs "
+            "of principal User:<metadata.name>, as Strimzi's KafkaUser: a generated password "
+            "lands in a Secret named after the user.",
+        ),
         subresources={"status": {}},
         columns=[
             {"name": "Cluster", "type": "string", "jsonPath": ".spec.cluster"},

@@ -92,3 +92,57 @@ def drain_notice(pod: str, broker_ids: Sequence[int]) -> Notice:
         "Draining",
         f"pod {pod} is terminating: broker {listed} draining, its partitions reassigned",
     )
+
+
+def deletion_notice(problem: str, attempt: int, attempts: int, leftover: str) -> Notice | None:
+    """The finalizer of a cluster with ``deletionPolicy: Delete`` could not delete its data.
+
+    ``attempt`` counts from 0. Said on the first failure (the resource stays Terminating while
+    the operator retries) and on the last (the operator gives up and lets the resource go, so
+    that a namespace deletion is never blocked for good: ``leftover`` names what remains);
+    the retries in between say nothing new.
+    """
+    if attempt == 0 and attempts > 1:
+        return Notice(
+            WARNING,
+            "DeletionFailed",
+            f"deletionPolicy Delete: {problem}; retrying ({attempts} attempts in all)",
+        )
+    if attempt >= attempts - 1:
+        return Notice(
+            WARNING,
+            "DeletionAbandoned",
+            f"deletionPolicy Delete: gave up after {attempts} attempts ({problem}); "
+            f"left in place: {leftover}",
+        )
+    return None
+
+
+def readiness_notices(previous: Sequence[Condition], current: Sequence[Condition]) -> list[Notice]:
+    """Events for a KafScaleTopic or KafScaleUser whose readiness or health changed.
+
+    ``kubectl describe kst`` / ``ksu`` should say why the resource is not ready (its cluster
+    is missing, etcd is unreachable, an ACL is invalid, a shrink was refused) without reading
+    its status. A Warning named after the reason when ``Ready`` turns (or starts) false, or
+    ``Degraded`` turns true; Normal ``Ready`` / ``Recovered`` when they clear. ``Pending``
+    (a topic not yet written) is the normal first state and says nothing. Only changes post:
+    retries and restarts that find the same reason repeat nothing.
+    """
+    before, after = _by_type(previous), _by_type(current)
+    notices: list[Notice] = []
+    ready, was_ready = after.get("Ready"), before.get("Ready")
+    was = None if was_ready is None else (was_ready.status, was_ready.reason)
+    if ready is not None and (ready.status, ready.reason) != was:
+        if ready.status == ConditionStatus.TRUE:
+            notices.append(Notice(NORMAL, "Ready", ready.message))
+        elif ready.reason != "Pending":
+            notices.append(Notice(WARNING, ready.reason, ready.message))
+    degraded, was_degraded = after.get("Degraded"), before.get("Degraded")
+    if degraded is not None and _said(degraded) != _said(was_degraded):
+        if degraded.status == ConditionStatus.TRUE:
+            notices.append(Notice(WARNING, degraded.reason, degraded.message))
+        elif was_degraded is not None and was_degraded.status == ConditionStatus.TRUE:
+            notices.append(
+                Notice(NORMAL, "Recovered", f"no longer degraded ({was_degraded.reason})")
+            )
+    return notices

@@ -30,7 +30,14 @@ from kafscale.broker.metadata.etcd_errors import MetadataError
 from kafscale.operator import manifests, naming, reconcile
 from kafscale.operator.brokerconfig import InvalidBrokerConfig
 from kafscale.operator.discovery import fetch_capabilities
-from kafscale.operator.events import Notice, condition_notices, drain_notice, scale_notice
+from kafscale.operator.events import (
+    Notice,
+    condition_notices,
+    deletion_notice,
+    drain_notice,
+    readiness_notices,
+    scale_notice,
+)
 from kafscale.operator.kube import Kube, KubeError, load_configuration
 from kafscale.operator.metrics import OperatorMetrics
 from kafscale.operator.model_base import Condition
@@ -41,6 +48,7 @@ from kafscale.operator.models import (
     GROUP,
     TOPIC_PLURAL,
     VERSION,
+    ClusterPhase,
     ClusterRef,
     KafScaleClusterSpec,
     KafScaleClusterStatus,
@@ -65,6 +73,9 @@ log = logging.getLogger(__name__)
 
 CLUSTERS = (GROUP, VERSION, CLUSTER_PLURAL)
 TOPICS = (GROUP, VERSION, TOPIC_PLURAL)
+# Tries of a cluster's finalizer (3 s apart) before it gives up on deleting the data and lets
+# the resource go: a namespace being deleted takes the managed etcd with it.
+DELETE_ATTEMPTS = 20
 BROKER_POD_LABELS = {
     naming.LABEL_NAME: naming.APP,
     naming.LABEL_COMPONENT: naming.BROKER,
@@ -292,9 +303,13 @@ def register(
 
         await reconcile.balance_leases(_runtime(memo), stopped, current, notify)
 
-    @kopf.on.delete(*CLUSTERS, registry=registry, retries=20, backoff=3)
+    @kopf.on.delete(*CLUSTERS, registry=registry, retries=DELETE_ATTEMPTS, backoff=3)
     @metrics.timed
-    async def delete_cluster(body: Any, memo: Any, logger: Any, **_: Any) -> None:
+    async def delete_cluster(
+        body: Any, memo: Any, logger: Any, patch: kopf.Patch, retry: int, **_: Any
+    ) -> None:
+        # `kubectl get ksc` says so while the finalizer works (or waits for etcd or S3).
+        patch.status["phase"] = ClusterPhase.TERMINATING.value
         try:
             ref, spec = _parse(body)
         except (ValidationError, InvalidBrokerConfig):
@@ -306,6 +321,9 @@ def register(
                 _runtime(memo), ref, spec
             )
         except (MetadataError, KubeError, RuntimeError) as exc:
+            cluster = naming.kafscale_cluster_name(ref, spec)
+            leftover = f"etcd keys under /kafscale/{cluster}/ and objects under its bucket prefix"
+            _post(body, [deletion_notice(str(exc), retry, DELETE_ATTEMPTS, leftover)])
             raise kopf.TemporaryError(f"deleting cluster data: {exc}", delay=3) from exc
         _runtime(memo).forget(ref.namespace, ref.name)
         metrics.forget_cluster(ref)
@@ -355,6 +373,7 @@ def register(
         def report(**kwargs: Any) -> None:
             new = compute_topic_status(generation, previous, now=reconcile.utc_now(), **kwargs)
             patch.status.update(_status_body(new))
+            _post(body, readiness_notices(previous, new.conditions))
 
         found = await reconcile.find_cluster(runtime, meta["namespace"], spec.cluster_ref)
         if found is None:

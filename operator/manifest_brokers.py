@@ -116,7 +116,7 @@ def build_broker_deployment(ref: ClusterRef, spec: KafScaleClusterSpec) -> Manif
         },
         "template": {
             "metadata": {
-                "labels": naming.labels(ref.name, naming.BROKER),
+                "labels": naming.pod_labels(ref.name, naming.BROKER),
                 "annotations": {
                     naming.ANNOTATION_CONFIG_HASH: config_hash(broker_environment(ref, spec))
                 },

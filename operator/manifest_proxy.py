@@ -81,7 +81,7 @@ def build_proxy_deployment(ref: ClusterRef, spec: KafScaleClusterSpec) -> Manife
             "selector": {"matchLabels": naming.selector_labels(ref.name, naming.PROXY)},
             "template": {
                 "metadata": {
-                    "labels": naming.labels(ref.name, naming.PROXY),
+                    "labels": naming.pod_labels(ref.name, naming.PROXY),
                     "annotations": {
                         naming.ANNOTATION_CONFIG_HASH: config_hash(broker_environment(ref, spec))
                     },

@@ -46,6 +46,8 @@ class ConditionStatus(StrEnum):
 
 
 class Condition(ApiModel):
+    """One condition of a resource's status, after the Kubernetes API conventions."""
+
     type: str = Field(description="Ready, Progressing, Degraded or FeaturesSupported.")
     status: ConditionStatus = Field(description="True, False or Unknown.")
     reason: str = Field(description="CamelCase reason of the last transition.")

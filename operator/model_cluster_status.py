@@ -19,6 +19,11 @@ class BrokerStatus(ApiModel):
         default="", description="Label selector of the broker pods (for HPA/scale)."
     )
     registered: int = Field(default=0, description="Brokers registered in etcd.")
+    desired: int | None = Field(
+        default=None,
+        description="Broker pods wanted: spec.brokers.replicas, or the HPA's choice while "
+        "spec.autoscaling.enabled (kubectl get's DESIRED column).",
+    )
 
 
 class LeaseStatus(ApiModel):

@@ -69,6 +69,18 @@ def labels(cluster: str, component: str) -> dict[str, str]:
     }
 
 
+def pod_labels(cluster: str, component: str) -> dict[str, str]:
+    """Labels of pod templates and claim templates: :func:`labels` without the operator's
+    version. A template that changed with each operator release rolled every pod of every
+    cluster on an operator upgrade (the image, ``spec.image``, had not changed), and a
+    StatefulSet's claim templates cannot change at all (the API server refuses the apply)."""
+    return {
+        **selector_labels(cluster, component),
+        LABEL_PART_OF: APP,
+        LABEL_MANAGED_BY: MANAGER,
+    }
+
+
 def label_selector(cluster: str, component: str) -> str:
     """The selector as a string (status.brokers.selector, list calls)."""
     return ",".join(f"{k}={v}" for k, v in selector_labels(cluster, component).items())

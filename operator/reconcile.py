@@ -23,6 +23,7 @@ from kafscale.operator.certificates import CERT_MANAGER_API
 from kafscale.operator.discovery import ServerCapabilities, fit_to_server
 from kafscale.operator.events import Notice, rebalance_notice
 from kafscale.operator.kube import KubeError
+from kafscale.operator.manifest_etcd import keep_claim_labels
 from kafscale.operator.model_cluster_status import LeaseStatus
 from kafscale.operator.model_stores import EtcdMode
 from kafscale.operator.models import (
@@ -74,7 +75,7 @@ async def apply_cluster(runtime: Runtime, ref: ClusterRef, spec: KafScaleCluster
             await ensure_certificate_secrets(kube, ref, spec, datetime.datetime.now(datetime.UTC))
         await ensure_token_secret(kube, ref, spec)  # the pods read it too
         for manifest in wanted:
-            await kube.apply(manifest)
+            await kube.apply(await _fit_to_live(runtime, ref, manifest))
         obsolete = manifests.obsolete_object_ids(ref, spec, cert_manager=cert_manager)
         for api_version, kind, name in obsolete:
             if not capabilities.serves(api_version):
@@ -86,6 +87,19 @@ async def apply_cluster(runtime: Runtime, ref: ClusterRef, spec: KafScaleCluster
         raise
     runtime.apply_errors.pop((ref.namespace, ref.name), None)
     return left_out
+
+
+async def _fit_to_live(
+    runtime: Runtime, ref: ClusterRef, manifest: dict[str, Any]
+) -> dict[str, Any]:
+    """What cannot change once created is taken from the live object (the etcd StatefulSet's
+    claim templates); every other manifest as built."""
+    if manifest["kind"] != "StatefulSet":
+        return manifest
+    live = await runtime.kube.get(
+        manifest["apiVersion"], "StatefulSet", ref.namespace, manifest["metadata"]["name"]
+    )
+    return keep_claim_labels(manifest, live)
 
 
 async def _use_cert_manager(runtime: Runtime, ref: ClusterRef, spec: KafScaleClusterSpec) -> bool:

@@ -240,6 +240,7 @@ def compute_cluster_status(
             ready_replicas=ready,
             selector=naming.label_selector(ref.name, naming.BROKER),
             registered=observed.registered_brokers or 0,
+            desired=desired,
         ),
         bootstrap=naming.bootstrap_address(ref, spec, proxy_ready(observed.proxy_deployment)),
         cluster_name=naming.kafscale_cluster_name(ref, spec),

@@ -19,6 +19,7 @@ from kafscale.broker.authz.model import InvalidBinding
 from kafscale.broker.metadata.etcd_errors import MetadataError
 from kafscale.broker.protocol.errors import MetadataTimeout
 from kafscale.operator import naming, reconcile
+from kafscale.operator.events import readiness_notices
 from kafscale.operator.kube import KubeError
 from kafscale.operator.metrics import OperatorMetrics
 from kafscale.operator.model_user_access import SecretKeySelector
@@ -173,9 +174,10 @@ def register_users(
     ) -> None:
         meta = body["metadata"]
         ready = verdict[0]
+        previous = parse_conditions(status.get("conditions"))
         new = compute_user_status(
             int(meta.get("generation") or 1),
-            parse_conditions(status.get("conditions")),
+            previous,
             now=reconcile.utc_now(),
             ready=verdict,
             username=meta["name"],
@@ -183,6 +185,8 @@ def register_users(
             acls=acls,
         )
         patch.status.update(new.to_api())
+        for notice in readiness_notices(previous, new.conditions):
+            kopf.event(body, type=notice.type, reason=notice.reason, message=notice.message)
 
     @kopf.on.resume(*USERS, registry=registry)
     @kopf.on.create(*USERS, registry=registry)

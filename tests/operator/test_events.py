@@ -8,7 +8,9 @@ from kafscale.broker.metadata.assignment import Assignment
 from kafscale.operator.events import (
     Notice,
     condition_notices,
+    deletion_notice,
     drain_notice,
+    readiness_notices,
     rebalance_notice,
     scale_notice,
 )
@@ -91,3 +93,49 @@ def test_scaled_rebalanced_drained() -> None:
     assert drain_notice("demo-broker-x", [2]).message == (
         "pod demo-broker-x is terminating: broker 2 draining, its partitions reassigned"
     )
+
+
+def test_a_failing_deletion_is_said_once_and_giving_up_names_what_is_left() -> None:
+    """`kubectl delete ksc` of a Delete-policy cluster whose etcd is gone: the resource stays
+    Terminating while the finalizer retries, and `kubectl describe` says why (once), then
+    says what was left when the operator lets the resource go."""
+    first = deletion_notice("etcd unreachable", 0, 20, "etcd keys")
+    assert first == Notice(
+        "Warning",
+        "DeletionFailed",
+        "deletionPolicy Delete: etcd unreachable; retrying (20 attempts in all)",
+    )
+    assert [deletion_notice("etcd unreachable", n, 20, "etcd keys") for n in range(1, 19)] == [
+        None
+    ] * 18
+    last = deletion_notice("etcd unreachable", 19, 20, "etcd keys and objects")
+    assert last is not None and (last.type, last.reason) == ("Warning", "DeletionAbandoned")
+    assert "gave up after 20 attempts" in last.message and "etcd keys and objects" in last.message
+    only = deletion_notice("S3 refused", 0, 1, "objects")
+    assert only is not None and only.reason == "DeletionAbandoned"
+
+
+def test_topics_and_users_say_why_they_are_not_ready_once() -> None:
+    """`kubectl describe kst`/`ksu` showed no Events: a missing cluster, an unreachable etcd,
+    a refused shrink or an invalid ACL was only in the status."""
+    missing = [cond("Ready", False, "ClusterNotFound", "KafScaleCluster demo not found")]
+    assert readiness_notices([], missing) == [
+        Notice("Warning", "ClusterNotFound", "KafScaleCluster demo not found")
+    ]
+    assert readiness_notices(missing, missing) == []  # a retry, a restart: nothing new
+    assert readiness_notices([], [cond("Ready", False, "Pending", "not yet")]) == []
+    ready = [
+        cond("Ready", True, "TopicReady", "12 partitions"),
+        cond("Degraded", False, "AsExpected"),
+    ]
+    assert readiness_notices(missing, ready) == [Notice("Normal", "Ready", "12 partitions")]
+    shrink = [
+        cond("Ready", True, "TopicReady", "12 partitions"),
+        cond("Degraded", True, "PartitionDecreaseRejected", "12 → 6 refused"),
+    ]
+    assert readiness_notices(ready, shrink) == [
+        Notice("Warning", "PartitionDecreaseRejected", "12 → 6 refused")
+    ]
+    assert readiness_notices(shrink, ready) == [
+        Notice("Normal", "Recovered", "no longer degraded (PartitionDecreaseRejected)")
+    ]

@@ -234,6 +234,13 @@ async def test_autoscaled_brokers_leave_replicas_to_the_autoscaler(
     assert config["data"]["KAFSCALE_LOG__FLUSH_INTERVAL_MS"] == "25"
     assert kube.get(deployment_path)["spec"]["replicas"] == 5
 
+    def desired_column() -> str:
+        table = kube.kubectl("get", "ksc", "demo", "-n", ns).stdout.split("\n")
+        return table[1].split()[3]  # NAME PHASE READY DESIRED BOOTSTRAP AGE
+
+    # kubectl get's DESIRED is the scaler's 5, not the ignored spec.brokers.replicas (3).
+    await settle(lambda: desired_column() == "5", what="DESIRED 5")
+
     kube.merge_patch(path, {"spec": {"autoscaling": {"enabled": False}}})
     await settle(
         lambda: kube.get(deployment_path)["spec"]["replicas"] == 3,

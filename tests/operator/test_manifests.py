@@ -347,3 +347,50 @@ def test_the_drain_hook_ends_inside_the_grace_period(grace_s: int) -> None:
     command = pod["containers"][0]["lifecycle"]["preStop"]["exec"]["command"]
     timeout_s = float(command[command.index("--timeout-s") + 1])
     assert 0 < timeout_s < pod["terminationGracePeriodSeconds"] == grace_s
+
+
+def _templates(objects: list[dict[str, Any]]) -> list[Any]:
+    """Every pod template and claim template of a cluster's objects."""
+    found: list[Any] = []
+    for obj in objects:
+        spec = obj.get("spec") or {}
+        if "template" in spec:
+            found.append(spec["template"])
+        found.extend(spec.get("volumeClaimTemplates") or [])
+    return found
+
+
+def test_an_operator_upgrade_changes_no_pod_or_claim_template(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The operator's version was a label of every pod template (an operator upgrade rolled
+    every broker, proxy and etcd pod of every cluster) and of the etcd claim template (which
+    cannot change: the real API server refused the StatefulSet, 422, and the reconcile
+    stopped). Objects' own labels still name the version."""
+    spec = spec_of("secured")
+    monkeypatch.setattr(naming, "__version__", "0.0.9")
+    old = manifests.build_cluster_objects(REF, spec)
+    monkeypatch.setattr(naming, "__version__", "9.9.9")
+    new = manifests.build_cluster_objects(REF, spec)
+    assert len(_templates(new)) >= 4  # brokers, proxy, etcd pods; etcd claims
+    assert _templates(old) == _templates(new)
+    assert (
+        by_kind(new, "Deployment", "demo-broker")["metadata"]["labels"][naming.LABEL_VERSION]
+        == "9.9.9"
+    )
+
+
+def test_the_etcd_claim_template_keeps_the_labels_it_was_made_with() -> None:
+    built = by_kind(manifests.build_cluster_objects(REF, spec_of("defaults")), "StatefulSet")
+    assert manifest_etcd.keep_claim_labels(built, None) == built
+    live = json.loads(json.dumps(built))
+    old_labels = {**live["spec"]["volumeClaimTemplates"][0]["metadata"]["labels"]}
+    old_labels[naming.LABEL_VERSION] = "0.1.0"  # what an operator before this fix wrote
+    live["spec"]["volumeClaimTemplates"][0]["metadata"]["labels"] = old_labels
+    live["spec"]["volumeClaimTemplates"][0]["status"] = {"phase": "Pending"}
+    kept = manifest_etcd.keep_claim_labels(built, live)
+    (claim,) = kept["spec"]["volumeClaimTemplates"]
+    assert claim["metadata"]["labels"] == old_labels
+    assert claim["spec"] == built["spec"]["volumeClaimTemplates"][0]["spec"]  # still ours
+    assert "status" not in claim
+    assert kept["spec"]["template"] == built["spec"]["template"]

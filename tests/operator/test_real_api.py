@@ -67,10 +67,13 @@ async def test_chart_installs_and_the_operator_authenticates_as_its_service_acco
     kube = Kube(load_configuration(operator_settings(kafscale_chart)), timeout_s=10)
     try:
         assert await kube.list("kafscale.io/v1alpha1", "KafScaleCluster", "default") == []
-        assert await kube.get_path("/apis/apps/v1/deployments") is not None
-        with pytest.raises(KubeError) as refused:  # the chart grants get, not list, on secrets
-            await kube.get_path("/api/v1/secrets")
-        assert refused.value.status == 403
+        assert await kube.get_path("/api/v1/pods") is not None  # kopf watches broker pods
+        # Least privilege: get, not list, on secrets; the objects the operator applies are
+        # never listed (server-side apply needs create and patch only).
+        for unlisted in ("/api/v1/secrets", "/apis/apps/v1/deployments", "/api/v1/configmaps"):
+            with pytest.raises(KubeError) as refused:
+                await kube.get_path(unlisted)
+            assert refused.value.status == 403, unlisted
     finally:
         kube.close()
 

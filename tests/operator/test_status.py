@@ -204,6 +204,16 @@ def test_hpa_decides_desired_replicas() -> None:
         REF, auto, ClusterObservation(broker_deployment=deployment(6, 6, 6)), [], now=T0
     )
     assert status.phase == "Running"
+    # kubectl get's DESIRED column reads it: the HPA's 6, not the ignored spec's 3.
+    assert status.brokers.desired == 6
+    fixed = compute_cluster_status(
+        REF,
+        parse_cluster_spec(raw),
+        ClusterObservation(broker_deployment=deployment(3, 3, 3)),
+        [],
+        now=T0,
+    )
+    assert fixed.brokers.desired == 3
 
 
 def test_topic_status() -> None:

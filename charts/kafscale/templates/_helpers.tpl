@@ -42,46 +42,55 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 {{- end }}
 {{- end }}
 
-{{/* Namespaced permissions the operator needs wherever it serves clusters. */}}
+{{/* Namespaced permissions the operator needs wherever it serves clusters: exactly the verbs
+it uses (kopf watches and patches its resources and posts core Events; the operator applies its
+objects with server-side apply: create + patch, deletes the ones a spec no longer wants, and
+reads only the Deployments, StatefulSets and Secrets it knows by name). */}}
 {{- define "kafscale.namespacedRules" -}}
+# kopf: list/watch and patch (finalizer, annotations); the operator: get a cluster or user by name.
 - apiGroups: ["kafscale.io"]
   resources: ["kafscaleclusters", "kafscaletopics", "kafscaleusers"]
-  verbs: ["get", "list", "watch", "patch", "update"]
+  verbs: ["get", "list", "watch", "patch"]
 - apiGroups: ["kafscale.io"]
   resources: ["kafscaleclusters/status", "kafscaletopics/status", "kafscaleusers/status"]
-  verbs: ["get", "patch", "update"]
+  verbs: ["patch"]
+# Owner references with blockOwnerDeletion need update on the owner's finalizers where the
+# OwnerReferencesPermissionEnforcement admission plugin runs.
 - apiGroups: ["kafscale.io"]
   resources: ["kafscaleclusters/finalizers", "kafscaletopics/finalizers", "kafscaleusers/finalizers"]
   verbs: ["update"]
 - apiGroups: [""]
   resources: ["configmaps", "services"]
-  verbs: ["get", "list", "watch", "create", "update", "patch", "delete"]
+  verbs: ["create", "patch", "delete"]
+# get: the broker Deployment's replicas and rollout, the managed etcd's ready members.
 - apiGroups: ["apps"]
   resources: ["deployments", "statefulsets"]
-  verbs: ["get", "list", "watch", "create", "update", "patch", "delete"]
+  verbs: ["get", "create", "patch", "delete"]
 - apiGroups: ["policy"]
   resources: ["poddisruptionbudgets"]
-  verbs: ["get", "list", "watch", "create", "update", "patch", "delete"]
+  verbs: ["create", "patch", "delete"]
 - apiGroups: ["autoscaling"]
   resources: ["horizontalpodautoscalers"]
-  verbs: ["get", "list", "watch", "create", "update", "patch", "delete"]
+  verbs: ["create", "patch", "delete"]
+# Terminating broker pods are drained (a kopf watch).
 - apiGroups: [""]
   resources: ["pods"]
-  verbs: ["get", "list", "watch"]
+  verbs: ["list", "watch"]
 - apiGroups: ["networking.k8s.io"]
   resources: ["networkpolicies"]
-  verbs: ["get", "list", "watch", "create", "update", "patch", "delete"]
+  verbs: ["create", "patch", "delete"]
 # cert-manager (when installed): Issuers and Certificates for TLS listeners and etcd TLS.
 - apiGroups: ["cert-manager.io"]
   resources: ["issuers", "certificates"]
-  verbs: ["get", "list", "watch", "create", "update", "patch", "delete"]
+  verbs: ["create", "patch", "delete"]
 # get: S3 credentials named by a cluster, certificate Secrets, a KafScaleUser's password Secret;
 # create/patch: KafScaleUser password Secrets, operator-made CA and certificate Secrets
 # (server-side apply). No list or watch: the operator reads Secrets it knows by name only.
 - apiGroups: [""]
   resources: ["secrets"]
   verbs: ["get", "create", "patch"]
-- apiGroups: ["", "events.k8s.io"]
+# kopf posts core/v1 Events (POST only).
+- apiGroups: [""]
   resources: ["events"]
-  verbs: ["create", "patch"]
+  verbs: ["create"]
 {{- end }}
