@@ -27,7 +27,11 @@ from kafscale.broker.metadata.etcd_connect import connect_etcd
 from kafscale.broker.metadata.etcd_errors import MetadataUnavailable
 from kafscale.broker.observability.logs import setup_logging
 from kafscale.broker.observability.metrics import METRICS
-from kafscale.broker.settings_check import describe_errors, misspelt_variables
+from kafscale.broker.settings_check import (
+    describe_errors,
+    misspelt_variables,
+    unparsable_variables,
+)
 from kafscale.broker.settings_cli import (
     S,
     add_settings_flags,
@@ -155,6 +159,7 @@ def _checked_settings(model: type[S], overrides: dict[str, Any]) -> S | None:
         from kafscale.broker.proxy.config import ProxySettings  # a plain broker does not load it
 
         problems = misspelt_variables(os.environ, [BrokerSettings, ProxySettings])
+    problems = problems or unparsable_variables(os.environ, model)
     if not problems:
         try:
             return build_model(model, overrides)

@@ -53,6 +53,20 @@ def test_a_misspelt_setting_of_a_section_is_one_line(tmp_path: Path) -> None:
     ]
 
 
+@pytest.mark.parametrize("command", ["broker", "proxy"])
+def test_a_list_variable_that_is_not_json_is_one_line_not_a_traceback(
+    command: str, tmp_path: Path
+) -> None:
+    """pydantic-settings decodes list settings from JSON and raised a SettingsError naming only
+    the section: the command died with a traceback."""
+    lines = run_kafscale([command], {"KAFSCALE_AUTHORIZER__SUPER_USERS": "User:admin"}, tmp_path)
+    assert lines == [
+        "kafscale: invalid configuration: authorizer.super_users "
+        "(KAFSCALE_AUTHORIZER__SUPER_USERS): 'User:admin' is not JSON; give a JSON list, "
+        "e.g. '[\"a\", \"b\"]' (the flag --authorizer-super-users also takes a,b)"
+    ]
+
+
 @pytest.mark.parametrize("command", ["broker", "proxy", "status"])
 def test_a_bad_value_is_one_line_naming_the_flag(command: str, tmp_path: Path) -> None:
     lines = run_kafscale([command, "--listener-port", "abc"], {}, tmp_path)
