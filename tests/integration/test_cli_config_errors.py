@@ -63,7 +63,7 @@ def test_a_list_variable_that_is_not_json_is_one_line_not_a_traceback(
     assert lines == [
         "kafscale: invalid configuration: authorizer.super_users "
         "(KAFSCALE_AUTHORIZER__SUPER_USERS): 'User:admin' is not JSON; give a JSON list, "
-        "e.g. '[\"a\", \"b\"]' (the flag --authorizer-super-users also takes a,b)"
+        'e.g. \'["a", "b"]\' (the flag --authorizer-super-users also takes a,b)'
     ]
 
 

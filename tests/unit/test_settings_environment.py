@@ -49,5 +49,5 @@ def test_a_list_variable_that_is_not_json_is_named() -> None:
     }
     assert unparsable_variables(environ, BrokerSettings) == [
         "authorizer.super_users (KAFSCALE_AUTHORIZER__SUPER_USERS): 'User:a' is not JSON; give "
-        "a JSON list, e.g. '[\"a\", \"b\"]' (the flag --authorizer-super-users also takes a,b)"
+        'a JSON list, e.g. \'["a", "b"]\' (the flag --authorizer-super-users also takes a,b)'
     ]
