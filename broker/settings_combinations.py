@@ -21,12 +21,14 @@ Pure: the parsed settings in, the lines out.
 
 from __future__ import annotations
 
+import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from pydantic import BaseModel
 
-from kafscale.broker.settings_cli import env_name, flag_name
+from kafscale.broker.settings_names import env_name, flag_name
 from kafscale.broker.store_settings import (
     EtcdConnectionSettings,
     StorageKind,
@@ -82,6 +84,15 @@ def proxy_combinations(settings: ProxySettings) -> Combinations:
     )
 
 
+def store_combinations(storage: StorageSettings, etcd: EtcdConnectionSettings) -> Combinations:
+    """The clashes among the settings of a process that reads the store and etcd only (the
+    Spark source's connection options)."""
+    return Combinations(
+        refused=(*storage_refusals(storage), *etcd_refusals(etcd)),
+        warned=tuple(etcd_warnings(etcd)),
+    )
+
+
 def storage_refusals(storage: StorageSettings) -> list[str]:
     """S3 settings with a local store, a local directory with an S3 store, half a pair of S3
     credentials (boto3 refuses that at the first call, as a traceback)."""
@@ -89,8 +100,8 @@ def storage_refusals(storage: StorageSettings) -> list[str]:
     kind = _named(("storage", "kind"))
     if storage.kind is StorageKind.LOCAL:
         return [
-            f"{_named(('storage', name))} is for an S3 store, but {kind} is local: the data "
-            "would go to storage.local_dir, not to S3 (set kind s3, or leave it out)"
+            f"{_named(('storage', name))} is for an S3 store, but {kind} is local: the store "
+            "used would be the directory storage.local_dir, not S3 (set kind s3, or leave it out)"
             for name in S3_ONLY
             if name in given
         ]
@@ -99,7 +110,7 @@ def storage_refusals(storage: StorageSettings) -> list[str]:
         default = "" if "kind" in given else " (the default)"
         problems.append(
             f"{_named(('storage', 'local_dir'))} is for a local store, but {kind} is "
-            f"s3{default}: the data would go to the bucket, not the directory (set kind "
+            f"s3{default}: the store used would be the bucket, not the directory (set kind "
             "local, or leave it out)"
         )
     problems.extend(_half_pair(("storage",), storage, "access_key_id", "secret_access_key"))
@@ -177,3 +188,13 @@ def _half_pair(section: tuple[str, ...], settings: BaseModel, first: str, second
 
 def _named(path: tuple[str, ...]) -> str:
     return f"{env_name(path)} ({flag_name(path)})"
+
+
+_NAMED = re.compile(r"KAFSCALE_([A-Z0-9_]+) \(--[a-z0-9-]+\)")
+"""A setting as the lines above name it (variable and flag)."""
+
+
+def renamed(line: str, name_of: Callable[[tuple[str, ...]], str]) -> str:
+    """``line`` with each setting named by ``name_of(path)`` instead of variable and flag: in
+    the terms of where the user gave it (a Spark option, a key of ``spec.brokers.config``)."""
+    return _NAMED.sub(lambda match: name_of(tuple(match[1].lower().split("__"))), line)

@@ -17,7 +17,6 @@ them. Pure.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -26,8 +25,13 @@ from pydantic import ValidationError
 from kafscale.broker.config import BrokerSettings
 from kafscale.broker.proxy.config import ProxySettings
 from kafscale.broker.settings_check import unparsable_settings
-from kafscale.broker.settings_combinations import broker_combinations, proxy_combinations
+from kafscale.broker.settings_combinations import (
+    broker_combinations,
+    proxy_combinations,
+    renamed,
+)
 from kafscale.broker.settings_environment import settings_from_environment
+from kafscale.broker.settings_names import env_name
 from kafscale.operator.brokerconfig import InvalidBrokerConfig
 from kafscale.operator.manifest_config import broker_environment, pod_env, token_env
 from kafscale.operator.models import ClusterRef, KafScaleClusterSpec
@@ -37,9 +41,6 @@ STAND_INS = {"metadata.name": "broker-0", "status.podIP": "10.0.0.1"}
 """Downward-API fields of broker and proxy pods, with values of the same form."""
 
 SECRET_STAND_IN = "stand-in"
-
-_NAMED_SETTING = re.compile(r"KAFSCALE_([A-Z0-9_]+) \(--[a-z0-9-]+\)")
-"""A setting as ``settings_combinations`` names it: variable and flag."""
 
 
 def broker_pod_variables(ref: ClusterRef, spec: KafScaleClusterSpec) -> dict[str, str]:
@@ -116,13 +117,13 @@ def _in_spec_terms(line: str, config: Mapping[str, str], variables: Mapping[str,
     """``KAFSCALE_ETCD__USERNAME (--etcd-username)`` → ``brokers.config['etcd.username']``,
     or ``etcd.username (set by the operator)`` for a variable the operator set itself."""
 
-    def key_of(match: re.Match[str]) -> str:
-        key = ".".join(part.lower() for part in match[1].split("__"))
-        if key not in config and f"KAFSCALE_{match[1]}" in variables:
+    def name_of(path: tuple[str, ...]) -> str:
+        key = ".".join(path)
+        if key not in config and env_name(path) in variables:
             return f"{key} (set by the operator)"
         return _config_key(key)
 
-    return _NAMED_SETTING.sub(key_of, line)
+    return renamed(line, name_of)
 
 
 def _config_key(key: str) -> str:
