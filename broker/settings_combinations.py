@@ -24,7 +24,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from pydantic import BaseModel
 
@@ -38,6 +38,7 @@ from kafscale.broker.store_settings import (
 if TYPE_CHECKING:
     from kafscale.broker.config import AdminSettings, AuthorizerSettings, BrokerSettings
     from kafscale.broker.proxy.config import ProxySettings, UpstreamSettings
+    from kafscale.broker.security.listeners import Listener
 
 S3_ONLY = ("bucket", "endpoint", "region", "access_key_id", "secret_access_key")
 """Storage settings an S3 store uses and a local directory ignores."""
@@ -56,9 +57,15 @@ class Combinations:
 
 def broker_combinations(settings: BrokerSettings) -> Combinations:
     """The clashes among a broker's settings."""
+    listener_refused, listener_warned = listener_clashes(settings)
     return Combinations(
-        refused=(*storage_refusals(settings.storage), *etcd_refusals(settings.etcd)),
+        refused=(
+            *storage_refusals(settings.storage),
+            *etcd_refusals(settings.etcd),
+            *listener_refused,
+        ),
         warned=(
+            *listener_warned,
             *etcd_warnings(settings.etcd),
             *sasl_warnings(
                 ("inter_broker",),
@@ -74,9 +81,11 @@ def broker_combinations(settings: BrokerSettings) -> Combinations:
 def proxy_combinations(settings: ProxySettings) -> Combinations:
     """The clashes among a proxy's settings (it has no store of its own)."""
     upstream: UpstreamSettings = settings.upstream
+    listener_refused, listener_warned = listener_clashes(settings)
     return Combinations(
-        refused=tuple(etcd_refusals(settings.etcd)),
+        refused=(*etcd_refusals(settings.etcd), *listener_refused),
         warned=(
+            *listener_warned,
             *etcd_warnings(settings.etcd),
             *sasl_warnings(("upstream",), upstream, upstream.security_protocol.uses_sasl),
             *authorizer_warnings(settings.authorizer),
@@ -91,6 +100,59 @@ def store_combinations(storage: StorageSettings, etcd: EtcdConnectionSettings) -
         refused=(*storage_refusals(storage), *etcd_refusals(etcd)),
         warned=tuple(etcd_warnings(etcd)),
     )
+
+
+class _ListenerSettings(Protocol):
+    """What the broker's and the proxy's settings share of their listeners."""
+
+    @property
+    def listener(self) -> BaseModel: ...
+
+    @property
+    def listeners(self) -> str | None: ...
+
+    def listener_plan(self) -> list[Listener]: ...
+
+
+def listener_clashes(settings: _ListenerSettings) -> tuple[list[str], list[str]]:
+    """(refused, warned): ``listener.port``, ``listener.advertised_host`` and
+    ``listener.advertised_port`` beside ``listeners``, which replace that one listener: they
+    are not used (``listener.host`` is: the admin port binds to it). Refused when the value is
+    not what the listeners open or advertise (clients were told another address than the one
+    the user gave, or the port given stayed closed); a warning when it is (a redundancy)."""
+    if not settings.listeners:
+        return [], []
+    section = settings.listener
+    plan = settings.listener_plan()
+    in_use = {
+        "port": {item.port for item in plan},
+        "advertised_port": {item.advertised_port or item.port for item in plan},
+        "advertised_host": {item.advertised_host for item in plan if item.advertised_host},
+    }
+    instead = {
+        "port": "the ports of listeners",
+        "advertised_port": "the ports of advertised_listeners (or those of listeners)",
+        "advertised_host": "the hosts of advertised_listeners (or each listener's bind "
+        "address, this machine's name for all interfaces)",
+    }
+    refused, warned = [], []
+    listeners = _named(("listeners",))
+    for name, values in in_use.items():
+        if name not in section.model_fields_set:
+            continue
+        value = getattr(section, name)
+        setting = _named(("listener", name))
+        if value in values:
+            warned.append(
+                f"{setting} is not used beside {listeners}, which give {value} already: "
+                "leave it out"
+            )
+        else:
+            refused.append(
+                f"{setting} is not used beside {listeners}: {value} is not among "
+                f"{instead[name]} (give it there, or leave it out)"
+            )
+    return refused, warned
 
 
 def storage_refusals(storage: StorageSettings) -> list[str]:

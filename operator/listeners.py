@@ -23,7 +23,7 @@ from kafscale.operator.model_cluster_status import ListenerStatus
 from kafscale.operator.model_listeners import ListenerAuthenticationType, ListenerSpec
 from kafscale.operator.models import ClusterRef, KafScaleClusterSpec
 
-POD_IP_VAR = "KAFSCALE_LISTENER__ADVERTISED_HOST"  # the pod IP (status.podIP) in broker pods
+POD_IP_VAR = "KAFSCALE_POD_IP"  # the pod IP (status.podIP) in broker pods with listeners
 CLUSTER_DOMAIN = "cluster.local"
 
 _MECHANISMS = {

@@ -30,9 +30,10 @@ def broker_environment(ref: ClusterRef, spec: KafScaleClusterSpec) -> dict[str, 
         "KAFSCALE_STORAGE__BUCKET": storage.bucket,
         "KAFSCALE_STORAGE__PREFIX": storage.prefix,
         "KAFSCALE_STORAGE__REGION": storage.region,
-        "KAFSCALE_LISTENER__PORT": str(naming.KAFKA_PORT),
         "KAFSCALE_LISTENER__ADMIN_PORT": str(naming.ADMIN_PORT),
     }
+    if not spec.listeners:  # listeners replace the one listener (a broker refuses the port
+        env["KAFSCALE_LISTENER__PORT"] = str(naming.KAFKA_PORT)  # beside them unless theirs)
     if storage.endpoint:
         env["KAFSCALE_STORAGE__ENDPOINT"] = storage.endpoint
     if spec.brokers.rack:
@@ -68,12 +69,14 @@ def build_config_map(ref: ClusterRef, spec: KafScaleClusterSpec) -> Manifest:
 
 
 def pod_env(spec: KafScaleClusterSpec) -> list[dict[str, Any]]:
+    """The pod's name, its IP and the storage credentials. The IP is the advertised host of
+    the one listener; with ``spec.listeners`` it is the start command's (``POD_IP_VAR``),
+    which advertises it in ``KAFSCALE_ADVERTISED_LISTENERS`` (the broker refuses
+    ``listener.advertised_host`` beside listeners unless they advertise it)."""
+    ip_var = listeners.POD_IP_VAR if spec.listeners else "KAFSCALE_LISTENER__ADVERTISED_HOST"
     env: list[dict[str, Any]] = [
         {"name": "KAFSCALE_POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
-        {
-            "name": "KAFSCALE_LISTENER__ADVERTISED_HOST",
-            "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}},
-        },
+        {"name": ip_var, "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
     ]
     secret = spec.storage.credentials_secret
     if secret is not None:
