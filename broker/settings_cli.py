@@ -66,7 +66,7 @@ def overrides_from_args(
     return overrides
 
 
-def list_fields(model: type[BaseSettings] = BrokerSettings) -> set[tuple[str, ...]]:
+def list_fields(model: type[BaseModel] = BrokerSettings) -> set[tuple[str, ...]]:
     """Paths of the settings that hold several values (etcd endpoints)."""
     return {
         path for path, info in iter_fields(model) if get_origin(info.annotation) in (list, tuple)

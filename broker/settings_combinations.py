@@ -12,6 +12,11 @@ WARNING line at start) where ignoring it changes nothing the user relies on: a C
 etcd reached over http:// only, SASL credentials for a protocol without SASL, super users with
 no authorizer, a remote-access switch beside a token that overrides it.
 
+The one listener's port and advertised address beside ``listeners`` (which replace it) are
+refused when the listeners do not open or advertise that value, and warned about when they do.
+The Spark source runs the store and etcd rules on its options (``store_combinations``), naming
+settings its way (``renamed``); the operator runs all of them on the variables it renders.
+
 Only settings given (a variable or a flag: pydantic's ``model_fields_set``) count: a default
 never clashes. The operator's and the chart's generated variables pass (a test holds them to
 it). ``kafscale local`` has its own check of its flags (``local_flags``).
@@ -124,7 +129,7 @@ def listener_clashes(settings: _ListenerSettings) -> tuple[list[str], list[str]]
         return [], []
     section = settings.listener
     plan = settings.listener_plan()
-    in_use = {
+    in_use: dict[str, set[object]] = {
         "port": {item.port for item in plan},
         "advertised_port": {item.advertised_port or item.port for item in plan},
         "advertised_host": {item.advertised_host for item in plan if item.advertised_host},
