@@ -56,6 +56,13 @@ def managed_config_keys(spec: KafScaleClusterSpec) -> frozenset[str]:
     return MANAGED_WITH_LISTENERS if spec.listeners else frozenset()
 
 
+def replaces_one_listener(spec: KafScaleClusterSpec) -> bool:
+    """Whether the brokers get ``listeners`` (``spec.listeners``, or ``listeners`` in
+    ``spec.brokers.config``), which replace the one listener: its port and advertised host are
+    then not rendered (not used; a broker refuses them unless the listeners have them)."""
+    return bool(spec.listeners) or bool(spec.brokers.config.get("listeners", "").strip())
+
+
 def kafka_name(listener: ListenerSpec) -> str:
     return listener.name.upper()
 

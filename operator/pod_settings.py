@@ -37,7 +37,7 @@ from kafscale.operator.manifest_config import broker_environment, pod_env, token
 from kafscale.operator.models import ClusterRef, KafScaleClusterSpec
 from kafscale.operator.proxy_listeners import proxy_environment_values
 
-STAND_INS = {"metadata.name": "broker-0", "status.podIP": "10.0.0.1"}
+STAND_INS = {"metadata.name": "<pod name>", "status.podIP": "<pod IP>"}
 """Downward-API fields of broker and proxy pods, with values of the same form."""
 
 SECRET_STAND_IN = "stand-in"

@@ -87,3 +87,15 @@ def test_building_the_objects_refuses_the_spec() -> None:
     with pytest.raises(InvalidBrokerConfig, match=r"brokers\.config\['etcd\.password'\]") as raised:
         manifests.build_cluster_objects(REF, spec)
     assert str(raised.value).startswith("the brokers would refuse their settings and not start:")
+
+
+def test_listeners_in_brokers_config_get_no_port_or_advertised_host_beside_them() -> None:
+    """The broker ignored the one listener's port and the pod IP as its advertised host beside
+    ``listeners``, and refuses them now unless the listeners have them: the operator renders
+    neither there (as with ``spec.listeners``), so such a spec still rolls out."""
+    config = {
+        "listeners": "PLAINTEXT://:9093",
+        "advertised_listeners": "PLAINTEXT://kafka.example.com:9093",
+    }
+    assert problems(config) == []
+    assert problems(config, proxy={"enabled": True}) == []
