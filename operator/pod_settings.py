@@ -33,9 +33,10 @@ from kafscale.broker.settings_combinations import (
 from kafscale.broker.settings_environment import settings_from_environment
 from kafscale.broker.settings_names import env_name
 from kafscale.operator.brokerconfig import InvalidBrokerConfig
-from kafscale.operator.manifest_config import broker_environment, pod_env, token_env
+from kafscale.operator.manifest_brokers import build_broker_deployment
+from kafscale.operator.manifest_config import broker_environment
+from kafscale.operator.manifest_proxy import build_proxy_deployment
 from kafscale.operator.models import ClusterRef, KafScaleClusterSpec
-from kafscale.operator.proxy_listeners import proxy_environment_values
 
 STAND_INS = {"metadata.name": "<pod name>", "status.podIP": "<pod IP>"}
 """Downward-API fields of broker and proxy pods, with values of the same form."""
@@ -45,19 +46,21 @@ SECRET_STAND_IN = "stand-in"
 
 def broker_pod_variables(ref: ClusterRef, spec: KafScaleClusterSpec) -> dict[str, str]:
     """The ``KAFSCALE_*`` variables a broker container starts with (ConfigMap, then ``env``)."""
-    return {
-        **broker_environment(ref, spec),
-        **_resolved([*pod_env(spec), *token_env(ref, spec)]),
-    }
+    return _container_variables(ref, spec, build_broker_deployment(ref, spec))
 
 
 def proxy_pod_variables(ref: ClusterRef, spec: KafScaleClusterSpec) -> dict[str, str]:
-    """The ``KAFSCALE_*`` variables a proxy container starts with (as ``manifest_proxy``)."""
-    return {
-        **broker_environment(ref, spec),
-        **_resolved([*pod_env(spec)[:1], *token_env(ref, spec)]),
-        **proxy_environment_values(ref, spec),
-    }
+    """The ``KAFSCALE_*`` variables a proxy container starts with (ConfigMap, then ``env``)."""
+    return _container_variables(ref, spec, build_proxy_deployment(ref, spec))
+
+
+def _container_variables(
+    ref: ClusterRef, spec: KafScaleClusterSpec, deployment: dict[str, Any]
+) -> dict[str, str]:
+    """Its container's ``envFrom`` (the one ConfigMap, ``broker_environment``) under its
+    ``env``, as the kubelet merges them: read from the Deployment the operator would apply."""
+    [container] = deployment["spec"]["template"]["spec"]["containers"]
+    return {**broker_environment(ref, spec), **_resolved(container.get("env", []))}
 
 
 def settings_problems(ref: ClusterRef, spec: KafScaleClusterSpec) -> list[str]:
