@@ -27,7 +27,11 @@ from kafscale.broker.metadata.etcd_connect import connect_etcd
 from kafscale.broker.metadata.etcd_errors import MetadataUnavailable
 from kafscale.broker.observability.logs import setup_logging
 from kafscale.broker.observability.metrics import METRICS
-from kafscale.broker.settings_check import describe_errors, misspelt_variables
+from kafscale.broker.settings_check import (
+    describe_errors,
+    misspelt_variables,
+    unparsable_variables,
+)
 from kafscale.broker.settings_cli import (
     S,
     add_settings_flags,
@@ -46,6 +50,9 @@ if TYPE_CHECKING:
     from kafscale.broker.settings_combinations import Combinations
 
 log = logging.getLogger("kafscale")
+
+DEFAULT_LOCAL_PORT = 9092
+DEFAULT_LOCAL_HOST = "127.0.0.1"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -94,13 +101,16 @@ def _parser(command: str | None = None) -> argparse.ArgumentParser:
     local.add_argument(
         "--port",
         type=int,
-        default=9092,
-        help="first broker's Kafka port (with --proxy: the proxy's, brokers on the next ports)",
+        default=None,
+        help="first broker's Kafka port (with --proxy: the proxy's, brokers on the next ports; "
+        "default 9092)",
     )
     local.add_argument(
         "--proxy", action="store_true", help="put the lease-aware proxy in front of the brokers"
     )
-    local.add_argument("--host", default="127.0.0.1", help="address the brokers bind to")
+    local.add_argument(
+        "--host", default=None, help="address the brokers bind to (default 127.0.0.1)"
+    )
     local.add_argument("--s3-endpoint", default=None, help="use this S3 endpoint, not a dir")
     local.add_argument(
         "--bucket", default=None, help="S3 bucket (with --s3-endpoint; refused without one)"
@@ -155,6 +165,7 @@ def _checked_settings(model: type[S], overrides: dict[str, Any]) -> S | None:
         from kafscale.broker.proxy.config import ProxySettings  # a plain broker does not load it
 
         problems = misspelt_variables(os.environ, [BrokerSettings, ProxySettings])
+    problems = problems or unparsable_variables(os.environ, model)
     if not problems:
         try:
             return build_model(model, overrides)
@@ -248,17 +259,28 @@ def _cmd_local(args: argparse.Namespace) -> int:
     settings = _load_settings(args)
     if settings is None:
         return 2
-    from kafscale.broker.local_flags import LocalFlags, ignored_flags
+    from kafscale.broker.local_flags import (
+        LocalFlags,
+        ignored_flags,
+        listener_flag_clashes,
+    )
 
+    port = DEFAULT_LOCAL_PORT if args.port is None else args.port
+    host = DEFAULT_LOCAL_HOST if args.host is None else args.host
     flags = LocalFlags(
         overrides_from_args(args),
         args.bucket,
         args.s3_endpoint,
         args.brokers,
-        args.port,
+        port,
         args.proxy,
+        host,
+        port_given=args.port is not None,
+        host_given=args.host is not None,
     )
-    problems = ignored_flags(flags, settings.storage)
+    listeners = [(item.host, item.port) for item in settings.listener_plan()]
+    refused, warned = listener_flag_clashes(flags, listeners if settings.listeners else [])
+    problems = [*ignored_flags(flags, settings.storage), *refused]
     for problem in problems:
         print(f"kafscale: invalid configuration: {problem}", file=sys.stderr)
     if problems:
@@ -267,8 +289,10 @@ def _cmd_local(args: argparse.Namespace) -> int:
     from kafscale.broker.local import LocalOptions, run_local
 
     _setup_logging(settings)
+    for warning in warned:
+        log.warning("configuration: %s", warning)
     tune_allocator()
-    options = LocalOptions(args.data_dir, args.brokers, args.port, args.host, args.proxy)
+    options = LocalOptions(args.data_dir, args.brokers, port, host, args.proxy)
     return _run(run_local(settings, options))
 
 

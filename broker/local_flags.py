@@ -18,7 +18,7 @@ the problems out.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -51,6 +51,10 @@ class LocalFlags:
     brokers: int = 1
     port: int = 9092
     proxy: bool = False
+    host: str = "127.0.0.1"
+    port_given: bool = False
+    """``--port`` was typed (not its default)."""
+    host_given: bool = False
 
 
 def ignored_flags(flags: LocalFlags, storage: StorageSettings) -> list[str]:
@@ -61,6 +65,49 @@ def ignored_flags(flags: LocalFlags, storage: StorageSettings) -> list[str]:
         *_set_by_local(flags.given),
         *_storage_flags(flags, storage),
     ]
+
+
+ALL_INTERFACES = frozenset({"0.0.0.0", "::", ""})
+
+
+def listener_flag_clashes(
+    flags: LocalFlags, listeners: Sequence[tuple[str, int]]
+) -> tuple[list[str], list[str]]:
+    """(refused, warned) for ``--port`` and ``--host`` beside ``--listeners`` (``listeners``:
+    their (host, port), none without them). The listeners replace the one listener those
+    two place: the broker (with ``--proxy``, the proxy) listens on the listeners' ports only,
+    and without ``--proxy`` the broker binds their hosts, ``--host`` only its admin port.
+    A value the listeners do not have is refused (the user's address stays closed); one they
+    have is a warning without ``--proxy`` (with it ``--port`` places the brokers after it and
+    ``--host`` binds them: both are used)."""
+    if not listeners:
+        return [], []
+    refused, warned = [], []
+    ports = sorted({port for _, port in listeners})
+    who = "the proxy listens" if flags.proxy else "the broker listens"
+    if flags.port_given and flags.port not in ports:
+        refused.append(
+            f"--port {flags.port} is not used with --listeners: {who} on their ports "
+            f"({', '.join(map(str, ports))}) (give the port there, or leave --port out)"
+        )
+    elif flags.port_given and not flags.proxy:
+        warned.append(f"--port {flags.port} is not needed with --listeners, which open it")
+    if not flags.host_given or flags.proxy:
+        return refused, warned
+    hosts = sorted({_bind_host(host) for host, _ in listeners})
+    if _bind_host(flags.host) not in hosts:
+        refused.append(
+            f"--host {flags.host} is not used with --listeners: the broker binds their hosts "
+            f"({', '.join(hosts)}), --host only its admin port (give the host there, or "
+            "leave --host out)"
+        )
+    else:
+        warned.append(f"--host {flags.host} is not needed with --listeners, which bind it")
+    return refused, warned
+
+
+def _bind_host(host: str) -> str:
+    return "0.0.0.0" if host in ALL_INTERFACES else host
 
 
 def _cluster_shape(flags: LocalFlags) -> list[str]:

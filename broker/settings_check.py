@@ -11,12 +11,13 @@ from the settings models and the environment passed in: pure functions, no I/O.
 from __future__ import annotations
 
 import difflib
+import json
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from kafscale.broker.settings_cli import ENV_PREFIX, env_name, flag_name, iter_fields
+from kafscale.broker.settings_cli import ENV_PREFIX, env_name, flag_name, iter_fields, list_fields
 
 # How alike a name must be to a setting's to count as a misspelling of it: one letter or one
 # underscore off in a name of 20 or more characters (KAFSCALE_ETCD_ENDPOINTS: 0.98).
@@ -69,3 +70,31 @@ def _describe(error: Any, paths: list[tuple[str, ...]]) -> str:
     given = error.get("input")
     shown = f" (given {given!r})" if isinstance(given, str | int | float) else ""
     return f"{where}: {error['msg']}{shown}"
+
+
+def unparsable_variables(environ: Mapping[str, str], model: type[BaseModel]) -> list[str]:
+    """One line per variable of a setting holding several values (etcd endpoints, super users)
+    whose value is not JSON: pydantic-settings decodes those as JSON and raised a bare
+    ``SettingsError`` naming only the section (a traceback, before this check)."""
+    return [
+        f"{'.'.join(path)} ({name}): {environ[name]!r} is not JSON; give a JSON list, "
+        f'e.g. \'["a", "b"]\' (the flag {flag_name(path)} also takes a,b)'
+        for path, name in unparsable_settings(environ, model)
+    ]
+
+
+def unparsable_settings(
+    environ: Mapping[str, str], model: type[BaseModel]
+) -> list[tuple[tuple[str, ...], str]]:
+    """(setting, variable) of every list setting of ``model`` whose variable is not JSON."""
+    expected = {env_name(path): path for path in list_fields(model)}
+    found = []
+    for name in sorted(environ):
+        path = expected.get(name.upper())
+        if path is None or not environ[name].strip():
+            continue
+        try:
+            json.loads(environ[name])
+        except ValueError:
+            found.append((path, name))
+    return found

@@ -17,8 +17,10 @@ from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings
 
 from kafscale.broker.config import BrokerSettings
+from kafscale.broker.settings_names import env_name as env_name
+from kafscale.broker.settings_names import flag_name as flag_name
+from kafscale.broker.store_settings import ENV_PREFIX as ENV_PREFIX
 
-ENV_PREFIX = "KAFSCALE_"
 S = TypeVar("S", bound=BaseSettings)
 
 
@@ -31,14 +33,6 @@ def iter_fields(
             yield from iter_fields(annotation, (*path, name))
         else:
             yield (*path, name), info
-
-
-def flag_name(path: tuple[str, ...]) -> str:
-    return "--" + "-".join(part.replace("_", "-") for part in path)
-
-
-def env_name(path: tuple[str, ...]) -> str:
-    return ENV_PREFIX + "__".join(part.upper() for part in path)
 
 
 def add_settings_flags(
@@ -72,7 +66,7 @@ def overrides_from_args(
     return overrides
 
 
-def list_fields(model: type[BaseSettings] = BrokerSettings) -> set[tuple[str, ...]]:
+def list_fields(model: type[BaseModel] = BrokerSettings) -> set[tuple[str, ...]]:
     """Paths of the settings that hold several values (etcd endpoints)."""
     return {
         path for path, info in iter_fields(model) if get_origin(info.annotation) in (list, tuple)

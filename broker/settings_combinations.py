@@ -12,6 +12,11 @@ WARNING line at start) where ignoring it changes nothing the user relies on: a C
 etcd reached over http:// only, SASL credentials for a protocol without SASL, super users with
 no authorizer, a remote-access switch beside a token that overrides it.
 
+The one listener's port and advertised address beside ``listeners`` (which replace it) are
+refused when the listeners do not open or advertise that value, and warned about when they do.
+The Spark source runs the store and etcd rules on its options (``store_combinations``), naming
+settings its way (``renamed``); the operator runs all of them on the variables it renders.
+
 Only settings given (a variable or a flag: pydantic's ``model_fields_set``) count: a default
 never clashes. The operator's and the chart's generated variables pass (a test holds them to
 it). ``kafscale local`` has its own check of its flags (``local_flags``).
@@ -21,12 +26,14 @@ Pure: the parsed settings in, the lines out.
 
 from __future__ import annotations
 
+import re
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from pydantic import BaseModel
 
-from kafscale.broker.settings_cli import env_name, flag_name
+from kafscale.broker.settings_names import env_name, flag_name
 from kafscale.broker.store_settings import (
     EtcdConnectionSettings,
     StorageKind,
@@ -36,6 +43,7 @@ from kafscale.broker.store_settings import (
 if TYPE_CHECKING:
     from kafscale.broker.config import AdminSettings, AuthorizerSettings, BrokerSettings
     from kafscale.broker.proxy.config import ProxySettings, UpstreamSettings
+    from kafscale.broker.security.listeners import Listener
 
 S3_ONLY = ("bucket", "endpoint", "region", "access_key_id", "secret_access_key")
 """Storage settings an S3 store uses and a local directory ignores."""
@@ -54,9 +62,15 @@ class Combinations:
 
 def broker_combinations(settings: BrokerSettings) -> Combinations:
     """The clashes among a broker's settings."""
+    listener_refused, listener_warned = listener_clashes(settings)
     return Combinations(
-        refused=(*storage_refusals(settings.storage), *etcd_refusals(settings.etcd)),
+        refused=(
+            *storage_refusals(settings.storage),
+            *etcd_refusals(settings.etcd),
+            *listener_refused,
+        ),
         warned=(
+            *listener_warned,
             *etcd_warnings(settings.etcd),
             *sasl_warnings(
                 ("inter_broker",),
@@ -72,14 +86,78 @@ def broker_combinations(settings: BrokerSettings) -> Combinations:
 def proxy_combinations(settings: ProxySettings) -> Combinations:
     """The clashes among a proxy's settings (it has no store of its own)."""
     upstream: UpstreamSettings = settings.upstream
+    listener_refused, listener_warned = listener_clashes(settings)
     return Combinations(
-        refused=tuple(etcd_refusals(settings.etcd)),
+        refused=(*etcd_refusals(settings.etcd), *listener_refused),
         warned=(
+            *listener_warned,
             *etcd_warnings(settings.etcd),
             *sasl_warnings(("upstream",), upstream, upstream.security_protocol.uses_sasl),
             *authorizer_warnings(settings.authorizer),
         ),
     )
+
+
+def store_combinations(storage: StorageSettings, etcd: EtcdConnectionSettings) -> Combinations:
+    """The clashes among the settings of a process that reads the store and etcd only (the
+    Spark source's connection options)."""
+    return Combinations(
+        refused=(*storage_refusals(storage), *etcd_refusals(etcd)),
+        warned=tuple(etcd_warnings(etcd)),
+    )
+
+
+class _ListenerSettings(Protocol):
+    """What the broker's and the proxy's settings share of their listeners."""
+
+    @property
+    def listener(self) -> BaseModel: ...
+
+    @property
+    def listeners(self) -> str | None: ...
+
+    def listener_plan(self) -> list[Listener]: ...
+
+
+def listener_clashes(settings: _ListenerSettings) -> tuple[list[str], list[str]]:
+    """(refused, warned): ``listener.port``, ``listener.advertised_host`` and
+    ``listener.advertised_port`` beside ``listeners``, which replace that one listener: they
+    are not used (``listener.host`` is: the admin port binds to it). Refused when the value is
+    not what the listeners open or advertise (clients were told another address than the one
+    the user gave, or the port given stayed closed); a warning when it is (a redundancy)."""
+    if not settings.listeners:
+        return [], []
+    section = settings.listener
+    plan = settings.listener_plan()
+    in_use: dict[str, set[object]] = {
+        "port": {item.port for item in plan},
+        "advertised_port": {item.advertised_port or item.port for item in plan},
+        "advertised_host": {item.advertised_host for item in plan if item.advertised_host},
+    }
+    instead = {
+        "port": "the ports of listeners",
+        "advertised_port": "the ports of advertised_listeners (or those of listeners)",
+        "advertised_host": "the hosts of advertised_listeners (or each listener's bind "
+        "address, this machine's name for all interfaces)",
+    }
+    refused, warned = [], []
+    listeners = _named(("listeners",))
+    for name, values in in_use.items():
+        if name not in section.model_fields_set:
+            continue
+        value = getattr(section, name)
+        setting = _named(("listener", name))
+        if value in values:
+            warned.append(
+                f"{setting} is not used beside {listeners}, which give {value} already: "
+                "leave it out"
+            )
+        else:
+            refused.append(
+                f"{setting} is not used beside {listeners}: {value} is not among "
+                f"{instead[name]} (give it there, or leave it out)"
+            )
+    return refused, warned
 
 
 def storage_refusals(storage: StorageSettings) -> list[str]:
@@ -89,8 +167,8 @@ def storage_refusals(storage: StorageSettings) -> list[str]:
     kind = _named(("storage", "kind"))
     if storage.kind is StorageKind.LOCAL:
         return [
-            f"{_named(('storage', name))} is for an S3 store, but {kind} is local: the data "
-            "would go to storage.local_dir, not to S3 (set kind s3, or leave it out)"
+            f"{_named(('storage', name))} is for an S3 store, but {kind} is local: the store "
+            "used would be the directory storage.local_dir, not S3 (set kind s3, or leave it out)"
             for name in S3_ONLY
             if name in given
         ]
@@ -99,7 +177,7 @@ def storage_refusals(storage: StorageSettings) -> list[str]:
         default = "" if "kind" in given else " (the default)"
         problems.append(
             f"{_named(('storage', 'local_dir'))} is for a local store, but {kind} is "
-            f"s3{default}: the data would go to the bucket, not the directory (set kind "
+            f"s3{default}: the store used would be the bucket, not the directory (set kind "
             "local, or leave it out)"
         )
     problems.extend(_half_pair(("storage",), storage, "access_key_id", "secret_access_key"))
@@ -177,3 +255,13 @@ def _half_pair(section: tuple[str, ...], settings: BaseModel, first: str, second
 
 def _named(path: tuple[str, ...]) -> str:
     return f"{env_name(path)} ({flag_name(path)})"
+
+
+_NAMED = re.compile(r"KAFSCALE_([A-Z0-9_]+) \(--[a-z0-9-]+\)")
+"""A setting as the lines above name it (variable and flag)."""
+
+
+def renamed(line: str, name_of: Callable[[tuple[str, ...]], str]) -> str:
+    """``line`` with each setting named by ``name_of(path)`` instead of variable and flag: in
+    the terms of where the user gave it (a Spark option, a key of ``spec.brokers.config``)."""
+    return _NAMED.sub(lambda match: name_of(tuple(match[1].lower().split("__"))), line)

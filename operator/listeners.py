@@ -23,7 +23,7 @@ from kafscale.operator.model_cluster_status import ListenerStatus
 from kafscale.operator.model_listeners import ListenerAuthenticationType, ListenerSpec
 from kafscale.operator.models import ClusterRef, KafScaleClusterSpec
 
-POD_IP_VAR = "KAFSCALE_LISTENER__ADVERTISED_HOST"  # the pod IP (status.podIP) in broker pods
+POD_IP_VAR = "KAFSCALE_POD_IP"  # the pod IP (status.podIP) in broker pods with listeners
 CLUSTER_DOMAIN = "cluster.local"
 
 _MECHANISMS = {
@@ -54,6 +54,13 @@ MANAGED_WITH_LISTENERS = frozenset(
 def managed_config_keys(spec: KafScaleClusterSpec) -> frozenset[str]:
     """``spec.brokers.config`` keys the listeners own (none without listeners)."""
     return MANAGED_WITH_LISTENERS if spec.listeners else frozenset()
+
+
+def replaces_one_listener(spec: KafScaleClusterSpec) -> bool:
+    """Whether the brokers get ``listeners`` (``spec.listeners``, or ``listeners`` in
+    ``spec.brokers.config``), which replace the one listener: its port and advertised host are
+    then not rendered (not used; a broker refuses them unless the listeners have them)."""
+    return bool(spec.listeners) or bool(spec.brokers.config.get("listeners", "").strip())
 
 
 def kafka_name(listener: ListenerSpec) -> str:

@@ -30,9 +30,10 @@ def broker_environment(ref: ClusterRef, spec: KafScaleClusterSpec) -> dict[str, 
         "KAFSCALE_STORAGE__BUCKET": storage.bucket,
         "KAFSCALE_STORAGE__PREFIX": storage.prefix,
         "KAFSCALE_STORAGE__REGION": storage.region,
-        "KAFSCALE_LISTENER__PORT": str(naming.KAFKA_PORT),
         "KAFSCALE_LISTENER__ADMIN_PORT": str(naming.ADMIN_PORT),
     }
+    if not listeners.replaces_one_listener(spec):
+        env["KAFSCALE_LISTENER__PORT"] = str(naming.KAFKA_PORT)
     if storage.endpoint:
         env["KAFSCALE_STORAGE__ENDPOINT"] = storage.endpoint
     if spec.brokers.rack:
@@ -68,12 +69,15 @@ def build_config_map(ref: ClusterRef, spec: KafScaleClusterSpec) -> Manifest:
 
 
 def pod_env(spec: KafScaleClusterSpec) -> list[dict[str, Any]]:
+    """The pod's name, its IP and the storage credentials. The IP is the advertised host of
+    the one listener; with listeners it is the start command's (``POD_IP_VAR``), which
+    advertises it in ``KAFSCALE_ADVERTISED_LISTENERS`` for ``spec.listeners`` (the broker
+    refuses ``listener.advertised_host`` beside listeners unless they advertise it)."""
+    one_listener = not listeners.replaces_one_listener(spec)
+    ip_var = "KAFSCALE_LISTENER__ADVERTISED_HOST" if one_listener else listeners.POD_IP_VAR
     env: list[dict[str, Any]] = [
         {"name": "KAFSCALE_POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
-        {
-            "name": "KAFSCALE_LISTENER__ADVERTISED_HOST",
-            "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}},
-        },
+        {"name": ip_var, "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
     ]
     secret = spec.storage.credentials_secret
     if secret is not None:

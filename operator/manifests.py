@@ -35,6 +35,7 @@ from kafscale.operator.manifest_proxy import (
 )
 from kafscale.operator.model_stores import EtcdMode
 from kafscale.operator.models import ClusterRef, KafScaleClusterSpec
+from kafscale.operator.pod_settings import check_pod_settings
 
 
 def build_cluster_objects(
@@ -42,7 +43,9 @@ def build_cluster_objects(
 ) -> list[Manifest]:
     """Every object the cluster should have, in apply order (certificates, etcd and config
     first). ``cert_manager``: the server serves cert-manager, which then makes the certificate
-    Secrets (otherwise the operator writes them before applying these)."""
+    Secrets (otherwise the operator writes them before applying these). Raises
+    ``InvalidBrokerConfig`` when the pods would refuse the settings they are given."""
+    check_pod_settings(ref, spec)
     objects: list[Manifest] = []
     if cert_manager:
         objects += certificates.build_cert_manager_objects(ref, spec)

@@ -68,13 +68,17 @@ def _upstream_env(spec: KafScaleClusterSpec) -> dict[str, str]:
 
 def proxy_environment_values(ref: ClusterRef, spec: KafScaleClusterSpec) -> dict[str, str]:
     """What a proxy container sets over the shared ConfigMap (``env`` wins over ``envFrom``):
-    every replica advertises the proxy's Service, clients may reach any of them."""
-    return {
-        "KAFSCALE_LISTENER__ADVERTISED_HOST": proxy_host(ref),
-        "KAFSCALE_LISTENER__ADVERTISED_PORT": str(naming.KAFKA_PORT),
-        **_listener_env(ref, spec),
-        **_upstream_env(spec),
-    }
+    every replica advertises the proxy's Service, clients may reach any of them (on the one
+    listener, or on each of ``spec.listeners``: their advertised listeners name it)."""
+    advertised = (
+        {}
+        if spec.listeners
+        else {
+            "KAFSCALE_LISTENER__ADVERTISED_HOST": proxy_host(ref),
+            "KAFSCALE_LISTENER__ADVERTISED_PORT": str(naming.KAFKA_PORT),
+        }
+    )
+    return {**advertised, **_listener_env(ref, spec), **_upstream_env(spec)}
 
 
 def proxy_container_ports(spec: KafScaleClusterSpec) -> list[dict[str, Any]]:

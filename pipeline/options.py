@@ -9,6 +9,13 @@ environment, which may differ). Where no ``KAFSCALE_*`` variable is set, the mod
 are the sections' own, and the model (pydantic-settings, the listener and TLS settings) is not
 imported: Spark starts a planner process per query, on a clock (see ``store_settings``).
 
+Options and variables that cannot apply together are checked by the broker's own rules
+(``settings_combinations``): a bucket or S3 credentials with ``storage.kind=local``, a local
+directory with an S3 store, half of an S3 credential pair, of an etcd login or of a client
+certificate are refused, as ``kafscale broker`` refuses them, instead of being ignored (the
+query then read another store than the user meant, or none); TLS files for an etcd reached over
+http:// only are a warning.
+
 The other options are those of Spark's Kafka source, with its names and meanings. A wrong or
 missing option is a ``SourceOptionError`` with a message naming the option, raised on the
 driver before any task starts.
@@ -17,15 +24,17 @@ driver before any task starts.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from pydantic import SecretStr, ValidationError
 
+from kafscale.broker.settings_names import env_name
 from kafscale.broker.store_settings import (
     DEFAULT_CLUSTER,
     ENV_PREFIX,
@@ -34,8 +43,12 @@ from kafscale.broker.store_settings import (
     StorageSettings,
 )
 
+S = TypeVar("S", EtcdSettings, StorageSettings)
+
 EARLIEST = -2
 LATEST = -1
+
+log = logging.getLogger(__name__)
 
 
 class SourceOptionError(ValueError):
@@ -163,16 +176,22 @@ def sets_broker_settings(environ: Mapping[str, str]) -> bool:
 
 
 def configured_connection() -> Connection:
-    """The connection the broker's settings give: their defaults and ``KAFSCALE_*``."""
+    """The connection the broker's settings give: their defaults and ``KAFSCALE_*`` (the
+    sections know which of their fields a variable set: ``model_fields_set``)."""
     if not sets_broker_settings(os.environ):  # the defaults, without the whole model
         return Connection(DEFAULT_CLUSTER, EtcdSettings(), StorageSettings())
     from kafscale.broker.config import BrokerSettings
+    from kafscale.broker.settings_check import describe_errors, unparsable_variables
 
-    try:
-        settings = BrokerSettings()
-    except ValidationError as exc:
-        raise SourceOptionError(f"the KAFSCALE_* environment is not valid: {exc}") from exc
-    return Connection(settings.cluster, settings.etcd, settings.storage)
+    problems = unparsable_variables(os.environ, BrokerSettings)
+    if not problems:
+        try:
+            settings = BrokerSettings()
+        except ValidationError as exc:
+            problems = describe_errors(exc, BrokerSettings)
+        else:
+            return Connection(settings.cluster, settings.etcd, settings.storage)
+    raise SourceOptionError(f"the KAFSCALE_* environment is not valid: {'; '.join(problems)}")
 
 
 def parse_connection(options: Mapping[str, str]) -> Connection:
@@ -204,29 +223,59 @@ def parse_connection(options: Mapping[str, str]) -> Connection:
         if value is not None:
             etcd[name] = _etcd_security_value(name, value)
     try:
-        return Connection(
+        connection = Connection(
             cluster=options.get("cluster", base.cluster),
-            etcd=EtcdSettings.model_validate({**base.etcd.model_dump(), **etcd}),
-            storage=StorageSettings.model_validate({**base.storage.model_dump(), **storage}),
+            etcd=_given(EtcdSettings, base.etcd, etcd),
+            storage=_given(StorageSettings, base.storage, storage),
         )
     except ValidationError as exc:
         raise SourceOptionError(f"bad connection option: {exc}") from exc
+    _check_combinations(connection, options, base)
+    return connection
+
+
+def _given(model: type[S], base: S, options: dict[str, Any]) -> S:
+    """``options`` over what the environment set in ``base``: the result's
+    ``model_fields_set`` holds what a variable or an option gave (an empty option unsets)."""
+    values = {**base.model_dump(include=base.model_fields_set), **options}
+    return model.model_validate({name: v for name, v in values.items() if v is not None})
+
+
+def _check_combinations(
+    connection: Connection, options: Mapping[str, str], base: Connection
+) -> None:
+    """The broker's rules for settings that cannot apply together: refused ones raise, naming
+    the option or variable that gave each setting; the others are logged once per query."""
+    from kafscale.broker.settings_combinations import renamed, store_combinations
+
+    from_environment = {("storage", name) for name in base.storage.model_fields_set}
+    from_environment |= {("etcd", name) for name in base.etcd.model_fields_set}
+
+    def name_of(path: tuple[str, ...]) -> str:
+        option = ".".join(path)
+        if option not in options and path in from_environment:
+            return env_name(path)
+        return f"option {option}"
+
+    found = store_combinations(connection.storage, connection.etcd)
+    if found.refused:
+        raise SourceOptionError("; ".join(renamed(line, name_of) for line in found.refused))
+    for line in found.warned:
+        log.warning("%s", renamed(line, name_of))
 
 
 def connection_options(connection: Connection) -> dict[str, str]:
     """``connection`` as options again: a job resolves the connection in its own process (where
     its ``KAFSCALE_*`` variables are) and hands it to Spark explicitly. Spark's planner runs in
-    Python processes started by the JVM, which see the environment the session started with."""
+    Python processes started by the JVM, which see the environment the session started with.
+    Only the store settings of its kind are given (a bucket beside ``kind=local`` is refused)."""
     storage = connection.storage
     options = {
         "cluster": connection.cluster,
         "etcd.endpoints": ",".join(connection.etcd.endpoints),
         "etcd.timeout_s": str(connection.etcd.timeout_s),
         "storage.kind": storage.kind.value,
-        "storage.bucket": storage.bucket,
         "storage.prefix": storage.prefix,
-        "storage.region": storage.region,
-        "storage.local_dir": str(storage.local_dir),
         "storage.timeout_s": str(storage.timeout_s),
         "storage.max_concurrency": str(storage.max_concurrency),
     }
@@ -234,16 +283,19 @@ def connection_options(connection: Connection) -> dict[str, str]:
     for option, name in _ETCD_SECURITY_OPTIONS.items():
         value = getattr(etcd, name)
         if value is not None:
-            options[option] = (
-                value.get_secret_value() if isinstance(value, SecretStr) else str(value)
-            )
-    if storage.endpoint is not None:
-        options["storage.endpoint"] = storage.endpoint
-    if storage.access_key_id is not None:
-        options["storage.access_key_id"] = storage.access_key_id.get_secret_value()
-    if storage.secret_access_key is not None:
-        options["storage.secret_access_key"] = storage.secret_access_key.get_secret_value()
+            options[option] = _text(value)
+    if storage.kind is StorageKind.LOCAL:
+        return options | {"storage.local_dir": str(storage.local_dir)}
+    options |= {"storage.bucket": storage.bucket, "storage.region": storage.region}
+    for name in ("endpoint", "access_key_id", "secret_access_key"):
+        value = getattr(storage, name)
+        if value is not None:
+            options[f"storage.{name}"] = _text(value)
     return options
+
+
+def _text(value: object) -> str:
+    return value.get_secret_value() if isinstance(value, SecretStr) else str(value)
 
 
 def _kind(value: str) -> StorageKind:

@@ -64,6 +64,8 @@ class BrokerCluster:
         if env["KAFSCALE_STORAGE__KIND"] == "local":  # a broker refuses S3 settings beside it
             for name in S3_ONLY:
                 env.pop(f"KAFSCALE_STORAGE__{name.upper()}", None)
+        if env.get("KAFSCALE_LISTENERS"):  # they replace the one listener (a warning beside them)
+            env.pop("KAFSCALE_LISTENER__PORT")
         return env
 
     def start(self, port: int | None = None, **overrides: str) -> BrokerProcess:

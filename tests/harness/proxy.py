@@ -34,6 +34,8 @@ def proxy_env(
         }
     )
     env.update(overrides)
+    if env.get("KAFSCALE_LISTENERS"):  # they replace the one listener (a warning beside them)
+        env.pop("KAFSCALE_LISTENER__PORT")
     return env
 
 

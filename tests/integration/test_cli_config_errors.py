@@ -53,6 +53,20 @@ def test_a_misspelt_setting_of_a_section_is_one_line(tmp_path: Path) -> None:
     ]
 
 
+@pytest.mark.parametrize("command", ["broker", "proxy"])
+def test_a_list_variable_that_is_not_json_is_one_line_not_a_traceback(
+    command: str, tmp_path: Path
+) -> None:
+    """pydantic-settings decodes list settings from JSON and raised a SettingsError naming only
+    the section: the command died with a traceback."""
+    lines = run_kafscale([command], {"KAFSCALE_AUTHORIZER__SUPER_USERS": "User:admin"}, tmp_path)
+    assert lines == [
+        "kafscale: invalid configuration: authorizer.super_users "
+        "(KAFSCALE_AUTHORIZER__SUPER_USERS): 'User:admin' is not JSON; give a JSON list, "
+        'e.g. \'["a", "b"]\' (the flag --authorizer-super-users also takes a,b)'
+    ]
+
+
 @pytest.mark.parametrize("command", ["broker", "proxy", "status"])
 def test_a_bad_value_is_one_line_naming_the_flag(command: str, tmp_path: Path) -> None:
     lines = run_kafscale([command, "--listener-port", "abc"], {}, tmp_path)
@@ -72,6 +86,10 @@ def test_a_bad_value_is_one_line_naming_the_flag(command: str, tmp_path: Path) -
         (["--etcd-endpoints", "http://127.0.0.1:2379"], "--etcd-endpoints is not used by "),
         (["--listener-port", "19092"], "--listener-port is not used by kafscale local: "),
         (["--brokers", "0"], "--brokers must be at least 1 (given 0)"),
+        (
+            ["--listeners", "PLAINTEXT://127.0.0.1:1"],
+            "--port ",  # the free port given: not among the listeners' (1)
+        ),
     ],
 )
 def test_kafscale_local_refuses_a_flag_it_would_ignore(
@@ -144,6 +162,34 @@ def test_settings_that_cannot_apply_together_are_refused_not_ignored(
     lines = run_kafscale([command, *dead_etcd, *flags], variables, tmp_path)
     assert len(lines) == 1, lines
     assert lines[0].startswith(f"kafscale: invalid configuration: {line}")
+
+
+@pytest.mark.parametrize("command", ["broker", "proxy"])
+def test_the_one_listeners_port_beside_listeners_is_refused_not_ignored(
+    command: str, tmp_path: Path
+) -> None:
+    """Run with both, the broker listened on the listeners' port only, and told clients their
+    address: ``--listener-port`` (and the advertised host and port) were dropped without a
+    word."""
+    ports = free_port_run(2)
+    lines = run_kafscale(
+        [
+            command,
+            "--etcd-endpoints",
+            f"http://127.0.0.1:{closed_port()}",
+            "--listener-port",
+            str(ports),
+            "--listeners",
+            f"PLAINTEXT://127.0.0.1:{ports + 1}",
+        ],
+        {},
+        tmp_path,
+    )
+    assert lines == [
+        "kafscale: invalid configuration: KAFSCALE_LISTENER__PORT (--listener-port) is not used "
+        f"beside KAFSCALE_LISTENERS (--listeners): {ports} is not among the ports of listeners "
+        "(give it there, or leave it out)"
+    ]
 
 
 def test_super_users_without_the_authorizer_start_the_broker_with_one_warning(

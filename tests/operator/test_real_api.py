@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+from typing import Any
 
 import pytest
 from harness.k8s_operator import operator_thread
@@ -228,6 +229,49 @@ async def test_cluster_objects_status_drift_repair_finalizer_and_garbage_collect
             await settle(lambda child=child: kube.get(child) is None, what=kind)
         await settle(lambda: pods_gone(kube, ns, selector), what="pods collected")
     await store.close()
+
+
+async def test_a_brokers_config_value_the_brokers_refuse_is_invalid_spec_and_not_rolled_out(
+    kube_cluster: KubeCluster,
+    real_operator: Any,
+    kube_namespace: str,
+    etcd_server: EmbeddedEtcd,
+    s3_server: S3Endpoint,
+) -> None:
+    """An etcd user without its password is a key the broker knows with a value it refuses at
+    start (exit 2): rendered, every broker pod of the new ReplicaSet crash-looped. The operator
+    now says why and leaves the running Deployment and its ConfigMap as they were."""
+    ns, kube = kube_namespace, kube_cluster
+    create_s3_secret(kube, ns, s3_server)
+    spec = external_spec(etcd_server, s3_server, "bucket-1", brokers={"replicas": 1, "config": {}})
+    kube.create(CLUSTERS.format(ns=ns), cluster_manifest("demo", ns, spec))
+    path = f"{CLUSTERS.format(ns=ns)}/demo"
+    deployment_path = f"{DEPLOYMENTS.format(ns=ns)}/demo-broker"
+    config_path = f"/api/v1/namespaces/{ns}/configmaps/demo-config"
+    await settle(
+        lambda: (kube.get(path).get("status") or {}).get("observedGeneration") == 1,
+        what="the valid cluster reconciled",
+    )
+    deployment, config_map = kube.get(deployment_path), kube.get(config_path)
+
+    kube.merge_patch(path, {"spec": {"brokers": {"config": {"etcd.username": "kafscale"}}}})
+    ready = await settle(
+        lambda: (
+            (found := condition_of(kube.get(path), "Ready")) and found[1] == "InvalidSpec" and found
+        ),
+        what="Ready=False InvalidSpec",
+    )
+    assert ready[0] == "False"
+    assert ready[2] == (
+        "the brokers would refuse their settings and not start: brokers.config['etcd.username'] "
+        "is set without brokers.config['etcd.password']: give both or neither"
+    )
+    assert kube.get(path)["status"]["observedGeneration"] == 2
+    after = kube.get(deployment_path)
+    assert after["metadata"]["generation"] == deployment["metadata"]["generation"]
+    assert after["spec"]["template"] == deployment["spec"]["template"]
+    assert kube.get(config_path)["data"] == config_map["data"]
+    assert "KAFSCALE_ETCD__USERNAME" not in kube.get(config_path)["data"]
 
 
 def pods_gone(kube: KubeCluster, ns: str, selector: str) -> bool:

@@ -192,8 +192,6 @@ async def test_a_guarded_cluster_gets_a_proxy_the_brokers_trust(
         "KAFSCALE_LISTENERS": f"EXTERNAL://127.0.0.1:{external}",
         "KAFSCALE_ADVERTISED_LISTENERS": f"EXTERNAL://localhost:{external}",
     }
-    proxy_overrides.pop("KAFSCALE_LISTENER__ADVERTISED_PORT")
-    proxy_overrides.pop("KAFSCALE_LISTENER__ADVERTISED_HOST")
     await asyncio.to_thread(start_proxy, broker_cluster, **proxy_overrides)
 
     ca = dirs[naming.BROKER_TLS_DIR] / "ca.crt"

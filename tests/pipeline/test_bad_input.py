@@ -33,6 +33,26 @@ def test_missing_or_malformed_options_name_the_option(
         ).mode("append").save()
 
 
+def test_options_that_cannot_apply_together_are_refused_as_the_broker_refuses_them(
+    spark: Any, broker_cluster: BrokerCluster
+) -> None:
+    """A bucket beside ``storage.kind=local`` read the local directory (empty: no rows, no
+    error) of a user who thought the query read the bucket; the same rules as the broker's."""
+    options = {
+        **source_options(broker_cluster),
+        "subscribe": "t",
+        "storage.kind": "local",
+        "storage.local_dir": "/nonexistent",
+    }
+    options.pop("storage.endpoint")
+    with pytest.raises(
+        Exception,
+        match=r"option storage.bucket is for an S3 store, but option "
+        r"storage.kind is local",
+    ):
+        load(spark, options).collect()
+
+
 def test_an_unknown_topic_is_named(spark: Any, broker_cluster: BrokerCluster) -> None:
     options = {**source_options(broker_cluster), "subscribe": "nowhere"}
     with pytest.raises(Exception, match=r"unknown topic.*nowhere"):

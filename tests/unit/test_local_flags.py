@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from kafscale.broker.local_flags import LocalFlags, ignored_flags
+from kafscale.broker.local_flags import LocalFlags, ignored_flags, listener_flag_clashes
 from kafscale.broker.store_settings import StorageSettings
 
 DEFAULT_STORE = StorageSettings()  # kind s3, no endpoint: local keeps <data-dir>/objects
@@ -93,3 +93,48 @@ def test_a_cluster_that_cannot_listen_is_refused(
 ) -> None:
     [line] = problems(brokers=brokers, port=port, proxy=proxy)
     assert line.startswith(flag)
+
+
+def test_port_and_host_beside_listeners_are_refused_unless_the_listeners_have_them() -> None:
+    """Without ``--proxy`` the broker listens on the listeners only: ``--port 9000 --listeners
+    PLAINTEXT://127.0.0.1:9092`` left 9000 closed, ``--host 0.0.0.0`` bound loopback only."""
+    listeners = [("127.0.0.1", 9092)]
+    flags = LocalFlags(given={}, port=9000, host="0.0.0.0", port_given=True, host_given=True)
+    refused, warned = listener_flag_clashes(flags, listeners)
+    assert refused == [
+        "--port 9000 is not used with --listeners: the broker listens on their ports (9092) "
+        "(give the port there, or leave --port out)",
+        "--host 0.0.0.0 is not used with --listeners: the broker binds their hosts "
+        "(127.0.0.1), --host only its admin port (give the host there, or leave --host out)",
+    ]
+    assert warned == []
+    same = LocalFlags(given={}, port=9092, host="127.0.0.1", port_given=True, host_given=True)
+    assert listener_flag_clashes(same, listeners) == (
+        [],
+        [
+            "--port 9092 is not needed with --listeners, which open it",
+            "--host 127.0.0.1 is not needed with --listeners, which bind it",
+        ],
+    )
+    everywhere = LocalFlags(given={}, host="::", host_given=True)
+    assert listener_flag_clashes(everywhere, [("", 9092)]) == (
+        [],
+        ["--host :: is not needed with --listeners, which bind it"],
+    )
+
+
+def test_with_the_proxy_port_must_be_a_listeners_and_host_binds_the_brokers() -> None:
+    """The documented ``kafscale local --proxy --port 9092 --listeners EXTERNAL://...:9092``:
+    ``--port`` also places the brokers after it, ``--host`` binds them: no message."""
+    listeners = [("127.0.0.1", 9092)]
+    documented = LocalFlags(given={}, proxy=True, port=9092, host="0.0.0.0", port_given=True)
+    assert listener_flag_clashes(documented, listeners) == ([], [])
+    elsewhere = LocalFlags(given={}, proxy=True, port=9000, port_given=True, host_given=True)
+    [line], [] = listener_flag_clashes(elsewhere, listeners)
+    assert line.startswith("--port 9000 is not used with --listeners: the proxy listens on")
+
+
+def test_defaults_and_no_listeners_pass() -> None:
+    assert listener_flag_clashes(LocalFlags(given={}), [("127.0.0.1", 9092)]) == ([], [])
+    given = LocalFlags(given={}, port=9000, port_given=True, host_given=True)
+    assert listener_flag_clashes(given, []) == ([], [])

@@ -42,7 +42,7 @@ def test_connection_options_fall_back_to_the_brokers_environment(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setenv("KAFSCALE_CLUSTER", "prod")
-    monkeypatch.setenv("KAFSCALE_STORAGE__BUCKET", "from-env")
+    monkeypatch.setenv("KAFSCALE_STORAGE__PREFIX", "from-env")
     monkeypatch.setenv("KAFSCALE_ETCD__ENDPOINTS", '["http://etcd:2379"]')
     options = parse_read_options(
         {"subscribe": "a,b", "storage.kind": "local", "storage.local_dir": "/data"},
@@ -51,7 +51,7 @@ def test_connection_options_fall_back_to_the_brokers_environment(
     connection = options.connection
     assert connection.cluster == "prod"
     assert connection.etcd.endpoints == ("http://etcd:2379",)
-    assert connection.storage.bucket == "from-env"
+    assert connection.storage.prefix == "from-env"
     assert connection.storage.kind is StorageKind.LOCAL
     assert str(connection.storage.local_dir) == "/data"
     assert options.subscription.topics == ("a", "b")

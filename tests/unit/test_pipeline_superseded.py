@@ -130,7 +130,12 @@ def test_offsets_below_the_current_log_start_are_lost_not_relocated() -> None:
 
 def test_only_compacted_topics_tasks_carry_the_etcd_settings() -> None:
     options = parse_read_options(
-        {"etcd.endpoints": "http://etcd:2379", "etcd.password": "pw", "subscribe": "a,b"},
+        {
+            "etcd.endpoints": "http://etcd:2379",
+            "etcd.username": "spark",  # a password alone is refused, as by the broker
+            "etcd.password": "pw",
+            "subscribe": "a,b",
+        },
         streaming=False,
     )
     compacted = ReadTask("a", "id", 0, 0, 5, (), compacted=True)

@@ -143,3 +143,60 @@ def test_remote_access_beside_a_token_file_is_a_warning() -> None:
     [line] = broker_combinations(broker(admin=admin)).warned
     assert "KAFSCALE_ADMIN__TOKEN_FILE (--admin-token-file), which is set" in line
     assert broker_combinations(broker(admin={"allow_remote_without_token": True})).warned == ()
+
+
+LISTENERS = {
+    "listeners": "INTERNAL://:9091,EXTERNAL://:9093",
+    "advertised_listeners": "INTERNAL://10.0.0.7:9091,EXTERNAL://kafka.example.com:9093",
+    "listener_security_protocol_map": "INTERNAL:PLAINTEXT,EXTERNAL:PLAINTEXT",
+}
+
+
+def test_the_one_listeners_address_beside_listeners_is_refused_when_it_is_not_theirs() -> None:
+    """Run: ``--listener-port 19093 --listener-advertised-host foo.example --listeners
+    PLAINTEXT://127.0.0.2:19092`` listened on 19092 only and told clients 127.0.0.2: the
+    port and host given were dropped without a word."""
+    given = broker(
+        listener={"port": 9092, "advertised_host": "foo.example", "advertised_port": 19999},
+        **LISTENERS,
+    )
+    port, advertised_port, host = broker_combinations(given).refused
+    assert port == (
+        "KAFSCALE_LISTENER__PORT (--listener-port) is not used beside KAFSCALE_LISTENERS "
+        "(--listeners): 9092 is not among the ports of listeners (give it there, or leave it out)"
+    )
+    assert advertised_port.startswith(
+        "KAFSCALE_LISTENER__ADVERTISED_PORT (--listener-advertised-port) is not used beside "
+        "KAFSCALE_LISTENERS (--listeners): 19999 is not among the ports of advertised_listeners"
+    )
+    assert host.startswith(
+        "KAFSCALE_LISTENER__ADVERTISED_HOST (--listener-advertised-host) is not used beside "
+        "KAFSCALE_LISTENERS (--listeners): foo.example is not among the hosts of "
+        "advertised_listeners"
+    )
+    same = {"listener": {"advertised_host": "foo.example"}, "listeners": "PLAINTEXT://:9092"}
+    assert len(proxy_combinations(proxy(**same)).refused) == 1  # the proxy's listeners too
+
+
+def test_the_one_listeners_address_that_listeners_give_anyway_is_a_warning() -> None:
+    given = broker(
+        listener={"port": 9093, "advertised_host": "kafka.example.com", "advertised_port": 9091},
+        **LISTENERS,
+    )
+    found = broker_combinations(given)
+    assert found.refused == ()
+    assert len(found.warned) == 3
+    assert found.warned[0] == (
+        "KAFSCALE_LISTENER__PORT (--listener-port) is not used beside KAFSCALE_LISTENERS "
+        "(--listeners), which give 9093 already: leave it out"
+    )
+
+
+def test_the_bind_host_admin_port_and_rack_beside_listeners_pass() -> None:
+    """listener.host is where the admin port binds (listeners or not); admin_port and rack
+    apply as well."""
+    given = broker(listener={"host": "127.0.0.1", "admin_port": 8081, "rack": "a"}, **LISTENERS)
+    assert broker_combinations(given) == broker_combinations(broker(**LISTENERS))
+    assert (
+        broker_combinations(broker(listener={"port": 9093, "advertised_host": "h"})).refused == ()
+    )
