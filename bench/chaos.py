@@ -124,6 +124,14 @@ class Cluster:
                 if attempt == attempts - 1:
                     raise
 
+    def print_tails(self, lines: int = 30) -> None:
+        """The end of every broker's log, on stderr (the campaign failed)."""
+        for slot in self.slots:
+            if slot.process is not None:
+                print(
+                    f"--- broker :{slot.port} (tail)\n{slot.process.tail(lines)}", file=sys.stderr
+                )
+
     def close(self) -> None:
         """Kill every broker: the stack stops only what it started itself."""
         for slot in self.slots:
@@ -357,6 +365,9 @@ def main(argv: list[str] | None = None) -> int:
         "--drain-s", type=float, default=300, help="how long the group may take to drain"
     )
     parser.add_argument("--json", action="store_true", help="print the figures as JSON too")
+    parser.add_argument(
+        "--keep", action="store_true", help="keep the work directory (etcd's and brokers' logs)"
+    )
     args = parser.parse_args(argv)
     rng = random.Random(args.seed)
     env = {
@@ -367,7 +378,9 @@ def main(argv: list[str] | None = None) -> int:
     }
     group: Group | None = None
     group_figures: dict[str, Any] = {}
-    with Stack(broker_env=env, etcd_members=args.etcd_members) as stack:
+    with Stack(broker_env=env, etcd_members=args.etcd_members, keep_workdir=args.keep) as stack:
+        if args.keep:
+            print(f"work directory: {stack.workdir}", flush=True)
         cluster = Cluster(stack, args.brokers)
         cluster.max_etcd_down_s = args.max_etcd_down_s
         try:
@@ -415,6 +428,9 @@ def main(argv: list[str] | None = None) -> int:
                 group.stop()
                 joined = max(group.seen.ownership.first_assigned.values(), default=started)
                 group_figures = group.figures(acked.where, ends, (joined, stopped_at))
+        except BaseException:
+            cluster.print_tails()
+            raise
         finally:
             cluster.close()
     figures = {
