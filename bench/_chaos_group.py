@@ -68,13 +68,16 @@ class Ownership:
     owners: dict[int, set[int]] = field(default_factory=lambda: defaultdict(set))
     unowned_since: dict[int, float] = field(default_factory=dict)
     gaps: dict[int, list[float]] = field(default_factory=lambda: defaultdict(list))
+    gap_starts: dict[int, list[float]] = field(default_factory=lambda: defaultdict(list))
     first_assigned: dict[int, float] = field(default_factory=dict)
 
     def assign(self, member: int, partitions: Iterable[int], now: float) -> None:
         with self.lock:
             for p in partitions:
                 if not self.owners[p] and p in self.unowned_since:
-                    self.gaps[p].append(now - self.unowned_since.pop(p))
+                    since = self.unowned_since.pop(p)
+                    self.gaps[p].append(now - since)
+                    self.gap_starts[p].append(since)
                 self.owners[p].add(member)
                 self.first_assigned.setdefault(p, now)
 
@@ -90,10 +93,20 @@ class Ownership:
         with self.lock:
             for p, since in self.unowned_since.items():
                 self.gaps[p].append(now - since)
+                self.gap_starts[p].append(since)
             self.unowned_since.clear()
 
     def longest_gap_s(self) -> float:
         return max((gap for gaps in self.gaps.values() for gap in gaps), default=0.0)
+
+    def long_gaps(self, over_s: float, origin: float) -> list[tuple[int, float, float]]:
+        """(partition, start from ``origin``, seconds) of each gap longer than ``over_s``."""
+        return sorted(
+            (p, round(start - origin, 1), round(gap, 1))
+            for p in self.gaps
+            for start, gap in zip(self.gap_starts[p], self.gaps[p], strict=True)
+            if gap > over_s
+        )
 
 
 @dataclass
@@ -288,7 +301,9 @@ class Group:
         acked: Mapping[bytes, tuple[int, int | None]],
         ends: Mapping[int, int],
         producing: tuple[float, float],
+        origin: float | None = None,
     ) -> dict[str, Any]:
+        """The group's figures; times of long gaps from ``origin`` (the campaign's start)."""
         counts = check_group(acked, self.seen.deliveries, self.seen.commits, self.watch.polls, ends)
         first_join = [t - self.started_at for t in self.seen.ownership.first_assigned.values()]
         return {
@@ -299,6 +314,9 @@ class Group:
             "group_offset_fetches": len(self.watch.polls),
             "group_first_join_s": round(max(first_join, default=-1.0), 1),
             "group_longest_unassigned_s": round(self.seen.ownership.longest_gap_s(), 1),
+            "group_unassigned_over_10s": self.seen.ownership.long_gaps(
+                10.0, self.started_at if origin is None else origin
+            ),
             "group_longest_silence_s": round(
                 longest_silence_s(self.seen.deliveries, *producing), 1
             ),

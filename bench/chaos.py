@@ -262,6 +262,19 @@ def kill_etcd_leader(cluster: Cluster, rng: random.Random) -> str:
     return f"kill etcd leader {leader.name}, down {down_s:.1f}s"
 
 
+def ended_tasks(workdir: Path) -> dict[str, int]:
+    """Background tasks that ended by an exception, per task name, from every broker's log
+    (``task_stop.log_failure`` writes "background task <name> ended: ..."): a broker whose
+    session watch or ownership follower ended runs on half-dead."""
+    ended: Counter[str] = Counter()
+    for path in workdir.glob("broker-*.log"):
+        for line in path.read_text(errors="replace").splitlines():
+            _, found, tail = line.partition("background task ")
+            if found and " ended: " in tail:
+                ended[tail.split(" ", 1)[0]] += 1
+    return dict(sorted(ended.items()))
+
+
 def read_log(
     bootstrap: str, partitions: int, timeout_s: float = 600
 ) -> tuple[dict[int, list[tuple[int, bytes]]], dict[int, int]]:
@@ -423,11 +436,12 @@ def main(argv: list[str] | None = None) -> int:
             wait_for(lambda: all(s.process and s.process.alive for s in cluster.slots), 30)
             log, ends = read_log(cluster.bootstrap, args.producers)
             counts = check(acked, log, ends)
+            tasks_ended = ended_tasks(stack.workdir)
             if group is not None:
                 group.drain(ends, args.drain_s)
                 group.stop()
                 joined = max(group.seen.ownership.first_assigned.values(), default=started)
-                group_figures = group.figures(acked.where, ends, (joined, stopped_at))
+                group_figures = group.figures(acked.where, ends, (joined, stopped_at), started)
         except BaseException:
             cluster.print_tails()
             raise
@@ -444,6 +458,7 @@ def main(argv: list[str] | None = None) -> int:
         "not_acked": acked.failed,
         "in_log": sum(len(records) for records in log.values()),
         **counts,
+        "broker_tasks_ended": tasks_ended,
         **group_figures,
     }
     print(
@@ -455,6 +470,8 @@ def main(argv: list[str] | None = None) -> int:
         f"misplaced {counts['misplaced']}, reordered {counts['reordered']}"
         f" (not read back in time: {counts['unread']})"
     )
+    if tasks_ended:
+        print(f"broker background tasks that ended by an exception: {tasks_ended}")
     if group_figures:
         print(describe_group(group_figures))
     if args.json:
