@@ -1,5 +1,7 @@
 """A broker whose etcd session ends comes back on a new one even when etcd refuses its first
-attempts to register again, and keeps doing so at every later loss.
+attempts to register again, and keeps doing so at every later loss; and until it knows its
+session ended, it answers retriable errors (NOT_LEADER_OR_FOLLOWER, NOT_COORDINATOR), not
+UNKNOWN_SERVER_ERROR, which librdkafka's producer takes as a permanent failure.
 
 The fault campaign (``bench/chaos.py``, a 3-member etcd whose leader is killed) found brokers
 whose session watch had ended on one etcd error while registering again (``session-watch
@@ -19,14 +21,19 @@ from pathlib import Path
 
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
+from harness import children
+from harness.batches import make_batch
 from harness.brokers import BrokerCluster
+from harness.kafka_wire import PRODUCE, KafkaWire, produce_body, produce_partition
 from harness.s3 import S3Endpoint, unique_bucket
 from harness.tls_etcd import AUTH_PASSWORD, AUTH_USER, AuthEtcd, restartable_auth_etcd
 from harness.topics import create_topics
 
 from kafscale.broker.child_process import BrokerProcess
 from kafscale.broker.metadata import keys
+from kafscale.broker.metadata.embedded_etcd import find_etcd_binary
 from kafscale.broker.metadata.etcd import Etcd
+from kafscale.broker.protocol.errors import ErrorCode
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 
@@ -68,9 +75,14 @@ def read_write(etcd: AuthEtcd) -> None:
     etcd.as_root("role", "grant-permission", "kafscale", "--prefix=true", "readwrite", "/kafscale")
 
 
-def as_root(etcd: AuthEtcd, work: Callable[[Etcd], object]) -> object:
+def as_root(etcd: AuthEtcd | str, work: Callable[[Etcd], object]) -> object:
+    """``work`` done by a client of its own (as root on an etcd with authentication)."""
+
     async def run() -> object:
-        client = await Etcd.connect([etcd.url], 10.0, username="root", password="root-pw")
+        if isinstance(etcd, str):
+            client = await Etcd.connect([etcd], 10.0)
+        else:
+            client = await Etcd.connect([etcd.url], 10.0, username="root", password="root-pw")
         try:
             return await work(client)  # type: ignore[misc]
         finally:
@@ -79,7 +91,7 @@ def as_root(etcd: AuthEtcd, work: Callable[[Etcd], object]) -> object:
     return asyncio.run(run())
 
 
-def registration_lease(etcd: AuthEtcd, cluster: str, node_id: int) -> int | None:
+def registration_lease(etcd: AuthEtcd | str, cluster: str, node_id: int) -> int | None:
     """The lease the broker's registration is bound to (its session); None: not registered."""
 
     async def read(client: Etcd) -> int | None:
@@ -89,7 +101,7 @@ def registration_lease(etcd: AuthEtcd, cluster: str, node_id: int) -> int | None
     return as_root(etcd, read)  # type: ignore[return-value]
 
 
-def end_session(etcd: AuthEtcd, lease: int) -> None:
+def end_session(etcd: AuthEtcd | str, lease: int) -> None:
     """Revoke the broker's session lease, as an expiry would end it."""
     as_root(etcd, lambda client: client.revoke_lease(lease))
 
@@ -164,3 +176,64 @@ def test_a_broker_registers_again_after_etcd_refused_it_and_at_every_later_loss(
     # No background task (session watch, ownership follower, rebalancer) ended on the way.
     lines = broker.log_path.read_text(errors="replace").splitlines()
     assert not [line for line in lines if "background task" in line and "ended" in line]
+
+
+JOIN_GROUP = 11
+
+
+def remaining_ttl_s(etcd_url: str, lease: int) -> int:
+    """The seconds the lease has left (``etcdctl lease timetolive``)."""
+    etcdctl = str(find_etcd_binary().with_name("etcdctl"))
+    done = children.run(
+        [etcdctl, f"--endpoints={etcd_url}", "lease", "timetolive", f"{lease:x}"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=True,
+    )
+    return int(done.stdout.rsplit("remaining(", 1)[1].split("s)", 1)[0])
+
+
+def test_until_it_knows_its_session_ended_a_broker_answers_retriable_errors(
+    broker_cluster: BrokerCluster, cluster_name: str
+) -> None:
+    ttl_s = 90  # a keepalive every 30 s: the broker learns of the revoke up to 30 s late
+    # No assignment written (nor followed): the topic's partition stays unowned until a
+    # produce claims it on demand.
+    broker = broker_cluster.start(
+        KAFSCALE_ETCD__SESSION_TTL_S=str(ttl_s), KAFSCALE_ASSIGNMENT__SELF_ASSIGN="false"
+    )
+    create_topics(broker.bootstrap, ["orphan"], partitions=1)
+    url = broker_cluster.etcd_url
+    lease = registration_lease(url, cluster_name, broker.node_id)
+    assert lease
+    # Right after a keepalive, so that the next one (which finds the lease gone) is ~30 s away.
+    wait_for(lambda: remaining_ttl_s(url, lease) >= ttl_s - 3, "a keepalive renews the session")
+    end_session(url, lease)
+    with KafkaWire(broker.bootstrap, timeout_s=60) as wire:
+        # The produce claims the partition with the lease etcd no longer has; a new group's
+        # JoinGroup takes the group's lease the same way.
+        batch = make_batch(0, [b"x"])
+        produced, _ = produce_partition(wire.request(PRODUCE, 9, produce_body("orphan", 0, batch)))
+        join = {
+            "group_id": "orphans",
+            "session_timeout": 10_000,
+            "rebalance_timeout": 10_000,
+            "member_id": "",
+            "group_instance_id": None,
+            "protocol_type": "consumer",
+            "protocols": [{"name": "range", "metadata": b""}],
+            "reason": None,
+        }
+        joined = int(wire.request(JOIN_GROUP, 5, join).error_code)
+    assert produced == ErrorCode.NOT_LEADER_OR_FOLLOWER, produced
+    assert joined == ErrorCode.NOT_COORDINATOR, joined
+    # and once it knows, it comes back: the records go in
+    wait_for(
+        lambda: registration_lease(url, cluster_name, broker.node_id) not in (None, lease),
+        "the broker registers on a new session",
+    )
+    producer = Producer({"bootstrap.servers": broker.bootstrap, "message.timeout.ms": 120_000})
+    failed: list[object] = []
+    producer.produce("orphan", b"y", on_delivery=lambda e, m: e is None or failed.append(e))
+    assert producer.flush(150) == 0 and not failed, failed
