@@ -70,9 +70,15 @@ class Ownership:
     gaps: dict[int, list[float]] = field(default_factory=lambda: defaultdict(list))
     gap_starts: dict[int, list[float]] = field(default_factory=lambda: defaultdict(list))
     first_assigned: dict[int, float] = field(default_factory=dict)
+    events: list[tuple[float, int, str, list[int]]] = field(default_factory=list)
+    closed: bool = False  # the members are being stopped: their leaving is not a gap
 
     def assign(self, member: int, partitions: Iterable[int], now: float) -> None:
         with self.lock:
+            partitions = sorted(partitions)
+            self.events.append((now, member, "assign", partitions))
+            if self.closed:
+                return
             for p in partitions:
                 if not self.owners[p] and p in self.unowned_since:
                     since = self.unowned_since.pop(p)
@@ -83,14 +89,20 @@ class Ownership:
 
     def revoke(self, member: int, partitions: Iterable[int], now: float) -> None:
         with self.lock:
+            partitions = sorted(partitions)
+            self.events.append((now, member, "revoke", partitions))
+            if self.closed:
+                return
             for p in partitions:
                 self.owners[p].discard(member)
                 if not self.owners[p]:
                     self.unowned_since[p] = now
 
     def close(self, now: float) -> None:
-        """Close the gaps still open (the campaign ended with a partition unowned)."""
+        """Close the gaps still open (the campaign ended with a partition unowned); later
+        assignments and revocations (the members leaving) are not counted."""
         with self.lock:
+            self.closed = True
             for p, since in self.unowned_since.items():
                 self.gaps[p].append(now - since)
                 self.gap_starts[p].append(since)
@@ -287,11 +299,11 @@ class Group:
 
     def stop(self) -> None:
         """Stop the members, then one last OffsetFetch (the final committed offsets)."""
+        self.seen.ownership.close(time.monotonic())
         for thread in self.threads:
             thread.stopping.set()
         for thread in self.threads:
             thread.join(120)
-        self.seen.ownership.close(time.monotonic())
         time.sleep(self.watch.interval_s * 2)  # at least one poll after the last commit
         self.watch.stopping.set()
         self.watch.join(60)

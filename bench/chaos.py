@@ -56,7 +56,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _chaos_group import Group
 from _cluster import Stack, create_topic, etcd_leader, wait_for
-from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, Producer, TopicPartition
 
 from kafscale.broker.child_process import BrokerProcess, free_port_run
 
@@ -275,6 +275,19 @@ def ended_tasks(workdir: Path) -> dict[str, int]:
     return dict(sorted(ended.items()))
 
 
+def high_watermark(consumer: Consumer, partition: int, timeout_s: float = 300) -> int:
+    """The partition's high watermark, asked again while the cluster cannot say (a broker's
+    Metadata briefly without the topic, say, right after the last restart)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            return int(consumer.get_watermark_offsets(TopicPartition(TOPIC, partition), 60)[1])
+        except KafkaException:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(1)
+
+
 def read_log(
     bootstrap: str, partitions: int, timeout_s: float = 600
 ) -> tuple[dict[int, list[tuple[int, bytes]]], dict[int, int]]:
@@ -289,10 +302,7 @@ def read_log(
             "log_level": 0,
         }
     )
-    ends = {
-        p: consumer.get_watermark_offsets(TopicPartition(TOPIC, p), 60)[1]
-        for p in range(partitions)
-    }
+    ends = {p: high_watermark(consumer, p) for p in range(partitions)}
     consumer.assign([TopicPartition(TOPIC, p, OFFSET_BEGINNING) for p in range(partitions)])
     log: dict[int, list[tuple[int, bytes]]] = defaultdict(list)
     done = {p for p, end in ends.items() if end == 0}
@@ -442,6 +452,12 @@ def main(argv: list[str] | None = None) -> int:
                 group.stop()
                 joined = max(group.seen.ownership.first_assigned.values(), default=started)
                 group_figures = group.figures(acked.where, ends, (joined, stopped_at), started)
+                if args.keep:  # the members' assignments, seconds from the campaign's start
+                    events = [
+                        (round(t - started, 2), m, kind, ps)
+                        for t, m, kind, ps in group.seen.ownership.events
+                    ]
+                    (stack.workdir / "group-events.json").write_text(json.dumps(events))
         except BaseException:
             cluster.print_tails()
             raise
