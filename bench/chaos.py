@@ -457,7 +457,14 @@ def main(argv: list[str] | None = None) -> int:
                         (round(t - started, 2), m, kind, ps)
                         for t, m, kind, ps in group.seen.ownership.events
                     ]
-                    (stack.workdir / "group-events.json").write_text(json.dumps(events))
+                    slow = [  # commits answered after more than 5 s: (sent, seconds, member)
+                        (round(c.sent_at - started, 2), round(c.done_at - c.sent_at, 2), c.member)
+                        for c in group.seen.commits
+                        if c.done_at - c.sent_at > 5
+                    ]
+                    (stack.workdir / "group-events.json").write_text(
+                        json.dumps({"assignments": events, "slow_commits": sorted(set(slow))})
+                    )
         except BaseException:
             cluster.print_tails()
             raise
