@@ -143,6 +143,7 @@ class GroupMember(threading.Thread):
         self.stopping = threading.Event()
         self.owned: set[int] = set()
         self.crashed: BaseException | None = None
+        self.committing_since: float | None = None  # a synchronous commit under way since
 
     def config(self) -> dict[str, Any]:
         return {
@@ -191,6 +192,7 @@ class GroupMember(threading.Thread):
     def _commit(self, consumer: Consumer, offsets: Mapping[int, int]) -> None:
         sent_at = time.monotonic()
         request = [TopicPartition(self.topic, p, o) for p, o in sorted(offsets.items())]
+        self.committing_since = sent_at
         try:
             answer = consumer.commit(offsets=request, asynchronous=False) or []
         except KafkaException as exc:
@@ -200,6 +202,7 @@ class GroupMember(threading.Thread):
         else:
             failed = False
         done_at = time.monotonic()
+        self.committing_since = None
         for tp in answer:
             ok = not failed and tp.error is None
             if tp.error is not None:
@@ -296,6 +299,27 @@ class Group:
                 return True
             time.sleep(0.5)
         return False
+
+    def states(self) -> list[str]:
+        """Each member's state now, for a group that did not drain: what it owns, whether its
+        thread is stuck in a commit, when it last got a record."""
+        now = time.monotonic()
+        last: dict[int, float] = {}
+        for d in self.seen.deliveries:
+            last[d.member] = d.at
+        lines = []
+        for t in self.threads:
+            since = t.committing_since
+            lines.append(
+                f"member {t.index}: owns {sorted(t.owned)}, "
+                + (f"in a commit for {now - since:.0f} s, " if since is not None else "")
+                + (
+                    f"last record {now - last[t.index]:.0f} s ago"
+                    if t.index in last
+                    else "no record"
+                )
+            )
+        return lines
 
     def stop(self) -> None:
         """Stop the members, then one last OffsetFetch (the final committed offsets)."""

@@ -54,8 +54,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _chaos_group import Group
-from _cluster import Stack, create_topic, etcd_leader, wait_for
+from _chaos_group import GROUP, Group
+from _cluster import RawKafka, Stack, create_topic, etcd_leader, wait_for
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, Producer, TopicPartition
 
 from kafscale.broker.child_process import BrokerProcess, free_port_run
@@ -262,6 +262,25 @@ def kill_etcd_leader(cluster: Cluster, rng: random.Random) -> str:
     return f"kill etcd leader {leader.name}, down {down_s:.1f}s"
 
 
+def find_coordinators(cluster: Cluster) -> list[str]:
+    """What each broker answers FindCoordinator for the campaign's group (a stuck group)."""
+    lines = []
+    for slot in cluster.slots:
+        try:
+            wire = RawKafka(f"127.0.0.1:{slot.port}", timeout_s=10)
+            try:
+                answer = wire.request(10, 1, {"key": GROUP, "key_type": 0})
+            finally:
+                wire.close()
+            lines.append(
+                f"broker :{slot.port} names node {answer.node_id} :{answer.port} "
+                f"(error {answer.error_code})"
+            )
+        except (OSError, ValueError) as exc:
+            lines.append(f"broker :{slot.port}: {exc}")
+    return lines
+
+
 def ended_tasks(workdir: Path) -> dict[str, int]:
     """Background tasks that ended by an exception, per task name, from every broker's log
     (``task_stop.log_failure`` writes "background task <name> ended: ..."): a broker whose
@@ -448,7 +467,11 @@ def main(argv: list[str] | None = None) -> int:
             counts = check(acked, log, ends)
             tasks_ended = ended_tasks(stack.workdir)
             if group is not None:
-                group.drain(ends, args.drain_s)
+                if not group.drain(ends, args.drain_s):
+                    print("the group did not drain:", *group.states(), sep="\n  ", flush=True)
+                    print(f"  committed: {group.watch.latest()}, ends: {ends}", flush=True)
+                    for line in find_coordinators(cluster):
+                        print("  " + line, flush=True)
                 group.stop()
                 joined = max(group.seen.ownership.first_assigned.values(), default=started)
                 group_figures = group.figures(acked.where, ends, (joined, stopped_at), started)
