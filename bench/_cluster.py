@@ -3,12 +3,13 @@
 A small copy of what ``tests/harness`` does (benches never import from ``tests/``; broker
 processes are driven by ``kafscale.broker.child_process``, which both share):
 
-* :class:`Stack` starts a single-node etcd (``EmbeddedEtcd``, fast and without fsync) and moto's
-  S3 app in a child process (served alone, as ``tests/harness/s3.py`` does; a process of its own
-  so that its request threads and the bench's client threads do not share one GIL), creates a
-  bucket, and starts
-  ``kafscale broker`` processes configured through environment variables exactly as the test
-  harness and the Kubernetes manifests do. Everything is stopped when the ``with`` block ends,
+* :class:`Stack` starts a single-node etcd (``EmbeddedEtcd``, fast and without fsync), or with
+  ``etcd_members=3`` a cluster of three (brokers get every member's URL; :func:`etcd_leader`
+  names the one leading), and moto's S3 app in a child process (served alone, as
+  ``tests/harness/s3.py`` does; a process of its own so that its request threads and the
+  bench's client threads do not share one GIL), creates a bucket, and starts ``kafscale broker``
+  processes configured through environment variables exactly as the test harness and the
+  Kubernetes manifests do. Everything is stopped when the ``with`` block ends,
   also on errors and Ctrl-C.
 * :class:`RawKafka` and :func:`make_batch`: a blocking Kafka connection and a v2 record-batch
   builder, for measurements that must bypass a client's routing and retry back-off.
@@ -152,7 +153,9 @@ class Stack:
     keep_workdir: bool = False
     workdir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="kafscale-bench-")))
     bucket: str = "kafscale-bench"
-    etcd: EmbeddedEtcd | None = None
+    etcd_members: int = 1
+    etcd: EmbeddedEtcd | None = None  # the only member, or the first of a cluster
+    etcd_cluster: list[EmbeddedEtcd] = field(default_factory=list)
     s3: MotoProcess | None = None
     brokers: list[BrokerProcess] = field(default_factory=list)
 
@@ -161,10 +164,15 @@ class Stack:
         try:
             # Bound to this process, as its brokers are (moto ends when its stdin closes):
             # a bench killed with SIGKILL leaves nothing running.
-            etcd = EmbeddedEtcd(
-                self.workdir / "etcd", fast=True, no_fsync=True, die_with_parent=True
-            )
-            self.etcd = etcd.start()
+            if self.etcd_members > 1:
+                self.etcd_cluster = start_etcd_cluster(self.workdir, self.etcd_members)
+                self.etcd = self.etcd_cluster[0]
+            else:
+                etcd = EmbeddedEtcd(
+                    self.workdir / "etcd", fast=True, no_fsync=True, die_with_parent=True
+                )
+                self.etcd = etcd.start()
+                self.etcd_cluster = [etcd]
             self.s3 = MotoProcess().start()
             self.s3_client().create_bucket(Bucket=self.bucket)
         except BaseException:
@@ -188,8 +196,9 @@ class Stack:
             broker.kill()
         if self.s3 is not None:
             self.s3.stop()
-        if self.etcd is not None and self.etcd.running:
-            self.etcd.stop()
+        for member in self.etcd_cluster or ([self.etcd] if self.etcd else []):
+            if member.running:
+                member.stop()
         if not self.keep_workdir:
             shutil.rmtree(self.workdir, ignore_errors=True)
 
@@ -197,6 +206,11 @@ class Stack:
     def etcd_url(self) -> str:
         assert self.etcd is not None
         return self.etcd.client_url
+
+    @property
+    def etcd_urls(self) -> list[str]:
+        """Every etcd member's client URL (one for a single node)."""
+        return [member.client_url for member in self.etcd_cluster] or [self.etcd_url]
 
     @property
     def s3_url(self) -> str:
@@ -214,7 +228,7 @@ class Stack:
         env.update(
             {
                 "KAFSCALE_CLUSTER": cluster or self.cluster,
-                "KAFSCALE_ETCD__ENDPOINTS": json.dumps([self.etcd_url]),
+                "KAFSCALE_ETCD__ENDPOINTS": json.dumps(self.etcd_urls),
                 "KAFSCALE_STORAGE__KIND": "s3",
                 "KAFSCALE_STORAGE__BUCKET": self.bucket,
                 "KAFSCALE_STORAGE__ENDPOINT": self.s3_url,
@@ -256,6 +270,63 @@ class Stack:
         """etcd's Prometheus counters, summed over labels we do not care about."""
         text = urllib.request.urlopen(self.etcd_url + "/metrics", timeout=5).read().decode()
         return parse_metrics(text)
+
+
+def start_etcd_cluster(workdir: Path, members: int) -> list[EmbeddedEtcd]:
+    """``members`` etcd members forming one cluster on loopback, healthy (a leader elected).
+
+    etcd's default timing (100-ms heartbeats, 1-s elections), not the single node's ``fast``
+    one: on a loaded machine 50-ms heartbeats make members depose healthy leaders."""
+    names = [f"m{i}" for i in range(members)]
+    peers = [free_port_run() for _ in names]
+    initial = ",".join(f"{n}=http://127.0.0.1:{p}" for n, p in zip(names, peers, strict=True))
+    cluster = [
+        EmbeddedEtcd(
+            workdir / f"etcd-{name}",
+            name=name,
+            peer_port=peer,
+            no_fsync=True,
+            die_with_parent=True,
+            initial_cluster=initial,
+            start_timeout_s=120,
+        )
+        for name, peer in zip(names, peers, strict=True)
+    ]
+    try:
+        for member in cluster:
+            member.launch()
+        for member in cluster:
+            member.wait_healthy()
+    except BaseException:
+        for member in cluster:
+            member.kill()
+        raise
+    return cluster
+
+
+def etcd_status(url: str, timeout_s: float = 2.0) -> dict[str, Any]:
+    """A member's ``Maintenance.Status`` through etcd's JSON gateway (member id, leader id)."""
+    request = urllib.request.Request(url + "/v3/maintenance/status", data=b"{}", method="POST")
+    with urllib.request.urlopen(request, timeout=timeout_s) as response:
+        return dict(json.loads(response.read()))
+
+
+def etcd_leader(members: Sequence[EmbeddedEtcd]) -> EmbeddedEtcd | None:
+    """The member that leads now, by the members' own word; None while there is no leader
+    (an election, or no member answers)."""
+    ids: dict[str, EmbeddedEtcd] = {}
+    leaders: set[str] = set()
+    for member in members:
+        if not member.running:
+            continue
+        with contextlib.suppress(OSError, ValueError):
+            status = etcd_status(member.client_url)
+            ids[str(status["header"]["member_id"])] = member
+            if str(status.get("leader", "0")) != "0":
+                leaders.add(str(status["leader"]))
+    if len(leaders) != 1:
+        return None
+    return ids.get(leaders.pop())
 
 
 def parse_metrics(text: str) -> dict[str, float]:

@@ -11,14 +11,26 @@ every 1-4 s, chosen at random (``--seed``):
 * ``kill``: SIGKILL a broker; the supervisor restarts it on the same port after 0.5-2 s;
 * ``stop``: SIGSTOP a broker for 1-``--max-stop-s`` s (a hung process), then SIGCONT;
 * ``term``: SIGTERM a broker (graceful handoff); the supervisor restarts it;
-* ``etcd``: SIGSTOP etcd for 1-3 s;
-* ``store``: SIGSTOP the S3 server for 1-3 s.
+* ``etcd``: SIGSTOP etcd (every member of the cluster) for 1-3 s;
+* ``store``: SIGSTOP the S3 server for 1-3 s;
+* ``etcd-leader``: SIGKILL the etcd member that leads, restart it after 1-``--max-etcd-down-s``
+  s (the other two elect a leader meanwhile).
+
+etcd is a cluster of ``--etcd-members`` (default 3; the brokers get every member's URL).
+A consumer group of ``--group-members`` confluent-kafka consumers (default 3; 0: none) reads the
+topic throughout, committing what it processed after each batch (at-least-once), while a watch
+polls the committed offsets (OffsetFetch); see ``_chaos_group.py`` for what is checked.
 
 Then every broker is brought back, producers flush, and the checker reads every partition from
 the start and counts, over acknowledged records: **lost** (not in the log), **duplicated** (in
 the log more than once), **misplaced** (at another offset than acknowledged) and **reordered**
-(a producer's records not in the order it sent them). Prints the figures; exit status 1 if any
-count is not 0. Loopback only, bounded in time. Run from the repository root::
+(a producer's records not in the order it sent them). Once the producers stop, the group
+drains to the high watermarks (up to ``--drain-s``); its check counts acked records never
+delivered to it, committed offsets seen going back, partitions whose final committed offset is
+not the high watermark, and reports duplicates delivered (allowed: at-least-once), the longest
+time a partition was assigned to no member and the longest it delivered nothing. Prints the
+figures; exit status 1 if any count but the group's duplicates is not 0. Loopback only,
+bounded in time. Run from the repository root::
 
     .venv/bin/python bench/chaos.py                       # 10 minutes, >= 60 faults
     .venv/bin/python bench/chaos.py --duration-s 30 --seed 7
@@ -42,13 +54,15 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _cluster import Stack, create_topic, wait_for
-from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
+from _chaos_group import GROUP, Group
+from _cluster import RawKafka, Stack, create_topic, etcd_leader, wait_for
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, Producer, TopicPartition
 
 from kafscale.broker.child_process import BrokerProcess, free_port_run
 
 TOPIC = "chaos"
-FAULTS = ("kill", "stop", "term", "etcd", "store")
+FAULTS = ("kill", "stop", "term", "etcd", "store", "etcd-leader")
+MAX_ETCD_DOWN_S = 5.0  # etcd-leader: the killed member is restarted after 1 s to this
 
 
 @dataclass
@@ -86,6 +100,8 @@ class Cluster:
         self.slots = [Slot(free_port_run(), free_port_run()) for _ in range(brokers)]
         self.restarts = 0
         self.failed_starts = 0
+        self.etcd_restarts = 0
+        self.max_etcd_down_s = MAX_ETCD_DOWN_S
 
     def start(self, slot: Slot, attempts: int = 3) -> None:
         """Start the slot's broker; a start that is not ready in time (on a loaded machine a
@@ -107,6 +123,14 @@ class Cluster:
                 print(f"broker :{slot.port} did not start ({str(exc)[:200]})", flush=True)
                 if attempt == attempts - 1:
                     raise
+
+    def print_tails(self, lines: int = 30) -> None:
+        """The end of every broker's log, on stderr (the campaign failed)."""
+        for slot in self.slots:
+            if slot.process is not None:
+                print(
+                    f"--- broker :{slot.port} (tail)\n{slot.process.tail(lines)}", file=sys.stderr
+                )
 
     def close(self) -> None:
         """Kill every broker: the stack stops only what it started itself."""
@@ -194,13 +218,93 @@ def inject(kind: str, cluster: Cluster, rng: random.Random, max_stop_s: float) -
         time.sleep(pause_s)
         os.kill(process.pid, signal.SIGCONT)
         return f"stop broker :{slot.port} {pause_s:.1f}s"
-    pid = stack.etcd.pid if kind == "etcd" else stack.s3.pid  # type: ignore[union-attr]
-    assert pid is not None
+    if kind == "etcd-leader":
+        return kill_etcd_leader(cluster, rng)
+    if kind == "etcd":
+        pids = [m.pid for m in stack.etcd_cluster or [stack.etcd] if m is not None and m.pid]
+    else:
+        pids = [stack.s3.pid]  # type: ignore[union-attr]
+    assert pids
     pause_s = rng.uniform(1.0, 3.0)
-    os.kill(pid, signal.SIGSTOP)
+    for pid in pids:
+        os.kill(pid, signal.SIGSTOP)
     time.sleep(pause_s)
-    os.kill(pid, signal.SIGCONT)
+    for pid in pids:
+        os.kill(pid, signal.SIGCONT)
     return f"pause {kind} {pause_s:.1f}s"
+
+
+def kill_etcd_leader(cluster: Cluster, rng: random.Random) -> str:
+    """SIGKILL the etcd member that leads (waiting up to a minute for one to be elected), and
+    restart it on its ports and data after 1-``max_etcd_down_s`` s."""
+    members = cluster.stack.etcd_cluster or [cluster.stack.etcd]
+    leader = None
+    deadline = time.monotonic() + 60
+    while leader is None and time.monotonic() < deadline:
+        leader = etcd_leader(members) if len(members) > 1 else members[0]  # type: ignore[list-item]
+        if leader is None:
+            time.sleep(0.2)
+    if leader is None:
+        return "etcd-leader: no leader within 60 s"
+    leader.kill()
+    down_s = rng.uniform(1.0, cluster.max_etcd_down_s)
+    time.sleep(down_s)
+    for attempt in range(3):
+        try:
+            leader.start()
+            break
+        except RuntimeError as exc:  # EtcdStartError: not healthy in time
+            print(f"etcd {leader.name} did not start ({str(exc)[:200]})", flush=True)
+            leader.kill()
+            if attempt == 2:
+                raise
+    cluster.etcd_restarts += 1
+    return f"kill etcd leader {leader.name}, down {down_s:.1f}s"
+
+
+def find_coordinators(cluster: Cluster) -> list[str]:
+    """What each broker answers FindCoordinator for the campaign's group (a stuck group)."""
+    lines = []
+    for slot in cluster.slots:
+        try:
+            wire = RawKafka(f"127.0.0.1:{slot.port}", timeout_s=10)
+            try:
+                answer = wire.request(10, 1, {"key": GROUP, "key_type": 0})
+            finally:
+                wire.close()
+            lines.append(
+                f"broker :{slot.port} names node {answer.node_id} :{answer.port} "
+                f"(error {answer.error_code})"
+            )
+        except (OSError, ValueError) as exc:
+            lines.append(f"broker :{slot.port}: {exc}")
+    return lines
+
+
+def ended_tasks(workdir: Path) -> dict[str, int]:
+    """Background tasks that ended by an exception, per task name, from every broker's log
+    (``task_stop.log_failure`` writes "background task <name> ended: ..."): a broker whose
+    session watch or ownership follower ended runs on half-dead."""
+    ended: Counter[str] = Counter()
+    for path in workdir.glob("broker-*.log"):
+        for line in path.read_text(errors="replace").splitlines():
+            _, found, tail = line.partition("background task ")
+            if found and " ended: " in tail:
+                ended[tail.split(" ", 1)[0]] += 1
+    return dict(sorted(ended.items()))
+
+
+def high_watermark(consumer: Consumer, partition: int, timeout_s: float = 300) -> int:
+    """The partition's high watermark, asked again while the cluster cannot say (a broker's
+    Metadata briefly without the topic, say, right after the last restart)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            return int(consumer.get_watermark_offsets(TopicPartition(TOPIC, partition), 60)[1])
+        except KafkaException:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(1)
 
 
 def read_log(
@@ -217,10 +321,7 @@ def read_log(
             "log_level": 0,
         }
     )
-    ends = {
-        p: consumer.get_watermark_offsets(TopicPartition(TOPIC, p), 60)[1]
-        for p in range(partitions)
-    }
+    ends = {p: high_watermark(consumer, p) for p in range(partitions)}
     consumer.assign([TopicPartition(TOPIC, p, OFFSET_BEGINNING) for p in range(partitions)])
     log: dict[int, list[tuple[int, bytes]]] = defaultdict(list)
     done = {p for p, end in ends.items() if end == 0}
@@ -295,7 +396,20 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--ttl", type=int, default=4, help="broker session TTL, seconds")
+    parser.add_argument("--etcd-members", type=int, default=3, help="etcd cluster size")
+    parser.add_argument(
+        "--max-etcd-down-s", type=float, default=MAX_ETCD_DOWN_S, help="etcd-leader: downtime"
+    )
+    parser.add_argument(
+        "--group-members", type=int, default=3, help="consumers in the group (0: no group)"
+    )
+    parser.add_argument(
+        "--drain-s", type=float, default=300, help="how long the group may take to drain"
+    )
     parser.add_argument("--json", action="store_true", help="print the figures as JSON too")
+    parser.add_argument(
+        "--keep", action="store_true", help="keep the work directory (etcd's and brokers' logs)"
+    )
     args = parser.parse_args(argv)
     rng = random.Random(args.seed)
     env = {
@@ -304,14 +418,22 @@ def main(argv: list[str] | None = None) -> int:
         "KAFSCALE_LIMITS__SHUTDOWN_GRACE_S": "5",
         "KAFSCALE_ETCD__TIMEOUT_S": "2",
     }
-    with Stack(broker_env=env) as stack:
+    group: Group | None = None
+    group_figures: dict[str, Any] = {}
+    with Stack(broker_env=env, etcd_members=args.etcd_members, keep_workdir=args.keep) as stack:
+        if args.keep:
+            print(f"work directory: {stack.workdir}", flush=True)
         cluster = Cluster(stack, args.brokers)
+        cluster.max_etcd_down_s = args.max_etcd_down_s
         try:
             for slot in cluster.slots:
                 cluster.start(slot)
             create_topic(cluster.bootstrap, TOPIC, args.producers)
             acked = Acked()
             stop = threading.Event()
+            if args.group_members:
+                group = Group(cluster.bootstrap, TOPIC, args.producers, args.group_members)
+                group.start()
             producers = [
                 threading.Thread(
                     target=run_producer,
@@ -337,11 +459,38 @@ def main(argv: list[str] | None = None) -> int:
                 if slot.process is None or not slot.process.alive:
                     cluster.restart(slot)
             stop.set()
+            stopped_at = time.monotonic()
             for thread in producers:
                 thread.join(360)
             wait_for(lambda: all(s.process and s.process.alive for s in cluster.slots), 30)
             log, ends = read_log(cluster.bootstrap, args.producers)
             counts = check(acked, log, ends)
+            tasks_ended = ended_tasks(stack.workdir)
+            if group is not None:
+                if not group.drain(ends, args.drain_s):
+                    print("the group did not drain:", *group.states(), sep="\n  ", flush=True)
+                    print(f"  committed: {group.watch.latest()}, ends: {ends}", flush=True)
+                    for line in find_coordinators(cluster):
+                        print("  " + line, flush=True)
+                group.stop()
+                joined = max(group.seen.ownership.first_assigned.values(), default=started)
+                group_figures = group.figures(acked.where, ends, (joined, stopped_at), started)
+                if args.keep:  # the members' assignments, seconds from the campaign's start
+                    events = [
+                        (round(t - started, 2), m, kind, ps)
+                        for t, m, kind, ps in group.seen.ownership.events
+                    ]
+                    slow = [  # commits answered after more than 5 s: (sent, seconds, member)
+                        (round(c.sent_at - started, 2), round(c.done_at - c.sent_at, 2), c.member)
+                        for c in group.seen.commits
+                        if c.done_at - c.sent_at > 5
+                    ]
+                    (stack.workdir / "group-events.json").write_text(
+                        json.dumps({"assignments": events, "slow_commits": sorted(set(slow))})
+                    )
+        except BaseException:
+            cluster.print_tails()
+            raise
         finally:
             cluster.close()
     figures = {
@@ -349,10 +498,14 @@ def main(argv: list[str] | None = None) -> int:
         "faults": sum(faults.values()),
         "faults_by_kind": dict(sorted(faults.items())),
         "restarts": cluster.restarts,
+        "etcd_members": args.etcd_members,
+        "etcd_restarts": cluster.etcd_restarts,
         "acked": len(acked.where),
         "not_acked": acked.failed,
         "in_log": sum(len(records) for records in log.values()),
         **counts,
+        "broker_tasks_ended": tasks_ended,
+        **group_figures,
     }
     print(
         f"\nfault campaign: {figures['duration_s']} s, {figures['faults']} faults "
@@ -363,9 +516,44 @@ def main(argv: list[str] | None = None) -> int:
         f"misplaced {counts['misplaced']}, reordered {counts['reordered']}"
         f" (not read back in time: {counts['unread']})"
     )
+    if tasks_ended:
+        print(f"broker background tasks that ended by an exception: {tasks_ended}")
+    if group_figures:
+        print(describe_group(group_figures))
     if args.json:
         print(json.dumps(figures))
-    return 0 if not any(counts.values()) else 1
+    return 0 if not any(counts.values()) and group_ok(group_figures) else 1
+
+
+GROUP_FAILURES = (
+    "group_undelivered",
+    "group_backwards_fetched",
+    "group_backwards_committed",
+    "group_unfinished_partitions",
+    "group_crashed_members",
+)
+
+
+def group_ok(figures: dict[str, Any]) -> bool:
+    """No group figure that means a defect is non-zero (duplicates are allowed)."""
+    return not any(figures.get(name) for name in GROUP_FAILURES)
+
+
+def describe_group(f: dict[str, Any]) -> str:
+    drained = (
+        "did not drain" if f["group_drain_s"] is None else f"drained in {f['group_drain_s']} s"
+    )
+    return (
+        f"group of {f['group_members']}: {f['group_delivered']} deliveries, "
+        f"{f['group_duplicates']} duplicates (at-least-once), undelivered acked "
+        f"{f['group_undelivered']}; commits {f['group_commits_ok']} ok / "
+        f"{f['group_commits_failed']} failed; committed offset went back "
+        f"{f['group_backwards_fetched']} (OffsetFetch, {f['group_offset_fetches']} polls) / "
+        f"{f['group_backwards_committed']} (commits); {drained}, partitions not at the high "
+        f"watermark {f['group_unfinished_partitions']}; longest unassigned "
+        f"{f['group_longest_unassigned_s']} s, longest without a delivery "
+        f"{f['group_longest_silence_s']} s (first join {f['group_first_join_s']} s)"
+    )
 
 
 if __name__ == "__main__":

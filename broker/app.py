@@ -35,11 +35,12 @@ from kafscale.broker.metadata.compaction import Compactor
 from kafscale.broker.metadata.etcd import Etcd
 from kafscale.broker.metadata.etcd_channel import BadEndpoint
 from kafscale.broker.metadata.etcd_connect import connect_etcd
-from kafscale.broker.metadata.etcd_errors import MetadataUnavailable
+from kafscale.broker.metadata.etcd_errors import MetadataError, MetadataUnavailable
 from kafscale.broker.metadata.leaders import leader_for
 from kafscale.broker.metadata.partition_state import PartitionState
 from kafscale.broker.metadata.rebalancer import Rebalancer
 from kafscale.broker.metadata.session_lease import SessionLease
+from kafscale.broker.metadata.session_renewal import renew_session
 from kafscale.broker.metadata.topics import create_topic
 from kafscale.broker.observability.broker_metrics import BrokerCollector
 from kafscale.broker.observability.exposition import metrics_renderer
@@ -78,6 +79,8 @@ from kafscale.broker.task_stop import cancel_and_wait, start_task
 from kafscale.broker.transactions.coordinator import TransactionCoordinator
 
 log = logging.getLogger(__name__)
+
+_RECONCILE_RETRY_S = 1.0
 
 
 @dataclass
@@ -358,35 +361,42 @@ class Broker:
     # --- running -----------------------------------------------------------------------------
 
     async def _watch_session(self) -> None:
-        """If our session expired (paused, partitioned), stop owning and come back fresh."""
+        """If our session expired (paused, partitioned), stop owning and come back fresh; never
+        ends on an etcd error (``session_renewal``)."""
         while True:
             await self.session.lost.wait()
             log.error("etcd session lost; giving up every partition and re-registering")
-            self.log_manager.abandon_all(NotLeader("this broker's etcd session expired"))
-            while True:
-                try:
-                    self.session = await SessionLease.start(
-                        self.etcd, self.settings.etcd.session_ttl_s
-                    )
-                    break
-                except MetadataUnavailable:
-                    await asyncio.sleep(1)
-            self.log_manager.replace_session(self.session)
-            assert self.info is not None
-            await self.etcd.put(
-                keys.broker_key(self.cluster, self.node_id),
-                self.info.to_json(),
-                lease=self.session.id,
+            await renew_session(
+                self.etcd, self.settings.etcd.session_ttl_s, self._adopt_session, self._register_on
             )
 
+    def _adopt_session(self, session: SessionLease) -> None:
+        self.log_manager.abandon_all(NotLeader("this broker's etcd session expired"))
+        self.session = session
+        self.log_manager.replace_session(session)
+
+    async def _register_on(self, session: SessionLease) -> None:
+        assert self.info is not None
+        await self.etcd.put(
+            keys.broker_key(self.cluster, self.node_id), self.info.to_json(), lease=session.id
+        )
+
     async def _follow_cluster(self) -> None:
-        """React to cluster changes: deleted topics, draining marks, the desired assignment."""
+        """React to cluster changes: deleted topics, draining marks, the desired assignment.
+        A reconcile that etcd failed (an outage, or the session lost under it: LeaseLost) is
+        tried again within ``_RECONCILE_RETRY_S`` (on the new session), not at the next
+        change, which may never come; before, LeaseLost ended this task for good."""
         while True:
             changed = self.view.changed
             try:
                 await self._reconcile()
-            except (KafkaError, MetadataUnavailable) as exc:
+            except KafkaError as exc:
                 log.warning("ownership reconcile: %s", exc)
+            except MetadataError as exc:
+                log.warning("ownership reconcile: %s; trying again", exc)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(changed.wait(), _RECONCILE_RETRY_S)
+                continue
             await changed.wait()
 
     async def _reconcile(self) -> None:

@@ -48,7 +48,7 @@ from kafscale.broker.groups.stored_lag import StoredLag
 from kafscale.broker.metadata import keys
 from kafscale.broker.metadata.cluster import BrokerInfo, ClusterView
 from kafscale.broker.metadata.etcd import Etcd
-from kafscale.broker.metadata.etcd_errors import MetadataUnavailable
+from kafscale.broker.metadata.etcd_errors import LeaseLost, MetadataUnavailable
 from kafscale.broker.metadata.session_lease import SessionLease
 from kafscale.broker.observability.lag import reported_groups
 from kafscale.broker.observability.log_limit import ClientEvent, client_log, named
@@ -312,7 +312,10 @@ class GroupCoordinator:
             raise NotCoordinator("this broker's etcd session expired")
         if self._host.draining:
             raise NotCoordinator("this broker is draining")
-        fence = await self._leases.acquire(group_id, self._host.node_id, session.id)
+        try:
+            fence = await self._leases.acquire(group_id, self._host.node_id, session.id)
+        except LeaseLost as exc:  # the session ended before its keepalive told us
+            raise NotCoordinator("this broker's etcd session expired") from exc
         if fence is None:
             holder = self._leases.holder(group_id)
             raise NotCoordinator(f"group {group_id!r} is coordinated by broker {holder}")

@@ -17,7 +17,7 @@ from kafscale.broker.metadata import keys
 from kafscale.broker.metadata.assignment import Assignment, decide_assignment
 from kafscale.broker.metadata.cluster import ClusterView
 from kafscale.broker.metadata.etcd import Etcd
-from kafscale.broker.metadata.etcd_errors import MetadataUnavailable
+from kafscale.broker.metadata.etcd_errors import MetadataError
 from kafscale.broker.metadata.etcd_txn import create_revision_is, mod_revision_is, put_op
 from kafscale.broker.metadata.session_lease import SessionLease
 
@@ -50,8 +50,10 @@ class Rebalancer:
                 assert isinstance(session, SessionLease)
                 if await self._hold_role(session):
                     await self.write_if_changed()
-            except MetadataUnavailable as exc:
-                log.warning("rebalancer: etcd unavailable: %s", exc)
+            except MetadataError as exc:
+                # LeaseLost too (our session ended under the campaign): before, it ended this
+                # task for good, and the broker never wrote the assignment again.
+                log.warning("rebalancer: etcd: %s", exc)
                 await asyncio.sleep(1)
                 continue
             await changed.wait()

@@ -21,7 +21,7 @@ from kafscale.broker.metadata.aborted_index import (
 )
 from kafscale.broker.metadata.cluster import ClusterView, TopicPartition
 from kafscale.broker.metadata.etcd import Etcd
-from kafscale.broker.metadata.etcd_errors import MetadataUnavailable
+from kafscale.broker.metadata.etcd_errors import LeaseLost, MetadataUnavailable
 from kafscale.broker.metadata.etcd_txn import (
     Compare,
     create_revision_is,
@@ -189,6 +189,8 @@ class LogManager:
             result = await self._etcd.txn(compares, success)
         except MetadataUnavailable as exc:
             raise MetadataTimeout(str(exc)) from exc
+        except LeaseLost as exc:  # the session ended before its keepalive told us: retriable
+            raise NotLeader("this broker's etcd session expired") from exc
         if not result.succeeded:
             raise NotLeader(f"lost the race for {topic}-{partition}")
         lease_revision = result.revision if lease is None else lease.create_revision

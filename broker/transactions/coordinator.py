@@ -36,7 +36,7 @@ from kafscale.broker.groups.leases import GroupLeases, choose_coordinator
 from kafscale.broker.groups.store import Fence
 from kafscale.broker.metadata import keys
 from kafscale.broker.metadata.cluster import BrokerInfo
-from kafscale.broker.metadata.etcd_errors import MetadataUnavailable
+from kafscale.broker.metadata.etcd_errors import LeaseLost, MetadataUnavailable
 from kafscale.broker.observability.log_limit import ClientEvent, client_log, named
 from kafscale.broker.protocol.errors import ErrorCode, NotCoordinator
 from kafscale.broker.proxy.upstream import UpstreamLink
@@ -244,7 +244,10 @@ class TransactionCoordinator:
             raise NotCoordinator("this broker is shutting down or lost its etcd session")
         if host.draining:
             raise NotCoordinator("this broker is draining")
-        fence = await self._leases.acquire(transactional_id, host.node_id, session.id)
+        try:
+            fence = await self._leases.acquire(transactional_id, host.node_id, session.id)
+        except LeaseLost as exc:  # the session ended before its keepalive told us
+            raise NotCoordinator("this broker's etcd session expired") from exc
         if fence is None:
             holder = self._leases.holder(transactional_id)
             raise NotCoordinator(f"transactional id {transactional_id!r} is at broker {holder}")
