@@ -16,6 +16,11 @@ part 1):
   offsets with ``send_offsets_to_transaction`` (group ``ctp-<w>``) in the same transaction, in
   transactions of up to ``--per-txn`` records, aborting ``--abort-share`` of them and then
   rewinding to the last committed offset;
+* ``--java-producers`` transactional producers of the official Java client (``ChaosTxn.java``,
+  kafka-clients 4.x: transaction protocol v2, KIP-890 part 2: partitions added by Produce v12,
+  the epoch bumped at every EndTxn v5), as the librdkafka ones, ``transactional.id``
+  ``java-txn-<i>``; its jars come from the test harness's cache (run one Java client test
+  once);
 * ``--idempotent`` plain idempotent producers (``bench/chaos.py``'s, on topic ``chaos``),
   checked as that campaign checks them.
 
@@ -56,10 +61,12 @@ included, as expected). Exit status 1 if any count is not 0. Loopback only, boun
 from __future__ import annotations
 
 import argparse
+import hashlib
 import itertools
 import json
 import random
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -85,6 +92,9 @@ from confluent_kafka import (
 
 from kafscale.broker.child_process import KAFSCALE, BrokerProcess, free_port_run
 
+JAVA_SOURCE = Path(__file__).with_name("java") / "ChaosTxn.java"
+# the Java client's jars, as the test harness (tests/harness/java_client.py) leaves them
+JAVA_CACHE = Path.home() / ".cache" / "kafscale" / "java-client"
 TXN_TOPIC = "txn-out"
 IN_TOPIC = "txn-in"
 CTP_TOPIC = "ctp-out"
@@ -265,6 +275,87 @@ def run_one_txn(
     return finish(producer, txn, rng.random() >= args.abort_share, journal)
 
 
+# --- the Java client's transactions ---------------------------------------------------------------
+
+
+def java_command() -> list[str]:
+    """The command running ChaosTxn, compiled on first use against the jars the test harness
+    keeps in ``JAVA_CACHE`` (run any Java client test once, e.g.
+    ``tests/integration/test_transactions_clients.py``, to fill it)."""
+    jars = JAVA_CACHE / "jars"
+    if not any(jars.glob("kafka-clients-*.jar")):
+        raise SystemExit(f"no Java client jars in {jars}: run a Java client test once")
+    digest = hashlib.sha256(JAVA_SOURCE.read_bytes()).hexdigest()[:12]
+    classes = JAVA_CACHE / f"ChaosTxn-classes-{digest}"
+    if not classes.is_dir():
+        scratch = classes.with_name(classes.name + f".partial-{random.randrange(1 << 30)}")
+        scratch.mkdir(parents=True)
+        subprocess.run(
+            ["javac", "-cp", f"{jars}/*", "-d", str(scratch), str(JAVA_SOURCE)], check=True
+        )
+        scratch.rename(classes)
+    return ["java", "-XX:TieredStopAtLevel=1", "-XX:+UseSerialGC", "-cp", f"{classes}:{jars}/*"]
+
+
+def run_java_producer(
+    index: int,
+    bootstrap: str,
+    args: argparse.Namespace,
+    stop: threading.Event,
+    journal: Journal,
+    log_dir: Path,
+) -> None:
+    """ChaosTxn in a JVM until ``stop`` (its stdin is closed then); its journal lines are
+    parsed into ``journal``."""
+    name = f"java-txn-{index}"
+    command = [
+        *args.java_command,
+        "ChaosTxn",
+        bootstrap,
+        TXN_TOPIC,
+        str(args.partitions),
+        name,
+        str(args.per_txn),
+        str(args.abort_share),
+        str(args.seed * 1000 + 900 + index),
+    ]
+    with (log_dir / f"{name}.stderr").open("wb") as stderr:
+        process = subprocess.Popen(
+            command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr, text=True
+        )
+    closer = threading.Thread(target=lambda: (stop.wait(), process.stdin and process.stdin.close()))
+    closer.start()
+    try:
+        assert process.stdout is not None
+        read_journal(name, process.stdout, journal)
+    finally:
+        closer.join()
+        process.wait(120)
+
+
+def read_journal(name: str, lines: Iterator[str], journal: Journal) -> None:
+    """ChaosTxn's lines ("rec N P VALUE", "end N OUTCOME", "error WHAT CLASS") into
+    ``journal``."""
+    txns: dict[int, Txn] = {}
+    for line in lines:
+        kind, _, rest = line.rstrip("\n").partition(" ")
+        if kind == "error":
+            journal.error(f"java {rest}")
+            continue
+        number, _, rest = rest.partition(" ")
+        txn = txns.get(int(number))
+        if txn is None:
+            txn = txns[int(number)] = Txn(name, int(number))
+            journal.add(txn)
+        if kind == "rec":
+            partition, _, value = rest.partition(" ")
+            txn.records.append((int(partition), value.encode()))
+        elif kind == "end":
+            txn.outcome = rest
+            if rest != COMMITTED:
+                journal.restarts[name] += rest == INDETERMINATE
+
+
 # --- consume-transform-produce -------------------------------------------------------------------
 
 
@@ -327,7 +418,7 @@ def run_ctp_worker(
             while not stop.is_set() and position < args.input_records:
                 txn = Txn(name, next(numbers))
                 journal.add(txn)
-                ok, position = ctp_round(producer, consumer, txn, worker, position, args, rng)
+                ok, position = ctp_round(producer, consumer, txn, position, args, rng, journal)
                 if not ok:
                     journal.restarts[name] += 1
                     break
@@ -356,13 +447,13 @@ def ctp_round(
     producer: Producer,
     consumer: Consumer,
     txn: Txn,
-    worker: int,
     position: int,
     args: argparse.Namespace,
     rng: random.Random,
+    journal: Journal,
 ) -> tuple[bool, int]:
     """One consume-transform-produce transaction; (producer usable, next position)."""
-    journal_error = ERRORS.error
+    worker = int(txn.producer.rsplit("-", 1)[1])
     inputs = read_inputs(consumer, worker, position, args.per_txn)
     if not inputs:
         return True, position
@@ -379,13 +470,10 @@ def ctp_round(
             30,
         )
     except KafkaException as exc:
-        journal_error(f"ctp {error_name(exc)}")
-        return abort(producer, txn, ABORTED, ERRORS), position
-    ok = finish(producer, txn, rng.random() >= args.abort_share, ERRORS)
+        journal.error(f"ctp {error_name(exc)}")
+        return abort(producer, txn, ABORTED, journal), position
+    ok = finish(producer, txn, rng.random() >= args.abort_share, journal)
     return ok, next_position if txn.outcome == COMMITTED else position
-
-
-ERRORS = Journal()  # the campaign's one journal (the workers' helpers record into it)
 
 
 # --- the proxy -----------------------------------------------------------------------------------
@@ -586,6 +674,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--max-stop-s", type=float, default=10)
     parser.add_argument("--txn-producers", type=int, default=2)
     parser.add_argument("--ctp-workers", type=int, default=2)
+    parser.add_argument(
+        "--java-producers", type=int, default=1, help="Java client (transaction protocol v2)"
+    )
     parser.add_argument("--idempotent", type=int, default=0, help="chaos.py's plain producers")
     parser.add_argument("--rate", type=float, default=20, help="records/s per plain producer")
     parser.add_argument("--partitions", type=int, default=4, help="of txn-out")
@@ -610,13 +701,21 @@ def fill_input(bootstrap: str, workers: int, records: int) -> None:
 
 
 def start_clients(
-    args: argparse.Namespace, bootstrap: str, stop: threading.Event, acked: Acked
+    args: argparse.Namespace,
+    bootstrap: str,
+    stop: threading.Event,
+    journal: Journal,
+    acked: Acked,
+    log_dir: Path,
 ) -> list[threading.Thread]:
+    """Every client in a thread of its own, running until ``stop`` is set."""
+    shared = (bootstrap, args, stop, journal)
     targets: list[tuple[Callable[..., None], tuple[Any, ...]]] = [
-        (run_txn_producer, (i, bootstrap, args, stop, ERRORS)) for i in range(args.txn_producers)
+        *((run_txn_producer, (i, *shared)) for i in range(args.txn_producers)),
+        *((run_ctp_worker, (w, *shared)) for w in range(args.ctp_workers)),
+        *((run_java_producer, (i, *shared, log_dir)) for i in range(args.java_producers)),
+        *((run_producer, (i, bootstrap, args.rate, stop, acked)) for i in range(args.idempotent)),
     ]
-    targets += [(run_ctp_worker, (w, bootstrap, args, stop, ERRORS)) for w in range(args.ctp_workers)]
-    targets += [(run_producer, (i, bootstrap, args.rate, stop, acked)) for i in range(args.idempotent)]
     threads = [threading.Thread(target=t, args=a, daemon=True) for t, a in targets]
     for thread in threads:
         thread.start()
@@ -625,12 +724,14 @@ def start_clients(
 
 def run_faults(
     args: argparse.Namespace, cluster: Cluster, proxy: Proxy | None, rng: random.Random
-) -> Iterator[str]:
-    """Inject faults for the campaign's duration; yields each one's description."""
+) -> Iterator[tuple[str, str]]:
+    """Inject faults for the campaign's duration; yields each one's kind and description."""
     kinds = [k for k in args.kinds.split(",") if k in FAULTS and (k != "proxy" or proxy)]
     started = time.monotonic()
     done = 0
-    while time.monotonic() - started < args.duration_s and not (args.faults and done >= args.faults):
+    while time.monotonic() - started < args.duration_s:
+        if args.faults and done >= args.faults:
+            return
         time.sleep(rng.uniform(1.0, 4.0))
         kind = rng.choice(kinds)
         if kind == "proxy":
@@ -657,8 +758,8 @@ def campaign(args: argparse.Namespace, stack: Stack, cluster: Cluster) -> dict[s
         if args.idempotent:
             create_topic(bootstrap, chaos.TOPIC, args.idempotent)
         fill_input(bootstrap, args.ctp_workers, args.input_records)
-        acked, stop = Acked(), threading.Event()
-        threads = start_clients(args, bootstrap, stop, acked)
+        acked, stop, journal = Acked(), threading.Event(), Journal()
+        threads = start_clients(args, bootstrap, stop, journal, acked, stack.workdir)
         started = time.monotonic()
         faults: Counter[str] = Counter()
         for kind, what in run_faults(args, cluster, proxy, rng):
@@ -672,7 +773,7 @@ def campaign(args: argparse.Namespace, stack: Stack, cluster: Cluster) -> dict[s
             thread.join(400)
         hung = sum(thread.is_alive() for thread in threads)
         wait_for(lambda: all(s.process and s.process.alive for s in cluster.slots), 30)
-        figures = verify(args, bootstrap, acked)
+        figures = verify(args, bootstrap, journal, acked)
         figures.update(
             duration_s=round(time.monotonic() - started, 1),
             faults=sum(faults.values()),
@@ -687,38 +788,52 @@ def campaign(args: argparse.Namespace, stack: Stack, cluster: Cluster) -> dict[s
             proxy.close()
 
 
-def verify(args: argparse.Namespace, bootstrap: str, acked: Acked) -> dict[str, Any]:
+def verify(
+    args: argparse.Namespace, bootstrap: str, journal: Journal, acked: Acked
+) -> dict[str, Any]:
     """Read everything back and count (see the module's docstring)."""
+    topics = ((TXN_TOPIC, args.partitions), (CTP_TOPIC, max(args.ctp_workers, 1)))
     committed_logs = [
-        read_topic(bootstrap, TXN_TOPIC, args.partitions, "read_committed", args.read_timeout_s),
-        read_topic(bootstrap, CTP_TOPIC, max(args.ctp_workers, 1), "read_committed", args.read_timeout_s),
+        read_topic(bootstrap, topic, n, "read_committed", args.read_timeout_s)
+        for topic, n in topics
     ]
     raw_logs = [
-        read_topic(bootstrap, TXN_TOPIC, args.partitions, "read_uncommitted", args.read_timeout_s),
-        read_topic(bootstrap, CTP_TOPIC, max(args.ctp_workers, 1), "read_uncommitted", args.read_timeout_s),
+        read_topic(bootstrap, topic, n, "read_uncommitted", args.read_timeout_s)
+        for topic, n in topics
     ]
-    txns = list(ERRORS.txns)
-    counts = check_txns(txns, locate(*committed_logs))
+    txns = list(journal.txns)
+    visible, raw = locate(*committed_logs), locate(*raw_logs)
+    counts = check_txns(txns, visible)
     offsets = group_offsets(bootstrap, args.ctp_workers)
     counts["ctp_mismatch"] = check_ctp(committed_logs[1], offsets)
     counts["stalled_partitions"] = sum(len(log.stalled) for log in committed_logs)
-    raw = locate(*raw_logs)
-    outcomes = Counter(txn.outcome or "unfinished" for txn in txns)
     figures: dict[str, Any] = {
         "transactions": len(txns),
-        "outcomes": dict(sorted(outcomes.items())),
-        "records_committed_visible": sum(len(r) for log in committed_logs for r in log.records.values()),
-        "records_uncommitted_visible": sum(len(r) for log in raw_logs for r in log.records.values()),
-        "aborted_records_in_log": sum(
+        "outcomes": dict(sorted(Counter(t.outcome or "unfinished" for t in txns).items())),
+        "outcomes_by_client": {
+            kind: dict(
+                sorted(
+                    Counter(t.outcome or "unfinished" for t in txns if client(t) == kind).items()
+                )
+            )
+            for kind in sorted({client(t) for t in txns})
+        },
+        "records_committed_visible": sum(map(len, visible.values())),
+        "records_uncommitted_visible": sum(map(len, raw.values())),
+        "not_committed_records_in_log": sum(
             v in raw for t in txns if t.outcome != COMMITTED for _, v in t.records
         ),
         "indeterminate_visible": sum(
-            1 for t in txns if t.outcome == INDETERMINATE and any(v in locate(*committed_logs) for _, v in t.records)
+            any(v in visible for _, v in t.records) for t in txns if t.outcome == INDETERMINATE
         ),
         "ctp_committed_offsets": offsets,
-        "stalled": {f"{i}:{p}": pos for i, log in enumerate(committed_logs) for p, pos in log.stalled.items()},
-        "client_errors": dict(sorted(ERRORS.errors.items())),
-        "producer_restarts": dict(sorted(ERRORS.restarts.items())),
+        "stalled": {
+            f"{topic}/{p}@{position}": log.ends[p]
+            for (topic, _), log in zip(topics, committed_logs, strict=True)
+            for p, position in log.stalled.items()
+        },
+        "client_errors": dict(sorted(journal.errors.items())),
+        "producer_restarts": dict(sorted(journal.restarts.items())),
         **counts,
     }
     if args.idempotent:
@@ -726,6 +841,11 @@ def verify(args: argparse.Namespace, bootstrap: str, acked: Acked) -> dict[str, 
         plain = check(acked, log, ends)
         figures["idempotent"] = {"acked": len(acked.where), "not_acked": acked.failed, **plain}
     return figures
+
+
+def client(txn: Txn) -> str:
+    """The kind of client that ran ``txn``: ``chaos-txn``, ``ctp`` or ``java-txn``."""
+    return txn.producer.rsplit("-", 1)[0]
 
 
 def failed(figures: dict[str, Any]) -> bool:
@@ -738,6 +858,7 @@ def failed(figures: dict[str, Any]) -> bool:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    args.java_command = java_command() if args.java_producers else []
     env = {
         "KAFSCALE_ETCD__SESSION_TTL_S": str(args.ttl),
         "KAFSCALE_LOG__FLUSH_INTERVAL_MS": "50",
