@@ -99,6 +99,9 @@ TXN_TOPIC = "txn-out"
 IN_TOPIC = "txn-in"
 CTP_TOPIC = "ctp-out"
 FAULTS = (*chaos.FAULTS, "proxy")
+# librdkafka settings added to every transactional producer, worker consumer and checker
+# (``--client-conf``), e.g. metadata.recovery.strategy=none
+CLIENT_CONF: dict[str, str] = {}
 TXN_TIMEOUT_MS = 20_000  # how long a producer that vanished holds its partitions' LSO
 COMMITTED, ABORTED, COMMIT_FAILED, INDETERMINATE = (
     "committed",
@@ -158,6 +161,7 @@ def new_producer(bootstrap: str, transactional_id: str) -> Producer:
             "linger.ms": 5,
             "message.timeout.ms": TXN_TIMEOUT_MS,
             "log_level": 0,
+            **CLIENT_CONF,
         }
     )
 
@@ -378,6 +382,7 @@ def new_input_consumer(bootstrap: str, worker: int) -> Consumer:
             "isolation.level": "read_committed",
             "auto.offset.reset": "earliest",
             "log_level": 0,
+            **CLIENT_CONF,
         }
     )
 
@@ -417,7 +422,6 @@ def run_ctp_worker(
                 return
             while not stop.is_set() and position < args.input_records:
                 txn = Txn(name, next(numbers))
-                journal.add(txn)
                 ok, position = ctp_round(producer, consumer, txn, position, args, rng, journal)
                 if not ok:
                     journal.restarts[name] += 1
@@ -457,6 +461,7 @@ def ctp_round(
     inputs = read_inputs(consumer, worker, position, args.per_txn)
     if not inputs:
         return True, position
+    journal.add(txn)
     try:
         producer.begin_transaction()
         for offset, _value in inputs:
@@ -544,6 +549,7 @@ def read_topic(
             "enable.auto.commit": False,
             "isolation.level": isolation,
             "log_level": 0,
+            **CLIENT_CONF,
         }
     )
     log = Log()
@@ -686,6 +692,19 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--input-records", type=int, default=20_000, help="per worker")
     parser.add_argument("--read-timeout-s", type=float, default=180)
     parser.add_argument("--via-proxy", action="store_true", help="every client to one proxy")
+    parser.add_argument(
+        "--client-conf",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a librdkafka setting for the transactional clients and checkers (repeatable)",
+    )
+    parser.add_argument(
+        "--join-timeout-s",
+        type=float,
+        default=150,
+        help="how long the clients may take to finish once told to stop (the rest are hung)",
+    )
     parser.add_argument("--keep", action="store_true", help="keep the work directory")
     parser.add_argument("--json", action="store_true", help="print the figures as JSON too")
     return parser.parse_args(argv)
@@ -716,7 +735,10 @@ def start_clients(
         *((run_java_producer, (i, *shared, log_dir)) for i in range(args.java_producers)),
         *((run_producer, (i, bootstrap, args.rate, stop, acked)) for i in range(args.idempotent)),
     ]
-    threads = [threading.Thread(target=t, args=a, daemon=True) for t, a in targets]
+    threads = [
+        threading.Thread(target=t, args=a, daemon=True, name=f"{t.__name__}-{a[0]}")
+        for t, a in targets
+    ]
     for thread in threads:
         thread.start()
     return threads
@@ -769,9 +791,10 @@ def campaign(args: argparse.Namespace, stack: Stack, cluster: Cluster) -> dict[s
             if slot.process is None or not slot.process.alive:
                 cluster.restart(slot)
         stop.set()
+        deadline = time.monotonic() + args.join_timeout_s
         for thread in threads:
-            thread.join(400)
-        hung = sum(thread.is_alive() for thread in threads)
+            thread.join(max(0.0, deadline - time.monotonic()))
+        hung = [thread.name for thread in threads if thread.is_alive()]
         wait_for(lambda: all(s.process and s.process.alive for s in cluster.slots), 30)
         figures = verify(args, bootstrap, journal, acked)
         figures.update(
@@ -859,6 +882,7 @@ def failed(figures: dict[str, Any]) -> bool:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     args.java_command = java_command() if args.java_producers else []
+    CLIENT_CONF.update(item.split("=", 1) for item in args.client_conf)
     env = {
         "KAFSCALE_ETCD__SESSION_TTL_S": str(args.ttl),
         "KAFSCALE_LOG__FLUSH_INTERVAL_MS": "50",
