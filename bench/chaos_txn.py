@@ -2,9 +2,9 @@
 paused etcd and a paused object store, directly or through a ``kafscale proxy``.
 
 Starts etcd, moto's S3 server and ``--brokers`` ``kafscale broker`` processes (as
-``bench/chaos.py`` does, with its supervisor and its faults), and runs, all with confluent-kafka
-(librdkafka: transaction protocol v1, so every partition's first batch is verified, KIP-890
-part 1):
+``bench/chaos.py`` does, with its supervisor and its faults), and runs these clients
+(confluent-kafka unless said otherwise; librdkafka keeps transaction protocol v1, so every
+partition's first batch of a transaction is verified, KIP-890 part 1):
 
 * ``--txn-producers`` transactional producers (``transactional.id`` ``chaos-txn-<i>``), each
   writing transactions of ``--per-txn`` records spread over the ``--partitions`` partitions of
@@ -49,10 +49,14 @@ with a ``read_committed`` consumer, up to each partition's high watermark, and c
   transaction);
 * for the workers, ``ctp_mismatch``: the committed input offset of a worker's group is ``C``
   but the visible outputs are not exactly one per input record ``0..C-1`` in order;
-* ``foreign``: visible records no transaction wrote.
+* ``foreign``: visible records no transaction wrote;
+* ``clients_hung``: clients still running ``--join-timeout-s`` after they were told to stop (a
+  client blocked in a call for good; named, not waited for).
 
 It also reads everything with ``read_uncommitted`` and reports what is there (aborted records
-included, as expected). Exit status 1 if any count is not 0. Loopback only, bounded in time::
+included, as expected). Exit status 1 if any count is not 0. ``--client-conf KEY=VALUE`` adds a
+librdkafka setting to the transactional clients and the checkers. Loopback only, bounded in
+time (faults for ``--duration-s``, then bounded waits)::
 
     .venv/bin/python bench/chaos_txn.py --duration-s 180 --seed 1
     .venv/bin/python bench/chaos_txn.py --duration-s 180 --seed 2 --via-proxy
