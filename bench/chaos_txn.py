@@ -65,18 +65,14 @@ time (faults for ``--duration-s``, then bounded waits)::
 from __future__ import annotations
 
 import argparse
-import hashlib
-import itertools
 import json
 import random
 import signal
-import subprocess
 import sys
 import threading
 import time
-from collections import Counter, defaultdict
+from collections import Counter
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -84,406 +80,28 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import chaos
 from _cluster import Stack, create_topic, wait_for
-from chaos import Acked, Cluster, Slot, check, inject, read_log, run_producer
-from confluent_kafka import (
-    OFFSET_BEGINNING,
-    Consumer,
-    KafkaError,
-    KafkaException,
-    Producer,
-    TopicPartition,
+from _txn_check import ANOMALIES, check_ctp, check_txns, group_offsets, locate, read_topic
+from _txn_clients import (
+    CLIENT_CONF,
+    COMMITTED,
+    CTP_TOPIC,
+    IN_TOPIC,
+    INDETERMINATE,
+    TXN_TOPIC,
+    Journal,
+    Txn,
+    java_command,
+    produce_one,
+    run_ctp_worker,
+    run_java_producer,
+    run_txn_producer,
 )
+from chaos import Acked, Cluster, Slot, check, inject, read_log, run_producer
+from confluent_kafka import Producer
 
 from kafscale.broker.child_process import KAFSCALE, BrokerProcess, free_port_run
 
-JAVA_SOURCE = Path(__file__).with_name("java") / "ChaosTxn.java"
-# the Java client's jars, as the test harness (tests/harness/java_client.py) leaves them
-JAVA_CACHE = Path.home() / ".cache" / "kafscale" / "java-client"
-TXN_TOPIC = "txn-out"
-IN_TOPIC = "txn-in"
-CTP_TOPIC = "ctp-out"
 FAULTS = (*chaos.FAULTS, "proxy")
-# librdkafka settings added to every transactional producer, worker consumer and checker
-# (``--client-conf``), e.g. metadata.recovery.strategy=none
-CLIENT_CONF: dict[str, str] = {}
-TXN_TIMEOUT_MS = 20_000  # how long a producer that vanished holds its partitions' LSO
-COMMITTED, ABORTED, COMMIT_FAILED, INDETERMINATE = (
-    "committed",
-    "aborted",
-    "commit_failed",
-    "indeterminate",
-)
-
-
-# --- what the clients did -------------------------------------------------------------------------
-
-
-@dataclass
-class Txn:
-    """One transaction as its client saw it: records (partition, value) in send order."""
-
-    producer: str
-    number: int
-    records: list[tuple[int, bytes]] = field(default_factory=list)
-    outcome: str = ""
-
-
-@dataclass
-class Journal:
-    """Every transaction the clients ran, and what they could not do."""
-
-    lock: threading.Lock = field(default_factory=threading.Lock)
-    txns: list[Txn] = field(default_factory=list)
-    errors: Counter[str] = field(default_factory=Counter)
-    restarts: Counter[str] = field(default_factory=Counter)
-
-    def add(self, txn: Txn) -> None:
-        with self.lock:
-            self.txns.append(txn)
-
-    def error(self, what: str) -> None:
-        with self.lock:
-            self.errors[what] += 1
-
-
-def kafka_error(exc: KafkaException) -> KafkaError:
-    error = exc.args[0]
-    assert isinstance(error, KafkaError)
-    return error
-
-
-def error_name(exc: KafkaException) -> str:
-    return kafka_error(exc).name()
-
-
-def new_producer(bootstrap: str, transactional_id: str) -> Producer:
-    return Producer(
-        {
-            "bootstrap.servers": bootstrap,
-            "transactional.id": transactional_id,
-            "transaction.timeout.ms": TXN_TIMEOUT_MS,
-            "linger.ms": 5,
-            "message.timeout.ms": TXN_TIMEOUT_MS,
-            "log_level": 0,
-            **CLIENT_CONF,
-        }
-    )
-
-
-def init_producer(
-    bootstrap: str, transactional_id: str, stop: threading.Event, journal: Journal
-) -> Producer | None:
-    """A producer that completed init_transactions (retried through faults); None if told to
-    stop first."""
-    while not stop.is_set():
-        producer = new_producer(bootstrap, transactional_id)
-        try:
-            producer.init_transactions(30)
-            return producer
-        except KafkaException as exc:
-            journal.error(f"init {error_name(exc)}")
-            time.sleep(0.5)
-    return None
-
-
-def produce_one(producer: Producer, topic: str, partition: int, value: bytes) -> None:
-    while True:
-        try:
-            producer.produce(topic, value=value, partition=partition)
-            return
-        except BufferError:
-            producer.poll(0.05)
-
-
-def finish(producer: Producer, txn: Txn, commit: bool, journal: Journal) -> bool:
-    """End ``txn`` (commit or abort) and record its outcome; False if the producer is no
-    longer usable (fatal error: a new one must fence it)."""
-    if commit:
-        for _attempt in range(10):
-            try:
-                producer.commit_transaction(30)
-                txn.outcome = COMMITTED
-                return True
-            except KafkaException as exc:
-                error = kafka_error(exc)
-                journal.error(f"commit {error.name()}")
-                if error.retriable():
-                    continue
-                if error.txn_requires_abort():
-                    return abort(producer, txn, COMMIT_FAILED, journal)
-                txn.outcome = INDETERMINATE
-                return False
-        txn.outcome = INDETERMINATE
-        return False
-    return abort(producer, txn, ABORTED, journal)
-
-
-def abort(producer: Producer, txn: Txn, outcome: str, journal: Journal) -> bool:
-    """Abort (retried while retriable). No commit was ever asked for, so ``txn`` must stay
-    invisible whatever happens (``outcome``) unless a commit was asked for first
-    (``commit_failed``), where only a successful abort settles it."""
-    for _attempt in range(10):
-        try:
-            producer.abort_transaction(30)
-            txn.outcome = outcome
-            return True
-        except KafkaException as exc:
-            error = kafka_error(exc)
-            journal.error(f"abort {error.name()}")
-            if not error.retriable():
-                break
-    txn.outcome = ABORTED if outcome == ABORTED else INDETERMINATE
-    return False
-
-
-# --- plain transactions --------------------------------------------------------------------------
-
-
-def run_txn_producer(
-    index: int,
-    bootstrap: str,
-    args: argparse.Namespace,
-    stop: threading.Event,
-    journal: Journal,
-) -> None:
-    """Transactions of ``--per-txn`` records over every partition until told to stop."""
-    rng = random.Random(args.seed * 1000 + index)
-    name = f"chaos-txn-{index}"
-    producer = init_producer(bootstrap, name, stop, journal)
-    for number in itertools.count():
-        if producer is None or stop.is_set():
-            return
-        txn = Txn(name, number)
-        journal.add(txn)
-        ok = run_one_txn(producer, txn, index, args, rng, journal)
-        if not ok:
-            journal.restarts[name] += 1
-            producer = init_producer(bootstrap, name, stop, journal)
-        time.sleep(args.pause_s)
-
-
-def run_one_txn(
-    producer: Producer,
-    txn: Txn,
-    index: int,
-    args: argparse.Namespace,
-    rng: random.Random,
-    journal: Journal,
-) -> bool:
-    try:
-        producer.begin_transaction()
-        for k in range(args.per_txn):
-            partition = (index + txn.number + k) % args.partitions
-            value = b"%s-%d-%d" % (txn.producer.encode(), txn.number, k)
-            txn.records.append((partition, value))
-            produce_one(producer, TXN_TOPIC, partition, value)
-    except KafkaException as exc:
-        journal.error(f"produce {error_name(exc)}")
-        return abort(producer, txn, ABORTED, journal)
-    return finish(producer, txn, rng.random() >= args.abort_share, journal)
-
-
-# --- the Java client's transactions ---------------------------------------------------------------
-
-
-def java_command() -> list[str]:
-    """The command running ChaosTxn, compiled on first use against the jars the test harness
-    keeps in ``JAVA_CACHE`` (run any Java client test once, e.g.
-    ``tests/integration/test_transactions_clients.py``, to fill it)."""
-    jars = JAVA_CACHE / "jars"
-    if not any(jars.glob("kafka-clients-*.jar")):
-        raise SystemExit(f"no Java client jars in {jars}: run a Java client test once")
-    digest = hashlib.sha256(JAVA_SOURCE.read_bytes()).hexdigest()[:12]
-    classes = JAVA_CACHE / f"ChaosTxn-classes-{digest}"
-    if not classes.is_dir():
-        scratch = classes.with_name(classes.name + f".partial-{random.randrange(1 << 30)}")
-        scratch.mkdir(parents=True)
-        subprocess.run(
-            ["javac", "-cp", f"{jars}/*", "-d", str(scratch), str(JAVA_SOURCE)], check=True
-        )
-        scratch.rename(classes)
-    return ["java", "-XX:TieredStopAtLevel=1", "-XX:+UseSerialGC", "-cp", f"{classes}:{jars}/*"]
-
-
-def run_java_producer(
-    index: int,
-    bootstrap: str,
-    args: argparse.Namespace,
-    stop: threading.Event,
-    journal: Journal,
-    log_dir: Path,
-) -> None:
-    """ChaosTxn in a JVM until ``stop`` (its stdin is closed then); its journal lines are
-    parsed into ``journal``."""
-    name = f"java-txn-{index}"
-    command = [
-        *args.java_command,
-        "ChaosTxn",
-        bootstrap,
-        TXN_TOPIC,
-        str(args.partitions),
-        name,
-        str(args.per_txn),
-        str(args.abort_share),
-        str(args.seed * 1000 + 900 + index),
-    ]
-    with (log_dir / f"{name}.stderr").open("wb") as stderr:
-        process = subprocess.Popen(
-            command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr, text=True
-        )
-    closer = threading.Thread(target=lambda: (stop.wait(), process.stdin and process.stdin.close()))
-    closer.start()
-    try:
-        assert process.stdout is not None
-        read_journal(name, process.stdout, journal)
-    finally:
-        closer.join()
-        process.wait(120)
-
-
-def read_journal(name: str, lines: Iterator[str], journal: Journal) -> None:
-    """ChaosTxn's lines ("rec N P VALUE", "end N OUTCOME", "error WHAT CLASS") into
-    ``journal``."""
-    txns: dict[int, Txn] = {}
-    for line in lines:
-        kind, _, rest = line.rstrip("\n").partition(" ")
-        if kind == "error":
-            journal.error(f"java {rest}")
-            continue
-        number, _, rest = rest.partition(" ")
-        txn = txns.get(int(number))
-        if txn is None:
-            txn = txns[int(number)] = Txn(name, int(number))
-            journal.add(txn)
-        if kind == "rec":
-            partition, _, value = rest.partition(" ")
-            txn.records.append((int(partition), value.encode()))
-        elif kind == "end":
-            txn.outcome = rest
-            if rest != COMMITTED:
-                journal.restarts[name] += rest == INDETERMINATE
-
-
-# --- consume-transform-produce -------------------------------------------------------------------
-
-
-def output_value(partition: int, offset: int, attempt: int) -> bytes:
-    """A worker's output for one input record, unique per transaction that wrote it (so an
-    aborted attempt's output is told apart from the committed one's)."""
-    return b"o%d-%d-%d" % (partition, offset, attempt)
-
-
-def input_offset(value: bytes) -> int:
-    return int(value.split(b"-")[1])
-
-
-def new_input_consumer(bootstrap: str, worker: int) -> Consumer:
-    return Consumer(
-        {
-            "bootstrap.servers": bootstrap,
-            "group.id": f"ctp-{worker}",
-            "enable.auto.commit": False,
-            "isolation.level": "read_committed",
-            "auto.offset.reset": "earliest",
-            "log_level": 0,
-            **CLIENT_CONF,
-        }
-    )
-
-
-def committed_offset(consumer: Consumer, worker: int, stop: threading.Event) -> int | None:
-    """The group's committed input offset (0 if none), retried through faults (a
-    read_committed consumer asks for stable offsets: an open transaction makes it wait)."""
-    while not stop.is_set():
-        try:
-            (tp,) = consumer.committed([TopicPartition(IN_TOPIC, worker)], 30)
-            if tp.error is None:
-                return max(tp.offset, 0)
-        except KafkaException:
-            pass
-        time.sleep(0.5)
-    return None
-
-
-def run_ctp_worker(
-    worker: int,
-    bootstrap: str,
-    args: argparse.Namespace,
-    stop: threading.Event,
-    journal: Journal,
-) -> None:
-    """Read ``txn-in`` partition ``worker`` from the group's committed offset, write outputs
-    and the next input offset in one transaction, until the input is done or told to stop."""
-    rng = random.Random(args.seed * 1000 + 500 + worker)
-    name = f"ctp-{worker}"
-    numbers = itertools.count()
-    while not stop.is_set():
-        producer = init_producer(bootstrap, f"chaos-ctp-{worker}", stop, journal)
-        consumer = new_input_consumer(bootstrap, worker)
-        try:
-            position = committed_offset(consumer, worker, stop)
-            if producer is None or position is None:
-                return
-            while not stop.is_set() and position < args.input_records:
-                txn = Txn(name, next(numbers))
-                ok, position = ctp_round(producer, consumer, txn, position, args, rng, journal)
-                if not ok:
-                    journal.restarts[name] += 1
-                    break
-            else:
-                return
-        finally:
-            consumer.close()
-
-
-def read_inputs(
-    consumer: Consumer, worker: int, position: int, count: int
-) -> list[tuple[int, bytes]]:
-    """Up to ``count`` input records (offset, value) from ``position``, as many as arrive
-    within a few seconds."""
-    consumer.assign([TopicPartition(IN_TOPIC, worker, position)])
-    records: list[tuple[int, bytes]] = []
-    deadline = time.monotonic() + 5
-    while len(records) < count and time.monotonic() < deadline:
-        for message in consumer.consume(count - len(records), 0.5):
-            if message.error() is None:
-                records.append((message.offset(), message.value()))
-    return records
-
-
-def ctp_round(
-    producer: Producer,
-    consumer: Consumer,
-    txn: Txn,
-    position: int,
-    args: argparse.Namespace,
-    rng: random.Random,
-    journal: Journal,
-) -> tuple[bool, int]:
-    """One consume-transform-produce transaction; (producer usable, next position)."""
-    worker = int(txn.producer.rsplit("-", 1)[1])
-    inputs = read_inputs(consumer, worker, position, args.per_txn)
-    if not inputs:
-        return True, position
-    journal.add(txn)
-    try:
-        producer.begin_transaction()
-        for offset, _value in inputs:
-            value = output_value(worker, offset, txn.number)
-            txn.records.append((worker, value))
-            produce_one(producer, CTP_TOPIC, worker, value)
-        next_position = inputs[-1][0] + 1
-        producer.send_offsets_to_transaction(
-            [TopicPartition(IN_TOPIC, worker, next_position)],
-            consumer.consumer_group_metadata(),
-            30,
-        )
-    except KafkaException as exc:
-        journal.error(f"ctp {error_name(exc)}")
-        return abort(producer, txn, ABORTED, journal), position
-    ok = finish(producer, txn, rng.random() >= args.abort_share, journal)
-    return ok, next_position if txn.outcome == COMMITTED else position
-
 
 # --- the proxy -----------------------------------------------------------------------------------
 
@@ -524,150 +142,6 @@ class Proxy:
     @property
     def bootstrap(self) -> str:
         return f"127.0.0.1:{self.slot.port}"
-
-
-# --- reading back ---------------------------------------------------------------------------------
-
-
-@dataclass
-class Log:
-    """What a consumer read: per partition, (offset, value) in offset order; partitions it could
-    not read to the end in time."""
-
-    records: dict[int, list[tuple[int, bytes]]] = field(default_factory=lambda: defaultdict(list))
-    ends: dict[int, int] = field(default_factory=dict)
-    stalled: dict[int, int] = field(default_factory=dict)  # partition -> position reached
-
-
-def read_topic(
-    bootstrap: str, topic: str, partitions: int, isolation: str, timeout_s: float
-) -> Log:
-    """Every record of ``topic`` from the start up to each partition's high watermark (taken
-    first), with ``isolation`` (``read_committed`` or ``read_uncommitted``). A partition is done
-    when the consumer's position reaches its high watermark (a read_committed position passes
-    control and aborted batches too); one not done within ``timeout_s`` is ``stalled``."""
-    consumer = Consumer(
-        {
-            "bootstrap.servers": bootstrap,
-            "group.id": f"chaos-txn-checker-{isolation}",
-            "enable.auto.commit": False,
-            "isolation.level": isolation,
-            "log_level": 0,
-            **CLIENT_CONF,
-        }
-    )
-    log = Log()
-    try:
-        for p in range(partitions):
-            log.ends[p] = consumer.get_watermark_offsets(TopicPartition(topic, p), 60)[1]
-        consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in range(partitions)])
-        pending = {p for p, end in log.ends.items() if end > 0}
-        deadline = time.monotonic() + timeout_s
-        while pending and time.monotonic() < deadline:
-            for message in consumer.consume(1000, 0.5):
-                if message.error() is None:
-                    log.records[message.partition()].append((message.offset(), message.value()))
-            positions = consumer.position([TopicPartition(topic, p) for p in pending])
-            pending -= {tp.partition for tp in positions if tp.offset >= log.ends[tp.partition]}
-        for tp in consumer.position([TopicPartition(topic, p) for p in pending]):
-            log.stalled[tp.partition] = tp.offset
-    finally:
-        consumer.close()
-    return log
-
-
-def group_offsets(bootstrap: str, workers: int) -> dict[int, int]:
-    """Each worker group's committed input offset (0 if none)."""
-    offsets = {}
-    for worker in range(workers):
-        consumer = new_input_consumer(bootstrap, worker)
-        try:
-            (tp,) = consumer.committed([TopicPartition(IN_TOPIC, worker)], 60)
-            offsets[worker] = max(tp.offset, 0)
-        finally:
-            consumer.close()
-    return offsets
-
-
-# --- the check (pure) ---------------------------------------------------------------------------
-
-
-def locate(*logs: Log) -> dict[bytes, list[tuple[int, int]]]:
-    found: dict[bytes, list[tuple[int, int]]] = defaultdict(list)
-    for log in logs:
-        for partition, records in log.records.items():
-            for offset, value in records:
-                found[value].append((partition, offset))
-    return found
-
-
-def check_txns(txns: list[Txn], found: dict[bytes, list[tuple[int, int]]]) -> dict[str, int]:
-    """Counts of transactional anomalies in what a read_committed consumer saw."""
-    counts: Counter[str] = Counter()
-    written: set[bytes] = set()
-    for txn in txns:
-        visible = [value for _, value in txn.records if value in found]
-        written.update(value for _, value in txn.records)
-        counts["duplicated"] += sum(len(found[v]) > 1 for v in visible)
-        counts["misplaced"] += sum(
-            all(p != partition for p, _ in found.get(value, [(partition, 0)]))
-            for partition, value in txn.records
-        )
-        counts.update(txn_anomalies(txn, len(visible)))
-    counts["reordered"] += count_reordered(txns, found)
-    counts["foreign"] += sum(1 for value in found if value not in written)
-    return {name: counts[name] for name in ANOMALIES}
-
-
-ANOMALIES = (
-    "committed_missing",
-    "committed_partial",
-    "duplicated",
-    "misplaced",
-    "reordered",
-    "aborted_visible",
-    "commit_failed_visible",
-    "indeterminate_partial",
-    "foreign",
-)
-
-
-def txn_anomalies(txn: Txn, visible: int) -> Counter[str]:
-    total = len(txn.records)
-    anomalies: Counter[str] = Counter()
-    if txn.outcome == COMMITTED and total:
-        anomalies["committed_missing"] += visible == 0
-        anomalies["committed_partial"] += 0 < visible < total
-    elif txn.outcome == ABORTED:
-        anomalies["aborted_visible"] += visible > 0
-    elif txn.outcome == COMMIT_FAILED:
-        anomalies["commit_failed_visible"] += visible > 0
-    else:
-        anomalies["indeterminate_partial"] += 0 < visible < total
-    return anomalies
-
-
-def count_reordered(txns: list[Txn], found: dict[bytes, list[tuple[int, int]]]) -> int:
-    """Pairs of a producer's visible records in one partition whose offsets go backwards
-    against send order (transactions in their order, records in theirs)."""
-    sent: dict[tuple[str, int], list[int]] = defaultdict(list)
-    for txn in sorted(txns, key=lambda t: (t.producer, t.number)):
-        for partition, value in txn.records:
-            places = [offset for p, offset in found.get(value, []) if p == partition]
-            if places:
-                sent[(txn.producer, partition)].append(min(places))
-    return sum(
-        sum(1 for a, b in itertools.pairwise(offsets) if b <= a) for offsets in sent.values()
-    )
-
-
-def check_ctp(log: Log, committed: dict[int, int]) -> int:
-    """Workers whose visible outputs are not exactly one per input offset below the group's
-    committed offset, in order (pure)."""
-    return sum(
-        [input_offset(value) for _, value in log.records.get(worker, [])] != list(range(end))
-        for worker, end in committed.items()
-    )
 
 
 # --- the campaign ---------------------------------------------------------------------------------
@@ -801,6 +275,8 @@ def campaign(args: argparse.Namespace, stack: Stack, cluster: Cluster) -> dict[s
         hung = [thread.name for thread in threads if thread.is_alive()]
         wait_for(lambda: all(s.process and s.process.alive for s in cluster.slots), 30)
         figures = verify(args, bootstrap, journal, acked)
+        if args.keep and failed({**figures, "clients_hung": []}):
+            save_bucket(stack)
         figures.update(
             duration_s=round(time.monotonic() - started, 1),
             faults=sum(faults.values()),
@@ -860,7 +336,14 @@ def verify(
             for p, position in log.stalled.items()
         },
         "client_errors": dict(sorted(journal.errors.items())),
+        "checker_errors": {
+            f"{isolation} {topic}/{where}": n
+            for isolation, logs in (("committed", committed_logs), ("uncommitted", raw_logs))
+            for (topic, _), log in zip(topics, logs, strict=True)
+            for where, n in log.errors.items()
+        },
         "producer_restarts": dict(sorted(journal.restarts.items())),
+        "partly_visible": partly_visible(txns, visible, raw),
         **counts,
     }
     if args.idempotent:
@@ -868,6 +351,38 @@ def verify(
         plain = check(acked, log, ends)
         figures["idempotent"] = {"acked": len(acked.where), "not_acked": acked.failed, **plain}
     return figures
+
+
+def save_bucket(stack: Stack) -> None:
+    """Every object of the bucket into ``<work dir>/bucket/`` (the S3 server keeps them in
+    memory only), with the etcd data the work dir holds: what is needed to look into an
+    anomaly after the run."""
+    client = stack.s3_client()
+    target = stack.workdir / "bucket"
+    for page in client.get_paginator("list_objects_v2").paginate(Bucket=stack.bucket):
+        for item in page.get("Contents", []):
+            path = target / item["Key"]
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(client.get_object(Bucket=stack.bucket, Key=item["Key"])["Body"].read())
+    print(f"objects saved in {target}", flush=True)
+
+
+def partly_visible(
+    txns: list[Txn],
+    visible: dict[bytes, list[tuple[int, int]]],
+    raw: dict[bytes, list[tuple[int, int]]],
+    limit: int = 10,
+) -> list[str]:
+    """The first ``limit`` transactions partly visible to read_committed, each as
+    ``producer#number outcome: partition@offset`` of its hidden records (where
+    read_uncommitted found them), for looking into an anomaly."""
+    found = []
+    for txn in txns:
+        hidden = [value for _, value in txn.records if value not in visible]
+        if hidden and len(hidden) < len(txn.records):
+            places = sorted({f"{p}@{o}" for v in hidden for p, o in raw.get(v, [])})
+            found.append(f"{txn.producer}#{txn.number} {txn.outcome}: {' '.join(places[:12])}")
+    return found[:limit]
 
 
 def client(txn: Txn) -> str:
