@@ -36,12 +36,19 @@ class Log:
 
 
 def read_topic(
-    bootstrap: str, topic: str, partitions: int, isolation: str, timeout_s: float
+    bootstrap: str,
+    topic: str,
+    partitions: int,
+    isolation: str,
+    timeout_s: float,
+    ends: dict[int, int] | None = None,
 ) -> Log:
     """Every record of ``topic`` from the start up to each partition's high watermark (taken
     first), with ``isolation`` (``read_committed`` or ``read_uncommitted``). A partition is done
     when the consumer's position reaches its high watermark (a read_committed position passes
-    control and aborted batches too); one not done within ``timeout_s`` is ``stalled``. The
+    control and aborted batches too); one not done within ``timeout_s`` is ``stalled``. Pass
+    the high watermarks as ``ends`` for read_committed: its consumer's own watermark query
+    answers the last stable offset, which would take a stuck one for the end. The
     consumer's errors are counted (an offset reset, which would have skipped records, is one;
     the partition then stalls)."""
     consumer = Consumer(
@@ -60,6 +67,7 @@ def read_topic(
     try:
         for p in range(partitions):
             log.ends[p] = consumer.get_watermark_offsets(TopicPartition(topic, p), 60)[1]
+        log.ends.update(ends or {})
         consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in range(partitions)])
         pending = {p for p, end in log.ends.items() if end > 0}
         deadline = time.monotonic() + timeout_s

@@ -296,13 +296,13 @@ def verify(
 ) -> dict[str, Any]:
     """Read everything back and count (see the module's docstring)."""
     topics = ((TXN_TOPIC, args.partitions), (CTP_TOPIC, max(args.ctp_workers, 1)))
-    committed_logs = [
-        read_topic(bootstrap, topic, n, "read_committed", args.read_timeout_s)
-        for topic, n in topics
-    ]
     raw_logs = [
         read_topic(bootstrap, topic, n, "read_uncommitted", args.read_timeout_s)
         for topic, n in topics
+    ]
+    committed_logs = [  # to the high watermarks: a stuck last stable offset is a stall
+        read_topic(bootstrap, topic, n, "read_committed", args.read_timeout_s, raw.ends)
+        for (topic, n), raw in zip(topics, raw_logs, strict=True)
     ]
     txns = list(journal.txns)
     visible, raw = locate(*committed_logs), locate(*raw_logs)
