@@ -1,6 +1,7 @@
 """A short run of the fault campaign (``bench/chaos.py``): brokers killed, hung and stopped,
 etcd and the object store paused, and not one acked record lost, duplicated, misplaced or
-reordered; its consumer group gets every acked record and its committed offsets never go back. The 10-minute run's figures are in ``bench/README.md``."""
+reordered; its consumer group gets every acked record and its committed offsets never go
+back. The 10-minute run's figures are in ``bench/README.md``."""
 
 from __future__ import annotations
 
