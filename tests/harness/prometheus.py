@@ -15,11 +15,13 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
+import threading
 import time
 import urllib.parse
 import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -194,3 +196,27 @@ def _wait_ready(server: Prometheus, timeout_s: float = 30) -> None:
             pass
         time.sleep(0.1)
     raise TimeoutError(f"prometheus not ready:\n{server.log_path.read_text()[-3000:]}")
+
+
+def serve_metrics(page: Callable[[], bytes | None]) -> ThreadingHTTPServer:
+    """A /metrics endpoint on a free loopback port, served from a thread, for a Prometheus to
+    scrape what a test writes (503 while ``page`` gives None: a failed scrape)."""
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            body = page()
+            if body is None:
+                self.send_error(503)
+                return
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain; version=0.0.4")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *_args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server

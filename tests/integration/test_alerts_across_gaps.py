@@ -34,14 +34,14 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 from harness.k8s_tools import run_helm
-from harness.prometheus import Prometheus
+from harness.prometheus import Prometheus, serve_metrics
 
 pytestmark = pytest.mark.integration
 
@@ -138,29 +138,6 @@ def cluster_gauges(cluster: str, degraded: int, ready: int) -> list[str]:
         f"kafscale_operator_brokers_desired{{{labels}}} 3",
         f"kafscale_operator_brokers_ready{{{labels}}} {ready}",
     ]
-
-
-def serve_metrics(page: Callable[[], bytes | None]) -> ThreadingHTTPServer:
-    """A /metrics endpoint on a free loopback port (503 while ``page`` gives None)."""
-
-    class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            body = page()
-            if body is None:
-                self.send_error(503)
-                return
-            self.send_response(200)
-            self.send_header("Content-Type", "text/plain; version=0.0.4")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *_args: Any) -> None:
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    return server
 
 
 NAMES = ("broker-a", "broker-b", "broker-c", "operator-1", "operator-2", "operator-x")

@@ -17,14 +17,14 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 from harness.k8s_tools import run_helm
-from harness.prometheus import Prometheus
+from harness.prometheus import Prometheus, serve_metrics
 
 pytestmark = pytest.mark.integration
 
@@ -63,26 +63,6 @@ class Handoff:
     def report_from(self, *brokers: str) -> None:
         with self.lock:
             self.reporters = set(brokers)
-
-
-def serve_metrics(page: Callable[[], bytes]) -> ThreadingHTTPServer:
-    """A /metrics endpoint on a free loopback port, served from a thread."""
-
-    class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            body = page()
-            self.send_response(200)
-            self.send_header("Content-Type", "text/plain; version=0.0.4")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *_args: Any) -> None:
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    return server
 
 
 @pytest.fixture
