@@ -36,18 +36,24 @@ def _said(c: Condition | None) -> tuple[str, str, str] | None:
     return None if c is None else (c.status, c.reason, c.message)
 
 
+def _degraded_notices(before: dict[str, Condition], after: dict[str, Condition]) -> list[Notice]:
+    """A Warning when ``Degraded`` turns true (or says something new), ``Recovered`` when it
+    clears."""
+    degraded, was_degraded = after.get("Degraded"), before.get("Degraded")
+    if degraded is None or _said(degraded) == _said(was_degraded):
+        return []
+    if degraded.status == ConditionStatus.TRUE:
+        return [Notice(WARNING, degraded.reason, degraded.message)]
+    if was_degraded is not None and was_degraded.status == ConditionStatus.TRUE:
+        return [Notice(NORMAL, "Recovered", f"no longer degraded ({was_degraded.reason})")]
+    return []
+
+
 def condition_notices(previous: Sequence[Condition], current: Sequence[Condition]) -> list[Notice]:
     """Events for the conditions that changed between two status writes."""
     before, after = _by_type(previous), _by_type(current)
     notices: list[Notice] = []
-    degraded, was_degraded = after.get("Degraded"), before.get("Degraded")
-    if degraded is not None and _said(degraded) != _said(was_degraded):
-        if degraded.status == ConditionStatus.TRUE:
-            notices.append(Notice(WARNING, degraded.reason, degraded.message))
-        elif was_degraded is not None and was_degraded.status == ConditionStatus.TRUE:
-            notices.append(
-                Notice(NORMAL, "Recovered", f"no longer degraded ({was_degraded.reason})")
-            )
+    notices.extend(_degraded_notices(before, after))
     ready, was_ready = after.get("Ready"), before.get("Ready")
     was = None if was_ready is None else (was_ready.status, was_ready.reason)
     if ready is not None and (ready.status, ready.reason) != was:
@@ -137,12 +143,5 @@ def readiness_notices(previous: Sequence[Condition], current: Sequence[Condition
             notices.append(Notice(NORMAL, "Ready", ready.message))
         elif ready.reason != "Pending":
             notices.append(Notice(WARNING, ready.reason, ready.message))
-    degraded, was_degraded = after.get("Degraded"), before.get("Degraded")
-    if degraded is not None and _said(degraded) != _said(was_degraded):
-        if degraded.status == ConditionStatus.TRUE:
-            notices.append(Notice(WARNING, degraded.reason, degraded.message))
-        elif was_degraded is not None and was_degraded.status == ConditionStatus.TRUE:
-            notices.append(
-                Notice(NORMAL, "Recovered", f"no longer degraded ({was_degraded.reason})")
-            )
+    notices.extend(_degraded_notices(before, after))
     return notices
