@@ -26,8 +26,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from harness import children
+from harness.k8s_tools import run_helm
 from kafscale.broker.child_process import free_port_run
 
 SCRAPE_INTERVAL_S = 1
@@ -220,3 +222,23 @@ def serve_metrics(page: Callable[[], bytes | None]) -> ThreadingHTTPServer:
     server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     return server
+
+
+CHART = Path(__file__).resolve().parents[2] / "charts" / "kafscale"
+
+
+def chart_rule_groups(*values: str) -> list[dict[str, Any]]:
+    """The rule groups of the chart's PrometheusRule, rendered with helm and ``--set values``
+    (tests shorten the chart's windows so a timeline fits in a minute)."""
+    result = run_helm(
+        "template", "kafscale", str(CHART), "--namespace", "ops",
+        "--set", "monitoring.prometheusRule.enabled=true",
+        *[arg for value in values for arg in ("--set", value)],
+        "--api-versions=monitoring.coreos.com/v1/PrometheusRule",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    docs = [doc for doc in yaml.safe_load_all(result.stdout) if doc]
+    groups: list[dict[str, Any]] = next(d for d in docs if d["kind"] == "PrometheusRule")["spec"][
+        "groups"
+    ]
+    return groups

@@ -39,14 +39,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
-from harness.k8s_tools import run_helm
-from harness.prometheus import Prometheus, serve_metrics
+from harness.prometheus import Prometheus, chart_rule_groups, serve_metrics
 
 pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[2]
-CHART = ROOT / "charts" / "kafscale"
 LOOKBACK_S = 20  # scrapeGapLookback
 GAP_S = 4  # seconds every failing target is down, once Prometheus saw it
 OPERATOR_GAP_S = 3  # further seconds before operator 2 reports (its first status round)
@@ -157,18 +154,7 @@ def endpoints() -> Iterator[tuple[Targets, dict[str, ThreadingHTTPServer]]]:
 
 def chart_rules() -> tuple[list[dict[str, Any]], dict[str, str]]:
     """The chart's rule groups (lookback shortened for the test) and each alert's expression."""
-    values = (
-        "monitoring.prometheusRule.enabled=true",
-        f"monitoring.prometheusRule.scrapeGapLookback={LOOKBACK_S}s",
-    )
-    result = run_helm(
-        "template", "kafscale", str(CHART), "--namespace", "ops",
-        *[arg for value in values for arg in ("--set", value)],
-        "--api-versions=monitoring.coreos.com/v1/PrometheusRule",
-    )  # fmt: skip
-    assert result.returncode == 0, result.stderr
-    docs = [doc for doc in yaml.safe_load_all(result.stdout) if doc]
-    groups = next(d for d in docs if d["kind"] == "PrometheusRule")["spec"]["groups"]
+    groups = chart_rule_groups(f"monitoring.prometheusRule.scrapeGapLookback={LOOKBACK_S}s")
     alerts = {r["alert"]: str(r["expr"]) for g in groups for r in g["rules"] if "alert" in r}
     return groups, alerts
 

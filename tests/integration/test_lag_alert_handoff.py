@@ -18,17 +18,13 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from http.server import ThreadingHTTPServer
-from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
-from harness.k8s_tools import run_helm
-from harness.prometheus import Prometheus, serve_metrics
+from harness.prometheus import Prometheus, chart_rule_groups, serve_metrics
 
 pytestmark = pytest.mark.integration
 
-CHART = Path(__file__).resolve().parents[2] / "charts" / "kafscale"
 WINDOW_S = 20  # lagWindow: lag must have grown over this long
 LOOKBACK_S = 10  # lagHandoffLookback: carries a series across a hand-off's gap
 HANDOFF_S = 3  # seconds of gap (no broker reports) and of overlap (two do), once seen
@@ -79,20 +75,11 @@ def brokers() -> Iterator[tuple[Handoff, dict[str, ThreadingHTTPServer]]]:
 
 def lag_rules() -> tuple[list[dict[str, Any]], str]:
     """The chart's rule groups (window shortened for the test) and the lag alert's expression."""
-    values = (
-        "monitoring.prometheusRule.enabled=true",
+    groups = chart_rule_groups(
         f"monitoring.prometheusRule.lagThreshold={THRESHOLD}",
         f"monitoring.prometheusRule.lagWindow={WINDOW_S}s",
         f"monitoring.prometheusRule.lagHandoffLookback={LOOKBACK_S}s",
     )
-    result = run_helm(
-        "template", "kafscale", str(CHART), "--namespace", "ops",
-        *[arg for value in values for arg in ("--set", value)],
-        "--api-versions=monitoring.coreos.com/v1/PrometheusRule",
-    )  # fmt: skip
-    assert result.returncode == 0, result.stderr
-    docs = [doc for doc in yaml.safe_load_all(result.stdout) if doc]
-    groups = next(d for d in docs if d["kind"] == "PrometheusRule")["spec"]["groups"]
     rules = [rule for group in groups for rule in group["rules"]]
     alert = next(r for r in rules if r.get("alert") == "KafScaleConsumerLagGrowing")
     return groups, str(alert["expr"])
