@@ -16,6 +16,12 @@ that ends that transaction before the append (a coordinator's timeout abort whil
 on its way) makes the batch late, and it is refused, as Kafka refuses a transactional batch
 that is neither in an ongoing transaction nor verified; appended, it would open a transaction
 no marker ends.
+
+Two more ways a batch once reached the log unverified, each leaving a transaction open for
+good (``bench/chaos_txn.py --via-proxy``): a partition not owned here when the request was
+checked, taken over before the append (its check's code now stands), and a batch of a newer
+producer epoch than the transaction open on the partition, taken as continuing it (see
+``continuing``).
 """
 
 from __future__ import annotations
