@@ -16,6 +16,12 @@ that ends that transaction before the append (a coordinator's timeout abort whil
 on its way) makes the batch late, and it is refused, as Kafka refuses a transactional batch
 that is neither in an ongoing transaction nor verified; appended, it would open a transaction
 no marker ends.
+
+Two more ways a batch once reached the log unverified, each leaving a transaction open for
+good (``bench/chaos_txn.py --via-proxy``): a partition not owned here when the request was
+checked, taken over before the append (its check's code now stands), and a batch of a newer
+producer epoch than the transaction open on the partition, taken as continuing it (see
+``continuing``).
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ from kafscale.broker.authz.model import Operation
 from kafscale.broker.protocol.errors import ErrorCode, KafkaError
 from kafscale.broker.protocol.record_batch import BatchHeader, InvalidBatch, read_header
 from kafscale.broker.storage.partition_log import OwnedPartition
+from kafscale.broker.transactions.verification import produce_error
 
 TopicPartition = tuple[str, int]
 FIRST_RECORD_BATCH_VERSION = 3  # older Produce versions carry no transactional batches
@@ -99,14 +106,33 @@ async def _opening(
             tp = (str(topic.name), int(partition.index))
             try:
                 owned = await manager.owned_partition(tp)
-            except KafkaError:
-                continue  # refused by the append (not the owner, unknown topic)
+            except KafkaError as exc:
+                # Not the owner (or unknown) now: refused with that code, even if the partition
+                # becomes ours before the append (claimed while other partitions of the request
+                # were verified). Appended unverified, the batch opened a transaction the
+                # coordinator never heard of: no marker would ever end it.
+                ongoing[tp] = exc.code
+                continue
             if header.producer_id in owned.open_txns:
-                ongoing[tp] = Ongoing(header.producer_id)
+                ongoing[tp] = continuing(owned, header, ctx.api_version >= TRANSACTION_V2_PRODUCE)
                 continue
             guard = owned.begin_verification(header.producer_id)
             opening[tp] = (header, Verified(owned, header.producer_id, guard))
     return opening
+
+
+def continuing(owned: OwnedPartition, header: BatchHeader, transaction_v2: bool) -> Verification:
+    """A batch of a producer whose transaction is open on the partition: it continues that
+    transaction only at the same producer epoch. A newer epoch (transaction protocol v2 bumps
+    it at every EndTxn) is the producer's next transaction while the open one's marker has not
+    reached the partition yet: retriable (CONCURRENT_TRANSACTIONS for v2 clients, as a commit
+    still being completed), never appended to the older transaction, whose marker would then
+    end it with the older outcome, and which the newer one would never be added to, nor give
+    a marker. An older epoch is refused by the append's sequence check."""
+    recent = owned.recent.get(header.producer_id)
+    if recent and header.producer_epoch > recent[-1].epoch:
+        return produce_error(ErrorCode.CONCURRENT_TRANSACTIONS, transaction_v2)
+    return Ongoing(header.producer_id)
 
 
 def _by_producer(
@@ -162,4 +188,6 @@ def forget(check: Verification | None) -> None:
 def _message(code: ErrorCode) -> str:
     if code is ErrorCode.INVALID_TXN_STATE:
         return "Partition was not added to the transaction"
+    if code is ErrorCode.CONCURRENT_TRANSACTIONS:
+        return "the producer's previous transaction is still being completed on the partition"
     return f"Unable to verify the partition has been added to the transaction: {code.name}"

@@ -108,15 +108,17 @@ def aborted_in_range(state: PartitionState, start: int, end: int) -> list[Aborte
 @dataclass(frozen=True, slots=True)
 class WriteMarker:
     """Append the marker; ``epoch_bump``: the marker's producer epoch is newer than any batch
-    of the producer here, so the partition remembers it (older-epoch batches are fenced)."""
+    of the producer here (or the producer is unknown here), so the partition remembers it
+    (older-epoch batches are fenced)."""
 
     epoch_bump: bool
 
 
 @dataclass(frozen=True, slots=True)
 class MarkerDone:
-    """Nothing to write: the producer has no open transaction here (a retried marker, or a
-    transaction that wrote nothing to this partition)."""
+    """Nothing to write: the producer has no open transaction here and the marker's epoch is
+    already known here (a retried marker, or a protocol v1 transaction that wrote nothing to
+    this partition)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,12 +141,22 @@ def decide_marker(
     a marker from an older coordinator is fenced, one with a producer epoch older than the
     producer's batches here is refused; a producer with nothing open gets no second marker.
 
+    A marker with a newer producer epoch (transaction protocol v2 bumps it at every EndTxn, a
+    timeout abort bumps it too) is written even when nothing is open here: the partition was
+    added to the transaction but its batch has not landed yet. Written, the marker records the
+    new epoch (durably, with the flush), so that batch is fenced when it lands
+    (INVALID_PRODUCER_EPOCH), by this owner or the next; and the write goes through the fenced
+    flush, so an owner that lost the partition cannot answer it done. Answered done without a
+    write, the late batch opened a transaction no marker would ever end (a stuck last stable
+    offset), and every later transaction of the producer continued it.
+
     ``latest_epoch``: the producer epoch of its latest batch or marker here (None: unknown);
     ``known_coordinator_epoch``: of the last marker written for it here (None: none yet)."""
     if known_coordinator_epoch is not None and coordinator_epoch < known_coordinator_epoch:
         return MarkerRejected(ErrorCode.TRANSACTION_COORDINATOR_FENCED)
     if latest_epoch is not None and producer_epoch < latest_epoch:
         return MarkerRejected(ErrorCode.INVALID_PRODUCER_EPOCH)
-    if not has_open_txn:
+    newer = latest_epoch is None or producer_epoch > latest_epoch
+    if not has_open_txn and not newer:
         return MarkerDone()
-    return WriteMarker(epoch_bump=latest_epoch is not None and producer_epoch > latest_epoch)
+    return WriteMarker(epoch_bump=newer)

@@ -189,8 +189,10 @@ class OwnedPartition:
         now_ms: int,
     ) -> asyncio.Future[Ack] | None:
         """Append a commit or abort marker for ``producer_id``'s open transaction; the future
-        resolves once it is durable. None: nothing to write (no open transaction here, a
-        retried marker). KafkaError with Kafka's code for a fenced marker."""
+        resolves once it is durable. None: nothing to write (no open transaction here and the
+        marker's epoch already known: a retried marker). A marker with a newer producer epoch is
+        written even with nothing open, to fence the ended transaction's late batches
+        (``partition_txns.decide_marker``). KafkaError with Kafka's code for a fenced marker."""
         if not self.accepting:
             raise NotLeader(f"{self.topic}-{self.partition} is being handed over")
         recent = self.recent.get(producer_id)
@@ -219,7 +221,7 @@ class OwnedPartition:
             bumped = ProducerState(epoch=producer_epoch, first_seq=-1, last_seq=-1, offset=offset)
             _remember(self.recent, producer_id, bumped)
             pending.producer = (producer_id, bumped)
-        del self.open_txns[producer_id]
+        self.open_txns.pop(producer_id, None)  # nothing open: the marker only fences
         self.coordinator_epochs[producer_id] = coordinator_epoch
         self.pending.append(pending)
         self.pending_bytes += len(data)

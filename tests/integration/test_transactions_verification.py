@@ -12,6 +12,8 @@ EndTxn v5 bumps the epoch, which fences the ended transaction's late batches.
 
 from __future__ import annotations
 
+import signal
+import time
 from typing import Any
 
 import pytest
@@ -34,7 +36,7 @@ from harness.txn_wire import TRANSACTIONAL, produce_transactional
 pytestmark = pytest.mark.integration
 
 DESCRIBE_PRODUCERS = 61
-NONE, NOT_LEADER, INVALID_TXN_STATE = 0, 6, 48
+NONE, NOT_LEADER, NOT_ENOUGH_REPLICAS, INVALID_TXN_STATE = 0, 6, 19, 48
 READ_COMMITTED = 1
 TOPIC = "verified"
 TXN_ID = "late-writer"
@@ -228,3 +230,105 @@ def test_a_rolling_upgrade_holds_clients_on_transaction_protocol_v1(
         "transaction.version": 2,
         "share.version": 1,
     }
+
+
+# --- a partition taken over while the request is verified ---------------------------------------
+
+FIND_COORDINATOR, INIT_PRODUCER_ID = 10, 22
+LIST_OFFSETS_READ_UNCOMMITTED = 0
+
+
+def coordinated_by(wire: KafkaWire, node_id: int) -> str:
+    """A transactional id whose coordinator is broker ``node_id``."""
+    for n in range(200):
+        txn_id = f"taken-over-{n}"
+        body = {"key_type": 1, "coordinator_keys": [txn_id]}
+        (answer,) = wire.request(FIND_COORDINATOR, 4, body).coordinators
+        if int(answer.error_code) == NONE and int(answer.node_id) == node_id:
+            return txn_id
+    raise AssertionError(f"no transactional id coordinated by broker {node_id}")
+
+
+def ends(wire: KafkaWire, partition: int) -> tuple[int, int] | None:
+    """(last stable offset, high watermark) of ``partition``; None while it has no owner."""
+    answers = []
+    for isolation in (READ_COMMITTED, LIST_OFFSETS_READ_UNCOMMITTED):
+        body = {
+            "replica_id": -1,
+            "isolation_level": isolation,
+            "topics": [
+                {"name": TOPIC, "partitions": [{"partition_index": partition, "timestamp": -1}]}
+            ],
+        }
+        result = wire.request(LIST_OFFSETS, 7, body).topics[0].partitions[0]
+        answers.append((int(result.error_code), int(result.offset)))
+    (lso_code, lso), (hw_code, hw) = answers
+    if NOT_LEADER in (lso_code, hw_code):
+        return None
+    assert lso_code == hw_code == NONE, answers
+    return lso, hw
+
+
+def test_a_partition_taken_over_while_the_request_is_verified_is_not_written_unverified(
+    broker_cluster: BrokerCluster,
+) -> None:
+    """Fails on the old main (bench/chaos_txn.py --via-proxy's stuck last stable offset): a
+    Produce v12 (transaction protocol v2) for two partitions reached broker B, which owned one
+    of them; the other's owner, A, was stopped. B's check skipped the partition it did not own
+    ("refused by the append") and asked the coordinator (on A: no answer until B's timeout) to
+    add the other; meanwhile A's session expired and B took A's partition over, and the append
+    wrote its batch unverified, never added to the transaction: open for good, no marker ever
+    came, read_committed stalled there. The partition now keeps the code it got at the check."""
+    # The inter-broker timeout (the etcd timeout's, at least 5 s) outlasts A's session (4 s).
+    broker_cluster.extra_env["KAFSCALE_ETCD__TIMEOUT_S"] = "15"
+    a, b = broker_cluster.start(), broker_cluster.start()
+    create_topic(broker_cluster.bootstrap, TOPIC, 4)
+    deadline = time.monotonic() + 120
+    while not (a.owned() and b.owned()):
+        assert time.monotonic() < deadline, (a.owned(), b.owned())
+        time.sleep(0.2)
+    on_a = int(sorted(a.owned())[0].rsplit("-", 1)[1])
+    on_b = int(sorted(b.owned())[0].rsplit("-", 1)[1])
+    with KafkaWire(b.bootstrap) as wire:
+        txn_id = coordinated_by(wire, a.node_id)
+    with KafkaWire(a.bootstrap) as wire:
+        init = wire.request(INIT_PRODUCER_ID, 5, {"transactional_id": txn_id,
+                            "transaction_timeout": 60_000, "producer_id": -1,
+                            "producer_epoch": -1})  # fmt: skip
+        assert int(init.error_code) == NONE
+        pid, epoch = int(init.producer_id), int(init.producer_epoch)
+    a.signal(signal.SIGSTOP)
+    try:
+        batch = make_batch(
+            0, [b"v2"], attributes=TRANSACTIONAL, producer_id=pid, producer_epoch=epoch,
+            base_sequence=0,
+        )  # fmt: skip
+        body = {
+            "transactional_id": txn_id,
+            "acks": -1,
+            "timeout": 30_000,
+            "topic_data": [
+                {
+                    "name": TOPIC,
+                    "partition_data": [
+                        {"index": on_a, "records": batch},
+                        {"index": on_b, "records": batch},
+                    ],
+                }
+            ],
+        }
+        with KafkaWire(b.bootstrap, timeout_s=60) as wire:
+            response = wire.request(PRODUCE, 12, body)
+        codes = {int(p.index): int(p.error_code) for p in response.responses[0].partition_responses}
+    finally:
+        a.kill()
+    assert codes[on_b] == NOT_ENOUGH_REPLICAS  # the coordinator never answered
+    assert codes[on_a] == NOT_LEADER  # not verified, so never appended
+    with KafkaWire(b.bootstrap) as wire:
+        deadline = time.monotonic() + 120
+        while True:
+            answer = ends(wire, on_a)
+            if answer is not None or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+    assert answer is not None and answer[0] == answer[1]  # no transaction open on it

@@ -234,6 +234,51 @@ def test_an_open_transaction_survives_an_ownership_move(broker_cluster: BrokerCl
         assert aborted(committed) == [(PID, 1)]
 
 
+def txn_produce_once_owned(
+    wire: KafkaWire, sequence: int, epoch: int, timeout_s: float = 30.0
+) -> tuple[int, int]:
+    """As a producer does: retry while the partition has no live owner, then the answer."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        answer = txn_produce(wire, [b"late"], sequence=sequence, epoch=epoch)
+        if answer[0] != NOT_LEADER or time.monotonic() > deadline:
+            return answer
+        time.sleep(0.2)
+
+
+def test_a_newer_epochs_marker_fences_a_late_batch_where_nothing_was_open(
+    broker_cluster: BrokerCluster,
+) -> None:
+    """Transaction protocol v2 (each EndTxn bumps the epoch): the partition is added to the
+    producer's epoch-1 transaction, but its batch is still on its way (a retry through the
+    proxy, an owner change) when the transaction ends. Its marker (epoch 2) finds nothing open
+    here and is written all the same: the partition knows epoch 2 from then on, durably, so the
+    late batch is refused by this owner and the next. Answered done without a write, the late
+    batch opened a transaction no marker would end: read_committed stalled there for good, and
+    the producer's later transactions continued it (never added here, never given a marker)."""
+    first = broker_cluster.start()
+    create_topics(first.bootstrap, [TOPIC], partitions=1)
+    with KafkaWire(first.bootstrap) as wire:
+        assert txn_produce(wire, [b"t0"], sequence=0, epoch=0) == (NONE, 0)
+        assert marker(wire, commit=True, epoch=1) == NONE  # EndTxn v5 bumped epoch 0 to 1
+        assert marker(wire, commit=False, epoch=2) == NONE  # epoch 1 ends, nothing open here
+        assert txn_produce(wire, [b"late"], sequence=0, epoch=1) == (INVALID_PRODUCER_EPOCH, -1)
+        assert latest(wire, READ_COMMITTED) == latest(wire, READ_UNCOMMITTED) == 3
+    first.kill()
+    second = broker_cluster.start()
+    with KafkaWire(second.bootstrap) as wire:
+        # The late batch again, at the next owner: the epoch came with the partition's state.
+        assert txn_produce_once_owned(wire, sequence=0, epoch=1) == (INVALID_PRODUCER_EPOCH, -1)
+        # The producer's next transaction (epoch 2, sequences from 0) opens and commits.
+        assert txn_produce(wire, [b"next"], sequence=0, epoch=2) == (NONE, 3)
+        assert marker(wire, commit=True, epoch=3) == NONE
+        committed = fetch(wire, 0, READ_COMMITTED)
+        assert int(committed.high_watermark) == 5
+        assert int(committed.last_stable_offset) == 5
+        assert aborted(committed) == []
+        assert int(describe_producers(wire)[PID].current_txn_start_offset) == -1
+
+
 def test_only_the_owner_writes_markers(broker_cluster: BrokerCluster) -> None:
     owner = broker_cluster.start()
     create_topics(owner.bootstrap, [TOPIC], partitions=1)

@@ -130,6 +130,19 @@ def test_a_marker_with_a_newer_producer_epoch_bumps_it() -> None:
     assert decision == WriteMarker(epoch_bump=True)
 
 
+@pytest.mark.parametrize("latest_epoch", [None, 0])
+def test_a_newer_epochs_marker_is_written_even_with_nothing_open(latest_epoch: int | None) -> None:
+    """It fences the ended transaction's late batch (added here, not landed yet)."""
+    decision = decide_marker(
+        has_open_txn=False,
+        latest_epoch=latest_epoch,
+        known_coordinator_epoch=None,
+        producer_epoch=1,
+        coordinator_epoch=0,
+    )
+    assert decision == WriteMarker(epoch_bump=True)
+
+
 def test_the_marker_is_a_control_batch_kafka_clients_read() -> None:
     batch = control_batch.encode_marker(PID, 3, True, 9, 1_700_000_000_000, 4)
     (parsed,) = split_batches(batch)  # CRC, magic, counts as a produced batch would be checked

@@ -22,7 +22,7 @@ from kafscale.broker.config import BrokerSettings
 from kafscale.broker.metadata.cluster import BrokerInfo, TopicInfo
 from kafscale.broker.metadata.partition_state import PartitionState
 from kafscale.broker.protocol.codec import RequestHeader
-from kafscale.broker.protocol.errors import ErrorCode
+from kafscale.broker.protocol.errors import ErrorCode, NotLeader
 from kafscale.broker.protocol.record_batch import BatchHeader, read_header
 from kafscale.broker.server import Connection
 from kafscale.broker.storage.partition_log import OwnedPartition
@@ -330,7 +330,7 @@ async def test_an_abort_while_a_verified_batch_is_decoded_refuses_the_batch() ->
     outcomes = await _append_with_a_marker_while_decoding(request, ctx, owned)
     assert outcomes == {TP: ErrorCode.INVALID_TXN_STATE}
     assert PID not in owned.open_txns  # no transaction left open on the partition
-    assert owned.pending == []
+    assert [batch.base_offset for batch in owned.pending] == [10]  # the marker, not the batch
 
 
 async def test_a_batch_of_a_transaction_aborted_on_its_way_is_refused() -> None:
@@ -357,3 +357,105 @@ async def test_a_verified_batch_refused_by_the_topic_rules_leaves_no_guard_behin
     outcomes = await produce._append_all(request, ctx)
     assert isinstance(outcomes[TP], produce.Refusal)
     assert owned.verifying == {} and owned.pending == []
+
+
+# --- the produce path: a batch never joins a transaction the coordinator does not know --------
+
+
+def _request(epoch: int, partitions: list[int]) -> Any:
+    """A Produce request of one transactional batch of ``PID`` at ``epoch`` per partition."""
+    builder = DefaultRecordBatchBuilder(2, 0, True, PID, epoch, 0, 1 << 20)
+    builder.append(0, timestamp=None, key=b"k", value=b"v", headers=[])
+    batch = bytes(builder.build())
+    data = [SimpleNamespace(index=p, records=batch) for p in partitions]
+    return SimpleNamespace(
+        transactional_id="app", topic_data=[SimpleNamespace(name=TP[0], partition_data=data)]
+    )
+
+
+class _Recorder(_Yes):
+    """Says yes, and runs ``during`` while the coordinator is being asked."""
+
+    def __init__(self, during: Any = None) -> None:
+        self.asked: list[list[Any]] = []
+        self._during = during
+
+    async def verify(
+        self, _txn_id: str, _pid: int, _epoch: int, tps: list[Any], add: bool = False
+    ) -> dict[Any, ErrorCode]:
+        self.asked.append(list(tps))
+        if self._during is not None:
+            self._during()
+        return {tp: ErrorCode.NONE for tp in tps}
+
+
+def _context(
+    owned_by_tp: dict[Any, OwnedPartition], verifier: Any, version: int = 12
+) -> RequestContext:
+    async def owned_partition(tp: tuple[str, int]) -> OwnedPartition:
+        owned = owned_by_tp.get(tp)
+        if owned is None:
+            raise NotLeader(f"{tp} is owned by broker 2")
+        return owned
+
+    topic = TopicInfo(TP[0], "id", 2, {})
+    broker = SimpleNamespace(
+        settings=BrokerSettings(),
+        view=SimpleNamespace(acls=AclCache(), topics={TP[0]: topic}),
+        log_manager=SimpleNamespace(owned_partition=owned_partition, appended=lambda _o: None),
+        transactions=SimpleNamespace(
+            verifier=verifier, settings=SimpleNamespace(partition_verification=True)
+        ),
+    )
+    header = RequestHeader(0, version, 1, "test")
+    return RequestContext(header, broker, Connection("127.0.0.1:5000"))  # type: ignore[arg-type]
+
+
+async def test_a_partition_claimed_while_the_request_was_verified_is_not_appended_unverified() -> (
+    None
+):
+    """Fails on the old main (the stuck LSO of bench/chaos_txn.py --via-proxy): a request for
+    two partitions (the proxy sends one per owner) reached a broker that did not own one of
+    them yet: that one was skipped by the check ("refused by the append"), the other verified;
+    meanwhile the broker took the first one over (claimed on demand, or assigned), and the
+    append wrote its batch unverified, never added to the transaction: no marker ever ended
+    it, and the producer's later transactions continued it."""
+    owned, other = _partition(), dataclasses.replace(_partition(), partition=1)
+    owners: dict[Any, OwnedPartition] = {OTHER: other}
+    verifier = _Recorder(during=lambda: owners.update({TP: owned}))  # taken over meanwhile
+    outcomes = await produce._append_all(_request(3, [0, 1]), _context(owners, verifier))
+    assert verifier.asked == [[OTHER]]
+    assert outcomes[TP] == ErrorCode.NOT_LEADER_OR_FOLLOWER  # the client routes it again
+    assert owned.pending == [] and owned.open_txns == {}
+    assert PID in other.open_txns
+    for outcome in outcomes.values():
+        if isinstance(outcome, asyncio.Future):
+            outcome.cancel()
+
+
+@pytest.mark.parametrize(
+    ("version", "code"),
+    [(12, ErrorCode.CONCURRENT_TRANSACTIONS), (9, ErrorCode.NOT_ENOUGH_REPLICAS)],
+)
+async def test_a_newer_epochs_batch_does_not_continue_the_open_transaction(
+    version: int, code: ErrorCode
+) -> None:
+    """Fails on the old main: the producer's epoch-3 transaction is open here (its marker not
+    written yet: a v2 EndTxn answers before every marker is in), and its next transaction's
+    batch (epoch 4) was taken as continuing it, unverified: never added to the epoch-4
+    transaction, and ended by the epoch-3 marker with that transaction's outcome. It is now
+    refused as retriable, until the marker closes the older transaction."""
+    owned = _partition()
+    opened = owned.append(b"x" * 70, _txn_header())  # epoch 3, open
+    verifier = _Recorder()
+    outcomes = await produce._append_all(_request(4, [0]), _context({TP: owned}, verifier, version))
+    assert outcomes == {TP: code}
+    assert verifier.asked == []
+    assert len(owned.pending) == 1
+    owned.append_marker(PID, 4, commit=True, coordinator_epoch=1, now_ms=0)  # the marker comes
+    outcomes = await produce._append_all(_request(4, [0]), _context({TP: owned}, verifier, version))
+    assert verifier.asked == [[TP]]  # now verified (added) as its transaction's first batch
+    assert isinstance(outcomes[TP], asyncio.Future)
+    assert owned.open_txns == {PID: 12}  # the first batch (10), the marker (11), this one
+    outcomes[TP].cancel()
+    opened.cancel()
