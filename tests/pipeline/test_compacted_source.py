@@ -59,7 +59,9 @@ def test_spark_reads_a_cleaned_topic(spark: Any, broker_cluster: BrokerCluster) 
         assert producer.flush(10) == 0
         time.sleep(0.1)
     upto = cleaned_upto(broker_cluster, len(written) - 3)
-    assert upto == len(written) - 3  # all but the newest segment (the last round)
+    # All but the newest segment: the last round, or its last records when the client sent the
+    # round's first record alone (CI saw it once even with linger.ms 1000: cleaned up to 16 of 18).
+    assert len(written) - 3 <= upto < len(written)
     latest = {key: (offset, key, value) for offset, key, value in written if offset < upto}
     expected = sorted(latest.values()) + [r for r in written if r[0] >= upto]
     df = (
