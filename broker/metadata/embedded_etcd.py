@@ -9,10 +9,17 @@ writes its log to ``<data_dir>/etcd.log``. Ports and data survive ``restart()``,
 the watch-resumption tests need.
 
 An etcd started with ``die_with_parent=True`` (``kafscale local``, the test harness) gets
-SIGKILL from the kernel when the process that started it dies, however it dies (``kill -9``, the
+SIGTERM from the kernel when the process that started it dies, however it dies (``kill -9``, the
 OOM killer): Linux's ``PR_SET_PDEATHSIG``, through ``parent_death.start_bound`` (which also
-forks from a thread that lives as long as the process, as the signal requires). An etcd left
-behind anyway (an older version, another machine sharing the directory) holds the data
+forks from a thread that lives as long as the process, as the signal requires). SIGTERM, not
+SIGKILL: the wheel's etcd is 3.5.1, whose single member answers a write while its raft loop is
+still writing it to the WAL (etcd-io/etcd#14370, fixed in 3.5.5 and 3.4.21), so a SIGKILL
+within milliseconds of an answer loses an acknowledged write (a broker's committed high
+watermark; ``bench/etcd_kill_durability.py`` measures it). On SIGTERM etcd stops its server: the
+raft loop finishes saving the Ready it is on before it stops, and bbolt commits on close. For
+the same reason ``stop()`` and the clean-up at interpreter exit send SIGTERM first. An etcd
+that ignored the signal would be left behind, which the next start handles: an etcd left
+behind (an older version, another machine sharing the directory) holds the data
 directory's lock, and a new one would wait for it and fail after ``start_timeout_s``:
 ``stop_stale()`` finds etcd processes running on the same data directory (through ``/proc``)
 and stops them first.
@@ -30,6 +37,7 @@ from __future__ import annotations
 import asyncio
 import atexit
 import contextlib
+import functools
 import importlib.resources
 import json
 import os
@@ -50,6 +58,9 @@ _HEALTH_POLL_S = 0.02
 _HEALTH_REQUEST_TIMEOUT_S = 0.5
 _LOG_TAIL_BYTES = 4000
 _STALE_STOP_TIMEOUT_S = 5.0
+_EXIT_STOP_TIMEOUT_S = 5.0
+PARENT_DEATH_SIGNAL = signal.SIGTERM
+"""What the kernel sends a ``die_with_parent`` etcd when its parent dies (module docstring)."""
 
 
 class EtcdBinaryNotFound(RuntimeError):
@@ -216,7 +227,11 @@ class EmbeddedEtcd:
             log_file.flush()
             # Its own session: a Ctrl-C in the terminal reaches the whole foreground process
             # group, and etcd must outlive the brokers' handoff; its owner stops it afterwards.
-            start = start_bound if self.die_with_parent else subprocess.Popen
+            start = (
+                functools.partial(start_bound, parent_death_signal=PARENT_DEATH_SIGNAL)
+                if self.die_with_parent
+                else subprocess.Popen
+            )
             self._process = start(
                 self.command(),
                 stdout=log_file,
@@ -396,6 +411,14 @@ class EmbeddedEtcd:
         atexit.unregister(self._kill_at_exit)
 
     def _kill_at_exit(self) -> None:
-        """Do not leave an etcd behind when the interpreter exits without ``stop()``."""
-        if self._process is not None and self._process.poll() is None:
-            self._process.kill()
+        """Do not leave an etcd behind when the interpreter exits without ``stop()``: SIGTERM
+        (a SIGKILL could lose its last answered writes, see the module docstring), SIGKILL if
+        it has not exited within ``_EXIT_STOP_TIMEOUT_S``."""
+        process = self._process
+        if process is None or process.poll() is not None:
+            return
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(_EXIT_STOP_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            process.kill()
