@@ -79,11 +79,11 @@ async def _child_puts(client_url: str, puts: int, concurrency: int) -> None:
         await asyncio.gather(*(writer(w + 1) for w in range(concurrency)))
 
 
-def child_main(data_dir: Path, puts: int, concurrency: int, signame: str) -> None:
+def child_main(data_dir: Path, puts: int, concurrency: int, signame: str, no_fsync: bool) -> None:
     """Runs in the child: etcd bound to this process, puts, report, SIGKILL self."""
     if signame:
         embedded_etcd.PARENT_DEATH_SIGNAL = signal.Signals[f"SIG{signame}"]
-    etcd = EmbeddedEtcd(data_dir, die_with_parent=True).start()
+    etcd = EmbeddedEtcd(data_dir, die_with_parent=True, no_fsync=no_fsync).start()
     print(json.dumps({"client": etcd.client_port, "peer": etcd.peer_port, "pid": etcd.pid}))
     sys.stdout.flush()
     asyncio.run(_child_puts(etcd.client_url, puts, concurrency))
@@ -98,10 +98,13 @@ async def _read_keys(client_url: str) -> set[int]:
     return {int(kv.key.rsplit(b"/", 1)[1]) for kv in found}
 
 
-def one_run(workdir: Path, puts: int, concurrency: int, signame: str) -> RunResult:
+def one_run(args: argparse.Namespace, workdir: Path) -> RunResult:
     data_dir = workdir / "etcd"
     child = subprocess.Popen(
-        [sys.executable, __file__, "--child", str(data_dir), str(puts), str(concurrency), signame],
+        [
+            *(sys.executable, __file__, "--child", str(data_dir), str(args.puts)),
+            *(str(args.concurrency), args.parent_death_signal, "1" if args.no_fsync else ""),
+        ],
         stdout=subprocess.PIPE,
         text=True,
     )
@@ -121,9 +124,7 @@ def one_run(workdir: Path, puts: int, concurrency: int, signame: str) -> RunResu
     while etcd_pids_on(etcd_dir) and time.monotonic() - killed_at < _DEADLINE_S:
         time.sleep(0.001)
     exit_s = time.monotonic() - killed_at
-    restarted = EmbeddedEtcd(
-        data_dir, client_port=started["client"], peer_port=started["peer"]
-    )
+    restarted = EmbeddedEtcd(data_dir, client_port=started["client"], peer_port=started["peer"])
     restarted.stop_stale()  # an etcd that outlived the deadline (its exit_s says so)
     with restarted:
         found = asyncio.run(_read_keys(restarted.client_url))
@@ -133,7 +134,8 @@ def one_run(workdir: Path, puts: int, concurrency: int, signame: str) -> RunResu
 
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "--child":
-        child_main(Path(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5])
+        data_dir, puts, concurrency, signame, no_fsync = sys.argv[2:7]
+        child_main(Path(data_dir), int(puts), int(concurrency), signame, bool(no_fsync))
         return
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=40)
@@ -146,16 +148,21 @@ def main() -> None:
         help="override what the kernel sends etcd (default: EmbeddedEtcd's own choice; "
         "KILL is what it sent before 2026-11-27)",
     )
+    parser.add_argument(
+        "--no-fsync",
+        action="store_true",
+        help="etcd with --unsafe-no-fsync, as the test harness runs it (kafscale local does not)",
+    )
     args = parser.parse_args()
     results: list[RunResult] = []
     began = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="etcd-kill-") as tmp:
         for run in range(args.runs):
-            result = one_run(
-                Path(tmp) / f"run-{run}", args.puts, args.concurrency, args.parent_death_signal
-            )
+            result = one_run(args, Path(tmp) / f"run-{run}")
             results.append(result)
-            mark = "ERROR " + str(result.error) if result.error else ("LOST" if result.lost else "ok")
+            mark = (
+                "ERROR " + str(result.error) if result.error else ("LOST" if result.lost else "ok")
+            )
             print(
                 f"run {run + 1:3}: {result.acked} puts answered, {result.missing} missing after "
                 "the restart, "
@@ -166,8 +173,9 @@ def main() -> None:
     errors = sum(r.error is not None for r in results)
     exits = [r.exit_s for r in results if r.exit_s is not None]
     print()
-    signame = args.parent_death_signal or embedded_etcd.PARENT_DEATH_SIGNAL.name
-    print(f"etcd binary: {find_etcd_binary()}, signal at parent death: {signame}")
+    signame = args.parent_death_signal or embedded_etcd.PARENT_DEATH_SIGNAL.name.removeprefix("SIG")
+    fsync = "off (--unsafe-no-fsync)" if args.no_fsync else "on"
+    print(f"etcd binary: {find_etcd_binary()}, fsync {fsync}, signal at parent death: {signame}")
     missing = sum(r.missing for r in results)
     print(
         f"runs: {len(results)}, runs that lost answered writes: {lost} "

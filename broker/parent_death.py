@@ -6,12 +6,12 @@ data directories. ``kafscale local`` must not leave its etcd behind that way, no
 harness leave its brokers, etcd, kube-apiserver or radosgw (nor a bench its brokers).
 
 Linux's ``PR_SET_PDEATHSIG`` asks the kernel to send a signal to a process when its parent dies:
-SIGKILL by default, or another one a program handles by stopping cleanly (etcd gets SIGTERM: a
-SIGKILLed single-member etcd before 3.5.5 can lose writes it has already answered,
-etcd-io/etcd#14370; see ``metadata/embedded_etcd.py``). ``die_with_parent`` sets it in the child between fork and exec, so it holds for
-the program exec'd (unless that program is set-user-ID, or changes its user id itself: a child
-meant to run as another user is started with ``Popen(user=...)``, which switches before the
-hook runs). Two limits, both handled or left to the caller:
+SIGKILL by default, or one the program handles by stopping cleanly (etcd gets SIGTERM: the
+bundled etcd 3.5.1, SIGKILLed, can lose writes it has already answered, etcd-io/etcd#13766 and
+#14370; see ``metadata/embedded_etcd.py``). ``die_with_parent`` sets it in the child between
+fork and exec, so it holds for the program exec'd (unless that program is set-user-ID, or
+changes its user id itself: a child meant to run as another user is started with
+``Popen(user=...)``, which switches before the hook runs). Two limits, both handled or left to the caller:
 
 * The "parent" is the *thread* that forked: the signal comes when that thread exits, even if
   the process lives on. ``start_bound`` therefore forks from the main thread, or else from one
@@ -64,9 +64,7 @@ def die_with_parent(parent_pid: int, signum: signal.Signals = signal.SIGKILL) ->
         os.kill(os.getpid(), signum)
 
 
-def _hook(
-    preexec_fn: Callable[[], Any] | None, signum: signal.Signals
-) -> Callable[[], None]:
+def _hook(preexec_fn: Callable[[], Any] | None, signum: signal.Signals) -> Callable[[], None]:
     """``die_with_parent`` for this process, after the caller's own ``preexec_fn`` if any."""
     parent_pid = os.getpid()
 
@@ -115,13 +113,17 @@ def _findable(args: Sequence[str], popen_kwargs: dict[str, Any]) -> bool:
 
 
 def start_bound(
-    args: Sequence[str], *, parent_death_signal: signal.Signals = signal.SIGKILL, **popen_kwargs: Any
+    args: Sequence[str],
+    *,
+    parent_death_signal: signal.Signals = signal.SIGKILL,
+    **popen_kwargs: Any,
 ) -> subprocess.Popen[Any]:
     """``subprocess.Popen(args, **popen_kwargs)`` whose child gets ``parent_death_signal``
     (SIGKILL unless told) when this process dies; a ``preexec_fn`` given still runs (first).
     A signal other than SIGKILL is for a program that exits on it by itself (etcd on SIGTERM);
-    one that may not must be stopped by whoever starts it next (``EmbeddedEtcd.stop_stale``). Forked from the main thread or from one
-    long-lived thread, so a short-lived calling thread cannot take the child with it.
+    one that may not must be stopped by whoever starts it next (``EmbeddedEtcd.stop_stale``).
+    Forked from the main thread or from one long-lived thread, so a short-lived calling thread
+    cannot take the child with it.
 
     Without a ``preexec_fn`` of the caller's, the program is started through util-linux's
     ``setpriv --pdeathsig <signal>`` (which sets the signal and execs it, same pid) rather than a

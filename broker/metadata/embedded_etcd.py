@@ -320,6 +320,16 @@ class EmbeddedEtcd:
                 process.wait()
         self._forget()
 
+    def wake(self) -> None:
+        """SIGCONT, for a process about to exit past its stop deadline (``kafscale local``):
+        the kernel's SIGTERM at its death (``die_with_parent``) would stay pending for good in
+        an etcd frozen with SIGSTOP, which SIGKILL used to end. Waits for nothing: the exit
+        closes the in-process clients' connections, so etcd's own graceful stop is quick (its
+        gRPC servers wait up to ~7 s for open streams)."""
+        process = self._process
+        if process is not None and process.poll() is None:
+            process.send_signal(signal.SIGCONT)
+
     async def stop_async(self, timeout_s: float = 5.0) -> None:
         await asyncio.to_thread(self.stop, timeout_s)
 
