@@ -11,7 +11,8 @@ bundled etcd 3.5.1, SIGKILLed, can lose writes it has already answered, etcd-io/
 #14370; see ``metadata/embedded_etcd.py``). ``die_with_parent`` sets it in the child between
 fork and exec, so it holds for the program exec'd (unless that program is set-user-ID, or
 changes its user id itself: a child meant to run as another user is started with
-``Popen(user=...)``, which switches before the hook runs). Two limits, both handled or left to the caller:
+``Popen(user=...)``, which switches before the hook runs). Two limits, both handled or left
+to the caller:
 
 * The "parent" is the *thread* that forked: the signal comes when that thread exits, even if
   the process lives on. ``start_bound`` therefore forks from the main thread, or else from one
