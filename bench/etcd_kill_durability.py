@@ -56,7 +56,7 @@ class RunResult:
         return self.missing > 0
 
 
-async def _child_puts(client_url: str, puts: int, concurrency: int) -> None:
+async def _child_puts(client_url: str, puts: int, concurrency: int, with_lease: bool) -> None:
     """Puts ``/bench/k/<i>`` for i = 1, 2, ... with ``concurrency`` in flight, as a broker's
     flush rounds keep etcd applying; once ``puts`` have been answered, reports which and
     SIGKILLs this process at once (the other puts still in flight)."""
@@ -67,9 +67,11 @@ async def _child_puts(client_url: str, puts: int, concurrency: int) -> None:
     async with aetcd.Client(host=host, port=int(port), timeout=30) as client:
 
         async def writer(first: int) -> None:
+            # Bound to a lease of its own, as a broker's partition leases are to its session.
+            lease = await client.lease(60) if with_lease else None
             i = first
             while True:
-                await client.put(_KEY + b"/%d" % i, b"v")
+                await client.put(_KEY + b"/%d" % i, b"v", lease=lease)
                 answered.append(i)
                 if len(answered) >= puts:
                     os.write(1, f"{json.dumps({'acked': answered})}\n".encode())
@@ -79,14 +81,16 @@ async def _child_puts(client_url: str, puts: int, concurrency: int) -> None:
         await asyncio.gather(*(writer(w + 1) for w in range(concurrency)))
 
 
-def child_main(data_dir: Path, puts: int, concurrency: int, signame: str, no_fsync: bool) -> None:
+def child_main(
+    data_dir: Path, puts: int, concurrency: int, signame: str, no_fsync: bool, with_lease: bool
+) -> None:
     """Runs in the child: etcd bound to this process, puts, report, SIGKILL self."""
     if signame:
         embedded_etcd.PARENT_DEATH_SIGNAL = signal.Signals[f"SIG{signame}"]
     etcd = EmbeddedEtcd(data_dir, die_with_parent=True, no_fsync=no_fsync).start()
     print(json.dumps({"client": etcd.client_port, "peer": etcd.peer_port, "pid": etcd.pid}))
     sys.stdout.flush()
-    asyncio.run(_child_puts(etcd.client_url, puts, concurrency))
+    asyncio.run(_child_puts(etcd.client_url, puts, concurrency, with_lease))
 
 
 async def _read_keys(client_url: str) -> set[int]:
@@ -104,6 +108,7 @@ def one_run(args: argparse.Namespace, workdir: Path) -> RunResult:
         [
             *(sys.executable, __file__, "--child", str(data_dir), str(args.puts)),
             *(str(args.concurrency), args.parent_death_signal, "1" if args.no_fsync else ""),
+            "1" if args.lease else "",
         ],
         stdout=subprocess.PIPE,
         text=True,
@@ -134,8 +139,10 @@ def one_run(args: argparse.Namespace, workdir: Path) -> RunResult:
 
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "--child":
-        data_dir, puts, concurrency, signame, no_fsync = sys.argv[2:7]
-        child_main(Path(data_dir), int(puts), int(concurrency), signame, bool(no_fsync))
+        data_dir, puts, concurrency, signame, no_fsync, lease = sys.argv[2:8]
+        child_main(
+            Path(data_dir), int(puts), int(concurrency), signame, bool(no_fsync), bool(lease)
+        )
         return
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=40)
@@ -152,6 +159,12 @@ def main() -> None:
         "--no-fsync",
         action="store_true",
         help="etcd with --unsafe-no-fsync, as the test harness runs it (kafscale local does not)",
+    )
+    parser.add_argument(
+        "--lease",
+        action="store_true",
+        help="each writer puts its keys with a lease of its own, as brokers bind partition "
+        "leases to their session (lost writes showed more often so)",
     )
     args = parser.parse_args()
     results: list[RunResult] = []
@@ -175,7 +188,10 @@ def main() -> None:
     print()
     signame = args.parent_death_signal or embedded_etcd.PARENT_DEATH_SIGNAL.name.removeprefix("SIG")
     fsync = "off (--unsafe-no-fsync)" if args.no_fsync else "on"
-    print(f"etcd binary: {find_etcd_binary()}, fsync {fsync}, signal at parent death: {signame}")
+    print(
+        f"etcd binary: {find_etcd_binary()}, fsync {fsync}, leases {'on' if args.lease else 'off'}"
+        f", signal at parent death: {signame}"
+    )
     missing = sum(r.missing for r in results)
     print(
         f"runs: {len(results)}, runs that lost answered writes: {lost} "

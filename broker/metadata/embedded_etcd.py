@@ -245,7 +245,8 @@ class EmbeddedEtcd:
         """Stop etcd processes left running on this data directory; returns their pids.
 
         They hold the directory's lock, so a new etcd could never start beside them. SIGTERM
-        first (etcd then syncs and exits), SIGKILL after ``_STALE_STOP_TIMEOUT_S``. Raises
+        (and SIGCONT, for one left frozen) first: etcd then syncs and exits; SIGKILL after
+        ``_STALE_STOP_TIMEOUT_S``. Raises
         ``EtcdStartError`` naming the pid if one survives (another user's process).
         """
         own = self.pid
@@ -253,6 +254,7 @@ class EmbeddedEtcd:
         for pid in pids:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGTERM)
+                os.kill(pid, signal.SIGCONT)  # one frozen when its parent died acts on it now
         deadline = time.monotonic() + _STALE_STOP_TIMEOUT_S
         while self._running_of(pids) and time.monotonic() < deadline:
             time.sleep(_HEALTH_POLL_S)

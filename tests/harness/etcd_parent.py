@@ -5,7 +5,8 @@
 
 It starts ``EmbeddedEtcd(DATA_DIR, die_with_parent=True)`` as ``kafscale local`` does (fsync on),
 prints one JSON line with the etcd's ports and pid, then puts distinct keys
-``/test/k/<i>`` (``CONCURRENCY`` in flight, as a broker's flush rounds keep etcd applying) and,
+``/test/k/<i>`` (``CONCURRENCY`` in flight, as a broker's flush rounds keep etcd applying; each
+writer's keys bound to a lease of its own, as partition leases are to a broker's session) and,
 the moment ``PUTS`` of them have been answered, prints the answered ``i`` as a JSON line and
 SIGKILLs itself, the other puts still in flight: the kernel then signals its etcd
 (``PR_SET_PDEATHSIG``). With ``PUTS`` 0 it only waits to be killed.
@@ -38,9 +39,10 @@ async def _put_until_killed(client_url: str, puts: int, concurrency: int) -> Non
     async with aetcd.Client(host=host, port=int(port), timeout=60) as client:
 
         async def writer(first: int) -> None:
+            lease = await client.lease(60)  # as brokers bind partition leases to a session
             i = first
             while True:
-                await client.put(KEY_PREFIX + b"%d" % i, b"v")
+                await client.put(KEY_PREFIX + b"%d" % i, b"v", lease=lease)
                 answered.append(i)
                 if len(answered) >= puts:
                     _say({"answered": answered})

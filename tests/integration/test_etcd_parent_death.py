@@ -15,7 +15,9 @@ The parent is ``harness/etcd_parent.py``, a real process playing ``kafscale loca
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -104,3 +106,28 @@ def test_every_write_etcd_answered_survives_its_parents_sigkill(tmp_path: Path) 
             found = asyncio.run(keys_in(restarted.client_url))
         lost = sorted(answered - found)
         assert not lost, f"round {round_}: {len(lost)} answered writes lost, e.g. {lost[:10]}"
+
+
+def test_an_etcd_frozen_when_its_parent_died_is_stopped_cleanly_by_the_next_start(
+    tmp_path: Path,
+) -> None:
+    """SIGTERM stays pending in a process stopped with SIGSTOP: such an etcd outlives its
+    parent. The next start on its directory (``stop_stale``, as ``kafscale local`` does) wakes
+    it, and it stops gracefully rather than after a 5-s wait and a SIGKILL."""
+    data_dir = tmp_path / "etcd"
+    parent = start_parent(data_dir, puts=0)
+    try:
+        started = read_line(parent)
+        os.kill(started["pid"], signal.SIGSTOP)
+    finally:
+        parent.send_signal(signal.SIGKILL)
+        parent.wait(DEADLINE_S)
+    try:
+        stale = EmbeddedEtcd(data_dir, start_timeout_s=DEADLINE_S).stop_stale()
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(started["pid"], signal.SIGCONT)  # never left frozen, whatever happened
+    assert stale == [started["pid"]]
+    assert not etcd_pids_on(data_dir / "etcd")
+    log = (data_dir / "etcd.log").read_text()
+    assert '"msg":"received signal; shutting down","signal":"terminated"' in log, log[-3000:]
