@@ -12,12 +12,14 @@ An etcd started with ``die_with_parent=True`` (``kafscale local``, the test harn
 SIGTERM from the kernel when the process that started it dies, however it dies (``kill -9``, the
 OOM killer): Linux's ``PR_SET_PDEATHSIG``, through ``parent_death.start_bound`` (which also
 forks from a thread that lives as long as the process, as the signal requires). SIGTERM, not
-SIGKILL: the wheel's etcd is 3.5.1, whose single member answers a write while its raft loop is
-still writing it to the WAL (etcd-io/etcd#14370, fixed in 3.5.5 and 3.4.21), so a SIGKILL
-within milliseconds of an answer loses an acknowledged write (a broker's committed high
-watermark; ``bench/etcd_kill_durability.py`` measures it). On SIGTERM etcd stops its server: the
-raft loop finishes saving the Ready it is on before it stops, and bbolt commits on close. For
-the same reason ``stop()`` and the clean-up at interpreter exit send SIGTERM first. An etcd
+SIGKILL: the wheel's etcd is 3.5.1, which a SIGKILL can make forget writes it answered in its
+last ~100 ms: etcd-io/etcd#13766 (3.5.0-3.5.2: the consistent index reaches bbolt ahead of the
+data it covers, so the restart skips those WAL entries and later transactions comparing
+revisions fail; how ``kafscale local`` lost an acked high watermark in CI) and #14370 (before
+3.5.5/3.4.21 a single member answers a write while its raft loop is still writing it to the
+WAL). ``bench/etcd_kill_durability.py`` measures it. On SIGTERM etcd stops its server: the raft
+loop stops only between Readys, after saving, and bbolt commits on close. For the same reason
+``stop()`` and the clean-up at interpreter exit send SIGTERM first. An etcd
 that ignored the signal would be left behind, which the next start handles: an etcd left
 behind (an older version, another machine sharing the directory) holds the data
 directory's lock, and a new one would wait for it and fail after ``start_timeout_s``:
@@ -336,7 +338,8 @@ class EmbeddedEtcd:
         await asyncio.to_thread(self.stop, timeout_s)
 
     def kill(self) -> None:
-        """SIGKILL: a crash, as far as clients can tell."""
+        """SIGKILL: a crash, as far as clients can tell. A real one for the bundled 3.5.1: it
+        may lose writes it answered in the last ~100 ms (module docstring)."""
         process = self._process
         if process is None:
             return
