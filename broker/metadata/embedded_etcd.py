@@ -248,8 +248,8 @@ class EmbeddedEtcd:
 
         They hold the directory's lock, so a new etcd could never start beside them. SIGTERM
         (and SIGCONT, for one left frozen) first: etcd then syncs and exits; SIGKILL after
-        ``_STALE_STOP_TIMEOUT_S``. Raises
-        ``EtcdStartError`` naming the pid if one survives (another user's process).
+        ``_STALE_STOP_TIMEOUT_S``. Raises ``EtcdStartError`` naming the pid if one survives
+        (another user's process).
         """
         own = self.pid
         pids = [pid for pid in etcd_pids_on(self.etcd_dir) if pid != own]
@@ -433,6 +433,7 @@ class EmbeddedEtcd:
         if process is None or process.poll() is not None:
             return
         process.send_signal(signal.SIGTERM)
+        process.send_signal(signal.SIGCONT)  # in case a test froze it
         try:
             process.wait(_EXIT_STOP_TIMEOUT_S)
         except subprocess.TimeoutExpired:
