@@ -34,7 +34,7 @@ from kafscale.broker.metadata.cluster import BrokerInfo, ClusterView, TopicInfo,
 from kafscale.broker.metadata.compaction import Compactor
 from kafscale.broker.metadata.etcd import Etcd
 from kafscale.broker.metadata.etcd_channel import BadEndpoint
-from kafscale.broker.metadata.etcd_connect import connect_etcd
+from kafscale.broker.metadata.etcd_connect import connect_etcd, warn_of_durability_bugs
 from kafscale.broker.metadata.etcd_errors import MetadataError, MetadataUnavailable
 from kafscale.broker.metadata.leaders import leader_for
 from kafscale.broker.metadata.partition_state import PartitionState
@@ -164,6 +164,7 @@ class Broker:
         except MetadataUnavailable as exc:
             await store.close()
             raise StartupError(f"etcd is not reachable: {exc}") from exc
+        await warn_of_durability_bugs(etcd)
         session = await SessionLease.start(etcd, settings.etcd.session_ttl_s)
         view = ClusterView(etcd, settings.cluster)
         await view.start()

@@ -303,8 +303,9 @@ async def run_local(base: BrokerSettings, options: LocalOptions) -> None:
     The stop (after start-up, or cutting a start-up short) is bounded as a broker's is
     (``stop_deadline``): every part is given ``stop_bound_s(limits.shutdown_grace_s)`` from
     the signal, and a part that hangs past it (etcd frozen, a watch that never ends) no longer
-    keeps the whole command alive: it exits with ``EXIT_STOP_DEADLINE`` and the kernel kills
-    the etcd child with it (``die_with_parent``)."""
+    keeps the whole command alive: it exits with ``EXIT_STOP_DEADLINE`` and the kernel sends
+    the etcd child SIGTERM (``die_with_parent``), after ``EmbeddedEtcd.wake`` made sure a
+    frozen etcd can act on it."""
     check_options(base, options)
     try:
         options.data_dir.mkdir(parents=True, exist_ok=True)
@@ -329,6 +330,7 @@ async def run_local(base: BrokerSettings, options: LocalOptions) -> None:
         await stop_within(
             functools.partial(_stop_all, starting, started, etcd),
             stop_bound_s(base.limits.shutdown_grace_s),
+            on_deadline=etcd.wake,
         )
 
 

@@ -5,11 +5,14 @@ runs no clean-up: its children are re-parented to init and run on, holding ports
 data directories. ``kafscale local`` must not leave its etcd behind that way, nor may the test
 harness leave its brokers, etcd, kube-apiserver or radosgw (nor a bench its brokers).
 
-Linux's ``PR_SET_PDEATHSIG`` asks the kernel to send a signal (here SIGKILL) to a process when
-its parent dies. ``die_with_parent`` sets it in the child between fork and exec, so it holds for
-the program exec'd (unless that program is set-user-ID, or changes its user id itself: a child
-meant to run as another user is started with ``Popen(user=...)``, which switches before the
-hook runs). Two limits, both handled or left to the caller:
+Linux's ``PR_SET_PDEATHSIG`` asks the kernel to send a signal to a process when its parent dies:
+SIGKILL by default, or one the program handles by stopping cleanly (etcd gets SIGTERM: the
+bundled etcd 3.5.1, SIGKILLed, can lose writes it has already answered, etcd-io/etcd#13766 and
+#14370; see ``metadata/embedded_etcd.py``). ``die_with_parent`` sets it in the child between
+fork and exec, so it holds for the program exec'd (unless that program is set-user-ID, or
+changes its user id itself: a child meant to run as another user is started with
+``Popen(user=...)``, which switches before the hook runs). Two limits, both handled or left
+to the caller:
 
 * The "parent" is the *thread* that forked: the signal comes when that thread exits, even if
   the process lives on. ``start_bound`` therefore forks from the main thread, or else from one
@@ -48,30 +51,35 @@ _forker: ThreadPoolExecutor | None = None
 _forker_lock = threading.Lock()
 
 
-def die_with_parent(parent_pid: int) -> None:
-    """Runs in the child before exec: SIGKILL from the kernel when the forking thread ends.
+def die_with_parent(parent_pid: int, signum: signal.Signals = signal.SIGKILL) -> None:
+    """Runs in the child before exec: ``signum`` from the kernel when the forking thread ends.
 
     ``parent_pid`` is the starting process's id: if it died between the fork and this call the
-    kernel would never send the signal (the child has a new parent already), so the child ends
-    itself instead.
+    kernel would never send the signal (the child has a new parent already), so the child sends
+    it to itself instead.
     """
     if _prctl is None:
         return
-    _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    _prctl(_PR_SET_PDEATHSIG, signum, 0, 0, 0)
     if os.getppid() != parent_pid:
-        os.kill(os.getpid(), signal.SIGKILL)
+        os.kill(os.getpid(), signum)
 
 
-def _hook(preexec_fn: Callable[[], Any] | None) -> Callable[[], None]:
+def _hook(preexec_fn: Callable[[], Any] | None, signum: signal.Signals) -> Callable[[], None]:
     """``die_with_parent`` for this process, after the caller's own ``preexec_fn`` if any."""
     parent_pid = os.getpid()
 
     def hook() -> None:
         if preexec_fn is not None:
             preexec_fn()
-        die_with_parent(parent_pid)
+        die_with_parent(parent_pid, signum)
 
     return hook
+
+
+def setpriv_signal_name(signum: signal.Signals) -> str:
+    """The name ``setpriv --pdeathsig`` takes for ``signum``: ``KILL`` for SIGKILL."""
+    return signum.name.removeprefix("SIG")
 
 
 @functools.cache
@@ -105,13 +113,21 @@ def _findable(args: Sequence[str], popen_kwargs: dict[str, Any]) -> bool:
     return shutil.which(program, path=path) is not None
 
 
-def start_bound(args: Sequence[str], **popen_kwargs: Any) -> subprocess.Popen[Any]:
-    """``subprocess.Popen(args, **popen_kwargs)`` whose child gets SIGKILL when this process
-    dies; a ``preexec_fn`` given still runs (first). Forked from the main thread or from one
-    long-lived thread, so a short-lived calling thread cannot take the child with it.
+def start_bound(
+    args: Sequence[str],
+    *,
+    parent_death_signal: signal.Signals = signal.SIGKILL,
+    **popen_kwargs: Any,
+) -> subprocess.Popen[Any]:
+    """``subprocess.Popen(args, **popen_kwargs)`` whose child gets ``parent_death_signal``
+    (SIGKILL unless told) when this process dies; a ``preexec_fn`` given still runs (first).
+    A signal other than SIGKILL is for a program that exits on it by itself (etcd on SIGTERM);
+    one that may not must be stopped by whoever starts it next (``EmbeddedEtcd.stop_stale``).
+    Forked from the main thread or from one long-lived thread, so a short-lived calling thread
+    cannot take the child with it.
 
     Without a ``preexec_fn`` of the caller's, the program is started through util-linux's
-    ``setpriv --pdeathsig KILL`` (which sets the signal and execs it, same pid) rather than a
+    ``setpriv --pdeathsig <signal>`` (which sets the signal and execs it, same pid) rather than a
     hook: any ``preexec_fn`` makes ``subprocess`` fork the slow way and run every at-fork
     handler registered in Python, gRPC's included, in the child; with an etcd client's channel
     open in this process such a child has died before its exec (etcd "exited", gRPC's
@@ -123,9 +139,9 @@ def start_bound(args: Sequence[str], **popen_kwargs: Any) -> subprocess.Popen[An
     hook: Callable[[], None] | None = None
     command = args
     if setpriv is not None and preexec_fn is None and _findable(args, popen_kwargs):
-        command = [setpriv, "--pdeathsig", "KILL", "--", *args]
+        command = [setpriv, "--pdeathsig", setpriv_signal_name(parent_death_signal), "--", *args]
     else:
-        hook = _hook(preexec_fn)
+        hook = _hook(preexec_fn, parent_death_signal)
 
     def start() -> subprocess.Popen[Any]:
         process = subprocess.Popen(command, preexec_fn=hook, **popen_kwargs)

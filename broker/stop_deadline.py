@@ -49,11 +49,16 @@ def stop_bound_s(shutdown_grace_s: float) -> float:
     return shutdown_grace_s + CLOSE_MARGIN_S
 
 
-async def stop_within(stop: Callable[[], Coroutine[Any, Any, None]], bound_s: float) -> None:
+async def stop_within(
+    stop: Callable[[], Coroutine[Any, Any, None]],
+    bound_s: float,
+    on_deadline: Callable[[], None] | None = None,
+) -> None:
     """Run ``stop``; if it has not ended after ``bound_s``, log every task's stack and exit the
     process. Arms the watchdog thread first, which also covers what runs after ``stop``
-    returns (the event loop's teardown)."""
-    arm_exit_thread(bound_s + THREAD_SLACK_S)
+    returns (the event loop's teardown). ``on_deadline`` runs (from either) right before the
+    exit: ``kafscale local`` wakes its etcd child there (``EmbeddedEtcd.wake``)."""
+    arm_exit_thread(bound_s + THREAD_SLACK_S, on_deadline)
     stopping = asyncio.create_task(stop(), name="stop")  # a task: its stack stays to be shown
     done, _ = await asyncio.wait({stopping}, timeout=bound_s)
     if done:
@@ -65,31 +70,39 @@ async def stop_within(stop: Callable[[], Coroutine[Any, Any, None]], bound_s: fl
         bound_s,
         task_stacks(tasks),
     )
-    exit_now()
+    exit_now(on_deadline)
 
 
-def arm_exit_thread(after_s: float) -> threading.Timer:
+def arm_exit_thread(
+    after_s: float, on_deadline: Callable[[], None] | None = None
+) -> threading.Timer:
     """A daemon thread that exits the process after ``after_s`` unless it has exited by then,
-    dumping every thread's stack to stderr first."""
-    timer = threading.Timer(after_s, _exit_from_thread, args=(after_s,))
+    dumping every thread's stack to stderr first (and running ``on_deadline``)."""
+    timer = threading.Timer(after_s, _exit_from_thread, args=(after_s, on_deadline))
     timer.daemon = True
     timer.name = "stop-deadline"
     timer.start()
     return timer
 
 
-def _exit_from_thread(after_s: float) -> None:
+def _exit_from_thread(after_s: float, on_deadline: Callable[[], None] | None) -> None:
     print(
         f"kafscale: still running {after_s:g} s after being told to stop; exiting. Threads:",
         file=sys.stderr,
         flush=True,
     )
     faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
-    exit_now()
+    exit_now(on_deadline)
 
 
-def exit_now() -> None:
-    """Flush the logs and end the process at once: no more cleanup, which is what hung."""
+def exit_now(on_deadline: Callable[[], None] | None = None) -> None:
+    """Flush the logs and end the process at once: no more cleanup, which is what hung, but
+    ``on_deadline`` (bounded by its owner) first."""
+    if on_deadline is not None:
+        try:
+            on_deadline()
+        except Exception:  # the exit must happen whatever it raised
+            log.exception("before exiting")
     for handler in logging.getLogger().handlers:
         with contextlib.suppress(Exception):  # a broken log stream must not keep us alive
             handler.flush()

@@ -9,10 +9,19 @@ writes its log to ``<data_dir>/etcd.log``. Ports and data survive ``restart()``,
 the watch-resumption tests need.
 
 An etcd started with ``die_with_parent=True`` (``kafscale local``, the test harness) gets
-SIGKILL from the kernel when the process that started it dies, however it dies (``kill -9``, the
+SIGTERM from the kernel when the process that started it dies, however it dies (``kill -9``, the
 OOM killer): Linux's ``PR_SET_PDEATHSIG``, through ``parent_death.start_bound`` (which also
-forks from a thread that lives as long as the process, as the signal requires). An etcd left
-behind anyway (an older version, another machine sharing the directory) holds the data
+forks from a thread that lives as long as the process, as the signal requires). SIGTERM, not
+SIGKILL: the wheel's etcd is 3.5.1, which a SIGKILL can make forget writes it answered in its
+last ~100 ms: etcd-io/etcd#13766 (3.5.0-3.5.2: the consistent index reaches bbolt ahead of the
+data it covers, so the restart skips those WAL entries and later transactions comparing
+revisions fail; how ``kafscale local`` lost an acked high watermark in CI) and #14370 (before
+3.5.5/3.4.21 a single member answers a write while its raft loop is still writing it to the
+WAL). ``bench/etcd_kill_durability.py`` measures it. On SIGTERM etcd stops its server: the raft
+loop stops only between Readys, after saving, and bbolt commits on close. For the same reason
+``stop()`` and the clean-up at interpreter exit send SIGTERM first. An etcd
+that ignored the signal would be left behind, which the next start handles: an etcd left
+behind (an older version, another machine sharing the directory) holds the data
 directory's lock, and a new one would wait for it and fail after ``start_timeout_s``:
 ``stop_stale()`` finds etcd processes running on the same data directory (through ``/proc``)
 and stops them first.
@@ -30,6 +39,7 @@ from __future__ import annotations
 import asyncio
 import atexit
 import contextlib
+import functools
 import importlib.resources
 import json
 import os
@@ -50,6 +60,9 @@ _HEALTH_POLL_S = 0.02
 _HEALTH_REQUEST_TIMEOUT_S = 0.5
 _LOG_TAIL_BYTES = 4000
 _STALE_STOP_TIMEOUT_S = 5.0
+_EXIT_STOP_TIMEOUT_S = 5.0
+PARENT_DEATH_SIGNAL = signal.SIGTERM
+"""What the kernel sends a ``die_with_parent`` etcd when its parent dies (module docstring)."""
 
 
 class EtcdBinaryNotFound(RuntimeError):
@@ -216,7 +229,11 @@ class EmbeddedEtcd:
             log_file.flush()
             # Its own session: a Ctrl-C in the terminal reaches the whole foreground process
             # group, and etcd must outlive the brokers' handoff; its owner stops it afterwards.
-            start = start_bound if self.die_with_parent else subprocess.Popen
+            start = (
+                functools.partial(start_bound, parent_death_signal=PARENT_DEATH_SIGNAL)
+                if self.die_with_parent
+                else subprocess.Popen
+            )
             self._process = start(
                 self.command(),
                 stdout=log_file,
@@ -230,14 +247,16 @@ class EmbeddedEtcd:
         """Stop etcd processes left running on this data directory; returns their pids.
 
         They hold the directory's lock, so a new etcd could never start beside them. SIGTERM
-        first (etcd then syncs and exits), SIGKILL after ``_STALE_STOP_TIMEOUT_S``. Raises
-        ``EtcdStartError`` naming the pid if one survives (another user's process).
+        (and SIGCONT, for one left frozen) first: etcd then syncs and exits; SIGKILL after
+        ``_STALE_STOP_TIMEOUT_S``. Raises ``EtcdStartError`` naming the pid if one survives
+        (another user's process).
         """
         own = self.pid
         pids = [pid for pid in etcd_pids_on(self.etcd_dir) if pid != own]
         for pid in pids:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGTERM)
+                os.kill(pid, signal.SIGCONT)  # one frozen when its parent died acts on it now
         deadline = time.monotonic() + _STALE_STOP_TIMEOUT_S
         while self._running_of(pids) and time.monotonic() < deadline:
             time.sleep(_HEALTH_POLL_S)
@@ -305,11 +324,22 @@ class EmbeddedEtcd:
                 process.wait()
         self._forget()
 
+    def wake(self) -> None:
+        """SIGCONT, for a process about to exit past its stop deadline (``kafscale local``):
+        the kernel's SIGTERM at its death (``die_with_parent``) would stay pending for good in
+        an etcd frozen with SIGSTOP, which SIGKILL used to end. Waits for nothing: the exit
+        closes the in-process clients' connections, so etcd's own graceful stop is quick (its
+        gRPC servers wait up to ~7 s for open streams)."""
+        process = self._process
+        if process is not None and process.poll() is None:
+            process.send_signal(signal.SIGCONT)
+
     async def stop_async(self, timeout_s: float = 5.0) -> None:
         await asyncio.to_thread(self.stop, timeout_s)
 
     def kill(self) -> None:
-        """SIGKILL: a crash, as far as clients can tell."""
+        """SIGKILL: a crash, as far as clients can tell. A real one for the bundled 3.5.1: it
+        may lose writes it answered in the last ~100 ms (module docstring)."""
         process = self._process
         if process is None:
             return
@@ -396,6 +426,15 @@ class EmbeddedEtcd:
         atexit.unregister(self._kill_at_exit)
 
     def _kill_at_exit(self) -> None:
-        """Do not leave an etcd behind when the interpreter exits without ``stop()``."""
-        if self._process is not None and self._process.poll() is None:
-            self._process.kill()
+        """Do not leave an etcd behind when the interpreter exits without ``stop()``: SIGTERM
+        (a SIGKILL could lose its last answered writes, see the module docstring), SIGKILL if
+        it has not exited within ``_EXIT_STOP_TIMEOUT_S``."""
+        process = self._process
+        if process is None or process.poll() is not None:
+            return
+        process.send_signal(signal.SIGTERM)
+        process.send_signal(signal.SIGCONT)  # in case a test froze it
+        try:
+            process.wait(_EXIT_STOP_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            process.kill()

@@ -414,6 +414,17 @@ class Etcd:
         )
         return int(response.deleted)
 
+    async def server_version(self) -> str:
+        """The etcd version the current member reports (the maintenance Status RPC)."""
+        response = await self._call("status", self._status)
+        return str(response.version)
+
+    async def _status(self) -> Any:
+        client = self._client
+        return await client.maintenancestub.Status(
+            rpc.StatusRequest(), timeout=self.timeout_s, metadata=client.metadata
+        )
+
     async def compact(self, revision: int) -> None:
         """Drop history before ``revision`` (watches from older revisions then RESYNC)."""
         await self._call("compact", lambda: self._client.compact(revision, physical=True))

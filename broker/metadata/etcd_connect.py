@@ -12,12 +12,15 @@ import logging
 
 from kafscale.broker.metadata.etcd import Etcd
 from kafscale.broker.metadata.etcd_channel import EtcdTls
-from kafscale.broker.metadata.etcd_errors import MetadataUnavailable
+from kafscale.broker.metadata.etcd_errors import MetadataError, MetadataUnavailable
+from kafscale.broker.metadata.etcd_versions import durability_warning
 from kafscale.broker.store_settings import EtcdConnectionSettings
 
 log = logging.getLogger(__name__)
 
 STARTUP_ATTEMPTS = 3
+
+_warned_versions: set[str] = set()
 
 
 async def connect_etcd(
@@ -48,3 +51,18 @@ async def _connect_once(config: EtcdConnectionSettings) -> Etcd:
         password=None if config.password is None else config.password.get_secret_value(),
         tls=EtcdTls(config.ca_file, config.cert_file, config.key_file),
     )
+
+
+async def warn_of_durability_bugs(etcd: Etcd) -> None:
+    """Log one WARNING if etcd's version is known to lose acknowledged writes on a crash
+    (``etcd_versions``): once per process and version, since ``kafscale local`` runs several
+    brokers in one process. Best effort: a Status call that fails is no reason not to start."""
+    try:
+        version = await etcd.server_version()
+    except MetadataError as exc:
+        log.debug("could not read etcd's version: %s", exc)
+        return
+    warning = durability_warning(version)
+    if warning is not None and version not in _warned_versions:
+        _warned_versions.add(version)
+        log.warning("%s", warning)

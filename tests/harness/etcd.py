@@ -36,6 +36,15 @@ raised MetadataUnavailable from ``Etcd.connect``), though no product code was in
 
 HARNESS_CONNECT_ATTEMPTS = 5
 
+SETTLE_BEFORE_SIGKILL_S = 0.5
+"""How long a test leaves the bundled etcd (3.5.1) idle before it SIGKILLs it when the writes
+it answered just before must survive the kill. SIGKILLed, 3.5.1 can lose writes it answered
+within its last backend commit interval (100 ms): etcd-io/etcd#13766 (the consistent index
+reaches bbolt ahead of the data; the restart skips the entries) and #14370 (a single member
+answers before its WAL write); see test_etcd_parent_death.py. With nothing in flight for longer
+than that, its last commit holds everything it answered. Not a speed: a crash "after the writes
+were durable" is the scenario such a test means."""
+
 
 async def harness_etcd(url: str) -> Etcd:
     """A client to ``url`` for a test's own set-up or inspection: connected through the

@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import aclosing, asynccontextmanager
 
 import pytest
+from harness.etcd import SETTLE_BEFORE_SIGKILL_S
 from harness.ports import closed_port
 
 from kafscale.broker.metadata import keys
@@ -266,6 +267,8 @@ async def test_watch_resumes_after_restart_without_loss(
             consumer = group.create_task(consume(start))
             for i in range(5):
                 await writer.put(expected[i], b"before")
+            if not graceful:  # a crash after they are durable: what a 3.5.1 needs for that
+                await asyncio.sleep(SETTLE_BEFORE_SIGKILL_S)
             await etcd_server_private.restart_async(graceful=graceful)
             # Written while the watcher is still reconnecting: it must replay them.
             for i in range(5, 10):
@@ -291,6 +294,7 @@ async def test_suspended_watch_replays_writes_made_during_restart(
         async with aclosing(watcher_client.watch_prefix(prefix, start)) as events:
             await writer.put(keys.broker_key("replay", 1), b"before")
             first = await asyncio.wait_for(anext(events), TIMEOUT_S)
+            await asyncio.sleep(SETTLE_BEFORE_SIGKILL_S)  # a crash once "before" is durable
             await etcd_server_private.restart_async(graceful=False)
             after = [
                 await put_until_accepted(writer, keys.broker_key("replay", i), b"after")
