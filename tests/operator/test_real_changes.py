@@ -206,3 +206,30 @@ async def test_broker_and_proxy_pods_run_as_the_service_account_the_spec_names(
             assert not any("token" in v or "kube-api-access" in v for v in volumes), volumes
     explained = kube.kubectl("explain", "kafscalecluster.spec.brokers.serviceAccountName")
     assert "IRSA" in " ".join(explained.stdout.split())
+
+
+async def test_a_proxy_service_type_change_back_to_cluster_ip_applies(
+    kube_cluster: KubeCluster, kafscale_chart: InstalledChart, kube_namespace: str
+) -> None:
+    """The other immutable-looking field a spec reaches: a Service's allocated node ports.
+    ``LoadBalancer`` → ``ClusterIP`` applies on 1.20 (the server drops the node ports the
+    operator never owned), so the operator needs no refusal for it."""
+    ns, kube = kube_namespace, kube_cluster
+    cluster, _, _ = _paths(ns)
+    service = f"/api/v1/namespaces/{ns}/services/demo-proxy"
+    spec = {**MANAGED, "proxy": {"enabled": True, "serviceType": "LoadBalancer"}}
+    async with operator_thread(operator_settings(kafscale_chart)):
+        kube.create(CLUSTERS.format(ns=ns), cluster_manifest("demo", ns, spec))
+        await settle(
+            lambda: ((kube.get(service) or {}).get("spec") or {}).get("type") == "LoadBalancer",
+            what="the proxy Service",
+        )
+        kube.merge_patch(cluster, {"spec": {"proxy": {"serviceType": "ClusterIP"}}})
+        await settle(
+            lambda: kube.get(service)["spec"]["type"] == "ClusterIP",
+            what="the proxy Service back to ClusterIP",
+        )
+        ports = kube.get(service)["spec"]["ports"]
+        assert all("nodePort" not in port for port in ports), ports
+        degraded = condition_of(kube.get(cluster), "Degraded")
+        assert degraded is None or degraded[1] != "ApplyFailed", degraded
