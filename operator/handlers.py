@@ -38,6 +38,7 @@ from kafscale.operator.events import (
     readiness_notices,
     scale_notice,
 )
+from kafscale.operator.handler_errors import HandlerErrors
 from kafscale.operator.kube import Kube, KubeError, load_configuration
 from kafscale.operator.metrics import OperatorMetrics
 from kafscale.operator.model_base import Condition
@@ -150,8 +151,10 @@ def register(
     registry: kopf.OperatorRegistry, config: OperatorSettings, metrics: OperatorMetrics
 ) -> None:
     """Register every handler of the operator into ``registry`` (each counted and timed in
-    ``metrics``, the lease balancer's long-lived daemon excepted)."""
-    register_users(registry, config, metrics)
+    ``metrics`` and each failure posted as a Warning Event, the lease balancer's long-lived
+    daemon excepted)."""
+    errors = HandlerErrors(config.error_event_interval_s)
+    register_users(registry, config, metrics, errors)
 
     @kopf.on.startup(registry=registry)
     async def startup(memo: Any, settings: kopf.OperatorSettings, **_: Any) -> None:
@@ -160,6 +163,9 @@ def register(
         settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
             prefix=GROUP, key="last-handled-configuration"
         )
+        # Only Warnings of ours (kopf.warn, kopf.event) are posted; kopf's own log records are
+        # never posted (settings.posting.loggers stays off: every handler warning, tracebacks
+        # included, unlimited). Handler failures are posted by ``errors``, one line each.
         settings.posting.level = logging.WARNING
         settings.watching.server_timeout = 300
         kube = Kube(load_configuration(config), config.api_timeout_s)
@@ -204,6 +210,7 @@ def register(
     @kopf.on.create(*CLUSTERS, registry=registry)
     @kopf.on.update(*CLUSTERS, field="spec", registry=registry)
     @metrics.timed
+    @errors.reported
     async def reconcile_cluster(
         body: Any, status: Any, patch: kopf.Patch, memo: Any, logger: Any, **_: Any
     ) -> None:
@@ -236,6 +243,7 @@ def register(
 
     @kopf.timer(*CLUSTERS, interval=config.status_interval_s, registry=registry)
     @metrics.timed
+    @errors.reported
     async def refresh_cluster_status(
         body: Any, meta: Any, status: Any, patch: kopf.Patch, memo: Any, logger: Any, **_: Any
     ) -> None:
@@ -278,6 +286,7 @@ def register(
         registry=registry,
     )
     @metrics.timed
+    @errors.reported
     async def repair_cluster_objects(
         body: Any, meta: Any, status: Any, memo: Any, **_: Any
     ) -> None:
@@ -305,6 +314,7 @@ def register(
 
     @kopf.on.delete(*CLUSTERS, registry=registry, retries=DELETE_ATTEMPTS, backoff=3)
     @metrics.timed
+    @errors.reported
     async def delete_cluster(
         body: Any, memo: Any, logger: Any, patch: kopf.Patch, retry: int, **_: Any
     ) -> None:
@@ -345,6 +355,7 @@ def register(
         registry=registry,
     )
     @metrics.timed
+    @errors.reported
     async def drain_terminating_broker(body: Any, memo: Any, logger: Any, **_: Any) -> None:
         try:
             ref, drained = await reconcile.drain_broker_pod(_runtime(memo), dict(body))
@@ -361,6 +372,7 @@ def register(
     @kopf.on.create(*TOPICS, registry=registry)
     @kopf.on.update(*TOPICS, field="spec", registry=registry)
     @metrics.timed
+    @errors.reported
     async def reconcile_topic_resource(
         body: Any, meta: Any, status: Any, patch: kopf.Patch, memo: Any, logger: Any, **_: Any
     ) -> None:
@@ -404,6 +416,7 @@ def register(
 
     @kopf.on.delete(*TOPICS, registry=registry, retries=10, backoff=3)
     @metrics.timed
+    @errors.reported
     async def delete_topic_resource(body: Any, meta: Any, memo: Any, logger: Any, **_: Any) -> None:
         runtime = _runtime(memo)
         spec = parse_topic_spec(body.get("spec") or {})

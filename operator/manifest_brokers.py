@@ -97,7 +97,7 @@ def build_broker_deployment(ref: ClusterRef, spec: KafScaleClusterSpec) -> Manif
         "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}, *tls_mounts(spec)],
     }
     pod_spec: dict[str, Any] = {
-        **pod_common(spec),
+        **pod_common(spec, brokers.service_account_name),
         "terminationGracePeriodSeconds": brokers.termination_grace_period_seconds,
         "containers": [container],
         "volumes": [{"name": "tmp", "emptyDir": {}}, *tls_volumes(ref, spec)],

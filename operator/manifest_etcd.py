@@ -175,27 +175,3 @@ def build_etcd_pdb(ref: ClusterRef, spec: KafScaleClusterSpec) -> Manifest:
         {"minAvailable": replicas // 2 + 1} if replicas > 1 else {"maxUnavailable": 1}
     )
     return pod_disruption_budget(ref, naming.etcd_name(ref.name), naming.ETCD, budget)
-
-
-def keep_claim_labels(manifest: Manifest, live: Manifest | None) -> Manifest:
-    """``manifest`` (the etcd StatefulSet) with the claim templates' labels of the ``live`` one.
-
-    A StatefulSet's ``volumeClaimTemplates`` cannot change after creation: any difference makes
-    the API server refuse the whole apply (422), and the reconcile stopped there. A StatefulSet
-    made by an operator of another version carries that version's label in its claim template;
-    that label stays. (A changed ``storageSize`` is still refused, visibly: ``ApplyFailed``.)
-    """
-    live_claims = {
-        claim["metadata"]["name"]: claim["metadata"].get("labels")
-        for claim in ((live or {}).get("spec") or {}).get("volumeClaimTemplates") or []
-    }
-    if not live_claims:
-        return manifest
-    claims = []
-    for claim in manifest["spec"]["volumeClaimTemplates"]:
-        name = claim["metadata"]["name"]
-        metadata = {key: value for key, value in claim["metadata"].items() if key != "labels"}
-        if live_claims.get(name):
-            metadata["labels"] = live_claims[name]
-        claims.append({**claim, "metadata": metadata})
-    return {**manifest, "spec": {**manifest["spec"], "volumeClaimTemplates": claims}}

@@ -90,12 +90,20 @@ def pod_disruption_budget(
     }
 
 
-def pod_common(spec: KafScaleClusterSpec) -> dict[str, Any]:
+def pod_common(spec: KafScaleClusterSpec, service_account: str | None = None) -> dict[str, Any]:
+    """Fields every pod shares. No ServiceAccount token by default: no pod of a cluster calls
+    the Kubernetes API. A pod given ``service_account`` (IRSA, GKE or Azure workload identity:
+    S3 access by the pod's identity) runs as it, and that ServiceAccount's own
+    ``automountServiceAccountToken`` decides about the token (the identity webhooks project
+    their own token volume either way)."""
     common: dict[str, Any] = {
         "securityContext": pod_security_context(),
-        "automountServiceAccountToken": False,
         "enableServiceLinks": False,
     }
+    if service_account:
+        common["serviceAccountName"] = service_account
+    else:
+        common["automountServiceAccountToken"] = False
     if spec.image_pull_secrets:
         common["imagePullSecrets"] = [{"name": name} for name in spec.image_pull_secrets]
     return common

@@ -87,7 +87,7 @@ def build_proxy_deployment(ref: ClusterRef, spec: KafScaleClusterSpec) -> Manife
                     },
                 },
                 "spec": {
-                    **pod_common(spec),
+                    **pod_common(spec, spec.proxy.service_account_name),
                     "containers": [container],
                     "volumes": volumes,
                     **pod_spread(ref, naming.PROXY),

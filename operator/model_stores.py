@@ -68,10 +68,15 @@ class EtcdSpec(ApiModel):
         default=DEFAULT_ETCD_IMAGE, min_length=1, description="Image of the managed etcd."
     )
     storage_size: Quantity = Field(
-        default="1Gi", description="Volume size of each managed etcd member."
+        default="1Gi",
+        description="Volume size of each managed etcd member. Fixed once the cluster exists "
+        "(a StatefulSet's claim templates cannot change): the operator keeps the old size and "
+        "reports ImmutableFieldChanged; docs/operations-kubernetes.md says how to grow them.",
     )
     storage_class_name: str | None = Field(
-        default=None, description="StorageClass of the etcd volumes."
+        default=None,
+        description="StorageClass of the etcd volumes. Fixed once the cluster exists, like "
+        "storageSize.",
     )
     resources: ResourceRequirements | None = Field(
         default=None, description="etcd container resources."

@@ -57,6 +57,16 @@ class BrokerSpec(ApiModel):
     priority_class_name: str | None = Field(
         default=None, description="PriorityClass of broker pods."
     )
+    service_account_name: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=253,
+        pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$",
+        description="ServiceAccount the broker pods run as, e.g. one annotated for IRSA or "
+        "workload identity so they reach S3 by the pod's identity. Unset: the namespace's "
+        "default ServiceAccount with no API token mounted (the pods never call the Kubernetes "
+        "API); set: that ServiceAccount's automountServiceAccountToken decides.",
+    )
 
 
 class ServiceType(StrEnum):
@@ -80,6 +90,16 @@ class ProxySpec(ApiModel):
     )
     resources: ResourceRequirements | None = Field(
         default=None, description="Proxy container resources."
+    )
+    service_account_name: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=253,
+        pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$",
+        description="ServiceAccount the proxy pods run as, e.g. one annotated for IRSA or "
+        "workload identity so they reach S3 by the pod's identity. Unset: the namespace's "
+        "default ServiceAccount with no API token mounted (the pods never call the Kubernetes "
+        "API); set: that ServiceAccount's automountServiceAccountToken decides.",
     )
 
 

@@ -18,12 +18,11 @@ from typing import Any
 from kafscale.broker.metadata import keys
 from kafscale.broker.metadata.etcd_errors import MetadataError
 from kafscale.broker.storage.object_store import ObjectStoreError
-from kafscale.operator import certificates, manifests, naming
+from kafscale.operator import certificates, immutable, manifests, naming
 from kafscale.operator.certificates import CERT_MANAGER_API
 from kafscale.operator.discovery import ServerCapabilities, fit_to_server
 from kafscale.operator.events import Notice, rebalance_notice
 from kafscale.operator.kube import KubeError
-from kafscale.operator.manifest_etcd import keep_claim_labels
 from kafscale.operator.model_cluster_status import LeaseStatus
 from kafscale.operator.model_stores import EtcdMode
 from kafscale.operator.models import (
@@ -62,20 +61,32 @@ def utc_now() -> str:
 async def apply_cluster(runtime: Runtime, ref: ClusterRef, spec: KafScaleClusterSpec) -> list[str]:
     """Apply every desired object the server serves, then delete the ones no longer wanted.
 
-    Returns what was left out because the server does not serve it (also kept for the status).
+    A change the live etcd cannot take (see :mod:`immutable`) is kept for the status: a
+    changed claim keeps the live one and the rest is applied; a changed member list applies
+    nothing. Returns what was left out because the server does not serve it.
     """
     kube, capabilities = runtime.kube, runtime.capabilities
+    key = (ref.namespace, ref.name)
     try:
         cert_manager = await _use_cert_manager(runtime, ref, spec)
         objects = manifests.build_cluster_objects(ref, spec, cert_manager=cert_manager)
         wanted, left_out = fit_to_server(objects, capabilities)
-        runtime.left_out[(ref.namespace, ref.name)] = left_out
-        runtime.applied_with[(ref.namespace, ref.name)] = capabilities
+        runtime.left_out[key] = left_out
+        live_etcd = await _live_statefulset(runtime, ref, wanted)
+        refusals = immutable.etcd_refusals(_statefulset(wanted), live_etcd)
+        runtime.refused[key] = immutable.refusal_message(refusals)
+        if immutable.blocks_cluster(refusals):
+            log.warning("%s/%s: %s", ref.namespace, ref.name, runtime.refused[key])
+            runtime.apply_errors.pop(key, None)
+            return left_out
+        runtime.applied_with[key] = capabilities
         if not cert_manager:  # the Secrets the pods mount, before the pods
             await ensure_certificate_secrets(kube, ref, spec, datetime.datetime.now(datetime.UTC))
         await ensure_token_secret(kube, ref, spec)  # the pods read it too
         for manifest in wanted:
-            await kube.apply(await _fit_to_live(runtime, ref, manifest))
+            if manifest["kind"] == "StatefulSet":
+                manifest = immutable.keep_live_claims(manifest, live_etcd)
+            await kube.apply(manifest)
         obsolete = manifests.obsolete_object_ids(ref, spec, cert_manager=cert_manager)
         for api_version, kind, name in obsolete:
             if not capabilities.serves(api_version):
@@ -83,23 +94,26 @@ async def apply_cluster(runtime: Runtime, ref: ClusterRef, spec: KafScaleCluster
             if await kube.delete(api_version, kind, ref.namespace, name):
                 log.info("deleted %s %s/%s (no longer wanted)", kind, ref.namespace, name)
     except KubeError as exc:
-        runtime.apply_errors[(ref.namespace, ref.name)] = str(exc)
+        runtime.apply_errors[key] = str(exc)
         raise
-    runtime.apply_errors.pop((ref.namespace, ref.name), None)
+    runtime.apply_errors.pop(key, None)
     return left_out
 
 
-async def _fit_to_live(
-    runtime: Runtime, ref: ClusterRef, manifest: dict[str, Any]
-) -> dict[str, Any]:
-    """What cannot change once created is taken from the live object (the etcd StatefulSet's
-    claim templates); every other manifest as built."""
-    if manifest["kind"] != "StatefulSet":
-        return manifest
-    live = await runtime.kube.get(
-        manifest["apiVersion"], "StatefulSet", ref.namespace, manifest["metadata"]["name"]
+def _statefulset(manifests_: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The managed etcd's StatefulSet among ``manifests_`` (the only StatefulSet a cluster has)."""
+    return next((m for m in manifests_ if m["kind"] == "StatefulSet"), None)
+
+
+async def _live_statefulset(
+    runtime: Runtime, ref: ClusterRef, wanted: list[dict[str, Any]]
+) -> dict[str, Any] | None:
+    desired = _statefulset(wanted)
+    if desired is None:
+        return None
+    return await runtime.kube.get(
+        desired["apiVersion"], "StatefulSet", ref.namespace, desired["metadata"]["name"]
     )
-    return keep_claim_labels(manifest, live)
 
 
 async def _use_cert_manager(runtime: Runtime, ref: ClusterRef, spec: KafScaleClusterSpec) -> bool:
@@ -153,6 +167,7 @@ async def observe_cluster(
         proxy_deployment=proxy,
         etcd_statefulset=statefulset,
         apply_error=runtime.apply_errors.get((ref.namespace, ref.name)),
+        refused=runtime.refused.get((ref.namespace, ref.name)),
         left_out=_left_out(runtime.left_out.get((ref.namespace, ref.name))),
         server_version=runtime.capabilities.version,
         etcd_error=etcd_error,

@@ -91,6 +91,8 @@ class Runtime:
     _discovery_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     # (namespace, name) → the last error applying a cluster's objects (cleared on success).
     apply_errors: dict[tuple[str, str], str] = field(default_factory=dict)
+    # (namespace, name) → why the last apply refused a spec change (see ``immutable``), or None.
+    refused: dict[tuple[str, str], str | None] = field(default_factory=dict)
     # (namespace, name) → what the last apply left out because the server does not serve it.
     left_out: dict[tuple[str, str], list[str]] = field(default_factory=dict)
     # Private directory for the etcd client certificates the operator presents (gRPC reads files).
@@ -130,7 +132,13 @@ class Runtime:
 
     def forget(self, namespace: str, name: str) -> None:
         """Drop what is kept of a deleted cluster."""
-        for kept in (self.apply_errors, self.left_out, self.applied_with, self.reported):
+        for kept in (
+            self.apply_errors,
+            self.refused,
+            self.left_out,
+            self.applied_with,
+            self.reported,
+        ):
             kept.pop((namespace, name), None)
 
     async def close(self) -> None:

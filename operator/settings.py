@@ -60,6 +60,14 @@ class OperatorSettings(BaseSettings):
         default="http://0.0.0.0:8080/healthz",
         description="kopf's liveness probe endpoint (None: off).",
     )
+    error_event_interval_s: float = Field(
+        default=300.0,
+        gt=0,
+        description=(
+            "A handler failing again with the same error posts its ReconcileFailed Warning "
+            "Event on the resource at most this often (a new error is posted at once)."
+        ),
+    )
     log_level: str = Field(default="INFO", description="Python logging level.")
     metrics_port: int = Field(
         default=8081, ge=0, le=65535, description="Port of the operator's GET /metrics (0: off)."

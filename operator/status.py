@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kafscale.operator import naming
+from kafscale.operator.immutable import REASON as IMMUTABLE_FIELD_CHANGED
 from kafscale.operator.listeners import listener_status
 from kafscale.operator.model_base import Condition, ConditionStatus
 from kafscale.operator.model_cluster_status import BrokerStatus, LeaseStatus
@@ -80,6 +81,7 @@ class ClusterObservation:
     etcd_statefulset: dict[str, Any] | None = None  # the live StatefulSet (managed etcd)
     spec_error: str | None = None  # the spec cannot be built (unknown config key...)
     apply_error: str | None = None  # the API server refused an object
+    refused: str | None = None  # a spec change the live objects cannot take (``immutable``)
     etcd_error: str | None = None  # etcd could not be reached or read
     registered_brokers: int | None = None
     leases: LeaseStatus | None = None
@@ -162,6 +164,8 @@ def compute_cluster_status(
     degraded: tuple[str, str] | None = None
     if observed.spec_error:
         degraded = ("InvalidSpec", observed.spec_error)
+    elif observed.refused:
+        degraded = (IMMUTABLE_FIELD_CHANGED, observed.refused)
     elif observed.apply_error:
         degraded = ("ApplyFailed", observed.apply_error)
     elif stalled:

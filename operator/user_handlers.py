@@ -20,6 +20,7 @@ from kafscale.broker.metadata.etcd_errors import MetadataError
 from kafscale.broker.protocol.errors import MetadataTimeout
 from kafscale.operator import naming, reconcile
 from kafscale.operator.events import readiness_notices
+from kafscale.operator.handler_errors import HandlerErrors
 from kafscale.operator.kube import KubeError
 from kafscale.operator.metrics import OperatorMetrics
 from kafscale.operator.model_user_access import SecretKeySelector
@@ -163,9 +164,12 @@ def _resync_due(body: Any) -> bool:
 
 
 def register_users(
-    registry: kopf.OperatorRegistry, config: OperatorSettings, metrics: OperatorMetrics
+    registry: kopf.OperatorRegistry,
+    config: OperatorSettings,
+    metrics: OperatorMetrics,
+    errors: HandlerErrors,
 ) -> None:
-    """Register the KafScaleUser handlers into ``registry``."""
+    """Register the KafScaleUser handlers into ``registry`` (failures posted by ``errors``)."""
     # One reconcile at a time per user: the resync timer and the change handlers run apart.
     locks: dict[tuple[str, str], asyncio.Lock] = {}
 
@@ -192,6 +196,7 @@ def register_users(
     @kopf.on.create(*USERS, registry=registry)
     @kopf.on.update(*USERS, field="spec", registry=registry)
     @metrics.timed
+    @errors.reported
     async def reconcile_user_resource(
         body: Any, status: Any, patch: kopf.Patch, memo: Any, logger: Any, **_: Any
     ) -> None:
@@ -214,6 +219,7 @@ def register_users(
         registry=registry,
     )
     @metrics.timed
+    @errors.reported
     async def resync_user(meta: Any, patch: kopf.Patch, memo: Any, logger: Any, **_: Any) -> None:
         key = (meta["namespace"], meta["name"])
         async with locks.setdefault(key, asyncio.Lock()):
@@ -237,6 +243,7 @@ def register_users(
 
     @kopf.on.delete(*USERS, registry=registry, retries=10, backoff=3)
     @metrics.timed
+    @errors.reported
     async def delete_user_resource(body: Any, meta: Any, memo: Any, logger: Any, **_: Any) -> None:
         runtime: Runtime = memo.runtime
         try:

@@ -9,7 +9,14 @@ import kubernetes_validate
 import pytest
 from harness.cluster_specs import REF, THREE_LISTENERS, cluster_spec, external_etcd
 
-from kafscale.operator import manifest_brokers, manifest_config, manifest_etcd, manifests, naming
+from kafscale.operator import (
+    immutable,
+    manifest_brokers,
+    manifest_config,
+    manifest_etcd,
+    manifests,
+    naming,
+)
 from kafscale.operator.brokerconfig import InvalidBrokerConfig, broker_config_env
 from kafscale.operator.models import KafScaleClusterSpec, parse_cluster_spec
 
@@ -33,8 +40,14 @@ SPECS: dict[str, dict[str, Any]] = {
             "terminationGracePeriodSeconds": 45,
             "nodeSelector": {"kubernetes.io/arch": "amd64"},
             "priorityClassName": "high",
+            "serviceAccountName": "kafscale-s3",
         },
-        "proxy": {"enabled": True, "replicas": 3, "serviceType": "LoadBalancer"},
+        "proxy": {
+            "enabled": True,
+            "replicas": 3,
+            "serviceType": "LoadBalancer",
+            "serviceAccountName": "kafscale-proxy",
+        },
         "etcd": {"replicas": 5, "storageSize": "10Gi", "storageClassName": "fast"},
         "storage": {
             "bucket": "bucket-1",
@@ -382,15 +395,45 @@ def test_an_operator_upgrade_changes_no_pod_or_claim_template(
 
 def test_the_etcd_claim_template_keeps_the_labels_it_was_made_with() -> None:
     built = by_kind(manifests.build_cluster_objects(REF, spec_of("defaults")), "StatefulSet")
-    assert manifest_etcd.keep_claim_labels(built, None) == built
+    assert immutable.keep_live_claims(built, None) == built
     live = json.loads(json.dumps(built))
     old_labels = {**live["spec"]["volumeClaimTemplates"][0]["metadata"]["labels"]}
     old_labels[naming.LABEL_VERSION] = "0.1.0"  # what an operator before this fix wrote
     live["spec"]["volumeClaimTemplates"][0]["metadata"]["labels"] = old_labels
     live["spec"]["volumeClaimTemplates"][0]["status"] = {"phase": "Pending"}
-    kept = manifest_etcd.keep_claim_labels(built, live)
+    kept = immutable.keep_live_claims(built, live)
     (claim,) = kept["spec"]["volumeClaimTemplates"]
     assert claim["metadata"]["labels"] == old_labels
     assert claim["spec"] == built["spec"]["volumeClaimTemplates"][0]["spec"]  # still ours
     assert "status" not in claim
     assert kept["spec"]["template"] == built["spec"]["template"]
+
+
+def _pod_spec(objects: list[dict[str, Any]], kind: str, name: str) -> dict[str, Any]:
+    pod: dict[str, Any] = by_kind(objects, kind, name)["spec"]["template"]["spec"]
+    return pod
+
+
+def test_broker_and_proxy_pods_run_as_the_service_account_the_spec_names() -> None:
+    """IRSA / workload identity: S3 access by the pod's ServiceAccount. Unset, every pod runs
+    as the namespace's default ServiceAccount with no API token (no pod calls the API)."""
+    named = manifests.build_cluster_objects(REF, spec_of("everything"))
+    broker = _pod_spec(named, "Deployment", "demo-broker")
+    proxy = _pod_spec(named, "Deployment", "demo-proxy")
+    assert broker["serviceAccountName"] == "kafscale-s3"
+    assert proxy["serviceAccountName"] == "kafscale-proxy"
+    # The named ServiceAccount's own automountServiceAccountToken decides.
+    assert "automountServiceAccountToken" not in broker
+    assert "automountServiceAccountToken" not in proxy
+    etcd = _pod_spec(named, "StatefulSet", "demo-etcd")
+    assert "serviceAccountName" not in etcd and etcd["automountServiceAccountToken"] is False
+    plain = manifests.build_cluster_objects(REF, spec_of("secured"))
+    for kind, name in (("Deployment", "demo-broker"), ("Deployment", "demo-proxy")):
+        pod = _pod_spec(plain, kind, name)
+        assert "serviceAccountName" not in pod and pod["automountServiceAccountToken"] is False
+
+
+@pytest.mark.parametrize("bad", ["", "Upper", "-dash", "a" * 254])
+def test_a_service_account_name_that_kubernetes_refuses_is_refused_here(bad: str) -> None:
+    with pytest.raises(ValueError):
+        parse_cluster_spec(cluster_spec(brokers={"serviceAccountName": bad}))

@@ -142,6 +142,26 @@ def test_scaling_reasons() -> None:
     assert conditions(stale)["Progressing"] == ("True", "RollingUpdate")
 
 
+def test_a_refused_spec_change_is_degraded_with_its_own_reason() -> None:
+    """Above an apply error: the user must act, and the message says how."""
+    refused = compute_cluster_status(
+        REF,
+        SPEC,
+        ClusterObservation(
+            broker_deployment=deployment(3, 3, 3),
+            refused="etcd.storageSize cannot change after creation: was 1Gi, now 2Gi; ...",
+            apply_error="403 Forbidden",
+        ),
+        [],
+        now=T0,
+    )
+    assert refused.phase == "Degraded"
+    assert conditions(refused)["Degraded"] == ("True", "ImmutableFieldChanged")
+    assert conditions(refused)["Ready"] == ("False", "ImmutableFieldChanged")
+    degraded = next(c for c in refused.conditions if c.type == "Degraded")
+    assert degraded.message.startswith("etcd.storageSize cannot change")
+
+
 def test_degraded_reasons() -> None:
     failed = compute_cluster_status(
         REF,

@@ -1,0 +1,235 @@
+"""Three surprises a Kubernetes user met, on the real API server (1.20.2, no kubelet).
+
+A changed ``etcd.storageSize`` was a 422 that stopped the reconcile (later objects were never
+applied); a failing handler said nothing in ``kubectl describe``; broker and proxy pods could
+not run as a ServiceAccount of the user's (IRSA, workload identity). The operator runs as the
+chart's ServiceAccount under the chart's RBAC.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from harness.k8s_operator import operator_thread
+from harness.k8s_real import (
+    CLUSTERS,
+    InstalledChart,
+    cluster_manifest,
+    condition_of,
+    events_of,
+    operator_settings,
+    pods_of,
+    settle,
+)
+from harness.kube_apiserver import KubeCluster
+
+from kafscale.operator import naming
+from kafscale.operator.naming import label_selector
+
+pytestmark = [pytest.mark.operator, pytest.mark.kubeapi]
+
+MANAGED = {"storage": {"bucket": "bucket-1"}, "etcd": {"replicas": 1, "storageSize": "1Gi"}}
+
+
+def _paths(ns: str) -> tuple[str, str, str]:
+    return (
+        f"{CLUSTERS.format(ns=ns)}/demo",
+        f"/apis/apps/v1/namespaces/{ns}/statefulsets/demo-etcd",
+        f"/apis/apps/v1/namespaces/{ns}/deployments/demo-broker",
+    )
+
+
+def _config_hash(kube: KubeCluster, deployment: str) -> str | None:
+    template = ((kube.get(deployment) or {}).get("spec") or {}).get("template") or {}
+    return (template.get("metadata", {}).get("annotations") or {}).get(
+        naming.ANNOTATION_CONFIG_HASH
+    )
+
+
+def _claim_size(kube: KubeCluster, statefulset: str) -> str:
+    (claim,) = kube.get(statefulset)["spec"]["volumeClaimTemplates"]
+    size: str = claim["spec"]["resources"]["requests"]["storage"]
+    return size
+
+
+async def test_a_changed_etcd_storage_size_is_refused_visibly_and_the_rest_still_applies(
+    kube_cluster: KubeCluster, kafscale_chart: InstalledChart, kube_namespace: str
+) -> None:
+    """Before: the StatefulSet's 422 stopped the reconcile at the etcd objects, so the broker
+    config change made in the same edit never rolled out, and the status said ``ApplyFailed``
+    with the API server's words. Now the old size is kept, the brokers roll, and the cluster
+    says what to do (``ImmutableFieldChanged``, with an Event). An etcd member-count change
+    (no CEL transition rules on 1.20) applies nothing, since it would rewrite the brokers'
+    etcd endpoints."""
+    ns, kube = kube_namespace, kube_cluster
+    cluster, statefulset, deployment = _paths(ns)
+    async with operator_thread(operator_settings(kafscale_chart)):
+        kube.create(CLUSTERS.format(ns=ns), cluster_manifest("demo", ns, MANAGED))
+        first = await settle(lambda: _config_hash(kube, deployment), what="the brokers")
+        kube.merge_patch(
+            cluster,
+            {
+                "spec": {
+                    "etcd": {"storageSize": "2Gi"},
+                    "brokers": {"config": {"log.flush_interval_ms": "50"}},
+                }
+            },
+        )
+        second = await settle(
+            lambda: (h := _config_hash(kube, deployment)) != first and h,
+            what="the broker config change applied",
+        )
+        assert _claim_size(kube, statefulset) == "1Gi"
+
+        def refused() -> tuple[str, str, str] | None:
+            degraded = condition_of(kube.get(cluster), "Degraded")
+            return degraded if degraded and degraded[1] == "ImmutableFieldChanged" else None
+
+        status, _, message = await settle(refused, what="Degraded: ImmutableFieldChanged")
+        assert status == "True"
+        assert "etcd.storageSize cannot change after creation: was 1Gi, now 2Gi" in message
+        assert "set it back" in message
+        ready = condition_of(kube.get(cluster), "Ready")
+        assert ready is not None and ready[:2] == ("False", "ImmutableFieldChanged")
+
+        def warned() -> list[tuple[str, str, str]]:
+            return [e for e in events_of(kube, ns, "demo") if e[1] == "ImmutableFieldChanged"]
+
+        (event,) = await settle(warned, what="an ImmutableFieldChanged Event")
+        assert event[0] == "Warning" and "was 1Gi, now 2Gi" in event[2]
+
+        # Set back, and in the same edit a member count 1.20 does not refuse: nothing applies.
+        kube.merge_patch(
+            cluster,
+            {
+                "spec": {
+                    "etcd": {"storageSize": "1Gi", "replicas": 3},
+                    "brokers": {"config": {"log.flush_interval_ms": "60"}},
+                }
+            },
+        )
+
+        def members_refused() -> str | None:
+            degraded = condition_of(kube.get(cluster), "Degraded") or ("", "", "")
+            return degraded[2] if "etcd.replicas" in degraded[2] else None
+
+        message = await settle(members_refused, what="the member count refused")
+        assert "was 1, now 3" in message and "storageSize" not in message
+        assert kube.get(statefulset)["spec"]["replicas"] == 1
+        assert _config_hash(kube, deployment) == second  # the brokers did not move
+
+        kube.merge_patch(cluster, {"spec": {"etcd": {"replicas": 1}}})
+
+        def cleared() -> bool:
+            degraded = condition_of(kube.get(cluster), "Degraded")
+            return degraded is not None and degraded[1] != "ImmutableFieldChanged"
+
+        await settle(cleared, what="the refusal cleared once the spec is set back")
+        await settle(
+            lambda: _config_hash(kube, deployment) not in (first, second),
+            what="the held broker change applied",
+        )
+
+
+async def test_a_failing_handler_posts_one_warning_event_not_one_per_retry(
+    kube_cluster: KubeCluster, kafscale_chart: InstalledChart, kube_namespace: str
+) -> None:
+    """A ResourceQuota forbids the broker Deployment: ``reconcile_cluster`` fails and kopf
+    retries it every 5 s. Before, only the operator's log said why; now ``kubectl describe``
+    shows one ``ReconcileFailed`` Warning with the API server's one-line answer, posted once
+    while the same failure repeats."""
+    ns, kube = kube_namespace, kube_cluster
+    cluster, _, _ = _paths(ns)
+    quota = f"/api/v1/namespaces/{ns}/resourcequotas"
+    hard = {"count/deployments.apps": "0"}
+    kube.create(quota, {"metadata": {"name": "no-deployments"}, "spec": {"hard": hard}})
+    # Stand in for the quota controller (not run here): usage known, nothing used.
+    kube.merge_patch(
+        f"{quota}/no-deployments/status",
+        {"status": {"hard": hard, "used": {"count/deployments.apps": "0"}}},
+    )
+    async with operator_thread(operator_settings(kafscale_chart)):
+        kube.create(CLUSTERS.format(ns=ns), cluster_manifest("demo", ns, MANAGED))
+
+        def failed() -> list[tuple[str, str, str]]:
+            return [e for e in events_of(kube, ns, "demo") if e[1] == "ReconcileFailed"]
+
+        (event,) = await settle(failed, what="a ReconcileFailed Event")
+        assert event[0] == "Warning"
+        assert event[2].startswith("reconcile_cluster failed: applying objects:")
+        assert "403" in event[2] and "retrying in 5 s" in event[2]
+        assert "\n" not in event[2] and "Traceback" not in event[2]
+
+        def retries() -> int:
+            progress = (kube.get(cluster).get("status") or {}).get("kopf") or {}
+            return max(
+                (int(p.get("retries") or 0) for p in progress.values() if isinstance(p, dict)),
+                default=0,
+            )
+
+        await settle(lambda: retries() >= 3, what="kopf retrying the handler")
+        assert len(failed()) == 1
+        described = kube.kubectl("describe", "kafscalecluster", "demo", "-n", ns).stdout
+        assert "ReconcileFailed" in described
+
+
+def _service_account(kube: KubeCluster, ns: str, name: str, **fields: Any) -> None:
+    kube.create(f"/api/v1/namespaces/{ns}/serviceaccounts", {"metadata": {"name": name}, **fields})
+
+
+async def test_broker_and_proxy_pods_run_as_the_service_account_the_spec_names(
+    kube_cluster: KubeCluster, kafscale_chart: InstalledChart, kube_namespace: str
+) -> None:
+    """IRSA / workload identity give S3 access to a pod by its ServiceAccount: the pods the
+    Deployment controller makes carry the one the spec names (the API server's CRD schema
+    kept the field, ``kubectl explain`` describes it); the ServiceAccount's own
+    ``automountServiceAccountToken`` decides about a token."""
+    ns, kube = kube_namespace, kube_cluster
+    _service_account(kube, ns, "s3-reader", automountServiceAccountToken=False)
+    _service_account(kube, ns, "proxy-id", automountServiceAccountToken=False)
+    spec = {
+        **MANAGED,
+        "brokers": {"replicas": 1, "serviceAccountName": "s3-reader"},
+        "proxy": {"enabled": True, "replicas": 1, "serviceAccountName": "proxy-id"},
+    }
+    async with operator_thread(operator_settings(kafscale_chart)):
+        kube.create(CLUSTERS.format(ns=ns), cluster_manifest("demo", ns, spec))
+        for component, account in ((naming.BROKER, "s3-reader"), (naming.PROXY, "proxy-id")):
+            selector = label_selector("demo", component)
+            (pod,) = await settle(
+                lambda selector=selector: pods_of(kube, ns, selector) or None,
+                what=f"a {component} pod",
+            )
+            assert pod["spec"]["serviceAccountName"] == account
+            volumes = [v["name"] for v in pod["spec"].get("volumes") or []]
+            assert not any("token" in v or "kube-api-access" in v for v in volumes), volumes
+    explained = kube.kubectl("explain", "kafscalecluster.spec.brokers.serviceAccountName")
+    assert "IRSA" in " ".join(explained.stdout.split())
+
+
+async def test_a_proxy_service_type_change_back_to_cluster_ip_applies(
+    kube_cluster: KubeCluster, kafscale_chart: InstalledChart, kube_namespace: str
+) -> None:
+    """The other immutable-looking field a spec reaches: a Service's allocated node ports.
+    ``LoadBalancer`` → ``ClusterIP`` applies on 1.20 (the server drops the node ports the
+    operator never owned), so the operator needs no refusal for it."""
+    ns, kube = kube_namespace, kube_cluster
+    cluster, _, _ = _paths(ns)
+    service = f"/api/v1/namespaces/{ns}/services/demo-proxy"
+    spec = {**MANAGED, "proxy": {"enabled": True, "serviceType": "LoadBalancer"}}
+    async with operator_thread(operator_settings(kafscale_chart)):
+        kube.create(CLUSTERS.format(ns=ns), cluster_manifest("demo", ns, spec))
+        await settle(
+            lambda: ((kube.get(service) or {}).get("spec") or {}).get("type") == "LoadBalancer",
+            what="the proxy Service",
+        )
+        kube.merge_patch(cluster, {"spec": {"proxy": {"serviceType": "ClusterIP"}}})
+        await settle(
+            lambda: kube.get(service)["spec"]["type"] == "ClusterIP",
+            what="the proxy Service back to ClusterIP",
+        )
+        ports = kube.get(service)["spec"]["ports"]
+        assert all("nodePort" not in port for port in ports), ports
+        degraded = condition_of(kube.get(cluster), "Degraded")
+        assert degraded is None or degraded[1] != "ApplyFailed", degraded
