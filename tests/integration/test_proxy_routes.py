@@ -83,9 +83,9 @@ def routes_of(proxy: BrokerProcess) -> dict[str, int]:
     return {name: owner for name, owner in routes.items() if name.rsplit("/", 1)[0] in TOPICS}
 
 
-def settled(etcd_url: str, cluster: str) -> dict[str, int]:
-    """etcd's owners once every partition is leased and they stay the same for a second."""
-    deadline = time.monotonic() + SETTLE_S
+def settled(etcd_url: str, cluster: str, deadline: float) -> dict[str, int]:
+    """etcd's owners once every partition is leased and they stay the same for a second
+    (until ``deadline``, a ``time.monotonic()`` value)."""
     previous: dict[str, int] | None = None
     seen = "nothing (etcd did not answer)"
     while time.monotonic() < deadline:
@@ -105,7 +105,9 @@ def converged(proxies: list[BrokerProcess], etcd_url: str, cluster: str) -> None
     """Until every proxy routes as etcd says (bounded); fails with each view if not."""
     deadline = time.monotonic() + SETTLE_S
     while True:
-        truth = settled(etcd_url, cluster)
+        # One bound for both waits (each had its own: up to twice SETTLE_S), with a few
+        # seconds past it for etcd's owners to be read twice, a second apart.
+        truth = settled(etcd_url, cluster, max(deadline, time.monotonic() + 5.0))
         views = [routes_of(proxy) for proxy in proxies]
         if all(view == truth for view in views):
             return
