@@ -24,12 +24,15 @@ from kafscale.broker.metadata.etcd import Etcd
 from kafscale.broker.metadata.etcd_errors import LeaseLost, MetadataUnavailable
 from kafscale.broker.metadata.etcd_txn import (
     Compare,
+    KeyValue,
     create_revision_is,
     delete_op,
+    get_op,
     mod_revision_is,
     put_op,
     value_is,
 )
+from kafscale.broker.metadata.lease_claims import LeaseClaim, claim_lease
 from kafscale.broker.metadata.partition_state import (
     Cleaned,
     PartitionState,
@@ -157,19 +160,26 @@ class LogManager:
         lease_key = keys.partition_lease_key(self._cluster, topic, partition)
         state_key = keys.partition_state_key(self._cluster, topic, partition)
         topic_key = keys.topic_key(self._cluster, topic)
+        me = str(self.broker_id).encode()
         try:
             lease, state_kv, topic_kv = await asyncio.gather(
                 self._etcd.get(lease_key), self._etcd.get(state_key), self._etcd.get(topic_key)
             )
+            if topic_kv is None:
+                raise UnknownTopicOrPartition(f"{topic}-{partition}")
+            claim = claim_lease(lease, me, self._session.id)
+            if claim is LeaseClaim.CLEAR_STALE and lease is not None:
+                lease = await self._clear_stale_lease(lease_key, lease)
+                claim = claim_lease(lease, me, self._session.id)
         except MetadataUnavailable as exc:
             raise MetadataTimeout(str(exc)) from exc
-        if topic_kv is None:
-            raise UnknownTopicOrPartition(f"{topic}-{partition}")
-        if lease is not None and lease.value.decode() != str(self.broker_id):
-            raise NotLeader(f"{topic}-{partition} is owned by broker {lease.value.decode()}")
+        if claim is LeaseClaim.REFUSE:
+            holder = lease.value.decode() if lease is not None else "another broker"
+            raise NotLeader(f"{topic}-{partition} is owned by broker {holder}")
+        if claim is LeaseClaim.CLEAR_STALE:  # put back on an old session between two reads
+            raise NotLeader(f"lost the race for {topic}-{partition}")
         state = PartitionState.from_json(state_kv.value) if state_kv else PartitionState()
         new_state = start_epoch(state)
-        me = str(self.broker_id).encode()
         compares = [
             create_revision_is(topic_key, topic_kv.create_revision),
             mod_revision_is(state_key, state_kv.mod_revision)
@@ -214,6 +224,19 @@ class LogManager:
             extra=about(tp),
         )
         return owned
+
+    async def _clear_stale_lease(self, lease_key: str, stale: KeyValue) -> KeyValue | None:
+        """Delete our lease key bound to a session we gave up (``lease_claims``), fenced on its
+        value and create revision; what the key is now (None once deleted: create it anew)."""
+        fence = [
+            value_is(lease_key, stale.value),
+            create_revision_is(lease_key, stale.create_revision),
+        ]
+        result = await self._etcd.txn(fence, [delete_op(lease_key)], [get_op(lease_key)])
+        if result.succeeded:
+            log.info("cleared %s, bound to an earlier etcd session of ours", lease_key)
+            return None
+        return result.kv(0)
 
     async def release(self, tp: TopicPartition) -> None:
         """Hand a partition over: stop appends, flush what is buffered, delete the lease."""

@@ -48,11 +48,12 @@ def etcd_of_its_own() -> Iterator[EmbeddedEtcd]:
         yield server
 
 
-def etcd_owners(etcd_url: str, cluster: str) -> tuple[dict[str, int], set[str]]:
+def etcd_owners(etcd_url: str, cluster: str) -> tuple[dict[str, int], set[str], str]:
     """What a proxy should route each partition to, computed from one read of etcd with the
-    proxy's own rule, and the partitions whose lease is held by a registered broker."""
+    proxy's own rule, the partitions whose lease is held by a registered broker, and what was
+    read (for a failure's message)."""
 
-    async def read() -> tuple[dict[str, int], set[str]]:
+    async def read() -> tuple[dict[str, int], set[str], str]:
         etcd = await harness_etcd(etcd_url)
         try:
             entries = await etcd.get_prefix(keys.cluster_prefix(cluster))
@@ -68,7 +69,11 @@ def etcd_owners(etcd_url: str, cluster: str) -> tuple[dict[str, int], set[str]]:
             for tp in view.partitions()
         }
         leased = {f"{t}/{p}" for (t, p), b in view.owners.items() if b in view.brokers}
-        return owners, leased
+        seen = (
+            f"brokers {sorted(view.brokers)}, draining {sorted(view.draining)}, lease holders "
+            f"{ {f'{t}/{p}': b for (t, p), b in sorted(view.owners.items())} }"
+        )
+        return owners, leased, seen
 
     return asyncio.run(read())
 
@@ -78,13 +83,14 @@ def routes_of(proxy: BrokerProcess) -> dict[str, int]:
     return {name: owner for name, owner in routes.items() if name.rsplit("/", 1)[0] in TOPICS}
 
 
-def settled(etcd_url: str, cluster: str) -> dict[str, int]:
-    """etcd's owners once every partition is leased and they stay the same for a second."""
-    deadline = time.monotonic() + SETTLE_S
+def settled(etcd_url: str, cluster: str, deadline: float) -> dict[str, int]:
+    """etcd's owners once every partition is leased and they stay the same for a second
+    (until ``deadline``, a ``time.monotonic()`` value)."""
     previous: dict[str, int] | None = None
+    seen = "nothing (etcd did not answer)"
     while time.monotonic() < deadline:
         try:
-            owners, leased = etcd_owners(etcd_url, cluster)
+            owners, leased, seen = etcd_owners(etcd_url, cluster)
         except MetadataUnavailable:  # etcd just thawed: every client reconnects at once
             time.sleep(0.5)
             continue
@@ -92,14 +98,16 @@ def settled(etcd_url: str, cluster: str) -> dict[str, int]:
             return owners
         previous = owners if len(leased) == len(owners) else None
         time.sleep(1.0)
-    raise AssertionError(f"ownership did not settle in etcd: {previous}")
+    raise AssertionError(f"ownership did not settle in etcd: {previous}; last read: {seen}")
 
 
 def converged(proxies: list[BrokerProcess], etcd_url: str, cluster: str) -> None:
     """Until every proxy routes as etcd says (bounded); fails with each view if not."""
     deadline = time.monotonic() + SETTLE_S
     while True:
-        truth = settled(etcd_url, cluster)
+        # One bound for both waits (each had its own: up to twice SETTLE_S), with a few
+        # seconds past it for etcd's owners to be read twice, a second apart.
+        truth = settled(etcd_url, cluster, max(deadline, time.monotonic() + 5.0))
         views = [routes_of(proxy) for proxy in proxies]
         if all(view == truth for view in views):
             return
@@ -108,7 +116,13 @@ def converged(proxies: list[BrokerProcess], etcd_url: str, cluster: str) -> None
                 {k: (v.get(k), owner) for k, owner in truth.items() if v.get(k) != owner}
                 for v in views
             ]
-            raise AssertionError(f"proxies' routes (theirs, etcd's) that differ: {stale}")
+            known = [
+                {k: status[k] for k in ("brokers", "draining", "cluster_view_stopped")}
+                for status in (proxy.status() for proxy in proxies)
+            ]
+            raise AssertionError(
+                f"proxies' routes (theirs, etcd's) that differ: {stale}; the proxies know: {known}"
+            )
         time.sleep(0.2)
 
 
