@@ -546,14 +546,24 @@ class Broker:
             self.view.draining.add(self.node_id)
         await self.log_manager.release_all()
 
-    async def shutdown(self) -> None:
-        """The graceful stop, in the handoff order, within one grace period: the hand-off
-        until ``HANDOFF_SHARE`` of ``limits.shutdown_grace_s`` at most, the requests in flight
-        until the grace is over (``stop_budget``). Each step used to get the whole grace in
-        turn, so a stop still making progress outlived the stop bound and was cut (exit 124)."""
+    def stop_acquiring(self) -> None:
+        """Take no partition from now on, not even one a stopping sibling releases: in a
+        whole-cluster stop (``kafscale local``) every broker stops at once, and a partition
+        handed to a sibling would only bump its epoch there to be handed back at once."""
+        self.ready = False  # also keeps a removed draining mark from undraining us
+        if self.manager is not None:
+            self.manager.acquiring = False
+
+    async def shutdown(self, began_at: float | None = None) -> None:
+        """The graceful stop, in the handoff order, within one grace period from ``began_at``
+        (the event loop's time of the stop signal; now if None): the hand-off until
+        ``HANDOFF_SHARE`` of ``limits.shutdown_grace_s`` at most, the requests in flight until
+        the grace is over (``stop_budget``). Each step used to get the whole grace in turn, so
+        a stop still making progress outlived the stop bound and was cut (exit 124)."""
         self.ready = False  # also keeps a removed draining mark from undraining us
         loop = asyncio.get_running_loop()
-        deadlines = stop_deadlines(loop.time(), self.settings.limits.shutdown_grace_s)
+        start_s = loop.time() if began_at is None else began_at
+        deadlines = stop_deadlines(start_s, self.settings.limits.shutdown_grace_s)
         if self.server is not None:
             await self.server.stop_accepting()
         if self.transactions is not None:
