@@ -46,6 +46,7 @@ from kafscale.broker.observability.broker_metrics import BrokerCollector
 from kafscale.broker.observability.exposition import metrics_renderer
 from kafscale.broker.observability.hot_path_collector import HotPathCollector
 from kafscale.broker.observability.logs import set_node_id
+from kafscale.broker.observability.retry_log import RetryLog
 from kafscale.broker.ownership import follow_once, plan_ownership
 from kafscale.broker.protocol.errors import ErrorCode, KafkaError, NotLeader
 from kafscale.broker.quotas.enforcement import QuotaEnforcer
@@ -385,7 +386,9 @@ class Broker:
         """React to cluster changes: deleted topics, draining marks, the desired assignment.
         A reconcile that etcd failed (an outage, or the session lost under it: LeaseLost) is
         tried again within ``_RECONCILE_RETRY_S`` (on the new session), not at the next
-        change, which may never come; before, LeaseLost ended this task for good."""
+        change, which may never come; before, LeaseLost ended this task for good. A run of
+        failures is logged once, then summarised (``retry_log``), not once a second."""
+        retries = RetryLog(log, "ownership reconcile")
         while True:
             changed = self.view.changed
             try:
@@ -393,10 +396,12 @@ class Broker:
             except KafkaError as exc:
                 log.warning("ownership reconcile: %s", exc)
             except MetadataError as exc:
-                log.warning("ownership reconcile: %s; trying again", exc)
+                retries.failed(exc)
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(changed.wait(), _RECONCILE_RETRY_S)
                 continue
+            else:
+                retries.succeeded()
             await changed.wait()
 
     async def _reconcile(self) -> None:
@@ -427,12 +432,14 @@ class Broker:
         (the copy would start over). Every view, this one's too, sees each copy as a watch
         event; until its copy lands, an older group's members get no records from share
         partitions led by brokers of this version (their ShareFetch answers empty)."""
+        retries = RetryLog(log, "share groups: copying to share-groups/ (retried every 5 s)")
         while True:
             try:
                 await index_share_groups(self.etcd, self.cluster)
+                retries.succeeded()
                 return
             except MetadataUnavailable as exc:
-                log.warning("share groups: copying to share-groups/ (retried in 5 s): %s", exc)
+                retries.failed(exc)
             await asyncio.sleep(5)
 
     def _still_owns(self, topic: str, partition: int, lease_revision: int) -> bool:
