@@ -14,7 +14,6 @@ import functools
 import logging
 import socket
 import ssl
-import time
 from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from typing import Any
@@ -28,17 +27,14 @@ from kafscale.broker.api.txn_partitions import write_markers_here
 from kafscale.broker.buffer_pool import BufferPool
 from kafscale.broker.config import BrokerSettings
 from kafscale.broker.groups.coordinator import GroupCoordinator, group_config
-from kafscale.broker.groups.share_groups_index import index_share_groups
 from kafscale.broker.metadata import keys
 from kafscale.broker.metadata.cluster import BrokerInfo, ClusterView, TopicInfo, TopicPartition
-from kafscale.broker.metadata.compaction import Compactor
 from kafscale.broker.metadata.etcd import Etcd
 from kafscale.broker.metadata.etcd_channel import BadEndpoint
 from kafscale.broker.metadata.etcd_connect import connect_etcd
 from kafscale.broker.metadata.etcd_errors import MetadataError, MetadataUnavailable
 from kafscale.broker.metadata.leaders import leader_for
 from kafscale.broker.metadata.partition_state import PartitionState
-from kafscale.broker.metadata.rebalancer import Rebalancer
 from kafscale.broker.metadata.session_lease import SessionLease
 from kafscale.broker.metadata.session_renewal import renew_session
 from kafscale.broker.metadata.topics import create_topic
@@ -70,7 +66,6 @@ from kafscale.broker.storage.cache import SegmentCache
 from kafscale.broker.storage.cleaner import Cleaner
 from kafscale.broker.storage.factory import open_object_store
 from kafscale.broker.storage.instrumented import InstrumentedStore
-from kafscale.broker.storage.janitor import Janitor
 from kafscale.broker.storage.log_manager import LogManager
 from kafscale.broker.storage.log_sizes import LogSizes, log_dir_name
 from kafscale.broker.storage.object_store import ObjectStore, ObjectStoreError
@@ -78,6 +73,7 @@ from kafscale.broker.storage.reader import LogReader
 from kafscale.broker.storage.topic_purge import TopicPurger
 from kafscale.broker.task_stop import cancel_and_wait, start_task
 from kafscale.broker.transactions.coordinator import TransactionCoordinator
+from kafscale.broker.upkeep import start_upkeep
 
 log = logging.getLogger(__name__)
 
@@ -259,66 +255,12 @@ class Broker:
         )
         self.view.share_members.listen(self.share.on_share_members)
         self._tasks.append(start_task(self.share.run(), name="share-partitions"))
-        self._tasks.append(start_task(self._index_share_groups(), name="share-index"))
         self.log_sizes = LogSizes(self.cluster, self.store)
         self._tasks.append(start_task(self._watch_session(), name="session-watch"))
         self._tasks.append(start_task(self._follow_cluster(), name="cluster-follow"))
-        janitor = Janitor(
-            self.cluster,
-            self.manager,
-            self.view,
-            self.store,
-            self.settings.topic_defaults(),
-        )
-        self._tasks.append(
-            start_task(janitor.run(self.settings.log.retention_check_interval_s), name="janitor")
-        )
-        if self.settings.log.cleaner_enable:
-            self.cleaner = Cleaner(
-                self.settings.log,
-                self.cluster,
-                self.manager,
-                self.view,
-                self.store,
-                self.cache,
-                self.settings.topic_defaults(),
-            )
-            self._tasks.append(
-                start_task(
-                    self.cleaner.run(self.settings.log.cleaner_interval_s), name="log-cleaner"
-                )
-            )
-        self._tasks.append(
-            start_task(
-                self.purger.run(self.node_id, self.view, self.settings.log.purge_interval_s),
-                name="topic-purge",
-            )
-        )
-        compactor = Compactor(self.etcd)
-        self._tasks.append(
-            start_task(
-                compactor.run(
-                    self.node_id,
-                    self.view.live_broker_ids,
-                    self.settings.etcd.compaction_interval_s,
-                ),
-                name="etcd-compaction",
-            )
-        )
-        token_settings = self.settings.delegation_token
-        if token_settings.policy().enabled:
-            self._tasks.append(
-                start_task(
-                    self.tokens.run_expiry(
-                        token_settings.expiry_check_interval_ms / 1000,
-                        lambda: int(time.time() * 1000),
-                    ),
-                    name="token-expiry",
-                )
-            )
-        if self.settings.assignment.self_assign:
-            rebalancer = Rebalancer(self.etcd, self.view, self.cluster, self.node_id)
-            self._tasks.append(start_task(rebalancer.run(lambda: self.session), name="rebalancer"))
+        upkeep = start_upkeep(self)
+        self.cleaner = upkeep.cleaner
+        self._tasks += upkeep.tasks
         await self.server.accept()
         self.ready = True
         log.info("broker %d serving on %s:%d", self.node_id, self.info.host, self.info.port)
@@ -424,23 +366,6 @@ class Broker:
             self.draining,
         )
         await follow_once(self.log_manager, plan)
-
-    async def _index_share_groups(self) -> None:
-        """Once per cluster, in the background: copy share groups an older version stored to
-        ``share-groups/`` (``share_groups_index``). Not before ready: on a cluster of many
-        groups it reads them all, and a start-up probe must not kill the broker meanwhile
-        (the copy would start over). Every view, this one's too, sees each copy as a watch
-        event; until its copy lands, an older group's members get no records from share
-        partitions led by brokers of this version (their ShareFetch answers empty)."""
-        retries = RetryLog(log, "share groups: copying to share-groups/ (retried every 5 s)")
-        while True:
-            try:
-                await index_share_groups(self.etcd, self.cluster)
-                retries.succeeded()
-                return
-            except MetadataUnavailable as exc:
-                retries.failed(exc)
-            await asyncio.sleep(5)
 
     def _still_owns(self, topic: str, partition: int, lease_revision: int) -> bool:
         owned = self.log_manager.owned.get((topic, partition))
