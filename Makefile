@@ -73,6 +73,7 @@ test-fast: setup
 
 lint: setup
 	$(VENV)/bin/ruff check broker operator pipeline tests bench
+	$(VENV)/bin/ruff format --check broker operator pipeline tests bench
 	$(VENV)/bin/mypy
 
 crds: setup

@@ -48,9 +48,7 @@ def idempotent(bootstrap: str, records: int) -> float:
 
 def transactional(bootstrap: str, records: int, per_txn: int) -> tuple[float, list[float]]:
     """Records per second in transactions of ``per_txn``, and each commit's seconds."""
-    p = Producer(
-        {"bootstrap.servers": bootstrap, "transactional.id": "bench-txn", "linger.ms": 5}
-    )
+    p = Producer({"bootstrap.servers": bootstrap, "transactional.id": "bench-txn", "linger.ms": 5})
     p.init_transactions(30)
     commits: list[float] = []
     started = time.perf_counter()

@@ -14,7 +14,6 @@ import functools
 import logging
 import socket
 import ssl
-import time
 from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from typing import Any
@@ -28,17 +27,14 @@ from kafscale.broker.api.txn_partitions import write_markers_here
 from kafscale.broker.buffer_pool import BufferPool
 from kafscale.broker.config import BrokerSettings
 from kafscale.broker.groups.coordinator import GroupCoordinator, group_config
-from kafscale.broker.groups.share_groups_index import index_share_groups
 from kafscale.broker.metadata import keys
 from kafscale.broker.metadata.cluster import BrokerInfo, ClusterView, TopicInfo, TopicPartition
-from kafscale.broker.metadata.compaction import Compactor
 from kafscale.broker.metadata.etcd import Etcd
 from kafscale.broker.metadata.etcd_channel import BadEndpoint
 from kafscale.broker.metadata.etcd_connect import connect_etcd, warn_of_durability_bugs
 from kafscale.broker.metadata.etcd_errors import MetadataError, MetadataUnavailable
 from kafscale.broker.metadata.leaders import leader_for
 from kafscale.broker.metadata.partition_state import PartitionState
-from kafscale.broker.metadata.rebalancer import Rebalancer
 from kafscale.broker.metadata.session_lease import SessionLease
 from kafscale.broker.metadata.session_renewal import renew_session
 from kafscale.broker.metadata.topics import create_topic
@@ -46,6 +42,7 @@ from kafscale.broker.observability.broker_metrics import BrokerCollector
 from kafscale.broker.observability.exposition import metrics_renderer
 from kafscale.broker.observability.hot_path_collector import HotPathCollector
 from kafscale.broker.observability.logs import set_node_id
+from kafscale.broker.observability.retry_log import RetryLog
 from kafscale.broker.ownership import follow_once, plan_ownership
 from kafscale.broker.protocol.errors import ErrorCode, KafkaError, NotLeader
 from kafscale.broker.quotas.enforcement import QuotaEnforcer
@@ -69,7 +66,6 @@ from kafscale.broker.storage.cache import SegmentCache
 from kafscale.broker.storage.cleaner import Cleaner
 from kafscale.broker.storage.factory import open_object_store
 from kafscale.broker.storage.instrumented import InstrumentedStore
-from kafscale.broker.storage.janitor import Janitor
 from kafscale.broker.storage.log_manager import LogManager
 from kafscale.broker.storage.log_sizes import LogSizes, log_dir_name
 from kafscale.broker.storage.object_store import ObjectStore, ObjectStoreError
@@ -77,6 +73,7 @@ from kafscale.broker.storage.reader import LogReader
 from kafscale.broker.storage.topic_purge import TopicPurger
 from kafscale.broker.task_stop import cancel_and_wait, start_task
 from kafscale.broker.transactions.coordinator import TransactionCoordinator
+from kafscale.broker.upkeep import start_upkeep
 
 log = logging.getLogger(__name__)
 
@@ -259,66 +256,12 @@ class Broker:
         )
         self.view.share_members.listen(self.share.on_share_members)
         self._tasks.append(start_task(self.share.run(), name="share-partitions"))
-        self._tasks.append(start_task(self._index_share_groups(), name="share-index"))
         self.log_sizes = LogSizes(self.cluster, self.store)
         self._tasks.append(start_task(self._watch_session(), name="session-watch"))
         self._tasks.append(start_task(self._follow_cluster(), name="cluster-follow"))
-        janitor = Janitor(
-            self.cluster,
-            self.manager,
-            self.view,
-            self.store,
-            self.settings.topic_defaults(),
-        )
-        self._tasks.append(
-            start_task(janitor.run(self.settings.log.retention_check_interval_s), name="janitor")
-        )
-        if self.settings.log.cleaner_enable:
-            self.cleaner = Cleaner(
-                self.settings.log,
-                self.cluster,
-                self.manager,
-                self.view,
-                self.store,
-                self.cache,
-                self.settings.topic_defaults(),
-            )
-            self._tasks.append(
-                start_task(
-                    self.cleaner.run(self.settings.log.cleaner_interval_s), name="log-cleaner"
-                )
-            )
-        self._tasks.append(
-            start_task(
-                self.purger.run(self.node_id, self.view, self.settings.log.purge_interval_s),
-                name="topic-purge",
-            )
-        )
-        compactor = Compactor(self.etcd)
-        self._tasks.append(
-            start_task(
-                compactor.run(
-                    self.node_id,
-                    self.view.live_broker_ids,
-                    self.settings.etcd.compaction_interval_s,
-                ),
-                name="etcd-compaction",
-            )
-        )
-        token_settings = self.settings.delegation_token
-        if token_settings.policy().enabled:
-            self._tasks.append(
-                start_task(
-                    self.tokens.run_expiry(
-                        token_settings.expiry_check_interval_ms / 1000,
-                        lambda: int(time.time() * 1000),
-                    ),
-                    name="token-expiry",
-                )
-            )
-        if self.settings.assignment.self_assign:
-            rebalancer = Rebalancer(self.etcd, self.view, self.cluster, self.node_id)
-            self._tasks.append(start_task(rebalancer.run(lambda: self.session), name="rebalancer"))
+        upkeep = start_upkeep(self)
+        self.cleaner = upkeep.cleaner
+        self._tasks += upkeep.tasks
         await self.server.accept()
         self.ready = True
         log.info("broker %d serving on %s:%d", self.node_id, self.info.host, self.info.port)
@@ -386,7 +329,9 @@ class Broker:
         """React to cluster changes: deleted topics, draining marks, the desired assignment.
         A reconcile that etcd failed (an outage, or the session lost under it: LeaseLost) is
         tried again within ``_RECONCILE_RETRY_S`` (on the new session), not at the next
-        change, which may never come; before, LeaseLost ended this task for good."""
+        change, which may never come; before, LeaseLost ended this task for good. A run of
+        failures is logged once, then summarised (``retry_log``), not once a second."""
+        retries = RetryLog(log, "ownership reconcile")
         while True:
             changed = self.view.changed
             try:
@@ -394,10 +339,12 @@ class Broker:
             except KafkaError as exc:
                 log.warning("ownership reconcile: %s", exc)
             except MetadataError as exc:
-                log.warning("ownership reconcile: %s; trying again", exc)
+                retries.failed(exc)
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(changed.wait(), _RECONCILE_RETRY_S)
                 continue
+            else:
+                retries.succeeded()
             await changed.wait()
 
     async def _reconcile(self) -> None:
@@ -420,21 +367,6 @@ class Broker:
             self.draining,
         )
         await follow_once(self.log_manager, plan)
-
-    async def _index_share_groups(self) -> None:
-        """Once per cluster, in the background: copy share groups an older version stored to
-        ``share-groups/`` (``share_groups_index``). Not before ready: on a cluster of many
-        groups it reads them all, and a start-up probe must not kill the broker meanwhile
-        (the copy would start over). Every view, this one's too, sees each copy as a watch
-        event; until its copy lands, an older group's members get no records from share
-        partitions led by brokers of this version (their ShareFetch answers empty)."""
-        while True:
-            try:
-                await index_share_groups(self.etcd, self.cluster)
-                return
-            except MetadataUnavailable as exc:
-                log.warning("share groups: copying to share-groups/ (retried in 5 s): %s", exc)
-            await asyncio.sleep(5)
 
     def _still_owns(self, topic: str, partition: int, lease_revision: int) -> bool:
         owned = self.log_manager.owned.get((topic, partition))
@@ -547,14 +479,24 @@ class Broker:
             self.view.draining.add(self.node_id)
         await self.log_manager.release_all()
 
-    async def shutdown(self) -> None:
-        """The graceful stop, in the handoff order, within one grace period: the hand-off
-        until ``HANDOFF_SHARE`` of ``limits.shutdown_grace_s`` at most, the requests in flight
-        until the grace is over (``stop_budget``). Each step used to get the whole grace in
-        turn, so a stop still making progress outlived the stop bound and was cut (exit 124)."""
+    def stop_acquiring(self) -> None:
+        """Take no partition from now on, not even one a stopping sibling releases: in a
+        whole-cluster stop (``kafscale local``) every broker stops at once, and a partition
+        handed to a sibling would only bump its epoch there to be handed back at once."""
+        self.ready = False  # also keeps a removed draining mark from undraining us
+        if self.manager is not None:
+            self.manager.acquiring = False
+
+    async def shutdown(self, began_at: float | None = None) -> None:
+        """The graceful stop, in the handoff order, within one grace period from ``began_at``
+        (the event loop's time of the stop signal; now if None): the hand-off until
+        ``HANDOFF_SHARE`` of ``limits.shutdown_grace_s`` at most, the requests in flight until
+        the grace is over (``stop_budget``). Each step used to get the whole grace in turn, so
+        a stop still making progress outlived the stop bound and was cut (exit 124)."""
         self.ready = False  # also keeps a removed draining mark from undraining us
         loop = asyncio.get_running_loop()
-        deadlines = stop_deadlines(loop.time(), self.settings.limits.shutdown_grace_s)
+        start_s = loop.time() if began_at is None else began_at
+        deadlines = stop_deadlines(start_s, self.settings.limits.shutdown_grace_s)
         if self.server is not None:
             await self.server.stop_accepting()
         if self.transactions is not None:

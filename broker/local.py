@@ -12,9 +12,9 @@ With the authorizer on, the brokers listen with TLS and accept only the proxy's 
 The etcd child dies with this process, however it dies (see ``embedded_etcd``), and one left
 over from an older run on the same data directory is stopped before ours starts. Every start-up
 failure is one line on stderr and a non-zero exit (``StartupError``), never a traceback.
-Ctrl-C (SIGINT) or SIGTERM stops every part gracefully, and the whole command exits within
-``limits.shutdown_grace_s`` + 5 s however a part hangs (``stop_deadline``, as ``kafscale
-broker``).
+Ctrl-C (SIGINT) or SIGTERM stops every part gracefully and together, within the one
+``limits.shutdown_grace_s`` from the signal (``_stop_all``), and the whole command exits within
+that grace + 5 s however a part hangs (``stop_deadline``, as ``kafscale broker``).
 """
 
 from __future__ import annotations
@@ -328,7 +328,7 @@ async def run_local(base: BrokerSettings, options: LocalOptions) -> None:
         print("\nshutting down: flushing and handing over partitions...", flush=True)
     finally:
         await stop_within(
-            functools.partial(_stop_all, starting, started, etcd),
+            functools.partial(_stop_all, starting, started, etcd, loop.time()),
             stop_bound_s(base.limits.shutdown_grace_s),
             on_deadline=etcd.wake,
         )
@@ -375,15 +375,34 @@ async def _started_unless_stopped(starting: asyncio.Task[None], stop: asyncio.Ev
     return False
 
 
-async def _stop_all(starting: asyncio.Task[None], started: _Started, etcd: EmbeddedEtcd) -> None:
-    """The graceful stop: end a start still running, then the proxy (clients go first), the
-    brokers (each hands its partitions over and flushes), and etcd last, which they need."""
+async def _stop_all(
+    starting: asyncio.Task[None], started: _Started, etcd: EmbeddedEtcd, began_at: float
+) -> None:
+    """The graceful stop, every part within the one grace that began at ``began_at`` (the
+    signal), so Ctrl-C ends within ``limits.shutdown_grace_s`` plus closing, however many
+    brokers there are.
+
+    A start still running ends first. Then no broker takes a partition any more (its siblings
+    stop too: a partition handed to one would bump its epoch there only to be handed back at
+    once) and the proxy takes no new client. Then the proxy's requests in flight and every
+    broker's stop (flush and release, then its requests in flight) run together to the same
+    deadline: a request the proxy forwarded is still answered by its broker, which serves what
+    it has read until the grace is over. Before, the proxy had a whole grace of its own and the
+    brokers a second one after it, and a stop still making progress was cut at the bound
+    (exit 124). etcd stops last: every part needs it until then."""
     if not starting.done():
         starting.cancel()
         await asyncio.gather(starting, return_exceptions=True)
+    for broker in started.brokers:
+        broker.stop_acquiring()
     if started.proxy is not None:
-        await started.proxy.shutdown()
-    await asyncio.gather(*(b.shutdown() for b in started.brokers), return_exceptions=True)
+        await started.proxy.stop_accepting()
+    parts = [broker.shutdown(began_at) for broker in started.brokers]
+    if started.proxy is not None:
+        parts.append(started.proxy.shutdown(began_at))
+    for outcome in await asyncio.gather(*parts, return_exceptions=True):
+        if isinstance(outcome, Exception):
+            log.error("stopping a part of the local cluster failed", exc_info=outcome)
     await asyncio.to_thread(etcd.stop)
 
 

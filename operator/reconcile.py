@@ -17,6 +17,7 @@ from typing import Any
 
 from kafscale.broker.metadata import keys
 from kafscale.broker.metadata.etcd_errors import MetadataError
+from kafscale.broker.observability.retry_log import RetryLog
 from kafscale.broker.storage.object_store import ObjectStoreError
 from kafscale.operator import certificates, immutable, manifests, naming
 from kafscale.operator.certificates import CERT_MANAGER_API
@@ -195,6 +196,7 @@ async def balance_leases(
     Runs until ``stopped`` (kopf's daemon flag) is set; ``notify`` hears of every new assignment.
     """
     interval = runtime.settings.rebalance_interval_s
+    retries = RetryLog(log, "lease balancer waiting for etcd", level=logging.INFO)
     while not stopped:
         current = get_spec()
         if current is None:  # invalid spec: nothing to balance until it is fixed
@@ -209,6 +211,7 @@ async def balance_leases(
                 watcher = asyncio.create_task(_watch_brokers(etcd, cluster, changed))
                 while not stopped and get_spec() == current and not watcher.done():
                     result = await rebalance(etcd, cluster)
+                    retries.succeeded()
                     if result.written is not None:
                         notify(rebalance_notice(result.snapshot.assignment, result.written))
                     with contextlib.suppress(TimeoutError):
@@ -217,7 +220,7 @@ async def balance_leases(
                     changed.clear()
                     await asyncio.sleep(0.05)  # let a burst of registrations settle
         except MetadataError as exc:
-            log.info("cluster %s: lease balancer waiting for etcd: %s", cluster, exc)
+            retries.failed(f"cluster {cluster}: {exc}")
             await stopped.wait(min(interval, 2.0))
         finally:
             if watcher is not None:

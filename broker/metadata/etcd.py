@@ -72,6 +72,7 @@ from kafscale.broker.metadata.etcd_txn import (
     put_op,
 )
 from kafscale.broker.observability.metrics import METRICS
+from kafscale.broker.observability.retry_log import RetryLog
 
 log = logging.getLogger(__name__)
 
@@ -636,15 +637,18 @@ async def _until_answered(etcd: Etcd, read: Callable[[], Awaitable[T]], what: st
     up loses its changes for good: a proxy kept routing to an owner that had moved). Ends when
     the client is closed (``MetadataUnavailable``)."""
     backoff = Backoff(_WATCH_BACKOFF_MIN_S, _WATCH_BACKOFF_MAX_S)
+    retries = RetryLog(log, f"{what}: cannot reload from etcd")
     while True:
         try:
-            return await read()
+            result = await read()
         except MetadataUnavailable as exc:
             if etcd.closed:
                 raise
-            delay_s = backoff.next_delay()
-            log.warning("%s: cannot reload from etcd (%s); retrying in %.2f s", what, exc, delay_s)
-        await etcd.pause(delay_s)
+            retries.failed(exc)
+            await etcd.pause(backoff.next_delay())
+            continue
+        retries.succeeded()
+        return result
 
 
 async def read_prefix_until_answered(etcd: Etcd, prefix: str, what: str) -> list[KeyValue]:

@@ -20,6 +20,7 @@ from kafscale.broker.metadata.etcd import Etcd
 from kafscale.broker.metadata.etcd_errors import MetadataError
 from kafscale.broker.metadata.etcd_txn import create_revision_is, mod_revision_is, put_op
 from kafscale.broker.metadata.session_lease import SessionLease
+from kafscale.broker.observability.retry_log import RetryLog
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +43,9 @@ class Rebalancer:
         self._broker_id = broker_id
 
     async def run(self, session_of: object) -> None:
-        """Campaign for the assigner role and keep the assignment current while holding it."""
+        """Campaign for the assigner role and keep the assignment current while holding it.
+        etcd failures are retried every second, logged once per run (``retry_log``)."""
+        retries = RetryLog(log, "rebalancer: etcd")
         while True:
             changed = self._view.changed
             try:
@@ -53,9 +56,10 @@ class Rebalancer:
             except MetadataError as exc:
                 # LeaseLost too (our session ended under the campaign): before, it ended this
                 # task for good, and the broker never wrote the assignment again.
-                log.warning("rebalancer: etcd: %s", exc)
+                retries.failed(exc)
                 await asyncio.sleep(1)
                 continue
+            retries.succeeded()
             await changed.wait()
 
     async def _hold_role(self, session: SessionLease) -> bool:

@@ -19,6 +19,7 @@ from collections.abc import Awaitable, Callable
 from kafscale.broker.metadata.etcd import Etcd
 from kafscale.broker.metadata.etcd_errors import LeaseLost, MetadataError
 from kafscale.broker.metadata.session_lease import SessionLease
+from kafscale.broker.observability.retry_log import RetryLog
 
 log = logging.getLogger(__name__)
 
@@ -45,37 +46,34 @@ async def renew_session(
 
 
 async def _new_session(etcd: Etcd, ttl_s: int, retry_s: float) -> SessionLease:
-    failures = 0
+    retries = RetryLog(log, f"etcd session: no new session yet (trying every {retry_s:g} s)")
     while True:
         try:
-            return await SessionLease.start(etcd, ttl_s)
+            session = await SessionLease.start(etcd, ttl_s)
         except MetadataError as exc:
-            failures += 1
-            level = logging.WARNING if failures == 1 else logging.DEBUG
-            log.log(level, "etcd session: no new session yet (%s); trying every %g s", exc, retry_s)
+            retries.failed(exc)
             await asyncio.sleep(retry_s)
+            continue
+        retries.succeeded()
+        return session
 
 
 async def _register(
     session: SessionLease, register: Callable[[SessionLease], Awaitable[None]], retry_s: float
 ) -> bool:
     """True once registered on ``session``; False if the session was lost first."""
-    failures = 0
+    retries = RetryLog(
+        log, f"etcd session {session.id:x}: registering the broker (trying every {retry_s:g} s)"
+    )
     while not session.lost.is_set():
         try:
             await register(session)
-            return True
         except LeaseLost:
             return False
         except MetadataError as exc:
-            failures += 1
-            level = logging.WARNING if failures == 1 else logging.DEBUG
-            log.log(
-                level,
-                "etcd session %x: registering the broker failed (%s); trying every %g s",
-                session.id,
-                exc,
-                retry_s,
-            )
+            retries.failed(exc)
             await asyncio.sleep(retry_s)
+            continue
+        retries.succeeded()
+        return True
     return False

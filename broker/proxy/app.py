@@ -49,6 +49,7 @@ from kafscale.broker.security.tls import (
 from kafscale.broker.security.token_store import TokenStore
 from kafscale.broker.server import ByteBudget, Connection, KafkaServer, ServerEndpoint
 from kafscale.broker.startup_error import StartupError
+from kafscale.broker.stop_budget import left_s
 from kafscale.broker.task_stop import cancel_and_wait, start_task
 
 log = logging.getLogger(__name__)
@@ -282,10 +283,24 @@ class Proxy:
             "share_sessions": self.server.share_sessions if self.server else 0,
         }
 
-    async def shutdown(self) -> None:
+    async def stop_accepting(self) -> None:
+        """Take no new client connection (and report not ready); those open go on."""
         self._stopping = True
         if self.server is not None:
-            await self.server.close(self.settings.limits.shutdown_grace_s)
+            await self.server.stop_accepting()
+
+    async def shutdown(self, began_at: float | None = None) -> None:
+        """Stop accepting, let the requests already read finish until ``limits.shutdown_grace_s``
+        after ``began_at`` (the event loop's time of the stop signal; now if None), then close.
+        ``kafscale local`` passes its signal's time, so the proxy and its brokers share one
+        grace rather than each taking a whole one in turn."""
+        self._stopping = True
+        loop = asyncio.get_running_loop()
+        start_s = loop.time() if began_at is None else began_at
+        if self.server is not None:
+            await self.server.close(
+                left_s(start_s + self.settings.limits.shutdown_grace_s, loop.time())
+            )
         if self.admin is not None:
             await self.admin.close()
         # Each cancelled until it ends: a task that lost one cancellation inside a library

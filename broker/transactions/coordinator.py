@@ -38,6 +38,7 @@ from kafscale.broker.metadata import keys
 from kafscale.broker.metadata.cluster import BrokerInfo
 from kafscale.broker.metadata.etcd_errors import LeaseLost, MetadataUnavailable
 from kafscale.broker.observability.log_limit import ClientEvent, client_log, named
+from kafscale.broker.observability.retry_log import RetryLog
 from kafscale.broker.protocol.errors import ErrorCode, NotCoordinator
 from kafscale.broker.proxy.upstream import UpstreamLink
 from kafscale.broker.task_stop import start_task
@@ -504,14 +505,18 @@ class TransactionCoordinator:
             await self._save(state.completed(meta, now_ms()), fence)
 
     async def _retrying(self, step: Callable[[], Awaitable[None]]) -> None:
-        """Run an etcd step until etcd answers; NotCoordinator ends the completion."""
+        """Run an etcd step until etcd answers; NotCoordinator ends the completion. A run of
+        failures is logged once, then summarised (``retry_log``)."""
+        retries = RetryLog(log, "etcd unavailable while completing a transaction")
         while True:
             try:
                 await step()
-                return
             except MetadataUnavailable as exc:
-                log.warning("etcd unavailable while completing a transaction: %s", exc)
+                retries.failed(exc)
                 await asyncio.sleep(_RETRY_S)
+                continue
+            retries.succeeded()
+            return
 
     # --- timeouts and recovery ----------------------------------------------------------------
 

@@ -8,7 +8,8 @@ SIGSTOPped before the Ctrl-C. Before the bound, its stop waited for each etcd ca
 timeout in turn (30 s here) and then for etcd's own stop: well over a minute.
 
 The graceful path (everything answers: exit 0, data kept across restarts) is
-``test_local_mode.py``'s.
+``test_local_mode.py``'s; here only its bound: the proxy and every broker share the one grace
+from the Ctrl-C (``test_ctrl_c_stops_the_proxy_and_brokers_within_one_grace``).
 """
 
 from __future__ import annotations
@@ -24,10 +25,13 @@ from typing import Any
 
 import pytest
 from confluent_kafka import Producer
+from harness.kafka_wire import API_VERSIONS, FETCH, KafkaWire, fetch_body
 from harness.local_mode import consume, launch_local, wait_running
 from harness.ports import free_port_run
+from harness.topics import create_topics
 
 from kafscale.broker.metadata.embedded_etcd import etcd_pids_on
+from kafscale.broker.protocol import codec
 from kafscale.broker.stop_deadline import EXIT_STOP_DEADLINE, THREAD_SLACK_S, stop_bound_s
 
 pytestmark = pytest.mark.integration
@@ -65,13 +69,13 @@ def frozen() -> Iterator[list[int]]:
 
 
 def start(
-    data_dir: Path, port: int, brokers: int, proxy: bool, log: Path
+    data_dir: Path, port: int, brokers: int, proxy: bool, log: Path, grace_s: float = GRACE_S
 ) -> subprocess.Popen[bytes]:
     process = launch_local(
         [
             *("--data-dir", str(data_dir), "--port", str(port), "--brokers", str(brokers)),
             *(["--proxy"] if proxy else []),
-            *("--limits-shutdown-grace-s", str(GRACE_S)),
+            *("--limits-shutdown-grace-s", str(grace_s)),
             *("--etcd-timeout-s", str(ETCD_TIMEOUT_S)),
         ],
         log,
@@ -147,3 +151,50 @@ def test_ctrl_c_ends_local_by_its_bound_while_its_etcd_is_frozen(
     finally:
         code = ctrl_c_exit_code(restarted, 60, restart_log)
     assert code == 0, restart_log.read_text()
+
+
+LONG_POLL_GRACE_S = 8.0
+"""Over ``CLOSE_MARGIN_S``: two graces in turn (the proxy's, then the brokers') outlive the
+bound of one grace + 5 s."""
+
+
+def long_poll(bootstrap: str, topic: str, partition: int) -> KafkaWire:
+    """A connection with a consumer's long poll in flight (an empty partition, 60 s of
+    max wait): ApiVersions and the Fetch go in one write, and ApiVersions' answer says the
+    server has read them, so the Fetch is in flight, not still in the socket."""
+    wire = KafkaWire(bootstrap)
+    fetch = fetch_body(topic, partition, 0, max_wait_ms=60_000)
+    wire.send_raw(
+        codec.encode_request(API_VERSIONS, 3, wire.next_correlation_id(), {})
+        + codec.encode_request(FETCH, 12, wire.next_correlation_id(), fetch)
+    )
+    wire.recv(API_VERSIONS, 3)
+    return wire
+
+
+def test_ctrl_c_stops_the_proxy_and_brokers_within_one_grace(tmp_path: Path) -> None:
+    """Long polls in flight on the proxy and on each of three brokers (a client that reached
+    the brokers' own ports): each part waits for its requests until the one grace after the
+    Ctrl-C, together, and the stop is the graceful one (exit 0). The proxy used to get a whole
+    grace of its own and the brokers a second one after it: past grace + 5 s the stop was cut
+    (exit 124, "stopping took over")."""
+    data_dir, log = tmp_path / "data", tmp_path / "local.log"
+    brokers = 3
+    port = free_port_run(brokers + 1)
+    process = start(data_dir, port, brokers, True, log, LONG_POLL_GRACE_S)
+    wires: list[KafkaWire] = []
+    try:
+        create_topics(f"localhost:{port}", ["idle"], brokers)
+        wires.append(long_poll(f"localhost:{port}", "idle", 0))
+        wires += [long_poll(f"localhost:{port + 1 + i}", "idle", i) for i in range(brokers)]
+        bound_s = stop_bound_s(LONG_POLL_GRACE_S) + THREAD_SLACK_S
+        code = ctrl_c_exit_code(process, bound_s + SCHEDULING_SLACK_S, log)
+    finally:
+        for wire in wires:
+            wire.close()
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait(30)
+    text = log.read_text()
+    assert code == 0, f"the stop was cut short by its bound:\n{text[-6000:]}"
+    assert text.count("broker stopped") == brokers and "proxy stopped" in text, text[-6000:]

@@ -1,4 +1,4 @@
-"""ruff and strict mypy stay clean: CI runs them as part of the suite."""
+"""ruff (lint and format) and strict mypy stay clean: CI runs them as part of the suite."""
 
 from __future__ import annotations
 
@@ -21,6 +21,15 @@ def run(*command: str) -> subprocess.CompletedProcess[str]:
 
 def test_ruff_is_clean() -> None:
     result = run(str(BIN / "ruff"), "check", "broker", "operator", "pipeline", "tests", "bench")
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_ruff_format_is_clean() -> None:
+    """The code is as ``ruff format`` writes it (``make lint`` checks the same folders): a
+    file formatted by hand drifts, and the next edit's diff carries the reformatting."""
+    result = run(
+        str(BIN / "ruff"), "format", "--check", "broker", "operator", "pipeline", "tests", "bench"
+    )
     assert result.returncode == 0, result.stdout + result.stderr
 
 
