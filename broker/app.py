@@ -145,8 +145,14 @@ class Broker:
 
     @classmethod
     async def start(
-        cls, settings: BrokerSettings, pod_name: str | None = None, cluster_size: int | None = None
+        cls,
+        settings: BrokerSettings,
+        pod_name: str | None = None,
+        cluster_size: int | None = None,
+        etcd_warning_level: int = logging.WARNING,
     ) -> Broker:
+        """``etcd_warning_level``: how loudly to name a known etcd durability bug; ``kafscale
+        local`` says it at INFO, since its user cannot pick the bundled etcd's version."""
         store: ObjectStore = InstrumentedStore(open_object_store(settings.storage))
         try:
             await store.check()
@@ -161,7 +167,7 @@ class Broker:
         except MetadataUnavailable as exc:
             await store.close()
             raise StartupError(f"etcd is not reachable: {exc}") from exc
-        await warn_of_durability_bugs(etcd)
+        await warn_of_durability_bugs(etcd, etcd_warning_level)
         session = await SessionLease.start(etcd, settings.etcd.session_ttl_s)
         view = ClusterView(etcd, settings.cluster)
         await view.start()

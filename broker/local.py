@@ -354,7 +354,10 @@ async def _start_all(
         settings = local_settings(base, options, etcd_url, index, pki)
         if settings.storage.kind is StorageKind.S3 and index == 0:
             await _prepare_bucket(settings)
-        started.brokers.append(await Broker.start(settings, cluster_size=options.brokers))
+        broker = await Broker.start(
+            settings, cluster_size=options.brokers, etcd_warning_level=logging.INFO
+        )
+        started.brokers.append(broker)
     if options.proxy:
         started.proxy = await Proxy.start(local_proxy_settings(base, options, etcd_url, pki))
 

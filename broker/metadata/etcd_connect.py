@@ -53,8 +53,8 @@ async def _connect_once(config: EtcdConnectionSettings) -> Etcd:
     )
 
 
-async def warn_of_durability_bugs(etcd: Etcd) -> None:
-    """Log one WARNING if etcd's version is known to lose acknowledged writes on a crash
+async def warn_of_durability_bugs(etcd: Etcd, level: int = logging.WARNING) -> None:
+    """Log one line (at ``level``) if etcd's version is known to lose acknowledged writes on a crash
     (``etcd_versions``): once per process and version, since ``kafscale local`` runs several
     brokers in one process. Best effort: a Status call that fails is no reason not to start."""
     try:
@@ -65,4 +65,4 @@ async def warn_of_durability_bugs(etcd: Etcd) -> None:
     warning = durability_warning(version)
     if warning is not None and version not in _warned_versions:
         _warned_versions.add(version)
-        log.warning("%s", warning)
+        log.log(level, "%s", warning)
