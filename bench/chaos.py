@@ -406,6 +406,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--drain-s", type=float, default=300, help="how long the group may take to drain"
     )
+    parser.add_argument(
+        "--member-debug",
+        default="",
+        help="librdkafka debug contexts for the group's members, e.g. cgrp,protocol (to stderr)",
+    )
     parser.add_argument("--json", action="store_true", help="print the figures as JSON too")
     parser.add_argument(
         "--keep", action="store_true", help="keep the work directory (etcd's and brokers' logs)"
@@ -432,7 +437,9 @@ def main(argv: list[str] | None = None) -> int:
             acked = Acked()
             stop = threading.Event()
             if args.group_members:
-                group = Group(cluster.bootstrap, TOPIC, args.producers, args.group_members)
+                group = Group(
+                    cluster.bootstrap, TOPIC, args.producers, args.group_members, args.member_debug
+                )
                 group.start()
             producers = [
                 threading.Thread(
