@@ -134,9 +134,10 @@ class Seen:
 class GroupMember(threading.Thread):
     """One consumer of the group on its own thread: poll, process (record), commit."""
 
-    def __init__(self, index: int, bootstrap: str, topic: str, seen: Seen) -> None:
+    def __init__(self, index: int, bootstrap: str, topic: str, seen: Seen, debug: str = "") -> None:
         super().__init__(name=f"chaos-member-{index}", daemon=True)
         self.index = index
+        self.debug = debug  # librdkafka debug contexts (e.g. "cgrp,protocol"), logged to stderr
         self.bootstrap = bootstrap
         self.topic = topic
         self.seen = seen
@@ -154,7 +155,9 @@ class GroupMember(threading.Thread):
             "auto.offset.reset": "earliest",
             "session.timeout.ms": 10_000,
             "heartbeat.interval.ms": 1_000,
-            "log_level": QUIET,
+            # No logger callback: librdkafka then writes from its own threads, so a member
+            # stuck in a synchronous commit still logs what its coordinator handle is doing.
+            **({"debug": self.debug, "log_level": 7} if self.debug else {"log_level": QUIET}),
         }
 
     def run(self) -> None:
@@ -272,13 +275,15 @@ class Group:
     topic: str
     partitions: int
     members: int = 3
+    debug: str = ""
     seen: Seen = field(default_factory=Seen)
     started_at: float = 0.0
     drained_s: float | None = None
 
     def __post_init__(self) -> None:
         self.threads = [
-            GroupMember(i, self.bootstrap, self.topic, self.seen) for i in range(self.members)
+            GroupMember(i, self.bootstrap, self.topic, self.seen, self.debug)
+            for i in range(self.members)
         ]
         self.watch = CommitWatch(self.bootstrap, self.topic, self.partitions)
 

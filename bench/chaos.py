@@ -61,7 +61,9 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, Producer
 from kafscale.broker.child_process import BrokerProcess, free_port_run
 
 TOPIC = "chaos"
-FAULTS = ("kill", "stop", "term", "etcd", "store", "etcd-leader")
+DEFAULT_FAULTS = ("kill", "stop", "term", "etcd", "store", "etcd-leader")
+FAULTS = (*DEFAULT_FAULTS, "coord-kill", "coord-stop", "coord-term")
+"""``coord-*``: that fault, to the broker FindCoordinator names for the group (else any)."""
 MAX_ETCD_DOWN_S = 5.0  # etcd-leader: the killed member is restarted after 1 s to this
 
 
@@ -195,8 +197,12 @@ def run_producer(
 def inject(kind: str, cluster: Cluster, rng: random.Random, max_stop_s: float) -> str:
     """One fault, undone before returning (restarts included)."""
     stack = cluster.stack
-    if kind in ("kill", "stop", "term"):
+    if kind.startswith("coord-"):
+        kind = kind.removeprefix("coord-")
+        slot = coordinator_slot(cluster) or rng.choice(cluster.slots)
+    elif kind in ("kill", "stop", "term"):
         slot = rng.choice(cluster.slots)
+    if kind in ("kill", "stop", "term"):
         process = slot.process
         assert process is not None
         if kind == "kill":
@@ -260,6 +266,23 @@ def kill_etcd_leader(cluster: Cluster, rng: random.Random) -> str:
                 raise
     cluster.etcd_restarts += 1
     return f"kill etcd leader {leader.name}, down {down_s:.1f}s"
+
+
+def coordinator_slot(cluster: Cluster) -> Slot | None:
+    """The broker the first live broker names as the group's coordinator (None if none
+    answers): the ``coord-*`` faults' target, so that the coordinator moves under the group."""
+    for slot in cluster.slots:
+        try:
+            wire = RawKafka(f"127.0.0.1:{slot.port}", timeout_s=10)
+            try:
+                answer = wire.request(10, 1, {"key": GROUP, "key_type": 0})
+            finally:
+                wire.close()
+        except (OSError, ValueError):
+            continue
+        if answer.error_code == 0:
+            return next((s for s in cluster.slots if s.port == answer.port), None)
+    return None
 
 
 def find_coordinators(cluster: Cluster) -> list[str]:
@@ -392,7 +415,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-stop-s", type=float, default=15)
     parser.add_argument("--faults", type=int, default=0, help="stop after this many (0: none)")
     parser.add_argument(
-        "--kinds", default=",".join(FAULTS), help=f"faults to choose from ({','.join(FAULTS)})"
+        "--kinds",
+        default=",".join(DEFAULT_FAULTS),
+        help=f"faults to choose from ({','.join(FAULTS)}; default: the first six)",
     )
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--ttl", type=int, default=4, help="broker session TTL, seconds")
@@ -405,6 +430,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--drain-s", type=float, default=300, help="how long the group may take to drain"
+    )
+    parser.add_argument(
+        "--member-debug",
+        default="",
+        help="librdkafka debug contexts for the group's members, e.g. cgrp,protocol (to stderr)",
     )
     parser.add_argument("--json", action="store_true", help="print the figures as JSON too")
     parser.add_argument(
@@ -432,7 +462,9 @@ def main(argv: list[str] | None = None) -> int:
             acked = Acked()
             stop = threading.Event()
             if args.group_members:
-                group = Group(cluster.bootstrap, TOPIC, args.producers, args.group_members)
+                group = Group(
+                    cluster.bootstrap, TOPIC, args.producers, args.group_members, args.member_debug
+                )
                 group.start()
             producers = [
                 threading.Thread(

@@ -6,6 +6,13 @@ id) reads as none. OffsetFetch v8+ asks for several groups, v9 checks the KIP-84
 and ``require_stable`` (KIP-447) answers UNSTABLE_OFFSET_COMMIT while a transaction that
 committed an offset is open. When etcd cannot be reached OffsetCommit answers
 REQUEST_TIMED_OUT and OffsetFetch COORDINATOR_NOT_AVAILABLE.
+
+OffsetFetch to a broker between two etcd sessions (its old one ended, its next one not up
+yet) answers COORDINATOR_LOAD_IN_PROGRESS, not NOT_COORDINATOR: librdkafka (2.16, issue 5586)
+never retries the OffsetFetch it sends for a new assignment after a group-level
+NOT_COORDINATOR, and never starts those partitions (the group stops consuming for good, every
+partition assigned), while it retries COORDINATOR_LOAD_IN_PROGRESS, which Kafka answers while
+a coordinator takes a group on, as this broker most often does a moment later.
 """
 
 from __future__ import annotations
@@ -19,7 +26,7 @@ from kafscale.broker.api.group_access import DESCRIBE, READ, group_runtime
 from kafscale.broker.groups.runtime import GroupRuntime
 from kafscale.broker.groups.store import CommittedOffset, TopicPartition
 from kafscale.broker.metadata.etcd_errors import MetadataUnavailable
-from kafscale.broker.protocol.errors import ErrorCode, KafkaError
+from kafscale.broker.protocol.errors import CoordinatorBetweenSessions, ErrorCode, KafkaError
 
 OFFSET_METADATA_MAX_BYTES = 4096
 """Kafka's ``offset.metadata.max.bytes``."""
@@ -153,15 +160,16 @@ async def _fetch_group(
         unstable = await _settle_pending(runtime, requested)
         committed = runtime.committed(requested)
     except KafkaError as exc:
+        code = fetch_error_code(exc)
         if version < 2:
             # v0-1 have no group-level error: every partition carries it.
             partitions = dict.fromkeys(requested or [], None)
             return {
                 "group_id": group_id,
-                "error_code": exc.code,
-                "topics": _fetched_topics(partitions, exc.code),
+                "error_code": code,
+                "topics": _fetched_topics(partitions, code),
             }
-        return {"group_id": group_id, "error_code": exc.code, "topics": []}
+        return {"group_id": group_id, "error_code": code, "topics": []}
     current = {name: info.topic_id for name, info in ctx.broker.view.topics.items()}
     valid = {
         tp: offset if offset is None or offset.still_valid(current.get(tp[0])) else None
@@ -186,6 +194,14 @@ async def _fetch_group(
         + _fetched_topics(unstable_topics, ErrorCode.UNSTABLE_OFFSET_COMMIT)
         + _fetched_topics(denied, ErrorCode.TOPIC_AUTHORIZATION_FAILED),
     }
+
+
+def fetch_error_code(exc: KafkaError) -> ErrorCode:
+    """OffsetFetch's answer to a failure: a broker between etcd sessions is loading the group,
+    as far as the client need know (see the module: NOT_COORDINATOR strands librdkafka)."""
+    if isinstance(exc, CoordinatorBetweenSessions):
+        return ErrorCode.COORDINATOR_LOAD_IN_PROGRESS
+    return exc.code
 
 
 def _may_describe(ctx: RequestContext, topic: str) -> bool:

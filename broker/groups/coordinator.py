@@ -54,7 +54,12 @@ from kafscale.broker.observability.lag import reported_groups
 from kafscale.broker.observability.log_limit import ClientEvent, client_log, named
 from kafscale.broker.observability.logs import about, bind
 from kafscale.broker.observability.metrics import METRICS, Metrics
-from kafscale.broker.protocol.errors import ErrorCode, NotCoordinator, UnreadableRecord
+from kafscale.broker.protocol.errors import (
+    CoordinatorBetweenSessions,
+    ErrorCode,
+    NotCoordinator,
+    UnreadableRecord,
+)
 from kafscale.broker.task_stop import start_task
 
 log = logging.getLogger(__name__)
@@ -285,7 +290,7 @@ class GroupCoordinator:
         try:
             loaded = await self._store.load(group_id)
             if self._closed or host.session is not session or session.lost.is_set():
-                raise NotCoordinator("this broker lost its etcd session")
+                raise CoordinatorBetweenSessions("this broker lost its etcd session")
             runtime = self._new_runtime(group_id, fence, loaded)
         except UnreadableRecord as exc:
             self.report_unreadable(group_id, exc)
@@ -309,13 +314,13 @@ class GroupCoordinator:
         """The group's lease, taken (or confirmed) for this broker's ``session``; raises
         NotCoordinator (another holder, a lost session, draining) or MetadataUnavailable."""
         if session.lost.is_set():
-            raise NotCoordinator("this broker's etcd session expired")
+            raise CoordinatorBetweenSessions("this broker's etcd session expired")
         if self._host.draining:
             raise NotCoordinator("this broker is draining")
         try:
             fence = await self._leases.acquire(group_id, self._host.node_id, session.id)
         except LeaseLost as exc:  # the session ended before its keepalive told us
-            raise NotCoordinator("this broker's etcd session expired") from exc
+            raise CoordinatorBetweenSessions("this broker's etcd session expired") from exc
         if fence is None:
             holder = self._leases.holder(group_id)
             raise NotCoordinator(f"group {group_id!r} is coordinated by broker {holder}")

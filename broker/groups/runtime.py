@@ -60,7 +60,8 @@ from kafscale.broker.groups.store import (
     LoadedGroup,
     TopicPartition,
 )
-from kafscale.broker.metadata.etcd_errors import MetadataUnavailable
+from kafscale.broker.metadata.etcd_errors import MetadataError, MetadataUnavailable
+from kafscale.broker.observability.log_limit import ClientEvent, client_log, named
 from kafscale.broker.protocol.errors import ErrorCode, NotCoordinator
 from kafscale.broker.task_stop import start_task
 
@@ -649,21 +650,13 @@ class GroupRuntime(ShareRuntime, RetentionRuntime):
     async def _run_stores(self) -> None:
         while True:
             store = await self._stores.get()
-            error = ErrorCode.NONE
             self._storing = True  # off the queue, not in etcd yet: ``vacant`` counts it
             try:
-                record = self._stamped(store.record)
-                stored = await self._store.save_group(self.group_id, record, self.fence)
-            except MetadataUnavailable as exc:
-                log.warning("storing group %s: %s", self.group_id, exc)
-                error = ErrorCode.COORDINATOR_NOT_AVAILABLE
-            else:
-                if not stored:
-                    self._lose("group metadata write fenced: the group lease is no longer ours")
-                    return
-                self._stored_record = record
+                error = await self._write(store)
             finally:
                 self._storing = False
+            if error is None:
+                return  # fenced: the group is being let go, its waiters told NOT_COORDINATOR
             if isinstance(store.token, EmptyTimeStore):
                 continue
             if isinstance(store.token, ConsumerStore):
@@ -676,6 +669,33 @@ class GroupRuntime(ShareRuntime, RetentionRuntime):
                 self.group.stored(self._clock(), store.token, error)
                 self._apply(self.group.take_effects())
                 self._log_stored(store, error)
+
+    async def _write(self, store: Store) -> ErrorCode | None:
+        """Write one group record to etcd: the outcome the waiting members are told (None: the
+        lease is no longer ours, and the group is let go). Every failure is an answer and the
+        writer goes on: one that ended it (etcd refusing a record over its request size limit
+        with "request is too large") left the SyncGroup waiting on the write, and every later
+        rebalance's, unanswered for good while the group stayed coordinated here. A refused
+        record gets UNKNOWN_SERVER_ERROR, as Kafka answers a group record too large for its
+        log; etcd out of reach, COORDINATOR_NOT_AVAILABLE (clients retry)."""
+        try:
+            record = self._stamped(store.record)
+            stored = await self._store.save_group(self.group_id, record, self.fence)
+        except MetadataUnavailable as exc:
+            log.warning("storing group %s: %s", self.group_id, exc)
+            return ErrorCode.COORDINATOR_NOT_AVAILABLE
+        except Exception as exc:  # etcd refused the write, or a bug: answered either way
+            client_log(
+                log, logging.ERROR, ClientEvent.INTERNAL_ERROR, named("group", self.group_id),
+                "storing group %s failed: %s", self.group_id, exc,
+                exc_info=not isinstance(exc, MetadataError),
+            )  # fmt: skip
+            return ErrorCode.UNKNOWN_SERVER_ERROR
+        if not stored:
+            self._lose("group metadata write fenced: the group lease is no longer ours")
+            return None
+        self._stored_record = record
+        return ErrorCode.NONE
 
     def _log_stored(self, store: Store, error: ErrorCode) -> None:
         record = store.record

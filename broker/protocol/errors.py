@@ -141,6 +141,13 @@ class NotCoordinator(KafkaError):
     code = ErrorCode.NOT_COORDINATOR
 
 
+class CoordinatorBetweenSessions(NotCoordinator):
+    """This broker's etcd session ended (paused, partitioned, etcd electing a leader) and its
+    next one is not up yet: it coordinates nothing meanwhile, and is most often the group's
+    coordinator again a moment later. NOT_COORDINATOR, but OffsetFetch answers
+    COORDINATOR_LOAD_IN_PROGRESS (``api/group_offsets``)."""
+
+
 class MetadataTimeout(KafkaError):
     """etcd could not be reached in time: never proceed as if it had answered."""
 

@@ -67,11 +67,14 @@ def _scratch_dir() -> AbstractContextManager[Path]:
 
 
 @contextmanager
-def running_etcd() -> Iterator[EmbeddedEtcd]:
-    """A fast-starting etcd on a scratch directory, stopped and removed afterwards."""
+def running_etcd(extra_args: tuple[str, ...] = ()) -> Iterator[EmbeddedEtcd]:
+    """A fast-starting etcd on a scratch directory, stopped and removed afterwards;
+    ``extra_args``: more etcd flags (e.g. a lower ``--max-request-bytes``)."""
     with (
         _scratch_dir() as path,
-        EmbeddedEtcd(path, fast=True, no_fsync=True, die_with_parent=True) as server,
+        EmbeddedEtcd(
+            path, fast=True, no_fsync=True, die_with_parent=True, extra_args=extra_args
+        ) as server,
     ):
         yield server
 
