@@ -56,6 +56,9 @@ class BrokerCluster:
                 "KAFSCALE_LISTENER__ADMIN_PORT": str(admin_port),
                 "KAFSCALE_LOG__FLUSH_INTERVAL_MS": "50",
                 "KAFSCALE_LIMITS__SHUTDOWN_GRACE_S": "5",
+                # Kafka's 3-s default: every new group's first join waited it out (the tests
+                # about the delay set their own); docs/testing.md, "Keeping the suite fast"
+                "KAFSCALE_GROUPS__INITIAL_REBALANCE_DELAY_MS": "200",
                 "KAFSCALE_LOG_LEVEL": "INFO",
             }
         )

@@ -8,7 +8,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaException, Producer
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
 from confluent_kafka import TopicPartition as ConfluentTP
 from confluent_kafka.admin import (
     AdminClient,
@@ -219,32 +219,37 @@ def in_transaction(
     time.sleep(0.1)
 
 
-def poll_all(bootstrap: str, topic: str, isolation: str, quiet_s: float = 3.0) -> list[Record]:
-    """Every record a consumer gets from offset 0 until ``quiet_s`` pass without one."""
+def poll_all(bootstrap: str, topic: str, isolation: str, timeout_s: float = 60.0) -> list[Record]:
+    """Every record a consumer gets from offset 0 to the partition's end: the high watermark,
+    or the last stable offset under ``read_committed`` (``enable.partition.eof``). The records
+    of a test are acknowledged before it reads, so the end covers them all; waiting for a
+    quiet spell instead cost seconds per call."""
     consumer = Consumer(
         {
             "bootstrap.servers": bootstrap,
             "group.id": f"g-{time.monotonic_ns()}",
             "enable.auto.commit": False,
+            "enable.partition.eof": True,
             "isolation.level": isolation,
             "fetch.wait.max.ms": 100,
         }
     )
     consumer.assign([ConfluentTP(topic, 0, 0)])
     found: list[Record] = []
+    deadline = time.monotonic() + timeout_s
     try:
-        last = time.monotonic()
-        while time.monotonic() - last < quiet_s:
+        while True:
+            assert time.monotonic() < deadline, f"no end of {topic} in {timeout_s:g} s: {found}"
             message = consumer.poll(0.3)
             if message is None:
                 continue
             if message.error():
+                if message.error().code() == KafkaError._PARTITION_EOF:
+                    return found
                 raise KafkaException(message.error())
             found.append((message.offset(), message.key(), message.value()))
-            last = time.monotonic()
     finally:
         consumer.close()
-    return found
 
 
 def stored_horizons(cluster: BrokerCluster, topic: str) -> list[int | None]:

@@ -25,7 +25,7 @@ from harness.prometheus import Prometheus, chart_rule_groups, serve_metrics
 
 pytestmark = pytest.mark.integration
 
-WINDOW_S = 20  # lagWindow: lag must have grown over this long
+WINDOW_S = 10  # lagWindow: lag must have grown over this long (10 one-second scrapes)
 LOOKBACK_S = 10  # lagHandoffLookback: carries a series across a hand-off's gap
 HANDOFF_S = 3  # seconds of gap (no broker reports) and of overlap (two do), once seen
 THRESHOLD = 1000
