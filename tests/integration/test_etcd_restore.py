@@ -18,6 +18,7 @@ from typing import TypeVar
 import pytest
 from harness.etcd import harness_etcd
 
+from kafscale.broker.groups.leases import AFTER_EVERY_REVISION, GroupLeases
 from kafscale.broker.metadata import keys
 from kafscale.broker.metadata.cluster import BrokerInfo, ClusterView
 from kafscale.broker.metadata.embedded_etcd import EmbeddedEtcd
@@ -257,5 +258,43 @@ async def test_a_cluster_view_drops_a_broker_deregistered_after_a_restore(
                     await fresh.close()
             finally:
                 await view.close()
+    finally:
+        await writer.close()
+
+
+async def test_group_lease_holders_are_etcds_after_a_restore(
+    etcd_server_private: EmbeddedEtcd, tmp_path: Path
+) -> None:
+    """The proxy's and each coordinator's record of group lease holders: a group whose lease
+    moved after the backup is held by its old holder again in etcd, and the follower says so
+    (as a change newer than any lease's create revision: a coordinator lets the group go)."""
+    server, cluster = etcd_server_private, "restored-groups"
+    writer = await harness_etcd(server.client_url)
+    changes: list[tuple[str, int | None, int]] = []
+    try:
+        async with connected(server.client_url) as client:
+            key = keys.group_lease_key(cluster, "g")
+            await writer.put(key, b"1")
+            leases = GroupLeases(client, cluster, lambda *change: changes.append(change))
+            await leases.start()
+            try:
+                await back_up(server, tmp_path / "backup")
+                await until_answered(lambda: writer.put(key, b"2"))
+                for i in range(10):  # other writes of the undone history
+                    await until_answered(lambda i=i: writer.put(f"/elsewhere/{i}", b"x"))
+
+                async def moved() -> bool:
+                    return leases.owners == {"g": 2}
+
+                await wait_until(moved, "the follower saw the lease move to broker 2")
+                await restore(server, tmp_path / "backup")
+
+                async def as_etcd_has_it() -> bool:
+                    return leases.owners == {"g": 1}
+
+                await wait_until(as_etcd_has_it, "the follower holds etcd's holder again")
+            finally:
+                await leases.close()
+        assert changes[-1] == ("g", 1, AFTER_EVERY_REVISION)
     finally:
         await writer.close()
