@@ -25,6 +25,7 @@ from kafscale.broker.metadata.embedded_etcd import EmbeddedEtcd
 from kafscale.broker.metadata.etcd import Etcd, WatchEvent, WatchEventKind
 from kafscale.broker.metadata.etcd_errors import MetadataUnavailable
 from kafscale.broker.metadata.partition_state import PartitionState
+from kafscale.broker.proxy.routes import RoutingTable
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
@@ -296,5 +297,52 @@ async def test_group_lease_holders_are_etcds_after_a_restore(
             finally:
                 await leases.close()
         assert changes[-1] == ("g", 1, AFTER_EVERY_REVISION)
+    finally:
+        await writer.close()
+
+
+async def test_the_proxy_stops_routing_to_a_broker_that_deregistered_after_a_restore(
+    etcd_server_private: EmbeddedEtcd, tmp_path: Path
+) -> None:
+    """The proxy's routing table: broker 2 owned the partition at the backup; after the restore
+    it deregisters (its registration and lease key deleted). The proxy must route the partition
+    to broker 1, the one etcd lists, not keep sending it to broker 2."""
+    server, cluster = etcd_server_private, "restored-proxy"
+    tp = ("t", 0)
+    writer = await harness_etcd(server.client_url)
+    try:
+        async with connected(server.client_url) as client:
+
+            async def register(node_id: int) -> None:
+                info = BrokerInfo(node_id, "127.0.0.1", 9000 + node_id)
+                key = keys.broker_key(cluster, node_id)
+                await until_answered(lambda: writer.put(key, info.to_json()))
+
+            await register(1)
+            await register(2)
+            await writer.put(keys.partition_lease_key(cluster, *tp), b"2")
+            routes = RoutingTable(client, cluster)
+            await routes.start()
+            try:
+                await back_up(server, tmp_path / "backup")
+                await register(3)
+                for i in range(10):  # other writes of the undone history
+                    await until_answered(lambda i=i: writer.put(f"/elsewhere/{i}", b"x"))
+
+                async def sees_broker_3() -> bool:
+                    return set(routes.view.brokers) == {1, 2, 3}
+
+                await wait_until(sees_broker_3, "the proxy saw broker 3 register")
+                assert routes.partition_owner(tp) == 2
+                await restore(server, tmp_path / "backup")
+                await until_answered(lambda: writer.delete(keys.partition_lease_key(cluster, *tp)))
+                await until_answered(lambda: writer.delete(keys.broker_key(cluster, 2)))
+
+                async def routes_to_broker_1() -> bool:
+                    return set(routes.view.brokers) == {1} and routes.partition_owner(tp) == 1
+
+                await wait_until(routes_to_broker_1, "the proxy routes to the broker etcd lists")
+            finally:
+                await routes.close()
     finally:
         await writer.close()
