@@ -604,11 +604,11 @@ class Etcd:
         backoff = Backoff(_WATCH_BACKOFF_MIN_S, _WATCH_BACKOFF_MAX_S)
         while not self.closed:
             try:
-                probe = await self.history_probe(None if last is None else _last_write(last))
+                last_write = None if last is None else _last_write(last)
+                probe = await self.history_probe(last_write)
                 lost = None
-                if seen is not None:
-                    mark = WatchMark(seen, cluster_id, None if last is None else _last_write(last))
-                    lost = history_lost(mark, probe)
+                if seen is not None:  # a creation from now has nothing to lose yet
+                    lost = history_lost(WatchMark(seen, cluster_id, last_write), probe)
                 if lost is not None:
                     log.warning("etcd watch on %s: %s; resyncing", start, lost)
                 if resync or lost is not None:
