@@ -34,6 +34,11 @@ log = logging.getLogger(__name__)
 LeaseChange = Callable[[str, int | None, int], None]
 """(group, new owner or None when released, etcd revision of the change)."""
 
+AFTER_EVERY_REVISION = 2**63 - 1
+"""The revision reported for the reload after etcd's history went back (a restore, lost
+writes): every revision held from before (a lease's create revision) is void, so the change is
+newer than all of them, and a coordinator whose lease etcd no longer lists lets its group go."""
+
 
 def choose_coordinator(
     group_id: str, holder: int | None, live: Iterable[int], draining: Iterable[int] = ()
@@ -166,7 +171,9 @@ class GroupLeases:
             async for event in events:
                 try:
                     if event.kind is WatchEventKind.RESYNC:
-                        await self._resync(event.mod_revision)
+                        await self._resync(
+                            AFTER_EVERY_REVISION if event.rewound else event.mod_revision
+                        )
                         continue
                     group_id = self._group_of(event.key)
                     if event.kind is WatchEventKind.PUT:
@@ -182,9 +189,9 @@ class GroupLeases:
                     log.exception("cannot apply group lease event for %s", event.key)
 
     async def _resync(self, revision: int) -> None:
-        """History was compacted: reload (retried until etcd answers: the watch goes on after
-        the compacted stretch, whose changes a skipped reload would lose for good), and report
-        every holder as changed."""
+        """History was compacted or went back (``Etcd.watch_range``): reload (retried until
+        etcd answers: the watch goes on after the lost stretch, whose changes a skipped reload
+        would lose for good), and report every holder as changed."""
         before = dict(self.owners)
         self._reset(await read_prefix_until_answered(self._etcd, self._prefix, "group leases"))
         for group_id in set(before) | set(self.owners):

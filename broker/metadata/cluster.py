@@ -268,9 +268,9 @@ class ClusterView:
             event = await events.get()
             self.events_seen += 1
             if event.kind is WatchEventKind.RESYNC:
-                if event.mod_revision <= self._loaded_revision:
+                if not event.rewound and event.mod_revision <= self._loaded_revision:
                     continue  # an earlier reload read past where this watch goes on
-                if not await self._reload_until_done():
+                if not await self._reload_until_done(rewound=event.rewound):
                     return  # the client was closed: the watches end too
                 continue
             if event.mod_revision <= self._loaded_revision:
@@ -315,14 +315,14 @@ class ClusterView:
                 self.health.failed(part, error)
             await self._etcd.pause(backoff.next_delay())
 
-    async def _reload_until_done(self) -> bool:
+    async def _reload_until_done(self, rewound: bool = False) -> bool:
         """``_reload``, retried with backoff while etcd refuses it (an outage is retried
         inside); False once the client is closed. Not following meanwhile (``health``)."""
         backoff = Backoff(_RETRY_MIN_S, _RETRY_MAX_S)
         self.health.pending("reload")
         while not self._etcd.closed:
             try:
-                await self._reload()
+                await self._reload(rewound)
             except MetadataError as error:
                 if self._etcd.closed:
                     return False
@@ -333,18 +333,28 @@ class ClusterView:
             return True
         return False
 
-    async def _reload(self) -> None:
+    async def _reload(self, rewound: bool = False) -> None:
         """The watch lost history (compaction): rebuild the view from a fresh read.
 
         Retried until etcd answers: the watch goes on after the compacted stretch, so a reload
         given up would lose every change in it for good (a lease that moved then stays where
         it was in this view: a proxy would route to the old owner until that key changed
-        again)."""
-        log.warning("cluster watch lost history; reloading the view")
+        again).
+
+        ``rewound``: etcd's history went back (a restore from a backup, writes etcd lost;
+        ``watch_history``). Its revisions are then lower than the ones this view remembers and
+        its partition states may be older than those held here: the view takes etcd's read as
+        it is (high watermarks go back too) and forgets its own commits' revisions."""
+        log.warning(
+            "cluster watch lost history%s; reloading the view",
+            " (etcd's history went back)" if rewound else "",
+        )
         entries, revision = await read_ranges_until_answered(
             self._etcd, self._ranges, "cluster view"
         )
         self._loaded_revision = revision
+        if rewound:
+            self._forget_states()
         self.topics.clear()
         self.brokers.clear()
         self.owners.clear()
@@ -360,6 +370,15 @@ class ClusterView:
             self.watermarks.notify(tp)
         self.changed.set()
         self.changed = asyncio.Event()
+
+    def _forget_states(self) -> None:
+        """Drop every partition state and remembered commit (waking their long-polls), so a
+        reload after a rewind keeps etcd's states, not the newer-looking ones held here."""
+        for tp in list(self.states):
+            self.watermarks.notify(tp)
+        self.states.clear()
+        self._own_commits.clear()
+        self._committing.clear()
 
     def _apply(self, event: WatchEvent) -> None:
         if event.kind is WatchEventKind.PUT:

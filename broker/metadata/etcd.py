@@ -12,7 +12,8 @@ beside it, listed below) fixes those once:
   ``lost`` as soon as the lease may have expired, so the broker stops acting as owner
   (DESIGN §3.3, §3.4);
 * ``watch_prefix`` resumes after an etcd restart from the last seen revision + 1, so no event
-  is lost, and says ``RESYNC`` if that history was compacted away;
+  is lost, and says ``RESYNC`` if that history was compacted away, or is gone (etcd restored
+  from a backup, or 3.5.1 lost writes: its revision went back; ``watch_history``);
 * transactions use our own small compare/op values, so no aetcd type leaks to callers;
 * every configured endpoint is used: a call that finds its member unreachable moves the client
   to the next endpoint (reads are retried there at once; writes fail with
@@ -71,6 +72,12 @@ from kafscale.broker.metadata.etcd_txn import (
     prefix_range_end,
     put_op,
 )
+from kafscale.broker.metadata.watch_history import (
+    HistoryProbe,
+    LastWrite,
+    WatchMark,
+    history_lost,
+)
 from kafscale.broker.observability.metrics import METRICS
 from kafscale.broker.observability.retry_log import RetryLog
 
@@ -87,7 +94,8 @@ class WatchEventKind(enum.StrEnum):
     PUT = "PUT"
     DELETE = "DELETE"
     RESYNC = "RESYNC"
-    """History was compacted: reload the prefix; events after ``mod_revision`` follow."""
+    """History was compacted or is gone: reload the prefix; events after ``mod_revision``
+    follow."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,6 +106,16 @@ class WatchEvent:
     key: str
     value: bytes
     mod_revision: int
+    rewound: bool = False
+    """RESYNC only: etcd's history went back (``watch_history``), so ``mod_revision`` may be
+    lower than revisions seen before, and any revision kept from before means nothing now
+    (reload even if an earlier reload read "past" it; drop remembered revisions)."""
+
+
+def _last_write(event: WatchEvent) -> LastWrite:
+    return LastWrite(
+        event.key, event.mod_revision, event.value, event.kind is WatchEventKind.DELETE
+    )
 
 
 WatchStateListener = Callable[[BaseException | None], None]
@@ -313,6 +331,28 @@ class Etcd:
         """The store's current revision (one cheap read)."""
         response = await self._call("range", self._probe)
         return int(response.header.revision)
+
+    async def history_probe(self, last_write: LastWrite | None) -> HistoryProbe:
+        """etcd's cluster id and current revision and, if given, ``last_write``'s key as etcd
+        holds it at that write's revision: what ``watch_history.history_lost`` decides from."""
+        header = (await self._call("range", self._probe)).header
+        probe = HistoryProbe(int(header.cluster_id), int(header.revision))
+        if last_write is None or last_write.mod_revision > probe.current_revision:
+            return probe
+        request = rpc.RangeRequest(key=last_write.key.encode(), revision=last_write.mod_revision)
+        try:
+            response = await self._call(
+                "range",
+                lambda: self._client.kvstub.Range(
+                    request, timeout=self.timeout_s, metadata=self._client.metadata
+                ),
+            )
+        except MetadataError as error:
+            if _history_compacted(error):
+                return probe  # nothing to compare with; the watch's creation says RESYNC
+            raise
+        found = key_value(response.kvs[0]) if response.kvs else None
+        return HistoryProbe(probe.cluster_id, probe.current_revision, True, found)
 
     async def get(self, key: str) -> KeyValue | None:
         raw = await self._call("get", lambda: self._client.get(key.encode()))
@@ -543,6 +583,12 @@ class Etcd:
         the watch continues after: reload with ``get_prefix`` (events that follow may already be
         reflected in the reload; their ``mod_revision`` tells). Ends when the client is closed.
 
+        Before each creation it checks that etcd still holds the history it followed (the
+        caller's ``start_revision - 1`` counts as seen): after a restore from a backup, or
+        writes etcd 3.5.1 lost, the revision goes back and later writes reuse revisions, so
+        resuming at the last revision + 1 would skip them. Then it yields a ``RESYNC`` with
+        ``rewound`` set, at etcd's current revision (``watch_history``).
+
         ``on_state`` hears of each interruption (with its error) and of each watch created
         (None): between the two the range is not followed, though the generator goes on (an
         etcd that refuses the watch, permission denied, is retried like one that is down).
@@ -552,27 +598,39 @@ class Etcd:
         revision + 1. Use it under ``contextlib.aclosing`` so the server-side watch is
         cancelled promptly when the caller stops early.
         """
-        next_revision = start_revision
+        seen = None if start_revision is None else start_revision - 1
+        cluster_id: int | None = None
+        last: WatchEvent | None = None  # the last event delivered (not a RESYNC)
         resync = False
         backoff = Backoff(_WATCH_BACKOFF_MIN_S, _WATCH_BACKOFF_MAX_S)
         while not self.closed:
             try:
-                if next_revision is None or resync:
-                    current = await self.revision()
-                    if resync:
-                        yield WatchEvent(WatchEventKind.RESYNC, start, b"", current)
-                    next_revision, resync = current + 1, False
-                watch = self._watch(start, end, next_revision, on_state)
+                last_write = None if last is None else _last_write(last)
+                probe = await self.history_probe(last_write)
+                lost = None
+                if seen is not None:  # a creation from now has nothing to lose yet
+                    lost = history_lost(WatchMark(seen, cluster_id, last_write), probe)
+                if lost is not None:
+                    log.warning("etcd watch on %s: %s; resyncing", start, lost)
+                if resync or lost is not None:
+                    event = WatchEvent(
+                        WatchEventKind.RESYNC, start, b"", probe.current_revision, lost is not None
+                    )
+                    yield event
+                if seen is None or resync or lost is not None:
+                    seen, last, resync = probe.current_revision, None, False
+                cluster_id = probe.cluster_id
+                watch = self._watch(start, end, seen + 1, on_state)
                 async with contextlib.aclosing(watch) as events:
                     async for event in events:
                         backoff.reset()
-                        next_revision = event.mod_revision + 1
+                        seen, last = event.mod_revision, event
                         yield event
                 if self.closed:
                     return
                 log.info("etcd watch on %s ended by the server; re-creating", start)
             except _RevisionCompacted:
-                log.warning("etcd watch on %s: revision %s compacted", start, next_revision)
+                log.warning("etcd watch on %s: revision %s compacted", start, (seen or 0) + 1)
                 resync = True
                 continue
             except MetadataUnavailable as error:
