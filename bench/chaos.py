@@ -268,16 +268,21 @@ def kill_etcd_leader(cluster: Cluster, rng: random.Random) -> str:
     return f"kill etcd leader {leader.name}, down {down_s:.1f}s"
 
 
+def find_coordinator(slot: Slot) -> Any:
+    """FindCoordinator v1 for the campaign's group, asked of the broker in ``slot``."""
+    wire = RawKafka(f"127.0.0.1:{slot.port}", timeout_s=10)
+    try:
+        return wire.request(10, 1, {"key": GROUP, "key_type": 0})
+    finally:
+        wire.close()
+
+
 def coordinator_slot(cluster: Cluster) -> Slot | None:
     """The broker the first live broker names as the group's coordinator (None if none
     answers): the ``coord-*`` faults' target, so that the coordinator moves under the group."""
     for slot in cluster.slots:
         try:
-            wire = RawKafka(f"127.0.0.1:{slot.port}", timeout_s=10)
-            try:
-                answer = wire.request(10, 1, {"key": GROUP, "key_type": 0})
-            finally:
-                wire.close()
+            answer = find_coordinator(slot)
         except (OSError, ValueError):
             continue
         if answer.error_code == 0:
@@ -290,11 +295,7 @@ def find_coordinators(cluster: Cluster) -> list[str]:
     lines = []
     for slot in cluster.slots:
         try:
-            wire = RawKafka(f"127.0.0.1:{slot.port}", timeout_s=10)
-            try:
-                answer = wire.request(10, 1, {"key": GROUP, "key_type": 0})
-            finally:
-                wire.close()
+            answer = find_coordinator(slot)
             lines.append(
                 f"broker :{slot.port} names node {answer.node_id} :{answer.port} "
                 f"(error {answer.error_code})"

@@ -97,6 +97,13 @@ class Follower:
             self.held.pop(event.key, None)
 
 
+async def register(writer: Etcd, cluster: str, node_id: int) -> None:
+    """Broker ``node_id``'s registration, as a broker writes it (retried through the restore)."""
+    info = BrokerInfo(node_id, "127.0.0.1", 9000 + node_id)
+    key = keys.broker_key(cluster, node_id)
+    await until_answered(lambda: writer.put(key, info.to_json()))
+
+
 async def fresh_read(etcd: Etcd, prefix: str) -> dict[str, bytes]:
     entries = await until_answered(lambda: etcd.get_prefix(prefix))
     return {entry.key: entry.value for entry in entries}
@@ -206,24 +213,19 @@ async def test_a_cluster_view_drops_a_broker_deregistered_after_a_restore(
     try:
         async with connected(server.client_url) as client:
 
-            async def register(node_id: int) -> None:
-                info = BrokerInfo(node_id, "127.0.0.1", 9000 + node_id)
-                key = keys.broker_key(cluster, node_id)
-                await until_answered(lambda: writer.put(key, info.to_json()))
-
             async def commit(high_watermark: int) -> None:
                 key = keys.partition_state_key(cluster, *tp)
                 document = PartitionState(high_watermark=high_watermark).to_json()
                 await until_answered(lambda: writer.put(key, document))
 
-            await register(1)
-            await register(2)
+            await register(writer, cluster, 1)
+            await register(writer, cluster, 2)
             await commit(10)
             view = ClusterView(client, cluster)
             await view.start()
             try:
                 await back_up(server, tmp_path / "backup")
-                await register(3)
+                await register(writer, cluster, 3)
                 await commit(20)
                 for i in range(10):  # other writes of the undone history
                     await until_answered(lambda i=i: writer.put(f"/elsewhere/{i}", b"x"))
@@ -312,20 +314,14 @@ async def test_the_proxy_stops_routing_to_a_broker_that_deregistered_after_a_res
     writer = await harness_etcd(server.client_url)
     try:
         async with connected(server.client_url) as client:
-
-            async def register(node_id: int) -> None:
-                info = BrokerInfo(node_id, "127.0.0.1", 9000 + node_id)
-                key = keys.broker_key(cluster, node_id)
-                await until_answered(lambda: writer.put(key, info.to_json()))
-
-            await register(1)
-            await register(2)
+            await register(writer, cluster, 1)
+            await register(writer, cluster, 2)
             await writer.put(keys.partition_lease_key(cluster, *tp), b"2")
             routes = RoutingTable(client, cluster)
             await routes.start()
             try:
                 await back_up(server, tmp_path / "backup")
-                await register(3)
+                await register(writer, cluster, 3)
                 for i in range(10):  # other writes of the undone history
                     await until_answered(lambda i=i: writer.put(f"/elsewhere/{i}", b"x"))
 
