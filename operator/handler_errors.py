@@ -23,6 +23,17 @@ import kopf
 from kafscale.operator.events import WARNING, Notice
 
 REASON = "ReconcileFailed"
+
+
+class ToldPermanentError(kopf.PermanentError):  # type: ignore[misc]
+    """A failure whose condition change has posted its own Event already (``InvalidSpec``):
+    kopf treats it as any PermanentError; no ``ReconcileFailed`` repeats it."""
+
+
+class ToldTemporaryError(kopf.TemporaryError):  # type: ignore[misc]
+    """A retried failure whose condition change has posted its own Event (``ClusterNotFound``)."""
+
+
 MAX_MESSAGE_CHARS = 600  # an Event's message is meant to be short; the log keeps the rest
 
 F = TypeVar("F", bound=Callable[..., Awaitable[Any]])
@@ -81,7 +92,7 @@ class HandlerErrors:
 
     def failed(self, body: Any, handler: str, exc: BaseException) -> None:
         key = _key(body, handler)
-        if key is None:
+        if key is None or isinstance(exc, ToldPermanentError | ToldTemporaryError):
             return
         notice = failure_notice(handler, exc)
         now_s = self._clock()

@@ -38,7 +38,7 @@ from kafscale.operator.events import (
     readiness_notices,
     scale_notice,
 )
-from kafscale.operator.handler_errors import HandlerErrors
+from kafscale.operator.handler_errors import HandlerErrors, ToldPermanentError, ToldTemporaryError
 from kafscale.operator.kube import Kube, KubeError, load_configuration
 from kafscale.operator.metrics import OperatorMetrics
 from kafscale.operator.model_base import Condition
@@ -224,7 +224,7 @@ def register(
             new = invalid_spec_status(ref, previous, problem, now=reconcile.utc_now())
             _report(runtime, body, patch, previous, new)
             metrics.observe_cluster(ref, new, None)
-            raise kopf.PermanentError(f"invalid spec: {problem}") from exc
+            raise ToldPermanentError(f"invalid spec: {problem}") from exc
         replicas_before = await reconcile.broker_replicas(runtime, ref)
         try:
             await reconcile.apply_cluster(runtime, ref, spec)
@@ -393,7 +393,7 @@ def register(
             report(
                 topic_id=None, partitions=None, problem=None, waiting=("ClusterNotFound", message)
             )
-            raise kopf.TemporaryError(message, delay=10)
+            raise ToldTemporaryError(message, delay=10)
         ref, cluster_spec = found
         cluster = naming.kafscale_cluster_name(ref, cluster_spec)
         try:

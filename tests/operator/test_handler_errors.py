@@ -13,6 +13,8 @@ from kafscale.operator.handler_errors import (
     MAX_MESSAGE_CHARS,
     REASON,
     HandlerErrors,
+    ToldPermanentError,
+    ToldTemporaryError,
     failure_notice,
     one_line,
     post_due,
@@ -71,3 +73,24 @@ async def test_a_retry_loop_posts_one_event_and_a_success_resets_it() -> None:
     with pytest.raises(kopf.TemporaryError):
         await reconcile_cluster(body=BODY)
     assert len(posted) == 2  # failing again after a success is news
+
+
+async def test_a_failure_whose_condition_event_said_it_posts_no_second_event() -> None:
+    """An invalid spec (``InvalidSpec``) or a topic whose cluster is missing
+    (``ClusterNotFound``) has its condition's Event; ``ReconcileFailed`` would say it again."""
+    posted: list[Notice] = []
+    errors = HandlerErrors(300.0, post=lambda body, n: posted.append(n))
+
+    @errors.reported
+    async def reconcile_cluster(body: Any, **_: Any) -> None:
+        raise ToldPermanentError("invalid spec: brokers.replicas: must be >= 0")
+
+    @errors.reported
+    async def reconcile_topic(body: Any, **_: Any) -> None:
+        raise ToldTemporaryError("KafScaleCluster demo not found", delay=10)
+
+    with pytest.raises(kopf.PermanentError):
+        await reconcile_cluster(body=BODY)
+    with pytest.raises(kopf.TemporaryError):
+        await reconcile_topic(body=BODY)
+    assert posted == []
