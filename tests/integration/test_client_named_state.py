@@ -26,6 +26,9 @@ pytestmark = pytest.mark.integration
 
 OFFSET_FETCH, DESCRIBE_GROUPS, HEARTBEAT, JOIN_GROUP = 9, 15, 12, 11
 ADD_PARTITIONS_TO_TXN, END_TXN = 24, 26
+VACANT_RELEASE_MS = "1000"
+"""``groups.vacant_release_ms`` for the tests that wait for named groups to go (5 s by
+default): a group with offsets is not vacant, so the real groups stay coordinated."""
 
 
 def eventually(condition: Callable[[], bool], timeout_s: float = 180) -> bool:
@@ -76,8 +79,10 @@ def test_naming_groups_that_do_not_exist_leaves_no_coordinator_state(
     """DescribeGroups with 1,000 made-up group ids in one request, OffsetFetch with 300 more,
     Heartbeats for 200 more: each is answered as Kafka answers a group that does not exist,
     and once they are not asked for again the broker holds neither their runtimes nor their
-    leases in etcd. A real consumer group that committed an offset keeps its coordinator."""
-    broker = broker_cluster.start()
+    leases in etcd. A real consumer group that committed an offset keeps its coordinator.
+    Named groups are let go 1 s after the last request naming them, not the default 5 s:
+    that they go is what counts, not when."""
+    broker = broker_cluster.start(KAFSCALE_GROUPS__VACANT_RELEASE_MS=VACANT_RELEASE_MS)
     create_topics(broker.bootstrap, ["real"], partitions=1)
     assert _produce_and_consume(broker.bootstrap, "real", group="real-group") == [b"normal"]
     baseline = held(broker)
@@ -118,8 +123,11 @@ def test_joins_that_never_complete_leave_no_groups_behind(broker_cluster: Broker
     followed up: the would-be members expire after their session timeout, and the empty
     groups (no member, no offset: Kafka deletes those) are let go with their leases. The
     broker allows 1-s sessions so the test waits out 1 s of session, not Kafka's 6-s minimum:
-    the expiry is what counts, not its length."""
-    broker = broker_cluster.start(KAFSCALE_GROUPS__MIN_SESSION_TIMEOUT_MS="1000")
+    the expiry is what counts, not its length (and empty groups go 1 s after, not 5 s)."""
+    broker = broker_cluster.start(
+        KAFSCALE_GROUPS__MIN_SESSION_TIMEOUT_MS="1000",
+        KAFSCALE_GROUPS__VACANT_RELEASE_MS=VACANT_RELEASE_MS,
+    )
     with KafkaWire(broker.bootstrap, timeout_s=180.0) as wire:
         for group in names("j", 500):
             body = {

@@ -19,7 +19,7 @@ from contextlib import ExitStack, contextmanager
 
 import pytest
 from harness.batches import make_batch
-from harness.brokers import BrokerCluster
+from harness.brokers import BrokerCluster, BrokerProcess
 from harness.kafka_wire import (
     API_VERSIONS,
     FETCH,
@@ -104,6 +104,11 @@ def served(wire: KafkaWire, topic: str) -> None:
     assert batches_in(partition.records)[0].base_offset == offset
 
 
+def waiting_connections(broker: BrokerProcess) -> int:
+    """Connections whose announced frame waits for request memory (``GET /status``)."""
+    return int(broker.status()["request_memory"]["waiting_connections"])
+
+
 def test_a_thousand_announced_100_mib_frames_stay_inside_the_request_budget(
     broker_cluster: BrokerCluster,
 ) -> None:
@@ -122,7 +127,8 @@ def test_a_thousand_announced_100_mib_frames_stay_inside_the_request_budget(
             # four client addresses, as the per-address limit (1000) would otherwise refuse
             source = f"127.0.0.{2 + i % 4}"
             stack.enter_context(announce(address, source, 100 * MiB - 1))
-        time.sleep(1)  # let the broker take them all in
+        # the broker has taken them all in: one frame reserved, the others waiting for budget
+        assert eventually(lambda: waiting_connections(broker) >= 990, 120), broker.status()
         status = broker.status()
         with KafkaWire(broker.bootstrap) as wire:
             served(wire, "normal")

@@ -54,6 +54,13 @@ def stored_topic(cluster: BrokerCluster, broker: BrokerProcess) -> tuple[str, st
     return topic, prefix
 
 
+def failed_purges(broker: BrokerProcess, topic: str) -> int:
+    """How many times the deleting broker logged that deleting ``topic``'s objects failed
+    (``TopicPurger.purge_with_retries``): a condition to wait on, not a guessed time."""
+    text = broker.log_path.read_text(errors="replace")
+    return text.count(f"deleting the objects of topic {topic} failed")
+
+
 def delete_topic(broker: BrokerProcess, topic: str) -> None:
     admin = AdminClient({"bootstrap.servers": broker.bootstrap})
     admin.delete_topics([topic])[topic].result(10)
@@ -119,7 +126,8 @@ def test_objects_of_a_topic_deleted_during_a_storage_outage_go_once_it_is_back(
         topic, prefix = stored_topic(broker_cluster, broker)
         proxy.refuse = True
         delete_topic(broker, topic)  # etcd only: the objects cannot be listed now
-        time.sleep(4)  # the first attempts fail (each after botocore's own retries)
+        # The first attempts fail (each after botocore's own retries): two, as logged.
+        assert wait_for(lambda: failed_purges(broker, topic) >= 2, 60), broker.tail()
         assert broker_cluster.object_keys(prefix), "deleted although S3 was unreachable?"
         assert broker_cluster.etcd_keys(f"deleted-topics/{topic}/"), "no tombstone while pending"
         proxy.refuse = False
