@@ -17,7 +17,10 @@ starts ~310 brokers and ~40 proxies. This bench measures, ``--runs`` times each 
   its first rows (``executor``); and ``pyspark``, pyspark's data source API alone, the floor.
   ``--compare-src DIR`` measures the same from another tree too (``old-...``; ``DIR`` is its
   ``src``, e.g. of ``git archive main | tar -x -C /tmp/old``), run for run alternating with
-  this tree's, so that old and new meet the same load.
+  this tree's, so that old and new meet the same load. It does so for ``broker`` too
+  (``old-broker``). Compile that tree's bytecode first (``python -m compileall -q
+  /tmp/old/broker``): with ``PYTHONDONTWRITEBYTECODE`` set, an extracted tree is compiled
+  again by every process, ~0.5 s of CPU per broker start.
 
 Children start with ``child_env`` (no Hypothesis, as the test harness starts them). CPU is the
 figure that matters on a busy machine; wall time includes waiting for the two cores. Run from
@@ -168,13 +171,37 @@ def _measure_spark(runs: int, compare_src: str | None) -> None:
         _report(name, samples)
 
 
-def _broker_once(etcd: EmbeddedEtcd, data: Path) -> Callable[[int], tuple[float, float]]:
+def _broker_once(
+    etcd: EmbeddedEtcd, data: Path, src: str | None = None
+) -> Callable[[int], tuple[float, float]]:
+    """One broker start; ``src`` first on its path (another tree's ``kafscale``)."""
+    tag = "old-" if src else ""
+
     def once(i: int) -> tuple[float, float]:
         port = free_port_run(2)  # Kafka, admin
-        env = _service_env(etcd.client_url, data, f"c-broker{i}", port, port + 1)
+        env = _service_env(etcd.client_url, data, f"c-{tag}broker{i}", port, port + 1)
+        if src is not None:
+            env["PYTHONPATH"] = os.pathsep.join([src, env.get("PYTHONPATH", "")])
         return _start_until_ready([KAFSCALE, "broker"], env, port + 1)
 
     return once
+
+
+def _measure_brokers(runs: int, etcd: EmbeddedEtcd, data: Path, compare_src: str | None) -> None:
+    """Broker starts of this tree and (as ``old-broker``) of ``compare_src``, alternating start
+    after start so that both meet the same load."""
+    trees: dict[str, str | None] = {"broker": None}
+    if compare_src is not None:
+        trees["old-broker"] = compare_src
+    starts = {name: _broker_once(etcd, data, src) for name, src in trees.items()}
+    for once in starts.values():
+        once(-1)  # warm the page and bytecode caches; not scored
+    figures: dict[str, list[tuple[float, float]]] = {name: [] for name in starts}
+    for i in range(runs):
+        for name, once in starts.items():
+            figures[name].append(once(i))
+    for name, samples in figures.items():
+        _report(name, samples)
 
 
 def _measure_proxy(runs: int, etcd: EmbeddedEtcd, data: Path) -> list[tuple[float, float]]:
@@ -205,7 +232,8 @@ def main() -> None:
     )
     parser.add_argument(
         "--compare-src",
-        help="spark: also import the source from this tree's src directory (an older checkout)",
+        help="spark and broker: also measure the tree of this src directory (an older "
+        "checkout), alternating with this one's",
     )
     args = parser.parse_args()
     only = set(args.only or ["import", "help", "broker", "proxy", "spark"])
@@ -224,7 +252,7 @@ def main() -> None:
             EmbeddedEtcd(Path(tmp) / "etcd", fast=True, no_fsync=True) as etcd,
         ):
             if "broker" in only:
-                _report("broker", _measure(args.runs, _broker_once(etcd, Path(tmp))))
+                _measure_brokers(args.runs, etcd, Path(tmp), args.compare_src)
             if "proxy" in only:
                 _report("proxy", _measure_proxy(args.runs, etcd, Path(tmp)))
     print(f"load average after: {os.getloadavg()}")

@@ -21,6 +21,7 @@ from pydantic import ValidationError
 from kafscale.broker import drain_hook
 from kafscale.broker.authz.cli import add_acls_parser, run_acls
 from kafscale.broker.config import BrokerSettings
+from kafscale.broker.import_gc import collection_paused
 from kafscale.broker.memory import freeze_startup_objects, tune_allocator
 from kafscale.broker.metadata.etcd_channel import BadEndpoint
 from kafscale.broker.metadata.etcd_connect import connect_etcd
@@ -207,7 +208,8 @@ def _cmd_broker(args: argparse.Namespace) -> int:
 async def _serve_broker(settings: BrokerSettings) -> None:
     # Imported here: the broker (its API table, coordinators, storage) is most of the import
     # time of every command, and drain (a pod's preStop hook), users, acls or status need none.
-    from kafscale.broker.app import Broker
+    with collection_paused():  # see import_gc: collecting during imports frees almost nothing
+        from kafscale.broker.app import Broker
 
     await _serve_until_signalled(
         await Broker.start(settings, pod_name=os.environ.get("KAFSCALE_POD_NAME")),
@@ -250,7 +252,8 @@ def _cmd_proxy(args: argparse.Namespace) -> int:
 
 async def _serve_proxy(settings: ProxySettings) -> None:
     # Imported here, as for the other commands: a broker need not load the proxy's modules.
-    from kafscale.broker.proxy.app import Proxy
+    with collection_paused():  # see import_gc
+        from kafscale.broker.proxy.app import Proxy
 
     await _serve_until_signalled(await Proxy.start(settings), settings.limits.shutdown_grace_s)
 
@@ -286,7 +289,8 @@ def _cmd_local(args: argparse.Namespace) -> int:
     if problems:
         return 2
     # Imported here: the proxy and the local PKI (cryptography) only ``local`` needs.
-    from kafscale.broker.local import LocalOptions, run_local
+    with collection_paused():  # see import_gc
+        from kafscale.broker.local import LocalOptions, run_local
 
     _setup_logging(settings)
     for warning in warned:

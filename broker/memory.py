@@ -19,8 +19,6 @@ Settings made through glibc's own environment variables (``MALLOC_ARENA_MAX``,
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import gc
 import os
 
@@ -34,9 +32,14 @@ def tune_allocator() -> bool:
     """Apply the settings above; True if glibc took them. Call before threads start."""
     if os.uname().sysname != "Linux":
         return False
-    name = ctypes.util.find_library("c")
+    # Imported here: only a starting broker calls this; every other ``kafscale`` command
+    # (``drain``, a pod's preStop hook, among them) imports this module for nothing else.
+    import ctypes
+
     try:
-        libc = ctypes.CDLL(name)
+        # The process's own symbols, libc's among them: ``ctypes.util.find_library("c")``
+        # ran ``ldconfig -p`` in a child process at every start to find the same library.
+        libc = ctypes.CDLL(None)
     except OSError:
         return False
     if not hasattr(libc, "gnu_get_libc_version"):  # not glibc (musl's mallopt does nothing)

@@ -9,7 +9,10 @@ from __future__ import annotations
 
 def main() -> int:
     try:
-        from kafscale.broker.cli import main as cli_main
+        from kafscale.broker.import_gc import collection_paused
+
+        with collection_paused():  # the import's garbage is ~1k of its ~60k objects
+            from kafscale.broker.cli import main as cli_main
 
         return cli_main()
     except KeyboardInterrupt:

@@ -41,6 +41,8 @@ with contextlib.suppress(SystemExit), contextlib.redirect_stdout(io.StringIO()):
     cli.main(["drain", "--help"])
 drain = sorted(sys.modules)
 from kafscale.broker import app  # what ``kafscale broker`` imports when it starts one
+from kafscale.broker import memory
+memory.tune_allocator()  # as ``kafscale broker`` does before it starts one
 from kafscale.broker.protocol import codec
 with contextlib.suppress(SystemExit), contextlib.redirect_stdout(io.StringIO()):
     cli.main(["broker", "--help"])  # the command line parsed as ``kafscale broker`` parses it
@@ -71,6 +73,9 @@ def test_cli_commands_and_a_plain_broker_import_only_what_they_use() -> None:
     assert "kafscale.broker.app" not in imported["drain"]  # nor the API table behind it
     assert "kafscale.broker.api.table" not in imported["drain"]
     assert "kafscale.broker.app" in imported["broker"]  # the script did import the broker
+    assert "ctypes" not in imported["drain"]  # only a starting broker tunes its allocator
+    assert "ctypes" in imported["broker"]
+    assert "ctypes.util" not in imported["broker"]  # its find_library ran ``ldconfig -p``
     unused = sorted(name for name in NOT_FOR_A_PLAIN_BROKER if name in imported["broker"])
     assert unused == []
 
@@ -86,3 +91,36 @@ def test_the_proxy_command_still_finds_its_settings() -> None:
     broker_only = cli._parser("broker")
     with pytest.raises(SystemExit):  # the proxy's flags are not built for another command
         broker_only.parse_args(["proxy", "--cluster", "c1"])
+
+
+# ``kafscale drain --help`` through the console script's entry point, counting the cyclic
+# garbage collector's runs.
+_COLLECTIONS_SCRIPT = """
+import contextlib, gc, io, json, sys
+runs = []
+gc.callbacks.append(lambda phase, info: phase == "start" and runs.append(info["generation"]))
+from kafscale import entry
+sys.argv = ["kafscale", "drain", "--help"]
+with contextlib.suppress(SystemExit), contextlib.redirect_stdout(io.StringIO()):
+    entry.main()
+cli = "kafscale.broker.cli" in sys.modules
+print(json.dumps({"runs": len(runs), "enabled": gc.isenabled(), "cli": cli}))
+"""
+
+
+def test_the_garbage_collector_waits_while_the_cli_is_imported_and_runs_afterwards() -> None:
+    """Importing the CLI made the collector run ~100 times (~60k objects created, ~1k of them
+    garbage); paused, only the command's own work may trigger one (argparse: a few). And a
+    process that serves must have it running again."""
+    done = children.run(
+        [sys.executable, "-c", _COLLECTIONS_SCRIPT],
+        env=child_env(os.environ),
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=120,
+    )
+    seen = json.loads(done.stdout)
+    assert seen["cli"]  # the entry point did import the CLI
+    assert seen["runs"] < 20, seen
+    assert seen["enabled"]
