@@ -4,9 +4,10 @@ Importing the CLI and the broker creates ~60k objects that live as long as the p
 functions, kio's and pydantic's schemas) and ~1k that are garbage. With the collector running,
 those allocations trigger about a hundred collections that walk what was imported so far, to
 free ~1k objects (collector CPU per broker start, median of 8 alternating pairs: 0.099 s
-running, 0.081 s paused; small, and below what ``bench/startup.py`` resolves). Paused, one collection afterwards (``memory.freeze_startup_objects``, or the first one
-the collector runs by itself) frees the same garbage. An import is bounded work, so the garbage
-it may leave uncollected meanwhile is bounded too; the collector's previous state is restored
+running, 0.081 s paused; small, and below what ``bench/startup.py`` resolves). Paused, one
+collection afterwards (``memory.freeze_startup_objects``, or the first one the collector runs by
+itself) frees the same garbage. An import is bounded work, so the garbage it may leave
+uncollected meanwhile is bounded too; the collector's previous state is restored
 even when the import fails.
 """
 
