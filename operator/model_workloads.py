@@ -9,10 +9,25 @@ read it.
 from __future__ import annotations
 
 from enum import StrEnum
+from typing import Any
 
 from pydantic import ConfigDict, Field, model_validator
 
 from kafscale.operator.model_base import ApiModel, ResourceRequirements
+
+
+def _service_account_field(pods: str) -> Any:
+    """``serviceAccountName`` of the broker or proxy pods (the same rule and words for both)."""
+    return Field(
+        default=None,
+        min_length=1,
+        max_length=253,
+        pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$",
+        description=f"ServiceAccount the {pods} pods run as, e.g. one annotated for IRSA or "
+        "workload identity so they reach S3 by the pod's identity. Unset: the namespace's "
+        "default ServiceAccount with no API token mounted (the pods never call the Kubernetes "
+        "API); set: that ServiceAccount's automountServiceAccountToken decides.",
+    )
 
 
 class PullPolicy(StrEnum):
@@ -57,16 +72,7 @@ class BrokerSpec(ApiModel):
     priority_class_name: str | None = Field(
         default=None, description="PriorityClass of broker pods."
     )
-    service_account_name: str | None = Field(
-        default=None,
-        min_length=1,
-        max_length=253,
-        pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$",
-        description="ServiceAccount the broker pods run as, e.g. one annotated for IRSA or "
-        "workload identity so they reach S3 by the pod's identity. Unset: the namespace's "
-        "default ServiceAccount with no API token mounted (the pods never call the Kubernetes "
-        "API); set: that ServiceAccount's automountServiceAccountToken decides.",
-    )
+    service_account_name: str | None = _service_account_field("broker")
 
 
 class ServiceType(StrEnum):
@@ -91,16 +97,7 @@ class ProxySpec(ApiModel):
     resources: ResourceRequirements | None = Field(
         default=None, description="Proxy container resources."
     )
-    service_account_name: str | None = Field(
-        default=None,
-        min_length=1,
-        max_length=253,
-        pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$",
-        description="ServiceAccount the proxy pods run as, e.g. one annotated for IRSA or "
-        "workload identity so they reach S3 by the pod's identity. Unset: the namespace's "
-        "default ServiceAccount with no API token mounted (the pods never call the Kubernetes "
-        "API); set: that ServiceAccount's automountServiceAccountToken decides.",
-    )
+    service_account_name: str | None = _service_account_field("proxy")
 
 
 class AutoscalingSpec(ApiModel):
