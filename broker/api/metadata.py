@@ -12,6 +12,7 @@ from kafscale.broker.api.dispatch import Body, RequestContext
 from kafscale.broker.api.topic_partitions import (
     ClusterLook,
     describe_topic_partitions,
+    metadata_topics,
     partition_entry,
 )
 from kafscale.broker.authz.model import Operation
@@ -44,7 +45,7 @@ def controller_id(ctx: RequestContext) -> int:
 
 async def handle_metadata(request: Any, ctx: RequestContext) -> Body:
     broker = ctx.broker
-    requested = request.topics
+    requested = metadata_topics(request.topics, ctx.api_version)
     allow_auto = getattr(request, "allow_auto_topic_creation", True)
     if requested is None:  # every topic the principal may describe
         names = [t for t in sorted(broker.view.topics) if access.allowed(ctx, DESCRIBE, TOPIC, t)]

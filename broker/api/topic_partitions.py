@@ -30,6 +30,18 @@ MAX_PARTITIONS_PER_PAGE = 2000
 DescribeTopicPartitions answer carries, whatever the request's limit."""
 
 
+def metadata_topics(topics: Sequence[Any] | None, api_version: int) -> Sequence[Any] | None:
+    """The topics a Metadata request names; None when it asks for every topic.
+
+    Metadata v0 has no null array: there an empty list is how a client asks for every topic
+    (kafka-python pinned to 0.9 does so before it knows its subscription, and keeps what it is
+    told until its next refresh, minutes later). From v1 null asks for all, empty for none.
+    """
+    if topics is None or (api_version == 0 and not topics):
+        return None
+    return topics
+
+
 def partition_entry(name: str, index: int, leader_of: LeaderOf, epoch_of: EpochOf) -> Body:
     """Metadata's partition entry: LEADER_NOT_AVAILABLE while no broker can lead it."""
     tp = (name, index)

@@ -18,7 +18,7 @@ from typing import Any
 from kafscale.broker.api.access import CLUSTER_OPS, GROUP_OPS, TOPIC_OPS
 from kafscale.broker.api.features import SHARE_VERSION
 from kafscale.broker.api.served import SERVED_APIS, ServedApi, api_versions_body
-from kafscale.broker.api.topic_partitions import LeaderOf, partition_entry
+from kafscale.broker.api.topic_partitions import LeaderOf, metadata_topics, partition_entry
 from kafscale.broker.authz.model import CLUSTER_NAME, Operation, ResourceType
 from kafscale.broker.metadata.cluster import CLUSTER_ID_PREFIX
 from kafscale.broker.metadata.topics import missing_topic_error
@@ -94,13 +94,14 @@ def api_versions(transaction_version: int) -> Body:
     )
 
 
-def requested_topic_names(request: Any, routes: RoutingTable) -> list[str] | None:
+def requested_topic_names(request: Any, api_version: int, routes: RoutingTable) -> list[str] | None:
     """The topics a Metadata request names (None: all), ids resolved through the view."""
-    if request.topics is None:
+    topics = metadata_topics(request.topics, api_version)
+    if topics is None:
         return None
     by_id = routes.view.topics_by_id
     names = []
-    for topic in request.topics:
+    for topic in topics:
         topic_id = getattr(topic, "topic_id", None)
         if topic.name:
             names.append(topic.name)
@@ -111,6 +112,7 @@ def requested_topic_names(request: Any, routes: RoutingTable) -> list[str] | Non
 
 def metadata(
     request: Any,
+    api_version: int,
     routes: RoutingTable,
     me: Identity,
     describable: Describable = _everything,
@@ -118,7 +120,7 @@ def metadata(
 ) -> Body:
     """The cluster as the proxy shows it; all-topics requests list only the topics the client
     may describe, named ones it may not get TOPIC_AUTHORIZATION_FAILED (as from a broker)."""
-    names = requested_topic_names(request, routes)
+    names = requested_topic_names(request, api_version, routes)
     if names is None:
         names = [name for name in sorted(routes.view.topics) if describable(name)]
 

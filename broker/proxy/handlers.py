@@ -131,7 +131,7 @@ async def api_versions(r: ProxyRequest) -> Answer:
 
 async def metadata(r: ProxyRequest) -> Answer:
     routes = r.ctx.forwarder.routes
-    names = answers.requested_topic_names(r.body, routes) or []
+    names = answers.requested_topic_names(r.body, r.call.api_version, routes) or []
     unknown = [
         name
         for name in names
@@ -151,6 +151,7 @@ async def metadata(r: ProxyRequest) -> Answer:
         await _until_known(forwarder, [n for n in unknown if n not in refused], timeout_s=2.0)
     body = answers.metadata(
         r.body,
+        r.call.api_version,
         routes,
         r.identity,
         lambda name: r.may_describe(ResourceType.TOPIC, name),

@@ -18,6 +18,7 @@ from harness.kafka_wire import (
     API_VERSIONS,
     FETCH,
     LIST_OFFSETS,
+    METADATA,
     PRODUCE,
     KafkaWire,
     fetch_body,
@@ -100,6 +101,23 @@ def list_offsets_v0(wire: KafkaWire, topic: str, timestamp: int) -> tuple[int, l
     }
     partition = wire.request(LIST_OFFSETS, 0, body).topics[0].partitions[0]
     return int(partition.error_code), [int(o) for o in partition.old_style_offsets]
+
+
+@pytest.mark.parametrize("endpoint", ["broker", "proxy"])
+def test_metadata_v0_with_no_topics_lists_every_topic(
+    request: pytest.FixtureRequest, endpoint: str, topic: str
+) -> None:
+    """v0 has no null array, so an empty topic list asks for every topic (kafka-python pinned
+    to 0.9 asks so before it knows its subscription, and joined its group knowing no topic when
+    it was answered none); from v1 the empty list asks for none."""
+    kafka: BrokerProcess = request.getfixturevalue("kafka" if endpoint == "broker" else "proxy")
+    create_topics(kafka.bootstrap, [topic], partitions=2)
+    with KafkaWire(kafka.bootstrap) as wire:
+        every = wire.request(METADATA, 0, {"topics": []})
+        none = wire.request(METADATA, 1, {"topics": []})
+    listed = {t.name: len(t.partitions) for t in every.topics}
+    assert listed.get(topic) == 2
+    assert [t.name for t in none.topics] == []
 
 
 def test_list_offsets_v0_answers_latest_and_earliest(kafka: BrokerProcess, topic: str) -> None:

@@ -255,13 +255,15 @@ def test_proxy_metadata_lists_describable_topics_and_refuses_named_others() -> N
     me = Identity(1000, "proxy", 9092, "c")
     routes = _routes("mine", "theirs")
     every = SimpleNamespace(topics=None, include_topic_authorized_operations=True)
-    answer = answers.metadata(every, routes, me, lambda name: name == "mine", lambda t, n: 0b1000)
+    answer = answers.metadata(
+        every, 12, routes, me, lambda name: name == "mine", lambda t, n: 0b1000
+    )
     assert [(t["name"], t["topic_authorized_operations"]) for t in answer["topics"]] == [
         ("mine", 0b1000)
     ]
     assert answer["cluster_authorized_operations"] == answers.AUTHORIZED_OPERATIONS_OMITTED
     named = SimpleNamespace(topics=[SimpleNamespace(name="theirs")])
-    (theirs,) = answers.metadata(named, routes, me, lambda name: name == "mine")["topics"]
+    (theirs,) = answers.metadata(named, 12, routes, me, lambda name: name == "mine")["topics"]
     assert theirs["error_code"] == ErrorCode.TOPIC_AUTHORIZATION_FAILED
 
 
