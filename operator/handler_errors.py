@@ -8,6 +8,12 @@ as ``Error``/``Logging``, with no limit. Here a failure becomes one Warning Even
 same message on the same resource is posted at most once per interval while a retry loop runs
 (the API server and ``kubectl describe`` merge identical Events, but a post per retry is still
 a write per retry); a different message, or a failure after a success, is posted at once.
+
+What was posted is kept per resource and handler only as long as it can hold a post back: a
+resource's entries go when a handler of it succeeds on its deletion (a finalizer's delete
+handler, the drain of a terminating pod), and any entry older than the interval goes at the
+next failure, so resources deleted while failing (a finalizer removed by hand, a pod whose
+drain failed) do not grow the table for the life of the operator.
 """
 
 from __future__ import annotations
@@ -70,10 +76,19 @@ def post_due(last: Posted | None, message: str, now_s: float, interval_s: float)
     return said != message or now_s - at_s >= interval_s
 
 
-def _key(body: Any, handler: str) -> Key | None:
+def _ident(body: Any) -> str | None:
     meta = (body or {}).get("metadata") or {}
     ident = meta.get("uid") or f"{meta.get('namespace')}/{meta.get('name')}"
-    return None if not meta else (str(ident), handler)
+    return str(ident) if meta else None
+
+
+def _key(body: Any, handler: str) -> Key | None:
+    ident = _ident(body)
+    return None if ident is None else (ident, handler)
+
+
+def _deleting(body: Any) -> bool:
+    return bool(((body or {}).get("metadata") or {}).get("deletionTimestamp"))
 
 
 class HandlerErrors:
@@ -96,14 +111,30 @@ class HandlerErrors:
             return
         notice = failure_notice(handler, exc)
         now_s = self._clock()
+        self._drop_expired(now_s)
         if post_due(self._posted.get(key), notice.message, now_s, self._interval_s):
             self._posted[key] = (notice.message, now_s)
             self._post(body, notice)
 
     def succeeded(self, body: Any, handler: str) -> None:
         key = _key(body, handler)
-        if key is not None:
-            self._posted.pop(key, None)
+        if key is None:
+            return
+        if _deleting(body):  # the resource goes now: what its other handlers said goes too
+            self._posted = {k: v for k, v in self._posted.items() if k[0] != key[0]}
+        self._posted.pop(key, None)
+
+    def _drop_expired(self, now_s: float) -> None:
+        """Drop entries that can no longer hold a post back (:func:`post_due` is true for
+        them as for no entry at all)."""
+        self._posted = {
+            key: last for key, last in self._posted.items() if now_s - last[1] < self._interval_s
+        }
+
+    @property
+    def tracked(self) -> int:
+        """How many (resource, handler) failures are kept."""
+        return len(self._posted)
 
     def reported(self, handler: F) -> F:
         """Wrap a kopf handler (its name, kopf's handler id, is kept) so that its failures

@@ -27,7 +27,7 @@ import kopf
 from pydantic import ValidationError
 
 from kafscale.broker.metadata.etcd_errors import MetadataError
-from kafscale.operator import manifests, naming, reconcile
+from kafscale.operator import immutable, manifests, naming, reconcile
 from kafscale.operator.brokerconfig import InvalidBrokerConfig
 from kafscale.operator.discovery import fetch_capabilities
 from kafscale.operator.events import (
@@ -227,7 +227,7 @@ def register(
             raise ToldPermanentError(f"invalid spec: {problem}") from exc
         replicas_before = await reconcile.broker_replicas(runtime, ref)
         try:
-            await reconcile.apply_cluster(runtime, ref, spec)
+            refusals = await reconcile.apply_cluster(runtime, ref, spec)
         except KubeError as exc:
             observation = await reconcile.observe_cluster(runtime, ref, spec)
             new = compute_cluster_status(ref, spec, observation, previous, now=reconcile.utc_now())
@@ -239,7 +239,7 @@ def register(
         _observed(ref, spec, observation, new)
         wanted = None if spec.autoscaling.enabled else spec.brokers.replicas
         _report(runtime, body, patch, previous, new, scale_notice(replicas_before, wanted))
-        logger.info("applied the objects of generation %s", ref.generation)
+        logger.info("%s", immutable.apply_summary(ref.generation, refusals))
 
     @kopf.timer(*CLUSTERS, interval=config.status_interval_s, registry=registry)
     @metrics.timed

@@ -13,14 +13,25 @@ template and every other object, the StatefulSet's pods included, is still appli
 member list or scheme would also rewrite the brokers' etcd endpoints, so nothing of the
 cluster is applied until the spec is set back. Either is reported as ``Degraded`` with reason
 :data:`REASON` and a message saying what to do.
+
+``etcd.mode`` is the third: the cluster's metadata (topics, offsets, leases, committed group
+offsets) lives in the etcd it has, so a switch between the managed etcd and an external one
+would point the brokers at an etcd without it (and Managed → External deleted the managed
+StatefulSet). Nothing is applied until the spec is set back; moving is a snapshot and a
+restore, then a re-created resource (the docs give the steps).
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlsplit
 
 from kubernetes.utils import parse_quantity
+
+from kafscale.operator.manifest_config import ETCD_ENDPOINTS_KEY
+from kafscale.operator.model_stores import EtcdMode, EtcdSpec
 
 Manifest = dict[str, Any]
 
@@ -29,6 +40,17 @@ DOCS = "docs/operations-kubernetes.md#fields-that-cannot-change"
 INITIAL_CLUSTER = "--initial-cluster="
 LISTEN_CLIENT_URLS = "--listen-client-urls="
 DEFAULT_CLASS = "(the default StorageClass)"
+MANAGED, EXTERNAL = EtcdMode.MANAGED.value, EtcdMode.EXTERNAL.value
+MODE_HINTS = {
+    EXTERNAL: "set it back; nothing of the cluster is applied until then and the managed etcd "
+    "and its volumes are kept (to move: stop producers, snapshot the managed etcd, restore it "
+    "as the external etcd, delete this resource with deletionPolicy Retain and create it again "
+    "with mode External)",
+    MANAGED: "set it back; nothing of the cluster is applied until then and the brokers stay on "
+    "the external etcd (to move: stop producers, snapshot the external etcd, delete this "
+    "resource with deletionPolicy Retain, restore the snapshot into the new etcd volumes and "
+    "create it again with mode Managed)",
+}
 
 
 @dataclass(frozen=True)
@@ -160,8 +182,73 @@ def etcd_refusals(desired: Manifest | None, live: Manifest | None) -> list[Refus
     return [*_member_refusals(desired, live), *_claim_refusals(desired, live)]
 
 
+def _hosts(endpoints: list[str]) -> set[str]:
+    return {urlsplit(url).hostname or url for url in endpoints}
+
+
+def mode_refusals(
+    mode: str, live_etcd: Manifest | None, live_endpoints: list[str] | None, managed_host: str
+) -> list[Refusal]:
+    """A switch of ``etcd.mode`` away from the etcd the cluster's metadata lives in.
+
+    ``live_etcd`` is the cluster's own managed etcd StatefulSet (None: there is none);
+    ``live_endpoints`` the etcd the brokers' live ConfigMap names (None: not made yet);
+    ``managed_host`` the host of the managed etcd's client Service. Managed → External: the
+    StatefulSet exists. External → Managed: there is none and the brokers use another etcd
+    (a StatefulSet deleted with ``--cascade=orphan`` to grow its volumes is no switch: the
+    brokers still name the managed host). The scheme is not compared (``etcd.tls`` is judged
+    on its own).
+    """
+    if mode == EXTERNAL and live_etcd is not None:
+        return [Refusal("etcd.mode", MANAGED, EXTERNAL, True, MODE_HINTS[EXTERNAL])]
+    if (
+        mode == MANAGED
+        and live_etcd is None
+        and live_endpoints
+        and _hosts(live_endpoints) != {managed_host}
+    ):
+        return [Refusal("etcd.mode", EXTERNAL, MANAGED, True, MODE_HINTS[MANAGED])]
+    return []
+
+
+def etcd_in_effect(
+    etcd: EtcdSpec, refusals: list[Refusal], live_endpoints: list[str] | None
+) -> EtcdSpec | None:
+    """The ``etcd`` section the brokers still use while a switch of its mode is refused (the
+    operator keeps to it too: topics, leases and status live there); None: the spec's own."""
+    switch = next((r for r in refusals if r.field == "etcd.mode"), None)
+    if switch is None:
+        return None
+    if switch.was == MANAGED:
+        return etcd.model_copy(update={"mode": EtcdMode.MANAGED})
+    return etcd.model_copy(update={"mode": EtcdMode.EXTERNAL, "endpoints": live_endpoints or []})
+
+
+def config_endpoints(config_map: Manifest | None) -> list[str] | None:
+    """The etcd client URLs a live broker ConfigMap names (None: no map, or no list in it)."""
+    raw = ((config_map or {}).get("data") or {}).get(ETCD_ENDPOINTS_KEY)
+    try:
+        endpoints = json.loads(raw) if raw else None
+    except ValueError:
+        return None
+    if not isinstance(endpoints, list):
+        return None
+    return [str(url) for url in endpoints]
+
+
 def blocks_cluster(refusals: list[Refusal]) -> bool:
     return any(r.whole_cluster for r in refusals)
+
+
+def apply_summary(generation: int, refusals: list[Refusal]) -> str:
+    """What the operator's log says a reconcile did with ``generation`` of the spec: all of
+    it applied, all but the refused fields (their live values kept), or nothing."""
+    if not refusals:
+        return f"applied the objects of generation {generation}"
+    fields = ", ".join(dict.fromkeys(r.field for r in refusals))
+    if blocks_cluster(refusals):
+        return f"applied nothing of generation {generation}: refused the change of {fields}"
+    return f"applied the objects of generation {generation} except {fields} (kept as it was)"
 
 
 def keep_live_claims(manifest: Manifest, live: Manifest | None) -> Manifest:

@@ -18,13 +18,15 @@ from kafscale.operator.manifest_pods import Manifest
 from kafscale.operator.models import ClusterRef, KafScaleClusterSpec
 from kafscale.operator.ownership import object_metadata
 
+ETCD_ENDPOINTS_KEY = "KAFSCALE_ETCD__ENDPOINTS"  # the brokers' etcd, a JSON list of client URLs
+
 
 def broker_environment(ref: ClusterRef, spec: KafScaleClusterSpec) -> dict[str, str]:
     """The non-secret KAFSCALE_* variables every broker (and proxy) pod gets."""
     storage = spec.storage
     env = {
         "KAFSCALE_CLUSTER": naming.kafscale_cluster_name(ref, spec),
-        "KAFSCALE_ETCD__ENDPOINTS": json.dumps(naming.etcd_endpoints(ref, spec)),
+        ETCD_ENDPOINTS_KEY: json.dumps(naming.etcd_endpoints(ref, spec)),
         "KAFSCALE_ETCD__SESSION_TTL_S": str(spec.brokers.session_ttl_seconds),
         "KAFSCALE_STORAGE__KIND": "s3",
         "KAFSCALE_STORAGE__BUCKET": storage.bucket,

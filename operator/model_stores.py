@@ -39,7 +39,9 @@ class EtcdSpec(ApiModel):
 
     mode: EtcdMode = Field(
         default=EtcdMode.MANAGED,
-        description="Managed: the operator runs an etcd StatefulSet; External: use `endpoints`.",
+        description="Managed: the operator runs an etcd StatefulSet; External: use `endpoints`. "
+        "Fixed once the cluster exists: its metadata lives in that etcd, so the operator refuses "
+        "a switch (ImmutableFieldChanged); docs/operations-kubernetes.md says how to move it.",
     )
     endpoints: list[str] = Field(
         default_factory=list,

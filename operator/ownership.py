@@ -27,3 +27,13 @@ def object_metadata(ref: ClusterRef, name: str, component: str) -> dict[str, Any
         "labels": naming.labels(ref.name, component),
         "ownerReferences": [owner_reference(ref)],
     }
+
+
+def owned_by(obj: dict[str, Any] | None, ref: ClusterRef) -> bool:
+    """Whether ``obj`` (a live object) is this cluster's: its owner references name its uid.
+
+    A same-named object of another owner (an application of the user's, a cluster deleted and
+    re-created under the same name) is not.
+    """
+    owners = ((obj or {}).get("metadata") or {}).get("ownerReferences") or []
+    return bool(ref.uid) and any(owner.get("uid") == ref.uid for owner in owners)

@@ -34,6 +34,7 @@ from kafscale.operator.models import (
     KafScaleClusterSpec,
     parse_cluster_spec,
 )
+from kafscale.operator.ownership import owned_by
 from kafscale.operator.rebalance import (
     delete_cluster_keys,
     drain_pod,
@@ -59,12 +60,14 @@ def utc_now() -> str:
     return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-async def apply_cluster(runtime: Runtime, ref: ClusterRef, spec: KafScaleClusterSpec) -> list[str]:
+async def apply_cluster(
+    runtime: Runtime, ref: ClusterRef, spec: KafScaleClusterSpec
+) -> list[immutable.Refusal]:
     """Apply every desired object the server serves, then delete the ones no longer wanted.
 
     A change the live etcd cannot take (see :mod:`immutable`) is kept for the status: a
-    changed claim keeps the live one and the rest is applied; a changed member list applies
-    nothing. Returns what was left out because the server does not serve it.
+    changed claim keeps the live one and the rest is applied; a changed member list, TLS
+    scheme or etcd mode applies nothing. Returns the refused changes (for the handler's log).
     """
     kube, capabilities = runtime.kube, runtime.capabilities
     key = (ref.namespace, ref.name)
@@ -73,13 +76,16 @@ async def apply_cluster(runtime: Runtime, ref: ClusterRef, spec: KafScaleCluster
         objects = manifests.build_cluster_objects(ref, spec, cert_manager=cert_manager)
         wanted, left_out = fit_to_server(objects, capabilities)
         runtime.left_out[key] = left_out
-        live_etcd = await _live_statefulset(runtime, ref, wanted)
-        refusals = immutable.etcd_refusals(_statefulset(wanted), live_etcd)
+        live_etcd = await _live_statefulset(runtime, ref)
+        refusals = [
+            *await _mode_refusals(runtime, ref, spec, live_etcd),
+            *immutable.etcd_refusals(_statefulset(wanted), live_etcd),
+        ]
         runtime.refused[key] = immutable.refusal_message(refusals)
         if immutable.blocks_cluster(refusals):
             log.warning("%s/%s: %s", ref.namespace, ref.name, runtime.refused[key])
             runtime.apply_errors.pop(key, None)
-            return left_out
+            return refusals
         runtime.applied_with[key] = capabilities
         if not cert_manager:  # the Secrets the pods mount, before the pods
             await ensure_certificate_secrets(kube, ref, spec, datetime.datetime.now(datetime.UTC))
@@ -98,7 +104,7 @@ async def apply_cluster(runtime: Runtime, ref: ClusterRef, spec: KafScaleCluster
         runtime.apply_errors[key] = str(exc)
         raise
     runtime.apply_errors.pop(key, None)
-    return left_out
+    return refusals
 
 
 def _statefulset(manifests_: list[dict[str, Any]]) -> dict[str, Any] | None:
@@ -106,15 +112,33 @@ def _statefulset(manifests_: list[dict[str, Any]]) -> dict[str, Any] | None:
     return next((m for m in manifests_ if m["kind"] == "StatefulSet"), None)
 
 
-async def _live_statefulset(
-    runtime: Runtime, ref: ClusterRef, wanted: list[dict[str, Any]]
-) -> dict[str, Any] | None:
-    desired = _statefulset(wanted)
-    if desired is None:
-        return None
+async def _live_statefulset(runtime: Runtime, ref: ClusterRef) -> dict[str, Any] | None:
+    """The managed etcd's StatefulSet as it is now (None: there is none)."""
     return await runtime.kube.get(
-        desired["apiVersion"], "StatefulSet", ref.namespace, desired["metadata"]["name"]
+        "apps/v1", "StatefulSet", ref.namespace, naming.etcd_name(ref.name)
     )
+
+
+async def _mode_refusals(
+    runtime: Runtime, ref: ClusterRef, spec: KafScaleClusterSpec, live_etcd: dict[str, Any] | None
+) -> list[immutable.Refusal]:
+    """A switch of ``etcd.mode`` away from the etcd the brokers use (see :mod:`immutable`);
+    while it is refused the operator keeps to that etcd as well (``Runtime.etcd_held``).
+    Only objects of this cluster count: a same-named one of another owner holds none of its
+    metadata."""
+    live_etcd = live_etcd if owned_by(live_etcd, ref) else None
+    live_endpoints = None
+    if live_etcd is None:  # only External → Managed needs the brokers' live etcd
+        config_map = await runtime.kube.get(
+            "v1", "ConfigMap", ref.namespace, naming.config_map_name(ref.name)
+        )
+        live_endpoints = immutable.config_endpoints(
+            config_map if owned_by(config_map, ref) else None
+        )
+    host = naming.service_host(naming.etcd_client_service_name(ref.name), ref.namespace)
+    refusals = immutable.mode_refusals(spec.etcd.mode, live_etcd, live_endpoints, host)
+    runtime.hold_etcd(ref, immutable.etcd_in_effect(spec.etcd, refusals, live_endpoints))
+    return refusals
 
 
 async def _use_cert_manager(runtime: Runtime, ref: ClusterRef, spec: KafScaleClusterSpec) -> bool:
@@ -149,7 +173,7 @@ async def observe_cluster(
     if spec.proxy.enabled:
         proxy = await kube.get("apps/v1", "Deployment", ref.namespace, naming.proxy_name(ref.name))
     statefulset = None
-    if spec.etcd.mode == EtcdMode.MANAGED:
+    if runtime.in_effect(ref, spec).etcd.mode == EtcdMode.MANAGED:
         statefulset = await kube.get(
             "apps/v1", "StatefulSet", ref.namespace, naming.etcd_name(ref.name)
         )
@@ -197,8 +221,13 @@ async def balance_leases(
     """
     interval = runtime.settings.rebalance_interval_s
     retries = RetryLog(log, "lease balancer waiting for etcd", level=logging.INFO)
+
+    def in_effect() -> tuple[ClusterRef, KafScaleClusterSpec] | None:
+        current = get_spec()  # and the etcd the brokers use, while a switch is refused
+        return None if current is None else (current[0], runtime.in_effect(*current))
+
     while not stopped:
-        current = get_spec()
+        current = in_effect()
         if current is None:  # invalid spec: nothing to balance until it is fixed
             await stopped.wait(interval)
             continue
@@ -209,7 +238,7 @@ async def balance_leases(
         try:
             async with runtime.cluster_etcd(ref, spec) as etcd:
                 watcher = asyncio.create_task(_watch_brokers(etcd, cluster, changed))
-                while not stopped and get_spec() == current and not watcher.done():
+                while not stopped and in_effect() == current and not watcher.done():
                     result = await rebalance(etcd, cluster)
                     retries.succeeded()
                     if result.written is not None:

@@ -28,6 +28,7 @@ from kafscale.operator.discovery import (
 )
 from kafscale.operator.kube import Kube, KubeError
 from kafscale.operator.model_base import Condition
+from kafscale.operator.model_stores import EtcdSpec
 from kafscale.operator.models import ClusterRef, KafScaleClusterSpec
 from kafscale.operator.settings import OperatorSettings
 from kafscale.operator.tls_secrets import etcd_client_tls
@@ -93,6 +94,9 @@ class Runtime:
     apply_errors: dict[tuple[str, str], str] = field(default_factory=dict)
     # (namespace, name) → why the last apply refused a spec change (see ``immutable``), or None.
     refused: dict[tuple[str, str], str | None] = field(default_factory=dict)
+    # (namespace, name) → the etcd section the brokers use while a switch of ``etcd.mode`` is
+    # refused (``immutable``): the operator's own etcd calls keep to it too.
+    etcd_held: dict[tuple[str, str], EtcdSpec] = field(default_factory=dict)
     # (namespace, name) → what the last apply left out because the server does not serve it.
     left_out: dict[tuple[str, str], list[str]] = field(default_factory=dict)
     # Private directory for the etcd client certificates the operator presents (gRPC reads files).
@@ -103,13 +107,27 @@ class Runtime:
     @contextlib.asynccontextmanager
     async def cluster_etcd(self, ref: ClusterRef, spec: KafScaleClusterSpec) -> AsyncIterator[Etcd]:
         """A pooled client of the cluster's etcd, over TLS with the cluster's client
-        certificate when its managed etcd serves TLS."""
+        certificate when its managed etcd serves TLS. While a switch of ``etcd.mode`` is
+        refused, the etcd the brokers still use."""
+        spec = self.in_effect(ref, spec)
         try:
             tls = await etcd_client_tls(self.kube, ref, spec, self.tls_dir)
         except KubeError as exc:
             raise MetadataUnavailable(f"reading the etcd client certificate: {exc}") from exc
         async with self.etcd.session(naming.etcd_endpoints(ref, spec), tls) as etcd:
             yield etcd
+
+    def hold_etcd(self, ref: ClusterRef, etcd: EtcdSpec | None) -> None:
+        """Keep to ``etcd`` for the cluster (None: to its spec's own)."""
+        if etcd is None:
+            self.etcd_held.pop((ref.namespace, ref.name), None)
+        else:
+            self.etcd_held[(ref.namespace, ref.name)] = etcd
+
+    def in_effect(self, ref: ClusterRef, spec: KafScaleClusterSpec) -> KafScaleClusterSpec:
+        """``spec`` with the etcd section held for the cluster, if any."""
+        held = self.etcd_held.get((ref.namespace, ref.name))
+        return spec if held is None else spec.model_copy(update={"etcd": held})
 
     async def refresh_capabilities(self, now_s: float) -> None:
         """Re-read what the server serves when the last reading is older than the interval.
@@ -135,6 +153,7 @@ class Runtime:
         for kept in (
             self.apply_errors,
             self.refused,
+            self.etcd_held,
             self.left_out,
             self.applied_with,
             self.reported,

@@ -94,3 +94,59 @@ async def test_a_failure_whose_condition_event_said_it_posts_no_second_event() -
     with pytest.raises(kopf.TemporaryError):
         await reconcile_topic(body=BODY)
     assert posted == []
+
+
+def _body(uid: str, *, deleting: bool = False) -> dict[str, Any]:
+    meta: dict[str, Any] = {"name": uid, "namespace": "kafka", "uid": uid}
+    if deleting:
+        meta["deletionTimestamp"] = "2026-11-27T23:00:00Z"
+    return {"metadata": meta}
+
+
+async def test_a_resource_deleted_while_failing_leaves_no_entry_behind() -> None:
+    """Before, an entry stayed for every resource that failed and was then deleted (a slow
+    leak over the operator's life). Its deletion handler's success drops every entry of it."""
+    posted: list[Notice] = []
+    errors = HandlerErrors(300.0, post=lambda body, n: posted.append(n), clock=lambda: 0.0)
+
+    @errors.reported
+    async def reconcile_cluster(body: Any, **_: Any) -> None:
+        raise kopf.TemporaryError("applying objects: 403 Forbidden", delay=5)
+
+    @errors.reported
+    async def delete_cluster(body: Any, **_: Any) -> None:
+        return None
+
+    with pytest.raises(kopf.TemporaryError):
+        await reconcile_cluster(body=_body("u-1"))
+    with pytest.raises(kopf.TemporaryError):
+        await reconcile_cluster(body=_body("u-2"))
+    assert errors.tracked == 2
+    await delete_cluster(body=_body("u-1", deleting=True))
+    assert errors.tracked == 1  # u-2 still fails: its entry still holds its repeats back
+    with pytest.raises(kopf.TemporaryError):
+        await reconcile_cluster(body=_body("u-2"))
+    assert len(posted) == 2
+
+
+async def test_entries_older_than_the_interval_go_so_the_table_stays_bounded() -> None:
+    """Resources that go without a handler seeing it (broker pods whose drain failed, a
+    finalizer removed by hand): an entry past the interval holds nothing back, and goes."""
+    posted: list[Notice] = []
+    now = [0.0]
+    errors = HandlerErrors(300.0, post=lambda body, n: posted.append(n), clock=lambda: now[0])
+
+    @errors.reported
+    async def drain_terminating_broker(body: Any, **_: Any) -> None:
+        raise RuntimeError("etcd refused the drain mark")
+
+    for i in range(1000):  # a thousand pods, each failing once and gone
+        with pytest.raises(RuntimeError):
+            await drain_terminating_broker(body=_body(f"pod-{i}"))
+        now[0] += 1.0
+    assert errors.tracked <= 300
+    now[0] += 300.0
+    with pytest.raises(RuntimeError):
+        await drain_terminating_broker(body=_body("pod-last"))
+    assert errors.tracked == 1
+    assert len(posted) == 1001  # each pod's failure was still posted once

@@ -409,3 +409,34 @@ async def test_topic_waits_for_its_cluster(
 
 async def _equals(value: Any, expected: Any) -> bool:
     return bool(await value == expected)
+
+
+async def test_while_a_switch_to_managed_etcd_is_refused_the_operator_keeps_to_the_brokers_etcd(
+    kube_cluster: KubeCluster,
+    kube_namespace: str,
+    real_operator: Any,
+    etcd_server: EmbeddedEtcd,
+    etcd: Etcd,
+) -> None:
+    """``etcd.mode`` External → Managed is refused (the brokers keep the external etcd, which
+    holds the cluster's metadata); a topic created meanwhile goes where the brokers read
+    topics, not to the managed etcd the spec now names (which does not exist)."""
+    ns, kube = kube_namespace, kube_cluster
+    path = f"{CLUSTERS.format(ns=ns)}/demo"
+    kube.create(CLUSTERS.format(ns=ns), cluster_manifest("demo", ns, external(etcd_server)))
+    await settle(lambda: status_of(kube, path).get("observedGeneration") == 1, what="reconciled")
+    kube.merge_patch(path, {"spec": {"etcd": {"mode": "Managed", "replicas": 1}}})
+
+    def refused() -> str | None:
+        found = condition_of(kube.get(path), "Degraded") or ("", "", "")
+        return found[2] if found[1] == "ImmutableFieldChanged" else None
+
+    message = await settle(refused, what="the switch refused")
+    assert "etcd.mode cannot change after creation: was External, now Managed" in message
+    assert kube.get(f"/apis/apps/v1/namespaces/{ns}/statefulsets/demo-etcd") is None
+    spec = {"clusterRef": "demo", "partitions": 2}
+    kube.create(TOPICS.format(ns=ns), topic_manifest("orders", ns, spec))
+    record = await settle(
+        lambda: etcd.get(keys.topic_key(f"{ns}.demo", "orders")), what="the topic in etcd"
+    )
+    assert json.loads(record.value)["partitions"] == 2

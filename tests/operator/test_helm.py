@@ -116,7 +116,7 @@ EXPECTED_RULES = {
     ("kafscale.io", "kafscaleclusters/finalizers"): {"update"},
     ("kafscale.io", "kafscaletopics/finalizers"): {"update"},
     ("kafscale.io", "kafscaleusers/finalizers"): {"update"},
-    ("", "configmaps"): {"create", "patch", "delete"},
+    ("", "configmaps"): {"get", "create", "patch", "delete"},  # get: the brokers' etcd
     ("", "services"): {"create", "patch", "delete"},
     ("apps", "deployments"): {"get", "create", "patch", "delete"},
     ("apps", "statefulsets"): {"get", "create", "patch", "delete"},

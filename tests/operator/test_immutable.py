@@ -12,8 +12,16 @@ from typing import Any
 import pytest
 from harness.cluster_specs import REF, cluster_spec
 
-from kafscale.operator import immutable, manifest_etcd
-from kafscale.operator.immutable import etcd_refusals, keep_live_claims, refusal_message
+from kafscale.operator import immutable, manifest_config, manifest_etcd
+from kafscale.operator.immutable import (
+    apply_summary,
+    config_endpoints,
+    etcd_refusals,
+    keep_live_claims,
+    mode_refusals,
+    refusal_message,
+)
+from kafscale.operator.manifest_config import ETCD_ENDPOINTS_KEY
 from kafscale.operator.models import parse_cluster_spec
 
 pytestmark = pytest.mark.operator
@@ -107,3 +115,79 @@ def test_a_statefulset_made_by_someone_else_is_judged_only_on_what_it_has() -> N
     live = {"spec": {"template": {"spec": {"containers": [{"name": "etcd"}]}}}}
     assert etcd_refusals(statefulset(), live) == []
     assert keep_live_claims(statefulset(), live) == statefulset()
+
+
+MANAGED_HOST = "demo-etcd-client.kafka.svc"
+
+
+def config_map(**etcd: Any) -> dict[str, Any]:
+    """The brokers' ConfigMap as built for a cluster with this ``etcd`` section."""
+    spec = parse_cluster_spec(cluster_spec(etcd=etcd))
+    built: dict[str, Any] = manifest_config.build_config_map(REF, spec)
+    return built
+
+
+EXTERNAL = {"mode": "External", "endpoints": ["http://etcd-a.db:2379", "http://etcd-b.db:2379"]}
+
+
+def test_managed_to_external_is_refused_while_the_managed_etcd_exists() -> None:
+    """Its StatefulSet holds the cluster's metadata: switching would delete it and point the
+    brokers at an etcd without their topics and offsets."""
+    live = as_live(statefulset())
+    (refusal,) = mode_refusals("External", live, None, MANAGED_HOST)
+    assert (refusal.field, refusal.was, refusal.now) == ("etcd.mode", "Managed", "External")
+    assert immutable.blocks_cluster([refusal])
+    message = refusal_message([refusal]) or ""
+    assert message.startswith("etcd.mode cannot change after creation: was Managed, now External")
+    assert "managed etcd and its volumes are kept" in message and "snapshot" in message
+    assert "deletionPolicy Retain" in message and immutable.DOCS in message
+    # No managed etcd (never made, or the cluster was re-created): External is no switch.
+    assert mode_refusals("External", None, config_endpoints(config_map()), MANAGED_HOST) == []
+
+
+def test_external_to_managed_is_refused_while_the_brokers_use_another_etcd() -> None:
+    brokers_on = config_endpoints(config_map(**EXTERNAL))
+    assert brokers_on == EXTERNAL["endpoints"]
+    (refusal,) = mode_refusals("Managed", None, brokers_on, MANAGED_HOST)
+    assert (refusal.was, refusal.now) == ("External", "Managed")
+    assert refusal.whole_cluster and "stay on the external etcd" in refusal.message
+
+
+@pytest.mark.parametrize(
+    "brokers_on",
+    [
+        None,  # a new cluster: no ConfigMap yet
+        config_endpoints(config_map()),  # StatefulSet deleted with --cascade=orphan (resize)
+        config_endpoints(config_map(tls=True)),  # the scheme is etcd.tls's business
+    ],
+)
+def test_managed_without_a_statefulset_is_no_switch_when_brokers_name_the_managed_etcd(
+    brokers_on: list[str] | None,
+) -> None:
+    assert mode_refusals("Managed", None, brokers_on, MANAGED_HOST) == []
+    assert mode_refusals("Managed", as_live(statefulset()), brokers_on, MANAGED_HOST) == []
+
+
+def test_a_config_map_without_a_readable_endpoint_list_says_nothing() -> None:
+    assert config_endpoints(None) is None
+    assert config_endpoints({"data": {}}) is None
+    assert config_endpoints({"data": {ETCD_ENDPOINTS_KEY: "not json"}}) is None
+    assert config_endpoints({"data": {ETCD_ENDPOINTS_KEY: '"http://x:2379"'}}) is None
+
+
+def test_the_log_line_says_what_was_applied_of_the_generation() -> None:
+    """Before, a refused change was logged as ``applied the objects of generation N``."""
+    assert apply_summary(4, []) == "applied the objects of generation 4"
+    live = as_live(statefulset(storageSize="1Gi"))
+    claim = etcd_refusals(statefulset(storageSize="2Gi"), live)
+    assert apply_summary(5, claim) == (
+        "applied the objects of generation 5 except etcd.storageSize (kept as it was)"
+    )
+    members = etcd_refusals(statefulset(replicas=5, storageSize="2Gi"), live)
+    assert apply_summary(6, members) == (
+        "applied nothing of generation 6: refused the change of etcd.replicas, etcd.storageSize"
+    )
+    mode = mode_refusals("External", live, None, MANAGED_HOST)
+    assert (
+        apply_summary(7, mode) == "applied nothing of generation 7: refused the change of etcd.mode"
+    )

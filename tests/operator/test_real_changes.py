@@ -233,3 +233,82 @@ async def test_a_proxy_service_type_change_back_to_cluster_ip_applies(
         assert all("nodePort" not in port for port in ports), ports
         degraded = condition_of(kube.get(cluster), "Degraded")
         assert degraded is None or degraded[1] != "ApplyFailed", degraded
+
+
+def _brokers_etcd(kube: KubeCluster, ns: str, name: str) -> str | None:
+    config_map = kube.get(f"/api/v1/namespaces/{ns}/configmaps/{name}-config") or {}
+    endpoints: str | None = (config_map.get("data") or {}).get("KAFSCALE_ETCD__ENDPOINTS")
+    return endpoints
+
+
+def _observed(kube: KubeCluster, cluster: str) -> bool:
+    body = kube.get(cluster)
+    return bool(
+        (body.get("status") or {}).get("observedGeneration") == body["metadata"]["generation"]
+    )
+
+
+def _mode_refused(kube: KubeCluster, cluster: str) -> str | None:
+    degraded = condition_of(kube.get(cluster), "Degraded") or ("", "", "")
+    return (
+        degraded[2]
+        if degraded[1] == "ImmutableFieldChanged" and "etcd.mode" in degraded[2]
+        else None
+    )
+
+
+async def test_an_etcd_mode_switch_is_refused_and_the_cluster_keeps_its_etcd(
+    kube_cluster: KubeCluster, kafscale_chart: InstalledChart, kube_namespace: str
+) -> None:
+    """Before, ``etcd.mode`` Managed → External deleted the managed etcd StatefulSet (the
+    cluster's topics, offsets and leases) and pointed the brokers at the new, empty etcd;
+    External → Managed did the same the other way. Now neither is applied: the managed etcd,
+    its claim template and the brokers' etcd endpoints stay, and the cluster says why and how
+    to move, until the spec is set back."""
+    ns, kube = kube_namespace, kube_cluster
+    cluster, statefulset, deployment = _paths(ns)
+    async with operator_thread(operator_settings(kafscale_chart)):
+        kube.create(CLUSTERS.format(ns=ns), cluster_manifest("demo", ns, MANAGED))
+        first = await settle(lambda: _config_hash(kube, deployment), what="the brokers")
+        etcd_before = kube.get(statefulset)
+        endpoints = _brokers_etcd(kube, ns, "demo")
+        assert endpoints is not None and "demo-etcd-client" in endpoints
+
+        external = {"mode": "External", "endpoints": ["http://etcd.elsewhere.example:2379"]}
+        kube.merge_patch(cluster, {"spec": {"etcd": external}})
+        await settle(lambda: _observed(kube, cluster), what="the switch to External handled")
+        etcd_now = kube.get(statefulset)
+        assert etcd_now is not None, "the managed etcd StatefulSet was deleted"
+        assert etcd_now["metadata"]["uid"] == etcd_before["metadata"]["uid"]
+        assert (
+            etcd_now["spec"]["volumeClaimTemplates"] == etcd_before["spec"]["volumeClaimTemplates"]
+        )
+        assert _brokers_etcd(kube, ns, "demo") == endpoints
+        assert _config_hash(kube, deployment) == first  # the brokers did not move
+        message = await settle(lambda: _mode_refused(kube, cluster), what="the switch refused")
+        assert "was Managed, now External" in message and "snapshot" in message
+        ready = condition_of(kube.get(cluster), "Ready")
+        assert ready is not None and ready[:2] == ("False", "ImmutableFieldChanged")
+        (event,) = await settle(
+            lambda: [e for e in events_of(kube, ns, "demo") if "etcd.mode" in e[2]],
+            what="an Event on the refused switch",
+        )
+        assert event[:2] == ("Warning", "ImmutableFieldChanged")
+
+        kube.merge_patch(cluster, {"spec": {"etcd": {"mode": "Managed", "endpoints": None}}})
+        await settle(lambda: _mode_refused(kube, cluster) is None, what="the refusal cleared")
+        assert kube.get(statefulset)["metadata"]["uid"] == etcd_before["metadata"]["uid"]
+
+        # The other way: a cluster on an external etcd is not moved to an empty managed one.
+        other = f"{CLUSTERS.format(ns=ns)}/ext"
+        kube.create(
+            CLUSTERS.format(ns=ns),
+            cluster_manifest("ext", ns, {"storage": {"bucket": "bucket-1"}, "etcd": external}),
+        )
+        on_external = await settle(lambda: _brokers_etcd(kube, ns, "ext"), what="ext's brokers")
+        kube.merge_patch(other, {"spec": {"etcd": {"mode": "Managed", "replicas": 1}}})
+        await settle(lambda: _observed(kube, other), what="the switch to Managed handled")
+        message = await settle(lambda: _mode_refused(kube, other), what="the switch refused")
+        assert "was External, now Managed" in message
+        assert kube.get(f"/apis/apps/v1/namespaces/{ns}/statefulsets/ext-etcd") is None
+        assert _brokers_etcd(kube, ns, "ext") == on_external

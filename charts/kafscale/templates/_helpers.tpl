@@ -59,8 +59,12 @@ reads only the Deployments, StatefulSets and Secrets it knows by name). */}}
 - apiGroups: ["kafscale.io"]
   resources: ["kafscaleclusters/finalizers", "kafscaletopics/finalizers", "kafscaleusers/finalizers"]
   verbs: ["update"]
+# get on ConfigMaps: the etcd the brokers use, read before a switch of etcd.mode.
 - apiGroups: [""]
-  resources: ["configmaps", "services"]
+  resources: ["configmaps"]
+  verbs: ["get", "create", "patch", "delete"]
+- apiGroups: [""]
+  resources: ["services"]
   verbs: ["create", "patch", "delete"]
 # get: the broker Deployment's replicas and rollout, the managed etcd's ready members.
 - apiGroups: ["apps"]
