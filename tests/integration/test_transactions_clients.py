@@ -82,33 +82,36 @@ def producer(bootstrap: str, txn_id: str, **extra: Any) -> Producer:
 def consume(
     bootstrap: str, topic: str, partitions: int, isolation: str, expect: int, timeout_s: float = 30
 ) -> list[tuple[int, bytes]]:
-    """(partition, value) of every record read from the start, until ``expect`` arrived and
-    then a quiet second (so that extra records would be seen too)."""
+    """(partition, value) of every record read from the start: at least ``expect``, and on
+    every partition up to its end (the high watermark, or the last stable offset under
+    read_committed: ``enable.partition.eof``), so extra records would be seen too. (It polled
+    a quiet second after the ``expect``-th before: a second a call.)"""
     consumer = Consumer(
         {
             "bootstrap.servers": bootstrap,
             "group.id": f"reader-{topic}-{isolation}-{time.monotonic_ns()}",
             "isolation.level": isolation,
             "enable.auto.commit": False,
+            "enable.partition.eof": True,
             "auto.offset.reset": "earliest",
         }
     )
     consumer.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
     seen: list[tuple[int, bytes]] = []
+    at_end: set[int] = set()  # partitions whose end was reached after their last record
     deadline = time.monotonic() + timeout_s
-    quiet_until = None
     try:
-        while time.monotonic() < deadline:
+        while (len(seen) < expect or len(at_end) < partitions) and time.monotonic() < deadline:
             message = consumer.poll(0.2)
             if message is None:
-                if quiet_until is not None and time.monotonic() > quiet_until:
-                    break
                 continue
-            if message.error():
+            error = message.error()
+            if error is not None:
+                if error.code() == KafkaError._PARTITION_EOF:
+                    at_end.add(message.partition())
                 continue
             seen.append((message.partition(), message.value()))
-            if len(seen) >= expect and quiet_until is None:
-                quiet_until = time.monotonic() + 1.0
+            at_end.discard(message.partition())
     finally:
         consumer.close()
     return seen

@@ -376,20 +376,23 @@ def mixed_partition(broker: BrokerProcess, topic: str) -> BrokerProcess:
     return broker
 
 
-def poll_values(poll: Callable[[], list[bytes]], count: int) -> list[bytes]:
-    """Values polled until ``count`` arrived and a second more passed (so that one too many
-    shows), or 30 s."""
+def poll_values(
+    poll: Callable[[], list[bytes]], at_end: Callable[[], bool], count: int
+) -> list[bytes]:
+    """Values polled until ``count`` arrived and the partition's end (its last stable offset
+    under read_committed) was reached after them, so that one too many shows; or 30 s. (It
+    polled a second more after the ``count``-th before.)"""
     values: list[bytes] = []
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         values += poll()
-        if len(values) >= count:
-            deadline = min(deadline, time.monotonic() + 1)
+        if len(values) >= count and at_end():
+            break
     return values
 
 
 def consume_confluent(bootstrap: str, topic: str, isolation: str, count: int) -> list[bytes]:
-    from confluent_kafka import Consumer, TopicPartition
+    from confluent_kafka import Consumer, KafkaError, TopicPartition
 
     consumer = Consumer(
         {
@@ -397,16 +400,22 @@ def consume_confluent(bootstrap: str, topic: str, isolation: str, count: int) ->
             "group.id": f"txn-{isolation}",
             "isolation.level": isolation,
             "enable.auto.commit": False,
+            "enable.partition.eof": True,
         }
     )
+    eof = [False]  # the last event was the partition's end
 
     def poll() -> list[bytes]:
         message = consumer.poll(0.2)
-        return [] if message is None or message.error() else [message.value()]
+        if message is None:
+            return []
+        error = message.error()
+        eof[0] = error is not None and error.code() == KafkaError._PARTITION_EOF
+        return [] if error else [message.value()]
 
     try:
         consumer.assign([TopicPartition(topic, 0, 0)])
-        return poll_values(poll, count)
+        return poll_values(poll, lambda: eof[0], count)
     finally:
         consumer.close()
 
@@ -430,7 +439,8 @@ def consume_kafka_python(bootstrap: str, topic: str, isolation: str, count: int)
         partition = KafkaTopicPartition(topic, 0)
         consumer.assign([partition])
         consumer.seek(partition, 0)
-        return poll_values(poll, count)
+        end = consumer.end_offsets([partition])[partition]  # the LSO under read_committed
+        return poll_values(poll, lambda: consumer.position(partition) >= end, count)
     finally:
         consumer.close()
 
