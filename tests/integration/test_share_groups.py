@@ -100,17 +100,19 @@ def test_two_consumers_on_one_partition_get_every_record_once(
     c2 = share_consumer(broker.bootstrap, group, topic)
     try:
         sent: list[bytes] = []
+        # Short polls in turn: whichever consumer the records went to, the other's poll does
+        # not sit out half a second each round (the quiet rounds below keep theirs).
         for batch in range(6):
             new = values(50, f"b{batch}-")
             produce(broker.bootstrap, topic, new)
             sent += new
-            poll_some(c1, first)
-            poll_some(c2, second)
+            poll_some(c1, first, timeout_s=0.1)
+            poll_some(c2, second, timeout_s=0.1)
         deadline = time.monotonic() + 30
         while len(first.values) + len(second.values) < len(sent):
             assert time.monotonic() < deadline, "not everything was delivered"
-            poll_some(c1, first)
-            poll_some(c2, second)
+            poll_some(c1, first, timeout_s=0.1)
+            poll_some(c2, second, timeout_s=0.1)
         # Nothing more comes: every record was delivered once and acknowledged.
         for _ in range(3):
             poll_some(c1, first)
