@@ -90,8 +90,17 @@ def values(n: int, prefix: str = "v") -> list[bytes]:
     return [f"{prefix}{i}".encode() for i in range(n)]
 
 
+def wait_settled(cluster: BrokerCluster, group: str, topic: str, end: int) -> None:
+    """Until the share-partition's stored start is ``end``: every record before it acknowledged
+    or archived, none left that the group could be given again. (The tests polled 1.5-2 s of
+    quiet rounds for that before; one quiet poll after this still watches for a record
+    delivered again.)"""
+    read = partial(stored_share_state, cluster.etcd_url, cluster.cluster, group, topic, 0)
+    wait_stored(read, lambda state: state["start"] == end)
+
+
 def test_two_consumers_on_one_partition_get_every_record_once(
-    broker: BrokerProcess, topic: str
+    shared_cluster: BrokerCluster, broker: BrokerProcess, topic: str
 ) -> None:
     group = f"workers-{topic}"
     set_group_configs(broker.bootstrap, group, EARLIEST)
@@ -114,9 +123,9 @@ def test_two_consumers_on_one_partition_get_every_record_once(
             poll_some(c1, first, timeout_s=0.1)
             poll_some(c2, second, timeout_s=0.1)
         # Nothing more comes: every record was delivered once and acknowledged.
-        for _ in range(3):
-            poll_some(c1, first)
-            poll_some(c2, second)
+        wait_settled(shared_cluster, group, topic, len(sent))
+        poll_some(c1, first)
+        poll_some(c2, second)
     finally:
         c1.close()
         c2.close()
@@ -127,7 +136,7 @@ def test_two_consumers_on_one_partition_get_every_record_once(
 
 
 def test_released_records_come_back_and_the_delivery_limit_archives_them(
-    broker: BrokerProcess, topic: str
+    shared_cluster: BrokerCluster, broker: BrokerProcess, topic: str
 ) -> None:
     group = f"g-{topic}"
     set_group_configs(broker.bootstrap, group, {**EARLIEST, "share.delivery.count.limit": "2"})
@@ -142,8 +151,8 @@ def test_released_records_come_back_and_the_delivery_limit_archives_them(
         # Released at the limit (2): archived, never delivered again; new records still are.
         produce(broker.bootstrap, topic, [b"after"])
         poll_until(consumer, got, lambda: got.values[-1:] == [b"after"])
-        for _ in range(4):
-            poll_some(consumer, got)
+        wait_settled(shared_cluster, group, topic, 6)  # 0-4 archived, 5 accepted
+        poll_some(consumer, got)
     finally:
         consumer.close()
     assert got.values[10:] == [b"after"]
@@ -243,8 +252,8 @@ def test_acknowledged_records_stay_acknowledged_across_a_broker_crash(
     consumer = share_consumer(restarted.bootstrap, "g", "q")
     try:
         poll_until(consumer, after, lambda: len(after.records) >= 10, timeout_s=60)
-        for _ in range(3):
-            poll_some(consumer, after)
+        wait_settled(broker_cluster, "g", "q", 40)
+        poll_some(consumer, after)
     finally:
         consumer.close()
         holder.close()
@@ -333,8 +342,8 @@ def test_a_new_owner_continues_the_share_partition_after_a_handoff(
     consumer = share_consumer(survivor.bootstrap, "handoff", "q")
     try:
         poll_until(consumer, rest, lambda: len(rest.records) >= 5)
-        for _ in range(3):
-            poll_some(consumer, rest)
+        wait_settled(broker_cluster, "handoff", "q", 25)
+        poll_some(consumer, rest)
     finally:
         consumer.close()
     assert rest.values == values(5, "after")
@@ -555,7 +564,7 @@ def _has(received: Received, count: int) -> bool:
 
 
 def test_read_committed_share_groups_never_deliver_aborted_records(
-    broker: BrokerProcess, topic: str
+    shared_cluster: BrokerCluster, broker: BrokerProcess, topic: str
 ) -> None:
     """``share.isolation.level`` read_committed: aborted transactions and the
     control records are archived by the share-partition, never delivered; read_uncommitted
@@ -585,8 +594,9 @@ def test_read_committed_share_groups_never_deliver_aborted_records(
         consumer = share_consumer(broker.bootstrap, group, topic)
         try:
             poll_until(consumer, got, partial(_has, got, len(wanted)))
-            for _ in range(3):
-                poll_some(consumer, got)
+            # 0-1 aborted, 2 its marker, 3-4 committed, 5 their marker, 6 plain: all done.
+            wait_settled(shared_cluster, group, topic, 7)
+            poll_some(consumer, got)
         finally:
             consumer.close()
         assert got.values == wanted
