@@ -22,12 +22,13 @@ import signal
 import sys
 import time
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from harness import children
-from harness.brokers import BrokerCluster, BrokerProcess
+from harness.brokers import BrokerCluster, BrokerProcess, new_cluster
 from harness.etcd import harness_etcd
 from harness.groups import (
     GROUP_ENV,
@@ -46,15 +47,33 @@ from harness.groups import (
     wait_for_members,
 )
 from harness.kafka_wire import KafkaWire
+from harness.s3 import S3Endpoint
 
 from kafscale.broker.groups.store import decode_group
 from kafscale.broker.metadata import keys
+from kafscale.broker.metadata.embedded_etcd import EmbeddedEtcd
 
 pytestmark = pytest.mark.integration
 
 
 def start_brokers(cluster: BrokerCluster, count: int) -> list[BrokerProcess]:
     return [cluster.start(**GROUP_ENV) for _ in range(count)]
+
+
+@pytest.fixture(scope="module")
+def two_brokers(
+    etcd_server: EmbeddedEtcd, s3_server: S3Endpoint, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[BrokerCluster]:
+    """Two brokers for the tests that neither kill nor add one, each with a topic and a group of
+    its own: two brokers started for each cost ~3 s of the suite's time."""
+    cluster = new_cluster(
+        etcd_server.client_url, s3_server, tmp_path_factory.mktemp("groups"), "groups"
+    )
+    try:
+        start_brokers(cluster, 2)
+        yield cluster
+    finally:
+        cluster.stop_all()
 
 
 def describe(bootstrap: str, group: str) -> Any:
@@ -124,13 +143,11 @@ with open(out, "a", buffering=1) as log:
 """
 
 
-def test_join_leave_and_kill_while_records_flow(
-    broker_cluster: BrokerCluster, tmp_path: Path
-) -> None:
-    brokers = start_brokers(broker_cluster, 2)
+def test_join_leave_and_kill_while_records_flow(two_brokers: BrokerCluster, tmp_path: Path) -> None:
+    brokers = two_brokers.brokers
     topic, group = "churn", "churn-group"
-    create_topic(broker_cluster.bootstrap, topic)
-    feed = Feed(broker_cluster.bootstrap, topic)
+    create_topic(two_brokers.bootstrap, topic)
+    feed = Feed(two_brokers.bootstrap, topic)
     first = ConfluentMember("first", brokers[0].bootstrap, group, topic)
     second = ConfluentMember("second", brokers[1].bootstrap, group, topic)
     joiner = ConfluentMember("joiner", brokers[0].bootstrap, group, topic)
@@ -181,11 +198,11 @@ def test_join_leave_and_kill_while_records_flow(
     assert second.consumed and all(r.committed for r in second.consumed[-5:])
 
 
-def test_cooperative_sticky_rebalances_are_incremental(broker_cluster: BrokerCluster) -> None:
-    brokers = start_brokers(broker_cluster, 2)
+def test_cooperative_sticky_rebalances_are_incremental(two_brokers: BrokerCluster) -> None:
+    brokers = two_brokers.brokers
     topic, group = "coop", "coop-group"
-    create_topic(broker_cluster.bootstrap, topic)
-    feed = Feed(broker_cluster.bootstrap, topic)
+    create_topic(two_brokers.bootstrap, topic)
+    feed = Feed(two_brokers.bootstrap, topic)
     feed.produce(600)
     cooperative = {"partition.assignment.strategy": "cooperative-sticky"}
     a = ConfluentMember("a", brokers[0].bootstrap, group, topic, cooperative)
@@ -216,10 +233,10 @@ def summary_protocol(bootstrap: str, group: str) -> str:
     return str(describe(bootstrap, group).protocol_data)
 
 
-def test_static_members_restart_without_a_rebalance(broker_cluster: BrokerCluster) -> None:
-    brokers = start_brokers(broker_cluster, 2)
+def test_static_members_restart_without_a_rebalance(two_brokers: BrokerCluster) -> None:
+    brokers = two_brokers.brokers
     topic, group = "static", "static-group"
-    create_topic(broker_cluster.bootstrap, topic)
+    create_topic(two_brokers.bootstrap, topic)
     static = {"session.timeout.ms": 10_000}
     a = ConfluentMember(
         "a", brokers[0].bootstrap, group, topic, {**static, "group.instance.id": "a"}

@@ -9,12 +9,13 @@ is ever cleaned, so every one of these fails there.
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from confluent_kafka import Consumer, Producer
 from confluent_kafka import TopicPartition as ConfluentTP
-from harness.brokers import BrokerCluster
+from harness.brokers import BrokerCluster, new_cluster
 from harness.log_cleaner import (
     CLEANER_ENV,
     Record,
@@ -33,10 +34,32 @@ from harness.log_cleaner import (
     produced_log,
     txn_producer,
 )
+from harness.s3 import S3Endpoint
 
 from kafscale.broker.metadata import keys
+from kafscale.broker.metadata.embedded_etcd import EmbeddedEtcd
 
 pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def cleaner_cluster(
+    etcd_server: EmbeddedEtcd, s3_server: S3Endpoint, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[BrokerCluster]:
+    """One broker (cleaning often) for the tests that neither kill nor add brokers, each on a
+    compacted topic of its own: a broker started for each cost ~1.5 s of the suite's time."""
+    cluster = new_cluster(
+        etcd_server.client_url,
+        s3_server,
+        tmp_path_factory.mktemp("cleaner"),
+        "cleaner",
+        extra_env=CLEANER_ENV,
+    )
+    try:
+        cluster.start()
+        yield cluster
+    finally:
+        cluster.stop_all()
 
 
 def first_offset_at_or_after(bootstrap: str, topic: str, timestamp_ms: int) -> int:
@@ -49,9 +72,9 @@ def first_offset_at_or_after(bootstrap: str, topic: str, timestamp_ms: int) -> i
 
 
 def test_a_consumer_gets_each_keys_latest_value_at_its_original_offset(
-    broker_cluster: BrokerCluster,
+    cleaner_cluster: BrokerCluster,
 ) -> None:
-    broker = broker_cluster.start(**CLEANER_ENV)
+    broker = cleaner_cluster.brokers[0]
     topic = "compacted"
     create_compacted(broker.bootstrap, topic, **{"min.cleanable.dirty.ratio": "1.5"})
     rounds = keyed_rounds(10)
@@ -62,7 +85,7 @@ def test_a_consumer_gets_each_keys_latest_value_at_its_original_offset(
     early = consume(broker.bootstrap, topic, 0, hw, limit=12)
     assert early == written[:12]
     alter_topic(broker.bootstrap, topic, "min.cleanable.dirty.ratio", "0.01")
-    state = cleaned_up_to(broker_cluster, topic, hw - 1)
+    state = cleaned_up_to(cleaner_cluster, topic, hw - 1)
     upto = state.upto
     # ... and goes on from there after the pass: no error, the latest values from there on.
     rest = consume(broker.bootstrap, topic, early[-1][0] + 1, hw)
@@ -79,10 +102,10 @@ def test_a_consumer_gets_each_keys_latest_value_at_its_original_offset(
     # clock starts at this first pass (KIP-534), which gave its batch a delete horizon.
     assert (b"k3", None) in [r[1:] for r in expected if r[0] < upto]
     # The superseded plain segments go after the delay; readers keep working.
-    plain = f"{broker_cluster.cluster}/topics/{topic}/"
+    plain = f"{cleaner_cluster.cluster}/topics/{topic}/"
 
     def superseded_gone() -> bool:
-        listed = broker_cluster.object_keys(plain)
+        listed = cleaner_cluster.object_keys(plain)
         return all("/0.cleaned/" in k or _base(k) >= upto for k in listed if k.endswith(".kfs"))
 
     eventually(superseded_gone, "superseded segments deleted")
@@ -94,12 +117,12 @@ def _base(key: str) -> int:
 
 
 def test_kafka_python_reads_a_cleaned_topic_and_tombstones_stay_within_delete_retention(
-    broker_cluster: BrokerCluster,
+    cleaner_cluster: BrokerCluster,
 ) -> None:
     from kafka import KafkaConsumer, KafkaProducer
     from kafka import TopicPartition as KafkaTP
 
-    broker = broker_cluster.start(**CLEANER_ENV)
+    broker = cleaner_cluster.brokers[0]
     topic = "kept-tombstones"
     create_compacted(
         broker.bootstrap,
@@ -118,7 +141,7 @@ def test_kafka_python_reads_a_cleaned_topic_and_tombstones_stay_within_delete_re
         producer.flush(10)
         time.sleep(0.1)
     producer.close(5)
-    state = cleaned_up_to(broker_cluster, topic, offset - 3)
+    state = cleaned_up_to(cleaner_cluster, topic, offset - 3)
     expected = latest_per_key(written, state.upto, drop_tombstones=False)
     consumer = KafkaConsumer(bootstrap_servers=broker.bootstrap, enable_auto_commit=False)
     consumer.assign([KafkaTP(topic, 0)])
@@ -133,10 +156,10 @@ def test_kafka_python_reads_a_cleaned_topic_and_tombstones_stay_within_delete_re
     assert (b"k1", None) in [(r[1], r[2]) for r in got if r[0] < state.upto]  # young tombstone
 
 
-def test_null_keys_are_refused_by_a_compacted_topic(broker_cluster: BrokerCluster) -> None:
+def test_null_keys_are_refused_by_a_compacted_topic(cleaner_cluster: BrokerCluster) -> None:
     """Kafka refuses a keyless record on a compacted topic with INVALID_RECORD (87): the batch
     holding it is not appended; keyed batches are."""
-    broker = broker_cluster.start(**CLEANER_ENV)
+    broker = cleaner_cluster.brokers[0]
     create_compacted(broker.bootstrap, "needs-keys")
     outcomes: list[Any] = []
     producer = Producer({"bootstrap.servers": broker.bootstrap, "message.send.max.retries": 0})
@@ -245,11 +268,11 @@ def _topic_id(cluster: BrokerCluster, topic: str) -> str:
 
 
 def test_many_updates_to_few_keys_stop_growing_the_stored_bytes(
-    broker_cluster: BrokerCluster,
+    cleaner_cluster: BrokerCluster,
 ) -> None:
     """The point of compaction: a topic of few keys updated often (Connect's offsets topic, a
     changelog) is bounded by its keys, not its history; DescribeLogDirs reports the shrink."""
-    broker = broker_cluster.start(**CLEANER_ENV)
+    broker = cleaner_cluster.brokers[0]
     topic = "few-keys"
     create_compacted(broker.bootstrap, topic, **{"min.cleanable.dirty.ratio": "1.5"})
     rounds = [[(b"k%d" % k, b"%d" % r * 300) for k in range(4)] for r in range(20)]
@@ -257,7 +280,7 @@ def test_many_updates_to_few_keys_stop_growing_the_stored_bytes(
     # Waits as generous as the pass's: one run at load average ~19 failed here within 30 s.
     before = eventually(lambda: log_dir_size(broker.bootstrap, topic), "a size", timeout_s=90)
     alter_topic(broker.bootstrap, topic, "min.cleanable.dirty.ratio", "0.01")
-    cleaned_up_to(broker_cluster, topic, 76)
+    cleaned_up_to(cleaner_cluster, topic, 76)
     after = eventually(
         lambda: (size := log_dir_size(broker.bootstrap, topic)) < before / 4 and size,
         "the reported size to shrink",
@@ -267,9 +290,9 @@ def test_many_updates_to_few_keys_stop_growing_the_stored_bytes(
 
 
 def test_aborted_records_go_and_open_transactions_are_left_alone(
-    broker_cluster: BrokerCluster,
+    cleaner_cluster: BrokerCluster,
 ) -> None:
-    broker = broker_cluster.start(**CLEANER_ENV)
+    broker = cleaner_cluster.brokers[0]
     topic = "txn-compacted"
     create_compacted(broker.bootstrap, topic, **{"min.cleanable.dirty.ratio": "1.5"})
     committer = txn_producer(broker.bootstrap, "committer")
@@ -282,11 +305,11 @@ def test_aborted_records_go_and_open_transactions_are_left_alone(
     opener.flush(15)
     time.sleep(0.1)
     in_transaction(committer, topic, [(b"k0", b"after-open")], commit=True)
-    state = partition_state(broker_cluster, topic)
+    state = partition_state(cleaner_cluster, topic)
     (last_stable,) = state.open_txns.values()
     before = poll_all(broker.bootstrap, topic, "read_uncommitted")
     alter_topic(broker.bootstrap, topic, "min.cleanable.dirty.ratio", "0.01")
-    cleaned = cleaned_up_to(broker_cluster, topic, last_stable)
+    cleaned = cleaned_up_to(cleaner_cluster, topic, last_stable)
     assert cleaned.upto == last_stable  # never past the open transaction's first offset
     after = poll_all(broker.bootstrap, topic, "read_uncommitted")
     assert b"aborted" not in [value for _, _, value in after]

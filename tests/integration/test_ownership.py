@@ -49,27 +49,27 @@ def test_ownership_balances_across_three_brokers(broker_cluster: BrokerCluster) 
     wait_for(balanced)
 
 
-def read_all(bootstrap: str, topic: str, partition: int, expected: int) -> list[tuple[int, bytes]]:
-    """(offset, value) of every record, reading from offset 0 until ``expected`` are seen."""
+def read_all(bootstrap: str, topic: str, partition: int) -> list[tuple[int, bytes]]:
+    """(offset, value) of every record the partition holds, acked or not: read up to the high
+    watermark its owner answers with once every produce was answered, so a record beyond what
+    was acked shows (rather than polling a quiet second longer after the acked ones)."""
     from confluent_kafka import Consumer, TopicPartition
 
     consumer = Consumer(
         {"bootstrap.servers": bootstrap, "group.id": "reader", "enable.auto.commit": False}
     )
-    consumer.assign([TopicPartition(topic, partition, 0)])
-    records: list[tuple[int, bytes]] = []
-    deadline = time.monotonic() + 30
-    while len(records) < expected and time.monotonic() < deadline:
-        message = consumer.poll(0.5)
-        if message is not None and message.error() is None:
-            records.append((message.offset(), message.value()))
-    # Keep polling briefly: nothing beyond what was acked may show up.
-    end = time.monotonic() + 1.0
-    while time.monotonic() < end:
-        message = consumer.poll(0.2)
-        if message is not None and message.error() is None:
-            records.append((message.offset(), message.value()))
-    consumer.close()
+    try:
+        _, high = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=30)
+        consumer.assign([TopicPartition(topic, partition, 0)])
+        records: list[tuple[int, bytes]] = []
+        deadline = time.monotonic() + 60
+        while (records[-1][0] if records else -1) < high - 1:
+            assert time.monotonic() < deadline, f"read {len(records)} of {high} records"
+            message = consumer.poll(0.5)
+            if message is not None and message.error() is None:
+                records.append((message.offset(), message.value()))
+    finally:
+        consumer.close()
     return records
 
 
@@ -99,7 +99,7 @@ def test_two_brokers_never_assign_the_same_offset(broker_cluster: BrokerCluster)
     assert len(acked) == sum(1 for code, _, _ in outcomes if code == 0), "an offset acked twice"
     assert acked, "nothing was acked"
     assert {code for code, _, _ in outcomes} <= {0, 6}  # NONE or NOT_LEADER_OR_FOLLOWER
-    stored = dict(read_all(brokers[0].bootstrap, "contended", 0, len(acked)))
+    stored = dict(read_all(brokers[0].bootstrap, "contended", 0))
     assert sorted(stored) == list(range(len(stored))), "offsets are not dense"
     mismatched = {o: (v, stored.get(o)) for o, v in acked.items() if stored.get(o) != v}
     assert not mismatched, f"acked records differ from what is stored: {mismatched}"
@@ -147,7 +147,7 @@ def test_frozen_owner_acks_nothing_after_its_lease_expires(broker_cluster: Broke
     assert code != 0, f"a fenced broker acknowledged a write:\n{first.tail()}"
     owner_connection.close()
     new_owner.close()
-    values = [v for _, v in read_all(second.bootstrap, "fenced", 0, 7)]
+    values = [v for _, v in read_all(second.bootstrap, "fenced", 0)]
     assert values == [b"before", b"after", b"more0", b"more1", b"more2", b"more3", b"more4"]
 
 
@@ -195,34 +195,48 @@ class BackgroundProducer:
         self._thread.join(90)
 
 
-def consume_values(bootstrap: str, topic: str, partitions: int, expected: int) -> list[bytes]:
+def consume_values(bootstrap: str, topic: str, partitions: int) -> list[bytes]:
+    """Every value the topic holds: each partition read up to its high watermark, taken once
+    the producer got every answer (a quiet 1.5 s after the acked count was waited before)."""
     from confluent_kafka import Consumer, TopicPartition
 
     consumer = Consumer(
         {"bootstrap.servers": bootstrap, "group.id": "check", "enable.auto.commit": False}
     )
-    consumer.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
-    values: list[bytes] = []
-    deadline = time.monotonic() + 60
-    quiet_until = None
-    while time.monotonic() < deadline:
-        message = consumer.poll(0.3)
-        if message is not None and message.error() is None:
-            values.append(message.value())
-            quiet_until = None
-        elif len(values) >= expected:
-            quiet_until = quiet_until or time.monotonic() + 1.5
-            if time.monotonic() > quiet_until:
-                break
-    consumer.close()
+    try:
+        ends = {
+            p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=30)[1]
+            for p in range(partitions)
+        }
+        consumer.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
+        values: list[bytes] = []
+        read_to = dict.fromkeys(ends, -1)
+        deadline = time.monotonic() + 60
+        while any(read_to[p] < end - 1 for p, end in ends.items()):
+            assert time.monotonic() < deadline, f"read up to {read_to}, not {ends}"
+            message = consumer.poll(0.3)
+            if message is not None and message.error() is None:
+                partition, offset = message.partition(), message.offset()
+                assert partition is not None and offset is not None
+                values.append(message.value())
+                read_to[partition] = offset
+    finally:
+        consumer.close()
     return values
+
+
+def wait_for_acks(producer: BackgroundProducer, more: int = 100) -> None:
+    """Until ``more`` records more were acked: traffic under each step, however slow the
+    machine (a fixed second before)."""
+    before = len(producer.acked)
+    wait_for(lambda: len(producer.acked) >= before + more or producer.errors, timeout_s=60)
 
 
 def test_scale_out_and_in_under_load_loses_nothing(broker_cluster: BrokerCluster) -> None:
     first = broker_cluster.start()
     create_topic(first.bootstrap, "load", 6)
     producer = BackgroundProducer(first.bootstrap, "load")
-    time.sleep(1.0)
+    wait_for_acks(producer)
     brokers = [first, broker_cluster.start(), broker_cluster.start()]
 
     def balanced() -> dict[int, int] | None:
@@ -230,15 +244,15 @@ def test_scale_out_and_in_under_load_loses_nothing(broker_cluster: BrokerCluster
         return counts if sorted(counts.values()) == [2, 2, 2] else None
 
     wait_for(balanced)
-    time.sleep(1.0)
+    wait_for_acks(producer)
     brokers[1].stop()  # SIGTERM: graceful handoff
     brokers[2].stop()
     wait_for(lambda: len(first.status()["owned"]) == 6)
-    time.sleep(1.0)
+    wait_for_acks(producer)
     producer.stop()
     assert producer.acked, producer.errors[:5]
     assert not producer.errors, producer.errors[:5]
-    values = consume_values(first.bootstrap, "load", 6, len(producer.acked))
+    values = consume_values(first.bootstrap, "load", 6)
     assert len(values) == len(set(values)), "an acked record was stored twice"
     assert set(producer.acked) <= set(values), "an acked record was lost"
 

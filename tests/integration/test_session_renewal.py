@@ -197,7 +197,9 @@ def remaining_ttl_s(etcd_url: str, lease: int) -> int:
 def test_until_it_knows_its_session_ended_a_broker_answers_retriable_errors(
     broker_cluster: BrokerCluster, cluster_name: str
 ) -> None:
-    ttl_s = 90  # a keepalive every 30 s: the broker learns of the revoke up to 30 s late
+    # A keepalive every 15 s: the broker learns of the revoke up to 15 s late, and the test has
+    # at least 12 s for its two requests before it does (90 s made every run wait ~30 s).
+    ttl_s = 45
     # No assignment written (nor followed): the topic's partition stays unowned until a
     # produce claims it on demand.
     broker = broker_cluster.start(
@@ -207,7 +209,7 @@ def test_until_it_knows_its_session_ended_a_broker_answers_retriable_errors(
     url = broker_cluster.etcd_url
     lease = registration_lease(url, cluster_name, broker.node_id)
     assert lease
-    # Right after a keepalive, so that the next one (which finds the lease gone) is ~30 s away.
+    # Right after a keepalive, so that the next one (which finds the lease gone) is ~15 s away.
     wait_for(lambda: remaining_ttl_s(url, lease) >= ttl_s - 3, "a keepalive renews the session")
     end_session(url, lease)
     with KafkaWire(broker.bootstrap, timeout_s=60) as wire:

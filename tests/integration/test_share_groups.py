@@ -22,6 +22,7 @@ import sys
 import textwrap
 import time
 import uuid
+from collections.abc import Iterator
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -30,11 +31,12 @@ import pytest
 from confluent_kafka import AcknowledgeType, Producer
 from confluent_kafka.admin import AdminClient
 from harness import children, topics
-from harness.brokers import BrokerCluster
+from harness.brokers import BrokerCluster, BrokerProcess, new_cluster
 from harness.java_client import java_program
 from harness.java_share import run_share_members
 from harness.kafka_wire import KafkaWire, heartbeat
 from harness.proxy import start_proxy
+from harness.s3 import S3Endpoint
 from harness.share import (
     Received,
     poll_some,
@@ -46,6 +48,7 @@ from harness.share import (
     wait_stored,
 )
 
+from kafscale.broker.metadata.embedded_etcd import EmbeddedEtcd
 from kafscale.broker.protocol.errors import ErrorCode
 
 pytestmark = pytest.mark.integration
@@ -53,36 +56,76 @@ pytestmark = pytest.mark.integration
 EARLIEST = {"share.auto.offset.reset": "earliest"}
 
 
+@pytest.fixture(scope="module")
+def shared_cluster(
+    etcd_server: EmbeddedEtcd, s3_server: S3Endpoint, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[BrokerCluster]:
+    """One broker for the tests that neither stop, add nor reconfigure brokers nor list every
+    group, each on a topic and with groups of its own (``topic``): a broker started for each
+    cost ~1.5 s of the suite's time. The others have clusters of their own."""
+    cluster = new_cluster(
+        etcd_server.client_url, s3_server, tmp_path_factory.mktemp("share"), "share"
+    )
+    try:
+        cluster.start()
+        yield cluster
+    finally:
+        cluster.stop_all()
+
+
+@pytest.fixture
+def broker(shared_cluster: BrokerCluster) -> BrokerProcess:
+    return shared_cluster.brokers[0]
+
+
+@pytest.fixture
+def topic(broker: BrokerProcess) -> str:
+    """A new one-partition topic on the shared broker; the test's groups are named after it."""
+    name = f"q-{uuid.uuid4().hex[:8]}"
+    topics.create_topic(broker.bootstrap, name, 1)
+    return name
+
+
 def values(n: int, prefix: str = "v") -> list[bytes]:
     return [f"{prefix}{i}".encode() for i in range(n)]
 
 
+def wait_settled(cluster: BrokerCluster, group: str, topic: str, end: int) -> None:
+    """Until the share-partition's stored start is ``end``: every record before it acknowledged
+    or archived, none left that the group could be given again. (The tests polled 1.5-2 s of
+    quiet rounds for that before; one quiet poll after this still watches for a record
+    delivered again.)"""
+    read = partial(stored_share_state, cluster.etcd_url, cluster.cluster, group, topic, 0)
+    wait_stored(read, lambda state: state["start"] == end)
+
+
 def test_two_consumers_on_one_partition_get_every_record_once(
-    broker_cluster: BrokerCluster,
+    shared_cluster: BrokerCluster, broker: BrokerProcess, topic: str
 ) -> None:
-    broker = broker_cluster.start()
-    topics.create_topic(broker.bootstrap, "q", 1)
-    set_group_configs(broker.bootstrap, "workers", EARLIEST)
+    group = f"workers-{topic}"
+    set_group_configs(broker.bootstrap, group, EARLIEST)
     first, second = Received(), Received()
-    c1 = share_consumer(broker.bootstrap, "workers", "q")
-    c2 = share_consumer(broker.bootstrap, "workers", "q")
+    c1 = share_consumer(broker.bootstrap, group, topic)
+    c2 = share_consumer(broker.bootstrap, group, topic)
     try:
         sent: list[bytes] = []
+        # Short polls in turn: whichever consumer the records went to, the other's poll does
+        # not sit out half a second each round (the quiet rounds below keep theirs).
         for batch in range(6):
             new = values(50, f"b{batch}-")
-            produce(broker.bootstrap, "q", new)
+            produce(broker.bootstrap, topic, new)
             sent += new
-            poll_some(c1, first)
-            poll_some(c2, second)
+            poll_some(c1, first, timeout_s=0.1)
+            poll_some(c2, second, timeout_s=0.1)
         deadline = time.monotonic() + 30
         while len(first.values) + len(second.values) < len(sent):
             assert time.monotonic() < deadline, "not everything was delivered"
-            poll_some(c1, first)
-            poll_some(c2, second)
+            poll_some(c1, first, timeout_s=0.1)
+            poll_some(c2, second, timeout_s=0.1)
         # Nothing more comes: every record was delivered once and acknowledged.
-        for _ in range(3):
-            poll_some(c1, first)
-            poll_some(c2, second)
+        wait_settled(shared_cluster, group, topic, len(sent))
+        poll_some(c1, first)
+        poll_some(c2, second)
     finally:
         c1.close()
         c2.close()
@@ -93,24 +136,23 @@ def test_two_consumers_on_one_partition_get_every_record_once(
 
 
 def test_released_records_come_back_and_the_delivery_limit_archives_them(
-    broker_cluster: BrokerCluster,
+    shared_cluster: BrokerCluster, broker: BrokerProcess, topic: str
 ) -> None:
-    broker = broker_cluster.start()
-    topics.create_topic(broker.bootstrap, "q", 1)
-    set_group_configs(broker.bootstrap, "g", {**EARLIEST, "share.delivery.count.limit": "2"})
-    produce(broker.bootstrap, "q", values(5))
+    group = f"g-{topic}"
+    set_group_configs(broker.bootstrap, group, {**EARLIEST, "share.delivery.count.limit": "2"})
+    produce(broker.bootstrap, topic, values(5))
     got = Received()
-    consumer = share_consumer(broker.bootstrap, "g", "q")
+    consumer = share_consumer(broker.bootstrap, group, topic)
     try:
         poll_until(consumer, got, lambda: len(got.records) >= 5, ack=AcknowledgeType.RELEASE)
         assert [c for _, _, c in got.records[:5]] == [1] * 5
         poll_until(consumer, got, lambda: len(got.records) >= 10, ack=AcknowledgeType.RELEASE)
         assert [(v, c) for v, _, c in got.records[5:]] == [(v, 2) for v in values(5)]
         # Released at the limit (2): archived, never delivered again; new records still are.
-        produce(broker.bootstrap, "q", [b"after"])
+        produce(broker.bootstrap, topic, [b"after"])
         poll_until(consumer, got, lambda: got.values[-1:] == [b"after"])
-        for _ in range(4):
-            poll_some(consumer, got)
+        wait_settled(shared_cluster, group, topic, 6)  # 0-4 archived, 5 accepted
+        poll_some(consumer, got)
     finally:
         consumer.close()
     assert got.values[10:] == [b"after"]
@@ -134,14 +176,13 @@ DYING_CONSUMER = textwrap.dedent(
 
 
 def test_records_of_a_consumer_that_dies_go_to_another_member(
-    broker_cluster: BrokerCluster,
+    broker: BrokerProcess, topic: str
 ) -> None:
-    broker = broker_cluster.start()
-    topics.create_topic(broker.bootstrap, "q", 1)
-    set_group_configs(broker.bootstrap, "g", EARLIEST)
-    produce(broker.bootstrap, "q", values(20))
+    group = f"g-{topic}"
+    set_group_configs(broker.bootstrap, group, EARLIEST)
+    produce(broker.bootstrap, topic, values(20))
     dying = children.run(
-        [sys.executable, "-c", DYING_CONSUMER, broker.bootstrap, "g", "q"],
+        [sys.executable, "-c", DYING_CONSUMER, broker.bootstrap, group, topic],
         capture_output=True,
         text=True,
         timeout=60,
@@ -150,7 +191,7 @@ def test_records_of_a_consumer_that_dies_go_to_another_member(
     held = int(dying.stdout.split()[0])
     assert held > 0
     got = Received()
-    consumer = share_consumer(broker.bootstrap, "g", "q")
+    consumer = share_consumer(broker.bootstrap, group, topic)
     try:
         poll_until(consumer, got, lambda: len(got.records) >= 20)
     finally:
@@ -161,15 +202,16 @@ def test_records_of_a_consumer_that_dies_go_to_another_member(
 
 
 def test_an_expired_acquisition_lock_makes_records_available_to_another_member(
-    broker_cluster: BrokerCluster,
+    broker: BrokerProcess, topic: str
 ) -> None:
-    broker = broker_cluster.start()
-    topics.create_topic(broker.bootstrap, "q", 1)
-    set_group_configs(broker.bootstrap, "g", {**EARLIEST, "share.record.lock.duration.ms": "1500"})
-    produce(broker.bootstrap, "q", values(10))
+    group = f"g-{topic}"
+    set_group_configs(
+        broker.bootstrap, group, {**EARLIEST, "share.record.lock.duration.ms": "1500"}
+    )
+    produce(broker.bootstrap, topic, values(10))
     slow, fast = Received(), Received()
-    holder = share_consumer(broker.bootstrap, "g", "q")
-    other = share_consumer(broker.bootstrap, "g", "q")
+    holder = share_consumer(broker.bootstrap, group, topic)
+    other = share_consumer(broker.bootstrap, group, topic)
     try:
         poll_until(holder, slow, lambda: len(slow.records) >= 10, ack=None)
         # ``holder`` stays connected and never acknowledges: its locks run out.
@@ -210,8 +252,8 @@ def test_acknowledged_records_stay_acknowledged_across_a_broker_crash(
     consumer = share_consumer(restarted.bootstrap, "g", "q")
     try:
         poll_until(consumer, after, lambda: len(after.records) >= 10, timeout_s=60)
-        for _ in range(3):
-            poll_some(consumer, after)
+        wait_settled(broker_cluster, "g", "q", 40)
+        poll_some(consumer, after)
     finally:
         consumer.close()
         holder.close()
@@ -300,8 +342,8 @@ def test_a_new_owner_continues_the_share_partition_after_a_handoff(
     consumer = share_consumer(survivor.bootstrap, "handoff", "q")
     try:
         poll_until(consumer, rest, lambda: len(rest.records) >= 5)
-        for _ in range(3):
-            poll_some(consumer, rest)
+        wait_settled(broker_cluster, "handoff", "q", 25)
+        poll_some(consumer, rest)
     finally:
         consumer.close()
     assert rest.values == values(5, "after")
@@ -343,13 +385,15 @@ def test_share_groups_are_listed_described_and_deleted(broker_cluster: BrokerClu
         assert _describe(wire, "listed").error_code == ErrorCode.GROUP_ID_NOT_FOUND
 
 
-def _share_heartbeat(wire: KafkaWire, group: str, member: str, epoch: int, **fields: Any) -> Any:
+def _share_heartbeat(
+    wire: KafkaWire, group: str, member: str, epoch: int, topic: str = "q", **fields: Any
+) -> Any:
     body = {
         "group_id": group,
         "member_id": member,
         "member_epoch": epoch,
         "rack_id": None,
-        "subscribed_topic_names": ["q"] if epoch == 0 else None,
+        "subscribed_topic_names": [topic] if epoch == 0 else None,
         **fields,
     }
     return wire.request(76, 1, body)
@@ -361,7 +405,8 @@ def _share_fetch(
     epoch: int,
     topic_id: Any,
     acks: list[Any] | None = None,
-    group: str = "bad",
+    *,
+    group: str,
 ) -> Any:
     partition = {"partition_index": 0, "acknowledgement_batches": acks or []}
     body = {
@@ -383,29 +428,29 @@ def _ack(first: int, last: int, kind: int = 1) -> dict[str, Any]:
     return {"first_offset": first, "last_offset": last, "acknowledge_types": [kind]}
 
 
-def test_bad_share_requests_get_kafkas_error_codes(broker_cluster: BrokerCluster) -> None:
-    broker = broker_cluster.start()
-    topics.create_topic(broker.bootstrap, "q", 1)
-    set_group_configs(broker.bootstrap, "bad", EARLIEST)
-    produce(broker.bootstrap, "q", values(5))
+def test_bad_share_requests_get_kafkas_error_codes(broker: BrokerProcess, topic: str) -> None:
+    group = f"bad-{topic}"
+    other_group = f"classic-or-consumer-{topic}"
+    set_group_configs(broker.bootstrap, group, EARLIEST)
+    produce(broker.bootstrap, topic, values(5))
     with KafkaWire(broker.bootstrap) as wire:
         # Heartbeats: unknown member, a stale epoch, a join without topics, another type.
-        assert _share_heartbeat(wire, "bad", "ghost", 3).error_code == ErrorCode.UNKNOWN_MEMBER_ID
-        joined = _share_heartbeat(wire, "bad", "m1", 0)
+        assert _share_heartbeat(wire, group, "ghost", 3).error_code == ErrorCode.UNKNOWN_MEMBER_ID
+        joined = _share_heartbeat(wire, group, "m1", 0, topic=topic)
         assert (joined.error_code, joined.member_epoch) == (ErrorCode.NONE, 1)
         (assigned,) = joined.assignment.topic_partitions
         topic_id = assigned.topic_id
-        stale = _share_heartbeat(wire, "bad", "m1", 7)
+        stale = _share_heartbeat(wire, group, "m1", 7)
         assert stale.error_code == ErrorCode.FENCED_MEMBER_EPOCH
-        empty = _share_heartbeat(wire, "bad", "m2", 0, subscribed_topic_names=[])
+        empty = _share_heartbeat(wire, group, "m2", 0, subscribed_topic_names=[])
         assert empty.error_code == ErrorCode.INVALID_REQUEST
-        heartbeat(wire, "classic-or-consumer", "c1", 0, subscribed_topic_names=["q"])
-        other = _share_heartbeat(wire, "classic-or-consumer", "m1", 0)
+        heartbeat(wire, other_group, "c1", 0, subscribed_topic_names=[topic])
+        other = _share_heartbeat(wire, other_group, "m1", 0, topic=topic)
         assert other.error_code == ErrorCode.GROUP_ID_NOT_FOUND
-        consumer_hb = heartbeat(wire, "bad", "c1", 0, subscribed_topic_names=["q"])
+        consumer_hb = heartbeat(wire, group, "c1", 0, subscribed_topic_names=[topic])
         assert consumer_hb.error_code == ErrorCode.GROUP_ID_NOT_FOUND
         join = {
-            "group_id": "bad",
+            "group_id": group,
             "session_timeout": 10_000,
             "rebalance_timeout": 10_000,
             "member_id": "",
@@ -416,13 +461,13 @@ def test_bad_share_requests_get_kafkas_error_codes(broker_cluster: BrokerCluster
         }
         assert wire.request(11, 9, join).error_code == ErrorCode.INCONSISTENT_GROUP_PROTOCOL
         commit = {
-            "group_id": "bad",
+            "group_id": group,
             "generation_id_or_member_epoch": -1,
             "member_id": "",
             "group_instance_id": None,
             "topics": [
                 {
-                    "name": "q",
+                    "name": topic,
                     "partitions": [
                         {
                             "partition_index": 0,
@@ -437,22 +482,22 @@ def test_bad_share_requests_get_kafkas_error_codes(broker_cluster: BrokerCluster
         (committed,) = wire.request(8, 9, commit).topics[0].partitions
         assert committed.error_code == ErrorCode.GROUP_ID_NOT_FOUND
         # Sessions: none yet, then a wrong epoch; acknowledgements on the opening request.
-        assert _share_fetch(wire, "m1", 4, topic_id).error_code == (
+        assert _share_fetch(wire, "m1", 4, topic_id, group=group).error_code == (
             ErrorCode.SHARE_SESSION_NOT_FOUND
         )
-        opening_acks = _share_fetch(wire, "m1", 0, topic_id, [_ack(0, 0)])
+        opening_acks = _share_fetch(wire, "m1", 0, topic_id, [_ack(0, 0)], group=group)
         assert opening_acks.error_code == ErrorCode.INVALID_REQUEST
-        fetched = _share_fetch(wire, "m1", 0, topic_id)
+        fetched = _share_fetch(wire, "m1", 0, topic_id, group=group)
         (partition,) = fetched.responses[0].partitions
         assert [
             (a.first_offset, a.last_offset, a.delivery_count) for a in partition.acquired_records
         ] == [(0, 4, 1)]
-        assert _share_fetch(wire, "m1", 5, topic_id).error_code == (
+        assert _share_fetch(wire, "m1", 5, topic_id, group=group).error_code == (
             ErrorCode.INVALID_SHARE_SESSION_EPOCH
         )
         # Acknowledging what this member does not hold: INVALID_RECORD_STATE, nothing changes.
         body = {
-            "group_id": "bad",
+            "group_id": group,
             "member_id": "m1",
             "share_session_epoch": 1,
             "topics": [
@@ -464,48 +509,52 @@ def test_bad_share_requests_get_kafkas_error_codes(broker_cluster: BrokerCluster
         }
         (answer,) = wire.request(79, 1, body).responses[0].partitions
         assert answer.error_code == ErrorCode.INVALID_RECORD_STATE
-        accepted = _share_fetch(wire, "m1", 2, topic_id, [_ack(0, 4)])
+        accepted = _share_fetch(wire, "m1", 2, topic_id, [_ack(0, 4)], group=group)
         (partition,) = accepted.responses[0].partitions
         assert partition.acknowledge_error_code == ErrorCode.NONE
         assert list(partition.acquired_records) == []
         # A broken acknowledgement type, and an epoch-0 ShareAcknowledge.
-        broken = _share_fetch(wire, "m1", 3, topic_id, [_ack(0, 0, kind=9)])
+        broken = _share_fetch(wire, "m1", 3, topic_id, [_ack(0, 0, kind=9)], group=group)
         (partition,) = broken.responses[0].partitions
         assert partition.acknowledge_error_code == ErrorCode.INVALID_REQUEST
         # Overlapping or reversed batches: INVALID_REQUEST for the partition (Kafka's check).
         for epoch, acks in ((4, [_ack(0, 0), _ack(0, 0)]), (5, [_ack(3, 1)])):
-            (partition,) = _share_fetch(wire, "m1", epoch, topic_id, acks).responses[0].partitions
+            (partition,) = (
+                _share_fetch(wire, "m1", epoch, topic_id, acks, group=group).responses[0].partitions
+            )
             assert partition.acknowledge_error_code == ErrorCode.INVALID_REQUEST
         body["share_session_epoch"] = 0
         assert wire.request(79, 1, body).error_code == ErrorCode.INVALID_SHARE_SESSION_EPOCH
         # The broker lives on.
-        assert _share_heartbeat(wire, "bad", "m1", 1).error_code == ErrorCode.NONE
+        assert _share_heartbeat(wire, group, "m1", 1).error_code == ErrorCode.NONE
 
 
-def test_share_group_offsets_are_described_with_their_lag(broker_cluster: BrokerCluster) -> None:
+def test_share_group_offsets_are_described_with_their_lag(
+    broker: BrokerProcess, topic: str
+) -> None:
     """DescribeShareGroupOffsets: the start offset (SPSO) moves over accepted and rejected
     records at the window's start; the lag counts what is still to be done."""
-    broker = broker_cluster.start()
-    topics.create_topic(broker.bootstrap, "q", 1)
-    set_group_configs(broker.bootstrap, "described", EARLIEST)
-    produce(broker.bootstrap, "q", values(10))
+    group = f"described-{topic}"
+    nobody = f"nobody-{topic}"
+    set_group_configs(broker.bootstrap, group, EARLIEST)
+    produce(broker.bootstrap, topic, values(10))
     with KafkaWire(broker.bootstrap) as wire:
-        joined = _share_heartbeat(wire, "described", "m1", 0)
+        joined = _share_heartbeat(wire, group, "m1", 0, topic=topic)
         topic_id = joined.assignment.topic_partitions[0].topic_id
-        fetched = _share_fetch(wire, "m1", 0, topic_id, group="described")
+        fetched = _share_fetch(wire, "m1", 0, topic_id, group=group)
         (partition,) = fetched.responses[0].partitions
         assert [(a.first_offset, a.last_offset) for a in partition.acquired_records] == [(0, 9)]
         acks = [_ack(0, 3), _ack(5, 5, kind=3)]
-        acked = _share_fetch(wire, "m1", 1, topic_id, acks, group="described")
+        acked = _share_fetch(wire, "m1", 1, topic_id, acks, group=group)
         assert acked.responses[0].partitions[0].acknowledge_error_code == ErrorCode.NONE
-        body = {"groups": [{"group_id": "described", "topics": None}]}
-        (group,) = wire.request(90, 1, body).groups
-        assert group.error_code == ErrorCode.NONE
-        (topic,) = group.topics
-        (offsets,) = topic.partitions
-        assert (topic.topic_name, topic.topic_id) == ("q", topic_id)
+        body = {"groups": [{"group_id": group, "topics": None}]}
+        (described,) = wire.request(90, 1, body).groups
+        assert described.error_code == ErrorCode.NONE
+        (described_topic,) = described.topics
+        (offsets,) = described_topic.partitions
+        assert (described_topic.topic_name, described_topic.topic_id) == (topic, topic_id)
         assert (offsets.start_offset, offsets.lag) == (4, 5)  # 4 and 6..9 to do, 5 rejected
-        body = {"groups": [{"group_id": "nobody", "topics": None}]}
+        body = {"groups": [{"group_id": nobody, "topics": None}]}
         (missing,) = wire.request(90, 1, body).groups
         assert missing.error_code == ErrorCode.GROUP_ID_NOT_FOUND
 
@@ -515,39 +564,39 @@ def _has(received: Received, count: int) -> bool:
 
 
 def test_read_committed_share_groups_never_deliver_aborted_records(
-    broker_cluster: BrokerCluster,
+    shared_cluster: BrokerCluster, broker: BrokerProcess, topic: str
 ) -> None:
     """``share.isolation.level`` read_committed: aborted transactions and the
     control records are archived by the share-partition, never delivered; read_uncommitted
     delivers the aborted records too (never the markers). Either way the start offset reaches
     the end once everything delivered is accepted."""
-    broker = broker_cluster.start()
-    topics.create_topic(broker.bootstrap, "q", 1)
-    producer = Producer({"bootstrap.servers": broker.bootstrap, "transactional.id": "tx"})
+    producer = Producer({"bootstrap.servers": broker.bootstrap, "transactional.id": f"tx-{topic}"})
     producer.init_transactions(30)
     producer.begin_transaction()
     for value in (b"aborted-1", b"aborted-2"):
-        producer.produce("q", value=value, partition=0)
+        producer.produce(topic, value=value, partition=0)
     assert producer.flush(30) == 0  # in the log before the abort (else never sent at all)
     producer.abort_transaction(30)
     producer.begin_transaction()
     for value in (b"committed-1", b"committed-2"):
-        producer.produce("q", value=value, partition=0)
+        producer.produce(topic, value=value, partition=0)
     producer.commit_transaction(30)
-    produce(broker.bootstrap, "q", [b"plain"])
+    produce(broker.bootstrap, topic, [b"plain"])
     expected = {
         "committed": [b"committed-1", b"committed-2", b"plain"],
         "uncommitted": [b"aborted-1", b"aborted-2", b"committed-1", b"committed-2", b"plain"],
     }
-    for group, wanted in expected.items():
-        level = "read_committed" if group == "committed" else "read_uncommitted"
+    for name, wanted in expected.items():
+        group = f"{name}-{topic}"
+        level = "read_committed" if name == "committed" else "read_uncommitted"
         set_group_configs(broker.bootstrap, group, {**EARLIEST, "share.isolation.level": level})
         got = Received()
-        consumer = share_consumer(broker.bootstrap, group, "q")
+        consumer = share_consumer(broker.bootstrap, group, topic)
         try:
             poll_until(consumer, got, partial(_has, got, len(wanted)))
-            for _ in range(3):
-                poll_some(consumer, got)
+            # 0-1 aborted, 2 its marker, 3-4 committed, 5 their marker, 6 plain: all done.
+            wait_settled(shared_cluster, group, topic, 7)
+            poll_some(consumer, got)
         finally:
             consumer.close()
         assert got.values == wanted
@@ -564,44 +613,50 @@ def _acquired(response: Any) -> list[tuple[int, int, int]]:
 
 
 def test_share_group_offsets_are_altered_and_deleted_while_the_group_is_empty(
-    broker_cluster: BrokerCluster,
+    broker: BrokerProcess, topic: str
 ) -> None:
-    broker = broker_cluster.start()
-    topics.create_topic(broker.bootstrap, "q", 1)
-    set_group_configs(broker.bootstrap, "adm", EARLIEST)
-    produce(broker.bootstrap, "q", values(10))
+    group = f"adm-{topic}"
+    consumers = f"consumers-{topic}"
+    set_group_configs(broker.bootstrap, group, EARLIEST)
+    produce(broker.bootstrap, topic, values(10))
     alter = {
-        "group_id": "adm",
-        "topics": [{"topic_name": "q", "partitions": [{"partition_index": 0, "start_offset": 3}]}],
+        "group_id": group,
+        "topics": [
+            {"topic_name": topic, "partitions": [{"partition_index": 0, "start_offset": 3}]}
+        ],
     }
     with KafkaWire(broker.bootstrap) as wire:
-        topic_id = _share_heartbeat(wire, "adm", "m1", 0).assignment.topic_partitions[0].topic_id
-        assert _acquired(_share_fetch(wire, "m1", 0, topic_id, group="adm")) == [(0, 9, 1)]
-        _share_fetch(wire, "m1", 1, topic_id, [_ack(0, 9)], group="adm")
+        topic_id = (
+            _share_heartbeat(wire, group, "m1", 0, topic=topic)
+            .assignment.topic_partitions[0]
+            .topic_id
+        )
+        assert _acquired(_share_fetch(wire, "m1", 0, topic_id, group=group)) == [(0, 9, 1)]
+        _share_fetch(wire, "m1", 1, topic_id, [_ack(0, 9)], group=group)
         assert wire.request(91, 0, alter).error_code == ErrorCode.NON_EMPTY_GROUP
-        _share_fetch(wire, "m1", -1, topic_id, group="adm")
-        assert _share_heartbeat(wire, "adm", "m1", -1).error_code == ErrorCode.NONE
+        _share_fetch(wire, "m1", -1, topic_id, group=group)
+        assert _share_heartbeat(wire, group, "m1", -1).error_code == ErrorCode.NONE
         altered = wire.request(91, 0, alter)
         assert altered.error_code == ErrorCode.NONE
         assert altered.responses[0].partitions[0].error_code == ErrorCode.NONE
-        described = wire.request(90, 1, {"groups": [{"group_id": "adm", "topics": None}]})
+        described = wire.request(90, 1, {"groups": [{"group_id": group, "topics": None}]})
         assert described.groups[0].topics[0].partitions[0].start_offset == 3
         # The next member starts at the altered offset, with fresh delivery counts.
-        _share_heartbeat(wire, "adm", "m2", 0)
-        assert _acquired(_share_fetch(wire, "m2", 0, topic_id, group="adm")) == [(3, 9, 1)]
-        _share_fetch(wire, "m2", 1, topic_id, [_ack(3, 9)], group="adm")
-        _share_fetch(wire, "m2", -1, topic_id, group="adm")
-        _share_heartbeat(wire, "adm", "m2", -1)
-        deleted = wire.request(92, 0, {"group_id": "adm", "topics": [{"topic_name": "q"}]})
+        _share_heartbeat(wire, group, "m2", 0, topic=topic)
+        assert _acquired(_share_fetch(wire, "m2", 0, topic_id, group=group)) == [(3, 9, 1)]
+        _share_fetch(wire, "m2", 1, topic_id, [_ack(3, 9)], group=group)
+        _share_fetch(wire, "m2", -1, topic_id, group=group)
+        _share_heartbeat(wire, group, "m2", -1)
+        deleted = wire.request(92, 0, {"group_id": group, "topics": [{"topic_name": topic}]})
         assert (deleted.error_code, deleted.responses[0].error_code) == (0, 0)
-        described = wire.request(90, 1, {"groups": [{"group_id": "adm", "topics": None}]})
+        described = wire.request(90, 1, {"groups": [{"group_id": group, "topics": None}]})
         assert list(described.groups[0].topics) == []
         # No state: the next member starts at share.auto.offset.reset (earliest here).
-        _share_heartbeat(wire, "adm", "m3", 0)
-        assert _acquired(_share_fetch(wire, "m3", 0, topic_id, group="adm")) == [(0, 9, 1)]
+        _share_heartbeat(wire, group, "m3", 0, topic=topic)
+        assert _acquired(_share_fetch(wire, "m3", 0, topic_id, group=group)) == [(0, 9, 1)]
         # Another group type's id is not a share group.
-        heartbeat(wire, "consumers", "c1", 0, subscribed_topic_names=["q"])
-        other = wire.request(91, 0, {**alter, "group_id": "consumers"})
+        heartbeat(wire, consumers, "c1", 0, subscribed_topic_names=[topic])
+        other = wire.request(91, 0, {**alter, "group_id": consumers})
         assert other.error_code == ErrorCode.GROUP_ID_NOT_FOUND
 
 
@@ -611,38 +666,45 @@ JAVA_SOURCE = Path(__file__).with_name("java") / "ShareMember.java"
 
 
 def _java_members(
-    cluster: BrokerCluster, bootstrap: str, mode: str, count: int, deliveries: int, sent: int
+    cluster: BrokerCluster,
+    group: str,
+    topic: str,
+    mode: str,
+    count: int,
+    deliveries: int,
+    sent: int,
 ) -> list[list[tuple[str, int, int]]]:
-    """``count`` Java share consumers of group "java" on "q" run at once until together they
-    got ``deliveries`` records: the (value, offset, delivery count) each printed. Then nothing
-    more can come: the share-partition's stored start is past all ``sent`` records (every one
-    acknowledged ACCEPT, durably), so none is left to deliver again."""
-    seen = run_share_members(JAVA_SOURCE, [bootstrap, "java", "q", mode], count, deliveries)
-    read = partial(stored_share_state, cluster.etcd_url, cluster.cluster, "java", "q", 0)
+    """``count`` Java share consumers of ``group`` on ``topic`` run at once until together
+    they got ``deliveries`` records: the (value, offset, delivery count) each printed. Then
+    nothing more can come: the share-partition's stored start is past all ``sent`` records
+    (every one acknowledged ACCEPT, durably), so none is left to deliver again."""
+    bootstrap = cluster.brokers[0].bootstrap
+    seen = run_share_members(JAVA_SOURCE, [bootstrap, group, topic, mode], count, deliveries)
+    read = partial(stored_share_state, cluster.etcd_url, cluster.cluster, group, topic, 0)
     wait_stored(read, lambda state: state["start"] == sent)
     return seen
 
 
 def test_java_share_consumers_split_one_partition_exactly_once(
-    broker_cluster: BrokerCluster,
+    shared_cluster: BrokerCluster, broker: BrokerProcess, topic: str
 ) -> None:
-    broker = broker_cluster.start()
-    topics.create_topic(broker.bootstrap, "q", 1)
-    set_group_configs(broker.bootstrap, "java", EARLIEST)
+    group = f"java-{topic}"
+    set_group_configs(broker.bootstrap, group, EARLIEST)
     sent = [v.decode() for v in values(300)]
-    produce(broker.bootstrap, "q", [v.encode() for v in sent])
-    seen = _java_members(broker_cluster, broker.bootstrap, "accept", 2, 300, 300)
+    produce(broker.bootstrap, topic, [v.encode() for v in sent])
+    seen = _java_members(shared_cluster, group, topic, "accept", 2, 300, 300)
     got = [value for member in seen for value, _, _ in member]
     assert sorted(got) == sorted(sent) and len(set(got)) == len(got)
     assert {count for member in seen for _, _, count in member} == {1}
 
 
-def test_java_share_consumer_gets_released_records_again(broker_cluster: BrokerCluster) -> None:
-    broker = broker_cluster.start()
-    topics.create_topic(broker.bootstrap, "q", 1)
-    set_group_configs(broker.bootstrap, "java", EARLIEST)
-    produce(broker.bootstrap, "q", values(20))
-    (seen,) = _java_members(broker_cluster, broker.bootstrap, "release-once", 1, 40, 20)
+def test_java_share_consumer_gets_released_records_again(
+    shared_cluster: BrokerCluster, broker: BrokerProcess, topic: str
+) -> None:
+    group = f"java-{topic}"
+    set_group_configs(broker.bootstrap, group, EARLIEST)
+    produce(broker.bootstrap, topic, values(20))
+    (seen,) = _java_members(shared_cluster, group, topic, "release-once", 1, 40, 20)
     by_value: dict[str, list[int]] = {}
     for value, _, count in seen:
         by_value.setdefault(value, []).append(count)
@@ -671,51 +733,50 @@ def _java_admin(*steps: str) -> list[list[str]]:
 
 
 def test_the_java_admin_describes_alters_and_deletes_share_groups(
-    broker_cluster: BrokerCluster,
+    shared_cluster: BrokerCluster, broker: BrokerProcess, topic: str
 ) -> None:
     """What ``kafka-share-groups.sh`` does through the Java Admin client: describe a share
     group, list its offsets (start offset and lag), alter and delete them, delete the group;
     the offset calls also through the proxy, which forwards them to the group's coordinator."""
-    broker = broker_cluster.start()
+    group = f"ops-{topic}"
     bootstrap = broker.bootstrap
-    topics.create_topic(bootstrap, "q", 1)
-    set_group_configs(bootstrap, "ops", EARLIEST)
-    produce(bootstrap, "q", values(10))
+    set_group_configs(bootstrap, group, EARLIEST)
+    produce(bootstrap, topic, values(10))
     got = Received()
-    consumer = share_consumer(bootstrap, "ops", "q")
+    consumer = share_consumer(bootstrap, group, topic)
     try:
         poll_until(consumer, got, lambda: len(got.records) >= 10)
         described, refused = _java_admin(
-            f"describe,{bootstrap},ops", f"alter,{bootstrap},ops,q,0,4"
+            f"describe,{bootstrap},{group}", f"alter,{bootstrap},{group},{topic},0,4"
         )
         assert described[0] == "group Stable 1 1"
         assert refused[0].startswith("error GroupNotEmptyException")
     finally:
         consumer.close()
-    proxy = start_proxy(broker_cluster).bootstrap
+    proxy = start_proxy(shared_cluster).bootstrap
     assert _java_admin(
-        f"offsets,{bootstrap},ops",
-        f"alter,{proxy},ops,q,0,4",
-        f"offsets,{proxy},ops",
-        f"describe,{proxy},ops",
+        f"offsets,{bootstrap},{group}",
+        f"alter,{proxy},{group},{topic},0,4",
+        f"offsets,{proxy},{group}",
+        f"describe,{proxy},{group}",
     ) == [
-        ["offset q 0 10 0", "done"],
+        [f"offset {topic} 0 10 0", "done"],
         ["done"],
-        ["offset q 0 4 6", "done"],
+        [f"offset {topic} 0 4 6", "done"],
         ["group Empty 0 2", "done"],
     ]
     again = Received()
-    consumer = share_consumer(bootstrap, "ops", "q")
+    consumer = share_consumer(bootstrap, group, topic)
     try:
         poll_until(consumer, again, lambda: len(again.records) >= 6)
     finally:
         consumer.close()
     assert sorted(again.values) == sorted(values(10)[4:])
     deleted = _java_admin(
-        f"delete-offsets,{bootstrap},ops,q",
-        f"offsets,{bootstrap},ops",
-        f"delete,{bootstrap},ops",
-        f"describe,{bootstrap},ops",
+        f"delete-offsets,{bootstrap},{group},{topic}",
+        f"offsets,{bootstrap},{group}",
+        f"delete,{bootstrap},{group}",
+        f"describe,{bootstrap},{group}",
     )
     assert deleted[:3] == [["done"], ["done"], ["done"]]
     assert deleted[3][0].startswith("error GroupIdNotFound")

@@ -25,14 +25,16 @@ from typing import Any
 import pytest
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from harness import children
-from harness.brokers import BrokerCluster, BrokerProcess
+from harness.brokers import BrokerCluster, BrokerProcess, new_cluster
 from harness.etcd import harness_etcd
 from harness.java_client import java_program
 from harness.java_session import JavaSession
 from harness.proxy import start_proxy
+from harness.s3 import S3Endpoint
 from harness.topics import create_topic
 
 from kafscale.broker.metadata import keys
+from kafscale.broker.metadata.embedded_etcd import EmbeddedEtcd
 
 pytestmark = pytest.mark.integration
 
@@ -41,6 +43,26 @@ TXN_ENV = {"KAFSCALE_TRANSACTIONS__CHECK_INTERVAL_MS": "200"}
 
 def start(cluster: BrokerCluster) -> BrokerProcess:
     return cluster.start(**TXN_ENV)
+
+
+@pytest.fixture(scope="module")
+def two_brokers(
+    etcd_server: EmbeddedEtcd, s3_server: S3Endpoint, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[BrokerCluster]:
+    """Two brokers for the tests that neither kill nor add one, each with topics and
+    transactional ids of its own: two brokers started for each cost ~3 s of the suite's time."""
+    cluster = new_cluster(
+        etcd_server.client_url,
+        s3_server,
+        tmp_path_factory.mktemp("txn-clients"),
+        "txnc",
+        extra_env=TXN_ENV,
+    )
+    try:
+        cluster.start(), cluster.start()
+        yield cluster
+    finally:
+        cluster.stop_all()
 
 
 def producer(bootstrap: str, txn_id: str, **extra: Any) -> Producer:
@@ -60,41 +82,43 @@ def producer(bootstrap: str, txn_id: str, **extra: Any) -> Producer:
 def consume(
     bootstrap: str, topic: str, partitions: int, isolation: str, expect: int, timeout_s: float = 30
 ) -> list[tuple[int, bytes]]:
-    """(partition, value) of every record read from the start, until ``expect`` arrived and
-    then a quiet second (so that extra records would be seen too)."""
+    """(partition, value) of every record read from the start: at least ``expect``, and on
+    every partition up to its end (the high watermark, or the last stable offset under
+    read_committed: ``enable.partition.eof``), so extra records would be seen too. (It polled
+    a quiet second after the ``expect``-th before: a second a call.)"""
     consumer = Consumer(
         {
             "bootstrap.servers": bootstrap,
             "group.id": f"reader-{topic}-{isolation}-{time.monotonic_ns()}",
             "isolation.level": isolation,
             "enable.auto.commit": False,
+            "enable.partition.eof": True,
             "auto.offset.reset": "earliest",
         }
     )
     consumer.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
     seen: list[tuple[int, bytes]] = []
+    at_end: set[int] = set()  # partitions whose end was reached after their last record
     deadline = time.monotonic() + timeout_s
-    quiet_until = None
     try:
-        while time.monotonic() < deadline:
+        while (len(seen) < expect or len(at_end) < partitions) and time.monotonic() < deadline:
             message = consumer.poll(0.2)
             if message is None:
-                if quiet_until is not None and time.monotonic() > quiet_until:
-                    break
                 continue
-            if message.error():
+            error = message.error()
+            if error is not None:
+                if error.code() == KafkaError._PARTITION_EOF:
+                    at_end.add(message.partition())
                 continue
             seen.append((message.partition(), message.value()))
-            if len(seen) >= expect and quiet_until is None:
-                quiet_until = time.monotonic() + 1.0
+            at_end.discard(message.partition())
     finally:
         consumer.close()
     return seen
 
 
-def test_read_committed_sees_exactly_the_committed_records(broker_cluster: BrokerCluster) -> None:
-    start(broker_cluster), start(broker_cluster)
-    bootstrap = broker_cluster.bootstrap
+def test_read_committed_sees_exactly_the_committed_records(two_brokers: BrokerCluster) -> None:
+    bootstrap = two_brokers.bootstrap
     create_topic(bootstrap, "txn-out", 3)
     p = producer(bootstrap, "writer")
     expected: list[tuple[int, bytes]] = []
@@ -335,10 +359,9 @@ def java_txn(session: JavaSession, *args: str) -> list[str]:
 
 
 def test_the_java_client_commits_aborts_and_is_fenced(
-    txn_client: JavaSession, broker_cluster: BrokerCluster
+    txn_client: JavaSession, two_brokers: BrokerCluster
 ) -> None:
-    start(broker_cluster), start(broker_cluster)
-    bootstrap = broker_cluster.bootstrap
+    bootstrap = two_brokers.bootstrap
     create_topic(bootstrap, "java-txn", 2)
     outcomes = java_txn(txn_client, "rounds", bootstrap, "java-txn", "2", "java-app", "6")
     assert outcomes == [f"{'committed' if r % 2 == 0 else 'aborted'} {r}" for r in range(6)]
@@ -364,15 +387,14 @@ def java_describe(txn_client: JavaSession, bootstrap: str, txn_id: str) -> tuple
 
 
 def test_the_java_client_runs_transaction_protocol_v2(
-    txn_client: JavaSession, broker_cluster: BrokerCluster
+    txn_client: JavaSession, two_brokers: BrokerCluster
 ) -> None:
     """KIP-890 part 2: the Java client (4.x) sees transaction.version 2 finalized and runs
     protocol v2: no AddPartitionsToTxn/AddOffsetsToTxn (Produce v12 and TxnOffsetCommit v5 add
     implicitly), and EndTxn v5 bumps the epoch at every commit and abort, so the markers fence
     every batch of the ended transaction. read_committed sees exactly the committed records;
     the same through the proxy."""
-    start(broker_cluster), start(broker_cluster)
-    bootstrap = broker_cluster.bootstrap
+    bootstrap = two_brokers.bootstrap
     create_topic(bootstrap, "tv2", 2)
     outcomes = java_txn(txn_client, "rounds", bootstrap, "tv2", "2", "tv2-app", "4")
     assert outcomes == [f"{'committed' if r % 2 == 0 else 'aborted'} {r}" for r in range(4)]
@@ -384,7 +406,7 @@ def test_the_java_client_runs_transaction_protocol_v2(
         assert got == [f"{r}-{i}" for r in (0, 2) for i in range(partition, 10, 2)]
     # Offsets in the transaction with no AddOffsetsToTxn (only the committed rounds' count),
     # behind the proxy, which gives the client the same features.
-    proxy = start_proxy(broker_cluster)
+    proxy = start_proxy(two_brokers)
     create_topic(proxy.bootstrap, "tv2-offsets", 1)
     lines = java_txn(
         txn_client, "offsets", proxy.bootstrap, "tv2-offsets", "tv2-ctp", "tv2-group", "4"
@@ -393,12 +415,11 @@ def test_the_java_client_runs_transaction_protocol_v2(
     assert java_describe(txn_client, proxy.bootstrap, "tv2-ctp")[2] == 4
 
 
-def test_transactions_through_the_proxy(broker_cluster: BrokerCluster) -> None:
+def test_transactions_through_the_proxy(two_brokers: BrokerCluster) -> None:
     """The proxy routes the coordinator's APIs and passes transactional batches, the last stable
     offset and the aborted transactions through: read_committed behind it sees what it would
     see at the brokers."""
-    start(broker_cluster), start(broker_cluster)
-    proxy = start_proxy(broker_cluster)
+    proxy = start_proxy(two_brokers)
     create_topic(proxy.bootstrap, "proxied-txn", 2)
     p = producer(proxy.bootstrap, "proxied")
     expected: list[tuple[int, bytes]] = []
