@@ -111,6 +111,10 @@ class RadosGW:
     # --- steps --------------------------------------------------------------------------------
 
     def _write_config(self) -> None:
+        """One monitor, one memstore OSD, radosgw, no auth. ``paxos propose interval``: the
+        monitor batches map changes for 1 s by default, and radosgw's start (its pools, each
+        a new OSD map) made ~14 of them in turn: 14 s to start; with 0.05 s, ~3 s. A lone
+        monitor has no peers a shorter batch could flood."""
         d = self.workdir
         for sub in ("mon.a", "osd.0", "run", "log", "rgw"):
             (d / sub).mkdir(parents=True, exist_ok=True)
@@ -145,6 +149,7 @@ pid file = {d}/run/$name.pid
 keyring = {d}/keyring
 [mon]
 mon data = {d}/mon.$id
+paxos propose interval = 0.05
 [osd]
 osd objectstore = memstore
 osd data = {d}/osd.$id

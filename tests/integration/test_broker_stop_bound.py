@@ -37,7 +37,7 @@ from kafscale.broker.stop_deadline import EXIT_STOP_DEADLINE, THREAD_SLACK_S, st
 
 pytestmark = pytest.mark.integration
 
-GRACE_S = 2.0
+GRACE_S = 1.0  # what is waited out with etcd frozen, with CLOSE_MARGIN_S: not the point
 RESTART_GRACE_S = 5.0  # the harness's own: enough for a handoff on a loaded machine
 SCHEDULING_SLACK_S = 15.0
 """Beyond the promised bound, for a loaded machine to run the exit and reap the process: a

@@ -36,7 +36,7 @@ from kafscale.broker.stop_deadline import EXIT_STOP_DEADLINE, THREAD_SLACK_S, st
 
 pytestmark = pytest.mark.integration
 
-GRACE_S = 2.0
+GRACE_S = 1.0  # what is waited out with etcd frozen, with CLOSE_MARGIN_S: not the point
 ETCD_TIMEOUT_S = 30.0  # each etcd call would wait this long for the frozen etcd
 SCHEDULING_SLACK_S = 15.0
 """Beyond the promised bound, for a loaded machine to run the exit and reap the process: a
@@ -112,7 +112,9 @@ def produce_acked(bootstrap: str, topic: str, count: int) -> list[bytes]:
     return acked
 
 
-@pytest.mark.parametrize(("brokers", "proxy"), [(1, False), (2, False), (2, True)])
+# Two brokers without the proxy stop as the two behind it do (``_stop_all``: the proxy only
+# adds a part to the same deadline), so (2, True) covers them too.
+@pytest.mark.parametrize(("brokers", "proxy"), [(1, False), (2, True)])
 def test_ctrl_c_ends_local_by_its_bound_while_its_etcd_is_frozen(
     tmp_path: Path, frozen: list[int], brokers: int, proxy: bool
 ) -> None:

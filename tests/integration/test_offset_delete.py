@@ -21,7 +21,7 @@ import pytest
 from confluent_kafka import Consumer
 from confluent_kafka import Producer as ConfluentProducer
 from confluent_kafka import TopicPartition as CkTopicPartition
-from harness.brokers import BrokerCluster, BrokerProcess
+from harness.brokers import BrokerCluster, BrokerProcess, new_cluster
 from harness.kafka_wire import KafkaWire
 from harness.offsets_admin import java_lines
 from harness.proxy import start_proxy
@@ -44,9 +44,17 @@ GROUP_ENV = {
 DEADLINE_S = 30.0
 
 
-@pytest.fixture
-def kafka(broker_cluster: BrokerCluster) -> BrokerProcess:
-    return broker_cluster.start(**GROUP_ENV)
+@pytest.fixture(scope="module")
+def kafka(
+    etcd_server: EmbeddedEtcd, s3_server: S3Endpoint, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[BrokerProcess]:
+    """One broker for the module's tests that neither stop nor reconfigure it: each has topics
+    and groups of its own (``_name``)."""
+    cluster = new_cluster(etcd_server.client_url, s3_server, tmp_path_factory.mktemp("od"), "od")
+    try:
+        yield cluster.start(**GROUP_ENV)
+    finally:
+        cluster.stop_all()
 
 
 def _name(what: str) -> str:

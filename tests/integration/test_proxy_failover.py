@@ -41,13 +41,13 @@ class Feed(groups.Feed):
     """An idempotent producer (acks=all) sending numbered records through the proxy, noting
     every error librdkafka reports: failed deliveries and connection trouble alike."""
 
-    def __init__(self, bootstrap: str, topic: str) -> None:
+    def __init__(self, bootstrap: str, topic: str, rate_per_s: float = 200) -> None:
         self.client_errors: list[str] = []
         config = {
             "enable.idempotence": True,
             "error_cb": lambda error: self.client_errors.append(f"client: {error}"),
         }
-        super().__init__(bootstrap, topic, config=config, flush_timeout_s=60)
+        super().__init__(bootstrap, topic, rate_per_s, config=config, flush_timeout_s=60)
 
     @property
     def errors(self) -> list[str]:
@@ -112,7 +112,9 @@ def test_planned_drain_behind_the_proxy_costs_clients_no_error(
         topic,
         {"error_cb": lambda e: consumer_errors.append(str(e))},
     )
-    feed = Feed(proxy.bootstrap, topic)
+    # 100 records/s: the member, committing each record synchronously through the proxy,
+    # reads far fewer than 200/s, and every record sent must be read before the test ends.
+    feed = Feed(proxy.bootstrap, topic, rate_per_s=100)
     with running(member):
         feed.start()
         wait_for_members(lambda: len(member.consumed) > 200, 90, "consuming")

@@ -11,17 +11,20 @@ from __future__ import annotations
 import asyncio
 import struct
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import pytest
-from harness.brokers import BrokerCluster, BrokerProcess
+from harness.brokers import BrokerCluster, BrokerProcess, new_cluster
 from harness.etcd import harness_etcd
 from harness.kafka_wire import KafkaWire, metadata_body
 from harness.proxy import start_proxy
+from harness.s3 import S3Endpoint
 
 from kafscale.broker.groups.store import CommittedOffset, encode_offset
 from kafscale.broker.metadata import keys
+from kafscale.broker.metadata.embedded_etcd import EmbeddedEtcd
 from kafscale.broker.transactions.state import TxnMetadata, TxnState
 from kafscale.broker.transactions.store import encode_metadata
 
@@ -218,6 +221,19 @@ def make_topic(wire: KafkaWire) -> None:
     assert response.topics[0].error_code == NONE
 
 
+@pytest.fixture(scope="module")
+def shared_broker(
+    etcd_server: EmbeddedEtcd, s3_server: S3Endpoint, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[BrokerProcess]:
+    """One broker for the tests that only use transactional ids and groups of their own (not
+    those listing every transaction, nor those stopping or reconfiguring brokers)."""
+    cluster = new_cluster(etcd_server.client_url, s3_server, tmp_path_factory.mktemp("txn"), "txn")
+    try:
+        yield cluster.start()
+    finally:
+        cluster.stop_all()
+
+
 # --- tests ------------------------------------------------------------------------------------
 
 
@@ -247,8 +263,8 @@ def test_find_coordinator_names_one_broker_for_a_transactional_id(
         assert int(find(wire, "app-1").node_id) == node_id
 
 
-def test_epoch_bumps_fence_the_older_producer(broker: BrokerProcess) -> None:
-    with KafkaWire(broker.bootstrap) as wire:
+def test_epoch_bumps_fence_the_older_producer(shared_broker: BrokerProcess) -> None:
+    with KafkaWire(shared_broker.bootstrap) as wire:
         first = init(wire, "fence-me")
         assert first.error_code == NONE and first.producer_epoch == 0
         second = init(wire, "fence-me")
@@ -274,8 +290,8 @@ def test_epoch_bumps_fence_the_older_producer(broker: BrokerProcess) -> None:
         assert init(wire, "someone-else").producer_id != pid
 
 
-def test_state_machine_errors(broker: BrokerProcess) -> None:
-    with KafkaWire(broker.bootstrap) as wire:
+def test_state_machine_errors(shared_broker: BrokerProcess) -> None:
+    with KafkaWire(shared_broker.bootstrap) as wire:
         make_topic(wire)
         assert init(wire, "bad-timeout", timeout_ms=0).error_code == INVALID_TIMEOUT
         assert init(wire, "too-long", timeout_ms=10**9).error_code == INVALID_TIMEOUT
@@ -296,9 +312,9 @@ def test_state_machine_errors(broker: BrokerProcess) -> None:
 
 
 def test_offsets_committed_in_a_transaction_show_only_when_it_commits(
-    broker: BrokerProcess,
+    shared_broker: BrokerProcess,
 ) -> None:
-    with KafkaWire(broker.bootstrap) as wire:
+    with KafkaWire(shared_broker.bootstrap) as wire:
         make_topic(wire)
         started = init(wire, "ctp")
         pid, epoch = int(started.producer_id), int(started.producer_epoch)
@@ -321,12 +337,12 @@ def test_offsets_committed_in_a_transaction_show_only_when_it_commits(
 
 
 def test_a_generation_for_a_group_nobody_joined_is_illegal_generation(
-    broker: BrokerProcess,
+    shared_broker: BrokerProcess,
 ) -> None:
     """Kafka's ``validateTransactionalOffsetCommit``: a TxnOffsetCommit naming a generation
     (a consumer in a group) for a group that does not exist is ILLEGAL_GENERATION and leaves
     nothing pending; generation -1 (a producer outside group management) creates the group."""
-    with KafkaWire(broker.bootstrap) as wire:
+    with KafkaWire(shared_broker.bootstrap) as wire:
         make_topic(wire)
         started = init(wire, "gen")
         pid, epoch = int(started.producer_id), int(started.producer_epoch)

@@ -279,8 +279,10 @@ def test_a_partition_taken_over_while_the_request_is_verified_is_not_written_unv
     add the other; meanwhile A's session expired and B took A's partition over, and the append
     wrote its batch unverified, never added to the transaction: open for good, no marker ever
     came, read_committed stalled there. The partition now keeps the code it got at the check."""
-    # The inter-broker timeout (the etcd timeout's, at least 5 s) outlasts A's session (4 s).
-    broker_cluster.extra_env["KAFSCALE_ETCD__TIMEOUT_S"] = "15"
+    # The inter-broker timeout (the etcd timeout's, at least 5 s) outlasts A's session (4 s)
+    # and B's take-over after it (well under a second; 6 s of margin here). B's produce waits
+    # it out in full: the test's length, not a margin.
+    broker_cluster.extra_env["KAFSCALE_ETCD__TIMEOUT_S"] = "10"
     a, b = broker_cluster.start(), broker_cluster.start()
     create_topic(broker_cluster.bootstrap, TOPIC, 4)
     deadline = time.monotonic() + 120

@@ -18,6 +18,10 @@ from pyspark.errors import StreamingQueryException
 # A SparkSession on two loaded cores: queries can take minutes.
 pytestmark = [pytest.mark.pipeline, pytest.mark.timeout(900)]
 
+SHARED_BROKER_ENV = {"KAFSCALE_LOG__RETENTION_CHECK_INTERVAL_S": "0.5"}
+"""The module's one broker (``shared_cluster``; each test has a topic of its own): retention
+checked every 0.5 s, so what it deletes goes soon after the records that push it out."""
+
 
 def produce_rounds(bootstrap: str, topic: str, first: int, rounds: int) -> None:
     """One 1 KB record per round, each flushed on its own: one segment per record."""
@@ -72,11 +76,11 @@ def stream(spark: Any, options: dict[str, str], out: Path, checkpoint: Path, **e
 
 
 def test_retention_under_a_stream_follows_fail_on_data_loss(
-    spark: Any, broker_cluster: BrokerCluster, tmp_path: Path
+    spark: Any, shared_cluster: BrokerCluster, tmp_path: Path
 ) -> None:
-    broker = broker_cluster.start(KAFSCALE_LOG__RETENTION_CHECK_INTERVAL_S="0.5")
+    broker = shared_cluster.brokers[0]
     create_topic(broker.bootstrap, "trimmed", 1, {"retention.bytes": "5000"})
-    options = {**source_options(broker_cluster), "subscribe": "trimmed"}
+    options = {**source_options(shared_cluster), "subscribe": "trimmed"}
     out, checkpoint = tmp_path / "lake", tmp_path / "checkpoint"
     produce_rounds(broker.bootstrap, "trimmed", 0, 4)  # 4 KB: nothing trimmed yet
     first = stream(spark, options, out, checkpoint, startingOffsets="earliest")
@@ -106,13 +110,13 @@ def test_retention_under_a_stream_follows_fail_on_data_loss(
 
 
 def test_a_batch_read_never_returns_records_below_the_log_start(
-    spark: Any, broker_cluster: BrokerCluster
+    spark: Any, shared_cluster: BrokerCluster
 ) -> None:
-    broker = broker_cluster.start(KAFSCALE_LOG__RETENTION_CHECK_INTERVAL_S="0.5")
-    create_topic(broker.bootstrap, "trimmed", 1, {"retention.bytes": "5000"})
-    produce_rounds(broker.bootstrap, "trimmed", 0, 12)
-    low = wait_for_log_start(broker.bootstrap, "trimmed", 7)
-    options = {**source_options(broker_cluster), "subscribe": "trimmed"}
+    broker = shared_cluster.brokers[0]
+    create_topic(broker.bootstrap, "trimmed-batch", 1, {"retention.bytes": "5000"})
+    produce_rounds(broker.bootstrap, "trimmed-batch", 0, 12)
+    low = wait_for_log_start(broker.bootstrap, "trimmed-batch", 7)
+    options = {**source_options(shared_cluster), "subscribe": "trimmed-batch"}
     df = spark.read.format("kafscale").options(**options).load()
     offsets = sorted(r.offset for r in df.select("offset").collect())
     assert offsets[0] >= low and offsets == list(range(offsets[0], 12))
@@ -120,7 +124,7 @@ def test_a_batch_read_never_returns_records_below_the_log_start(
     lost = (
         spark.read.format("kafscale")
         .options(**options)
-        .option("startingOffsets", '{"trimmed": {"0": 0}}')
+        .option("startingOffsets", '{"trimmed-batch": {"0": 0}}')
         .load()
     )
     with pytest.raises(Exception, match="failOnDataLoss"):
@@ -128,7 +132,7 @@ def test_a_batch_read_never_returns_records_below_the_log_start(
     tolerant = (
         spark.read.format("kafscale")
         .options(**options)
-        .option("startingOffsets", '{"trimmed": {"0": 0}}')
+        .option("startingOffsets", '{"trimmed-batch": {"0": 0}}')
         .option("failOnDataLoss", "false")
         .load()
     )

@@ -21,24 +21,24 @@ from kafscale.pipeline.jobs import topic_to_parquet
 pytestmark = [pytest.mark.pipeline, pytest.mark.timeout(900)]
 
 
-def produce(bootstrap: str, first: int, count: int) -> None:
+def produce(bootstrap: str, first: int, count: int, topic: str = "orders") -> None:
     producer = Producer({"bootstrap.servers": bootstrap, "compression.type": "snappy"})
     for i in range(first, first + count):
-        producer.produce("orders", key=f"k{i}".encode(), value=f"order-{i}".encode())
+        producer.produce(topic, key=f"k{i}".encode(), value=f"order-{i}".encode())
     assert producer.flush(30) == 0
 
 
 def test_each_run_appends_what_was_committed_since_the_last(
     spark: Any,
-    broker_cluster: BrokerCluster,
+    shared_cluster: BrokerCluster,
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    broker = broker_cluster.start()
+    broker = shared_cluster.brokers[0]
     create_topic(broker.bootstrap, "orders", 3)
     # Connection from the broker's own KAFSCALE_* variables, as next to `kafscale local`.
-    for name, value in broker_cluster.env(0, 0).items():
+    for name, value in shared_cluster.env(0, 0).items():
         if name.startswith("KAFSCALE_"):
             monkeypatch.setenv(name, value)
     out = tmp_path / "lake" / "orders"
@@ -105,30 +105,31 @@ def spark_submit(cluster: BrokerCluster, argv: list[str], workdir: Path) -> str:
 
 
 def test_spark_submit_runs_the_job_unchanged_against_s3(
-    broker_cluster: BrokerCluster, tmp_path: Path
+    shared_cluster: BrokerCluster, tmp_path: Path
 ) -> None:
     """One run in a JVM of its own (a spark-submit costs a JVM and a driver: about a minute on
-    two loaded cores). Runs resuming from the checkpoint are the test above's."""
-    broker = broker_cluster.start()
-    create_topic(broker.bootstrap, "orders", 3)
+    two loaded cores). Runs resuming from the checkpoint are the test above's. The module's
+    broker, a topic of its own."""
+    broker = shared_cluster.brokers[0]
+    create_topic(broker.bootstrap, "submitted", 3)
     out = tmp_path / "lake" / "orders"
     argv = [
         "--topic",
-        "orders",
+        "submitted",
         "--out",
         str(out),
         "--etcd",
-        broker_cluster.etcd_url,
+        shared_cluster.etcd_url,
         "--cluster",
-        broker_cluster.cluster,
+        shared_cluster.cluster,
         "--bucket",
-        broker_cluster.bucket,
+        shared_cluster.bucket,
         "--s3-endpoint",
-        broker_cluster.s3.url,
+        shared_cluster.s3.url,
     ]
 
-    produce(broker.bootstrap, 0, 150)
-    assert "150 records appended" in spark_submit(broker_cluster, argv, tmp_path)
+    produce(broker.bootstrap, 0, 150, "submitted")
+    assert "150 records appended" in spark_submit(shared_cluster, argv, tmp_path)
 
     # The Parquet dataset as any reader sees it (pyarrow, no Spark): every record once.
     table = pq.read_table(out, partitioning="hive")
@@ -138,5 +139,5 @@ def test_spark_submit_runs_the_job_unchanged_against_s3(
         f"order-{i}": f"k{i}" for i in range(150)
     }
     assert_dense_offsets({(r["partition"], r["offset"]) for r in rows}, total=150, partitions=3)
-    assert {r["topic"] for r in rows} == {"orders"}
+    assert {r["topic"] for r in rows} == {"submitted"}
     assert all(r["date"] is not None for r in rows)
