@@ -521,7 +521,10 @@ class TransactionCoordinator:
     # --- timeouts and recovery ----------------------------------------------------------------
 
     async def _check_loop(self) -> None:
+        """Checks every ``check_interval_ms``; a run of checks etcd refuses is logged once,
+        then summarised (``retry_log``), not once a check."""
         interval_s = self.settings.check_interval_ms / 1000
+        retries = RetryLog(log, "cannot check transactions")
         while True:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(interval_s):
@@ -530,9 +533,11 @@ class TransactionCoordinator:
             try:
                 await self.check_once()
             except MetadataUnavailable as exc:
-                log.warning("cannot check transactions: %s", exc)
+                retries.failed(exc)
             except Exception:
                 log.exception("checking transactions failed")
+            else:
+                retries.succeeded()
 
     async def check_once(self) -> None:
         """Abort timed-out transactions and finish prepared ones that this broker coordinates,
