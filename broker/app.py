@@ -102,6 +102,8 @@ class Broker:
     cleaner: Cleaner | None = None  # the log cleaner (log.cleaner_enable)
     ready: bool = False
     draining: bool = False
+    cluster_stopping: bool = False
+    """The whole cluster stops with this broker (``stop_acquiring``): no hand-off to anyone."""
     pod_name: str | None = None
     cluster_size: int | None = None
     """How many brokers the cluster has, when its launcher knows it (``kafscale local``)."""
@@ -472,11 +474,12 @@ class Broker:
         """Hand every partition over without exiting (preStop hook, draining mark).
 
         The draining mark goes first so that the assignment moves our partitions elsewhere
-        while we flush; each release then deletes a lease the new owner is waiting for.
+        while we flush; each release then deletes a lease the new owner is waiting for. In a
+        whole-cluster stop (``stop_acquiring``) there is no new owner: no mark.
         """
         self.draining = True
         self.log_manager.acquiring = False
-        if self.node_id not in self.view.draining:
+        if self.node_id not in self.view.draining and not self.cluster_stopping:
             await self.etcd.put(
                 keys.draining_key(self.cluster, self.node_id),
                 b'{"reason":"drain"}',
@@ -486,12 +489,23 @@ class Broker:
         await self.log_manager.release_all()
 
     def stop_acquiring(self) -> None:
-        """Take no partition from now on, not even one a stopping sibling releases: in a
-        whole-cluster stop (``kafscale local``) every broker stops at once, and a partition
-        handed to a sibling would only bump its epoch there to be handed back at once."""
+        """The whole cluster stops (``kafscale local``): every broker stops at once, so none
+        takes anything from now on and none hands anything over.
+
+        No partition, not even one a stopping sibling releases (it would only bump its epoch
+        here to be handed back at once); no group or transactional id a sibling let go (a
+        client still connected here would otherwise have its group claimed, loaded and given
+        back within the same second); no assignment written (``Rebalancer``). And no draining
+        mark at the hand-off (``drain``): it tells the others to take over, and nobody is left
+        to; each was an etcd write, and a new assignment written for it another."""
         self.ready = False  # also keeps a removed draining mark from undraining us
+        self.cluster_stopping = True
         if self.manager is not None:
             self.manager.acquiring = False
+        if self.groups is not None:
+            self.groups.stop_claiming()
+        if self.transactions is not None:
+            self.transactions.stop_claiming()
 
     async def shutdown(self, began_at: float | None = None) -> None:
         """The graceful stop, in the handoff order, within one grace period from ``began_at``

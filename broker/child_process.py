@@ -15,6 +15,7 @@ leaves no broker behind.
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -28,9 +29,11 @@ from kafscale.broker.child_environment import NO_HYPOTHESIS as NO_HYPOTHESIS
 from kafscale.broker.child_environment import child_env as child_env
 from kafscale.broker.free_ports import free_port_run as free_port_run  # its first home
 from kafscale.broker.parent_death import start_bound
+from kafscale.broker.start_progress import Sample, StartProgress
 
 KAFSCALE = str(Path(sys.executable).with_name("kafscale"))
 _STOPPING_SIGNALS = (signal.SIGTERM, signal.SIGKILL, signal.SIGINT)
+_CLOCK_TICKS_PER_S = os.sysconf("SC_CLK_TCK")
 
 
 @dataclass
@@ -63,32 +66,49 @@ class BrokerProcess:
     def alive(self) -> bool:
         return self.process is not None and self.process.poll() is None
 
-    def start(self, timeout_s: float = 30.0) -> BrokerProcess:
+    def start(self, timeout_s: float = 30.0, max_s: float = 600.0) -> BrokerProcess:
         """Launch and wait until ready (the log goes to ``log_path``); raises with the log's
-        tail if the process exits or is not ready in time."""
+        tail if the process exits, or makes no progress for ``timeout_s`` (no CPU used, no
+        log written: ``start_progress``), or is not ready after ``max_s`` in all."""
         start = start_bound if self.die_with_parent else subprocess.Popen
         with self.log_path.open("ab") as log:
             self.process = start(
                 self.command, env=child_env(self.env), stdout=log, stderr=subprocess.STDOUT
             )
         self.stopping = False
-        self.wait_ready(timeout_s)
+        self.wait_ready(timeout_s, max_s)
         self.node_id = int(self.status()["node_id"])
         return self
 
-    def wait_ready(self, timeout_s: float) -> None:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            assert self.process is not None
+    def wait_ready(self, timeout_s: float, max_s: float = 600.0) -> None:
+        """Poll ``/readyz`` while the process lives and makes progress (see ``start``): a
+        loaded machine slows a start down without failing it; a stuck one fails in
+        ``timeout_s``."""
+        assert self.process is not None
+        progress = StartProgress(time.monotonic(), timeout_s, max_s, log_bytes=self._log_bytes())
+        last_answer = "none yet"
+        while (verdict := progress.verdict(time.monotonic())) is None:
             if self.process.poll() is not None:
                 raise RuntimeError(f"broker exited with {self.process.returncode}:\n{self.tail()}")
             try:
-                if self.http("GET", "/readyz", timeout_s=1)[0] == 200:
+                status, body = self.http("GET", "/readyz", timeout_s=1)
+                if status == 200:
                     return
-            except OSError:
-                pass
+                last_answer = f"{status} {body}"
+            except OSError as exc:
+                last_answer = f"no answer ({exc})"
             time.sleep(0.05)
-        raise TimeoutError(f"broker not ready in {timeout_s}s:\n{self.tail()}")
+            progress.observe(Sample(time.monotonic(), cpu_seconds(self.pid), self._log_bytes()))
+        raise TimeoutError(
+            f"broker {verdict}; {progress.summary()}; last /readyz: {last_answer}; "
+            f"log {self.log_path}:\n{self.tail()}"
+        )
+
+    def _log_bytes(self) -> int:
+        try:
+            return self.log_path.stat().st_size
+        except OSError:
+            return 0
 
     def http(self, method: str, path: str, timeout_s: float = 10) -> tuple[int, Any]:
         return admin_request(self.admin_url, method, path, timeout_s, self.admin_token)
@@ -129,3 +149,17 @@ class BrokerProcess:
             return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
         except OSError:
             return ""
+
+
+def cpu_seconds(pid: int) -> float | None:
+    """User + system CPU time of process ``pid`` (all its threads), from ``/proc/<pid>/stat``;
+    None where that cannot be read (not Linux, or the process is gone)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat.rsplit(")", 1)[-1].split()  # after the command name, which may hold spaces
+    try:  # fields 14 and 15 of proc(5); the text after ")" starts at field 3
+        return (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS_PER_S
+    except (IndexError, ValueError):
+        return None

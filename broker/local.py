@@ -385,14 +385,16 @@ async def _stop_all(
     signal), so Ctrl-C ends within ``limits.shutdown_grace_s`` plus closing, however many
     brokers there are.
 
-    A start still running ends first. Then no broker takes a partition any more (its siblings
-    stop too: a partition handed to one would bump its epoch there only to be handed back at
-    once) and the proxy takes no new client. Then the proxy's requests in flight and every
-    broker's stop (flush and release, then its requests in flight) run together to the same
-    deadline: a request the proxy forwarded is still answered by its broker, which serves what
-    it has read until the grace is over. Before, the proxy had a whole grace of its own and the
-    brokers a second one after it, and a stop still making progress was cut at the bound
-    (exit 124). etcd stops last: every part needs it until then."""
+    A start still running ends first. Then no broker takes a partition, a group or a
+    transactional id any more, nor writes a draining mark or an assignment (its siblings stop
+    too: a partition handed to one would bump its epoch there only to be handed back at once;
+    ``Broker.stop_acquiring``) and the proxy takes no new client. Then the proxy's requests in
+    flight and every broker's stop (flush and release, then its requests in flight) run
+    together to the same deadline: a request the proxy forwarded is still answered by its
+    broker, which serves what it has read until the grace is over. Before, the proxy had a
+    whole grace of its own and the brokers a second one after it, and a stop still making
+    progress was cut at the bound (exit 124). etcd stops last: every part needs it until
+    then."""
     if not starting.done():
         starting.cancel()
         await asyncio.gather(starting, return_exceptions=True)

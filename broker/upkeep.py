@@ -91,7 +91,8 @@ def start_upkeep(broker: Broker) -> Upkeep:
         tasks.append(start_task(expiry, name="token-expiry"))
     if settings.assignment.self_assign:
         rebalancer = Rebalancer(broker.etcd, broker.view, cluster, broker.node_id)
-        tasks.append(start_task(rebalancer.run(lambda: broker.session), name="rebalancer"))
+        run = rebalancer.run(lambda: broker.session, lambda: broker.cluster_stopping)
+        tasks.append(start_task(run, name="rebalancer"))
     return Upkeep(tasks, cleaner)
 
 

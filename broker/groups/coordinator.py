@@ -161,6 +161,7 @@ class GroupCoordinator:
         self._unreadable: OrderedDict[str, tuple[float, UnreadableRecord]] = OrderedDict()
         self._tasks: list[asyncio.Task[None]] = []
         self._closed = False
+        self._claiming = True  # False: serve the groups held here, take on no other
         self._sweep_after: str | None = None
         """The stored group the last retention check's adoption sweep stopped at."""
         self.stored_lag = StoredLag(
@@ -176,6 +177,12 @@ class GroupCoordinator:
         self._tasks.append(start_task(self._let_go_of_unused(), name="groups-release"))
         self._tasks.append(start_task(self._expire_offsets(), name="groups-retention"))
         self.stored_lag.start()
+
+    def stop_claiming(self) -> None:
+        """Take on no group from now on (NOT_COORDINATOR), keep serving those held here until
+        ``close``: the whole cluster is stopping, and a group its stopping coordinator let go
+        must not be claimed here only to be let go again a moment later."""
+        self._claiming = False
 
     async def close(self) -> None:
         """Stop coordinating and release every group lease (waiters get NOT_COORDINATOR)."""
@@ -317,6 +324,8 @@ class GroupCoordinator:
             raise CoordinatorBetweenSessions("this broker's etcd session expired")
         if self._host.draining:
             raise NotCoordinator("this broker is draining")
+        if not self._claiming:
+            raise NotCoordinator("this broker is stopping with its cluster")
         try:
             fence = await self._leases.acquire(group_id, self._host.node_id, session.id)
         except LeaseLost as exc:  # the session ended before its keepalive told us
@@ -608,7 +617,9 @@ class GroupCoordinator:
     def _adoptable(self, group_id: str) -> bool:
         """Whether a retention check may take on a stored group: nobody coordinates it, this
         broker is its pick, and it is no share group (they keep no committed offsets)."""
-        if self._closed or group_id in self._runtimes or group_id in self._loading:
+        if self._closed or not self._claiming:
+            return False
+        if group_id in self._runtimes or group_id in self._loading:
             return False
         if group_id in self._host.view.share_members.members:
             return False

@@ -36,6 +36,7 @@ from collections.abc import Callable, Mapping
 
 from kafscale.broker.groups.store import CommittedOffset, GroupStore, TopicPartition
 from kafscale.broker.metadata.etcd_errors import MetadataUnavailable
+from kafscale.broker.observability.retry_log import RetryLog
 from kafscale.broker.task_stop import cancel_and_wait, start_task
 
 log = logging.getLogger(__name__)
@@ -98,14 +99,18 @@ class StoredLag:
             self._forget(group_id)
 
     async def _run(self) -> None:
-        """Runs for the broker's life: a failed refresh is logged, the next one goes on."""
+        """Runs for the broker's life: a failed refresh is logged, the next one goes on (a run
+        of refreshes etcd refuses is logged once, then summarised: ``retry_log``)."""
+        retries = RetryLog(log, "consumer lag of stored groups not read")
         while True:
             try:
                 await self.refresh()
             except MetadataUnavailable as exc:
-                log.warning("consumer lag of stored groups not read: %s", exc)
+                retries.failed(exc)
             except Exception:
                 log.exception("reading the consumer lag of stored groups failed")
+            else:
+                retries.succeeded()
             await asyncio.sleep(self._interval_s)
 
     async def refresh(self) -> None:

@@ -26,6 +26,7 @@ from collections.abc import Callable, Collection
 
 from kafscale.broker.metadata.etcd import Etcd
 from kafscale.broker.metadata.etcd_errors import MetadataError
+from kafscale.broker.observability.retry_log import RetryLog
 
 log = logging.getLogger(__name__)
 
@@ -80,6 +81,9 @@ class Compactor:
         log.info("etcd history compacted to revision %d", target)
 
     async def run(self, me: int, live: Callable[[], Collection[int]], interval_s: float) -> None:
+        """Every ``interval_s`` while this broker is the compactor; a run of ticks etcd
+        refuses is logged once, then summarised (``retry_log``)."""
+        retries = RetryLog(log, "etcd compaction skipped")
         while True:
             await asyncio.sleep(interval_s)
             if not is_compactor(me, live()):
@@ -88,4 +92,6 @@ class Compactor:
             try:
                 await self.tick()
             except MetadataError as exc:
-                log.warning("etcd compaction skipped: %s", exc)
+                retries.failed(exc)
+            else:
+                retries.succeeded()

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 
 from kafscale.broker.metadata import keys
 from kafscale.broker.metadata.assignment import Assignment, decide_assignment
@@ -42,11 +43,14 @@ class Rebalancer:
         self._cluster = cluster
         self._broker_id = broker_id
 
-    async def run(self, session_of: object) -> None:
+    async def run(self, session_of: object, stopped: Callable[[], bool] = lambda: False) -> None:
         """Campaign for the assigner role and keep the assignment current while holding it.
-        etcd failures are retried every second, logged once per run (``retry_log``)."""
+        etcd failures are retried every second, logged once per run (``retry_log``). Ends
+        once ``stopped()``: the whole cluster is stopping (``kafscale local``), so no broker is
+        left to follow a new assignment, and writing one (or campaigning for the role its
+        stopped holder let go) would only be etcd writes for nothing."""
         retries = RetryLog(log, "rebalancer: etcd")
-        while True:
+        while not stopped():
             changed = self._view.changed
             try:
                 session = session_of() if callable(session_of) else session_of

@@ -14,6 +14,7 @@ import logging
 
 from kafscale.broker.metadata.etcd import Etcd
 from kafscale.broker.metadata.etcd_errors import LeaseLost, MetadataError
+from kafscale.broker.observability.retry_log import RetryLog
 from kafscale.broker.task_stop import cancel_and_wait, start_task
 
 log = logging.getLogger(__name__)
@@ -73,6 +74,7 @@ class SessionLease:
         interval = self._ttl_s / 3
         retry = min(interval, 0.5)
         delay = interval
+        retries = RetryLog(log, f"session lease {self._id:x} keepalive failed")
         try:
             while True:
                 await asyncio.sleep(max(0.0, min(delay, valid_until - loop.time())))
@@ -87,9 +89,10 @@ class SessionLease:
                     self._mark_lost(str(error))
                     return
                 except (MetadataError, TimeoutError) as error:
-                    log.warning("session lease %x keepalive failed: %s", self._id, error)
+                    retries.failed(error)
                     delay = retry
                     continue
+                retries.succeeded()
                 valid_until, delay = sent_at + ttl, interval
         except Exception:
             log.exception("session lease %x keepalive crashed", self._id)

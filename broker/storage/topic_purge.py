@@ -23,6 +23,7 @@ from kafscale.broker.metadata import keys
 from kafscale.broker.metadata.cluster import ClusterView
 from kafscale.broker.metadata.etcd import Etcd
 from kafscale.broker.metadata.etcd_errors import MetadataUnavailable
+from kafscale.broker.observability.retry_log import RetryLog
 from kafscale.broker.storage.cache import SegmentCache
 from kafscale.broker.storage.object_store import ObjectStore, ObjectStoreError
 
@@ -70,11 +71,13 @@ class TopicPurger:
     async def purge_with_retries(
         self, topic: str, topic_id: str, delays_s: Sequence[float] = RETRY_DELAYS_S
     ) -> None:
-        """What the deleting broker runs right after DeleteTopics."""
+        """What the deleting broker runs right after DeleteTopics. Its failures are logged as
+        a run (``retry_log``): the first, a summary after 30 s and the recovery, not one line
+        each; the ERROR when it gives up to the periodic purge."""
+        retries = RetryLog(log, f"deleting the objects of topic {topic}")
         for delay_s in (*delays_s, None):
             try:
                 await self.purge(topic, topic_id)
-                return
             except (ObjectStoreError, MetadataUnavailable) as exc:
                 if delay_s is None:
                     log.error(
@@ -83,36 +86,41 @@ class TopicPurger:
                         exc,
                     )
                     return
-                log.warning(
-                    "deleting the objects of topic %s failed (again in %.0f s): %s",
-                    topic,
-                    delay_s,
-                    exc,
-                )
+                retries.failed(f"{exc} (again in {delay_s:.0f} s)")
                 await asyncio.sleep(delay_s)
+                continue
+            retries.succeeded()
+            return
 
-    async def purge_leftovers(self) -> int:
-        """Purge every topic that still has a tombstone; the number purged."""
+    async def purge_leftovers(self) -> dict[str, Exception]:
+        """Purge every topic that still has a tombstone; the topics that could not be, with
+        why (their tombstones stay for the next run)."""
         entries = await self._etcd.get_prefix(keys.deleted_topics_prefix(self._cluster))
-        purged = 0
+        failed: dict[str, Exception] = {}
         for entry in entries:
             parsed = parse_tombstone(self._cluster, entry.key)
             if parsed is None:
                 continue
             try:
                 await self.purge(*parsed)
-                purged += 1
             except (ObjectStoreError, MetadataUnavailable) as exc:
-                log.warning("purge of deleted topic %s skipped: %s", parsed[0], exc)
-        return purged
+                failed[parsed[0]] = exc
+        return failed
 
     async def run(self, me: int, view: ClusterView, interval_s: float) -> None:
-        """Every ``interval_s``, purge leftovers if this broker is the purger."""
+        """Every ``interval_s``, purge leftovers if this broker is the purger; failures while
+        etcd or the store stay away are logged once, then summarised (``retry_log``)."""
+        retries = RetryLog(log, "purge of deleted topics")
         while True:
             await asyncio.sleep(interval_s)
             if not is_purger(me, view.live_broker_ids()):
                 continue
             try:
-                await self.purge_leftovers()
+                failed = await self.purge_leftovers()
             except MetadataUnavailable as exc:
-                log.warning("purge of deleted topics skipped: %s", exc)
+                retries.failed(exc)
+                continue
+            if failed:
+                retries.failed(", ".join(f"{name} skipped: {exc}" for name, exc in failed.items()))
+            else:
+                retries.succeeded()

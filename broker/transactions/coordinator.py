@@ -163,11 +163,18 @@ class TransactionCoordinator:
         self._wake = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         self._closed = False
+        self._claiming = True  # False: serve the ids held here, take on no other
 
     async def start(self) -> None:
         await self._leases.start()
         self._tasks.append(start_task(self._check_loop(), name="txn-check"))
         self._tasks.append(start_task(self._follow_session(), name="txn-session"))
+
+    def stop_claiming(self) -> None:
+        """Take on no transactional id from now on (NOT_COORDINATOR, and no take-over of a
+        gone coordinator's transactions), keep serving those held here until ``close``: the
+        whole cluster is stopping (``groups.coordinator.GroupCoordinator.stop_claiming``)."""
+        self._claiming = False
 
     async def close(self) -> None:
         """Stop coordinating; release the leases so that other brokers take over at once."""
@@ -245,6 +252,8 @@ class TransactionCoordinator:
             raise NotCoordinator("this broker is shutting down or lost its etcd session")
         if host.draining:
             raise NotCoordinator("this broker is draining")
+        if not self._claiming:
+            raise NotCoordinator("this broker is stopping with its cluster")
         try:
             fence = await self._leases.acquire(transactional_id, host.node_id, session.id)
         except LeaseLost as exc:  # the session ended before its keepalive told us
@@ -521,7 +530,10 @@ class TransactionCoordinator:
     # --- timeouts and recovery ----------------------------------------------------------------
 
     async def _check_loop(self) -> None:
+        """Checks every ``check_interval_ms``; a run of checks etcd refuses is logged once,
+        then summarised (``retry_log``), not once a check."""
         interval_s = self.settings.check_interval_ms / 1000
+        retries = RetryLog(log, "cannot check transactions")
         while True:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(interval_s):
@@ -530,14 +542,18 @@ class TransactionCoordinator:
             try:
                 await self.check_once()
             except MetadataUnavailable as exc:
-                log.warning("cannot check transactions: %s", exc)
+                retries.failed(exc)
             except Exception:
                 log.exception("checking transactions failed")
+            else:
+                retries.succeeded()
 
     async def check_once(self) -> None:
         """Abort timed-out transactions and finish prepared ones that this broker coordinates,
         or whose coordinator is gone and which it is the pick to take over."""
-        if self._closed or self._host.draining or self._host.session.lost.is_set():
+        if self._closed or not self._claiming or self._host.draining:
+            return
+        if self._host.session.lost.is_set():
             return
         me = self._host.node_id
         now = now_ms()

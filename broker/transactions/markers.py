@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from kafscale.broker.metadata.cluster import BrokerInfo
+from kafscale.broker.observability.retry_log import RetryLog
 from kafscale.broker.protocol.errors import ErrorCode
 from kafscale.broker.transactions.inter_broker_client import InterBrokerClient
 from kafscale.broker.transactions.state import TopicPartition
@@ -140,7 +141,15 @@ class MarkerWriter:
         self._here = here
 
     async def write(self, marker: Marker, partitions: Iterable[TopicPartition]) -> None:
-        """Return once every partition has the marker; retries forever (cancel to stop)."""
+        """Return once every partition has the marker; retries forever (cancel to stop).
+
+        A run of failed rounds is logged once, then summarised (``retry_log``), not once a
+        round: an owner unreachable for minutes wrote a WARNING about a second. Owners that
+        cannot be reached are one run (WARNING); partitions that answered an error to retry
+        (a lease moving) another (INFO)."""
+        what = f"producer {marker.producer_id} epoch {marker.producer_epoch}"
+        unreachable = RetryLog(log, f"cannot write txn markers of {what}")
+        refused = RetryLog(log, f"txn markers of {what} to retry", level=logging.INFO)
         remaining = set(partitions)
         backoff = _FIRST_BACKOFF_S
         while remaining:
@@ -149,18 +158,20 @@ class MarkerWriter:
             rounds = await asyncio.gather(
                 *(self._write_at(owner, marker, tps) for owner, tps in plan.items())
             )
-            for done in rounds:
-                remaining -= done
+            for result in rounds:
+                remaining -= result.done
+            _note(unreachable, {o: r.failure for o, r in zip(plan, rounds, strict=True)})
+            _note(refused, {o: r.refused for o, r in zip(plan, rounds, strict=True)})
             if remaining:
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, _MAX_BACKOFF_S)
 
     async def _write_at(
         self, owner: int, marker: Marker, partitions: list[TopicPartition]
-    ) -> set[TopicPartition]:
+    ) -> OwnerRound:
         broker = self._routing.broker(owner) if owner >= 0 else None
         if broker is None:
-            return set()
+            return OwnerRound(set())
         try:
             async with asyncio.timeout(self._client.timeout_s):
                 if owner == self._node_id and self._here is not None:
@@ -174,10 +185,26 @@ class MarkerWriter:
                     )
                     errors = partition_errors(response)
         except Exception as exc:  # unreachable, timed out, closed (API not served): retry
-            log.warning("cannot write txn markers at broker %d: %r", owner, exc)
-            return set()
+            return OwnerRound(set(), failure=repr(exc))
         done = settled(errors, self._routing.topic_exists)
-        failed = {tp: code.name for tp, code in errors.items() if tp not in done}
-        if failed:
-            log.info("txn markers at broker %d to retry: %s", owner, failed)
-        return done
+        refused = {tp: code.name for tp, code in errors.items() if tp not in done}
+        return OwnerRound(done, refused=str(refused) if refused else None)
+
+
+@dataclass(frozen=True, slots=True)
+class OwnerRound:
+    """One owner's part of a round: the partitions settled, and what went wrong, if anything
+    (``failure``: the owner could not be reached; ``refused``: partitions to retry)."""
+
+    done: set[TopicPartition]
+    failure: str | None = None
+    refused: str | None = None
+
+
+def _note(retries: RetryLog, problems: Mapping[int, str | None]) -> None:
+    """One round's outcome for a run of failures: any owner's problem fails it, none ends it."""
+    failed = {owner: problem for owner, problem in problems.items() if problem is not None}
+    if failed:
+        retries.failed("; ".join(f"at broker {owner}: {p}" for owner, p in failed.items()))
+    else:
+        retries.succeeded()

@@ -349,3 +349,18 @@ async def test_a_retry_while_the_write_is_on_its_way_waits_for_that_write(
         assert (await first).error is ErrorCode.COORDINATOR_NOT_AVAILABLE
         # The retry waited for the write and shares its outcome: nothing etcd lacks was told.
         assert (await retried).error is ErrorCode.COORDINATOR_NOT_AVAILABLE
+
+
+async def test_a_coordinator_stopping_with_its_cluster_takes_on_no_group(
+    hosts: list[tuple[CoordinatorHost, GroupCoordinator]],
+) -> None:
+    """``stop_claiming`` (a whole-cluster stop, ``kafscale local``): a group nobody holds (one a
+    stopping sibling let go) is not claimed here: NOT_COORDINATOR, and no lease written. The
+    groups held here are still served until ``close``."""
+    (host1, c1), _ = hosts
+    held = await c1.runtime("held")
+    c1.stop_claiming()
+    with pytest.raises(NotCoordinator):
+        await c1.runtime("orders")
+    assert await host1.etcd.get(keys.group_lease_key(host1.cluster, "orders")) is None
+    assert await c1.runtime("held") is held
