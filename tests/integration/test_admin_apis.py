@@ -23,7 +23,7 @@ from confluent_kafka.admin import ConfigResource as CkConfigResource
 from confluent_kafka.admin import NewPartitions as CkNewPartitions
 from confluent_kafka.admin import NewTopic as CkNewTopic
 from confluent_kafka.admin import ResourceType as CkResourceType
-from harness.brokers import BrokerCluster, BrokerProcess, new_cluster
+from harness.brokers import BrokerCluster, BrokerProcess, running_cluster
 from harness.kafka_wire import FETCH, KafkaWire, fetch_body, fetch_partition
 from harness.s3 import S3Endpoint
 from kafka import TopicPartition as KpTopicPartition
@@ -47,14 +47,8 @@ TOPIC_ALREADY_EXISTS, INVALID_PARTITIONS, INVALID_CONFIG = 36, 37, 40
 def cluster(
     etcd_server: EmbeddedEtcd, s3_server: S3Endpoint, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[BrokerCluster]:
-    cluster = new_cluster(
-        etcd_server.client_url, s3_server, tmp_path_factory.mktemp("admin"), "admin"
-    )
-    try:
-        cluster.start()
+    with running_cluster(etcd_server, s3_server, tmp_path_factory, "admin") as cluster:
         yield cluster
-    finally:
-        cluster.stop_all()
 
 
 @pytest.fixture

@@ -21,7 +21,7 @@ from collections.abc import Iterator
 import pytest
 from confluent_kafka import Consumer
 from confluent_kafka.admin import AdminClient
-from harness.brokers import BrokerCluster, new_cluster
+from harness.brokers import BrokerCluster, running_cluster
 from harness.proxy import start_proxy
 from harness.s3 import S3Endpoint
 from harness.topics import create_topics
@@ -41,15 +41,8 @@ def three_brokers(
     etcd_server: EmbeddedEtcd, s3_server: S3Endpoint, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[BrokerCluster]:
     """Three brokers for the module: each test has topics and a group of its own."""
-    cluster = new_cluster(
-        etcd_server.client_url, s3_server, tmp_path_factory.mktemp("close"), "close"
-    )
-    try:
-        for _ in range(3):
-            cluster.start()
+    with running_cluster(etcd_server, s3_server, tmp_path_factory, "close", brokers=3) as cluster:
         yield cluster
-    finally:
-        cluster.stop_all()
 
 
 def poll_until_assigned(consumer: Consumer, topics: set[str], bound_s: float = 40) -> None:

@@ -28,7 +28,7 @@ from typing import Any
 
 import pytest
 from harness import children
-from harness.brokers import BrokerCluster, BrokerProcess, new_cluster
+from harness.brokers import BrokerCluster, BrokerProcess, running_cluster
 from harness.etcd import harness_etcd
 from harness.groups import (
     GROUP_ENV,
@@ -66,14 +66,10 @@ def two_brokers(
 ) -> Iterator[BrokerCluster]:
     """Two brokers for the tests that neither kill nor add one, each with a topic and a group of
     its own: two brokers started for each cost ~3 s of the suite's time."""
-    cluster = new_cluster(
-        etcd_server.client_url, s3_server, tmp_path_factory.mktemp("groups"), "groups"
-    )
-    try:
-        start_brokers(cluster, 2)
+    with running_cluster(
+        etcd_server, s3_server, tmp_path_factory, "groups", brokers=2, extra_env=GROUP_ENV
+    ) as cluster:
         yield cluster
-    finally:
-        cluster.stop_all()
 
 
 def describe(bootstrap: str, group: str) -> Any:

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from confluent_kafka import Consumer, Producer
 from confluent_kafka import TopicPartition as ConfluentTP
-from harness.brokers import BrokerCluster, new_cluster
+from harness.brokers import BrokerCluster, running_cluster
 from harness.log_cleaner import (
     CLEANER_ENV,
     Record,
@@ -48,18 +48,10 @@ def cleaner_cluster(
 ) -> Iterator[BrokerCluster]:
     """One broker (cleaning often) for the tests that neither kill nor add brokers, each on a
     compacted topic of its own: a broker started for each cost ~1.5 s of the suite's time."""
-    cluster = new_cluster(
-        etcd_server.client_url,
-        s3_server,
-        tmp_path_factory.mktemp("cleaner"),
-        "cleaner",
-        extra_env=CLEANER_ENV,
-    )
-    try:
-        cluster.start()
+    with running_cluster(
+        etcd_server, s3_server, tmp_path_factory, "cleaner", extra_env=CLEANER_ENV
+    ) as cluster:
         yield cluster
-    finally:
-        cluster.stop_all()
 
 
 def first_offset_at_or_after(bootstrap: str, topic: str, timestamp_ms: int) -> int:

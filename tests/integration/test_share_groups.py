@@ -31,7 +31,7 @@ import pytest
 from confluent_kafka import AcknowledgeType, Producer
 from confluent_kafka.admin import AdminClient
 from harness import children, topics
-from harness.brokers import BrokerCluster, BrokerProcess, new_cluster
+from harness.brokers import BrokerCluster, BrokerProcess, running_cluster
 from harness.java_client import java_program
 from harness.java_share import run_share_members
 from harness.kafka_wire import KafkaWire, heartbeat
@@ -63,14 +63,8 @@ def shared_cluster(
     """One broker for the tests that neither stop, add nor reconfigure brokers nor list every
     group, each on a topic and with groups of its own (``topic``): a broker started for each
     cost ~1.5 s of the suite's time. The others have clusters of their own."""
-    cluster = new_cluster(
-        etcd_server.client_url, s3_server, tmp_path_factory.mktemp("share"), "share"
-    )
-    try:
-        cluster.start()
+    with running_cluster(etcd_server, s3_server, tmp_path_factory, "share") as cluster:
         yield cluster
-    finally:
-        cluster.stop_all()
 
 
 @pytest.fixture

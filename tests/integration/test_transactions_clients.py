@@ -25,7 +25,7 @@ from typing import Any
 import pytest
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from harness import children
-from harness.brokers import BrokerCluster, BrokerProcess, new_cluster
+from harness.brokers import BrokerCluster, BrokerProcess, running_cluster
 from harness.etcd import harness_etcd
 from harness.java_client import java_program
 from harness.java_session import JavaSession
@@ -51,18 +51,10 @@ def two_brokers(
 ) -> Iterator[BrokerCluster]:
     """Two brokers for the tests that neither kill nor add one, each with topics and
     transactional ids of its own: two brokers started for each cost ~3 s of the suite's time."""
-    cluster = new_cluster(
-        etcd_server.client_url,
-        s3_server,
-        tmp_path_factory.mktemp("txn-clients"),
-        "txnc",
-        extra_env=TXN_ENV,
-    )
-    try:
-        cluster.start(), cluster.start()
+    with running_cluster(
+        etcd_server, s3_server, tmp_path_factory, "txnc", brokers=2, extra_env=TXN_ENV
+    ) as cluster:
         yield cluster
-    finally:
-        cluster.stop_all()
 
 
 def producer(bootstrap: str, txn_id: str, **extra: Any) -> Producer:

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 from harness.batches import make_batch
-from harness.brokers import BrokerCluster, BrokerProcess, new_cluster
+from harness.brokers import BrokerCluster, BrokerProcess, running_cluster
 from harness.kafka_wire import (
     FETCH,
     LIST_OFFSETS,
@@ -59,18 +59,10 @@ def shared_cluster(
     """One broker for the tests that only produce, mark and read, each on a topic of its own
     (``topic``): a broker started for each cost ~1.5 s of the suite's time. The tests that kill
     or add brokers have clusters of their own (``broker_cluster``)."""
-    cluster = new_cluster(
-        etcd_server.client_url,
-        s3_server,
-        tmp_path_factory.mktemp("txn-partitions"),
-        "txn",
-        extra_env=NO_COORDINATOR,
-    )
-    try:
-        cluster.start()
+    with running_cluster(
+        etcd_server, s3_server, tmp_path_factory, "txn", extra_env=NO_COORDINATOR
+    ) as cluster:
         yield cluster
-    finally:
-        cluster.stop_all()
 
 
 @pytest.fixture
