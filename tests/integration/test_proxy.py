@@ -19,7 +19,6 @@ import subprocess
 import time
 import uuid
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 from aiokafka.admin import AIOKafkaAdminClient
@@ -29,7 +28,7 @@ from confluent_kafka.admin import AdminClient, ConfigResource, ResourceType
 from harness import children
 from harness.batches import make_batch
 from harness.brokers import BrokerCluster, BrokerProcess, new_cluster
-from harness.java_client import java_program
+from harness.java_client import java_client
 from harness.kafka_wire import (
     KafkaWire,
     assert_invalid_request_then_served,
@@ -361,13 +360,10 @@ def test_expose_owners_lists_the_owners_at_the_proxy_address(proxied: Proxied, t
     check_round_trip(records, consume(proxy.bootstrap, topic, PARTITIONS, len(records)), acked)
 
 
-JAVA_ROUND_TRIPS = Path(__file__).with_name("java") / "RoundTrips.java"
-
-
 def test_java_client_round_trip_through_proxy(proxied: Proxied, topic: str) -> None:
     """The official Java client (idempotent producer; a consumer group, which fetches with
     incremental sessions) through the proxy, with each codec: one JVM for them all
-    (``RoundTrips.java``; a JVM start costs more than a round trip), a topic for each."""
+    (``ProxyClient.java round-trips``; a JVM start costs more than a round trip), a topic each."""
     topics = {codec: f"{topic}-{codec}" for codec in CODECS}
     for name in topics.values():
         ck_create_topic(proxied.bootstrap, name)
@@ -376,8 +372,8 @@ def test_java_client_round_trip_through_proxy(proxied: Proxied, topic: str) -> N
     count = 30
     lines = children.run(
         [
-            *java_program(JAVA_ROUND_TRIPS, "RoundTrips"),
-            *(proxied.bootstrap, str(PARTITIONS), str(count), "30000"),
+            *java_client(),
+            *("round-trips", proxied.bootstrap, str(PARTITIONS), str(count), "30000"),
             *(f"{name}:{codec}" for codec, name in topics.items()),
         ],
         check=True,

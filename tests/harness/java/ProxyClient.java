@@ -20,14 +20,32 @@ import org.apache.kafka.common.serialization.StringSerializer;
  * "acked PARTITION OFFSET" per record; "consume BOOTSTRAP TOPIC GROUP COUNT TIMEOUT_MS" reads
  * with a consumer group (incremental fetch sessions, as the Java client always fetches) and
  * prints "record PARTITION OFFSET KEY VALUE" per record until COUNT arrived or the time is up.
- * A properties file named by $CLIENT_PROPERTIES (security settings) is added to both.
+ * "round-trips BOOTSTRAP PARTITIONS COUNT TIMEOUT_MS TOPIC:CODEC..." does both for each topic in
+ * turn in this one JVM (a JVM start costs a test seconds of CPU), with the group "java-TOPIC",
+ * and names the topic in each line ("acked TOPIC PARTITION OFFSET", "record TOPIC PARTITION ...").
+ * A properties file named by $CLIENT_PROPERTIES (security settings) is added to all.
  */
 public final class ProxyClient {
     public static void main(String[] args) throws Exception {
         if (args[0].equals("produce")) {
-            produce(args[1], args[2], Integer.parseInt(args[3]), Integer.parseInt(args[4]), args[5]);
+            produce(args[1], args[2], Integer.parseInt(args[3]), Integer.parseInt(args[4]), args[5], "");
+        } else if (args[0].equals("consume")) {
+            consume(args[1], args[2], args[3], Integer.parseInt(args[4]), Long.parseLong(args[5]), "");
         } else {
-            consume(args[1], args[2], args[3], Integer.parseInt(args[4]), Long.parseLong(args[5]));
+            roundTrips(args);
+        }
+    }
+
+    static void roundTrips(String[] args) throws Exception {
+        String bootstrap = args[1];
+        int partitions = Integer.parseInt(args[2]);
+        int count = Integer.parseInt(args[3]);
+        long timeoutMs = Long.parseLong(args[4]);
+        for (int i = 5; i < args.length; i++) {
+            String[] topicCodec = args[i].split(":", 2);
+            String topic = topicCodec[0];
+            produce(bootstrap, topic, partitions, count, topicCodec[1], topic + " ");
+            consume(bootstrap, topic, "java-" + topic, count, timeoutMs, topic + " ");
         }
     }
 
@@ -42,7 +60,8 @@ public final class ProxyClient {
         return props;
     }
 
-    static void produce(String bootstrap, String topic, int partitions, int count, String codec)
+    static void produce(
+            String bootstrap, String topic, int partitions, int count, String codec, String label)
             throws Exception {
         Properties props = base();
         props.put("bootstrap.servers", bootstrap);
@@ -61,12 +80,13 @@ public final class ProxyClient {
             producer.flush();
             for (Future<RecordMetadata> ack : acks) {
                 RecordMetadata metadata = ack.get();
-                System.out.println("acked " + metadata.partition() + " " + metadata.offset());
+                System.out.println("acked " + label + metadata.partition() + " " + metadata.offset());
             }
         }
     }
 
-    static void consume(String bootstrap, String topic, String group, int count, long timeoutMs)
+    static void consume(
+            String bootstrap, String topic, String group, int count, long timeoutMs, String label)
             throws IOException {
         Properties props = base();
         props.put("bootstrap.servers", bootstrap);
@@ -82,7 +102,8 @@ public final class ProxyClient {
             while (seen < count && System.currentTimeMillis() < deadline) {
                 for (ConsumerRecord<String, String> r : consumer.poll(Duration.ofMillis(200))) {
                     System.out.println(
-                            "record " + r.partition() + " " + r.offset() + " " + r.key() + " " + r.value());
+                            "record " + label + r.partition() + " " + r.offset() + " " + r.key() + " "
+                                    + r.value());
                     seen++;
                 }
                 consumer.commitSync();
