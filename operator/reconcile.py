@@ -165,17 +165,12 @@ async def _mode_refusals(
 ) -> list[immutable.Refusal]:
     """A switch of ``etcd.mode`` away from the etcd the brokers use (see :mod:`immutable`);
     while it is refused the operator keeps to that etcd as well (``Runtime.etcd_held``).
-    Only objects of this cluster count: a same-named one of another owner holds none of its
-    metadata."""
-    live_etcd = live_etcd if owned_by(live_etcd, ref) else None
+    Only objects of this cluster count (``live_etcd`` is its own): a same-named one of another
+    owner holds none of its metadata."""
     live_endpoints = None
     if live_etcd is None:  # only External → Managed needs the brokers' live etcd
-        config_map = await runtime.kube.get(
-            "v1", "ConfigMap", ref.namespace, naming.config_map_name(ref.name)
-        )
-        live_endpoints = immutable.config_endpoints(
-            config_map if owned_by(config_map, ref) else None
-        )
+        config_map = await _owned(runtime, ref, "v1", "ConfigMap", naming.config_map_name(ref.name))
+        live_endpoints = immutable.config_endpoints(config_map)
     host = naming.service_host(naming.etcd_client_service_name(ref.name), ref.namespace)
     refusals = immutable.mode_refusals(spec.etcd.mode, live_etcd, live_endpoints, host)
     runtime.hold_etcd(ref, immutable.etcd_in_effect(spec.etcd, refusals, live_endpoints))

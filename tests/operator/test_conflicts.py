@@ -15,15 +15,16 @@ from harness.cluster_specs import REF, cluster_spec
 from kafscale.operator import manifests
 from kafscale.operator.conflicts import describe_owner, foreign, plan_apply
 from kafscale.operator.models import parse_cluster_spec
+from kafscale.operator.status import ClusterObservation, compute_cluster_status
 
 pytestmark = pytest.mark.operator
 
+SPEC = parse_cluster_spec(cluster_spec(etcd={"replicas": 1}))
 OTHER = {"apiVersion": "apps/v1", "kind": "Deployment", "name": "shop", "uid": "9f1c-other"}
 
 
 def wanted() -> list[dict[str, Any]]:
-    spec = parse_cluster_spec(cluster_spec(etcd={"replicas": 1}))
-    return manifests.build_cluster_objects(REF, spec)
+    return manifests.build_cluster_objects(REF, SPEC)
 
 
 def live_as(manifest: dict[str, Any], owners: list[dict[str, Any]] | None) -> dict[str, Any]:
@@ -91,3 +92,13 @@ def test_a_deleted_namesake_clusters_object_is_not_this_clusters() -> None:
     assert "KafScaleCluster demo (uid old-uid)" in describe_owner(live)
     assert not foreign(None, REF)
     assert not foreign(live_as(objects[0], objects[0]["metadata"]["ownerReferences"]), REF)
+
+
+def test_objects_left_to_others_make_the_cluster_degraded_and_not_ready() -> None:
+    message = "not this cluster's, so left as they are: Service demo-brokers (no owner reference)"
+    status = compute_cluster_status(
+        REF, SPEC, ClusterObservation(not_owned=message), [], now="2026-11-28T00:00:00Z"
+    )
+    conditions = {c.type: (c.status, c.reason, c.message) for c in status.conditions}
+    assert conditions["Degraded"] == ("True", "ObjectNotOwned", message)
+    assert conditions["Ready"][:2] == ("False", "ObjectNotOwned")
