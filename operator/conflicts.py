@@ -75,8 +75,8 @@ class ApplyPlan:
         if not self.not_owned:
             return None
         text = (
-            f"not this cluster's, so left as they are: {'; '.join(self.not_owned)}; delete or "
-            "rename them and the operator makes its own"
+            f"not this cluster's, so left as they are: {'; '.join(self.not_owned)}; delete them "
+            "and the operator makes its own (or give the cluster another name)"
         )
         if self.held:
             text += (

@@ -62,7 +62,7 @@ def test_an_object_of_another_owner_is_left_alone_and_named_with_its_owner() -> 
     assert plan.held == []  # a bootstrap Service says nothing about where the data is
     message = plan.message or ""
     assert "Service demo-brokers (owned by Deployment shop (uid 9f1c-other))" in message
-    assert "delete or rename" in message and "no pods" not in message
+    assert "delete them and the operator makes its own" in message and "no pods" not in message
 
 
 @pytest.mark.parametrize(
