@@ -2,7 +2,9 @@
 
 Objects are plain dicts. ``apply`` is server-side apply with the operator's stable field
 manager (``kafscale-operator``, forced), so fields other managers own — an HPA's ``replicas``,
-a user's annotations — are left alone. The client is synchronous; every call runs in a worker
+a user's annotations — are left alone. Forced apply takes over any object of that name, so
+callers apply only over objects the cluster owns (see ``conflicts``); ``delete`` can be made
+conditional on the uid that was checked. The client is synchronous; every call runs in a worker
 thread under the configured deadline. The same connection settings feed kopf's login, so both
 talk to one API server with one identity.
 """
@@ -198,17 +200,22 @@ class Kube:
         items: list[dict[str, Any]] = (result or {}).get("items") or []
         return items
 
-    async def delete(self, api_version: str, kind: str, namespace: str, name: str) -> bool:
-        """Delete with background propagation; False if it did not exist."""
+    async def delete(
+        self, api_version: str, kind: str, namespace: str, name: str, *, uid: str | None = None
+    ) -> bool:
+        """Delete with background propagation; False if it did not exist.
+
+        ``uid``: only that object (the server answers 409, and this returns False, when the
+        name has meanwhile been given to another object)."""
+        body: dict[str, Any] = {"propagationPolicy": "Background"}
+        if uid is not None:
+            body["preconditions"] = {"uid": uid}
         try:
             await self._run(
-                "delete",
-                "DELETE",
-                resource_path(api_version, kind, namespace, name),
-                body={"propagationPolicy": "Background"},
+                "delete", "DELETE", resource_path(api_version, kind, namespace, name), body=body
             )
         except KubeError as exc:
-            if exc.status == 404:
+            if exc.status == 404 or (uid is not None and exc.status == 409):
                 return False
             raise
         return True

@@ -12,14 +12,14 @@ import base64
 import contextlib
 import datetime
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from kafscale.broker.metadata import keys
 from kafscale.broker.metadata.etcd_errors import MetadataError
 from kafscale.broker.observability.retry_log import RetryLog
 from kafscale.broker.storage.object_store import ObjectStoreError
-from kafscale.operator import certificates, immutable, manifests, naming
+from kafscale.operator import certificates, conflicts, immutable, manifests, naming
 from kafscale.operator.certificates import CERT_MANAGER_API
 from kafscale.operator.discovery import ServerCapabilities, fit_to_server
 from kafscale.operator.events import Notice, rebalance_notice
@@ -67,7 +67,9 @@ async def apply_cluster(
 
     A change the live etcd cannot take (see :mod:`immutable`) is kept for the status: a
     changed claim keeps the live one and the rest is applied; a changed member list, TLS
-    scheme or etcd mode applies nothing. Returns the refused changes (for the handler's log).
+    scheme or etcd mode applies nothing. Objects of the cluster's names that are not the
+    cluster's are neither applied over nor deleted (see :mod:`conflicts`); they are kept for
+    the status too. Returns the refused changes (for the handler's log).
     """
     kube, capabilities = runtime.kube, runtime.capabilities
     key = (ref.namespace, ref.name)
@@ -85,26 +87,58 @@ async def apply_cluster(
         if immutable.blocks_cluster(refusals):
             log.warning("%s/%s: %s", ref.namespace, ref.name, runtime.refused[key])
             runtime.apply_errors.pop(key, None)
+            runtime.not_owned.pop(key, None)
             return refusals
         runtime.applied_with[key] = capabilities
+        plan = conflicts.plan_apply(
+            ref, wanted, await _live_objects(runtime, ref, map(manifests.object_id, wanted))
+        )
+        if plan.message and plan.message != runtime.not_owned.get(key):  # once, not per retry
+            log.warning("%s/%s: %s", ref.namespace, ref.name, plan.message)
+        runtime.not_owned[key] = plan.message
         if not cert_manager:  # the Secrets the pods mount, before the pods
             await ensure_certificate_secrets(kube, ref, spec, datetime.datetime.now(datetime.UTC))
         await ensure_token_secret(kube, ref, spec)  # the pods read it too
-        for manifest in wanted:
+        for manifest in plan.apply:
             if manifest["kind"] == "StatefulSet":
                 manifest = immutable.keep_live_claims(manifest, live_etcd)
             await kube.apply(manifest)
-        obsolete = manifests.obsolete_object_ids(ref, spec, cert_manager=cert_manager)
-        for api_version, kind, name in obsolete:
-            if not capabilities.serves(api_version):
-                continue
-            if await kube.delete(api_version, kind, ref.namespace, name):
-                log.info("deleted %s %s/%s (no longer wanted)", kind, ref.namespace, name)
+        await _delete_obsolete(runtime, ref, spec, cert_manager)
     except KubeError as exc:
         runtime.apply_errors[key] = str(exc)
         raise
     runtime.apply_errors.pop(key, None)
     return refusals
+
+
+async def _live_objects(
+    runtime: Runtime, ref: ClusterRef, ids: Iterable[manifests.ObjectId]
+) -> dict[manifests.ObjectId, dict[str, Any] | None]:
+    """The live object of each id in the cluster's namespace (None: there is none)."""
+    wanted = list(ids)
+    found = await asyncio.gather(
+        *(runtime.kube.get(api, kind, ref.namespace, name) for api, kind, name in wanted)
+    )
+    return dict(zip(wanted, found, strict=True))
+
+
+async def _delete_obsolete(
+    runtime: Runtime, ref: ClusterRef, spec: KafScaleClusterSpec, cert_manager: bool
+) -> None:
+    """Delete the cluster's objects its spec no longer wants; an object of such a name that is
+    not the cluster's is someone else's and stays (deleted only if it is still the one checked).
+    """
+    obsolete = manifests.obsolete_object_ids(ref, spec, cert_manager=cert_manager)
+    served = [oid for oid in obsolete if runtime.capabilities.serves(oid[0])]
+    for (api_version, kind, name), live in (await _live_objects(runtime, ref, served)).items():
+        if live is None:
+            continue
+        if conflicts.foreign(live, ref):
+            log.debug("kept %s %s/%s: not this cluster's", kind, ref.namespace, name)
+            continue
+        uid = live["metadata"]["uid"]
+        if await runtime.kube.delete(api_version, kind, ref.namespace, name, uid=uid):
+            log.info("deleted %s %s/%s (no longer wanted)", kind, ref.namespace, name)
 
 
 def _statefulset(manifests_: list[dict[str, Any]]) -> dict[str, Any] | None:
@@ -113,10 +147,17 @@ def _statefulset(manifests_: list[dict[str, Any]]) -> dict[str, Any] | None:
 
 
 async def _live_statefulset(runtime: Runtime, ref: ClusterRef) -> dict[str, Any] | None:
-    """The managed etcd's StatefulSet as it is now (None: there is none)."""
-    return await runtime.kube.get(
-        "apps/v1", "StatefulSet", ref.namespace, naming.etcd_name(ref.name)
-    )
+    """The managed etcd's StatefulSet as it is now (None: there is none, or it is not this
+    cluster's: a same-named one of another owner holds none of its metadata)."""
+    return await _owned(runtime, ref, "apps/v1", "StatefulSet", naming.etcd_name(ref.name))
+
+
+async def _owned(
+    runtime: Runtime, ref: ClusterRef, api_version: str, kind: str, name: str
+) -> dict[str, Any] | None:
+    """The cluster's live object of that name (None: none, or one that is not the cluster's)."""
+    live = await runtime.kube.get(api_version, kind, ref.namespace, name)
+    return live if owned_by(live, ref) else None
 
 
 async def _mode_refusals(
@@ -124,17 +165,12 @@ async def _mode_refusals(
 ) -> list[immutable.Refusal]:
     """A switch of ``etcd.mode`` away from the etcd the brokers use (see :mod:`immutable`);
     while it is refused the operator keeps to that etcd as well (``Runtime.etcd_held``).
-    Only objects of this cluster count: a same-named one of another owner holds none of its
-    metadata."""
-    live_etcd = live_etcd if owned_by(live_etcd, ref) else None
+    Only objects of this cluster count (``live_etcd`` is its own): a same-named one of another
+    owner holds none of its metadata."""
     live_endpoints = None
     if live_etcd is None:  # only External → Managed needs the brokers' live etcd
-        config_map = await runtime.kube.get(
-            "v1", "ConfigMap", ref.namespace, naming.config_map_name(ref.name)
-        )
-        live_endpoints = immutable.config_endpoints(
-            config_map if owned_by(config_map, ref) else None
-        )
+        config_map = await _owned(runtime, ref, "v1", "ConfigMap", naming.config_map_name(ref.name))
+        live_endpoints = immutable.config_endpoints(config_map)
     host = naming.service_host(naming.etcd_client_service_name(ref.name), ref.namespace)
     refusals = immutable.mode_refusals(spec.etcd.mode, live_etcd, live_endpoints, host)
     runtime.hold_etcd(ref, immutable.etcd_in_effect(spec.etcd, refusals, live_endpoints))
@@ -155,8 +191,8 @@ async def _use_cert_manager(runtime: Runtime, ref: ClusterRef, spec: KafScaleClu
 
 async def broker_replicas(runtime: Runtime, ref: ClusterRef) -> int | None:
     """The broker Deployment's ``spec.replicas`` as it is now (None: no Deployment yet)."""
-    deployment = await runtime.kube.get(
-        "apps/v1", "Deployment", ref.namespace, naming.broker_deployment_name(ref.name)
+    deployment = await _owned(
+        runtime, ref, "apps/v1", "Deployment", naming.broker_deployment_name(ref.name)
     )
     replicas = ((deployment or {}).get("spec") or {}).get("replicas")
     return None if replicas is None else int(replicas)
@@ -165,18 +201,17 @@ async def broker_replicas(runtime: Runtime, ref: ClusterRef) -> int | None:
 async def observe_cluster(
     runtime: Runtime, ref: ClusterRef, spec: KafScaleClusterSpec, *, deleting: bool = False
 ) -> ClusterObservation:
-    kube = runtime.kube
-    deployment = await kube.get(
-        "apps/v1", "Deployment", ref.namespace, naming.broker_deployment_name(ref.name)
+    """What the status is built from: only the cluster's own objects count (a same-named
+    Deployment of another owner is not its brokers)."""
+    deployment = await _owned(
+        runtime, ref, "apps/v1", "Deployment", naming.broker_deployment_name(ref.name)
     )
     proxy = None
     if spec.proxy.enabled:
-        proxy = await kube.get("apps/v1", "Deployment", ref.namespace, naming.proxy_name(ref.name))
+        proxy = await _owned(runtime, ref, "apps/v1", "Deployment", naming.proxy_name(ref.name))
     statefulset = None
     if runtime.in_effect(ref, spec).etcd.mode == EtcdMode.MANAGED:
-        statefulset = await kube.get(
-            "apps/v1", "StatefulSet", ref.namespace, naming.etcd_name(ref.name)
-        )
+        statefulset = await _live_statefulset(runtime, ref)
     registered: int | None = None
     leases: LeaseStatus | None = None
     etcd_error: str | None = None
@@ -193,6 +228,7 @@ async def observe_cluster(
         etcd_statefulset=statefulset,
         apply_error=runtime.apply_errors.get((ref.namespace, ref.name)),
         refused=runtime.refused.get((ref.namespace, ref.name)),
+        not_owned=runtime.not_owned.get((ref.namespace, ref.name)),
         left_out=_left_out(runtime.left_out.get((ref.namespace, ref.name))),
         server_version=runtime.capabilities.version,
         etcd_error=etcd_error,

@@ -94,6 +94,9 @@ class Runtime:
     apply_errors: dict[tuple[str, str], str] = field(default_factory=dict)
     # (namespace, name) → why the last apply refused a spec change (see ``immutable``), or None.
     refused: dict[tuple[str, str], str | None] = field(default_factory=dict)
+    # (namespace, name) → which objects of the cluster's names the last apply left alone as
+    # not the cluster's (see ``conflicts``), or None.
+    not_owned: dict[tuple[str, str], str | None] = field(default_factory=dict)
     # (namespace, name) → the etcd section the brokers use while a switch of ``etcd.mode`` is
     # refused (``immutable``): the operator's own etcd calls keep to it too.
     etcd_held: dict[tuple[str, str], EtcdSpec] = field(default_factory=dict)
@@ -144,15 +147,19 @@ class Runtime:
             self.capabilities_read_at_s = now_s
 
     def needs_reapply(self, namespace: str, name: str) -> bool:
-        """Whether the server's capabilities changed since this cluster's objects were applied."""
+        """Whether the server's capabilities changed since this cluster's objects were applied,
+        or the last apply left objects alone as not the cluster's (once the user deletes one,
+        or the garbage collector a deleted namesake cluster's, the operator makes its own)."""
         applied = self.applied_with.get((namespace, name))
-        return applied is not None and applied != self.capabilities
+        changed = applied is not None and applied != self.capabilities
+        return changed or bool(self.not_owned.get((namespace, name)))
 
     def forget(self, namespace: str, name: str) -> None:
         """Drop what is kept of a deleted cluster."""
         for kept in (
             self.apply_errors,
             self.refused,
+            self.not_owned,
             self.etcd_held,
             self.left_out,
             self.applied_with,

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kafscale.operator import naming
+from kafscale.operator.conflicts import REASON as OBJECT_NOT_OWNED
 from kafscale.operator.immutable import REASON as IMMUTABLE_FIELD_CHANGED
 from kafscale.operator.listeners import listener_status
 from kafscale.operator.model_base import Condition, ConditionStatus
@@ -82,6 +83,7 @@ class ClusterObservation:
     spec_error: str | None = None  # the spec cannot be built (unknown config key...)
     apply_error: str | None = None  # the API server refused an object
     refused: str | None = None  # a spec change the live objects cannot take (``immutable``)
+    not_owned: str | None = None  # objects of the cluster's names left to others (``conflicts``)
     etcd_error: str | None = None  # etcd could not be reached or read
     registered_brokers: int | None = None
     leases: LeaseStatus | None = None
@@ -166,6 +168,8 @@ def compute_cluster_status(
         degraded = ("InvalidSpec", observed.spec_error)
     elif observed.refused:
         degraded = (IMMUTABLE_FIELD_CHANGED, observed.refused)
+    elif observed.not_owned:
+        degraded = (OBJECT_NOT_OWNED, observed.not_owned)
     elif observed.apply_error:
         degraded = ("ApplyFailed", observed.apply_error)
     elif stalled:

@@ -104,7 +104,8 @@ def rules_of(doc: dict[str, Any]) -> dict[tuple[str, str], set[str]]:
 
 # Exactly the verbs the operator uses (kopf: list/watch/patch of its resources, patch of their
 # status, POST of core Events; the operator: server-side apply = create + patch, delete of what a
-# spec no longer wants, get of what it reads by name). `update` and `list`/`watch` of the
+# spec no longer wants, get of what it reads by name, and of every kind it makes: it applies
+# over or deletes an object only when it is the cluster's). `update` and `list`/`watch` of the
 # objects it owns were granted and never used.
 EXPECTED_RULES = {
     ("kafscale.io", "kafscaleclusters"): {"get", "list", "watch", "patch"},
@@ -117,14 +118,14 @@ EXPECTED_RULES = {
     ("kafscale.io", "kafscaletopics/finalizers"): {"update"},
     ("kafscale.io", "kafscaleusers/finalizers"): {"update"},
     ("", "configmaps"): {"get", "create", "patch", "delete"},  # get: the brokers' etcd
-    ("", "services"): {"create", "patch", "delete"},
+    ("", "services"): {"get", "create", "patch", "delete"},
     ("apps", "deployments"): {"get", "create", "patch", "delete"},
     ("apps", "statefulsets"): {"get", "create", "patch", "delete"},
-    ("policy", "poddisruptionbudgets"): {"create", "patch", "delete"},
-    ("autoscaling", "horizontalpodautoscalers"): {"create", "patch", "delete"},
-    ("networking.k8s.io", "networkpolicies"): {"create", "patch", "delete"},
-    ("cert-manager.io", "issuers"): {"create", "patch", "delete"},
-    ("cert-manager.io", "certificates"): {"create", "patch", "delete"},
+    ("policy", "poddisruptionbudgets"): {"get", "create", "patch", "delete"},
+    ("autoscaling", "horizontalpodautoscalers"): {"get", "create", "patch", "delete"},
+    ("networking.k8s.io", "networkpolicies"): {"get", "create", "patch", "delete"},
+    ("cert-manager.io", "issuers"): {"get", "create", "patch", "delete"},
+    ("cert-manager.io", "certificates"): {"get", "create", "patch", "delete"},
     # get: S3 credentials, certificate and password Secrets by name; never list or watch.
     ("", "secrets"): {"get", "create", "patch"},
     ("", "pods"): {"list", "watch"},

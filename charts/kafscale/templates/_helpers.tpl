@@ -45,7 +45,8 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 {{/* Namespaced permissions the operator needs wherever it serves clusters: exactly the verbs
 it uses (kopf watches and patches its resources and posts core Events; the operator applies its
 objects with server-side apply: create + patch, deletes the ones a spec no longer wants, and
-reads only the Deployments, StatefulSets and Secrets it knows by name). */}}
+gets by name what it reads: each object it makes, before applying over or deleting it (only
+the cluster's own), and the Secrets it knows). */}}
 {{- define "kafscale.namespacedRules" -}}
 # kopf: list/watch and patch (finalizer, annotations); the operator: get a cluster or user by name.
 - apiGroups: ["kafscale.io"]
@@ -59,34 +60,36 @@ reads only the Deployments, StatefulSets and Secrets it knows by name). */}}
 - apiGroups: ["kafscale.io"]
   resources: ["kafscaleclusters/finalizers", "kafscaletopics/finalizers", "kafscaleusers/finalizers"]
   verbs: ["update"]
-# get on ConfigMaps: the etcd the brokers use, read before a switch of etcd.mode.
+# get on every kind it makes: an object of that name is applied over or deleted only when it
+# is the cluster's (its owner references). ConfigMaps: also the etcd the brokers use, read
+# before a switch of etcd.mode.
 - apiGroups: [""]
   resources: ["configmaps"]
   verbs: ["get", "create", "patch", "delete"]
 - apiGroups: [""]
   resources: ["services"]
-  verbs: ["create", "patch", "delete"]
-# get: the broker Deployment's replicas and rollout, the managed etcd's ready members.
+  verbs: ["get", "create", "patch", "delete"]
+# get: also the broker Deployment's replicas and rollout, the managed etcd's ready members.
 - apiGroups: ["apps"]
   resources: ["deployments", "statefulsets"]
   verbs: ["get", "create", "patch", "delete"]
 - apiGroups: ["policy"]
   resources: ["poddisruptionbudgets"]
-  verbs: ["create", "patch", "delete"]
+  verbs: ["get", "create", "patch", "delete"]
 - apiGroups: ["autoscaling"]
   resources: ["horizontalpodautoscalers"]
-  verbs: ["create", "patch", "delete"]
+  verbs: ["get", "create", "patch", "delete"]
 # Terminating broker pods are drained (a kopf watch).
 - apiGroups: [""]
   resources: ["pods"]
   verbs: ["list", "watch"]
 - apiGroups: ["networking.k8s.io"]
   resources: ["networkpolicies"]
-  verbs: ["create", "patch", "delete"]
+  verbs: ["get", "create", "patch", "delete"]
 # cert-manager (when installed): Issuers and Certificates for TLS listeners and etcd TLS.
 - apiGroups: ["cert-manager.io"]
   resources: ["issuers", "certificates"]
-  verbs: ["create", "patch", "delete"]
+  verbs: ["get", "create", "patch", "delete"]
 # get: S3 credentials named by a cluster, certificate Secrets, a KafScaleUser's password Secret;
 # create/patch: KafScaleUser password Secrets, operator-made CA and certificate Secrets
 # (server-side apply). No list or watch: the operator reads Secrets it knows by name only.

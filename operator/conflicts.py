@@ -1,0 +1,107 @@
+"""Pure: which of a cluster's object names are held by objects that are not the cluster's.
+
+The operator names its objects after the cluster (``<name>-config``, ``<name>-brokers``...), so
+a namespace may already hold an object of that name: a user's own Service, another tool's
+Deployment, the leftovers of a deleted cluster of the same name that the garbage collector has
+not removed yet. Server-side apply with ``force`` would take such an object over (its fields,
+and with the owner reference, its life: it would go with the cluster), and deleting by name
+would delete it. As Strimzi and the Prometheus operator do, the operator touches only what it
+owns (an owner reference naming the cluster's uid, which every object it ever made carries):
+a foreign object is neither applied over nor deleted, and the cluster says which one and whose
+it is (``Degraded`` with reason :data:`REASON`, and its Warning Event).
+
+The rest is applied, except where that is unsafe: a foreign ConfigMap or managed-etcd object
+would tell the cluster's pods where their metadata lives (a user's ``<name>-etcd-client``
+Service pointing at the user's etcd), so while one is foreign no pods are started or changed
+(the Deployments and the StatefulSet are held back until it is gone).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from kafscale.operator import naming
+from kafscale.operator.manifests import ObjectId, object_id
+from kafscale.operator.models import ClusterRef
+from kafscale.operator.ownership import owned_by
+
+Manifest = dict[str, Any]
+
+REASON = "ObjectNotOwned"
+POD_KINDS = frozenset({"Deployment", "StatefulSet"})
+
+
+def foundation_ids(ref: ClusterRef) -> frozenset[ObjectId]:
+    """The objects that tell the cluster's pods where their configuration and metadata are."""
+    name = ref.name
+    return frozenset(
+        {
+            ("v1", "ConfigMap", naming.config_map_name(name)),
+            ("v1", "Service", naming.etcd_name(name)),
+            ("v1", "Service", naming.etcd_client_service_name(name)),
+            ("apps/v1", "StatefulSet", naming.etcd_name(name)),
+        }
+    )
+
+
+def describe_owner(obj: Manifest) -> str:
+    """Whose ``obj`` is, by its owner references (``kubectl get -o yaml`` shows the same)."""
+    owners = (obj.get("metadata") or {}).get("ownerReferences") or []
+    if not owners:
+        return "no owner reference"
+    return ", ".join(
+        f"owned by {o.get('kind')} {o.get('name')} (uid {o.get('uid')})" for o in owners
+    )
+
+
+def foreign(live: Manifest | None, ref: ClusterRef) -> bool:
+    """An object exists under the name and is not this cluster's."""
+    return live is not None and not owned_by(live, ref)
+
+
+@dataclass(frozen=True)
+class ApplyPlan:
+    """What to apply of the wanted objects, and what is left alone and why."""
+
+    apply: list[Manifest]
+    not_owned: list[str] = field(default_factory=list)  # "Service demo-brokers (no owner…)"
+    held: list[str] = field(default_factory=list)  # pod workloads held back: "Deployment x"
+
+    @property
+    def message(self) -> str | None:
+        """The ``Degraded`` condition's message (None: every object is the cluster's)."""
+        if not self.not_owned:
+            return None
+        text = (
+            f"not this cluster's, so left as they are: {'; '.join(self.not_owned)}; delete them "
+            "and the operator makes its own (or give the cluster another name)"
+        )
+        if self.held:
+            text += (
+                f"; until then no pods are started or changed ({', '.join(self.held)} held "
+                "back: the cluster's configuration or etcd is among them)"
+            )
+        return text
+
+
+def plan_apply(
+    ref: ClusterRef, wanted: list[Manifest], live: Mapping[ObjectId, Manifest | None]
+) -> ApplyPlan:
+    """Split ``wanted`` by whether its live namesake (``live``, None: absent) is the cluster's."""
+    not_owned = [m for m in wanted if foreign(live.get(object_id(m)), ref)]
+    blocked = {object_id(m) for m in not_owned}
+    hold_pods = bool(blocked & foundation_ids(ref))
+    held = [
+        m for m in wanted if hold_pods and m["kind"] in POD_KINDS and object_id(m) not in blocked
+    ]
+    skipped = blocked | {object_id(m) for m in held}
+    return ApplyPlan(
+        apply=[m for m in wanted if object_id(m) not in skipped],
+        not_owned=[
+            f"{m['kind']} {m['metadata']['name']} ({describe_owner(live[object_id(m)] or {})})"
+            for m in not_owned
+        ],
+        held=[f"{m['kind']} {m['metadata']['name']}" for m in held],
+    )

@@ -1,0 +1,182 @@
+"""The operator touches only what its cluster owns (real API server 1.20.2, chart RBAC).
+
+Before, it server-side applied with ``force`` over any object of the cluster's names (taking
+its fields and, with the owner reference, its life) and deleted the names a spec no longer
+wanted whoever's they were: a user's own ``demo-proxy`` Deployment went when the cluster
+``demo`` was created without a proxy.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from harness.k8s_operator import operator_thread
+from harness.k8s_real import (
+    CLUSTERS,
+    DEPLOYMENTS,
+    InstalledChart,
+    cluster_manifest,
+    condition_of,
+    events_of,
+    operator_settings,
+    settle,
+)
+from harness.kube_apiserver import KubeCluster
+
+from kafscale.operator.naming import FIELD_MANAGER
+
+pytestmark = [pytest.mark.operator, pytest.mark.kubeapi]
+
+MANAGED = {"storage": {"bucket": "bucket-1"}, "etcd": {"replicas": 1, "storageSize": "1Gi"}}
+SERVICES = "/api/v1/namespaces/{ns}/services"
+CONFIG_MAPS = "/api/v1/namespaces/{ns}/configmaps"
+STATEFULSETS = "/apis/apps/v1/namespaces/{ns}/statefulsets"
+
+
+def _users_deployment(kube: KubeCluster, ns: str, name: str) -> dict[str, Any]:
+    """An application of the user's (no pods: ``replicas: 0``)."""
+    labels = {"app": name}
+    body = {
+        "metadata": {"name": name, "labels": labels},
+        "spec": {
+            "replicas": 0,
+            "selector": {"matchLabels": labels},
+            "template": {
+                "metadata": {"labels": labels},
+                "spec": {"containers": [{"name": "app", "image": "example.org/app:1"}]},
+            },
+        },
+    }
+    created: dict[str, Any] = kube.create(DEPLOYMENTS.format(ns=ns), body)
+    return created
+
+
+def _users_service(kube: KubeCluster, ns: str, name: str, **metadata: Any) -> dict[str, Any]:
+    body = {
+        "metadata": {"name": name, **metadata},
+        "spec": {"selector": {"app": "shop"}, "ports": [{"name": "web", "port": 8080}]},
+    }
+    created: dict[str, Any] = kube.create(SERVICES.format(ns=ns), body)
+    return created
+
+
+def _owner_of(deployment: dict[str, Any]) -> dict[str, Any]:
+    meta = deployment["metadata"]
+    return {"apiVersion": "apps/v1", "kind": "Deployment", "name": meta["name"], "uid": meta["uid"]}
+
+
+def _managers(obj: dict[str, Any]) -> set[str]:
+    return {entry.get("manager", "") for entry in obj["metadata"].get("managedFields") or []}
+
+
+def _owned_by_cluster(obj: dict[str, Any] | None, cluster: dict[str, Any]) -> bool:
+    owners = ((obj or {}).get("metadata") or {}).get("ownerReferences") or []
+    return any(o["uid"] == cluster["metadata"]["uid"] for o in owners)
+
+
+def _not_owned(kube: KubeCluster, cluster: str) -> str | None:
+    degraded = condition_of(kube.get(cluster), "Degraded") or ("", "", "")
+    return degraded[2] if degraded[:2] == ("True", "ObjectNotOwned") else None
+
+
+async def test_an_object_of_another_owner_is_not_overwritten_and_the_cluster_says_why(
+    kube_cluster: KubeCluster, kafscale_chart: InstalledChart, kube_namespace: str
+) -> None:
+    """The user's Service ``demo-brokers`` (owned by their Deployment ``shop``) keeps its
+    selector, ports and owner; the cluster's other objects are applied; ``Degraded`` and a
+    Warning Event name the Service and its owner. Once the user deletes it, the operator makes
+    its own (without a resync: the status timer applies again while something is held)."""
+    ns, kube = kube_namespace, kube_cluster
+    shop = _users_deployment(kube, ns, "shop")
+    theirs = _users_service(kube, ns, "demo-brokers", ownerReferences=[_owner_of(shop)])
+    service = f"{SERVICES.format(ns=ns)}/demo-brokers"
+    cluster = f"{CLUSTERS.format(ns=ns)}/demo"
+    async with operator_thread(operator_settings(kafscale_chart)):
+        kube.create(CLUSTERS.format(ns=ns), cluster_manifest("demo", ns, MANAGED))
+        body = await settle(lambda: kube.get(cluster), what="the cluster")
+        brokers = f"{DEPLOYMENTS.format(ns=ns)}/demo-broker"
+        await settle(lambda: _owned_by_cluster(kube.get(brokers), body), what="the brokers")
+
+        now = kube.get(service)  # applied before the brokers: the operator has been here
+        assert now["metadata"]["uid"] == theirs["metadata"]["uid"]
+        assert now["spec"]["selector"] == {"app": "shop"}
+        assert [p["port"] for p in now["spec"]["ports"]] == [8080]
+        assert now["metadata"]["ownerReferences"] == theirs["metadata"]["ownerReferences"]
+        assert FIELD_MANAGER not in _managers(now)
+
+        message = await settle(lambda: _not_owned(kube, cluster), what="Degraded: ObjectNotOwned")
+        assert "Service demo-brokers (owned by Deployment shop" in message
+        assert "no pods" not in message  # the brokers were not held back for a Service
+        ready = condition_of(kube.get(cluster), "Ready")
+        assert ready is not None and ready[:2] == ("False", "ObjectNotOwned")
+        (event,) = await settle(
+            lambda: [e for e in events_of(kube, ns, "demo") if e[1] == "ObjectNotOwned"],
+            what="an ObjectNotOwned Event",
+        )
+        assert event[0] == "Warning" and "Service demo-brokers" in event[2]
+
+        kube.delete(service)
+        await settle(
+            lambda: _owned_by_cluster(kube.get(service), body), what="the operator's own Service"
+        )
+        await settle(lambda: _not_owned(kube, cluster) is None, what="the condition cleared")
+        assert kube.get(service)["spec"]["selector"] != {"app": "shop"}
+
+
+async def test_a_config_map_of_another_owner_holds_back_the_pods(
+    kube_cluster: KubeCluster, kafscale_chart: InstalledChart, kube_namespace: str
+) -> None:
+    """The brokers read their settings (etcd, bucket) from ``<name>-config``: with a user's
+    ConfigMap of that name, no broker or etcd pods are made; the Services are."""
+    ns, kube = kube_namespace, kube_cluster
+    data = {"KAFSCALE_ETCD__ENDPOINTS": "http://their-etcd:2379"}
+    kube.create(CONFIG_MAPS.format(ns=ns), {"metadata": {"name": "demo-config"}, "data": data})
+    cluster = f"{CLUSTERS.format(ns=ns)}/demo"
+    async with operator_thread(operator_settings(kafscale_chart)):
+        kube.create(CLUSTERS.format(ns=ns), cluster_manifest("demo", ns, MANAGED))
+        message = await settle(lambda: _not_owned(kube, cluster), what="Degraded: ObjectNotOwned")
+        assert "ConfigMap demo-config (no owner reference)" in message
+        assert "no pods are started" in message and "Deployment demo-broker" in message
+        assert kube.get(f"{SERVICES.format(ns=ns)}/demo-brokers") is not None
+        assert kube.get(f"{DEPLOYMENTS.format(ns=ns)}/demo-broker") is None
+        assert kube.get(f"{STATEFULSETS.format(ns=ns)}/demo-etcd") is None
+        assert kube.get(f"{CONFIG_MAPS.format(ns=ns)}/demo-config")["data"] == data
+
+
+async def test_an_object_of_another_owner_is_not_deleted_when_the_spec_stops_wanting_its_name(
+    kube_cluster: KubeCluster, kafscale_chart: InstalledChart, kube_namespace: str
+) -> None:
+    """The user runs an application named ``demo-proxy``; the cluster ``demo`` has no proxy,
+    so its spec does not want that name: the user's Deployment and Service stay. The
+    cluster's own proxy objects still go when its proxy is turned off."""
+    ns, kube = kube_namespace, kube_cluster
+    theirs = _users_deployment(kube, ns, "demo-proxy")
+    their_service = _users_service(kube, ns, "demo-proxy")
+    async with operator_thread(operator_settings(kafscale_chart)):
+        kube.create(CLUSTERS.format(ns=ns), cluster_manifest("demo", ns, MANAGED))
+        kube.create(
+            CLUSTERS.format(ns=ns),
+            cluster_manifest("own", ns, {**MANAGED, "proxy": {"enabled": True, "replicas": 1}}),
+        )
+        for name in ("demo", "own"):
+            path = f"{CLUSTERS.format(ns=ns)}/{name}"
+            await settle(
+                lambda path=path: (kube.get(path).get("status") or {}).get("observedGeneration"),
+                what=f"cluster {name} reconciled",
+            )
+        own_cluster = kube.get(f"{CLUSTERS.format(ns=ns)}/own")
+        own_proxy = f"{DEPLOYMENTS.format(ns=ns)}/own-proxy"
+        await settle(lambda: _owned_by_cluster(kube.get(own_proxy), own_cluster), what="proxy")
+
+        kept = kube.get(f"{DEPLOYMENTS.format(ns=ns)}/demo-proxy")
+        assert kept is not None and kept["metadata"]["uid"] == theirs["metadata"]["uid"]
+        kept_service = kube.get(f"{SERVICES.format(ns=ns)}/demo-proxy")
+        assert kept_service is not None
+        assert kept_service["metadata"]["uid"] == their_service["metadata"]["uid"]
+        assert _not_owned(kube, f"{CLUSTERS.format(ns=ns)}/demo") is None  # nothing to fix
+
+        kube.merge_patch(f"{CLUSTERS.format(ns=ns)}/own", {"spec": {"proxy": {"enabled": False}}})
+        await settle(lambda: kube.get(own_proxy) is None, what="the cluster's own proxy deleted")
+        assert kube.get(f"{SERVICES.format(ns=ns)}/own-proxy") is None
+        assert kube.get(f"{DEPLOYMENTS.format(ns=ns)}/demo-proxy") is not None
