@@ -177,6 +177,10 @@ async def test_an_object_of_another_owner_is_not_deleted_when_the_spec_stops_wan
         assert _not_owned(kube, f"{CLUSTERS.format(ns=ns)}/demo") is None  # nothing to fix
 
         kube.merge_patch(f"{CLUSTERS.format(ns=ns)}/own", {"spec": {"proxy": {"enabled": False}}})
-        await settle(lambda: kube.get(own_proxy) is None, what="the cluster's own proxy deleted")
-        assert kube.get(f"{SERVICES.format(ns=ns)}/own-proxy") is None
+        own_service = f"{SERVICES.format(ns=ns)}/own-proxy"
+        # one object after the other: wait for both, in whichever order they go
+        await settle(
+            lambda: kube.get(own_proxy) is None and kube.get(own_service) is None,
+            what="the cluster's own proxy Deployment and Service deleted",
+        )
         assert kube.get(f"{DEPLOYMENTS.format(ns=ns)}/demo-proxy") is not None
