@@ -37,14 +37,18 @@ TOP = r"(?:broker|operator|pipeline|tests|bench|charts|crds|deploy|docs|\.ci)"
 PATH = re.compile(
     rf"(?<![\w./~-])({TOP}/(?:[\w.-]+/)*(?:[\w-]+\.[\w.]*\w|[\w.-]+/)?)((?:::[\w]+)*)(?![\w<*$])"
 )
+# A test module named without its folder (``test_x.py::test_y``), as most pages cite them.
+TEST_ID = re.compile(r"(?<![\w/.-])(test_\w+\.py)((?:::\w+)+)")
 COMMANDS = "broker|proxy|local|operator|drain|users|acls|status|config-reference"
 # `kafscale <command> ...` up to the end of its shell line, a pipe, `;`, `&&` or a comment.
 COMMAND = re.compile(rf"(?<![\w/.-])kafscale ({COMMANDS})(?=[\s`]|$)([^`\n|;&#]*)")
 
 
 def cited_paths(text: str) -> list[tuple[str, str]]:
-    """``(path, "::a::b")`` for every repository file or folder a page names."""
+    """``(path, "::a::b")`` for every repository file or folder a page names; a test module
+    named alone stands for the modules of that name in any test folder (``tests/*/test_x.py``)."""
     found = [(m.group(1), m.group(2)) for m in PATH.finditer(text)]
+    found += [(f"tests/*/{m.group(1)}", m.group(2)) for m in TEST_ID.finditer(text)]
     return [(path, ids) for path, ids in found if path.endswith("/") or "." in path.rsplit("/")[-1]]
 
 
@@ -64,14 +68,14 @@ def _definitions(path: Path) -> frozenset[str]:
 def missing_paths(page: Path) -> list[str]:
     missing = []
     for path, ids in cited_paths(page.read_text()):
-        target = REPO / path
+        targets = sorted(REPO.glob(path)) if "*" in path else [REPO / path]
         if path in NOT_FILES or page.name in OTHER_PROJECTS:
             continue
-        if not target.exists():
+        if not any(target.exists() for target in targets):
             missing.append(f"{path}: no such file")
             continue
         for name in ids.split("::")[1:]:
-            if name not in _definitions(target):
+            if not any(name in _definitions(target) for target in targets):
                 missing.append(f"{path}::{name}: no such test or function")
     return missing
 
@@ -111,12 +115,15 @@ def _flags(words: list[str]) -> list[str]:
 def test_cited_paths_find_files_folders_and_test_ids() -> None:
     text = (
         "see `tests/unit/test_x.py::test_y`, [`broker/storage/reader.py`], `tests/harness/`; "
-        "`kubectl exec deploy/demo-broker`, `~/.cache/kafscale-bench/runs`, `tests/harness`"
+        "`kubectl exec deploy/demo-broker`, `~/.cache/kafscale-bench/runs`, `tests/harness`; "
+        "[`test_doc_references.py::test_z`, `test_nowhere.py::test_w`]"
     )
     assert cited_paths(text) == [
         ("tests/unit/test_x.py", "::test_y"),
         ("broker/storage/reader.py", ""),
         ("tests/harness/", ""),
+        ("tests/*/test_doc_references.py", "::test_z"),
+        ("tests/*/test_nowhere.py", "::test_w"),
     ]
 
 
