@@ -63,7 +63,7 @@ class ListenerSettings(_Section):
         8080,
         ge=0,
         le=65535,
-        description="HTTP port for /healthz, /readyz, GET /status and POST /drain.",
+        description="HTTP port for /healthz, /readyz, GET /metrics, GET /status and POST /drain.",
     )
     rack: str | None = Field(None, description="Rack id reported in Metadata.")
 

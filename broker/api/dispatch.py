@@ -6,8 +6,9 @@ inside a handler is logged with its traceback and answered with UNKNOWN_SERVER_E
 connection and the broker live on.
 
 An API or version that is not served is answered with UNSUPPORTED_VERSION where the response
-has a top-level error code to carry it; where it has none (TxnOffsetCommit, DescribeProducers,
-Fetch before v7...), the connection is closed, as Kafka closes it for an API it does not enable.
+has a top-level error code to carry it (DescribeQuorum); where it has none (StreamsGroupDescribe,
+ReadShareGroupStateSummary), the connection is closed, as Kafka closes it for an API it does not
+enable.
 Never an empty success: a client would take that as done.
 
 An Envelope (API 58, from the proxy) goes to ``api/envelope.py``, which runs the request it

@@ -23,7 +23,10 @@ etcd (all under ``/kafscale/<cluster>/``)::
                                      share-group membership, without watching ``groups/``
     indexed/share-groups             present once ``share-groups/`` holds every share group
                                      stored before it existed (``share_groups_index``)
-    producers/<producer id>          idempotent producer epoch (JSON)
+    deleted-topics/<name>/<topic id> tombstone of a deleted topic until its objects are purged
+    share-state/<group>/<topic>/<p>  a share-partition's delivery state, KIP-932 (JSON)
+    producer-ids/next                producer id allocator (idempotent and transactional;
+                                     idempotence state itself lives in ``partitions/``)
     transactions/<transactional id>  transaction state: producer id, epoch, state, partitions,
                                      groups, timeout (JSON; ids percent-encoded like group ids)
     leases/transactions/<txn id>     transaction coordinator's broker id, bound to its session
@@ -218,10 +221,6 @@ def share_state_key(cluster: str, group: str, topic: str, partition: int) -> str
 def share_states_prefix(cluster: str, group: str | None = None) -> str:
     base = f"{cluster_prefix(cluster)}share-state/"
     return base if group is None else f"{base}{group_key_part(group)}/"
-
-
-def producer_key(cluster: str, producer_id: int) -> str:
-    return f"{cluster_prefix(cluster)}producers/{producer_id}"
 
 
 def producer_id_counter_key(cluster: str) -> str:

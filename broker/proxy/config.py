@@ -55,7 +55,10 @@ class ProxyListenerSettings(_Section):
         None, ge=1, le=65535, description="Port clients are told; defaults to the bound port."
     )
     admin_port: int = Field(
-        8080, ge=0, le=65535, description="HTTP port for /healthz, /readyz and GET /status."
+        8080,
+        ge=0,
+        le=65535,
+        description="HTTP port for /healthz, /readyz, GET /metrics and GET /status.",
     )
     node_id: int = Field(
         1000,

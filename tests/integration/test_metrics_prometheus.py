@@ -12,8 +12,10 @@ from pathlib import Path
 import pytest
 import yaml
 from confluent_kafka import Consumer, Producer, TopicPartition
-from harness.brokers import BrokerProcess
+from harness.brokers import BrokerCluster, BrokerProcess
+from harness.monitoring_doc import metrics_table, proxy_metric_names, served_families
 from harness.prometheus import SCRAPE_INTERVAL_S, Prometheus
+from harness.proxy import start_proxy
 
 pytestmark = pytest.mark.integration
 
@@ -148,3 +150,21 @@ def test_adapter_rule_of_the_hpa_example_gives_a_produce_rate(
     produce_one_batch_each(broker.bootstrap, "rated")
     rate = prometheus.wait_value(query, lambda value: value > 0)
     assert rate <= 2 * RECORDS * one_record_batch_bytes(VALUE)  # bytes/s over >= 1 s
+
+
+def test_monitoring_page_lists_the_metrics_brokers_and_proxies_serve(
+    broker_cluster: BrokerCluster,
+) -> None:
+    """docs/monitoring.md names every metric family a broker and a proxy serve, and only
+    those, with the broker's types: dashboards and alerts are written from that page. (The
+    proxy's cluster-view gauge is the broker's, documented in the broker table.)"""
+    broker = broker_cluster.start()
+    proxy = start_proxy(broker_cluster)
+    assert metrics_table("Brokers.") == served_families(scrape(broker))
+    proxy_served = set(served_families(scrape(proxy))) - {"kafscale_cluster_view_following"}
+    assert proxy_metric_names() == proxy_served
+
+
+def scrape(process: BrokerProcess) -> str:
+    with urllib.request.urlopen(f"{process.admin_url}/metrics", timeout=10) as response:
+        return str(response.read().decode())

@@ -217,3 +217,15 @@ def test_metric_names_parser() -> None:
     )
     assert metric_names(expr) == {"kafscale_x_bucket", "kafscale_y"}
     assert metric_names(grafana_query('label_values(kafscale_z{n=~"$n"}, pod)')) == {"kafscale_z"}
+
+
+def test_monitoring_page_lists_every_alert_with_its_severity() -> None:
+    """docs/monitoring.md's alert table names each alert of the chart's PrometheusRule with
+    its severity, and no other: a person paged by one looks it up there."""
+    docs = render(ALL_ON, CRDS)
+    rules = next(d for d in docs if d["kind"] == "PrometheusRule")["spec"]["groups"][0]["rules"]
+    alerts = {r["alert"]: r["labels"]["severity"] for r in rules if "alert" in r}
+    documented = (CHART.parents[1] / "docs" / "monitoring.md").read_text()
+    listed = dict(re.findall(r"^\s*\| `(KafScale\w+)` \((\w+)\) \|", documented, re.MULTILINE))
+    assert len(alerts) > 5
+    assert listed == alerts

@@ -8,6 +8,7 @@ from typing import Any
 
 import kopf
 import pytest
+from harness.monitoring_doc import metrics_table, served_families
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -101,3 +102,11 @@ def test_a_deleted_cluster_leaves_and_a_late_status_round_does_not_bring_it_back
     labels = (("kafscale_cluster", "shop"), ("namespace", "a"))
     assert seen[("kafscale_operator_cluster_ready", labels)] == 0
     assert ("kafscale_operator_brokers_desired", labels) not in seen  # not known: invalid spec
+
+
+def test_monitoring_page_lists_the_operators_metrics() -> None:
+    """docs/monitoring.md's operator table names every KafScale family the operator serves,
+    and only those, with their types (the process, platform and GC families are Python's)."""
+    text = generate_latest(OperatorMetrics().registry).decode()
+    served = served_families(text, skip_prefixes=("process_", "python_"))
+    assert metrics_table("Operator (labels") == served
