@@ -247,7 +247,8 @@ def etcd_choice_level(choice: EtcdChoice) -> int:
 
 
 def say_etcd_choice(choice: EtcdChoice) -> None:
-    """One log line: the etcd run, and what it risks if it can lose acknowledged writes."""
+    """One log line: the etcd run, and what it risks if it can lose acknowledged writes. Said
+    once the cluster runs, with the banner: a failed start stays one line on stderr."""
     if choice.warning is None:
         log.info("running %s", choice.describe())
     else:
@@ -256,9 +257,10 @@ def say_etcd_choice(choice: EtcdChoice) -> None:
 
 async def start_etcd(
     data_dir: Path, avoid_ports: Collection[int] = (), etcd_binary: Path | None = None
-) -> EmbeddedEtcd:
+) -> tuple[EmbeddedEtcd, EtcdChoice]:
     """Our etcd (``etcd_binary``, else the one ``find_local_etcd`` picks), healthy, on ports of
-    its own apart from ``avoid_ports``; a stale one on the same directory is stopped first.
+    its own apart from ``avoid_ports``, and that choice; a stale one on the same directory is
+    stopped first.
 
     Launched from the event loop's thread (not a worker thread): the kernel kills an etcd
     started with ``die_with_parent`` when the thread that forked it exits.
@@ -268,7 +270,6 @@ async def start_etcd(
         choice = await asyncio.to_thread(find_local_etcd, etcd_binary, data_version)
     except (EtcdBinaryUnusable, EtcdBinaryNotFound) as exc:
         raise StartupError(f"cannot start etcd: {exc}") from exc
-    say_etcd_choice(choice)
     client_port, peer_port = remembered_ports(data_dir, avoid_ports)
     try:
         etcd = EmbeddedEtcd(
@@ -298,7 +299,7 @@ async def start_etcd(
         raise
     remember_ports(data_dir, etcd)
     remember_data_version(data_dir, later_release(data_version, choice.version))
-    return etcd
+    return etcd, choice
 
 
 def remembered_ports(etcd_home: Path, avoid: Collection[int]) -> tuple[int | None, int | None]:
@@ -349,7 +350,7 @@ async def run_local(base: BrokerSettings, options: LocalOptions) -> None:
         options.data_dir.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise StartupError(f"cannot use data directory {options.data_dir}: {exc}") from exc
-    etcd = await start_etcd(
+    etcd, choice = await start_etcd(
         options.data_dir / "etcd", promised_ports(base, options), options.etcd_binary
     )
     started = _Started()
@@ -363,6 +364,7 @@ async def run_local(base: BrokerSettings, options: LocalOptions) -> None:
             print("\ninterrupted during start-up; shutting down", flush=True)
             return
         freeze_startup_objects()
+        say_etcd_choice(choice)
         _print_banner(options, started.brokers, etcd, started.proxy)
         await stop.wait()
         print("\nshutting down: flushing and handing over partitions...", flush=True)
@@ -394,7 +396,7 @@ async def _start_all(
         settings = local_settings(base, options, etcd_url, index, pki)
         if settings.storage.kind is StorageKind.S3 and index == 0:
             await _prepare_bucket(settings)
-        # start_etcd has said what the etcd risks (say_etcd_choice): the brokers need not
+        # run_local says what the etcd risks (say_etcd_choice): the brokers need not
         broker = await Broker.start(
             settings, cluster_size=options.brokers, etcd_warning_level=logging.DEBUG
         )
