@@ -46,6 +46,7 @@ from pathlib import Path
 from kafscale.broker.metadata import embedded_etcd
 from kafscale.broker.metadata.embedded_etcd import (
     EmbeddedEtcd,
+    EtcdStartError,
     etcd_pids_on,
     etcd_version,
     find_etcd_binary,
@@ -154,8 +155,11 @@ def one_run(args: argparse.Namespace, workdir: Path) -> RunResult:
         binary=args.etcd_binary,
     )
     restarted.stop_stale()  # an etcd that outlived the deadline (its exit_s says so)
-    with restarted:
-        found = asyncio.run(_read_keys(restarted.client_url))
+    try:
+        with restarted:
+            found = asyncio.run(_read_keys(restarted.client_url))
+    except EtcdStartError as exc:  # e.g. its port taken meanwhile by another process
+        return RunResult(len(done["acked"]), 0, exit_s, f"restart: {exc.summary}")
     acked = set(done["acked"])
     return RunResult(len(acked), len(acked - found), exit_s)
 
