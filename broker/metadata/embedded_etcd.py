@@ -137,8 +137,9 @@ def version_flags(version: str | None, no_fsync: bool) -> list[str]:
 
     Before 3.5 etcd logs through the deprecated capnslog unless given ``--logger=zap``: zap
     writes the JSON lines of 3.5 (its only logger), which the log tail of a failed start and
-    the tests read. ``--unsafe-no-fsync`` is a 3.5 flag (a 3.4 that lacks it refuses to start):
-    before 3.5 it is left out, which costs speed, never durability. An unknown version gets
+    the tests read. ``--unsafe-no-fsync`` is a 3.5 flag (3.4.23 takes it too; an older 3.4
+    that lacks it would refuse to start): before 3.5 it is left out, which costs speed, never
+    durability. An unknown version gets
     3.5's flags, as before versions were asked."""
     parsed = parse_version(version) if version else None
     before_3_5 = parsed is not None and parsed < (3, 5, 0)
