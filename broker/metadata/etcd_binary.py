@@ -49,14 +49,15 @@ SYSTEM_ETCD = Path("/usr/bin/etcd")
 """Debian's ``etcd-server`` package installs its etcd here."""
 
 DURABLE_HINT = (
-    "for an etcd that keeps them, install Debian's etcd-server (apt-get install "
-    "--no-install-recommends etcd-server) or give --etcd-binary (or KAFSCALE_ETCD_BINARY) an "
-    "etcd >= 3.5.5 (or 3.4.21 on 3.4)"
+    "to run one, install Debian's etcd-server (apt-get install --no-install-recommends "
+    "etcd-server) or name it with --etcd-binary (or KAFSCALE_ETCD_BINARY)"
 )
+"""Follows ``durability_warning``'s line, which names the releases without the bugs."""
 
 
 class EtcdBinaryUnusable(ValueError):
-    """The etcd the user named does not run as an etcd; the message says which and why."""
+    """The etcd the user named is no etcd, or cannot run the data directory's data; the
+    message says which and what to do."""
 
 
 @dataclass(frozen=True, slots=True)
