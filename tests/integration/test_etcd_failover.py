@@ -16,6 +16,7 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 from harness import children
 from harness.brokers import BrokerCluster
 from harness.children import settings_free_env
+from harness.etcd import harness_etcd_binary
 from harness.ports import free_ports
 from harness.topics import create_topics
 
@@ -42,6 +43,7 @@ def etcd_trio(tmp_path: Path) -> Iterator[list[EmbeddedEtcd]]:
             no_fsync=True,
             die_with_parent=True,
             initial_cluster=initial,
+            binary=harness_etcd_binary(),
         )
         for name, peer in zip(names, peers, strict=True)
     ]

@@ -13,6 +13,7 @@ from confluent_kafka import Producer
 from harness import children
 from harness.batches import make_batch
 from harness.brokers import new_cluster
+from harness.etcd import harness_etcd_binary
 from harness.kafka_wire import (
     FETCH,
     PRODUCE,
@@ -96,6 +97,7 @@ def test_an_etcd_out_of_space_fails_produces_clearly_and_recovers(
         no_fsync=True,
         die_with_parent=True,
         extra_args=(f"--quota-backend-bytes={2 * MiB}",),
+        binary=harness_etcd_binary(),
     ).start()
     cluster = new_cluster(server.client_url, s3_server, tmp_path, "nospace")
     try:

@@ -128,7 +128,9 @@ async def test_kafscale_local_starts_etcd_away_from_the_promised_ports(
     """``run_local`` hands etcd every promised port (it once passed only the Kafka ports)."""
     avoided: list[Collection[int]] = []
 
-    async def start_etcd(_data_dir: Path, avoid_ports: Collection[int] = ()) -> None:
+    async def start_etcd(
+        _data_dir: Path, avoid_ports: Collection[int] = (), _binary: Path | None = None
+    ) -> None:
         avoided.append(avoid_ports)
         raise StartupError("stopped here")
 
