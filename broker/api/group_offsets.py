@@ -28,9 +28,10 @@ no heartbeat that would ever look again. The read is safe because etcd is where 
 
 The one thing only the coordinator knows is a KIP-848 member's current epoch (it lives in the
 coordinator's memory, and etcd's copy may lag it): a v9 request naming a member and its epoch
-keeps NOT_COORDINATOR, which the clients that send one (the Java consumer with
-``group.protocol=consumer``) answer by finding the coordinator and retrying; librdkafka's
-assignment OffsetFetch names no member (null, epoch -1) and is answered from etcd. When this
+keeps NOT_COORDINATOR (COORDINATOR_LOAD_IN_PROGRESS between etcd sessions), which the clients
+that send one (the Java consumer with ``group.protocol=consumer``) answer by finding the
+coordinator and retrying; librdkafka's assignment OffsetFetch names no member (null, epoch -1)
+and is answered from etcd. When this
 broker cannot read etcd either, the answer is COORDINATOR_LOAD_IN_PROGRESS, which every client
 (librdkafka too) sends again: the retry is answered from etcd once it can be read, or by the
 coordinator. Other group requests keep NOT_COORDINATOR: librdkafka looks the coordinator up
