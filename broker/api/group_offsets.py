@@ -5,7 +5,7 @@ member epoch) and stored in etcd. An offset whose topic was deleted or re-create
 id) reads as none. OffsetFetch v8+ asks for several groups, v9 checks the KIP-848 member epoch,
 and ``require_stable`` (KIP-447) answers UNSTABLE_OFFSET_COMMIT while a transaction that
 committed an offset is open. When etcd cannot be reached OffsetCommit answers
-REQUEST_TIMED_OUT and OffsetFetch COORDINATOR_NOT_AVAILABLE.
+REQUEST_TIMED_OUT and OffsetFetch COORDINATOR_LOAD_IN_PROGRESS (below).
 
 OffsetFetch at a broker that does not coordinate the group (another broker holds its lease, this
 one is draining, stopping, or between two etcd sessions) is answered from etcd, not with
@@ -31,11 +31,16 @@ coordinator's memory, and etcd's copy may lag it): a v9 request naming a member 
 keeps NOT_COORDINATOR (COORDINATOR_LOAD_IN_PROGRESS between etcd sessions), which the clients
 that send one (the Java consumer with ``group.protocol=consumer``) answer by finding the
 coordinator and retrying; librdkafka's assignment OffsetFetch names no member (null, epoch -1)
-and is answered from etcd. When this
-broker cannot read etcd either, the answer is COORDINATOR_LOAD_IN_PROGRESS, which every client
-(librdkafka too) sends again: the retry is answered from etcd once it can be read, or by the
-coordinator. Other group requests keep NOT_COORDINATOR: librdkafka looks the coordinator up
-and retries OffsetCommit, and a member's Heartbeat/JoinGroup error makes it look again.
+and is answered from etcd. Other group requests keep NOT_COORDINATOR: librdkafka looks the
+coordinator up and retries OffsetCommit, and a member's Heartbeat/JoinGroup error makes it look
+again.
+
+When etcd cannot be read (at the coordinator, taking the group on or re-reading pending
+offsets, or here), OffsetFetch answers COORDINATOR_LOAD_IN_PROGRESS, not
+COORDINATOR_NOT_AVAILABLE: librdkafka maps the latter to a coordinator query only, as it does
+NOT_COORDINATOR, and strands the assignment the same way (a coordinator move during an etcd
+leader election: the broker taking the group over cannot reach etcd for a moment), while it
+sends LOAD_IN_PROGRESS again, as every client does, until etcd answers.
 """
 
 from __future__ import annotations
@@ -161,7 +166,7 @@ async def _settle_pending(
     try:
         return await runtime.settle_pending(requested)
     except MetadataUnavailable as exc:
-        raise KafkaError(str(exc), ErrorCode.COORDINATOR_NOT_AVAILABLE) from exc
+        raise KafkaError(str(exc), ErrorCode.COORDINATOR_LOAD_IN_PROGRESS) from exc
 
 
 async def _fetch_group(
@@ -234,7 +239,9 @@ async def _committed(
     """``requested``'s committed offsets (all when None): from the group's runtime where this
     broker coordinates the group, else from etcd (see the module)."""
     try:
-        runtime = await group_runtime(ctx, group_id, ErrorCode.COORDINATOR_NOT_AVAILABLE, DESCRIBE)
+        runtime = await group_runtime(
+            ctx, group_id, ErrorCode.COORDINATOR_LOAD_IN_PROGRESS, DESCRIBE
+        )
         if (member_error := runtime.validate_fetch(*member)) is not ErrorCode.NONE:
             raise KafkaError(f"member {member[0]!r} of group {group_id!r}", member_error)
         unstable = await _settle_pending(runtime, requested)

@@ -12,12 +12,16 @@ Answered from etcd, the offsets are the coordinator's (a commit acked there is s
 ``require_stable`` (KIP-447) is told UNSTABLE_OFFSET_COMMIT while a transaction that sent
 offsets is open, the read takes no lease, and the requests only a coordinator can answer keep
 NOT_COORDINATOR (OffsetCommit, which clients retry; a v9 OffsetFetch naming a KIP-848 member's
-epoch).
+epoch). A broker that cannot read etcd (the one taking the group over, during an etcd leader
+election) answers COORDINATOR_LOAD_IN_PROGRESS, which librdkafka sends again, not
+COORDINATOR_NOT_AVAILABLE, which strands it as NOT_COORDINATOR does.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import signal
 import time
 import uuid
 from collections.abc import Iterator
@@ -197,6 +201,17 @@ def coordinator_found(consumer: Consumer, stats: list[dict[str, Any]]) -> None:
         consumer.poll(0.1)
 
 
+def values_read(consumer: Consumer, count: int) -> list[bytes]:
+    """The values ``consumer`` delivers until it has ``count`` (or the deadline passes)."""
+    values: list[bytes] = []
+    deadline = time.monotonic() + DEADLINE_S
+    while len(values) < count and time.monotonic() < deadline:
+        message = consumer.poll(0.5)
+        if message is not None and message.error() is None:
+            values.append(message.value())
+    return values
+
+
 def test_librdkafka_assign_after_the_group_moved_reads_from_the_committed_offset(
     two_brokers: BrokerCluster,
 ) -> None:
@@ -227,12 +242,69 @@ def test_librdkafka_assign_after_the_group_moved_reads_from_the_committed_offset
         assert commit(other, group, topic, {0: 5}) == [0]  # ``other`` takes the group
         assert coordinator_of(picked, group) == other.node_id
         consumer.assign([TopicPartition(topic, 0)])  # its OffsetFetch goes to ``picked``
-        values: list[bytes] = []
-        deadline = time.monotonic() + DEADLINE_S
-        while len(values) < 3 and time.monotonic() < deadline:
-            message = consumer.poll(0.5)
-            if message is not None and message.error() is None:
-                values.append(message.value())
-        assert values == [b"v5", b"v6", b"v7"]
+        assert values_read(consumer, 3) == [b"v5", b"v6", b"v7"]
     finally:
         consumer.close()
+
+
+def test_librdkafka_assign_while_the_new_coordinator_cannot_reach_etcd_reads_on_after(
+    etcd_server_private: EmbeddedEtcd, s3_server: S3Endpoint, cluster_name: str, tmp_path: Path
+) -> None:
+    """The group's coordinator stopped (its lease released) and the broker that takes the
+    group over cannot reach etcd for a moment (an etcd leader election, say) while a consumer
+    asks it for its new partition's committed offset. Answered COORDINATOR_NOT_AVAILABLE
+    (librdkafka: look the coordinator up again, never resend) the partition was never
+    fetched; COORDINATOR_LOAD_IN_PROGRESS is sent again until etcd answers."""
+    cluster = new_cluster(
+        etcd_server_private.client_url,
+        s3_server,
+        tmp_path,
+        "elsewhere",
+        name=cluster_name,
+        # etcd calls give up after 1 s, the session lives 30 s: a pause of a few seconds is
+        # an etcd that does not answer, not a session lost (test_group_offsets_between_sessions)
+        extra_env={"KAFSCALE_ETCD__TIMEOUT_S": "1", "KAFSCALE_ETCD__SESSION_TTL_S": "30"},
+    )
+    try:
+        old = cluster.start(**GROUP_ENV)
+        taker = cluster.start(**GROUP_ENV)
+        topic, group = name("t"), name("g")
+        create_topic(cluster.bootstrap, topic, 1)
+        producer = Producer({"bootstrap.servers": cluster.bootstrap})
+        for i in range(8):
+            producer.produce(topic, f"v{i}".encode(), partition=0)
+        assert producer.flush(60) == 0
+        assert commit(old, group, topic, {0: 5}) == [0]
+        assert old.stop() == 0  # its group lease goes with it; ``taker`` is all that is left
+
+        stats: list[dict[str, Any]] = []
+        consumer = Consumer(
+            {
+                "bootstrap.servers": taker.bootstrap,
+                "group.id": group,
+                "enable.auto.commit": False,
+                "statistics.interval.ms": 100,
+                "stats_cb": lambda text: stats.append(json.loads(text)),
+            }
+        )
+        try:
+            coordinator_found(consumer, stats)
+            etcd_pid = etcd_server_private.pid
+            assert etcd_pid is not None
+            os.kill(etcd_pid, signal.SIGSTOP)
+            try:
+                asked = [{"name": topic, "partition_indexes": [0]}]
+                answer = fetch_v8(taker, group, asked)
+                consumer.assign([TopicPartition(topic, 0)])
+                for _ in range(6):  # 3 s: its OffsetFetch goes out and is answered meanwhile
+                    consumer.poll(0.5)
+            finally:
+                os.kill(etcd_pid, signal.SIGCONT)
+            # librdkafka sent its OffsetFetch again once etcd answered, and reads on from the
+            # committed offset; the answer it retried (as a protocol client saw it):
+            assert values_read(consumer, 3) == [b"v5", b"v6", b"v7"]
+            assert answer.error_code == ErrorCode.COORDINATOR_LOAD_IN_PROGRESS
+        finally:
+            consumer.close()
+    finally:
+        cluster.stop_all()
