@@ -5,14 +5,42 @@ member epoch) and stored in etcd. An offset whose topic was deleted or re-create
 id) reads as none. OffsetFetch v8+ asks for several groups, v9 checks the KIP-848 member epoch,
 and ``require_stable`` (KIP-447) answers UNSTABLE_OFFSET_COMMIT while a transaction that
 committed an offset is open. When etcd cannot be reached OffsetCommit answers
-REQUEST_TIMED_OUT and OffsetFetch COORDINATOR_NOT_AVAILABLE.
+REQUEST_TIMED_OUT and OffsetFetch COORDINATOR_LOAD_IN_PROGRESS (below).
 
-OffsetFetch to a broker between two etcd sessions (its old one ended, its next one not up
-yet) answers COORDINATOR_LOAD_IN_PROGRESS, not NOT_COORDINATOR: librdkafka (2.16, issue 5586)
-never retries the OffsetFetch it sends for a new assignment after a group-level
-NOT_COORDINATOR, and never starts those partitions (the group stops consuming for good, every
-partition assigned), while it retries COORDINATOR_LOAD_IN_PROGRESS, which Kafka answers while
-a coordinator takes a group on, as this broker most often does a moment later.
+OffsetFetch at a broker that does not coordinate the group (another broker holds its lease, this
+one is draining, stopping, or between two etcd sessions) is answered from etcd, not with
+NOT_COORDINATOR: librdkafka (2.16, issue 5586) sends the OffsetFetch of a new assignment to its
+logical coordinator and, answered NOT_COORDINATOR (or COORDINATOR_NOT_AVAILABLE) at the group
+level, only looks the coordinator up again: it never sends that OffsetFetch again and never
+starts those partitions, so the group consumes nothing for good with every partition assigned.
+A coordinator move (a group let go and taken by another broker, a drain, ``kafscale local``'s
+brokers) reaches it between its FindCoordinator and that OffsetFetch; an ``assign()`` user has
+no heartbeat that would ever look again. The read is safe because etcd is where the answer lives:
+
+* a coordinator acks OffsetCommit only after etcd holds the offsets (``GroupOffsets.save``), and
+  its own answers come from a cache written after etcd; so an acked commit is seen by every
+  broker (etcd reads are linearizable);
+* the offsets TxnOffsetCommit adds stay pending in etcd (``txn-offsets/``) until their
+  transaction ends, so ``require_stable`` gets UNSTABLE_OFFSET_COMMIT here exactly as at the
+  coordinator, which re-reads the same keys before answering (``settle_pending``);
+* ACLs are checked as at the coordinator (group DESCRIBE first, then topic DESCRIBE);
+* the read takes no lease: the group stays where it is.
+
+The one thing only the coordinator knows is a KIP-848 member's current epoch (it lives in the
+coordinator's memory, and etcd's copy may lag it): a v9 request naming a member and its epoch
+keeps NOT_COORDINATOR (COORDINATOR_LOAD_IN_PROGRESS between etcd sessions), which the clients
+that send one (the Java consumer with ``group.protocol=consumer``) answer by finding the
+coordinator and retrying; librdkafka's assignment OffsetFetch names no member (null, epoch -1)
+and is answered from etcd. Other group requests keep NOT_COORDINATOR: librdkafka looks the
+coordinator up and retries OffsetCommit, and a member's Heartbeat/JoinGroup error makes it look
+again.
+
+When etcd cannot be read (at the coordinator, taking the group on or re-reading pending
+offsets, or here), OffsetFetch answers COORDINATOR_LOAD_IN_PROGRESS, not
+COORDINATOR_NOT_AVAILABLE: librdkafka maps the latter to a coordinator query only, as it does
+NOT_COORDINATOR, and strands the assignment the same way (a coordinator move during an etcd
+leader election: the broker taking the group over cannot reach etcd for a moment), while it
+sends LOAD_IN_PROGRESS again, as every client does, until etcd answers.
 """
 
 from __future__ import annotations
@@ -22,11 +50,16 @@ from typing import Any
 
 from kafscale.broker.api import access
 from kafscale.broker.api.dispatch import Body, RequestContext
-from kafscale.broker.api.group_access import DESCRIBE, READ, group_runtime
+from kafscale.broker.api.group_access import DESCRIBE, READ, coordinator, group_runtime
 from kafscale.broker.groups.runtime import GroupRuntime
-from kafscale.broker.groups.store import CommittedOffset, TopicPartition
+from kafscale.broker.groups.store import CommittedOffset, LoadedGroup, TopicPartition
 from kafscale.broker.metadata.etcd_errors import MetadataUnavailable
-from kafscale.broker.protocol.errors import CoordinatorBetweenSessions, ErrorCode, KafkaError
+from kafscale.broker.protocol.errors import (
+    CoordinatorBetweenSessions,
+    ErrorCode,
+    KafkaError,
+    NotCoordinator,
+)
 
 OFFSET_METADATA_MAX_BYTES = 4096
 """Kafka's ``offset.metadata.max.bytes``."""
@@ -133,7 +166,7 @@ async def _settle_pending(
     try:
         return await runtime.settle_pending(requested)
     except MetadataUnavailable as exc:
-        raise KafkaError(str(exc), ErrorCode.COORDINATOR_NOT_AVAILABLE) from exc
+        raise KafkaError(str(exc), ErrorCode.COORDINATOR_LOAD_IN_PROGRESS) from exc
 
 
 async def _fetch_group(
@@ -154,11 +187,7 @@ async def _fetch_group(
         denied = dict.fromkeys(tp for tp in requested if not _may_describe(ctx, tp[0]))
         requested = [tp for tp in requested if tp not in denied]
     try:
-        runtime = await group_runtime(ctx, group_id, ErrorCode.COORDINATOR_NOT_AVAILABLE, DESCRIBE)
-        if (member_error := runtime.validate_fetch(*member)) is not ErrorCode.NONE:
-            return {"group_id": group_id, "error_code": member_error, "topics": []}
-        unstable = await _settle_pending(runtime, requested)
-        committed = runtime.committed(requested)
+        committed, unstable = await _committed(ctx, group_id, requested, member)
     except KafkaError as exc:
         code = fetch_error_code(exc)
         if version < 2:
@@ -194,6 +223,66 @@ async def _fetch_group(
         + _fetched_topics(unstable_topics, ErrorCode.UNSTABLE_OFFSET_COMMIT)
         + _fetched_topics(denied, ErrorCode.TOPIC_AUTHORIZATION_FAILED),
     }
+
+
+Committed = tuple[dict[TopicPartition, CommittedOffset | None], set[TopicPartition]]
+"""The committed offsets asked for (None: nothing committed) and those of them pending in an
+open transaction."""
+
+
+async def _committed(
+    ctx: RequestContext,
+    group_id: str,
+    requested: list[TopicPartition] | None,
+    member: tuple[str | None, int],
+) -> Committed:
+    """``requested``'s committed offsets (all when None): from the group's runtime where this
+    broker coordinates the group, else from etcd (see the module)."""
+    try:
+        runtime = await group_runtime(
+            ctx, group_id, ErrorCode.COORDINATOR_LOAD_IN_PROGRESS, DESCRIBE
+        )
+        if (member_error := runtime.validate_fetch(*member)) is not ErrorCode.NONE:
+            raise KafkaError(f"member {member[0]!r} of group {group_id!r}", member_error)
+        unstable = await _settle_pending(runtime, requested)
+        return runtime.committed(requested), unstable
+    except NotCoordinator as exc:
+        if names_member_epoch(*member):
+            raise
+        return await _stored(ctx, group_id, requested, exc)
+
+
+async def _stored(
+    ctx: RequestContext,
+    group_id: str,
+    requested: list[TopicPartition] | None,
+    not_coordinator: NotCoordinator,
+) -> Committed:
+    """``requested``'s committed offsets as etcd holds them, at a broker that does not
+    coordinate the group; COORDINATOR_LOAD_IN_PROGRESS when etcd cannot be read here."""
+    try:
+        loaded = await coordinator(ctx).stored(group_id)
+    except MetadataUnavailable as exc:
+        raise KafkaError(
+            f"{not_coordinator}; reading group {group_id!r} from etcd: {exc}",
+            ErrorCode.COORDINATOR_LOAD_IN_PROGRESS,
+        ) from exc
+    return stored_committed(loaded, requested)
+
+
+def names_member_epoch(member_id: str | None, member_epoch: int) -> bool:
+    """Whether an OffsetFetch (v9+) names a KIP-848 member and its epoch, which only the
+    group's coordinator can check (as ``ConsumerGroup.validate_fetch`` skips it otherwise)."""
+    return member_id is not None and member_epoch >= 0
+
+
+def stored_committed(loaded: LoadedGroup, requested: list[TopicPartition] | None) -> Committed:
+    """What the coordinator's runtime would answer from ``loaded`` (its offsets cache and
+    the pending partitions it re-reads from etcd): ``requested``'s offsets, or all of them
+    in key order, and those of them pending in an open transaction."""
+    if requested is None:
+        return dict(sorted(loaded.offsets.items())), set(loaded.pending)
+    return {tp: loaded.offsets.get(tp) for tp in requested}, set(loaded.pending & set(requested))
 
 
 def fetch_error_code(exc: KafkaError) -> ErrorCode:

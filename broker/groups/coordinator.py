@@ -283,6 +283,13 @@ class GroupCoordinator:
             task.add_done_callback(functools.partial(self._acquired, group_id))
         return await asyncio.shield(task)
 
+    async def stored(self, group_id: str) -> LoadedGroup:
+        """The group as etcd holds it (committed offsets, partitions pending in open
+        transactions), read without taking it on: what OffsetFetch answers at a broker that
+        does not coordinate the group (``api/group_offsets``). A coordinator acks a commit
+        only once etcd holds it. Raises MetadataUnavailable or UnreadableRecord."""
+        return await self._store.load(group_id)
+
     def _acquired(self, group_id: str, task: asyncio.Task[GroupRuntime]) -> None:
         if self._loading.get(group_id) is task:
             del self._loading[group_id]

@@ -14,6 +14,7 @@ import contextlib
 import itertools
 import threading
 import time
+import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -373,3 +374,24 @@ def report(members: list[Member], extra: set[int] = frozenset()) -> None:  # typ
         f"repeated {sum(1 for n in seen.values() if n > 1)}, uncommitted {failed}, "
         f"rebalances {[(m.name_, len(m.assigned), len(m.revoked)) for m in members]}"
     )
+
+
+@contextlib.contextmanager
+def open_transaction(
+    bootstrap: str, group: str, topic: str, produce_to: int, offsets: dict[int, int]
+) -> Iterator[Producer]:
+    """A transaction (confluent-kafka) that produced to ``produce_to`` and sent ``offsets``
+    (partition: offset) for ``group`` (send_offsets_to_transaction), still open. The group
+    metadata is that of a consumer that never joined (generation -1)."""
+    member = Consumer({"bootstrap.servers": bootstrap, "group.id": group})
+    transactional_id = f"x-{uuid.uuid4().hex[:8]}"
+    producer = Producer({"bootstrap.servers": bootstrap, "transactional.id": transactional_id})
+    try:
+        producer.init_transactions(30)
+        producer.begin_transaction()
+        producer.produce(topic, b"in the transaction", partition=produce_to)
+        sent = [CkTopicPartition(topic, p, offset) for p, offset in offsets.items()]
+        producer.send_offsets_to_transaction(sent, member.consumer_group_metadata(), 30)
+        yield producer
+    finally:
+        member.close()

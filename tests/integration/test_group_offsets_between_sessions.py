@@ -8,9 +8,10 @@ committed offsets (OffsetFetch): answered NOT_COORDINATOR at the group level, li
 never asks again and never starts those partitions (issue 5586; the partitions stay "queried"),
 so the group stops consuming for good with every partition assigned. ``bench/chaos.py --seed
 41 --kinds coord-kill,coord-stop,coord-term,etcd-leader`` caught exactly that (bench/README.md).
-COORDINATOR_LOAD_IN_PROGRESS, which Kafka answers while a coordinator takes a group on, is
-retried by librdkafka (and by the other clients); NOT_COORDINATOR stays the answer of a broker
-whose group another broker holds.
+A broker that does not coordinate the group answers OffsetFetch from etcd
+(``test_group_offsets_elsewhere``); between sessions that read fails too (etcd is what the
+broker cannot reach), and the answer is COORDINATOR_LOAD_IN_PROGRESS, which Kafka answers while
+a coordinator takes a group on, and which librdkafka (and the other clients) retry.
 """
 
 from __future__ import annotations

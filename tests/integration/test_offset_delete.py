@@ -13,15 +13,13 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import pytest
 from confluent_kafka import Consumer
-from confluent_kafka import Producer as ConfluentProducer
-from confluent_kafka import TopicPartition as CkTopicPartition
 from harness.brokers import BrokerCluster, BrokerProcess, new_cluster
+from harness.groups import open_transaction
 from harness.kafka_wire import KafkaWire
 from harness.offsets_admin import java_lines
 from harness.proxy import start_proxy
@@ -262,26 +260,6 @@ def test_through_the_proxy_the_coordinator_deletes(broker_cluster: BrokerCluster
         with KafkaWire(broker.bootstrap) as wire:
             answers.append(int(wire.request(OFFSET_DELETE, 0, body).error_code))
     assert sorted(answers) == [0, 16]  # NONE at the coordinator, NOT_COORDINATOR elsewhere
-
-
-@contextmanager
-def open_transaction(
-    bootstrap: str, group: str, topic: str, produce_to: int, offsets: dict[int, int]
-) -> Iterator[ConfluentProducer]:
-    """A transaction that produced to ``produce_to`` and sent ``offsets`` (partition: offset)
-    for ``group`` (send_offsets_to_transaction), still open. The group metadata is that of a
-    consumer that never joined (generation -1)."""
-    member = Consumer({"bootstrap.servers": bootstrap, "group.id": group})
-    producer = ConfluentProducer({"bootstrap.servers": bootstrap, "transactional.id": _name("x")})
-    try:
-        producer.init_transactions(30)
-        producer.begin_transaction()
-        producer.produce(topic, b"in the transaction", partition=produce_to)
-        sent = [CkTopicPartition(topic, p, offset) for p, offset in offsets.items()]
-        producer.send_offsets_to_transaction(sent, member.consumer_group_metadata(), 30)
-        yield producer
-    finally:
-        member.close()
 
 
 def committed_once(
