@@ -58,7 +58,7 @@ def describe_owner(obj: Manifest) -> str:
 
 def foreign(live: Manifest | None, ref: ClusterRef) -> bool:
     """An object exists under the name and is not this cluster's."""
-    return live is not None and not owned_by(live, ref)
+    return live is not None and not owned_by(live, ref.uid)
 
 
 @dataclass(frozen=True)
