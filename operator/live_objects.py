@@ -6,10 +6,12 @@ longer wants. One GET per name made ~11 reads of a managed cluster on every appl
 object of another owner holds a name, the status timer applies again every interval). The
 cluster's own objects carry its labels, so one LIST per kind with the cluster's selector finds
 them; a name the LIST did not return is either free or held by an object without those labels
-(a user's), and only those names are read one by one. Only the kinds a cluster has several
-objects of are listed (:data:`LISTED_KINDS`, the kinds the chart grants ``list`` on); a kind
-with a single name is read by name (a LIST would cost the same call), and ConfigMaps and
-Secrets, which may hold what other applications keep to themselves, are never listed.
+(a user's), and only those names are read one by one (of the names the spec no longer
+wants, only the cluster's own matter: one not listed is not read). Only the kinds a cluster
+has several objects of are listed (:data:`LISTED_KINDS`, the kinds the chart grants ``list``
+on); a kind with a single name is read by name (a LIST would cost the same call), and
+ConfigMaps and Secrets, which may hold what other applications keep to themselves, are never
+listed.
 """
 
 from __future__ import annotations
@@ -54,11 +56,17 @@ def unlisted(ids: Iterable[ObjectId], found: Mapping[ObjectId, Manifest | None])
 
 
 async def read_live(
-    kube: Kube, ref: ClusterRef, ids: Iterable[ObjectId]
+    kube: Kube, ref: ClusterRef, ids: Iterable[ObjectId], own_only: Iterable[ObjectId] = ()
 ) -> dict[ObjectId, Manifest | None]:
-    """The live object of each id in the cluster's namespace (None: there is none)."""
-    wanted = list(dict.fromkeys(ids))
-    kinds, direct = plan_reads(wanted)
+    """The live object of each id in the cluster's namespace (None: there is none).
+
+    ``own_only``: names of which only the cluster's own object matters (those its spec no
+    longer wants, to delete): one that the LIST of its kind did not return is taken as none,
+    without a GET (an object the cluster owns carries its labels).
+    """
+    judged = list(dict.fromkeys(ids))
+    every = list(dict.fromkeys([*judged, *own_only]))
+    kinds, direct = plan_reads(every)
     selector = naming.instance_selector(ref.name)
     lists = await asyncio.gather(
         *(kube.list(api_version, kind, ref.namespace, selector) for api_version, kind in kinds)
@@ -68,9 +76,9 @@ async def read_live(
         for (api_version, kind), items in zip(kinds, lists, strict=True)
         for item in items
     }
-    by_name = [*direct, *unlisted([oid for oid in wanted if oid[:2] in kinds], found)]
+    by_name = [*direct, *unlisted([oid for oid in judged if oid[:2] in kinds], found)]
     got = await asyncio.gather(
         *(kube.get(api_version, kind, ref.namespace, name) for api_version, kind, name in by_name)
     )
     found.update(zip(by_name, got, strict=True))
-    return {oid: found.get(oid) for oid in wanted}
+    return {oid: found.get(oid) for oid in every}

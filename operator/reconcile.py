@@ -94,7 +94,7 @@ async def apply_cluster(
             if capabilities.serves(oid[0])
         ]
         wanted_ids = [manifests.object_id(m) for m in wanted]
-        live = await read_live(kube, ref, [*wanted_ids, *obsolete, *_etcd_holders(ref)])
+        live = await read_live(kube, ref, [*wanted_ids, *_etcd_holders(ref)], own_only=obsolete)
         live_etcd = _statefulset_of(ref, live)
         refusals = [
             *_mode_refusals(runtime, ref, spec, live),
