@@ -260,13 +260,13 @@ def register(
             return  # not reconciled yet
         ref = ref.model_copy(update={"generation": int(applied)})
         await runtime.refresh_capabilities(time.monotonic())
-        if runtime.needs_reapply(ref.namespace, ref.name) and applied == body["metadata"].get(
-            "generation"
-        ):
-            try:  # an API the cluster uses is served now (or no longer): apply again
+        try:  # an API the cluster uses is served now (or no longer), a name freed: apply again
+            if applied == body["metadata"].get("generation") and await reconcile.needs_reapply(
+                runtime, ref
+            ):
                 await reconcile.apply_cluster(runtime, ref, spec)
-            except KubeError as exc:
-                logger.warning("applying objects after an API change: %s", exc)
+        except KubeError as exc:
+            logger.warning("applying objects again: %s", exc)
         observation = await reconcile.observe_cluster(runtime, ref, spec)
         previous = parse_conditions(status.get("conditions"))
         computed = compute_cluster_status(ref, spec, observation, previous, now=reconcile.utc_now())

@@ -105,6 +105,7 @@ async def apply_cluster(
             log.warning("%s/%s: %s", ref.namespace, ref.name, runtime.refused[key])
             runtime.apply_errors.pop(key, None)
             runtime.not_owned.pop(key, None)
+            runtime.held_by_others.pop(key, None)
             return refusals
         runtime.applied_with[key] = capabilities
         if not cert_manager:  # the Secrets the pods mount, before the pods
@@ -114,12 +115,30 @@ async def apply_cluster(
         if plan.message and plan.message != runtime.not_owned.get(key):  # once, not per retry
             log.warning("%s/%s: %s", ref.namespace, ref.name, plan.message)
         runtime.not_owned[key] = plan.message
+        runtime.held_by_others[key] = conflicts.held_by_others(ref, wanted_ids, live)
         await _delete_obsolete(runtime, ref, {oid: live[oid] for oid in obsolete})
     except KubeError as exc:
         runtime.apply_errors[key] = str(exc)
         raise
     runtime.apply_errors.pop(key, None)
     return refusals
+
+
+async def needs_reapply(runtime: Runtime, ref: ClusterRef) -> bool:
+    """Whether the status timer applies the cluster's objects again between spec changes:
+    the server's capabilities changed since they were applied, or a name the last apply left
+    to another owner's object is free now (the user deleted it, or the garbage collector a
+    deleted namesake cluster's: the operator makes its own). Only those names are read, so
+    while such an object stays a status pass costs one GET per name, not a whole apply."""
+    if runtime.capabilities_changed(ref.namespace, ref.name):
+        return True
+    held = runtime.held_by_others.get((ref.namespace, ref.name)) or {}
+    if not held:
+        return False
+    now = await asyncio.gather(
+        *(runtime.kube.get(api, kind, ref.namespace, name) for api, kind, name in held)
+    )
+    return conflicts.freed(held, dict(zip(held, now, strict=True)))
 
 
 async def _apply_owned(

@@ -28,6 +28,7 @@ from kafscale.operator.discovery import (
 )
 from kafscale.operator.immutable import EtcdInUse, etcd_in_use, judge_mode
 from kafscale.operator.kube import Kube, KubeError
+from kafscale.operator.manifests import ObjectId
 from kafscale.operator.model_base import Condition
 from kafscale.operator.models import ClusterRef, KafScaleClusterSpec
 from kafscale.operator.ownership import owned_by
@@ -103,6 +104,8 @@ class Runtime:
     # (namespace, name) → which objects of the cluster's names the last apply left alone as
     # not the cluster's (see ``conflicts``), or None.
     not_owned: dict[tuple[str, str], str | None] = field(default_factory=dict)
+    # (namespace, name) → those names, each with the uid of the object that held it.
+    held_by_others: dict[tuple[str, str], dict[ObjectId, str]] = field(default_factory=dict)
     # (namespace, name) → which etcd the cluster's live objects say holds its metadata, as of
     # its last apply (or read from them when first needed: after a restart the topic, user and
     # lease handlers may run first). While a switch of ``etcd.mode`` is refused
@@ -174,13 +177,10 @@ class Runtime:
             self.capabilities = await fetch_capabilities(self.kube, fallback=self.capabilities)
             self.capabilities_read_at_s = now_s
 
-    def needs_reapply(self, namespace: str, name: str) -> bool:
-        """Whether the server's capabilities changed since this cluster's objects were applied,
-        or the last apply left objects alone as not the cluster's (once the user deletes one,
-        or the garbage collector a deleted namesake cluster's, the operator makes its own)."""
+    def capabilities_changed(self, namespace: str, name: str) -> bool:
+        """Whether the server's capabilities changed since this cluster's objects were applied."""
         applied = self.applied_with.get((namespace, name))
-        changed = applied is not None and applied != self.capabilities
-        return changed or bool(self.not_owned.get((namespace, name)))
+        return applied is not None and applied != self.capabilities
 
     def forget(self, namespace: str, name: str) -> None:
         """Drop what is kept of a deleted cluster."""
@@ -188,6 +188,7 @@ class Runtime:
             self.apply_errors,
             self.refused,
             self.not_owned,
+            self.held_by_others,
             self.etcd_in_use,
             self.left_out,
             self.applied_with,

@@ -304,3 +304,35 @@ async def test_a_reconcile_reads_the_clusters_names_with_a_list_per_kind_not_a_g
     )
     writes = [path for method, path in again if method != "GET"]
     assert len(writes) == len(set(writes)) == 7  # one apply per object, nothing else
+
+
+async def test_while_another_owner_holds_a_name_a_status_pass_reads_only_that_name(
+    kube_cluster: KubeCluster, kafscale_chart: InstalledChart, kube_namespace: str
+) -> None:
+    """Before, while an object of another owner held one of the cluster's names, the status
+    timer applied every object again each ``STATUS_INTERVAL_S`` (a GET per name and an apply
+    per object) to notice the name being freed. Now it reads only the held name, and applies
+    again once the object holding it is gone."""
+    ns, kube = kube_namespace, kube_cluster
+    _users_service(kube, ns, "demo-brokers")
+    body = kube.create(CLUSTERS.format(ns=ns), cluster_manifest("demo", ns, MANAGED))
+    settings = operator_settings(kafscale_chart)
+    client = CountingKube(settings)
+    runtime = Runtime(settings, client, EtcdPool(2.0), await fetch_capabilities(client))
+    ref, spec = ClusterRef.from_body(body), parse_cluster_spec(body["spec"])
+    service = f"{SERVICES.format(ns=ns)}/demo-brokers"
+    try:
+        await reconcile.apply_cluster(runtime, ref, spec)
+        assert "Service demo-brokers" in (runtime.not_owned[(ns, "demo")] or "")
+        client.sent.clear()
+        assert not await reconcile.needs_reapply(runtime, ref)
+        assert client.sent == [("GET", service)]
+
+        kube.delete(service)
+        assert await reconcile.needs_reapply(runtime, ref)
+        await reconcile.apply_cluster(runtime, ref, spec)
+        assert runtime.not_owned[(ns, "demo")] is None
+        assert not await reconcile.needs_reapply(runtime, ref)
+    finally:
+        await runtime.close()
+    assert _owned_by_cluster(kube.get(service), body)
