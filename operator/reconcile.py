@@ -112,6 +112,7 @@ async def apply_cluster(
             await ensure_certificate_secrets(kube, ref, spec, datetime.datetime.now(datetime.UTC))
         await ensure_token_secret(kube, ref, spec)  # the pods read it too
         plan = await _apply_owned(runtime, ref, wanted, live)
+        runtime.note_etcd(ref, _etcd_in_use(ref, live))  # as written (a new managed etcd)
         if plan.message and plan.message != runtime.not_owned.get(key):  # once, not per retry
             log.warning("%s/%s: %s", ref.namespace, ref.name, plan.message)
         runtime.not_owned[key] = plan.message
@@ -212,6 +213,11 @@ def _owned_of(ref: ClusterRef, live: Live, oid: manifests.ObjectId) -> dict[str,
     return obj if owned_by(obj, ref.uid) else None
 
 
+def _etcd_in_use(ref: ClusterRef, live: Live) -> immutable.EtcdInUse:
+    """Which etcd the cluster's own StatefulSet and ConfigMap in ``live`` say it uses."""
+    return immutable.etcd_in_use(*(_owned_of(ref, live, oid) for oid in _etcd_holders(ref)))
+
+
 def _statefulset_of(ref: ClusterRef, live: Live) -> dict[str, Any] | None:
     """The managed etcd's StatefulSet as it is now (None: there is none, or it is not this
     cluster's: a same-named one of another owner holds none of its metadata)."""
@@ -238,7 +244,7 @@ def _mode_refusals(
     while it is refused the operator keeps to that etcd as well (``Runtime.in_effect``).
     Only objects of this cluster count: a same-named one of another owner holds none of its
     metadata."""
-    in_use = immutable.etcd_in_use(*(_owned_of(ref, live, oid) for oid in _etcd_holders(ref)))
+    in_use = _etcd_in_use(ref, live)
     runtime.note_etcd(ref, in_use)
     refusals, _ = immutable.judge_mode(spec.etcd, in_use, managed_etcd_host(ref))
     return refusals
