@@ -258,6 +258,11 @@ def register(
         applied = status.get("observedGeneration")
         if applied is None:
             return  # not reconciled yet
+        if not runtime.judged(ref.namespace, ref.name):
+            # Restarted: until this process's first pass over the cluster, what it refuses
+            # (and what it leaves to other owners) is not known; reporting without it would
+            # clear the condition and post a Recovered Event, then the Warning again.
+            return
         ref = ref.model_copy(update={"generation": int(applied)})
         await runtime.refresh_capabilities(time.monotonic())
         try:  # an API the cluster uses is served now (or no longer), a name freed: apply again

@@ -177,6 +177,11 @@ class Runtime:
             self.capabilities = await fetch_capabilities(self.kube, fallback=self.capabilities)
             self.capabilities_read_at_s = now_s
 
+    def judged(self, namespace: str, name: str) -> bool:
+        """Whether this process has judged the cluster's spec against its live objects (what
+        it refuses: ``refused``) since it started."""
+        return (namespace, name) in self.refused
+
     def capabilities_changed(self, namespace: str, name: str) -> bool:
         """Whether the server's capabilities changed since this cluster's objects were applied."""
         applied = self.applied_with.get((namespace, name))

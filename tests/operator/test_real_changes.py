@@ -335,7 +335,9 @@ async def test_after_a_restart_the_operator_keeps_to_the_etcd_of_a_refused_mode_
     cluster's first reconcile, used the refused spec's etcd (the empty managed one). Now which
     etcd is in use is read from the cluster's live objects (its ConfigMap and etcd
     StatefulSet): a restarted operator, before any reconcile, writes a topic to the external
-    etcd, and so does its topic handler."""
+    etcd, and so does its topic handler. Nor does the restarted operator's status timer clear
+    the refusal before its first pass over the cluster (it did, then the pass set it again: a
+    Recovered Event and the Warning once more)."""
     ns, kube = kube_namespace, kube_cluster
     cluster = f"{CLUSTERS.format(ns=ns)}/ext"
     url = etcd_server.client_url
@@ -371,4 +373,9 @@ async def test_after_a_restart_the_operator_keeps_to_the_etcd_of_a_refused_mode_
         await settle(
             lambda: etcd.get(keys.topic_key(name, "payments")), what="the topic in the old etcd"
         )
+        # Its status timer does not clear the refusal before its first pass (and the pass does
+        # not post the Warning again): one Warning over both lives, no Recovered between.
         assert _mode_refused(kube, cluster)
+        said = [e[:2] for e in events_of(kube, ns, "ext") if e[1] != "NotServed"]
+        assert said.count(("Warning", "ImmutableFieldChanged")) == 1, said
+        assert ("Normal", "Recovered") not in said, said
