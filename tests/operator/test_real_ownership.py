@@ -336,3 +336,27 @@ async def test_while_another_owner_holds_a_name_a_status_pass_reads_only_that_na
     finally:
         await runtime.close()
     assert _owned_by_cluster(kube.get(service), body)
+
+
+async def test_a_setting_taken_out_of_the_spec_leaves_the_objects_the_operator_created(
+    kube_cluster: KubeCluster, kafscale_chart: InstalledChart, kube_namespace: str
+) -> None:
+    """The operator creates an object with a create (so that a name taken meanwhile is not
+    taken over), which records its fields under an ``Update`` entry apart from server-side
+    apply's; left there, a broker setting taken out of ``spec.brokers.config`` would stay in
+    the brokers' ConfigMap for good. The apply after the create removes that entry."""
+    ns, kube = kube_namespace, kube_cluster
+    spec = {**MANAGED, "brokers": {"config": {"log.flush_interval_ms": "50"}}}
+    body = kube.create(CLUSTERS.format(ns=ns), cluster_manifest("demo", ns, spec))
+    settings = operator_settings(kafscale_chart)
+    client = Kube(load_configuration(settings), settings.api_timeout_s)
+    runtime = Runtime(settings, client, EtcdPool(2.0), await fetch_capabilities(client))
+    ref = ClusterRef.from_body(body)
+    config = f"{CONFIG_MAPS.format(ns=ns)}/demo-config"
+    try:
+        await reconcile.apply_cluster(runtime, ref, parse_cluster_spec(spec))
+        assert kube.get(config)["data"]["KAFSCALE_LOG__FLUSH_INTERVAL_MS"] == "50"
+        await reconcile.apply_cluster(runtime, ref, parse_cluster_spec(MANAGED))
+    finally:
+        await runtime.close()
+    assert "KAFSCALE_LOG__FLUSH_INTERVAL_MS" not in kube.get(config)["data"]
