@@ -27,7 +27,7 @@ from kafscale.operator import naming
 from kafscale.operator.etcd_security import etcd_server_hosts, managed_tls
 from kafscale.operator.listeners import broker_tls_hosts
 from kafscale.operator.models import ClusterRef, KafScaleClusterSpec
-from kafscale.operator.ownership import object_metadata
+from kafscale.operator.ownership import object_metadata, owned_by
 from kafscale.operator.pki import PemPair
 
 CERT_MANAGER_API = "cert-manager.io/v1"
@@ -268,8 +268,9 @@ def use_cert_manager(served: bool, ca_secret: dict[str, Any] | None, uid: str) -
     if ca_secret is None:
         return True
     meta = ca_secret.get("metadata") or {}
-    owned = any(o.get("uid") == uid for o in meta.get("ownerReferences") or [])
-    return not owned or CERT_MANAGER_ANNOTATION in (meta.get("annotations") or {})
+    return not owned_by(ca_secret, uid) or CERT_MANAGER_ANNOTATION in (
+        meta.get("annotations") or {}
+    )
 
 
 def cert_manager_object_ids(ref: ClusterRef) -> list[tuple[str, str, str]]:

@@ -18,7 +18,7 @@ Service pointing at the user's etcd), so while one is foreign no pods are starte
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -58,7 +58,27 @@ def describe_owner(obj: Manifest) -> str:
 
 def foreign(live: Manifest | None, ref: ClusterRef) -> bool:
     """An object exists under the name and is not this cluster's."""
-    return live is not None and not owned_by(live, ref)
+    return live is not None and not owned_by(live, ref.uid)
+
+
+def held_by_others(
+    ref: ClusterRef, ids: Iterable[ObjectId], live: Mapping[ObjectId, Manifest | None]
+) -> dict[ObjectId, str]:
+    """The names of ``ids`` that another owner's object holds, each with that object's uid."""
+    return {
+        oid: str(((live.get(oid) or {}).get("metadata") or {}).get("uid"))
+        for oid in ids
+        if foreign(live.get(oid), ref)
+    }
+
+
+def freed(held: Mapping[ObjectId, str], now: Mapping[ObjectId, Manifest | None]) -> bool:
+    """Whether a name that another owner's object held (``held``: name → its uid) is held by
+    it no more: deleted (the operator can make its own), or replaced by another object."""
+    return any(
+        str(((now.get(oid) or {}).get("metadata") or {}).get("uid")) != uid
+        for oid, uid in held.items()
+    )
 
 
 @dataclass(frozen=True)

@@ -258,15 +258,20 @@ def register(
         applied = status.get("observedGeneration")
         if applied is None:
             return  # not reconciled yet
+        if not runtime.judged(ref.namespace, ref.name):
+            # Restarted: until this process's first pass over the cluster, what it refuses
+            # (and what it leaves to other owners) is not known; reporting without it would
+            # clear the condition and post a Recovered Event, then the Warning again.
+            return
         ref = ref.model_copy(update={"generation": int(applied)})
         await runtime.refresh_capabilities(time.monotonic())
-        if runtime.needs_reapply(ref.namespace, ref.name) and applied == body["metadata"].get(
-            "generation"
-        ):
-            try:  # an API the cluster uses is served now (or no longer): apply again
+        try:  # an API the cluster uses is served now (or no longer), a name freed: apply again
+            if applied == body["metadata"].get("generation") and await reconcile.needs_reapply(
+                runtime, ref
+            ):
                 await reconcile.apply_cluster(runtime, ref, spec)
-            except KubeError as exc:
-                logger.warning("applying objects after an API change: %s", exc)
+        except KubeError as exc:
+            logger.warning("applying objects again: %s", exc)
         observation = await reconcile.observe_cluster(runtime, ref, spec)
         previous = parse_conditions(status.get("conditions"))
         computed = compute_cluster_status(ref, spec, observation, previous, now=reconcile.utc_now())

@@ -187,23 +187,22 @@ def _hosts(endpoints: list[str]) -> set[str]:
 
 
 def mode_refusals(
-    mode: str, live_etcd: Manifest | None, live_endpoints: list[str] | None, managed_host: str
+    mode: str, managed: bool, live_endpoints: list[str] | None, managed_host: str
 ) -> list[Refusal]:
     """A switch of ``etcd.mode`` away from the etcd the cluster's metadata lives in.
 
-    ``live_etcd`` is the cluster's own managed etcd StatefulSet (None: there is none);
-    ``live_endpoints`` the etcd the brokers' live ConfigMap names (None: not made yet);
-    ``managed_host`` the host of the managed etcd's client Service. Managed → External: the
-    StatefulSet exists. External → Managed: there is none and the brokers use another etcd
-    (a StatefulSet deleted with ``--cascade=orphan`` to grow its volumes is no switch: the
-    brokers still name the managed host). The scheme is not compared (``etcd.tls`` is judged
-    on its own).
+    ``managed``: the cluster's own managed etcd StatefulSet exists; ``live_endpoints`` the etcd
+    the brokers' live ConfigMap names (None: not made yet); ``managed_host`` the host of the
+    managed etcd's client Service. Managed → External: the StatefulSet exists. External →
+    Managed: there is none and the brokers use another etcd (a StatefulSet deleted with
+    ``--cascade=orphan`` to grow its volumes is no switch: the brokers still name the managed
+    host). The scheme is not compared (``etcd.tls`` is judged on its own).
     """
-    if mode == EXTERNAL and live_etcd is not None:
+    if mode == EXTERNAL and managed:
         return [Refusal("etcd.mode", MANAGED, EXTERNAL, True, MODE_HINTS[EXTERNAL])]
     if (
         mode == MANAGED
-        and live_etcd is None
+        and not managed
         and live_endpoints
         and _hosts(live_endpoints) != {managed_host}
     ):
@@ -222,6 +221,35 @@ def etcd_in_effect(
     if switch.was == MANAGED:
         return etcd.model_copy(update={"mode": EtcdMode.MANAGED})
     return etcd.model_copy(update={"mode": EtcdMode.EXTERNAL, "endpoints": live_endpoints or []})
+
+
+@dataclass(frozen=True)
+class EtcdInUse:
+    """Which etcd the cluster's live objects say holds its metadata.
+
+    Read from the objects, not remembered by the operator process alone: after a restart,
+    the topic, user and lease handlers may run before the cluster's first reconcile, and must
+    not follow a refused ``etcd.mode`` switch to an etcd without the cluster's metadata.
+    """
+
+    managed: bool  # the cluster's own managed etcd StatefulSet exists
+    endpoints: tuple[str, ...] | None  # the etcd its brokers' ConfigMap names (None: no map)
+
+
+def etcd_in_use(statefulset: Manifest | None, config_map: Manifest | None) -> EtcdInUse:
+    """From the cluster's own StatefulSet and ConfigMap (None: none of the cluster's)."""
+    endpoints = config_endpoints(config_map)
+    return EtcdInUse(statefulset is not None, None if endpoints is None else tuple(endpoints))
+
+
+def judge_mode(
+    etcd: EtcdSpec, in_use: EtcdInUse, managed_host: str
+) -> tuple[list[Refusal], EtcdSpec | None]:
+    """The refused switch of ``etcd.mode``, if any, and the ``etcd`` section in effect
+    meanwhile (None: the spec's own)."""
+    endpoints = None if in_use.managed or in_use.endpoints is None else list(in_use.endpoints)
+    refusals = mode_refusals(etcd.mode, in_use.managed, endpoints, managed_host)
+    return refusals, etcd_in_effect(etcd, refusals, endpoints)
 
 
 def config_endpoints(config_map: Manifest | None) -> list[str] | None:

@@ -3,10 +3,12 @@
 Objects are plain dicts. ``apply`` is server-side apply with the operator's stable field
 manager (``kafscale-operator``, forced), so fields other managers own — an HPA's ``replicas``,
 a user's annotations — are left alone. Forced apply takes over any object of that name, so
-callers apply only over objects the cluster owns (see ``conflicts``); ``delete`` can be made
-conditional on the uid that was checked. The client is synchronous; every call runs in a worker
-thread under the configured deadline. The same connection settings feed kopf's login, so both
-talk to one API server with one identity.
+callers apply only over objects the cluster owns (see ``conflicts``), and ``create`` an object
+that was absent when they looked: it fails (:class:`NameTaken`) if one has appeared since, where
+an apply would take it over. ``delete`` can be made conditional on the uid that was checked.
+The client is synchronous; every call runs in a worker thread under the configured deadline.
+The same connection settings feed kopf's login, so both talk to one API server with one
+identity.
 """
 
 from __future__ import annotations
@@ -52,6 +54,35 @@ class KubeError(Exception):
     def __init__(self, message: str, status: int | None = None) -> None:
         super().__init__(message)
         self.status = status
+
+
+class NameTaken(KubeError):
+    """``create`` found an object of that name (409 AlreadyExists): someone made it after the
+    caller saw the name free. It is not applied over; the caller reads it again."""
+
+
+def stray_update_entries(managed_fields: list[dict[str, Any]] | None) -> list[dict[str, Any]]:
+    """Pure: a JSON patch that removes the operator's ``Update`` entries from ``managedFields``
+    (none: nothing to do), each guarded by ``test`` ops so a concurrent change fails it.
+
+    A create (POST) records its fields under the operator's name with operation ``Update``,
+    apart from the ``Apply`` entry server-side apply keeps. A field owned by that entry would
+    outlive its removal from the operator's manifests (a broker setting taken out of the
+    ConfigMap would stay), so after the first apply the entry goes: the object is then owned as
+    if server-side apply had made it.
+    """
+    ops: list[dict[str, Any]] = []
+    for index in reversed(range(len(managed_fields or []))):
+        entry = (managed_fields or [])[index]
+        if entry.get("manager") != FIELD_MANAGER or entry.get("operation") != "Update":
+            continue
+        path = f"/metadata/managedFields/{index}"
+        ops += [
+            {"op": "test", "path": f"{path}/manager", "value": FIELD_MANAGER},
+            {"op": "test", "path": f"{path}/operation", "value": "Update"},
+            {"op": "remove", "path": path},
+        ]
+    return ops
 
 
 def resource_path(api_version: str, kind: str, namespace: str, name: str | None = None) -> str:
@@ -152,7 +183,10 @@ class Kube:
             raise KubeError(f"{what} {path}: {exc}") from exc
 
     async def apply(self, manifest: dict[str, Any]) -> dict[str, Any]:
-        """Server-side apply ``manifest`` as the operator's field manager; returns the object."""
+        """Server-side apply ``manifest`` as the operator's field manager; returns the object.
+
+        Creates it when absent, and takes over one of that name of any owner: for an object
+        the caller has not seen to be its own, :meth:`create`."""
         meta = manifest["metadata"]
         path = resource_path(
             manifest["apiVersion"], manifest["kind"], meta["namespace"], meta["name"]
@@ -165,7 +199,37 @@ class Kube:
             query=[("fieldManager", FIELD_MANAGER), ("force", "true")],
             content_type="application/apply-patch+yaml",
         )
+        stray = stray_update_entries((result.get("metadata") or {}).get("managedFields"))
+        if stray:  # left by a create (see ``create``)
+            result = await self._run(
+                "patch", "PATCH", path, body=stray, content_type="application/json-patch+json"
+            )
         return result
+
+    async def write(self, manifest: dict[str, Any], live: dict[str, Any] | None) -> dict[str, Any]:
+        """:meth:`apply` over ``live`` (the caller's own object of that name, as it read it),
+        :meth:`create` where it read none."""
+        if live is None:
+            return await self.create(manifest)
+        return await self.apply(manifest)
+
+    async def create(self, manifest: dict[str, Any]) -> dict[str, Any]:
+        """Make ``manifest`` only if no object has its name; :class:`NameTaken` if one has.
+
+        Server-side apply has no "must not exist" precondition (a uid or resourceVersion in an
+        apply is a "must exist" one), so: POST, which the server refuses with 409 when the name
+        is taken, then apply the same manifest, so the object is owned as an applied one."""
+        meta = manifest["metadata"]
+        path = resource_path(manifest["apiVersion"], manifest["kind"], meta["namespace"])
+        try:
+            await self._run(
+                "create", "POST", path, body=manifest, query=[("fieldManager", FIELD_MANAGER)]
+            )
+        except KubeError as exc:
+            if exc.status == 409:
+                raise NameTaken(f"{exc}: made by someone else meanwhile", 409) from exc
+            raise
+        return await self.apply(manifest)
 
     async def get_path(self, path: str) -> dict[str, Any] | None:
         """GET any API path (discovery, ``/version``); None when it does not exist."""

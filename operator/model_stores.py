@@ -1,9 +1,10 @@
 """``spec.etcd`` and ``spec.storage`` of a KafScaleCluster: where its data lives.
 
 Metadata, offsets and leases in etcd (a managed StatefulSet or external endpoints), record
-batches in an S3 bucket. Their rules that cannot change after creation (etcd members and TLS)
-are CEL validations here, so the API server refuses such an edit. A section of the cluster's
-spec (:mod:`models` assembles it).
+batches in an S3 bucket. Their rules that cannot change after creation (etcd mode, members and
+TLS) are CEL validations here, so the API server refuses such an edit (from Kubernetes 1.25;
+an older server drops them and the operator refuses the change itself: ``immutable``). A
+section of the cluster's spec (:mod:`models` assembles it).
 """
 
 from __future__ import annotations
@@ -42,6 +43,15 @@ class EtcdSpec(ApiModel):
         description="Managed: the operator runs an etcd StatefulSet; External: use `endpoints`. "
         "Fixed once the cluster exists: its metadata lives in that etcd, so the operator refuses "
         "a switch (ImmutableFieldChanged); docs/operations-kubernetes.md says how to move it.",
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {
+                    "rule": "self == oldSelf",
+                    "message": "etcd mode cannot change after creation: the cluster's metadata "
+                    "lives in that etcd (snapshot, restore and re-create the cluster to move)",
+                }
+            ]
+        },
     )
     endpoints: list[str] = Field(
         default_factory=list,

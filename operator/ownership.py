@@ -29,11 +29,13 @@ def object_metadata(ref: ClusterRef, name: str, component: str) -> dict[str, Any
     }
 
 
-def owned_by(obj: dict[str, Any] | None, ref: ClusterRef) -> bool:
-    """Whether ``obj`` (a live object) is this cluster's: its owner references name its uid.
+def owned_by(obj: dict[str, Any] | None, owner_uid: str) -> bool:
+    """Whether ``obj`` (a live object) is the owner's: its owner references name ``owner_uid``
+    (a cluster's or a KafScaleUser's).
 
     A same-named object of another owner (an application of the user's, a cluster deleted and
-    re-created under the same name) is not.
+    re-created under the same name, a certificate Secret of the user's own) is not. The one
+    test of ownership for every object the operator makes.
     """
     owners = ((obj or {}).get("metadata") or {}).get("ownerReferences") or []
-    return bool(ref.uid) and any(owner.get("uid") == ref.uid for owner in owners)
+    return bool(owner_uid) and any(owner.get("uid") == owner_uid for owner in owners)

@@ -12,7 +12,7 @@ import base64
 import contextlib
 import datetime
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import Any
 
 from kafscale.broker.metadata import keys
@@ -23,7 +23,8 @@ from kafscale.operator import certificates, conflicts, immutable, manifests, nam
 from kafscale.operator.certificates import CERT_MANAGER_API
 from kafscale.operator.discovery import ServerCapabilities, fit_to_server
 from kafscale.operator.events import Notice, rebalance_notice
-from kafscale.operator.kube import KubeError
+from kafscale.operator.kube import KubeError, NameTaken
+from kafscale.operator.live_objects import read_live
 from kafscale.operator.model_cluster_status import LeaseStatus
 from kafscale.operator.model_stores import EtcdMode
 from kafscale.operator.models import (
@@ -41,13 +42,21 @@ from kafscale.operator.rebalance import (
     read_snapshot,
     rebalance,
 )
-from kafscale.operator.runtime import Runtime, delete_objects, storage_settings
+from kafscale.operator.runtime import (
+    Runtime,
+    delete_objects,
+    managed_etcd_host,
+    storage_settings,
+)
 from kafscale.operator.snapshot import lease_status
 from kafscale.operator.status import ClusterObservation
 from kafscale.operator.tls_secrets import ensure_certificate_secrets
 from kafscale.operator.token_secret import ensure_token_secret
 
 log = logging.getLogger(__name__)
+
+Live = dict[manifests.ObjectId, dict[str, Any] | None]  # what holds each name (None: nothing)
+CREATE_ATTEMPTS = 3  # plans made again when a free name is taken before its create
 
 
 def serves_cert_manager(capabilities: ServerCapabilities) -> bool:
@@ -69,7 +78,8 @@ async def apply_cluster(
     changed claim keeps the live one and the rest is applied; a changed member list, TLS
     scheme or etcd mode applies nothing. Objects of the cluster's names that are not the
     cluster's are neither applied over nor deleted (see :mod:`conflicts`); they are kept for
-    the status too. Returns the refused changes (for the handler's log).
+    the status too. What holds each name is read once (:mod:`live_objects`). Returns the
+    refused changes (for the handler's log).
     """
     kube, capabilities = runtime.kube, runtime.capabilities
     key = (ref.namespace, ref.name)
@@ -78,9 +88,16 @@ async def apply_cluster(
         objects = manifests.build_cluster_objects(ref, spec, cert_manager=cert_manager)
         wanted, left_out = fit_to_server(objects, capabilities)
         runtime.left_out[key] = left_out
-        live_etcd = await _live_statefulset(runtime, ref)
+        obsolete = [
+            oid
+            for oid in manifests.obsolete_object_ids(ref, spec, cert_manager=cert_manager)
+            if capabilities.serves(oid[0])
+        ]
+        wanted_ids = [manifests.object_id(m) for m in wanted]
+        live = await read_live(kube, ref, [*wanted_ids, *_etcd_holders(ref)], own_only=obsolete)
+        live_etcd = _statefulset_of(ref, live)
         refusals = [
-            *await _mode_refusals(runtime, ref, spec, live_etcd),
+            *_mode_refusals(runtime, ref, spec, live),
             *immutable.etcd_refusals(_statefulset(wanted), live_etcd),
         ]
         runtime.refused[key] = immutable.refusal_message(refusals)
@@ -88,22 +105,19 @@ async def apply_cluster(
             log.warning("%s/%s: %s", ref.namespace, ref.name, runtime.refused[key])
             runtime.apply_errors.pop(key, None)
             runtime.not_owned.pop(key, None)
+            runtime.held_by_others.pop(key, None)
             return refusals
         runtime.applied_with[key] = capabilities
-        plan = conflicts.plan_apply(
-            ref, wanted, await _live_objects(runtime, ref, map(manifests.object_id, wanted))
-        )
-        if plan.message and plan.message != runtime.not_owned.get(key):  # once, not per retry
-            log.warning("%s/%s: %s", ref.namespace, ref.name, plan.message)
-        runtime.not_owned[key] = plan.message
         if not cert_manager:  # the Secrets the pods mount, before the pods
             await ensure_certificate_secrets(kube, ref, spec, datetime.datetime.now(datetime.UTC))
         await ensure_token_secret(kube, ref, spec)  # the pods read it too
-        for manifest in plan.apply:
-            if manifest["kind"] == "StatefulSet":
-                manifest = immutable.keep_live_claims(manifest, live_etcd)
-            await kube.apply(manifest)
-        await _delete_obsolete(runtime, ref, spec, cert_manager)
+        plan = await _apply_owned(runtime, ref, wanted, live)
+        runtime.note_etcd(ref, _etcd_in_use(ref, live))  # as written (a new managed etcd)
+        if plan.message and plan.message != runtime.not_owned.get(key):  # once, not per retry
+            log.warning("%s/%s: %s", ref.namespace, ref.name, plan.message)
+        runtime.not_owned[key] = plan.message
+        runtime.held_by_others[key] = conflicts.held_by_others(ref, wanted_ids, live)
+        await _delete_obsolete(runtime, ref, {oid: live[oid] for oid in obsolete})
     except KubeError as exc:
         runtime.apply_errors[key] = str(exc)
         raise
@@ -111,26 +125,64 @@ async def apply_cluster(
     return refusals
 
 
-async def _live_objects(
-    runtime: Runtime, ref: ClusterRef, ids: Iterable[manifests.ObjectId]
-) -> dict[manifests.ObjectId, dict[str, Any] | None]:
-    """The live object of each id in the cluster's namespace (None: there is none)."""
-    wanted = list(ids)
-    found = await asyncio.gather(
-        *(runtime.kube.get(api, kind, ref.namespace, name) for api, kind, name in wanted)
+async def needs_reapply(runtime: Runtime, ref: ClusterRef) -> bool:
+    """Whether the status timer applies the cluster's objects again between spec changes:
+    the server's capabilities changed since they were applied, or a name the last apply left
+    to another owner's object is free now (the user deleted it, or the garbage collector a
+    deleted namesake cluster's: the operator makes its own). Only those names are read, so
+    while such an object stays a status pass costs one GET per name, not a whole apply."""
+    if runtime.capabilities_changed(ref.namespace, ref.name):
+        return True
+    held = runtime.held_by_others.get((ref.namespace, ref.name)) or {}
+    if not held:
+        return False
+    now = await asyncio.gather(
+        *(runtime.kube.get(api, kind, ref.namespace, name) for api, kind, name in held)
     )
-    return dict(zip(wanted, found, strict=True))
+    return conflicts.freed(held, dict(zip(held, now, strict=True)))
 
 
-async def _delete_obsolete(
-    runtime: Runtime, ref: ClusterRef, spec: KafScaleClusterSpec, cert_manager: bool
-) -> None:
-    """Delete the cluster's objects its spec no longer wants; an object of such a name that is
-    not the cluster's is someone else's and stays (deleted only if it is still the one checked).
+async def _apply_owned(
+    runtime: Runtime, ref: ClusterRef, wanted: list[dict[str, Any]], live: Live
+) -> conflicts.ApplyPlan:
+    """Apply over the cluster's own objects and create the absent ones (see :mod:`conflicts`).
+
+    A name found free may be taken before the create (a user's ``kubectl create``): the create
+    then fails rather than taking it over, the name is read again and the plan made again, so
+    that object counts as another owner's (and, if it is the configuration or the etcd, the
+    pods are held back). ``live`` is updated with what was written and read again.
     """
-    obsolete = manifests.obsolete_object_ids(ref, spec, cert_manager=cert_manager)
-    served = [oid for oid in obsolete if runtime.capabilities.serves(oid[0])]
-    for (api_version, kind, name), live in (await _live_objects(runtime, ref, served)).items():
+    for _ in range(CREATE_ATTEMPTS):
+        plan = conflicts.plan_apply(ref, wanted, live)
+        try:
+            for manifest in plan.apply:
+                await _write(runtime, ref, manifest, live)
+        except NameTaken as exc:
+            log.info("%s/%s: %s", ref.namespace, ref.name, exc)
+            continue
+        return plan
+    raise KubeError(f"names of cluster {ref.namespace}/{ref.name} kept being taken meanwhile")
+
+
+async def _write(runtime: Runtime, ref: ClusterRef, manifest: dict[str, Any], live: Live) -> None:
+    """Apply over the cluster's own live object, or create where there was none; ``live``
+    then holds what was written (or, when the name was taken meanwhile, what took it)."""
+    oid = manifests.object_id(manifest)
+    if manifest["kind"] == "StatefulSet":
+        manifest = immutable.keep_live_claims(manifest, _statefulset_of(ref, live))
+    try:
+        live[oid] = await runtime.kube.write(manifest, live.get(oid))
+    except NameTaken:
+        live[oid] = await runtime.kube.get(oid[0], oid[1], ref.namespace, oid[2])
+        raise
+
+
+async def _delete_obsolete(runtime: Runtime, ref: ClusterRef, obsolete: Live) -> None:
+    """Delete the cluster's objects its spec no longer wants (``obsolete``: what holds those
+    names); an object of such a name that is not the cluster's is someone else's and stays
+    (deleted only if it is still the one checked).
+    """
+    for (api_version, kind, name), live in obsolete.items():
         if live is None:
             continue
         if conflicts.foreign(live, ref):
@@ -146,9 +198,34 @@ def _statefulset(manifests_: list[dict[str, Any]]) -> dict[str, Any] | None:
     return next((m for m in manifests_ if m["kind"] == "StatefulSet"), None)
 
 
-async def _live_statefulset(runtime: Runtime, ref: ClusterRef) -> dict[str, Any] | None:
+def _etcd_holders(ref: ClusterRef) -> list[manifests.ObjectId]:
+    """The objects that say which etcd holds the cluster's metadata: the managed etcd's
+    StatefulSet and the brokers' ConfigMap."""
+    return [
+        ("apps/v1", "StatefulSet", naming.etcd_name(ref.name)),
+        ("v1", "ConfigMap", naming.config_map_name(ref.name)),
+    ]
+
+
+def _owned_of(ref: ClusterRef, live: Live, oid: manifests.ObjectId) -> dict[str, Any] | None:
+    """The cluster's own object of ``live`` (None: none, or one that is not the cluster's)."""
+    obj = live.get(oid)
+    return obj if owned_by(obj, ref.uid) else None
+
+
+def _etcd_in_use(ref: ClusterRef, live: Live) -> immutable.EtcdInUse:
+    """Which etcd the cluster's own StatefulSet and ConfigMap in ``live`` say it uses."""
+    return immutable.etcd_in_use(*(_owned_of(ref, live, oid) for oid in _etcd_holders(ref)))
+
+
+def _statefulset_of(ref: ClusterRef, live: Live) -> dict[str, Any] | None:
     """The managed etcd's StatefulSet as it is now (None: there is none, or it is not this
     cluster's: a same-named one of another owner holds none of its metadata)."""
+    return _owned_of(ref, live, _etcd_holders(ref)[0])
+
+
+async def _live_statefulset(runtime: Runtime, ref: ClusterRef) -> dict[str, Any] | None:
+    """The cluster's own managed etcd StatefulSet as it is now (None: none of the cluster's)."""
     return await _owned(runtime, ref, "apps/v1", "StatefulSet", naming.etcd_name(ref.name))
 
 
@@ -157,23 +234,19 @@ async def _owned(
 ) -> dict[str, Any] | None:
     """The cluster's live object of that name (None: none, or one that is not the cluster's)."""
     live = await runtime.kube.get(api_version, kind, ref.namespace, name)
-    return live if owned_by(live, ref) else None
+    return live if owned_by(live, ref.uid) else None
 
 
-async def _mode_refusals(
-    runtime: Runtime, ref: ClusterRef, spec: KafScaleClusterSpec, live_etcd: dict[str, Any] | None
+def _mode_refusals(
+    runtime: Runtime, ref: ClusterRef, spec: KafScaleClusterSpec, live: Live
 ) -> list[immutable.Refusal]:
     """A switch of ``etcd.mode`` away from the etcd the brokers use (see :mod:`immutable`);
-    while it is refused the operator keeps to that etcd as well (``Runtime.etcd_held``).
-    Only objects of this cluster count (``live_etcd`` is its own): a same-named one of another
-    owner holds none of its metadata."""
-    live_endpoints = None
-    if live_etcd is None:  # only External → Managed needs the brokers' live etcd
-        config_map = await _owned(runtime, ref, "v1", "ConfigMap", naming.config_map_name(ref.name))
-        live_endpoints = immutable.config_endpoints(config_map)
-    host = naming.service_host(naming.etcd_client_service_name(ref.name), ref.namespace)
-    refusals = immutable.mode_refusals(spec.etcd.mode, live_etcd, live_endpoints, host)
-    runtime.hold_etcd(ref, immutable.etcd_in_effect(spec.etcd, refusals, live_endpoints))
+    while it is refused the operator keeps to that etcd as well (``Runtime.in_effect``).
+    Only objects of this cluster count: a same-named one of another owner holds none of its
+    metadata."""
+    in_use = _etcd_in_use(ref, live)
+    runtime.note_etcd(ref, in_use)
+    refusals, _ = immutable.judge_mode(spec.etcd, in_use, managed_etcd_host(ref))
     return refusals
 
 
@@ -272,6 +345,9 @@ async def balance_leases(
         changed = asyncio.Event()
         watcher: asyncio.Task[None] | None = None
         try:
+            if not runtime.knows_etcd(ref):  # after a restart, before the first reconcile
+                await runtime.recall_etcd(ref)
+                continue  # start again with the etcd in effect
             async with runtime.cluster_etcd(ref, spec) as etcd:
                 watcher = asyncio.create_task(_watch_brokers(etcd, cluster, changed))
                 while not stopped and in_effect() == current and not watcher.done():

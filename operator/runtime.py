@@ -26,14 +26,21 @@ from kafscale.operator.discovery import (
     fetch_capabilities,
     refresh_due,
 )
+from kafscale.operator.immutable import EtcdInUse, etcd_in_use, judge_mode
 from kafscale.operator.kube import Kube, KubeError
+from kafscale.operator.manifests import ObjectId
 from kafscale.operator.model_base import Condition
-from kafscale.operator.model_stores import EtcdSpec
 from kafscale.operator.models import ClusterRef, KafScaleClusterSpec
+from kafscale.operator.ownership import owned_by
 from kafscale.operator.settings import OperatorSettings
 from kafscale.operator.tls_secrets import etcd_client_tls
 
 PoolKey = tuple[tuple[str, ...], EtcdTls | None]
+
+
+def managed_etcd_host(ref: ClusterRef) -> str:
+    """The host of the cluster's managed etcd (its client Service)."""
+    return naming.service_host(naming.etcd_client_service_name(ref.name), ref.namespace)
 
 
 class EtcdPool:
@@ -97,9 +104,13 @@ class Runtime:
     # (namespace, name) → which objects of the cluster's names the last apply left alone as
     # not the cluster's (see ``conflicts``), or None.
     not_owned: dict[tuple[str, str], str | None] = field(default_factory=dict)
-    # (namespace, name) → the etcd section the brokers use while a switch of ``etcd.mode`` is
-    # refused (``immutable``): the operator's own etcd calls keep to it too.
-    etcd_held: dict[tuple[str, str], EtcdSpec] = field(default_factory=dict)
+    # (namespace, name) → those names, each with the uid of the object that held it.
+    held_by_others: dict[tuple[str, str], dict[ObjectId, str]] = field(default_factory=dict)
+    # (namespace, name) → which etcd the cluster's live objects say holds its metadata, as of
+    # its last apply (or read from them when first needed: after a restart the topic, user and
+    # lease handlers may run first). While a switch of ``etcd.mode`` is refused
+    # (``immutable``), the operator's own etcd calls keep to that etcd.
+    etcd_in_use: dict[tuple[str, str], EtcdInUse] = field(default_factory=dict)
     # (namespace, name) → what the last apply left out because the server does not serve it.
     left_out: dict[tuple[str, str], list[str]] = field(default_factory=dict)
     # Private directory for the etcd client certificates the operator presents (gRPC reads files).
@@ -112,6 +123,7 @@ class Runtime:
         """A pooled client of the cluster's etcd, over TLS with the cluster's client
         certificate when its managed etcd serves TLS. While a switch of ``etcd.mode`` is
         refused, the etcd the brokers still use."""
+        await self.recall_etcd(ref)
         spec = self.in_effect(ref, spec)
         try:
             tls = await etcd_client_tls(self.kube, ref, spec, self.tls_dir)
@@ -120,16 +132,35 @@ class Runtime:
         async with self.etcd.session(naming.etcd_endpoints(ref, spec), tls) as etcd:
             yield etcd
 
-    def hold_etcd(self, ref: ClusterRef, etcd: EtcdSpec | None) -> None:
-        """Keep to ``etcd`` for the cluster (None: to its spec's own)."""
-        if etcd is None:
-            self.etcd_held.pop((ref.namespace, ref.name), None)
-        else:
-            self.etcd_held[(ref.namespace, ref.name)] = etcd
+    def note_etcd(self, ref: ClusterRef, in_use: EtcdInUse) -> None:
+        """What the cluster's live objects say about its etcd, as an apply just read them."""
+        self.etcd_in_use[(ref.namespace, ref.name)] = in_use
+
+    def knows_etcd(self, ref: ClusterRef) -> bool:
+        return (ref.namespace, ref.name) in self.etcd_in_use
+
+    async def recall_etcd(self, ref: ClusterRef) -> None:
+        """Read which etcd the cluster uses from its live objects, unless known already
+        (``MetadataUnavailable`` when the API server cannot say)."""
+        if self.knows_etcd(ref):
+            return
+        try:
+            statefulset, config_map = await asyncio.gather(
+                self.kube.get("apps/v1", "StatefulSet", ref.namespace, naming.etcd_name(ref.name)),
+                self.kube.get("v1", "ConfigMap", ref.namespace, naming.config_map_name(ref.name)),
+            )
+        except KubeError as exc:
+            raise MetadataUnavailable(f"reading which etcd the cluster uses: {exc}") from exc
+        owned = [obj if owned_by(obj, ref.uid) else None for obj in (statefulset, config_map)]
+        self.etcd_in_use.setdefault((ref.namespace, ref.name), etcd_in_use(*owned))
 
     def in_effect(self, ref: ClusterRef, spec: KafScaleClusterSpec) -> KafScaleClusterSpec:
-        """``spec`` with the etcd section held for the cluster, if any."""
-        held = self.etcd_held.get((ref.namespace, ref.name))
+        """``spec`` with the etcd section the brokers use while a switch of its mode is refused
+        (as far as known: :meth:`recall_etcd` first)."""
+        in_use = self.etcd_in_use.get((ref.namespace, ref.name))
+        if in_use is None:
+            return spec
+        _, held = judge_mode(spec.etcd, in_use, managed_etcd_host(ref))
         return spec if held is None else spec.model_copy(update={"etcd": held})
 
     async def refresh_capabilities(self, now_s: float) -> None:
@@ -146,13 +177,15 @@ class Runtime:
             self.capabilities = await fetch_capabilities(self.kube, fallback=self.capabilities)
             self.capabilities_read_at_s = now_s
 
-    def needs_reapply(self, namespace: str, name: str) -> bool:
-        """Whether the server's capabilities changed since this cluster's objects were applied,
-        or the last apply left objects alone as not the cluster's (once the user deletes one,
-        or the garbage collector a deleted namesake cluster's, the operator makes its own)."""
+    def judged(self, namespace: str, name: str) -> bool:
+        """Whether this process has judged the cluster's spec against its live objects (what
+        it refuses: ``refused``) since it started."""
+        return (namespace, name) in self.refused
+
+    def capabilities_changed(self, namespace: str, name: str) -> bool:
+        """Whether the server's capabilities changed since this cluster's objects were applied."""
         applied = self.applied_with.get((namespace, name))
-        changed = applied is not None and applied != self.capabilities
-        return changed or bool(self.not_owned.get((namespace, name)))
+        return applied is not None and applied != self.capabilities
 
     def forget(self, namespace: str, name: str) -> None:
         """Drop what is kept of a deleted cluster."""
@@ -160,7 +193,8 @@ class Runtime:
             self.apply_errors,
             self.refused,
             self.not_owned,
-            self.etcd_held,
+            self.held_by_others,
+            self.etcd_in_use,
             self.left_out,
             self.applied_with,
             self.reported,

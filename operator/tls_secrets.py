@@ -26,13 +26,9 @@ from kafscale.operator.certificates import CaRequest, LeafRequest
 from kafscale.operator.etcd_security import managed_tls
 from kafscale.operator.kube import Kube
 from kafscale.operator.models import ClusterRef, KafScaleClusterSpec
+from kafscale.operator.ownership import owned_by
 
 log = logging.getLogger(__name__)
-
-
-def owned_by(secret: dict[str, Any] | None, uid: str) -> bool:
-    owners = ((secret or {}).get("metadata") or {}).get("ownerReferences") or []
-    return any(owner.get("uid") == uid for owner in owners)
 
 
 async def _ensure_ca(
@@ -46,8 +42,9 @@ async def _ensure_ca(
     if current is not None and pki.ca_usable(current, now):
         return current, False
     pair = pki.make_ca(ca.common_name, now)
-    await kube.apply(
-        certificates.build_tls_secret(ref, ca.secret_name, naming.CONFIG, pair, pair.cert)
+    await kube.write(
+        certificates.build_tls_secret(ref, ca.secret_name, naming.CONFIG, pair, pair.cert),
+        secret,
     )
     log.info("made CA %s/%s", ref.namespace, ca.secret_name)
     return pair, True
@@ -66,8 +63,9 @@ async def _ensure_leaf(
     if not stale and certificates.ca_cert_in(secret) == ca.cert:
         return False
     pair = pki.issue(ca, leaf.common_name, leaf.hosts, now, server=leaf.server, client=leaf.client)
-    await kube.apply(
-        certificates.build_tls_secret(ref, leaf.secret_name, leaf.component, pair, ca.cert)
+    await kube.write(
+        certificates.build_tls_secret(ref, leaf.secret_name, leaf.component, pair, ca.cert),
+        secret,
     )
     log.info("issued certificate %s/%s", ref.namespace, leaf.secret_name)
     return True

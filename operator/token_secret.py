@@ -47,6 +47,6 @@ async def ensure_token_secret(kube: Kube, ref: ClusterRef, spec: KafScaleCluster
     name = naming.delegation_token_secret_name(ref.name)
     if await kube.get("v1", "Secret", ref.namespace, name) is not None:
         return False
-    await kube.apply(build_token_secret(ref, new_key()))
+    await kube.create(build_token_secret(ref, new_key()))  # never over a user's key made since
     log.info("made the delegation-token key Secret %s/%s", ref.namespace, name)
     return True

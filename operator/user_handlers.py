@@ -110,7 +110,7 @@ async def _ensure_secret(
             "v1", "Secret", ref.namespace, naming.user_secret_name(ref.name)
         )
         password = password_in(secret, ref.uid) or generate_password()
-        await runtime.kube.apply(build_user_secret(ref, cluster, password))
+        await runtime.kube.write(build_user_secret(ref, cluster, password), secret)
     except SecretConflict as exc:
         raise UserNotReady((False, "SecretConflict", str(exc)), delay_s=30) from exc
     except KubeError as exc:

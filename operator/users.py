@@ -44,6 +44,7 @@ from kafscale.operator.model_user_access import (
     AuthenticationType,
 )
 from kafscale.operator.models import API_VERSION, USER_KIND, ClusterRef, KafScaleUserSpec
+from kafscale.operator.ownership import owned_by
 
 PASSWORD_LENGTH = 32
 PASSWORD_ALPHABET = string.ascii_letters + string.digits
@@ -201,8 +202,7 @@ def password_in(secret: dict[str, Any] | None, owner_uid: str) -> str | None:
     """
     if secret is None:
         return None
-    owners = (secret.get("metadata") or {}).get("ownerReferences") or []
-    if not any(o.get("uid") == owner_uid for o in owners):
+    if not owned_by(secret, owner_uid):
         name = (secret.get("metadata") or {}).get("name")
         raise SecretConflict(f"Secret {name} exists and is not owned by this KafScaleUser")
     return password_from_ref(secret, SECRET_PASSWORD_KEY)

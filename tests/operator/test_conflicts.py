@@ -13,7 +13,13 @@ import pytest
 from harness.cluster_specs import REF, cluster_spec
 
 from kafscale.operator import manifests
-from kafscale.operator.conflicts import describe_owner, foreign, plan_apply
+from kafscale.operator.conflicts import (
+    describe_owner,
+    foreign,
+    freed,
+    held_by_others,
+    plan_apply,
+)
 from kafscale.operator.models import parse_cluster_spec
 from kafscale.operator.status import ClusterObservation, compute_cluster_status
 
@@ -102,3 +108,22 @@ def test_objects_left_to_others_make_the_cluster_degraded_and_not_ready() -> Non
     conditions = {c.type: (c.status, c.reason, c.message) for c in status.conditions}
     assert conditions["Degraded"] == ("True", "ObjectNotOwned", message)
     assert conditions["Ready"][:2] == ("False", "ObjectNotOwned")
+
+
+def test_a_held_name_counts_as_freed_once_its_object_is_gone_or_replaced() -> None:
+    """The status timer applies again only when a name another owner held is free (or held
+    by another object since, which the next apply judges again)."""
+    objects = wanted()
+    theirs, ours = objects[0], objects[1]
+    live = {
+        manifests.object_id(theirs): live_as(theirs, [OTHER]),
+        manifests.object_id(ours): live_as(ours, ours["metadata"]["ownerReferences"]),
+    }
+    held = held_by_others(REF, live, live)
+    assert held == {manifests.object_id(theirs): "live-uid"}
+    assert not freed(held, live)
+    assert freed(held, {})  # deleted
+    replaced = live_as(theirs, None)
+    replaced["metadata"]["uid"] = "another-uid"
+    assert freed(held, {manifests.object_id(theirs): replaced})
+    assert held_by_others(REF, [manifests.object_id(ours)], live) == {}

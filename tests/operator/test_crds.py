@@ -231,3 +231,15 @@ def test_no_empty_string_defaults_which_some_servers_refuse(crd: dict[str, Any])
 def test_the_storage_prefix_still_defaults_to_empty_in_the_model() -> None:
     spec = parse_cluster_spec({"storage": {"bucket": "bucket-1"}})
     assert spec.storage.prefix == ""
+
+
+def test_the_etcd_mode_is_fixed_after_creation_where_the_server_enforces_rules() -> None:
+    """A switch between the managed etcd and an external one would point the brokers at an
+    etcd without the cluster's metadata: from Kubernetes 1.25 the API server refuses the edit
+    (CEL transition rule); an older one drops the rule and the operator refuses the switch
+    (``immutable.mode_refusals``, tested on 1.20 in ``test_real_changes``)."""
+    schema = crd_gen.crd_schema(crd_gen.cluster_crd())
+    mode = schema["properties"]["spec"]["properties"]["etcd"]["properties"]["mode"]
+    (rule,) = mode["x-kubernetes-validations"]
+    assert rule["rule"] == "self == oldSelf"
+    assert "cannot change after creation" in rule["message"]

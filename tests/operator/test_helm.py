@@ -118,14 +118,15 @@ EXPECTED_RULES = {
     ("kafscale.io", "kafscaletopics/finalizers"): {"update"},
     ("kafscale.io", "kafscaleusers/finalizers"): {"update"},
     ("", "configmaps"): {"get", "create", "patch", "delete"},  # get: the brokers' etcd
-    ("", "services"): {"get", "create", "patch", "delete"},
-    ("apps", "deployments"): {"get", "create", "patch", "delete"},
+    # list: a cluster's several objects of a kind (its labels) in one call, not a get per name
+    ("", "services"): {"get", "list", "create", "patch", "delete"},
+    ("apps", "deployments"): {"get", "list", "create", "patch", "delete"},
     ("apps", "statefulsets"): {"get", "create", "patch", "delete"},
-    ("policy", "poddisruptionbudgets"): {"get", "create", "patch", "delete"},
+    ("policy", "poddisruptionbudgets"): {"get", "list", "create", "patch", "delete"},
     ("autoscaling", "horizontalpodautoscalers"): {"get", "create", "patch", "delete"},
-    ("networking.k8s.io", "networkpolicies"): {"get", "create", "patch", "delete"},
-    ("cert-manager.io", "issuers"): {"get", "create", "patch", "delete"},
-    ("cert-manager.io", "certificates"): {"get", "create", "patch", "delete"},
+    ("networking.k8s.io", "networkpolicies"): {"get", "list", "create", "patch", "delete"},
+    ("cert-manager.io", "issuers"): {"get", "list", "create", "patch", "delete"},
+    ("cert-manager.io", "certificates"): {"get", "list", "create", "patch", "delete"},
     # get: S3 credentials, certificate and password Secrets by name; never list or watch.
     ("", "secrets"): {"get", "create", "patch"},
     ("", "pods"): {"list", "watch"},

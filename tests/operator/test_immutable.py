@@ -133,8 +133,7 @@ EXTERNAL = {"mode": "External", "endpoints": ["http://etcd-a.db:2379", "http://e
 def test_managed_to_external_is_refused_while_the_managed_etcd_exists() -> None:
     """Its StatefulSet holds the cluster's metadata: switching would delete it and point the
     brokers at an etcd without their topics and offsets."""
-    live = as_live(statefulset())
-    (refusal,) = mode_refusals("External", live, None, MANAGED_HOST)
+    (refusal,) = mode_refusals("External", True, None, MANAGED_HOST)
     assert (refusal.field, refusal.was, refusal.now) == ("etcd.mode", "Managed", "External")
     assert immutable.blocks_cluster([refusal])
     message = refusal_message([refusal]) or ""
@@ -142,13 +141,13 @@ def test_managed_to_external_is_refused_while_the_managed_etcd_exists() -> None:
     assert "managed etcd and its volumes are kept" in message and "snapshot" in message
     assert "deletionPolicy Retain" in message and immutable.DOCS in message
     # No managed etcd (never made, or the cluster was re-created): External is no switch.
-    assert mode_refusals("External", None, config_endpoints(config_map()), MANAGED_HOST) == []
+    assert mode_refusals("External", False, config_endpoints(config_map()), MANAGED_HOST) == []
 
 
 def test_external_to_managed_is_refused_while_the_brokers_use_another_etcd() -> None:
     brokers_on = config_endpoints(config_map(**EXTERNAL))
     assert brokers_on == EXTERNAL["endpoints"]
-    (refusal,) = mode_refusals("Managed", None, brokers_on, MANAGED_HOST)
+    (refusal,) = mode_refusals("Managed", False, brokers_on, MANAGED_HOST)
     assert (refusal.was, refusal.now) == ("External", "Managed")
     assert refusal.whole_cluster and "stay on the external etcd" in refusal.message
 
@@ -164,8 +163,8 @@ def test_external_to_managed_is_refused_while_the_brokers_use_another_etcd() -> 
 def test_managed_without_a_statefulset_is_no_switch_when_brokers_name_the_managed_etcd(
     brokers_on: list[str] | None,
 ) -> None:
-    assert mode_refusals("Managed", None, brokers_on, MANAGED_HOST) == []
-    assert mode_refusals("Managed", as_live(statefulset()), brokers_on, MANAGED_HOST) == []
+    assert mode_refusals("Managed", False, brokers_on, MANAGED_HOST) == []
+    assert mode_refusals("Managed", True, brokers_on, MANAGED_HOST) == []
 
 
 def test_a_config_map_without_a_readable_endpoint_list_says_nothing() -> None:
@@ -187,7 +186,7 @@ def test_the_log_line_says_what_was_applied_of_the_generation() -> None:
     assert apply_summary(6, members) == (
         "applied nothing of generation 6: refused the change of etcd.replicas, etcd.storageSize"
     )
-    mode = mode_refusals("External", live, None, MANAGED_HOST)
+    mode = mode_refusals("External", True, None, MANAGED_HOST)
     assert (
         apply_summary(7, mode) == "applied nothing of generation 7: refused the change of etcd.mode"
     )

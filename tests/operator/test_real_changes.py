@@ -14,6 +14,7 @@ import pytest
 from harness.k8s_operator import operator_thread
 from harness.k8s_real import (
     CLUSTERS,
+    TOPICS,
     InstalledChart,
     cluster_manifest,
     condition_of,
@@ -24,8 +25,15 @@ from harness.k8s_real import (
 )
 from harness.kube_apiserver import KubeCluster
 
-from kafscale.operator import naming
+from kafscale.broker.metadata import keys
+from kafscale.broker.metadata.embedded_etcd import EmbeddedEtcd
+from kafscale.broker.metadata.etcd import Etcd
+from kafscale.operator import naming, reconcile
+from kafscale.operator.kube import Kube, load_configuration
+from kafscale.operator.models import KafScaleTopicSpec
 from kafscale.operator.naming import label_selector
+from kafscale.operator.runtime import EtcdPool, Runtime
+from kafscale.operator.topics import reconcile_topic
 
 pytestmark = [pytest.mark.operator, pytest.mark.kubeapi]
 
@@ -312,3 +320,62 @@ async def test_an_etcd_mode_switch_is_refused_and_the_cluster_keeps_its_etcd(
         assert "was External, now Managed" in message
         assert kube.get(f"/apis/apps/v1/namespaces/{ns}/statefulsets/ext-etcd") is None
         assert _brokers_etcd(kube, ns, "ext") == on_external
+
+
+async def test_after_a_restart_the_operator_keeps_to_the_etcd_of_a_refused_mode_switch(
+    kube_cluster: KubeCluster,
+    kafscale_chart: InstalledChart,
+    kube_namespace: str,
+    etcd_server: EmbeddedEtcd,
+    etcd: Etcd,
+) -> None:
+    """A cluster on an external etcd is switched to Managed, which is refused: its metadata is
+    in the external etcd. Before, only the operator process knew that (from the cluster's last
+    reconcile): restarted, its topic, user and lease handlers, which may run before the
+    cluster's first reconcile, used the refused spec's etcd (the empty managed one). Now which
+    etcd is in use is read from the cluster's live objects (its ConfigMap and etcd
+    StatefulSet): a restarted operator, before any reconcile, writes a topic to the external
+    etcd, and so does its topic handler. Nor does the restarted operator's status timer clear
+    the refusal before its first pass over the cluster (it did, then the pass set it again: a
+    Recovered Event and the Warning once more)."""
+    ns, kube = kube_namespace, kube_cluster
+    cluster = f"{CLUSTERS.format(ns=ns)}/ext"
+    url = etcd_server.client_url
+    external = {"storage": {"bucket": "bucket-1"}, "etcd": {"mode": "External", "endpoints": [url]}}
+    settings = operator_settings(kafscale_chart)
+    async with operator_thread(settings):
+        kube.create(CLUSTERS.format(ns=ns), cluster_manifest("ext", ns, external))
+        await settle(lambda: _brokers_etcd(kube, ns, "ext"), what="ext's brokers")
+        kube.merge_patch(cluster, {"spec": {"etcd": {"mode": "Managed", "replicas": 1}}})
+        await settle(lambda: _mode_refused(kube, cluster), what="the switch refused")
+
+    # A restarted operator, before its first reconcile of the cluster: nothing in memory.
+    kube_client = Kube(load_configuration(settings), settings.api_timeout_s)
+    runtime = Runtime(settings, kube_client, EtcdPool(settings.etcd_timeout_s))
+    try:
+        found = await reconcile.find_cluster(runtime, ns, "ext")
+        assert found is not None and found[1].etcd.mode == "Managed"
+        ref, spec = found
+        name = naming.kafscale_cluster_name(ref, spec)
+        async with runtime.cluster_etcd(ref, spec) as cluster_etcd:
+            await reconcile_topic(
+                cluster_etcd, name, "orders", KafScaleTopicSpec(cluster_ref="ext")
+            )
+    finally:
+        await runtime.close()
+    assert await etcd.get(keys.topic_key(name, "orders")) is not None
+
+    async with operator_thread(settings):  # and the restarted operator's topic handler
+        topic = {"apiVersion": "kafscale.io/v1alpha1", "kind": "KafScaleTopic"}
+        topic["metadata"] = {"name": "payments", "namespace": ns}
+        topic["spec"] = {"clusterRef": "ext", "partitions": 2}
+        kube.create(TOPICS.format(ns=ns), topic)
+        await settle(
+            lambda: etcd.get(keys.topic_key(name, "payments")), what="the topic in the old etcd"
+        )
+        # Its status timer does not clear the refusal before its first pass (and the pass does
+        # not post the Warning again): one Warning over both lives, no Recovered between.
+        assert _mode_refused(kube, cluster)
+        said = [e[:2] for e in events_of(kube, ns, "ext") if e[1] != "NotServed"]
+        assert said.count(("Warning", "ImmutableFieldChanged")) == 1, said
+        assert ("Normal", "Recovered") not in said, said

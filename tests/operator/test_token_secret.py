@@ -54,7 +54,7 @@ def test_the_key_cannot_be_put_in_brokers_config() -> None:
 
 
 class FakeKube:
-    """The two calls ``ensure_token_secret`` makes, on a dict of Secrets."""
+    """The two calls ``ensure_token_secret`` makes (get, create), on a dict of Secrets."""
 
     def __init__(self) -> None:
         self.secrets: dict[str, dict[str, Any]] = {}
@@ -62,7 +62,7 @@ class FakeKube:
     async def get(self, _v: str, _k: str, _ns: str, name: str) -> dict[str, Any] | None:
         return self.secrets.get(name)
 
-    async def apply(self, manifest: dict[str, Any]) -> dict[str, Any]:
+    async def create(self, manifest: dict[str, Any]) -> dict[str, Any]:
         self.secrets[manifest["metadata"]["name"]] = manifest
         return manifest
 

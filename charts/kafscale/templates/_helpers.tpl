@@ -61,21 +61,26 @@ the cluster's own), and the Secrets it knows). */}}
   resources: ["kafscaleclusters/finalizers", "kafscaletopics/finalizers", "kafscaleusers/finalizers"]
   verbs: ["update"]
 # get on every kind it makes: an object of that name is applied over or deleted only when it
-# is the cluster's (its owner references). ConfigMaps: also the etcd the brokers use, read
-# before a switch of etcd.mode.
+# is the cluster's (its owner references); create: an object of a name found free (it fails
+# if one appeared meanwhile). list, on the kinds a cluster has several objects of: those of
+# one cluster (its labels) in one call, not a get per name; never ConfigMaps or Secrets.
+# ConfigMaps: also the etcd the brokers use, read before a switch of etcd.mode.
 - apiGroups: [""]
   resources: ["configmaps"]
   verbs: ["get", "create", "patch", "delete"]
 - apiGroups: [""]
   resources: ["services"]
-  verbs: ["get", "create", "patch", "delete"]
+  verbs: ["get", "list", "create", "patch", "delete"]
 # get: also the broker Deployment's replicas and rollout, the managed etcd's ready members.
 - apiGroups: ["apps"]
-  resources: ["deployments", "statefulsets"]
+  resources: ["deployments"]
+  verbs: ["get", "list", "create", "patch", "delete"]
+- apiGroups: ["apps"]
+  resources: ["statefulsets"]
   verbs: ["get", "create", "patch", "delete"]
 - apiGroups: ["policy"]
   resources: ["poddisruptionbudgets"]
-  verbs: ["get", "create", "patch", "delete"]
+  verbs: ["get", "list", "create", "patch", "delete"]
 - apiGroups: ["autoscaling"]
   resources: ["horizontalpodautoscalers"]
   verbs: ["get", "create", "patch", "delete"]
@@ -85,11 +90,11 @@ the cluster's own), and the Secrets it knows). */}}
   verbs: ["list", "watch"]
 - apiGroups: ["networking.k8s.io"]
   resources: ["networkpolicies"]
-  verbs: ["get", "create", "patch", "delete"]
+  verbs: ["get", "list", "create", "patch", "delete"]
 # cert-manager (when installed): Issuers and Certificates for TLS listeners and etcd TLS.
 - apiGroups: ["cert-manager.io"]
   resources: ["issuers", "certificates"]
-  verbs: ["get", "create", "patch", "delete"]
+  verbs: ["get", "list", "create", "patch", "delete"]
 # get: S3 credentials named by a cluster, certificate Secrets, a KafScaleUser's password Secret;
 # create/patch: KafScaleUser password Secrets, operator-made CA and certificate Secrets
 # (server-side apply). No list or watch: the operator reads Secrets it knows by name only.
