@@ -93,18 +93,23 @@ class OffsetsRuntime:
     ) -> ErrorCode:
         """TxnOffsetCommit's member check (KIP-447): only when it names a generation (for a
         consumer-protocol group, the member's epoch; a stale one is ILLEGAL_GENERATION, the code
-        TxnOffsetCommit clients know)."""
+        TxnOffsetCommit clients know). A share group has no committed offsets:
+        GROUP_ID_NOT_FOUND, as OffsetCommit answers (Kafka's ``ShareGroup.validateOffsetCommit``,
+        transactional or not); taking them once made the offsets' settling turn the share group
+        into a classic one, and its members' heartbeats GROUP_ID_NOT_FOUND."""
         if self.closed:
             return ErrorCode.NOT_COORDINATOR
+        if self.share is not None:
+            return ErrorCode.GROUP_ID_NOT_FOUND
         if self.consumer is not None:
             error = self.consumer.validate_fetch(member_id or None, generation)
             return ErrorCode.ILLEGAL_GENERATION if error is ErrorCode.STALE_MEMBER_EPOCH else error
-        if self.group is None and self.share is None:
+        if self.group is None:
             # Kafka's ``validateTransactionalOffsetCommit``: a group nobody joined takes
             # offsets from a producer outside group management (generation -1) only; a
             # generation names a group that is not there.
             return ErrorCode.NONE if generation < 0 else ErrorCode.ILLEGAL_GENERATION
-        if generation < 0 or self.group is None:
+        if generation < 0:
             return ErrorCode.NONE
         error = self.group.validate_commit(self._clock(), member_id, group_instance_id, generation)
         self._apply(self.group.take_effects())
