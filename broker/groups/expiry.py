@@ -23,7 +23,7 @@ stop taking writes. Kafka's rules (``GroupMetadata.removeExpiredOffsets``):
 Never earlier than Kafka: an expired offset loses a consumer's position. So an Empty group's
 offsets are counted from the later of the group's empty time and their commit, and where the
 empty time is unknown (a record written before this was stored, or a group loaded with
-members) the coordinator passes the time it loaded or saw the group Empty (``runtime``).
+members) the coordinator passes the time it loaded or saw the group Empty (``retention_runtime``).
 """
 
 from __future__ import annotations

@@ -1,8 +1,9 @@
 """Values of the classic group protocol: members, requests, results, effects, persisted records.
 
 Everything here is plain data. The state machine (``group.py``) consumes requests and produces
-results and effects; the async shell (``runtime.py``) turns effects into awaited replies and
-etcd writes; ``store.py`` turns records into JSON and back.
+results and effects; the async shell (``runtime.py``: ``classic_runtime.py`` and
+``writer_runtime.py``) turns effects into awaited replies and etcd writes; ``store.py`` turns
+records into JSON and back.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """A coordinated group's committed offsets: the cache OffsetFetch answers from, and their
 fenced writes (OffsetCommit, TxnOffsetCommit's pending offsets, OffsetDelete, DeleteGroups).
 
-Apart from the group's membership (``runtime``), which decides whether a request may touch
+Apart from the group's membership (``offsets_runtime``), which decides whether a request may touch
 the offsets; this part only keeps them. Every write of a group's offsets runs under one lock,
 as Kafka's group lock makes it: a commit, a deletion and a re-read of pending transactional
 offsets never interleave, so the cache is always what etcd holds after the last of them. A

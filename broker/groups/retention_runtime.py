@@ -21,6 +21,7 @@ import logging
 import time
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from kafscale.broker.groups import expiry, release
 from kafscale.broker.groups.consumer import ConsumerGroup
@@ -64,17 +65,16 @@ class RetentionRuntime:
     """The group's record as etcd holds it (loaded, or last written here)."""
     _stores: asyncio.Queue[Store]
 
-    def _memberless(self) -> bool:
-        raise NotImplementedError
+    if TYPE_CHECKING:  # defined by the other parts of ``GroupRuntime``; absent at run time,
+        # so no stub here can stand before the real method in the runtime's MRO
 
-    def _busy(self) -> bool:
-        raise NotImplementedError
+        def _memberless(self) -> bool: ...
 
-    def vacant(self) -> bool:
-        raise NotImplementedError
+        def _busy(self) -> bool: ...
 
-    async def delete(self) -> ErrorCode:
-        raise NotImplementedError
+        def vacant(self) -> bool: ...
+
+        async def delete(self) -> ErrorCode: ...
 
     def _start_retention(self, loaded: LoadedGroup, wall_clock: Callable[[], int]) -> None:
         """At load: the stored empty time of a record without members, else the load time."""

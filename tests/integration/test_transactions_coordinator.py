@@ -30,13 +30,13 @@ from kafscale.broker.transactions.store import encode_metadata
 
 pytestmark = pytest.mark.integration
 
-FIND, OFFSET_FETCH, INIT = 10, 9, 22
+FIND, OFFSET_FETCH, INIT, SHARE_HEARTBEAT = 10, 9, 22, 76
 ADD_PARTITIONS, ADD_OFFSETS, END_TXN, TXN_OFFSET_COMMIT = 24, 25, 26, 28
 DESCRIBE_TXNS, LIST_TXNS = 65, 66
 NONE, UNKNOWN_TOPIC, NOT_COORDINATOR, ILLEGAL_GENERATION = 0, 3, 16, 22
 INVALID_PRODUCER_EPOCH, INVALID_TXN_STATE, INVALID_MAPPING, INVALID_TIMEOUT = 47, 48, 49, 50
 OPERATION_NOT_ATTEMPTED, UNSTABLE_OFFSET_COMMIT, PRODUCER_FENCED = 55, 88, 90
-TRANSACTIONAL_ID_NOT_FOUND = 105
+GROUP_ID_NOT_FOUND, TRANSACTIONAL_ID_NOT_FOUND = 69, 105
 TXN_ENV = {"KAFSCALE_TRANSACTIONS__CHECK_INTERVAL_MS": "100"}
 TOPIC = "txn-topic"
 
@@ -354,6 +354,38 @@ def test_a_generation_for_a_group_nobody_joined_is_illegal_generation(
         assert txn_commit_offset(wire, "gen", pid, epoch, "gen-group", 8) == NONE
         assert end(wire, "gen", pid, epoch, commit=True) == NONE
         assert fetch_offset(wire, "gen-group", require_stable=True) == (NONE, 8)
+
+
+def test_offsets_sent_in_a_transaction_to_a_share_group_are_refused(
+    shared_broker: BrokerProcess,
+) -> None:
+    """A share group keeps no committed offsets (KIP-932): Kafka's
+    ``ShareGroup.validateOffsetCommit`` answers GROUP_ID_NOT_FOUND, transactional or not, as
+    OffsetCommit here does. A TxnOffsetCommit naming a share group used to be taken: once its
+    transaction committed, the next OffsetFetch that settled the offsets made a classic group
+    beside the share group, and its members' heartbeats were GROUP_ID_NOT_FOUND from then on."""
+    group = "txn-share-group"
+
+    def share_heartbeat(epoch: int) -> Any:
+        topics = [TOPIC] if epoch == 0 else None
+        body = {"group_id": group, "member_id": "share-m1", "member_epoch": epoch,
+                "rack_id": None, "subscribed_topic_names": topics}  # fmt: skip
+        return wire.request(SHARE_HEARTBEAT, 1, body)
+
+    with KafkaWire(shared_broker.bootstrap) as wire:
+        make_topic(wire)
+        joined = share_heartbeat(0)
+        assert joined.error_code == NONE, joined
+        started = init(wire, "share-txn")
+        pid, epoch = int(started.producer_id), int(started.producer_epoch)
+        assert add_offsets(wire, "share-txn", pid, epoch, group) == NONE
+        assert txn_commit_offset(wire, "share-txn", pid, epoch, group, 9) == GROUP_ID_NOT_FOUND
+        assert end(wire, "share-txn", pid, epoch, commit=True) == NONE
+        fetched = {"group_id": group, "topics": [{"name": TOPIC, "partition_indexes": [0]}],
+                   "require_stable": True}  # fmt: skip
+        wire.request(OFFSET_FETCH, 7, fetched)  # what OffsetFetch answers is not this test's
+        again = share_heartbeat(int(joined.member_epoch))
+        assert again.error_code == NONE, again
 
 
 def test_a_timed_out_transaction_is_aborted_and_its_producer_fenced(
