@@ -83,7 +83,12 @@ class OffsetsRuntime:
         )
 
     def validate_fetch(self, member_id: str | None, member_epoch: int) -> ErrorCode:
-        """OffsetFetch v9+: a consumer-protocol member must name its current epoch."""
+        """OffsetFetch v9+: a consumer-protocol member must name its current epoch. A share
+        group has no committed offsets: GROUP_ID_NOT_FOUND (Kafka's
+        ``ShareGroup.validateOffsetFetch``), not an empty answer, and not the settling of
+        pending offsets below, which would make a classic group beside it."""
+        if self.share is not None:
+            return ErrorCode.GROUP_ID_NOT_FOUND
         if self.consumer is None:
             return ErrorCode.NONE
         return self.consumer.validate_fetch(member_id, member_epoch)
@@ -134,7 +139,7 @@ class OffsetsRuntime:
         re-read (``GroupOffsets.settle_pending``). Offsets found for a group nobody joined make
         it a group (one that only ever committed offsets)."""
         still_pending, loaded = await self._offsets.settle_pending(partitions)
-        if loaded is not None and loaded.offsets and self.group is None and self.consumer is None:
+        if loaded is not None and loaded.offsets and self._groupless():
             self.group = Group(self.group_id, self._config, self._clock())
         return still_pending
 

@@ -356,6 +356,14 @@ def test_a_generation_for_a_group_nobody_joined_is_illegal_generation(
         assert fetch_offset(wire, "gen-group", require_stable=True) == (NONE, 8)
 
 
+def _share_heartbeat(wire: KafkaWire, group: str, epoch: int) -> Any:
+    """A ShareGroupHeartbeat of member ``share-m1``: joining (epoch 0) or staying."""
+    topics = [TOPIC] if epoch == 0 else None
+    body = {"group_id": group, "member_id": "share-m1", "member_epoch": epoch,
+            "rack_id": None, "subscribed_topic_names": topics}  # fmt: skip
+    return wire.request(SHARE_HEARTBEAT, 1, body)
+
+
 def test_offsets_sent_in_a_transaction_to_a_share_group_are_refused(
     shared_broker: BrokerProcess,
 ) -> None:
@@ -365,16 +373,9 @@ def test_offsets_sent_in_a_transaction_to_a_share_group_are_refused(
     transaction committed, the next OffsetFetch that settled the offsets made a classic group
     beside the share group, and its members' heartbeats were GROUP_ID_NOT_FOUND from then on."""
     group = "txn-share-group"
-
-    def share_heartbeat(epoch: int) -> Any:
-        topics = [TOPIC] if epoch == 0 else None
-        body = {"group_id": group, "member_id": "share-m1", "member_epoch": epoch,
-                "rack_id": None, "subscribed_topic_names": topics}  # fmt: skip
-        return wire.request(SHARE_HEARTBEAT, 1, body)
-
     with KafkaWire(shared_broker.bootstrap) as wire:
         make_topic(wire)
-        joined = share_heartbeat(0)
+        joined = _share_heartbeat(wire, group, 0)
         assert joined.error_code == NONE, joined
         started = init(wire, "share-txn")
         pid, epoch = int(started.producer_id), int(started.producer_epoch)
@@ -383,8 +384,27 @@ def test_offsets_sent_in_a_transaction_to_a_share_group_are_refused(
         assert end(wire, "share-txn", pid, epoch, commit=True) == NONE
         fetched = {"group_id": group, "topics": [{"name": TOPIC, "partition_indexes": [0]}],
                    "require_stable": True}  # fmt: skip
-        wire.request(OFFSET_FETCH, 7, fetched)  # what OffsetFetch answers is not this test's
-        again = share_heartbeat(int(joined.member_epoch))
+        wire.request(OFFSET_FETCH, 7, fetched)  # what OffsetFetch answers is the next test's
+        again = _share_heartbeat(wire, group, int(joined.member_epoch))
+        assert again.error_code == NONE, again
+
+
+def test_offset_fetch_of_a_share_group_is_group_id_not_found(
+    shared_broker: BrokerProcess,
+) -> None:
+    """Kafka's ``ShareGroup.validateOffsetFetch``: a share group has no committed offsets to
+    answer (an admin's ``listConsumerGroupOffsets`` of it is an error, not an empty map), and
+    the OffsetFetch must leave the share group as it is."""
+    group = "fetched-share-group"
+    with KafkaWire(shared_broker.bootstrap) as wire:
+        make_topic(wire)
+        joined = _share_heartbeat(wire, group, 0)
+        assert joined.error_code == NONE, joined
+        fetched = {"group_id": group, "topics": [{"name": TOPIC, "partition_indexes": [0]}],
+                   "require_stable": True}  # fmt: skip
+        answer = wire.request(OFFSET_FETCH, 7, fetched)
+        assert answer.error_code == GROUP_ID_NOT_FOUND, answer
+        again = _share_heartbeat(wire, group, int(joined.member_epoch))
         assert again.error_code == NONE, again
 
 
