@@ -216,8 +216,12 @@ class GroupCoordinator:
         return None if chosen is None else view.brokers.get(chosen)
 
     def local(self, group_id: str) -> GroupRuntime | None:
+        """The group if coordinated here now: not once the session ran out, even before the
+        keepalive noticed (a broker woken from a freeze; ``SessionLease.still_valid``)."""
         runtime = self._runtimes.get(group_id)
-        return runtime if runtime is not None and not runtime.closed else None
+        if runtime is None or runtime.closed or not self._host.session.still_valid():
+            return None
+        return runtime
 
     def share_group_refusal(self, group_id: str) -> str | None:
         """Why a share group join may not create ``group_id`` (None: it may, or the group
@@ -305,7 +309,7 @@ class GroupCoordinator:
             loaded = await self._store.load(group_id)
             if self._closed or host.session is not session or session.lost.is_set():
                 raise CoordinatorBetweenSessions("this broker lost its etcd session")
-            runtime = self._new_runtime(group_id, fence, loaded)
+            runtime = self._new_runtime(group_id, fence, loaded, session)
         except UnreadableRecord as exc:
             self.report_unreadable(group_id, exc)
             self._remember_unreadable(group_id, exc)
@@ -342,7 +346,9 @@ class GroupCoordinator:
             raise NotCoordinator(f"group {group_id!r} is coordinated by broker {holder}")
         return fence
 
-    def _new_runtime(self, group_id: str, fence: Fence, loaded: LoadedGroup) -> GroupRuntime:
+    def _new_runtime(
+        self, group_id: str, fence: Fence, loaded: LoadedGroup, session: SessionLease
+    ) -> GroupRuntime:
         """The runtime of a loaded group. A record that decodes but whose content does not
         restore (a member list of the wrong shape) is as unreadable as one that does not."""
         try:
@@ -354,6 +360,7 @@ class GroupCoordinator:
                 loaded,
                 self._drop,
                 own_configs=functools.partial(self._own_configs, group_id),
+                session_valid=session.still_valid,
             )
         except DECODE_ERRORS as exc:
             key = keys.group_metadata_key(self._host.cluster, group_id)

@@ -69,6 +69,9 @@ log = logging.getLogger(__name__)
 
 Clock = Callable[[], int]
 
+_LEASE_GONE_POLL_S = 0.1
+"""How often the timers of a group whose session ran out look again until it is dropped."""
+
 
 def loop_clock_ms() -> int:
     return int(asyncio.get_running_loop().time() * 1000)
@@ -86,10 +89,13 @@ class GroupRuntime(ShareRuntime, RetentionRuntime):
         clock: Clock = loop_clock_ms,
         own_configs: Callable[[], Mapping[str, str]] = dict,
         wall_clock: Clock = wall_clock_ms,
+        session_valid: Callable[[], bool] = lambda: True,
     ) -> None:
         """``own_configs``: the group's own configs now (KIP-848 group configs, kept current
         by the cluster view's watch); they override the broker's consumer-protocol settings.
-        ``wall_clock``: the clock of commit timestamps, which offset retention compares."""
+        ``wall_clock``: the clock of commit timestamps, which offset retention compares.
+        ``session_valid``: whether the etcd session holding the group's lease is still valid
+        (``SessionLease.still_valid``), asked before the timers act."""
         self.group_id = group_id
         self._own_configs = own_configs
         self.fence = fence
@@ -97,6 +103,7 @@ class GroupRuntime(ShareRuntime, RetentionRuntime):
         self._config = config
         self._on_lost = on_lost
         self._clock = clock
+        self._session_valid = session_valid
         now = clock()
         self.group: Group | None = None
         """The group while it is a classic one (at most one of ``group`` and ``consumer``)."""
@@ -628,6 +635,11 @@ class GroupRuntime(ShareRuntime, RetentionRuntime):
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(delay_s):
                         await self._wake.wait()
+            if not self._session_valid():
+                # Woken from a freeze past the session's TTL: the lease is gone, so no member
+                # expires and no rebalance completes here; the coordinator drops the group.
+                await asyncio.sleep(_LEASE_GONE_POLL_S)
+                continue
             consumer = self.consumer
             if consumer is not None and not self.closed:
                 expired = consumer.tick(self._clock())
