@@ -422,6 +422,31 @@ def longest_silence_s(deliveries: Sequence[Delivery], start: float, end: float) 
     return longest
 
 
+def long_silences(
+    deliveries: Sequence[Delivery], start: float, end: float, over_s: float, origin: float
+) -> list[tuple[int, float, float, int | None, int | None]]:
+    """Each silence longer than ``over_s`` between ``start`` and ``end`` (as
+    :func:`longest_silence_s` measures them): (partition, its start from ``origin``, seconds,
+    the offset delivered just before it, the offset delivered just after it), to tell from the
+    logs what the partition's member waited on."""
+    by_partition: dict[int, list[Delivery]] = defaultdict(list)
+    for d in deliveries:
+        if start <= d.at <= end:
+            by_partition[d.partition].append(d)
+    found = []
+    for p, ds in by_partition.items():
+        ds.sort(key=lambda d: d.at)
+        edges: list[tuple[float, int | None]] = [
+            (start, None),
+            *((d.at, d.offset) for d in ds),
+            (end, None),
+        ]
+        for (a, before), (b, after) in itertools.pairwise(edges):
+            if b - a > over_s:
+                found.append((p, round(a - origin, 1), round(b - a, 1), before, after))
+    return sorted(found)
+
+
 def check_group(
     acked: Mapping[bytes, tuple[int, int | None]],
     deliveries: Sequence[Delivery],

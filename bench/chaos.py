@@ -54,7 +54,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _chaos_group import GROUP, Group
+from _chaos_group import GROUP, Group, long_silences
 from _cluster import RawKafka, Stack, create_topic, etcd_leader, wait_for
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, Producer, TopicPartition
 
@@ -518,8 +518,17 @@ def main(argv: list[str] | None = None) -> int:
                         for c in group.seen.commits
                         if c.done_at - c.sent_at > 5
                     ]
+                    silences = long_silences(  # (partition, start, seconds, offsets around)
+                        group.seen.deliveries, joined, stopped_at, 10.0, started
+                    )
                     (stack.workdir / "group-events.json").write_text(
-                        json.dumps({"assignments": events, "slow_commits": sorted(set(slow))})
+                        json.dumps(
+                            {
+                                "assignments": events,
+                                "slow_commits": sorted(set(slow)),
+                                "silences_over_10s": silences,
+                            }
+                        )
                     )
         except BaseException:
             cluster.print_tails()

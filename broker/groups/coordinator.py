@@ -65,6 +65,8 @@ from kafscale.broker.task_stop import start_task
 log = logging.getLogger(__name__)
 
 _SESSION_POLL_S = 0.1
+_LEASE_GONE_KEPT = 10_000
+"""Groups whose lease-gone time is kept before the stale ones are pruned."""
 _LOOK_MIN_S = 0.05
 """The shortest pause between two looks for groups to let go (a tiny idle time is no spin)."""
 UNREADABLE_RECHECK_S = 5.0
@@ -157,6 +159,9 @@ class GroupCoordinator:
         self._retired: list[asyncio.Task[None]] = []
         self._used_at: dict[str, float] = {}  # when each runtime was last handed out
         self._releasing: dict[str, asyncio.Task[None]] = {}
+        self._lease_gone_at: dict[str, int] = {}
+        """When (loop clock, ms) each group's lease was seen to go and nobody took it since:
+        a group taken on here runs its members' sessions from then (``Group.from_record``)."""
         # groups found unreadable, answered from memory for a while (``_recently_unreadable``)
         self._unreadable: OrderedDict[str, tuple[float, UnreadableRecord]] = OrderedDict()
         self._tasks: list[asyncio.Task[None]] = []
@@ -216,8 +221,12 @@ class GroupCoordinator:
         return None if chosen is None else view.brokers.get(chosen)
 
     def local(self, group_id: str) -> GroupRuntime | None:
+        """The group if coordinated here now: not once the session ran out, even before the
+        keepalive noticed (a broker woken from a freeze; ``SessionLease.still_valid``)."""
         runtime = self._runtimes.get(group_id)
-        return runtime if runtime is not None and not runtime.closed else None
+        if runtime is None or runtime.closed or not self._host.session.still_valid():
+            return None
+        return runtime
 
     def share_group_refusal(self, group_id: str) -> str | None:
         """Why a share group join may not create ``group_id`` (None: it may, or the group
@@ -305,7 +314,8 @@ class GroupCoordinator:
             loaded = await self._store.load(group_id)
             if self._closed or host.session is not session or session.lost.is_set():
                 raise CoordinatorBetweenSessions("this broker lost its etcd session")
-            runtime = self._new_runtime(group_id, fence, loaded)
+            gone_at_ms = self._lease_gone_at.pop(group_id, None)
+            runtime = self._new_runtime(group_id, fence, loaded, session, gone_at_ms)
         except UnreadableRecord as exc:
             self.report_unreadable(group_id, exc)
             self._remember_unreadable(group_id, exc)
@@ -342,7 +352,14 @@ class GroupCoordinator:
             raise NotCoordinator(f"group {group_id!r} is coordinated by broker {holder}")
         return fence
 
-    def _new_runtime(self, group_id: str, fence: Fence, loaded: LoadedGroup) -> GroupRuntime:
+    def _new_runtime(
+        self,
+        group_id: str,
+        fence: Fence,
+        loaded: LoadedGroup,
+        session: SessionLease,
+        sessions_since_ms: int | None = None,
+    ) -> GroupRuntime:
         """The runtime of a loaded group. A record that decodes but whose content does not
         restore (a member list of the wrong shape) is as unreadable as one that does not."""
         try:
@@ -354,6 +371,8 @@ class GroupCoordinator:
                 loaded,
                 self._drop,
                 own_configs=functools.partial(self._own_configs, group_id),
+                session_valid=session.still_valid,
+                sessions_since_ms=sessions_since_ms,
             )
         except DECODE_ERRORS as exc:
             key = keys.group_metadata_key(self._host.cluster, group_id)
@@ -468,6 +487,7 @@ class GroupCoordinator:
     # --- losing groups ------------------------------------------------------------------------
 
     def _on_lease_change(self, group_id: str, owner: int | None, revision: int) -> None:
+        self._note_lease_gone(group_id, owner)
         runtime = self._runtimes.get(group_id)
         if runtime is None or owner == self._host.node_id:
             return
@@ -477,6 +497,21 @@ class GroupCoordinator:
             self._drop(runtime, "its lease was released")
         else:
             self._drop(runtime, f"broker {owner} holds its lease now")
+
+    def _note_lease_gone(self, group_id: str, owner: int | None) -> None:
+        """Remember when a group's lease went (None: nobody holds it now), until another
+        broker takes it (this one's own take reads it: ``_acquire``). Entries older than the
+        longest session allowed are pruned once many pile up (groups let go unused): one of
+        those would give no member any session either."""
+        if owner is not None:
+            if owner != self._host.node_id:
+                self._lease_gone_at.pop(group_id, None)
+            return
+        now_ms = int(asyncio.get_running_loop().time() * 1000)
+        self._lease_gone_at[group_id] = now_ms
+        if len(self._lease_gone_at) > _LEASE_GONE_KEPT:
+            oldest_ms = now_ms - self.config.max_session_timeout_ms
+            self._lease_gone_at = {g: t for g, t in self._lease_gone_at.items() if t >= oldest_ms}
 
     def _own_configs(self, group_id: str) -> dict[str, str]:
         """The group's own configs (KIP-848), as this broker's view has them now."""

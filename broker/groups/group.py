@@ -47,12 +47,25 @@ class Group(GroupCore):
 
     @classmethod
     def from_record(
-        cls, group_id: str, config: GroupConfig, record: GroupRecord, now_ms: int
+        cls,
+        group_id: str,
+        config: GroupConfig,
+        record: GroupRecord,
+        now_ms: int,
+        sessions_since_ms: int | None = None,
     ) -> Group:
         """A group loaded by a new coordinator: Stable with its members, or Empty.
 
-        Every member gets a fresh session from now, so live members keep heartbeating at the
-        same generation and nobody rebalances; dead ones expire.
+        Every member gets a whole session, so live members keep heartbeating at the same
+        generation and nobody rebalances; dead ones expire. The session runs from
+        ``sessions_since_ms`` when given (when the last coordinator's lease went: Kafka's new
+        coordinator loads its groups at the failover and runs their sessions from then), else
+        from now. Groups are taken on at their first request, and after a coordinator froze
+        that is a member that gave its member id up at its own session timeout and joins anew:
+        a session from now held that rebalance a whole session more for the ghost of that very
+        member (``bench/chaos.py``: ~5 s more per coordinator move with a 4-s etcd TTL and
+        10-s sessions). A live member heard of no coordinator since the lease went, so a
+        session from then is all the time a client gives it too.
         """
         group = cls(group_id, config, now_ms)
         group.generation = record.generation
@@ -74,7 +87,8 @@ class Group(GroupCore):
             group.members[member.member_id] = member
             if member.group_instance_id is not None:
                 group.static_members[member.group_instance_id] = member.member_id
-            group._schedule_heartbeat(member, now_ms)
+            since_ms = now_ms if sessions_since_ms is None else min(now_ms, sessions_since_ms)
+            group._schedule_heartbeat(member, since_ms)
         if group.members:
             leader = record.leader
             group.leader_id = leader if leader in group.members else next(iter(group.members))

@@ -88,10 +88,16 @@ class GroupRuntime(
         clock: Clock = loop_clock_ms,
         own_configs: Callable[[], Mapping[str, str]] = dict,
         wall_clock: Clock = wall_clock_ms,
+        session_valid: Callable[[], bool] = lambda: True,
+        sessions_since_ms: int | None = None,
     ) -> None:
         """``own_configs``: the group's own configs now (KIP-848 group configs, kept current
         by the cluster view's watch); they override the broker's consumer-protocol settings.
-        ``wall_clock``: the clock of commit timestamps, which offset retention compares."""
+        ``wall_clock``: the clock of commit timestamps, which offset retention compares.
+        ``session_valid``: whether the etcd session holding the group's lease is still valid
+        (``SessionLease.still_valid``), asked before the timers act. ``sessions_since_ms``:
+        when the last coordinator's lease went (``clock`` time), where the loaded members'
+        sessions run from (``Group.from_record``)."""
         self.group_id = group_id
         self._own_configs = own_configs
         self.fence = fence
@@ -99,6 +105,7 @@ class GroupRuntime(
         self._config = config
         self._on_lost = on_lost
         self._clock = clock
+        self._session_valid = session_valid
         now = clock()
         self.group: Group | None = None
         """The group while it is a classic one (at most one of ``group`` and ``consumer``)."""
@@ -121,7 +128,7 @@ class GroupRuntime(
             self.share = restore_share(group_id, document, self._share_config(), now)
             self._share_doc = snapshot_share(self.share)
         elif loaded.record is not None:
-            self.group = Group.from_record(group_id, config, loaded.record, now)
+            self.group = Group.from_record(group_id, config, loaded.record, now, sessions_since_ms)
         elif loaded.offsets or loaded.pending:
             # A group that only committed offsets (pending in an open transaction, too):
             # Kafka replays its offset records into an empty classic group.

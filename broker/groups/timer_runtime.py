@@ -28,6 +28,9 @@ from kafscale.broker.protocol.errors import ErrorCode
 # output operators filter on (docs/monitoring.md), so the split leaves it as it was.
 log = logging.getLogger("kafscale.broker.groups.runtime")
 
+_LEASE_GONE_POLL_S = 0.1
+"""How often the timers of a group whose session ran out look again until it is dropped."""
+
 
 class TimerRuntime:
     """The timer task of ``GroupRuntime`` (which sets every attribute named here)."""
@@ -38,6 +41,7 @@ class TimerRuntime:
     share: ShareGroup | None
     closed: bool
     _clock: Callable[[], int]
+    _session_valid: Callable[[], bool]
     _wake: asyncio.Event
 
     if TYPE_CHECKING:  # defined by the other parts of ``GroupRuntime``; absent at run time,
@@ -67,6 +71,11 @@ class TimerRuntime:
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(delay_s):
                         await self._wake.wait()
+            if not self._session_valid():
+                # Woken from a freeze past the session's TTL: the lease is gone, so no member
+                # expires and no rebalance completes here; the coordinator drops the group.
+                await asyncio.sleep(_LEASE_GONE_POLL_S)
+                continue
             consumer = self.consumer
             if consumer is not None and not self.closed:
                 expired = consumer.tick(self._clock())

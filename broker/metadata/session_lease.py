@@ -31,21 +31,22 @@ class SessionLease:
     renewed; start a new session. ``revoke()`` is a deliberate release and does not set ``lost``.
     """
 
-    def __init__(self, etcd: Etcd, lease_id: int, ttl_s: int) -> None:
+    def __init__(self, etcd: Etcd, lease_id: int, ttl_s: int, valid_until: float = 0.0) -> None:
         self._etcd = etcd
         self._id = lease_id
         self._ttl_s = ttl_s
         self.lost = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        self._valid_until = valid_until
+        """Loop time until which etcd holds the lease at least (the last good keepalive's
+        send time + its TTL)."""
 
     @classmethod
     async def start(cls, etcd: Etcd, ttl_s: int) -> SessionLease:
         loop = asyncio.get_running_loop()
         granted_at = loop.time()
-        session = cls(etcd, await etcd.grant_lease(ttl_s), ttl_s)
-        session._task = start_task(
-            session._keep_alive(granted_at + ttl_s), name=f"session-lease-{session.id:x}"
-        )
+        session = cls(etcd, await etcd.grant_lease(ttl_s), ttl_s, granted_at + ttl_s)
+        session._task = start_task(session._keep_alive(), name=f"session-lease-{session.id:x}")
         return session
 
     @property
@@ -55,6 +56,17 @@ class SessionLease:
     @property
     def ttl_s(self) -> int:
         return self._ttl_s
+
+    def still_valid(self) -> bool:
+        """Whether the broker may act as owner at this moment. ``lost`` is set by the keepalive
+        task's own timer; a process woken from a freeze longer than the TTL (SIGSTOP, a stalled
+        VM) runs its other timers and requests in the same loop turn as that one, before the
+        event reaches anyone, so a group coordinator expired members and answered JoinGroups
+        with a generation for groups whose lease etcd had already deleted. An owner about to
+        act asks here first; a lease past its TTL is marked lost now."""
+        if self._task is not None and asyncio.get_running_loop().time() >= self._valid_until:
+            self._mark_lost(f"no keepalive succeeded for {self._ttl_s} s")
+        return not self.lost.is_set()
 
     async def revoke(self) -> None:
         """Stop the keepalive and revoke: every key bound to the lease is deleted at once."""
@@ -69,7 +81,7 @@ class SessionLease:
         task, self._task = self._task, None
         await cancel_and_wait(task)
 
-    async def _keep_alive(self, valid_until: float) -> None:
+    async def _keep_alive(self) -> None:
         loop = asyncio.get_running_loop()
         interval = self._ttl_s / 3
         retry = min(interval, 0.5)
@@ -77,13 +89,12 @@ class SessionLease:
         retries = RetryLog(log, f"session lease {self._id:x} keepalive failed")
         try:
             while True:
-                await asyncio.sleep(max(0.0, min(delay, valid_until - loop.time())))
-                if loop.time() >= valid_until:
-                    self._mark_lost(f"no keepalive succeeded for {self._ttl_s} s")
+                await asyncio.sleep(max(0.0, min(delay, self._valid_until - loop.time())))
+                if not self.still_valid():
                     return
                 sent_at = loop.time()
                 try:
-                    async with asyncio.timeout(valid_until - sent_at):
+                    async with asyncio.timeout(self._valid_until - sent_at):
                         ttl = await self._etcd.refresh_lease(self._id)
                 except LeaseLost as error:
                     self._mark_lost(str(error))
@@ -93,11 +104,13 @@ class SessionLease:
                     delay = retry
                     continue
                 retries.succeeded()
-                valid_until, delay = sent_at + ttl, interval
+                self._valid_until, delay = sent_at + ttl, interval
         except Exception:
             log.exception("session lease %x keepalive crashed", self._id)
             self._mark_lost("keepalive crashed")
 
     def _mark_lost(self, reason: str) -> None:
+        if self.lost.is_set():
+            return  # told once
         log.error("session lease %x lost: %s", self._id, reason)
         self.lost.set()

@@ -18,6 +18,7 @@ from _chaos_group import (
     backwards_in_commits,
     backwards_in_polls,
     check_group,
+    long_silences,
     longest_silence_s,
 )
 
@@ -90,3 +91,13 @@ def test_the_longest_silence_counts_the_window_edges() -> None:
     records.append(Delivery(9.5, 0, 1, 0, b""))
     assert longest_silence_s(records, 0.0, 10.0) == 9.5  # partition 1: 0 -> 9.5
     assert longest_silence_s(records[:3], 0.0, 7.0) == 4.0
+
+
+def test_long_silences_name_the_partition_the_time_and_the_offsets_around() -> None:
+    """What ``--keep`` writes beside the longest silence: each one over the bound, from the
+    campaign's start, with the offsets delivered on either side (a window's edge has none)."""
+    records = [Delivery(t, 0, 0, i, b"") for i, t in enumerate((1.0, 2.0, 6.0))]
+    records.append(Delivery(9.5, 0, 1, 0, b""))
+    found = long_silences(records, 0.0, 10.0, 3.0, origin=-5.0)
+    assert found == [(0, 7.0, 4.0, 1, 2), (0, 11.0, 4.0, 2, None), (1, 5.0, 9.5, None, 0)]
+    assert max(gap for _, _, gap, _, _ in found) == longest_silence_s(records, 0.0, 10.0)
