@@ -82,7 +82,7 @@ from kafscale.broker.metadata.watch_history import (
 from kafscale.broker.metadata.watch_progress import stall_bound_s, wait_for_stall
 from kafscale.broker.observability.metrics import METRICS
 from kafscale.broker.observability.retry_log import RetryLog
-from kafscale.broker.task_stop import cancel_and_wait
+from kafscale.broker.task_stop import cancel_and_wait, start_task
 
 log = logging.getLogger(__name__)
 
@@ -664,7 +664,7 @@ class Etcd:
             raise
         if on_state is not None:
             on_state(None)
-        guard = asyncio.create_task(self._guard_watch(at, watch, start))
+        guard = start_task(self._guard_watch(at, watch, start), f"etcd watch guard {start}")
         try:
             async for raw in watch:
                 yield _watch_event(raw)
