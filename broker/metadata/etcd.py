@@ -72,14 +72,17 @@ from kafscale.broker.metadata.etcd_txn import (
     prefix_range_end,
     put_op,
 )
+from kafscale.broker.metadata.etcd_watcher import MatchedWatcher, WatchStalled
 from kafscale.broker.metadata.watch_history import (
     HistoryProbe,
     LastWrite,
     WatchMark,
     history_lost,
 )
+from kafscale.broker.metadata.watch_progress import stall_bound_s, wait_for_stall
 from kafscale.broker.observability.metrics import METRICS
 from kafscale.broker.observability.retry_log import RetryLog
+from kafscale.broker.task_stop import cancel_and_wait, start_task
 
 log = logging.getLogger(__name__)
 
@@ -661,6 +664,7 @@ class Etcd:
             raise
         if on_state is not None:
             on_state(None)
+        guard = start_task(self._guard_watch(at, watch, start), f"etcd watch guard {start}")
         try:
             async for raw in watch:
                 yield _watch_event(raw)
@@ -672,7 +676,29 @@ class Etcd:
                 self._fail_over(at)
             raise translated from error
         finally:
+            await cancel_and_wait(guard)
             await self._cancel_watch(watch)
+
+    async def _guard_watch(self, at: int, watch: Any, start: str) -> None:
+        """End ``watch`` if its member stops delivering while the cluster goes on (frozen,
+        partitioned or diverged: the stream stays open and silent; ``watch_progress``)."""
+        watcher = getattr(self._clients[at], "_watcher", None)
+        if not isinstance(watcher, MatchedWatcher):
+            return
+        lag = await wait_for_stall(
+            self.revision,
+            watcher.request_progress,
+            lambda: watcher.heard_revision,
+            stall_bound_s(self.timeout_s),
+        )
+        endpoint = self._endpoints[at]
+        log.warning(
+            "etcd watch on %s at %s heard nothing up to revision %d for %.0f s while the "
+            "cluster went on (member frozen, partitioned or diverged?); re-creating it",
+            start, endpoint, lag.target_revision, stall_bound_s(self.timeout_s),
+        )  # fmt: skip
+        METRICS.etcd_watch_stalled()
+        await watcher.fail_watch(watch.watch_id, WatchStalled(f"no progress from {endpoint}"))
 
     async def _cancel_watch(self, watch: Any) -> None:
         """Best effort: the stream may already be gone, then there is nothing to cancel."""

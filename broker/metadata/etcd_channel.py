@@ -42,6 +42,13 @@ _CHANNEL_OPTIONS: dict[str, int] = {
 }
 
 
+# Watch streams ask for a member that has a leader (etcd's "require leader" metadata, as
+# Kubernetes' apiserver sends): a member cut off from its peers then refuses the watch, or ends
+# it once it has lost its leader, instead of keeping it open and silent. It cannot help with a
+# frozen member (that answers nothing); ``watch_progress`` finds those.
+_REQUIRE_LEADER = ("hasleader", "true")
+
+
 class BadEndpoint(ValueError):
     """An endpoint that is not ``http(s)://host:port``, or ``https`` without what TLS needs."""
 
@@ -97,7 +104,8 @@ class EtcdTls:
 class _Client(aetcd.Client):  # type: ignore[misc]
     """aetcd's client with a TLS channel where the endpoint is ``https`` (aetcd 1.0 only opens
     plaintext channels) and our ``MatchedWatcher`` (aetcd's own hands a timed-out watch
-    creation's late answer to the next creation: ``etcd_watcher``). ``connect`` follows
+    creation's late answer to the next creation: ``etcd_watcher``), whose stream requires a
+    leader. ``connect`` follows
     aetcd's own, with those two swapped."""
 
     def __init__(self, credentials: grpc.ChannelCredentials | None, **kwargs: Any) -> None:
@@ -128,7 +136,9 @@ class _Client(aetcd.Client):  # type: ignore[misc]
             self.leasestub = rpc.LeaseStub(self.channel)
             self.maintenancestub = rpc.MaintenanceStub(self.channel)
             self._watcher = MatchedWatcher(
-                rpc.WatchStub(self.channel), timeout=self._timeout, metadata=self.metadata
+                rpc.WatchStub(self.channel),
+                timeout=self._timeout,
+                metadata=(*(self.metadata or ()), _REQUIRE_LEADER),
             )
             self._connected.set()
         finally:

@@ -17,6 +17,11 @@ compaction (aetcd ignored it: the watch just went quiet) ends with ``WatchCancel
 adapter re-creates it from its last revision; and a stream that breaks while its request queue
 is full (creations piled up behind an etcd that stopped reading) no longer blocks the watcher
 for good (aetcd waited, holding its lock, for room in a queue nobody would read again).
+
+It also keeps the newest revision its stream has heard (any answer's header, progress
+notifications included) and can ask etcd for one (``request_progress``), and a watch found
+stalled (``watch_progress``) can be ended with an error (``fail_watch``): a member that stopped
+following the cluster keeps the stream open and silent, so nothing else would end it.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ import itertools
 from typing import Any
 
 import aetcd
+from aetcd import rpc
 from aetcd import watcher as aetcd_watcher
 
 from kafscale.broker.task_stop import cancel_and_wait
@@ -34,6 +40,10 @@ from kafscale.broker.task_stop import cancel_and_wait
 
 class WatchCancelled(aetcd.ClientError):  # type: ignore[misc]
     """etcd cancelled a watch (or refused to create one) for a reason other than compaction."""
+
+
+class WatchStalled(WatchCancelled):
+    """The watch's member stopped delivering while the cluster went on (``watch_progress``)."""
 
 
 class MatchedWatcher(aetcd_watcher.Watcher):  # type: ignore[misc]
@@ -46,6 +56,25 @@ class MatchedWatcher(aetcd_watcher.Watcher):  # type: ignore[misc]
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._ids = itertools.count(1)
+        self.heard_revision = 0
+        """The newest revision any answer on this stream carried in its header."""
+
+    def request_progress(self) -> None:
+        """Ask etcd for a progress notification (it answers with its current revision). Never
+        waits: with the request queue full, the stream is already behind and the ask can go."""
+        request = rpc.WatchRequest(progress_request=rpc.WatchProgressRequest())
+        with contextlib.suppress(asyncio.QueueFull):
+            self._request_queue.put_nowait(request)
+
+    async def fail_watch(self, watch_id: int, error: Exception) -> None:
+        """End the watch with ``error`` (its iterator raises it) and ask etcd to cancel it,
+        without waiting on a stream or a lock a stalled member may hold up."""
+        callback = self._callbacks.pop(watch_id, None)
+        if callback is None:
+            return
+        with contextlib.suppress(asyncio.QueueFull):
+            self._request_queue.put_nowait(self._build_watch_cancel_request(watch_id=watch_id))
+        await self._process_callback(callback, error)
 
     async def _enqueue_watch_create(self, *args: Any, **kwargs: Any) -> None:
         """Called by ``add_callback`` under the lock with ``_new_callback`` set: stamp the
@@ -57,6 +86,7 @@ class MatchedWatcher(aetcd_watcher.Watcher):  # type: ignore[misc]
         await self._request_queue.put(request)
 
     async def _handle_response(self, response: Any) -> None:
+        self.heard_revision = max(self.heard_revision, int(response.header.revision))
         if response.created:
             await self._handle_created(response)
         elif response.canceled and response.compact_revision == 0:

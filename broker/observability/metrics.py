@@ -203,6 +203,11 @@ class Metrics:
         if failed:
             self.etcd_errors[operation] = self.etcd_errors.get(operation, 0) + 1
 
+    def etcd_watch_stalled(self) -> None:
+        """A watch re-created because its member stopped delivering (``watch_progress``):
+        counted as an etcd error of the operation ``watch stalled``, even when off (rare)."""
+        self.etcd_errors["watch stalled"] = self.etcd_errors.get("watch stalled", 0) + 1
+
     def cache_lookup(self, hit: bool) -> None:
         if hit:
             self.cache_hits += 1

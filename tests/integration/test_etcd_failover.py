@@ -1,10 +1,14 @@
 """The broker uses every etcd endpoint: a real 3-member etcd cluster loses the member a broker
-talks to, and produce goes on within the session TTL with nothing acked lost. A bad endpoint is
-a one-line start-up error."""
+talks to, and produce goes on within the session TTL with nothing acked lost; a member that
+freezes under a broker's watches does not leave its view of the cluster behind. A bad endpoint
+is a one-line start-up error."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import os
+import signal
 import time
 from collections.abc import Iterator
 from contextlib import ExitStack
@@ -17,11 +21,15 @@ from harness import children
 from harness.brokers import BrokerCluster
 from harness.children import settings_free_env
 from harness.etcd import harness_etcd_binary
+from harness.kafka_wire import KafkaWire, metadata_body
 from harness.ports import free_ports
 from harness.topics import create_topics
 
 from kafscale.broker.child_process import KAFSCALE
 from kafscale.broker.metadata.embedded_etcd import EmbeddedEtcd
+from kafscale.broker.metadata.etcd import Etcd
+from kafscale.broker.metadata.topics import create_topic
+from kafscale.broker.protocol.errors import ErrorCode, KafkaError, MetadataTimeout
 
 pytestmark = pytest.mark.integration
 
@@ -100,6 +108,59 @@ def test_losing_the_member_a_broker_talks_to_costs_no_acked_record(
             values.append(message.value())
     consumer.close()
     assert sorted(values) == sorted(acked)
+
+
+def _topics_seen_by(bootstrap: str) -> set[str]:
+    """The topics a broker's Metadata names (answered from its view, never read from etcd)."""
+    with KafkaWire(bootstrap) as wire:
+        response = wire.request(3, 9, metadata_body(None, allow_auto_topic_creation=False))
+    return {topic.name for topic in response.topics}
+
+
+async def _create_elsewhere(endpoints: list[str], cluster: str, topic: str) -> None:
+    """Create ``topic`` in etcd through ``endpoints`` alone (no broker), again while etcd times
+    out: the frozen member may have been its leader, and a write waits out the election."""
+    etcd = await Etcd.connect(endpoints, 5.0)
+    try:
+        for _ in range(10):
+            try:
+                await create_topic(etcd, cluster, topic, 1, {})
+                return
+            except MetadataTimeout:
+                await asyncio.sleep(0.5)
+            except KafkaError as error:  # a timed-out try that was applied after all
+                if error.code is ErrorCode.TOPIC_ALREADY_EXISTS:
+                    return
+                raise
+        raise AssertionError(f"etcd at {endpoints} never took the topic")
+    finally:
+        await etcd.close()
+
+
+def test_a_member_frozen_under_the_watches_leaves_no_broker_behind(
+    broker_cluster: BrokerCluster, etcd_trio: list[EmbeddedEtcd]
+) -> None:
+    """A broker's watches sit on its first etcd member. Frozen (SIGSTOP; a partitioned or
+    diverged member is as silent), the member keeps the streams open and delivers nothing while
+    the other two go on: the broker must notice and watch elsewhere, not answer from a stale
+    view for as long as the member stays frozen (the fault campaign's seed 16)."""
+    endpoints = [member.client_url for member in etcd_trio]
+    broker_cluster.etcd_url = endpoints[1]
+    broker = broker_cluster.start(KAFSCALE_ETCD__ENDPOINTS=json.dumps(endpoints))
+    frozen = etcd_trio[0].pid
+    assert frozen is not None
+    os.kill(frozen, signal.SIGSTOP)
+    try:
+        asyncio.run(_create_elsewhere(endpoints[1:], broker_cluster.cluster, "after"))
+        deadline = time.monotonic() + 30
+        seen = _topics_seen_by(broker.bootstrap)
+        while "after" not in seen and time.monotonic() < deadline:
+            time.sleep(0.5)
+            seen = _topics_seen_by(broker.bootstrap)
+        assert "after" in seen, f"a topic created 30 s ago is missing from {sorted(seen)}"
+        assert broker.alive
+    finally:
+        os.kill(frozen, signal.SIGCONT)
 
 
 @pytest.mark.parametrize(
