@@ -12,7 +12,7 @@ The runtime owns the attributes declared below.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from kafscale.broker.groups import migration
@@ -22,42 +22,27 @@ from kafscale.broker.groups.group import Group
 from kafscale.broker.groups.model import (
     UNKNOWN_MEMBER_ID,
     Effect,
-    GroupConfig,
     GroupState,
     JoinRequest,
     JoinResult,
     Pending,
     Reply,
-    Store,
     SyncRequest,
     SyncResult,
 )
-from kafscale.broker.groups.share import ShareGroup
+from kafscale.broker.groups.runtime_state import RuntimeState
 from kafscale.broker.protocol.errors import ErrorCode
 
 
-class ClassicRuntime:
+class ClassicRuntime(RuntimeState):
     """Classic protocol methods of ``GroupRuntime`` (which sets every attribute named here)."""
 
-    group_id: str
-    group: Group | None
-    consumer: ConsumerGroup | None
-    share: ShareGroup | None
-    closed: bool
-    _config: GroupConfig
-    _clock: Callable[[], int]
     _consumer_doc: Document | None
     _waiters: dict[int, asyncio.Future[JoinResult | SyncResult]]
     """The parked JoinGroup/SyncGroup calls, by ticket."""
-    _wake: asyncio.Event
-    _stores: asyncio.Queue[Store]
 
     if TYPE_CHECKING:  # defined by the other parts of ``GroupRuntime``; absent at run time,
         # so no stub here can stand before the real method in the runtime's MRO
-
-        def _check_open(self) -> None: ...
-
-        def _note_members(self) -> None: ...
 
         async def _store_consumer(self, consumer: ConsumerGroup) -> ErrorCode: ...
 

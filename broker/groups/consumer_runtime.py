@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING
 
 from kafscale.broker.groups import group_configs, migration
 from kafscale.broker.groups.change_log import log_group_change
@@ -28,15 +27,13 @@ from kafscale.broker.groups.consumer_codec import Document, snapshot
 from kafscale.broker.groups.group import Group
 from kafscale.broker.groups.model import (
     ConsumerStore,
-    Effect,
-    GroupConfig,
     GroupRecord,
     GroupState,
     JoinResult,
     Store,
     SyncResult,
 )
-from kafscale.broker.groups.share import ShareGroup
+from kafscale.broker.groups.runtime_state import RuntimeState
 from kafscale.broker.protocol.errors import ErrorCode, NotCoordinator
 
 # The logger these lines had before ``runtime`` was split: a log line's ``logger`` field is
@@ -44,32 +41,14 @@ from kafscale.broker.protocol.errors import ErrorCode, NotCoordinator
 log = logging.getLogger("kafscale.broker.groups.runtime")
 
 
-class ConsumerRuntime:
+class ConsumerRuntime(RuntimeState):
     """Consumer protocol methods of ``GroupRuntime`` (which sets every attribute named here)."""
 
-    group_id: str
-    group: Group | None
-    consumer: ConsumerGroup | None
-    share: ShareGroup | None
-    closed: bool
-    _config: GroupConfig
     _own_configs: Callable[[], Mapping[str, str]]
-    _clock: Callable[[], int]
     _consumer_doc: Document | None
     _consumer_version: int
     _consumer_waiters: dict[int, asyncio.Future[ErrorCode]]
     _waiters: dict[int, asyncio.Future[JoinResult | SyncResult]]
-    _wake: asyncio.Event
-    _stores: asyncio.Queue[Store]
-
-    if TYPE_CHECKING:  # defined by the other parts of ``GroupRuntime``; absent at run time,
-        # so no stub here can stand before the real method in the runtime's MRO
-
-        def _check_open(self) -> None: ...
-
-        def _note_members(self) -> None: ...
-
-        def _apply(self, effects: list[Effect]) -> None: ...
 
     def _consumer_config(self) -> ConsumerConfig:
         broker = ConsumerConfig(

@@ -14,35 +14,22 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING
 
 from kafscale.broker.groups import offset_delete
-from kafscale.broker.groups.consumer import ConsumerGroup
 from kafscale.broker.groups.group import Group
-from kafscale.broker.groups.model import Effect, GroupConfig
 from kafscale.broker.groups.offsets import GroupOffsets
-from kafscale.broker.groups.share import ShareGroup
+from kafscale.broker.groups.runtime_state import RuntimeState
 from kafscale.broker.groups.store import CommittedOffset, TopicPartition
 from kafscale.broker.protocol.errors import ErrorCode
 
 
-class OffsetsRuntime:
+class OffsetsRuntime(RuntimeState):
     """Offset methods of ``GroupRuntime`` (which sets every attribute named here)."""
 
-    group_id: str
-    group: Group | None
-    consumer: ConsumerGroup | None
-    share: ShareGroup | None
-    closed: bool
-    _config: GroupConfig
-    _clock: Callable[[], int]
     _offsets: GroupOffsets
 
     if TYPE_CHECKING:  # defined by the other parts of ``GroupRuntime``; absent at run time,
         # so no stub here can stand before the real method in the runtime's MRO
 
-        def _check_open(self) -> None: ...
-
         def _groupless(self) -> bool: ...
-
-        def _apply(self, effects: list[Effect]) -> None: ...
 
     async def commit(
         self,

@@ -15,7 +15,6 @@ The runtime owns the attributes declared below.
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import logging
 import time
@@ -24,11 +23,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from kafscale.broker.groups import expiry, release
-from kafscale.broker.groups.consumer import ConsumerGroup
-from kafscale.broker.groups.group import Group
-from kafscale.broker.groups.model import EmptyTimeStore, GroupConfig, GroupRecord, Store
+from kafscale.broker.groups.model import EmptyTimeStore, GroupRecord, Store
 from kafscale.broker.groups.offsets import GroupOffsets
-from kafscale.broker.groups.share import ShareGroup
+from kafscale.broker.groups.runtime_state import RuntimeState
 from kafscale.broker.groups.store import CommittedOffset, LoadedGroup, TopicPartition
 from kafscale.broker.protocol.errors import ErrorCode
 
@@ -48,22 +45,15 @@ class Expired:
     group_deleted: bool = False
 
 
-class RetentionRuntime:
+class RetentionRuntime(RuntimeState):
     """Offset retention methods of ``GroupRuntime`` (which sets every attribute named here)."""
 
-    group_id: str
-    group: Group | None
-    consumer: ConsumerGroup | None
-    share: ShareGroup | None
-    closed: bool
-    _config: GroupConfig
     _offsets: GroupOffsets
     _wall_clock: Callable[[], int]
     _loaded_at_ms: int
     _empty_since_ms: int | None
     _stored_record: GroupRecord | None
     """The group's record as etcd holds it (loaded, or last written here)."""
-    _stores: asyncio.Queue[Store]
 
     if TYPE_CHECKING:  # defined by the other parts of ``GroupRuntime``; absent at run time,
         # so no stub here can stand before the real method in the runtime's MRO

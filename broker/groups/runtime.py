@@ -12,10 +12,11 @@ Each concern is a part of its own, mixed into ``GroupRuntime``:
   the consumer group's snapshots queued for etcd and their waiters.
 * ``share_runtime``: ShareGroupHeartbeat and the share offset admin's empty-group check.
 * ``offsets_runtime``: whether a request may commit, fetch or delete offsets (the offsets
-  themselves are ``offsets.GroupOffsets``, cached after each fenced commit, so OffsetFetch
-  never reads etcd).
+  themselves are ``offsets.GroupOffsets``, cached after each fenced commit, so OffsetFetch at
+  the coordinator never reads etcd).
 * ``retention_runtime``: offset retention (KIP-211) and what letting an idle group go needs.
 * ``timer_runtime``: the timer task (session expiry, rebalance and initial-delay timeouts).
+* ``runtime_state``: the attributes and methods every part reads, declared once.
 * ``writer_runtime``: the writer task, which performs every ``Store`` effect in order.
 
 This module builds the runtime from what was loaded, answers what the group is (describe,

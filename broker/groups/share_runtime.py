@@ -16,10 +16,10 @@ from typing import TYPE_CHECKING
 
 from kafscale.broker.groups import group_configs
 from kafscale.broker.groups.change_log import log_group_change
-from kafscale.broker.groups.consumer import ConsumerGroup, HeartbeatResult
+from kafscale.broker.groups.consumer import HeartbeatResult
 from kafscale.broker.groups.consumer_codec import Document
-from kafscale.broker.groups.group import Group
-from kafscale.broker.groups.model import ConsumerStore, GroupConfig, GroupRecord, Store
+from kafscale.broker.groups.model import ConsumerStore, GroupRecord, Store
+from kafscale.broker.groups.runtime_state import RuntimeState
 from kafscale.broker.groups.share import ShareConfig, ShareGroup, ShareHeartbeat
 from kafscale.broker.groups.share_codec import roll_back
 from kafscale.broker.groups.share_codec import snapshot as snapshot_share
@@ -28,28 +28,17 @@ from kafscale.broker.protocol.errors import ErrorCode
 log = logging.getLogger(__name__)
 
 
-class ShareRuntime:
+class ShareRuntime(RuntimeState):
     """Share group methods of ``GroupRuntime`` (which sets every attribute named here)."""
 
-    group_id: str
-    group: Group | None
-    consumer: ConsumerGroup | None
-    share: ShareGroup | None
-    closed: bool
-    _config: GroupConfig
     _own_configs: Callable[[], Mapping[str, str]]
-    _clock: Callable[[], int]
     _share_doc: Document | None
     _share_stored: Document | None
-    _wake: asyncio.Event
-    _stores: asyncio.Queue[Store]
     _consumer_version: int
     _consumer_waiters: dict[int, asyncio.Future[ErrorCode]]
 
     if TYPE_CHECKING:  # defined by the other parts of ``GroupRuntime``; absent at run time,
         # so no stub here can stand before the real method in the runtime's MRO
-
-        def _check_open(self) -> None: ...
 
         async def _await_stored(self, stored: asyncio.Future[ErrorCode]) -> ErrorCode: ...
 

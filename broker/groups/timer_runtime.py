@@ -19,9 +19,7 @@ from typing import TYPE_CHECKING
 
 from kafscale.broker.groups.change_log import log_group_change
 from kafscale.broker.groups.consumer import ConsumerGroup
-from kafscale.broker.groups.group import Group
-from kafscale.broker.groups.model import Effect
-from kafscale.broker.groups.share import ShareGroup
+from kafscale.broker.groups.runtime_state import RuntimeState
 from kafscale.broker.protocol.errors import ErrorCode
 
 # The logger these lines had before ``runtime`` was split: a log line's ``logger`` field is
@@ -32,22 +30,13 @@ _LEASE_GONE_POLL_S = 0.1
 """How often the timers of a group whose session ran out look again until it is dropped."""
 
 
-class TimerRuntime:
+class TimerRuntime(RuntimeState):
     """The timer task of ``GroupRuntime`` (which sets every attribute named here)."""
 
-    group_id: str
-    group: Group | None
-    consumer: ConsumerGroup | None
-    share: ShareGroup | None
-    closed: bool
-    _clock: Callable[[], int]
     _session_valid: Callable[[], bool]
-    _wake: asyncio.Event
 
     if TYPE_CHECKING:  # defined by the other parts of ``GroupRuntime``; absent at run time,
         # so no stub here can stand before the real method in the runtime's MRO
-
-        def _apply(self, effects: list[Effect]) -> None: ...
 
         def _queue_consumer(self, consumer: ConsumerGroup) -> asyncio.Future[ErrorCode] | None: ...
 

@@ -11,23 +11,20 @@ and the task ends. The runtime owns the attributes declared below.
 
 from __future__ import annotations
 
-import asyncio
 import logging
-from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from kafscale.broker.groups.change_log import log_group_change
 from kafscale.broker.groups.consumer_codec import Document
-from kafscale.broker.groups.group import Group
 from kafscale.broker.groups.model import (
     AssignmentStore,
     ConsumerStore,
-    Effect,
     EmptyStore,
     EmptyTimeStore,
     GroupRecord,
     Store,
 )
+from kafscale.broker.groups.runtime_state import RuntimeState
 from kafscale.broker.groups.store import Fence, GroupStore
 from kafscale.broker.metadata.etcd_errors import MetadataError, MetadataUnavailable
 from kafscale.broker.observability.log_limit import ClientEvent, client_log, named
@@ -38,16 +35,11 @@ from kafscale.broker.protocol.errors import ErrorCode
 log = logging.getLogger("kafscale.broker.groups.runtime")
 
 
-class WriterRuntime:
+class WriterRuntime(RuntimeState):
     """The etcd writer task of ``GroupRuntime`` (which sets every attribute named here)."""
 
-    group_id: str
-    group: Group | None
-    closed: bool
     fence: Fence
     _store: GroupStore
-    _clock: Callable[[], int]
-    _stores: asyncio.Queue[Store]
     _storing: bool
     _stored_record: GroupRecord | None
 
@@ -55,8 +47,6 @@ class WriterRuntime:
         # so no stub here can stand before the real method in the runtime's MRO
 
         def _lose(self, reason: str) -> None: ...
-
-        def _apply(self, effects: list[Effect]) -> None: ...
 
         def _stamped(self, record: GroupRecord) -> GroupRecord: ...
 
