@@ -54,6 +54,7 @@ from kafscale.broker.metadata.etcd_errors import (
     MetadataError,
     MetadataTokenExpired,
     MetadataUnavailable,
+    cut_off_by_channel_close,
     translate_error,
     unreachable_reason,
 )
@@ -290,6 +291,11 @@ class Etcd:
                 return result
         except TimeoutError as error:
             message = f"etcd {what} timed out after {self.timeout_s:g} s at {endpoint}"
+            raise MetadataUnavailable(message) from error
+        except asyncio.CancelledError as error:
+            if not cut_off_by_channel_close(asyncio.current_task()):
+                raise
+            message = f"etcd {what} at {endpoint} cut off: its channel was closed meanwhile"
             raise MetadataUnavailable(message) from error
         except (aetcd.ClientError, rpc.AioRpcError) as error:
             translated = translate_error(error, f"{what} at {endpoint}")
