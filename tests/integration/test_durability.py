@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
-from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 from harness import children
 from harness.batches import make_batch
@@ -101,6 +101,38 @@ class AckingProducer:
         assert self.producer.flush(timeout_s) == 0, "records still undelivered"
 
 
+_METADATA_IN_FLUX = frozenset(
+    {
+        KafkaError._DESTROY_BROKER,  # a broker left the metadata with the request queued on it
+        KafkaError._UNKNOWN_PARTITION,  # the partition had no leader in the metadata
+        KafkaError.LEADER_NOT_AVAILABLE,
+        KafkaError.NOT_LEADER_FOR_PARTITION,
+        KafkaError._TRANSPORT,
+        KafkaError._TIMED_OUT,
+    }
+)
+"""What ``get_watermark_offsets`` raises while the cluster's metadata changes under it."""
+
+
+def high_watermark(consumer: Consumer, topic: str, partition: int, deadline: float) -> int:
+    """The partition's high watermark, asked again while the metadata is in flux.
+
+    A broker's etcd session can run out on a loaded machine (the harness's TTL is 4 s): it
+    re-registers at once, but meanwhile it answers Metadata without itself and with no leader
+    (its registration is gone). librdkafka then drops that broker's handle, failing a
+    ListOffsets queued on it with ``_DESTROY_BROKER`` (or ``_UNKNOWN_PARTITION``), which
+    ``get_watermark_offsets`` does not retry. A client asks again; so does this, until
+    ``deadline``, after which the error stands."""
+    while True:
+        try:
+            return int(consumer.get_watermark_offsets(TopicPartition(topic, partition), 20)[1])
+        except KafkaException as exc:
+            error = exc.args[0]
+            if error.code() not in _METADATA_IN_FLUX or time.monotonic() > deadline:
+                raise
+        time.sleep(0.5)
+
+
 def read_everything(bootstrap: str, topic: str, partitions: int) -> Acked:
     """Every record of the topic from offset 0 up to each partition's high watermark."""
     consumer = Consumer(
@@ -112,10 +144,8 @@ def read_everything(bootstrap: str, topic: str, partitions: int) -> Acked:
         }
     )
     try:
-        ends = {
-            p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=20)[1]
-            for p in range(partitions)
-        }
+        asked_until = time.monotonic() + 60
+        ends = {p: high_watermark(consumer, topic, p, asked_until) for p in range(partitions)}
         consumer.assign([TopicPartition(topic, p, 0) for p in range(partitions) if ends[p] > 0])
         records: Acked = {}
         deadline = time.monotonic() + 60
