@@ -23,6 +23,7 @@ from harness.s3 import S3Endpoint, unique_bucket
 from harness.tls_etcd import AUTH_PASSWORD, AUTH_USER, AuthEtcd, restartable_auth_etcd
 
 from kafscale.broker.child_process import BrokerProcess
+from kafscale.broker.groups.leases import GroupLeases
 from kafscale.broker.metadata import keys
 from kafscale.broker.metadata.cluster import ClusterView
 from kafscale.broker.metadata.etcd import Etcd
@@ -101,6 +102,50 @@ async def test_a_view_refused_by_etcd_is_not_following_until_etcd_lets_it(
         assert any("follows etcd on" in r.getMessage() for r in caplog.records)
     finally:
         await view.close()
+        await etcd.close()
+
+
+async def test_a_lease_watch_refused_by_etcd_follows_again_when_etcd_lets_it(
+    auth_etcd: AuthEtcd, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The group (and transaction) coordinators follow their leases' holders with a watch. The
+    read the watch makes before each creation (``history_probe``) refused as permission denied
+    ended that watch's task for good (an ERROR, then nothing): a coordinator never again heard
+    of a lease taken or freed elsewhere. Now it is retried like a refused creation, and a lease
+    taken while etcd refused arrives once it lets the broker read again."""
+    caplog.set_level("INFO", logger="kafscale")
+    cluster = "follow-leases"
+    prefix = keys.group_leases_prefix(cluster)
+    etcd = await Etcd.connect([auth_etcd.url], 5.0, username=AUTH_USER, password=AUTH_PASSWORD)
+    leases = GroupLeases(etcd, cluster, lambda group, owner, revision: None)
+
+    def about_the_watch(level: str) -> list[str]:
+        return [
+            r.getMessage()
+            for r in caplog.records
+            if prefix in r.getMessage()
+            and r.levelname == level
+            and "permission denied" in r.getMessage()
+        ]
+
+    try:
+        await leases.start()
+        await asyncio.to_thread(revoke, auth_etcd)
+        await asyncio.to_thread(auth_etcd.restart)
+        await wait_for_async(
+            lambda: bool(about_the_watch("INFO") or about_the_watch("ERROR")),
+            "the lease watch is refused",
+        )
+        assert not about_the_watch("ERROR"), about_the_watch("ERROR")
+        await asyncio.to_thread(
+            auth_etcd.as_root, "put", keys.group_lease_key(cluster, "taken-meanwhile"), "7"
+        )
+        await asyncio.to_thread(grant, auth_etcd)
+        await wait_for_async(
+            lambda: leases.holder("taken-meanwhile") == 7, "the lease taken meanwhile arrives"
+        )
+    finally:
+        await leases.close()
         await etcd.close()
 
 
