@@ -47,11 +47,18 @@ def grant(etcd: AuthEtcd) -> None:
     etcd.as_root("role", "grant-permission", "kafscale", "--prefix=true", "readwrite", "/kafscale")
 
 
-def wait_for(condition: Callable[[], bool], what: str, timeout_s: float = _DEADLINE_S) -> None:
+def wait_for(
+    condition: Callable[[], bool],
+    what: str,
+    timeout_s: float = _DEADLINE_S,
+    log: Callable[[], str] = str,
+) -> None:
+    """Waits for ``condition``; the failure says ``what`` and ends with ``log()`` (a broker's
+    log tail: the CI failure this test had left no trace of why)."""
     deadline = time.monotonic() + timeout_s
     while not condition():
         if time.monotonic() > deadline:
-            raise AssertionError(f"not within {timeout_s:g} s: {what}")
+            raise AssertionError(f"not within {timeout_s:g} s: {what}\n{log()}")
         time.sleep(0.2)
 
 
@@ -170,12 +177,22 @@ def test_a_broker_whose_view_etcd_refuses_is_not_ready_until_it_follows_again(
     assert readyz(broker) == 200
     revoke(auth_etcd)
     auth_etcd.restart()
-    wait_for(lambda: readyz(broker) == 503, "/readyz says 503 (Kubernetes takes it out)")
+    wait_for(
+        lambda: readyz(broker) == 503, "/readyz says 503 (Kubernetes takes it out)", log=broker.tail
+    )
     assert following_gauge(broker) == 0.0
     assert broker.status()["cluster_view_following"] is False
     assert "no longer follows etcd" in broker.log_path.read_text()
+    # The watches broke with etcd's restart: granting before any was created again (refused)
+    # would test an outage, not a refusal. (A broker whose watches were refused while it
+    # authenticated again had them end for good: CI, under load.)
+    wait_for(
+        lambda: "permission denied" in broker.log_path.read_text(),
+        "etcd refuses the broker",
+        log=broker.tail,
+    )
     grant(auth_etcd)
-    wait_for(lambda: readyz(broker) == 200, "/readyz says 200 again")
+    wait_for(lambda: readyz(broker) == 200, "/readyz says 200 again", log=broker.tail)
     assert following_gauge(broker) == 1.0
     assert broker.status()["cluster_view_following"] is True
     assert "follows etcd on" in broker.log_path.read_text()
