@@ -114,27 +114,36 @@ _METADATA_IN_FLUX = frozenset(
 """What ``get_watermark_offsets`` raises while the cluster's metadata changes under it."""
 
 
-def high_watermark(consumer: Consumer, topic: str, partition: int, deadline: float) -> int:
-    """The partition's high watermark, asked again while the metadata is in flux.
+def high_watermarks(bootstrap: str, topic: str, partitions: int) -> dict[int, int]:
+    """Each partition's high watermark, asked again, by a new consumer, while the metadata is in
+    flux.
 
-    A broker's etcd session can run out on a loaded machine (the harness's TTL is 4 s): it
-    re-registers at once, but meanwhile it answers Metadata without itself and with no leader
-    (its registration is gone). librdkafka then drops that broker's handle, failing a
-    ListOffsets queued on it with ``_DESTROY_BROKER`` (or ``_UNKNOWN_PARTITION``), which
-    ``get_watermark_offsets`` does not retry. A client asks again; so does this, until
-    ``deadline``, after which the error stands."""
+    A broker's etcd session can run out on a loaded machine (the harness's TTL is 4 s): until it
+    has re-registered (~1-2 s) it answers Metadata with no broker and no leader (its
+    registration is gone). librdkafka then drops that broker's handle, failing a ListOffsets
+    queued on it with ``_DESTROY_BROKER`` (CI), or fails it with ``_UNKNOWN_PARTITION``, and
+    ``get_watermark_offsets`` does not retry; the same consumer kept failing for 60 s after the
+    broker was back (SIGSTOP past the TTL, here), a new one did not. So each attempt uses a new
+    consumer, within 60 s, after which the error stands."""
+    deadline = time.monotonic() + 60
     while True:
+        consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "unused"})
         try:
-            return int(consumer.get_watermark_offsets(TopicPartition(topic, partition), 20)[1])
+            return {
+                p: int(consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=20)[1])
+                for p in range(partitions)
+            }
         except KafkaException as exc:
-            error = exc.args[0]
-            if error.code() not in _METADATA_IN_FLUX or time.monotonic() > deadline:
+            if exc.args[0].code() not in _METADATA_IN_FLUX or time.monotonic() > deadline:
                 raise
+        finally:
+            consumer.close()
         time.sleep(0.5)
 
 
 def read_everything(bootstrap: str, topic: str, partitions: int) -> Acked:
     """Every record of the topic from offset 0 up to each partition's high watermark."""
+    ends = high_watermarks(bootstrap, topic, partitions)
     consumer = Consumer(
         {
             "bootstrap.servers": bootstrap,
@@ -144,8 +153,6 @@ def read_everything(bootstrap: str, topic: str, partitions: int) -> Acked:
         }
     )
     try:
-        asked_until = time.monotonic() + 60
-        ends = {p: high_watermark(consumer, topic, p, asked_until) for p in range(partitions)}
         consumer.assign([TopicPartition(topic, p, 0) for p in range(partitions) if ends[p] > 0])
         records: Acked = {}
         deadline = time.monotonic() + 60
