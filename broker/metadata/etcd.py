@@ -54,6 +54,7 @@ from kafscale.broker.metadata.etcd_errors import (
     MetadataError,
     MetadataTokenExpired,
     MetadataUnavailable,
+    cut_off_by_channel_close,
     translate_error,
     unreachable_reason,
 )
@@ -290,6 +291,11 @@ class Etcd:
                 return result
         except TimeoutError as error:
             message = f"etcd {what} timed out after {self.timeout_s:g} s at {endpoint}"
+            raise MetadataUnavailable(message) from error
+        except asyncio.CancelledError as error:
+            if not cut_off_by_channel_close(asyncio.current_task()):
+                raise
+            message = f"etcd {what} at {endpoint} cut off: its channel was closed meanwhile"
             raise MetadataUnavailable(message) from error
         except (aetcd.ClientError, rpc.AioRpcError) as error:
             translated = translate_error(error, f"{what} at {endpoint}")
@@ -594,7 +600,9 @@ class Etcd:
 
         ``on_state`` hears of each interruption (with its error) and of each watch created
         (None): between the two the range is not followed, though the generator goes on (an
-        etcd that refuses the watch, permission denied, is retried like one that is down).
+        etcd that refuses the watch or the read before it, permission denied, is retried like
+        one that is down: a refused read ended the generator, and the group and transaction
+        lease watches with it, for good).
 
         Like any async generator it starts on the first ``__anext__``, so "from now" means from
         then: to miss nothing, list with ``get_prefix_with_revision`` and watch from its
@@ -636,7 +644,7 @@ class Etcd:
                 log.warning("etcd watch on %s: revision %s compacted", start, (seen or 0) + 1)
                 resync = True
                 continue
-            except MetadataUnavailable as error:
+            except MetadataError as error:  # an outage, or a refusal: the probe's read too
                 if self.closed:
                     return
                 log.info("etcd watch on %s interrupted (%s); resuming", start, error)

@@ -9,6 +9,7 @@ why a member could not be reached, for the one-line message of a process that ca
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import aetcd
@@ -83,6 +84,19 @@ def translate_error(error: BaseException, what: str) -> MetadataError:
     if code == rpc.StatusCode.NOT_FOUND and "lease not found" in str(error):
         return LeaseLost(message)
     return MetadataError(message)
+
+
+def cut_off_by_channel_close(task: asyncio.Task[Any] | None) -> bool:
+    """Whether a ``CancelledError`` that reached ``task`` from an etcd call means the call was
+    cut off (its gRPC channel closed under it), not that ``task`` is being cancelled.
+
+    grpc.aio raises ``CancelledError`` in whoever awaits a call its channel's ``close()``
+    cancelled, and a client's channel is closed while others use it (``Etcd._reauthenticate``
+    after etcd restarted and forgot our token). Raised as it is, it ended the caller as if
+    cancelled: the cluster view's watch tasks ended silently and the view never followed etcd
+    again (``/readyz`` 503 until a restart). Nobody asked ``task`` to stop when its
+    ``cancelling()`` count is 0 (``asyncio.timeout`` turns its own into ``TimeoutError``)."""
+    return task is not None and task.cancelling() == 0
 
 
 _REASON_MAX_CHARS = 200

@@ -23,6 +23,7 @@ from harness.s3 import S3Endpoint, unique_bucket
 from harness.tls_etcd import AUTH_PASSWORD, AUTH_USER, AuthEtcd, restartable_auth_etcd
 
 from kafscale.broker.child_process import BrokerProcess
+from kafscale.broker.groups.leases import GroupLeases
 from kafscale.broker.metadata import keys
 from kafscale.broker.metadata.cluster import ClusterView
 from kafscale.broker.metadata.etcd import Etcd
@@ -46,11 +47,18 @@ def grant(etcd: AuthEtcd) -> None:
     etcd.as_root("role", "grant-permission", "kafscale", "--prefix=true", "readwrite", "/kafscale")
 
 
-def wait_for(condition: Callable[[], bool], what: str, timeout_s: float = _DEADLINE_S) -> None:
+def wait_for(
+    condition: Callable[[], bool],
+    what: str,
+    timeout_s: float = _DEADLINE_S,
+    log: Callable[[], str] = str,
+) -> None:
+    """Waits for ``condition``; the failure says ``what`` and ends with ``log()`` (a broker's
+    log tail: the CI failure this test had left no trace of why)."""
     deadline = time.monotonic() + timeout_s
     while not condition():
         if time.monotonic() > deadline:
-            raise AssertionError(f"not within {timeout_s:g} s: {what}")
+            raise AssertionError(f"not within {timeout_s:g} s: {what}\n{log()}")
         time.sleep(0.2)
 
 
@@ -104,6 +112,50 @@ async def test_a_view_refused_by_etcd_is_not_following_until_etcd_lets_it(
         await etcd.close()
 
 
+async def test_a_lease_watch_refused_by_etcd_follows_again_when_etcd_lets_it(
+    auth_etcd: AuthEtcd, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The group (and transaction) coordinators follow their leases' holders with a watch. The
+    read the watch makes before each creation (``history_probe``) refused as permission denied
+    ended that watch's task for good (an ERROR, then nothing): a coordinator never again heard
+    of a lease taken or freed elsewhere. Now it is retried like a refused creation, and a lease
+    taken while etcd refused arrives once it lets the broker read again."""
+    caplog.set_level("INFO", logger="kafscale")
+    cluster = "follow-leases"
+    prefix = keys.group_leases_prefix(cluster)
+    etcd = await Etcd.connect([auth_etcd.url], 5.0, username=AUTH_USER, password=AUTH_PASSWORD)
+    leases = GroupLeases(etcd, cluster, lambda group, owner, revision: None)
+
+    def about_the_watch(level: str) -> list[str]:
+        return [
+            r.getMessage()
+            for r in caplog.records
+            if prefix in r.getMessage()
+            and r.levelname == level
+            and "permission denied" in r.getMessage()
+        ]
+
+    try:
+        await leases.start()
+        await asyncio.to_thread(revoke, auth_etcd)
+        await asyncio.to_thread(auth_etcd.restart)
+        await wait_for_async(
+            lambda: bool(about_the_watch("INFO") or about_the_watch("ERROR")),
+            "the lease watch is refused",
+        )
+        assert not about_the_watch("ERROR"), about_the_watch("ERROR")
+        await asyncio.to_thread(
+            auth_etcd.as_root, "put", keys.group_lease_key(cluster, "taken-meanwhile"), "7"
+        )
+        await asyncio.to_thread(grant, auth_etcd)
+        await wait_for_async(
+            lambda: leases.holder("taken-meanwhile") == 7, "the lease taken meanwhile arrives"
+        )
+    finally:
+        await leases.close()
+        await etcd.close()
+
+
 @pytest.fixture
 def auth_cluster(
     auth_etcd: AuthEtcd, s3_server: S3Endpoint, cluster_name: str, tmp_path: Path
@@ -125,12 +177,22 @@ def test_a_broker_whose_view_etcd_refuses_is_not_ready_until_it_follows_again(
     assert readyz(broker) == 200
     revoke(auth_etcd)
     auth_etcd.restart()
-    wait_for(lambda: readyz(broker) == 503, "/readyz says 503 (Kubernetes takes it out)")
+    wait_for(
+        lambda: readyz(broker) == 503, "/readyz says 503 (Kubernetes takes it out)", log=broker.tail
+    )
     assert following_gauge(broker) == 0.0
     assert broker.status()["cluster_view_following"] is False
     assert "no longer follows etcd" in broker.log_path.read_text()
+    # The watches broke with etcd's restart: granting before any was created again (refused)
+    # would test an outage, not a refusal. (A broker whose watches were refused while it
+    # authenticated again had them end for good: CI, under load.)
+    wait_for(
+        lambda: "permission denied" in broker.log_path.read_text(),
+        "etcd refuses the broker",
+        log=broker.tail,
+    )
     grant(auth_etcd)
-    wait_for(lambda: readyz(broker) == 200, "/readyz says 200 again")
+    wait_for(lambda: readyz(broker) == 200, "/readyz says 200 again", log=broker.tail)
     assert following_gauge(broker) == 1.0
     assert broker.status()["cluster_view_following"] is True
     assert "follows etcd on" in broker.log_path.read_text()

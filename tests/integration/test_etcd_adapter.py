@@ -13,6 +13,7 @@ from contextlib import aclosing, asynccontextmanager
 import pytest
 from harness.etcd import SETTLE_BEFORE_SIGKILL_S
 from harness.ports import closed_port
+from harness.tcp_relay import TcpRelay
 
 from kafscale.broker.metadata import keys
 from kafscale.broker.metadata.embedded_etcd import EmbeddedEtcd
@@ -242,6 +243,53 @@ async def test_etcd_outage_longer_than_ttl_sets_lost(etcd_server_private: Embedd
 
 
 # --- watches ------------------------------------------------------------------------------------
+
+
+async def test_a_watch_whose_call_is_cut_off_by_its_channel_closing_goes_on(
+    etcd_server: EmbeddedEtcd, cluster_name: str
+) -> None:
+    """etcd restarted and forgot our auth token: the first call told so closes the member's
+    channel to authenticate again (``Etcd._reauthenticate``) while other tasks' calls are in
+    flight on it, and grpc.aio raises ``CancelledError`` in those tasks. A watch being
+    re-created then ended as if cancelled, without a word, and a broker's cluster view never
+    followed etcd again (``/readyz`` 503 until a restart; CI, under load). The cut-off call is
+    an outage like any other: the watch goes on and delivers what is written next."""
+    relay = TcpRelay("127.0.0.1", int(etcd_server.client_url.rsplit(":", 1)[1]))
+    key = scratch(cluster_name, "cut-off/k")
+    delivered: asyncio.Queue[WatchEvent] = asyncio.Queue()
+    try:
+        async with connected(relay.url) as etcd:
+            start_revision = await etcd.revision() + 1
+
+            async def follow() -> None:
+                async with aclosing(etcd.watch_prefix(key, start_revision)) as events:
+                    async for event in events:
+                        await delivered.put(event)
+
+            with relay.holding_replies():
+                watch = asyncio.create_task(follow())
+                channel = etcd._clients[0].channel  # the watch's first read waits on it now
+                deadline = time.monotonic() + 30
+                while not channel._active_calls:
+                    assert time.monotonic() < deadline, "the watch's first read never started"
+                    await asyncio.sleep(0.01)
+                await etcd._clients[0].close()  # what re-authenticating does
+            await put_until_accepted(etcd, key, b"after the cut")
+            arrival = asyncio.create_task(delivered.get())
+            await asyncio.wait({arrival, watch}, timeout=30, return_when=asyncio.FIRST_COMPLETED)
+            assert not watch.done(), f"the watch ended: {watch!r}"
+            assert arrival.done(), "nothing delivered within 30 s"
+            event = arrival.result()
+            assert (event.kind, event.key, event.value) == (
+                WatchEventKind.PUT,
+                key,
+                b"after the cut",
+            )
+            watch.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await watch
+    finally:
+        relay.close()
 
 
 @pytest.mark.parametrize("graceful", [True, False], ids=["sigterm", "sigkill"])
