@@ -90,6 +90,16 @@ def rebalance_notice(previous: Assignment | None, written: Assignment) -> Notice
     )
 
 
+def observed_rebalance_notice(seen: Assignment | None, current: Assignment | None) -> Notice | None:
+    """A new assignment the balancer found rather than wrote: the brokers' own assigner (or the
+    drain) wrote it first, which is a race either may win; ``kubectl describe`` should show
+    the rebalance either way. None when nothing changed since ``seen``, or nothing was seen
+    yet (a restarted operator does not report the assignment it finds)."""
+    if seen is None or current is None or current.generation == seen.generation:
+        return None
+    return rebalance_notice(seen, current)
+
+
 def drain_notice(pod: str, broker_ids: Sequence[int]) -> Notice:
     """A terminating broker pod's brokers were marked draining and their partitions moved."""
     listed = ", ".join(str(b) for b in broker_ids)

@@ -16,13 +16,14 @@ from collections.abc import Callable
 from typing import Any
 
 from kafscale.broker.metadata import keys
+from kafscale.broker.metadata.assignment import Assignment
 from kafscale.broker.metadata.etcd_errors import MetadataError
 from kafscale.broker.observability.retry_log import RetryLog
 from kafscale.broker.storage.object_store import ObjectStoreError
 from kafscale.operator import certificates, conflicts, immutable, manifests, naming
 from kafscale.operator.certificates import CERT_MANAGER_API
 from kafscale.operator.discovery import ServerCapabilities, fit_to_server
-from kafscale.operator.events import Notice, rebalance_notice
+from kafscale.operator.events import Notice, observed_rebalance_notice, rebalance_notice
 from kafscale.operator.kube import KubeError, NameTaken
 from kafscale.operator.live_objects import read_live
 from kafscale.operator.model_cluster_status import LeaseStatus
@@ -335,6 +336,7 @@ async def balance_leases(
         current = get_spec()  # and the etcd the brokers use, while a switch is refused
         return None if current is None else (current[0], runtime.in_effect(*current))
 
+    seen: Assignment | None = None  # the last assignment the balancer wrote or found
     while not stopped:
         current = in_effect()
         if current is None:  # invalid spec: nothing to balance until it is fixed
@@ -355,6 +357,9 @@ async def balance_leases(
                     retries.succeeded()
                     if result.written is not None:
                         notify(rebalance_notice(result.snapshot.assignment, result.written))
+                    elif found := observed_rebalance_notice(seen, result.snapshot.assignment):
+                        notify(found)
+                    seen = result.written or result.snapshot.assignment
                     with contextlib.suppress(TimeoutError):
                         async with asyncio.timeout(interval):
                             await changed.wait()

@@ -10,6 +10,7 @@ from kafscale.operator.events import (
     condition_notices,
     deletion_notice,
     drain_notice,
+    observed_rebalance_notice,
     readiness_notices,
     rebalance_notice,
     scale_notice,
@@ -139,3 +140,15 @@ def test_topics_and_users_say_why_they_are_not_ready_once() -> None:
     assert readiness_notices(shrink, ready) == [
         Notice("Normal", "Recovered", "no longer degraded (PartitionDecreaseRejected)")
     ]
+
+
+def test_an_assignment_the_balancer_found_is_reported_once_and_not_at_its_first_look() -> None:
+    """The brokers' assigner or the drain may write the assignment before the operator's
+    balancer does; ``kubectl describe`` still shows the rebalance, once."""
+    before = Assignment(1, {("orders", 0): 1, ("orders", 1): 2})
+    after = Assignment(2, {("orders", 0): 1, ("orders", 1): 1})
+    found = observed_rebalance_notice(before, after)
+    assert found is not None and found.reason == "Rebalanced"
+    assert "over brokers [1], 1 moved" in found.message
+    assert observed_rebalance_notice(after, after) is None
+    assert observed_rebalance_notice(None, after) is None
