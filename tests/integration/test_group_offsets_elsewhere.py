@@ -192,6 +192,22 @@ def test_require_stable_elsewhere_is_unstable_while_a_transaction_with_offsets_i
     assert seen[(topic, 0)] == (3, "", 0)
 
 
+def stats_consumer(bootstrap: str, group: str) -> tuple[Consumer, list[dict[str, Any]]]:
+    """A librdkafka consumer of ``group`` (no auto commit) and the statistics it reports every
+    100 ms, which say where it thinks the group's coordinator is."""
+    stats: list[dict[str, Any]] = []
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": group,
+            "enable.auto.commit": False,
+            "statistics.interval.ms": 100,
+            "stats_cb": lambda text: stats.append(json.loads(text)),
+        }
+    )
+    return consumer, stats
+
+
 def coordinator_found(consumer: Consumer, stats: list[dict[str, Any]]) -> None:
     """Polls ``consumer`` until librdkafka's statistics show its group's coordinator found
     and connected (cgrp state "up")."""
@@ -227,16 +243,7 @@ def test_librdkafka_assign_after_the_group_moved_reads_from_the_committed_offset
     assert producer.flush(60) == 0
     picked, other = split(two_brokers, coordinator_of(two_brokers.brokers[0], group))
 
-    stats: list[dict[str, Any]] = []
-    consumer = Consumer(
-        {
-            "bootstrap.servers": two_brokers.bootstrap,
-            "group.id": group,
-            "enable.auto.commit": False,
-            "statistics.interval.ms": 100,
-            "stats_cb": lambda text: stats.append(json.loads(text)),
-        }
-    )
+    consumer, stats = stats_consumer(two_brokers.bootstrap, group)
     try:
         coordinator_found(consumer, stats)  # at ``picked``: nobody holds the group yet
         assert commit(other, group, topic, {0: 5}) == [0]  # ``other`` takes the group
@@ -277,16 +284,7 @@ def test_librdkafka_assign_while_the_new_coordinator_cannot_reach_etcd_reads_on_
         assert commit(old, group, topic, {0: 5}) == [0]
         assert old.stop() == 0  # its group lease goes with it; ``taker`` is all that is left
 
-        stats: list[dict[str, Any]] = []
-        consumer = Consumer(
-            {
-                "bootstrap.servers": taker.bootstrap,
-                "group.id": group,
-                "enable.auto.commit": False,
-                "statistics.interval.ms": 100,
-                "stats_cb": lambda text: stats.append(json.loads(text)),
-            }
-        )
+        consumer, stats = stats_consumer(taker.bootstrap, group)
         try:
             coordinator_found(consumer, stats)
             etcd_pid = etcd_server_private.pid
