@@ -80,7 +80,7 @@ from kafscale.broker.metadata.watch_history import (
     WatchMark,
     history_lost,
 )
-from kafscale.broker.metadata.watch_progress import stall_bound_s, wait_for_stall
+from kafscale.broker.metadata.watch_progress import wait_for_stall
 from kafscale.broker.observability.metrics import METRICS
 from kafscale.broker.observability.retry_log import RetryLog
 from kafscale.broker.task_stop import cancel_and_wait, start_task
@@ -697,13 +697,15 @@ class Etcd:
             self.revision,
             watcher.request_progress,
             lambda: watcher.heard_revision,
-            stall_bound_s(self.timeout_s),
+            # one call deadline: a member that leaves a progress request unanswered that long
+            # would have failed a unary call
+            self.timeout_s,
         )
         endpoint = self._endpoints[at]
         log.warning(
             "etcd watch on %s at %s heard nothing up to revision %d for %.0f s while the "
             "cluster went on (member frozen, partitioned or diverged?); re-creating it",
-            start, endpoint, lag.target_revision, stall_bound_s(self.timeout_s),
+            start, endpoint, lag.target_revision, self.timeout_s,
         )  # fmt: skip
         METRICS.etcd_watch_stalled()
         await watcher.fail_watch(watch.watch_id, WatchStalled(f"no progress from {endpoint}"))

@@ -51,12 +51,6 @@ def stalled(lag: Lag | None, now_s: float, bound_s: float) -> bool:
     return lag is not None and now_s - lag.since_s >= bound_s
 
 
-def stall_bound_s(timeout_s: float) -> float:
-    """How long a watch may stay behind: one etcd call deadline (a member that leaves a
-    progress request unanswered that long would have failed a unary call)."""
-    return timeout_s
-
-
 async def wait_for_stall(
     read_revision: Callable[[], Awaitable[int]],
     request_progress: Callable[[], None],
