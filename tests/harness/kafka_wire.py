@@ -12,6 +12,7 @@ import socket
 import struct
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, fields, is_dataclass
 from typing import Any, get_args, get_origin, get_type_hints
 
@@ -195,6 +196,22 @@ def produce_partition(response: Any) -> tuple[int, int]:
     """(error code, base offset) of the one partition in a produce response."""
     partition = response.responses[0].partition_responses[0]
     return int(partition.error_code), int(partition.base_offset)
+
+
+LEADER_MOVING = (5, 6, 7)  # LEADER_NOT_AVAILABLE, NOT_LEADER_OR_FOLLOWER, REQUEST_TIMED_OUT
+
+
+def while_leader_moves(
+    produce: Callable[[], tuple[int, int]], timeout_s: float = 60
+) -> tuple[int, int]:
+    """(error code, base offset) of a produce retried as a client retries it while a partition
+    changes owner: nothing is written under those codes, so resending is safe."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        code, offset = produce()
+        if code not in LEADER_MOVING or time.monotonic() > deadline:
+            return code, offset
+        time.sleep(0.2)
 
 
 def fetch_partition(response: Any) -> Any:

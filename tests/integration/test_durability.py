@@ -40,6 +40,7 @@ from harness.kafka_wire import (
     fetch_partition,
     produce_body,
     produce_partition,
+    while_leader_moves,
 )
 from harness.ports import closed_port, free_ports
 from harness.s3 import S3Endpoint, unique_bucket
@@ -506,13 +507,10 @@ def _high_watermark(wire: KafkaWire, topic: str) -> int:
 
 
 def _produce_until_leader(wire: KafkaWire, topic: str, batch: bytes) -> tuple[int, int]:
-    """Retry like a client while the killed broker's lease expires (NOT_LEADER, timeouts)."""
-    deadline = time.monotonic() + 60
-    while True:
-        code, offset = produce_partition(wire.request(PRODUCE, 9, produce_body(topic, 0, batch)))
-        if code not in (6, 7, 5) or time.monotonic() > deadline:
-            return code, offset
-        time.sleep(0.2)
+    """Retry like a client while the killed broker's lease expires."""
+    return while_leader_moves(
+        lambda: produce_partition(wire.request(PRODUCE, 9, produce_body(topic, 0, batch)))
+    )
 
 
 def test_retried_batch_after_restart_is_acked_once_and_stored_once(

@@ -3,13 +3,14 @@ plain records, never an aborted transaction's records, the markers, or an open t
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import pytest
 from harness.batches import make_batch
 from harness.brokers import BrokerCluster
 from harness.kafka_wire import PRODUCE as PRODUCE_KEY
-from harness.kafka_wire import KafkaWire, produce_body, produce_partition
+from harness.kafka_wire import KafkaWire, produce_body, produce_partition, while_leader_moves
 from harness.spark import source_options
 from harness.topics import create_topic
 from harness.txn_wire import produce_transactional, write_marker
@@ -92,7 +93,10 @@ def test_aborted_records_stay_skipped_past_the_state_limit(
             for i in range(rounds):
                 pid = first_pid + i
                 values = [b"%d-%d" % (pid, j) for j in range(2)]
-                code, _ = produce_transactional(wire, topic, 0, values, producer_id=pid, sequence=0)
+                send = functools.partial(
+                    produce_transactional, wire, topic, 0, values, producer_id=pid, sequence=0
+                )
+                code, _ = while_leader_moves(send)  # the second owner may not hold it yet
                 assert code == 0
                 commit = i % 4 == 3
                 assert write_marker(wire, topic, 0, producer_id=pid, commit=commit) == 0
