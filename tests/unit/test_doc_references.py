@@ -163,3 +163,13 @@ def test_the_readmes_flags_of_kafscale_local_exist() -> None:
              for word in span.split()]  # fmt: skip
     assert table
     assert unknown_flags("local", words) == []
+
+
+def test_the_charts_icon_is_a_file_of_the_repository() -> None:
+    """``helm show chart`` and chart indexes show the icon from the repository's main branch."""
+    chart = (REPO / "charts" / "kafscale" / "Chart.yaml").read_text()
+    icon = re.search(
+        r"^icon: https://raw\.githubusercontent\.com/[\w-]+/[\w-]+/main/(\S+)$", chart, re.M
+    )
+    assert icon is not None, "Chart.yaml's icon is not a file of this repository's main branch"
+    assert (REPO / icon.group(1)).is_file(), icon.group(1)
