@@ -5,7 +5,9 @@ manager (``kafscale-operator``, forced), so fields other managers own — an HPA
 a user's annotations — are left alone. Forced apply takes over any object of that name, so
 callers apply only over objects the cluster owns (see ``conflicts``), and ``create`` an object
 that was absent when they looked: it fails (:class:`NameTaken`) if one has appeared since, where
-an apply would take it over. ``delete`` can be made conditional on the uid that was checked.
+an apply would take it over. ``write`` applies over an object the caller read with that
+object's uid as a precondition: it fails (:class:`ObjectReplaced`) if the name no longer holds
+it. ``delete`` can be made conditional on the uid that was checked.
 The client is synchronous; every call runs in a worker thread under the configured deadline.
 The same connection settings feed kopf's login, so both talk to one API server with one
 identity.
@@ -49,16 +51,59 @@ PLURALS: dict[tuple[str, str], str] = {
 
 
 class KubeError(Exception):
-    """The API server refused a request or could not be reached."""
+    """The API server refused a request or could not be reached.
 
-    def __init__(self, message: str, status: int | None = None) -> None:
+    ``fields``: the fields a refusal names (its Status ``details.causes``), e.g.
+    ``metadata.uid`` for an apply whose uid precondition another object failed."""
+
+    def __init__(
+        self, message: str, status: int | None = None, fields: tuple[str, ...] = ()
+    ) -> None:
         super().__init__(message)
         self.status = status
+        self.fields = fields
 
 
-class NameTaken(KubeError):
+class NameChanged(KubeError):
+    """The name no longer holds what the caller read there: nothing was written, and the
+    caller reads the name again before it decides anything about it."""
+
+
+class NameTaken(NameChanged):
     """``create`` found an object of that name (409 AlreadyExists): someone made it after the
     caller saw the name free. It is not applied over; the caller reads it again."""
+
+
+class ObjectReplaced(NameChanged):
+    """``write`` over an object the caller read found the name no longer holds that object
+    (deleted, or deleted and made again by someone else) after the read: the apply carried the
+    read object's uid, which the server refused, so the object now there was not touched."""
+
+
+def refused_fields(body: Any) -> tuple[str, ...]:
+    """Pure: the fields an API server's Status body names as causes (none: not such a body)."""
+    try:
+        status = json.loads(body) if isinstance(body, str | bytes) else body
+        causes = status["details"]["causes"]
+        return tuple(str(cause["field"]) for cause in causes if cause.get("field"))
+    except (ValueError, TypeError, KeyError, AttributeError):
+        return ()
+
+
+def uid_precondition_failed(error: KubeError) -> bool:
+    """Pure: whether an apply carrying ``metadata.uid`` was refused for that uid.
+
+    Checked on 1.20.2: the name holds no object, 409 Conflict ("uid mismatch ... no existing
+    object was found"); it holds another object, 422 Invalid on ``metadata.uid`` ("field is
+    immutable"). Any other refusal (a 422 on ``spec``, a 403) is the object's own error.
+    """
+    return error.status == 409 or (error.status == 422 and "metadata.uid" in error.fields)
+
+
+def with_uid(manifest: dict[str, Any], uid: str) -> dict[str, Any]:
+    """Pure: ``manifest`` applying only over the object of ``uid`` (a precondition; the uid
+    is not a field any manager owns)."""
+    return {**manifest, "metadata": {**manifest["metadata"], "uid": uid}}
 
 
 def stray_update_entries(managed_fields: list[dict[str, Any]] | None) -> list[dict[str, Any]]:
@@ -176,29 +221,42 @@ class Kube:
             async with asyncio.timeout(self._timeout_s + 1):
                 return await asyncio.to_thread(self._call, method, path, **kwargs)
         except ApiException as exc:
-            raise KubeError(f"{what} {path}: {exc.status} {exc.reason}", exc.status) from exc
+            message = f"{what} {path}: {exc.status} {exc.reason}"
+            raise KubeError(message, exc.status, refused_fields(exc.body)) from exc
         except TimeoutError as exc:
             raise KubeError(f"{what} {path}: no answer within {self._timeout_s:g} s") from exc
         except OSError as exc:  # connection refused, DNS, TLS
             raise KubeError(f"{what} {path}: {exc}") from exc
 
-    async def apply(self, manifest: dict[str, Any]) -> dict[str, Any]:
+    async def apply(self, manifest: dict[str, Any], uid: str | None = None) -> dict[str, Any]:
         """Server-side apply ``manifest`` as the operator's field manager; returns the object.
 
-        Creates it when absent, and takes over one of that name of any owner: for an object
-        the caller has not seen to be its own, :meth:`create`."""
+        Without ``uid`` it creates the object when absent and takes over one of that name of
+        any owner: for an object the caller has not seen to be its own, :meth:`create`. With
+        ``uid`` it lands only on that object (:class:`ObjectReplaced` if the name holds
+        another, or none)."""
         meta = manifest["metadata"]
         path = resource_path(
             manifest["apiVersion"], manifest["kind"], meta["namespace"], meta["name"]
         )
-        result: dict[str, Any] = await self._run(
-            "apply",
-            "PATCH",
-            path,
-            body=manifest,
-            query=[("fieldManager", FIELD_MANAGER), ("force", "true")],
-            content_type="application/apply-patch+yaml",
-        )
+        try:
+            result: dict[str, Any] = await self._run(
+                "apply",
+                "PATCH",
+                path,
+                body=manifest if uid is None else with_uid(manifest, uid),
+                query=[("fieldManager", FIELD_MANAGER), ("force", "true")],
+                content_type="application/apply-patch+yaml",
+            )
+        except KubeError as exc:
+            if uid is not None and uid_precondition_failed(exc):
+                raise ObjectReplaced(
+                    f"{exc}: not the object read (uid {uid}) any more: deleted or replaced "
+                    "meanwhile",
+                    exc.status,
+                    exc.fields,
+                ) from exc
+            raise
         stray = stray_update_entries((result.get("metadata") or {}).get("managedFields"))
         if stray:  # left by a create (see ``create``)
             result = await self._run(
@@ -207,11 +265,14 @@ class Kube:
         return result
 
     async def write(self, manifest: dict[str, Any], live: dict[str, Any] | None) -> dict[str, Any]:
-        """:meth:`apply` over ``live`` (the caller's own object of that name, as it read it),
-        :meth:`create` where it read none."""
+        """:meth:`apply` over ``live`` (the caller's own object of that name, as it read it)
+        and only over it (its uid), :meth:`create` where it read none.
+
+        The caller judged ``live`` its own; a user may delete it and make their own of that
+        name before the write, which a forced apply would take over."""
         if live is None:
             return await self.create(manifest)
-        return await self.apply(manifest)
+        return await self.apply(manifest, uid=live["metadata"]["uid"])
 
     async def create(self, manifest: dict[str, Any]) -> dict[str, Any]:
         """Make ``manifest`` only if no object has its name; :class:`NameTaken` if one has.
@@ -222,14 +283,14 @@ class Kube:
         meta = manifest["metadata"]
         path = resource_path(manifest["apiVersion"], manifest["kind"], meta["namespace"])
         try:
-            await self._run(
+            created = await self._run(
                 "create", "POST", path, body=manifest, query=[("fieldManager", FIELD_MANAGER)]
             )
         except KubeError as exc:
             if exc.status == 409:
                 raise NameTaken(f"{exc}: made by someone else meanwhile", 409) from exc
             raise
-        return await self.apply(manifest)
+        return await self.apply(manifest, uid=created["metadata"]["uid"])
 
     async def get_path(self, path: str) -> dict[str, Any] | None:
         """GET any API path (discovery, ``/version``); None when it does not exist."""

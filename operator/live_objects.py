@@ -3,24 +3,24 @@
 An apply judges each wanted object by its live namesake (the cluster's own, another owner's,
 or none: see :mod:`conflicts`), and deletes only the cluster's own of the names its spec no
 longer wants. One GET per name made ~11 reads of a managed cluster on every apply (while an
-object of another owner holds a name, the status timer applies again every interval). The
-cluster's own objects carry its labels, so one LIST per kind with the cluster's selector finds
-them; a name the LIST did not return is either free or held by an object without those labels
-(a user's), and only those names are read one by one (of the names the spec no longer
-wants, only the cluster's own matter: one not listed is not read). Only the kinds a cluster
-has several objects of are listed (:data:`LISTED_KINDS`, the kinds the chart grants ``list``
-on); a kind with a single name is read by name (a LIST would cost the same call), and
-ConfigMaps and Secrets, which may hold what other applications keep to themselves, are never
-listed.
+object of another owner holds a name, the status timer applies again every interval). So the
+kinds a cluster has several objects of are listed, once per kind, and only the kinds it has a
+single name of are read by name (a LIST would cost the same call). The LIST is of every object
+of its kind in the namespace, not of the cluster's labels: labels are not ownership (the owner
+reference is, :func:`ownership.owned_by`), and a user may remove them (``kubectl label ...
+app.kubernetes.io/instance-``). Listed by label, the cluster's own object without them was
+taken for none among the names its spec no longer wants, and was never deleted; listed whole,
+every name of a listed kind is known from its one LIST, whatever labels its object carries.
+Only the kinds of :data:`LISTED_KINDS` (the kinds the chart grants ``list`` on) are listed:
+ConfigMaps and Secrets, which may hold what other applications keep to themselves, never are.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from typing import Any
 
-from kafscale.operator import naming
 from kafscale.operator.kube import Kube
 from kafscale.operator.manifests import ObjectId
 from kafscale.operator.models import ClusterRef
@@ -50,33 +50,20 @@ def plan_reads(ids: Iterable[ObjectId]) -> tuple[list[Kind], list[ObjectId]]:
     return listed, [oid for oid in ids if oid[:2] not in listed]
 
 
-def unlisted(ids: Iterable[ObjectId], found: Mapping[ObjectId, Manifest | None]) -> list[ObjectId]:
-    """Pure: the ids a LIST did not return (free, or held by an object without the labels)."""
-    return [oid for oid in ids if oid not in found]
-
-
 async def read_live(
-    kube: Kube, ref: ClusterRef, ids: Iterable[ObjectId], own_only: Iterable[ObjectId] = ()
+    kube: Kube, ref: ClusterRef, ids: Iterable[ObjectId]
 ) -> dict[ObjectId, Manifest | None]:
-    """The live object of each id in the cluster's namespace (None: there is none).
-
-    ``own_only``: names of which only the cluster's own object matters (those its spec no
-    longer wants, to delete): one that the LIST of its kind did not return is taken as none,
-    without a GET (an object the cluster owns carries its labels).
-    """
-    judged = list(dict.fromkeys(ids))
-    every = list(dict.fromkeys([*judged, *own_only]))
-    kinds, direct = plan_reads(every)
-    selector = naming.instance_selector(ref.name)
+    """The live object of each id in the cluster's namespace (None: there is none)."""
+    every = list(dict.fromkeys(ids))
+    kinds, by_name = plan_reads(every)
     lists = await asyncio.gather(
-        *(kube.list(api_version, kind, ref.namespace, selector) for api_version, kind in kinds)
+        *(kube.list(api_version, kind, ref.namespace) for api_version, kind in kinds)
     )
     found: dict[ObjectId, Manifest | None] = {
         (api_version, kind, item["metadata"]["name"]): item
         for (api_version, kind), items in zip(kinds, lists, strict=True)
         for item in items
     }
-    by_name = [*direct, *unlisted([oid for oid in judged if oid[:2] in kinds], found)]
     got = await asyncio.gather(
         *(kube.get(api_version, kind, ref.namespace, name) for api_version, kind, name in by_name)
     )

@@ -81,11 +81,6 @@ def pod_labels(cluster: str, component: str) -> dict[str, str]:
     }
 
 
-def instance_selector(cluster: str) -> str:
-    """Every object of one cluster, whatever its component (the operator's list calls)."""
-    return f"{LABEL_NAME}={APP},{LABEL_INSTANCE}={cluster}"
-
-
 def label_selector(cluster: str, component: str) -> str:
     """The selector as a string (status.brokers.selector, list calls)."""
     return ",".join(f"{k}={v}" for k, v in selector_labels(cluster, component).items())

@@ -24,7 +24,7 @@ from kafscale.operator import certificates, conflicts, immutable, manifests, nam
 from kafscale.operator.certificates import CERT_MANAGER_API
 from kafscale.operator.discovery import ServerCapabilities, fit_to_server
 from kafscale.operator.events import Notice, observed_rebalance_notice, rebalance_notice
-from kafscale.operator.kube import KubeError, NameTaken
+from kafscale.operator.kube import KubeError, NameChanged
 from kafscale.operator.live_objects import read_live
 from kafscale.operator.model_cluster_status import LeaseStatus
 from kafscale.operator.model_stores import EtcdMode
@@ -57,7 +57,7 @@ from kafscale.operator.token_secret import ensure_token_secret
 log = logging.getLogger(__name__)
 
 Live = dict[manifests.ObjectId, dict[str, Any] | None]  # what holds each name (None: nothing)
-CREATE_ATTEMPTS = 3  # plans made again when a free name is taken before its create
+CREATE_ATTEMPTS = 3  # plans made again when a name changes hands between its read and write
 
 
 def serves_cert_manager(capabilities: ServerCapabilities) -> bool:
@@ -95,7 +95,7 @@ async def apply_cluster(
             if capabilities.serves(oid[0])
         ]
         wanted_ids = [manifests.object_id(m) for m in wanted]
-        live = await read_live(kube, ref, [*wanted_ids, *_etcd_holders(ref)], own_only=obsolete)
+        live = await read_live(kube, ref, [*wanted_ids, *_etcd_holders(ref), *obsolete])
         live_etcd = _statefulset_of(ref, live)
         refusals = [
             *_mode_refusals(runtime, ref, spec, live),
@@ -148,32 +148,34 @@ async def _apply_owned(
 ) -> conflicts.ApplyPlan:
     """Apply over the cluster's own objects and create the absent ones (see :mod:`conflicts`).
 
-    A name found free may be taken before the create (a user's ``kubectl create``): the create
-    then fails rather than taking it over, the name is read again and the plan made again, so
-    that object counts as another owner's (and, if it is the configuration or the etcd, the
-    pods are held back). ``live`` is updated with what was written and read again.
+    A name may change hands between the read and the write: one found free may be taken before
+    the create (a user's ``kubectl create``), one found the cluster's may be deleted and made
+    again by a user before the apply. The write then fails rather than taking the object over
+    (see :meth:`Kube.write`), the name is read again and the plan made again, so that object
+    counts as another owner's (and, if it is the configuration or the etcd, the pods are held
+    back). ``live`` is updated with what was written and read again.
     """
     for _ in range(CREATE_ATTEMPTS):
         plan = conflicts.plan_apply(ref, wanted, live)
         try:
             for manifest in plan.apply:
                 await _write(runtime, ref, manifest, live)
-        except NameTaken as exc:
+        except NameChanged as exc:
             log.info("%s/%s: %s", ref.namespace, ref.name, exc)
             continue
         return plan
-    raise KubeError(f"names of cluster {ref.namespace}/{ref.name} kept being taken meanwhile")
+    raise KubeError(f"names of cluster {ref.namespace}/{ref.name} kept changing hands meanwhile")
 
 
 async def _write(runtime: Runtime, ref: ClusterRef, manifest: dict[str, Any], live: Live) -> None:
     """Apply over the cluster's own live object, or create where there was none; ``live``
-    then holds what was written (or, when the name was taken meanwhile, what took it)."""
+    then holds what was written (or, when the name changed hands meanwhile, what holds it)."""
     oid = manifests.object_id(manifest)
     if manifest["kind"] == "StatefulSet":
         manifest = immutable.keep_live_claims(manifest, _statefulset_of(ref, live))
     try:
         live[oid] = await runtime.kube.write(manifest, live.get(oid))
-    except NameTaken:
+    except NameChanged:
         live[oid] = await runtime.kube.get(oid[0], oid[1], ref.namespace, oid[2])
         raise
 

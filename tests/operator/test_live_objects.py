@@ -1,12 +1,20 @@
-"""Pure parts of reading what holds a cluster's names (``live_objects``) and of owning what the
-operator creates as server-side apply owns it (``kube.stray_update_entries``)."""
+"""Pure parts of reading what holds a cluster's names (``live_objects``), of owning what the
+operator creates as server-side apply owns it (``kube.stray_update_entries``) and of telling
+an apply that found its object replaced (``kube.uid_precondition_failed``)."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
-from kafscale.operator.kube import stray_update_entries
-from kafscale.operator.live_objects import plan_reads, unlisted
+from kafscale.operator.kube import (
+    KubeError,
+    refused_fields,
+    stray_update_entries,
+    uid_precondition_failed,
+)
+from kafscale.operator.live_objects import plan_reads
 from kafscale.operator.naming import FIELD_MANAGER
 
 pytestmark = pytest.mark.operator
@@ -34,8 +42,6 @@ def test_kinds_of_several_names_are_listed_single_ones_and_secrets_read_by_name(
         ("v1", "Secret", "demo-ca"),
         ("v1", "Secret", "demo-broker-tls"),
     ]
-    found = {("v1", "Service", "demo-etcd"): {"metadata": {"name": "demo-etcd"}}}
-    assert unlisted(ids[:2], found) == [("v1", "Service", "demo-brokers")]
 
 
 def test_only_the_operators_update_entries_are_removed_each_guarded() -> None:
@@ -53,3 +59,28 @@ def test_only_the_operators_update_entries_are_removed_each_guarded() -> None:
     ]
     assert stray_update_entries(entries[:2]) == []
     assert stray_update_entries(None) == []
+
+
+def test_an_apply_refused_for_its_uid_is_told_from_the_objects_own_errors() -> None:
+    """What 1.20.2 answers an apply carrying the uid of an object the name no longer holds:
+    409 when it holds none, 422 on ``metadata.uid`` when it holds another. A 422 on the spec
+    (a StatefulSet's claims) is the object's own error, not a replacement."""
+    another = {
+        "kind": "Status",
+        "reason": "Invalid",
+        "details": {
+            "causes": [
+                {
+                    "reason": "FieldValueInvalid",
+                    "message": 'Invalid value: "0000": field is immutable',
+                    "field": "metadata.uid",
+                }
+            ]
+        },
+    }
+    assert refused_fields(json.dumps(another).encode()) == ("metadata.uid",)
+    assert refused_fields(b"not json") == refused_fields(None) == refused_fields("{}") == ()
+    assert uid_precondition_failed(KubeError("gone", 409))
+    assert uid_precondition_failed(KubeError("another", 422, ("metadata.uid",)))
+    assert not uid_precondition_failed(KubeError("claims", 422, ("spec.volumeClaimTemplates",)))
+    assert not uid_precondition_failed(KubeError("forbidden", 403))

@@ -206,9 +206,9 @@ class TakenBeforeTheWrite(Kube):
             take, self._take = self._take, None
             await asyncio.to_thread(take)
 
-    async def apply(self, manifest: dict[str, Any]) -> dict[str, Any]:
+    async def apply(self, manifest: dict[str, Any], **options: Any) -> dict[str, Any]:
         await self._before_write(manifest)
-        return await super().apply(manifest)
+        return await super().apply(manifest, **options)
 
     async def create(self, manifest: dict[str, Any]) -> dict[str, Any]:
         await self._before_write(manifest)
@@ -255,6 +255,81 @@ async def test_a_name_taken_after_the_operator_found_it_free_is_not_taken_over(
     assert _owned_by_cluster(service, body)
     entries = service["metadata"]["managedFields"]
     assert [(e["manager"], e["operation"]) for e in entries] == [(FIELD_MANAGER, "Apply")]
+
+
+async def _apply_once(
+    client: Kube, settings: OperatorSettings, ref: ClusterRef, spec: dict[str, Any]
+) -> Runtime:
+    """One reconcile pass of the cluster with ``spec`` through ``client``; the runtime it
+    ran in (closed), which keeps what the pass found."""
+    runtime = Runtime(settings, client, EtcdPool(2.0), await fetch_capabilities(client))
+    try:
+        await reconcile.apply_cluster(runtime, ref, parse_cluster_spec(spec))
+    finally:
+        await runtime.close()
+    return runtime
+
+
+async def test_an_object_replaced_after_the_operator_read_it_is_not_taken_over(
+    kube_cluster: KubeCluster, kafscale_chart: InstalledChart, kube_namespace: str
+) -> None:
+    """A pass read ``demo-brokers`` as the cluster's own Service; before it applied over it,
+    the user deleted it and made their own of that name. Before, the forced apply took the
+    user's over (its selector and ports, and with the owner reference, its life). Now the
+    apply carries the uid of the object the pass read, which the API server holds it to: the
+    user's Service stays as it is, and the name, read again, counts as another owner's
+    (``ObjectNotOwned``)."""
+    ns, kube = kube_namespace, kube_cluster
+    body = kube.create(CLUSTERS.format(ns=ns), cluster_manifest("demo", ns, MANAGED))
+    ref, settings = ClusterRef.from_body(body), operator_settings(kafscale_chart)
+    service = f"{SERVICES.format(ns=ns)}/demo-brokers"
+    await _apply_once(
+        Kube(load_configuration(settings), settings.api_timeout_s), settings, ref, MANAGED
+    )
+    assert _owned_by_cluster(kube.get(service), body)
+
+    made: list[dict[str, Any]] = []
+
+    def replace() -> None:
+        kube.delete(service)
+        made.append(_users_service(kube, ns, "demo-brokers"))
+
+    client = TakenBeforeTheWrite(settings, ("Service", "demo-brokers"), replace)
+    runtime = await _apply_once(client, settings, ref, MANAGED)
+    assert made, "the Service was never written"
+    now = kube.get(service)
+    assert now["metadata"]["uid"] == made[0]["metadata"]["uid"]
+    assert now["spec"]["selector"] == {"app": "shop"}
+    assert not now["metadata"].get("ownerReferences")
+    assert FIELD_MANAGER not in _managers(now)
+    assert "Service demo-brokers (no owner reference)" in (runtime.not_owned[(ns, "demo")] or "")
+    assert ("v1", "Service", "demo-brokers") in runtime.held_by_others[(ns, "demo")]
+    assert _owned_by_cluster(kube.get(f"{DEPLOYMENTS.format(ns=ns)}/demo-broker"), body)
+
+
+async def test_the_clusters_own_object_without_its_labels_is_deleted_when_no_longer_wanted(
+    kube_cluster: KubeCluster, kafscale_chart: InstalledChart, kube_namespace: str
+) -> None:
+    """The user removed the cluster's labels from its proxy Deployment and Service, then
+    turned the proxy off. Before, the pass found the objects its spec no longer wants by the
+    cluster's labels: these were taken for none and stayed for good. Now each listed kind is
+    listed whole and ownership is the owner reference: both go."""
+    ns, kube = kube_namespace, kube_cluster
+    with_proxy = {**MANAGED, "proxy": {"enabled": True, "replicas": 1}}
+    body = kube.create(CLUSTERS.format(ns=ns), cluster_manifest("demo", ns, with_proxy))
+    ref, settings = ClusterRef.from_body(body), operator_settings(kafscale_chart)
+    proxy = [f"{DEPLOYMENTS.format(ns=ns)}/demo-proxy", f"{SERVICES.format(ns=ns)}/demo-proxy"]
+    client = Kube(load_configuration(settings), settings.api_timeout_s)
+    await _apply_once(client, settings, ref, with_proxy)
+    for path in proxy:
+        assert _owned_by_cluster(kube.get(path), body)
+        kube.merge_patch(path, {"metadata": {"labels": None}})
+        assert not kube.get(path)["metadata"].get("labels")
+
+    client = Kube(load_configuration(settings), settings.api_timeout_s)
+    await _apply_once(client, settings, ref, {**with_proxy, "proxy": {"enabled": False}})
+    assert [kube.get(path) for path in proxy] == [None, None]
+    assert _owned_by_cluster(kube.get(f"{DEPLOYMENTS.format(ns=ns)}/demo-broker"), body)
 
 
 class CountingKube(Kube):
