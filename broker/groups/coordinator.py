@@ -297,8 +297,13 @@ class GroupCoordinator:
         """The group as etcd holds it (committed offsets, partitions pending in open
         transactions), read without taking it on: what OffsetFetch answers at a broker that
         does not coordinate the group (``api/group_offsets``). A coordinator acks a commit
-        only once etcd holds it. Raises MetadataUnavailable or UnreadableRecord."""
-        return await self._store.load(group_id)
+        only once etcd holds it. Raises MetadataUnavailable or UnreadableRecord; an unreadable
+        group is logged and counted as when a coordinator loads it (``report_unreadable``)."""
+        try:
+            return await self._store.load(group_id)
+        except UnreadableRecord as exc:
+            self.report_unreadable(group_id, exc)
+            raise
 
     def _acquired(self, group_id: str, task: asyncio.Task[GroupRuntime]) -> None:
         if self._loading.get(group_id) is task:
