@@ -1,12 +1,13 @@
-"""A background check that etcd refuses says so once, without a traceback, and recovers.
+"""Background checks that etcd refuses say so once, without a traceback, and recover.
 
 On an etcd with authentication, the brokers' role loses its permission on the cluster prefix
 (an operator's change to roles or users). The transaction coordinator's periodic check reads
 every transaction from etcd; each refused check used to log "checking transactions failed"
 at ERROR with a full Python traceback, every ``check_interval_ms`` for as long as the refusal
-lasted. Now the run is one WARNING (then a summary now and then: ``retry_log``), and once etcd
-lets the broker read again the check goes on: a transaction that timed out meanwhile is
-aborted, and a new one commits.
+lasted; the groups' offset retention check likewise ("offset retention check failed"). Now
+each run is one WARNING (then a summary now and then: ``retry_log``), and once etcd lets the
+broker read again the checks go on: a transaction that timed out meanwhile is aborted, and a
+new one commits.
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ def auth_cluster(
         "KAFSCALE_ETCD__USERNAME": AUTH_USER,
         "KAFSCALE_ETCD__PASSWORD": AUTH_PASSWORD,
         "KAFSCALE_TRANSACTIONS__CHECK_INTERVAL_MS": "200",
+        "KAFSCALE_GROUPS__OFFSETS_RETENTION_CHECK_INTERVAL_MS": "200",
     }
     brokers = BrokerCluster(auth_etcd.url, s3_server, bucket, cluster_name, tmp_path, extra_env=env)
     try:
@@ -75,7 +77,12 @@ def transactional_producer(bootstrap: str, transactional_id: str, timeout_ms: in
     return producer
 
 
-def test_refused_transaction_checks_are_logged_once_without_a_traceback(
+def refused_runs(log: str, what: str) -> list[str]:
+    """The WARNING lines of ``what``'s runs of failures (``retry_log``)."""
+    return [line for line in log.splitlines() if "WARNING" in line and f"{what}: " in line]
+
+
+def test_checks_etcd_refuses_are_logged_once_without_a_traceback_and_recover(
     auth_etcd: AuthEtcd, auth_cluster: BrokerCluster
 ) -> None:
     broker = auth_cluster.start()
@@ -96,6 +103,11 @@ def test_refused_transaction_checks_are_logged_once_without_a_traceback(
         "etcd refuses the transaction check",
         broker.tail,
     )
+    wait_for(
+        lambda: text().count("permission denied") >= 2 and "retention" in text(),
+        "etcd refuses the offset retention check",
+        broker.tail,
+    )
     time.sleep(_REFUSED_CHECKS_S)
     auth_etcd.as_root(
         "role", "grant-permission", "kafscale", "--prefix=true", "readwrite", "/kafscale"
@@ -109,14 +121,15 @@ def test_refused_transaction_checks_are_logged_once_without_a_traceback(
     fresh.begin_transaction()
     fresh.produce("refused-checks", b"committed", partition=0)
     fresh.commit_transaction(30)
+    assert "Traceback" not in text(), text()
+    wait_for(
+        lambda: "offset retention check: recovered after" in text(),
+        "the offset retention check recovers",
+        broker.tail,
+    )
     log = text()
-    assert "Traceback" not in log, log
-    refused = [
-        line
-        for line in log.splitlines()
-        if "WARNING" in line and "cannot check transactions" in line
-    ]
-    assert len(refused) == 1, refused
-    assert "permission denied" in refused[0]
-    assert "cannot check transactions: recovered after" in log
+    for what in ("cannot check transactions", "offset retention check"):
+        refused = refused_runs(log, what)
+        assert len(refused) == 1 and "permission denied" in refused[0], refused
+        assert f"{what}: recovered after" in log
     assert broker.alive
