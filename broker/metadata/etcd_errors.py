@@ -92,7 +92,7 @@ def _one_line(error: BaseException) -> str:
     range ... failed: <AioRpcError of RPC that terminated with: ..."); its details alone say
     what etcd said ("etcdserver: permission denied"), as aetcd's errors do."""
     if isinstance(error, rpc.AioRpcError):
-        return error.details() or error.code().name
+        return str(error.details() or error.code().name)
     return str(error)
 
 
