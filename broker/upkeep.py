@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 from kafscale.broker.groups.share_groups_index import index_share_groups
 from kafscale.broker.metadata.compaction import Compactor
 from kafscale.broker.metadata.etcd import Etcd
-from kafscale.broker.metadata.etcd_errors import MetadataUnavailable
+from kafscale.broker.metadata.etcd_errors import MetadataError
 from kafscale.broker.metadata.rebalancer import Rebalancer
 from kafscale.broker.observability.retry_log import RetryLog
 from kafscale.broker.storage.cleaner import Cleaner
@@ -102,13 +102,15 @@ async def copy_share_groups(etcd: Etcd, cluster: str) -> None:
     groups it reads them all, and a start-up probe must not kill the broker meanwhile
     (the copy would start over). Every view, this one's too, sees each copy as a watch
     event; until its copy lands, an older group's members get no records from share
-    partitions led by brokers of this version (their ShareFetch answers empty)."""
+    partitions led by brokers of this version (their ShareFetch answers empty). etcd out of
+    reach and etcd refusing (permission denied after a change of roles) are retried alike: a
+    refusal ended the copy with a traceback, not to be tried again until a restart."""
     retries = RetryLog(log, "share groups: copying to share-groups/ (retried every 5 s)")
     while True:
         try:
             await index_share_groups(etcd, cluster)
             retries.succeeded()
             return
-        except MetadataUnavailable as exc:
+        except MetadataError as exc:
             retries.failed(exc)
         await asyncio.sleep(SHARE_INDEX_RETRY_S)

@@ -24,6 +24,8 @@ no heartbeat that would ever look again. The read is safe because etcd is where 
   transaction ends, so ``require_stable`` gets UNSTABLE_OFFSET_COMMIT here exactly as at the
   coordinator, which re-reads the same keys before answering (``settle_pending``);
 * ACLs are checked as at the coordinator (group DESCRIBE first, then topic DESCRIBE);
+* a share group (its record's ``type`` in etcd) is GROUP_ID_NOT_FOUND, and a group whose
+  record does not decode UNKNOWN_SERVER_ERROR, logged and counted, as at the coordinator;
 * the read takes no lease: the group stays where it is.
 
 The one thing only the coordinator knows is a KIP-848 member's current epoch (it lives in the
@@ -259,7 +261,11 @@ async def _stored(
     not_coordinator: NotCoordinator,
 ) -> Committed:
     """``requested``'s committed offsets as etcd holds them, at a broker that does not
-    coordinate the group; COORDINATOR_LOAD_IN_PROGRESS when etcd cannot be read here."""
+    coordinate the group; COORDINATOR_LOAD_IN_PROGRESS when etcd cannot be read here. The
+    other answers are the coordinator's: a share group has no committed offsets
+    (GROUP_ID_NOT_FOUND, Kafka's ``ShareGroup.validateOffsetFetch``; it was answered with
+    empty offsets here), and an unreadable group is UNKNOWN_SERVER_ERROR, logged and counted
+    (``GroupCoordinator.stored``)."""
     try:
         loaded = await coordinator(ctx).stored(group_id)
     except MetadataUnavailable as exc:
@@ -267,6 +273,11 @@ async def _stored(
             f"{not_coordinator}; reading group {group_id!r} from etcd: {exc}",
             ErrorCode.COORDINATOR_LOAD_IN_PROGRESS,
         ) from exc
+    if loaded.is_share:
+        raise KafkaError(
+            f"group {group_id!r} is a share group: it has no committed offsets",
+            ErrorCode.GROUP_ID_NOT_FOUND,
+        )
     return stored_committed(loaded, requested)
 
 

@@ -48,12 +48,13 @@ from kafscale.broker.groups.stored_lag import StoredLag
 from kafscale.broker.metadata import keys
 from kafscale.broker.metadata.cluster import BrokerInfo, ClusterView
 from kafscale.broker.metadata.etcd import Etcd
-from kafscale.broker.metadata.etcd_errors import LeaseLost, MetadataUnavailable
+from kafscale.broker.metadata.etcd_errors import LeaseLost, MetadataError, MetadataUnavailable
 from kafscale.broker.metadata.session_lease import SessionLease
 from kafscale.broker.observability.lag import reported_groups
 from kafscale.broker.observability.log_limit import ClientEvent, client_log, named
 from kafscale.broker.observability.logs import about, bind
 from kafscale.broker.observability.metrics import METRICS, Metrics
+from kafscale.broker.observability.retry_log import RetryLog
 from kafscale.broker.protocol.errors import (
     CoordinatorBetweenSessions,
     ErrorCode,
@@ -296,8 +297,13 @@ class GroupCoordinator:
         """The group as etcd holds it (committed offsets, partitions pending in open
         transactions), read without taking it on: what OffsetFetch answers at a broker that
         does not coordinate the group (``api/group_offsets``). A coordinator acks a commit
-        only once etcd holds it. Raises MetadataUnavailable or UnreadableRecord."""
-        return await self._store.load(group_id)
+        only once etcd holds it. Raises MetadataUnavailable or UnreadableRecord; an unreadable
+        group is logged and counted as when a coordinator loads it (``report_unreadable``)."""
+        try:
+            return await self._store.load(group_id)
+        except UnreadableRecord as exc:
+            self.report_unreadable(group_id, exc)
+            raise
 
     def _acquired(self, group_id: str, task: asyncio.Task[GroupRuntime]) -> None:
         if self._loading.get(group_id) is task:
@@ -605,13 +611,20 @@ class GroupCoordinator:
     async def _expire_offsets(self) -> None:
         """Runs for the broker's life, one retention check per
         ``offsets_retention_check_interval_ms`` (Kafka's first check, too, comes one interval
-        after start-up); an unexpected error is logged and the next check goes on."""
+        after start-up); a failed check is logged and the next one goes on. A run of checks
+        etcd refuses (permission denied after a change of roles) is logged once, then
+        summarised (``retry_log``), without a traceback; an unexpected error keeps its."""
+        retries = RetryLog(log, "offset retention check")
         while True:
             await asyncio.sleep(self.config.offsets_retention_check_interval_ms / 1000)
             try:
                 await self.expire_offsets()
+            except MetadataError as exc:
+                retries.failed(exc)
             except Exception:
                 log.exception("offset retention check failed")
+            else:
+                retries.succeeded()
 
     async def expire_offsets(self) -> None:
         """One retention check of every group this broker coordinates, after taking on some of

@@ -99,6 +99,11 @@ class LoadedGroup:
     def exists(self) -> bool:
         return self.record is not None or bool(self.offsets)
 
+    @property
+    def is_share(self) -> bool:
+        """Whether etcd holds a share group (KIP-932): its record's type says so."""
+        return self.record is not None and self.record.group_type == "share"
+
 
 @dataclass(frozen=True, slots=True)
 class PersistedGroup:

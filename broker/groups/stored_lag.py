@@ -35,7 +35,7 @@ import time
 from collections.abc import Callable, Mapping
 
 from kafscale.broker.groups.store import CommittedOffset, GroupStore, TopicPartition
-from kafscale.broker.metadata.etcd_errors import MetadataUnavailable
+from kafscale.broker.metadata.etcd_errors import MetadataError
 from kafscale.broker.observability.retry_log import RetryLog
 from kafscale.broker.task_stop import cancel_and_wait, start_task
 
@@ -105,7 +105,7 @@ class StoredLag:
         while True:
             try:
                 await self.refresh()
-            except MetadataUnavailable as exc:
+            except MetadataError as exc:  # out of reach, or refusing (permission denied)
                 retries.failed(exc)
             except Exception:
                 log.exception("reading the consumer lag of stored groups failed")

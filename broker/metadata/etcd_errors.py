@@ -62,7 +62,7 @@ def _grpc_code(error: BaseException) -> Any:
 
 def translate_error(error: BaseException, what: str) -> MetadataError:
     """Map aetcd/gRPC errors onto ours: outage, lease gone, or refusal."""
-    message = f"etcd {what} failed: {error}"
+    message = f"etcd {what} failed: {_one_line(error)}"
     if isinstance(
         error,
         aetcd.ConnectionFailedError
@@ -84,6 +84,16 @@ def translate_error(error: BaseException, what: str) -> MetadataError:
     if code == rpc.StatusCode.NOT_FOUND and "lease not found" in str(error):
         return LeaseLost(message)
     return MetadataError(message)
+
+
+def _one_line(error: BaseException) -> str:
+    """The error's text for our message. gRPC's own error prints as a block of lines (status,
+    details, debug string), which made a log line of five ("offset retention check: etcd
+    range ... failed: <AioRpcError of RPC that terminated with: ..."); its details alone say
+    what etcd said ("etcdserver: permission denied"), as aetcd's errors do."""
+    if isinstance(error, rpc.AioRpcError):
+        return str(error.details() or error.code().name)
+    return str(error)
 
 
 def cut_off_by_channel_close(task: asyncio.Task[Any] | None) -> bool:

@@ -22,8 +22,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from kafscale.broker.groups.share import ShareConfig
-from kafscale.broker.metadata.etcd_errors import MetadataUnavailable
+from kafscale.broker.metadata.etcd_errors import MetadataError, MetadataUnavailable
 from kafscale.broker.metadata.etcd_txn import Compare
+from kafscale.broker.observability.retry_log import RetryLog
 from kafscale.broker.protocol.errors import ErrorCode, KafkaError
 from kafscale.broker.share.partition import Limits, SharePartition
 from kafscale.broker.share.sessions import ShareSessions
@@ -131,6 +132,7 @@ class ShareManager:
         self._waiters: list[_Waiter] = []
         self._wake = asyncio.Event()
         self._changed = asyncio.Event()
+        self._write_retries = RetryLog(log, "share state write")
 
     def now_ms(self) -> int:
         return self._clock()
@@ -358,21 +360,35 @@ class ShareManager:
                 )
             )
             entry.dirty = False
-        error = ErrorCode.NONE
-        if writes:
-            try:
-                await self._save(dirty, versions, writes)
-            except MetadataUnavailable as exc:
-                log.warning("share state write: %s", exc)
-                error = ErrorCode.REQUEST_TIMED_OUT
-                for entry in dirty:
-                    entry.dirty = entry.dirty or not entry.dropped
-            except Exception:  # answer the waiters anyway: a lost future hangs its request
-                log.exception("share state write failed")
-                error = ErrorCode.UNKNOWN_SERVER_ERROR
-                for entry in dirty:
-                    entry.dirty = entry.dirty or not entry.dropped
+        error = await self._write(dirty, versions, writes) if writes else ErrorCode.NONE
         self._answer(waiters, error)
+
+    async def _write(
+        self, dirty: list[Entry], versions: list[int], writes: list[StateWrite]
+    ) -> ErrorCode:
+        """The round's answer to its waiters. What was not written stays dirty for the next
+        round; the waiters are answered anyway (a lost future hangs its request)."""
+        try:
+            await self._save(dirty, versions, writes)
+        except Exception as exc:
+            for entry in dirty:
+                entry.dirty = entry.dirty or not entry.dropped
+            return self._write_failed(exc)
+        self._write_retries.succeeded()
+        return ErrorCode.NONE
+
+    def _write_failed(self, error: Exception) -> ErrorCode:
+        """A failed round's code. A run of rounds etcd cannot answer (REQUEST_TIMED_OUT) or
+        refuses (permission denied after a change of roles) is logged once, then summarised
+        (``retry_log``): a refusal logged a traceback every round (``FLUSH_INTERVAL_S``). Only an
+        unexpected error (a bug) is logged with its traceback."""
+        if isinstance(error, MetadataError):
+            self._write_retries.failed(error)
+            if isinstance(error, MetadataUnavailable):
+                return ErrorCode.REQUEST_TIMED_OUT
+            return ErrorCode.UNKNOWN_SERVER_ERROR
+        log.error("share state write failed", exc_info=error)
+        return ErrorCode.UNKNOWN_SERVER_ERROR
 
     async def _save(
         self, dirty: list[Entry], versions: list[int], writes: list[StateWrite]

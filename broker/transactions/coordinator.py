@@ -36,7 +36,7 @@ from kafscale.broker.groups.leases import GroupLeases, choose_coordinator
 from kafscale.broker.groups.store import Fence
 from kafscale.broker.metadata import keys
 from kafscale.broker.metadata.cluster import BrokerInfo
-from kafscale.broker.metadata.etcd_errors import LeaseLost, MetadataUnavailable
+from kafscale.broker.metadata.etcd_errors import LeaseLost, MetadataError, MetadataUnavailable
 from kafscale.broker.observability.log_limit import ClientEvent, client_log, named
 from kafscale.broker.observability.retry_log import RetryLog
 from kafscale.broker.protocol.errors import ErrorCode, NotCoordinator
@@ -514,13 +514,18 @@ class TransactionCoordinator:
             await self._save(state.completed(meta, now_ms()), fence)
 
     async def _retrying(self, step: Callable[[], Awaitable[None]]) -> None:
-        """Run an etcd step until etcd answers; NotCoordinator ends the completion. A run of
-        failures is logged once, then summarised (``retry_log``)."""
-        retries = RetryLog(log, "etcd unavailable while completing a transaction")
+        """Run an etcd step until etcd answers; NotCoordinator (and LeaseLost) ends the
+        completion. etcd out of reach and etcd refusing (permission denied after a change of
+        roles) are retried alike: a refused completion used to end with a traceback and be
+        started again by the next check, a traceback a check. A run of failures is logged
+        once, then summarised (``retry_log``)."""
+        retries = RetryLog(log, "cannot complete a transaction in etcd")
         while True:
             try:
                 await step()
-            except MetadataUnavailable as exc:
+            except LeaseLost:
+                raise
+            except MetadataError as exc:
                 retries.failed(exc)
                 await asyncio.sleep(_RETRY_S)
                 continue
@@ -530,8 +535,9 @@ class TransactionCoordinator:
     # --- timeouts and recovery ----------------------------------------------------------------
 
     async def _check_loop(self) -> None:
-        """Checks every ``check_interval_ms``; a run of checks etcd refuses is logged once,
-        then summarised (``retry_log``), not once a check."""
+        """Checks every ``check_interval_ms``; a run of checks etcd cannot answer or refuses
+        (permission denied) is logged once, then summarised (``retry_log``), not once a check
+        with a traceback. Only an unexpected error (a bug) is logged with its traceback."""
         interval_s = self.settings.check_interval_ms / 1000
         retries = RetryLog(log, "cannot check transactions")
         while True:
@@ -541,7 +547,7 @@ class TransactionCoordinator:
             self._wake.clear()
             try:
                 await self.check_once()
-            except MetadataUnavailable as exc:
+            except MetadataError as exc:
                 retries.failed(exc)
             except Exception:
                 log.exception("checking transactions failed")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import urllib.request
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -17,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from harness.children import settings_free_env
 from harness.etcd import harness_etcd
@@ -170,3 +172,15 @@ def running_cluster(
 def broker(broker_cluster: BrokerCluster) -> BrokerProcess:
     """One running broker on S3 (moto) and etcd."""
     return broker_cluster.start()
+
+
+def metric_value(broker: BrokerProcess, name: str) -> float:
+    """The value of the sample ``name`` on the broker's ``/metrics`` page (a counter's is
+    named with its ``_total``); fails if the broker does not export it."""
+    with urllib.request.urlopen(f"{broker.admin_url}/metrics", timeout=10) as response:
+        text = response.read().decode()
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == name:
+                return float(sample.value)
+    raise AssertionError(f"{name} is not exported")

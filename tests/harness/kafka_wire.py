@@ -314,3 +314,16 @@ def heartbeat(wire: KafkaWire, group: str, member: str, epoch: int, **fields: An
         **fields,
     }
     return wire.request(68, 1, body)
+
+
+def share_heartbeat(wire: KafkaWire, group: str, member: str, epoch: int, topic: str) -> Any:
+    """A ShareGroupHeartbeat v1 (KIP-932): joining ``group`` at epoch 0, subscribed to
+    ``topic``, then staying."""
+    body = {
+        "group_id": group,
+        "member_id": member,
+        "member_epoch": epoch,
+        "rack_id": None,
+        "subscribed_topic_names": [topic] if epoch == 0 else None,
+    }
+    return wire.request(76, 1, body)

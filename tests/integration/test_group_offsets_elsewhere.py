@@ -19,6 +19,7 @@ COORDINATOR_NOT_AVAILABLE, which strands it as NOT_COORDINATOR does.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -30,12 +31,14 @@ from typing import Any
 
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
-from harness.brokers import BrokerCluster, BrokerProcess, new_cluster
+from harness.brokers import BrokerCluster, BrokerProcess, metric_value, new_cluster
+from harness.etcd import harness_etcd
 from harness.groups import GROUP_ENV, open_transaction
-from harness.kafka_wire import KafkaWire
+from harness.kafka_wire import KafkaWire, share_heartbeat
 from harness.s3 import S3Endpoint
 from harness.topics import create_topic
 
+from kafscale.broker.metadata import keys
 from kafscale.broker.metadata.embedded_etcd import EmbeddedEtcd
 from kafscale.broker.protocol.errors import ErrorCode
 
@@ -164,6 +167,74 @@ def test_a_broker_that_is_not_the_coordinator_answers_the_committed_offsets(
     assert named.error_code == ErrorCode.NOT_COORDINATOR
     anonymous = fetch_v8(other, group, asked, version=9)  # librdkafka's: null, -1
     assert offsets_of(anonymous)[(topic, 1)] == (9, "m9", 0)
+
+
+def test_a_share_group_elsewhere_is_group_id_not_found_as_at_its_coordinator(
+    two_brokers: BrokerCluster,
+) -> None:
+    """A share group keeps no committed offsets (KIP-932): its coordinator answers OffsetFetch
+    GROUP_ID_NOT_FOUND (Kafka's ``ShareGroup.validateOffsetFetch``). The other broker, reading
+    etcd, answered NONE with no offsets, as for a consumer group that committed none."""
+    topic, group = name("t"), name("share")
+    create_topic(two_brokers.bootstrap, topic, 1)
+    holder, other = split(two_brokers, coordinator_of(two_brokers.brokers[0], group))
+    with KafkaWire(holder.bootstrap) as wire:
+        assert share_heartbeat(wire, group, "m1", 0, topic).error_code == ErrorCode.NONE
+    asked = [{"name": topic, "partition_indexes": [0]}]
+    assert fetch_v8(holder, group, asked).error_code == ErrorCode.GROUP_ID_NOT_FOUND
+
+    elsewhere = fetch_v8(other, group, asked)
+    assert (elsewhere.error_code, offsets_of(elsewhere)) == (ErrorCode.GROUP_ID_NOT_FOUND, {})
+    assert fetch_v8(other, group, None).error_code == ErrorCode.GROUP_ID_NOT_FOUND
+    with KafkaWire(other.bootstrap) as wire:  # v1: no group-level error, each partition's
+        v1 = wire.request(OFFSET_FETCH, 1, {"group_id": group, "topics": asked})
+    assert offsets_of(v1) == {(topic, 0): (-1, "", ErrorCode.GROUP_ID_NOT_FOUND)}
+    assert coordinator_of(other, group) == holder.node_id  # the reads took no lease
+
+
+UNREADABLE = "kafscale_group_records_unreadable_total"
+
+
+def corrupt_group(cluster: BrokerCluster, group: str) -> None:
+    """A group whose metadata record does not decode (a broken restore, an ``etcdctl put``)."""
+
+    async def write() -> None:
+        etcd = await harness_etcd(cluster.etcd_url)
+        try:
+            await etcd.put(keys.group_metadata_key(cluster.cluster, group), b"\xff not json")
+        finally:
+            await etcd.close()
+
+    asyncio.run(write())
+
+
+def test_an_unreadable_group_elsewhere_is_reported_as_at_its_coordinator(
+    two_brokers: BrokerCluster,
+) -> None:
+    """A coordinator that meets a group record it cannot decode answers UNKNOWN_SERVER_ERROR,
+    logs a WARNING naming the group and counts it (``kafscale_group_records_unreadable_total``),
+    so an operator learns what to repair. The other broker answered the same code but said
+    nothing and counted nothing: a client asking there left no trace. (The record goes bad
+    under a coordinator that holds the group: a broker asked for a group nobody holds takes
+    it on, and reports it as its coordinator.)"""
+    topic, group = name("t"), name("bad")
+    create_topic(two_brokers.bootstrap, topic, 1)
+    assert commit(two_brokers.brokers[0], group, topic, {0: 5}) == [0]
+    holder, other = split(two_brokers, coordinator_of(two_brokers.brokers[0], group))
+    corrupt_group(two_brokers, group)
+    before = metric_value(other, UNREADABLE)
+
+    answer = fetch_v8(other, group, None)
+
+    assert answer.error_code == ErrorCode.UNKNOWN_SERVER_ERROR
+    assert metric_value(other, UNREADABLE) == before + 1
+    reported = [
+        line
+        for line in other.log_path.read_text(errors="replace").splitlines()
+        if f"group {group} is not served" in line
+    ]
+    assert len(reported) == 1 and "WARNING" in reported[0], reported
+    assert coordinator_of(other, group) == holder.node_id  # the read took no lease
 
 
 def test_require_stable_elsewhere_is_unstable_while_a_transaction_with_offsets_is_open(

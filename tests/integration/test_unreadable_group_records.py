@@ -24,14 +24,13 @@ way to remove it.
 from __future__ import annotations
 
 import asyncio
-import urllib.request
 import uuid
 from collections.abc import Callable, Iterator
 
 import pytest
 from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient
-from harness.brokers import BrokerCluster, new_cluster
+from harness.brokers import BrokerCluster, metric_value, new_cluster
 from harness.etcd import harness_etcd
 from harness.groups import wait_for
 from harness.kafka_wire import API_VERSIONS, KafkaWire
@@ -40,7 +39,6 @@ from harness.share import produce
 from harness.topics import create_topics
 from kafka import KafkaAdminClient, KafkaConsumer, OffsetAndMetadata, TopicPartition
 from kafka.errors import UnknownError
-from prometheus_client.parser import text_string_to_metric_families
 
 from kafscale.broker.child_process import BrokerProcess
 from kafscale.broker.metadata import keys
@@ -117,16 +115,6 @@ def lease_held(cluster: BrokerCluster, group: str) -> bool:
     return bool(cluster.etcd_keys(lease[len(keys.cluster_prefix(cluster.cluster)) :]))
 
 
-def counter(broker: BrokerProcess, name: str) -> float:
-    with urllib.request.urlopen(f"{broker.admin_url}/metrics", timeout=10) as response:
-        text = response.read().decode()
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name == name:
-                return float(sample.value)
-    raise AssertionError(f"{name} is not exported")
-
-
 def reported(broker: BrokerProcess, group: str) -> list[str]:
     lines = broker.log_path.read_text(errors="replace").splitlines()
     return [line for line in lines if f"group {group} is not served" in line]
@@ -163,7 +151,7 @@ def test_retention_goes_on_past_a_corrupt_group_and_lets_its_lease_go(
         wait_until_deadline(lambda g=group: not lease_held(cluster, g), f"{group}'s lease to go")
         wait_until_deadline(lambda g=group: bool(reported(broker, g)), f"{group} to be reported")
         assert len(stored(cluster, group)) == 2  # left for an operator to repair
-    assert counter(broker, UNREADABLE) >= len(bad)
+    assert metric_value(broker, UNREADABLE) >= len(bad)
     line = reported(broker, bad["bytes"])[0]
     assert "WARNING" in line and keys.group_metadata_key(cluster.cluster, bad["bytes"]) in line
     log = broker.log_path.read_text(errors="replace")
@@ -219,7 +207,7 @@ def test_requests_about_a_corrupt_group_get_its_error_and_the_others_their_answe
 
     wait_until_deadline(lambda: not lease_held(cluster, bad), f"{bad}'s lease to go")
     assert reported(broker, bad)
-    assert counter(broker, UNREADABLE) >= 4  # join, fetch, describe, list
+    assert metric_value(broker, UNREADABLE) >= 4  # join, fetch, describe, list
 
 
 def etcd_revision(cluster: BrokerCluster) -> int:
@@ -254,7 +242,7 @@ def test_a_client_asking_for_a_corrupt_group_in_a_loop_costs_no_etcd_writes_each
             assert int(again.error_code) == ErrorCode.UNKNOWN_SERVER_ERROR
         written = etcd_revision(cluster) - before
     assert written < 20, f"{written} etcd writes for 40 requests about one corrupt group"
-    assert counter(broker, UNREADABLE) >= 41  # each refusal is still counted
+    assert metric_value(broker, UNREADABLE) >= 41  # each refusal is still counted
 
 
 def put_keys(cluster: BrokerCluster, values: dict[str, bytes]) -> None:

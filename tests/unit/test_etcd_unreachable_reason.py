@@ -1,4 +1,5 @@
-"""``unreachable_reason``: what went wrong reaching an etcd member, in a few words.
+"""``unreachable_reason``: what went wrong reaching an etcd member, in a few words; and
+``translate_error``'s message, one line.
 
 The texts are the ones gRPC 1.x and aetcd gave here (a closed loopback port, an ``.invalid``
 host name, a server that never answered, a port served by something else); the integration
@@ -9,10 +10,12 @@ from __future__ import annotations
 
 import aetcd
 import pytest
+from aetcd import rpc
 
 from kafscale.broker.metadata.etcd_errors import (
     MetadataError,
     MetadataUnavailable,
+    translate_error,
     unreachable_reason,
 )
 
@@ -65,3 +68,18 @@ def test_an_unknown_text_is_kept_on_one_line_and_bounded() -> None:
     reason = unreachable_reason(failed("first line\n\tsecond " + "x" * 500), 5)
     assert reason.startswith("first line second x") and "\n" not in reason
     assert len(reason) == 200
+
+
+def test_a_grpc_error_is_one_line_of_what_etcd_said() -> None:
+    """gRPC's own error (not wrapped by aetcd) prints as five lines; a log line about a
+    refused read read as a block of them."""
+    refused = rpc.AioRpcError(
+        rpc.StatusCode.PERMISSION_DENIED,
+        None,
+        None,
+        details="etcdserver: permission denied",
+        debug_error_string="PERMISSION_DENIED:etcdserver: permission denied",
+    )
+    translated = translate_error(refused, "range at http://e:2379")
+    assert type(translated) is MetadataError  # a refusal, not an outage
+    assert str(translated) == "etcd range at http://e:2379 failed: etcdserver: permission denied"

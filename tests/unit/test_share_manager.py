@@ -8,11 +8,13 @@ and a lease lost or a write fenced, which an end-to-end test cannot time.
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Sequence
 
 import pytest
 
 from kafscale.broker.groups.share import ShareConfig
+from kafscale.broker.metadata.etcd_errors import MetadataError, MetadataUnavailable
 from kafscale.broker.protocol.errors import ErrorCode, KafkaError
 from kafscale.broker.share.manager import Entry, OwnerView, ShareManager
 from kafscale.broker.share.partition import AckType, SharePartition
@@ -33,6 +35,7 @@ class FakeStore:
         self.fenced = False
         self.refused_keys: set[tuple[str, str, int]] = set()
         self.boom = False
+        self.etcd_error: MetadataError | None = None
         self.gate: asyncio.Event | None = None
         self.entered = asyncio.Event()
 
@@ -48,6 +51,8 @@ class FakeStore:
             await self.gate.wait()
         if self.boom:
             raise RuntimeError("etcd client broke")
+        if self.etcd_error is not None:
+            raise self.etcd_error
         if self.fenced or await self.refused(writes):
             return None
         self.saved.append(writes)
@@ -143,6 +148,46 @@ async def test_a_broken_store_answers_the_waiters_instead_of_hanging_them() -> N
         assert await asyncio.wait_for(manager.durable([(entry, version)]), 30) == ErrorCode.NONE
     finally:
         await _stop(runner)
+
+
+@pytest.mark.parametrize(
+    ("error", "code"),
+    [
+        (MetadataError("etcd txn failed: permission denied"), ErrorCode.UNKNOWN_SERVER_ERROR),
+        (MetadataUnavailable("etcd txn failed: no answer"), ErrorCode.REQUEST_TIMED_OUT),
+    ],
+    ids=["refused", "unreachable"],
+)
+async def test_rounds_etcd_refuses_are_logged_once_without_a_traceback(
+    error: MetadataError, code: ErrorCode, caplog: pytest.LogCaptureFixture
+) -> None:
+    """etcd refusing the rounds (permission denied after a change of roles) or out of reach:
+    every waiter gets its answer, and the run is one WARNING, then the recovery (INFO). A
+    refusal was an ERROR with a traceback each round, an outage a WARNING each round."""
+    caplog.set_level(logging.INFO, logger="kafscale.broker.share.manager")
+    store = FakeStore()
+    store.etcd_error = error
+    manager = ShareManager(store, clock=lambda: 0)  # type: ignore[arg-type]
+    entry, version = await _acked_entry(manager)
+    runner = await _with_runner(manager)
+    try:
+        for _ in range(3):
+            assert await asyncio.wait_for(manager.durable([(entry, version)]), 30) == code
+        store.etcd_error = None
+        assert await asyncio.wait_for(manager.durable([(entry, version)]), 30) == ErrorCode.NONE
+    finally:
+        await _stop(runner)
+    lines = [
+        (r.levelname, r.getMessage(), r.exc_info)
+        for r in caplog.records
+        if r.levelno >= logging.WARNING or "share state write" in r.getMessage()
+    ]
+    assert [(level, exc_info) for level, _, exc_info in lines] == [
+        ("WARNING", None),
+        ("INFO", None),
+    ], lines
+    assert str(error) in lines[0][1]
+    assert "recovered after 3 failed attempts" in lines[1][1]
 
 
 async def test_no_share_partition_starts_for_a_group_nobody_joined() -> None:
