@@ -726,16 +726,17 @@ class Etcd:
 
 
 async def _until_answered(etcd: Etcd, read: Callable[[], Awaitable[T]], what: str) -> T:
-    """``read``, retried with backoff while etcd cannot answer: for the reload after a RESYNC,
-    which must not be skipped (the watch goes on after the compacted stretch, so a reload given
-    up loses its changes for good: a proxy kept routing to an owner that had moved). Ends when
-    the client is closed (``MetadataUnavailable``)."""
+    """``read``, retried with backoff while etcd cannot answer or refuses it (permission
+    denied, until a role is mended): for the reload after a RESYNC, which must not be skipped
+    (the watch goes on after the compacted stretch, so a reload given up loses its changes for
+    good: a proxy kept routing to an owner that had moved). Ends when the client is closed
+    (``MetadataUnavailable``)."""
     backoff = Backoff(_WATCH_BACKOFF_MIN_S, _WATCH_BACKOFF_MAX_S)
     retries = RetryLog(log, f"{what}: cannot reload from etcd")
     while True:
         try:
             result = await read()
-        except MetadataUnavailable as exc:
+        except MetadataError as exc:
             if etcd.closed:
                 raise
             retries.failed(exc)

@@ -26,7 +26,7 @@ from kafscale.broker.child_process import BrokerProcess
 from kafscale.broker.groups.leases import GroupLeases
 from kafscale.broker.metadata import keys
 from kafscale.broker.metadata.cluster import ClusterView
-from kafscale.broker.metadata.etcd import Etcd
+from kafscale.broker.metadata.etcd import Etcd, read_prefix_until_answered
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
@@ -153,6 +153,34 @@ async def test_a_lease_watch_refused_by_etcd_follows_again_when_etcd_lets_it(
         )
     finally:
         await leases.close()
+        await etcd.close()
+
+
+async def test_a_reload_etcd_refuses_is_retried_until_etcd_lets_it(
+    auth_etcd: AuthEtcd, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The reload after a watch's RESYNC (``read_prefix_until_answered``) must not be given up:
+    the watch goes on after it, so a reload skipped loses its changes for good. It was retried
+    only while etcd was unreachable; refused (permission denied), the reload ended at once and
+    the group lease watch logged a traceback and went on without the holders etcd had."""
+    caplog.set_level("INFO", logger="kafscale")
+    prefix = keys.group_leases_prefix("reload-refused")
+    etcd = await Etcd.connect([auth_etcd.url], 5.0, username=AUTH_USER, password=AUTH_PASSWORD)
+    try:
+        await asyncio.to_thread(auth_etcd.as_root, "put", prefix + "g", "7")
+        await asyncio.to_thread(revoke, auth_etcd)
+        reload = asyncio.create_task(read_prefix_until_answered(etcd, prefix, "test reload"))
+        await wait_for_async(
+            lambda: (
+                reload.done() or any("permission denied" in r.getMessage() for r in caplog.records)
+            ),
+            "the reload is refused",
+        )
+        assert not reload.done(), reload.exception()
+        await asyncio.to_thread(grant, auth_etcd)
+        entries = await asyncio.wait_for(reload, _DEADLINE_S)
+        assert [(e.key, e.value) for e in entries] == [(prefix + "g", b"7")]
+    finally:
         await etcd.close()
 
 
