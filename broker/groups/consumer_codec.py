@@ -4,9 +4,10 @@ The coordinator writes this document (under the group's metadata key, fenced by 
 lease) whenever something a new coordinator would need changes: the group or assignment
 epoch, a member joining or leaving, a subscription, a member's epoch or the partitions it
 holds or is revoking. Heartbeats that change none of these write nothing. A new coordinator
-restores the members with fresh sessions, so they carry on at their epochs without a rebalance
-and, above all, it knows which partitions each member still holds: it never hands one to a
-second member before the first released it.
+restores the members with whole sessions (from when the last coordinator's lease went, where
+Kafka's new coordinator starts them: ``runtime.sessions_start_ms``), so they carry on at
+their epochs without a rebalance and, above all, it knows which partitions each member still
+holds: it never hands one to a second member before the first released it.
 """
 
 from __future__ import annotations
@@ -83,7 +84,9 @@ def _unclassic(entry: Any) -> ClassicMember | None:
 def restore(
     group_id: str, document: Document, config: ConsumerConfig, now_ms: int
 ) -> ConsumerGroup:
-    """The group as a new coordinator takes it: every member with a fresh session."""
+    """The group as a new coordinator takes it: every member with a whole session, and a
+    revoking member with its whole rebalance timeout, from ``now_ms`` (the caller passes when
+    the last coordinator's lease went, if it saw that: ``runtime.sessions_start_ms``)."""
     group = ConsumerGroup(group_id, config, int(document.get("group_epoch", 0)))
     group.assignment_epoch = int(document.get("assignment_epoch", group.group_epoch))
     group.assignor = str(document.get("assignor") or group.assignor)

@@ -69,6 +69,20 @@ def loop_clock_ms() -> int:
     return int(asyncio.get_running_loop().time() * 1000)
 
 
+def sessions_start_ms(now_ms: int, sessions_since_ms: int | None) -> int:
+    """Where a loaded group's member sessions (and a consumer group's pending revocations)
+    run from: when the last coordinator's lease went, if this broker saw it go, else now.
+
+    Kafka's new coordinator loads its groups at the failover and starts their members'
+    session (and revocation) timers then (``GroupMetadataManager.onLoaded``). A group here is
+    taken on at its first request, which may come long after the lease went (a member
+    rediscovering the coordinator, one that gave up and rejoins): a session from the load gave
+    a member that died with the old coordinator, and the partitions it holds, that much
+    longer. A live member heard of no coordinator since the lease went either, so a session
+    from then is what it would have had at Kafka's new coordinator."""
+    return now_ms if sessions_since_ms is None else min(now_ms, sessions_since_ms)
+
+
 class GroupRuntime(
     ClassicRuntime,
     ConsumerRuntime,
@@ -98,7 +112,7 @@ class GroupRuntime(
         ``session_valid``: whether the etcd session holding the group's lease is still valid
         (``SessionLease.still_valid``), asked before the timers act. ``sessions_since_ms``:
         when the last coordinator's lease went (``clock`` time), where the loaded members'
-        sessions run from (``Group.from_record``)."""
+        sessions run from, whatever the group's protocol (``sessions_start_ms``)."""
         self.group_id = group_id
         self._own_configs = own_configs
         self.fence = fence
@@ -108,6 +122,7 @@ class GroupRuntime(
         self._clock = clock
         self._session_valid = session_valid
         now = clock()
+        sessions_from = sessions_start_ms(now, sessions_since_ms)
         self.group: Group | None = None
         """The group while it is a classic one (at most one of ``group`` and ``consumer``)."""
         self.consumer: ConsumerGroup | None = None
@@ -122,14 +137,14 @@ class GroupRuntime(
         self._consumer_waiters: dict[int, asyncio.Future[ErrorCode]] = {}
         if loaded.record is not None and loaded.record.group_type == "consumer":
             document = dict(loaded.record.consumer or {})
-            self.consumer = restore(group_id, document, self._consumer_config(), now)
+            self.consumer = restore(group_id, document, self._consumer_config(), sessions_from)
             self._consumer_doc = snapshot(self.consumer)
         elif loaded.record is not None and loaded.record.group_type == "share":
             document = dict(loaded.record.consumer or {})
-            self.share = restore_share(group_id, document, self._share_config(), now)
+            self.share = restore_share(group_id, document, self._share_config(), sessions_from)
             self._share_doc = snapshot_share(self.share)
         elif loaded.record is not None:
-            self.group = Group.from_record(group_id, config, loaded.record, now, sessions_since_ms)
+            self.group = Group.from_record(group_id, config, loaded.record, now, sessions_from)
         elif loaded.offsets or loaded.pending:
             # A group that only committed offsets (pending in an open transaction, too):
             # Kafka replays its offset records into an empty classic group.

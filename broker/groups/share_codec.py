@@ -2,7 +2,9 @@
 
 Written under the group's metadata key (type "share", fenced by the group lease) when the group
 epoch, a member, a subscription or an assignment changes; heartbeats that change none of these
-write nothing. A new coordinator restores the members with fresh sessions at their epochs.
+write nothing. A new coordinator restores the members at their epochs with whole sessions
+from ``now_ms`` (when the last coordinator's lease went, if it saw that:
+``runtime.sessions_start_ms``).
 ``roll_back`` puts a group back to its stored document when a write of a change failed.
 """
 

@@ -27,6 +27,7 @@ from kafscale.broker.proxy.ordering import Ticket, retry_out_of_order
 from kafscale.broker.proxy.routes import RoutingTable
 from kafscale.broker.proxy.staleness import RefusalStreaks, RouteKey
 from kafscale.broker.proxy.upstream import Upstream, UpstreamError, UpstreamPool, UpstreamStats
+from kafscale.broker.task_stop import cancel_and_wait
 
 PARTITION_ROUTE_ERRORS = frozenset(
     {ErrorCode.NOT_LEADER_OR_FOLLOWER, ErrorCode.LEADER_NOT_AVAILABLE}
@@ -40,6 +41,8 @@ GROUP_ROUTE_ERRORS = frozenset(
 )
 _FIRST_BACKOFF_S = 0.01
 _MAX_BACKOFF_S = 0.5
+_HOLDER_CHECK_S = 0.25
+"""How often a request waiting on a coordinator looks whether that coordinator's lease moved."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -276,7 +279,7 @@ class Forwarder:
             try:
                 if broker_id < 0:
                     raise UpstreamError("no live broker")
-                body = await self.call_raw(pool, broker_id, frame)
+                body = await self._call_holder(pool, broker_id, frame, lease)
             except UpstreamError:
                 self.stats.count_retry("connection")
                 refused.add(broker_id)
@@ -285,6 +288,12 @@ class Forwarder:
                     raise
                 continue
             attempt += 1
+            if body is None:  # the lease moved while its old holder said nothing
+                self.stats.count_retry("moved")
+                deadline = max(deadline, self.deadline())  # the silence was no retry
+                if not await self._may_retry(attempt, deadline, wait=False):
+                    raise UpstreamError(f"broker {broker_id} lost {lease} without answering")
+                continue
             try:
                 response = codec.decode_response(body, call.api_key, call.api_version)
             except Exception:
@@ -299,6 +308,28 @@ class Forwarder:
                 corrected = await self._recheck({lease: broker_id}, deadline)
             if not await self._may_retry(attempt, deadline, not corrected):
                 return body, response
+
+    async def _call_holder(
+        self, pool: UpstreamPool, broker_id: int, frame: bytes | memoryview, lease: RouteKey | None
+    ) -> bytes | None:
+        """``call_raw`` to the holder of ``lease``; None if the lease moved to another broker
+        before it answered. A coordinator frozen past its session's TTL (SIGSTOP, a stalled
+        VM) answers nothing until it wakes, and then NOT_COORDINATOR: it lost the lease, and
+        whatever it was asked is fenced by it (a broker never coordinates without the lease).
+        So the request goes to the new holder once the watch shows it, instead of waiting on
+        the frozen one until the client's own timeout (a synchronous commit, say)."""
+        if lease is None:
+            return await self.call_raw(pool, broker_id, frame)
+        answer = asyncio.ensure_future(self.call_raw(pool, broker_id, frame))
+        try:
+            while True:
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(_HOLDER_CHECK_S):
+                        return await asyncio.shield(answer)
+                if self.routes.route_of(lease) != broker_id:
+                    return None  # a late answer is dropped (``Upstream``)
+        finally:
+            await cancel_and_wait(answer)
 
     async def _recheck(self, refused_by: dict[RouteKey, int], deadline: float) -> bool:
         """Read from etcd the leases whose holder (as the table says) has kept refusing them

@@ -7,15 +7,20 @@
 * A consumer group whose members all connect through the proxy keeps consuming while brokers
   are drained, SIGKILLed and restarted: no acked record is lost, and no record consumed and
   committed is delivered again to a live member.
+* A synchronous commit sent while the group's coordinator is frozen (SIGSTOP) past its session's
+  TTL is answered by the next coordinator, not held until the frozen one wakes.
 """
 
 from __future__ import annotations
 
+import os
+import signal
+import threading
 import time
 from collections import Counter
 
 import pytest
-from confluent_kafka import Consumer
+from confluent_kafka import Consumer, KafkaException, TopicPartition
 from harness import groups
 from harness.brokers import BrokerCluster, BrokerProcess
 from harness.groups import (
@@ -32,6 +37,7 @@ from harness.groups import (
     split_evenly,
     wait_for_members,
 )
+from harness.kafka_wire import KafkaWire
 from harness.proxy import start_proxy
 
 pytestmark = pytest.mark.integration
@@ -182,3 +188,49 @@ def test_group_through_proxy_survives_drain_kill_and_restart(
     assert_no_committed_record_seen_twice(members)
     assert len(acked) > 1000
     assert PARTITIONS == 6
+
+
+def test_a_commit_waiting_on_a_frozen_coordinator_goes_to_the_next_one(
+    broker_cluster: BrokerCluster,
+) -> None:
+    """A coordinator frozen past its session's TTL (SIGSTOP, a stalled VM) answers nothing until
+    it wakes, and then only NOT_COORDINATOR (it lost the lease). The proxy sees the group's lease
+    move and sends the waiting commit to the new coordinator: the client's synchronous commit
+    returns, and the offset is committed, while the old coordinator is still frozen (before: the
+    commit waited for it to wake, then failed)."""
+    brokers, proxy = start_cluster(broker_cluster, 2)
+    topic, group = "frozen-coordinator", "frozen-coordinator-group"
+    create_topic(proxy.bootstrap, topic)
+    consumer = Consumer(
+        {"bootstrap.servers": proxy.bootstrap, "group.id": group, "log_level": QUIET}
+    )
+    outcome: list[BaseException | None] = []
+
+    def commit(offset: int) -> None:
+        try:
+            consumer.commit(offsets=[TopicPartition(topic, 0, offset)], asynchronous=False)
+            outcome.append(None)
+        except KafkaException as exc:
+            outcome.append(exc)
+
+    frozen: BrokerProcess | None = None
+    try:
+        commit(5)  # the group's coordinator takes its lease
+        assert outcome == [None]
+        with KafkaWire(brokers[0].bootstrap) as wire:
+            holder = wire.request(10, 1, {"key": group, "key_type": 0}).node_id
+        frozen = next(b for b in brokers if b.node_id == holder)
+        os.kill(frozen.pid, signal.SIGSTOP)
+        committing = threading.Thread(target=commit, args=(7,), daemon=True)
+        committing.start()
+        # Bounded, not timed: the lease moves after the 4-s TTL; librdkafka gives a request up
+        # after 60 s (socket.timeout.ms), the old proxy answered only once the broker woke.
+        committing.join(50)
+        assert outcome == [None, None], f"commit still waiting on the frozen coordinator: {outcome}"
+        (committed,) = consumer.committed([TopicPartition(topic, 0)], timeout=30)
+        assert committed.offset == 7
+        assert proxy.status()["retries"].get("moved", 0) >= 1
+    finally:
+        if frozen is not None:
+            os.kill(frozen.pid, signal.SIGCONT)
+        consumer.close()
