@@ -51,7 +51,8 @@ with a ``read_committed`` consumer, up to each partition's high watermark, and c
   but the visible outputs are not exactly one per input record ``0..C-1`` in order;
 * ``foreign``: visible records no transaction wrote;
 * ``clients_hung``: clients still running ``--join-timeout-s`` after they were told to stop (a
-  client blocked in a call for good; named, not waited for).
+  client blocked in a call for good; named, not waited for, and the last frames of its
+  stack printed on stderr: the client call that never returned).
 
 It also reads everything with ``read_uncommitted`` and reports what is there (aborted records
 included, as expected). Exit status 1 if any count is not 0. ``--client-conf KEY=VALUE`` adds a
@@ -71,6 +72,7 @@ import signal
 import sys
 import threading
 import time
+import traceback
 from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -273,6 +275,7 @@ def campaign(args: argparse.Namespace, stack: Stack, cluster: Cluster) -> dict[s
         for thread in threads:
             thread.join(max(0.0, deadline - time.monotonic()))
         hung = [thread.name for thread in threads if thread.is_alive()]
+        print_stacks([thread for thread in threads if thread.is_alive()])
         wait_for(lambda: all(s.process and s.process.alive for s in cluster.slots), 30)
         figures = verify(args, bootstrap, journal, acked)
         if args.keep and failed({**figures, "clients_hung": []}):
@@ -289,6 +292,19 @@ def campaign(args: argparse.Namespace, stack: Stack, cluster: Cluster) -> dict[s
     finally:
         if proxy is not None:
             proxy.close()
+
+
+def print_stacks(threads: list[threading.Thread]) -> None:
+    """Where each hung client is blocked, on stderr: which client call never returned (a
+    librdkafka ``send_offsets_to_transaction`` past its timeout, a commit retried, ...) is
+    what tells a client bug from a broker that never answered. py-spy is not on every
+    machine; the campaign's own frames are."""
+    frames = sys._current_frames()
+    for thread in threads:
+        frame = frames.get(thread.ident or 0)
+        if frame is not None:
+            stack = "".join(traceback.format_stack(frame)[-6:])
+            print(f"--- hung client {thread.name}:\n{stack}", file=sys.stderr, flush=True)
 
 
 def verify(
