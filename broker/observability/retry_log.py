@@ -41,6 +41,17 @@ class LogLine:
     message: str
 
 
+def reason(error: object) -> str:
+    """An error as a log line says it. A TimeoutError (``asyncio.timeout``) has no text of its
+    own: a line read "keepalive failed: ; retrying", and ``repr`` only "TimeoutError()"."""
+    text = str(error)
+    if text:
+        return text
+    if isinstance(error, TimeoutError):
+        return "no answer in time"
+    return type(error).__name__
+
+
 def on_failure(
     state: RetryState,
     now_s: float,
@@ -54,12 +65,13 @@ def on_failure(
     the last line, else nothing."""
     failures = state.failures + 1
     if failures == 1:
-        return RetryState(1, now_s, now_s), LogLine(level, f"{what}: {error}; retrying")
+        return RetryState(1, now_s, now_s), LogLine(level, f"{what}: {reason(error)}; retrying")
     if now_s - state.last_line_s < interval_s:
         return RetryState(failures, state.first_failure_s, state.last_line_s), None
     elapsed_s = now_s - state.first_failure_s
     line = LogLine(
-        level, f"{what}: still failing after {failures} attempts / {elapsed_s:.0f} s: {error}"
+        level,
+        f"{what}: still failing after {failures} attempts / {elapsed_s:.0f} s: {reason(error)}",
     )
     return RetryState(failures, state.first_failure_s, now_s), line
 

@@ -27,6 +27,7 @@ from typing import Any, Protocol
 
 from kafscale.broker.metadata.cluster import BrokerInfo
 from kafscale.broker.metadata.etcd_errors import MetadataUnavailable
+from kafscale.broker.observability.retry_log import reason
 from kafscale.broker.protocol.errors import ErrorCode, KafkaError
 from kafscale.broker.transactions.inter_broker_client import InterBrokerClient
 from kafscale.broker.transactions.state import TopicPartition
@@ -177,7 +178,9 @@ class PartitionVerifier:
         except KafkaError as exc:
             return exc.code
         except Exception as exc:  # unreachable, timed out, connection closed
-            log.warning("cannot add a group to a transaction at broker %d: %r", chosen.node_id, exc)
+            log.warning(
+                "cannot add a group to a transaction at broker %d: %s", chosen.node_id, reason(exc)
+            )
             return ErrorCode.COORDINATOR_NOT_AVAILABLE
         return _code(response.error_code)
 
@@ -211,7 +214,7 @@ class PartitionVerifier:
         except KafkaError as exc:
             return dict.fromkeys(asked, exc.code)
         except Exception as exc:  # unreachable, timed out, connection closed
-            log.warning("cannot verify a transaction at broker %d: %r", chosen.node_id, exc)
+            log.warning("cannot verify a transaction at broker %d: %s", chosen.node_id, reason(exc))
             return dict.fromkeys(asked, ErrorCode.NETWORK_EXCEPTION)
         return response_codes(response, asked)
 

@@ -21,6 +21,7 @@ from kafscale.broker.observability.retry_log import (
     RetryState,
     on_failure,
     on_success,
+    reason,
 )
 
 
@@ -65,6 +66,15 @@ def test_a_new_run_after_recovery_starts_with_a_warning_again() -> None:
 def test_the_first_failure_is_written_at_the_level_given() -> None:
     _, line = on_failure(RetryState(), 0.0, "balancer", "no etcd yet", level=logging.INFO)
     assert line == LogLine(logging.INFO, "balancer: no etcd yet; retrying")
+
+
+def test_an_error_without_text_is_named_in_the_line() -> None:
+    # The keepalive's own deadline (asyncio.timeout) raises a bare TimeoutError: the campaign's
+    # log read "session lease ... keepalive failed: ; retrying".
+    _, line = on_failure(RetryState(), 0.0, "keepalive failed", TimeoutError())
+    assert line == LogLine(logging.WARNING, "keepalive failed: no answer in time; retrying")
+    assert reason(ConnectionResetError()) == "ConnectionResetError"
+    assert reason(MetadataUnavailable("etcd is away")) == "etcd is away"
 
 
 @given(st.lists(st.tuples(st.floats(0, 5), st.booleans()), max_size=300))
