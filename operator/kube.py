@@ -49,6 +49,12 @@ PLURALS: dict[tuple[str, str], str] = {
     ("kafscale.io/v1alpha1", "KafScaleUser"): "kafscaleusers",
 }
 
+# Ask for a list of PartialObjectMetadata (meta.k8s.io/v1, as client-go's metadata client does),
+# plain JSON from a server that does not serve it.
+METADATA_LIST = (
+    "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1, application/json"
+)
+
 
 class KubeError(Exception):
     """The API server refused a request or could not be reached.
@@ -201,12 +207,13 @@ class Kube:
         body: Any = None,
         query: list[tuple[str, str]] | None = None,
         content_type: str = "application/json",
+        accept: str = "application/json",
     ) -> Any:
         response = self._client.call_api(
             path,
             method,
             query_params=query or [],
-            header_params={"Content-Type": content_type, "Accept": "application/json"},
+            header_params={"Content-Type": content_type, "Accept": accept},
             body=body,
             auth_settings=["BearerToken"],
             _return_http_data_only=True,
@@ -321,6 +328,24 @@ class Kube:
         query = [("labelSelector", label_selector)] if label_selector else []
         result = await self._run(
             "list", "GET", resource_path(api_version, kind, namespace), query=query
+        )
+        items: list[dict[str, Any]] = (result or {}).get("items") or []
+        return items
+
+    async def list_metadata(
+        self, api_version: str, kind: str, namespace: str
+    ) -> list[dict[str, Any]]:
+        """Every object of the kind in the namespace, metadata only (name, uid, labels, owner
+        references...: each a ``PartialObjectMetadata``, without ``spec``, ``data`` or
+        ``status``).
+
+        A whole-kind list in a namespace full of other applications' Deployments and Services
+        would otherwise carry every one of their specs (pod templates, managed fields) to an
+        operator that reads only whose each object is. A server that cannot answer with
+        metadata only (1.15+ can) answers with whole objects (:data:`METADATA_LIST` falls back
+        to plain JSON), whose metadata is the same."""
+        result = await self._run(
+            "list", "GET", resource_path(api_version, kind, namespace), accept=METADATA_LIST
         )
         items: list[dict[str, Any]] = (result or {}).get("items") or []
         return items
