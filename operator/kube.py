@@ -51,9 +51,7 @@ PLURALS: dict[tuple[str, str], str] = {
 
 # Ask for a list of PartialObjectMetadata (meta.k8s.io/v1, as client-go's metadata client does),
 # plain JSON from a server that does not serve it.
-METADATA_LIST = (
-    "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1, application/json"
-)
+METADATA_LIST = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1, application/json"
 
 
 class KubeError(Exception):
