@@ -320,16 +320,6 @@ class Kube:
             raise
         return result
 
-    async def list(
-        self, api_version: str, kind: str, namespace: str, label_selector: str | None = None
-    ) -> list[dict[str, Any]]:
-        query = [("labelSelector", label_selector)] if label_selector else []
-        result = await self._run(
-            "list", "GET", resource_path(api_version, kind, namespace), query=query
-        )
-        items: list[dict[str, Any]] = (result or {}).get("items") or []
-        return items
-
     async def list_metadata(
         self, api_version: str, kind: str, namespace: str
     ) -> list[dict[str, Any]]:
@@ -338,12 +328,22 @@ class Kube:
         ``status``).
 
         A whole-kind list in a namespace full of other applications' Deployments and Services
-        would otherwise carry every one of their specs (pod templates, managed fields) to an
+        would otherwise carry every one of their specs and statuses (pod templates...) to an
         operator that reads only whose each object is. A server that cannot answer with
         metadata only (1.15+ can) answers with whole objects (:data:`METADATA_LIST` falls back
         to plain JSON), whose metadata is the same."""
         result = await self._run(
             "list", "GET", resource_path(api_version, kind, namespace), accept=METADATA_LIST
+        )
+        items: list[dict[str, Any]] = (result or {}).get("items") or []
+        return items
+
+    async def list(
+        self, api_version: str, kind: str, namespace: str, label_selector: str | None = None
+    ) -> list[dict[str, Any]]:
+        query = [("labelSelector", label_selector)] if label_selector else []
+        result = await self._run(
+            "list", "GET", resource_path(api_version, kind, namespace), query=query
         )
         items: list[dict[str, Any]] = (result or {}).get("items") or []
         return items
