@@ -341,7 +341,7 @@ def register(
             leftover = f"etcd keys under /kafscale/{cluster}/ and objects under its bucket prefix"
             _post(body, [deletion_notice(str(exc), retry, DELETE_ATTEMPTS, leftover)])
             raise kopf.TemporaryError(f"deleting cluster data: {exc}", delay=3) from exc
-        _runtime(memo).forget(ref.namespace, ref.name)
+        _runtime(memo).forget(ref)
         metrics.forget_cluster(ref)
         logger.info(
             "deletionPolicy %s: removed %d etcd keys and %d objects",
