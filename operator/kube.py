@@ -7,7 +7,8 @@ callers apply only over objects the cluster owns (see ``conflicts``), and ``crea
 that was absent when they looked: it fails (:class:`NameTaken`) if one has appeared since, where
 an apply would take it over. ``write`` applies over an object the caller read with that
 object's uid as a precondition: it fails (:class:`ObjectReplaced`) if the name no longer holds
-it. ``delete`` can be made conditional on the uid that was checked.
+it. ``delete`` can be made conditional on the uid that was checked. ``list_metadata`` lists a kind
+with each object's metadata only, for callers that judge only whose an object is.
 The client is synchronous; every call runs in a worker thread under the configured deadline.
 The same connection settings feed kopf's login, so both talk to one API server with one
 identity.
