@@ -227,19 +227,19 @@ def register(
             raise ToldPermanentError(f"invalid spec: {problem}") from exc
         replicas_before = await reconcile.broker_replicas(runtime, ref)
         try:
-            refusals = await reconcile.apply_cluster(runtime, ref, spec)
+            applied = await reconcile.apply_cluster(runtime, ref, spec)
         except KubeError as exc:
             observation = await reconcile.observe_cluster(runtime, ref, spec)
             new = compute_cluster_status(ref, spec, observation, previous, now=reconcile.utc_now())
             _report(runtime, body, patch, previous, new)
             _observed(ref, spec, observation, new)
             raise kopf.TemporaryError(f"applying objects: {exc}", delay=5) from exc
-        observation = await reconcile.observe_cluster(runtime, ref, spec)
+        observation = await reconcile.observe_cluster(runtime, ref, spec, written=applied.written)
         new = compute_cluster_status(ref, spec, observation, previous, now=reconcile.utc_now())
         _observed(ref, spec, observation, new)
         wanted = None if spec.autoscaling.enabled else spec.brokers.replicas
         _report(runtime, body, patch, previous, new, scale_notice(replicas_before, wanted))
-        logger.info("%s", immutable.apply_summary(ref.generation, refusals))
+        logger.info("%s", immutable.apply_summary(ref.generation, applied.refusals))
 
     @kopf.timer(*CLUSTERS, interval=config.status_interval_s, registry=registry)
     @metrics.timed
@@ -265,14 +265,15 @@ def register(
             return
         ref = ref.model_copy(update={"generation": int(applied)})
         await runtime.refresh_capabilities(time.monotonic())
+        written = None
         try:  # an API the cluster uses is served now (or no longer), a name freed: apply again
             if applied == body["metadata"].get("generation") and await reconcile.needs_reapply(
                 runtime, ref
             ):
-                await reconcile.apply_cluster(runtime, ref, spec)
+                written = (await reconcile.apply_cluster(runtime, ref, spec)).written
         except KubeError as exc:
             logger.warning("applying objects again: %s", exc)
-        observation = await reconcile.observe_cluster(runtime, ref, spec)
+        observation = await reconcile.observe_cluster(runtime, ref, spec, written=written)
         previous = parse_conditions(status.get("conditions"))
         computed = compute_cluster_status(ref, spec, observation, previous, now=reconcile.utc_now())
         _observed(ref, spec, observation, computed)
@@ -340,7 +341,7 @@ def register(
             leftover = f"etcd keys under /kafscale/{cluster}/ and objects under its bucket prefix"
             _post(body, [deletion_notice(str(exc), retry, DELETE_ATTEMPTS, leftover)])
             raise kopf.TemporaryError(f"deleting cluster data: {exc}", delay=3) from exc
-        _runtime(memo).forget(ref.namespace, ref.name)
+        _runtime(memo).forget(ref)
         metrics.forget_cluster(ref)
         logger.info(
             "deletionPolicy %s: removed %d etcd keys and %d objects",

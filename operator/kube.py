@@ -7,7 +7,8 @@ callers apply only over objects the cluster owns (see ``conflicts``), and ``crea
 that was absent when they looked: it fails (:class:`NameTaken`) if one has appeared since, where
 an apply would take it over. ``write`` applies over an object the caller read with that
 object's uid as a precondition: it fails (:class:`ObjectReplaced`) if the name no longer holds
-it. ``delete`` can be made conditional on the uid that was checked.
+it. ``delete`` can be made conditional on the uid that was checked. ``list_metadata`` lists a kind
+with each object's metadata only, for callers that judge only whose an object is.
 The client is synchronous; every call runs in a worker thread under the configured deadline.
 The same connection settings feed kopf's login, so both talk to one API server with one
 identity.
@@ -48,6 +49,10 @@ PLURALS: dict[tuple[str, str], str] = {
     ("kafscale.io/v1alpha1", "KafScaleTopic"): "kafscaletopics",
     ("kafscale.io/v1alpha1", "KafScaleUser"): "kafscaleusers",
 }
+
+# Ask for a list of PartialObjectMetadata (meta.k8s.io/v1, as client-go's metadata client does),
+# plain JSON from a server that does not serve it.
+METADATA_LIST = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1, application/json"
 
 
 class KubeError(Exception):
@@ -201,12 +206,13 @@ class Kube:
         body: Any = None,
         query: list[tuple[str, str]] | None = None,
         content_type: str = "application/json",
+        accept: str = "application/json",
     ) -> Any:
         response = self._client.call_api(
             path,
             method,
             query_params=query or [],
-            header_params={"Content-Type": content_type, "Accept": "application/json"},
+            header_params={"Content-Type": content_type, "Accept": accept},
             body=body,
             auth_settings=["BearerToken"],
             _return_http_data_only=True,
@@ -314,6 +320,24 @@ class Kube:
                 return None
             raise
         return result
+
+    async def list_metadata(
+        self, api_version: str, kind: str, namespace: str
+    ) -> list[dict[str, Any]]:
+        """Every object of the kind in the namespace, metadata only (name, uid, labels, owner
+        references...: each a ``PartialObjectMetadata``, without ``spec``, ``data`` or
+        ``status``).
+
+        A whole-kind list in a namespace full of other applications' Deployments and Services
+        would otherwise carry every one of their specs and statuses (pod templates...) to an
+        operator that reads only whose each object is. A server that cannot answer with
+        metadata only (1.15+ can) answers with whole objects (:data:`METADATA_LIST` falls back
+        to plain JSON), whose metadata is the same."""
+        result = await self._run(
+            "list", "GET", resource_path(api_version, kind, namespace), accept=METADATA_LIST
+        )
+        items: list[dict[str, Any]] = (result or {}).get("items") or []
+        return items
 
     async def list(
         self, api_version: str, kind: str, namespace: str, label_selector: str | None = None

@@ -13,6 +13,12 @@ taken for none among the names its spec no longer wants, and was never deleted; 
 every name of a listed kind is known from its one LIST, whatever labels its object carries.
 Only the kinds of :data:`LISTED_KINDS` (the kinds the chart grants ``list`` on) are listed:
 ConfigMaps and Secrets, which may hold what other applications keep to themselves, never are.
+
+A list asks for metadata only (:meth:`Kube.list_metadata`): a listed object is judged only by
+whose it is (owner references, uid), and a namespace of other applications' Deployments would
+otherwise send every pod template on every pass. So a listed object in the answer has no
+``spec`` or ``status``; what needs them (the etcd StatefulSet's claims, the ConfigMap's etcd
+endpoints) is of a kind read by name, and the status takes the objects the apply answered with.
 """
 
 from __future__ import annotations
@@ -53,11 +59,12 @@ def plan_reads(ids: Iterable[ObjectId]) -> tuple[list[Kind], list[ObjectId]]:
 async def read_live(
     kube: Kube, ref: ClusterRef, ids: Iterable[ObjectId]
 ) -> dict[ObjectId, Manifest | None]:
-    """The live object of each id in the cluster's namespace (None: there is none)."""
+    """The live object of each id in the cluster's namespace (None: there is none); of a
+    listed kind, its metadata only."""
     every = list(dict.fromkeys(ids))
     kinds, by_name = plan_reads(every)
     lists = await asyncio.gather(
-        *(kube.list(api_version, kind, ref.namespace) for api_version, kind in kinds)
+        *(kube.list_metadata(api_version, kind, ref.namespace) for api_version, kind in kinds)
     )
     found: dict[ObjectId, Manifest | None] = {
         (api_version, kind, item["metadata"]["name"]): item

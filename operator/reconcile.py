@@ -13,6 +13,7 @@ import contextlib
 import datetime
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 from kafscale.broker.metadata import keys
@@ -60,6 +61,17 @@ Live = dict[manifests.ObjectId, dict[str, Any] | None]  # what holds each name (
 CREATE_ATTEMPTS = 3  # plans made again when a name changes hands between its read and write
 
 
+@dataclass(frozen=True)
+class AppliedCluster:
+    """What a pass over a cluster's objects did: the changes it refused (for the handler's
+    log) and each object it wrote, as the API server answered the write: the object as the
+    server has it right after, status included (the status read after the pass takes these
+    rather than reading them again)."""
+
+    refusals: list[immutable.Refusal] = field(default_factory=list)
+    written: Live = field(default_factory=dict)
+
+
 def serves_cert_manager(capabilities: ServerCapabilities) -> bool:
     """Only a server known to serve cert-manager's API (not one whose discovery failed)."""
     versions = capabilities.group_versions
@@ -72,7 +84,7 @@ def utc_now() -> str:
 
 async def apply_cluster(
     runtime: Runtime, ref: ClusterRef, spec: KafScaleClusterSpec
-) -> list[immutable.Refusal]:
+) -> AppliedCluster:
     """Apply every desired object the server serves, then delete the ones no longer wanted.
 
     A change the live etcd cannot take (see :mod:`immutable`) is kept for the status: a
@@ -80,7 +92,7 @@ async def apply_cluster(
     scheme or etcd mode applies nothing. Objects of the cluster's names that are not the
     cluster's are neither applied over nor deleted (see :mod:`conflicts`); they are kept for
     the status too. What holds each name is read once (:mod:`live_objects`). Returns the
-    refused changes (for the handler's log).
+    refused changes and the objects written, as the server answered (:class:`AppliedCluster`).
     """
     kube, capabilities = runtime.kube, runtime.capabilities
     key = (ref.namespace, ref.name)
@@ -107,7 +119,7 @@ async def apply_cluster(
             runtime.apply_errors.pop(key, None)
             runtime.not_owned.pop(key, None)
             runtime.held_by_others.pop(key, None)
-            return refusals
+            return AppliedCluster(refusals)
         runtime.applied_with[key] = capabilities
         if not cert_manager:  # the Secrets the pods mount, before the pods
             await ensure_certificate_secrets(kube, ref, spec, datetime.datetime.now(datetime.UTC))
@@ -123,7 +135,8 @@ async def apply_cluster(
         runtime.apply_errors[key] = str(exc)
         raise
     runtime.apply_errors.pop(key, None)
-    return refusals
+    written = {oid: live[oid] for oid in map(manifests.object_id, plan.apply)}
+    return AppliedCluster(refusals, written)
 
 
 async def needs_reapply(runtime: Runtime, ref: ClusterRef) -> bool:
@@ -227,11 +240,6 @@ def _statefulset_of(ref: ClusterRef, live: Live) -> dict[str, Any] | None:
     return _owned_of(ref, live, _etcd_holders(ref)[0])
 
 
-async def _live_statefulset(runtime: Runtime, ref: ClusterRef) -> dict[str, Any] | None:
-    """The cluster's own managed etcd StatefulSet as it is now (None: none of the cluster's)."""
-    return await _owned(runtime, ref, "apps/v1", "StatefulSet", naming.etcd_name(ref.name))
-
-
 async def _owned(
     runtime: Runtime, ref: ClusterRef, api_version: str, kind: str, name: str
 ) -> dict[str, Any] | None:
@@ -275,19 +283,31 @@ async def broker_replicas(runtime: Runtime, ref: ClusterRef) -> int | None:
 
 
 async def observe_cluster(
-    runtime: Runtime, ref: ClusterRef, spec: KafScaleClusterSpec, *, deleting: bool = False
+    runtime: Runtime,
+    ref: ClusterRef,
+    spec: KafScaleClusterSpec,
+    *,
+    deleting: bool = False,
+    written: Live | None = None,
 ) -> ClusterObservation:
     """What the status is built from: only the cluster's own objects count (a same-named
-    Deployment of another owner is not its brokers)."""
-    deployment = await _owned(
-        runtime, ref, "apps/v1", "Deployment", naming.broker_deployment_name(ref.name)
-    )
+    Deployment of another owner is not its brokers). An object a pass just wrote (``written``:
+    :attr:`AppliedCluster.written`) is taken from the write's answer, not read again."""
+    written = written or {}
+
+    async def current(api_version: str, kind: str, name: str) -> dict[str, Any] | None:
+        oid = (api_version, kind, name)
+        if oid in written:  # the cluster's own: written over its uid, or created
+            return written[oid]
+        return await _owned(runtime, ref, api_version, kind, name)
+
+    deployment = await current("apps/v1", "Deployment", naming.broker_deployment_name(ref.name))
     proxy = None
     if spec.proxy.enabled:
-        proxy = await _owned(runtime, ref, "apps/v1", "Deployment", naming.proxy_name(ref.name))
+        proxy = await current("apps/v1", "Deployment", naming.proxy_name(ref.name))
     statefulset = None
     if runtime.in_effect(ref, spec).etcd.mode == EtcdMode.MANAGED:
-        statefulset = await _live_statefulset(runtime, ref)
+        statefulset = await current(*_etcd_holders(ref)[0])
     registered: int | None = None
     leases: LeaseStatus | None = None
     etcd_error: str | None = None

@@ -36,6 +36,13 @@ from kafscale.operator.settings import OperatorSettings
 from kafscale.operator.tls_secrets import etcd_client_tls
 
 PoolKey = tuple[tuple[str, ...], EtcdTls | None]
+ClusterKey = tuple[str, str, str]  # (namespace, name, uid): one cluster, not its name's next
+
+
+def cluster_key(ref: ClusterRef) -> ClusterKey:
+    """What a cluster's own records are kept under: a cluster deleted and made again under
+    its name is another cluster (another uid), and inherits none of them."""
+    return (ref.namespace, ref.name, ref.uid)
 
 
 def managed_etcd_host(ref: ClusterRef) -> str:
@@ -106,11 +113,13 @@ class Runtime:
     not_owned: dict[tuple[str, str], str | None] = field(default_factory=dict)
     # (namespace, name) → those names, each with the uid of the object that held it.
     held_by_others: dict[tuple[str, str], dict[ObjectId, str]] = field(default_factory=dict)
-    # (namespace, name) → which etcd the cluster's live objects say holds its metadata, as of
-    # its last apply (or read from them when first needed: after a restart the topic, user and
-    # lease handlers may run first). While a switch of ``etcd.mode`` is refused
-    # (``immutable``), the operator's own etcd calls keep to that etcd.
-    etcd_in_use: dict[tuple[str, str], EtcdInUse] = field(default_factory=dict)
+    # (namespace, name, uid) → which etcd the cluster's live objects say holds its metadata, as
+    # of its last apply (or read from them when first needed: after a restart the topic, user
+    # and lease handlers may run first). While a switch of ``etcd.mode`` is refused
+    # (``immutable``), the operator's own etcd calls keep to that etcd. Kept by uid: a cluster
+    # made again under a deleted one's name (as the refusal's hint says to move) is not held
+    # to the deleted one's etcd, even where its deletion was never handled here.
+    etcd_in_use: dict[ClusterKey, EtcdInUse] = field(default_factory=dict)
     # (namespace, name) → what the last apply left out because the server does not serve it.
     left_out: dict[tuple[str, str], list[str]] = field(default_factory=dict)
     # Private directory for the etcd client certificates the operator presents (gRPC reads files).
@@ -134,10 +143,10 @@ class Runtime:
 
     def note_etcd(self, ref: ClusterRef, in_use: EtcdInUse) -> None:
         """What the cluster's live objects say about its etcd, as an apply just read them."""
-        self.etcd_in_use[(ref.namespace, ref.name)] = in_use
+        self.etcd_in_use[cluster_key(ref)] = in_use
 
     def knows_etcd(self, ref: ClusterRef) -> bool:
-        return (ref.namespace, ref.name) in self.etcd_in_use
+        return cluster_key(ref) in self.etcd_in_use
 
     async def recall_etcd(self, ref: ClusterRef) -> None:
         """Read which etcd the cluster uses from its live objects, unless known already
@@ -152,12 +161,12 @@ class Runtime:
         except KubeError as exc:
             raise MetadataUnavailable(f"reading which etcd the cluster uses: {exc}") from exc
         owned = [obj if owned_by(obj, ref.uid) else None for obj in (statefulset, config_map)]
-        self.etcd_in_use.setdefault((ref.namespace, ref.name), etcd_in_use(*owned))
+        self.etcd_in_use.setdefault(cluster_key(ref), etcd_in_use(*owned))
 
     def in_effect(self, ref: ClusterRef, spec: KafScaleClusterSpec) -> KafScaleClusterSpec:
         """``spec`` with the etcd section the brokers use while a switch of its mode is refused
         (as far as known: :meth:`recall_etcd` first)."""
-        in_use = self.etcd_in_use.get((ref.namespace, ref.name))
+        in_use = self.etcd_in_use.get(cluster_key(ref))
         if in_use is None:
             return spec
         _, held = judge_mode(spec.etcd, in_use, managed_etcd_host(ref))
@@ -187,19 +196,19 @@ class Runtime:
         applied = self.applied_with.get((namespace, name))
         return applied is not None and applied != self.capabilities
 
-    def forget(self, namespace: str, name: str) -> None:
+    def forget(self, ref: ClusterRef) -> None:
         """Drop what is kept of a deleted cluster."""
         for kept in (
             self.apply_errors,
             self.refused,
             self.not_owned,
             self.held_by_others,
-            self.etcd_in_use,
             self.left_out,
             self.applied_with,
             self.reported,
         ):
-            kept.pop((namespace, name), None)
+            kept.pop((ref.namespace, ref.name), None)
+        self.etcd_in_use.pop(cluster_key(ref), None)
 
     async def close(self) -> None:
         await self.etcd.close()

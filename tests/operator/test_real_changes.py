@@ -29,8 +29,9 @@ from kafscale.broker.metadata import keys
 from kafscale.broker.metadata.embedded_etcd import EmbeddedEtcd
 from kafscale.broker.metadata.etcd import Etcd
 from kafscale.operator import naming, reconcile
+from kafscale.operator.discovery import fetch_capabilities
 from kafscale.operator.kube import Kube, load_configuration
-from kafscale.operator.models import KafScaleTopicSpec
+from kafscale.operator.models import ClusterRef, KafScaleTopicSpec, parse_cluster_spec
 from kafscale.operator.naming import label_selector
 from kafscale.operator.runtime import EtcdPool, Runtime
 from kafscale.operator.topics import reconcile_topic
@@ -361,6 +362,7 @@ async def test_after_a_restart_the_operator_keeps_to_the_etcd_of_a_refused_mode_
             await reconcile_topic(
                 cluster_etcd, name, "orders", KafScaleTopicSpec(cluster_ref="ext")
             )
+        assert runtime.in_effect(ref, spec).etcd.mode == "External"
     finally:
         await runtime.close()
     assert await etcd.get(keys.topic_key(name, "orders")) is not None
@@ -379,3 +381,49 @@ async def test_after_a_restart_the_operator_keeps_to_the_etcd_of_a_refused_mode_
         said = [e[:2] for e in events_of(kube, ns, "ext") if e[1] != "NotServed"]
         assert said.count(("Warning", "ImmutableFieldChanged")) == 1, said
         assert ("Normal", "Recovered") not in said, said
+
+
+async def test_a_cluster_made_again_under_a_deleted_ones_name_is_not_held_to_its_etcd(
+    kube_cluster: KubeCluster,
+    kafscale_chart: InstalledChart,
+    kube_namespace: str,
+    etcd_server: EmbeddedEtcd,
+    etcd: Etcd,
+) -> None:
+    """``demo`` (managed etcd) is switched to an external etcd, which is refused: the operator
+    keeps to the managed one. ``demo`` is then deleted without its finalizer having run in
+    this operator (removed by hand from a deletion that hung, or given up after its tries) and
+    made again on the external etcd, as the refusal's hint says to move. Before, which etcd is
+    in use was remembered by namespace and name: until the new cluster's first pass, the
+    operator held it to the deleted one's managed etcd, and a topic handled meanwhile went
+    there (here: nowhere, that etcd has no pods). Now it is remembered by the cluster's uid:
+    the topic is written to the etcd the new cluster's spec names."""
+    ns, kube = kube_namespace, kube_cluster
+    settings = operator_settings(kafscale_chart)
+    client = Kube(load_configuration(settings), settings.api_timeout_s)
+    runtime = Runtime(settings, client, EtcdPool(2.0), await fetch_capabilities(client))
+    external = {
+        "storage": {"bucket": "bucket-1"},
+        "etcd": {"mode": "External", "endpoints": [etcd_server.client_url]},
+    }
+    cluster = f"{CLUSTERS.format(ns=ns)}/demo"
+    try:
+        body = kube.create(CLUSTERS.format(ns=ns), cluster_manifest("demo", ns, MANAGED))
+        old = ClusterRef.from_body(body)
+        await reconcile.apply_cluster(runtime, old, parse_cluster_spec(MANAGED))
+        refused = await reconcile.apply_cluster(runtime, old, parse_cluster_spec(external))
+        assert [r.field for r in refused.refusals] == ["etcd.mode"]
+        kube.delete(cluster)
+        await settle(lambda: kube.get(cluster) is None, what="the cluster deleted")
+
+        again = kube.create(CLUSTERS.format(ns=ns), cluster_manifest("demo", ns, external))
+        ref, spec = ClusterRef.from_body(again), parse_cluster_spec(external)
+        name = naming.kafscale_cluster_name(ref, spec)
+        async with runtime.cluster_etcd(ref, spec) as cluster_etcd:  # before its first pass
+            await reconcile_topic(
+                cluster_etcd, name, "orders", KafScaleTopicSpec(cluster_ref="demo")
+            )
+        assert runtime.in_effect(ref, spec).etcd.mode == "External"
+    finally:
+        await runtime.close()
+    assert await etcd.get(keys.topic_key(name, "orders")) is not None
