@@ -33,7 +33,8 @@ from kafscale.broker.metadata.etcd import Etcd
 from kafscale.broker.metadata.etcd_channel import BadEndpoint
 from kafscale.broker.metadata.etcd_connect import connect_etcd, warn_of_durability_bugs
 from kafscale.broker.metadata.etcd_errors import MetadataError, MetadataUnavailable
-from kafscale.broker.metadata.leaders import leader_for
+from kafscale.broker.metadata.leaders import leader_for, live_leaders
+from kafscale.broker.metadata.listed_brokers import listed_brokers
 from kafscale.broker.metadata.partition_state import PartitionState
 from kafscale.broker.metadata.session_lease import SessionLease
 from kafscale.broker.metadata.session_renewal import renew_session
@@ -386,13 +387,17 @@ class Broker:
             self.share.release_connection(connection)
 
     def leader_for(self, tp: TopicPartition) -> int:
+        """The leader clients are given; never this broker while its session is not valid."""
+        me = None if self.info is None else self.info.node_id
+        live = live_leaders(self.view.brokers.keys(), me, self.session.still_valid())
         return leader_for(
-            tp,
-            self.view.owners,
-            self.view.assignment.owners,
-            self.view.brokers.keys(),
-            self.view.draining,
+            tp, self.view.owners, self.view.assignment.owners, live, self.view.draining
         )
+
+    def listed_brokers(self) -> list[BrokerInfo]:
+        """The brokers Metadata and DescribeCluster list: the registered ones and, while it
+        serves, this one, whose registration a lapsed session took (``listed_brokers``)."""
+        return listed_brokers(self.view.brokers, self.info, self.ready)
 
     def committed_state(self, tp: TopicPartition) -> PartitionState:
         owned = self.log_manager.owned.get(tp)
