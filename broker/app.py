@@ -33,7 +33,8 @@ from kafscale.broker.metadata.etcd import Etcd
 from kafscale.broker.metadata.etcd_channel import BadEndpoint
 from kafscale.broker.metadata.etcd_connect import connect_etcd, warn_of_durability_bugs
 from kafscale.broker.metadata.etcd_errors import MetadataError, MetadataUnavailable
-from kafscale.broker.metadata.leaders import leader_for
+from kafscale.broker.metadata.leaders import leader_for, live_leaders
+from kafscale.broker.metadata.listed_brokers import listed_brokers
 from kafscale.broker.metadata.partition_state import PartitionState
 from kafscale.broker.metadata.session_lease import SessionLease
 from kafscale.broker.metadata.session_renewal import renew_session
@@ -69,6 +70,7 @@ from kafscale.broker.storage.instrumented import InstrumentedStore
 from kafscale.broker.storage.log_manager import LogManager
 from kafscale.broker.storage.log_sizes import LogSizes, log_dir_name
 from kafscale.broker.storage.object_store import ObjectStore, ObjectStoreError
+from kafscale.broker.storage.partition_log import OwnedPartition
 from kafscale.broker.storage.reader import LogReader
 from kafscale.broker.storage.topic_purge import TopicPurger
 from kafscale.broker.task_stop import cancel_and_wait, start_task
@@ -377,8 +379,15 @@ class Broker:
         await follow_once(self.log_manager, plan)
 
     def _still_owns(self, topic: str, partition: int, lease_revision: int) -> bool:
-        owned = self.log_manager.owned.get((topic, partition))
+        owned = self._owned_now((topic, partition))
         return owned is not None and owned.lease_revision == lease_revision
+
+    def _owned_now(self, tp: TopicPartition) -> OwnedPartition | None:
+        """The partition if this broker owns it and may act as its owner now: not while its
+        session is suspended (``session_lease``), when what it holds is vouched for by memory
+        alone; its reads then go by etcd, as another broker's do."""
+        owned = self.log_manager.owned.get(tp)
+        return owned if owned is not None and self.session.still_valid() else None
 
     async def _connection_closed(self, connection: Connection) -> None:
         """A client went away: its share sessions end and their records are released."""
@@ -386,23 +395,27 @@ class Broker:
             self.share.release_connection(connection)
 
     def leader_for(self, tp: TopicPartition) -> int:
+        """The leader clients are given; never this broker while its session is not valid."""
+        me = None if self.info is None else self.info.node_id
+        live = live_leaders(self.view.brokers.keys(), me, self.session.still_valid())
         return leader_for(
-            tp,
-            self.view.owners,
-            self.view.assignment.owners,
-            self.view.brokers.keys(),
-            self.view.draining,
+            tp, self.view.owners, self.view.assignment.owners, live, self.view.draining
         )
 
+    def listed_brokers(self) -> list[BrokerInfo]:
+        """The brokers Metadata and DescribeCluster list: the registered ones and, while it
+        serves, this one, whose registration a lapsed session took (``listed_brokers``)."""
+        return listed_brokers(self.view.brokers, self.info, self.ready)
+
     def committed_state(self, tp: TopicPartition) -> PartitionState:
-        owned = self.log_manager.owned.get(tp)
+        owned = self._owned_now(tp)
         if owned is not None:
             return owned.state
         return self.view.states.get(tp, PartitionState())
 
     async def fresh_state(self, tp: TopicPartition) -> PartitionState:
         """The committed state read from etcd now (non-owners: never answer from a stale view)."""
-        owned = self.log_manager.owned.get(tp)
+        owned = self._owned_now(tp)
         if owned is not None:
             return owned.state
         kv = await self.etcd.get(keys.partition_state_key(self.cluster, *tp))

@@ -17,6 +17,7 @@ from kafscale.broker.api.topic_partitions import (
 )
 from kafscale.broker.authz.model import Operation
 from kafscale.broker.metadata.cluster import CLUSTER_ID_PREFIX, TopicInfo, TopicPartition
+from kafscale.broker.metadata.listed_brokers import controller_id as listed_controller_id
 from kafscale.broker.metadata.topics import missing_topic_error
 from kafscale.broker.protocol.errors import ErrorCode, KafkaError
 
@@ -29,18 +30,18 @@ def topic_uuid(info: TopicInfo) -> uuid.UUID:
 
 
 def broker_entries(ctx: RequestContext) -> list[Body]:
-    """The live brokers at the addresses of the listener this client came in on."""
+    """The live brokers, this one always among them while it serves (``listed_brokers``), at
+    the addresses of the listener this client came in on."""
     listener = ctx.connection.listener
     entries = []
-    for b in sorted(ctx.broker.view.brokers.values(), key=lambda b: b.node_id):
+    for b in ctx.broker.listed_brokers():
         host, port = b.endpoint(listener)
         entries.append({"node_id": b.node_id, "host": host, "port": port, "rack": b.rack})
     return entries
 
 
 def controller_id(ctx: RequestContext) -> int:
-    live = ctx.broker.view.live_broker_ids()
-    return live[0] if live else -1
+    return listed_controller_id(ctx.broker.listed_brokers())
 
 
 async def handle_metadata(request: Any, ctx: RequestContext) -> Body:

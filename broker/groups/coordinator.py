@@ -318,7 +318,7 @@ class GroupCoordinator:
         fence = await self._take_lease(group_id, session)
         try:
             loaded = await self._store.load(group_id)
-            if self._closed or host.session is not session or session.lost.is_set():
+            if self._closed or host.session is not session or not session.still_valid():
                 raise CoordinatorBetweenSessions("this broker lost its etcd session")
             gone_at_ms = self._lease_gone_at.pop(group_id, None)
             runtime = self._new_runtime(group_id, fence, loaded, session, gone_at_ms)
@@ -343,7 +343,7 @@ class GroupCoordinator:
     async def _take_lease(self, group_id: str, session: SessionLease) -> Fence:
         """The group's lease, taken (or confirmed) for this broker's ``session``; raises
         NotCoordinator (another holder, a lost session, draining) or MetadataUnavailable."""
-        if session.lost.is_set():
+        if not session.still_valid():  # lost, or suspended (``session_lease``)
             raise CoordinatorBetweenSessions("this broker's etcd session expired")
         if self._host.draining:
             raise NotCoordinator("this broker is draining")

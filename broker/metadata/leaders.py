@@ -4,6 +4,9 @@ The lease holder if it is alive; else the desired owner from the assignment if i
 not draining; else a stable pick among the live, non-draining brokers, the same on every
 broker, so that clients of every broker send a leaderless partition's produce to one place,
 which then claims the lease on demand.
+
+A broker whose own session is not valid (woken from a freeze past its TTL, before the view has
+heard that etcd deleted its ownership keys) counts as not alive for this (``live_leaders``).
 """
 
 from __future__ import annotations
@@ -32,6 +35,18 @@ def leader_for(
     if wanted is not None and wanted in candidates:
         return wanted
     return stable_pick(tp, candidates)
+
+
+def live_leaders(
+    registered: Collection[int], me: int | None, session_valid: bool
+) -> Collection[int]:
+    """The brokers ``leader_for`` may name: the registered ones, less this broker (``me``) while
+    its session is not valid. Its ownership keys went with the session, though its view may
+    still show them for a moment after a freeze: naming itself would send clients to a broker
+    that can only answer NOT_LEADER_OR_FOLLOWER."""
+    if session_valid or me is None:
+        return registered
+    return [b for b in registered if b != me]
 
 
 def stable_pick(tp: TopicPartition, candidates: Sequence[int]) -> int:

@@ -2,8 +2,9 @@
 decision over the key as etcd holds it.
 
 A key bound to an earlier session of this same broker is not ours to keep. The broker gives a
-session up when no keepalive succeeded for its TTL, but etcd may still hold that lease: an etcd
-that restarted (or lost its leader) extends every lease by its TTL when it comes back. Confirming
+session up when no keepalive succeeded for two TTLs (``session_lease``: suspended after one,
+resumed if etcd answers in time), but etcd may still hold that lease: an etcd that restarted (or
+lost its leader) extends every lease by its TTL when it comes back. Confirming
 such a key (same value, same create revision) left it bound to the old lease, which nobody
 renews any more: a TTL later etcd deleted it while the broker still served the partition as its
 own, so etcd named no holder, no other broker took it over and the proxies and clients followed

@@ -2,14 +2,46 @@
 
 Every ownership key a broker writes (partition and group leases, its registration) is bound to
 this lease, so ownership ends with the broker: at once on ``revoke()`` (a graceful handoff), or
-within one TTL after a crash. ``lost`` tells the broker to stop acting as owner (DESIGN §3.3,
-§3.4). Apart from the client (:mod:`etcd`) because it is a long-lived task with its own timing
-rules, not a call.
+within one TTL after a crash. ``still_valid()`` tells an owner whether it may act now, ``lost``
+that the session is over for good (DESIGN §3.3, §3.4). Apart from the client (:mod:`etcd`)
+because it is a long-lived task with its own timing rules, not a call.
+
+A session whose keepalives went unanswered for a TTL is *suspended*, not lost. Its own clock
+cannot tell whether etcd still holds the lease: after an etcd leader change the new leader
+extends every lease by its TTL (etcd's lease "promote"), so a broker whose keepalives failed
+through the election usually still holds everything. Giving it all up then (abandoning every
+partition, failing what was buffered, registering again on a new lease) was churn for nothing
+(``bench/chaos.py --kinds etcd-leader``). So (``session_phase``, pure):
+
+* **valid** until a TTL after the last answered keepalive was sent (etcd holds the lease at
+  least that long): the broker acts as owner.
+* **suspended** from then on: ``still_valid()`` is false, so nothing acts on ownership that
+  only memory vouches for (a group coordinator answers NOT_COORDINATOR and its timers wait,
+  Metadata names another leader, no partition, group or transactional id is claimed, an
+  owner's reads and share-partitions go by etcd, not by what it holds). The keepalive goes on.
+* **valid again** if etcd then renews the lease (a keepalive answered with a TTL): the session
+  resumes with nothing abandoned and no new registration.
+* **lost** when etcd says the lease is gone, or nothing answered for one more TTL: as before,
+  the broker gives everything up and starts a new session (``session_renewal``).
+
+Why resuming is safe: every key that stands for ownership is bound to this lease, and etcd
+deletes such keys only by revoking the lease (its expiry or a ``revoke``); it never renews an
+expired lease (a renewal that meets one waits for its revocation and answers "not found"), and
+a lease id is never granted twice. A keepalive answered with a TTL therefore proves that none of
+those keys went away since the last answered one, so no other broker can have created them
+(every claim is create-if-absent) and nothing was taken from this one. What a partition writer
+did meanwhile is fenced by etcd, not by the clock: a flush commits with a transaction that
+compares its lease key (value and create revision, DESIGN §3.4), so a commit sent while
+suspended lands only if the key, and so the lease, still existed, and an upload whose commit
+failed stays an orphan readers ignore; acks follow commits, so a lease that had gone acks
+nothing. The clock only ever decides the moment to stop acting on memory: before etcd could
+have expired the lease, as before.
 """
 
 from __future__ import annotations
 
 import asyncio
+import enum
 import logging
 
 from kafscale.broker.metadata.etcd import Etcd
@@ -20,15 +52,34 @@ from kafscale.broker.task_stop import cancel_and_wait, start_task
 log = logging.getLogger(__name__)
 
 
+class Phase(enum.Enum):
+    VALID = "valid"
+    SUSPENDED = "suspended"
+    LOST = "lost"
+
+
+def session_phase(now: float, valid_until: float, ttl_s: float) -> Phase:
+    """Where a session stands by its own clock alone: valid until ``valid_until`` (the last
+    answered keepalive's send time + its TTL), then suspended for one more TTL while the
+    keepalive asks etcd, then lost (etcd did not answer at all)."""
+    if now < valid_until:
+        return Phase.VALID
+    if now < valid_until + ttl_s:
+        return Phase.SUSPENDED
+    return Phase.LOST
+
+
 class SessionLease:
     """The broker's one session lease, kept alive every TTL/3 by a task this object owns.
 
     Every ownership key (partition and group leases, the broker registration) is bound to it,
     so a broker that dies loses everything within one TTL, and ``revoke()`` hands everything
-    over at once. ``lost`` is set when etcd says the lease is gone, or when no keepalive has
-    succeeded for a whole TTL (measured from when the last good one was sent, so it errs on
-    the early side): from then on the broker must not act as owner. A lost lease is not
-    renewed; start a new session. ``revoke()`` is a deliberate release and does not set ``lost``.
+    over at once. ``still_valid()`` is false once no keepalive has succeeded for a whole TTL
+    (measured from when the last good one was sent, so it errs on the early side): from then
+    on the broker must not act as owner, until etcd renews the lease (the module's docstring).
+    ``lost`` is set when etcd says the lease is gone, or when no keepalive has succeeded for
+    two TTLs. A lost lease is not renewed; start a new session. ``revoke()`` is a deliberate
+    release and does not set ``lost``.
     """
 
     def __init__(self, etcd: Etcd, lease_id: int, ttl_s: int, valid_until: float = 0.0) -> None:
@@ -40,6 +91,7 @@ class SessionLease:
         self._valid_until = valid_until
         """Loop time until which etcd holds the lease at least (the last good keepalive's
         send time + its TTL)."""
+        self._suspended = False  # told once per suspension
 
     @classmethod
     async def start(cls, etcd: Etcd, ttl_s: int) -> SessionLease:
@@ -58,15 +110,32 @@ class SessionLease:
         return self._ttl_s
 
     def still_valid(self) -> bool:
-        """Whether the broker may act as owner at this moment. ``lost`` is set by the keepalive
-        task's own timer; a process woken from a freeze longer than the TTL (SIGSTOP, a stalled
-        VM) runs its other timers and requests in the same loop turn as that one, before the
-        event reaches anyone, so a group coordinator expired members and answered JoinGroups
-        with a generation for groups whose lease etcd had already deleted. An owner about to
-        act asks here first; a lease past its TTL is marked lost now."""
-        if self._task is not None and asyncio.get_running_loop().time() >= self._valid_until:
-            self._mark_lost(f"no keepalive succeeded for {self._ttl_s} s")
-        return not self.lost.is_set()
+        """Whether the broker may act as owner at this moment. The keepalive task runs on its
+        own timer; a process woken from a freeze longer than the TTL (SIGSTOP, a stalled VM)
+        runs its other timers and requests in the same loop turn as that one, so a group
+        coordinator expired members and answered JoinGroups with a generation for groups whose
+        lease etcd had already deleted. An owner about to act asks here first: a lease past its
+        TTL is suspended (or lost) now, whatever the keepalive task has seen."""
+        if self._task is None:
+            return not self.lost.is_set()
+        return self._phase(asyncio.get_running_loop().time()) is Phase.VALID
+
+    def _phase(self, now: float) -> Phase:
+        """The session's phase now, told once in the log as it changes; LOST sets ``lost``."""
+        if self.lost.is_set():
+            return Phase.LOST
+        phase = session_phase(now, self._valid_until, self._ttl_s)
+        if phase is Phase.LOST:
+            self._mark_lost(f"no keepalive succeeded for {2 * self._ttl_s} s")
+        elif phase is Phase.SUSPENDED and not self._suspended:
+            self._suspended = True
+            log.warning(
+                "session lease %x suspended: no keepalive succeeded for %d s; not acting as "
+                "owner until etcd answers whether it still holds the lease",
+                self._id,
+                self._ttl_s,
+            )
+        return phase
 
     async def revoke(self) -> None:
         """Stop the keepalive and revoke: every key bound to the lease is deleted at once."""
@@ -89,12 +158,12 @@ class SessionLease:
         retries = RetryLog(log, f"session lease {self._id:x} keepalive failed")
         try:
             while True:
-                await asyncio.sleep(max(0.0, min(delay, self._valid_until - loop.time())))
-                if not self.still_valid():
+                await asyncio.sleep(max(0.0, min(delay, self._next_change(loop.time()))))
+                if self._phase(loop.time()) is Phase.LOST:
                     return
                 sent_at = loop.time()
                 try:
-                    async with asyncio.timeout(self._valid_until - sent_at):
+                    async with asyncio.timeout(max(self._next_change(sent_at), retry)):
                         ttl = await self._etcd.refresh_lease(self._id)
                 except LeaseLost as error:
                     self._mark_lost(str(error))
@@ -104,10 +173,27 @@ class SessionLease:
                     delay = retry
                     continue
                 retries.succeeded()
-                self._valid_until, delay = sent_at + ttl, interval
+                self._renewed(sent_at, ttl)
+                delay = interval
         except Exception:
             log.exception("session lease %x keepalive crashed", self._id)
             self._mark_lost("keepalive crashed")
+
+    def _next_change(self, now: float) -> float:
+        """Seconds until the phase changes by the clock (valid → suspended → lost)."""
+        if now < self._valid_until:
+            return self._valid_until - now
+        return self._valid_until + self._ttl_s - now
+
+    def _renewed(self, sent_at: float, ttl_s: int) -> None:
+        """etcd renewed the lease: a suspended session resumes (nothing bound to it went)."""
+        self._valid_until = sent_at + ttl_s
+        if self._suspended and not self.lost.is_set():
+            self._suspended = False
+            log.warning(
+                "session lease %x resumed: etcd still holds it, nothing bound to it was taken",
+                self._id,
+            )
 
     def _mark_lost(self, reason: str) -> None:
         if self.lost.is_set():

@@ -153,8 +153,8 @@ class LogManager:
         info = self._view.topics.get(topic)
         if info is None or not 0 <= partition < info.partitions:
             raise UnknownTopicOrPartition(f"{topic}-{partition}")
-        if self._session.lost.is_set():
-            raise NotLeader("this broker's etcd session expired")
+        if not self._session.still_valid():  # lost, or suspended (``session_lease``)
+            raise NotLeader("this broker's etcd session expired or is not renewed yet")
         if not self.acquiring:
             raise NotLeader("this broker is draining")
         lease_key = keys.partition_lease_key(self._cluster, topic, partition)

@@ -243,13 +243,15 @@ class TransactionCoordinator:
     async def _fence(self, transactional_id: str) -> Fence:
         """The lease of ``transactional_id``, taken if free; NotCoordinator if another broker
         holds it. MetadataUnavailable when etcd cannot answer."""
+        host = self._host
+        session = host.session
+        if not session.still_valid():  # lost, or suspended: no fence is acted on (session_lease)
+            raise NotCoordinator("this broker's etcd session expired or is not renewed yet")
         fence = self._fences.get(transactional_id)
         if fence is not None:
             return fence
-        host = self._host
-        session = host.session
-        if self._closed or session.lost.is_set():
-            raise NotCoordinator("this broker is shutting down or lost its etcd session")
+        if self._closed:
+            raise NotCoordinator("this broker is shutting down")
         if host.draining:
             raise NotCoordinator("this broker is draining")
         if not self._claiming:
@@ -559,7 +561,7 @@ class TransactionCoordinator:
         or whose coordinator is gone and which it is the pick to take over."""
         if self._closed or not self._claiming or self._host.draining:
             return
-        if self._host.session.lost.is_set():
+        if not self._host.session.still_valid():  # lost, or suspended (``session_lease``)
             return
         me = self._host.node_id
         now = now_ms()

@@ -51,6 +51,7 @@ def context(
         view=view,
         cluster="c",
         leader_for=lambda tp: -1,
+        listed_brokers=lambda: [],
         committed_state=lambda tp: PartitionState(),
     )
     header = RequestHeader(3, 12, 1, "test")

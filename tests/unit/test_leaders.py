@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from kafscale.broker.metadata.leaders import TopicPartition, leader_for
+from kafscale.broker.metadata.leaders import TopicPartition, leader_for, live_leaders
 
 pytestmark = pytest.mark.unit
 
@@ -105,3 +105,23 @@ def test_leaderless_partitions_spread_over_brokers() -> None:
     live = {1, 2, 3}
     picks = {leader_for(("orders", p), {}, {}, live, set()) for p in range(30)}
     assert picks == live
+
+
+@given(views(), broker_ids)
+def test_a_broker_whose_session_is_not_valid_names_itself_leader_of_nothing(
+    view: View, me: int
+) -> None:
+    """Woken past its TTL, its view may still show the ownership etcd deleted with the
+    session (docs/architecture.md, "Ownership, handoff and failover")."""
+    tp, owners, desired, live, draining = view
+    owners[tp] = me
+    leader = leader_for(tp, owners, desired, live_leaders(live, me, False), draining)
+    assert leader != me
+    assert leader in live or leader == -1
+
+
+def test_a_broker_with_a_valid_session_is_live_as_registered() -> None:
+    assert live_leaders({1, 2}, 1, True) == {1, 2}
+    assert live_leaders({2}, 1, True) == {2}
+    assert leader_for(("t", 0), {("t", 0): 1}, {}, live_leaders({1, 2}, 1, False), set()) == 2
+    assert leader_for(("t", 0), {("t", 0): 1}, {}, live_leaders({1}, 1, False), set()) == -1
