@@ -9,8 +9,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka import Producer
 from harness.brokers import BrokerCluster, new_cluster
+from harness.read_back import read_everything
 from harness.s3 import S3Endpoint
 from harness.topics import create_topic
 from kafka import KafkaConsumer, KafkaProducer
@@ -65,42 +66,13 @@ def _produce(
     return acked
 
 
-def _read(bootstrap: str, topic: str, partitions: int) -> dict[tuple[int, int], bytes]:
-    consumer = Consumer(
-        {
-            "bootstrap.servers": bootstrap,
-            "group.id": "unused",
-            "enable.auto.commit": False,
-            "fetch.wait.max.ms": 100,
-        }
-    )
-    try:
-        ends = {
-            p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=20)[1]
-            for p in range(partitions)
-        }
-        consumer.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
-        got: dict[tuple[int, int], bytes] = {}
-        for _ in range(240):
-            if len(got) >= sum(ends.values()):
-                break
-            message = consumer.poll(0.5)
-            if message is not None and message.error() is None:
-                got[(message.partition(), message.offset())] = message.value()
-    finally:
-        consumer.close()
-    for p in range(partitions):
-        assert sorted(o for q, o in got if q == p) == list(range(ends[p])), f"partition {p}"
-    return got
-
-
 def test_round_trip_on_radosgw(rgw_cluster: BrokerCluster) -> None:
     broker = rgw_cluster.start()
     topic = "rgw-round-trip"
     create_topic(broker.bootstrap, topic, 2)
     acked = _produce(broker.bootstrap, topic, [b"value-%d" % i for i in range(50)], 2)
     assert sorted(acked) == [(p, o) for p in range(2) for o in range(25)]
-    assert _read(broker.bootstrap, topic, 2) == acked
+    assert read_everything(broker.bootstrap, topic, 2) == acked
 
     # a second client, other codec, keyed with headers, read back by the first
     producer = KafkaProducer(
@@ -149,8 +121,8 @@ def test_sigkill_restart_keeps_every_acked_record_on_radosgw(rgw_cluster: Broker
 
     broker.kill()
     restarted = rgw_cluster.start(port=broker.port)
-    assert _read(restarted.bootstrap, topic, 3) == acked
+    assert read_everything(restarted.bootstrap, topic, 3) == acked
 
     more = _produce(restarted.bootstrap, topic, [b"after-%d" % i for i in range(30)], 3)
     assert sorted(more) == [(p, o) for p in range(3) for o in range(50, 60)]
-    assert _read(restarted.bootstrap, topic, 3) == acked | more
+    assert read_everything(restarted.bootstrap, topic, 3) == acked | more
