@@ -57,7 +57,7 @@ from kafscale.operator.models import (
     parse_topic_spec,
 )
 from kafscale.operator.rebalance import delete_topic_keys, rebalance
-from kafscale.operator.runtime import EtcdPool, Runtime
+from kafscale.operator.runtime import EtcdPool, Runtime, cluster_key
 from kafscale.operator.settings import OperatorSettings
 from kafscale.operator.status import (
     ClusterObservation,
@@ -122,6 +122,7 @@ def _cluster_body(ref: ClusterRef) -> dict[str, Any]:
 
 def _report(
     runtime: Runtime,
+    ref: ClusterRef,
     body: Any,
     patch: kopf.Patch,
     previous: list[Condition],
@@ -130,12 +131,13 @@ def _report(
 ) -> None:
     """Write ``new`` status and post an Event for each condition it changes.
 
-    The change is judged against the conditions this process last reported for the resource
+    The change is judged against the conditions this process last reported for the cluster
     when it has any (the status timer and a change handler may both run before either's patch
     is stored: the second must not post the same Event again), else against stored status.
+    Kept by the cluster's uid: one made again under a deleted one's name is judged against
+    its own (empty) status, not the deleted one's last conditions.
     """
-    meta = body["metadata"]
-    key = (meta["namespace"], meta["name"])
+    key = cluster_key(ref)
     said = runtime.reported.get(key, previous)
     runtime.reported[key] = list(new.conditions)
     patch.status.update(_status_body(new))
@@ -222,7 +224,7 @@ def register(
             ref = ClusterRef.from_body(body)
             problem = _spec_problem(exc)
             new = invalid_spec_status(ref, previous, problem, now=reconcile.utc_now())
-            _report(runtime, body, patch, previous, new)
+            _report(runtime, ref, body, patch, previous, new)
             metrics.observe_cluster(ref, new, None)
             raise ToldPermanentError(f"invalid spec: {problem}") from exc
         replicas_before = await reconcile.broker_replicas(runtime, ref)
@@ -231,14 +233,14 @@ def register(
         except KubeError as exc:
             observation = await reconcile.observe_cluster(runtime, ref, spec)
             new = compute_cluster_status(ref, spec, observation, previous, now=reconcile.utc_now())
-            _report(runtime, body, patch, previous, new)
+            _report(runtime, ref, body, patch, previous, new)
             _observed(ref, spec, observation, new)
             raise kopf.TemporaryError(f"applying objects: {exc}", delay=5) from exc
         observation = await reconcile.observe_cluster(runtime, ref, spec, written=applied.written)
         new = compute_cluster_status(ref, spec, observation, previous, now=reconcile.utc_now())
         _observed(ref, spec, observation, new)
         wanted = None if spec.autoscaling.enabled else spec.brokers.replicas
-        _report(runtime, body, patch, previous, new, scale_notice(replicas_before, wanted))
+        _report(runtime, ref, body, patch, previous, new, scale_notice(replicas_before, wanted))
         logger.info("%s", immutable.apply_summary(ref.generation, applied.refusals))
 
     @kopf.timer(*CLUSTERS, interval=config.status_interval_s, registry=registry)
@@ -258,7 +260,7 @@ def register(
         applied = status.get("observedGeneration")
         if applied is None:
             return  # not reconciled yet
-        if not runtime.judged(ref.namespace, ref.name):
+        if not runtime.judged(ref):
             # Restarted: until this process's first pass over the cluster, what it refuses
             # (and what it leaves to other owners) is not known; reporting without it would
             # clear the condition and post a Recovered Event, then the Warning again.
@@ -280,7 +282,7 @@ def register(
         if status.get("observedGeneration") != applied:
             return  # a change handler reported a newer generation while this one observed
         if _changed(status, _status_body(computed)):
-            _report(runtime, body, patch, previous, computed)
+            _report(runtime, ref, body, patch, previous, computed)
             # Only change handlers advance it; a timer's patch lands after its run, and one
             # that observed the previous generation set it back for good (issue 24's flake).
             patch.status.pop("observedGeneration", None)
@@ -330,7 +332,9 @@ def register(
             ref, spec = _parse(body)
         except (ValidationError, InvalidBrokerConfig):
             logger.warning("invalid spec: nothing is deleted beyond the owned objects")
-            metrics.forget_cluster(ClusterRef.from_body(body))
+            invalid = ClusterRef.from_body(body)
+            _runtime(memo).forget(invalid)
+            metrics.forget_cluster(invalid)
             return
         try:
             deleted_keys, deleted_objects = await reconcile.delete_cluster_data(

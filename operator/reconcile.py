@@ -46,6 +46,7 @@ from kafscale.operator.rebalance import (
 )
 from kafscale.operator.runtime import (
     Runtime,
+    cluster_key,
     delete_objects,
     managed_etcd_host,
     storage_settings,
@@ -95,7 +96,7 @@ async def apply_cluster(
     refused changes and the objects written, as the server answered (:class:`AppliedCluster`).
     """
     kube, capabilities = runtime.kube, runtime.capabilities
-    key = (ref.namespace, ref.name)
+    key = cluster_key(ref)
     try:
         cert_manager = await _use_cert_manager(runtime, ref, spec)
         objects = manifests.build_cluster_objects(ref, spec, cert_manager=cert_manager)
@@ -145,9 +146,9 @@ async def needs_reapply(runtime: Runtime, ref: ClusterRef) -> bool:
     to another owner's object is free now (the user deleted it, or the garbage collector a
     deleted namesake cluster's: the operator makes its own). Only those names are read, so
     while such an object stays a status pass costs one GET per name, not a whole apply."""
-    if runtime.capabilities_changed(ref.namespace, ref.name):
+    if runtime.capabilities_changed(ref):
         return True
-    held = runtime.held_by_others.get((ref.namespace, ref.name)) or {}
+    held = runtime.held_by_others.get(cluster_key(ref)) or {}
     if not held:
         return False
     now = await asyncio.gather(
@@ -293,7 +294,7 @@ async def observe_cluster(
     """What the status is built from: only the cluster's own objects count (a same-named
     Deployment of another owner is not its brokers). An object a pass just wrote (``written``:
     :attr:`AppliedCluster.written`) is taken from the write's answer, not read again."""
-    written = written or {}
+    written, key = written or {}, cluster_key(ref)
 
     async def current(api_version: str, kind: str, name: str) -> dict[str, Any] | None:
         oid = (api_version, kind, name)
@@ -322,10 +323,10 @@ async def observe_cluster(
         broker_deployment=deployment,
         proxy_deployment=proxy,
         etcd_statefulset=statefulset,
-        apply_error=runtime.apply_errors.get((ref.namespace, ref.name)),
-        refused=runtime.refused.get((ref.namespace, ref.name)),
-        not_owned=runtime.not_owned.get((ref.namespace, ref.name)),
-        left_out=_left_out(runtime.left_out.get((ref.namespace, ref.name))),
+        apply_error=runtime.apply_errors.get(key),
+        refused=runtime.refused.get(key),
+        not_owned=runtime.not_owned.get(key),
+        left_out=_left_out(runtime.left_out.get(key)),
         server_version=runtime.capabilities.version,
         etcd_error=etcd_error,
         registered_brokers=registered,

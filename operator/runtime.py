@@ -99,29 +99,32 @@ class Runtime:
     # ``discovery_interval_s`` (a CRD or API installed later is picked up without a restart).
     capabilities: ServerCapabilities = ASSUME_EVERYTHING
     capabilities_read_at_s: float = 0.0
-    # (namespace, name) → the capabilities a cluster's objects were last applied with.
-    applied_with: dict[tuple[str, str], ServerCapabilities] = field(default_factory=dict)
-    # (namespace, name) → the conditions this process last reported (Events go out on changes).
-    reported: dict[tuple[str, str], list[Condition]] = field(default_factory=dict)
+    # Each record of one cluster below is kept under ``cluster_key`` (namespace, name, uid):
+    # a cluster made again under a deleted one's name (as the refused etcd mode switch's hint
+    # says to move) inherits none of the deleted one's, even where that deletion was never
+    # handled here (its finalizer removed by hand, or given up after its tries). ``forget``
+    # drops them all.
+    # The capabilities a cluster's objects were last applied with.
+    applied_with: dict[ClusterKey, ServerCapabilities] = field(default_factory=dict)
+    # The conditions this process last reported (Events go out on changes).
+    reported: dict[ClusterKey, list[Condition]] = field(default_factory=dict)
     _discovery_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
-    # (namespace, name) → the last error applying a cluster's objects (cleared on success).
-    apply_errors: dict[tuple[str, str], str] = field(default_factory=dict)
-    # (namespace, name) → why the last apply refused a spec change (see ``immutable``), or None.
-    refused: dict[tuple[str, str], str | None] = field(default_factory=dict)
-    # (namespace, name) → which objects of the cluster's names the last apply left alone as
-    # not the cluster's (see ``conflicts``), or None.
-    not_owned: dict[tuple[str, str], str | None] = field(default_factory=dict)
-    # (namespace, name) → those names, each with the uid of the object that held it.
-    held_by_others: dict[tuple[str, str], dict[ObjectId, str]] = field(default_factory=dict)
-    # (namespace, name, uid) → which etcd the cluster's live objects say holds its metadata, as
-    # of its last apply (or read from them when first needed: after a restart the topic, user
-    # and lease handlers may run first). While a switch of ``etcd.mode`` is refused
-    # (``immutable``), the operator's own etcd calls keep to that etcd. Kept by uid: a cluster
-    # made again under a deleted one's name (as the refusal's hint says to move) is not held
-    # to the deleted one's etcd, even where its deletion was never handled here.
+    # The last error applying a cluster's objects (cleared on success).
+    apply_errors: dict[ClusterKey, str] = field(default_factory=dict)
+    # Why the last apply refused a spec change (see ``immutable``), or None.
+    refused: dict[ClusterKey, str | None] = field(default_factory=dict)
+    # Which objects of the cluster's names the last apply left alone as not the cluster's
+    # (see ``conflicts``), or None.
+    not_owned: dict[ClusterKey, str | None] = field(default_factory=dict)
+    # Those names, each with the uid of the object that held it.
+    held_by_others: dict[ClusterKey, dict[ObjectId, str]] = field(default_factory=dict)
+    # Which etcd the cluster's live objects say holds its metadata, as of its last apply (or
+    # read from them when first needed: after a restart the topic, user and lease handlers
+    # may run first). While a switch of ``etcd.mode`` is refused (``immutable``), the
+    # operator's own etcd calls keep to that etcd.
     etcd_in_use: dict[ClusterKey, EtcdInUse] = field(default_factory=dict)
-    # (namespace, name) → what the last apply left out because the server does not serve it.
-    left_out: dict[tuple[str, str], list[str]] = field(default_factory=dict)
+    # What the last apply left out because the server does not serve it.
+    left_out: dict[ClusterKey, list[str]] = field(default_factory=dict)
     # Private directory for the etcd client certificates the operator presents (gRPC reads files).
     tls_dir: Path = field(
         default_factory=lambda: Path(tempfile.mkdtemp(prefix="kafscale-operator-tls-"))
@@ -186,14 +189,14 @@ class Runtime:
             self.capabilities = await fetch_capabilities(self.kube, fallback=self.capabilities)
             self.capabilities_read_at_s = now_s
 
-    def judged(self, namespace: str, name: str) -> bool:
+    def judged(self, ref: ClusterRef) -> bool:
         """Whether this process has judged the cluster's spec against its live objects (what
         it refuses: ``refused``) since it started."""
-        return (namespace, name) in self.refused
+        return cluster_key(ref) in self.refused
 
-    def capabilities_changed(self, namespace: str, name: str) -> bool:
+    def capabilities_changed(self, ref: ClusterRef) -> bool:
         """Whether the server's capabilities changed since this cluster's objects were applied."""
-        applied = self.applied_with.get((namespace, name))
+        applied = self.applied_with.get(cluster_key(ref))
         return applied is not None and applied != self.capabilities
 
     def forget(self, ref: ClusterRef) -> None:
@@ -206,9 +209,9 @@ class Runtime:
             self.left_out,
             self.applied_with,
             self.reported,
+            self.etcd_in_use,
         ):
-            kept.pop((ref.namespace, ref.name), None)
-        self.etcd_in_use.pop(cluster_key(ref), None)
+            kept.pop(cluster_key(ref), None)
 
     async def close(self) -> None:
         await self.etcd.close()

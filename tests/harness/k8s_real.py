@@ -218,14 +218,21 @@ def condition_of(obj: dict[str, Any] | None, type_: str) -> tuple[str, str, str]
 
 
 def events_of(
-    kube: KubeCluster, namespace: str, name: str, kind: str = "KafScaleCluster"
+    kube: KubeCluster,
+    namespace: str,
+    name: str,
+    kind: str = "KafScaleCluster",
+    uid: str | None = None,
 ) -> list[tuple[str, str, str]]:
-    """(type, reason, message) of every Event posted on one object, oldest first."""
+    """(type, reason, message) of every Event posted on one object, oldest first (with
+    ``uid``: on that object only, not on another of its name deleted before)."""
     items = kube.get(f"/api/v1/namespaces/{namespace}/events")["items"]
     mine = [
         e
         for e in items
-        if e["involvedObject"].get("kind") == kind and e["involvedObject"].get("name") == name
+        if e["involvedObject"].get("kind") == kind
+        and e["involvedObject"].get("name") == name
+        and uid in (None, e["involvedObject"].get("uid"))
     ]
     mine.sort(key=lambda e: (e.get("firstTimestamp") or "", e["metadata"]["creationTimestamp"]))
     return [(e["type"], e["reason"], e.get("message", "")) for e in mine]

@@ -8,6 +8,7 @@ chart's ServiceAccount under the chart's RBAC.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -24,6 +25,7 @@ from harness.k8s_real import (
     settle,
 )
 from harness.kube_apiserver import KubeCluster
+from harness.ports import closed_port
 
 from kafscale.broker.metadata import keys
 from kafscale.broker.metadata.embedded_etcd import EmbeddedEtcd
@@ -427,3 +429,46 @@ async def test_a_cluster_made_again_under_a_deleted_ones_name_is_not_held_to_its
     finally:
         await runtime.close()
     assert await etcd.get(keys.topic_key(name, "orders")) is not None
+
+
+async def test_a_cluster_made_again_under_a_deleted_ones_name_gets_its_own_events(
+    kube_cluster: KubeCluster, kafscale_chart: InstalledChart, kube_namespace: str
+) -> None:
+    """``demo`` (``deletionPolicy: Delete``, its etcd unreachable) is degraded
+    (``EtcdUnavailable``) and, on 1.20, runs without what the server does not serve
+    (``NotServed``): a Warning Event says each. Its data cannot be deleted, so its deletion
+    hangs, and the user removes the finalizer by hand (as the docs say): the operator never
+    handles that deletion. ``demo`` made again with the same spec is another cluster in the
+    same state. Before, the operator judged its first status against the deleted one's last
+    reported conditions (kept by namespace and name), found nothing changed and posted no
+    Event: ``kubectl describe`` of the new cluster did not say why it is degraded. Now what
+    was reported is kept by the cluster's uid: the new cluster gets Events of its own."""
+    ns, kube = kube_namespace, kube_cluster
+    cluster = f"{CLUSTERS.format(ns=ns)}/demo"
+    unreachable = {"mode": "External", "endpoints": [f"http://127.0.0.1:{closed_port()}"]}
+    spec = {"storage": {"bucket": "bucket-1"}, "etcd": unreachable}
+    warnings = {("Warning", "EtcdUnavailable"), ("Warning", "NotServed")}
+
+    def said(uid: str) -> set[tuple[str, str]]:
+        return {(kind, reason) for kind, reason, _ in events_of(kube, ns, "demo", uid=uid)}
+
+    async with operator_thread(operator_settings(kafscale_chart)):
+        manifest = cluster_manifest("demo", ns, {**spec, "deletionPolicy": "Delete"})
+        old = kube.create(CLUSTERS.format(ns=ns), manifest)["metadata"]["uid"]
+        await settle(lambda: warnings <= said(old), what="the first cluster's Warnings")
+        kube.kubectl("delete", "kafscalecluster", "demo", "-n", ns, "--wait=false")
+        await settle(
+            lambda: ("Warning", "DeletionFailed") in said(old), what="its deletion failing"
+        )
+        unfinalized = json.dumps({"metadata": {"finalizers": None}})
+        kube.kubectl(
+            "patch", "kafscalecluster", "demo", "-n", ns, "--type=merge", "-p", unfinalized
+        )
+        await settle(lambda: kube.get(cluster) is None, what="the first cluster gone")
+
+        again = kube.create(CLUSTERS.format(ns=ns), cluster_manifest("demo", ns, spec))
+        new = again["metadata"]["uid"]
+        await settle(lambda: warnings <= said(new), what="the new cluster's own Warnings")
+        degraded = condition_of(kube.get(cluster), "Degraded")
+        assert degraded is not None and degraded[:2] == ("True", "EtcdUnavailable")
+        assert ("Normal", "Recovered") not in said(new)

@@ -31,7 +31,7 @@ from kafscale.operator.discovery import fetch_capabilities
 from kafscale.operator.kube import Kube, load_configuration
 from kafscale.operator.models import ClusterRef, parse_cluster_spec
 from kafscale.operator.naming import FIELD_MANAGER
-from kafscale.operator.runtime import EtcdPool, Runtime
+from kafscale.operator.runtime import EtcdPool, Runtime, cluster_key
 from kafscale.operator.settings import OperatorSettings
 
 pytestmark = [pytest.mark.operator, pytest.mark.kubeapi]
@@ -238,7 +238,7 @@ async def test_a_name_taken_after_the_operator_found_it_free_is_not_taken_over(
     try:
         ref = ClusterRef.from_body(body)
         await reconcile.apply_cluster(runtime, ref, parse_cluster_spec(body["spec"]))
-        message = runtime.not_owned[(ns, "demo")] or ""
+        message = runtime.not_owned[cluster_key(ref)] or ""
     finally:
         await runtime.close()
     assert made, "the ConfigMap was never written"
@@ -303,8 +303,10 @@ async def test_an_object_replaced_after_the_operator_read_it_is_not_taken_over(
     assert now["spec"]["selector"] == {"app": "shop"}
     assert not now["metadata"].get("ownerReferences")
     assert FIELD_MANAGER not in _managers(now)
-    assert "Service demo-brokers (no owner reference)" in (runtime.not_owned[(ns, "demo")] or "")
-    assert ("v1", "Service", "demo-brokers") in runtime.held_by_others[(ns, "demo")]
+    assert "Service demo-brokers (no owner reference)" in (
+        runtime.not_owned[cluster_key(ref)] or ""
+    )
+    assert ("v1", "Service", "demo-brokers") in runtime.held_by_others[cluster_key(ref)]
     assert _owned_by_cluster(kube.get(f"{DEPLOYMENTS.format(ns=ns)}/demo-broker"), body)
 
 
@@ -418,7 +420,7 @@ async def test_while_another_owner_holds_a_name_a_status_pass_reads_only_that_na
     service = f"{SERVICES.format(ns=ns)}/demo-brokers"
     try:
         await reconcile.apply_cluster(runtime, ref, spec)
-        assert "Service demo-brokers" in (runtime.not_owned[(ns, "demo")] or "")
+        assert "Service demo-brokers" in (runtime.not_owned[cluster_key(ref)] or "")
         client.sent.clear()
         assert not await reconcile.needs_reapply(runtime, ref)
         assert client.sent == [("GET", service)]
@@ -426,7 +428,7 @@ async def test_while_another_owner_holds_a_name_a_status_pass_reads_only_that_na
         kube.delete(service)
         assert await reconcile.needs_reapply(runtime, ref)
         await reconcile.apply_cluster(runtime, ref, spec)
-        assert runtime.not_owned[(ns, "demo")] is None
+        assert runtime.not_owned[cluster_key(ref)] is None
         assert not await reconcile.needs_reapply(runtime, ref)
     finally:
         await runtime.close()
