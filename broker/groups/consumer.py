@@ -174,7 +174,11 @@ class ConsumerGroup:
         """A whole session (and rebalance timeout for a revoking member) from ``now_ms``: the
         coordinator resumed its etcd session after refusing the members (``session_resume``)."""
         for m in self.members.values():
-            timeout_ms = self.config.session_timeout_ms
+            # a classic member (KIP-848 migration) keeps the session of its own JoinGroup
+            classic = m.classic
+            timeout_ms = (
+                self.config.session_timeout_ms if classic is None else classic.session_timeout_ms
+            )
             m.session_deadline_ms = resumed_deadline_ms(m.session_deadline_ms, now_ms, timeout_ms)
             m.revocation_deadline_ms = resumed_deadline_ms(
                 m.revocation_deadline_ms, now_ms, max(m.rebalance_timeout_ms, 0)

@@ -6,6 +6,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
+from kafscale.broker.groups.consumer import ConsumerConfig, ConsumerGroup, HeartbeatRequest
 from kafscale.broker.groups.session_resume import resumed_deadline_ms
 from kafscale.broker.groups.share import ShareConfig, ShareGroup, ShareHeartbeat
 
@@ -33,3 +34,25 @@ def test_a_share_member_refused_past_its_session_is_kept_at_the_resumption() -> 
     group.resume_sessions(5000)  # its heartbeats were refused from 0 to 5000
     assert group.tick(5000) == []
     assert group.tick(6000) == ["a"]  # one whole session later, as at a load
+
+
+def test_a_consumer_protocol_member_refused_past_its_session_is_kept_at_the_resumption() -> None:
+    group = ConsumerGroup("g", ConsumerConfig(session_timeout_ms=1000))
+    join = HeartbeatRequest(
+        member_id="m0",
+        member_epoch=0,
+        instance_id=None,
+        rack_id=None,
+        rebalance_timeout_ms=60_000,
+        subscribed_topic_names=("a",),
+        subscribed_topic_regex=None,
+        server_assignor=None,
+        owned=frozenset(),
+        client_id="c",
+        client_host="/127.0.0.1",
+        fresh_id="unused",
+    )
+    assert group.heartbeat(0, join, {"a": 2}).member_id == "m0"
+    group.resume_sessions(5000)  # its heartbeats were refused from 0 to 5000
+    assert group.tick(5000) == []
+    assert group.tick(6000) == ["m0"]
