@@ -25,6 +25,7 @@ from dataclasses import dataclass, field, replace
 
 from kafscale.broker.groups import assignors, size_limits
 from kafscale.broker.groups.reconcile import MemberAssignment, TopicPartition, reconcile
+from kafscale.broker.groups.session_resume import resumed_deadline_ms
 from kafscale.broker.protocol.errors import ErrorCode
 
 JOIN_EPOCH = 0
@@ -168,6 +169,20 @@ class ConsumerGroup:
 
     def describe(self) -> list[MemberView]:
         return [MemberView(m, self.target_of(m)) for m in self.members.values()]
+
+    def resume_sessions(self, now_ms: int) -> None:
+        """A whole session (and rebalance timeout for a revoking member) from ``now_ms``: the
+        coordinator resumed its etcd session after refusing the members (``session_resume``)."""
+        for m in self.members.values():
+            # a classic member (KIP-848 migration) keeps the session of its own JoinGroup
+            classic = m.classic
+            timeout_ms = (
+                self.config.session_timeout_ms if classic is None else classic.session_timeout_ms
+            )
+            m.session_deadline_ms = resumed_deadline_ms(m.session_deadline_ms, now_ms, timeout_ms)
+            m.revocation_deadline_ms = resumed_deadline_ms(
+                m.revocation_deadline_ms, now_ms, max(m.rebalance_timeout_ms, 0)
+            )
 
     def next_deadline_ms(self) -> int | None:
         deadlines = [

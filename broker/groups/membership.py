@@ -30,6 +30,7 @@ from kafscale.broker.groups.model import (
     Store,
     SyncResult,
 )
+from kafscale.broker.groups.session_resume import resumed_deadline_ms
 from kafscale.broker.protocol.errors import ErrorCode
 
 _CAN_REBALANCE = (GroupState.STABLE, GroupState.COMPLETING_REBALANCE, GroupState.EMPTY)
@@ -376,6 +377,14 @@ class GroupCore:
 
     def _reply(self, ticket: int, result: JoinResult | SyncResult) -> None:
         self._effects.append(Reply(ticket, result))
+
+    def resume_sessions(self, now_ms: int) -> None:
+        """A whole session from ``now_ms`` for each member with a heartbeat timer: the
+        coordinator resumed its etcd session after refusing them (``session_resume``)."""
+        for member in self.members.values():
+            member.heartbeat_deadline_ms = resumed_deadline_ms(
+                member.heartbeat_deadline_ms, now_ms, member.session_timeout_ms
+            )
 
     def _schedule_heartbeat(
         self, member: Member, now_ms: int, timeout_ms: int | None = None

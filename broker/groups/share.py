@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from kafscale.broker.groups import size_limits
 from kafscale.broker.groups.consumer import HeartbeatResult
 from kafscale.broker.groups.reconcile import TopicPartition
+from kafscale.broker.groups.session_resume import resumed_deadline_ms
 from kafscale.broker.protocol.errors import ErrorCode
 
 JOIN_EPOCH = 0
@@ -130,6 +131,13 @@ class ShareGroup:
     def next_deadline_ms(self) -> int | None:
         deadlines = [m.session_deadline_ms for m in self.members.values()]
         return min((d for d in deadlines if d is not None), default=None)
+
+    def resume_sessions(self, now_ms: int) -> None:
+        """A whole session from ``now_ms``: the coordinator resumed its etcd session after
+        refusing the members (``session_resume``)."""
+        for m in self.members.values():
+            timeout_ms = self.config.session_timeout_ms
+            m.session_deadline_ms = resumed_deadline_ms(m.session_deadline_ms, now_ms, timeout_ms)
 
     def tick(self, now_ms: int) -> list[str]:
         """Members whose session expired leave the group: their ids."""

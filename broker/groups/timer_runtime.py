@@ -27,13 +27,17 @@ from kafscale.broker.protocol.errors import ErrorCode
 log = logging.getLogger("kafscale.broker.groups.runtime")
 
 _LEASE_GONE_POLL_S = 0.1
-"""How often the timers of a group whose session ran out look again until it is dropped."""
+"""How often the timers of a group whose session is not valid look again (until it is dropped,
+or the session resumes)."""
 
 
 class TimerRuntime(RuntimeState):
     """The timer task of ``GroupRuntime`` (which sets every attribute named here)."""
 
     _session_valid: Callable[[], bool]
+    _members_refused = False
+    """Whether the timers found the session not valid since they last acted: the members'
+    heartbeats were refused meanwhile (``session_resume``)."""
 
     if TYPE_CHECKING:  # defined by the other parts of ``GroupRuntime``; absent at run time,
         # so no stub here can stand before the real method in the runtime's MRO
@@ -43,6 +47,13 @@ class TimerRuntime(RuntimeState):
         def _maybe_downgrade(self) -> None: ...
 
         def _tick_share(self) -> None: ...
+
+    def _resume_sessions(self, now_ms: int) -> None:
+        """The session is valid again after the members were refused (``session_resume``)."""
+        for machine in (self.group, self.consumer, self.share):
+            if machine is not None and not self.closed:
+                machine.resume_sessions(now_ms)
+        log.info("group %s: coordinating again; members' sessions run from now", self.group_id)
 
     async def _run_timers(self) -> None:
         while True:
@@ -61,10 +72,15 @@ class TimerRuntime(RuntimeState):
                     async with asyncio.timeout(delay_s):
                         await self._wake.wait()
             if not self._session_valid():
-                # Woken from a freeze past the session's TTL: the lease is gone, so no member
-                # expires and no rebalance completes here; the coordinator drops the group.
+                # Suspended, or woken from a freeze past the session's TTL (the lease is gone):
+                # no member expires and no rebalance completes here. A lost session drops the
+                # group; a resumed one runs on, its members given a whole session again.
+                self._members_refused = True
                 await asyncio.sleep(_LEASE_GONE_POLL_S)
                 continue
+            if self._members_refused:
+                self._members_refused = False
+                self._resume_sessions(self._clock())
             consumer = self.consumer
             if consumer is not None and not self.closed:
                 expired = consumer.tick(self._clock())

@@ -4,7 +4,8 @@ Two cases. Its session really ended (the broker frozen past the TTL: etcd delete
 bound to it), and the broker must come back on a new one; or its keepalives went unanswered for
 a TTL while etcd kept the lease (an etcd leader change extends every lease), and nothing was
 taken from it: it must not act as owner meanwhile, and then resume without giving anything up
-(``broker/metadata/session_lease.py``).
+(``broker/metadata/session_lease.py``). A group it coordinates keeps its members then, though it
+refused their heartbeats while suspended (``broker/groups/session_resume.py``).
 
 The first case:
 A broker frozen past its session's TTL (SIGSTOP, a stalled VM) wakes with its registration gone
@@ -178,6 +179,108 @@ async def test_a_session_etcd_still_holds_after_unanswered_keepalives_is_kept(
             assert produced(wire, b"after") == ErrorCode.NONE, broker.tail()
             assert partition_zero(wire) == (leader, epoch)  # never given up nor claimed again
         assert await registration_lease(etcd, cluster.cluster, broker.node_id) == lease
+    finally:
+        cluster.stop_all()
+        relay.close()
+
+
+JOIN_GROUP, SYNC_GROUP, HEARTBEAT = 11, 14, 12
+GROUP_SESSION_MS = 6000  # Kafka's shortest session by default (group.min.session.timeout.ms)
+RESUMABLE_TTL_S = "12"  # the broker's session TTL here: a suspension longer than GROUP_SESSION_MS
+
+
+def group_join(member_id: str = "") -> dict[str, object]:
+    return {
+        "group_id": "resumed",
+        "session_timeout": GROUP_SESSION_MS,
+        "rebalance_timeout": GROUP_SESSION_MS,
+        "member_id": member_id,
+        "group_instance_id": None,
+        "protocol_type": "consumer",
+        "protocols": [{"name": "range", "metadata": b""}],
+    }
+
+
+def group_heartbeat(wire: KafkaWire, member: str, generation: int) -> int:
+    """The error code of one classic Heartbeat of ``member``."""
+    body = {
+        "group_id": "resumed",
+        "generation_id": generation,
+        "member_id": member,
+        "group_instance_id": None,
+    }
+    return int(wire.request(HEARTBEAT, 4, body).error_code)
+
+
+def stable_member(wire: KafkaWire) -> tuple[str, int]:
+    """A member of a Stable group of one (the member-id handshake, then its SyncGroup)."""
+    member = wire.request(JOIN_GROUP, 5, group_join()).member_id
+    answer = wire.request(JOIN_GROUP, 5, group_join(member))
+    assert answer.error_code == ErrorCode.NONE
+    sync = {
+        "group_id": "resumed",
+        "generation_id": answer.generation_id,
+        "member_id": member,
+        "group_instance_id": None,
+        "protocol_type": "consumer",
+        "protocol_name": "range",
+        "assignments": [{"member_id": member, "assignment": b""}],
+    }
+    assert wire.request(SYNC_GROUP, 5, sync).error_code == ErrorCode.NONE
+    return member, answer.generation_id
+
+
+async def test_a_coordinator_that_resumes_its_session_keeps_its_members(
+    etcd_server: EmbeddedEtcd,
+    s3_server: S3Endpoint,
+    cluster_name: str,
+    tmp_path: Path,
+    etcd: Etcd,
+) -> None:
+    """A coordinator whose session is suspended answers its members' heartbeats
+    NOT_COORDINATOR; when etcd renews the lease it coordinates the group again, with nothing
+    taken from it. Its members could not heartbeat meanwhile (the coordinator refused them), so
+    each gets a whole session from the resumption, as at a Kafka coordinator that loads a
+    group. Before: the group's timers expired, at the resumption, every member whose session
+    had run out while it was refused, and the group rebalanced (its members rejoined from
+    scratch) after an etcd hiccup that moved nothing."""
+    relay = TcpRelay("127.0.0.1", int(etcd_server.client_url.rsplit(":", 1)[1]))
+    cluster = new_cluster(relay.url, s3_server, tmp_path, "held", name=cluster_name)
+    try:
+        broker = cluster.start(
+            KAFSCALE_ETCD__TIMEOUT_S="1", KAFSCALE_ETCD__SESSION_TTL_S=RESUMABLE_TTL_S
+        )
+
+        def log_says(text: str) -> bool:
+            return text in broker.log_path.read_text(errors="replace")
+
+        with KafkaWire(broker.bootstrap, timeout_s=WAIT_S) as wire:
+            member, generation = stable_member(wire)
+            assert group_heartbeat(wire, member, generation) == ErrorCode.NONE
+
+            async def lapsed() -> bool:
+                """Whether the session lapsed, the member heartbeating meanwhile (answered in
+                memory while the session is valid)."""
+                code = group_heartbeat(wire, member, generation)
+                assert code in (ErrorCode.NONE, ErrorCode.NOT_COORDINATOR), broker.tail()
+                await asyncio.sleep(1)
+                return code == ErrorCode.NOT_COORDINATOR
+
+            with relay.holding_replies():
+                await until(lapsed, "the keepalives kept being answered", broker)
+                assert log_says("suspended") and not log_says("lost"), broker.tail()
+                # The member's session runs out while the coordinator refuses it; the
+                # broker's own (12 s) is not over yet.
+                await asyncio.sleep(GROUP_SESSION_MS / 1000 + 1)
+
+            async def resumed() -> bool:
+                return log_says("resumed") or log_says("etcd session lost")
+
+            await until(resumed, "the broker neither resumed nor lost its session", broker)
+            assert not log_says("etcd session lost"), broker.tail()
+            await asyncio.sleep(1)  # the group's timers, which look every 0.1 s, see the resumption
+            answer = group_heartbeat(wire, member, generation)
+        assert ErrorCode(answer).name == ErrorCode.NONE.name, broker.tail()
     finally:
         cluster.stop_all()
         relay.close()

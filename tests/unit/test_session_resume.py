@@ -1,0 +1,58 @@
+"""Members' timers when their coordinator's etcd session resumes (``groups/session_resume``):
+a whole session from the resumption, never a shorter one than they had."""
+
+from __future__ import annotations
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from kafscale.broker.groups.consumer import ConsumerConfig, ConsumerGroup, HeartbeatRequest
+from kafscale.broker.groups.session_resume import resumed_deadline_ms
+from kafscale.broker.groups.share import ShareConfig, ShareGroup, ShareHeartbeat
+
+TIMES = st.integers(0, 10**12)
+
+
+@given(st.one_of(st.none(), TIMES), TIMES, st.integers(0, 10**7))
+def test_a_resumed_deadline_is_a_whole_timeout_away_and_never_earlier(
+    deadline_ms: int | None, now_ms: int, timeout_ms: int
+) -> None:
+    resumed = resumed_deadline_ms(deadline_ms, now_ms, timeout_ms)
+    if deadline_ms is None:
+        assert resumed is None  # no timer was running: none is started
+    else:
+        assert resumed is not None
+        assert resumed >= now_ms + timeout_ms
+        assert resumed >= deadline_ms
+        assert resumed in (deadline_ms, now_ms + timeout_ms)
+
+
+def test_a_share_member_refused_past_its_session_is_kept_at_the_resumption() -> None:
+    group = ShareGroup("g", ShareConfig(session_timeout_ms=1000, heartbeat_interval_ms=100))
+    joined = group.heartbeat(0, ShareHeartbeat("a", 0, None, ("t",), "c", "/h"), {"t": 1})
+    assert joined.member_id == "a"
+    group.resume_sessions(5000)  # its heartbeats were refused from 0 to 5000
+    assert group.tick(5000) == []
+    assert group.tick(6000) == ["a"]  # one whole session later, as at a load
+
+
+def test_a_consumer_protocol_member_refused_past_its_session_is_kept_at_the_resumption() -> None:
+    group = ConsumerGroup("g", ConsumerConfig(session_timeout_ms=1000))
+    join = HeartbeatRequest(
+        member_id="m0",
+        member_epoch=0,
+        instance_id=None,
+        rack_id=None,
+        rebalance_timeout_ms=60_000,
+        subscribed_topic_names=("a",),
+        subscribed_topic_regex=None,
+        server_assignor=None,
+        owned=frozenset(),
+        client_id="c",
+        client_host="/127.0.0.1",
+        fresh_id="unused",
+    )
+    assert group.heartbeat(0, join, {"a": 2}).member_id == "m0"
+    group.resume_sessions(5000)  # its heartbeats were refused from 0 to 5000
+    assert group.tick(5000) == []
+    assert group.tick(6000) == ["m0"]
