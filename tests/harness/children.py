@@ -23,8 +23,11 @@ local``, scripts) get it from ``child_env``.
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
+import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 # One implementation for the harness and the benches (``bench/`` never imports from tests/);
@@ -87,3 +90,31 @@ def end_by_stdin(process: subprocess.Popen[Any], timeout_s: float) -> None:
     except subprocess.TimeoutExpired:
         process.kill()
         process.wait()
+
+
+def freeze(pid: int, timeout_s: float = 30.0) -> None:
+    """SIGSTOP ``pid`` and return once every one of its threads has stopped.
+
+    ``kill`` only queues the signal: each thread stops when it next runs, which on a loaded
+    machine can be a second later, and meanwhile it goes on answering (an etcd "paused" this
+    way served a broker's read after ``kill`` returned, and a test expecting a timeout got
+    data). Resume with SIGCONT as usual."""
+    os.kill(pid, signal.SIGSTOP)
+    deadline = time.monotonic() + timeout_s
+    while not all(state in ("T", "t") for state in thread_states(pid)):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"pid {pid} not stopped {timeout_s:g} s after SIGSTOP")
+        time.sleep(0.01)
+
+
+def thread_states(pid: int) -> list[str]:
+    """Each thread's state letter (``/proc/<pid>/task/<tid>/stat``: R, S, D, T, ...), skipping
+    threads that end while being read."""
+    states = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            stat = (task / "stat").read_text()
+        except OSError:
+            continue
+        states.append(stat.rsplit(")", 1)[1].split()[0])
+    return states

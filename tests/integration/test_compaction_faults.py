@@ -40,6 +40,7 @@ from confluent_kafka.admin import (
 )
 from harness import log_cleaner
 from harness.brokers import BrokerCluster, new_cluster
+from harness.children import freeze
 from harness.compaction_faults import (
     Ledger,
     Sent,
@@ -183,39 +184,66 @@ def test_a_fetch_a_non_owner_serves_while_etcd_is_away_gets_a_retriable_error(
     or an OffsetForLeaderEpoch, reads the partition state from etcd (``fresh_state``); with
     etcd paused that raised MetadataUnavailable out of the handler, so the whole request failed
     (logged with a traceback, UNKNOWN_SERVER_ERROR). It gets REQUEST_TIMED_OUT (7) for that
-    partition, a retriable code, as every other etcd-backed handler answers an outage."""
+    partition, a retriable code, as every other etcd-backed handler answers an outage.
+
+    On a loaded machine SIGSTOP returned before etcd had stopped, which still answered the
+    non-owner's read: its Fetch got NONE and the data. ``freeze`` waits until etcd stopped.
+    Load also loses sessions (a starved keepalive, a pause past the TTL) and so moves plain-0:
+    the session here lives 30 s, and the broker asked is seen not to own plain-0 while etcd
+    is stopped, when no broker can take a partition (that needs an etcd transaction)."""
     cluster = new_cluster(
         etcd_server_private.client_url, s3_server, tmp_path, "fe",
-        extra_env={"KAFSCALE_ETCD__TIMEOUT_S": "1"},
+        # etcd calls give up after 1 s, the session lives 30 s: a pause of a few seconds is
+        # an etcd that does not answer, not a session lost (test_group_offsets_elsewhere)
+        extra_env={"KAFSCALE_ETCD__TIMEOUT_S": "1", "KAFSCALE_ETCD__SESSION_TTL_S": "30"},
     )  # fmt: skip
     try:
-        first, second = cluster.start(), cluster.start()
-        create_compacted(first.bootstrap, "plain", 1, **{"cleanup.policy": "delete"})
-        producer = Producer({"bootstrap.servers": first.bootstrap})
+        brokers = (cluster.start(), cluster.start())
+        create_compacted(brokers[0].bootstrap, "plain", 1, **{"cleanup.policy": "delete"})
+        producer = Producer({"bootstrap.servers": brokers[0].bootstrap})
         producer.produce("plain", key=b"k", value=b"v", partition=0)
         assert producer.flush(15) == 0
-        assert etcd_server_private.pid is not None
-        for _ in range(5):  # until the partition stayed where it was while etcd was paused
-            owner = eventually(
-                lambda: [b for b in (first, second) if "plain-0" in b.owned()], "an owner"
-            )[0]
-            other = second if owner is first else first
-            with KafkaWire(other.bootstrap) as wire:
-                wire.request(FETCH, 12, fetch_body("plain", 0, 0))  # connected, topic known
-                os.kill(etcd_server_private.pid, signal.SIGSTOP)
-                try:
-                    response = wire.request(FETCH, 12, fetch_body("plain", 0, 1))
-                    epochs = wire.request(OFFSET_FOR_LEADER_EPOCH, 4, EPOCH_BODY)
-                finally:
-                    os.kill(etcd_server_private.pid, signal.SIGCONT)
-            if "plain-0" not in other.owned():
+        answers = None
+        for _ in range(5):  # until the broker asked did not own plain-0 throughout the pause
+            answers = fetch_from_a_non_owner_while_etcd_is_paused(etcd_server_private, brokers)
+            if answers is not None:
                 break
+        assert answers is not None, "plain-0 changed hands during every pause"
+        response, epochs = answers
         assert response.error_code == 0
         assert fetch_partition(response).error_code == 7  # REQUEST_TIMED_OUT
         # OffsetForLeaderEpoch (a consumer checking its position after a leader change) too
         assert epochs.topics[0].partitions[0].error_code == 7
     finally:
         cluster.stop_all()
+
+
+def fetch_from_a_non_owner_while_etcd_is_paused(
+    etcd: EmbeddedEtcd, brokers: tuple[BrokerProcess, BrokerProcess]
+) -> tuple[Any, Any] | None:
+    """(Fetch at the end of plain-0, OffsetForLeaderEpoch) answered, while etcd is paused, by
+    a broker that did not own plain-0 before nor after them (read from its /status, which
+    needs no etcd), or None if plain-0 moved. The broker asked already answered a Fetch of
+    plain-0 (it knows the topic), so a pause answers nothing else."""
+    owner = eventually(lambda: [b for b in brokers if "plain-0" in b.owned()], "an owner")[0]
+    other = brokers[1] if owner is brokers[0] else brokers[0]
+    # A loaded machine's broker may take seconds for an answer that waits out a 1-s etcd call.
+    with KafkaWire(other.bootstrap, timeout_s=60) as wire:
+        first = functools.partial(wire.request, FETCH, 12, fetch_body("plain", 0, 0))
+        # its view of the cluster has the topic (a watch lags under load)
+        eventually(lambda: fetch_partition(first()).error_code == 0, "plain known to the other")
+        assert etcd.pid is not None
+        freeze(etcd.pid)
+        try:
+            if "plain-0" in other.owned():
+                return None
+            response = wire.request(FETCH, 12, fetch_body("plain", 0, 1))
+            epochs = wire.request(OFFSET_FOR_LEADER_EPOCH, 4, EPOCH_BODY)
+            if "plain-0" in other.owned():
+                return None
+        finally:
+            os.kill(etcd.pid, signal.SIGCONT)
+    return response, epochs
 
 
 # --- the fault campaign --------------------------------------------------------------------------

@@ -254,6 +254,62 @@ def test_what_the_harness_starts_dies_with_a_killed_test_run(tmp_path: Path) -> 
     _kill_parent_and_wait(THROUGH_THE_HARNESS, expected, timeout_s=60, tmp_path=tmp_path)
 
 
+# Four threads writing to stdout as fast as they can: work that shows while it goes on.
+BUSY_WRITERS = """
+import os, threading
+def write():
+    while True:
+        os.write(1, b"x")
+threads = [threading.Thread(target=write) for _ in range(4)]
+for t in threads:
+    t.start()
+"""
+
+
+def test_a_frozen_process_does_nothing_more_once_freeze_returns() -> None:
+    """``children.freeze`` returns only when every thread of the process has stopped: nothing
+    it writes arrives after. ``os.kill(pid, SIGSTOP)`` alone returns before; on a loaded
+    machine an etcd "paused" that way answered a broker's read (docs/testing.md)."""
+    busy = children.spawn([sys.executable, "-c", BUSY_WRITERS], stdout=subprocess.PIPE)
+    try:
+        assert busy.stdout is not None
+        out = busy.stdout.fileno()
+        os.set_blocking(out, False)
+        assert _read_some(out), "the writers did not start"
+        children.freeze(busy.pid)
+        _drain(out)  # what it wrote before it stopped
+        assert set(children.thread_states(busy.pid)) <= {"T", "t"}
+        time.sleep(0.2)  # time for a thread still running to write again
+        assert _drain(out) == 0
+    finally:
+        busy.kill()
+        busy.wait()
+
+
+def _read_some(fd: int, timeout_s: float = 30.0) -> bool:
+    """Whether ``fd`` gives bytes within ``timeout_s`` (the writers have started)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        with contextlib.suppress(BlockingIOError):
+            if os.read(fd, 1 << 16):
+                return True
+        time.sleep(0.01)
+    return False
+
+
+def _drain(fd: int) -> int:
+    """Read what the pipe holds without waiting; the number of bytes."""
+    total = 0
+    while True:
+        try:
+            chunk = os.read(fd, 1 << 16)
+        except BlockingIOError:
+            return total
+        if not chunk:
+            return total
+        total += len(chunk)
+
+
 @pytest.mark.kubeapi
 def test_the_kube_control_plane_dies_with_a_killed_test_run(tmp_path: Path) -> None:
     """The session's kube-apiserver, controller manager and their etcd do not outlive a
