@@ -316,14 +316,17 @@ def heartbeat(wire: KafkaWire, group: str, member: str, epoch: int, **fields: An
     return wire.request(68, 1, body)
 
 
-def share_heartbeat(wire: KafkaWire, group: str, member: str, epoch: int, topic: str) -> Any:
+def share_heartbeat(
+    wire: KafkaWire, group: str, member: str, epoch: int, topic: str, **fields: Any
+) -> Any:
     """A ShareGroupHeartbeat v1 (KIP-932): joining ``group`` at epoch 0, subscribed to
-    ``topic``, then staying."""
+    ``topic``, then staying; ``fields`` replace the body's own (a bad request, say)."""
     body = {
         "group_id": group,
         "member_id": member,
         "member_epoch": epoch,
         "rack_id": None,
         "subscribed_topic_names": [topic] if epoch == 0 else None,
+        **fields,
     }
     return wire.request(76, 1, body)

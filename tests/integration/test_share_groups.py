@@ -34,7 +34,7 @@ from harness import children, topics
 from harness.brokers import BrokerCluster, BrokerProcess, running_cluster
 from harness.java_client import java_program
 from harness.java_share import run_share_members
-from harness.kafka_wire import KafkaWire, heartbeat
+from harness.kafka_wire import KafkaWire, heartbeat, share_heartbeat
 from harness.proxy import start_proxy
 from harness.s3 import S3Endpoint
 from harness.share import (
@@ -379,20 +379,6 @@ def test_share_groups_are_listed_described_and_deleted(broker_cluster: BrokerClu
         assert _describe(wire, "listed").error_code == ErrorCode.GROUP_ID_NOT_FOUND
 
 
-def _share_heartbeat(
-    wire: KafkaWire, group: str, member: str, epoch: int, topic: str = "q", **fields: Any
-) -> Any:
-    body = {
-        "group_id": group,
-        "member_id": member,
-        "member_epoch": epoch,
-        "rack_id": None,
-        "subscribed_topic_names": [topic] if epoch == 0 else None,
-        **fields,
-    }
-    return wire.request(76, 1, body)
-
-
 def _share_fetch(
     wire: KafkaWire,
     member: str,
@@ -429,17 +415,18 @@ def test_bad_share_requests_get_kafkas_error_codes(broker: BrokerProcess, topic:
     produce(broker.bootstrap, topic, values(5))
     with KafkaWire(broker.bootstrap) as wire:
         # Heartbeats: unknown member, a stale epoch, a join without topics, another type.
-        assert _share_heartbeat(wire, group, "ghost", 3).error_code == ErrorCode.UNKNOWN_MEMBER_ID
-        joined = _share_heartbeat(wire, group, "m1", 0, topic=topic)
+        ghost = share_heartbeat(wire, group, "ghost", 3, "q")
+        assert ghost.error_code == ErrorCode.UNKNOWN_MEMBER_ID
+        joined = share_heartbeat(wire, group, "m1", 0, topic)
         assert (joined.error_code, joined.member_epoch) == (ErrorCode.NONE, 1)
         (assigned,) = joined.assignment.topic_partitions
         topic_id = assigned.topic_id
-        stale = _share_heartbeat(wire, group, "m1", 7)
+        stale = share_heartbeat(wire, group, "m1", 7, "q")
         assert stale.error_code == ErrorCode.FENCED_MEMBER_EPOCH
-        empty = _share_heartbeat(wire, group, "m2", 0, subscribed_topic_names=[])
+        empty = share_heartbeat(wire, group, "m2", 0, "q", subscribed_topic_names=[])
         assert empty.error_code == ErrorCode.INVALID_REQUEST
         heartbeat(wire, other_group, "c1", 0, subscribed_topic_names=[topic])
-        other = _share_heartbeat(wire, other_group, "m1", 0, topic=topic)
+        other = share_heartbeat(wire, other_group, "m1", 0, topic)
         assert other.error_code == ErrorCode.GROUP_ID_NOT_FOUND
         consumer_hb = heartbeat(wire, group, "c1", 0, subscribed_topic_names=[topic])
         assert consumer_hb.error_code == ErrorCode.GROUP_ID_NOT_FOUND
@@ -520,7 +507,7 @@ def test_bad_share_requests_get_kafkas_error_codes(broker: BrokerProcess, topic:
         body["share_session_epoch"] = 0
         assert wire.request(79, 1, body).error_code == ErrorCode.INVALID_SHARE_SESSION_EPOCH
         # The broker lives on.
-        assert _share_heartbeat(wire, group, "m1", 1).error_code == ErrorCode.NONE
+        assert share_heartbeat(wire, group, "m1", 1, "q").error_code == ErrorCode.NONE
 
 
 def test_share_group_offsets_are_described_with_their_lag(
@@ -533,7 +520,7 @@ def test_share_group_offsets_are_described_with_their_lag(
     set_group_configs(broker.bootstrap, group, EARLIEST)
     produce(broker.bootstrap, topic, values(10))
     with KafkaWire(broker.bootstrap) as wire:
-        joined = _share_heartbeat(wire, group, "m1", 0, topic=topic)
+        joined = share_heartbeat(wire, group, "m1", 0, topic)
         topic_id = joined.assignment.topic_partitions[0].topic_id
         fetched = _share_fetch(wire, "m1", 0, topic_id, group=group)
         (partition,) = fetched.responses[0].partitions
@@ -621,32 +608,30 @@ def test_share_group_offsets_are_altered_and_deleted_while_the_group_is_empty(
     }
     with KafkaWire(broker.bootstrap) as wire:
         topic_id = (
-            _share_heartbeat(wire, group, "m1", 0, topic=topic)
-            .assignment.topic_partitions[0]
-            .topic_id
+            share_heartbeat(wire, group, "m1", 0, topic).assignment.topic_partitions[0].topic_id
         )
         assert _acquired(_share_fetch(wire, "m1", 0, topic_id, group=group)) == [(0, 9, 1)]
         _share_fetch(wire, "m1", 1, topic_id, [_ack(0, 9)], group=group)
         assert wire.request(91, 0, alter).error_code == ErrorCode.NON_EMPTY_GROUP
         _share_fetch(wire, "m1", -1, topic_id, group=group)
-        assert _share_heartbeat(wire, group, "m1", -1).error_code == ErrorCode.NONE
+        assert share_heartbeat(wire, group, "m1", -1, "q").error_code == ErrorCode.NONE
         altered = wire.request(91, 0, alter)
         assert altered.error_code == ErrorCode.NONE
         assert altered.responses[0].partitions[0].error_code == ErrorCode.NONE
         described = wire.request(90, 1, {"groups": [{"group_id": group, "topics": None}]})
         assert described.groups[0].topics[0].partitions[0].start_offset == 3
         # The next member starts at the altered offset, with fresh delivery counts.
-        _share_heartbeat(wire, group, "m2", 0, topic=topic)
+        share_heartbeat(wire, group, "m2", 0, topic)
         assert _acquired(_share_fetch(wire, "m2", 0, topic_id, group=group)) == [(3, 9, 1)]
         _share_fetch(wire, "m2", 1, topic_id, [_ack(3, 9)], group=group)
         _share_fetch(wire, "m2", -1, topic_id, group=group)
-        _share_heartbeat(wire, group, "m2", -1)
+        share_heartbeat(wire, group, "m2", -1, "q")
         deleted = wire.request(92, 0, {"group_id": group, "topics": [{"topic_name": topic}]})
         assert (deleted.error_code, deleted.responses[0].error_code) == (0, 0)
         described = wire.request(90, 1, {"groups": [{"group_id": group, "topics": None}]})
         assert list(described.groups[0].topics) == []
         # No state: the next member starts at share.auto.offset.reset (earliest here).
-        _share_heartbeat(wire, group, "m3", 0, topic=topic)
+        share_heartbeat(wire, group, "m3", 0, topic)
         assert _acquired(_share_fetch(wire, "m3", 0, topic_id, group=group)) == [(0, 9, 1)]
         # Another group type's id is not a share group.
         heartbeat(wire, consumers, "c1", 0, subscribed_topic_names=[topic])
@@ -789,7 +774,7 @@ def test_a_share_session_keeps_only_partitions_that_exist(broker_cluster: Broker
     set_group_configs(broker.bootstrap, "sessions", EARLIEST)
     produce(broker.bootstrap, "known", values(3))
     with KafkaWire(broker.bootstrap) as wire:
-        joined = _share_heartbeat(wire, "sessions", "m1", 0, subscribed_topic_names=["known"])
+        joined = share_heartbeat(wire, "sessions", "m1", 0, "q", subscribed_topic_names=["known"])
         (assigned,) = joined.assignment.topic_partitions
         known = assigned.topic_id
         ghost = uuid.uuid4()
@@ -871,7 +856,7 @@ def _join_at_coordinator(bootstrap: str, group: str, member: str) -> Any:
     while True:
         address = _coordinators(bootstrap, [group])[group]
         with KafkaWire(address) as wire:
-            answer = _share_heartbeat(wire, group, member, 0)
+            answer = share_heartbeat(wire, group, member, 0, "q")
         if answer.error_code not in (
             ErrorCode.NOT_COORDINATOR,
             ErrorCode.COORDINATOR_NOT_AVAILABLE,
@@ -912,7 +897,7 @@ def test_a_flood_of_invented_share_groups_stops_at_the_cluster_s_bound(
     gone = accepted[1]
     with KafkaWire(_coordinators(bootstrap, [gone])[gone]) as wire:
         joined = answers[gone]
-        left = _share_heartbeat(wire, gone, f"m-{gone}", -1)
+        left = share_heartbeat(wire, gone, f"m-{gone}", -1, "q")
         assert left.error_code == ErrorCode.NONE and joined.member_epoch > 0
         assert _delete(wire, gone) is ErrorCode.NONE
     deadline = time.monotonic() + 60

@@ -30,7 +30,7 @@ import pytest
 from harness import children, topics
 from harness.brokers import BrokerCluster, new_cluster
 from harness.etcd import harness_etcd
-from harness.kafka_wire import KafkaWire, metadata_body
+from harness.kafka_wire import KafkaWire, metadata_body, share_heartbeat
 from harness.s3 import S3Endpoint
 from harness.share import (
     Received,
@@ -58,17 +58,6 @@ pytestmark = pytest.mark.integration
 
 # Locks far longer than any test: records come back only because their member left.
 LONG_LOCKS = {"share.auto.offset.reset": "earliest", "share.record.lock.duration.ms": "600000"}
-
-
-def _heartbeat(wire: KafkaWire, group: str, member: str, epoch: int, topic: str) -> Any:
-    body = {
-        "group_id": group,
-        "member_id": member,
-        "member_epoch": epoch,
-        "rack_id": None,
-        "subscribed_topic_names": [topic] if epoch == 0 else None,
-    }
-    return wire.request(76, 1, body)
 
 
 def _fetch(
@@ -137,16 +126,16 @@ def test_a_member_that_leaves_has_its_records_released_at_once_by_another_broker
         KafkaWire(owner.bootstrap) as leaver,
         KafkaWire(owner.bootstrap) as stayer,
     ):
-        joined = _heartbeat(coordinator, "leave", "a", 0, "q")
+        joined = share_heartbeat(coordinator, "leave", "a", 0, "q")
         assert joined.error_code == ErrorCode.NONE, joined
         topic_id = joined.assignment.topic_partitions[0].topic_id
         held = _fetch(leaver, "leave", "a", 0, topic_id)
         assert held.error_code == ErrorCode.NONE and _acquired(held) == {0: [(0, 4, 1)]}
-        assert _heartbeat(coordinator, "leave", "b", 0, "q").error_code == ErrorCode.NONE
+        assert share_heartbeat(coordinator, "leave", "b", 0, "q").error_code == ErrorCode.NONE
         epoch = 0
         assert _acquired(_fetch(stayer, "leave", "b", epoch, topic_id)) == {}
         # "a" leaves the group; its connection to the owner stays open, its session too.
-        left = _heartbeat(coordinator, "leave", "a", -1, "q")
+        left = share_heartbeat(coordinator, "leave", "a", -1, "q")
         assert left.error_code == ErrorCode.NONE
         deadline = time.monotonic() + 30  # far less than the 600-s locks
         got: dict[int, list[tuple[int, int, int]]] = {}
@@ -175,7 +164,7 @@ def test_share_fetch_from_a_member_not_in_the_group_opens_no_session(
     set_group_configs(broker.bootstrap, "members", LONG_LOCKS)
     produce(broker.bootstrap, "q", [b"a", b"b"])
     with KafkaWire(broker.bootstrap) as wire:
-        joined = _heartbeat(wire, "members", "real", 0, "q")
+        joined = share_heartbeat(wire, "members", "real", 0, "q")
         topic_id = joined.assignment.topic_partitions[0].topic_id
         for member in ("made-up-1", "made-up-2"):
             stranger = _fetch(wire, "members", member, 0, topic_id)
@@ -268,7 +257,7 @@ def test_a_refused_share_partition_fails_only_its_own_acknowledgements(
         produce(broker.bootstrap, "q", [b"x", b"y", b"z"], partition=partition)
     cluster, etcd_url = broker_cluster.cluster, broker_cluster.etcd_url
     with KafkaWire(broker.bootstrap) as wire:
-        joined = _heartbeat(wire, "rounds", "m", 0, "q")
+        joined = share_heartbeat(wire, "rounds", "m", 0, "q")
         topic_id = joined.assignment.topic_partitions[0].topic_id
         held = _fetch(wire, "rounds", "m", 0, topic_id, (0, 1))
         assert _acquired(held) == {0: [(0, 2, 1)], 1: [(0, 2, 1)]}
@@ -421,10 +410,10 @@ def test_a_membership_write_etcd_refuses_leaves_the_member_epoch_it_had(
         etcd_pid = etcd_server_private.pid
         assert etcd_pid is not None
         with KafkaWire(broker.bootstrap, timeout_s=60) as wire:
-            joined = _heartbeat(wire, group, "m1", 0, "epoch-a")
+            joined = share_heartbeat(wire, group, "m1", 0, "epoch-a")
             assert joined.error_code == ErrorCode.NONE, joined
             epoch = int(joined.member_epoch)
-            assert _heartbeat(wire, group, "m1", epoch, "epoch-a").error_code == ErrorCode.NONE
+            assert share_heartbeat(wire, group, "m1", epoch, "epoch-a").error_code == ErrorCode.NONE
             body = {"group_id": group, "member_id": "m1", "member_epoch": epoch,
                     "rack_id": None, "subscribed_topic_names": both}  # fmt: skip
             os.kill(etcd_pid, signal.SIGSTOP)

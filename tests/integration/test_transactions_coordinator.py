@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from harness.brokers import BrokerCluster, BrokerProcess, new_cluster
 from harness.etcd import harness_etcd
-from harness.kafka_wire import KafkaWire, metadata_body
+from harness.kafka_wire import KafkaWire, metadata_body, share_heartbeat
 from harness.proxy import start_proxy
 from harness.s3 import S3Endpoint
 
@@ -30,7 +30,7 @@ from kafscale.broker.transactions.store import encode_metadata
 
 pytestmark = pytest.mark.integration
 
-FIND, OFFSET_FETCH, INIT, SHARE_HEARTBEAT = 10, 9, 22, 76
+FIND, OFFSET_FETCH, INIT = 10, 9, 22
 ADD_PARTITIONS, ADD_OFFSETS, END_TXN, TXN_OFFSET_COMMIT = 24, 25, 26, 28
 DESCRIBE_TXNS, LIST_TXNS = 65, 66
 NONE, UNKNOWN_TOPIC, NOT_COORDINATOR, ILLEGAL_GENERATION = 0, 3, 16, 22
@@ -356,14 +356,6 @@ def test_a_generation_for_a_group_nobody_joined_is_illegal_generation(
         assert fetch_offset(wire, "gen-group", require_stable=True) == (NONE, 8)
 
 
-def _share_heartbeat(wire: KafkaWire, group: str, epoch: int) -> Any:
-    """A ShareGroupHeartbeat of member ``share-m1``: joining (epoch 0) or staying."""
-    topics = [TOPIC] if epoch == 0 else None
-    body = {"group_id": group, "member_id": "share-m1", "member_epoch": epoch,
-            "rack_id": None, "subscribed_topic_names": topics}  # fmt: skip
-    return wire.request(SHARE_HEARTBEAT, 1, body)
-
-
 def test_offsets_sent_in_a_transaction_to_a_share_group_are_refused(
     shared_broker: BrokerProcess,
 ) -> None:
@@ -375,7 +367,7 @@ def test_offsets_sent_in_a_transaction_to_a_share_group_are_refused(
     group = "txn-share-group"
     with KafkaWire(shared_broker.bootstrap) as wire:
         make_topic(wire)
-        joined = _share_heartbeat(wire, group, 0)
+        joined = share_heartbeat(wire, group, "share-m1", 0, TOPIC)
         assert joined.error_code == NONE, joined
         started = init(wire, "share-txn")
         pid, epoch = int(started.producer_id), int(started.producer_epoch)
@@ -385,7 +377,7 @@ def test_offsets_sent_in_a_transaction_to_a_share_group_are_refused(
         fetched = {"group_id": group, "topics": [{"name": TOPIC, "partition_indexes": [0]}],
                    "require_stable": True}  # fmt: skip
         wire.request(OFFSET_FETCH, 7, fetched)  # what OffsetFetch answers is the next test's
-        again = _share_heartbeat(wire, group, int(joined.member_epoch))
+        again = share_heartbeat(wire, group, "share-m1", int(joined.member_epoch), TOPIC)
         assert again.error_code == NONE, again
 
 
@@ -398,13 +390,13 @@ def test_offset_fetch_of_a_share_group_is_group_id_not_found(
     group = "fetched-share-group"
     with KafkaWire(shared_broker.bootstrap) as wire:
         make_topic(wire)
-        joined = _share_heartbeat(wire, group, 0)
+        joined = share_heartbeat(wire, group, "share-m1", 0, TOPIC)
         assert joined.error_code == NONE, joined
         fetched = {"group_id": group, "topics": [{"name": TOPIC, "partition_indexes": [0]}],
                    "require_stable": True}  # fmt: skip
         answer = wire.request(OFFSET_FETCH, 7, fetched)
         assert answer.error_code == GROUP_ID_NOT_FOUND, answer
-        again = _share_heartbeat(wire, group, int(joined.member_epoch))
+        again = share_heartbeat(wire, group, "share-m1", int(joined.member_epoch), TOPIC)
         assert again.error_code == NONE, again
 
 
