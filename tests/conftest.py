@@ -16,4 +16,5 @@ pytest_plugins = [
     "harness.prometheus",
     "harness.postgres",
     "harness.workers",
+    "harness.tls_etcd",
 ]

@@ -17,7 +17,11 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+import pytest
+
 from harness import children
+from harness.brokers import BrokerCluster
+from harness.s3 import S3Endpoint, unique_bucket
 from harness.tls import TestPki, make_pki
 from kafscale.broker.child_process import free_port_run
 from kafscale.broker.metadata.embedded_etcd import find_etcd_binary
@@ -132,6 +136,16 @@ class AuthEtcd:
     def as_root(self, *command: str) -> None:
         _etcdctl(self.etcdctl_path, self.url, ["--user=root:root-pw", *command])
 
+    def refuse_brokers(self) -> None:
+        """The brokers' role loses every permission on ``/kafscale`` (a role changed by hand)."""
+        self.as_root("role", "revoke-permission", "kafscale", "--prefix=true", "/kafscale")
+
+    def allow_brokers(self, permission: str = "readwrite") -> None:
+        """The brokers' role may ``permission`` (read, write, readwrite) ``/kafscale``."""
+        self.as_root(
+            "role", "grant-permission", "kafscale", "--prefix=true", permission, "/kafscale"
+        )
+
     def restart(self) -> None:
         self.process.kill()
         self.process.wait(10)
@@ -163,6 +177,27 @@ def restartable_auth_etcd(directory: Path) -> Iterator[AuthEtcd]:
     finally:
         etcd.process.kill()
         etcd.process.wait(10)
+
+
+@pytest.fixture
+def auth_etcd(tmp_path: Path) -> Iterator[AuthEtcd]:
+    with restartable_auth_etcd(tmp_path / "etcd-auth") as etcd:
+        yield etcd
+
+
+@contextmanager
+def brokers_on_auth_etcd(
+    etcd: AuthEtcd, s3: S3Endpoint, cluster: str, directory: Path, **env: str
+) -> Iterator[BrokerCluster]:
+    """Brokers of ``cluster`` logging in to ``etcd`` as ``AUTH_USER``, with ``env`` set."""
+    bucket = unique_bucket("b")
+    s3.client().create_bucket(Bucket=bucket)
+    login = {"KAFSCALE_ETCD__USERNAME": AUTH_USER, "KAFSCALE_ETCD__PASSWORD": AUTH_PASSWORD}
+    brokers = BrokerCluster(etcd.url, s3, bucket, cluster, directory, extra_env=login | env)
+    try:
+        yield brokers
+    finally:
+        brokers.stop_all()
 
 
 def _etcdctl(etcdctl: str, url: str, command: list[str], timeout_s: float = 30) -> None:

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 from harness.brokers import BrokerCluster
-from harness.s3 import S3Endpoint, unique_bucket
-from harness.tls_etcd import AUTH_PASSWORD, AUTH_USER, AuthEtcd, restartable_auth_etcd
+from harness.s3 import S3Endpoint
+from harness.tls_etcd import AUTH_PASSWORD, AUTH_USER, AuthEtcd, brokers_on_auth_etcd
 
 from kafscale.broker.child_process import BrokerProcess
 from kafscale.broker.groups.leases import GroupLeases
@@ -31,20 +31,6 @@ from kafscale.broker.metadata.etcd import Etcd, read_prefix_until_answered
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
 _DEADLINE_S = 90.0  # generous: two engineers and a CI run share two cores
-
-
-@pytest.fixture
-def auth_etcd(tmp_path: Path) -> Iterator[AuthEtcd]:
-    with restartable_auth_etcd(tmp_path / "etcd-auth") as etcd:
-        yield etcd
-
-
-def revoke(etcd: AuthEtcd) -> None:
-    etcd.as_root("role", "revoke-permission", "kafscale", "--prefix=true", "/kafscale")
-
-
-def grant(etcd: AuthEtcd) -> None:
-    etcd.as_root("role", "grant-permission", "kafscale", "--prefix=true", "readwrite", "/kafscale")
 
 
 def wait_for(
@@ -96,13 +82,13 @@ async def test_a_view_refused_by_etcd_is_not_following_until_etcd_lets_it(
     try:
         await view.start()
         assert view.following
-        await asyncio.to_thread(revoke, auth_etcd)
+        await asyncio.to_thread(auth_etcd.refuse_brokers)
         await asyncio.to_thread(auth_etcd.restart)
         await wait_for_async(lambda: not view.following, "the view reports not following")
         assert any("no longer follows etcd" in r.getMessage() for r in caplog.records)
         # A change made while the view is refused (a broker marked draining, by root)...
         await asyncio.to_thread(auth_etcd.as_root, "put", keys.draining_key(cluster, 7), "1")
-        await asyncio.to_thread(grant, auth_etcd)
+        await asyncio.to_thread(auth_etcd.allow_brokers)
         await wait_for_async(lambda: view.following, "the view follows again")
         # ... reaches it once it follows again: the watch resumed from its last revision.
         await wait_for_async(lambda: 7 in view.draining, "the change made meanwhile arrives")
@@ -137,7 +123,7 @@ async def test_a_lease_watch_refused_by_etcd_follows_again_when_etcd_lets_it(
 
     try:
         await leases.start()
-        await asyncio.to_thread(revoke, auth_etcd)
+        await asyncio.to_thread(auth_etcd.refuse_brokers)
         await asyncio.to_thread(auth_etcd.restart)
         await wait_for_async(
             lambda: bool(about_the_watch("INFO") or about_the_watch("ERROR")),
@@ -147,7 +133,7 @@ async def test_a_lease_watch_refused_by_etcd_follows_again_when_etcd_lets_it(
         await asyncio.to_thread(
             auth_etcd.as_root, "put", keys.group_lease_key(cluster, "taken-meanwhile"), "7"
         )
-        await asyncio.to_thread(grant, auth_etcd)
+        await asyncio.to_thread(auth_etcd.allow_brokers)
         await wait_for_async(
             lambda: leases.holder("taken-meanwhile") == 7, "the lease taken meanwhile arrives"
         )
@@ -168,7 +154,7 @@ async def test_a_reload_etcd_refuses_is_retried_until_etcd_lets_it(
     etcd = await Etcd.connect([auth_etcd.url], 5.0, username=AUTH_USER, password=AUTH_PASSWORD)
     try:
         await asyncio.to_thread(auth_etcd.as_root, "put", prefix + "g", "7")
-        await asyncio.to_thread(revoke, auth_etcd)
+        await asyncio.to_thread(auth_etcd.refuse_brokers)
         reload = asyncio.create_task(read_prefix_until_answered(etcd, prefix, "test reload"))
         await wait_for_async(
             lambda: (
@@ -177,7 +163,7 @@ async def test_a_reload_etcd_refuses_is_retried_until_etcd_lets_it(
             "the reload is refused",
         )
         assert not reload.done(), reload.exception()
-        await asyncio.to_thread(grant, auth_etcd)
+        await asyncio.to_thread(auth_etcd.allow_brokers)
         entries = await asyncio.wait_for(reload, _DEADLINE_S)
         assert [(e.key, e.value) for e in entries] == [(prefix + "g", b"7")]
     finally:
@@ -188,14 +174,8 @@ async def test_a_reload_etcd_refuses_is_retried_until_etcd_lets_it(
 def auth_cluster(
     auth_etcd: AuthEtcd, s3_server: S3Endpoint, cluster_name: str, tmp_path: Path
 ) -> Iterator[BrokerCluster]:
-    bucket = unique_bucket("b")
-    s3_server.client().create_bucket(Bucket=bucket)
-    env = {"KAFSCALE_ETCD__USERNAME": AUTH_USER, "KAFSCALE_ETCD__PASSWORD": AUTH_PASSWORD}
-    brokers = BrokerCluster(auth_etcd.url, s3_server, bucket, cluster_name, tmp_path, extra_env=env)
-    try:
+    with brokers_on_auth_etcd(auth_etcd, s3_server, cluster_name, tmp_path) as brokers:
         yield brokers
-    finally:
-        brokers.stop_all()
 
 
 def test_a_broker_whose_view_etcd_refuses_is_not_ready_until_it_follows_again(
@@ -203,7 +183,7 @@ def test_a_broker_whose_view_etcd_refuses_is_not_ready_until_it_follows_again(
 ) -> None:
     broker = auth_cluster.start()
     assert readyz(broker) == 200
-    revoke(auth_etcd)
+    auth_etcd.refuse_brokers()
     auth_etcd.restart()
     wait_for(
         lambda: readyz(broker) == 503, "/readyz says 503 (Kubernetes takes it out)", log=broker.tail
@@ -219,7 +199,7 @@ def test_a_broker_whose_view_etcd_refuses_is_not_ready_until_it_follows_again(
         "etcd refuses the broker",
         log=broker.tail,
     )
-    grant(auth_etcd)
+    auth_etcd.allow_brokers()
     wait_for(lambda: readyz(broker) == 200, "/readyz says 200 again", log=broker.tail)
     assert following_gauge(broker) == 1.0
     assert broker.status()["cluster_view_following"] is True

@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 from confluent_kafka import Producer
 from harness.brokers import BrokerCluster
-from harness.s3 import S3Endpoint, unique_bucket
-from harness.tls_etcd import AUTH_PASSWORD, AUTH_USER, AuthEtcd, restartable_auth_etcd
+from harness.s3 import S3Endpoint
+from harness.tls_etcd import AuthEtcd, brokers_on_auth_etcd
 from harness.topics import create_topic
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
@@ -32,28 +32,15 @@ refused checks, five at the 200-ms interval), not a wait for something to happen
 
 
 @pytest.fixture
-def auth_etcd(tmp_path: Path) -> Iterator[AuthEtcd]:
-    with restartable_auth_etcd(tmp_path / "etcd-auth") as etcd:
-        yield etcd
-
-
-@pytest.fixture
 def auth_cluster(
     auth_etcd: AuthEtcd, s3_server: S3Endpoint, cluster_name: str, tmp_path: Path
 ) -> Iterator[BrokerCluster]:
-    bucket = unique_bucket("b")
-    s3_server.client().create_bucket(Bucket=bucket)
-    env = {
-        "KAFSCALE_ETCD__USERNAME": AUTH_USER,
-        "KAFSCALE_ETCD__PASSWORD": AUTH_PASSWORD,
+    checks_often = {
         "KAFSCALE_TRANSACTIONS__CHECK_INTERVAL_MS": "200",
         "KAFSCALE_GROUPS__OFFSETS_RETENTION_CHECK_INTERVAL_MS": "200",
     }
-    brokers = BrokerCluster(auth_etcd.url, s3_server, bucket, cluster_name, tmp_path, extra_env=env)
-    try:
-        yield brokers
-    finally:
-        brokers.stop_all()
+    with brokers_on_auth_etcd(auth_etcd, s3_server, cluster_name, tmp_path, **checks_often) as b:
+        yield b
 
 
 def wait_for(condition: Callable[[], bool], what: str, log: Callable[[], str]) -> None:
@@ -97,7 +84,7 @@ def test_checks_etcd_refuses_are_logged_once_without_a_traceback_and_recover(
     def text() -> str:
         return broker.log_path.read_text()
 
-    auth_etcd.as_root("role", "revoke-permission", "kafscale", "--prefix=true", "/kafscale")
+    auth_etcd.refuse_brokers()
     wait_for(
         lambda: "permission denied" in text() and "transactions" in text(),
         "etcd refuses the transaction check",
@@ -109,9 +96,7 @@ def test_checks_etcd_refuses_are_logged_once_without_a_traceback_and_recover(
         broker.tail,
     )
     time.sleep(_REFUSED_CHECKS_S)
-    auth_etcd.as_root(
-        "role", "grant-permission", "kafscale", "--prefix=true", "readwrite", "/kafscale"
-    )
+    auth_etcd.allow_brokers()
     wait_for(
         lambda: "transaction left-open timed out: aborting" in text(),
         "the check aborts the transaction that timed out meanwhile",

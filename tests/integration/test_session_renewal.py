@@ -25,8 +25,8 @@ from harness import children
 from harness.batches import make_batch
 from harness.brokers import BrokerCluster
 from harness.kafka_wire import PRODUCE, KafkaWire, produce_body, produce_partition
-from harness.s3 import S3Endpoint, unique_bucket
-from harness.tls_etcd import AUTH_PASSWORD, AUTH_USER, AuthEtcd, restartable_auth_etcd
+from harness.s3 import S3Endpoint
+from harness.tls_etcd import AuthEtcd, brokers_on_auth_etcd
 from harness.topics import create_topics
 
 from kafscale.broker.child_process import BrokerProcess
@@ -42,37 +42,12 @@ TOPIC = "renewal"
 
 
 @pytest.fixture
-def auth_etcd(tmp_path: Path) -> Iterator[AuthEtcd]:
-    with restartable_auth_etcd(tmp_path / "etcd-auth") as etcd:
-        yield etcd
-
-
-@pytest.fixture
 def auth_cluster(
     auth_etcd: AuthEtcd, s3_server: S3Endpoint, cluster_name: str, tmp_path: Path
 ) -> Iterator[BrokerCluster]:
-    bucket = unique_bucket("b")
-    s3_server.client().create_bucket(Bucket=bucket)
-    env = {
-        "KAFSCALE_ETCD__USERNAME": AUTH_USER,
-        "KAFSCALE_ETCD__PASSWORD": AUTH_PASSWORD,
-        "KAFSCALE_ETCD__SESSION_TTL_S": "6",
-    }
-    brokers = BrokerCluster(auth_etcd.url, s3_server, bucket, cluster_name, tmp_path, extra_env=env)
-    try:
+    ttl = {"KAFSCALE_ETCD__SESSION_TTL_S": "6"}
+    with brokers_on_auth_etcd(auth_etcd, s3_server, cluster_name, tmp_path, **ttl) as brokers:
         yield brokers
-    finally:
-        brokers.stop_all()
-
-
-def read_only(etcd: AuthEtcd) -> None:
-    etcd.as_root("role", "revoke-permission", "kafscale", "--prefix=true", "/kafscale")
-    etcd.as_root("role", "grant-permission", "kafscale", "--prefix=true", "read", "/kafscale")
-
-
-def read_write(etcd: AuthEtcd) -> None:
-    etcd.as_root("role", "revoke-permission", "kafscale", "--prefix=true", "/kafscale")
-    etcd.as_root("role", "grant-permission", "kafscale", "--prefix=true", "readwrite", "/kafscale")
 
 
 def as_root(etcd: AuthEtcd | str, work: Callable[[Etcd], object]) -> object:
@@ -152,10 +127,10 @@ def test_a_broker_registers_again_after_etcd_refused_it_and_at_every_later_loss(
     first = registration_lease(auth_etcd, cluster_name, broker.node_id)
     assert first
 
-    read_only(auth_etcd)
+    auth_etcd.allow_brokers("read")
     end_session(auth_etcd, first)
     wait_for(lambda: refused_registration(broker), "etcd refuses the broker's registration")
-    read_write(auth_etcd)
+    auth_etcd.allow_brokers()
     wait_for(
         lambda: registration_lease(auth_etcd, cluster_name, broker.node_id) not in (None, first),
         "the broker registers again on a new session",
