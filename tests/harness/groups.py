@@ -51,12 +51,17 @@ def wait_for(
     when given, ``state()``."""
     deadline = time.monotonic() + timeout_s
     while not check():
-        crashed = [t for t in threading.enumerate() if getattr(t, "crashed", None) is not None]
-        assert not crashed, f"{crashed[0].name} crashed: {crashed[0].crashed!r}"  # type: ignore[attr-defined]
+        assert_no_thread_crashed()
         if time.monotonic() > deadline:
             detail = f"; {state()}" if state is not None else ""
             raise AssertionError(f"timed out waiting for {what}{detail}")
         time.sleep(0.05)
+
+
+def assert_no_thread_crashed() -> None:
+    """Fail at once when a thread recorded an exception in ``crashed`` (a group member)."""
+    crashed = [t for t in threading.enumerate() if getattr(t, "crashed", None) is not None]
+    assert not crashed, f"{crashed[0].name} crashed: {crashed[0].crashed!r}"  # type: ignore[attr-defined]
 
 
 def wait_while_progressing(
@@ -76,8 +81,7 @@ def wait_while_progressing(
     start = time.monotonic()
     last, moved_at = progress(), start
     while not check():
-        crashed = [t for t in threading.enumerate() if getattr(t, "crashed", None) is not None]
-        assert not crashed, f"{crashed[0].name} crashed: {crashed[0].crashed!r}"  # type: ignore[attr-defined]
+        assert_no_thread_crashed()
         now, seen = time.monotonic(), progress()
         if seen != last:
             last, moved_at = seen, now
