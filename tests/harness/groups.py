@@ -51,11 +51,44 @@ def wait_for(
     when given, ``state()``."""
     deadline = time.monotonic() + timeout_s
     while not check():
-        crashed = [t for t in threading.enumerate() if getattr(t, "crashed", None) is not None]
-        assert not crashed, f"{crashed[0].name} crashed: {crashed[0].crashed!r}"  # type: ignore[attr-defined]
+        assert_no_thread_crashed()
         if time.monotonic() > deadline:
             detail = f"; {state()}" if state is not None else ""
             raise AssertionError(f"timed out waiting for {what}{detail}")
+        time.sleep(0.05)
+
+
+def assert_no_thread_crashed() -> None:
+    """Fail at once when a thread recorded an exception in ``crashed`` (a group member)."""
+    crashed = [t for t in threading.enumerate() if getattr(t, "crashed", None) is not None]
+    assert not crashed, f"{crashed[0].name} crashed: {crashed[0].crashed!r}"  # type: ignore[attr-defined]
+
+
+def wait_while_progressing(
+    check: Callable[[], bool],
+    progress: Callable[[], object],
+    what: str,
+    state: Callable[[], str],
+    *,
+    stall_s: float,
+    max_s: float,
+) -> None:
+    """Poll ``check`` until it holds, failing only once ``progress()`` has not changed for
+    ``stall_s`` (stuck) or after ``max_s`` in all. A fixed bound on work that goes at the
+    machine's pace (records read, each committed synchronously) failed slow consumers at load
+    30-60 that were still reading; a stuck one still fails in ``stall_s``. The failure says
+    which, and ``state()``."""
+    start = time.monotonic()
+    last, moved_at = progress(), start
+    while not check():
+        assert_no_thread_crashed()
+        now, seen = time.monotonic(), progress()
+        if seen != last:
+            last, moved_at = seen, now
+        if now - moved_at > stall_s:
+            raise AssertionError(f"no progress for {stall_s:g} s waiting for {what}; {state()}")
+        if now - start > max_s:
+            raise AssertionError(f"timed out after {max_s:g} s waiting for {what}; {state()}")
         time.sleep(0.05)
 
 

@@ -25,6 +25,7 @@ from pathlib import Path
 import pytest
 from confluent_kafka import KafkaError, Message, Producer
 from harness.brokers import BrokerCluster, new_cluster
+from harness.children import freeze
 from harness.etcd import running_etcd
 from harness.kafka_wire import FETCH, KafkaWire, fetch_body
 from harness.s3 import S3Endpoint
@@ -86,7 +87,7 @@ def test_a_broker_exits_by_its_bound_while_etcd_is_frozen(
     create_topics(broker.bootstrap, ["stop-frozen"], 4)
     pid = etcd_of_its_own.pid
     assert pid is not None
-    os.kill(pid, signal.SIGSTOP)
+    freeze(pid)  # stopped before the SIGTERM: the stop must find it silent
     try:
         code = stopped_within(broker, stop_bound_s(GRACE_S) + THREAD_SLACK_S)
     finally:

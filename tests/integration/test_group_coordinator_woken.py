@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 from harness.brokers import new_cluster
+from harness.children import freeze
 from harness.kafka_wire import KafkaWire
 from harness.s3 import S3Endpoint
 
@@ -84,7 +85,7 @@ def test_a_woken_coordinator_past_its_session_answers_not_coordinator(
             # (its process hangs), until its session runs out.
             required = second.request(JOIN_GROUP, 5, join(session_ms=WAITING_SESSION_MS))
             second.send(JOIN_GROUP, 5, join(required.member_id, WAITING_SESSION_MS))
-            os.kill(broker.pid, signal.SIGSTOP)
+            freeze(broker.pid)  # FREEZE_S from when it stopped heartbeating its lease
             try:
                 time.sleep(FREEZE_S)
             finally:

@@ -44,6 +44,10 @@ pytestmark = pytest.mark.integration
 JOIN_GROUP, SYNC_GROUP, FIND_COORDINATOR, DESCRIBE_GROUPS = 11, 14, 10, 15
 SESSION_MS = 6_000  # Kafka's smallest allowed session
 DEADLINE_S = 120.0  # generous: the machine is shared
+SESSION_TTL_S = "15"
+"""The brokers' etcd sessions: the harness's 4 s (keepalive every 1.3 s) were lost to starved
+keepalives at load 30-60 between FindCoordinator and the member's JoinGroup, which then got
+NOT_COORDINATOR. The test waits for the dead broker's lease to end, whatever its length."""
 
 
 def join(member_id: str = "") -> dict[str, object]:
@@ -81,7 +85,8 @@ def test_members_of_a_dead_coordinator_are_not_waited_for_a_new_session(
         etcd_server_private.client_url, s3_server, tmp_path, "f", name=cluster_name
     )
     try:
-        brokers = [cluster.start(), cluster.start()]
+        env = {"KAFSCALE_ETCD__SESSION_TTL_S": SESSION_TTL_S}
+        brokers = [cluster.start(**env), cluster.start(**env)]
         first = coordinator(brokers[0].bootstrap)
         with KafkaWire(brokers[0].bootstrap) as wire:
             ids = wire.request(3, 1, {"topics": []}).brokers  # Metadata: node id -> port

@@ -25,6 +25,7 @@ from typing import Any
 
 import pytest
 from confluent_kafka import Producer
+from harness.children import freeze
 from harness.kafka_wire import API_VERSIONS, FETCH, KafkaWire, fetch_body
 from harness.local_mode import consume, launch_local, wait_running
 from harness.ports import free_port_run
@@ -128,8 +129,8 @@ def test_ctrl_c_ends_local_by_its_bound_while_its_etcd_is_frozen(
         acked = produce_acked(f"localhost:{port}", "frozen-stop", 200)
         assert len(acked) == 200
         [etcd_pid] = etcd_pids(data_dir)
-        os.kill(etcd_pid, signal.SIGSTOP)
         frozen.append(etcd_pid)
+        freeze(etcd_pid)  # stopped before the Ctrl-C: the stop must find it silent
         bound_s = stop_bound_s(GRACE_S) + THREAD_SLACK_S
         code = ctrl_c_exit_code(process, bound_s + SCHEDULING_SLACK_S, log)
     finally:

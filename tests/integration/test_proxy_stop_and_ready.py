@@ -27,6 +27,7 @@ from pathlib import Path
 import pytest
 from confluent_kafka import Producer
 from harness.brokers import BrokerCluster, new_cluster
+from harness.children import freeze
 from harness.proxy import start_proxy
 from harness.s3 import S3Endpoint
 from harness.topics import create_topics
@@ -66,7 +67,7 @@ def frozen(etcd: EmbeddedEtcd) -> Iterator[None]:
     """etcd stopped with SIGSTOP for the block, continued whatever happens."""
     pid = etcd.pid
     assert pid is not None
-    os.kill(pid, signal.SIGSTOP)
+    freeze(pid)  # stopped, not only signalled: the block's asserts need it silent
     try:
         yield
     finally:

@@ -416,7 +416,7 @@ def test_a_membership_write_etcd_refuses_leaves_the_member_epoch_it_had(
             assert share_heartbeat(wire, group, "m1", epoch, "epoch-a").error_code == ErrorCode.NONE
             body = {"group_id": group, "member_id": "m1", "member_epoch": epoch,
                     "rack_id": None, "subscribed_topic_names": both}  # fmt: skip
-            os.kill(etcd_pid, signal.SIGSTOP)
+            children.freeze(etcd_pid)  # stopped: the heartbeat must find etcd silent
             try:
                 refused = wire.request(76, 1, body)
             finally:

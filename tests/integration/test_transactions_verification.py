@@ -12,7 +12,6 @@ EndTxn v5 bumps the epoch, which fences the ended transaction's late batches.
 
 from __future__ import annotations
 
-import signal
 import time
 from typing import Any
 
@@ -20,6 +19,7 @@ import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 from harness.batches import make_batch
 from harness.brokers import BrokerCluster, BrokerProcess
+from harness.children import freeze
 from harness.kafka_wire import (
     LIST_OFFSETS,
     METADATA,
@@ -299,7 +299,7 @@ def test_a_partition_taken_over_while_the_request_is_verified_is_not_written_unv
                             "producer_epoch": -1})  # fmt: skip
         assert int(init.error_code) == NONE
         pid, epoch = int(init.producer_id), int(init.producer_epoch)
-    a.signal(signal.SIGSTOP)
+    freeze(a.pid)  # stopped: the coordinator on A must not answer B
     try:
         batch = make_batch(
             0, [b"v2"], attributes=TRANSACTIONAL, producer_id=pid, producer_epoch=epoch,
