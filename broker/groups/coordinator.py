@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from kafscale.broker.config import GroupSettings, IsolationLevel
-from kafscale.broker.groups import adoption, release
+from kafscale.broker.groups import adoption, release, retention_outage
 from kafscale.broker.groups.change_log import log_group_change
 from kafscale.broker.groups.leases import GroupLeases, choose_coordinator, coordinator_chooser
 from kafscale.broker.groups.model import GroupConfig, GroupState
@@ -631,22 +631,32 @@ class GroupCoordinator:
         the groups stored in etcd that nobody coordinates and that would be this broker's (a
         group nobody asked for since a restart must expire too: its etcd keys are what fills
         the quota); all of them over successive checks. Each group's expiry is its own
-        runtime's, fenced by its lease."""
-        await self._adopt_unowned()
-        for runtime in self.coordinated():
+        runtime's, fenced by its lease. What etcd left unanswered is raised after every group
+        had its turn, as one ``RetentionNotChecked`` (``retention_outage``)."""
+        unlisted = await self._adopt_unowned()
+        coordinated = self.coordinated()
+        unchecked: list[tuple[str, MetadataUnavailable]] = []
+        for runtime in coordinated:
             try:
                 expired = await runtime.expire_offsets(wall_clock_ms())
-            except (MetadataUnavailable, NotCoordinator) as exc:
-                log.warning("offset retention of group %s: %s", runtime.group_id, exc)
+            except NotCoordinator as exc:
+                log.debug("offset retention of group %s: %s", runtime.group_id, exc)
+                continue
+            except MetadataUnavailable as exc:
+                unchecked.append((runtime.group_id, exc))
                 continue
             self._metrics.offsets_expired += len(expired.offsets)
             self._metrics.groups_expired += int(expired.group_deleted)
+        error = retention_outage.unanswered_part(unlisted, unchecked, len(coordinated))
+        if error is not None:
+            raise error
 
-    async def _adopt_unowned(self) -> None:
+    async def _adopt_unowned(self) -> MetadataUnavailable | None:
         """Take on at most ``offsets_retention_adopt_per_check`` stored groups that nobody
         coordinates and that would be this broker's, going on after the group the last check
         stopped at (``adoption``): bounded etcd reads and loads per check, even in the first
-        check after a restart, when nobody coordinates anything."""
+        check after a restart, when nobody coordinates anything. Returns etcd's error if it
+        did not list the stored groups (the check goes on with the groups coordinated here)."""
         sweep = adoption.start_check(
             self._sweep_after, self.config.offsets_retention_adopt_per_check
         )
@@ -667,7 +677,8 @@ class GroupCoordinator:
                     if sweep.done or self._closed:
                         break
         except MetadataUnavailable as exc:
-            log.warning("offset retention: stored groups not listed: %s", exc)
+            return exc
+        return None
 
     def _adoptable(self, group_id: str) -> bool:
         """Whether a retention check may take on a stored group: nobody coordinates it, this

@@ -107,7 +107,8 @@ class GroupOffsets:
         """Offset retention (``expiry``): ``decide`` picks, from the cache and the partitions
         pending in open transactions, the offsets that expired; they leave etcd (fenced) and
         the cache. Under the lock, so a commit in flight lands first and is judged by its own
-        commit time; if etcd cannot be reached nothing is removed."""
+        commit time; if etcd cannot be reached nothing is removed and ``MetadataUnavailable``
+        goes to the retention check, which reports a check's unanswered groups together."""
         async with self._lock:
             if self._is_closed():
                 return ErrorCode.NOT_COORDINATOR, []
@@ -115,7 +116,7 @@ class GroupOffsets:
             if not doomed:
                 return ErrorCode.NONE, []
             write = self._store.delete_offsets(self.group_id, doomed, self._fence)
-            error = await self._fenced("offset expiry", write, ErrorCode.COORDINATOR_NOT_AVAILABLE)
+            error = await self._fenced("offset expiry", write, unavailable=None)
             if error is not ErrorCode.NONE:
                 return error, []
             for tp in doomed:
@@ -129,13 +130,18 @@ class GroupOffsets:
         write = self._store.delete_offsets(self.group_id, partitions, self._fence, pending)
         return await self._fenced("offset delete", write, ErrorCode.COORDINATOR_NOT_AVAILABLE)
 
-    async def _fenced(self, what: str, write: Awaitable[bool], unavailable: ErrorCode) -> ErrorCode:
+    async def _fenced(
+        self, what: str, write: Awaitable[bool], unavailable: ErrorCode | None
+    ) -> ErrorCode:
         """The answer to a fenced etcd write (True: done, False: the lease was not ours):
-        ``unavailable`` when etcd cannot be reached, NOT_COORDINATOR once the lease is gone
-        (the coordinator is told, and unloads the group)."""
+        ``unavailable`` when etcd cannot be reached (None: the ``MetadataUnavailable`` itself,
+        for a caller that reports it), NOT_COORDINATOR once the lease is gone (the coordinator
+        is told, and unloads the group)."""
         try:
             done = await write
         except MetadataUnavailable as exc:
+            if unavailable is None:
+                raise
             log.warning("%s for group %s: %s", what, self.group_id, exc)
             return unavailable
         if not done:

@@ -138,7 +138,8 @@ class RetentionRuntime(RuntimeState):
 
     async def expire_offsets(self, now_ms: int) -> Expired:
         """One retention check at wall-clock ``now_ms``. Share groups keep no committed
-        offsets here and are not expired."""
+        offsets here and are not expired. Raises ``MetadataUnavailable`` when etcd does not
+        answer the expiry (nothing removed; the coordinator's check reports it)."""
         if self.closed or self.share is not None:
             return Expired()
         retention_ms = self._config.offsets_retention_ms

@@ -68,10 +68,10 @@ def join_request(member_id: str = "", timeout_ms: int = 10_000) -> JoinRequest:
 
 @contextlib.asynccontextmanager
 async def running_coordinator(
-    etcd_url: str, cluster: str, config: GroupConfig
+    etcd_url: str, cluster: str, config: GroupConfig, etcd_timeout_s: float = 60
 ) -> AsyncIterator[tuple[CoordinatorHost, GroupCoordinator]]:
     """Broker 1's coordinator, alone in ``cluster``, on its own etcd client and session."""
-    etcd = await Etcd.connect([etcd_url], timeout_s=60)
+    etcd = await Etcd.connect([etcd_url], timeout_s=etcd_timeout_s)
     session = await SessionLease.start(etcd, 30)
     host = CoordinatorHost(
         etcd, session, 1, cluster, HostView({1: BrokerInfo(1, "127.0.0.1", 9001)})
