@@ -8,7 +8,7 @@ that was absent when they looked: it fails (:class:`NameTaken`) if one has appea
 an apply would take it over. ``write`` applies over an object the caller read with that
 object's uid as a precondition: it fails (:class:`ObjectReplaced`) if the name no longer holds
 it; ``apply`` takes that uid always, and so does the patch that follows a create's apply.
-``delete`` can be made conditional on the uid that was checked. ``list_metadata`` lists a kind
+``delete`` too deletes only the object of the uid the caller checked. ``list_metadata`` lists a kind
 with each object's metadata only, for callers that judge only whose an object is.
 The client is synchronous; every call runs in a worker thread under the configured deadline.
 The same connection settings feed kopf's login, so both talk to one API server with one
@@ -374,21 +374,19 @@ class Kube:
         return items
 
     async def delete(
-        self, api_version: str, kind: str, namespace: str, name: str, *, uid: str | None = None
+        self, api_version: str, kind: str, namespace: str, name: str, *, uid: str
     ) -> bool:
-        """Delete with background propagation; False if it did not exist.
-
-        ``uid``: only that object (the server answers 409, and this returns False, when the
-        name has meanwhile been given to another object)."""
-        body: dict[str, Any] = {"propagationPolicy": "Background"}
-        if uid is not None:
-            body["preconditions"] = {"uid": uid}
+        """Delete the object of ``uid`` with background propagation; False if the name holds
+        no object, or another (the server answers 409 when the name has meanwhile been given
+        to another object). There is no delete by name alone: it would delete whatever holds
+        the name now, a user's object made since the caller judged it."""
+        body: dict[str, Any] = {"propagationPolicy": "Background", "preconditions": {"uid": uid}}
         try:
             await self._run(
                 "delete", "DELETE", resource_path(api_version, kind, namespace, name), body=body
             )
         except KubeError as exc:
-            if exc.status == 404 or (uid is not None and exc.status == 409):
+            if exc.status in (404, 409):
                 return False
             raise
         return True
