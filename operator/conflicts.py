@@ -25,7 +25,7 @@ from typing import Any
 from kafscale.operator import naming
 from kafscale.operator.manifests import ObjectId, object_id
 from kafscale.operator.models import ClusterRef
-from kafscale.operator.ownership import owned_by
+from kafscale.operator.ownership import describe_owner, owned_by
 
 Manifest = dict[str, Any]
 
@@ -43,16 +43,6 @@ def foundation_ids(ref: ClusterRef) -> frozenset[ObjectId]:
             ("v1", "Service", naming.etcd_client_service_name(name)),
             ("apps/v1", "StatefulSet", naming.etcd_name(name)),
         }
-    )
-
-
-def describe_owner(obj: Manifest) -> str:
-    """Whose ``obj`` is, by its owner references (``kubectl get -o yaml`` shows the same)."""
-    owners = (obj.get("metadata") or {}).get("ownerReferences") or []
-    if not owners:
-        return "no owner reference"
-    return ", ".join(
-        f"owned by {o.get('kind')} {o.get('name')} (uid {o.get('uid')})" for o in owners
     )
 
 

@@ -7,7 +7,8 @@ callers apply only over objects the cluster owns (see ``conflicts``), and ``crea
 that was absent when they looked: it fails (:class:`NameTaken`) if one has appeared since, where
 an apply would take it over. ``write`` applies over an object the caller read with that
 object's uid as a precondition: it fails (:class:`ObjectReplaced`) if the name no longer holds
-it. ``delete`` can be made conditional on the uid that was checked. ``list_metadata`` lists a kind
+it; ``apply`` takes that uid always, and so does the patch that follows a create's apply.
+``delete`` too deletes only the object of the uid the caller checked. ``list_metadata`` lists a kind
 with each object's metadata only, for callers that judge only whose an object is.
 The client is synchronous; every call runs in a worker thread under the configured deadline.
 The same connection settings feed kopf's login, so both talk to one API server with one
@@ -85,6 +86,14 @@ class ObjectReplaced(NameChanged):
     read object's uid, which the server refused, so the object now there was not touched."""
 
 
+def _replaced(exc: KubeError, uid: str) -> ObjectReplaced:
+    return ObjectReplaced(
+        f"{exc}: not the object read (uid {uid}) any more: deleted or replaced meanwhile",
+        exc.status,
+        exc.fields,
+    )
+
+
 def refused_fields(body: Any) -> tuple[str, ...]:
     """Pure: the fields an API server's Status body names as causes (none: not such a body)."""
     try:
@@ -111,15 +120,20 @@ def with_uid(manifest: dict[str, Any], uid: str) -> dict[str, Any]:
     return {**manifest, "metadata": {**manifest["metadata"], "uid": uid}}
 
 
-def stray_update_entries(managed_fields: list[dict[str, Any]] | None) -> list[dict[str, Any]]:
+def stray_update_entries(
+    uid: str, managed_fields: list[dict[str, Any]] | None
+) -> list[dict[str, Any]]:
     """Pure: a JSON patch that removes the operator's ``Update`` entries from ``managedFields``
-    (none: nothing to do), each guarded by ``test`` ops so a concurrent change fails it.
+    of the object of ``uid`` (none: nothing to do), guarded by ``test`` ops so that it fails,
+    touching nothing, on any other object of that name or after a concurrent change.
 
     A create (POST) records its fields under the operator's name with operation ``Update``,
     apart from the ``Apply`` entry server-side apply keeps. A field owned by that entry would
     outlive its removal from the operator's manifests (a broker setting taken out of the
     ConfigMap would stay), so after the first apply the entry goes: the object is then owned as
-    if server-side apply had made it.
+    if server-side apply had made it. The patch runs after the apply, as a request of its own:
+    the name may hold another object by then (deleted and made again by a user), which the
+    ``test`` of ``/metadata/uid`` keeps it off, as the apply's uid precondition does.
     """
     ops: list[dict[str, Any]] = []
     for index in reversed(range(len(managed_fields or []))):
@@ -132,7 +146,7 @@ def stray_update_entries(managed_fields: list[dict[str, Any]] | None) -> list[di
             {"op": "test", "path": f"{path}/operation", "value": "Update"},
             {"op": "remove", "path": path},
         ]
-    return ops
+    return [{"op": "test", "path": "/metadata/uid", "value": uid}, *ops] if ops else []
 
 
 def resource_path(api_version: str, kind: str, namespace: str, name: str | None = None) -> str:
@@ -234,13 +248,12 @@ class Kube:
         except OSError as exc:  # connection refused, DNS, TLS
             raise KubeError(f"{what} {path}: {exc}") from exc
 
-    async def apply(self, manifest: dict[str, Any], uid: str | None = None) -> dict[str, Any]:
-        """Server-side apply ``manifest`` as the operator's field manager; returns the object.
-
-        Without ``uid`` it creates the object when absent and takes over one of that name of
-        any owner: for an object the caller has not seen to be its own, :meth:`create`. With
-        ``uid`` it lands only on that object (:class:`ObjectReplaced` if the name holds
-        another, or none)."""
+    async def apply(self, manifest: dict[str, Any], *, uid: str) -> dict[str, Any]:
+        """Server-side apply ``manifest`` as the operator's field manager over the object of
+        ``uid`` and only over it; returns the object. :class:`ObjectReplaced` if the name holds
+        another object, or none. (Without a uid a forced apply would create the object, or take
+        over one of that name of any owner: there is no such call; a name the caller read free
+        is for :meth:`create`.)"""
         meta = manifest["metadata"]
         path = resource_path(
             manifest["apiVersion"], manifest["kind"], meta["namespace"], meta["name"]
@@ -250,24 +263,35 @@ class Kube:
                 "apply",
                 "PATCH",
                 path,
-                body=manifest if uid is None else with_uid(manifest, uid),
+                body=with_uid(manifest, uid),
                 query=[("fieldManager", FIELD_MANAGER), ("force", "true")],
                 content_type="application/apply-patch+yaml",
             )
         except KubeError as exc:
-            if uid is not None and uid_precondition_failed(exc):
-                raise ObjectReplaced(
-                    f"{exc}: not the object read (uid {uid}) any more: deleted or replaced "
-                    "meanwhile",
-                    exc.status,
-                    exc.fields,
-                ) from exc
+            if uid_precondition_failed(exc):
+                raise _replaced(exc, uid) from exc
             raise
-        stray = stray_update_entries((result.get("metadata") or {}).get("managedFields"))
-        if stray:  # left by a create (see ``create``)
-            result = await self._run(
+        return await self._drop_stray_entries(path, result)
+
+    async def _drop_stray_entries(self, path: str, applied: dict[str, Any]) -> dict[str, Any]:
+        """Remove the create's ``Update`` entry from the object just applied (see
+        :func:`stray_update_entries`), only while the name still holds it: a patch refused
+        because the name holds another object, or none, is :class:`ObjectReplaced`."""
+        uid = applied["metadata"]["uid"]
+        stray = stray_update_entries(uid, applied["metadata"].get("managedFields"))
+        if not stray:
+            return applied
+        try:
+            result: dict[str, Any] = await self._run(
                 "patch", "PATCH", path, body=stray, content_type="application/json-patch+json"
             )
+        except KubeError as exc:
+            if exc.status not in (404, 409, 422):  # 422: a ``test`` op failed
+                raise
+            now = await self.get_path(path)
+            if now is not None and (now.get("metadata") or {}).get("uid") == uid:
+                raise  # the same object, changed meanwhile: the next pass removes the entry
+            raise _replaced(exc, uid) from exc
         return result
 
     async def write(self, manifest: dict[str, Any], live: dict[str, Any] | None) -> dict[str, Any]:
@@ -350,21 +374,19 @@ class Kube:
         return items
 
     async def delete(
-        self, api_version: str, kind: str, namespace: str, name: str, *, uid: str | None = None
+        self, api_version: str, kind: str, namespace: str, name: str, *, uid: str
     ) -> bool:
-        """Delete with background propagation; False if it did not exist.
-
-        ``uid``: only that object (the server answers 409, and this returns False, when the
-        name has meanwhile been given to another object)."""
-        body: dict[str, Any] = {"propagationPolicy": "Background"}
-        if uid is not None:
-            body["preconditions"] = {"uid": uid}
+        """Delete the object of ``uid`` with background propagation; False if the name holds
+        no object, or another (the server answers 409 when the name has meanwhile been given
+        to another object). There is no delete by name alone: it would delete whatever holds
+        the name now, a user's object made since the caller judged it."""
+        body: dict[str, Any] = {"propagationPolicy": "Background", "preconditions": {"uid": uid}}
         try:
             await self._run(
                 "delete", "DELETE", resource_path(api_version, kind, namespace, name), body=body
             )
         except KubeError as exc:
-            if exc.status == 404 or (uid is not None and exc.status == 409):
+            if exc.status in (404, 409):
                 return False
             raise
         return True

@@ -39,3 +39,13 @@ def owned_by(obj: dict[str, Any] | None, owner_uid: str) -> bool:
     """
     owners = ((obj or {}).get("metadata") or {}).get("ownerReferences") or []
     return bool(owner_uid) and any(owner.get("uid") == owner_uid for owner in owners)
+
+
+def describe_owner(obj: dict[str, Any]) -> str:
+    """Whose ``obj`` is, by its owner references (``kubectl get -o yaml`` shows the same)."""
+    owners = (obj.get("metadata") or {}).get("ownerReferences") or []
+    if not owners:
+        return "no owner reference"
+    return ", ".join(
+        f"owned by {o.get('kind')} {o.get('name')} (uid {o.get('uid')})" for o in owners
+    )

@@ -3,7 +3,9 @@
 Used where cert-manager is not served. A CA Secret is made once (and again only when it is
 unreadable or near its end); a leaf Secret is (re-)issued when missing, not from its CA, not for
 the names the cluster needs, or within 30 days of expiring. A Secret of that name that the
-cluster does not own is the user's own certificate: it is used as it is, never overwritten.
+cluster does not own is the user's own certificate: it is used as it is, never overwritten,
+also when the user put it in place of the cluster's own after the operator read the name
+(:mod:`secret_writes`).
 
 Also the operator's own way into a managed etcd with TLS: the client certificate Secret written
 to private files (gRPC reads PEM files), named by their content so a renewed certificate gives a
@@ -27,6 +29,7 @@ from kafscale.operator.etcd_security import managed_tls
 from kafscale.operator.kube import Kube
 from kafscale.operator.models import ClusterRef, KafScaleClusterSpec
 from kafscale.operator.ownership import owned_by
+from kafscale.operator.secret_writes import decide_and_write
 
 log = logging.getLogger(__name__)
 
@@ -35,40 +38,47 @@ async def _ensure_ca(
     kube: Kube, ref: ClusterRef, ca: CaRequest, now: datetime.datetime
 ) -> tuple[pki.PemPair | None, bool]:
     """The CA's pair (None: a Secret of the user's without a key), and whether it was written."""
-    secret = await kube.get("v1", "Secret", ref.namespace, ca.secret_name)
-    current = certificates.pair_in(secret)
-    if secret is not None and not owned_by(secret, ref.uid):
-        return current, False
-    if current is not None and pki.ca_usable(current, now):
-        return current, False
-    pair = pki.make_ca(ca.common_name, now)
-    await kube.write(
-        certificates.build_tls_secret(ref, ca.secret_name, naming.CONFIG, pair, pair.cert),
-        secret,
-    )
-    log.info("made CA %s/%s", ref.namespace, ca.secret_name)
-    return pair, True
+
+    async def decide(secret: dict[str, Any] | None) -> tuple[pki.PemPair | None, bool]:
+        current = certificates.pair_in(secret)
+        if secret is not None and not owned_by(secret, ref.uid):
+            return current, False
+        if current is not None and pki.ca_usable(current, now):
+            return current, False
+        pair = pki.make_ca(ca.common_name, now)
+        await kube.write(
+            certificates.build_tls_secret(ref, ca.secret_name, naming.CONFIG, pair, pair.cert),
+            secret,
+        )
+        log.info("made CA %s/%s", ref.namespace, ca.secret_name)
+        return pair, True
+
+    return await decide_and_write(kube, ref.namespace, ca.secret_name, decide)
 
 
 async def _ensure_leaf(
     kube: Kube, ref: ClusterRef, leaf: LeafRequest, ca: pki.PemPair, now: datetime.datetime
 ) -> bool:
-    secret = await kube.get("v1", "Secret", ref.namespace, leaf.secret_name)
-    if secret is not None and not owned_by(secret, ref.uid):
-        return False  # the user's own certificate
-    current = certificates.pair_in(secret)
-    stale = pki.needs_reissue(
-        current.cert if current else None, ca.cert, leaf.hosts, now, client=leaf.client
-    )
-    if not stale and certificates.ca_cert_in(secret) == ca.cert:
-        return False
-    pair = pki.issue(ca, leaf.common_name, leaf.hosts, now, server=leaf.server, client=leaf.client)
-    await kube.write(
-        certificates.build_tls_secret(ref, leaf.secret_name, leaf.component, pair, ca.cert),
-        secret,
-    )
-    log.info("issued certificate %s/%s", ref.namespace, leaf.secret_name)
-    return True
+    async def decide(secret: dict[str, Any] | None) -> bool:
+        if secret is not None and not owned_by(secret, ref.uid):
+            return False  # the user's own certificate
+        current = certificates.pair_in(secret)
+        stale = pki.needs_reissue(
+            current.cert if current else None, ca.cert, leaf.hosts, now, client=leaf.client
+        )
+        if not stale and certificates.ca_cert_in(secret) == ca.cert:
+            return False
+        pair = pki.issue(
+            ca, leaf.common_name, leaf.hosts, now, server=leaf.server, client=leaf.client
+        )
+        await kube.write(
+            certificates.build_tls_secret(ref, leaf.secret_name, leaf.component, pair, ca.cert),
+            secret,
+        )
+        log.info("issued certificate %s/%s", ref.namespace, leaf.secret_name)
+        return True
+
+    return await decide_and_write(kube, ref.namespace, leaf.secret_name, decide)
 
 
 async def ensure_certificate_secrets(

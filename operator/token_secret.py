@@ -11,12 +11,14 @@ from __future__ import annotations
 import base64
 import logging
 import secrets
+from typing import Any
 
 from kafscale.operator import naming
 from kafscale.operator.kube import Kube
 from kafscale.operator.manifest_pods import Manifest
 from kafscale.operator.models import ClusterRef, KafScaleClusterSpec
 from kafscale.operator.ownership import object_metadata
+from kafscale.operator.secret_writes import decide_and_write
 
 log = logging.getLogger(__name__)
 
@@ -41,12 +43,19 @@ def new_key() -> str:
 
 
 async def ensure_token_secret(kube: Kube, ref: ClusterRef, spec: KafScaleClusterSpec) -> bool:
-    """Make the key Secret if tokens are on and it does not exist; whether it was written."""
+    """Make the key Secret if tokens are on and it does not exist; whether it was written.
+
+    A Secret made under the name between the read and the create (the create refuses to
+    replace it) is read again: the user's key, used as it is (:mod:`secret_writes`)."""
     if not spec.delegation_tokens.enabled:
         return False
     name = naming.delegation_token_secret_name(ref.name)
-    if await kube.get("v1", "Secret", ref.namespace, name) is not None:
-        return False
-    await kube.create(build_token_secret(ref, new_key()))  # never over a user's key made since
-    log.info("made the delegation-token key Secret %s/%s", ref.namespace, name)
-    return True
+
+    async def decide(secret: dict[str, Any] | None) -> bool:
+        if secret is not None:
+            return False  # the cluster's own key, never rotated, or the user's
+        await kube.create(build_token_secret(ref, new_key()))
+        log.info("made the delegation-token key Secret %s/%s", ref.namespace, name)
+        return True
+
+    return await decide_and_write(kube, ref.namespace, name, decide)

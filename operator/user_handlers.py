@@ -35,6 +35,7 @@ from kafscale.operator.models import (
     parse_user_spec,
 )
 from kafscale.operator.runtime import Runtime
+from kafscale.operator.secret_writes import decide_and_write
 from kafscale.operator.settings import OperatorSettings
 from kafscale.operator.status import Verdict, compute_user_status, parse_conditions
 from kafscale.operator.users import (
@@ -101,21 +102,24 @@ async def _ensure_secret(
     runtime: Runtime, ref: ClusterRef, spec: KafScaleUserSpec, cluster: str
 ) -> str:
     """The user's password: the referenced one, the one in its Secret, or a new one written
-    there first."""
+    there first. A Secret of another owner under the name, also one put in place of the
+    user's own after the read (:mod:`secret_writes`), is ``SecretConflict``."""
     source = spec.authentication.password
     if source is not None:
         return await _referenced_password(runtime, ref, source.value_from.secret_key_ref)
-    try:
-        secret = await runtime.kube.get(
-            "v1", "Secret", ref.namespace, naming.user_secret_name(ref.name)
-        )
-        password = password_in(secret, ref.uid) or generate_password()
+
+    async def decide(secret: dict[str, Any] | None) -> str:
+        password = password_in(secret, ref.uid) or generate_password()  # never another's
         await runtime.kube.write(build_user_secret(ref, cluster, password), secret)
+        return password
+
+    name = naming.user_secret_name(ref.name)
+    try:
+        return await decide_and_write(runtime.kube, ref.namespace, name, decide)
     except SecretConflict as exc:
         raise UserNotReady((False, "SecretConflict", str(exc)), delay_s=30) from exc
     except KubeError as exc:
         raise UserNotReady((False, "SecretNotWritten", str(exc)), delay_s=5) from exc
-    return password
 
 
 async def reconcile_user(runtime: Runtime, body: Any) -> tuple[ClusterRef, Verdict, int]:

@@ -44,7 +44,7 @@ from kafscale.operator.model_user_access import (
     AuthenticationType,
 )
 from kafscale.operator.models import API_VERSION, USER_KIND, ClusterRef, KafScaleUserSpec
-from kafscale.operator.ownership import owned_by
+from kafscale.operator.ownership import describe_owner, owned_by
 
 PASSWORD_LENGTH = 32
 PASSWORD_ALPHABET = string.ascii_letters + string.digits
@@ -204,7 +204,11 @@ def password_in(secret: dict[str, Any] | None, owner_uid: str) -> str | None:
         return None
     if not owned_by(secret, owner_uid):
         name = (secret.get("metadata") or {}).get("name")
-        raise SecretConflict(f"Secret {name} exists and is not owned by this KafScaleUser")
+        raise SecretConflict(
+            f"Secret {name} ({describe_owner(secret)}) is not this KafScaleUser's, so left as "
+            "it is: delete it and the operator makes its own, or give the user its password "
+            "with authentication.password.valueFrom"
+        )
     return password_from_ref(secret, SECRET_PASSWORD_KEY)
 
 

@@ -46,19 +46,21 @@ def test_kinds_of_several_names_are_listed_single_ones_and_secrets_read_by_name(
 
 def test_only_the_operators_update_entries_are_removed_each_guarded() -> None:
     """A create leaves its fields under the operator's ``Update`` entry, which would keep a
-    field the operator later stops applying; others' entries and its ``Apply`` one stay."""
+    field the operator later stops applying; others' entries and its ``Apply`` one stay. The
+    patch tests the uid first: it runs after the apply, when the name may hold another object."""
     entries = [
         {"manager": FIELD_MANAGER, "operation": "Apply"},
         {"manager": "kubectl-edit", "operation": "Update"},
         {"manager": FIELD_MANAGER, "operation": "Update"},
     ]
-    assert stray_update_entries(entries) == [
+    assert stray_update_entries("uid-1", entries) == [
+        {"op": "test", "path": "/metadata/uid", "value": "uid-1"},  # never on a replacement
         {"op": "test", "path": "/metadata/managedFields/2/manager", "value": FIELD_MANAGER},
         {"op": "test", "path": "/metadata/managedFields/2/operation", "value": "Update"},
         {"op": "remove", "path": "/metadata/managedFields/2"},
     ]
-    assert stray_update_entries(entries[:2]) == []
-    assert stray_update_entries(None) == []
+    assert stray_update_entries("uid-1", entries[:2]) == []
+    assert stray_update_entries("uid-1", None) == []
 
 
 def test_an_apply_refused_for_its_uid_is_told_from_the_objects_own_errors() -> None:

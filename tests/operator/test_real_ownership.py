@@ -9,6 +9,7 @@ wanted whoever's they were: a user's own ``demo-proxy`` Deployment went when the
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 from typing import Any
 
@@ -17,6 +18,8 @@ from harness.k8s_operator import operator_thread
 from harness.k8s_real import (
     CLUSTERS,
     DEPLOYMENTS,
+    SECRETS,
+    USERS,
     InstalledChart,
     cluster_manifest,
     condition_of,
@@ -33,6 +36,8 @@ from kafscale.operator.models import ClusterRef, parse_cluster_spec
 from kafscale.operator.naming import FIELD_MANAGER
 from kafscale.operator.runtime import EtcdPool, Runtime, cluster_key
 from kafscale.operator.settings import OperatorSettings
+from kafscale.operator.user_handlers import UserNotReady, reconcile_user
+from kafscale.operator.users import build_user_secret
 
 pytestmark = [pytest.mark.operator, pytest.mark.kubeapi]
 
@@ -494,3 +499,201 @@ async def test_the_whole_kind_lists_carry_the_metadata_of_other_applications_not
     assert kept["spec"]["template"]["spec"]["containers"][0]["env"] == [large]
     assert _owned_by_cluster(kube.get(f"{DEPLOYMENTS.format(ns=ns)}/demo-broker"), body)
     assert _owned_by_cluster(kube.get(f"{SERVICES.format(ns=ns)}/demo-brokers"), body)
+
+
+# --- Secrets: the writers hold to what they read, as the applies do ------------------------------
+
+WITH_SECRETS = {
+    **MANAGED,
+    "listeners": [{"name": "secure", "port": 9093, "tls": True}],
+    "delegationTokens": {"enabled": True},
+}
+
+
+def _users_secret(
+    kube: KubeCluster, ns: str, name: str, data: dict[str, str], **metadata: Any
+) -> dict[str, Any]:
+    """A Secret of the user's own, ``data`` as text."""
+    encoded = {key: base64.b64encode(value.encode()).decode() for key, value in data.items()}
+    created: dict[str, Any] = kube.create(
+        SECRETS.format(ns=ns), {"metadata": {"name": name, **metadata}, "data": encoded}
+    )
+    return created
+
+
+def _assert_left_as_made(now: dict[str, Any] | None, made: dict[str, Any]) -> None:
+    """``now`` is the Secret the user made, as they made it: not written over, not owned."""
+    assert now is not None and now["metadata"]["uid"] == made["metadata"]["uid"]
+    assert now["data"] == made["data"]
+    assert not now["metadata"].get("ownerReferences")
+    assert FIELD_MANAGER not in _managers(now)
+
+
+async def test_a_secret_name_taken_before_the_operators_create_is_used_as_it_is(
+    kube_cluster: KubeCluster, kafscale_chart: InstalledChart, kube_namespace: str
+) -> None:
+    """The operator read ``demo-delegation-token`` as free; before it created the key Secret,
+    the user made their own of that name. Before, the refused create (409) failed the whole
+    pass (``ApplyFailed``, retried; nothing after the Secrets applied). Now the name is read
+    again and the user's Secret is what a Secret of theirs found at the read is: their key,
+    used as it is and never written over; the rest of the cluster is applied."""
+    ns, kube = kube_namespace, kube_cluster
+    body = kube.create(CLUSTERS.format(ns=ns), cluster_manifest("demo", ns, WITH_SECRETS))
+    settings = operator_settings(kafscale_chart)
+    made: list[dict[str, Any]] = []
+    client = TakenBeforeTheWrite(
+        settings,
+        ("Secret", "demo-delegation-token"),
+        lambda: made.append(_users_secret(kube, ns, "demo-delegation-token", {"secret-key": "k"})),
+    )
+    ref = ClusterRef.from_body(body)
+    runtime = await _apply_once(client, settings, ref, WITH_SECRETS)
+    assert made, "the key Secret was never written"
+    _assert_left_as_made(kube.get(f"{SECRETS.format(ns=ns)}/demo-delegation-token"), made[0])
+    assert cluster_key(ref) not in runtime.apply_errors
+    assert _owned_by_cluster(kube.get(f"{SECRETS.format(ns=ns)}/demo-broker-tls"), body)
+    assert _owned_by_cluster(kube.get(f"{DEPLOYMENTS.format(ns=ns)}/demo-broker"), body)
+
+
+async def test_a_certificate_secret_replaced_after_the_operator_read_it_is_used_as_it_is(
+    kube_cluster: KubeCluster, kafscale_chart: InstalledChart, kube_namespace: str
+) -> None:
+    """A pass read ``demo-broker-tls`` as the cluster's own certificate, due to be written
+    again (its ``ca.crt`` not the CA's); before it wrote the new one, the user deleted it and
+    made their own. Before, the write, held to the uid read, was refused and failed the pass
+    (``ApplyFailed``, retried). Now the name is read again: the user's certificate, used as it
+    is and never written over, as one made before the cluster is; the rest is applied."""
+    ns, kube = kube_namespace, kube_cluster
+    body = kube.create(CLUSTERS.format(ns=ns), cluster_manifest("demo", ns, WITH_SECRETS))
+    ref, settings = ClusterRef.from_body(body), operator_settings(kafscale_chart)
+    secret = f"{SECRETS.format(ns=ns)}/demo-broker-tls"
+    plain = Kube(load_configuration(settings), settings.api_timeout_s)
+    await _apply_once(plain, settings, ref, WITH_SECRETS)
+    assert _owned_by_cluster(kube.get(secret), body)
+    stale_ca = base64.b64encode(b"not the cluster's CA").decode()
+    kube.merge_patch(secret, {"data": {"ca.crt": stale_ca}})  # so the pass writes it again
+
+    made: list[dict[str, Any]] = []
+
+    def replace() -> None:
+        kube.delete(secret)
+        made.append(_users_secret(kube, ns, "demo-broker-tls", {"tls.crt": "c", "tls.key": "k"}))
+
+    client = TakenBeforeTheWrite(settings, ("Secret", "demo-broker-tls"), replace)
+    runtime = await _apply_once(client, settings, ref, WITH_SECRETS)
+    assert made, "the certificate was never written"
+    _assert_left_as_made(kube.get(secret), made[0])
+    assert cluster_key(ref) not in runtime.apply_errors
+    assert _owned_by_cluster(kube.get(f"{DEPLOYMENTS.format(ns=ns)}/demo-broker"), body)
+
+
+async def test_a_users_secret_replaced_after_the_operator_read_it_is_a_conflict_naming_its_owner(
+    kube_cluster: KubeCluster, kafscale_chart: InstalledChart, kube_namespace: str
+) -> None:
+    """A reconcile of the KafScaleUser ``alice`` read her password Secret as hers; before it
+    wrote it again, someone deleted it and made their own ``alice``. Before, the write, held
+    to the uid read, was refused and reported as ``SecretNotWritten`` (retried every 5 s, a
+    new Warning each time the reason flipped back). Now the name is read again and the Secret
+    there is what one of another owner found at the read is: ``SecretConflict``, naming the
+    Secret and its owner, and left as it is."""
+    ns, kube = kube_namespace, kube_cluster
+    kube.create(CLUSTERS.format(ns=ns), cluster_manifest("demo", ns, MANAGED))
+    user = kube.create(
+        USERS.format(ns=ns),
+        {
+            "apiVersion": "kafscale.io/v1alpha1",
+            "kind": "KafScaleUser",
+            "metadata": {"name": "alice", "namespace": ns},
+            "spec": {"cluster": "demo"},
+        },
+    )
+    ref = ClusterRef.from_body(user)
+    kube.create(SECRETS.format(ns=ns), build_user_secret(ref, f"{ns}.demo", "hers"))
+    secret = f"{SECRETS.format(ns=ns)}/alice"
+    shop = _users_deployment(kube, ns, "shop")
+    made: list[dict[str, Any]] = []
+
+    def replace() -> None:
+        kube.delete(secret)
+        owners = [_owner_of(shop)]
+        made.append(
+            _users_secret(kube, ns, "alice", {"password": "theirs"}, ownerReferences=owners)
+        )
+
+    settings = operator_settings(kafscale_chart)
+    client = TakenBeforeTheWrite(settings, ("Secret", "alice"), replace)
+    runtime = Runtime(settings, client, EtcdPool(2.0), await fetch_capabilities(client))
+    try:
+        with pytest.raises(UserNotReady) as stopped:
+            await reconcile_user(runtime, user)
+    finally:
+        await runtime.close()
+    assert made, "the Secret was never written"
+    ready, reason, message = stopped.value.verdict
+    assert (ready, reason) == (False, "SecretConflict"), message
+    assert "Secret alice (owned by Deployment shop" in message
+    now = kube.get(secret)
+    assert now["metadata"]["uid"] == made[0]["metadata"]["uid"]
+    assert now["data"] == made[0]["data"]
+    assert now["metadata"]["ownerReferences"] == made[0]["metadata"]["ownerReferences"]
+
+
+class ReplacedBeforeThePatch(Kube):
+    """The operator's client, with ``replace`` run once just before the JSON patch that drops
+    a create's ``Update`` entry from ``path``: between the apply and that patch."""
+
+    def __init__(self, settings: OperatorSettings, path: str, replace: Any) -> None:
+        super().__init__(load_configuration(settings), settings.api_timeout_s)
+        self._path, self._replace = path, replace
+
+    async def _run(self, what: str, method: str, path: str, **kwargs: Any) -> Any:
+        if what == "patch" and path == self._path and self._replace:
+            replace, self._replace = self._replace, None
+            await asyncio.to_thread(replace)
+        return await super()._run(what, method, path, **kwargs)
+
+
+async def test_the_patch_after_a_create_never_touches_an_object_made_in_its_place(
+    kube_cluster: KubeCluster, kafscale_chart: InstalledChart, kube_namespace: str
+) -> None:
+    """The operator created ``demo-brokers`` and applied it; before the patch that removes the
+    create's ``Update`` entry from it, the Service was deleted and another made in its place,
+    made the way the operator makes one (a create, then an apply, under its field manager: a
+    second operator process, an old replica during an upgrade), so its ``managedFields`` look
+    alike. Before, the patch had no uid check and removed the newcomer's entry. Now it tests
+    the uid first: the newcomer is left as it is and, read again, counts as another owner's."""
+    ns, kube = kube_namespace, kube_cluster
+    body = kube.create(CLUSTERS.format(ns=ns), cluster_manifest("demo", ns, MANAGED))
+    ref, settings = ClusterRef.from_body(body), operator_settings(kafscale_chart)
+    service = f"{SERVICES.format(ns=ns)}/demo-brokers"
+    made: list[dict[str, Any]] = []
+
+    def replace() -> None:
+        kube.delete(service)
+        theirs = {
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": {"name": "demo-brokers"},
+            "spec": {
+                "selector": {"app": "shop"},
+                "ports": [{"name": "web", "port": 8080, "protocol": "TCP"}],  # 1.20: apply needs it
+            },
+        }
+        manager = {"fieldManager": FIELD_MANAGER}
+        kube.request("POST", SERVICES.format(ns=ns), theirs, params=manager)
+        apply = "application/apply-patch+yaml"
+        params = {**manager, "force": "true"}
+        made.append(kube.request("PATCH", service, theirs, content_type=apply, params=params))
+
+    client = ReplacedBeforeThePatch(settings, service, replace)
+    runtime = await _apply_once(client, settings, ref, MANAGED)
+    assert made, "no patch after the Service's create"
+    now = kube.get(service)
+    assert now["metadata"]["uid"] == made[0]["metadata"]["uid"]
+    entries = [(e["manager"], e["operation"]) for e in now["metadata"]["managedFields"]]
+    assert sorted(entries) == [(FIELD_MANAGER, "Apply"), (FIELD_MANAGER, "Update")]
+    assert now["spec"]["selector"] == {"app": "shop"}
+    assert "Service demo-brokers (no owner reference)" in (
+        runtime.not_owned[cluster_key(ref)] or ""
+    )
+    assert _owned_by_cluster(kube.get(f"{DEPLOYMENTS.format(ns=ns)}/demo-broker"), body)
