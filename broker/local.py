@@ -11,8 +11,10 @@ With the authorizer on, the brokers listen with TLS and accept only the proxy's 
 (made at start-up, ``local_pki``), so only the proxy may forward its clients' principals.
 
 The etcd child dies with this process, however it dies (see ``embedded_etcd``), and one left
-over from an older run on the same data directory is stopped before ours starts. Every start-up
-failure is one line on stderr and a non-zero exit (``StartupError``), never a traceback.
+over from an older run on the same data directory is stopped before ours starts; a run that
+is still going holds the directory (``data_dir_lock``) and a second start on it is refused.
+Every start-up failure is one line on stderr and a non-zero exit (``StartupError``), never a
+traceback.
 Ctrl-C (SIGINT) or SIGTERM stops every part gracefully and together, within the one
 ``limits.shutdown_grace_s`` from the signal (``_stop_all``), and the whole command exits within
 that grace + 5 s however a part hangs (``stop_deadline``, as ``kafscale broker``).
@@ -34,6 +36,7 @@ from pathlib import Path
 
 from kafscale.broker.app import Broker, StartupError
 from kafscale.broker.config import BrokerSettings, StorageKind, TlsSettings
+from kafscale.broker.data_dir_lock import data_dir_claimed
 from kafscale.broker.free_ports import ports_free
 from kafscale.broker.memory import freeze_startup_objects
 from kafscale.broker.metadata.embedded_etcd import EmbeddedEtcd, EtcdBinaryNotFound, EtcdStartError
@@ -350,6 +353,12 @@ async def run_local(base: BrokerSettings, options: LocalOptions) -> None:
         options.data_dir.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise StartupError(f"cannot use data directory {options.data_dir}: {exc}") from exc
+    with data_dir_claimed(options.data_dir):  # before etcd: a running one's is not stale
+        await _run_claimed(base, options)
+
+
+async def _run_claimed(base: BrokerSettings, options: LocalOptions) -> None:
+    """``run_local`` once this process holds the data directory."""
     etcd, choice = await start_etcd(
         options.data_dir / "etcd", promised_ports(base, options), options.etcd_binary
     )
