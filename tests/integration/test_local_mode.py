@@ -179,6 +179,39 @@ def test_a_second_local_on_a_running_ones_data_dir_is_refused_and_leaves_it_runn
     assert "Traceback" not in log.read_text(), log.read_text()
 
 
+def test_an_etcd_that_ends_under_the_running_cluster_stops_it_with_one_line(
+    tmp_path: Path,
+) -> None:
+    """Its etcd killed (the OOM killer, a ``kill -9`` of the wrong pid): nothing starts it
+    again, so ``kafscale local`` stops the cluster, says why and exits 1, and a restart
+    serves what was acked. It used to run on without etcd, its brokers logging an interrupted
+    watch a few times a second and timing every request out, until the user pressed Ctrl-C."""
+    data_dir, log = tmp_path / "data", tmp_path / "local.log"
+    port = free_port_pair()
+    process = start_local(data_dir, port, brokers=1, log=log)
+    try:
+        acked = produce_acked(port, "etcd-ended", b"e")
+        [etcd_pid] = etcd_pids(data_dir)
+        os.kill(etcd_pid, signal.SIGKILL)
+        code = process.wait(90)  # the stop's bound (grace 20 s + 5 s) and room for the load
+    finally:
+        if process.poll() is None:
+            stop_with_ctrl_c(process)
+    said = log.read_text()
+    assert code == 1, said
+    etcd_log = data_dir / "etcd" / "etcd.log"
+    assert said.splitlines()[-1] == (
+        f"kafscale: etcd was killed by SIGKILL while the cluster ran (its log: {etcd_log}); "
+        "the cluster stopped: start kafscale local again"
+    ), said
+    assert "Traceback" not in said, said
+    restarted = start_local(data_dir, port, brokers=1, log=tmp_path / "restart.log")
+    try:
+        assert sorted(consume(f"localhost:{port}", "etcd-ended", 3, len(acked))) == sorted(acked)
+    finally:
+        assert stop_with_ctrl_c(restarted) == 0
+
+
 def test_s3_endpoint_without_credentials_is_one_clear_line(tmp_path: Path) -> None:
     env = child_env(
         {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "KAFSCALE_"))}
