@@ -48,6 +48,8 @@ def data_dir_claimed(data_dir: Path) -> Iterator[None]:
         except BlockingIOError:
             holder = os.pread(fd, 32, 0).decode(errors="replace").strip()
             raise StartupError(in_use_message(data_dir, holder)) from None
+        except OSError as exc:  # a file system without locks
+            raise StartupError(f"cannot lock data directory {data_dir}: {exc}") from exc
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         yield
