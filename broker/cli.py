@@ -41,7 +41,7 @@ from kafscale.broker.settings_cli import (
     overrides_from_args,
     update_readme,
 )
-from kafscale.broker.startup_error import StartupError
+from kafscale.broker.startup_error import RunError, StartupError
 from kafscale.broker.stop_deadline import stop_bound_s, stop_within
 from kafscale.broker.users_cli import add_users_parser, run_users
 
@@ -317,6 +317,9 @@ def _run(coroutine: object) -> int:
         uvloop.run(coroutine)  # type: ignore[arg-type]
     except StartupError as exc:
         print(f"kafscale: cannot start: {exc}", file=sys.stderr)
+        return 1
+    except RunError as exc:
+        print(f"kafscale: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return 130

@@ -11,12 +11,15 @@ The configuration reference in the README is generated from this model
 
 from __future__ import annotations
 
+import logging
 import socket
 from collections.abc import Callable
 from enum import StrEnum
 from pathlib import Path
+from typing import Annotated
 
-from pydantic import Field, SecretStr, model_validator
+from pydantic import AfterValidator, Field, SecretStr, model_validator
+from pydantic_core import PydanticCustomError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from kafscale.broker.security.listeners import (
@@ -44,6 +47,21 @@ from kafscale.broker.store_settings import StorageSettings as StorageSettings
 class LogFormat(StrEnum):
     TEXT = "text"
     JSON = "json"
+
+
+def known_log_level(value: str) -> str:
+    """``value`` upper-cased if Python's logging knows it (DEBUG, INFO, WARNING, ...): a
+    misspelt level is an invalid setting named in one line, where logging's own check raised
+    a traceback at start-up."""
+    level = value.upper()
+    if level not in logging.getLevelNamesMapping():
+        raise PydanticCustomError(
+            "log_level", "not a logging level: use DEBUG, INFO, WARNING, ERROR or CRITICAL"
+        )
+    return level
+
+
+LogLevel = Annotated[str, AfterValidator(known_log_level)]
 
 
 class ListenerSettings(_Section):
@@ -654,7 +672,11 @@ class BrokerSettings(BaseSettings):
     admin: AdminSettings = AdminSettings()
     authorizer: AuthorizerSettings = AuthorizerSettings()
     delegation_token: DelegationTokenSettings = DelegationTokenSettings()
-    log_level: str = Field("INFO", description="Python logging level.")
+    log_level: LogLevel = Field(
+        "INFO",
+        examples=["DEBUG"],
+        description="Python logging level: DEBUG, INFO, WARNING, ERROR or CRITICAL.",
+    )
     log_format: LogFormat = Field(
         LogFormat.TEXT,
         description="text: one readable line per record; json: one JSON object per line with "

@@ -11,11 +11,15 @@ With the authorizer on, the brokers listen with TLS and accept only the proxy's 
 (made at start-up, ``local_pki``), so only the proxy may forward its clients' principals.
 
 The etcd child dies with this process, however it dies (see ``embedded_etcd``), and one left
-over from an older run on the same data directory is stopped before ours starts. Every start-up
-failure is one line on stderr and a non-zero exit (``StartupError``), never a traceback.
+over from an older run on the same data directory is stopped before ours starts; a run that
+is still going holds the directory (``data_dir_lock``) and a second start on it is refused.
+Every start-up failure is one line on stderr and a non-zero exit (``StartupError``), never a
+traceback.
 Ctrl-C (SIGINT) or SIGTERM stops every part gracefully and together, within the one
 ``limits.shutdown_grace_s`` from the signal (``_stop_all``), and the whole command exits within
-that grace + 5 s however a part hangs (``stop_deadline``, as ``kafscale broker``).
+that grace + 5 s however a part hangs (``stop_deadline``, as ``kafscale broker``). An etcd
+that ends while the cluster runs (killed, crashed) stops the cluster the same way, and the
+command then says so in one line and exits 1 (``RunError``).
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ from pathlib import Path
 
 from kafscale.broker.app import Broker, StartupError
 from kafscale.broker.config import BrokerSettings, StorageKind, TlsSettings
+from kafscale.broker.data_dir_lock import data_dir_claimed
 from kafscale.broker.free_ports import ports_free
 from kafscale.broker.memory import freeze_startup_objects
 from kafscale.broker.metadata.embedded_etcd import EmbeddedEtcd, EtcdBinaryNotFound, EtcdStartError
@@ -65,12 +70,14 @@ from kafscale.broker.security.local_pki import (
     LocalPki,
     make_local_pki,
 )
+from kafscale.broker.startup_error import RunError
 from kafscale.broker.stop_deadline import stop_bound_s, stop_within
 from kafscale.broker.storage.object_store import ObjectStoreError
 
 log = logging.getLogger(__name__)
 
 ETCD_PORTS_FILE = "ports.json"  # beside etcd's own data directory
+ETCD_CHECK_INTERVAL_S = 0.5  # how often the running cluster checks that its etcd still runs
 
 
 @dataclass(frozen=True, slots=True)
@@ -350,6 +357,12 @@ async def run_local(base: BrokerSettings, options: LocalOptions) -> None:
         options.data_dir.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise StartupError(f"cannot use data directory {options.data_dir}: {exc}") from exc
+    with data_dir_claimed(options.data_dir):  # before etcd: a running one's is not stale
+        await _run_claimed(base, options)
+
+
+async def _run_claimed(base: BrokerSettings, options: LocalOptions) -> None:
+    """``run_local`` once this process holds the data directory."""
     etcd, choice = await start_etcd(
         options.data_dir / "etcd", promised_ports(base, options), options.etcd_binary
     )
@@ -359,6 +372,7 @@ async def run_local(base: BrokerSettings, options: LocalOptions) -> None:
     for signum in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signum, stop.set)
     starting = asyncio.create_task(_start_all(base, options, etcd.client_url, started))
+    etcd_ended: str | None = None
     try:
         if not await _started_unless_stopped(starting, stop):
             print("\ninterrupted during start-up; shutting down", flush=True)
@@ -366,14 +380,43 @@ async def run_local(base: BrokerSettings, options: LocalOptions) -> None:
         freeze_startup_objects()
         say_etcd_choice(choice)
         _print_banner(options, started.brokers, etcd, started.proxy)
-        await stop.wait()
-        print("\nshutting down: flushing and handing over partitions...", flush=True)
+        etcd_ended = await _serve_until_stopped(stop, etcd)
+        what = "etcd has ended" if etcd_ended else "flushing and handing over partitions..."
+        print(f"\nshutting down: {what}", flush=True)
     finally:
         await stop_within(
             functools.partial(_stop_all, starting, started, etcd, loop.time()),
             stop_bound_s(base.limits.shutdown_grace_s),
             on_deadline=etcd.wake,
         )
+    if etcd_ended:
+        raise RunError(etcd_ended)
+
+
+async def _serve_until_stopped(stop: asyncio.Event, etcd: EmbeddedEtcd) -> str | None:
+    """Wait for Ctrl-C or SIGTERM (None), or for our etcd to end under the running cluster
+    (killed, crashed, out of memory): then the line saying so. Nothing would start it again,
+    so the brokers would log an interrupted watch a few times a second for good and time
+    every request out, and the stop says why instead."""
+    while not stop.is_set():
+        status = etcd.exit_status
+        if status is not None:
+            return etcd_ended_message(status, etcd.log_path)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), ETCD_CHECK_INTERVAL_S)
+    return None
+
+
+def etcd_ended_message(status: int, log_path: Path) -> str:
+    """What ``kafscale local`` says when its etcd ended with ``status`` (negative: a signal)."""
+    if status < 0:
+        how = f"was killed by {signal.Signals(-status).name}"
+    else:
+        how = f"exited with status {status}"
+    return (
+        f"etcd {how} while the cluster ran (its log: {log_path}); "
+        "the cluster stopped: start kafscale local again"
+    )
 
 
 @dataclass

@@ -9,3 +9,8 @@ from __future__ import annotations
 
 class StartupError(Exception):
     """A dependency is missing or unreachable; the process must exit non-zero."""
+
+
+class RunError(Exception):
+    """A part the process depends on ended while it ran (``kafscale local``'s etcd): after the
+    stop, the message is one line on stderr and the exit status 1."""

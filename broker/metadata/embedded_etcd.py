@@ -253,6 +253,12 @@ class EmbeddedEtcd:
     def pid(self) -> int | None:
         return None if self._process is None else self._process.pid
 
+    @property
+    def exit_status(self) -> int | None:
+        """How the etcd we started ended without being stopped by us (negative: the signal's
+        number), or None while it runs (or if none was started or it was stopped)."""
+        return None if self._process is None else self._process.poll()
+
     def command(self) -> list[str]:
         urls = [
             f"--listen-client-urls={self.client_url}",

@@ -169,15 +169,13 @@ class Proxy:
             )
             self._upstream_tls = upstream_context(settings)
         except TlsConfigError as exc:
-            await self.routes.close()
-            await self.etcd.close()
+            await self._close_clients()
             raise StartupError(str(exc)) from exc
         self.server = ProxyServer(self, endpoints)
         try:
             await self.server.start()
         except OSError as exc:
-            await self.routes.close()
-            await self.etcd.close()
+            await self._close_clients()
             names = ", ".join(f"{e.listener.host}:{e.listener.port}" for e in endpoints)
             raise StartupError(f"cannot listen on {names}: {exc}") from exc
         if contexts:
@@ -222,7 +220,12 @@ class Proxy:
             metrics=metrics_renderer(HotPathCollector(proxy=True), ProxyCollector(self)),
         )
         self.admin = AdminServer(routes, listener.host, listener.admin_port)
-        await self.admin.start()
+        try:
+            await self.admin.start()
+        except OSError as exc:  # a broker's or another proxy's admin port (both 8080)
+            await self.server.close(0)
+            await self._close_clients()
+            raise StartupError(f"cannot listen on admin port {listener.admin_port}: {exc}") from exc
         set_node_id(listener.node_id)
         for item in plan:
             me = identities[item.name]
@@ -303,12 +306,16 @@ class Proxy:
             )
         if self.admin is not None:
             await self.admin.close()
+        await self._close_clients()
+        log.info("proxy stopped")
+
+    async def _close_clients(self) -> None:
+        """End the background tasks, the routes' etcd watches and the etcd client."""
         # Each cancelled until it ends: a task that lost one cancellation inside a library
         # (etcd answering again in that very step) kept a single cancel-and-gather waiting.
         await asyncio.gather(*(cancel_and_wait(task) for task in self._tasks))
         await self.routes.close()
         await self.etcd.close()
-        log.info("proxy stopped")
 
 
 def upstream_context(settings: ProxySettings) -> ssl.SSLContext | None:

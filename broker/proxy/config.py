@@ -21,6 +21,7 @@ from kafscale.broker.config import (
     EtcdConnectionSettings,
     LimitSettings,
     LogFormat,
+    LogLevel,
     SaslSettings,
     TlsSettings,
 )
@@ -238,7 +239,11 @@ class ProxySettings(BaseSettings):
     )
     upstream: UpstreamSettings = UpstreamSettings()
     transactions: ProxyTransactionSettings = ProxyTransactionSettings()
-    log_level: str = Field("INFO", description="Python logging level.")
+    log_level: LogLevel = Field(
+        "INFO",
+        examples=["DEBUG"],
+        description="Python logging level: DEBUG, INFO, WARNING, ERROR or CRITICAL.",
+    )
     log_format: LogFormat = Field(
         LogFormat.TEXT,
         description="text: one readable line per record; json: one JSON object per line with "

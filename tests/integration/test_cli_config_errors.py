@@ -78,6 +78,20 @@ def test_a_bad_value_is_one_line_naming_the_flag(command: str, tmp_path: Path) -
     assert lines[0].endswith("(given 'abc')")
 
 
+@pytest.mark.parametrize("command", ["local", "broker", "proxy", "status"])
+def test_a_log_level_logging_does_not_know_is_one_line_not_a_traceback(
+    command: str, tmp_path: Path
+) -> None:
+    """The level reached ``logging.basicConfig`` unchecked, whose ValueError ended every
+    command with a traceback."""
+    data_dir = ["--data-dir", str(tmp_path / "data")] if command == "local" else []
+    lines = run_kafscale([command, "--log-level", "LOUD", *data_dir], {}, tmp_path)
+    assert lines == [
+        "kafscale: invalid configuration: log_level (KAFSCALE_LOG_LEVEL or --log-level): "
+        "not a logging level: use DEBUG, INFO, WARNING, ERROR or CRITICAL (given 'LOUD')"
+    ]
+
+
 @pytest.mark.parametrize(
     ("flags", "line"),
     [

@@ -143,6 +143,75 @@ def test_a_start_stops_an_etcd_left_running_on_its_data_dir(tmp_path: Path) -> N
     assert "Traceback" not in log.read_text(), log.read_text()
 
 
+def test_a_second_local_on_a_running_ones_data_dir_is_refused_and_leaves_it_running(
+    tmp_path: Path,
+) -> None:
+    """``make local`` typed again in another terminal while the first still runs: one line
+    says so, and the first cluster keeps its etcd and serves on. The second used to take the
+    running etcd for one left over from a dead run, stop it ("stopped an etcd left running")
+    and only then fail on the taken port, leaving the first cluster without its etcd."""
+    data_dir, log = tmp_path / "data", tmp_path / "local.log"
+    port = free_port_pair()
+    process = start_local(data_dir, port, brokers=1, log=log)
+    try:
+        etcd_before = etcd_pids(data_dir)
+        second = children.run(
+            [KAFSCALE, "local", "--data-dir", str(data_dir), "--port", str(port)],
+            env=child_env(os.environ),
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        assert second.returncode == 1, second.stdout + second.stderr
+        assert second.stdout == "", second.stdout
+        assert second.stderr.splitlines() == [
+            f"kafscale: cannot start: another kafscale local (pid {process.pid}) is running "
+            f"on data directory {data_dir}: stop it first (Ctrl-C in its terminal), or give "
+            "this one another --data-dir"
+        ]
+        assert etcd_pids(data_dir) == etcd_before
+        producer = Producer({"bootstrap.servers": f"localhost:{port}"})
+        producer.produce("after-second", value=b"x")
+        assert producer.flush(30) == 0
+    finally:
+        assert stop_with_ctrl_c(process) == 0, log.read_text()
+    assert "Traceback" not in log.read_text(), log.read_text()
+
+
+def test_an_etcd_that_ends_under_the_running_cluster_stops_it_with_one_line(
+    tmp_path: Path,
+) -> None:
+    """Its etcd killed (the OOM killer, a ``kill -9`` of the wrong pid): nothing starts it
+    again, so ``kafscale local`` stops the cluster, says why and exits 1, and a restart
+    serves what was acked. It used to run on without etcd, its brokers logging an interrupted
+    watch a few times a second and timing every request out, until the user pressed Ctrl-C."""
+    data_dir, log = tmp_path / "data", tmp_path / "local.log"
+    port = free_port_pair()
+    process = start_local(data_dir, port, brokers=1, log=log)
+    try:
+        acked = produce_acked(port, "etcd-ended", b"e")
+        [etcd_pid] = etcd_pids(data_dir)
+        os.kill(etcd_pid, signal.SIGKILL)
+        code = process.wait(90)  # the stop's bound (grace 20 s + 5 s) and room for the load
+    finally:
+        if process.poll() is None:
+            stop_with_ctrl_c(process)
+    said = log.read_text()
+    assert code == 1, said
+    etcd_log = data_dir / "etcd" / "etcd.log"
+    assert said.splitlines()[-1] == (
+        f"kafscale: etcd was killed by SIGKILL while the cluster ran (its log: {etcd_log}); "
+        "the cluster stopped: start kafscale local again"
+    ), said
+    assert "Traceback" not in said, said
+    restarted = start_local(data_dir, port, brokers=1, log=tmp_path / "restart.log")
+    try:
+        assert sorted(consume(f"localhost:{port}", "etcd-ended", 3, len(acked))) == sorted(acked)
+    finally:
+        assert stop_with_ctrl_c(restarted) == 0
+
+
 def test_s3_endpoint_without_credentials_is_one_clear_line(tmp_path: Path) -> None:
     env = child_env(
         {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "KAFSCALE_"))}

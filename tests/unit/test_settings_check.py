@@ -65,3 +65,16 @@ def test_a_bad_value_is_one_line_with_the_value_given() -> None:
     (line,) = errors_of(listener={"port": "abc"})
     assert line.startswith("listener.port (KAFSCALE_LISTENER__PORT or --listener-port): ")
     assert line.endswith("(given 'abc')") and "\n" not in line
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_a_log_level_is_checked_and_taken_in_any_case(model: type[BrokerSettings]) -> None:
+    """``logging.basicConfig`` raised on an unknown level after the settings had passed."""
+    assert model(log_level="debug").log_level == "DEBUG"
+    assert model(log_level="Warning").log_level == "WARNING"
+    with pytest.raises(ValidationError) as raised:
+        model(log_level="LOUD")
+    assert describe_errors(raised.value, model) == [
+        "log_level (KAFSCALE_LOG_LEVEL or --log-level): not a logging level: "
+        "use DEBUG, INFO, WARNING, ERROR or CRITICAL (given 'LOUD')"
+    ]
