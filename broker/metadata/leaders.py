@@ -70,7 +70,7 @@ def owner_refusal(tp: TopicPartition, accepting: bool, session_valid: bool) -> s
     if not accepting:
         return f"{tp[0]}-{tp[1]} is being handed over"
     if not session_valid:
-        return f"{tp[0]}-{tp[1]}: this broker's etcd session is suspended; retry"
+        return f"{tp[0]}-{tp[1]}: this broker's etcd session is suspended or lost; retry"
     return None
 
 
