@@ -321,7 +321,11 @@ class Broker:
             await self.session.lost.wait()
             log.error("etcd session lost; giving up every partition and re-registering")
             await renew_session(
-                self.etcd, self.settings.etcd.session_ttl_s, self._adopt_session, self._register_on
+                self.etcd,
+                self.settings.etcd.session_ttl_s,
+                self._adopt_session,
+                self._register_on,
+                counts=self.session.counts,
             )
 
     def _adopt_session(self, session: SessionLease) -> None:
@@ -385,9 +389,20 @@ class Broker:
     def _owned_now(self, tp: TopicPartition) -> OwnedPartition | None:
         """The partition if this broker owns it and may act as its owner now: not while its
         session is suspended (``session_lease``), when what it holds is vouched for by memory
-        alone; its reads then go by etcd, as another broker's do."""
+        alone; a Fetch for it is refused then (``suspended_owner``), its other reads (offsets
+        by time, the epoch Metadata gives) go by etcd, as another broker's do."""
         owned = self.log_manager.owned.get(tp)
         return owned if owned is not None and self.session.still_valid() else None
+
+    def suspended_owner(self, tp: TopicPartition) -> bool:
+        """Whether this broker owns ``tp`` but may not act as its owner now (its session
+        suspended): Metadata still names it leader, as etcd does (``leaders.live_leaders``), and
+        a Fetch for it is answered NOT_LEADER_OR_FOLLOWER until the session resumes. Read as a
+        non-owner's, it would go by etcd at the log's end, which does not answer: the client
+        waited out the etcd timeout for a REQUEST_TIMED_OUT that the Java consumer does not
+        expect in a Fetch; every client refreshes its metadata on NOT_LEADER_OR_FOLLOWER and
+        comes back here."""
+        return tp in self.log_manager.owned and not self.session.still_valid()
 
     async def _connection_closed(self, connection: Connection) -> None:
         """A client went away: its share sessions end and their records are released."""
@@ -395,9 +410,10 @@ class Broker:
             self.share.release_connection(connection)
 
     def leader_for(self, tp: TopicPartition) -> int:
-        """The leader clients are given; never this broker while its session is not valid."""
+        """The leader clients are given; never this broker once etcd may no longer hold its
+        session lease (a suspended one that may still be held: as the other brokers see it)."""
         me = None if self.info is None else self.info.node_id
-        live = live_leaders(self.view.brokers.keys(), me, self.session.still_valid())
+        live = live_leaders(self.view.brokers.keys(), me, self.session.may_be_held())
         return leader_for(
             tp, self.view.owners, self.view.assignment.owners, live, self.view.draining
         )

@@ -221,6 +221,8 @@ async def _prepare(
         )
         return None, _partition_body(item.partition, code, -1, -1)
     tp = (info.name, item.partition)
+    if broker.suspended_owner(tp):  # served again once its session resumes (app.py)
+        return None, _partition_body(item.partition, ErrorCode.NOT_LEADER_OR_FOLLOWER, -1, -1)
     try:
         state = broker.committed_state(tp)
         if refresh and item.fetch_offset >= _readable_end(state, item.read_committed):

@@ -9,9 +9,9 @@ list it is given (what was queued on it fails with ``_DESTROY_BROKER``), and a K
 answers Metadata without listing itself.
 
 Only the list changes. Leaders are still decided over the registered brokers alone, less this
-one while its session is not valid (``leaders.live_leaders``), so a lapsed broker names itself
-leader of nothing: its ownership keys went with the session, and the partitions it owned are
-another's to claim (or leaderless, -1, in a cluster of one until it is back). A stopping
+one once etcd may no longer hold its session (``leaders.live_leaders``), so a lapsed broker
+names itself leader of nothing: its ownership keys went with the session, and the partitions it
+owned are another's to claim (or leaderless, -1, in a cluster of one until it is back). A stopping
 broker (not ``serving``) is not added: it deregistered on purpose and clients should go
 elsewhere.
 """

@@ -17,10 +17,13 @@ partition, failing what was buffered, registering again on a new lease) was chur
   least that long): the broker acts as owner.
 * **suspended** from then on: ``still_valid()`` is false, so nothing acts on ownership that
   only memory vouches for (a group coordinator answers NOT_COORDINATOR and its timers wait,
-  Metadata names another leader, no partition, group or transactional id is claimed, an
-  owner's reads and share-partitions go by etcd, not by what it holds). The keepalive goes on.
-* **valid again** if etcd then renews the lease (a keepalive answered with a TTL): the session
-  resumes with nothing abandoned and no new registration.
+  a partition it owns answers Produce and Fetch with NOT_LEADER_OR_FOLLOWER, no partition,
+  group or transactional id is claimed, its reads of other partitions and its share-partitions
+  go by etcd, not by what it holds). The keepalive goes on.
+* **valid again** if etcd then renews the lease (a keepalive answered with a TTL, in time:
+  ``session_phase`` of the renewed lease is valid): the session resumes with nothing abandoned
+  and no new registration. An answer so late that the renewal it reports has run out too (an
+  event loop stalled past the TTL) leaves the session suspended.
 * **lost** when etcd says the lease is gone, or nothing answered for one more TTL: as before,
   the broker gives everything up and starts a new session (``session_renewal``).
 
@@ -36,6 +39,14 @@ suspended lands only if the key, and so the lease, still existed, and an upload 
 failed stays an orphan readers ignore; acks follow commits, so a lease that had gone acks
 nothing. The clock only ever decides the moment to stop acting on memory: before etcd could
 have expired the lease, as before.
+
+While suspended, Metadata still names the broker leader of what it owns as long as etcd *may*
+still hold the lease (``held_after_send``: a keepalive went out before the last one sent could
+have run out), because then every other broker, reading etcd, names it too: its ownership keys
+are there. Naming another broker instead sent clients back and forth between two brokers that
+both refused them. A broker that sent nothing for a TTL (frozen, SIGSTOP) knows etcd has most
+likely deleted its keys, and names itself leader of nothing, as the other brokers do
+(``leaders.live_leaders``).
 """
 
 from __future__ import annotations
@@ -43,6 +54,7 @@ from __future__ import annotations
 import asyncio
 import enum
 import logging
+from dataclasses import dataclass
 
 from kafscale.broker.metadata.etcd import Etcd
 from kafscale.broker.metadata.etcd_errors import LeaseLost, MetadataError
@@ -69,6 +81,34 @@ def session_phase(now: float, valid_until: float, ttl_s: float) -> Phase:
     return Phase.LOST
 
 
+def held_after_send(held_until: float, sent_at: float, ttl_s: float) -> float:
+    """Until when etcd may still hold the lease once a keepalive is sent at ``sent_at``, given
+    it may hold it until ``held_until``: a keepalive that reaches a live lease renews it for a
+    TTL from then; one sent after the lease could have run out (the process frozen past it)
+    finds it gone, so the chain of sends ends there. (Sends reach etcd promptly here; one held
+    up in the network longer than it is seen in etcd is not told apart: the broker then names
+    itself leader for at most the rest of its suspension, and every request it gets is refused
+    with a retriable error.)"""
+    return max(held_until, sent_at + ttl_s) if sent_at < held_until else held_until
+
+
+def may_be_held(phase: Phase, now: float, held_until: float) -> bool:
+    """Whether etcd may still hold the lease: surely while valid, never once lost, and while
+    suspended until the chain of sent keepalives could have kept it (``held_after_send``)."""
+    if phase is Phase.SUSPENDED:
+        return now < held_until
+    return phase is Phase.VALID
+
+
+@dataclass
+class SessionCounts:
+    """How often a broker's sessions were suspended and resumed: one object for all the sessions
+    a broker has (a new one after a loss goes on counting), for its counters in ``/metrics``."""
+
+    suspensions: int = 0
+    resumptions: int = 0
+
+
 class SessionLease:
     """The broker's one session lease, kept alive every TTL/3 by a task this object owns.
 
@@ -82,7 +122,14 @@ class SessionLease:
     release and does not set ``lost``.
     """
 
-    def __init__(self, etcd: Etcd, lease_id: int, ttl_s: int, valid_until: float = 0.0) -> None:
+    def __init__(
+        self,
+        etcd: Etcd,
+        lease_id: int,
+        ttl_s: int,
+        valid_until: float = 0.0,
+        counts: SessionCounts | None = None,
+    ) -> None:
         self._etcd = etcd
         self._id = lease_id
         self._ttl_s = ttl_s
@@ -91,13 +138,21 @@ class SessionLease:
         self._valid_until = valid_until
         """Loop time until which etcd holds the lease at least (the last good keepalive's
         send time + its TTL)."""
+        self._held_until = valid_until
+        """Loop time until which etcd may hold the lease (``held_after_send``)."""
         self._suspended = False  # told once per suspension
+        self.counts = counts if counts is not None else SessionCounts()
 
     @classmethod
-    async def start(cls, etcd: Etcd, ttl_s: int) -> SessionLease:
+    async def start(
+        cls, etcd: Etcd, ttl_s: int, counts: SessionCounts | None = None
+    ) -> SessionLease:
+        """A new lease kept alive from now; ``counts`` goes on counting a broker's earlier
+        sessions' suspensions and resumptions."""
         loop = asyncio.get_running_loop()
         granted_at = loop.time()
-        session = cls(etcd, await etcd.grant_lease(ttl_s), ttl_s, granted_at + ttl_s)
+        lease_id = await etcd.grant_lease(ttl_s)
+        session = cls(etcd, lease_id, ttl_s, granted_at + ttl_s, counts)
         session._task = start_task(session._keep_alive(), name=f"session-lease-{session.id:x}")
         return session
 
@@ -116,9 +171,21 @@ class SessionLease:
         coordinator expired members and answered JoinGroups with a generation for groups whose
         lease etcd had already deleted. An owner about to act asks here first: a lease past its
         TTL is suspended (or lost) now, whatever the keepalive task has seen."""
+        return self.phase() is Phase.VALID
+
+    def phase(self) -> Phase:
+        """The session's phase now (a session whose keepalive was stopped: valid until lost)."""
+        if self._task is None:
+            return Phase.LOST if self.lost.is_set() else Phase.VALID
+        return self._phase(asyncio.get_running_loop().time())
+
+    def may_be_held(self) -> bool:
+        """Whether etcd may still hold the lease now, and so every key bound to it: while this
+        is true, the other brokers name this one owner of what it holds (``may_be_held``)."""
         if self._task is None:
             return not self.lost.is_set()
-        return self._phase(asyncio.get_running_loop().time()) is Phase.VALID
+        now = asyncio.get_running_loop().time()
+        return may_be_held(self._phase(now), now, self._held_until)
 
     def _phase(self, now: float) -> Phase:
         """The session's phase now, told once in the log as it changes; LOST sets ``lost``."""
@@ -129,6 +196,7 @@ class SessionLease:
             self._mark_lost(f"no keepalive succeeded for {2 * self._ttl_s} s")
         elif phase is Phase.SUSPENDED and not self._suspended:
             self._suspended = True
+            self.counts.suspensions += 1
             log.warning(
                 "session lease %x suspended: no keepalive succeeded for %d s; not acting as "
                 "owner until etcd answers whether it still holds the lease",
@@ -162,6 +230,7 @@ class SessionLease:
                 if self._phase(loop.time()) is Phase.LOST:
                     return
                 sent_at = loop.time()
+                self._held_until = held_after_send(self._held_until, sent_at, self._ttl_s)
                 try:
                     async with asyncio.timeout(max(self._next_change(sent_at), retry)):
                         ttl = await self._etcd.refresh_lease(self._id)
@@ -173,7 +242,7 @@ class SessionLease:
                     delay = retry
                     continue
                 retries.succeeded()
-                self._renewed(sent_at, ttl)
+                self._renewed(sent_at, ttl, loop.time())
                 delay = interval
         except Exception:
             log.exception("session lease %x keepalive crashed", self._id)
@@ -185,11 +254,19 @@ class SessionLease:
             return self._valid_until - now
         return self._valid_until + self._ttl_s - now
 
-    def _renewed(self, sent_at: float, ttl_s: int) -> None:
-        """etcd renewed the lease: a suspended session resumes (nothing bound to it went)."""
-        self._valid_until = sent_at + ttl_s
-        if self._suspended and not self.lost.is_set():
+    def _renewed(self, sent_at: float, ttl_s: int, now: float) -> None:
+        """etcd renewed the lease: a suspended session resumes (nothing bound to it went) if
+        that renewal still runs now. An answer that came after the renewal it reports ran out
+        (the loop stalled past the TTL) proves the lease lived then, not now: the session stays
+        suspended until an answer in time (before, it was told "resumed", then at once
+        "suspended" again)."""
+        self._valid_until = max(self._valid_until, sent_at + ttl_s)
+        self._held_until = max(self._held_until, self._valid_until)
+        if not self._suspended or self.lost.is_set():
+            return
+        if session_phase(now, self._valid_until, self._ttl_s) is Phase.VALID:
             self._suspended = False
+            self.counts.resumptions += 1
             log.warning(
                 "session lease %x resumed: etcd still holds it, nothing bound to it was taken",
                 self._id,

@@ -18,7 +18,7 @@ from collections.abc import Awaitable, Callable
 
 from kafscale.broker.metadata.etcd import Etcd
 from kafscale.broker.metadata.etcd_errors import LeaseLost, MetadataError
-from kafscale.broker.metadata.session_lease import SessionLease
+from kafscale.broker.metadata.session_lease import SessionCounts, SessionLease
 from kafscale.broker.observability.retry_log import RetryLog
 
 log = logging.getLogger(__name__)
@@ -32,12 +32,14 @@ async def renew_session(
     adopt: Callable[[SessionLease], None],
     register: Callable[[SessionLease], Awaitable[None]],
     retry_s: float = RETRY_S,
+    counts: SessionCounts | None = None,
 ) -> SessionLease:
     """A new session, handed to ``adopt`` (the broker acts on it from then on) and then to
     ``register`` (the broker's registration bound to it), both retried every ``retry_s``
-    until they succeed. A session lost before its registration landed is closed and replaced."""
+    until they succeed. A session lost before its registration landed is closed and replaced.
+    ``counts``: the broker's suspensions and resumptions so far, counted on by the new one."""
     while True:
-        session = await _new_session(etcd, ttl_s, retry_s)
+        session = await _new_session(etcd, ttl_s, retry_s, counts)
         adopt(session)
         if await _register(session, register, retry_s):
             return session
@@ -45,11 +47,13 @@ async def renew_session(
         await session.close()
 
 
-async def _new_session(etcd: Etcd, ttl_s: int, retry_s: float) -> SessionLease:
+async def _new_session(
+    etcd: Etcd, ttl_s: int, retry_s: float, counts: SessionCounts | None
+) -> SessionLease:
     retries = RetryLog(log, f"etcd session: no new session yet (trying every {retry_s:g} s)")
     while True:
         try:
-            session = await SessionLease.start(etcd, ttl_s)
+            session = await SessionLease.start(etcd, ttl_s, counts)
         except MetadataError as exc:
             retries.failed(exc)
             await asyncio.sleep(retry_s)

@@ -21,6 +21,7 @@ from prometheus_client.registry import Collector
 
 from kafscale.broker.groups.model import GroupState
 from kafscale.broker.groups.store import CommittedOffset, TopicPartition
+from kafscale.broker.metadata.session_lease import Phase, SessionLease
 from kafscale.broker.metadata.topic_info import TopicInfo
 from kafscale.broker.observability.lag import consumer_lag
 from kafscale.broker.observability.metrics import METRICS, Metrics
@@ -53,6 +54,7 @@ class BrokerCollector(Collector):
             "1 while the broker's etcd session lease is alive (0: it expired; ownership lost).",
             not broker.session.lost.is_set(),
         )
+        yield from _session(broker.session)
         owned = broker.manager.owned if broker.manager is not None else {}
         yield _gauge(
             "kafscale_owned_partitions", "Partitions whose lease this broker holds.", len(owned)
@@ -167,3 +169,31 @@ def _valid_offsets(
 
 def _gauge(name: str, help_: str, value: float) -> GaugeMetricFamily:
     return GaugeMetricFamily(name, help_, value=float(value))
+
+
+def _session(session: SessionLease) -> Iterator[Metric]:
+    """The session's phase, one series per phase as ``kafscale_consumer_groups`` has per state
+    (1 for the current one): ``kafscale_session_lease_alive`` reads 1 while suspended, when
+    the broker does not act as owner. And how often it was suspended and resumed: a suspension
+    lasts at most two TTLs (20 s by default), often less than a scrape interval, and a gauge
+    scraped before and after it never shows it; ``increase()`` of the counters does."""
+    phase = session.phase()
+    states = GaugeMetricFamily(
+        "kafscale_session_lease_state",
+        "1 for the phase the broker's etcd session is in: valid (it acts as owner), suspended "
+        "(keepalives unanswered for a TTL: it does not), lost (it gives everything up).",
+        labels=["state"],
+    )
+    for each in Phase:
+        states.add_metric([each.value], 1 if each is phase else 0)
+    yield states
+    yield CounterMetricFamily(
+        "kafscale_session_lease_suspensions",
+        "Times the broker's etcd session was suspended (keepalives unanswered for a TTL).",
+        value=session.counts.suspensions,
+    )
+    yield CounterMetricFamily(
+        "kafscale_session_lease_resumptions",
+        "Times a suspended session resumed (etcd renewed the lease in time; nothing was lost).",
+        value=session.counts.resumptions,
+    )

@@ -32,6 +32,7 @@ from kafscale.broker.metadata.etcd_txn import (
     put_op,
     value_is,
 )
+from kafscale.broker.metadata.leaders import owner_refusal
 from kafscale.broker.metadata.lease_claims import LeaseClaim, claim_lease
 from kafscale.broker.metadata.partition_state import (
     Cleaned,
@@ -120,11 +121,9 @@ class LogManager:
         """The partition if we own it; claimed on demand if nobody holds its lease."""
         owned = self.owned.get(tp)
         if owned is not None:
-            if owned.accepting:
-                return owned
             # Being released: re-acquiring our own lease here would bump the epoch under the
             # release's flush (fencing it) and keep a partition the assignment moved away.
-            raise NotLeader(f"{tp[0]}-{tp[1]} is being handed over")
+            return self._as_owner(owned)
         holder = self._view.owners.get(tp)
         if holder is not None and holder != self.broker_id and holder in self._view.brokers:
             raise NotLeader(f"{tp[0]}-{tp[1]} is owned by broker {holder}")
@@ -143,10 +142,15 @@ class LogManager:
         async with lock:
             owned = self.owned.get(tp)
             if owned is not None:
-                if owned.accepting:
-                    return owned
-                raise NotLeader(f"{tp[0]}-{tp[1]} is being handed over")
+                return self._as_owner(owned)
             return await self._acquire(tp)
+
+    def _as_owner(self, owned: OwnedPartition) -> OwnedPartition:
+        """``owned``, if this broker may act as its owner now (``leaders.owner_refusal``)."""
+        refusal = owner_refusal(owned.tp, owned.accepting, self._session.still_valid())
+        if refusal is not None:
+            raise NotLeader(refusal)
+        return owned
 
     async def _acquire(self, tp: TopicPartition) -> OwnedPartition:
         topic, partition = tp

@@ -109,6 +109,64 @@ def test_rules_pass_promtool(tmp_path: Path) -> None:
     } <= alerts
 
 
+def test_repeated_session_suspensions_alert_and_one_does_not(tmp_path: Path) -> None:
+    """``KafScaleSessionSuspensions``: a broker whose etcd session was suspended three times in
+    15 min (it refused its partitions' produces each time) pages a warning; a single suspension,
+    which resolves itself, does not. promtool's rule tests: fixed series, no waiting."""
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        pytest.skip("Debian's prometheus (promtool) is not installed (make system-deps)")
+    rule = next(d for d in render(ALL_ON, CRDS) if d["kind"] == "PrometheusRule")
+    (tmp_path / "rules.yaml").write_text(yaml.safe_dump({"groups": rule["spec"]["groups"]}))
+
+    def series(pod: str) -> str:
+        labels = f'namespace="prod", kafscale_cluster="c", pod="{pod}"'
+        return "kafscale_session_lease_suspensions_total{" + labels + "}"
+
+    tests = {
+        "rule_files": ["rules.yaml"],
+        "evaluation_interval": "1m",
+        "tests": [
+            {
+                "interval": "1m",
+                "input_series": [
+                    {"series": series("broker-a"), "values": "0 1 1 2 3 3 3 3"},
+                    {"series": series("broker-b"), "values": "0 1 1 1 1 1 1 1"},
+                ],
+                "alert_rule_test": [
+                    {
+                        "eval_time": "6m",
+                        "alertname": "KafScaleSessionSuspensions",
+                        "exp_alerts": [
+                            {
+                                "exp_labels": {
+                                    "severity": "warning",
+                                    "namespace": "prod",
+                                    "kafscale_cluster": "c",
+                                    "pod": "broker-a",
+                                },
+                                "exp_annotations": {
+                                    "summary": "broker broker-a's etcd session keeps being "
+                                    "suspended",
+                                    "description": "3 suspensions in 15 min: keepalives went "
+                                    "unanswered for a TTL each time, and the broker refused its "
+                                    "partitions' produces until etcd answered. Check etcd's "
+                                    "leader changes and latency, and the broker's CPU throttling.",
+                                },
+                            }
+                        ],
+                    }
+                ],
+            }
+        ],
+    }
+    (tmp_path / "tests.yaml").write_text(yaml.safe_dump(tests))
+    result = children.run(
+        [promtool, "test", "rules", "tests.yaml"], capture_output=True, text=True, cwd=tmp_path
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
 def test_dashboard_configmap_carries_the_sidecar_label() -> None:
     docs = render(ALL_ON, CRDS)
     configmap = next(d for d in docs if d["kind"] == "ConfigMap")

@@ -15,16 +15,22 @@ every leader -1: librdkafka then dropped the broker from its list (failing what 
 it with ``_DESTROY_BROKER``, seen in a CI run of ``test_durability``'s watermark read), other
 clients saw LEADER_NOT_AVAILABLE. A Kafka broker never answers Metadata without listing itself;
 now neither does this one (``broker/metadata/listed_brokers.py``), and it names itself leader
-of nothing while its session is not valid (``leaders.live_leaders``), even before its view has
-heard of the deletes.
+of nothing once etcd may no longer hold its session (``leaders.live_leaders``: it sent no
+keepalive for a TTL), even before its view has heard of the deletes.
+
+In the second case every broker names the suspended one leader of what it owns, as etcd
+does, and it refuses its partitions' produces and fetches with NOT_LEADER_OR_FOLLOWER until it
+resumes (the last test).
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import time
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -32,20 +38,25 @@ import pytest
 from harness.batches import make_batch
 from harness.brokers import BrokerCluster, new_cluster
 from harness.kafka_wire import (
+    FETCH,
     METADATA,
     PRODUCE,
     KafkaWire,
+    fetch_body,
+    fetch_partition,
     metadata_body,
     produce_body,
     produce_partition,
 )
 from harness.s3 import S3Endpoint
 from harness.tcp_relay import TcpRelay
+from prometheus_client.parser import text_string_to_metric_families
 
 from kafscale.broker.child_process import BrokerProcess
 from kafscale.broker.metadata import keys
 from kafscale.broker.metadata.embedded_etcd import EmbeddedEtcd
 from kafscale.broker.metadata.etcd import Etcd
+from kafscale.broker.metadata.topics import create_topic
 from kafscale.broker.protocol.errors import ErrorCode
 
 pytestmark = pytest.mark.integration
@@ -281,6 +292,143 @@ async def test_a_coordinator_that_resumes_its_session_keeps_its_members(
             await asyncio.sleep(1)  # the group's timers, which look every 0.1 s, see the resumption
             answer = group_heartbeat(wire, member, generation)
         assert ErrorCode(answer).name == ErrorCode.NONE.name, broker.tail()
+    finally:
+        cluster.stop_all()
+        relay.close()
+
+
+SHARED = "shared"  # the two-broker test's topic
+SHARED_PARTITIONS = 4
+SUSPENDABLE_TTL_S = "8"  # the window the checks below run in while one broker is suspended
+
+
+def leaders_by_partition(wire: KafkaWire, topic: str) -> dict[int, int]:
+    """{partition: leader id} of ``topic`` in one Metadata answer."""
+    answer = wire.request(METADATA, METADATA_VERSION, metadata_body([topic], False))
+    (entry,) = [t for t in answer.topics if t.name == topic]
+    return {int(p.partition_index): int(p.leader_id) for p in entry.partitions}
+
+
+async def lease_holders(etcd: Etcd, cluster: str, topic: str, partitions: int) -> dict[int, int]:
+    """{partition: the broker whose lease key etcd holds} (partitions nobody holds left out)."""
+    holders = {}
+    for partition in range(partitions):
+        kv = await etcd.get(keys.partition_lease_key(cluster, topic, partition))
+        if kv is not None:
+            holders[partition] = int(kv.value)
+    return holders
+
+
+def session_samples(broker: BrokerProcess) -> dict[str, float]:
+    """The broker's session series on ``/metrics``: ``state=<phase>`` and the counters."""
+    with urllib.request.urlopen(f"{broker.admin_url}/metrics", timeout=30) as response:
+        text = response.read().decode()
+    samples = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == "kafscale_session_lease_state":
+                samples[f"state={sample.labels['state']}"] = sample.value
+            elif sample.name.startswith("kafscale_session_lease_"):
+                samples[sample.name] = sample.value
+    return samples
+
+
+def refusals(wire: KafkaWire, partitions: list[int]) -> tuple[list[int], list[int]]:
+    """(the error codes of a Produce, of a Fetch from offset 0) to each of ``partitions``."""
+    produced = [
+        produce_partition(
+            wire.request(PRODUCE, 9, produce_body(SHARED, p, make_batch(0, [b"suspended"])))
+        )[0]
+        for p in partitions
+    ]
+    fetched = [
+        int(fetch_partition(wire.request(FETCH, 11, fetch_body(SHARED, p, 0))).error_code)
+        for p in partitions
+    ]
+    return produced, fetched
+
+
+async def test_a_suspended_owner_is_named_by_every_broker_and_refuses_until_it_resumes(
+    etcd_server: EmbeddedEtcd,
+    s3_server: S3Endpoint,
+    cluster_name: str,
+    tmp_path: Path,
+    etcd: Etcd,
+) -> None:
+    """Two brokers; etcd's answers to one of them (S) are held back past its TTL while its
+    keepalives still renew the lease in etcd. The other broker (B), reading etcd, names S
+    leader of what S owns; so does S: every Metadata answer is the same, and a client sent to
+    S by either is sent back to S. S refuses Produce and Fetch for its own partitions with
+    NOT_LEADER_OR_FOLLOWER (retriable, nothing written) and serves them again once it
+    resumes; ``/metrics`` shows the suspension. Before: S named B leader of its partitions,
+    and B, where etcd says S owns them, refused and named S: a client went back and forth
+    between two brokers; and S's metrics read as a healthy session."""
+    relay = TcpRelay("127.0.0.1", int(etcd_server.client_url.rsplit(":", 1)[1]))
+    cluster = new_cluster(relay.url, s3_server, tmp_path, "held", name=cluster_name)
+    try:
+        suspended = cluster.start(
+            KAFSCALE_ETCD__TIMEOUT_S="1", KAFSCALE_ETCD__SESSION_TTL_S=SUSPENDABLE_TTL_S
+        )
+        other = cluster.start(
+            KAFSCALE_ETCD__ENDPOINTS=json.dumps([etcd_server.client_url]),
+            KAFSCALE_ETCD__SESSION_TTL_S=SUSPENDABLE_TTL_S,
+        )
+        me = suspended.node_id
+        await create_topic(etcd, cluster.cluster, SHARED, SHARED_PARTITIONS, {})
+
+        def log_says(text: str) -> bool:
+            return text in suspended.log_path.read_text(errors="replace")
+
+        with (
+            KafkaWire(suspended.bootstrap, timeout_s=WAIT_S) as at_s,
+            KafkaWire(other.bootstrap, timeout_s=WAIT_S) as at_b,
+        ):
+            wires = {me: at_s, other.node_id: at_b}
+
+            async def all_owned() -> bool:
+                """Every partition held in etcd, some by S (each produced to where Metadata
+                sends a client, which claims it on demand)."""
+                holders = await lease_holders(etcd, cluster.cluster, SHARED, SHARED_PARTITIONS)
+                for partition, leader in leaders_by_partition(at_s, SHARED).items():
+                    if partition not in holders and leader in wires:
+                        body = produce_body(SHARED, partition, make_batch(0, [b"first"]))
+                        wires[leader].request(PRODUCE, 9, body)  # claims it, or tried again
+                return len(holders) == SHARED_PARTITIONS and me in holders.values()
+
+            await until(all_owned, "the partitions never all had an owner, some S", suspended)
+            holders = await lease_holders(etcd, cluster.cluster, SHARED, SHARED_PARTITIONS)
+            mine = sorted(p for p, holder in holders.items() if holder == me)
+
+            async def lapsed() -> bool:
+                return log_says("suspended")
+
+            with relay.holding_replies():  # a fault that must outlast the TTL: its length is
+                await until(lapsed, "the keepalives kept being answered", suspended)  # the point
+                # etcd still holds S's keys: both name S where it owns, and agree everywhere.
+                from_s = leaders_by_partition(at_s, SHARED)
+                from_b = leaders_by_partition(at_b, SHARED)
+                assert from_b == holders, (from_b, holders)
+                assert from_s == from_b, (from_s, from_b, suspended.tail())
+                produced, fetched = refusals(at_s, mine)
+                during = session_samples(suspended)
+                assert not log_says("lost"), suspended.tail()  # the checks ran while suspended
+            not_leader = ErrorCode.NOT_LEADER_OR_FOLLOWER
+            assert produced == fetched == [not_leader] * len(mine), (produced, fetched)
+            assert during["state=suspended"] == 1, during
+            assert during["state=valid"] == during["state=lost"] == 0, during
+
+            async def resumed() -> bool:
+                return log_says("resumed") or log_says("etcd session lost")
+
+            await until(resumed, "the broker neither resumed nor lost its session", suspended)
+            assert not log_says("etcd session lost"), suspended.tail()
+            for partition in mine:
+                body = produce_body(SHARED, partition, make_batch(0, [b"after"]))
+                assert produce_partition(at_s.request(PRODUCE, 9, body))[0] == ErrorCode.NONE
+            after = session_samples(suspended)
+        assert after["state=valid"] == 1, after
+        assert after["kafscale_session_lease_suspensions_total"] == 1, after
+        assert after["kafscale_session_lease_resumptions_total"] == 1, after
     finally:
         cluster.stop_all()
         relay.close()

@@ -9,7 +9,12 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from kafscale.broker.metadata.leaders import TopicPartition, leader_for, live_leaders
+from kafscale.broker.metadata.leaders import (
+    TopicPartition,
+    leader_for,
+    live_leaders,
+    owner_refusal,
+)
 
 pytestmark = pytest.mark.unit
 
@@ -108,7 +113,7 @@ def test_leaderless_partitions_spread_over_brokers() -> None:
 
 
 @given(views(), broker_ids)
-def test_a_broker_whose_session_is_not_valid_names_itself_leader_of_nothing(
+def test_a_broker_whose_lease_etcd_may_no_longer_hold_names_itself_leader_of_nothing(
     view: View, me: int
 ) -> None:
     """Woken past its TTL, its view may still show the ownership etcd deleted with the
@@ -125,3 +130,26 @@ def test_a_broker_with_a_valid_session_is_live_as_registered() -> None:
     assert live_leaders({2}, 1, True) == {2}
     assert leader_for(("t", 0), {("t", 0): 1}, {}, live_leaders({1, 2}, 1, False), set()) == 2
     assert leader_for(("t", 0), {("t", 0): 1}, {}, live_leaders({1}, 1, False), set()) == -1
+
+
+@given(views(), broker_ids, broker_ids)
+def test_a_suspended_broker_whose_lease_etcd_may_hold_names_what_the_others_name(
+    view: View, me: int, other: int
+) -> None:
+    """Its ownership keys are in etcd, so every other broker names it where it owns: naming
+    another (as it did) sent clients between two brokers that both refused them."""
+    tp, owners, desired, live, draining = view
+    live = {*live, me, other}
+    owners[tp] = me
+    mine = leader_for(tp, owners, desired, live_leaders(live, me, True), draining)
+    theirs = leader_for(tp, owners, desired, live_leaders(live, other, True), draining)
+    assert mine == theirs == me
+
+
+def test_an_owner_acts_only_while_it_accepts_and_its_session_is_valid() -> None:
+    """A suspended owner refuses (NOT_LEADER_OR_FOLLOWER, nothing written) what it could not
+    ack before etcd answers again; a client refreshes its metadata and comes back."""
+    assert owner_refusal(("t", 0), True, True) is None
+    assert "suspended" in (owner_refusal(("t", 0), True, False) or "")
+    assert "handed over" in (owner_refusal(("t", 0), False, True) or "")
+    assert "handed over" in (owner_refusal(("t", 0), False, False) or "")

@@ -7,6 +7,7 @@ against a real etcd: ``tests/integration/test_session_lapse.py``."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Callable
 from typing import Any, cast
@@ -92,5 +93,74 @@ async def test_a_session_nothing_answers_for_two_ttls_is_lost() -> None:
         await asyncio.wait_for(session.lost.wait(), WAIT_S)
         etcd.unreachable = False
         assert not session.still_valid()
+    finally:
+        await session.close()
+
+
+class StallingEtcd(KeepaliveEtcd):
+    """``KeepaliveEtcd`` whose next keepalive, once ``stall_s`` is set, blocks the event loop
+    that long before it is answered: the answer comes after the renewal it reports ran out (a
+    loop stalled on a loaded machine, or a process frozen with a keepalive in flight)."""
+
+    def __init__(self, ttl_s: int) -> None:
+        super().__init__()
+        self.ttl_s = ttl_s
+        self.stall_s = 0.0
+        self.stalled = False
+
+    async def refresh_lease(self, lease_id: int) -> int:
+        if self.unreachable:
+            raise MetadataUnavailable("etcd lease keepalive: no leader")
+        if self.stall_s:
+            time.sleep(self.stall_s)  # noqa: ASYNC251 - blocks the loop on purpose: no timeout fires
+            self.stall_s, self.stalled = 0.0, True
+        return self.ttl_s
+
+
+def session_lines(caplog: pytest.LogCaptureFixture) -> list[str]:
+    """The phase changes the session logged: "suspended", "resumed", "lost", in order."""
+    told = []
+    for record in caplog.records:
+        if record.name.endswith("session_lease"):
+            told += [w for w in ("suspended", "resumed", "lost") if f" {w}" in record.getMessage()]
+    return told
+
+
+async def test_an_answer_later_than_the_renewal_it_reports_does_not_resume(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Before: such an answer logged "resumed", and the session, past its TTL all the same,
+    logged "suspended" again at once; it acted as owner for none of it. Now the session stays
+    suspended until an answer comes in time, and says "resumed" once, then."""
+    caplog.set_level(logging.WARNING)
+    ttl_s = 3  # the stall must outlast it, and what follows must come before two TTLs
+    etcd = StallingEtcd(ttl_s)
+    session = await SessionLease.start(cast(Any, etcd), ttl_s)
+    try:
+        etcd.unreachable = True
+        await until(lambda: not session.still_valid(), "never suspended")
+        etcd.stall_s, etcd.unreachable = ttl_s + 0.5, False
+        await until(lambda: etcd.stalled, "the stalled keepalive never ran")
+        assert not session.still_valid()  # renewed until sent + TTL: already past
+        assert session_lines(caplog) == ["suspended"]
+        await until(session.still_valid, "never resumed by a keepalive answered in time")
+        assert session_lines(caplog) == ["suspended", "resumed"]
+    finally:
+        await session.close()
+
+
+async def test_a_suspension_and_its_resumption_are_counted() -> None:
+    """For ``kafscale_session_lease_suspensions_total`` and ``..._resumptions_total``: a
+    suspension can be shorter than a scrape interval, so a gauge alone may never show it."""
+    etcd = KeepaliveEtcd()
+    session = await SessionLease.start(cast(Any, etcd), TTL_S)
+    try:
+        assert (session.counts.suspensions, session.counts.resumptions) == (0, 0)
+        etcd.unreachable = True
+        await until(lambda: not session.still_valid(), "never suspended")
+        etcd.unreachable = False
+        await until(session.still_valid, "never resumed")
+        assert (session.counts.suspensions, session.counts.resumptions) == (1, 1)
+        assert session.phase() is Phase.VALID
     finally:
         await session.close()
