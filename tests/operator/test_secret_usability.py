@@ -6,6 +6,7 @@ once the Secret is fixed or deleted) is ``test_real_secret_usability.py``.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 from typing import Any
 
@@ -34,6 +35,7 @@ from kafscale.operator.secret_usability import (
     secrets_read,
 )
 from kafscale.operator.status import ClusterObservation, compute_cluster_status
+from kafscale.operator.tls_secrets import ensure_certificate_secrets
 
 pytestmark = pytest.mark.operator
 
@@ -215,3 +217,33 @@ def test_an_unusable_secret_makes_the_cluster_degraded_with_its_own_reason() -> 
     assert conditions["Degraded"] == ("True", "SecretUnusable", message)
     assert conditions["Ready"][:2] == ("False", "SecretUnusable")
     assert status.phase == "Degraded"
+
+
+class SecretStore:
+    """The two calls the certificate writers make (get, write), on a dict of Secrets."""
+
+    def __init__(self, *secrets: dict[str, Any]) -> None:
+        self.secrets = {s["metadata"]["name"]: s for s in secrets}
+
+    async def get(self, _v: str, _k: str, _ns: str, name: str) -> dict[str, Any] | None:
+        return self.secrets.get(name)
+
+    async def write(self, manifest: dict[str, Any], _live: Any) -> dict[str, Any]:
+        self.secrets[manifest["metadata"]["name"]] = manifest
+        return manifest
+
+
+def test_no_certificate_is_issued_from_a_ca_of_the_users_that_cannot_sign() -> None:
+    """The user's ``demo-ca`` holds a ``tls.key`` that is not its certificate's key. Before,
+    the operator signed the broker certificate with that key: one no client trusting the CA's
+    certificate accepts, the TLS listener refused with nothing said. Now nothing is issued
+    from it, and the writers hand it on to be judged (``SecretUnusable``)."""
+    theirs = secret("demo-ca", tls_crt=CA.cert, tls_key=OTHER_CA.key)
+    spec = parse_cluster_spec(cluster_spec(listeners=[PLAIN_LISTENER, SCRAM_LISTENER]))
+    kube = SecretStore(theirs)
+    done = asyncio.run(ensure_certificate_secrets(kube, REF, spec, NOW))  # type: ignore[arg-type]
+    assert done.written == [] and done.found == {"demo-ca": theirs}
+    assert set(kube.secrets) == {"demo-ca"}  # no broker certificate from it
+    judged = judge(REF, spec, done.found, cert_manager=False)
+    assert judged.problems["demo-ca"].endswith("tls.key is not the private key of tls.crt")
+    assert judged.blocked == {"demo-ca", "demo-broker-tls"}
