@@ -13,7 +13,8 @@ it is (``Degraded`` with reason :data:`REASON`, and its Warning Event).
 The rest is applied, except where that is unsafe: a foreign ConfigMap or managed-etcd object
 would tell the cluster's pods where their metadata lives (a user's ``<name>-etcd-client``
 Service pointing at the user's etcd), so while one is foreign no pods are started or changed
-(the Deployments and the StatefulSet are held back until it is gone).
+(the Deployments and the StatefulSet are held back until it is gone). Likewise the pod
+workloads that read a Secret of another owner that they cannot use (:mod:`secret_usability`).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from kafscale.operator import naming
 from kafscale.operator.manifests import ObjectId, object_id
 from kafscale.operator.models import ClusterRef
 from kafscale.operator.ownership import describe_owner, owned_by
+from kafscale.operator.secret_usability import UnusableSecrets, secrets_read
 
 Manifest = dict[str, Any]
 
@@ -78,6 +80,8 @@ class ApplyPlan:
     apply: list[Manifest]
     not_owned: list[str] = field(default_factory=list)  # "Service demo-brokers (no owner…)"
     held: list[str] = field(default_factory=list)  # pod workloads held back: "Deployment x"
+    unusable: list[str] = field(default_factory=list)  # "Secret demo-ca (…): no tls.crt"
+    waiting: list[str] = field(default_factory=list)  # pod workloads held back for those
 
     @property
     def message(self) -> str | None:
@@ -95,18 +99,38 @@ class ApplyPlan:
             )
         return text
 
+    @property
+    def secrets_message(self) -> str | None:
+        """The ``Degraded`` message for Secrets of other owners the pods cannot use
+        (:data:`secret_usability.REASON`; None: none)."""
+        if not self.unusable:
+            return None
+        text = (
+            f"not this cluster's and not usable, so left as they are: {'; '.join(self.unusable)}"
+            "; fix them, or delete them and the operator makes its own"
+        )
+        if self.waiting:
+            text += f"; until then {', '.join(self.waiting)} held back (their pods read them)"
+        return text
+
 
 def plan_apply(
-    ref: ClusterRef, wanted: list[Manifest], live: Mapping[ObjectId, Manifest | None]
+    ref: ClusterRef,
+    wanted: list[Manifest],
+    live: Mapping[ObjectId, Manifest | None],
+    secrets: UnusableSecrets | None = None,
 ) -> ApplyPlan:
-    """Split ``wanted`` by whether its live namesake (``live``, None: absent) is the cluster's."""
+    """Split ``wanted`` by whether its live namesake (``live``, None: absent) is the cluster's;
+    hold back the pod workloads that read a Secret of another owner that is not usable
+    (``secrets``)."""
+    secrets = secrets or UnusableSecrets()
     not_owned = [m for m in wanted if foreign(live.get(object_id(m)), ref)]
     blocked = {object_id(m) for m in not_owned}
     hold_pods = bool(blocked & foundation_ids(ref))
-    held = [
-        m for m in wanted if hold_pods and m["kind"] in POD_KINDS and object_id(m) not in blocked
-    ]
-    skipped = blocked | {object_id(m) for m in held}
+    pods = [m for m in wanted if m["kind"] in POD_KINDS and object_id(m) not in blocked]
+    held = pods if hold_pods else []
+    waiting = [m for m in pods if not hold_pods and secrets_read(m) & secrets.blocked]
+    skipped = blocked | {object_id(m) for m in [*held, *waiting]}
     return ApplyPlan(
         apply=[m for m in wanted if object_id(m) not in skipped],
         not_owned=[
@@ -114,4 +138,6 @@ def plan_apply(
             for m in not_owned
         ],
         held=[f"{m['kind']} {m['metadata']['name']}" for m in held],
+        unusable=list(secrets.problems.values()),
+        waiting=[f"{m['kind']} {m['metadata']['name']}" for m in waiting],
     )

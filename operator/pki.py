@@ -16,6 +16,7 @@ import datetime
 import ipaddress
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
 from cryptography import x509
 from cryptography.exceptions import InvalidSignature
@@ -212,15 +213,36 @@ def needs_reissue(
     return cert.not_valid_after_utc - now < RENEW_BEFORE
 
 
+def _public_der(key: Any) -> bytes:
+    """A public key as DER (any algorithm: RSA, ECDSA, Ed25519), to compare two."""
+    der: bytes = key.public_bytes(
+        serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo
+    )
+    return der
+
+
+def pair_problem(cert_pem: bytes, key_pem: bytes | None) -> str | None:
+    """What keeps a PEM certificate (and, given, its private key) from being used: not a PEM
+    certificate, not a PEM private key without a password, or not the key of that certificate
+    (None: usable). Said in words a user can act on, about the Secret's ``tls.crt``/``tls.key``."""
+    try:
+        cert = x509.load_pem_x509_certificate(cert_pem)
+    except ValueError:
+        return "tls.crt is not a PEM certificate"
+    if key_pem is None:
+        return None
+    try:
+        key = serialization.load_pem_private_key(key_pem, password=None)
+    except (ValueError, TypeError):
+        return "tls.key is not a PEM private key (without a password)"
+    if _public_der(key.public_key()) != _public_der(cert.public_key()):
+        return "tls.key is not the private key of tls.crt"
+    return None
+
+
 def ca_usable(ca: PemPair | None, now: datetime.datetime) -> bool:
     """Whether a stored CA can keep signing (readable, key matches, not about to expire)."""
-    if ca is None:
+    if ca is None or pair_problem(ca.cert, ca.key) is not None:
         return False
-    try:
-        cert = x509.load_pem_x509_certificate(ca.cert)
-        key = serialization.load_pem_private_key(ca.key, password=None)
-    except (ValueError, TypeError):
-        return False
-    if key.public_key().public_numbers() != cert.public_key().public_numbers():  # type: ignore[union-attr]
-        return False
+    cert = x509.load_pem_x509_certificate(ca.cert)
     return cert.not_valid_after_utc - now > LEAF_VALIDITY

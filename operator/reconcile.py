@@ -21,7 +21,14 @@ from kafscale.broker.metadata.assignment import Assignment
 from kafscale.broker.metadata.etcd_errors import MetadataError
 from kafscale.broker.observability.retry_log import RetryLog
 from kafscale.broker.storage.object_store import ObjectStoreError
-from kafscale.operator import certificates, conflicts, immutable, manifests, naming
+from kafscale.operator import (
+    certificates,
+    conflicts,
+    immutable,
+    manifests,
+    naming,
+    secret_usability,
+)
 from kafscale.operator.certificates import CERT_MANAGER_API
 from kafscale.operator.discovery import ServerCapabilities, fit_to_server
 from kafscale.operator.events import Notice, observed_rebalance_notice, rebalance_notice
@@ -45,12 +52,14 @@ from kafscale.operator.rebalance import (
     rebalance,
 )
 from kafscale.operator.runtime import (
+    ClusterKey,
     Runtime,
     cluster_key,
     delete_objects,
     managed_etcd_host,
     storage_settings,
 )
+from kafscale.operator.secret_writes import SecretsPass
 from kafscale.operator.snapshot import lease_status
 from kafscale.operator.status import ClusterObservation
 from kafscale.operator.tls_secrets import ensure_certificate_secrets
@@ -118,18 +127,16 @@ async def apply_cluster(
         if immutable.blocks_cluster(refusals):
             log.warning("%s/%s: %s", ref.namespace, ref.name, runtime.refused[key])
             runtime.apply_errors.pop(key, None)
-            runtime.not_owned.pop(key, None)
-            runtime.held_by_others.pop(key, None)
+            for kept in (runtime.not_owned, runtime.held_by_others, runtime.unusable_secrets):
+                kept.pop(key, None)
+            runtime.secrets_judged.pop(key, None)
             return AppliedCluster(refusals)
         runtime.applied_with[key] = capabilities
-        if not cert_manager:  # the Secrets the pods mount, before the pods
-            await ensure_certificate_secrets(kube, ref, spec, datetime.datetime.now(datetime.UTC))
-        await ensure_token_secret(kube, ref, spec)  # the pods read it too
-        plan = await _apply_owned(runtime, ref, wanted, live)
+        secrets = await _ensure_secrets(runtime, ref, spec, cert_manager=cert_manager)
+        plan = await _apply_owned(runtime, ref, wanted, live, secrets)
         runtime.note_etcd(ref, _etcd_in_use(ref, live))  # as written (a new managed etcd)
-        if plan.message and plan.message != runtime.not_owned.get(key):  # once, not per retry
-            log.warning("%s/%s: %s", ref.namespace, ref.name, plan.message)
-        runtime.not_owned[key] = plan.message
+        _report(runtime.not_owned, ref, plan.message)
+        _report(runtime.unusable_secrets, ref, plan.secrets_message)
         runtime.held_by_others[key] = conflicts.held_by_others(ref, wanted_ids, live)
         await _delete_obsolete(runtime, ref, {oid: live[oid] for oid in obsolete})
     except KubeError as exc:
@@ -140,25 +147,59 @@ async def apply_cluster(
     return AppliedCluster(refusals, written)
 
 
+async def _ensure_secrets(
+    runtime: Runtime, ref: ClusterRef, spec: KafScaleClusterSpec, *, cert_manager: bool
+) -> secret_usability.UnusableSecrets:
+    """Write the Secrets the pods mount (before the pods) and judge those of other owners
+    found under their names; kept for the status timer (:func:`needs_reapply`)."""
+    kube, done = runtime.kube, SecretsPass()
+    if not cert_manager:  # cert-manager writes its own
+        now = datetime.datetime.now(datetime.UTC)
+        done += await ensure_certificate_secrets(kube, ref, spec, now)
+    done += await ensure_token_secret(kube, ref, spec)  # the pods read it too
+    judged = secret_usability.judge(ref, spec, done.found, cert_manager=cert_manager)
+    runtime.secrets_judged[cluster_key(ref)] = judged
+    return judged
+
+
+def _report(kept: dict[ClusterKey, str | None], ref: ClusterRef, message: str | None) -> None:
+    """Keep a pass's ``Degraded`` message for the status; log it once, not per retry."""
+    key = cluster_key(ref)
+    if message and message != kept.get(key):
+        log.warning("%s/%s: %s", ref.namespace, ref.name, message)
+    kept[key] = message
+
+
 async def needs_reapply(runtime: Runtime, ref: ClusterRef) -> bool:
     """Whether the status timer applies the cluster's objects again between spec changes:
     the server's capabilities changed since they were applied, or a name the last apply left
     to another owner's object is free now (the user deleted it, or the garbage collector a
-    deleted namesake cluster's: the operator makes its own). Only those names are read, so
-    while such an object stays a status pass costs one GET per name, not a whole apply."""
+    deleted namesake cluster's: the operator makes its own), or a Secret of another owner the
+    pods could not use was fixed, deleted or replaced (:mod:`secret_usability`). Only those
+    names are read, so while such an object stays a status pass costs one GET per name, not a
+    whole apply."""
     if runtime.capabilities_changed(ref):
         return True
-    held = runtime.held_by_others.get(cluster_key(ref)) or {}
-    if not held:
+    key = cluster_key(ref)
+    held = runtime.held_by_others.get(key) or {}
+    judged = runtime.secrets_judged.get(key) or secret_usability.UnusableSecrets()
+    secrets = [("v1", "Secret", name) for name in judged.needs]
+    names = [*held, *secrets]
+    if not names:
         return False
-    now = await asyncio.gather(
-        *(runtime.kube.get(api, kind, ref.namespace, name) for api, kind, name in held)
+    found = await asyncio.gather(
+        *(runtime.kube.get(api, kind, ref.namespace, name) for api, kind, name in names)
     )
-    return conflicts.freed(held, dict(zip(held, now, strict=True)))
+    now = dict(zip(names, found, strict=True))
+    return conflicts.freed(held, now) or judged.changed(ref, {oid[2]: now[oid] for oid in secrets})
 
 
 async def _apply_owned(
-    runtime: Runtime, ref: ClusterRef, wanted: list[dict[str, Any]], live: Live
+    runtime: Runtime,
+    ref: ClusterRef,
+    wanted: list[dict[str, Any]],
+    live: Live,
+    secrets: secret_usability.UnusableSecrets,
 ) -> conflicts.ApplyPlan:
     """Apply over the cluster's own objects and create the absent ones (see :mod:`conflicts`).
 
@@ -170,7 +211,7 @@ async def _apply_owned(
     back). ``live`` is updated with what was written and read again.
     """
     for _ in range(CREATE_ATTEMPTS):
-        plan = conflicts.plan_apply(ref, wanted, live)
+        plan = conflicts.plan_apply(ref, wanted, live, secrets)
         try:
             for manifest in plan.apply:
                 await _write(runtime, ref, manifest, live)
@@ -326,6 +367,7 @@ async def observe_cluster(
         apply_error=runtime.apply_errors.get(key),
         refused=runtime.refused.get(key),
         not_owned=runtime.not_owned.get(key),
+        unusable_secrets=runtime.unusable_secrets.get(key),
         left_out=_left_out(runtime.left_out.get(key)),
         server_version=runtime.capabilities.version,
         etcd_error=etcd_error,

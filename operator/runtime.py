@@ -32,6 +32,7 @@ from kafscale.operator.manifests import ObjectId
 from kafscale.operator.model_base import Condition
 from kafscale.operator.models import ClusterRef, KafScaleClusterSpec
 from kafscale.operator.ownership import owned_by
+from kafscale.operator.secret_usability import UnusableSecrets
 from kafscale.operator.settings import OperatorSettings
 from kafscale.operator.tls_secrets import etcd_client_tls
 
@@ -118,6 +119,10 @@ class Runtime:
     not_owned: dict[ClusterKey, str | None] = field(default_factory=dict)
     # Those names, each with the uid of the object that held it.
     held_by_others: dict[ClusterKey, dict[ObjectId, str]] = field(default_factory=dict)
+    # Secrets of other owners under the cluster's names that its pods cannot use (see
+    # ``secret_usability``): the ``Degraded`` message (None: none), and the Secrets as judged.
+    unusable_secrets: dict[ClusterKey, str | None] = field(default_factory=dict)
+    secrets_judged: dict[ClusterKey, UnusableSecrets] = field(default_factory=dict)
     # Which etcd the cluster's live objects say holds its metadata, as of its last apply (or
     # read from them when first needed: after a restart the topic, user and lease handlers
     # may run first). While a switch of ``etcd.mode`` is refused (``immutable``), the
@@ -206,6 +211,8 @@ class Runtime:
             self.refused,
             self.not_owned,
             self.held_by_others,
+            self.unusable_secrets,
+            self.secrets_judged,
             self.left_out,
             self.applied_with,
             self.reported,

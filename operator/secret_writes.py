@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from kafscale.operator.kube import Kube, KubeError, NameChanged
@@ -26,6 +27,21 @@ log = logging.getLogger(__name__)
 ATTEMPTS = 3  # reads of a name that keeps changing hands before the writer gives up
 
 T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class SecretsPass:
+    """What a pass of a cluster's Secret writers did: the names written, and the Secrets of
+    other owners found under its names and used as they are (name → the Secret), which
+    :mod:`secret_usability` judges."""
+
+    written: list[str] = field(default_factory=list)
+    found: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    def __add__(self, other: SecretsPass) -> SecretsPass:
+        return SecretsPass([*self.written, *other.written], {**self.found, **other.found})
+
+
 Decide = Callable[[dict[str, Any] | None], Awaitable[T]]
 
 

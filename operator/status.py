@@ -28,6 +28,7 @@ from kafscale.operator.models import (
     TopicPhase,
     UserPhase,
 )
+from kafscale.operator.secret_usability import REASON as SECRET_UNUSABLE
 
 READY = "Ready"
 PROGRESSING = "Progressing"
@@ -84,6 +85,7 @@ class ClusterObservation:
     apply_error: str | None = None  # the API server refused an object
     refused: str | None = None  # a spec change the live objects cannot take (``immutable``)
     not_owned: str | None = None  # objects of the cluster's names left to others (``conflicts``)
+    unusable_secrets: str | None = None  # Secrets the pods cannot use (``secret_usability``)
     etcd_error: str | None = None  # etcd could not be reached or read
     registered_brokers: int | None = None
     leases: LeaseStatus | None = None
@@ -170,6 +172,8 @@ def compute_cluster_status(
         degraded = (IMMUTABLE_FIELD_CHANGED, observed.refused)
     elif observed.not_owned:
         degraded = (OBJECT_NOT_OWNED, observed.not_owned)
+    elif observed.unusable_secrets:
+        degraded = (SECRET_UNUSABLE, observed.unusable_secrets)
     elif observed.apply_error:
         degraded = ("ApplyFailed", observed.apply_error)
     elif stalled:

@@ -29,45 +29,48 @@ from kafscale.operator.etcd_security import managed_tls
 from kafscale.operator.kube import Kube
 from kafscale.operator.models import ClusterRef, KafScaleClusterSpec
 from kafscale.operator.ownership import owned_by
-from kafscale.operator.secret_writes import decide_and_write
+from kafscale.operator.secret_usability import Need, problem
+from kafscale.operator.secret_writes import SecretsPass, decide_and_write
 
 log = logging.getLogger(__name__)
 
 
 async def _ensure_ca(
     kube: Kube, ref: ClusterRef, ca: CaRequest, now: datetime.datetime
-) -> tuple[pki.PemPair | None, bool]:
-    """The CA's pair (None: a Secret of the user's without a key), and whether it was written."""
+) -> tuple[pki.PemPair | None, SecretsPass]:
+    """The CA's pair to sign with (None: a Secret of the user's without a key, or one the
+    cluster cannot use), and what was written or found."""
 
-    async def decide(secret: dict[str, Any] | None) -> tuple[pki.PemPair | None, bool]:
+    async def decide(secret: dict[str, Any] | None) -> tuple[pki.PemPair | None, SecretsPass]:
         current = certificates.pair_in(secret)
         if secret is not None and not owned_by(secret, ref.uid):
-            return current, False
+            usable = problem(Need.CA, secret) is None
+            return (current if usable else None), SecretsPass(found={ca.secret_name: secret})
         if current is not None and pki.ca_usable(current, now):
-            return current, False
+            return current, SecretsPass()
         pair = pki.make_ca(ca.common_name, now)
         await kube.write(
             certificates.build_tls_secret(ref, ca.secret_name, naming.CONFIG, pair, pair.cert),
             secret,
         )
         log.info("made CA %s/%s", ref.namespace, ca.secret_name)
-        return pair, True
+        return pair, SecretsPass([ca.secret_name])
 
     return await decide_and_write(kube, ref.namespace, ca.secret_name, decide)
 
 
 async def _ensure_leaf(
     kube: Kube, ref: ClusterRef, leaf: LeafRequest, ca: pki.PemPair, now: datetime.datetime
-) -> bool:
-    async def decide(secret: dict[str, Any] | None) -> bool:
+) -> SecretsPass:
+    async def decide(secret: dict[str, Any] | None) -> SecretsPass:
         if secret is not None and not owned_by(secret, ref.uid):
-            return False  # the user's own certificate
+            return SecretsPass(found={leaf.secret_name: secret})  # the user's own certificate
         current = certificates.pair_in(secret)
         stale = pki.needs_reissue(
             current.cert if current else None, ca.cert, leaf.hosts, now, client=leaf.client
         )
         if not stale and certificates.ca_cert_in(secret) == ca.cert:
-            return False
+            return SecretsPass()
         pair = pki.issue(
             ca, leaf.common_name, leaf.hosts, now, server=leaf.server, client=leaf.client
         )
@@ -76,28 +79,32 @@ async def _ensure_leaf(
             secret,
         )
         log.info("issued certificate %s/%s", ref.namespace, leaf.secret_name)
-        return True
+        return SecretsPass([leaf.secret_name])
 
     return await decide_and_write(kube, ref.namespace, leaf.secret_name, decide)
 
 
 async def ensure_certificate_secrets(
     kube: Kube, ref: ClusterRef, spec: KafScaleClusterSpec, now: datetime.datetime
-) -> list[str]:
-    """Make or renew the cluster's CA and certificate Secrets; returns the names written."""
-    written: list[str] = []
+) -> SecretsPass:
+    """Make or renew the cluster's CA and certificate Secrets: the names written, and the
+    Secrets of other owners found under its names (used as they are)."""
+    done = SecretsPass()
     cas: dict[str, pki.PemPair | None] = {}
     for ca in certificates.ca_requests(ref, spec):
-        pair, made = await _ensure_ca(kube, ref, ca, now)
-        cas[ca.secret_name] = pair
-        written += [ca.secret_name] if made else []
+        cas[ca.secret_name], made = await _ensure_ca(kube, ref, ca, now)
+        done += made
     for leaf in certificates.leaf_requests(ref, spec):
         ca_pair = cas.get(leaf.ca.secret_name)
-        if ca_pair is None:
-            continue  # a user's CA Secret without a key: the user issues the leaves too
-        if await _ensure_leaf(kube, ref, leaf, ca_pair, now):
-            written.append(leaf.secret_name)
-    return written
+        if ca_pair is not None:
+            done += await _ensure_leaf(kube, ref, leaf, ca_pair, now)
+            continue
+        # A user's CA Secret without a key (the user issues the leaves too) or an unusable
+        # one: nothing is issued; a leaf of the user's is still judged.
+        secret = await kube.get("v1", "Secret", ref.namespace, leaf.secret_name)
+        if secret is not None and not owned_by(secret, ref.uid):
+            done += SecretsPass(found={leaf.secret_name: secret})
+    return done
 
 
 def _decoded(secret: dict[str, Any], key: str) -> bytes:

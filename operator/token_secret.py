@@ -17,8 +17,8 @@ from kafscale.operator import naming
 from kafscale.operator.kube import Kube
 from kafscale.operator.manifest_pods import Manifest
 from kafscale.operator.models import ClusterRef, KafScaleClusterSpec
-from kafscale.operator.ownership import object_metadata
-from kafscale.operator.secret_writes import decide_and_write
+from kafscale.operator.ownership import object_metadata, owned_by
+from kafscale.operator.secret_writes import SecretsPass, decide_and_write
 
 log = logging.getLogger(__name__)
 
@@ -42,20 +42,26 @@ def new_key() -> str:
     return secrets.token_urlsafe(KEY_BYTES)
 
 
-async def ensure_token_secret(kube: Kube, ref: ClusterRef, spec: KafScaleClusterSpec) -> bool:
-    """Make the key Secret if tokens are on and it does not exist; whether it was written.
+async def ensure_token_secret(
+    kube: Kube, ref: ClusterRef, spec: KafScaleClusterSpec
+) -> SecretsPass:
+    """Make the key Secret if tokens are on and it does not exist: the name written, or the
+    Secret of another owner found under it (the user's key, used as it is, judged by
+    :mod:`secret_usability`).
 
     A Secret made under the name between the read and the create (the create refuses to
     replace it) is read again: the user's key, used as it is (:mod:`secret_writes`)."""
     if not spec.delegation_tokens.enabled:
-        return False
+        return SecretsPass()
     name = naming.delegation_token_secret_name(ref.name)
 
-    async def decide(secret: dict[str, Any] | None) -> bool:
+    async def decide(secret: dict[str, Any] | None) -> SecretsPass:
+        if secret is not None and owned_by(secret, ref.uid):
+            return SecretsPass()  # the cluster's own key, never rotated
         if secret is not None:
-            return False  # the cluster's own key, never rotated, or the user's
+            return SecretsPass(found={name: secret})  # the user's
         await kube.create(build_token_secret(ref, new_key()))
         log.info("made the delegation-token key Secret %s/%s", ref.namespace, name)
-        return True
+        return SecretsPass([name])
 
     return await decide_and_write(kube, ref.namespace, name, decide)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import datetime
 import json
 from typing import Any
 
@@ -29,7 +30,7 @@ from harness.k8s_real import (
 )
 from harness.kube_apiserver import KubeCluster
 
-from kafscale.operator import reconcile
+from kafscale.operator import pki, reconcile
 from kafscale.operator.discovery import fetch_capabilities
 from kafscale.operator.kube import Kube, load_configuration
 from kafscale.operator.models import ClusterRef, parse_cluster_spec
@@ -577,13 +578,16 @@ async def test_a_certificate_secret_replaced_after_the_operator_read_it_is_used_
 
     def replace() -> None:
         kube.delete(secret)
-        made.append(_users_secret(kube, ns, "demo-broker-tls", {"tls.crt": "c", "tls.key": "k"}))
+        pair = pki.make_ca("their own certificate", datetime.datetime.now(datetime.UTC))
+        files = {"tls.crt": pair.cert.decode(), "tls.key": pair.key.decode()}
+        made.append(_users_secret(kube, ns, "demo-broker-tls", files))
 
     client = TakenBeforeTheWrite(settings, ("Secret", "demo-broker-tls"), replace)
     runtime = await _apply_once(client, settings, ref, WITH_SECRETS)
     assert made, "the certificate was never written"
     _assert_left_as_made(kube.get(secret), made[0])
     assert cluster_key(ref) not in runtime.apply_errors
+    assert runtime.unusable_secrets[cluster_key(ref)] is None  # usable: nothing to say
     assert _owned_by_cluster(kube.get(f"{DEPLOYMENTS.format(ns=ns)}/demo-broker"), body)
 
 

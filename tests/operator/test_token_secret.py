@@ -70,13 +70,14 @@ class FakeKube:
 def test_the_key_is_made_once_and_never_replaced() -> None:
     kube = FakeKube()
     on = parse_cluster_spec({**cluster_spec(), "delegationTokens": {"enabled": True}})
-    assert not asyncio.run(ensure_token_secret(kube, REF, parse_cluster_spec(cluster_spec())))  # type: ignore[arg-type]
+    off = parse_cluster_spec(cluster_spec())
+    assert not asyncio.run(ensure_token_secret(kube, REF, off)).written  # type: ignore[arg-type]
     assert kube.secrets == {}
-    assert asyncio.run(ensure_token_secret(kube, REF, on))  # type: ignore[arg-type]
+    assert asyncio.run(ensure_token_secret(kube, REF, on)).written  # type: ignore[arg-type]
     made = kube.secrets["demo-delegation-token"]
     key = base64.b64decode(made["data"]["secret-key"])
     assert len(key) >= 48 and made["metadata"]["ownerReferences"][0]["uid"] == REF.uid
-    assert not asyncio.run(ensure_token_secret(kube, REF, on))  # type: ignore[arg-type]
+    assert not asyncio.run(ensure_token_secret(kube, REF, on)).written  # type: ignore[arg-type]
     assert kube.secrets["demo-delegation-token"] is made
     # and the brokers take it as their key
     settings = BrokerSettings(delegation_token={"secret_key": key.decode()})  # type: ignore[arg-type]
