@@ -12,14 +12,15 @@ timeout) from the resumption, as a Kafka coordinator gives the members of a grou
 
 A classic rebalance waiting on its members is the same case: a member told to rejoin could not
 (its JoinGroup, or its SyncGroup after the join, was refused too), so a join or sync deadline
-that passed meanwhile completed the rebalance at the resumption without it, and it had to
-rejoin and rebalance the group once more. A Kafka coordinator that loads a group mid-rebalance
-has only the last stored generation, so the rebalance starts again when the members rejoin,
-with a whole rebalance timeout from then; here the rebalance keeps the members already in and
-its phase gets a whole timeout from the resumption (``resumed_join_deadline_ms``). It completes
-as soon as everyone is in, so only a member that really died costs that time. KIP-848 consumer
-groups and share groups have no such group-wide phase (a consumer group's revocation timeout is
-per member, above).
+that passed meanwhile completed the rebalance at the resumption without it, and it had to rejoin
+and rebalance the group once more. A Kafka coordinator that loads a group mid-rebalance has only
+the last stored generation, so the rebalance starts again when the members rejoin, with a whole
+rebalance timeout from then; here the rebalance keeps the members already in and its phase gets
+a whole timeout from the resumption (``resumed_join_deadline_ms``). It completes as soon as
+everyone is in, so only a member that really died costs that time. A member id handed out with
+MEMBER_ID_REQUIRED, which the join waits for too, gets a whole session. KIP-848 consumer groups
+and share groups have no such group-wide phase (a consumer group's revocation timeout is per
+member, above).
 """
 
 from __future__ import annotations

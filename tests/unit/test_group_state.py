@@ -693,3 +693,15 @@ def test_an_initial_delay_refused_past_its_end_waits_one_delay_for_newcomers() -
     result = h.joined(first)
     assert result.generation_id == h.joined(second).generation_id == 1
     assert len(result.members) == 2
+
+
+def test_a_member_id_handed_out_before_a_suspension_joins_the_rebalance_after_it() -> None:
+    h = make()
+    ids, generation = stable_group(h, 1)
+    newcomer = h.new_member(version=4)  # its JoinGroup with the id is refused from now on
+    rejoin = h.join(ids[0])  # the rebalance the newcomer's first join started
+    resume_after(h, REBALANCE_MS + SESSION_MS)
+    assert h.group.state is GroupState.PREPARING_REBALANCE
+    joined = h.joined(h.join(newcomer, version=4))  # completes the rebalance at once
+    assert joined.generation_id == h.joined(rejoin).generation_id == generation + 1
+    assert set(h.group.members) == {ids[0], newcomer}
