@@ -164,7 +164,8 @@ class Group(GroupCore):
                 return self._rejoin_static_member(now_ms, old_member_id, new_member_id, request)
             return self._add_member_and_rebalance(now_ms, new_member_id, request)
         if request.require_known_member_id:
-            self.pending_members[new_member_id] = now_ms + request.session_timeout_ms
+            session_ms = request.session_timeout_ms
+            self.pending_members[new_member_id] = (now_ms + session_ms, session_ms)
             return JoinResult(ErrorCode.MEMBER_ID_REQUIRED, new_member_id)
         return self._add_member_and_rebalance(now_ms, new_member_id, request)
 
@@ -523,7 +524,7 @@ class Group(GroupCore):
         """Fire every deadline that is due at ``now_ms``."""
         if self.state is GroupState.DEAD:
             return
-        for member_id, expiry_ms in list(self.pending_members.items()):
+        for member_id, (expiry_ms, _) in list(self.pending_members.items()):
             if expiry_ms <= now_ms and member_id in self.pending_members:
                 self._remove_pending_member(now_ms, member_id)
         for member in list(self.members.values()):

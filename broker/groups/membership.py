@@ -30,7 +30,7 @@ from kafscale.broker.groups.model import (
     Store,
     SyncResult,
 )
-from kafscale.broker.groups.session_resume import resumed_deadline_ms
+from kafscale.broker.groups.session_resume import resumed_deadline_ms, resumed_join_deadline_ms
 from kafscale.broker.protocol.errors import ErrorCode
 
 _CAN_REBALANCE = (GroupState.STABLE, GroupState.COMPLETING_REBALANCE, GroupState.EMPTY)
@@ -51,8 +51,9 @@ class GroupCore:
         self.members: dict[str, Member] = {}
         self.static_members: dict[str, str] = {}
         """group.instance.id → current member id."""
-        self.pending_members: dict[str, int] = {}
-        """Member ids handed out with MEMBER_ID_REQUIRED → when they expire."""
+        self.pending_members: dict[str, tuple[int, int]] = {}
+        """Member ids handed out with MEMBER_ID_REQUIRED → (when they expire, the session
+        timeout they were asked with)."""
         self.pending_sync: set[str] = set()
         """Members of this generation that have not sent SyncGroup yet."""
         self._join_deadline_ms: int | None = None
@@ -122,7 +123,7 @@ class GroupCore:
         return GroupDescription(self.state, self.protocol_type or "", protocol, members)
 
     def next_deadline_ms(self) -> int | None:
-        deadlines = list(self.pending_members.values())
+        deadlines = [expiry_ms for expiry_ms, _ in self.pending_members.values()]
         deadlines.extend(
             m.heartbeat_deadline_ms
             for m in self.members.values()
@@ -379,12 +380,27 @@ class GroupCore:
         self._effects.append(Reply(ticket, result))
 
     def resume_sessions(self, now_ms: int) -> None:
-        """A whole session from ``now_ms`` for each member with a heartbeat timer: the
-        coordinator resumed its etcd session after refusing them (``session_resume``)."""
+        """A whole session from ``now_ms`` for each member with a heartbeat timer, and a whole
+        phase for a rebalance waiting on members to rejoin or sync: the coordinator resumed its
+        etcd session after refusing them (``session_resume``). A member id handed out with
+        MEMBER_ID_REQUIRED gets a whole session too: its JoinGroup with it was refused."""
+        self.pending_members = {
+            member_id: (resumed_deadline_ms(expiry_ms, now_ms, session_ms), session_ms)
+            for member_id, (expiry_ms, session_ms) in self.pending_members.items()
+        }
         for member in self.members.values():
             member.heartbeat_deadline_ms = resumed_deadline_ms(
                 member.heartbeat_deadline_ms, now_ms, member.session_timeout_ms
             )
+        if self.state is GroupState.PREPARING_REBALANCE:
+            delay_ms = None if self._initial_delay is None else self._initial_delay[0]
+            self._join_deadline_ms = resumed_join_deadline_ms(
+                self._join_deadline_ms, now_ms, self.rebalance_timeout_ms, delay_ms
+            )
+        if self._sync_deadline is not None:
+            deadline_ms, generation = self._sync_deadline
+            deadline_ms = resumed_deadline_ms(deadline_ms, now_ms, self.rebalance_timeout_ms)
+            self._sync_deadline = (deadline_ms, generation)
 
     def _schedule_heartbeat(
         self, member: Member, now_ms: int, timeout_ms: int | None = None

@@ -1,4 +1,4 @@
-"""Members' timers when their coordinator's etcd session resumes: a pure decision.
+"""Members' timers when their coordinator's etcd session resumes: pure decisions.
 
 A coordinator whose etcd session is suspended (``metadata/session_lease``: keepalives unanswered
 for a TTL) answers every member NOT_COORDINATOR, and its group timers wait. If etcd then renews
@@ -9,9 +9,31 @@ the group rebalanced from scratch after an etcd hiccup that moved nothing (a 6-s
 default 10-s TTL are enough). Each now gets a whole session (and a revoking member its rebalance
 timeout) from the resumption, as a Kafka coordinator gives the members of a group it loads
 (``GroupMetadataManager.onLoaded``); a member that really died expires one session later.
+
+A classic rebalance waiting on its members is the same case: a member told to rejoin could not
+(its JoinGroup, or its SyncGroup after the join, was refused too), so a join or sync deadline
+that passed meanwhile completed the rebalance at the resumption without it, and it had to rejoin
+and rebalance the group once more. A Kafka coordinator that loads a group mid-rebalance has only
+the last stored generation, so the rebalance starts again when the members rejoin, with a whole
+rebalance timeout from then; here the rebalance keeps the members already in and its phase gets
+a whole timeout from the resumption (``resumed_join_deadline_ms``). It completes as soon as
+everyone is in, so only a member that really died costs that time. A member id handed out with
+MEMBER_ID_REQUIRED, which the join waits for too, gets a whole session. KIP-848 consumer groups
+and share groups have no such group-wide phase (a consumer group's revocation timeout is per
+member, above).
 """
 
 from __future__ import annotations
+
+from typing import overload
+
+
+@overload
+def resumed_deadline_ms(deadline_ms: int, now_ms: int, timeout_ms: int) -> int: ...
+
+
+@overload
+def resumed_deadline_ms(deadline_ms: int | None, now_ms: int, timeout_ms: int) -> int | None: ...
 
 
 def resumed_deadline_ms(deadline_ms: int | None, now_ms: int, timeout_ms: int) -> int | None:
@@ -20,3 +42,17 @@ def resumed_deadline_ms(deadline_ms: int | None, now_ms: int, timeout_ms: int) -
     if deadline_ms is None:
         return None
     return max(deadline_ms, now_ms + timeout_ms)
+
+
+def resumed_join_deadline_ms(
+    deadline_ms: int | None, now_ms: int, rebalance_timeout_ms: int, initial_delay_ms: int | None
+) -> int | None:
+    """A classic rebalance's join deadline at the resumption: a whole phase from ``now_ms``.
+
+    The phase is the rebalance timeout, or, while a group that was Empty waits out its initial
+    rebalance delay (``initial_delay_ms`` not None), that delay: such a join never completes
+    early, so a whole rebalance timeout (minutes for the Java client) would hold every member
+    already in that long; the refused newcomers arriving within the delay extend it as any new
+    member does."""
+    phase_ms = rebalance_timeout_ms if initial_delay_ms is None else initial_delay_ms
+    return resumed_deadline_ms(deadline_ms, now_ms, phase_ms)

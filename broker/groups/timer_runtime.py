@@ -53,7 +53,11 @@ class TimerRuntime(RuntimeState):
         for machine in (self.group, self.consumer, self.share):
             if machine is not None and not self.closed:
                 machine.resume_sessions(now_ms)
-        log.info("group %s: coordinating again; members' sessions run from now", self.group_id)
+        log.info(
+            "group %s: coordinating again; members' sessions (and a rebalance's wait for them)"
+            " run from now",
+            self.group_id,
+        )
 
     async def _run_timers(self) -> None:
         while True:

@@ -37,6 +37,7 @@ from typing import Any
 import pytest
 from harness.batches import make_batch
 from harness.brokers import BrokerCluster, new_cluster
+from harness.classic_wire import heartbeat_code, stable_member
 from harness.kafka_wire import (
     FETCH,
     METADATA,
@@ -195,50 +196,9 @@ async def test_a_session_etcd_still_holds_after_unanswered_keepalives_is_kept(
         relay.close()
 
 
-JOIN_GROUP, SYNC_GROUP, HEARTBEAT = 11, 14, 12
+GROUP = "resumed"
 GROUP_SESSION_MS = 6000  # Kafka's shortest session by default (group.min.session.timeout.ms)
 RESUMABLE_TTL_S = "12"  # the broker's session TTL here: a suspension longer than GROUP_SESSION_MS
-
-
-def group_join(member_id: str = "") -> dict[str, object]:
-    return {
-        "group_id": "resumed",
-        "session_timeout": GROUP_SESSION_MS,
-        "rebalance_timeout": GROUP_SESSION_MS,
-        "member_id": member_id,
-        "group_instance_id": None,
-        "protocol_type": "consumer",
-        "protocols": [{"name": "range", "metadata": b""}],
-    }
-
-
-def group_heartbeat(wire: KafkaWire, member: str, generation: int) -> int:
-    """The error code of one classic Heartbeat of ``member``."""
-    body = {
-        "group_id": "resumed",
-        "generation_id": generation,
-        "member_id": member,
-        "group_instance_id": None,
-    }
-    return int(wire.request(HEARTBEAT, 4, body).error_code)
-
-
-def stable_member(wire: KafkaWire) -> tuple[str, int]:
-    """A member of a Stable group of one (the member-id handshake, then its SyncGroup)."""
-    member = wire.request(JOIN_GROUP, 5, group_join()).member_id
-    answer = wire.request(JOIN_GROUP, 5, group_join(member))
-    assert answer.error_code == ErrorCode.NONE
-    sync = {
-        "group_id": "resumed",
-        "generation_id": answer.generation_id,
-        "member_id": member,
-        "group_instance_id": None,
-        "protocol_type": "consumer",
-        "protocol_name": "range",
-        "assignments": [{"member_id": member, "assignment": b""}],
-    }
-    assert wire.request(SYNC_GROUP, 5, sync).error_code == ErrorCode.NONE
-    return member, answer.generation_id
 
 
 async def test_a_coordinator_that_resumes_its_session_keeps_its_members(
@@ -266,13 +226,15 @@ async def test_a_coordinator_that_resumes_its_session_keeps_its_members(
             return text in broker.log_path.read_text(errors="replace")
 
         with KafkaWire(broker.bootstrap, timeout_s=WAIT_S) as wire:
-            member, generation = stable_member(wire)
-            assert group_heartbeat(wire, member, generation) == ErrorCode.NONE
+            member, generation = stable_member(
+                wire, GROUP, session_ms=GROUP_SESSION_MS, rebalance_ms=GROUP_SESSION_MS
+            )
+            assert heartbeat_code(wire, GROUP, member, generation) == ErrorCode.NONE
 
             async def lapsed() -> bool:
                 """Whether the session lapsed, the member heartbeating meanwhile (answered in
                 memory while the session is valid)."""
-                code = group_heartbeat(wire, member, generation)
+                code = heartbeat_code(wire, GROUP, member, generation)
                 assert code in (ErrorCode.NONE, ErrorCode.NOT_COORDINATOR), broker.tail()
                 await asyncio.sleep(1)
                 return code == ErrorCode.NOT_COORDINATOR
@@ -290,7 +252,7 @@ async def test_a_coordinator_that_resumes_its_session_keeps_its_members(
             await until(resumed, "the broker neither resumed nor lost its session", broker)
             assert not log_says("etcd session lost"), broker.tail()
             await asyncio.sleep(1)  # the group's timers, which look every 0.1 s, see the resumption
-            answer = group_heartbeat(wire, member, generation)
+            answer = heartbeat_code(wire, GROUP, member, generation)
         assert ErrorCode(answer).name == ErrorCode.NONE.name, broker.tail()
     finally:
         cluster.stop_all()

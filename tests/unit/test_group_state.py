@@ -623,3 +623,85 @@ def test_unload_tells_every_waiter_not_coordinator() -> None:
     h2.group.unload()
     h2.drain()
     assert h2.joined(waiting_join).error is ErrorCode.NOT_COORDINATOR
+
+
+# --- the coordinator's etcd session suspended, then resumed ---------------------------------------
+
+
+def resume_after(h: Harness, suspended_ms: int) -> None:
+    """The coordinator's session was suspended for ``suspended_ms`` (no timer acted, every
+    request was refused), then resumed: what the timer task does then (``timer_runtime``)."""
+    h.now += suspended_ms
+    h.group.resume_sessions(h.now)
+    h.group.tick(h.now)
+    h.drain()
+
+
+def test_a_rebalance_refused_past_its_timeout_waits_for_its_members_again() -> None:
+    h = make()
+    ids, generation = stable_group(h, 2)
+    rejoin_a = h.join(ids[0])  # the leader rejoins: b is to rejoin within the rebalance timeout
+    resume_after(h, REBALANCE_MS + SESSION_MS)  # b's JoinGroup was refused meanwhile
+    assert h.group.state is GroupState.PREPARING_REBALANCE
+    assert ids[1] in h.group.members
+    rejoin_b = h.join(ids[1])  # after the resumption: completes the rebalance at once
+    a, b = h.joined(rejoin_a), h.joined(rejoin_b)
+    assert a.generation_id == b.generation_id == generation + 1
+    assert {m.member_id for m in a.members} == set(ids)
+
+
+def test_a_member_that_never_rejoins_is_dropped_a_whole_rebalance_timeout_after_resuming() -> None:
+    h = make()
+    ids, generation = stable_group(h, 2)
+    rejoin_a = h.join(ids[0])
+    resume_after(h, REBALANCE_MS + SESSION_MS)
+    for _ in range(REBALANCE_MS // (SESSION_MS // 2)):
+        # Alive (heartbeats answered REBALANCE_IN_PROGRESS) but never rejoins.
+        assert h.group.state is GroupState.PREPARING_REBALANCE
+        assert h.heartbeat(ids[1], generation) is ErrorCode.REBALANCE_IN_PROGRESS
+        h.advance(SESSION_MS // 2)
+    result = h.joined(rejoin_a)
+    assert result.generation_id == generation + 1
+    assert [m.member_id for m in result.members] == [ids[0]]
+
+
+def test_a_sync_refused_past_its_timeout_is_awaited_again() -> None:
+    h = make()
+    a, b = h.join(version=3), h.join(version=3)
+    h.advance(FORM_MS)
+    leader, follower = h.joined(a), h.joined(b)
+    waiting = h.sync(follower.member_id, follower.generation_id)
+    resume_after(h, REBALANCE_MS + SESSION_MS)  # the leader's SyncGroup was refused meanwhile
+    assert h.group.state is GroupState.COMPLETING_REBALANCE
+    assignment = {leader.member_id: b"p0", follower.member_id: b"p1"}
+    synced = h.synced(h.sync(leader.member_id, leader.generation_id, assignment))
+    assert synced.error is ErrorCode.NONE and synced.assignment == b"p0"
+    assert h.synced(waiting).assignment == b"p1"
+    assert h.group.state is GroupState.STABLE
+
+
+def test_an_initial_delay_refused_past_its_end_waits_one_delay_for_newcomers() -> None:
+    h = make()
+    first = h.join(version=3)
+    resume_after(h, REBALANCE_MS + SESSION_MS)  # a second member's JoinGroup was refused
+    assert h.group.state is GroupState.PREPARING_REBALANCE
+    h.advance(DELAY_MS // 2)
+    second = h.join(version=3)  # within the delay after the resumption: one more delay
+    h.advance(DELAY_MS // 2)
+    assert h.group.state is GroupState.PREPARING_REBALANCE
+    h.advance(DELAY_MS)  # two delays from the resumption, not a rebalance timeout
+    result = h.joined(first)
+    assert result.generation_id == h.joined(second).generation_id == 1
+    assert len(result.members) == 2
+
+
+def test_a_member_id_handed_out_before_a_suspension_joins_the_rebalance_after_it() -> None:
+    h = make()
+    ids, generation = stable_group(h, 1)
+    newcomer = h.new_member(version=4)  # its JoinGroup with the id is refused from now on
+    rejoin = h.join(ids[0])  # the rebalance the newcomer's first join started
+    resume_after(h, REBALANCE_MS + SESSION_MS)
+    assert h.group.state is GroupState.PREPARING_REBALANCE
+    joined = h.joined(h.join(newcomer, version=4))  # completes the rebalance at once
+    assert joined.generation_id == h.joined(rejoin).generation_id == generation + 1
+    assert set(h.group.members) == {ids[0], newcomer}

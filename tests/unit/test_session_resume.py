@@ -7,7 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from kafscale.broker.groups.consumer import ConsumerConfig, ConsumerGroup, HeartbeatRequest
-from kafscale.broker.groups.session_resume import resumed_deadline_ms
+from kafscale.broker.groups.session_resume import resumed_deadline_ms, resumed_join_deadline_ms
 from kafscale.broker.groups.share import ShareConfig, ShareGroup, ShareHeartbeat
 
 TIMES = st.integers(0, 10**12)
@@ -56,3 +56,13 @@ def test_a_consumer_protocol_member_refused_past_its_session_is_kept_at_the_resu
     group.resume_sessions(5000)  # its heartbeats were refused from 0 to 5000
     assert group.tick(5000) == []
     assert group.tick(6000) == ["m0"]
+
+
+@given(st.one_of(st.none(), TIMES), TIMES, st.integers(0, 10**7), st.integers(0, 10**7))
+def test_a_resumed_join_waits_a_whole_rebalance_timeout_or_initial_delay(
+    deadline_ms: int | None, now_ms: int, rebalance_timeout_ms: int, delay_ms: int
+) -> None:
+    rebalance = resumed_join_deadline_ms(deadline_ms, now_ms, rebalance_timeout_ms, None)
+    initial = resumed_join_deadline_ms(deadline_ms, now_ms, rebalance_timeout_ms, delay_ms)
+    assert rebalance == resumed_deadline_ms(deadline_ms, now_ms, rebalance_timeout_ms)
+    assert initial == resumed_deadline_ms(deadline_ms, now_ms, delay_ms)
