@@ -28,6 +28,13 @@ from kafscale.broker.metadata import keys
 from kafscale.broker.metadata.embedded_etcd import EmbeddedEtcd
 from kafscale.broker.settings_combinations import S3_ONLY
 
+STEADY_SESSION_TTL_S = "15"
+"""An etcd session (``KAFSCALE_ETCD__SESSION_TTL_S``) that load does not end. The harness's 4 s
+(a keepalive every 1.3 s) were lost to keepalives starved at load 30-60, which moved a group's
+coordinator or a partition's lease in the middle of a test. Give it to the brokers of a test
+that needs leases to stay put while it works and that waits for a lease's end (if it waits for
+one at all) rather than timing it; a test about a failover within the TTL keeps the 4 s."""
+
 
 @dataclass
 class BrokerCluster:

@@ -39,7 +39,7 @@ from confluent_kafka.admin import (
     ResourceType,
 )
 from harness import log_cleaner
-from harness.brokers import BrokerCluster, new_cluster
+from harness.brokers import STEADY_SESSION_TTL_S, BrokerCluster, new_cluster
 from harness.children import freeze
 from harness.compaction_faults import (
     Ledger,
@@ -257,9 +257,17 @@ FAULT_KINDS = ("kill", "stop", "etcd", "store")
 # Faults: by default one of each kind (each kind at least once is what the campaign is for, and
 # the test checks it); more for a local soak, those after the first four drawn at random.
 ROUNDS = int(os.environ.get("KAFSCALE_FAULT_ROUNDS", str(len(FAULT_KINDS))))
+ETCD_TIMEOUT_S = 2.0
+STOP_S = (ETCD_TIMEOUT_S + 0.5, 5.0)
+"""How long the ``stop`` fault pauses a broker: past its etcd calls' deadline (those in flight
+when it stopped time out as it resumes: a commit whose outcome it does not know) and well within
+its session, so that it resumes as the owner. The brokers' session is ``STEADY_SESSION_TTL_S``
+(15 s): with the harness's 4 s, a pause of 1-5 s (the draw was 2.6 s) plus the up to 1.3 s since
+the last keepalive often outlasted the session, and load alone starved keepalives that long."""
 CAMPAIGN_ENV = {
     **CLEANER_ENV,
-    "KAFSCALE_ETCD__TIMEOUT_S": "2",
+    "KAFSCALE_ETCD__TIMEOUT_S": str(ETCD_TIMEOUT_S),
+    "KAFSCALE_ETCD__SESSION_TTL_S": STEADY_SESSION_TTL_S,
     "KAFSCALE_LOG__SEGMENT_BYTES": "4096",  # cleaned objects of ~4 KiB: many per pass
     "KAFSCALE_LOG_LEVEL": "WARNING",
 }
@@ -333,7 +341,7 @@ class Campaign:
             self.restart(slot)
             what = f"kill :{slot.port}"
         elif kind == "stop":
-            pause_s = self.rng.uniform(1.0, 5.0)  # past the etcd deadline (2 s), below the TTL
+            pause_s = self.rng.uniform(*STOP_S)  # past the etcd deadline, within the session
             freeze(slot.process.pid)  # the pause starts once it has stopped
             time.sleep(pause_s)
             os.kill(slot.process.pid, signal.SIGCONT)
@@ -388,9 +396,12 @@ def run_producer(index: int, bootstrap: str, stop: threading.Event, ledger: Ledg
 
 @dataclass
 class Reader:
-    """A consumer reading from the beginning throughout the campaign."""
+    """A consumer reading from the beginning throughout the campaign (from ``start`` in each
+    partition of ``topic``, for the test of the readers' failures)."""
 
     bootstrap: str
+    topic: str = TOPIC
+    start: int = OFFSET_BEGINNING
     position: dict[int, int] = field(default_factory=dict)  # partition -> last offset read
     backwards: list[str] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
@@ -407,7 +418,7 @@ class Reader:
                 "log_level": 0,
             }
         )
-        consumer.assign([ConfluentTP(TOPIC, p, OFFSET_BEGINNING) for p in range(PARTITIONS)])
+        consumer.assign([ConfluentTP(self.topic, p, self.start) for p in range(PARTITIONS)])
         try:
             while not self.stop.is_set():
                 for message in consumer.consume(500, 0.2):
@@ -434,6 +445,27 @@ they were, the message did not say. Now the wait fails when they stop reading (s
 and names each reader's positions and errors."""
 
 
+def wait_for_readers(readers: list[Reader], ends: dict[int, int]) -> None:
+    """Until every reader has read up to ``ends`` (high watermarks), bounded by their progress.
+    A reader that got an error librdkafka does not get over by itself fails the wait at once,
+    with that error: an offset out of range (``auto.offset.reset=error``) stops the partition's
+    fetching, and the wait used to fail only after ``READERS_STALL_S`` as "no progress"."""
+
+    def reached() -> bool:
+        failed = [f"reader {i} failed: {r.errors[0]}" for i, r in enumerate(readers) if r.errors]
+        assert not failed, f"{'; '.join(failed)}; {readers_state(readers)}"
+        return all(r.position.get(p, -1) >= end - 1 for r in readers for p, end in ends.items())
+
+    wait_while_progressing(
+        reached,
+        lambda: [sorted(r.position.items()) for r in readers],
+        f"the readers to reach {ends}",
+        lambda: readers_state(readers),
+        stall_s=READERS_STALL_S,
+        max_s=READERS_MAX_S,
+    )
+
+
 def readers_state(readers: list[Reader]) -> str:
     """Where each reader is (partition: last offset read) and what went wrong for it."""
     return "; ".join(
@@ -441,6 +473,36 @@ def readers_state(readers: list[Reader]) -> str:
         f"backwards {r.backwards[:3]}"
         for i, r in enumerate(readers)
     )
+
+
+def test_a_reader_whose_offset_is_out_of_range_fails_the_wait_with_that_error(
+    broker_cluster: BrokerCluster,
+) -> None:
+    """The campaign's readers run with ``auto.offset.reset=error``: an offset out of range is a
+    finding. librdkafka reports it once and stops fetching that partition, and the wait for the
+    readers failed only ``READERS_STALL_S`` later, as "no progress". Here a reader starts below
+    a partition's log start (DeleteRecords moved it past): the wait fails at once with the
+    error, while the reader goes on in the other partitions."""
+    broker = broker_cluster.start()
+    topic = "out-of-range"
+    create_compacted(broker.bootstrap, topic, PARTITIONS, **{"cleanup.policy": "delete"})
+    producer = Producer({"bootstrap.servers": broker.bootstrap, "log_level": 0})
+    for p in range(PARTITIONS):
+        for i in range(10):
+            producer.produce(topic, value=b"%d" % i, partition=p)
+    assert producer.flush(30) == 0
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+    [deleted] = admin.delete_records([ConfluentTP(topic, 0, 5)]).values()
+    assert deleted.result(30).low_watermark == 5  # partition 0 starts at 5 now
+    reader = Reader(broker.bootstrap, topic, start=2)
+    thread = threading.Thread(target=reader.run, daemon=True)
+    thread.start()
+    try:
+        with pytest.raises(AssertionError, match=r"reader 0 failed: .*Offset out of range"):
+            wait_for_readers([reader], dict.fromkeys(range(PARTITIONS), 10))
+    finally:
+        reader.stop.set()
+        thread.join(30)
 
 
 def read_all(bootstrap: str, ends: dict[int, int]) -> dict[int, list[tuple[int, Any, Any]]]:
@@ -581,14 +643,7 @@ def test_a_fault_campaign_keeps_every_keys_latest_acked_value(
 
         upto = eventually(final_pass, "a final pass over every partition")
         # Consumers that read throughout reach the end and never went backwards.
-        wait_while_progressing(
-            lambda: all(r.position.get(p, -1) >= ends[p] - 1 for r in readers for p in ends),
-            lambda: [sorted(r.position.items()) for r in readers],
-            f"the readers to reach {ends}",
-            lambda: readers_state(readers),
-            stall_s=READERS_STALL_S,
-            max_s=READERS_MAX_S,
-        )
+        wait_for_readers(readers, ends)
         for reader in readers:
             reader.stop.set()
         for reader in readers:

@@ -227,9 +227,10 @@ class ConfluentMember(GroupMember, threading.Thread):
         protocol: str,
         start: bool = True,
         session_ms: int = 6000,
+        commit: bool = True,
     ) -> None:
         """``session_ms``: a classic member's session timeout (the broker sets the consumer
-        protocol's)."""
+        protocol's); ``commit``: commit each record read (synchronously)."""
         threading.Thread.__init__(self, name=name, daemon=True)
         self.name = name
         self.ownership = Ownership()
@@ -247,6 +248,7 @@ class ConfluentMember(GroupMember, threading.Thread):
         if protocol == "classic":
             self.config.update({"session.timeout.ms": session_ms, "heartbeat.interval.ms": 500})
         self.topic = topic
+        self.commit = commit
         self._halt = threading.Event()
         if start:
             self.start()
@@ -269,6 +271,8 @@ class ConfluentMember(GroupMember, threading.Thread):
                 if message is None or message.error() is not None:
                     continue
                 self.records.append((message.partition(), message.offset(), int(message.value())))
+                if not self.commit:
+                    continue
                 try:
                     consumer.commit(message=message, asynchronous=False)
                 except KafkaException as exc:
@@ -803,13 +807,19 @@ def test_a_mixed_group_carries_on_when_its_coordinator_stops(broker_cluster: Bro
     topic, group = f"mixed-moved-{time.monotonic_ns()}", f"g-{time.monotonic_ns()}"
     topics.create_topic(brokers[0].bootstrap, topic, PARTITIONS, log_level=QUIET)
     produce(bootstrap, topic, 200)
-    members = [
-        ConfluentMember(f"c{i}", bootstrap, topic, group, "classic", session_ms=MOVE_SESSION_MS)
-        for i in (0, 1)
-    ]
+    # The members commit nothing: the member ids asserted below need each member to reach the
+    # next coordinator within its session, and a commit in flight as the coordinator moves sends
+    # librdkafka into a loop (the commit's retry fails on the new coordinator's connection as it
+    # opens, which marks that coordinator dead; it is found again, and so on: librdkafka#3645).
+    # Its debug log showed such loops of up to 3.5 s at load ~8 (15 coordinator changes); in a
+    # run at load ~14 the survivor expired a classic member that had not reached it in the 30 s
+    # after it took the group on. This test is about the group's members, epochs and partitions
+    # going on at the next coordinator, which needs no commit.
+    classic = partial(ConfluentMember, session_ms=MOVE_SESSION_MS, commit=False)
+    members = [classic(f"c{i}", bootstrap, topic, group, "classic") for i in (0, 1)]
     try:
         wait_for(lambda: covered(members), 40, "two classic members")
-        members.append(ConfluentMember("k", bootstrap, topic, group, "consumer"))
+        members.append(ConfluentMember("k", bootstrap, topic, group, "consumer", commit=False))
         wait_for(
             lambda: covered(members) and all(m.ownership.owned_now() for m in members),
             40,

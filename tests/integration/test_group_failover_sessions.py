@@ -31,7 +31,7 @@ from typing import Any
 
 import pytest
 from harness import children, topics
-from harness.brokers import BrokerProcess, new_cluster
+from harness.brokers import STEADY_SESSION_TTL_S, BrokerProcess, new_cluster
 from harness.groups import QUIET, wait_for
 from harness.kafka_wire import KafkaWire
 from harness.s3 import S3Endpoint
@@ -44,10 +44,11 @@ pytestmark = pytest.mark.integration
 JOIN_GROUP, SYNC_GROUP, FIND_COORDINATOR, DESCRIBE_GROUPS = 11, 14, 10, 15
 SESSION_MS = 6_000  # Kafka's smallest allowed session
 DEADLINE_S = 120.0  # generous: the machine is shared
-SESSION_TTL_S = "15"
-"""The brokers' etcd sessions: the harness's 4 s (keepalive every 1.3 s) were lost to starved
-keepalives at load 30-60 between FindCoordinator and the member's JoinGroup, which then got
-NOT_COORDINATOR. The test waits for the dead broker's lease to end, whatever its length."""
+STEADY = {"KAFSCALE_ETCD__SESSION_TTL_S": STEADY_SESSION_TTL_S}
+"""Every test here: the harness's 4-s sessions were lost to starved keepalives at load 30-60
+between FindCoordinator and the member's JoinGroup (which then got NOT_COORDINATOR), or moved
+the group before its coordinator was killed. Each test waits for the dead broker's lease to
+end (``await_lease_end``), whatever its length."""
 
 
 def join(member_id: str = "") -> dict[str, object]:
@@ -85,8 +86,7 @@ def test_members_of_a_dead_coordinator_are_not_waited_for_a_new_session(
         etcd_server_private.client_url, s3_server, tmp_path, "f", name=cluster_name
     )
     try:
-        env = {"KAFSCALE_ETCD__SESSION_TTL_S": SESSION_TTL_S}
-        brokers = [cluster.start(**env), cluster.start(**env)]
+        brokers = [cluster.start(**STEADY), cluster.start(**STEADY)]
         first = coordinator(brokers[0].bootstrap)
         with KafkaWire(brokers[0].bootstrap) as wire:
             ids = wire.request(3, 1, {"topics": []}).brokers  # Metadata: node id -> port
@@ -131,6 +131,7 @@ TAKEOVER_S = 5.0
 frozen until then): half a session, so it is still a member when it does, and a session from
 the load would keep the dead member that much past one from the lease's end."""
 CONSUMER_ENV = {
+    **STEADY,
     "KAFSCALE_GROUPS__CONSUMER_SESSION_TIMEOUT_MS": str(CONSUMER_SESSION_MS),
     "KAFSCALE_GROUPS__CONSUMER_HEARTBEAT_INTERVAL_MS": "500",
 }
@@ -243,7 +244,7 @@ def test_a_consumer_group_member_that_died_with_its_coordinator_is_gone_a_sessio
 
 # --- share groups (KIP-932) ----------------------------------------------------------------------
 
-SHARE_ENV = {"KAFSCALE_GROUPS__SHARE_SESSION_TIMEOUT_MS": str(SESSION_MS)}
+SHARE_ENV = {**STEADY, "KAFSCALE_GROUPS__SHARE_SESSION_TIMEOUT_MS": str(SESSION_MS)}
 
 
 def share_join(wire: KafkaWire, group: str, member: str, topic: str) -> Any:
