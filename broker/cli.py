@@ -299,15 +299,27 @@ def _cmd_local(args: argparse.Namespace) -> int:
     # Imported here: the proxy and the local PKI (cryptography) only ``local`` needs.
     with collection_paused():  # see import_gc
         from kafscale.broker.local import LocalOptions, run_local
-        from kafscale.broker.metadata.etcd_binary import named_etcd
 
+    etcd_binary, etcd_problem = _named_etcd(args)
+    if etcd_problem is not None:
+        print(f"kafscale: invalid configuration: {etcd_problem}", file=sys.stderr)
+        return 2
     _setup_logging(settings)
     for warning in warned:
         log.warning("configuration: %s", warning)
     tune_allocator()
-    etcd_binary = named_etcd(args.etcd_binary, os.environ)
     options = LocalOptions(args.data_dir, args.brokers, port, host, args.proxy, etcd_binary)
     return _run(run_local(settings, options))
+
+
+def _named_etcd(args: argparse.Namespace) -> tuple[Path | None, str | None]:
+    """The etcd ``kafscale local`` was told to run (None: it picks one), and why it cannot
+    run at all (a path that is not there or not executable: a bad setting, exit 2)."""
+    from kafscale.broker.metadata.etcd_binary import BINARY_ENV, named_etcd, named_etcd_problem
+
+    binary = named_etcd(args.etcd_binary, os.environ)
+    named_by = "--etcd-binary" if args.etcd_binary is not None else BINARY_ENV
+    return binary, None if binary is None else named_etcd_problem(binary, named_by)
 
 
 def _run(coroutine: object) -> int:

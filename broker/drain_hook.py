@@ -16,6 +16,8 @@ command needs no change when a token is configured.
 from __future__ import annotations
 
 import argparse
+import http.client
+import json
 import os
 import sys
 
@@ -45,15 +47,34 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def drain(args: argparse.Namespace) -> int:
-    """POST /drain and print the answer: 0 if the broker handed its partitions over."""
+    """POST /drain and print the broker's answer as JSON (as ``kafscale status --json``
+    prints): 0 if the broker handed its partitions over. A refusal, an unreachable broker or
+    an answer that is not the admin port's is one line on stderr and 1. The answer used to be
+    printed as a Python dict (``{'drained': True}``), which no JSON tool reads, and an answer
+    that was not JSON ended in a traceback."""
     try:
         token = read_token(args.token_file)
         status, body = admin_request(args.admin_url, "POST", "/drain", args.timeout_s, token)
-    except OSError as exc:
-        print(f"kafscale drain: {exc}", file=sys.stderr)
+    except (OSError, http.client.HTTPException) as exc:
+        print(f"kafscale drain: {str(exc) or type(exc).__name__}", file=sys.stderr)
         return 1
-    print(body)
-    return 0 if status == 200 else 1
+    except ValueError as exc:  # not a URL, or an answer that is not JSON
+        print(
+            f"kafscale drain: {args.admin_url} is not a broker's admin port: {exc}", file=sys.stderr
+        )
+        return 1
+    if status != 200:
+        print(f"kafscale drain: refused (HTTP {status}): {refusal(body)}", file=sys.stderr)
+        return 1
+    print(json.dumps(body))
+    return 0
+
+
+def refusal(body: object) -> str:
+    """What an admin port's error answer says (``{"error": ...}``)."""
+    if isinstance(body, dict) and "error" in body:
+        return str(body["error"])
+    return json.dumps(body)
 
 
 def main(argv: list[str] | None = None) -> int:

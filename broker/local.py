@@ -32,7 +32,7 @@ import logging
 import shlex
 import signal
 import sys
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -41,6 +41,7 @@ from kafscale.broker.config import BrokerSettings, StorageKind, TlsSettings
 from kafscale.broker.data_dir_lock import data_dir_claimed
 from kafscale.broker.free_ports import ports_free
 from kafscale.broker.memory import freeze_startup_objects
+from kafscale.broker.metadata.cluster import BrokerInfo
 from kafscale.broker.metadata.embedded_etcd import EmbeddedEtcd, EtcdBinaryNotFound, EtcdStartError
 from kafscale.broker.metadata.etcd_binary import (
     EtcdBinaryUnusable,
@@ -514,7 +515,7 @@ def _print_banner(
                 f"--etcd-endpoints {etcd_url} create NAME --password-stdin)\n"
             )
     else:
-        bootstrap = ",".join(f"localhost:{port}" for port in broker_ports)
+        bootstrap = advertised_bootstrap([b.info for b in brokers if b.info is not None])
         behind = ""
     store = brokers[0].settings.storage
     where = (
@@ -541,6 +542,17 @@ def _print_banner(
         f"{spark_snippet(brokers[0].settings, etcd_url, 'my-topic')}",
         flush=True,
     )
+
+
+def advertised_bootstrap(brokers: Sequence[BrokerInfo]) -> str:
+    """The ``bootstrap.servers`` to print: each broker's first listener as it registered it,
+    which is what Metadata then tells clients (``--listener-advertised-host``,
+    ``--advertised-listeners``). The banner used to say ``localhost:PORT`` whatever clients
+    were told: a user who gave another name was shown one the brokers never answer with."""
+    addresses = [
+        info.listeners[0][1:] if info.listeners else (info.host, info.port) for info in brokers
+    ]
+    return ",".join(f"{host}:{port}" for host, port in addresses)
 
 
 def spark_python_line(python: str = sys.executable) -> str:

@@ -604,6 +604,11 @@ class Etcd:
         one that is down: a refused read ended the generator, and the group and transaction
         lease watches with it, for good).
 
+        A run of interruptions is logged as any retry loop's (``RetryLog``, at INFO: a watch
+        re-created after a blip is normal): its first, a summary now and then, and the
+        re-creation with how long the watch was down. Each retry used to log a line, several a
+        second per watch for as long as etcd was unreachable.
+
         Like any async generator it starts on the first ``__anext__``, so "from now" means from
         then: to miss nothing, list with ``get_prefix_with_revision`` and watch from its
         revision + 1. Use it under ``contextlib.aclosing`` so the server-side watch is
@@ -614,6 +619,15 @@ class Etcd:
         last: WatchEvent | None = None  # the last event delivered (not a RESYNC)
         resync = False
         backoff = Backoff(_WATCH_BACKOFF_MIN_S, _WATCH_BACKOFF_MAX_S)
+        retries = RetryLog(log, f"etcd watch on {start}", level=logging.INFO)
+
+        def created(state: BaseException | None) -> None:
+            """``_watch`` tells of each watch created (None): the end of a run of failures."""
+            if state is None:
+                retries.succeeded()
+            if on_state is not None:
+                on_state(state)
+
         while not self.closed:
             try:
                 last_write = None if last is None else _last_write(last)
@@ -631,7 +645,7 @@ class Etcd:
                 if seen is None or resync or lost is not None:
                     seen, last, resync = probe.current_revision, None, False
                 cluster_id = probe.cluster_id
-                watch = self._watch(start, end, seen + 1, on_state)
+                watch = self._watch(start, end, seen + 1, created)
                 async with contextlib.aclosing(watch) as events:
                     async for event in events:
                         backoff.reset()
@@ -647,7 +661,7 @@ class Etcd:
             except MetadataError as error:  # an outage, or a refusal: the probe's read too
                 if self.closed:
                     return
-                log.info("etcd watch on %s interrupted (%s); resuming", start, error)
+                retries.failed(error)
                 if on_state is not None:
                     on_state(error)
                 if "permission denied" in str(error):

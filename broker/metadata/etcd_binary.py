@@ -88,6 +88,21 @@ def named_etcd(flag: Path | None, environ: Mapping[str, str]) -> Path | None:
     return Path(value) if value else None
 
 
+def named_etcd_problem(path: Path, named_by: str) -> str | None:
+    """Why the etcd the user named (with ``named_by``: the flag or the variable) cannot be
+    run at all: not there, or not executable; None if it can be tried. Said in one line before
+    anything starts, as any bad setting; it used to be "is not an etcd executable (printed no
+    etcd version)" whatever the reason, which sent a user with a typo in the path looking for
+    what was wrong with their etcd. A bare name is looked up on PATH, as it is run."""
+    if "/" not in str(path):
+        return None if shutil.which(str(path)) else f"{named_by} {path}: not found on PATH"
+    if not path.exists():
+        return f"{named_by} {path}: not found"
+    if path.is_dir() or not os.access(path, os.X_OK):
+        return f"{named_by} {path}: not executable"
+    return None
+
+
 def can_run(version: str | None, data_version: str | None) -> bool:
     """An etcd of ``version`` starts on data an etcd of ``data_version`` ran (None: no data):
     not if the data's minor release is later (etcd does not downgrade a cluster)."""

@@ -120,6 +120,28 @@ def test_kafscale_local_refuses_a_flag_it_would_ignore(
     assert not data_dir.exists()
 
 
+@pytest.mark.parametrize("named_by", ["--etcd-binary", "KAFSCALE_ETCD_BINARY"])
+@pytest.mark.parametrize("which", ["missing", "not executable"])
+def test_an_etcd_binary_that_is_not_there_or_not_executable_is_one_line(
+    named_by: str, which: str, tmp_path: Path
+) -> None:
+    """Both were "is not an etcd executable (`PATH --version` printed no etcd version)",
+    exit 1, which sent a user with a typo in the path looking for what was wrong with their
+    etcd. Now a bad setting as any other: one line saying which, exit 2, nothing started."""
+    binary = tmp_path / "no-such-etcd"
+    if which == "not executable":
+        binary.write_text("#!/bin/sh\n")
+        binary.chmod(0o644)
+    data_dir = tmp_path / "data"
+    args = ["local", "--data-dir", str(data_dir), "--port", str(free_port_run(2))]
+    given = {"KAFSCALE_ETCD_BINARY": str(binary)} if named_by == "KAFSCALE_ETCD_BINARY" else {}
+    flags = ["--etcd-binary", str(binary)] if named_by == "--etcd-binary" else []
+    lines = run_kafscale([*args, *flags], given, tmp_path)
+    said = "not found" if which == "missing" else "not executable"
+    assert lines == [f"kafscale: invalid configuration: {named_by} {binary}: {said}"]
+    assert not data_dir.exists()
+
+
 def test_kafscale_local_takes_a_bucket_with_its_endpoint_as_before(tmp_path: Path) -> None:
     """``--bucket`` with ``--s3-endpoint`` passes the check (it then needs credentials: the
     start fails on those, status 1, proving it went past the flags)."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import signal
 import time
@@ -424,6 +425,62 @@ async def test_watches_created_while_etcd_is_frozen_each_get_their_own_prefix(
         prefixes = [f"/kafscale/frozen/{round_}/{name}/" for name in "abcd"]
         seen = await watches_through_a_freeze(etcd_server_private, prefixes, freeze_s)
         assert seen == {prefix: [f"{prefix}{i}" for i in range(3)] for prefix in prefixes}
+
+
+ETCD_LOGGER = "kafscale.broker.metadata.etcd"
+OUTAGE_S = 3.0
+"""How long etcd stays down: the time is the point (a run of retries, several per watch at
+the watch's backoff), not a wait for something to happen."""
+
+
+async def test_an_etcd_outage_is_one_line_per_watch_and_one_when_it_is_back(
+    etcd_server_private: EmbeddedEtcd, caplog: pytest.LogCaptureFixture
+) -> None:
+    """While etcd is down, each watch retries with backoff; each retry used to log "etcd watch
+    on ... interrupted (...); resuming", without end (several lines a second per broker). Now
+    a run of retries is one line per watch, then the line of its recovery, which says how long
+    it took (``retry_log``); the watch still delivers what was written once etcd is back."""
+    caplog.set_level(logging.INFO, logger=ETCD_LOGGER)
+    prefixes = ["/kafscale/outage-log/a/", "/kafscale/outage-log/b/"]
+    url = etcd_server_private.client_url
+    async with connected(url, 1.0) as watcher, connected(url) as writer:
+        start = await writer.revision() + 1
+        seen: dict[str, list[str]] = {prefix: [] for prefix in prefixes}
+        changed = asyncio.Event()
+
+        async def follow(prefix: str) -> None:
+            async with aclosing(watcher.watch_prefix(prefix, start)) as events:
+                async for event in events:
+                    seen[prefix].append(event.key)
+                    changed.set()
+
+        async def seen_all(count: int) -> None:
+            while any(len(keys_) < count for keys_ in seen.values()):
+                changed.clear()
+                await asyncio.wait_for(changed.wait(), 2 * TIMEOUT_S)
+
+        async with asyncio.TaskGroup() as group:
+            followers = [group.create_task(follow(prefix)) for prefix in prefixes]
+            for prefix in prefixes:
+                await writer.put(f"{prefix}before", b"x")
+            await seen_all(1)
+            await etcd_server_private.stop_async()
+            await asyncio.sleep(OUTAGE_S)
+            await etcd_server_private.start_async()
+            for prefix in prefixes:
+                await put_until_accepted(writer, f"{prefix}after", b"x")
+            await seen_all(2)
+            for follower in followers:
+                follower.cancel()
+
+    assert seen == {prefix: [f"{prefix}before", f"{prefix}after"] for prefix in prefixes}
+    for prefix in prefixes:
+        said = [r.getMessage() for r in caplog.records if r.name == ETCD_LOGGER]
+        said = [line for line in said if f"etcd watch on {prefix}" in line]
+        down = [line for line in said if "recovered after" not in line]
+        back = [line for line in said if "recovered after" in line]
+        assert len(down) == 1 and len(back) == 1, said
+        assert "failed attempts" in back[0] and back[0].endswith(" s"), back
 
 
 async def test_watch_ends_when_the_client_closes(etcd_server: EmbeddedEtcd) -> None:

@@ -22,7 +22,14 @@ import pytest
 from confluent_kafka import Producer
 from harness import children
 from harness.children import child_env
-from harness.local_mode import as_in_a_terminal, consume, start_local, stop_with_ctrl_c
+from harness.local_mode import (
+    as_in_a_terminal,
+    consume,
+    launch_local,
+    start_local,
+    stop_with_ctrl_c,
+    wait_running,
+)
 from harness.ports import closed_port, ephemeral_low, free_port_run
 
 from kafscale.broker.child_process import KAFSCALE
@@ -75,6 +82,25 @@ def test_local_cluster_serves_clients_and_keeps_data_across_restarts(tmp_path: P
         assert again is not None and int(again[1]) == etcd_port, log.read_text()
     finally:
         assert stop_with_ctrl_c(process) == 0
+
+
+def test_the_banner_gives_the_advertised_host_clients_are_told(tmp_path: Path) -> None:
+    """``--listener-advertised-host``: clients are told that name, so the banner's
+    ``bootstrap.servers`` (and its kcat line) must say it too; it said ``localhost`` whatever
+    was given. 127.0.0.1 stands for the user's name: one this machine answers on."""
+    data_dir, log = tmp_path / "data", tmp_path / "local.log"
+    port = free_port_run()
+    args = ["--data-dir", str(data_dir), "--port", str(port)]
+    process = launch_local([*args, "--listener-advertised-host", "127.0.0.1"], log)
+    try:
+        banner = wait_running(process, log)
+        assert f"bootstrap.servers = 127.0.0.1:{port}\n" in banner, banner
+        assert f"kcat -b 127.0.0.1:{port} -L" in banner, banner
+        producer = Producer({"bootstrap.servers": f"127.0.0.1:{port}"})
+        brokers = producer.list_topics(timeout=30).brokers
+        assert [(b.host, b.port) for b in brokers.values()] == [("127.0.0.1", port)]
+    finally:
+        assert stop_with_ctrl_c(process) == 0, log.read_text()
 
 
 def etcd_pids(data_dir: Path) -> list[int]:

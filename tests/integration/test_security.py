@@ -750,6 +750,10 @@ def test_drain_hook_sends_the_token_from_the_brokers_environment(secured: Secure
     args = ["--admin-url", secured.process.admin_url, "--timeout-s", "30"]
     refused = children.run([*hook, *args], env=env, capture_output=True, text=True, timeout=60)
     assert refused.returncode == 1
+    # one line saying why, not a Python dict on stdout
+    assert refused.stdout == "" and refused.stderr.splitlines() == [
+        "kafscale drain: refused (HTTP 401): a valid bearer token is required"
+    ], (refused.stdout, refused.stderr)
     assert secured.process.status()["draining"] is False
     env["KAFSCALE_ADMIN__TOKEN_FILE"] = secured.process.env["KAFSCALE_ADMIN__TOKEN_FILE"]
     done = children.run([*hook, *args], env=env, capture_output=True, text=True, timeout=60)

@@ -22,6 +22,7 @@ from kafscale.broker.metadata.etcd_binary import (
     data_etcd_version,
     later_release,
     named_etcd,
+    named_etcd_problem,
     remember_data_version,
 )
 from kafscale.broker.metadata.etcd_versions import is_durable, version_from_output
@@ -94,6 +95,24 @@ def test_the_named_etcd_runs_whatever_its_version() -> None:
     assert buggy.warning is not None and "#14370" in buggy.warning
     assert etcd_choice_level(buggy) == logging.WARNING  # they chose it: they should hear
     assert etcd_choice_level(durable) == logging.INFO
+
+
+def test_a_named_etcd_that_cannot_run_says_why(tmp_path: Path) -> None:
+    """Not there, not executable (a file without the bit, a directory): said as such; a bare
+    name is looked up on PATH, as it is run; a runnable file is left to ``choose_etcd``."""
+    plain = tmp_path / "plain"
+    plain.write_text("")
+    problem = named_etcd_problem
+    assert (
+        problem(tmp_path / "nope", "--etcd-binary") == f"--etcd-binary {tmp_path}/nope: not found"
+    )
+    assert problem(plain, "KAFSCALE_ETCD_BINARY") == f"KAFSCALE_ETCD_BINARY {plain}: not executable"
+    assert problem(tmp_path, "--etcd-binary") == f"--etcd-binary {tmp_path}: not executable"
+    assert problem(Path("/bin/true"), "--etcd-binary") is None
+    assert problem(Path("true"), "--etcd-binary") is None  # /bin/true, on PATH
+    assert problem(Path("no-such-etcd-here"), "--etcd-binary") == (
+        "--etcd-binary no-such-etcd-here: not found on PATH"
+    )
 
 
 def test_a_named_etcd_that_is_no_etcd_is_refused_with_its_name() -> None:
