@@ -266,8 +266,10 @@ CAMPAIGN_ENV = {
     "KAFSCALE_LOG__SEGMENT_BYTES": "4096",  # cleaned objects of ~4 KiB: many per pass
     "KAFSCALE_LOG_LEVEL": "WARNING",
 }
-# An unreachable broker, a lost connection, a Fetch while etcd is paused (REQUEST_TIMED_OUT,
-# retriable): librdkafka says so and goes on by itself. An offset out of range is not here.
+# An unreachable broker, a lost connection, a request etcd was too slow for (REQUEST_TIMED_OUT,
+# retriable): librdkafka says so and goes on by itself. A Fetch while etcd is paused answers
+# KAFKA_STORAGE_ERROR, which librdkafka handles without a word (test_fetch_outage_clients).
+# An offset out of range is not here.
 TRANSIENT = {
     KafkaError._TRANSPORT,
     KafkaError._ALL_BROKERS_DOWN,

@@ -11,6 +11,10 @@ application an error for it. The broker answers KAFKA_STORAGE_ERROR instead
 The consumers read from the partition's owner, which then hands it over (POST /drain): they
 go on fetching from it, a non-owner now, at the end of the log, as consumers of a broker whose
 partitions moved do until their metadata says otherwise.
+
+A ShareFetch opening a share session meets the same outage when the owner checks the
+share-partition's stored state; the Java share consumer's handling of the codes is the same
+(``ShareFetchCollector``), so that test asserts the code on the wire.
 """
 
 from __future__ import annotations
@@ -26,13 +30,14 @@ from typing import Any
 
 import pytest
 from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
-from harness import children
+from harness import children, share, topics
 from harness.brokers import new_cluster
 from harness.children import freeze
 from harness.java_client import java_program
-from harness.kafka_wire import KafkaWire, fetch_body, fetch_partition
+from harness.kafka_wire import KafkaWire, fetch_body, fetch_partition, share_heartbeat
 from harness.log_cleaner import create_compacted, eventually
 from harness.s3 import S3Endpoint
+from harness.share import set_group_configs
 
 from kafscale.broker.metadata.embedded_etcd import EmbeddedEtcd
 from kafscale.broker.protocol.errors import ErrorCode
@@ -47,7 +52,7 @@ BEFORE, AFTER = 20, 20  # records produced before the outage and after it
 ENV = {"KAFSCALE_ETCD__TIMEOUT_S": "1", "KAFSCALE_ETCD__SESSION_TTL_S": "30"}
 OUTAGE_S = 5.0  # the consumers poll this long while etcd is stopped: several 1-s etcd timeouts
 READ_MAX_S = 180.0  # a loaded machine's JVM start and reads; a reader that dies ends it sooner
-FETCH = 1
+FETCH, SHARE_FETCH = 1, 78
 
 
 class JavaReader:
@@ -178,4 +183,60 @@ def test_consumers_poll_through_an_etcd_outage_a_fetch_meets_and_read_every_reco
             consumer.close()
         if java is not None:
             java.stop()
+        cluster.stop_all()
+
+
+def share_fetch(wire: KafkaWire, group: str, member: str, topic_id: Any) -> Any:
+    """A ShareFetch v1 opening ``member``'s share session on partition 0."""
+    body = {
+        "group_id": group,
+        "member_id": member,
+        "share_session_epoch": 0,
+        "max_wait": 0,
+        "min_bytes": 1,
+        "max_bytes": 1 << 20,
+        "max_records": 100,
+        "batch_size": 100,
+        "topics": [
+            {
+                "topic_id": topic_id,
+                "partitions": [{"partition_index": 0, "acknowledgement_batches": []}],
+            }
+        ],
+        "forgotten_topics_data": [],
+    }
+    return wire.request(SHARE_FETCH, 1, body)
+
+
+def test_a_share_fetch_that_meets_etcd_away_gets_a_code_the_java_share_consumer_retries(
+    etcd_server_private: EmbeddedEtcd, s3_server: S3Endpoint, tmp_path: Path
+) -> None:
+    """A member opening its share session makes the owner check the share-partition's stored
+    state in etcd (an admin may have changed it). With etcd away that check answered
+    REQUEST_TIMED_OUT for the partition, on which the Java share consumer's
+    ``ShareFetchCollector.handleInitializeErrors`` throws IllegalStateException out of poll()
+    (kafka-clients 4.3.0, as for a Fetch). It gets KAFKA_STORAGE_ERROR, which it retries."""
+    cluster = new_cluster(etcd_server_private.client_url, s3_server, tmp_path, "fs", extra_env=ENV)
+    try:
+        broker = cluster.start()
+        topics.create_topic(broker.bootstrap, TOPIC, 1)
+        set_group_configs(broker.bootstrap, "g", {"share.auto.offset.reset": "earliest"})
+        share.produce(broker.bootstrap, TOPIC, [b"v0", b"v1"])
+        with KafkaWire(broker.bootstrap, timeout_s=60) as wire:
+            joined = share_heartbeat(wire, "g", "a", 0, TOPIC)
+            assert joined.error_code == ErrorCode.NONE, joined
+            assert share_heartbeat(wire, "g", "b", 0, TOPIC).error_code == ErrorCode.NONE
+            topic_id = joined.assignment.topic_partitions[0].topic_id
+            first = share_fetch(wire, "g", "a", topic_id)  # the share-partition is loaded
+            assert first.responses[0].partitions[0].error_code == ErrorCode.NONE, first
+            pid = etcd_server_private.pid
+            assert pid is not None
+            freeze(pid)
+            try:
+                answer = share_fetch(wire, "g", "b", topic_id)
+            finally:
+                os.kill(pid, signal.SIGCONT)
+        assert answer.error_code == ErrorCode.NONE, answer
+        assert answer.responses[0].partitions[0].error_code == ErrorCode.KAFKA_STORAGE_ERROR
+    finally:
         cluster.stop_all()
