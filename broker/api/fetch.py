@@ -81,7 +81,7 @@ async def handle_fetch(request: Any, ctx: RequestContext) -> Body:
             if context.overtaken:
                 return fetch_error_body(request, ErrorCode.INVALID_FETCH_SESSION_EPOCH)
             _count_fetched(wanted, results)
-            return _body(wanted, results, context)
+            return _body(wanted, results, context, ctx.api_version)
         await _wait_any(events, remaining)
 
 
@@ -361,12 +361,12 @@ def _partition_body(partition: int, code: ErrorCode, high_watermark: int, log_st
     }
 
 
-def _body(wanted: list[_Wanted], results: list[Body], context: FetchContext) -> Body:
+def _body(wanted: list[_Wanted], results: list[Body], context: FetchContext, version: int) -> Body:
     """The response: every partition read, or of an incremental session's only the ones that
-    changed (``FetchContext.respond``). Each partition's code is one consumers handle
-    (``fetch_partition_code``): the Java consumer throws out of poll() on any other."""
+    changed (``FetchContext.respond``). Each partition's code is one consumers of ``version``
+    handle (``fetch_partition_code``): the Java consumer throws out of poll() on any other."""
     for result in results:
-        result["error_code"] = fetch_partition_code(ErrorCode(result["error_code"]))
+        result["error_code"] = fetch_partition_code(ErrorCode(result["error_code"]), version)
     chosen = context.respond(
         [
             (

@@ -210,14 +210,26 @@ FETCH_PARTITION_CODES = frozenset(
 )
 
 
-def fetch_partition_code(code: ErrorCode) -> ErrorCode:
-    """What a Fetch or ShareFetch partition answers for ``code``: ``code`` itself if consumers
-    handle it there, else KAFKA_STORAGE_ERROR ("the log cannot be read here now", what Kafka
-    answers for an offline log directory). Every client retries that: the Java consumer,
-    librdkafka and kafka-python after a metadata refresh, aiokafka after its backoff. What
-    it replaces is above all REQUEST_TIMED_OUT, an etcd that did not answer in time, which
-    the Java consumer throws out of poll() and librdkafka hands the application as an error."""
-    return code if code in FETCH_PARTITION_CODES else ErrorCode.KAFKA_STORAGE_ERROR
+# Fetch v6 is the first a client must understand KAFKA_STORAGE_ERROR in (FetchResponse.json).
+FIRST_STORAGE_ERROR_FETCH_VERSION = 6
+
+
+def fetch_partition_code(
+    code: ErrorCode, fetch_version: int = FIRST_STORAGE_ERROR_FETCH_VERSION
+) -> ErrorCode:
+    """What a Fetch (of ``fetch_version``) or ShareFetch partition answers for ``code``: ``code``
+    itself if consumers handle it there, else KAFKA_STORAGE_ERROR ("the log cannot be read
+    here now", what Kafka answers for an offline log directory). Every client retries that: the
+    Java consumer, librdkafka and kafka-python after a metadata refresh, aiokafka after its
+    backoff. What it replaces is above all REQUEST_TIMED_OUT, an etcd that did not answer in
+    time, which the Java consumer throws out of poll() and librdkafka hands the application
+    as an error. Fetch v0-v5 get NOT_LEADER_OR_FOLLOWER for it instead, as Kafka answers them
+    (``maybeDownConvertStorageError``): their clients may not know the code."""
+    if code not in FETCH_PARTITION_CODES:
+        code = ErrorCode.KAFKA_STORAGE_ERROR
+    if code is ErrorCode.KAFKA_STORAGE_ERROR and fetch_version < FIRST_STORAGE_ERROR_FETCH_VERSION:
+        return ErrorCode.NOT_LEADER_OR_FOLLOWER
+    return code
 
 
 def code_for(exc: BaseException) -> ErrorCode:

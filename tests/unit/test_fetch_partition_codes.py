@@ -38,3 +38,17 @@ def test_an_etcd_timeout_is_answered_as_a_storage_error_every_client_retries() -
 def test_every_other_code_becomes_one_the_java_consumer_handles(code: ErrorCode) -> None:
     assert fetch_partition_code(code) in FETCH_PARTITION_CODES
     assert fetch_partition_code(code) is ErrorCode.KAFKA_STORAGE_ERROR
+
+
+@pytest.mark.parametrize("version", range(6))
+def test_fetch_v0_to_v5_get_not_leader_where_later_versions_get_a_storage_error(
+    version: int,
+) -> None:
+    """As Kafka answers them (KafkaApis' maybeDownConvertStorageError): KAFKA_STORAGE_ERROR is
+    a code of Fetch v6+, and a client of an older version may take it for a fatal one."""
+    for code in (ErrorCode.KAFKA_STORAGE_ERROR, ErrorCode.REQUEST_TIMED_OUT):
+        assert fetch_partition_code(code, version) is ErrorCode.NOT_LEADER_OR_FOLLOWER
+        assert fetch_partition_code(code, 6) is ErrorCode.KAFKA_STORAGE_ERROR
+    assert fetch_partition_code(ErrorCode.OFFSET_OUT_OF_RANGE, version) is (
+        ErrorCode.OFFSET_OUT_OF_RANGE
+    )
