@@ -399,9 +399,9 @@ class Broker:
         suspended): Metadata still names it leader, as etcd does (``leaders.live_leaders``), and
         a Fetch for it is answered NOT_LEADER_OR_FOLLOWER until the session resumes. Read as a
         non-owner's, it would go by etcd at the log's end, which does not answer: the client
-        waited out the etcd timeout for a REQUEST_TIMED_OUT that the Java consumer does not
-        expect in a Fetch; every client refreshes its metadata on NOT_LEADER_OR_FOLLOWER and
-        comes back here."""
+        would wait out the etcd timeout for a retriable error (KAFKA_STORAGE_ERROR,
+        ``fetch_partition_code``); every client refreshes its metadata on
+        NOT_LEADER_OR_FOLLOWER at once and comes back here."""
         return tp in self.log_manager.owned and not self.session.still_valid()
 
     async def _connection_closed(self, connection: Connection) -> None:

@@ -31,7 +31,12 @@ from kafscale.broker.metadata.partition_txns import last_stable_offset
 from kafscale.broker.observability.metrics import METRICS
 from kafscale.broker.protocol import legacy_messages
 from kafscale.broker.protocol.codec import millis
-from kafscale.broker.protocol.errors import ErrorCode, KafkaError, MetadataTimeout, ObjectGone
+from kafscale.broker.protocol.errors import (
+    ErrorCode,
+    KafkaError,
+    ObjectGone,
+    fetch_partition_code,
+)
 from kafscale.broker.protocol.record_batch import batches_below, next_offset_after
 
 TopicPartition = tuple[str, int]
@@ -76,7 +81,7 @@ async def handle_fetch(request: Any, ctx: RequestContext) -> Body:
             if context.overtaken:
                 return fetch_error_body(request, ErrorCode.INVALID_FETCH_SESSION_EPOCH)
             _count_fetched(wanted, results)
-            return _body(wanted, results, context)
+            return _body(wanted, results, context, ctx.api_version)
         await _wait_any(events, remaining)
 
 
@@ -227,10 +232,10 @@ async def _prepare(
         state = broker.committed_state(tp)
         if refresh and item.fetch_offset >= _readable_end(state, item.read_committed):
             state = await broker.fresh_state(tp)
-    except (MetadataTimeout, KafkaError) as exc:
+    except KafkaError as exc:
         return None, _partition_body(item.partition, exc.code, -1, -1)
-    except MetadataUnavailable as exc:  # a non-owner's read of etcd: retriable, per partition
-        return None, _partition_body(item.partition, MetadataTimeout(str(exc)).code, -1, -1)
+    except MetadataUnavailable:  # a non-owner's read of etcd: the log's state is not here now
+        return None, _partition_body(item.partition, ErrorCode.KAFKA_STORAGE_ERROR, -1, -1)
     epoch_error = _check_epoch(item.current_leader_epoch, state.leader_epoch)
     body = _partition_body(
         item.partition, epoch_error or ErrorCode.NONE, state.high_watermark, state.log_start_offset
@@ -356,9 +361,12 @@ def _partition_body(partition: int, code: ErrorCode, high_watermark: int, log_st
     }
 
 
-def _body(wanted: list[_Wanted], results: list[Body], context: FetchContext) -> Body:
+def _body(wanted: list[_Wanted], results: list[Body], context: FetchContext, version: int) -> Body:
     """The response: every partition read, or of an incremental session's only the ones that
-    changed (``FetchContext.respond``)."""
+    changed (``FetchContext.respond``). Each partition's code is one consumers of ``version``
+    handle (``fetch_partition_code``): the Java consumer throws out of poll() on any other."""
+    for result in results:
+        result["error_code"] = fetch_partition_code(ErrorCode(result["error_code"]), version)
     chosen = context.respond(
         [
             (

@@ -30,7 +30,7 @@ from kafscale.broker.metadata.cluster import TopicInfo
 from kafscale.broker.metadata.etcd_errors import MetadataUnavailable
 from kafscale.broker.metadata.partition_txns import last_stable_offset
 from kafscale.broker.protocol.codec import millis
-from kafscale.broker.protocol.errors import ErrorCode, KafkaError
+from kafscale.broker.protocol.errors import ErrorCode, KafkaError, fetch_partition_code
 from kafscale.broker.share import batches
 from kafscale.broker.share.manager import Entry, OwnerView, ShareManager
 from kafscale.broker.share.partition import Acquired, ordered_batches
@@ -365,13 +365,17 @@ def _endpoints(ctx: RequestContext, parts: list[_Partition]) -> list[Body]:
 
 
 def _fetch_body(ctx: RequestContext, parts: list[_Partition], lock_ms: int) -> Body:
+    """The ShareFetch answer. A partition's code is one the Java share consumer handles
+    (``fetch_partition_code``): its ShareFetchCollector throws IllegalStateException out of
+    poll() on others, e.g. REQUEST_TIMED_OUT when etcd did not answer the state's load. The
+    acknowledgement's code is another field, read by the client's acknowledgement path."""
     topics: dict[uuid.UUID, list[Body]] = {}
     for part in parts:
         leader, epoch = _leader(ctx, part)
         topics.setdefault(part.topic_id, []).append(
             {
                 "partition_index": part.index,
-                "error_code": part.error,
+                "error_code": fetch_partition_code(part.error),
                 "error_message": None,
                 "acknowledge_error_code": part.ack_error,
                 "acknowledge_error_message": None,

@@ -84,6 +84,7 @@ class ErrorCode(IntEnum):
     INVALID_FETCH_SESSION_EPOCH = 71
     FENCED_LEADER_EPOCH = 74
     UNKNOWN_LEADER_EPOCH = 75
+    OFFSET_NOT_AVAILABLE = 78
     MEMBER_ID_REQUIRED = 79
     PREFERRED_LEADER_NOT_AVAILABLE = 80
     GROUP_MAX_SIZE_REACHED = 81
@@ -182,6 +183,53 @@ class UnreadableRecord(KafkaError):
     retriable code: a client would retry for ever what only an operator can repair."""
 
     code = ErrorCode.UNKNOWN_SERVER_ERROR
+
+
+# The per-partition codes of a Fetch or ShareFetch answer that the Java consumer handles
+# (``FetchCollector`` and ``ShareFetchCollector.handleInitializeErrors``, kafka-clients 3.x-4.x):
+# it retries, resets or throws a typed exception on these, and throws
+# IllegalStateException("Unexpected error code N while fetching ...") out of the
+# application's poll() on any other, REQUEST_TIMED_OUT included.
+FETCH_PARTITION_CODES = frozenset(
+    {
+        ErrorCode.NONE,
+        ErrorCode.NOT_LEADER_OR_FOLLOWER,
+        ErrorCode.REPLICA_NOT_AVAILABLE,
+        ErrorCode.KAFKA_STORAGE_ERROR,
+        ErrorCode.FENCED_LEADER_EPOCH,
+        ErrorCode.OFFSET_NOT_AVAILABLE,
+        ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
+        ErrorCode.UNKNOWN_TOPIC_ID,
+        ErrorCode.INCONSISTENT_TOPIC_ID,
+        ErrorCode.OFFSET_OUT_OF_RANGE,
+        ErrorCode.TOPIC_AUTHORIZATION_FAILED,
+        ErrorCode.UNKNOWN_LEADER_EPOCH,
+        ErrorCode.UNKNOWN_SERVER_ERROR,
+        ErrorCode.CORRUPT_MESSAGE,
+    }
+)
+
+
+# Fetch v6 is the first a client must understand KAFKA_STORAGE_ERROR in (FetchResponse.json).
+FIRST_STORAGE_ERROR_FETCH_VERSION = 6
+
+
+def fetch_partition_code(
+    code: ErrorCode, fetch_version: int = FIRST_STORAGE_ERROR_FETCH_VERSION
+) -> ErrorCode:
+    """What a Fetch (of ``fetch_version``) or ShareFetch partition answers for ``code``: ``code``
+    itself if consumers handle it there, else KAFKA_STORAGE_ERROR ("the log cannot be read
+    here now", what Kafka answers for an offline log directory). Every client retries that: the
+    Java consumer, librdkafka and kafka-python after a metadata refresh, aiokafka after its
+    backoff. What it replaces is above all REQUEST_TIMED_OUT, an etcd that did not answer in
+    time, which the Java consumer throws out of poll() and librdkafka hands the application
+    as an error. Fetch v0-v5 get NOT_LEADER_OR_FOLLOWER for it instead, as Kafka answers them
+    (``maybeDownConvertStorageError``): their clients may not know the code."""
+    if code not in FETCH_PARTITION_CODES:
+        code = ErrorCode.KAFKA_STORAGE_ERROR
+    if code is ErrorCode.KAFKA_STORAGE_ERROR and fetch_version < FIRST_STORAGE_ERROR_FETCH_VERSION:
+        return ErrorCode.NOT_LEADER_OR_FOLLOWER
+    return code
 
 
 def code_for(exc: BaseException) -> ErrorCode:
