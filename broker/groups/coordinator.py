@@ -206,8 +206,8 @@ class GroupCoordinator:
         loading = list(self._loading.values())
         for loader in loading:
             loader.cancel()
-        handovers = [
-            self._hand_over(runtime, "the broker is shutting down")
+        handovers = [  # every group refused from here on, its lease released once it stopped
+            self._hand_over(runtime.fence, self._unload(runtime, "the broker is shutting down"))
             for runtime in list(self._runtimes.values())
         ]
         for task in self._tasks:
@@ -223,12 +223,11 @@ class GroupCoordinator:
         self._retired.clear()
         await self._leases.close()
 
-    async def _hand_over(self, runtime: GroupRuntime, reason: str) -> None:
-        """Drop a group at shutdown and give its lease back once its runtime's tasks ended
-        (a write they had in flight is fenced by the lease either way)."""
-        stopped = self._unload(runtime, reason)
+    async def _hand_over(self, fence: Fence, stopped: list[asyncio.Task[None]]) -> None:
+        """Give a group's lease back at shutdown once its runtime's tasks ended (a write they
+        had in flight is fenced by the lease either way)."""
         await asyncio.gather(*stopped, return_exceptions=True)
-        await self._leases.release(runtime.fence)
+        await self._leases.release(fence)
 
     # --- finding and taking groups ------------------------------------------------------------
 
