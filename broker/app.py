@@ -506,8 +506,15 @@ class Broker:
         while we flush; each release then deletes a lease the new owner is waiting for. In a
         whole-cluster stop (``stop_acquiring``) there is no new owner: no mark.
         """
+        await self._mark_draining()
+        await self.log_manager.release_all()
+
+    async def _mark_draining(self) -> None:
+        """Take on nothing more, and tell the others (the ``draining/<id>`` mark) so that
+        neither the assignment nor their FindCoordinator picks name this broker."""
         self.draining = True
-        self.log_manager.acquiring = False
+        if self.manager is not None:
+            self.manager.acquiring = False
         if self.node_id not in self.view.draining and not self.cluster_stopping:
             await self.etcd.put(
                 keys.draining_key(self.cluster, self.node_id),
@@ -515,7 +522,6 @@ class Broker:
                 lease=self.session.id,
             )
             self.view.draining.add(self.node_id)
-        await self.log_manager.release_all()
 
     def stop_acquiring(self) -> None:
         """The whole cluster stops (``kafscale local``): every broker stops at once, so none
@@ -548,10 +554,19 @@ class Broker:
         deadlines = stop_deadlines(start_s, self.settings.limits.shutdown_grace_s)
         if self.server is not None:
             await self.server.stop_accepting()
+        if self.info is not None:
+            # The mark first: the other brokers' FindCoordinator pick leaves this broker out
+            # before its coordinators let their leases go, so a released group is named at
+            # its next coordinator everywhere, never back here (``_mark_draining``).
+            try:
+                async with asyncio.timeout_at(deadlines.handoff_until):
+                    await self._mark_draining()
+            except Exception as exc:  # etcd away: the hand-off below meets the same
+                log.warning("draining mark not written at the stop (%r); going on", exc)
         if self.transactions is not None:
             await self.transactions.close()
         if self.groups is not None:
-            await self.groups.close()  # releases the group leases: they move on at once
+            await self.groups.close()  # releases each group lease as its group stops
         if self.manager is not None:
             try:
                 async with asyncio.timeout_at(deadlines.handoff_until):

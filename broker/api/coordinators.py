@@ -1,7 +1,10 @@
 """FindCoordinator: which broker coordinates a consumer group or a transactional id.
 
 Groups are answered by the group coordinator's lease-aware choice, transactional ids by the
-transaction coordinator's; a key the principal may not describe gets its AUTHORIZATION_FAILED
+transaction coordinator's. A stopping broker never names itself once it hands its groups and
+transactional ids over: while it still holds a key's lease the answer is
+COORDINATOR_NOT_AVAILABLE (retriable; Kafka's answer while a coordinator unloads), then the
+broker the others name. A key the principal may not describe gets its AUTHORIZATION_FAILED
 code, an unknown key type INVALID_REQUEST. v4+ batches keys; v0-3 answer one key at the top.
 """
 
@@ -16,6 +19,7 @@ from kafscale.broker.protocol.errors import ErrorCode
 
 GROUP_KEY_TYPE = 0
 TRANSACTION_KEY_TYPE = 1
+HANDING_OVER = "this broker is stopping and hands its coordinators over: ask again"
 
 
 async def handle_find_coordinator(request: Any, ctx: RequestContext) -> Body:
@@ -36,16 +40,20 @@ def _coordinator_entry(ctx: RequestContext, key: str, key_type: int) -> Body:
     ):
         code = ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED
         return {**entry, "error_code": code, "error_message": None}
+    handing_over = False
     if key_type == TRANSACTION_KEY_TYPE:
         transactions = ctx.broker.transactions
         broker = transactions.coordinator_for(key) if transactions is not None else None
+        handing_over = transactions is not None and transactions.handing_over
     elif key_type == GROUP_KEY_TYPE:
-        broker = coordinator(ctx).coordinator_for(key)
+        groups = coordinator(ctx)
+        broker = groups.coordinator_for(key)
+        handing_over = groups.handing_over
     else:
         message = f"key type {key_type} is not supported"
         return {**entry, "error_code": ErrorCode.INVALID_REQUEST, "error_message": message}
     if broker is None:
-        message = "no live broker"
+        message = HANDING_OVER if handing_over else "no live broker"
         return {
             **entry,
             "error_code": ErrorCode.COORDINATOR_NOT_AVAILABLE,

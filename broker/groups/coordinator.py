@@ -190,34 +190,55 @@ class GroupCoordinator:
         must not be claimed here only to be let go again a moment later."""
         self._claiming = False
 
+    @property
+    def handing_over(self) -> bool:
+        """Whether this broker is giving its groups up for good (``close`` began): from then
+        on it refuses every group, and FindCoordinator here never names it."""
+        return self._closed
+
     async def close(self) -> None:
-        """Stop coordinating and release every group lease (waiters get NOT_COORDINATOR)."""
+        """Stop coordinating and release every group lease (waiters get NOT_COORDINATOR).
+
+        Each group's lease goes as soon as its own runtime has stopped, not after every
+        background task of the coordinator: the next coordinator can take it at once, and
+        FindCoordinator at every broker then names that one (``coordinator_for``)."""
         self._closed = True
         loading = list(self._loading.values())
         for loader in loading:
             loader.cancel()
-        fences = [runtime.fence for runtime in self._runtimes.values()]
-        self._drop_all("the broker is shutting down")
+        handovers = [  # every group refused from here on, its lease released once it stopped
+            self._hand_over(runtime.fence, self._unload(runtime, "the broker is shutting down"))
+            for runtime in list(self._runtimes.values())
+        ]
         for task in self._tasks:
             task.cancel()
+        with contextlib.suppress(Exception):
+            async with asyncio.timeout(self._host.etcd.timeout_s):
+                await asyncio.gather(*handovers, return_exceptions=True)
         await self.stored_lag.close()
         releasing = list(self._releasing.values())
         await asyncio.gather(
             *self._tasks, *self._retired, *loading, *releasing, return_exceptions=True
         )
         self._retired.clear()
-        with contextlib.suppress(Exception):
-            async with asyncio.timeout(self._host.etcd.timeout_s):
-                await asyncio.gather(*(self._leases.release(f) for f in fences))
         await self._leases.close()
+
+    async def _hand_over(self, fence: Fence, stopped: list[asyncio.Task[None]]) -> None:
+        """Give a group's lease back at shutdown once its runtime's tasks ended (a write they
+        had in flight is fenced by the lease either way)."""
+        await asyncio.gather(*stopped, return_exceptions=True)
+        await self._leases.release(fence)
 
     # --- finding and taking groups ------------------------------------------------------------
 
     def coordinator_for(self, group_id: str) -> BrokerInfo | None:
-        """FindCoordinator's answer: the live lease holder, else the broker that will take it."""
+        """FindCoordinator's answer: the live lease holder, else the broker that will take it;
+        never this broker once it hands its groups over (None while it still holds the
+        group's lease: COORDINATOR_NOT_AVAILABLE, which clients retry)."""
         view = self._host.view
+        leaving = (self._host.node_id,) if self._closed else ()
         chosen = choose_coordinator(
-            group_id, self._leases.holder(group_id), view.brokers.keys(), view.draining
+            group_id, self._leases.holder(group_id), view.brokers.keys(), view.draining, leaving
         )
         return None if chosen is None else view.brokers.get(chosen)
 
@@ -524,18 +545,25 @@ class GroupCoordinator:
         return self._host.view.group_configs.get(group_id, {})
 
     def _drop(self, runtime: GroupRuntime, reason: str) -> None:
+        self._unload(runtime, reason)
+
+    def _unload(self, runtime: GroupRuntime, reason: str) -> list[asyncio.Task[None]]:
+        """Stop coordinating a group; returns its runtime's tasks, which also join
+        ``_retired`` (awaited at ``close``)."""
         if self._runtimes.get(runtime.group_id) is runtime:
             del self._runtimes[runtime.group_id]
             self._used_at.pop(runtime.group_id, None)
         if runtime.closed:
-            return
+            return []
         self.stored_lag.hand_over(runtime.group_id, runtime.offsets)
         log.info(
             "no longer coordinating group %s: %s", runtime.group_id, reason,
             extra=about(group=runtime.group_id),
         )  # fmt: skip
         self._retired = [t for t in self._retired if not t.done()]
-        self._retired.extend(runtime.unload())
+        stopped = runtime.unload()
+        self._retired.extend(stopped)
+        return stopped
 
     def _drop_all(self, reason: str) -> None:
         for runtime in list(self._runtimes.values()):

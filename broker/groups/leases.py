@@ -41,29 +41,38 @@ newer than all of them, and a coordinator whose lease etcd no longer lists lets 
 
 
 def choose_coordinator(
-    group_id: str, holder: int | None, live: Iterable[int], draining: Iterable[int] = ()
+    group_id: str,
+    holder: int | None,
+    live: Iterable[int],
+    draining: Iterable[int] = (),
+    leaving: Iterable[int] = (),
 ) -> int | None:
     """The broker FindCoordinator names: the live lease holder, else a stable pick.
 
     Without a live holder every broker computes the same candidate (crc32 of the group id over
     the sorted live, non-draining brokers), so clients of one group converge on one broker,
-    which takes the lease on their first request.
+    which takes the lease on their first request. ``leaving``: brokers handing their groups
+    over (a stopping broker, about itself): never named, not even as the holder (None while
+    such a holder still has the lease: the group has no coordinator for that moment).
     """
-    return coordinator_chooser(live, draining)(group_id, holder)
+    return coordinator_chooser(live, draining, leaving)(group_id, holder)
 
 
 def coordinator_chooser(
-    live: Iterable[int], draining: Iterable[int] = ()
+    live: Iterable[int], draining: Iterable[int] = (), leaving: Iterable[int] = ()
 ) -> Callable[[str, int | None], int | None]:
     """``choose_coordinator`` for many groups over one set of brokers: (group id, lease holder)
     to the broker FindCoordinator names, the brokers sorted once (``/metrics`` asks it of every
     group whose lag may be reported)."""
-    alive = sorted(set(live))
+    gone = set(leaving)
+    alive = sorted(set(live) - gone)
     alive_set = set(alive)
     skip = set(draining)
     candidates = [b for b in alive if b not in skip] or alive
 
     def choose(group_id: str, holder: int | None) -> int | None:
+        if holder is not None and holder in gone:
+            return None
         if holder is not None and holder in alive_set:
             return holder
         if not candidates:
@@ -152,8 +161,13 @@ class GroupLeases:
         return None
 
     async def release(self, fence: Fence) -> None:
-        """Give the lease up (only if it is still the one ``fence`` proves)."""
-        await self._etcd.txn(fence.compares(), [delete_op(fence.key)])
+        """Give the lease up (only if it is still the one ``fence`` proves). Once etcd deleted
+        it, this broker no longer names itself the holder, even before (or without: a watch
+        closed at shutdown) the deletion's watch event."""
+        result = await self._etcd.txn(fence.compares(), [delete_op(fence.key)])
+        group_id = self._group_of(fence.key)
+        if result.succeeded and self.owners.get(group_id) == _parse_owner(fence.owner):
+            del self.owners[group_id]
 
     def _group_of(self, key: str) -> str:
         return keys.group_from_key_part(key[len(self._prefix) :])

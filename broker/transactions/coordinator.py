@@ -192,13 +192,21 @@ class TransactionCoordinator:
 
     # --- finding the coordinator ----------------------------------------------------------
 
+    @property
+    def handing_over(self) -> bool:
+        """Whether this broker is giving its transactional ids up for good (``close`` began)."""
+        return self._closed
+
     def coordinator_for(self, transactional_id: str) -> BrokerInfo | None:
+        """As the group coordinator's (``GroupCoordinator.coordinator_for``): never this broker
+        once it hands its transactional ids over."""
         view = self._host.view
         chosen = choose_coordinator(
             transactional_id,
             self._leases.holder(transactional_id),
             view.brokers.keys(),
             view.draining,
+            (self._host.node_id,) if self._closed else (),
         )
         return None if chosen is None else view.brokers.get(chosen)
 

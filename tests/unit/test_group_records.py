@@ -41,6 +41,22 @@ def test_draining_brokers_are_not_picked(group: str, live: set[int]) -> None:
     assert choose_coordinator(group, None, live, live) in live  # all draining: still someone
 
 
+@given(st.text(max_size=30), st.sets(st.integers(1, 50), min_size=2, max_size=8), st.data())
+def test_a_leaving_broker_names_whom_the_others_name_never_itself(
+    group: str, live: set[int], data: st.DataObject
+) -> None:
+    """A stopping broker (``leaving``, about itself) names what the others name once they see
+    its draining mark: the same pick without it, or another live holder; never itself, and
+    nobody while it still holds the lease (COORDINATOR_NOT_AVAILABLE, retried)."""
+    leaving = data.draw(st.sampled_from(sorted(live)))
+    others_pick = choose_coordinator(group, None, live, {leaving})
+    assert choose_coordinator(group, None, live, (), {leaving}) == others_pick != leaving
+    assert choose_coordinator(group, leaving, live, (), {leaving}) is None
+    holder = data.draw(st.sampled_from(sorted(live - {leaving})))
+    assert choose_coordinator(group, holder, live, (), {leaving}) == holder
+    assert choose_coordinator(group, None, {leaving}, (), {leaving}) is None  # nobody else
+
+
 members = st.builds(
     MemberRecord,
     member_id=st.text(min_size=1, max_size=20),

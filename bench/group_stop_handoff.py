@@ -1,0 +1,249 @@
+"""How long a consumer group is without a coordinator across its coordinator's graceful stop.
+
+Starts etcd, moto's S3 server and N ``kafscale broker`` processes (default 3), a topic kept
+under a light produce load (so each broker owns partitions and its stop flushes something),
+then for R repetitions: a group's commits go to the broker that coordinates it (its lease is
+taken there by the first commit), that broker gets SIGTERM, and a client-like probe goes on
+committing: a commit refused (or a connection gone) sends it to FindCoordinator at the next
+broker in turn (the stopping one included while its connection stays open, as a client's
+would), then to the broker named there; after each refused commit or unusable answer it waits
+``--backoff-ms`` (librdkafka's ``retry.backoff.ms``, 100 ms), as a client does, so each answer
+that sends it back to the stopping broker costs what it costs a client. Per stop it prints
+
+* ``refused``: SIGTERM -> the first commit the stopping coordinator refused;
+* ``gap``: that refusal -> the first commit acked by the new coordinator: the time the group
+  had no coordinator a client could reach;
+* ``self-named``: FindCoordinator answers after the refusal that named the stopping broker
+  (asked there / asked elsewhere): each sends a client back to a broker that refuses it.
+
+Then a new broker is started to keep the count. Compare versions by running it with
+``PYTHONPATH`` at another tree's ``src`` (the brokers it starts import from there)::
+
+    .venv/bin/python bench/group_stop_handoff.py                 # ~1 minute on 2 cores
+    .venv/bin/python bench/group_stop_handoff.py --reps 10 --brokers 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import signal
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from _cluster import BrokerProcess, RawKafka, Stack, create_topic, percentile, wait_for
+
+TOPIC = "group-stop-load"
+OFFSET_COMMIT, FIND_COORDINATOR = 8, 10
+NONE = 0
+
+
+@dataclass
+class Stop:
+    old_node: int
+    new_node: int
+    refused_s: float
+    gap_s: float
+    named_at_stopping: int
+    named_elsewhere: int
+    finds: int
+
+
+@dataclass
+class Probe:
+    """Raw connections to brokers, opened lazily and dropped when a broker goes away."""
+
+    connections: dict[int, RawKafka] = field(default_factory=dict)
+
+    def request(self, broker: BrokerProcess, api_key: int, version: int, body: Any) -> Any:
+        """The answer, or None when the broker cannot be reached (its connection is dropped)."""
+        try:
+            conn = self.connections.get(broker.node_id)
+            if conn is None:
+                conn = self.connections[broker.node_id] = RawKafka(broker.bootstrap, 10)
+            return conn.request(api_key, version, body)
+        except OSError:
+            self.drop(broker.node_id)
+            return None
+
+    def drop(self, node_id: int) -> None:
+        conn = self.connections.pop(node_id, None)
+        if conn is not None:
+            with contextlib.suppress(OSError):
+                conn.close()
+
+    def close(self) -> None:
+        for node_id in list(self.connections):
+            self.drop(node_id)
+
+
+def commit(probe: Probe, broker: BrokerProcess, group: str, offset: int) -> int:
+    """A simple commit's error code (-1: the broker could not be reached)."""
+    partition = {"partition_index": 0, "committed_offset": offset}
+    body = {
+        "group_id": group,
+        "generation_id_or_member_epoch": -1,
+        "member_id": "",
+        "topics": [{"name": TOPIC, "partitions": [partition]}],
+    }
+    answer = probe.request(broker, OFFSET_COMMIT, 8, body)
+    return -1 if answer is None else int(answer.topics[0].partitions[0].error_code)
+
+
+def find(probe: Probe, broker: BrokerProcess, group: str) -> tuple[int, int] | None:
+    answer = probe.request(broker, FIND_COORDINATOR, 3, {"key": group, "key_type": 0})
+    return None if answer is None else (int(answer.error_code), int(answer.node_id))
+
+
+def measure_one(stack: Stack, probe: Probe, rep: int, timeout_s: float, backoff_s: float) -> Stop:
+    live = stack.live_brokers
+    by_node = {b.node_id: b for b in live}
+    leaving = live[rep % len(live)]
+    group = f"bench-group-{rep}"
+    assert commit(probe, leaving, group, 0) == NONE, "the group's lease is taken at the leaving"
+    for broker in live:
+        find(probe, broker, group)  # connect before the clock starts
+    began = time.perf_counter()
+    leaving.signal(signal.SIGTERM)
+    coordinator, refused_at = leaving, None
+    named_at_stopping = named_elsewhere = finds = turn = 0
+    offset = 1
+    while time.perf_counter() - began < timeout_s:
+        code = commit(probe, coordinator, group, offset)
+        offset += 1
+        if code == NONE and coordinator is not leaving:
+            assert refused_at is not None
+            done = time.perf_counter()
+            return Stop(
+                leaving.node_id,
+                coordinator.node_id,
+                refused_at - began,
+                done - refused_at,
+                named_at_stopping,
+                named_elsewhere,
+                finds,
+            )
+        if code == NONE:
+            continue
+        if refused_at is None:
+            refused_at = time.perf_counter()
+        else:
+            time.sleep(backoff_s)  # a client's retry back-off after a refused commit
+        asked = live[turn % len(live)]
+        turn += 1
+        answer = find(probe, asked, group)
+        finds += 1
+        if answer is None or answer[0] != NONE or answer[1] not in by_node:
+            time.sleep(backoff_s)
+            continue
+        if answer[1] == leaving.node_id:
+            if asked is leaving:
+                named_at_stopping += 1
+            else:
+                named_elsewhere += 1
+        coordinator = by_node[answer[1]]
+    raise TimeoutError(f"group {group} had no new coordinator {timeout_s} s after the signal")
+
+
+def start_load(stack: Stack, rate: float, stop: threading.Event) -> threading.Thread:
+    """Produce ``rate`` records/s over the topic (confluent-kafka), so brokers flush at stops."""
+    from confluent_kafka import Producer
+
+    def run() -> None:
+        producer = Producer(
+            {"bootstrap.servers": ",".join(b.bootstrap for b in stack.live_brokers)}
+        )
+        while not stop.is_set():
+            with contextlib.suppress(BufferError):
+                producer.produce(TOPIC, b"x" * 100)
+            producer.poll(0)
+            time.sleep(1 / rate)
+        producer.flush(5)
+
+    thread = threading.Thread(target=run, name="load", daemon=True)
+    thread.start()
+    return thread
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser.add_argument("--brokers", type=int, default=3)
+    parser.add_argument("--reps", type=int, default=6)
+    parser.add_argument("--partitions", type=int, default=6)
+    parser.add_argument("--load-rate", type=float, default=200.0, help="records/s")
+    parser.add_argument("--ttl", type=int, default=10, help="session TTL (s)")
+    parser.add_argument("--backoff-ms", type=float, default=100.0, help="client retry back-off")
+    args = parser.parse_args()
+    env = {"KAFSCALE_ETCD__SESSION_TTL_S": str(args.ttl)}
+    stops: list[Stop] = []
+    began = time.perf_counter()
+    with Stack(broker_env=env) as stack:
+        for _ in range(args.brokers):
+            stack.start_broker()
+        create_topic(stack.live_brokers[0].bootstrap, TOPIC, args.partitions)
+        halt = threading.Event()
+        load = start_load(stack, args.load_rate, halt)
+        probe = Probe()
+        try:
+            for rep in range(args.reps):
+                time.sleep(1.0)  # the load reaches every owner
+                stop = measure_one(stack, probe, rep, 60.0, args.backoff_ms / 1000)
+                stops.append(stop)
+                print(
+                    f"   stop #{rep + 1}: group {stop.old_node} -> {stop.new_node}: refused "
+                    f"{stop.refused_s * 1000:.0f} ms after SIGTERM, no coordinator for "
+                    f"{stop.gap_s * 1000:.0f} ms, stopping broker named "
+                    f"{stop.named_at_stopping}x there / {stop.named_elsewhere}x elsewhere "
+                    f"({stop.finds} FindCoordinator)",
+                    flush=True,
+                )
+                for broker in stack.brokers:
+                    if broker.stopping and broker.alive:
+                        with contextlib.suppress(Exception):
+                            broker.wait(60)
+                        probe.drop(broker.node_id)
+                stack.start_broker()
+                wait_for(lambda: len(stack.live_brokers) == args.brokers, 60, "broker count")
+        finally:
+            halt.set()
+            load.join(10)
+            probe.close()
+    report(args, stops, time.perf_counter() - began)
+    return 0
+
+
+def report(args: argparse.Namespace, stops: list[Stop], wall: float) -> None:
+    ms = 1000.0
+    print()
+    print(
+        f"kafscale group stop handoff bench: {args.brokers} brokers, {args.partitions} "
+        f"partitions under {args.load_rate:.0f} records/s, client back-off "
+        f"{args.backoff_ms:.0f} ms, {os.cpu_count()} CPUs, "
+        f"{wall:.0f} s wall, load average {os.getloadavg()[0]:.2f}"
+    )
+    print()
+    print(f"   {'figure':<40}{'n':>4}{'p50 ms':>9}{'max ms':>9}")
+    for label, values in (
+        ("SIGTERM -> refused", [s.refused_s for s in stops]),
+        ("refused -> commit at the next (gap)", [s.gap_s for s in stops]),
+    ):
+        if values:
+            print(
+                f"   {label:<40}{len(values):>4}{percentile(values, 50) * ms:>9.0f}"
+                f"{max(values) * ms:>9.0f}"
+            )
+    there = sum(s.named_at_stopping for s in stops)
+    elsewhere = sum(s.named_elsewhere for s in stops)
+    finds = sum(s.finds for s in stops)
+    print(
+        f"   FindCoordinator answers naming the stopping broker after its refusal: {there} "
+        f"there, {elsewhere} elsewhere, of {finds}"
+    )
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,190 @@
+"""A broker that stops gracefully hands its groups (and transactional ids) over without sending
+clients back to itself.
+
+Kafka's coordinator that unloads a group answers COORDINATOR_NOT_AVAILABLE / NOT_COORDINATOR,
+and FindCoordinator names the new coordinator once there is one. Here the stopping broker used
+to refuse the group ("shutting down") and then, asked FindCoordinator on a connection still open,
+name itself for the rest of its stop (its lease watch was closed with the group holding it, and
+its own pick still counted itself): a client looped FindCoordinator -> NOT_COORDINATOR until the
+broker was gone, then met "Connection refused" (librdkafka's commit retry made it worse,
+librdkafka#3645).
+
+The stop is held open on purpose: a produce's upload is held back by the S3 proxy, and the
+hand-off's flush waits for it, so the stopping broker answers on its open connection for
+seconds after it let its groups go.
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+import signal
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from confluent_kafka import Producer
+from harness.brokers import STEADY_SESSION_TTL_S, BrokerCluster
+from harness.groups import wait_for
+from harness.kafka_wire import KafkaWire
+from harness.s3_proxy import s3_proxy
+from harness.topics import create_topics
+
+from kafscale.broker.child_process import BrokerProcess
+from kafscale.broker.protocol.errors import ErrorCode
+
+pytestmark = pytest.mark.integration
+
+OFFSET_COMMIT, OFFSET_FETCH, METADATA, FIND_COORDINATOR, INIT_PRODUCER_ID = 8, 9, 3, 10, 22
+TOPIC, HELD_TOPIC, GROUP, TXN_ID = "committed", "held", "handed-over", "handed-over-txn"
+GROUP_KEY, TXN_KEY = (GROUP, 0), (TXN_ID, 1)
+HELD_UPLOAD_S = 6.0
+"""How long the proxy holds the upload the stopping broker's hand-off flushes: the window in
+which it still answers on its open connection after letting its groups go."""
+GRACE_S = "20"  # the hand-off's share (15 s) outlasts the held upload: the stop is graceful
+STEADY = {"KAFSCALE_ETCD__SESSION_TTL_S": STEADY_SESSION_TTL_S}
+DEADLINE_S = 60.0
+
+
+def commit_body(offset: int) -> dict[str, Any]:
+    """A simple commit (no membership, as ``assign()`` users and admin tools make)."""
+    partition = {"partition_index": 0, "committed_offset": offset}
+    return {
+        "group_id": GROUP,
+        "generation_id_or_member_epoch": -1,
+        "member_id": "",
+        "topics": [{"name": TOPIC, "partitions": [partition]}],
+    }
+
+
+def commit(wire: KafkaWire, offset: int) -> int:
+    answer = wire.request(OFFSET_COMMIT, 8, commit_body(offset))
+    return int(answer.topics[0].partitions[0].error_code)
+
+
+def committed(wire: KafkaWire) -> int:
+    asked = [{"name": TOPIC, "partition_indexes": [0]}]
+    body = {"group_id": GROUP, "topics": asked, "require_stable": False}
+    answer = wire.request(OFFSET_FETCH, 7, body)
+    assert answer.error_code == ErrorCode.NONE, answer
+    return int(answer.topics[0].partitions[0].committed_offset)
+
+
+def find_coordinator(wire: KafkaWire, key: tuple[str, int] = GROUP_KEY) -> tuple[int, int]:
+    """(error code, node id) of FindCoordinator for a (key, key type): the group by default."""
+    answer = wire.request(FIND_COORDINATOR, 3, {"key": key[0], "key_type": key[1]})
+    return int(answer.error_code), int(answer.node_id)
+
+
+def init_producer_id(wire: KafkaWire) -> int:
+    body = {
+        "transactional_id": TXN_ID,
+        "transaction_timeout": 10_000,
+        "producer_id": -1,
+        "producer_epoch": -1,
+    }
+    return int(wire.request(INIT_PRODUCER_ID, 3, body).error_code)
+
+
+def node_ids(broker: BrokerProcess) -> dict[int, int]:
+    """Port -> node id, from Metadata."""
+    with KafkaWire(broker.bootstrap) as wire:
+        listed = wire.request(METADATA, 1, {"topics": []}).brokers
+    return {int(b.port): int(b.node_id) for b in listed}
+
+
+def leaders(broker: BrokerProcess, topic: str) -> dict[int, int]:
+    """Partition -> leader, from Metadata."""
+    with KafkaWire(broker.bootstrap) as wire:
+        answer = wire.request(METADATA, 1, {"topics": [{"name": topic}]})
+    return {int(p.partition_index): int(p.leader_id) for p in answer.topics[0].partitions}
+
+
+def answers_until_named_elsewhere(
+    wire: KafkaWire, leaving: int
+) -> Iterator[dict[tuple[str, int], tuple[int, int]]]:
+    """FindCoordinator answers at the stopping broker for the group and the transactional id,
+    until both name another broker or the broker closes the connection (its stop ended)."""
+    deadline = time.monotonic() + DEADLINE_S
+    while time.monotonic() < deadline:
+        try:
+            answers = {key: find_coordinator(wire, key) for key in (GROUP_KEY, TXN_KEY)}
+        except (ConnectionError, OSError):
+            return
+        yield answers
+        if all(code == ErrorCode.NONE and node != leaving for code, node in answers.values()):
+            return
+        time.sleep(0.01)
+
+
+def in_runs(answers: list[dict[tuple[str, int], tuple[int, int]]]) -> list[str]:
+    """The answers in order, each run of equal ones once with its length (a failure's text)."""
+    runs = [(answer, len(list(group))) for answer, group in itertools.groupby(answers)]
+    return [f"{ {key[0]: found for key, found in answer.items()} } x{n}" for answer, n in runs]
+
+
+def test_a_stopping_coordinator_never_names_itself_and_the_next_commit_lands_elsewhere(
+    broker_cluster: BrokerCluster,
+) -> None:
+    """From the moment the stopping coordinator refuses the group (NOT_COORDINATOR), its
+    FindCoordinator answers for the group and for a transactional id it coordinated are
+    COORDINATOR_NOT_AVAILABLE (retried) or the surviving broker, never itself; the group's
+    next commit lands at the survivor, and the id is initialised there."""
+    with s3_proxy(broker_cluster.s3.url, HELD_UPLOAD_S) as s3:
+        leaving = broker_cluster.start(
+            KAFSCALE_STORAGE__ENDPOINT=s3.url, KAFSCALE_LIMITS__SHUTDOWN_GRACE_S=GRACE_S, **STEADY
+        )
+        staying = broker_cluster.start(**STEADY)
+        ids = node_ids(leaving)
+        leaving_id, staying_id = ids[leaving.port], ids[staying.port]
+        create_topics(leaving.bootstrap, [TOPIC], 1)
+        create_topics(leaving.bootstrap, [HELD_TOPIC], 2)
+        bootstrap = f"{leaving.bootstrap},{staying.bootstrap}"
+        producer = Producer({"bootstrap.servers": bootstrap, "acks": "1"})
+        for partition in (0, 1):
+            producer.produce(HELD_TOPIC, b"claims the partition", partition=partition)
+        assert producer.flush(30) == 0
+        wait_for(
+            lambda: set(leaders(staying, HELD_TOPIC).values()) == {leaving_id, staying_id},
+            DEADLINE_S,
+            "one partition each",
+        )
+        # the stopping broker's hand-off flushes this one
+        held = next(p for p, b in leaders(leaving, HELD_TOPIC).items() if b == leaving_id)
+
+        with KafkaWire(leaving.bootstrap, timeout_s=60) as wire:
+            assert commit(wire, 3) == ErrorCode.NONE  # the group's lease is taken here
+            assert init_producer_id(wire) == ErrorCode.NONE  # and the transactional id's
+            assert find_coordinator(wire) == (ErrorCode.NONE, leaving_id)
+            assert find_coordinator(wire, TXN_KEY) == (ErrorCode.NONE, leaving_id)
+            s3.hold = re.compile(rf"/topics/{HELD_TOPIC}/.*\.kfs")
+            producer.produce(HELD_TOPIC, b"flushed by the hand-off", partition=held)
+            producer.poll(0)
+            wait_for(lambda: bool(s3.held), 30, "the upload is held (the hand-off waits)")
+            leaving.signal(signal.SIGTERM)
+            refusal = ErrorCode.NONE
+            deadline = time.monotonic() + DEADLINE_S
+            while refusal == ErrorCode.NONE:  # served until the group is let go at the stop
+                assert time.monotonic() < deadline, leaving.tail()
+                refusal = commit(wire, 3)
+            assert refusal == ErrorCode.NOT_COORDINATOR, refusal
+            answers = list(answers_until_named_elsewhere(wire, leaving_id))
+
+        named_itself = [a for a in answers if (ErrorCode.NONE, leaving_id) in a.values()]
+        assert not named_itself, (
+            f"FindCoordinator at the stopping broker {leaving_id} named itself after refusing "
+            f"the group: {in_runs(answers)}"
+        )
+        assert answers and answers[-1] == dict.fromkeys(
+            (GROUP_KEY, TXN_KEY), (ErrorCode.NONE, staying_id)
+        ), in_runs(answers)
+        retried = {code for answer in answers for code, node in answer.values() if node < 0}
+        assert retried <= {ErrorCode.COORDINATOR_NOT_AVAILABLE}, in_runs(answers)
+        with KafkaWire(staying.bootstrap, timeout_s=60) as wire:
+            assert commit(wire, 7) == ErrorCode.NONE  # the next commit lands at once
+            assert committed(wire) == 7
+            assert find_coordinator(wire) == (ErrorCode.NONE, staying_id)
+            assert init_producer_id(wire) == ErrorCode.NONE  # the id's next coordinator
+        assert leaving.wait(60) == 0, leaving.tail(80)
+        assert producer.flush(30) == 0
