@@ -1,7 +1,9 @@
 """A cluster whose first broker reaches etcd through a ``TcpRelay``: etcd's answers to it can be
 held back (``relay.holding_replies()``) while its requests, keepalives included, still reach
-etcd and are applied. Held long enough, the broker's session is suspended though etcd still
-holds its lease (``broker/metadata/session_lease.py``); let go in time, it resumes.
+etcd and are applied. Held for a moment, a commit etcd applied is answered late
+(``test_durability.py``); held past the TTL, the broker's session is suspended though etcd
+still holds its lease (``broker/metadata/session_lease.py``); let go in time, it resumes
+(``test_session_lapse.py``, ``test_rebalance_resume.py``).
 
 The broker's etcd calls time out after 1 s (``KAFSCALE_ETCD__TIMEOUT_S``, 5 s by default), so
 a call whose answer is held fails within a second of it and the broker tries again. Other
