@@ -26,6 +26,11 @@ from kafscale.broker.metadata.embedded_etcd import EmbeddedEtcd
 
 ETCD_TIMEOUT_S = "1"
 """The relayed broker's etcd call timeout (``KAFSCALE_ETCD__TIMEOUT_S``)."""
+RESUMED = "resumed: etcd still holds it"
+"""The broker's log line when its suspended session resumes (``session_lease``). The whole
+phrase: a bare "resumed" also matched a group named "resumed" in the log from the start."""
+LOST = "etcd session lost"
+"""The broker's log line when it gives its lost session up for a new one."""
 
 
 @dataclass
@@ -37,8 +42,13 @@ class RelayedCluster:
     broker: BrokerProcess
 
     def log_says(self, text: str) -> bool:
-        """Whether the relayed broker's log has ``text`` (e.g. "suspended", "resumed")."""
+        """Whether the relayed broker's log has ``text`` (e.g. "suspended", ``RESUMED``)."""
         return text in self.broker.log_path.read_text(errors="replace")
+
+    def resumed_or_lost(self) -> bool:
+        """Whether the broker's session has resumed or was lost (what to wait for once etcd's
+        answers flow again; the caller then asserts which)."""
+        return self.log_says(RESUMED) or self.log_says(LOST)
 
 
 @contextmanager
