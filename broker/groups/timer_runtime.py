@@ -59,9 +59,13 @@ class TimerRuntime(RuntimeState):
         if from_ms is None:
             return
         self._resumption_applied_ms = resumed_ms
-        for machine in (self.group, self.consumer, self.share):
-            if machine is not None and not self.closed:
-                machine.resume_sessions(from_ms)
+        if self.closed:
+            return
+        machines = [m for m in (self.group, self.consumer, self.share) if m is not None]
+        for machine in machines:
+            machine.resume_sessions(from_ms)
+        if not any(machine.members for machine in machines):
+            return  # told for the groups with members only: a broker may hold many without
         log.info(
             "group %s: coordinating again; members' sessions (and a rebalance's wait for them)"
             " run from the session's resumption, %d ms ago",
