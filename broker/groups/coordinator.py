@@ -400,6 +400,7 @@ class GroupCoordinator:
                 own_configs=functools.partial(self._own_configs, group_id),
                 session_valid=session.still_valid,
                 sessions_since_ms=sessions_since_ms,
+                session_resumed_ms=session.resumed_at_ms,
             )
         except DECODE_ERRORS as exc:
             key = keys.group_metadata_key(self._host.cluster, group_id)

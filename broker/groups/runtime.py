@@ -105,6 +105,7 @@ class GroupRuntime(
         wall_clock: Clock = wall_clock_ms,
         session_valid: Callable[[], bool] = lambda: True,
         sessions_since_ms: int | None = None,
+        session_resumed_ms: Callable[[], int | None] = lambda: None,
     ) -> None:
         """``own_configs``: the group's own configs now (KIP-848 group configs, kept current
         by the cluster view's watch); they override the broker's consumer-protocol settings.
@@ -112,7 +113,10 @@ class GroupRuntime(
         ``session_valid``: whether the etcd session holding the group's lease is still valid
         (``SessionLease.still_valid``), asked before the timers act. ``sessions_since_ms``:
         when the last coordinator's lease went (``clock`` time), where the loaded members'
-        sessions run from, whatever the group's protocol (``sessions_start_ms``)."""
+        sessions run from, whatever the group's protocol (``sessions_start_ms``).
+        ``session_resumed_ms``: when that session last resumed after a suspension
+        (``SessionLease.resumed_at_ms``, ``clock`` time): the members' timers are moved for
+        each later one (``session_resume``)."""
         self.group_id = group_id
         self._own_configs = own_configs
         self.fence = fence
@@ -121,6 +125,8 @@ class GroupRuntime(
         self._on_lost = on_lost
         self._clock = clock
         self._session_valid = session_valid
+        self._session_resumed_ms = session_resumed_ms
+        self._resumption_applied_ms = session_resumed_ms()  # the members loaded after it
         now = clock()
         sessions_from = sessions_start_ms(now, sessions_since_ms)
         self.group: Group | None = None
@@ -188,9 +194,12 @@ class GroupRuntime(
         return None if self.group is None else self.group.state
 
     def _check_open(self) -> None:
-        """A runtime dropped after it was handed out must not take new work."""
+        """A runtime dropped after it was handed out must not take new work. Every request
+        passes here first, so it also meets the members' timers moved for a session resumption
+        the timer task has not acted on yet (``_catch_up_resumption``)."""
         if self.closed:
             raise NotCoordinator(f"this broker no longer coordinates group {self.group_id!r}")
+        self._catch_up_resumption()
 
     # --- what the group is --------------------------------------------------------------------
 

@@ -21,6 +21,14 @@ everyone is in, so only a member that really died costs that time. A member id h
 MEMBER_ID_REQUIRED, which the join waits for too, gets a whole session. KIP-848 consumer groups
 and share groups have no such group-wide phase (a consumer group's revocation timeout is per
 member, above).
+
+Every group coordinated on the session is moved, however its timers were scheduled. Before,
+only a group whose timer task woke during the suspension noticed it: a suspension that ended
+before the group's next deadline left its members only what remained of their sessions (a
+member refused for 8 s whose deadline fell 1 s after the resumption expired 1 s later). The
+session lease now tells when it last resumed (``SessionLease.resumed_at_ms``), and each group
+compares that with the resumption it last moved its timers for, at each timer step and each
+request (``resumption_to_apply``), and moves them from the resumption itself.
 """
 
 from __future__ import annotations
@@ -56,3 +64,14 @@ def resumed_join_deadline_ms(
     member does."""
     phase_ms = rebalance_timeout_ms if initial_delay_ms is None else initial_delay_ms
     return resumed_deadline_ms(deadline_ms, now_ms, phase_ms)
+
+
+def resumption_to_apply(applied_ms: int | None, resumed_ms: int | None, now_ms: int) -> int | None:
+    """From when a group's members' timers must be moved now, or None: the session's last
+    resumption (``resumed_ms``) if the group has not moved them for it yet (``applied_ms``, the
+    last one it did, or the session's last one when the group was taken on). Never later than
+    ``now_ms``: a resumption is in the past, and a timer moved from the future would give more
+    than a whole session."""
+    if resumed_ms is None or resumed_ms == applied_ms:
+        return None
+    return min(resumed_ms, now_ms)

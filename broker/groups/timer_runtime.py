@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 from kafscale.broker.groups.change_log import log_group_change
 from kafscale.broker.groups.consumer import ConsumerGroup
 from kafscale.broker.groups.runtime_state import RuntimeState
+from kafscale.broker.groups.session_resume import resumption_to_apply
 from kafscale.broker.protocol.errors import ErrorCode
 
 # The logger these lines had before ``runtime`` was split: a log line's ``logger`` field is
@@ -35,9 +36,10 @@ class TimerRuntime(RuntimeState):
     """The timer task of ``GroupRuntime`` (which sets every attribute named here)."""
 
     _session_valid: Callable[[], bool]
-    _members_refused = False
-    """Whether the timers found the session not valid since they last acted: the members'
-    heartbeats were refused meanwhile (``session_resume``)."""
+    _session_resumed_ms: Callable[[], int | None]
+    """When the session last resumed (``SessionLease.resumed_at_ms``, in ``_clock`` time)."""
+    _resumption_applied_ms: int | None
+    """The resumption the members' timers were last moved for (``session_resume``)."""
 
     if TYPE_CHECKING:  # defined by the other parts of ``GroupRuntime``; absent at run time,
         # so no stub here can stand before the real method in the runtime's MRO
@@ -48,15 +50,27 @@ class TimerRuntime(RuntimeState):
 
         def _tick_share(self) -> None: ...
 
-    def _resume_sessions(self, now_ms: int) -> None:
-        """The session is valid again after the members were refused (``session_resume``)."""
-        for machine in (self.group, self.consumer, self.share):
-            if machine is not None and not self.closed:
-                machine.resume_sessions(now_ms)
+    def _catch_up_resumption(self) -> None:
+        """Move the members' timers for a session resumption they were not moved for yet:
+        asked at each timer step and each request, so a suspension reaches the group whether
+        or not its timers woke during it (``session_resume``)."""
+        resumed_ms = self._session_resumed_ms()
+        from_ms = resumption_to_apply(self._resumption_applied_ms, resumed_ms, self._clock())
+        if from_ms is None:
+            return
+        self._resumption_applied_ms = resumed_ms
+        if self.closed:
+            return
+        machines = [m for m in (self.group, self.consumer, self.share) if m is not None]
+        for machine in machines:
+            machine.resume_sessions(from_ms)
+        if not any(machine.members for machine in machines):
+            return  # told for the groups with members only: a broker may hold many without
         log.info(
             "group %s: coordinating again; members' sessions (and a rebalance's wait for them)"
-            " run from now",
+            " run from the session's resumption, %d ms ago",
             self.group_id,
+            self._clock() - from_ms,
         )
 
     async def _run_timers(self) -> None:
@@ -79,12 +93,9 @@ class TimerRuntime(RuntimeState):
                 # Suspended, or woken from a freeze past the session's TTL (the lease is gone):
                 # no member expires and no rebalance completes here. A lost session drops the
                 # group; a resumed one runs on, its members given a whole session again.
-                self._members_refused = True
                 await asyncio.sleep(_LEASE_GONE_POLL_S)
                 continue
-            if self._members_refused:
-                self._members_refused = False
-                self._resume_sessions(self._clock())
+            self._catch_up_resumption()
             consumer = self.consumer
             if consumer is not None and not self.closed:
                 expired = consumer.tick(self._clock())

@@ -141,6 +141,8 @@ class SessionLease:
         self._held_until = valid_until
         """Loop time until which etcd may hold the lease (``held_after_send``)."""
         self._suspended = False  # told once per suspension
+        self._resumed_at: float | None = None
+        """Loop time of the session's last resumption (None: it never resumed)."""
         self.counts = counts if counts is not None else SessionCounts()
 
     @classmethod
@@ -178,6 +180,14 @@ class SessionLease:
         if self._task is None:
             return Phase.LOST if self.lost.is_set() else Phase.VALID
         return self._phase(asyncio.get_running_loop().time())
+
+    def resumed_at_ms(self) -> int | None:
+        """Loop time in ms (the group runtimes' clock) of the session's last resumption, None
+        if it never resumed. A group coordinated on this session moves its members' timers
+        for a resumption it has not seen yet, at its next timer step or request, whenever its
+        timers are due (``groups/session_resume``): a suspension that ended before a group's
+        next deadline woke no timer of it, and its members were refused all the same."""
+        return None if self._resumed_at is None else int(self._resumed_at * 1000)
 
     def may_be_held(self) -> bool:
         """Whether etcd may still hold the lease now, and so every key bound to it: while this
@@ -266,6 +276,7 @@ class SessionLease:
             return
         if session_phase(now, self._valid_until, self._ttl_s) is Phase.VALID:
             self._suspended = False
+            self._resumed_at = now
             self.counts.resumptions += 1
             log.warning(
                 "session lease %x resumed: etcd still holds it, nothing bound to it was taken",

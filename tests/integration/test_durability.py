@@ -44,9 +44,9 @@ from harness.kafka_wire import (
 )
 from harness.ports import closed_port, free_ports
 from harness.read_back import Acked, read_everything
+from harness.relayed_cluster import relayed_cluster
 from harness.s3 import S3Endpoint, unique_bucket
 from harness.s3_proxy import s3_proxy
-from harness.tcp_relay import TcpRelay
 from harness.topics import create_topic
 from kafka import KafkaConsumer, KafkaProducer
 from kafka import TopicPartition as KpTopicPartition
@@ -360,15 +360,15 @@ def test_a_commit_etcd_answers_late_is_acked_once_and_stored_once(
     broker frozen, a slow link). The record is stored, so the producer must hear success at its
     offset, not REQUEST_TIMED_OUT: a producer told "timed out" sends it again (a duplicate),
     and an idempotent one that then meets a sequence gap sends it again as new."""
-    relay = TcpRelay("127.0.0.1", int(etcd_server.client_url.rsplit(":", 1)[1]))
-    cluster = new_cluster(relay.url, s3_server, tmp_path, "late", name=cluster_name)
-    try:
-        broker = cluster.start(KAFSCALE_ETCD__TIMEOUT_S="1", KAFSCALE_ETCD__SESSION_TTL_S="10")
+    with relayed_cluster(
+        etcd_server, s3_server, tmp_path, cluster_name, "late", KAFSCALE_ETCD__SESSION_TTL_S="10"
+    ) as held:
+        broker = held.broker
         create_topic(broker.bootstrap, "late-answers", 1)
         producer = KafkaProducer(bootstrap_servers=broker.bootstrap, acks="all", retries=0)
         try:
             assert producer.send("late-answers", b"before").get(30).offset == 0
-            with relay.holding_replies():
+            with held.relay.holding_replies():
                 late = producer.send("late-answers", b"answered late")
                 time.sleep(3)  # the commit's first answer, and the next tries', come too late
                 assert not late.is_done
@@ -378,10 +378,7 @@ def test_a_commit_etcd_answers_late_is_acked_once_and_stored_once(
             producer.close()
         stored = read_everything(broker.bootstrap, "late-answers", 1)
         assert stored == {(0, 0): b"before", (0, 1): b"answered late", (0, 2): b"after"}
-        assert "asking again" in broker.log_path.read_text(errors="replace")
-    finally:
-        cluster.stop_all()
-        relay.close()
+        assert held.log_says("asking again")
 
 
 def test_object_store_unreachable_for_a_while_loses_no_acked_record(

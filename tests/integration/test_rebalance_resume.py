@@ -14,7 +14,6 @@ import time
 from pathlib import Path
 
 import pytest
-from harness.brokers import new_cluster
 from harness.classic_wire import (
     JOIN_GROUP,
     JOIN_VERSION,
@@ -28,8 +27,8 @@ from harness.classic_wire import (
 )
 from harness.groups import GROUP_ENV, wait_for
 from harness.kafka_wire import KafkaWire
+from harness.relayed_cluster import LOST, relayed_cluster
 from harness.s3 import S3Endpoint
-from harness.tcp_relay import TcpRelay
 
 from kafscale.broker.metadata.embedded_etcd import EmbeddedEtcd
 from kafscale.broker.protocol.errors import ErrorCode
@@ -79,16 +78,15 @@ def test_a_member_refused_past_the_rebalance_timeout_rejoins_the_same_rebalance(
     generation, Stable after their SyncGroups. Before: at the resumption the overdue join
     deadline completed the rebalance with a alone, and b's rejoin was answered
     UNKNOWN_MEMBER_ID (b must join anew: a second rebalance)."""
-    relay = TcpRelay("127.0.0.1", int(etcd_server.client_url.rsplit(":", 1)[1]))
-    cluster = new_cluster(relay.url, s3_server, tmp_path, "held", name=cluster_name)
-    try:
-        broker = cluster.start(
-            KAFSCALE_ETCD__TIMEOUT_S="1", KAFSCALE_ETCD__SESSION_TTL_S=str(TTL_S), **GROUP_ENV
-        )
-
-        def log_says(text: str) -> bool:
-            return text in broker.log_path.read_text(errors="replace")
-
+    with relayed_cluster(
+        etcd_server,
+        s3_server,
+        tmp_path,
+        cluster_name,
+        KAFSCALE_ETCD__SESSION_TTL_S=str(TTL_S),
+        **GROUP_ENV,
+    ) as held:
+        broker, log_says = held.broker, held.log_says
         with (
             KafkaWire(broker.bootstrap, timeout_s=WAIT_S) as at_a,
             KafkaWire(broker.bootstrap, timeout_s=WAIT_S) as at_b,
@@ -105,7 +103,7 @@ def test_a_member_refused_past_the_rebalance_timeout_rejoins_the_same_rebalance(
 
             join(at_a, a)  # the leader rejoins: a rebalance waits for b
             join_deadline = time.monotonic() + REBALANCE_MS / 1000
-            with relay.holding_replies():  # a fault that must outlast the TTL: its length is
+            with held.relay.holding_replies():  # a fault that must outlast the TTL: its length is
                 codes = []  # the point
 
                 def refused() -> bool:
@@ -122,14 +120,14 @@ def test_a_member_refused_past_the_rebalance_timeout_rejoins_the_same_rebalance(
                 time.sleep(max(join_deadline - time.monotonic(), 0) + 1)  # the deadline passes
                 assert log_says("suspended") and not log_says("lost"), broker.tail()
 
-            def resumed() -> bool:
-                return log_says("resumed") or log_says("etcd session lost")
-
             wait_for(
-                resumed, WAIT_S, "the broker neither resumed nor lost its session", broker.tail
+                held.resumed_or_lost,
+                WAIT_S,
+                "the broker neither resumed nor lost its session",
+                broker.tail,
             )
-            assert not log_says("etcd session lost"), broker.tail()
-            time.sleep(1)  # the group's timers, which look every 0.1 s, see the resumption
+            assert not log_says(LOST), broker.tail()
+            # at once: a request meets the resumption even before the group's timers do
             join(at_b, b)
             error, generation, leader, _ = joined(at_b)
             assert ErrorCode(error).name == ErrorCode.NONE.name, broker.tail()
@@ -137,6 +135,3 @@ def test_a_member_refused_past_the_rebalance_timeout_rejoins_the_same_rebalance(
             assert joined(at_a) == (ErrorCode.NONE, 3, a, {a, b})
             synced(at_a, at_b, (a, b), 3)
             assert heartbeat_code(at_b, GROUP, b, 3) == ErrorCode.NONE  # no rebalance after it
-    finally:
-        cluster.stop_all()
-        relay.close()

@@ -36,7 +36,7 @@ from typing import Any
 
 import pytest
 from harness.batches import make_batch
-from harness.brokers import BrokerCluster, new_cluster
+from harness.brokers import BrokerCluster
 from harness.classic_wire import heartbeat_code, stable_member
 from harness.kafka_wire import (
     FETCH,
@@ -49,8 +49,8 @@ from harness.kafka_wire import (
     produce_body,
     produce_partition,
 )
+from harness.relayed_cluster import LOST, relayed_cluster
 from harness.s3 import S3Endpoint
-from harness.tcp_relay import TcpRelay
 from prometheus_client.parser import text_string_to_metric_families
 
 from kafscale.broker.child_process import BrokerProcess
@@ -163,37 +163,30 @@ async def test_a_session_etcd_still_holds_after_unanswered_keepalives_is_kept(
     when the answers come it carries on with the same lease, registration and partitions.
     Before: its own timer ended the session; it gave every partition up and registered again
     on a new lease."""
-    relay = TcpRelay("127.0.0.1", int(etcd_server.client_url.rsplit(":", 1)[1]))
-    cluster = new_cluster(relay.url, s3_server, tmp_path, "held", name=cluster_name)
-    try:
-        broker = cluster.start(KAFSCALE_ETCD__TIMEOUT_S="1")  # the harness's TTL: 4 s
-        lease = await registration_lease(etcd, cluster.cluster, broker.node_id)
+    with relayed_cluster(etcd_server, s3_server, tmp_path, cluster_name) as held:  # TTL: 4 s
+        broker, log_says = held.broker, held.log_says
+        lease = await registration_lease(etcd, held.cluster.cluster, broker.node_id)
         with KafkaWire(broker.bootstrap, timeout_s=WAIT_S) as wire:
             partition_zero(wire)  # auto-creates the topic
             assert produced(wire, b"before") == ErrorCode.NONE  # claims partition 0
             leader, epoch = partition_zero(wire)
             assert leader == broker.node_id
 
-            def log_says(text: str) -> bool:
-                return text in broker.log_path.read_text(errors="replace")
-
             async def lapsed() -> bool:
                 return log_says("suspended") or log_says("etcd session lost")
 
-            with relay.holding_replies():  # a fault that must outlast the TTL: its length is
-                await until(lapsed, "the keepalives kept being answered", broker)  # the point
+            # a fault that must outlast the TTL: its length is the point
+            with held.relay.holding_replies():
+                await until(lapsed, "the keepalives kept being answered", broker)
 
             async def resumed() -> bool:
-                return log_says("resumed") or log_says("etcd session lost")
+                return held.resumed_or_lost()
 
             await until(resumed, "the broker neither resumed nor lost its session", broker)
-            assert not log_says("etcd session lost"), broker.tail()
+            assert not log_says(LOST), broker.tail()
             assert produced(wire, b"after") == ErrorCode.NONE, broker.tail()
             assert partition_zero(wire) == (leader, epoch)  # never given up nor claimed again
-        assert await registration_lease(etcd, cluster.cluster, broker.node_id) == lease
-    finally:
-        cluster.stop_all()
-        relay.close()
+        assert await registration_lease(etcd, held.cluster.cluster, broker.node_id) == lease
 
 
 GROUP = "resumed"
@@ -215,16 +208,10 @@ async def test_a_coordinator_that_resumes_its_session_keeps_its_members(
     group. Before: the group's timers expired, at the resumption, every member whose session
     had run out while it was refused, and the group rebalanced (its members rejoined from
     scratch) after an etcd hiccup that moved nothing."""
-    relay = TcpRelay("127.0.0.1", int(etcd_server.client_url.rsplit(":", 1)[1]))
-    cluster = new_cluster(relay.url, s3_server, tmp_path, "held", name=cluster_name)
-    try:
-        broker = cluster.start(
-            KAFSCALE_ETCD__TIMEOUT_S="1", KAFSCALE_ETCD__SESSION_TTL_S=RESUMABLE_TTL_S
-        )
-
-        def log_says(text: str) -> bool:
-            return text in broker.log_path.read_text(errors="replace")
-
+    with relayed_cluster(
+        etcd_server, s3_server, tmp_path, cluster_name, KAFSCALE_ETCD__SESSION_TTL_S=RESUMABLE_TTL_S
+    ) as held:
+        broker, log_says = held.broker, held.log_says
         with KafkaWire(broker.bootstrap, timeout_s=WAIT_S) as wire:
             member, generation = stable_member(
                 wire, GROUP, session_ms=GROUP_SESSION_MS, rebalance_ms=GROUP_SESSION_MS
@@ -239,7 +226,7 @@ async def test_a_coordinator_that_resumes_its_session_keeps_its_members(
                 await asyncio.sleep(1)
                 return code == ErrorCode.NOT_COORDINATOR
 
-            with relay.holding_replies():
+            with held.relay.holding_replies():
                 await until(lapsed, "the keepalives kept being answered", broker)
                 assert log_says("suspended") and not log_says("lost"), broker.tail()
                 # The member's session runs out while the coordinator refuses it; the
@@ -247,16 +234,66 @@ async def test_a_coordinator_that_resumes_its_session_keeps_its_members(
                 await asyncio.sleep(GROUP_SESSION_MS / 1000 + 1)
 
             async def resumed() -> bool:
-                return log_says("resumed") or log_says("etcd session lost")
+                return held.resumed_or_lost()
 
             await until(resumed, "the broker neither resumed nor lost its session", broker)
-            assert not log_says("etcd session lost"), broker.tail()
-            await asyncio.sleep(1)  # the group's timers, which look every 0.1 s, see the resumption
+            assert not log_says(LOST), broker.tail()
+            # at once: a request meets the resumption even before the group's timers do
             answer = heartbeat_code(wire, GROUP, member, generation)
         assert ErrorCode(answer).name == ErrorCode.NONE.name, broker.tail()
-    finally:
-        cluster.stop_all()
-        relay.close()
+
+
+SHORT_GROUP = "short-suspension"
+LONG_SESSION_MS = 20_000
+"""A member session longer than the suspension below: its deadline falls after the resumption."""
+REFUSED_S = 5  # how long the member is refused after the first refusal: well within the TTL
+
+
+async def test_a_suspension_shorter_than_a_members_session_still_gives_it_a_whole_one(
+    etcd_server: EmbeddedEtcd, s3_server: S3Endpoint, cluster_name: str, tmp_path: Path
+) -> None:
+    """The coordinator's session is suspended for a few seconds, and resumes before its
+    member's session would have run out. The member was refused meanwhile, so it gets a whole
+    session from the resumption: its heartbeat after its old deadline is accepted. Before: a
+    group whose timer task did not wake during the suspension (its next deadline came after
+    the resumption) kept the members' old deadlines, and the member was expired at its old
+    deadline, though it could not heartbeat for seconds before it."""
+    with relayed_cluster(
+        etcd_server, s3_server, tmp_path, cluster_name, KAFSCALE_ETCD__SESSION_TTL_S=RESUMABLE_TTL_S
+    ) as held:
+        broker, log_says = held.broker, held.log_says
+        with KafkaWire(broker.bootstrap, timeout_s=WAIT_S) as wire:
+            member, generation = stable_member(
+                wire, SHORT_GROUP, session_ms=LONG_SESSION_MS, rebalance_ms=GROUP_SESSION_MS
+            )
+            accepted_at = [time.monotonic()]  # when the last accepted heartbeat was answered
+
+            async def lapsed() -> bool:
+                """Whether the session lapsed, the member heartbeating meanwhile (answered in
+                memory while the session is valid)."""
+                code = heartbeat_code(wire, SHORT_GROUP, member, generation)
+                assert code in (ErrorCode.NONE, ErrorCode.NOT_COORDINATOR), broker.tail()
+                if code == ErrorCode.NONE:
+                    accepted_at.append(time.monotonic())
+                    await asyncio.sleep(1)
+                return code == ErrorCode.NOT_COORDINATOR
+
+            with held.relay.holding_replies():
+                await until(lapsed, "the keepalives kept being answered", broker)
+                await asyncio.sleep(REFUSED_S)  # the member is refused for seconds: the point
+                assert log_says("suspended") and not log_says("lost"), broker.tail()
+
+            async def resumed() -> bool:
+                return held.resumed_or_lost()
+
+            await until(resumed, "the broker neither resumed nor lost its session", broker)
+            assert not log_says(LOST), broker.tail()
+            old_deadline = accepted_at[-1] + LONG_SESSION_MS / 1000
+            # Past the deadline the member had before the suspension (the broker set it before
+            # answering that heartbeat): the time is the point.
+            await asyncio.sleep(max(old_deadline - time.monotonic(), 0) + 1)
+            answer = heartbeat_code(wire, SHORT_GROUP, member, generation)
+        assert ErrorCode(answer).name == ErrorCode.NONE.name, broker.tail()
 
 
 SHARED = "shared"  # the two-broker test's topic
@@ -325,21 +362,20 @@ async def test_a_suspended_owner_is_named_by_every_broker_and_refuses_until_it_r
     resumes; ``/metrics`` shows the suspension. Before: S named B leader of its partitions,
     and B, where etcd says S owns them, refused and named S: a client went back and forth
     between two brokers; and S's metrics read as a healthy session."""
-    relay = TcpRelay("127.0.0.1", int(etcd_server.client_url.rsplit(":", 1)[1]))
-    cluster = new_cluster(relay.url, s3_server, tmp_path, "held", name=cluster_name)
-    try:
-        suspended = cluster.start(
-            KAFSCALE_ETCD__TIMEOUT_S="1", KAFSCALE_ETCD__SESSION_TTL_S=SUSPENDABLE_TTL_S
-        )
+    with relayed_cluster(
+        etcd_server,
+        s3_server,
+        tmp_path,
+        cluster_name,
+        KAFSCALE_ETCD__SESSION_TTL_S=SUSPENDABLE_TTL_S,
+    ) as held:
+        cluster, suspended, log_says = held.cluster, held.broker, held.log_says
         other = cluster.start(
             KAFSCALE_ETCD__ENDPOINTS=json.dumps([etcd_server.client_url]),
             KAFSCALE_ETCD__SESSION_TTL_S=SUSPENDABLE_TTL_S,
         )
         me = suspended.node_id
         await create_topic(etcd, cluster.cluster, SHARED, SHARED_PARTITIONS, {})
-
-        def log_says(text: str) -> bool:
-            return text in suspended.log_path.read_text(errors="replace")
 
         with (
             KafkaWire(suspended.bootstrap, timeout_s=WAIT_S) as at_s,
@@ -364,8 +400,9 @@ async def test_a_suspended_owner_is_named_by_every_broker_and_refuses_until_it_r
             async def lapsed() -> bool:
                 return log_says("suspended")
 
-            with relay.holding_replies():  # a fault that must outlast the TTL: its length is
-                await until(lapsed, "the keepalives kept being answered", suspended)  # the point
+            # a fault that must outlast the TTL: its length is the point
+            with held.relay.holding_replies():
+                await until(lapsed, "the keepalives kept being answered", suspended)
                 # etcd still holds S's keys: both name S where it owns, and agree everywhere.
                 from_s = leaders_by_partition(at_s, SHARED)
                 from_b = leaders_by_partition(at_b, SHARED)
@@ -380,10 +417,10 @@ async def test_a_suspended_owner_is_named_by_every_broker_and_refuses_until_it_r
             assert during["state=valid"] == during["state=lost"] == 0, during
 
             async def resumed() -> bool:
-                return log_says("resumed") or log_says("etcd session lost")
+                return held.resumed_or_lost()
 
             await until(resumed, "the broker neither resumed nor lost its session", suspended)
-            assert not log_says("etcd session lost"), suspended.tail()
+            assert not log_says(LOST), suspended.tail()
             for partition in mine:
                 body = produce_body(SHARED, partition, make_batch(0, [b"after"]))
                 assert produce_partition(at_s.request(PRODUCE, 9, body))[0] == ErrorCode.NONE
@@ -391,6 +428,3 @@ async def test_a_suspended_owner_is_named_by_every_broker_and_refuses_until_it_r
         assert after["state=valid"] == 1, after
         assert after["kafscale_session_lease_suspensions_total"] == 1, after
         assert after["kafscale_session_lease_resumptions_total"] == 1, after
-    finally:
-        cluster.stop_all()
-        relay.close()

@@ -30,6 +30,7 @@ class KeepaliveEtcd:
     def __init__(self) -> None:
         self.unreachable = False
         self.expired = False
+        self.renewals = 0
 
     async def grant_lease(self, ttl_s: int) -> int:
         return 7
@@ -39,6 +40,7 @@ class KeepaliveEtcd:
             raise LeaseLost(f"etcd lease {lease_id:x} has expired or was revoked")
         if self.unreachable:
             raise MetadataUnavailable("etcd lease keepalive: no leader")
+        self.renewals += 1
         return TTL_S
 
 
@@ -162,5 +164,30 @@ async def test_a_suspension_and_its_resumption_are_counted() -> None:
         await until(session.still_valid, "never resumed")
         assert (session.counts.suspensions, session.counts.resumptions) == (1, 1)
         assert session.phase() is Phase.VALID
+    finally:
+        await session.close()
+
+
+async def test_a_resumption_is_told_with_its_time_and_renewals_do_not_change_it() -> None:
+    """``resumed_at_ms``: what each group coordinated on the session compares with the
+    resumption it last moved its members' timers for (``groups/session_resume``)."""
+    etcd = KeepaliveEtcd()
+    session = await SessionLease.start(cast(Any, etcd), TTL_S)
+    try:
+        assert session.resumed_at_ms() is None  # never suspended
+        etcd.unreachable = True
+        await until(lambda: not session.still_valid(), "never suspended")
+        assert session.resumed_at_ms() is None
+        etcd.unreachable = False
+        before_ms = int(asyncio.get_running_loop().time() * 1000)
+        await until(session.still_valid, "never resumed")
+        resumed_ms = session.resumed_at_ms()
+        after_ms = int(asyncio.get_running_loop().time() * 1000)
+        assert resumed_ms is not None and before_ms <= resumed_ms <= after_ms
+        resumptions, renewals = session.counts.resumptions, etcd.renewals
+        await until(lambda: etcd.renewals >= renewals + 3, "no more keepalives")
+        # ordinary keepalives are no resumption (unless the loop stalled past the TTL again)
+        moved = session.resumed_at_ms() != resumed_ms
+        assert not moved or session.counts.resumptions > resumptions
     finally:
         await session.close()
