@@ -417,9 +417,12 @@ class Campaign:
         a new session. The ``stop`` fault, within the 15-s session, no longer makes such a
         fenced writer; load used to, at random. The harness cannot tell which broker has a
         pass in flight (passes run all the time here): any owner will do."""
-        owners = eventually(self.owners, "an owner of the topic's partitions")
-        owning = [s for s in self.slots if s.process.node_id in owners.values()]
-        slot = self.rng.choice(owning)
+
+        def owning() -> list[tuple[Slot, dict[int, int]]]:
+            owners = self.owners()
+            return [(s, owners) for s in self.slots if s.process.node_id in owners.values()]
+
+        slot, owners = self.rng.choice(eventually(owning, "a broker owning a partition"))
         broker = slot.process
         taken = sorted(p for p, owner in owners.items() if owner == broker.node_id)
         lease = self.registration_lease(broker.node_id)
