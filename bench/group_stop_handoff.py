@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import os
 import signal
 import sys
@@ -56,6 +57,7 @@ class Stop:
     named_at_stopping: int
     named_elsewhere: int
     finds: int
+    drain_answered_s: float | None = None  # --mode drain: when POST /drain answered
 
 
 @dataclass
@@ -104,17 +106,28 @@ def find(probe: Probe, broker: BrokerProcess, group: str) -> tuple[int, int] | N
     return None if answer is None else (int(answer.error_code), int(answer.node_id))
 
 
-def start_leaving(leaving: BrokerProcess, mode: str) -> threading.Thread | None:
-    """SIGTERM (``stop``), or ``POST /drain`` on a thread, as the preStop hook sends it while
-    clients go on (``drain``: the thread, joined once the group moved)."""
-    if mode == "stop":
-        leaving.signal(signal.SIGTERM)
-        return None
-    thread = threading.Thread(
-        target=leaving.http, args=("POST", "/drain", 60.0), name="drain", daemon=True
-    )
-    thread.start()
-    return thread
+@dataclass
+class DrainCall:
+    """``POST /drain`` on a thread, as the preStop hook sends it while clients go on."""
+
+    broker: BrokerProcess
+    answered_at: float | None = None
+    thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        self.thread = threading.Thread(target=self._run, name="drain", daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        with contextlib.suppress(Exception):
+            self.broker.http("POST", "/drain", 60.0)
+        self.answered_at = time.perf_counter()
+
+    def sigterm_once_answered(self) -> None:
+        """The pod's SIGTERM follows its preStop hook: a drain that left the group at the
+        drained broker (before coordinators were handed over at a drain) moves it then."""
+        if self.answered_at is not None and not self.broker.stopping:
+            self.broker.signal(signal.SIGTERM)
 
 
 def measure_one(
@@ -127,23 +140,21 @@ def measure_one(
     for broker in live:
         find(probe, broker, group)  # connect before the clock starts
     began = time.perf_counter()
-    draining = start_leaving(leaving, mode)
-
-    def sigterm_once_drained() -> None:
-        """The pod's SIGTERM follows its preStop hook: a drain that left the group at the
-        drained broker (before KafScale handed coordinators over at a drain) moves it then."""
-        if draining is not None and not draining.is_alive() and not leaving.stopping:
-            leaving.signal(signal.SIGTERM)
-
+    if mode == "stop":
+        leaving.signal(signal.SIGTERM)
+        return probe_until_moved(probe, live, leaving, group, began, timeout_s, backoff_s)
+    drain = DrainCall(leaving)
+    drain.start()
     try:
-        return probe_until_moved(
-            probe, live, leaving, group, began, timeout_s, backoff_s, sigterm_once_drained
+        stop = probe_until_moved(
+            probe, live, leaving, group, began, timeout_s, backoff_s, drain.sigterm_once_answered
         )
     finally:
-        if draining is not None:
-            draining.join(60)
-            if not leaving.stopping:
-                leaving.signal(signal.SIGTERM)
+        assert drain.thread is not None
+        drain.thread.join(60)
+        drain.sigterm_once_answered()
+    answered = None if drain.answered_at is None else drain.answered_at - began
+    return dataclasses.replace(stop, drain_answered_s=answered)
 
 
 def probe_until_moved(
@@ -154,7 +165,7 @@ def probe_until_moved(
     began: float,
     timeout_s: float,
     backoff_s: float,
-    each_round: Callable[[], None],
+    each_round: Callable[[], None] = lambda: None,
 ) -> Stop:
     """Commit as a client does until a broker other than ``leaving`` acks (module doc)."""
     by_node = {b.node_id: b for b in live}
@@ -251,7 +262,7 @@ def main() -> int:
                     f"{stop.refused_s * 1000:.0f} ms after {args.mode}, no coordinator for "
                     f"{stop.gap_s * 1000:.0f} ms, stopping broker named "
                     f"{stop.named_at_stopping}x there / {stop.named_elsewhere}x elsewhere "
-                    f"({stop.finds} FindCoordinator)",
+                    f"({stop.finds} FindCoordinator)" + drain_note(stop),
                     flush=True,
                 )
                 for broker in stack.brokers:
@@ -267,6 +278,13 @@ def main() -> int:
             probe.close()
     report(args, stops, time.perf_counter() - began)
     return 0
+
+
+def drain_note(stop: Stop) -> str:
+    """When ``POST /drain`` answered, against the group's move (``--mode drain``)."""
+    if stop.drain_answered_s is None:
+        return ""
+    return f", drain answered after {stop.drain_answered_s * 1000:.0f} ms"
 
 
 def report(args: argparse.Namespace, stops: list[Stop], wall: float) -> None:
@@ -289,6 +307,13 @@ def report(args: argparse.Namespace, stops: list[Stop], wall: float) -> None:
                 f"   {label:<40}{len(values):>4}{percentile(values, 50) * ms:>9.0f}"
                 f"{max(values) * ms:>9.0f}"
             )
+    answered = [s for s in stops if s.drain_answered_s is not None]
+    if answered:
+        before = sum(1 for s in answered if (s.drain_answered_s or 0) < s.refused_s)
+        print(
+            f"   the group still coordinated at the drained broker when POST /drain answered "
+            f"(it moved only at the SIGTERM after the hook): {before} of {len(answered)}"
+        )
     there = sum(s.named_at_stopping for s in stops)
     elsewhere = sum(s.named_elsewhere for s in stops)
     finds = sum(s.finds for s in stops)
