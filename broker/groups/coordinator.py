@@ -231,8 +231,8 @@ class GroupCoordinator:
     def _give_up_all(self, reason: str) -> Awaitable[None]:
         """Unload every group now (each refused from here on) and return what releases their
         leases, each once its group stopped: the one hand-off of a drain and of a stop. Bounded
-        by the etcd timeout; a lease etcd did not release goes with the session, or stays
-        until the draining broker's next session loss (a drained broker takes nothing)."""
+        by the etcd timeout; a lease etcd did not release then goes with the broker's session
+        (revoked at its stop, which follows the preStop drain)."""
         handovers = [
             self._hand_over(runtime.fence, self._unload(runtime, reason))
             for runtime in list(self._runtimes.values())

@@ -291,7 +291,7 @@ class TransactionCoordinator:
             raise NotCoordinator(f"transactional id {transactional_id!r} is at broker {holder}")
         if self._closed or host.draining:  # began while taking it: given back, as at the drain
             await self._give_back(fence)
-            raise NotCoordinator("this broker is draining")
+            raise NotCoordinator("this broker is draining or stopping")
         self._fences[transactional_id] = fence
         return fence
 
