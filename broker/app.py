@@ -500,14 +500,28 @@ class Broker:
     # --- handoff and shutdown ----------------------------------------------------------------
 
     async def drain(self) -> None:
-        """Hand every partition over without exiting (preStop hook, draining mark).
+        """Hand every partition, group and transactional id over without exiting (preStop
+        hook, draining mark), as Kafka's controlled shutdown moves a broker's leaders and
+        coordinators before it stops.
 
         The draining mark goes first so that the assignment moves our partitions elsewhere
-        while we flush; each release then deletes a lease the new owner is waiting for. In a
-        whole-cluster stop (``stop_acquiring``) there is no new owner: no mark.
+        while we flush, and every broker's FindCoordinator pick leaves us out; the coordinators
+        then let their leases go (``hand_over_coordinators``), and each partition release
+        deletes a lease the new owner is waiting for. In a whole-cluster stop
+        (``stop_acquiring``) there is no new owner: no mark.
         """
         await self._mark_draining()
+        await self.hand_over_coordinators()
         await self.log_manager.release_all()
+
+    async def hand_over_coordinators(self) -> None:
+        """Give up every transactional id and group coordinated here (the broker drains or
+        stops; ``draining`` is set): their next coordinators load them from etcd, and requests
+        here get NOT_COORDINATOR. The one hand-off of ``drain`` and ``shutdown``."""
+        if self.transactions is not None:
+            await self.transactions.hand_over()
+        if self.groups is not None:
+            await self.groups.hand_over()
 
     async def _mark_draining(self) -> None:
         """Take on nothing more, and tell the others (the ``draining/<id>`` mark) so that

@@ -1,11 +1,12 @@
 """FindCoordinator: which broker coordinates a consumer group or a transactional id.
 
 Groups are answered by the group coordinator's lease-aware choice, transactional ids by the
-transaction coordinator's. A stopping broker never names itself once it hands its groups and
-transactional ids over: while it still holds a key's lease the answer is
-COORDINATOR_NOT_AVAILABLE (retriable; Kafka's answer while a coordinator unloads), then the
-broker the others name. A key the principal may not describe gets its AUTHORIZATION_FAILED
-code, an unknown key type INVALID_REQUEST. v4+ batches keys; v0-3 answer one key at the top.
+transaction coordinator's. A draining (``POST /drain``) or stopping broker never names itself
+once it hands its groups and transactional ids over: while it still holds a key's lease the
+answer is COORDINATOR_NOT_AVAILABLE (retriable; Kafka's answer while a coordinator unloads),
+then the broker the others name. A key the principal may not describe gets its
+AUTHORIZATION_FAILED code, an unknown key type INVALID_REQUEST. v4+ batches keys; v0-3 answer
+one key at the top.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from kafscale.broker.protocol.errors import ErrorCode
 
 GROUP_KEY_TYPE = 0
 TRANSACTION_KEY_TYPE = 1
-HANDING_OVER = "this broker is stopping and hands its coordinators over: ask again"
+HANDING_OVER = "this broker drains or stops and hands its coordinators over: ask again"
 
 
 async def handle_find_coordinator(request: Any, ctx: RequestContext) -> Body:

@@ -23,7 +23,7 @@ import functools
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Awaitable, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -192,29 +192,34 @@ class GroupCoordinator:
 
     @property
     def handing_over(self) -> bool:
-        """Whether this broker is giving its groups up for good (``close`` began): from then
-        on it refuses every group, and FindCoordinator here never names it."""
-        return self._closed
+        """Whether this broker gives its groups up: it drains (``POST /drain``, the draining
+        mark; until the mark is removed) or stops (``close`` began). Meanwhile it refuses
+        every group, takes on none, and FindCoordinator here never names it."""
+        return self._closed or self._host.draining
+
+    async def hand_over(self) -> None:
+        """Give every group up while the broker keeps running (it drains): as at ``close``,
+        each group is refused at once (its waiting members get NOT_COORDINATOR) and its lease
+        released as soon as its runtime stopped, so the next coordinator takes it and every
+        FindCoordinator names that one. A group being loaded meanwhile gives its lease back
+        once loaded (``_acquire``); none is taken on while the broker drains (``_take_lease``)."""
+        loading = list(self._loading.values())
+        await self._give_up_all("the broker is draining")
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(self._host.etcd.timeout_s):
+                await asyncio.gather(*loading, return_exceptions=True)
 
     async def close(self) -> None:
-        """Stop coordinating and release every group lease (waiters get NOT_COORDINATOR).
-
-        Each group's lease goes as soon as its own runtime has stopped, not after every
-        background task of the coordinator: the next coordinator can take it at once, and
-        FindCoordinator at every broker then names that one (``coordinator_for``)."""
+        """Stop coordinating and release every group lease (waiters get NOT_COORDINATOR),
+        as ``hand_over`` does, then stop the coordinator's own tasks."""
         self._closed = True
         loading = list(self._loading.values())
         for loader in loading:
             loader.cancel()
-        handovers = [  # every group refused from here on, its lease released once it stopped
-            self._hand_over(runtime.fence, self._unload(runtime, "the broker is shutting down"))
-            for runtime in list(self._runtimes.values())
-        ]
+        given_up = self._give_up_all("the broker is shutting down")
         for task in self._tasks:
             task.cancel()
-        with contextlib.suppress(Exception):
-            async with asyncio.timeout(self._host.etcd.timeout_s):
-                await asyncio.gather(*handovers, return_exceptions=True)
+        await given_up
         await self.stored_lag.close()
         releasing = list(self._releasing.values())
         await asyncio.gather(
@@ -223,9 +228,26 @@ class GroupCoordinator:
         self._retired.clear()
         await self._leases.close()
 
+    def _give_up_all(self, reason: str) -> Awaitable[None]:
+        """Unload every group now (each refused from here on) and return what releases their
+        leases, each once its group stopped: the one hand-off of a drain and of a stop. Bounded
+        by the etcd timeout; a lease etcd did not release then goes with the broker's session
+        (revoked at its stop, which follows the preStop drain)."""
+        handovers = [
+            self._hand_over(runtime.fence, self._unload(runtime, reason))
+            for runtime in list(self._runtimes.values())
+        ]
+
+        async def released() -> None:
+            with contextlib.suppress(Exception):
+                async with asyncio.timeout(self._host.etcd.timeout_s):
+                    await asyncio.gather(*handovers, return_exceptions=True)
+
+        return released()
+
     async def _hand_over(self, fence: Fence, stopped: list[asyncio.Task[None]]) -> None:
-        """Give a group's lease back at shutdown once its runtime's tasks ended (a write they
-        had in flight is fenced by the lease either way)."""
+        """Give a group's lease back once its runtime's tasks ended (a write they had in
+        flight is fenced by the lease either way)."""
         await asyncio.gather(*stopped, return_exceptions=True)
         await self._leases.release(fence)
 
@@ -233,10 +255,10 @@ class GroupCoordinator:
 
     def coordinator_for(self, group_id: str) -> BrokerInfo | None:
         """FindCoordinator's answer: the live lease holder, else the broker that will take it;
-        never this broker once it hands its groups over (None while it still holds the
-        group's lease: COORDINATOR_NOT_AVAILABLE, which clients retry)."""
+        never this broker while it hands its groups over (draining or stopping: None while it
+        still holds the group's lease, COORDINATOR_NOT_AVAILABLE, which clients retry)."""
         view = self._host.view
-        leaving = (self._host.node_id,) if self._closed else ()
+        leaving = (self._host.node_id,) if self.handing_over else ()
         chosen = choose_coordinator(
             group_id, self._leases.holder(group_id), view.brokers.keys(), view.draining, leaving
         )
@@ -341,6 +363,9 @@ class GroupCoordinator:
             loaded = await self._store.load(group_id)
             if self._closed or host.session is not session or not session.still_valid():
                 raise CoordinatorBetweenSessions("this broker lost its etcd session")
+            if host.draining:  # began while loading: the lease goes back, as at the drain
+                await self._give_back(fence)
+                raise NotCoordinator("this broker is draining")
             gone_at_ms = self._lease_gone_at.pop(group_id, None)
             runtime = self._new_runtime(group_id, fence, loaded, session, gone_at_ms)
         except UnreadableRecord as exc:

@@ -179,34 +179,48 @@ class TransactionCoordinator:
     async def close(self) -> None:
         """Stop coordinating; release the leases so that other brokers take over at once."""
         self._closed = True
-        tasks = [*self._tasks, *self._completions.values()]
-        for task in tasks:
+        for task in self._tasks:
             task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self.hand_over()
+        await self._leases.close()
+        await self.client.close()
+
+    async def hand_over(self) -> None:
+        """Give every transactional id up (the broker drains or stops): the completions running
+        here stop and each id's lease is released, so the next coordinator loads the id's
+        state from etcd and goes on with it. An ONGOING transaction is ended there by the
+        producer's EndTxn (a request here meanwhile gets NOT_COORDINATOR: its fenced write
+        fails, or no lease is taken while draining); a PREPARE_* one is finished by that
+        coordinator's check, woken by the released lease (``_on_lease_change``)."""
+        completions = list(self._completions.values())
+        for task in completions:
+            task.cancel()
+        await asyncio.gather(*completions, return_exceptions=True)
         fences, self._fences = list(self._fences.values()), {}
+        self._saved.clear()
         with contextlib.suppress(Exception):
             async with asyncio.timeout(self._host.etcd.timeout_s):
                 await asyncio.gather(*(self._leases.release(f) for f in fences))
-        await self._leases.close()
-        await self.client.close()
 
     # --- finding the coordinator ----------------------------------------------------------
 
     @property
     def handing_over(self) -> bool:
-        """Whether this broker is giving its transactional ids up for good (``close`` began)."""
-        return self._closed
+        """Whether this broker gives its transactional ids up: it drains or stops
+        (``GroupCoordinator.handing_over``)."""
+        return self._closed or self._host.draining
 
     def coordinator_for(self, transactional_id: str) -> BrokerInfo | None:
         """As the group coordinator's (``GroupCoordinator.coordinator_for``): never this broker
-        once it hands its transactional ids over."""
+        while it hands its transactional ids over."""
         view = self._host.view
         chosen = choose_coordinator(
             transactional_id,
             self._leases.holder(transactional_id),
             view.brokers.keys(),
             view.draining,
-            (self._host.node_id,) if self._closed else (),
+            (self._host.node_id,) if self.handing_over else (),
         )
         return None if chosen is None else view.brokers.get(chosen)
 
@@ -236,9 +250,13 @@ class TransactionCoordinator:
             return
         fence = self._fences.pop(transactional_id, None)
         if fence is not None:
-            with contextlib.suppress(MetadataUnavailable, TimeoutError):
-                async with asyncio.timeout(self._host.etcd.timeout_s):
-                    await self._leases.release(fence)
+            await self._give_back(fence)
+
+    async def _give_back(self, fence: Fence) -> None:
+        """Release a lease no request here will use (bounded: else it goes with the session)."""
+        with contextlib.suppress(MetadataUnavailable, TimeoutError):
+            async with asyncio.timeout(self._host.etcd.timeout_s):
+                await self._leases.release(fence)
 
     def held(self) -> dict[str, int]:
         """How much this coordinator holds (for ``/status``)."""
@@ -271,6 +289,9 @@ class TransactionCoordinator:
         if fence is None:
             holder = self._leases.holder(transactional_id)
             raise NotCoordinator(f"transactional id {transactional_id!r} is at broker {holder}")
+        if self._closed or host.draining:  # began while taking it: given back, as at the drain
+            await self._give_back(fence)
+            raise NotCoordinator("this broker is draining or stopping")
         self._fences[transactional_id] = fence
         return fence
 

@@ -12,6 +12,10 @@ librdkafka#3645).
 The stop is held open on purpose: a produce's upload is held back by the S3 proxy, and the
 hand-off's flush waits for it, so the stopping broker answers on its open connection for
 seconds after it let its groups go.
+
+``POST /drain`` (the pod's preStop hook, run before SIGTERM) hands them over the same way, the
+broker still running: it used to keep its groups and transactional ids until the SIGTERM, and
+every broker named it meanwhile (a live lease holder is always named).
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from confluent_kafka import Producer
 from harness.brokers import STEADY_SESSION_TTL_S, BrokerCluster
 from harness.groups import wait_for
 from harness.kafka_wire import KafkaWire
+from harness.log_cleaner import poll_all
 from harness.s3_proxy import s3_proxy
 from harness.topics import create_topics
 
@@ -188,3 +193,95 @@ def test_a_stopping_coordinator_never_names_itself_and_the_next_commit_lands_els
             assert init_producer_id(wire) == ErrorCode.NONE  # the id's next coordinator
         assert leaving.wait(60) == 0, leaving.tail(80)
         assert producer.flush(30) == 0
+
+
+def named_everywhere(brokers: list[BrokerProcess], key: tuple[str, int]) -> set[tuple[int, int]]:
+    """FindCoordinator's (error code, node id) for ``key`` at each broker, as a set."""
+    found = set()
+    for broker in brokers:
+        with KafkaWire(broker.bootstrap) as wire:
+            found.add(find_coordinator(wire, key))
+    return found
+
+
+def test_a_drained_coordinator_hands_its_group_and_transactional_id_over_without_a_stop(
+    broker_cluster: BrokerCluster,
+) -> None:
+    """After ``POST /drain`` (no SIGTERM: the broker keeps running), the drained broker refuses
+    the group it coordinated on a connection opened before (NOT_COORDINATOR, which clients
+    follow), FindCoordinator at every broker names the other one for the group and for the
+    transactional id, and the group's next commit lands there with its offsets."""
+    leaving = broker_cluster.start(**STEADY)
+    staying = broker_cluster.start(**STEADY)
+    ids = node_ids(leaving)
+    leaving_id, staying_id = ids[leaving.port], ids[staying.port]
+    create_topics(leaving.bootstrap, [TOPIC], 1)
+    with KafkaWire(leaving.bootstrap, timeout_s=60) as wire:
+        assert commit(wire, 3) == ErrorCode.NONE  # the group's lease is taken here
+        assert init_producer_id(wire) == ErrorCode.NONE  # and the transactional id's
+        assert find_coordinator(wire) == (ErrorCode.NONE, leaving_id)
+        assert leaving.http("POST", "/drain", timeout_s=60)[0] == 200
+        assert commit(wire, 4) == ErrorCode.NOT_COORDINATOR, "still coordinated after the drain"
+        assert init_producer_id(wire) == ErrorCode.NOT_COORDINATOR
+        assert committed(wire) == 3  # read from etcd: nothing was lost
+    assert leaving.status()["client_state"]["groups"] == 0
+    assert leaving.status()["client_state"]["transactional_ids"] == 0
+    moved = {(ErrorCode.NONE, staying_id)}
+    for key in (GROUP_KEY, TXN_KEY):  # each broker's watch sees the released lease
+        wait_for(
+            lambda key=key: named_everywhere([leaving, staying], key) == moved,
+            DEADLINE_S,
+            f"FindCoordinator({key}) to name {staying_id} at every broker, not the drained "
+            f"{leaving_id}",
+            lambda key=key: str(named_everywhere([leaving, staying], key)),
+        )
+    with KafkaWire(staying.bootstrap, timeout_s=60) as wire:
+        assert committed(wire) == 3
+        assert commit(wire, 7) == ErrorCode.NONE
+        assert committed(wire) == 7
+        assert init_producer_id(wire) == ErrorCode.NONE  # the id's next coordinator
+    assert named_everywhere([leaving, staying], GROUP_KEY) == moved
+    assert leaving.alive, "drained, not stopped"
+
+
+def test_a_transaction_begun_before_its_coordinator_drains_commits_after_it(
+    broker_cluster: BrokerCluster,
+) -> None:
+    """A transaction whose coordinator is drained mid-way goes on at the next coordinator,
+    which loads its state from etcd: the producer's later records and its commit succeed and
+    a read_committed consumer reads every record of it. The coordinator moves at the drain
+    (FindCoordinator names the other broker at both), not at a later SIGTERM."""
+    leaving = broker_cluster.start(**STEADY)
+    staying = broker_cluster.start(**STEADY)
+    ids = node_ids(leaving)
+    leaving_id, staying_id = ids[leaving.port], ids[staying.port]
+    create_topics(leaving.bootstrap, [TOPIC], 1)
+    with KafkaWire(leaving.bootstrap, timeout_s=60) as wire:
+        assert init_producer_id(wire) == ErrorCode.NONE  # the id's coordinator is `leaving`
+    producer = Producer(
+        {
+            "bootstrap.servers": f"{leaving.bootstrap},{staying.bootstrap}",
+            "transactional.id": TXN_ID,
+            "transaction.timeout.ms": 60_000,
+        }
+    )
+    producer.init_transactions(60)
+    assert named_everywhere([leaving, staying], TXN_KEY) == {(ErrorCode.NONE, leaving_id)}
+    producer.begin_transaction()
+    for n in range(3):
+        producer.produce(TOPIC, f"before {n}".encode(), partition=0)
+    assert producer.flush(30) == 0
+    assert leaving.http("POST", "/drain", timeout_s=60)[0] == 200
+    wait_for(
+        lambda: named_everywhere([leaving, staying], TXN_KEY) == {(ErrorCode.NONE, staying_id)},
+        DEADLINE_S,
+        f"the transactional id's coordinator to move from the drained {leaving_id}",
+        lambda: str(named_everywhere([leaving, staying], TXN_KEY)),
+    )
+    for n in range(3):
+        producer.produce(TOPIC, f"after {n}".encode(), partition=0)
+    assert producer.flush(30) == 0
+    producer.commit_transaction(60)
+    values = [value for _, _, value in poll_all(staying.bootstrap, TOPIC, "read_committed")]
+    assert values == [b"before 0", b"before 1", b"before 2", b"after 0", b"after 1", b"after 2"]
+    assert leaving.alive, "drained, not stopped"

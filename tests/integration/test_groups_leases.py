@@ -364,3 +364,34 @@ async def test_a_coordinator_stopping_with_its_cluster_takes_on_no_group(
         await c1.runtime("orders")
     assert await host1.etcd.get(keys.group_lease_key(host1.cluster, "orders")) is None
     assert await c1.runtime("held") is held
+
+
+async def test_a_drained_coordinator_hands_a_rebalancing_group_over_and_takes_none_on(
+    hosts: list[tuple[CoordinatorHost, GroupCoordinator]],
+) -> None:
+    """``hand_over`` (``POST /drain``): a JoinGroup waiting in a rebalance at the drained
+    coordinator is answered NOT_COORDINATOR (the member rejoins at the next coordinator), the
+    group's lease is gone from etcd, the other broker takes the group on, FindCoordinator at the
+    drained one names the other, and it takes no group on until its draining mark is removed."""
+    (host1, c1), (_, c2) = hosts
+    runtime = await c1.runtime("g")
+    await runtime.join(join_request())
+    waiting = asyncio.create_task(runtime.join(join_request()))  # a rebalance, waits
+    await asyncio.sleep(0.05)
+    assert not waiting.done()
+    host1.draining = True  # as Broker._mark_draining does, before the hand-off
+    host1.view.draining.add(1)
+    await c1.hand_over()
+    assert (await asyncio.wait_for(waiting, 5)).error is ErrorCode.NOT_COORDINATOR
+    assert await host1.etcd.get(keys.group_lease_key(host1.cluster, "g")) is None
+    assert c1.handing_over and c1.local("g") is None
+    taken = c1.coordinator_for("g")
+    assert taken is not None and taken.node_id == 2
+    assert await c2.runtime("g") is not None
+    with pytest.raises(NotCoordinator):
+        await c1.runtime("other")
+    assert await host1.etcd.get(keys.group_lease_key(host1.cluster, "other")) is None
+    host1.draining = False  # the mark removed (Broker._reconcile)
+    host1.view.draining.discard(1)
+    assert not c1.handing_over
+    await c1.runtime("other")
