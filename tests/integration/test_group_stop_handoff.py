@@ -150,10 +150,10 @@ def test_a_stopping_coordinator_never_names_itself_and_the_next_commit_lands_els
         for partition in (0, 1):
             producer.produce(HELD_TOPIC, b"claims the partition", partition=partition)
         assert producer.flush(30) == 0
-        wait_for(
-            lambda: set(leaders(staying, HELD_TOPIC).values()) == {leaving_id, staying_id},
+        wait_for(  # all the test needs: one partition whose flush the stop must finish
+            lambda: leaving_id in leaders(leaving, HELD_TOPIC).values(),
             DEADLINE_S,
-            "one partition each",
+            "a partition led by the broker that will stop",
         )
         # the stopping broker's hand-off flushes this one
         held = next(p for p, b in leaders(leaving, HELD_TOPIC).items() if b == leaving_id)
