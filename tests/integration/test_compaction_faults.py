@@ -52,7 +52,7 @@ from harness.compaction_faults import (
     latest_acked,
     tiling_gaps,
 )
-from harness.etcd import harness_etcd
+from harness.etcd import harness_etcd, registration_lease
 from harness.groups import wait_while_progressing
 from harness.kafka_wire import KafkaWire, fetch_body, fetch_partition
 from harness.s3 import S3Endpoint
@@ -457,11 +457,9 @@ class Campaign:
     def registration_lease(self, node_id: int) -> int | None:
         """The session lease broker ``node_id``'s registration is bound to (None: none)."""
 
-        async def read(etcd: Etcd) -> int | None:
-            kv = await etcd.get(keys.broker_key(self.cluster.cluster, node_id))
-            return None if kv is None else kv.lease
-
-        return in_etcd(self.cluster, read)
+        return in_etcd(
+            self.cluster, lambda etcd: registration_lease(etcd, self.cluster.cluster, node_id)
+        )
 
     def wait_claimed(self, partitions: list[int], stopped: int) -> None:
         """Until etcd names another owner for each of ``partitions``: the revoke freed the

@@ -100,6 +100,17 @@ def node_ids(broker: BrokerProcess) -> dict[int, int]:
     return {int(b.port): int(b.node_id) for b in listed}
 
 
+def leaving_and_staying(
+    broker_cluster: BrokerCluster,
+) -> tuple[BrokerProcess, BrokerProcess, int, int]:
+    """Two brokers (the one to drain first) and their node ids, ``TOPIC`` created."""
+    leaving = broker_cluster.start(**STEADY)
+    staying = broker_cluster.start(**STEADY)
+    ids = node_ids(leaving)
+    create_topics(leaving.bootstrap, [TOPIC], 1)
+    return leaving, staying, ids[leaving.port], ids[staying.port]
+
+
 def leaders(broker: BrokerProcess, topic: str) -> dict[int, int]:
     """Partition -> leader, from Metadata."""
     with KafkaWire(broker.bootstrap) as wire:
@@ -228,11 +239,7 @@ def test_a_drained_coordinator_hands_its_group_and_transactional_id_over_without
     the group it coordinated on a connection opened before (NOT_COORDINATOR, which clients
     follow), FindCoordinator at every broker names the other one for the group and for the
     transactional id, and the group's next commit lands there with its offsets."""
-    leaving = broker_cluster.start(**STEADY)
-    staying = broker_cluster.start(**STEADY)
-    ids = node_ids(leaving)
-    leaving_id, staying_id = ids[leaving.port], ids[staying.port]
-    create_topics(leaving.bootstrap, [TOPIC], 1)
+    leaving, staying, leaving_id, staying_id = leaving_and_staying(broker_cluster)
     with KafkaWire(leaving.bootstrap, timeout_s=60) as wire:
         assert commit(wire, 3) == ErrorCode.NONE  # the group's lease is taken here
         assert init_producer_id(wire) == ErrorCode.NONE  # and the transactional id's
@@ -268,11 +275,7 @@ def test_a_transaction_begun_before_its_coordinator_drains_commits_after_it(
     which loads its state from etcd: the producer's later records and its commit succeed and
     a read_committed consumer reads every record of it. The coordinator moves at the drain
     (FindCoordinator names the other broker at both), not at a later SIGTERM."""
-    leaving = broker_cluster.start(**STEADY)
-    staying = broker_cluster.start(**STEADY)
-    ids = node_ids(leaving)
-    leaving_id, staying_id = ids[leaving.port], ids[staying.port]
-    create_topics(leaving.bootstrap, [TOPIC], 1)
+    leaving, staying, leaving_id, staying_id = leaving_and_staying(broker_cluster)
     with KafkaWire(leaving.bootstrap, timeout_s=60) as wire:
         assert init_producer_id(wire) == ErrorCode.NONE  # the id's coordinator is `leaving`
     producer = producers(
