@@ -38,10 +38,10 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
 
-from _cluster import BrokerProcess, RawKafka, Stack, create_topic, percentile, wait_for
+from _cluster import BrokerProcess, Stack, create_topic, percentile, wait_for
+from _raw_connections import RawConnections
 
 TOPIC = "group-stop-load"
 OFFSET_COMMIT, FIND_COORDINATOR = 8, 10
@@ -60,35 +60,7 @@ class Stop:
     drain_answered_s: float | None = None  # --mode drain: when POST /drain answered
 
 
-@dataclass
-class Probe:
-    """Raw connections to brokers, opened lazily and dropped when a broker goes away."""
-
-    connections: dict[int, RawKafka] = field(default_factory=dict)
-
-    def request(self, broker: BrokerProcess, api_key: int, version: int, body: Any) -> Any:
-        """The answer, or None when the broker cannot be reached (its connection is dropped)."""
-        try:
-            conn = self.connections.get(broker.node_id)
-            if conn is None:
-                conn = self.connections[broker.node_id] = RawKafka(broker.bootstrap, 10)
-            return conn.request(api_key, version, body)
-        except OSError:
-            self.drop(broker.node_id)
-            return None
-
-    def drop(self, node_id: int) -> None:
-        conn = self.connections.pop(node_id, None)
-        if conn is not None:
-            with contextlib.suppress(OSError):
-                conn.close()
-
-    def close(self) -> None:
-        for node_id in list(self.connections):
-            self.drop(node_id)
-
-
-def commit(probe: Probe, broker: BrokerProcess, group: str, offset: int) -> int:
+def commit(probe: RawConnections, broker: BrokerProcess, group: str, offset: int) -> int:
     """A simple commit's error code (-1: the broker could not be reached)."""
     partition = {"partition_index": 0, "committed_offset": offset}
     body = {
@@ -101,7 +73,7 @@ def commit(probe: Probe, broker: BrokerProcess, group: str, offset: int) -> int:
     return -1 if answer is None else int(answer.topics[0].partitions[0].error_code)
 
 
-def find(probe: Probe, broker: BrokerProcess, group: str) -> tuple[int, int] | None:
+def find(probe: RawConnections, broker: BrokerProcess, group: str) -> tuple[int, int] | None:
     answer = probe.request(broker, FIND_COORDINATOR, 3, {"key": group, "key_type": 0})
     return None if answer is None else (int(answer.error_code), int(answer.node_id))
 
@@ -131,7 +103,7 @@ class DrainCall:
 
 
 def measure_one(
-    stack: Stack, probe: Probe, rep: int, timeout_s: float, backoff_s: float, mode: str
+    stack: Stack, probe: RawConnections, rep: int, timeout_s: float, backoff_s: float, mode: str
 ) -> Stop:
     live = stack.live_brokers
     leaving = live[rep % len(live)]
@@ -158,7 +130,7 @@ def measure_one(
 
 
 def probe_until_moved(
-    probe: Probe,
+    probe: RawConnections,
     live: list[BrokerProcess],
     leaving: BrokerProcess,
     group: str,
@@ -251,7 +223,7 @@ def main() -> int:
         create_topic(stack.live_brokers[0].bootstrap, TOPIC, args.partitions)
         halt = threading.Event()
         load = start_load(stack, args.load_rate, halt)
-        probe = Probe()
+        probe = RawConnections(timeout_s=10)
         try:
             for rep in range(args.reps):
                 time.sleep(1.0)  # the load reaches every owner

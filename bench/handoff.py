@@ -38,7 +38,7 @@ import subprocess
 import sys
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +52,7 @@ from _cluster import (
     verdict,
     wait_for,
 )
+from _raw_connections import RawConnections
 
 TOPIC = "handoff"
 TXN_TOPIC = "flushes"
@@ -82,29 +83,6 @@ def watch_exit(handoff: Handoff, broker: BrokerProcess, began: float) -> None:
     handoff._waiter.start()
 
 
-@dataclass
-class Probe:
-    """Raw connections to brokers, opened lazily and dropped when a broker goes away."""
-
-    connections: dict[int, RawKafka] = field(default_factory=dict)
-
-    def connection(self, broker: BrokerProcess) -> RawKafka:
-        conn = self.connections.get(broker.node_id)
-        if conn is None:
-            conn = self.connections[broker.node_id] = RawKafka(broker.bootstrap, timeout_s=30)
-        return conn
-
-    def drop(self, node_id: int) -> None:
-        conn = self.connections.pop(node_id, None)
-        if conn is not None:
-            with contextlib.suppress(OSError):
-                conn.close()
-
-    def close(self) -> None:
-        for node_id in list(self.connections):
-            self.drop(node_id)
-
-
 # --- ownership ----------------------------------------------------------------------------------
 
 
@@ -131,7 +109,7 @@ def balanced(brokers: list[BrokerProcess], topic: str, partitions: int) -> bool:
 
 
 def measure_one(
-    stack: Stack, probe: Probe, partition: int, signum: int, timeout_s: float
+    stack: Stack, probe: RawConnections, partition: int, signum: int, timeout_s: float
 ) -> Handoff:
     live = stack.live_brokers
     by_node = {b.node_id: b for b in live}
@@ -175,7 +153,7 @@ def measure_one(
 
 
 def run_handoffs(
-    stack: Stack, args: argparse.Namespace, signum: int, probe: Probe
+    stack: Stack, args: argparse.Namespace, signum: int, probe: RawConnections
 ) -> list[Handoff]:
     results = []
     for rep in range(args.reps):
@@ -418,7 +396,7 @@ def main(argv: list[str] | None = None) -> int:
                 bootstrap = ",".join(b.bootstrap for b in stack.live_brokers)
                 load = Load(bootstrap, TOPIC, args.partitions, args.load_rate)
                 load.start()
-            probe = Probe()
+            probe = RawConnections(timeout_s=30)
             try:
                 if "sigterm" not in args.skip:
                     print("planned handoff (SIGTERM) ...", flush=True)

@@ -41,7 +41,7 @@ from kafscale.broker.settings_cli import (
     overrides_from_args,
     update_readme,
 )
-from kafscale.broker.startup_error import RunError, StartupError
+from kafscale.broker.startup_error import RunError, SettingError, StartupError
 from kafscale.broker.stop_deadline import stop_bound_s, stop_within
 from kafscale.broker.users_cli import add_users_parser, run_users
 
@@ -327,6 +327,9 @@ def _run(coroutine: object) -> int:
 
     try:
         uvloop.run(coroutine)  # type: ignore[arg-type]
+    except SettingError as exc:
+        print(f"kafscale: invalid configuration: {exc}", file=sys.stderr)
+        return 2
     except StartupError as exc:
         print(f"kafscale: cannot start: {exc}", file=sys.stderr)
         return 1

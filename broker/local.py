@@ -50,6 +50,7 @@ from kafscale.broker.metadata.etcd_binary import (
     describe_etcd,
     find_local_etcd,
     later_release,
+    no_etcd_exit,
     remember_data_version,
 )
 from kafscale.broker.proxy.app import Proxy
@@ -71,7 +72,7 @@ from kafscale.broker.security.local_pki import (
     LocalPki,
     make_local_pki,
 )
-from kafscale.broker.startup_error import RunError
+from kafscale.broker.startup_error import RunError, SettingError
 from kafscale.broker.stop_deadline import stop_bound_s, stop_within
 from kafscale.broker.storage.object_store import ObjectStoreError
 
@@ -300,7 +301,10 @@ async def start_etcd(
     try:
         await etcd.wait_healthy_async()
     except EtcdStartError as exc:
+        no_etcd = no_etcd_exit(choice.path, etcd.exit_status, etcd.log_since_launch())
         etcd.kill()
+        if choice.given and no_etcd is not None:
+            raise SettingError(no_etcd) from exc
         raise StartupError(exc.summary) from exc
     except BaseException:
         etcd.kill()

@@ -11,6 +11,12 @@ class StartupError(Exception):
     """A dependency is missing or unreachable; the process must exit non-zero."""
 
 
+class SettingError(StartupError):
+    """A setting names something start-up found unusable only on trying it (an
+    ``--etcd-binary`` that exited before serving): one line and exit status 2, as a bad
+    setting found before the start."""
+
+
 class RunError(Exception):
     """A part the process depends on ended while it ran (``kafscale local``'s etcd): after the
     stop, the message is one line on stderr and the exit status 1."""

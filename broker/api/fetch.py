@@ -364,9 +364,13 @@ def _partition_body(partition: int, code: ErrorCode, high_watermark: int, log_st
 def _body(wanted: list[_Wanted], results: list[Body], context: FetchContext, version: int) -> Body:
     """The response: every partition read, or of an incremental session's only the ones that
     changed (``FetchContext.respond``). Each partition's code is one consumers of ``version``
-    handle (``fetch_partition_code``): the Java consumer throws out of poll() on any other."""
+    handle (``fetch_partition_code``): the Java consumer throws out of poll() on any other.
+    NONE (0), nearly every partition of nearly every answer, is one already: only the others
+    take the enum and the mapping, which stays the safety net for a code no one mapped."""
     for result in results:
-        result["error_code"] = fetch_partition_code(ErrorCode(result["error_code"]), version)
+        code = result["error_code"]
+        if code:
+            result["error_code"] = fetch_partition_code(ErrorCode(code), version)
     chosen = context.respond(
         [
             (

@@ -368,14 +368,15 @@ def _fetch_body(ctx: RequestContext, parts: list[_Partition], lock_ms: int) -> B
     """The ShareFetch answer. A partition's code is one the Java share consumer handles
     (``fetch_partition_code``): its ShareFetchCollector throws IllegalStateException out of
     poll() on others, e.g. REQUEST_TIMED_OUT when etcd did not answer the state's load. The
-    acknowledgement's code is another field, read by the client's acknowledgement path."""
+    acknowledgement's code is another field, read by the client's acknowledgement path. NONE,
+    the common answer, needs no mapping."""
     topics: dict[uuid.UUID, list[Body]] = {}
     for part in parts:
         leader, epoch = _leader(ctx, part)
         topics.setdefault(part.topic_id, []).append(
             {
                 "partition_index": part.index,
-                "error_code": fetch_partition_code(part.error),
+                "error_code": fetch_partition_code(part.error) if part.error else part.error,
                 "error_message": None,
                 "acknowledge_error_code": part.ack_error,
                 "acknowledge_error_message": None,

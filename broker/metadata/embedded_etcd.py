@@ -63,6 +63,8 @@ from kafscale.broker.parent_death import start_bound
 _HEALTH_POLL_S = 0.02
 _HEALTH_REQUEST_TIMEOUT_S = 0.5
 _LOG_TAIL_BYTES = 4000
+_LAUNCH_MARK = " starting etcd\n"
+"""Ends the line ``launch`` writes to the log before it starts etcd."""
 _STALE_STOP_TIMEOUT_S = 5.0
 _EXIT_STOP_TIMEOUT_S = 5.0
 _VERSION_TIMEOUT_S = 10.0
@@ -294,7 +296,7 @@ class EmbeddedEtcd:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         env = etcd_environment()
         with self.log_path.open("ab") as log_file:
-            log_file.write(f"--- {time.strftime('%F %T')} starting etcd\n".encode())
+            log_file.write(f"--- {time.strftime('%F %T')}{_LAUNCH_MARK}".encode())
             log_file.flush()
             # Its own session: a Ctrl-C in the terminal reaches the whole foreground process
             # group, and etcd must outlive the brokers' handoff; its owner stops it afterwards.
@@ -482,6 +484,11 @@ class EmbeddedEtcd:
             f"{self._log_tail()}",
             summary,
         )
+
+    def log_since_launch(self) -> str:
+        """What etcd wrote to its log since the last ``launch`` (after its marker line; the
+        whole tail if the marker is no longer in it)."""
+        return self._log_tail().rpartition(_LAUNCH_MARK)[2]
 
     def _log_tail(self) -> str:
         try:

@@ -88,18 +88,43 @@ def named_etcd(flag: Path | None, environ: Mapping[str, str]) -> Path | None:
     return Path(value) if value else None
 
 
-def named_etcd_problem(path: Path, named_by: str) -> str | None:
+def named_etcd_problem(
+    path: Path, named_by: str, version_of: Callable[[Path], str | None] = etcd_version
+) -> str | None:
     """Why the etcd the user named (with ``named_by``: the flag or the variable) cannot be
-    run at all: not there, or not executable; None if it can be tried. Said in one line before
-    anything starts, as any bad setting; it used to be "is not an etcd executable (printed no
-    etcd version)" whatever the reason, which sent a user with a typo in the path looking for
-    what was wrong with their etcd. A bare name is looked up on PATH, as it is run."""
+    run: not there, not executable, or no etcd (``version_of`` it, its ``--version``, names
+    no etcd release: ``/bin/true``); None if it can be tried. Said in one line before
+    anything starts, exit status 2, as any bad setting; it used to be "is not an etcd
+    executable (printed no etcd version)" whatever the reason, which sent a user with a typo
+    in the path looking for what was wrong with their etcd, and a program that is no etcd
+    was a start-up failure (status 1) after the data directory was made. A bare name is
+    looked up on PATH, as it is run."""
     if "/" not in str(path):
-        return None if shutil.which(str(path)) else f"{named_by} {path}: not found on PATH"
-    if not path.exists():
+        if not shutil.which(str(path)):
+            return f"{named_by} {path}: not found on PATH"
+    elif not path.exists():
         return f"{named_by} {path}: not found"
-    if path.is_dir() or not os.access(path, os.X_OK):
+    elif path.is_dir() or not os.access(path, os.X_OK):
         return f"{named_by} {path}: not executable"
+    if version_of(path) is None:
+        return f"{named_by} {path}: not an etcd (`{path} --version` names no etcd release)"
+    return None
+
+
+def no_etcd_exit(path: Path, exit_status: int | None, log_since_launch: str) -> str | None:
+    """Why the named etcd at ``path``, which did not serve, is no etcd (None: it is one that
+    failed, or has not exited): it wrote nothing to its log (an etcd logs its start, and why
+    it fails: a port in use, data it cannot read) or exited with status 0 (an etcd exits 0
+    only when told to stop). Such a program answers ``--version`` as an etcd would (a stub, a
+    wrapper that lost its etcd): a bad ``--etcd-binary``, where a real etcd's failure stays a
+    start-up error with its log's line."""
+    if exit_status is None:
+        return None
+    named = f"{path} (--etcd-binary or {BINARY_ENV}) is not an etcd"
+    if not log_since_launch.strip():
+        return f"{named}: it exited (status {exit_status}) before serving, logging nothing"
+    if exit_status == 0:
+        return f"{named}: it exited with status 0 before serving (etcd exits 0 only when stopped)"
     return None
 
 

@@ -9,6 +9,7 @@ import contextlib
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from typing import Any
 
 from kafscale.broker.groups.coordinator import GroupCoordinator
 from kafscale.broker.groups.model import GroupConfig, JoinRequest
@@ -46,6 +47,23 @@ class Coordinated:
 
     host: CoordinatorHost
     coordinator: GroupCoordinator
+
+
+HAND_RUN_CHECK_MS = 3_600_000
+"""A periodic offset-retention check an hour away: the test runs its checks by hand."""
+
+
+def hand_checked_retention(retention_ms: int, **more: Any) -> GroupConfig:
+    """A coordinator's group config for a test that runs the offset-retention checks itself:
+    committed offsets kept ``retention_ms``, the periodic check ``HAND_RUN_CHECK_MS`` away, no
+    initial rebalance delay and 1-s minimum sessions (``more`` adds or replaces fields)."""
+    fields: dict[str, Any] = {
+        "initial_rebalance_delay_ms": 0,
+        "min_session_timeout_ms": 1000,
+        "offsets_retention_ms": retention_ms,
+        "offsets_retention_check_interval_ms": HAND_RUN_CHECK_MS,
+    }
+    return GroupConfig(**(fields | more))
 
 
 def join_request(member_id: str = "", timeout_ms: int = 10_000) -> JoinRequest:

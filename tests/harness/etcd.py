@@ -28,6 +28,7 @@ import pytest
 
 from harness.scratch import owned_scratch_dir
 from kafscale.broker.config import EtcdConnectionSettings
+from kafscale.broker.metadata import keys
 from kafscale.broker.metadata.embedded_etcd import EmbeddedEtcd
 from kafscale.broker.metadata.etcd import Etcd
 from kafscale.broker.metadata.etcd_connect import connect_etcd
@@ -68,6 +69,13 @@ async def harness_etcd(url: str) -> Etcd:
     ``HARNESS_ETCD_TIMEOUT_S`` for every call. Close it when done."""
     settings = EtcdConnectionSettings(endpoints=(url,), timeout_s=HARNESS_ETCD_TIMEOUT_S)
     return await connect_etcd(settings, attempts=HARNESS_CONNECT_ATTEMPTS)
+
+
+async def registration_lease(etcd: Etcd, cluster: str, node_id: int) -> int | None:
+    """The lease broker ``node_id``'s registration (``brokers/<id>``) is bound to, its etcd
+    session; None: not registered (never, or its session ended)."""
+    kv = await etcd.get(keys.broker_key(cluster, node_id))
+    return None if kv is None else kv.lease
 
 
 _SHM = Path("/dev/shm")

@@ -40,6 +40,11 @@ USERS = "/apis/kafscale.io/v1alpha1/namespaces/{ns}/kafscaleusers"
 DEPLOYMENTS = "/apis/apps/v1/namespaces/{ns}/deployments"
 PODS = "/api/v1/namespaces/{ns}/pods"
 SECRETS = "/api/v1/namespaces/{ns}/secrets"
+SERVICES = "/api/v1/namespaces/{ns}/services"
+CONFIG_MAPS = "/api/v1/namespaces/{ns}/configmaps"
+STATEFULSETS = "/apis/apps/v1/namespaces/{ns}/statefulsets"
+MANAGED = {"storage": {"bucket": "bucket-1"}, "etcd": {"replicas": 1, "storageSize": "1Gi"}}
+"""A cluster spec's storage and a one-member managed etcd: what a test adds its own fields to."""
 
 
 @dataclass(frozen=True)

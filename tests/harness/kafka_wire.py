@@ -12,7 +12,7 @@ import socket
 import struct
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, fields, is_dataclass
 from typing import Any, get_args, get_origin, get_type_hints
 
@@ -330,3 +330,52 @@ def share_heartbeat(
         **fields,
     }
     return wire.request(76, 1, body)
+
+
+def share_fetch_partitions(
+    wire: KafkaWire,
+    group: str,
+    member: str,
+    epoch: int,
+    partitions: Sequence[tuple[Any, int]],
+    acks: Mapping[tuple[Any, int], list[Any]] | None = None,
+    max_records: int = 100,
+) -> Any:
+    """A ShareFetch v1 (KIP-932) of ``member`` at share-session ``epoch`` (0 opens the
+    session) for ``partitions`` ((topic id, index) pairs), acknowledging ``acks`` (batches by
+    partition) on the way."""
+    by_topic: dict[Any, list[dict[str, Any]]] = {}
+    for topic_id, index in partitions:
+        batches = (acks or {}).get((topic_id, index), [])
+        by_topic.setdefault(topic_id, []).append(
+            {"partition_index": index, "acknowledgement_batches": batches}
+        )
+    body = {
+        "group_id": group,
+        "member_id": member,
+        "share_session_epoch": epoch,
+        "max_wait": 0,
+        "min_bytes": 1,
+        "max_bytes": 1 << 20,
+        "max_records": max_records,
+        "batch_size": max_records,
+        "topics": [{"topic_id": t, "partitions": ps} for t, ps in by_topic.items()],
+        "forgotten_topics_data": [],
+    }
+    return wire.request(78, 1, body)
+
+
+def share_fetch(
+    wire: KafkaWire,
+    group: str,
+    member: str,
+    epoch: int,
+    topic_id: Any,
+    partitions: tuple[int, ...] = (0,),
+    acks: Mapping[int, list[Any]] | None = None,
+    max_records: int = 100,
+) -> Any:
+    """``share_fetch_partitions`` of one topic's ``partitions``, ``acks`` by partition index."""
+    pairs = [(topic_id, p) for p in partitions]
+    by_pair = {(topic_id, p): batches for p, batches in (acks or {}).items()}
+    return share_fetch_partitions(wire, group, member, epoch, pairs, by_pair, max_records)

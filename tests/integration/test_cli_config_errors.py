@@ -142,6 +142,40 @@ def test_an_etcd_binary_that_is_not_there_or_not_executable_is_one_line(
     assert not data_dir.exists()
 
 
+@pytest.mark.parametrize("named_by", ["--etcd-binary", "KAFSCALE_ETCD_BINARY"])
+def test_an_etcd_binary_that_is_no_etcd_is_one_line_before_anything_starts(
+    named_by: str, tmp_path: Path
+) -> None:
+    """``/bin/true`` runs, but its ``--version`` names no etcd. It was a start-up failure,
+    exit 1, after the data directory was made; now a bad setting: one line, exit 2."""
+    data_dir = tmp_path / "data"
+    args = ["local", "--data-dir", str(data_dir), "--port", str(free_port_run(2))]
+    given = {"KAFSCALE_ETCD_BINARY": "/bin/true"} if named_by == "KAFSCALE_ETCD_BINARY" else {}
+    flags = ["--etcd-binary", "/bin/true"] if named_by == "--etcd-binary" else []
+    lines = run_kafscale([*args, *flags], given, tmp_path)
+    assert lines == [
+        f"kafscale: invalid configuration: {named_by} /bin/true: not an etcd "
+        "(`/bin/true --version` names no etcd release)"
+    ]
+    assert not data_dir.exists()
+
+
+def test_an_etcd_binary_that_exits_before_serving_is_one_line(tmp_path: Path) -> None:
+    """A program that says it is etcd 3.5.17 to ``--version`` and exits without a word when
+    run as one (a stub, a wrapper that lost its etcd) is no etcd either: it was "cannot start:
+    etcd ... exited; see its log" (an empty one), exit 1."""
+    stub = tmp_path / "etcd-stub"
+    stub.write_text('#!/bin/sh\n[ "$1" = --version ] && echo "etcd Version: 3.5.17"\nexit 0\n')
+    stub.chmod(0o755)
+    data_dir = tmp_path / "data"
+    args = ["local", "--data-dir", str(data_dir), "--port", str(free_port_run(2))]
+    lines = run_kafscale([*args, "--etcd-binary", str(stub)], {}, tmp_path)
+    assert lines == [
+        f"kafscale: invalid configuration: {stub} (--etcd-binary or KAFSCALE_ETCD_BINARY) is "
+        "not an etcd: it exited (status 0) before serving, logging nothing"
+    ]
+
+
 def test_kafscale_local_takes_a_bucket_with_its_endpoint_as_before(tmp_path: Path) -> None:
     """``--bucket`` with ``--s3-endpoint`` passes the check (it then needs credentials: the
     start fails on those, status 1, proving it went past the flags)."""

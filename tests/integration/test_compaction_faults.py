@@ -52,7 +52,7 @@ from harness.compaction_faults import (
     latest_acked,
     tiling_gaps,
 )
-from harness.etcd import harness_etcd
+from harness.etcd import harness_etcd, registration_lease
 from harness.groups import wait_while_progressing
 from harness.kafka_wire import KafkaWire, fetch_body, fetch_partition
 from harness.s3 import S3Endpoint
@@ -279,6 +279,11 @@ FAULT_KINDS = ("kill", "stop", "etcd", "store", "fence")
 # Faults: by default one of each kind (each kind at least once is what the campaign is for, and
 # the test checks it); more for a local soak, those after the first five drawn at random.
 ROUNDS = int(os.environ.get("KAFSCALE_FAULT_ROUNDS", str(len(FAULT_KINDS))))
+SEED_ENV = "KAFSCALE_FAULT_SEED"
+"""Replays a campaign: the seed decides the faults' order, pauses and the partition each
+broker fault hits (its owner's). Unset, each run draws one (printed, and shown with a failure):
+the seed was the round count, so every default run made the same faults on the same
+partitions (the fence always took partition 0's owner first)."""
 ETCD_TIMEOUT_S = 2.0
 STOP_S = (ETCD_TIMEOUT_S + 0.5, 5.0)
 """How long the ``stop`` fault pauses a broker: past its etcd calls' deadline (those in flight
@@ -379,23 +384,25 @@ class Campaign:
         slot.process = start_broker(self.cluster, slot.port)
 
     def inject(self, kind: str) -> None:
-        """One fault, undone before returning."""
-        slot = self.rng.choice(self.slots)
+        """One fault, undone before returning. A broker fault hits the owner of a partition
+        the seed picks (any broker while it has none)."""
+        partition = self.rng.randrange(PARTITIONS)
+        slot = self.owner_of(partition) or self.rng.choice(self.slots)
         pause_s = self.rng.uniform(1.0, 3.0)
         if kind == "fence":
-            what = self.fence()
+            what = self.fence(partition)
         elif kind == "kill":
             slot.process.signal(signal.SIGKILL)
             slot.process.wait(30)
             time.sleep(self.rng.uniform(0.2, 1.0))
             self.restart(slot)
-            what = f"kill :{slot.port}"
+            what = f"kill :{slot.port} (for partition {partition})"
         elif kind == "stop":
             pause_s = self.rng.uniform(*STOP_S)  # past the etcd deadline, within the session
             freeze(slot.process.pid)  # the pause starts once it has stopped
             time.sleep(pause_s)
             os.kill(slot.process.pid, signal.SIGCONT)
-            what = f"stop :{slot.port} {pause_s:.1f} s"
+            what = f"stop :{slot.port} {pause_s:.1f} s (for partition {partition})"
         elif kind == "etcd":
             assert self.etcd.pid is not None
             freeze(self.etcd.pid)
@@ -409,20 +416,16 @@ class Campaign:
         self.done[kind] += 1
         self.log.append(what)
 
-    def fence(self) -> str:
-        """An owner of the topic's partitions is stopped (SIGSTOP), its session lease revoked
-        in etcd and its partitions taken by the others before it resumes: it wakes with
-        flushes (and perhaps a compaction pass) in flight on a session that etcd ended, its
-        commits refused by the lease compare, and must give the partitions up and register on
-        a new session. The ``stop`` fault, within the 15-s session, no longer makes such a
-        fenced writer; load used to, at random. The harness cannot tell which broker has a
-        pass in flight (passes run all the time here): any owner will do."""
-
-        def owning() -> list[tuple[Slot, dict[int, int]]]:
-            owners = self.owners()
-            return [(s, owners) for s in self.slots if s.process.node_id in owners.values()]
-
-        slot, owners = self.rng.choice(eventually(owning, "a broker owning a partition"))
+    def fence(self, partition: int) -> str:
+        """The owner of ``partition`` is stopped (SIGSTOP), its session lease revoked in etcd
+        and its partitions taken by the others before it resumes: it wakes with flushes (and
+        perhaps a compaction pass) in flight on a session that etcd ended, its commits refused
+        by the lease compare, and must give the partitions up and register on a new session.
+        The ``stop`` fault, within the 15-s session, no longer makes such a fenced writer;
+        load used to, at random. The harness cannot tell which broker has a pass in flight
+        (passes run all the time here): any owner will do."""
+        slot = eventually(lambda: self.owner_of(partition), f"an owner of partition {partition}")
+        owners = self.owners()
         broker = slot.process
         taken = sorted(p for p, owner in owners.items() if owner == broker.node_id)
         lease = self.registration_lease(broker.node_id)
@@ -441,7 +444,12 @@ class Campaign:
         with broker.log_path.open("rb") as log:
             log.seek(woke_at)
             self.fences.append(Fence(slot.port, log.read().decode(errors="replace")))
-        return f"fence :{slot.port} (partitions {taken})"
+        return f"fence :{slot.port} (for partition {partition}; it owned {taken})"
+
+    def owner_of(self, partition: int) -> Slot | None:
+        """The slot whose broker holds ``partition``'s lease in etcd; None: none of them."""
+        owner = self.owners().get(partition)
+        return next((s for s in self.slots if s.process.node_id == owner), None)
 
     def owners(self) -> dict[int, int]:
         """The topic's partition -> the broker id holding its lease, from etcd."""
@@ -457,11 +465,9 @@ class Campaign:
     def registration_lease(self, node_id: int) -> int | None:
         """The session lease broker ``node_id``'s registration is bound to (None: none)."""
 
-        async def read(etcd: Etcd) -> int | None:
-            kv = await etcd.get(keys.broker_key(self.cluster.cluster, node_id))
-            return None if kv is None else kv.lease
-
-        return in_etcd(self.cluster, read)
+        return in_etcd(
+            self.cluster, lambda etcd: registration_lease(etcd, self.cluster.cluster, node_id)
+        )
 
     def wait_claimed(self, partitions: list[int], stopped: int) -> None:
         """Until etcd names another owner for each of ``partitions``: the revoke freed the
@@ -720,7 +726,10 @@ def test_a_fault_campaign_keeps_every_keys_latest_acked_value(
         for _ in range(3):
             process = start_broker(cluster)
             slots.append(Slot(process.port, process))
-        campaign = Campaign(cluster, slots, etcd_server_private, store, random.Random(rounds))
+        seed = int(os.environ.get(SEED_ENV) or random.SystemRandom().randrange(1, 1 << 31))
+        print(f"compaction fault campaign: seed {seed} (replay: {SEED_ENV}={seed})")
+        campaign = Campaign(cluster, slots, etcd_server_private, store, random.Random(seed))
+        campaign.log.append(f"seed {seed}")
         bootstrap = campaign.bootstrap()
         create_compacted(
             bootstrap,

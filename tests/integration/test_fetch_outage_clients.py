@@ -34,7 +34,13 @@ from harness import children, share, topics
 from harness.brokers import new_cluster
 from harness.children import freeze
 from harness.java_client import java_program
-from harness.kafka_wire import KafkaWire, fetch_body, fetch_partition, share_heartbeat
+from harness.kafka_wire import (
+    KafkaWire,
+    fetch_body,
+    fetch_partition,
+    share_fetch,
+    share_heartbeat,
+)
 from harness.log_cleaner import create_compacted, eventually
 from harness.s3 import S3Endpoint
 from harness.share import set_group_configs
@@ -52,7 +58,7 @@ BEFORE, AFTER = 20, 20  # records produced before the outage and after it
 ENV = {"KAFSCALE_ETCD__TIMEOUT_S": "1", "KAFSCALE_ETCD__SESSION_TTL_S": "30"}
 OUTAGE_S = 5.0  # the consumers poll this long while etcd is stopped: several 1-s etcd timeouts
 READ_MAX_S = 180.0  # a loaded machine's JVM start and reads; a reader that dies ends it sooner
-FETCH, SHARE_FETCH = 1, 78
+FETCH = 1
 
 
 class JavaReader:
@@ -189,28 +195,6 @@ def test_consumers_poll_through_an_etcd_outage_a_fetch_meets_and_read_every_reco
         cluster.stop_all()
 
 
-def share_fetch(wire: KafkaWire, group: str, member: str, topic_id: Any) -> Any:
-    """A ShareFetch v1 opening ``member``'s share session on partition 0."""
-    body = {
-        "group_id": group,
-        "member_id": member,
-        "share_session_epoch": 0,
-        "max_wait": 0,
-        "min_bytes": 1,
-        "max_bytes": 1 << 20,
-        "max_records": 100,
-        "batch_size": 100,
-        "topics": [
-            {
-                "topic_id": topic_id,
-                "partitions": [{"partition_index": 0, "acknowledgement_batches": []}],
-            }
-        ],
-        "forgotten_topics_data": [],
-    }
-    return wire.request(SHARE_FETCH, 1, body)
-
-
 def test_a_share_fetch_that_meets_etcd_away_gets_a_code_the_java_share_consumer_retries(
     etcd_server_private: EmbeddedEtcd, s3_server: S3Endpoint, tmp_path: Path
 ) -> None:
@@ -230,13 +214,13 @@ def test_a_share_fetch_that_meets_etcd_away_gets_a_code_the_java_share_consumer_
             assert joined.error_code == ErrorCode.NONE, joined
             assert share_heartbeat(wire, "g", "b", 0, TOPIC).error_code == ErrorCode.NONE
             topic_id = joined.assignment.topic_partitions[0].topic_id
-            first = share_fetch(wire, "g", "a", topic_id)  # the share-partition is loaded
+            first = share_fetch(wire, "g", "a", 0, topic_id)  # the share-partition is loaded
             assert first.responses[0].partitions[0].error_code == ErrorCode.NONE, first
             pid = etcd_server_private.pid
             assert pid is not None
             freeze(pid)
             try:
-                answer = share_fetch(wire, "g", "b", topic_id)
+                answer = share_fetch(wire, "g", "b", 0, topic_id)
             finally:
                 os.kill(pid, signal.SIGCONT)
         assert answer.error_code == ErrorCode.NONE, answer

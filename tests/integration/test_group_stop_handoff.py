@@ -24,7 +24,7 @@ import itertools
 import re
 import signal
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -50,6 +50,7 @@ which it still answers on its open connection after letting its groups go."""
 GRACE_S = "20"  # the hand-off's share (15 s) outlasts the held upload: the stop is graceful
 STEADY = {"KAFSCALE_ETCD__SESSION_TTL_S": STEADY_SESSION_TTL_S}
 DEADLINE_S = 60.0
+PRODUCER_CLOSE_S = 10.0
 
 
 def commit_body(offset: int) -> dict[str, Any]:
@@ -99,6 +100,17 @@ def node_ids(broker: BrokerProcess) -> dict[int, int]:
     return {int(b.port): int(b.node_id) for b in listed}
 
 
+def leaving_and_staying(
+    broker_cluster: BrokerCluster,
+) -> tuple[BrokerProcess, BrokerProcess, int, int]:
+    """Two brokers (the one to drain first) and their node ids, ``TOPIC`` created."""
+    leaving = broker_cluster.start(**STEADY)
+    staying = broker_cluster.start(**STEADY)
+    ids = node_ids(leaving)
+    create_topics(leaving.bootstrap, [TOPIC], 1)
+    return leaving, staying, ids[leaving.port], ids[staying.port]
+
+
 def leaders(broker: BrokerProcess, topic: str) -> dict[int, int]:
     """Partition -> leader, from Metadata."""
     with KafkaWire(broker.bootstrap) as wire:
@@ -129,8 +141,24 @@ def in_runs(answers: list[dict[tuple[str, int], tuple[int, int]]]) -> list[str]:
     return [f"{ {key[0]: found for key, found in answer.items()} } x{n}" for answer, n in runs]
 
 
+@pytest.fixture
+def producers() -> Iterator[Callable[[dict[str, Any]], Producer]]:
+    """Makes a test's confluent producers and closes each when the test ends, passed or not: a
+    failed test's producer (a transactional one mid-transaction) otherwise lived on with the
+    failure's traceback, its librdkafka threads retrying against the stopped brokers."""
+    made: list[Producer] = []
+
+    def make(config: dict[str, Any]) -> Producer:
+        made.append(Producer(config))
+        return made[-1]
+
+    yield make
+    for producer in made:
+        producer.close(PRODUCER_CLOSE_S)
+
+
 def test_a_stopping_coordinator_never_names_itself_and_the_next_commit_lands_elsewhere(
-    broker_cluster: BrokerCluster,
+    broker_cluster: BrokerCluster, producers: Callable[[dict[str, Any]], Producer]
 ) -> None:
     """From the moment the stopping coordinator refuses the group (NOT_COORDINATOR), its
     FindCoordinator answers for the group and for a transactional id it coordinated are
@@ -146,7 +174,7 @@ def test_a_stopping_coordinator_never_names_itself_and_the_next_commit_lands_els
         create_topics(leaving.bootstrap, [TOPIC], 1)
         create_topics(leaving.bootstrap, [HELD_TOPIC], 2)
         bootstrap = f"{leaving.bootstrap},{staying.bootstrap}"
-        producer = Producer({"bootstrap.servers": bootstrap, "acks": "1"})
+        producer = producers({"bootstrap.servers": bootstrap, "acks": "1"})
         for partition in (0, 1):
             producer.produce(HELD_TOPIC, b"claims the partition", partition=partition)
         assert producer.flush(30) == 0
@@ -211,11 +239,7 @@ def test_a_drained_coordinator_hands_its_group_and_transactional_id_over_without
     the group it coordinated on a connection opened before (NOT_COORDINATOR, which clients
     follow), FindCoordinator at every broker names the other one for the group and for the
     transactional id, and the group's next commit lands there with its offsets."""
-    leaving = broker_cluster.start(**STEADY)
-    staying = broker_cluster.start(**STEADY)
-    ids = node_ids(leaving)
-    leaving_id, staying_id = ids[leaving.port], ids[staying.port]
-    create_topics(leaving.bootstrap, [TOPIC], 1)
+    leaving, staying, leaving_id, staying_id = leaving_and_staying(broker_cluster)
     with KafkaWire(leaving.bootstrap, timeout_s=60) as wire:
         assert commit(wire, 3) == ErrorCode.NONE  # the group's lease is taken here
         assert init_producer_id(wire) == ErrorCode.NONE  # and the transactional id's
@@ -245,20 +269,16 @@ def test_a_drained_coordinator_hands_its_group_and_transactional_id_over_without
 
 
 def test_a_transaction_begun_before_its_coordinator_drains_commits_after_it(
-    broker_cluster: BrokerCluster,
+    broker_cluster: BrokerCluster, producers: Callable[[dict[str, Any]], Producer]
 ) -> None:
     """A transaction whose coordinator is drained mid-way goes on at the next coordinator,
     which loads its state from etcd: the producer's later records and its commit succeed and
     a read_committed consumer reads every record of it. The coordinator moves at the drain
     (FindCoordinator names the other broker at both), not at a later SIGTERM."""
-    leaving = broker_cluster.start(**STEADY)
-    staying = broker_cluster.start(**STEADY)
-    ids = node_ids(leaving)
-    leaving_id, staying_id = ids[leaving.port], ids[staying.port]
-    create_topics(leaving.bootstrap, [TOPIC], 1)
+    leaving, staying, leaving_id, staying_id = leaving_and_staying(broker_cluster)
     with KafkaWire(leaving.bootstrap, timeout_s=60) as wire:
         assert init_producer_id(wire) == ErrorCode.NONE  # the id's coordinator is `leaving`
-    producer = Producer(
+    producer = producers(
         {
             "bootstrap.servers": f"{leaving.bootstrap},{staying.bootstrap}",
             "transactional.id": TXN_ID,

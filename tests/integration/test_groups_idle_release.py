@@ -14,10 +14,16 @@ import uuid
 from collections.abc import AsyncIterator, Callable
 
 import pytest
-from harness.coordinator_host import Coordinated, CoordinatorHost, join_request, running_coordinator
+from harness.coordinator_host import (
+    Coordinated,
+    CoordinatorHost,
+    hand_checked_retention,
+    join_request,
+    running_coordinator,
+)
 
 from kafscale.broker.groups.coordinator import GroupCoordinator
-from kafscale.broker.groups.model import GroupConfig, GroupRecord, GroupState, SyncRequest
+from kafscale.broker.groups.model import GroupRecord, GroupState, SyncRequest
 from kafscale.broker.groups.retention_runtime import wall_clock_ms
 from kafscale.broker.groups.store import CommittedOffset, decode_group, encode_group, encode_offset
 from kafscale.broker.metadata import keys
@@ -28,13 +34,7 @@ pytestmark = pytest.mark.integration
 
 RETENTION_MS = 4_000
 IDLE_RELEASE_MS = 300
-CONFIG = GroupConfig(
-    initial_rebalance_delay_ms=0,
-    min_session_timeout_ms=1000,
-    offsets_retention_ms=RETENTION_MS,
-    offsets_retention_check_interval_ms=3_600_000,  # checks run by hand here
-    idle_release_ms=IDLE_RELEASE_MS,
-)
+CONFIG = hand_checked_retention(RETENTION_MS, idle_release_ms=IDLE_RELEASE_MS)
 DEADLINE_S = 60.0
 TP = ("t", 0)
 

@@ -390,25 +390,6 @@ def test_a_sigkill_of_etcd_itself_right_after_acked_produces_loses_no_acked_reco
     assert "Traceback" not in log.read_text(), log.read_text()
 
 
-def test_an_etcd_binary_that_is_no_etcd_is_one_clear_line(tmp_path: Path) -> None:
-    """``KAFSCALE_ETCD_BINARY`` (as ``--etcd-binary``) naming something that is not an etcd:
-    one line naming it, exit 1, nothing started."""
-    env = child_env({**os.environ, "KAFSCALE_ETCD_BINARY": "/bin/true"})
-    data_dir = tmp_path / "data"
-    result = children.run(
-        [KAFSCALE, "local", "--data-dir", str(data_dir), "--port", str(free_port_pair())],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert result.returncode == 1, result.stderr
-    lines = [line for line in result.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1, result.stderr
-    assert "/bin/true" in lines[0] and "not an etcd executable" in lines[0], lines[0]
-    assert not etcd_pids(data_dir)
-
-
 def produce_acked(port: int, topic: str, prefix: bytes, count: int = 300) -> list[bytes]:
     """``count`` records produced with acks=all to ``kafscale local`` on ``port``, flushed:
     the values the cluster acknowledged."""

@@ -13,9 +13,15 @@ import uuid
 from collections.abc import AsyncIterator
 
 import pytest
-from harness.coordinator_host import Coordinated, CoordinatorHost, join_request, running_coordinator
+from harness.coordinator_host import (
+    Coordinated,
+    CoordinatorHost,
+    hand_checked_retention,
+    join_request,
+    running_coordinator,
+)
 
-from kafscale.broker.groups.model import GroupConfig, GroupRecord, SyncRequest
+from kafscale.broker.groups.model import GroupRecord, SyncRequest
 from kafscale.broker.groups.retention_runtime import wall_clock_ms
 from kafscale.broker.groups.store import (
     CommittedOffset,
@@ -31,12 +37,7 @@ from kafscale.broker.protocol.errors import ErrorCode
 pytestmark = pytest.mark.integration
 
 RETENTION_MS = 60_000
-CONFIG = GroupConfig(
-    initial_rebalance_delay_ms=0,
-    min_session_timeout_ms=1000,
-    offsets_retention_ms=RETENTION_MS,
-    offsets_retention_check_interval_ms=3_600_000,  # checks run by hand here
-)
+CONFIG = hand_checked_retention(RETENTION_MS)
 
 
 @pytest.fixture

@@ -33,7 +33,7 @@ from confluent_kafka import AcknowledgeType, KafkaException, ShareConsumer
 from harness import children, topics
 from harness.brokers import BrokerCluster, BrokerProcess, new_cluster
 from harness.java_share import run_share_members
-from harness.kafka_wire import KafkaWire
+from harness.kafka_wire import KafkaWire, share_fetch_partitions
 from harness.proxy import start_proxy
 from harness.s3 import S3Endpoint
 from harness.share import (
@@ -491,24 +491,9 @@ def _fetch(
     partitions: list[tuple[Any, int]],
     acks: list[dict[str, Any]] | None = None,
 ) -> Any:
-    by_topic: dict[Any, list[dict[str, Any]]] = {}
-    for topic_id, index in partitions:
-        by_topic.setdefault(topic_id, []).append(
-            {"partition_index": index, "acknowledgement_batches": acks or []}
-        )
-    body = {
-        "group_id": group,
-        "member_id": member,
-        "share_session_epoch": epoch,
-        "max_wait": 0,
-        "min_bytes": 1,
-        "max_bytes": 1 << 20,
-        "max_records": 500,
-        "batch_size": 500,
-        "topics": [{"topic_id": t, "partitions": ps} for t, ps in by_topic.items()],
-        "forgotten_topics_data": [],
-    }
-    return wire.request(78, 1, body)
+    """A ShareFetch of ``partitions``, ``acks`` for each, 500 records at most."""
+    each = dict.fromkeys(partitions, acks or [])
+    return share_fetch_partitions(wire, group, member, epoch, partitions, each, max_records=500)
 
 
 def _partitions(response: Any) -> dict[tuple[Any, int], Any]:

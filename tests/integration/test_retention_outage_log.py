@@ -16,9 +16,9 @@ import uuid
 
 import pytest
 from harness.children import freeze
-from harness.coordinator_host import running_coordinator
+from harness.coordinator_host import hand_checked_retention, running_coordinator
 
-from kafscale.broker.groups.model import GroupConfig, GroupRecord
+from kafscale.broker.groups.model import GroupRecord
 from kafscale.broker.groups.retention_outage import RetentionNotChecked
 from kafscale.broker.groups.retention_runtime import wall_clock_ms
 from kafscale.broker.groups.store import CommittedOffset, encode_group, encode_offset
@@ -29,13 +29,8 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
 GROUPS = 5
 RETENTION_MS = 60_000
-CONFIG = GroupConfig(
-    initial_rebalance_delay_ms=0,
-    min_session_timeout_ms=1000,
-    offsets_retention_ms=RETENTION_MS,
-    offsets_retention_check_interval_ms=3_600_000,  # checks run by hand here
-    vacant_release_ms=3_600_000,  # the groups stay coordinated here through the test
-)
+# the groups stay coordinated here through the test
+CONFIG = hand_checked_retention(RETENTION_MS, vacant_release_ms=3_600_000)
 
 
 async def test_a_check_etcd_leaves_unanswered_is_one_error_naming_the_groups(

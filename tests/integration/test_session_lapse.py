@@ -31,6 +31,8 @@ import os
 import signal
 import time
 import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +40,7 @@ import pytest
 from harness.batches import make_batch
 from harness.brokers import BrokerCluster
 from harness.classic_wire import heartbeat_code, stable_member
+from harness.etcd import registration_lease
 from harness.kafka_wire import (
     FETCH,
     METADATA,
@@ -49,7 +52,7 @@ from harness.kafka_wire import (
     produce_body,
     produce_partition,
 )
-from harness.relayed_cluster import LOST, relayed_cluster
+from harness.relayed_cluster import LOST, RelayedCluster, relayed_cluster
 from harness.s3 import S3Endpoint
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -78,17 +81,22 @@ def leaders_of(wire: KafkaWire) -> set[int]:
     return listed_and_leaders(wire.request(METADATA, METADATA_VERSION, metadata_body([TOPIC])))[1]
 
 
-async def registration_lease(etcd: Etcd, cluster: str, node_id: int) -> int | None:
-    kv = await etcd.get(keys.broker_key(cluster, node_id))
-    return None if kv is None else kv.lease
-
-
 async def until(check: Any, what: str, broker: BrokerProcess) -> None:
     """Wait until ``await check()`` is true (bounded by ``WAIT_S``)."""
     deadline = time.monotonic() + WAIT_S
     while not await check():
         assert time.monotonic() < deadline, f"{what}\n{broker.tail()}"
         await asyncio.sleep(0.05)
+
+
+async def until_resumed(held: RelayedCluster) -> None:
+    """Wait for the relayed broker to resume its session (``RESUMED``); fail if it lost it."""
+
+    async def resumed() -> bool:
+        return held.resumed_or_lost()
+
+    await until(resumed, "the broker neither resumed nor lost its session", held.broker)
+    assert not held.log_says(LOST), held.broker.tail()
 
 
 async def test_a_broker_woken_past_its_session_lists_itself_in_metadata(
@@ -178,12 +186,7 @@ async def test_a_session_etcd_still_holds_after_unanswered_keepalives_is_kept(
             # a fault that must outlast the TTL: its length is the point
             with held.relay.holding_replies():
                 await until(lapsed, "the keepalives kept being answered", broker)
-
-            async def resumed() -> bool:
-                return held.resumed_or_lost()
-
-            await until(resumed, "the broker neither resumed nor lost its session", broker)
-            assert not log_says(LOST), broker.tail()
+            await until_resumed(held)
             assert produced(wire, b"after") == ErrorCode.NONE, broker.tail()
             assert partition_zero(wire) == (leader, epoch)  # never given up nor claimed again
         assert await registration_lease(etcd, held.cluster.cluster, broker.node_id) == lease
@@ -192,6 +195,55 @@ async def test_a_session_etcd_still_holds_after_unanswered_keepalives_is_kept(
 GROUP = "resumed"
 GROUP_SESSION_MS = 6000  # Kafka's shortest session by default (group.min.session.timeout.ms)
 RESUMABLE_TTL_S = "12"  # the broker's session TTL here: a suspension longer than GROUP_SESSION_MS
+
+
+@contextmanager
+def member_of_a_relayed_coordinator(
+    etcd_server: EmbeddedEtcd,
+    s3_server: S3Endpoint,
+    cluster_name: str,
+    tmp_path: Path,
+    group: str,
+    session_ms: int,
+) -> Iterator[tuple[RelayedCluster, KafkaWire, str, int]]:
+    """A ``relayed_cluster`` whose broker (session TTL ``RESUMABLE_TTL_S``) coordinates
+    ``group``, with one Stable member (session ``session_ms``): the cluster, the member's
+    connection, its member id and generation."""
+    with (
+        relayed_cluster(
+            etcd_server,
+            s3_server,
+            tmp_path,
+            cluster_name,
+            KAFSCALE_ETCD__SESSION_TTL_S=RESUMABLE_TTL_S,
+        ) as held,
+        KafkaWire(held.broker.bootstrap, timeout_s=WAIT_S) as wire,
+    ):
+        member, generation = stable_member(
+            wire, group, session_ms=session_ms, rebalance_ms=GROUP_SESSION_MS
+        )
+        yield held, wire, member, generation
+
+
+async def heartbeat_until_refused(
+    wire: KafkaWire, group: str, member: str, generation: int, broker: BrokerProcess
+) -> float:
+    """Heartbeat ``member`` once a second until its coordinator, its session suspended,
+    refuses it (NOT_COORDINATOR; answered in memory while the session is valid); returns when
+    the last accepted heartbeat was answered (``time.monotonic()``)."""
+    accepted_at = time.monotonic()
+
+    async def refused() -> bool:
+        nonlocal accepted_at
+        code = heartbeat_code(wire, group, member, generation)
+        assert code in (ErrorCode.NONE, ErrorCode.NOT_COORDINATOR), broker.tail()
+        if code == ErrorCode.NONE:
+            accepted_at = time.monotonic()
+            await asyncio.sleep(1)
+        return code == ErrorCode.NOT_COORDINATOR
+
+    await until(refused, "the keepalives kept being answered", broker)
+    return accepted_at
 
 
 async def test_a_coordinator_that_resumes_its_session_keeps_its_members(
@@ -208,39 +260,21 @@ async def test_a_coordinator_that_resumes_its_session_keeps_its_members(
     group. Before: the group's timers expired, at the resumption, every member whose session
     had run out while it was refused, and the group rebalanced (its members rejoined from
     scratch) after an etcd hiccup that moved nothing."""
-    with relayed_cluster(
-        etcd_server, s3_server, tmp_path, cluster_name, KAFSCALE_ETCD__SESSION_TTL_S=RESUMABLE_TTL_S
-    ) as held:
+    with member_of_a_relayed_coordinator(
+        etcd_server, s3_server, cluster_name, tmp_path, GROUP, GROUP_SESSION_MS
+    ) as (held, wire, member, generation):
         broker, log_says = held.broker, held.log_says
-        with KafkaWire(broker.bootstrap, timeout_s=WAIT_S) as wire:
-            member, generation = stable_member(
-                wire, GROUP, session_ms=GROUP_SESSION_MS, rebalance_ms=GROUP_SESSION_MS
-            )
-            assert heartbeat_code(wire, GROUP, member, generation) == ErrorCode.NONE
-
-            async def lapsed() -> bool:
-                """Whether the session lapsed, the member heartbeating meanwhile (answered in
-                memory while the session is valid)."""
-                code = heartbeat_code(wire, GROUP, member, generation)
-                assert code in (ErrorCode.NONE, ErrorCode.NOT_COORDINATOR), broker.tail()
-                await asyncio.sleep(1)
-                return code == ErrorCode.NOT_COORDINATOR
-
-            with held.relay.holding_replies():
-                await until(lapsed, "the keepalives kept being answered", broker)
-                assert log_says("suspended") and not log_says("lost"), broker.tail()
-                # The member's session runs out while the coordinator refuses it; the
-                # broker's own (12 s) is not over yet.
-                await asyncio.sleep(GROUP_SESSION_MS / 1000 + 1)
-
-            async def resumed() -> bool:
-                return held.resumed_or_lost()
-
-            await until(resumed, "the broker neither resumed nor lost its session", broker)
-            assert not log_says(LOST), broker.tail()
-            # at once: a request meets the resumption even before the group's timers do
-            answer = heartbeat_code(wire, GROUP, member, generation)
-        assert ErrorCode(answer).name == ErrorCode.NONE.name, broker.tail()
+        assert heartbeat_code(wire, GROUP, member, generation) == ErrorCode.NONE
+        with held.relay.holding_replies():
+            await heartbeat_until_refused(wire, GROUP, member, generation, broker)
+            assert log_says("suspended") and not log_says("lost"), broker.tail()
+            # The member's session runs out while the coordinator refuses it; the
+            # broker's own (12 s) is not over yet.
+            await asyncio.sleep(GROUP_SESSION_MS / 1000 + 1)
+        await until_resumed(held)
+        # at once: a request meets the resumption even before the group's timers do
+        answer = heartbeat_code(wire, GROUP, member, generation)
+    assert ErrorCode(answer).name == ErrorCode.NONE.name, broker.tail()
 
 
 SHORT_GROUP = "short-suspension"
@@ -258,42 +292,23 @@ async def test_a_suspension_shorter_than_a_members_session_still_gives_it_a_whol
     group whose timer task did not wake during the suspension (its next deadline came after
     the resumption) kept the members' old deadlines, and the member was expired at its old
     deadline, though it could not heartbeat for seconds before it."""
-    with relayed_cluster(
-        etcd_server, s3_server, tmp_path, cluster_name, KAFSCALE_ETCD__SESSION_TTL_S=RESUMABLE_TTL_S
-    ) as held:
+    with member_of_a_relayed_coordinator(
+        etcd_server, s3_server, cluster_name, tmp_path, SHORT_GROUP, LONG_SESSION_MS
+    ) as (held, wire, member, generation):
         broker, log_says = held.broker, held.log_says
-        with KafkaWire(broker.bootstrap, timeout_s=WAIT_S) as wire:
-            member, generation = stable_member(
-                wire, SHORT_GROUP, session_ms=LONG_SESSION_MS, rebalance_ms=GROUP_SESSION_MS
+        with held.relay.holding_replies():
+            accepted_at = await heartbeat_until_refused(
+                wire, SHORT_GROUP, member, generation, broker
             )
-            accepted_at = [time.monotonic()]  # when the last accepted heartbeat was answered
-
-            async def lapsed() -> bool:
-                """Whether the session lapsed, the member heartbeating meanwhile (answered in
-                memory while the session is valid)."""
-                code = heartbeat_code(wire, SHORT_GROUP, member, generation)
-                assert code in (ErrorCode.NONE, ErrorCode.NOT_COORDINATOR), broker.tail()
-                if code == ErrorCode.NONE:
-                    accepted_at.append(time.monotonic())
-                    await asyncio.sleep(1)
-                return code == ErrorCode.NOT_COORDINATOR
-
-            with held.relay.holding_replies():
-                await until(lapsed, "the keepalives kept being answered", broker)
-                await asyncio.sleep(REFUSED_S)  # the member is refused for seconds: the point
-                assert log_says("suspended") and not log_says("lost"), broker.tail()
-
-            async def resumed() -> bool:
-                return held.resumed_or_lost()
-
-            await until(resumed, "the broker neither resumed nor lost its session", broker)
-            assert not log_says(LOST), broker.tail()
-            old_deadline = accepted_at[-1] + LONG_SESSION_MS / 1000
-            # Past the deadline the member had before the suspension (the broker set it before
-            # answering that heartbeat): the time is the point.
-            await asyncio.sleep(max(old_deadline - time.monotonic(), 0) + 1)
-            answer = heartbeat_code(wire, SHORT_GROUP, member, generation)
-        assert ErrorCode(answer).name == ErrorCode.NONE.name, broker.tail()
+            await asyncio.sleep(REFUSED_S)  # the member is refused for seconds: the point
+            assert log_says("suspended") and not log_says("lost"), broker.tail()
+        await until_resumed(held)
+        old_deadline = accepted_at + LONG_SESSION_MS / 1000
+        # Past the deadline the member had before the suspension (the broker set it before
+        # answering that heartbeat): the time is the point.
+        await asyncio.sleep(max(old_deadline - time.monotonic(), 0) + 1)
+        answer = heartbeat_code(wire, SHORT_GROUP, member, generation)
+    assert ErrorCode(answer).name == ErrorCode.NONE.name, broker.tail()
 
 
 SHARED = "shared"  # the two-broker test's topic
@@ -415,12 +430,7 @@ async def test_a_suspended_owner_is_named_by_every_broker_and_refuses_until_it_r
             assert produced == fetched == [not_leader] * len(mine), (produced, fetched)
             assert during["state=suspended"] == 1, during
             assert during["state=valid"] == during["state=lost"] == 0, during
-
-            async def resumed() -> bool:
-                return held.resumed_or_lost()
-
-            await until(resumed, "the broker neither resumed nor lost its session", suspended)
-            assert not log_says(LOST), suspended.tail()
+            await until_resumed(held)
             for partition in mine:
                 body = produce_body(SHARED, partition, make_batch(0, [b"after"]))
                 assert produce_partition(at_s.request(PRODUCE, 9, body))[0] == ErrorCode.NONE

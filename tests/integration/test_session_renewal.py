@@ -24,13 +24,13 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 from harness import children
 from harness.batches import make_batch
 from harness.brokers import BrokerCluster
+from harness.etcd import registration_lease as read_registration_lease
 from harness.kafka_wire import PRODUCE, KafkaWire, produce_body, produce_partition
 from harness.s3 import S3Endpoint
 from harness.tls_etcd import AuthEtcd, brokers_on_auth_etcd
 from harness.topics import create_topics
 
 from kafscale.broker.child_process import BrokerProcess
-from kafscale.broker.metadata import keys
 from kafscale.broker.metadata.embedded_etcd import find_etcd_binary
 from kafscale.broker.metadata.etcd import Etcd
 from kafscale.broker.protocol.errors import ErrorCode
@@ -68,12 +68,8 @@ def as_root(etcd: AuthEtcd | str, work: Callable[[Etcd], object]) -> object:
 
 def registration_lease(etcd: AuthEtcd | str, cluster: str, node_id: int) -> int | None:
     """The lease the broker's registration is bound to (its session); None: not registered."""
-
-    async def read(client: Etcd) -> int | None:
-        kv = await client.get(keys.broker_key(cluster, node_id))
-        return None if kv is None else kv.lease
-
-    return as_root(etcd, read)  # type: ignore[return-value]
+    lease = as_root(etcd, lambda client: read_registration_lease(client, cluster, node_id))
+    return lease  # type: ignore[return-value]
 
 
 def end_session(etcd: AuthEtcd | str, lease: int) -> None:

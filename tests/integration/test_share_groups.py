@@ -34,7 +34,7 @@ from harness import children, topics
 from harness.brokers import BrokerCluster, BrokerProcess, running_cluster
 from harness.java_client import java_program
 from harness.java_share import run_share_members
-from harness.kafka_wire import KafkaWire, heartbeat, share_heartbeat
+from harness.kafka_wire import KafkaWire, heartbeat, share_fetch, share_heartbeat
 from harness.proxy import start_proxy
 from harness.s3 import S3Endpoint
 from harness.share import (
@@ -388,20 +388,8 @@ def _share_fetch(
     *,
     group: str,
 ) -> Any:
-    partition = {"partition_index": 0, "acknowledgement_batches": acks or []}
-    body = {
-        "group_id": group,
-        "member_id": member,
-        "share_session_epoch": epoch,
-        "max_wait": 0,
-        "min_bytes": 1,
-        "max_bytes": 1 << 20,
-        "max_records": 10,
-        "batch_size": 10,
-        "topics": [{"topic_id": topic_id, "partitions": [partition]}],
-        "forgotten_topics_data": [],
-    }
-    return wire.request(78, 1, body)
+    """A ShareFetch of partition 0, ten records at most."""
+    return share_fetch(wire, group, member, epoch, topic_id, acks={0: acks or []}, max_records=10)
 
 
 def _ack(first: int, last: int, kind: int = 1) -> dict[str, Any]:

@@ -30,7 +30,7 @@ import pytest
 from harness import children, topics
 from harness.brokers import BrokerCluster, new_cluster
 from harness.etcd import harness_etcd
-from harness.kafka_wire import KafkaWire, metadata_body, share_heartbeat
+from harness.kafka_wire import KafkaWire, metadata_body, share_fetch, share_heartbeat
 from harness.s3 import S3Endpoint
 from harness.share import (
     Received,
@@ -42,7 +42,7 @@ from harness.share import (
     wait_stored,
 )
 
-from kafscale.broker.api import share_fetch
+from kafscale.broker.api import share_fetch as share_fetch_api
 from kafscale.broker.child_process import BrokerProcess
 from kafscale.broker.groups.model import GroupRecord
 from kafscale.broker.groups.share import ShareConfig
@@ -58,38 +58,6 @@ pytestmark = pytest.mark.integration
 
 # Locks far longer than any test: records come back only because their member left.
 LONG_LOCKS = {"share.auto.offset.reset": "earliest", "share.record.lock.duration.ms": "600000"}
-
-
-def _fetch(
-    wire: KafkaWire,
-    group: str,
-    member: str,
-    epoch: int,
-    topic_id: Any,
-    partitions: tuple[int, ...] = (0,),
-    acks: dict[int, list[Any]] | None = None,
-) -> Any:
-    body = {
-        "group_id": group,
-        "member_id": member,
-        "share_session_epoch": epoch,
-        "max_wait": 0,
-        "min_bytes": 1,
-        "max_bytes": 1 << 20,
-        "max_records": 100,
-        "batch_size": 100,
-        "topics": [
-            {
-                "topic_id": topic_id,
-                "partitions": [
-                    {"partition_index": p, "acknowledgement_batches": (acks or {}).get(p, [])}
-                    for p in partitions
-                ],
-            }
-        ],
-        "forgotten_topics_data": [],
-    }
-    return wire.request(78, 1, body)
 
 
 def _acquired(response: Any) -> dict[int, list[tuple[int, int, int]]]:
@@ -129,11 +97,11 @@ def test_a_member_that_leaves_has_its_records_released_at_once_by_another_broker
         joined = share_heartbeat(coordinator, "leave", "a", 0, "q")
         assert joined.error_code == ErrorCode.NONE, joined
         topic_id = joined.assignment.topic_partitions[0].topic_id
-        held = _fetch(leaver, "leave", "a", 0, topic_id)
+        held = share_fetch(leaver, "leave", "a", 0, topic_id)
         assert held.error_code == ErrorCode.NONE and _acquired(held) == {0: [(0, 4, 1)]}
         assert share_heartbeat(coordinator, "leave", "b", 0, "q").error_code == ErrorCode.NONE
         epoch = 0
-        assert _acquired(_fetch(stayer, "leave", "b", epoch, topic_id)) == {}
+        assert _acquired(share_fetch(stayer, "leave", "b", epoch, topic_id)) == {}
         # "a" leaves the group; its connection to the owner stays open, its session too.
         left = share_heartbeat(coordinator, "leave", "a", -1, "q")
         assert left.error_code == ErrorCode.NONE
@@ -142,16 +110,18 @@ def test_a_member_that_leaves_has_its_records_released_at_once_by_another_broker
         while not got:
             assert time.monotonic() < deadline, "the departed member's records never came back"
             epoch += 1
-            answer = _fetch(stayer, "leave", "b", epoch, topic_id)
+            answer = share_fetch(stayer, "leave", "b", epoch, topic_id)
             assert answer.error_code == ErrorCode.NONE, answer
             got = _acquired(answer)
             time.sleep(0.05)
         assert got == {0: [(0, 4, 2)]}
         # The departed member's session on the owner was closed; it cannot open another.
-        assert _fetch(leaver, "leave", "a", 1, topic_id).error_code == (
+        assert share_fetch(leaver, "leave", "a", 1, topic_id).error_code == (
             ErrorCode.SHARE_SESSION_NOT_FOUND
         )
-        assert _fetch(leaver, "leave", "a", 0, topic_id).error_code == (ErrorCode.UNKNOWN_MEMBER_ID)
+        assert share_fetch(leaver, "leave", "a", 0, topic_id).error_code == (
+            ErrorCode.UNKNOWN_MEMBER_ID
+        )
 
 
 def test_share_fetch_from_a_member_not_in_the_group_opens_no_session(
@@ -167,14 +137,14 @@ def test_share_fetch_from_a_member_not_in_the_group_opens_no_session(
         joined = share_heartbeat(wire, "members", "real", 0, "q")
         topic_id = joined.assignment.topic_partitions[0].topic_id
         for member in ("made-up-1", "made-up-2"):
-            stranger = _fetch(wire, "members", member, 0, topic_id)
+            stranger = share_fetch(wire, "members", member, 0, topic_id)
             assert stranger.error_code == ErrorCode.UNKNOWN_MEMBER_ID, stranger
             assert _acquired(stranger) == {}
-            assert _fetch(wire, "members", member, 1, topic_id).error_code == (
+            assert share_fetch(wire, "members", member, 1, topic_id).error_code == (
                 ErrorCode.SHARE_SESSION_NOT_FOUND
             )
         # Nothing was acquired by them: the member of the group gets every record.
-        assert _acquired(_fetch(wire, "members", "real", 0, topic_id)) == {0: [(0, 1, 1)]}
+        assert _acquired(share_fetch(wire, "members", "real", 0, topic_id)) == {0: [(0, 1, 1)]}
 
 
 FROZEN_CONSUMER = textwrap.dedent(
@@ -259,7 +229,7 @@ def test_a_refused_share_partition_fails_only_its_own_acknowledgements(
     with KafkaWire(broker.bootstrap) as wire:
         joined = share_heartbeat(wire, "rounds", "m", 0, "q")
         topic_id = joined.assignment.topic_partitions[0].topic_id
-        held = _fetch(wire, "rounds", "m", 0, topic_id, (0, 1))
+        held = share_fetch(wire, "rounds", "m", 0, topic_id, (0, 1))
         assert _acquired(held) == {0: [(0, 2, 1)], 1: [(0, 2, 1)]}
         for partition in (0, 1):
             wait_stored(
@@ -336,8 +306,8 @@ async def test_a_member_the_lagging_watch_has_not_shown_yet_is_found_in_etcd(
         lagging_view = SimpleNamespace(share_members=ShareMembers())  # no event seen yet
         manager = ShareManager(ShareStateStore(etcd, cluster_name, 1))
         ctx: Any = SimpleNamespace(broker=SimpleNamespace(view=lagging_view, share=manager))
-        assert await share_fetch._is_member(ctx, group, "joined")
-        assert not await share_fetch._is_member(ctx, group, "made-up")
+        assert await share_fetch_api._is_member(ctx, group, "joined")
+        assert not await share_fetch_api._is_member(ctx, group, "made-up")
     finally:
         await etcd.close()
 

@@ -15,6 +15,7 @@ import pytest
 from harness.k8s_operator import operator_thread
 from harness.k8s_real import (
     CLUSTERS,
+    MANAGED,
     TOPICS,
     InstalledChart,
     cluster_manifest,
@@ -39,8 +40,6 @@ from kafscale.operator.runtime import EtcdPool, Runtime
 from kafscale.operator.topics import reconcile_topic
 
 pytestmark = [pytest.mark.operator, pytest.mark.kubeapi]
-
-MANAGED = {"storage": {"bucket": "bucket-1"}, "etcd": {"replicas": 1, "storageSize": "1Gi"}}
 
 
 def _paths(ns: str) -> tuple[str, str, str]:

@@ -18,8 +18,12 @@ import pytest
 from harness.k8s_operator import operator_thread
 from harness.k8s_real import (
     CLUSTERS,
+    CONFIG_MAPS,
     DEPLOYMENTS,
+    MANAGED,
     SECRETS,
+    SERVICES,
+    STATEFULSETS,
     USERS,
     InstalledChart,
     cluster_manifest,
@@ -41,11 +45,6 @@ from kafscale.operator.user_handlers import UserNotReady, reconcile_user
 from kafscale.operator.users import build_user_secret
 
 pytestmark = [pytest.mark.operator, pytest.mark.kubeapi]
-
-MANAGED = {"storage": {"bucket": "bucket-1"}, "etcd": {"replicas": 1, "storageSize": "1Gi"}}
-SERVICES = "/api/v1/namespaces/{ns}/services"
-CONFIG_MAPS = "/api/v1/namespaces/{ns}/configmaps"
-STATEFULSETS = "/apis/apps/v1/namespaces/{ns}/statefulsets"
 
 
 def _users_deployment(kube: KubeCluster, ns: str, name: str) -> dict[str, Any]:

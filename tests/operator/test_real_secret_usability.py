@@ -20,7 +20,9 @@ from harness.k8s_operator import operator_thread
 from harness.k8s_real import (
     CLUSTERS,
     DEPLOYMENTS,
+    MANAGED,
     SECRETS,
+    STATEFULSETS,
     InstalledChart,
     cluster_manifest,
     condition_of,
@@ -32,8 +34,6 @@ from harness.kube_apiserver import KubeCluster
 
 pytestmark = [pytest.mark.operator, pytest.mark.kubeapi]
 
-MANAGED = {"storage": {"bucket": "bucket-1"}, "etcd": {"replicas": 1, "storageSize": "1Gi"}}
-STATEFULSETS = "/apis/apps/v1/namespaces/{ns}/statefulsets"
 REASON = "SecretUnusable"
 
 

@@ -23,6 +23,7 @@ from kafscale.broker.metadata.etcd_binary import (
     later_release,
     named_etcd,
     named_etcd_problem,
+    no_etcd_exit,
     remember_data_version,
 )
 from kafscale.broker.metadata.etcd_versions import is_durable, version_from_output
@@ -99,7 +100,7 @@ def test_the_named_etcd_runs_whatever_its_version() -> None:
 
 def test_a_named_etcd_that_cannot_run_says_why(tmp_path: Path) -> None:
     """Not there, not executable (a file without the bit, a directory): said as such; a bare
-    name is looked up on PATH, as it is run; a runnable file is left to ``choose_etcd``."""
+    name is looked up on PATH, as it is run; a runnable etcd is left to ``choose_etcd``."""
     plain = tmp_path / "plain"
     plain.write_text("")
     problem = named_etcd_problem
@@ -108,11 +109,42 @@ def test_a_named_etcd_that_cannot_run_says_why(tmp_path: Path) -> None:
     )
     assert problem(plain, "KAFSCALE_ETCD_BINARY") == f"KAFSCALE_ETCD_BINARY {plain}: not executable"
     assert problem(tmp_path, "--etcd-binary") == f"--etcd-binary {tmp_path}: not executable"
-    assert problem(Path("/bin/true"), "--etcd-binary") is None
-    assert problem(Path("true"), "--etcd-binary") is None  # /bin/true, on PATH
+    runnable = tmp_path / "etcd"
+    runnable.write_text("#!/bin/sh\n")
+    runnable.chmod(0o755)
+    assert problem(runnable, "--etcd-binary", Versions({runnable: "3.5.17"})) is None
+    assert problem(Path("true"), "--etcd-binary", Versions({Path("true"): "3.5.9"})) is None
     assert problem(Path("no-such-etcd-here"), "--etcd-binary") == (
         "--etcd-binary no-such-etcd-here: not found on PATH"
     )
+
+
+@pytest.mark.parametrize("named", [Path("/bin/true"), Path("true")])
+def test_a_named_program_whose_version_names_no_etcd_is_a_bad_setting(named: Path) -> None:
+    """``/bin/true`` runs, but is no etcd: said before anything starts, as a bad setting (it
+    was a start-up failure, status 1, after the data directory was made)."""
+    assert named_etcd_problem(named, "--etcd-binary") == (
+        f"--etcd-binary {named}: not an etcd (`{named} --version` names no etcd release)"
+    )
+
+
+def test_a_named_program_that_exits_before_serving_without_a_word_is_no_etcd() -> None:
+    """It answered ``--version`` as an etcd would, then exited before serving: silently, or
+    with status 0 (an etcd exits 0 only when stopped). A real etcd's failure (it logs why,
+    and exits non-zero) stays a start-up error; one still starting is not judged."""
+    stub = Path("/opt/etcd-stub")
+    silent = no_etcd_exit(stub, 1, "\n")
+    assert silent == (
+        "/opt/etcd-stub (--etcd-binary or KAFSCALE_ETCD_BINARY) is not an etcd: it exited "
+        "(status 1) before serving, logging nothing"
+    )
+    assert no_etcd_exit(stub, 0, "usage: etcd-stub ...\n") == (
+        "/opt/etcd-stub (--etcd-binary or KAFSCALE_ETCD_BINARY) is not an etcd: it exited "
+        "with status 0 before serving (etcd exits 0 only when stopped)"
+    )
+    failed = '{"level":"fatal","msg":"listen tcp 127.0.0.1:2379: bind: address already in use"}'
+    assert no_etcd_exit(stub, 1, failed + "\n") is None
+    assert no_etcd_exit(stub, None, "") is None
 
 
 def test_a_named_etcd_that_is_no_etcd_is_refused_with_its_name() -> None:
