@@ -9,7 +9,9 @@ by what its readers need (:class:`Need`), and one that falls short makes the clu
 ``Degraded`` with reason :data:`REASON`, naming the Secret, its owner and what is missing; the
 Deployments and StatefulSets whose pods read it (or a certificate issued from it, for a CA)
 are held back until it is fixed or deleted (:func:`conflicts.plan_apply`). A usable one says
-nothing. The cluster's own Secrets are not judged: the operator rewrites those itself.
+nothing. The cluster's own Secrets are not judged: the operator rewrites those itself. The
+Secret watch (:mod:`secret_watch`) applies the cluster again as soon as one of these Secrets
+changes in a way that matters (:meth:`UnusableSecrets.reapply_due`).
 """
 
 from __future__ import annotations

@@ -178,7 +178,10 @@ async def test_a_users_secret_broken_after_start_is_reported_at_once_and_cleared
         )
         assert event[0] == "Warning" and "no secret-key" in event[2]
         assert _owned_by(kube.get(brokers), body)  # held back: left as it was, not deleted
-        assert "secret-key" not in (kube.get(secret).get("data") or {})  # theirs: not written
+        now = kube.get(secret)
+        assert "secret-key" not in (now.get("data") or {})  # theirs: not written
+        # Watched, not handled by kopf's change handlers: no annotation, no finalizer on it.
+        assert not now["metadata"].get("annotations") and not now["metadata"].get("finalizers")
 
         kube.merge_patch(secret, {"data": {"secret-key": _b64("mine again")}})
         await settle(
