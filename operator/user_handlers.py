@@ -272,8 +272,6 @@ def register_users(
             uid = body["metadata"]["uid"]
             await runtime.kube.patch_status(API_VERSION, USER_KIND, *key, patch["status"], uid=uid)
 
-    return resync_for_secret
-
     @kopf.on.delete(*USERS, registry=registry, retries=10, backoff=3)
     @metrics.timed
     @errors.reported
@@ -291,15 +289,23 @@ def register_users(
             return
         cluster_ref, cluster_spec = found
         cluster = naming.kafscale_cluster_name(cluster_ref, cluster_spec)
+        key = (meta["namespace"], meta["name"])
         try:
-            async with runtime.cluster_etcd(cluster_ref, cluster_spec) as etcd:
+            # After a round under way (a resync, the Secret watch's), not before: its write of
+            # the credential would outlive the user. A round after it sees the deletion.
+            async with (
+                locks.setdefault(key, asyncio.Lock()),
+                runtime.cluster_etcd(cluster_ref, cluster_spec) as etcd,
+            ):
                 credentials, acls = await remove_user(etcd, cluster, meta["name"])
         except (MetadataError, MetadataTimeout) as exc:
             raise kopf.TemporaryError(f"etcd: {exc}", delay=3) from exc
-        locks.pop((meta["namespace"], meta["name"]), None)
+        locks.pop(key, None)
         logger.info(
             "user %s removed from etcd: %d credentials, %d ACL bindings",
             meta["name"],
             credentials,
             acls,
         )
+
+    return resync_for_secret
