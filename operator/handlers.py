@@ -8,6 +8,9 @@ KafScaleCluster
     then apply objects, write status · timer → observe status and lease
     distribution · daemon → lease balancer (etcd watch on broker registrations) · timer → drift
     repair (re-apply) · delete (finalizer) → honour ``deletionPolicy``.
+Secrets
+    event on one a cluster's pods read → apply that cluster again and write its status, when
+    the change calls for it (``secret_handlers``, ``secret_watch``).
 Broker pods
     event with a deletionTimestamp → mark the broker draining and reassign its partitions.
 KafScaleTopic
@@ -18,6 +21,7 @@ KafScaleUser
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Iterable
@@ -57,7 +61,8 @@ from kafscale.operator.models import (
     parse_topic_spec,
 )
 from kafscale.operator.rebalance import delete_topic_keys, rebalance
-from kafscale.operator.runtime import EtcdPool, Runtime, cluster_key
+from kafscale.operator.runtime import ClusterKey, EtcdPool, Runtime, cluster_key
+from kafscale.operator.secret_handlers import register_secret_watch
 from kafscale.operator.settings import OperatorSettings
 from kafscale.operator.status import (
     ClusterObservation,
@@ -77,6 +82,9 @@ TOPICS = (GROUP, VERSION, TOPIC_PLURAL)
 # Tries of a cluster's finalizer (3 s apart) before it gives up on deleting the data and lets
 # the resource go: a namespace being deleted takes the managed etcd with it.
 DELETE_ATTEMPTS = 20
+# Reads of a cluster whose change handler has not reported yet, 1 s apart, before a pass the
+# Secret watch asked for (:func:`register`'s ``reapply_for_secret``).
+REPORTED_WAITS = 30
 BROKER_POD_LABELS = {
     naming.LABEL_NAME: naming.APP,
     naming.LABEL_COMPONENT: naming.BROKER,
@@ -156,7 +164,7 @@ def register(
     ``metrics`` and each failure posted as a Warning Event, the lease balancer's long-lived
     daemon excepted)."""
     errors = HandlerErrors(config.error_event_interval_s)
-    register_users(registry, config, metrics, errors)
+    resync_user_for_secret = register_users(registry, config, metrics, errors)
 
     @kopf.on.startup(registry=registry)
     async def startup(memo: Any, settings: kopf.OperatorSettings, **_: Any) -> None:
@@ -243,15 +251,12 @@ def register(
         _report(runtime, ref, body, patch, previous, new, scale_notice(replicas_before, wanted))
         logger.info("%s", immutable.apply_summary(ref.generation, applied.refusals))
 
-    @kopf.timer(*CLUSTERS, interval=config.status_interval_s, registry=registry)
-    @metrics.timed
-    @errors.reported
-    async def refresh_cluster_status(
-        body: Any, meta: Any, status: Any, patch: kopf.Patch, memo: Any, logger: Any, **_: Any
+    async def refresh_status(
+        runtime: Runtime, body: Any, status: Any, patch: kopf.Patch, logger: Any, *, reapply: bool
     ) -> None:
-        if meta.get("deletionTimestamp"):
-            return
-        runtime = _runtime(memo)
+        """Observe the cluster and write its status into ``patch`` if it changed; apply its
+        objects first when ``reapply`` (a Secret its pods read changed: the Secret watch) or
+        :func:`reconcile.needs_reapply` says so."""
         try:
             ref, spec = _parse(body)
         except (ValidationError, InvalidBrokerConfig):
@@ -269,8 +274,8 @@ def register(
         await runtime.refresh_capabilities(time.monotonic())
         written = None
         try:  # an API the cluster uses is served now (or no longer), a name freed: apply again
-            if applied == body["metadata"].get("generation") and await reconcile.needs_reapply(
-                runtime, ref
+            if applied == body["metadata"].get("generation") and (
+                reapply or await reconcile.needs_reapply(runtime, ref)
             ):
                 written = (await reconcile.apply_cluster(runtime, ref, spec)).written
         except KubeError as exc:
@@ -286,6 +291,42 @@ def register(
             # Only change handlers advance it; a timer's patch lands after its run, and one
             # that observed the previous generation set it back for good (issue 24's flake).
             patch.status.pop("observedGeneration", None)
+
+    @kopf.timer(*CLUSTERS, interval=config.status_interval_s, registry=registry)
+    @metrics.timed
+    @errors.reported
+    async def refresh_cluster_status(
+        body: Any, meta: Any, status: Any, patch: kopf.Patch, memo: Any, logger: Any, **_: Any
+    ) -> None:
+        if meta.get("deletionTimestamp"):
+            return
+        await refresh_status(_runtime(memo), body, status, patch, logger, reapply=False)
+
+    async def reapply_for_secret(runtime: Runtime, key: ClusterKey) -> None:
+        """Apply the cluster's objects again and write its status (as the status timer does),
+        for a change of a Secret its pods read; read the cluster first: the Secret's event
+        carries nothing of it."""
+        namespace, name, uid = key
+        for _ in range(REPORTED_WAITS):
+            body = await runtime.kube.get(API_VERSION, CLUSTER_KIND, namespace, name)
+            meta = (body or {}).get("metadata") or {}
+            if body is None or meta.get("uid") != uid or meta.get("deletionTimestamp"):
+                return  # deleted meanwhile (or made again: the new one has its own first pass)
+            if (body.get("status") or {}).get("observedGeneration") == meta.get("generation"):
+                break
+            # A change handler's pass is under way (it may have read the Secret before the
+            # change): the pass below runs once it has reported, not never.
+            await asyncio.sleep(1.0)
+        else:
+            return  # still not reported: the change handler fails and retries a whole pass
+        patch = kopf.Patch()
+        await refresh_status(runtime, body, body.get("status") or {}, patch, log, reapply=True)
+        if patch.get("status"):
+            await runtime.kube.patch_status(
+                API_VERSION, CLUSTER_KIND, namespace, name, patch["status"], uid=uid
+            )
+
+    register_secret_watch(registry, metrics, reapply_for_secret, resync_user_for_secret)
 
     @kopf.timer(
         *CLUSTERS,

@@ -322,6 +322,24 @@ class Kube:
             raise
         return await self.apply(manifest, uid=created["metadata"]["uid"])
 
+    async def patch_status(
+        self, api_version: str, kind: str, namespace: str, name: str, status: Any, *, uid: str
+    ) -> bool:
+        """Merge ``status`` into the status of the object of ``uid`` (and only it: False when
+        the name holds no object, or another one). For a pass outside the object's own kopf
+        handlers (the Secret watch), which kopf's ``patch`` cannot write."""
+        path = f"{resource_path(api_version, kind, namespace, name)}/status"
+        body = {"metadata": {"uid": uid}, "status": status}
+        try:
+            await self._run(
+                "patch", "PATCH", path, body=body, content_type="application/merge-patch+json"
+            )
+        except KubeError as exc:
+            if exc.status in (404, 409):
+                return False
+            raise
+        return True
+
     async def get_path(self, path: str) -> dict[str, Any] | None:
         """GET any API path (discovery, ``/version``); None when it does not exist."""
         try:

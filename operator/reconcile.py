@@ -151,7 +151,7 @@ async def _ensure_secrets(
     runtime: Runtime, ref: ClusterRef, spec: KafScaleClusterSpec, *, cert_manager: bool
 ) -> secret_usability.UnusableSecrets:
     """Write the Secrets the pods mount (before the pods) and judge those of other owners
-    found under their names; kept for the status timer (:func:`needs_reapply`)."""
+    found under their names; kept for the Secret watch (:mod:`secret_watch`)."""
     kube, done = runtime.kube, SecretsPass()
     if not cert_manager:  # cert-manager writes its own
         now = datetime.datetime.now(datetime.UTC)
@@ -174,24 +174,19 @@ async def needs_reapply(runtime: Runtime, ref: ClusterRef) -> bool:
     """Whether the status timer applies the cluster's objects again between spec changes:
     the server's capabilities changed since they were applied, or a name the last apply left
     to another owner's object is free now (the user deleted it, or the garbage collector a
-    deleted namesake cluster's: the operator makes its own), or a Secret of another owner the
-    pods could not use was fixed, deleted or replaced (:mod:`secret_usability`). Only those
-    names are read, so while such an object stays a status pass costs one GET per name, not a
-    whole apply."""
+    deleted namesake cluster's: the operator makes its own). Only those names are read, so
+    while such an object stays a status pass costs one GET per name, not a whole apply. (A
+    Secret the pods read is not read here: the Secret watch applies again when one changes,
+    :mod:`secret_watch`.)"""
     if runtime.capabilities_changed(ref):
         return True
-    key = cluster_key(ref)
-    held = runtime.held_by_others.get(key) or {}
-    judged = runtime.secrets_judged.get(key) or secret_usability.UnusableSecrets()
-    secrets = [("v1", "Secret", name) for name in judged.needs]
-    names = [*held, *secrets]
-    if not names:
+    held = runtime.held_by_others.get(cluster_key(ref)) or {}
+    if not held:
         return False
     found = await asyncio.gather(
-        *(runtime.kube.get(api, kind, ref.namespace, name) for api, kind, name in names)
+        *(runtime.kube.get(api, kind, ref.namespace, name) for api, kind, name in held)
     )
-    now = dict(zip(names, found, strict=True))
-    return conflicts.freed(held, now) or judged.changed(ref, {oid[2]: now[oid] for oid in secrets})
+    return conflicts.freed(held, dict(zip(held, found, strict=True)))
 
 
 async def _apply_owned(

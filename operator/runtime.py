@@ -33,11 +33,12 @@ from kafscale.operator.model_base import Condition
 from kafscale.operator.models import ClusterRef, KafScaleClusterSpec
 from kafscale.operator.ownership import owned_by
 from kafscale.operator.secret_usability import UnusableSecrets
+from kafscale.operator.secret_watch import ClusterKey as ClusterKey
+from kafscale.operator.secret_watch import UserKey, UserSecret
 from kafscale.operator.settings import OperatorSettings
 from kafscale.operator.tls_secrets import etcd_client_tls
 
 PoolKey = tuple[tuple[str, ...], EtcdTls | None]
-ClusterKey = tuple[str, str, str]  # (namespace, name, uid): one cluster, not its name's next
 
 
 def cluster_key(ref: ClusterRef) -> ClusterKey:
@@ -128,6 +129,9 @@ class Runtime:
     # may run first). While a switch of ``etcd.mode`` is refused (``immutable``), the
     # operator's own etcd calls keep to that etcd.
     etcd_in_use: dict[ClusterKey, EtcdInUse] = field(default_factory=dict)
+    # The Secret each KafScaleUser's password comes from, as its last round named it (what
+    # the Secret watch follows for users: ``secret_watch``); kept by (namespace, name).
+    user_secrets: dict[UserKey, UserSecret] = field(default_factory=dict)
     # What the last apply left out because the server does not serve it.
     left_out: dict[ClusterKey, list[str]] = field(default_factory=dict)
     # Private directory for the etcd client certificates the operator presents (gRPC reads files).

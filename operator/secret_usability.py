@@ -9,7 +9,9 @@ by what its readers need (:class:`Need`), and one that falls short makes the clu
 ``Degraded`` with reason :data:`REASON`, naming the Secret, its owner and what is missing; the
 Deployments and StatefulSets whose pods read it (or a certificate issued from it, for a CA)
 are held back until it is fixed or deleted (:func:`conflicts.plan_apply`). A usable one says
-nothing. The cluster's own Secrets are not judged: the operator rewrites those itself.
+nothing. The cluster's own Secrets are not judged: the operator rewrites those itself. The
+Secret watch (:mod:`secret_watch`) applies the cluster again as soon as one of these Secrets
+changes in a way that matters (:meth:`UnusableSecrets.reapply_due`).
 """
 
 from __future__ import annotations
@@ -107,19 +109,32 @@ def describe(ref: ClusterRef, need: Need, secret: Manifest | None) -> str | None
 
 @dataclass(frozen=True)
 class UnusableSecrets:
-    """The Secrets of other owners the cluster cannot use, and whose readers must wait."""
+    """The Secrets of other owners the cluster cannot use, and whose readers must wait; and
+    every Secret of the cluster's names that its pods read (what the operator's Secret watch
+    follows: :func:`reapply_due`)."""
 
     needs: dict[str, Need] = field(default_factory=dict)  # each unusable one: what it lacks for
     problems: dict[str, str] = field(default_factory=dict)  # each: ``describe``'s words
     blocked: frozenset[str] = frozenset()  # them, and the certificates an unusable CA signs
+    read: dict[str, Need] = field(default_factory=dict)  # every one the pods read, usable or not
 
-    def changed(self, ref: ClusterRef, now: Mapping[str, Manifest | None]) -> bool:
-        """Whether a Secret judged unusable (``now``: what holds its name) was fixed, deleted,
-        replaced or is unusable for another reason: the cluster is then applied again."""
-        return any(
-            describe(ref, need, now.get(name)) != self.problems[name]
-            for name, need in self.needs.items()
-        )
+    def reapply_due(self, ref: ClusterRef, name: str, secret: Manifest | None) -> bool:
+        """Whether the Secret ``name``, now ``secret`` (None: deleted), calls for the cluster's
+        objects to be applied again: one judged unusable was fixed, deleted, replaced or is
+        unusable for another reason; a usable one of another owner broke; the cluster's own
+        was deleted or broken (the operator makes or issues it again). A change that leaves
+        each as it was judged (the operator's own write of a usable one, a usable one of yours
+        edited and still usable) does not: a pass would change nothing."""
+        need = self.read.get(name)
+        if need is None:
+            return False
+        if name in self.problems:
+            return describe(ref, need, secret) != self.problems[name]
+        if secret is None:
+            return True
+        if owned_by(secret, ref.uid):
+            return problem(need, secret) is not None
+        return describe(ref, need, secret) is not None
 
 
 def judge(
@@ -142,6 +157,7 @@ def judge(
         needs={name: needs[name] for name in problems},
         problems=problems,
         blocked=frozenset(problems) | signed,
+        read=needs,
     )
 
 

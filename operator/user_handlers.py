@@ -3,6 +3,7 @@
 create/update(spec)/resume → the password Secret, the SCRAM credential and the ACL bindings in
 the cluster's etcd, then status · timer (``resync_interval_s``) → the same, so a credential or a
 binding removed behind the operator's back (``kafscale acls remove``, DeleteAcls) comes back ·
+the password Secret changed or deleted (the Secret watch, :mod:`secret_handlers`) → the same ·
 delete (finalizer) → credentials and bindings leave etcd; the Secret goes with the resource
 (owner reference, garbage collector).
 """
@@ -10,6 +11,8 @@ delete (finalizer) → credentials and bindings leave etcd; the Secret goes with
 from __future__ import annotations
 
 import asyncio
+import logging
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import kopf
@@ -35,6 +38,7 @@ from kafscale.operator.models import (
     parse_user_spec,
 )
 from kafscale.operator.runtime import Runtime
+from kafscale.operator.secret_watch import UserKey, UserSecret
 from kafscale.operator.secret_writes import decide_and_write
 from kafscale.operator.settings import OperatorSettings
 from kafscale.operator.status import Verdict, compute_user_status, parse_conditions
@@ -53,6 +57,10 @@ from kafscale.operator.users import (
 )
 
 USERS = (GROUP, VERSION, USER_PLURAL)
+
+log = logging.getLogger(__name__)
+
+UserResync = Callable[[Runtime, UserKey], Awaitable[None]]
 
 
 class UserNotReady(Exception):
@@ -137,6 +145,9 @@ async def reconcile_user(runtime: Runtime, body: Any) -> tuple[ClusterRef, Verdi
         raise UserNotReady((False, "ClusterNotFound", message))
     cluster_ref, cluster_spec = found
     cluster = naming.kafscale_cluster_name(cluster_ref, cluster_spec)
+    own = spec.authentication.password is None
+    secret = UserSecret(secret_of(ref.name, spec), ref.uid, own=own)
+    runtime.user_secrets[(ref.namespace, ref.name)] = secret  # for the Secret watch
     password = await _ensure_secret(runtime, ref, spec, cluster)
     mechanism = mechanism_of(spec)
     try:
@@ -172,8 +183,9 @@ def register_users(
     config: OperatorSettings,
     metrics: OperatorMetrics,
     errors: HandlerErrors,
-) -> None:
-    """Register the KafScaleUser handlers into ``registry`` (failures posted by ``errors``)."""
+) -> UserResync:
+    """Register the KafScaleUser handlers into ``registry`` (failures posted by ``errors``);
+    returns a user's round for the Secret watch (:mod:`secret_handlers`)."""
     # One reconcile at a time per user: the resync timer and the change handlers run apart.
     locks: dict[tuple[str, str], asyncio.Lock] = {}
 
@@ -216,6 +228,30 @@ def register_users(
         report(body, status, patch, verdict, acls)
         logger.info("%s", verdict[2])
 
+    async def resync(
+        runtime: Runtime, key: UserKey, patch: kopf.Patch, logger: Any
+    ) -> dict[str, Any] | None:
+        """The user's round again, its status written into ``patch`` if it changed; read first
+        (the timer's body may predate an edit the change handler has applied since), and only
+        on a spec the change handlers have reconciled. Returns the body read (None: none)."""
+        async with locks.setdefault(key, asyncio.Lock()):
+            body = await runtime.kube.get(API_VERSION, USER_KIND, *key)
+            if body is None or not _resync_due(body):
+                return None
+            status = body.get("status") or {}
+            acls: int | None
+            try:
+                _ref, verdict, acls = await reconcile_user(runtime, body)
+            except UserNotReady as exc:
+                logger.warning("resync: %s", exc.verdict[2])
+                verdict, acls = exc.verdict, status.get("acls")
+        current: dict[str, Any] = next(
+            (c for c in status.get("conditions") or [] if c.get("type") == "Ready"), {}
+        )
+        if current.get("reason") != verdict[1] or status.get("acls") != acls:
+            report(body, status, patch, verdict, acls)
+        return body
+
     @kopf.timer(
         *USERS,
         interval=config.resync_interval_s,
@@ -225,31 +261,23 @@ def register_users(
     @metrics.timed
     @errors.reported
     async def resync_user(meta: Any, patch: kopf.Patch, memo: Any, logger: Any, **_: Any) -> None:
-        key = (meta["namespace"], meta["name"])
-        async with locks.setdefault(key, asyncio.Lock()):
-            # The timer's body may predate an edit the change handler has applied since:
-            # re-read, and act only on a spec the change handlers have reconciled.
-            body = await memo.runtime.kube.get(API_VERSION, USER_KIND, *key)
-            if body is None or not _resync_due(body):
-                return
-            status = body.get("status") or {}
-            acls: int | None
-            try:
-                _ref, verdict, acls = await reconcile_user(memo.runtime, body)
-            except UserNotReady as exc:
-                logger.warning("resync: %s", exc.verdict[2])
-                verdict, acls = exc.verdict, status.get("acls")
-        current: dict[str, Any] = next(
-            (c for c in status.get("conditions") or [] if c.get("type") == "Ready"), {}
-        )
-        if current.get("reason") != verdict[1] or status.get("acls") != acls:
-            report(body, status, patch, verdict, acls)
+        await resync(memo.runtime, (meta["namespace"], meta["name"]), patch, logger)
+
+    async def resync_for_secret(runtime: Runtime, key: UserKey) -> None:
+        """The user's round for a change of its password Secret, its status written through
+        the API (a Secret's event is no handler of the user's: kopf's ``patch`` cannot)."""
+        patch = kopf.Patch()
+        body = await resync(runtime, key, patch, log)
+        if patch.get("status") and body is not None:
+            uid = body["metadata"]["uid"]
+            await runtime.kube.patch_status(API_VERSION, USER_KIND, *key, patch["status"], uid=uid)
 
     @kopf.on.delete(*USERS, registry=registry, retries=10, backoff=3)
     @metrics.timed
     @errors.reported
     async def delete_user_resource(body: Any, meta: Any, memo: Any, logger: Any, **_: Any) -> None:
         runtime: Runtime = memo.runtime
+        runtime.user_secrets.pop((meta["namespace"], meta["name"]), None)  # watched no more
         try:
             spec = parse_user_spec(body.get("spec") or {})
         except ValidationError:
@@ -261,15 +289,23 @@ def register_users(
             return
         cluster_ref, cluster_spec = found
         cluster = naming.kafscale_cluster_name(cluster_ref, cluster_spec)
+        key = (meta["namespace"], meta["name"])
         try:
-            async with runtime.cluster_etcd(cluster_ref, cluster_spec) as etcd:
+            # After a round under way (a resync, the Secret watch's), not before: its write of
+            # the credential would outlive the user. A round after it sees the deletion.
+            async with (
+                locks.setdefault(key, asyncio.Lock()),
+                runtime.cluster_etcd(cluster_ref, cluster_spec) as etcd,
+            ):
                 credentials, acls = await remove_user(etcd, cluster, meta["name"])
         except (MetadataError, MetadataTimeout) as exc:
             raise kopf.TemporaryError(f"etcd: {exc}", delay=3) from exc
-        locks.pop((meta["namespace"], meta["name"]), None)
+        locks.pop(key, None)
         logger.info(
             "user %s removed from etcd: %d credentials, %d ACL bindings",
             meta["name"],
             credentials,
             acls,
         )
+
+    return resync_for_secret

@@ -127,8 +127,9 @@ EXPECTED_RULES = {
     ("networking.k8s.io", "networkpolicies"): {"get", "list", "create", "patch", "delete"},
     ("cert-manager.io", "issuers"): {"get", "list", "create", "patch", "delete"},
     ("cert-manager.io", "certificates"): {"get", "list", "create", "patch", "delete"},
-    # get: S3 credentials, certificate and password Secrets by name; never list or watch.
-    ("", "secrets"): {"get", "create", "patch"},
+    # get: S3 credentials, certificate and password Secrets by name; list/watch: the Secret
+    # watch (a cluster's Secret broken, fixed or deleted is acted on at once).
+    ("", "secrets"): {"get", "list", "watch", "create", "patch"},
     ("", "pods"): {"list", "watch"},
     ("", "events"): {"create"},
 }

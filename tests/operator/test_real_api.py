@@ -69,9 +69,10 @@ async def test_chart_installs_and_the_operator_authenticates_as_its_service_acco
     try:
         assert await kube.list("kafscale.io/v1alpha1", "KafScaleCluster", "default") == []
         assert await kube.get_path("/api/v1/pods") is not None  # kopf watches broker pods
-        # Least privilege: get, not list, on secrets and configmaps; of the objects it applies
-        # only the kinds a cluster has several of are listed (one call per kind, not per name).
-        for unlisted in ("/api/v1/secrets", "/apis/apps/v1/statefulsets", "/api/v1/configmaps"):
+        assert await kube.get_path("/api/v1/secrets") is not None  # the Secret watch
+        # Least privilege: get, not list, on configmaps; of the objects it applies only the
+        # kinds a cluster has several of are listed (one call per kind, not per name).
+        for unlisted in ("/apis/apps/v1/statefulsets", "/api/v1/configmaps"):
             with pytest.raises(KubeError) as refused:
                 await kube.get_path(unlisted)
             assert refused.value.status == 403, unlisted

@@ -135,3 +135,95 @@ async def test_a_certificate_secret_without_its_key_is_reported_until_deleted_th
         )
         await settle(lambda: _owned_by(kube.get(brokers), body), what="the brokers made")
         await settle(lambda: _unusable(kube, cluster) is None, what="the condition cleared")
+
+
+# The status timer and the resync run once an hour here: what the tests below see within
+# WATCH_BOUND_S comes from the Secret watch (before it, from one of those timers only).
+SLOW_TIMERS = {"status_interval_s": 3600.0, "resync_interval_s": 3600.0}
+WATCH_BOUND_S = 60.0
+
+
+async def test_a_users_secret_broken_after_start_is_reported_at_once_and_cleared_once_fixed(
+    kube_cluster: KubeCluster, kafscale_chart: InstalledChart, kube_namespace: str
+) -> None:
+    """The user's own ``demo-delegation-token`` is usable when the cluster starts; the user
+    then removes its ``secret-key``. Before, nothing said so until the next resync (5 min by
+    default, an hour here): the brokers' next pods failed. Now the Secret watch reports it at
+    once (``Degraded``/``SecretUnusable``, one Warning Event), and once the key is back the
+    condition clears, also without a timer."""
+    ns, kube = kube_namespace, kube_cluster
+    secret = f"{SECRETS.format(ns=ns)}/demo-delegation-token"
+    kube.create(
+        SECRETS.format(ns=ns),
+        {"metadata": {"name": "demo-delegation-token"}, "data": {"secret-key": _b64("mine")}},
+    )
+    cluster = f"{CLUSTERS.format(ns=ns)}/demo"
+    brokers = f"{DEPLOYMENTS.format(ns=ns)}/demo-broker"
+    spec = {**MANAGED, "delegationTokens": {"enabled": True}}
+    async with operator_thread(operator_settings(kafscale_chart, **SLOW_TIMERS)):
+        body = kube.create(CLUSTERS.format(ns=ns), cluster_manifest("demo", ns, spec))
+        await settle(lambda: _owned_by(kube.get(brokers), body), what="the brokers made")
+        assert _unusable(kube, cluster) is None
+
+        kube.merge_patch(secret, {"data": {"secret-key": None}})
+        message = await settle(
+            lambda: _unusable(kube, cluster),
+            what="Degraded: SecretUnusable",
+            timeout_s=WATCH_BOUND_S,
+        )
+        assert "Secret demo-delegation-token (no owner reference): no secret-key" in message
+        (event,) = await settle(
+            lambda: [e for e in events_of(kube, ns, "demo") if e[1] == REASON],
+            what="a SecretUnusable Event",
+        )
+        assert event[0] == "Warning" and "no secret-key" in event[2]
+        assert _owned_by(kube.get(brokers), body)  # held back: left as it was, not deleted
+        now = kube.get(secret)
+        assert "secret-key" not in (now.get("data") or {})  # theirs: not written
+        # Watched, not handled by kopf's change handlers: no annotation, no finalizer on it.
+        assert not now["metadata"].get("annotations") and not now["metadata"].get("finalizers")
+
+        kube.merge_patch(secret, {"data": {"secret-key": _b64("mine again")}})
+        await settle(
+            lambda: _unusable(kube, cluster) is None,
+            what="the condition cleared",
+            timeout_s=WATCH_BOUND_S,
+        )
+        assert base64.b64decode(kube.get(secret)["data"]["secret-key"]) == b"mine again"
+        assert [e for e in events_of(kube, ns, "demo") if e[1] == REASON] == [event]
+
+
+async def test_an_operator_made_certificate_secret_deleted_is_issued_again_at_once(
+    kube_cluster: KubeCluster, kafscale_chart: InstalledChart, kube_namespace: str
+) -> None:
+    """A TLS listener: the operator issued ``demo-broker-tls``. Deleted (by mistake, or to
+    rotate it), it was issued again only at the next reconcile: an edit, a restart or the
+    resync. Now the Secret watch issues it again at once, from the same CA."""
+    ns, kube = kube_namespace, kube_cluster
+    cluster = f"{CLUSTERS.format(ns=ns)}/demo"
+    leaf = f"{SECRETS.format(ns=ns)}/demo-broker-tls"
+    spec = {**MANAGED, "listeners": [{"name": "secure", "port": 9093, "tls": True}]}
+    async with operator_thread(operator_settings(kafscale_chart, **SLOW_TIMERS)):
+        body = kube.create(CLUSTERS.format(ns=ns), cluster_manifest("demo", ns, spec))
+        first = await settle(
+            lambda: (found := kube.get(leaf)) is not None and _owned_by(found, body) and found,
+            what="the operator's certificate",
+        )
+        ca = kube.get(f"{SECRETS.format(ns=ns)}/demo-ca")
+
+        kube.delete(leaf)
+        again = await settle(
+            lambda: (
+                (found := kube.get(leaf)) is not None
+                and found["metadata"]["uid"] != first["metadata"]["uid"]
+                and found
+            ),
+            what="the certificate issued again",
+            timeout_s=WATCH_BOUND_S,
+        )
+        assert _owned_by(again, body)
+        assert again["data"]["ca.crt"] == first["data"]["ca.crt"]
+        assert (
+            kube.get(f"{SECRETS.format(ns=ns)}/demo-ca")["metadata"]["uid"] == ca["metadata"]["uid"]
+        )
+        assert _unusable(kube, cluster) is None

@@ -450,3 +450,55 @@ async def test_resync_puts_back_what_was_removed_behind_the_operators_back(
             )
 
         await settle(rotated, what="a new password in a new Secret and in etcd")
+
+
+async def test_a_users_own_password_secret_changed_or_deleted_is_acted_on_at_once(
+    kube_cluster: KubeCluster,
+    kafscale_chart: InstalledChart,
+    kube_namespace: str,
+    etcd_server: EmbeddedEtcd,
+    etcd: Etcd,
+) -> None:
+    """``valueFrom.secretKeyRef``: the user changes the password in their Secret. Before, the
+    credential in etcd kept the old one until the next resync (5 min by default; the status
+    and resync timers run hourly here), so clients with the new password were refused. Now
+    the Secret watch runs the user's round at once: the new password verifies, the old one
+    no longer. Deleted, the user turns ``Ready=False``/``PasswordSecretNotFound`` at once."""
+    ns, kube = kube_namespace, kube_cluster
+    cluster = create_cluster(kube, ns, etcd_server)
+    store = CredentialStore(etcd, cluster)
+    secrets = f"/api/v1/namespaces/{ns}/secrets"
+    encoded = base64.b64encode(b"first password").decode()
+    kube.create(secrets, {"metadata": {"name": "alice-login"}, "data": {"pw": encoded}})
+    ref = {"secretKeyRef": {"name": "alice-login", "key": "pw"}}
+    spec = {
+        "cluster": "demo",
+        "authentication": {"type": "scram-sha-512", "password": {"valueFrom": ref}},
+    }
+    path = f"{USERS.format(ns=ns)}/alice"
+    slow = operator_settings(kafscale_chart, status_interval_s=3600.0, resync_interval_s=3600.0)
+    async with operator_thread(slow):
+        kube.create(USERS.format(ns=ns), user_manifest("alice", ns, spec))
+        await settle(lambda: (ready(kube, path) or ("",))[0] == "True", what="Ready")
+
+        encoded = base64.b64encode(b"second password").decode()
+        kube.merge_patch(f"{secrets}/alice-login", {"data": {"pw": encoded}})
+
+        async def follows() -> bool:
+            credential = await store.get("alice", SHA512)
+            return credential is not None and check_password(b"second password", credential, SHA512)
+
+        await settle(follows, what="the credential of the new password", timeout_s=60.0)
+        credential = await store.get("alice", SHA512)
+        assert credential is not None
+        assert not check_password(b"first password", credential, SHA512)
+
+        kube.delete(f"{secrets}/alice-login")
+        gone = await settle(
+            lambda: (
+                (ready(kube, path) or ("", ""))[1] == "PasswordSecretNotFound" and ready(kube, path)
+            ),
+            what="PasswordSecretNotFound",
+            timeout_s=60.0,
+        )
+        assert gone[0] == "False" and "alice-login" in gone[2]

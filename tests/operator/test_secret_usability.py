@@ -34,6 +34,7 @@ from kafscale.operator.secret_usability import (
     problem,
     secrets_read,
 )
+from kafscale.operator.secret_watch import clusters_reading, clusters_to_reapply
 from kafscale.operator.status import ClusterObservation, compute_cluster_status
 from kafscale.operator.tls_secrets import ensure_certificate_secrets
 
@@ -134,7 +135,8 @@ def test_only_unusable_secrets_of_other_owners_are_reported_with_their_owner() -
     }
     assert judged.needs == {"demo-broker-tls": Need.LEAF}
     assert judged.blocked == {"demo-broker-tls"}
-    assert judge(REF, TLS_SPEC, {}, cert_manager=False) == UnusableSecrets()
+    nothing_found = judge(REF, TLS_SPEC, {}, cert_manager=False)
+    assert nothing_found == UnusableSecrets(read=cluster_needs(REF, TLS_SPEC, cert_manager=False))
 
 
 def test_an_unusable_ca_blocks_the_certificates_it_would_sign() -> None:
@@ -146,17 +148,56 @@ def test_an_unusable_ca_blocks_the_certificates_it_would_sign() -> None:
     assert judged.blocked == {"demo-etcd-ca", "demo-etcd-server-tls", "demo-etcd-client-tls"}
 
 
-def test_a_judged_secret_counts_as_changed_once_fixed_deleted_or_otherwise_broken() -> None:
+def test_a_judged_secret_calls_for_a_pass_once_fixed_deleted_or_otherwise_broken() -> None:
     broken = secret("demo-delegation-token", other=b"x")
     judged = judge(
         REF, parse_cluster_spec(TOKENS), {broken["metadata"]["name"]: broken}, cert_manager=False
     )
     name = "demo-delegation-token"
-    assert not judged.changed(REF, {name: broken})
-    assert judged.changed(REF, {name: secret(name, secret_key=b"fixed")})
-    assert judged.changed(REF, {name: None})
-    assert judged.changed(REF, {name: secret(name, secret_key=b"")}) is False  # still no key
-    assert judged.changed(REF, {name: secret(name, [SHOP], other=b"x")})  # another owner now
+    assert not judged.reapply_due(REF, name, broken)
+    assert judged.reapply_due(REF, name, secret(name, secret_key=b"fixed"))
+    assert judged.reapply_due(REF, name, None)
+    assert not judged.reapply_due(REF, name, secret(name, secret_key=b""))  # still no key
+    assert judged.reapply_due(REF, name, secret(name, [SHOP], other=b"x"))  # another owner now
+
+
+def test_a_usable_secret_calls_for_a_pass_once_broken_or_deleted_not_when_edited_usable() -> None:
+    """What the Secret watch acts on (the operator's own writes start no pass)."""
+    name = "demo-delegation-token"
+    theirs = secret(name, [SHOP], secret_key=b"their key")
+    ours = secret(name, [owner_reference(REF)], secret_key=b"our key")
+    for usable in (theirs, ours):
+        judged = judge(REF, parse_cluster_spec(TOKENS), {name: usable}, cert_manager=False)
+        assert judged.problems == {}
+        assert not judged.reapply_due(REF, name, usable)
+        assert judged.reapply_due(REF, name, None)  # deleted: the operator makes its own
+        owners = usable["metadata"]["ownerReferences"]
+        assert judged.reapply_due(REF, name, secret(name, owners, other=b"x"))  # broken
+        assert not judged.reapply_due(REF, name, secret(name, owners, secret_key=b"another"))
+        assert not judged.reapply_due(REF, "demo-ca", None)  # not a Secret this cluster reads
+
+
+def test_a_changed_secret_concerns_the_clusters_of_its_namespace_that_read_it() -> None:
+    name = "demo-delegation-token"
+    tokens = parse_cluster_spec(TOKENS)
+    key = (REF.namespace, REF.name, REF.uid)
+    other = ("staging", "demo", "another-uid")
+    plain = (REF.namespace, "plain", "plain-uid")
+    judged = {
+        key: judge(REF, tokens, {}, cert_manager=False),
+        other: judge(
+            REF.model_copy(update={"namespace": "staging"}), tokens, {}, cert_manager=False
+        ),
+        plain: judge(REF, parse_cluster_spec(cluster_spec()), {}, cert_manager=False),
+    }
+    assert clusters_reading(judged, REF.namespace, name) == [key]
+    assert clusters_reading(judged, "staging", name) == [other]
+    assert clusters_reading(judged, REF.namespace, "orders-app") == []
+    broken = secret(name, [SHOP], other=b"x")
+    assert clusters_to_reapply(judged, REF.namespace, name, broken) == [key]
+    assert clusters_to_reapply(judged, REF.namespace, name, None) == [key]
+    usable = secret(name, [SHOP], secret_key=b"k")
+    assert clusters_to_reapply(judged, REF.namespace, name, usable) == []
 
 
 def test_the_pod_workloads_reading_an_unusable_secret_are_held_back_the_rest_applied() -> None:

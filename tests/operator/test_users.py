@@ -18,6 +18,7 @@ from kafscale.broker.authz.model import (
 )
 from kafscale.broker.security.scram import ScramMechanism
 from kafscale.operator.models import ClusterRef, parse_user_spec
+from kafscale.operator.secret_watch import UserSecret, users_reading, users_to_resync
 from kafscale.operator.users import (
     PASSWORD_LENGTH,
     SecretConflict,
@@ -176,3 +177,39 @@ def test_an_existing_secret_is_reused_only_if_the_user_owns_it() -> None:
     empty = build_user_secret(REF, "ns.demo", "pw")
     empty["data"] = {}
     assert password_in(empty, "uid-1") is None
+
+
+def _password_secret(name: str, owner_uid: str | None, **data: str) -> dict[str, Any]:
+    meta: dict[str, Any] = {"name": name, "namespace": "kafka", "uid": f"uid-{name}"}
+    if owner_uid is not None:
+        meta["ownerReferences"] = [{"kind": "KafScaleUser", "name": "alice", "uid": owner_uid}]
+    encoded = {k: base64.b64encode(v.encode()).decode() for k, v in data.items()}
+    return {"apiVersion": "v1", "kind": "Secret", "metadata": meta, "data": encoded}
+
+
+def test_a_users_own_password_secret_calls_for_a_round_on_any_change() -> None:
+    """``valueFrom.secretKeyRef``: the password may have changed, or the Secret gone."""
+    theirs = UserSecret("alice-login", "u-alice", own=False)
+    assert theirs.round_due(_password_secret("alice-login", None, pw="new password"))
+    assert theirs.round_due(None)
+
+
+def test_the_operators_password_secret_calls_for_a_round_when_gone_taken_or_emptied() -> None:
+    ours = UserSecret("alice", "u-alice", own=True)
+    assert not ours.round_due(_password_secret("alice", "u-alice", password="p"))  # its write
+    assert ours.round_due(None)  # deleted: a new one (and password) is written
+    assert ours.round_due(_password_secret("alice", "someone-else", password="p"))  # conflict
+    assert ours.round_due(_password_secret("alice", "u-alice", other="x"))  # password removed
+
+
+def test_a_changed_secret_concerns_the_users_of_its_namespace_that_read_it() -> None:
+    users = {
+        ("kafka", "alice"): UserSecret("alice-login", "u-alice", own=False),
+        ("kafka", "bob"): UserSecret("bob", "u-bob", own=True),
+        ("staging", "alice"): UserSecret("alice-login", "u-alice-2", own=False),
+    }
+    assert users_reading(users, "kafka", "alice-login") == [("kafka", "alice")]
+    assert users_reading(users, "kafka", "orders") == []
+    bobs = _password_secret("bob", "u-bob", password="p")
+    assert users_to_resync(users, "kafka", "bob", bobs) == []
+    assert users_to_resync(users, "kafka", "bob", None) == [("kafka", "bob")]

@@ -97,10 +97,11 @@ the cluster's own), and the Secrets it knows). */}}
   verbs: ["get", "list", "create", "patch", "delete"]
 # get: S3 credentials named by a cluster, certificate Secrets, a KafScaleUser's password Secret;
 # create/patch: KafScaleUser password Secrets, operator-made CA and certificate Secrets
-# (server-side apply). No list or watch: the operator reads Secrets it knows by name only.
+# (server-side apply); list/watch: the Secret watch (a kopf watch), so that a Secret a cluster's
+# pods read that is broken, fixed or deleted is acted on at once, not at the next resync.
 - apiGroups: [""]
   resources: ["secrets"]
-  verbs: ["get", "create", "patch"]
+  verbs: ["get", "list", "watch", "create", "patch"]
 # kopf posts core/v1 Events (POST only).
 - apiGroups: [""]
   resources: ["events"]
