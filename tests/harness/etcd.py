@@ -13,6 +13,8 @@ and the tests that start an etcd cluster of their own, on another etcd.
 * ``cluster_name`` (function): a cluster name no other test uses.
 * ``harness_etcd(url)``: the client a test's own set-up or inspection connects with (not the
   user's path), with the product's connect retries and a loaded machine's deadline.
+* ``lease_remaining_s(url, lease)``: the seconds a lease has left (``etcdctl lease
+  timetolive``): how long ago a broker's last keepalive renewed its session.
 """
 
 from __future__ import annotations
@@ -26,9 +28,10 @@ from pathlib import Path
 
 import pytest
 
+from harness import children
 from harness.scratch import owned_scratch_dir
 from kafscale.broker.config import EtcdConnectionSettings
-from kafscale.broker.metadata.embedded_etcd import EmbeddedEtcd
+from kafscale.broker.metadata.embedded_etcd import EmbeddedEtcd, find_etcd_binary
 from kafscale.broker.metadata.etcd import Etcd
 from kafscale.broker.metadata.etcd_connect import connect_etcd
 
@@ -68,6 +71,19 @@ async def harness_etcd(url: str) -> Etcd:
     ``HARNESS_ETCD_TIMEOUT_S`` for every call. Close it when done."""
     settings = EtcdConnectionSettings(endpoints=(url,), timeout_s=HARNESS_ETCD_TIMEOUT_S)
     return await connect_etcd(settings, attempts=HARNESS_CONNECT_ATTEMPTS)
+
+
+def lease_remaining_s(etcd_url: str, lease: int) -> int:
+    """The whole seconds ``lease`` has left by etcd (``etcdctl lease timetolive``)."""
+    etcdctl = str(find_etcd_binary().with_name("etcdctl"))
+    done = children.run(
+        [etcdctl, f"--endpoints={etcd_url}", "lease", "timetolive", f"{lease:x}"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=True,
+    )
+    return int(done.stdout.rsplit("remaining(", 1)[1].split("s)", 1)[0])
 
 
 _SHM = Path("/dev/shm")
