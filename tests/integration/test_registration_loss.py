@@ -10,7 +10,8 @@ it wakes. Before: A learnt of the revoke only at its next keepalive, up to TTL/3
 meanwhile went on serving the partition from its memory: a Fetch there was answered with
 the high watermark from before the freeze (1, while etcd and B said 2) and no error, so a
 consumer reading at A missed the record. Now A gives the partition up as it wakes, as the
-keepalive's "lease not found" would make it do, and registers on a new session.
+keepalive's "lease not found" would make it do, and registers on a new session; its own
+revoke at a graceful stop, which deletes its registration too, is no loss.
 """
 
 from __future__ import annotations
@@ -48,6 +49,8 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 
 TOPIC = "woken"
 WAIT_S = 120.0  # bound of the waits that are not the point (a loaded machine); none is a speed
+
+REGISTRATION_DELETED = "etcd deleted this broker's registration"
 
 TTL_S = 120
 """A's session: a keepalive every 40 s. The old code learnt of the revoke only from one, so
@@ -170,7 +173,7 @@ def test_a_broker_woken_from_a_freeze_gives_up_what_etcd_took_at_once(
         # what it answers instead: etcd's high watermark, or a retriable error
         assert high_watermark == 2 or code == ErrorCode.NOT_LEADER_OR_FOLLOWER, answers[-3:]
         log = a.log_path.read_text(errors="replace")
-        assert "etcd deleted this broker's registration" in log, a.tail()
+        assert REGISTRATION_DELETED in log, a.tail()
 
         # and it comes back on a new session, serving every acked record
         wait_for(
@@ -179,3 +182,8 @@ def test_a_broker_woken_from_a_freeze_gives_up_what_etcd_took_at_once(
             a,
         )
         assert fetched(at_a) == (ErrorCode.NONE, 2)
+    # Its own revoke at a graceful stop deletes its registration too: no loss, no new session.
+    assert a.stop(timeout_s=WAIT_S) == 0
+    log = a.log_path.read_text(errors="replace")
+    assert log.count(REGISTRATION_DELETED) == 1, a.tail()
+    assert log.count("etcd session lost") == 1, a.tail()
