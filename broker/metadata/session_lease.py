@@ -54,6 +54,7 @@ likely deleted its keys, and names itself leader of nothing, as the other broker
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import enum
 import logging
 from dataclasses import dataclass
@@ -245,7 +246,13 @@ class SessionLease:
         retries = RetryLog(log, f"session lease {self._id:x} keepalive failed")
         try:
             while True:
-                await asyncio.sleep(max(0.0, min(delay, self._next_change(loop.time()))))
+                # Woken early by a loss told from outside (``mark_lost``): it ends at once,
+                # not up to TTL/3 later, with nothing left running for the old session.
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(
+                        max(0.0, min(delay, self._next_change(loop.time())))
+                    ):
+                        await self.lost.wait()
                 if self._phase(loop.time()) is Phase.LOST:
                     return
                 sent_at = loop.time()

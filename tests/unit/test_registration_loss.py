@@ -5,6 +5,7 @@ view telling the broker of the deletions it sees. The real broker against a real
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any, cast
 
 import pytest
@@ -106,9 +107,13 @@ async def test_a_session_marked_lost_from_outside_is_lost_at_once_and_for_good()
     session = await SessionLease.start(cast(Any, RenewingEtcd()), 60)
     try:
         assert session.still_valid() and session.may_be_held()
+        keepalive = session._task
+        assert keepalive is not None
         session.mark_lost("etcd deleted this broker's registration")
         assert session.lost.is_set()
         assert not session.still_valid() and not session.may_be_held()
+        # Its keepalive ends now, not at its next round 20 s away (the bound is half that).
+        await asyncio.wait_for(asyncio.shield(keepalive), 10)
     finally:
         await session.close()
     released = await SessionLease.start(cast(Any, RenewingEtcd()), 60)
