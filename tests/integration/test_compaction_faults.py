@@ -426,11 +426,11 @@ class Campaign:
         flushes (and perhaps a compaction pass) in flight on a session that etcd ended. Either
         its commits go first and the lease compare refuses them, or its watch's deletion of
         its own registration does and it gives the session up before committing anything
-        (``registration_loss``; which one wins as it wakes is the event loop's order, about
-        one fence in four here). Either way it gives the partitions up and registers on a new
-        session. The ``stop`` fault, within the 15-s session, no longer makes such a
-        fenced writer; load used to, at random. The harness cannot tell which broker has a
-        pass in flight (passes run all the time here): any owner will do."""
+        (``registration_loss``; which one wins as it wakes is the event loop's order: the
+        latter in one fence of seven here). Either way it gives the partitions up and
+        registers on a new session. The ``stop`` fault, within the 15-s session, no longer
+        makes such a fenced writer; load used to, at random. The harness cannot tell which
+        broker has a pass in flight (passes run all the time here): any owner will do."""
 
         def owning() -> list[tuple[Slot, dict[int, int]]]:
             owners = self.owners()
