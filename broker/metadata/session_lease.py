@@ -302,7 +302,7 @@ class SessionLease:
     def mark_lost(self, reason: str) -> None:
         """etcd ended the session (or stopped answering for two TTLs): the one way a session
         becomes lost, whoever learns it first, the keepalive or the cluster view's watch
-        (``registration_loss``). The keepalive task sees it at its next round and ends."""
+        (``registration_loss``). It wakes the keepalive task, which ends."""
         if self.lost.is_set():
             return  # told once
         log.error("session lease %x lost: %s", self._id, reason)
