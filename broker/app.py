@@ -36,6 +36,7 @@ from kafscale.broker.metadata.etcd_errors import MetadataError, MetadataUnavaila
 from kafscale.broker.metadata.leaders import leader_for, live_leaders
 from kafscale.broker.metadata.listed_brokers import listed_brokers
 from kafscale.broker.metadata.partition_state import PartitionState
+from kafscale.broker.metadata.registration_loss import registration_lost
 from kafscale.broker.metadata.session_lease import SessionLease
 from kafscale.broker.metadata.session_renewal import renew_session
 from kafscale.broker.metadata.topics import create_topic
@@ -110,6 +111,9 @@ class Broker:
     cluster_size: int | None = None
     """How many brokers the cluster has, when its launcher knows it (``kafscale local``)."""
     _inter_broker: ssl.SSLContext | None = None  # TLS toward other brokers (inter_broker.*)
+    _own_deleted_at: int = 0
+    """The etcd revision of the last deletion of our registration the view reported (0: none
+    since the last registration; not kept longer, as etcd's revisions can go back)."""
     _tasks: list[asyncio.Task[None]] = field(default_factory=list)
     quota_enforcer: QuotaEnforcer = field(init=False)
 
@@ -247,6 +251,7 @@ class Broker:
             await self._close_clients()
             raise StartupError(f"cannot listen on admin port {listener.admin_port}: {exc}") from exc
         self.info = await self._register()
+        self.view.listen_broker_deletions(self._registration_deleted)
         set_node_id(self.info.node_id)
         self.groups = GroupCoordinator(self, group_config(self.settings.groups))
         await self.groups.start()
@@ -282,7 +287,7 @@ class Broker:
         admin_port = self.admin.port if self.admin is not None else None
         info = registration(self.settings, node_id, self.server.ports, self.pod_name, admin_port)
         await self._retire_predecessors(info)
-        await self.etcd.put(
+        self.session.registered_at = await self.etcd.put(
             keys.broker_key(self.cluster, node_id), info.to_json(), lease=self.session.id
         )
         self.view.brokers[node_id] = info
@@ -335,9 +340,29 @@ class Broker:
 
     async def _register_on(self, session: SessionLease) -> None:
         assert self.info is not None
-        await self.etcd.put(
+        session.registered_at = await self.etcd.put(
             keys.broker_key(self.cluster, self.node_id), self.info.to_json(), lease=session.id
         )
+        self._check_registration()  # a deletion the watch brought before the put's answer
+        self._own_deleted_at = 0
+
+    def _registration_deleted(self, node_id: int, revision: int) -> None:
+        """The view saw broker ``node_id``'s registration deleted at ``revision``: if it is
+        ours, made on the current session, etcd ended that session (``registration_loss``)."""
+        if node_id == self.node_id:
+            self._own_deleted_at = revision
+            self._check_registration()
+
+    def _check_registration(self) -> None:
+        """End the current session if etcd deleted its registration: at once, not at the next
+        keepalive (up to TTL/3 later), by the keepalive's own path (``SessionLease.mark_lost``,
+        then ``_watch_session``)."""
+        session = self.session
+        if registration_lost(self._own_deleted_at, session.registered_at, session.released):
+            session.mark_lost(
+                f"etcd deleted this broker's registration at revision {self._own_deleted_at}"
+                " (its lease was revoked or expired)"
+            )
 
     async def _follow_cluster(self) -> None:
         """React to cluster changes: deleted topics, draining marks, the desired assignment.

@@ -20,7 +20,7 @@ import contextlib
 import json
 import logging
 import weakref
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from kafscale.broker.authz.store import AclCache
@@ -53,6 +53,9 @@ TopicPartition = tuple[str, int]
 _RETRY_MIN_S = 0.2
 _RETRY_MAX_S = 5.0
 """Backoff between attempts of a watch or reload that etcd refused (permission denied, ...)."""
+
+BrokerDeletionListener = Callable[[int, int], None]
+"""Told that broker ``node_id``'s registration was deleted at etcd revision ``revision``."""
 
 _QUEUED_EVENTS = 10_000
 """Watch events waiting to be applied, at most: the watches wait beyond that (and etcd holds
@@ -184,6 +187,7 @@ class ClusterView:
         self.events_seen = 0
         """Watch events received (tests count them: keys the view does not keep send none)."""
         self._loaded_revision = 0  # the revision of the latest full read (start or reload)
+        self._broker_deletion_listeners: list[BrokerDeletionListener] = []
         self.health = FollowHealth("cluster view")
         """Which parts of the view cannot follow etcd now (``following``)."""
 
@@ -223,6 +227,16 @@ class ClusterView:
         the cancellation come in one loop step). The group, the view's close and the broker's
         stop then waited for it forever."""
         await asyncio.gather(*(cancel_and_wait(t) for t in (self._watch_task, *self._range_tasks)))
+
+    def listen_broker_deletions(self, listener: BrokerDeletionListener) -> None:
+        """Call ``listener(node_id, revision)`` when a registration is deleted: by a watch
+        event, or found gone by a reload (at the reload's revision). A broker learns from it
+        that etcd ended its own session (``registration_loss``)."""
+        self._broker_deletion_listeners.append(listener)
+
+    def _tell_broker_deleted(self, node_id: int, revision: int) -> None:
+        for listener in self._broker_deletion_listeners:
+            listener(node_id, revision)
 
     def live_broker_ids(self) -> list[int]:
         return sorted(self.brokers)
@@ -355,6 +369,7 @@ class ClusterView:
         self._loaded_revision = revision
         if rewound:
             self._forget_states()
+        registered = set(self.brokers)
         self.topics.clear()
         self.brokers.clear()
         self.owners.clear()
@@ -366,6 +381,8 @@ class ClusterView:
         for entry in entries:
             self._load(entry.key, entry.value)
         self.share_members.end_reload()
+        for node_id in sorted(registered - set(self.brokers)):  # deleted in the lost stretch
+            self._tell_broker_deleted(node_id, revision)
         for tp in list(self.states):
             self.watermarks.notify(tp)
         self.changed.set()
@@ -386,6 +403,9 @@ class ClusterView:
                 self._apply_put(event.key, event.value)
         else:
             self._apply_delete(event.key)
+            parts = self._relative(event.key)
+            if parts[0] == "brokers" and len(parts) == 2:
+                self._tell_broker_deleted(int(parts[1]), event.mod_revision)
         if self._relative(event.key)[0] in ("partitions", "share-groups"):
             return  # data-path churn: followers of ownership need not wake for it
         self.changed.set()

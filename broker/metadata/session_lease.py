@@ -24,8 +24,10 @@ partition, failing what was buffered, registering again on a new lease) was chur
   ``session_phase`` of the renewed lease is valid): the session resumes with nothing abandoned
   and no new registration. An answer so late that the renewal it reports has run out too (an
   event loop stalled past the TTL) leaves the session suspended.
-* **lost** when etcd says the lease is gone, or nothing answered for one more TTL: as before,
-  the broker gives everything up and starts a new session (``session_renewal``).
+* **lost** when etcd says the lease is gone (the keepalive's answer, or the cluster view's
+  watch deleting the broker's own registration: ``registration_loss``), or nothing answered for
+  one more TTL: as before, the broker gives everything up and starts a new session
+  (``session_renewal``).
 
 Why resuming is safe: every key that stands for ownership is bound to this lease, and etcd
 deletes such keys only by revoking the lease (its expiry or a ``revoke``); it never renews an
@@ -52,6 +54,7 @@ likely deleted its keys, and names itself leader of nothing, as the other broker
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import enum
 import logging
 from dataclasses import dataclass
@@ -143,6 +146,12 @@ class SessionLease:
         self._suspended = False  # told once per suspension
         self._resumed_at: float | None = None
         """Loop time of the session's last resumption (None: it never resumed)."""
+        self.registered_at: int | None = None
+        """The etcd revision of the put of the broker's registration on this session (None:
+        not registered on it yet); a deletion of the registration after it ends the session
+        (``registration_loss``)."""
+        self.released = False
+        """The broker revoked this session itself (``revoke``): its keys' deletion is no loss."""
         self.counts = counts if counts is not None else SessionCounts()
 
     @classmethod
@@ -203,7 +212,7 @@ class SessionLease:
             return Phase.LOST
         phase = session_phase(now, self._valid_until, self._ttl_s)
         if phase is Phase.LOST:
-            self._mark_lost(f"no keepalive succeeded for {2 * self._ttl_s} s")
+            self.mark_lost(f"no keepalive succeeded for {2 * self._ttl_s} s")
         elif phase is Phase.SUSPENDED and not self._suspended:
             self._suspended = True
             self.counts.suspensions += 1
@@ -217,6 +226,7 @@ class SessionLease:
 
     async def revoke(self) -> None:
         """Stop the keepalive and revoke: every key bound to the lease is deleted at once."""
+        self.released = True
         await self._stop_keepalive()
         await self._etcd.revoke_lease(self._id)
 
@@ -236,7 +246,13 @@ class SessionLease:
         retries = RetryLog(log, f"session lease {self._id:x} keepalive failed")
         try:
             while True:
-                await asyncio.sleep(max(0.0, min(delay, self._next_change(loop.time()))))
+                # Woken early by a loss told from outside (``mark_lost``): it ends at once,
+                # not up to TTL/3 later, with nothing left running for the old session.
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(
+                        max(0.0, min(delay, self._next_change(loop.time())))
+                    ):
+                        await self.lost.wait()
                 if self._phase(loop.time()) is Phase.LOST:
                     return
                 sent_at = loop.time()
@@ -245,7 +261,7 @@ class SessionLease:
                     async with asyncio.timeout(max(self._next_change(sent_at), retry)):
                         ttl = await self._etcd.refresh_lease(self._id)
                 except LeaseLost as error:
-                    self._mark_lost(str(error))
+                    self.mark_lost(str(error))
                     return
                 except (MetadataError, TimeoutError) as error:
                     retries.failed(error)
@@ -256,7 +272,7 @@ class SessionLease:
                 delay = interval
         except Exception:
             log.exception("session lease %x keepalive crashed", self._id)
-            self._mark_lost("keepalive crashed")
+            self.mark_lost("keepalive crashed")
 
     def _next_change(self, now: float) -> float:
         """Seconds until the phase changes by the clock (valid → suspended → lost)."""
@@ -283,7 +299,10 @@ class SessionLease:
                 self._id,
             )
 
-    def _mark_lost(self, reason: str) -> None:
+    def mark_lost(self, reason: str) -> None:
+        """etcd ended the session (or stopped answering for two TTLs): the one way a session
+        becomes lost, whoever learns it first, the keepalive or the cluster view's watch
+        (``registration_loss``). It wakes the keepalive task, which ends."""
         if self.lost.is_set():
             return  # told once
         log.error("session lease %x lost: %s", self._id, reason)

@@ -13,6 +13,8 @@ and the tests that start an etcd cluster of their own, on another etcd.
 * ``cluster_name`` (function): a cluster name no other test uses.
 * ``harness_etcd(url)``: the client a test's own set-up or inspection connects with (not the
   user's path), with the product's connect retries and a loaded machine's deadline.
+* ``lease_remaining_s(url, lease)``: the seconds a lease has left (``etcdctl lease
+  timetolive``): how long ago a broker's last keepalive renewed its session.
 """
 
 from __future__ import annotations
@@ -26,10 +28,11 @@ from pathlib import Path
 
 import pytest
 
+from harness import children
 from harness.scratch import owned_scratch_dir
 from kafscale.broker.config import EtcdConnectionSettings
 from kafscale.broker.metadata import keys
-from kafscale.broker.metadata.embedded_etcd import EmbeddedEtcd
+from kafscale.broker.metadata.embedded_etcd import EmbeddedEtcd, find_etcd_binary
 from kafscale.broker.metadata.etcd import Etcd
 from kafscale.broker.metadata.etcd_connect import connect_etcd
 
@@ -76,6 +79,19 @@ async def registration_lease(etcd: Etcd, cluster: str, node_id: int) -> int | No
     session; None: not registered (never, or its session ended)."""
     kv = await etcd.get(keys.broker_key(cluster, node_id))
     return None if kv is None else kv.lease
+
+
+def lease_remaining_s(etcd_url: str, lease: int) -> int:
+    """The whole seconds ``lease`` has left by etcd (``etcdctl lease timetolive``)."""
+    etcdctl = str(find_etcd_binary().with_name("etcdctl"))
+    done = children.run(
+        [etcdctl, f"--endpoints={etcd_url}", "lease", "timetolive", f"{lease:x}"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=True,
+    )
+    return int(done.stdout.rsplit("remaining(", 1)[1].split("s)", 1)[0])
 
 
 _SHM = Path("/dev/shm")

@@ -348,10 +348,16 @@ the partition up: a flush's ("lease lost; commit fenced", or "... while the comm
 unanswered"), a compaction pass's or a DeleteRecords' ("lease lost")."""
 
 
+REGISTRATION_DELETED = "etcd deleted this broker's registration"
+"""What a broker logs (ERROR) when its watch shows etcd deleting its own registration, made on
+its current session: it gives the session up at once (``registration_loss``)."""
+
+
 @dataclass(frozen=True)
 class Fence:
     """What a ``fence`` fault's broker logged from its SIGCONT until its new session was
-    registered: the fenced commits it gave partitions up on, and no traceback."""
+    registered: the fenced commits it gave partitions up on, or the deletion of its own
+    registration that ended its session first, and no traceback."""
 
     port: int
     woken_log: str
@@ -359,6 +365,11 @@ class Fence:
     @property
     def fenced_commits(self) -> list[str]:
         return [line for line in self.woken_log.splitlines() if FENCED_COMMIT.search(line)]
+
+    @property
+    def ended_by_its_registration(self) -> bool:
+        """It learnt of the revoke from its watch deleting its own registration."""
+        return REGISTRATION_DELETED in self.woken_log
 
     @property
     def tracebacks(self) -> int:
@@ -419,11 +430,14 @@ class Campaign:
     def fence(self, partition: int) -> str:
         """The owner of ``partition`` is stopped (SIGSTOP), its session lease revoked in etcd
         and its partitions taken by the others before it resumes: it wakes with flushes (and
-        perhaps a compaction pass) in flight on a session that etcd ended, its commits refused
-        by the lease compare, and must give the partitions up and register on a new session.
-        The ``stop`` fault, within the 15-s session, no longer makes such a fenced writer;
-        load used to, at random. The harness cannot tell which broker has a pass in flight
-        (passes run all the time here): any owner will do."""
+        perhaps a compaction pass) in flight on a session that etcd ended. Either its commits
+        go first and the lease compare refuses them, or its watch's deletion of its own
+        registration does and it gives the session up before committing anything
+        (``registration_loss``; which one wins as it wakes is the event loop's order: the
+        latter in one fence of seven here). Either way it gives the partitions up and
+        registers on a new session. The ``stop`` fault, within the 15-s session, no longer
+        makes such a fenced writer; load used to, at random. The harness cannot tell which
+        broker has a pass in flight (passes run all the time here): any owner will do."""
         slot = eventually(lambda: self.owner_of(partition), f"an owner of partition {partition}")
         owners = self.owners()
         broker = slot.process
@@ -757,11 +771,12 @@ def test_a_fault_campaign_keeps_every_keys_latest_acked_value(
         for thread in producers:
             thread.join(200)
         assert set(campaign.done) == set(FAULT_KINDS), campaign.log
-        # Each fenced broker woke without a traceback, and one at least had a commit refused.
+        # Each fenced broker woke without a traceback, and had a commit refused or gave its
+        # session up on its registration's deletion before committing.
         assert [f.tracebacks for f in campaign.fences] == [0] * len(campaign.fences), [
             f.woken_log for f in campaign.fences if f.tracebacks
         ]
-        assert any(f.fenced_commits for f in campaign.fences), [
+        assert all(f.fenced_commits or f.ended_by_its_registration for f in campaign.fences), [
             f.woken_log[-3000:] for f in campaign.fences
         ]
         assert ledger.acked > 500, (ledger.acked, campaign.log)

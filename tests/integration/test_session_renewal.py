@@ -21,9 +21,9 @@ from pathlib import Path
 
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
-from harness import children
 from harness.batches import make_batch
 from harness.brokers import BrokerCluster
+from harness.etcd import lease_remaining_s
 from harness.etcd import registration_lease as read_registration_lease
 from harness.kafka_wire import PRODUCE, KafkaWire, produce_body, produce_partition
 from harness.s3 import S3Endpoint
@@ -31,7 +31,7 @@ from harness.tls_etcd import AuthEtcd, brokers_on_auth_etcd
 from harness.topics import create_topics
 
 from kafscale.broker.child_process import BrokerProcess
-from kafscale.broker.metadata.embedded_etcd import find_etcd_binary
+from kafscale.broker.metadata import keys
 from kafscale.broker.metadata.etcd import Etcd
 from kafscale.broker.protocol.errors import ErrorCode
 
@@ -75,6 +75,20 @@ def registration_lease(etcd: AuthEtcd | str, cluster: str, node_id: int) -> int 
 def end_session(etcd: AuthEtcd | str, lease: int) -> None:
     """Revoke the broker's session lease, as an expiry would end it."""
     as_root(etcd, lambda client: client.revoke_lease(lease))
+
+
+def detach_registration(etcd: AuthEtcd | str, cluster: str, node_id: int) -> None:
+    """Put the broker's registration again bound to no lease: revoking the session then leaves
+    it, so the broker hears of the end from its keepalive alone, not at once from its watch
+    deleting the registration (``registration_loss``), as when its view does not follow etcd."""
+
+    async def put(client: Etcd) -> None:
+        key = keys.broker_key(cluster, node_id)
+        kv = await client.get(key)
+        assert kv is not None
+        await client.put(key, kv.value)
+
+    as_root(etcd, put)
 
 
 def wait_for(condition: Callable[[], bool], what: str) -> None:
@@ -152,19 +166,6 @@ def test_a_broker_registers_again_after_etcd_refused_it_and_at_every_later_loss(
 JOIN_GROUP = 11
 
 
-def remaining_ttl_s(etcd_url: str, lease: int) -> int:
-    """The seconds the lease has left (``etcdctl lease timetolive``)."""
-    etcdctl = str(find_etcd_binary().with_name("etcdctl"))
-    done = children.run(
-        [etcdctl, f"--endpoints={etcd_url}", "lease", "timetolive", f"{lease:x}"],
-        capture_output=True,
-        text=True,
-        timeout=30,
-        check=True,
-    )
-    return int(done.stdout.rsplit("remaining(", 1)[1].split("s)", 1)[0])
-
-
 def test_until_it_knows_its_session_ended_a_broker_answers_retriable_errors(
     broker_cluster: BrokerCluster, cluster_name: str
 ) -> None:
@@ -181,7 +182,8 @@ def test_until_it_knows_its_session_ended_a_broker_answers_retriable_errors(
     lease = registration_lease(url, cluster_name, broker.node_id)
     assert lease
     # Right after a keepalive, so that the next one (which finds the lease gone) is ~15 s away.
-    wait_for(lambda: remaining_ttl_s(url, lease) >= ttl_s - 3, "a keepalive renews the session")
+    wait_for(lambda: lease_remaining_s(url, lease) >= ttl_s - 3, "a keepalive renews the session")
+    detach_registration(url, cluster_name, broker.node_id)
     end_session(url, lease)
     with KafkaWire(broker.bootstrap, timeout_s=60) as wire:
         # The produce claims the partition with the lease etcd no longer has; a new group's
@@ -203,7 +205,7 @@ def test_until_it_knows_its_session_ended_a_broker_answers_retriable_errors(
     assert joined == ErrorCode.NOT_COORDINATOR, joined
     # and once it knows, it comes back: the records go in
     wait_for(
-        lambda: registration_lease(url, cluster_name, broker.node_id) not in (None, lease),
+        lambda: registration_lease(url, cluster_name, broker.node_id) not in (None, 0, lease),
         "the broker registers on a new session",
     )
     producer = Producer({"bootstrap.servers": broker.bootstrap, "message.timeout.ms": 120_000})
