@@ -30,7 +30,12 @@ from typing import Protocol
 from kafscale.broker.config import GroupSettings, IsolationLevel
 from kafscale.broker.groups import adoption, release, retention_outage
 from kafscale.broker.groups.change_log import log_group_change
-from kafscale.broker.groups.leases import GroupLeases, choose_coordinator, coordinator_chooser
+from kafscale.broker.groups.leases import (
+    GroupLeases,
+    choose_coordinator,
+    coordinator_chooser,
+    name_coordinator,
+)
 from kafscale.broker.groups.model import GroupConfig, GroupState
 from kafscale.broker.groups.retention_runtime import wall_clock_ms
 from kafscale.broker.groups.runtime import GroupRuntime
@@ -154,7 +159,12 @@ class GroupCoordinator:
         self._metrics = metrics
         self.config = config
         self._store = GroupStore(host.etcd, host.cluster)
-        self._leases = GroupLeases(host.etcd, host.cluster, self._on_lease_change)
+        self._leases = GroupLeases(
+            host.etcd,
+            host.cluster,
+            self._on_lease_change,
+            before_release=lambda holder, revision: host.view.know_draining_at(holder, revision),
+        )
         self._runtimes: dict[str, GroupRuntime] = {}
         self._loading: dict[str, asyncio.Task[GroupRuntime]] = {}
         self._retired: list[asyncio.Task[None]] = []
@@ -259,7 +269,7 @@ class GroupCoordinator:
         still holds the group's lease, COORDINATOR_NOT_AVAILABLE, which clients retry)."""
         view = self._host.view
         leaving = (self._host.node_id,) if self.handing_over else ()
-        chosen = choose_coordinator(
+        chosen = name_coordinator(
             group_id, self._leases.holder(group_id), view.brokers.keys(), view.draining, leaving
         )
         return None if chosen is None else view.brokers.get(chosen)

@@ -14,11 +14,12 @@ import asyncio
 import contextlib
 import logging
 import zlib
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 
 from kafscale.broker.groups.store import Fence
 from kafscale.broker.metadata import keys
 from kafscale.broker.metadata.etcd import Etcd, WatchEventKind, read_prefix_until_answered
+from kafscale.broker.metadata.etcd_errors import MetadataError
 from kafscale.broker.metadata.etcd_txn import (
     KeyValue,
     create_revision_is,
@@ -33,6 +34,10 @@ log = logging.getLogger(__name__)
 
 LeaseChange = Callable[[str, int | None, int], None]
 """(group, new owner or None when released, etcd revision of the change)."""
+
+BeforeRelease = Callable[[int, int], Awaitable[None]]
+"""(the holder that let a lease go, the release's etcd revision): awaited before the release is
+applied (``ClusterView.know_draining_at``)."""
 
 AFTER_EVERY_REVISION = 2**63 - 1
 """The revision reported for the reload after etcd's history went back (a restore, lost
@@ -56,6 +61,26 @@ def choose_coordinator(
     such a holder still has the lease: the group has no coordinator for that moment).
     """
     return coordinator_chooser(live, draining, leaving)(group_id, holder)
+
+
+def name_coordinator(
+    group_id: str,
+    holder: int | None,
+    live: Iterable[int],
+    draining: Iterable[int] = (),
+    leaving: Iterable[int] = (),
+) -> int | None:
+    """FindCoordinator's answer: ``choose_coordinator`` with every draining broker leaving.
+
+    A draining broker hands its groups over (``POST /drain``, a stop): it refuses them from the
+    moment it wrote its mark, so naming it as a group's holder sent the client to a refusal
+    until its release reached the others. None for that moment (COORDINATOR_NOT_AVAILABLE,
+    which clients retry after their back-off), then the next coordinator. (The lag a broker
+    reports still follows ``choose_coordinator``: a draining holder reports its groups' lag
+    until it lets them go.)
+    """
+    draining = set(draining)
+    return choose_coordinator(group_id, holder, live, draining, draining.union(leaving))
 
 
 def coordinator_chooser(
@@ -98,6 +123,11 @@ class GroupLeases:
 
     The transaction coordinator's leases (``leases/transactions/<id>``) work the same way: it
     passes their prefix and key builder.
+
+    ``before_release``: awaited with the holder and the revision of each release before it is
+    applied, so that whoever reads ``holder`` next knows as much of the cluster as the release
+    implies: a drained broker's draining mark comes before its releases, in another watch
+    (``ClusterView.know_draining_at``). Until then the holder stays the one named.
     """
 
     def __init__(
@@ -107,12 +137,14 @@ class GroupLeases:
         on_change: LeaseChange,
         prefix: str | None = None,
         key_of: Callable[[str, str], str] = keys.group_lease_key,
+        before_release: BeforeRelease | None = None,
     ) -> None:
         self._etcd = etcd
         self._cluster = cluster
         self._prefix = prefix or keys.group_leases_prefix(cluster)
         self._key_of = key_of
         self._on_change = on_change
+        self._before_release = before_release
         self.owners: dict[str, int] = {}
         self._task: asyncio.Task[None] | None = None
 
@@ -197,10 +229,23 @@ class GroupLeases:
                         self.owners[group_id] = owner
                     else:
                         owner = None
+                        await self._settle_release(group_id, event.mod_revision)
                         self.owners.pop(group_id, None)
                     self._on_change(group_id, owner, event.mod_revision)
                 except Exception:
                     log.exception("cannot apply group lease event for %s", event.key)
+
+    async def _settle_release(self, group_id: str, revision: int) -> None:
+        """``before_release`` for the group's holder, if this watch knew one. etcd away: the
+        release is applied anyway (a stale holder named for longer would be worse), after one
+        call's timeout at most."""
+        holder = self.owners.get(group_id)
+        if holder is None or self._before_release is None:
+            return
+        try:
+            await self._before_release(holder, revision)
+        except MetadataError as exc:
+            log.warning("applying the release of %s without the marks before it: %r", group_id, exc)
 
     async def _resync(self, revision: int) -> None:
         """History was compacted or went back (``Etcd.watch_range``): reload (retried until
