@@ -265,8 +265,9 @@ class GroupCoordinator:
 
     def coordinator_for(self, group_id: str) -> BrokerInfo | None:
         """FindCoordinator's answer: the live lease holder, else the broker that will take it;
-        never this broker while it hands its groups over (draining or stopping: None while it
-        still holds the group's lease, COORDINATOR_NOT_AVAILABLE, which clients retry)."""
+        never a broker that hands its groups over (draining, or this one stopping), not even
+        while it still holds the group's lease: the next coordinator, whose first request for
+        the group waits for that release (``name_coordinator``, ``GroupLeases.acquire``)."""
         view = self._host.view
         leaving = (self._host.node_id,) if self.handing_over else ()
         chosen = name_coordinator(
@@ -406,7 +407,13 @@ class GroupCoordinator:
         if not self._claiming:
             raise NotCoordinator("this broker is stopping with its cluster")
         try:
-            fence = await self._leases.acquire(group_id, self._host.node_id, session.id)
+            fence = await self._leases.acquire(
+                group_id,
+                self._host.node_id,
+                session.id,
+                handing_over=self._host.view.draining,
+                wait_s=self._host.etcd.timeout_s,
+            )
         except LeaseLost as exc:  # the session ended before its keepalive told us
             raise CoordinatorBetweenSessions("this broker's etcd session expired") from exc
         if fence is None:

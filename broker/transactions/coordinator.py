@@ -284,7 +284,13 @@ class TransactionCoordinator:
         if not self._claiming:
             raise NotCoordinator("this broker is stopping with its cluster")
         try:
-            fence = await self._leases.acquire(transactional_id, host.node_id, session.id)
+            fence = await self._leases.acquire(
+                transactional_id,
+                host.node_id,
+                session.id,
+                handing_over=host.view.draining,
+                wait_s=host.etcd.timeout_s,
+            )
         except LeaseLost as exc:  # the session ended before its keepalive told us
             raise NotCoordinator("this broker's etcd session expired") from exc
         if fence is None:

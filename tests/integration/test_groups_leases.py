@@ -449,3 +449,29 @@ async def test_a_release_seen_before_the_draining_mark_never_names_the_drained_b
         await observer.close()
         for session in sessions.values():
             await session.revoke()
+
+
+async def test_the_next_coordinator_waits_for_a_draining_holder_to_let_the_group_go(
+    hosts: list[tuple[CoordinatorHost, GroupCoordinator]],
+) -> None:
+    """From a broker's draining mark on, FindCoordinator names the next coordinator while the
+    drained broker still holds the group's lease; the first request there waits for the
+    release (the drained broker lets its groups go at once) and is served, where it was told
+    NOT_COORDINATOR and sent to FindCoordinator again after its back-off."""
+    (host1, c1), (host2, c2) = hosts
+    # picked at 2 while nobody holds it: broker 2 names 1 only once its watch shows the lease
+    group = next(
+        g for g in (f"g{n}" for n in range(1000)) if choose_coordinator(g, None, [1, 2]) == 2
+    )
+    await c1.runtime(group)
+    await eventually(lambda: c2.coordinator_for(group) == host2.view.brokers[1])
+    host1.draining = True  # as Broker._mark_draining does, before the hand-off
+    host1.view.draining.add(1)  # the mark, as every broker's view brings it
+    taken = c2.coordinator_for(group)
+    assert taken is not None and taken.node_id == 2, "the next coordinator, at once"
+    waiting = asyncio.create_task(c2.runtime(group))
+    await asyncio.sleep(0.3)  # more than one recheck of the lease (RELEASE_RECHECK_S)
+    assert not waiting.done(), "answered before the drained broker let the group go"
+    await c1.hand_over()
+    runtime = await asyncio.wait_for(waiting, 10)
+    assert runtime.fence.owner == b"2"

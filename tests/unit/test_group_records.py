@@ -67,14 +67,16 @@ def test_find_coordinator_never_names_a_draining_broker(
     group: str, live: set[int], draining: set[int], holder: int | None
 ) -> None:
     """FindCoordinator's answer (``name_coordinator``) leaves every draining broker out, as
-    holder too (it refuses the group from its mark on: None, COORDINATOR_NOT_AVAILABLE, while
-    it holds the lease); otherwise it is ``choose_coordinator``'s."""
+    holder too (it refuses the group from its mark on): a draining holder counts as none, so
+    the next coordinator is named at once; otherwise it is ``choose_coordinator``'s. With
+    every live broker draining, nobody (COORDINATOR_NOT_AVAILABLE)."""
     named = name_coordinator(group, holder, live, draining)
-    assert named is None or (named in live and named not in draining)
-    if holder in draining:
+    if not live - draining:
         assert named is None
-    elif live - draining:
-        assert named == choose_coordinator(group, holder, live, draining)
+        return
+    assert named in live and named not in draining
+    without_draining_holder = None if holder in draining else holder
+    assert named == choose_coordinator(group, without_draining_holder, live, draining)
 
 
 members = st.builds(
