@@ -1,10 +1,11 @@
 """FindCoordinator: which broker coordinates a consumer group or a transactional id.
 
 Groups are answered by the group coordinator's lease-aware choice, transactional ids by the
-transaction coordinator's. A draining (``POST /drain``) or stopping broker never names itself
-once it hands its groups and transactional ids over: while it still holds a key's lease the
-answer is COORDINATOR_NOT_AVAILABLE (retriable; Kafka's answer while a coordinator unloads),
-then the broker the others name. A key the principal may not describe gets its
+transaction coordinator's. No broker names a draining (``POST /drain``) or stopping one, not
+even while it still holds a key's lease (it refuses the key from its mark on): the broker that
+takes the key next is named, and its first request for it waits for the release
+(``name_coordinator``); COORDINATOR_NOT_AVAILABLE (retriable) only when every live broker
+drains. A key the principal may not describe gets its
 AUTHORIZATION_FAILED code, an unknown key type INVALID_REQUEST. v4+ batches keys; v0-3 answer
 one key at the top.
 """

@@ -30,7 +30,12 @@ from typing import Protocol
 from kafscale.broker.config import GroupSettings, IsolationLevel
 from kafscale.broker.groups import adoption, release, retention_outage
 from kafscale.broker.groups.change_log import log_group_change
-from kafscale.broker.groups.leases import GroupLeases, choose_coordinator, coordinator_chooser
+from kafscale.broker.groups.leases import (
+    GroupLeases,
+    choose_coordinator,
+    coordinator_chooser,
+    name_coordinator,
+)
 from kafscale.broker.groups.model import GroupConfig, GroupState
 from kafscale.broker.groups.retention_runtime import wall_clock_ms
 from kafscale.broker.groups.runtime import GroupRuntime
@@ -154,7 +159,12 @@ class GroupCoordinator:
         self._metrics = metrics
         self.config = config
         self._store = GroupStore(host.etcd, host.cluster)
-        self._leases = GroupLeases(host.etcd, host.cluster, self._on_lease_change)
+        self._leases = GroupLeases(
+            host.etcd,
+            host.cluster,
+            self._on_lease_change,
+            before_release=lambda holder, revision: host.view.know_draining_at(holder, revision),
+        )
         self._runtimes: dict[str, GroupRuntime] = {}
         self._loading: dict[str, asyncio.Task[GroupRuntime]] = {}
         self._retired: list[asyncio.Task[None]] = []
@@ -255,11 +265,12 @@ class GroupCoordinator:
 
     def coordinator_for(self, group_id: str) -> BrokerInfo | None:
         """FindCoordinator's answer: the live lease holder, else the broker that will take it;
-        never this broker while it hands its groups over (draining or stopping: None while it
-        still holds the group's lease, COORDINATOR_NOT_AVAILABLE, which clients retry)."""
+        never a broker that hands its groups over (draining, or this one stopping), not even
+        while it still holds the group's lease: the next coordinator, whose first request for
+        the group waits for that release (``name_coordinator``, ``GroupLeases.acquire``)."""
         view = self._host.view
         leaving = (self._host.node_id,) if self.handing_over else ()
-        chosen = choose_coordinator(
+        chosen = name_coordinator(
             group_id, self._leases.holder(group_id), view.brokers.keys(), view.draining, leaving
         )
         return None if chosen is None else view.brokers.get(chosen)
@@ -396,7 +407,13 @@ class GroupCoordinator:
         if not self._claiming:
             raise NotCoordinator("this broker is stopping with its cluster")
         try:
-            fence = await self._leases.acquire(group_id, self._host.node_id, session.id)
+            fence = await self._leases.acquire(
+                group_id,
+                self._host.node_id,
+                session.id,
+                handing_over=self._host.view.draining,
+                wait_s=self._host.etcd.timeout_s,
+            )
         except LeaseLost as exc:  # the session ended before its keepalive told us
             raise CoordinatorBetweenSessions("this broker's etcd session expired") from exc
         if fence is None:

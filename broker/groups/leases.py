@@ -14,11 +14,12 @@ import asyncio
 import contextlib
 import logging
 import zlib
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Collection, Iterable
 
 from kafscale.broker.groups.store import Fence
 from kafscale.broker.metadata import keys
 from kafscale.broker.metadata.etcd import Etcd, WatchEventKind, read_prefix_until_answered
+from kafscale.broker.metadata.etcd_errors import MetadataError
 from kafscale.broker.metadata.etcd_txn import (
     KeyValue,
     create_revision_is,
@@ -33,6 +34,14 @@ log = logging.getLogger(__name__)
 
 LeaseChange = Callable[[str, int | None, int], None]
 """(group, new owner or None when released, etcd revision of the change)."""
+
+BeforeRelease = Callable[[int, int], Awaitable[None]]
+"""(the holder that let a lease go, the release's etcd revision): awaited before the release is
+applied (``ClusterView.know_draining_at``)."""
+
+RELEASE_RECHECK_S = 0.2
+"""While waiting for a draining holder's release (``GroupLeases.acquire``): ask etcd again at
+least this often."""
 
 AFTER_EVERY_REVISION = 2**63 - 1
 """The revision reported for the reload after etcd's history went back (a restore, lost
@@ -56,6 +65,32 @@ def choose_coordinator(
     such a holder still has the lease: the group has no coordinator for that moment).
     """
     return coordinator_chooser(live, draining, leaving)(group_id, holder)
+
+
+def name_coordinator(
+    group_id: str,
+    holder: int | None,
+    live: Iterable[int],
+    draining: Iterable[int] = (),
+    leaving: Iterable[int] = (),
+) -> int | None:
+    """FindCoordinator's answer: ``choose_coordinator`` where a draining or leaving holder
+    counts as none, so the next coordinator is named at once.
+
+    A draining broker hands its groups over (``POST /drain``, a stop): it refuses them from the
+    moment it wrote its mark, so naming it as a group's holder sent the client to a refusal
+    (and its back-off) until its release reached the others. The next coordinator (the stable
+    pick among the live, non-draining brokers) is named instead; its first request for the
+    group waits there for the release (``GroupLeases.acquire``). Never a draining broker, not
+    even when all are (None: COORDINATOR_NOT_AVAILABLE; they take no group on). (The lag a
+    broker reports still follows ``choose_coordinator``: a draining holder reports its groups'
+    lag until it lets them go.)
+    """
+    away = set(draining).union(leaving)
+    named = choose_coordinator(
+        group_id, None if holder in away else holder, live, draining, leaving
+    )
+    return None if named in away else named
 
 
 def coordinator_chooser(
@@ -98,6 +133,11 @@ class GroupLeases:
 
     The transaction coordinator's leases (``leases/transactions/<id>``) work the same way: it
     passes their prefix and key builder.
+
+    ``before_release``: awaited with the holder and the revision of each release before it is
+    applied, so that whoever reads ``holder`` next knows as much of the cluster as the release
+    implies: a drained broker's draining mark comes before its releases, in another watch
+    (``ClusterView.know_draining_at``). Until then the holder stays the one named.
     """
 
     def __init__(
@@ -107,12 +147,15 @@ class GroupLeases:
         on_change: LeaseChange,
         prefix: str | None = None,
         key_of: Callable[[str, str], str] = keys.group_lease_key,
+        before_release: BeforeRelease | None = None,
     ) -> None:
         self._etcd = etcd
         self._cluster = cluster
         self._prefix = prefix or keys.group_leases_prefix(cluster)
         self._key_of = key_of
         self._on_change = on_change
+        self._before_release = before_release
+        self._changed = asyncio.Event()  # set (and replaced) at each lease event applied
         self.owners: dict[str, int] = {}
         self._task: asyncio.Task[None] | None = None
 
@@ -129,11 +172,40 @@ class GroupLeases:
     def holder(self, group_id: str) -> int | None:
         return self.owners.get(group_id)
 
-    async def acquire(self, group_id: str, node_id: int, session_id: int) -> Fence | None:
+    async def acquire(
+        self,
+        group_id: str,
+        node_id: int,
+        session_id: int,
+        handing_over: Collection[int] = (),
+        wait_s: float = 0.0,
+    ) -> Fence | None:
         """Take (or confirm) the lease; None if another broker holds it.
+
+        A holder in ``handing_over`` (draining: it lets its groups go at once) is waited for,
+        ``wait_s`` at most: FindCoordinator names the next coordinator from the drained
+        broker's mark on (``name_coordinator``), and its first request waits here for the
+        release instead of sending the client back with NOT_COORDINATOR and its back-off.
+        The lease is asked again at each change the watch brings, and every
+        ``RELEASE_RECHECK_S`` (an answer read before a release the watch applied first would
+        otherwise hold the old holder here until the wait ran out).
 
         Raises ``MetadataUnavailable`` when etcd cannot answer: never coordinate without it.
         """
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + wait_s
+        while True:
+            changed = self._changed
+            fence = await self._take(group_id, node_id, session_id)
+            left_s = deadline - loop.time()
+            if fence is not None or self.owners.get(group_id) not in handing_over or left_s <= 0:
+                return fence
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(min(left_s, RELEASE_RECHECK_S)):
+                    await changed.wait()
+
+    async def _take(self, group_id: str, node_id: int, session_id: int) -> Fence | None:
+        """One try at ``acquire``: None if another broker holds the lease."""
         key = self._key_of(self._cluster, group_id)
         owner = owner_value(node_id)
         for _ in range(3):
@@ -197,10 +269,25 @@ class GroupLeases:
                         self.owners[group_id] = owner
                     else:
                         owner = None
+                        await self._settle_release(group_id, event.mod_revision)
                         self.owners.pop(group_id, None)
                     self._on_change(group_id, owner, event.mod_revision)
+                    self._changed.set()
+                    self._changed = asyncio.Event()
                 except Exception:
                     log.exception("cannot apply group lease event for %s", event.key)
+
+    async def _settle_release(self, group_id: str, revision: int) -> None:
+        """``before_release`` for the group's holder, if this watch knew one. etcd away: the
+        release is applied anyway (a stale holder named for longer would be worse), after one
+        call's timeout at most."""
+        holder = self.owners.get(group_id)
+        if holder is None or self._before_release is None:
+            return
+        try:
+            await self._before_release(holder, revision)
+        except MetadataError as exc:
+            log.warning("applying the release of %s without the marks before it: %r", group_id, exc)
 
     async def _resync(self, revision: int) -> None:
         """History was compacted or went back (``Etcd.watch_range``): reload (retried until

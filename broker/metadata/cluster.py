@@ -188,6 +188,8 @@ class ClusterView:
         """Watch events received (tests count them: keys the view does not keep send none)."""
         self._loaded_revision = 0  # the revision of the latest full read (start or reload)
         self._broker_deletion_listeners: list[BrokerDeletionListener] = []
+        self._draining_revision = 0
+        """``draining`` holds every mark written up to this revision (``know_draining_at``)."""
         self.health = FollowHealth("cluster view")
         """Which parts of the view cannot follow etcd now (``following``)."""
 
@@ -208,7 +210,7 @@ class ClusterView:
         entries, revision = await self._etcd.get_ranges_with_revision(self._ranges)
         for entry in entries:
             self._load(entry.key, entry.value)
-        self._loaded_revision = revision
+        self._loaded_revision = self._draining_revision = revision
         events: asyncio.Queue[WatchEvent] = asyncio.Queue(_QUEUED_EVENTS)
         self._range_tasks = [
             start_task(self._watch(first, end, revision + 1, events), f"cluster-watch {first}")
@@ -366,7 +368,7 @@ class ClusterView:
         entries, revision = await read_ranges_until_answered(
             self._etcd, self._ranges, "cluster view"
         )
-        self._loaded_revision = revision
+        self._loaded_revision = self._draining_revision = revision
         if rewound:
             self._forget_states()
         registered = set(self.brokers)
@@ -385,8 +387,7 @@ class ClusterView:
             self._tell_broker_deleted(node_id, revision)
         for tp in list(self.states):
             self.watermarks.notify(tp)
-        self.changed.set()
-        self.changed = asyncio.Event()
+        self._wake_followers()
 
     def _forget_states(self) -> None:
         """Drop every partition state and remembered commit (waking their long-polls), so a
@@ -398,18 +399,48 @@ class ClusterView:
         self._committing.clear()
 
     def _apply(self, event: WatchEvent) -> None:
+        parts = self._relative(event.key)
         if event.kind is WatchEventKind.PUT:
             if not self._own_commit(event):
                 self._apply_put(event.key, event.value)
         else:
             self._apply_delete(event.key)
-            parts = self._relative(event.key)
             if parts[0] == "brokers" and len(parts) == 2:
                 self._tell_broker_deleted(int(parts[1]), event.mod_revision)
-        if self._relative(event.key)[0] in ("partitions", "share-groups"):
+        kind = parts[0]
+        if kind == "draining":  # its range's events come in order: every mark up to here
+            self._draining_revision = max(self._draining_revision, event.mod_revision)
+        if kind in ("partitions", "share-groups"):
             return  # data-path churn: followers of ownership need not wake for it
+        self._wake_followers()
+
+    def _wake_followers(self) -> None:
         self.changed.set()
         self.changed = asyncio.Event()
+
+    async def know_draining_at(self, broker: int, revision: int) -> None:
+        """Make ``draining`` hold every mark written up to ``revision``, unless it holds
+        ``broker``'s already: one read of the marks when the watch has not brought them that
+        far. Raises ``MetadataError`` when etcd cannot answer.
+
+        Why: a group's lease lives in another watch than the marks (``GroupLeases``), and two
+        watches keep no order between them. A drained broker writes its mark before it
+        releases its groups, but another broker could see the release first, take the drained
+        broker for a live, non-draining one and name it as the group's next coordinator
+        (the client then bounced off it; ``GroupLeases`` asks this before it applies a
+        release). The read only adds marks: a mark's removal (undrain) is the watch's to apply,
+        in its order, so the draining set never loses a mark for a moment that it still has
+        (a drained broker that missed its own mark would take partitions again)."""
+        if broker in self.draining or revision <= self._draining_revision:
+            return
+        marks, read_at = await self._etcd.get_prefix_with_revision(
+            keys.draining_prefix(self._cluster)
+        )
+        marked = {node for node in map(draining_mark_of, marks) if node is not None}
+        self._draining_revision = max(self._draining_revision, read_at)
+        if not marked <= self.draining:
+            self.draining.update(marked)
+            self._wake_followers()
 
     def _own_commit(self, event: WatchEvent) -> bool:
         """Whether ``event`` is a partition-state commit this broker applied already."""
@@ -499,6 +530,14 @@ class ClusterView:
             self.acls.delete(key)
         elif kind == "quotas":
             self.quotas.delete(key)
+
+
+def draining_mark_of(entry: KeyValue) -> int | None:
+    """The broker id a ``draining/<id>`` key marks (None: not one)."""
+    try:
+        return int(entry.key.rsplit("/", 1)[1])
+    except (IndexError, ValueError):
+        return None
 
 
 def decode_group_configs(value: bytes) -> dict[str, str]:

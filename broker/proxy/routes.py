@@ -3,7 +3,7 @@
 Kept current by the same etcd watches the brokers use (``ClusterView`` for the broker registry,
 partition leases, the assignment, draining marks and partition states; ``GroupLeases`` for group
 and transaction coordinators), so routing a request never costs an etcd round trip. The choices
-themselves are the brokers' own pure functions (``leader_for``, ``choose_coordinator``): a
+themselves are the brokers' own pure functions (``leader_for``, ``name_coordinator``): a
 client of the proxy is sent where a client of any broker would be. One etcd read does happen
 off the watches: ``recheck``, when the forwarder finds a route's broker refusing it for longer
 than a watch takes to catch up (``staleness``): a missed event must not mean clients refused
@@ -17,7 +17,7 @@ import asyncio
 import contextlib
 import logging
 
-from kafscale.broker.groups.leases import GroupLeases, choose_coordinator
+from kafscale.broker.groups.leases import GroupLeases, name_coordinator
 from kafscale.broker.metadata import keys
 from kafscale.broker.metadata.cluster import BrokerInfo, ClusterView
 from kafscale.broker.metadata.etcd import Etcd
@@ -44,13 +44,16 @@ class RoutingTable:
         # etcd a bounded stream of small reads, not a burst.
         self._recheck_slots = asyncio.Semaphore(RECHECKS_IN_FLIGHT)
         self.view = ClusterView(etcd, cluster)
-        self.groups = GroupLeases(etcd, cluster, self._on_group_change)
+        # a release is applied once the draining marks before it are known (``GroupLeases``)
+        settle = self.view.know_draining_at
+        self.groups = GroupLeases(etcd, cluster, self._on_group_change, before_release=settle)
         self.transactions = GroupLeases(
             etcd,
             cluster,
             self._on_group_change,
             prefix=keys.transaction_leases_prefix(cluster),
             key_of=keys.transaction_lease_key,
+            before_release=settle,
         )
         self._changed = asyncio.Event()
         self._follower: asyncio.Task[None] | None = None
@@ -86,14 +89,14 @@ class RoutingTable:
 
     def group_coordinator(self, group_id: str) -> int:
         view = self.view
-        chosen = choose_coordinator(
+        chosen = name_coordinator(
             group_id, self.groups.holder(group_id), view.brokers.keys(), view.draining
         )
         return -1 if chosen is None else chosen
 
     def transaction_coordinator(self, transactional_id: str) -> int:
         view = self.view
-        chosen = choose_coordinator(
+        chosen = name_coordinator(
             transactional_id,
             self.transactions.holder(transactional_id),
             view.brokers.keys(),

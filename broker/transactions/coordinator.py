@@ -32,7 +32,7 @@ from typing import Protocol
 
 from kafscale.broker.config import TransactionSettings
 from kafscale.broker.groups.coordinator import CoordinatorHost
-from kafscale.broker.groups.leases import GroupLeases, choose_coordinator
+from kafscale.broker.groups.leases import GroupLeases, name_coordinator
 from kafscale.broker.groups.store import Fence
 from kafscale.broker.metadata import keys
 from kafscale.broker.metadata.cluster import BrokerInfo
@@ -148,6 +148,7 @@ class TransactionCoordinator:
             self._on_lease_change,
             prefix=keys.transaction_leases_prefix(host.cluster),
             key_of=keys.transaction_lease_key,
+            before_release=lambda holder, revision: host.view.know_draining_at(holder, revision),
         )
         self.client = InterBrokerClient(max(host.etcd.timeout_s, 5.0), link)
         self._markers = MarkerWriter(_Routing(host), self.client, host.node_id, markers_here)
@@ -215,7 +216,7 @@ class TransactionCoordinator:
         """As the group coordinator's (``GroupCoordinator.coordinator_for``): never this broker
         while it hands its transactional ids over."""
         view = self._host.view
-        chosen = choose_coordinator(
+        chosen = name_coordinator(
             transactional_id,
             self._leases.holder(transactional_id),
             view.brokers.keys(),
@@ -283,7 +284,13 @@ class TransactionCoordinator:
         if not self._claiming:
             raise NotCoordinator("this broker is stopping with its cluster")
         try:
-            fence = await self._leases.acquire(transactional_id, host.node_id, session.id)
+            fence = await self._leases.acquire(
+                transactional_id,
+                host.node_id,
+                session.id,
+                handing_over=host.view.draining,
+                wait_s=host.etcd.timeout_s,
+            )
         except LeaseLost as exc:  # the session ended before its keepalive told us
             raise NotCoordinator("this broker's etcd session expired") from exc
         if fence is None:

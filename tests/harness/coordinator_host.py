@@ -28,6 +28,10 @@ class HostView:
     group_configs: dict[str, dict[str, str]] = field(default_factory=dict)
     share_members: ShareMembers = field(default_factory=ShareMembers)
 
+    async def know_draining_at(self, broker: int, revision: int) -> None:
+        """Nothing to catch up: ``draining`` is the test's to set (``ClusterView``'s reads the
+        marks up to a release's revision)."""
+
 
 @dataclass
 class CoordinatorHost:

@@ -23,8 +23,10 @@ from __future__ import annotations
 import itertools
 import re
 import signal
+import threading
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
@@ -37,6 +39,7 @@ from harness.s3_proxy import s3_proxy
 from harness.topics import create_topics
 
 from kafscale.broker.child_process import BrokerProcess
+from kafscale.broker.groups.leases import choose_coordinator
 from kafscale.broker.protocol.errors import ErrorCode
 
 pytestmark = pytest.mark.integration
@@ -53,25 +56,25 @@ DEADLINE_S = 60.0
 PRODUCER_CLOSE_S = 10.0
 
 
-def commit_body(offset: int) -> dict[str, Any]:
+def commit_body(offset: int, group: str = GROUP) -> dict[str, Any]:
     """A simple commit (no membership, as ``assign()`` users and admin tools make)."""
     partition = {"partition_index": 0, "committed_offset": offset}
     return {
-        "group_id": GROUP,
+        "group_id": group,
         "generation_id_or_member_epoch": -1,
         "member_id": "",
         "topics": [{"name": TOPIC, "partitions": [partition]}],
     }
 
 
-def commit(wire: KafkaWire, offset: int) -> int:
-    answer = wire.request(OFFSET_COMMIT, 8, commit_body(offset))
+def commit(wire: KafkaWire, offset: int, group: str = GROUP) -> int:
+    answer = wire.request(OFFSET_COMMIT, 8, commit_body(offset, group))
     return int(answer.topics[0].partitions[0].error_code)
 
 
-def committed(wire: KafkaWire) -> int:
+def committed(wire: KafkaWire, group: str = GROUP) -> int:
     asked = [{"name": TOPIC, "partition_indexes": [0]}]
-    body = {"group_id": GROUP, "topics": asked, "require_stable": False}
+    body = {"group_id": group, "topics": asked, "require_stable": False}
     answer = wire.request(OFFSET_FETCH, 7, body)
     assert answer.error_code == ErrorCode.NONE, answer
     return int(answer.topics[0].partitions[0].committed_offset)
@@ -304,4 +307,118 @@ def test_a_transaction_begun_before_its_coordinator_drains_commits_after_it(
     producer.commit_transaction(60)
     values = [value for _, _, value in poll_all(staying.bootstrap, TOPIC, "read_committed")]
     assert values == [b"before 0", b"before 1", b"before 2", b"after 0", b"after 1", b"after 2"]
+    assert leaving.alive, "drained, not stopped"
+
+
+DRAINED_GROUPS = 6
+"""Groups the drained broker coordinates: each hand-off is one more chance for a broker to name
+it in the moment between the draining mark and the group's release."""
+
+
+def groups_picked_at(node: int, brokers: list[int], count: int, prefix: str) -> list[str]:
+    """``count`` group ids whose stable pick (FindCoordinator's answer while nobody holds the
+    lease) among ``brokers`` is ``node``: a broker that took the drained broker for a live one
+    would name it for these."""
+    picked = (f"{prefix}-{n}" for n in itertools.count())
+    return list(
+        itertools.islice((g for g in picked if choose_coordinator(g, None, brokers) == node), count)
+    )
+
+
+Snapshot = dict[str, tuple[int, int]]
+
+
+def find_all(wire: KafkaWire, groups: list[str]) -> Snapshot:
+    """One FindCoordinator v4 for every group at once: group -> (error code, node id)."""
+    body = {"key_type": 0, "coordinator_keys": groups}
+    answer = wire.request(FIND_COORDINATOR, 4, body)
+    return {c.key: (int(c.error_code), int(c.node_id)) for c in answer.coordinators}
+
+
+@dataclass
+class Poller:
+    """FindCoordinator for ``groups`` (and the ``probe`` group nobody holds) at every broker,
+    over and over on a thread, until ``stop``: each broker's answers in order."""
+
+    brokers: list[BrokerProcess]
+    groups: list[str]
+    probe: str
+    seen: dict[int, list[Snapshot]] = field(default_factory=dict)
+    stop: threading.Event = field(default_factory=threading.Event)
+    error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            wires = [KafkaWire(b.bootstrap, timeout_s=60) for b in self.brokers]
+            try:
+                while not self.stop.is_set():
+                    for broker, wire in zip(self.brokers, wires, strict=True):
+                        answer = find_all(wire, [self.probe, *self.groups])
+                        self.seen.setdefault(broker.port, []).append(answer)
+            finally:
+                for wire in wires:
+                    wire.close()
+        except BaseException as exc:  # reported by the test
+            self.error = exc
+
+
+def named_after_knowing(answers: list[Snapshot], probe: str, drained: int) -> list[Snapshot]:
+    """The answers, from the first in which the broker left the drained broker out of the
+    probe group's pick (it knows of the drain from then on), that name the drained broker for
+    a group."""
+    knows = itertools.dropwhile(lambda a: a[probe] == (ErrorCode.NONE, drained), answers)
+    return [a for a in knows if any(node == drained for _, node in a.values())]
+
+
+def test_no_broker_names_a_drained_coordinator_for_its_groups_during_the_handoff(
+    broker_cluster: BrokerCluster,
+) -> None:
+    """While ``POST /drain`` hands the drained broker's groups over, FindCoordinator at every
+    broker (the drained one too), asked over and over, never names the drained broker for a
+    group once that broker knows of the drain (its pick for a group nobody holds leaves the
+    drained broker out): not while the drained broker still holds the group's lease (it refuses
+    the group already), nor after the release. Each group's commit then lands at the other
+    broker with its offsets. The groups are ones whose pick among both brokers is the drained
+    one, so a broker that saw a release before the draining mark would name it."""
+    leaving = broker_cluster.start(**STEADY)
+    staying = broker_cluster.start(**STEADY)
+    ids = node_ids(leaving)
+    leaving_id, staying_id = ids[leaving.port], ids[staying.port]
+    both = [leaving_id, staying_id]
+    groups = groups_picked_at(leaving_id, both, DRAINED_GROUPS, "drained")
+    probe = groups_picked_at(leaving_id, both, 1, "probe")[0]
+    create_topics(leaving.bootstrap, [TOPIC], 1)
+    with KafkaWire(leaving.bootstrap, timeout_s=60) as wire:
+        for offset, group in enumerate(groups):  # each group's lease is taken at `leaving`
+            assert commit(wire, offset, group) == ErrorCode.NONE
+        assert set(find_all(wire, groups).values()) == {(ErrorCode.NONE, leaving_id)}
+    poller = Poller([leaving, staying], groups, probe)
+    thread = threading.Thread(target=poller.run, name="find-coordinator-poller", daemon=True)
+    thread.start()
+    try:
+        wait_for(lambda: len(poller.seen) == 2, DEADLINE_S, "the poller's first answers")
+        assert leaving.http("POST", "/drain", timeout_s=60)[0] == 200
+        moved = dict.fromkeys([probe, *groups], (ErrorCode.NONE, staying_id))
+        wait_for(
+            lambda: all(poller.seen[b.port][-1] == moved for b in (leaving, staying)),
+            DEADLINE_S,
+            f"every broker to name {staying_id} for every group",
+            lambda: str({b.port: poller.seen[b.port][-1] for b in (leaving, staying)}),
+        )
+    finally:
+        poller.stop.set()
+        thread.join(60)
+    assert poller.error is None, poller.error
+    for broker in (leaving, staying):
+        named = named_after_knowing(poller.seen[broker.port], probe, leaving_id)
+        assert not named, (
+            f"FindCoordinator at broker {ids[broker.port]} named the drained {leaving_id} "
+            f"after leaving it out of its pick ({len(named)} of "
+            f"{len(poller.seen[broker.port])} answers), first: {named[0]}"
+        )
+    with KafkaWire(staying.bootstrap, timeout_s=60) as wire:
+        for offset, group in enumerate(groups):
+            assert committed(wire, group) == offset  # nothing lost at the hand-off
+            assert commit(wire, offset + 10, group) == ErrorCode.NONE
+            assert committed(wire, group) == offset + 10
     assert leaving.alive, "drained, not stopped"

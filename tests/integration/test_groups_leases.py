@@ -20,7 +20,7 @@ from harness.subscribed_groups import member_heartbeat
 
 from kafscale.broker.groups.consumer import HeartbeatResult as Answer
 from kafscale.broker.groups.coordinator import GroupCoordinator
-from kafscale.broker.groups.leases import GroupLeases
+from kafscale.broker.groups.leases import GroupLeases, choose_coordinator
 from kafscale.broker.groups.model import (
     GroupConfig,
     GroupRecord,
@@ -38,7 +38,7 @@ from kafscale.broker.groups.store import (
     decode_offset,
 )
 from kafscale.broker.metadata import keys
-from kafscale.broker.metadata.cluster import BrokerInfo
+from kafscale.broker.metadata.cluster import BrokerInfo, ClusterView
 from kafscale.broker.metadata.embedded_etcd import EmbeddedEtcd
 from kafscale.broker.metadata.etcd import Etcd
 from kafscale.broker.metadata.etcd_errors import MetadataUnavailable
@@ -395,3 +395,83 @@ async def test_a_drained_coordinator_hands_a_rebalancing_group_over_and_takes_no
     host1.view.draining.discard(1)
     assert not c1.handing_over
     await c1.runtime("other")
+
+
+def named(coordinator: GroupCoordinator, group_id: str) -> int | None:
+    """The node FindCoordinator names for ``group_id`` at ``coordinator``'s broker."""
+    broker = coordinator.coordinator_for(group_id)
+    return None if broker is None else broker.node_id
+
+
+async def test_a_release_seen_before_the_draining_mark_never_names_the_drained_broker(
+    etcd: Etcd, cluster_name: str
+) -> None:
+    """A drained broker writes its draining mark, then releases its groups; another broker
+    follows the two in different watches (its cluster view, its group leases), which keep no
+    order between them. Here its view has not brought the mark (it stopped following: the lag
+    made to last) when its lease watch brings the release: FindCoordinator there names the
+    drained broker while it holds the lease (nothing told it of the drain yet), then the
+    other broker; never the drained one as the group's pick among the live brokers, where it
+    would refuse the group. The group is one whose pick among both brokers is the drained one."""
+    sessions = {node: await SessionLease.start(etcd, 10) for node in (1, 2)}
+    for node, session in sessions.items():
+        info = BrokerInfo(node, "127.0.0.1", 9000 + node)
+        await etcd.put(keys.broker_key(cluster_name, node), info.to_json(), lease=session.id)
+    view = ClusterView(etcd, cluster_name)
+    await view.start()
+    await view.close()  # from here on it brings nothing: the draining mark's event is late
+    group = next(
+        g for g in (f"g{n}" for n in range(1000)) if choose_coordinator(g, None, [1, 2]) == 1
+    )
+    observer = GroupCoordinator(CoordinatorHost(etcd, sessions[2], 2, cluster_name, view), CONFIG)  # type: ignore[arg-type]
+    await observer.start()
+    drained = GroupLeases(etcd, cluster_name, lambda *_: None)
+    await drained.start()
+    try:
+        fence = await drained.acquire(group, 1, sessions[1].id)
+        assert fence is not None
+        await eventually(lambda: named(observer, group) == 1)  # the holder
+        mark = keys.draining_key(cluster_name, 1)
+        await etcd.put(mark, b'{"reason":"drain"}', lease=sessions[1].id)  # Broker.drain's order
+        await drained.release(fence)
+        answers = []
+        deadline = asyncio.get_running_loop().time() + 5.0
+        while asyncio.get_running_loop().time() < deadline and named(observer, group) != 2:
+            answers.append(named(observer, group))
+            await asyncio.sleep(0.01)
+        assert named(observer, group) == 2, (
+            f"FindCoordinator named {named(observer, group)} for {group} after its release by "
+            f"the drained broker 1 (answers meanwhile: {sorted(set(answers), key=str)})"
+        )
+        assert 1 in view.draining  # read up to the release, before it was applied
+    finally:
+        await drained.close()
+        await observer.close()
+        for session in sessions.values():
+            await session.revoke()
+
+
+async def test_the_next_coordinator_waits_for_a_draining_holder_to_let_the_group_go(
+    hosts: list[tuple[CoordinatorHost, GroupCoordinator]],
+) -> None:
+    """From a broker's draining mark on, FindCoordinator names the next coordinator while the
+    drained broker still holds the group's lease; the first request there waits for the
+    release (the drained broker lets its groups go at once) and is served, where it was told
+    NOT_COORDINATOR and sent to FindCoordinator again after its back-off."""
+    (host1, c1), (host2, c2) = hosts
+    # picked at 2 while nobody holds it: broker 2 names 1 only once its watch shows the lease
+    group = next(
+        g for g in (f"g{n}" for n in range(1000)) if choose_coordinator(g, None, [1, 2]) == 2
+    )
+    await c1.runtime(group)
+    await eventually(lambda: c2.coordinator_for(group) == host2.view.brokers[1])
+    host1.draining = True  # as Broker._mark_draining does, before the hand-off
+    host1.view.draining.add(1)  # the mark, as every broker's view brings it
+    taken = c2.coordinator_for(group)
+    assert taken is not None and taken.node_id == 2, "the next coordinator, at once"
+    waiting = asyncio.create_task(c2.runtime(group))
+    await asyncio.sleep(0.3)  # more than one recheck of the lease (RELEASE_RECHECK_S)
+    assert not waiting.done(), "answered before the drained broker let the group go"
+    await c1.hand_over()
+    runtime = await asyncio.wait_for(waiting, 10)
+    assert runtime.fence.owner == b"2"

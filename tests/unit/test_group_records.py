@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from kafscale.broker.groups.leases import choose_coordinator
+from kafscale.broker.groups.leases import choose_coordinator, name_coordinator
 from kafscale.broker.groups.model import GroupRecord, MemberRecord
 from kafscale.broker.groups.store import (
     CommittedOffset,
@@ -55,6 +55,28 @@ def test_a_leaving_broker_names_whom_the_others_name_never_itself(
     holder = data.draw(st.sampled_from(sorted(live - {leaving})))
     assert choose_coordinator(group, holder, live, (), {leaving}) == holder
     assert choose_coordinator(group, None, {leaving}, (), {leaving}) is None  # nobody else
+
+
+@given(
+    st.text(max_size=30),
+    st.sets(st.integers(1, 50), min_size=2, max_size=8),
+    st.sets(st.integers(1, 50), max_size=3),
+    st.one_of(st.none(), st.integers(1, 50)),
+)
+def test_find_coordinator_never_names_a_draining_broker(
+    group: str, live: set[int], draining: set[int], holder: int | None
+) -> None:
+    """FindCoordinator's answer (``name_coordinator``) leaves every draining broker out, as
+    holder too (it refuses the group from its mark on): a draining holder counts as none, so
+    the next coordinator is named at once; otherwise it is ``choose_coordinator``'s. With
+    every live broker draining, nobody (COORDINATOR_NOT_AVAILABLE)."""
+    named = name_coordinator(group, holder, live, draining)
+    if not live - draining:
+        assert named is None
+        return
+    assert named in live and named not in draining
+    without_draining_holder = None if holder in draining else holder
+    assert named == choose_coordinator(group, without_draining_holder, live, draining)
 
 
 members = st.builds(
