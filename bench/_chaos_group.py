@@ -361,6 +361,10 @@ class Group:
             "group_longest_silence_s": round(
                 longest_silence_s(self.seen.deliveries, *producing), 1
             ),
+            "group_longest_silence_by_partition_s": {
+                p: round(s, 1)
+                for p, s in longest_silences_s(self.seen.deliveries, *producing).items()
+            },
             "group_drain_s": None if self.drained_s is None else round(self.drained_s, 1),
             "group_crashed_members": sum(t.crashed is not None for t in self.threads),
             **counts,
@@ -411,14 +415,22 @@ def _running_max(values: Iterable[int]) -> Iterable[int]:
 def longest_silence_s(deliveries: Sequence[Delivery], start: float, end: float) -> float:
     """The longest time, between ``start`` and ``end`` (while producers wrote to every
     partition), that some partition delivered no record to the group."""
+    return max(longest_silences_s(deliveries, start, end).values(), default=0.0)
+
+
+def longest_silences_s(
+    deliveries: Sequence[Delivery], start: float, end: float
+) -> dict[int, float]:
+    """Per partition that delivered anything, the longest time between ``start`` and ``end``
+    it delivered nothing."""
     times: dict[int, list[float]] = defaultdict(list)
     for d in deliveries:
         if start <= d.at <= end:
             times[d.partition].append(d.at)
-    longest = 0.0
-    for at in times.values():
+    longest = {}
+    for p, at in sorted(times.items()):
         edges = [start, *sorted(at), end]
-        longest = max(longest, *(b - a for a, b in itertools.pairwise(edges)))
+        longest[p] = max(b - a for a, b in itertools.pairwise(edges))
     return longest
 
 

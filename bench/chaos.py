@@ -437,6 +437,11 @@ def main(argv: list[str] | None = None) -> int:
         default="",
         help="librdkafka debug contexts for the group's members, e.g. cgrp,protocol (to stderr)",
     )
+    parser.add_argument(
+        "--broker-log-level",
+        default="WARNING",
+        help="the brokers' KAFSCALE_LOG_LEVEL (INFO adds sessions, ownership and fetch waits)",
+    )
     parser.add_argument("--json", action="store_true", help="print the figures as JSON too")
     parser.add_argument(
         "--keep", action="store_true", help="keep the work directory (etcd's and brokers' logs)"
@@ -448,6 +453,7 @@ def main(argv: list[str] | None = None) -> int:
         "KAFSCALE_LOG__FLUSH_INTERVAL_MS": "50",
         "KAFSCALE_LIMITS__SHUTDOWN_GRACE_S": "5",
         "KAFSCALE_ETCD__TIMEOUT_S": "2",
+        "KAFSCALE_LOG_LEVEL": args.broker_log_level,
     }
     group: Group | None = None
     group_figures: dict[str, Any] = {}
@@ -594,7 +600,8 @@ def describe_group(f: dict[str, Any]) -> str:
         f"{f['group_backwards_committed']} (commits); {drained}, partitions not at the high "
         f"watermark {f['group_unfinished_partitions']}; longest unassigned "
         f"{f['group_longest_unassigned_s']} s, longest without a delivery "
-        f"{f['group_longest_silence_s']} s (first join {f['group_first_join_s']} s)"
+        f"{f['group_longest_silence_s']} s (per partition "
+        f"{f['group_longest_silence_by_partition_s']}; first join {f['group_first_join_s']} s)"
     )
 
 

@@ -72,7 +72,7 @@ async def handle_fetch(request: Any, ctx: RequestContext) -> Body:
             for w in wanted
             if w.info is not None
         ]
-        results = await _read_all(wanted, ctx, total_max, refresh=not refreshed)
+        results = await _read_all(wanted, ctx, total_max, deadline, refresh=not refreshed)
         refreshed = True
         size = sum(len(r.get("records") or b"") for r in results)
         errors = any(r["error_code"] != ErrorCode.NONE for r in results)
@@ -163,10 +163,12 @@ def _resolve(
 
 
 async def _read_all(
-    wanted: list[_Wanted], ctx: RequestContext, total_max: int, refresh: bool
+    wanted: list[_Wanted], ctx: RequestContext, total_max: int, deadline: float, refresh: bool
 ) -> list[Body]:
     """Kafka's limits: the response holds at most ``total_max`` bytes of records, filled in
     request order; only the first partition with data may go beyond, by its first batch.
+    Past ``deadline`` (the request's ``max_wait``) each partition's read stops at what it holds
+    (``LogReader.read``): the answer is due, and every answer behind it on the connection.
 
     Each read is given what the response has left before it starts, so what a request holds
     follows its ``max_bytes`` (capped at ``FETCH_MAX_BYTES``), not the sum of its partition
@@ -182,7 +184,9 @@ async def _read_all(
     while index < len(wanted) and not any(r.get("records") for r in results[:index]):
         state = prepared[index][0]
         if state is not None:
-            await _read_into(results[index], wanted[index], state, ctx, budget, min_one=True)
+            await _read_into(
+                results[index], wanted[index], state, ctx, budget, deadline, min_one=True
+            )
             budget -= len(results[index]["records"])
         index += 1
     # A read may GET a whole segment beyond its share: count it at least a segment's size.
@@ -197,7 +201,7 @@ async def _read_all(
             cost += max(share, floor) if prepared[index][0] is not None and share else 0
             index += 1
         reads = [
-            _read_into(results[i], wanted[i], state, ctx, share, min_one=False)
+            _read_into(results[i], wanted[i], state, ctx, share, deadline, min_one=False)
             for i, share in group
             if (state := prepared[i][0]) is not None and share > 0
         ]
@@ -268,6 +272,7 @@ async def _read_into(
     state: PartitionState,
     ctx: RequestContext,
     budget: int,
+    deadline: float,
     min_one: bool,
 ) -> None:
     """Fill ``body``'s records from ``state`` with at most ``budget`` bytes (``min_one``: at
@@ -277,7 +282,7 @@ async def _read_into(
         return
     try:
         records, state = await _read_records(
-            item, item.info, state, ctx, max(max_bytes, 0), min_one
+            item, item.info, state, ctx, max(max_bytes, 0), min_one, deadline
         )
     except KafkaError as exc:
         body["error_code"] = exc.code
@@ -303,6 +308,7 @@ async def _read_records(
     ctx: RequestContext,
     max_bytes: int,
     min_one: bool,
+    deadline: float | None = None,
 ) -> tuple[bytes, PartitionState]:
     """The records from ``state`` (and the state read from): if an object it located was
     deleted meanwhile (a compaction pass or retention committed since and its delete ran),
@@ -310,13 +316,17 @@ async def _read_records(
     reader = ctx.broker.reader
     where = (info.name, info.topic_id, item.partition)
     try:
-        records = await reader.read(*where, state, item.fetch_offset, max_bytes, min_one=min_one)
+        records = await reader.read(
+            *where, state, item.fetch_offset, max_bytes, min_one=min_one, deadline=deadline
+        )
         return records, state
     except ObjectGone:
         fresh = await ctx.broker.fresh_state((info.name, item.partition))
         if (fresh.cleaned, fresh.log_start_offset) == (state.cleaned, state.log_start_offset):
             raise
-    records = await reader.read(*where, fresh, item.fetch_offset, max_bytes, min_one=min_one)
+    records = await reader.read(
+        *where, fresh, item.fetch_offset, max_bytes, min_one=min_one, deadline=deadline
+    )
     return records, fresh
 
 

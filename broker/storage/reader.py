@@ -9,13 +9,19 @@ as complete hid every record committed after it). Recent segments are read whole
 the cache, as are older segments up to 8 MiB (a consumer reading on hits the cache for the
 rest of the segment); larger ones are read by a ranged GET that starts at the index entry for
 the offset. A read fills its byte budget across as many segments as it takes, reading the
-segments it needs next at once (as many as their sizes fit in the budget).
+segments it needs next at once (as many as their sizes fit in the budget), unless it is given a
+deadline: then, once it holds records, it starts no further reads past it. A Fetch's deadline
+is its ``max_wait`` (Kafka's "maximum time to wait for the response"): a backlog of small
+segments no broker has cached (a consumer catching up after a rebalance, at a broker that just
+took the partition over) is hundreds of GETs, and read whole it kept the answer, and every
+answer behind it on the connection (the client's Metadata among them), for seconds.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections import OrderedDict
 from dataclasses import dataclass
 
@@ -93,6 +99,10 @@ class _Listing:
     high_watermark: int = 0
 
 
+def _past(deadline: float | None) -> bool:
+    return deadline is not None and time.monotonic() >= deadline
+
+
 def listing_start(
     state: PartitionState, offset: int, known: list[SegmentLocation] | None = None
 ) -> int | None:
@@ -137,10 +147,12 @@ class LogReader:
         offset: int,
         max_bytes: int,
         min_one: bool = True,
+        deadline: float | None = None,
     ) -> bytes:
         """Whole batches from the one holding ``offset``, at most ``max_bytes`` of them, across
         as many segments as that takes; with ``min_one``, at least the first batch whatever its
-        size (Kafka's rule for the first partition with data in a response)."""
+        size (Kafka's rule for the first partition with data in a response). Past ``deadline``
+        (``time.monotonic()``), what is held is returned rather than read on (module doc)."""
         if offset < state.log_start_offset or offset > state.high_watermark:
             raise OffsetOutOfRange(
                 f"offset {offset} outside [{state.log_start_offset}, {state.high_watermark}]"
@@ -148,6 +160,8 @@ class LogReader:
         chunks: list[bytes | memoryview] = []
         total = 0
         while offset < state.high_watermark and (total < max_bytes or (min_one and not chunks)):
+            if chunks and _past(deadline):
+                break
             budget = max(max_bytes - total, 0)
             wave = await self._plan(topic, topic_id, partition, state, offset, budget)
             parts = await self._read_wave(

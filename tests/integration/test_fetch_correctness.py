@@ -33,6 +33,8 @@ from kafscale.broker.protocol.errors import ErrorCode
 
 pytestmark = pytest.mark.integration
 
+READ_WHOLE_MS = 30_000  # a max_wait no read of these few segments outlasts
+
 
 def produce_one_by_one(wire: KafkaWire, topic: str, partition: int, values: list[bytes]) -> None:
     """Each record its own produce, awaited: one segment per record."""
@@ -76,14 +78,17 @@ def test_records_committed_past_a_consumers_position_stay_readable(
 
 
 def test_a_fetch_fills_the_partition_limit_across_many_segments(broker: BrokerProcess) -> None:
-    """A partition of 60 one-record segments is read in one fetch when the limit allows."""
+    """A partition of 60 one-record segments is read in one fetch when the limit allows and
+    the request's ``max_wait`` does (past it a read stops at what it holds:
+    test_fetch_backlog.py); a fetch with records is answered when its read ends, so a long
+    ``max_wait`` costs no time here."""
     create_topics(broker.bootstrap, ["m"], partitions=1)
     with KafkaWire(broker.bootstrap) as wire:
         produce_one_by_one(wire, "m", 0, [b"v%d" % i for i in range(60)])
-        part = fetch_partition(wire.request(FETCH, 11, fetch_body("m", 0, 0)))
+        part = fetch_partition(wire.request(FETCH, 11, fetch_body("m", 0, 0, READ_WHOLE_MS)))
         assert batch_offsets(part.records) == [(i, 1) for i in range(60)]
         # From the middle too, where the first segments come from a listing.
-        part = fetch_partition(wire.request(FETCH, 11, fetch_body("m", 0, 5)))
+        part = fetch_partition(wire.request(FETCH, 11, fetch_body("m", 0, 5, READ_WHOLE_MS)))
         assert batch_offsets(part.records) == [(i, 1) for i in range(5, 60)]
 
 

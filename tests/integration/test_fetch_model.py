@@ -47,6 +47,8 @@ from kafscale.broker.protocol.errors import ErrorCode
 
 pytestmark = pytest.mark.integration
 
+READ_WHOLE_MS = 30_000  # a max_wait no read of the model's few hundred segments outlasts
+
 LIST_OFFSETS, DELETE_RECORDS = 2, 21
 PARTITIONS = 2
 _HEADER = struct.Struct(">qiibIhiqqqhii")  # a v2 batch's 61-byte header
@@ -190,7 +192,11 @@ class FetchModel:
     ) -> None:
         model = self.model[partition]
         position = model.log_start + int(where * (model.high_watermark - model.log_start))
-        body = fetch_body(self.topic, partition, position, max_bytes=max_bytes)
+        # The fill is checked within a max_wait no read outlasts (past it a read answers with
+        # what it holds: test_fetch_backlog.py); a fetch with records is answered when its
+        # read ends, and one at the high watermark waits for nothing.
+        wait_ms = READ_WHOLE_MS if position < model.high_watermark else 0
+        body = fetch_body(self.topic, partition, position, wait_ms, max_bytes=max_bytes)
         with KafkaWire(self.cluster.brokers[broker].bootstrap) as wire:
             answer = wire.request(FETCH, version, body).responses[0].partitions[0]
         assert answer.error_code == ErrorCode.NONE, answer.error_code
@@ -367,7 +373,7 @@ class FetchModel:
         model = self.model[partition]
         position = model.log_start
         while position < model.high_watermark:
-            body = fetch_body(self.topic, partition, position)
+            body = fetch_body(self.topic, partition, position, READ_WHOLE_MS)
             answer = wire.request(FETCH, 11, body).responses[0].partitions[0]
             assert answer.error_code == ErrorCode.NONE, (position, answer.error_code)
             batches = read_batches(answer.records)
