@@ -12,8 +12,9 @@ Only the list changes. Leaders are still decided over the registered brokers alo
 one once etcd may no longer hold its session (``leaders.live_leaders``), so a lapsed broker
 names itself leader of nothing: its ownership keys went with the session, and the partitions it
 owned are another's to claim (or leaderless, -1, in a cluster of one until it is back). A stopping
-broker (not ``serving``) is not added: it deregistered on purpose and clients should go
-elsewhere.
+broker (not ``serving``) is not added as live: it deregistered on purpose and clients should go
+elsewhere (once its view saw its registration go, it lists itself as departed, as the others
+list it).
 
 A broker that deregistered (stopped, or its session expired) stays listed for a grace period
 (``with_departed``): librdkafka ≥ 2.10 destroys the handle of any broker missing from a single
