@@ -200,10 +200,11 @@ def test_metadata_and_describe_cluster_list_a_departed_broker_but_never_as_leade
     broker_cluster: BrokerCluster,
 ) -> None:
     """Before: a stopped broker left both lists at once."""
+    leaving = _start(broker_cluster)  # the lowest id: the controller while it lived
     lister = _start(broker_cluster)
     not_lister = _start(broker_cluster, KAFSCALE_METADATA__DEPARTED_BROKER_GRACE_S="0")
-    leaving = _start(broker_cluster)
     create_topic(broker_cluster.bootstrap, "t", 6)
+    assert _metadata_ids(lister)[1] == leaving.node_id
     leaving.stop()
     _wait_unregistered(broker_cluster, leaving.node_id)
     every_id = sorted([lister.node_id, not_lister.node_id, leaving.node_id])
