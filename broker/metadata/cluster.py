@@ -359,6 +359,7 @@ class ClusterView:
         ``watch_history``). Its revisions are then lower than the ones this view remembers and
         its partition states may be older than those held here: the view takes etcd's read as
         it is (high watermarks go back too) and forgets its own commits' revisions."""
+        previous_brokers = dict(self.brokers)  # (events wait while this task reloads)
         log.warning(
             "cluster watch lost history%s; reloading the view",
             " (etcd's history went back)" if rewound else "",
@@ -370,7 +371,6 @@ class ClusterView:
         if rewound:
             self._forget_states()
         self.topics.clear()
-        previous_brokers = dict(self.brokers)
         self.brokers.clear()
         self.owners.clear()
         self.draining.clear()
@@ -381,11 +381,11 @@ class ClusterView:
         for entry in entries:
             self._load(entry.key, entry.value)
         self.share_members.end_reload()
+        for tp in list(self.states):
+            self.watermarks.notify(tp)
         for node_id, info in previous_brokers.items():  # deleted in the compacted stretch
             if node_id not in self.brokers:
                 self._record_departure(info)
-        for tp in list(self.states):
-            self.watermarks.notify(tp)
         self.changed.set()
         self.changed = asyncio.Event()
 
