@@ -359,7 +359,6 @@ class ClusterView:
         ``watch_history``). Its revisions are then lower than the ones this view remembers and
         its partition states may be older than those held here: the view takes etcd's read as
         it is (high watermarks go back too) and forgets its own commits' revisions."""
-        previous_brokers = dict(self.brokers)  # (events wait while this task reloads)
         log.warning(
             "cluster watch lost history%s; reloading the view",
             " (etcd's history went back)" if rewound else "",
@@ -371,7 +370,7 @@ class ClusterView:
         if rewound:
             self._forget_states()
         self.topics.clear()
-        self.brokers.clear()
+        self._forget_brokers()
         self.owners.clear()
         self.draining.clear()
         self.acls.clear()
@@ -383,9 +382,6 @@ class ClusterView:
         self.share_members.end_reload()
         for tp in list(self.states):
             self.watermarks.notify(tp)
-        for node_id, info in previous_brokers.items():  # deleted in the compacted stretch
-            if node_id not in self.brokers:
-                self._record_departure(info)
         self.changed.set()
         self.changed = asyncio.Event()
 
@@ -500,6 +496,13 @@ class ClusterView:
             self.acls.delete(key)
         elif kind == "quotas":
             self.quotas.delete(key)
+
+    def _forget_brokers(self) -> None:
+        """Before a reload's read: every registration counts as departed until the read puts
+        it back (``_apply_put``), so one deleted in the compacted stretch stays departed."""
+        for info in self.brokers.values():
+            self._record_departure(info)
+        self.brokers.clear()
 
     def _record_departure(self, info: BrokerInfo) -> None:
         """Remember a deleted registration for the grace period, forgetting older ones (ids
