@@ -14,6 +14,7 @@ import functools
 import logging
 import socket
 import ssl
+import time
 from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from typing import Any
@@ -28,13 +29,13 @@ from kafscale.broker.buffer_pool import BufferPool
 from kafscale.broker.config import BrokerSettings
 from kafscale.broker.groups.coordinator import GroupCoordinator, group_config
 from kafscale.broker.metadata import keys
+from kafscale.broker.metadata import listed_brokers as listing
 from kafscale.broker.metadata.cluster import BrokerInfo, ClusterView, TopicInfo, TopicPartition
 from kafscale.broker.metadata.etcd import Etcd
 from kafscale.broker.metadata.etcd_channel import BadEndpoint
 from kafscale.broker.metadata.etcd_connect import connect_etcd, warn_of_durability_bugs
 from kafscale.broker.metadata.etcd_errors import MetadataError, MetadataUnavailable
 from kafscale.broker.metadata.leaders import leader_for, live_leaders
-from kafscale.broker.metadata.listed_brokers import listed_brokers
 from kafscale.broker.metadata.partition_state import PartitionState
 from kafscale.broker.metadata.registration_loss import registration_lost
 from kafscale.broker.metadata.session_lease import SessionLease
@@ -177,7 +178,7 @@ class Broker:
             raise StartupError(f"etcd is not reachable: {exc}") from exc
         await warn_of_durability_bugs(etcd, etcd_warning_level)
         session = await SessionLease.start(etcd, settings.etcd.session_ttl_s)
-        view = ClusterView(etcd, settings.cluster)
+        view = ClusterView(etcd, settings.cluster, settings.metadata.departed_broker_grace_s)
         await view.start()
         cache = SegmentCache(settings.log.cache_bytes)
         broker = cls(
@@ -444,9 +445,22 @@ class Broker:
         )
 
     def listed_brokers(self) -> list[BrokerInfo]:
-        """The brokers Metadata and DescribeCluster list: the registered ones and, while it
-        serves, this one, whose registration a lapsed session took (``listed_brokers``)."""
-        return listed_brokers(self.view.brokers, self.info, self.ready)
+        """The brokers Metadata and DescribeCluster list: the registered ones, while it serves
+        this one, whose registration a lapsed session took, and those that departed within
+        the grace period (``listed_brokers``)."""
+        return listing.with_departed(
+            self._live_brokers(),
+            self.view.departed,
+            time.monotonic(),
+            self.settings.metadata.departed_broker_grace_s,
+        )
+
+    def controller_id(self) -> int:
+        """The controller Metadata and DescribeCluster name: among the live brokers only."""
+        return listing.controller_id(self._live_brokers())
+
+    def _live_brokers(self) -> list[BrokerInfo]:
+        return listing.listed_brokers(self.view.brokers, self.info, self.ready)
 
     def committed_state(self, tp: TopicPartition) -> PartitionState:
         owned = self._owned_now(tp)

@@ -257,6 +257,21 @@ class AssignmentSettings(_Section):
     )
 
 
+class MetadataSettings(_Section):
+    """What Metadata answers beyond etcd's registry."""
+
+    departed_broker_grace_s: float = Field(
+        30.0,
+        ge=0,
+        description="Metadata and DescribeCluster keep listing a broker this long after its "
+        "registration went (never as leader, coordinator or controller): librdkafka destroys "
+        "a broker missing from one Metadata answer, and a transaction waiting on that broker "
+        "as its group coordinator then hangs (librdkafka #5511). 30 s outlasts librdkafka's "
+        "10-s maximum reconnect backoff and its 1-s coordinator re-query; 0: list only "
+        "registered brokers.",
+    )
+
+
 GROUP_SIZE_UNBOUNDED = 2**31 - 1
 """Kafka's default ``group.max.size`` and ``group.consumer.max.size``: Integer.MAX_VALUE."""
 
@@ -640,6 +655,7 @@ class BrokerSettings(BaseSettings):
     limits: LimitSettings = LimitSettings()
     topics: TopicDefaults = TopicDefaults()
     assignment: AssignmentSettings = AssignmentSettings()
+    metadata: MetadataSettings = MetadataSettings()
     groups: GroupSettings = GroupSettings()
     transactions: TransactionSettings = TransactionSettings()
     listeners: str | None = Field(

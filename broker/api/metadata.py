@@ -17,7 +17,6 @@ from kafscale.broker.api.topic_partitions import (
 )
 from kafscale.broker.authz.model import Operation
 from kafscale.broker.metadata.cluster import CLUSTER_ID_PREFIX, TopicInfo, TopicPartition
-from kafscale.broker.metadata.listed_brokers import controller_id as listed_controller_id
 from kafscale.broker.metadata.topics import missing_topic_error
 from kafscale.broker.protocol.errors import ErrorCode, KafkaError
 
@@ -30,8 +29,8 @@ def topic_uuid(info: TopicInfo) -> uuid.UUID:
 
 
 def broker_entries(ctx: RequestContext) -> list[Body]:
-    """The live brokers, this one always among them while it serves (``listed_brokers``), at
-    the addresses of the listener this client came in on."""
+    """The live brokers, this one always among them while it serves, and the recently departed
+    (``listed_brokers``), at the addresses of the listener this client came in on."""
     listener = ctx.connection.listener
     entries = []
     for b in ctx.broker.listed_brokers():
@@ -41,7 +40,7 @@ def broker_entries(ctx: RequestContext) -> list[Body]:
 
 
 def controller_id(ctx: RequestContext) -> int:
-    return listed_controller_id(ctx.broker.listed_brokers())
+    return ctx.broker.controller_id()
 
 
 async def handle_metadata(request: Any, ctx: RequestContext) -> Body:

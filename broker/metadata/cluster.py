@@ -19,6 +19,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import time
 import weakref
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -123,6 +124,15 @@ class BrokerInfo:
         )
 
 
+@dataclass(frozen=True, slots=True)
+class Departure:
+    """A registration that etcd deleted, and when (monotonic seconds) the view saw it go:
+    Metadata lists it for a grace period (``listed_brokers.with_departed``)."""
+
+    info: BrokerInfo
+    at: float
+
+
 class Watermarks:
     """Per-partition events that fire when a partition's committed state changes.
 
@@ -152,7 +162,7 @@ class Watermarks:
 
 
 class ClusterView:
-    def __init__(self, etcd: Etcd, cluster: str) -> None:
+    def __init__(self, etcd: Etcd, cluster: str, departed_grace_s: float = 0.0) -> None:
         self._etcd = etcd
         self._cluster = cluster
         self._prefix = keys.cluster_prefix(cluster)
@@ -163,6 +173,10 @@ class ClusterView:
         self.owners: dict[TopicPartition, int] = {}
         self.assignment = Assignment(generation=0, owners={})
         self.draining: set[int] = set()
+        self.departed: dict[int, Departure] = {}
+        """Registrations deleted in the last ``departed_grace_s`` (none kept with 0): only
+        Metadata's list of brokers reads them, never a leader or coordinator choice."""
+        self._departed_grace_s = departed_grace_s
         # Every log dir name a broker registered with, kept after it leaves: with no broker
         # alive the proxy still answers AlterReplicaLogDirs as one would (LOG_DIR_NOT_FOUND).
         self.log_dirs: dict[int, str] = {}
@@ -373,7 +387,7 @@ class ClusterView:
             self._forget_states()
         registered = set(self.brokers)
         self.topics.clear()
-        self.brokers.clear()
+        self._forget_brokers()
         self.owners.clear()
         self.draining.clear()
         self.acls.clear()
@@ -481,6 +495,7 @@ class ClusterView:
             self.topics[parts[1]] = TopicInfo.from_json(parts[1], value)
         elif kind == "brokers" and len(parts) == 2:
             info = self.brokers[int(parts[1])] = BrokerInfo.from_json(value)
+            self.departed.pop(info.node_id, None)  # registered again: live, not departed
             if info.log_dir is not None:
                 self.log_dirs[info.node_id] = info.log_dir
         elif kind == "partitions" and len(parts) == 3:
@@ -511,7 +526,9 @@ class ClusterView:
         if kind == "topics" and len(parts) == 2:
             self.topics.pop(parts[1], None)
         elif kind == "brokers" and len(parts) == 2:
-            self.brokers.pop(int(parts[1]), None)
+            info = self.brokers.pop(int(parts[1]), None)
+            if info is not None:
+                self._record_departure(info)
         elif kind == "partitions" and len(parts) == 3:
             tp = (parts[1], int(parts[2]))
             self.states.pop(tp, None)
@@ -530,6 +547,26 @@ class ClusterView:
             self.acls.delete(key)
         elif kind == "quotas":
             self.quotas.delete(key)
+
+    def _forget_brokers(self) -> None:
+        """Before a reload's read: every registration counts as departed until the read puts
+        it back (``_apply_put``), so one deleted in the compacted stretch stays departed."""
+        for info in self.brokers.values():
+            self._record_departure(info)
+        self.brokers.clear()
+
+    def _record_departure(self, info: BrokerInfo) -> None:
+        """Remember a deleted registration for the grace period, forgetting older ones (ids
+        are new at every start: a long-lived cluster would otherwise remember every stop)."""
+        if self._departed_grace_s <= 0:
+            return
+        now = time.monotonic()
+        self.departed = {
+            node_id: d
+            for node_id, d in self.departed.items()
+            if now - d.at < self._departed_grace_s
+        }
+        self.departed[info.node_id] = Departure(info, now)
 
 
 def draining_mark_of(entry: KeyValue) -> int | None:

@@ -52,6 +52,7 @@ def context(
         cluster="c",
         leader_for=lambda tp: -1,
         listed_brokers=lambda: [],
+        controller_id=lambda: -1,
         committed_state=lambda tp: PartitionState(),
     )
     header = RequestHeader(3, 12, 1, "test")

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from kafscale.broker.metadata import keys
-from kafscale.broker.metadata.cluster import ClusterView
+from kafscale.broker.metadata.cluster import BrokerInfo, ClusterView
 from kafscale.broker.metadata.etcd import WatchEvent, WatchEventKind
 from kafscale.broker.metadata.partition_state import PartitionState
 
@@ -95,3 +95,30 @@ def test_an_own_commit_seen_before_its_answer_is_applied_without_decoding(
     theirs = PartitionState(high_watermark=25, leader_epoch=2)
     cluster._apply(put(theirs.to_json(), 9))
     assert cluster.states[TP] == theirs
+
+
+def broker_event(kind: WatchEventKind, node_id: int, revision: int) -> WatchEvent:
+    value = BrokerInfo(node_id, "10.0.0.1", 9092 + node_id).to_json() if kind is PUT else b""
+    return WatchEvent(kind, keys.broker_key("c", node_id), value, revision)
+
+
+PUT, DELETE = WatchEventKind.PUT, WatchEventKind.DELETE
+
+
+def test_a_deleted_registration_is_remembered_as_departed_until_it_registers_again() -> None:
+    """Metadata lists a departed broker for a grace period (``listed_brokers.with_departed``);
+    only the view knows what a deleted key held."""
+    cluster = ClusterView(None, "c", departed_grace_s=30.0)  # type: ignore[arg-type]
+    cluster._apply(broker_event(PUT, 1, 2))
+    cluster._apply(broker_event(DELETE, 1, 3))
+    assert 1 not in cluster.brokers
+    assert cluster.departed[1].info == BrokerInfo(1, "10.0.0.1", 9093)
+    cluster._apply(broker_event(PUT, 1, 4))
+    assert cluster.departed == {}
+
+
+def test_departures_are_not_kept_without_a_grace() -> None:
+    cluster = view()
+    cluster._apply(broker_event(PUT, 1, 2))
+    cluster._apply(broker_event(DELETE, 1, 3))
+    assert cluster.departed == {}

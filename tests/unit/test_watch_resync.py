@@ -160,3 +160,20 @@ def test_the_fake_has_the_adapter_calls_the_views_use() -> None:
     names = ("get_prefix_with_revision", "get_prefix", "watch_prefix", "pause", "closed")
     for name in (*names, "get_ranges_with_revision", "watch_range"):
         assert hasattr(Etcd, name)
+
+
+async def test_a_registration_gone_in_the_lost_history_is_remembered_as_departed() -> None:
+    """Metadata lists a departed broker for a grace period (``listed_brokers.with_departed``):
+    one whose deletion fell in a compacted stretch departed too, seen by the reload."""
+    without_2 = [e for e in cluster_keys(1) if e.key != keys.broker_key(CLUSTER, 2)]
+    etcd = CompactedEtcd(cluster_keys(1), without_2, failures=0)
+    view = ClusterView(etcd, CLUSTER, departed_grace_s=30.0)  # type: ignore[arg-type]
+    await view.start()
+    reloaded = view.changed
+    try:
+        await asyncio.wait_for(reloaded.wait(), 30)
+        assert sorted(view.brokers) == [1]
+        assert list(view.departed) == [2]
+        assert view.departed[2].info == BrokerInfo(2, "h", 2)
+    finally:
+        await view.close()
