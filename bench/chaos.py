@@ -29,7 +29,10 @@ drains to the high watermarks (up to ``--drain-s``); its check counts acked reco
 delivered to it, committed offsets seen going back, partitions whose final committed offset is
 not the high watermark, and reports duplicates delivered (allowed: at-least-once), the longest
 time a partition was assigned to no member and the longest it delivered nothing. Prints the
-figures; exit status 1 if any count but the group's duplicates is not 0. Loopback only,
+figures; exit status 1 if any count but the group's duplicates is not 0. Records not acked are
+reported per producer and librdkafka error (the failed sequences, their partition and send
+times, the producer's last acked record), with librdkafka's ``error_cb`` errors;
+``--producer-debug`` keeps each producer's librdkafka log in the work directory. Loopback only,
 bounded in time. Run from the repository root::
 
     .venv/bin/python bench/chaos.py                       # 10 minutes, >= 60 faults
