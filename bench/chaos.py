@@ -81,6 +81,7 @@ class Slot:
 
 
 MAX_CLIENT_ERRORS = 200
+COUNTED_ONLY = frozenset({"_TRANSPORT"})  # error_cb errors counted, not listed
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,6 +115,7 @@ class Acked:
     failures: dict[tuple[int, str], list[Sent]] = field(default_factory=dict)
     last_acked: dict[int, Sent] = field(default_factory=dict)  # per producer
     client_errors: list[ClientError] = field(default_factory=list)  # error_cb, first ones
+    counted_errors: Counter[str] = field(default_factory=Counter)  # error_cb, COUNTED_ONLY
 
     def add(
         self,
@@ -138,12 +140,16 @@ class Acked:
             self.failed += 1
             self.failures.setdefault((producer, error), []).append(sent)
 
-    def client_error(self, producer: int, at: float, error: str) -> None:
+    def client_error(self, producer: int, at: float, name: str, text: str) -> None:
         """An error librdkafka reported outside a delivery (``error_cb``): all brokers down,
-        a fatal idempotence error, ... Only the first ``MAX_CLIENT_ERRORS`` are kept."""
+        a fatal idempotence error, ... The first ``MAX_CLIENT_ERRORS`` are kept, but a refused
+        connection (``_TRANSPORT``: every broker kill makes each producer report one or two)
+        is only counted, so that it does not crowd out the rare ones."""
         with self.lock:
-            if len(self.client_errors) < MAX_CLIENT_ERRORS:
-                self.client_errors.append(ClientError(producer, round(at, 2), error))
+            if name in COUNTED_ONLY:
+                self.counted_errors[name] += 1
+            elif len(self.client_errors) < MAX_CLIENT_ERRORS:
+                self.client_errors.append(ClientError(producer, round(at, 2), f"{name}: {text}"))
 
 
 def failure_summary(acked: Acked) -> list[dict[str, Any]]:
@@ -245,7 +251,7 @@ def run_producer(
     origin = time.monotonic() if started is None else started
 
     def client_error(error: Any) -> None:
-        acked.client_error(index, time.monotonic() - origin, f"{error.name()}: {error.str()}")
+        acked.client_error(index, time.monotonic() - origin, error.name(), error.str())
 
     producer = Producer(
         {
@@ -674,6 +680,7 @@ def main(argv: list[str] | None = None) -> int:
         "not_acked": acked.failed,
         "not_acked_by": failure_summary(acked),
         "producer_errors": [vars_of(e) for e in acked.client_errors],
+        "producer_errors_counted": dict(acked.counted_errors),
         "in_log": sum(len(records) for records in log.values()),
         **counts,
         "broker_tasks_ended": tasks_ended,
@@ -690,6 +697,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     for failure in figures["not_acked_by"]:
         print(describe_failure(failure))
+    if acked.counted_errors:
+        print(f"producer errors counted (error_cb): {dict(acked.counted_errors)}")
     if acked.client_errors:
         print(f"producer errors (error_cb, first {MAX_CLIENT_ERRORS}):")
         for error in acked.client_errors:

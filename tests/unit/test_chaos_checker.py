@@ -70,7 +70,9 @@ def test_records_never_acked_are_reported_by_producer_error_and_window() -> None
     acked.fail(2, "_MSG_TIMED_OUT", Sent(3, 2, 12.0))
     acked.fail(2, "_MSG_TIMED_OUT", Sent(2, 2, 11.0))
     acked.fail(2, "unflushed", Sent(4, 2, 13.0))
-    acked.client_error(2, 14.0, "_ALL_BROKERS_DOWN: 3/3 brokers are down")
+    acked.client_error(2, 14.0, "_ALL_BROKERS_DOWN", "3/3 brokers are down")
+    acked.client_error(2, 14.5, "_TRANSPORT", "Connect to ipv4#127.0.0.1:1 failed")
+    acked.client_error(1, 14.6, "_TRANSPORT", "Connect to ipv4#127.0.0.1:1 failed")
     summary = failure_summary(acked)
     assert acked.failed == 3
     assert summary == [
@@ -99,6 +101,7 @@ def test_records_never_acked_are_reported_by_producer_error_and_window() -> None
     assert [(e.producer, e.error) for e in acked.client_errors] == [
         (2, "_ALL_BROKERS_DOWN: 3/3 brokers are down")
     ]
+    assert acked.counted_errors == {"_TRANSPORT": 2}  # every broker kill makes some
 
 
 def test_the_last_acked_record_is_the_highest_sequence_acked() -> None:
