@@ -29,7 +29,10 @@ drains to the high watermarks (up to ``--drain-s``); its check counts acked reco
 delivered to it, committed offsets seen going back, partitions whose final committed offset is
 not the high watermark, and reports duplicates delivered (allowed: at-least-once), the longest
 time a partition was assigned to no member and the longest it delivered nothing. Prints the
-figures; exit status 1 if any count but the group's duplicates is not 0. Loopback only,
+figures; exit status 1 if any count but the group's duplicates is not 0. Records not acked are
+reported per producer and librdkafka error (the failed sequences, their partition and send
+times, the producer's last acked record), with librdkafka's ``error_cb`` errors;
+``--producer-debug`` keeps each producer's librdkafka log in the work directory. Loopback only,
 bounded in time. Run from the repository root::
 
     .venv/bin/python bench/chaos.py                       # 10 minutes, >= 60 faults
@@ -41,6 +44,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import logging
 import os
 import random
 import signal
@@ -76,6 +80,26 @@ class Slot:
     process: BrokerProcess | None = None
 
 
+MAX_CLIENT_ERRORS = 200
+COUNTED_ONLY = frozenset({"_TRANSPORT"})  # error_cb errors counted, not listed
+
+
+@dataclass(frozen=True, slots=True)
+class Sent:
+    """A record as the producer sent it: its sequence, partition and when (campaign seconds)."""
+
+    seq: int
+    partition: int
+    sent_at: float
+
+
+@dataclass(frozen=True, slots=True)
+class ClientError:
+    producer: int
+    at: float
+    error: str
+
+
 @dataclass
 class Acked:
     """What the producers were told: value -> (partition, offset); per producer, in send order."""
@@ -87,13 +111,71 @@ class Acked:
         default_factory=lambda: defaultdict(list)
     )
     failed: int = 0
+    # (producer, error name) -> the records librdkafka failed with it, in the order reported
+    failures: dict[tuple[int, str], list[Sent]] = field(default_factory=dict)
+    last_acked: dict[int, Sent] = field(default_factory=dict)  # per producer
+    client_errors: list[ClientError] = field(default_factory=list)  # error_cb, first ones
+    counted_errors: Counter[str] = field(default_factory=Counter)  # error_cb, COUNTED_ONLY
 
     def add(
-        self, producer: int, seq: int, value: bytes, partition: int, offset: int | None
+        self,
+        producer: int,
+        seq: int,
+        value: bytes,
+        partition: int,
+        offset: int | None,
+        sent_at: float = 0.0,
     ) -> None:
         with self.lock:
             self.where[value] = (partition, offset)
             self.by_producer[producer].append((seq, value))
+            last = self.last_acked.get(producer)
+            if last is None or seq > last.seq:
+                self.last_acked[producer] = Sent(seq, partition, sent_at)
+
+    def fail(self, producer: int, error: str, sent: Sent) -> None:
+        """A delivery report with an error (``error``: librdkafka's name, ``_MSG_TIMED_OUT``)
+        or a record ``flush`` left undelivered (``error`` ``unflushed``)."""
+        with self.lock:
+            self.failed += 1
+            self.failures.setdefault((producer, error), []).append(sent)
+
+    def client_error(self, producer: int, at: float, name: str, text: str) -> None:
+        """An error librdkafka reported outside a delivery (``error_cb``): all brokers down,
+        a fatal idempotence error, ... The first ``MAX_CLIENT_ERRORS`` are kept, but a refused
+        connection (``_TRANSPORT``: every broker kill makes each producer report one or two)
+        is only counted, so that it does not crowd out the rare ones."""
+        with self.lock:
+            if name in COUNTED_ONLY:
+                self.counted_errors[name] += 1
+            elif len(self.client_errors) < MAX_CLIENT_ERRORS:
+                self.client_errors.append(ClientError(producer, round(at, 2), f"{name}: {text}"))
+
+
+def failure_summary(acked: Acked) -> list[dict[str, Any]]:
+    """What the producers were not told was stored, per producer and error (pure): how many,
+    their partition, the first and last sequence and when they were sent, and the producer's
+    last acked record (so a run's output says which partition stalled, from when, and with
+    which error librdkafka gave up on it)."""
+    summary = []
+    for (producer, error), failed in sorted(acked.failures.items()):
+        first = min(failed, key=lambda sent: sent.seq)
+        last = max(failed, key=lambda sent: sent.seq)
+        acked_last = acked.last_acked.get(producer)
+        summary.append(
+            {
+                "producer": producer,
+                "error": error,
+                "records": len(failed),
+                "partitions": sorted({sent.partition for sent in failed}),
+                "seqs": [first.seq, last.seq],
+                "sent_s": [round(first.sent_at, 2), round(last.sent_at, 2)],
+                "last_acked": None
+                if acked_last is None
+                else {"seq": acked_last.seq, "sent_s": round(acked_last.sent_at, 2)},
+            }
+        )
+    return summary
 
 
 class Cluster:
@@ -153,45 +235,80 @@ class Cluster:
 
 
 def run_producer(
-    index: int, bootstrap: str, rate: float, stop: threading.Event, acked: Acked
+    index: int,
+    bootstrap: str,
+    rate: float,
+    stop: threading.Event,
+    acked: Acked,
+    started: float | None = None,
+    debug: str = "",
+    log_dir: Path | None = None,
 ) -> None:
+    """One idempotent producer at ``rate`` records/s to partition ``index`` until ``stop``,
+    then a flush. Every failed delivery is recorded with librdkafka's error name, and every
+    ``error_cb`` error too (``Acked.fail``, ``Acked.client_error``); ``debug`` (librdkafka
+    contexts, e.g. ``msg,protocol,broker,eos``) writes its log to ``log_dir/producer-<i>.log``."""
+    origin = time.monotonic() if started is None else started
+
+    def client_error(error: Any) -> None:
+        acked.client_error(index, time.monotonic() - origin, error.name(), error.str())
+
     producer = Producer(
         {
             "bootstrap.servers": bootstrap,
+            "client.id": f"chaos-producer-{index}",
             "acks": "all",
             "enable.idempotence": True,
             "linger.ms": 5,
             "message.timeout.ms": 300_000,
-            "log_level": 0,
+            "error_cb": client_error,
+            **producer_logging(index, debug, log_dir),
         }
     )
     seq = 0
+    unreported: dict[int, float] = {}  # seq -> when sent, until its delivery report
 
-    def report(error: Any, message: Any, seq: int = 0) -> None:
+    def report(error: Any, message: Any, seq: int = 0, sent_at: float = 0.0) -> None:
+        unreported.pop(seq, None)  # reports run in this thread (poll, flush)
         if error is None:
-            acked.add(index, seq, message.value(), message.partition(), message.offset())
+            acked.add(index, seq, message.value(), message.partition(), message.offset(), sent_at)
         else:
-            with acked.lock:
-                acked.failed += 1
+            acked.fail(index, error.name(), Sent(seq, message.partition(), sent_at))
 
     interval = 1 / rate
     next_at = time.monotonic()
     while not stop.is_set():
         value = b"p%d-%d" % (index, seq)
+        sent_at = time.monotonic() - origin
         producer.produce(
             TOPIC,
             value=value,
             partition=index,
-            on_delivery=lambda e, m, s=seq: report(e, m, s),
+            on_delivery=lambda e, m, s=seq, t=sent_at: report(e, m, s, t),
         )
+        unreported[seq] = sent_at
         seq += 1
         producer.poll(0)
         next_at += interval
         time.sleep(max(0.0, next_at - time.monotonic()))
-    remaining = producer.flush(300)
-    if remaining:
-        with acked.lock:
-            acked.failed += remaining
+    producer.flush(300)
+    for left, sent_at in sorted(unreported.items()):  # flush gave up before their report
+        acked.fail(index, "unflushed", Sent(left, index, sent_at))
+
+
+def producer_logging(index: int, debug: str, log_dir: Path | None) -> dict[str, Any]:
+    """librdkafka's log settings for producer ``index``: quiet (the faults make it log every
+    reconnect), or ``debug`` contexts written to ``log_dir/producer-<index>.log`` (through a
+    logger, so they land in the work directory ``--keep`` keeps, not on stderr)."""
+    if not debug or log_dir is None:
+        return {"log_level": 0}
+    logger = logging.getLogger(f"chaos.producer.{index}")
+    logger.propagate = False
+    handler = logging.FileHandler(log_dir / f"producer-{index}.log")
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
+    logger.addHandler(handler)
+    logger.setLevel(logging.DEBUG)
+    return {"debug": debug, "log_level": 7, "logger": logger}
 
 
 def inject(kind: str, cluster: Cluster, rng: random.Random, max_stop_s: float) -> str:
@@ -438,6 +555,12 @@ def main(argv: list[str] | None = None) -> int:
         help="librdkafka debug contexts for the group's members, e.g. cgrp,protocol (to stderr)",
     )
     parser.add_argument(
+        "--producer-debug",
+        default="",
+        help="librdkafka debug contexts for the producers, e.g. msg,protocol,broker,eos "
+        "(to producer-<i>.log in the work directory: add --keep)",
+    )
+    parser.add_argument(
         "--broker-log-level",
         default="WARNING",
         help="the brokers' KAFSCALE_LOG_LEVEL (INFO adds sessions, ownership and fetch waits)",
@@ -473,10 +596,16 @@ def main(argv: list[str] | None = None) -> int:
                     cluster.bootstrap, TOPIC, args.producers, args.group_members, args.member_debug
                 )
                 group.start()
+            started = time.monotonic()
             producers = [
                 threading.Thread(
                     target=run_producer,
                     args=(i, cluster.bootstrap, args.rate, stop, acked),
+                    kwargs={
+                        "started": started,
+                        "debug": args.producer_debug,
+                        "log_dir": stack.workdir,
+                    },
                     daemon=True,
                 )
                 for i in range(args.producers)
@@ -484,7 +613,6 @@ def main(argv: list[str] | None = None) -> int:
             for thread in producers:
                 thread.start()
             faults: Counter[str] = Counter()
-            started = time.monotonic()
             kinds = [kind for kind in args.kinds.split(",") if kind in FAULTS]
             while time.monotonic() - started < args.duration_s:
                 if args.faults and sum(faults.values()) >= args.faults:
@@ -550,6 +678,9 @@ def main(argv: list[str] | None = None) -> int:
         "etcd_restarts": cluster.etcd_restarts,
         "acked": len(acked.where),
         "not_acked": acked.failed,
+        "not_acked_by": failure_summary(acked),
+        "producer_errors": [vars_of(e) for e in acked.client_errors],
+        "producer_errors_counted": dict(acked.counted_errors),
         "in_log": sum(len(records) for records in log.values()),
         **counts,
         "broker_tasks_ended": tasks_ended,
@@ -564,6 +695,14 @@ def main(argv: list[str] | None = None) -> int:
         f"misplaced {counts['misplaced']}, reordered {counts['reordered']}"
         f" (not read back in time: {counts['unread']})"
     )
+    for failure in figures["not_acked_by"]:
+        print(describe_failure(failure))
+    if acked.counted_errors:
+        print(f"producer errors counted (error_cb): {dict(acked.counted_errors)}")
+    if acked.client_errors:
+        print(f"producer errors (error_cb, first {MAX_CLIENT_ERRORS}):")
+        for error in acked.client_errors:
+            print(f"  {error.at:7.1f}s  producer {error.producer}: {error.error}")
     if tasks_ended:
         print(f"broker background tasks that ended by an exception: {tasks_ended}")
     if group_figures:
@@ -585,6 +724,23 @@ GROUP_FAILURES = (
 def group_ok(figures: dict[str, Any]) -> bool:
     """No group figure that means a defect is non-zero (duplicates are allowed)."""
     return not any(figures.get(name) for name in GROUP_FAILURES)
+
+
+def vars_of(error: ClientError) -> dict[str, Any]:
+    return {"producer": error.producer, "at_s": error.at, "error": error.error}
+
+
+def describe_failure(f: dict[str, Any]) -> str:
+    """One line of ``failure_summary``: which producer's records failed, with what, when."""
+    last = f["last_acked"]
+    acked = (
+        "none acked" if last is None else f"last acked seq {last['seq']} sent at {last['sent_s']} s"
+    )
+    return (
+        f"not acked: producer {f['producer']} (partitions {f['partitions']}): {f['records']} "
+        f"records failed with {f['error']}, seq {f['seqs'][0]}-{f['seqs'][1]}, sent at "
+        f"{f['sent_s'][0]}-{f['sent_s'][1]} s; {acked}"
+    )
 
 
 def describe_group(f: dict[str, Any]) -> str:

@@ -9,7 +9,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 
-from chaos import Acked, check
+from chaos import Acked, Sent, check, describe_failure, failure_summary
 
 pytestmark = pytest.mark.unit
 
@@ -58,3 +58,55 @@ def test_a_record_acked_without_an_offset_is_checked_by_its_partition() -> None:
     }  # fmt: skip
     assert check(acked, {0: [(0, b"p0-0"), (1, b"p0-1")]}, {0: 2})["lost"] == 1
     assert check(acked, {1: [(0, b"p0-2")], 0: intact[0][:2]}, {0: 2, 1: 1})["misplaced"] == 1
+
+
+def test_records_never_acked_are_reported_by_producer_error_and_window() -> None:
+    """A run whose producer gave up on records says which producer and partition, with which
+    librdkafka error, which sequences and when they were sent, and the last record acked
+    before them (a seed-31 run ended with 1,110 records "not acked" and nothing more to go
+    on: the producers' errors were not kept)."""
+    acked = acked_of((0, 0, 0, 0), (2, 0, 2, 0), (2, 1, 2, 1))
+    acked.last_acked[2] = Sent(1, 2, 10.5)
+    acked.fail(2, "_MSG_TIMED_OUT", Sent(3, 2, 12.0))
+    acked.fail(2, "_MSG_TIMED_OUT", Sent(2, 2, 11.0))
+    acked.fail(2, "unflushed", Sent(4, 2, 13.0))
+    acked.client_error(2, 14.0, "_ALL_BROKERS_DOWN", "3/3 brokers are down")
+    acked.client_error(2, 14.5, "_TRANSPORT", "Connect to ipv4#127.0.0.1:1 failed")
+    acked.client_error(1, 14.6, "_TRANSPORT", "Connect to ipv4#127.0.0.1:1 failed")
+    summary = failure_summary(acked)
+    assert acked.failed == 3
+    assert summary == [
+        {
+            "producer": 2,
+            "error": "_MSG_TIMED_OUT",
+            "records": 2,
+            "partitions": [2],
+            "seqs": [2, 3],
+            "sent_s": [11.0, 12.0],
+            "last_acked": {"seq": 1, "sent_s": 10.5},
+        },
+        {
+            "producer": 2,
+            "error": "unflushed",
+            "records": 1,
+            "partitions": [2],
+            "seqs": [4, 4],
+            "sent_s": [13.0, 13.0],
+            "last_acked": {"seq": 1, "sent_s": 10.5},
+        },
+    ]
+    assert "producer 2 (partitions [2]): 2 records failed with _MSG_TIMED_OUT" in (
+        describe_failure(summary[0])
+    )
+    assert [(e.producer, e.error) for e in acked.client_errors] == [
+        (2, "_ALL_BROKERS_DOWN: 3/3 brokers are down")
+    ]
+    assert acked.counted_errors == {"_TRANSPORT": 2}  # every broker kill makes some
+
+
+def test_the_last_acked_record_is_the_highest_sequence_acked() -> None:
+    acked = Acked()
+    acked.add(1, 5, b"p1-5", 1, 5, 2.5)
+    acked.add(1, 4, b"p1-4", 1, 4, 2.0)  # reports may come out of order
+    assert acked.last_acked[1] == Sent(5, 1, 2.5)
+    assert failure_summary(acked) == []
