@@ -30,7 +30,7 @@ from typing import Any
 from kafscale.broker.buffer_pool import BufferPool
 from kafscale.broker.config import LimitSettings
 from kafscale.broker.observability.log_limit import (
-    CLIENT_LOG,
+    LIMITERS,
     ClientEvent,
     client_log,
     host_of,
@@ -242,7 +242,7 @@ class KafkaServer:
         self.request_memory = RequestMemory(limits.queued_max_request_bytes)
         self._idle_sweeper: asyncio.Task[None] | None = None
         self._log_summaries: asyncio.Task[None] | None = None
-        self._log_limit_attached = False  # CLIENT_LOG.attach() called, detach() not yet
+        self._log_limit_attached = False  # LIMITERS attached, not yet detached
 
     @property
     def port(self) -> int:
@@ -271,7 +271,8 @@ class KafkaServer:
             self._servers.clear()
             raise
         self._idle_sweeper = start_task(self._close_idle(), name="idle-connections")
-        CLIENT_LOG.attach()
+        for limiter in LIMITERS:
+            limiter.attach()
         self._log_limit_attached = True
         self._log_summaries = start_task(summarise_periodically(), name="client-log-summaries")
 
@@ -347,7 +348,8 @@ class KafkaServer:
             await server.wait_closed()
         if self._log_limit_attached:  # the last server of the process ends the windows
             self._log_limit_attached = False
-            CLIENT_LOG.detach()
+            for limiter in LIMITERS:
+                limiter.detach()
 
     @property
     def open_connections(self) -> int:

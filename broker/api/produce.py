@@ -33,6 +33,7 @@ from kafscale.broker.api.error_bodies import (
     NO_TIMESTAMP,
     every_partition_failed,
 )
+from kafscale.broker.api.produce_refusals import log_refusal
 from kafscale.broker.api.produce_verification import confirm, forget, verify_transactional
 from kafscale.broker.authz.model import Operation
 from kafscale.broker.metadata.topics import DEFAULT_CONFIGS, NO_LIMIT_MS, effective_configs
@@ -285,7 +286,7 @@ def check_not_control(headers: list[BatchHeader]) -> None:
         )
 
 
-Outcome = asyncio.Future[Ack] | ErrorCode | Refusal
+Outcome = asyncio.Future[Ack] | ErrorCode | Refusal | KafkaError
 
 
 async def _append_all(request: Any, ctx: RequestContext) -> dict[tuple[str, int], Outcome]:
@@ -331,7 +332,7 @@ async def _append_all(request: Any, ctx: RequestContext) -> dict[tuple[str, int]
             except KeylessRecords as exc:
                 outcomes[tp] = exc.refusal(tp)
             except KafkaError as exc:
-                outcomes[tp] = exc.code
+                outcomes[tp] = exc  # its code answers; its text is what the log says why
     return outcomes
 
 
@@ -367,18 +368,22 @@ async def _response(
 def _partition_result(ctx: RequestContext, tp: tuple[str, int], outcome: Outcome) -> Body:
     ack = Ack(-1, NO_APPEND_TIME)
     refusal = outcome if isinstance(outcome, Refusal) else None
+    reason = ""
     if isinstance(outcome, ErrorCode):
         code = outcome
     elif isinstance(outcome, Refusal):
-        code = outcome.code
+        code, reason = outcome.code, outcome.message
+    elif isinstance(outcome, KafkaError):
+        code, reason = outcome.code, str(outcome)
     elif not outcome.done():
         outcome.add_done_callback(_consume_outcome)
-        code = ErrorCode.REQUEST_TIMED_OUT
-    elif outcome.exception() is not None:
-        code = code_for(outcome.exception())  # type: ignore[arg-type]
+        code, reason = ErrorCode.REQUEST_TIMED_OUT, "not durable within the request's timeout"
+    elif (error := outcome.exception()) is not None:
+        code, reason = code_for(error), str(error)
     else:
         code = ErrorCode.NONE
         ack = outcome.result()
+    log_refusal(tp[0], tp[1], code, reason, ctx.connection.peer)
     result: Body = {
         "index": tp[1],
         "error_code": code,

@@ -52,6 +52,7 @@ class ClientEvent(enum.StrEnum):
     UNREADABLE_GROUP = "unreadable group record"
     GROUP_CHANGE = "group state change"
     TRANSACTION_CHANGE = "transaction state change"
+    PRODUCE_REFUSED = "produce refused"
 
 
 @dataclass(frozen=True, slots=True)
@@ -243,6 +244,15 @@ class LogLimiter:
 CLIENT_LOG = LogLimiter()
 """The process's limiter (``kafscale local`` brokers share it, as they share one log)."""
 
+REFUSAL_LOG = LogLimiter(LogPolicy(lines_per_window=1, window_s=10.0))
+"""What producers are told instead of an ack (``api.produce_refusals``): one line per
+partition per 10 s, then a count. A producer retries a refused batch every ~100 ms for as long
+as ``delivery.timeout.ms`` (minutes), so ten lines a minute per key would still be a flood of
+one partition's retries; one line per 10 s is enough to say what a stalled producer was told."""
+
+LIMITERS = (CLIENT_LOG, REFUSAL_LOG)
+"""The process's limiters: attached, swept and summarised together by its servers."""
+
 
 def client_log(
     logger: logging.Logger,
@@ -274,9 +284,12 @@ def host_of(peer: str) -> str:
     return host if colon else peer
 
 
-async def summarise_periodically(limiter: LogLimiter = CLIENT_LOG) -> None:
+async def summarise_periodically(*limiters: LogLimiter) -> None:
     """Write the summaries of ended windows even when their client has gone quiet (checked
-    ten times per window); runs until cancelled."""
+    ten times per shortest window); runs until cancelled. No limiter given: ``LIMITERS``."""
+    limiters = limiters or LIMITERS
+    interval_s = min(limiter.policy.window_s for limiter in limiters) / 10
     while True:
-        await asyncio.sleep(limiter.policy.window_s / 10)
-        limiter.summarise_ended()
+        await asyncio.sleep(interval_s)
+        for limiter in limiters:
+            limiter.summarise_ended()
