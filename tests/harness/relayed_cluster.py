@@ -13,6 +13,7 @@ them etcd's own endpoint (``KAFSCALE_ETCD__ENDPOINTS``).
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -44,6 +45,13 @@ class RelayedCluster:
     def log_says(self, text: str) -> bool:
         """Whether the relayed broker's log has ``text`` (e.g. "suspended", ``RESUMED``)."""
         return text in self.broker.log_path.read_text(errors="replace")
+
+    def said_lost(self) -> bool:
+        """Whether the relayed broker logged its session lost: the session lease's line
+        (``session lease <id> lost: …``) or the broker's (``LOST``). Not a bare "lost": a
+        refused Produce's line says the session is "suspended or lost"."""
+        text = self.broker.log_path.read_text(errors="replace")
+        return LOST in text or re.search(r"session lease [0-9a-f]+ lost: ", text) is not None
 
     def resumed_or_lost(self) -> bool:
         """Whether the broker's session has resumed or was lost (what to wait for once etcd's

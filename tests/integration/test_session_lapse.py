@@ -267,7 +267,7 @@ async def test_a_coordinator_that_resumes_its_session_keeps_its_members(
         assert heartbeat_code(wire, GROUP, member, generation) == ErrorCode.NONE
         with held.relay.holding_replies():
             await heartbeat_until_refused(wire, GROUP, member, generation, broker)
-            assert log_says("suspended") and not log_says("lost"), broker.tail()
+            assert log_says("suspended") and not held.said_lost(), broker.tail()
             # The member's session runs out while the coordinator refuses it; the
             # broker's own (12 s) is not over yet.
             await asyncio.sleep(GROUP_SESSION_MS / 1000 + 1)
@@ -301,7 +301,7 @@ async def test_a_suspension_shorter_than_a_members_session_still_gives_it_a_whol
                 wire, SHORT_GROUP, member, generation, broker
             )
             await asyncio.sleep(REFUSED_S)  # the member is refused for seconds: the point
-            assert log_says("suspended") and not log_says("lost"), broker.tail()
+            assert log_says("suspended") and not held.said_lost(), broker.tail()
         await until_resumed(held)
         old_deadline = accepted_at + LONG_SESSION_MS / 1000
         # Past the deadline the member had before the suspension (the broker set it before
@@ -425,7 +425,7 @@ async def test_a_suspended_owner_is_named_by_every_broker_and_refuses_until_it_r
                 assert from_s == from_b, (from_s, from_b, suspended.tail())
                 produced, fetched = refusals(at_s, mine)
                 during = session_samples(suspended)
-                assert not log_says("lost"), suspended.tail()  # the checks ran while suspended
+                assert not held.said_lost(), suspended.tail()  # the checks ran while suspended
             not_leader = ErrorCode.NOT_LEADER_OR_FOLLOWER
             assert produced == fetched == [not_leader] * len(mine), (produced, fetched)
             assert during["state=suspended"] == 1, during

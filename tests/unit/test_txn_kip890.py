@@ -22,7 +22,7 @@ from kafscale.broker.config import BrokerSettings
 from kafscale.broker.metadata.cluster import BrokerInfo, TopicInfo
 from kafscale.broker.metadata.partition_state import PartitionState
 from kafscale.broker.protocol.codec import RequestHeader
-from kafscale.broker.protocol.errors import ErrorCode, NotLeader
+from kafscale.broker.protocol.errors import ErrorCode, KafkaError, NotLeader
 from kafscale.broker.protocol.record_batch import BatchHeader, read_header
 from kafscale.broker.server import Connection
 from kafscale.broker.storage.partition_log import OwnedPartition
@@ -31,6 +31,13 @@ from kafscale.broker.transactions.inter_broker_client import InterBrokerClient
 from kafscale.broker.transactions.state import TxnMetadata, TxnState
 from kafscale.broker.transactions.store import decode_metadata, encode_metadata
 from kafscale.broker.transactions.verification import PartitionVerifier, produce_error
+
+
+def _codes(outcomes: dict[Any, Any]) -> dict[Any, Any]:
+    """The code each refused partition is answered: an outcome is the code, or the error
+    whose reason the broker logs (``produce_refusals``)."""
+    return {tp: o.code if isinstance(o, KafkaError) else o for tp, o in outcomes.items()}
+
 
 pytestmark = pytest.mark.unit
 
@@ -328,7 +335,7 @@ async def test_an_abort_while_a_verified_batch_is_decoded_refuses_the_batch() ->
     owned = _partition()
     request, ctx = _produce_context(owned)
     outcomes = await _append_with_a_marker_while_decoding(request, ctx, owned)
-    assert outcomes == {TP: ErrorCode.INVALID_TXN_STATE}
+    assert _codes(outcomes) == {TP: ErrorCode.INVALID_TXN_STATE}
     assert PID not in owned.open_txns  # no transaction left open on the partition
     assert [batch.base_offset for batch in owned.pending] == [10]  # the marker, not the batch
 
@@ -342,7 +349,7 @@ async def test_a_batch_of_a_transaction_aborted_on_its_way_is_refused() -> None:
     opened = owned.append(b"x" * 70, _txn_header())  # the transaction's first batch
     request, ctx = _produce_context(owned)
     outcomes = await _append_with_a_marker_while_decoding(request, ctx, owned)
-    assert outcomes == {TP: ErrorCode.INVALID_TXN_STATE}
+    assert _codes(outcomes) == {TP: ErrorCode.INVALID_TXN_STATE}
     assert PID not in owned.open_txns
     assert len(owned.pending) == 2  # the first batch and the abort marker, not the late batch
     opened.cancel()
@@ -425,7 +432,7 @@ async def test_a_partition_claimed_while_the_request_was_verified_is_not_appende
     verifier = _Recorder(during=lambda: owners.update({TP: owned}))  # taken over meanwhile
     outcomes = await produce._append_all(_request(3, [0, 1]), _context(owners, verifier))
     assert verifier.asked == [[OTHER]]
-    assert outcomes[TP] == ErrorCode.NOT_LEADER_OR_FOLLOWER  # the client routes it again
+    assert _codes(outcomes)[TP] == ErrorCode.NOT_LEADER_OR_FOLLOWER  # the client routes it again
     assert owned.pending == [] and owned.open_txns == {}
     assert PID in other.open_txns
     for outcome in outcomes.values():
@@ -449,7 +456,7 @@ async def test_a_newer_epochs_batch_does_not_continue_the_open_transaction(
     opened = owned.append(b"x" * 70, _txn_header())  # epoch 3, open
     verifier = _Recorder()
     outcomes = await produce._append_all(_request(4, [0]), _context({TP: owned}, verifier, version))
-    assert outcomes == {TP: code}
+    assert _codes(outcomes) == {TP: code}
     assert verifier.asked == []
     assert len(owned.pending) == 1
     owned.append_marker(PID, 4, commit=True, coordinator_epoch=1, now_ms=0)  # the marker comes
